@@ -1,0 +1,13 @@
+// planc dump: placeholder until its phase lands; reports an internal error rather than pretending.
+#include <cstdio>
+
+#include "compiler/driver/commands.h"
+
+namespace paraplan {
+
+int RunDump(const std::vector<std::string>& args) {
+  std::fputs("planc dump: not available in this build yet\n", stderr);
+  return kExitInternal;
+}
+
+}  // namespace paraplan

@@ -1,0 +1,234 @@
+// The checked plan: every field resolved, typed and in canonical units.
+//
+// Made by check/ from the AST (after imports, derivation, `--set`, `auto` and `require`);
+// read by the rules in check/, by analyze/ (layout, partition, memory, time), by search/ and
+// by lower/. Field names are DESIGN.md's canonical names; FieldPath() strings such as
+// "parallel.tp" or "cluster.gpu.memory" name them everywhere (origins, --set, JSON, search).
+//
+// Invariants after a successful check: every size is >= 1 where a size makes sense (experts
+// may be 0 = dense), etp is resolved (defaults to tp), dp is resolved (solved when `auto`).
+// A field whose value failed to evaluate is listed in `poisoned` and must not be reported on
+// again by later rules (no cascades).
+#ifndef PARAPLAN_COMPILER_PLAN_PLAN_H_
+#define PARAPLAN_COMPILER_PLAN_PLAN_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "compiler/source/source.h"
+
+namespace paraplan {
+
+enum class Precision : uint8_t { kBf16, kFp16, kFp32, kFp8 };
+enum class Recompute : uint8_t { kNone, kSelective, kFull };
+enum class Schedule : uint8_t { kGpipe, k1F1B, kInterleaved1F1B };
+enum class Balance : uint8_t { kEven, kCost };
+enum class OptimizerType : uint8_t { kAdamW, kSgd };
+enum class Offload : uint8_t { kNone, kCpu };
+enum class Norm : uint8_t { kRmsNorm, kLayerNorm };
+enum class Activation : uint8_t { kSwiGlu, kGelu };
+enum class Position : uint8_t { kRope, kLearned };
+
+struct GpuSpec {
+  std::string name;            // record name, e.g. "h100_sxm"
+  int64_t memory = 0;          // bytes
+  double peak_bf16 = 0;        // FLOP/s, dense
+  double peak_fp16 = 0;        // FLOP/s, dense
+  double peak_fp8 = 0;         // FLOP/s, dense
+  double hbm_bandwidth = 0;    // bytes/s
+};
+
+struct ClusterSpec {
+  std::string name;
+  GpuSpec gpu;
+  int64_t nodes = 1;
+  int64_t gpus_per_node = 8;
+  double nvlink_bandwidth = 0;   // bytes/s per GPU, one direction
+  double network_bandwidth = 0;  // bytes/s per GPU, one direction
+};
+
+struct ModelSpec {
+  std::string name;
+  int64_t layers = 0;
+  int64_t hidden = 0;
+  int64_t ffn_hidden = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;   // == heads without GQA
+  int64_t head_dim = 0;   // hidden / heads unless given
+  int64_t vocab = 0;
+  int64_t seq_len = 0;
+  Norm norm = Norm::kRmsNorm;
+  Activation activation = Activation::kSwiGlu;
+  Position position = Position::kRope;
+  bool tied_embeddings = false;
+  // MoE (experts == 0: dense).
+  int64_t experts = 0;
+  int64_t topk = 0;
+  int64_t moe_ffn_hidden = 0;
+  int64_t shared_experts = 0;
+  int64_t dense_layers = 0;  // leading dense layers before the MoE layers
+  // MLA (DeepSeek); 0 when the model uses ordinary attention.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+
+  bool IsMoe() const { return experts > 0; }
+  bool IsMla() const { return kv_lora_rank > 0; }
+};
+
+struct ParallelSpec {
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t vpp = 1;  // virtual pipeline chunks per pipeline rank; 1 = not interleaved
+  int64_t cp = 1;
+  int64_t ep = 1;
+  int64_t etp = 1;  // defaults to tp
+  int64_t dp = 1;   // world / (tp·pp·cp), solved when `auto`
+  bool sp = false;
+  std::string order = "tp-cp-ep-dp-pp";
+};
+
+struct PipelineSpec {
+  Schedule schedule = Schedule::k1F1B;
+  bool account_for_embedding = false;
+  bool account_for_loss = false;
+  std::optional<int64_t> first_stage_layers;
+  std::optional<int64_t> last_stage_layers;
+  std::vector<int64_t> stage_layers;  // explicit split, one entry per stage (or per pp·vpp chunk)
+  Balance balance = Balance::kEven;
+};
+
+struct OptimizerSpec {
+  OptimizerType type = OptimizerType::kAdamW;
+  int64_t zero = 0;  // 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
+  Offload offload = Offload::kNone;
+  double lr = 3e-4;
+  double min_lr = 3e-5;       // floor of the cosine decay
+  int64_t warmup_steps = 0;   // linear warmup, then cosine decay to min_lr over train.steps
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double clip_grad = 1.0;     // global-norm clipping; 0 = off
+};
+
+struct BatchSpec {
+  int64_t global = 1;  // sequences per step
+  int64_t micro = 1;   // sequences per microbatch
+};
+
+struct TrainSpec {
+  int64_t steps = 10;
+  int64_t seed = 1234;
+  std::string data;            // path to token data; empty = the bundled text
+  std::string checkpoint_dir;  // empty = no checkpoints
+  int64_t checkpoint_every = 0;
+};
+
+// How a field got its value, for labels in diagnostics and for `explain`.
+enum class OriginKind : uint8_t {
+  kDefault,      // the built-in default of the record kind
+  kFile,         // written in a plan file
+  kStdlib,       // written in a stdlib module
+  kCommandLine,  // --set PATH=VALUE
+  kAuto,         // solved by the compiler from `auto`
+  kDerived,      // defaulted from another field (etp from tp, head_dim from hidden/heads)
+};
+
+struct FieldOrigin {
+  OriginKind kind = OriginKind::kDefault;
+  SourceRange range;  // the value's expression (or `auto`) where it was written
+  // For kAuto / kDerived: the paths it was computed from, e.g. {"cluster.nodes", "parallel.tp"}.
+  std::vector<std::string> derived_from;
+  // For kAuto: the derivation in words, e.g. "dp = world / (tp·pp·cp) = 128 / (4·4·1) = 8".
+  std::string derivation;
+};
+
+// A field that `planc search` enumerates: `tp = [1, 2, 4, 8]` or `tp = auto` in search mode.
+struct Sweep {
+  std::string path;                 // "parallel.tp"
+  std::vector<std::string> values;  // each a value as --set would take it: "4", "true", "selective"
+  SourceRange range;
+};
+
+struct Plan {
+  std::string name;
+  ModelSpec model;
+  ClusterSpec cluster;
+  Precision precision = Precision::kBf16;
+  Recompute recompute = Recompute::kNone;
+  ParallelSpec parallel;
+  PipelineSpec pipeline;
+  OptimizerSpec optimizer;
+  BatchSpec batch;
+  TrainSpec train;
+
+  std::map<std::string, FieldOrigin, std::less<>> origins;
+  std::set<std::string, std::less<>> poisoned;
+  std::vector<Sweep> sweeps;
+  SourceRange declaration;  // the `plan NAME` header
+
+  int64_t World() const { return cluster.nodes * cluster.gpus_per_node; }
+  // Expert data parallel: world / (etp·ep·pp).
+  int64_t Edp() const;
+  // global / (micro · dp); 0 when it does not divide.
+  int64_t Microbatches() const;
+
+  // The origin of a canonical path; a default origin (no range) when none was recorded.
+  const FieldOrigin& Origin(std::string_view path) const;
+  SourceRange Range(std::string_view path) const { return Origin(path).range; }
+  bool IsPoisoned(std::string_view path) const { return poisoned.count(path) > 0; }
+};
+
+// --- Generic access by canonical path (used by --set, search, explain and tests) -----------
+
+// A field's value as the language sees it.
+using FieldValue = std::variant<int64_t, double, bool, std::string>;
+
+enum class FieldType : uint8_t { kInt, kReal, kBool, kString, kEnum, kIntList, kBytes, kBandwidth, kFlops };
+
+struct FieldInfo {
+  std::string_view path;                     // "parallel.tp"
+  FieldType type;
+  std::vector<std::string_view> enum_values; // for kEnum: the accepted spellings
+  std::string_view doc;                      // one line
+};
+
+// Every settable canonical path of a plan, in a stable order.
+const std::vector<FieldInfo>& PlanFields();
+const FieldInfo* FindPlanField(std::string_view path);
+
+// Reads a field as text (as --set would take it back): "4", "true", "interleaved_1f1b", "80 GiB"
+// is printed as the integer byte count. nullopt for an unknown path.
+std::optional<std::string> GetFieldText(const Plan& plan, std::string_view path);
+
+// Sets a field from text as --set would write it ("4", "true", "selective", "[2, 3]").
+// Returns an empty string on success, otherwise what is wrong ("expected an integer").
+std::string SetFieldText(Plan& plan, std::string_view path, std::string_view text);
+
+std::string_view ToString(Precision v);
+std::string_view ToString(Recompute v);
+std::string_view ToString(Schedule v);
+std::string_view ToString(Balance v);
+std::string_view ToString(OptimizerType v);
+std::string_view ToString(Offload v);
+std::string_view ToString(Norm v);
+std::string_view ToString(Activation v);
+std::string_view ToString(Position v);
+
+// A stable, line-per-field text dump (`planc check --dump=plan`); tests compare it.
+std::string PrintPlan(const Plan& plan);
+// Structural invariants (sizes >= 1, etp/dp resolved); returns the violations, empty if none.
+std::vector<std::string> VerifyPlan(const Plan& plan);
+
+}  // namespace paraplan
+
+#endif  // PARAPLAN_COMPILER_PLAN_PLAN_H_
