@@ -13,6 +13,7 @@
 #define PARAPLAN_COMPILER_PLAN_PLAN_H_
 
 #include <cstdint>
+#include <climits>
 #include <map>
 #include <optional>
 #include <set>
@@ -200,11 +201,47 @@ struct FieldInfo {
   FieldType type;
   std::vector<std::string_view> enum_values; // for kEnum: the accepted spellings
   std::string_view doc;                      // one line
+  // Integer-valued fields (kInt, kBytes, kIntList elements): the accepted range, inclusive.
+  int64_t min = INT64_MIN;
+  int64_t max = INT64_MAX;
+  // An optional field (pipeline.first_stage_layers): unset reads as "none".
+  bool nullable = false;
+  // Position in PlanFields(); stable within one build.
+  uint16_t index = 0;
 };
 
-// Every settable canonical path of a plan, in a stable order.
+// Every settable canonical path of a plan, in a stable order. The record-valued paths
+// "model", "cluster" and "cluster.gpu" are not fields (they name records); GetFieldText reads
+// them as the record's name.
 const std::vector<FieldInfo>& PlanFields();
 const FieldInfo* FindPlanField(std::string_view path);
+// Canonical paths that name records rather than values: "model", "cluster", "cluster.gpu".
+bool IsRecordPath(std::string_view path);
+
+// Typed access for the checker and search (no text round trip). `SetFieldValue` takes an
+// int64_t for kInt/kBytes (and a double with an integral value), a double or int64_t for
+// kReal/kBandwidth/kFlops, a bool for kBool, a string for kString/kEnum (an enum spelling).
+// Returns an empty string on success, otherwise what is wrong, phrased to follow
+// "`parallel.tp` ..." (e.g. "must be at least 1, got 0", "expects an integer, got a string").
+std::string SetFieldValue(Plan& plan, const FieldInfo& field, const FieldValue& value);
+std::string SetFieldList(Plan& plan, const FieldInfo& field, const std::vector<int64_t>& values);
+// A field's value; kIntList reads as its text ("[2, 3]"), a nullable unset field as "none".
+FieldValue GetFieldValue(const Plan& plan, const FieldInfo& field);
+// Clears a nullable field (pipeline.first_stage_layers = none); false for others.
+bool ClearField(Plan& plan, const FieldInfo& field);
+
+// Units of the language, shared by the checker and SetFieldText. Scales are to the canonical
+// unit of the dimension: bytes, bytes/s, FLOP/s, seconds.
+enum class UnitDimension : uint8_t { kBytes, kBandwidth, kFlops, kTime };
+struct UnitInfo {
+  std::string_view name;  // "GiB", "Gb/s", "TFLOPS", "ms"
+  UnitDimension dimension;
+  double scale;
+};
+const UnitInfo* FindUnit(std::string_view name);
+const std::vector<UnitInfo>& AllUnits();
+std::string_view ToString(UnitDimension d);  // "bytes", "bandwidth", "compute", "time"
+std::string_view ToString(OriginKind k);     // "default", "file", "stdlib", "command line", ...
 
 // Reads a field as text (as --set would take it back): "4", "true", "interleaved_1f1b", "80 GiB"
 // is printed as the integer byte count. nullopt for an unknown path.

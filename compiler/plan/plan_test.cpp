@@ -1,0 +1,189 @@
+#include "compiler/plan/plan.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+
+namespace paraplan {
+namespace {
+
+TEST_CASE("every canonical path is listed once and found by path") {
+  std::set<std::string_view> seen;
+  for (const FieldInfo& f : PlanFields()) {
+    CHECK(seen.insert(f.path).second);
+    const FieldInfo* found = FindPlanField(f.path);
+    REQUIRE(found != nullptr);
+    CHECK(found->path == f.path);
+    CHECK(&PlanFields()[f.index] == found);
+    CHECK(!f.doc.empty());
+  }
+  for (const char* p : {"model.layers", "model.v_head_dim", "cluster.gpu.memory",
+                        "cluster.gpu.hbm_bandwidth", "cluster.nodes", "precision", "recompute",
+                        "parallel.etp", "parallel.order", "pipeline.stage_layers",
+                        "optimizer.clip_grad", "batch.micro", "train.checkpoint_every"}) {
+    CHECK_MESSAGE(FindPlanField(p) != nullptr, p);
+  }
+  CHECK(FindPlanField("parallel.tpp") == nullptr);
+  CHECK(FindPlanField("model") == nullptr);
+  CHECK(IsRecordPath("cluster.gpu"));
+}
+
+TEST_CASE("text round trip through GetFieldText and SetFieldText for every field") {
+  Plan a;
+  a.model.name = "m";
+  a.cluster.name = "c";
+  for (const FieldInfo& f : PlanFields()) {
+    if (f.type == FieldType::kInt && f.min == 1) REQUIRE(SetFieldText(a, f.path, "3") == "");
+  }
+  REQUIRE(SetFieldText(a, "cluster.gpu.memory", "80 GiB") == "");
+  REQUIRE(SetFieldText(a, "cluster.gpu.peak_bf16", "989.5 TFLOPS") == "");
+  REQUIRE(SetFieldText(a, "pipeline.stage_layers", "[1, 2]") == "");
+  REQUIRE(SetFieldText(a, "train.data", "\"a \\\"quoted\\\" path\"") == "");
+  CHECK(a.train.data == "a \"quoted\" path");
+  for (const FieldInfo& f : PlanFields()) {
+    auto text = GetFieldText(a, f.path);
+    REQUIRE(text.has_value());
+    Plan b;
+    CHECK_MESSAGE(SetFieldText(b, f.path, *text) == "", f.path);
+    CHECK(GetFieldText(b, f.path) == text);
+  }
+}
+
+TEST_CASE("SetFieldText parses each type and says what is wrong") {
+  Plan p;
+  CHECK(SetFieldText(p, "parallel.tp", "4") == "");
+  CHECK(p.parallel.tp == 4);
+  CHECK(SetFieldText(p, "parallel.tp", "0") == "must be at least 1, got 0");
+  CHECK(p.parallel.tp == 4);
+  CHECK(SetFieldText(p, "parallel.tp", "four") == "expects an integer, got `four`");
+  CHECK(SetFieldText(p, "parallel.tp", "99999999999999999999") ==
+        "expects an integer, got `99999999999999999999`");
+  CHECK(SetFieldText(p, "optimizer.zero", "4") == "must be at most 3, got 4");
+  CHECK(SetFieldText(p, "parallel.sp", "true") == "");
+  CHECK(p.parallel.sp);
+  CHECK(SetFieldText(p, "parallel.sp", "1") == "expects `true` or `false`, got `1`");
+  CHECK(SetFieldText(p, "pipeline.schedule", "interleaved_1f1b") == "");
+  CHECK(p.pipeline.schedule == Schedule::kInterleaved1F1B);
+  CHECK(SetFieldText(p, "pipeline.schedule", "\"1f1b\"") == "");
+  CHECK(p.pipeline.schedule == Schedule::k1F1B);
+  CHECK(SetFieldText(p, "recompute", "partial") ==
+        "expects `none`, `selective` or `full`, got `partial`");
+  CHECK(SetFieldText(p, "parallel.order", "\"tp-cp-ep-pp-dp\"") == "");
+  CHECK(p.parallel.order == "tp-cp-ep-pp-dp");
+  CHECK(GetFieldText(p, "parallel.order") == "\"tp-cp-ep-pp-dp\"");
+  CHECK(SetFieldText(p, "pipeline.stage_layers", "[3, 4, 5]") == "");
+  CHECK(p.pipeline.stage_layers == std::vector<int64_t>{3, 4, 5});
+  CHECK(SetFieldText(p, "pipeline.stage_layers", "[]") == "");
+  CHECK(p.pipeline.stage_layers.empty());
+  CHECK(SetFieldText(p, "pipeline.first_stage_layers", "3") == "");
+  CHECK(p.pipeline.first_stage_layers == 3);
+  CHECK(SetFieldText(p, "pipeline.first_stage_layers", "none") == "");
+  CHECK(!p.pipeline.first_stage_layers.has_value());
+  CHECK(SetFieldText(p, "optimizer.lr", "1e-4") == "");
+  CHECK(p.optimizer.lr == doctest::Approx(1e-4));
+  CHECK(SetFieldText(p, "parallel.bogus", "1") == "`parallel.bogus` is not a field of a plan");
+  CHECK(SetFieldText(p, "model", "llama") != "");
+}
+
+TEST_CASE("units in SetFieldText are checked by dimension") {
+  Plan p;
+  CHECK(SetFieldText(p, "cluster.gpu.memory", "80 GiB") == "");
+  CHECK(p.cluster.gpu.memory == 80LL * 1024 * 1024 * 1024);
+  CHECK(SetFieldText(p, "cluster.gpu.memory", "141GB") == "");
+  CHECK(p.cluster.gpu.memory == 141000000000LL);
+  CHECK(SetFieldText(p, "cluster.network_bandwidth", "400 Gb/s") == "");
+  CHECK(p.cluster.network_bandwidth == doctest::Approx(50e9));
+  CHECK(SetFieldText(p, "cluster.gpu.peak_bf16", "989 TFLOPS") == "");
+  CHECK(p.cluster.gpu.peak_bf16 == doctest::Approx(989e12));
+  CHECK(SetFieldText(p, "cluster.gpu.memory", "80 GB/s") ==
+        "expects a size in bytes, got a bandwidth (`GB/s`)");
+  CHECK(SetFieldText(p, "cluster.gpu.memory", "80 parsecs") == "`parsecs` is not a unit");
+  CHECK(SetFieldText(p, "cluster.gpu.memory", "0.5 B") == "expects a whole number of bytes, got `0.5 B`");
+  REQUIRE(FindUnit("GiB") != nullptr);
+  CHECK(FindUnit("GiB")->dimension == UnitDimension::kBytes);
+  CHECK(FindUnit("us")->scale == doctest::Approx(1e-6));
+  CHECK(FindUnit("GiB/s")->dimension == UnitDimension::kBandwidth);
+  CHECK(FindUnit("gib") == nullptr);
+}
+
+TEST_CASE("typed setters check types and ranges") {
+  Plan p;
+  const FieldInfo& tp = *FindPlanField("parallel.tp");
+  CHECK(SetFieldValue(p, tp, int64_t{8}) == "");
+  CHECK(p.parallel.tp == 8);
+  CHECK(SetFieldValue(p, tp, 2.0) == "");
+  CHECK(p.parallel.tp == 2);
+  CHECK(SetFieldValue(p, tp, 2.5) == "expects an integer, got 2.5");
+  CHECK(SetFieldValue(p, tp, true) == "expects an integer, got a boolean");
+  CHECK(SetFieldValue(p, tp, std::string("x")) == "expects an integer, got a string");
+  const FieldInfo& sched = *FindPlanField("pipeline.schedule");
+  CHECK(SetFieldValue(p, sched, std::string("gpipe")) == "");
+  CHECK(p.pipeline.schedule == Schedule::kGpipe);
+  CHECK(std::get<std::string>(GetFieldValue(p, sched)) == "gpipe");
+  const FieldInfo& stages = *FindPlanField("pipeline.stage_layers");
+  CHECK(SetFieldList(p, stages, {1, -1}) == "every element must be at least 0, got -1");
+  CHECK(SetFieldList(p, tp, {1}) == "expects an integer, got a list");
+}
+
+TEST_CASE("Edp, Microbatches and World") {
+  Plan p;
+  p.cluster.nodes = 16;
+  p.cluster.gpus_per_node = 8;
+  p.parallel.tp = 4;
+  p.parallel.etp = 4;
+  p.parallel.ep = 32;
+  p.parallel.pp = 4;
+  CHECK(p.World() == 128);
+  CHECK(p.Edp() == 0);  // 512 does not divide 128
+  p.parallel.etp = 1;
+  CHECK(p.Edp() == 1);
+  p.batch.global = 1536;
+  p.batch.micro = 2;
+  p.parallel.dp = 8;
+  CHECK(p.Microbatches() == 96);
+  p.parallel.dp = 7;
+  CHECK(p.Microbatches() == 0);
+}
+
+TEST_CASE("origins default to no location") {
+  Plan p;
+  CHECK(p.Origin("parallel.tp").kind == OriginKind::kDefault);
+  CHECK(!p.Range("parallel.tp").IsValid());
+  p.origins["parallel.tp"] = FieldOrigin{OriginKind::kFile, SourceRange{1, 2, 3}, {}, {}};
+  CHECK(p.Origin("parallel.tp").kind == OriginKind::kFile);
+  CHECK(p.Range("parallel.tp") == SourceRange{1, 2, 3});
+  CHECK(ToString(OriginKind::kCommandLine) == "command line");
+}
+
+TEST_CASE("PrintPlan is one line per field in a stable order") {
+  Plan p;
+  p.name = "demo";
+  p.model.name = "tiny";
+  p.cluster.name = "box";
+  p.parallel.dp = 8;
+  p.origins["parallel.dp"] = FieldOrigin{OriginKind::kAuto, {}, {"cluster.nodes"}, "dp = 8 / 1 = 8"};
+  std::string dump = PrintPlan(p);
+  CHECK(dump.rfind("plan demo\n", 0) == 0);
+  CHECK(dump.find("  parallel.dp                        = 8                        # auto: dp = 8 / 1 = 8\n") !=
+        std::string::npos);
+  CHECK(dump.find("model.layers") < dump.find("parallel.tp"));
+  CHECK(dump == PrintPlan(p));
+  CHECK(ToString(Schedule::kInterleaved1F1B) == "interleaved_1f1b");
+  CHECK(ToString(Precision::kFp8) == "fp8");
+}
+
+TEST_CASE("VerifyPlan reports sizes below range and missing records") {
+  Plan p;
+  auto problems = VerifyPlan(p);
+  CHECK(std::find(problems.begin(), problems.end(), "the plan has no model") != problems.end());
+  CHECK(std::find(problems.begin(), problems.end(), "`model.layers` must be at least 1, got 0") !=
+        problems.end());
+  p.poisoned.insert("model.layers");
+  problems = VerifyPlan(p);
+  CHECK(std::find(problems.begin(), problems.end(), "`model.layers` must be at least 1, got 0") ==
+        problems.end());
+}
+
+}  // namespace
+}  // namespace paraplan
