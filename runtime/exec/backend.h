@@ -1,0 +1,144 @@
+// Backend: the kernel-dispatch and memory interface the interpreter calls, so that the same
+// interpreter runs on the host (fp32 reference kernels, ranks as threads) and on CUDA.
+//
+// One Backend object serves one rank (one thread on the host, one device on CUDA). Pointers
+// passed to kernels are "device" pointers from Allocate (host memory for the host backend).
+// Every kernel has exactly the semantics of the host kernel of the same name in
+// runtime/kernels/host/kernels.h (shapes, layouts, accumulate-vs-write rules); that file is the
+// specification, and a CUDA kernel is correct when it matches the host kernel within the stated
+// tolerance. Kernels may be asynchronous; Synchronize() waits for all of them; copies to the
+// host are synchronous. Scalars that feed host decisions (loss sums, squared norms) come back
+// through ReadScalars.
+//
+// Communicators are made by the backend too (MakeWorld), because the kind of communicator
+// follows the memory the buffers live in.
+//
+// Made by: MakeHostBackend (host_backend.h) or the CUDA backend. Read by: the interpreter.
+#ifndef PARAPLAN_RUNTIME_EXEC_BACKEND_H_
+#define PARAPLAN_RUNTIME_EXEC_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/kernels/host/kernels.h"
+
+namespace paraplan::exec {
+
+using host::AdamWConfig;
+using host::TokenLayout;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* Name() const = 0;
+
+  // ---- Memory ----
+  virtual void* Allocate(int64_t bytes) = 0;  // 64-byte aligned, zero-filled; throws on failure
+  virtual void Free(void* ptr) = 0;
+  virtual void CopyToDevice(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void CopyToHost(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void Synchronize() = 0;
+  // Bytes the backend currently holds and the most it ever held.
+  virtual int64_t BytesInUse() const = 0;
+  virtual int64_t PeakBytes() const = 0;
+
+  // ---- Elementwise ----
+  virtual void Fill(float* x, int64_t n, float value) = 0;
+  virtual void Copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void Add(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void Accumulate(float* y, const float* x, int64_t n) = 0;
+  virtual void Scale(float* x, int64_t n, float alpha) = 0;
+
+  // ---- Dense ----
+  virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                    const float* b, float beta, float* c) = 0;
+  virtual void LinearForward(float* y, const float* x, const float* w, const float* bias,
+                             int64_t rows, int64_t in, int64_t out) = 0;
+  virtual void LinearBackward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
+                              const float* w, int64_t rows, int64_t in, int64_t out,
+                              bool accumulate_dx) = 0;
+
+  // ---- Embeddings ----
+  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* table,
+                                int64_t rows, int64_t dim, int64_t vocab_begin,
+                                int64_t vocab_count) = 0;
+  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens,
+                                 int64_t rows, int64_t dim, int64_t vocab_begin,
+                                 int64_t vocab_count) = 0;
+  virtual void PositionForward(float* out, const float* wpe, const TokenLayout& layout,
+                               int64_t dim) = 0;
+  virtual void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout,
+                                int64_t dim) = 0;
+
+  // ---- Norms ----
+  virtual void RmsNormForward(float* out, float* rstd, const float* x, const float* w,
+                              int64_t rows, int64_t dim, float eps) = 0;
+  virtual void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x,
+                               const float* w, const float* rstd, int64_t rows, int64_t dim) = 0;
+  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* x,
+                                const float* w, const float* b, int64_t rows, int64_t dim,
+                                float eps) = 0;
+  virtual void LayerNormBackward(float* dx, float* dw, float* db, const float* dout,
+                                 const float* x, const float* w, const float* mean,
+                                 const float* rstd, int64_t rows, int64_t dim) = 0;
+
+  // ---- Attention ----
+  virtual void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim,
+                           float theta) = 0;
+  virtual void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads,
+                            int64_t head_dim, float theta) = 0;
+  virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
+                                const float* v, const TokenLayout& layout, int64_t q_heads,
+                                int64_t kv_heads, int64_t head_dim) = 0;
+  virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
+                                 const float* out, const float* lse, const float* q,
+                                 const float* k, const float* v, const TokenLayout& layout,
+                                 int64_t q_heads, int64_t kv_heads, int64_t head_dim) = 0;
+
+  // ---- Activations ----
+  virtual void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) = 0;
+  virtual void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate,
+                              const float* up, int64_t n) = 0;
+  virtual void GeluForward(float* out, const float* x, int64_t n) = 0;
+  virtual void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) = 0;
+
+  // ---- Cross-entropy (vocab-parallel phases; see kernels.h) ----
+  virtual void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows,
+                                  int64_t vocab_local) = 0;
+  virtual void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits,
+                                  const float* row_max, const int32_t* targets, int64_t rows,
+                                  int64_t vocab_local, int64_t vocab_begin) = 0;
+  virtual void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp,
+                                const float* target_logit, int64_t rows) = 0;
+  virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
+                                    const float* sum_exp, const int32_t* targets, int64_t rows,
+                                    int64_t vocab_local, int64_t vocab_begin, float scale) = 0;
+
+  // ---- Optimizer ----
+  // out[0] = Σ x² (fp32 result of a double or fp32 accumulation), written in device memory.
+  virtual void SumOfSquares(float* out, const float* x, int64_t n) = 0;
+  virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
+                     const AdamWConfig& config, int64_t step, float grad_scale) = 0;
+  virtual void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
+                   float grad_scale) = 0;
+};
+
+// A world of communicators for one process: the host backend's threads share one; a CUDA
+// process holds its NCCL world. Join(members, world_rank) gives `world_rank` its handle on the
+// group of `members` (world ranks, order = group ranks). Thread-safe.
+class CommWorld {
+ public:
+  virtual ~CommWorld() = default;
+  virtual int Size() const = 0;
+  virtual std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members,
+                                                   int world_rank) = 0;
+  virtual void Abort(const std::string& reason) = 0;
+};
+
+}  // namespace paraplan::exec
+
+#endif  // PARAPLAN_RUNTIME_EXEC_BACKEND_H_

@@ -1,0 +1,152 @@
+// Host reference kernels (fp32): the forward and backward of every op a Llama- or GPT-2-style
+// decoder needs, plus the optimizer. They are the ground truth the CUDA kernels are compared to,
+// and what the host backend runs.
+//
+// Conventions:
+//  - Row-major. An activation is `rows × cols`; rows are tokens in the program's layout. Kernels
+//    that need a token's (sequence, batch) position take a TokenLayout that maps them to rows,
+//    so sequence-major ([S, B, C], Megatron) and batch-major ([B, S, C]) both work.
+//  - Linear weights are [out, in] (PyTorch): y = x · Wᵀ.
+//  - Gradients of parameters are ACCUMULATED (+=) so microbatches add up; gradients of
+//    activations are WRITTEN (=) unless the argument says otherwise.
+//  - Every kernel is deterministic: the same inputs give the same bits, whatever the caller's
+//    threads do; results per row/element never depend on how many rows a call covers, so a
+//    sharded run computes each element exactly as the one-rank run does where the math is the same.
+//
+// Made by: this folder. Read by: the host backend (runtime/exec/host_backend), kernel tests,
+// the CUDA engineer's comparisons.
+#ifndef PARAPLAN_RUNTIME_KERNELS_HOST_KERNELS_H_
+#define PARAPLAN_RUNTIME_KERNELS_HOST_KERNELS_H_
+
+#include <cstdint>
+
+namespace paraplan::host {
+
+// Maps (sequence position s, batch index b) to a row: row = s * seq_stride + b * batch_stride.
+struct TokenLayout {
+  int64_t seq = 1;            // local sequence length covered by the buffer
+  int64_t batch = 1;          // sequences in the buffer
+  int64_t seq_stride = 1;     // rows between consecutive positions
+  int64_t batch_stride = 1;   // rows between consecutive sequences
+  int64_t seq_offset = 0;     // global position of local position 0 (sequence parallel shards)
+  int64_t Row(int64_t s, int64_t b) const { return s * seq_stride + b * batch_stride; }
+  static TokenLayout SeqMajor(int64_t seq, int64_t batch) { return {seq, batch, batch, 1, 0}; }
+  static TokenLayout BatchMajor(int64_t seq, int64_t batch) { return {seq, batch, 1, seq, 0}; }
+};
+
+// ---- Elementwise -------------------------------------------------------------------------
+void Fill(float* x, int64_t n, float value);
+void Copy(float* dst, const float* src, int64_t n);
+void Add(float* out, const float* a, const float* b, int64_t n);       // out = a + b
+void Accumulate(float* y, const float* x, int64_t n);                  // y += x
+void Scale(float* x, int64_t n, float alpha);                          // x *= alpha
+
+// ---- GEMM --------------------------------------------------------------------------------
+// C[M,N] = op(A) · op(B) + beta · C, op(A) is M×K (A stored K×M when trans_a), op(B) is K×N
+// (B stored N×K when trans_b). beta is 0 (C overwritten, NaNs in C ignored) or 1 (accumulate).
+// Each C element is summed over k in increasing order.
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+          const float* b, float beta, float* c);
+
+// y[rows,out] = x[rows,in] · w[out,in]ᵀ (+ bias[out] when bias is not null).
+void LinearForward(float* y, const float* x, const float* w, const float* bias, int64_t rows,
+                   int64_t in, int64_t out);
+// dx = dy · w (written, or added when accumulate_dx), dw += dyᵀ · x, dbias += Σ_rows dy.
+// dx, dw, dbias may be null to skip them.
+void LinearBackward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
+                    const float* w, int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
+
+// ---- Embedding (vocab-parallel) ----------------------------------------------------------
+// out[r] = table[tokens[r] - vocab_begin] when the token is in [vocab_begin, vocab_begin +
+// vocab_count), else zeros (the TP all-reduce then sums the owners' rows).
+void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t rows,
+                      int64_t dim, int64_t vocab_begin, int64_t vocab_count);
+void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t rows,
+                       int64_t dim, int64_t vocab_begin, int64_t vocab_count);
+
+// Learned positions: out[row(s,b)] += wpe[layout.seq_offset + s]; backward accumulates.
+void PositionForward(float* out, const float* wpe, const TokenLayout& layout, int64_t dim);
+void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout, int64_t dim);
+
+// ---- Normalisation -----------------------------------------------------------------------
+// RMSNorm: out = x / rms(x) * w; rstd[rows] saved for backward.
+void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
+                    int64_t dim, float eps);
+void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                     const float* rstd, int64_t rows, int64_t dim);
+// LayerNorm: out = (x - mean) * rstd * w + b; mean, rstd saved.
+void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                      const float* b, int64_t rows, int64_t dim, float eps);
+void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                       const float* w, const float* mean, const float* rstd, int64_t rows,
+                       int64_t dim);
+
+// ---- Rotary position embedding (half-split pairs (i, i + d/2), as Llama) -----------------
+// x holds rows × heads × head_dim; rotated in place by the angle of the token's global
+// position. Backward rotates the gradient back (in place).
+void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim,
+                 float theta);
+void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
+                  float theta);
+
+// ---- Causal attention with grouped-query heads -------------------------------------------
+// q: rows × q_heads × d; k, v: rows × kv_heads × d (q_heads a multiple of kv_heads; query head h
+// reads kv head h / (q_heads / kv_heads)). out: rows × q_heads × d. lse: batch × q_heads × seq,
+// the log-sum-exp of each query's scaled scores (saved for backward). Scale 1/sqrt(d).
+// The layout must cover whole sequences (seq_offset 0).
+void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                      const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
+                      int64_t head_dim);
+// dq, dk, dv are written.
+void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                       const float* lse, const float* q, const float* k, const float* v,
+                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
+                       int64_t head_dim);
+
+// ---- Activations -------------------------------------------------------------------------
+// SwiGLU: out = silu(gate) * up.
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n);
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate,
+                    const float* up, int64_t n);
+// GELU, tanh approximation (GPT-2).
+void GeluForward(float* out, const float* x, int64_t n);
+void GeluBackward(float* dx, const float* dout, const float* x, int64_t n);
+
+// ---- Vocab-parallel cross-entropy, in phases (the caller all-reduces between them) -------
+// 1. row_max[r] = max over the local vocab slice. (all-reduce MAX over the TP group)
+void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64_t vocab_local);
+// 2. sum_exp[r] = Σ exp(logit - row_max[r]) over the slice; target_logit[r] = the target's logit
+//    when this slice owns it, else 0. (all-reduce SUM of both over the TP group)
+void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits,
+                        const float* row_max, const int32_t* targets, int64_t rows,
+                        int64_t vocab_local, int64_t vocab_begin);
+// 3. loss[r] = log(sum_exp) + row_max - target_logit.
+void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp,
+                      const float* target_logit, int64_t rows);
+// dlogits = (softmax - onehot(target)) * scale (written).
+void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
+                          const float* sum_exp, const int32_t* targets, int64_t rows,
+                          int64_t vocab_local, int64_t vocab_begin, float scale);
+
+// ---- Optimizer ---------------------------------------------------------------------------
+// Σ x², accumulated in double, returned as float.
+float SumOfSquares(const float* x, int64_t n);
+struct AdamWConfig {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+};
+// One AdamW step (step counts from 1) with bias correction; grad is multiplied by grad_scale
+// (the clipping factor) first. Decoupled weight decay: p -= lr * wd * p.
+void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
+           const AdamWConfig& config, int64_t step, float grad_scale);
+// Plain SGD (with weight decay): p -= lr * (g * grad_scale + wd * p).
+void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
+         float grad_scale);
+
+// Linear warmup to max_lr over warmup steps, then cosine decay to min_lr at total_steps.
+// step counts from 1.
+float WarmupCosineLr(int64_t step, int64_t warmup, int64_t total_steps, float max_lr,
+                     float min_lr);
+
+}  // namespace paraplan::host
+
+#endif  // PARAPLAN_RUNTIME_KERNELS_HOST_KERNELS_H_
