@@ -1,0 +1,132 @@
+#include "compiler/driver/frontend.h"
+
+#include <cstdlib>
+
+#include "compiler/check/rules.h"
+
+#ifndef PARAPLAN_STDLIB_DIR
+#define PARAPLAN_STDLIB_DIR "stdlib"
+#endif
+
+namespace paraplan {
+
+bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* opts,
+                       std::vector<std::string>* rest, std::string* error) {
+  auto value_of = [&](size_t& i, std::string_view flag, std::string* out) -> bool {
+    const std::string& a = args[i];
+    if (a.size() > flag.size() && a.compare(0, flag.size(), flag) == 0 && a[flag.size()] == '=') {
+      *out = a.substr(flag.size() + 1);
+      return true;
+    }
+    if (i + 1 >= args.size()) {
+      *error = std::string(flag) + " needs a value";
+      return false;
+    }
+    *out = args[++i];
+    return true;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto is = [&](std::string_view flag) {
+      return a == flag || (a.size() > flag.size() && a.compare(0, flag.size(), flag) == 0 &&
+                           a[flag.size()] == '=');
+    };
+    if (is("--plan")) {
+      if (!value_of(i, "--plan", &opts->plan_name)) return false;
+      if (opts->plan_name.empty()) {
+        *error = "--plan needs a plan name";
+        return false;
+      }
+    } else if (is("--set")) {
+      std::string set;
+      if (!value_of(i, "--set", &set)) return false;
+      if (set.find('=') == std::string::npos) {
+        *error = "--set takes PATH=VALUE (e.g. --set parallel.tp=4), got '" + set + "'";
+        return false;
+      }
+      opts->sets.push_back(std::move(set));
+    } else if (a == "-I") {
+      if (i + 1 >= args.size()) {
+        *error = "-I needs a directory";
+        return false;
+      }
+      opts->include_dirs.push_back(args[++i]);
+    } else if (a.size() > 2 && a.compare(0, 2, "-I") == 0) {
+      opts->include_dirs.push_back(a.substr(2));
+    } else if (!a.empty() && a[0] != '-' && opts->file.empty()) {
+      opts->file = a;
+    } else {
+      rest->push_back(a);
+    }
+  }
+  if (opts->file.empty()) {
+    *error = "no plan file given";
+    return false;
+  }
+  return true;
+}
+
+std::string StdlibDir() {
+  if (const char* env = std::getenv("PARAPLAN_STDLIB"); env && *env) return env;
+  return PARAPLAN_STDLIB_DIR;
+}
+
+std::unique_ptr<PlanVariants> PlanVariants::Load(const FrontendOptions& opts, SourceManager& sm,
+                                                 DiagnosticSink& sink) {
+  LoadOptions load;
+  load.stdlib_dir = StdlibDir();
+  load.include_dirs = opts.include_dirs;
+  auto source = PlanSource::Load(opts.file, load, sm, sink);
+  if (!source) return nullptr;
+  std::unique_ptr<PlanVariants> v(new PlanVariants());
+  v->opts_ = opts;
+  v->sm_ = &sm;
+  v->source_ = std::move(source);
+  auto sets = v->ParseSets(opts.sets, sink);
+  if (!sets) return nullptr;
+  v->base_sets_ = std::move(*sets);
+  return v;
+}
+
+std::optional<std::vector<SetOverride>> PlanVariants::ParseSets(
+    const std::vector<std::string>& sets, DiagnosticSink& sink) {
+  std::vector<SetOverride> out;
+  bool ok = true;
+  for (const std::string& s : sets) {
+    auto o = source_->ParseSet(s, *sm_, sink);
+    if (o) {
+      out.push_back(*o);
+    } else {
+      ok = false;
+    }
+  }
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<Plan> PlanVariants::Check(const std::vector<SetOverride>& extra,
+                                        DiagnosticSink& sink, bool run_rules) const {
+  EvalOptions eval;
+  eval.allow_sweeps = opts_.allow_sweeps;
+  const int errors_before = sink.error_count();
+  std::optional<Plan> plan;
+  if (extra.empty()) {
+    plan = source_->Evaluate(opts_.plan_name, base_sets_, eval, sink);
+  } else {
+    std::vector<SetOverride> all = base_sets_;
+    all.insert(all.end(), extra.begin(), extra.end());
+    plan = source_->Evaluate(opts_.plan_name, all, eval, sink);
+  }
+  if (!plan) return std::nullopt;
+  if (run_rules) CheckPlanRules(*plan, sink);
+  if (sink.error_count() > errors_before) return std::nullopt;
+  return plan;
+}
+
+std::optional<Plan> LoadPlan(const FrontendOptions& opts, SourceManager& sm, DiagnosticSink& sink) {
+  auto variants = PlanVariants::Load(opts, sm, sink);
+  if (!variants) return std::nullopt;
+  return variants->Check({}, sink);
+}
+
+}  // namespace paraplan
