@@ -1,0 +1,44 @@
+// The paraplan program format: the generated FlatBuffers types (program_generated.h, from
+// program.fbs) plus the constants both sides agree on. Included by the compiler (lower/, the
+// writer) and by the runtime (exec/, the reader); README.md beside it gives every op's meaning.
+#ifndef PARAPLAN_RUNTIME_FORMAT_PROGRAM_H_
+#define PARAPLAN_RUNTIME_FORMAT_PROGRAM_H_
+
+#include <cstdint>
+
+#include "runtime/format/program_generated.h"
+
+namespace paraplan::fmt {
+
+// Bumped when a file written by a newer compiler would be misread by an older runtime.
+inline constexpr uint32_t kFormatVersion = 1;
+
+// Rank.comms has one entry per CommKind value (index 0, None, is always -1).
+inline constexpr int kCommKinds = static_cast<int>(CommKind::MAX) + 1;
+
+// Op.ints layout of the schedule's pipeline transfers.
+inline constexpr int kP2pMicrobatch = 0;
+inline constexpr int kP2pChunk = 1;
+inline constexpr int kP2pSlot = 2;
+inline constexpr int kP2pPeer = 3;
+inline constexpr int kP2pGroup = 4;
+
+// Reduction operators of AllReduce / ReduceScatter (Op.ints[0]).
+inline constexpr int64_t kReduceSum = 0;
+inline constexpr int64_t kReduceMax = 1;
+inline constexpr int64_t kReduceAvg = 2;
+
+inline int64_t DTypeBytes(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::Bf16: return 2;
+    case DType::F16: return 2;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+}  // namespace paraplan::fmt
+
+#endif  // PARAPLAN_RUNTIME_FORMAT_PROGRAM_H_
