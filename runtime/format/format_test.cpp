@@ -4,7 +4,7 @@
 
 #include "runtime/format/program.h"
 
-namespace paraplan::fmt {
+namespace paraplan::prog {
 namespace {
 
 TEST_CASE("a minimal program round-trips through the verifier") {
@@ -34,4 +34,4 @@ TEST_CASE("every comm kind has a slot in Rank.comms") {
 }
 
 }  // namespace
-}  // namespace paraplan::fmt
+}  // namespace paraplan::prog

@@ -8,7 +8,7 @@
 
 #include "runtime/format/program_generated.h"
 
-namespace paraplan::fmt {
+namespace paraplan::prog {
 
 // Bumped when a file written by a newer compiler would be misread by an older runtime.
 inline constexpr uint32_t kFormatVersion = 1;
@@ -39,6 +39,6 @@ inline int64_t DTypeBytes(DType t) {
   return 0;
 }
 
-}  // namespace paraplan::fmt
+}  // namespace paraplan::prog
 
 #endif  // PARAPLAN_RUNTIME_FORMAT_PROGRAM_H_
