@@ -1,0 +1,286 @@
+#include "runtime/data/token_data.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/data/byte_tokenizer.h"
+
+namespace paraplan::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+std::string ReadFile(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw DataError("data file `" + path + "` does not exist");
+  if (fs::is_directory(path, ec)) throw DataError("data path `" + path + "` is a directory, not a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("cannot open data file `" + path + "`");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Little-endian reads with bounds checks against the .idx contents.
+class IndexReader {
+ public:
+  IndexReader(const std::string& bytes, std::string path) : bytes_(bytes), path_(std::move(path)) {}
+  template <typename T>
+  T Read(const char* what) {
+    if (pos_ + sizeof(T) > bytes_.size()) {
+      throw DataError("index file `" + path_ + "` is truncated: it ends while reading " + what +
+                      " at byte " + std::to_string(pos_));
+    }
+    T v;
+    std::memcpy(&v, bytes_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  const std::string& bytes_;
+  std::string path_;
+  size_t pos_ = 0;
+};
+
+int64_t DTypeSize(uint8_t code) {
+  switch (code) {
+    case 1: case 2: return 1;  // uint8, int8
+    case 3: case 8: return 2;  // int16, uint16
+    case 4: return 4;          // int32
+    case 5: return 8;          // int64
+    default: return 0;         // floats (6, 7) and unknown codes are not token types
+  }
+}
+
+int64_t TokenAt(const char* p, uint8_t code) {
+  switch (code) {
+    case 1: return static_cast<uint8_t>(*p);
+    case 2: return static_cast<int8_t>(*p);
+    case 3: { int16_t v; std::memcpy(&v, p, 2); return v; }
+    case 8: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+    case 4: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case 5: { int64_t v; std::memcpy(&v, p, 8); return v; }
+  }
+  return -1;
+}
+
+void CheckVocab(const TokenStream& s, int64_t vocab, const std::string& path) {
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    if (s.tokens[i] < 0 || s.tokens[i] >= vocab) {
+      throw DataError("token " + std::to_string(s.tokens[i]) + " at position " + std::to_string(i) +
+                      " of `" + path + "` is outside the model's vocabulary of " +
+                      std::to_string(vocab) + " tokens");
+    }
+  }
+}
+
+TokenStream ReadRaw(const std::string& path, int64_t width) {
+  const std::string bytes = ReadFile(path);
+  if (bytes.size() % width != 0) {
+    throw DataError("raw token file `" + path + "` has " + std::to_string(bytes.size()) +
+                    " bytes, not a multiple of " + std::to_string(width) + " (uint" +
+                    std::to_string(8 * width) + " tokens)");
+  }
+  TokenStream s;
+  s.tokens.resize(bytes.size() / width);
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    if (width == 2) {
+      uint16_t v;
+      std::memcpy(&v, bytes.data() + 2 * i, 2);
+      s.tokens[i] = v;
+    } else {
+      uint32_t v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      s.tokens[i] = v > 0x7fffffffu ? -1 : static_cast<int32_t>(v);
+    }
+  }
+  s.description = "raw uint" + std::to_string(8 * width) + " tokens `" + path + "` (" +
+                  std::to_string(s.tokens.size()) + " tokens)";
+  return s;
+}
+
+}  // namespace
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+TokenStream ReadIndexedDataset(const std::string& prefix) {
+  const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
+  std::error_code ec;
+  if (!fs::exists(idx_path, ec) || !fs::exists(bin_path, ec)) {
+    throw DataError("Megatron indexed dataset `" + prefix + "` needs both `" + idx_path +
+                    "` and `" + bin_path + "`; " +
+                    (fs::exists(idx_path, ec) ? bin_path : idx_path) + " is missing");
+  }
+  const std::string idx = ReadFile(idx_path);
+  const std::string bin = ReadFile(bin_path);
+  IndexReader r(idx, idx_path);
+  char magic[9];
+  for (char& c : magic) c = r.Read<char>("the header");
+  if (std::memcmp(magic, kIndexMagic, 9) != 0) {
+    throw DataError("`" + idx_path + "` is not a Megatron index file: it does not start with MMIDIDX");
+  }
+  const uint64_t version = r.Read<uint64_t>("the version");
+  if (version != 1) {
+    throw DataError("`" + idx_path + "` has index version " + std::to_string(version) +
+                    "; only version 1 is supported");
+  }
+  const uint8_t code = r.Read<uint8_t>("the dtype code");
+  const int64_t width = DTypeSize(code);
+  if (width == 0) {
+    throw DataError("`" + idx_path + "` stores tokens with dtype code " + std::to_string(code) +
+                    ", which is not an integer token type (codes 1-5 and 8)");
+  }
+  const uint64_t seq_count = r.Read<uint64_t>("the sequence count");
+  const uint64_t doc_count = r.Read<uint64_t>("the document count");
+  const uint64_t needed = seq_count * (4 + 8) + doc_count * 8;
+  if (seq_count > idx.size() || doc_count > idx.size() || r.pos() + needed > idx.size()) {
+    throw DataError("`" + idx_path + "` is truncated: it declares " + std::to_string(seq_count) +
+                    " sequences and " + std::to_string(doc_count) + " documents but has " +
+                    std::to_string(idx.size()) + " bytes");
+  }
+  std::vector<int32_t> lengths(seq_count);
+  std::vector<int64_t> pointers(seq_count);
+  for (auto& l : lengths) l = r.Read<int32_t>("sequence lengths");
+  for (auto& p : pointers) p = r.Read<int64_t>("sequence pointers");
+  TokenStream s;
+  for (uint64_t i = 0; i < seq_count; ++i) {
+    const int64_t begin = pointers[i], bytes = static_cast<int64_t>(lengths[i]) * width;
+    if (lengths[i] < 0 || begin < 0 || begin + bytes > static_cast<int64_t>(bin.size())) {
+      throw DataError("sequence " + std::to_string(i) + " of `" + idx_path + "` (" +
+                      std::to_string(lengths[i]) + " tokens at byte " + std::to_string(begin) +
+                      ") lies outside `" + bin_path + "` of " + std::to_string(bin.size()) + " bytes");
+    }
+    for (int64_t t = 0; t < lengths[i]; ++t) {
+      const int64_t v = TokenAt(bin.data() + begin + t * width, code);
+      s.tokens.push_back(v < 0 || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
+    }
+  }
+  s.description = "Megatron indexed dataset `" + prefix + "` (" + std::to_string(seq_count) +
+                  " sequences, " + std::to_string(s.tokens.size()) + " tokens)";
+  return s;
+}
+
+void WriteIndexedDataset(const std::string& prefix, const std::vector<std::vector<int32_t>>& sequences,
+                         bool uint16_tokens) {
+  std::ofstream bin(prefix + ".bin", std::ios::binary), idx(prefix + ".idx", std::ios::binary);
+  if (!bin || !idx) throw DataError("cannot write Megatron dataset `" + prefix + "`");
+  const int64_t width = uint16_tokens ? 2 : 4;
+  std::vector<int32_t> lengths;
+  std::vector<int64_t> pointers;
+  int64_t offset = 0;
+  for (const auto& seq : sequences) {
+    lengths.push_back(static_cast<int32_t>(seq.size()));
+    pointers.push_back(offset);
+    for (int32_t t : seq) {
+      if (uint16_tokens) {
+        uint16_t v = static_cast<uint16_t>(t);
+        bin.write(reinterpret_cast<const char*>(&v), 2);
+      } else {
+        bin.write(reinterpret_cast<const char*>(&t), 4);
+      }
+    }
+    offset += static_cast<int64_t>(seq.size()) * width;
+  }
+  auto put = [&](const auto& v) { idx.write(reinterpret_cast<const char*>(&v), sizeof v); };
+  idx.write(kIndexMagic, 9);
+  put(uint64_t{1});
+  put(static_cast<uint8_t>(uint16_tokens ? 8 : 4));
+  put(static_cast<uint64_t>(sequences.size()));
+  put(static_cast<uint64_t>(sequences.size() + 1));
+  for (int32_t l : lengths) put(l);
+  for (int64_t p : pointers) put(p);
+  for (uint64_t d = 0; d <= sequences.size(); ++d) put(static_cast<int64_t>(d));
+}
+
+TokenStream LoadTokens(const std::string& path, int64_t vocab) {
+  if (path.empty()) throw DataError("no data path given");
+  TokenStream s;
+  std::error_code ec;
+  if (EndsWith(path, ".bin") || EndsWith(path, ".idx")) {
+    s = ReadIndexedDataset(path.substr(0, path.size() - 4));
+  } else if (EndsWith(path, ".u16") || EndsWith(path, ".uint16")) {
+    s = ReadRaw(path, 2);
+  } else if (EndsWith(path, ".u32") || EndsWith(path, ".uint32")) {
+    s = ReadRaw(path, 4);
+  } else if (EndsWith(path, ".txt")) {
+    s.tokens = EncodeBytes(ReadFile(path));
+    s.description = "text `" + path + "` (" + std::to_string(s.tokens.size()) + " bytes, byte tokenizer)";
+  } else if (fs::exists(path + ".idx", ec) || fs::exists(path + ".bin", ec)) {
+    s = ReadIndexedDataset(path);
+  } else {
+    throw DataError("cannot tell the format of data `" + path +
+                    "`: expected a Megatron prefix (PATH.bin + PATH.idx), a raw token file "
+                    "(.u16, .u32) or a text file (.txt)");
+  }
+  CheckVocab(s, vocab, path);
+  return s;
+}
+
+Sampler::Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed)
+    : stream_(stream), shape_(shape), seed_(seed) {
+  if (shape.seq_len <= 0 || shape.global_batch <= 0 || shape.micro_batch <= 0 ||
+      shape.data_parallel <= 0) {
+    throw DataError("batch shape needs positive sizes (seq_len " + std::to_string(shape.seq_len) +
+                    ", global " + std::to_string(shape.global_batch) + ", micro " +
+                    std::to_string(shape.micro_batch) + ", dp " + std::to_string(shape.data_parallel) + ")");
+  }
+  if (shape.global_batch % (shape.micro_batch * shape.data_parallel) != 0) {
+    throw DataError("global batch " + std::to_string(shape.global_batch) +
+                    " is not a multiple of micro · dp = " + std::to_string(shape.micro_batch) + " · " +
+                    std::to_string(shape.data_parallel));
+  }
+  const int64_t n = static_cast<int64_t>(stream.tokens.size());
+  samples_ = n > 0 ? (n - 1) / shape.seq_len : 0;
+  if (samples_ < shape.global_batch) {
+    throw DataError("the data has " + std::to_string(n) + " tokens, " + std::to_string(samples_) +
+                    " sequences of " + std::to_string(shape.seq_len) + "+1 tokens: fewer than one "
+                    "global batch of " + std::to_string(shape.global_batch) + " sequences (needs at least " +
+                    std::to_string(shape.global_batch * shape.seq_len + 1) + " tokens)");
+  }
+}
+
+int64_t Sampler::SampleOf(int64_t global_sequence) const {
+  const int64_t epoch = global_sequence / samples_, index = global_sequence % samples_;
+  if (epoch != cached_epoch_) {
+    order_.resize(samples_);
+    for (int64_t i = 0; i < samples_; ++i) order_[i] = i;
+    uint64_t state = SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(epoch) + 0x5eedull));
+    for (int64_t i = samples_ - 1; i > 0; --i) {  // Fisher-Yates with a defined generator
+      state = SplitMix64(state);
+      const int64_t j = static_cast<int64_t>(state % static_cast<uint64_t>(i + 1));
+      std::swap(order_[i], order_[j]);
+    }
+    cached_epoch_ = epoch;
+  }
+  return order_[index];
+}
+
+void Sampler::Microbatch(int64_t step, int64_t dp_rank, int64_t micro, int32_t* inputs,
+                         int32_t* targets) const {
+  const int64_t per_rank = shape_.global_batch / shape_.data_parallel;
+  for (int64_t b = 0; b < shape_.micro_batch; ++b) {
+    const int64_t g = step * shape_.global_batch + dp_rank * per_rank + micro * shape_.micro_batch + b;
+    const int64_t start = SampleOf(g) * shape_.seq_len;
+    for (int64_t t = 0; t < shape_.seq_len; ++t) {
+      inputs[b * shape_.seq_len + t] = stream_.tokens[start + t];
+      targets[b * shape_.seq_len + t] = stream_.tokens[start + t + 1];
+    }
+  }
+}
+
+}  // namespace paraplan::data

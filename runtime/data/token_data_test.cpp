@@ -1,0 +1,112 @@
+#include "runtime/data/token_data.h"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <unistd.h>
+
+#include "runtime/data/byte_tokenizer.h"
+
+using namespace paraplan::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string TempPath(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("paraplan_data_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return (dir / name).string();
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("Megatron indexed dataset round trip, uint16 and int32") {
+  for (bool u16 : {true, false}) {
+    const auto prefix = TempPath(u16 ? "ds16" : "ds32");
+    WriteIndexedDataset(prefix, {{1, 2, 3}, {}, {40000, 5}}, u16);
+    auto s = ReadIndexedDataset(prefix);
+    CHECK(s.tokens == std::vector<int32_t>{1, 2, 3, 40000, 5});
+    CHECK(s.description.find("3 sequences") != std::string::npos);
+    // Named by .bin or .idx, or by prefix.
+    CHECK(LoadTokens(prefix + ".bin", 50000).tokens.size() == 5);
+    CHECK(LoadTokens(prefix, 50000).tokens.size() == 5);
+  }
+}
+
+TEST_CASE("malformed, missing and out-of-vocabulary data is refused clearly") {
+  const auto prefix = TempPath("bad");
+  WriteIndexedDataset(prefix, {{1, 2, 3, 4}}, true);
+  CHECK_THROWS_WITH_AS(LoadTokens(prefix, 3), doctest::Contains("outside the model's vocabulary of 3"), DataError);
+  // Truncated .bin: the sequence points past its end.
+  WriteBytes(prefix + ".bin", std::string(3, '\0'));
+  CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains("lies outside"), DataError);
+  // Bad magic.
+  WriteBytes(prefix + ".idx", "NOTANIDX-------------------");
+  CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains("does not start with MMIDIDX"), DataError);
+  // Truncated .idx.
+  WriteBytes(prefix + ".idx", std::string("MMIDIDX\0\0", 9) + std::string(3, '\1'));
+  CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains("truncated"), DataError);
+  // Missing half.
+  fs::remove(prefix + ".bin");
+  CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains(".bin is missing"), DataError);
+  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("nope.u16"), 10), doctest::Contains("does not exist"), DataError);
+  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("what.xyz"), 10), doctest::Contains("cannot tell the format"), DataError);
+  WriteBytes(TempPath("odd.u16"), "abc");
+  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("odd.u16"), 1000), doctest::Contains("not a multiple of 2"), DataError);
+}
+
+TEST_CASE("raw token files and text") {
+  const auto p16 = TempPath("t.u16"), p32 = TempPath("t.u32"), txt = TempPath("t.txt");
+  WriteBytes(p16, std::string("\x01\x00\x02\x01", 4));
+  CHECK(LoadTokens(p16, 1000).tokens == std::vector<int32_t>{1, 258});
+  WriteBytes(p32, std::string("\x07\x00\x00\x00", 4));
+  CHECK(LoadTokens(p32, 1000).tokens == std::vector<int32_t>{7});
+  WriteBytes(txt, "Hi!");
+  CHECK(LoadTokens(txt, kByteVocab).tokens == std::vector<int32_t>{'H', 'i', '!'});
+  CHECK(DecodeBytes({'o', 'k', kEosToken}) == "ok<eos>");
+}
+
+TEST_CASE("sampler: data-parallel slices of a step are the one-rank step's sequences") {
+  TokenStream s;
+  for (int i = 0; i < 1000; ++i) s.tokens.push_back(i % 97);
+  const int64_t L = 8, B = 8;
+  Sampler one(s, {L, B, 2, 1}, 42);
+  Sampler two(s, {L, B, 2, 2}, 42);
+  Sampler four(s, {L, B, 1, 4}, 42);
+  CHECK(one.MicrobatchesPerRank() == 4);
+  CHECK(two.MicrobatchesPerRank() == 2);
+  for (int64_t step : {0, 5, 200}) {  // 200 steps wraps into later epochs
+    std::vector<int32_t> a_in(B * L), a_tg(B * L), b_in(B * L), b_tg(B * L), c_in(B * L), c_tg(B * L);
+    for (int m = 0; m < 4; ++m) one.Microbatch(step, 0, m, a_in.data() + m * 2 * L, a_tg.data() + m * 2 * L);
+    for (int d = 0; d < 2; ++d)
+      for (int m = 0; m < 2; ++m)
+        two.Microbatch(step, d, m, b_in.data() + (d * 4 + m * 2) * L, b_tg.data() + (d * 4 + m * 2) * L);
+    for (int d = 0; d < 4; ++d)
+      for (int m = 0; m < 2; ++m)
+        four.Microbatch(step, d, m, c_in.data() + (d * 2 + m) * L, c_tg.data() + (d * 2 + m) * L);
+    CHECK(a_in == b_in);
+    CHECK(a_tg == b_tg);
+    CHECK(a_in == c_in);
+    for (int i = 0; i < B * L; ++i) CHECK(a_tg[i] == (a_in[i] + 1) % 97);
+  }
+  // Shuffled: the first step does not start at the start of the stream, and a different seed
+  // gives a different order.
+  std::vector<int32_t> x(2 * L), y(2 * L), x2(2 * L);
+  Sampler other(s, {L, B, 2, 1}, 7);
+  one.Microbatch(0, 0, 0, x.data(), y.data());
+  other.Microbatch(0, 0, 0, x2.data(), y.data());
+  CHECK(x != x2);
+}
+
+TEST_CASE("sampler refuses short data and batch shapes that do not divide") {
+  TokenStream s;
+  s.tokens.assign(20, 1);
+  CHECK_THROWS_WITH_AS(Sampler(s, {8, 4, 1, 1}, 1), doctest::Contains("fewer than one global batch of 4"), DataError);
+  CHECK_THROWS_WITH_AS(Sampler(s, {2, 6, 4, 1}, 1), doctest::Contains("not a multiple of micro"), DataError);
+}
