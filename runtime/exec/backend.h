@@ -69,10 +69,10 @@ class Backend {
   virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens,
                                  int64_t rows, int64_t dim, int64_t vocab_begin,
                                  int64_t vocab_count) = 0;
-  virtual void PositionForward(float* out, const float* wpe, const TokenLayout& layout,
-                               int64_t dim) = 0;
-  virtual void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout,
-                                int64_t dim) = 0;
+  virtual void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
+                           int64_t t0, int64_t seq) = 0;
+  virtual void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim,
+                                   int64_t t0, int64_t seq) = 0;
 
   // ---- Norms ----
   virtual void RmsNormForward(float* out, float* rstd, const float* x, const float* w,
@@ -93,11 +93,12 @@ class Backend {
                             int64_t head_dim, float theta) = 0;
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const TokenLayout& layout, int64_t q_heads,
-                                int64_t kv_heads, int64_t head_dim) = 0;
+                                int64_t kv_heads, int64_t head_dim, float scale) = 0;
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, const TokenLayout& layout,
-                                 int64_t q_heads, int64_t kv_heads, int64_t head_dim) = 0;
+                                 int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                 float scale) = 0;
 
   // ---- Activations ----
   virtual void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) = 0;
@@ -109,18 +110,19 @@ class Backend {
   // ---- Cross-entropy (vocab-parallel phases; see kernels.h) ----
   virtual void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows,
                                   int64_t vocab_local) = 0;
-  virtual void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits,
-                                  const float* row_max, const int32_t* targets, int64_t rows,
-                                  int64_t vocab_local, int64_t vocab_begin) = 0;
-  virtual void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp,
-                                const float* target_logit, int64_t rows) = 0;
+  virtual void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
+                                  const int32_t* targets, int64_t rows, int64_t vocab_local,
+                                  int64_t vocab_begin, int64_t vocab) = 0;
+  virtual void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st,
+                                int64_t rows, float scale) = 0;
   virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
-                                    const float* sum_exp, const int32_t* targets, int64_t rows,
-                                    int64_t vocab_local, int64_t vocab_begin, float scale) = 0;
+                                    const float* st, const int32_t* targets, int64_t rows,
+                                    int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
+                                    float grad_scale) = 0;
 
   // ---- Optimizer ----
-  // out[0] = Σ x² (fp32 result of a double or fp32 accumulation), written in device memory.
-  virtual void SumOfSquares(float* out, const float* x, int64_t n) = 0;
+  // Σ x² over n elements (double accumulation on the host), returned to the host.
+  virtual double SumOfSquares(const float* x, int64_t n) = 0;
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWConfig& config, int64_t step, float grad_scale) = 0;
   virtual void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,

@@ -72,11 +72,11 @@ class HostBackend final : public Backend {
   void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t rows, int64_t dim, int64_t vocab_begin, int64_t vocab_count) override {
     host::EmbeddingBackward(dtable, dout, tokens, rows, dim, vocab_begin, vocab_count);
   }
-  void PositionForward(float* out, const float* wpe, const TokenLayout& layout, int64_t dim) override {
-    host::PositionForward(out, wpe, layout, dim);
+  void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim, int64_t t0, int64_t seq) override {
+    host::AddPosition(y, x, pos, rows, dim, t0, seq);
   }
-  void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout, int64_t dim) override {
-    host::PositionBackward(dwpe, dout, layout, dim);
+  void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0, int64_t seq) override {
+    host::AddPositionBackward(dpos, dy, rows, dim, t0, seq);
   }
   void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t rows, int64_t dim, float eps) override {
     host::RmsNormForward(out, rstd, x, w, rows, dim, eps);
@@ -96,11 +96,11 @@ class HostBackend final : public Backend {
   void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta) override {
     host::RopeBackward(dx, layout, heads, head_dim, theta);
   }
-  void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v, const TokenLayout& layout, int64_t q_heads, int64_t kv_heads, int64_t head_dim) override {
-    host::AttentionForward(out, lse, q, k, v, layout, q_heads, kv_heads, head_dim);
+  void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v, const TokenLayout& layout, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale) override {
+    host::AttentionForward(out, lse, q, k, v, layout, q_heads, kv_heads, head_dim, scale);
   }
-  void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q, const float* k, const float* v, const TokenLayout& layout, int64_t q_heads, int64_t kv_heads, int64_t head_dim) override {
-    host::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, layout, q_heads, kv_heads, head_dim);
+  void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse, const float* q, const float* k, const float* v, const TokenLayout& layout, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale) override {
+    host::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, layout, q_heads, kv_heads, head_dim, scale);
   }
   void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) override {
     host::SwiGluForward(out, gate, up, n);
@@ -117,22 +117,25 @@ class HostBackend final : public Backend {
   void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64_t vocab_local) override {
     host::CrossEntropyRowMax(row_max, logits, rows, vocab_local);
   }
-  void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits, const float* row_max, const int32_t* targets, int64_t rows, int64_t vocab_local, int64_t vocab_begin) override {
-    host::CrossEntropySumExp(sum_exp, target_logit, logits, row_max, targets, rows, vocab_local, vocab_begin);
+  void CrossEntropySumExp(float* st, const float* logits, const float* row_max, const int32_t* targets, int64_t rows, int64_t vocab_local, int64_t vocab_begin, int64_t vocab) override {
+    host::CrossEntropySumExp(st, logits, row_max, targets, rows, vocab_local, vocab_begin, vocab);
   }
-  void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp, const float* target_logit, int64_t rows) override {
-    host::CrossEntropyLoss(loss, row_max, sum_exp, target_logit, rows);
+  void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows, float scale) override {
+    host::CrossEntropyLoss(loss_sum, row_max, st, rows, scale);
   }
-  void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max, const float* sum_exp, const int32_t* targets, int64_t rows, int64_t vocab_local, int64_t vocab_begin, float scale) override {
-    host::CrossEntropyBackward(dlogits, logits, row_max, sum_exp, targets, rows, vocab_local, vocab_begin, scale);
+  void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max, const float* st, const int32_t* targets, int64_t rows, int64_t vocab_local, int64_t vocab_begin, int64_t vocab, float grad_scale) override {
+    host::CrossEntropyBackward(dlogits, logits, row_max, st, targets, rows, vocab_local, vocab_begin, vocab, grad_scale);
   }
-  void SumOfSquares(float* out, const float* x, int64_t n) override { out[0] = host::SumOfSquares(x, n); }
+  double SumOfSquares(const float* x, int64_t n) override {
+    return host::SumOfSquares(x, n);
+  }
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWConfig& config, int64_t step, float grad_scale) override {
     host::AdamW(param, grad, m, v, n, config, step, grad_scale);
   }
   void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay, float grad_scale) override {
     host::Sgd(param, grad, n, lr, weight_decay, grad_scale);
   }
+
  private:
   static void Move(void* dst, const void* src, int64_t bytes) {
     if (bytes > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(bytes));

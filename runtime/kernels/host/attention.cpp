@@ -54,9 +54,8 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim) {
+                      int64_t head_dim, float scale) {
   const int64_t seq = layout.seq, group = q_heads / kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<float> p(seq);
   for (int64_t b = 0; b < layout.batch; ++b) {
     for (int64_t h = 0; h < q_heads; ++h) {
@@ -90,9 +89,8 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim) {
+                       int64_t head_dim, float scale) {
   const int64_t seq = layout.seq, group = q_heads / kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int64_t b = 0; b < layout.batch; ++b) {
     for (int64_t s = 0; s < seq; ++s) {
       const int64_t row = layout.Row(s, b);

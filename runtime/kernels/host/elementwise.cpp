@@ -42,16 +42,17 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, 
   }
 }
 
-void PositionForward(float* out, const float* wpe, const TokenLayout& layout, int64_t dim) {
-  for (int64_t s = 0; s < layout.seq; ++s)
-    for (int64_t b = 0; b < layout.batch; ++b)
-      Accumulate(out + layout.Row(s, b) * dim, wpe + (layout.seq_offset + s) * dim, dim);
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
+                 int64_t t0, int64_t seq) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = pos + ((t0 + r) % seq) * dim;
+    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = x[r * dim + i] + p[i];
+  }
 }
 
-void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout, int64_t dim) {
-  for (int64_t s = 0; s < layout.seq; ++s)
-    for (int64_t b = 0; b < layout.batch; ++b)
-      Accumulate(dwpe + (layout.seq_offset + s) * dim, dout + layout.Row(s, b) * dim, dim);
+void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
+                         int64_t seq) {
+  for (int64_t r = 0; r < rows; ++r) Accumulate(dpos + ((t0 + r) % seq) * dim, dy + r * dim, dim);
 }
 
 // ---- Norms -------------------------------------------------------------------------------

@@ -64,9 +64,13 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int
 void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t rows,
                        int64_t dim, int64_t vocab_begin, int64_t vocab_count);
 
-// Learned positions: out[row(s,b)] += wpe[layout.seq_offset + s]; backward accumulates.
-void PositionForward(float* out, const float* wpe, const TokenLayout& layout, int64_t dim);
-void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout, int64_t dim);
+// Learned positions over `rows` consecutive rows of a batch-major buffer whose first row is
+// global row t0: y[r] = x[r] + P[(t0 + r) mod seq] (y may be x); backward accumulates
+// dP[(t0 + r) mod seq] += dy[r] in increasing r.
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
+                 int64_t t0, int64_t seq);
+void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
+                         int64_t seq);
 
 // ---- Normalisation -----------------------------------------------------------------------
 // RMSNorm: out = x / rms(x) * w; rstd[rows] saved for backward.
@@ -92,16 +96,17 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 // ---- Causal attention with grouped-query heads -------------------------------------------
 // q: rows × q_heads × d; k, v: rows × kv_heads × d (q_heads a multiple of kv_heads; query head h
 // reads kv head h / (q_heads / kv_heads)). out: rows × q_heads × d. lse: batch × q_heads × seq,
-// the log-sum-exp of each query's scaled scores (saved for backward). Scale 1/sqrt(d).
+// the log-sum-exp of each query's scaled scores (saved for backward); scores are scaled by
+// `scale` (usually 1/sqrt(d)).
 // The layout must cover whole sequences (seq_offset 0).
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim);
+                      int64_t head_dim, float scale);
 // dq, dk, dv are written.
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim);
+                       int64_t head_dim, float scale);
 
 // ---- Activations -------------------------------------------------------------------------
 // SwiGLU: out = silu(gate) * up.
@@ -113,24 +118,28 @@ void GeluForward(float* out, const float* x, int64_t n);
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n);
 
 // ---- Vocab-parallel cross-entropy, in phases (the caller all-reduces between them) -------
-// 1. row_max[r] = max over the local vocab slice. (all-reduce MAX over the TP group)
+// Logits z are rows × vocab_local, columns are global vocabulary ids vocab_begin + j; columns
+// with a global id >= vocab (padding) are excluded from the softmax.
+// 1. row_max[r] = max over all local columns. (then all-reduce MAX over the TP group)
 void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64_t vocab_local);
-// 2. sum_exp[r] = Σ exp(logit - row_max[r]) over the slice; target_logit[r] = the target's logit
-//    when this slice owns it, else 0. (all-reduce SUM of both over the TP group)
-void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits,
-                        const float* row_max, const int32_t* targets, int64_t rows,
-                        int64_t vocab_local, int64_t vocab_begin);
-// 3. loss[r] = log(sum_exp) + row_max - target_logit.
-void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp,
-                      const float* target_logit, int64_t rows);
-// dlogits = (softmax - onehot(target)) * scale (written).
+// 2. st[r] = (Σ_j exp(z[r,j] - row_max[r]), z[r, target - vocab_begin] when this slice owns the
+//    target else 0), interleaved [rows, 2]. (then all-reduce SUM over the TP group)
+void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
+                        const int32_t* targets, int64_t rows, int64_t vocab_local,
+                        int64_t vocab_begin, int64_t vocab);
+// 3. loss_sum[0] += scale · Σ_r (log st[r,0] + row_max[r] - st[r,1]) / rows.
+void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
+                      float scale);
+// dz[r,j] = grad_scale / rows · (exp(z[r,j] - row_max[r]) / st[r,0] - [j + vocab_begin ==
+// target]) (written); padding columns get 0.
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
-                          const float* sum_exp, const int32_t* targets, int64_t rows,
-                          int64_t vocab_local, int64_t vocab_begin, float scale);
+                          const float* st, const int32_t* targets, int64_t rows,
+                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
+                          float grad_scale);
 
 // ---- Optimizer ---------------------------------------------------------------------------
-// Σ x², accumulated in double, returned as float.
-float SumOfSquares(const float* x, int64_t n);
+// Σ x², accumulated in double.
+double SumOfSquares(const float* x, int64_t n);
 struct AdamWConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
 };
@@ -142,10 +151,11 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
 void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
          float grad_scale);
 
-// Linear warmup to max_lr over warmup steps, then cosine decay to min_lr at total_steps.
-// step counts from 1.
-float WarmupCosineLr(int64_t step, int64_t warmup, int64_t total_steps, float max_lr,
-                     float min_lr);
+// Learning rate of `step` (from 0): linear warmup lr·(step+1)/warmup for step < warmup, then
+// cosine from lr to min_lr over the remaining steps: p = (step - warmup) / max(1, steps -
+// warmup), lr = min_lr + ½(lr - min_lr)(1 + cos(π·min(p, 1))).
+double WarmupCosineLr(int64_t step, int64_t warmup, int64_t total_steps, double max_lr,
+                      double min_lr);
 
 }  // namespace paraplan::host
 

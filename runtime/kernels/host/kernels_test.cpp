@@ -129,15 +129,19 @@ TEST_CASE("vocab-parallel embedding and learned positions") {
   EmbeddingBackward(dtable.data(), proj.data(), tokens.data(), rows, dim, 0, vocab);
   CheckGradient("dtable", table, dtable, loss);
 
-  auto layout = TokenLayout::SeqMajor(3, 2);
+  // Positions of 6 rows starting at global row 5 with seq 4: 1, 2, 3, 0, 1, 2.
   auto wpe = Random(4 * dim, 12);
+  auto base = Random(rows * dim, 27);
   auto ploss = [&] {
-    std::vector<float> y(rows * dim, 0.0f);
-    PositionForward(y.data(), wpe.data(), layout, dim);
+    std::vector<float> y(rows * dim);
+    AddPosition(y.data(), base.data(), wpe.data(), rows, dim, 5, 4);
     return Dot(y, proj);
   };
+  std::vector<float> y(rows * dim);
+  AddPosition(y.data(), base.data(), wpe.data(), rows, dim, 5, 4);
+  CHECK(y[3 * dim] == base[3 * dim] + wpe[0]);
   std::vector<float> dwpe(4 * dim, 0.0f);
-  PositionBackward(dwpe.data(), proj.data(), layout, dim);
+  AddPositionBackward(dwpe.data(), proj.data(), rows, dim, 5, 4);
   CheckGradient("dwpe", wpe, dwpe, ploss);
 }
 
@@ -197,13 +201,13 @@ TEST_CASE("causal GQA attention backward, both token layouts") {
     auto proj = Random(rows * qh * hd, 22);
     std::vector<float> out(rows * qh * hd), lse(batch * qh * seq);
     auto loss = [&] {
-      AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), layout, qh, kvh, hd);
+      AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), layout, qh, kvh, hd, 0.5f);
       return Dot(out, proj);
     };
     loss();
     std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
     AttentionBackward(dq.data(), dk.data(), dv.data(), proj.data(), out.data(), lse.data(), q.data(),
-                      k.data(), v.data(), layout, qh, kvh, hd);
+                      k.data(), v.data(), layout, qh, kvh, hd, 0.5f);
     CheckGradient("dq", q, dq, loss);
     CheckGradient("dk", k, dk, loss);
     CheckGradient("dv", v, dv, loss);
@@ -235,54 +239,53 @@ TEST_CASE("swiglu and gelu backward") {
   CheckGradient("gelu dx", g, dx, gloss);
 }
 
-TEST_CASE("cross-entropy: loss, gradient, and vocab-parallel phases equal the full softmax") {
-  const int64_t rows = 3, vocab = 8;
-  std::vector<int32_t> targets = {2, 7, 4};
-  auto logits = Random(rows * vocab, 26, 2.0f);
-  std::vector<float> mx(rows), se(rows), tl(rows), loss_rows(rows);
+TEST_CASE("cross-entropy: loss, gradient, padding, and vocab-parallel phases equal the full softmax") {
+  const int64_t rows = 3, vocab_padded = 8, vocab = 7;  // column 7 is padding
+  std::vector<int32_t> targets = {2, 6, 4};
+  auto logits = Random(rows * vocab_padded, 26, 2.0f);
+  std::vector<float> mx(rows), st(2 * rows);
   auto loss = [&] {
-    CrossEntropyRowMax(mx.data(), logits.data(), rows, vocab);
-    CrossEntropySumExp(se.data(), tl.data(), logits.data(), mx.data(), targets.data(), rows, vocab, 0);
-    CrossEntropyLoss(loss_rows.data(), mx.data(), se.data(), tl.data(), rows);
-    double s = 0;
-    for (float l : loss_rows) s += l;
-    return s / rows;
+    CrossEntropyRowMax(mx.data(), logits.data(), rows, vocab_padded);
+    CrossEntropySumExp(st.data(), logits.data(), mx.data(), targets.data(), rows, vocab_padded, 0, vocab);
+    float sum = 0.0f;
+    CrossEntropyLoss(&sum, mx.data(), st.data(), rows, 0.5f);
+    return static_cast<double>(sum);
   };
   const double full = loss();
-  // Reference: log-softmax in double.
-  double ref = 0;
+  double ref = 0;  // 0.5 * mean log-softmax loss in double over the unpadded columns
   for (int64_t r = 0; r < rows; ++r) {
     double z = 0;
-    for (int64_t j = 0; j < vocab; ++j) z += std::exp(static_cast<double>(logits[r * vocab + j]));
-    ref += std::log(z) - logits[r * vocab + targets[r]];
+    for (int64_t j = 0; j < vocab; ++j) z += std::exp(static_cast<double>(logits[r * vocab_padded + j]));
+    ref += std::log(z) - logits[r * vocab_padded + targets[r]];
   }
-  CHECK(full == doctest::Approx(ref / rows).epsilon(1e-6));
-  std::vector<float> dl(rows * vocab);
-  CrossEntropyBackward(dl.data(), logits.data(), mx.data(), se.data(), targets.data(), rows, vocab, 0,
-                       1.0f / rows);
+  CHECK(full == doctest::Approx(0.5 * ref / rows).epsilon(1e-6));
+  std::vector<float> dl(rows * vocab_padded);
+  CrossEntropyBackward(dl.data(), logits.data(), mx.data(), st.data(), targets.data(), rows, vocab_padded, 0,
+                       vocab, 0.5f);
+  for (int64_t r = 0; r < rows; ++r) CHECK(dl[r * vocab_padded + 7] == 0.0f);
   CheckGradient("dlogits", logits, dl, loss);
 
   // Two vocab shards, combined as the TP all-reduces would (max, then sums).
-  loss();  // loss_rows of the unperturbed logits
-  const int64_t half = vocab / 2;
-  std::vector<float> sl[2], smx[2], sse[2], stl[2];
+  loss();
+  const int64_t half = vocab_padded / 2;
+  std::vector<float> sl[2], smx[2], sst[2];
   for (int s = 0; s < 2; ++s) {
     sl[s].resize(rows * half);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < half; ++j) sl[s][r * half + j] = logits[r * vocab + s * half + j];
+      for (int64_t j = 0; j < half; ++j) sl[s][r * half + j] = logits[r * vocab_padded + s * half + j];
     smx[s].resize(rows);
     CrossEntropyRowMax(smx[s].data(), sl[s].data(), rows, half);
   }
-  std::vector<float> gmx(rows), gse(rows, 0.0f), gtl(rows, 0.0f), gl(rows);
+  std::vector<float> gmx(rows), gst(2 * rows, 0.0f);
   for (int64_t r = 0; r < rows; ++r) gmx[r] = std::max(smx[0][r], smx[1][r]);
   for (int s = 0; s < 2; ++s) {
-    sse[s].resize(rows);
-    stl[s].resize(rows);
-    CrossEntropySumExp(sse[s].data(), stl[s].data(), sl[s].data(), gmx.data(), targets.data(), rows, half, s * half);
-    for (int64_t r = 0; r < rows; ++r) { gse[r] += sse[s][r]; gtl[r] += stl[s][r]; }
+    sst[s].resize(2 * rows);
+    CrossEntropySumExp(sst[s].data(), sl[s].data(), gmx.data(), targets.data(), rows, half, s * half, vocab);
+    for (int64_t i = 0; i < 2 * rows; ++i) gst[i] += sst[s][i];
   }
-  CrossEntropyLoss(gl.data(), gmx.data(), gse.data(), gtl.data(), rows);
-  for (int64_t r = 0; r < rows; ++r) CHECK(gl[r] == doctest::Approx(loss_rows[r]).epsilon(1e-6));
+  float sharded = 0.0f;
+  CrossEntropyLoss(&sharded, gmx.data(), gst.data(), rows, 0.5f);
+  CHECK(sharded == doctest::Approx(full).epsilon(1e-6));
 }
 
 TEST_CASE("adamw, sgd, squared norm and the warmup-cosine schedule") {
@@ -298,9 +301,12 @@ TEST_CASE("adamw, sgd, squared norm and the warmup-cosine schedule") {
   CHECK(q == doctest::Approx(2.0f - 0.5f * (1.0f + 0.2f)));
   std::vector<float> x = {3.0f, 4.0f};
   CHECK(SumOfSquares(x.data(), 2) == 25.0f);
-  CHECK(WarmupCosineLr(1, 10, 100, 1.0f, 0.1f) == doctest::Approx(0.1f));
-  CHECK(WarmupCosineLr(10, 10, 100, 1.0f, 0.1f) == doctest::Approx(1.0f));
-  CHECK(WarmupCosineLr(55, 10, 100, 1.0f, 0.1f) == doctest::Approx(0.55f));
-  CHECK(WarmupCosineLr(100, 10, 100, 1.0f, 0.1f) == doctest::Approx(0.1f));
-  CHECK(WarmupCosineLr(500, 10, 100, 1.0f, 0.1f) == doctest::Approx(0.1f));
+  // step counts from 0: warmup lr·(step+1)/warmup, then cosine over steps - warmup.
+  CHECK(WarmupCosineLr(0, 10, 110, 1.0, 0.1) == doctest::Approx(0.1));
+  CHECK(WarmupCosineLr(9, 10, 110, 1.0, 0.1) == doctest::Approx(1.0));
+  CHECK(WarmupCosineLr(10, 10, 110, 1.0, 0.1) == doctest::Approx(1.0));
+  CHECK(WarmupCosineLr(60, 10, 110, 1.0, 0.1) == doctest::Approx(0.55));
+  CHECK(WarmupCosineLr(110, 10, 110, 1.0, 0.1) == doctest::Approx(0.1));
+  CHECK(WarmupCosineLr(500, 10, 110, 1.0, 0.1) == doctest::Approx(0.1));
+  CHECK(WarmupCosineLr(3, 0, 3, 1.0, 0.0) == doctest::Approx(0.0));
 }

@@ -14,42 +14,50 @@ void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64
   }
 }
 
-void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits,
-                        const float* row_max, const int32_t* targets, int64_t rows,
-                        int64_t vocab_local, int64_t vocab_begin) {
+void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
+                        const int32_t* targets, int64_t rows, int64_t vocab_local,
+                        int64_t vocab_begin, int64_t vocab) {
+  const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
   for (int64_t r = 0; r < rows; ++r) {
     const float* lr = logits + r * vocab_local;
     float s = 0;
-    for (int64_t j = 0; j < vocab_local; ++j) s += std::exp(lr[j] - row_max[r]);
-    sum_exp[r] = s;
+    for (int64_t j = 0; j < valid; ++j) s += std::exp(lr[j] - row_max[r]);
+    st[2 * r] = s;
     const int64_t t = static_cast<int64_t>(targets[r]) - vocab_begin;
-    target_logit[r] = (t >= 0 && t < vocab_local) ? lr[t] : 0.0f;
+    st[2 * r + 1] = (t >= 0 && t < valid) ? lr[t] : 0.0f;
   }
 }
 
-void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp,
-                      const float* target_logit, int64_t rows) {
-  for (int64_t r = 0; r < rows; ++r) loss[r] = std::log(sum_exp[r]) + row_max[r] - target_logit[r];
+void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
+                      float scale) {
+  double sum = 0;
+  for (int64_t r = 0; r < rows; ++r) sum += std::log(st[2 * r]) + row_max[r] - st[2 * r + 1];
+  loss_sum[0] += static_cast<float>(scale * sum / static_cast<double>(rows));
 }
 
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
-                          const float* sum_exp, const int32_t* targets, int64_t rows,
-                          int64_t vocab_local, int64_t vocab_begin, float scale) {
+                          const float* st, const int32_t* targets, int64_t rows,
+                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
+                          float grad_scale) {
+  const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
+  const float scale = grad_scale / static_cast<float>(rows);
   for (int64_t r = 0; r < rows; ++r) {
-    const float inv = 1.0f / sum_exp[r];
+    const float inv = 1.0f / st[2 * r];
     const int64_t t = static_cast<int64_t>(targets[r]) - vocab_begin;
-    for (int64_t j = 0; j < vocab_local; ++j) {
+    float* d = dlogits + r * vocab_local;
+    for (int64_t j = 0; j < valid; ++j) {
       float p = std::exp(logits[r * vocab_local + j] - row_max[r]) * inv;
       if (j == t) p -= 1.0f;
-      dlogits[r * vocab_local + j] = p * scale;
+      d[j] = p * scale;
     }
+    for (int64_t j = valid; j < vocab_local; ++j) d[j] = 0.0f;
   }
 }
 
-float SumOfSquares(const float* x, int64_t n) {
+double SumOfSquares(const float* x, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  return static_cast<float>(s);
+  return s;
 }
 
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
@@ -70,13 +78,12 @@ void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_deca
   for (int64_t i = 0; i < n; ++i) param[i] -= lr * (grad[i] * grad_scale + weight_decay * param[i]);
 }
 
-float WarmupCosineLr(int64_t step, int64_t warmup, int64_t total_steps, float max_lr,
-                     float min_lr) {
-  if (warmup > 0 && step <= warmup) return max_lr * static_cast<float>(step) / static_cast<float>(warmup);
-  if (total_steps <= warmup) return max_lr;
-  const double progress = std::clamp(static_cast<double>(step - warmup) /
-                                         static_cast<double>(total_steps - warmup), 0.0, 1.0);
-  return static_cast<float>(min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress)));
+double WarmupCosineLr(int64_t step, int64_t warmup, int64_t total_steps, double max_lr,
+                      double min_lr) {
+  if (step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double p = static_cast<double>(step - warmup) /
+                   static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
+  return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * std::min(p, 1.0)));
 }
 
 }  // namespace paraplan::host
