@@ -133,7 +133,7 @@ FieldTable BuildTable() {
              "layers on the last pipeline stage");
   PP_LIST("pipeline.stage_layers", pipeline.stage_layers, 0, "explicit layers per stage");
   PP_ENUM("pipeline.balance", Balance, pipeline.balance,
-          (std::vector<std::string_view>{"even", "cost"}), "how layers are split over stages");
+          (std::vector<std::string_view>{"even", "cost", "nanotron"}), "how layers are split over stages");
   // optimizer
   PP_ENUM("optimizer.type", OptimizerType, optimizer.type,
           (std::vector<std::string_view>{"adamw", "sgd"}), "optimizer");
@@ -612,7 +612,14 @@ std::string_view ToString(Schedule v) {
   }
   return "?";
 }
-std::string_view ToString(Balance v) { return v == Balance::kEven ? "even" : "cost"; }
+std::string_view ToString(Balance v) {
+  switch (v) {
+    case Balance::kEven: return "even";
+    case Balance::kCost: return "cost";
+    case Balance::kNanotron: return "nanotron";
+  }
+  return "even";
+}
 std::string_view ToString(OptimizerType v) { return v == OptimizerType::kAdamW ? "adamw" : "sgd"; }
 std::string_view ToString(Offload v) { return v == Offload::kNone ? "none" : "cpu"; }
 std::string_view ToString(Norm v) { return v == Norm::kRmsNorm ? "rmsnorm" : "layernorm"; }

@@ -29,7 +29,8 @@ namespace paraplan {
 enum class Precision : uint8_t { kBf16, kFp16, kFp32, kFp8 };
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
 enum class Schedule : uint8_t { kGpipe, k1F1B, kInterleaved1F1B };
-enum class Balance : uint8_t { kEven, kCost };
+// kNanotron reproduces Nanotron's greedy cost split (to check a Nanotron run before launch).
+enum class Balance : uint8_t { kEven, kCost, kNanotron };
 enum class OptimizerType : uint8_t { kAdamW, kSgd };
 enum class Offload : uint8_t { kNone, kCpu };
 enum class Norm : uint8_t { kRmsNorm, kLayerNorm };

@@ -1,0 +1,124 @@
+#include "compiler/analyze/topology.h"
+
+#include <fmt/format.h>
+
+#include "compiler/analyze/format_util.h"
+#include "compiler/base/checked.h"
+
+namespace paraplan {
+
+Topology AnalyzeTopology(const Layout& layout) {
+  Topology t;
+  t.gpus_per_node = layout.sizes().gpus_per_node;
+  t.nodes = layout.nodes();
+  for (GroupKind kind : AllGroupKinds()) {
+    const GroupList& list = layout.Groups(kind);
+    GroupPlacement& p = t.kinds[static_cast<size_t>(kind)];
+    p.kind = kind;
+    p.group_count = list.group_count();
+    p.group_size = list.group_size;
+    for (int64_t g = 0; g < list.group_count(); ++g) {
+      auto members = list.Group(g);
+      // Members ascend, so counting node changes counts the nodes.
+      int64_t nodes = 1;
+      for (size_t i = 1; i < members.size(); ++i) {
+        if (members[i] / t.gpus_per_node != members[i - 1] / t.gpus_per_node) ++nodes;
+      }
+      if (nodes > 1) ++p.crossing_groups;
+      p.max_nodes = std::max(p.max_nodes, nodes);
+    }
+  }
+  return t;
+}
+
+namespace {
+
+struct AxisWarning {
+  GroupKind kind;
+  std::string_view path;   // the field to point at
+  std::string_view what;   // "tensor-parallel"
+  std::string_view traffic;
+};
+
+std::string CostInWords(const ClusterSpec& cluster) {
+  if (cluster.nvlink_bandwidth > 0 && cluster.network_bandwidth > 0) {
+    return fmt::format("the network's {} per GPU instead of NVLink's {}, about {} slower",
+                       BandwidthText(cluster.network_bandwidth), BandwidthText(cluster.nvlink_bandwidth),
+                       RatioText(cluster.nvlink_bandwidth / cluster.network_bandwidth));
+  }
+  return "the network instead of NVLink (the cluster gives no bandwidths to compare)";
+}
+
+}  // namespace
+
+void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& topology,
+                       DiagnosticSink& sink) {
+  const int64_t gpn = topology.gpus_per_node;
+  const MeshSizes& s = layout.sizes();
+  const bool sp = plan.parallel.sp && s.tp > 1;
+  std::vector<AxisWarning> axes = {
+      {GroupKind::kTp, "parallel.tp", sp ? "tensor- and sequence-parallel" : "tensor-parallel",
+       sp ? "every layer's all-gathers and reduce-scatters of activations (two forward, two backward)"
+          : "every layer's all-reduces of activations (two forward, two backward)"},
+      {GroupKind::kCp, "parallel.cp", "context-parallel",
+       "every attention layer's exchange of key/value blocks around the ring"},
+  };
+  if (plan.model.IsMoe() || s.ep > 1) {
+    axes.push_back({GroupKind::kEp, "parallel.ep", "expert-parallel",
+                    "every MoE layer's token dispatch and combine (two all-to-alls forward, two backward)"});
+    if (s.etp != s.tp) {  // with etp == tp the groups are the tp groups, reported once
+      axes.push_back({GroupKind::kEtp, "parallel.etp", "expert-tensor-parallel",
+                      "every expert layer's tensor-parallel collectives"});
+    }
+  }
+  for (const AxisWarning& axis : axes) {
+    const GroupPlacement& p = topology.Of(axis.kind);
+    if (p.group_size <= 1 || p.IntraNode()) continue;
+    const std::string name(GroupKindName(axis.kind));
+    Diag d(DiagKind::kParallelGroupCrossesNetwork,
+           fmt::format("{} groups cross node boundaries: {} of {} `{}` groups of {} GPUs span up to {} nodes",
+                       axis.what, GroupDigits(p.crossing_groups), GroupDigits(p.group_count), name,
+                       p.group_size, p.max_nodes));
+    d.At(plan.Range(axis.path), fmt::format("{} = {} spans {} nodes of {} GPUs", name, p.group_size,
+                                            p.max_nodes, gpn));
+    if (plan.Range("cluster.gpus_per_node").IsValid()) {
+      d.Label(plan.Range("cluster.gpus_per_node"), fmt::format("{} GPUs per node share NVLink", gpn));
+    }
+    d.Value(fmt::format("`{}` group size", name), std::to_string(p.group_size));
+    d.Value("GPUs per node", std::to_string(gpn));
+    d.Note(fmt::format("{} then runs over {}", axis.traffic, CostInWords(plan.cluster)));
+    // Fixes: the group must fit a node and be adjacent ranks.
+    // With the inner axes first, a group spans the product of its axis and the axes inside it.
+    const int64_t span = axis.kind == GroupKind::kCp   ? s.tp * s.cp
+                         : axis.kind == GroupKind::kEp ? s.etp * s.ep
+                                                       : p.group_size;
+    const bool fits = span <= gpn && gpn % span == 0;
+    if (axis.kind == GroupKind::kTp || axis.kind == GroupKind::kEtp) {
+      if (p.group_size > gpn || gpn % p.group_size != 0) {
+        std::vector<int64_t> ok;
+        for (int64_t v : Divisors(gpn)) {
+          if (v <= p.group_size) ok.push_back(v);
+        }
+        d.Help(fmt::format("keep {} inside a node: `{} = {}`{}", name, name, ok.empty() ? 1 : ok.back(),
+                           axis.kind == GroupKind::kTp ? " and spread the rest over pp or dp" : ""));
+      }
+    } else if (axis.kind == GroupKind::kCp && !fits) {
+      int64_t room = gpn / std::max<int64_t>(s.tp, 1);
+      if (room >= 2) d.Help(fmt::format("keep tp · cp within a node: `cp = {}` with tp = {}", room, s.tp));
+      else d.Help("context parallelism across nodes is common for long sequences; check that the ring overlaps with attention compute");
+    } else if (axis.kind == GroupKind::kEp && !fits) {
+      int64_t room = gpn / std::max<int64_t>(s.etp, 1);
+      if (room >= 2) d.Help(fmt::format("keep etp · ep within a node: `ep = {}` with etp = {}", room, s.etp));
+      if (s.etp > 1) d.Help(fmt::format("or `etp = 1`, which lets an expert-parallel group of {} fit {} GPUs per node",
+                                        std::min(s.ep, gpn), gpn));
+    }
+    if (fits) {
+      d.Help(fmt::format("{} fits a node, but the order \"{}\" spreads its groups; put the inner axes first, "
+                         "e.g. `parallel.order = \"tp-cp-ep-dp-pp\"`",
+                         name, s.order));
+    }
+    sink.Report(std::move(d));
+  }
+}
+
+}  // namespace paraplan
