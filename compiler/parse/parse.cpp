@@ -1,0 +1,627 @@
+#include "compiler/parse/parse.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <optional>
+#include <cstdlib>
+#include <string>
+
+#include "PlanLexer.h"
+#include "PlanParser.h"
+#include "antlr4-runtime.h"
+#include "compiler/ast/names.h"
+#include "compiler/base/checked.h"
+#include "compiler/plan/plan.h"
+
+namespace paraplan {
+namespace {
+
+using paraplan_grammar::PlanLexer;
+using paraplan_grammar::PlanParser;
+
+// Returns the byte offset of the first byte that is not valid UTF-8, or npos.
+size_t FirstInvalidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; k < n; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return i;
+    }
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+// ANTLR indexes characters by code point; ranges are bytes.
+class OffsetMap {
+ public:
+  explicit OffsetMap(std::string_view text) {
+    bool ascii = true;
+    for (char c : text) ascii &= static_cast<unsigned char>(c) < 0x80;
+    if (ascii) return;
+    for (uint32_t i = 0; i < text.size(); ++i) {
+      if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) starts_.push_back(i);
+    }
+    starts_.push_back(static_cast<uint32_t>(text.size()));
+  }
+  uint32_t Byte(size_t code_point) const {
+    if (starts_.empty()) return static_cast<uint32_t>(code_point);
+    if (code_point >= starts_.size()) return starts_.back();
+    return starts_[code_point];
+  }
+
+ private:
+  std::vector<uint32_t> starts_;
+};
+
+// Collects the first syntax error; the strategy below stops parsing right after it.
+struct SyntaxErrorInfo {
+  bool seen = false;
+  antlr4::Token* token = nullptr;
+  std::vector<size_t> expected;
+};
+
+class StopAtFirstError : public antlr4::DefaultErrorStrategy {
+ public:
+  explicit StopAtFirstError(SyntaxErrorInfo* info) : info_(info) {}
+  void reportError(antlr4::Parser* parser, const antlr4::RecognitionException& e) override {
+    antlr4::Token* offending = e.getOffendingToken() ? e.getOffendingToken() : parser->getCurrentToken();
+    // After a lookahead that consumed part of an alternative, the expected set of the decision
+    // is what could start it, not what could follow the part that was read: say that instead.
+    if (auto* nva = dynamic_cast<const antlr4::NoViableAltException*>(&e)) {
+      if (auto expected = AfterPrefix(parser, nva, offending)) {
+        if (info_->seen) return;
+        info_->seen = true;
+        info_->token = offending;
+        info_->expected = *expected;
+        return;
+      }
+    }
+    Record(offending, e.getExpectedTokens());
+  }
+  void recover(antlr4::Parser*, std::exception_ptr) override {
+    throw antlr4::ParseCancellationException();
+  }
+  antlr4::Token* recoverInline(antlr4::Parser* parser) override {
+    Record(parser->getCurrentToken(), parser->getExpectedTokens());
+    throw antlr4::ParseCancellationException();
+  }
+  void sync(antlr4::Parser*) override {}
+
+ private:
+  static std::optional<std::vector<size_t>> AfterPrefix(antlr4::Parser* parser,
+                                                        const antlr4::NoViableAltException* e,
+                                                        antlr4::Token* offending) {
+    antlr4::Token* start = e->getStartToken();
+    if (!start || !offending || start->getTokenIndex() >= offending->getTokenIndex()) {
+      return std::nullopt;
+    }
+    auto* stream = parser->getTokenStream();
+    std::vector<size_t> prefix;
+    for (size_t i = start->getTokenIndex(); i < offending->getTokenIndex(); ++i) {
+      prefix.push_back(stream->get(i)->getType());
+    }
+    bool path = prefix.size() % 2 == 1;
+    for (size_t i = 0; i < prefix.size() && path; ++i) {
+      path = prefix[i] == (i % 2 == 0 ? static_cast<size_t>(PlanParser::NAME) : DotToken());
+    }
+    auto* ctx = dynamic_cast<antlr4::ParserRuleContext*>(e->getCtx());
+    size_t rule = ctx ? ctx->getRuleIndex() : SIZE_MAX;
+    if (rule == PlanParser::RuleMember && path) {
+      return std::vector<size_t>{DotToken(), Literal("'='"), Literal("'{'")};
+    }
+    if (rule == PlanParser::RuleTopItem && prefix == std::vector<size_t>{PlanParser::NAME}) {
+      return std::vector<size_t>{PlanParser::NAME};
+    }
+    if (rule == PlanParser::RuleTopItem &&
+        prefix == std::vector<size_t>{PlanParser::NAME, PlanParser::NAME}) {
+      return std::vector<size_t>{PlanParser::EXTENDS, Literal("'{'")};
+    }
+    return std::nullopt;
+  }
+  static size_t Literal(std::string_view literal) {
+    const auto& vocab = VocabularyOf();
+    for (size_t t = 1; t <= vocab.getMaxTokenType(); ++t) {
+      if (vocab.getLiteralName(t) == literal) return t;
+    }
+    return 0;
+  }
+  static size_t DotToken() { return Literal("'.'"); }
+  static const antlr4::dfa::Vocabulary& VocabularyOf() {
+    static antlr4::ANTLRInputStream empty("");
+    static PlanLexer lexer(&empty);
+    return lexer.getVocabulary();
+  }
+
+  void Record(antlr4::Token* token, const antlr4::misc::IntervalSet& expected) {
+    if (info_->seen) return;
+    info_->seen = true;
+    info_->token = token;
+    for (ssize_t t : expected.toList()) info_->expected.push_back(static_cast<size_t>(t));
+  }
+  SyntaxErrorInfo* info_;
+};
+
+std::string Describe(const antlr4::dfa::Vocabulary& vocab, size_t type) {
+  if (type == antlr4::Token::EOF) return "end of file";
+  switch (type) {
+    case PlanParser::NAME: return "a name";
+    case PlanParser::INT:
+    case PlanParser::REAL: return "a number";
+    case PlanParser::STRING: return "a string";
+    default: break;
+  }
+  std::string literal = vocab.getLiteralName(type);
+  if (literal.size() >= 2 && literal.front() == '\'') {
+    return "`" + literal.substr(1, literal.size() - 2) + "`";
+  }
+  return vocab.getSymbolicName(type);
+}
+
+std::string ExpectedList(const antlr4::dfa::Vocabulary& vocab, const std::vector<size_t>& types) {
+  auto has = [&](size_t t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+  std::vector<std::string> words;
+  bool expression = has(PlanParser::INT) && has(PlanParser::STRING) && has(PlanParser::AUTO);
+  if (expression) words.push_back("an expression");
+  for (size_t t : types) {
+    if (expression && (t == PlanParser::INT || t == PlanParser::REAL || t == PlanParser::STRING ||
+                       t == PlanParser::AUTO || t == PlanParser::TRUE || t == PlanParser::FALSE ||
+                       t == PlanParser::NAME || t == PlanParser::NOT ||
+                       vocab.getLiteralName(t) == "'-'" || vocab.getLiteralName(t) == "'('" ||
+                       vocab.getLiteralName(t) == "'['")) {
+      continue;
+    }
+    std::string w = Describe(vocab, t);
+    if (std::find(words.begin(), words.end(), w) == words.end()) words.push_back(w);
+  }
+  if (words.size() > 8) return "something else";
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (i) out += i + 1 == words.size() ? " or " : ", ";
+    out += words[i];
+  }
+  return out;
+}
+
+std::string Printable(std::string_view s) {
+  if (s.size() == 1 && (static_cast<unsigned char>(s[0]) < 0x20 || s[0] == 0x7F)) {
+    return fmt::format("U+{:04X}", static_cast<unsigned>(static_cast<unsigned char>(s[0])));
+  }
+  return std::string(s);
+}
+
+class Builder {
+ public:
+  Builder(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink)
+      : buffer_(buffer), text_(sm.Text(buffer)), offsets_(text_), sink_(sink) {}
+
+  SourceRange Range(antlr4::Token* t) const {
+    if (!t || t->getType() == antlr4::Token::EOF) {
+      uint32_t end = static_cast<uint32_t>(text_.size());
+      return {buffer_, end, end};
+    }
+    return {buffer_, offsets_.Byte(t->getStartIndex()), offsets_.Byte(t->getStopIndex() + 1)};
+  }
+  SourceRange Range(antlr4::ParserRuleContext* ctx) const {
+    SourceRange a = Range(ctx->getStart());
+    antlr4::Token* stop = ctx->getStop();
+    if (!stop || stop->getTokenIndex() < ctx->getStart()->getTokenIndex()) return {buffer_, a.begin, a.begin};
+    SourceRange b = Range(stop);
+    return {buffer_, a.begin, std::max(a.begin, b.end)};
+  }
+  SourceRange Join(SourceRange a, SourceRange b) const { return {buffer_, a.begin, b.end}; }
+
+  ast::Name NameOf(antlr4::Token* t) const { return {t->getText(), Range(t)}; }
+  ast::Name NameOf(antlr4::tree::TerminalNode* n) const { return NameOf(n->getSymbol()); }
+
+  std::vector<ast::Name> Path(PlanParser::PathContext* ctx) const {
+    std::vector<ast::Name> out;
+    for (auto* n : ctx->NAME()) out.push_back(NameOf(n));
+    return out;
+  }
+
+  std::string Unescape(antlr4::Token* t) const {
+    std::string raw = t->getText();
+    std::string out;
+    for (size_t i = 1; i + 1 < raw.size(); ++i) {
+      if (raw[i] == '\\' && i + 2 < raw.size()) {
+        char c = raw[++i];
+        out += c == 'n' ? '\n' : c == 't' ? '\t' : c;
+      } else {
+        out += raw[i];
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<ast::Block> Block(PlanParser::BlockContext* ctx) {
+    auto b = std::make_unique<ast::Block>();
+    b->range = Range(ctx);
+    for (auto* m : ctx->member()) b->members.push_back(Member(m));
+    return b;
+  }
+
+  ast::Member Member(PlanParser::MemberContext* ctx) {
+    ast::Member m;
+    m.range = Range(ctx);
+    if (auto* a = dynamic_cast<PlanParser::AssignMemberContext*>(ctx)) {
+      m.kind = ast::MemberKind::kAssign;
+      m.path = Path(a->path());
+      m.value = Expr(a->expr());
+    } else if (auto* a = dynamic_cast<PlanParser::AmendMemberContext*>(ctx)) {
+      m.kind = ast::MemberKind::kAmend;
+      m.path = Path(a->path());
+      m.block = Block(a->block());
+    } else if (auto* l = dynamic_cast<PlanParser::LetMemberContext*>(ctx)) {
+      m.kind = ast::MemberKind::kLet;
+      m.path.push_back(NameOf(l->letDecl()->NAME()));
+      m.value = Expr(l->letDecl()->expr());
+    } else if (auto* r = dynamic_cast<PlanParser::RequireMemberContext*>(ctx)) {
+      m.kind = ast::MemberKind::kRequire;
+      m.value = Expr(r->expr());
+      if (r->STRING()) {
+        m.message = Unescape(r->STRING()->getSymbol());
+        m.message_range = Range(r->STRING()->getSymbol());
+      }
+    }
+    // A trailing separator is not part of the member.
+    if (ctx->children.size() > 1) {
+      if (auto* sep = dynamic_cast<PlanParser::SeparatorContext*>(ctx->children.back())) {
+        m.range.end = Range(sep).begin;
+        while (m.range.end > m.range.begin && (text_[m.range.end - 1] == ' ' || text_[m.range.end - 1] == '\t')) {
+          --m.range.end;
+        }
+      }
+    }
+    return m;
+  }
+
+  std::unique_ptr<ast::Expr> Binary(std::string op, std::unique_ptr<ast::Expr> a,
+                                    std::unique_ptr<ast::Expr> b) {
+    auto e = std::make_unique<ast::Expr>();
+    e->kind = ast::ExprKind::kBinary;
+    e->range = Join(a->range, b->range);
+    e->text = std::move(op);
+    e->operands.push_back(std::move(a));
+    e->operands.push_back(std::move(b));
+    return e;
+  }
+
+  std::unique_ptr<ast::Expr> Expr(PlanParser::ExprContext* ctx) { return Or(ctx->orExpr()); }
+
+  std::unique_ptr<ast::Expr> Or(PlanParser::OrExprContext* ctx) {
+    auto parts = ctx->andExpr();
+    auto e = And(parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) e = Binary("or", std::move(e), And(parts[i]));
+    return e;
+  }
+  std::unique_ptr<ast::Expr> And(PlanParser::AndExprContext* ctx) {
+    auto parts = ctx->notExpr();
+    auto e = Not(parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) e = Binary("and", std::move(e), Not(parts[i]));
+    return e;
+  }
+  std::unique_ptr<ast::Expr> Not(PlanParser::NotExprContext* ctx) {
+    if (ctx->NOT()) {
+      auto e = std::make_unique<ast::Expr>();
+      e->kind = ast::ExprKind::kUnary;
+      e->range = Range(ctx);
+      e->text = "not";
+      e->operands.push_back(Not(ctx->notExpr()));
+      return e;
+    }
+    return Compare(ctx->compareExpr());
+  }
+  std::unique_ptr<ast::Expr> Compare(PlanParser::CompareExprContext* ctx) {
+    auto parts = ctx->addExpr();
+    auto e = Add(parts[0]);
+    if (parts.size() > 1) e = Binary(ctx->op->getText(), std::move(e), Add(parts[1]));
+    return e;
+  }
+  std::unique_ptr<ast::Expr> Add(PlanParser::AddExprContext* ctx) {
+    auto parts = ctx->mulExpr();
+    auto e = Mul(parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) {
+      e = Binary(ctx->ops[i - 1]->getText(), std::move(e), Mul(parts[i]));
+    }
+    return e;
+  }
+  std::unique_ptr<ast::Expr> Mul(PlanParser::MulExprContext* ctx) {
+    auto parts = ctx->unaryExpr();
+    auto e = Unary(parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) {
+      e = Binary(ctx->ops[i - 1]->getText(), std::move(e), Unary(parts[i]));
+    }
+    return e;
+  }
+  std::unique_ptr<ast::Expr> Unary(PlanParser::UnaryExprContext* ctx) {
+    if (ctx->primary()) return Primary(ctx->primary());
+    auto inner = Unary(ctx->unaryExpr());
+    // `-9223372036854775808` is a literal, not the negation of an out-of-range one.
+    if (inner->kind == ast::ExprKind::kInt && inner->text == "min") {
+      inner->int_value = INT64_MIN;
+      inner->text.clear();
+      inner->range = Range(ctx);
+      return inner;
+    }
+    auto e = std::make_unique<ast::Expr>();
+    e->kind = ast::ExprKind::kUnary;
+    e->range = Range(ctx);
+    e->text = "-";
+    e->operands.push_back(std::move(inner));
+    return e;
+  }
+
+  std::vector<std::unique_ptr<ast::Expr>> Exprs(const std::vector<PlanParser::ExprContext*>& v) {
+    std::vector<std::unique_ptr<ast::Expr>> out;
+    for (auto* x : v) out.push_back(Expr(x));
+    return out;
+  }
+
+  std::unique_ptr<ast::Expr> Primary(PlanParser::PrimaryContext* ctx) {
+    auto e = std::make_unique<ast::Expr>();
+    e->range = Range(ctx);
+    if (auto* n = dynamic_cast<PlanParser::NumberPrimaryContext*>(ctx)) {
+      Number(n, e.get());
+    } else if (auto* s = dynamic_cast<PlanParser::StringPrimaryContext*>(ctx)) {
+      e->kind = ast::ExprKind::kString;
+      e->text = Unescape(s->STRING()->getSymbol());
+    } else if (auto* b = dynamic_cast<PlanParser::BoolPrimaryContext*>(ctx)) {
+      e->kind = ast::ExprKind::kBool;
+      e->bool_value = b->TRUE() != nullptr;
+    } else if (dynamic_cast<PlanParser::AutoPrimaryContext*>(ctx)) {
+      e->kind = ast::ExprKind::kAuto;
+    } else if (auto* l = dynamic_cast<PlanParser::ListPrimaryContext*>(ctx)) {
+      e->kind = ast::ExprKind::kList;
+      e->operands = Exprs(l->expr());
+    } else if (auto* p = dynamic_cast<PlanParser::ParenPrimaryContext*>(ctx)) {
+      auto inner = Expr(p->expr());
+      inner->range = e->range;  // the parentheses belong to what the reader sees
+      return inner;
+    } else if (auto* c = dynamic_cast<PlanParser::CallPrimaryContext*>(ctx)) {
+      e->kind = ast::ExprKind::kCall;
+      e->path.push_back(NameOf(c->NAME()));
+      e->operands = Exprs(c->expr());
+    } else if (auto* p = dynamic_cast<PlanParser::PathPrimaryContext*>(ctx)) {
+      e->kind = ast::ExprKind::kPath;
+      e->path = Path(p->path());
+      if (p->block()) e->block = Block(p->block());
+    }
+    return e;
+  }
+
+  void Number(PlanParser::NumberPrimaryContext* ctx, ast::Expr* e) {
+    antlr4::Token* t = ctx->number()->getStart();
+    std::string digits;
+    for (char c : t->getText()) {
+      if (c != '_') digits += c;
+    }
+    if (t->getType() == PlanParser::INT) {
+      e->kind = ast::ExprKind::kInt;
+      int64_t v = 0;
+      bool overflow = false;
+      for (char c : digits) {
+        auto m = CheckedMul(v, 10);
+        auto a = m ? CheckedAdd(*m, c - '0') : std::nullopt;
+        if (!a) {
+          overflow = true;
+          break;
+        }
+        v = *a;
+      }
+      if (overflow) {
+        if (digits == "9223372036854775808") {
+          e->text = "min";  // fine under a unary minus (see Unary)
+        } else {
+          sink_.Report(Diag(DiagKind::kNumberTooLarge,
+                            fmt::format("integer literal `{}` does not fit in 64 bits", t->getText()))
+                           .At(Range(t), "larger than 9223372036854775807")
+                           .Note("integers are signed 64-bit; sizes past that are not meaningful"));
+          e->kind = ast::ExprKind::kReal;  // keeps evaluation going; the error is reported
+          e->real_value = std::strtod(digits.c_str(), nullptr);
+        }
+      }
+      e->int_value = v;
+    } else {
+      e->kind = ast::ExprKind::kReal;
+      e->real_value = std::strtod(digits.c_str(), nullptr);
+      if (!std::isfinite(e->real_value)) {
+        sink_.Report(Diag(DiagKind::kNumberTooLarge,
+                          fmt::format("real literal `{}` is out of range", t->getText()))
+                         .At(Range(t), "not a finite number"));
+        e->real_value = 0;
+      }
+    }
+    if (auto* u = ctx->unit()) {
+      auto names = u->NAME();
+      e->unit.text = names[0]->getText();
+      if (names.size() > 1) e->unit.text += "/" + names[1]->getText();
+      e->unit.range = Range(u);
+      if (!FindUnit(e->unit.text)) {
+        std::vector<std::string_view> all;
+        for (const UnitInfo& info : AllUnits()) all.push_back(info.name);
+        Diag d(DiagKind::kUnknownUnit, fmt::format("`{}` is not a unit", e->unit.text));
+        d.At(e->unit.range, "unknown unit");
+        std::string guess = ast::ClosestName(e->unit.text, all);
+        if (!guess.empty()) d.Help(fmt::format("did you mean `{}`?", guess));
+        d.Note("units: B KB MB GB TB KiB MiB GiB TiB (bytes); GB/s Gb/s GiB/s TB/s ... "
+               "(bandwidth); GFLOPS TFLOPS PFLOPS (compute); s ms us ns (time)");
+        sink_.Report(std::move(d));
+      }
+    }
+  }
+
+  void Module(PlanParser::FileContext* ctx, ast::Module* module) {
+    for (auto* item : ctx->topItem()) {
+      if (auto* i = dynamic_cast<PlanParser::TopImportContext*>(item)) {
+        auto* d = i->importDecl();
+        ast::Import imp;
+        imp.range = Range(d);
+        if (d->STRING()) {
+          imp.file = Unescape(d->STRING()->getSymbol());
+          imp.file_range = Range(d->STRING()->getSymbol());
+        } else {
+          for (auto* n : d->dottedName()->NAME()) imp.module.push_back(NameOf(n));
+          imp.file_range = Range(d->dottedName());
+        }
+        module->imports.push_back(std::move(imp));
+      } else if (auto* l = dynamic_cast<PlanParser::TopLetContext*>(item)) {
+        ast::Decl d;
+        d.kind = ast::DeclKind::kLet;
+        d.range = Range(l->letDecl());
+        d.keyword = NameOf(l->letDecl()->LET());
+        d.name = NameOf(l->letDecl()->NAME());
+        d.base = Expr(l->letDecl()->expr());
+        module->decls.push_back(std::move(d));
+      } else if (auto* r = dynamic_cast<PlanParser::TopRecordContext*>(item)) {
+        ast::Decl d;
+        d.range = Join(Range(r->kindName), Range(r->block()));
+        d.keyword = NameOf(r->kindName);
+        d.name = NameOf(r->recordName);
+        static const std::vector<std::string_view> kKinds = {"gpu", "cluster", "model", "plan"};
+        const std::string& k = d.keyword.text;
+        if (k == "gpu") {
+          d.kind = ast::DeclKind::kGpu;
+        } else if (k == "cluster") {
+          d.kind = ast::DeclKind::kCluster;
+        } else if (k == "model") {
+          d.kind = ast::DeclKind::kModel;
+        } else if (k == "plan") {
+          d.kind = ast::DeclKind::kPlan;
+        } else {
+          Diag diag(DiagKind::kUnknownDeclarationKind,
+                    fmt::format("`{}` is not a kind of record", k));
+          diag.At(d.keyword.range, "expected `gpu`, `cluster`, `model` or `plan`");
+          std::string guess = ast::ClosestName(k, kKinds);
+          if (!guess.empty()) diag.Help(fmt::format("did you mean `{} {}`?", guess, d.name.text));
+          sink_.Report(std::move(diag));
+          continue;
+        }
+        if (r->base) {
+          auto base = std::make_unique<ast::Expr>();
+          base->kind = ast::ExprKind::kPath;
+          base->range = Range(r->base);
+          base->path = Path(r->base);
+          d.base = std::move(base);
+        }
+        d.body = Block(r->block());
+        module->decls.push_back(std::move(d));
+      }
+    }
+  }
+
+ private:
+  uint32_t buffer_;
+  std::string_view text_;
+  OffsetMap offsets_;
+  DiagnosticSink& sink_;
+};
+
+// Lexes and parses; runs `build` on the tree when the text is well-formed. Returns false when a
+// lexical or syntax error was reported.
+template <typename Rule, typename Build>
+bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, Rule rule, Build build) {
+  std::string_view text = sm.Text(buffer);
+  if (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
+    sink.Report(Diag(DiagKind::kUnexpectedCharacter, "the text is not valid UTF-8")
+                    .At({buffer, static_cast<uint32_t>(bad), static_cast<uint32_t>(bad + 1)},
+                        fmt::format("byte 0x{:02X} starts no UTF-8 character",
+                                    static_cast<unsigned>(static_cast<unsigned char>(text[bad]))))
+                    .Help("save the file as UTF-8"));
+    return false;
+  }
+  antlr4::ANTLRInputStream input(text.data(), text.size());
+  PlanLexer lexer(&input);
+  lexer.removeErrorListeners();
+  antlr4::CommonTokenStream tokens(&lexer);
+  tokens.fill();
+  Builder builder(sm, buffer, sink);
+  bool lexical_error = false;
+  for (antlr4::Token* t : tokens.getTokens()) {
+    if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
+      sink.Report(Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
+                      .At(builder.Range(t), "the string starts here and runs to the end of the line")
+                      .Help("close it with `\"` on the same line; write `\\\"` for a quote inside"));
+      lexical_error = true;
+    } else if (t->getType() == PlanLexer::UNKNOWN_CHAR) {
+      std::string c = Printable(sm.Slice(builder.Range(t)));
+      sink.Report(Diag(DiagKind::kUnexpectedCharacter, fmt::format("unexpected character `{}`", c))
+                      .At(builder.Range(t), "no token starts with this character")
+                      .Note("comments start with `#` or `//`; strings are written in `\"`"));
+      lexical_error = true;
+    }
+  }
+  if (lexical_error) return false;
+  PlanParser parser(&tokens);
+  parser.removeErrorListeners();
+  SyntaxErrorInfo info;
+  parser.setErrorHandler(std::make_shared<StopAtFirstError>(&info));
+  typename std::invoke_result_t<Rule, PlanParser&> tree = nullptr;
+  try {
+    tree = rule(parser);
+  } catch (const antlr4::ParseCancellationException&) {
+  } catch (const antlr4::RecognitionException&) {
+    info.seen = info.seen || true;
+  }
+  if (info.seen) {
+    const auto& vocab = parser.getVocabulary();
+    antlr4::Token* t = info.token;
+    std::string found = !t || t->getType() == antlr4::Token::EOF
+                            ? std::string("end of file")
+                            : fmt::format("`{}`", t->getText());
+    std::string expected = ExpectedList(vocab, info.expected);
+    Diag d(DiagKind::kSyntaxError, expected.empty() ? fmt::format("unexpected {}", found)
+                                                    : fmt::format("expected {}, found {}", expected, found));
+    d.At(builder.Range(t), expected.empty() ? "unexpected here" : "expected " + expected);
+    if (sm.Kind(buffer) == BufferKind::kCommandLine) {
+      d.Note("--set takes PATH=VALUE, the value written as in a plan: `--set parallel.tp=4`, "
+             "`--set 'parallel.order=\"tp-cp-ep-pp-dp\"'`");
+    }
+    sink.Report(std::move(d));
+    return false;
+  }
+  build(builder, tree);
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<ast::Module> ParseModule(const SourceManager& sm, uint32_t buffer,
+                                         DiagnosticSink& sink) {
+  auto module = std::make_unique<ast::Module>();
+  module->buffer = buffer;
+  bool ok = Parse(
+      sm, buffer, sink, [](PlanParser& p) { return p.file(); },
+      [&](Builder& b, PlanParser::FileContext* tree) { b.Module(tree, module.get()); });
+  if (!ok) return nullptr;
+  return module;
+}
+
+std::unique_ptr<ast::Member> ParseSetOverride(const SourceManager& sm, uint32_t buffer,
+                                              DiagnosticSink& sink) {
+  std::unique_ptr<ast::Member> member;
+  bool ok = Parse(
+      sm, buffer, sink, [](PlanParser& p) { return p.setOverride(); },
+      [&](Builder& b, PlanParser::SetOverrideContext* tree) {
+        member = std::make_unique<ast::Member>();
+        member->kind = ast::MemberKind::kAssign;
+        member->range = b.Range(tree);
+        member->path = b.Path(tree->path());
+        member->value = b.Expr(tree->expr());
+      });
+  if (!ok) return nullptr;
+  return member;
+}
+
+}  // namespace paraplan

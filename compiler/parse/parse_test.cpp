@@ -1,0 +1,169 @@
+#include "compiler/parse/parse.h"
+
+#include <doctest/doctest.h>
+
+namespace paraplan {
+namespace {
+
+struct Parsed {
+  SourceManager sm;
+  DiagnosticSink sink;
+  std::unique_ptr<ast::Module> module;
+  uint32_t buffer = 0;
+  std::string Dump() const { return module ? ast::PrintAst(*module) : "<none>"; }
+  std::string Slice(SourceRange r) const { return std::string(sm.Slice(r)); }
+  const Diagnostic& First() const { return sink.diagnostics().at(0); }
+};
+
+std::unique_ptr<Parsed> ParseText(std::string text) {
+  auto p = std::make_unique<Parsed>();
+  p->buffer = p->sm.AddBuffer("test.plan", std::move(text), BufferKind::kFile);
+  p->module = ParseModule(p->sm, p->buffer, p->sink);
+  return p;
+}
+
+TEST_CASE("a plan with nested blocks, units and requires parses to a stable AST") {
+  auto p = ParseText(R"(import std.models.llama
+import "local/other.plan"
+# a comment · with non-ASCII
+gpu g { memory = 80 GiB  hbm_bandwidth = 3.35 TB/s  peak_bf16 = 989 TFLOPS }
+let base = dgx_h100 { nodes = 16 }
+plan a extends b {
+  model = llama3_70b
+  cluster = dgx_h100 { nodes = 8 }
+  parallel { tp = 8 pp = 4 dp = auto sp = true }
+  pipeline.schedule = "1f1b"; optimizer { zero = 1, lr = 3e-4 }
+  let w = cluster.nodes * cluster.gpus_per_node
+  require parallel.tp <= cluster.gpus_per_node and not false : "keep TP in NVLink"
+  batch { global = -(2 + 3) * 4 / 2 % 7 }
+  stages = [1, 2, min(3, 4),]
+}
+)");
+  REQUIRE(p->sink.diagnostics().empty());
+  REQUIRE(p->module);
+  CHECK(p->Dump() == R"(module
+  import std.models.llama
+  import "local/other.plan"
+  gpu g
+    assign memory = 80 GiB
+    assign hbm_bandwidth = 3.35 TB/s
+    assign peak_bf16 = 989 TFLOPS
+  let base = dgx_h100 { … }
+    assign nodes = 16
+  plan a extends b
+    assign model = llama3_70b
+    assign cluster = dgx_h100 { … }
+      assign nodes = 8
+    amend parallel
+      assign tp = 8
+      assign pp = 4
+      assign dp = auto
+      assign sp = true
+    assign pipeline.schedule = "1f1b"
+    amend optimizer
+      assign zero = 1
+      assign lr = 0.0003
+    let w = (cluster.nodes * cluster.gpus_per_node)
+    require ((parallel.tp <= cluster.gpus_per_node) and (not false)) : "keep TP in NVLink"
+    amend batch
+      assign global = ((((-(2 + 3)) * 4) / 2) % 7)
+    assign stages = [1, 2, min(3, 4)]
+)");
+  // Ranges are bytes, also after non-ASCII text.
+  const ast::Decl& g = p->module->decls[0];
+  CHECK(p->Slice(g.name.range) == "g");
+  CHECK(p->Slice(g.body->members[0].range) == "memory = 80 GiB");
+  CHECK(p->Slice(g.body->members[0].value->range) == "80 GiB");
+  CHECK(p->Slice(g.body->members[1].value->unit.range) == "TB/s");
+  const ast::Decl& plan = p->module->decls[2];
+  CHECK(p->Slice(plan.body->members[3].range) == "pipeline.schedule = \"1f1b\"");
+  CHECK(p->Slice(plan.body->members[5].value->range) == "cluster.nodes * cluster.gpus_per_node");
+  CHECK(p->Slice(plan.body->members[6].message_range) == "\"keep TP in NVLink\"");
+  CHECK(ast::PrintAst(*p->module, &p->sm).find("plan a extends b @6:1-15:2") != std::string::npos);
+}
+
+TEST_CASE("a number followed by a field name on the same line is not a unit") {
+  auto p = ParseText("plan x { parallel { tp = 8 sp = true } memory = 8 s }");
+  REQUIRE(p->sink.diagnostics().empty());
+  CHECK(p->Dump().find("assign tp = 8\n") != std::string::npos);
+  CHECK(p->Dump().find("assign memory = 8 s\n") != std::string::npos);
+}
+
+TEST_CASE("syntax errors say what was expected and point at the token") {
+  auto p = ParseText("plan x {\n  tp = = 4\n}\n");
+  CHECK(!p->module);
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().kind == DiagKind::kSyntaxError);
+  CHECK(p->First().message == "expected an expression, found `=`");
+  CHECK(p->Slice(p->First().primary) == "=");
+  CHECK(p->sm.Position(p->buffer, p->First().primary.begin).line == 2);
+
+  p = ParseText("plan x {\n  tp 4\n}\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message == "expected `.`, `=` or `{`, found `4`");
+
+  p = ParseText("plan x {\n  tp = 4\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message.find("found end of file") != std::string::npos);
+
+  p = ParseText("plan x extends { }");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message == "expected a name, found `{`");
+}
+
+TEST_CASE("lexical errors") {
+  auto p = ParseText("plan x { order = \"tp-dp }\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().kind == DiagKind::kUnterminatedString);
+  CHECK(p->Slice(p->First().primary) == "\"tp-dp }");
+
+  p = ParseText("plan x { tp = 4 $ }");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().kind == DiagKind::kUnexpectedCharacter);
+  CHECK(p->First().message == "unexpected character `$`");
+
+  p = ParseText("plan x { tp = 4 }\xff");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().kind == DiagKind::kUnexpectedCharacter);
+  CHECK(p->First().message == "the text is not valid UTF-8");
+  CHECK(p->First().primary.begin == 17);
+}
+
+TEST_CASE("problems inside good syntax are reported and parsing goes on") {
+  auto p = ParseText("modle m { layers = 99999999999999999999 }\n"
+                     "gpu g { memory = 80 Gib  bad = 1 parsecs }\n"
+                     "model n { x = -9223372036854775808 }");
+  REQUIRE(p->module);
+  REQUIRE(p->sink.diagnostics().size() == 3);
+  CHECK(p->sink.diagnostics()[0].kind == DiagKind::kUnknownDeclarationKind);
+  CHECK(p->sink.diagnostics()[0].helps.at(0) == "did you mean `model m`?");
+  CHECK(p->sink.diagnostics()[1].kind == DiagKind::kUnknownUnit);
+  CHECK(p->sink.diagnostics()[1].message == "`Gib` is not a unit");
+  CHECK(p->sink.diagnostics()[1].helps.at(0) == "did you mean `GiB`?");
+  CHECK(p->sink.diagnostics()[2].kind == DiagKind::kUnknownUnit);
+  CHECK(p->module->decls.size() == 2);
+  CHECK(p->module->decls[1].body->members[0].value->int_value == INT64_MIN);
+
+  p = ParseText("model m { layers = 99999999999999999999 }");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().kind == DiagKind::kNumberTooLarge);
+  CHECK(p->Slice(p->First().primary) == "99999999999999999999");
+}
+
+TEST_CASE("a --set override parses as PATH = EXPR in its own buffer") {
+  SourceManager sm;
+  DiagnosticSink sink;
+  uint32_t b = sm.AddBuffer("<command line>", "parallel.order=\"tp-cp-ep-pp-dp\"", BufferKind::kCommandLine);
+  auto m = ParseSetOverride(sm, b, sink);
+  REQUIRE(m);
+  CHECK(m->path.size() == 2);
+  CHECK(m->value->text == "tp-cp-ep-pp-dp");
+  uint32_t bad = sm.AddBuffer("<command line>", "parallel.tp=", BufferKind::kCommandLine);
+  CHECK(!ParseSetOverride(sm, bad, sink));
+  REQUIRE(sink.diagnostics().size() == 1);
+  CHECK(sink.diagnostics()[0].message == "expected an expression, found end of file");
+  CHECK(!sink.diagnostics()[0].notes.empty());
+}
+
+}  // namespace
+}  // namespace paraplan
