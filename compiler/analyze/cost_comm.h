@@ -1,0 +1,42 @@
+// Where a communication group sits (how many members share a node) and what a collective on
+// it costs: ring formulas with NCCL's bus-bandwidth factors, NVLink inside a node and the
+// per-GPU network link across nodes (the two-level formula of reference cost-models.md 4.1:
+// the in-node part at NVLink bus bandwidth, each GPU's 1/q share across nodes on its own NIC).
+//
+// Group placement follows Megatron's RankGenerator: a group kind's members are `stride` ranks
+// apart, where stride is the product of the sizes before it in the order string (dense order
+// with ep = 1; expert order tp=etp, cp=1, dp=edp). Made per plan by the time and memory models.
+#ifndef PARAPLAN_COMPILER_ANALYZE_COST_COMM_H_
+#define PARAPLAN_COMPILER_ANALYZE_COST_COMM_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "compiler/analyze/cost_params.h"
+#include "compiler/plan/plan.h"
+
+namespace paraplan {
+
+struct GroupPlacement {
+  int64_t size = 1;      // members
+  int64_t per_node = 1;  // members inside one node (== size when the group fits a node)
+  bool CrossesNodes() const { return per_node < size; }
+};
+
+struct CommPlacements {
+  GroupPlacement tp, cp, dp_cp, pp, ep, etp, edp;
+  bool pp_crosses_nodes = false;  // a pipeline neighbour is on another node
+};
+
+CommPlacements PlaceGroups(const Plan& plan);
+
+enum class Collective : uint8_t { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kPointToPoint };
+
+// Seconds for one collective of `bytes` (all-reduce/reduce-scatter/all-gather: the full array;
+// all-to-all: what each rank sends in total; point-to-point: the message) on a group.
+double CollectiveSeconds(Collective kind, double bytes, const GroupPlacement& group,
+                         const ClusterSpec& cluster, const GpuEfficiency& eff);
+
+}  // namespace paraplan
+
+#endif  // PARAPLAN_COMPILER_ANALYZE_COST_COMM_H_

@@ -1,0 +1,91 @@
+#include "compiler/analyze/cost_params.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+namespace paraplan {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Calibrated on the 20 published Megatron-LM A100 runs (bench/calibration): one set for all rows.
+constexpr GpuEfficiency kAmpere = {
+    "ampere",
+    "fit to Narayanan SC21 Table 1 and Korthikanti MLSys23 Tables 4-5 (A100-SXM4-80GB, 2021-22 Megatron-LM)",
+    /*gemm_max_fraction=*/0.80,
+    /*gemm_half_flops=*/2.0e9,
+    /*hbm_fraction=*/0.85,
+    /*elementwise_passes=*/2.0,
+    /*nvlink_bus_fraction=*/0.75,
+    /*network_bus_fraction=*/0.70,
+    /*collective_latency_s=*/10e-6,
+    // Fitted; stands for the synchronisation around each pipeline exchange in the 2021-22
+    // Megatron-LM p2p code (batched isend/irecv, then a device synchronize), not wire latency.
+    /*p2p_latency_s=*/1.5e-3,
+    /*runtime_reserve_bytes=*/1024 * kMiB,
+    /*nccl_bytes_per_communicator=*/64 * kMiB,
+    /*pcie_bandwidth=*/20e9,
+    /*cpu_adam_params_per_s=*/1.0e9,
+    /*step_overhead_s=*/0.05,
+};
+
+// Hopper: no calibration rows yet; the GEMM ceiling follows the ratio of large bf16 GEMM
+// throughput to peak commonly measured on H100 SXM (about 0.75), the rest as on Ampere.
+constexpr GpuEfficiency kHopper = {
+    "hopper",
+    "not fit (no H100 rows in the calibration set): large-GEMM ceiling 0.75 of 989 TFLOP/s, "
+    "NVLink4/NDR bus efficiencies as on Ampere",
+    0.75, 4.0e9, 0.80, 2.0, 0.75, 0.85, 10e-6, 20e-6, 1024 * kMiB, 64 * kMiB, 50e9, 1.5e9, 0.05,
+};
+
+constexpr GpuEfficiency kBlackwell = {
+    "blackwell",
+    "not fit: Hopper's fractions applied to Blackwell peaks",
+    0.70, 8.0e9, 0.80, 2.0, 0.75, 0.85, 10e-6, 20e-6, 1024 * kMiB, 64 * kMiB, 50e9, 1.5e9, 0.05,
+};
+
+constexpr GpuEfficiency kGeneric = {
+    "generic",
+    "not fit: conservative fractions for an unknown GPU",
+    0.60, 2.0e9, 0.70, 2.0, 0.70, 0.80, 15e-6, 30e-6, 1024 * kMiB, 64 * kMiB, 16e9, 1.0e9, 0.05,
+};
+
+bool Contains(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+const GpuEfficiency& EfficiencyFor(const GpuSpec& gpu) {
+  std::string name = gpu.name;
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (Contains(name, "a100") || Contains(name, "a800")) return kAmpere;
+  if (Contains(name, "h100") || Contains(name, "h200") || Contains(name, "h800") ||
+      Contains(name, "gh200"))
+    return kHopper;
+  if (Contains(name, "b200") || Contains(name, "b100") || Contains(name, "gb200") ||
+      Contains(name, "b300"))
+    return kBlackwell;
+  return kGeneric;
+}
+
+const GpuEfficiency& EfficiencyFor(const GpuSpec& gpu, const CostOptions& options) {
+  return options.efficiency ? *options.efficiency : EfficiencyFor(gpu);
+}
+
+double PeakFlops(const Plan& plan) {
+  const GpuSpec& g = plan.cluster.gpu;
+  switch (plan.precision) {
+    case Precision::kBf16: return g.peak_bf16;
+    case Precision::kFp16: return g.peak_fp16 > 0 ? g.peak_fp16 : g.peak_bf16;
+    case Precision::kFp8: return g.peak_fp8 > 0 ? g.peak_fp8 : g.peak_bf16;
+    case Precision::kFp32: return g.peak_bf16 / 2;  // TF32 tensor cores
+  }
+  return g.peak_bf16;
+}
+
+int64_t ActivationElementBytes(Precision precision) { return precision == Precision::kFp32 ? 4 : 2; }
+
+}  // namespace paraplan

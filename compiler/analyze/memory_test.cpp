@@ -1,0 +1,206 @@
+#include "compiler/analyze/memory.h"
+
+#include <doctest/doctest.h>
+
+#include "compiler/analyze/cost_shape.h"
+#include "compiler/analyze/cost_test_plans.h"
+
+namespace paraplan {
+namespace {
+
+using testing::kGiB;
+
+// Korthikanti et al. (MLSys 2023) count: 16-bit activations, dropout, no fused attention.
+CostOptions KorthikantiOptions() {
+  CostOptions o;
+  o.flash_attention = false;
+  o.dropout = true;
+  return o;
+}
+
+ActivationShape Shape(const ModelSpec& m, int64_t b, int64_t t, bool sp, Recompute r) {
+  ActivationShape s;
+  s.seq = m.seq_len;
+  s.micro = b;
+  s.tp = t;
+  s.etp = t;
+  s.sp = sp;
+  s.recompute = r;
+  s.element_bytes = 2;
+  s.options = KorthikantiOptions();
+  return s;
+}
+
+TEST_CASE("per-layer activations reproduce Korthikanti's Table 2 closed forms exactly") {
+  const ModelSpec m = testing::Gpt(48, 6144, 64);  // GPT-22B, s = 2048
+  const int64_t s = m.seq_len, h = m.hidden, a = m.heads, b = 4, t = 8;
+  const int64_t sbh = s * b * h;
+  // s·b·h·(34 + 5as/h)
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, 1, false, Recompute::kNone)) ==
+        34 * sbh + 5 * a * s * s * b);
+  // s·b·h·(10 + 24/t + 5as/(ht))
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, false, Recompute::kNone)) ==
+        10 * sbh + 24 * sbh / t + 5 * a * s * s * b / t);
+  // s·b·h·(34/t + 5as/(ht))
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, true, Recompute::kNone)) ==
+        34 * sbh / t + 5 * a * s * s * b / t);
+  // s·b·h·(10 + 24/t)
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, false, Recompute::kSelective)) ==
+        10 * sbh + 24 * sbh / t);
+  // s·b·h·34/t
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, true, Recompute::kSelective)) ==
+        34 * sbh / t);
+  // full recompute keeps the layer input: 2sbh, 2sbh/t when sequence parallel splits it
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, false, Recompute::kFull)) == 2 * sbh);
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, true, Recompute::kFull)) == 2 * sbh / t);
+}
+
+// Stage-0 layer activations of Korthikanti's Figure 1 (the paper's Eq. 5 and Eq. 6 times the
+// layers in flight on the first stage), as transcribed in the calibration reference.
+struct Figure1Case {
+  const char* name;
+  int64_t layers, hidden, heads, micro, pp, vpp;
+  double tp_only_gib, sp_selective_gib;
+};
+
+TEST_CASE("first-stage activations reproduce Korthikanti's Figure 1 exactly") {
+  const Figure1Case cases[] = {
+      {"22B", 48, 6144, 64, 4, 1, 1, 59.25, 9.5625},
+      {"175B", 96, 12288, 96, 1, 8, 3, 66.84375, 12.3515625},
+      {"530B", 105, 20480, 128, 1, 35, 3, 114.0234375, 23.076171875},
+      {"1T", 128, 25600, 160, 1, 64, 1, 131.25, 26.5625},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    const int64_t nodes = c.pp;  // tp 8 inside a node, one node per stage, dp 1
+    Plan plan = testing::MakePlan(testing::Gpt(c.layers, c.hidden, c.heads), testing::DgxA100(nodes), 8,
+                                  c.pp, 64 * c.pp * c.micro, c.micro);
+    plan.parallel.vpp = c.vpp;
+    plan.pipeline.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+    REQUIRE(plan.parallel.dp == 1);
+    for (bool sp_selective : {false, true}) {
+      plan.parallel.sp = sp_selective;
+      plan.recompute = sp_selective ? Recompute::kSelective : Recompute::kNone;
+      const MemoryEstimate e = EstimateMemory(plan, KorthikantiOptions());
+      REQUIRE(e.valid);
+      const double gib = static_cast<double>(e.stages[0].Get(MemoryPart::kActivations)) / kGiB;
+      CHECK(gib == doctest::Approx(sp_selective ? c.sp_selective_gib : c.tp_only_gib).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("model-state bytes per parameter follow Megatron's distributed-optimizer table") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  plan.precision = Precision::kBf16;
+  plan.optimizer.zero = 0;
+  CHECK(StateBytes(plan, 8).Total() == 18);
+  plan.optimizer.zero = 1;
+  CHECK(StateBytes(plan, 8).Total() == doctest::Approx(6 + 12.0 / 8));
+  plan.optimizer.zero = 2;
+  CHECK(StateBytes(plan, 8).Total() == doctest::Approx(2 + 16.0 / 8));
+  plan.optimizer.zero = 3;
+  CHECK(StateBytes(plan, 8).Total() == doctest::Approx(18.0 / 8));
+  plan.precision = Precision::kFp16;
+  plan.optimizer.zero = 0;
+  CHECK(StateBytes(plan, 4).Total() == 20);
+  plan.optimizer.zero = 1;
+  CHECK(StateBytes(plan, 4).Total() == doctest::Approx(4 + 16.0 / 4));
+  plan.precision = Precision::kFp32;
+  CHECK(StateBytes(plan, 4).Total() == doctest::Approx(8 + 8.0 / 4));
+}
+
+TEST_CASE("every pipeline stage is evaluated: in-flight microbatches, embedding and logits") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kSelective;
+  const MemoryEstimate e = EstimateMemory(plan);
+  REQUIRE(e.valid);
+  REQUIRE(e.stages.size() == 4);
+  CHECK(e.microbatches == 32);
+  // 1F1B: rank r holds min(pp - r, m) microbatches of its 20 layers.
+  for (int r = 0; r < 4; ++r) {
+    CHECK(e.stages[r].layers == 20);
+    CHECK(e.stages[r].in_flight == 4 - r);
+  }
+  CHECK(e.stages[0].embedding);
+  CHECK_FALSE(e.stages[0].loss);
+  CHECK(e.stages[3].loss);
+  CHECK(e.stages[0].Get(MemoryPart::kActivations) == 4 * e.stages[3].Get(MemoryPart::kActivations));
+  // fp32 logits of 8192 tokens over 128256/8 vocabulary entries sit on the last stage only.
+  CHECK(e.stages[3].Get(MemoryPart::kEmbeddingAndLoss) > int64_t{4} * 8192 * (128256 / 8));
+  CHECK(e.stages[0].Get(MemoryPart::kEmbeddingAndLoss) < int64_t{1} << 20);
+  CHECK(e.peak_stage == 0);
+  CHECK(e.peak == e.stages[0].total);
+}
+
+TEST_CASE("interleaving holds Megatron's warm-up count on each rank") {
+  Plan plan = testing::MakePlan(testing::Gpt(96, 12288, 96), testing::DgxA100(8), 8, 8, 64, 1);
+  plan.parallel.vpp = 3;
+  plan.pipeline.schedule = Schedule::kInterleaved1F1B;
+  const MemoryEstimate e = EstimateMemory(plan);
+  REQUIRE(e.valid);
+  for (int64_t r = 0; r < 8; ++r) CHECK(e.stages[r].in_flight == 2 * (8 - r - 1) + 2 * 8 + 1);
+}
+
+TEST_CASE("context parallel divides activations; ZeRO shards over DP x CP") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  plan.recompute = Recompute::kFull;
+  plan.optimizer.zero = 1;
+  const MemoryEstimate base = EstimateMemory(plan);
+  plan.parallel.cp = 2;
+  plan.parallel.dp = 4;
+  const MemoryEstimate cp = EstimateMemory(plan);
+  CHECK(cp.stages[0].Get(MemoryPart::kActivations) * 2 == base.stages[0].Get(MemoryPart::kActivations));
+  // The optimizer is sharded over dp·cp = 8 in both plans.
+  CHECK(cp.stages[0].Get(MemoryPart::kOptimizer) == base.stages[0].Get(MemoryPart::kOptimizer));
+}
+
+TEST_CASE("MoE: routed experts sharded by EP·ETP, their optimizer by expert DP") {
+  Plan plan = testing::MakePlan(testing::DeepSeekV2(), testing::DgxH100(32), 8, 1, 1024, 1);
+  plan.parallel.ep = 32;
+  plan.parallel.sp = true;
+  plan.optimizer.zero = 1;
+  plan.recompute = Recompute::kFull;
+  const ModelSpec& m = plan.model;
+  const LayerParams moe = ParamsOfLayer(m, LayerKind::kMoe);
+  CHECK(moe.expert == 160 * 3 * 5120 * int64_t{1536});
+  const MemoryEstimate e = EstimateMemory(plan);
+  REQUIRE(e.valid);
+  const int64_t expert_per_rank = 59 * moe.expert / (32 * 8);
+  CHECK(e.stages[0].params > expert_per_rank);
+  CHECK(e.stages[0].params < expert_per_rank + 3'000'000'000);
+  // Total parameters of DeepSeek-V2: 236B.
+  CHECK(static_cast<double>(TotalParams(m)) == doctest::Approx(236e9).epsilon(0.02));
+  // Routed tokens count: top-6 of 4096 tokens, ETP = TP so every rank sees the full sequence.
+  ActivationShape shape;
+  shape.seq = 4096;
+  shape.tp = 8;
+  shape.etp = 8;
+  shape.sp = true;
+  CHECK(RoutedPairsPerRank(m, shape) == 6 * 4096);
+  shape.etp = 1;
+  CHECK(RoutedPairsPerRank(m, shape) == 6 * 4096 / 8);
+}
+
+TEST_CASE("CPU offload moves the optimizer state to the host") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  const MemoryEstimate on_gpu = EstimateMemory(plan);
+  plan.optimizer.offload = Offload::kCpu;
+  const MemoryEstimate off = EstimateMemory(plan);
+  CHECK(off.stages[1].Get(MemoryPart::kOptimizer) == 0);
+  CHECK(off.stages[1].host_bytes == on_gpu.stages[1].Get(MemoryPart::kOptimizer));
+  CHECK(off.peak < on_gpu.peak);
+}
+
+TEST_CASE("sizes saturate instead of wrapping") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(1), 1, 1, 8, 1);
+  plan.model.seq_len = int64_t{1} << 40;
+  plan.batch.micro = int64_t{1} << 30;
+  const MemoryEstimate e = EstimateMemory(plan);
+  REQUIRE(e.valid);
+  CHECK(e.peak == INT64_MAX);
+  CHECK(FormatGiB(e.peak) == "more than 8 EiB");
+}
+
+}  // namespace
+}  // namespace paraplan

@@ -1,0 +1,341 @@
+#include "compiler/analyze/time.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "compiler/analyze/cost_comm.h"
+#include "compiler/analyze/cost_shape.h"
+#include "compiler/analyze/cost_stages.h"
+#include "compiler/analyze/memory.h"
+
+namespace paraplan {
+namespace {
+
+double D(int64_t v) { return static_cast<double>(v); }
+
+// Seconds for a GEMM of `flops` FLOP at the size-dependent efficiency.
+double GemmSeconds(double flops, double peak, const GpuEfficiency& eff) {
+  if (flops <= 0) return 0;
+  const double fraction = eff.gemm_max_fraction * flops / (flops + eff.gemm_half_flops);
+  return flops / (peak * fraction);
+}
+
+// One layer's forward on one GPU for one microbatch.
+struct LayerCost {
+  double gemm_s = 0;       // forward GEMMs (backward = 2x)
+  double core_s = 0;       // the attention-core part of gemm_s
+  double memory_s = 0;     // forward memory-bound time (backward = 2x)
+  double score_memory_s = 0;  // the attention-score part of memory_s
+  double tp_s = 0;         // one pass of TP collectives (2 per layer)
+  double cp_s = 0;         // forward CP exchange, exposed
+  double ep_s = 0;         // forward EP all-to-alls (dispatch + combine)
+  double flops = 0;        // model FLOPs (causal halved), forward
+};
+
+struct Context {
+  const Plan& plan;
+  const CostOptions& options;
+  const GpuEfficiency& eff;
+  CommPlacements groups;
+  double peak;
+  double hbm;
+};
+
+LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
+  const Plan& plan = cx.plan;
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& par = plan.parallel;
+  const double t = D(std::max<int64_t>(1, par.tp));
+  const double T = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
+  const double h = D(m.hidden), a = D(m.heads), x = D(ActivationElementBytes(plan.precision));
+  const double s = D(m.seq_len);
+  const double exec_ctx = cx.options.flash_attention ? s / 2 : s;
+  const bool gated = m.activation == Activation::kSwiGlu;
+  LayerCost c;
+  c.flops = LayerForwardFlopsPerToken(m, kind, s / 2) * T / t;  // rough per-GPU share for reports
+  auto gemm = [&](double flops) { return GemmSeconds(flops, cx.peak, cx.eff); };
+  // Attention.
+  double core_flops_per_head_token = 0;
+  if (m.IsMla()) {
+    const double qk = D(m.qk_nope_head_dim + m.qk_rope_head_dim), v = D(m.v_head_dim);
+    const double ql = D(m.q_lora_rank), kl = D(m.kv_lora_rank);
+    if (ql > 0) c.gemm_s += gemm(2 * T * h * ql) + gemm(2 * T * ql * a * qk / t);
+    else c.gemm_s += gemm(2 * T * h * a * qk / t);
+    c.gemm_s += gemm(2 * T * h * (kl + D(m.qk_rope_head_dim))) + gemm(2 * T * kl * a * (D(m.qk_nope_head_dim) + v) / t);
+    c.gemm_s += gemm(2 * T * a * v * h / t);
+    core_flops_per_head_token = 2 * (qk + v) * exec_ctx;
+  } else {
+    const double d = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
+    const double kv = D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
+    c.gemm_s += gemm(2 * T * h * (a * d + 2 * kv) / t) + gemm(2 * T * a * d * h / t);
+    core_flops_per_head_token = 4 * d * exec_ctx;
+  }
+  {
+    // Batched per (sequence, head) without fusion; one fused kernel per layer with it.
+    const double heads_rank = a / t;
+    const double total = core_flops_per_head_token * T * heads_rank;
+    const double pieces = cx.options.flash_attention ? 1 : D(plan.batch.micro) * heads_rank;
+    c.core_s = pieces * gemm(total / pieces);
+    c.gemm_s += c.core_s;
+  }
+  // MLP.
+  const double up = gated ? 2 : 1;
+  if (kind == LayerKind::kDense) {
+    const double f = D(m.ffn_hidden);
+    c.gemm_s += gemm(2 * T * h * f * up / t) + gemm(2 * T * f * h / t);
+  } else {
+    const double fe = D(m.moe_ffn_hidden);
+    const double etp = D(std::max<int64_t>(1, par.etp));
+    c.gemm_s += gemm(2 * T * h * D(m.experts) / t);  // router on the rank's tokens
+    if (m.shared_experts > 0) {
+      const double fs = fe * D(m.shared_experts);
+      c.gemm_s += gemm(2 * T * h * fs * up / t) + gemm(2 * T * fs * h / t);
+    }
+    ActivationShape shape;
+    shape.seq = m.seq_len;
+    shape.micro = plan.batch.micro;
+    shape.tp = par.tp;
+    shape.cp = par.cp;
+    shape.etp = par.etp;
+    shape.sp = par.sp;
+    shape.options = cx.options;
+    const double pairs = D(RoutedPairsPerRank(m, shape));
+    const double local_experts = std::max(1.0, D(m.experts) / D(std::max<int64_t>(1, par.ep)));
+    const double per_expert = pairs / local_experts;
+    c.gemm_s += local_experts * (gemm(2 * per_expert * h * fe * up / etp) + gemm(2 * per_expert * fe * h / etp));
+    // Dispatch and combine: each rank sends the routed copies of its own (sequence-parallel)
+    // tokens over EP; with ETP > 1 the received tokens are all-gathered over ETP before the
+    // experts and reduce-scattered after them (Megatron's all-to-all dispatcher).
+    c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep, plan.cluster, cx.eff);
+    if (par.etp > 1) {
+      c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff) +
+                CollectiveSeconds(Collective::kReduceScatter, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff);
+    }
+  }
+  // Memory-bound kernels: proportional to the bytes a layer stores with no recompute.
+  ActivationShape shape;
+  shape.seq = m.seq_len;
+  shape.micro = plan.batch.micro;
+  shape.tp = par.tp;
+  shape.cp = par.cp;
+  shape.etp = par.etp;
+  shape.sp = par.sp;
+  shape.element_bytes = ActivationElementBytes(plan.precision);
+  shape.options = cx.options;
+  shape.recompute = Recompute::kNone;
+  const double stored = D(LayerActivationBytes(m, kind, shape));
+  shape.recompute = Recompute::kSelective;
+  const double without_scores = D(LayerActivationBytes(m, kind, shape));
+  c.memory_s = cx.eff.elementwise_passes * stored / cx.hbm;
+  c.score_memory_s = cx.eff.elementwise_passes * (stored - without_scores) / cx.hbm;
+  // TP/SP: two all-reduces (or all-gather + reduce-scatter pairs) per pass.
+  if (par.tp > 1) {
+    c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, T * h * x, cx.groups.tp, plan.cluster, cx.eff);
+    if (cx.options.tp_comm_overlap) c.tp_s = std::max(0.0, c.tp_s - 0.5 * c.gemm_s);
+  }
+  // CP ring: cp - 1 steps of the local K and V, hidden behind the attention core.
+  if (par.cp > 1) {
+    double kv_width;
+    if (m.IsMla()) {
+      kv_width = a * D(m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim);
+    } else {
+      const double d = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
+      kv_width = 2 * D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
+    }
+    const double chunk = T * kv_width / t * x;
+    const double ring = D(par.cp - 1) *
+                        CollectiveSeconds(Collective::kPointToPoint, chunk, cx.groups.cp, plan.cluster, cx.eff);
+    c.cp_s = std::max(0.0, ring - c.core_s);
+  }
+  return c;
+}
+
+}  // namespace
+
+double ModelFlopsPerToken(const ModelSpec& m, bool causal_halved) {
+  const double ctx = causal_halved ? D(m.seq_len) / 2 : D(m.seq_len);
+  double forward = LogitsForwardFlopsPerToken(m);
+  const int64_t dense = m.IsMoe() ? std::min(m.dense_layers, m.layers) : m.layers;
+  forward += D(dense) * LayerForwardFlopsPerToken(m, LayerKind::kDense, ctx);
+  if (m.IsMoe()) forward += D(m.layers - dense) * LayerForwardFlopsPerToken(m, LayerKind::kMoe, ctx);
+  return 3 * forward;
+}
+
+TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
+  TimeEstimate est;
+  std::vector<CostChunk> chunks;
+  if (!StageChunks(plan, chunks)) return est;
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& par = plan.parallel;
+  const int64_t p = par.pp, v = par.vpp;
+  const double peak = PeakFlops(plan);
+  if (peak <= 0 || plan.cluster.gpu.hbm_bandwidth <= 0) return est;
+  const GpuEfficiency& eff = EfficiencyFor(plan.cluster.gpu, options);
+  Context cx{plan, options, eff, PlaceGroups(plan), peak, plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
+  const int64_t world = std::max<int64_t>(1, plan.World());
+  const int64_t denom = std::max<int64_t>(1, plan.batch.micro * par.dp);
+  est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
+  const double mb = D(est.microbatches);
+  const double t = D(std::max<int64_t>(1, par.tp));
+  const double T = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
+  const double x = D(ActivationElementBytes(plan.precision));
+
+  const LayerCost dense = CostOfLayer(cx, LayerKind::kDense);
+  const LayerCost moe = m.IsMoe() ? CostOfLayer(cx, LayerKind::kMoe) : LayerCost{};
+  // Loss: logits GEMM and the vocab-parallel cross entropy (memory-bound over fp32 logits).
+  const double logits_gemm = GemmSeconds(2 * T * D(m.hidden) * D(m.vocab) / t, peak, eff);
+  const double loss_memory = eff.elementwise_passes * 3 * 4 * T * D(m.vocab) / t / cx.hbm;
+  const double p2p_bytes = T * D(m.hidden) * x / t;  // SP / scatter-gather split activations
+  GroupPlacement pp_link;
+  pp_link.size = 2;
+  pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
+  const double p2p = p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff) : 0;
+
+  // Memory model for the per-stage parameter counts (DP traffic and optimizer).
+  const MemoryEstimate mem = EstimateMemory(plan, options);
+  const double grad_elem = plan.precision == Precision::kFp16 ? 2 : 4;
+  const double param_elem = plan.precision == Precision::kFp32 ? 4 : 2;
+
+  est.stages.resize(static_cast<size_t>(p));
+  double u_max = 0, u_sum = 0;
+  for (int64_t r = 0; r < p; ++r) {
+    StageTime& st = est.stages[static_cast<size_t>(r)];
+    st.stage = r;
+    double fwd = 0;
+    for (int64_t c = 0; c < v; ++c) {
+      const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
+      const int64_t first = chunk.first_layer, end = chunk.first_layer + chunk.layers;
+      const int64_t dense_end = m.IsMoe() ? std::clamp(m.dense_layers, first, end) : end;
+      for (int kind = 0; kind < 2; ++kind) {
+        const int64_t n = kind == 0 ? dense_end - first : end - dense_end;
+        if (n <= 0) continue;
+        const LayerCost& lc = kind == 0 ? dense : moe;
+        const double nl = D(n);
+        st.flops += nl * 3 * lc.flops;
+        st.gemm_s += nl * 3 * lc.gemm_s;
+        st.memory_s += nl * 3 * lc.memory_s;
+        double tp_passes = 2;
+        if (plan.recompute == Recompute::kFull) {
+          st.recompute_s += nl * (lc.gemm_s + lc.memory_s);
+          tp_passes = 3;
+          st.cp_comm_s += nl * lc.cp_s;
+          st.ep_comm_s += nl * lc.ep_s;
+        } else if (plan.recompute == Recompute::kSelective) {
+          st.recompute_s += nl * (lc.core_s + lc.score_memory_s);
+        }
+        st.tp_comm_s += nl * tp_passes * lc.tp_s;
+        st.cp_comm_s += nl * 3 * lc.cp_s;
+        st.ep_comm_s += nl * 2 * lc.ep_s;
+        fwd += nl * (lc.gemm_s + lc.memory_s + lc.tp_s + lc.cp_s + lc.ep_s);
+      }
+      if (chunk.loss) {
+        st.flops += 3 * 2 * T * D(m.hidden) * D(m.vocab) / t;
+        st.gemm_s += 3 * logits_gemm;
+        st.memory_s += loss_memory;
+        fwd += logits_gemm + loss_memory / 3;
+      }
+      // Each chunk receives its input and sends its output, forward and backward.
+      if (p > 1) st.pp_comm_s += 2 * p2p;
+    }
+    st.forward_s = fwd;
+    st.microbatch_s = st.gemm_s + st.memory_s + st.recompute_s + st.tp_comm_s + st.cp_comm_s +
+                      st.ep_comm_s + st.pp_comm_s;
+    const double backward = st.microbatch_s - fwd;
+    // DP: gradients reduced over DP x CP (dense) and expert DP (experts); parameters gathered
+    // back from ZeRO 1 on.
+    double sync = 0;
+    if (mem.valid) {
+      const StageMemory& sm = mem.stages[static_cast<size_t>(r)];
+      const double total_params = D(sm.params);
+      // Split the stage's parameters into expert and shared by the model's ratio on the stage.
+      double expert_params = 0;
+      if (m.IsMoe()) {
+        const LayerParams lp = ParamsOfLayer(m, LayerKind::kMoe);
+        int64_t moe_layers = 0;
+        for (int64_t c = 0; c < v; ++c) {
+          const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
+          const int64_t first = chunk.first_layer, end = first + chunk.layers;
+          moe_layers += end - std::clamp(m.dense_layers, first, end);
+        }
+        expert_params = D(moe_layers) * D(lp.expert) / D(std::max<int64_t>(1, par.ep * par.etp));
+      }
+      const double shared_params = std::max(0.0, total_params - expert_params);
+      auto sync_of = [&](double params, const GroupPlacement& g) {
+        if (g.size <= 1 || params <= 0) return 0.0;
+        if (plan.optimizer.zero == 0)
+          return CollectiveSeconds(Collective::kAllReduce, params * grad_elem, g, plan.cluster, eff);
+        return CollectiveSeconds(Collective::kReduceScatter, params * grad_elem, g, plan.cluster, eff) +
+               CollectiveSeconds(Collective::kAllGather, params * param_elem, g, plan.cluster, eff);
+      };
+      sync = sync_of(shared_params, cx.groups.dp_cp) + sync_of(expert_params, cx.groups.edp);
+      if (plan.optimizer.zero >= 3) {
+        // Parameters gathered for every microbatch's forward and backward; hidden behind compute.
+        const double gather = 2 * (CollectiveSeconds(Collective::kAllGather, shared_params * param_elem, cx.groups.dp_cp, plan.cluster, eff) +
+                                   CollectiveSeconds(Collective::kAllGather, expert_params * param_elem, cx.groups.edp, plan.cluster, eff));
+        st.microbatch_s += std::max(0.0, gather - (st.gemm_s + st.memory_s));
+      }
+      st.dp_sync_s = sync;
+      if (options.overlap_grad_reduce) {
+        const double grads = plan.optimizer.zero == 0 ? sync : sync * grad_elem / (grad_elem + param_elem);
+        const double params = sync - grads;
+        st.dp_exposed_s = std::max(0.05 * grads, grads - backward) +
+                          (options.overlap_param_gather ? std::max(0.0, params - fwd) : params);
+      } else {
+        st.dp_exposed_s = sync;
+      }
+      // Optimizer: read and write master weights and moments, read gradients, write weights.
+      const double local_opt = D(sm.Get(MemoryPart::kOptimizer));
+      st.optimizer_s = (2 * local_opt + D(sm.Get(MemoryPart::kGradients)) + D(sm.Get(MemoryPart::kWeights))) / cx.hbm;
+      if (plan.optimizer.offload == Offload::kCpu) {
+        const double shard = plan.optimizer.zero >= 1 ? D(std::max<int64_t>(1, par.dp * par.cp)) : 1;
+        const double local = total_params / shard;
+        st.optimizer_s += local / eff.cpu_adam_params_per_s + local * (grad_elem + param_elem) / eff.pcie_bandwidth;
+      }
+    }
+    u_max = std::max(u_max, st.microbatch_s);
+    u_sum += st.microbatch_s;
+  }
+  for (const StageTime& st : est.stages) {
+    if (st.microbatch_s == u_max) {
+      est.critical_stage = st.stage;
+      break;
+    }
+  }
+  const StageTime& crit = est.stages[static_cast<size_t>(est.critical_stage)];
+  const double pipeline = mb * u_max + (u_sum - u_max) / D(std::max<int64_t>(1, v));
+  est.compute_s = mb * (crit.gemm_s + crit.memory_s + crit.recompute_s);
+  est.comm_s = mb * (u_max - (crit.gemm_s + crit.memory_s + crit.recompute_s));
+  est.bubble_s = pipeline - mb * u_max;
+  for (const StageTime& st : est.stages) {
+    est.dp_exposed_s = std::max(est.dp_exposed_s, st.dp_exposed_s);
+    est.optimizer_s = std::max(est.optimizer_s, st.optimizer_s);
+  }
+  est.overhead_s = eff.step_overhead_s;
+  est.step_s = pipeline + est.dp_exposed_s + est.optimizer_s + est.overhead_s;
+  const double tokens = D(plan.batch.global) * D(m.seq_len);
+  est.tokens_per_s = tokens / est.step_s;
+  est.tokens_per_s_per_gpu = est.tokens_per_s / D(world);
+  est.model_flops_per_step = tokens * ModelFlopsPerToken(m, /*causal_halved=*/true);
+  est.mfu = est.model_flops_per_step / (est.step_s * D(world) * peak);
+  est.valid = true;
+  return est;
+}
+
+std::string PrintTime(const TimeEstimate& e) {
+  if (!e.valid) return "time: not estimated\n";
+  std::string out;
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "step %.3f s = compute %.3f + communication %.3f + bubble %.3f + dp sync %.3f + "
+                "optimizer %.3f + overhead %.3f (critical stage %lld, %lld microbatches)\n",
+                e.step_s, e.compute_s, e.comm_s, e.bubble_s, e.dp_exposed_s, e.optimizer_s,
+                e.overhead_s, static_cast<long long>(e.critical_stage),
+                static_cast<long long>(e.microbatches));
+  out += buf;
+  std::snprintf(buf, sizeof buf, "throughput %.1f tokens/s per GPU (%.0f tokens/s), MFU %.1f%%\n",
+                e.tokens_per_s_per_gpu, e.tokens_per_s, 100 * e.mfu);
+  out += buf;
+  return out;
+}
+
+}  // namespace paraplan
