@@ -1,9 +1,7 @@
-// The pipeline content the cost models need: for every model chunk (global virtual stage
-// c·pp + r lives on pipeline rank r as its local chunk c, Megatron's loop placement) its layer
-// range and whether it holds the embedding or the loss.
-//
-// TODO(layout): this is a stand-in until compiler/analyze/partition.h lands on main; then
-// StageChunks becomes a thin adapter over the partition (no second copy of the split rules).
+// The pipeline content the cost models need, flattened from the partition (partition.h): for
+// every model chunk (global virtual stage c·pp + r lives on pipeline rank r as its local chunk
+// c, Megatron's loop placement) its layer range and whether it holds the embedding or the loss.
+// A flat vector so that memory and time walk it without touching the partition's structure.
 // Made per plan (and per search candidate); read by memory.cpp and time.cpp.
 #ifndef PARAPLAN_COMPILER_ANALYZE_COST_STAGES_H_
 #define PARAPLAN_COMPILER_ANALYZE_COST_STAGES_H_
@@ -23,8 +21,8 @@ struct CostChunk {
 };
 
 // pp·vpp chunks in global stage order; chunks[c * pp + r] is local chunk c of pipeline rank r.
-// Returns false (and leaves `chunks` unspecified) when the split cannot be formed; the rules
-// report why, the cost models then stay quiet.
+// Returns false (and leaves `chunks` unspecified) when BuildPartition cannot split the plan;
+// the rules and the partition checks report why, the cost models then stay quiet.
 bool StageChunks(const Plan& plan, std::vector<CostChunk>& chunks);
 
 }  // namespace paraplan
