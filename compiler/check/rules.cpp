@@ -1,8 +1,23 @@
 #include "compiler/check/rules.h"
 
-namespace paraplan {
+#include "compiler/check/rule_support.h"
 
-// The rule catalogue lands in check_mesh.cpp, check_pipeline.cpp and check_train.cpp.
-void CheckPlanRules(const Plan& plan, DiagnosticSink& sink) {}
+namespace paraplan {
+namespace rules {
+
+// The order is the order a Megatron user meets the failures in: model shape and mesh first,
+// then the pipeline split, then batch, optimizer and precision.
+void RunAllRules(RuleContext& ctx) {
+  CheckMesh(ctx);
+  CheckPipeline(ctx);
+  CheckTrain(ctx);
+}
+
+}  // namespace rules
+
+void CheckPlanRules(const Plan& plan, DiagnosticSink& sink) {
+  rules::RuleContext ctx(plan, sink, /*helps=*/true);
+  rules::RunAllRules(ctx);
+}
 
 }  // namespace paraplan
