@@ -190,8 +190,9 @@ void CheckExpertMesh(RuleContext& ctx) {
                        mesh_text + " GPUs");
   d.At({"parallel.ep", "parallel.etp", "parallel.pp"},
        mesh && *mesh > *world ? "expert mesh needs " + mesh_text + " GPUs" : "expert mesh of " + mesh_text + " GPUs");
-  d.Field("parallel.etp", par.etp);
-  if (p.Origin("parallel.etp").kind == OriginKind::kDerived || p.Origin("parallel.etp").kind == OriginKind::kDefault) {
+  if (Explicit(p, "parallel.etp")) {
+    d.Field("parallel.etp", par.etp);
+  } else {
     d.Field("parallel.tp", par.tp);
     d.Note("`etp` is not set, so it defaults to `tp` = " + std::to_string(par.tp) + " (Megatron-Core's default)");
   }

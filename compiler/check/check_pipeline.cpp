@@ -386,7 +386,7 @@ void CheckMicrobatches(RuleContext& ctx) {
     d.Field("batch.global", p.batch.global).Field("batch.micro", p.batch.micro).Field("parallel.dp", p.parallel.dp);
     d.Field("parallel.pp", pp).Field("parallel.vpp", vpp);
     d.Value("microbatches = global / (micro · dp)",
-            std::to_string(p.batch.global) + " / " + Dot({p.batch.micro, p.parallel.dp}) + " = " + std::to_string(m));
+            std::to_string(p.batch.global) + " / (" + Dot({p.batch.micro, p.parallel.dp}) + ") = " + std::to_string(m));
     d.Value("microbatches % pp", std::to_string(m) + " % " + std::to_string(pp) + " = " + std::to_string(m % pp));
     d.Note("the interleaved schedule runs microbatches in groups of pp per virtual chunk (Megatron-Core "
            "checks at the first training step: \"The number of contiguous micro-batches in a virtual pipeline "
@@ -414,7 +414,7 @@ void CheckMicrobatches(RuleContext& ctx) {
   d.Field("batch.global", p.batch.global).Field("batch.micro", p.batch.micro).Field("parallel.dp", p.parallel.dp);
   d.Field("parallel.pp", pp);
   d.Value("microbatches = global / (micro · dp)",
-          std::to_string(p.batch.global) + " / " + Dot({p.batch.micro, p.parallel.dp}) + " = " + std::to_string(m));
+          std::to_string(p.batch.global) + " / (" + Dot({p.batch.micro, p.parallel.dp}) + ") = " + std::to_string(m));
   d.Value("idle share of the step (bubble)", "(pp - 1) / (m + pp - 1) = " + std::to_string(pp - 1) + " / " +
                                                  std::to_string(m + pp - 1) + " = " +
                                                  std::to_string((100 * (pp - 1)) / (m + pp - 1)) + "%");

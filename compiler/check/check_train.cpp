@@ -24,7 +24,7 @@ void CheckBatch(RuleContext& ctx) {
                                   : std::string("too large"));
   d.Field("batch.micro", b.micro).Field("parallel.dp", dp);
   d.Value("microbatches = global / (micro · dp)",
-          std::to_string(b.global) + " / " + Dot({b.micro, dp}) + " = " + (per_step ? Ratio(b.global, *per_step) : "?") +
+          std::to_string(b.global) + " / (" + Dot({b.micro, dp}) + ") = " + (per_step ? Ratio(b.global, *per_step) : "?") +
               ", not a whole number");
   d.Note("each step runs the same whole number of microbatches on every data-parallel replica (Megatron-Core: "
          "\"global batch size (" + std::to_string(b.global) + ") is not divisible by micro batch size (" +

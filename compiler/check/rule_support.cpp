@@ -183,8 +183,9 @@ RuleDiag& RuleDiag::Field(std::string_view path, const std::string& value) {
       break;
     case OriginKind::kDerived: {
       std::string from = o.derived_from.empty() ? std::string() : std::string(ShortName(o.derived_from.front()));
-      std::string words = "`" + name + "` is not set and defaults to " +
-                          (from.empty() ? value : "`" + from + "` = " + value);
+      std::string words = !o.derivation.empty() ? "`" + name + "` is derived: " + o.derivation
+                          : from.empty()        ? "`" + name + "` is not set and defaults to " + value
+                                                : "`" + name + "` is not set, so it defaults to `" + from + "` = " + value;
       if (o.range.IsValid()) {
         AddLabel(o.range, words);
       } else {
