@@ -343,7 +343,7 @@ HostWorld::HostWorld(int size, HostWorldOptions options) : size_(size), options_
 
 HostWorld::~HostWorld() = default;
 
-std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, int world_rank) {
+std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, int world_rank, int tag) {
   if (members.empty()) throw CommError("a group needs at least one member");
   std::set<int> seen;
   for (int m : members) {
@@ -363,7 +363,7 @@ std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, i
   std::shared_ptr<HostGroup> group;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = groups_[members];
+    auto& slot = groups_[{tag, members}];
     if (!slot) slot = std::make_shared<HostGroup>(this, members);
     group = slot;
   }

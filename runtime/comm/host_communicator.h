@@ -46,7 +46,9 @@ class HostWorld {
 
   // The handle of `world_rank` on the group of `members`. Thread-safe. Throws CommError if the
   // member list is empty, has duplicates or out-of-range ranks, or does not contain world_rank.
-  std::unique_ptr<Communicator> Join(const std::vector<int>& members, int world_rank);
+  // Groups with the same members but different `tag`s are independent (two communicator kinds
+  // that happen to cover the same ranks never share a rendezvous).
+  std::unique_ptr<Communicator> Join(const std::vector<int>& members, int world_rank, int tag = 0);
 
   void Abort(const std::string& reason);
   bool Aborted() const { return aborted_.load(); }
@@ -59,7 +61,7 @@ class HostWorld {
   std::atomic<bool> aborted_{false};
   mutable std::mutex mutex_;  // guards groups_ and abort_reason_
   std::string abort_reason_;
-  std::map<std::vector<int>, std::shared_ptr<HostGroup>> groups_;
+  std::map<std::pair<int, std::vector<int>>, std::shared_ptr<HostGroup>> groups_;
 };
 
 }  // namespace paraplan::comm

@@ -130,14 +130,16 @@ class Backend {
 };
 
 // A world of communicators for one process: the host backend's threads share one; a CUDA
-// process holds its NCCL world. Join(members, world_rank) gives `world_rank` its handle on the
-// group of `members` (world ranks, order = group ranks). Thread-safe.
+// process holds its NCCL world. Join(members, world_rank, tag) gives `world_rank` its handle on
+// the group of `members` (world ranks, order = group ranks); the interpreter passes the
+// communicator's index in the program as `tag`, so equal member lists of different kinds stay
+// separate communicators. Thread-safe.
 class CommWorld {
  public:
   virtual ~CommWorld() = default;
   virtual int Size() const = 0;
   virtual std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members,
-                                                   int world_rank) = 0;
+                                                   int world_rank, int tag) = 0;
   virtual void Abort(const std::string& reason) = 0;
 };
 

@@ -19,9 +19,9 @@ class HostCommWorld final : public CommWorld {
  public:
   explicit HostCommWorld(int size, comm::HostWorldOptions options = {}) : world_(size, options) {}
   int Size() const override { return world_.Size(); }
-  std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members,
-                                           int world_rank) override {
-    return world_.Join(members, world_rank);
+  std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members, int world_rank,
+                                           int tag) override {
+    return world_.Join(members, world_rank, tag);
   }
   void Abort(const std::string& reason) override { world_.Abort(reason); }
   comm::HostWorld& world() { return world_; }

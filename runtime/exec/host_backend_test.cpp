@@ -29,7 +29,7 @@ TEST_CASE("host comm world: ranks as threads share one world") {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto comm = world.Join({0, 1}, r);
+      auto comm = world.Join({0, 1}, r, 0);
       float v = static_cast<float>(r + 1);
       comm->AllReduce(&v, &v, 1, paraplan::comm::DType::kF32);
       result[r] = v;

@@ -1,0 +1,233 @@
+#include "runtime/exec/interpreter.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "runtime/exec/checkpoint.h"
+#include "runtime/exec/host_backend.h"
+#include "runtime/exec/rank_runner.h"
+#include "runtime/kernels/host/kernels.h"
+
+namespace paraplan::exec {
+
+float InitValue(uint64_t seed, int64_t key, int64_t index, double std) {
+  const uint64_t h1 = data::SplitMix64(data::SplitMix64(data::SplitMix64(seed) ^ static_cast<uint64_t>(key)) ^
+                                       static_cast<uint64_t>(index));
+  const uint64_t h2 = data::SplitMix64(h1);
+  const double u1 = (static_cast<double>(h1 >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;          // [0, 1)
+  return static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+namespace {
+
+struct StepRecord {
+  double end_wall = 0;
+  bool holds_loss = false;
+  float loss = 0, norm_square = 0;
+  double cpu = 0, kernel = 0, comm = 0;
+  int64_t peak = 0;
+};
+
+// What the rank threads share with the calling thread.
+struct Coordinator {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<std::vector<StepRecord>> records;  // per rank, per step done
+  std::vector<std::string> errors;              // per rank
+  bool failed = false;
+  double start_wall = 0;
+  int ready = 0;
+  // Gathered parameters.
+  std::map<std::string, std::vector<float>> params;
+  std::map<std::string, std::vector<char>> written;
+  std::string replica_error;
+};
+
+double Wall() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string FirstError(const Coordinator& co) {
+  // The root cause is the first error that is not another rank's abort.
+  for (size_t r = 0; r < co.errors.size(); ++r) {
+    const auto& e = co.errors[r];
+    if (!e.empty() && e.rfind("aborted:", 0) != 0) return "rank " + std::to_string(r) + ": " + e;
+  }
+  for (size_t r = 0; r < co.errors.size(); ++r) {
+    if (!co.errors[r].empty()) return "rank " + std::to_string(r) + ": " + co.errors[r];
+  }
+  return "unknown failure";
+}
+
+}  // namespace
+
+RunResult Train(const ProgramImage& program, const RunOptions& options) {
+  const std::string data_path = options.data_path.empty() ? program.train.data : options.data_path;
+  if (data_path.empty()) {
+    throw RunError("no token data: pass --data PATH (a Megatron prefix, a .u16/.u32 token file or a .txt file)");
+  }
+  const data::TokenStream tokens = data::LoadTokens(data_path, program.model.vocab);
+  {  // Refuse short data before starting any thread.
+    data::Sampler probe(tokens, {program.model.seq_len, program.train.global_batch, program.model.micro_batch,
+                                 program.parallel.dp},
+                        static_cast<uint64_t>(program.train.seed));
+  }
+  CheckpointManifest manifest;
+  int64_t start = 0;
+  if (!options.resume_dir.empty()) {
+    manifest = FindCheckpoint(options.resume_dir, program);
+    start = manifest.step;
+  }
+  const int64_t steps = options.steps >= 0 ? options.steps : std::max<int64_t>(0, program.train.steps - start);
+  const int world_size = program.world_size;
+
+  HostCommWorld world(world_size, comm::HostWorldOptions{options.comm_timeout_seconds});
+  Coordinator co;
+  co.records.resize(world_size);
+  co.errors.resize(world_size);
+
+  auto rank_main = [&](int rank) {
+    try {
+      auto backend = MakeHostBackend();
+      RankRunner runner(program, rank, world, *backend, tokens, options);
+      runner.Setup();
+      if (start > 0) ReadRankShard(manifest, program, rank, runner.State());
+      std::vector<int> all(world_size);
+      std::iota(all.begin(), all.end(), 0);
+      auto barrier = world.Join(all, rank, -1);  // the runtime's own group, never in the program
+      barrier->Barrier();
+      {
+        std::lock_guard<std::mutex> lock(co.mutex);
+        if (++co.ready == world_size) co.start_wall = Wall();
+      }
+      for (int64_t i = 0; i < steps; ++i) {
+        const int64_t step = start + i;
+        runner.RunStep(step);
+        if (!options.checkpoint_dir.empty() &&
+            ((options.checkpoint_every > 0 && (step + 1) % options.checkpoint_every == 0) || i + 1 == steps)) {
+          WriteRankShard(BeginCheckpoint(options.checkpoint_dir, step + 1), program, rank, step + 1, runner.State());
+        }
+        StepRecord rec;
+        rec.end_wall = Wall();
+        rec.holds_loss = runner.HoldsLoss();
+        rec.loss = runner.Loss();
+        rec.norm_square = runner.GradNormSquare();
+        rec.cpu = runner.cpu_seconds;
+        rec.kernel = runner.kernel_seconds;
+        rec.comm = runner.comm_seconds;
+        rec.peak = backend->PeakBytes();
+        std::lock_guard<std::mutex> lock(co.mutex);
+        co.records[rank].push_back(rec);
+        co.cv.notify_all();
+      }
+      // Gather the final parameters from the fp32 master shards.
+      std::lock_guard<std::mutex> lock(co.mutex);
+      runner.ForEachMasterElement([&](const ParamImage& p, int64_t local, float value) {
+        auto& dst = co.params[p.name];
+        auto& flags = co.written[p.name];
+        if (dst.empty()) {
+          int64_t n = 1;
+          for (int64_t d : p.global_shape) n *= d;
+          dst.assign(n, 0.0f);
+          flags.assign(n, 0);
+        }
+        const int64_t g = runner.GlobalIndex(p, local);
+        if (g < 0 || g >= static_cast<int64_t>(dst.size())) return;
+        if (flags[g] && std::memcmp(&dst[g], &value, 4) != 0 && co.replica_error.empty()) {
+          co.replica_error = "replicas of `" + p.name + "` differ at element " + std::to_string(g) + " (rank " +
+                             std::to_string(rank) + ": " + std::to_string(value) + ", another: " +
+                             std::to_string(dst[g]) + ")";
+        }
+        dst[g] = value;
+        flags[g] = 1;
+      });
+    } catch (const std::exception& e) {
+      world.Abort(std::string("rank ") + std::to_string(rank) + " failed: " + e.what());
+      std::lock_guard<std::mutex> lock(co.mutex);
+      co.errors[rank] = e.what();
+      co.failed = true;
+      co.cv.notify_all();
+    }
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(world_size);
+  for (int r = 0; r < world_size; ++r) threads.emplace_back(rank_main, r);
+
+  RunResult result;
+  result.start_step = start;
+  result.data_description = tokens.description;
+  double previous_end = 0;
+  int64_t peak = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    std::vector<StepRecord> recs(world_size);
+    {
+      std::unique_lock<std::mutex> lock(co.mutex);
+      co.cv.wait(lock, [&] {
+        if (co.failed) return true;
+        for (const auto& r : co.records) if (static_cast<int64_t>(r.size()) <= i) return false;
+        return true;
+      });
+      if (co.failed) break;
+      for (int r = 0; r < world_size; ++r) recs[r] = co.records[r][i];
+      if (i == 0) previous_end = co.start_wall;
+    }
+    StepMetrics m;
+    m.step = start + i;
+    double end = 0;
+    bool have_loss = false;
+    for (const auto& rec : recs) {
+      end = std::max(end, rec.end_wall);
+      peak = std::max(peak, rec.peak);
+      if (rec.holds_loss && !have_loss) {
+        m.loss = rec.loss;
+        m.grad_norm = std::sqrt(std::max(0.0f, rec.norm_square));
+        have_loss = true;
+      }
+      m.cpu_seconds += rec.cpu;
+      m.kernel_seconds += rec.kernel;
+      m.comm_seconds += rec.comm;
+    }
+    if (!have_loss) m.grad_norm = std::sqrt(std::max(0.0f, recs[0].norm_square));
+    if (i > 0) {  // profile counters are cumulative
+      std::lock_guard<std::mutex> lock(co.mutex);
+      for (int r = 0; r < world_size; ++r) {
+        m.cpu_seconds -= co.records[r][i - 1].cpu;
+        m.kernel_seconds -= co.records[r][i - 1].kernel;
+        m.comm_seconds -= co.records[r][i - 1].comm;
+      }
+    }
+    m.seconds = std::max(1e-9, end - previous_end);
+    previous_end = end;
+    m.tokens_per_second = static_cast<double>(program.train.global_batch * program.model.seq_len) / m.seconds;
+    m.peak_bytes = peak;
+    m.lr = host::WarmupCosineLr(m.step, program.train.warmup_steps, program.train.steps, program.train.lr,
+                                program.train.min_lr);
+    if (!options.checkpoint_dir.empty() &&
+        ((options.checkpoint_every > 0 && (m.step + 1) % options.checkpoint_every == 0) || i + 1 == steps)) {
+      try {
+        CommitCheckpoint(options.checkpoint_dir,
+                         BeginCheckpoint(options.checkpoint_dir, m.step + 1), program, m.step + 1);
+      } catch (const std::exception& e) {
+        world.Abort(e.what());
+        for (auto& t : threads) t.join();
+        throw RunError(e.what());
+      }
+    }
+    result.steps.push_back(m);
+    if (options.on_step) options.on_step(m);
+  }
+  for (auto& t : threads) t.join();
+  if (co.failed) throw RunError(FirstError(co));
+  if (!co.replica_error.empty()) throw RunError(co.replica_error);
+  result.params = std::move(co.params);
+  return result;
+}
+
+}  // namespace paraplan::exec

@@ -1,0 +1,73 @@
+// The interpreter: runs every rank of a program for a number of training steps.
+//
+// Train() starts one thread per rank (host backend), each with its own Backend and its
+// communicators (joined from one CommWorld by the program's member lists), allocates the rank's
+// f32 arena, initialises parameters deterministically and shard-aware (see InitValue), reads its
+// data-parallel slice of the token data, and runs the role's schedule once per step. The calling
+// thread collects per-step metrics in step order and hands them to `on_step`; the first failing
+// rank aborts the world so no rank hangs, and Train throws RunError with that rank's message.
+//
+// Made by: planrun, tests. Reads: ProgramImage, token data, checkpoints.
+#ifndef PARAPLAN_RUNTIME_EXEC_INTERPRETER_H_
+#define PARAPLAN_RUNTIME_EXEC_INTERPRETER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/data/token_data.h"
+#include "runtime/exec/program_image.h"
+
+namespace paraplan::exec {
+
+class RunError : public std::runtime_error {
+ public:
+  explicit RunError(const std::string& what) : std::runtime_error(what) {}
+};
+
+struct StepMetrics {
+  int64_t step = 0;            // from 0
+  double loss = 0;             // mean token loss of the global batch
+  double grad_norm = 0;        // before clipping (0 when the program computes none)
+  double lr = 0;
+  double seconds = 0;          // wall time of the step (slowest rank)
+  double tokens_per_second = 0;
+  int64_t peak_bytes = 0;      // largest backend footprint of any rank so far
+  // With profiling: CPU seconds of all ranks in the step, and the part spent in kernels and in
+  // collectives / transfers; the rest is the interpreter's own work.
+  double cpu_seconds = 0, kernel_seconds = 0, comm_seconds = 0;
+};
+
+struct RunOptions {
+  int64_t steps = -1;            // -1: the program's train.steps (counted from start_step)
+  std::string data_path;         // empty: the program's train.data
+  bool separate_buffers = false; // allocate each buffer on its own instead of the planned arena
+  bool profile = false;          // measure kernel / collective / interpreter CPU time
+  double comm_timeout_seconds = 600;
+  std::string checkpoint_dir;    // where to write checkpoints (empty: none)
+  int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end when a dir is set)
+  std::string resume_dir;        // resume from the latest checkpoint in this directory
+  std::function<void(const StepMetrics&)> on_step;  // called on the calling thread, in order
+};
+
+struct RunResult {
+  int64_t start_step = 0;
+  std::vector<StepMetrics> steps;
+  // Every parameter by name, assembled unsharded from the ranks' fp32 master shards after the
+  // last step. Replicas are checked to be bitwise equal (RunError otherwise).
+  std::map<std::string, std::vector<float>> params;
+  std::string data_description;
+};
+
+RunResult Train(const ProgramImage& program, const RunOptions& options);
+
+// The initial value of element `index` (row-major, of the unsharded tensor) of the parameter
+// with `key`: N(0, std²) from a counter-based generator keyed by (seed, key, index).
+float InitValue(uint64_t seed, int64_t key, int64_t index, double std);
+
+}  // namespace paraplan::exec
+
+#endif  // PARAPLAN_RUNTIME_EXEC_INTERPRETER_H_

@@ -1,0 +1,412 @@
+#include "runtime/exec/rank_runner.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "runtime/kernels/host/kernels.h"
+
+namespace paraplan::exec {
+namespace {
+
+comm::ReduceOp ToReduceOp(int64_t v) { return v == prog::kReduceMax ? comm::ReduceOp::kMax : comm::ReduceOp::kSum; }
+
+std::string OpName(OpKind k) { return prog::EnumNameOpKind(k); }
+
+}  // namespace
+
+RankRunner::RankRunner(const ProgramImage& program, int rank, CommWorld& world, Backend& backend,
+                       const data::TokenStream& tokens, const RunOptions& options)
+    : program_(program), role_(program.roles[program.ranks[rank].role]), rank_(rank), world_(world),
+      backend_(backend), tokens_(tokens), options_(options) {}
+
+RankRunner::~RankRunner() {
+  for (void* p : allocations_) backend_.Free(p);
+}
+
+double RankRunner::Now() const {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+float* RankRunner::F(int32_t buffer, const Context& ctx) const {
+  if (buffer < 0) return nullptr;
+  return reinterpret_cast<float*>(base_[buffer] + ctx.slot * slot_stride_[buffer]);
+}
+
+int RankRunner::IndexIn(CommKind kind) const { return comms_[static_cast<int>(kind)].index; }
+
+const RankRunner::Comm& RankRunner::CommOf(CommKind kind, const char* what) const {
+  const Comm& c = comms_[static_cast<int>(kind)];
+  if (!c.comm) {
+    throw RunError(std::string(what) + " on rank " + std::to_string(rank_) + " needs a " +
+                   prog::EnumNameCommKind(kind) + " communicator, which the rank does not have");
+  }
+  return c;
+}
+
+int64_t RankRunner::ShardIndex() const { return program_.parallel.zero >= 1 ? IndexIn(CommKind::Dp) : 0; }
+
+void RankRunner::Setup() {
+  const RankImage& me = RankInfo();
+  for (int k = 1; k < prog::kCommKinds; ++k) {
+    const int32_t c = me.comms[k];
+    if (c < 0) continue;
+    const auto& members = program_.communicators[c].members;
+    Comm& slot = comms_[k];
+    slot.size = static_cast<int>(members.size());
+    slot.index = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    slot.comm = world_.Join(std::vector<int>(members.begin(), members.end()), rank_, c);
+  }
+  // Memory: the planned f32 arena, or one allocation per non-view buffer.
+  const size_t n = role_.buffers.size();
+  base_.assign(n, nullptr);
+  slot_stride_.assign(n, 0);
+  char* arena = nullptr;
+  if (!options_.separate_buffers) {
+    arena = static_cast<char*>(backend_.Allocate(role_.fp32_arena_bytes));
+    allocations_.push_back(arena);
+  }
+  for (size_t b = 0; b < n; ++b) {
+    const auto& buf = role_.buffers[b];
+    if (buf.view_of >= 0) continue;
+    const int64_t stride = buf.slots > 1 ? buf.fp32_slot_stride : 0;
+    if (arena) {
+      base_[b] = arena + buf.fp32_offset;
+    } else {
+      void* p = backend_.Allocate(std::max<int64_t>(4, buf.elements * 4 * buf.slots));
+      allocations_.push_back(p);
+      base_[b] = static_cast<char*>(p);
+    }
+    slot_stride_[b] = arena ? stride : buf.elements * 4;
+  }
+  for (size_t b = 0; b < n; ++b) {  // views (possibly of views)
+    int32_t target = static_cast<int32_t>(b);
+    int64_t offset = 0;
+    for (int hops = 0; role_.buffers[target].view_of >= 0; ++hops) {
+      if (hops > 8) throw RunError("buffer `" + role_.buffers[b].name + "` is a cycle of views");
+      offset += role_.buffers[target].view_offset;
+      target = role_.buffers[target].view_of;
+    }
+    if (target != static_cast<int32_t>(b)) {
+      base_[b] = base_[target] + offset * 4;
+      slot_stride_[b] = slot_stride_[target];
+    }
+  }
+  // Parameter ranges inside each bucket.
+  ranges_.assign(role_.buckets.size(), {});
+  for (size_t bi = 0; bi < role_.buckets.size(); ++bi) {
+    const auto& bucket = role_.buckets[bi];
+    for (size_t p = 0; p < role_.params.size(); ++p) {
+      const auto& buf = role_.buffers[role_.params[p].buffer];
+      if (buf.view_of != bucket.params) continue;
+      ranges_[bi].push_back({buf.view_offset, buf.view_offset + buf.elements, static_cast<int32_t>(p)});
+    }
+    std::sort(ranges_[bi].begin(), ranges_[bi].end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  }
+  for (const auto& body : role_.bodies) {
+    for (const auto& op : body.ops) {
+      if (op.kind == OpKind::CrossEntropyLoss && loss_buffer_ < 0) loss_buffer_ = op.outputs[0];
+      if (op.kind == OpKind::GradNormSquare && norm_buffer_ < 0) norm_buffer_ = op.outputs[0];
+    }
+  }
+  const auto& m = program_.model;
+  sampler_ = std::make_unique<data::Sampler>(
+      tokens_, data::BatchShape{m.seq_len, program_.train.global_batch, m.micro_batch, program_.parallel.dp},
+      static_cast<uint64_t>(program_.train.seed));
+  InitParams();
+}
+
+int64_t RankRunner::GlobalIndex(const ParamImage& p, int64_t local) const {
+  if (p.split_dim < 0) return local;
+  int64_t inner = 1;
+  for (size_t d = p.split_dim + 1; d < p.global_shape.size(); ++d) inner *= p.global_shape[d];
+  const Comm& c = comms_[static_cast<int>(p.split_comm)];
+  const int64_t n_global = p.global_shape[p.split_dim], n_local = n_global / c.size;
+  const int64_t i = local % inner, j = (local / inner) % n_local, o = local / inner / n_local;
+  return (o * n_global + c.index * n_local + j) * inner + i;
+}
+
+void RankRunner::InitParams() {
+  const uint64_t seed = static_cast<uint64_t>(program_.train.seed);
+  for (const auto& p : role_.params) {
+    float* dst = F(p.buffer, {});
+    const int64_t local = Elements(p.buffer);
+    int64_t global = 1;
+    for (int64_t d : p.global_shape) global *= d;
+    int64_t outer = 1, inner = 1, n_global = 1, parts = 1, part = 0;
+    if (p.split_dim >= 0) {
+      for (int32_t d = 0; d < p.split_dim; ++d) outer *= p.global_shape[d];
+      for (size_t d = p.split_dim + 1; d < p.global_shape.size(); ++d) inner *= p.global_shape[d];
+      n_global = p.global_shape[p.split_dim];
+      const Comm& c = comms_[static_cast<int>(p.split_comm)];
+      parts = c.size;
+      part = c.index;
+    } else {
+      inner = global;
+    }
+    if (n_global % parts != 0 || global / parts != local) {
+      throw RunError("param `" + p.name + "`: the local buffer holds " + std::to_string(local) +
+                     " elements, but its global tensor of " + std::to_string(global) + " split " +
+                     std::to_string(parts) + " ways gives " + std::to_string(global / parts));
+    }
+    const int64_t n_local = n_global / parts;
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t j = 0; j < n_local; ++j) {
+        for (int64_t i = 0; i < inner; ++i) {
+          const int64_t li = (o * n_local + j) * inner + i;
+          const int64_t gi = (o * n_global + part * n_local + j) * inner + i;
+          float v = 0.0f;
+          switch (p.init) {
+            case prog::InitKind::Normal: v = InitValue(seed, p.key, gi, p.init_std); break;
+            case prog::InitKind::Zeros: v = 0.0f; break;
+            case prog::InitKind::Ones: v = 1.0f; break;
+          }
+          dst[li] = v;
+        }
+      }
+    }
+  }
+  const int64_t shard = ShardIndex();
+  for (const auto& bucket : role_.buckets) {
+    const float* params = F(bucket.params, {});
+    const int64_t begin = (bucket.master >= 0 || bucket.param_shard >= 0) ? shard * bucket.shard_elements : 0;
+    if (bucket.master >= 0) backend_.Copy(F(bucket.master, {}), params + begin, bucket.shard_elements);
+    if (bucket.param_shard >= 0) backend_.Copy(F(bucket.param_shard, {}), params + begin, bucket.shard_elements);
+  }
+}
+
+std::vector<StateTensor> RankRunner::State() {
+  std::vector<StateTensor> out;
+  for (size_t b = 0; b < role_.buckets.size(); ++b) {
+    const auto& bucket = role_.buckets[b];
+    const std::string prefix = "bucket" + std::to_string(b) + ".";
+    out.push_back({prefix + "params", F(bucket.params, {}), bucket.elements});
+    if (bucket.master >= 0) out.push_back({prefix + "master", F(bucket.master, {}), Elements(bucket.master)});
+    if (bucket.exp_avg >= 0) out.push_back({prefix + "exp_avg", F(bucket.exp_avg, {}), Elements(bucket.exp_avg)});
+    if (bucket.exp_avg_sq >= 0) out.push_back({prefix + "exp_avg_sq", F(bucket.exp_avg_sq, {}), Elements(bucket.exp_avg_sq)});
+    if (bucket.param_shard >= 0) out.push_back({prefix + "param_shard", F(bucket.param_shard, {}), Elements(bucket.param_shard)});
+  }
+  return out;
+}
+
+float RankRunner::Loss() const { return loss_buffer_ >= 0 ? F(loss_buffer_, {})[0] : 0.0f; }
+float RankRunner::GradNormSquare() const { return norm_buffer_ >= 0 ? F(norm_buffer_, {})[0] : 0.0f; }
+
+void RankRunner::RunStep(int64_t step) {
+  step_ = step;
+  const double t0 = options_.profile ? Now() : 0;
+  RunSchedule(step);
+  if (options_.profile) cpu_seconds += Now() - t0;
+}
+
+void RankRunner::RunSchedule(int64_t step) {
+  const auto& sched = role_.schedule;
+  for (size_t i = 0; i < sched.size(); ++i) {
+    const OpImage& op = sched[i];
+    switch (op.kind) {
+      case OpKind::Forward:
+      case OpKind::Backward: {
+        const ChunkImage& chunk = role_.chunks[op.ints[1]];
+        RunBody(op.kind == OpKind::Forward ? chunk.forward : chunk.backward,
+                Context{step, op.ints[0], static_cast<int32_t>(op.ints[2])});
+        break;
+      }
+      case OpKind::SendActivation:
+      case OpKind::RecvActivation:
+      case OpKind::SendGrad:
+      case OpKind::RecvGrad: {
+        // A group posts every send before any receive (buffered sends never block).
+        size_t j = i + 1;
+        const int64_t group = op.ints[prog::kP2pGroup];
+        auto is_p2p = [](OpKind k) {
+          return k == OpKind::SendActivation || k == OpKind::RecvActivation || k == OpKind::SendGrad ||
+                 k == OpKind::RecvGrad;
+        };
+        if (group != 0) {
+          while (j < sched.size() && is_p2p(sched[j].kind) && sched[j].ints[prog::kP2pGroup] == group) ++j;
+        }
+        for (size_t k = i; k < j; ++k) {
+          if (sched[k].kind == OpKind::SendActivation || sched[k].kind == OpKind::SendGrad) Transfer(sched[k], true);
+        }
+        for (size_t k = i; k < j; ++k) {
+          if (sched[k].kind == OpKind::RecvActivation || sched[k].kind == OpKind::RecvGrad) Transfer(sched[k], false);
+        }
+        i = j - 1;
+        break;
+      }
+      case OpKind::ZeroGrads:
+      case OpKind::ReduceGrads:
+      case OpKind::OptimizerStep:
+        RunBody(static_cast<int32_t>(op.ints[0]), Context{step, 0, 0});
+        break;
+      case OpKind::GatherParams:
+        RunBody(static_cast<int32_t>(op.ints[1]), Context{step, 0, 0});
+        break;
+      case OpKind::ReleaseParams:
+        break;  // host memory stays; nothing reads a released bucket before the next gather
+      default:
+        throw RunError("schedule op " + OpName(op.kind) + " is not a schedule op");
+    }
+  }
+}
+
+void RankRunner::Transfer(const OpImage& op, bool send) {
+  const Comm& c = CommOf(CommKind::Pp, "a pipeline transfer");
+  const int32_t buffer = send ? op.inputs[0] : op.outputs[0];
+  const int peer = static_cast<int>(op.ints[prog::kP2pPeer]);
+  Context ctx{step_, op.ints[0], static_cast<int32_t>(op.ints[2])};
+  const double t0 = options_.profile ? Now() : 0;
+  if (send) c.comm->Send(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
+  else c.comm->Recv(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
+  if (options_.profile) comm_seconds += Now() - t0;
+}
+
+void RankRunner::RunBody(int32_t body, const Context& ctx) {
+  const BodyImage& b = role_.bodies[body];
+  for (const OpImage& op : b.ops) {
+    const double t0 = options_.profile ? Now() : 0;
+    RunOp(op, ctx, b.name);
+    if (options_.profile) {
+      const double dt = Now() - t0;
+      const int k = static_cast<int>(op.kind);
+      if (k >= static_cast<int>(OpKind::AllReduce) && k < static_cast<int>(OpKind::LoadBatch)) comm_seconds += dt;
+      else kernel_seconds += dt;
+    }
+  }
+}
+
+const BucketImage& RankRunner::BucketByBuffer(int32_t buffer, bool grads) const {
+  for (const auto& b : role_.buckets) {
+    if ((grads ? b.grads : b.params) == buffer) return b;
+  }
+  throw RunError("buffer `" + role_.buffers[buffer].name + "` is not a " + (grads ? "gradient" : "parameter") + " bucket");
+}
+
+void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
+  const int32_t in = op.inputs[0], out = op.outputs[0];
+  float* x = F(in, ctx);
+  float* y = F(out, ctx);
+  const int64_t nx = Elements(in), ny = Elements(out);
+  const Comm& c = CommOf(op.comm, OpName(op.kind).c_str());
+  switch (op.kind) {
+    case OpKind::AllReduce: {
+      if (nx != ny) throw RunError("AllReduce from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
+      const int64_t rop = op.Int(0);
+      if (c.size == 1) {
+        if (x != y) backend_.Copy(y, x, nx);
+        return;
+      }
+      c.comm->AllReduce(x, y, nx, comm::DType::kF32, ToReduceOp(rop));
+      if (rop == prog::kReduceAvg) backend_.Scale(y, ny, 1.0f / static_cast<float>(c.size));
+      return;
+    }
+    case OpKind::ReduceScatter: {
+      const int64_t piece = nx / c.size;
+      if (nx % c.size != 0 || (x != y && ny != piece)) {
+        throw RunError("ReduceScatter of " + std::to_string(nx) + " elements over " + std::to_string(c.size) +
+                       " ranks into " + std::to_string(ny));
+      }
+      float* dst = x == y ? x + c.index * piece : y;
+      if (c.size == 1) {
+        if (dst != x) backend_.Copy(dst, x, piece);
+        return;
+      }
+      if (x == y) {
+        scratch_.resize(piece);
+        c.comm->ReduceScatter(x, scratch_.data(), piece, comm::DType::kF32);
+        std::memcpy(dst, scratch_.data(), piece * 4);
+      } else {
+        c.comm->ReduceScatter(x, y, piece, comm::DType::kF32);
+      }
+      if (op.Int(0) == prog::kReduceAvg) backend_.Scale(dst, piece, 1.0f / static_cast<float>(c.size));
+      return;
+    }
+    case OpKind::AllGather: {
+      const int64_t piece = x == y ? ny / c.size : nx;
+      if (ny != piece * c.size) {
+        throw RunError("AllGather of " + std::to_string(nx) + " elements over " + std::to_string(c.size) +
+                       " ranks into " + std::to_string(ny));
+      }
+      if (c.size == 1) {
+        if (x != y) backend_.Copy(y, x, nx);
+        return;
+      }
+      if (x == y) {
+        scratch_.assign(x + c.index * piece, x + (c.index + 1) * piece);
+        c.comm->AllGather(scratch_.data(), y, piece, comm::DType::kF32);
+      } else {
+        c.comm->AllGather(x, y, piece, comm::DType::kF32);
+      }
+      return;
+    }
+    case OpKind::Broadcast: {
+      if (x != y) backend_.Copy(y, x, nx);
+      if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(op.Int(0)));
+      return;
+    }
+    default:
+      throw RunError(OpName(op.kind) + " is not supported");
+  }
+}
+
+void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
+  const auto& train = program_.train;
+  const int64_t shard = ShardIndex();
+  if (op.kind == OpKind::GradNormSquare) {
+    const bool tp_leader = IndexIn(CommKind::Tp) == 0;
+    double sum = 0;
+    for (int32_t in : op.inputs) {
+      const BucketImage& bucket = BucketByBuffer(in, true);
+      const size_t bi = &bucket - role_.buckets.data();
+      const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
+      const int64_t end = program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
+      const float* g = F(in, ctx);
+      for (const Range& r : ranges_[bi]) {
+        const ParamImage& p = role_.params[r.param];
+        if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
+        const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+        if (lo < hi) sum += backend_.SumOfSquares(g + lo, hi - lo);
+      }
+    }
+    F(op.outputs[0], ctx)[0] = static_cast<float>(sum);
+    return;
+  }
+  // AdamW / Sgd: [params bucket, grads bucket, master, exp_avg, exp_avg_sq, nsq].
+  const BucketImage& bucket = BucketByBuffer(op.inputs[0], false);
+  const size_t bi = &bucket - role_.buckets.data();
+  const float nsq = op.inputs[5] >= 0 ? F(op.inputs[5], ctx)[0] : 0.0f;
+  const float clip = train.clip_grad > 0
+                         ? static_cast<float>(std::min(1.0, train.clip_grad / (std::sqrt(static_cast<double>(nsq)) + 1e-6)))
+                         : 1.0f;
+  const double lr = host::WarmupCosineLr(ctx.step, train.warmup_steps, train.steps, train.lr, train.min_lr);
+  const int64_t begin = shard * bucket.shard_elements, n = bucket.shard_elements;
+  float* params = F(op.inputs[0], ctx);
+  const float* grads = F(op.inputs[1], ctx);
+  float* master = F(op.inputs[2], ctx);
+  float* m = F(op.inputs[3], ctx);
+  float* v = F(op.inputs[4], ctx);
+  float* dest = bucket.param_shard >= 0 && program_.parallel.zero >= 3 ? F(bucket.param_shard, ctx) : params + begin;
+  if (!master) throw RunError("optimizer step on a bucket without a master copy");
+  for (const Range& r : ranges_[bi]) {
+    const int64_t lo = std::max(begin, r.begin), hi = std::min(begin + n, r.end);
+    if (lo >= hi) continue;
+    const ParamImage& p = role_.params[r.param];
+    const float wd = p.decay ? static_cast<float>(train.weight_decay) : 0.0f;
+    float* ms = master + (lo - begin);
+    if (op.kind == OpKind::AdamW) {
+      if (!m || !v) throw RunError("AdamW on a bucket without moment buffers");
+      host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1), static_cast<float>(train.beta2),
+                            static_cast<float>(train.eps), wd};
+      backend_.AdamW(ms, grads + lo, m + (lo - begin), v + (lo - begin), hi - lo, cfg, ctx.step + 1, clip);
+    } else {
+      backend_.Sgd(ms, grads + lo, hi - lo, static_cast<float>(lr), wd, clip);
+    }
+    backend_.Copy(dest + (lo - begin), ms, hi - lo);
+  }
+}
+
+}  // namespace paraplan::exec

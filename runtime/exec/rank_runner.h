@@ -1,0 +1,129 @@
+// RankRunner: one rank's state and its op interpreter.
+//
+// It owns the rank's Backend allocation (the f32 arena, or one allocation per buffer), its
+// communicators (one per CommKind the rank uses), its data sampler, and executes the role's
+// schedule and bodies exactly as runtime/format/README.md says. One RankRunner per rank thread;
+// nothing in it is shared with other ranks except through communicators.
+//
+// Made by: the interpreter (interpreter.cpp). Read by: the interpreter and checkpoints.
+#ifndef PARAPLAN_RUNTIME_EXEC_RANK_RUNNER_H_
+#define PARAPLAN_RUNTIME_EXEC_RANK_RUNNER_H_
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/data/token_data.h"
+#include "runtime/exec/backend.h"
+#include "runtime/exec/interpreter.h"
+#include "runtime/exec/program_image.h"
+
+namespace paraplan::exec {
+
+// A persistent tensor of the rank's training state (what a checkpoint holds).
+struct StateTensor {
+  std::string name;
+  float* data = nullptr;
+  int64_t elements = 0;
+};
+
+class RankRunner {
+ public:
+  RankRunner(const ProgramImage& program, int rank, CommWorld& world, Backend& backend,
+             const data::TokenStream& tokens, const RunOptions& options);
+  ~RankRunner();
+
+  // Allocates, joins communicators, initialises parameters and optimizer masters.
+  void Setup();
+  // Runs the schedule once for training step `step` (from 0).
+  void RunStep(int64_t step);
+
+  bool HoldsLoss() const { return loss_buffer_ >= 0; }
+  float Loss() const;
+  float GradNormSquare() const;  // 0 when the program has no GradNormSquare
+  int Rank() const { return rank_; }
+  const RankImage& RankInfo() const { return program_.ranks[rank_]; }
+  const RoleImage& Role() const { return role_; }
+
+  // The persistent training state: per bucket the params bucket, the optimizer buffers and the
+  // ZeRO-3 param shard. Checkpoints save and restore exactly these.
+  std::vector<StateTensor> State();
+  // Calls fn(param, global_index, value) for every element of every parameter this rank owns
+  // in its fp32 master shard.
+  template <typename Fn>
+  void ForEachMasterElement(Fn fn);
+  // The row-major index in the unsharded tensor of element `local` of this rank's shard of p.
+  int64_t GlobalIndex(const ParamImage& p, int64_t local) const;
+
+  double cpu_seconds = 0, kernel_seconds = 0, comm_seconds = 0;
+
+ private:
+  struct Comm {
+    std::unique_ptr<comm::Communicator> comm;
+    int index = 0, size = 1;
+  };
+  struct Range {
+    int64_t begin, end;  // elements in the bucket
+    int32_t param;
+  };
+  struct Context {
+    int64_t step = 0, microbatch = 0;
+    int32_t slot = 0;
+  };
+
+  float* F(int32_t buffer, const Context& ctx) const;
+  int32_t* I(int32_t buffer, const Context& ctx) const { return reinterpret_cast<int32_t*>(F(buffer, ctx)); }
+  int64_t Elements(int32_t buffer) const { return role_.buffers[buffer].elements; }
+  const Comm& CommOf(CommKind kind, const char* what) const;
+  int IndexIn(CommKind kind) const;
+  int64_t ShardIndex() const;
+
+  void RunSchedule(int64_t step);
+  void RunBody(int32_t body, const Context& ctx);
+  void RunOp(const OpImage& op, const Context& ctx, const std::string& body);
+  void RunCollective(const OpImage& op, const Context& ctx);
+  void RunOptimizer(const OpImage& op, const Context& ctx);
+  void Transfer(const OpImage& op, bool send);
+  void InitParams();
+  const BucketImage& BucketByBuffer(int32_t buffer, bool grads) const;
+  double Now() const;
+
+  const ProgramImage& program_;
+  const RoleImage& role_;
+  int rank_;
+  CommWorld& world_;
+  Backend& backend_;
+  const data::TokenStream& tokens_;
+  const RunOptions& options_;
+  std::unique_ptr<data::Sampler> sampler_;
+  std::array<Comm, prog::kCommKinds> comms_;
+  std::vector<void*> allocations_;
+  std::vector<char*> base_;            // per buffer: slot 0
+  std::vector<int64_t> slot_stride_;   // per buffer: bytes between slots (0 unless Stash)
+  std::vector<std::vector<Range>> ranges_;  // per bucket: its params, by element range
+  std::vector<float> scratch_, scratch2_;
+  std::vector<int32_t> tokens_in_, tokens_out_;
+  int32_t loss_buffer_ = -1, norm_buffer_ = -1;
+  int64_t step_ = 0;
+};
+
+template <typename Fn>
+void RankRunner::ForEachMasterElement(Fn fn) {
+  const int64_t shard = ShardIndex();
+  for (size_t b = 0; b < role_.buckets.size(); ++b) {
+    const auto& bucket = role_.buckets[b];
+    const float* master = bucket.master >= 0 ? F(bucket.master, {}) : F(bucket.params, {});
+    const int64_t begin = bucket.master >= 0 ? shard * bucket.shard_elements : 0;
+    const int64_t end = bucket.master >= 0 ? begin + bucket.shard_elements : bucket.elements;
+    for (const Range& r : ranges_[b]) {
+      for (int64_t e = std::max(begin, r.begin); e < std::min(end, r.end); ++e) {
+        fn(role_.params[r.param], e - r.begin, master[e - begin]);
+      }
+    }
+  }
+}
+
+}  // namespace paraplan::exec
+
+#endif  // PARAPLAN_RUNTIME_EXEC_RANK_RUNNER_H_

@@ -1,0 +1,249 @@
+// planrun: executes a compiled paraplan program.
+//
+//   planrun PROGRAM [--backend=host] [--ranks N] [--steps N] [--data PATH] [--metrics FILE]
+//                   [--resume DIR] [--checkpoint-dir DIR] [--checkpoint-every N]
+//                   [--log-every N] [--profile] [--separate-buffers] [--timeout SECONDS]
+//
+// Exit status: 0 success, 1 bad input (program, data, checkpoint) or a failed run, 2 bad usage,
+// 70 internal error. Links neither LLVM nor ANTLR.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "runtime/data/token_data.h"
+#include "runtime/exec/checkpoint.h"
+#include "runtime/exec/interpreter.h"
+#include "runtime/exec/program_image.h"
+
+namespace {
+
+using namespace paraplan;
+
+constexpr const char* kUsage =
+    "usage: planrun PROGRAM [--backend=host] [--ranks N] [--steps N] [--data PATH] [--metrics FILE]\n"
+    "               [--resume DIR] [--checkpoint-dir DIR] [--checkpoint-every N] [--log-every N]\n"
+    "               [--profile] [--separate-buffers] [--timeout SECONDS]\n";
+
+int Usage(const std::string& message) {
+  std::cerr << "planrun: error: " << message << "\n" << kUsage;
+  return 2;
+}
+
+bool ParseInt(const std::string& text, int64_t& out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || v < 0) return false;
+  out = v;
+  return true;
+}
+
+std::string Bytes(int64_t b) {
+  char buf[32];
+  if (b >= (int64_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  return buf;
+}
+
+std::string Duration(double s) {
+  char buf[32];
+  if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%.1fs", s);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string program_path, backend = "host", data_path, metrics_path, resume_dir, checkpoint_dir;
+  int64_t ranks = -1, steps = -1, checkpoint_every = 0, log_every = 0;
+  double timeout = 600;
+  bool profile = false, separate = false;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], value;
+    const bool has_eq = a.rfind("--", 0) == 0 && a.find('=') != std::string::npos;
+    if (has_eq) {
+      value = a.substr(a.find('=') + 1);
+      a = a.substr(0, a.find('='));
+    }
+    auto take = [&](const char* flag) -> bool {
+      if (has_eq) return true;
+      if (i + 1 >= args.size()) return false;
+      value = args[++i];
+      (void)flag;
+      return true;
+    };
+    auto int_flag = [&](const char* flag, int64_t& out) -> int {
+      if (!take(flag)) return Usage(std::string(flag) + " needs a value");
+      if (!ParseInt(value, out)) return Usage(std::string(flag) + " needs a non-negative integer, got `" + value + "`");
+      return 0;
+    };
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return 0;
+    } else if (a == "--backend") {
+      if (!take("--backend")) return Usage("--backend needs a value");
+      backend = value;
+    } else if (a == "--ranks") {
+      if (int rc = int_flag("--ranks", ranks)) return rc;
+    } else if (a == "--steps") {
+      if (int rc = int_flag("--steps", steps)) return rc;
+    } else if (a == "--checkpoint-every") {
+      if (int rc = int_flag("--checkpoint-every", checkpoint_every)) return rc;
+    } else if (a == "--log-every") {
+      if (int rc = int_flag("--log-every", log_every)) return rc;
+    } else if (a == "--timeout") {
+      int64_t t = 0;
+      if (int rc = int_flag("--timeout", t)) return rc;
+      if (t == 0) return Usage("--timeout must be at least 1 second");
+      timeout = static_cast<double>(t);
+    } else if (a == "--data") {
+      if (!take("--data")) return Usage("--data needs a path");
+      data_path = value;
+    } else if (a == "--metrics") {
+      if (!take("--metrics")) return Usage("--metrics needs a file");
+      metrics_path = value;
+    } else if (a == "--resume") {
+      if (!take("--resume")) return Usage("--resume needs a directory");
+      resume_dir = value;
+    } else if (a == "--checkpoint-dir") {
+      if (!take("--checkpoint-dir")) return Usage("--checkpoint-dir needs a directory");
+      checkpoint_dir = value;
+    } else if (a == "--profile" && !has_eq) {
+      profile = true;
+    } else if (a == "--separate-buffers" && !has_eq) {
+      separate = true;
+    } else if (a.rfind("-", 0) == 0 && a != "-") {
+      return Usage("unknown option `" + args[i] + "`");
+    } else if (program_path.empty()) {
+      program_path = args[i];
+    } else {
+      return Usage("more than one program given (`" + program_path + "` and `" + args[i] + "`)");
+    }
+  }
+  if (program_path.empty()) return Usage("no program given; compile one with `planc compile PLAN -o PROGRAM`");
+  if (backend != "host") {
+    if (backend == "cuda") {
+      std::cerr << "planrun: error: the cuda backend is not available in this build of planrun; use --backend=host\n";
+      return 2;
+    }
+    return Usage("unknown backend `" + backend + "` (expected host or cuda)");
+  }
+
+  try {
+    const exec::ProgramImage program = exec::LoadProgramImage(program_path);
+    if (ranks >= 0 && ranks != program.world_size) {
+      std::cerr << "planrun: error: the program is for " << program.world_size << " ranks but --ranks " << ranks
+                << " was given; the host backend runs every rank of the program as a thread\n";
+      return 2;
+    }
+    std::ofstream metrics;
+    if (!metrics_path.empty()) {
+      metrics.open(metrics_path, std::ios::trunc);
+      if (!metrics) {
+        std::cerr << "planrun: error: cannot write metrics file `" << metrics_path << "`\n";
+        return 1;
+      }
+    }
+    const auto& m = program.model;
+    const auto& p = program.parallel;
+    std::printf("planrun: plan `%s` (%s): %d ranks as threads on the host backend\n", program.plan_name.c_str(),
+                program.producer.c_str(), program.world_size);
+    std::printf("planrun: model %s: %d layers, hidden %lld, heads %lld/%lld, vocab %lld, seq %lld; "
+                "tp %d pp %d vpp %d dp %d sp %s zero %d\n",
+                m.name.c_str(), m.layers, static_cast<long long>(m.hidden), static_cast<long long>(m.heads),
+                static_cast<long long>(m.kv_heads), static_cast<long long>(m.vocab),
+                static_cast<long long>(m.seq_len), p.tp, p.pp, p.vpp, p.dp, p.sp ? "on" : "off", p.zero);
+    std::fflush(stdout);
+
+    exec::RunOptions options;
+    options.steps = steps;
+    options.data_path = data_path;
+    options.profile = profile;
+    options.separate_buffers = separate;
+    options.comm_timeout_seconds = timeout;
+    options.checkpoint_dir = checkpoint_dir;
+    options.checkpoint_every = checkpoint_every;
+    options.resume_dir = resume_dir;
+    int64_t total_steps = steps;
+    double elapsed = 0;
+    int64_t done = 0;
+    options.on_step = [&](const exec::StepMetrics& s) {
+      ++done;
+      elapsed += s.seconds;
+      const int64_t every = log_every > 0 ? log_every : (total_steps > 100 ? total_steps / 50 : 1);
+      if (done == 1 || done % every == 0 || done == total_steps) {
+        const double eta = total_steps > 0 ? elapsed / done * static_cast<double>(total_steps - done) : 0;
+        std::printf("[%3d%%] step %lld  loss %.4f  grad_norm %.3f  lr %.2e  %.3f s/step  %.0f tokens/s  peak %s  "
+                    "elapsed %s  eta %s\n",
+                    total_steps > 0 ? static_cast<int>(100 * done / total_steps) : 100, static_cast<long long>(s.step),
+                    s.loss, s.grad_norm, s.lr, s.seconds, s.tokens_per_second, Bytes(s.peak_bytes).c_str(),
+                    Duration(elapsed).c_str(), Duration(eta).c_str());
+        if (profile && s.cpu_seconds > 0) {
+          const double other = s.cpu_seconds - s.kernel_seconds - s.comm_seconds;
+          std::printf("       cpu %.3f s: kernels %.1f%%, collectives %.1f%%, interpreter %.2f%%\n", s.cpu_seconds,
+                      100 * s.kernel_seconds / s.cpu_seconds, 100 * s.comm_seconds / s.cpu_seconds,
+                      100 * other / s.cpu_seconds);
+        }
+        std::fflush(stdout);
+      }
+      if (metrics.is_open()) {
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "{\"version\": 1, \"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
+                      "\"step_seconds\": %.6f, \"tokens_per_second\": %.3f, \"peak_bytes\": %lld",
+                      static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.seconds, s.tokens_per_second,
+                      static_cast<long long>(s.peak_bytes));
+        metrics << line;
+        if (profile) {
+          std::snprintf(line, sizeof line, ", \"cpu_seconds\": %.6f, \"kernel_seconds\": %.6f, \"comm_seconds\": %.6f",
+                        s.cpu_seconds, s.kernel_seconds, s.comm_seconds);
+          metrics << line;
+        }
+        metrics << "}\n";
+        metrics.flush();
+      }
+    };
+    if (total_steps < 0) total_steps = program.train.steps;
+    if (!resume_dir.empty() && steps < 0) {
+      total_steps = std::max<int64_t>(0, program.train.steps - exec::FindCheckpoint(resume_dir, program).step);
+    }
+    const exec::RunResult result = exec::Train(program, options);
+    std::printf("planrun: data %s\n", result.data_description.c_str());
+    if (!result.steps.empty()) {
+      const auto& first = result.steps.front();
+      const auto& last = result.steps.back();
+      double tokens = 0, secs = 0;
+      for (const auto& s : result.steps) {
+        secs += s.seconds;
+        tokens += s.tokens_per_second * s.seconds;
+      }
+      std::printf("planrun: %zu steps (from step %lld) in %s: loss %.4f -> %.4f, %.0f tokens/s, peak %s per rank\n",
+                  result.steps.size(), static_cast<long long>(result.start_step), Duration(secs).c_str(), first.loss,
+                  last.loss, tokens / std::max(1e-9, secs), Bytes(last.peak_bytes).c_str());
+    }
+    if (!checkpoint_dir.empty()) std::printf("planrun: checkpoint written to %s\n", checkpoint_dir.c_str());
+    return 0;
+  } catch (const exec::ProgramError& e) {
+    std::cerr << "planrun: error: " << e.what() << "\n";
+    return 1;
+  } catch (const data::DataError& e) {
+    std::cerr << "planrun: error: " << e.what() << "\n";
+    return 1;
+  } catch (const exec::CheckpointError& e) {
+    std::cerr << "planrun: error: " << e.what() << "\n";
+    return 1;
+  } catch (const exec::RunError& e) {
+    std::cerr << "planrun: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "planrun: internal error: " << e.what() << "\n";
+    return 70;
+  }
+}
