@@ -1,13 +1,142 @@
-// planc explain: placeholder until its phase lands; reports an internal error rather than pretending.
+// planc explain FILE [--plan NAME] [--set PATH=VALUE]... [--rank R] [--format=text|json]
+//                    [--svg OUT.svg] [--diagnostics=text|short|json|sarif]
+//
+// Checks the plan like `planc check` (rules, then the analysis checks); on errors it renders
+// them and exits 1. Otherwise it prints warnings to stderr and the report to stdout.
+#include <charconv>
 #include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <unistd.h>
 
+#include "compiler/analyze/checks.h"
+#include "compiler/diagnostics/render.h"
 #include "compiler/driver/commands.h"
+#include "compiler/driver/explain.h"
+#include "compiler/driver/frontend.h"
 
 namespace paraplan {
+namespace {
+
+constexpr const char* kExplainUsage =
+    "usage: planc explain FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR]\n"
+    "                          [--rank R] [--format=text|json] [--svg OUT.svg]\n"
+    "                          [--diagnostics=text|short|json|sarif]\n";
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "planc explain: %s\n%s", message.c_str(), kExplainUsage);
+  return kExitUsage;
+}
+
+// "--name=value" or "--name value"; advances i past a separate value.
+std::optional<std::string> OptionValue(const std::vector<std::string>& rest, size_t& i, std::string_view name,
+                                       bool* missing) {
+  const std::string& a = rest[i];
+  std::string prefix = std::string(name) + "=";
+  if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
+  if (a == name) {
+    if (i + 1 >= rest.size()) {
+      *missing = true;
+      return std::nullopt;
+    }
+    return rest[++i];
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 int RunExplain(const std::vector<std::string>& args) {
-  std::fputs("planc explain: not available in this build yet\n", stderr);
-  return kExitInternal;
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") {
+      std::fputs(kExplainUsage, stdout);
+      return kExitOk;
+    }
+  }
+  FrontendOptions opts;
+  std::vector<std::string> rest;
+  std::string error;
+  if (!ParseFrontendArgs(args, &opts, &rest, &error)) return Usage(error);
+  bool json = false;
+  std::optional<int64_t> rank;
+  std::string svg_path;
+  DiagFormat diag_format = DiagFormat::kText;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    bool missing = false;
+    if (auto v = OptionValue(rest, i, "--format", &missing)) {
+      if (*v == "json") json = true;
+      else if (*v == "text") json = false;
+      else return Usage("--format takes text or json, not '" + *v + "'");
+    } else if (auto r = OptionValue(rest, i, "--rank", &missing)) {
+      int64_t value = -1;
+      auto [end, ec] = std::from_chars(r->data(), r->data() + r->size(), value);
+      if (ec != std::errc() || end != r->data() + r->size() || value < 0) {
+        return Usage("--rank takes a rank number (0, 1, ...), not '" + *r + "'");
+      }
+      rank = value;
+    } else if (auto o = OptionValue(rest, i, "--svg", &missing)) {
+      if (o->empty()) return Usage("--svg needs an output file");
+      svg_path = *o;
+    } else if (auto d = OptionValue(rest, i, "--diagnostics", &missing)) {
+      auto f = ParseDiagFormat(*d);
+      if (!f) return Usage("--diagnostics takes text, short, json or sarif, not '" + *d + "'");
+      diag_format = *f;
+    } else if (missing) {
+      return Usage(rest[i] + " needs a value");
+    } else {
+      return Usage("unknown option '" + rest[i] + "'");
+    }
+  }
+
+  SourceManager sm;
+  DiagnosticSink sink;
+  std::optional<Plan> plan = LoadPlan(opts, sm, sink);
+  if (plan) RunAnalysisChecks(*plan, sink);
+  RenderOptions render;
+  render.color = diag_format == DiagFormat::kText && isatty(fileno(stderr));
+  if (!plan || sink.has_errors()) {
+    std::fputs(RenderDiagnostics(sink.diagnostics(), sm, diag_format, render).c_str(), stderr);
+    return kExitInputError;
+  }
+  if (!sink.diagnostics().empty()) {
+    std::fputs(RenderDiagnostics(sink.diagnostics(), sm, diag_format, render).c_str(), stderr);
+  }
+  auto layout = BuildLayout(*plan, &error);
+  if (!layout) {
+    std::fprintf(stderr, "planc explain: internal error: the checked plan has no layout: %s\n", error.c_str());
+    return kExitInternal;
+  }
+  auto partition = BuildPartition(*plan, nullptr);
+  if (!partition) {
+    std::fputs("planc explain: internal error: the checked plan has no pipeline partition\n", stderr);
+    return kExitInternal;
+  }
+  if (rank && *rank >= layout->world_size()) {
+    return Usage("--rank " + std::to_string(*rank) + " is outside the plan's " +
+                 std::to_string(layout->world_size()) + " ranks (0-" + std::to_string(layout->world_size() - 1) + ")");
+  }
+  Topology topology = AnalyzeTopology(*layout);
+  ExplainInput in{*plan, *layout, topology, *partition};
+  if (!svg_path.empty()) {
+    std::ofstream file(svg_path, std::ios::binary);
+    file << ExplainSvg(in);
+    file.close();
+    if (!file) {
+      std::fprintf(stderr, "planc explain: cannot write '%s'\n", svg_path.c_str());
+      return kExitInputError;
+    }
+  }
+  std::string report;
+  if (json) {
+    report = ExplainJson(in, rank);
+  } else if (rank) {
+    report = ExplainRankText(in, *rank);
+  } else {
+    report = ExplainText(in);
+  }
+  std::fwrite(report.data(), 1, report.size(), stdout);
+  return kExitOk;
 }
 
 }  // namespace paraplan

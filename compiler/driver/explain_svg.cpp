@@ -1,0 +1,272 @@
+// planc explain --svg: the cluster as a picture. Nodes are boxes, GPUs inside them are cells
+// coloured by pipeline stage and labelled with their rank; TP groups are outlined in solid
+// black, EP groups (when ep > 1) in dashed purple; a legend gives each stage's layers. Cell
+// size shrinks with the world so that 8 to 512 GPUs stay legible; beyond kSvgMaxGpus only the
+// first nodes are drawn.
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <iterator>
+
+#include "compiler/analyze/format_util.h"
+#include "compiler/driver/explain.h"
+
+namespace paraplan {
+namespace {
+
+constexpr std::array<std::string_view, 20> kStageColors = {
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
+    "#a0cbe8", "#ffbe7d", "#8cd17d", "#ff9d9a", "#86bcb6", "#f1ce63", "#d4a6c8", "#fabfd2", "#d7b5a6", "#79706e"};
+
+std::string StageColor(int64_t stage, int64_t stages) {
+  if (stages <= static_cast<int64_t>(kStageColors.size())) return std::string(kStageColors[static_cast<size_t>(stage)]);
+  // Many stages: walk the hue circle.
+  return fmt::format("hsl({:.0f},62%,{}%)", 360.0 * static_cast<double>(stage) / static_cast<double>(stages),
+                     stage % 2 ? 62 : 50);
+}
+
+// Dark text on light fills, white on dark ones.
+bool IsLight(std::string_view color) {
+  if (color.size() != 7 || color[0] != '#') return false;
+  auto hex = [&](size_t i) { return std::stoi(std::string(color.substr(i, 2)), nullptr, 16); };
+  double l = 0.299 * hex(1) + 0.587 * hex(3) + 0.114 * hex(5);
+  return l > 150;
+}
+
+std::string Escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+struct Geometry {
+  int64_t gpn = 8;
+  int64_t per_row = 8;     // GPU cells per row inside a node
+  int64_t rows = 1;        // GPU rows inside a node
+  double cell = 36;        // cell size
+  double gap = 4;          // between cells
+  double pad = 10;         // node padding
+  double label = 16;       // node label height
+  double node_w = 0, node_h = 0;
+  int64_t cols = 4;        // nodes per row
+  double node_gap = 14;
+  double left = 20, top = 0;
+
+  std::vector<int32_t> slot;  // slot[node]: its place in the picture, -1 when not drawn
+
+  double CellX(int64_t node, int64_t local) const {
+    int64_t k = slot[static_cast<size_t>(node)];
+    return left + static_cast<double>(k % cols) * (node_w + node_gap) + pad +
+           static_cast<double>(local % per_row) * (cell + gap);
+  }
+  double CellY(int64_t node, int64_t local) const {
+    int64_t k = slot[static_cast<size_t>(node)];
+    return top + static_cast<double>(k / cols) * (node_h + node_gap) + pad + label +
+           static_cast<double>(local / per_row) * (cell + gap);
+  }
+  bool Drawn(int64_t rank) const { return slot[static_cast<size_t>(rank / gpn)] >= 0; }
+};
+
+// Outlines the members of one group: a rectangle per run of neighbouring cells in one row.
+void Outline(std::string& out, const Geometry& g, std::span<const int64_t> members, double inset,
+             std::string_view style) {
+  size_t i = 0;
+  while (i < members.size()) {
+    if (!g.Drawn(members[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    auto node = [&](size_t k) { return members[k] / g.gpn; };
+    auto local = [&](size_t k) { return members[k] % g.gpn; };
+    while (j + 1 < members.size() && node(j + 1) == node(i) &&
+           local(j + 1) == local(j) + 1 && local(j + 1) / g.per_row == local(i) / g.per_row) {
+      ++j;
+    }
+    double x = g.CellX(node(i), local(i)) - inset;
+    double y = g.CellY(node(i), local(i)) - inset;
+    double w = static_cast<double>(j - i + 1) * (g.cell + g.gap) - g.gap + 2 * inset;
+    double h = g.cell + 2 * inset;
+    fmt::format_to(std::back_inserter(out),
+                   "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"{:.1f}\" {}/>\n", x, y, w,
+                   h, std::max(2.0, g.cell / 6), style);
+    i = j + 1;
+  }
+}
+
+}  // namespace
+
+std::string ExplainSvg(const ExplainInput& in) {
+  const Layout& layout = in.layout;
+  const Partition& part = in.partition;
+  const MeshSizes& s = layout.sizes();
+  const int64_t world = layout.world_size();
+  // Big worlds: the first nodes of every pipeline stage, up to kSvgMaxGpus GPUs in all.
+  const int64_t nodes = layout.nodes();
+  std::vector<int64_t> shown;
+  if (world <= kSvgMaxGpus) {
+    for (int64_t n = 0; n < nodes; ++n) shown.push_back(n);
+  } else {
+    const int64_t budget = std::max<int64_t>(1, kSvgMaxGpus / s.gpus_per_node);
+    const int64_t per_stage = std::max<int64_t>(1, budget / part.pp);
+    std::vector<int64_t> taken(static_cast<size_t>(part.pp), 0);
+    std::vector<bool> pick(static_cast<size_t>(nodes), false);
+    for (int64_t r = 0; r < world; ++r) {
+      int64_t p = layout.dense_mesh().Coordinate(r, "pp"), n = r / s.gpus_per_node;
+      if (pick[static_cast<size_t>(n)]) continue;
+      if (taken[static_cast<size_t>(p)] < per_stage) {
+        pick[static_cast<size_t>(n)] = true;
+        ++taken[static_cast<size_t>(p)];
+      }
+    }
+    for (int64_t n = 0; n < nodes; ++n) {
+      if (pick[static_cast<size_t>(n)]) shown.push_back(n);
+    }
+  }
+  const int64_t drawn_nodes = static_cast<int64_t>(shown.size());
+  const bool partial = drawn_nodes < nodes;
+
+  Geometry g;
+  g.gpn = s.gpus_per_node;
+  g.slot.assign(static_cast<size_t>(nodes), -1);
+  for (size_t k = 0; k < shown.size(); ++k) g.slot[static_cast<size_t>(shown[k])] = static_cast<int32_t>(k);
+  const int64_t drawn = drawn_nodes * s.gpus_per_node;
+  g.per_row = std::min<int64_t>(g.gpn, 8);
+  g.rows = (g.gpn + g.per_row - 1) / g.per_row;
+  g.cell = drawn <= 64 ? 40 : drawn <= 256 ? 30 : drawn <= 512 ? 22 : 14;
+  g.gap = g.cell >= 30 ? 5 : 3;
+  g.pad = g.cell >= 30 ? 12 : 8;
+  g.label = g.cell >= 22 ? 18 : 14;
+  g.node_w = 2 * g.pad + static_cast<double>(g.per_row) * (g.cell + g.gap) - g.gap;
+  g.node_h = 2 * g.pad + g.label + static_cast<double>(g.rows) * (g.cell + g.gap) - g.gap;
+  // About 1,400 px wide at most, and never more node columns than nodes.
+  g.cols = std::clamp<int64_t>(static_cast<int64_t>(1400 / (g.node_w + g.node_gap)), 1, drawn_nodes);
+  if (drawn_nodes <= 4) g.cols = drawn_nodes;
+  const double width = std::max(g.left * 2 + static_cast<double>(g.cols) * (g.node_w + g.node_gap) - g.node_gap, 760.0);
+
+  // Legend: one entry per stage (a swatch and its layers), then the outline styles.
+  const bool show_ep = s.ep > 1;
+  const double legend_row = 22;
+  const int64_t legend_cols = std::max<int64_t>(1, static_cast<int64_t>((width - 40) / 250));
+  const int64_t legend_items = part.pp + 1 + (show_ep ? 1 : 0);
+  const int64_t legend_rows = (legend_items + legend_cols - 1) / legend_cols;
+  const double header = 58;
+  g.top = header + static_cast<double>(legend_rows) * legend_row + 18;
+  const int64_t node_rows = (drawn_nodes + g.cols - 1) / g.cols;
+  double height = g.top + static_cast<double>(node_rows) * (g.node_h + g.node_gap) + 10;
+  if (partial) height += 24;
+
+  std::string out;
+  out.reserve(static_cast<size_t>(drawn) * 400 + 4096);
+  fmt::format_to(std::back_inserter(out),
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} "
+                 "{:.0f}\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
+                 width, height, width, height);
+  fmt::format_to(std::back_inserter(out), "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n");
+  fmt::format_to(std::back_inserter(out),
+                 "<text x=\"20\" y=\"26\" font-size=\"18\" font-weight=\"bold\" fill=\"#222\">{}: {} GPUs on {} "
+                 "node{}</text>\n",
+                 Escape(in.plan.name.empty() ? "plan" : in.plan.name), GroupDigits(world),
+                 GroupDigits(layout.nodes()), layout.nodes() == 1 ? "" : "s");
+  fmt::format_to(std::back_inserter(out),
+                 "<text x=\"20\" y=\"47\" font-size=\"13\" fill=\"#444\" xml:space=\"preserve\">tp {} · cp {} · dp {} · pp {}{} · ep {} · etp "
+                 "{} · edp {}  |  order {}  |  {} layers{}</text>\n",
+                 s.tp, s.cp, s.dp, s.pp, in.plan.parallel.vpp > 1 ? fmt::format(" (vpp {})", in.plan.parallel.vpp) : "",
+                 s.ep, s.etp, layout.edp(), Escape(s.order), part.layers,
+                 in.plan.model.name.empty() ? "" : " of " + Escape(in.plan.model.name));
+
+  // Legend.
+  for (int64_t i = 0; i < legend_items; ++i) {
+    double x = 20 + static_cast<double>(i % legend_cols) * 250;
+    double y = header + static_cast<double>(i / legend_cols) * legend_row;
+    if (i < part.pp) {
+      const PipelineStage& st = part.stages[static_cast<size_t>(i)];
+      std::string layers;
+      for (const PipelineChunk& c : st.chunks) {
+        if (!layers.empty()) layers += ", ";
+        layers += c.layer_count() == 0 ? "-" : c.layer_count() == 1 ? std::to_string(c.first_layer)
+                                                                   : fmt::format("{}-{}", c.first_layer, c.end_layer - 1);
+      }
+      std::string extra = st.embedding && st.loss ? " + emb, loss" : st.embedding ? " + embedding" : st.loss ? " + loss" : "";
+      fmt::format_to(std::back_inserter(out),
+                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"16\" height=\"16\" rx=\"3\" fill=\"{}\"/>"
+                     "<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" fill=\"#222\">stage {}: layers {}{}</text>\n",
+                     x, y, StageColor(i, part.pp), x + 22, y + 12.5, i, layers, extra);
+    } else if (i == part.pp) {
+      fmt::format_to(std::back_inserter(out),
+                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"28\" height=\"16\" rx=\"3\" fill=\"none\" stroke=\"#111\" "
+                     "stroke-width=\"2\"/><text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" fill=\"#222\">TP group ({} "
+                     "GPUs)</text>\n",
+                     x, y, x + 34, y + 12.5, s.tp);
+    } else {
+      fmt::format_to(std::back_inserter(out),
+                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"28\" height=\"16\" rx=\"3\" fill=\"none\" stroke=\"#7b2d8e\" "
+                     "stroke-width=\"2\" stroke-dasharray=\"5 3\"/><text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" "
+                     "fill=\"#222\">EP group ({} GPUs)</text>\n",
+                     x, y, x + 34, y + 12.5, s.ep);
+    }
+  }
+
+  // Nodes and GPUs.
+  for (int64_t k = 0; k < drawn_nodes; ++k) {
+    const int64_t n = shown[static_cast<size_t>(k)];
+    double x = g.left + static_cast<double>(k % g.cols) * (g.node_w + g.node_gap);
+    double y = g.top + static_cast<double>(k / g.cols) * (g.node_h + g.node_gap);
+    fmt::format_to(std::back_inserter(out),
+                   "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"8\" fill=\"#f4f5f7\" "
+                   "stroke=\"#8a8f98\" stroke-width=\"1.2\"/>\n<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" "
+                   "fill=\"#555\">node {}</text>\n",
+                   x, y, g.node_w, g.node_h, x + g.pad, y + g.pad + g.label - 6, g.label >= 18 ? 12.0 : 10.0, n);
+  }
+  const double font = g.cell >= 40 ? 13 : g.cell >= 30 ? 11 : g.cell >= 22 ? 9 : 0;
+  for (int64_t n : shown) {
+   for (int64_t r = n * s.gpus_per_node; r < std::min(world, (n + 1) * s.gpus_per_node); ++r) {
+    RankCoordinates c = layout.Coordinates(r);
+    std::string color = StageColor(c.pp, part.pp);
+    double x = g.CellX(c.node, c.local), y = g.CellY(c.node, c.local);
+    fmt::format_to(std::back_inserter(out),
+                   "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"3\" fill=\"{}\"><title>rank "
+                   "{}: tp {} cp {} dp {} pp {} ep {}</title></rect>\n",
+                   x, y, g.cell, g.cell, color, r, c.tp, c.cp, c.dp, c.pp, c.ep);
+    if (font > 0) {
+      fmt::format_to(std::back_inserter(out),
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\" fill=\"{}\">{}</text>\n",
+                     x + g.cell / 2, y + g.cell / 2 + font * 0.36, font, IsLight(color) ? "#222" : "#fff", r);
+    }
+   }
+  }
+  // Group outlines: EP outside (dashed), TP inside (solid).
+  const double ep_inset = std::max(2.0, g.gap * 0.8);
+  if (show_ep) {
+    const GroupList& ep = layout.Groups(GroupKind::kEp);
+    for (int64_t k = 0; k < ep.group_count(); ++k) {
+      Outline(out, g, ep.Group(k), ep_inset,
+              "fill=\"none\" stroke=\"#7b2d8e\" stroke-width=\"2\" stroke-dasharray=\"5 3\"");
+    }
+  }
+  if (s.tp > 1) {
+    const GroupList& tp = layout.Groups(GroupKind::kTp);
+    for (int64_t k = 0; k < tp.group_count(); ++k) {
+      Outline(out, g, tp.Group(k), std::max(1.0, g.gap * 0.4),
+              fmt::format("fill=\"none\" stroke=\"#111\" stroke-width=\"{}\"", g.cell >= 22 ? 2 : 1.2));
+    }
+  }
+  if (partial) {
+    fmt::format_to(std::back_inserter(out),
+                   "<text x=\"20\" y=\"{:.0f}\" font-size=\"13\" fill=\"#444\">showing {} of {} nodes: the first "
+                   "nodes of every pipeline stage (planc explain --rank R shows any rank)</text>\n",
+                   height - 14, GroupDigits(drawn_nodes), GroupDigits(nodes));
+  }
+  out += "</svg>\n";
+  return out;
+}
+
+}  // namespace paraplan
