@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "compiler/analyze/layout.h"
+#include "compiler/analyze/memory_check.h"
 #include "compiler/analyze/partition.h"
 #include "compiler/analyze/topology.h"
 
@@ -22,6 +23,8 @@ void RunAnalysisChecks(const Plan& plan, DiagnosticSink& sink) {
   }
   // Pipeline partition (P0601-P0603).
   BuildPartition(plan, &sink);
+  // Memory per pipeline stage (P0701, P0702).
+  CheckMemory(plan, sink);
 }
 
 }  // namespace paraplan

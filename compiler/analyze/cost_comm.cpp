@@ -30,8 +30,8 @@ std::array<int, kAxes> OrderPositions(std::string_view order) {
   return found;
 }
 
-GroupPlacement Place(int64_t size, int64_t stride, int64_t gpus_per_node) {
-  GroupPlacement g;
+CommGroup Place(int64_t size, int64_t stride, int64_t gpus_per_node) {
+  CommGroup g;
   g.size = std::max<int64_t>(1, size);
   stride = std::max<int64_t>(1, stride);
   gpus_per_node = std::max<int64_t>(1, gpus_per_node);
@@ -52,7 +52,7 @@ int64_t StrideOf(int axis, const std::array<int, kAxes>& pos, const std::array<i
 
 }  // namespace
 
-CommPlacements PlaceGroups(const Plan& plan) {
+CommGroups PlaceGroups(const Plan& plan) {
   const ParallelSpec& par = plan.parallel;
   const int64_t gpn = plan.cluster.gpus_per_node;
   const auto pos = OrderPositions(par.order);
@@ -61,7 +61,7 @@ CommPlacements PlaceGroups(const Plan& plan) {
   const int64_t expert_unit = std::max<int64_t>(1, par.etp * par.ep * par.pp);
   const int64_t edp = std::max<int64_t>(1, world / expert_unit);
   const std::array<int64_t, kAxes> expert = {par.etp, 1, par.ep, edp, par.pp};
-  CommPlacements c;
+  CommGroups c;
   c.tp = Place(par.tp, StrideOf(kTp, pos, dense), gpn);
   c.cp = Place(par.cp, StrideOf(kCp, pos, dense), gpn);
   // DP x CP: the gradient group when cp > 1; contiguous when cp and dp are adjacent in the order.
@@ -75,7 +75,7 @@ CommPlacements PlaceGroups(const Plan& plan) {
   return c;
 }
 
-double CollectiveSeconds(Collective kind, double bytes, const GroupPlacement& g,
+double CollectiveSeconds(Collective kind, double bytes, const CommGroup& g,
                          const ClusterSpec& cluster, const GpuEfficiency& eff) {
   const double n = static_cast<double>(g.size);
   if (bytes <= 0) return 0;

@@ -17,24 +17,24 @@
 
 namespace paraplan {
 
-struct GroupPlacement {
+struct CommGroup {
   int64_t size = 1;      // members
   int64_t per_node = 1;  // members inside one node (== size when the group fits a node)
   bool CrossesNodes() const { return per_node < size; }
 };
 
-struct CommPlacements {
-  GroupPlacement tp, cp, dp_cp, pp, ep, etp, edp;
+struct CommGroups {
+  CommGroup tp, cp, dp_cp, pp, ep, etp, edp;
   bool pp_crosses_nodes = false;  // a pipeline neighbour is on another node
 };
 
-CommPlacements PlaceGroups(const Plan& plan);
+CommGroups PlaceGroups(const Plan& plan);
 
 enum class Collective : uint8_t { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kPointToPoint };
 
 // Seconds for one collective of `bytes` (all-reduce/reduce-scatter/all-gather: the full array;
 // all-to-all: what each rank sends in total; point-to-point: the message) on a group.
-double CollectiveSeconds(Collective kind, double bytes, const GroupPlacement& group,
+double CollectiveSeconds(Collective kind, double bytes, const CommGroup& group,
                          const ClusterSpec& cluster, const GpuEfficiency& eff);
 
 }  // namespace paraplan

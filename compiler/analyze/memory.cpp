@@ -118,9 +118,9 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
   const int64_t ep_etp = std::max<int64_t>(1, par.ep * par.etp);
 
   // Communicator buffers: one NCCL communicator per group of size > 1 that a rank belongs to.
-  const CommPlacements groups = PlaceGroups(plan);
+  const CommGroups groups = PlaceGroups(plan);
   int64_t communicators = 0;
-  for (const GroupPlacement* g : {&groups.tp, &groups.cp, &groups.dp_cp, &groups.pp, &groups.ep,
+  for (const CommGroup* g : {&groups.tp, &groups.cp, &groups.dp_cp, &groups.pp, &groups.ep,
                                   &groups.etp, &groups.edp})
     communicators += g->size > 1 ? 1 : 0;
   const int64_t tokens = CeilDiv(SatMul(m.seq_len, plan.batch.micro), std::max<int64_t>(1, par.cp));

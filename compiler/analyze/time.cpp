@@ -36,7 +36,7 @@ struct Context {
   const Plan& plan;
   const CostOptions& options;
   const GpuEfficiency& eff;
-  CommPlacements groups;
+  CommGroups groups;
   double peak;
   double hbm;
 };
@@ -186,7 +186,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
   const double logits_gemm = GemmSeconds(2 * T * D(m.hidden) * D(m.vocab) / t, peak, eff);
   const double loss_memory = eff.elementwise_passes * 3 * 4 * T * D(m.vocab) / t / cx.hbm;
   const double p2p_bytes = T * D(m.hidden) * x / t;  // SP / scatter-gather split activations
-  GroupPlacement pp_link;
+  CommGroup pp_link;
   pp_link.size = 2;
   pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
   const double p2p = p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff) : 0;
@@ -260,7 +260,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
         expert_params = D(moe_layers) * D(lp.expert) / D(std::max<int64_t>(1, par.ep * par.etp));
       }
       const double shared_params = std::max(0.0, total_params - expert_params);
-      auto sync_of = [&](double params, const GroupPlacement& g) {
+      auto sync_of = [&](double params, const CommGroup& g) {
         if (g.size <= 1 || params <= 0) return 0.0;
         if (plan.optimizer.zero == 0)
           return CollectiveSeconds(Collective::kAllReduce, params * grad_elem, g, plan.cluster, eff);

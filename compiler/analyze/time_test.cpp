@@ -65,14 +65,14 @@ TEST_CASE("ring collectives: all-reduce moves 2(n-1)/n of the array, twice a red
   const ClusterSpec c = testing::DgxH100(4);
   GpuEfficiency eff = EfficiencyFor(c.gpu);
   eff.collective_latency_s = 0;
-  GroupPlacement node{8, 8};
+  CommGroup node{8, 8};
   const double bytes = 1e9;
   CHECK(CollectiveSeconds(Collective::kAllReduce, bytes, node, c, eff) ==
         doctest::Approx(2 * 7.0 / 8 * bytes / (450e9 * eff.nvlink_bus_fraction)));
   CHECK(CollectiveSeconds(Collective::kAllReduce, bytes, node, c, eff) ==
         doctest::Approx(2 * CollectiveSeconds(Collective::kReduceScatter, bytes, node, c, eff)));
   // Across 4 nodes, one member per node: the network carries it.
-  GroupPlacement spread{4, 1};
+  CommGroup spread{4, 1};
   CHECK(CollectiveSeconds(Collective::kAllReduce, bytes, spread, c, eff) ==
         doctest::Approx(2 * 3.0 / 4 * bytes / (50e9 * eff.network_bus_fraction)));
 }

@@ -1,0 +1,113 @@
+#include "compiler/analyze/memory_check.h"
+
+#include <doctest/doctest.h>
+
+#include "compiler/analyze/checks.h"
+#include "compiler/analyze/cost_test_plans.h"
+#include "compiler/analyze/time.h"
+
+namespace paraplan {
+namespace {
+
+// Llama 3 70B on 8 DGX H100 with TP 8, no SP, no recompute, no ZeRO: far beyond 80 GB.
+Plan Oversized() {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 2, 256, 1);
+  plan.recompute = Recompute::kNone;
+  plan.optimizer.zero = 0;
+  return plan;
+}
+
+const Diagnostic* Find(const DiagnosticSink& sink, DiagKind kind) {
+  for (const Diagnostic& d : sink.diagnostics())
+    if (d.kind == kind) return &d;
+  return nullptr;
+}
+
+TEST_CASE("a stage over the GPU's memory is error P0701 with its breakdown and verified fixes") {
+  const Plan plan = Oversized();
+  const MemoryEstimate mem = EstimateMemory(plan);
+  REQUIRE(mem.peak > plan.cluster.gpu.memory);
+  DiagnosticSink sink;
+  CheckMemory(plan, sink);
+  const Diagnostic* d = Find(sink, DiagKind::kStageOutOfMemory);
+  REQUIRE(d != nullptr);
+  CHECK(d->level == DiagLevel::kError);
+  CHECK(d->message.find("pipeline stage 0 needs") == 0);
+  CHECK(d->message.find("`h100_sxm` has 80.00 GiB") != std::string::npos);
+  // The breakdown: weights, gradients, optimizer state, activations, ..., and the total.
+  REQUIRE(d->values.size() >= 5);
+  CHECK(d->values.front().first == "weights");
+  CHECK(d->values.back().first == "stage 0 total");
+  CHECK(d->values.back().second.find("> 80.00 GiB") != std::string::npos);
+  // Up to three helps, each naming a change and the size the model computed for it.
+  REQUIRE(!d->helps.empty());
+  CHECK(d->helps.size() <= 3);
+  CHECK(d->helps.front().find("brings the largest stage") != std::string::npos);
+  // Every offered fix fits when re-estimated, and they come fastest first.
+  const auto fixes = ProposeMemoryFixes(plan, plan.cluster.gpu.memory);
+  REQUIRE(!fixes.empty());
+  double last = 0;
+  for (const MemoryFix& fix : fixes) {
+    CAPTURE(fix.description);
+    Plan variant = plan;
+    for (const auto& [path, value] : fix.sets) REQUIRE(SetFieldText(variant, path, value).empty());
+    REQUIRE(RederiveSizes(variant));
+    CHECK(EstimateMemory(variant).peak == fix.peak);
+    CHECK(fix.peak <= plan.cluster.gpu.memory);
+    if (fix.sets.size() == fixes.front().sets.size()) {
+      CHECK(fix.gpu_seconds >= last);
+      last = fix.gpu_seconds;
+    }
+  }
+}
+
+TEST_CASE("above 90% of the GPU's memory is warning P0702; below it nothing") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kSelective;
+  plan.optimizer.zero = 1;
+  const int64_t peak = EstimateMemory(plan).peak;
+  plan.cluster.gpu.memory = peak / 95 * 100;  // the peak is 95% of the GPU
+  DiagnosticSink sink;
+  CheckMemory(plan, sink);
+  const Diagnostic* d = Find(sink, DiagKind::kStageMemoryNearLimit);
+  REQUIRE(d != nullptr);
+  CHECK(d->level == DiagLevel::kWarning);
+  CHECK(d->message.find("95.0%") != std::string::npos);
+  CHECK(Find(sink, DiagKind::kStageOutOfMemory) == nullptr);
+  plan.cluster.gpu.memory = peak * 2;
+  DiagnosticSink quiet;
+  CheckMemory(plan, quiet);
+  CHECK(quiet.diagnostics().empty());
+}
+
+TEST_CASE("RunAnalysisChecks reports the memory error") {
+  DiagnosticSink sink;
+  RunAnalysisChecks(Oversized(), sink);
+  CHECK(Find(sink, DiagKind::kStageOutOfMemory) != nullptr);
+}
+
+TEST_CASE("DeepSeek-V2 on 32 nodes with TP 8, PP 1, EP 32 and SP fits in 80 GB") {
+  Plan plan = testing::MakePlan(testing::DeepSeekV2(), testing::DgxH100(32), 8, 1, 1536, 1);
+  plan.parallel.ep = 32;
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kSelective;
+  plan.optimizer.zero = 1;
+  const MemoryEstimate mem = EstimateMemory(plan);
+  REQUIRE(mem.valid);
+  CHECK(mem.peak < plan.cluster.gpu.memory);
+}
+
+TEST_CASE("fixes re-derive dp and respect the basic rules") {
+  Plan plan = Oversized();
+  plan.parallel.tp = 4;
+  plan.parallel.etp = 4;
+  REQUIRE(RederiveSizes(plan));
+  CHECK(plan.parallel.dp == 8);
+  CHECK(PassesBasicRules(plan));
+  plan.batch.global = 100;  // not a multiple of micro · dp
+  CHECK_FALSE(PassesBasicRules(plan));
+}
+
+}  // namespace
+}  // namespace paraplan
