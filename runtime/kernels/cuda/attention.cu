@@ -544,10 +544,10 @@ bool AttentionHeadDimSupported(int64_t head_dim) { return head_dim == 64 || head
 
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim, cudaStream_t stream) {
+                      int64_t head_dim, float scale, cudaStream_t stream) {
   if (layout.seq <= 0 || layout.batch <= 0) return;
   CheckAttentionArguments(layout, q_heads, kv_heads, head_dim, {out, q, k, v});
-  AttnShape shape{layout, q_heads, kv_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
+  AttnShape shape{layout, q_heads, kv_heads, scale};
   if (head_dim == 64) {
     LaunchForward<64>(out, lse, q, k, v, shape, stream);
   } else {
@@ -558,10 +558,10 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim, float* scratch, cudaStream_t stream) {
+                       int64_t head_dim, float scale, float* scratch, cudaStream_t stream) {
   if (layout.seq <= 0 || layout.batch <= 0) return;
   CheckAttentionArguments(layout, q_heads, kv_heads, head_dim, {dq, dk, dv, dout, out, q, k, v});
-  AttnShape shape{layout, q_heads, kv_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
+  AttnShape shape{layout, q_heads, kv_heads, scale};
   if (head_dim == 64) {
     LaunchBackward<64>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
   } else {

@@ -105,25 +105,25 @@ __global__ void EmbeddingBackwardKernel(float* dtable, const float* dout, const 
   }
 }
 
-__global__ void PositionForwardKernel(float* out, const float* wpe, TokenLayout layout,
-                                      int64_t dim) {
-  PARAPLAN_GRID_STRIDE(i, layout.seq * layout.batch * dim) {
-    const int64_t c = i % dim, sb = i / dim;
-    const int64_t s = sb / layout.batch, b = sb % layout.batch;
-    const int64_t row = s * layout.seq_stride + b * layout.batch_stride;
-    out[row * dim + c] += wpe[(layout.seq_offset + s) * dim + c];
+__global__ void AddPositionKernel(float* y, const float* x, const float* pos, int64_t rows,
+                                  int64_t dim, int64_t t0, int64_t seq) {
+  PARAPLAN_GRID_STRIDE(i, rows * dim) {
+    const int64_t r = i / dim, c = i % dim;
+    y[i] = x[i] + pos[((t0 + r) % seq) * dim + c];
   }
 }
 
-__global__ void PositionBackwardKernel(float* dwpe, const float* dout, TokenLayout layout,
-                                       int64_t dim) {
-  PARAPLAN_GRID_STRIDE(i, layout.seq * dim) {
-    const int64_t c = i % dim, s = i / dim;
-    float acc = dwpe[(layout.seq_offset + s) * dim + c];
-    for (int64_t b = 0; b < layout.batch; ++b) {
-      acc += dout[(s * layout.seq_stride + b * layout.batch_stride) * dim + c];
-    }
-    dwpe[(layout.seq_offset + s) * dim + c] = acc;
+// One thread per (position p, column c): adds the rows r with (t0 + r) mod seq = p in
+// increasing r, as the host does.
+__global__ void AddPositionBackwardKernel(float* dpos, const float* dy, int64_t rows, int64_t dim,
+                                          int64_t t0, int64_t seq) {
+  PARAPLAN_GRID_STRIDE(i, seq * dim) {
+    const int64_t p = i / dim, c = i % dim;
+    const int64_t first = ((p - t0 % seq) % seq + seq) % seq;
+    if (first >= rows) continue;
+    float acc = dpos[i];
+    for (int64_t r = first; r < rows; r += seq) acc += dy[r * dim + c];
+    dpos[i] = acc;
   }
 }
 
@@ -288,19 +288,19 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, 
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void PositionForward(float* out, const float* wpe, const TokenLayout& layout, int64_t dim,
-                     cudaStream_t stream) {
-  const int64_t n = layout.seq * layout.batch * dim;
-  if (n <= 0) return;
-  PositionForwardKernel<<<GridFor(n), kThreads, 0, stream>>>(out, wpe, layout, dim);
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
+                 int64_t t0, int64_t seq, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  if (seq <= 0 || t0 < 0) throw CudaError("AddPosition: seq must be positive and t0 non-negative");
+  AddPositionKernel<<<GridFor(rows * dim), kThreads, 0, stream>>>(y, x, pos, rows, dim, t0, seq);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout, int64_t dim,
-                      cudaStream_t stream) {
-  const int64_t n = layout.seq * dim;
-  if (n <= 0) return;
-  PositionBackwardKernel<<<GridFor(n), kThreads, 0, stream>>>(dwpe, dout, layout, dim);
+void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
+                         int64_t seq, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  if (seq <= 0 || t0 < 0) throw CudaError("AddPositionBackward: seq must be positive and t0 non-negative");
+  AddPositionBackwardKernel<<<GridFor(seq * dim), kThreads, 0, stream>>>(dpos, dy, rows, dim, t0, seq);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 

@@ -54,10 +54,12 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int
 // (the host's order), by the block that owns the token's first row.
 void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t rows,
                        int64_t dim, int64_t vocab_begin, int64_t vocab_count, cudaStream_t stream);
-void PositionForward(float* out, const float* wpe, const TokenLayout& layout, int64_t dim,
-                     cudaStream_t stream);
-void PositionBackward(float* dwpe, const float* dout, const TokenLayout& layout, int64_t dim,
-                      cudaStream_t stream);
+// Learned positions over `rows` consecutive batch-major rows starting at global row t0:
+// y[r] = x[r] + pos[(t0 + r) mod seq]; backward adds dy rows into dpos in increasing r.
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
+                 int64_t t0, int64_t seq, cudaStream_t stream);
+void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
+                         int64_t seq, cudaStream_t stream);
 
 // ---- Norms (one warp per row; dw/db summed per block, then across blocks in block order) ----
 void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
@@ -83,12 +85,12 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 // per key tile over the query heads of its group, dQ per query tile), no atomics.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim, cudaStream_t stream);
+                      int64_t head_dim, float scale, cudaStream_t stream);
 // `scratch` holds batch * q_heads * seq floats (D = rowsum(dout ∘ out)).
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim, float* scratch, cudaStream_t stream);
+                       int64_t head_dim, float scale, float* scratch, cudaStream_t stream);
 bool AttentionHeadDimSupported(int64_t head_dim);
 
 // ---- Activations ----
@@ -99,23 +101,27 @@ void GeluForward(float* out, const float* x, int64_t n, cudaStream_t stream);
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n, cudaStream_t stream);
 
 // ---- Vocab-parallel cross-entropy, in the host's phases (one block per row) ----
+// Columns with a global id >= vocab (padding) are left out of the softmax, as on the host.
 void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64_t vocab_local,
                         cudaStream_t stream);
-void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits,
-                        const float* row_max, const int32_t* targets, int64_t rows,
-                        int64_t vocab_local, int64_t vocab_begin, cudaStream_t stream);
-void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp,
-                      const float* target_logit, int64_t rows, cudaStream_t stream);
+// st[r] = (Σ exp(z - row_max), the target's logit or 0), interleaved [rows, 2].
+void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
+                        const int32_t* targets, int64_t rows, int64_t vocab_local,
+                        int64_t vocab_begin, int64_t vocab, cudaStream_t stream);
+// loss_sum[0] += scale · Σ_r (log st[r,0] + row_max[r] − st[r,1]) / rows (one block, in order).
+void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
+                      float scale, cudaStream_t stream);
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
-                          const float* sum_exp, const int32_t* targets, int64_t rows,
-                          int64_t vocab_local, int64_t vocab_begin, float scale,
-                          cudaStream_t stream);
+                          const float* st, const int32_t* targets, int64_t rows,
+                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
+                          float grad_scale, cudaStream_t stream);
 
 // ---- Optimizer ----
-// out[0] = Σ x² in fp32: fixed-size per-block partial sums in `partials` (at least
-// kSumOfSquaresBlocks floats), then one block adds them in order (llm.c's deterministic sum).
+// out[0] = Σ x² accumulated in double: fixed-size per-block partial sums in `partials` (at
+// least kSumOfSquaresBlocks doubles), then one block adds them in order (llm.c's
+// deterministic sum, in double as the host accumulates).
 inline constexpr int kSumOfSquaresBlocks = 264;
-void SumOfSquares(float* out, const float* x, int64_t n, float* partials, cudaStream_t stream);
+void SumOfSquares(double* out, const float* x, int64_t n, double* partials, cudaStream_t stream);
 // fp32 master weights, moments and gradient; when param_bf16 is not null the updated weight is
 // also written there in bf16 (round to nearest even) for bf16 GEMM operands.
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,

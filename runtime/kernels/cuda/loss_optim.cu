@@ -22,58 +22,77 @@ __global__ void RowMaxKernel(float* row_max, const float* logits, int64_t vocab)
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
 
-__global__ void SumExpKernel(float* sum_exp, float* target_logit, const float* logits,
-                             const float* row_max, const int32_t* targets, int64_t vocab,
-                             int64_t vocab_begin) {
+__global__ void SumExpKernel(float* st, const float* logits, const float* row_max,
+                             const int32_t* targets, int64_t vocab_local, int64_t vocab_begin,
+                             int64_t valid) {
   __shared__ float shared32[32];
-  const float* row = logits + blockIdx.x * vocab;
+  const float* row = logits + blockIdx.x * vocab_local;
   const float m = row_max[blockIdx.x];
   float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(row[j] - m);
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += expf(row[j] - m);
   s = BlockSum(s, shared32);
   if (threadIdx.x == 0) {
-    sum_exp[blockIdx.x] = s;
+    st[2 * blockIdx.x] = s;
     const int64_t t = static_cast<int64_t>(targets[blockIdx.x]) - vocab_begin;
-    target_logit[blockIdx.x] = (t >= 0 && t < vocab) ? row[t] : 0.0f;
+    st[2 * blockIdx.x + 1] = (t >= 0 && t < valid) ? row[t] : 0.0f;
   }
 }
 
-__global__ void LossKernel(float* loss, const float* row_max, const float* sum_exp,
-                           const float* target_logit, int64_t rows) {
-  PARAPLAN_GRID_STRIDE(r, rows) loss[r] = logf(sum_exp[r]) + row_max[r] - target_logit[r];
+// One block: per-thread sums in double over a fixed stride, then the block sum in order.
+__global__ void LossKernel(float* loss_sum, const float* row_max, const float* st, int64_t rows,
+                           float scale) {
+  __shared__ double partial[kThreads];
+  double s = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    s += static_cast<double>(logf(st[2 * r]) + row_max[r] - st[2 * r + 1]);
+  }
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int i = 0; i < static_cast<int>(blockDim.x); ++i) total += partial[i];
+    loss_sum[0] += static_cast<float>(scale * total / static_cast<double>(rows));
+  }
 }
 
 __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* logits,
-                                           const float* row_max, const float* sum_exp,
-                                           const int32_t* targets, int64_t vocab,
-                                           int64_t vocab_begin, float scale) {
+                                           const float* row_max, const float* st,
+                                           const int32_t* targets, int64_t vocab_local,
+                                           int64_t vocab_begin, int64_t valid, float scale) {
   const int64_t r = blockIdx.x;
-  const float m = row_max[r], inv = 1.0f / sum_exp[r];
+  const float m = row_max[r], inv = 1.0f / st[2 * r];
   const int64_t t = static_cast<int64_t>(targets[r]) - vocab_begin;
-  const float* row = logits + r * vocab;
-  float* out = dlogits + r * vocab;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    float p = expf(row[j] - m) * inv;
-    if (j == t) p -= 1.0f;
+  const float* row = logits + r * vocab_local;
+  float* out = dlogits + r * vocab_local;
+  for (int64_t j = threadIdx.x; j < vocab_local; j += blockDim.x) {
+    float p = 0.0f;
+    if (j < valid) {
+      p = expf(row[j] - m) * inv;
+      if (j == t) p -= 1.0f;
+    }
     out[j] = p * scale;
   }
 }
 
-// Fixed grid: block b sums elements b, b + B, b + 2B, ... (grid-stride) in thread order.
-__global__ void SumOfSquaresPartialKernel(float* partials, const float* x, int64_t n) {
-  __shared__ float shared32[32];
-  float s = 0.0f;
-  PARAPLAN_GRID_STRIDE(i, n) s += x[i] * x[i];
-  s = BlockSum(s, shared32);
-  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+// Fixed grid: block b sums elements b·T + t, stepping by the whole grid, in double.
+__global__ void SumOfSquaresPartialKernel(double* partials, const float* x, int64_t n) {
+  __shared__ double lanes[kThreads];
+  double s = 0.0;
+  PARAPLAN_GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * x[i];
+  lanes[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int i = 0; i < static_cast<int>(blockDim.x); ++i) total += lanes[i];
+    partials[blockIdx.x] = total;
+  }
 }
 
-__global__ void SumPartialsKernel(float* out, const float* partials, int count) {
-  __shared__ float shared32[32];
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
-  s = BlockSum(s, shared32);
-  if (threadIdx.x == 0) out[0] = s;
+__global__ void SumPartialsKernel(double* out, const double* partials, int count) {
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int i = 0; i < count; ++i) total += partials[i];
+  out[0] = total;
 }
 
 __global__ void AdamWKernel(float* param, const float* grad, float* m, float* v, int64_t n,
@@ -106,40 +125,43 @@ void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void CrossEntropySumExp(float* sum_exp, float* target_logit, const float* logits,
-                        const float* row_max, const int32_t* targets, int64_t rows,
-                        int64_t vocab_local, int64_t vocab_begin, cudaStream_t stream) {
+void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
+                        const int32_t* targets, int64_t rows, int64_t vocab_local,
+                        int64_t vocab_begin, int64_t vocab, cudaStream_t stream) {
   if (rows <= 0) return;
-  SumExpKernel<<<RowGrid(rows), kThreads, 0, stream>>>(sum_exp, target_logit, logits, row_max,
-                                                       targets, vocab_local, vocab_begin);
+  const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
+  SumExpKernel<<<RowGrid(rows), kThreads, 0, stream>>>(st, logits, row_max, targets, vocab_local,
+                                                       vocab_begin, valid);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void CrossEntropyLoss(float* loss, const float* row_max, const float* sum_exp,
-                      const float* target_logit, int64_t rows, cudaStream_t stream) {
+void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
+                      float scale, cudaStream_t stream) {
   if (rows <= 0) return;
-  LossKernel<<<GridFor(rows), kThreads, 0, stream>>>(loss, row_max, sum_exp, target_logit, rows);
+  LossKernel<<<1, kThreads, 0, stream>>>(loss_sum, row_max, st, rows, scale);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
-                          const float* sum_exp, const int32_t* targets, int64_t rows,
-                          int64_t vocab_local, int64_t vocab_begin, float scale,
-                          cudaStream_t stream) {
+                          const float* st, const int32_t* targets, int64_t rows,
+                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
+                          float grad_scale, cudaStream_t stream) {
   if (rows <= 0) return;
+  const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
+  const float scale = grad_scale / static_cast<float>(rows);
   CrossEntropyBackwardKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
-      dlogits, logits, row_max, sum_exp, targets, vocab_local, vocab_begin, scale);
+      dlogits, logits, row_max, st, targets, vocab_local, vocab_begin, valid, scale);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void SumOfSquares(float* out, const float* x, int64_t n, float* partials, cudaStream_t stream) {
+void SumOfSquares(double* out, const float* x, int64_t n, double* partials, cudaStream_t stream) {
   if (n <= 0) {
-    PARAPLAN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream));
+    PARAPLAN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream));
     return;
   }
   SumOfSquaresPartialKernel<<<kSumOfSquaresBlocks, kThreads, 0, stream>>>(partials, x, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
-  SumPartialsKernel<<<1, kThreads, 0, stream>>>(out, partials, kSumOfSquaresBlocks);
+  SumPartialsKernel<<<1, 32, 0, stream>>>(out, partials, kSumOfSquaresBlocks);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
