@@ -156,7 +156,7 @@ TEST_CASE("a one-rank NCCL world runs collectives and aborts cleanly") {
   launch::LaunchEnvironment env;  // rank 0 of 1
   auto world = NcclWorld::Create(env, s, 1, NcclWorldOptions{});
   world->CreateGroups({{2, {0}}});  // a one-member tp group needs no NCCL communicator
-  auto comm = world->Join({0}, 0);
+  auto comm = world->Join({0}, 0, 0);
   float* x = Upload({1.0f, 2.0f}, s);
   comm->AllReduce(x, x, 2, DType::kF32);
   CHECK(Download(x, 2, s)[1] == 2.0f);

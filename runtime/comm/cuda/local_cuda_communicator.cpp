@@ -334,7 +334,7 @@ LocalCudaWorld::LocalCudaWorld(std::vector<cudaStream_t> streams, double timeout
 LocalCudaWorld::~LocalCudaWorld() = default;
 
 std::unique_ptr<Communicator> LocalCudaWorld::Join(const std::vector<int>& members,
-                                                   int world_rank) {
+                                                   int world_rank, int tag) {
   std::set<int> seen;
   int index = -1;
   for (size_t i = 0; i < members.size(); ++i) {
@@ -350,7 +350,7 @@ std::unique_ptr<Communicator> LocalCudaWorld::Join(const std::vector<int>& membe
   std::shared_ptr<LocalCudaGroup> group;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = groups_[members];
+    auto& slot = groups_[{tag, members}];
     if (!slot) slot = std::make_shared<LocalCudaGroup>(this, members);
     group = slot;
   }
@@ -363,7 +363,7 @@ void LocalCudaWorld::Abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_.load()) abort_reason_ = reason;
     aborted_.store(true);
-    for (auto& [members, group] : groups_) groups.push_back(group);
+    for (auto& [key, group] : groups_) groups.push_back(group);
   }
   for (auto& g : groups) g->WakeAll();
 }

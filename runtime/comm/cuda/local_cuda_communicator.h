@@ -47,8 +47,9 @@ class LocalCudaWorld {
   LocalCudaWorld& operator=(const LocalCudaWorld&) = delete;
 
   int Size() const { return static_cast<int>(streams_.size()); }
-  // Thread-safe; members are distinct world ranks; their order gives the group ranks.
-  std::unique_ptr<Communicator> Join(const std::vector<int>& members, int world_rank);
+  // Thread-safe; members are distinct world ranks; their order gives the group ranks. Groups
+  // with the same members but different tags (the program's communicator index) are distinct.
+  std::unique_ptr<Communicator> Join(const std::vector<int>& members, int world_rank, int tag = 0);
   void Abort(const std::string& reason);
   bool Aborted() const { return aborted_.load(); }
   std::string AbortReason() const;
@@ -62,7 +63,7 @@ class LocalCudaWorld {
   mutable std::mutex mutex_;
   std::condition_variable abort_cv_;
   std::string abort_reason_;
-  std::map<std::vector<int>, std::shared_ptr<LocalCudaGroup>> groups_;
+  std::map<std::pair<int, std::vector<int>>, std::shared_ptr<LocalCudaGroup>> groups_;
 };
 
 }  // namespace paraplan::comm

@@ -223,9 +223,6 @@ std::unique_ptr<NcclWorld> NcclWorld::Create(const launch::LaunchEnvironment& en
   CheckNccl(ncclCommInitRankConfig(&comm, env.world_size, id, env.rank, &config),
             "ncclCommInitRankConfig");
   world->world_comm_ = comm;
-  std::vector<int> all(env.world_size);
-  for (int r = 0; r < env.world_size; ++r) all[r] = r;
-  world->group_comms_[all] = comm;
   world->watchdog_ = std::thread([w = world.get()] { w->WatchdogLoop(); });
   return world;
 }
@@ -234,7 +231,8 @@ NcclWorld::~NcclWorld() {
   stop_.store(true);
   if (watchdog_.joinable()) watchdog_.join();
   std::set<void*> comms;
-  for (auto& [members, c] : group_comms_) {
+  if (world_comm_ != nullptr) comms.insert(world_comm_);
+  for (auto& [tag, c] : group_comms_) {
     if (c) comms.insert(c);
   }
   for (void* c : comms) {
@@ -260,6 +258,7 @@ void NcclWorld::CreateGroups(const std::vector<NcclGroupSpec>& groups) {
     const int kind = groups[order[i]].kind;
     int color = NCCL_SPLIT_NOCOLOR, key = 0;
     const std::vector<int>* mine = nullptr;
+    int mine_tag = -1;
     size_t j = i;
     for (; j < order.size() && groups[order[j]].kind == kind; ++j) {
       const auto& members = groups[order[j]].members;
@@ -269,6 +268,7 @@ void NcclWorld::CreateGroups(const std::vector<NcclGroupSpec>& groups) {
         throw CommError(fmt::format("rank {} is in two communicators of kind {}", rank_, kind));
       }
       mine = &members;
+      mine_tag = static_cast<int>(order[j]);
       key = static_cast<int>(it - members.begin());
       // Size-1 groups and the world itself need no new NCCL communicator.
       if (members.size() > 1 && static_cast<int>(members.size()) < world_size_) {
@@ -280,32 +280,44 @@ void NcclWorld::CreateGroups(const std::vector<NcclGroupSpec>& groups) {
     CheckNccl(ncclCommSplit(AsComm(world_comm_), color, key, &child, nullptr), "ncclCommSplit",
               AsComm(world_comm_));
     if (mine != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      group_members_[mine_tag] = *mine;
       if (mine->size() == 1) {
-        group_comms_[*mine] = nullptr;
+        group_comms_[mine_tag] = nullptr;
       } else if (static_cast<int>(mine->size()) == world_size_) {
-        group_comms_[*mine] = world_comm_;
+        group_comms_[mine_tag] = world_comm_;
       } else {
-        std::lock_guard<std::mutex> lock(mutex_);
-        group_comms_[*mine] = child;
+        group_comms_[mine_tag] = child;
       }
     }
     i = j;
   }
 }
 
-std::unique_ptr<Communicator> NcclWorld::Join(const std::vector<int>& members, int world_rank) {
+std::unique_ptr<Communicator> NcclWorld::Join(const std::vector<int>& members, int world_rank,
+                                              int tag) {
+  CheckHealthy();
   if (world_rank != rank_) {
     throw CommError(fmt::format("this process is world rank {}, not {}", rank_, world_rank));
   }
-  auto it = group_comms_.find(members);
-  if (it == group_comms_.end()) {
-    if (members.size() == 1 && members[0] == rank_) {
-      return std::make_unique<NcclCommunicator>(this, nullptr, members, 0);
+  auto index_of_me = [&]() -> int {
+    auto it = std::find(members.begin(), members.end(), rank_);
+    if (it == members.end()) {
+      throw CommError(fmt::format("world rank {} is not a member of group {}", rank_, Members(members)));
     }
-    throw CommError(fmt::format("group {} was not created by CreateGroups", Members(members)));
+    return static_cast<int>(it - members.begin());
+  };
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (static_cast<int>(members.size()) == world_size_) {
+    return std::make_unique<NcclCommunicator>(this, world_comm_, members, index_of_me());
   }
-  const int index = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-  return std::make_unique<NcclCommunicator>(this, it->second, members, index);
+  if (members.size() == 1) return std::make_unique<NcclCommunicator>(this, nullptr, members, index_of_me());
+  auto it = group_comms_.find(tag);
+  if (it == group_comms_.end() || group_members_[tag] != members) {
+    throw CommError(fmt::format("group {} (communicator {}) was not created by CreateGroups",
+                                Members(members), tag));
+  }
+  return std::make_unique<NcclCommunicator>(this, it->second, members, index_of_me());
 }
 
 void NcclWorld::Watch(const std::string& what) {
@@ -345,7 +357,8 @@ void NcclWorld::WatchdogLoop() {
       }
       if (reason.empty()) {
         std::set<void*> comms;
-        for (auto& [members, c] : group_comms_) {
+        if (world_comm_ != nullptr) comms.insert(world_comm_);
+        for (auto& [tag, c] : group_comms_) {
           if (c) comms.insert(c);
         }
         for (void* c : comms) {
@@ -369,7 +382,8 @@ void NcclWorld::Abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (aborted_.exchange(true)) return;
     abort_reason_ = reason;
-    for (auto& [members, c] : group_comms_) {
+    if (world_comm_ != nullptr) comms.insert(world_comm_);
+    for (auto& [tag, c] : group_comms_) {
       if (c) comms.insert(c);
     }
   }
@@ -377,6 +391,7 @@ void NcclWorld::Abort(const std::string& reason) {
   for (void* c : comms) ncclCommAbort(AsComm(c));
   std::lock_guard<std::mutex> lock(mutex_);
   group_comms_.clear();
+  world_comm_ = nullptr;
 }
 
 std::string NcclWorld::AbortReason() const {

@@ -70,10 +70,13 @@ class NcclWorld {
   int Size() const { return world_size_; }
   int Rank() const { return rank_; }
 
-  // Collective over all ranks: every rank passes the same list (the program's communicators).
+  // Collective over all ranks: every rank passes the same list (the program's communicators,
+  // in program order: a group's index in the list is its tag).
   void CreateGroups(const std::vector<NcclGroupSpec>& groups);
-  // This rank's handle on the group of `members` (made by CreateGroups, or the world).
-  std::unique_ptr<Communicator> Join(const std::vector<int>& members, int world_rank);
+  // This rank's handle on the group of `members`: the communicator CreateGroups made for tag
+  // `tag`; a group of every rank (any tag, including the runtime's own -1) uses the world
+  // communicator, a group of one member needs none.
+  std::unique_ptr<Communicator> Join(const std::vector<int>& members, int world_rank, int tag);
 
   void Abort(const std::string& reason);
   bool Aborted() const { return aborted_.load(); }
@@ -92,7 +95,8 @@ class NcclWorld {
   cudaStream_t stream_;
   NcclWorldOptions options_;
   void* world_comm_ = nullptr;  // ncclComm_t
-  std::map<std::vector<int>, void*> group_comms_;  // ncclComm_t, nullptr for one-member groups
+  std::map<int, void*> group_comms_;  // by tag: ncclComm_t, nullptr for one-member groups
+  std::map<int, std::vector<int>> group_members_;  // by tag
   std::atomic<bool> aborted_{false};
   mutable std::mutex mutex_;  // guards watches_, abort_reason_, the comm list for aborting
   std::string abort_reason_;

@@ -287,9 +287,9 @@ class LocalCudaCommWorld final : public exec::CommWorld {
   LocalCudaCommWorld(std::vector<cudaStream_t> streams, double timeout)
       : world_(std::move(streams), timeout) {}
   int Size() const override { return world_.Size(); }
-  std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members,
-                                           int world_rank) override {
-    return world_.Join(members, world_rank);
+  std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members, int world_rank,
+                                           int tag) override {
+    return world_.Join(members, world_rank, tag);
   }
   void Abort(const std::string& reason) override { world_.Abort(reason); }
 
@@ -301,9 +301,9 @@ class NcclCommWorld final : public exec::CommWorld {
  public:
   explicit NcclCommWorld(std::unique_ptr<comm::NcclWorld> world) : world_(std::move(world)) {}
   int Size() const override { return world_->Size(); }
-  std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members,
-                                           int world_rank) override {
-    return world_->Join(members, world_rank);
+  std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members, int world_rank,
+                                           int tag) override {
+    return world_->Join(members, world_rank, tag);
   }
   void Abort(const std::string& reason) override { world_->Abort(reason); }
 
