@@ -74,6 +74,10 @@ void CheckSplit(RuleContext& ctx) {
     return;
   }
 
+  // balance = cost / nanotron choose the split themselves (no divisibility needed); the pipeline
+  // partition (analyze/partition.h) reports what cannot be built, as P0602/P0603.
+  if (pipe.balance != Balance::kEven) return;
+
   // An explicit list excludes every other way to split.
   if (!pipe.stage_layers.empty()) {
     if (has_f || has_k || e || l) {

@@ -1,5 +1,8 @@
 // planc explain FILE [--plan NAME] [--set PATH=VALUE]... [--rank R] [--format=text|json]
-//                    [--svg OUT.svg] [--diagnostics=text|short|json|sarif]
+//                    [--svg OUT.svg] [--diagnostics=text|short|json|sarif] [--dump=layout]
+//
+// --dump=layout prints the stable dumps of the layout (every group of every kind) and the
+// pipeline partition instead of the report.
 //
 // Checks the plan like `planc check` (rules, then the analysis checks); on errors it renders
 // them and exits 1. Otherwise it prints warnings to stderr and the report to stdout.
@@ -22,7 +25,7 @@ namespace {
 constexpr const char* kExplainUsage =
     "usage: planc explain FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR]\n"
     "                          [--rank R] [--format=text|json] [--svg OUT.svg]\n"
-    "                          [--diagnostics=text|short|json|sarif]\n";
+    "                          [--diagnostics=text|short|json|sarif] [--dump=layout]\n";
 
 int Usage(const std::string& message) {
   std::fprintf(stderr, "planc explain: %s\n%s", message.c_str(), kExplainUsage);
@@ -62,6 +65,7 @@ int RunExplain(const std::vector<std::string>& args) {
   std::optional<int64_t> rank;
   std::string svg_path;
   DiagFormat diag_format = DiagFormat::kText;
+  bool dump_layout = false;
   for (size_t i = 0; i < rest.size(); ++i) {
     bool missing = false;
     if (auto v = OptionValue(rest, i, "--format", &missing)) {
@@ -82,6 +86,9 @@ int RunExplain(const std::vector<std::string>& args) {
       auto f = ParseDiagFormat(*d);
       if (!f) return Usage("--diagnostics takes text, short, json or sarif, not '" + *d + "'");
       diag_format = *f;
+    } else if (auto dump = OptionValue(rest, i, "--dump", &missing)) {
+      if (*dump != "layout") return Usage("explain dumps only the layout: --dump=layout");
+      dump_layout = true;
     } else if (missing) {
       return Usage(rest[i] + " needs a value");
     } else {
@@ -128,7 +135,9 @@ int RunExplain(const std::vector<std::string>& args) {
     }
   }
   std::string report;
-  if (json) {
+  if (dump_layout) {
+    report = layout->Print() + partition->Print();
+  } else if (json) {
     report = ExplainJson(in, rank);
   } else if (rank) {
     report = ExplainRankText(in, *rank);

@@ -2,6 +2,9 @@
 // fields (parsed back), rank-set compression, and the SVG's structure.
 #include "compiler/driver/explain.h"
 
+#include "compiler/analyze/checks.h"
+#include "compiler/check/rules.h"
+
 #include <doctest/doctest.h>
 #include <llvm/Support/JSON.h>
 
@@ -167,6 +170,27 @@ TEST_CASE("JSON: DESIGN.md's fields, complete groups in Megatron's order, stages
   CHECK(Int(rank, "rank") == 6);
   CHECK(Int(rank->getObject("coordinates"), "pp") == 1);
   CHECK(rank->getObject("groups")->getArray("embd") == nullptr);
+}
+
+TEST_CASE("the rules leave a cost-balanced split to the partition: 30 layers on pp 4") {
+  Plan p = DemoPlan();
+  p.model.layers = 30;
+  p.pipeline.balance = Balance::kCost;
+  DiagnosticSink sink;
+  CheckPlanRules(p, sink);
+  for (const Diagnostic& d : sink.diagnostics()) CHECK(d.kind != DiagKind::kLayersNotDivisibleByPp);
+  RunAnalysisChecks(p, sink);
+  CHECK_FALSE(sink.has_errors());
+  auto part = BuildPartition(p, nullptr);
+  REQUIRE(part.has_value());
+  CHECK(part->layers == 30);
+
+  p.pipeline.balance = Balance::kEven;
+  DiagnosticSink even;
+  CheckPlanRules(p, even);
+  bool reported = false;
+  for (const Diagnostic& d : even.diagnostics()) reported |= d.kind == DiagKind::kLayersNotDivisibleByPp;
+  CHECK(reported);
 }
 
 TEST_CASE("rank sets compress into runs") {
