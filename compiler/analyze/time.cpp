@@ -162,6 +162,10 @@ double ModelFlopsPerToken(const ModelSpec& m, bool causal_halved) {
 }
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
+  return EstimateTime(plan, options, EstimateMemory(plan, options));
+}
+
+TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const MemoryEstimate& mem) {
   TimeEstimate est;
   std::vector<CostChunk> chunks;
   if (!StageChunks(plan, chunks)) return est;
@@ -191,8 +195,6 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
   pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
   const double p2p = p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff) : 0;
 
-  // Memory model for the per-stage parameter counts (DP traffic and optimizer).
-  const MemoryEstimate mem = EstimateMemory(plan, options);
   const double grad_elem = plan.precision == Precision::kFp16 ? 2 : 4;
   const double param_elem = plan.precision == Precision::kFp32 ? 4 : 2;
 

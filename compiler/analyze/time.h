@@ -66,6 +66,10 @@ struct TimeEstimate {
 };
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options = {});
+// The same with the plan's memory estimate already at hand (search: one partition per candidate
+// less). `memory` must be EstimateMemory(plan, options).
+struct MemoryEstimate;
+TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const MemoryEstimate& memory);
 
 // Model FLOPs per token for training (forward + backward = 3 × forward), without recompute.
 // causal_halved: attention core over s/2 keys (our MFU convention) or all s (PaLM, NeMo 24.07).

@@ -1,0 +1,297 @@
+#include "compiler/search/search.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "compiler/analyze/memory.h"
+#include "compiler/analyze/memory_check.h"
+#include "compiler/analyze/time.h"
+#include "compiler/check/rules.h"
+#include "compiler/diagnostics/diagnostic.h"
+
+namespace paraplan {
+namespace {
+
+enum class Field : uint8_t { kTp, kPp, kVpp, kCp, kEp, kEtp, kSp, kMicro, kZero, kRecompute, kSchedule, kOffload, kOther };
+
+// One axis value, parsed once.
+struct Setter {
+  Field field = Field::kOther;
+  int64_t number = 0;
+  std::string path, text;  // for kOther: SetFieldText
+};
+
+std::string Unquote(std::string_view v) {
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') return std::string(v.substr(1, v.size() - 2));
+  return std::string(v);
+}
+
+Setter Parse(const std::string& path, const std::string& value) {
+  Setter s;
+  s.path = path;
+  s.text = value;
+  const std::string v = Unquote(value);
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  const bool is_int = !v.empty() && end && *end == '\0';
+  auto integer = [&](Field f) {
+    if (is_int) {
+      s.field = f;
+      s.number = n;
+    }
+  };
+  if (path == "parallel.tp") integer(Field::kTp);
+  else if (path == "parallel.pp") integer(Field::kPp);
+  else if (path == "parallel.vpp") integer(Field::kVpp);
+  else if (path == "parallel.cp") integer(Field::kCp);
+  else if (path == "parallel.ep") integer(Field::kEp);
+  else if (path == "parallel.etp") integer(Field::kEtp);
+  else if (path == "batch.micro") integer(Field::kMicro);
+  else if (path == "optimizer.zero") integer(Field::kZero);
+  else if (path == "parallel.sp" && (v == "true" || v == "false")) {
+    s.field = Field::kSp;
+    s.number = v == "true";
+  } else if (path == "recompute" && (v == "none" || v == "selective" || v == "full")) {
+    s.field = Field::kRecompute;
+    s.number = static_cast<int64_t>(v == "none" ? Recompute::kNone : v == "selective" ? Recompute::kSelective : Recompute::kFull);
+  } else if (path == "pipeline.schedule" && (v == "gpipe" || v == "1f1b" || v == "interleaved_1f1b")) {
+    s.field = Field::kSchedule;
+    s.number = static_cast<int64_t>(v == "gpipe" ? Schedule::kGpipe : v == "1f1b" ? Schedule::k1F1B : Schedule::kInterleaved1F1B);
+  } else if (path == "optimizer.offload" && (v == "none" || v == "cpu")) {
+    s.field = Field::kOffload;
+    s.number = static_cast<int64_t>(v == "cpu" ? Offload::kCpu : Offload::kNone);
+  }
+  return s;
+}
+
+bool Apply(Plan& plan, const Setter& s) {
+  ParallelSpec& par = plan.parallel;
+  switch (s.field) {
+    case Field::kTp: par.tp = s.number; return true;
+    case Field::kPp: par.pp = s.number; return true;
+    case Field::kVpp: par.vpp = s.number; return true;
+    case Field::kCp: par.cp = s.number; return true;
+    case Field::kEp: par.ep = s.number; return true;
+    case Field::kEtp: par.etp = s.number; return true;
+    case Field::kSp: par.sp = s.number != 0; return true;
+    case Field::kMicro: plan.batch.micro = s.number; return true;
+    case Field::kZero: plan.optimizer.zero = s.number; return true;
+    case Field::kRecompute: plan.recompute = static_cast<Recompute>(s.number); return true;
+    case Field::kSchedule: plan.pipeline.schedule = static_cast<Schedule>(s.number); return true;
+    case Field::kOffload: plan.optimizer.offload = static_cast<Offload>(s.number); return true;
+    case Field::kOther: return SetFieldText(plan, s.path, s.text).empty();
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<SearchAxis> AxesFromSweeps(const Plan& plan) {
+  std::vector<SearchAxis> axes;
+  for (const Sweep& s : plan.sweeps) axes.push_back({s.path, s.values});
+  return axes;
+}
+
+SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, const SearchOptions& options) {
+  SearchResult result;
+  int64_t space = 1;
+  for (const SearchAxis& a : axes) {
+    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(a.values.size()));
+    if (space > options.max_candidates / n + 1) {
+      space = options.max_candidates + 1;
+      break;
+    }
+    space *= n;
+  }
+  result.space = space;
+  if (space > options.max_candidates) {
+    result.too_large = true;
+    return result;
+  }
+  std::vector<std::vector<Setter>> setters(axes.size());
+  bool vpp_axis = false, schedule_axis = false, etp_axis = false;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    for (const std::string& v : axes[i].values) setters[i].push_back(Parse(axes[i].path, v));
+    vpp_axis |= axes[i].path == "parallel.vpp";
+    schedule_axis |= axes[i].path == "pipeline.schedule";
+    etp_axis |= axes[i].path == "parallel.etp";
+  }
+  const Schedule base_schedule = base.pipeline.schedule;
+  Plan plan = base;
+  plan.sweeps.clear();
+  const CostOptions& cost = options.cost;
+  struct Fit {
+    int64_t index;
+    int64_t peak, peak_stage;
+    double step_s, tokens, mfu;
+  };
+  std::vector<Fit> fits;
+  std::vector<size_t> digit(axes.size(), 0);
+  DiagnosticSink sink;
+  for (int64_t index = 0; index < space; ++index) {
+    // Decode the candidate (mixed radix, last axis fastest).
+    int64_t rest = index;
+    for (size_t i = axes.size(); i-- > 0;) {
+      const int64_t n = static_cast<int64_t>(setters[i].size());
+      digit[i] = n == 0 ? 0 : static_cast<size_t>(rest % n);
+      rest = n == 0 ? rest : rest / n;
+    }
+    ++result.enumerated;
+    bool applied = true;
+    for (size_t i = 0; i < axes.size(); ++i)
+      if (!setters[i].empty()) applied = applied && Apply(plan, setters[i][digit[i]]);
+    if (!etp_axis && plan.Origin("parallel.etp").kind != OriginKind::kFile &&
+        plan.Origin("parallel.etp").kind != OriginKind::kCommandLine)
+      plan.parallel.etp = plan.parallel.tp;
+    if (vpp_axis && !schedule_axis) {
+      plan.pipeline.schedule = plan.parallel.vpp > 1 ? Schedule::kInterleaved1F1B
+                               : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B : base_schedule;
+    }
+    const int64_t unit = plan.parallel.tp * plan.parallel.pp * plan.parallel.cp;
+    if (!applied || unit <= 0 || plan.World() % unit != 0) {
+      ++result.rejected_rules;
+      continue;
+    }
+    plan.parallel.dp = plan.World() / unit;
+    sink.Clear();
+    CheckPlanRules(plan, sink);
+    if (sink.has_errors()) {
+      ++result.rejected_rules;
+      continue;
+    }
+    const MemoryEstimate mem = EstimateMemory(plan, cost);
+    if (!mem.valid) {
+      ++result.rejected_partition;
+      continue;
+    }
+    if (mem.peak > mem.capacity) {
+      ++result.rejected_memory;
+      if (result.smallest_rejected_peak == 0 || mem.peak < result.smallest_rejected_peak)
+        result.smallest_rejected_peak = mem.peak;
+      continue;
+    }
+    const TimeEstimate time = EstimateTime(plan, cost, mem);
+    if (!time.valid) {
+      ++result.rejected_partition;
+      continue;
+    }
+    fits.push_back({index, mem.peak, mem.peak_stage, time.step_s, time.tokens_per_s_per_gpu, time.mfu});
+  }
+  result.fitting = static_cast<int64_t>(fits.size());
+  std::sort(fits.begin(), fits.end(), [](const Fit& a, const Fit& b) {
+    return a.step_s != b.step_s ? a.step_s < b.step_s : a.index < b.index;
+  });
+  for (const Fit& f : fits) {
+    if (static_cast<int64_t>(result.best.size()) >= options.top) break;
+    SearchCandidate c;
+    int64_t rest = f.index;
+    std::vector<size_t> d(axes.size());
+    for (size_t i = axes.size(); i-- > 0;) {
+      const int64_t n = static_cast<int64_t>(axes[i].values.size());
+      d[i] = n == 0 ? 0 : static_cast<size_t>(rest % n);
+      rest = n == 0 ? rest : rest / n;
+    }
+    for (size_t i = 0; i < axes.size(); ++i)
+      if (!axes[i].values.empty()) c.settings.push_back({axes[i].path, axes[i].values[d[i]]});
+    // The derived fields, so a candidate can be written back as --set values.
+    Plan p = base;
+    for (const auto& [path, value] : c.settings) Apply(p, Parse(path, value));
+    if (!etp_axis && p.Origin("parallel.etp").kind != OriginKind::kFile &&
+        p.Origin("parallel.etp").kind != OriginKind::kCommandLine)
+      p.parallel.etp = p.parallel.tp;
+    const int64_t unit = p.parallel.tp * p.parallel.pp * p.parallel.cp;
+    c.settings.push_back({"parallel.dp", std::to_string(p.World() / unit)});
+    if (vpp_axis && !schedule_axis) {
+      const Schedule s = p.parallel.vpp > 1 ? Schedule::kInterleaved1F1B
+                         : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B : base_schedule;
+      c.settings.push_back({"pipeline.schedule", "\"" + std::string(ToString(s)) + "\""});
+    }
+    if (options.verify && !options.verify(c.settings)) {
+      ++result.rejected_verify;
+      continue;
+    }
+    c.peak = f.peak;
+    c.peak_stage = f.peak_stage;
+    c.step_s = f.step_s;
+    c.tokens_per_s_per_gpu = f.tokens;
+    c.mfu = f.mfu;
+    result.best.push_back(std::move(c));
+  }
+  return result;
+}
+
+namespace {
+
+std::string Short(std::string_view path) {
+  const size_t dot = path.rfind('.');
+  return std::string(dot == std::string_view::npos ? path : path.substr(dot + 1));
+}
+
+std::string JsonString(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& r) {
+  std::string out = fmt::format(
+      "search {}: {} candidates; {} rejected by the rules, {} by the pipeline split, {} over {} of memory; {} fit\n",
+      base.name, r.enumerated, r.rejected_rules, r.rejected_partition, r.rejected_memory,
+      FormatGiB(base.cluster.gpu.memory), r.fitting);
+  if (r.best.empty()) return out;
+  std::vector<std::string> columns;
+  for (const auto& [path, value] : r.best.front().settings) columns.push_back(path);
+  out += fmt::format("{:>4}", "rank");
+  for (const std::string& c : columns) out += fmt::format(" {:>16}", Short(c));
+  out += fmt::format(" {:>12} {:>10} {:>14} {:>6}\n", "peak memory", "step (s)", "tokens/s/GPU", "MFU");
+  int rank = 1;
+  for (const SearchCandidate& c : r.best) {
+    out += fmt::format("{:>4}", rank++);
+    for (const auto& [path, value] : c.settings) out += fmt::format(" {:>16}", Unquote(value));
+    out += fmt::format(" {:>12} {:>10.3f} {:>14.1f} {:>5.1f}%\n", FormatGiB(c.peak), c.step_s, c.tokens_per_s_per_gpu,
+                       100 * c.mfu);
+  }
+  return out;
+}
+
+std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& r,
+                            double seconds) {
+  std::string out = "{\n  \"version\": 1,\n";
+  out += fmt::format("  \"plan\": {},\n", JsonString(base.name));
+  out += "  \"axes\": {";
+  for (size_t i = 0; i < axes.size(); ++i) {
+    out += fmt::format("{}{}: [", i ? ", " : "", JsonString(axes[i].path));
+    for (size_t j = 0; j < axes[i].values.size(); ++j) out += fmt::format("{}{}", j ? ", " : "", JsonString(Unquote(axes[i].values[j])));
+    out += "]";
+  }
+  out += "},\n";
+  out += fmt::format(
+      "  \"enumerated\": {},\n  \"rejected\": {{\"rules\": {}, \"partition\": {}, \"memory\": {}, \"verify\": {}}},\n"
+      "  \"fitting\": {},\n  \"seconds\": {:.6f},\n  \"candidates\": [",
+      r.enumerated, r.rejected_rules, r.rejected_partition, r.rejected_memory, r.rejected_verify, r.fitting, seconds);
+  for (size_t i = 0; i < r.best.size(); ++i) {
+    const SearchCandidate& c = r.best[i];
+    out += i ? ",\n    {" : "\n    {";
+    out += fmt::format("\"rank\": {}, \"settings\": {{", i + 1);
+    for (size_t j = 0; j < c.settings.size(); ++j)
+      out += fmt::format("{}{}: {}", j ? ", " : "", JsonString(c.settings[j].first), JsonString(Unquote(c.settings[j].second)));
+    out += fmt::format("}}, \"peak_memory_bytes\": {}, \"peak_stage\": {}, \"step_seconds\": {:.6g}, "
+                       "\"tokens_per_s_per_gpu\": {:.6g}, \"mfu\": {:.6g}}}",
+                       c.peak, c.peak_stage, c.step_s, c.tokens_per_s_per_gpu, c.mfu);
+  }
+  out += r.best.empty() ? "]\n}\n" : "\n  ]\n}\n";
+  return out;
+}
+
+}  // namespace paraplan

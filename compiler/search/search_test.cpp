@@ -1,0 +1,97 @@
+#include "compiler/search/search.h"
+
+#include <doctest/doctest.h>
+
+#include "compiler/analyze/cost_test_plans.h"
+#include "compiler/analyze/memory.h"
+#include "compiler/check/rules.h"
+
+namespace paraplan {
+namespace {
+
+Plan Llama64() {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 512, 1);
+  plan.name = "llama3_70b";
+  plan.optimizer.zero = 1;
+  plan.recompute = Recompute::kSelective;
+  plan.parallel.sp = true;
+  return plan;
+}
+
+std::vector<SearchAxis> Axes() {
+  return {{"parallel.tp", {"1", "2", "4", "8"}},
+          {"parallel.pp", {"1", "2", "4", "8"}},
+          {"parallel.vpp", {"1", "2"}},
+          {"batch.micro", {"1", "2"}},
+          {"optimizer.zero", {"0", "1"}},
+          {"recompute", {"selective", "full"}},
+          {"parallel.sp", {"false", "true"}}};
+}
+
+TEST_CASE("search enumerates every candidate, prunes by the rules and memory, ranks by step time") {
+  const Plan base = Llama64();
+  DiagnosticSink base_sink;
+  CheckPlanRules(base, base_sink);
+  REQUIRE_FALSE(base_sink.has_errors());
+  SearchOptions options;
+  options.top = 5;
+  const SearchResult r = RunSearch(base, Axes(), options);
+  CHECK(r.space == 4 * 4 * 2 * 2 * 2 * 2 * 2);
+  CHECK(r.enumerated == r.space);
+  CHECK(r.enumerated == r.rejected_rules + r.rejected_partition + r.rejected_memory + r.fitting);
+  CHECK(r.rejected_rules > 0);   // e.g. sp = true with tp = 1, vpp = 2 with pp = 1
+  CHECK(r.rejected_memory > 0);  // e.g. tp = 1, pp = 1: 70B parameters on one GPU
+  REQUIRE(r.best.size() == 5);
+  for (size_t i = 1; i < r.best.size(); ++i) CHECK(r.best[i - 1].step_s <= r.best[i].step_s);
+  for (const SearchCandidate& c : r.best) {
+    CHECK(c.peak <= base.cluster.gpu.memory);
+    CHECK(c.mfu > 0);
+    // Each reported candidate re-checks clean and re-estimates to the same peak.
+    Plan p = base;
+    for (const auto& [path, value] : c.settings) REQUIRE(SetFieldText(p, path, value).empty());
+    p.parallel.etp = p.parallel.tp;
+    DiagnosticSink sink;
+    CheckPlanRules(p, sink);
+    CHECK_FALSE(sink.has_errors());
+    CHECK(EstimateMemory(p).peak == c.peak);
+  }
+  CHECK(r.best.front().settings.back().first == "pipeline.schedule");
+}
+
+TEST_CASE("the verifier removes reported candidates and the next ones move up") {
+  SearchOptions options;
+  options.top = 3;
+  const SearchResult all = RunSearch(Llama64(), Axes(), options);
+  options.verify = [&](const SearchSettings& s) { return s != all.best.front().settings; };
+  const SearchResult filtered = RunSearch(Llama64(), Axes(), options);
+  CHECK(filtered.rejected_verify == 1);
+  REQUIRE(filtered.best.size() == 3);
+  CHECK(filtered.best[0].settings == all.best[1].settings);
+}
+
+TEST_CASE("a space above the limit is refused before enumerating") {
+  SearchOptions options;
+  options.max_candidates = 100;
+  const SearchResult r = RunSearch(Llama64(), Axes(), options);
+  CHECK(r.too_large);
+  CHECK(r.enumerated == 0);
+}
+
+TEST_CASE("text and JSON outputs carry the settings, memory, step time and MFU") {
+  SearchOptions options;
+  options.top = 2;
+  const Plan base = Llama64();
+  const SearchResult r = RunSearch(base, Axes(), options);
+  const std::string text = PrintSearchText(base, Axes(), r);
+  CHECK(text.find("tokens/s/GPU") != std::string::npos);
+  CHECK(text.find("MFU") != std::string::npos);
+  const std::string json = PrintSearchJson(base, Axes(), r, 0.5);
+  CHECK(json.find("\"version\": 1") != std::string::npos);
+  CHECK(json.find("\"parallel.tp\": \"") != std::string::npos);
+  CHECK(json.find("\"peak_memory_bytes\": ") != std::string::npos);
+  CHECK(json.find("\"step_seconds\": ") != std::string::npos);
+  CHECK(json.find("\"mfu\": ") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace paraplan
