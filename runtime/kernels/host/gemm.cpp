@@ -21,30 +21,36 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void GemmRowBlock(int64_t rows, int64_t n, int64_t k, const float* ap, const float* bp,
                   int64_t ldb, float beta, float* c, int64_t ldc) {
   int64_t j = 0;
+  // The 4 × 32 tile lives in eight named vector registers (an array would be kept in memory).
   for (; j + kCols <= n; j += kCols) {
-    V16 acc[kRows][2];
-    for (int64_t r = 0; r < kRows; ++r) {
-      if (beta != 0.0f && r < rows) {
-        acc[r][0] = *reinterpret_cast<const V16*>(c + r * ldc + j);
-        acc[r][1] = *reinterpret_cast<const V16*>(c + r * ldc + j + 16);
-      } else {
-        acc[r][0] = V16{} ;
-        acc[r][1] = V16{};
-      }
+    V16 c00{}, c01{}, c10{}, c11{}, c20{}, c21{}, c30{}, c31{};
+    auto load = [&](int64_t r, int64_t off) { return *reinterpret_cast<const V16*>(c + r * ldc + j + off); };
+    if (beta != 0.0f) {
+      c00 = load(0, 0), c01 = load(0, 16);
+      if (rows > 1) c10 = load(1, 0), c11 = load(1, 16);
+      if (rows > 2) c20 = load(2, 0), c21 = load(2, 16);
+      if (rows > 3) c30 = load(3, 0), c31 = load(3, 16);
     }
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const V16 b0 = *reinterpret_cast<const V16*>(bp + kk * ldb + j);
-      const V16 b1 = *reinterpret_cast<const V16*>(bp + kk * ldb + j + 16);
-      const float* a = ap + kk * kRows;
-      for (int64_t r = 0; r < kRows; ++r) {
-        acc[r][0] += a[r] * b0;
-        acc[r][1] += a[r] * b1;
-      }
+    const float* a = ap;
+    const float* bk = bp + j;
+    for (int64_t kk = 0; kk < k; ++kk, a += kRows, bk += ldb) {
+      const V16 b0 = *reinterpret_cast<const V16*>(bk);
+      const V16 b1 = *reinterpret_cast<const V16*>(bk + 16);
+      const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+      c00 += a0 * b0;
+      c01 += a0 * b1;
+      c10 += a1 * b0;
+      c11 += a1 * b1;
+      c20 += a2 * b0;
+      c21 += a2 * b1;
+      c30 += a3 * b0;
+      c31 += a3 * b1;
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      *reinterpret_cast<V16*>(c + r * ldc + j) = acc[r][0];
-      *reinterpret_cast<V16*>(c + r * ldc + j + 16) = acc[r][1];
-    }
+    auto store = [&](int64_t r, int64_t off, const V16& v) { *reinterpret_cast<V16*>(c + r * ldc + j + off) = v; };
+    store(0, 0, c00), store(0, 16, c01);
+    if (rows > 1) store(1, 0, c10), store(1, 16, c11);
+    if (rows > 2) store(2, 0, c20), store(2, 16, c21);
+    if (rows > 3) store(3, 0, c30), store(3, 16, c31);
   }
   for (; j < n; ++j) {
     for (int64_t r = 0; r < rows; ++r) {
