@@ -18,6 +18,9 @@
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/program_image.h"
+#ifdef PARAPLAN_HAVE_CUDA
+#include "runtime/kernels/cuda/backend/cuda_backend.h"
+#endif
 
 namespace {
 
@@ -128,13 +131,14 @@ int main(int argc, char** argv) {
     }
   }
   if (program_path.empty()) return Usage("no program given; compile one with `planc compile PLAN -o PROGRAM`");
-  if (backend != "host") {
-    if (backend == "cuda") {
-      std::cerr << "planrun: error: the cuda backend is not available in this build of planrun; use --backend=host\n";
-      return 2;
-    }
-    return Usage("unknown backend `" + backend + "` (expected host or cuda)");
+  if (backend != "host" && backend != "cuda") return Usage("unknown backend `" + backend + "` (expected host or cuda)");
+#ifndef PARAPLAN_HAVE_CUDA
+  if (backend == "cuda") {
+    std::cerr << "planrun: error: this planrun was built without CUDA; rebuild where a CUDA toolkit is found, or use "
+                 "--backend=host\n";
+    return 2;
   }
+#endif
 
   try {
     const exec::ProgramImage program = exec::LoadProgramImage(program_path);
@@ -153,8 +157,28 @@ int main(int argc, char** argv) {
     }
     const auto& m = program.model;
     const auto& p = program.parallel;
-    std::printf("planrun: plan `%s` (%s): %d ranks as threads on the host backend\n", program.plan_name.c_str(),
-                program.producer.c_str(), program.world_size);
+    // Where the ranks run: host threads (default), or CUDA ranks as threads on one device.
+    exec::RankPlacement placement;
+    const exec::RankPlacement* where = nullptr;
+#ifdef PARAPLAN_HAVE_CUDA
+    cuda::CudaRanks cuda_ranks;
+    if (backend == "cuda") {
+      const std::string why = cuda::CudaUnavailableReason();
+      if (!why.empty()) {
+        std::cerr << "planrun: error: --backend=cuda: " << why << "\n";
+        return 1;
+      }
+      cuda_ranks = cuda::MakeLocalCudaRanks(program.world_size, 0, timeout);
+      for (int r = 0; r < program.world_size; ++r) {
+        placement.ranks.push_back(r);
+        placement.backends.push_back(cuda_ranks.backends[r].get());
+      }
+      placement.world = cuda_ranks.world.get();
+      where = &placement;
+    }
+#endif
+    std::printf("planrun: plan `%s` (%s): %d ranks as threads on the %s backend\n", program.plan_name.c_str(),
+                program.producer.c_str(), program.world_size, backend.c_str());
     std::printf("planrun: model %s: %d layers, hidden %lld, heads %lld/%lld, vocab %lld, seq %lld; "
                 "tp %d pp %d vpp %d dp %d sp %s zero %d\n",
                 m.name.c_str(), m.layers, static_cast<long long>(m.hidden), static_cast<long long>(m.heads),
@@ -214,7 +238,8 @@ int main(int argc, char** argv) {
     if (!resume_dir.empty() && steps < 0) {
       total_steps = std::max<int64_t>(0, program.train.steps - exec::FindCheckpoint(resume_dir, program).step);
     }
-    const exec::RunResult result = exec::Train(program, options);
+    if (options.data_path.empty() && program.train.data.empty()) options.data_path = PARAPLAN_DEFAULT_DATA;
+    const exec::RunResult result = exec::Train(program, options, where);
     std::printf("planrun: data %s\n", result.data_description.c_str());
     if (!result.steps.empty()) {
       const auto& first = result.steps.front();

@@ -102,7 +102,7 @@ std::string BeginCheckpoint(const std::string& dir, int64_t step) {
 }
 
 void WriteRankShard(const std::string& tmp_dir, const ProgramImage& program, int rank, int64_t step,
-                    const std::vector<StateTensor>& state) {
+                    const std::vector<StateTensor>& state, Backend& backend) {
   std::string bytes(kShardMagic, 8);
   Put<uint64_t>(bytes, program.fingerprint);
   Put<int64_t>(bytes, rank);
@@ -112,7 +112,9 @@ void WriteRankShard(const std::string& tmp_dir, const ProgramImage& program, int
     Put<uint32_t>(bytes, static_cast<uint32_t>(t.name.size()));
     bytes += t.name;
     Put<int64_t>(bytes, t.elements);
-    bytes.append(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.elements) * 4);
+    const size_t at = bytes.size();
+    bytes.resize(at + static_cast<size_t>(t.elements) * 4);
+    backend.CopyToHost(bytes.data() + at, t.data, t.elements * 4);
   }
   Put<uint64_t>(bytes, Fnv(bytes));
   WriteFileSynced((fs::path(tmp_dir) / ShardName(rank)).string(), bytes);
@@ -176,7 +178,7 @@ CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& pr
 }
 
 void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& program, int rank,
-                   const std::vector<StateTensor>& state) {
+                   const std::vector<StateTensor>& state, Backend& backend) {
   const std::string path = (fs::path(manifest.directory) / ShardName(rank)).string();
   std::error_code ec;
   if (!fs::exists(path, ec)) throw CheckpointError("checkpoint shard `" + path + "` is missing");
@@ -213,7 +215,7 @@ void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& progr
                 std::to_string(t.elements) + ") was expected");
     }
     if (pos + static_cast<size_t>(elements) * 4 > bytes.size() - 8) throw bad("truncated");
-    std::memcpy(t.data, bytes.data() + pos, static_cast<size_t>(elements) * 4);
+    backend.CopyToDevice(t.data, bytes.data() + pos, elements * 4);
     pos += static_cast<size_t>(elements) * 4;
   }
 }

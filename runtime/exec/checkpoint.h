@@ -39,9 +39,9 @@ struct CheckpointManifest {
 
 // The temporary directory ranks write into for `step`; every rank may call it (idempotent).
 std::string BeginCheckpoint(const std::string& dir, int64_t step);
-// Writes one rank's shard into `tmp_dir` (fsync-ed).
+// Writes one rank's shard into `tmp_dir` (fsync-ed); `state` holds backend pointers.
 void WriteRankShard(const std::string& tmp_dir, const ProgramImage& program, int rank, int64_t step,
-                    const std::vector<StateTensor>& state);
+                    const std::vector<StateTensor>& state, Backend& backend);
 // Writes the manifest, fsyncs, renames tmp_dir into place and updates `latest`.
 void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const ProgramImage& program,
                       int64_t step);
@@ -51,7 +51,7 @@ void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const 
 CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& program);
 // Reads one rank's shard into `state` (same names and sizes, else CheckpointError).
 void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& program, int rank,
-                   const std::vector<StateTensor>& state);
+                   const std::vector<StateTensor>& state, Backend& backend);
 
 }  // namespace paraplan::exec
 

@@ -67,7 +67,7 @@ std::string FirstError(const Coordinator& co) {
 
 }  // namespace
 
-RunResult Train(const ProgramImage& program, const RunOptions& options) {
+RunResult Train(const ProgramImage& program, const RunOptions& options, const RankPlacement* placement) {
   const std::string data_path = options.data_path.empty() ? program.train.data : options.data_path;
   if (data_path.empty()) {
     throw RunError("no token data: pass --data PATH (a Megatron prefix, a .u16/.u32 token file or a .txt file)");
@@ -87,31 +87,53 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
   const int64_t steps = options.steps >= 0 ? options.steps : std::max<int64_t>(0, program.train.steps - start);
   const int world_size = program.world_size;
 
-  HostCommWorld world(world_size, comm::HostWorldOptions{options.comm_timeout_seconds});
+  std::unique_ptr<HostCommWorld> host_world;
+  std::vector<int> local_ranks;
+  if (placement) {
+    if (!placement->world || placement->backends.size() != placement->ranks.size()) {
+      throw RunError("a rank placement needs a world and one backend per rank");
+    }
+    for (int r : placement->ranks) {
+      if (r < 0 || r >= world_size) throw RunError("rank " + std::to_string(r) + " is outside the program's world");
+    }
+    local_ranks = placement->ranks;
+  } else {
+    host_world = std::make_unique<HostCommWorld>(world_size, comm::HostWorldOptions{options.comm_timeout_seconds});
+    local_ranks.resize(world_size);
+    std::iota(local_ranks.begin(), local_ranks.end(), 0);
+  }
+  CommWorld& world = placement ? *placement->world : *host_world;
+  const int local = static_cast<int>(local_ranks.size());
   Coordinator co;
-  co.records.resize(world_size);
-  co.errors.resize(world_size);
+  co.records.resize(local);
+  co.errors.resize(local);
 
-  auto rank_main = [&](int rank) {
+  auto rank_main = [&](int slot) {
+    const int rank = local_ranks[slot];
     try {
-      auto backend = MakeHostBackend();
+      std::unique_ptr<Backend> own_backend;
+      if (!placement) own_backend = MakeHostBackend();
+      Backend* backend = placement ? placement->backends[slot] : own_backend.get();
       RankRunner runner(program, rank, world, *backend, tokens, options);
       runner.Setup();
-      if (start > 0) ReadRankShard(manifest, program, rank, runner.State());
-      std::vector<int> all(world_size);
-      std::iota(all.begin(), all.end(), 0);
-      auto barrier = world.Join(all, rank, -1);  // the runtime's own group, never in the program
-      barrier->Barrier();
+      if (start > 0) ReadRankShard(manifest, program, rank, runner.State(), *backend);
+      if (!placement) {
+        std::vector<int> all(world_size);
+        std::iota(all.begin(), all.end(), 0);
+        auto barrier = world.Join(all, rank, -1);  // the runtime's own group, never in the program
+        barrier->Barrier();
+      }
       {
         std::lock_guard<std::mutex> lock(co.mutex);
-        if (++co.ready == world_size) co.start_wall = Wall();
+        if (++co.ready == local) co.start_wall = Wall();
       }
       for (int64_t i = 0; i < steps; ++i) {
         const int64_t step = start + i;
         runner.RunStep(step);
         if (!options.checkpoint_dir.empty() &&
             ((options.checkpoint_every > 0 && (step + 1) % options.checkpoint_every == 0) || i + 1 == steps)) {
-          WriteRankShard(BeginCheckpoint(options.checkpoint_dir, step + 1), program, rank, step + 1, runner.State());
+          WriteRankShard(BeginCheckpoint(options.checkpoint_dir, step + 1), program, rank, step + 1, runner.State(),
+                         *backend);
         }
         StepRecord rec;
         rec.end_wall = Wall();
@@ -123,7 +145,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
         rec.comm = runner.comm_seconds;
         rec.peak = backend->PeakBytes();
         std::lock_guard<std::mutex> lock(co.mutex);
-        co.records[rank].push_back(rec);
+        co.records[slot].push_back(rec);
         co.cv.notify_all();
       }
       // Gather the final parameters from the fp32 master shards.
@@ -150,7 +172,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
     } catch (const std::exception& e) {
       world.Abort(std::string("rank ") + std::to_string(rank) + " failed: " + e.what());
       std::lock_guard<std::mutex> lock(co.mutex);
-      co.errors[rank] = e.what();
+      co.errors[slot] = e.what();
       co.failed = true;
       co.cv.notify_all();
     }
@@ -158,7 +180,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
 
   std::vector<std::thread> threads;
   threads.reserve(world_size);
-  for (int r = 0; r < world_size; ++r) threads.emplace_back(rank_main, r);
+  for (int r = 0; r < local; ++r) threads.emplace_back(rank_main, r);
 
   RunResult result;
   result.start_step = start;
@@ -166,7 +188,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
   double previous_end = 0;
   int64_t peak = 0;
   for (int64_t i = 0; i < steps; ++i) {
-    std::vector<StepRecord> recs(world_size);
+    std::vector<StepRecord> recs(local);
     {
       std::unique_lock<std::mutex> lock(co.mutex);
       co.cv.wait(lock, [&] {
@@ -175,7 +197,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
         return true;
       });
       if (co.failed) break;
-      for (int r = 0; r < world_size; ++r) recs[r] = co.records[r][i];
+      for (int r = 0; r < local; ++r) recs[r] = co.records[r][i];
       if (i == 0) previous_end = co.start_wall;
     }
     StepMetrics m;
@@ -194,10 +216,13 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
       m.kernel_seconds += rec.kernel;
       m.comm_seconds += rec.comm;
     }
-    if (!have_loss) m.grad_norm = std::sqrt(std::max(0.0f, recs[0].norm_square));
+    if (!have_loss) {
+      m.loss = std::nan("");
+      m.grad_norm = std::sqrt(std::max(0.0f, recs[0].norm_square));
+    }
     if (i > 0) {  // profile counters are cumulative
       std::lock_guard<std::mutex> lock(co.mutex);
-      for (int r = 0; r < world_size; ++r) {
+      for (int r = 0; r < local; ++r) {
         m.cpu_seconds -= co.records[r][i - 1].cpu;
         m.kernel_seconds -= co.records[r][i - 1].kernel;
         m.comm_seconds -= co.records[r][i - 1].comm;
@@ -224,7 +249,18 @@ RunResult Train(const ProgramImage& program, const RunOptions& options) {
     if (options.on_step) options.on_step(m);
   }
   for (auto& t : threads) t.join();
-  if (co.failed) throw RunError(FirstError(co));
+  if (co.failed) {
+    std::string first = FirstError(co);
+    // FirstError numbers slots; name world ranks instead.
+    for (int r = 0; r < local; ++r) {
+      const std::string slot = "rank " + std::to_string(r) + ": ";
+      if (first.rfind(slot, 0) == 0) {
+        first = "rank " + std::to_string(local_ranks[r]) + ": " + first.substr(slot.size());
+        break;
+      }
+    }
+    throw RunError(first);
+  }
   if (!co.replica_error.empty()) throw RunError(co.replica_error);
   result.params = std::move(co.params);
   return result;

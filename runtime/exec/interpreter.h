@@ -62,7 +62,19 @@ struct RunResult {
   std::string data_description;
 };
 
-RunResult Train(const ProgramImage& program, const RunOptions& options);
+// Where the ranks run. Train without a placement runs every rank of the program as a thread of
+// this process on its own host backend, with an in-process communicator world. A placement
+// names the world ranks this process runs (one thread each), their backends and the world
+// their communicators come from (e.g. the CUDA backend's local or NCCL world). Metrics then
+// cover the local ranks only (loss is NaN when none of them holds the loss).
+struct RankPlacement {
+  std::vector<int> ranks;
+  std::vector<class Backend*> backends;  // one per entry of `ranks`
+  class CommWorld* world = nullptr;
+};
+
+RunResult Train(const ProgramImage& program, const RunOptions& options,
+                const RankPlacement* placement = nullptr);
 
 // The initial value of element `index` (row-major, of the unsharded tensor) of the parameter
 // with `key`: N(0, std²) from a counter-based generator keyed by (seed, key, index).

@@ -33,11 +33,10 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
   // dx_accumulate: compute into scratch, then add.
   auto grad_target = [&](float* dx, int64_t n, bool accumulate) -> float* {
     if (!accumulate || !dx) return dx;
-    scratch2_.resize(n);
-    return scratch2_.data();
+    return Scratch(1, n);
   };
   auto grad_finish = [&](float* dx, int64_t n, bool accumulate) {
-    if (accumulate && dx) backend_.Accumulate(dx, scratch2_.data(), n);
+    if (accumulate && dx) backend_.Accumulate(dx, scratch_[1], n);
   };
 
   switch (op.kind) {
@@ -60,7 +59,7 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
       tokens_in_.resize(t);
       tokens_out_.resize(t);
       sampler_->Microbatch(ctx.step, RankInfo().coords.dp(), ctx.microbatch, tokens_in_.data(), tokens_out_.data());
-      std::memcpy(I(op.outputs[0], ctx), op.Int(0) == 1 ? tokens_out_.data() : tokens_in_.data(), t * 4);
+      backend_.CopyToDevice(I(op.outputs[0], ctx), op.Int(0) == 1 ? tokens_out_.data() : tokens_in_.data(), t * 4);
       return;
     }
     case OpKind::Fill: {

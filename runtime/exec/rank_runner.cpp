@@ -24,6 +24,16 @@ RankRunner::RankRunner(const ProgramImage& program, int rank, CommWorld& world, 
 
 RankRunner::~RankRunner() {
   for (void* p : allocations_) backend_.Free(p);
+  for (float* p : scratch_) if (p) backend_.Free(p);
+}
+
+float* RankRunner::Scratch(int which, int64_t elements) {
+  if (scratch_elements_[which] < elements) {
+    if (scratch_[which]) backend_.Free(scratch_[which]);
+    scratch_[which] = static_cast<float*>(backend_.Allocate(elements * 4));
+    scratch_elements_[which] = elements;
+  }
+  return scratch_[which];
 }
 
 double RankRunner::Now() const {
@@ -132,9 +142,10 @@ int64_t RankRunner::GlobalIndex(const ParamImage& p, int64_t local) const {
 
 void RankRunner::InitParams() {
   const uint64_t seed = static_cast<uint64_t>(program_.train.seed);
+  std::vector<float> dst;
   for (const auto& p : role_.params) {
-    float* dst = F(p.buffer, {});
     const int64_t local = Elements(p.buffer);
+    dst.assign(static_cast<size_t>(local), 0.0f);
     int64_t global = 1;
     for (int64_t d : p.global_shape) global *= d;
     int64_t outer = 1, inner = 1, n_global = 1, parts = 1, part = 0;
@@ -169,6 +180,7 @@ void RankRunner::InitParams() {
         }
       }
     }
+    backend_.CopyToDevice(F(p.buffer, {}), dst.data(), local * 4);
   }
   const int64_t shard = ShardIndex();
   for (const auto& bucket : role_.buckets) {
@@ -193,13 +205,23 @@ std::vector<StateTensor> RankRunner::State() {
   return out;
 }
 
-float RankRunner::Loss() const { return loss_buffer_ >= 0 ? F(loss_buffer_, {})[0] : 0.0f; }
-float RankRunner::GradNormSquare() const { return norm_buffer_ >= 0 ? F(norm_buffer_, {})[0] : 0.0f; }
+float RankRunner::Loss() const {
+  float v = 0.0f;
+  if (loss_buffer_ >= 0) backend_.CopyToHost(&v, F(loss_buffer_, {}), 4);
+  return v;
+}
+
+float RankRunner::GradNormSquare() const {
+  float v = 0.0f;
+  if (norm_buffer_ >= 0) backend_.CopyToHost(&v, F(norm_buffer_, {}), 4);
+  return v;
+}
 
 void RankRunner::RunStep(int64_t step) {
   step_ = step;
   const double t0 = options_.profile ? Now() : 0;
   RunSchedule(step);
+  backend_.Synchronize();
   if (options_.profile) cpu_seconds += Now() - t0;
 }
 
@@ -316,9 +338,9 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
         return;
       }
       if (x == y) {
-        scratch_.resize(piece);
-        c.comm->ReduceScatter(x, scratch_.data(), piece, comm::DType::kF32);
-        std::memcpy(dst, scratch_.data(), piece * 4);
+        float* tmp = Scratch(0, piece);
+        c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
+        backend_.Copy(dst, tmp, piece);
       } else {
         c.comm->ReduceScatter(x, y, piece, comm::DType::kF32);
       }
@@ -336,8 +358,9 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
         return;
       }
       if (x == y) {
-        scratch_.assign(x + c.index * piece, x + (c.index + 1) * piece);
-        c.comm->AllGather(scratch_.data(), y, piece, comm::DType::kF32);
+        float* tmp = Scratch(0, piece);
+        backend_.Copy(tmp, x + c.index * piece, piece);
+        c.comm->AllGather(tmp, y, piece, comm::DType::kF32);
       } else {
         c.comm->AllGather(x, y, piece, comm::DType::kF32);
       }
@@ -372,13 +395,15 @@ void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
         if (lo < hi) sum += backend_.SumOfSquares(g + lo, hi - lo);
       }
     }
-    F(op.outputs[0], ctx)[0] = static_cast<float>(sum);
+    const float value = static_cast<float>(sum);
+    backend_.CopyToDevice(F(op.outputs[0], ctx), &value, 4);
     return;
   }
   // AdamW / Sgd: [params bucket, grads bucket, master, exp_avg, exp_avg_sq, nsq].
   const BucketImage& bucket = BucketByBuffer(op.inputs[0], false);
   const size_t bi = &bucket - role_.buckets.data();
-  const float nsq = op.inputs[5] >= 0 ? F(op.inputs[5], ctx)[0] : 0.0f;
+  float nsq = 0.0f;
+  if (op.inputs.size() > 5 && op.inputs[5] >= 0) backend_.CopyToHost(&nsq, F(op.inputs[5], ctx), 4);
   const float clip = train.clip_grad > 0
                          ? static_cast<float>(std::min(1.0, train.clip_grad / (std::sqrt(static_cast<double>(nsq)) + 1e-6)))
                          : 1.0f;

@@ -3,7 +3,9 @@
 // It owns the rank's Backend allocation (the f32 arena, or one allocation per buffer), its
 // communicators (one per CommKind the rank uses), its data sampler, and executes the role's
 // schedule and bodies exactly as runtime/format/README.md says. One RankRunner per rank thread;
-// nothing in it is shared with other ranks except through communicators.
+// nothing in it is shared with other ranks except through communicators. Buffers live in the
+// backend's memory (device memory on CUDA): the runner reads or writes them from the host only
+// through the backend's copies.
 //
 // Made by: the interpreter (interpreter.cpp). Read by: the interpreter and checkpoints.
 #ifndef PARAPLAN_RUNTIME_EXEC_RANK_RUNNER_H_
@@ -47,8 +49,9 @@ class RankRunner {
   const RoleImage& Role() const { return role_; }
 
   // The persistent training state: per bucket the params bucket, the optimizer buffers and the
-  // ZeRO-3 param shard. Checkpoints save and restore exactly these.
+  // ZeRO-3 param shard (backend pointers). Checkpoints save and restore exactly these.
   std::vector<StateTensor> State();
+  Backend& backend() { return backend_; }
   // Calls fn(param, global_index, value) for every element of every parameter this rank owns
   // in its fp32 master shard.
   template <typename Fn>
@@ -102,8 +105,11 @@ class RankRunner {
   std::vector<char*> base_;            // per buffer: slot 0
   std::vector<int64_t> slot_stride_;   // per buffer: bytes between slots (0 unless Stash)
   std::vector<std::vector<Range>> ranges_;  // per bucket: its params, by element range
-  std::vector<float> scratch_, scratch2_;
-  std::vector<int32_t> tokens_in_, tokens_out_;
+  // Device scratch (backend memory) for in-place collectives and accumulated gradients.
+  float* Scratch(int which, int64_t elements);
+  std::array<float*, 2> scratch_{};
+  std::array<int64_t, 2> scratch_elements_{};
+  std::vector<int32_t> tokens_in_, tokens_out_;  // host staging of a microbatch
   int32_t loss_buffer_ = -1, norm_buffer_ = -1;
   int64_t step_ = 0;
 };
@@ -113,9 +119,12 @@ void RankRunner::ForEachMasterElement(Fn fn) {
   const int64_t shard = ShardIndex();
   for (size_t b = 0; b < role_.buckets.size(); ++b) {
     const auto& bucket = role_.buckets[b];
-    const float* master = bucket.master >= 0 ? F(bucket.master, {}) : F(bucket.params, {});
     const int64_t begin = bucket.master >= 0 ? shard * bucket.shard_elements : 0;
     const int64_t end = bucket.master >= 0 ? begin + bucket.shard_elements : bucket.elements;
+    std::vector<float> host(static_cast<size_t>(end - begin));
+    backend_.CopyToHost(host.data(), bucket.master >= 0 ? F(bucket.master, {}) : F(bucket.params, {}),
+                        (end - begin) * 4);
+    const float* master = host.data();
     for (const Range& r : ranges_[b]) {
       for (int64_t e = std::max(begin, r.begin); e < std::min(end, r.end); ++e) {
         fn(role_.params[r.param], e - r.begin, master[e - begin]);
