@@ -204,3 +204,32 @@ TEST_CASE("sizes saturate instead of wrapping") {
 
 }  // namespace
 }  // namespace paraplan
+
+#include "compiler/analyze/cost_report.h"
+
+namespace paraplan {
+namespace {
+
+TEST_CASE("explain's memory and time sections: JSON per stage in bytes, text chart, SVG") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kSelective;
+  const MemoryEstimate m = EstimateMemory(plan);
+  const TimeEstimate t = EstimateTime(plan);
+  const std::string json = MemoryJson(m);
+  CHECK(json.find("\"stages\":[{\"stage\":0,\"total_bytes\":" + std::to_string(m.stages[0].total)) != std::string::npos);
+  CHECK(json.find("\"weights\":" + std::to_string(m.stages[0].Get(MemoryPart::kWeights))) != std::string::npos);
+  const std::string time = TimeJson(t);
+  CHECK(time.find("\"step_seconds\":") != std::string::npos);
+  CHECK(time.find("\"tokens_per_s\":") != std::string::npos);
+  CHECK(time.find("\"mfu\":") != std::string::npos);
+  const std::string text = CostText(m, t);
+  CHECK(text.find("  stage   3 ") != std::string::npos);
+  CHECK(text.find("MFU") != std::string::npos);
+  const std::string svg = MemoryChartSvg(m);
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("GPU memory 80.00 GiB") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace paraplan

@@ -15,6 +15,7 @@
 
 #include "compiler/analyze/checks.h"
 #include "compiler/diagnostics/render.h"
+#include "compiler/analyze/cost_report.h"
 #include "compiler/driver/commands.h"
 #include "compiler/driver/explain.h"
 #include "compiler/driver/frontend.h"
@@ -125,12 +126,24 @@ int RunExplain(const std::vector<std::string>& args) {
   }
   Topology topology = AnalyzeTopology(*layout);
   ExplainInput in{*plan, *layout, topology, *partition};
+  // The cost model's sections: memory per stage and time (compiler/analyze/cost_report.h).
+  const MemoryEstimate memory = EstimateMemory(*plan);
+  const TimeEstimate time = EstimateTime(*plan, {}, memory);
+  in.json_sections = {{"memory", MemoryJson(memory)}, {"time", TimeJson(time)}};
+  in.text_sections = CostText(memory, time);
   if (!svg_path.empty()) {
     std::ofstream file(svg_path, std::ios::binary);
     file << ExplainSvg(in);
     file.close();
-    if (!file) {
-      std::fprintf(stderr, "planc explain: cannot write '%s'\n", svg_path.c_str());
+    // The per-stage memory chart beside it: OUT.svg -> OUT.memory.svg.
+    std::string chart_path = svg_path;
+    if (chart_path.size() > 4 && chart_path.compare(chart_path.size() - 4, 4, ".svg") == 0) chart_path.resize(chart_path.size() - 4);
+    chart_path += ".memory.svg";
+    std::ofstream chart(chart_path, std::ios::binary);
+    chart << MemoryChartSvg(memory);
+    chart.close();
+    if (!file || !chart) {
+      std::fprintf(stderr, "planc explain: cannot write '%s'\n", (!file ? svg_path : chart_path).c_str());
       return kExitInputError;
     }
   }
