@@ -1,0 +1,129 @@
+// planrun as a user runs it: a program file written from tiny_program.h, run through the real
+// binary; exit status, messages, JSON-lines metrics and --resume.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "runtime/exec/tiny_program.h"
+
+namespace fs = std::filesystem;
+using paraplan::exec::testing::TinyOptions;
+using paraplan::exec::testing::TinyProgram;
+
+namespace {
+
+std::string Dir() {
+  static const std::string dir = [] {
+    auto d = fs::temp_directory_path() / ("paraplan_planrun_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int status;
+  std::string out;
+};
+
+Result Planrun(const std::string& args) {
+  const std::string log = Dir() + "/out.txt";
+  const int rc = std::system((std::string(PARAPLAN_PLANRUN) + " " + args + " > " + log + " 2>&1").c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(log)};
+}
+
+std::string WriteProgram(const std::string& name, TinyOptions o) {
+  const std::string data = Dir() + "/tokens.u16";
+  if (!fs::exists(data)) {
+    std::ofstream out(data, std::ios::binary);
+    for (int i = 0; i < 400; ++i) {
+      uint16_t t = static_cast<uint16_t>((i * 3) % 13);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  o.data = data;
+  const auto bytes = TinyProgram(o);
+  const std::string path = Dir() + "/" + name + ".pplan";
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  return path;
+}
+
+int Lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("usage errors exit 2 with a message") {
+  auto r = Planrun("");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("no program given") != std::string::npos);
+  const std::string prog = WriteProgram("dp2", {2, 1, 4, 4});
+  r = Planrun(prog + " --steps nine");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--steps needs a non-negative integer") != std::string::npos);
+  r = Planrun(prog + " --frobnicate");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("unknown option `--frobnicate`") != std::string::npos);
+  r = Planrun(prog + " --backend=tpu");
+  CHECK(r.status == 2);
+  r = Planrun(prog + " --ranks 3");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("the program is for 2 ranks") != std::string::npos);
+}
+
+TEST_CASE("bad files exit 1 with a message") {
+  auto r = Planrun(Dir() + "/missing.pplan");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("does not exist") != std::string::npos);
+  std::ofstream(Dir() + "/garbage.pplan") << "this is not a program";
+  r = Planrun(Dir() + "/garbage.pplan");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("not a paraplan program") != std::string::npos);
+  const std::string prog = WriteProgram("one", {1, 0, 4, 2});
+  r = Planrun(prog + " --data " + Dir() + "/nothing.u16");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("does not exist") != std::string::npos);
+  r = Planrun(prog + " --resume " + Dir() + "/no_checkpoints");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("does not exist") != std::string::npos);
+}
+
+TEST_CASE("a run prints progress and writes one JSON line per step; resume continues") {
+  const std::string prog = WriteProgram("train", {2, 1, 4, 6});
+  const std::string metrics = Dir() + "/m.jsonl", ckpt = Dir() + "/ckpt";
+  auto r = Planrun(prog + " --steps 3 --metrics " + metrics + " --checkpoint-dir " + ckpt);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("step 2") != std::string::npos);
+  CHECK(r.out.find("tokens/s") != std::string::npos);
+  const std::string m = Read(metrics);
+  CHECK(Lines(m) == 3);
+  CHECK(m.find("\"loss\": ") != std::string::npos);
+  CHECK(m.find("\"peak_bytes\": ") != std::string::npos);
+  CHECK(m.find("\"tokens_per_second\": ") != std::string::npos);
+  r = Planrun(prog + " --resume " + ckpt + " --metrics " + metrics);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("from step 3") != std::string::npos);
+  CHECK(Lines(Read(metrics)) == 3);  // steps 3, 4, 5
+  CHECK(Read(metrics).find("\"step\": 5") != std::string::npos);
+  // Another plan's checkpoint is refused.
+  const std::string other = WriteProgram("other", {1, 0, 4, 6});
+  r = Planrun(other + " --resume " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("resumes only the plan and layout that wrote it") != std::string::npos);
+}
