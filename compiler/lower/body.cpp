@@ -1,0 +1,580 @@
+// Chunk and step bodies (see body.h). Every op written here is described in
+// runtime/format/README.md; keep the two in step.
+#include "compiler/lower/body.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+namespace paraplan::lower {
+
+prog::DType ActivationType(prog::Precision precision) {
+  switch (precision) {
+    case prog::Precision::Fp32: return DType::F32;
+    case prog::Precision::Fp16: return DType::F16;
+    default: return DType::Bf16;
+  }
+}
+
+namespace {
+
+constexpr int64_t kParamAlignElements = 64;  // each param starts 64-element aligned in its bucket
+
+// Builds one role. Buffers are created as Scratch; after all bodies exist, a buffer a chunk's
+// forward and backward both touch becomes Stash (kept per microbatch).
+class RoleLowering {
+ public:
+  RoleLowering(const BodyShape& shape, int32_t pipeline_rank, Role& role)
+      : s_(shape), m_(shape.model), p_(shape.parallel), role_(role), pipeline_rank_(pipeline_rank) {
+    tp_ = p_.tp;
+    act_ = ActivationType(shape.precision);
+    tokens_ = m_.micro_batch * m_.seq_len;
+    rows_ = p_.sp ? tokens_ / tp_ : tokens_;
+    tp_comm_ = tp_ > 1 ? CommKind::Tp : CommKind::None;
+  }
+
+  StepBodies Build(const std::vector<ChunkLayers>& chunks);
+
+ private:
+  // --- buffers and ops ---
+  int32_t Buf(std::string name, std::vector<int64_t> shape, DType dtype, BufferKind kind = BufferKind::Scratch) {
+    Buffer b;
+    b.name = std::move(name);
+    b.kind = kind;
+    b.dtype = dtype;
+    b.shape = std::move(shape);
+    b.chunk = chunk_;
+    role_.buffers.push_back(std::move(b));
+    return static_cast<int32_t>(role_.buffers.size() - 1);
+  }
+  int32_t Act(const std::string& name, std::vector<int64_t> shape) { return Buf(Prefix() + name, std::move(shape), act_); }
+  int32_t Stat(const std::string& name, std::vector<int64_t> shape) {
+    return Buf(Prefix() + name, std::move(shape), DType::F32);
+  }
+  std::string Prefix() const { return layer_ >= 0 ? fmt::format("layers.{}.", layer_) : fmt::format("chunk{}.", chunk_); }
+
+  Op& Emit(OpKind kind, std::vector<int32_t> in, std::vector<int32_t> out, CommKind comm = CommKind::None,
+           std::vector<int64_t> ints = {}, std::vector<double> floats = {}) {
+    body_->ops.push_back(Op{kind, std::move(in), std::move(out), comm, std::move(ints), std::move(floats)});
+    return body_->ops.back();
+  }
+
+  // Parameters: storage is a view into the chunk's bucket, created when the bucket is built.
+  struct ParamRef {
+    int32_t param = -1;
+    int32_t value = -1;  // buffer
+    int32_t grad = -1;   // buffer
+  };
+  ParamRef AddParam(const std::string& name, int64_t key, std::vector<int64_t> global, int32_t split_dim,
+                    prog::InitKind init, double std, bool decay, bool tp_replicated, bool grad_sync_tp,
+                    bool counts_in_norm = true) {
+    Param prm;
+    prm.name = name;
+    prm.key = key;
+    prm.global_shape = global;
+    std::vector<int64_t> local = global;
+    if (split_dim >= 0 && tp_ > 1) {
+      prm.split_dim = split_dim;
+      prm.split_comm = CommKind::Tp;
+      local[split_dim] /= tp_;
+    }
+    prm.init = init;
+    prm.init_std = init == prog::InitKind::Normal ? std : 0.0;
+    prm.chunk = chunk_;
+    prm.decay = decay;
+    prm.tp_replicated = tp_replicated && tp_ > 1;
+    prm.counts_in_norm = counts_in_norm;
+    prm.grad_sync_tp = grad_sync_tp && tp_ > 1;
+    DType pdt = act_;
+    prm.buffer = Buf(name, local, pdt, BufferKind::Param);
+    prm.grad = Buf(name + ".grad", local, DType::F32, BufferKind::Grad);
+    role_.params.push_back(prm);
+    return {static_cast<int32_t>(role_.params.size() - 1), prm.buffer, prm.grad};
+  }
+  // Init std of the output projections (Megatron / GPT-2 scaled init).
+  double OutStd() const { return 0.02 / std::sqrt(2.0 * static_cast<double>(m_.layers)); }
+  int64_t LayerKey(int32_t layer, int32_t j) const { return 1000 + static_cast<int64_t>(layer) * 64 + j; }
+
+  // --- model pieces ---
+  struct NormParams {
+    ParamRef w, b;
+  };
+  NormParams MakeNorm(const std::string& name, int64_t key) {
+    NormParams n;
+    bool ln = m_.norm == prog::NormKind::LayerNorm;
+    n.w = AddParam(name + ".weight", key, {m_.hidden}, -1, prog::InitKind::Ones, 0, false, true, p_.sp);
+    if (ln) n.b = AddParam(name + ".bias", key + 1, {m_.hidden}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+    return n;
+  }
+  struct NormOut {
+    int32_t y = -1, mean = -1, rstd = -1;
+  };
+  NormOut NormForward(const std::string& name, const NormParams& np, int32_t x) {
+    NormOut o;
+    o.y = Act(name + ".out", {rows_, m_.hidden});
+    o.rstd = Stat(name + ".rstd", {rows_});
+    if (m_.norm == prog::NormKind::LayerNorm) {
+      o.mean = Stat(name + ".mean", {rows_});
+      Emit(OpKind::LayerNorm, {x, np.w.value, np.b.value}, {o.y, o.mean, o.rstd}, CommKind::None, {}, {m_.norm_eps});
+    } else {
+      Emit(OpKind::RmsNorm, {x, np.w.value}, {o.y, o.rstd}, CommKind::None, {}, {m_.norm_eps});
+    }
+    return o;
+  }
+  void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx, bool accumulate) {
+    if (m_.norm == prog::NormKind::LayerNorm)
+      Emit(OpKind::LayerNormBackward, {dy, x, np.w.value, o.mean, o.rstd}, {dx, np.w.grad, np.b.grad},
+           CommKind::None, {accumulate ? 1 : 0});
+    else
+      Emit(OpKind::RmsNormBackward, {dy, x, np.w.value, o.rstd}, {dx, np.w.grad}, CommKind::None, {accumulate ? 1 : 0});
+  }
+  // Sequence-parallel region entry: rows_ -> tokens_ rows.
+  int32_t GatherSp(int32_t x, const std::string& name, int64_t cols) {
+    if (!p_.sp || tp_ == 1) return x;
+    int32_t full = Act(name, {tokens_, cols});
+    Emit(OpKind::AllGather, {x}, {full}, CommKind::Tp);
+    return full;
+  }
+  // Row-parallel exit: a partial [tokens_, cols] -> all-reduce in place, or reduce-scatter to rows_.
+  int32_t ReducePartial(int32_t partial, const std::string& name, int64_t cols) {
+    if (tp_ == 1) return partial;
+    if (!p_.sp) {
+      Emit(OpKind::AllReduce, {partial}, {partial}, CommKind::Tp, {prog::kReduceSum});
+      return partial;
+    }
+    int32_t out = Act(name, {rows_, cols});
+    Emit(OpKind::ReduceScatter, {partial}, {out}, CommKind::Tp, {prog::kReduceSum});
+    return out;
+  }
+  int32_t ReduceGradToRows(int32_t partial_full, const std::string& name) {
+    return ReducePartial(partial_full, name, m_.hidden);
+  }
+
+  void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
+  void BuildBuckets();
+  StepBodies BuildStepBodies();
+  void ClassifyStash();
+
+  const BodyShape& s_;
+  const ModelConfig& m_;
+  const ParallelConfig& p_;
+  Role& role_;
+  int32_t pipeline_rank_;
+  int64_t tp_ = 1, tokens_ = 0, rows_ = 0;
+  DType act_ = DType::Bf16;
+  CommKind tp_comm_ = CommKind::None;
+  int32_t chunk_ = -1, layer_ = -1;
+  Body* body_ = nullptr;
+  int32_t loss_sum_ = -1;
+  int32_t word_embedding_param_ = -1;  // on this role, -1 when absent
+  int32_t output_copy_param_ = -1;     // the last stage's tied copy (pp > 1)
+};
+
+void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk) {
+  const int64_t h = m_.hidden, hd = m_.head_dim;
+  const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, ffn = m_.ffn_hidden / tp_;
+  const int64_t vocab_local = m_.vocab_padded / tp_;
+  const bool gpt = m_.activation == prog::ActivationKind::Gelu;
+  const bool bias = m_.bias;
+  chunk_ = index;
+  layer_ = -1;
+  chunk.index = index;
+  chunk.stage = index * p_.pp + pipeline_rank_;
+  chunk.first_layer = cl.first_layer;
+  chunk.layers = cl.layers;
+  chunk.has_embedding = cl.embedding;
+  chunk.has_loss = cl.loss;
+
+  // ---------------- parameters ----------------
+  ParamRef word, pos, out_w;
+  NormParams final_norm;
+  if (cl.embedding) {
+    word = AddParam("embedding.word", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+    word_embedding_param_ = word.param;
+    if (m_.position == prog::PositionKind::Learned)
+      pos = AddParam("embedding.position", 1, {m_.seq_len, h}, -1, prog::InitKind::Normal, 0.02, true, true, p_.sp);
+  }
+  struct LayerParams {
+    NormParams n1, n2;
+    ParamRef wq, wk, wv, wo, bq, bk, bv, bo, w1, w3, w2, b1, b2;
+  };
+  std::vector<LayerParams> lp(cl.layers);
+  for (int32_t i = 0; i < cl.layers; ++i) {
+    int32_t L = cl.first_layer + i;
+    layer_ = L;
+    std::string n = fmt::format("layers.{}.", L);
+    LayerParams& P = lp[i];
+    P.n1 = MakeNorm(n + "attention_norm", LayerKey(L, 0));
+    P.wq = AddParam(n + "attention.wq", LayerKey(L, 2), {m_.heads * hd, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+    P.wk = AddParam(n + "attention.wk", LayerKey(L, 3), {m_.kv_heads * hd, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+    P.wv = AddParam(n + "attention.wv", LayerKey(L, 4), {m_.kv_heads * hd, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+    if (bias) {
+      P.bq = AddParam(n + "attention.bq", LayerKey(L, 5), {m_.heads * hd}, 0, prog::InitKind::Zeros, 0, false, false, false);
+      P.bk = AddParam(n + "attention.bk", LayerKey(L, 6), {m_.kv_heads * hd}, 0, prog::InitKind::Zeros, 0, false, false, false);
+      P.bv = AddParam(n + "attention.bv", LayerKey(L, 7), {m_.kv_heads * hd}, 0, prog::InitKind::Zeros, 0, false, false, false);
+    }
+    P.wo = AddParam(n + "attention.wo", LayerKey(L, 8), {h, m_.heads * hd}, 1, prog::InitKind::Normal, OutStd(), true, false, false);
+    if (bias) P.bo = AddParam(n + "attention.bo", LayerKey(L, 9), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+    P.n2 = MakeNorm(n + "mlp_norm", LayerKey(L, 10));
+    if (gpt) {
+      P.w1 = AddParam(n + "mlp.fc1", LayerKey(L, 12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+      if (bias) P.b1 = AddParam(n + "mlp.b1", LayerKey(L, 13), {m_.ffn_hidden}, 0, prog::InitKind::Zeros, 0, false, false, false);
+      P.w2 = AddParam(n + "mlp.fc2", LayerKey(L, 14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal, OutStd(), true, false, false);
+    } else {
+      P.w1 = AddParam(n + "mlp.w_gate", LayerKey(L, 12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+      P.w3 = AddParam(n + "mlp.w_up", LayerKey(L, 13), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+      P.w2 = AddParam(n + "mlp.w_down", LayerKey(L, 14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal, OutStd(), true, false, false);
+    }
+    if (bias) P.b2 = AddParam(n + "mlp.b2", LayerKey(L, 15), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+  }
+  layer_ = -1;
+  if (cl.loss) {
+    final_norm = MakeNorm("final_norm", 2);
+    if (m_.tied_embeddings) {
+      if (cl.embedding || word_embedding_param_ >= 0) {
+        out_w = {word_embedding_param_, role_.params[word_embedding_param_].buffer, role_.params[word_embedding_param_].grad};
+      } else {
+        // The last stage's copy of the word embedding: same key (same initial values), its
+        // gradient is summed with the first stage's over the Embedding group, counted once in the norm.
+        out_w = AddParam("embedding.word.tied_copy", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02, true,
+                         false, false, /*counts_in_norm=*/false);
+        output_copy_param_ = out_w.param;
+      }
+    } else {
+      out_w = AddParam("output.weight", 4, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+    }
+  }
+
+  // ---------------- forward ----------------
+  role_.bodies.push_back({fmt::format("chunk{}.forward", index), {}});
+  chunk.forward = static_cast<int32_t>(role_.bodies.size() - 1);
+  role_.bodies.push_back({fmt::format("chunk{}.backward", index), {}});
+  chunk.backward = static_cast<int32_t>(role_.bodies.size() - 1);
+  Body* fwd = &role_.bodies[chunk.forward];
+  Body* bwd = &role_.bodies[chunk.backward];
+  body_ = fwd;
+
+  int32_t ids = -1, x = -1;
+  if (cl.embedding) {
+    ids = Buf(Prefix() + "tokens", {tokens_}, DType::I32);
+    Emit(OpKind::LoadBatch, {}, {ids}, CommKind::None, {0});
+    int32_t e = Act("embedding.out", {tokens_, h});
+    Emit(OpKind::Embedding, {ids, word.value}, {e}, tp_comm_);
+    x = ReducePartial(e, "embedding.out_sp", h);
+    if (pos.value >= 0) Emit(OpKind::AddPosition, {x, pos.value}, {x}, p_.sp ? tp_comm_ : CommKind::None);
+    chunk.input = -1;
+  } else {
+    x = Act("input", {rows_, h});
+    chunk.input = x;
+  }
+
+  struct LayerSaved {
+    int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1, u = -1, a = -1;
+    NormOut no1, no2;
+  };
+  std::vector<LayerSaved> saved(cl.layers);
+  const std::vector<int64_t> attn_ints = {m_.micro_batch, m_.seq_len, heads, kv, hd};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  for (int32_t i = 0; i < cl.layers; ++i) {
+    layer_ = cl.first_layer + i;
+    LayerParams& P = lp[i];
+    LayerSaved& S = saved[i];
+    S.x = x;
+    S.no1 = NormForward("attention_norm", P.n1, x);
+    S.n1f = GatherSp(S.no1.y, "attention_norm.out_full", h);
+    S.q = Act("q", {tokens_, heads * hd});
+    S.k = Act("k", {tokens_, kv * hd});
+    S.v = Act("v", {tokens_, kv * hd});
+    auto lin_in = [&](int32_t in, const ParamRef& w, const ParamRef& b) {
+      std::vector<int32_t> v = {in, w.value};
+      if (b.value >= 0) v.push_back(b.value);
+      return v;
+    };
+    Emit(OpKind::Linear, lin_in(S.n1f, P.wq, P.bq), {S.q});
+    Emit(OpKind::Linear, lin_in(S.n1f, P.wk, P.bk), {S.k});
+    Emit(OpKind::Linear, lin_in(S.n1f, P.wv, P.bv), {S.v});
+    if (m_.position == prog::PositionKind::Rope) {
+      Emit(OpKind::Rope, {S.q}, {S.q}, CommKind::None, {heads, hd}, {m_.rope_theta});
+      Emit(OpKind::Rope, {S.k}, {S.k}, CommKind::None, {kv, hd}, {m_.rope_theta});
+    }
+    S.o = Act("attention.out", {tokens_, heads * hd});
+    S.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
+    Emit(OpKind::Attention, {S.q, S.k, S.v}, {S.o, S.lse}, CommKind::None, attn_ints, {scale});
+    int32_t proj = Act("attention.proj", {tokens_, h});
+    Emit(OpKind::Linear, {S.o, P.wo.value}, {proj});
+    int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
+    if (P.bo.value >= 0) Emit(OpKind::AddBias, {pr, P.bo.value}, {pr});
+    S.x1 = Act("residual1", {rows_, h});
+    Emit(OpKind::Add, {x, pr}, {S.x1});
+    S.no2 = NormForward("mlp_norm", P.n2, S.x1);
+    S.n2f = GatherSp(S.no2.y, "mlp_norm.out_full", h);
+    if (gpt) {
+      S.g = Act("mlp.fc1_out", {tokens_, ffn});
+      Emit(OpKind::Linear, lin_in(S.n2f, P.w1, P.b1), {S.g});
+      S.a = Act("mlp.act", {tokens_, ffn});
+      Emit(OpKind::Gelu, {S.g}, {S.a});
+    } else {
+      S.g = Act("mlp.gate", {tokens_, ffn});
+      S.u = Act("mlp.up", {tokens_, ffn});
+      Emit(OpKind::Linear, {S.n2f, P.w1.value}, {S.g});
+      Emit(OpKind::Linear, {S.n2f, P.w3.value}, {S.u});
+      S.a = Act("mlp.act", {tokens_, ffn});
+      Emit(OpKind::SwiGlu, {S.g, S.u}, {S.a});
+    }
+    int32_t down = Act("mlp.down", {tokens_, h});
+    Emit(OpKind::Linear, {S.a, P.w2.value}, {down});
+    int32_t dr = ReducePartial(down, "mlp.down_sp", h);
+    if (P.b2.value >= 0) Emit(OpKind::AddBias, {dr, P.b2.value}, {dr});
+    bool last_of_chunk = i + 1 == cl.layers;
+    int32_t next = (last_of_chunk && !cl.loss) ? Buf(fmt::format("chunk{}.output", index), {rows_, h}, act_)
+                                               : Act("out", {rows_, h});
+    Emit(OpKind::Add, {S.x1, dr}, {next});
+    x = next;
+  }
+  layer_ = -1;
+  chunk.output = -1;
+  NormOut fno;
+  int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;
+  if (cl.loss) {
+    fno = NormForward("final_norm", final_norm, x);
+    nff = GatherSp(fno.y, "final_norm.out_full", h);
+    logits = Act("logits", {tokens_, vocab_local});
+    Emit(OpKind::Linear, {nff, out_w.value}, {logits});
+    labels = Buf(Prefix() + "labels", {tokens_}, DType::I32);
+    Emit(OpKind::LoadBatch, {}, {labels}, CommKind::None, {1});
+    cmax = Stat("loss.max", {tokens_});
+    Emit(OpKind::CrossEntropyMax, {logits}, {cmax});
+    if (tp_ > 1) Emit(OpKind::AllReduce, {cmax}, {cmax}, CommKind::Tp, {prog::kReduceMax});
+    cst = Stat("loss.sumexp_target", {tokens_, 2});
+    Emit(OpKind::CrossEntropySumExp, {logits, cmax, labels}, {cst}, tp_comm_);
+    if (tp_ > 1) Emit(OpKind::AllReduce, {cst}, {cst}, CommKind::Tp, {prog::kReduceSum});
+    Emit(OpKind::CrossEntropyLoss, {cmax, cst}, {loss_sum_}, CommKind::None, {},
+         {1.0 / static_cast<double>(s_.microbatches)});
+  } else {
+    chunk.output = x;
+  }
+
+  // ---------------- backward ----------------
+  body_ = bwd;
+  int32_t gx = Buf(fmt::format("chunk{}.grad", index), {rows_, h}, act_);
+  chunk.grad = gx;
+  if (cl.loss) {
+    int32_t dz = Act("logits.grad", {tokens_, vocab_local});
+    Emit(OpKind::CrossEntropyBackward, {logits, cmax, cst, labels}, {dz}, tp_comm_, {},
+         {1.0 / static_cast<double>(s_.microbatches * p_.dp)});
+    int32_t dnf = Act("final_norm.out_full.grad", {tokens_, h});
+    Emit(OpKind::LinearBackward, {dz, nff, out_w.value}, {dnf, out_w.grad}, CommKind::None, {0});
+    int32_t dn = ReduceGradToRows(dnf, "final_norm.out.grad");
+    NormBackward(final_norm, fno, x, dn, gx, /*accumulate=*/false);
+  }
+  for (int32_t i = cl.layers - 1; i >= 0; --i) {
+    layer_ = cl.first_layer + i;
+    LayerParams& P = lp[i];
+    LayerSaved& S = saved[i];
+    // MLP
+    int32_t gxf = GatherSp(gx, "mlp.down.grad_full", h);
+    if (P.b2.value >= 0) Emit(OpKind::AddBiasBackward, {gx}, {P.b2.grad});
+    int32_t da = Act("mlp.act.grad", {tokens_, ffn});
+    Emit(OpKind::LinearBackward, {gxf, S.a, P.w2.value}, {da, P.w2.grad}, CommKind::None, {0});
+    int32_t dn2f = Act("mlp_norm.out_full.grad", {tokens_, h});
+    auto lin_grads = [&](int32_t dx, const ParamRef& w, const ParamRef& b) {
+      std::vector<int32_t> v = {dx, w.grad};
+      if (b.grad >= 0) v.push_back(b.grad);
+      return v;
+    };
+    if (gpt) {
+      int32_t dg = Act("mlp.fc1_out.grad", {tokens_, ffn});
+      Emit(OpKind::GeluBackward, {da, S.g}, {dg});
+      Emit(OpKind::LinearBackward, {dg, S.n2f, P.w1.value}, lin_grads(dn2f, P.w1, P.b1), CommKind::None, {0});
+    } else {
+      int32_t dg = Act("mlp.gate.grad", {tokens_, ffn});
+      int32_t du = Act("mlp.up.grad", {tokens_, ffn});
+      Emit(OpKind::SwiGluBackward, {da, S.g, S.u}, {dg, du});
+      Emit(OpKind::LinearBackward, {dg, S.n2f, P.w1.value}, {dn2f, P.w1.grad}, CommKind::None, {0});
+      Emit(OpKind::LinearBackward, {du, S.n2f, P.w3.value}, {dn2f, P.w3.grad}, CommKind::None, {1});
+    }
+    int32_t dn2 = ReduceGradToRows(dn2f, "mlp_norm.out.grad");
+    NormBackward(P.n2, S.no2, S.x1, dn2, gx, /*accumulate=*/true);
+    // Attention
+    int32_t gxf2 = GatherSp(gx, "attention.proj.grad_full", h);
+    if (P.bo.value >= 0) Emit(OpKind::AddBiasBackward, {gx}, {P.bo.grad});
+    int32_t dout = Act("attention.out.grad", {tokens_, heads * hd});
+    Emit(OpKind::LinearBackward, {gxf2, S.o, P.wo.value}, {dout, P.wo.grad}, CommKind::None, {0});
+    int32_t dq = Act("q.grad", {tokens_, heads * hd});
+    int32_t dk = Act("k.grad", {tokens_, kv * hd});
+    int32_t dv = Act("v.grad", {tokens_, kv * hd});
+    Emit(OpKind::AttentionBackward, {dout, S.q, S.k, S.v, S.o, S.lse}, {dq, dk, dv}, CommKind::None, attn_ints, {scale});
+    if (m_.position == prog::PositionKind::Rope) {
+      Emit(OpKind::RopeBackward, {dq}, {dq}, CommKind::None, {heads, hd}, {m_.rope_theta});
+      Emit(OpKind::RopeBackward, {dk}, {dk}, CommKind::None, {kv, hd}, {m_.rope_theta});
+    }
+    int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
+    Emit(OpKind::LinearBackward, {dq, S.n1f, P.wq.value}, lin_grads(dn1f, P.wq, P.bq), CommKind::None, {0});
+    Emit(OpKind::LinearBackward, {dk, S.n1f, P.wk.value}, lin_grads(dn1f, P.wk, P.bk), CommKind::None, {1});
+    Emit(OpKind::LinearBackward, {dv, S.n1f, P.wv.value}, lin_grads(dn1f, P.wv, P.bv), CommKind::None, {1});
+    int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
+    NormBackward(P.n1, S.no1, S.x, dn1, gx, /*accumulate=*/true);
+  }
+  layer_ = -1;
+  if (cl.embedding) {
+    if (pos.value >= 0) Emit(OpKind::AddPositionBackward, {gx}, {pos.grad}, p_.sp ? tp_comm_ : CommKind::None);
+    int32_t gfull = GatherSp(gx, "embedding.out.grad_full", h);
+    Emit(OpKind::EmbeddingBackward, {gfull, ids}, {word.grad}, tp_comm_);
+  }
+  body_ = nullptr;
+}
+
+// Classify: a non-parameter buffer that both bodies of its chunk touch is kept per microbatch.
+void RoleLowering::ClassifyStash() {
+  std::vector<uint8_t> seen(role_.buffers.size(), 0);  // bit 0: forward, bit 1: backward
+  for (const Chunk& c : role_.chunks) {
+    for (int which = 0; which < 2; ++which) {
+      const Body& body = role_.bodies[which == 0 ? c.forward : c.backward];
+      for (const Op& op : body.ops) {
+        for (int32_t b : op.inputs) seen[b] |= static_cast<uint8_t>(1 << which);
+        for (int32_t b : op.outputs) seen[b] |= static_cast<uint8_t>(1 << which);
+      }
+    }
+    for (int32_t b : {c.input, c.output, c.grad})
+      if (b >= 0) seen[b] = 3;
+  }
+  for (size_t b = 0; b < role_.buffers.size(); ++b) {
+    Buffer& buf = role_.buffers[b];
+    if (buf.kind == BufferKind::Scratch && seen[b] == 3) buf.kind = BufferKind::Stash;
+  }
+}
+
+void RoleLowering::BuildBuckets() {
+  int64_t dp = p_.dp;
+  for (const Chunk& c : role_.chunks) {
+    Bucket bucket;
+    bucket.chunk = c.index;
+    int64_t elements = 0;
+    std::vector<int32_t> members;
+    for (size_t i = 0; i < role_.params.size(); ++i) {
+      const Param& prm = role_.params[i];
+      if (prm.chunk != c.index) continue;
+      elements = (elements + kParamAlignElements - 1) / kParamAlignElements * kParamAlignElements;
+      role_.buffers[prm.buffer].view_offset = elements;
+      role_.buffers[prm.grad].view_offset = elements;
+      elements += role_.buffers[prm.buffer].Elements();
+      members.push_back(static_cast<int32_t>(i));
+    }
+    elements = std::max<int64_t>(elements, 1);
+    elements = (elements + dp - 1) / dp * dp;
+    bucket.elements = elements;
+    bucket.shard_elements = p_.zero >= 1 ? elements / dp : elements;
+    chunk_ = c.index;
+    layer_ = -1;
+    bucket.params = Buf(fmt::format("chunk{}.params", c.index), {elements}, act_, BufferKind::Bucket);
+    bucket.grads = Buf(fmt::format("chunk{}.grads", c.index), {elements}, DType::F32, BufferKind::Bucket);
+    for (int32_t i : members) {
+      role_.buffers[role_.params[i].buffer].view_of = bucket.params;
+      role_.buffers[role_.params[i].grad].view_of = bucket.grads;
+    }
+    bucket.master = Buf(fmt::format("chunk{}.master", c.index), {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    bucket.exp_avg = Buf(fmt::format("chunk{}.exp_avg", c.index), {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    bucket.exp_avg_sq = Buf(fmt::format("chunk{}.exp_avg_sq", c.index), {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    if (p_.zero >= 3)
+      bucket.param_shard = Buf(fmt::format("chunk{}.param_shard", c.index), {bucket.shard_elements}, act_, BufferKind::Param);
+    role_.buckets.push_back(bucket);
+  }
+  chunk_ = -1;
+}
+
+StepBodies RoleLowering::BuildStepBodies() {
+  StepBodies sb;
+  const bool sharded = p_.zero >= 1 && p_.dp > 1;
+  chunk_ = -1;
+  layer_ = -1;
+  // Zero grads.
+  role_.bodies.push_back({"zero_grads", {}});
+  sb.zero_grads = static_cast<int32_t>(role_.bodies.size() - 1);
+  body_ = &role_.bodies.back();
+  {
+    std::vector<int32_t> outs;
+    for (const Bucket& b : role_.buckets) outs.push_back(b.grads);
+    outs.push_back(loss_sum_);
+    Emit(OpKind::Fill, {}, outs, CommKind::None, {}, {0.0});
+  }
+  // Reduce grads: sequence-parallel partials over Tp, tied embedding over Embedding, then Dp.
+  role_.bodies.push_back({"reduce_grads", {}});
+  sb.reduce_grads = static_cast<int32_t>(role_.bodies.size() - 1);
+  body_ = &role_.bodies.back();
+  for (const Param& prm : role_.params)
+    if (prm.grad_sync_tp) Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
+  if (m_.tied_embeddings && p_.pp > 1) {
+    int32_t prm = word_embedding_param_ >= 0 ? word_embedding_param_ : output_copy_param_;
+    if (prm >= 0) {
+      int32_t g = role_.params[prm].grad;
+      Emit(OpKind::AllReduce, {g}, {g}, CommKind::Embedding, {prog::kReduceSum});
+    }
+  }
+  if (p_.dp > 1)
+    for (const Bucket& b : role_.buckets)
+      Emit(sharded ? OpKind::ReduceScatter : OpKind::AllReduce, {b.grads}, {b.grads}, CommKind::Dp, {prog::kReduceSum});
+  // Optimizer step.
+  role_.bodies.push_back({"optimizer_step", {}});
+  sb.optimizer_step = static_cast<int32_t>(role_.bodies.size() - 1);
+  body_ = &role_.bodies.back();
+  int32_t nsq = Buf("grad_norm_square", {1}, DType::F32, BufferKind::Persistent);
+  {
+    std::vector<int32_t> grads;
+    for (const Bucket& b : role_.buckets) grads.push_back(b.grads);
+    Emit(OpKind::GradNormSquare, grads, {nsq}, sharded ? CommKind::Dp : CommKind::None);
+    int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
+    if (sharded) {
+      if (world > 1) Emit(OpKind::AllReduce, {nsq}, {nsq}, CommKind::World, {prog::kReduceSum});
+    } else if (p_.tp * p_.pp > 1) {
+      Emit(OpKind::AllReduce, {nsq}, {nsq}, CommKind::Mp, {prog::kReduceSum});
+    }
+  }
+  OpKind update = s_.sgd ? OpKind::Sgd : OpKind::AdamW;
+  for (const Bucket& b : role_.buckets) {
+    int32_t target = p_.zero >= 3 ? b.param_shard : b.params;
+    Emit(update, {b.params, b.grads, b.master, b.exp_avg, b.exp_avg_sq, nsq}, {target},
+         sharded ? CommKind::Dp : CommKind::None, {b.chunk});
+    if (sharded && p_.zero < 3) Emit(OpKind::AllGather, {b.params}, {b.params}, CommKind::Dp);
+  }
+  bool has_loss = false;
+  for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
+  if (has_loss && p_.dp > 1) Emit(OpKind::AllReduce, {loss_sum_}, {loss_sum_}, CommKind::Dp, {prog::kReduceAvg});
+  // ZeRO-3: gather a chunk's params from the shards before each use.
+  if (p_.zero >= 3 && p_.dp > 1) {
+    for (const Bucket& b : role_.buckets) {
+      role_.bodies.push_back({fmt::format("chunk{}.gather_params", b.chunk), {}});
+      sb.gather_params.push_back(static_cast<int32_t>(role_.bodies.size() - 1));
+      body_ = &role_.bodies.back();
+      Emit(OpKind::AllGather, {b.param_shard}, {b.params}, CommKind::Dp);
+    }
+  }
+  body_ = nullptr;
+  return sb;
+}
+
+StepBodies RoleLowering::Build(const std::vector<ChunkLayers>& chunks) {
+  role_.pipeline_rank = pipeline_rank_;
+  role_.name = fmt::format("stage{}", pipeline_rank_);
+  loss_sum_ = Buf("loss_sum", {1}, DType::F32, BufferKind::Persistent);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Chunk c;
+    BuildChunk(static_cast<int32_t>(i), chunks[i], c);
+    role_.chunks.push_back(c);
+  }
+  chunk_ = -1;
+  ClassifyStash();
+  BuildBuckets();
+  return BuildStepBodies();
+}
+
+}  // namespace
+
+StepBodies BuildRoleBodies(const BodyShape& shape, int32_t pipeline_rank, const std::vector<ChunkLayers>& chunks,
+                           Role& role) {
+  RoleLowering lowering(shape, pipeline_rank, role);
+  return lowering.Build(chunks);
+}
+
+}  // namespace paraplan::lower

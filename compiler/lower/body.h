@@ -1,0 +1,59 @@
+// Bodies: the forward and backward op lists of one model chunk, and the step bodies (zero
+// grads, gradient synchronisation, optimizer step, ZeRO-3 gathers) of one role.
+//
+// A Llama-style decoder (RMSNorm, RoPE, GQA causal attention, SwiGLU, untied or tied
+// embeddings) and a GPT-2-style one (LayerNorm with biases, learned positions, GELU, tied
+// embeddings), with the tensor-parallel collectives explicit: column-parallel q/k/v, gate/up
+// and fc1; row-parallel o and down/fc2 followed by an all-reduce (or, with sequence
+// parallelism, a reduce-scatter, and an all-gather before every column-parallel block);
+// vocab-parallel embedding and cross-entropy. Semantics of every op: runtime/format/README.md.
+//
+// BuildRoleBodies fills a Role's params, buffers (shapes, kinds; no placement yet), buckets,
+// chunks and bodies. Placement is memory_plan.h's job, the schedule lower.cpp's.
+#ifndef PARAPLAN_COMPILER_LOWER_BODY_H_
+#define PARAPLAN_COMPILER_LOWER_BODY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/lower/program.h"
+
+namespace paraplan::lower {
+
+// One chunk of a pipeline rank, from the pipeline partition.
+struct ChunkLayers {
+  int32_t first_layer = 0;
+  int32_t layers = 0;
+  bool embedding = false;  // holds the word embedding (first virtual stage)
+  bool loss = false;       // holds the final norm, output layer and loss (last virtual stage)
+};
+
+// The sizes bodies are built for (from Program::model / parallel / train).
+struct BodyShape {
+  ModelConfig model;
+  ParallelConfig parallel;
+  int64_t microbatches = 1;
+  prog::Precision precision = prog::Precision::Bf16;
+  bool sgd = false;             // optimizer.type = sgd: Sgd ops instead of AdamW
+};
+
+// Indices of the step bodies BuildRoleBodies adds after the chunk bodies.
+struct StepBodies {
+  int32_t zero_grads = -1;
+  int32_t reduce_grads = -1;
+  int32_t optimizer_step = -1;
+  std::vector<int32_t> gather_params;  // per chunk, ZeRO-3 only
+};
+
+// Builds everything of a role but placement and schedule. `chunks` is this pipeline rank's
+// chunks in local order.
+StepBodies BuildRoleBodies(const BodyShape& shape, int32_t pipeline_rank,
+                           const std::vector<ChunkLayers>& chunks, Role& role);
+
+// The element type of activations for a precision (bf16 for bf16 and fp8, f16, f32).
+prog::DType ActivationType(prog::Precision precision);
+
+}  // namespace paraplan::lower
+
+#endif  // PARAPLAN_COMPILER_LOWER_BODY_H_

@@ -1,0 +1,314 @@
+// Lowering entry point (see lower.h).
+#include "compiler/lower/lower.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+
+#include "compiler/lower/body.h"
+#include "compiler/lower/memory_plan.h"
+#include "compiler/lower/schedule.h"
+#include "compiler/lower/verify.h"
+
+namespace paraplan::lower {
+
+namespace {
+
+prog::ScheduleKind ToScheduleKind(Schedule s) {
+  switch (s) {
+    case Schedule::kGpipe: return prog::ScheduleKind::Gpipe;
+    case Schedule::k1F1B: return prog::ScheduleKind::OneFOneB;
+    case Schedule::kInterleaved1F1B: return prog::ScheduleKind::Interleaved1F1B;
+  }
+  return prog::ScheduleKind::OneFOneB;
+}
+
+prog::Precision ToPrecision(Precision p) {
+  switch (p) {
+    case Precision::kBf16: return prog::Precision::Bf16;
+    case Precision::kFp16: return prog::Precision::Fp16;
+    case Precision::kFp32: return prog::Precision::Fp32;
+    case Precision::kFp8: return prog::Precision::Fp8;
+  }
+  return prog::Precision::Bf16;
+}
+
+// Checks the plan against what lowering emits; reports P0801/P0803 and returns false on errors.
+bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& q = plan.parallel;
+  bool ok = true;
+  auto unsupported = [&](std::string what, std::string_view path, std::string help) {
+    sink.Report(Diag(DiagKind::kLowerUnsupported, fmt::format("lowering does not emit {} yet", what))
+                    .At(plan.Range(path), "set here")
+                    .Note("the program format reserves ops for it (runtime/format/README.md, reserved ops); the runtime cannot run it yet")
+                    .Help(std::move(help)));
+    ok = false;
+  };
+  if (m.IsMoe()) unsupported(fmt::format("mixture-of-experts layers ({} experts)", m.experts), "model.experts", "`planc check` and `planc explain` analyse this plan; compile a dense model for now");
+  if (m.IsMla()) unsupported("multi-head latent attention", "model.kv_lora_rank", "`planc check` and `planc explain` analyse this plan; compile a model with ordinary attention for now");
+  if (q.cp > 1) unsupported(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp", "set `parallel.cp = 1`");
+  if (q.ep > 1) unsupported(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep", "set `parallel.ep = 1`");
+  if (!ok) return false;
+  auto divide = [&](std::string_view what, int64_t value, std::string_view path, int64_t by, std::string_view by_name) {
+    if (by > 0 && value % by == 0) return;
+    sink.Report(Diag(DiagKind::kLowerShape, fmt::format("{} = {} is not a multiple of {} = {}", what, value, by_name, by))
+                    .At(plan.Range(path))
+                    .Value(fmt::format("{} mod {}", what, by_name), fmt::format("{} mod {} = {}", value, by, by ? value % by : 0))
+                    .Note(fmt::format("every rank of a tensor-parallel group holds an equal share of the {}", what))
+                    .Help(fmt::format("choose a tp that divides {}", value)));
+    ok = false;
+  };
+  divide("heads", m.heads, "model.heads", q.tp, "tp");
+  divide("kv_heads", m.kv_heads, "model.kv_heads", q.tp, "tp");
+  divide("ffn_hidden", m.ffn_hidden, "model.ffn_hidden", q.tp, "tp");
+  if (q.sp && q.tp > 1) {
+    int64_t tokens = plan.batch.micro * m.seq_len;
+    if (tokens % q.tp != 0) {
+      sink.Report(Diag(DiagKind::kLowerShape,
+                       fmt::format("micro · seq_len = {} · {} = {} tokens do not split across tp = {} under sequence parallelism",
+                                   plan.batch.micro, m.seq_len, tokens, q.tp))
+                      .At(plan.Range("parallel.sp"))
+                      .Note("with sp each tensor-parallel rank holds tokens / tp rows of the residual stream")
+                      .Help("make micro · seq_len a multiple of tp, or set `parallel.sp = false`"));
+      ok = false;
+    }
+  }
+  if (m.head_dim <= 0 || m.hidden <= 0 || m.seq_len <= 0 || m.vocab <= 0 || m.layers <= 0) {
+    sink.Report(Diag(DiagKind::kLowerShape, "the model has a size <= 0 (hidden, head_dim, seq_len, vocab or layers)")
+                    .Note("lowering needs every tensor shape").Help("give the model its full shape"));
+    ok = false;
+  }
+  return ok;
+}
+
+// Slots: a (microbatch, chunk) takes the lowest free slot of its chunk at its first transfer or
+// forward and gives it back after its last use (its SendGrad, or its Backward on the first
+// stage), once the transfer group that used it has completed.
+void AssignSlots(Role& role) {
+  int32_t nc = static_cast<int32_t>(role.chunks.size());
+  // Per chunk and slot: 0 free, 1 busy, 2 freed inside the current transfer group (its grad
+  // buffer may still be read by a send of this group; its input buffer is free).
+  std::vector<std::vector<uint8_t>> state(nc);
+  std::map<std::pair<int64_t, int64_t>, int32_t> slot_of;  // (mb, chunk) -> slot
+  int64_t current_group = 0;
+  auto flush = [&]() {
+    for (auto& v : state)
+      for (auto& x : v)
+        if (x == 2) x = 0;
+  };
+  for (Op& op : role.schedule) {
+    bool p2p = IsP2p(op.kind);
+    int64_t group = p2p ? op.Int(4) : 0;
+    if (!p2p || group == 0 || group != current_group) flush();
+    current_group = group;
+    if (op.kind != OpKind::Forward && op.kind != OpKind::Backward && !p2p) continue;
+    int64_t mb = op.Int(0), c = op.Int(1);
+    auto key = std::make_pair(mb, c);
+    auto it = slot_of.find(key);
+    int32_t slot;
+    if (it == slot_of.end()) {
+      auto& v = state[c];
+      // A receive of an activation may take a slot freed in its own group; nothing else may.
+      bool take_freed = op.kind == OpKind::RecvActivation;
+      auto free = std::find_if(v.begin(), v.end(), [&](uint8_t x) { return x == 0 || (take_freed && x == 2); });
+      slot = static_cast<int32_t>(free - v.begin());
+      if (free == v.end()) v.push_back(1); else *free = 1;
+      slot_of[key] = slot;
+    } else {
+      slot = it->second;
+    }
+    op.ints[prog::kP2pSlot] = slot;
+    const Chunk& ch = role.chunks[c];
+    bool last_use = op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && ch.stage == 0);
+    if (last_use) {
+      slot_of.erase(key);
+      state[c][slot] = 2;
+      if (!p2p || group == 0) flush();
+    }
+  }
+  for (int32_t c = 0; c < nc; ++c) role.chunks[c].slots = std::max<int32_t>(1, static_cast<int32_t>(state[c].size()));
+}
+
+void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb, const ParallelConfig& par, Role& role) {
+  std::vector<Op>& out = role.schedule;
+  out.push_back(Op{OpKind::ZeroGrads, {}, {}, CommKind::None, {sb.zero_grads}, {}});
+  bool zero3 = !sb.gather_params.empty();
+  for (const PipelineStep& st : steps) {
+    const Chunk& c = role.chunks[st.chunk];
+    Op op;
+    op.kind = st.kind;
+    switch (st.kind) {
+      case OpKind::Forward:
+      case OpKind::Backward:
+        if (zero3) out.push_back(Op{OpKind::GatherParams, {}, {}, CommKind::None, {st.chunk, sb.gather_params[st.chunk]}, {}});
+        op.ints = {st.microbatch, st.chunk, 0};
+        out.push_back(op);
+        if (zero3) out.push_back(Op{OpKind::ReleaseParams, {}, {}, CommKind::None, {st.chunk}, {}});
+        continue;
+      case OpKind::SendActivation: op.inputs = {c.output}; break;
+      case OpKind::RecvActivation: op.outputs = {c.input}; break;
+      case OpKind::SendGrad: op.inputs = {c.grad}; break;
+      case OpKind::RecvGrad: op.outputs = {c.grad}; break;
+      default: break;
+    }
+    op.comm = CommKind::Pp;
+    op.ints = {st.microbatch, st.chunk, 0, st.peer, st.group};
+    out.push_back(op);
+  }
+  out.push_back(Op{OpKind::ReduceGrads, {}, {}, CommKind::None, {sb.reduce_grads}, {}});
+  out.push_back(Op{OpKind::OptimizerStep, {}, {}, CommKind::None, {sb.optimizer_step}, {}});
+  (void)par;
+}
+
+// Communicators from the layout: a kind is listed when its groups have more than one member
+// (World always). Returns the index of each rank's communicator per kind.
+void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
+  const int64_t world = layout.world_size();
+  p.ranks.assign(world, Rank());
+  struct KindMap {
+    CommKind kind;
+    GroupKind group;
+  };
+  const KindMap kinds[] = {{CommKind::Tp, GroupKind::kTp},     {CommKind::Pp, GroupKind::kPp},
+                           {CommKind::Dp, GroupKind::kDp},     {CommKind::Cp, GroupKind::kCp},
+                           {CommKind::DpCp, GroupKind::kDpCp}, {CommKind::Mp, GroupKind::kTpPp},
+                           {CommKind::Embedding, GroupKind::kEmbd}};
+  // World first.
+  Communicator all;
+  all.kind = CommKind::World;
+  for (int64_t r = 0; r < world; ++r) all.members.push_back(static_cast<int32_t>(r));
+  p.communicators.push_back(std::move(all));
+  for (int64_t r = 0; r < world; ++r) p.ranks[r].comms[static_cast<int>(CommKind::World)] = 0;
+  std::vector<std::pair<CommKind, GroupKind>> ordered;
+  for (const KindMap& k : kinds) ordered.push_back({k.kind, k.group});
+  std::sort(ordered.begin(), ordered.end(), [](auto a, auto b) { return a.first < b.first; });
+  for (auto [kind, group] : ordered) {
+    const GroupList& list = layout.Groups(group);
+    if (list.group_size <= 1) continue;
+    if (kind == CommKind::DpCp && layout.sizes().cp == 1) continue;  // equal to Dp
+    if (kind == CommKind::Embedding && !tied_pp) continue;
+    for (int64_t g = 0; g < list.group_count(); ++g) {
+      Communicator c;
+      c.kind = kind;
+      for (int64_t m : list.Group(g)) c.members.push_back(static_cast<int32_t>(m));
+      int32_t index = static_cast<int32_t>(p.communicators.size());
+      for (int32_t m : c.members) p.ranks[m].comms[static_cast<int>(kind)] = index;
+      p.communicators.push_back(std::move(c));
+    }
+  }
+  for (int64_t r = 0; r < world; ++r) {
+    RankCoordinates rc = layout.Coordinates(r);
+    Rank& rank = p.ranks[r];
+    rank.role = static_cast<int32_t>(rc.pp);
+    rank.coords = {static_cast<int32_t>(rc.tp), static_cast<int32_t>(rc.cp), static_cast<int32_t>(rc.ep),
+                   static_cast<int32_t>(rc.dp), static_cast<int32_t>(rc.pp)};
+  }
+}
+
+}  // namespace
+
+std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Partition& partition,
+                             const LowerOptions& options, DiagnosticSink& sink) {
+  if (!CheckLowerable(plan, sink)) return std::nullopt;
+  Program p;
+  p.producer = options.producer;
+  p.plan_name = plan.name;
+  p.world_size = static_cast<int32_t>(layout.world_size());
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& q = plan.parallel;
+  int64_t pad = 128 * q.tp;
+  p.model = {m.name, static_cast<int32_t>(m.layers), m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim,
+             m.vocab, (m.vocab + pad - 1) / pad * pad, m.seq_len, plan.batch.micro,
+             m.norm == Norm::kLayerNorm ? prog::NormKind::LayerNorm : prog::NormKind::RmsNorm,
+             m.activation == Activation::kGelu ? prog::ActivationKind::Gelu : prog::ActivationKind::SwiGlu,
+             m.position == Position::kLearned ? prog::PositionKind::Learned : prog::PositionKind::Rope,
+             m.tied_embeddings, 1e-5, 10000.0, m.activation == Activation::kGelu};
+  p.parallel = {static_cast<int32_t>(q.tp), static_cast<int32_t>(q.pp), static_cast<int32_t>(q.vpp),
+                static_cast<int32_t>(q.cp), static_cast<int32_t>(q.ep), static_cast<int32_t>(q.dp),
+                q.sp && q.tp > 1, static_cast<int32_t>(plan.optimizer.zero), ToScheduleKind(plan.pipeline.schedule),
+                q.order};
+  const OptimizerSpec& o = plan.optimizer;
+  p.train = {plan.train.steps, plan.train.seed, plan.batch.global, plan.Microbatches(), ToPrecision(plan.precision),
+             o.lr, o.min_lr, o.warmup_steps, o.weight_decay, o.beta1, o.beta2, o.eps, o.clip_grad,
+             o.type == OptimizerType::kSgd ? "sgd" : "adamw", plan.train.data};
+
+  ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp, static_cast<int32_t>(p.train.microbatches),
+                      options.microbatch_group};
+  if (p.train.microbatches < 1 || p.train.microbatches > (1 << 24)) {
+    sink.Report(Diag(DiagKind::kLowerSchedule,
+                     fmt::format("global batch {} does not give a whole number of microbatches of {} sequences on dp = {}",
+                                 plan.batch.global, plan.batch.micro, q.dp))
+                    .At(plan.Range("batch.global"))
+                    .Note("microbatches = global / (micro · dp)")
+                    .Help(fmt::format("use a global batch that is a multiple of micro · dp = {}", plan.batch.micro * q.dp)));
+    return std::nullopt;
+  }
+  if (std::string why = CheckScheduleShape(shape); !why.empty()) {
+    sink.Report(Diag(DiagKind::kLowerSchedule, fmt::format("the {} schedule cannot be built: {}",
+                                                           ToString(plan.pipeline.schedule), why))
+                    .At(plan.Range("pipeline.schedule"))
+                    .Note("paraplan builds Megatron-Core's orders and accepts what Megatron-Core accepts")
+                    .Help(fmt::format("use a number of microbatches that is a multiple of pp = {}", q.pp)));
+    return std::nullopt;
+  }
+  if (static_cast<int64_t>(partition.stages.size()) != q.pp) {
+    sink.Report(Diag(DiagKind::kLowerSchedule, fmt::format("the pipeline partition has {} stages for pp = {}",
+                                                           partition.stages.size(), q.pp)));
+    return std::nullopt;
+  }
+
+  BodyShape bs;
+  bs.model = p.model;
+  bs.parallel = p.parallel;
+  bs.microbatches = p.train.microbatches;
+  bs.precision = p.train.precision;
+  bs.sgd = p.train.optimizer == "sgd";
+  std::vector<std::vector<PipelineStep>> pipeline = PipelinePrograms(shape);
+  for (int32_t r = 0; r < p.parallel.pp; ++r) {
+    std::vector<ChunkLayers> chunks;
+    for (const PipelineChunk& c : partition.stages[r].chunks)
+      chunks.push_back({static_cast<int32_t>(c.first_layer), static_cast<int32_t>(c.layer_count()), c.embedding, c.loss});
+    Role role;
+    StepBodies sb = BuildRoleBodies(bs, r, chunks, role);
+    BuildSchedule(pipeline[r], sb, p.parallel, role);
+    AssignSlots(role);
+    PlanMemory(role);
+    p.roles.push_back(std::move(role));
+  }
+  BuildWorld(layout, m.tied_embeddings && q.pp > 1, p);
+
+  if (options.before_verify) options.before_verify(p);
+  if (options.verify) {
+    VerifyStats stats;
+    std::vector<std::string> errors = VerifyWorld(p, &stats);
+    if (!errors.empty()) {
+      Diag d(DiagKind::kLowerVerify, fmt::format("the lowered programs fail whole-world verification: {}", errors[0]));
+      for (size_t i = 1; i < errors.size(); ++i) d.Note(errors[i]);
+      d.Note("this is a bug in planc; the program was not written");
+      sink.Report(std::move(d));
+      return std::nullopt;
+    }
+  }
+  return p;
+}
+
+std::optional<Program> LowerPlan(const Plan& plan, const LowerOptions& options, DiagnosticSink& sink) {
+  std::string error;
+  std::optional<Layout> layout = BuildLayout(plan, &error);
+  if (!layout) {
+    sink.Report(Diag(DiagKind::kLowerSchedule, fmt::format("the rank layout cannot be built: {}", error)));
+    return std::nullopt;
+  }
+  std::optional<Partition> partition = BuildPartition(plan, &sink);
+  if (!partition) {
+    if (!sink.has_errors())
+      sink.Report(Diag(DiagKind::kLowerSchedule, "the pipeline partition cannot be built for this plan"));
+    return std::nullopt;
+  }
+  return Lower(plan, *layout, *partition, options, sink);
+}
+
+}  // namespace paraplan::lower

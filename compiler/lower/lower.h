@@ -1,0 +1,42 @@
+// Lowering: the checked plan, its rank layout and pipeline partition -> the program of every
+// rank (program.h), verified for the whole world before anyone writes it.
+//
+// Steps: configs from the plan; one role per pipeline rank with its params, buffers and
+// bodies (body.h); the role's schedule from the pipeline program (schedule.h) with step bodies
+// around it and per-microbatch slots assigned; the static memory plan (memory_plan.h);
+// communicators and ranks from the layout; whole-world verification (verify.h).
+//
+// Errors the plan's rules did not already catch are reported as P08xx diagnostics and give
+// nullopt. Entry point of `planc compile`; also used by tests and bench/compile.
+#ifndef PARAPLAN_COMPILER_LOWER_LOWER_H_
+#define PARAPLAN_COMPILER_LOWER_LOWER_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "compiler/analyze/layout.h"
+#include "compiler/analyze/partition.h"
+#include "compiler/diagnostics/diagnostic.h"
+#include "compiler/lower/program.h"
+#include "compiler/plan/plan.h"
+
+namespace paraplan::lower {
+
+struct LowerOptions {
+  std::string producer = "planc 0.1.0";
+  int32_t microbatch_group = 0;  // interleaved: Megatron's microbatch_group_size_per_vp_stage; 0 = pp
+  bool verify = true;            // whole-world verification (tests switch it off to mutate first)
+  // Tests only: changes the program between building and verification.
+  std::function<void(Program&)> before_verify;
+};
+
+std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Partition& partition,
+                             const LowerOptions& options, DiagnosticSink& sink);
+
+// Convenience for tests and tools: builds layout and partition itself; reports their failures.
+std::optional<Program> LowerPlan(const Plan& plan, const LowerOptions& options, DiagnosticSink& sink);
+
+}  // namespace paraplan::lower
+
+#endif  // PARAPLAN_COMPILER_LOWER_LOWER_H_

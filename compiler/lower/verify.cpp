@@ -1,0 +1,500 @@
+// Whole-world verification (see verify.h).
+#include "compiler/lower/verify.h"
+
+#include <fmt/format.h>
+
+#include <deque>
+#include <map>
+#include <unordered_map>
+
+namespace paraplan::lower {
+
+std::string DescribeOp(const Op& op) {
+  switch (op.kind) {
+    case OpKind::Forward:
+    case OpKind::Backward:
+      return fmt::format("{}(microbatch {}, chunk {})", OpName(op.kind), op.Int(0), op.Int(1));
+    case OpKind::SendActivation:
+    case OpKind::RecvActivation:
+    case OpKind::SendGrad:
+    case OpKind::RecvGrad:
+      return fmt::format("{}(microbatch {}, chunk {}, peer {})", OpName(op.kind), op.Int(0), op.Int(1), op.Int(3));
+    default:
+      if (op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) {
+        int64_t r = op.Int(0);
+        return fmt::format("{}[{}, {}]", OpName(op.kind), CommName(op.comm),
+                           r == prog::kReduceMax ? "max" : r == prog::kReduceAvg ? "avg" : "sum");
+      }
+      if (IsCollective(op.kind)) return fmt::format("{}[{}]", OpName(op.kind), CommName(op.comm));
+      return std::string(OpName(op.kind));
+  }
+}
+
+namespace {
+
+enum class ItemType : uint8_t { kCompute, kP2p, kCollective };
+
+// One schedule-level step of a role's stream; step bodies are expanded into their collectives.
+struct Item {
+  ItemType type = ItemType::kCompute;
+  int32_t schedule_op = 0;  // position in the role's schedule
+  int32_t body_op = -1;     // position inside the step body (collectives)
+  int32_t group_end = 0;    // p2p: one past the last item of its group
+  bool send = false;
+  int32_t peer = -1;        // p2p: index in the Pp communicator
+  int64_t seq = 0;          // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
+  CommKind comm = CommKind::None;
+  int64_t bytes = 0;
+};
+
+struct RoleStream {
+  std::vector<Item> items;
+  // p2p lookup: (peer, send?, k) -> item
+  std::map<std::tuple<int32_t, bool, int64_t>, int32_t> p2p_index;
+  std::map<std::pair<int32_t, bool>, int64_t> p2p_count;  // (peer, send?) -> transfers
+};
+
+const Op& OpOf(const Role& role, const Item& it) {
+  const Op& s = role.schedule[it.schedule_op];
+  if (it.type != ItemType::kCollective) return s;
+  int64_t body = s.kind == OpKind::GatherParams ? s.Int(1) : s.Int(0);
+  return role.bodies[body].ops[it.body_op];
+}
+
+std::string Where(const Program& p, int32_t rank, const Item& it) {
+  const Role& role = p.roles[p.ranks[rank].role];
+  const Op& s = role.schedule[it.schedule_op];
+  if (it.type == ItemType::kCollective)
+    return fmt::format("rank {} ({}) op #{} {} / {}", rank, role.name, it.schedule_op, OpName(s.kind),
+                       DescribeOp(OpOf(role, it)));
+  return fmt::format("rank {} ({}) op #{} {}", rank, role.name, it.schedule_op, DescribeOp(s));
+}
+
+class WorldVerifier {
+ public:
+  WorldVerifier(const Program& p, VerifyStats* stats, size_t max_errors)
+      : p_(p), stats_(stats), max_errors_(max_errors) {}
+
+  std::vector<std::string> Run() {
+    errors_ = VerifyStructure(p_);
+    if (!errors_.empty()) return Trim();
+    for (size_t r = 0; r < p_.roles.size(); ++r) CheckRole(static_cast<int32_t>(r));
+    CheckHomogeneousKinds();
+    if (!errors_.empty()) return Trim();
+    BuildStreams();
+    if (!errors_.empty()) return Trim();
+    CheckTransferCounts();
+    if (!errors_.empty()) return Trim();
+    Simulate();
+    return Trim();
+  }
+
+ private:
+  bool Full() const { return errors_.size() >= max_errors_; }
+  void Error(std::string e) {
+    if (!Full()) errors_.push_back(std::move(e));
+  }
+  std::vector<std::string> Trim() {
+    if (errors_.size() > max_errors_) errors_.resize(max_errors_);
+    return errors_;
+  }
+
+  // Occurrence counts and order of forward / backward per (microbatch, chunk), and transfer
+  // operands, on one role (every rank of the role runs this stream).
+  void CheckRole(int32_t ri) {
+    const Role& role = p_.roles[ri];
+    int64_t m = p_.train.microbatches;
+    int64_t nc = static_cast<int64_t>(role.chunks.size());
+    if (m < 1) {
+      Error(fmt::format("{}: {} microbatches per step", role.name, m));
+      return;
+    }
+    std::vector<std::vector<int32_t>> fwd(m * nc), bwd(m * nc);
+    for (int32_t i = 0; i < static_cast<int32_t>(role.schedule.size()); ++i) {
+      const Op& op = role.schedule[i];
+      bool compute = op.kind == OpKind::Forward || op.kind == OpKind::Backward;
+      if (!compute && !IsP2p(op.kind)) continue;
+      int64_t mb = op.Int(0), c = op.Int(1);
+      if (mb < 0 || mb >= m) {
+        Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i, DescribeOp(op), m));
+        continue;
+      }
+      if (compute) {
+        (op.kind == OpKind::Forward ? fwd : bwd)[mb * nc + c].push_back(i);
+        continue;
+      }
+      const Chunk& ch = role.chunks[c];
+      int32_t expect = op.kind == OpKind::SendActivation ? ch.output
+                       : op.kind == OpKind::RecvActivation ? ch.input
+                                                           : ch.grad;
+      const auto& operands = (op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad) ? op.inputs : op.outputs;
+      if (expect < 0 || operands.size() != 1 || operands[0] != expect)
+        Error(fmt::format("{} op #{} {}: must name the chunk's {} buffer", role.name, i, DescribeOp(op),
+                          op.kind == OpKind::SendActivation ? "output" : op.kind == OpKind::RecvActivation ? "input" : "grad"));
+      if (op.comm != CommKind::Pp) Error(fmt::format("{} op #{} {}: a pipeline transfer must use the pp communicator", role.name, i, DescribeOp(op)));
+    }
+    auto ranks_of = [&](int32_t role_index) {
+      std::string out;
+      int n = 0;
+      for (size_t r = 0; r < p_.ranks.size() && n < 4; ++r)
+        if (p_.ranks[r].role == role_index) out += (n++ ? ", " : "") + std::to_string(r);
+      return out + (n == 4 ? ", ..." : "");
+    };
+    auto list = [](const std::vector<int32_t>& v) {
+      std::string s;
+      for (int32_t x : v) s += (s.empty() ? "#" : ", #") + std::to_string(x);
+      return s;
+    };
+    for (int64_t mb = 0; mb < m; ++mb)
+      for (int64_t c = 0; c < nc; ++c) {
+        const auto& f = fwd[mb * nc + c];
+        const auto& b = bwd[mb * nc + c];
+        if (f.size() != 1)
+          Error(fmt::format("ranks {} ({}): microbatch {} of chunk {} runs forward {} times{}; it must run exactly once",
+                            ranks_of(ri), role.name, mb, c, f.size(), f.empty() ? "" : " (ops " + list(f) + ")"));
+        if (b.size() != 1)
+          Error(fmt::format("ranks {} ({}): microbatch {} of chunk {} runs backward {} times{}; it must run exactly once",
+                            ranks_of(ri), role.name, mb, c, b.size(), b.empty() ? "" : " (ops " + list(b) + ")"));
+        if (f.size() == 1 && b.size() == 1 && b[0] < f[0])
+          Error(fmt::format("ranks {} ({}): microbatch {} of chunk {} runs backward (op #{}) before forward (op #{})",
+                            ranks_of(ri), role.name, mb, c, b[0], f[0]));
+      }
+  }
+
+  // Collectives inside forward/backward bodies are not simulated one by one: within every
+  // group of a kind they use, all members must issue the same sequence of them (the compute
+  // order of their schedule, and per computation the body's collectives of that kind). Members
+  // of one role trivially do; members of different roles are compared.
+  std::vector<std::string> BodySignature(int32_t role_index, CommKind kind) const {
+    const Role& role = p_.roles[role_index];
+    std::vector<std::string> sig;
+    for (const Op& op : role.schedule) {
+      if (op.kind != OpKind::Forward && op.kind != OpKind::Backward) continue;
+      const Chunk& c = role.chunks[op.Int(1)];
+      const Body& body = role.bodies[op.kind == OpKind::Forward ? c.forward : c.backward];
+      for (const Op& bop : body.ops)
+        if (IsCollective(bop.kind) && bop.comm == kind)
+          sig.push_back(fmt::format("{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeOp(op), body.name,
+                                    bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes,
+                                    bop.ints.empty() ? -1 : bop.ints[0]));
+    }
+    return sig;
+  }
+
+  void CheckHomogeneousKinds() {
+    std::vector<bool> used(prog::kCommKinds, false);
+    for (const Role& role : p_.roles)
+      for (const Chunk& c : role.chunks)
+        for (int32_t bi : {c.forward, c.backward})
+          for (const Op& op : role.bodies[bi].ops)
+            if (IsCollective(op.kind)) used[static_cast<int>(op.comm)] = true;
+    for (int k = 1; k < prog::kCommKinds && !Full(); ++k) {
+      if (!used[k]) continue;
+      std::map<std::pair<int32_t, int32_t>, bool> compared;
+      for (size_t c = 0; c < p_.communicators.size() && !Full(); ++c) {
+        const Communicator& comm = p_.communicators[c];
+        if (static_cast<int>(comm.kind) != k) continue;
+        int32_t r0 = comm.members[0];
+        int32_t role0 = p_.ranks[r0].role;
+        for (int32_t m : comm.members) {
+          int32_t rm = p_.ranks[m].role;
+          if (rm == role0 || compared.count({role0, rm})) continue;
+          compared[{role0, rm}] = true;
+          auto a = BodySignature(role0, static_cast<CommKind>(k));
+          auto b = BodySignature(rm, static_cast<CommKind>(k));
+          if (a == b) continue;
+          size_t i = 0;
+          while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+          Error(fmt::format("{} communicator {}: collective #{} inside the bodies differs between rank {} ({}): {} and "
+                            "rank {} ({}): {}",
+                            CommName(comm.kind), c, i, r0, p_.roles[role0].name, i < a.size() ? a[i] : "nothing", m,
+                            p_.roles[rm].name, i < b.size() ? b[i] : "nothing"));
+        }
+      }
+    }
+    // Every rank must have a communicator of each kind its role's bodies name.
+    for (size_t r = 0; r < p_.ranks.size() && !Full(); ++r) {
+      const Role& role = p_.roles[p_.ranks[r].role];
+      bool reported = false;
+      for (const Body& body : role.bodies) {
+        for (const Op& op : body.ops)
+          if (op.comm != CommKind::None && p_.ranks[r].comms[static_cast<int>(op.comm)] < 0) {
+            Error(fmt::format("rank {} ({}): body '{}' uses the {} communicator, but the rank has none", r, role.name,
+                              body.name, CommName(op.comm)));
+            reported = true;
+            break;
+          }
+        if (reported) break;
+      }
+    }
+  }
+
+  void BuildStreams() {
+    streams_.resize(p_.roles.size());
+    for (size_t ri = 0; ri < p_.roles.size(); ++ri) {
+      const Role& role = p_.roles[ri];
+      RoleStream& st = streams_[ri];
+      std::map<int, int64_t> coll_seq;
+      std::map<std::pair<int32_t, bool>, int64_t> p2p_seq;
+      for (int32_t i = 0; i < static_cast<int32_t>(role.schedule.size()); ++i) {
+        const Op& op = role.schedule[i];
+        if (IsP2p(op.kind)) {
+          Item it;
+          it.type = ItemType::kP2p;
+          it.schedule_op = i;
+          it.send = op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad;
+          it.peer = static_cast<int32_t>(op.Int(3));
+          it.seq = p2p_seq[{it.peer, it.send}]++;
+          const auto& operands = it.send ? op.inputs : op.outputs;
+          it.bytes = operands.empty() ? 0 : role.buffers[operands[0]].bytes;
+          st.p2p_index[{it.peer, it.send, it.seq}] = static_cast<int32_t>(st.items.size());
+          st.items.push_back(it);
+          continue;
+        }
+        int64_t body = -1;
+        if (op.kind == OpKind::ZeroGrads || op.kind == OpKind::ReduceGrads || op.kind == OpKind::OptimizerStep) body = op.Int(0);
+        if (op.kind == OpKind::GatherParams) body = op.Int(1);
+        if (body >= 0) {
+          const Body& b = role.bodies[body];
+          for (int32_t j = 0; j < static_cast<int32_t>(b.ops.size()); ++j) {
+            const Op& bop = b.ops[j];
+            if (!IsCollective(bop.kind)) continue;
+            Item it;
+            it.type = ItemType::kCollective;
+            it.schedule_op = i;
+            it.body_op = j;
+            it.comm = bop.comm;
+            it.seq = coll_seq[static_cast<int>(bop.comm)]++;
+            it.bytes = bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes;
+            st.items.push_back(it);
+          }
+          continue;
+        }
+        Item it;
+        it.type = ItemType::kCompute;
+        it.schedule_op = i;
+        st.items.push_back(it);
+      }
+      st.p2p_count = p2p_seq;
+      // Group extents: consecutive p2p items with the same non-zero group.
+      for (size_t i = 0; i < st.items.size();) {
+        if (st.items[i].type != ItemType::kP2p) {
+          st.items[i].group_end = static_cast<int32_t>(i + 1);
+          ++i;
+          continue;
+        }
+        int64_t g = role.schedule[st.items[i].schedule_op].Int(4);
+        size_t j = i + 1;
+        if (g != 0)
+          while (j < st.items.size() && st.items[j].type == ItemType::kP2p &&
+                 role.schedule[st.items[j].schedule_op].Int(4) == g)
+            ++j;
+        for (size_t k = i; k < j; ++k) st.items[k].group_end = static_cast<int32_t>(j);
+        i = j;
+      }
+    }
+  }
+
+  int32_t PeerRank(int32_t rank, int32_t peer_index) const {
+    return p_.MemberOf(rank, CommKind::Pp, peer_index);
+  }
+
+  // Every transfer a -> b has a partner, and partners agree on kind, microbatch, stage, bytes.
+  void CheckTransferCounts() {
+    for (int32_t a = 0; a < p_.world_size && !Full(); ++a) {
+      const Role& ra = p_.roles[p_.ranks[a].role];
+      const RoleStream& sa = streams_[p_.ranks[a].role];
+      int32_t my_index = p_.IndexIn(a, CommKind::Pp);
+      for (const auto& [key, count] : sa.p2p_count) {
+        auto [peer, send] = key;
+        int32_t b = PeerRank(a, peer);
+        if (b < 0 || my_index < 0) {
+          Error(fmt::format("rank {} ({}): transfers to pipeline peer {}, which does not exist", a, ra.name, peer));
+          continue;
+        }
+        const RoleStream& sb = streams_[p_.ranks[b].role];
+        auto it = sb.p2p_count.find({my_index, !send});
+        int64_t other = it == sb.p2p_count.end() ? 0 : it->second;
+        if (other != count) {
+          Error(fmt::format("rank {} ({}) {} {} transfers {} rank {} ({}), which {} {}", a, ra.name, send ? "sends" : "receives",
+                            count, send ? "to" : "from", b, p_.roles[p_.ranks[b].role].name, send ? "receives" : "sends",
+                            other));
+          continue;
+        }
+        if (!send) continue;
+        const Role& rb = p_.roles[p_.ranks[b].role];
+        for (int64_t k = 0; k < count && !Full(); ++k) {
+          const Item& is = sa.items[sa.p2p_index.at({peer, true, k})];
+          const Item& ir = sb.items[sb.p2p_index.at({my_index, false, k})];
+          const Op& os = ra.schedule[is.schedule_op];
+          const Op& orv = rb.schedule[ir.schedule_op];
+          bool act = os.kind == OpKind::SendActivation;
+          bool kind_ok = orv.kind == (act ? OpKind::RecvActivation : OpKind::RecvGrad);
+          int64_t ss = ra.chunks[os.Int(1)].stage, rs = rb.chunks[orv.Int(1)].stage;
+          bool stage_ok = act ? rs == ss + 1 : rs == ss - 1;
+          if (!kind_ok || os.Int(0) != orv.Int(0) || !stage_ok || is.bytes != ir.bytes) {
+            Error(fmt::format("transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) is received "
+                              "by {} (stage {}, {} bytes)",
+                              k, a, b, Where(p_, a, is), ss, is.bytes, Where(p_, b, ir), rs, ir.bytes));
+          }
+        }
+      }
+    }
+  }
+
+  // Rendezvous simulation of all ranks.
+  void Simulate() {
+    const int32_t world = p_.world_size;
+    std::vector<int32_t> pos(world, 0);
+    std::vector<int64_t> arrived(p_.communicators.size(), 0);
+    std::vector<int64_t> completed(p_.communicators.size(), 0);
+    std::vector<uint8_t> counted(world, 0);  // rank has registered its arrival at its head collective
+    std::vector<uint8_t> queued(world, 1);
+    std::deque<int32_t> queue;
+    for (int32_t r = 0; r < world; ++r) queue.push_back(r);
+    int64_t ops = 0, transfers = 0, collectives = 0;
+    auto stream_of = [&](int32_t r) -> const RoleStream& { return streams_[p_.ranks[r].role]; };
+    auto push = [&](int32_t r) {
+      if (r >= 0 && !queued[r]) {
+        queued[r] = 1;
+        queue.push_back(r);
+      }
+    };
+    auto push_pipeline = [&](int32_t r) {
+      int32_t c = p_.ranks[r].comms[static_cast<int>(CommKind::Pp)];
+      if (c < 0) return;
+      for (int32_t m : p_.communicators[c].members) push(m);
+    };
+    // Is the partner of rank r's p2p item posted (in the partner's head group) or done?
+    auto partner_ready = [&](int32_t r, const Item& it) {
+      int32_t b = PeerRank(r, it.peer);
+      int32_t my_index = p_.IndexIn(r, CommKind::Pp);
+      const RoleStream& sb = stream_of(b);
+      auto f = sb.p2p_index.find({my_index, !it.send, it.seq});
+      if (f == sb.p2p_index.end()) return false;
+      int32_t item = f->second;
+      if (pos[b] >= static_cast<int32_t>(sb.items.size())) return item < pos[b];
+      return item < sb.items[pos[b]].group_end;
+    };
+    while (!queue.empty() && !Full()) {
+      int32_t r = queue.front();
+      queue.pop_front();
+      queued[r] = 0;
+      const RoleStream& st = stream_of(r);
+      bool moved = false;
+      while (pos[r] < static_cast<int32_t>(st.items.size())) {
+        const Item& it = st.items[pos[r]];
+        if (it.type == ItemType::kCompute) {
+          ++pos[r], ++ops, moved = true;
+          continue;
+        }
+        if (it.type == ItemType::kP2p) {
+          bool all = true;
+          for (int32_t k = pos[r]; k < it.group_end && all; ++k) all = partner_ready(r, st.items[k]);
+          if (!all) break;
+          int32_t n = it.group_end - pos[r];
+          ops += n, transfers += n;
+          pos[r] = it.group_end;
+          moved = true;
+          continue;
+        }
+        // Collective: register arrival once; the last member to arrive completes it for all.
+        int32_t c = p_.ranks[r].comms[static_cast<int>(it.comm)];
+        const Communicator& comm = p_.communicators[c];
+        if (comm.members.size() == 1) {
+          ++pos[r], ++ops, moved = true;
+          continue;
+        }
+        if (!counted[r]) {
+          counted[r] = 1;
+          ++arrived[c];
+          if (it.seq != completed[c]) {
+            Error(fmt::format("{} enters collective #{} of {} communicator {}, but its members are at collective #{}",
+                              Where(p_, r, it), it.seq, CommName(comm.kind), c, completed[c]));
+            return;
+          }
+        }
+        if (arrived[c] < static_cast<int64_t>(comm.members.size())) break;
+        // Everyone is here: the collectives must agree.
+        const Item* first = nullptr;
+        int32_t first_rank = -1;
+        for (int32_t mrank : comm.members) {
+          const Item& mi = stream_of(mrank).items[pos[mrank]];
+          const Op& mop = OpOf(p_.roles[p_.ranks[mrank].role], mi);
+          if (!first) {
+            first = &mi, first_rank = mrank;
+            continue;
+          }
+          const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
+          if (mop.kind != fop.kind || mi.bytes != first->bytes ||
+              (mop.ints.empty() ? -1 : mop.ints[0]) != (fop.ints.empty() ? -1 : fop.ints[0])) {
+            Error(fmt::format("collective #{} of {} communicator {} differs between its members: {} ({} bytes) vs {} "
+                              "({} bytes)",
+                              it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first->bytes,
+                              Where(p_, mrank, mi), mi.bytes));
+            return;
+          }
+        }
+        for (int32_t mrank : comm.members) {
+          ++pos[mrank];
+          counted[mrank] = 0;
+          ++ops;
+          push(mrank);
+        }
+        arrived[c] = 0;
+        ++completed[c];
+        ++collectives;
+        moved = true;
+      }
+      if (moved) push_pipeline(r);
+    }
+    if (Full()) return;
+    // Stuck ranks: report the first few with what they wait for.
+    int reported = 0;
+    for (int32_t r = 0; r < world; ++r) {
+      const RoleStream& st = stream_of(r);
+      if (pos[r] >= static_cast<int32_t>(st.items.size())) continue;
+      if (reported++ == 0) Error("the programs deadlock: ranks wait for each other forever");
+      if (reported > 6) {
+        Error("(more ranks are stuck)");
+        break;
+      }
+      const Item& it = st.items[pos[r]];
+      if (it.type == ItemType::kP2p) {
+        std::string waits;
+        for (int32_t k = pos[r]; k < it.group_end; ++k)
+          if (!partner_ready(r, st.items[k])) {
+            int32_t b = PeerRank(r, st.items[k].peer);
+            const RoleStream& sb = stream_of(b);
+            std::string at = pos[b] < static_cast<int32_t>(sb.items.size()) ? Where(p_, b, sb.items[pos[b]]) : fmt::format("rank {} (finished)", b);
+            waits += fmt::format("; its partner is not posted: {} is at {}", DescribeOp(p_.roles[p_.ranks[r].role].schedule[st.items[k].schedule_op]), at);
+            break;
+          }
+        Error(fmt::format("{} waits{}", Where(p_, r, it), waits));
+      } else {
+        Error(fmt::format("{} waits for the other members of its {} communicator", Where(p_, r, it), CommName(it.comm)));
+      }
+    }
+    if (stats_) {
+      stats_->ranks = world;
+      stats_->simulated_ops = ops;
+      stats_->transfers = transfers / 2;
+      stats_->collectives = collectives;
+    }
+  }
+
+  const Program& p_;
+  VerifyStats* stats_;
+  size_t max_errors_;
+  std::vector<std::string> errors_;
+  std::vector<RoleStream> streams_;
+};
+
+}  // namespace
+
+std::vector<std::string> VerifyWorld(const Program& program, VerifyStats* stats, size_t max_errors) {
+  WorldVerifier v(program, stats, max_errors);
+  return v.Run();
+}
+
+}  // namespace paraplan::lower
