@@ -1,37 +1,538 @@
+// The evaluator: records, fields, names and expressions (see evaluate.h for the language
+// semantics and eval_internal.h for the data). Loading lives in plan_source.cpp.
 #include "compiler/check/evaluate.h"
 
-namespace paraplan {
+#include <fmt/format.h>
 
-// Placeholder until the evaluator lands: loads nothing.
-struct PlanSource::Impl {};
+#include <cmath>
+#include <set>
+#include <tuple>
 
-PlanSource::PlanSource(SourceManager& sm) : sm_(sm) {}
-PlanSource::~PlanSource() = default;
+#include "compiler/ast/names.h"
+#include "compiler/base/checked.h"
+#include "compiler/check/eval_internal.h"
 
-std::unique_ptr<PlanSource> PlanSource::Load(const std::string& file, const LoadOptions& options,
-                                             SourceManager& sm, DiagnosticSink& sink) {
-  return nullptr;
+namespace paraplan::eval {
+
+// --- Kinds and schemas ---------------------------------------------------------------------
+
+std::string_view KindName(Kind k) {
+  static constexpr std::string_view kNames[] = {"gpu",      "cluster",   "model", "plan", "parallel",
+                                                "pipeline", "optimizer", "batch", "train"};
+  return kNames[static_cast<int>(k)];
 }
 
-std::unique_ptr<PlanSource> PlanSource::FromText(std::string name, std::string text,
-                                                 const LoadOptions& options, SourceManager& sm,
-                                                 DiagnosticSink& sink) {
-  return nullptr;
+int Schema::Find(std::string_view name) const {
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (fields[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
 }
 
-std::optional<SetOverride> PlanSource::ParseSet(std::string_view text, SourceManager& sm,
-                                                DiagnosticSink& sink) {
-  return std::nullopt;
+std::vector<std::string_view> Schema::Names() const {
+  std::vector<std::string_view> out;
+  for (const SchemaField& f : fields) out.push_back(f.name);
+  return out;
 }
 
-std::vector<std::string> PlanSource::PlanNames() const { return {}; }
+namespace {
 
-std::optional<Plan> PlanSource::Evaluate(std::string_view plan_name,
-                                         std::span<const SetOverride> sets,
-                                         const EvalOptions& options, DiagnosticSink& sink) const {
-  return std::nullopt;
+std::vector<Schema> BuildSchemas() {
+  std::vector<Schema> s(kKindCount);
+  const std::pair<Kind, std::string> prefixes[] = {
+      {Kind::kGpu, "cluster.gpu."}, {Kind::kCluster, "cluster."},    {Kind::kModel, "model."},
+      {Kind::kPlan, ""},            {Kind::kParallel, "parallel."},  {Kind::kPipeline, "pipeline."},
+      {Kind::kOptimizer, "optimizer."}, {Kind::kBatch, "batch."},    {Kind::kTrain, "train."}};
+  for (const auto& [kind, prefix] : prefixes) {
+    Schema& sc = s[static_cast<int>(kind)];
+    sc.kind = kind;
+    sc.prefix = prefix;
+    for (const FieldInfo& f : PlanFields()) {
+      if (f.path.substr(0, prefix.size()) != prefix) continue;
+      std::string_view rest = f.path.substr(prefix.size());
+      if (rest.find('.') != std::string_view::npos) continue;
+      sc.fields.push_back({std::string(rest), &f, -1, false});
+    }
+  }
+  auto sub = [&](Kind in, std::string name, Kind kind, bool required) {
+    Schema& sc = s[static_cast<int>(in)];
+    sc.fields.insert(sc.fields.begin(), {std::move(name), nullptr, static_cast<int>(kind), required});
+  };
+  sub(Kind::kCluster, "gpu", Kind::kGpu, true);
+  for (auto [name, kind] : {std::pair{"train", Kind::kTrain}, {"batch", Kind::kBatch},
+                            {"optimizer", Kind::kOptimizer}, {"pipeline", Kind::kPipeline},
+                            {"parallel", Kind::kParallel}}) {
+    sub(Kind::kPlan, name, kind, false);
+  }
+  sub(Kind::kPlan, "cluster", Kind::kCluster, true);
+  sub(Kind::kPlan, "model", Kind::kModel, true);
+  auto require = [&](Kind k, std::initializer_list<const char*> names) {
+    Schema& sc = s[static_cast<int>(k)];
+    for (const char* n : names) sc.fields[sc.Find(n)].required = true;
+  };
+  require(Kind::kModel, {"layers", "hidden", "heads", "vocab", "seq_len"});
+  require(Kind::kGpu, {"memory", "peak_bf16", "hbm_bandwidth"});
+  require(Kind::kCluster, {"nvlink_bandwidth", "network_bandwidth"});
+  return s;
 }
 
-int EvaluateAllRecords(const PlanSource& source, DiagnosticSink& sink) { return 0; }
+}  // namespace
 
-}  // namespace paraplan
+const Schema& SchemaOf(Kind k) {
+  static const std::vector<Schema> schemas = BuildSchemas();
+  return schemas[static_cast<int>(k)];
+}
+
+// --- The evaluator -------------------------------------------------------------------------
+
+namespace {
+
+std::optional<UnitDimension> DimOf(FieldType t) {
+  switch (t) {
+    case FieldType::kBytes: return UnitDimension::kBytes;
+    case FieldType::kBandwidth: return UnitDimension::kBandwidth;
+    case FieldType::kFlops: return UnitDimension::kFlops;
+    default: return std::nullopt;
+  }
+}
+
+std::string DimWord(std::optional<UnitDimension> d) {
+  if (!d) return "a plain number";
+  switch (*d) {
+    case UnitDimension::kBytes: return "bytes";
+    case UnitDimension::kBandwidth: return "a bandwidth";
+    case UnitDimension::kFlops: return "a compute rate";
+    case UnitDimension::kTime: return "a time";
+  }
+  return "?";
+}
+
+bool IsAxis(const Record* r, std::string_view name) {
+  return r->kind == Kind::kParallel &&
+         (name == "tp" || name == "pp" || name == "cp" || name == "ep" || name == "etp" || name == "vpp");
+}
+
+constexpr int kMaxDepth = 200;
+
+}  // namespace
+
+
+// --- Records and fields --------------------------------------------------------------------
+
+Record* Evaluator::DeclRecord(const ast::Decl& d) {
+  if (auto it = decl_records_.find(&d); it != decl_records_.end()) return it->second;
+  Kind kind = d.kind == ast::DeclKind::kGpu       ? Kind::kGpu
+              : d.kind == ast::DeclKind::kCluster ? Kind::kCluster
+              : d.kind == ast::DeclKind::kModel   ? Kind::kModel
+                                                  : Kind::kPlan;
+  Record* r = NewRecord(kind, d.name.text, d.name.range);
+  decl_records_[&d] = r;
+  if (d.base) {
+    if (!busy_.insert(&d).second) {
+      Report(Diag(DiagKind::kCyclicDefinition,
+                  fmt::format("`{}` extends itself through `{}`", d.name.text, Text(d.base->range)))
+                 .At(d.base->range, "the chain of `extends` comes back here"));
+    } else {
+      Value base = Eval(*d.base, d.body ? src_.ScopeOf(d.body.get())->parent : nullptr, nullptr);
+      busy_.erase(&d);
+      if (base.type == VType::kRecord && base.rec->kind == kind) {
+        r->entries = base.rec->entries;
+      } else if (!base.IsError()) {
+        Report(Diag(DiagKind::kTypeMismatch,
+                    fmt::format("`{} {}` extends `{}`, which is {}", KindName(kind), d.name.text,
+                                Text(d.base->range), Describe(base)))
+                   .At(d.base->range, fmt::format("expected a `{}` record", KindName(kind))));
+      }
+    }
+  }
+  const Scope* body_scope = src_.ScopeOf(d.body.get());
+  for (const ast::Member& m : d.body->members) r->entries.push_back({&m, 0, body_scope});
+  return r;
+}
+
+Value Evaluator::Field(Record* r, int idx, SourceRange use) {
+  Slot& slot = r->slots[idx];
+  if (slot.state == Slot::kDone) return slot.value;
+  const SchemaField& f = SchemaOf(r->kind).fields[idx];
+  if (slot.state == Slot::kBusy) {
+    Report(Diag(DiagKind::kCyclicDefinition, fmt::format("`{}` depends on itself", PathOf(r, f.name)))
+               .At(use, "this reads the field while its value is being computed")
+               .Note("a field's value cannot depend on the field itself"));
+    return Value::Error();
+  }
+  slot.state = Slot::kBusy;
+  int k = -1;
+  for (int e = static_cast<int>(r->entries.size()) - 1; e >= 0; --e) {
+    const Entry& en = r->entries[e];
+    const ast::Member* m = en.member;
+    if (m->kind != ast::MemberKind::kAssign || m->path.size() != en.depth + 1) continue;
+    if (m->path[en.depth].text == f.name) {
+      k = e;
+      break;
+    }
+  }
+  FieldOrigin origin;
+  Value v = f.sub_kind >= 0 ? RecordField(r, idx, k, &origin) : ScalarField(r, idx, k, &origin);
+  Slot& done = r->slots[idx];
+  done.value = std::move(v);
+  done.origin = std::move(origin);
+  done.state = Slot::kDone;
+  return done.value;
+}
+
+Value Evaluator::RecordField(Record* r, int idx, int k, FieldOrigin* origin) {
+  const SchemaField& f = SchemaOf(r->kind).fields[idx];
+  const Kind sub = static_cast<Kind>(f.sub_kind);
+  Record* base = nullptr;
+  bool poisoned = false;
+  if (k >= 0) {
+    const Entry& en = r->entries[k];
+    const ast::Expr& e = *en.member->value;
+    Value bv = Eval(e, en.scope, r);
+    *origin = {OriginOf(e.range), e.range, {}, {}};
+    if (bv.IsError()) {
+      poisoned = true;
+    } else if (bv.type != VType::kRecord || bv.rec->kind != sub) {
+      Report(Diag(DiagKind::kTypeMismatch,
+                  fmt::format("`{}` must be a `{}` record, not {}", PathOf(r, f.name), KindName(sub),
+                              Describe(bv)))
+                 .At(e.range, bv.type == VType::kRecord
+                                  ? fmt::format("`{}` is a `{}`", Format(bv), KindName(bv.rec->kind))
+                                  : fmt::format("this is {}", Describe(bv))));
+      poisoned = true;
+    } else {
+      base = bv.rec;
+    }
+  }
+  Record* out = NewRecord(sub, base ? base->name : std::string(), base ? base->declared : origin->range);
+  if (base) out->entries = base->entries;
+  bool written = base != nullptr;
+  for (size_t e = static_cast<size_t>(k + 1); e < r->entries.size(); ++e) {
+    const Entry& en = r->entries[e];
+    const ast::Member* m = en.member;
+    if (m->kind != ast::MemberKind::kAssign && m->kind != ast::MemberKind::kAmend) continue;
+    if (m->path.size() <= en.depth || m->path[en.depth].text != f.name) continue;
+    if (m->path.size() > en.depth + 1) {
+      out->entries.push_back({m, en.depth + 1, en.scope});
+    } else if (m->kind == ast::MemberKind::kAmend) {
+      const Scope* bs = src_.ScopeOf(m->block.get());
+      for (const ast::Member& mm : m->block->members) out->entries.push_back({&mm, 0, bs});
+    } else {
+      continue;
+    }
+    if (!origin->range.IsValid()) *origin = {OriginOf(m->range), m->range, {}, {}};
+    written = true;
+  }
+  out->parent = r;
+  out->in_plan = r->in_plan;
+  out->prefix = r->prefix + f.name + ".";
+  if (poisoned) return Value::Error();
+  if (!written && f.required) {
+    Diag d(DiagKind::kMissingField, fmt::format("`{}` is not set", PathOf(r, f.name)));
+    d.At(r->declared, fmt::format("this {} has no `{}`", KindName(r->kind), f.name));
+    d.Help(fmt::format("write `{} = ...` in it, or derive it from a record that has one", f.name));
+    Report(std::move(d));
+    return Value::Error();
+  }
+  return Value::OfRecord(out);
+}
+
+Value Evaluator::ScalarField(Record* r, int idx, int k, FieldOrigin* origin) {
+  const SchemaField& f = SchemaOf(r->kind).fields[idx];
+  if (k < 0) return DefaultValue(r, idx, origin);
+  const Entry& en = r->entries[k];
+  const ast::Expr& e = *en.member->value;
+  *origin = {OriginOf(e.range), e.range, {}, {}};
+  Value v = Eval(e, en.scope, r, f.info);
+  if (v.IsError()) return v;
+  if (v.type == VType::kAuto) return AutoField(r, idx, e.range, origin);
+  if (v.type == VType::kList && f.info->type != FieldType::kIntList) {
+    return SweepField(r, idx, v, e, origin);
+  }
+  return Coerce(v, *f.info, e.range, PathOf(r, f.name));
+}
+
+Value Evaluator::DefaultValue(Record* r, int idx, FieldOrigin* origin) {
+  const SchemaField& f = SchemaOf(r->kind).fields[idx];
+  const Schema& sc = SchemaOf(r->kind);
+  auto derived = [&](std::string_view from, std::string derivation) {
+    *origin = {OriginKind::kDerived, r->slots[sc.Find(from)].origin.range,
+               {PathOf(r, from)}, std::move(derivation)};
+  };
+  if (r->kind == Kind::kParallel && f.name == "etp") {
+    Value tp = Field(r, sc.Find("tp"), {});
+    derived("tp", fmt::format("etp = tp = {}", Format(tp)));
+    return tp;
+  }
+  if (r->kind == Kind::kParallel && f.name == "dp") return SolveDp(r, {}, origin);
+  if (r->kind == Kind::kModel && f.name == "kv_heads") {
+    Value heads = Field(r, sc.Find("heads"), {});
+    derived("heads", fmt::format("kv_heads = heads = {}", Format(heads)));
+    return heads;
+  }
+  if (r->kind == Kind::kModel && f.name == "head_dim") {
+    Value hidden = Field(r, sc.Find("hidden"), {});
+    Value heads = Field(r, sc.Find("heads"), {});
+    if (hidden.IsError() || heads.IsError() || heads.i <= 0) return Value::Error();
+    derived("hidden", hidden.i % heads.i == 0
+                          ? fmt::format("head_dim = hidden / heads = {} / {} = {}", hidden.i, heads.i,
+                                        hidden.i / heads.i)
+                          : fmt::format("head_dim = hidden / heads = {} / {} is not whole", hidden.i,
+                                        heads.i));
+    origin->derived_from.push_back(PathOf(r, "heads"));
+    // A remainder is the rules' to report (hidden-not-divisible-by-heads); keep the quotient.
+    return Value::Int(std::max<int64_t>(1, hidden.i / heads.i));
+  }
+  if (r->kind == Kind::kModel && f.name == "ffn_hidden") {
+    Value hidden = Field(r, sc.Find("hidden"), {});
+    if (hidden.IsError()) return hidden;
+    auto v = CheckedMul(4, hidden.i);
+    if (!v) return Value::Error();
+    derived("hidden", fmt::format("ffn_hidden = 4 · hidden = 4 · {} = {}", hidden.i, *v));
+    return Value::Int(*v);
+  }
+  if (r->kind == Kind::kGpu && f.name == "peak_fp16") {
+    Value bf16 = Field(r, sc.Find("peak_bf16"), {});
+    derived("peak_bf16", fmt::format("peak_fp16 = peak_bf16 = {}", Format(bf16)));
+    return bf16;
+  }
+  if (f.required) {
+    Diag d(DiagKind::kMissingField, fmt::format("`{}` is not set", PathOf(r, f.name)));
+    d.At(r->declared, r->name.empty() ? fmt::format("this {} has no `{}`", KindName(r->kind), f.name)
+                                      : fmt::format("{} `{}` has no `{}`", KindName(r->kind), r->name,
+                                                    f.name));
+    d.Help(fmt::format("set it: `{} = ...`", f.name));
+    Report(std::move(d));
+    return Value::Error();
+  }
+  static const Plan kDefaults;
+  FieldValue dv = GetFieldValue(kDefaults, *f.info);
+  *origin = {};
+  std::optional<UnitDimension> dim = DimOf(f.info->type);
+  if (auto* i = std::get_if<int64_t>(&dv)) return Value::Int(*i, dim);
+  if (auto* d = std::get_if<double>(&dv)) return Value::Real(*d, dim);
+  if (auto* b = std::get_if<bool>(&dv)) return Value::Bool(*b);
+  Value s = Value::String(std::get<std::string>(dv));
+  if (f.info->type == FieldType::kIntList) {
+    s = Value();
+    s.type = VType::kList;
+    s.list = std::make_shared<std::vector<Value>>();
+  }
+  s.enum_name = f.info->type == FieldType::kEnum || f.info->nullable;
+  return s;
+}
+
+Value Evaluator::SolveDp(Record* parallel, SourceRange range, FieldOrigin* origin) {
+  const Schema& sc = SchemaOf(Kind::kParallel);
+  Value tp = Field(parallel, sc.Find("tp"), {});
+  Value pp = Field(parallel, sc.Find("pp"), {});
+  Value cp = Field(parallel, sc.Find("cp"), {});
+  *origin = {OriginKind::kAuto, range, {}, {}};
+  Record* plan = parallel->parent;
+  if (!plan || plan->kind != Kind::kPlan) return Value::Error();
+  Value cluster = Field(plan, SchemaOf(Kind::kPlan).Find("cluster"), {});
+  if (cluster.IsError()) return Value::Error();
+  const Schema& cs = SchemaOf(Kind::kCluster);
+  Value nodes = Field(cluster.rec, cs.Find("nodes"), {});
+  Value gpn = Field(cluster.rec, cs.Find("gpus_per_node"), {});
+  std::string c = plan->in_plan ? "cluster." : "";
+  std::string p = plan->in_plan ? "parallel." : "";
+  origin->derived_from = {c + "nodes", c + "gpus_per_node", p + "tp", p + "pp", p + "cp"};
+  if (tp.IsError() || pp.IsError() || cp.IsError() || nodes.IsError() || gpn.IsError()) {
+    origin->derivation = "dp = world / (tp·pp·cp), with an input that failed";
+    return Value::Error();
+  }
+  auto world = CheckedMul(nodes.i, gpn.i);
+  auto denom = CheckedProduct({tp.i, pp.i, cp.i});
+  if (!world || !denom || *denom <= 0) return Value::Error();
+  std::string head = fmt::format("dp = world / (tp·pp·cp) = {} / ({}·{}·{})", *world, tp.i, pp.i, cp.i);
+  if (*world % *denom != 0) {
+    // Poisoned: the mesh rule reports it once, with this derivation.
+    origin->derivation = fmt::format("{} = {} / {} is not whole", head, *world, *denom);
+    return Value::Error();
+  }
+  origin->derivation = fmt::format("{} = {}", head, *world / *denom);
+  return Value::Int(*world / *denom);
+}
+
+Value Evaluator::AutoField(Record* r, int idx, SourceRange range, FieldOrigin* origin) {
+  const SchemaField& f = SchemaOf(r->kind).fields[idx];
+  if (r->kind == Kind::kParallel && f.name == "dp") return SolveDp(r, range, origin);
+  if (IsAxis(r, f.name) && options_.allow_sweeps && r->in_plan) {
+    std::vector<int64_t> values = {1};
+    if (Record* plan = r->parent) {
+      Value cluster = Field(plan, SchemaOf(Kind::kPlan).Find("cluster"), {});
+      if (!cluster.IsError()) {
+        const Schema& cs = SchemaOf(Kind::kCluster);
+        Value nodes = Field(cluster.rec, cs.Find("nodes"), {});
+        Value gpn = Field(cluster.rec, cs.Find("gpus_per_node"), {});
+        if (!nodes.IsError() && !gpn.IsError()) {
+          if (auto world = CheckedMul(nodes.i, gpn.i)) values = Divisors(*world);
+        }
+      }
+    }
+    Sweep s{PathOf(r, f.name), {}, range};
+    for (int64_t v : values) s.values.push_back(fmt::format("{}", v));
+    sweeps_.push_back(std::move(s));
+    origin->kind = OriginKind::kAuto;
+    origin->derivation = fmt::format("{} = auto: searched over the divisors of the world size", f.name);
+    return Value::Int(values.front());
+  }
+  Diag d(DiagKind::kAutoUnsupported, fmt::format("`{}` cannot be `auto` here", PathOf(r, f.name)));
+  d.At(range, IsAxis(r, f.name) ? "an axis other than dp is solved only by `planc search`"
+                                : "the compiler solves `auto` only for mesh axes");
+  d.Note("`planc check` solves `dp = auto` as world / (tp·pp·cp); `planc search` also "
+         "enumerates tp, pp, cp, ep, etp and vpp");
+  if (IsAxis(r, f.name)) d.Help(fmt::format("give a value (`{} = 1`), or run `planc search`", f.name));
+  Report(std::move(d));
+  return Value::Error();
+}
+
+Value Evaluator::SweepField(Record* r, int idx, const Value& list, const ast::Expr& e,
+                            FieldOrigin* origin) {
+  const SchemaField& f = SchemaOf(r->kind).fields[idx];
+  std::string path = PathOf(r, f.name);
+  if (!options_.allow_sweeps || !r->in_plan) {
+    Diag d(DiagKind::kSweepOutsideSearch,
+           fmt::format("`{}` ranges over {} values; checking needs one", path, list.list->size()));
+    d.At(e.range, "a list of candidates is a sweep for `planc search`");
+    if (!list.list->empty()) {
+      d.Help(fmt::format("check one candidate with `--set {}={}`, or search them all with `planc search`",
+                         path, FormatForSet(list.list->front())));
+    }
+    Report(std::move(d));
+    return Value::Error();
+  }
+  if (list.list->empty()) {
+    Report(Diag(DiagKind::kTypeMismatch, fmt::format("`{}` ranges over an empty list", path))
+               .At(e.range, "no candidate to search"));
+    return Value::Error();
+  }
+  Sweep s{path, {}, e.range};
+  Value first;
+  for (size_t i = 0; i < list.list->size(); ++i) {
+    const Value& item = (*list.list)[i];
+    Value c = Coerce(item, *f.info, e.operands.size() == list.list->size() ? e.operands[i]->range : e.range, path);
+    if (c.IsError()) return c;
+    if (i == 0) first = c;
+    s.values.push_back(FormatForSet(c));
+  }
+  sweeps_.push_back(std::move(s));
+  origin->derivation = fmt::format("{} is swept over {}", f.name, Format(list));
+  return first;
+}
+
+Value Evaluator::Coerce(const Value& v, const FieldInfo& info, SourceRange range,
+                        const std::string& path) {
+  if (v.IsError()) return v;
+  auto mismatch = [&](std::string expected) {
+    Report(Diag(DiagKind::kTypeMismatch, fmt::format("`{}` expects {}, got {}", path, expected, Describe(v)))
+               .At(range, fmt::format("this is {}", Format(v).size() <= 40 ? "`" + Format(v) + "`" : Describe(v))));
+    return Value::Error();
+  };
+  auto range_check = [&](int64_t x) -> bool {
+    if (x >= info.min && x <= info.max) return true;
+    Diag d(DiagKind::kValueOutOfRange,
+           fmt::format("`{}` must be {}, got {}", path,
+                       info.max == INT64_MAX ? fmt::format("at least {}", info.min)
+                                             : fmt::format("between {} and {}", info.min, info.max),
+                       x));
+    d.At(range, "out of range");
+    if (info.max == INT64_MAX && info.min == 1) d.Note("sizes and counts start at 1");
+    Report(std::move(d));
+    return false;
+  };
+  std::optional<UnitDimension> want = DimOf(info.type);
+  switch (info.type) {
+    case FieldType::kInt:
+    case FieldType::kBytes: {
+      if (info.nullable && v.type == VType::kString && v.s == "none") return v;
+      if (!v.IsNumber()) return mismatch(info.type == FieldType::kBytes ? "a size in bytes" : "an integer");
+      if (v.dim && v.dim != want) {
+        Report(Diag(DiagKind::kUnitMismatch,
+                    fmt::format("`{}` expects {}, got {}", path, DimWord(want), DimWord(v.dim)))
+                   .At(range, fmt::format("this is {}", Format(v)))
+                   .Note("values of different dimensions never convert into each other"));
+        return Value::Error();
+      }
+      int64_t x;
+      if (v.type == VType::kInt) {
+        x = v.i;
+      } else if (std::isfinite(v.r) && v.r == std::floor(v.r) && std::fabs(v.r) < 9.2e18) {
+        x = static_cast<int64_t>(v.r);
+      } else {
+        return mismatch(info.type == FieldType::kBytes ? "a whole number of bytes" : "an integer");
+      }
+      if (!range_check(x)) return Value::Error();
+      return Value::Int(x, want);
+    }
+    case FieldType::kReal:
+    case FieldType::kBandwidth:
+    case FieldType::kFlops: {
+      if (!v.IsNumber()) return mismatch(want ? DimWord(want) : "a number");
+      if (v.dim && v.dim != want) {
+        Report(Diag(DiagKind::kUnitMismatch,
+                    fmt::format("`{}` expects {}, got {}", path, DimWord(want), DimWord(v.dim)))
+                   .At(range, fmt::format("this is {}", Format(v)))
+                   .Note("values of different dimensions never convert into each other"));
+        return Value::Error();
+      }
+      return Value::Real(v.AsReal(), want);
+    }
+    case FieldType::kBool:
+      if (v.type != VType::kBool) return mismatch("`true` or `false`");
+      return v;
+    case FieldType::kString:
+      if (v.type != VType::kString) return mismatch("a string");
+      return v;
+    case FieldType::kEnum: {
+      if (v.type != VType::kString) {
+        std::string names;
+        for (size_t i = 0; i < info.enum_values.size(); ++i) {
+          names += (i ? ", " : "") + std::string(info.enum_values[i]);
+        }
+        return mismatch("one of " + names);
+      }
+      for (std::string_view name : info.enum_values) {
+        if (name == v.s) {
+          Value out = Value::String(v.s);
+          out.enum_name = true;
+          return out;
+        }
+      }
+      Diag d(DiagKind::kUnknownEnumValue, fmt::format("`{}` is not a value of `{}`", v.s, path));
+      std::string names;
+      for (size_t i = 0; i < info.enum_values.size(); ++i) {
+        names += (i ? ", " : "") + fmt::format("`{}`", info.enum_values[i]);
+      }
+      d.At(range, "unknown value");
+      d.Note(fmt::format("`{}` is one of {}", path, names));
+      std::string guess = ast::ClosestName(v.s, info.enum_values);
+      if (!guess.empty()) d.Help(fmt::format("did you mean `{}`?", guess));
+      Report(std::move(d));
+      return Value::Error();
+    }
+    case FieldType::kIntList: {
+      if (v.type != VType::kList) return mismatch("a list of integers");
+      auto out = std::make_shared<std::vector<Value>>();
+      for (const Value& item : *v.list) {
+        if (item.IsError()) return item;
+        if (item.type != VType::kInt || item.dim) {
+          Report(Diag(DiagKind::kTypeMismatch,
+                      fmt::format("`{}` expects a list of integers, got {} in it", path, Describe(item)))
+                     .At(range, fmt::format("`{}` is {}", Format(item), Describe(item))));
+          return Value::Error();
+        }
+        if (!range_check(item.i)) return Value::Error();
+        out->push_back(item);
+      }
+      Value l;
+      l.type = VType::kList;
+      l.list = std::move(out);
+      return l;
+    }
+  }
+  return v;
+}
+
+}  // namespace paraplan::eval

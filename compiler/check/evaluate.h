@@ -77,8 +77,8 @@ class PlanSource {
   // Names of the plans declared in the main file, in order.
   std::vector<std::string> PlanNames() const;
 
-  // Evaluates plan `plan_name` (empty: the only plan of the main file, or the last one
-  // declared; an error when the file declares none) with the overrides applied in order, as
+  // Evaluates plan `plan_name` (empty: the last plan declared in the main file; an error
+  // when the file declares none) with the overrides applied in order, as
   // if written at the end of the plan. Returns the plan even when errors were reported (failed
   // fields are listed in Plan::poisoned, so the rules can still run without cascades);
   // nullopt only when there is no plan to evaluate (none declared, --plan names none).
@@ -86,6 +86,8 @@ class PlanSource {
                                const EvalOptions& options, DiagnosticSink& sink) const;
 
   const SourceManager& source_manager() const { return sm_; }
+
+  friend int EvaluateAllRecords(const PlanSource& source, DiagnosticSink& sink);
 
  private:
   explicit PlanSource(SourceManager& sm);
