@@ -145,6 +145,7 @@ class Evaluator {
   Value Eval(const ast::Expr& e, const Scope* scope, Record* self, const FieldInfo* expect = nullptr);
   Value EvalPath(const ast::Expr& e, const Scope* scope, Record* self, const FieldInfo* expect);
   Value Lookup(const ast::Name& name, const Scope* scope, Record* self);
+  bool Resolvable(const std::string& name, const Scope* scope, Record* self) const;
   Value Member(const Value& base, const ast::Name& name, const std::string& base_text);
   Value Derive(const Value& base, const ast::Expr& e, Record* self);
   Value Quantity(const ast::Expr& e);

@@ -74,6 +74,14 @@ Value Evaluator::EvalPath(const ast::Expr& e, const Scope* scope, Record* self,
       }
     }
   }
+  // A bare name that names nothing, in an enum field, is an enum value the field will refuse
+  // with its list of values (rather than an "unknown name").
+  if (expect && expect->type == FieldType::kEnum && e.path.size() == 1 && !e.block &&
+      !Resolvable(e.path[0].text, scope, self)) {
+    Value s = Value::String(e.path[0].text);
+    s.enum_name = true;
+    return s;
+  }
   Value v = Lookup(e.path[0], scope, self);
   std::string text = e.path[0].text;
   for (size_t i = 1; i < e.path.size() && !v.IsError(); ++i) {
@@ -82,6 +90,23 @@ Value Evaluator::EvalPath(const ast::Expr& e, const Scope* scope, Record* self,
   }
   if (e.block && !v.IsError()) return Derive(v, e, self);
   return v;
+}
+
+bool Evaluator::Resolvable(const std::string& name, const Scope* scope, Record* self) const {
+  const ModuleData* module = nullptr;
+  for (const Scope* s = scope; s; s = s->parent) {
+    if (s->lets.count(name)) return true;
+    module = s->module ? s->module : module;
+  }
+  for (Record* r = self; r; r = r->parent) {
+    if (SchemaOf(r->kind).Find(name) >= 0) return true;
+  }
+  if (!module) return false;
+  if (module->decls.count(name)) return true;
+  for (const ModuleData* imp : module->imports) {
+    if (imp->decls.count(name)) return true;
+  }
+  return false;
 }
 
 Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self) {

@@ -259,7 +259,6 @@ void Evaluator::CheckRequires(Record* r, const Plan* plan) {
     } else {
       d.At(e.range, "this is false");
     }
-    if (!m->message.empty()) d.Label(m->message_range, "the requirement's message");
     Report(std::move(d));
   }
 }
