@@ -4,6 +4,7 @@
 
 #include "compiler/analyze/checks.h"
 #include "compiler/check/rules.h"
+#include "compiler/driver/commands.h"
 
 #include <doctest/doctest.h>
 #include <llvm/Support/JSON.h>
@@ -198,6 +199,18 @@ TEST_CASE("the rules leave a cost-balanced split to the partition: 30 layers on 
   bool reported = false;
   for (const Diagnostic& d : even.diagnostics()) reported |= d.kind == DiagKind::kLayersNotDivisibleByPp;
   CHECK(reported);
+}
+
+TEST_CASE("planc explain refuses bad usage with exit status 2") {
+  CHECK(RunExplain({}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--format=xml"}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--rank", "-1"}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--rank=x"}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--rank"}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--svg="}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--dump=ast"}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--bogus"}) == kExitUsage);
+  CHECK(RunExplain({"a.plan", "--help"}) == kExitOk);
 }
 
 TEST_CASE("rank sets compress into runs") {
