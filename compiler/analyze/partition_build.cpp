@@ -58,10 +58,13 @@ void ReportNanotronEmptyStage(const Plan& plan, const NanotronSplit& split, int6
   std::string placement;
   for (int64_t r = 0; r < pp; ++r) {
     if (r > 0) placement += "; ";
-    placement += fmt::format("stage {}: {} layer{}{}{}", r, split.layers[static_cast<size_t>(r)],
-                             split.layers[static_cast<size_t>(r)] == 1 ? "" : "s",
-                             r == split.head_rank ? " + LM head" : "",
-                             split.has_parameters[static_cast<size_t>(r)] ? "" : " (no parameters)");
+    const int64_t n = split.layers[static_cast<size_t>(r)];
+    if (!split.has_parameters[static_cast<size_t>(r)]) {
+      placement += fmt::format("stage {}: {} (no parameters)", r, r > split.head_rank ? "the loss only" : "nothing");
+    } else {
+      placement += fmt::format("stage {}: {}{} layer{}{}", r, r == 0 ? "embedding, " : "", n, n == 1 ? "" : "s",
+                               r == split.head_rank ? ", final norm, LM head" : "");
+    }
   }
   d.Value("Nanotron's split", placement);
   d.Note(fmt::format(

@@ -5,6 +5,7 @@
 #include "compiler/analyze/checks.h"
 #include "compiler/check/rules.h"
 #include "compiler/driver/commands.h"
+#include "compiler/driver/frontend.h"
 
 #include <doctest/doctest.h>
 #include <llvm/Support/JSON.h>
@@ -211,6 +212,47 @@ TEST_CASE("planc explain refuses bad usage with exit status 2") {
   CHECK(RunExplain({"a.plan", "--dump=ast"}) == kExitUsage);
   CHECK(RunExplain({"a.plan", "--bogus"}) == kExitUsage);
   CHECK(RunExplain({"a.plan", "--help"}) == kExitOk);
+}
+
+// The example's story end to end: Nanotron's split fails with P0602 on the `balance` line; the
+// fix it suggests checks clean and explains as [7, 1].
+TEST_CASE("examples/nanotron_small_llama.plan") {
+  const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
+  REQUIRE(root != nullptr);
+  FrontendOptions opts;
+  opts.file = std::string(root) + "/examples/nanotron_small_llama.plan";
+  {
+    SourceManager sm;
+    DiagnosticSink sink;
+    auto plan = LoadPlan(opts, sm, sink);
+    REQUIRE(plan.has_value());
+    RunAnalysisChecks(*plan, sink);
+    REQUIRE(sink.error_count() == 1);
+    const Diagnostic* d = nullptr;
+    for (const Diagnostic& x : sink.diagnostics()) {
+      if (x.level == DiagLevel::kError) d = &x;
+    }
+    REQUIRE(d != nullptr);
+    CHECK(d->kind == DiagKind::kNanotronBalanceEmptyStage);
+    CHECK(d->message.find("pipeline stage 1") != std::string::npos);
+    CHECK(sm.Slice(d->primary) == "nanotron");
+    CHECK(d->helps[0] == "use `balance = cost`: paraplan's cost split keeps a transformer layer on every stage: [7, 1]");
+  }
+  opts.sets = {"pipeline.balance=cost"};
+  SourceManager sm;
+  DiagnosticSink sink;
+  auto plan = LoadPlan(opts, sm, sink);
+  REQUIRE(plan.has_value());
+  RunAnalysisChecks(*plan, sink);
+  CHECK_FALSE(sink.has_errors());
+  Analysed a = Analyse(*plan);
+  CHECK(a.partition.stages[0].layer_count() == 7);
+  CHECK(a.partition.stages[1].layer_count() == 1);
+  auto parsed = llvm::json::parse(ExplainJson(a.Input(), std::nullopt));
+  REQUIRE(static_cast<bool>(parsed));
+  const llvm::json::Array* stages = parsed->getAsObject()->getArray("stages");
+  REQUIRE(stages != nullptr);
+  CHECK(Int((*stages)[1].getAsObject(), "num_layers") == 1);
 }
 
 TEST_CASE("rank sets compress into runs") {
