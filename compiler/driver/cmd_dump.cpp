@@ -1,13 +1,185 @@
-// planc dump: placeholder until its phase lands; reports an internal error rather than pretending.
+// planc dump PROGRAM [--rank R] [--format=text|json]
+//
+// Reads a program file (the FlatBuffers verifier plus structural checks, then the whole-world
+// verification), and prints it. Text: the program summary, or with --rank one rank's schedule,
+// buffers and bodies. JSON (DESIGN.md): {"version", "plan", "world_size", ..., "ranks": [{"rank",
+// "role", "coords", "schedule": [{"op", "microbatch", "chunk", "peer", ...}]}]}; peers are global
+// ranks. Exit status: 0 ok, 1 the file is unreadable or invalid, 2 bad usage.
+#include <llvm/Support/JSON.h>
+#include <llvm/Support/raw_ostream.h>
+
 #include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "compiler/driver/commands.h"
+#include "compiler/lower/print.h"
+#include "compiler/lower/program.h"
+#include "compiler/lower/verify.h"
 
 namespace paraplan {
+namespace {
+
+constexpr const char* kDumpUsage = "usage: planc dump PROGRAM [--rank R] [--format=text|json]\n";
+
+int Usage(const std::string& error) {
+  std::fprintf(stderr, "planc dump: %s\n%s", error.c_str(), kDumpUsage);
+  return kExitUsage;
+}
+
+void WriteRank(llvm::json::OStream& j, const lower::Program& p, int32_t r) {
+  const lower::Rank& rank = p.ranks[r];
+  const lower::Role& role = p.roles[rank.role];
+  j.object([&] {
+    j.attribute("rank", r);
+    j.attribute("role", role.name);
+    j.attributeObject("coords", [&] {
+      j.attribute("tp", rank.coords.tp);
+      j.attribute("cp", rank.coords.cp);
+      j.attribute("ep", rank.coords.ep);
+      j.attribute("dp", rank.coords.dp);
+      j.attribute("pp", rank.coords.pp);
+    });
+    j.attributeArray("schedule", [&] {
+      for (const lower::Op& op : role.schedule) {
+        j.object([&] {
+          j.attribute("op", std::string(lower::OpName(op.kind)));
+          switch (op.kind) {
+            case lower::OpKind::Forward:
+            case lower::OpKind::Backward:
+              j.attribute("microbatch", op.Int(0));
+              j.attribute("chunk", op.Int(1));
+              j.attribute("slot", op.Int(2));
+              break;
+            case lower::OpKind::SendActivation:
+            case lower::OpKind::RecvActivation:
+            case lower::OpKind::SendGrad:
+            case lower::OpKind::RecvGrad:
+              j.attribute("microbatch", op.Int(0));
+              j.attribute("chunk", op.Int(1));
+              j.attribute("slot", op.Int(2));
+              j.attribute("peer", p.MemberOf(r, lower::CommKind::Pp, op.Int(3)));
+              if (op.Int(4) != 0) j.attribute("group", op.Int(4));
+              break;
+            case lower::OpKind::GatherParams:
+            case lower::OpKind::ReleaseParams:
+              j.attribute("chunk", op.Int(0));
+              break;
+            default:
+              break;
+          }
+        });
+      }
+    });
+  });
+}
+
+}  // namespace
 
 int RunDump(const std::vector<std::string>& args) {
-  std::fputs("planc dump: not available in this build yet\n", stderr);
-  return kExitInternal;
+  std::string file, format = "text";
+  int64_t rank = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kDumpUsage, stdout);
+      return kExitOk;
+    }
+    std::string v;
+    if (a == "--rank" || a.rfind("--rank=", 0) == 0) {
+      if (a == "--rank") {
+        if (i + 1 >= args.size()) return Usage("--rank needs a value");
+        v = args[++i];
+      } else {
+        v = a.substr(7);
+      }
+      try {
+        size_t used = 0;
+        rank = std::stoll(v, &used);
+        if (used != v.size() || rank < 0) throw 0;
+      } catch (...) {
+        return Usage("--rank takes a rank number >= 0, got '" + v + "'");
+      }
+    } else if (a == "--format" || a.rfind("--format=", 0) == 0) {
+      if (a == "--format") {
+        if (i + 1 >= args.size()) return Usage("--format needs a value");
+        format = args[++i];
+      } else {
+        format = a.substr(9);
+      }
+      if (format != "text" && format != "json") return Usage("--format takes text or json, got '" + format + "'");
+    } else if (!a.empty() && a[0] == '-') {
+      return Usage("unknown option '" + a + "'");
+    } else if (file.empty()) {
+      file = a;
+    } else {
+      return Usage("one PROGRAM only, got '" + file + "' and '" + a + "'");
+    }
+  }
+  if (file.empty()) return Usage("PROGRAM is required");
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "planc dump: cannot read '%s'\n", file.c_str());
+    return kExitInputError;
+  }
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string error;
+  std::optional<lower::Program> p = lower::FromFlatBuffer(bytes.data(), bytes.size(), &error);
+  if (!p) {
+    std::fprintf(stderr, "planc dump: '%s' is not a valid program: %s\n", file.c_str(), error.c_str());
+    return kExitInputError;
+  }
+  std::vector<std::string> problems = lower::VerifyWorld(*p);
+  if (!problems.empty()) {
+    std::fprintf(stderr, "planc dump: '%s' fails whole-world verification:\n", file.c_str());
+    for (const std::string& e : problems) std::fprintf(stderr, "  %s\n", e.c_str());
+    return kExitInputError;
+  }
+  if (rank >= p->world_size) {
+    std::fprintf(stderr, "planc dump: --rank %lld is outside the program's world of %d ranks\n",
+                 static_cast<long long>(rank), p->world_size);
+    return kExitUsage;
+  }
+  if (format == "text") {
+    std::string out = rank >= 0 ? lower::PrintRank(*p, static_cast<int32_t>(rank)) : lower::PrintProgram(*p);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return kExitOk;
+  }
+  llvm::raw_fd_ostream os(1, false);
+  {
+    llvm::json::OStream j(os, 1);
+    j.object([&] {
+      j.attribute("version", 1);
+      j.attribute("format_version", static_cast<int64_t>(p->format_version));
+      j.attribute("plan", p->plan_name);
+      j.attribute("world_size", p->world_size);
+      j.attributeObject("parallel", [&] {
+        j.attribute("tp", p->parallel.tp);
+        j.attribute("pp", p->parallel.pp);
+        j.attribute("vpp", p->parallel.vpp);
+        j.attribute("cp", p->parallel.cp);
+        j.attribute("ep", p->parallel.ep);
+        j.attribute("dp", p->parallel.dp);
+        j.attribute("sp", p->parallel.sp);
+        j.attribute("zero", p->parallel.zero);
+        j.attribute("schedule", p->parallel.schedule == prog::ScheduleKind::Gpipe        ? "gpipe"
+                                 : p->parallel.schedule == prog::ScheduleKind::OneFOneB ? "1f1b"
+                                                                                        : "interleaved_1f1b");
+      });
+      j.attribute("microbatches", p->train.microbatches);
+      j.attributeArray("ranks", [&] {
+        if (rank >= 0) {
+          WriteRank(j, *p, static_cast<int32_t>(rank));
+        } else {
+          for (int32_t r = 0; r < p->world_size; ++r) WriteRank(j, *p, r);
+        }
+      });
+    });
+  }
+  os << "\n";
+  return kExitOk;
 }
 
 }  // namespace paraplan

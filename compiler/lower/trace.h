@@ -1,0 +1,37 @@
+// A Chrome / Perfetto timeline of one simulated training step (`planc compile --trace`).
+//
+// The program's schedules are replayed on one pipeline (the ranks with tp = cp = dp = 0; or
+// every rank when the world has at most kTraceAllRanksUpTo ranks) with durations from the time
+// model: each computation, each transfer group (it ends when every partner has posted its side
+// and the data has moved) and the gradient reduction and optimizer bodies (cross-pipeline
+// collectives start when every member has arrived). One row per rank; compute and
+// communication slices in separate categories, with microbatch and chunk in their args.
+#ifndef PARAPLAN_COMPILER_LOWER_TRACE_H_
+#define PARAPLAN_COMPILER_LOWER_TRACE_H_
+
+#include <string>
+#include <vector>
+
+#include "compiler/lower/program.h"
+
+namespace paraplan::lower {
+
+inline constexpr int32_t kTraceAllRanksUpTo = 64;
+
+struct TraceDurations {
+  // Per role (pipeline rank): seconds of one chunk's forward and backward for one microbatch.
+  std::vector<double> forward_s, backward_s;
+  double transfer_s = 0;       // one pipeline transfer
+  std::vector<double> reduce_grads_s, optimizer_s;  // per role
+};
+
+struct TraceResult {
+  std::string json;
+  double step_s = 0;  // simulated step time
+};
+
+TraceResult ChromeTrace(const Program& program, const TraceDurations& durations);
+
+}  // namespace paraplan::lower
+
+#endif  // PARAPLAN_COMPILER_LOWER_TRACE_H_
