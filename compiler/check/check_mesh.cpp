@@ -66,8 +66,9 @@ std::string NodesHelp(const Plan& p, const std::vector<int64_t>& nodes, const st
 void CheckDenseMesh(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   const ParallelSpec& par = p.parallel;
-  if (ctx.Poisoned({"cluster.nodes", "cluster.gpus_per_node", "parallel.tp", "parallel.pp",
-                    "parallel.cp", "parallel.dp"})) {
+  // parallel.dp is an output here: the evaluator poisons an `auto` dp that does not divide and
+  // leaves the report to this rule.
+  if (ctx.Poisoned({"cluster.nodes", "cluster.gpus_per_node", "parallel.tp", "parallel.pp", "parallel.cp"})) {
     return;
   }
   auto world = WorldSize(p);
@@ -111,6 +112,7 @@ void CheckDenseMesh(RuleContext& ctx) {
     d.Report();
     return;
   }
+  if (ctx.Poisoned({"parallel.dp"})) return;
   auto total = CheckedMul(*model, par.dp);
   if (total && *total == *world) return;
   RuleDiag d(ctx, DiagKind::kDenseMeshMismatch,

@@ -250,6 +250,12 @@ TEST_CASE("training and model-shape rules") {
             .Codes() == Codes{"P0513"});
 }
 
+TEST_CASE("an `auto` dp the evaluator poisoned is still reported by the mesh rule, once") {
+  TestPlan t({"parallel.tp = 8", "parallel.pp = 3", "model.layers = 33", "parallel.dp = auto"});
+  t.plan.poisoned.insert("parallel.dp");
+  CHECK(t.Codes() == Codes{"P0301"});
+}
+
 TEST_CASE("poisoned inputs keep their rules quiet") {
   TestPlan t({"parallel.tp = 8", "parallel.pp = 3", "model.layers = 33"});
   t.plan.poisoned.insert("parallel.pp");

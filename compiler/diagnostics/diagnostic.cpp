@@ -11,7 +11,7 @@ constexpr DiagLevel kNote = DiagLevel::kNote;
 
 constexpr std::array<DiagKindInfo, static_cast<size_t>(DiagKind::kCount)> kKinds = {{
 #define PARAPLAN_DIAG(ID, CODE, NAME, LEVEL, SUMMARY) \
-  {DiagKind::ID, CODE, NAME, LEVEL, SUMMARY},
+  {DiagKind::ID, CODE, NAME, LEVEL, SUMMARY, #ID},
 #include "compiler/diagnostics/kinds.def"
 #undef PARAPLAN_DIAG
 }};

@@ -38,6 +38,7 @@ struct DiagKindInfo {
   std::string_view name;     // "expert-mesh-does-not-divide-world"
   DiagLevel level;
   std::string_view summary;  // one line for docs and --list
+  std::string_view id;       // the enumerator's name, "kExpertMeshWorld" (coverage scans tests for it)
 };
 
 const DiagKindInfo& GetDiagKindInfo(DiagKind kind);
