@@ -76,8 +76,8 @@ struct Geometry {
 };
 
 // Outlines the members of one group: a rectangle per run of neighbouring cells in one row.
-void Outline(std::string& out, const Geometry& g, std::span<const int64_t> members, double inset,
-             std::string_view style) {
+void Outline(std::string& out, const Geometry& g, std::span<const int64_t> members, double inset_x,
+             double inset_y, std::string_view style) {
   size_t i = 0;
   while (i < members.size()) {
     if (!g.Drawn(members[i])) {
@@ -91,10 +91,10 @@ void Outline(std::string& out, const Geometry& g, std::span<const int64_t> membe
            local(j + 1) == local(j) + 1 && local(j + 1) / g.per_row == local(i) / g.per_row) {
       ++j;
     }
-    double x = g.CellX(node(i), local(i)) - inset;
-    double y = g.CellY(node(i), local(i)) - inset;
-    double w = static_cast<double>(j - i + 1) * (g.cell + g.gap) - g.gap + 2 * inset;
-    double h = g.cell + 2 * inset;
+    double x = g.CellX(node(i), local(i)) - inset_x;
+    double y = g.CellY(node(i), local(i)) - inset_y;
+    double w = static_cast<double>(j - i + 1) * (g.cell + g.gap) - g.gap + 2 * inset_x;
+    double h = g.cell + 2 * inset_y;
     fmt::format_to(std::back_inserter(out),
                    "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"{:.1f}\" {}/>\n", x, y, w,
                    h, std::max(2.0, g.cell / 6), style);
@@ -142,14 +142,17 @@ std::string ExplainSvg(const ExplainInput& in) {
   g.per_row = std::min<int64_t>(g.gpn, 8);
   g.rows = (g.gpn + g.per_row - 1) / g.per_row;
   g.cell = drawn <= 64 ? 40 : drawn <= 256 ? 30 : drawn <= 512 ? 22 : 14;
-  g.gap = g.cell >= 30 ? 5 : 3;
+  g.gap = g.cell >= 30 ? 8 : 4;
   g.pad = g.cell >= 30 ? 12 : 8;
-  g.label = g.cell >= 22 ? 18 : 14;
+  g.label = (g.cell >= 22 ? 18 : 14) + (s.ep > 1 ? 6 : 0);  // room above the EP outlines
   g.node_w = 2 * g.pad + static_cast<double>(g.per_row) * (g.cell + g.gap) - g.gap;
   g.node_h = 2 * g.pad + g.label + static_cast<double>(g.rows) * (g.cell + g.gap) - g.gap;
-  // About 1,400 px wide at most, and never more node columns than nodes.
-  g.cols = std::clamp<int64_t>(static_cast<int64_t>(1400 / (g.node_w + g.node_gap)), 1, drawn_nodes);
-  if (drawn_nodes <= 4) g.cols = drawn_nodes;
+  // About 1,400 px wide at most, never more node columns than nodes, and a picture about
+  // two and a half times as wide as high.
+  const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(1400 / (g.node_w + g.node_gap)));
+  const int64_t balanced = static_cast<int64_t>(
+      std::ceil(std::sqrt(static_cast<double>(drawn_nodes) * 2.5 * g.node_h / g.node_w)));
+  g.cols = std::clamp<int64_t>(std::min(fit, balanced), 1, drawn_nodes);
   const double width = std::max(g.left * 2 + static_cast<double>(g.cols) * (g.node_w + g.node_gap) - g.node_gap, 760.0);
 
   // Legend: one entry per stage (a swatch and its layers), then the outline styles.
@@ -224,7 +227,7 @@ std::string ExplainSvg(const ExplainInput& in) {
                    "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"8\" fill=\"#f4f5f7\" "
                    "stroke=\"#8a8f98\" stroke-width=\"1.2\"/>\n<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" "
                    "fill=\"#555\">node {}</text>\n",
-                   x, y, g.node_w, g.node_h, x + g.pad, y + g.pad + g.label - 6, g.label >= 18 ? 12.0 : 10.0, n);
+                   x, y, g.node_w, g.node_h, x + g.pad, y + g.pad + (g.cell >= 22 ? 12.0 : 9.0), g.cell >= 22 ? 12.0 : 10.0, n);
   }
   const double font = g.cell >= 40 ? 13 : g.cell >= 30 ? 11 : g.cell >= 22 ? 9 : 0;
   for (int64_t n : shown) {
@@ -244,18 +247,19 @@ std::string ExplainSvg(const ExplainInput& in) {
    }
   }
   // Group outlines: EP outside (dashed), TP inside (solid).
-  const double ep_inset = std::max(2.0, g.gap * 0.8);
+  // EP outlines sit outside the TP ones: a little wider than the cells, clearly taller.
+  const double ep_inset_x = g.gap / 2 - 1, ep_inset_y = g.pad / 2;
   if (show_ep) {
     const GroupList& ep = layout.Groups(GroupKind::kEp);
     for (int64_t k = 0; k < ep.group_count(); ++k) {
-      Outline(out, g, ep.Group(k), ep_inset,
+      Outline(out, g, ep.Group(k), ep_inset_x, ep_inset_y,
               "fill=\"none\" stroke=\"#7b2d8e\" stroke-width=\"2\" stroke-dasharray=\"5 3\"");
     }
   }
   if (s.tp > 1) {
     const GroupList& tp = layout.Groups(GroupKind::kTp);
     for (int64_t k = 0; k < tp.group_count(); ++k) {
-      Outline(out, g, tp.Group(k), std::max(1.0, g.gap * 0.4),
+      Outline(out, g, tp.Group(k), std::max(1.0, g.gap * 0.25), std::max(1.0, g.gap * 0.25),
               fmt::format("fill=\"none\" stroke=\"#111\" stroke-width=\"{}\"", g.cell >= 22 ? 2 : 1.2));
     }
   }
