@@ -73,6 +73,7 @@ struct Entry {
   const ast::Member* member = nullptr;
   uint32_t depth = 0;
   const Scope* scope = nullptr;
+  int field = -1;  // the record's schema index of member->path[depth]; -1 for none
 };
 
 struct Slot {
@@ -127,6 +128,14 @@ class Evaluator {
     return &r;
   }
   Record* DeclRecord(const ast::Decl& d);
+  static void AddEntry(Record* r, const ast::Member* m, uint32_t depth, const Scope* scope) {
+    int field = -1;
+    if ((m->kind == ast::MemberKind::kAssign || m->kind == ast::MemberKind::kAmend) &&
+        m->path.size() > depth) {
+      field = SchemaOf(r->kind).Find(m->path[depth].text);
+    }
+    r->entries.push_back({m, depth, scope, field});
+  }
   Value Field(Record* r, int idx, SourceRange use);
   Value RecordField(Record* r, int idx, int k, FieldOrigin* origin);
   Value ScalarField(Record* r, int idx, int k, FieldOrigin* origin);
@@ -189,6 +198,7 @@ class Evaluator {
   std::set<std::pair<const ast::Member*, uint32_t>> validated_;
   std::vector<Sweep> sweeps_;
   int depth_ = 0;
+  int expected_kind_ = -1;  // the Kind a record field's bare name should resolve to
   const Plan* plan_for_labels_ = nullptr;
 };
 

@@ -146,7 +146,7 @@ Record* Evaluator::DeclRecord(const ast::Decl& d) {
     }
   }
   const Scope* body_scope = src_.ScopeOf(d.body.get());
-  for (const ast::Member& m : d.body->members) r->entries.push_back({&m, 0, body_scope});
+  for (const ast::Member& m : d.body->members) AddEntry(r, &m, 0, body_scope);
   return r;
 }
 
@@ -166,7 +166,7 @@ Value Evaluator::Field(Record* r, int idx, SourceRange use) {
     const Entry& en = r->entries[e];
     const ast::Member* m = en.member;
     if (m->kind != ast::MemberKind::kAssign || m->path.size() != en.depth + 1) continue;
-    if (m->path[en.depth].text == f.name) {
+    if (en.field == idx) {
       k = e;
       break;
     }
@@ -188,7 +188,10 @@ Value Evaluator::RecordField(Record* r, int idx, int k, FieldOrigin* origin) {
   if (k >= 0) {
     const Entry& en = r->entries[k];
     const ast::Expr& e = *en.member->value;
+    int saved = expected_kind_;
+    expected_kind_ = e.kind == ast::ExprKind::kPath ? f.sub_kind : -1;
     Value bv = Eval(e, en.scope, r);
+    expected_kind_ = saved;
     *origin = {OriginOf(e.range), e.range, {}, {}};
     if (bv.IsError()) {
       poisoned = true;
@@ -211,12 +214,12 @@ Value Evaluator::RecordField(Record* r, int idx, int k, FieldOrigin* origin) {
     const Entry& en = r->entries[e];
     const ast::Member* m = en.member;
     if (m->kind != ast::MemberKind::kAssign && m->kind != ast::MemberKind::kAmend) continue;
-    if (m->path.size() <= en.depth || m->path[en.depth].text != f.name) continue;
+    if (en.field != idx) continue;
     if (m->path.size() > en.depth + 1) {
-      out->entries.push_back({m, en.depth + 1, en.scope});
+      AddEntry(out, m, en.depth + 1, en.scope);
     } else if (m->kind == ast::MemberKind::kAmend) {
       const Scope* bs = src_.ScopeOf(m->block.get());
-      for (const ast::Member& mm : m->block->members) out->entries.push_back({&mm, 0, bs});
+      for (const ast::Member& mm : m->block->members) AddEntry(out, &mm, 0, bs);
     } else {
       continue;
     }

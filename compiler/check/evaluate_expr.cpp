@@ -28,6 +28,7 @@ std::string OpWord(const std::string& op) {
 
 Value Evaluator::Eval(const ast::Expr& e, const Scope* scope, Record* self, const FieldInfo* expect) {
   DepthGuard guard(&depth_);
+  if (e.kind != ast::ExprKind::kPath || e.path.size() > 1) expected_kind_ = -1;
   if (depth_ > kMaxDepth) {
     Report(Diag(DiagKind::kCyclicDefinition, "evaluation nests too deeply")
                .At(e.range, "reached while evaluating this")
@@ -110,6 +111,8 @@ bool Evaluator::Resolvable(const std::string& name, const Scope* scope, Record* 
 }
 
 Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self) {
+  const int want = expected_kind_;
+  expected_kind_ = -1;
   for (const Scope* s = scope; s; s = s->parent) {
     if (auto it = s->lets.find(name.text); it != s->lets.end()) {
       if (!busy_.insert(it->second).second) {
@@ -134,13 +137,25 @@ Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self)
     auto it = m->decls.find(name.text);
     return it == m->decls.end() ? nullptr : it->second;
   };
+  // A record field wants a record of one kind: `model = llama3_70b` inside `plan llama3_70b`
+  // finds the imported model rather than the plan of the same name.
+  auto kind_matches = [&](const ast::Decl* d) {
+    if (!d || want < 0 || d->kind == ast::DeclKind::kLet) return true;
+    Kind k = d->kind == ast::DeclKind::kGpu       ? Kind::kGpu
+             : d->kind == ast::DeclKind::kCluster ? Kind::kCluster
+             : d->kind == ast::DeclKind::kModel   ? Kind::kModel
+                                                  : Kind::kPlan;
+    return static_cast<int>(k) == want;
+  };
   const ast::Decl* decl = find_decl(module);
   const ModuleData* decl_module = module;
-  if (!decl && module) {
+  if ((!decl || !kind_matches(decl)) && module) {
     for (const ModuleData* imp : module->imports) {
-      if ((decl = find_decl(imp))) {
+      const ast::Decl* d = find_decl(imp);
+      if (d && (!decl || kind_matches(d))) {
+        decl = d;
         decl_module = imp;
-        break;
+        if (kind_matches(d)) break;
       }
     }
   }
@@ -217,7 +232,7 @@ Value Evaluator::Derive(const Value& base, const ast::Expr& e, Record* self) {
   Record* r = NewRecord(base.rec->kind, base.rec->name, e.range);
   r->entries = base.rec->entries;
   const Scope* bs = src_.ScopeOf(e.block.get());
-  for (const ast::Member& m : e.block->members) r->entries.push_back({&m, 0, bs});
+  for (const ast::Member& m : e.block->members) AddEntry(r, &m, 0, bs);
   r->parent = self;
   return Value::OfRecord(r);
 }

@@ -46,7 +46,7 @@ std::optional<Plan> Evaluator::EvaluatePlan(const ast::Decl& decl, std::span<con
   root->entries = base->entries;
   const Scope* body = src_.ScopeOf(decl.body.get());
   for (const SetOverride& s : sets) {
-    if (s.member) root->entries.push_back({s.member, 0, body});
+    if (s.member) AddEntry(root, s.member, 0, body);
   }
   root->in_plan = true;
 

@@ -177,6 +177,14 @@ plan variant extends base {
   CHECK(r->source->PlanNames() == std::vector<std::string>{"base", "variant"});
 }
 
+TEST_CASE("a plan named like its model still finds the imported model") {
+  auto r = Eval(std::string(kPrelude) + "plan llama3_70b { model = llama3_70b  cluster = dgx_h100 }");
+  INFO(r->Codes());
+  REQUIRE(r->plan);
+  CHECK(r->sink.diagnostics().empty());
+  CHECK(r->plan->model.layers == 80);
+}
+
 TEST_CASE("auto dp that does not divide is poisoned quietly for the mesh rule") {
   auto r = Eval(Plan70b("parallel.pp = 3"));
   REQUIRE(r->plan);

@@ -308,8 +308,6 @@ const std::vector<UnitInfo>& AllUnits() {
     add("ms", D::kTime, 1e-3);
     add("us", D::kTime, 1e-6);
     add("ns", D::kTime, 1e-9);
-    add("min", D::kTime, 60);
-    add("h", D::kTime, 3600);
     return u;
   }();
   return units;
