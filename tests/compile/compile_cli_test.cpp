@@ -1,0 +1,210 @@
+// planc compile / planc dump as a user runs them.
+#include <doctest/doctest.h>
+#include <llvm/Support/JSON.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "compiler/lower/program.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Dir() {
+  static const std::string dir = [] {
+    auto d = fs::temp_directory_path() / ("paraplan_compile_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int status;
+  std::string out, err;
+};
+
+Result Planc(const std::string& args) {
+  const std::string out = Dir() + "/stdout.txt", err = Dir() + "/stderr.txt";
+  const int rc = std::system((std::string(PARAPLAN_PLANC) + " " + args + " > " + out + " 2> " + err).c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(out), Read(err)};
+}
+
+const char* kPlan = R"(
+gpu cpu { memory = 16 GiB  peak_bf16 = 1 TFLOPS  peak_fp16 = 1 TFLOPS  peak_fp8 = 1 TFLOPS  hbm_bandwidth = 50 GB/s }
+cluster box { gpu = cpu  nodes = 1  gpus_per_node = 8  nvlink_bandwidth = 10 GB/s  network_bandwidth = 1 GB/s }
+model tiny { layers = 4  hidden = 64  ffn_hidden = 128  heads = 4  kv_heads = 2  head_dim = 16  vocab = 256  seq_len = 32
+             norm = rmsnorm  activation = swiglu  position = rope }
+plan tiny_tp2_pp2_dp2 {
+  model = tiny
+  cluster = box
+  parallel { tp = 2  pp = 2  dp = 2  sp = true }
+  pipeline { schedule = "1f1b" }
+  optimizer { zero = 1 }
+  batch { global = 16  micro = 2 }
+  precision = fp32
+}
+)";
+
+int64_t Int(const llvm::json::Object* o, llvm::StringRef key) { auto v = o->getInteger(key);
+  return v ? *v : -1;
+}
+std::string Str(const llvm::json::Object* o, llvm::StringRef key) {
+  auto v = o->getString(key);
+  return v ? v->str() : std::string();
+}
+
+std::string PlanFile() {
+  std::string path = Dir() + "/tiny.plan";
+  std::ofstream(path) << kPlan;
+  return path;
+}
+
+std::string Compiled() {
+  static const std::string path = [] {
+    std::string out = Dir() + "/tiny.pplan";
+    Result r = Planc("compile " + PlanFile() + " -o " + out + " --trace " + Dir() + "/trace.json");
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    return out;
+  }();
+  return path;
+}
+
+TEST_CASE("compile writes a program that dump reads back and verifies") {
+  std::string prog = Compiled();
+  Result r = Planc("dump " + prog);
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(r.out.find("world size 8") != std::string::npos);
+  CHECK(r.out.find("schedule: zero_grads F0 sa0 F1 sa1 rg0 B0 F2 sa2 rg1 B1 F3 sa3 rg2 B2 rg3 B3 reduce_grads optimizer_step") !=
+        std::string::npos);
+  r = Planc("dump " + prog + " --rank 5");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("rank 5: role stage1") != std::string::npos);
+  CHECK(r.out.find("body chunk0.forward") != std::string::npos);
+}
+
+TEST_CASE("dump --format=json follows DESIGN.md: per rank a schedule of {op, microbatch, chunk, peer}") {
+  Result r = Planc("dump " + Compiled() + " --rank 0 --format=json");
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  auto json = llvm::json::parse(r.out);
+  REQUIRE(static_cast<bool>(json));
+  const llvm::json::Object* root = json->getAsObject();
+  CHECK(Int(root, "version") == 1);
+  CHECK(Int(root, "world_size") == 8);
+  const llvm::json::Array* ranks = root->getArray("ranks");
+  REQUIRE(ranks->size() == 1);
+  const llvm::json::Array* sched = (*ranks)[0].getAsObject()->getArray("schedule");
+  REQUIRE(sched->size() == 19);
+  const llvm::json::Object* f0 = (*sched)[1].getAsObject();
+  CHECK(Str(f0, "op") == "forward");
+  CHECK(Int(f0, "microbatch") == 0);
+  CHECK(Int(f0, "chunk") == 0);
+  const llvm::json::Object* s0 = (*sched)[2].getAsObject();
+  CHECK(Str(s0, "op") == "send_activation");
+  // Rank 0 (tp 0, dp 0, pp 0) sends to pipeline rank 1 of its pipeline: global rank 4.
+  CHECK(Int(s0, "peer") == 4);
+  CHECK(Str((*sched)[17].getAsObject(), "op") == "reduce_grads");
+  CHECK(Str((*sched)[18].getAsObject(), "op") == "optimizer_step");
+}
+
+TEST_CASE("the trace is Chrome JSON with a row per rank and compute and pipeline slices") {
+  Compiled();
+  auto json = llvm::json::parse(Read(Dir() + "/trace.json"));
+  REQUIRE(static_cast<bool>(json));
+  const llvm::json::Array* events = json->getAsObject()->getArray("traceEvents");
+  REQUIRE(events);
+  int rows = 0, forwards = 0, transfers = 0;
+  for (const llvm::json::Value& e : *events) {
+    const llvm::json::Object* o = e.getAsObject();
+    if (Str(o, "name") == "thread_name") ++rows;
+    if (Str(o, "cat") == "compute" && Str(o, "name").rfind("F", 0) == 0) ++forwards;
+    if (Str(o, "cat") == "pipeline") ++transfers;
+  }
+  CHECK(rows == 8);
+  CHECK(forwards == 8 * 4);
+  CHECK(transfers == 8 * 2 * 4);  // every rank: 4 sends or receives of activations and 4 of grads
+}
+
+TEST_CASE("damaged and mismatched program files are refused with a clear message, never a crash") {
+  std::string good = Read(Compiled());
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::string path = Dir() + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  };
+  Result r = Planc("dump " + write("truncated.pplan", good.substr(0, good.size() / 2)));
+  CHECK(r.status == 1);
+  CHECK(r.err.find("is not a valid program") != std::string::npos);
+  r = Planc("dump " + write("garbage.pplan", "this is not a program at all"));
+  CHECK(r.status == 1);
+  CHECK(r.err.find("no 'PPLN' file identifier") != std::string::npos);
+  r = Planc("dump " + write("empty.pplan", ""));
+  CHECK(r.status == 1);
+  // Flip bytes all over the file: every result is refused or verified, never a crash.
+  for (size_t step = 7; step < good.size(); step += good.size() / 23) {
+    std::string bad = good;
+    bad[step] = static_cast<char>(bad[step] ^ 0x5a);
+    r = Planc("dump " + write("flipped.pplan", bad));
+    CHECK((r.status == 0 || r.status == 1));
+  }
+  // A program of another format version.
+  std::string error;
+  auto p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  REQUIRE(p.has_value());
+  p->format_version = 99;
+  auto bytes = paraplan::lower::ToFlatBuffer(*p);
+  r = Planc("dump " + write("version.pplan", std::string(bytes.begin(), bytes.end())));
+  CHECK(r.status == 1);
+  CHECK(r.err.find("format version 99 is not the supported version 1") != std::string::npos);
+  // A rank table that does not match the world size.
+  p->format_version = 1;
+  p->ranks.pop_back();
+  bytes = paraplan::lower::ToFlatBuffer(*p);
+  r = Planc("dump " + write("world.pplan", std::string(bytes.begin(), bytes.end())));
+  CHECK(r.status == 1);
+  CHECK(r.err.find("7 rank entries for world size 8") != std::string::npos);
+  // A rank outside its communicator.
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  std::swap(p->ranks[0].comms[static_cast<int>(paraplan::prog::CommKind::Tp)],
+            p->ranks[2].comms[static_cast<int>(paraplan::prog::CommKind::Tp)]);
+  bytes = paraplan::lower::ToFlatBuffer(*p);
+  r = Planc("dump " + write("member.pplan", std::string(bytes.begin(), bytes.end())));
+  CHECK(r.status == 1);
+  CHECK(r.err.find("not a member of its tp communicator") != std::string::npos);
+  // A buffer placed past the arena.
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p->roles[0].buffers[3].offset = p->roles[0].arena_bytes;
+  bytes = paraplan::lower::ToFlatBuffer(*p);
+  r = Planc("dump " + write("bounds.pplan", std::string(bytes.begin(), bytes.end())));
+  CHECK(r.status == 1);
+  CHECK(r.err.find("outside the arena") != std::string::npos);
+  r = Planc("dump " + Compiled() + " --rank 8");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("outside the program's world of 8 ranks") != std::string::npos);
+}
+
+TEST_CASE("compile: usage errors and plan errors") {
+  Result r = Planc("compile " + PlanFile());
+  CHECK(r.status == 2);
+  CHECK(r.err.find("-o PROGRAM is required") != std::string::npos);
+  r = Planc("compile " + PlanFile() + " -o " + Dir() + "/x.pplan --set parallel.tp=3");
+  CHECK(r.status == 1);
+  CHECK_FALSE(fs::exists(Dir() + "/x.pplan"));
+  r = Planc("dump");
+  CHECK(r.status == 2);
+}
+
+}  // namespace
