@@ -56,7 +56,7 @@ void CheckVocab(RuleContext& ctx) {
   RuleDiag d(ctx, DiagKind::kVocabPadded,
              "the vocabulary of " + std::to_string(v) + " is padded to " + std::to_string(*padded) +
                  " rows, a multiple of 128 · tp = " + std::to_string(*multiple));
-  d.At({"model.vocab"}, "padded by " + std::to_string(*padded - v) + " rows");
+  d.At({"model.vocab", "parallel.tp"}, "vocabulary padded by " + std::to_string(*padded - v) + " rows");
   d.Field("model.vocab", v).Field("parallel.tp", tp);
   d.Value("padded = ⌈vocab / (128 · tp)⌉ · 128 · tp",
           "⌈" + std::to_string(v) + " / " + std::to_string(*multiple) + "⌉ · " + std::to_string(*multiple) + " = " +

@@ -124,15 +124,21 @@ RuleDiag::RuleDiag(RuleContext& ctx, DiagKind kind, std::string message) : ctx_(
 }
 
 RuleDiag& RuleDiag::At(const std::vector<std::string_view>& paths, std::string label) {
-  for (std::string_view p : paths) {
-    const FieldOrigin& o = ctx_.plan().Origin(p);
-    if (o.range.IsValid()) {
-      d_.primary = o.range;
-      d_.primary_label = std::move(label);
-      return *this;
+  // The user's own lines first (the plan file, --set), then values from the stdlib, then the
+  // plan header.
+  const Plan& plan = ctx_.plan();
+  SourceRange chosen;
+  for (int pass = 0; pass < 2 && !chosen.IsValid(); ++pass) {
+    for (std::string_view p : paths) {
+      const FieldOrigin& o = plan.Origin(p);
+      bool users = o.kind == OriginKind::kFile || o.kind == OriginKind::kCommandLine;
+      if (o.range.IsValid() && (pass == 1 || users)) {
+        chosen = o.range;
+        break;
+      }
     }
   }
-  d_.primary = ctx_.plan().declaration;
+  d_.primary = chosen.IsValid() ? chosen : plan.declaration;
   d_.primary_label = std::move(label);
   return *this;
 }
@@ -144,7 +150,7 @@ void RuleDiag::AddLabel(SourceRange range, std::string text) {
     if (d_.primary_label.empty()) {
       d_.primary_label = std::move(text);
     } else if (d_.primary_label.find(text) == std::string::npos) {
-      d_.primary_label += " (" + text + ")";
+      d_.primary_label += "; " + text;
     }
     return;
   }

@@ -272,20 +272,48 @@ void RenderLineAnnotations(std::string& out, const std::string& gutter_blank,
   }
 }
 
+size_t DisplayWidth(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// Appends `= head: body`, the body's own lines kept, long lines wrapped at spaces so that no
+// line passes kWrapColumn where it can be helped; continuation lines align after "head: ".
+constexpr size_t kWrapColumn = 100;
+
 void AppendIndented(std::string& out, const std::string& prefix, std::string_view head,
                     std::string_view body, const Style& st) {
   std::string text = Printable(body);
   std::string lead = prefix + "= " + st.Wrap("1", head) + ": ";
   size_t indent = prefix.size() + 2 + head.size() + 2;
+  size_t room = kWrapColumn > indent + 20 ? kWrapColumn - indent : 20;
   size_t pos = 0;
   bool first = true;
-  while (true) {
-    size_t nl = text.find('\n', pos);
-    std::string_view part = std::string_view(text).substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+  auto emit = [&](std::string_view part) {
     out += first ? lead : Spaces(indent);
     out += part;
     out += "\n";
     first = false;
+  };
+  while (true) {
+    size_t nl = text.find('\n', pos);
+    std::string_view line = std::string_view(text).substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    while (DisplayWidth(line) > room) {
+      // The last space that keeps the piece within `room` columns; else the first space.
+      size_t cut = std::string_view::npos;
+      size_t width = 0;
+      for (size_t i = 0; i < line.size(); ++i) {
+        if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80) ++width;
+        if (width > room + 1) break;
+        if (line[i] == ' ') cut = i;
+      }
+      if (cut == std::string_view::npos || cut == 0) cut = line.find(' ');
+      if (cut == std::string_view::npos) break;
+      emit(line.substr(0, cut));
+      line.remove_prefix(cut + 1);
+    }
+    emit(line);
     if (nl == std::string::npos) break;
     pos = nl + 1;
   }
