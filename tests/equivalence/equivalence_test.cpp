@@ -26,6 +26,9 @@
 #include <map>
 #include <string>
 
+#include <fstream>
+#include <sstream>
+
 #include "compiler/lower/lower.h"
 #include "runtime/exec/interpreter.h"
 
@@ -40,15 +43,6 @@ constexpr double kElementTolerance = 1e-5;
 std::string SourceDir() {
   const char* dir = std::getenv("PARAPLAN_SOURCE_DIR");
   return dir ? dir : ".";
-}
-
-std::string WorkDir() {
-  static const std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("paraplan_equivalence_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
-  }();
-  return dir;
 }
 
 struct Layout {
@@ -154,6 +148,41 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
   return c;
 }
 
+std::string Dir() {
+  static const std::string dir = [] {
+    auto d = fs::temp_directory_path() / ("paraplan_equivalence_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+// `planc compile tests/equivalence/equivalence.plan --plan NAME`, through the binary.
+ProgramImage PlancCompile(const std::string& plan) {
+  const std::string out = Dir() + "/" + plan + ".pplan", log = Dir() + "/" + plan + ".log";
+  const std::string cmd = std::string(PARAPLAN_PLANC) + " compile '" + SourceDir() +
+                          "/tests/equivalence/equivalence.plan' --plan " + plan + " -o '" + out + "' > '" + log +
+                          "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(log);
+  std::ostringstream text;
+  text << in.rdbuf();
+  REQUIRE_MESSAGE(rc == 0, "planc compile --plan " << plan << " failed:\n" << text.str());
+  return LoadProgramImage(out);
+}
+
+void CheckPlancEquivalent(const std::string& reference, const std::string& plan) {
+  const RunResult want = Run(PlancCompile(reference));
+  const RunResult got = Run(PlancCompile(plan));
+  const Comparison c = Compare(got, want);
+  MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
+                                     << "), largest element difference / tensor max " << c.max_elementwise);
+  CHECK(c.loss <= kTolerance);
+  CHECK(c.weights <= kTolerance);
+  CHECK(c.max_elementwise <= kElementTolerance);
+  CHECK(got.steps.back().loss < got.steps.front().loss);
+}
+
 void CheckEquivalent(bool gpt, const Layout& layout) {
   static std::map<bool, RunResult> reference;
   if (!reference.count(gpt)) reference[gpt] = Run(Compile(TinyPlan(gpt, Layout{})));
@@ -191,3 +220,11 @@ TEST_CASE("llama: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel"
 TEST_CASE("gpt-2: tp 2, sequence parallel") { CheckEquivalent(true, {2, 1, 1, 1, Schedule::k1F1B, true}); }
 TEST_CASE("gpt-2: pp 2 (tied embeddings across stages), dp 2") { CheckEquivalent(true, {1, 2, 2, 1}); }
 TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1") { CheckEquivalent(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1}); }
+
+TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
+  CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp");
+}
+TEST_CASE("planc compile: llama pp 2, vpp 2 interleaved, dp 2, ZeRO 3") {
+  CheckPlancEquivalent("single", "pp2_vpp2_dp2_zero3");
+}
+TEST_CASE("planc compile: gpt-2 tp 2, pp 2, dp 2") { CheckPlancEquivalent("gpt_single", "gpt_tp2_pp2_dp2"); }
