@@ -93,30 +93,50 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
                          : axis.kind == GroupKind::kEp ? s.etp * s.ep
                                                        : p.group_size;
     const bool fits = span <= gpn && gpn % span == 0;
+    std::vector<std::string> helps;
+    // The largest divisor of the node size that is at most `limit` (>= 1).
+    auto fitting = [&](int64_t limit) {
+      int64_t best = 1;
+      for (int64_t v : Divisors(gpn)) {
+        if (v <= limit) best = v;
+      }
+      return best;
+    };
     if (axis.kind == GroupKind::kTp || axis.kind == GroupKind::kEtp) {
       if (p.group_size > gpn || gpn % p.group_size != 0) {
-        std::vector<int64_t> ok;
-        for (int64_t v : Divisors(gpn)) {
-          if (v <= p.group_size) ok.push_back(v);
-        }
-        d.Help(fmt::format("keep {} inside a node: `{} = {}`{}", name, name, ok.empty() ? 1 : ok.back(),
-                           axis.kind == GroupKind::kTp ? " and spread the rest over pp or dp" : ""));
+        helps.push_back(fmt::format("keep {} inside a node: `{} = {}`{}", name, name, fitting(p.group_size),
+                                    axis.kind == GroupKind::kTp ? " and spread the rest over pp or dp" : ""));
       }
     } else if (axis.kind == GroupKind::kCp && !fits) {
-      int64_t room = gpn / std::max<int64_t>(s.tp, 1);
-      if (room >= 2) d.Help(fmt::format("keep tp · cp within a node: `cp = {}` with tp = {}", room, s.tp));
-      else d.Help("context parallelism across nodes is common for long sequences; check that the ring overlaps with attention compute");
+      const int64_t room = gpn / std::max<int64_t>(s.tp, 1);
+      if (room >= 2) {
+        helps.push_back(fmt::format("keep tp · cp within a node: `cp = {}` with tp = {}", fitting(room), s.tp));
+      } else if (s.cp <= gpn && gpn % s.cp == 0 && gpn / s.cp >= 1) {
+        helps.push_back(fmt::format("`tp = {}` with `cp = {}` keeps tp · cp = {} within a node", gpn / s.cp, s.cp, gpn));
+      }
+      helps.push_back("keep it if the sequences are long: a ring over nodes is common when it overlaps with attention compute");
     } else if (axis.kind == GroupKind::kEp && !fits) {
-      int64_t room = gpn / std::max<int64_t>(s.etp, 1);
-      if (room >= 2) d.Help(fmt::format("keep etp · ep within a node: `ep = {}` with etp = {}", room, s.etp));
-      if (s.etp > 1) d.Help(fmt::format("or `etp = 1`, which lets an expert-parallel group of {} fit {} GPUs per node",
-                                        std::min(s.ep, gpn), gpn));
+      const int64_t room = gpn / std::max<int64_t>(s.etp, 1);
+      if (room >= 2) {
+        helps.push_back(fmt::format("keep etp · ep within a node: `ep = {}` with etp = {}", fitting(room), s.etp));
+      }
+      if (s.etp > 1) {
+        const int64_t e1 = fitting(s.ep);
+        helps.push_back(e1 == s.ep ? fmt::format("`etp = 1` keeps each expert-parallel group of {} on one node", s.ep)
+                                   : fmt::format("`etp = 1` with `ep = {}` puts each expert-parallel group on one node", e1));
+      }
+      if (s.ep > gpn) {
+        helps.push_back(fmt::format("keep `ep = {}` if the all-to-alls overlap with compute: large MoE runs often spread "
+                                    "experts over nodes on purpose",
+                                    s.ep));
+      }
     }
     if (fits) {
-      d.Help(fmt::format("{} fits a node, but the order \"{}\" spreads its groups; put the inner axes first, "
-                         "e.g. `parallel.order = \"tp-cp-ep-dp-pp\"`",
-                         name, s.order));
+      helps.push_back(fmt::format("{} fits a node, but the order \"{}\" spreads its groups; put the inner axes first, "
+                                  "e.g. `parallel.order = \"tp-cp-ep-dp-pp\"`",
+                                  name, s.order));
     }
+    for (size_t i = 0; i < helps.size(); ++i) d.Help(i == 0 ? helps[i] : "or " + helps[i]);
     sink.Report(std::move(d));
   }
 }
