@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 
 namespace paraplan {
 namespace {
@@ -253,6 +254,27 @@ TEST_CASE("examples/nanotron_small_llama.plan") {
   const llvm::json::Array* stages = parsed->getAsObject()->getArray("stages");
   REQUIRE(stages != nullptr);
   CHECK(Int((*stages)[1].getAsObject(), "num_layers") == 1);
+}
+
+TEST_CASE("planc explain on the example: exit 1 with the error, 0 with the fix, an SVG file, rank bounds") {
+  const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
+  REQUIRE(root != nullptr);
+  const std::string example = std::string(root) + "/examples/nanotron_small_llama.plan";
+  CHECK(RunExplain({example, "--diagnostics=short"}) == kExitInputError);
+  const std::string svg = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
+                          "/paraplan_explain_test_" + std::to_string(::getpid()) + ".svg";
+  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--format=json", "--rank", "5", "--svg", svg}) ==
+        kExitOk);
+  FILE* f = std::fopen(svg.c_str(), "r");
+  REQUIRE(f != nullptr);
+  char head[5] = {};
+  CHECK(std::fread(head, 1, 4, f) == 4);
+  std::fclose(f);
+  CHECK(std::string(head) == "<svg");
+  std::remove(svg.c_str());
+  std::remove((svg + ".memory.svg").c_str());
+  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--rank", "8"}) == kExitUsage);  // 8 ranks: 0-7
+  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--svg", "/nonexistent-dir/x.svg"}) == kExitInputError);
 }
 
 TEST_CASE("rank sets compress into runs") {
