@@ -173,7 +173,7 @@ void CheckExpertMesh(RuleContext& ctx) {
            "experts should be a multiple of expert model parallel_size.\")");
     if (ctx.helps()) {
       auto ok = ctx.WorkingValues("parallel.ep", Divisors(m.experts), DiagKind::kExpertsNotDivisibleByEp, 6);
-      if (!ok.empty()) d.Help("values of `ep` that divide " + std::to_string(m.experts) + " experts and fit the cluster: " + List(ok));
+      if (!ok.empty()) d.Help("values of `ep` that divide " + std::to_string(m.experts) + " experts: " + List(ok));
     }
     d.Report();
   }
@@ -244,7 +244,7 @@ void CheckWidthSplit(RuleContext& ctx, DiagKind kind, std::string_view width_pat
   d.Note(note);
   if (ctx.helps()) {
     auto ok = ctx.WorkingValues(axis_path, AxisCandidates(ctx.plan()), kind, 6);
-    if (!ok.empty()) d.Help("values of `" + axis_name + "` that divide " + std::to_string(width) + " and fit the cluster: " + List(ok));
+    if (!ok.empty()) d.Help("values of `" + axis_name + "` that divide " + std::to_string(width) + ": " + List(ok));
   }
   d.Report();
 }
@@ -343,7 +343,7 @@ void CheckSequence(RuleContext& ctx) {
     RuleDiag d(ctx, DiagKind::kSeqLenVsTpSp,
                "with `sp = true` each rank's " + std::to_string(local) + " tokens do not split over `tp = " +
                    std::to_string(par.tp) + "`");
-    d.At({"parallel.sp", "parallel.tp"}, "scatters the sequence over tp");
+    d.At({"parallel.tp", "parallel.sp"}, "scatters the sequence over tp");
     d.Field("model.seq_len", m.seq_len).Field("parallel.tp", par.tp);
     if (par.cp > 1) d.Field("parallel.cp", par.cp);
     d.Value("(seq_len / cp) % tp", "(" + std::to_string(m.seq_len) + " / " + std::to_string(par.cp) + ") % " +
