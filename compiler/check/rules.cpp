@@ -15,8 +15,10 @@ void RunAllRules(RuleContext& ctx) {
 
 }  // namespace rules
 
-void CheckPlanRules(const Plan& plan, DiagnosticSink& sink) {
-  rules::RuleContext ctx(plan, sink, /*helps=*/true);
+void CheckPlanRules(const Plan& plan, DiagnosticSink& sink) { CheckPlanRules(plan, sink, RuleOptions{}); }
+
+void CheckPlanRules(const Plan& plan, DiagnosticSink& sink, const RuleOptions& options) {
+  rules::RuleContext ctx(plan, sink, options.helps);
   rules::RunAllRules(ctx);
 }
 

@@ -13,7 +13,15 @@
 
 namespace paraplan {
 
+struct RuleOptions {
+  // Search for verified fixes (helps) when a rule fails. Each candidate fix re-runs the rules on
+  // a changed copy of the plan, which costs microseconds to a millisecond per failing rule;
+  // `planc search` screening thousands of candidates can turn it off and keep only the verdicts.
+  bool helps = true;
+};
+
 void CheckPlanRules(const Plan& plan, DiagnosticSink& sink);
+void CheckPlanRules(const Plan& plan, DiagnosticSink& sink, const RuleOptions& options);
 
 }  // namespace paraplan
 

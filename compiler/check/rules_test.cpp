@@ -256,6 +256,16 @@ TEST_CASE("an `auto` dp the evaluator poisoned is still reported by the mesh rul
   CHECK(t.Codes() == Codes{"P0301"});
 }
 
+TEST_CASE("without helps the verdicts are the same and no fix is searched") {
+  TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 16", "parallel.tp = 4", "parallel.pp = 4",
+                                "parallel.ep = 32", "parallel.sp = true", "batch.global = 1024"}));
+  DiagnosticSink sink;
+  CheckPlanRules(t.plan, sink, RuleOptions{.helps = false});
+  REQUIRE(sink.diagnostics().size() == 1);
+  CHECK(sink.diagnostics()[0].kind == DiagKind::kExpertMeshWorld);
+  CHECK(sink.diagnostics()[0].helps.empty());
+}
+
 TEST_CASE("poisoned inputs keep their rules quiet") {
   TestPlan t({"parallel.tp = 8", "parallel.pp = 3", "model.layers = 33"});
   t.plan.poisoned.insert("parallel.pp");
