@@ -238,7 +238,6 @@ int main(int argc, char** argv) {
     if (!resume_dir.empty() && steps < 0) {
       total_steps = std::max<int64_t>(0, program.train.steps - exec::FindCheckpoint(resume_dir, program).step);
     }
-    if (options.data_path.empty() && program.train.data.empty()) options.data_path = PARAPLAN_DEFAULT_DATA;
     const exec::RunResult result = exec::Train(program, options, where);
     std::printf("planrun: data %s\n", result.data_description.c_str());
     if (!result.steps.empty()) {

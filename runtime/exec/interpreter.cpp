@@ -68,10 +68,8 @@ std::string FirstError(const Coordinator& co) {
 }  // namespace
 
 RunResult Train(const ProgramImage& program, const RunOptions& options, const RankPlacement* placement) {
-  const std::string data_path = options.data_path.empty() ? program.train.data : options.data_path;
-  if (data_path.empty()) {
-    throw RunError("no token data: pass --data PATH (a Megatron prefix, a .u16/.u32 token file or a .txt file)");
-  }
+  std::string data_path = options.data_path.empty() ? program.train.data : options.data_path;
+  if (data_path.empty()) data_path = PARAPLAN_DEFAULT_DATA;  // the bundled text
   const data::TokenStream tokens = data::LoadTokens(data_path, program.model.vocab);
   {  // Refuse short data before starting any thread.
     data::Sampler probe(tokens, {program.model.seq_len, program.train.global_batch, program.model.micro_batch,

@@ -43,7 +43,7 @@ struct StepMetrics {
 
 struct RunOptions {
   int64_t steps = -1;            // -1: the program's train.steps (counted from start_step)
-  std::string data_path;         // empty: the program's train.data
+  std::string data_path;         // empty: the program's train.data, else the bundled text
   bool separate_buffers = false; // allocate each buffer on its own instead of the planned arena
   bool profile = false;          // measure kernel / collective / interpreter CPU time
   double comm_timeout_seconds = 600;

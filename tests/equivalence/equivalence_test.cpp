@@ -157,12 +157,11 @@ std::string Dir() {
   return dir;
 }
 
-// `planc compile tests/equivalence/equivalence.plan --plan NAME`, through the binary.
-ProgramImage PlancCompile(const std::string& plan) {
+// `planc compile FILE --plan NAME` through the binary (FILE relative to the source tree).
+ProgramImage PlancCompile(const std::string& plan, const std::string& file = "tests/equivalence/equivalence.plan") {
   const std::string out = Dir() + "/" + plan + ".pplan", log = Dir() + "/" + plan + ".log";
-  const std::string cmd = std::string(PARAPLAN_PLANC) + " compile '" + SourceDir() +
-                          "/tests/equivalence/equivalence.plan' --plan " + plan + " -o '" + out + "' > '" + log +
-                          "' 2>&1";
+  const std::string cmd = std::string(PARAPLAN_PLANC) + " compile '" + SourceDir() + "/" + file + "' --plan " +
+                          plan + " -o '" + out + "' > '" + log + "' 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream in(log);
   std::ostringstream text;
@@ -228,3 +227,15 @@ TEST_CASE("planc compile: llama pp 2, vpp 2 interleaved, dp 2, ZeRO 3") {
   CheckPlancEquivalent("single", "pp2_vpp2_dp2_zero3");
 }
 TEST_CASE("planc compile: gpt-2 tp 2, pp 2, dp 2") { CheckPlancEquivalent("gpt_single", "gpt_tp2_pp2_dp2"); }
+
+TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
+  const ProgramImage program = PlancCompile("tiny_llama_8cpu", "examples/tiny_llama.plan");
+  CHECK(program.world_size == 8);
+  RunOptions options;
+  options.steps = 2;
+  const RunResult r = Train(program, options);
+  REQUIRE(r.steps.size() == 2);
+  CHECK(r.steps[0].loss == doctest::Approx(std::log(259.0)).epsilon(0.05));
+  CHECK(r.steps[1].loss < r.steps[0].loss);
+  CHECK(r.data_description.find("classics.txt") != std::string::npos);  // the bundled text by default
+}
