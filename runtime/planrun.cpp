@@ -1,8 +1,14 @@
 // planrun: executes a compiled paraplan program.
 //
-//   planrun PROGRAM [--backend=host] [--ranks N] [--steps N] [--data PATH] [--metrics FILE]
+//   planrun PROGRAM [--backend=host|cuda] [--ranks N] [--steps N] [--data PATH] [--metrics FILE]
 //                   [--resume DIR] [--checkpoint-dir DIR] [--checkpoint-every N]
 //                   [--log-every N] [--profile] [--separate-buffers] [--timeout SECONDS]
+//                   [--rank R --world-size N --local-rank L --local-world-size M
+//                    --master-addr HOST --master-port P]
+//
+// Where the ranks run: with no launcher (world size 1) this process runs every rank of the
+// program as a thread (host backend, or the CUDA backend's local mode on one GPU); under a
+// launcher (torchrun, srun, mpirun, Hydra; runtime/launch) each process runs one rank with NCCL.
 //
 // Exit status: 0 success, 1 bad input (program, data, checkpoint) or a failed run, 2 bad usage,
 // 70 internal error. Links neither LLVM nor ANTLR.
@@ -18,6 +24,7 @@
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/program_image.h"
+#include "runtime/launch/environment.h"
 #ifdef PARAPLAN_HAVE_CUDA
 #include "runtime/kernels/cuda/backend/cuda_backend.h"
 #endif
@@ -29,7 +36,9 @@ using namespace paraplan;
 constexpr const char* kUsage =
     "usage: planrun PROGRAM [--backend=host] [--ranks N] [--steps N] [--data PATH] [--metrics FILE]\n"
     "               [--resume DIR] [--checkpoint-dir DIR] [--checkpoint-every N] [--log-every N]\n"
-    "               [--profile] [--separate-buffers] [--timeout SECONDS]\n";
+    "               [--profile] [--separate-buffers] [--timeout SECONDS]\n"
+    "               [--rank R] [--world-size N] [--local-rank L] [--local-world-size M]\n"
+    "               [--master-addr HOST] [--master-port P]\n";
 
 int Usage(const std::string& message) {
   std::cerr << "planrun: error: " << message << "\n" << kUsage;
@@ -67,6 +76,7 @@ int main(int argc, char** argv) {
   int64_t ranks = -1, steps = -1, checkpoint_every = 0, log_every = 0;
   double timeout = 600;
   bool profile = false, separate = false;
+  launch::LaunchOverrides overrides;
   std::vector<std::string> args(argv + 1, argv + argc);
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i], value;
@@ -106,6 +116,20 @@ int main(int argc, char** argv) {
       if (int rc = int_flag("--timeout", t)) return rc;
       if (t == 0) return Usage("--timeout must be at least 1 second");
       timeout = static_cast<double>(t);
+    } else if (a == "--rank" || a == "--world-size" || a == "--local-rank" || a == "--local-world-size" ||
+               a == "--master-port") {
+      int64_t v = 0;
+      if (int rc = int_flag(a.c_str(), v)) return rc;
+      if (v > 1000000) return Usage(a + " is out of range");
+      const int iv = static_cast<int>(v);
+      if (a == "--rank") overrides.rank = iv;
+      else if (a == "--world-size") overrides.world_size = iv;
+      else if (a == "--local-rank") overrides.local_rank = iv;
+      else if (a == "--local-world-size") overrides.local_world_size = iv;
+      else overrides.master_port = iv;
+    } else if (a == "--master-addr") {
+      if (!take("--master-addr")) return Usage("--master-addr needs a host");
+      overrides.master_addr = value;
     } else if (a == "--data") {
       if (!take("--data")) return Usage("--data needs a path");
       data_path = value;
@@ -140,8 +164,28 @@ int main(int argc, char** argv) {
   }
 #endif
 
+  const auto env = launch::ReadLaunchEnvironment(launch::ProcessEnvironment(), overrides);
+  if (!env) {
+    std::cerr << "planrun: error: " << env.error() << "\n";
+    return 2;
+  }
+  for (const auto& note : env->notes) std::cerr << "planrun: note: " << note << "\n";
+
   try {
     const exec::ProgramImage program = exec::LoadProgramImage(program_path);
+    const auto process_ranks = launch::AssignProcessRanks(*env, program.world_size);
+    if (!process_ranks) {
+      std::cerr << "planrun: error: " << process_ranks.error() << "\n";
+      return 2;
+    }
+    const bool one_rank_per_process = env->world_size > 1;
+    if (one_rank_per_process && backend == "host") {
+      std::cerr << "planrun: error: " << launch::LauncherName(env->launcher) << " started this process as "
+                << env->Describe() << ", but the host backend runs every rank of the program as a thread of "
+                << "one process; start planrun once, without a launcher, or use --backend=cuda with one GPU "
+                << "per process\n";
+      return 2;
+    }
     if (ranks >= 0 && ranks != program.world_size) {
       std::cerr << "planrun: error: the program is for " << program.world_size << " ranks but --ranks " << ranks
                 << " was given; the host backend runs every rank of the program as a thread\n";
@@ -168,17 +212,44 @@ int main(int argc, char** argv) {
         std::cerr << "planrun: error: --backend=cuda: " << why << "\n";
         return 1;
       }
-      cuda_ranks = cuda::MakeLocalCudaRanks(program.world_size, 0, timeout);
-      for (int r = 0; r < program.world_size; ++r) {
-        placement.ranks.push_back(r);
-        placement.backends.push_back(cuda_ranks.backends[r].get());
+      const auto lookup = launch::ProcessEnvironment();
+      std::optional<int> forced;
+      if (auto text = lookup("PARAPLAN_DEVICE")) {
+        auto parsed = launch::ParseIntVariable("`PARAPLAN_DEVICE`", *text, 0, 1023);
+        if (!parsed) {
+          std::cerr << "planrun: error: " << parsed.error() << "\n";
+          return 2;
+        }
+        forced = *parsed;
       }
+      const auto device = launch::SelectDevice(*env, cuda::CudaDeviceCount(), forced);
+      if (!device) {
+        std::cerr << "planrun: error: " << device.error() << "\n";
+        return 1;
+      }
+      if (one_rank_per_process) {  // NCCL: this process is one rank
+        std::vector<cuda::CommGroup> groups;
+        for (const auto& c : program.communicators) {
+          groups.push_back({static_cast<int>(c.kind), std::vector<int>(c.members.begin(), c.members.end())});
+        }
+        cuda_ranks = cuda::MakeNcclRank(*env, *device, program.fingerprint, groups, lookup);
+        placement.ranks.push_back(process_ranks->first_rank);
+      } else {  // local mode: every rank a thread on one device
+        cuda_ranks = cuda::MakeLocalCudaRanks(program.world_size, *device, timeout);
+        for (int r = 0; r < program.world_size; ++r) placement.ranks.push_back(r);
+      }
+      for (auto& b : cuda_ranks.backends) placement.backends.push_back(b.get());
       placement.world = cuda_ranks.world.get();
       where = &placement;
     }
 #endif
-    std::printf("planrun: plan `%s` (%s): %d ranks as threads on the %s backend\n", program.plan_name.c_str(),
-                program.producer.c_str(), program.world_size, backend.c_str());
+    if (one_rank_per_process) {
+      std::printf("planrun: plan `%s` (%s): %s on the %s backend\n", program.plan_name.c_str(),
+                  program.producer.c_str(), env->Describe().c_str(), backend.c_str());
+    } else {
+      std::printf("planrun: plan `%s` (%s): %d ranks as threads on the %s backend\n", program.plan_name.c_str(),
+                  program.producer.c_str(), program.world_size, backend.c_str());
+    }
     std::printf("planrun: model %s: %d layers, hidden %lld, heads %lld/%lld, vocab %lld, seq %lld; "
                 "tp %d pp %d vpp %d dp %d sp %s zero %d\n",
                 m.name.c_str(), m.layers, static_cast<long long>(m.hidden), static_cast<long long>(m.heads),

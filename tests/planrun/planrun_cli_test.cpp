@@ -39,9 +39,11 @@ struct Result {
   std::string out;
 };
 
-Result Planrun(const std::string& args) {
+// Runs `[env VARIABLES] planrun ARGS`.
+Result Planrun(const std::string& args, const std::string& variables = "") {
   const std::string log = Dir() + "/out.txt";
-  const int rc = std::system((std::string(PARAPLAN_PLANRUN) + " " + args + " > " + log + " 2>&1").c_str());
+  const std::string cmd = (variables.empty() ? "" : "env " + variables + " ") + PARAPLAN_PLANRUN + " " + args;
+  const int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(log)};
 }
 
@@ -126,4 +128,19 @@ TEST_CASE("a run prints progress and writes one JSON line per step; resume conti
   r = Planrun(other + " --resume " + ckpt);
   CHECK(r.status == 1);
   CHECK(r.out.find("resumes only the plan and layout that wrote it") != std::string::npos);
+}
+
+TEST_CASE("launcher environments: bad values and a host run under a launcher are refused") {
+  const std::string prog = WriteProgram("env", {2, 0, 4, 2});
+  auto r = Planrun(prog, "RANK=two WORLD_SIZE=2");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("`RANK` is `two`, which is not a whole number") != std::string::npos);
+  r = Planrun(prog, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=29500");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("the host backend runs every rank of the program as a thread of one process") != std::string::npos);
+  r = Planrun(prog, "RANK=0 WORLD_SIZE=3 MASTER_ADDR=localhost MASTER_PORT=29500");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("but the program was compiled for 2 ranks") != std::string::npos);
+  r = Planrun(prog + " --rank 5 --world-size 2");
+  CHECK(r.status == 2);
 }
