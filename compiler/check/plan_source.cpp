@@ -123,7 +123,7 @@ eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer
                       .Label(it->second->name.range, "first declaration")
                       .Help("rename one of them; to change a record, derive it: "
                             "`plan b extends a { ... }`"));
-      *ok = false;
+      // The first declaration stays; checking goes on.
     }
     if (d.body) AddBlock(*d.body, &m.scope, &m);
     if (d.kind == ast::DeclKind::kLet && d.base) WalkExpr(*d.base, &m.scope, &m);
