@@ -112,8 +112,12 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
   }
   std::vector<std::vector<Setter>> setters(axes.size());
   bool vpp_axis = false, schedule_axis = false, etp_axis = false;
+  bool sp_false_searched = false;  // `sp = false` is itself a candidate value
   for (size_t i = 0; i < axes.size(); ++i) {
-    for (const std::string& v : axes[i].values) setters[i].push_back(Parse(axes[i].path, v));
+    for (const std::string& v : axes[i].values) {
+      setters[i].push_back(Parse(axes[i].path, v));
+      if (setters[i].back().field == Field::kSp && setters[i].back().number == 0) sp_false_searched = true;
+    }
     vpp_axis |= axes[i].path == "parallel.vpp";
     schedule_axis |= axes[i].path == "pipeline.schedule";
     etp_axis |= axes[i].path == "parallel.etp";
@@ -149,6 +153,12 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
       plan.pipeline.schedule = plan.parallel.vpp > 1 ? Schedule::kInterleaved1F1B
                                : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B : base_schedule;
     }
+    // Megatron turns sequence parallelism off at TP 1 (it splits nothing there), so sp = true
+    // with tp = 1 is the sp = false candidate again: count it once, as sp = false.
+    if (applied && sp_false_searched && plan.parallel.sp && plan.parallel.tp == 1) {
+      ++result.duplicates;
+      continue;
+    }
     const int64_t unit = plan.parallel.tp * plan.parallel.pp * plan.parallel.cp;
     if (!applied || unit <= 0 || plan.World() % unit != 0) {
       ++result.rejected_rules;
@@ -156,7 +166,7 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
     }
     plan.parallel.dp = plan.World() / unit;
     sink.Clear();
-    CheckPlanRules(plan, sink);
+    CheckPlanRules(plan, sink, RuleOptions{.helps = false});  // verdicts only
     if (sink.has_errors()) {
       ++result.rejected_rules;
       continue;
@@ -246,8 +256,9 @@ std::string JsonString(std::string_view s) {
 
 std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& r) {
   std::string out = fmt::format(
-      "search {}: {} candidates; {} rejected by the rules, {} by the pipeline split, {} over {} of memory; {} fit\n",
-      base.name, r.enumerated, r.rejected_rules, r.rejected_partition, r.rejected_memory,
+      "search {}: {} candidates; {} duplicates (sp = true at tp = 1), {} rejected by the rules, {} by the pipeline "
+      "split, {} over {} of memory; {} fit\n",
+      base.name, r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory,
       FormatGiB(base.cluster.gpu.memory), r.fitting);
   if (r.best.empty()) return out;
   std::vector<std::string> columns;
@@ -277,9 +288,10 @@ std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axe
   }
   out += "},\n";
   out += fmt::format(
-      "  \"enumerated\": {},\n  \"rejected\": {{\"rules\": {}, \"partition\": {}, \"memory\": {}, \"verify\": {}}},\n"
+      "  \"enumerated\": {},\n  \"duplicates\": {},\n"
+      "  \"rejected\": {{\"rules\": {}, \"partition\": {}, \"memory\": {}, \"verify\": {}}},\n"
       "  \"fitting\": {},\n  \"seconds\": {:.6f},\n  \"candidates\": [",
-      r.enumerated, r.rejected_rules, r.rejected_partition, r.rejected_memory, r.rejected_verify, r.fitting, seconds);
+      r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory, r.rejected_verify, r.fitting, seconds);
   for (size_t i = 0; i < r.best.size(); ++i) {
     const SearchCandidate& c = r.best[i];
     out += i ? ",\n    {" : "\n    {";

@@ -38,8 +38,10 @@ TEST_CASE("search enumerates every candidate, prunes by the rules and memory, ra
   const SearchResult r = RunSearch(base, Axes(), options);
   CHECK(r.space == 4 * 4 * 2 * 2 * 2 * 2 * 2);
   CHECK(r.enumerated == r.space);
-  CHECK(r.enumerated == r.rejected_rules + r.rejected_partition + r.rejected_memory + r.fitting);
-  CHECK(r.rejected_rules > 0);   // e.g. sp = true with tp = 1, vpp = 2 with pp = 1
+  CHECK(r.enumerated == r.duplicates + r.rejected_rules + r.rejected_partition + r.rejected_memory + r.fitting);
+  // sp = true at tp = 1: one per combination of the other axes (pp, vpp, micro, zero, recompute).
+  CHECK(r.duplicates == 4 * 2 * 2 * 2 * 2);
+  CHECK(r.rejected_rules > 0);   // e.g. vpp = 2 with pp = 1
   CHECK(r.rejected_memory > 0);  // e.g. tp = 1, pp = 1: 70B parameters on one GPU
   REQUIRE(r.best.size() == 5);
   for (size_t i = 1; i < r.best.size(); ++i) CHECK(r.best[i - 1].step_s <= r.best[i].step_s);
@@ -56,6 +58,26 @@ TEST_CASE("search enumerates every candidate, prunes by the rules and memory, ra
     CHECK(EstimateMemory(p).peak == c.peak);
   }
   CHECK(r.best.front().settings.back().first == "pipeline.schedule");
+}
+
+TEST_CASE("sp = true at tp = 1 is the sp = false candidate: reported once, as sp = false") {
+  SearchOptions options;
+  options.top = 1000;
+  const SearchResult r = RunSearch(Llama64(), Axes(), options);
+  REQUIRE(r.duplicates > 0);
+  for (const SearchCandidate& c : r.best) {
+    std::string tp, sp;
+    for (const auto& [path, value] : c.settings) {
+      if (path == "parallel.tp") tp = value;
+      if (path == "parallel.sp") sp = value;
+    }
+    if (tp == "1") CHECK(sp == "false");
+  }
+  // Without sp = false among the values, sp = true at tp = 1 stays a candidate of its own.
+  std::vector<SearchAxis> axes = Axes();
+  axes.back().values = {"true"};
+  const SearchResult only_true = RunSearch(Llama64(), axes, options);
+  CHECK(only_true.duplicates == 0);
 }
 
 TEST_CASE("the verifier removes reported candidates and the next ones move up") {
