@@ -227,6 +227,7 @@ TEST_CASE("P0703: no candidate fits the GPU's memory") {
 TEST_CASE("P0704: a search space over the limit is refused before enumerating") {
   Result r = Planc("search " + Write("huge.plan", kHugePlan));
   CHECK(r.status == 1);
+  CHECK(r.err.find("P0704") != std::string::npos);
   CHECK(r.err.find("error[P0704]: the search space has more than 4000000 candidates") != std::string::npos);
   CHECK(r.err.find("help: fix some fields to one value") != std::string::npos);
   CHECK(r.out.empty());
