@@ -49,6 +49,9 @@ struct GpuEfficiency {
   std::string_view provenance;      // where the numbers come from, one line
   double gemm_max_fraction;         // achieved / peak for very large GEMMs
   double gemm_half_flops;           // GEMM size (FLOP) at which the fraction is half the max
+  double attention_fraction;        // achieved / peak of the fused attention kernels
+                                    // (FlashAttention / cuDNN, forward and backward together);
+                                    // used when CostOptions::flash_attention is on
   double hbm_fraction;              // achieved / peak HBM bandwidth in memory-bound kernels
   double elementwise_passes;        // HBM bytes moved per stored activation byte, forward
                                     // (backward moves twice as many)

@@ -71,11 +71,16 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     core_flops_per_head_token = 4 * d * exec_ctx;
   }
   {
-    // Batched per (sequence, head) without fusion; one fused kernel per layer with it.
+    // Batched GEMMs per (sequence, head) without fusion; a fused attention kernel with it, at
+    // its own efficiency (GpuEfficiency::attention_fraction).
     const double heads_rank = a / t;
     const double total = core_flops_per_head_token * T * heads_rank;
-    const double pieces = cx.options.flash_attention ? 1 : D(plan.batch.micro) * heads_rank;
-    c.core_s = pieces * gemm(total / pieces);
+    if (cx.options.flash_attention) {
+      c.core_s = total / (cx.peak * cx.eff.attention_fraction);  // one fused kernel per layer
+    } else {
+      const double pieces = D(plan.batch.micro) * heads_rank;      // batched per (sequence, head)
+      c.core_s = pieces * gemm(total / pieces);
+    }
     c.gemm_s += c.core_s;
   }
   // MLP.
@@ -262,26 +267,35 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const Me
         expert_params = D(moe_layers) * D(lp.expert) / D(std::max<int64_t>(1, par.ep * par.etp));
       }
       const double shared_params = std::max(0.0, total_params - expert_params);
-      auto sync_of = [&](double params, const CommGroup& g) {
+      // Per step (Megatron's distributed optimizer and plain DP): gradients reduced once after the
+      // last microbatch, parameters gathered back after the optimizer from ZeRO 1 on. From ZeRO 2
+      // the gradients are sharded, so they are reduce-scattered after every microbatch's backward
+      // (they cannot accumulate unsharded); ZeRO 3 also gathers the parameters for every
+      // microbatch's forward and backward (P0503's reasoning; ZeRO paper Sec. 5, with gradient
+      // accumulation). Per-microbatch traffic hides behind that microbatch's compute.
+      const int zero = static_cast<int>(plan.optimizer.zero);
+      auto gather = [&](double params, const CommGroup& g) {
         if (g.size <= 1 || params <= 0) return 0.0;
-        if (plan.optimizer.zero == 0)
-          return CollectiveSeconds(Collective::kAllReduce, params * grad_elem, g, plan.cluster, eff);
-        return CollectiveSeconds(Collective::kReduceScatter, params * grad_elem, g, plan.cluster, eff) +
-               CollectiveSeconds(Collective::kAllGather, params * param_elem, g, plan.cluster, eff);
+        return CollectiveSeconds(Collective::kAllGather, params * param_elem, g, plan.cluster, eff);
       };
-      sync = sync_of(shared_params, cx.groups.dp_cp) + sync_of(expert_params, cx.groups.edp);
-      if (plan.optimizer.zero >= 3) {
-        // Parameters gathered for every microbatch's forward and backward; hidden behind compute.
-        const double gather = 2 * (CollectiveSeconds(Collective::kAllGather, shared_params * param_elem, cx.groups.dp_cp, plan.cluster, eff) +
-                                   CollectiveSeconds(Collective::kAllGather, expert_params * param_elem, cx.groups.edp, plan.cluster, eff));
-        st.microbatch_s += std::max(0.0, gather - (st.gemm_s + st.memory_s));
+      auto scatter = [&](double params, const CommGroup& g) {
+        if (g.size <= 1 || params <= 0) return 0.0;
+        return CollectiveSeconds(zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter,
+                                 params * grad_elem, g, plan.cluster, eff);
+      };
+      const double grads_s = scatter(shared_params, cx.groups.dp_cp) + scatter(expert_params, cx.groups.edp);
+      const double params_s = gather(shared_params, cx.groups.dp_cp) + gather(expert_params, cx.groups.edp);
+      double step_grads = zero <= 1 ? grads_s : 0;
+      double step_params = zero == 1 || zero == 2 ? params_s : 0;
+      if (zero >= 2) {
+        const double per_microbatch = grads_s + (zero >= 3 ? 2 * params_s : 0);
+        st.microbatch_s += std::max(0.0, per_microbatch - (st.gemm_s + st.memory_s));
       }
+      sync = step_grads + step_params;
       st.dp_sync_s = sync;
       if (options.overlap_grad_reduce) {
-        const double grads = plan.optimizer.zero == 0 ? sync : sync * grad_elem / (grad_elem + param_elem);
-        const double params = sync - grads;
-        st.dp_exposed_s = std::max(0.05 * grads, grads - backward) +
-                          (options.overlap_param_gather ? std::max(0.0, params - fwd) : params);
+        st.dp_exposed_s = std::max(0.05 * step_grads, step_grads - backward) +
+                          (options.overlap_param_gather ? std::max(0.0, step_params - fwd) : step_params);
       } else {
         st.dp_exposed_s = sync;
       }

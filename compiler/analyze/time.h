@@ -41,7 +41,8 @@ struct StageTime {
   double pp_comm_s = 0;     // pipeline sends and receives
   double forward_s = 0;     // parts of the above in the forward pass
   double microbatch_s = 0;  // U: everything above
-  double dp_sync_s = 0;     // per step: DP gradient (and parameter) collectives, unhidden
+  double dp_sync_s = 0;     // per step: DP gradient (and parameter) collectives, unhidden (ZeRO 2/3
+                            // move theirs every microbatch, inside microbatch_s)
   double dp_exposed_s = 0;  // per step: what the overlap does not hide
   double optimizer_s = 0;   // per step
 };

@@ -88,6 +88,41 @@ TEST_CASE("overlapping the DP gradient reduce hides it behind the backward") {
   CHECK(a.dp_exposed_s < b.dp_exposed_s);
 }
 
+TEST_CASE("ZeRO 2 reduce-scatters gradients every microbatch, ZeRO 3 also gathers parameters") {
+  // Short sequences: little compute per microbatch to hide the per-microbatch traffic behind.
+  Plan plan = Llama(8, 8, 1);
+  plan.model.seq_len = 512;
+  plan.batch.global = 512;
+  TimeEstimate z[4];
+  for (int zero = 0; zero <= 3; ++zero) {
+    plan.optimizer.zero = zero;
+    z[zero] = EstimateTime(plan);
+    REQUIRE(z[zero].valid);
+  }
+  REQUIRE(z[1].microbatches == 64);
+  // Per step: ZeRO 1 reduces and gathers once, ZeRO 2 only gathers back, ZeRO 3 neither.
+  CHECK(z[2].stages[0].dp_sync_s > 0);
+  CHECK(z[2].stages[0].dp_sync_s < z[1].stages[0].dp_sync_s);
+  CHECK(z[3].stages[0].dp_sync_s == 0);
+  // Per microbatch: the traffic that does not hide behind compute slows every microbatch.
+  CHECK(z[2].stages[0].microbatch_s > z[1].stages[0].microbatch_s);
+  CHECK(z[3].stages[0].microbatch_s > z[2].stages[0].microbatch_s);
+  CHECK(z[1].step_s < z[2].step_s);
+  CHECK(z[2].step_s < z[3].step_s);
+}
+
+TEST_CASE("fused attention runs at its own efficiency, below large GEMMs") {
+  Plan plan = Llama(8, 8, 1);
+  CostOptions fused;
+  const GpuEfficiency& eff = EfficiencyFor(plan.cluster.gpu);
+  CHECK(eff.attention_fraction > 0);
+  CHECK(eff.attention_fraction < eff.gemm_max_fraction);
+  GpuEfficiency faster = eff;
+  faster.attention_fraction = eff.gemm_max_fraction;
+  fused.efficiency = &faster;
+  CHECK(EstimateTime(plan, fused).step_s < EstimateTime(plan).step_s);
+}
+
 TEST_CASE("recompute costs time: full > selective > none") {
   Plan plan = Llama(8, 8, 4);
   plan.recompute = Recompute::kNone;
