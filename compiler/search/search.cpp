@@ -113,10 +113,12 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
   std::vector<std::vector<Setter>> setters(axes.size());
   bool vpp_axis = false, schedule_axis = false, etp_axis = false;
   bool sp_false_searched = false;  // `sp = false` is itself a candidate value
+  bool zero0_searched = false;     // `zero = 0` is itself a candidate value
   for (size_t i = 0; i < axes.size(); ++i) {
     for (const std::string& v : axes[i].values) {
       setters[i].push_back(Parse(axes[i].path, v));
       if (setters[i].back().field == Field::kSp && setters[i].back().number == 0) sp_false_searched = true;
+      if (setters[i].back().field == Field::kZero && setters[i].back().number == 0) zero0_searched = true;
     }
     vpp_axis |= axes[i].path == "parallel.vpp";
     schedule_axis |= axes[i].path == "pipeline.schedule";
@@ -165,6 +167,13 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
       continue;
     }
     plan.parallel.dp = plan.World() / unit;
+    // ZeRO over a data-parallel domain of one rank shards nothing (P0504): without offload such
+    // a candidate is the zero = 0 one again.
+    if (zero0_searched && plan.optimizer.zero > 0 && plan.optimizer.offload == Offload::kNone &&
+        plan.parallel.dp * plan.parallel.cp == 1 && (!plan.model.IsMoe() || plan.Edp() <= 1)) {
+      ++result.duplicates;
+      continue;
+    }
     sink.Clear();
     CheckPlanRules(plan, sink, RuleOptions{.helps = false});  // verdicts only
     if (sink.has_errors()) {
@@ -256,8 +265,8 @@ std::string JsonString(std::string_view s) {
 
 std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& r) {
   std::string out = fmt::format(
-      "search {}: {} candidates; {} duplicates (sp = true at tp = 1), {} rejected by the rules, {} by the pipeline "
-      "split, {} over {} of memory; {} fit\n",
+      "search {}: {} candidates; {} duplicates (sp = true at tp = 1, zero > 0 over one data-parallel rank), {} rejected "
+      "by the rules, {} by the pipeline split, {} over {} of memory; {} fit\n",
       base.name, r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory,
       FormatGiB(base.cluster.gpu.memory), r.fitting);
   if (r.best.empty()) return out;

@@ -5,7 +5,8 @@
 // (dp = world / (tp·pp·cp); etp follows tp unless written; the schedule becomes
 // interleaved_1f1b when vpp > 1 and the schedule is not itself searched); a candidate with
 // sp = true and tp = 1 is skipped as the duplicate of its sp = false twin when sp = false is
-// searched too (Megatron turns SP off at TP 1); then:
+// searched too (Megatron turns SP off at TP 1), and so is zero > 0 over a data-parallel domain
+// of one rank (it shards nothing) when zero = 0 is searched; then:
 //   1. CheckPlanRules (the rules of `planc check`): any error rejects the candidate;
 //   2. the pipeline partition (BuildPartition, through the memory model): no split rejects it;
 //   3. the memory model: a stage over the GPU's memory rejects it;
@@ -59,7 +60,9 @@ struct SearchResult {
   int64_t space = 0;               // product of the axis sizes
   int64_t enumerated = 0;
   int64_t duplicates = 0;          // sp = true at tp = 1 while sp = false is searched (Megatron
-                                   // turns SP off at TP 1): counted once, as sp = false
+                                   // turns SP off at TP 1): counted once, as sp = false; and
+                                   // zero > 0 with dp · cp = 1 (and edp = 1), no offload, while
+                                   // zero = 0 is searched: counted once, as zero = 0
   int64_t rejected_rules = 0;      // CheckPlanRules errors (or dp not whole)
   int64_t rejected_partition = 0;  // no pipeline split
   int64_t rejected_memory = 0;     // over the GPU's memory

@@ -39,8 +39,9 @@ TEST_CASE("search enumerates every candidate, prunes by the rules and memory, ra
   CHECK(r.space == 4 * 4 * 2 * 2 * 2 * 2 * 2);
   CHECK(r.enumerated == r.space);
   CHECK(r.enumerated == r.duplicates + r.rejected_rules + r.rejected_partition + r.rejected_memory + r.fitting);
-  // sp = true at tp = 1: one per combination of the other axes (pp, vpp, micro, zero, recompute).
-  CHECK(r.duplicates == 4 * 2 * 2 * 2 * 2);
+  // sp = true at tp = 1: one per combination of the other axes (pp, vpp, micro, zero, recompute);
+  // zero = 1 over one data-parallel rank (tp 8 · pp 8 = 64): vpp, micro, recompute, sp.
+  CHECK(r.duplicates == 4 * 2 * 2 * 2 * 2 + 2 * 2 * 2 * 2);
   CHECK(r.rejected_rules > 0);   // e.g. vpp = 2 with pp = 1
   CHECK(r.rejected_memory > 0);  // e.g. tp = 1, pp = 1: 70B parameters on one GPU
   REQUIRE(r.best.size() == 5);
@@ -73,11 +74,32 @@ TEST_CASE("sp = true at tp = 1 is the sp = false candidate: reported once, as sp
     }
     if (tp == "1") CHECK(sp == "false");
   }
-  // Without sp = false among the values, sp = true at tp = 1 stays a candidate of its own.
+  // Without sp = false among the values, sp = true at tp = 1 stays a candidate of its own (the
+  // remaining duplicates are zero = 1 over one data-parallel rank).
   std::vector<SearchAxis> axes = Axes();
   axes.back().values = {"true"};
   const SearchResult only_true = RunSearch(Llama64(), axes, options);
-  CHECK(only_true.duplicates == 0);
+  CHECK(only_true.duplicates == 2 * 2 * 2);
+}
+
+TEST_CASE("zero > 0 over one data-parallel rank is the zero = 0 candidate: reported once") {
+  SearchOptions options;
+  options.top = 100000;
+  const SearchResult r = RunSearch(Llama64(), Axes(), options);
+  for (const SearchCandidate& c : r.best) {
+    std::string dp, zero;
+    for (const auto& [path, value] : c.settings) {
+      if (path == "parallel.dp") dp = value;
+      if (path == "optimizer.zero") zero = value;
+    }
+    if (dp == "1") CHECK(zero == "0");
+  }
+  // Without zero = 0 among the values, zero = 1 over one rank stays a candidate.
+  std::vector<SearchAxis> axes = Axes();
+  axes[4].values = {"1"};
+  REQUIRE(axes[4].path == "optimizer.zero");
+  const SearchResult only_one = RunSearch(Llama64(), axes, options);
+  CHECK(only_one.duplicates == 4 * 2 * 2 * 2);  // only sp = true at tp = 1
 }
 
 TEST_CASE("the verifier removes reported candidates and the next ones move up") {

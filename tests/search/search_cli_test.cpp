@@ -129,7 +129,8 @@ int CountRows(const std::string& text) {
 TEST_CASE("text: a header with the counts, then candidates fastest first with memory, step time and MFU") {
   Result r = Planc("search " + Write("small.plan", kPlan));
   REQUIRE_MESSAGE(r.status == 0, r.err);
-  CHECK(r.out.find("search small_search: 256 candidates; 32 duplicates (sp = true at tp = 1)") != std::string::npos);
+  CHECK(r.out.find("search small_search: 256 candidates; 60 duplicates (sp = true at tp = 1, zero > 0 over one "
+                     "data-parallel rank)") != std::string::npos);
   CHECK(r.out.find("peak memory") != std::string::npos);
   CHECK(r.out.find("step (s)") != std::string::npos);
   CHECK(r.out.find("tokens/s/GPU") != std::string::npos);
@@ -168,7 +169,7 @@ TEST_CASE("--format=json: every candidate's settings, peak memory, step time and
   const llvm::json::Object* rejected = root->getObject("rejected");
   REQUIRE(rejected);
   CHECK(enumerated == 256);
-  CHECK(duplicates == 32);
+  CHECK(duplicates == 32 + 28);  // sp = true at tp = 1; zero = 1 where tp · pp = 8 (dp = 1)
   CHECK(enumerated == duplicates + Int(rejected, "rules") + Int(rejected, "partition") +
                           Int(rejected, "memory") + fitting);
   const llvm::json::Array* axes = root->getObject("axes")->getArray("parallel.tp");
@@ -192,6 +193,7 @@ TEST_CASE("--format=json: every candidate's settings, peak memory, step time and
     const int pp = std::atoi(Setting(s, "parallel.pp").c_str());
     CHECK(tp * pp * std::atoi(Setting(s, "parallel.dp").c_str()) == 8);
     CHECK_FALSE((tp == 1 && Setting(s, "parallel.sp") == "true"));  // canonical: sp off at tp 1
+    if (tp * pp == 8) CHECK(Setting(s, "optimizer.zero") == "0");   // canonical: no ZeRO at dp 1
     const int64_t peak = Int(c, "peak_memory_bytes");
     CHECK(peak > 0);
     CHECK(peak <= int64_t{80} << 30);
