@@ -27,6 +27,17 @@ namespace {
 constexpr const char* kSearchUsage =
     "usage: planc search FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR] [--top K] [--format=text|json]\n";
 
+// 7392000 -> "7,392,000"
+std::string Grouped(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  const size_t lead = digits.size() % 3 == 0 ? 3 : digits.size() % 3;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i >= lead && (i - lead) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 int Usage(const std::string& error) {
   std::fprintf(stderr, "planc search: %s\n%s", error.c_str(), kSearchUsage);
   return kExitUsage;
@@ -103,12 +114,24 @@ int RunSearch(const std::vector<std::string>& args) {
   const SearchResult result = RunSearch(*base, axes, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (result.too_large) {
-    sink.Report(Diag(DiagKind::kSearchSpaceTooLarge,
-                     fmt::format("the search space has more than {} candidates, the most planc search enumerates",
-                                 options.max_candidates))
-                    .At(base->declaration)
-                    .Note("the search is exhaustive: every combination of the ranged fields is checked")
-                    .Help("fix some fields to one value, or give shorter lists instead of `auto`"));
+    std::string sizes;
+    for (const SearchAxis& a : axes) {
+      const size_t dot = a.path.rfind('.');
+      sizes += fmt::format("{}{} {}", sizes.empty() ? "" : " · ",
+                           dot == std::string::npos ? a.path : a.path.substr(dot + 1), a.values.size());
+    }
+    Diag d(DiagKind::kSearchSpaceTooLarge,
+           fmt::format("the search space has {} candidates, more than the {} that planc search enumerates",
+                       result.space == INT64_MAX ? std::string("more than 9,223,372,036,854,775,807")
+                                                 : Grouped(result.space),
+                       Grouped(options.max_candidates)));
+    d.At(base->declaration);
+    for (const Sweep& s : base->sweeps) d.Label(s.range, fmt::format("`{}` ranges over {} values", s.path, s.values.size()));
+    d.Value("candidates", fmt::format("{} = {}", sizes,
+                                      result.space == INT64_MAX ? std::string("overflow") : Grouped(result.space)));
+    d.Note("the search is exhaustive: every combination of the ranged fields is checked");
+    d.Help("fix some fields to one value, or give shorter lists instead of `auto`");
+    sink.Report(std::move(d));
     return finish(kExitInputError);
   }
   if (result.best.empty()) {

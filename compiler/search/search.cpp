@@ -1,6 +1,7 @@
 #include "compiler/search/search.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -96,14 +97,10 @@ std::vector<SearchAxis> AxesFromSweeps(const Plan& plan) {
 
 SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, const SearchOptions& options) {
   SearchResult result;
-  int64_t space = 1;
+  int64_t space = 1;  // saturates at INT64_MAX
   for (const SearchAxis& a : axes) {
     const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(a.values.size()));
-    if (space > options.max_candidates / n + 1) {
-      space = options.max_candidates + 1;
-      break;
-    }
-    space *= n;
+    if (__builtin_mul_overflow(space, n, &space)) space = INT64_MAX;
   }
   result.space = space;
   if (space > options.max_candidates) {

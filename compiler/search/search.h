@@ -57,7 +57,7 @@ struct SearchCandidate {
 
 struct SearchResult {
   bool too_large = false;          // more than max_candidates: nothing enumerated
-  int64_t space = 0;               // product of the axis sizes
+  int64_t space = 0;               // product of the axis sizes (INT64_MAX when it overflows)
   int64_t enumerated = 0;
   int64_t duplicates = 0;          // sp = true at tp = 1 while sp = false is searched (Megatron
                                    // turns SP off at TP 1): counted once, as sp = false; and

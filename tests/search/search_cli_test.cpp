@@ -230,7 +230,10 @@ TEST_CASE("P0704: a search space over the limit is refused before enumerating") 
   Result r = Planc("search " + Write("huge.plan", kHugePlan));
   CHECK(r.status == 1);
   CHECK(r.err.find("P0704") != std::string::npos);
-  CHECK(r.err.find("error[P0704]: the search space has more than 4000000 candidates") != std::string::npos);
+  CHECK(r.err.find("error[P0704]: the search space has 5,971,968 candidates, more than the 4,000,000 that planc "
+                   "search enumerates") != std::string::npos);
+  CHECK(r.err.find("`parallel.vpp` ranges over 12 values") != std::string::npos);
+  CHECK(r.err.find("candidates = recompute 3 · tp 12 · pp 12 · vpp 12 · cp 12") != std::string::npos);
   CHECK(r.err.find("help: fix some fields to one value") != std::string::npos);
   CHECK(r.out.empty());
 }
