@@ -53,7 +53,9 @@ class RoleLowering {
   int32_t Stat(const std::string& name, std::vector<int64_t> shape) {
     return Buf(Prefix() + name, std::move(shape), DType::F32);
   }
-  std::string Prefix() const { return layer_ >= 0 ? fmt::format("layers.{}.", layer_) : fmt::format("chunk{}.", chunk_); }
+  std::string Prefix() const {
+    return layer_ >= 0 ? fmt::format("layers.{}.{}", layer_, recompute_prefix_) : fmt::format("chunk{}.", chunk_);
+  }
 
   Op& Emit(OpKind kind, std::vector<int32_t> in, std::vector<int32_t> out, CommKind comm = CommKind::None,
            std::vector<int64_t> ints = {}, std::vector<double> floats = {}) {
@@ -152,6 +154,29 @@ class RoleLowering {
     return ReducePartial(partial_full, name, m_.hidden);
   }
 
+  struct LayerParams {
+    NormParams n1, n2;
+    ParamRef wq, wk, wv, wo, bq, bk, bv, bo, w1, w3, w2, b1, b2;
+  };
+  // The buffers of one layer's forward that its backward reads.
+  struct LayerSaved {
+    int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1, u = -1, a = -1;
+    NormOut no1, no2;
+  };
+  // Emits one layer's forward into body_ from input x. With `next` >= 0 the whole layer, ending
+  // in the residual add into `next`; with next = -1 (recompute) it stops after the MLP
+  // activation, the last tensor the backward reads.
+  LayerSaved LayerForward(const LayerParams& P, int32_t x, int32_t next);
+  std::vector<int32_t> LinearInputs(int32_t in, const ParamRef& w, const ParamRef& b) const {
+    std::vector<int32_t> v = {in, w.value};
+    if (b.value >= 0) v.push_back(b.value);
+    return v;
+  }
+  std::vector<int64_t> AttentionInts() const {
+    return {m_.micro_batch, m_.seq_len, m_.heads / tp_, m_.kv_heads / tp_, m_.head_dim};
+  }
+  double AttentionScale() const { return 1.0 / std::sqrt(static_cast<double>(m_.head_dim)); }
+
   void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
   void BuildBuckets();
   StepBodies BuildStepBodies();
@@ -166,11 +191,63 @@ class RoleLowering {
   DType act_ = DType::Bf16;
   CommKind tp_comm_ = CommKind::None;
   int32_t chunk_ = -1, layer_ = -1;
+  std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
   Body* body_ = nullptr;
   int32_t loss_sum_ = -1;
   int32_t word_embedding_param_ = -1;  // on this role, -1 when absent
   int32_t output_copy_param_ = -1;     // the last stage's tied copy (pp > 1)
 };
+
+RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_t x, int32_t next) {
+  const int64_t h = m_.hidden, hd = m_.head_dim;
+  const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, ffn = m_.ffn_hidden / tp_;
+  const bool gpt = m_.activation == prog::ActivationKind::Gelu;
+  LayerSaved S;
+  S.x = x;
+  S.no1 = NormForward("attention_norm", P.n1, x);
+  S.n1f = GatherSp(S.no1.y, "attention_norm.out_full", h);
+  S.q = Act("q", {tokens_, heads * hd});
+  S.k = Act("k", {tokens_, kv * hd});
+  S.v = Act("v", {tokens_, kv * hd});
+  Emit(OpKind::Linear, LinearInputs(S.n1f, P.wq, P.bq), {S.q});
+  Emit(OpKind::Linear, LinearInputs(S.n1f, P.wk, P.bk), {S.k});
+  Emit(OpKind::Linear, LinearInputs(S.n1f, P.wv, P.bv), {S.v});
+  if (m_.position == prog::PositionKind::Rope) {
+    Emit(OpKind::Rope, {S.q}, {S.q}, CommKind::None, {heads, hd}, {m_.rope_theta});
+    Emit(OpKind::Rope, {S.k}, {S.k}, CommKind::None, {kv, hd}, {m_.rope_theta});
+  }
+  S.o = Act("attention.out", {tokens_, heads * hd});
+  S.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
+  Emit(OpKind::Attention, {S.q, S.k, S.v}, {S.o, S.lse}, CommKind::None, AttentionInts(), {AttentionScale()});
+  int32_t proj = Act("attention.proj", {tokens_, h});
+  Emit(OpKind::Linear, {S.o, P.wo.value}, {proj});
+  int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
+  if (P.bo.value >= 0) Emit(OpKind::AddBias, {pr, P.bo.value}, {pr});
+  S.x1 = Act("residual1", {rows_, h});
+  Emit(OpKind::Add, {x, pr}, {S.x1});
+  S.no2 = NormForward("mlp_norm", P.n2, S.x1);
+  S.n2f = GatherSp(S.no2.y, "mlp_norm.out_full", h);
+  if (gpt) {
+    S.g = Act("mlp.fc1_out", {tokens_, ffn});
+    Emit(OpKind::Linear, LinearInputs(S.n2f, P.w1, P.b1), {S.g});
+    S.a = Act("mlp.act", {tokens_, ffn});
+    Emit(OpKind::Gelu, {S.g}, {S.a});
+  } else {
+    S.g = Act("mlp.gate", {tokens_, ffn});
+    S.u = Act("mlp.up", {tokens_, ffn});
+    Emit(OpKind::Linear, {S.n2f, P.w1.value}, {S.g});
+    Emit(OpKind::Linear, {S.n2f, P.w3.value}, {S.u});
+    S.a = Act("mlp.act", {tokens_, ffn});
+    Emit(OpKind::SwiGlu, {S.g, S.u}, {S.a});
+  }
+  if (next < 0) return S;
+  int32_t down = Act("mlp.down", {tokens_, h});
+  Emit(OpKind::Linear, {S.a, P.w2.value}, {down});
+  int32_t dr = ReducePartial(down, "mlp.down_sp", h);
+  if (P.b2.value >= 0) Emit(OpKind::AddBias, {dr, P.b2.value}, {dr});
+  Emit(OpKind::Add, {S.x1, dr}, {next});
+  return S;
+}
 
 void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk) {
   const int64_t h = m_.hidden, hd = m_.head_dim;
@@ -196,10 +273,6 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     if (m_.position == prog::PositionKind::Learned)
       pos = AddParam("embedding.position", 1, {m_.seq_len, h}, -1, prog::InitKind::Normal, 0.02, true, true, p_.sp);
   }
-  struct LayerParams {
-    NormParams n1, n2;
-    ParamRef wq, wk, wv, wo, bq, bk, bv, bo, w1, w3, w2, b1, b2;
-  };
   std::vector<LayerParams> lp(cl.layers);
   for (int32_t i = 0; i < cl.layers; ++i) {
     int32_t L = cl.first_layer + i;
@@ -270,67 +343,13 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     chunk.input = x;
   }
 
-  struct LayerSaved {
-    int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1, u = -1, a = -1;
-    NormOut no1, no2;
-  };
   std::vector<LayerSaved> saved(cl.layers);
-  const std::vector<int64_t> attn_ints = {m_.micro_batch, m_.seq_len, heads, kv, hd};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   for (int32_t i = 0; i < cl.layers; ++i) {
     layer_ = cl.first_layer + i;
-    LayerParams& P = lp[i];
-    LayerSaved& S = saved[i];
-    S.x = x;
-    S.no1 = NormForward("attention_norm", P.n1, x);
-    S.n1f = GatherSp(S.no1.y, "attention_norm.out_full", h);
-    S.q = Act("q", {tokens_, heads * hd});
-    S.k = Act("k", {tokens_, kv * hd});
-    S.v = Act("v", {tokens_, kv * hd});
-    auto lin_in = [&](int32_t in, const ParamRef& w, const ParamRef& b) {
-      std::vector<int32_t> v = {in, w.value};
-      if (b.value >= 0) v.push_back(b.value);
-      return v;
-    };
-    Emit(OpKind::Linear, lin_in(S.n1f, P.wq, P.bq), {S.q});
-    Emit(OpKind::Linear, lin_in(S.n1f, P.wk, P.bk), {S.k});
-    Emit(OpKind::Linear, lin_in(S.n1f, P.wv, P.bv), {S.v});
-    if (m_.position == prog::PositionKind::Rope) {
-      Emit(OpKind::Rope, {S.q}, {S.q}, CommKind::None, {heads, hd}, {m_.rope_theta});
-      Emit(OpKind::Rope, {S.k}, {S.k}, CommKind::None, {kv, hd}, {m_.rope_theta});
-    }
-    S.o = Act("attention.out", {tokens_, heads * hd});
-    S.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
-    Emit(OpKind::Attention, {S.q, S.k, S.v}, {S.o, S.lse}, CommKind::None, attn_ints, {scale});
-    int32_t proj = Act("attention.proj", {tokens_, h});
-    Emit(OpKind::Linear, {S.o, P.wo.value}, {proj});
-    int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
-    if (P.bo.value >= 0) Emit(OpKind::AddBias, {pr, P.bo.value}, {pr});
-    S.x1 = Act("residual1", {rows_, h});
-    Emit(OpKind::Add, {x, pr}, {S.x1});
-    S.no2 = NormForward("mlp_norm", P.n2, S.x1);
-    S.n2f = GatherSp(S.no2.y, "mlp_norm.out_full", h);
-    if (gpt) {
-      S.g = Act("mlp.fc1_out", {tokens_, ffn});
-      Emit(OpKind::Linear, lin_in(S.n2f, P.w1, P.b1), {S.g});
-      S.a = Act("mlp.act", {tokens_, ffn});
-      Emit(OpKind::Gelu, {S.g}, {S.a});
-    } else {
-      S.g = Act("mlp.gate", {tokens_, ffn});
-      S.u = Act("mlp.up", {tokens_, ffn});
-      Emit(OpKind::Linear, {S.n2f, P.w1.value}, {S.g});
-      Emit(OpKind::Linear, {S.n2f, P.w3.value}, {S.u});
-      S.a = Act("mlp.act", {tokens_, ffn});
-      Emit(OpKind::SwiGlu, {S.g, S.u}, {S.a});
-    }
-    int32_t down = Act("mlp.down", {tokens_, h});
-    Emit(OpKind::Linear, {S.a, P.w2.value}, {down});
-    int32_t dr = ReducePartial(down, "mlp.down_sp", h);
-    if (P.b2.value >= 0) Emit(OpKind::AddBias, {dr, P.b2.value}, {dr});
     bool last_of_chunk = i + 1 == cl.layers;
     int32_t next = (last_of_chunk && !cl.loss) ? Buf(fmt::format("chunk{}.output", index), {rows_, h}, act_)
                                                : Act("out", {rows_, h});
-    Emit(OpKind::Add, {S.x1, dr}, {next});
+    saved[i] = LayerForward(lp[i], x, next);
     x = next;
   }
   layer_ = -1;
@@ -371,8 +390,14 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   }
   for (int32_t i = cl.layers - 1; i >= 0; --i) {
     layer_ = cl.first_layer + i;
-    LayerParams& P = lp[i];
-    LayerSaved& S = saved[i];
+    const LayerParams& P = lp[i];
+    LayerSaved S = saved[i];
+    if (s_.recompute == ActivationRecompute::kFull) {
+      // Re-run the layer's forward from its stashed input, then its backward.
+      recompute_prefix_ = "recompute.";
+      S = LayerForward(P, saved[i].x, /*next=*/-1);
+      recompute_prefix_.clear();
+    }
     // MLP
     int32_t gxf = GatherSp(gx, "mlp.down.grad_full", h);
     if (P.b2.value >= 0) Emit(OpKind::AddBiasBackward, {gx}, {P.b2.grad});
@@ -405,7 +430,15 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     int32_t dq = Act("q.grad", {tokens_, heads * hd});
     int32_t dk = Act("k.grad", {tokens_, kv * hd});
     int32_t dv = Act("v.grad", {tokens_, kv * hd});
-    Emit(OpKind::AttentionBackward, {dout, S.q, S.k, S.v, S.o, S.lse}, {dq, dk, dv}, CommKind::None, attn_ints, {scale});
+    int32_t o = S.o, lse = S.lse;
+    if (s_.recompute == ActivationRecompute::kSelective) {
+      // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
+      o = Act("recompute.attention.out", {tokens_, heads * hd});
+      lse = Stat("recompute.attention.lse", {m_.micro_batch, heads, m_.seq_len});
+      Emit(OpKind::Attention, {S.q, S.k, S.v}, {o, lse}, CommKind::None, AttentionInts(), {AttentionScale()});
+    }
+    Emit(OpKind::AttentionBackward, {dout, S.q, S.k, S.v, o, lse}, {dq, dk, dv}, CommKind::None, AttentionInts(),
+         {AttentionScale()});
     if (m_.position == prog::PositionKind::Rope) {
       Emit(OpKind::RopeBackward, {dq}, {dq}, CommKind::None, {heads, hd}, {m_.rope_theta});
       Emit(OpKind::RopeBackward, {dk}, {dk}, CommKind::None, {kv, hd}, {m_.rope_theta});

@@ -29,6 +29,17 @@ struct ChunkLayers {
   bool loss = false;       // holds the final norm, output layer and loss (last virtual stage)
 };
 
+// Activation recompute (the plan's `recompute`), as Megatron-Core does it:
+//   kNone       the forward keeps every tensor a backward op reads (Stash buffers)
+//   kSelective  the attention core is recomputed: the forward keeps q, k, v and the attention
+//               output but not the softmax statistics (log-sum-exp); the backward body runs
+//               Attention again right before AttentionBackward
+//   kFull       each layer keeps only its input; the backward body re-runs the layer's forward
+//               ops (with their tensor/sequence-parallel collectives) right before its backward
+//               ops. The last down-projection, its reduction and residual add are not re-run:
+//               nothing in the backward reads them.
+enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
+
 // The sizes bodies are built for (from Program::model / parallel / train).
 struct BodyShape {
   ModelConfig model;
@@ -36,6 +47,7 @@ struct BodyShape {
   int64_t microbatches = 1;
   prog::Precision precision = prog::Precision::Bf16;
   bool sgd = false;             // optimizer.type = sgd: Sgd ops instead of AdamW
+  ActivationRecompute recompute = ActivationRecompute::kNone;
 };
 
 // Indices of the step bodies BuildRoleBodies adds after the chunk bodies.

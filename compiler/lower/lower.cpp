@@ -266,6 +266,9 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   bs.microbatches = p.train.microbatches;
   bs.precision = p.train.precision;
   bs.sgd = p.train.optimizer == "sgd";
+  bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull
+                 : plan.recompute == Recompute::kSelective ? ActivationRecompute::kSelective
+                                                           : ActivationRecompute::kNone;
   std::vector<std::vector<PipelineStep>> pipeline = PipelinePrograms(shape);
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;

@@ -336,6 +336,42 @@ TEST_CASE("a program that fails verification is not returned: P0804 with the ver
         std::string::npos);
 }
 
+TEST_CASE("recompute: full re-emits each layer's forward with its TP/SP collectives in the backward body") {
+  Plan plan = TinyPlan(2, 2, 1);
+  plan.parallel.sp = true;
+  Program none = MustLower(plan);
+  plan.recompute = Recompute::kFull;
+  Program full = MustLower(plan);  // verified: the recomputed collectives match on every Tp group
+  plan.recompute = Recompute::kSelective;
+  Program selective = MustLower(plan);
+  for (size_t r = 0; r < none.roles.size(); ++r) {
+    CAPTURE(r);
+    const Role& a = none.roles[r];
+    const Role& b = full.roles[r];
+    const Role& c = selective.roles[r];
+    const int layers = a.chunks[0].layers;
+    const Body& fa = a.bodies[a.chunks[0].forward];
+    const Body& fb = b.bodies[b.chunks[0].forward];
+    const Body& ba = a.bodies[a.chunks[0].backward];
+    const Body& bb = b.bodies[b.chunks[0].backward];
+    CHECK(fa.ops.size() == fb.ops.size());  // the forward itself is unchanged
+    // Per layer: two all-gathers (norm outputs) and one reduce-scatter (attention output) are
+    // re-run; the MLP's reduce-scatter feeds only the residual add, which nothing reads.
+    CHECK(CountOps(bb, OpKind::AllGather, CommKind::Tp) == CountOps(ba, OpKind::AllGather, CommKind::Tp) + 2 * layers);
+    CHECK(CountOps(bb, OpKind::ReduceScatter, CommKind::Tp) ==
+          CountOps(ba, OpKind::ReduceScatter, CommKind::Tp) + layers);
+    CHECK(CountOps(bb, OpKind::Attention, CommKind::None) == layers);
+    CHECK(CountOps(c.bodies[c.chunks[0].backward], OpKind::Attention, CommKind::None) == layers);
+    // Stash: full keeps the layer inputs (and the chunk's boundary buffers), far fewer buffers.
+    auto stash = [](const Role& role) {
+      return std::count_if(role.buffers.begin(), role.buffers.end(), [](const Buffer& x) { return x.kind == BufferKind::Stash; });
+    };
+    CHECK(stash(b) < stash(c));
+    CHECK(stash(c) == stash(a) - layers);  // selective: no log-sum-exp per layer
+    CHECK(b.peak_bytes < a.peak_bytes);
+  }
+}
+
 TEST_CASE("structural damage is reported before simulation") {
   // Verification itself is exercised above; here only the wiring: a program with a broken
   // structure yields the diagnostic through VerifyWorld's first message.

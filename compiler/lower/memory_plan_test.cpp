@@ -3,13 +3,23 @@
 // Model states (weights, gradients, optimizer) must agree to within the padding the program
 // adds (each param starts 64-element aligned in its bucket; buckets are padded to a multiple
 // of dp; the analytic model counts exact parameters). Activations differ by design and the
-// test pins the ratio: the program keeps, per layer and microbatch in flight, every tensor a
-// backward kernel reads (x, both norm outputs, q, k, v, attention output and its fp32
-// log-sum-exp, the mid residual, gate, up and the SwiGLU output: 2·(5h + 2·kv·hd/…) bytes per
-// token and rank) and stores the logits of the loss stage in the activation precision, whereas
-// the analytic model follows Korthikanti et al. (with FlashAttention: 34·s·b·h/t-style bytes
-// per layer, plus fp32 logits, without gate/up duplication) and adds workspace, communication
-// buffers, a runtime reserve and an allocator margin that the arena does not contain.
+// tests pin the ratios:
+//   recompute = none: the program keeps, per layer and microbatch in flight, every tensor a
+//     backward kernel reads (x, both norm outputs, q, k, v, attention output and its fp32
+//     log-sum-exp, the mid residual, gate, up and the SwiGLU output; under SP the norm outputs
+//     gathered to all T rows) and stores the logits of the loss stage in the activation
+//     precision, whereas the analytic model follows Korthikanti et al. (with FlashAttention:
+//     34·s·b·h/t-style bytes per layer, plus fp32 logits, without gate/up duplication).
+//   recompute = selective: both drop exactly the attention core's fp32 log-sum-exp (the
+//     FlashAttention form of Megatron's selective recompute); the program recomputes it, with
+//     the attention output, in the backward body's scratch.
+//   recompute = full: both keep each layer's input only; the program also keeps the chunk's
+//     pipeline boundary buffers (the output it sends and the gradient it receives) per slot,
+//     (layers + 2) / layers of the model's count. The recomputed layer lives in the backward
+//     body's scratch, next to that layer's backward temporaries; the model's "recompute
+//     workspace" (one layer's activations) bounds the growth of the scratch.
+// The model also adds workspace, communication buffers, a runtime reserve and an allocator
+// margin that the arena does not contain, so every role's peak stays below the model's total.
 #include "compiler/lower/memory_plan.h"
 
 #include <doctest/doctest.h>
@@ -25,7 +35,7 @@ namespace {
 
 double Ratio(int64_t a, int64_t b) { return b == 0 ? 0 : static_cast<double>(a) / static_cast<double>(b); }
 
-TEST_CASE("model states of the static plan equal the analytic model's, activations within a stated band") {
+Plan MidPlan(Recompute recompute, bool sp) {
   Plan plan = TinyPlan(2, 2, 2, Schedule::k1F1B, 1);
   plan.model.layers = 8;
   plan.model.hidden = 1024;
@@ -38,37 +48,107 @@ TEST_CASE("model states of the static plan equal the analytic model's, activatio
   plan.batch.micro = 1;
   plan.batch.global = 16;
   plan.optimizer.zero = 1;
+  plan.parallel.sp = sp;
+  plan.recompute = recompute;
   plan.precision = Precision::kBf16;
   plan.cluster.gpu.memory = int64_t{80} << 30;
   plan.cluster.gpu.peak_bf16 = 989e12;
   plan.cluster.gpu.hbm_bandwidth = 3.35e12;
   plan.cluster.nvlink_bandwidth = 450e9;
   plan.cluster.network_bandwidth = 50e9;
+  return plan;
+}
+
+struct Compared {
+  MemoryBreakdown program;
+  StageMemory model;
+  int32_t slots = 0;
+  int64_t peak = 0;
+};
+
+std::vector<Compared> CompareStages(const Plan& plan) {
   DiagnosticSink sink;
   std::optional<Program> p = LowerPlan(plan, {}, sink);
   REQUIRE(p.has_value());
   MemoryEstimate est = EstimateMemory(plan);
   REQUIRE(est.valid);
+  std::vector<Compared> out;
   for (const Role& role : p->roles) {
-    const StageMemory& sm = est.stages[role.pipeline_rank];
-    MemoryBreakdown b = MeasureMemory(role);
-    CAPTURE(role.name);
-    MESSAGE(role.name << ": program weights " << b.params << " grads " << b.grads << " optimizer " << b.optimizer
-                      << " stash " << b.stash << " scratch " << b.scratch << " | analytic weights "
-                      << sm.Get(MemoryPart::kWeights) << " grads " << sm.Get(MemoryPart::kGradients) << " optimizer "
-                      << sm.Get(MemoryPart::kOptimizer) << " activations " << sm.Get(MemoryPart::kActivations)
-                      << " embedding+loss " << sm.Get(MemoryPart::kEmbeddingAndLoss) << " in flight " << sm.in_flight
-                      << " total " << sm.total);
+    Compared c{MeasureMemory(role), est.stages[role.pipeline_rank], role.chunks[0].slots, role.peak_bytes};
+    const StageMemory& sm = c.model;
+    const MemoryBreakdown& b = c.program;
+    MESSAGE(std::string(ToString(plan.recompute)) << (plan.parallel.sp ? std::string(" sp ") : std::string(" ")) << role.name << ": program weights "
+                                     << b.params << " grads " << b.grads << " optimizer " << b.optimizer << " stash "
+                                     << b.stash << " scratch " << b.scratch << " | analytic weights "
+                                     << sm.Get(MemoryPart::kWeights) << " grads " << sm.Get(MemoryPart::kGradients)
+                                     << " optimizer " << sm.Get(MemoryPart::kOptimizer) << " activations "
+                                     << sm.Get(MemoryPart::kActivations) << " embedding+loss "
+                                     << sm.Get(MemoryPart::kEmbeddingAndLoss) << " workspace "
+                                     << sm.Get(MemoryPart::kRecomputeWorkspace) << " in flight " << sm.in_flight
+                                     << " total " << sm.total);
+    out.push_back(c);
+  }
+  return out;
+}
+
+TEST_CASE("model states of the static plan equal the analytic model's, activations within a stated band") {
+  for (const Compared& c : CompareStages(MidPlan(Recompute::kNone, false))) {
+    const StageMemory& sm = c.model;
+    const MemoryBreakdown& b = c.program;
     CHECK(Ratio(b.params, sm.Get(MemoryPart::kWeights)) == doctest::Approx(1.0).epsilon(0.02));
     CHECK(Ratio(b.grads, sm.Get(MemoryPart::kGradients)) == doctest::Approx(1.0).epsilon(0.02));
     CHECK(Ratio(b.optimizer, sm.Get(MemoryPart::kOptimizer)) == doctest::Approx(1.0).epsilon(0.02));
-    CHECK(role.chunks[0].slots == sm.in_flight);
+    CHECK(c.slots == sm.in_flight);
     double act = Ratio(b.stash, sm.Get(MemoryPart::kActivations) + sm.Get(MemoryPart::kEmbeddingAndLoss));
     // Measured: stage 0 1.045 (the program also keeps both norm outputs gathered and the
     // SwiGLU inputs), stage 1 0.81 (bf16 logits here, fp32 in the analytic model).
     CHECK(act > 0.75);
     CHECK(act < 1.25);
-    CHECK(role.peak_bytes < sm.total);
+    CHECK(c.peak < sm.total);
+  }
+}
+
+TEST_CASE("recompute: the static plan's stash and scratch follow the analytic model per mode") {
+  for (bool sp : {false, true}) {
+    CAPTURE(sp);
+    std::vector<Compared> none = CompareStages(MidPlan(Recompute::kNone, sp));
+    std::vector<Compared> selective = CompareStages(MidPlan(Recompute::kSelective, sp));
+    std::vector<Compared> full = CompareStages(MidPlan(Recompute::kFull, sp));
+    for (size_t r = 0; r < none.size(); ++r) {
+      CAPTURE(r);
+      const int64_t layers = none[r].model.layers;
+      // Selective drops exactly the attention core's fp32 log-sum-exp in both: the same bytes.
+      CHECK(none[r].program.stash - selective[r].program.stash ==
+            none[r].model.Get(MemoryPart::kActivations) - selective[r].model.Get(MemoryPart::kActivations));
+      // The model's workspace is one layer's recomputed part for one microbatch.
+      CHECK(selective[r].model.Get(MemoryPart::kRecomputeWorkspace) * layers * none[r].model.in_flight ==
+            none[r].model.Get(MemoryPart::kActivations) - selective[r].model.Get(MemoryPart::kActivations));
+      // Full: each layer keeps its input only, as in the model; the program also keeps the
+      // chunk's pipeline boundary buffers (output to send, received gradient) per slot, which
+      // the analytic model does not count: (layers + 2) / layers of the model's activations.
+      const StageMemory& fm = full[r].model;
+      if (!fm.loss) {
+        const double act = Ratio(full[r].program.stash, fm.Get(MemoryPart::kActivations) + fm.Get(MemoryPart::kEmbeddingAndLoss));
+        CHECK(act > 1.0);
+        CHECK(act < static_cast<double>(layers + 2) / static_cast<double>(layers) + 0.01);
+      } else {
+        // The loss stage: bf16 logits here, fp32 in the model (see the top of this file).
+        const double act = Ratio(full[r].program.stash, fm.Get(MemoryPart::kActivations) + fm.Get(MemoryPart::kEmbeddingAndLoss));
+        CHECK(act > 0.5);
+        CHECK(act < 1.0);
+      }
+      // The recomputed layer lives in the backward body's scratch: one layer's activations (the
+      // model's workspace) plus that layer's backward temporaries, which the model leaves out.
+      const int64_t extra = full[r].program.scratch - none[r].program.scratch;
+      CHECK(extra <= fm.Get(MemoryPart::kRecomputeWorkspace));
+      CHECK(full[r].program.scratch <= none[r].program.scratch + fm.Get(MemoryPart::kRecomputeWorkspace));
+      CHECK(full[r].peak < none[r].peak);
+      CHECK(full[r].peak < fm.total);
+      CHECK(selective[r].peak < selective[r].model.total);
+      // Model states do not depend on recompute.
+      CHECK(full[r].program.params == none[r].program.params);
+      CHECK(full[r].program.grads == none[r].program.grads);
+    }
   }
 }
 

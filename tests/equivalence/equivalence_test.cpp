@@ -50,6 +50,7 @@ struct Layout {
   paraplan::Schedule schedule = paraplan::Schedule::k1F1B;
   bool sp = false;
   int zero = 0;
+  paraplan::Recompute recompute = paraplan::Recompute::kNone;
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -82,6 +83,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   plan.parallel.sp = l.sp;
   plan.pipeline.schedule = l.schedule;
   plan.optimizer.zero = l.zero;
+  plan.recompute = l.recompute;
   plan.optimizer.lr = 3e-3;
   plan.optimizer.min_lr = 3e-4;
   plan.optimizer.warmup_steps = 2;
@@ -197,8 +199,32 @@ void CheckEquivalent(bool gpt, const Layout& layout) {
   CHECK(got.steps.back().loss < got.steps.front().loss);
 }
 
+// Recompute re-runs forward ops on the same inputs with the same deterministic kernels and
+// collectives, so a plan with recompute must train bitwise like the same plan without it (and
+// therefore like the one-rank run within the tolerance).
+void CheckRecompute(bool gpt, Layout layout, paraplan::Recompute mode) {
+  layout.recompute = paraplan::Recompute::kNone;
+  const RunResult plain = Run(Compile(TinyPlan(gpt, layout)));
+  layout.recompute = mode;
+  CheckEquivalent(gpt, layout);
+  const RunResult got = Run(Compile(TinyPlan(gpt, layout)));
+  REQUIRE(got.steps.size() == plain.steps.size());
+  for (size_t s = 0; s < got.steps.size(); ++s) {
+    CAPTURE(s);
+    CHECK(got.steps[s].loss == plain.steps[s].loss);
+  }
+  size_t differing = 0;
+  for (const auto& [name, w] : plain.params) {
+    auto it = got.params.find(name);
+    REQUIRE(it != got.params.end());
+    if (it->second != w) ++differing;
+  }
+  CHECK_MESSAGE(differing == 0, differing << " parameters differ from the run without recompute");
+}
+
 }  // namespace
 
+using paraplan::Recompute;
 using paraplan::Schedule;
 
 TEST_CASE("llama: tp 2") { CheckEquivalent(false, {2, 1, 1, 1}); }
@@ -220,6 +246,22 @@ TEST_CASE("gpt-2: tp 2, sequence parallel") { CheckEquivalent(true, {2, 1, 1, 1,
 TEST_CASE("gpt-2: pp 2 (tied embeddings across stages), dp 2") { CheckEquivalent(true, {1, 2, 2, 1}); }
 TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1") { CheckEquivalent(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1}); }
 
+TEST_CASE("llama: tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, {2, 1, 1, 1, Schedule::k1F1B, true}, Recompute::kFull);
+}
+TEST_CASE("llama: tp 2, sequence parallel, selective recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, {2, 1, 1, 1, Schedule::k1F1B, true}, Recompute::kSelective);
+}
+TEST_CASE("llama: pp 2, 1F1B, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, {1, 2, 1, 1, Schedule::k1F1B}, Recompute::kFull);
+}
+TEST_CASE("llama: pp 2, 1F1B, selective recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, {1, 2, 1, 1, Schedule::k1F1B}, Recompute::kSelective);
+}
+TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1}, Recompute::kFull);
+}
+
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp");
 }
@@ -227,6 +269,12 @@ TEST_CASE("planc compile: llama pp 2, vpp 2 interleaved, dp 2, ZeRO 3") {
   CheckPlancEquivalent("single", "pp2_vpp2_dp2_zero3");
 }
 TEST_CASE("planc compile: gpt-2 tp 2, pp 2, dp 2") { CheckPlancEquivalent("gpt_single", "gpt_tp2_pp2_dp2"); }
+TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel, full recompute") {
+  CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp_recompute_full");
+}
+TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, sequence parallel, selective recompute") {
+  CheckPlancEquivalent("single", "tp2_pp2_dp2_sp_recompute_selective");
+}
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
   const ProgramImage program = PlancCompile("tiny_llama_8cpu", "examples/tiny_llama.plan");
