@@ -37,6 +37,12 @@ struct CostOptions {
   // Worst-rank routed tokens over the average (1.0 = balanced routing, as NVIDIA's published
   // MoE numbers use). Multiplies routed-token activations, buffers and expert compute.
   double moe_imbalance = 1.0;
+  // Megatron-Core >= 0.13 applies the router probabilities inside the experts' activation
+  // ("memory efficient token permutation", MoE README), so the combine keeps no copy of the
+  // experts' output: a routed (token, expert) pair stores its expert input (h) and the expert MLP
+  // intermediates. Earlier releases multiplied by the probabilities in unpermute and kept the
+  // experts' output for that gradient: one more hidden-width copy per pair (false).
+  bool moe_probs_in_activation = true;
   // Allocator margin, percent of everything else (caching-allocator fragmentation, transient
   // peaks that the model does not list one by one).
   int64_t allocator_margin_percent = 5;

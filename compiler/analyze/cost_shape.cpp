@@ -175,8 +175,12 @@ int64_t LayerBytes(const ModelSpec& m, LayerKind kind, const ActivationShape& s,
   } else {
     rep += 2 * 4 * m.experts;  // router logits and probabilities, fp32
     split = SatAdd(split, SatMul(x, MlpStoredWidth(m, SatMul(m.shared_experts, m.moe_ffn_hidden))));
-    const int64_t per_pair = SatAdd(2 * x * h, SatMul(x, CeilDiv(MlpStoredWidth(m, m.moe_ffn_hidden),
-                                                                std::max<int64_t>(1, s.etp))));
+    // Per routed (token, expert) pair: the expert's input (the all-to-all output), the expert MLP
+    // intermediates split by etp, and with probabilities applied in unpermute (Megatron-Core before
+    // 0.13) the expert's output kept for their gradient.
+    const int64_t copies = s.options.moe_probs_in_activation ? 1 : 2;
+    const int64_t per_pair = SatAdd(copies * x * h, SatMul(x, CeilDiv(MlpStoredWidth(m, m.moe_ffn_hidden),
+                                                                     std::max<int64_t>(1, s.etp))));
     routed_bytes = SatMul(RoutedPairsPerRank(m, s), per_pair);
   }
   int64_t bytes = SatAdd(SatMul(tok.rep_tokens, rep), CeilDiv(SatMul(tok.tokens, split), t));

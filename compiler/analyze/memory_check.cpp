@@ -26,7 +26,9 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   if (par.tp > 1 && !par.sp) one("parallel.sp", "true");
   if (plan.recompute == Recompute::kNone) one("recompute", "selective");
   if (plan.recompute != Recompute::kFull) one("recompute", "full");
-  for (int64_t z = plan.optimizer.zero + 1; z <= 3; ++z) one("optimizer.zero", std::to_string(z));
+  // ZeRO 2 and 3 do not combine with pipeline parallelism (P0503): offered only without it.
+  for (int64_t z = plan.optimizer.zero + 1; z <= 3; ++z)
+    if (z <= 1 || par.pp == 1) one("optimizer.zero", std::to_string(z));
   if (plan.batch.micro > 1) one("batch.micro", std::to_string(plan.batch.micro / 2));
   if (par.vpp > 1) out.push_back({{{"parallel.vpp", "1"}, {"pipeline.schedule", "\"1f1b\""}}});
   if (par.tp * 2 <= plan.cluster.gpus_per_node) {

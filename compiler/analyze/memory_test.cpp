@@ -180,6 +180,13 @@ TEST_CASE("MoE: routed experts sharded by EP·ETP, their optimizer by expert DP"
   CHECK(RoutedPairsPerRank(m, shape) == 6 * 4096);
   shape.etp = 1;
   CHECK(RoutedPairsPerRank(m, shape) == 6 * 4096 / 8);
+  // Each routed pair keeps its expert input; before Megatron-Core 0.13 the combine also kept the
+  // expert's output (probabilities applied in unpermute): one hidden-width copy more per pair.
+  shape.recompute = Recompute::kSelective;
+  const int64_t current = LayerActivationBytes(m, LayerKind::kMoe, shape);
+  shape.options.moe_probs_in_activation = false;
+  const int64_t older = LayerActivationBytes(m, LayerKind::kMoe, shape);
+  CHECK(older - current == RoutedPairsPerRank(m, shape) * 2 * 5120);
 }
 
 TEST_CASE("CPU offload moves the optimizer state to the host") {
