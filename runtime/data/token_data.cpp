@@ -272,6 +272,11 @@ int64_t Sampler::SampleOf(int64_t global_sequence) const {
 
 void Sampler::Microbatch(int64_t step, int64_t dp_rank, int64_t micro, int32_t* inputs,
                          int32_t* targets) const {
+  if (step < 0 || dp_rank < 0 || dp_rank >= shape_.data_parallel || micro < 0 || micro >= MicrobatchesPerRank()) {
+    throw DataError("no microbatch " + std::to_string(micro) + " of data-parallel rank " + std::to_string(dp_rank) +
+                    " in step " + std::to_string(step) + ": a step has " + std::to_string(MicrobatchesPerRank()) +
+                    " microbatches on each of " + std::to_string(shape_.data_parallel) + " data-parallel ranks");
+  }
   const int64_t per_rank = shape_.global_batch / shape_.data_parallel;
   for (int64_t b = 0; b < shape_.micro_batch; ++b) {
     const int64_t g = step * shape_.global_batch + dp_rank * per_rank + micro * shape_.micro_batch + b;

@@ -64,7 +64,7 @@ class Sampler {
   int64_t MicrobatchesPerRank() const { return shape_.global_batch / (shape_.micro_batch * shape_.data_parallel); }
 
   // Fills inputs and targets (micro_batch × seq_len each, sequence b at [b·seq_len, ...)) for
-  // `step` (from 0), data-parallel rank `dp_rank`, microbatch `micro`.
+  // `step` (from 0), data-parallel rank `dp_rank`, microbatch `micro` (DataError when out of range).
   void Microbatch(int64_t step, int64_t dp_rank, int64_t micro, int32_t* inputs,
                   int32_t* targets) const;
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -18,10 +19,12 @@ class HostBackend final : public Backend {
   const char* Name() const override { return "host"; }
 
   void* Allocate(int64_t bytes) override {
-    if (bytes < 0) throw std::bad_alloc();
+    if (bytes < 0 || bytes > (int64_t{1} << 40)) {
+      throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    }
     const size_t rounded = static_cast<size_t>((bytes + 63) / 64 * 64);
     void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-    if (!p) throw std::bad_alloc();
+    if (!p) throw std::runtime_error("out of host memory allocating " + std::to_string(bytes) + " bytes");
     std::memset(p, 0, rounded == 0 ? 64 : rounded);
     sizes_[p] = bytes;
     in_use_ += bytes;

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <thread>
 
+#include <unistd.h>
+
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/host_backend.h"
 #include "runtime/exec/rank_runner.h"
@@ -96,6 +98,15 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
     }
     local_ranks = placement->ranks;
   } else {
+    // All ranks share this machine's memory: refuse a program whose arenas cannot fit.
+    double needed = 0;
+    for (const auto& r : program.ranks) needed += static_cast<double>(program.roles[r.role].fp32_arena_bytes);
+    const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    if (physical > 0 && needed > 0.9 * physical) {
+      throw RunError("the program's " + std::to_string(world_size) + " ranks need " +
+                     std::to_string(needed / 1073741824.0) + " GiB of host memory for their arenas, but this machine has " +
+                     std::to_string(physical / 1073741824.0) + " GiB");
+    }
     host_world = std::make_unique<HostCommWorld>(world_size, comm::HostWorldOptions{options.comm_timeout_seconds});
     local_ranks.resize(world_size);
     std::iota(local_ranks.begin(), local_ranks.end(), 0);

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <cstdio>
+#include <cstdlib>
 
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/tiny_program.h"
@@ -180,4 +183,30 @@ TEST_CASE("initialisation is counter-based: a value depends only on (seed, key, 
   }
   CHECK(std::abs(sum / n) < 0.02 * 0.05);
   CHECK(std::sqrt(sq / n) == doctest::Approx(0.02).epsilon(0.03));
+}
+
+TEST_CASE("mutated program files are refused with an error or run; never a crash or a hang") {
+  const std::string data = TinyData();
+  const auto bytes = testing::TinyProgram({2, 1, 4, 1, "tiny", data});
+  std::mt19937 gen(987);
+  int ran = 0, refused = 0;
+  const int iterations = 3000;
+  for (int it = 0; it < iterations; ++it) {
+    auto b = bytes;
+    const int flips = 1 + static_cast<int>(gen() % 3);
+    for (int f = 0; f < flips; ++f) b[gen() % b.size()] = static_cast<uint8_t>(gen());
+    if (std::getenv("PARAPLAN_FUZZ_TRACE")) std::fprintf(stderr, "iteration %d\n", it);
+    try {
+      const ProgramImage image = DecodeProgramImage(b.data(), b.size(), "mutated");
+      RunOptions options;
+      options.steps = 1;
+      options.comm_timeout_seconds = 5;
+      Train(image, options);
+      ++ran;
+    } catch (const std::exception&) {
+      ++refused;
+    }
+  }
+  CHECK(ran + refused == iterations);
+  CHECK(refused > 0);
 }

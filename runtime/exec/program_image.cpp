@@ -162,6 +162,10 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
     role.pipeline_rank = r->pipeline_rank();
     role.fp32_arena_bytes = r->fp32_arena_bytes();
     role.peak_bytes = r->peak_bytes();
+    if (role.fp32_arena_bytes < 0 || role.fp32_arena_bytes > (int64_t{1} << 40)) {
+      throw fail("role `" + role.name + "` asks for an arena of " + std::to_string(role.fp32_arena_bytes) +
+                 " bytes, outside 0 .. 1 TiB");
+    }
     auto where = [&](const std::string& what) { return "role `" + role.name + "`: " + what; };
     if (r->buffers()) {
       for (const auto* b : *r->buffers()) {
@@ -223,6 +227,20 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
         check_buffer(bi.params, "bucket");
         check_buffer(bi.grads, "bucket");
         for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard}) check_buffer(b, "bucket", true);
+        const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
+        const int64_t dp = img.parallel.zero >= 1 ? img.parallel.dp : 1;
+        if (bi.elements <= 0 || bi.shard_elements <= 0 || bi.shard_elements * dp != bi.elements ||
+            role.buffers[bi.params].elements < bi.elements || role.buffers[bi.grads].elements < bi.elements) {
+          throw fail(where(what + " holds " + std::to_string(bi.elements) + " elements in shards of " +
+                           std::to_string(bi.shard_elements) + " over " + std::to_string(dp) +
+                           " ranks, which does not match its buffers"));
+        }
+        for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard}) {
+          if (b >= 0 && role.buffers[b].elements < bi.shard_elements) {
+            throw fail(where(what + ": buffer `" + role.buffers[b].name + "` is smaller than the shard of " +
+                             std::to_string(bi.shard_elements) + " elements"));
+          }
+        }
         role.buckets.push_back(bi);
       }
     }
