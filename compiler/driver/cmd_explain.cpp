@@ -5,7 +5,9 @@
 // pipeline partition instead of the report.
 //
 // Checks the plan like `planc check` (rules, then the analysis checks); on errors it renders
-// them and exits 1. Otherwise it prints warnings to stderr and the report to stdout.
+// them and exits 1. Otherwise it prints warnings to stderr and the report to stdout. A plan
+// whose only errors are out-of-memory stages (P0701) is still explained (the report shows
+// every stage's memory), and the exit status is 1.
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -103,7 +105,13 @@ int RunExplain(const std::vector<std::string>& args) {
   if (plan) RunAnalysisChecks(*plan, sink);
   RenderOptions render;
   render.color = diag_format == DiagFormat::kText && isatty(fileno(stderr));
-  if (!plan || sink.has_errors()) {
+  // A plan whose only errors are out-of-memory stages (P0701) is well formed: explain it anyway,
+  // so the per-stage memory table and chart show where the memory goes, and exit 1.
+  bool only_memory_errors = plan.has_value();
+  for (const Diagnostic& d : sink.diagnostics())
+    if (d.level == DiagLevel::kError && d.kind != DiagKind::kStageOutOfMemory) only_memory_errors = false;
+  const int status = sink.has_errors() ? kExitInputError : kExitOk;
+  if (!plan || (sink.has_errors() && !only_memory_errors)) {
     std::fputs(RenderDiagnostics(sink.diagnostics(), sm, diag_format, render).c_str(), stderr);
     return kExitInputError;
   }
@@ -158,7 +166,7 @@ int RunExplain(const std::vector<std::string>& args) {
     report = ExplainText(in);
   }
   std::fwrite(report.data(), 1, report.size(), stdout);
-  return kExitOk;
+  return status;
 }
 
 }  // namespace paraplan

@@ -1,0 +1,111 @@
+// The out-of-memory examples as a user meets them: `planc check` reports P0701, and `planc
+// explain` still shows where the memory goes (every stage, text and JSON) while exiting 1.
+#include <doctest/doctest.h>
+#include <llvm/Support/JSON.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Dir() {
+  static const std::string dir = [] {
+    auto d = fs::temp_directory_path() / ("paraplan_memory_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int status;
+  std::string out, err;
+};
+
+Result Planc(const std::string& args) {
+  const std::string out = Dir() + "/stdout.txt", err = Dir() + "/stderr.txt";
+  const std::string command = std::string("cd ") + PARAPLAN_ROOT + " && " + PARAPLAN_PLANC + " " + args + " > " +
+                              out + " 2> " + err;
+  const int rc = std::system(command.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(out), Read(err)};
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+constexpr const char* kTp1 = "examples/deepseek_v2_16node_oom_tp1.plan";
+
+}  // namespace
+
+TEST_CASE("check: the DeepSeek-V2 16-node plans that pass every structural rule run out of memory") {
+  Result r = Planc(std::string("check ") + kTp1);
+  CHECK(r.status == 1);
+  CHECK(r.err.find("error[P0701]: pipeline stage 0 needs 136.41 GiB per GPU; `h100_sxm` has 80.00 GiB") !=
+        std::string::npos);
+  CHECK(r.err.find("help: `recompute = full` brings the largest stage (3) to 58.34 GiB") != std::string::npos);
+  r = Planc("check examples/deepseek_v2_16node_oom_tp2_sp.plan");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("error[P0701]: pipeline stage 0 needs 84.67 GiB") != std::string::npos);
+  // The configuration that trains: no error.
+  r = Planc("check examples/deepseek_v2_32node.plan");
+  CHECK(r.status == 0);
+  CHECK(r.err.find("P0701") == std::string::npos);
+  CHECK(r.err.find("P0702") == std::string::npos);
+}
+
+TEST_CASE("explain: an out-of-memory plan is still explained, every stage's memory shown, exit 1") {
+  Result r = Planc(std::string("explain ") + kTp1);
+  CHECK(r.status == 1);
+  CHECK(r.err.find("error[P0701]") != std::string::npos);
+  CHECK(r.out.find("memory per GPU (capacity 80.00 GiB, 48 microbatches per step)") != std::string::npos);
+  CHECK(r.out.find("136.41     114.34      93.34      77.33") != std::string::npos);
+  CHECK(Count(r.out, "OUT OF MEMORY") == 3);  // stages 0-2; stage 3 fits
+  CHECK(r.out.find("MFU") != std::string::npos);
+}
+
+TEST_CASE("explain --format=json: the memory section per stage, in bytes, over the capacity") {
+  Result r = Planc(std::string("explain ") + kTp1 + " --format=json");
+  CHECK(r.status == 1);
+  auto json = llvm::json::parse(r.out);
+  REQUIRE_MESSAGE(static_cast<bool>(json), r.out);
+  const llvm::json::Object* memory = json->getAsObject()->getObject("memory");
+  REQUIRE(memory);
+  const llvm::json::Array* stages = memory->getArray("stages");
+  REQUIRE(stages);
+  REQUIRE(stages->size() == 4);
+  const int64_t capacity = int64_t{80} << 30;
+  int over = 0;
+  for (const llvm::json::Value& v : *stages) {
+    const llvm::json::Object* s = v.getAsObject();
+    REQUIRE(s);
+    auto total = s->getInteger("total_bytes");
+    REQUIRE(total.hasValue());
+    if (*total > capacity) ++over;
+  }
+  CHECK(over == 3);
+}
+
+TEST_CASE("explain: a plan with a structural error is not explained") {
+  Result r = Planc("explain examples/deepseek_v2_16node.plan");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("error[P0303]") != std::string::npos);
+  CHECK(r.out.empty());
+}
