@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   std::string program_path, backend = "host", data_path, metrics_path, resume_dir, checkpoint_dir;
   int64_t ranks = -1, steps = -1, checkpoint_every = 0, log_every = 0;
   double timeout = 600;
-  bool profile = false, separate = false;
+  bool profile = false, separate = false, checkpoint_every_given = false;
   launch::LaunchOverrides overrides;
   std::vector<std::string> args(argv + 1, argv + argc);
   for (size_t i = 0; i < args.size(); ++i) {
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
       if (int rc = int_flag("--steps", steps)) return rc;
     } else if (a == "--checkpoint-every") {
       if (int rc = int_flag("--checkpoint-every", checkpoint_every)) return rc;
+      checkpoint_every_given = true;
     } else if (a == "--log-every") {
       if (int rc = int_flag("--log-every", log_every)) return rc;
     } else if (a == "--timeout") {
@@ -263,6 +264,9 @@ int main(int argc, char** argv) {
     options.profile = profile;
     options.separate_buffers = separate;
     options.comm_timeout_seconds = timeout;
+    // The plan's train.checkpoint_dir / checkpoint_every apply unless the flags say otherwise.
+    if (checkpoint_dir.empty()) checkpoint_dir = program.train.checkpoint_dir;
+    if (!checkpoint_every_given) checkpoint_every = program.train.checkpoint_every;
     options.checkpoint_dir = checkpoint_dir;
     options.checkpoint_every = checkpoint_every;
     options.resume_dir = resume_dir;

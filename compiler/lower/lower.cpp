@@ -233,7 +233,8 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   const OptimizerSpec& o = plan.optimizer;
   p.train = {plan.train.steps, plan.train.seed, plan.batch.global, plan.Microbatches(), ToPrecision(plan.precision),
              o.lr, o.min_lr, o.warmup_steps, o.weight_decay, o.beta1, o.beta2, o.eps, o.clip_grad,
-             o.type == OptimizerType::kSgd ? "sgd" : "adamw", plan.train.data};
+             o.type == OptimizerType::kSgd ? "sgd" : "adamw", plan.train.data, plan.train.checkpoint_dir,
+             plan.train.checkpoint_every};
 
   ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp, static_cast<int32_t>(p.train.microbatches),
                       options.microbatch_group};

@@ -294,7 +294,8 @@ std::vector<uint8_t> ToFlatBuffer(const Program& p) {
   const TrainConfig& t = p.train;
   auto train = prog::CreateTrainConfigDirect(b, t.steps, t.seed, t.global_batch, t.microbatches, t.precision,
                                             t.lr, t.min_lr, t.warmup_steps, t.weight_decay, t.beta1, t.beta2,
-                                            t.eps, t.clip_grad, t.optimizer.c_str(), t.data.c_str());
+                                            t.eps, t.clip_grad, t.optimizer.c_str(), t.data.c_str(),
+                                            t.checkpoint_dir.c_str(), t.checkpoint_every);
   auto program = prog::CreateProgramDirect(b, p.format_version, p.producer.c_str(), p.plan_name.c_str(),
                                           p.world_size, model, parallel, train, &comms, &ranks, &roles);
   prog::FinishProgramBuffer(b, program);
@@ -364,7 +365,8 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
   if (const auto* t = f->train()) {
     p.train = {t->steps(), t->seed(), t->global_batch(), t->microbatches(), t->precision(), t->lr(),
                t->min_lr(), t->warmup_steps(), t->weight_decay(), t->beta1(), t->beta2(), t->eps(),
-               t->clip_grad(), Str(t->optimizer()), Str(t->data())};
+               t->clip_grad(), Str(t->optimizer()), Str(t->data()), Str(t->checkpoint_dir()),
+               t->checkpoint_every()};
   }
   if (f->communicators())
     for (const prog::Communicator* c : *f->communicators()) p.communicators.push_back({c->kind(), Vec(c->members())});

@@ -143,6 +143,8 @@ struct TrainConfig {
   double weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip_grad = 0;
   std::string optimizer = "adamw";
   std::string data;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
 };
 
 struct Program {

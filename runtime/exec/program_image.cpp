@@ -106,7 +106,7 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
   const auto* t = p->train();
   img.train = {t->steps(), t->seed(), t->global_batch(), t->microbatches(), t->warmup_steps(), t->lr(),
                t->min_lr(), t->weight_decay(), t->beta1(), t->beta2(), t->eps(), t->clip_grad(),
-               Str(t->optimizer()), Str(t->data())};
+               Str(t->optimizer()), Str(t->data()), Str(t->checkpoint_dir()), t->checkpoint_every()};
   if (img.model.seq_len <= 0 || img.model.micro_batch <= 0 || img.model.vocab <= 0 ||
       img.train.global_batch <= 0 || img.parallel.dp <= 0) {
     throw fail("model.seq_len, model.micro_batch, model.vocab, train.global_batch and parallel.dp must be positive");

@@ -126,6 +126,8 @@ struct TrainImage {
   int64_t steps = 0, seed = 0, global_batch = 0, microbatches = 0, warmup_steps = 0;
   double lr = 0, min_lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip_grad = 0;
   std::string optimizer = "adamw", data;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
 };
 
 struct ProgramImage {

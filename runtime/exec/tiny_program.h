@@ -18,6 +18,8 @@ struct TinyOptions {
   int64_t steps = 6;
   std::string plan_name = "tiny";
   std::string data;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
 };
 
 inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
@@ -157,7 +159,8 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
   auto model = CreateModelConfigDirect(b, "tiny", 1, h, 4 * h, 1, 1, h, vocab, V, seq, micro);
   auto par = CreateParallelConfigDirect(b, 1, 1, 1, 1, 1, o.dp, false, o.zero, ScheduleKind::Gpipe, "tp-cp-ep-dp-pp");
   auto train = CreateTrainConfigDirect(b, o.steps, 7, o.global_batch, mbs, Precision::Fp32, 0.05, 0.005, 2, 0.1, 0.9,
-                                       0.95, 1e-8, 1.0, "adamw", o.data.c_str());
+                                       0.95, 1e-8, 1.0, "adamw", o.data.c_str(), o.checkpoint_dir.c_str(),
+                                       o.checkpoint_every);
   auto program = CreateProgramDirect(b, kFormatVersion, "test", o.plan_name.c_str(), o.dp, model, par, train, &comms,
                                      &ranks, &roles);
   FinishProgramBuffer(b, program);

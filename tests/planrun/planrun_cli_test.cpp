@@ -144,3 +144,18 @@ TEST_CASE("launcher environments: bad values and a host run under a launcher are
   r = Planrun(prog + " --rank 5 --world-size 2");
   CHECK(r.status == 2);
 }
+
+TEST_CASE("the plan's checkpoint settings apply unless flags override them") {
+  TinyOptions o{1, 0, 4, 4};
+  o.checkpoint_dir = Dir() + "/plan_ckpt";
+  o.checkpoint_every = 2;
+  const std::string prog = WriteProgram("ckpt_in_plan", o);
+  auto r = Planrun(prog);
+  REQUIRE(r.status == 0);
+  CHECK(fs::exists(Dir() + "/plan_ckpt/step-000002/manifest.json"));
+  CHECK(fs::exists(Dir() + "/plan_ckpt/step-000004/manifest.json"));
+  r = Planrun(prog + " --checkpoint-dir " + Dir() + "/flag_ckpt --checkpoint-every 0");
+  REQUIRE(r.status == 0);
+  CHECK(!fs::exists(Dir() + "/flag_ckpt/step-000002"));
+  CHECK(fs::exists(Dir() + "/flag_ckpt/step-000004/manifest.json"));
+}
