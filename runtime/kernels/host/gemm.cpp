@@ -24,12 +24,12 @@ void GemmRowBlock(int64_t rows, int64_t n, int64_t k, const float* ap, const flo
   // The 4 × 32 tile lives in eight named vector registers (an array would be kept in memory).
   for (; j + kCols <= n; j += kCols) {
     V16 c00{}, c01{}, c10{}, c11{}, c20{}, c21{}, c30{}, c31{};
-    auto load = [&](int64_t r, int64_t off) { return *reinterpret_cast<const V16*>(c + r * ldc + j + off); };
     if (beta != 0.0f) {
-      c00 = load(0, 0), c01 = load(0, 16);
-      if (rows > 1) c10 = load(1, 0), c11 = load(1, 16);
-      if (rows > 2) c20 = load(2, 0), c21 = load(2, 16);
-      if (rows > 3) c30 = load(3, 0), c31 = load(3, 16);
+      const V16* c0 = reinterpret_cast<const V16*>(c + j);
+      c00 = c0[0], c01 = c0[1];
+      if (rows > 1) c10 = *reinterpret_cast<const V16*>(c + ldc + j), c11 = *reinterpret_cast<const V16*>(c + ldc + j + 16);
+      if (rows > 2) c20 = *reinterpret_cast<const V16*>(c + 2 * ldc + j), c21 = *reinterpret_cast<const V16*>(c + 2 * ldc + j + 16);
+      if (rows > 3) c30 = *reinterpret_cast<const V16*>(c + 3 * ldc + j), c31 = *reinterpret_cast<const V16*>(c + 3 * ldc + j + 16);
     }
     const float* a = ap;
     const float* bk = bp + j;
@@ -70,33 +70,44 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const flo
     if (beta == 0.0f) std::fill(c, c + m * n, 0.0f);
     return;
   }
-  // op(B) as K × N row-major.
-  std::vector<float> b_packed;
-  const float* bp = b;
-  if (trans_b) {
-    b_packed.resize(static_cast<size_t>(k * n));
-    constexpr int64_t kT = 32;
-    for (int64_t j0 = 0; j0 < n; j0 += kT)
-      for (int64_t k0 = 0; k0 < k; k0 += kT)
-        for (int64_t j = j0; j < std::min(n, j0 + kT); ++j)
-          for (int64_t kk = k0; kk < std::min(k, k0 + kT); ++kk) b_packed[kk * n + j] = b[j * k + kk];
-    bp = b_packed.data();
-  }
-  std::vector<float> ap(static_cast<size_t>(k * kRows));
-  // Column panels keep the B panel in cache across row blocks.
-  constexpr int64_t kPanel = 256;
-  for (int64_t j0 = 0; j0 < n; j0 += kPanel) {
-    const int64_t nj = std::min(kPanel, n - j0);
-    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
-      const int64_t rows = std::min(kRows, m - i0);
+  // op(A) packed once, in blocks of 4 rows: block b holds ap[b][kk * 4 + r] = op(A)[4b + r][kk]
+  // (zeros past the last row).
+  const int64_t blocks = (m + kRows - 1) / kRows;
+  std::vector<float> ap(static_cast<size_t>(blocks * k * kRows), 0.0f);
+  for (int64_t bi = 0; bi < blocks; ++bi) {
+    float* dst = ap.data() + bi * k * kRows;
+    const int64_t rows = std::min(kRows, m - bi * kRows);
+    if (trans_a) {  // A is K × M: the block's 4 values of each kk are contiguous
+      const float* col = a + bi * kRows;
       for (int64_t kk = 0; kk < k; ++kk) {
-        for (int64_t r = 0; r < kRows; ++r) {
-          float v = 0.0f;
-          if (r < rows) v = trans_a ? a[kk * m + i0 + r] : a[(i0 + r) * k + kk];
-          ap[kk * kRows + r] = v;
-        }
+        for (int64_t r = 0; r < rows; ++r) dst[kk * kRows + r] = col[kk * m + r];
       }
-      GemmRowBlock(rows, nj, k, ap.data(), bp + j0, n, beta, c + i0 * n + j0, n);
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = a + (bi * kRows + r) * k;
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * kRows + r] = row[kk];
+      }
+    }
+  }
+  // One panel of 32 columns of C at a time. With trans_b, B is N × K and the panel's 32 rows of B
+  // are packed K-major (panel[kk * 32 + x]), reading each row of B sequentially; otherwise the
+  // microkernel reads B (K × N) in place.
+  std::vector<float> panel(trans_b ? static_cast<size_t>(k * kCols) : 0);
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    const int64_t nj = std::min(kCols, n - j0);
+    const float* bp = b + j0;
+    int64_t ldb = n;
+    if (trans_b) {
+      for (int64_t x = 0; x < nj; ++x) {
+        const float* row = b + (j0 + x) * k;
+        for (int64_t kk = 0; kk < k; ++kk) panel[kk * kCols + x] = row[kk];
+      }
+      bp = panel.data();
+      ldb = kCols;
+    }
+    for (int64_t bi = 0; bi < blocks; ++bi) {
+      const int64_t i0 = bi * kRows;
+      GemmRowBlock(std::min(kRows, m - i0), nj, k, ap.data() + bi * k * kRows, bp, ldb, beta, c + i0 * n + j0, n);
     }
   }
 }
