@@ -33,6 +33,8 @@ class RoleLowering {
     tokens_ = m_.micro_batch * m_.seq_len;
     rows_ = p_.sp ? tokens_ / tp_ : tokens_;
     tp_comm_ = tp_ > 1 ? CommKind::Tp : CommKind::None;
+    shard_grads_ = p_.zero >= 2 && p_.dp > 1;
+    gather_params_ = p_.zero >= 3 && p_.dp > 1;
   }
 
   StepBodies Build(const std::vector<ChunkLayers>& chunks);
@@ -179,6 +181,7 @@ class RoleLowering {
 
   void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
   void BuildBuckets();
+  void ShardGradsInBackward();
   StepBodies BuildStepBodies();
   void ClassifyStash();
 
@@ -190,6 +193,8 @@ class RoleLowering {
   int64_t tp_ = 1, tokens_ = 0, rows_ = 0;
   DType act_ = DType::Bf16;
   CommKind tp_comm_ = CommKind::None;
+  bool shard_grads_ = false;    // ZeRO >= 2, dp > 1: grads reduce-scattered per backward into shards
+  bool gather_params_ = false;  // ZeRO >= 3, dp > 1: params gathered around each chunk body
   int32_t chunk_ = -1, layer_ = -1;
   std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
   Body* body_ = nullptr;
@@ -479,41 +484,83 @@ void RoleLowering::ClassifyStash() {
   }
 }
 
+// Buckets: per chunk one flat region of its params and one of its grads. With ZeRO >= 2 on
+// dp > 1 and a tied embedding split over pipeline stages, the word embedding (first stage) and
+// its tied copy (last stage) get a bucket of their own: the two buckets then have the same
+// size on both stages, so their grad shards line up for the Embedding-group all-reduce.
 void RoleLowering::BuildBuckets() {
-  int64_t dp = p_.dp;
-  for (const Chunk& c : role_.chunks) {
+  const int64_t dp = p_.dp;
+  const bool own_embedding_bucket = shard_grads_ && m_.tied_embeddings && p_.pp > 1;
+  auto make = [&](int32_t chunk, const std::vector<int32_t>& members, const std::string& name) {
     Bucket bucket;
-    bucket.chunk = c.index;
+    bucket.chunk = chunk;
     int64_t elements = 0;
-    std::vector<int32_t> members;
-    for (size_t i = 0; i < role_.params.size(); ++i) {
+    for (int32_t i : members) {
       const Param& prm = role_.params[i];
-      if (prm.chunk != c.index) continue;
       elements = (elements + kParamAlignElements - 1) / kParamAlignElements * kParamAlignElements;
       role_.buffers[prm.buffer].view_offset = elements;
       role_.buffers[prm.grad].view_offset = elements;
       elements += role_.buffers[prm.buffer].Elements();
-      members.push_back(static_cast<int32_t>(i));
     }
     elements = std::max<int64_t>(elements, 1);
     elements = (elements + dp - 1) / dp * dp;
     bucket.elements = elements;
     bucket.shard_elements = p_.zero >= 1 ? elements / dp : elements;
-    chunk_ = c.index;
+    chunk_ = chunk;
     layer_ = -1;
-    bucket.params = Buf(fmt::format("chunk{}.params", c.index), {elements}, act_, BufferKind::Bucket);
-    bucket.grads = Buf(fmt::format("chunk{}.grads", c.index), {elements}, DType::F32, BufferKind::Bucket);
+    bucket.params = Buf(name + ".params", {elements}, act_, BufferKind::Bucket);
+    bucket.grads = Buf(name + ".grads", {elements}, DType::F32, BufferKind::Bucket);
     for (int32_t i : members) {
       role_.buffers[role_.params[i].buffer].view_of = bucket.params;
       role_.buffers[role_.params[i].grad].view_of = bucket.grads;
     }
-    bucket.master = Buf(fmt::format("chunk{}.master", c.index), {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
-    bucket.exp_avg = Buf(fmt::format("chunk{}.exp_avg", c.index), {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
-    bucket.exp_avg_sq = Buf(fmt::format("chunk{}.exp_avg_sq", c.index), {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
-    if (p_.zero >= 3)
-      bucket.param_shard = Buf(fmt::format("chunk{}.param_shard", c.index), {bucket.shard_elements}, act_, BufferKind::Param);
+    bucket.master = Buf(name + ".master", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    bucket.exp_avg = Buf(name + ".exp_avg", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    bucket.exp_avg_sq = Buf(name + ".exp_avg_sq", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    if (gather_params_)
+      bucket.param_shard = Buf(name + ".param_shard", {bucket.shard_elements}, act_, BufferKind::Param);
+    if (shard_grads_)
+      bucket.grad_shard = Buf(name + ".grad_shard", {bucket.shard_elements}, DType::F32, BufferKind::Grad);
     role_.buckets.push_back(bucket);
+  };
+  for (const Chunk& c : role_.chunks) {
+    std::vector<int32_t> members, embedding;
+    for (int32_t i = 0; i < static_cast<int32_t>(role_.params.size()); ++i) {
+      if (role_.params[i].chunk != c.index) continue;
+      bool tied = i == word_embedding_param_ || i == output_copy_param_;
+      (own_embedding_bucket && tied ? embedding : members).push_back(i);
+    }
+    if (!embedding.empty()) make(c.index, embedding, fmt::format("chunk{}.embedding", c.index));
+    make(c.index, members, fmt::format("chunk{}", c.index));
   }
+  chunk_ = -1;
+}
+
+// ZeRO >= 2 on dp > 1: a chunk's full grad buckets live only within its backward body. The body
+// starts by zeroing them and ends by completing the sequence-parallel partial sums over Tp,
+// reduce-scattering each bucket over Dp and adding the owned piece to the persistent shard.
+void RoleLowering::ShardGradsInBackward() {
+  for (const Chunk& c : role_.chunks) {
+    Body& body = role_.bodies[c.backward];
+    body_ = &body;
+    chunk_ = c.index;
+    layer_ = -1;
+    std::vector<int32_t> grads;
+    for (const Bucket& b : role_.buckets)
+      if (b.chunk == c.index) grads.push_back(b.grads);
+    body.ops.insert(body.ops.begin(), Op{OpKind::Fill, {}, grads, CommKind::None, {}, {0.0}});
+    for (const Param& prm : role_.params)
+      if (prm.chunk == c.index && prm.grad_sync_tp)
+        Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
+    for (const Bucket& b : role_.buckets) {
+      if (b.chunk != c.index) continue;
+      const std::string name = role_.buffers[b.grads].name;
+      int32_t piece = Buf(name.substr(0, name.size() - 6) + ".grad_piece", {b.shard_elements}, DType::F32);
+      Emit(OpKind::ReduceScatter, {b.grads}, {piece}, CommKind::Dp, {prog::kReduceSum});
+      Emit(OpKind::Add, {b.grad_shard, piece}, {b.grad_shard});
+    }
+  }
+  body_ = nullptr;
   chunk_ = -1;
 }
 
@@ -528,7 +575,7 @@ StepBodies RoleLowering::BuildStepBodies() {
   body_ = &role_.bodies.back();
   {
     std::vector<int32_t> outs;
-    for (const Bucket& b : role_.buckets) outs.push_back(b.grads);
+    for (const Bucket& b : role_.buckets) outs.push_back(shard_grads_ ? b.grad_shard : b.grads);
     outs.push_back(loss_sum_);
     Emit(OpKind::Fill, {}, outs, CommKind::None, {}, {0.0});
   }
@@ -536,16 +583,23 @@ StepBodies RoleLowering::BuildStepBodies() {
   role_.bodies.push_back({"reduce_grads", {}});
   sb.reduce_grads = static_cast<int32_t>(role_.bodies.size() - 1);
   body_ = &role_.bodies.back();
-  for (const Param& prm : role_.params)
-    if (prm.grad_sync_tp) Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
+  // (With sharded grads the Tp and Dp reductions already ran at the end of every backward body.)
+  if (!shard_grads_)
+    for (const Param& prm : role_.params)
+      if (prm.grad_sync_tp) Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
   if (m_.tied_embeddings && p_.pp > 1) {
     int32_t prm = word_embedding_param_ >= 0 ? word_embedding_param_ : output_copy_param_;
     if (prm >= 0) {
       int32_t g = role_.params[prm].grad;
+      if (shard_grads_) {
+        // The embedding's own bucket: the same shard layout on the first and the last stage.
+        for (const Bucket& b : role_.buckets)
+          if (role_.buffers[g].view_of == b.grads) g = b.grad_shard;
+      }
       Emit(OpKind::AllReduce, {g}, {g}, CommKind::Embedding, {prog::kReduceSum});
     }
   }
-  if (p_.dp > 1)
+  if (p_.dp > 1 && !shard_grads_)
     for (const Bucket& b : role_.buckets)
       Emit(sharded ? OpKind::ReduceScatter : OpKind::AllReduce, {b.grads}, {b.grads}, CommKind::Dp, {prog::kReduceSum});
   // Optimizer step.
@@ -555,7 +609,7 @@ StepBodies RoleLowering::BuildStepBodies() {
   int32_t nsq = Buf("grad_norm_square", {1}, DType::F32, BufferKind::Persistent);
   {
     std::vector<int32_t> grads;
-    for (const Bucket& b : role_.buckets) grads.push_back(b.grads);
+    for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
     Emit(OpKind::GradNormSquare, grads, {nsq}, sharded ? CommKind::Dp : CommKind::None);
     int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
     if (sharded) {
@@ -566,21 +620,24 @@ StepBodies RoleLowering::BuildStepBodies() {
   }
   OpKind update = s_.sgd ? OpKind::Sgd : OpKind::AdamW;
   for (const Bucket& b : role_.buckets) {
-    int32_t target = p_.zero >= 3 ? b.param_shard : b.params;
-    Emit(update, {b.params, b.grads, b.master, b.exp_avg, b.exp_avg_sq, nsq}, {target},
+    // ZeRO-3: the gathered bucket is released here; the update reads and writes shards only.
+    int32_t params = gather_params_ ? b.param_shard : b.params;
+    int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
+    Emit(update, {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq}, {params},
          sharded ? CommKind::Dp : CommKind::None, {b.chunk});
-    if (sharded && p_.zero < 3) Emit(OpKind::AllGather, {b.params}, {b.params}, CommKind::Dp);
+    if (sharded && !gather_params_) Emit(OpKind::AllGather, {b.params}, {b.params}, CommKind::Dp);
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
   if (has_loss && p_.dp > 1) Emit(OpKind::AllReduce, {loss_sum_}, {loss_sum_}, CommKind::Dp, {prog::kReduceAvg});
   // ZeRO-3: gather a chunk's params from the shards before each use.
-  if (p_.zero >= 3 && p_.dp > 1) {
-    for (const Bucket& b : role_.buckets) {
-      role_.bodies.push_back({fmt::format("chunk{}.gather_params", b.chunk), {}});
+  if (gather_params_) {
+    for (const Chunk& c : role_.chunks) {
+      role_.bodies.push_back({fmt::format("chunk{}.gather_params", c.index), {}});
       sb.gather_params.push_back(static_cast<int32_t>(role_.bodies.size() - 1));
       body_ = &role_.bodies.back();
-      Emit(OpKind::AllGather, {b.param_shard}, {b.params}, CommKind::Dp);
+      for (const Bucket& b : role_.buckets)
+        if (b.chunk == c.index) Emit(OpKind::AllGather, {b.param_shard}, {b.params}, CommKind::Dp);
     }
   }
   body_ = nullptr;
@@ -599,6 +656,7 @@ StepBodies RoleLowering::Build(const std::vector<ChunkLayers>& chunks) {
   chunk_ = -1;
   ClassifyStash();
   BuildBuckets();
+  if (shard_grads_) ShardGradsInBackward();
   return BuildStepBodies();
 }
 

@@ -152,23 +152,87 @@ TEST_CASE("sequence parallel bodies: all-gather before and reduce-scatter after 
 
 TEST_CASE("data parallel and ZeRO steps") {
   Plan plan = TinyPlan(1, 1, 2);
-  for (int zero : {0, 1, 3}) {
+  for (int zero : {0, 1, 2, 3}) {
     CAPTURE(zero);
     plan.optimizer.zero = zero;
     Program p = MustLower(plan);
     const Role& role = p.roles[0];
     const Body& reduce = role.bodies[role.schedule[role.schedule.size() - 2].ints[0]];
     const Body& step = role.bodies[role.schedule.back().ints[0]];
-    CHECK(CountOps(reduce, zero == 0 ? OpKind::AllReduce : OpKind::ReduceScatter, CommKind::Dp) == 1);
-    CHECK(CountOps(step, OpKind::AllGather, CommKind::Dp) == (zero == 1 ? 1 : 0));
+    const Body& bwd = role.bodies[role.chunks[0].backward];
+    // ZeRO 0/1: one gradient reduction per step; ZeRO 2/3: a reduce-scatter into the grad shard
+    // at the end of every backward body.
+    CHECK(CountOps(reduce, zero == 0 ? OpKind::AllReduce : OpKind::ReduceScatter, CommKind::Dp) == (zero <= 1 ? 1 : 0));
+    CHECK(CountOps(bwd, OpKind::ReduceScatter, CommKind::Dp) == (zero >= 2 ? 1 : 0));
+    CHECK(CountOps(step, OpKind::AllGather, CommKind::Dp) == (zero == 1 || zero == 2 ? 1 : 0));
     CHECK(CountOps(step, OpKind::AdamW, zero == 0 ? CommKind::None : CommKind::Dp) == 1);
     CHECK(CountOps(step, OpKind::AllReduce, zero == 0 ? CommKind::Mp : CommKind::World) == (zero == 0 ? 0 : 1));
     const Bucket& b = role.buckets[0];
     CHECK(b.elements % 2 == 0);
     CHECK(b.shard_elements == (zero == 0 ? b.elements : b.elements / 2));
+    CHECK((b.grad_shard >= 0) == (zero >= 2));
+    CHECK((b.param_shard >= 0) == (zero >= 3));
     int gathers = static_cast<int>(std::count_if(role.schedule.begin(), role.schedule.end(),
                                                  [](const Op& op) { return op.kind == OpKind::GatherParams; }));
     CHECK(gathers == (zero == 3 ? 2 * 8 : 0));  // before every forward and backward
+    // Memory: ZeRO-2 keeps only the grad shard persistently and the full grad bucket during a
+    // backward; ZeRO-3 also the param shard, and the gathered bucket between gather and release.
+    MemoryBreakdown m = MeasureMemory(role);
+    const int64_t param_bytes = b.elements * 2, grad_bytes = b.elements * 4;
+    CHECK(m.params == (zero >= 3 ? param_bytes / 2 : param_bytes));
+    CHECK(m.grads == (zero >= 2 ? grad_bytes / 2 : grad_bytes));
+    CHECK(m.full_grads == (zero >= 2 ? grad_bytes : 0));
+    CHECK(m.gathered_params == (zero >= 3 ? param_bytes : 0));
+    if (zero >= 2) {
+      // The full grad bucket does not overlap anything persistent, and its bytes are reused by
+      // the gathered params of nothing else (one chunk here): it sits past the persistent region.
+      const Buffer& grads = role.buffers[b.grads];
+      const Buffer& shard = role.buffers[b.grad_shard];
+      CHECK((grads.offset >= shard.offset + shard.bytes || grads.offset + grads.bytes <= shard.offset));
+    }
+  }
+}
+
+TEST_CASE("ZeRO-3 with interleaving: the chunks share one gathered-parameter region") {
+  Plan plan = TinyPlan(1, 2, 2, Schedule::kInterleaved1F1B, 2);
+  plan.optimizer.zero = 3;
+  Program p = MustLower(plan);
+  for (const Role& role : p.roles) {
+    REQUIRE(role.buckets.size() == 2);
+    const Buffer& a = role.buffers[role.buckets[0].params];
+    const Buffer& b = role.buffers[role.buckets[1].params];
+    CHECK(a.offset == b.offset);  // never live at once: one chunk body runs at a time
+    const Buffer& ga = role.buffers[role.buckets[0].grads];
+    const Buffer& gb = role.buffers[role.buckets[1].grads];
+    CHECK(ga.offset == gb.offset);
+    MemoryBreakdown m = MeasureMemory(role);
+    CHECK(m.gathered_params == std::max(a.bytes, b.bytes));
+    // Every GatherParams is followed by its chunk's body and then its ReleaseParams.
+    for (size_t i = 0; i + 2 < role.schedule.size(); ++i) {
+      if (role.schedule[i].kind != OpKind::GatherParams) continue;
+      const int64_t chunk = role.schedule[i].ints[0];
+      CHECK((role.schedule[i + 1].kind == OpKind::Forward || role.schedule[i + 1].kind == OpKind::Backward));
+      CHECK(role.schedule[i + 1].ints[1] == chunk);
+      CHECK(role.schedule[i + 2].kind == OpKind::ReleaseParams);
+    }
+  }
+}
+
+TEST_CASE("ZeRO-2 with tied embeddings across the pipeline: the embedding has its own bucket on both ends") {
+  Plan plan = Gpt2Plan(1, 2, 2);
+  plan.optimizer.zero = 2;
+  Program p = MustLower(plan);
+  const Role& first = p.roles[0];
+  const Role& last = p.roles[1];
+  REQUIRE(first.buckets.size() == 2);
+  REQUIRE(last.buckets.size() == 2);
+  CHECK(first.buckets[0].elements == last.buckets[0].elements);
+  for (const Role& role : {first, last}) {
+    const Body& reduce = role.bodies[role.schedule[role.schedule.size() - 2].ints[0]];
+    REQUIRE(CountOps(reduce, OpKind::AllReduce, CommKind::Embedding) == 1);
+    const Op& op = *std::find_if(reduce.ops.begin(), reduce.ops.end(),
+                                 [](const Op& o) { return o.comm == CommKind::Embedding; });
+    CHECK(op.inputs[0] == role.buckets[0].grad_shard);
   }
 }
 

@@ -2,6 +2,7 @@
 #include "compiler/lower/memory_plan.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <vector>
 
@@ -68,17 +69,68 @@ Placement Place(Role& role, bool fp32) {
   };
   auto bytes_of = [&](const Buffer& b) { return b.Elements() * ElementBytes(b.dtype, fp32); };
   int64_t cursor = 0;
+  // ZeRO-3 gathered param buckets and ZeRO-2/3 full grad buckets: live only around one chunk body.
+  std::vector<uint8_t> transient(role.buffers.size(), 0);  // 1 params, 2 grads
+  std::vector<uint8_t> grad_bucket(role.buffers.size(), 0);
+  for (const Bucket& k : role.buckets) {
+    grad_bucket[k.grads] = 1;
+    if (k.param_shard >= 0) transient[k.params] = 1;
+    if (k.grad_shard >= 0) transient[k.grads] = 2;
+  }
   // Persistent region (views are placed after their parents).
-  for (Buffer& b : role.buffers) {
-    if (!IsPersistentKind(b.kind) || b.view_of >= 0) continue;
+  for (size_t bi = 0; bi < role.buffers.size(); ++bi) {
+    Buffer& b = role.buffers[bi];
+    if (!IsPersistentKind(b.kind) || b.view_of >= 0 || transient[bi]) continue;
     int64_t n = bytes_of(b);
     set(b, cursor, n, 0);
     cursor = Align(cursor + n);
     int64_t* slot = &pl.exact.other;
-    if (b.kind == BufferKind::Param || (b.kind == BufferKind::Bucket && b.dtype != DType::F32)) slot = &pl.exact.params;
-    if (b.kind == BufferKind::Grad || (b.kind == BufferKind::Bucket && b.dtype == DType::F32)) slot = &pl.exact.grads;
+    if (b.kind == BufferKind::Param || (b.kind == BufferKind::Bucket && !grad_bucket[bi])) slot = &pl.exact.params;
+    if (b.kind == BufferKind::Grad || (b.kind == BufferKind::Bucket && grad_bucket[bi])) slot = &pl.exact.grads;
     if (b.kind == BufferKind::Optimizer) slot = &pl.exact.optimizer;
     *slot += n;
+  }
+  // Transient region: one chunk body runs at a time, so the chunks share it: the chunk's param
+  // buckets from its start, its grad buckets after the largest chunk's param buckets.
+  {
+    std::map<int32_t, int64_t> param_end, grad_end;  // per chunk
+    for (const Bucket& k : role.buckets) {
+      if (transient[k.params]) param_end[k.chunk] += Align(bytes_of(role.buffers[k.params]));
+      if (transient[k.grads]) grad_end[k.chunk] += Align(bytes_of(role.buffers[k.grads]));
+    }
+    int64_t params_size = 0, grads_size = 0;
+    for (auto& [c, n] : param_end) params_size = std::max(params_size, n);
+    for (auto& [c, n] : grad_end) grads_size = std::max(grads_size, n);
+    std::map<int32_t, int64_t> param_at, grad_at;
+    for (const Bucket& k : role.buckets) {
+      if (transient[k.params]) {
+        Buffer& b = role.buffers[k.params];
+        set(b, cursor + param_at[k.chunk], bytes_of(b), 0);
+        param_at[k.chunk] += Align(bytes_of(b));
+      }
+      if (transient[k.grads]) {
+        Buffer& b = role.buffers[k.grads];
+        set(b, cursor + params_size + grad_at[k.chunk], bytes_of(b), 0);
+        grad_at[k.chunk] += Align(bytes_of(b));
+      }
+    }
+    int64_t exact = 0;
+    for (auto& [c, n] : param_end) {
+      int64_t e = 0;
+      for (const Bucket& k : role.buckets)
+        if (k.chunk == c) e += (transient[k.params] ? bytes_of(role.buffers[k.params]) : 0);
+      exact = std::max(exact, e);
+    }
+    pl.exact.gathered_params = exact;
+    exact = 0;
+    for (auto& [c, n] : grad_end) {
+      int64_t e = 0;
+      for (const Bucket& k : role.buckets)
+        if (k.chunk == c) e += (transient[k.grads] ? bytes_of(role.buffers[k.grads]) : 0);
+      exact = std::max(exact, e);
+    }
+    pl.exact.full_grads = exact;
+    cursor += params_size + grads_size;
   }
   for (Buffer& b : role.buffers) {
     if (b.view_of < 0) continue;

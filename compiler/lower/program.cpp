@@ -251,7 +251,7 @@ std::vector<uint8_t> ToFlatBuffer(const Program& p) {
     std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets;
     for (const Bucket& x : r.buckets)
       buckets.push_back(prog::CreateBucketInfo(b, x.chunk, x.params, x.grads, x.elements, x.shard_elements,
-                                              x.master, x.exp_avg, x.exp_avg_sq, x.param_shard));
+                                              x.master, x.exp_avg, x.exp_avg_sq, x.param_shard, x.grad_shard));
     std::vector<flatbuffers::Offset<prog::Chunk>> chunks;
     for (const Chunk& x : r.chunks)
       chunks.push_back(prog::CreateChunk(b, x.index, x.stage, x.first_layer, x.layers, x.has_embedding,
@@ -404,7 +404,7 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
       if (r->buckets())
         for (const prog::BucketInfo* x : *r->buckets())
           role.buckets.push_back({x->chunk(), x->params(), x->grads(), x->elements(), x->shard_elements(),
-                                  x->master(), x->exp_avg(), x->exp_avg_sq(), x->param_shard()});
+                                  x->master(), x->exp_avg(), x->exp_avg_sq(), x->param_shard(), x->grad_shard()});
       if (r->chunks())
         for (const prog::Chunk* x : *r->chunks())
           role.chunks.push_back({x->index(), x->stage(), x->first_layer(), x->layers(), x->has_embedding(),

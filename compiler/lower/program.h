@@ -76,6 +76,7 @@ struct Bucket {
   int32_t params = -1, grads = -1;
   int64_t elements = 0, shard_elements = 0;
   int32_t master = -1, exp_avg = -1, exp_avg_sq = -1, param_shard = -1;
+  int32_t grad_shard = -1;
 };
 
 struct Chunk {

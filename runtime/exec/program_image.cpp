@@ -223,10 +223,10 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
     if (r->buckets()) {
       for (const auto* q : *r->buckets()) {
         BucketImage bi{q->chunk(), q->params(), q->grads(), q->elements(), q->shard_elements(), q->master(),
-                       q->exp_avg(), q->exp_avg_sq(), q->param_shard()};
+                       q->exp_avg(), q->exp_avg_sq(), q->param_shard(), q->grad_shard()};
         check_buffer(bi.params, "bucket");
         check_buffer(bi.grads, "bucket");
-        for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard}) check_buffer(b, "bucket", true);
+        for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) check_buffer(b, "bucket", true);
         const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
         const int64_t dp = img.parallel.zero >= 1 ? img.parallel.dp : 1;
         if (bi.elements <= 0 || bi.shard_elements <= 0 || bi.shard_elements * dp != bi.elements ||
@@ -235,7 +235,7 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
                            std::to_string(bi.shard_elements) + " over " + std::to_string(dp) +
                            " ranks, which does not match its buffers"));
         }
-        for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard}) {
+        for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) {
           if (b >= 0 && role.buffers[b].elements < bi.shard_elements) {
             throw fail(where(what + ": buffer `" + role.buffers[b].name + "` is smaller than the shard of " +
                              std::to_string(bi.shard_elements) + " elements"));

@@ -72,6 +72,7 @@ struct BucketImage {
   int32_t chunk = 0, params = -1, grads = -1;
   int64_t elements = 0, shard_elements = 0;
   int32_t master = -1, exp_avg = -1, exp_avg_sq = -1, param_shard = -1;
+  int32_t grad_shard = -1;  // ZeRO-2/3 (dp > 1): the persistent grad shard; `grads` is then transient
 };
 
 struct ChunkImage {

@@ -143,7 +143,12 @@ int64_t RankRunner::GlobalIndex(const ParamImage& p, int64_t local) const {
 void RankRunner::InitParams() {
   const uint64_t seed = static_cast<uint64_t>(program_.train.seed);
   std::vector<float> dst;
-  for (const auto& p : role_.params) {
+  // Bucket by bucket: the params of a bucket, then its shards. Transient buckets (ZeRO-3
+  // gathered params) of different chunks share arena bytes, so a bucket's shards are taken
+  // before the next bucket's params overwrite it.
+  const int64_t shard = ShardIndex();
+  std::vector<uint8_t> done(role_.params.size(), 0);
+  auto init_param = [&](const ParamImage& p) {
     const int64_t local = Elements(p.buffer);
     dst.assign(static_cast<size_t>(local), 0.0f);
     int64_t global = 1;
@@ -181,14 +186,21 @@ void RankRunner::InitParams() {
       }
     }
     backend_.CopyToDevice(F(p.buffer, {}), dst.data(), local * 4);
-  }
-  const int64_t shard = ShardIndex();
+  };
   for (const auto& bucket : role_.buckets) {
+    backend_.Fill(F(bucket.params, {}), bucket.elements, 0.0f);  // padding
+    for (size_t i = 0; i < role_.params.size(); ++i) {
+      if (role_.buffers[role_.params[i].buffer].view_of != bucket.params) continue;
+      init_param(role_.params[i]);
+      done[i] = 1;
+    }
     const float* params = F(bucket.params, {});
     const int64_t begin = (bucket.master >= 0 || bucket.param_shard >= 0) ? shard * bucket.shard_elements : 0;
     if (bucket.master >= 0) backend_.Copy(F(bucket.master, {}), params + begin, bucket.shard_elements);
     if (bucket.param_shard >= 0) backend_.Copy(F(bucket.param_shard, {}), params + begin, bucket.shard_elements);
   }
+  for (size_t i = 0; i < role_.params.size(); ++i)
+    if (!done[i]) init_param(role_.params[i]);
 }
 
 std::vector<StateTensor> RankRunner::State() {
@@ -196,7 +208,8 @@ std::vector<StateTensor> RankRunner::State() {
   for (size_t b = 0; b < role_.buckets.size(); ++b) {
     const auto& bucket = role_.buckets[b];
     const std::string prefix = "bucket" + std::to_string(b) + ".";
-    out.push_back({prefix + "params", F(bucket.params, {}), bucket.elements});
+    // ZeRO-3: the gathered bucket is transient (its bytes are shared); the shards are the state.
+    if (bucket.param_shard < 0) out.push_back({prefix + "params", F(bucket.params, {}), bucket.elements});
     if (bucket.master >= 0) out.push_back({prefix + "master", F(bucket.master, {}), Elements(bucket.master)});
     if (bucket.exp_avg >= 0) out.push_back({prefix + "exp_avg", F(bucket.exp_avg, {}), Elements(bucket.exp_avg)});
     if (bucket.exp_avg_sq >= 0) out.push_back({prefix + "exp_avg_sq", F(bucket.exp_avg_sq, {}), Elements(bucket.exp_avg_sq)});
@@ -303,7 +316,7 @@ void RankRunner::RunBody(int32_t body, const Context& ctx) {
 
 const BucketImage& RankRunner::BucketByBuffer(int32_t buffer, bool grads) const {
   for (const auto& b : role_.buckets) {
-    if ((grads ? b.grads : b.params) == buffer) return b;
+    if (grads ? (b.grads == buffer || b.grad_shard == buffer) : (b.params == buffer || b.param_shard == buffer)) return b;
   }
   throw RunError("buffer `" + role_.buffers[buffer].name + "` is not a " + (grads ? "gradient" : "parameter") + " bucket");
 }
@@ -388,11 +401,12 @@ void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
       const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
       const int64_t end = program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
       const float* g = F(in, ctx);
+      const int64_t base = in == bucket.grad_shard ? begin : 0;  // a grad shard holds [begin, end)
       for (const Range& r : ranges_[bi]) {
         const ParamImage& p = role_.params[r.param];
         if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
         const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
-        if (lo < hi) sum += backend_.SumOfSquares(g + lo, hi - lo);
+        if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
       }
     }
     const float value = static_cast<float>(sum);
@@ -409,12 +423,16 @@ void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
                          : 1.0f;
   const double lr = host::WarmupCosineLr(ctx.step, train.warmup_steps, train.steps, train.lr, train.min_lr);
   const int64_t begin = shard * bucket.shard_elements, n = bucket.shard_elements;
-  float* params = F(op.inputs[0], ctx);
+  // inputs[0] is the params bucket, or the ZeRO-3 param shard; inputs[1] the grads bucket, or
+  // the ZeRO-2/3 grad shard (then element `lo` of the bucket is element `lo - begin` of it).
+  float* params = op.inputs[0] == bucket.param_shard ? nullptr : F(op.inputs[0], ctx);
+  const int64_t grad_base = op.inputs[1] == bucket.grad_shard ? begin : 0;
   const float* grads = F(op.inputs[1], ctx);
   float* master = F(op.inputs[2], ctx);
   float* m = F(op.inputs[3], ctx);
   float* v = F(op.inputs[4], ctx);
   float* dest = bucket.param_shard >= 0 && program_.parallel.zero >= 3 ? F(bucket.param_shard, ctx) : params + begin;
+  if (!dest) throw RunError("optimizer step on a param shard of a bucket that has none");
   if (!master) throw RunError("optimizer step on a bucket without a master copy");
   for (const Range& r : ranges_[bi]) {
     const int64_t lo = std::max(begin, r.begin), hi = std::min(begin + n, r.end);
@@ -426,9 +444,9 @@ void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
       if (!m || !v) throw RunError("AdamW on a bucket without moment buffers");
       host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1), static_cast<float>(train.beta2),
                             static_cast<float>(train.eps), wd};
-      backend_.AdamW(ms, grads + lo, m + (lo - begin), v + (lo - begin), hi - lo, cfg, ctx.step + 1, clip);
+      backend_.AdamW(ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo, cfg, ctx.step + 1, clip);
     } else {
-      backend_.Sgd(ms, grads + lo, hi - lo, static_cast<float>(lr), wd, clip);
+      backend_.Sgd(ms, grads + (lo - grad_base), hi - lo, static_cast<float>(lr), wd, clip);
     }
     backend_.Copy(dest + (lo - begin), ms, hi - lo);
   }

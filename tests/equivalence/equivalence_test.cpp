@@ -245,6 +245,18 @@ TEST_CASE("llama: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel"
 TEST_CASE("gpt-2: tp 2, sequence parallel") { CheckEquivalent(true, {2, 1, 1, 1, Schedule::k1F1B, true}); }
 TEST_CASE("gpt-2: pp 2 (tied embeddings across stages), dp 2") { CheckEquivalent(true, {1, 2, 2, 1}); }
 TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1") { CheckEquivalent(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1}); }
+TEST_CASE("gpt-2: pp 2 (tied embeddings in their own buckets), dp 2, ZeRO 2") {
+  CheckEquivalent(true, {1, 2, 2, 1, Schedule::k1F1B, false, 2});
+}
+TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 3, sequence parallel") {
+  CheckEquivalent(true, {2, 2, 2, 1, Schedule::k1F1B, true, 3});
+}
+TEST_CASE("llama: tp 2, dp 2, ZeRO 2, sequence parallel (norm grads summed over tp in every backward)") {
+  CheckEquivalent(false, {2, 1, 2, 1, Schedule::k1F1B, true, 2});
+}
+TEST_CASE("llama: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel, full recompute") {
+  CheckRecompute(false, {2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3}, Recompute::kFull);
+}
 
 TEST_CASE("llama: tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, {2, 1, 1, 1, Schedule::k1F1B, true}, Recompute::kFull);
