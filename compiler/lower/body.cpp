@@ -537,8 +537,8 @@ void RoleLowering::BuildBuckets() {
 }
 
 // ZeRO >= 2 on dp > 1: a chunk's full grad buckets live only within its backward body. The body
-// starts by zeroing them and ends by completing the sequence-parallel partial sums over Tp,
-// reduce-scattering each bucket over Dp and adding the owned piece to the persistent shard.
+// starts by zeroing them and ends by completing the sequence-parallel partial sums over Tp and
+// reduce-scattering each bucket over Dp, adding the owned piece to the persistent shard.
 void RoleLowering::ShardGradsInBackward() {
   for (const Chunk& c : role_.chunks) {
     Body& body = role_.bodies[c.backward];
@@ -552,13 +552,9 @@ void RoleLowering::ShardGradsInBackward() {
     for (const Param& prm : role_.params)
       if (prm.chunk == c.index && prm.grad_sync_tp)
         Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
-    for (const Bucket& b : role_.buckets) {
-      if (b.chunk != c.index) continue;
-      const std::string name = role_.buffers[b.grads].name;
-      int32_t piece = Buf(name.substr(0, name.size() - 6) + ".grad_piece", {b.shard_elements}, DType::F32);
-      Emit(OpKind::ReduceScatter, {b.grads}, {piece}, CommKind::Dp, {prog::kReduceSum});
-      Emit(OpKind::Add, {b.grad_shard, piece}, {b.grad_shard});
-    }
+    for (const Bucket& b : role_.buckets)
+      if (b.chunk == c.index)
+        Emit(OpKind::ReduceScatter, {b.grads}, {b.grad_shard}, CommKind::Dp, {prog::kReduceSum, /*accumulate=*/1});
   }
   body_ = nullptr;
   chunk_ = -1;

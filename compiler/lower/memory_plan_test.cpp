@@ -85,7 +85,9 @@ std::vector<Compared> CompareStages(const Plan& plan) {
                                      << sm.Get(MemoryPart::kActivations) << " embedding+loss "
                                      << sm.Get(MemoryPart::kEmbeddingAndLoss) << " workspace "
                                      << sm.Get(MemoryPart::kRecomputeWorkspace) << " in flight " << sm.in_flight
-                                     << " total " << sm.total);
+                                     << " total " << sm.total << " | ZeRO " << plan.optimizer.zero
+                                     << ": gathered params " << b.gathered_params << " full grads " << b.full_grads
+                                     << ", analytic comm buffers " << sm.Get(MemoryPart::kCommBuffers));
     out.push_back(c);
   }
   return out;
@@ -148,6 +150,31 @@ TEST_CASE("recompute: the static plan's stash and scratch follow the analytic mo
       // Model states do not depend on recompute.
       CHECK(full[r].program.params == none[r].program.params);
       CHECK(full[r].program.grads == none[r].program.grads);
+    }
+  }
+}
+
+TEST_CASE("ZeRO 2 and 3: persistent shards equal the analytic model's, transient buckets bounded") {
+  for (int zero : {1, 2, 3}) {
+    CAPTURE(zero);
+    Plan plan = MidPlan(Recompute::kFull, true);
+    plan.optimizer.zero = zero;
+    std::vector<Compared> stages = CompareStages(plan);
+    for (const Compared& c : stages) {
+      const StageMemory& sm = c.model;
+      const MemoryBreakdown& b = c.program;
+      // Persistent model states: the shards (ZeRO 2: grads / dp, ZeRO 3: also weights / dp).
+      CHECK(Ratio(b.params, sm.Get(MemoryPart::kWeights)) == doctest::Approx(1.0).epsilon(0.02));
+      CHECK(Ratio(b.grads, sm.Get(MemoryPart::kGradients)) == doctest::Approx(1.0).epsilon(0.02));
+      CHECK(Ratio(b.optimizer, sm.Get(MemoryPart::kOptimizer)) == doctest::Approx(1.0).epsilon(0.02));
+      // Transient: the running chunk's full grads (during its backward) and, ZeRO 3, its gathered
+      // params. The analytic model counts neither for ZeRO 2 (it assumes gradients reduced in
+      // small buckets as they are produced); for ZeRO 3 it counts two layers' gathered weights
+      // in its communication buffers, where the program gathers a whole chunk at once.
+      const int64_t full_grads = sm.params * 4, full_params = sm.params * 2;  // bf16 weights, f32 grads
+      CHECK(b.full_grads == (zero >= 2 ? doctest::Approx(full_grads).epsilon(0.02) : doctest::Approx(0)));
+      CHECK(b.gathered_params == (zero >= 3 ? doctest::Approx(full_params).epsilon(0.02) : doctest::Approx(0)));
+      CHECK(c.peak < sm.total);
     }
   }
 }

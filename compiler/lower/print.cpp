@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "compiler/lower/memory_plan.h"
 #include "compiler/lower/verify.h"
 
 namespace paraplan::lower {
@@ -93,6 +94,12 @@ std::string PrintProgram(const Program& p) {
     out += fmt::format("role {} (pipeline rank {}, {} ranks): {} buffers, {} params, {} bodies, {} schedule ops; arena {} ({} f32), peak {}\n",
                        r.name, r.pipeline_rank, ranks, r.buffers.size(), r.params.size(), r.bodies.size(),
                        r.schedule.size(), Bytes(r.arena_bytes), Bytes(r.fp32_arena_bytes), Bytes(r.peak_bytes));
+    const MemoryBreakdown m = MeasureMemory(r);
+    out += fmt::format("  memory: params {}, grads {}, optimizer {}, other {}, stash {}, scratch {}", Bytes(m.params),
+                       Bytes(m.grads), Bytes(m.optimizer), Bytes(m.other), Bytes(m.stash), Bytes(m.scratch));
+    if (m.gathered_params > 0) out += fmt::format(", gathered params {}", Bytes(m.gathered_params));
+    if (m.full_grads > 0) out += fmt::format(", full grads {}", Bytes(m.full_grads));
+    out += "\n";
     for (const Chunk& c : r.chunks)
       out += fmt::format("  chunk {} (stage {}): layers [{}, {}){}{}, {} slots\n", c.index, c.stage, c.first_layer,
                          c.first_layer + c.layers, c.has_embedding ? " +embedding" : "", c.has_loss ? " +loss" : "", c.slots);

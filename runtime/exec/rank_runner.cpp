@@ -91,7 +91,8 @@ void RankRunner::Setup() {
       allocations_.push_back(p);
       base_[b] = static_cast<char*>(p);
     }
-    slot_stride_[b] = arena ? stride : buf.elements * 4;
+    // Only Stash buffers have slots; every other buffer is the same memory in every context.
+    slot_stride_[b] = arena ? stride : (buf.slots > 1 ? buf.elements * 4 : 0);
   }
   for (size_t b = 0; b < n; ++b) {  // views (possibly of views)
     int32_t target = static_cast<int32_t>(b);
@@ -346,6 +347,15 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
                        " ranks into " + std::to_string(ny));
       }
       float* dst = x == y ? x + c.index * piece : y;
+      const bool accumulate = op.Int(1) == 1 && x != y;  // y += piece (ZeRO-2/3 grad shards)
+      if (accumulate) {
+        float* tmp = Scratch(0, piece);
+        if (c.size == 1) backend_.Copy(tmp, x, piece);
+        else c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
+        if (op.Int(0) == prog::kReduceAvg) backend_.Scale(tmp, piece, 1.0f / static_cast<float>(c.size));
+        backend_.Accumulate(dst, tmp, piece);
+        return;
+      }
       if (c.size == 1) {
         if (dst != x) backend_.Copy(dst, x, piece);
         return;

@@ -274,6 +274,36 @@ TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1, full recompute (bitwise equal to no 
   CheckRecompute(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1}, Recompute::kFull);
 }
 
+TEST_CASE("ZeRO 3 with full recompute: the shared transient arena equals separate buffers; resume is bitwise") {
+  Layout layout{2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3, Recompute::kFull};
+  const ProgramImage program = Compile(TinyPlan(false, layout));
+  const RunResult arena = Run(program);
+  RunOptions options;
+  options.data_path = SourceDir() + "/data/corpus/classics.txt";
+  options.steps = 5;
+  options.comm_timeout_seconds = 120;
+  options.separate_buffers = true;
+  const RunResult separate = Train(program, options);
+  REQUIRE(separate.steps.size() == arena.steps.size());
+  for (size_t s = 0; s < arena.steps.size(); ++s) CHECK(separate.steps[s].loss == arena.steps[s].loss);
+  CHECK(separate.params == arena.params);
+  const std::string dir = Dir() + "/zero3_checkpoints";
+  RunOptions first = options;
+  first.separate_buffers = false;
+  first.steps = 3;
+  first.checkpoint_dir = dir;
+  Train(program, first);
+  RunOptions second = first;
+  second.steps = -1;  // up to the program's 5 steps
+  second.checkpoint_dir.clear();
+  second.resume_dir = dir;
+  const RunResult resumed = Train(program, second);
+  REQUIRE(resumed.start_step == 3);
+  REQUIRE(resumed.steps.size() == 2);
+  for (size_t s = 0; s < 2; ++s) CHECK(resumed.steps[s].loss == arena.steps[s + 3].loss);
+  CHECK(resumed.params == arena.params);
+}
+
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp");
 }
