@@ -436,6 +436,25 @@ TEST_CASE("recompute: full re-emits each layer's forward with its TP/SP collecti
   }
 }
 
+TEST_CASE("memory breakdown of a program read back from its file equals the compiled one's") {
+  Plan plan = TinyPlan(2, 2, 2, Schedule::kInterleaved1F1B, 2);
+  plan.parallel.sp = true;
+  plan.optimizer.zero = 3;
+  plan.recompute = Recompute::kSelective;
+  Program p = MustLower(plan);
+  std::vector<uint8_t> bytes = ToFlatBuffer(p);
+  std::string error;
+  std::optional<Program> q = FromFlatBuffer(bytes.data(), bytes.size(), &error);
+  REQUIRE(q.has_value());
+  for (size_t r = 0; r < p.roles.size(); ++r) {
+    MemoryBreakdown a = MeasureMemory(p.roles[r]), b = MeasureMemory(q->roles[r]);
+    CHECK(a.stash == b.stash);
+    CHECK(a.scratch == b.scratch);
+    CHECK(a.Total() == b.Total());
+    CHECK(b.Total() == q->roles[r].peak_bytes);
+  }
+}
+
 TEST_CASE("structural damage is reported before simulation") {
   // Verification itself is exercised above; here only the wiring: a program with a broken
   // structure yields the diagnostic through VerifyWorld's first message.

@@ -416,10 +416,21 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
       role.arena_bytes = r->arena_bytes();
       role.fp32_arena_bytes = r->fp32_arena_bytes();
       role.peak_bytes = r->peak_bytes();
-      // Stash buffers follow their chunk's slots; recover the chunk from the chunk table.
-      for (const Chunk& c : role.chunks)
+      // Stash buffers follow their chunk's slots; recover the chunk from the chunk table and
+      // from the chunk's bodies (a Stash buffer is touched by its own chunk's bodies only).
+      const auto nbuf = static_cast<int32_t>(role.buffers.size());
+      const auto nbody = static_cast<int32_t>(role.bodies.size());
+      for (const Chunk& c : role.chunks) {
         for (int32_t b : {c.input, c.output, c.grad})
-          if (b >= 0 && b < static_cast<int32_t>(role.buffers.size())) role.buffers[b].chunk = c.index;
+          if (b >= 0 && b < nbuf) role.buffers[b].chunk = c.index;
+        for (int32_t body : {c.forward, c.backward}) {
+          if (body < 0 || body >= nbody) continue;
+          for (const Op& op : role.bodies[body].ops)
+            for (const auto* list : {&op.inputs, &op.outputs})
+              for (int32_t b : *list)
+                if (b >= 0 && b < nbuf && role.buffers[b].kind == BufferKind::Stash) role.buffers[b].chunk = c.index;
+        }
+      }
       p.roles.push_back(std::move(role));
     }
   }
