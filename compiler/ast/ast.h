@@ -102,8 +102,16 @@ struct Module {
 
 std::string_view ToString(DeclKind k);  // "gpu", "cluster", "model", "plan", "let"
 
-// A stable indented dump (`planc check --dump=ast`); with `sm`, ranges print as line:col.
+// A stable indented dump (`planc check --dump=ast`): one line per import, declaration and
+// member, nested blocks indented under what they belong to (also derivations inside
+// expressions), expressions fully parenthesised. With `sm`, each line ends with its range as
+// `@line:col-line:col`.
 std::string PrintAst(const Module& module, const SourceManager* sm = nullptr);
+// Structural invariants of a module as the parser makes it: every range lies in the module's
+// buffer and inside its parent's range, every node has the children its kind needs (an
+// assignment a path and a value, an amendment a block, a binary operator two operands, ...).
+// Returns the violations, one line each; empty when there are none.
+std::vector<std::string> VerifyAst(const Module& module);
 std::string PrintExpr(const Expr& e);  // the expression back as source-like text
 
 }  // namespace paraplan::ast

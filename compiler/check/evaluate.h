@@ -86,6 +86,8 @@ class PlanSource {
                                const EvalOptions& options, DiagnosticSink& sink) const;
 
   const SourceManager& source_manager() const { return sm_; }
+  // The parsed main file (what `planc check --dump=ast` prints).
+  const ast::Module& main_module() const;
 
   friend int EvaluateAllRecords(const PlanSource& source, DiagnosticSink& sink);
 

@@ -215,6 +215,8 @@ std::optional<SetOverride> PlanSource::ParseSet(std::string_view text, SourceMan
   return o;
 }
 
+const ast::Module& PlanSource::main_module() const { return *impl_->main->ast; }
+
 std::vector<std::string> PlanSource::PlanNames() const {
   std::vector<std::string> out;
   for (const ast::Decl& d : impl_->main->ast->decls) {

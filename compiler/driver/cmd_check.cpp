@@ -1,10 +1,12 @@
 // planc check FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR]
 //                  [--diagnostics=text|short|json|sarif] [--color=auto|always|never] [--ascii]
-//                  [--dump=plan]
+//                  [--dump=ast|plan]
 //
 // Loads the plan (parse, evaluate, plan rules), runs the analysis checks when the plan has no
 // errors, and renders every diagnostic. Text and short forms go to stderr; json and sarif go
-// to stdout and nothing else is written there. Exit status: 0 no errors (warnings and notes
+// to stdout and nothing else is written there. --dump writes a stable text dump to stdout:
+// `ast` the main file's syntax tree (also when evaluation then finds errors), `plan` the
+// checked plan (only when there are no errors); see check_file.h. Exit status: 0 no errors (warnings and notes
 // allowed), 1 errors, 2 bad usage, 70 internal error.
 #include <unistd.h>
 
@@ -13,10 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "compiler/analyze/checks.h"
 #include "compiler/diagnostics/render.h"
+#include "compiler/driver/check_file.h"
 #include "compiler/driver/commands.h"
-#include "compiler/driver/frontend.h"
 
 #ifndef PARAPLAN_VERSION
 #define PARAPLAN_VERSION "0.1.0"
@@ -28,7 +29,7 @@ namespace {
 constexpr const char* kCheckUsage =
     "usage: planc check FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR]\n"
     "                   [--diagnostics=text|short|json|sarif] [--color=auto|always|never] [--ascii]\n"
-    "                   [--dump=plan]\n";
+    "                   [--dump=ast|plan]\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "planc check: %s\n%s", error.c_str(), kCheckUsage);
@@ -69,7 +70,7 @@ int RunCheck(const std::vector<std::string>& args) {
 
   DiagFormat format = DiagFormat::kText;
   std::string color = "auto";
-  std::string dump;
+  CheckDump dump = CheckDump::kNone;
   RenderOptions render;
   render.tool_version = PARAPLAN_VERSION;
   for (size_t i = 0; i < rest.size(); ++i) {
@@ -86,8 +87,9 @@ int RunCheck(const std::vector<std::string>& args) {
       }
       color = value;
     } else if (OptionValue(rest, i, "--dump", &value, &missing)) {
-      if (missing || value != "plan") return Usage("--dump takes plan");
-      dump = value;
+      auto d = ParseCheckDump(value);
+      if (missing || !d) return Usage("--dump takes ast or plan");
+      dump = *d;
     } else if (rest[i] == "--ascii") {
       render.ascii = true;
     } else {
@@ -95,7 +97,7 @@ int RunCheck(const std::vector<std::string>& args) {
     }
   }
   const bool machine = format == DiagFormat::kJson || format == DiagFormat::kSarif;
-  if (machine && !dump.empty()) {
+  if (machine && dump != CheckDump::kNone) {
     return Usage("--dump writes to stdout, where --diagnostics=" +
                  std::string(format == DiagFormat::kJson ? "json" : "sarif") + " goes; use one");
   }
@@ -105,18 +107,20 @@ int RunCheck(const std::vector<std::string>& args) {
 
   SourceManager sm;
   DiagnosticSink sink;
-  std::optional<Plan> plan = LoadPlan(opts, sm, sink);
-  if (plan) RunAnalysisChecks(*plan, sink);
-
-  if (!plan && !sink.has_errors()) {
+  CheckResult result = CheckFile(opts, dump, sm, sink);
+  if (!result.internal_errors.empty()) {
+    std::fprintf(stderr, "planc check: internal error: the %s of '%s' fails its verifier:\n",
+                 dump == CheckDump::kAst ? "syntax tree" : "plan", opts.file.c_str());
+    for (const std::string& p : result.internal_errors) std::fprintf(stderr, "  %s\n", p.c_str());
+    return kExitInternal;
+  }
+  if (!result.plan && !sink.has_errors()) {
     std::fprintf(stderr, "planc check: internal error: '%s' could not be loaded and no diagnostic says why\n",
                  opts.file.c_str());
     return kExitInternal;
   }
-  if (plan && dump == "plan" && !sink.has_errors()) {
-    std::string text = PrintPlan(*plan);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-  }
+  std::fwrite(result.dump.data(), 1, result.dump.size(), stdout);
+  std::fflush(stdout);  // the dump comes before the diagnostics on a terminal
   std::string out = RenderDiagnostics(sink.diagnostics(), sm, format, render);
   std::fwrite(out.data(), 1, out.size(), machine ? stdout : stderr);
   std::fflush(stdout);

@@ -3,13 +3,14 @@
 // tests/fuzz/parse_corpus/ is replayed by a normal test through CheckFuzzInput.
 //
 // The first line of an input is also parsed as a `--set` override, so the override grammar is
-// fuzzed too. Invariants checked on every input: no crash, no hang, and every diagnostic points
-// at a valid range (or none).
+// fuzzed too. Invariants checked on every input: no crash, no hang, every diagnostic points
+// at a valid range (or none), and the syntax tree passes VerifyAst and prints (PrintAst).
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
+#include "compiler/ast/ast.h"
 #include "compiler/check/evaluate.h"
 
 #ifndef PARAPLAN_STDLIB_DIR
@@ -27,6 +28,8 @@ bool CheckFuzzInput(std::string_view text) {
   load.stdlib_dir = stdlib && *stdlib ? stdlib : PARAPLAN_STDLIB_DIR;
   auto source = PlanSource::FromText("fuzz.plan", std::string(text), load, sm, sink);
   if (source) {
+    if (!ast::VerifyAst(source->main_module()).empty()) return false;
+    (void)ast::PrintAst(source->main_module(), &sm);
     std::vector<SetOverride> sets;
     std::string_view first_line = text.substr(0, text.find('\n'));
     if (auto o = source->ParseSet(first_line, sm, sink)) sets.push_back(*o);

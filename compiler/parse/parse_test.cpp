@@ -167,3 +167,36 @@ TEST_CASE("a --set override parses as PATH = EXPR in its own buffer") {
 
 }  // namespace
 }  // namespace paraplan
+
+namespace paraplan {
+namespace {
+
+TEST_CASE("VerifyAst accepts what the parser makes and names what is broken") {
+  auto p = ParseText(R"(import std.clusters
+let w = dgx_h100 { nodes = 2 }
+plan a extends b {
+  cluster = dgx_h100 { nodes = max(1, 2) + 1 }
+  parallel { tp = 8  sp = not false }
+  require min(1, 2) < 3 : "ok"
+  let x = -4 GiB
+}
+)");
+  REQUIRE(p->module);
+  CHECK(ast::VerifyAst(*p->module).empty());
+  // A derivation inside an operand is printed under its member too.
+  CHECK(p->Dump().find("    assign cluster = dgx_h100 { … }\n      assign nodes") != std::string::npos);
+
+  ast::Decl& plan = p->module->decls[1];
+  plan.body->members[1].block.reset();                     // an amendment without its block
+  plan.body->members[0].range.end = plan.range.end + 5;    // past its block
+  plan.body->members[2].value->operands.pop_back();        // a binary operator with one operand
+  auto problems = ast::VerifyAst(*p->module);
+  REQUIRE(problems.size() == 3);
+  CHECK(problems[0].find("assign `cluster`: range") != std::string::npos);
+  CHECK(problems[0].find("outside its parent's") != std::string::npos);
+  CHECK(problems[1] == "amend `parallel`: an amendment without its block");
+  CHECK(problems[2].find("1 operands, expected 2") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace paraplan

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "compiler/analyze/checks.h"
+#include "compiler/driver/check_file.h"
 #include "compiler/driver/frontend.h"
 
 namespace paraplan::filetest {
@@ -142,14 +142,21 @@ void RunCheck(const std::string& file, const std::vector<std::string>& args, Che
     run.usage_error = error;
     return;
   }
-  if (!rest.empty()) {
-    run.usage_error = "unknown argument '" + rest.front() + "'";
-    return;
+  CheckDump dump = CheckDump::kNone;
+  for (const std::string& a : rest) {
+    std::optional<CheckDump> d;
+    if (a.rfind("--dump=", 0) == 0) d = ParseCheckDump(a.substr(7));
+    if (!d) {
+      run.usage_error = "unknown argument '" + a + "'";
+      return;
+    }
+    dump = *d;
   }
   DiagnosticSink sink;
-  std::optional<Plan> plan = LoadPlan(opts, run.sources, sink);
-  if (plan) RunAnalysisChecks(*plan, sink);
+  CheckResult result = CheckFile(opts, dump, run.sources, sink);
   run.diagnostics = sink.diagnostics();
+  run.dump = std::move(result.dump);
+  for (const std::string& p : result.internal_errors) run.dump += "verifier: " + p + "\n";
 }
 
 std::vector<std::string> Verify(const std::string& file, const TestFile& test, const CheckRun& run) {

@@ -11,6 +11,7 @@
 //   # args: --set parallel.tp=8 --plan b  command-line arguments for this file (split on spaces;
 //                                         'single quotes' group, double quotes stay in the value)
 //   # ignore: P07                         drop diagnostics whose code starts with P07
+//   # args: --dump=ast                    golden renders: the dump (planc's stdout) comes first
 // A file passes when the diagnostics `planc check` would print are exactly the expected ones.
 #ifndef PARAPLAN_TESTS_FILETEST_FILETEST_H_
 #define PARAPLAN_TESTS_FILETEST_FILETEST_H_
@@ -46,6 +47,7 @@ TestFile ParseTestFile(std::string_view text);
 struct CheckRun {
   SourceManager sources;
   std::vector<Diagnostic> diagnostics;
+  std::string dump;         // what --dump=ast|plan writes to stdout
   std::string usage_error;  // non-empty when the arguments were refused
 };
 void RunCheck(const std::string& file, const std::vector<std::string>& args, CheckRun& run);

@@ -80,7 +80,7 @@ int Golden(const std::vector<std::string>& files, bool update) {
     TestFile test = ParseTestFile(text);
     CheckRun run;
     RunCheck(file, test.args, run);
-    std::string actual = run.usage_error.empty() ? Render(run) : "usage error: " + run.usage_error + "\n";
+    std::string actual = run.usage_error.empty() ? run.dump + Render(run) : "usage error: " + run.usage_error + "\n";
     std::string expected_path = fs::path(file).replace_extension(".expected").string();
     std::string expected;
     bool have = ReadFile(expected_path, &expected);
