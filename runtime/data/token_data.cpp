@@ -1,5 +1,11 @@
 #include "runtime/data/token_data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -74,48 +80,126 @@ int64_t TokenAt(const char* p, uint8_t code) {
   return -1;
 }
 
-void CheckVocab(const TokenStream& s, int64_t vocab, const std::string& path) {
-  for (size_t i = 0; i < s.tokens.size(); ++i) {
-    if (s.tokens[i] < 0 || s.tokens[i] >= vocab) {
-      throw DataError("token " + std::to_string(s.tokens[i]) + " at position " + std::to_string(i) +
-                      " of `" + path + "` is outside the model's vocabulary of " +
-                      std::to_string(vocab) + " tokens");
-    }
-  }
-}
-
-TokenStream ReadRaw(const std::string& path, int64_t width) {
-  const std::string bytes = ReadFile(path);
-  if (bytes.size() % width != 0) {
-    throw DataError("raw token file `" + path + "` has " + std::to_string(bytes.size()) +
-                    " bytes, not a multiple of " + std::to_string(width) + " (uint" +
-                    std::to_string(8 * width) + " tokens)");
-  }
-  TokenStream s;
-  s.tokens.resize(bytes.size() / width);
-  for (size_t i = 0; i < s.tokens.size(); ++i) {
-    if (width == 2) {
-      uint16_t v;
-      std::memcpy(&v, bytes.data() + 2 * i, 2);
-      s.tokens[i] = v;
-    } else {
-      uint32_t v;
-      std::memcpy(&v, bytes.data() + 4 * i, 4);
-      s.tokens[i] = v > 0x7fffffffu ? -1 : static_cast<int32_t>(v);
-    }
-  }
-  s.description = "raw uint" + std::to_string(8 * width) + " tokens `" + path + "` (" +
-                  std::to_string(s.tokens.size()) + " tokens)";
-  return s;
-}
-
 }  // namespace
+
+// A read-only memory map of a whole file.
+class FileMap {
+ public:
+  explicit FileMap(const std::string& path) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) throw DataError("data file `" + path + "` does not exist");
+    if (fs::is_directory(path, ec)) throw DataError("data path `" + path + "` is a directory, not a file");
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw DataError("cannot open data file `" + path + "`: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      throw DataError("cannot stat data file `" + path + "`");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        throw DataError("cannot map data file `" + path + "`: " + std::strerror(errno));
+      }
+      data_ = static_cast<const char*>(p);
+    }
+    ::close(fd);
+  }
+  ~FileMap() {
+    if (data_) ::munmap(const_cast<char*>(data_), size_);
+  }
+  FileMap(const FileMap&) = delete;
+  FileMap& operator=(const FileMap&) = delete;
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+namespace {
+constexpr int64_t kEagerCheckTokens = int64_t{64} << 20;
+}  // namespace
+
+// Runs of tokens, each contiguous in one mapped file; `start` is the stream offset of a run.
+struct MappedTokens {
+  struct Run {
+    int64_t start;
+    const char* data;
+    int64_t count;
+    uint8_t code;  // Megatron dtype code of the stored integers
+  };
+  std::vector<std::shared_ptr<FileMap>> maps;
+  std::vector<Run> runs;
+  int64_t size = 0;
+};
+
+int64_t TokenStream::Size() const { return mapped ? mapped->size : static_cast<int64_t>(tokens.size()); }
+
+void TokenStream::Read(int64_t offset, int64_t n, int32_t* out) const {
+  if (offset < 0 || n < 0 || offset + n > Size()) {
+    throw DataError("read of tokens " + std::to_string(offset) + ".." + std::to_string(offset + n) +
+                    " past the end of " + std::to_string(Size()) + " tokens");
+  }
+  if (!mapped) {
+    std::copy(tokens.begin() + offset, tokens.begin() + offset + n, out);
+  } else {
+    const auto& runs = mapped->runs;
+    auto it = std::upper_bound(runs.begin(), runs.end(), offset,
+                               [](int64_t o, const MappedTokens::Run& r) { return o < r.start; });
+    size_t run = static_cast<size_t>(it - runs.begin()) - 1;
+    for (int64_t i = 0; i < n; ++i) {
+      while (offset + i >= runs[run].start + runs[run].count) ++run;
+      const auto& r = runs[run];
+      const int64_t v = TokenAt(r.data + (offset + i - r.start) * DTypeSize(r.code), r.code);
+      out[i] = v < 0 || v > INT32_MAX ? -1 : static_cast<int32_t>(v);
+    }
+  }
+  if (vocab > 0) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (out[i] < 0 || out[i] >= vocab) {
+        throw DataError("token " + std::to_string(out[i]) + " at position " + std::to_string(offset + i) + " of `" +
+                        path + "` is outside the model's vocabulary of " + std::to_string(vocab) + " tokens");
+      }
+    }
+  }
+}
+
+std::vector<int32_t> TokenStream::ToVector() const {
+  std::vector<int32_t> out(static_cast<size_t>(Size()));
+  TokenStream unchecked = *this;
+  unchecked.vocab = 0;
+  if (!out.empty()) unchecked.Read(0, Size(), out.data());
+  return out;
+}
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+static TokenStream ReadRaw(const std::string& path, int64_t width) {
+  auto map = std::make_shared<FileMap>(path);
+  if (map->size() % width != 0) {
+    throw DataError("raw token file `" + path + "` has " + std::to_string(map->size()) +
+                    " bytes, not a multiple of " + std::to_string(width) + " (uint" +
+                    std::to_string(8 * width) + " tokens)");
+  }
+  auto mt = std::make_shared<MappedTokens>();
+  mt->size = static_cast<int64_t>(map->size()) / width;
+  // uint16 is code 8; uint32 is read as int32 (code 4): ids of 2^31 and above are out of range.
+  if (mt->size > 0) mt->runs.push_back({0, map->data(), mt->size, static_cast<uint8_t>(width == 2 ? 8 : 4)});
+  mt->maps.push_back(std::move(map));
+  TokenStream s;
+  s.mapped = std::move(mt);
+  s.description = "raw uint" + std::to_string(8 * width) + " tokens `" + path + "` (" + std::to_string(s.Size()) +
+                  " tokens, memory-mapped)";
+  return s;
 }
 
 TokenStream ReadIndexedDataset(const std::string& prefix) {
@@ -127,7 +211,8 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
                     (fs::exists(idx_path, ec) ? bin_path : idx_path) + " is missing");
   }
   const std::string idx = ReadFile(idx_path);
-  const std::string bin = ReadFile(bin_path);
+  auto bin = std::make_shared<FileMap>(bin_path);
+  const int64_t bin_size = static_cast<int64_t>(bin->size());
   IndexReader r(idx, idx_path);
   char magic[9];
   for (char& c : magic) c = r.Read<char>("the header");
@@ -157,21 +242,33 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
   std::vector<int64_t> pointers(seq_count);
   for (auto& l : lengths) l = r.Read<int32_t>("sequence lengths");
   for (auto& p : pointers) p = r.Read<int64_t>("sequence pointers");
-  TokenStream s;
+  // Consecutive sequences that are also consecutive in the .bin (the usual layout) form one run.
+  auto mt = std::make_shared<MappedTokens>();
   for (uint64_t i = 0; i < seq_count; ++i) {
     const int64_t begin = pointers[i], bytes = static_cast<int64_t>(lengths[i]) * width;
-    if (lengths[i] < 0 || begin < 0 || begin + bytes > static_cast<int64_t>(bin.size())) {
+    if (lengths[i] < 0 || begin < 0 || begin + bytes > bin_size) {
       throw DataError("sequence " + std::to_string(i) + " of `" + idx_path + "` (" +
                       std::to_string(lengths[i]) + " tokens at byte " + std::to_string(begin) +
-                      ") lies outside `" + bin_path + "` of " + std::to_string(bin.size()) + " bytes");
+                      ") lies outside `" + bin_path + "` of " + std::to_string(bin_size) + " bytes");
     }
-    for (int64_t t = 0; t < lengths[i]; ++t) {
-      const int64_t v = TokenAt(bin.data() + begin + t * width, code);
-      s.tokens.push_back(v < 0 || v > INT32_MAX ? -1 : static_cast<int32_t>(v));
+    if (lengths[i] == 0) continue;
+    const char* data = bin->data() + begin;
+    if (!mt->runs.empty()) {
+      auto& last = mt->runs.back();
+      if (last.data + last.count * width == data) {
+        last.count += lengths[i];
+        mt->size += lengths[i];
+        continue;
+      }
     }
+    mt->runs.push_back({mt->size, data, lengths[i], code});
+    mt->size += lengths[i];
   }
-  s.description = "Megatron indexed dataset `" + prefix + "` (" + std::to_string(seq_count) +
-                  " sequences, " + std::to_string(s.tokens.size()) + " tokens)";
+  mt->maps.push_back(std::move(bin));
+  TokenStream s;
+  s.mapped = std::move(mt);
+  s.description = "Megatron indexed dataset `" + prefix + "` (" + std::to_string(seq_count) + " sequences, " +
+                  std::to_string(s.Size()) + " tokens, memory-mapped)";
   return s;
 }
 
@@ -227,7 +324,13 @@ TokenStream LoadTokens(const std::string& path, int64_t vocab) {
                     "`: expected a Megatron prefix (PATH.bin + PATH.idx), a raw token file "
                     "(.u16, .u32) or a text file (.txt)");
   }
-  CheckVocab(s, vocab, path);
+  s.path = path;
+  s.vocab = vocab;
+  if (s.Size() <= kEagerCheckTokens) {  // small enough to check every token now
+    std::vector<int32_t> all(static_cast<size_t>(s.Size()));
+    if (!all.empty()) s.Read(0, s.Size(), all.data());
+    if (!s.mapped) s.vocab = 0;  // in-memory tokens are now known to be valid
+  }
   return s;
 }
 
@@ -244,7 +347,7 @@ Sampler::Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed)
                     " is not a multiple of micro · dp = " + std::to_string(shape.micro_batch) + " · " +
                     std::to_string(shape.data_parallel));
   }
-  const int64_t n = static_cast<int64_t>(stream.tokens.size());
+  const int64_t n = stream.Size();
   samples_ = n > 0 ? (n - 1) / shape.seq_len : 0;
   if (samples_ < shape.global_batch) {
     throw DataError("the data has " + std::to_string(n) + " tokens, " + std::to_string(samples_) +
@@ -281,10 +384,10 @@ void Sampler::Microbatch(int64_t step, int64_t dp_rank, int64_t micro, int32_t* 
   for (int64_t b = 0; b < shape_.micro_batch; ++b) {
     const int64_t g = step * shape_.global_batch + dp_rank * per_rank + micro * shape_.micro_batch + b;
     const int64_t start = SampleOf(g) * shape_.seq_len;
-    for (int64_t t = 0; t < shape_.seq_len; ++t) {
-      inputs[b * shape_.seq_len + t] = stream_.tokens[start + t];
-      targets[b * shape_.seq_len + t] = stream_.tokens[start + t + 1];
-    }
+    window_.resize(static_cast<size_t>(shape_.seq_len + 1));
+    stream_.Read(start, shape_.seq_len + 1, window_.data());
+    std::copy(window_.begin(), window_.end() - 1, inputs + b * shape_.seq_len);
+    std::copy(window_.begin() + 1, window_.end(), targets + b * shape_.seq_len);
   }
 }
 

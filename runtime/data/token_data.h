@@ -7,7 +7,9 @@
 //    pointers inside the .bin) before any token is read; every sequence is concatenated in order.
 //  - Raw token files: `*.u16` / `*.uint16` (little-endian uint16) and `*.u32` / `*.uint32`.
 //  - Text (`*.txt`): bytes through the byte-level tokenizer (byte_tokenizer.h).
-// Every token is checked against the model's vocabulary.
+// Token files are memory-mapped, not read: a stream of any size costs only what the steps touch.
+// Every token is checked against the model's vocabulary: at load for streams of up to 64M tokens,
+// else as it is read (DataError naming the position).
 //
 // Sampling: the stream is cut into samples of seq_len + 1 tokens that overlap by one (inputs are
 // tokens [i·L, i·L + L), targets are shifted by one). Epoch e visits the samples in a permutation
@@ -21,6 +23,7 @@
 #define PARAPLAN_RUNTIME_DATA_TOKEN_DATA_H_
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -32,9 +35,23 @@ class DataError : public std::runtime_error {
   explicit DataError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Where a mapped stream's tokens are: its memory maps and its contiguous runs of tokens.
+struct MappedTokens;
+class FileMap;
+
+// A token stream: in memory (`tokens`, text and tests) or memory-mapped from files (`mapped`).
+// Copies share the mapping. Read by Sampler (and tests through ToVector).
 struct TokenStream {
-  std::vector<int32_t> tokens;
-  std::string description;  // "Megatron indexed dataset corpus (3 sequences, 1234 tokens)"
+  std::vector<int32_t> tokens;                 // in-memory tokens (when `mapped` is null)
+  std::shared_ptr<const MappedTokens> mapped;  // memory-mapped tokens
+  std::string description;  // "Megatron indexed dataset `corpus` (3 sequences, 1234 tokens)"
+  std::string path;
+  int64_t vocab = 0;        // > 0: tokens are checked against it as they are read
+
+  int64_t Size() const;
+  // tokens [offset, offset + n) -> out; DataError for a token outside the vocabulary.
+  void Read(int64_t offset, int64_t n, int32_t* out) const;
+  std::vector<int32_t> ToVector() const;
 };
 
 // Loads the tokens of `path` (see above) and checks each is < vocab.
@@ -77,6 +94,7 @@ class Sampler {
   int64_t samples_;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> order_;
+  mutable std::vector<int32_t> window_;
 };
 
 // SplitMix64: the counter-based hash used for shuffling and parameter initialisation.

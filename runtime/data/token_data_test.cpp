@@ -31,11 +31,11 @@ TEST_CASE("Megatron indexed dataset round trip, uint16 and int32") {
     const auto prefix = TempPath(u16 ? "ds16" : "ds32");
     WriteIndexedDataset(prefix, {{1, 2, 3}, {}, {40000, 5}}, u16);
     auto s = ReadIndexedDataset(prefix);
-    CHECK(s.tokens == std::vector<int32_t>{1, 2, 3, 40000, 5});
+    CHECK(s.ToVector() == std::vector<int32_t>{1, 2, 3, 40000, 5});
     CHECK(s.description.find("3 sequences") != std::string::npos);
     // Named by .bin or .idx, or by prefix.
-    CHECK(LoadTokens(prefix + ".bin", 50000).tokens.size() == 5);
-    CHECK(LoadTokens(prefix, 50000).tokens.size() == 5);
+    CHECK(LoadTokens(prefix + ".bin", 50000).Size() == 5);
+    CHECK(LoadTokens(prefix, 50000).Size() == 5);
   }
 }
 
@@ -64,11 +64,11 @@ TEST_CASE("malformed, missing and out-of-vocabulary data is refused clearly") {
 TEST_CASE("raw token files and text") {
   const auto p16 = TempPath("t.u16"), p32 = TempPath("t.u32"), txt = TempPath("t.txt");
   WriteBytes(p16, std::string("\x01\x00\x02\x01", 4));
-  CHECK(LoadTokens(p16, 1000).tokens == std::vector<int32_t>{1, 258});
+  CHECK(LoadTokens(p16, 1000).ToVector() == std::vector<int32_t>{1, 258});
   WriteBytes(p32, std::string("\x07\x00\x00\x00", 4));
-  CHECK(LoadTokens(p32, 1000).tokens == std::vector<int32_t>{7});
+  CHECK(LoadTokens(p32, 1000).ToVector() == std::vector<int32_t>{7});
   WriteBytes(txt, "Hi!");
-  CHECK(LoadTokens(txt, kByteVocab).tokens == std::vector<int32_t>{'H', 'i', '!'});
+  CHECK(LoadTokens(txt, kByteVocab).ToVector() == std::vector<int32_t>{'H', 'i', '!'});
   CHECK(DecodeBytes({'o', 'k', kEosToken}) == "ok<eos>");
 }
 
@@ -109,4 +109,30 @@ TEST_CASE("sampler refuses short data and batch shapes that do not divide") {
   s.tokens.assign(20, 1);
   CHECK_THROWS_WITH_AS(Sampler(s, {8, 4, 1, 1}, 1), doctest::Contains("fewer than one global batch of 4"), DataError);
   CHECK_THROWS_WITH_AS(Sampler(s, {2, 6, 4, 1}, 1), doctest::Contains("not a multiple of micro"), DataError);
+}
+
+TEST_CASE("mapped streams: non-contiguous sequences, reads across runs, lazy vocabulary checks") {
+  const auto prefix = TempPath("runs");
+  WriteIndexedDataset(prefix, {{1, 2}, {3}, {4, 5, 6}}, false);
+  // Reverse the order of the sequences in the index (pointers no longer increase).
+  {
+    std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+    const int64_t header = 9 + 8 + 1 + 8 + 8;
+    int32_t lengths[3] = {3, 1, 2};
+    int64_t pointers[3] = {12, 8, 0};
+    idx.seekp(header);
+    idx.write(reinterpret_cast<const char*>(lengths), sizeof lengths);
+    idx.write(reinterpret_cast<const char*>(pointers), sizeof pointers);
+  }
+  const auto s = LoadTokens(prefix, 10);
+  CHECK(s.ToVector() == std::vector<int32_t>{4, 5, 6, 3, 1, 2});
+  int32_t window[4];
+  s.Read(2, 4, window);
+  CHECK(std::vector<int32_t>(window, window + 4) == std::vector<int32_t>{6, 3, 1, 2});
+  CHECK_THROWS_WITH_AS(s.Read(4, 3, window), doctest::Contains("past the end"), DataError);
+  // A token outside the vocabulary is reported when it is read (as large streams are checked).
+  TokenStream lazy = s;
+  lazy.vocab = 5;
+  CHECK_NOTHROW(lazy.Read(3, 3, window));
+  CHECK_THROWS_WITH_AS(lazy.Read(0, 2, window), doctest::Contains("token 5 at position 1"), DataError);
 }
