@@ -51,6 +51,7 @@ struct Layout {
   bool sp = false;
   int zero = 0;
   paraplan::Recompute recompute = paraplan::Recompute::kNone;
+  bool sgd = false;
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -83,6 +84,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   plan.parallel.sp = l.sp;
   plan.pipeline.schedule = l.schedule;
   plan.optimizer.zero = l.zero;
+  if (l.sgd) plan.optimizer.type = paraplan::OptimizerType::kSgd;
   plan.recompute = l.recompute;
   plan.optimizer.lr = 3e-3;
   plan.optimizer.min_lr = 3e-4;
@@ -185,9 +187,14 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan)
 }
 
 void CheckEquivalent(bool gpt, const Layout& layout) {
-  static std::map<bool, RunResult> reference;
-  if (!reference.count(gpt)) reference[gpt] = Run(Compile(TinyPlan(gpt, Layout{})));
-  const RunResult& want = reference[gpt];
+  static std::map<std::pair<bool, bool>, RunResult> reference;
+  const auto key = std::make_pair(gpt, layout.sgd);
+  if (!reference.count(key)) {
+    Layout one;
+    one.sgd = layout.sgd;
+    reference[key] = Run(Compile(TinyPlan(gpt, one)));
+  }
+  const RunResult& want = reference[key];
   const RunResult got = Run(Compile(TinyPlan(gpt, layout)));
   const Comparison c = Compare(got, want);
   MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
@@ -241,6 +248,12 @@ TEST_CASE("llama: tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
 }
 TEST_CASE("llama: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel") {
   CheckEquivalent(false, {2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3});
+}
+TEST_CASE("llama: pp 2 GPipe, dp 2, ZeRO 2") { CheckEquivalent(false, {1, 2, 2, 1, Schedule::kGpipe, false, 2}); }
+TEST_CASE("llama, SGD: tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
+  Layout layout{2, 2, 2, 1, Schedule::k1F1B, true, 1};
+  layout.sgd = true;
+  CheckEquivalent(false, layout);
 }
 TEST_CASE("gpt-2: tp 2, sequence parallel") { CheckEquivalent(true, {2, 1, 1, 1, Schedule::k1F1B, true}); }
 TEST_CASE("gpt-2: pp 2 (tied embeddings across stages), dp 2") { CheckEquivalent(true, {1, 2, 2, 1}); }
