@@ -210,3 +210,14 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
   CHECK(ran + refused == iterations);
   CHECK(refused > 0);
 }
+
+TEST_CASE("a rank that fails mid-step stops every rank with its message (no hang)") {
+  const std::string data = TinyData();
+  ProgramImage prog = Tiny({2, 0, 4, 3, "tiny", data});
+  // Rank 1 claims data-parallel coordinate 5: its first LoadBatch fails while rank 0 waits for it
+  // in the gradient all-reduce.
+  prog.ranks[1].coords = paraplan::prog::Coordinates(0, 0, 0, 5, 0);
+  RunOptions options;  // default timeout of 600 s: only the abort can end this run promptly
+  CHECK_THROWS_WITH_AS(Train(prog, options), doctest::Contains("rank 1: no microbatch 0 of data-parallel rank 5"),
+                       RunError);
+}
