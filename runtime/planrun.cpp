@@ -12,9 +12,12 @@
 //
 // Exit status: 0 success, 1 bad input (program, data, checkpoint) or a failed run, 2 bad usage,
 // 70 internal error. Links neither LLVM nor ANTLR.
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -192,11 +195,29 @@ int main(int argc, char** argv) {
                 << " was given; the host backend runs every rank of the program as a thread\n";
       return 2;
     }
+    // The metrics file: never the program or the data; checked writable now without truncating
+    // it, and truncated only when the first step has run, so a run refused at start (bad data, a
+    // checkpoint of another plan) leaves an earlier run's metrics intact.
     std::ofstream metrics;
+    std::string metrics_error;
     if (!metrics_path.empty()) {
-      metrics.open(metrics_path, std::ios::trunc);
-      if (!metrics) {
-        std::cerr << "planrun: error: cannot write metrics file `" << metrics_path << "`\n";
+      for (const std::string& input : {program_path, data_path}) {
+        std::error_code ec;
+        if (!input.empty() && std::filesystem::exists(metrics_path, ec) &&
+            std::filesystem::is_regular_file(metrics_path, ec) && std::filesystem::equivalent(metrics_path, input, ec)) {
+          return Usage("--metrics `" + metrics_path + "` is the " + (input == program_path ? "program" : "data") +
+                       " file; writing metrics there would destroy it");
+        }
+      }
+      std::error_code ec;
+      if (std::filesystem::is_directory(metrics_path, ec)) {
+        std::cerr << "planrun: error: cannot write metrics file `" << metrics_path << "`: it is a directory\n";
+        return 1;
+      }
+      std::ofstream probe(metrics_path, std::ios::app);
+      if (!probe) {
+        std::cerr << "planrun: error: cannot write metrics file `" << metrics_path << "`: " << std::strerror(errno)
+                  << "\n";
         return 1;
       }
     }
@@ -292,7 +313,8 @@ int main(int argc, char** argv) {
         }
         std::fflush(stdout);
       }
-      if (metrics.is_open()) {
+      if (!metrics_path.empty() && metrics_error.empty()) {
+        if (!metrics.is_open()) metrics.open(metrics_path, std::ios::trunc);
         char line[512];
         std::snprintf(line, sizeof line,
                       "{\"version\": 1, \"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
@@ -307,6 +329,10 @@ int main(int argc, char** argv) {
         }
         metrics << "}\n";
         metrics.flush();
+        if (!metrics) {  // reported after the run: this callback must not throw
+          metrics_error = "writing metrics file `" + metrics_path + "` failed: " + std::strerror(errno);
+          metrics.close();
+        }
       }
     };
     if (total_steps < 0) total_steps = program.train.steps;
@@ -328,6 +354,10 @@ int main(int argc, char** argv) {
                   last.loss, tokens / std::max(1e-9, secs), Bytes(last.peak_bytes).c_str());
     }
     if (!checkpoint_dir.empty()) std::printf("planrun: checkpoint written to %s\n", checkpoint_dir.c_str());
+    if (!metrics_error.empty()) {
+      std::cerr << "planrun: error: " << metrics_error << "\n";
+      return 1;
+    }
     return 0;
   } catch (const exec::ProgramError& e) {
     std::cerr << "planrun: error: " << e.what() << "\n";

@@ -49,6 +49,8 @@ struct Expr {
   bool bool_value = false;
   std::string text;  // kString: the value (escapes resolved); kUnary/kBinary: the operator
   Name unit;         // kInt/kReal: the unit as written ("GiB", "Gb/s"); empty text when none
+  bool out_of_range = false;  // kInt/kReal: a literal past 64 bits or not finite (reported
+                              // by the parser); it evaluates to an error, so nothing else reports it
   std::vector<Name> path;
   std::vector<std::unique_ptr<Expr>> operands;
   std::unique_ptr<Block> block;  // kPath: `base { overrides }`

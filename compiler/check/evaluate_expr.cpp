@@ -238,6 +238,7 @@ Value Evaluator::Derive(const Value& base, const ast::Expr& e, Record* self) {
 }
 
 Value Evaluator::Quantity(const ast::Expr& e) {
+  if (e.out_of_range) return Value::Error();  // reported by the parser
   Value v = e.kind == ast::ExprKind::kInt ? Value::Int(e.int_value) : Value::Real(e.real_value);
   if (e.unit.text.empty()) return v;
   const UnitInfo* u = FindUnit(e.unit.text);

@@ -138,6 +138,10 @@ eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer
       std::string places;
       for (const std::string& t : tried) places += (places.empty() ? "" : ", ") + t;
       d.Note("looked for " + places);
+      for (const std::string& t : tried) {
+        std::error_code ec;
+        if (fs::is_directory(t, ec)) d.Note(fmt::format("`{}` is a directory; an import names a .plan file", t));
+      }
       if (imp.file.empty() && !imp.module.empty() && imp.module[0].text == "std") {
         std::vector<std::string> names = StdlibModules(options.stdlib_dir);
         std::vector<std::string_view> views(names.begin(), names.end());

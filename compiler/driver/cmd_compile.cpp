@@ -3,7 +3,7 @@
 //
 // Loads and checks the plan (as planc check), lowers it to the program of every rank, verifies
 // the whole world, and writes the program (FlatBuffers, runtime/format/program.fbs) atomically
-// (a temporary file, then rename). --trace writes a Chrome/Perfetto timeline of one simulated
+// (output_file.h: a temporary file, then rename; never over the plan itself). --trace writes a Chrome/Perfetto timeline of one simulated
 // step with durations from the time model. A one-line summary goes to stderr.
 // Exit status: 0 written, 1 the plan has errors, 2 bad usage, 70 internal error (including a
 // program that fails verification, P0804).
@@ -19,6 +19,7 @@
 #include "compiler/diagnostics/render.h"
 #include "compiler/driver/commands.h"
 #include "compiler/driver/frontend.h"
+#include "compiler/driver/output_file.h"
 #include "compiler/lower/lower.h"
 #include "compiler/lower/trace.h"
 #include "compiler/lower/verify.h"
@@ -33,29 +34,6 @@ constexpr const char* kCompileUsage =
 int Usage(const std::string& error) {
   std::fprintf(stderr, "planc compile: %s\n%s", error.c_str(), kCompileUsage);
   return kExitUsage;
-}
-
-bool WriteAtomically(const std::string& path, const void* data, size_t size, std::string* error) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      *error = "cannot open '" + tmp + "' for writing";
-      return false;
-    }
-    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
-    if (!out) {
-      *error = "cannot write '" + tmp + "'";
-      return false;
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    *error = "cannot rename '" + tmp + "' to '" + path + "': " + ec.message();
-    return false;
-  }
-  return true;
 }
 
 lower::TraceDurations DurationsFrom(const lower::Program& program, const TimeEstimate& t) {
@@ -128,11 +106,21 @@ int RunCompile(const std::vector<std::string>& args) {
     return Usage("unknown option '" + a + "' (or an option without its value)");
   }
   if (output.empty()) return Usage("-o PROGRAM is required");
+  std::error_code ec;
+  if (!trace.empty() && (trace == output || SameFile(trace, output)) &&
+      (!std::filesystem::exists(output, ec) || std::filesystem::is_regular_file(output, ec))) {
+    return Usage("--trace and -o name the same file '" + output + "'");
+  }
 
   auto t0 = std::chrono::steady_clock::now();
   SourceManager sm;
   DiagnosticSink sink;
   std::optional<Plan> plan = LoadPlan(opts, sm, sink);
+  for (const std::string& out : {output, trace}) {
+    if (std::string input = out.empty() ? "" : SourceFileAt(sm, out); !input.empty()) {
+      return Usage("'" + out + "' is the source file '" + input + "'; writing there would destroy it");
+    }
+  }
   if (plan) RunAnalysisChecks(*plan, sink);
   std::optional<lower::Program> program;
   if (plan && !sink.has_errors()) program = lower::LowerPlan(*plan, lower_options, sink);
@@ -150,7 +138,7 @@ int RunCompile(const std::vector<std::string>& args) {
     return kExitInputError;
   }
   std::vector<uint8_t> bytes = lower::ToFlatBuffer(*program);
-  if (!WriteAtomically(output, bytes.data(), bytes.size(), &error)) {
+  if (!WriteOutputFile(output, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), &error)) {
     std::fprintf(stderr, "planc compile: %s\n", error.c_str());
     return kExitInputError;
   }
@@ -163,7 +151,7 @@ int RunCompile(const std::vector<std::string>& args) {
   if (!trace.empty()) {
     TimeEstimate t = EstimateTime(*plan);
     lower::TraceResult tr = lower::ChromeTrace(*program, DurationsFrom(*program, t));
-    if (!WriteAtomically(trace, tr.json.data(), tr.json.size(), &error)) {
+    if (!WriteOutputFile(trace, tr.json, &error)) {
       std::fprintf(stderr, "planc compile: %s\n", error.c_str());
       return kExitInputError;
     }

@@ -18,6 +18,7 @@
 #include "compiler/lower/print.h"
 #include "compiler/lower/program.h"
 #include "compiler/lower/verify.h"
+#include "runtime/format/read_program.h"
 
 namespace paraplan {
 namespace {
@@ -119,13 +120,12 @@ int RunDump(const std::vector<std::string>& args) {
     }
   }
   if (file.empty()) return Usage("PROGRAM is required");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "planc dump: cannot read '%s'\n", file.c_str());
+  std::vector<uint8_t> bytes;
+  std::string error;
+  if (!prog::ReadProgramFile(file, &bytes, &error)) {
+    std::fprintf(stderr, "planc dump: cannot read '%s': %s\n", file.c_str(), error.c_str());
     return kExitInputError;
   }
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::string error;
   std::optional<lower::Program> p = lower::FromFlatBuffer(bytes.data(), bytes.size(), &error);
   if (!p) {
     std::fprintf(stderr, "planc dump: '%s' is not a valid program: %s\n", file.c_str(), error.c_str());

@@ -21,6 +21,7 @@
 #include "compiler/driver/commands.h"
 #include "compiler/driver/explain.h"
 #include "compiler/driver/frontend.h"
+#include "compiler/driver/output_file.h"
 
 namespace paraplan {
 namespace {
@@ -102,6 +103,11 @@ int RunExplain(const std::vector<std::string>& args) {
   SourceManager sm;
   DiagnosticSink sink;
   std::optional<Plan> plan = LoadPlan(opts, sm, sink);
+  if (!svg_path.empty()) {
+    if (std::string input = SourceFileAt(sm, svg_path); !input.empty()) {
+      return Usage("--svg '" + svg_path + "' is the source file '" + input + "'; writing there would destroy it");
+    }
+  }
   if (plan) RunAnalysisChecks(*plan, sink);
   RenderOptions render;
   render.color = diag_format == DiagFormat::kText && isatty(fileno(stderr));
@@ -140,18 +146,16 @@ int RunExplain(const std::vector<std::string>& args) {
   in.json_sections = {{"memory", MemoryJson(memory)}, {"time", TimeJson(time)}};
   in.text_sections = CostText(memory, time);
   if (!svg_path.empty()) {
-    std::ofstream file(svg_path, std::ios::binary);
-    file << ExplainSvg(in);
-    file.close();
     // The per-stage memory chart beside it: OUT.svg -> OUT.memory.svg.
     std::string chart_path = svg_path;
     if (chart_path.size() > 4 && chart_path.compare(chart_path.size() - 4, 4, ".svg") == 0) chart_path.resize(chart_path.size() - 4);
     chart_path += ".memory.svg";
-    std::ofstream chart(chart_path, std::ios::binary);
-    chart << MemoryChartSvg(memory);
-    chart.close();
-    if (!file || !chart) {
-      std::fprintf(stderr, "planc explain: cannot write '%s'\n", (!file ? svg_path : chart_path).c_str());
+    if (std::string input = SourceFileAt(sm, chart_path); !input.empty()) {
+      return Usage("the memory chart '" + chart_path + "' would overwrite the source file '" + input + "'");
+    }
+    if (!WriteOutputFile(svg_path, ExplainSvg(in), &error) ||
+        !WriteOutputFile(chart_path, MemoryChartSvg(memory), &error)) {
+      std::fprintf(stderr, "planc explain: %s\n", error.c_str());
       return kExitInputError;
     }
   }

@@ -6,6 +6,7 @@
 #include <optional>
 #include <cstdlib>
 #include <string>
+#include <unordered_map>
 
 #include "PlanLexer.h"
 #include "PlanParser.h"
@@ -43,14 +44,16 @@ size_t FirstInvalidUtf8(std::string_view s) {
   return std::string_view::npos;
 }
 
-// ANTLR indexes characters by code point; ranges are bytes.
+// ANTLR indexes characters by code point; ranges are bytes. ANTLR's input stream drops a
+// leading UTF-8 byte order mark, so code point 0 is then the character after it.
 class OffsetMap {
  public:
   explicit OffsetMap(std::string_view text) {
     bool ascii = true;
     for (char c : text) ascii &= static_cast<unsigned char>(c) < 0x80;
     if (ascii) return;
-    for (uint32_t i = 0; i < text.size(); ++i) {
+    const uint32_t first = text.substr(0, 3) == "\xEF\xBB\xBF" ? 3 : 0;
+    for (uint32_t i = first; i < text.size(); ++i) {
       if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) starts_.push_back(i);
     }
     starts_.push_back(static_cast<uint32_t>(text.size()));
@@ -201,6 +204,38 @@ std::string Printable(std::string_view s) {
   return std::string(s);
 }
 
+// How deep brackets, blocks, unary operators and chains of binary operators may nest. Real plans
+// stay below 10; the limit keeps the recursive parser and evaluator far from the end of the stack.
+constexpr int kMaxNesting = 100;
+
+Diag TooDeep(SourceRange range, std::string_view what, std::string_view label) {
+  return Diag(DiagKind::kNestingTooDeep, fmt::format("{} nests more than {} levels deep", what, kMaxNesting))
+      .At(range, std::string(label))
+      .Note("every bracket, block, unary `-` or `not` and binary operator is a level; plans need a few")
+      .Help("name parts of it with `let` (`let a = ...`), or write the value itself");
+}
+
+// The first token at which brackets, braces and runs of prefix operators open more than
+// kMaxNesting levels, or nullptr. Checked before ANTLR parses, whose recursion follows them.
+antlr4::Token* FirstTooDeep(const std::vector<antlr4::Token*>& tokens) {
+  int open = 0, prefix = 0;
+  for (antlr4::Token* t : tokens) {
+    const std::string text = t->getType() == PlanLexer::NAME ? "" : t->getText();
+    if (text == "(" || text == "[" || text == "{") {
+      ++open;
+    } else if (text == ")" || text == "]" || text == "}") {
+      open = std::max(0, open - 1);
+      prefix = 0;
+    } else if (text == "-" || t->getType() == PlanLexer::NOT) {
+      ++prefix;
+    } else {
+      prefix = 0;
+    }
+    if (open + prefix > kMaxNesting) return t;
+  }
+  return nullptr;
+}
+
 class Builder {
  public:
   Builder(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink)
@@ -295,6 +330,25 @@ class Builder {
     e->text = std::move(op);
     e->operands.push_back(std::move(a));
     e->operands.push_back(std::move(b));
+    return Tracked(std::move(e));
+  }
+
+  // True once an expression nested past kMaxNesting levels was reported; the builder then stops
+  // growing it, and Parse refuses the buffer.
+  bool too_deep() const { return too_deep_; }
+
+  // Records the depth of `e` (1 + its deepest operand); past kMaxNesting, reports it once.
+  std::unique_ptr<ast::Expr> Tracked(std::unique_ptr<ast::Expr> e) {
+    int depth = 1;
+    for (const auto& op : e->operands) {
+      auto it = depth_.find(op.get());
+      depth = std::max(depth, 1 + (it == depth_.end() ? 1 : it->second));
+    }
+    depth_[e.get()] = depth;
+    if (depth > kMaxNesting && !too_deep_) {
+      too_deep_ = true;
+      sink_.Report(TooDeep(e->range, "this expression", fmt::format("{} levels of operators and brackets", depth)));
+    }
     return e;
   }
 
@@ -303,13 +357,13 @@ class Builder {
   std::unique_ptr<ast::Expr> Or(PlanParser::OrExprContext* ctx) {
     auto parts = ctx->andExpr();
     auto e = And(parts[0]);
-    for (size_t i = 1; i < parts.size(); ++i) e = Binary("or", std::move(e), And(parts[i]));
+    for (size_t i = 1; i < parts.size() && !too_deep_; ++i) e = Binary("or", std::move(e), And(parts[i]));
     return e;
   }
   std::unique_ptr<ast::Expr> And(PlanParser::AndExprContext* ctx) {
     auto parts = ctx->notExpr();
     auto e = Not(parts[0]);
-    for (size_t i = 1; i < parts.size(); ++i) e = Binary("and", std::move(e), Not(parts[i]));
+    for (size_t i = 1; i < parts.size() && !too_deep_; ++i) e = Binary("and", std::move(e), Not(parts[i]));
     return e;
   }
   std::unique_ptr<ast::Expr> Not(PlanParser::NotExprContext* ctx) {
@@ -319,7 +373,7 @@ class Builder {
       e->range = Range(ctx);
       e->text = "not";
       e->operands.push_back(Not(ctx->notExpr()));
-      return e;
+      return Tracked(std::move(e));
     }
     return Compare(ctx->compareExpr());
   }
@@ -332,7 +386,7 @@ class Builder {
   std::unique_ptr<ast::Expr> Add(PlanParser::AddExprContext* ctx) {
     auto parts = ctx->mulExpr();
     auto e = Mul(parts[0]);
-    for (size_t i = 1; i < parts.size(); ++i) {
+    for (size_t i = 1; i < parts.size() && !too_deep_; ++i) {
       e = Binary(ctx->ops[i - 1]->getText(), std::move(e), Mul(parts[i]));
     }
     return e;
@@ -340,14 +394,31 @@ class Builder {
   std::unique_ptr<ast::Expr> Mul(PlanParser::MulExprContext* ctx) {
     auto parts = ctx->unaryExpr();
     auto e = Unary(parts[0]);
-    for (size_t i = 1; i < parts.size(); ++i) {
+    for (size_t i = 1; i < parts.size() && !too_deep_; ++i) {
       e = Binary(ctx->ops[i - 1]->getText(), std::move(e), Unary(parts[i]));
     }
     return e;
   }
+  void ReportTooLarge(SourceRange range, const std::string& text) {
+    sink_.Report(Diag(DiagKind::kNumberTooLarge,
+                      fmt::format("integer literal `{}` does not fit in 64 bits", text))
+                     .At(range, "larger than 9223372036854775807")
+                     .Note("integers are signed 64-bit; sizes past that are not meaningful"));
+  }
+
+  // A unary expression; 9223372036854775808 (2^63) is an error unless negated right here.
   std::unique_ptr<ast::Expr> Unary(PlanParser::UnaryExprContext* ctx) {
+    auto e = UnaryOrMinLiteral(ctx);
+    if (e->kind == ast::ExprKind::kInt && e->text == "min") {
+      ReportTooLarge(e->range, "9223372036854775808");
+      e->text.clear();
+      e->out_of_range = true;
+    }
+    return e;
+  }
+  std::unique_ptr<ast::Expr> UnaryOrMinLiteral(PlanParser::UnaryExprContext* ctx) {
     if (ctx->primary()) return Primary(ctx->primary());
-    auto inner = Unary(ctx->unaryExpr());
+    auto inner = UnaryOrMinLiteral(ctx->unaryExpr());
     // `-9223372036854775808` is a literal, not the negation of an out-of-range one.
     if (inner->kind == ast::ExprKind::kInt && inner->text == "min") {
       inner->int_value = INT64_MIN;
@@ -360,7 +431,7 @@ class Builder {
     e->range = Range(ctx);
     e->text = "-";
     e->operands.push_back(std::move(inner));
-    return e;
+    return Tracked(std::move(e));
   }
 
   std::vector<std::unique_ptr<ast::Expr>> Exprs(const std::vector<PlanParser::ExprContext*>& v) {
@@ -398,7 +469,7 @@ class Builder {
       e->path = Path(p->path());
       if (p->block()) e->block = Block(p->block());
     }
-    return e;
+    return Tracked(std::move(e));
   }
 
   void Number(PlanParser::NumberPrimaryContext* ctx, ast::Expr* e) {
@@ -420,19 +491,16 @@ class Builder {
         }
         v = *a;
       }
+      e->int_value = v;
       if (overflow) {
         if (digits == "9223372036854775808") {
-          e->text = "min";  // fine under a unary minus (see Unary)
+          e->text = "min";  // fine under a unary minus; Unary reports it anywhere else
+          e->int_value = INT64_MIN;
         } else {
-          sink_.Report(Diag(DiagKind::kNumberTooLarge,
-                            fmt::format("integer literal `{}` does not fit in 64 bits", t->getText()))
-                           .At(Range(t), "larger than 9223372036854775807")
-                           .Note("integers are signed 64-bit; sizes past that are not meaningful"));
-          e->kind = ast::ExprKind::kReal;  // keeps evaluation going; the error is reported
-          e->real_value = std::strtod(digits.c_str(), nullptr);
+          ReportTooLarge(Range(t), t->getText());
+          e->out_of_range = true;
         }
       }
-      e->int_value = v;
     } else {
       e->kind = ast::ExprKind::kReal;
       e->real_value = std::strtod(digits.c_str(), nullptr);
@@ -441,6 +509,7 @@ class Builder {
                           fmt::format("real literal `{}` is out of range", t->getText()))
                          .At(Range(t), "not a finite number"));
         e->real_value = 0;
+        e->out_of_range = true;
       }
     }
     if (auto* u = ctx->unit()) {
@@ -526,6 +595,8 @@ class Builder {
   std::string_view text_;
   OffsetMap offsets_;
   DiagnosticSink& sink_;
+  std::unordered_map<const ast::Expr*, int> depth_;
+  bool too_deep_ = false;
 };
 
 // Lexes and parses; runs `build` on the tree when the text is well-formed. Returns false when a
@@ -563,6 +634,10 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, Rule 
     }
   }
   if (lexical_error) return false;
+  if (antlr4::Token* deep = FirstTooDeep(tokens.getTokens())) {
+    sink.Report(TooDeep(builder.Range(deep), "this text", fmt::format("level {} opens here", kMaxNesting + 1)));
+    return false;
+  }
   PlanParser parser(&tokens);
   parser.removeErrorListeners();
   SyntaxErrorInfo info;
@@ -592,7 +667,7 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, Rule 
     return false;
   }
   build(builder, tree);
-  return true;
+  return !builder.too_deep();
 }
 
 }  // namespace

@@ -150,6 +150,54 @@ TEST_CASE("problems inside good syntax are reported and parsing goes on") {
   CHECK(p->Slice(p->First().primary) == "99999999999999999999");
 }
 
+TEST_CASE("2^63 is a literal only under a minus; out-of-range literals are marked") {
+  auto p = ParseText("model m { a = 9223372036854775808  b = -9223372036854775808  c = 1e999  d = 5 }");
+  REQUIRE(p->module);
+  REQUIRE(p->sink.diagnostics().size() == 2);
+  CHECK(p->sink.diagnostics()[0].kind == DiagKind::kNumberTooLarge);
+  CHECK(p->Slice(p->sink.diagnostics()[0].primary) == "9223372036854775808");
+  CHECK(p->sink.diagnostics()[1].message == "real literal `1e999` is out of range");
+  const auto& members = p->module->decls[0].body->members;
+  CHECK(members[0].value->out_of_range);
+  CHECK(!members[1].value->out_of_range);
+  CHECK(members[1].value->int_value == INT64_MIN);
+  CHECK(members[2].value->out_of_range);
+  CHECK(!members[3].value->out_of_range);
+}
+
+TEST_CASE("a leading byte order mark does not shift ranges") {
+  auto p = ParseText("\xEF\xBB\xBFmodel m {\n  layers = 1 parsecs\n}\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().kind == DiagKind::kUnknownUnit);
+  CHECK(p->Slice(p->First().primary) == "parsecs");
+}
+
+TEST_CASE("nesting past 100 levels is an error, not a stack overflow") {
+  for (const char* open : {"(", "[", "-", "not ", "m { x = "}) {
+    std::string text = "let x = ";
+    for (int i = 0; i < 100000; ++i) text += open;
+    INFO(open);
+    auto p = ParseText(text + "1\n");
+    CHECK(!p->module);
+    REQUIRE(p->sink.diagnostics().size() == 1);
+    CHECK(p->First().kind == DiagKind::kNestingTooDeep);
+    CHECK(p->First().message == "this text nests more than 100 levels deep");
+  }
+  std::string sum = "let x = 1";
+  for (int i = 0; i < 200000; ++i) sum += " + 1";
+  auto p = ParseText(sum + "\n");
+  CHECK(!p->module);
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message == "this expression nests more than 100 levels deep");
+  std::string fine = "let x = ";
+  for (int i = 0; i < 99; ++i) fine += "(";
+  fine += "1";
+  for (int i = 0; i < 99; ++i) fine += " + 1)";
+  p = ParseText(fine + "\n");
+  CHECK(p->module);
+  CHECK(p->sink.diagnostics().empty());
+}
+
 TEST_CASE("a --set override parses as PATH = EXPR in its own buffer") {
   SourceManager sm;
   DiagnosticSink sink;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -26,18 +27,30 @@ uint32_t SourceManager::AddBuffer(std::string name, std::string text, BufferKind
 
 std::optional<uint32_t> SourceManager::AddFile(const std::string& path, BufferKind kind,
                                                std::string* error) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    if (error) *error = "it is a directory, not a file";
+    return std::nullopt;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (error) *error = std::strerror(errno);
     return std::nullopt;
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxFileBytes) {
+      if (error) *error = "it holds more than 64 MiB, which is not a plan";
+      return std::nullopt;
+    }
+  }
   if (in.bad()) {
     if (error) *error = "read error";
     return std::nullopt;
   }
-  return AddBuffer(path, ss.str(), kind);
+  return AddBuffer(path, std::move(text), kind);
 }
 
 const SourceManager::Buffer* SourceManager::Get(uint32_t buffer) const {

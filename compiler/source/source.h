@@ -44,7 +44,9 @@ class SourceManager {
 
   // Adds a buffer and returns its id (>= 1).
   uint32_t AddBuffer(std::string name, std::string text, BufferKind kind);
-  // Reads a file into a new buffer; nullopt (and `error` set) when it cannot be read.
+  // Reads a file into a new buffer; nullopt (and `error` set) when it cannot be read, is a
+  // directory, or holds more than kMaxFileBytes (so `/dev/zero` is refused, not read forever).
+  static constexpr size_t kMaxFileBytes = size_t{64} << 20;
   std::optional<uint32_t> AddFile(const std::string& path, BufferKind kind, std::string* error);
 
   size_t BufferCount() const { return buffers_.size(); }

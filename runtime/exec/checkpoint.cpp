@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -132,9 +135,22 @@ void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const 
   FsyncPath(tmp_dir, true);
   const std::string final_dir = (fs::path(dir) / StepName(step)).string();
   std::error_code ec;
-  fs::remove_all(final_dir, ec);
+  // An older checkpoint of the same step moves aside until the new one is in place, so that a
+  // failure in between leaves one of them whole.
+  const std::string old_dir = (fs::path(dir) / ("." + StepName(step) + ".old")).string();
+  fs::remove_all(old_dir, ec);
+  const bool had_old = fs::exists(final_dir, ec);
+  if (had_old) {
+    fs::rename(final_dir, old_dir, ec);
+    if (ec) throw CheckpointError("cannot move the older `" + final_dir + "` aside: " + ec.message());
+  }
   fs::rename(tmp_dir, final_dir, ec);
-  if (ec) throw CheckpointError("cannot move the checkpoint into `" + final_dir + "`: " + ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    if (had_old) fs::rename(old_dir, final_dir, ec);
+    throw CheckpointError("cannot move the checkpoint into `" + final_dir + "`: " + why);
+  }
+  if (had_old) fs::remove_all(old_dir, ec);
   const std::string latest_tmp = (fs::path(dir) / ".latest.tmp").string();
   WriteFileSynced(latest_tmp, StepName(step) + "\n");
   fs::rename(latest_tmp, fs::path(dir) / "latest", ec);
@@ -142,8 +158,15 @@ void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const 
   FsyncPath(dir, true);
 }
 
-CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& program) {
+namespace {
+
+// Finds and parses the manifest of the checkpoint in `dir` (DIR/latest, or `dir` itself when it
+// holds a manifest), without comparing it with a program.
+CheckpointManifest LocateManifest(const std::string& dir) {
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw CheckpointError("`" + dir + "` is a file, not a checkpoint directory");
+  }
   if (!fs::is_directory(dir, ec)) throw CheckpointError("checkpoint directory `" + dir + "` does not exist");
   std::string step_dir = dir;
   if (!fs::exists(fs::path(dir) / "manifest.json", ec)) {
@@ -164,17 +187,73 @@ CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& pr
   if (fp.empty() || step.empty() || world.empty() || Field(text, "version") != "1") {
     throw CheckpointError("the manifest of `" + step_dir + "` is malformed or of an unknown version");
   }
-  man.fingerprint = std::stoull(fp, nullptr, 16);
-  man.step = std::stoll(step);
-  man.world_size = std::stoi(world);
-  if (man.fingerprint != program.fingerprint || man.world_size != program.world_size) {
-    throw CheckpointError("checkpoint `" + step_dir + "` was written by plan `" + man.plan + "` (" +
-                          std::to_string(man.world_size) + " ranks, fingerprint " + fp + "), but this program is plan `" +
-                          program.plan_name + "` (" + std::to_string(program.world_size) + " ranks, fingerprint " +
-                          Hex(program.fingerprint) + "); a checkpoint resumes only the plan and layout that wrote it");
+  char* end = nullptr;
+  errno = 0;
+  man.fingerprint = std::strtoull(fp.c_str(), &end, 16);
+  const bool fp_ok = errno == 0 && *end == '\0' && fp.size() <= 16;
+  errno = 0;
+  man.step = std::strtoll(step.c_str(), &end, 10);
+  const bool step_ok = errno == 0 && *end == '\0';
+  errno = 0;
+  const long long world_value = std::strtoll(world.c_str(), &end, 10);
+  const bool world_ok = errno == 0 && *end == '\0' && world_value > 0 && world_value <= INT32_MAX;
+  if (!fp_ok || !step_ok || !world_ok) {
+    throw CheckpointError("the manifest of `" + step_dir + "` is damaged: " +
+                          (!fp_ok ? "fingerprint `" + fp + "`" : !step_ok ? "step " + step : "world_size " + world) +
+                          " is not a valid value");
   }
+  man.world_size = static_cast<int32_t>(world_value);
   if (man.step < 0) throw CheckpointError("the manifest of `" + step_dir + "` names step " + step);
   return man;
+}
+
+}  // namespace
+
+CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& program) {
+  CheckpointManifest man = LocateManifest(dir);
+  if (man.fingerprint != program.fingerprint || man.world_size != program.world_size) {
+    throw CheckpointError("checkpoint `" + man.directory + "` was written by plan `" + man.plan + "` (" +
+                          std::to_string(man.world_size) + " ranks, fingerprint " + Hex(man.fingerprint) +
+                          "), but this program is plan `" + program.plan_name + "` (" +
+                          std::to_string(program.world_size) + " ranks, fingerprint " + Hex(program.fingerprint) +
+                          "); a checkpoint resumes only the plan and layout that wrote it");
+  }
+  return man;
+}
+
+void CheckCheckpointDirectory(const std::string& dir, const ProgramImage& program) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw CheckpointError("--checkpoint-dir `" + dir + "` is a file, not a directory");
+  }
+  if (!fs::exists(dir, ec)) return;
+  CheckpointManifest man;
+  try {
+    man = LocateManifest(dir);
+  } catch (const CheckpointError&) {
+    return;  // no readable checkpoint to protect
+  }
+  if (man.fingerprint != program.fingerprint || man.world_size != program.world_size) {
+    throw CheckpointError("--checkpoint-dir `" + dir + "` holds checkpoint `" + man.directory + "` of plan `" +
+                          man.plan + "` (" + std::to_string(man.world_size) + " ranks, fingerprint " +
+                          Hex(man.fingerprint) + "), another program than this one (fingerprint " +
+                          Hex(program.fingerprint) + "); this run would replace it: choose another directory");
+  }
+}
+
+void AbandonCheckpoints(const std::string& dir, int64_t first_step, int64_t last_step) {
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    long long step = -1;
+    char tail[8] = {};
+    if (std::sscanf(name.c_str(), ".step-%lld%7s", &step, tail) == 2 && std::string(tail) == ".tmp" &&
+        step >= first_step && step <= last_step && name == "." + StepName(step) + ".tmp") {
+      doomed.push_back(it->path());
+    }
+  }
+  for (const fs::path& p : doomed) fs::remove_all(p, ec);
 }
 
 void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& program, int rank,

@@ -49,6 +49,12 @@ void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const 
 // Finds the checkpoint to resume in `dir` (DIR/latest, or `dir` itself when it holds a
 // manifest) and checks it belongs to `program`.
 CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& program);
+// Before a run writes into `dir`: refuses a file, and a directory that holds a checkpoint of
+// another program (a new run would replace it); a checkpoint of this program is fine.
+void CheckCheckpointDirectory(const std::string& dir, const ProgramImage& program);
+// After a failed run: removes the temporary directories of steps first..last (never a
+// committed checkpoint), so a full disk is not left fuller.
+void AbandonCheckpoints(const std::string& dir, int64_t first_step, int64_t last_step);
 // Reads one rank's shard into `state` (same names and sizes, else CheckpointError).
 void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& program, int rank,
                    const std::vector<StateTensor>& state, Backend& backend);

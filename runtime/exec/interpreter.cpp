@@ -86,6 +86,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
   }
   const int64_t steps = options.steps >= 0 ? options.steps : std::max<int64_t>(0, program.train.steps - start);
   const int world_size = program.world_size;
+  if (!options.checkpoint_dir.empty()) CheckCheckpointDirectory(options.checkpoint_dir, program);
 
   std::unique_ptr<HostCommWorld> host_world;
   std::vector<int> local_ranks;
@@ -113,6 +114,9 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
   }
   CommWorld& world = placement ? *placement->world : *host_world;
   const int local = static_cast<int>(local_ranks.size());
+  // Only a process that runs every rank may clean up after a failed checkpoint: under a launcher
+  // other processes may still be writing their shards.
+  const bool all_ranks_here = local == world_size;
   Coordinator co;
   co.records.resize(local);
   co.errors.resize(local);
@@ -251,6 +255,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
       } catch (const std::exception& e) {
         world.Abort(e.what());
         for (auto& t : threads) t.join();
+        if (all_ranks_here) AbandonCheckpoints(options.checkpoint_dir, start + 1, start + steps);
         throw RunError(e.what());
       }
     }
@@ -258,6 +263,9 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
     if (options.on_step) options.on_step(m);
   }
   for (auto& t : threads) t.join();
+  if (co.failed && all_ranks_here && !options.checkpoint_dir.empty()) {
+    AbandonCheckpoints(options.checkpoint_dir, start + 1, start + steps);
+  }
   if (co.failed) {
     std::string first = FirstError(co);
     // FirstError numbers slots; name world ranks instead.

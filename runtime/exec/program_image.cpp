@@ -1,4 +1,5 @@
 #include "runtime/exec/program_image.h"
+#include "runtime/format/read_program.h"
 
 #include <filesystem>
 #include <fstream>
@@ -349,14 +350,11 @@ ProgramImage LoadProgramImage(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw ProgramError("program `" + path + "` does not exist");
   if (std::filesystem::is_directory(path, ec)) throw ProgramError("program `" + path + "` is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ProgramError("cannot open program `" + path + "`");
-  std::ostringstream s;
-  s << in.rdbuf();
-  const std::string bytes = s.str();
-  // FlatBuffers reads need the buffer aligned; std::string storage is.
-  std::vector<uint8_t> aligned(bytes.begin(), bytes.end());
-  return DecodeProgramImage(aligned.data(), aligned.size(), path);
+  // FlatBuffers reads need the buffer aligned; std::vector storage is.
+  std::vector<uint8_t> bytes;
+  std::string error;
+  if (!prog::ReadProgramFile(path, &bytes, &error)) throw ProgramError("cannot read program `" + path + "`: " + error);
+  return DecodeProgramImage(bytes.data(), bytes.size(), path);
 }
 
 }  // namespace paraplan::exec

@@ -207,4 +207,61 @@ TEST_CASE("compile: usage errors and plan errors") {
   CHECK(r.status == 2);
 }
 
+TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs are refused") {
+  const std::string plan = PlanFile();
+  const std::string text = Read(plan);
+  Result r = Planc("compile " + plan + " -o " + plan);
+  CHECK(r.status == 2);
+  CHECK(r.err.find("is the source file") != std::string::npos);
+  CHECK(Read(plan) == text);
+  r = Planc("compile " + plan + " -o " + Dir() + "/p.pplan --trace " + plan);
+  CHECK(r.status == 2);
+  CHECK(Read(plan) == text);
+  r = Planc("explain " + plan + " --svg " + plan);
+  CHECK(r.status == 2);
+  CHECK(Read(plan) == text);
+  r = Planc("compile " + plan + " -o " + Dir() + "/same.pplan --trace " + Dir() + "/same.pplan");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("name the same file") != std::string::npos);
+  fs::create_directories(Dir() + "/outdir");
+  r = Planc("compile " + plan + " -o " + Dir() + "/outdir");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("it is a directory") != std::string::npos);
+  // A device is written in place, never replaced by a regular file (as root, that would
+  // replace /dev/null for everybody).
+  r = Planc("compile " + plan + " -o /dev/null --trace /dev/null");
+  CHECK(r.status == 0);
+  CHECK(fs::is_character_file("/dev/null"));
+  if (fs::is_character_file("/dev/full")) {
+    r = Planc("compile " + plan + " -o /dev/full");
+    CHECK(r.status == 1);
+    CHECK(r.err.find("No space left on device") != std::string::npos);
+    CHECK(fs::is_character_file("/dev/full"));
+    r = Planc("explain " + plan + " --svg /dev/full");
+    CHECK(r.status == 1);
+  }
+  // A link keeps pointing at its target, which receives the program.
+  const std::string target = Dir() + "/target.pplan", link = Dir() + "/link.pplan";
+  std::ofstream(target) << "old";
+  fs::remove(link);
+  fs::create_symlink(target, link);
+  r = Planc("compile " + plan + " -o " + link);
+  CHECK(r.status == 0);
+  CHECK(fs::is_symlink(link));
+  CHECK(Read(target).size() > 1000);
+  // Inputs that are not files.
+  r = Planc("check " + Dir() + "/outdir");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("it is a directory") != std::string::npos);
+  r = Planc("check /dev/zero");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("more than 64 MiB") != std::string::npos);
+  r = Planc("dump " + Dir() + "/outdir");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("it is a directory") != std::string::npos);
+  r = Planc("dump /dev/zero");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("no 'PPLN' file identifier") != std::string::npos);
+}
+
 }  // namespace

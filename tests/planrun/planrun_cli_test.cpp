@@ -159,3 +159,77 @@ TEST_CASE("the plan's checkpoint settings apply unless flags override them") {
   CHECK(!fs::exists(Dir() + "/flag_ckpt/step-000002"));
   CHECK(fs::exists(Dir() + "/flag_ckpt/step-000004/manifest.json"));
 }
+
+TEST_CASE("damaged manifests and misplaced paths are refused with exit 1, never 70") {
+  const std::string prog = WriteProgram("manifest", {2, 1, 4, 6});
+  const std::string ckpt = Dir() + "/mckpt";
+  REQUIRE(Planrun(prog + " --steps 2 --checkpoint-dir " + ckpt).status == 0);
+  const std::string manifest = ckpt + "/step-000002/manifest.json";
+  const std::string good = Read(manifest);
+  auto damage = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    std::ofstream(manifest) << text;
+  };
+  damage("\"step\": 2", "\"step\": 99999999999999999999");
+  auto r = Planrun(prog + " --resume " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is damaged: step 99999999999999999999 is not a valid value") != std::string::npos);
+  damage("\"world_size\": 2", "\"world_size\": 99999999999");
+  r = Planrun(prog + " --resume " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is damaged") != std::string::npos);
+  const size_t fp = good.find("\"fingerprint\": \"") + 16;
+  damage(good.substr(fp, 16), "zz");
+  r = Planrun(prog + " --resume " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("fingerprint `zz` is not a valid value") != std::string::npos);
+  std::ofstream(manifest) << good;
+  r = Planrun(prog + " --resume " + prog);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is a file, not a checkpoint directory") != std::string::npos);
+  r = Planrun(prog + " --checkpoint-dir " + prog);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is a file, not a directory") != std::string::npos);
+}
+
+TEST_CASE("a run never destroys another program's checkpoints, the program, the data or old metrics") {
+  const std::string prog = WriteProgram("keep", {2, 1, 4, 6});
+  const std::string ckpt = Dir() + "/keep_ckpt";
+  REQUIRE(Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt).status == 0);
+  const std::string manifest = Read(ckpt + "/step-000001/manifest.json");
+  // Another program writing into that directory would replace step-000001 and `latest`.
+  const std::string other = WriteProgram("keep_other", {1, 0, 4, 6});
+  auto r = Planrun(other + " --steps 1 --checkpoint-dir " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("holds checkpoint") != std::string::npos);
+  CHECK(r.out.find("choose another directory") != std::string::npos);
+  CHECK(Read(ckpt + "/step-000001/manifest.json") == manifest);
+  // The same program continues into its own directory.
+  CHECK(Planrun(prog + " --steps 1 --resume " + ckpt + " --checkpoint-dir " + ckpt).status == 0);
+  CHECK(fs::exists(ckpt + "/step-000002/manifest.json"));
+  // --metrics naming the program or the data file is refused before anything is written.
+  const std::string program_bytes = Read(prog);
+  r = Planrun(prog + " --steps 1 --metrics " + prog);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("is the program file") != std::string::npos);
+  CHECK(Read(prog) == program_bytes);
+  const std::string data = Dir() + "/tokens.u16", data_bytes = Read(data);
+  r = Planrun(prog + " --steps 1 --data " + data + " --metrics " + data);
+  CHECK(r.status == 2);
+  CHECK(Read(data) == data_bytes);
+  // A run refused at start (here: a checkpoint of another plan) leaves earlier metrics alone.
+  const std::string metrics = Dir() + "/old.jsonl";
+  std::ofstream(metrics) << "{\"step\": 0}\n";
+  r = Planrun(other + " --steps 1 --resume " + ckpt + " --metrics " + metrics);
+  CHECK(r.status == 1);
+  CHECK(Read(metrics) == "{\"step\": 0}\n");
+  // A metrics file that cannot be written fails the run instead of losing the numbers silently.
+  if (fs::is_character_file("/dev/full")) {
+    r = Planrun(prog + " --steps 1 --metrics /dev/full");
+    CHECK(r.status == 1);
+    CHECK(r.out.find("writing metrics file `/dev/full` failed") != std::string::npos);
+  }
+}
