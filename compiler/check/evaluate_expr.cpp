@@ -255,7 +255,12 @@ Value Evaluator::Quantity(const ast::Expr& e) {
     return Value::Int(*x, u->dimension);
   }
   double x = v.AsReal() * scale;
-  if (u->dimension == UnitDimension::kBytes && x == std::floor(x) && std::fabs(x) < 9.2e18) {
+  if (u->dimension == UnitDimension::kBytes && std::fabs(x) >= 9.2e18) {
+    Report(Diag(DiagKind::kIntegerOverflow, fmt::format("`{}` is more than 64 bits can hold", Text(e.range)))
+               .At(e.range, fmt::format("{:.6g} bytes; at most 9223372036854775807", x)));
+    return Value::Error();
+  }
+  if (u->dimension == UnitDimension::kBytes && x == std::floor(x)) {
     return Value::Int(static_cast<int64_t>(x), u->dimension);
   }
   return Value::Real(x, u->dimension);

@@ -7,6 +7,7 @@
 // step with durations from the time model. A one-line summary goes to stderr.
 // Exit status: 0 written, 1 the plan has errors, 2 bad usage, 70 internal error (including a
 // program that fails verification, P0804).
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -95,12 +96,12 @@ int RunCompile(const std::vector<std::string>& args) {
       continue;
     }
     if (value("--microbatch-group", &v)) {
-      try {
-        lower_options.microbatch_group = std::stoi(v);
-      } catch (...) {
+      int group = 0;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), group);
+      if (ec != std::errc() || end != v.data() + v.size() || group < 1) {
         return Usage("--microbatch-group takes a positive integer, got '" + v + "'");
       }
-      if (lower_options.microbatch_group < 1) return Usage("--microbatch-group takes a positive integer, got '" + v + "'");
+      lower_options.microbatch_group = group;
       continue;
     }
     return Usage("unknown option '" + a + "' (or an option without its value)");

@@ -100,6 +100,7 @@ int RunSearch(const std::vector<std::string>& args) {
 
   SearchOptions options;
   options.top = top;
+  std::string first_refusal;  // the first error of the whole-plan checks, for the no-fit report
   options.verify = [&](const SearchSettings& settings) {
     std::vector<std::string> sets;
     for (const auto& [path, value] : settings) sets.push_back(path + "=" + value);
@@ -109,6 +110,14 @@ int RunSearch(const std::vector<std::string>& args) {
     std::optional<Plan> plan = variants->Check(*parsed, quiet);
     if (!plan || quiet.has_errors()) return false;
     RunAnalysisChecks(*plan, quiet);
+    if (quiet.has_errors() && first_refusal.empty()) {
+      for (const Diagnostic& d : quiet.diagnostics()) {
+        if (d.level == DiagLevel::kError) {
+          first_refusal = d.message;
+          break;
+        }
+      }
+    }
     return !quiet.has_errors();
   };
   const SearchResult result = RunSearch(*base, axes, options);
@@ -137,14 +146,19 @@ int RunSearch(const std::vector<std::string>& args) {
   if (result.best.empty()) {
     Diag d(DiagKind::kSearchNoCandidateFits,
            fmt::format("none of the {} candidates fits: {} rejected by the rules, {} by the pipeline split, "
-                       "{} over {} of memory",
+                       "{} over {} of memory{}",
                        result.enumerated, result.rejected_rules, result.rejected_partition, result.rejected_memory,
-                       FormatGiB(base->cluster.gpu.memory)));
+                       FormatGiB(base->cluster.gpu.memory),
+                       result.rejected_verify > 0
+                           ? fmt::format(", {} by the checks of the whole plan", result.rejected_verify)
+                           : std::string()));
     d.At(base->declaration);
     for (const Sweep& s : base->sweeps) d.Label(s.range, fmt::format("`{}` ranges over {} values", s.path, s.values.size()));
     if (result.smallest_rejected_peak > 0)
       d.Note(fmt::format("the valid candidates need at least {} per GPU", FormatGiB(result.smallest_rejected_peak)));
-    d.Help("widen the search: let `parallel.pp`, `recompute` or `optimizer.zero` range too, or add nodes");
+    if (!first_refusal.empty()) d.Note(fmt::format("the checks of the whole plan refused the first candidate: {}", first_refusal));
+    if (result.rejected_verify == 0 || result.rejected_rules + result.rejected_partition + result.rejected_memory > 0)
+      d.Help("widen the search: let `parallel.pp`, `recompute` or `optimizer.zero` range too, or add nodes");
     sink.Report(std::move(d));
     if (!json) return finish(kExitInputError);
   }

@@ -122,6 +122,7 @@ Expected<int> ParseIntVariable(std::string_view what, std::string_view text, int
   if (negative) value = -value;
   if (value < min || value > max) {
     if (max >= kMaxRanks - 1) {
+      if (value > max) return Fail(fmt::format("`{}` is {}, which is too large (at most {})", what, value, max));
       return Fail(fmt::format("`{}` is {}, but it must be at least {}", what, value, min));
     }
     return Fail(fmt::format("`{}` is {}, but it must be between {} and {}", what, value, min, max));
@@ -173,6 +174,11 @@ Expected<int> SlurmTasksOnNode(std::string_view tasks_per_node, int node) {
     return Fail(fmt::format("the Slurm tasks-per-node value `{}` is not of the form `2(x3),1`",
                             tasks_per_node));
   };
+  // A well-formed number out of range says so; anything else is not of the form.
+  auto too_large = [&](const std::string& why) {
+    if (why.find("too large") == std::string::npos) return bad();
+    return Fail(fmt::format("the Slurm tasks-per-node value `{}`: {}", tasks_per_node, why));
+  };
   while (!rest.empty()) {
     std::string_view item = rest.substr(0, rest.find(','));
     rest.remove_prefix(std::min(rest.size(), item.size() + 1));
@@ -182,11 +188,12 @@ Expected<int> SlurmTasksOnNode(std::string_view tasks_per_node, int node) {
       std::string_view rep = item.substr(count_text.size());
       if (rep.size() < 4 || rep.substr(0, 2) != "(x" || rep.back() != ')') return bad();
       auto r = ParseIntVariable("SLURM_TASKS_PER_NODE", rep.substr(2, rep.size() - 3), 1, kMaxRanks);
-      if (!r) return bad();
+      if (!r) return too_large(r.error());
       repeat = *r;
     }
+    if (count_text.empty()) return bad();
     auto count = ParseIntVariable("SLURM_TASKS_PER_NODE", count_text, 0, kMaxRanks);
-    if (!count) return bad();
+    if (!count) return too_large(count.error());
     if (node < seen + repeat) return *count;
     seen += repeat;
   }
@@ -370,10 +377,11 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
   if (out.world_size > 1) {
     if (out.master_addr.empty()) {
       return Fail(fmt::format(
-          "{} processes were launched ({} from `{}`) but `MASTER_ADDR` is not set, so rank {} "
+          "{} processes were launched ({} from `{}`) but `MASTER_ADDR` is not set, so {} "
           "cannot find rank 0; export `MASTER_ADDR` (the host name of rank 0) and `MASTER_PORT`, "
           "e.g. `mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...`",
-          out.world_size, LauncherName(out.launcher), out.world_source, out.rank));
+          out.world_size, LauncherName(out.launcher), out.world_source,
+          out.rank == 0 ? std::string("the other ranks") : fmt::format("rank {}", out.rank)));
     }
     for (char c : out.master_addr) {
       if (std::isspace(static_cast<unsigned char>(c))) {

@@ -189,6 +189,9 @@ TEST_CASE("errors name the variable and the value") {
               "4 processes were launched (torchrun from `WORLD_SIZE`) but `MASTER_ADDR` is not set");
   check_error({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
               "`mpirun -x MASTER_ADDR=");
+  check_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}}, "is not set, so the other ranks cannot find rank 0");
+  check_error({{"RANK", "0"}, {"WORLD_SIZE", "3000000000"}}, "`WORLD_SIZE` is 3000000000, which is too large");
+  check_error({{"RANK", "2"}, {"WORLD_SIZE", "4"}}, "is not set, so rank 2 cannot find rank 0");
   check_error({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "70000"}},
               "`MASTER_PORT` is 70000, but it must be between 1 and 65535");
   check_error({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "http"}},
@@ -220,6 +223,11 @@ TEST_CASE("slurm host lists") {
   CHECK(*SlurmTasksOnNode("2(x3),1", 3) == 1);
   CHECK_FALSE(SlurmTasksOnNode("2(x3),1", 4).ok());
   CHECK_FALSE(SlurmTasksOnNode("2(3)", 0).ok());
+  // A count that is well formed but too large says so, rather than "not of the form".
+  auto huge = SlurmTasksOnNode("4(x99999999999999)", 0);
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.error().find("which is too large") != std::string::npos);
+  CHECK_FALSE(SlurmTasksOnNode("(x2)", 0).ok());
 }
 
 TEST_CASE("process ranks against the program's world size") {

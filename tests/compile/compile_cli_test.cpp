@@ -205,6 +205,9 @@ TEST_CASE("compile: usage errors and plan errors") {
   CHECK_FALSE(fs::exists(Dir() + "/x.pplan"));
   r = Planc("dump");
   CHECK(r.status == 2);
+  r = Planc("compile " + PlanFile() + " -o " + Dir() + "/x.pplan --microbatch-group 3abc");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("--microbatch-group takes a positive integer, got '3abc'") != std::string::npos);
 }
 
 TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs are refused") {

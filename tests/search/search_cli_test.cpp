@@ -237,3 +237,15 @@ TEST_CASE("P0704: a search space over the limit is refused before enumerating") 
   CHECK(r.err.find("help: fix some fields to one value") != std::string::npos);
   CHECK(r.out.empty());
 }
+
+TEST_CASE("P0703 names the whole-plan check that refused every candidate (a world too large to lay out)") {
+  const std::string plan = Write("small.plan", kPlan);
+  Result r = Planc("search " + plan + " --set cluster.nodes=100000 --set parallel.tp=8 --set parallel.pp=1 "
+                   "--set parallel.sp=true --set optimizer.zero=1 --set batch.micro=1 --set recompute=full "
+                   "--set batch.global=800000");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("none of the 1 candidates fits") != std::string::npos);
+  CHECK(r.err.find("1 by the checks of the whole plan") != std::string::npos);
+  CHECK(r.err.find("the layout of more than 262144") != std::string::npos);
+  CHECK(r.err.find("widen the search") == std::string::npos);
+}
