@@ -95,6 +95,9 @@ class RoleLowering {
     prm.buffer = Buf(name, local, pdt, BufferKind::Param);
     prm.grad = Buf(name + ".grad", local, DType::F32, BufferKind::Grad);
     role_.params.push_back(prm);
+    // Bucket group with ZeRO >= 2: the layer, or one group per chunk-level tensor (the word
+    // embedding and its tied copy alone, so both stages' buckets line up for the Embedding sum).
+    param_group_.push_back(layer_ >= 0 ? fmt::format("layers.{}", layer_) : name);
     return {static_cast<int32_t>(role_.params.size() - 1), prm.buffer, prm.grad};
   }
   // Init std of the output projections (Megatron / GPT-2 scaled init).
@@ -181,7 +184,7 @@ class RoleLowering {
 
   void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
   void BuildBuckets();
-  void ShardGradsInBackward();
+  void ScopeBucketsInBodies();
   StepBodies BuildStepBodies();
   void ClassifyStash();
 
@@ -194,7 +197,8 @@ class RoleLowering {
   DType act_ = DType::Bf16;
   CommKind tp_comm_ = CommKind::None;
   bool shard_grads_ = false;    // ZeRO >= 2, dp > 1: grads reduce-scattered per backward into shards
-  bool gather_params_ = false;  // ZeRO >= 3, dp > 1: params gathered around each chunk body
+  bool gather_params_ = false;  // ZeRO >= 3, dp > 1: params gathered in the bodies, per layer
+  std::vector<std::string> param_group_;  // per param: its bucket group with ZeRO >= 2
   int32_t chunk_ = -1, layer_ = -1;
   std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
   Body* body_ = nullptr;
@@ -484,13 +488,14 @@ void RoleLowering::ClassifyStash() {
   }
 }
 
-// Buckets: per chunk one flat region of its params and one of its grads. With ZeRO >= 2 on
-// dp > 1 and a tied embedding split over pipeline stages, the word embedding (first stage) and
-// its tied copy (last stage) get a bucket of their own: the two buckets then have the same
-// size on both stages, so their grad shards line up for the Embedding-group all-reduce.
+// Buckets: with ZeRO 0/1 (or dp = 1) one flat region of a chunk's params and one of its grads.
+// With ZeRO >= 2 on dp > 1 one bucket per layer and per chunk-level tensor (word embedding or its
+// tied copy, position table, final norm, output layer), so that a layer's full grads (and with
+// ZeRO-3 its gathered params) exist only while the layer runs; the word embedding and its tied
+// copy then have buckets of the same size on both stages, and their grad shards line up for
+// the Embedding-group all-reduce.
 void RoleLowering::BuildBuckets() {
   const int64_t dp = p_.dp;
-  const bool own_embedding_bucket = shard_grads_ && m_.tied_embeddings && p_.pp > 1;
   auto make = [&](int32_t chunk, const std::vector<int32_t>& members, const std::string& name) {
     Bucket bucket;
     bucket.chunk = chunk;
@@ -524,40 +529,82 @@ void RoleLowering::BuildBuckets() {
     role_.buckets.push_back(bucket);
   };
   for (const Chunk& c : role_.chunks) {
-    std::vector<int32_t> members, embedding;
+    std::vector<std::string> groups;  // in param order
+    std::map<std::string, std::vector<int32_t>> members;
     for (int32_t i = 0; i < static_cast<int32_t>(role_.params.size()); ++i) {
       if (role_.params[i].chunk != c.index) continue;
-      bool tied = i == word_embedding_param_ || i == output_copy_param_;
-      (own_embedding_bucket && tied ? embedding : members).push_back(i);
+      const std::string group = shard_grads_ ? param_group_[i] : std::string();
+      if (!members.count(group)) groups.push_back(group);
+      members[group].push_back(i);
     }
-    if (!embedding.empty()) make(c.index, embedding, fmt::format("chunk{}.embedding", c.index));
-    make(c.index, members, fmt::format("chunk{}", c.index));
+    if (groups.empty()) groups.push_back(std::string());
+    for (const std::string& g : groups)
+      make(c.index, members[g], g.empty() ? fmt::format("chunk{}", c.index) : fmt::format("chunk{}.{}", c.index, g));
   }
   chunk_ = -1;
 }
 
-// ZeRO >= 2 on dp > 1: a chunk's full grad buckets live only within its backward body. The body
-// starts by zeroing them and ends by completing the sequence-parallel partial sums over Tp and
-// reduce-scattering each bucket over Dp, adding the owned piece to the persistent shard.
-void RoleLowering::ShardGradsInBackward() {
+// ZeRO >= 2 on dp > 1: the buckets' full forms live only inside the bodies. Before the first op
+// of a body that reads a param of a ZeRO-3 bucket, the bucket is all-gathered from the shards;
+// before the first op that writes a grad of a bucket, the grad bucket is zeroed; after the last
+// op that writes it, the sequence-parallel partial sums of its params are completed over Tp
+// and the bucket is reduce-scattered over Dp, adding the owned piece to the persistent shard
+// (the gradient is reduced per microbatch and layer, as DeepSpeed's ZeRO-2/3 do).
+void RoleLowering::ScopeBucketsInBodies() {
+  std::vector<int32_t> bucket_of(role_.buffers.size(), -1);  // view or bucket buffer -> bucket
+  std::vector<uint8_t> is_grad(role_.buffers.size(), 0);
+  for (int32_t k = 0; k < static_cast<int32_t>(role_.buckets.size()); ++k) {
+    const Bucket& b = role_.buckets[k];
+    if (gather_params_) bucket_of[b.params] = k;
+    bucket_of[b.grads] = k;
+    is_grad[b.grads] = 1;
+  }
+  for (size_t i = 0; i < role_.buffers.size(); ++i) {
+    const Buffer& buf = role_.buffers[i];
+    if (buf.view_of >= 0 && bucket_of[buf.view_of] >= 0) {
+      bucket_of[i] = bucket_of[buf.view_of];
+      is_grad[i] = is_grad[buf.view_of];
+    }
+  }
+  chunk_ = -1;
+  layer_ = -1;
   for (const Chunk& c : role_.chunks) {
-    Body& body = role_.bodies[c.backward];
-    body_ = &body;
-    chunk_ = c.index;
-    layer_ = -1;
-    std::vector<int32_t> grads;
-    for (const Bucket& b : role_.buckets)
-      if (b.chunk == c.index) grads.push_back(b.grads);
-    body.ops.insert(body.ops.begin(), Op{OpKind::Fill, {}, grads, CommKind::None, {}, {0.0}});
-    for (const Param& prm : role_.params)
-      if (prm.chunk == c.index && prm.grad_sync_tp)
-        Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
-    for (const Bucket& b : role_.buckets)
-      if (b.chunk == c.index)
-        Emit(OpKind::ReduceScatter, {b.grads}, {b.grad_shard}, CommKind::Dp, {prog::kReduceSum, /*accumulate=*/1});
+    for (int32_t body_index : {c.forward, c.backward}) {
+      Body& body = role_.bodies[body_index];
+      std::vector<Op> ops = std::move(body.ops);
+      body.ops.clear();
+      body_ = &body;
+      // Last op that touches each grad bucket.
+      std::map<int32_t, size_t> last_grad;
+      for (size_t i = 0; i < ops.size(); ++i)
+        for (const auto* list : {&ops[i].inputs, &ops[i].outputs})
+          for (int32_t x : *list)
+            if (x >= 0 && bucket_of[x] >= 0 && is_grad[x]) last_grad[bucket_of[x]] = i;
+      std::set<int32_t> gathered, opened;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        for (const auto* list : {&ops[i].inputs, &ops[i].outputs}) {
+          for (int32_t x : *list) {
+            if (x < 0 || bucket_of[x] < 0) continue;
+            const int32_t k = bucket_of[x];
+            const Bucket& b = role_.buckets[k];
+            if (is_grad[x] && opened.insert(k).second) Emit(OpKind::Fill, {}, {b.grads}, CommKind::None, {}, {0.0});
+            if (!is_grad[x] && gathered.insert(k).second)
+              Emit(OpKind::AllGather, {b.param_shard}, {b.params}, CommKind::Dp);
+          }
+        }
+        body.ops.push_back(ops[i]);
+        for (const auto& [k, last] : last_grad) {
+          if (last != i) continue;
+          const Bucket& b = role_.buckets[k];
+          for (const Param& prm : role_.params)
+            if (prm.grad_sync_tp && role_.buffers[prm.grad].view_of == b.grads)
+              Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
+          Emit(OpKind::ReduceScatter, {b.grads}, {b.grad_shard}, CommKind::Dp, {prog::kReduceSum, /*accumulate=*/1});
+        }
+      }
+    }
   }
   body_ = nullptr;
-  chunk_ = -1;
 }
 
 StepBodies RoleLowering::BuildStepBodies() {
@@ -626,16 +673,7 @@ StepBodies RoleLowering::BuildStepBodies() {
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
   if (has_loss && p_.dp > 1) Emit(OpKind::AllReduce, {loss_sum_}, {loss_sum_}, CommKind::Dp, {prog::kReduceAvg});
-  // ZeRO-3: gather a chunk's params from the shards before each use.
-  if (gather_params_) {
-    for (const Chunk& c : role_.chunks) {
-      role_.bodies.push_back({fmt::format("chunk{}.gather_params", c.index), {}});
-      sb.gather_params.push_back(static_cast<int32_t>(role_.bodies.size() - 1));
-      body_ = &role_.bodies.back();
-      for (const Bucket& b : role_.buckets)
-        if (b.chunk == c.index) Emit(OpKind::AllGather, {b.param_shard}, {b.params}, CommKind::Dp);
-    }
-  }
+  // ZeRO-3 gathers inside the chunk bodies (ScopeBucketsInBodies); no GatherParams bodies.
   body_ = nullptr;
   return sb;
 }
@@ -652,7 +690,7 @@ StepBodies RoleLowering::Build(const std::vector<ChunkLayers>& chunks) {
   chunk_ = -1;
   ClassifyStash();
   BuildBuckets();
-  if (shard_grads_) ShardGradsInBackward();
+  if (shard_grads_) ScopeBucketsInBodies();
   return BuildStepBodies();
 }
 

@@ -1,5 +1,7 @@
 // Bodies: the forward and backward op lists of one model chunk, and the step bodies (zero
-// grads, gradient synchronisation, optimizer step, ZeRO-3 gathers) of one role.
+// grads, gradient synchronisation, optimizer step) of one role. With ZeRO >= 2 on dp > 1 the
+// chunk bodies also hold the per-layer ZeRO collectives: the ZeRO-3 all-gather of a layer's
+// params before its first use, the reduce-scatter of its grads after their last write.
 //
 // A Llama-style decoder (RMSNorm, RoPE, GQA causal attention, SwiGLU, untied or tied
 // embeddings) and a GPT-2-style one (LayerNorm with biases, learned positions, GELU, tied
@@ -55,7 +57,6 @@ struct StepBodies {
   int32_t zero_grads = -1;
   int32_t reduce_grads = -1;
   int32_t optimizer_step = -1;
-  std::vector<int32_t> gather_params;  // per chunk, ZeRO-3 only
 };
 
 // Builds everything of a role but placement and schedule. `chunks` is this pipeline rank's

@@ -135,7 +135,6 @@ void AssignSlots(Role& role) {
 void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb, const ParallelConfig& par, Role& role) {
   std::vector<Op>& out = role.schedule;
   out.push_back(Op{OpKind::ZeroGrads, {}, {}, CommKind::None, {sb.zero_grads}, {}});
-  bool zero3 = !sb.gather_params.empty();
   for (const PipelineStep& st : steps) {
     const Chunk& c = role.chunks[st.chunk];
     Op op;
@@ -143,10 +142,8 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
     switch (st.kind) {
       case OpKind::Forward:
       case OpKind::Backward:
-        if (zero3) out.push_back(Op{OpKind::GatherParams, {}, {}, CommKind::None, {st.chunk, sb.gather_params[st.chunk]}, {}});
         op.ints = {st.microbatch, st.chunk, 0};
         out.push_back(op);
-        if (zero3) out.push_back(Op{OpKind::ReleaseParams, {}, {}, CommKind::None, {st.chunk}, {}});
         continue;
       case OpKind::SendActivation: op.inputs = {c.output}; break;
       case OpKind::RecvActivation: op.outputs = {c.input}; break;

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/verify.h"
@@ -159,61 +161,77 @@ TEST_CASE("data parallel and ZeRO steps") {
     const Role& role = p.roles[0];
     const Body& reduce = role.bodies[role.schedule[role.schedule.size() - 2].ints[0]];
     const Body& step = role.bodies[role.schedule.back().ints[0]];
+    const Body& fwd = role.bodies[role.chunks[0].forward];
     const Body& bwd = role.bodies[role.chunks[0].backward];
-    // ZeRO 0/1: one gradient reduction per step; ZeRO 2/3: a reduce-scatter into the grad shard
-    // at the end of every backward body.
+    // ZeRO 0/1: one bucket per chunk, one gradient reduction per step. ZeRO 2/3: a bucket per
+    // layer (and per embedding, final norm, output layer), reduce-scattered into its grad shard
+    // as soon as the backward body has finished with it.
+    const int buckets = static_cast<int>(role.buckets.size());
+    CHECK(buckets == (zero <= 1 ? 1 : 8 + 3));
     CHECK(CountOps(reduce, zero == 0 ? OpKind::AllReduce : OpKind::ReduceScatter, CommKind::Dp) == (zero <= 1 ? 1 : 0));
-    CHECK(CountOps(bwd, OpKind::ReduceScatter, CommKind::Dp) == (zero >= 2 ? 1 : 0));
-    CHECK(CountOps(step, OpKind::AllGather, CommKind::Dp) == (zero == 1 || zero == 2 ? 1 : 0));
-    CHECK(CountOps(step, OpKind::AdamW, zero == 0 ? CommKind::None : CommKind::Dp) == 1);
+    CHECK(CountOps(bwd, OpKind::ReduceScatter, CommKind::Dp) == (zero >= 2 ? buckets : 0));
+    CHECK(CountOps(bwd, OpKind::Fill, CommKind::None) == (zero >= 2 ? buckets : 0));
+    CHECK(CountOps(step, OpKind::AllGather, CommKind::Dp) == (zero == 1 || zero == 2 ? buckets : 0));
+    CHECK(CountOps(step, OpKind::AdamW, zero == 0 ? CommKind::None : CommKind::Dp) == buckets);
     CHECK(CountOps(step, OpKind::AllReduce, zero == 0 ? CommKind::Mp : CommKind::World) == (zero == 0 ? 0 : 1));
-    const Bucket& b = role.buckets[0];
-    CHECK(b.elements % 2 == 0);
-    CHECK(b.shard_elements == (zero == 0 ? b.elements : b.elements / 2));
-    CHECK((b.grad_shard >= 0) == (zero >= 2));
-    CHECK((b.param_shard >= 0) == (zero >= 3));
-    int gathers = static_cast<int>(std::count_if(role.schedule.begin(), role.schedule.end(),
-                                                 [](const Op& op) { return op.kind == OpKind::GatherParams; }));
-    CHECK(gathers == (zero == 3 ? 2 * 8 : 0));  // before every forward and backward
-    // Memory: ZeRO-2 keeps only the grad shard persistently and the full grad bucket during a
-    // backward; ZeRO-3 also the param shard, and the gathered bucket between gather and release.
+    // ZeRO-3: each bucket is gathered in the body right before its first use, in the forward
+    // and again in the backward; no schedule-level GatherParams.
+    CHECK(CountOps(fwd, OpKind::AllGather, CommKind::Dp) == (zero == 3 ? buckets : 0));
+    // (The backward reads every weight but the word embedding's: EmbeddingBackward needs ids only.)
+    CHECK(CountOps(bwd, OpKind::AllGather, CommKind::Dp) == (zero == 3 ? buckets - 1 : 0));
+    CHECK(std::none_of(role.schedule.begin(), role.schedule.end(), [](const Op& op) { return op.kind == OpKind::GatherParams; }));
+    int64_t param_bytes = 0, grad_bytes = 0, largest_params = 0, largest_grads = 0;
+    for (const Bucket& b : role.buckets) {
+      CHECK(b.elements % 2 == 0);
+      CHECK(b.shard_elements == (zero == 0 ? b.elements : b.elements / 2));
+      CHECK((b.grad_shard >= 0) == (zero >= 2));
+      CHECK((b.param_shard >= 0) == (zero >= 3));
+      param_bytes += b.elements * 2;
+      grad_bytes += b.elements * 4;
+      largest_params = std::max(largest_params, b.elements * 2);
+      largest_grads = std::max(largest_grads, b.elements * 4);
+    }
+    // Memory: the persistent shards, and at most one layer's full grads (and gathered params)
+    // live inside a body at a time.
     MemoryBreakdown m = MeasureMemory(role);
-    const int64_t param_bytes = b.elements * 2, grad_bytes = b.elements * 4;
     CHECK(m.params == (zero >= 3 ? param_bytes / 2 : param_bytes));
     CHECK(m.grads == (zero >= 2 ? grad_bytes / 2 : grad_bytes));
-    CHECK(m.full_grads == (zero >= 2 ? grad_bytes : 0));
-    CHECK(m.gathered_params == (zero >= 3 ? param_bytes : 0));
-    if (zero >= 2) {
-      // The full grad bucket does not overlap anything persistent, and its bytes are reused by
-      // the gathered params of nothing else (one chunk here): it sits past the persistent region.
-      const Buffer& grads = role.buffers[b.grads];
-      const Buffer& shard = role.buffers[b.grad_shard];
-      CHECK((grads.offset >= shard.offset + shard.bytes || grads.offset + grads.bytes <= shard.offset));
-    }
+    CHECK(m.full_grads == (zero >= 2 ? largest_grads : 0));
+    CHECK(m.gathered_params == (zero >= 3 ? largest_params : 0));
+    CHECK(role.peak_bytes == m.Total());
   }
 }
 
-TEST_CASE("ZeRO-3 with interleaving: the chunks share one gathered-parameter region") {
+TEST_CASE("ZeRO-3 with interleaving: the layers' gathered buckets share bytes") {
   Plan plan = TinyPlan(1, 2, 2, Schedule::kInterleaved1F1B, 2);
   plan.optimizer.zero = 3;
+  plan.parallel.sp = true;
   Program p = MustLower(plan);
   for (const Role& role : p.roles) {
-    REQUIRE(role.buckets.size() == 2);
-    const Buffer& a = role.buffers[role.buckets[0].params];
-    const Buffer& b = role.buffers[role.buckets[1].params];
-    CHECK(a.offset == b.offset);  // never live at once: one chunk body runs at a time
-    const Buffer& ga = role.buffers[role.buckets[0].grads];
-    const Buffer& gb = role.buffers[role.buckets[1].grads];
-    CHECK(ga.offset == gb.offset);
+    std::map<int64_t, int> offsets;  // layer param buckets by offset
+    int64_t largest = 0;
+    for (const Bucket& b : role.buckets) {
+      const Buffer& params = role.buffers[b.params];
+      if (params.name.find(".layers.") == std::string::npos) continue;
+      offsets[params.offset]++;
+      largest = std::max(largest, params.bytes);
+    }
+    REQUIRE(!offsets.empty());
+    CHECK(offsets.size() < 4);  // 4 layers per role, never live together: they reuse bytes
     MemoryBreakdown m = MeasureMemory(role);
-    CHECK(m.gathered_params == std::max(a.bytes, b.bytes));
-    // Every GatherParams is followed by its chunk's body and then its ReleaseParams.
-    for (size_t i = 0; i + 2 < role.schedule.size(); ++i) {
-      if (role.schedule[i].kind != OpKind::GatherParams) continue;
-      const int64_t chunk = role.schedule[i].ints[0];
-      CHECK((role.schedule[i + 1].kind == OpKind::Forward || role.schedule[i + 1].kind == OpKind::Backward));
-      CHECK(role.schedule[i + 1].ints[1] == chunk);
-      CHECK(role.schedule[i + 2].kind == OpKind::ReleaseParams);
+    CHECK(m.gathered_params <= 2 * largest);
+    // In every chunk body, a bucket's AllGather comes before any op that reads its params.
+    for (const Chunk& c : role.chunks) {
+      for (int32_t bi : {c.forward, c.backward}) {
+        std::set<int32_t> gathered;
+        for (const Op& op : role.bodies[bi].ops) {
+          if (op.kind == OpKind::AllGather && op.comm == CommKind::Dp) gathered.insert(op.outputs[0]);
+          for (int32_t x : op.inputs) {
+            const Buffer& buf = role.buffers[x];
+            if (buf.kind == BufferKind::Param && buf.view_of >= 0) CHECK(gathered.count(buf.view_of) == 1);
+          }
+        }
+      }
     }
   }
 }
@@ -222,18 +240,22 @@ TEST_CASE("ZeRO-2 with tied embeddings across the pipeline: the embedding has it
   Plan plan = Gpt2Plan(1, 2, 2);
   plan.optimizer.zero = 2;
   Program p = MustLower(plan);
-  const Role& first = p.roles[0];
-  const Role& last = p.roles[1];
-  REQUIRE(first.buckets.size() == 2);
-  REQUIRE(last.buckets.size() == 2);
-  CHECK(first.buckets[0].elements == last.buckets[0].elements);
-  for (const Role& role : {first, last}) {
+  std::vector<int64_t> sizes;
+  for (const Role& role : p.roles) {
+    auto word = std::find_if(role.params.begin(), role.params.end(), [](const Param& x) { return x.key == 0; });
+    REQUIRE(word != role.params.end());
+    auto bucket = std::find_if(role.buckets.begin(), role.buckets.end(),
+                               [&](const Bucket& b) { return role.buffers[word->grad].view_of == b.grads; });
+    REQUIRE(bucket != role.buckets.end());
+    sizes.push_back(bucket->elements);
     const Body& reduce = role.bodies[role.schedule[role.schedule.size() - 2].ints[0]];
     REQUIRE(CountOps(reduce, OpKind::AllReduce, CommKind::Embedding) == 1);
     const Op& op = *std::find_if(reduce.ops.begin(), reduce.ops.end(),
                                  [](const Op& o) { return o.comm == CommKind::Embedding; });
-    CHECK(op.inputs[0] == role.buckets[0].grad_shard);
+    CHECK(op.inputs[0] == bucket->grad_shard);
   }
+  REQUIRE(sizes.size() == 2);
+  CHECK(sizes[0] == sizes[1]);
 }
 
 TEST_CASE("tied embeddings across the pipeline: a copy on the last stage, summed over the embedding group") {

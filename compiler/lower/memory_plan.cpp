@@ -22,7 +22,8 @@ bool IsPersistentKind(BufferKind k) {
          k == BufferKind::Persistent || k == BufferKind::Bucket;
 }
 
-// Live ranges of the scratch buffers of every body: body index, first and last op.
+// Live ranges of the body-scoped buffers: Scratch buffers (one body) and transient buckets
+// (ZeRO: a bucket and its views, in every body that touches them). One range per (buffer, body).
 struct Interval {
   int32_t buffer;
   int32_t body;
@@ -30,15 +31,23 @@ struct Interval {
   int32_t last;
 };
 
-std::vector<Interval> ScratchIntervals(const Role& role) {
+std::vector<Interval> BodyIntervals(const Role& role, const std::vector<uint8_t>& transient) {
   std::vector<Interval> out;
-  std::vector<int32_t> index(role.buffers.size(), -1);
+  const size_t n = role.buffers.size();
+  std::vector<int32_t> root(n, -1);  // the body-scoped buffer a buffer stands for
+  for (size_t b = 0; b < n; ++b) {
+    const Buffer& buf = role.buffers[b];
+    if (buf.kind == BufferKind::Scratch || transient[b]) root[b] = static_cast<int32_t>(b);
+    else if (buf.view_of >= 0 && transient[buf.view_of]) root[b] = buf.view_of;
+  }
   for (int32_t bi = 0; bi < static_cast<int32_t>(role.bodies.size()); ++bi) {
     const Body& body = role.bodies[bi];
+    std::vector<int32_t> index(n, -1);
     for (int32_t oi = 0; oi < static_cast<int32_t>(body.ops.size()); ++oi) {
       const Op& op = body.ops[oi];
-      auto touch = [&](int32_t b) {
-        if (role.buffers[b].kind != BufferKind::Scratch) return;
+      auto touch = [&](int32_t x) {
+        if (x < 0 || static_cast<size_t>(x) >= n || root[x] < 0) return;
+        const int32_t b = root[x];
         if (index[b] < 0) {
           index[b] = static_cast<int32_t>(out.size());
           out.push_back({b, bi, oi, oi});
@@ -90,54 +99,6 @@ Placement Place(Role& role, bool fp32) {
     if (b.kind == BufferKind::Optimizer) slot = &pl.exact.optimizer;
     *slot += n;
   }
-  // Transient region: one chunk body runs at a time, so the chunks share it: the chunk's param
-  // buckets from its start, its grad buckets after the largest chunk's param buckets.
-  {
-    std::map<int32_t, int64_t> param_end, grad_end;  // per chunk
-    for (const Bucket& k : role.buckets) {
-      if (transient[k.params]) param_end[k.chunk] += Align(bytes_of(role.buffers[k.params]));
-      if (transient[k.grads]) grad_end[k.chunk] += Align(bytes_of(role.buffers[k.grads]));
-    }
-    int64_t params_size = 0, grads_size = 0;
-    for (auto& [c, n] : param_end) params_size = std::max(params_size, n);
-    for (auto& [c, n] : grad_end) grads_size = std::max(grads_size, n);
-    std::map<int32_t, int64_t> param_at, grad_at;
-    for (const Bucket& k : role.buckets) {
-      if (transient[k.params]) {
-        Buffer& b = role.buffers[k.params];
-        set(b, cursor + param_at[k.chunk], bytes_of(b), 0);
-        param_at[k.chunk] += Align(bytes_of(b));
-      }
-      if (transient[k.grads]) {
-        Buffer& b = role.buffers[k.grads];
-        set(b, cursor + params_size + grad_at[k.chunk], bytes_of(b), 0);
-        grad_at[k.chunk] += Align(bytes_of(b));
-      }
-    }
-    int64_t exact = 0;
-    for (auto& [c, n] : param_end) {
-      int64_t e = 0;
-      for (const Bucket& k : role.buckets)
-        if (k.chunk == c) e += (transient[k.params] ? bytes_of(role.buffers[k.params]) : 0);
-      exact = std::max(exact, e);
-    }
-    pl.exact.gathered_params = exact;
-    exact = 0;
-    for (auto& [c, n] : grad_end) {
-      int64_t e = 0;
-      for (const Bucket& k : role.buckets)
-        if (k.chunk == c) e += (transient[k.grads] ? bytes_of(role.buffers[k.grads]) : 0);
-      exact = std::max(exact, e);
-    }
-    pl.exact.full_grads = exact;
-    cursor += params_size + grads_size;
-  }
-  for (Buffer& b : role.buffers) {
-    if (b.view_of < 0) continue;
-    const Buffer& parent = role.buffers[b.view_of];
-    int64_t base = fp32 ? parent.fp32_offset : parent.offset;
-    set(b, base + b.view_offset * ElementBytes(b.dtype, fp32), bytes_of(b), 0);
-  }
   // Stash region: per chunk a frame of its stash buffers, repeated `slots` times.
   for (const Chunk& c : role.chunks) {
     int64_t frame = 0, exact = 0;
@@ -159,60 +120,94 @@ Placement Place(Role& role, bool fp32) {
     cursor += frame * c.slots;
     pl.exact.stash += exact * c.slots;
   }
-  // Scratch region: first fit by live range inside each body; bodies share the region.
+  // Scratch region: Scratch buffers and transient buckets, first fit by live range. Bodies run
+  // one at a time, so only ranges in the same body conflict; a transient bucket (live in several
+  // bodies, never across a body's end) must fit beside everything it meets in any of them.
   int64_t scratch_base = cursor;
   int64_t scratch_size = 0;
-  std::vector<Interval> intervals = ScratchIntervals(role);
-  std::stable_sort(intervals.begin(), intervals.end(), [&](const Interval& a, const Interval& b) {
-    if (a.body != b.body) return a.body < b.body;
-    return bytes_of(role.buffers[a.buffer]) > bytes_of(role.buffers[b.buffer]);
-  });
-  size_t i = 0;
-  while (i < intervals.size()) {
-    size_t j = i;
-    while (j < intervals.size() && intervals[j].body == intervals[i].body) ++j;
-    struct Placed {
-      int64_t begin, end;
-      int32_t first, last;
-    };
-    std::vector<Placed> placed;
-    for (size_t k = i; k < j; ++k) {
-      const Interval& iv = intervals[k];
-      int64_t n = Align(bytes_of(role.buffers[iv.buffer]));
-      // Candidate offsets: 0 and the end of every overlapping placed buffer; take the lowest that fits.
-      std::vector<Placed> live;
-      for (const Placed& p : placed)
-        if (!(p.last < iv.first || iv.last < p.first)) live.push_back(p);
-      std::sort(live.begin(), live.end(), [](const Placed& a, const Placed& b) { return a.begin < b.begin; });
-      int64_t at = 0;
-      for (const Placed& p : live) {
-        if (at + n <= p.begin) break;
-        at = std::max(at, p.end);
-      }
-      placed.push_back({at, at + n, iv.first, iv.last});
-      set(role.buffers[iv.buffer], scratch_base + at, bytes_of(role.buffers[iv.buffer]), 0);
-      scratch_size = std::max(scratch_size, at + n);
-    }
-    // Exact high-water mark of this body: the largest sum of bytes live at one op.
-    int32_t ops = static_cast<int32_t>(role.bodies[intervals[i].body].ops.size());
-    std::vector<int64_t> delta(ops + 1, 0);
-    for (size_t k = i; k < j; ++k) {
-      int64_t n = bytes_of(role.buffers[intervals[k].buffer]);
-      delta[intervals[k].first] += n;
-      delta[intervals[k].last + 1] -= n;
-    }
-    int64_t live = 0, high = 0;
-    for (int64_t d : delta) high = std::max(high, live += d);
-    pl.exact.scratch = std::max(pl.exact.scratch, high);
-    i = j;
+  std::vector<Interval> intervals = BodyIntervals(role, transient);
+  std::vector<std::vector<int32_t>> ranges_of(role.buffers.size());
+  std::vector<int32_t> order;
+  for (int32_t k = 0; k < static_cast<int32_t>(intervals.size()); ++k) {
+    int32_t b = intervals[k].buffer;
+    if (ranges_of[b].empty()) order.push_back(b);
+    ranges_of[b].push_back(k);
   }
-  // Scratch buffers no body touches (none today) still get a valid placement.
-  for (Buffer& b : role.buffers)
-    if (b.kind == BufferKind::Scratch && (fp32 ? b.fp32_bytes : b.bytes) == 0 && b.Elements() > 0) {
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return bytes_of(role.buffers[a]) > bytes_of(role.buffers[b]);
+  });
+  struct Placed {
+    int64_t begin, end;
+    int32_t buffer;
+  };
+  std::vector<std::vector<Placed>> placed_in_body(role.bodies.size());
+  std::vector<std::pair<int64_t, int64_t>> blocked;
+  for (int32_t b : order) {
+    const int64_t n = Align(bytes_of(role.buffers[b]));
+    blocked.clear();
+    for (int32_t k : ranges_of[b]) {
+      const Interval& iv = intervals[k];
+      for (const Placed& p : placed_in_body[iv.body]) {
+        for (int32_t j : ranges_of[p.buffer]) {
+          const Interval& other = intervals[j];
+          if (other.body == iv.body && !(other.last < iv.first || iv.last < other.first)) {
+            blocked.push_back({p.begin, p.end});
+            break;
+          }
+        }
+      }
+    }
+    std::sort(blocked.begin(), blocked.end());
+    int64_t at = 0;
+    for (const auto& [begin, end] : blocked) {
+      if (at + n <= begin) break;
+      at = std::max(at, end);
+    }
+    for (int32_t k : ranges_of[b]) placed_in_body[intervals[k].body].push_back({at, at + n, b});
+    set(role.buffers[b], scratch_base + at, bytes_of(role.buffers[b]), 0);
+    scratch_size = std::max(scratch_size, at + n);
+  }
+  // Exact high-water marks per body: Scratch alone, gathered params, full grads, and together.
+  {
+    std::vector<std::vector<int64_t>> delta(role.bodies.size());
+    for (size_t bi = 0; bi < role.bodies.size(); ++bi) delta[bi].assign(role.bodies[bi].ops.size() + 1, 0);
+    auto high = [&](int which) {  // 0 scratch, 1 params, 2 grads, 3 all
+      int64_t best = 0;
+      for (size_t bi = 0; bi < role.bodies.size(); ++bi) std::fill(delta[bi].begin(), delta[bi].end(), 0);
+      for (const Interval& iv : intervals) {
+        const int kind = role.buffers[iv.buffer].kind == BufferKind::Scratch ? 0 : transient[iv.buffer];
+        if (which != 3 && kind != which) continue;
+        const int64_t n = bytes_of(role.buffers[iv.buffer]);
+        delta[iv.body][iv.first] += n;
+        delta[iv.body][iv.last + 1] -= n;
+      }
+      for (const auto& d : delta) {
+        int64_t live = 0;
+        for (int64_t x : d) best = std::max(best, live += x);
+      }
+      return best;
+    };
+    pl.exact.scratch = high(0);
+    pl.exact.gathered_params = high(1);
+    pl.exact.full_grads = high(2);
+    pl.exact.body_peak = high(3);
+  }
+  // Body-scoped buffers no body touches (none today) still get a valid placement.
+  for (size_t bi = 0; bi < role.buffers.size(); ++bi) {
+    Buffer& b = role.buffers[bi];
+    if ((b.kind == BufferKind::Scratch || transient[bi]) && ranges_of[bi].empty() && b.Elements() > 0) {
       int64_t n = bytes_of(b);
       set(b, scratch_base, n, 0);
       scratch_size = std::max(scratch_size, Align(n));
     }
+  }
+  // Views last: their parents (buckets, persistent or transient) are placed.
+  for (Buffer& b : role.buffers) {
+    if (b.view_of < 0) continue;
+    const Buffer& parent = role.buffers[b.view_of];
+    int64_t base = fp32 ? parent.fp32_offset : parent.offset;
+    set(b, base + b.view_offset * ElementBytes(b.dtype, fp32), bytes_of(b), 0);
+  }
   pl.arena = Align(scratch_base + scratch_size);
   return pl;
 }

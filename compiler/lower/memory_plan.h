@@ -1,25 +1,25 @@
 // The static memory plan of a role: every buffer gets an offset in one arena per rank.
 //
-// Four regions, in this order:
+// Three regions, in this order:
 //   persistent  params and grads (as per-chunk buckets; params are views into them),
 //               optimizer state of the local shard, small persistent values; with ZeRO-3 the
 //               param shard instead of the param bucket, with ZeRO-2/3 the grad shard instead
 //               of the grad bucket (dp > 1)
-//   transient   ZeRO-3: the gathered param buckets of a chunk, live from its GatherParams to its
-//               ReleaseParams (one Forward or Backward); ZeRO-2/3: the chunk's full grad
-//               buckets, live within one Backward body. One chunk body runs at a time, so all
-//               chunks share the region (its size: the largest chunk's buckets)
 //   stash       per chunk, a frame of its Stash buffers repeated `slots` times (one slot per
 //               in-flight microbatch; slots come from the schedule, see lower.cpp)
 //   scratch     buffers that live inside one body call; bodies never run at the same time, so
 //               all bodies share the region, and inside a body two buffers share bytes when
-//               their live ranges (first to last op that touches them) do not overlap
+//               their live ranges (first to last op that touches them) do not overlap. With
+//               ZeRO >= 2 (dp > 1) the transient buckets live here too: a layer's full grad
+//               bucket from its Fill to its ReduceScatter, and with ZeRO-3 its gathered param
+//               bucket from its AllGather to its last use, in each body that uses the layer
 // Offsets are aligned to kArenaAlignment. The plan is made twice: for the program's precision
 // (Buffer::offset, Role::arena_bytes) and with every floating-point element stored as f32
 // (Buffer::fp32_offset, Role::fp32_arena_bytes) for the host backend.
 //
 // Role::peak_bytes is the exact (unaligned) sum of bytes that are live at the busiest point:
-// persistent + transient + every stash slot + the largest scratch high-water mark of any body.
+// persistent + every stash slot + the largest high-water mark of any body (scratch and transient
+// buckets together).
 // Made by Lower after the schedule; read by the verifier, `planc dump`, and the runtime.
 #ifndef PARAPLAN_COMPILER_LOWER_MEMORY_PLAN_H_
 #define PARAPLAN_COMPILER_LOWER_MEMORY_PLAN_H_
@@ -39,9 +39,10 @@ struct MemoryBreakdown {
   int64_t other = 0;      // small persistent values
   int64_t stash = 0;      // all slots of all chunks
   int64_t scratch = 0;    // largest body high-water mark
-  int64_t gathered_params = 0;  // ZeRO-3: the largest chunk's gathered param buckets
-  int64_t full_grads = 0;       // ZeRO-2/3: the largest chunk's full grad buckets (during its backward)
-  int64_t Total() const { return params + grads + optimizer + other + stash + scratch + gathered_params + full_grads; }
+  int64_t gathered_params = 0;  // ZeRO-3: largest gathered param buckets live at once in a body
+  int64_t full_grads = 0;       // ZeRO-2/3: largest full grad buckets live at once in a body
+  int64_t body_peak = 0;        // largest scratch + transient buckets live at one op of a body
+  int64_t Total() const { return params + grads + optimizer + other + stash + body_peak; }
 };
 
 // Places every buffer of the role (both placements), sets arena_bytes, fp32_arena_bytes and
