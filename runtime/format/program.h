@@ -11,7 +11,9 @@
 namespace paraplan::prog {
 
 // Bumped when a file written by a newer compiler would be misread by an older runtime.
-inline constexpr uint32_t kFormatVersion = 1;
+// 2: ZeRO-2/3 grad shards (BucketInfo.grad_shard, ReduceScatter accumulate), per-layer buckets
+//    and in-body ZeRO-3 gathers.
+inline constexpr uint32_t kFormatVersion = 2;
 
 // Rank.comms has one entry per CommKind value (index 0, None, is always -1).
 inline constexpr int kCommKinds = static_cast<int>(CommKind::MAX) + 1;

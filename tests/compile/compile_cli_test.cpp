@@ -168,9 +168,10 @@ TEST_CASE("damaged and mismatched program files are refused with a clear message
   auto bytes = paraplan::lower::ToFlatBuffer(*p);
   r = Planc("dump " + write("version.pplan", std::string(bytes.begin(), bytes.end())));
   CHECK(r.status == 1);
-  CHECK(r.err.find("format version 99 is not the supported version 1") != std::string::npos);
+  CHECK(r.err.find("format version 99 is not the supported version " + std::to_string(paraplan::prog::kFormatVersion)) !=
+        std::string::npos);
   // A rank table that does not match the world size.
-  p->format_version = 1;
+  p->format_version = paraplan::prog::kFormatVersion;
   p->ranks.pop_back();
   bytes = paraplan::lower::ToFlatBuffer(*p);
   r = Planc("dump " + write("world.pplan", std::string(bytes.begin(), bytes.end())));
