@@ -293,6 +293,56 @@ TEST_CASE("memory plan: buffers inside the arena, live scratch buffers never ove
   }
 }
 
+TEST_CASE("memory plan: no two buffers live at the same op of a body share bytes (scratch, ZeRO buckets)") {
+  std::vector<Plan> plans;
+  for (int zero : {0, 2, 3}) {
+    Plan plan = TinyPlan(2, 2, 2, Schedule::kInterleaved1F1B, 2);
+    plan.parallel.sp = true;
+    plan.optimizer.zero = zero;
+    plan.recompute = zero == 3 ? Recompute::kFull : Recompute::kSelective;
+    plans.push_back(plan);
+  }
+  plans.push_back(Gpt2Plan(1, 2, 2));
+  plans.back().optimizer.zero = 3;
+  for (const Plan& plan : plans) {
+    Program p = MustLower(plan);
+    for (const Role& role : p.roles) {
+      CAPTURE(role.name);
+      CHECK(role.peak_bytes <= role.arena_bytes);
+      // Every buffer an op of a body touches stands for its storage (a view for its parent).
+      auto storage = [&](int32_t b) {
+        while (role.buffers[b].view_of >= 0) b = role.buffers[b].view_of;
+        return b;
+      };
+      for (const Body& body : role.bodies) {
+        std::map<int32_t, std::pair<size_t, size_t>> live;  // body-scoped storage -> first, last op
+        for (size_t i = 0; i < body.ops.size(); ++i)
+          for (const auto* list : {&body.ops[i].inputs, &body.ops[i].outputs})
+            for (int32_t x : *list) {
+              const int32_t b = storage(x);
+              const Buffer& buf = role.buffers[b];
+              const bool scoped = buf.kind == BufferKind::Scratch ||
+                                  std::any_of(role.buckets.begin(), role.buckets.end(), [&](const Bucket& k) {
+                                    return (k.param_shard >= 0 && k.params == b) || (k.grad_shard >= 0 && k.grads == b);
+                                  });
+              if (!scoped) continue;
+              auto [it, fresh] = live.insert({b, {i, i}});
+              if (!fresh) it->second.second = i;
+            }
+        for (auto a = live.begin(); a != live.end(); ++a)
+          for (auto c = std::next(a); c != live.end(); ++c) {
+            const bool same_time = !(a->second.second < c->second.first || c->second.second < a->second.first);
+            const Buffer& x = role.buffers[a->first];
+            const Buffer& y = role.buffers[c->first];
+            const bool same_bytes = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+            const bool same_bytes32 = x.fp32_offset < y.fp32_offset + y.fp32_bytes && y.fp32_offset < x.fp32_offset + x.fp32_bytes;
+            if (same_time && (same_bytes || same_bytes32)) FAIL_CHECK(body.name << ": " << x.name << " and " << y.name);
+          }
+      }
+    }
+  }
+}
+
 // --- mutations ---------------------------------------------------------------------------
 
 // Gives `rank` its own copy of its role, so a mutation touches that rank only.
