@@ -12,14 +12,28 @@
 
 namespace paraplan {
 
+// Where an import resolves: the file to read, its kind, and the name diagnostics show for it
+// (`<stdlib>/models/llama.plan` for the stdlib, a normalised path otherwise).
+struct ResolvedImport {
+  std::string path;
+  BufferKind kind = BufferKind::kFile;
+  std::string display;
+};
+
 struct PlanSource::Impl : eval::SourceData {
   eval::ModuleData* AddModule(SourceManager& sm, uint32_t buffer, std::string path, BufferKind kind,
                               DiagnosticSink& sink, bool* ok);
   void AddBlock(const ast::Block& b, const eval::Scope* parent, eval::ModuleData* m);
   void WalkExpr(const ast::Expr& e, const eval::Scope* scope, eval::ModuleData* m);
-  std::optional<std::pair<std::string, BufferKind>> Resolve(const ast::Import& imp,
-                                                            const eval::ModuleData& from,
-                                                            std::vector<std::string>* tried) const;
+  // `tried` gets the display name of every place looked at.
+  std::optional<ResolvedImport> Resolve(const ast::Import& imp, const eval::ModuleData& from,
+                                        std::vector<std::string>* tried) const;
+  void ReportCycle(const SourceManager& sm, const eval::ModuleData& target, const ast::Import& imp,
+                   DiagnosticSink& sink) const;
+
+  // The files being loaded, outermost first, each with the import it is loading now: an
+  // import of one of them closes a cycle.
+  std::vector<std::pair<const eval::ModuleData*, const ast::Import*>> loading;
 };
 
 namespace {
@@ -35,6 +49,11 @@ std::string Canonical(const std::string& path) {
 bool IsFile(const std::string& path) {
   std::error_code ec;
   return fs::is_regular_file(path, ec);
+}
+
+// `<stdlib>/models/llama.plan` for a path relative to the stdlib directory.
+std::string StdlibDisplayName(const std::string& relative) {
+  return "<stdlib>/" + fs::path(relative).lexically_normal().generic_string();
 }
 
 std::string ModuleName(const ast::Import& imp) {
@@ -78,27 +97,74 @@ void PlanSource::Impl::AddBlock(const ast::Block& b, const eval::Scope* parent, 
   }
 }
 
-std::optional<std::pair<std::string, BufferKind>> PlanSource::Impl::Resolve(
-    const ast::Import& imp, const eval::ModuleData& from, std::vector<std::string>* tried) const {
+std::optional<ResolvedImport> PlanSource::Impl::Resolve(const ast::Import& imp,
+                                                       const eval::ModuleData& from,
+                                                       std::vector<std::string>* tried) const {
   fs::path dir = from.path.empty() ? fs::path(".") : fs::path(from.path).parent_path();
   if (dir.empty()) dir = ".";
-  auto attempt = [&](const fs::path& p, BufferKind kind) -> std::optional<std::pair<std::string, BufferKind>> {
-    tried->push_back(p.string());
-    if (IsFile(p.string())) return std::make_pair(p.string(), kind);
+  auto attempt = [&](const fs::path& p, BufferKind kind,
+                     std::string display) -> std::optional<ResolvedImport> {
+    tried->push_back(display);
+    if (IsFile(p.string())) return ResolvedImport{p.string(), kind, std::move(display)};
     return std::nullopt;
   };
-  if (!imp.file.empty()) return attempt(dir / imp.file, from.kind);
+  auto user_path = [](const fs::path& p) { return p.lexically_normal().string(); };
+  if (!imp.file.empty()) {
+    fs::path p = dir / imp.file;
+    // A relative file imported from the stdlib is shown under <stdlib> too.
+    std::string display = user_path(p);
+    if (from.kind == BufferKind::kStdlib) {
+      std::error_code ec;
+      fs::path rel = fs::relative(p, options.stdlib_dir, ec);
+      if (!ec && !rel.empty() && *rel.begin() != "..") display = StdlibDisplayName(rel.string());
+    }
+    return attempt(p, from.kind, std::move(display));
+  }
   fs::path rel;
   size_t first = 0;
   if (imp.module.size() > 1 && imp.module[0].text == "std") first = 1;
   for (size_t i = first; i < imp.module.size(); ++i) rel /= imp.module[i].text;
   rel += ".plan";
-  if (first == 1) return attempt(fs::path(options.stdlib_dir) / rel, BufferKind::kStdlib);
-  if (auto r = attempt(dir / rel, from.kind)) return r;
+  if (first == 1) {
+    return attempt(fs::path(options.stdlib_dir) / rel, BufferKind::kStdlib,
+                   StdlibDisplayName(rel.string()));
+  }
+  if (auto r = attempt(dir / rel, from.kind, user_path(dir / rel))) return r;
   for (const std::string& inc : options.include_dirs) {
-    if (auto r = attempt(fs::path(inc) / rel, BufferKind::kFile)) return r;
+    if (auto r = attempt(fs::path(inc) / rel, BufferKind::kFile, user_path(fs::path(inc) / rel))) return r;
   }
   return std::nullopt;
+}
+
+void PlanSource::Impl::ReportCycle(const SourceManager& sm, const eval::ModuleData& target,
+                                   const ast::Import& imp, DiagnosticSink& sink) const {
+  size_t start = 0;
+  while (start < loading.size() && loading[start].first != &target) ++start;
+  auto name = [&](const eval::ModuleData* m) { return fmt::format("`{}`", sm.Name(m->ast->buffer)); };
+  std::string chain;
+  for (size_t i = start; i < loading.size(); ++i) chain += name(loading[i].first) + " → ";
+  chain += name(&target);
+  const eval::ModuleData* importer = loading.back().first;
+  Diag d(DiagKind::kImportCycle,
+         importer == &target ? fmt::format("{} imports itself", name(&target))
+                             : fmt::format("import cycle: {}", chain));
+  d.At(imp.file_range, importer == &target ? "imports the file it is in"
+                                           : fmt::format("imports {}, which is still being loaded",
+                                                         name(&target)));
+  for (size_t i = start; i + 1 < loading.size(); ++i) {
+    const ast::Import* step = loading[i].second;
+    if (step) d.Label(step->file_range, fmt::format("{} imports {}", name(loading[i].first),
+                                                     name(loading[i + 1].first)));
+  }
+  d.Note("files cannot import each other in a cycle; an import brings in the declarations of that "
+         "file only, so no file needs one of its importers");
+  if (importer != &target) {
+    d.Help("remove this import, or move what the files of the cycle share into a file that each of "
+           "them imports");
+  } else {
+    d.Help("remove this import: a file's own declarations are always in scope");
+  }
+  sink.Report(std::move(d));
 }
 
 eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer, std::string path,
@@ -114,6 +180,7 @@ eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer
   m.kind = kind;
   m.scope.module = &m;
   if (!m.path.empty()) by_path[Canonical(m.path)] = &m;
+  loading.emplace_back(&m, nullptr);
   for (const ast::Decl& d : m.ast->decls) {
     auto [it, fresh] = m.decls.emplace(d.name.text, &d);
     if (!fresh) {
@@ -129,6 +196,7 @@ eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer
     if (d.kind == ast::DeclKind::kLet && d.base) WalkExpr(*d.base, &m.scope, &m);
   }
   for (const ast::Import& imp : m.ast->imports) {
+    loading.back().second = &imp;
     std::vector<std::string> tried;
     auto found = Resolve(imp, m, &tried);
     if (!found) {
@@ -154,24 +222,33 @@ eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer
       *ok = false;
       continue;
     }
-    std::string canonical = Canonical(found->first);
+    std::string canonical = Canonical(found->path);
     if (auto it = by_path.find(canonical); it != by_path.end()) {
+      // Imported before: fine (a diamond, or the same import twice), unless it is still loading.
+      bool in_cycle = false;
+      for (const auto& [loading_module, unused] : loading) in_cycle |= loading_module == it->second;
+      if (in_cycle) {
+        ReportCycle(sm, *it->second, imp, sink);
+        *ok = false;
+        continue;
+      }
       m.imports.push_back(it->second);
       continue;
     }
     std::string error;
-    auto b = sm.AddFile(found->first, found->second, &error);
+    auto b = sm.AddFile(found->path, found->kind, &error, found->display);
     if (!b) {
       sink.Report(Diag(DiagKind::kImportNotFound,
-                       fmt::format("cannot read `{}`: {}", found->first, error))
+                       fmt::format("cannot read `{}`: {}", found->display, error))
                       .At(imp.file_range, "imported here"));
       *ok = false;
       continue;
     }
-    if (eval::ModuleData* child = AddModule(sm, *b, found->first, found->second, sink, ok)) {
+    if (eval::ModuleData* child = AddModule(sm, *b, found->path, found->kind, sink, ok)) {
       m.imports.push_back(child);
     }
   }
+  loading.pop_back();
   return &m;
 }
 

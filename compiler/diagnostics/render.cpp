@@ -601,14 +601,27 @@ struct SarifArtifacts {
   }
 };
 
+constexpr std::string_view kStdlibPrefix = "<stdlib>/";
+constexpr std::string_view kStdlibBase = "STDLIB";
+
+// The uri of a file buffer; a stdlib module shown as `<stdlib>/x.plan` is `x.plan` relative to
+// the base id STDLIB (run.originalUriBaseIds), never a path on the machine that built planc.
+void SarifUri(const SourceManager& sm, uint32_t buffer, json::Object& location) {
+  std::string_view name = sm.Name(buffer);
+  if (sm.Kind(buffer) == BufferKind::kStdlib && name.substr(0, kStdlibPrefix.size()) == kStdlibPrefix) {
+    location["uri"] = Str(UriEncode(name.substr(kStdlibPrefix.size())));
+    location["uriBaseId"] = Str(kStdlibBase);
+    return;
+  }
+  location["uri"] = Str(UriEncode(name));
+}
+
 json::Value SarifPhysical(const SourceManager& sm, const SafeRange& r, SarifArtifacts& arts) {
   LineColumn b = sm.Position(r.buffer, r.begin);
   LineColumn e = sm.Position(r.buffer, r.end);
   json::Object artifact{{"index", arts.Index(r.buffer)}};
   BufferKind kind = sm.Kind(r.buffer);
-  if (kind == BufferKind::kFile || kind == BufferKind::kStdlib) {
-    artifact["uri"] = Str(UriEncode(sm.Name(r.buffer)));
-  }
+  if (kind == BufferKind::kFile || kind == BufferKind::kStdlib) SarifUri(sm, r.buffer, artifact);
   json::Object region{
       {"startLine", static_cast<int64_t>(b.line)},
       {"startColumn", CodePointColumn(sm, r.buffer, r.begin)},
@@ -681,11 +694,15 @@ std::string RenderSarif(const std::vector<Diagnostic>& diags, const SourceManage
     results.push_back(std::move(result));
   }
   json::Array artifacts;
+  bool stdlib_base = false;
   for (uint32_t buffer : arts.buffers) {
     BufferKind kind = sm.Kind(buffer);
     json::Object a{{"sourceLanguage", "paraplan"}};
     if (kind == BufferKind::kFile || kind == BufferKind::kStdlib) {
-      a["location"] = json::Object{{"uri", Str(UriEncode(sm.Name(buffer)))}};
+      json::Object location;
+      SarifUri(sm, buffer, location);
+      stdlib_base |= location.find("uriBaseId") != location.end();
+      a["location"] = std::move(location);
     } else {
       a["description"] = json::Object{{"text", Str(sm.Name(buffer))}};
       a["contents"] = json::Object{{"text", Str(sm.Text(buffer))}};
@@ -700,6 +717,12 @@ std::string RenderSarif(const std::vector<Diagnostic>& diags, const SourceManage
                    {"columnKind", "unicodeCodePoints"},
                    {"results", std::move(results)}};
   if (!artifacts.empty()) run["artifacts"] = std::move(artifacts);
+  if (stdlib_base) {
+    run["originalUriBaseIds"] = json::Object{
+        {std::string(kStdlibBase),
+         json::Object{{"description", json::Object{{"text", "the paraplan standard library (planc's "
+                                                            "stdlib directory, PARAPLAN_STDLIB)"}}}}}};
+  }
   json::Object doc{{"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
                    {"version", "2.1.0"},
                    {"runs", json::Array{std::move(run)}}};

@@ -153,6 +153,35 @@ TEST_CASE("sarif 2.1.0 shape") {
   CHECK(result->getArray("relatedLocations")->size() == 4);
 }
 
+TEST_CASE("sarif: a stdlib module is a uri relative to the STDLIB base, never a machine path") {
+  SourceManager sm;
+  uint32_t lib = sm.AddBuffer("<stdlib>/clusters.plan", "cluster dgx_h100 { nodes = 1 }\n",
+                              BufferKind::kStdlib);
+  uint32_t file = sm.AddBuffer("dir/a b.plan", "plan p {}\n", BufferKind::kFile);
+  Diagnostic d = Diag(DiagKind::kExpertMeshWorld, "x")
+                     .At(Find(sm, file, "p"), "here")
+                     .Label(Find(sm, lib, "1"), "from the stdlib")
+                     .Get();
+  std::string s = RenderDiagnostics({d}, sm, DiagFormat::kSarif, RenderOptions{});
+  auto parsed = llvm::json::parse(s);
+  REQUIRE(bool(parsed));
+  auto* run = (*parsed->getAsObject()->getArray("runs"))[0].getAsObject();
+  auto* result = (*run->getArray("results"))[0].getAsObject();
+  auto* main = (*result->getArray("locations"))[0].getAsObject()->getObject("physicalLocation");
+  CHECK(S(main->getObject("artifactLocation")->getString("uri")) == "dir/a%20b.plan");
+  CHECK(!main->getObject("artifactLocation")->getString("uriBaseId"));
+  auto* related = (*result->getArray("relatedLocations"))[0].getAsObject()->getObject("physicalLocation");
+  CHECK(S(related->getObject("artifactLocation")->getString("uri")) == "clusters.plan");
+  CHECK(S(related->getObject("artifactLocation")->getString("uriBaseId")) == "STDLIB");
+  REQUIRE(run->getObject("originalUriBaseIds"));
+  CHECK(run->getObject("originalUriBaseIds")->getObject("STDLIB"));
+  // Text and short forms show the same name.
+  std::string short_form = RenderDiagnostics({d}, sm, DiagFormat::kShort, RenderOptions{});
+  INFO(short_form);
+  CHECK(short_form.find("<stdlib>/clusters.plan:1:14: note: from the stdlib") !=
+        std::string::npos);
+}
+
 TEST_CASE("odd input never crashes and is repaired") {
   SourceManager sm;
   uint32_t empty = sm.AddBuffer("empty.plan", "", BufferKind::kFile);

@@ -26,7 +26,7 @@ uint32_t SourceManager::AddBuffer(std::string name, std::string text, BufferKind
 }
 
 std::optional<uint32_t> SourceManager::AddFile(const std::string& path, BufferKind kind,
-                                               std::string* error) {
+                                               std::string* error, std::string name) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     if (error) *error = "it is a directory, not a file";
@@ -50,7 +50,7 @@ std::optional<uint32_t> SourceManager::AddFile(const std::string& path, BufferKi
     if (error) *error = "read error";
     return std::nullopt;
   }
-  return AddBuffer(path, std::move(text), kind);
+  return AddBuffer(name.empty() ? path : std::move(name), std::move(text), kind);
 }
 
 const SourceManager::Buffer* SourceManager::Get(uint32_t buffer) const {

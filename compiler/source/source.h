@@ -46,8 +46,11 @@ class SourceManager {
   uint32_t AddBuffer(std::string name, std::string text, BufferKind kind);
   // Reads a file into a new buffer; nullopt (and `error` set) when it cannot be read, is a
   // directory, or holds more than kMaxFileBytes (so `/dev/zero` is refused, not read forever).
+  // `name` is what diagnostics show for it (`<stdlib>/clusters.plan` rather than the build
+  // machine's absolute path); the path itself when empty.
   static constexpr size_t kMaxFileBytes = size_t{64} << 20;
-  std::optional<uint32_t> AddFile(const std::string& path, BufferKind kind, std::string* error);
+  std::optional<uint32_t> AddFile(const std::string& path, BufferKind kind, std::string* error,
+                                  std::string name = {});
 
   size_t BufferCount() const { return buffers_.size(); }
   bool IsValid(SourceRange r) const;
