@@ -480,7 +480,24 @@ Value Evaluator::Coerce(const Value& v, const FieldInfo& info, SourceRange range
                    .Note("values of different dimensions never convert into each other"));
         return Value::Error();
       }
-      return Value::Real(v.AsReal(), want);
+      const double x = v.AsReal();
+      const bool low = info.real_min_open ? !(x > info.real_min) : !(x >= info.real_min);
+      const bool high = info.real_max_open ? !(x < info.real_max) : !(x <= info.real_max);
+      if (!std::isfinite(x) || low || high) {
+        std::string want_range;
+        if (std::isinf(info.real_max)) {
+          want_range = fmt::format("{} {}", info.real_min_open ? "greater than" : "at least", info.real_min);
+        } else {
+          want_range = fmt::format("in {}{}, {}{}", info.real_min_open ? "(" : "[", info.real_min, info.real_max,
+                                   info.real_max_open ? ")" : "]");
+        }
+        Diag d(DiagKind::kValueOutOfRange, fmt::format("`{}` must be {}, got {}", path, want_range, Format(v)));
+        d.At(range, "out of range");
+        if (want) d.Note("a rate of zero or less would make every time estimate meaningless");
+        Report(std::move(d));
+        return Value::Error();
+      }
+      return Value::Real(x, want);
     }
     case FieldType::kBool:
       if (v.type != VType::kBool) return mismatch("`true` or `false`");

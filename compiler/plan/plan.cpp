@@ -32,6 +32,15 @@ struct FieldTable {
   std::unordered_map<std::string_view, uint16_t> by_path;
 };
 
+FieldInfo RealRange(FieldInfo f, double lo, bool lo_open, double hi, bool hi_open) {
+  f.real_min = lo;
+  f.real_min_open = lo_open;
+  f.real_max = hi;
+  f.real_max_open = hi_open;
+  return f;
+}
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 constexpr int64_t kMin = INT64_MIN;
 constexpr int64_t kMax = INT64_MAX;
 
@@ -46,6 +55,9 @@ constexpr int64_t kMax = INT64_MAX;
       {.opt_int_ref = [](Plan& p) -> std::optional<int64_t>* { return &p.MEMBER; }})
 #define PP_REAL(PATH, TYPE, MEMBER, DOC)                                                   \
   add({PATH, TYPE, {}, DOC}, {.real_ref = [](Plan& p) -> double* { return &p.MEMBER; }})
+#define PP_REAL_IN(PATH, TYPE, MEMBER, LO, LO_OPEN, HI, HI_OPEN, DOC)                       \
+  add(RealRange({PATH, TYPE, {}, DOC}, LO, LO_OPEN, HI, HI_OPEN),                           \
+      {.real_ref = [](Plan& p) -> double* { return &p.MEMBER; }})
 #define PP_BOOL(PATH, MEMBER, DOC) \
   add({PATH, FieldType::kBool, {}, DOC}, {.bool_ref = [](Plan& p) -> bool* { return &p.MEMBER; }})
 #define PP_STRING(PATH, MEMBER, DOC)                                                       \
@@ -94,16 +106,19 @@ FieldTable BuildTable() {
   PP_INT("model.v_head_dim", model.v_head_dim, 0, kMax, "MLA per-head value size");
   // cluster
   PP_BYTES("cluster.gpu.memory", cluster.gpu.memory, 1, "device memory in bytes");
-  PP_REAL("cluster.gpu.peak_bf16", FieldType::kFlops, cluster.gpu.peak_bf16, "dense bf16 peak, FLOP/s");
-  PP_REAL("cluster.gpu.peak_fp16", FieldType::kFlops, cluster.gpu.peak_fp16, "dense fp16 peak, FLOP/s");
-  PP_REAL("cluster.gpu.peak_fp8", FieldType::kFlops, cluster.gpu.peak_fp8, "dense fp8 peak, FLOP/s");
-  PP_REAL("cluster.gpu.hbm_bandwidth", FieldType::kBandwidth, cluster.gpu.hbm_bandwidth,
+  PP_REAL_IN("cluster.gpu.peak_bf16", FieldType::kFlops, cluster.gpu.peak_bf16, 0, true, kInf, false,
+             "dense bf16 peak, FLOP/s");
+  PP_REAL_IN("cluster.gpu.peak_fp16", FieldType::kFlops, cluster.gpu.peak_fp16, 0, true, kInf, false,
+             "dense fp16 peak, FLOP/s");
+  PP_REAL_IN("cluster.gpu.peak_fp8", FieldType::kFlops, cluster.gpu.peak_fp8, 0, false, kInf, false,
+             "dense fp8 peak, FLOP/s (0 = no fp8)");
+  PP_REAL_IN("cluster.gpu.hbm_bandwidth", FieldType::kBandwidth, cluster.gpu.hbm_bandwidth, 0, true, kInf, false,
           "device memory bandwidth, bytes/s");
   PP_INT("cluster.nodes", cluster.nodes, 1, kMax, "nodes");
   PP_INT("cluster.gpus_per_node", cluster.gpus_per_node, 1, kMax, "GPUs per node (the NVLink domain)");
-  PP_REAL("cluster.nvlink_bandwidth", FieldType::kBandwidth, cluster.nvlink_bandwidth,
+  PP_REAL_IN("cluster.nvlink_bandwidth", FieldType::kBandwidth, cluster.nvlink_bandwidth, 0, true, kInf, false,
           "NVLink bandwidth per GPU, one direction, bytes/s");
-  PP_REAL("cluster.network_bandwidth", FieldType::kBandwidth, cluster.network_bandwidth,
+  PP_REAL_IN("cluster.network_bandwidth", FieldType::kBandwidth, cluster.network_bandwidth, 0, true, kInf, false,
           "network bandwidth per GPU, one direction, bytes/s");
   // plan
   PP_ENUM("precision", Precision, precision,
@@ -140,14 +155,17 @@ FieldTable BuildTable() {
   PP_INT("optimizer.zero", optimizer.zero, 0, 3, "ZeRO stage (1 = distributed optimizer)");
   PP_ENUM("optimizer.offload", Offload, optimizer.offload,
           (std::vector<std::string_view>{"none", "cpu"}), "optimizer state offload");
-  PP_REAL("optimizer.lr", FieldType::kReal, optimizer.lr, "peak learning rate");
-  PP_REAL("optimizer.min_lr", FieldType::kReal, optimizer.min_lr, "floor of the cosine decay");
+  PP_REAL_IN("optimizer.lr", FieldType::kReal, optimizer.lr, 0, false, kInf, false, "peak learning rate");
+  PP_REAL_IN("optimizer.min_lr", FieldType::kReal, optimizer.min_lr, 0, false, kInf, false,
+             "floor of the cosine decay");
   PP_INT("optimizer.warmup_steps", optimizer.warmup_steps, 0, kMax, "linear warmup steps");
-  PP_REAL("optimizer.weight_decay", FieldType::kReal, optimizer.weight_decay, "decoupled weight decay");
-  PP_REAL("optimizer.beta1", FieldType::kReal, optimizer.beta1, "Adam beta1");
-  PP_REAL("optimizer.beta2", FieldType::kReal, optimizer.beta2, "Adam beta2");
-  PP_REAL("optimizer.eps", FieldType::kReal, optimizer.eps, "Adam epsilon");
-  PP_REAL("optimizer.clip_grad", FieldType::kReal, optimizer.clip_grad, "global-norm clipping (0 = off)");
+  PP_REAL_IN("optimizer.weight_decay", FieldType::kReal, optimizer.weight_decay, 0, false, kInf, false,
+             "decoupled weight decay");
+  PP_REAL_IN("optimizer.beta1", FieldType::kReal, optimizer.beta1, 0, false, 1, true, "Adam beta1");
+  PP_REAL_IN("optimizer.beta2", FieldType::kReal, optimizer.beta2, 0, false, 1, true, "Adam beta2");
+  PP_REAL_IN("optimizer.eps", FieldType::kReal, optimizer.eps, 0, true, kInf, false, "Adam epsilon");
+  PP_REAL_IN("optimizer.clip_grad", FieldType::kReal, optimizer.clip_grad, 0, false, kInf, false,
+             "global-norm clipping (0 = off)");
   // batch
   PP_INT("batch.global", batch.global, 1, kMax, "sequences per step");
   PP_INT("batch.micro", batch.micro, 1, kMax, "sequences per microbatch");
@@ -165,6 +183,7 @@ FieldTable BuildTable() {
 #undef PP_BYTES
 #undef PP_OPT_INT
 #undef PP_REAL
+#undef PP_REAL_IN
 #undef PP_BOOL
 #undef PP_STRING
 #undef PP_LIST

@@ -12,8 +12,9 @@
 #ifndef PARAPLAN_COMPILER_PLAN_PLAN_H_
 #define PARAPLAN_COMPILER_PLAN_PLAN_H_
 
-#include <cstdint>
 #include <climits>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -209,6 +210,12 @@ struct FieldInfo {
   bool nullable = false;
   // Position in PlanFields(); stable within one build.
   uint16_t index = 0;
+  // Real-valued fields (kReal, kBandwidth, kFlops): the accepted range; an open end excludes its
+  // bound (rates are > 0, Adam's betas in [0, 1)). Values must be finite.
+  double real_min = -std::numeric_limits<double>::infinity();
+  bool real_min_open = false;
+  double real_max = std::numeric_limits<double>::infinity();
+  bool real_max_open = false;
 };
 
 // Every settable canonical path of a plan, in a stable order. The record-valued paths
