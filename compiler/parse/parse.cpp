@@ -619,6 +619,20 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, Rule 
   tokens.fill();
   Builder builder(sm, buffer, sink);
   bool lexical_error = false;
+  const auto& all = tokens.getTokens();
+  for (size_t i = 0; i + 1 < all.size(); ++i) {
+    // A closed `/* ... */` is skipped by the lexer, so `/` right before `*` opens a comment that
+    // never closes.
+    if (all[i]->getText() == "/" && all[i + 1]->getText() == "*" &&
+        all[i + 1]->getStartIndex() == all[i]->getStopIndex() + 1) {
+      SourceRange r = builder.Range(all[i]);
+      r.end = builder.Range(all[i + 1]).end;
+      sink.Report(Diag(DiagKind::kSyntaxError, "this comment has no closing `*/`")
+                      .At(r, "the comment starts here and runs to the end of the file")
+                      .Help("close it with `*/`, or start a line comment with `#` or `//`"));
+      return false;
+    }
+  }
   for (antlr4::Token* t : tokens.getTokens()) {
     if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
       sink.Report(Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")

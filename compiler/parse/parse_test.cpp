@@ -150,6 +150,17 @@ TEST_CASE("problems inside good syntax are reported and parsing goes on") {
   CHECK(p->Slice(p->First().primary) == "99999999999999999999");
 }
 
+TEST_CASE("a block comment that never closes is named, not reported as a stray `/`") {
+  auto p = ParseText("plan x { /* never closed\n  tp = 4 }\n");
+  CHECK(!p->module);
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message == "this comment has no closing `*/`");
+  CHECK(p->Slice(p->First().primary) == "/*");
+  p = ParseText("let a = 8 / 2 /* half */ * 3\n");
+  CHECK(p->module);
+  CHECK(p->sink.diagnostics().empty());
+}
+
 TEST_CASE("2^63 is a literal only under a minus; out-of-range literals are marked") {
   auto p = ParseText("model m { a = 9223372036854775808  b = -9223372036854775808  c = 1e999  d = 5 }");
   REQUIRE(p->module);
