@@ -68,12 +68,59 @@ class OffsetMap {
   std::vector<uint32_t> starts_;
 };
 
-// Collects the first syntax error; the strategy below stops parsing right after it.
+// The first syntax error of one parse; the strategy below stops parsing right after it.
 struct SyntaxErrorInfo {
   bool seen = false;
   antlr4::Token* token = nullptr;
   std::vector<size_t> expected;
+  // Where recovery starts skipping (a token index): the start of the member or top-level item
+  // the error is in, or the offending token itself when it is between members or items.
+  size_t skip_from = 0;
+  bool in_block = false;  // the error is inside a `{ ... }` block (members), not at top level
+  // Set when the error is between members or declarations, where ANTLR would only name `}` or
+  // end of file: what can really come there, in words.
+  std::string expected_text;
 };
+
+// The token type of `{` or `}`.
+size_t Brace(char c) {
+  static antlr4::ANTLRInputStream empty("");
+  static PlanLexer lexer(&empty);
+  const auto& vocab = lexer.getVocabulary();
+  const std::string literal = std::string("'") + c + "'";
+  for (size_t t = 1; t <= vocab.getMaxTokenType(); ++t) {
+    if (vocab.getLiteralName(t) == literal) return t;
+  }
+  return 0;
+}
+
+// Fills the recovery site of `info` from the rule contexts the parser is in at the error.
+void FindRecoverySite(antlr4::Parser* parser, antlr4::Token* offending, SyntaxErrorInfo* info) {
+  size_t at = offending ? offending->getTokenIndex() : 0;
+  info->skip_from = at;
+  info->in_block = false;
+  for (antlr4::tree::ParseTree* c = parser->getContext(); c; c = c->parent) {
+    auto* ctx = dynamic_cast<antlr4::ParserRuleContext*>(c);
+    if (!ctx) break;
+    size_t rule = ctx->getRuleIndex();
+    if (rule == PlanParser::RuleMember || rule == PlanParser::RuleTopItem) {
+      if (ctx->getStart()) info->skip_from = std::min(at, ctx->getStart()->getTokenIndex());
+      info->in_block = rule == PlanParser::RuleMember;
+      return;
+    }
+    if (rule == PlanParser::RuleBlock) {
+      info->in_block = true;
+      if (info->expected == std::vector<size_t>{Brace('}')}) info->expected_text = "`}` or another member";
+      return;
+    }
+    if (rule == PlanParser::RuleFile) {
+      if (info->expected == std::vector<size_t>{antlr4::Token::EOF}) {
+        info->expected_text = "a declaration or `import`";
+      }
+      return;
+    }
+  }
+}
 
 class StopAtFirstError : public antlr4::DefaultErrorStrategy {
  public:
@@ -88,16 +135,17 @@ class StopAtFirstError : public antlr4::DefaultErrorStrategy {
         info_->seen = true;
         info_->token = offending;
         info_->expected = *expected;
+        FindRecoverySite(parser, offending, info_);
         return;
       }
     }
-    Record(offending, e.getExpectedTokens());
+    Record(parser, offending, e.getExpectedTokens());
   }
   void recover(antlr4::Parser*, std::exception_ptr) override {
     throw antlr4::ParseCancellationException();
   }
   antlr4::Token* recoverInline(antlr4::Parser* parser) override {
-    Record(parser->getCurrentToken(), parser->getExpectedTokens());
+    Record(parser, parser->getCurrentToken(), parser->getExpectedTokens());
     throw antlr4::ParseCancellationException();
   }
   void sync(antlr4::Parser*) override {}
@@ -147,11 +195,12 @@ class StopAtFirstError : public antlr4::DefaultErrorStrategy {
     return lexer.getVocabulary();
   }
 
-  void Record(antlr4::Token* token, const antlr4::misc::IntervalSet& expected) {
+  void Record(antlr4::Parser* parser, antlr4::Token* token, const antlr4::misc::IntervalSet& expected) {
     if (info_->seen) return;
     info_->seen = true;
     info_->token = token;
     for (ssize_t t : expected.toList()) info_->expected.push_back(static_cast<size_t>(t));
+    FindRecoverySite(parser, token, info_);
   }
   SyntaxErrorInfo* info_;
 };
@@ -599,10 +648,60 @@ class Builder {
   bool too_deep_ = false;
 };
 
+// At most this many syntax errors are reported per buffer; parsing stops after them.
+constexpr int kMaxSyntaxErrors = 20;
+
+// Error recovery: the end (a token index, exclusive) of the text to skip after a syntax error
+// at `info`. Skipping starts at info.skip_from, the member or top-level item the error is in,
+// and runs to the next member or item that starts a line of its own (a name, `let`, `require`
+// or `import` outside any bracket opened in the skipped text), to a `;` or `,` that ends the
+// member, or to the `}` that closes the enclosing block (kept). The skipped tokens are hidden
+// and the buffer parsed again, so the next error reported is one the user wrote, not an echo of
+// the first. Returns the index of EOF when the rest of the buffer is skipped.
+size_t RecoveryEnd(const std::vector<antlr4::Token*>& all, const SyntaxErrorInfo& info) {
+  const size_t error_at = info.token->getTokenIndex();
+  auto text_is = [](antlr4::Token* t, char c) {
+    const std::string& x = t->getText();
+    return t->getType() != PlanLexer::STRING && x.size() == 1 && x[0] == c;
+  };
+  auto starts_item = [&](antlr4::Token* t) {
+    size_t type = t->getType();
+    if (type == PlanLexer::NAME || type == PlanLexer::LET) return true;
+    return info.in_block ? type == PlanLexer::REQUIRE : type == PlanLexer::IMPORT;
+  };
+  std::vector<char> open;  // brackets opened in the skipped text, innermost last
+  for (size_t k = info.skip_from; k < all.size(); ++k) {
+    antlr4::Token* t = all[k];
+    if (t->getType() == antlr4::Token::EOF) return k;
+    if (t->getChannel() != antlr4::Token::DEFAULT_CHANNEL) continue;
+    const bool past_error = k >= error_at && k > info.skip_from;
+    const bool line_start = k == 0 || all[k - 1]->getLine() < t->getLine();
+    if (past_error && open.empty() && line_start && starts_item(t)) return k;
+    if (text_is(t, '{') || text_is(t, '[') || text_is(t, '(')) {
+      open.push_back(t->getText()[0]);
+    } else if (text_is(t, '}') || text_is(t, ']') || text_is(t, ')')) {
+      char want = t->getText()[0] == '}' ? '{' : t->getText()[0] == ']' ? '[' : '(';
+      auto it = std::find(open.rbegin(), open.rend(), want);
+      if (it != open.rend()) {
+        open.erase(std::prev(it.base()), open.end());
+      } else if (want == '{' && info.in_block) {
+        return k;  // closes the block the error is in: keep it
+      }
+    } else if ((text_is(t, ';') || text_is(t, ',')) && open.empty() && k >= error_at) {
+      return k + 1;
+    }
+  }
+  return all.size();
+}
+
 // Lexes and parses; runs `build` on the tree when the text is well-formed. Returns false when a
-// lexical or syntax error was reported.
+// lexical or syntax error was reported. With `recover`, parsing goes on after a syntax error
+// (see RecoveryEnd) so that independent errors in other members and declarations are reported
+// too, up to kMaxSyntaxErrors; tokens that are lexical errors (already reported) are recovered
+// from without a second report.
 template <typename Rule, typename Build>
-bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, Rule rule, Build build) {
+bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool recover, Rule rule,
+           Build build) {
   std::string_view text = sm.Text(buffer);
   if (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
     sink.Report(Diag(DiagKind::kUnexpectedCharacter, "the text is not valid UTF-8")
@@ -618,6 +717,15 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, Rule 
   antlr4::CommonTokenStream tokens(&lexer);
   tokens.fill();
   Builder builder(sm, buffer, sink);
+  // Lexical and syntax errors, reported in the order of the text once parsing is over.
+  std::vector<Diagnostic> errors;
+  auto report_all = [&] {
+    std::stable_sort(errors.begin(), errors.end(), [](const Diagnostic& a, const Diagnostic& b) {
+      return a.primary.begin < b.primary.begin;
+    });
+    for (Diagnostic& d : errors) sink.Report(std::move(d));
+    return false;
+  };
   bool lexical_error = false;
   const auto& all = tokens.getTokens();
   for (size_t i = 0; i + 1 < all.size(); ++i) {
@@ -627,61 +735,93 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, Rule 
         all[i + 1]->getStartIndex() == all[i]->getStopIndex() + 1) {
       SourceRange r = builder.Range(all[i]);
       r.end = builder.Range(all[i + 1]).end;
-      sink.Report(Diag(DiagKind::kSyntaxError, "this comment has no closing `*/`")
-                      .At(r, "the comment starts here and runs to the end of the file")
-                      .Help("close it with `*/`, or start a line comment with `#` or `//`"));
-      return false;
+      errors.push_back(Diag(DiagKind::kSyntaxError, "this comment has no closing `*/`")
+                           .At(r, "the comment starts here and runs to the end of the file")
+                           .Help("close it with `*/`, or start a line comment with `#` or `//`")
+                           .Get());
+      return report_all();
     }
   }
   for (antlr4::Token* t : tokens.getTokens()) {
     if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
-      sink.Report(Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
+      errors.push_back(Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
                       .At(builder.Range(t), "the string starts here and runs to the end of the line")
-                      .Help("close it with `\"` on the same line; write `\\\"` for a quote inside"));
+                      .Help("close it with `\"` on the same line; write `\\\"` for a quote inside")
+                      .Get());
       lexical_error = true;
     } else if (t->getType() == PlanLexer::UNKNOWN_CHAR) {
       std::string c = Printable(sm.Slice(builder.Range(t)));
-      sink.Report(Diag(DiagKind::kUnexpectedCharacter, fmt::format("unexpected character `{}`", c))
+      errors.push_back(Diag(DiagKind::kUnexpectedCharacter, fmt::format("unexpected character `{}`", c))
                       .At(builder.Range(t), "no token starts with this character")
-                      .Note("comments start with `#` or `//`; strings are written in `\"`"));
+                      .Note("comments start with `#` or `//`; strings are written in `\"`")
+                      .Get());
       lexical_error = true;
     }
   }
-  if (lexical_error) return false;
+  if (lexical_error && !recover) return report_all();
   if (antlr4::Token* deep = FirstTooDeep(tokens.getTokens())) {
-    sink.Report(TooDeep(builder.Range(deep), "this text", fmt::format("level {} opens here", kMaxNesting + 1)));
-    return false;
+    errors.push_back(TooDeep(builder.Range(deep), "this text", fmt::format("level {} opens here", kMaxNesting + 1)).Get());
+    return report_all();
   }
-  PlanParser parser(&tokens);
-  parser.removeErrorListeners();
-  SyntaxErrorInfo info;
-  parser.setErrorHandler(std::make_shared<StopAtFirstError>(&info));
-  typename std::invoke_result_t<Rule, PlanParser&> tree = nullptr;
-  try {
-    tree = rule(parser);
-  } catch (const antlr4::ParseCancellationException&) {
-  } catch (const antlr4::RecognitionException&) {
-    info.seen = info.seen || true;
-  }
-  if (info.seen) {
-    const auto& vocab = parser.getVocabulary();
-    antlr4::Token* t = info.token;
-    std::string found = !t || t->getType() == antlr4::Token::EOF
-                            ? std::string("end of file")
-                            : fmt::format("`{}`", t->getText());
-    std::string expected = ExpectedList(vocab, info.expected);
-    Diag d(DiagKind::kSyntaxError, expected.empty() ? fmt::format("unexpected {}", found)
-                                                    : fmt::format("expected {}, found {}", expected, found));
-    d.At(builder.Range(t), expected.empty() ? "unexpected here" : "expected " + expected);
-    if (sm.Kind(buffer) == BufferKind::kCommandLine) {
-      d.Note("--set takes PATH=VALUE, the value written as in a plan: `--set parallel.tp=4`, "
-             "`--set 'parallel.order=\"tp-cp-ep-pp-dp\"'`");
+  int syntax_errors = 0;
+  for (;;) {
+    tokens.seek(0);
+    PlanParser parser(&tokens);
+    parser.removeErrorListeners();
+    SyntaxErrorInfo info;
+    parser.setErrorHandler(std::make_shared<StopAtFirstError>(&info));
+    typename std::invoke_result_t<Rule, PlanParser&> tree = nullptr;
+    try {
+      tree = rule(parser);
+    } catch (const antlr4::ParseCancellationException&) {
+    } catch (const antlr4::RecognitionException&) {
+      info.seen = true;
     }
-    sink.Report(std::move(d));
-    return false;
+    if (!info.seen) {
+      if (lexical_error || syntax_errors > 0) return report_all();
+      build(builder, tree);
+      return !builder.too_deep();
+    }
+    antlr4::Token* t = info.token;
+    const bool at_eof = !t || t->getType() == antlr4::Token::EOF;
+    const bool lexical = !at_eof && (t->getType() == PlanLexer::UNTERMINATED_STRING ||
+                                     t->getType() == PlanLexer::UNKNOWN_CHAR);
+    if (!lexical) {
+      const auto& vocab = parser.getVocabulary();
+      std::string found = at_eof ? std::string("end of file") : fmt::format("`{}`", t->getText());
+      std::string expected =
+          info.expected_text.empty() ? ExpectedList(vocab, info.expected) : info.expected_text;
+      Diag d(DiagKind::kSyntaxError, expected.empty() ? fmt::format("unexpected {}", found)
+                                                      : fmt::format("expected {}, found {}", expected, found));
+      d.At(builder.Range(t), expected.empty() ? "unexpected here" : "expected " + expected);
+      if (sm.Kind(buffer) == BufferKind::kCommandLine) {
+        d.Note("--set takes PATH=VALUE, the value written as in a plan: `--set parallel.tp=4`, "
+               "`--set 'parallel.order=\"tp-cp-ep-pp-dp\"'`");
+      }
+      if (info.in_block) {
+        antlr4::Token* first = all[info.skip_from];
+        static const std::vector<std::string> kDeclKinds = {"gpu", "cluster", "model", "plan"};
+        if (first->getType() == PlanLexer::NAME && first->getCharPositionInLine() == 0 &&
+            std::find(kDeclKinds.begin(), kDeclKinds.end(), first->getText()) != kDeclKinds.end()) {
+          d.Help(fmt::format("`{}` at the left margin looks like a new declaration, but it is read "
+                             "inside the block of the one above: is a `}}` missing before it?",
+                             first->getText()));
+        }
+      }
+      errors.push_back(std::move(d).Take());
+      ++syntax_errors;
+    }
+    if (!recover || at_eof || syntax_errors >= kMaxSyntaxErrors) return report_all();
+    size_t end = RecoveryEnd(all, info);
+    size_t from = std::min(info.skip_from, t->getTokenIndex());
+    if (end <= from) end = t->getTokenIndex() + 1;  // skip at least the offending token
+    for (size_t k = from; k < end && k < all.size(); ++k) {
+      if (all[k]->getType() == antlr4::Token::EOF) break;
+      if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k])) w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
+    }
+    // Nothing left to parse: what a new parse would report now (a missing `}`) echoes the skip.
+    if (end >= all.size() || all[end]->getType() == antlr4::Token::EOF) return report_all();
   }
-  build(builder, tree);
-  return !builder.too_deep();
 }
 
 }  // namespace
@@ -691,7 +831,7 @@ std::unique_ptr<ast::Module> ParseModule(const SourceManager& sm, uint32_t buffe
   auto module = std::make_unique<ast::Module>();
   module->buffer = buffer;
   bool ok = Parse(
-      sm, buffer, sink, [](PlanParser& p) { return p.file(); },
+      sm, buffer, sink, /*recover=*/true, [](PlanParser& p) { return p.file(); },
       [&](Builder& b, PlanParser::FileContext* tree) { b.Module(tree, module.get()); });
   if (!ok) return nullptr;
   return module;
@@ -701,7 +841,7 @@ std::unique_ptr<ast::Member> ParseSetOverride(const SourceManager& sm, uint32_t 
                                               DiagnosticSink& sink) {
   std::unique_ptr<ast::Member> member;
   bool ok = Parse(
-      sm, buffer, sink, [](PlanParser& p) { return p.setOverride(); },
+      sm, buffer, sink, /*recover=*/false, [](PlanParser& p) { return p.setOverride(); },
       [&](Builder& b, PlanParser::SetOverrideContext* tree) {
         member = std::make_unique<ast::Member>();
         member->kind = ast::MemberKind::kAssign;

@@ -259,3 +259,96 @@ plan a extends b {
 
 }  // namespace
 }  // namespace paraplan
+
+namespace paraplan {
+namespace {
+
+std::vector<std::string> Messages(const Parsed& p) {
+  std::vector<std::string> out;
+  for (const Diagnostic& d : p.sink.diagnostics()) {
+    out.push_back(std::to_string(p.sm.Position(p.buffer, d.primary.begin).line) + ": " + d.message);
+  }
+  return out;
+}
+
+TEST_CASE("after a syntax error, independent errors in other members and declarations are reported") {
+  auto p = ParseText(R"(model m {
+  layers = 4  hidden = = 512
+  heads = 8
+}
+plan p {
+  model = m
+  cluster = dgx_h100 { nodes = }
+  parallel { tp = 2  pp = 2 }
+  batch { global = 8  micro = (1 + }
+  pipeline.schedule = "1f1b" extra stuff
+  precision = bf16
+}
+model n extends { layers = 2 }
+plan q { model = n; cluster = dgx_h100; parallel { tp = 1 * } }
+)");
+  CHECK(!p->module);  // a file with syntax errors is not evaluated
+  CHECK(Messages(*p) == std::vector<std::string>{
+                            "2: expected an expression, found `=`",
+                            "7: expected an expression, found `}`",
+                            "9: expected an expression, found `}`",
+                            "10: expected `.`, `=` or `{`, found `stuff`",
+                            "13: expected a name, found `{`",
+                            "14: expected an expression, found `}`",
+                        });
+}
+
+TEST_CASE("recovery skips to the next line's member, a separator or the closing brace, never echoing") {
+  // A multi-line value: the continuation lines are skipped with the broken member.
+  auto p = ParseText("plan a {\n  x = [1, 2\n    3, 4]\n  y = 1 * * 2\n  z = 3\n}\n");
+  CHECK(Messages(*p) == std::vector<std::string>{"3: expected `,` or `]`, found `3`",
+                                                 "4: expected an expression, found `*`"});
+  // A separator ends the skipped member on the same line.
+  p = ParseText("plan a { x = = 1; y = = 2, z = 3 }");
+  CHECK(Messages(*p) == std::vector<std::string>{"1: expected an expression, found `=`",
+                                                 "1: expected an expression, found `=`"});
+  // Stray text between members and between declarations.
+  p = ParseText("}\nplan a {\n  tp = \n  pp = 4\n}\n= 5\nplan b { v = 1 }}\n");
+  CHECK(Messages(*p) == std::vector<std::string>{"1: expected a declaration or `import`, found `}`",
+                                                 "4: expected `}` or another member, found `=`",
+                                                 "6: expected a declaration or `import`, found `=`",
+                                                 "7: expected a declaration or `import`, found `}`"});
+}
+
+TEST_CASE("a missing closing brace is one error, with a help when a declaration follows") {
+  auto p = ParseText("plan a {\n  parallel { tp = 4\n  batch { global = 8 }\n}\n\nplan b { batch { global = = 1 } }\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message == "expected `.`, `=` or `{`, found `b`");
+  REQUIRE(p->First().helps.size() == 1);
+  CHECK(p->First().helps[0].find("is a `}` missing before it?") != std::string::npos);
+
+  p = ParseText("plan a {\n  tp = 4\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message.find("found end of file") != std::string::npos);
+}
+
+TEST_CASE("lexical errors and syntax errors are all reported, in the order of the text") {
+  auto p = ParseText("plan a {\n  z = = 1\n  x = \"abc\n  y = 4 $ 5\n  w = 2 +\n}\n");
+  REQUIRE(p->sink.diagnostics().size() == 4);
+  CHECK(p->sink.diagnostics()[0].kind == DiagKind::kSyntaxError);
+  CHECK(p->sink.diagnostics()[1].kind == DiagKind::kUnterminatedString);
+  CHECK(p->sink.diagnostics()[2].kind == DiagKind::kUnexpectedCharacter);
+  CHECK(Messages(*p)[3] == "6: expected an expression, found `}`");
+}
+
+TEST_CASE("at most 20 syntax errors are reported; a --set value reports its first") {
+  std::string text = "plan a {\n";
+  for (int i = 0; i < 30; ++i) text += "  x" + std::to_string(i) + " = = 1\n";
+  text += "}\n";
+  auto p = ParseText(text);
+  CHECK(p->sink.diagnostics().size() == 20);
+
+  SourceManager sm;
+  DiagnosticSink sink;
+  uint32_t b = sm.AddBuffer("<command line>", "parallel.tp = = 4 = 5", BufferKind::kCommandLine);
+  CHECK(!ParseSetOverride(sm, b, sink));
+  CHECK(sink.diagnostics().size() == 1);
+}
+
+}  // namespace
+}  // namespace paraplan
