@@ -65,22 +65,21 @@ std::optional<Plan> Evaluator::EvaluatePlan(const ast::Decl& decl, std::span<con
       }
       rec = v.rec;
     }
-    std::string path(f.path);
     if (!reachable) {
-      plan.poisoned.insert(path);
+      plan.poisoned.emplace(f.path);
       continue;
     }
     int idx = SchemaOf(rec->kind).Find(rest);
     Value v = Field(rec, idx, {});
-    plan.origins[path] = rec->slots[idx].origin;
+    plan.origins[f] = rec->slots[idx].origin;
     if (v.IsError()) {
-      plan.poisoned.insert(path);
+      plan.poisoned.emplace(f.path);
       continue;
     }
     if (std::string err = Store(plan, f, v); !err.empty()) {
-      Report(Diag(DiagKind::kValueOutOfRange, fmt::format("`{}` {}", path, err))
+      Report(Diag(DiagKind::kValueOutOfRange, fmt::format("`{}` {}", f.path, err))
                  .At(rec->slots[idx].origin.range, "this value"));
-      plan.poisoned.insert(path);
+      plan.poisoned.emplace(f.path);
     }
   }
   // Record names and the origins of record-valued paths.

@@ -379,8 +379,62 @@ int64_t Plan::Microbatches() const {
 
 const FieldOrigin& Plan::Origin(std::string_view path) const {
   static const FieldOrigin kNone;
-  auto it = origins.find(path);
-  return it == origins.end() ? kNone : it->second;
+  const FieldOrigin* o = origins.Find(path);
+  return o ? *o : kNone;
+}
+
+// --- PlanOrigins -----------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view kRecordPaths[] = {"model", "cluster", "cluster.gpu"};
+
+// The slot of a path: a field's index, then the record paths; -1 for anything else.
+int OriginSlot(std::string_view path) {
+  if (const FieldInfo* f = FindPlanField(path)) return f->index;
+  for (size_t i = 0; i < std::size(kRecordPaths); ++i) {
+    if (path == kRecordPaths[i]) return static_cast<int>(PlanFields().size() + i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+FieldOrigin& PlanOrigins::Slot(size_t index) {
+  if (slots_.empty()) {
+    slots_.resize(PlanFields().size() + std::size(kRecordPaths));
+    recorded_.resize(slots_.size());
+  }
+  recorded_[index] = true;
+  return slots_[index];
+}
+
+FieldOrigin& PlanOrigins::operator[](const FieldInfo& field) { return Slot(field.index); }
+
+FieldOrigin& PlanOrigins::operator[](std::string_view path) {
+  int slot = OriginSlot(path);
+  if (slot < 0) {
+    auto it = other_.find(path);
+    if (it == other_.end()) it = other_.emplace(std::string(path), FieldOrigin{}).first;
+    return it->second;
+  }
+  return Slot(static_cast<size_t>(slot));
+}
+
+const FieldOrigin* PlanOrigins::Find(std::string_view path) const {
+  int slot = OriginSlot(path);
+  if (slot < 0) {
+    auto it = other_.find(path);
+    return it == other_.end() ? nullptr : &it->second;
+  }
+  if (slots_.empty() || !recorded_[static_cast<size_t>(slot)]) return nullptr;
+  return &slots_[static_cast<size_t>(slot)];
+}
+
+size_t PlanOrigins::size() const {
+  size_t n = other_.size();
+  for (bool r : recorded_) n += r;
+  return n;
 }
 
 // --- Field access ----------------------------------------------------------------------------

@@ -162,6 +162,30 @@ struct Sweep {
   SourceRange range;
 };
 
+struct FieldInfo;
+
+// Where each canonical path of a plan got its value. A flat table: one slot per PlanFields()
+// entry (by FieldInfo::index) and one per record path ("model", "cluster", "cluster.gpu"), so
+// that recording the origins of a plan allocates once, not once per path; paths outside both
+// (none in practice) are kept aside. Reads and writes by path work as on a map from the path.
+class PlanOrigins {
+ public:
+  // The origin of `path`, recorded from now on (like std::map::operator[]).
+  FieldOrigin& operator[](std::string_view path);
+  FieldOrigin& operator[](const FieldInfo& field);  // the fast way in, by index
+  // The recorded origin of `path`; nullptr when none was recorded.
+  const FieldOrigin* Find(std::string_view path) const;
+  size_t count(std::string_view path) const { return Find(path) ? 1 : 0; }
+  // How many paths have a recorded origin.
+  size_t size() const;
+
+ private:
+  FieldOrigin& Slot(size_t index);
+  std::vector<FieldOrigin> slots_;  // PlanFields().size() + 3, sized on the first write
+  std::vector<bool> recorded_;
+  std::map<std::string, FieldOrigin, std::less<>> other_;
+};
+
 struct Plan {
   std::string name;
   ModelSpec model;
@@ -174,7 +198,7 @@ struct Plan {
   BatchSpec batch;
   TrainSpec train;
 
-  std::map<std::string, FieldOrigin, std::less<>> origins;
+  PlanOrigins origins;
   std::set<std::string, std::less<>> poisoned;
   std::vector<Sweep> sweeps;
   SourceRange declaration;  // the `plan NAME` header

@@ -156,6 +156,33 @@ TEST_CASE("origins default to no location") {
   CHECK(ToString(OriginKind::kCommandLine) == "command line");
 }
 
+TEST_CASE("PlanOrigins: by path or by field, record paths too, unknown paths kept aside") {
+  PlanOrigins o;
+  CHECK(o.size() == 0);
+  CHECK(!o.Find("parallel.tp"));
+  CHECK(o.count("model") == 0);
+  const FieldInfo& pp = *FindPlanField("parallel.pp");
+  o[pp].kind = OriginKind::kCommandLine;
+  o["parallel.tp"] = FieldOrigin{OriginKind::kFile, SourceRange{1, 2, 3}, {}, {}};
+  o["cluster.gpu"].kind = OriginKind::kStdlib;
+  o["model"].kind = OriginKind::kFile;
+  o["not.a.field"].derivation = "kept";
+  CHECK(o.size() == 5);
+  REQUIRE(o.Find("parallel.pp"));
+  CHECK(o.Find("parallel.pp")->kind == OriginKind::kCommandLine);
+  CHECK(o.Find("parallel.tp")->range == SourceRange{1, 2, 3});
+  CHECK(o.Find("cluster.gpu")->kind == OriginKind::kStdlib);
+  CHECK(o.count("model") == 1);
+  CHECK(o.count("cluster") == 0);
+  CHECK(o.count("parallel.dp") == 0);
+  CHECK(o.Find("not.a.field")->derivation == "kept");
+  // Copies are independent.
+  PlanOrigins copy = o;
+  copy["parallel.tp"].kind = OriginKind::kAuto;
+  CHECK(o.Find("parallel.tp")->kind == OriginKind::kFile);
+  CHECK(copy.Find("parallel.tp")->kind == OriginKind::kAuto);
+}
+
 TEST_CASE("PrintPlan is one line per field in a stable order") {
   Plan p;
   p.name = "demo";
