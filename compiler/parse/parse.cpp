@@ -694,6 +694,48 @@ size_t RecoveryEnd(const std::vector<antlr4::Token*>& all, const SyntaxErrorInfo
   return all.size();
 }
 
+// `tp =` at the end of a line with the value forgotten: the next line's member (`pp = 4`) is
+// read as the value (`tp = pp`) and the parser stops at its `=`. Given the offending `=` of a
+// syntax error between members, finds that shape: the `=` without a value and the first token
+// of its member. nullopt when the error is something else.
+struct MissingValue {
+  size_t member_start;  // `tp`
+  size_t equals;        // the `=` that ends its line
+  size_t value_start;   // `pp`, read as the value
+};
+std::optional<MissingValue> FindMissingValue(const std::vector<antlr4::Token*>& all, size_t at) {
+  if (at >= all.size() || all[at]->getText() != "=") return std::nullopt;
+  auto visible_before = [&](size_t k) -> std::optional<size_t> {
+    while (k > 0) {
+      --k;
+      if (all[k]->getChannel() == antlr4::Token::DEFAULT_CHANNEL) return k;
+    }
+    return std::nullopt;
+  };
+  // Walks back over a path `a.b.c` ending right before `end`; its first token.
+  auto path_start = [&](size_t end) -> std::optional<size_t> {
+    auto k = visible_before(end);
+    if (!k || all[*k]->getType() != PlanLexer::NAME) return std::nullopt;
+    size_t first = *k;
+    for (;;) {
+      auto dot = visible_before(first);
+      if (!dot || all[*dot]->getText() != ".") return first;
+      auto name = visible_before(*dot);
+      if (!name || all[*name]->getType() != PlanLexer::NAME) return first;
+      first = *name;
+    }
+  };
+  auto value = path_start(at);
+  if (!value) return std::nullopt;
+  auto equals = visible_before(*value);
+  if (!equals || all[*equals]->getText() != "=" || all[*equals]->getLine() >= all[*value]->getLine()) {
+    return std::nullopt;
+  }
+  auto member = path_start(*equals);
+  if (!member) return std::nullopt;
+  return MissingValue{*member, *equals, *value};
+}
+
 // Lexes and parses; runs `build` on the tree when the text is well-formed. Returns false when a
 // lexical or syntax error was reported. With `recover`, parsing goes on after a syntax error
 // (see RecoveryEnd) so that independent errors in other members and declarations are reported
@@ -786,6 +828,28 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     const bool at_eof = !t || t->getType() == antlr4::Token::EOF;
     const bool lexical = !at_eof && (t->getType() == PlanLexer::UNTERMINATED_STRING ||
                                      t->getType() == PlanLexer::UNKNOWN_CHAR);
+    if (!lexical && info.in_block && info.skip_from == t->getTokenIndex()) {
+      if (auto missing = FindMissingValue(all, t->getTokenIndex())) {
+        std::string member, value;
+        for (size_t k = missing->member_start; k < missing->equals; ++k) member += all[k]->getText();
+        for (size_t k = missing->value_start; k < t->getTokenIndex(); ++k) value += all[k]->getText();
+        errors.push_back(
+            Diag(DiagKind::kSyntaxError, fmt::format("`{} =` has no value", member))
+                .At(builder.Range(all[missing->equals]), "expected an expression after `=` on this line")
+                .Label(builder.Range(t), fmt::format("so `{}` on the next line was read as the value, "
+                                                     "and this `=` cannot follow it",
+                                                     value))
+                .Note("a value may continue on the next line; write it after `=`")
+                .Get());
+        ++syntax_errors;
+        if (syntax_errors >= kMaxSyntaxErrors) return report_all();
+        // Skip `tp =` only: the next line's member is fine.
+        for (size_t k = missing->member_start; k <= missing->equals; ++k) {
+          if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k])) w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
+        }
+        continue;
+      }
+    }
     if (!lexical) {
       const auto& vocab = parser.getVocabulary();
       std::string found = at_eof ? std::string("end of file") : fmt::format("`{}`", t->getText());

@@ -310,9 +310,23 @@ TEST_CASE("recovery skips to the next line's member, a separator or the closing 
   // Stray text between members and between declarations.
   p = ParseText("}\nplan a {\n  tp = \n  pp = 4\n}\n= 5\nplan b { v = 1 }}\n");
   CHECK(Messages(*p) == std::vector<std::string>{"1: expected a declaration or `import`, found `}`",
-                                                 "4: expected `}` or another member, found `=`",
+                                                 "3: `tp =` has no value",
                                                  "6: expected a declaration or `import`, found `=`",
                                                  "7: expected a declaration or `import`, found `}`"});
+}
+
+TEST_CASE("a value forgotten at the end of a line is named, and the next line's member still parses") {
+  auto p = ParseText("plan a {\n  tp =\n  pp = 4 4\n  cluster.nodes =\n  model.layers = 8\n}\n");
+  CHECK(Messages(*p) == std::vector<std::string>{"2: `tp =` has no value",
+                                                 "3: expected `}` or another member, found `4`",
+                                                 "4: `cluster.nodes =` has no value"});
+  const Diagnostic& d = p->sink.diagnostics()[0];
+  CHECK(p->Slice(d.primary) == "=");
+  REQUIRE(d.labels.size() == 1);
+  CHECK(p->sm.Position(p->buffer, d.labels[0].range.begin).line == 3);
+  // An error in the next line's member is its own. A value on the next line is still a value.
+  p = ParseText("plan a {\n  tp =\n    4\n}\n");
+  CHECK(p->sink.diagnostics().empty());
 }
 
 TEST_CASE("a missing closing brace is one error, with a help when a declaration follows") {
