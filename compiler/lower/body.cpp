@@ -47,7 +47,6 @@ class RoleLowering {
     b.kind = kind;
     b.dtype = dtype;
     b.shape = std::move(shape);
-    b.chunk = chunk_;
     role_.buffers.push_back(std::move(b));
     return static_cast<int32_t>(role_.buffers.size() - 1);
   }

@@ -100,12 +100,13 @@ Placement Place(Role& role, bool fp32) {
     *slot += n;
   }
   // Stash region: per chunk a frame of its stash buffers, repeated `slots` times.
+  const std::vector<int32_t> stash_chunk = StashChunks(role);
   for (const Chunk& c : role.chunks) {
     int64_t frame = 0, exact = 0;
     std::vector<int32_t> members;
     for (int32_t i = 0; i < static_cast<int32_t>(role.buffers.size()); ++i) {
       Buffer& b = role.buffers[i];
-      if (b.kind != BufferKind::Stash || b.chunk != c.index) continue;
+      if (b.kind != BufferKind::Stash || stash_chunk[i] != c.index) continue;
       int64_t n = bytes_of(b);
       set(b, cursor + frame, n, 0);
       frame = Align(frame + n);

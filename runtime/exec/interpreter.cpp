@@ -163,7 +163,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
       }
       // Gather the final parameters from the fp32 master shards.
       std::lock_guard<std::mutex> lock(co.mutex);
-      runner.ForEachMasterElement([&](const ParamImage& p, int64_t local, float value) {
+      runner.ForEachMasterElement([&](const prog::mem::Param& p, int64_t local, float value) {
         auto& dst = co.params[p.name];
         auto& flags = co.written[p.name];
         if (dst.empty()) {

@@ -7,12 +7,12 @@
 namespace paraplan::exec {
 namespace {
 
-int64_t Last(const BufferImage& b) { return b.shape.empty() ? 1 : b.shape.back(); }
-int64_t First(const BufferImage& b) { return b.shape.empty() ? 1 : b.shape.front(); }
+int64_t Last(const prog::mem::Buffer& b) { return b.shape.empty() ? 1 : b.shape.back(); }
+int64_t First(const prog::mem::Buffer& b) { return b.shape.empty() ? 1 : b.shape.front(); }
 
 }  // namespace
 
-void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string& body) {
+void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::string& body) {
   const auto& bufs = role_.buffers;
   auto in = [&](size_t i) { return F(op.inputs[i], ctx); };
   auto out = [&](size_t i) { return i < op.outputs.size() ? F(op.outputs[i], ctx) : nullptr; };
@@ -58,8 +58,8 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
                                             " ids, a microbatch has " + std::to_string(t));
       tokens_in_.resize(t);
       tokens_out_.resize(t);
-      sampler_->Microbatch(ctx.step, RankInfo().coords.dp(), ctx.microbatch, tokens_in_.data(), tokens_out_.data());
-      backend_.CopyToDevice(I(op.outputs[0], ctx), op.Int(0) == 1 ? tokens_out_.data() : tokens_in_.data(), t * 4);
+      sampler_->Microbatch(ctx.step, RankInfo().coords.dp, ctx.microbatch, tokens_in_.data(), tokens_out_.data());
+      backend_.CopyToDevice(I(op.outputs[0], ctx), op.Int(0, 0) == 1 ? tokens_out_.data() : tokens_in_.data(), t * 4);
       return;
     }
     case OpKind::Fill: {
@@ -112,7 +112,7 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
     }
     case OpKind::RmsNormBackward: {
       const int64_t h = n_in(2), rows = n_in(1) / h;
-      const bool acc = op.Int(0) == 1;
+      const bool acc = op.Int(0, 0) == 1;
       float* dx = grad_target(out(0), rows * h, acc);
       backend_.RmsNormBackward(dx, out(1), in(0), in(1), in(2), in(3), rows, h);
       grad_finish(out(0), rows * h, acc);
@@ -127,7 +127,7 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
     }
     case OpKind::LayerNormBackward: {
       const int64_t h = n_in(2), rows = n_in(1) / h;
-      const bool acc = op.Int(0) == 1;
+      const bool acc = op.Int(0, 0) == 1;
       float* dx = grad_target(out(0), rows * h, acc);
       backend_.LayerNormBackward(dx, out(1), out(2), in(0), in(1), in(2), in(3), in(4), rows, h);
       grad_finish(out(0), rows * h, acc);
@@ -148,7 +148,7 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
       const int64_t fan_in = Last(w), fan_out = First(w), rows = n_in(0) / fan_out;
       need(rows * fan_out == n_in(0) && n_in(1) == rows * fan_in, "sizes");
       float* db = op.outputs.size() > 2 ? out(2) : nullptr;
-      backend_.LinearBackward(out(0), out(1), db, in(0), in(1), in(2), rows, fan_in, fan_out, op.Int(0) == 1);
+      backend_.LinearBackward(out(0), out(1), db, in(0), in(1), in(2), rows, fan_in, fan_out, op.Int(0, 0) == 1);
       return;
     }
     case OpKind::AddBias: {
@@ -165,7 +165,7 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
     }
     case OpKind::Rope:
     case OpKind::RopeBackward: {
-      const int64_t heads = op.Int(0), hd = op.Int(1), rows = n_in(0) / (heads * hd);
+      const int64_t heads = op.Int(0, 0), hd = op.Int(1, 0), rows = n_in(0) / (heads * hd);
       need(heads > 0 && hd > 0 && hd % 2 == 0 && rows * heads * hd == n_in(0) && rows % model.seq_len == 0,
            "rope over " + std::to_string(n_in(0)) + " elements with " + std::to_string(heads) + " heads of " +
                std::to_string(hd));
@@ -179,7 +179,7 @@ void RankRunner::RunOp(const OpImage& op, const Context& ctx, const std::string&
     }
     case OpKind::Attention:
     case OpKind::AttentionBackward: {
-      const int64_t micro = op.Int(0), seq = op.Int(1), heads = op.Int(2), groups = op.Int(3), hd = op.Int(4);
+      const int64_t micro = op.Int(0, 0), seq = op.Int(1, 0), heads = op.Int(2, 0), groups = op.Int(3, 0), hd = op.Int(4, 0);
       need(micro > 0 && seq > 0 && heads > 0 && groups > 0 && heads % groups == 0 && hd > 0, "bad attention shape");
       const auto layout = host::TokenLayout::BatchMajor(seq, micro);
       const float scale = static_cast<float>(op.Float(0, 1.0 / std::sqrt(static_cast<double>(hd))));

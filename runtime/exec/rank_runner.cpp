@@ -61,7 +61,7 @@ const RankRunner::Comm& RankRunner::CommOf(CommKind kind, const char* what) cons
 int64_t RankRunner::ShardIndex() const { return program_.parallel.zero >= 1 ? IndexIn(CommKind::Dp) : 0; }
 
 void RankRunner::Setup() {
-  const RankImage& me = RankInfo();
+  const prog::mem::Rank& me = RankInfo();
   for (int k = 1; k < prog::kCommKinds; ++k) {
     const int32_t c = me.comms[k];
     if (c < 0) continue;
@@ -87,12 +87,12 @@ void RankRunner::Setup() {
     if (arena) {
       base_[b] = arena + buf.fp32_offset;
     } else {
-      void* p = backend_.Allocate(std::max<int64_t>(4, buf.elements * 4 * buf.slots));
+      void* p = backend_.Allocate(std::max<int64_t>(4, buf.Elements() * 4 * buf.slots));
       allocations_.push_back(p);
       base_[b] = static_cast<char*>(p);
     }
     // Only Stash buffers have slots; every other buffer is the same memory in every context.
-    slot_stride_[b] = arena ? stride : (buf.slots > 1 ? buf.elements * 4 : 0);
+    slot_stride_[b] = arena ? stride : (buf.slots > 1 ? buf.Elements() * 4 : 0);
   }
   for (size_t b = 0; b < n; ++b) {  // views (possibly of views)
     int32_t target = static_cast<int32_t>(b);
@@ -114,7 +114,7 @@ void RankRunner::Setup() {
     for (size_t p = 0; p < role_.params.size(); ++p) {
       const auto& buf = role_.buffers[role_.params[p].buffer];
       if (buf.view_of != bucket.params) continue;
-      ranges_[bi].push_back({buf.view_offset, buf.view_offset + buf.elements, static_cast<int32_t>(p)});
+      ranges_[bi].push_back({buf.view_offset, buf.view_offset + buf.Elements(), static_cast<int32_t>(p)});
     }
     std::sort(ranges_[bi].begin(), ranges_[bi].end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
   }
@@ -131,7 +131,7 @@ void RankRunner::Setup() {
   InitParams();
 }
 
-int64_t RankRunner::GlobalIndex(const ParamImage& p, int64_t local) const {
+int64_t RankRunner::GlobalIndex(const prog::mem::Param& p, int64_t local) const {
   if (p.split_dim < 0) return local;
   int64_t inner = 1;
   for (size_t d = p.split_dim + 1; d < p.global_shape.size(); ++d) inner *= p.global_shape[d];
@@ -149,7 +149,7 @@ void RankRunner::InitParams() {
   // before the next bucket's params overwrite it.
   const int64_t shard = ShardIndex();
   std::vector<uint8_t> done(role_.params.size(), 0);
-  auto init_param = [&](const ParamImage& p) {
+  auto init_param = [&](const prog::mem::Param& p) {
     const int64_t local = Elements(p.buffer);
     dst.assign(static_cast<size_t>(local), 0.0f);
     int64_t global = 1;
@@ -242,11 +242,11 @@ void RankRunner::RunStep(int64_t step) {
 void RankRunner::RunSchedule(int64_t step) {
   const auto& sched = role_.schedule;
   for (size_t i = 0; i < sched.size(); ++i) {
-    const OpImage& op = sched[i];
+    const prog::mem::Op& op = sched[i];
     switch (op.kind) {
       case OpKind::Forward:
       case OpKind::Backward: {
-        const ChunkImage& chunk = role_.chunks[op.ints[1]];
+        const prog::mem::Chunk& chunk = role_.chunks[op.ints[1]];
         RunBody(op.kind == OpKind::Forward ? chunk.forward : chunk.backward,
                 Context{step, op.ints[0], static_cast<int32_t>(op.ints[2])});
         break;
@@ -290,7 +290,7 @@ void RankRunner::RunSchedule(int64_t step) {
   }
 }
 
-void RankRunner::Transfer(const OpImage& op, bool send) {
+void RankRunner::Transfer(const prog::mem::Op& op, bool send) {
   const Comm& c = CommOf(CommKind::Pp, "a pipeline transfer");
   const int32_t buffer = send ? op.inputs[0] : op.outputs[0];
   const int peer = static_cast<int>(op.ints[prog::kP2pPeer]);
@@ -302,8 +302,8 @@ void RankRunner::Transfer(const OpImage& op, bool send) {
 }
 
 void RankRunner::RunBody(int32_t body, const Context& ctx) {
-  const BodyImage& b = role_.bodies[body];
-  for (const OpImage& op : b.ops) {
+  const prog::mem::Body& b = role_.bodies[body];
+  for (const prog::mem::Op& op : b.ops) {
     const double t0 = options_.profile ? Now() : 0;
     RunOp(op, ctx, b.name);
     if (options_.profile) {
@@ -315,14 +315,14 @@ void RankRunner::RunBody(int32_t body, const Context& ctx) {
   }
 }
 
-const BucketImage& RankRunner::BucketByBuffer(int32_t buffer, bool grads) const {
+const prog::mem::Bucket& RankRunner::BucketByBuffer(int32_t buffer, bool grads) const {
   for (const auto& b : role_.buckets) {
     if (grads ? (b.grads == buffer || b.grad_shard == buffer) : (b.params == buffer || b.param_shard == buffer)) return b;
   }
   throw RunError("buffer `" + role_.buffers[buffer].name + "` is not a " + (grads ? "gradient" : "parameter") + " bucket");
 }
 
-void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
+void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
   const int32_t in = op.inputs[0], out = op.outputs[0];
   float* x = F(in, ctx);
   float* y = F(out, ctx);
@@ -331,7 +331,7 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
   switch (op.kind) {
     case OpKind::AllReduce: {
       if (nx != ny) throw RunError("AllReduce from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
-      const int64_t rop = op.Int(0);
+      const int64_t rop = op.Int(0, 0);
       if (c.size == 1) {
         if (x != y) backend_.Copy(y, x, nx);
         return;
@@ -347,12 +347,12 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
                        " ranks into " + std::to_string(ny));
       }
       float* dst = x == y ? x + c.index * piece : y;
-      const bool accumulate = op.Int(1) == 1 && x != y;  // y += piece (ZeRO-2/3 grad shards)
+      const bool accumulate = op.Int(1, 0) == 1 && x != y;  // y += piece (ZeRO-2/3 grad shards)
       if (accumulate) {
         float* tmp = Scratch(0, piece);
         if (c.size == 1) backend_.Copy(tmp, x, piece);
         else c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
-        if (op.Int(0) == prog::kReduceAvg) backend_.Scale(tmp, piece, 1.0f / static_cast<float>(c.size));
+        if (op.Int(0, 0) == prog::kReduceAvg) backend_.Scale(tmp, piece, 1.0f / static_cast<float>(c.size));
         backend_.Accumulate(dst, tmp, piece);
         return;
       }
@@ -367,7 +367,7 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
       } else {
         c.comm->ReduceScatter(x, y, piece, comm::DType::kF32);
       }
-      if (op.Int(0) == prog::kReduceAvg) backend_.Scale(dst, piece, 1.0f / static_cast<float>(c.size));
+      if (op.Int(0, 0) == prog::kReduceAvg) backend_.Scale(dst, piece, 1.0f / static_cast<float>(c.size));
       return;
     }
     case OpKind::AllGather: {
@@ -391,7 +391,7 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
     }
     case OpKind::Broadcast: {
       if (x != y) backend_.Copy(y, x, nx);
-      if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(op.Int(0)));
+      if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(op.Int(0, 0)));
       return;
     }
     default:
@@ -399,21 +399,21 @@ void RankRunner::RunCollective(const OpImage& op, const Context& ctx) {
   }
 }
 
-void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
+void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
   const auto& train = program_.train;
   const int64_t shard = ShardIndex();
   if (op.kind == OpKind::GradNormSquare) {
     const bool tp_leader = IndexIn(CommKind::Tp) == 0;
     double sum = 0;
     for (int32_t in : op.inputs) {
-      const BucketImage& bucket = BucketByBuffer(in, true);
+      const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
       const size_t bi = &bucket - role_.buckets.data();
       const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
       const int64_t end = program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
       const float* g = F(in, ctx);
       const int64_t base = in == bucket.grad_shard ? begin : 0;  // a grad shard holds [begin, end)
       for (const Range& r : ranges_[bi]) {
-        const ParamImage& p = role_.params[r.param];
+        const prog::mem::Param& p = role_.params[r.param];
         if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
         const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
         if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
@@ -424,7 +424,7 @@ void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
     return;
   }
   // AdamW / Sgd: [params bucket, grads bucket, master, exp_avg, exp_avg_sq, nsq].
-  const BucketImage& bucket = BucketByBuffer(op.inputs[0], false);
+  const prog::mem::Bucket& bucket = BucketByBuffer(op.inputs[0], false);
   const size_t bi = &bucket - role_.buckets.data();
   float nsq = 0.0f;
   if (op.inputs.size() > 5 && op.inputs[5] >= 0) backend_.CopyToHost(&nsq, F(op.inputs[5], ctx), 4);
@@ -447,7 +447,7 @@ void RankRunner::RunOptimizer(const OpImage& op, const Context& ctx) {
   for (const Range& r : ranges_[bi]) {
     const int64_t lo = std::max(begin, r.begin), hi = std::min(begin + n, r.end);
     if (lo >= hi) continue;
-    const ParamImage& p = role_.params[r.param];
+    const prog::mem::Param& p = role_.params[r.param];
     const float wd = p.decay ? static_cast<float>(train.weight_decay) : 0.0f;
     float* ms = master + (lo - begin);
     if (op.kind == OpKind::AdamW) {

@@ -45,8 +45,8 @@ class RankRunner {
   float Loss() const;
   float GradNormSquare() const;  // 0 when the program has no GradNormSquare
   int Rank() const { return rank_; }
-  const RankImage& RankInfo() const { return program_.ranks[rank_]; }
-  const RoleImage& Role() const { return role_; }
+  const prog::mem::Rank& RankInfo() const { return program_.ranks[rank_]; }
+  const prog::mem::Role& Role() const { return role_; }
 
   // The persistent training state: per bucket the params bucket, the optimizer buffers and the
   // ZeRO-3 param shard (backend pointers). Checkpoints save and restore exactly these.
@@ -57,7 +57,7 @@ class RankRunner {
   template <typename Fn>
   void ForEachMasterElement(Fn fn);
   // The row-major index in the unsharded tensor of element `local` of this rank's shard of p.
-  int64_t GlobalIndex(const ParamImage& p, int64_t local) const;
+  int64_t GlobalIndex(const prog::mem::Param& p, int64_t local) const;
 
   double cpu_seconds = 0, kernel_seconds = 0, comm_seconds = 0;
 
@@ -77,23 +77,23 @@ class RankRunner {
 
   float* F(int32_t buffer, const Context& ctx) const;
   int32_t* I(int32_t buffer, const Context& ctx) const { return reinterpret_cast<int32_t*>(F(buffer, ctx)); }
-  int64_t Elements(int32_t buffer) const { return role_.buffers[buffer].elements; }
+  int64_t Elements(int32_t buffer) const { return role_.buffers[buffer].Elements(); }
   const Comm& CommOf(CommKind kind, const char* what) const;
   int IndexIn(CommKind kind) const;
   int64_t ShardIndex() const;
 
   void RunSchedule(int64_t step);
   void RunBody(int32_t body, const Context& ctx);
-  void RunOp(const OpImage& op, const Context& ctx, const std::string& body);
-  void RunCollective(const OpImage& op, const Context& ctx);
-  void RunOptimizer(const OpImage& op, const Context& ctx);
-  void Transfer(const OpImage& op, bool send);
+  void RunOp(const prog::mem::Op& op, const Context& ctx, const std::string& body);
+  void RunCollective(const prog::mem::Op& op, const Context& ctx);
+  void RunOptimizer(const prog::mem::Op& op, const Context& ctx);
+  void Transfer(const prog::mem::Op& op, bool send);
   void InitParams();
-  const BucketImage& BucketByBuffer(int32_t buffer, bool grads) const;
+  const prog::mem::Bucket& BucketByBuffer(int32_t buffer, bool grads) const;
   double Now() const;
 
   const ProgramImage& program_;
-  const RoleImage& role_;
+  const prog::mem::Role& role_;
   int rank_;
   CommWorld& world_;
   Backend& backend_;

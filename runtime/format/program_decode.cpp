@@ -1,0 +1,225 @@
+// DecodeProgram: a program file's bytes to the in-memory program (program_model.h), refusing
+// with a ProgramError whatever a runtime executing it would trip over.
+#include <algorithm>
+#include <string>
+
+#include "runtime/format/program_model.h"
+
+namespace paraplan::prog::mem {
+namespace {
+
+// Minimum operand counts per body op (inputs, outputs); -1: not a body op the runtime runs.
+std::pair<int, int> Operands(OpKind k) {
+  switch (k) {
+    case OpKind::AllReduce: case OpKind::ReduceScatter: case OpKind::AllGather:
+    case OpKind::Broadcast: case OpKind::Copy: case OpKind::Gelu: case OpKind::Rope:
+    case OpKind::RopeBackward: case OpKind::CrossEntropyMax: return {1, 1};
+    case OpKind::LoadBatch: return {0, 1};
+    case OpKind::Fill: return {0, 1};
+    case OpKind::Embedding: return {2, 1};
+    case OpKind::EmbeddingBackward: return {2, 1};
+    case OpKind::AddPosition: return {2, 1};
+    case OpKind::AddPositionBackward: return {1, 1};
+    case OpKind::RmsNorm: return {2, 2};
+    case OpKind::RmsNormBackward: return {4, 2};
+    case OpKind::LayerNorm: return {3, 3};
+    case OpKind::LayerNormBackward: return {5, 3};
+    case OpKind::Linear: return {2, 1};
+    case OpKind::LinearBackward: return {3, 2};
+    case OpKind::AddBias: return {2, 1};
+    case OpKind::AddBiasBackward: return {1, 1};
+    case OpKind::Attention: return {3, 2};
+    case OpKind::AttentionBackward: return {6, 3};
+    case OpKind::SwiGlu: return {2, 1};
+    case OpKind::SwiGluBackward: return {3, 2};
+    case OpKind::GeluBackward: return {2, 1};
+    case OpKind::Add: return {2, 1};
+    case OpKind::CrossEntropySumExp: return {3, 1};
+    case OpKind::CrossEntropyLoss: return {2, 1};
+    case OpKind::CrossEntropyBackward: return {4, 1};
+    case OpKind::GradNormSquare: return {1, 1};
+    case OpKind::AdamW: case OpKind::Sgd: return {6, 1};
+    default: return {-1, -1};
+  }
+}
+
+}  // namespace
+
+Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin) {
+  auto fail = [&](const std::string& what) -> ProgramError {
+    return ProgramError("program `" + origin + "`: " + what);
+  };
+  if (size < 8 || !prog::ProgramBufferHasIdentifier(data)) {
+    throw fail("not a paraplan program (no PPLN identifier); compile one with `planc compile PLAN -o FILE`");
+  }
+  flatbuffers::Verifier verifier(data, size, 128, 100000000);
+  if (!prog::VerifyProgramBuffer(verifier)) throw fail("the file is corrupt (FlatBuffers verification failed)");
+  const prog::Program* p = prog::GetProgram(data);
+  if (p->format_version() != kFormatVersion) {
+    throw fail("format version " + std::to_string(p->format_version()) + ", this planrun reads version " +
+               std::to_string(kFormatVersion) + "; recompile the plan with this release's planc");
+  }
+  if (p->world_size() <= 0 || p->world_size() > 4096) {
+    throw fail("world size " + std::to_string(p->world_size()) + " is outside 1..4096 for the host runtime");
+  }
+  if (!p->model() || !p->parallel() || !p->train()) throw fail("model, parallel or train section missing");
+  Program img = DecodeProgramModel(*p);
+  if (img.model.seq_len <= 0 || img.model.micro_batch <= 0 || img.model.vocab <= 0 ||
+      img.train.global_batch <= 0 || img.parallel.dp <= 0) {
+    throw fail("model.seq_len, model.micro_batch, model.vocab, train.global_batch and parallel.dp must be positive");
+  }
+
+  for (const Communicator& ci : img.communicators) {
+    for (int32_t member : ci.members) {
+      if (member < 0 || member >= img.world_size) {
+        throw fail("communicator member " + std::to_string(member) + " outside the world of " +
+                   std::to_string(img.world_size));
+      }
+    }
+  }
+  if (static_cast<int32_t>(img.ranks.size()) != img.world_size) {
+    throw fail("the rank table has " + std::to_string(img.ranks.size()) + " entries for a world of " +
+               std::to_string(img.world_size));
+  }
+  const int32_t role_count = static_cast<int32_t>(img.roles.size());
+  for (int32_t r = 0; r < img.world_size; ++r) {
+    const Rank& ri = img.ranks[r];
+    if (ri.role < 0 || ri.role >= role_count) throw fail("rank " + std::to_string(r) + " names role " + std::to_string(ri.role));
+    for (size_t k = 0; k < ri.comms.size(); ++k) {
+      const int32_t c = ri.comms[k];
+      if (c < -1 || c >= static_cast<int32_t>(img.communicators.size())) {
+        throw fail("rank " + std::to_string(r) + " names communicator " + std::to_string(c));
+      }
+      if (c >= 0) {
+        const auto& members = img.communicators[c].members;
+        if (std::find(members.begin(), members.end(), r) == members.end()) {
+          throw fail("rank " + std::to_string(r) + " is not a member of its " +
+                     prog::EnumNameCommKind(static_cast<CommKind>(k)) + " communicator " + std::to_string(c));
+        }
+      }
+    }
+  }
+
+  for (const Role& role : img.roles) {
+    if (role.fp32_arena_bytes < 0 || role.fp32_arena_bytes > (int64_t{1} << 40)) {
+      throw fail("role `" + role.name + "` asks for an arena of " + std::to_string(role.fp32_arena_bytes) +
+                 " bytes, outside 0 .. 1 TiB");
+    }
+    auto where = [&](const std::string& what) { return "role `" + role.name + "`: " + what; };
+    // Element counts, checked here once; Buffer::Elements() gives the same numbers afterwards.
+    std::vector<int64_t> elements;
+    elements.reserve(role.buffers.size());
+    for (const Buffer& bi : role.buffers) {
+      int64_t n = 1;
+      for (int64_t d : bi.shape) {
+        if (d < 0 || (d > 0 && n > (int64_t{1} << 40) / d)) throw fail(where("buffer `" + bi.name + "` has a bad shape"));
+        n *= d;
+      }
+      elements.push_back(n);
+      if (bi.slots < 1) throw fail(where("buffer `" + bi.name + "` has " + std::to_string(bi.slots) + " slots"));
+      if (bi.dtype != DType::F32 && bi.dtype != DType::Bf16 && bi.dtype != DType::F16 && bi.dtype != DType::I32) {
+        throw fail(where("buffer `" + bi.name + "` has dtype " + prog::EnumNameDType(bi.dtype) + ", which the host runtime does not support"));
+      }
+      if (bi.fp32_bytes < n * 4 || bi.fp32_offset < 0 ||
+          (bi.slots > 1 && bi.fp32_slot_stride < bi.fp32_bytes) ||
+          bi.fp32_offset + (bi.slots - 1) * bi.fp32_slot_stride + bi.fp32_bytes > role.fp32_arena_bytes) {
+        throw fail(where("buffer `" + bi.name + "` (" + std::to_string(n) + " elements, " +
+                         std::to_string(bi.slots) + " slots at f32 offset " + std::to_string(bi.fp32_offset) +
+                         ") does not fit its placement or the arena of " + std::to_string(role.fp32_arena_bytes) + " bytes"));
+      }
+    }
+    const int32_t nbuf = static_cast<int32_t>(role.buffers.size());
+    for (int32_t i = 0; i < nbuf; ++i) {
+      const Buffer& b = role.buffers[i];
+      if (b.view_of >= nbuf || (b.view_of >= 0 && (b.view_offset < 0 || b.view_offset + elements[i] > elements[b.view_of]))) {
+        throw fail(where("view `" + b.name + "` lies outside the buffer it views"));
+      }
+    }
+    auto check_buffer = [&](int32_t b, const std::string& what, bool allow_none = false) {
+      if ((allow_none && b == -1) || (b >= 0 && b < nbuf)) return;
+      throw fail(where(what + " names buffer " + std::to_string(b) + " of " + std::to_string(nbuf)));
+    };
+    for (const Param& pi : role.params) {
+      check_buffer(pi.buffer, "param `" + pi.name + "`");
+      check_buffer(pi.grad, "param `" + pi.name + "` gradient");
+      if (pi.split_dim >= static_cast<int32_t>(pi.global_shape.size())) throw fail(where("param `" + pi.name + "` splits a missing dimension"));
+    }
+    for (const Bucket& bi : role.buckets) {
+      check_buffer(bi.params, "bucket");
+      check_buffer(bi.grads, "bucket");
+      for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) check_buffer(b, "bucket", true);
+      const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
+      const int64_t dp = img.parallel.zero >= 1 ? img.parallel.dp : 1;
+      if (bi.elements <= 0 || bi.shard_elements <= 0 || bi.shard_elements * dp != bi.elements ||
+          elements[bi.params] < bi.elements || elements[bi.grads] < bi.elements) {
+        throw fail(where(what + " holds " + std::to_string(bi.elements) + " elements in shards of " +
+                         std::to_string(bi.shard_elements) + " over " + std::to_string(dp) +
+                         " ranks, which does not match its buffers"));
+      }
+      for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) {
+        if (b >= 0 && elements[b] < bi.shard_elements) {
+          throw fail(where(what + ": buffer `" + role.buffers[b].name + "` is smaller than the shard of " +
+                           std::to_string(bi.shard_elements) + " elements"));
+        }
+      }
+    }
+    for (const Body& body : role.bodies) {
+      for (size_t i = 0; i < body.ops.size(); ++i) {
+        const Op& o = body.ops[i];
+        auto [nin, nout] = Operands(o.kind);
+        const std::string what = "op " + std::to_string(i) + " (" + prog::EnumNameOpKind(o.kind) +
+                                 ") of body `" + body.name + "`";
+        if (nin < 0) throw fail(where(what + " is not supported by this runtime"));
+        if (static_cast<int>(o.inputs.size()) < nin || static_cast<int>(o.outputs.size()) < nout) {
+          throw fail(where(what + " has " + std::to_string(o.inputs.size()) + " inputs and " +
+                           std::to_string(o.outputs.size()) + " outputs; it needs at least " +
+                           std::to_string(nin) + " and " + std::to_string(nout)));
+        }
+        for (int32_t x : o.inputs) check_buffer(x, what, true);
+        for (int32_t x : o.outputs) check_buffer(x, what, true);
+        if (static_cast<int>(o.comm) < 0 || static_cast<int>(o.comm) >= kCommKinds) throw fail(where(what + " names a bad communicator kind"));
+      }
+    }
+    const int32_t nbodies = static_cast<int32_t>(role.bodies.size());
+    for (const Chunk& ci : role.chunks) {
+      if (ci.forward < 0 || ci.forward >= nbodies || ci.backward < 0 || ci.backward >= nbodies) {
+        throw fail(where("chunk " + std::to_string(ci.index) + " names a missing body"));
+      }
+      for (int32_t b : {ci.input, ci.output, ci.grad}) check_buffer(b, "chunk " + std::to_string(ci.index), true);
+    }
+    const int32_t nchunks = static_cast<int32_t>(role.chunks.size());
+    for (size_t i = 0; i < role.schedule.size(); ++i) {
+      const Op& o = role.schedule[i];
+      const std::string what = "schedule op " + std::to_string(i) + " (" + prog::EnumNameOpKind(o.kind) + ")";
+      switch (o.kind) {
+        case OpKind::Forward: case OpKind::Backward:
+        case OpKind::SendActivation: case OpKind::RecvActivation:
+        case OpKind::SendGrad: case OpKind::RecvGrad: {
+          const bool p2p = o.kind != OpKind::Forward && o.kind != OpKind::Backward;
+          if (o.ints.size() < (p2p ? 5u : 3u)) throw fail(where(what + " has too few ints"));
+          if (o.ints[1] < 0 || o.ints[1] >= nchunks) throw fail(where(what + " names chunk " + std::to_string(o.ints[1])));
+          if (o.ints[2] < 0 || o.ints[2] >= role.chunks[o.ints[1]].slots) throw fail(where(what + " names slot " + std::to_string(o.ints[2])));
+          if (p2p) {
+            const auto& bufs = (o.kind == OpKind::SendActivation || o.kind == OpKind::SendGrad) ? o.inputs : o.outputs;
+            if (bufs.empty()) throw fail(where(what + " names no buffer"));
+            check_buffer(bufs[0], what);
+          }
+          break;
+        }
+        case OpKind::ZeroGrads: case OpKind::ReduceGrads: case OpKind::OptimizerStep:
+          if (o.ints.empty() || o.ints[0] < 0 || o.ints[0] >= nbodies) throw fail(where(what + " names a missing body"));
+          break;
+        case OpKind::GatherParams:
+          if (o.ints.size() < 2 || o.ints[1] < 0 || o.ints[1] >= nbodies) throw fail(where(what + " names a missing body"));
+          break;
+        case OpKind::ReleaseParams:
+          break;
+        default:
+          throw fail(where(what + " is not a schedule op"));
+      }
+    }
+  }
+  return img;
+}
+
+}  // namespace paraplan::prog::mem
