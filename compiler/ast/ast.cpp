@@ -113,6 +113,10 @@ std::string PrintExpr(const Expr& e) {
   auto with_unit = [&](std::string s) {
     return e.unit.text.empty() ? s : s + " " + e.unit.text;
   };
+  // The verifier prints malformed trees too: a missing operand prints, never dereferences.
+  auto operand = [&](size_t i) {
+    return i < e.operands.size() && e.operands[i] ? PrintExpr(*e.operands[i]) : std::string("<missing>");
+  };
   switch (e.kind) {
     case ExprKind::kInt: return with_unit(std::to_string(e.int_value));
     case ExprKind::kReal: return with_unit(FormatReal(e.real_value));
@@ -128,19 +132,19 @@ std::string PrintExpr(const Expr& e) {
       std::string s = "[";
       for (size_t i = 0; i < e.operands.size(); ++i) {
         if (i) s += ", ";
-        s += PrintExpr(*e.operands[i]);
+        s += operand(i);
       }
       return s + "]";
     }
     case ExprKind::kUnary:
-      return "(" + e.text + (e.text == "not" ? " " : "") + PrintExpr(*e.operands[0]) + ")";
+      return "(" + e.text + (e.text == "not" ? " " : "") + operand(0) + ")";
     case ExprKind::kBinary:
-      return "(" + PrintExpr(*e.operands[0]) + " " + e.text + " " + PrintExpr(*e.operands[1]) + ")";
+      return "(" + operand(0) + " " + e.text + " " + operand(1) + ")";
     case ExprKind::kCall: {
       std::string s = JoinPath(e.path) + "(";
       for (size_t i = 0; i < e.operands.size(); ++i) {
         if (i) s += ", ";
-        s += PrintExpr(*e.operands[i]);
+        s += operand(i);
       }
       return s + ")";
     }

@@ -2,6 +2,7 @@
 // for every block, `--set` overrides, and plan selection.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
@@ -211,6 +212,13 @@ eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer
         if (fs::is_directory(t, ec)) d.Note(fmt::format("`{}` is a directory; an import names a .plan file", t));
       }
       if (imp.file.empty() && !imp.module.empty() && imp.module[0].text == "std") {
+        std::error_code ec;
+        if (!fs::is_directory(options.stdlib_dir, ec)) {
+          const char* env = std::getenv("PARAPLAN_STDLIB");
+          const bool from_env = env && *env && options.stdlib_dir == env;
+          d.Note(fmt::format("<stdlib> is `{}`{}, which is not a directory", options.stdlib_dir,
+                             from_env ? " (from PARAPLAN_STDLIB)" : ""));
+        }
         std::vector<std::string> names = StdlibModules(options.stdlib_dir);
         std::vector<std::string_view> views(names.begin(), names.end());
         std::string guess = ast::ClosestName(what, views);

@@ -342,7 +342,14 @@ Sampler::Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed)
                     ", global " + std::to_string(shape.global_batch) + ", micro " +
                     std::to_string(shape.micro_batch) + ", dp " + std::to_string(shape.data_parallel) + ")");
   }
-  if (shape.global_batch % (shape.micro_batch * shape.data_parallel) != 0) {
+  int64_t per_step = 0, needed = 0;
+  if (__builtin_mul_overflow(shape.micro_batch, shape.data_parallel, &per_step) ||
+      __builtin_mul_overflow(shape.global_batch, shape.seq_len, &needed) || needed == INT64_MAX) {
+    throw DataError("batch shape out of range (seq_len " + std::to_string(shape.seq_len) + ", global " +
+                    std::to_string(shape.global_batch) + ", micro " + std::to_string(shape.micro_batch) + ", dp " +
+                    std::to_string(shape.data_parallel) + "): a step would need more than 2^63 tokens");
+  }
+  if (shape.global_batch % per_step != 0) {
     throw DataError("global batch " + std::to_string(shape.global_batch) +
                     " is not a multiple of micro · dp = " + std::to_string(shape.micro_batch) + " · " +
                     std::to_string(shape.data_parallel));
@@ -353,7 +360,7 @@ Sampler::Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed)
     throw DataError("the data has " + std::to_string(n) + " tokens, " + std::to_string(samples_) +
                     " sequences of " + std::to_string(shape.seq_len) + "+1 tokens: fewer than one "
                     "global batch of " + std::to_string(shape.global_batch) + " sequences (needs at least " +
-                    std::to_string(shape.global_batch * shape.seq_len + 1) + " tokens)");
+                    std::to_string(needed + 1) + " tokens)");
   }
 }
 

@@ -5,6 +5,9 @@
 #define PARAPLAN_RUNTIME_FORMAT_PROGRAM_H_
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "runtime/format/program_generated.h"
 
@@ -29,6 +32,26 @@ inline constexpr int kP2pGroup = 4;
 inline constexpr int64_t kReduceSum = 0;
 inline constexpr int64_t kReduceMax = 1;
 inline constexpr int64_t kReduceAvg = 2;
+
+// Copies a vector of scalars out of a verified buffer. The FlatBuffers verifier checks the
+// alignment of a vector's length but not of its elements, so a damaged file can place 8-byte
+// values at a 4-byte boundary: the bytes are copied rather than loaded as misaligned values.
+template <typename T>
+std::vector<T> CopyScalars(const flatbuffers::Vector<T>* v) {
+  static_assert(std::is_scalar_v<T>, "vectors of scalars only");
+  if (!v) return {};
+  std::vector<T> out(v->size());
+#if FLATBUFFERS_LITTLEENDIAN
+  if (!out.empty()) std::memcpy(out.data(), v->Data(), out.size() * sizeof(T));
+#else
+  for (uint32_t i = 0; i < v->size(); ++i) {
+    T x;
+    std::memcpy(&x, v->Data() + i * sizeof(T), sizeof(T));
+    out[i] = flatbuffers::EndianScalar(x);
+  }
+#endif
+  return out;
+}
 
 inline int64_t DTypeBytes(DType t) {
   switch (t) {

@@ -120,9 +120,18 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
       if (bi.dtype != DType::F32 && bi.dtype != DType::Bf16 && bi.dtype != DType::F16 && bi.dtype != DType::I32) {
         throw fail(where("buffer `" + bi.name + "` has dtype " + prog::EnumNameDType(bi.dtype) + ", which the host runtime does not support"));
       }
-      if (bi.fp32_bytes < n * 4 || bi.fp32_offset < 0 ||
-          (bi.slots > 1 && bi.fp32_slot_stride < bi.fp32_bytes) ||
-          bi.fp32_offset + (bi.slots - 1) * bi.fp32_slot_stride + bi.fp32_bytes > role.fp32_arena_bytes) {
+      if (bi.fp32_offset % 4 != 0 || (bi.slots > 1 && bi.fp32_slot_stride % 4 != 0)) {
+        throw fail(where("buffer `" + bi.name + "` at f32 offset " + std::to_string(bi.fp32_offset) + " (slot stride " +
+                         std::to_string(bi.fp32_slot_stride) + ") is not aligned to its 4-byte elements"));
+      }
+      // Every term is checked before it is added, so hostile values cannot overflow.
+      int64_t end = 0;
+      const bool overflow = bi.fp32_offset < 0 || bi.fp32_bytes < 0 || bi.fp32_slot_stride < 0 ||
+                            __builtin_mul_overflow(static_cast<int64_t>(bi.slots - 1), bi.fp32_slot_stride, &end) ||
+                            __builtin_add_overflow(end, bi.fp32_offset, &end) ||
+                            __builtin_add_overflow(end, bi.fp32_bytes, &end);
+      if (overflow || bi.fp32_bytes < n * 4 || (bi.slots > 1 && bi.fp32_slot_stride < bi.fp32_bytes) ||
+          end > role.fp32_arena_bytes) {
         throw fail(where("buffer `" + bi.name + "` (" + std::to_string(n) + " elements, " +
                          std::to_string(bi.slots) + " slots at f32 offset " + std::to_string(bi.fp32_offset) +
                          ") does not fit its placement or the arena of " + std::to_string(role.fp32_arena_bytes) + " bytes"));
@@ -140,6 +149,11 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
       throw fail(where(what + " names buffer " + std::to_string(b) + " of " + std::to_string(nbuf)));
     };
     for (const Param& pi : role.params) {
+      int64_t global = 1;
+      for (int64_t d : pi.global_shape) {
+        if (d < 1 || global > (int64_t{1} << 40) / d) throw fail(where("param `" + pi.name + "` has a bad global shape"));
+        global *= d;
+      }
       check_buffer(pi.buffer, "param `" + pi.name + "`");
       check_buffer(pi.grad, "param `" + pi.name + "` gradient");
       if (pi.split_dim >= static_cast<int32_t>(pi.global_shape.size())) throw fail(where("param `" + pi.name + "` splits a missing dimension"));

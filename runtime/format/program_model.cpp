@@ -86,7 +86,7 @@ namespace {
 
 template <typename T>
 std::vector<T> Vec(const flatbuffers::Vector<T>* v) {
-  return v ? std::vector<T>(v->begin(), v->end()) : std::vector<T>{};
+  return prog::CopyScalars(v);
 }
 
 std::string Str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }

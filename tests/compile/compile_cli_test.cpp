@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "compiler/lower/program.h"
 
@@ -211,6 +213,30 @@ TEST_CASE("compile: usage errors and plan errors") {
   CHECK(r.err.find("--microbatch-group takes a positive integer, got '3abc'") != std::string::npos);
 }
 
+TEST_CASE("planrun refuses a misaligned buffer and a parameter shape past 64 bits (not undefined behaviour)") {
+  const std::string good = Read(Compiled());
+  std::string error;
+  auto runs = [&](const paraplan::lower::Program& p, const std::string& name) {
+    const auto bytes = paraplan::lower::ToFlatBuffer(p);
+    const std::string path = Dir() + "/" + name;
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    const std::string out = Dir() + "/planrun.txt";
+    const int rc = std::system((std::string(PARAPLAN_PLANRUN) + " " + path + " --steps 1 > " + out + " 2>&1").c_str());
+    return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(out));
+  };
+  auto p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  REQUIRE(p.has_value());
+  for (auto& b : p->roles[0].buffers) b.fp32_offset += 2;
+  auto [status, out] = runs(*p, "misaligned.pplan");
+  CHECK(status == 1);
+  CHECK(out.find("is not aligned to its 4-byte elements") != std::string::npos);
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p->roles[0].params[0].global_shape = {int64_t{1} << 40, int64_t{1} << 40};
+  std::tie(status, out) = runs(*p, "shape.pplan");
+  CHECK(status == 1);
+  CHECK(out.find("has a bad global shape") != std::string::npos);
+}
+
 TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs are refused") {
   const std::string plan = PlanFile();
   const std::string text = Read(plan);
@@ -266,6 +292,12 @@ TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs
   r = Planc("dump /dev/zero");
   CHECK(r.status == 1);
   CHECK(r.err.find("no 'PPLN' file identifier") != std::string::npos);
+  // A stdlib directory that does not exist is named, not only `<stdlib>/clusters.plan`.
+  std::ofstream(Dir() + "/std.plan") << "import std.clusters\n";
+  const std::string err = Dir() + "/stdlib_err.txt";
+  CHECK(std::system(("env PARAPLAN_STDLIB=" + Dir() + "/no_stdlib " + PARAPLAN_PLANC + " check " + Dir() +
+                     "/std.plan 2> " + err).c_str()) != 0);
+  CHECK(Read(err).find("no_stdlib` (from PARAPLAN_STDLIB)") != std::string::npos);
 }
 
 }  // namespace
