@@ -872,6 +872,17 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
                              first->getText()));
         }
       }
+      // `vocab = 1000 seq_len 128`: a name after a number is read as its unit.
+      if (!at_eof && t->getTokenIndex() >= 2) {
+        antlr4::Token* name = all[t->getTokenIndex() - 1];
+        antlr4::Token* number = all[t->getTokenIndex() - 2];
+        if (name->getType() == PlanLexer::NAME &&
+            (number->getType() == PlanLexer::INT || number->getType() == PlanLexer::REAL) &&
+            name->getChannel() == antlr4::Token::DEFAULT_CHANNEL && !FindUnit(name->getText())) {
+          d.Label(builder.Range(name), fmt::format("read as the unit of `{}`", number->getText()));
+          d.Help(fmt::format("is a `=` missing after `{}`?", name->getText()));
+        }
+      }
       errors.push_back(std::move(d).Take());
       ++syntax_errors;
     }

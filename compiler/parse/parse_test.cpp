@@ -329,6 +329,21 @@ TEST_CASE("a value forgotten at the end of a line is named, and the next line's 
   CHECK(p->sink.diagnostics().empty());
 }
 
+TEST_CASE("a field name after a number, read as its unit, gets a help") {
+  auto p = ParseText("model m {\n  vocab = 1000 seq_len 128\n}\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().message == "expected `}` or another member, found `128`");
+  REQUIRE(p->First().labels.size() == 1);
+  CHECK(p->Slice(p->First().labels[0].range) == "seq_len");
+  CHECK(p->First().labels[0].message == "read as the unit of `1000`");
+  REQUIRE(p->First().helps.size() == 1);
+  CHECK(p->First().helps[0] == "is a `=` missing after `seq_len`?");
+  // A real unit gets no such help.
+  p = ParseText("gpu g {\n  memory = 80 GiB 5\n}\n");
+  REQUIRE(p->sink.diagnostics().size() == 1);
+  CHECK(p->First().helps.empty());
+}
+
 TEST_CASE("a missing closing brace is one error, with a help when a declaration follows") {
   auto p = ParseText("plan a {\n  parallel { tp = 4\n  batch { global = 8 }\n}\n\nplan b { batch { global = = 1 } }\n");
   REQUIRE(p->sink.diagnostics().size() == 1);
