@@ -120,7 +120,16 @@ constexpr int kMaxDepth = 200;
 // --- Records and fields --------------------------------------------------------------------
 
 Record* Evaluator::DeclRecord(const ast::Decl& d) {
-  if (auto it = decl_records_.find(&d); it != decl_records_.end()) return it->second;
+  if (auto it = decl_records_.find(&d); it != decl_records_.end()) {
+    // Met again while its own base is being evaluated: `plan a extends b`, `plan b extends a`.
+    if (d.base && busy_.count(&d)) {
+      Report(Diag(DiagKind::kCyclicDefinition,
+                  fmt::format("`{}` extends itself through `{}`", d.name.text, Text(d.base->range)))
+                 .At(d.base->range, "the chain of `extends` comes back here")
+                 .Note("a record cannot be derived from itself, directly or through others"));
+    }
+    return it->second;
+  }
   Kind kind = d.kind == ast::DeclKind::kGpu       ? Kind::kGpu
               : d.kind == ast::DeclKind::kCluster ? Kind::kCluster
               : d.kind == ast::DeclKind::kModel   ? Kind::kModel

@@ -1,6 +1,7 @@
 #include "compiler/driver/check_file.h"
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,8 +15,11 @@ namespace {
 
 struct TempFile {
   explicit TempFile(const std::string& text) {
+    // The process id keeps concurrent test runs (several checkouts on one machine) apart.
+    static int counter = 0;
     path = (std::filesystem::temp_directory_path() /
-            ("paraplan_check_file_test_" + std::to_string(std::rand()) + ".plan")).string();
+            ("paraplan_check_file_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".plan"))
+               .string();
     std::ofstream(path) << text;
     const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
     setenv("PARAPLAN_STDLIB", (std::string(root ? root : ".") + "/stdlib").c_str(), 1);

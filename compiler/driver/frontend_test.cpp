@@ -1,6 +1,7 @@
 #include "compiler/driver/frontend.h"
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -37,8 +38,11 @@ TEST_CASE("ParseFrontendArgs takes FILE, --plan, --set and -I and keeps the rest
 
 struct TempPlan {
   explicit TempPlan(const std::string& text) {
+    // The process id keeps concurrent test runs (several checkouts on one machine) apart.
+    static int counter = 0;
     path = (std::filesystem::temp_directory_path() /
-            ("paraplan_frontend_test_" + std::to_string(std::rand()) + ".plan")).string();
+            ("paraplan_frontend_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".plan"))
+               .string();
     std::ofstream(path) << text;
     const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
     setenv("PARAPLAN_STDLIB", (std::string(root ? root : ".") + "/stdlib").c_str(), 1);
