@@ -14,35 +14,24 @@
 
 #include "compiler/lower/program.h"
 
+#include "tests/support/cli.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
+using paraplan::testing::ReadFile;
+using Result = paraplan::testing::CommandResult;
+
 std::string Dir() {
-  static const std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("paraplan_compile_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
-  }();
+  static const std::string dir = paraplan::testing::ScratchDir("compile");
   return dir;
 }
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int status;
-  std::string out, err;
-};
+std::string Read(const std::string& path) { return ReadFile(path); }
 
 Result Planc(const std::string& args) {
-  const std::string out = Dir() + "/stdout.txt", err = Dir() + "/stderr.txt";
-  const int rc = std::system((std::string(PARAPLAN_PLANC) + " " + args + " > " + out + " 2> " + err).c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(out), Read(err)};
+  return paraplan::testing::RunCommand(std::string(PARAPLAN_PLANC) + " " + args, Dir());
 }
 
 const char* kPlan = R"(

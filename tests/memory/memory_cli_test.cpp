@@ -12,37 +12,19 @@
 #include <sstream>
 #include <string>
 
-namespace fs = std::filesystem;
+#include "tests/support/cli.h"
 
 namespace {
 
+using Result = paraplan::testing::CommandResult;
+
 std::string Dir() {
-  static const std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("paraplan_memory_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
-  }();
+  static const std::string dir = paraplan::testing::ScratchDir("memory");
   return dir;
 }
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int status;
-  std::string out, err;
-};
-
 Result Planc(const std::string& args) {
-  const std::string out = Dir() + "/stdout.txt", err = Dir() + "/stderr.txt";
-  const std::string command = std::string("cd ") + PARAPLAN_ROOT + " && " + PARAPLAN_PLANC + " " + args + " > " +
-                              out + " 2> " + err;
-  const int rc = std::system(command.c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(out), Read(err)};
+  return paraplan::testing::RunCommand(std::string(PARAPLAN_PLANC) + " " + args, Dir(), PARAPLAN_ROOT);
 }
 
 size_t Count(const std::string& text, const std::string& what) {

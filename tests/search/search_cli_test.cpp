@@ -11,35 +11,19 @@
 #include <sstream>
 #include <string>
 
-namespace fs = std::filesystem;
+#include "tests/support/cli.h"
 
 namespace {
 
+using Result = paraplan::testing::CommandResult;
+
 std::string Dir() {
-  static const std::string dir = [] {
-    auto d = fs::temp_directory_path() / ("paraplan_search_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
-  }();
+  static const std::string dir = paraplan::testing::ScratchDir("search");
   return dir;
 }
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int status;
-  std::string out, err;
-};
-
 Result Planc(const std::string& args) {
-  const std::string out = Dir() + "/stdout.txt", err = Dir() + "/stderr.txt";
-  const int rc = std::system((std::string(PARAPLAN_PLANC) + " " + args + " > " + out + " 2> " + err).c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(out), Read(err)};
+  return paraplan::testing::RunCommand(std::string(PARAPLAN_PLANC) + " " + args, Dir());
 }
 
 // A small Llama-style model on one node of 8 GPUs; 4 · 4 · 2 · 2 · 2 · 2 = 256 candidates.
