@@ -115,7 +115,9 @@ void CheckSplit(RuleContext& ctx) {
       return;
     }
     int64_t sum = 0;
-    for (int64_t v : pipe.stage_layers) sum += v;
+    bool overflow = false;
+    for (int64_t v : pipe.stage_layers) overflow = overflow || __builtin_add_overflow(sum, v, &sum);
+    if (overflow) sum = INT64_MAX;  // reported as a sum that is not the layer count
     if (sum != L) {
       RuleDiag d(ctx, DiagKind::kStageLayersSum,
                  "`stage_layers` adds up to " + std::to_string(sum) + " layers, but the model has " + std::to_string(L));

@@ -235,7 +235,22 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
 
   ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp, static_cast<int32_t>(p.train.microbatches),
                       options.microbatch_group};
-  if (p.train.microbatches < 1 || p.train.microbatches > (1 << 24)) {
+  // Every microbatch of a step is spelled out in the schedule: past this many the program would
+  // take gigabytes and minutes to write (a global batch of 10^9 sequences).
+  constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
+  if (p.train.microbatches > kMaxMicrobatches) {
+    sink.Report(Diag(DiagKind::kLowerSchedule,
+                     fmt::format("global batch {} gives {} microbatches per step on each data-parallel rank; "
+                                 "programs hold at most {}",
+                                 plan.batch.global, p.train.microbatches, kMaxMicrobatches))
+                    .At(plan.Range("batch.global"))
+                    .Note("microbatches = global / (micro · dp); the schedule lists every one of them")
+                    .Help(fmt::format("a larger `batch.micro`, or a global batch of at most {} = {} · {} · {}",
+                                      kMaxMicrobatches * plan.batch.micro * q.dp, kMaxMicrobatches, plan.batch.micro,
+                                      q.dp)));
+    return std::nullopt;
+  }
+  if (p.train.microbatches < 1) {
     sink.Report(Diag(DiagKind::kLowerSchedule,
                      fmt::format("global batch {} does not give a whole number of microbatches of {} sequences on dp = {}",
                                  plan.batch.global, plan.batch.micro, q.dp))

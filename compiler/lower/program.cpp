@@ -167,11 +167,18 @@ std::vector<std::string> VerifyStructure(const Program& p) {
     for (size_t b = 0; b < role.buffers.size(); ++b) {
       const Buffer& buf = role.buffers[b];
       if (buf.slots < 1) out.push_back(fmt::format("{}: buffer '{}' has {} slots", role.name, buf.name, buf.slots));
-      int64_t end = buf.offset + (buf.slots - 1) * buf.slot_stride + buf.bytes;
+      // A damaged file may hold any values: the ends are computed with overflow checks.
+      auto span_end = [&](int64_t offset, int64_t stride, int64_t bytes, int64_t* end) {
+        return !__builtin_mul_overflow(static_cast<int64_t>(buf.slots) - 1, stride, end) &&
+               !__builtin_add_overflow(*end, offset, end) && !__builtin_add_overflow(*end, bytes, end);
+      };
+      int64_t end = 0;
+      if (!span_end(buf.offset, buf.slot_stride, buf.bytes, &end)) end = INT64_MAX;
       if (buf.offset < 0 || buf.bytes < 0 || end > role.arena_bytes)
         out.push_back(fmt::format("{}: buffer '{}' [{}, {}) outside the arena of {} bytes", role.name,
                                   buf.name, buf.offset, end, role.arena_bytes));
-      int64_t end32 = buf.fp32_offset + (buf.slots - 1) * buf.fp32_slot_stride + buf.fp32_bytes;
+      int64_t end32 = 0;
+      if (!span_end(buf.fp32_offset, buf.fp32_slot_stride, buf.fp32_bytes, &end32)) end32 = INT64_MAX;
       if (buf.fp32_offset < 0 || end32 > role.fp32_arena_bytes)
         out.push_back(fmt::format("{}: buffer '{}' f32 placement [{}, {}) outside the f32 arena of {} bytes",
                                   role.name, buf.name, buf.fp32_offset, end32, role.fp32_arena_bytes));

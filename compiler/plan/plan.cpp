@@ -79,7 +79,9 @@ FieldTable BuildTable() {
     t.access.push_back(access);
   };
   // model
-  PP_INT("model.layers", model.layers, 1, kMax, "transformer layers");
+  // At most 100,000 layers (published models have a few hundred): the partition and the
+  // programs hold per-layer data, and 10^9 layers would take minutes and gigabytes to refuse.
+  PP_INT("model.layers", model.layers, 1, 100000, "transformer layers");
   PP_INT("model.hidden", model.hidden, 1, kMax, "hidden size");
   PP_INT("model.ffn_hidden", model.ffn_hidden, 1, kMax, "dense MLP intermediate size");
   PP_INT("model.heads", model.heads, 1, kMax, "attention (query) heads");

@@ -200,6 +200,11 @@ TEST_CASE("compile: usage errors and plan errors") {
   r = Planc("compile " + PlanFile() + " -o " + Dir() + "/x.pplan --microbatch-group 3abc");
   CHECK(r.status == 2);
   CHECK(r.err.find("--microbatch-group takes a positive integer, got '3abc'") != std::string::npos);
+  // A global batch of 10^9 sequences would spell out 250,000,000 microbatches per step.
+  r = Planc("compile " + PlanFile() + " -o " + Dir() + "/x.pplan --set batch.global=1000000000");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("gives 250000000 microbatches per step on each data-parallel rank; programs hold at most 65536") !=
+        std::string::npos);
 }
 
 TEST_CASE("planrun refuses a misaligned buffer and a parameter shape past 64 bits (not undefined behaviour)") {
@@ -224,6 +229,15 @@ TEST_CASE("planrun refuses a misaligned buffer and a parameter shape past 64 bit
   std::tie(status, out) = runs(*p, "shape.pplan");
   CHECK(status == 1);
   CHECK(out.find("has a bad global shape") != std::string::npos);
+  // Placements whose end passes 64 bits are outside the arena for planc dump too (no overflow).
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p->roles[0].buffers[0].slots = 2;
+  p->roles[0].buffers[0].fp32_slot_stride = INT64_MAX;
+  const auto bytes = paraplan::lower::ToFlatBuffer(*p);
+  std::ofstream(Dir() + "/stride.pplan", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  Result r = Planc("dump " + Dir() + "/stride.pplan");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("outside the f32 arena") != std::string::npos);
 }
 
 TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs are refused") {
