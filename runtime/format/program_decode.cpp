@@ -157,6 +157,9 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
       check_buffer(pi.buffer, "param `" + pi.name + "`");
       check_buffer(pi.grad, "param `" + pi.name + "` gradient");
       if (pi.split_dim >= static_cast<int32_t>(pi.global_shape.size())) throw fail(where("param `" + pi.name + "` splits a missing dimension"));
+      if (static_cast<int>(pi.split_comm) < 0 || static_cast<int>(pi.split_comm) >= kCommKinds) {
+        throw fail(where("param `" + pi.name + "` is split over a bad communicator kind"));
+      }
     }
     for (const Bucket& bi : role.buckets) {
       check_buffer(bi.params, "bucket");

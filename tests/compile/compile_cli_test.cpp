@@ -229,6 +229,11 @@ TEST_CASE("planrun refuses a misaligned buffer and a parameter shape past 64 bit
   std::tie(status, out) = runs(*p, "shape.pplan");
   CHECK(status == 1);
   CHECK(out.find("has a bad global shape") != std::string::npos);
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p->roles[0].params[0].split_comm = static_cast<paraplan::prog::CommKind>(15);
+  std::tie(status, out) = runs(*p, "split_comm.pplan");
+  CHECK(status == 1);
+  CHECK(out.find("is split over a bad communicator kind") != std::string::npos);
   // Placements whose end passes 64 bits are outside the arena for planc dump too (no overflow).
   p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
   p->roles[0].buffers[0].slots = 2;
