@@ -10,8 +10,11 @@
 //  - Gradients of parameters are ACCUMULATED (+=) so microbatches add up; gradients of
 //    activations are WRITTEN (=) unless the argument says otherwise.
 //  - Every kernel is deterministic: the same inputs give the same bits, whatever the caller's
-//    threads do; results per row/element never depend on how many rows a call covers, so a
-//    sharded run computes each element exactly as the one-rank run does where the math is the same.
+//    threads do. Outside Gemm, results per row/element never depend on how many rows a call
+//    covers, so a sharded run computes each element exactly as the one-rank run does where the
+//    math is the same; GEMMs of different shapes may differ in the last bits (see Gemm).
+//  - Vectorised kernels never fuse multiplies and adds, so they give the same bits on every x86-64
+//    CPU (AVX2 or baseline clone); Gemm on OpenBLAS uses the CPU's own kernel (FMA where present).
 //
 // Made by: this folder. Read by: the host backend (runtime/exec/host_backend), kernel tests,
 // the CUDA engineer's comparisons.
@@ -44,9 +47,14 @@ void Scale(float* x, int64_t n, float alpha);                          // x *= a
 // ---- GEMM --------------------------------------------------------------------------------
 // C[M,N] = op(A) · op(B) + beta · C, op(A) is M×K (A stored K×M when trans_a), op(B) is K×N
 // (B stored N×K when trans_b). beta is 0 (C overwritten, NaNs in C ignored) or 1 (accumulate).
-// Each C element is summed over k in increasing order.
+// Runs on OpenBLAS, single-threaded in the caller's thread, when the build found it (see
+// GemmLibrary). Deterministic for given shapes; a GEMM split into shards may differ from the
+// whole one in the last bits (the BLAS's blocking depends on the shape).
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
           const float* b, float beta, float* c);
+
+// "OpenBLAS" or "built-in": what Gemm runs on.
+const char* GemmLibrary();
 
 // y[rows,out] = x[rows,in] · w[out,in]ᵀ (+ bias[out] when bias is not null).
 void LinearForward(float* y, const float* x, const float* w, const float* bias, int64_t rows,
