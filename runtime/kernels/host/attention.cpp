@@ -5,18 +5,26 @@
 #include <vector>
 
 #include "runtime/kernels/host/kernels.h"
+#include "runtime/kernels/host/simd.h"
 
 namespace paraplan::host {
+
+using simd::kLanes;
+using simd::V8;
+
 namespace {
 
-void Rotate(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta,
-            float sign) {
+PARAPLAN_HOST_CLONES void Rotate(float* x, const TokenLayout& layout, int64_t heads,
+                                 int64_t head_dim, float theta, float sign) {
   const int64_t half = head_dim / 2;
   std::vector<float> cos_t(half), sin_t(half);
+  std::vector<double> freqs(half);
+  for (int64_t i = 0; i < half; ++i)
+    freqs[i] = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
   for (int64_t s = 0; s < layout.seq; ++s) {
     const double pos = static_cast<double>(layout.seq_offset + s);
     for (int64_t i = 0; i < half; ++i) {
-      const double freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+      const double freq = freqs[i];
       cos_t[i] = static_cast<float>(std::cos(pos * freq));
       sin_t[i] = sign * static_cast<float>(std::sin(pos * freq));
     }
@@ -52,17 +60,77 @@ namespace {
 void GatherHead(float* dst, const float* src, const TokenLayout& layout, int64_t b, int64_t heads,
                 int64_t h, int64_t head_dim) {
   for (int64_t s = 0; s < layout.seq; ++s) {
-    const float* row = src + (layout.Row(s, b) * heads + h) * head_dim;
-    for (int64_t d = 0; d < head_dim; ++d) dst[s * head_dim + d] = row[d];
+    Copy(dst + s * head_dim, src + (layout.Row(s, b) * heads + h) * head_dim, head_dim);
   }
 }
 
 void ScatterHead(float* dst, const float* src, const TokenLayout& layout, int64_t b, int64_t heads,
                  int64_t h, int64_t head_dim) {
   for (int64_t s = 0; s < layout.seq; ++s) {
-    float* row = dst + (layout.Row(s, b) * heads + h) * head_dim;
-    for (int64_t d = 0; d < head_dim; ++d) row[d] = src[s * head_dim + d];
+    Copy(dst + (layout.Row(s, b) * heads + h) * head_dim, src + s * head_dim, head_dim);
   }
+}
+
+// Row i of the causal softmax: row[0..n) holds raw scores; they become probabilities (scaled
+// by `scale`, max-shifted), the rest of the row [n, seq) zeros. Returns the log-sum-exp.
+PARAPLAN_HOST_CLONES float SoftmaxRow(float* row, int64_t n, int64_t seq, float scale) {
+  V8 mv = simd::Splat(-INFINITY);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const V8 x = simd::Load(row + j) * scale;
+    simd::Store(row + j, x);
+    mv = x > mv ? x : mv;
+  }
+  if (j < n) {
+    const V8 x = simd::LoadPart(row + j, n - j, -INFINITY) * scale;
+    simd::StorePart(row + j, x, n - j);
+    mv = x > mv ? x : mv;
+  }
+  const float mx = simd::Max(mv);
+  const V8 m = simd::Splat(mx);
+  V8 sv{};
+  for (j = 0; j + kLanes <= n; j += kLanes) {
+    const V8 e = simd::Exp(simd::Load(row + j) - m);
+    simd::Store(row + j, e);
+    sv += e;
+  }
+  if (j < n) {
+    const V8 e = simd::Exp(simd::LoadPart(row + j, n - j, -INFINITY) - m);
+    simd::StorePart(row + j, e, n - j);
+    sv += e;
+  }
+  const float sum = simd::Sum(sv);
+  const float inv = 1.0f / sum;
+  for (j = 0; j < n; ++j) row[j] *= inv;
+  for (j = n; j < seq; ++j) row[j] = 0.0f;
+  return mx + std::log(sum);
+}
+
+// Recomputes row i of the probabilities from raw scores and the saved log-sum-exp:
+// row[j] = e^{row[j]·scale - lse} for j < n, zeros after.
+PARAPLAN_HOST_CLONES void ProbabilityRow(float* row, int64_t n, int64_t seq, float scale,
+                                         float lse) {
+  const V8 l = simd::Splat(lse);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    simd::Store(row + j, simd::Exp(simd::Load(row + j) * scale - l));
+  if (j < n) simd::StorePart(row + j, simd::Exp(simd::LoadPart(row + j, n - j) * scale - l), n - j);
+  for (j = n; j < seq; ++j) row[j] = 0.0f;
+}
+
+// dS = P ∘ (dP - delta) · scale over [0, n), zeros after; returns nothing.
+PARAPLAN_HOST_CLONES void ScoreGradRow(float* dp, const float* p, int64_t n, int64_t seq,
+                                       float delta, float scale) {
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - delta) * scale;
+  for (int64_t j = n; j < seq; ++j) dp[j] = 0.0f;
+}
+
+PARAPLAN_HOST_CLONES float DotRow(const float* a, const float* b, int64_t n) {
+  V8 acc{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += simd::Load(a + i) * simd::Load(b + i);
+  if (i < n) acc += simd::LoadPart(a + i, n - i) * simd::LoadPart(b + i, n - i);
+  return simd::Sum(acc);
 }
 
 }  // namespace
@@ -83,21 +151,7 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
         GatherHead(qh.data(), q, layout, b, q_heads, h, hd);
         Gemm(false, true, seq, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
         for (int64_t i = 0; i < seq; ++i) {
-          float* row = p.data() + i * seq;
-          float mx = -INFINITY;
-          for (int64_t j = 0; j <= i; ++j) {
-            row[j] *= scale;
-            mx = std::max(mx, row[j]);
-          }
-          float sum = 0;
-          for (int64_t j = 0; j <= i; ++j) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
-          }
-          const float inv = 1.0f / sum;
-          for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-          for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
-          lse[(b * q_heads + h) * seq + i] = mx + std::log(sum);
+          lse[(b * q_heads + h) * seq + i] = SoftmaxRow(p.data() + i * seq, i + 1, seq, scale);
         }
         Gemm(false, false, seq, hd, seq, p.data(), vh.data(), 0.0f, oh.data());
         ScatterHead(out, oh.data(), layout, b, q_heads, h, hd);
@@ -111,8 +165,8 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float scale) {
   const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim;
-  std::vector<float> qh(seq * hd), kh(seq * hd), vh(seq * hd), oh(seq * hd), gh(seq * hd), dqh(seq * hd),
-      dkh(seq * hd), dvh(seq * hd), p(seq * seq), dp(seq * seq), delta(seq);
+  std::vector<float> qh(seq * hd), kh(seq * hd), vh(seq * hd), oh(seq * hd), gh(seq * hd),
+      dqh(seq * hd), dkh(seq * hd), dvh(seq * hd), p(seq * seq), dp(seq * seq), delta(seq);
   for (int64_t b = 0; b < layout.batch; ++b) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       GatherHead(kh.data(), k, layout, b, kv_heads, g, hd);
@@ -125,20 +179,14 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
         GatherHead(gh.data(), dout, layout, b, q_heads, h, hd);
         Gemm(false, true, seq, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
         for (int64_t i = 0; i < seq; ++i) {
-          float* row = p.data() + i * seq;
-          const float l = lse[(b * q_heads + h) * seq + i];
-          for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] * scale - l);
-          for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
-          float d = 0;
-          for (int64_t e = 0; e < hd; ++e) d += gh[i * hd + e] * oh[i * hd + e];
-          delta[i] = d;
+          ProbabilityRow(p.data() + i * seq, i + 1, seq, scale, lse[(b * q_heads + h) * seq + i]);
+          delta[i] = DotRow(gh.data() + i * hd, oh.data() + i * hd, hd);
         }
         // dV += Pᵀ dO; dP = dO Vᵀ; dS = P (dP - delta) scale; dQ = dS K; dK += dSᵀ Q.
         Gemm(true, false, seq, hd, seq, p.data(), gh.data(), 1.0f, dvh.data());
         Gemm(false, true, seq, seq, hd, gh.data(), vh.data(), 0.0f, dp.data());
         for (int64_t i = 0; i < seq; ++i) {
-          for (int64_t j = 0; j <= i; ++j) dp[i * seq + j] = p[i * seq + j] * (dp[i * seq + j] - delta[i]) * scale;
-          for (int64_t j = i + 1; j < seq; ++j) dp[i * seq + j] = 0.0f;
+          ScoreGradRow(dp.data() + i * seq, p.data() + i * seq, i + 1, seq, delta[i], scale);
         }
         Gemm(false, false, seq, hd, seq, dp.data(), kh.data(), 0.0f, dqh.data());
         ScatterHead(dq, dqh.data(), layout, b, q_heads, h, hd);

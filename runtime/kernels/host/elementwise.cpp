@@ -1,24 +1,30 @@
-// Elementwise kernels, embeddings, norms and activations.
+// Elementwise kernels, embeddings, norms and activations, on 8-lane vectors (simd.h). Every
+// element is computed by the same vector code whatever its position (the last partial vector
+// is padded), so a shard computes each element exactly as the whole call does.
 #include <cmath>
 #include <cstring>
 
 #include "runtime/kernels/host/kernels.h"
+#include "runtime/kernels/host/simd.h"
 
 namespace paraplan::host {
 
-void Fill(float* x, int64_t n, float value) {
+using simd::kLanes;
+using simd::V8;
+
+PARAPLAN_HOST_CLONES void Fill(float* x, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) x[i] = value;
 }
 void Copy(float* dst, const float* src, int64_t n) {
   if (n > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
-void Add(float* out, const float* a, const float* b, int64_t n) {
+PARAPLAN_HOST_CLONES void Add(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
-void Accumulate(float* y, const float* x, int64_t n) {
+PARAPLAN_HOST_CLONES void Accumulate(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
-void Scale(float* x, int64_t n, float alpha) {
+PARAPLAN_HOST_CLONES void Scale(float* x, int64_t n, float alpha) {
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
 }
 
@@ -28,8 +34,10 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int
                       int64_t dim, int64_t vocab_begin, int64_t vocab_count) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = static_cast<int64_t>(tokens[r]) - vocab_begin;
-    if (t >= 0 && t < vocab_count) Copy(out + r * dim, table + t * dim, dim);
-    else Fill(out + r * dim, dim, 0.0f);
+    if (t >= 0 && t < vocab_count)
+      Copy(out + r * dim, table + t * dim, dim);
+    else
+      Fill(out + r * dim, dim, 0.0f);
   }
 }
 
@@ -42,12 +50,10 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, 
   }
 }
 
-void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
-                 int64_t t0, int64_t seq) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = pos + ((t0 + r) % seq) * dim;
-    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = x[r * dim + i] + p[i];
-  }
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim, int64_t t0,
+                 int64_t seq) {
+  for (int64_t r = 0; r < rows; ++r)
+    Add(y + r * dim, x + r * dim, pos + ((t0 + r) % seq) * dim, dim);
 }
 
 void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
@@ -56,39 +62,77 @@ void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim
 }
 
 // ---- Norms -------------------------------------------------------------------------------
+// Row sums are taken in double, in 8 lanes (two 4-lane halves), then the lanes in a fixed order.
 
-void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
-                    int64_t dim, float eps) {
+namespace {
+
+// Σ a[i]·b[i] over one row, in double.
+PARAPLAN_HOST_INLINE double DotRow(const float* a, const float* b, int64_t n) {
+  simd::D4 lo{}, hi{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V8 x = simd::Load(a + i), y = simd::Load(b + i);
+    lo += simd::Low(x) * simd::Low(y);
+    hi += simd::High(x) * simd::High(y);
+  }
+  if (i < n) {
+    const V8 x = simd::LoadPart(a + i, n - i), y = simd::LoadPart(b + i, n - i);
+    lo += simd::Low(x) * simd::Low(y);
+    hi += simd::High(x) * simd::High(y);
+  }
+  return simd::Sum(lo + hi);
+}
+
+}  // namespace
+
+PARAPLAN_HOST_CLONES void RmsNormForward(float* out, float* rstd, const float* x, const float* w,
+                                         int64_t rows, int64_t dim, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
-    double ss = 0;
-    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const double ss = DotRow(xr, xr, dim);
     const float rs = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
     rstd[r] = rs;
-    for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = xr[i] * rs * w[i];
+    float* o = out + r * dim;
+    for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * rs * w[i];
   }
 }
 
-void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                     const float* rstd, int64_t rows, int64_t dim) {
+PARAPLAN_HOST_CLONES void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x,
+                                          const float* w, const float* rstd, int64_t rows,
+                                          int64_t dim) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     const float* gr = dout + r * dim;
     const float rs = rstd[r];
-    // y = x * rs * w; dx = rs * (g*w - xhat * mean(g*w*xhat))
-    double dot = 0;
-    for (int64_t i = 0; i < dim; ++i) dot += static_cast<double>(gr[i]) * w[i] * xr[i] * rs;
-    const float mean_dot = static_cast<float>(dot / dim);
-    for (int64_t i = 0; i < dim; ++i) {
-      const float xhat = xr[i] * rs;
-      if (dw) dw[i] += gr[i] * xhat;
-      if (dx) dx[r * dim + i] = rs * (gr[i] * w[i] - xhat * mean_dot);
+    // y = x * rs * w; dx = rs * (g*w - xhat * mean(g*w*xhat)), mean(g*w*xhat) = rs·Σ(g·w·x)/dim
+    simd::D4 lo{}, hi{};
+    int64_t i = 0;
+    for (; i + kLanes <= dim; i += kLanes) {
+      const V8 gw = simd::Load(gr + i) * simd::Load(w + i), xv = simd::Load(xr + i);
+      lo += simd::Low(gw) * simd::Low(xv);
+      hi += simd::High(gw) * simd::High(xv);
+    }
+    if (i < dim) {
+      const int64_t n = dim - i;
+      const V8 gw = simd::LoadPart(gr + i, n) * simd::LoadPart(w + i, n),
+               xv = simd::LoadPart(xr + i, n);
+      lo += simd::Low(gw) * simd::Low(xv);
+      hi += simd::High(gw) * simd::High(xv);
+    }
+    const float mean_dot = static_cast<float>(simd::Sum(lo + hi) * rs / dim);
+    if (dw) {
+      for (int64_t j = 0; j < dim; ++j) dw[j] += gr[j] * (xr[j] * rs);
+    }
+    if (dx) {
+      float* d = dx + r * dim;
+      for (int64_t j = 0; j < dim; ++j) d[j] = rs * (gr[j] * w[j] - (xr[j] * rs) * mean_dot);
     }
   }
 }
 
-void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                      const float* b, int64_t rows, int64_t dim, float eps) {
+PARAPLAN_HOST_CLONES void LayerNormForward(float* out, float* mean, float* rstd, const float* x,
+                                           const float* w, const float* b, int64_t rows,
+                                           int64_t dim, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     double s = 0;
@@ -100,13 +144,18 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* x, cons
     const float m = static_cast<float>(mu);
     mean[r] = m;
     rstd[r] = rs;
-    for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = (xr[i] - m) * rs * w[i] + (b ? b[i] : 0.0f);
+    float* o = out + r * dim;
+    if (b) {
+      for (int64_t i = 0; i < dim; ++i) o[i] = (xr[i] - m) * rs * w[i] + b[i];
+    } else {
+      for (int64_t i = 0; i < dim; ++i) o[i] = (xr[i] - m) * rs * w[i] + 0.0f;
+    }
   }
 }
 
-void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                       const float* w, const float* mean, const float* rstd, int64_t rows,
-                       int64_t dim) {
+PARAPLAN_HOST_CLONES void LayerNormBackward(float* dx, float* dw, float* db, const float* dout,
+                                            const float* x, const float* w, const float* mean,
+                                            const float* rstd, int64_t rows, int64_t dim) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     const float* gr = dout + r * dim;
@@ -118,55 +167,96 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
       sum_gx += gw * (xr[i] - m) * rs;
     }
     const float mg = static_cast<float>(sum_g / dim), mgx = static_cast<float>(sum_gx / dim);
-    for (int64_t i = 0; i < dim; ++i) {
-      const float xhat = (xr[i] - m) * rs;
-      if (dw) dw[i] += gr[i] * xhat;
-      if (db) db[i] += gr[i];
-      if (dx) dx[r * dim + i] = rs * (gr[i] * w[i] - mg - xhat * mgx);
+    if (dw) {
+      for (int64_t i = 0; i < dim; ++i) dw[i] += gr[i] * ((xr[i] - m) * rs);
+    }
+    if (db) {
+      for (int64_t i = 0; i < dim; ++i) db[i] += gr[i];
+    }
+    if (dx) {
+      float* d = dx + r * dim;
+      for (int64_t i = 0; i < dim; ++i) d[i] = rs * (gr[i] * w[i] - mg - ((xr[i] - m) * rs) * mgx);
     }
   }
 }
 
 // ---- Activations -------------------------------------------------------------------------
 
-void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
-}
-
-void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate,
-                    const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    const float sig = 1.0f / (1.0f + std::exp(-g));
-    const float silu = g * sig;
-    const float d = dout[i];
-    if (dup) dup[i] = d * silu;
-    if (dgate) dgate[i] = d * up[i] * sig * (1.0f + g * (1.0f - sig));
-  }
-}
-
 namespace {
+
+PARAPLAN_HOST_INLINE V8 Sigmoid(V8 g) { return 1.0f / (1.0f + simd::Exp(-g)); }
+
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+
+// tanh(u) = 1 - 2 / (e^{2u} + 1).
+PARAPLAN_HOST_INLINE V8 Tanh(V8 u) { return 1.0f - 2.0f / (simd::Exp(u + u) + 1.0f); }
+
+PARAPLAN_HOST_INLINE V8 Gelu(V8 v) {
+  const V8 u = kGeluC * (v + 0.044715f * v * v * v);
+  return 0.5f * v * (1.0f + Tanh(u));
 }
 
-void GeluForward(float* out, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float u = kGeluC * (v + 0.044715f * v * v * v);
-    out[i] = 0.5f * v * (1.0f + std::tanh(u));
+PARAPLAN_HOST_INLINE V8 GeluGrad(V8 v, V8 g) {
+  const V8 u = kGeluC * (v + 0.044715f * v * v * v);
+  const V8 t = Tanh(u);
+  const V8 du = kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
+  return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+}
+
+// Elements [i, i + count) of the SwiGLU backward, count <= 8.
+PARAPLAN_HOST_INLINE void SwiGluBackwardLanes(float* dgate, float* dup, const float* dout,
+                                              const float* gate, const float* up, int64_t i,
+                                              int64_t count) {
+  const bool whole = count == kLanes;
+  const V8 g = whole ? simd::Load(gate + i) : simd::LoadPart(gate + i, count);
+  const V8 d = whole ? simd::Load(dout + i) : simd::LoadPart(dout + i, count);
+  const V8 u = whole ? simd::Load(up + i) : simd::LoadPart(up + i, count);
+  const V8 sig = Sigmoid(g);
+  const V8 du = d * (g * sig), dg = d * u * sig * (1.0f + g * (1.0f - sig));
+  if (whole) {
+    if (dup) simd::Store(dup + i, du);
+    if (dgate) simd::Store(dgate + i, dg);
+  } else {
+    if (dup) simd::StorePart(dup + i, du, count);
+    if (dgate) simd::StorePart(dgate + i, dg, count);
   }
 }
 
-void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float u = kGeluC * (v + 0.044715f * v * v * v);
-    const float t = std::tanh(u);
-    const float du = kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
-    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+}  // namespace
+
+PARAPLAN_HOST_CLONES void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V8 g = simd::Load(gate + i);
+    simd::Store(out + i, g * Sigmoid(g) * simd::Load(up + i));
+  }
+  if (i < n) {
+    const V8 g = simd::LoadPart(gate + i, n - i);
+    simd::StorePart(out + i, g * Sigmoid(g) * simd::LoadPart(up + i, n - i), n - i);
+  }
+}
+
+PARAPLAN_HOST_CLONES void SwiGluBackward(float* dgate, float* dup, const float* dout,
+                                         const float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) SwiGluBackwardLanes(dgate, dup, dout, gate, up, i, kLanes);
+  if (i < n) SwiGluBackwardLanes(dgate, dup, dout, gate, up, i, n - i);
+}
+
+PARAPLAN_HOST_CLONES void GeluForward(float* out, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) simd::Store(out + i, Gelu(simd::Load(x + i)));
+  if (i < n) simd::StorePart(out + i, Gelu(simd::LoadPart(x + i, n - i)), n - i);
+}
+
+PARAPLAN_HOST_CLONES void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    simd::Store(dx + i, GeluGrad(simd::Load(x + i), simd::Load(dout + i)));
+  }
+  if (i < n) {
+    simd::StorePart(dx + i, GeluGrad(simd::LoadPart(x + i, n - i), simd::LoadPart(dout + i, n - i)),
+                    n - i);
   }
 }
 

@@ -32,10 +32,9 @@ void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
   static std::once_flag once;
   std::call_once(once, [] { openblas_set_num_threads(1); });
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
-              static_cast<blasint>(trans_a ? m : k), b, static_cast<blasint>(trans_b ? k : n),
-              beta, c, static_cast<blasint>(n));
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(trans_a ? m : k), b,
+              static_cast<blasint>(trans_b ? k : n), beta, c, static_cast<blasint>(n));
 }
 
 #else
@@ -49,9 +48,11 @@ inline void Store(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
 
 // C rows [0, rows) (rows <= 4) of an M-block: ap is the packed A block (ap[k * 4 + r]),
 // bp is K × N row-major with leading dimension ldb, c has leading dimension ldc.
-__attribute__((target_clones("avx2", "default")))
-void GemmRowBlock(int64_t rows, int64_t n, int64_t k, const float* ap, const float* bp,
-                  int64_t ldb, float beta, float* c, int64_t ldc) {
+__attribute__((target_clones("avx2", "default"))) void GemmRowBlock(int64_t rows, int64_t n,
+                                                                    int64_t k, const float* ap,
+                                                                    const float* bp, int64_t ldb,
+                                                                    float beta, float* c,
+                                                                    int64_t ldc) {
   int64_t j = 0;
   // The 4 × 16 tile lives in eight named vector registers (an array would be kept in memory).
   for (; j + kCols <= n; j += kCols) {

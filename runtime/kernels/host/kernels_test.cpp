@@ -1,6 +1,8 @@
 // Every backward kernel against central finite differences of its forward (a scalar loss
 // L = Σ out · w with fixed random w), plus GEMM against a naive product, sharding identities,
 // and the optimizer against hand-computed values.
+#include "runtime/kernels/host/kernels.h"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,8 +10,6 @@
 #include <random>
 #include <thread>
 #include <vector>
-
-#include "runtime/kernels/host/kernels.h"
 
 using namespace paraplan::host;
 
@@ -52,8 +52,11 @@ void CheckGradient(const char* what, std::vector<float>& x, const std::vector<fl
 }  // namespace
 
 TEST_CASE("gemm matches a naive product for every transpose and beta, any shape") {
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 37, 3}, {9, 70, 33},
-                         {33, 300, 17}, {4, 32, 8}}) {
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
+                         {5, 37, 3},
+                         {9, 70, 33},
+                         {33, 300, 17},
+                         {4, 32, 8}}) {
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
         auto a = Random(m * k, 1), b = Random(k * n, 2), c = Random(m * n, 3);
@@ -125,20 +128,23 @@ TEST_CASE("gemm with beta 0 ignores NaNs in C; concurrent callers get the serial
 
 TEST_CASE("linear backward: dx, dw, dbias") {
   const int64_t rows = 5, in = 6, out = 4;
-  auto x = Random(rows * in, 6), w = Random(out * in, 7), b = Random(out, 8), proj = Random(rows * out, 9);
+  auto x = Random(rows * in, 6), w = Random(out * in, 7), b = Random(out, 8),
+       proj = Random(rows * out, 9);
   auto loss = [&] {
     std::vector<float> y(rows * out);
     LinearForward(y.data(), x.data(), w.data(), b.data(), rows, in, out);
     return Dot(y, proj);
   };
   std::vector<float> dx(rows * in), dw(out * in, 0.0f), db(out, 0.0f);
-  LinearBackward(dx.data(), dw.data(), db.data(), proj.data(), x.data(), w.data(), rows, in, out, false);
+  LinearBackward(dx.data(), dw.data(), db.data(), proj.data(), x.data(), w.data(), rows, in, out,
+                 false);
   CheckGradient("dx", x, dx, loss);
   CheckGradient("dw", w, dw, loss);
   CheckGradient("dbias", b, db, loss);
   // accumulate_dx adds.
   auto dx2 = dx;
-  LinearBackward(dx2.data(), nullptr, nullptr, proj.data(), x.data(), w.data(), rows, in, out, true);
+  LinearBackward(dx2.data(), nullptr, nullptr, proj.data(), x.data(), w.data(), rows, in, out,
+                 true);
   for (size_t i = 0; i < dx.size(); ++i) CHECK(dx2[i] == doctest::Approx(2 * dx[i]));
 }
 
@@ -179,7 +185,8 @@ TEST_CASE("vocab-parallel embedding and learned positions") {
 
 TEST_CASE("rmsnorm and layernorm backward") {
   const int64_t rows = 4, dim = 8;
-  auto x = Random(rows * dim, 13), w = Random(dim, 14), b = Random(dim, 15), proj = Random(rows * dim, 16);
+  auto x = Random(rows * dim, 13), w = Random(dim, 14), b = Random(dim, 15),
+       proj = Random(rows * dim, 16);
   std::vector<float> rstd(rows), mean(rows);
   auto rms_loss = [&] {
     std::vector<float> y(rows * dim);
@@ -194,13 +201,14 @@ TEST_CASE("rmsnorm and layernorm backward") {
 
   auto ln_loss = [&] {
     std::vector<float> y(rows * dim);
-    LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, dim, 1e-5f);
+    LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, dim,
+                     1e-5f);
     return Dot(y, proj);
   };
   ln_loss();
   std::vector<float> ldx(rows * dim), ldw(dim, 0.0f), ldb(dim, 0.0f);
-  LayerNormBackward(ldx.data(), ldw.data(), ldb.data(), proj.data(), x.data(), w.data(), mean.data(),
-                    rstd.data(), rows, dim);
+  LayerNormBackward(ldx.data(), ldw.data(), ldb.data(), proj.data(), x.data(), w.data(),
+                    mean.data(), rstd.data(), rows, dim);
   CheckGradient("layernorm dx", x, ldx, ln_loss);
   CheckGradient("layernorm dw", w, ldw, ln_loss);
   CheckGradient("layernorm db", b, ldb, ln_loss);
@@ -228,24 +236,28 @@ TEST_CASE("rope backward, and rope keeps norms") {
 TEST_CASE("causal GQA attention backward, both token layouts") {
   const int64_t seq = 5, batch = 2, qh = 4, kvh = 2, hd = 4, rows = seq * batch;
   for (bool seq_major : {true, false}) {
-    auto layout = seq_major ? TokenLayout::SeqMajor(seq, batch) : TokenLayout::BatchMajor(seq, batch);
-    auto q = Random(rows * qh * hd, 19), k = Random(rows * kvh * hd, 20), v = Random(rows * kvh * hd, 21);
+    auto layout =
+        seq_major ? TokenLayout::SeqMajor(seq, batch) : TokenLayout::BatchMajor(seq, batch);
+    auto q = Random(rows * qh * hd, 19), k = Random(rows * kvh * hd, 20),
+         v = Random(rows * kvh * hd, 21);
     auto proj = Random(rows * qh * hd, 22);
     std::vector<float> out(rows * qh * hd), lse(batch * qh * seq);
     auto loss = [&] {
-      AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), layout, qh, kvh, hd, 0.5f);
+      AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), layout, qh, kvh, hd,
+                       0.5f);
       return Dot(out, proj);
     };
     loss();
     std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-    AttentionBackward(dq.data(), dk.data(), dv.data(), proj.data(), out.data(), lse.data(), q.data(),
-                      k.data(), v.data(), layout, qh, kvh, hd, 0.5f);
+    AttentionBackward(dq.data(), dk.data(), dv.data(), proj.data(), out.data(), lse.data(),
+                      q.data(), k.data(), v.data(), layout, qh, kvh, hd, 0.5f);
     CheckGradient("dq", q, dq, loss);
     CheckGradient("dk", k, dk, loss);
     CheckGradient("dv", v, dv, loss);
     // Causality: the first token's output is its own value.
     const int64_t r0 = layout.Row(0, 1);
-    for (int64_t d = 0; d < hd; ++d) CHECK(out[(r0 * qh + 3) * hd + d] == v[(r0 * kvh + 1) * hd + d]);
+    for (int64_t d = 0; d < hd; ++d)
+      CHECK(out[(r0 * qh + 3) * hd + d] == v[(r0 * kvh + 1) * hd + d]);
   }
 }
 
@@ -271,14 +283,16 @@ TEST_CASE("swiglu and gelu backward") {
   CheckGradient("gelu dx", g, dx, gloss);
 }
 
-TEST_CASE("cross-entropy: loss, gradient, padding, and vocab-parallel phases equal the full softmax") {
+TEST_CASE(
+    "cross-entropy: loss, gradient, padding, and vocab-parallel phases equal the full softmax") {
   const int64_t rows = 3, vocab_padded = 8, vocab = 7;  // column 7 is padding
   std::vector<int32_t> targets = {2, 6, 4};
   auto logits = Random(rows * vocab_padded, 26, 2.0f);
   std::vector<float> mx(rows), st(2 * rows);
   auto loss = [&] {
     CrossEntropyRowMax(mx.data(), logits.data(), rows, vocab_padded);
-    CrossEntropySumExp(st.data(), logits.data(), mx.data(), targets.data(), rows, vocab_padded, 0, vocab);
+    CrossEntropySumExp(st.data(), logits.data(), mx.data(), targets.data(), rows, vocab_padded, 0,
+                       vocab);
     float sum = 0.0f;
     CrossEntropyLoss(&sum, mx.data(), st.data(), rows, 0.5f);
     return static_cast<double>(sum);
@@ -287,13 +301,14 @@ TEST_CASE("cross-entropy: loss, gradient, padding, and vocab-parallel phases equ
   double ref = 0;  // 0.5 * mean log-softmax loss in double over the unpadded columns
   for (int64_t r = 0; r < rows; ++r) {
     double z = 0;
-    for (int64_t j = 0; j < vocab; ++j) z += std::exp(static_cast<double>(logits[r * vocab_padded + j]));
+    for (int64_t j = 0; j < vocab; ++j)
+      z += std::exp(static_cast<double>(logits[r * vocab_padded + j]));
     ref += std::log(z) - logits[r * vocab_padded + targets[r]];
   }
   CHECK(full == doctest::Approx(0.5 * ref / rows).epsilon(1e-6));
   std::vector<float> dl(rows * vocab_padded);
-  CrossEntropyBackward(dl.data(), logits.data(), mx.data(), st.data(), targets.data(), rows, vocab_padded, 0,
-                       vocab, 0.5f);
+  CrossEntropyBackward(dl.data(), logits.data(), mx.data(), st.data(), targets.data(), rows,
+                       vocab_padded, 0, vocab, 0.5f);
   for (int64_t r = 0; r < rows; ++r) CHECK(dl[r * vocab_padded + 7] == 0.0f);
   CheckGradient("dlogits", logits, dl, loss);
 
@@ -304,7 +319,8 @@ TEST_CASE("cross-entropy: loss, gradient, padding, and vocab-parallel phases equ
   for (int s = 0; s < 2; ++s) {
     sl[s].resize(rows * half);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < half; ++j) sl[s][r * half + j] = logits[r * vocab_padded + s * half + j];
+      for (int64_t j = 0; j < half; ++j)
+        sl[s][r * half + j] = logits[r * vocab_padded + s * half + j];
     smx[s].resize(rows);
     CrossEntropyRowMax(smx[s].data(), sl[s].data(), rows, half);
   }
@@ -312,7 +328,8 @@ TEST_CASE("cross-entropy: loss, gradient, padding, and vocab-parallel phases equ
   for (int64_t r = 0; r < rows; ++r) gmx[r] = std::max(smx[0][r], smx[1][r]);
   for (int s = 0; s < 2; ++s) {
     sst[s].resize(2 * rows);
-    CrossEntropySumExp(sst[s].data(), sl[s].data(), gmx.data(), targets.data(), rows, half, s * half, vocab);
+    CrossEntropySumExp(sst[s].data(), sl[s].data(), gmx.data(), targets.data(), rows, half,
+                       s * half, vocab);
     for (int64_t i = 0; i < 2 * rows; ++i) gst[i] += sst[s][i];
   }
   float sharded = 0.0f;
@@ -341,4 +358,59 @@ TEST_CASE("adamw, sgd, squared norm and the warmup-cosine schedule") {
   CHECK(WarmupCosineLr(110, 10, 110, 1.0, 0.1) == doctest::Approx(0.1));
   CHECK(WarmupCosineLr(500, 10, 110, 1.0, 0.1) == doctest::Approx(0.1));
   CHECK(WarmupCosineLr(3, 0, 3, 1.0, 0.0) == doctest::Approx(0.0));
+}
+
+TEST_CASE("vectorised activations match the scalar formulas and do not depend on the split") {
+  // 8-lane kernels with a padded tail: any element gives the same bits whether it sits in a
+  // whole vector or in the tail, so a shard computes what the whole call does.
+  const int64_t n = 43;
+  auto x = Random(n, 20, 3.0f), up = Random(n, 21), g = Random(n, 22);
+  x[0] = -100.0f, x[1] = 100.0f, x[2] = 0.0f;  // exp underflow, overflow, exact
+  std::vector<float> whole(n), split(n), dgate(n), dup(n), dgate2(n), dup2(n);
+  SwiGluForward(whole.data(), x.data(), up.data(), n);
+  SwiGluForward(split.data(), x.data(), up.data(), 5);
+  SwiGluForward(split.data() + 5, x.data() + 5, up.data() + 5, n - 5);
+  CHECK(whole == split);
+  SwiGluBackward(dgate.data(), dup.data(), g.data(), x.data(), up.data(), n);
+  SwiGluBackward(dgate2.data(), dup2.data(), g.data(), x.data(), up.data(), 11);
+  SwiGluBackward(dgate2.data() + 11, dup2.data() + 11, g.data() + 11, x.data() + 11, up.data() + 11,
+                 n - 11);
+  CHECK(dgate == dgate2);
+  CHECK(dup == dup2);
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = x[i] / (1.0 + std::exp(-static_cast<double>(x[i]))) * up[i];
+    CHECK(std::abs(whole[i] - s) <= 1e-6 * std::max(1.0, std::abs(s)));
+  }
+  GeluForward(whole.data(), x.data(), n);
+  GeluForward(split.data(), x.data(), 13);
+  GeluForward(split.data() + 13, x.data() + 13, n - 13);
+  CHECK(whole == split);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double ref = 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    CHECK(std::abs(whole[i] - ref) <= 1e-6 * std::max(1.0, std::abs(ref)));
+  }
+}
+
+TEST_CASE("cross-entropy phases stay exact at the exp range's ends") {
+  // Logits far below the row's max underflow to zero probability; the loss stays finite.
+  const int64_t rows = 2, vocab = 21;
+  std::vector<float> logits(rows * vocab, -200.0f);
+  logits[3] = 5.0f, logits[vocab + 20] = 50.0f;
+  std::vector<int32_t> targets = {3, 7};
+  std::vector<float> mx(rows), st(2 * rows), d(rows * vocab);
+  CrossEntropyRowMax(mx.data(), logits.data(), rows, vocab);
+  CHECK(mx[0] == 5.0f);
+  CHECK(mx[1] == 50.0f);
+  CrossEntropySumExp(st.data(), logits.data(), mx.data(), targets.data(), rows, vocab, 0, vocab);
+  CHECK(st[0] == 1.0f);
+  CHECK(st[2] == 1.0f);
+  float loss = 0;
+  CrossEntropyLoss(&loss, mx.data(), st.data(), rows, 1.0f);
+  CHECK(loss == doctest::Approx((0.0 + 250.0) / 2));
+  CrossEntropyBackward(d.data(), logits.data(), mx.data(), st.data(), targets.data(), rows, vocab,
+                       0, vocab, 1.0f);
+  CHECK(d[3] == 0.0f);
+  CHECK(d[vocab + 20] == 0.5f);
+  CHECK(d[vocab + 7] == -0.5f);
 }
