@@ -57,17 +57,22 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 namespace {
 
 // Copies head `h` of every position of sequence `b` into a contiguous [seq, head_dim] block.
-void GatherHead(float* dst, const float* src, const TokenLayout& layout, int64_t b, int64_t heads,
-                int64_t h, int64_t head_dim) {
+// (Rows of a head are short: a loop beats a memcpy call.)
+PARAPLAN_HOST_CLONES void GatherHead(float* dst, const float* src, const TokenLayout& layout,
+                                     int64_t b, int64_t heads, int64_t h, int64_t head_dim) {
   for (int64_t s = 0; s < layout.seq; ++s) {
-    Copy(dst + s * head_dim, src + (layout.Row(s, b) * heads + h) * head_dim, head_dim);
+    const float* row = src + (layout.Row(s, b) * heads + h) * head_dim;
+    float* to = dst + s * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) to[d] = row[d];
   }
 }
 
-void ScatterHead(float* dst, const float* src, const TokenLayout& layout, int64_t b, int64_t heads,
-                 int64_t h, int64_t head_dim) {
+PARAPLAN_HOST_CLONES void ScatterHead(float* dst, const float* src, const TokenLayout& layout,
+                                      int64_t b, int64_t heads, int64_t h, int64_t head_dim) {
   for (int64_t s = 0; s < layout.seq; ++s) {
-    Copy(dst + (layout.Row(s, b) * heads + h) * head_dim, src + s * head_dim, head_dim);
+    float* row = dst + (layout.Row(s, b) * heads + h) * head_dim;
+    const float* from = src + s * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) row[d] = from[d];
   }
 }
 
@@ -135,26 +140,32 @@ PARAPLAN_HOST_CLONES float DotRow(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-// Per (sequence, head) the scores are one GEMM (all seq × seq entries, then the causal mask),
-// the output another; a head's result never depends on the other heads, so head-sharded
-// (tensor-parallel) runs reproduce the one-rank bits.
+// Per (sequence, KV head) the query heads that share the KV head are stacked, [group × seq, d],
+// so the scores of the whole group are one GEMM (all seq × seq entries per head, then the causal
+// mask) and their output another. Tensor-parallel shards hold whole KV groups, so a shard runs
+// the same GEMMs as the one-rank run on its groups.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                       int64_t head_dim, float scale) {
-  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim;
-  std::vector<float> qh(seq * hd), kh(seq * hd), vh(seq * hd), oh(seq * hd), p(seq * seq);
+  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim, rows = group * seq;
+  std::vector<float> qh(rows * hd), kh(seq * hd), vh(seq * hd), oh(rows * hd), p(rows * seq);
   for (int64_t b = 0; b < layout.batch; ++b) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       GatherHead(kh.data(), k, layout, b, kv_heads, g, hd);
       GatherHead(vh.data(), v, layout, b, kv_heads, g, hd);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        GatherHead(qh.data(), q, layout, b, q_heads, h, hd);
-        Gemm(false, true, seq, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
+      for (int64_t x = 0; x < group; ++x) {
+        GatherHead(qh.data() + x * seq * hd, q, layout, b, q_heads, g * group + x, hd);
+      }
+      Gemm(false, true, rows, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
+      for (int64_t x = 0; x < group; ++x) {
+        float* l = lse + (b * q_heads + g * group + x) * seq;
         for (int64_t i = 0; i < seq; ++i) {
-          lse[(b * q_heads + h) * seq + i] = SoftmaxRow(p.data() + i * seq, i + 1, seq, scale);
+          l[i] = SoftmaxRow(p.data() + (x * seq + i) * seq, i + 1, seq, scale);
         }
-        Gemm(false, false, seq, hd, seq, p.data(), vh.data(), 0.0f, oh.data());
-        ScatterHead(out, oh.data(), layout, b, q_heads, h, hd);
+      }
+      Gemm(false, false, rows, hd, seq, p.data(), vh.data(), 0.0f, oh.data());
+      for (int64_t x = 0; x < group; ++x) {
+        ScatterHead(out, oh.data() + x * seq * hd, layout, b, q_heads, g * group + x, hd);
       }
     }
   }
@@ -164,33 +175,42 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float scale) {
-  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim;
-  std::vector<float> qh(seq * hd), kh(seq * hd), vh(seq * hd), oh(seq * hd), gh(seq * hd),
-      dqh(seq * hd), dkh(seq * hd), dvh(seq * hd), p(seq * seq), dp(seq * seq), delta(seq);
+  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim, rows = group * seq;
+  std::vector<float> qh(rows * hd), kh(seq * hd), vh(seq * hd), oh(rows * hd), gh(rows * hd),
+      dqh(rows * hd), dkh(seq * hd), dvh(seq * hd), p(rows * seq), dp(rows * seq), delta(rows);
   for (int64_t b = 0; b < layout.batch; ++b) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       GatherHead(kh.data(), k, layout, b, kv_heads, g, hd);
       GatherHead(vh.data(), v, layout, b, kv_heads, g, hd);
-      std::fill(dkh.begin(), dkh.end(), 0.0f);
-      std::fill(dvh.begin(), dvh.end(), 0.0f);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        GatherHead(qh.data(), q, layout, b, q_heads, h, hd);
-        GatherHead(oh.data(), out, layout, b, q_heads, h, hd);
-        GatherHead(gh.data(), dout, layout, b, q_heads, h, hd);
-        Gemm(false, true, seq, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
+      for (int64_t x = 0; x < group; ++x) {
+        const int64_t h = g * group + x;
+        GatherHead(qh.data() + x * seq * hd, q, layout, b, q_heads, h, hd);
+        GatherHead(oh.data() + x * seq * hd, out, layout, b, q_heads, h, hd);
+        GatherHead(gh.data() + x * seq * hd, dout, layout, b, q_heads, h, hd);
+      }
+      Gemm(false, true, rows, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
+      for (int64_t x = 0; x < group; ++x) {
+        const float* l = lse + (b * q_heads + g * group + x) * seq;
         for (int64_t i = 0; i < seq; ++i) {
-          ProbabilityRow(p.data() + i * seq, i + 1, seq, scale, lse[(b * q_heads + h) * seq + i]);
-          delta[i] = DotRow(gh.data() + i * hd, oh.data() + i * hd, hd);
+          const int64_t r = x * seq + i;
+          ProbabilityRow(p.data() + r * seq, i + 1, seq, scale, l[i]);
+          delta[r] = DotRow(gh.data() + r * hd, oh.data() + r * hd, hd);
         }
-        // dV += Pᵀ dO; dP = dO Vᵀ; dS = P (dP - delta) scale; dQ = dS K; dK += dSᵀ Q.
-        Gemm(true, false, seq, hd, seq, p.data(), gh.data(), 1.0f, dvh.data());
-        Gemm(false, true, seq, seq, hd, gh.data(), vh.data(), 0.0f, dp.data());
+      }
+      // dV = Pᵀ dO; dP = dO Vᵀ; dS = P (dP - delta) scale; dQ = dS K; dK = dSᵀ Q (the group's
+      // heads summed by the GEMMs).
+      Gemm(true, false, seq, hd, rows, p.data(), gh.data(), 0.0f, dvh.data());
+      Gemm(false, true, rows, seq, hd, gh.data(), vh.data(), 0.0f, dp.data());
+      for (int64_t x = 0; x < group; ++x) {
         for (int64_t i = 0; i < seq; ++i) {
-          ScoreGradRow(dp.data() + i * seq, p.data() + i * seq, i + 1, seq, delta[i], scale);
+          const int64_t r = x * seq + i;
+          ScoreGradRow(dp.data() + r * seq, p.data() + r * seq, i + 1, seq, delta[r], scale);
         }
-        Gemm(false, false, seq, hd, seq, dp.data(), kh.data(), 0.0f, dqh.data());
-        ScatterHead(dq, dqh.data(), layout, b, q_heads, h, hd);
-        Gemm(true, false, seq, hd, seq, dp.data(), qh.data(), 1.0f, dkh.data());
+      }
+      Gemm(false, false, rows, hd, seq, dp.data(), kh.data(), 0.0f, dqh.data());
+      Gemm(true, false, seq, hd, rows, dp.data(), qh.data(), 0.0f, dkh.data());
+      for (int64_t x = 0; x < group; ++x) {
+        ScatterHead(dq, dqh.data() + x * seq * hd, layout, b, q_heads, g * group + x, hd);
       }
       ScatterHead(dk, dkh.data(), layout, b, kv_heads, g, hd);
       ScatterHead(dv, dvh.data(), layout, b, kv_heads, g, hd);
