@@ -138,34 +138,128 @@ PARAPLAN_HOST_CLONES float DotRow(const float* a, const float* b, int64_t n) {
   return simd::Sum(acc);
 }
 
+// Blocks of 4 query rows against the keys, on 8-lane vectors: the causal mask is applied by
+// never computing a block's scores past its last row, so only the lower triangle (rounded up to
+// 8 keys) is computed. Rows of a block are padded with zeros to 4; key columns to 8.
+constexpr int64_t kBlock = 4;
+
+// sc[r][j] = Σ_d q[r][d] · kt[d][j] for the 4 rows of q (row stride hd) and keys j < n8 (a
+// multiple of 8); kt is [hd][ld], sc is [4][ld].
+PARAPLAN_HOST_CLONES void ScoreBlock(float* sc, const float* q, const float* kt, int64_t ld,
+                                     int64_t hd, int64_t n8) {
+  for (int64_t j = 0; j < n8; j += kLanes) {
+    V8 a0{}, a1{}, a2{}, a3{};
+    const float* kp = kt + j;
+    for (int64_t d = 0; d < hd; ++d, kp += ld) {
+      const V8 k = simd::Load(kp);
+      a0 += q[d] * k;
+      a1 += q[hd + d] * k;
+      a2 += q[2 * hd + d] * k;
+      a3 += q[3 * hd + d] * k;
+    }
+    simd::Store(sc + j, a0);
+    simd::Store(sc + ld + j, a1);
+    simd::Store(sc + 2 * ld + j, a2);
+    simd::Store(sc + 3 * ld + j, a3);
+  }
+}
+
+// out[r][:] = Σ_{j<n} p[r][j] · m[j][:] for the block's first `rows` rows (p is [4][ld], m is
+// [n][hd]); out[r] is a row pointer each.
+PARAPLAN_HOST_CLONES void BlockTimes(float* const* out, int64_t rows, const float* p, int64_t ld,
+                                     const float* m, int64_t n, int64_t hd) {
+  for (int64_t c = 0; c < hd; c += kLanes) {
+    const int64_t cnt = std::min<int64_t>(kLanes, hd - c);
+    V8 a0{}, a1{}, a2{}, a3{};
+    for (int64_t j = 0; j < n; ++j) {
+      const V8 v = cnt == kLanes ? simd::Load(m + j * hd + c) : simd::LoadPart(m + j * hd + c, cnt);
+      a0 += p[j] * v;
+      a1 += p[ld + j] * v;
+      a2 += p[2 * ld + j] * v;
+      a3 += p[3 * ld + j] * v;
+    }
+    const V8 acc[kBlock] = {a0, a1, a2, a3};
+    for (int64_t r = 0; r < rows; ++r) {
+      if (cnt == kLanes)
+        simd::Store(out[r] + c, acc[r]);
+      else
+        simd::StorePart(out[r] + c, acc[r], cnt);
+    }
+  }
+}
+
+// acc[j][:] += Σ_r p[r][j] · m[r][:] for j < n (p is [4][ld], m the block's 4 rows of hd, acc
+// [n][hd]); each element adds the 4 rows in order.
+PARAPLAN_HOST_CLONES void BlockTransposeTimes(float* acc, const float* p, int64_t ld,
+                                              const float* m, int64_t n, int64_t hd) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float p0 = p[j], p1 = p[ld + j], p2 = p[2 * ld + j], p3 = p[3 * ld + j];
+    float* a = acc + j * hd;
+    for (int64_t c = 0; c < hd; c += kLanes) {
+      const int64_t cnt = std::min<int64_t>(kLanes, hd - c);
+      if (cnt == kLanes) {
+        V8 x = simd::Load(a + c);
+        x += p0 * simd::Load(m + c);
+        x += p1 * simd::Load(m + hd + c);
+        x += p2 * simd::Load(m + 2 * hd + c);
+        x += p3 * simd::Load(m + 3 * hd + c);
+        simd::Store(a + c, x);
+      } else {
+        V8 x = simd::LoadPart(a + c, cnt);
+        x += p0 * simd::LoadPart(m + c, cnt);
+        x += p1 * simd::LoadPart(m + hd + c, cnt);
+        x += p2 * simd::LoadPart(m + 2 * hd + c, cnt);
+        x += p3 * simd::LoadPart(m + 3 * hd + c, cnt);
+        simd::StorePart(a + c, x, cnt);
+      }
+    }
+  }
+}
+
+// dst[d][s] = src[s][d] for s < seq (dst row stride ld; padding columns stay as they are).
+void Transpose(float* dst, const float* src, int64_t seq, int64_t hd, int64_t ld) {
+  for (int64_t s = 0; s < seq; ++s)
+    for (int64_t d = 0; d < hd; ++d) dst[d * ld + s] = src[s * hd + d];
+}
+
+int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
 }  // namespace
 
-// Per (sequence, KV head) the query heads that share the KV head are stacked, [group × seq, d],
-// so the scores of the whole group are one GEMM (all seq × seq entries per head, then the causal
-// mask) and their output another. Tensor-parallel shards hold whole KV groups, so a shard runs
-// the same GEMMs as the one-rank run on its groups.
+// Per (sequence, query head): blocks of 4 query rows take their scores against the keys up to
+// their last row (the causal lower triangle, rounded up to 8 keys), the softmax, then the
+// output, all on 8-lane vectors. A head's result never depends on the other heads, so
+// head-sharded (tensor-parallel) runs reproduce the one-rank bits.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                       int64_t head_dim, float scale) {
-  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim, rows = group * seq;
-  std::vector<float> qh(rows * hd), kh(seq * hd), vh(seq * hd), oh(rows * hd), p(rows * seq);
+  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim;
+  const int64_t ld = RoundUp(seq, kLanes), rows4 = RoundUp(seq, kBlock);
+  std::vector<float> qh(rows4 * hd, 0.0f), kh(seq * hd), vh(seq * hd), kt(hd * ld, 0.0f),
+      sc(kBlock * ld);
   for (int64_t b = 0; b < layout.batch; ++b) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       GatherHead(kh.data(), k, layout, b, kv_heads, g, hd);
       GatherHead(vh.data(), v, layout, b, kv_heads, g, hd);
-      for (int64_t x = 0; x < group; ++x) {
-        GatherHead(qh.data() + x * seq * hd, q, layout, b, q_heads, g * group + x, hd);
-      }
-      Gemm(false, true, rows, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
-      for (int64_t x = 0; x < group; ++x) {
-        float* l = lse + (b * q_heads + g * group + x) * seq;
-        for (int64_t i = 0; i < seq; ++i) {
-          l[i] = SoftmaxRow(p.data() + (x * seq + i) * seq, i + 1, seq, scale);
+      Transpose(kt.data(), kh.data(), seq, hd, ld);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        GatherHead(qh.data(), q, layout, b, q_heads, h, hd);
+        float* l = lse + (b * q_heads + h) * seq;
+        for (int64_t i0 = 0; i0 < seq; i0 += kBlock) {
+          const int64_t rows = std::min(kBlock, seq - i0), n = i0 + rows, n8 = RoundUp(n, kLanes);
+          ScoreBlock(sc.data(), qh.data() + i0 * hd, kt.data(), ld, hd, n8);
+          float* dst[kBlock];
+          for (int64_t r = 0; r < kBlock; ++r) {
+            float* row = sc.data() + r * ld;
+            if (r < rows) {
+              l[i0 + r] = SoftmaxRow(row, i0 + r + 1, n8, scale);
+              dst[r] = out + (layout.Row(i0 + r, b) * q_heads + h) * hd;
+            } else {
+              std::fill(row, row + n8, 0.0f);
+            }
+          }
+          BlockTimes(dst, rows, sc.data(), ld, vh.data(), n, hd);
         }
-      }
-      Gemm(false, false, rows, hd, seq, p.data(), vh.data(), 0.0f, oh.data());
-      for (int64_t x = 0; x < group; ++x) {
-        ScatterHead(out, oh.data() + x * seq * hd, layout, b, q_heads, g * group + x, hd);
       }
     }
   }
@@ -175,42 +269,49 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float scale) {
-  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim, rows = group * seq;
-  std::vector<float> qh(rows * hd), kh(seq * hd), vh(seq * hd), oh(rows * hd), gh(rows * hd),
-      dqh(rows * hd), dkh(seq * hd), dvh(seq * hd), p(rows * seq), dp(rows * seq), delta(rows);
+  const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim;
+  const int64_t ld = RoundUp(seq, kLanes), rows4 = RoundUp(seq, kBlock);
+  std::vector<float> qh(rows4 * hd, 0.0f), oh(rows4 * hd, 0.0f), gh(rows4 * hd, 0.0f), kh(seq * hd),
+      vh(seq * hd), kt(hd * ld, 0.0f), vt(hd * ld, 0.0f), dkh(seq * hd), dvh(seq * hd),
+      p(kBlock * ld), dp(kBlock * ld);
   for (int64_t b = 0; b < layout.batch; ++b) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       GatherHead(kh.data(), k, layout, b, kv_heads, g, hd);
       GatherHead(vh.data(), v, layout, b, kv_heads, g, hd);
-      for (int64_t x = 0; x < group; ++x) {
-        const int64_t h = g * group + x;
-        GatherHead(qh.data() + x * seq * hd, q, layout, b, q_heads, h, hd);
-        GatherHead(oh.data() + x * seq * hd, out, layout, b, q_heads, h, hd);
-        GatherHead(gh.data() + x * seq * hd, dout, layout, b, q_heads, h, hd);
-      }
-      Gemm(false, true, rows, seq, hd, qh.data(), kh.data(), 0.0f, p.data());
-      for (int64_t x = 0; x < group; ++x) {
-        const float* l = lse + (b * q_heads + g * group + x) * seq;
-        for (int64_t i = 0; i < seq; ++i) {
-          const int64_t r = x * seq + i;
-          ProbabilityRow(p.data() + r * seq, i + 1, seq, scale, l[i]);
-          delta[r] = DotRow(gh.data() + r * hd, oh.data() + r * hd, hd);
+      Transpose(kt.data(), kh.data(), seq, hd, ld);
+      Transpose(vt.data(), vh.data(), seq, hd, ld);
+      std::fill(dkh.begin(), dkh.end(), 0.0f);
+      std::fill(dvh.begin(), dvh.end(), 0.0f);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        GatherHead(qh.data(), q, layout, b, q_heads, h, hd);
+        GatherHead(oh.data(), out, layout, b, q_heads, h, hd);
+        GatherHead(gh.data(), dout, layout, b, q_heads, h, hd);
+        const float* l = lse + (b * q_heads + h) * seq;
+        for (int64_t i0 = 0; i0 < seq; i0 += kBlock) {
+          const int64_t rows = std::min(kBlock, seq - i0), n = i0 + rows, n8 = RoundUp(n, kLanes);
+          // P recomputed from the saved log-sum-exp; dP = dO Vᵀ; dS = P (dP - delta) scale.
+          ScoreBlock(p.data(), qh.data() + i0 * hd, kt.data(), ld, hd, n8);
+          ScoreBlock(dp.data(), gh.data() + i0 * hd, vt.data(), ld, hd, n8);
+          float* dst[kBlock];
+          for (int64_t r = 0; r < kBlock; ++r) {
+            float* pr = p.data() + r * ld;
+            float* dr = dp.data() + r * ld;
+            if (r < rows) {
+              const int64_t i = i0 + r;
+              ProbabilityRow(pr, i + 1, n8, scale, l[i]);
+              const float delta = DotRow(gh.data() + i * hd, oh.data() + i * hd, hd);
+              ScoreGradRow(dr, pr, i + 1, n8, delta, scale);
+              dst[r] = dq + (layout.Row(i, b) * q_heads + h) * hd;
+            } else {
+              std::fill(pr, pr + n8, 0.0f);
+              std::fill(dr, dr + n8, 0.0f);
+            }
+          }
+          // dQ = dS K (written); dV += Pᵀ dO; dK += dSᵀ Q.
+          BlockTimes(dst, rows, dp.data(), ld, kh.data(), n, hd);
+          BlockTransposeTimes(dvh.data(), p.data(), ld, gh.data() + i0 * hd, n, hd);
+          BlockTransposeTimes(dkh.data(), dp.data(), ld, qh.data() + i0 * hd, n, hd);
         }
-      }
-      // dV = Pᵀ dO; dP = dO Vᵀ; dS = P (dP - delta) scale; dQ = dS K; dK = dSᵀ Q (the group's
-      // heads summed by the GEMMs).
-      Gemm(true, false, seq, hd, rows, p.data(), gh.data(), 0.0f, dvh.data());
-      Gemm(false, true, rows, seq, hd, gh.data(), vh.data(), 0.0f, dp.data());
-      for (int64_t x = 0; x < group; ++x) {
-        for (int64_t i = 0; i < seq; ++i) {
-          const int64_t r = x * seq + i;
-          ScoreGradRow(dp.data() + r * seq, p.data() + r * seq, i + 1, seq, delta[r], scale);
-        }
-      }
-      Gemm(false, false, rows, hd, seq, dp.data(), kh.data(), 0.0f, dqh.data());
-      Gemm(true, false, seq, hd, rows, dp.data(), qh.data(), 0.0f, dkh.data());
-      for (int64_t x = 0; x < group; ++x) {
-        ScatterHead(dq, dqh.data() + x * seq * hd, layout, b, q_heads, g * group + x, hd);
       }
       ScatterHead(dk, dkh.data(), layout, b, kv_heads, g, hd);
       ScatterHead(dv, dvh.data(), layout, b, kv_heads, g, hd);
