@@ -76,51 +76,46 @@ PARAPLAN_HOST_CLONES void ScatterHead(float* dst, const float* src, const TokenL
   }
 }
 
-// Row i of the causal softmax: row[0..n) holds raw scores; they become probabilities (scaled
-// by `scale`, max-shifted), the rest of the row [n, seq) zeros. Returns the log-sum-exp.
-PARAPLAN_HOST_CLONES float SoftmaxRow(float* row, int64_t n, int64_t seq, float scale) {
-  V8 mv = simd::Splat(-INFINITY);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const V8 x = simd::Load(row + j) * scale;
+// Lanes j0 + [0, 8) that are below n.
+PARAPLAN_HOST_INLINE simd::I8 Below(int64_t j0, int64_t n) {
+  const simd::I8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  return lane < static_cast<int32_t>(n - j0);
+}
+
+// Row i of the causal softmax over a row of n8 entries (a multiple of 8): row[0..n) holds raw
+// scores; they become probabilities (scaled by `scale`, max-shifted), the rest of the row zeros.
+// Returns the log-sum-exp.
+PARAPLAN_HOST_CLONES float SoftmaxRow(float* row, int64_t n, int64_t n8, float scale) {
+  const V8 minus_inf = simd::Splat(-INFINITY);
+  V8 mv = minus_inf;
+  for (int64_t j = 0; j < n8; j += kLanes) {
+    const V8 x = Below(j, n) ? simd::Load(row + j) * scale : minus_inf;
     simd::Store(row + j, x);
-    mv = x > mv ? x : mv;
-  }
-  if (j < n) {
-    const V8 x = simd::LoadPart(row + j, n - j, -INFINITY) * scale;
-    simd::StorePart(row + j, x, n - j);
     mv = x > mv ? x : mv;
   }
   const float mx = simd::Max(mv);
   const V8 m = simd::Splat(mx);
   V8 sv{};
-  for (j = 0; j + kLanes <= n; j += kLanes) {
-    const V8 e = simd::Exp(simd::Load(row + j) - m);
+  for (int64_t j = 0; j < n8; j += kLanes) {
+    const V8 e = simd::Exp(simd::Load(row + j) - m);  // e^-inf = 0 past n
     simd::Store(row + j, e);
     sv += e;
   }
-  if (j < n) {
-    const V8 e = simd::Exp(simd::LoadPart(row + j, n - j, -INFINITY) - m);
-    simd::StorePart(row + j, e, n - j);
-    sv += e;
-  }
   const float sum = simd::Sum(sv);
-  const float inv = 1.0f / sum;
-  for (j = 0; j < n; ++j) row[j] *= inv;
-  for (j = n; j < seq; ++j) row[j] = 0.0f;
+  const V8 inv = simd::Splat(1.0f / sum);
+  for (int64_t j = 0; j < n8; j += kLanes) simd::Store(row + j, simd::Load(row + j) * inv);
   return mx + std::log(sum);
 }
 
 // Recomputes row i of the probabilities from raw scores and the saved log-sum-exp:
-// row[j] = e^{row[j]·scale - lse} for j < n, zeros after.
-PARAPLAN_HOST_CLONES void ProbabilityRow(float* row, int64_t n, int64_t seq, float scale,
+// row[j] = e^{row[j]·scale - lse} for j < n, zeros after, up to n8 (a multiple of 8).
+PARAPLAN_HOST_CLONES void ProbabilityRow(float* row, int64_t n, int64_t n8, float scale,
                                          float lse) {
-  const V8 l = simd::Splat(lse);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    simd::Store(row + j, simd::Exp(simd::Load(row + j) * scale - l));
-  if (j < n) simd::StorePart(row + j, simd::Exp(simd::LoadPart(row + j, n - j) * scale - l), n - j);
-  for (j = n; j < seq; ++j) row[j] = 0.0f;
+  const V8 l = simd::Splat(lse), zero{};
+  for (int64_t j = 0; j < n8; j += kLanes) {
+    const V8 e = simd::Exp(simd::Load(row + j) * scale - l);
+    simd::Store(row + j, Below(j, n) ? e : zero);
+  }
 }
 
 // dS = P ∘ (dP - delta) · scale over [0, n), zeros after; returns nothing.
@@ -147,15 +142,37 @@ constexpr int64_t kBlock = 4;
 // multiple of 8); kt is [hd][ld], sc is [4][ld].
 PARAPLAN_HOST_CLONES void ScoreBlock(float* sc, const float* q, const float* kt, int64_t ld,
                                      int64_t hd, int64_t n8) {
-  for (int64_t j = 0; j < n8; j += kLanes) {
+  const float *q0 = q, *q1 = q + hd, *q2 = q + 2 * hd, *q3 = q + 3 * hd;
+  int64_t j = 0;
+  for (; j + 2 * kLanes <= n8; j += 2 * kLanes) {  // 4 rows × 16 keys
+    V8 a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
+    const float* kp = kt + j;
+    for (int64_t d = 0; d < hd; ++d, kp += ld) {
+      const V8 k0 = simd::Load(kp), k1 = simd::Load(kp + kLanes);
+      const float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
+      a0 += x0 * k0;
+      b0 += x0 * k1;
+      a1 += x1 * k0;
+      b1 += x1 * k1;
+      a2 += x2 * k0;
+      b2 += x2 * k1;
+      a3 += x3 * k0;
+      b3 += x3 * k1;
+    }
+    simd::Store(sc + j, a0), simd::Store(sc + j + kLanes, b0);
+    simd::Store(sc + ld + j, a1), simd::Store(sc + ld + j + kLanes, b1);
+    simd::Store(sc + 2 * ld + j, a2), simd::Store(sc + 2 * ld + j + kLanes, b2);
+    simd::Store(sc + 3 * ld + j, a3), simd::Store(sc + 3 * ld + j + kLanes, b3);
+  }
+  for (; j < n8; j += kLanes) {
     V8 a0{}, a1{}, a2{}, a3{};
     const float* kp = kt + j;
     for (int64_t d = 0; d < hd; ++d, kp += ld) {
       const V8 k = simd::Load(kp);
-      a0 += q[d] * k;
-      a1 += q[hd + d] * k;
-      a2 += q[2 * hd + d] * k;
-      a3 += q[3 * hd + d] * k;
+      a0 += q0[d] * k;
+      a1 += q1[d] * k;
+      a2 += q2[d] * k;
+      a3 += q3[d] * k;
     }
     simd::Store(sc + j, a0);
     simd::Store(sc + ld + j, a1);
@@ -168,7 +185,28 @@ PARAPLAN_HOST_CLONES void ScoreBlock(float* sc, const float* q, const float* kt,
 // [n][hd]); out[r] is a row pointer each.
 PARAPLAN_HOST_CLONES void BlockTimes(float* const* out, int64_t rows, const float* p, int64_t ld,
                                      const float* m, int64_t n, int64_t hd) {
-  for (int64_t c = 0; c < hd; c += kLanes) {
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= hd; c += 2 * kLanes) {  // 4 rows × 16 columns
+    V8 a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
+    for (int64_t j = 0; j < n; ++j) {
+      const V8 v0 = simd::Load(m + j * hd + c), v1 = simd::Load(m + j * hd + c + kLanes);
+      const float x0 = p[j], x1 = p[ld + j], x2 = p[2 * ld + j], x3 = p[3 * ld + j];
+      a0 += x0 * v0;
+      b0 += x0 * v1;
+      a1 += x1 * v0;
+      b1 += x1 * v1;
+      a2 += x2 * v0;
+      b2 += x2 * v1;
+      a3 += x3 * v0;
+      b3 += x3 * v1;
+    }
+    const V8 lo[kBlock] = {a0, a1, a2, a3}, hi[kBlock] = {b0, b1, b2, b3};
+    for (int64_t r = 0; r < rows; ++r) {
+      simd::Store(out[r] + c, lo[r]);
+      simd::Store(out[r] + c + kLanes, hi[r]);
+    }
+  }
+  for (; c < hd; c += kLanes) {
     const int64_t cnt = std::min<int64_t>(kLanes, hd - c);
     V8 a0{}, a1{}, a2{}, a3{};
     for (int64_t j = 0; j < n; ++j) {
@@ -192,26 +230,40 @@ PARAPLAN_HOST_CLONES void BlockTimes(float* const* out, int64_t rows, const floa
 // [n][hd]); each element adds the 4 rows in order.
 PARAPLAN_HOST_CLONES void BlockTransposeTimes(float* acc, const float* p, int64_t ld,
                                               const float* m, int64_t n, int64_t hd) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float p0 = p[j], p1 = p[ld + j], p2 = p[2 * ld + j], p3 = p[3 * ld + j];
-    float* a = acc + j * hd;
-    for (int64_t c = 0; c < hd; c += kLanes) {
-      const int64_t cnt = std::min<int64_t>(kLanes, hd - c);
-      if (cnt == kLanes) {
-        V8 x = simd::Load(a + c);
-        x += p0 * simd::Load(m + c);
-        x += p1 * simd::Load(m + hd + c);
-        x += p2 * simd::Load(m + 2 * hd + c);
-        x += p3 * simd::Load(m + 3 * hd + c);
-        simd::Store(a + c, x);
-      } else {
-        V8 x = simd::LoadPart(a + c, cnt);
-        x += p0 * simd::LoadPart(m + c, cnt);
-        x += p1 * simd::LoadPart(m + hd + c, cnt);
-        x += p2 * simd::LoadPart(m + 2 * hd + c, cnt);
-        x += p3 * simd::LoadPart(m + 3 * hd + c, cnt);
-        simd::StorePart(a + c, x, cnt);
-      }
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= hd; c += 2 * kLanes) {  // the block's 4 rows × 16 columns in registers
+    const V8 m0 = simd::Load(m + c), n0 = simd::Load(m + c + kLanes);
+    const V8 m1 = simd::Load(m + hd + c), n1 = simd::Load(m + hd + c + kLanes);
+    const V8 m2 = simd::Load(m + 2 * hd + c), n2 = simd::Load(m + 2 * hd + c + kLanes);
+    const V8 m3 = simd::Load(m + 3 * hd + c), n3 = simd::Load(m + 3 * hd + c + kLanes);
+    for (int64_t j = 0; j < n; ++j) {
+      const float p0 = p[j], p1 = p[ld + j], p2 = p[2 * ld + j], p3 = p[3 * ld + j];
+      float* a = acc + j * hd + c;
+      V8 x = simd::Load(a), y = simd::Load(a + kLanes);
+      x += p0 * m0;
+      y += p0 * n0;
+      x += p1 * m1;
+      y += p1 * n1;
+      x += p2 * m2;
+      y += p2 * n2;
+      x += p3 * m3;
+      y += p3 * n3;
+      simd::Store(a, x);
+      simd::Store(a + kLanes, y);
+    }
+  }
+  for (; c < hd; c += kLanes) {
+    const int64_t cnt = std::min<int64_t>(kLanes, hd - c);
+    const V8 m0 = simd::LoadPart(m + c, cnt), m1 = simd::LoadPart(m + hd + c, cnt),
+             m2 = simd::LoadPart(m + 2 * hd + c, cnt), m3 = simd::LoadPart(m + 3 * hd + c, cnt);
+    for (int64_t j = 0; j < n; ++j) {
+      float* a = acc + j * hd + c;
+      V8 x = simd::LoadPart(a, cnt);
+      x += p[j] * m0;
+      x += p[ld + j] * m1;
+      x += p[2 * ld + j] * m2;
+      x += p[3 * ld + j] * m3;
+      simd::StorePart(a, x, cnt);
     }
   }
 }
