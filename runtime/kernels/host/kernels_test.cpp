@@ -414,3 +414,50 @@ TEST_CASE("cross-entropy phases stay exact at the exp range's ends") {
   CHECK(d[vocab + 20] == 0.5f);
   CHECK(d[vocab + 7] == -0.5f);
 }
+
+TEST_CASE(
+    "attention with vector tails: gradients, and a KV group's heads alone give the same bits") {
+  // seq 13 and head size 20 leave partial 4-row blocks, 8-key blocks and 16-column tiles.
+  const int64_t seq = 13, batch = 2, qh = 4, kvh = 2, hd = 20, rows = seq * batch;
+  auto layout = TokenLayout::SeqMajor(seq, batch);
+  auto q = Random(rows * qh * hd, 30), k = Random(rows * kvh * hd, 31),
+       v = Random(rows * kvh * hd, 32);
+  auto proj = Random(rows * qh * hd, 33);
+  std::vector<float> out(rows * qh * hd), lse(batch * qh * seq);
+  auto loss = [&] {
+    AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), layout, qh, kvh, hd,
+                     0.3f);
+    return Dot(out, proj);
+  };
+  loss();
+  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+  AttentionBackward(dq.data(), dk.data(), dv.data(), proj.data(), out.data(), lse.data(), q.data(),
+                    k.data(), v.data(), layout, qh, kvh, hd, 0.3f);
+  CheckGradient("dq", q, dq, loss);
+  CheckGradient("dk", k, dk, loss);
+  CheckGradient("dv", v, dv, loss);
+  loss();  // CheckGradient left `out` at a perturbed input
+  // The second KV group (query heads 2, 3) as a tensor-parallel shard holds it.
+  auto slice = [&](const std::vector<float>& x, int64_t heads, int64_t first, int64_t count) {
+    std::vector<float> s(rows * count * hd);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < count; ++h)
+        for (int64_t d = 0; d < hd; ++d)
+          s[(r * count + h) * hd + d] = x[(r * heads + first + h) * hd + d];
+    return s;
+  };
+  auto q1 = slice(q, qh, 2, 2), k1 = slice(k, kvh, 1, 1), v1 = slice(v, kvh, 1, 1),
+       g1 = slice(proj, qh, 2, 2);
+  std::vector<float> out1(rows * 2 * hd), lse1(batch * 2 * seq), dq1(q1.size()), dk1(k1.size()),
+      dv1(v1.size());
+  AttentionForward(out1.data(), lse1.data(), q1.data(), k1.data(), v1.data(), layout, 2, 1, hd,
+                   0.3f);
+  AttentionBackward(dq1.data(), dk1.data(), dv1.data(), g1.data(), out1.data(), lse1.data(),
+                    q1.data(), k1.data(), v1.data(), layout, 2, 1, hd, 0.3f);
+  AttentionBackward(dq.data(), dk.data(), dv.data(), proj.data(), out.data(), lse.data(), q.data(),
+                    k.data(), v.data(), layout, qh, kvh, hd, 0.3f);
+  CHECK(out1 == slice(out, qh, 2, 2));
+  CHECK(dq1 == slice(dq, qh, 2, 2));
+  CHECK(dk1 == slice(dk, kvh, 1, 1));
+  CHECK(dv1 == slice(dv, kvh, 1, 1));
+}
