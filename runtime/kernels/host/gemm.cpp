@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/kernels/host/kernels.h"
+#include "runtime/kernels/host/simd.h"
 
 #if PARAPLAN_HAVE_BLAS
 #include <cblas.h>
@@ -43,16 +44,14 @@ typedef float V8 __attribute__((vector_size(32), aligned(4)));
 constexpr int64_t kRows = 4;
 constexpr int64_t kCols = 16;
 
-inline V8 Load(const float* p) { return *reinterpret_cast<const V8*>(p); }
-inline void Store(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
+PARAPLAN_HOST_INLINE V8 Load(const float* p) { return *reinterpret_cast<const V8*>(p); }
+PARAPLAN_HOST_INLINE void Store(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
 
 // C rows [0, rows) (rows <= 4) of an M-block: ap is the packed A block (ap[k * 4 + r]),
 // bp is K × N row-major with leading dimension ldb, c has leading dimension ldc.
-__attribute__((target_clones("avx2", "default"))) void GemmRowBlock(int64_t rows, int64_t n,
-                                                                    int64_t k, const float* ap,
-                                                                    const float* bp, int64_t ldb,
-                                                                    float beta, float* c,
-                                                                    int64_t ldc) {
+PARAPLAN_HOST_CLONES void GemmRowBlock(int64_t rows, int64_t n, int64_t k, const float* ap,
+                                       const float* bp, int64_t ldb, float beta, float* c,
+                                       int64_t ldc) {
   int64_t j = 0;
   // The 4 × 16 tile lives in eight named vector registers (an array would be kept in memory).
   for (; j + kCols <= n; j += kCols) {

@@ -11,7 +11,14 @@
 #include <cstdint>
 #include <cstring>
 
+// GCC on x86-64 only: clang refuses 32-byte vector values in a function's baseline clone, and
+// other CPUs have no such clones; there the kernels are compiled once, for the baseline, with
+// the same 8-lane arithmetic (so the same bits).
+#if defined(__x86_64__) && !defined(__clang__)
 #define PARAPLAN_HOST_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PARAPLAN_HOST_CLONES
+#endif
 #define PARAPLAN_HOST_INLINE __attribute__((always_inline)) inline
 
 namespace paraplan::host::simd {
