@@ -51,6 +51,43 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
   if (m.IsMla()) unsupported("multi-head latent attention", "model.kv_lora_rank", "`planc check` and `planc explain` analyse this plan; compile a model with ordinary attention for now");
   if (q.cp > 1) unsupported(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp", "set `parallel.cp = 1`");
   if (q.ep > 1) unsupported(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep", "set `parallel.ep = 1`");
+  if (m.activation == Activation::kSquaredRelu)
+    unsupported("the squared-ReLU MLP", "model.activation", "use `model.activation = swiglu` or `gelu` to compile");
+  if (m.qk_norm) unsupported("query/key normalisation", "model.qk_norm", "set `model.qk_norm = false` to compile");
+  if (m.window > 0)
+    unsupported(fmt::format("sliding-window attention (window = {})", m.window), "model.window", "set `model.window = 0`");
+  if (m.mtp_layers > 0)
+    unsupported(fmt::format("multi-token prediction ({} modules)", m.mtp_layers), "model.mtp_layers",
+                "set `model.mtp_layers = 0`");
+  {
+    const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+    const MixedPrecisionSpec shorthand = EffectiveMixedPrecision([&] {
+      Plan only = plan;
+      only.origins = {};
+      return only;
+    }());
+    const char* fields[] = {"mixed_precision.params", "mixed_precision.grads", "mixed_precision.main_params",
+                            "mixed_precision.optimizer_state", "mixed_precision.fp8", "mixed_precision.fp8_params"};
+    const bool same[] = {mp.params == shorthand.params, mp.grads == shorthand.grads,
+                         mp.main_params == shorthand.main_params, mp.optimizer_state == shorthand.optimizer_state,
+                         mp.fp8 == shorthand.fp8, mp.fp8_params == shorthand.fp8_params};
+    for (size_t i = 0; i < std::size(fields); ++i)
+      if (!same[i])
+        unsupported(fmt::format("`{}` other than what `precision = {}` implies", fields[i], ToString(plan.precision)),
+                    fields[i], "remove it and keep the `precision` shorthand to compile");
+  }
+  if (plan.activations.offload_layers > 0 || plan.activations.recompute_layers > 0 ||
+      (plan.recompute == Recompute::kSelective && EffectiveRecomputeModules(plan) != kRecomputeCoreAttn))
+    unsupported("recompute by layers or modules, or activation offload",
+                plan.activations.offload_layers > 0     ? "activations.offload_layers"
+                : plan.activations.recompute_layers > 0 ? "activations.recompute_layers"
+                                                        : "activations.recompute_modules",
+                "use `recompute = none`, `selective` (core attention) or `full` to compile");
+  if (plan.optimizer.offload == Offload::kCpu && plan.optimizer.offload_fraction < 1)
+    unsupported("a partial optimizer offload", "optimizer.offload_fraction", "offload all or none of it");
+  if (ShardGroup(plan) != plan.parallel.dp * plan.parallel.cp && plan.optimizer.zero > 0)
+    unsupported(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate), "fsdp.replicate",
+                "shard over the whole data-parallel group");
   if (!ok) return false;
   auto divide = [&](std::string_view what, int64_t value, std::string_view path, int64_t by, std::string_view by_name) {
     if (by > 0 && value % by == 0) return;
