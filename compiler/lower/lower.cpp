@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 
+#include "compiler/analyze/memory.h"
 #include "compiler/lower/body.h"
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/schedule.h"
@@ -33,6 +34,44 @@ prog::Precision ToPrecision(Precision p) {
     case Precision::kFp8: return prog::Precision::Fp8;
   }
   return prog::Precision::Bf16;
+}
+
+// Every role's static arena, with the CUDA context and NCCL communicators beside it, must fit the
+// GPU: planrun allocates the arena whole at start. Reports P0701 with the arena's breakdown.
+bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
+  const int64_t capacity = plan.cluster.gpu.memory;
+  if (capacity <= 0) return true;
+  Plan as_planrun = plan;
+  as_planrun.framework = Framework::kParaplan;
+  const MemoryEstimate est = EstimateMemory(as_planrun);
+  const Role* worst = nullptr;
+  int64_t worst_total = 0, worst_reserve = 0;
+  for (const Role& role : program.roles) {
+    int64_t reserve = 0;
+    const size_t r = static_cast<size_t>(role.pipeline_rank);
+    if (est.valid && r < est.stages.size())
+      reserve = est.stages[r].Get(MemoryPart::kRuntimeReserve) + est.stages[r].Get(MemoryPart::kCommBuffers);
+    const int64_t total = role.peak_bytes + reserve;
+    if (total > capacity && total > worst_total) worst = &role, worst_total = total, worst_reserve = reserve;
+  }
+  if (!worst) return true;
+  const MemoryBreakdown b = MeasureMemory(*worst);
+  const std::string gpu = plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
+  Diag d(DiagKind::kStageOutOfMemory,
+         fmt::format("the program of pipeline stage {} needs {} per GPU; `{}` has {}", worst->pipeline_rank,
+                     FormatGiB(worst_total), gpu, FormatGiB(capacity)));
+  d.At(plan.declaration, fmt::format("stage {}'s arena is {}", worst->pipeline_rank, FormatGiB(worst->peak_bytes)));
+  d.Value("parameters", FormatGiB(b.params))
+      .Value("gradients", FormatGiB(b.grads))
+      .Value("optimizer state", FormatGiB(b.optimizer))
+      .Value("stashed activations", FormatGiB(b.stash))
+      .Value("scratch and transient buckets", FormatGiB(b.body_peak))
+      .Value("CUDA context and NCCL", FormatGiB(worst_reserve));
+  d.Note("planrun allocates each rank's static arena whole when it starts; `planc check` estimates the same "
+         "arena (`framework = paraplan`)");
+  d.Help("`planc check` with `framework = paraplan` offers the changes that fit");
+  sink.Report(std::move(d));
+  return false;
 }
 
 // Checks the plan against what lowering emits; reports P0801/P0803 and returns false on errors.
@@ -331,6 +370,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
     PlanMemory(role);
     p.roles.push_back(std::move(role));
   }
+  if (!ArenaFits(plan, p, sink)) return std::nullopt;
   BuildWorld(layout, m.tied_embeddings && q.pp > 1, p);
 
   if (options.before_verify) options.before_verify(p);
