@@ -6,11 +6,31 @@
 // count, chunk by chunk; GPipe: m). Within a stage every rank holds the same bytes under the
 // model's assumptions (experts divide evenly; routing imbalance applies to all EP ranks alike).
 //
-// Model states follow Megatron's mixed-precision accounting: bf16/fp16 weights (2 B), main
-// gradients (fp32 4 B for bf16/fp8, 2 B for fp16 as in the distributed-optimizer table), and
-// AdamW's fp32 master weights (absent in fp32 training) and two moments; ZeRO 1 shards the
-// optimizer state, 2 the gradients, 3 the weights, over DP x CP for dense parameters and over
-// the expert-DP group for routed experts. CPU offload moves the optimizer state to the host.
+// Terms and their sources (../shared/reference/cost-models.md section 2 unless named):
+//   model states  Megatron's distributed-optimizer table, term by term from the precision record
+//                 (EffectiveMixedPrecision): weights in `params` (1 B with fp8_params; + 1 B of
+//                 cached FP8 casts under Transformer Engine), main gradients in `grads`, fp32
+//                 master weights when `main_params`, Adam's two moments in `optimizer_state`.
+//                 ZeRO 1/2/3 shard them over fsdp.shard ranks (dp·cp / fsdp.replicate); routed
+//                 experts over their expert-DP group. PyTorch FSDP (torchtitan, llm_foundry) keeps
+//                 the fp32 shard as the parameter itself (no separate master).
+//   activations   Korthikanti et al. per layer (cost_shape), minus what the recompute keeps out:
+//                 Megatron's --recompute-modules drop their outputs (DroppedByModules), full
+//                 recompute with --recompute-method/--recompute-num-layers keeps inputs of the
+//                 recomputed layers; FP8 GEMM inputs stored as 1-byte copies; offloaded layers
+//                 move to host_bytes. Microbatches in flight of the actual schedule (1F1B:
+//                 min(pp - r, m); interleaved: Megatron's warm-up count; GPipe: m).
+//   embedding and loss  int64 ids, final-norm and output inputs, fp32 logits; MTP modules add a
+//                 layer and logits each on the last stage.
+//   comm buffers  one NCCL communicator per group of size > 1 (runtime-anchors.md 3.2, item 7),
+//                 gathered SP/CP/EP buffers, ZeRO-3 gathered weights (two layers, or the whole
+//                 stage when reshard_after_forward is off, as torchtitan does under pp > 1).
+//   reserve       CUDA context and library workspaces (GpuEfficiency::runtime_reserve_bytes).
+//   allocator margin  the caching allocator's fragmentation, CostOptions::allocator_margin_percent
+//                 for the PyTorch frameworks; 0 for planrun, whose arena is allocated whole.
+// framework = paraplan on a plan planrun lowers (ArenaModelApplies): the activations, embedding
+// and loss terms and the workspace are planrun's static arena instead, term by term as
+// compiler/lower lays it out (StageMemory::arena; within 3% of `planc compile`, tested).
 //
 // Made by EstimateMemory for `planc check` (OOM diagnostics), explain and every search
 // candidate; must stay allocation-light.

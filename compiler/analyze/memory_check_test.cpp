@@ -69,7 +69,7 @@ TEST_CASE("a stage over the GPU's memory is error P0701 with its breakdown and v
   }
 }
 
-TEST_CASE("above 90% of the GPU's memory is warning P0702; below it nothing") {
+TEST_CASE("above 93% of the GPU's memory is warning P0702; below it nothing") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.parallel.sp = true;
   plan.recompute = Recompute::kSelective;
