@@ -190,6 +190,23 @@ int64_t Fp8Saving(const ModelSpec& m, LayerKind kind, const ActivationShape& sha
   return saving;
 }
 
+// torchtitan's per-op selective activation checkpointing (`selective_ac_option = "op"`): the
+// layer is checkpointed, and inside it the outputs of attention (with its log-sum-exp) and of
+// every other matrix multiply are saved: wq, wv, w1 and w2 of a Llama layer (the 1st, 3rd, 5th
+// and 7th mm), plus the layer input.
+int64_t TorchtitanOpSacBytes(const ModelSpec& m, const ActivationShape& shape) {
+  const int64_t x = shape.element_bytes, t = std::max<int64_t>(1, shape.tp);
+  const int64_t tokens = CeilDiv(SatMul(shape.seq, shape.micro), std::max<int64_t>(1, shape.cp));
+  const int64_t rep = shape.sp ? CeilDiv(tokens, t) : tokens;
+  const int64_t d = m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads);
+  const int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
+  const int64_t split = 2 * m.heads * d + kv * d + m.ffn_hidden;  // q, attention out, v, w1 out
+  int64_t bytes = SatMul(rep, x * m.hidden);                       // layer input
+  bytes = SatAdd(bytes, CeilDiv(SatMul(tokens, x * split), t));
+  bytes = SatAdd(bytes, SatMul(tokens, x * m.hidden));             // w2 out (partial sum, full width)
+  return SatAdd(bytes, SatMul(tokens, 4 * CeilDiv(m.heads, t)));  // log-sum-exp
+}
+
 LayerActivations ActivationsOfLayer(const Plan& plan, LayerKind kind, const ActivationShape& shape, bool fp8) {
   const ModelSpec& m = plan.model;
   LayerActivations a;
@@ -205,6 +222,12 @@ LayerActivations ActivationsOfLayer(const Plan& plan, LayerKind kind, const Acti
       a.workspace = a.none;
       break;
     case Recompute::kSelective: {
+      if (plan.framework == Framework::kTorchtitan && kind == LayerKind::kDense && !m.IsMla() &&
+          plan.activations.recompute_modules.empty()) {
+        a.stored = std::min(a.none, TorchtitanOpSacBytes(m, shape));
+        a.workspace = a.none - a.stored;
+        break;
+      }
       const int64_t drop = std::min(a.none, DroppedByModules(m, kind, shape, EffectiveRecomputeModules(plan)));
       a.stored = a.none - drop;
       a.workspace = drop;
@@ -455,6 +478,13 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
       if (chunk.loss) {
         s.loss = true;
         if (!arena) extra = SatAdd(extra, SatMul(std::max<int64_t>(1, held), loss_act));
+        if (!arena && plan.framework == Framework::kTorchtitan) {
+          // torchtitan's loss upcasts the logits (`pred.float()`, vocab-parallel under TP):
+          // at its backward the saved fp32 log-probabilities, the fp32 gradient of the loss and
+          // the fp32 gradient of the upcast are live at once, 8 B per logit beyond the 4 B above.
+          const int64_t logits = SatMul(tokens, CeilDiv(m.vocab, t));
+          extra = SatAdd(extra, SatMul(8, logits));
+        }
         if (m.mtp_layers > 0 && !arena) {
           // DeepSeek-V3's multi-token prediction: per module one transformer layer (of the last
           // layer's kind), a 2h -> h projection and two norms, and its own logits.
@@ -519,7 +549,11 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
     if (keep_gathered) {
       // Weights gathered for the forward stay until the backward (reshard_after_forward off;
       // torchtitan turns it off under pipeline parallelism): the stage's 16-bit weights, whole.
-      const double w = static_cast<double>(BytesOf(EffectiveMixedPrecision(plan).params));
+      const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+      double w = static_cast<double>(BytesOf(mp.params));
+      // torch.distributed.pipelining turns gradient sync off for all but the last microbatch of
+      // an FSDP stage: its unsharded gradients accumulate across the step, in the reduce dtype.
+      if (plan.framework == Framework::kTorchtitan && p > 1) w += static_cast<double>(BytesOf(mp.grads));
       comm = SatAdd(comm, SatAdd(Scale(shared_p, w), Scale(expert_p, w)));
     } else if (plan.optimizer.zero >= 3 && !arena) {
       // Two layers' full (unsharded) 16-bit weights: the one computing and the one prefetched.
@@ -536,6 +570,7 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
     b[size_t(MemoryPart::kAllocatorMargin)] = margin;
     s.total = SatAdd(sum, margin);
     if (arena) s.arena = sum - b[size_t(MemoryPart::kCommBuffers)] - b[size_t(MemoryPart::kRuntimeReserve)];
+    s.outside_allocator = SatAdd(b[size_t(MemoryPart::kRuntimeReserve)], SatMul(communicators, eff.nccl_bytes_per_communicator));
     if (s.total > est.peak) {
       est.peak = s.total;
       est.peak_stage = r;

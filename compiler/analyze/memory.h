@@ -78,6 +78,9 @@ struct StageMemory {
   // framework = paraplan on a plan planrun lowers: the bytes of planrun's static arena on this
   // stage (everything but NCCL communicators and the CUDA context); 0 otherwise.
   int64_t arena = 0;
+  // Bytes outside the framework's allocator: CUDA context, library workspaces and NCCL
+  // communicators. total - outside_allocator is what torch.cuda.max_memory_reserved reports.
+  int64_t outside_allocator = 0;
 
   int64_t Get(MemoryPart part) const { return bytes[static_cast<size_t>(part)]; }
 };
