@@ -66,15 +66,15 @@ std::string_view MemoryPartName(MemoryPart part);   // "weights", "optimizer", .
 std::string_view MemoryPartTitle(MemoryPart part);  // "optimizer state", ... (tables)
 
 struct StageMemory {
-  int64_t stage = 0;              // pipeline rank
-  int64_t layers = 0;             // transformer layers on the rank (all its chunks)
-  int64_t in_flight = 0;          // chunk-microbatches whose activations are held at the peak
+  int64_t stage = 0;      // pipeline rank
+  int64_t layers = 0;     // transformer layers on the rank (all its chunks)
+  int64_t in_flight = 0;  // chunk-microbatches whose activations are held at the peak
   bool embedding = false;
   bool loss = false;
-  int64_t params = 0;             // parameters on one GPU of this stage (before ZeRO 3)
+  int64_t params = 0;  // parameters on one GPU of this stage (before ZeRO 3)
   std::array<int64_t, kMemoryPartCount> bytes{};
-  int64_t total = 0;              // sum of bytes
-  int64_t host_bytes = 0;         // CPU memory for offloaded optimizer state
+  int64_t total = 0;       // sum of bytes
+  int64_t host_bytes = 0;  // CPU memory for offloaded optimizer state
   // framework = paraplan on a plan planrun lowers: the bytes of planrun's static arena on this
   // stage (everything but NCCL communicators and the CUDA context); 0 otherwise.
   int64_t arena = 0;
@@ -86,15 +86,27 @@ struct StageMemory {
 };
 
 struct MemoryEstimate {
-  bool valid = false;             // false when the plan's pipeline split cannot be formed
-  int64_t capacity = 0;           // the GPU's memory (cluster.gpu.memory)
-  int64_t microbatches = 0;       // per step and DP replica
+  bool valid = false;        // false when the plan's pipeline split cannot be formed
+  int64_t capacity = 0;      // the GPU's memory (cluster.gpu.memory)
+  int64_t microbatches = 0;  // per step and DP replica
   std::vector<StageMemory> stages;
-  int64_t peak = 0;               // max total over stages
-  int64_t peak_stage = 0;         // the first stage reaching it
+  int64_t peak = 0;        // max total over stages
+  int64_t peak_stage = 0;  // the first stage reaching it
 };
 
 MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options = {});
+
+// The predicted peak of every pipeline stage (all ranks of a stage hold the same bytes), for
+// tools that print predicted against measured memory (bench/calibration): `device` is what the
+// GPU must hold, `allocator` what the framework's allocator reports (torch.cuda's
+// max_memory_reserved; planrun's arena), without the CUDA context and NCCL. Empty when the
+// pipeline split cannot be formed.
+struct StagePeak {
+  int64_t stage = 0;
+  int64_t device = 0;
+  int64_t allocator = 0;
+};
+std::vector<StagePeak> PredictedPeaks(const Plan& plan, const CostOptions& options = {});
 
 // True when the estimate is planrun's static arena, term by term as compiler/lower allocates it
 // (framework = paraplan and a plan it lowers: dense, ordinary attention, no cp or ep).
