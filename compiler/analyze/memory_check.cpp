@@ -26,9 +26,9 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   if (par.tp > 1 && !par.sp) one("parallel.sp", "true");
   if (plan.recompute == Recompute::kNone) one("recompute", "selective");
   if (plan.recompute != Recompute::kFull) one("recompute", "full");
-  // ZeRO 2 and 3 do not combine with pipeline parallelism (P0503): offered only without it.
+  // DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (P0503): offered there only without it.
   for (int64_t z = plan.optimizer.zero + 1; z <= 3; ++z)
-    if (z <= 1 || par.pp == 1) one("optimizer.zero", std::to_string(z));
+    if (z <= 1 || par.pp == 1 || plan.framework != Framework::kDeepSpeed) one("optimizer.zero", std::to_string(z));
   if (plan.batch.micro > 1) one("batch.micro", std::to_string(plan.batch.micro / 2));
   if (par.vpp > 1) out.push_back({{{"parallel.vpp", "1"}, {"pipeline.schedule", "\"1f1b\""}}});
   if (par.tp * 2 <= plan.cluster.gpus_per_node) {
@@ -187,9 +187,10 @@ void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& opti
                        over, mem.stages.size(), oom ? "over the limit" : fmt::format("above {}%", kNearLimitPercent), s.stage));
   d.Note(fmt::format("per GPU: parameters, main gradients and optimizer state by precision and ZeRO stage, the "
                      "activations of the {} microbatch(es) in flight under {}, communication buffers, {} "
-                     "of CUDA context and workspaces, and a {}% allocator margin",
+                     "of CUDA context and workspaces, and {}",
                      s.in_flight, ToString(plan.pipeline.schedule), FormatGiB(s.Get(MemoryPart::kRuntimeReserve)),
-                     options.allocator_margin_percent));
+                     s.arena > 0 ? std::string("no allocator margin (planrun allocates its arena whole)")
+                                 : fmt::format("a {}% allocator margin", options.allocator_margin_percent)));
   const std::vector<MemoryFix> fixes = ProposeMemoryFixes(plan, oom ? capacity : near, options);
   for (const MemoryFix& fix : fixes) {
     d.Help(fmt::format("{} {} the largest stage ({}) to {}; predicted step {:.2f} s", fix.description,
