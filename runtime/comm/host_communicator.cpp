@@ -103,10 +103,20 @@ class HostGroup {
     ArriveLocked(me, lock, /*validate=*/true, OpKindName(post.kind));
   }
 
-  // A second rendezvous (no new post): everyone finished reading the posted buffers.
-  void Depart(int me, const char* what) {
+  // A second rendezvous (no new post): everyone finished reading the posted buffers. It never
+  // gives up, not even after an abort: between Arrive and Depart a member only copies and adds
+  // (no waiting, no throwing), so every member gets here, and a member that left early could
+  // unwind and free buffers that a peer is still reading.
+  void Depart(int me) {
     std::unique_lock<std::mutex> lock(mutex_);
-    ArriveLocked(me, lock, /*validate=*/false, what);
+    const uint64_t generation = depart_generation_;
+    if (++departed_ == Size()) {
+      departed_ = 0;
+      ++depart_generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return depart_generation_ != generation; });
   }
 
   const Post& PostOf(int member) const { return posts_[member]; }
@@ -148,21 +158,29 @@ class HostGroup {
 
   template <typename Pred>
   void Wait(std::unique_lock<std::mutex>& lock, Pred pred, int me, const char* what) {
-    auto deadline = std::chrono::steady_clock::now() +
-                    std::chrono::duration<double>(world_->options_.timeout_seconds);
+    // The timeout counts time this process was running, not time it was stopped (SIGSTOP, a
+    // suspended job, a paused machine): it waits in slices of at most 100 ms and counts no more
+    // than the slice for each, however late the wake-up came.
+    const double limit = world_->options_.timeout_seconds;
+    double waited = 0;
     while (!pred()) {
       if (world_->Aborted()) throw CommError("aborted: " + world_->AbortReason());
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !pred()) {
+      const double slice = std::clamp(limit - waited, 1e-3, 0.1);
+      const auto t0 = std::chrono::steady_clock::now();
+      cv_.wait_for(lock, std::chrono::duration<double>(slice));
+      waited += std::min(slice, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (waited >= limit && !pred()) {
         if (world_->Aborted()) throw CommError("aborted: " + world_->AbortReason());
         std::ostringstream s;
-        s << "rank " << members_[me] << " waited more than " << world_->options_.timeout_seconds
-          << " s in " << what << " on group " << MembersText(members_)
-          << ": a member never arrived";
+        s << "rank " << members_[me] << " waited more than " << limit << " s in " << what << " on group "
+          << MembersText(members_) << ": a member never arrived";
         lock.unlock();
         Fail(s.str());
       }
     }
-    if (world_->Aborted()) throw CommError("aborted: " + world_->AbortReason());
+    // Once the condition holds the operation has happened for every member (a rendezvous
+    // completed, a message arrived): an abort is noticed at the next call instead, so that no
+    // member leaves a collective whose peers read its buffers.
   }
 
   void ArriveLocked(int me, std::unique_lock<std::mutex>& lock, bool validate, const char* what) {
@@ -201,8 +219,8 @@ class HostGroup {
   std::vector<int> members_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
+  int arrived_ = 0, departed_ = 0;
+  uint64_t generation_ = 0, depart_generation_ = 0;
   std::vector<Post> posts_;
   std::vector<unsigned char> scratch_;
   std::vector<std::deque<Message>> mailboxes_;
@@ -257,7 +275,7 @@ class HostCommunicator final : public Communicator {
     const int n = Size();
     const int64_t begin = count * me_ / n, end = count * (me_ + 1) / n;
     ReduceRange(*group_, 0, begin, end, dtype, op, scratch.data() + begin * bytes);
-    group_->Depart(me_, "all_reduce");
+    group_->Depart(me_);
     if (count > 0) std::memcpy(recv, scratch.data(), static_cast<size_t>(count * bytes));
   }
 
@@ -265,7 +283,7 @@ class HostCommunicator final : public Communicator {
     Check(recv_count, "reduce_scatter");
     group_->Arrive(me_, Post{OpKind::kReduceScatter, recv_count, dtype, ReduceOp::kSum, 0, send, recv});
     ReduceRange(*group_, me_ * recv_count, 0, recv_count, dtype, ReduceOp::kSum, recv);
-    group_->Depart(me_, "reduce_scatter");
+    group_->Depart(me_);
   }
 
   void AllGather(const void* send, void* recv, int64_t send_count, DType dtype) override {
@@ -275,7 +293,7 @@ class HostCommunicator final : public Communicator {
     for (int r = 0; r < Size(); ++r) {
       if (bytes > 0) std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, group_->PostOf(r).send, bytes);
     }
-    group_->Depart(me_, "all_gather");
+    group_->Depart(me_);
   }
 
   void Broadcast(void* buf, int64_t count, DType dtype, int root) override {
@@ -285,7 +303,7 @@ class HostCommunicator final : public Communicator {
     if (me_ != root && count > 0) {
       std::memcpy(buf, group_->PostOf(root).send, static_cast<size_t>(count * DTypeBytes(dtype)));
     }
-    group_->Depart(me_, "broadcast");
+    group_->Depart(me_);
   }
 
   void Send(const void* buf, int64_t count, DType dtype, int peer) override {
@@ -310,7 +328,7 @@ class HostCommunicator final : public Communicator {
                     static_cast<const unsigned char*>(group_->PostOf(s).send) + me_ * bytes, bytes);
       }
     }
-    group_->Depart(me_, "all_to_all");
+    group_->Depart(me_);
   }
 
   void Barrier() override { group_->Arrive(me_, Post{}); }
