@@ -381,9 +381,13 @@ std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, i
   std::shared_ptr<HostGroup> group;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = groups_[{tag, members}];
-    if (!slot) slot = std::make_shared<HostGroup>(this, members);
-    group = slot;
+    auto it_group = groups_.find({tag, members});
+    if (it_group == groups_.end()) {  // no empty slot is left behind when this allocation fails
+      group = std::make_shared<HostGroup>(this, members);
+      groups_.emplace(std::make_pair(tag, members), group);
+    } else {
+      group = it_group->second;
+    }
   }
   return std::make_unique<HostCommunicator>(group, static_cast<int>(it - members.begin()));
 }
@@ -396,7 +400,9 @@ void HostWorld::Abort(const std::string& reason) {
       abort_reason_ = reason;
       aborted_.store(true);
     }
-    for (auto& [members, g] : groups_) groups.push_back(g);
+    for (auto& [members, g] : groups_) {
+      if (g) groups.push_back(g);
+    }
   }
   for (auto& g : groups) g->Wake();
 }
