@@ -313,6 +313,10 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
     m.peak_bytes = peak;
     m.lr = host::WarmupCosineLr(m.step, program.train.warmup_steps, program.train.steps, program.train.lr,
                                 program.train.min_lr);
+    // The step is reported before its checkpoint is committed: a kill in between leaves a metrics
+    // line of a step the checkpoint lacks (a resumed run replaces it), never a step without one.
+    result.steps.push_back(m);
+    if (options.on_step) options.on_step(m);
     if (checkpoint_due(i)) {
       try {
         CommitCheckpoint(options.checkpoint_dir,
@@ -325,8 +329,6 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
         throw RunError(e.what());
       }
     }
-    result.steps.push_back(m);
-    if (options.on_step) options.on_step(m);
   }
   bool stopped = false;
   int64_t stopped_done = 0;
