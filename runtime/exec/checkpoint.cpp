@@ -187,7 +187,12 @@ void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir,
   FsyncPath(dir, true);  // the step directory is committed before `latest` names it
   if (had_old) fs::remove_all(old_dir, ec);
   const std::string latest_tmp = (fs::path(dir) / ".latest.tmp").string();
-  WriteFileSynced(latest_tmp, StepName(step) + "\n");
+  try {
+    WriteFileSynced(latest_tmp, StepName(step) + "\n");
+  } catch (const CheckpointError&) {
+    fs::remove(latest_tmp, ec);  // the step directory is committed; only `latest` lags
+    throw;
+  }
   fs::rename(latest_tmp, fs::path(dir) / "latest", ec);
   if (ec) throw CheckpointError("cannot update `" + dir + "/latest`: " + ec.message());
   FsyncPath(dir, true);
@@ -411,8 +416,8 @@ CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramI
     const double need = CheckpointBytes(program);
     if (free_bytes < need) {
       char text[160];
-      std::snprintf(text, sizeof text, "%.1f MiB free, one checkpoint takes %.1f MiB",
-                    free_bytes / 1048576.0, need / 1048576.0);
+      std::snprintf(text, sizeof text, "%.1f KiB free, one checkpoint takes %.1f KiB", free_bytes / 1024.0,
+                    need / 1024.0);
       throw CheckpointError("checkpoint directory `" + dir + "` has no room for a checkpoint (" +
                             text + "); free space or choose another directory");
     }
