@@ -92,7 +92,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
       return;
 
     case OpKind::LoadBatch: {
-      const int64_t t = model.micro_batch * model.seq_len;
+      const int64_t t = mul({model.micro_batch, model.seq_len});
+      output(0, 0);
       need(Elements(op.outputs[0]) == t, "the token buffer holds " + std::to_string(Elements(op.outputs[0])) +
                                             " ids, a microbatch has " + std::to_string(t));
       tokens_in_.resize(t);

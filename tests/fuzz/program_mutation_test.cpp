@@ -6,6 +6,7 @@
 // shapes and offsets near 2^56..2^63); a hostile int64 (2^62 + 32, INT64_MAX, INT64_MIN, -1,
 // 2^31, 2^32) or int32 (INT32_MAX, INT32_MIN, -1, 0) written at an aligned offset.
 // PARAPLAN_FUZZ_ITERATIONS (default 3000) and PARAPLAN_FUZZ_SEED (default 987) set the run;
+// PARAPLAN_FUZZ_TRACE prints each iteration, PARAPLAN_FUZZ_SAVE=N saves mutant N for planrun;
 // README.md records the counts run under AddressSanitizer and UndefinedBehaviorSanitizer.
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -92,12 +93,17 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
   const int64_t iterations = EnvInt("PARAPLAN_FUZZ_ITERATIONS", 3000);
   std::mt19937_64 gen(static_cast<uint64_t>(EnvInt("PARAPLAN_FUZZ_SEED", 987)));
   const bool trace = std::getenv("PARAPLAN_FUZZ_TRACE") != nullptr;
+  const int64_t save_at = EnvInt("PARAPLAN_FUZZ_SAVE", -1);
   int64_t ran = 0, refused_at_decode = 0, refused_running = 0, too_big = 0;
   for (int64_t it = 0; it < iterations; ++it) {
     auto b = bases[static_cast<size_t>(it) % bases.size()];
     Mutate(b, gen);
     if (gen() % 4 == 0) Mutate(b, gen);
     if (trace) std::fprintf(stderr, "iteration %lld\n", static_cast<long long>(it));
+    if (it == save_at) {  // PARAPLAN_FUZZ_SAVE=N: write mutant N to program_mutant.pplan for planrun
+      std::ofstream("program_mutant.pplan", std::ios::binary)
+          .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    }
     ProgramImage image;
     try {
       image = DecodeProgramImage(b.data(), b.size(), "mutated");
