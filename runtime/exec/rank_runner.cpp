@@ -391,6 +391,7 @@ void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
       return;
     }
     case OpKind::Broadcast: {
+      if (nx != ny) throw RunError("Broadcast from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
       if (x != y) backend_.Copy(y, x, nx);
       if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(op.Int(0, 0)));
       return;

@@ -69,6 +69,14 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
       img.train.global_batch <= 0 || img.parallel.dp <= 0) {
     throw fail("model.seq_len, model.micro_batch, model.vocab, train.global_batch and parallel.dp must be positive");
   }
+  // Step counts feed the learning-rate schedule's arithmetic: bounded so that it cannot overflow.
+  constexpr int64_t kMaxSteps = int64_t{1} << 40;
+  if (img.train.steps < 0 || img.train.steps > kMaxSteps || img.train.warmup_steps < 0 ||
+      img.train.warmup_steps > kMaxSteps || img.train.checkpoint_every < 0 || img.train.checkpoint_every > kMaxSteps) {
+    throw fail("train.steps " + std::to_string(img.train.steps) + ", train.warmup_steps " +
+               std::to_string(img.train.warmup_steps) + " and train.checkpoint_every " +
+               std::to_string(img.train.checkpoint_every) + " must lie in 0 .. 2^40");
+  }
 
   for (const Communicator& ci : img.communicators) {
     for (int32_t member : ci.members) {
