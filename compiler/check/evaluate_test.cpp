@@ -299,6 +299,11 @@ TEST_CASE("types, units, overflow and division are checked") {
     CHECK(d->message == std::string("integer overflow in `") + expr + "`");
   }
 
+  r = Eval(Plan70b(), {"batch.global=(-9223372036854775807 - 1) / -1"});  // the same from --set
+  d = r->Find(DiagKind::kIntegerOverflow);
+  REQUIRE(d);
+  CHECK(d->message == "integer overflow in `(-9223372036854775807 - 1) / -1`");
+
   r = Eval(Plan70b("batch.global = 4 / 0"));
   REQUIRE(r->Find(DiagKind::kDivisionByZero));
 

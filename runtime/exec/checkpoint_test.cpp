@@ -244,3 +244,31 @@ TEST_CASE("a checkpoint directory that cannot be written or has no room is refus
     MESSAGE("tmpfs cannot be mounted here: the full-file-system case is not exercised");
   }
 }
+
+TEST_CASE("a disk that fills while committing fails the run cleanly; committed steps resume") {
+  // A small tmpfs (where this process may mount one) with room for the first checkpoints only.
+  const std::string data = TinyData();
+  const ProgramImage prog = TinyImage(data, 2);
+  const std::string mnt = TempDir("full_fs");
+  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
+    MESSAGE("tmpfs cannot be mounted here: the full-disk commit is not exercised");
+    return;
+  }
+  const std::string dir = mnt + "/ckpt";
+  RunOptions run;
+  run.steps = 40;
+  run.checkpoint_every = 1;
+  run.checkpoint_dir = dir;
+  CHECK_THROWS_WITH_AS(Train(prog, run), doctest::Contains("disk full"), RunError);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    CHECK_MESSAGE((name == ".lock" || name == "latest" || name.rfind("step-", 0) == 0), name);  // no leftovers
+  }
+  const CheckpointManifest newest = FindCheckpoint(dir, prog);
+  CHECK(newest.step >= 1);
+  RunOptions resume;
+  resume.steps = 1;
+  resume.resume_dir = dir;
+  CHECK(Train(prog, resume).steps.size() == 1);
+  CHECK(std::system(("umount " + mnt).c_str()) == 0);
+}
