@@ -32,17 +32,28 @@ uint16_t FloatToBf16(float f) {
 }
 
 enum class OpKind : uint8_t {
-  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll, kBarrier
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kAllToAll,
+  kBarrier
 };
 
 const char* OpKindName(OpKind kind) {
   switch (kind) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kBarrier: return "barrier";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -85,7 +96,9 @@ struct Message {
 class HostGroup {
  public:
   HostGroup(HostWorld* world, std::vector<int> members)
-      : world_(world), members_(std::move(members)), posts_(members_.size()),
+      : world_(world),
+        members_(std::move(members)),
+        posts_(members_.size()),
         mailboxes_(members_.size() * members_.size()) {}
 
   int Size() const { return static_cast<int>(members_.size()); }
@@ -134,14 +147,15 @@ class HostGroup {
   void Recv(int me, int peer, void* buf, int64_t count, DType dtype) {
     std::unique_lock<std::mutex> lock(mutex_);
     auto& box = Mailbox(peer, me);
-    Wait(lock, [&] { return !box.empty(); }, me, "recv");
+    Wait(
+        lock, [&] { return !box.empty(); }, me, "recv");
     Message m = std::move(box.front());
     box.pop_front();
     lock.unlock();
     if (m.count != count || m.dtype != dtype) {
       std::ostringstream s;
-      s << "recv on group " << MembersText(members_) << ": rank " << members_[me]
-        << " expected " << count << " " << DTypeName(dtype) << " from rank " << members_[peer]
+      s << "recv on group " << MembersText(members_) << ": rank " << members_[me] << " expected "
+        << count << " " << DTypeName(dtype) << " from rank " << members_[peer]
         << " but the matching send carried " << m.count << " " << DTypeName(m.dtype);
       Fail(s.str());
     }
@@ -168,12 +182,13 @@ class HostGroup {
       const double slice = std::clamp(limit - waited, 1e-3, 0.1);
       const auto t0 = std::chrono::steady_clock::now();
       cv_.wait_for(lock, std::chrono::duration<double>(slice));
-      waited += std::min(slice, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      waited += std::min(
+          slice, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       if (waited >= limit && !pred()) {
         if (world_->Aborted()) throw CommError("aborted: " + world_->AbortReason());
         std::ostringstream s;
-        s << "rank " << members_[me] << " waited more than " << limit << " s in " << what << " on group "
-          << MembersText(members_) << ": a member never arrived";
+        s << "rank " << members_[me] << " waited more than " << limit << " s in " << what
+          << " on group " << MembersText(members_) << ": a member never arrived";
         lock.unlock();
         Fail(s.str());
       }
@@ -212,7 +227,8 @@ class HostGroup {
       cv_.notify_all();
       return;
     }
-    Wait(lock, [&] { return generation_ != generation; }, me, what);
+    Wait(
+        lock, [&] { return generation_ != generation; }, me, what);
   }
 
   HostWorld* world_;
@@ -281,7 +297,8 @@ class HostCommunicator final : public Communicator {
 
   void ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype) override {
     Check(recv_count, "reduce_scatter");
-    group_->Arrive(me_, Post{OpKind::kReduceScatter, recv_count, dtype, ReduceOp::kSum, 0, send, recv});
+    group_->Arrive(me_,
+                   Post{OpKind::kReduceScatter, recv_count, dtype, ReduceOp::kSum, 0, send, recv});
     ReduceRange(*group_, me_ * recv_count, 0, recv_count, dtype, ReduceOp::kSum, recv);
     group_->Depart(me_);
   }
@@ -291,7 +308,8 @@ class HostCommunicator final : public Communicator {
     group_->Arrive(me_, Post{OpKind::kAllGather, send_count, dtype, ReduceOp::kSum, 0, send, recv});
     const int64_t bytes = send_count * DTypeBytes(dtype);
     for (int r = 0; r < Size(); ++r) {
-      if (bytes > 0) std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, group_->PostOf(r).send, bytes);
+      if (bytes > 0)
+        std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, group_->PostOf(r).send, bytes);
     }
     group_->Depart(me_);
   }
@@ -356,12 +374,14 @@ class HostCommunicator final : public Communicator {
 }  // namespace
 
 HostWorld::HostWorld(int size, HostWorldOptions options) : size_(size), options_(options) {
-  if (size <= 0) throw CommError("a host world needs at least one rank, got " + std::to_string(size));
+  if (size <= 0)
+    throw CommError("a host world needs at least one rank, got " + std::to_string(size));
 }
 
 HostWorld::~HostWorld() = default;
 
-std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, int world_rank, int tag) {
+std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, int world_rank,
+                                              int tag) {
   if (members.empty()) throw CommError("a group needs at least one member");
   std::set<int> seen;
   for (int m : members) {
@@ -370,7 +390,8 @@ std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, i
                       " outside the world of " + std::to_string(size_));
     }
     if (!seen.insert(m).second) {
-      throw CommError("group " + MembersText(members) + " names rank " + std::to_string(m) + " twice");
+      throw CommError("group " + MembersText(members) + " names rank " + std::to_string(m) +
+                      " twice");
     }
   }
   auto it = std::find(members.begin(), members.end(), world_rank);

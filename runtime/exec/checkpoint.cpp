@@ -416,8 +416,8 @@ CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramI
     const double need = CheckpointBytes(program);
     if (free_bytes < need) {
       char text[160];
-      std::snprintf(text, sizeof text, "%.1f KiB free, one checkpoint takes %.1f KiB", free_bytes / 1024.0,
-                    need / 1024.0);
+      std::snprintf(text, sizeof text, "%.1f KiB free, one checkpoint takes %.1f KiB",
+                    free_bytes / 1024.0, need / 1024.0);
       throw CheckpointError("checkpoint directory `" + dir + "` has no room for a checkpoint (" +
                             text + "); free space or choose another directory");
     }

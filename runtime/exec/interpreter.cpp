@@ -1,17 +1,17 @@
 #include "runtime/exec/interpreter.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
-#include <system_error>
 #include <mutex>
 #include <numeric>
+#include <system_error>
 #include <thread>
-
-#include <unistd.h>
 
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/host_backend.h"
@@ -21,8 +21,9 @@
 namespace paraplan::exec {
 
 float InitValue(uint64_t seed, int64_t key, int64_t index, double std) {
-  const uint64_t h1 = data::SplitMix64(data::SplitMix64(data::SplitMix64(seed) ^ static_cast<uint64_t>(key)) ^
-                                       static_cast<uint64_t>(index));
+  const uint64_t h1 =
+      data::SplitMix64(data::SplitMix64(data::SplitMix64(seed) ^ static_cast<uint64_t>(key)) ^
+                       static_cast<uint64_t>(index));
   const uint64_t h2 = data::SplitMix64(h1);
   const double u1 = (static_cast<double>(h1 >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
   const double u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;          // [0, 1)
@@ -44,7 +45,7 @@ struct Coordinator {
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<std::vector<StepRecord>> records;  // per rank, per step done
-  std::vector<std::string> errors;              // per rank
+  std::vector<std::string> errors;               // per rank
   bool failed = false;
   double start_wall = 0;
   int ready = 0;
@@ -72,13 +73,15 @@ std::string FirstError(const Coordinator& co) {
 
 }  // namespace
 
-RunResult Train(const ProgramImage& program, const RunOptions& options, const RankPlacement* placement) {
+RunResult Train(const ProgramImage& program, const RunOptions& options,
+                const RankPlacement* placement) {
   std::string data_path = options.data_path.empty() ? program.train.data : options.data_path;
   if (data_path.empty()) data_path = PARAPLAN_DEFAULT_DATA;  // the bundled text
   const data::TokenStream tokens = data::LoadTokens(data_path, program.model.vocab);
   {  // Refuse short data before starting any thread.
-    data::Sampler probe(tokens, {program.model.seq_len, program.train.global_batch, program.model.micro_batch,
-                                 program.parallel.dp},
+    data::Sampler probe(tokens,
+                        {program.model.seq_len, program.train.global_batch,
+                         program.model.micro_batch, program.parallel.dp},
                         static_cast<uint64_t>(program.train.seed));
   }
   CheckpointManifest manifest;
@@ -87,7 +90,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
     manifest = FindCheckpoint(options.resume_dir, program);
     start = manifest.step;
   }
-  const int64_t steps = options.steps >= 0 ? options.steps : std::max<int64_t>(0, program.train.steps - start);
+  const int64_t steps =
+      options.steps >= 0 ? options.steps : std::max<int64_t>(0, program.train.steps - start);
   const int world_size = program.world_size;
 
   std::unique_ptr<HostCommWorld> host_world;
@@ -97,20 +101,25 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
       throw RunError("a rank placement needs a world and one backend per rank");
     }
     for (int r : placement->ranks) {
-      if (r < 0 || r >= world_size) throw RunError("rank " + std::to_string(r) + " is outside the program's world");
+      if (r < 0 || r >= world_size)
+        throw RunError("rank " + std::to_string(r) + " is outside the program's world");
     }
     local_ranks = placement->ranks;
   } else {
     // All ranks share this machine's memory: refuse a program whose arenas cannot fit.
     double needed = 0;
-    for (const auto& r : program.ranks) needed += static_cast<double>(program.roles[r.role].fp32_arena_bytes);
-    const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    for (const auto& r : program.ranks)
+      needed += static_cast<double>(program.roles[r.role].fp32_arena_bytes);
+    const double physical =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
     if (physical > 0 && needed > 0.9 * physical) {
       throw RunError("the program's " + std::to_string(world_size) + " ranks need " +
-                     std::to_string(needed / 1073741824.0) + " GiB of host memory for their arenas, but this machine has " +
+                     std::to_string(needed / 1073741824.0) +
+                     " GiB of host memory for their arenas, but this machine has " +
                      std::to_string(physical / 1073741824.0) + " GiB");
     }
-    host_world = std::make_unique<HostCommWorld>(world_size, comm::HostWorldOptions{options.comm_timeout_seconds});
+    host_world = std::make_unique<HostCommWorld>(
+        world_size, comm::HostWorldOptions{options.comm_timeout_seconds});
     local_ranks.resize(world_size);
     std::iota(local_ranks.begin(), local_ranks.end(), 0);
   }
@@ -123,14 +132,15 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
   // with, before step 0. Under a launcher the process of rank 0 checks and holds it.
   CheckpointLock checkpoint_lock;
   const bool writes_checkpoints = !options.checkpoint_dir.empty();
-  if (writes_checkpoints && std::find(local_ranks.begin(), local_ranks.end(), 0) != local_ranks.end()) {
+  if (writes_checkpoints &&
+      std::find(local_ranks.begin(), local_ranks.end(), 0) != local_ranks.end()) {
     PrepareOptions prep;
     prep.overwrite = options.overwrite_checkpoints;
     prep.clean_leftovers = all_ranks_here;
     if (!options.resume_dir.empty()) {
       std::error_code ec;
-      if (std::filesystem::equivalent(std::filesystem::path(manifest.directory).parent_path(), options.checkpoint_dir,
-                                      ec)) {
+      if (std::filesystem::equivalent(std::filesystem::path(manifest.directory).parent_path(),
+                                      options.checkpoint_dir, ec)) {
         prep.resume_step = start;
       }
     }
@@ -138,7 +148,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
   }
   auto checkpoint_due = [&](int64_t i) {  // after step start + i of this run
     return writes_checkpoints &&
-           ((options.checkpoint_every > 0 && (start + i + 1) % options.checkpoint_every == 0) || i + 1 == steps);
+           ((options.checkpoint_every > 0 && (start + i + 1) % options.checkpoint_every == 0) ||
+            i + 1 == steps);
   };
   // A stop request is honoured only where every rank is a thread here: they agree on the step.
   const std::atomic<int>* stop_request = all_ranks_here ? options.stop_request : nullptr;
@@ -186,8 +197,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
         runner.RunStep(step);
         done = i + 1;
         if (checkpoint_due(i)) {
-          WriteRankShard(BeginCheckpoint(options.checkpoint_dir, step + 1), program, rank, step + 1, runner.State(),
-                         *backend);
+          WriteRankShard(BeginCheckpoint(options.checkpoint_dir, step + 1), program, rank, step + 1,
+                         runner.State(), *backend);
         }
         StepRecord rec;
         rec.end_wall = Wall();
@@ -204,8 +215,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
       }
       // Stopped early: the steps done so far are checkpointed unless that just happened.
       if (done < steps && done > 0 && writes_checkpoints && !checkpoint_due(done - 1)) {
-        WriteRankShard(BeginCheckpoint(options.checkpoint_dir, start + done), program, rank, start + done,
-                       runner.State(), *backend);
+        WriteRankShard(BeginCheckpoint(options.checkpoint_dir, start + done), program, rank,
+                       start + done, runner.State(), *backend);
       }
       {
         std::lock_guard<std::mutex> lock(co.mutex);
@@ -226,9 +237,9 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
         const int64_t g = runner.GlobalIndex(p, local);
         if (g < 0 || g >= static_cast<int64_t>(dst.size())) return;
         if (flags[g] && std::memcmp(&dst[g], &value, 4) != 0 && co.replica_error.empty()) {
-          co.replica_error = "replicas of `" + p.name + "` differ at element " + std::to_string(g) + " (rank " +
-                             std::to_string(rank) + ": " + std::to_string(value) + ", another: " +
-                             std::to_string(dst[g]) + ")";
+          co.replica_error = "replicas of `" + p.name + "` differ at element " + std::to_string(g) +
+                             " (rank " + std::to_string(rank) + ": " + std::to_string(value) +
+                             ", another: " + std::to_string(dst[g]) + ")";
         }
         dst[g] = value;
         flags[g] = 1;
@@ -250,12 +261,14 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
     } catch (const std::exception& e) {  // std::system_error, or std::bad_alloc for its state
       // The ranks already started wait for this one in their first collective: abort them and
       // join them before reporting (a joinable std::thread going out of scope terminates).
-      const std::string why = "cannot start the thread of rank " + std::to_string(local_ranks[r]) + " (" +
-                              std::to_string(r) + " of " + std::to_string(local) +
-                              " started): " + e.what() + "; raise the process's memory or thread limits";
+      const std::string why = "cannot start the thread of rank " + std::to_string(local_ranks[r]) +
+                              " (" + std::to_string(r) + " of " + std::to_string(local) +
+                              " started): " + e.what() +
+                              "; raise the process's memory or thread limits";
       world.Abort(why);
       for (auto& t : threads) t.join();
-      if (all_ranks_here && writes_checkpoints) AbandonCheckpoints(options.checkpoint_dir, start + 1, start + steps);
+      if (all_ranks_here && writes_checkpoints)
+        AbandonCheckpoints(options.checkpoint_dir, start + 1, start + steps);
       throw RunError(why);
     }
   }
@@ -271,7 +284,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
       std::unique_lock<std::mutex> lock(co.mutex);
       co.cv.wait(lock, [&] {
         if (co.failed || (stop_index >= 0 && i >= stop_index)) return true;
-        for (const auto& r : co.records) if (static_cast<int64_t>(r.size()) <= i) return false;
+        for (const auto& r : co.records)
+          if (static_cast<int64_t>(r.size()) <= i) return false;
         return true;
       });
       if (co.failed) break;
@@ -309,10 +323,11 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
     }
     m.seconds = std::max(1e-9, end - previous_end);
     previous_end = end;
-    m.tokens_per_second = static_cast<double>(program.train.global_batch * program.model.seq_len) / m.seconds;
+    m.tokens_per_second =
+        static_cast<double>(program.train.global_batch * program.model.seq_len) / m.seconds;
     m.peak_bytes = peak;
-    m.lr = host::WarmupCosineLr(m.step, program.train.warmup_steps, program.train.steps, program.train.lr,
-                                program.train.min_lr);
+    m.lr = host::WarmupCosineLr(m.step, program.train.warmup_steps, program.train.steps,
+                                program.train.lr, program.train.min_lr);
     // The step is reported before its checkpoint is committed: a kill in between leaves a metrics
     // line of a step the checkpoint lacks (a resumed run replaces it), never a step without one.
     result.steps.push_back(m);
@@ -340,7 +355,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options, const Ra
   }
   if (stopped && stopped_done > 0 && writes_checkpoints && !checkpoint_due(stopped_done - 1)) {
     try {
-      CommitCheckpoint(options.checkpoint_dir, BeginCheckpoint(options.checkpoint_dir, start + stopped_done), program,
+      CommitCheckpoint(options.checkpoint_dir,
+                       BeginCheckpoint(options.checkpoint_dir, start + stopped_done), program,
                        start + stopped_done);
       result.checkpoint_step = start + stopped_done;
     } catch (const std::exception& e) {

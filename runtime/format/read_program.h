@@ -1,8 +1,8 @@
 // Reading a program file into memory, for the compiler's `planc dump` and the runtime's loader.
-// Refuses a directory, a FIFO or a device; stops reading as soon as the first 8 bytes lack the FlatBuffers file
-// identifier "PPLN" (the decoder then says "not a paraplan program"), so `/dev/zero` or a huge
-// unrelated file is not read to the end; refuses more than 2 GiB, the FlatBuffers limit.
-// Header-only (paraplan_format is an interface library).
+// Refuses a directory, a FIFO or a device; stops reading as soon as the first 8 bytes lack the
+// FlatBuffers file identifier "PPLN" (the decoder then says "not a paraplan program"), so
+// `/dev/zero` or a huge unrelated file is not read to the end; refuses more than 2 GiB, the
+// FlatBuffers limit. Header-only (paraplan_format is an interface library).
 #ifndef PARAPLAN_RUNTIME_FORMAT_READ_PROGRAM_H_
 #define PARAPLAN_RUNTIME_FORMAT_READ_PROGRAM_H_
 
@@ -20,7 +20,8 @@ inline constexpr uint64_t kMaxProgramBytes = uint64_t{1} << 31;
 // False with `error` set ("is a directory", "cannot open", "holds more than 2 GiB") when the
 // file cannot be read; true otherwise, with `bytes` holding the file (or its first bytes when
 // they are not a program).
-inline bool ReadProgramFile(const std::string& path, std::vector<uint8_t>* bytes, std::string* error) {
+inline bool ReadProgramFile(const std::string& path, std::vector<uint8_t>* bytes,
+                            std::string* error) {
   std::string why;
   const int fd = OpenRegularFile(path, &why);  // a FIFO or a device is refused unread
   if (fd < 0) {

@@ -35,7 +35,8 @@ int64_t EnvInt(const char* name, int64_t fallback) {
 }
 
 std::string TinyData() {
-  const auto dir = fs::temp_directory_path() / ("paraplan_fuzz_program_" + std::to_string(::getpid()));
+  const auto dir =
+      fs::temp_directory_path() / ("paraplan_fuzz_program_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string path = (dir / "tokens.u16").string();
   std::ofstream out(path, std::ios::binary);
@@ -47,8 +48,9 @@ std::string TinyData() {
 }
 
 void Mutate(std::vector<uint8_t>& b, std::mt19937_64& gen) {
-  static const int64_t kWords[] = {(int64_t{1} << 62) + 32, int64_t{1} << 62, INT64_MAX, INT64_MIN, -1,
-                                   int64_t{1} << 31,        int64_t{1} << 32, (int64_t{1} << 32) + 8};
+  static const int64_t kWords[] = {
+      (int64_t{1} << 62) + 32, int64_t{1} << 62,      INT64_MAX, INT64_MIN, -1, int64_t{1} << 31,
+      int64_t{1} << 32,        (int64_t{1} << 32) + 8};
   static const int32_t kInts[] = {INT32_MAX, INT32_MIN, -1, 0, 1 << 30};
   static const uint8_t kHigh[] = {0x40, 0x3f, 0x7f, 0x80, 0xff, 0x01};
   const size_t n = b.size();
@@ -100,7 +102,8 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
     Mutate(b, gen);
     if (gen() % 4 == 0) Mutate(b, gen);
     if (trace) std::fprintf(stderr, "iteration %lld\n", static_cast<long long>(it));
-    if (it == save_at) {  // PARAPLAN_FUZZ_SAVE=N: write mutant N to program_mutant.pplan for planrun
+    if (it ==
+        save_at) {  // PARAPLAN_FUZZ_SAVE=N: write mutant N to program_mutant.pplan for planrun
       std::ofstream("program_mutant.pplan", std::ios::binary)
           .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
     }
@@ -114,7 +117,8 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
     // A mutant that asks for gigabytes is valid input (the runtime refuses only what exceeds the
     // machine) but filling that memory is not what this test is for.
     double arena = 0;
-    for (const auto& r : image.ranks) arena += static_cast<double>(image.roles[r.role].fp32_arena_bytes);
+    for (const auto& r : image.ranks)
+      arena += static_cast<double>(image.roles[r.role].fp32_arena_bytes);
     if (arena > 64.0 * 1048576.0) {
       ++too_big;
       continue;
@@ -129,8 +133,9 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
       ++refused_running;
     }
   }
-  MESSAGE(iterations << " mutants: " << refused_at_decode << " refused at decode, " << refused_running
-                     << " refused while running, " << ran << " ran, " << too_big << " skipped (arenas over 64 MiB)");
+  MESSAGE(iterations << " mutants: " << refused_at_decode << " refused at decode, "
+                     << refused_running << " refused while running, " << ran << " ran, " << too_big
+                     << " skipped (arenas over 64 MiB)");
   CHECK(ran + refused_at_decode + refused_running + too_big == iterations);
   CHECK(refused_at_decode > 0);
 }
