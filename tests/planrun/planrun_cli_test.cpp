@@ -238,6 +238,8 @@ TEST_CASE("a run never destroys another program's checkpoints, the program, the 
     r = Planrun(prog + " --steps 1 --metrics /dev/full");
     CHECK(r.status == 1);
     CHECK(r.out.find("writing metrics file `/dev/full` failed") != std::string::npos);
+    // Said when it happens, not only after the run.
+    CHECK(r.out.find("the run goes on without metrics") < r.out.find("planrun: data"));
   }
 }
 
