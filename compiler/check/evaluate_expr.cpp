@@ -461,8 +461,10 @@ Value Evaluator::Arith(const ast::Expr& e, const std::string& op, const Value& a
     if (op == "*") r = CheckedMul(a.i, b.i);
     if (op == "%") r = CheckedMod(a.i, b.i);
     if (op == "/") {
-      if (a.i % b.i != 0) return Value::Real(static_cast<double>(a.i) / static_cast<double>(b.i), dim);
-      r = CheckedDiv(a.i, b.i);
+      // INT64_MIN / -1 does not fit (and its remainder traps on x86): CheckedMod reports it.
+      const std::optional<int64_t> rem = CheckedMod(a.i, b.i);
+      if (rem && *rem != 0) return Value::Real(static_cast<double>(a.i) / static_cast<double>(b.i), dim);
+      if (rem) r = CheckedDiv(a.i, b.i);
     }
     if (!r) {
       Report(Diag(DiagKind::kIntegerOverflow,
@@ -516,7 +518,14 @@ Value Evaluator::Call(const ast::Expr& e, const Scope* scope, Record* self) {
                  .At(e.operands[1]->range, "this is 0"));
       return Value::Error();
     }
-    int64_t q = args[0].i / args[1].i;
+    const std::optional<int64_t> quotient = CheckedDiv(args[0].i, args[1].i);
+    if (!quotient) {
+      Report(Diag(DiagKind::kIntegerOverflow, fmt::format("integer overflow in `{}`", Text(e.range)))
+                 .At(e.range, fmt::format("ceil_div({}, {}) does not fit in 64 bits", args[0].i, args[1].i))
+                 .Note("integers are signed 64-bit: at most 9223372036854775807"));
+      return Value::Error();
+    }
+    int64_t q = *quotient;
     if ((args[0].i % args[1].i != 0) && ((args[0].i < 0) == (args[1].i < 0))) ++q;
     return Value::Int(q, args[0].dim);
   }

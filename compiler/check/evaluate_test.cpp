@@ -290,6 +290,20 @@ TEST_CASE("types, units, overflow and division are checked") {
   REQUIRE(d);
   CHECK(d->message == "integer overflow in `9223372036854775807 * 2`");
 
+  // INT64_MIN / -1 and INT64_MIN % -1 do not fit: reported as overflow, never a trap.
+  for (const char* expr : {"(-9223372036854775807 - 1) / -1", "(-9223372036854775807 - 1) % -1",
+                           "ceil_div(-9223372036854775807 - 1, -1)"}) {
+    r = Eval(Plan70b(std::string("batch.global = ") + expr));
+    d = r->Find(DiagKind::kIntegerOverflow);
+    REQUIRE_MESSAGE(d, expr);
+    CHECK(d->message == std::string("integer overflow in `") + expr + "`");
+  }
+
+  r = Eval(Plan70b(), {"batch.global=(-9223372036854775807 - 1) / -1"});  // the same from --set
+  d = r->Find(DiagKind::kIntegerOverflow);
+  REQUIRE(d);
+  CHECK(d->message == "integer overflow in `(-9223372036854775807 - 1) / -1`");
+
   r = Eval(Plan70b("batch.global = 4 / 0"));
   REQUIRE(r->Find(DiagKind::kDivisionByZero));
 

@@ -1,5 +1,7 @@
 #include "compiler/source/source.h"
 
+#include "runtime/format/input_file.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -27,27 +29,10 @@ uint32_t SourceManager::AddBuffer(std::string name, std::string text, BufferKind
 
 std::optional<uint32_t> SourceManager::AddFile(const std::string& path, BufferKind kind,
                                                std::string* error, std::string name) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    if (error) *error = "it is a directory, not a file";
-    return std::nullopt;
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (error) *error = std::strerror(errno);
-    return std::nullopt;
-  }
-  std::string text;
-  char chunk[1 << 16];
-  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
-    text.append(chunk, static_cast<size_t>(in.gcount()));
-    if (text.size() > kMaxFileBytes) {
-      if (error) *error = "it holds more than 64 MiB, which is not a plan";
-      return std::nullopt;
-    }
-  }
-  if (in.bad()) {
-    if (error) *error = "read error";
+  // A FIFO, a device (/dev/zero) or a directory is refused before anything is read.
+  std::string text, why;
+  if (!ReadRegularFile(path, kMaxFileBytes, &text, &why)) {
+    if (error) *error = why.find("more than") != std::string::npos ? "it holds more than 64 MiB, which is not a plan" : why;
     return std::nullopt;
   }
   return AddBuffer(name.empty() ? path : std::move(name), std::move(text), kind);

@@ -32,17 +32,28 @@ uint16_t FloatToBf16(float f) {
 }
 
 enum class OpKind : uint8_t {
-  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll, kBarrier
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kAllToAll,
+  kBarrier
 };
 
 const char* OpKindName(OpKind kind) {
   switch (kind) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kBarrier: return "barrier";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -85,7 +96,9 @@ struct Message {
 class HostGroup {
  public:
   HostGroup(HostWorld* world, std::vector<int> members)
-      : world_(world), members_(std::move(members)), posts_(members_.size()),
+      : world_(world),
+        members_(std::move(members)),
+        posts_(members_.size()),
         mailboxes_(members_.size() * members_.size()) {}
 
   int Size() const { return static_cast<int>(members_.size()); }
@@ -103,10 +116,20 @@ class HostGroup {
     ArriveLocked(me, lock, /*validate=*/true, OpKindName(post.kind));
   }
 
-  // A second rendezvous (no new post): everyone finished reading the posted buffers.
-  void Depart(int me, const char* what) {
+  // A second rendezvous (no new post): everyone finished reading the posted buffers. It never
+  // gives up, not even after an abort: between Arrive and Depart a member only copies and adds
+  // (no waiting, no throwing), so every member gets here, and a member that left early could
+  // unwind and free buffers that a peer is still reading.
+  void Depart(int me) {
     std::unique_lock<std::mutex> lock(mutex_);
-    ArriveLocked(me, lock, /*validate=*/false, what);
+    const uint64_t generation = depart_generation_;
+    if (++departed_ == Size()) {
+      departed_ = 0;
+      ++depart_generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return depart_generation_ != generation; });
   }
 
   const Post& PostOf(int member) const { return posts_[member]; }
@@ -124,14 +147,15 @@ class HostGroup {
   void Recv(int me, int peer, void* buf, int64_t count, DType dtype) {
     std::unique_lock<std::mutex> lock(mutex_);
     auto& box = Mailbox(peer, me);
-    Wait(lock, [&] { return !box.empty(); }, me, "recv");
+    Wait(
+        lock, [&] { return !box.empty(); }, me, "recv");
     Message m = std::move(box.front());
     box.pop_front();
     lock.unlock();
     if (m.count != count || m.dtype != dtype) {
       std::ostringstream s;
-      s << "recv on group " << MembersText(members_) << ": rank " << members_[me]
-        << " expected " << count << " " << DTypeName(dtype) << " from rank " << members_[peer]
+      s << "recv on group " << MembersText(members_) << ": rank " << members_[me] << " expected "
+        << count << " " << DTypeName(dtype) << " from rank " << members_[peer]
         << " but the matching send carried " << m.count << " " << DTypeName(m.dtype);
       Fail(s.str());
     }
@@ -148,21 +172,30 @@ class HostGroup {
 
   template <typename Pred>
   void Wait(std::unique_lock<std::mutex>& lock, Pred pred, int me, const char* what) {
-    auto deadline = std::chrono::steady_clock::now() +
-                    std::chrono::duration<double>(world_->options_.timeout_seconds);
+    // The timeout counts time this process was running, not time it was stopped (SIGSTOP, a
+    // suspended job, a paused machine): it waits in slices of at most 100 ms and counts no more
+    // than the slice for each, however late the wake-up came.
+    const double limit = world_->options_.timeout_seconds;
+    double waited = 0;
     while (!pred()) {
       if (world_->Aborted()) throw CommError("aborted: " + world_->AbortReason());
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !pred()) {
+      const double slice = std::clamp(limit - waited, 1e-3, 0.1);
+      const auto t0 = std::chrono::steady_clock::now();
+      cv_.wait_for(lock, std::chrono::duration<double>(slice));
+      waited += std::min(
+          slice, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (waited >= limit && !pred()) {
         if (world_->Aborted()) throw CommError("aborted: " + world_->AbortReason());
         std::ostringstream s;
-        s << "rank " << members_[me] << " waited more than " << world_->options_.timeout_seconds
-          << " s in " << what << " on group " << MembersText(members_)
-          << ": a member never arrived";
+        s << "rank " << members_[me] << " waited more than " << limit << " s in " << what
+          << " on group " << MembersText(members_) << ": a member never arrived";
         lock.unlock();
         Fail(s.str());
       }
     }
-    if (world_->Aborted()) throw CommError("aborted: " + world_->AbortReason());
+    // Once the condition holds the operation has happened for every member (a rendezvous
+    // completed, a message arrived): an abort is noticed at the next call instead, so that no
+    // member leaves a collective whose peers read its buffers.
   }
 
   void ArriveLocked(int me, std::unique_lock<std::mutex>& lock, bool validate, const char* what) {
@@ -194,15 +227,16 @@ class HostGroup {
       cv_.notify_all();
       return;
     }
-    Wait(lock, [&] { return generation_ != generation; }, me, what);
+    Wait(
+        lock, [&] { return generation_ != generation; }, me, what);
   }
 
   HostWorld* world_;
   std::vector<int> members_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
+  int arrived_ = 0, departed_ = 0;
+  uint64_t generation_ = 0, depart_generation_ = 0;
   std::vector<Post> posts_;
   std::vector<unsigned char> scratch_;
   std::vector<std::deque<Message>> mailboxes_;
@@ -257,15 +291,16 @@ class HostCommunicator final : public Communicator {
     const int n = Size();
     const int64_t begin = count * me_ / n, end = count * (me_ + 1) / n;
     ReduceRange(*group_, 0, begin, end, dtype, op, scratch.data() + begin * bytes);
-    group_->Depart(me_, "all_reduce");
+    group_->Depart(me_);
     if (count > 0) std::memcpy(recv, scratch.data(), static_cast<size_t>(count * bytes));
   }
 
   void ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype) override {
     Check(recv_count, "reduce_scatter");
-    group_->Arrive(me_, Post{OpKind::kReduceScatter, recv_count, dtype, ReduceOp::kSum, 0, send, recv});
+    group_->Arrive(me_,
+                   Post{OpKind::kReduceScatter, recv_count, dtype, ReduceOp::kSum, 0, send, recv});
     ReduceRange(*group_, me_ * recv_count, 0, recv_count, dtype, ReduceOp::kSum, recv);
-    group_->Depart(me_, "reduce_scatter");
+    group_->Depart(me_);
   }
 
   void AllGather(const void* send, void* recv, int64_t send_count, DType dtype) override {
@@ -273,9 +308,10 @@ class HostCommunicator final : public Communicator {
     group_->Arrive(me_, Post{OpKind::kAllGather, send_count, dtype, ReduceOp::kSum, 0, send, recv});
     const int64_t bytes = send_count * DTypeBytes(dtype);
     for (int r = 0; r < Size(); ++r) {
-      if (bytes > 0) std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, group_->PostOf(r).send, bytes);
+      if (bytes > 0)
+        std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, group_->PostOf(r).send, bytes);
     }
-    group_->Depart(me_, "all_gather");
+    group_->Depart(me_);
   }
 
   void Broadcast(void* buf, int64_t count, DType dtype, int root) override {
@@ -285,7 +321,7 @@ class HostCommunicator final : public Communicator {
     if (me_ != root && count > 0) {
       std::memcpy(buf, group_->PostOf(root).send, static_cast<size_t>(count * DTypeBytes(dtype)));
     }
-    group_->Depart(me_, "broadcast");
+    group_->Depart(me_);
   }
 
   void Send(const void* buf, int64_t count, DType dtype, int peer) override {
@@ -310,7 +346,7 @@ class HostCommunicator final : public Communicator {
                     static_cast<const unsigned char*>(group_->PostOf(s).send) + me_ * bytes, bytes);
       }
     }
-    group_->Depart(me_, "all_to_all");
+    group_->Depart(me_);
   }
 
   void Barrier() override { group_->Arrive(me_, Post{}); }
@@ -338,12 +374,14 @@ class HostCommunicator final : public Communicator {
 }  // namespace
 
 HostWorld::HostWorld(int size, HostWorldOptions options) : size_(size), options_(options) {
-  if (size <= 0) throw CommError("a host world needs at least one rank, got " + std::to_string(size));
+  if (size <= 0)
+    throw CommError("a host world needs at least one rank, got " + std::to_string(size));
 }
 
 HostWorld::~HostWorld() = default;
 
-std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, int world_rank, int tag) {
+std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, int world_rank,
+                                              int tag) {
   if (members.empty()) throw CommError("a group needs at least one member");
   std::set<int> seen;
   for (int m : members) {
@@ -352,7 +390,8 @@ std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, i
                       " outside the world of " + std::to_string(size_));
     }
     if (!seen.insert(m).second) {
-      throw CommError("group " + MembersText(members) + " names rank " + std::to_string(m) + " twice");
+      throw CommError("group " + MembersText(members) + " names rank " + std::to_string(m) +
+                      " twice");
     }
   }
   auto it = std::find(members.begin(), members.end(), world_rank);
@@ -363,9 +402,13 @@ std::unique_ptr<Communicator> HostWorld::Join(const std::vector<int>& members, i
   std::shared_ptr<HostGroup> group;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = groups_[{tag, members}];
-    if (!slot) slot = std::make_shared<HostGroup>(this, members);
-    group = slot;
+    auto it_group = groups_.find({tag, members});
+    if (it_group == groups_.end()) {  // no empty slot is left behind when this allocation fails
+      group = std::make_shared<HostGroup>(this, members);
+      groups_.emplace(std::make_pair(tag, members), group);
+    } else {
+      group = it_group->second;
+    }
   }
   return std::make_unique<HostCommunicator>(group, static_cast<int>(it - members.begin()));
 }
@@ -378,7 +421,9 @@ void HostWorld::Abort(const std::string& reason) {
       abort_reason_ = reason;
       aborted_.store(true);
     }
-    for (auto& [members, g] : groups_) groups.push_back(g);
+    for (auto& [members, g] : groups_) {
+      if (g) groups.push_back(g);
+    }
   }
   for (auto& g : groups) g->Wake();
 }

@@ -9,9 +9,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "runtime/data/byte_tokenizer.h"
+#include "runtime/format/checked_size.h"
+#include "runtime/format/input_file.h"
 
 namespace paraplan::data {
 namespace {
@@ -24,11 +27,11 @@ std::string ReadFile(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw DataError("data file `" + path + "` does not exist");
   if (fs::is_directory(path, ec)) throw DataError("data path `" + path + "` is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("cannot open data file `" + path + "`");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string bytes, why;  // a FIFO or a device (/dev/zero) is refused unread
+  if (!ReadRegularFile(path, std::numeric_limits<uint64_t>::max(), &bytes, &why)) {
+    throw DataError("cannot read data file `" + path + "`: " + why);
+  }
+  return bytes;
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
@@ -89,14 +92,11 @@ class FileMap {
     std::error_code ec;
     if (!fs::exists(path, ec)) throw DataError("data file `" + path + "` does not exist");
     if (fs::is_directory(path, ec)) throw DataError("data path `" + path + "` is a directory, not a file");
-    const int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw DataError("cannot open data file `" + path + "`: " + std::strerror(errno));
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      throw DataError("cannot stat data file `" + path + "`");
-    }
-    size_ = static_cast<size_t>(st.st_size);
+    std::string why;
+    int64_t size = 0;
+    const int fd = OpenRegularFile(path, &why, &size);  // a FIFO or a device is refused unread
+    if (fd < 0) throw DataError("cannot open data file `" + path + "`: " + why);
+    size_ = static_cast<size_t>(size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
@@ -232,7 +232,7 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
   }
   const uint64_t seq_count = r.Read<uint64_t>("the sequence count");
   const uint64_t doc_count = r.Read<uint64_t>("the document count");
-  const uint64_t needed = seq_count * (4 + 8) + doc_count * 8;
+  const uint64_t needed = seq_count * (4 + 8) + doc_count * 8;  // both counts <= idx.size()
   if (seq_count > idx.size() || doc_count > idx.size() || r.pos() + needed > idx.size()) {
     throw DataError("`" + idx_path + "` is truncated: it declares " + std::to_string(seq_count) +
                     " sequences and " + std::to_string(doc_count) + " documents but has " +
@@ -246,23 +246,28 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
   auto mt = std::make_shared<MappedTokens>();
   for (uint64_t i = 0; i < seq_count; ++i) {
     const int64_t begin = pointers[i], bytes = static_cast<int64_t>(lengths[i]) * width;
-    if (lengths[i] < 0 || begin < 0 || begin + bytes > bin_size) {
+    const std::optional<int64_t> end = CheckedAdd(begin, bytes);  // a pointer near 2^63 wraps
+    if (lengths[i] < 0 || begin < 0 || !end || *end > bin_size) {
       throw DataError("sequence " + std::to_string(i) + " of `" + idx_path + "` (" +
                       std::to_string(lengths[i]) + " tokens at byte " + std::to_string(begin) +
                       ") lies outside `" + bin_path + "` of " + std::to_string(bin_size) + " bytes");
     }
     if (lengths[i] == 0) continue;
+    const std::optional<int64_t> total = CheckedAdd(mt->size, lengths[i]);  // repeated pointers add up
+    if (!total) {
+      throw DataError("`" + idx_path + "` declares more than 2^63 tokens in all (sequence " + std::to_string(i) + ")");
+    }
     const char* data = bin->data() + begin;
     if (!mt->runs.empty()) {
       auto& last = mt->runs.back();
       if (last.data + last.count * width == data) {
         last.count += lengths[i];
-        mt->size += lengths[i];
+        mt->size = *total;
         continue;
       }
     }
     mt->runs.push_back({mt->size, data, lengths[i], code});
-    mt->size += lengths[i];
+    mt->size = *total;
   }
   mt->maps.push_back(std::move(bin));
   TokenStream s;

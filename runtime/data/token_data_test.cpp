@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "runtime/data/byte_tokenizer.h"
@@ -135,4 +136,44 @@ TEST_CASE("mapped streams: non-contiguous sequences, reads across runs, lazy voc
   lazy.vocab = 5;
   CHECK_NOTHROW(lazy.Read(3, 3, window));
   CHECK_THROWS_WITH_AS(lazy.Read(0, 2, window), doctest::Contains("token 5 at position 1"), DataError);
+}
+
+TEST_CASE("a crafted index whose pointer lies near 2^63 is refused, not followed") {
+  const auto prefix = TempPath("crafted");
+  WriteIndexedDataset(prefix, {{1, 2, 3}}, false);
+  for (int64_t pointer : {INT64_MAX - 4, INT64_MAX - 11, int64_t{1} << 62, INT64_MIN}) {
+    std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+    const int64_t header = 9 + 8 + 1 + 8 + 8;
+    idx.seekp(header + 4);  // one int32 length, then the pointer
+    idx.write(reinterpret_cast<const char*>(&pointer), sizeof pointer);
+    idx.close();
+    CHECK_THROWS_WITH_AS(LoadTokens(prefix, 10), doctest::Contains("lies outside"), DataError);
+  }
+}
+
+TEST_CASE("FIFOs, devices and directories are refused as data without blocking or reading") {
+  const auto fifo = TempPath("fifo.u16");
+  fs::remove(fifo);
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(LoadTokens(fifo, 10), doctest::Contains("a FIFO"), DataError);
+  const auto text_fifo = TempPath("fifo.txt");
+  fs::remove(text_fifo);
+  REQUIRE(mkfifo(text_fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(LoadTokens(text_fifo, 300), doctest::Contains("a FIFO"), DataError);
+  // A Megatron prefix whose .idx is a FIFO and whose .bin is /dev/zero.
+  const auto prefix = TempPath("special");
+  fs::remove(prefix + ".idx");
+  fs::remove(prefix + ".bin");
+  REQUIRE(mkfifo((prefix + ".idx").c_str(), 0600) == 0);
+  fs::create_symlink("/dev/zero", prefix + ".bin");
+  CHECK_THROWS_WITH_AS(LoadTokens(prefix, 10), doctest::Contains("a FIFO"), DataError);
+  fs::remove(prefix + ".idx");
+  WriteIndexedDataset(TempPath("plain"), {{1, 2}}, true);
+  fs::copy_file(TempPath("plain") + ".idx", prefix + ".idx");
+  CHECK_THROWS_WITH_AS(LoadTokens(prefix, 10), doctest::Contains("a character device"), DataError);
+  if (fs::exists("/dev/zero")) {
+    fs::remove(TempPath("zero.u16"));
+    fs::create_symlink("/dev/zero", TempPath("zero.u16"));
+    CHECK_THROWS_WITH_AS(LoadTokens(TempPath("zero.u16"), 10), doctest::Contains("a character device"), DataError);
+  }
 }

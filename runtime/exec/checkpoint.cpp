@@ -1,17 +1,24 @@
 #include "runtime/exec/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
+
+#include "runtime/format/input_file.h"
 
 namespace paraplan::exec {
 namespace {
@@ -45,7 +52,8 @@ uint64_t Fnv(const std::string& bytes) {
 
 void FsyncPath(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw CheckpointError("cannot open `" + path + "` to sync it: " + std::strerror(errno));
+  if (fd < 0)
+    throw CheckpointError("cannot open `" + path + "` to sync it: " + std::strerror(errno));
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) throw CheckpointError("cannot sync `" + path + "`: " + std::strerror(errno));
@@ -63,11 +71,35 @@ void WriteFileSynced(const std::string& path, const std::string& bytes) {
 }
 
 std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError("cannot read `" + path + "`");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string bytes, why;  // a FIFO or a device in place of a checkpoint file is refused unread
+  if (!ReadRegularFile(path, uint64_t{1} << 40, &bytes, &why))
+    throw CheckpointError("cannot read `" + path + "`: " + why);
+  return bytes;
+}
+
+// The step of a committed step directory name ("step-000010" -> 10), -1 for any other name.
+int64_t StepOfName(const std::string& name) {
+  long long step = -1;
+  int used = 0;
+  if (std::sscanf(name.c_str(), "step-%lld%n", &step, &used) != 1 ||
+      used != static_cast<int>(name.size()) || step < 0 || name != StepName(step)) {
+    return -1;
+  }
+  return step;
+}
+
+// The committed step directories of `dir` (those with a manifest), by step.
+std::vector<std::pair<int64_t, fs::path>> StepDirectories(const std::string& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t step = StepOfName(it->path().filename().string());
+    std::error_code ec2;
+    if (step >= 0 && fs::is_regular_file(it->path() / "manifest.json", ec2))
+      out.push_back({step, it->path()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 template <typename T>
@@ -97,7 +129,8 @@ std::string Field(const std::string& json, const std::string& key) {
 std::string BeginCheckpoint(const std::string& dir, int64_t step) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw CheckpointError("cannot create checkpoint directory `" + dir + "`: " + ec.message());
+  if (ec)
+    throw CheckpointError("cannot create checkpoint directory `" + dir + "`: " + ec.message());
   const std::string tmp = (fs::path(dir) / ("." + StepName(step) + ".tmp")).string();
   fs::create_directories(tmp, ec);
   if (ec) throw CheckpointError("cannot create `" + tmp + "`: " + ec.message());
@@ -123,12 +156,12 @@ void WriteRankShard(const std::string& tmp_dir, const ProgramImage& program, int
   WriteFileSynced((fs::path(tmp_dir) / ShardName(rank)).string(), bytes);
 }
 
-void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const ProgramImage& program,
-                      int64_t step) {
+void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir,
+                      const ProgramImage& program, int64_t step) {
   std::ostringstream m;
-  m << "{\"version\": 1, \"plan\": \"" << JsonEscape(program.plan_name) << "\", \"fingerprint\": \""
-    << Hex(program.fingerprint) << "\", \"step\": " << step << ", \"world_size\": " << program.world_size
-    << ", \"shards\": [";
+  m << "{\"version\": 2, \"plan\": \"" << JsonEscape(program.plan_name) << "\", \"fingerprint\": \""
+    << Hex(program.fingerprint) << "\", \"state_fingerprint\": \"" << Hex(StateFingerprint(program))
+    << "\", \"step\": " << step << ", \"world_size\": " << program.world_size << ", \"shards\": [";
   for (int r = 0; r < program.world_size; ++r) m << (r ? ", " : "") << "\"" << ShardName(r) << "\"";
   m << "]}\n";
   WriteFileSynced((fs::path(tmp_dir) / "manifest.json").string(), m.str());
@@ -142,7 +175,8 @@ void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const 
   const bool had_old = fs::exists(final_dir, ec);
   if (had_old) {
     fs::rename(final_dir, old_dir, ec);
-    if (ec) throw CheckpointError("cannot move the older `" + final_dir + "` aside: " + ec.message());
+    if (ec)
+      throw CheckpointError("cannot move the older `" + final_dir + "` aside: " + ec.message());
   }
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) {
@@ -150,9 +184,15 @@ void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir, const 
     if (had_old) fs::rename(old_dir, final_dir, ec);
     throw CheckpointError("cannot move the checkpoint into `" + final_dir + "`: " + why);
   }
+  FsyncPath(dir, true);  // the step directory is committed before `latest` names it
   if (had_old) fs::remove_all(old_dir, ec);
   const std::string latest_tmp = (fs::path(dir) / ".latest.tmp").string();
-  WriteFileSynced(latest_tmp, StepName(step) + "\n");
+  try {
+    WriteFileSynced(latest_tmp, StepName(step) + "\n");
+  } catch (const CheckpointError&) {
+    fs::remove(latest_tmp, ec);  // the step directory is committed; only `latest` lags
+    throw;
+  }
   fs::rename(latest_tmp, fs::path(dir) / "latest", ec);
   if (ec) throw CheckpointError("cannot update `" + dir + "/latest`: " + ec.message());
   FsyncPath(dir, true);
@@ -167,25 +207,29 @@ CheckpointManifest LocateManifest(const std::string& dir) {
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     throw CheckpointError("`" + dir + "` is a file, not a checkpoint directory");
   }
-  if (!fs::is_directory(dir, ec)) throw CheckpointError("checkpoint directory `" + dir + "` does not exist");
+  if (!fs::is_directory(dir, ec))
+    throw CheckpointError("checkpoint directory `" + dir + "` does not exist");
   std::string step_dir = dir;
   if (!fs::exists(fs::path(dir) / "manifest.json", ec)) {
-    const auto latest = fs::path(dir) / "latest";
-    if (!fs::exists(latest, ec)) {
-      throw CheckpointError("`" + dir + "` holds no checkpoint (neither `latest` nor `manifest.json`)");
+    // The newest committed step directory: a step directory exists only complete, while
+    // `latest` is renamed after it and may lag behind after a crash.
+    const auto steps = StepDirectories(dir);
+    if (steps.empty()) {
+      throw CheckpointError("`" + dir +
+                            "` holds no checkpoint (no step directory with a `manifest.json`)");
     }
-    std::string name = ReadAll(latest.string());
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (name.empty() || name.find('/') != std::string::npos) throw CheckpointError("`" + latest.string() + "` is malformed");
-    step_dir = (fs::path(dir) / name).string();
+    step_dir = steps.back().second.string();
   }
   const std::string text = ReadAll((fs::path(step_dir) / "manifest.json").string());
   CheckpointManifest man;
   man.directory = step_dir;
   man.plan = Field(text, "plan");
-  const std::string fp = Field(text, "fingerprint"), step = Field(text, "step"), world = Field(text, "world_size");
-  if (fp.empty() || step.empty() || world.empty() || Field(text, "version") != "1") {
-    throw CheckpointError("the manifest of `" + step_dir + "` is malformed or of an unknown version");
+  const std::string fp = Field(text, "fingerprint"), step = Field(text, "step"),
+                    world = Field(text, "world_size");
+  const std::string version = Field(text, "version");
+  if (fp.empty() || step.empty() || world.empty() || (version != "1" && version != "2")) {
+    throw CheckpointError("the manifest of `" + step_dir +
+                          "` is malformed or of an unknown version");
   }
   char* end = nullptr;
   errno = 0;
@@ -199,10 +243,22 @@ CheckpointManifest LocateManifest(const std::string& dir) {
   const bool world_ok = errno == 0 && *end == '\0' && world_value > 0 && world_value <= INT32_MAX;
   if (!fp_ok || !step_ok || !world_ok) {
     throw CheckpointError("the manifest of `" + step_dir + "` is damaged: " +
-                          (!fp_ok ? "fingerprint `" + fp + "`" : !step_ok ? "step " + step : "world_size " + world) +
+                          (!fp_ok     ? "fingerprint `" + fp + "`"
+                           : !step_ok ? "step " + step
+                                      : "world_size " + world) +
                           " is not a valid value");
   }
   man.world_size = static_cast<int32_t>(world_value);
+  if (version == "2") {
+    const std::string state = Field(text, "state_fingerprint");
+    errno = 0;
+    man.state_fingerprint = std::strtoull(state.c_str(), &end, 16);
+    if (state.empty() || state.size() > 16 || errno != 0 || *end != '\0' ||
+        man.state_fingerprint == 0) {
+      throw CheckpointError("the manifest of `" + step_dir + "` is damaged: state_fingerprint `" +
+                            state + "` is not a valid value");
+    }
+  }
   if (man.step < 0) throw CheckpointError("the manifest of `" + step_dir + "` names step " + step);
   return man;
 }
@@ -211,34 +267,246 @@ CheckpointManifest LocateManifest(const std::string& dir) {
 
 CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& program) {
   CheckpointManifest man = LocateManifest(dir);
-  if (man.fingerprint != program.fingerprint || man.world_size != program.world_size) {
-    throw CheckpointError("checkpoint `" + man.directory + "` was written by plan `" + man.plan + "` (" +
-                          std::to_string(man.world_size) + " ranks, fingerprint " + Hex(man.fingerprint) +
-                          "), but this program is plan `" + program.plan_name + "` (" +
-                          std::to_string(program.world_size) + " ranks, fingerprint " + Hex(program.fingerprint) +
-                          "); a checkpoint resumes only the plan and layout that wrote it");
+  if (man.fingerprint != program.fingerprint || man.world_size != program.world_size ||
+      (man.state_fingerprint != 0 && man.state_fingerprint != StateFingerprint(program))) {
+    throw CheckpointError(
+        "checkpoint `" + man.directory + "` was written by plan `" + man.plan + "` (" +
+        std::to_string(man.world_size) + " ranks, fingerprint " + Hex(man.fingerprint) +
+        "), but this program is plan `" + program.plan_name + "` (" +
+        std::to_string(program.world_size) + " ranks, fingerprint " + Hex(program.fingerprint) +
+        ")" +
+        (man.fingerprint == program.fingerprint && man.world_size == program.world_size
+             ? std::string(", with the same model and layout but another optimizer, schedule or "
+                           "plan name")
+             : std::string()) +
+        "; a checkpoint resumes only the plan and layout that wrote it");
   }
   return man;
 }
 
-void CheckCheckpointDirectory(const std::string& dir, const ProgramImage& program) {
+uint64_t StateFingerprint(const ProgramImage& program) {
+  uint64_t h = 1469598103934665603ull;
+  auto bytes = [&](const void* p, size_t n) {
+    auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  };
+  auto num = [&](int64_t v) { bytes(&v, sizeof v); };
+  auto text = [&](const std::string& t) {
+    num(static_cast<int64_t>(t.size()));
+    bytes(t.data(), t.size());
+  };
+  num(static_cast<int64_t>(program.fingerprint));
+  text(program.plan_name);
+  text(program.train.optimizer);
+  num(static_cast<int64_t>(program.parallel.schedule));
+  text(program.parallel.order);
+  num(program.world_size);
+  for (const auto& rank : program.ranks) {
+    num(rank.role);
+    if (rank.role < 0 || rank.role >= static_cast<int32_t>(program.roles.size())) continue;
+    const auto& role = program.roles[rank.role];
+    auto elements = [&](int32_t buffer) -> int64_t {
+      return buffer >= 0 && buffer < static_cast<int32_t>(role.buffers.size())
+                 ? role.buffers[buffer].Elements()
+                 : -1;
+    };
+    for (const auto& b : role.buckets) {
+      for (int32_t buffer : {b.params, b.master, b.exp_avg, b.exp_avg_sq, b.param_shard})
+        num(elements(buffer));
+    }
+  }
+  return h;
+}
+
+double CheckpointBytes(const ProgramImage& program) {
+  double total = 4096;  // manifest, `latest`, directory entries
+  for (const auto& rank : program.ranks) {
+    if (rank.role < 0 || rank.role >= static_cast<int32_t>(program.roles.size())) continue;
+    const auto& role = program.roles[rank.role];
+    total += 4096;  // shard header, names, checksum
+    for (const auto& b : role.buckets) {
+      for (int32_t buffer :
+           {b.param_shard < 0 ? b.params : -1, b.master, b.exp_avg, b.exp_avg_sq, b.param_shard}) {
+        if (buffer >= 0 && buffer < static_cast<int32_t>(role.buffers.size())) {
+          total += 4.0 * static_cast<double>(role.buffers[buffer].Elements());
+        }
+      }
+    }
+  }
+  return total;
+}
+
+CheckpointLock::CheckpointLock(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     throw CheckpointError("--checkpoint-dir `" + dir + "` is a file, not a directory");
   }
-  if (!fs::exists(dir, ec)) return;
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw CheckpointError("cannot create checkpoint directory `" + dir + "`: " + ec.message());
+  const std::string path = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd_ < 0) {
+    throw CheckpointError("cannot write in checkpoint directory `" + dir + "` (creating `" + path +
+                          "`): " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw CheckpointError("`" + path + "` is not a regular file; remove it");
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK) {
+      throw CheckpointError(
+          "checkpoint directory `" + dir + "` is in use by another run (" +
+          (holder.empty() ? std::string("holder unknown") : holder) +
+          "); two runs writing one directory would mix their checkpoints: wait for it to end, "
+          "or choose another directory");
+    }
+    throw CheckpointError("cannot lock checkpoint directory `" + dir + "`: " + std::strerror(err));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char when[32] = {};
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const std::string line =
+      "pid " + std::to_string(::getpid()) + " on host " + host + " since " + when + "\n";
+  if (::ftruncate(fd_, 0) != 0 ||
+      ::pwrite(fd_, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()) ||
+      ::fsync(fd_) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd_);
+    fd_ = -1;
+    throw CheckpointError("cannot write in checkpoint directory `" + dir + "`: " + why);
+  }
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+CheckpointLock& CheckpointLock::operator=(CheckpointLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramImage& program,
+                                          const PrepareOptions& options) {
+  CheckpointLock lock(dir);
+  std::error_code ec;
+  // Room for one more checkpoint (the previous one stays until the new one is committed).
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) == 0) {
+    const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+    const double need = CheckpointBytes(program);
+    if (free_bytes < need) {
+      char text[160];
+      std::snprintf(text, sizeof text, "%.1f KiB free, one checkpoint takes %.1f KiB",
+                    free_bytes / 1024.0, need / 1024.0);
+      throw CheckpointError("checkpoint directory `" + dir + "` has no room for a checkpoint (" +
+                            text + "); free space or choose another directory");
+    }
+  }
+  if (options.clean_leftovers) {
+    // Leftovers of interrupted writes. Nobody else writes here (we hold the lock).
+    std::vector<fs::path> tmps;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const auto ends = [&](const char* tail) {
+        const std::string t = tail;
+        return name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+      };
+      if (name.rfind(".step-", 0) == 0 && (ends(".tmp") || ends(".old")))
+        tmps.push_back(it->path());
+      if (name == ".latest.tmp") tmps.push_back(it->path());
+    }
+    for (const fs::path& p : tmps) {
+      const std::string name = p.filename().string();
+      std::error_code ec2;
+      if (name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0) {
+        // A rewrite of a step was cut between moving the old one aside and moving the new one in.
+        const fs::path committed = fs::path(dir) / name.substr(1, name.size() - 5);
+        if (!fs::exists(committed, ec2)) {
+          fs::rename(p, committed, ec2);
+          continue;
+        }
+      }
+      fs::remove_all(p, ec2);
+    }
+  }
+  const auto steps = StepDirectories(dir);
+  if (steps.empty()) return lock;
+  const std::string newest = steps.back().second.string();
   CheckpointManifest man;
+  bool ours = false;
   try {
-    man = LocateManifest(dir);
+    man = LocateManifest(newest);
+    ours = man.fingerprint == program.fingerprint && man.world_size == program.world_size &&
+           (man.state_fingerprint == 0 || man.state_fingerprint == StateFingerprint(program));
   } catch (const CheckpointError&) {
-    return;  // no readable checkpoint to protect
+    ours = false;
+    man.directory = newest;
+    man.plan = "?";
   }
-  if (man.fingerprint != program.fingerprint || man.world_size != program.world_size) {
-    throw CheckpointError("--checkpoint-dir `" + dir + "` holds checkpoint `" + man.directory + "` of plan `" +
-                          man.plan + "` (" + std::to_string(man.world_size) + " ranks, fingerprint " +
-                          Hex(man.fingerprint) + "), another program than this one (fingerprint " +
-                          Hex(program.fingerprint) + "); this run would replace it: choose another directory");
+  std::vector<fs::path> doomed;
+  std::string why;
+  if (!ours) {
+    for (const auto& [step, path] : steps) doomed.push_back(path);
+    why = "--checkpoint-dir `" + dir + "` holds checkpoint `" + man.directory + "` of plan `" +
+          man.plan + "` (" + std::to_string(man.world_size) + " ranks, fingerprint " +
+          Hex(man.fingerprint) + "), another program than this one (fingerprint " +
+          Hex(program.fingerprint) +
+          "); this run would replace it: choose another directory, or pass --overwrite-checkpoints "
+          "to remove it";
+  } else if (options.resume_step < 0) {
+    for (const auto& [step, path] : steps) doomed.push_back(path);
+    why = "--checkpoint-dir `" + dir +
+          "` already holds checkpoints of this program (the newest is step " +
+          std::to_string(steps.back().first) +
+          "); a fresh run would write over them: resume with --resume " + dir +
+          ", or pass --overwrite-checkpoints to remove them and start over";
+  } else {
+    for (const auto& [step, path] : steps) {
+      if (step > options.resume_step) doomed.push_back(path);
+    }
+    why = "--checkpoint-dir `" + dir + "` holds checkpoints after step " +
+          std::to_string(options.resume_step) + " (up to step " +
+          std::to_string(steps.back().first) + "), the step this run resumes from: it would mix " +
+          "two histories; pass --overwrite-checkpoints to remove the later ones, or write into "
+          "another directory";
   }
+  if (doomed.empty()) return lock;
+  if (!options.overwrite) throw CheckpointError(why);
+  for (const fs::path& p : doomed) {
+    fs::remove_all(p, ec);
+    if (ec) throw CheckpointError("cannot remove `" + p.string() + "`: " + ec.message());
+  }
+  const auto left = StepDirectories(dir);
+  const fs::path latest = fs::path(dir) / "latest";
+  if (left.empty()) {
+    fs::remove(latest, ec);
+  } else {
+    WriteFileSynced((fs::path(dir) / ".latest.tmp").string(),
+                    left.back().second.filename().string() + "\n");
+    fs::rename(fs::path(dir) / ".latest.tmp", latest, ec);
+  }
+  FsyncPath(dir, true);
+  return lock;
 }
 
 void AbandonCheckpoints(const std::string& dir, int64_t first_step, int64_t last_step) {
@@ -248,8 +516,9 @@ void AbandonCheckpoints(const std::string& dir, int64_t first_step, int64_t last
     const std::string name = it->path().filename().string();
     long long step = -1;
     char tail[8] = {};
-    if (std::sscanf(name.c_str(), ".step-%lld%7s", &step, tail) == 2 && std::string(tail) == ".tmp" &&
-        step >= first_step && step <= last_step && name == "." + StepName(step) + ".tmp") {
+    if (std::sscanf(name.c_str(), ".step-%lld%7s", &step, tail) == 2 &&
+        std::string(tail) == ".tmp" && step >= first_step && step <= last_step &&
+        name == "." + StepName(step) + ".tmp") {
       doomed.push_back(it->path());
     }
   }
@@ -262,11 +531,15 @@ void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& progr
   std::error_code ec;
   if (!fs::exists(path, ec)) throw CheckpointError("checkpoint shard `" + path + "` is missing");
   const std::string bytes = ReadAll(path);
-  auto bad = [&](const std::string& what) { return CheckpointError("checkpoint shard `" + path + "`: " + what); };
-  if (bytes.size() < 8 + 32 + 8 || std::memcmp(bytes.data(), kShardMagic, 8) != 0) throw bad("not a paraplan shard");
+  auto bad = [&](const std::string& what) {
+    return CheckpointError("checkpoint shard `" + path + "`: " + what);
+  };
+  if (bytes.size() < 8 + 32 + 8 || std::memcmp(bytes.data(), kShardMagic, 8) != 0)
+    throw bad("not a paraplan shard");
   uint64_t sum;
   std::memcpy(&sum, bytes.data() + bytes.size() - 8, 8);
-  if (sum != Fnv(bytes.substr(0, bytes.size() - 8))) throw bad("checksum mismatch (the file is damaged)");
+  if (sum != Fnv(bytes.substr(0, bytes.size() - 8)))
+    throw bad("checksum mismatch (the file is damaged)");
   size_t pos = 8;
   auto get = [&](auto& v) {
     if (pos + sizeof v > bytes.size() - 8) throw bad("truncated");
@@ -279,8 +552,11 @@ void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& progr
   get(r);
   get(step);
   get(count);
-  if (fp != program.fingerprint || r != rank || step != manifest.step) throw bad("belongs to another plan, rank or step");
-  if (count != state.size()) throw bad("holds " + std::to_string(count) + " tensors, the rank has " + std::to_string(state.size()));
+  if (fp != program.fingerprint || r != rank || step != manifest.step)
+    throw bad("belongs to another plan, rank or step");
+  if (count != state.size())
+    throw bad("holds " + std::to_string(count) + " tensors, the rank has " +
+              std::to_string(state.size()));
   for (const auto& t : state) {
     uint32_t len;
     get(len);
@@ -290,8 +566,8 @@ void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& progr
     int64_t elements;
     get(elements);
     if (name != t.name || elements != t.elements) {
-      throw bad("tensor `" + name + "` (" + std::to_string(elements) + " elements) where `" + t.name + "` (" +
-                std::to_string(t.elements) + ") was expected");
+      throw bad("tensor `" + name + "` (" + std::to_string(elements) + " elements) where `" +
+                t.name + "` (" + std::to_string(t.elements) + ") was expected");
     }
     if (pos + static_cast<size_t>(elements) * 4 > bytes.size() - 8) throw bad("truncated");
     backend.CopyToDevice(t.data, bytes.data() + pos, elements * 4);

@@ -6,11 +6,15 @@
 // data-parallel slice of the token data, and runs the role's schedule once per step. The calling
 // thread collects per-step metrics in step order and hands them to `on_step`; the first failing
 // rank aborts the world so no rank hangs, and Train throws RunError with that rank's message.
+// A rank thread that cannot be created (memory or thread limits) aborts the ranks already
+// started, which are joined, and Train throws RunError. A stop request (RunOptions::stop_request)
+// ends the run at a step boundary, with a final checkpoint when checkpointing.
 //
 // Made by: planrun, tests. Reads: ProgramImage, token data, checkpoints.
 #ifndef PARAPLAN_RUNTIME_EXEC_INTERPRETER_H_
 #define PARAPLAN_RUNTIME_EXEC_INTERPRETER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -50,12 +54,22 @@ struct RunOptions {
   std::string checkpoint_dir;    // where to write checkpoints (empty: none)
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end when a dir is set)
   std::string resume_dir;        // resume from the latest checkpoint in this directory
+  // Remove checkpoints in checkpoint_dir that the run would otherwise be refused for (another
+  // program's, this program's when starting fresh, those after the resumed step).
+  bool overwrite_checkpoints = false;
+  // When set and nonzero (a signal number, set from a signal handler), the run stops at the
+  // next step boundary that every rank can agree on: every rank finishes the step it is in, no
+  // rank starts another, and a checkpoint of the steps done is written when checkpoint_dir is
+  // set. Honoured when this process runs every rank (no launcher).
+  const std::atomic<int>* stop_request = nullptr;
   std::function<void(const StepMetrics&)> on_step;  // called on the calling thread, in order
 };
 
 struct RunResult {
   int64_t start_step = 0;
   std::vector<StepMetrics> steps;
+  bool stopped = false;           // stop_request ended the run before its last step
+  int64_t checkpoint_step = -1;   // the step of the last checkpoint this run committed (-1: none)
   // Every parameter by name, assembled unsharded from the ranks' fp32 master shards after the
   // last step. Replicas are checked to be bitwise equal (RunError otherwise).
   std::map<std::string, std::vector<float>> params;

@@ -324,6 +324,7 @@ const prog::mem::Bucket& RankRunner::BucketByBuffer(int32_t buffer, bool grads) 
 
 void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
   const int32_t in = op.inputs[0], out = op.outputs[0];
+  if (in < 0 || out < 0) throw RunError(OpName(op.kind) + " names no input or output buffer");
   float* x = F(in, ctx);
   float* y = F(out, ctx);
   const int64_t nx = Elements(in), ny = Elements(out);
@@ -390,6 +391,7 @@ void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
       return;
     }
     case OpKind::Broadcast: {
+      if (nx != ny) throw RunError("Broadcast from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
       if (x != y) backend_.Copy(y, x, nx);
       if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(op.Int(0, 0)));
       return;
@@ -402,10 +404,21 @@ void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
 void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
   const auto& train = program_.train;
   const int64_t shard = ShardIndex();
+  // Operands from the program file: present, and as large as the shard the update touches.
+  auto at_least = [&](int32_t buffer, int64_t n, const char* what) {
+    if (buffer < 0 || Elements(buffer) < n) {
+      throw RunError(OpName(op.kind) + ": " + what + " " +
+                     (buffer < 0 ? std::string("is missing")
+                                 : "`" + role_.buffers[buffer].name + "` holds " + std::to_string(Elements(buffer)) +
+                                       " elements, fewer than the " + std::to_string(n) + " it updates"));
+    }
+  };
   if (op.kind == OpKind::GradNormSquare) {
     const bool tp_leader = IndexIn(CommKind::Tp) == 0;
+    at_least(op.outputs.empty() ? -1 : op.outputs[0], 1, "the norm output");
     double sum = 0;
     for (int32_t in : op.inputs) {
+      at_least(in, 0, "a gradient bucket");
       const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
       const size_t bi = &bucket - role_.buckets.data();
       const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
@@ -424,7 +437,17 @@ void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
     return;
   }
   // AdamW / Sgd: [params bucket, grads bucket, master, exp_avg, exp_avg_sq, nsq].
+  at_least(op.inputs[0], 0, "the parameter bucket");
+  at_least(op.inputs[1], 0, "the gradient bucket");
   const prog::mem::Bucket& bucket = BucketByBuffer(op.inputs[0], false);
+  const int64_t updated = bucket.shard_elements;
+  at_least(op.inputs[1], op.inputs[1] == bucket.grad_shard ? updated : bucket.elements, "the gradient bucket");
+  at_least(op.inputs[2], updated, "the master copy");
+  if (op.kind == OpKind::AdamW) {
+    at_least(op.inputs[3], updated, "exp_avg");
+    at_least(op.inputs[4], updated, "exp_avg_sq");
+  }
+  if (op.inputs[0] == bucket.param_shard) at_least(bucket.param_shard, updated, "the parameter shard");
   const size_t bi = &bucket - role_.buckets.data();
   float nsq = 0.0f;
   if (op.inputs.size() > 5 && op.inputs[5] >= 0) backend_.CopyToHost(&nsq, F(op.inputs[5], ctx), 4);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "runtime/format/checked_size.h"
 #include "runtime/format/program_model.h"
 
 namespace paraplan::prog::mem {
@@ -67,6 +68,14 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
   if (img.model.seq_len <= 0 || img.model.micro_batch <= 0 || img.model.vocab <= 0 ||
       img.train.global_batch <= 0 || img.parallel.dp <= 0) {
     throw fail("model.seq_len, model.micro_batch, model.vocab, train.global_batch and parallel.dp must be positive");
+  }
+  // Step counts feed the learning-rate schedule's arithmetic: bounded so that it cannot overflow.
+  constexpr int64_t kMaxSteps = int64_t{1} << 40;
+  if (img.train.steps < 0 || img.train.steps > kMaxSteps || img.train.warmup_steps < 0 ||
+      img.train.warmup_steps > kMaxSteps || img.train.checkpoint_every < 0 || img.train.checkpoint_every > kMaxSteps) {
+    throw fail("train.steps " + std::to_string(img.train.steps) + ", train.warmup_steps " +
+               std::to_string(img.train.warmup_steps) + " and train.checkpoint_every " +
+               std::to_string(img.train.checkpoint_every) + " must lie in 0 .. 2^40");
   }
 
   for (const Communicator& ci : img.communicators) {
@@ -140,7 +149,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     const int32_t nbuf = static_cast<int32_t>(role.buffers.size());
     for (int32_t i = 0; i < nbuf; ++i) {
       const Buffer& b = role.buffers[i];
-      if (b.view_of >= nbuf || (b.view_of >= 0 && (b.view_offset < 0 || b.view_offset + elements[i] > elements[b.view_of]))) {
+      const std::optional<int64_t> view_end = CheckedAdd(b.view_offset, elements[i]);  // an offset near 2^63 wraps
+      if (b.view_of >= nbuf || (b.view_of >= 0 && (b.view_offset < 0 || !view_end || *view_end > elements[b.view_of]))) {
         throw fail(where("view `" + b.name + "` lies outside the buffer it views"));
       }
     }
@@ -167,7 +177,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
       for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) check_buffer(b, "bucket", true);
       const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
       const int64_t dp = img.parallel.zero >= 1 ? img.parallel.dp : 1;
-      if (bi.elements <= 0 || bi.shard_elements <= 0 || bi.shard_elements * dp != bi.elements ||
+      const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
+      if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||
           elements[bi.params] < bi.elements || elements[bi.grads] < bi.elements) {
         throw fail(where(what + " holds " + std::to_string(bi.elements) + " elements in shards of " +
                          std::to_string(bi.shard_elements) + " over " + std::to_string(dp) +

@@ -1,8 +1,13 @@
 // planrun as a user runs it: a program file written from tiny_program.h, run through the real
 // binary; exit status, messages, JSON-lines metrics and --resume.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cstdio>
 #include <filesystem>
@@ -121,8 +126,10 @@ TEST_CASE("a run prints progress and writes one JSON line per step; resume conti
   r = Planrun(prog + " --resume " + ckpt + " --metrics " + metrics);
   REQUIRE(r.status == 0);
   CHECK(r.out.find("from step 3") != std::string::npos);
-  CHECK(Lines(Read(metrics)) == 3);  // steps 3, 4, 5
+  // The resumed run keeps the lines of steps 0-2 and adds 3-5: one line per step.
+  CHECK(Lines(Read(metrics)) == 6);
   CHECK(Read(metrics).find("\"step\": 5") != std::string::npos);
+  CHECK(Read(metrics).find("\"step\": 0") != std::string::npos);
   // Another plan's checkpoint is refused.
   const std::string other = WriteProgram("other", {1, 0, 4, 6});
   r = Planrun(other + " --resume " + ckpt);
@@ -231,5 +238,158 @@ TEST_CASE("a run never destroys another program's checkpoints, the program, the 
     r = Planrun(prog + " --steps 1 --metrics /dev/full");
     CHECK(r.status == 1);
     CHECK(r.out.find("writing metrics file `/dev/full` failed") != std::string::npos);
+    // Said when it happens, not only after the run.
+    CHECK(r.out.find("the run goes on without metrics") < r.out.find("planrun: data"));
   }
+}
+
+namespace {
+
+// planrun started in the background (its own process, so that it can be signalled).
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Background Start(const std::string& args, const std::string& name) {
+  Background b;
+  b.log = Dir() + "/" + name + ".log";
+  const std::string cmd = std::string("exec ") + PARAPLAN_PLANRUN + " " + args + " > " + b.log + " 2>&1";
+  b.pid = fork();
+  REQUIRE(b.pid >= 0);
+  if (b.pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return b;
+}
+
+int Wait(const Background& b) {
+  int status = 0;
+  REQUIRE(waitpid(b.pid, &status, 0) == b.pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Waits (at most 60 s) until `path` holds at least `lines` lines.
+bool WaitForLines(const std::string& path, int lines) {
+  for (int i = 0; i < 600; ++i) {
+    if (Lines(Read(path)) >= lines) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+bool HasTemporaryDirectories(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind(".step-", 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM, SIGINT and SIGHUP mid-run: the step finishes, a checkpoint is written, resume continues") {
+  const std::string prog = WriteProgram("long", {2, 1, 4, 1000000});
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    const std::string name = "sig" + std::to_string(sig);
+    const std::string ckpt = Dir() + "/" + name + "_ckpt", metrics = Dir() + "/" + name + ".jsonl";
+    auto run = Start(prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1000000 --metrics " + metrics, name);
+    REQUIRE(WaitForLines(metrics, 3));
+    kill(run.pid, sig);
+    const int status = Wait(run);
+    const std::string out = Read(run.log);
+    CHECK_MESSAGE(status == 128 + sig, out);
+    CHECK(out.find("finishing the current step") != std::string::npos);
+    CHECK(out.find("stopped by SIG") != std::string::npos);
+    CHECK(out.find("resume with: planrun") != std::string::npos);
+    // The checkpoint holds exactly the steps the metrics file reports.
+    const int done = Lines(Read(metrics));
+    char step_dir[32];
+    std::snprintf(step_dir, sizeof step_dir, "/step-%06d", done);
+    CHECK_MESSAGE(fs::exists(ckpt + step_dir + "/manifest.json"), out);
+    CHECK_FALSE(HasTemporaryDirectories(ckpt));
+    auto r = Planrun(prog + " --resume " + ckpt + " --steps 2 --metrics " + metrics);
+    CHECK_MESSAGE(r.status == 0, r.out);
+    CHECK(r.out.find("from step " + std::to_string(done)) != std::string::npos);
+    CHECK(Lines(Read(metrics)) == done + 2);
+    CHECK(Read(metrics).find("\"step\": " + std::to_string(done + 1) + ",") != std::string::npos);
+  }
+}
+
+TEST_CASE("a second signal mid-checkpoint stops at once and leaves every committed checkpoint whole") {
+  const std::string prog = WriteProgram("twice", {2, 1, 4, 1000000});
+  for (int trial = 0; trial < 4; ++trial) {
+    const std::string name = "twice" + std::to_string(trial);
+    const std::string ckpt = Dir() + "/" + name + "_ckpt", metrics = Dir() + "/" + name + ".jsonl";
+    // A checkpoint every step: the signals land while shards are being written.
+    auto run = Start(prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1 --metrics " + metrics, name);
+    REQUIRE(WaitForLines(metrics, 2 + trial));
+    kill(run.pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * trial));
+    kill(run.pid, SIGTERM);
+    CHECK(Wait(run) == 128 + SIGTERM);
+    // Whatever was committed resumes; the interrupted write's temporary directory is removed.
+    auto r = Planrun(prog + " --resume " + ckpt + " --checkpoint-dir " + ckpt + " --steps 1");
+    CHECK_MESSAGE(r.status == 0, r.out);
+    CHECK_FALSE(HasTemporaryDirectories(ckpt));
+  }
+}
+
+TEST_CASE("a second run on a checkpoint directory in use is refused with the holder named") {
+  const std::string prog = WriteProgram("holder", {2, 1, 4, 1000000});
+  const std::string ckpt = Dir() + "/held_ckpt", metrics = Dir() + "/held.jsonl";
+  auto run = Start(prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1000000 --metrics " + metrics, "held");
+  REQUIRE(WaitForLines(metrics, 1));
+  auto r = Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt + " --overwrite-checkpoints");
+  CHECK(r.status == 1);
+  CHECK_MESSAGE(r.out.find("is in use by another run (pid " + std::to_string(run.pid) + " on host") != std::string::npos,
+                r.out);
+  kill(run.pid, SIGTERM);
+  CHECK(Wait(run) == 128 + SIGTERM);
+  // A fresh run there is refused until told to resume or overwrite.
+  r = Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--overwrite-checkpoints") != std::string::npos);
+  r = Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt + " --overwrite-checkpoints");
+  CHECK_MESSAGE(r.status == 0, r.out);
+  CHECK(fs::exists(ckpt + "/step-000001/manifest.json"));
+}
+
+TEST_CASE("FIFOs and devices are refused as program, data, metrics and checkpoint files") {
+  const std::string prog = WriteProgram("special", {1, 0, 4, 2});
+  const std::string fifo = Dir() + "/fifo";
+  fs::remove(fifo);
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  auto r = Planrun(fifo);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("it is a FIFO") != std::string::npos);
+  fs::remove(Dir() + "/fifo.u16");
+  REQUIRE(mkfifo((Dir() + "/fifo.u16").c_str(), 0600) == 0);
+  r = Planrun(prog + " --data " + Dir() + "/fifo.u16");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("it is a FIFO") != std::string::npos);
+  fs::remove(Dir() + "/zero.u16");
+  fs::create_symlink("/dev/zero", Dir() + "/zero.u16");
+  r = Planrun(prog + " --data " + Dir() + "/zero.u16");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("a character device") != std::string::npos);
+  r = Planrun(prog + " --metrics " + fifo);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("it is a FIFO") != std::string::npos);
+  // A shard replaced by a FIFO, a manifest by /dev/zero.
+  const std::string ckpt = Dir() + "/special_ckpt";
+  REQUIRE(Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt).status == 0);
+  fs::remove(ckpt + "/step-000001/rank-00000.bin");
+  REQUIRE(mkfifo((ckpt + "/step-000001/rank-00000.bin").c_str(), 0600) == 0);
+  r = Planrun(prog + " --resume " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("it is a FIFO") != std::string::npos);
+  fs::remove(ckpt + "/step-000001/manifest.json");
+  fs::create_symlink("/dev/zero", ckpt + "/step-000001/manifest.json");
+  r = Planrun(prog + " --resume " + ckpt);  // a step directory without a regular manifest is not one
+  CHECK(r.status == 1);
+  CHECK(r.out.find("holds no checkpoint") != std::string::npos);
+  r = Planrun(prog + " --resume " + ckpt + "/step-000001");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("a character device") != std::string::npos);
 }
