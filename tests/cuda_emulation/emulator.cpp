@@ -155,6 +155,7 @@ struct Lane {
 
 struct Fiber {
   Context ctx;
+  int stack = -1;
   uint3 tid{};
   State state = State::kRunnable;
   int predicate = 0;
@@ -170,6 +171,8 @@ struct Block {
   std::vector<unsigned> warp_exited;      // lanes that have exited
   std::vector<unsigned> warp_at_barrier;  // lanes waiting at __syncthreads
   std::deque<int> runnable;
+  std::vector<int> free_stacks;
+  int stacks_used = 0;
   int current = -1;
   int exited = 0;
   int arrived = 0;
@@ -253,9 +256,8 @@ void Wake(Block& b, int t) {
 // `file` is null when t exits, else the __syncthreads t reached.
 void CheckNoWarpWaitsFor(Block& b, int t, const char* file, int line) {
   const int warp = t / 32, lane = t % 32;
-  const unsigned waiting = b.warp_waiting[warp];
-  for (int j = 0; j < 32; ++j) {
-    if (!(waiting >> j & 1u)) continue;
+  for (unsigned waiting = b.warp_waiting[warp]; waiting != 0; waiting &= waiting - 1) {
+    const int j = __builtin_ctz(waiting);
     const Lane& other = b.lanes[warp * 32 + j];
     if (other.mask >> lane & 1u) {
       const std::string doing =
@@ -362,40 +364,65 @@ std::string DescribeDeadlock(const Block& b) {
   return s;
 }
 
+thread_local Block t_block_state;  // reused block after block, so its arrays keep their memory
+
 std::string RunBlock(const KernelLaunch& launch, uint3 block_idx) {
-  Block b;
+  Block& b = t_block_state;
   b.launch = &launch;
   b.threads = static_cast<int>(launch.block.x * launch.block.y * launch.block.z);
-  b.fibers.resize(b.threads);
-  b.lanes.resize(b.threads);
-  b.warp_waiting.assign((b.threads + 31) / 32, 0u);
-  b.warp_exited.assign((b.threads + 31) / 32, 0u);
-  b.warp_at_barrier.assign((b.threads + 31) / 32, 0u);
+  const int warps = (b.threads + 31) / 32;
+  b.fibers.assign(b.threads, Fiber{});
+  if (static_cast<int>(b.lanes.size()) < b.threads) b.lanes.resize(b.threads);
+  b.warp_waiting.assign(warps, 0u);
+  b.warp_exited.assign(warps, 0u);
+  b.warp_at_barrier.assign(warps, 0u);
+  b.runnable.clear();
+  b.free_stacks.clear();
+  b.stacks_used = 0;
+  b.current = -1;
+  b.exited = 0;
+  b.arrived = 0;
+  b.fault.clear();
   b.shared_bytes = launch.shared_bytes;
   b.shared = t_shared.Get(launch.shared_bytes);
   // Shared memory starts as garbage on a GPU: all-ones bytes read as NaN floats.
-  std::memset(b.shared - kSharedSlack / 2, 0xff, launch.shared_bytes + kSharedSlack);
+  if (launch.shared_bytes > 0) {
+    std::memset(b.shared - kSharedSlack / 2, 0xff, launch.shared_bytes + kSharedSlack);
+  }
+  const unsigned bx = launch.block.x, by = launch.block.y;
   for (int t = 0; t < b.threads; ++t) {
-    const unsigned bx = launch.block.x, by = launch.block.y;
     b.fibers[t].tid = uint3{t % bx, (t / bx) % by, t / (bx * by)};
-    MakeContext(b.fibers[t].ctx, t_stacks.Top(t), &FiberMain,
-                reinterpret_cast<void*>(static_cast<intptr_t>(t)));
     b.runnable.push_back(t);
   }
-  Block* outer = t_block;
   t_block = &b;
   blockIdx = block_idx;
   while (!b.runnable.empty() && b.fault.empty()) {
-    b.current = b.runnable.front();
+    const int t = b.runnable.front();
     b.runnable.pop_front();
-    threadIdx = b.fibers[b.current].tid;
-    Switch(b.scheduler, b.fibers[b.current].ctx);
+    Fiber& f = b.fibers[t];
+    if (f.stack < 0) {
+      // A stack only when the thread starts; threads that ran to the end give theirs back, so a
+      // kernel without barriers runs every thread on the same (cache-warm) stack.
+      if (b.free_stacks.empty()) {
+        f.stack = b.stacks_used++;
+      } else {
+        f.stack = b.free_stacks.back();
+        b.free_stacks.pop_back();
+      }
+      MakeContext(f.ctx, t_stacks.Top(f.stack), &FiberMain,
+                  reinterpret_cast<void*>(static_cast<intptr_t>(t)));
+    }
+    b.current = t;
+    threadIdx = f.tid;
+    Switch(b.scheduler, f.ctx);
+    if (f.state == State::kExited) b.free_stacks.push_back(f.stack);
   }
   b.current = -1;
-  t_block = outer;
+  t_block = nullptr;
   if (b.fault.empty() && b.exited != b.threads) b.fault = DescribeDeadlock(b);
-  if (!b.fault.empty())
+  if (!b.fault.empty()) {
     return "kernel " + std::string(launch.name) + ", block " + Triple(block_idx) + ": " + b.fault;
+  }
   return "";
 }
 

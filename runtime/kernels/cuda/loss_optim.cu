@@ -74,7 +74,7 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* logits,
   }
 }
 
-// Fixed grid: block b sums elements b·T + t, stepping by the whole grid, in double.
+// Block b sums elements b·T + t, stepping by the whole grid, in double.
 __global__ void SumOfSquaresPartialKernel(double* partials, const float* x, int64_t n) {
   __shared__ SharedArray<double, kThreads> lanes;
   double s = 0.0;
@@ -159,10 +159,13 @@ void SumOfSquares(double* out, const float* x, int64_t n, double* partials, cuda
     PARAPLAN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream));
     return;
   }
-  PARAPLAN_LAUNCH(SumOfSquaresPartialKernel, kSumOfSquaresBlocks, kThreads, 0, stream, partials, x,
-                  n);
+  // A fixed grid for a given n (the order of the sum depends on n only); small tensors (biases,
+  // norm weights) get as many blocks as they fill instead of 264 mostly idle ones.
+  const int blocks =
+      static_cast<int>(std::min<int64_t>(kSumOfSquaresBlocks, (n + kThreads - 1) / kThreads));
+  PARAPLAN_LAUNCH(SumOfSquaresPartialKernel, blocks, kThreads, 0, stream, partials, x, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
-  PARAPLAN_LAUNCH(SumPartialsKernel, 1, 32, 0, stream, out, partials, kSumOfSquaresBlocks);
+  PARAPLAN_LAUNCH(SumPartialsKernel, 1, 32, 0, stream, out, partials, blocks);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
