@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "runtime/exec/host_backend.h"
 
@@ -302,6 +303,104 @@ TEST_CASE("cuda backend: sum of squares and optimizers") {
   p.host->Sgd(param.h, grad.h, n, 0.1f, 0.01f, 0.5f);
   p.gpu().Sgd(param.g, grad.g, n, 0.1f, 0.01f, 0.5f);
   CHECK_CLOSE(p, param, 1e-6, 1e-5);
+}
+
+TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a tile)") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  // Empty inputs are no-ops; one element works.
+  auto one = p.Upload({0.75f}), two = p.Upload({-2.0f}), out = p.Upload({9.0f});
+  p.gpu().Add(out.g, one.g, two.g, 0);
+  p.host->Add(out.h, one.h, two.h, 0);
+  CHECK_CLOSE(p, out, 0, 0);
+  p.gpu().Add(out.g, one.g, two.g, 1);
+  p.host->Add(out.h, one.h, two.h, 1);
+  CHECK_CLOSE(p, out, 0, 0);
+  CHECK(p.gpu().SumOfSquares(one.g, 0) == 0.0);
+  CHECK(p.gpu().SumOfSquares(one.g, 1) == 0.5625);
+  // GEMMs of one row, one column, k = 1, and k = 0 (beta 0 writes zeros).
+  for (auto [m, n, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {1, 17, 3}, {19, 1, 33}, {3, 5, 0}}) {
+    INFO("m " << m << " n " << n << " k " << k);
+    const auto va = Random(std::max<int64_t>(m * k, 1), 50),
+               vb = Random(std::max<int64_t>(k * n, 1), 51);
+    auto a = p.Upload(va), b = p.Upload(vb), c = p.Upload(Random(m * n, 52));
+    auto abs_a = p.Upload(Abs(va)), abs_b = p.Upload(Abs(vb)), bound = p.Zeros(m * n);
+    p.host->Gemm(false, true, m, n, k, a.h, b.h, 0.0f, c.h);
+    p.gpu().Gemm(false, true, m, n, k, a.g, b.g, 0.0f, c.g);
+    p.host->Gemm(false, true, m, n, k, abs_a.h, abs_b.h, 0.0f, bound.h);
+    CHECK(p.ExcessBf16Gemm(c, bound) <= 0.0);
+  }
+  // One row of a norm, a dimension that is not a multiple of the warp.
+  for (int64_t dim : {1, 33}) {
+    auto x = p.Upload(Random(dim, 53, 2.0f)), w = p.Upload(Random(dim, 54)),
+         b = p.Upload(Random(dim, 55));
+    auto y = p.Zeros(dim), mean = p.Zeros(1), rstd = p.Zeros(1), dout = p.Upload(Random(dim, 56));
+    auto dx = p.Zeros(dim), dw = p.Zeros(dim), db = p.Zeros(dim);
+    p.host->LayerNormForward(y.h, mean.h, rstd.h, x.h, w.h, b.h, 1, dim, 1e-5f);
+    p.gpu().LayerNormForward(y.g, mean.g, rstd.g, x.g, w.g, b.g, 1, dim, 1e-5f);
+    CHECK_CLOSE(p, y, 1e-5, 1e-4);
+    p.host->LayerNormBackward(dx.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, 1, dim);
+    p.gpu().LayerNormBackward(dx.g, dw.g, db.g, dout.g, x.g, w.g, mean.g, rstd.g, 1, dim);
+    CHECK_CLOSE(p, dx, 1e-4, 1e-3);
+    CHECK_CLOSE(p, dw, 1e-5, 1e-4);
+    p.host->RmsNormForward(y.h, rstd.h, x.h, w.h, 1, dim, 1e-5f);
+    p.gpu().RmsNormForward(y.g, rstd.g, x.g, w.g, 1, dim, 1e-5f);
+    CHECK_CLOSE(p, y, 1e-5, 1e-4);
+    p.host->RmsNormBackward(dx.h, dw.h, dout.h, x.h, w.h, rstd.h, 1, dim);
+    p.gpu().RmsNormBackward(dx.g, dw.g, dout.g, x.g, w.g, rstd.g, 1, dim);
+    CHECK_CLOSE(p, dx, 1e-5, 1e-4);
+    CHECK_CLOSE(p, dw, 1e-5, 1e-4);
+  }
+  // Cross-entropy of one row; an embedding of one token.
+  auto [th, tg] = p.Tokens({7});
+  auto logits = p.Upload(Random(130, 57, 4.0f)), row_max = p.Zeros(1), st = p.Zeros(2),
+       loss = p.Zeros(1);
+  auto dlogits = p.Zeros(130);
+  p.host->CrossEntropyRowMax(row_max.h, logits.h, 1, 130);
+  p.gpu().CrossEntropyRowMax(row_max.g, logits.g, 1, 130);
+  p.host->CrossEntropySumExp(st.h, logits.h, row_max.h, th, 1, 130, 0, 129);
+  p.gpu().CrossEntropySumExp(st.g, logits.g, row_max.g, tg, 1, 130, 0, 129);
+  CHECK_CLOSE(p, st, 1e-6, 1e-5);
+  p.host->CrossEntropyLoss(loss.h, row_max.h, st.h, 1, 1.0f);
+  p.gpu().CrossEntropyLoss(loss.g, row_max.g, st.g, 1, 1.0f);
+  CHECK_CLOSE(p, loss, 1e-6, 1e-5);
+  p.host->CrossEntropyBackward(dlogits.h, logits.h, row_max.h, st.h, th, 1, 130, 0, 129, 1.0f);
+  p.gpu().CrossEntropyBackward(dlogits.g, logits.g, row_max.g, st.g, tg, 1, 130, 0, 129, 1.0f);
+  CHECK_CLOSE(p, dlogits, 1e-7, 1e-5);
+  auto table = p.Upload(Random(10 * 5, 58)), emb = p.Zeros(5), dtable = p.Zeros(50);
+  p.host->EmbeddingForward(emb.h, th, table.h, 1, 5, 0, 10);
+  p.gpu().EmbeddingForward(emb.g, tg, table.g, 1, 5, 0, 10);
+  CHECK_CLOSE(p, emb, 0, 0);
+  p.host->EmbeddingBackward(dtable.h, emb.h, th, 1, 5, 0, 10);
+  p.gpu().EmbeddingBackward(dtable.g, emb.g, tg, 1, 5, 0, 10);
+  CHECK_CLOSE(p, dtable, 0, 0);
+  // Attention of one token, and of 65 tokens (one past a 64-token tile), head_dim 16 and 32.
+  for (int64_t head_dim : {16, 32}) {
+    for (int64_t seq : {1, 65}) {
+      INFO("head_dim " << head_dim << " seq " << seq);
+      const int64_t qh = 2, kvh = 1;
+      const TokenLayout layout = TokenLayout::SeqMajor(seq, 1);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      auto q = p.Upload(Random(seq * qh * head_dim, 60)),
+           k = p.Upload(Random(seq * kvh * head_dim, 61));
+      auto v = p.Upload(Random(seq * kvh * head_dim, 62)),
+           dout = p.Upload(Random(seq * qh * head_dim, 63));
+      auto o = p.Zeros(q.n), lse = p.Zeros(qh * seq), dq = p.Zeros(q.n), dk = p.Zeros(k.n),
+           dv = p.Zeros(v.n);
+      p.host->AttentionForward(o.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
+      p.gpu().AttentionForward(o.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
+      CHECK_CLOSE(p, o, 3e-2, 2e-2);
+      CHECK_CLOSE(p, lse, 3e-2, 2e-2);
+      p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, o.h, lse.h, q.h, k.h, v.h, layout, qh,
+                                kvh, head_dim, scale);
+      p.gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, o.g, lse.g, q.g, k.g, v.g, layout, qh,
+                                kvh, head_dim, scale);
+      CHECK_CLOSE(p, dq, 3e-2, 3e-2);
+      CHECK_CLOSE(p, dk, 3e-2, 3e-2);
+      CHECK_CLOSE(p, dv, 3e-2, 3e-2);
+    }
+  }
 }
 
 TEST_CASE("cuda backend: memory accounting") {
