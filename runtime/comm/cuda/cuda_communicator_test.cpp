@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <thread>
 
 #include "runtime/comm/cuda/local_cuda_communicator.h"
@@ -89,6 +90,18 @@ TEST_CASE("local CUDA collectives: exact results on one GPU") {
     for (int64_t i = 0; i < kRanks * kCount; ++i) {
       if (all[i] != 6.0f * (i % 7)) failures[r] += "all_reduce ";
     }
+    std::vector<float> peaks(kCount);
+    for (int64_t i = 0; i < kCount; ++i) peaks[i] = static_cast<float>((i + r) % kRanks) - 0.5f * r;
+    float* peak = Upload(peaks, s);
+    comm.AllReduce(peak, peak, kCount, DType::kF32, ReduceOp::kMax);
+    auto maxed = Download(peak, kCount, s);
+    for (int64_t i = 0; i < kCount; ++i) {
+      float want = -INFINITY;
+      for (int q = 0; q < kRanks; ++q)
+        want = std::max(want, static_cast<float>((i + q) % kRanks) - 0.5f * q);
+      if (maxed[i] != want) failures[r] += "all_reduce_max ";
+    }
+    cudaFree(peak);
     comm.ReduceScatter(buf, out, kCount, DType::kF32);
     auto part = Download(out, kCount, s);
     for (int64_t i = 0; i < kCount; ++i) {
