@@ -342,6 +342,14 @@ __global__ void DynamicSharedOverrunKernel(float* out) {
   out[threadIdx.x] = tile[0];
 }
 
+__global__ void RawSharedOverrunKernel(float* out, int index) {
+  PARAPLAN_DYNAMIC_SHARED(smem);
+  auto* s = reinterpret_cast<float*>(smem);
+  s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[threadIdx.x == 5 ? index : 0];  // thread 5 reads `index`
+}
+
 TEST_CASE("detects out-of-bounds shared memory") {
   DeviceBuffer<float> out(288);
   PARAPLAN_LAUNCH(SharedOverrunKernel, 1, 288, 0, nullptr, out.ptr);
@@ -356,6 +364,19 @@ TEST_CASE("detects out-of-bounds shared memory") {
   INFO(what);
   CHECK(what.find("wmma::store_matrix_sync") != std::string::npos);
   CHECK(what.find("dynamic shared memory, which has 4096 bytes") != std::string::npos);
+
+  // A plain read one element past the end (and one far past it) faults in the guard pages.
+  for (int index : {1024, 5000}) {
+    PARAPLAN_LAUNCH(RawSharedOverrunKernel, 1, 64, 4096, nullptr, out.ptr, index);
+    what = Finish();
+    INFO(what);
+    CHECK(what.find("RawSharedOverrunKernel") != std::string::npos);
+    CHECK(what.find("thread (5,0,0): access at byte " + std::to_string(4 * index)) !=
+          std::string::npos);
+    CHECK(what.find("which has 4096 bytes (out of bounds)") != std::string::npos);
+  }
+  PARAPLAN_LAUNCH(RawSharedOverrunKernel, 1, 64, 4096, nullptr, out.ptr, 1023);
+  CHECK(Finish() == "");
 }
 
 __global__ void InactiveLaneShuffleKernel(float* out) {

@@ -3,6 +3,7 @@
 // x86-64, ucontext elsewhere). A fiber runs until it blocks in a barrier or warp operation or
 // ends; the scheduler then runs the next runnable fiber in thread order, so the interleaving is
 // deterministic. Checks of what the hardware would punish raise a Fault (device.h).
+#include <signal.h>
 #include <sys/mman.h>
 
 #include <cstdio>
@@ -26,7 +27,7 @@ namespace {
 
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kGuardBytes = 4096;
-constexpr size_t kSharedSlack = 64 * 1024;  // poisoned bytes around the dynamic shared memory
+constexpr size_t kSharedSlack = 64 * 1024;  // inaccessible bytes around the dynamic shared memory
 
 // ---- Context switching ------------------------------------------------------------------------
 #if defined(__x86_64__)
@@ -120,13 +121,29 @@ struct StackPool {
   }
 };
 
+// The block's dynamic shared memory ends at a page boundary followed by inaccessible pages, and
+// starts after inaccessible pages: an access past either end faults (SIGSEGV), and the handler
+// turns the fault into a launch fault of the thread that made it.
 struct SharedBuffer {
-  std::vector<unsigned char> bytes;
+  static constexpr size_t kUsable = (kMaxDynamicShared + 4095) / 4096 * 4096;
+  unsigned char* region = nullptr;
   unsigned char* Get(size_t size) {
-    const size_t need = size + 2 * kSharedSlack + 128;
-    if (bytes.size() < need) bytes.assign(need, 0);
-    auto base = reinterpret_cast<uintptr_t>(bytes.data()) + kSharedSlack;
-    return reinterpret_cast<unsigned char*>((base + 127) & ~uintptr_t{127});
+    if (region == nullptr) {
+      void* p = mmap(nullptr, kUsable + 2 * kSharedSlack, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) throw Fault("cannot map the emulated shared memory");
+      region = static_cast<unsigned char*>(p);
+      mprotect(region + kSharedSlack, kUsable, PROT_READ | PROT_WRITE);
+    }
+    return region + kSharedSlack + kUsable - (size + 127) / 128 * 128;
+  }
+  bool InGuard(const void* addr) const {
+    const auto* a = static_cast<const unsigned char*>(addr);
+    return region != nullptr && a >= region && a < region + kUsable + 2 * kSharedSlack &&
+           (a < region + kSharedSlack || a >= region + kSharedSlack + kUsable);
+  }
+  ~SharedBuffer() {
+    if (region != nullptr) munmap(region, kUsable + 2 * kSharedSlack);
   }
 };
 
@@ -364,6 +381,42 @@ std::string DescribeDeadlock(const Block& b) {
   return s;
 }
 
+struct sigaction g_previous_segv;
+
+// SIGSEGV in the guard pages of the running block's shared memory: a launch fault of the
+// current thread (its fiber is abandoned); any other SIGSEGV goes to the previous handler.
+void OnSegv(int sig, siginfo_t* info, void* context) {
+  Block* b = t_block;
+  if (b != nullptr && b->current >= 0 && t_shared.InGuard(info->si_addr)) {
+    const auto offset = static_cast<const unsigned char*>(info->si_addr) - b->shared;
+    b->fault = "thread " + Triple(b->fibers[b->current].tid) + ": access at byte " +
+               std::to_string(offset) + " of the block's dynamic shared memory, which has " +
+               std::to_string(b->shared_bytes) + " bytes (out of bounds)";
+    b->fibers[b->current].state = State::kExited;
+    Switch(b->fibers[b->current].ctx, b->scheduler);  // SA_NODEFER: SIGSEGV stays unblocked
+  }
+  if (g_previous_segv.sa_flags & SA_SIGINFO) {
+    if (g_previous_segv.sa_sigaction != nullptr)
+      return g_previous_segv.sa_sigaction(sig, info, context);
+  } else if (g_previous_segv.sa_handler != SIG_DFL && g_previous_segv.sa_handler != SIG_IGN) {
+    return g_previous_segv.sa_handler(sig);
+  }
+  signal(SIGSEGV, SIG_DFL);  // returning re-runs the access, which now ends the process
+}
+
+// Installed (again) whenever a launch uses dynamic shared memory: a test framework may have put
+// its own handler in place since; that one is kept as the previous handler.
+void InstallSharedFaultHandler() {
+  struct sigaction current {};
+  sigaction(SIGSEGV, nullptr, &current);
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == &OnSegv) return;
+  struct sigaction action {};
+  action.sa_sigaction = &OnSegv;
+  action.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGSEGV, &action, &g_previous_segv);
+}
+
 thread_local Block t_block_state;  // reused block after block, so its arrays keep their memory
 
 std::string RunBlock(const KernelLaunch& launch, uint3 block_idx) {
@@ -387,7 +440,7 @@ std::string RunBlock(const KernelLaunch& launch, uint3 block_idx) {
   b.shared = t_shared.Get(launch.shared_bytes);
   // Shared memory starts as garbage on a GPU: all-ones bytes read as NaN floats.
   if (launch.shared_bytes > 0) {
-    std::memset(b.shared - kSharedSlack / 2, 0xff, launch.shared_bytes + kSharedSlack);
+    std::memset(b.shared, 0xff, launch.shared_bytes);
   }
   const unsigned bx = launch.block.x, by = launch.block.y;
   for (int t = 0; t < b.threads; ++t) {
@@ -589,6 +642,7 @@ int BlockBarrier(BlockOp op, int predicate, const char* file, int line) {
 }
 
 std::string RunKernel(const KernelLaunch& launch) {
+  if (launch.shared_bytes > 0) InstallSharedFaultHandler();
   gridDim = uint3{launch.grid.x, launch.grid.y, launch.grid.z};
   blockDim = uint3{launch.block.x, launch.block.y, launch.block.z};
   for (unsigned z = 0; z < launch.grid.z; ++z) {
