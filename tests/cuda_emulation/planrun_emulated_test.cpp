@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,8 @@ void CheckPlan(const std::string& plan, int expected_ranks) {
                << " (losses " << want.front() << " -> " << want.back() << ")");
   CHECK(worst <= kLossTolerance);
   CHECK(got.back() < got.front());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 // One CTest test per plan (tests/cuda_emulation/CMakeLists.txt selects them by name).
