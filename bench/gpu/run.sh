@@ -5,9 +5,9 @@
 #
 #   bench/gpu/run.sh [H100|H200]
 #
-# Needs: a build of planrun with CUDA (scripts/setup on a machine with the CUDA toolkit), python3
-# with torch >= 2.5 and a GPU. planrun's side needs the programs compiled from the bench plans
-# (PLAN_DIR, one `<model>-seq<seq>.pplan` per configuration, made with `planc compile`).
+# Needs: a build of planc and planrun with CUDA (scripts/setup on a machine with the CUDA
+# toolkit), python3 with torch >= 2.5 and a GPU. planrun's side runs the programs in PLAN_DIR
+# (`<model>-seq<seq>.pplan`); a missing one is compiled from bench/gpu/plans.plan first.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -15,9 +15,10 @@ gpu="${1:-H100}"
 out="${OUT_DIR:-$here/results}"
 plans="${PLAN_DIR:-$here/programs}"
 planrun="${PLANRUN:-$root/build/bin/planrun}"
-data="${DATA:-$root/examples/data}"
+planc="${PLANC:-$root/build/bin/planc}"
+data="${DATA:-$root/data/corpus/classics.txt}"
 steps="${STEPS:-20}"
-mkdir -p "$out"
+mkdir -p "$out" "$plans"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
@@ -30,13 +31,12 @@ for model in llama-125m llama-350m; do
   for seq in 1024 2048; do
     prog="$plans/$model-seq$seq.pplan"
     if [ ! -f "$prog" ]; then
-      echo "missing $prog (compile the bench plan first); skipping" >&2
-      continue
+      "$planc" compile "$here/plans.plan" --plan "${model//-/_}_seq$seq" -o "$prog"
     fi
     "$planrun" "$prog" --backend=cuda --steps "$steps" --data "$data" \
       --metrics "$out/planrun-$model-seq$seq.jsonl" | tail -3
     # The compiler's memory prediction for the same program, for the peak-memory column.
-    "$root/build/bin/planc" dump "$prog" --format=json > "$out/planc-$model-seq$seq.json" || true
+    "$planc" dump "$prog" --format=json > "$out/planc-$model-seq$seq.json" || true
   done
 done
 echo "results in $out"

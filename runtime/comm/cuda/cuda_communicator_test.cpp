@@ -1,10 +1,11 @@
 // The local (several ranks on one GPU) communicator and a one-rank NCCL world, with inputs
 // whose sums are exact in fp32 (nccl-tests' trick), so results must match bit for bit. The GPU
-// cases are skipped with a message when no GPU is visible; option parsing runs everywhere.
+// cases are skipped with a message when no GPU is visible; option parsing runs everywhere. The
+// same file also runs on the CPU emulation (comm_cuda_emulated_tests), NCCL case excepted.
 #include <cuda_runtime_api.h>
-
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <thread>
 
 #include "runtime/comm/cuda/local_cuda_communicator.h"
@@ -30,12 +31,12 @@ TEST_CASE("nccl world options from the environment") {
   CHECK(o.rendezvous_timeout_seconds == 12.0);
   auto d = NcclWorldOptionsFromEnvironment(launch::MapEnvironment({}));
   CHECK(d.timeout_seconds == 600.0);
-  CHECK_THROWS_WITH(NcclWorldOptionsFromEnvironment(
-                        launch::MapEnvironment({{"PARAPLAN_NCCL_TIMEOUT", "ten"}})),
-                    doctest::Contains("`PARAPLAN_NCCL_TIMEOUT` is `ten`"));
-  CHECK_THROWS_WITH(NcclWorldOptionsFromEnvironment(
-                        launch::MapEnvironment({{"PARAPLAN_NCCL_TIMEOUT", "0"}})),
-                    doctest::Contains("must be between 1"));
+  CHECK_THROWS_WITH(
+      NcclWorldOptionsFromEnvironment(launch::MapEnvironment({{"PARAPLAN_NCCL_TIMEOUT", "ten"}})),
+      doctest::Contains("`PARAPLAN_NCCL_TIMEOUT` is `ten`"));
+  CHECK_THROWS_WITH(
+      NcclWorldOptionsFromEnvironment(launch::MapEnvironment({{"PARAPLAN_NCCL_TIMEOUT", "0"}})),
+      doctest::Contains("must be between 1"));
 }
 
 // Runs `body(rank, comm, stream)` on `n` threads sharing one local world on device 0.
@@ -89,6 +90,18 @@ TEST_CASE("local CUDA collectives: exact results on one GPU") {
     for (int64_t i = 0; i < kRanks * kCount; ++i) {
       if (all[i] != 6.0f * (i % 7)) failures[r] += "all_reduce ";
     }
+    std::vector<float> peaks(kCount);
+    for (int64_t i = 0; i < kCount; ++i) peaks[i] = static_cast<float>((i + r) % kRanks) - 0.5f * r;
+    float* peak = Upload(peaks, s);
+    comm.AllReduce(peak, peak, kCount, DType::kF32, ReduceOp::kMax);
+    auto maxed = Download(peak, kCount, s);
+    for (int64_t i = 0; i < kCount; ++i) {
+      float want = -INFINITY;
+      for (int q = 0; q < kRanks; ++q)
+        want = std::max(want, static_cast<float>((i + q) % kRanks) - 0.5f * q);
+      if (maxed[i] != want) failures[r] += "all_reduce_max ";
+    }
+    cudaFree(peak);
     comm.ReduceScatter(buf, out, kCount, DType::kF32);
     auto part = Download(out, kCount, s);
     for (int64_t i = 0; i < kCount; ++i) {
@@ -116,22 +129,26 @@ TEST_CASE("local CUDA collectives: exact results on one GPU") {
     cudaFree(msg);
     cudaFree(got);
   });
-  for (int r = 0; r < kRanks; ++r) CHECK_MESSAGE(failures[r].empty(), "rank " << r << ": " << failures[r]);
+  for (int r = 0; r < kRanks; ++r)
+    CHECK_MESSAGE(failures[r].empty(), "rank " << r << ": " << failures[r]);
 }
 
 TEST_CASE("local CUDA collectives: a missing rank times out on every member, a mismatch fails") {
   if (!GpuOrSkip()) return;
   std::vector<std::string> errors(3);
-  RunLocal(3, [&](int r, Communicator& comm, cudaStream_t s) {
-    if (r == 2) return;  // never arrives
-    float* x = Upload({1.0f}, s);
-    try {
-      comm.AllReduce(x, x, 1, DType::kF32);
-    } catch (const CommError& e) {
-      errors[r] = e.what();
-    }
-    cudaFree(x);
-  }, /*timeout=*/0.5);
+  RunLocal(
+      3,
+      [&](int r, Communicator& comm, cudaStream_t s) {
+        if (r == 2) return;  // never arrives
+        float* x = Upload({1.0f}, s);
+        try {
+          comm.AllReduce(x, x, 1, DType::kF32);
+        } catch (const CommError& e) {
+          errors[r] = e.what();
+        }
+        cudaFree(x);
+      },
+      /*timeout=*/0.5);
   CHECK(errors[0].find("not every member arrived") != std::string::npos);
   CHECK(!errors[1].empty());
 
@@ -151,6 +168,10 @@ TEST_CASE("local CUDA collectives: a missing rank times out on every member, a m
 
 TEST_CASE("a one-rank NCCL world runs collectives and aborts cleanly") {
   if (!GpuOrSkip()) return;
+#ifdef PARAPLAN_CUDA_EMULATION
+  MESSAGE("skipped: NCCL itself is not emulated (it needs a GPU and its driver)");
+  return;
+#endif
   cudaStream_t s;
   PARAPLAN_CUDA_CHECK(cudaStreamCreate(&s));
   launch::LaunchEnvironment env;  // rank 0 of 1

@@ -1,10 +1,10 @@
 #include "runtime/comm/cuda/local_cuda_communicator.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <set>
 #include <utility>
-
-#include <fmt/format.h>
 
 #include "runtime/kernels/cuda/cuda_check.h"
 #include "runtime/kernels/cuda/kernels.h"
@@ -16,12 +16,18 @@ enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAl
 
 const char* OpName(OpKind op) {
   switch (op) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kBarrier: return "barrier";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -45,7 +51,9 @@ struct Message {
 };
 
 void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw CommError(fmt::format("local CUDA collective: {} failed: {}", what, cudaGetErrorString(err)));
+  if (err != cudaSuccess)
+    throw CommError(
+        fmt::format("local CUDA collective: {} failed: {}", what, cudaGetErrorString(err)));
 }
 
 std::string Members(const std::vector<int>& members) {
@@ -59,7 +67,20 @@ std::string Members(const std::vector<int>& members) {
 class LocalCudaGroup {
  public:
   LocalCudaGroup(LocalCudaWorld* world, std::vector<int> members)
-      : world_(world), members_(std::move(members)), posts_(members_.size()) {}
+      : world_(world), members_(std::move(members)), posts_(members_.size()) {
+    // The group owns every member's events: a member that returns from the last collective and
+    // destroys its handle must not destroy an event another member is about to wait on.
+    for (size_t i = 0; i < 2 * members_.size(); ++i) {
+      cudaEvent_t e = nullptr;
+      Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      events_.push_back(e);
+    }
+  }
+  ~LocalCudaGroup() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  cudaEvent_t ReadyEvent(int rank) const { return events_[2 * rank]; }
+  cudaEvent_t DoneEvent(int rank) const { return events_[2 * rank + 1]; }
 
   // Posts `post` for group rank `me`, waits for every member, returns everyone's posts.
   std::vector<Post> Rendezvous(int me, const Post& post) {
@@ -120,8 +141,8 @@ class LocalCudaGroup {
   Message Collect(int from, int to) {
     std::unique_lock<std::mutex> lock(mutex_);
     auto& box = mailboxes_[{from, to}];
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(world_->timeout_seconds_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(world_->timeout_seconds_);
     while (box.empty() && !world_->Aborted()) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && box.empty()) {
         lock.unlock();
@@ -156,40 +177,39 @@ class LocalCudaGroup {
   std::vector<Post> snapshot_;
   std::string mismatch_;
   std::map<std::pair<int, int>, std::deque<Message>> mailboxes_;
+  std::vector<cudaEvent_t> events_;
 };
 
 class LocalCudaCommunicator final : public Communicator {
  public:
   LocalCudaCommunicator(LocalCudaWorld* world, std::shared_ptr<LocalCudaGroup> group, int rank,
                         cudaStream_t stream)
-      : world_(world), group_(std::move(group)), rank_(rank), stream_(stream) {
-    Check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-    Check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-  }
-  ~LocalCudaCommunicator() override {
-    cudaEventDestroy(ready_);
-    cudaEventDestroy(done_);
-  }
+      : world_(world),
+        group_(std::move(group)),
+        rank_(rank),
+        stream_(stream),
+        ready_(group_->ReadyEvent(rank)),
+        done_(group_->DoneEvent(rank)) {}
 
   int Rank() const override { return rank_; }
   int Size() const override { return static_cast<int>(group_->members().size()); }
 
   void AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
-    Collective(OpKind::kAllReduce, send, recv, count, dtype, 0, op,
-               [&](const std::vector<Post>& posts) {
-                 auto [begin, end] = Chunk(count);
-                 std::vector<float*> outs;
-                 std::vector<const float*> ins;
-                 for (const Post& p : posts) {
-                   outs.push_back(p.recv);
-                   ins.push_back(p.send);
-                 }
-                 if (op == ReduceOp::kSum) {
-                   cuda::SumAcrossRanks(outs.data(), Size(), ins.data(), Size(), begin, end, stream_);
-                 } else {
-                   cuda::MaxAcrossRanks(outs.data(), Size(), ins.data(), Size(), begin, end, stream_);
-                 }
-               });
+    Collective(
+        OpKind::kAllReduce, send, recv, count, dtype, 0, op, [&](const std::vector<Post>& posts) {
+          auto [begin, end] = Chunk(count);
+          std::vector<float*> outs;
+          std::vector<const float*> ins;
+          for (const Post& p : posts) {
+            outs.push_back(p.recv);
+            ins.push_back(p.send);
+          }
+          if (op == ReduceOp::kSum) {
+            cuda::SumAcrossRanks(outs.data(), Size(), ins.data(), Size(), begin, end, stream_);
+          } else {
+            cuda::MaxAcrossRanks(outs.data(), Size(), ins.data(), Size(), begin, end, stream_);
+          }
+        });
   }
 
   void ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype) override {
@@ -214,7 +234,8 @@ class LocalCudaCommunicator final : public Communicator {
   }
 
   void Broadcast(void* buf, int64_t count, DType dtype, int root) override {
-    if (root < 0 || root >= Size()) throw CommError(fmt::format("broadcast root {} is not in the group", root));
+    if (root < 0 || root >= Size())
+      throw CommError(fmt::format("broadcast root {} is not in the group", root));
     Collective(OpKind::kBroadcast, buf, buf, count, dtype, root, ReduceOp::kSum,
                [&](const std::vector<Post>& posts) {
                  if (rank_ == root) return;
@@ -240,8 +261,11 @@ class LocalCudaCommunicator final : public Communicator {
     CheckArgs(count, dtype);
     CheckPeer(peer);
     Message m{nullptr, count, dtype, nullptr};
-    Check(cudaMallocAsync(reinterpret_cast<void**>(&m.staging), std::max<int64_t>(count, 1) * 4, stream_), "cudaMallocAsync");
-    Check(cudaMemcpyAsync(m.staging, buf, count * 4, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+    Check(cudaMallocAsync(reinterpret_cast<void**>(&m.staging), std::max<int64_t>(count, 1) * 4,
+                          stream_),
+          "cudaMallocAsync");
+    Check(cudaMemcpyAsync(m.staging, buf, count * 4, cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync");
     Check(cudaEventCreateWithFlags(&m.ready, cudaEventDisableTiming), "cudaEventCreate");
     Check(cudaEventRecord(m.ready, stream_), "cudaEventRecord");
     group_->Deliver(rank_, peer, m);
@@ -252,14 +276,15 @@ class LocalCudaCommunicator final : public Communicator {
     CheckPeer(peer);
     Message m = group_->Collect(peer, rank_);
     if (m.count != count || m.dtype != dtype) {
-      const std::string why = fmt::format(
-          "group rank {} expected {} elements from group rank {} but {} were sent", rank_, count,
-          peer, m.count);
+      const std::string why =
+          fmt::format("group rank {} expected {} elements from group rank {} but {} were sent",
+                      rank_, count, peer, m.count);
       world_->Abort(why);
       throw CommError(why);
     }
     Check(cudaStreamWaitEvent(stream_, m.ready, 0), "cudaStreamWaitEvent");
-    Check(cudaMemcpyAsync(buf, m.staging, count * 4, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+    Check(cudaMemcpyAsync(buf, m.staging, count * 4, cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync");
     Check(cudaFreeAsync(m.staging, stream_), "cudaFreeAsync");
     cudaEventDestroy(m.ready);
   }
@@ -277,9 +302,16 @@ class LocalCudaCommunicator final : public Communicator {
   void Collective(OpKind op, const void* send, void* recv, int64_t count, DType dtype, int root,
                   ReduceOp reduce, Work work) {
     CheckArgs(count, dtype);
-    if (world_->Aborted()) throw CommError("the local CUDA world was aborted: " + world_->AbortReason());
-    Post post{op, count, dtype, root, reduce, static_cast<const float*>(send),
-              static_cast<float*>(recv), ready_};
+    if (world_->Aborted())
+      throw CommError("the local CUDA world was aborted: " + world_->AbortReason());
+    Post post{op,
+              count,
+              dtype,
+              root,
+              reduce,
+              static_cast<const float*>(send),
+              static_cast<float*>(recv),
+              ready_};
     Check(cudaEventRecord(ready_, stream_), "cudaEventRecord");
     std::vector<Post> posts = group_->Rendezvous(rank_, post);
     for (int r = 0; r < Size(); ++r) {
@@ -292,7 +324,8 @@ class LocalCudaCommunicator final : public Communicator {
     Check(cudaEventRecord(done_, stream_), "cudaEventRecord");
     std::vector<Post> finished = group_->Rendezvous(rank_, done);
     for (int r = 0; r < Size(); ++r) {
-      if (r != rank_) Check(cudaStreamWaitEvent(stream_, finished[r].event, 0), "cudaStreamWaitEvent");
+      if (r != rank_)
+        Check(cudaStreamWaitEvent(stream_, finished[r].event, 0), "cudaStreamWaitEvent");
     }
   }
 
@@ -305,8 +338,9 @@ class LocalCudaCommunicator final : public Communicator {
   void CheckArgs(int64_t count, DType dtype) const {
     if (count < 0) throw CommError("negative element count");
     if (dtype != DType::kF32) {
-      throw CommError("the local CUDA communicator moves fp32 tensors only (the CUDA backend keeps "
-                      "its tensors in fp32)");
+      throw CommError(
+          "the local CUDA communicator moves fp32 tensors only (the CUDA backend keeps "
+          "its tensors in fp32)");
     }
   }
   void CheckPeer(int peer) const {
@@ -333,19 +367,21 @@ LocalCudaWorld::LocalCudaWorld(std::vector<cudaStream_t> streams, double timeout
 
 LocalCudaWorld::~LocalCudaWorld() = default;
 
-std::unique_ptr<Communicator> LocalCudaWorld::Join(const std::vector<int>& members,
-                                                   int world_rank, int tag) {
+std::unique_ptr<Communicator> LocalCudaWorld::Join(const std::vector<int>& members, int world_rank,
+                                                   int tag) {
   std::set<int> seen;
   int index = -1;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] < 0 || members[i] >= Size() || !seen.insert(members[i]).second) {
-      throw CommError(fmt::format("group {} has an invalid or repeated world rank for a world of {}",
-                                  Members(members), Size()));
+      throw CommError(
+          fmt::format("group {} has an invalid or repeated world rank for a world of {}",
+                      Members(members), Size()));
     }
     if (members[i] == world_rank) index = static_cast<int>(i);
   }
   if (index < 0) {
-    throw CommError(fmt::format("world rank {} is not a member of group {}", world_rank, Members(members)));
+    throw CommError(
+        fmt::format("world rank {} is not a member of group {}", world_rank, Members(members)));
   }
   std::shared_ptr<LocalCudaGroup> group;
   {

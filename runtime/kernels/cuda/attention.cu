@@ -23,11 +23,11 @@ namespace {
 
 using namespace nvcuda;
 
-constexpr int kTile = 64;          // queries and keys per tile
-constexpr int kWarps = 4;          // each warp owns 16 rows of a tile
+constexpr int kTile = 64;  // queries and keys per tile
+constexpr int kWarps = 4;  // each warp owns 16 rows of a tile
 constexpr int kAttnThreads = kWarps * 32;
-constexpr int kSLd = kTile + 4;    // fp32 score tile leading dimension
-constexpr int kPLd = kTile + 8;    // bf16 probability tile leading dimension
+constexpr int kSLd = kTile + 4;  // fp32 score tile leading dimension
+constexpr int kPLd = kTile + 8;  // bf16 probability tile leading dimension
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     AttentionForwardKernel(float* out, float* lse, const float* q, const float* k, const float* v,
                            AttnShape shape) {
   using S = ForwardSmem<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  PARAPLAN_DYNAMIC_SHARED(smem);
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
   auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::kK);
   auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + S::kV);
@@ -236,14 +236,14 @@ __global__ void AttentionDeltaKernel(float* delta, const float* dout, const floa
 template <int D>
 struct BackwardSmem {
   static constexpr int kLd = D + 8;
-  static constexpr int kA = 0;                                      // K (dkdv) or Q (dq)
-  static constexpr int kB = kA + RoundUp128(kTile * kLd * 2);       // V (dkdv) or dO (dq)
-  static constexpr int kC = kB + RoundUp128(kTile * kLd * 2);       // Q (dkdv) or K (dq)
-  static constexpr int kD = kC + RoundUp128(kTile * kLd * 2);       // dO (dkdv) or V (dq)
-  static constexpr int kS = kD + RoundUp128(kTile * kLd * 2);       // P, fp32
-  static constexpr int kDP = kS + RoundUp128(kTile * kSLd * 4);     // dP, fp32
-  static constexpr int kP16 = kDP + RoundUp128(kTile * kSLd * 4);   // P, bf16
-  static constexpr int kDS16 = kP16 + RoundUp128(kTile * kPLd * 2); // dS · scale, bf16
+  static constexpr int kA = 0;                                       // K (dkdv) or Q (dq)
+  static constexpr int kB = kA + RoundUp128(kTile * kLd * 2);        // V (dkdv) or dO (dq)
+  static constexpr int kC = kB + RoundUp128(kTile * kLd * 2);        // Q (dkdv) or K (dq)
+  static constexpr int kD = kC + RoundUp128(kTile * kLd * 2);        // dO (dkdv) or V (dq)
+  static constexpr int kS = kD + RoundUp128(kTile * kLd * 2);        // P, fp32
+  static constexpr int kDP = kS + RoundUp128(kTile * kSLd * 4);      // dP, fp32
+  static constexpr int kP16 = kDP + RoundUp128(kTile * kSLd * 4);    // P, bf16
+  static constexpr int kDS16 = kP16 + RoundUp128(kTile * kPLd * 2);  // dS · scale, bf16
   static constexpr int kLse = kDS16 + RoundUp128(kTile * kPLd * 2);
   static constexpr int kDelta = kLse + RoundUp128(kTile * 4);
   static constexpr int kBytes = kDelta + RoundUp128(kTile * 4);
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                                     const float* delta, const float* q, const float* k,
                                     const float* v, AttnShape shape) {
   using S = BackwardSmem<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  PARAPLAN_DYNAMIC_SHARED(smem);
   auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::kA);
   auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + S::kB);
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::kC);
@@ -391,11 +391,10 @@ __global__ void __launch_bounds__(kAttnThreads)
 // One block per (query tile, q head, sequence); warp w owns queries q0 + 16w .. q0 + 16w + 15.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
-    AttentionBackwardQueryKernel(float* dq, const float* dout, const float* lse,
-                                 const float* delta, const float* q, const float* k,
-                                 const float* v, AttnShape shape) {
+    AttentionBackwardQueryKernel(float* dq, const float* dout, const float* lse, const float* delta,
+                                 const float* q, const float* k, const float* v, AttnShape shape) {
   using S = BackwardSmem<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  PARAPLAN_DYNAMIC_SHARED(smem);
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::kA);
   auto* dos = reinterpret_cast<__nv_bfloat16*>(smem + S::kB);
   auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::kC);
@@ -480,7 +479,8 @@ __global__ void __launch_bounds__(kAttnThreads)
 void CheckAttentionArguments(const TokenLayout& l, int64_t q_heads, int64_t kv_heads,
                              int64_t head_dim, std::initializer_list<const void*> pointers) {
   if (!AttentionHeadDimSupported(head_dim)) {
-    throw CudaError("CUDA attention supports head_dim 64 and 128, not " + std::to_string(head_dim));
+    throw CudaError("CUDA attention supports head_dim 16, 32, 64 and 128, not " +
+                    std::to_string(head_dim));
   }
   if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0) {
     throw CudaError("CUDA attention: q_heads must be a positive multiple of kv_heads");
@@ -499,7 +499,8 @@ void CheckAttentionArguments(const TokenLayout& l, int64_t q_heads, int64_t kv_h
 template <int D, typename Kernel>
 void PrepareKernel(Kernel kernel, int bytes) {
   // Opt in to more than 48 KiB of dynamic shared memory (Hopper allows 227 KiB per block).
-  PARAPLAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  PARAPLAN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 template <int D>
@@ -510,7 +511,8 @@ void LaunchForward(float* out, float* lse, const float* q, const float* k, const
   const int64_t tiles = (shape.layout.seq + kTile - 1) / kTile;
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.q_heads),
             static_cast<unsigned>(shape.layout.batch));
-  AttentionForwardKernel<D><<<grid, kAttnThreads, bytes, stream>>>(out, lse, q, k, v, shape);
+  PARAPLAN_LAUNCH(AttentionForwardKernel<D>, grid, kAttnThreads, bytes, stream, out, lse, q, k, v,
+                  shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -520,27 +522,30 @@ void LaunchBackward(float* dq, float* dk, float* dv, const float* dout, const fl
                     const AttnShape& shape, float* delta, cudaStream_t stream) {
   const TokenLayout& l = shape.layout;
   const int64_t items = l.seq * l.batch * shape.q_heads;
-  AttentionDeltaKernel<D><<<GridFor(items * 32), kThreads, 0, stream>>>(delta, dout, out, shape);
+  PARAPLAN_LAUNCH(AttentionDeltaKernel<D>, GridFor(items * 32), kThreads, 0, stream, delta, dout,
+                  out, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   const int bytes = BackwardSmem<D>::kBytes;
   const int64_t tiles = (l.seq + kTile - 1) / kTile;
   PrepareKernel<D>(AttentionBackwardKeyValueKernel<D>, bytes);
   dim3 kv_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.kv_heads),
                static_cast<unsigned>(l.batch));
-  AttentionBackwardKeyValueKernel<D><<<kv_grid, kAttnThreads, bytes, stream>>>(
-      dk, dv, dout, lse, delta, q, k, v, shape);
+  PARAPLAN_LAUNCH(AttentionBackwardKeyValueKernel<D>, kv_grid, kAttnThreads, bytes, stream, dk, dv,
+                  dout, lse, delta, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   PrepareKernel<D>(AttentionBackwardQueryKernel<D>, bytes);
   dim3 q_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.q_heads),
               static_cast<unsigned>(l.batch));
-  AttentionBackwardQueryKernel<D><<<q_grid, kAttnThreads, bytes, stream>>>(dq, dout, lse, delta, q,
-                                                                           k, v, shape);
+  PARAPLAN_LAUNCH(AttentionBackwardQueryKernel<D>, q_grid, kAttnThreads, bytes, stream, dq, dout,
+                  lse, delta, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-bool AttentionHeadDimSupported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool AttentionHeadDimSupported(int64_t head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
 
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
@@ -548,10 +553,19 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
   if (layout.seq <= 0 || layout.batch <= 0) return;
   CheckAttentionArguments(layout, q_heads, kv_heads, head_dim, {out, q, k, v});
   AttnShape shape{layout, q_heads, kv_heads, scale};
-  if (head_dim == 64) {
-    LaunchForward<64>(out, lse, q, k, v, shape, stream);
-  } else {
-    LaunchForward<128>(out, lse, q, k, v, shape, stream);
+  switch (head_dim) {
+    case 16:
+      LaunchForward<16>(out, lse, q, k, v, shape, stream);
+      break;
+    case 32:
+      LaunchForward<32>(out, lse, q, k, v, shape, stream);
+      break;
+    case 64:
+      LaunchForward<64>(out, lse, q, k, v, shape, stream);
+      break;
+    default:
+      LaunchForward<128>(out, lse, q, k, v, shape, stream);
+      break;
   }
 }
 
@@ -562,10 +576,19 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
   if (layout.seq <= 0 || layout.batch <= 0) return;
   CheckAttentionArguments(layout, q_heads, kv_heads, head_dim, {dq, dk, dv, dout, out, q, k, v});
   AttnShape shape{layout, q_heads, kv_heads, scale};
-  if (head_dim == 64) {
-    LaunchBackward<64>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
-  } else {
-    LaunchBackward<128>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
+  switch (head_dim) {
+    case 16:
+      LaunchBackward<16>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
+      break;
+    case 32:
+      LaunchBackward<32>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
+      break;
+    case 64:
+      LaunchBackward<64>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
+      break;
+    default:
+      LaunchBackward<128>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
+      break;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "runtime/kernels/cuda/cuda_check.h"
+#include "runtime/kernels/cuda/launch.cuh"
 
 namespace paraplan::cuda {
 
@@ -27,13 +28,16 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 __device__ __forceinline__ float WarpMax(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 // The order is fixed by the thread layout, so the result is deterministic.
-__device__ __forceinline__ float BlockSum(float v, float* shared32) {
+// `shared32` is a __shared__ SharedArray<float, 32>.
+template <typename Shared32>
+__device__ __forceinline__ float BlockSum(float v, Shared32& shared32) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = WarpSum(v);
   __syncthreads();  // shared32 may still be read by a previous call
@@ -43,7 +47,8 @@ __device__ __forceinline__ float BlockSum(float v, float* shared32) {
   return WarpSum(total);
 }
 
-__device__ __forceinline__ float BlockMax(float v, float* shared32) {
+template <typename Shared32>
+__device__ __forceinline__ float BlockMax(float v, Shared32& shared32) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = WarpMax(v);
   __syncthreads();
@@ -58,13 +63,16 @@ __device__ __forceinline__ float BlockMax(float v, float* shared32) {
 class StreamScratch {
  public:
   StreamScratch(int64_t bytes, cudaStream_t stream) : stream_(stream) {
-    PARAPLAN_CUDA_CHECK(cudaMallocAsync(&ptr_, static_cast<size_t>(std::max<int64_t>(bytes, 16)), stream));
+    PARAPLAN_CUDA_CHECK(
+        cudaMallocAsync(&ptr_, static_cast<size_t>(std::max<int64_t>(bytes, 16)), stream));
   }
   ~StreamScratch() { cudaFreeAsync(ptr_, stream_); }
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
 
  private:
   void* ptr_ = nullptr;
@@ -77,7 +85,7 @@ class StreamScratch {
 template <typename F>
 __global__ void ColumnPartialKernel(float* partials, int64_t rows, int64_t cols,
                                     int64_t rows_per_chunk, F f) {
-  __shared__ float lanes[8][33];
+  __shared__ SharedArray<float, 8, 33> lanes;
   const int64_t col = blockIdx.x * 32 + threadIdx.x;
   const int64_t r0 = blockIdx.y * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
@@ -115,15 +123,16 @@ void ColumnSum(float* out, bool accumulate, int64_t rows, int64_t cols, F f, cud
   const int64_t per_chunk = (rows + chunks - 1) / chunks;
   chunks = (rows + per_chunk - 1) / per_chunk;
   StreamScratch partials(chunks * cols * static_cast<int64_t>(sizeof(float)), stream);
-  ColumnPartialKernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), dim3(32, 8), 0,
-                        stream>>>(partials.as<float>(), rows, cols, per_chunk, f);
+  PARAPLAN_LAUNCH(ColumnPartialKernel<F>,
+                  dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), dim3(32, 8), 0,
+                  stream, partials.as<float>(), rows, cols, per_chunk, f);
   PARAPLAN_CUDA_CHECK(cudaGetLastError());
-  ColumnFinishKernel<0><<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
-      out, partials.as<float>(), static_cast<int>(chunks), cols, accumulate);
+  PARAPLAN_LAUNCH(ColumnFinishKernel<0>, static_cast<unsigned>((cols + 255) / 256), 256, 0, stream,
+                  out, partials.as<float>(), static_cast<int>(chunks), cols, accumulate);
   PARAPLAN_CUDA_CHECK(cudaGetLastError());
 }
 
-#define PARAPLAN_GRID_STRIDE(i, n)                                                 \
+#define PARAPLAN_GRID_STRIDE(i, n)                                                       \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 

@@ -28,7 +28,8 @@ __global__ void CastToBf16Kernel(__nv_bfloat16* dst, const float* src, int64_t n
     float2 v = reinterpret_cast<const float2*>(src)[i];
     reinterpret_cast<__nv_bfloat162*>(dst)[i] = __floats2bfloat162_rn(v.x, v.y);
   }
-  if (n % 2 == 1 && blockIdx.x == 0 && threadIdx.x == 0) dst[n - 1] = __float2bfloat16_rn(src[n - 1]);
+  if (n % 2 == 1 && blockIdx.x == 0 && threadIdx.x == 0)
+    dst[n - 1] = __float2bfloat16_rn(src[n - 1]);
 }
 
 __global__ void CastToBf16ScalarKernel(__nv_bfloat16* dst, const float* src, int64_t n) {
@@ -60,7 +61,7 @@ __global__ void EmbeddingForwardKernel(float* out, const int32_t* tokens, const 
 __global__ void EmbeddingBackwardKernel(float* dtable, const float* dout, const int32_t* tokens,
                                         int64_t rows, int64_t dim, int64_t vocab_begin,
                                         int64_t vocab_count) {
-  __shared__ int64_t matches[kThreads];
+  __shared__ SharedArray<int64_t, kThreads> matches;
   __shared__ int match_count;
   const int64_t r = blockIdx.x;
   const int32_t token = tokens[r];
@@ -78,7 +79,7 @@ __global__ void EmbeddingBackwardKernel(float* dtable, const float* dout, const 
     const bool hit = j < rows && tokens[j] == token;
     // Compact the hits of this chunk in row order: warp ballots, then warps in order.
     const unsigned ballot = __ballot_sync(0xffffffffu, hit);
-    __shared__ int warp_base[kThreads / 32];
+    __shared__ SharedArray<int, kThreads / 32> warp_base;
     if (threadIdx.x % 32 == 0) warp_base[threadIdx.x / 32] = __popc(ballot);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -158,8 +159,8 @@ __global__ void SwiGluForwardKernel(float* out, const float* gate, const float* 
   }
 }
 
-__global__ void SwiGluBackwardKernel(float* dgate, float* dup, const float* dout,
-                                     const float* gate, const float* up, int64_t n) {
+__global__ void SwiGluBackwardKernel(float* dgate, float* dup, const float* dout, const float* gate,
+                                     const float* up, int64_t n) {
   PARAPLAN_GRID_STRIDE(i, n) {
     const float g = gate[i], u = up[i], d = dout[i], sg = Sigmoid(g);
     dup[i] = d * g * sg;
@@ -212,8 +213,8 @@ void ReduceAcrossRanks(float* const* out, int out_count, const float* const* in,
   RankPointers p{};
   for (int r = 0; r < ranks; ++r) p.in[r] = in[r];
   for (int o = 0; o < out_count; ++o) p.out[o] = out[o];
-  ReduceAcrossRanksKernel<kMax><<<GridFor(end - begin), kThreads, 0, stream>>>(p, out_count, ranks,
-                                                                                begin, end);
+  PARAPLAN_LAUNCH(ReduceAcrossRanksKernel<kMax>, GridFor(end - begin), kThreads, 0, stream, p,
+                  out_count, ranks, begin, end);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -221,48 +222,51 @@ void ReduceAcrossRanks(float* const* out, int out_count, const float* const* in,
 
 void Fill(float* x, int64_t n, float value, cudaStream_t stream) {
   if (n <= 0) return;
-  FillKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, value);
+  PARAPLAN_LAUNCH(FillKernel, GridFor(n), kThreads, 0, stream, x, n, value);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void Copy(float* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n <= 0 || dst == src) return;
-  PARAPLAN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  PARAPLAN_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
 }
 
 void Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  AddKernel<<<GridFor(n), kThreads, 0, stream>>>(out, a, b, n);
+  PARAPLAN_LAUNCH(AddKernel, GridFor(n), kThreads, 0, stream, out, a, b, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void Accumulate(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  AccumulateKernel<<<GridFor(n), kThreads, 0, stream>>>(y, x, n);
+  PARAPLAN_LAUNCH(AccumulateKernel, GridFor(n), kThreads, 0, stream, y, x, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void Scale(float* x, int64_t n, float alpha, cudaStream_t stream) {
   if (n <= 0) return;
-  ScaleKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, alpha);
+  PARAPLAN_LAUNCH(ScaleKernel, GridFor(n), kThreads, 0, stream, x, n, alpha);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void CastToBf16(void* dst_bf16, const float* src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   auto* dst = static_cast<__nv_bfloat16*>(dst_bf16);
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 4 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(src) % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 4 == 0;
   if (aligned) {
-    CastToBf16Kernel<<<GridFor(std::max<int64_t>(n / 2, 1)), kThreads, 0, stream>>>(dst, src, n);
+    PARAPLAN_LAUNCH(CastToBf16Kernel, GridFor(std::max<int64_t>(n / 2, 1)), kThreads, 0, stream,
+                    dst, src, n);
   } else {
-    CastToBf16ScalarKernel<<<GridFor(n), kThreads, 0, stream>>>(dst, src, n);
+    PARAPLAN_LAUNCH(CastToBf16ScalarKernel, GridFor(n), kThreads, 0, stream, dst, src, n);
   }
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void AddBias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || bias == nullptr) return;
-  AddBiasKernel<<<GridFor(rows * cols), kThreads, 0, stream>>>(y, bias, rows, cols);
+  PARAPLAN_LAUNCH(AddBiasKernel, GridFor(rows * cols), kThreads, 0, stream, y, bias, rows, cols);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -274,8 +278,8 @@ void BiasBackward(float* dbias, const float* dy, int64_t rows, int64_t cols, cud
 void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t rows,
                       int64_t dim, int64_t vocab_begin, int64_t vocab_count, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
-  EmbeddingForwardKernel<<<GridFor(rows * dim), kThreads, 0, stream>>>(out, tokens, table, rows, dim,
-                                                                       vocab_begin, vocab_count);
+  PARAPLAN_LAUNCH(EmbeddingForwardKernel, GridFor(rows * dim), kThreads, 0, stream, out, tokens,
+                  table, rows, dim, vocab_begin, vocab_count);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -283,32 +287,36 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, 
                        int64_t dim, int64_t vocab_begin, int64_t vocab_count, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
   if (rows > 0x7fffffff) throw CudaError("EmbeddingBackward: more than 2^31 rows");
-  EmbeddingBackwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      dtable, dout, tokens, rows, dim, vocab_begin, vocab_count);
+  PARAPLAN_LAUNCH(EmbeddingBackwardKernel, static_cast<unsigned>(rows), kThreads, 0, stream, dtable,
+                  dout, tokens, rows, dim, vocab_begin, vocab_count);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
-                 int64_t t0, int64_t seq, cudaStream_t stream) {
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim, int64_t t0,
+                 int64_t seq, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
   if (seq <= 0 || t0 < 0) throw CudaError("AddPosition: seq must be positive and t0 non-negative");
-  AddPositionKernel<<<GridFor(rows * dim), kThreads, 0, stream>>>(y, x, pos, rows, dim, t0, seq);
+  PARAPLAN_LAUNCH(AddPositionKernel, GridFor(rows * dim), kThreads, 0, stream, y, x, pos, rows, dim,
+                  t0, seq);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
                          int64_t seq, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
-  if (seq <= 0 || t0 < 0) throw CudaError("AddPositionBackward: seq must be positive and t0 non-negative");
-  AddPositionBackwardKernel<<<GridFor(seq * dim), kThreads, 0, stream>>>(dpos, dy, rows, dim, t0, seq);
+  if (seq <= 0 || t0 < 0)
+    throw CudaError("AddPositionBackward: seq must be positive and t0 non-negative");
+  PARAPLAN_LAUNCH(AddPositionBackwardKernel, GridFor(seq * dim), kThreads, 0, stream, dpos, dy,
+                  rows, dim, t0, seq);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim,
-                 float theta, cudaStream_t stream) {
+void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta,
+                 cudaStream_t stream) {
   const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
   if (n <= 0) return;
-  RopeKernel<<<GridFor(n), kThreads, 0, stream>>>(x, layout, heads, head_dim, theta, 1.0f);
+  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, x, layout, heads, head_dim, theta,
+                  1.0f);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -316,32 +324,34 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
                   float theta, cudaStream_t stream) {
   const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
   if (n <= 0) return;
-  RopeKernel<<<GridFor(n), kThreads, 0, stream>>>(dx, layout, heads, head_dim, theta, -1.0f);
+  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, dx, layout, heads, head_dim, theta,
+                  -1.0f);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  SwiGluForwardKernel<<<GridFor(n), kThreads, 0, stream>>>(out, gate, up, n);
+  PARAPLAN_LAUNCH(SwiGluForwardKernel, GridFor(n), kThreads, 0, stream, out, gate, up, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate,
-                    const float* up, int64_t n, cudaStream_t stream) {
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                    int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  SwiGluBackwardKernel<<<GridFor(n), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, n);
+  PARAPLAN_LAUNCH(SwiGluBackwardKernel, GridFor(n), kThreads, 0, stream, dgate, dup, dout, gate, up,
+                  n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void GeluForward(float* out, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  GeluForwardKernel<<<GridFor(n), kThreads, 0, stream>>>(out, x, n);
+  PARAPLAN_LAUNCH(GeluForwardKernel, GridFor(n), kThreads, 0, stream, out, x, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  GeluBackwardKernel<<<GridFor(n), kThreads, 0, stream>>>(dx, dout, x, n);
+  PARAPLAN_LAUNCH(GeluBackwardKernel, GridFor(n), kThreads, 0, stream, dx, dout, x, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 

@@ -56,8 +56,8 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, 
                        int64_t dim, int64_t vocab_begin, int64_t vocab_count, cudaStream_t stream);
 // Learned positions over `rows` consecutive batch-major rows starting at global row t0:
 // y[r] = x[r] + pos[(t0 + r) mod seq]; backward adds dy rows into dpos in increasing r.
-void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
-                 int64_t t0, int64_t seq, cudaStream_t stream);
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim, int64_t t0,
+                 int64_t seq, cudaStream_t stream);
 void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
                          int64_t seq, cudaStream_t stream);
 
@@ -73,16 +73,16 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
                        int64_t dim, cudaStream_t stream);
 
 // ---- Rotary embedding (half-split pairs, angles in double as on the host) ----
-void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim,
-                 float theta, cudaStream_t stream);
+void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta,
+                 cudaStream_t stream);
 void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
                   float theta, cudaStream_t stream);
 
 // ---- Causal grouped-query attention, flash style (attention.cu) ----
 // Tiled with online softmax; the seq × seq matrix never exists. Q·Kᵀ and P·V run on bf16
 // tensor cores (WMMA) with fp32 accumulation; softmax statistics and lse are fp32. head_dim
-// must be 64 or 128 (checked; other sizes throw). Backward is two deterministic kernels (dK/dV
-// per key tile over the query heads of its group, dQ per query tile), no atomics.
+// must be 16, 32, 64 or 128 (checked; other sizes throw). Backward is two deterministic kernels
+// (dK/dV per key tile over the query heads of its group, dQ per query tile), no atomics.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                       int64_t head_dim, float scale, cudaStream_t stream);
@@ -95,8 +95,8 @@ bool AttentionHeadDimSupported(int64_t head_dim);
 
 // ---- Activations ----
 void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);
-void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate,
-                    const float* up, int64_t n, cudaStream_t stream);
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                    int64_t n, cudaStream_t stream);
 void GeluForward(float* out, const float* x, int64_t n, cudaStream_t stream);
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n, cudaStream_t stream);
 
@@ -113,13 +113,13 @@ void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, in
                       float scale, cudaStream_t stream);
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
                           const float* st, const int32_t* targets, int64_t rows,
-                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
-                          float grad_scale, cudaStream_t stream);
+                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab, float grad_scale,
+                          cudaStream_t stream);
 
 // ---- Optimizer ----
-// out[0] = Σ x² accumulated in double: fixed-size per-block partial sums in `partials` (at
-// least kSumOfSquaresBlocks doubles), then one block adds them in order (llm.c's
-// deterministic sum, in double as the host accumulates).
+// out[0] = Σ x² accumulated in double: per-block partial sums in `partials` (at least
+// kSumOfSquaresBlocks doubles; min(264, ceil(n / 256)) blocks), then one block adds them in order
+// (llm.c's deterministic sum, in double as the host accumulates).
 inline constexpr int kSumOfSquaresBlocks = 264;
 void SumOfSquares(double* out, const float* x, int64_t n, double* partials, cudaStream_t stream);
 // fp32 master weights, moments and gradient; when param_bf16 is not null the updated weight is
@@ -127,8 +127,8 @@ void SumOfSquares(double* out, const float* x, int64_t n, double* partials, cuda
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
            const AdamWConfig& config, int64_t step, float grad_scale, void* param_bf16,
            cudaStream_t stream);
-void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
-         float grad_scale, cudaStream_t stream);
+void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay, float grad_scale,
+         cudaStream_t stream);
 
 // ---- Collective helpers for the local (one GPU, several ranks) communicator ----
 // out[i] = Σ_r in[r][i] in rank order 0..ranks-1 (fp32), for i in [begin, end); in and out

@@ -14,7 +14,7 @@ unsigned RowGrid(int64_t rows) {
 }
 
 __global__ void RowMaxKernel(float* row_max, const float* logits, int64_t vocab) {
-  __shared__ float shared32[32];
+  __shared__ SharedArray<float, 32> shared32;
   const float* row = logits + blockIdx.x * vocab;
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, row[j]);
@@ -25,7 +25,7 @@ __global__ void RowMaxKernel(float* row_max, const float* logits, int64_t vocab)
 __global__ void SumExpKernel(float* st, const float* logits, const float* row_max,
                              const int32_t* targets, int64_t vocab_local, int64_t vocab_begin,
                              int64_t valid) {
-  __shared__ float shared32[32];
+  __shared__ SharedArray<float, 32> shared32;
   const float* row = logits + blockIdx.x * vocab_local;
   const float m = row_max[blockIdx.x];
   float s = 0.0f;
@@ -41,7 +41,7 @@ __global__ void SumExpKernel(float* st, const float* logits, const float* row_ma
 // One block: per-thread sums in double over a fixed stride, then the block sum in order.
 __global__ void LossKernel(float* loss_sum, const float* row_max, const float* st, int64_t rows,
                            float scale) {
-  __shared__ double partial[kThreads];
+  __shared__ SharedArray<double, kThreads> partial;
   double s = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
     s += static_cast<double>(logf(st[2 * r]) + row_max[r] - st[2 * r + 1]);
@@ -74,9 +74,9 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* logits,
   }
 }
 
-// Fixed grid: block b sums elements b·T + t, stepping by the whole grid, in double.
+// Block b sums elements b·T + t, stepping by the whole grid, in double.
 __global__ void SumOfSquaresPartialKernel(double* partials, const float* x, int64_t n) {
-  __shared__ double lanes[kThreads];
+  __shared__ SharedArray<double, kThreads> lanes;
   double s = 0.0;
   PARAPLAN_GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * x[i];
   lanes[threadIdx.x] = s;
@@ -121,7 +121,7 @@ __global__ void SgdKernel(float* param, const float* grad, int64_t n, float lr, 
 void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64_t vocab_local,
                         cudaStream_t stream) {
   if (rows <= 0) return;
-  RowMaxKernel<<<RowGrid(rows), kThreads, 0, stream>>>(row_max, logits, vocab_local);
+  PARAPLAN_LAUNCH(RowMaxKernel, RowGrid(rows), kThreads, 0, stream, row_max, logits, vocab_local);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -130,27 +130,27 @@ void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
                         int64_t vocab_begin, int64_t vocab, cudaStream_t stream) {
   if (rows <= 0) return;
   const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
-  SumExpKernel<<<RowGrid(rows), kThreads, 0, stream>>>(st, logits, row_max, targets, vocab_local,
-                                                       vocab_begin, valid);
+  PARAPLAN_LAUNCH(SumExpKernel, RowGrid(rows), kThreads, 0, stream, st, logits, row_max, targets,
+                  vocab_local, vocab_begin, valid);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
                       float scale, cudaStream_t stream) {
   if (rows <= 0) return;
-  LossKernel<<<1, kThreads, 0, stream>>>(loss_sum, row_max, st, rows, scale);
+  PARAPLAN_LAUNCH(LossKernel, 1, kThreads, 0, stream, loss_sum, row_max, st, rows, scale);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
                           const float* st, const int32_t* targets, int64_t rows,
-                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
-                          float grad_scale, cudaStream_t stream) {
+                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab, float grad_scale,
+                          cudaStream_t stream) {
   if (rows <= 0) return;
   const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
   const float scale = grad_scale / static_cast<float>(rows);
-  CrossEntropyBackwardKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
-      dlogits, logits, row_max, st, targets, vocab_local, vocab_begin, valid, scale);
+  PARAPLAN_LAUNCH(CrossEntropyBackwardKernel, RowGrid(rows), kThreads, 0, stream, dlogits, logits,
+                  row_max, st, targets, vocab_local, vocab_begin, valid, scale);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -159,9 +159,13 @@ void SumOfSquares(double* out, const float* x, int64_t n, double* partials, cuda
     PARAPLAN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream));
     return;
   }
-  SumOfSquaresPartialKernel<<<kSumOfSquaresBlocks, kThreads, 0, stream>>>(partials, x, n);
+  // A fixed grid for a given n (the order of the sum depends on n only); small tensors (biases,
+  // norm weights) get as many blocks as they fill instead of 264 mostly idle ones.
+  const int blocks =
+      static_cast<int>(std::min<int64_t>(kSumOfSquaresBlocks, (n + kThreads - 1) / kThreads));
+  PARAPLAN_LAUNCH(SumOfSquaresPartialKernel, blocks, kThreads, 0, stream, partials, x, n);
   PARAPLAN_CUDA_CHECK_LAUNCH();
-  SumPartialsKernel<<<1, 32, 0, stream>>>(out, partials, kSumOfSquaresBlocks);
+  PARAPLAN_LAUNCH(SumPartialsKernel, 1, 32, 0, stream, out, partials, blocks);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -173,16 +177,16 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
   // Bias corrections exactly as the host computes them (pow in double, then float).
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(config.beta1), step));
   const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(config.beta2), step));
-  AdamWKernel<<<GridFor(n), kThreads, 0, stream>>>(param, grad, m, v, n, config, bc1, bc2,
-                                                   grad_scale,
-                                                   static_cast<__nv_bfloat16*>(param_bf16));
+  PARAPLAN_LAUNCH(AdamWKernel, GridFor(n), kThreads, 0, stream, param, grad, m, v, n, config, bc1,
+                  bc2, grad_scale, static_cast<__nv_bfloat16*>(param_bf16));
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
-void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
-         float grad_scale, cudaStream_t stream) {
+void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay, float grad_scale,
+         cudaStream_t stream) {
   if (n <= 0) return;
-  SgdKernel<<<GridFor(n), kThreads, 0, stream>>>(param, grad, n, lr, weight_decay, grad_scale);
+  PARAPLAN_LAUNCH(SgdKernel, GridFor(n), kThreads, 0, stream, param, grad, n, lr, weight_decay,
+                  grad_scale);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 

@@ -54,9 +54,9 @@ struct RmsNormWeightGradient {
   }
 };
 
-__global__ void LayerNormForwardKernel(float* out, float* mean_out, float* rstd_out,
-                                       const float* x, const float* w, const float* b,
-                                       int64_t rows, int64_t dim, float eps) {
+__global__ void LayerNormForwardKernel(float* out, float* mean_out, float* rstd_out, const float* x,
+                                       const float* w, const float* b, int64_t rows, int64_t dim,
+                                       float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -127,7 +127,8 @@ struct LayerNormBiasGradient {
 void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
                     int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
-  RmsNormForwardKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(out, rstd, x, w, rows, dim, eps);
+  PARAPLAN_LAUNCH(RmsNormForwardKernel, RowBlocks(rows), kThreads, 0, stream, out, rstd, x, w, rows,
+                  dim, eps);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -137,7 +138,8 @@ void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x, co
   // Weight gradient first: dx may overwrite dout in place.
   ColumnSum(dw, /*accumulate=*/true, rows, dim, RmsNormWeightGradient{dout, x, rstd, dim}, stream);
   if (dx != nullptr) {
-    RmsNormBackwardKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(dx, dout, x, w, rstd, rows, dim);
+    PARAPLAN_LAUNCH(RmsNormBackwardKernel, RowBlocks(rows), kThreads, 0, stream, dx, dout, x, w,
+                    rstd, rows, dim);
     PARAPLAN_CUDA_CHECK_LAUNCH();
   }
 }
@@ -145,8 +147,8 @@ void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x, co
 void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
                       const float* b, int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
-  LayerNormForwardKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(out, mean, rstd, x, w, b, rows,
-                                                                   dim, eps);
+  PARAPLAN_LAUNCH(LayerNormForwardKernel, RowBlocks(rows), kThreads, 0, stream, out, mean, rstd, x,
+                  w, b, rows, dim, eps);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -158,8 +160,8 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
   ColumnSum(dw, true, rows, dim, LayerNormWeightGradient{dout, x, mean, rstd, dim}, stream);
   ColumnSum(db, true, rows, dim, LayerNormBiasGradient{dout, dim}, stream);
   if (dx != nullptr) {
-    LayerNormBackwardKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(dx, dout, x, w, mean, rstd,
-                                                                      rows, dim);
+    PARAPLAN_LAUNCH(LayerNormBackwardKernel, RowBlocks(rows), kThreads, 0, stream, dx, dout, x, w,
+                    mean, rstd, rows, dim);
     PARAPLAN_CUDA_CHECK_LAUNCH();
   }
 }

@@ -1,0 +1,91 @@
+// planrun's CUDA path on the CPU: the equivalence plans (tests/equivalence/equivalence.plan)
+// compiled by planc and trained by planrun --backend=cuda linked against the emulation
+// (planrun_cuda_emulated: runtime/planrun.cpp, unchanged), one rank and local mode with several
+// ranks on the one emulated device, against planrun --backend=host on the same program.
+//
+// Tolerance: every step's loss within 2e-3 relative of the host's. The CUDA backend rounds GEMM
+// and attention operands to bf16 (8 significant bits) and accumulates in fp32; over the first AdamW
+// steps of the tiny models the losses (about 5.5) move apart by about 1e-4 relative.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/support/cli.h"
+
+namespace paraplan {
+namespace {
+
+constexpr double kLossTolerance = 2e-3;
+
+std::string SourceDir() {
+  const char* dir = std::getenv("PARAPLAN_SOURCE_DIR");
+  return dir ? dir : ".";
+}
+
+std::vector<double> Losses(const std::string& metrics) {
+  std::vector<double> losses;
+  const std::string text = testing::ReadFile(metrics);
+  for (size_t at = text.find("\"loss\": "); at != std::string::npos;
+       at = text.find("\"loss\": ", at + 1)) {
+    losses.push_back(std::stod(text.substr(at + 8)));
+  }
+  return losses;
+}
+
+void CheckPlan(const std::string& plan, int expected_ranks) {
+  const std::string dir = testing::ScratchDir("planrun_emulated_" + plan);
+  const std::string program = dir + "/" + plan + ".pplan";
+  auto compiled = testing::RunCommand(std::string(PARAPLAN_PLANC) + " compile '" + SourceDir() +
+                                          "/tests/equivalence/equivalence.plan' --plan " + plan +
+                                          " -o " + program,
+                                      dir);
+  REQUIRE_MESSAGE(compiled.status == 0, compiled.err);
+  const std::string data =
+      " --data '" + SourceDir() + "/data/corpus/classics.txt' --steps 3 --timeout 120";
+  auto host = testing::RunCommand(std::string(PARAPLAN_PLANRUN) + " " + program +
+                                      " --backend=host --metrics " + dir + "/host.jsonl" + data,
+                                  dir);
+  REQUIRE_MESSAGE(host.status == 0, host.err);
+  auto cuda = testing::RunCommand(std::string(PARAPLAN_PLANRUN_EMULATED) + " " + program +
+                                      " --backend=cuda --metrics " + dir + "/cuda.jsonl" + data,
+                                  dir);
+  INFO(cuda.out);
+  REQUIRE_MESSAGE(cuda.status == 0, cuda.err);
+  CHECK(cuda.out.find(std::to_string(expected_ranks) + " ranks as threads on the cuda backend") !=
+        std::string::npos);
+  const auto want = Losses(dir + "/host.jsonl"), got = Losses(dir + "/cuda.jsonl");
+  REQUIRE(want.size() == 3);
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (size_t s = 0; s < want.size(); ++s)
+    worst = std::max(worst, std::abs(got[s] - want[s]) / std::abs(want[s]));
+  MESSAGE(plan << ": largest relative loss difference from the host backend " << worst
+               << " (losses " << want.front() << " -> " << want.back() << ")");
+  CHECK(worst <= kLossTolerance);
+  CHECK(got.back() < got.front());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// One CTest test per plan (tests/cuda_emulation/CMakeLists.txt selects them by name).
+TEST_CASE("plan single: one rank, Llama-style") { CheckPlan("single", 1); }
+
+TEST_CASE("plan gpt_single: one rank, GPT-2-style") { CheckPlan("gpt_single", 1); }
+
+TEST_CASE("plan tp2_pp2_dp2_zero1_sp: local mode, 8 ranks, sequence parallel, ZeRO-1") {
+  CheckPlan("tp2_pp2_dp2_zero1_sp", 8);
+}
+
+TEST_CASE("plan pp2_vpp2_dp2_zero3: local mode, 4 ranks, interleaved pipeline, ZeRO-3") {
+  CheckPlan("pp2_vpp2_dp2_zero3", 4);
+}
+
+TEST_CASE("plan gpt_tp2_pp2_dp2: local mode, 8 ranks, GPT-2-style") {
+  CheckPlan("gpt_tp2_pp2_dp2", 8);
+}
+
+}  // namespace
+}  // namespace paraplan
