@@ -366,6 +366,12 @@ int main(int argc, char** argv) {
                 << "per process\n";
       return 2;
     }
+    if (!one_rank_per_process) {
+      if (const std::string why = exec::ThreadRanksLimitReason(program.world_size); !why.empty()) {
+        std::cerr << "planrun: error: " << why << "\n";
+        return 1;
+      }
+    }
     if (ranks >= 0 && ranks != program.world_size) {
       std::cerr << "planrun: error: the program is for " << program.world_size
                 << " ranks but --ranks " << ranks

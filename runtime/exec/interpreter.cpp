@@ -20,6 +20,14 @@
 
 namespace paraplan::exec {
 
+std::string ThreadRanksLimitReason(int world_size) {
+  if (world_size <= kMaxThreadRanks) return "";
+  return "the program has " + std::to_string(world_size) +
+         " ranks, but one process runs at most " + std::to_string(kMaxThreadRanks) +
+         " ranks as threads; run it with --backend=cuda under a launcher (torchrun, srun or "
+         "mpirun), one rank per process";
+}
+
 float InitValue(uint64_t seed, int64_t key, int64_t index, double std) {
   const uint64_t h1 =
       data::SplitMix64(data::SplitMix64(data::SplitMix64(seed) ^ static_cast<uint64_t>(key)) ^
@@ -106,6 +114,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options,
     }
     local_ranks = placement->ranks;
   } else {
+    if (const std::string why = ThreadRanksLimitReason(world_size); !why.empty()) throw RunError(why);
     // All ranks share this machine's memory: refuse a program whose arenas cannot fit.
     double needed = 0;
     for (const auto& r : program.ranks)

@@ -27,6 +27,13 @@
 
 namespace paraplan::exec {
 
+// The most ranks one process runs as threads (the host backend, and the CUDA backend's local
+// mode on one device). Larger programs run one rank per process under a launcher.
+inline constexpr int kMaxThreadRanks = 4096;
+
+// Why a program of `world_size` ranks cannot run as threads of one process, or "" when it can.
+std::string ThreadRanksLimitReason(int world_size);
+
 class RunError : public std::runtime_error {
  public:
   explicit RunError(const std::string& what) : std::runtime_error(what) {}

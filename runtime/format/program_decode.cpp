@@ -60,8 +60,9 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     throw fail("format version " + std::to_string(p->format_version()) + ", this planrun reads version " +
                std::to_string(kFormatVersion) + "; recompile the plan with this release's planc");
   }
-  if (p->world_size() <= 0 || p->world_size() > 4096) {
-    throw fail("world size " + std::to_string(p->world_size()) + " is outside 1..4096 for the host runtime");
+  if (p->world_size() <= 0 || p->world_size() > kMaxWorldSize) {
+    throw fail("world size " + std::to_string(p->world_size()) + " is outside 1.." +
+               std::to_string(kMaxWorldSize));
   }
   if (!p->model() || !p->parallel() || !p->train()) throw fail("model, parallel or train section missing");
   Program img = DecodeProgramModel(*p);
@@ -90,6 +91,14 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     throw fail("the rank table has " + std::to_string(img.ranks.size()) + " entries for a world of " +
                std::to_string(img.world_size));
   }
+  // Membership by binary search over sorted copies: linear scans cost world x group size, which
+  // is 2^28 comparisons for a 16,384-rank data-parallel group.
+  std::vector<std::vector<int32_t>> sorted_members;
+  sorted_members.reserve(img.communicators.size());
+  for (const Communicator& ci : img.communicators) {
+    sorted_members.push_back(ci.members);
+    std::sort(sorted_members.back().begin(), sorted_members.back().end());
+  }
   const int32_t role_count = static_cast<int32_t>(img.roles.size());
   for (int32_t r = 0; r < img.world_size; ++r) {
     const Rank& ri = img.ranks[r];
@@ -100,8 +109,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
         throw fail("rank " + std::to_string(r) + " names communicator " + std::to_string(c));
       }
       if (c >= 0) {
-        const auto& members = img.communicators[c].members;
-        if (std::find(members.begin(), members.end(), r) == members.end()) {
+        const auto& members = sorted_members[c];
+        if (!std::binary_search(members.begin(), members.end(), r)) {
           throw fail("rank " + std::to_string(r) + " is not a member of its " +
                      prog::EnumNameCommKind(static_cast<CommKind>(k)) + " communicator " + std::to_string(c));
         }

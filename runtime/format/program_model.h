@@ -206,6 +206,10 @@ std::vector<uint8_t> EncodeProgram(const Program& program);
 Program DecodeProgramModel(const prog::Program& file);
 
 // A program file a runtime must refuse; the message starts with "program `ORIGIN`: ".
+// The largest world a program may describe: 2^20 ranks, far above any cluster trained on today,
+// low enough that per-rank tables and membership checks stay bounded.
+inline constexpr int32_t kMaxWorldSize = int32_t{1} << 20;
+
 class ProgramError : public std::runtime_error {
  public:
   explicit ProgramError(const std::string& what) : std::runtime_error(what) {}
@@ -216,8 +220,10 @@ class ProgramError : public std::runtime_error {
 // that a bad file is refused with a clear message instead of crashing a rank: every index
 // (buffer, body, chunk, communicator, role), rank membership of its communicators, buffer shapes
 // and placements inside the f32 arena, views inside their targets, bucket and shard sizes, each
-// body op's operand counts and each schedule op's chunk, slot and body; also the host runtime's
-// limits (world size 1..4096, dtypes F32/Bf16/F16/I32, arenas up to 1 TiB). Throws ProgramError.
+// body op's operand counts and each schedule op's chunk, slot and body; also the format's limits
+// (world size 1..kMaxWorldSize, dtypes F32/Bf16/F16/I32, arenas up to 1 TiB). A backend's own
+// limits (the host backend runs at most exec::kMaxThreadRanks ranks as threads) are checked by
+// that backend, so a program for a large cluster loads wherever it can run. Throws ProgramError.
 // `origin` (a path or a name) prefixes every message.
 Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin);
 

@@ -319,4 +319,43 @@ TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs
   CHECK(Read(err).find("no_stdlib` (from PARAPLAN_STDLIB)") != std::string::npos);
 }
 
+TEST_CASE("a 16,384-rank program loads under a launcher with --backend=cuda; the host backend names its thread limit") {
+  const std::string plan = Dir() + "/big_world.plan";
+  std::ofstream(plan) << R"(
+gpu cpu { memory = 16 GiB  peak_bf16 = 1 TFLOPS  peak_fp16 = 1 TFLOPS  peak_fp8 = 1 TFLOPS  hbm_bandwidth = 50 GB/s }
+cluster big { gpu = cpu  nodes = 2048  gpus_per_node = 8  nvlink_bandwidth = 10 GB/s  network_bandwidth = 1 GB/s }
+model tiny { layers = 4  hidden = 64  ffn_hidden = 128  heads = 4  kv_heads = 2  head_dim = 16  vocab = 256  seq_len = 32
+             norm = rmsnorm  activation = swiglu  position = rope }
+plan big_world {
+  model = tiny
+  cluster = big
+  parallel { tp = 2  pp = 2  dp = 4096 }
+  pipeline { schedule = "1f1b" }
+  optimizer { zero = 1 }
+  batch { global = 8192  micro = 1 }
+  precision = fp32
+}
+)";
+  const std::string prog = Dir() + "/big_world.pplan";
+  REQUIRE(Planc("compile " + plan + " -o " + prog).status == 0);
+  const std::string out = Dir() + "/big_world_run.txt";
+  // The host backend runs every rank as a thread of one process: refused with its limit named.
+  int rc = std::system((std::string(PARAPLAN_PLANRUN) + " " + prog + " > " + out + " 2>&1").c_str());
+  CHECK(WEXITSTATUS(rc) == 1);
+  CHECK(Read(out).find("the program has 16384 ranks, but one process runs at most 4096 ranks as threads") !=
+        std::string::npos);
+  // One rank per process under torchrun: the program loads; only the missing GPU (or a build
+  // without CUDA) stops the run, never the world size.
+  rc = std::system(("env RANK=5 WORLD_SIZE=16384 LOCAL_RANK=5 LOCAL_WORLD_SIZE=8 MASTER_ADDR=localhost "
+                    "MASTER_PORT=29500 " +
+                    std::string(PARAPLAN_PLANRUN) + " " + prog + " --backend=cuda > " + out + " 2>&1")
+                       .c_str());
+  CHECK(WEXITSTATUS(rc) != 0);
+  const std::string text = Read(out);
+  INFO(text);
+  CHECK(text.find("world size") == std::string::npos);
+  CHECK(text.find("as threads") == std::string::npos);
+  CHECK((text.find("CUDA") != std::string::npos || text.find("cuda") != std::string::npos));
+}
+
 }  // namespace
