@@ -36,6 +36,18 @@ namespace paraplan::comm {
 enum class DType : uint8_t { kF32 = 0, kBF16 = 1 };
 enum class ReduceOp : uint8_t { kSum = 0, kMax = 1 };
 
+// The collective an in-process group is in, for matching members' calls and naming them in
+// errors (host and local-CUDA communicators).
+enum class CollectiveKind : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kAllToAll,
+  kBarrier
+};
+const char* CollectiveKindName(CollectiveKind kind);  // "all_reduce", ...
+
 // Bytes per element of `dtype`.
 int64_t DTypeBytes(DType dtype);
 const char* DTypeName(DType dtype);

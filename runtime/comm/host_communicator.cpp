@@ -12,6 +12,23 @@ namespace paraplan::comm {
 
 int64_t DTypeBytes(DType dtype) { return dtype == DType::kBF16 ? 2 : 4; }
 const char* DTypeName(DType dtype) { return dtype == DType::kBF16 ? "bf16" : "f32"; }
+const char* CollectiveKindName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
 const char* ReduceOpName(ReduceOp op) { return op == ReduceOp::kMax ? "max" : "sum"; }
 
 namespace {
@@ -31,32 +48,7 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-enum class OpKind : uint8_t {
-  kAllReduce,
-  kReduceScatter,
-  kAllGather,
-  kBroadcast,
-  kAllToAll,
-  kBarrier
-};
-
-const char* OpKindName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAllReduce:
-      return "all_reduce";
-    case OpKind::kReduceScatter:
-      return "reduce_scatter";
-    case OpKind::kAllGather:
-      return "all_gather";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kAllToAll:
-      return "all_to_all";
-    case OpKind::kBarrier:
-      return "barrier";
-  }
-  return "?";
-}
+using OpKind = CollectiveKind;
 
 struct Post {
   OpKind kind = OpKind::kBarrier;
@@ -70,7 +62,7 @@ struct Post {
 
 std::string Describe(const Post& p) {
   std::ostringstream s;
-  s << OpKindName(p.kind) << "(count " << p.count << ", " << DTypeName(p.dtype);
+  s << CollectiveKindName(p.kind) << "(count " << p.count << ", " << DTypeName(p.dtype);
   if (p.kind == OpKind::kAllReduce) s << ", " << ReduceOpName(p.op);
   if (p.kind == OpKind::kBroadcast) s << ", root " << p.root;
   s << ")";
@@ -113,7 +105,7 @@ class HostGroup {
   void Arrive(int me, const Post& post) {
     std::unique_lock<std::mutex> lock(mutex_);
     posts_[me] = post;
-    ArriveLocked(me, lock, /*validate=*/true, OpKindName(post.kind));
+    ArriveLocked(me, lock, /*validate=*/true, CollectiveKindName(post.kind));
   }
 
   // A second rendezvous (no new post): everyone finished reading the posted buffers. It never

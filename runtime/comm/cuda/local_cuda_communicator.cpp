@@ -12,25 +12,7 @@
 namespace paraplan::comm {
 namespace {
 
-enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll, kBarrier };
-
-const char* OpName(OpKind op) {
-  switch (op) {
-    case OpKind::kAllReduce:
-      return "all_reduce";
-    case OpKind::kReduceScatter:
-      return "reduce_scatter";
-    case OpKind::kAllGather:
-      return "all_gather";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kAllToAll:
-      return "all_to_all";
-    case OpKind::kBarrier:
-      return "barrier";
-  }
-  return "?";
-}
+using OpKind = CollectiveKind;
 
 struct Post {
   OpKind op = OpKind::kBarrier;
@@ -99,7 +81,7 @@ class LocalCudaGroup {
           mismatch_ = fmt::format(
               "members of group {} disagree: group rank 0 called {} of {} elements, group rank {} "
               "called {} of {} elements",
-              Members(members_), OpName(a.op), a.count, r, OpName(b.op), b.count);
+              Members(members_), CollectiveKindName(a.op), a.count, r, CollectiveKindName(b.op), b.count);
           break;
         }
       }
@@ -114,7 +96,7 @@ class LocalCudaGroup {
           const std::string why = fmt::format(
               "world rank {} waited {:.0f} s in {} on group {} and not every member arrived; a "
               "rank stalled or failed",
-              members_[me], world_->timeout_seconds_, OpName(post.op), Members(members_));
+              members_[me], world_->timeout_seconds_, CollectiveKindName(post.op), Members(members_));
           world_->Abort(why);
           throw CommError(why);
         }
