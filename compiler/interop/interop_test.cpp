@@ -1,0 +1,199 @@
+#include "compiler/interop/interop.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+
+#include "compiler/check/evaluate.h"
+#include "compiler/interop/shell_words.h"
+
+namespace paraplan {
+namespace {
+
+std::string Stdlib() {
+  const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/stdlib";
+}
+
+struct Imported {
+  SourceManager sm;
+  DiagnosticSink sink;
+  std::optional<ImportedPlan> plan;
+  std::optional<Plan> checked;  // the text evaluated, with the user's origins applied
+  uint32_t plan_buffer = 0;
+
+  Imported(ConfigKind kind, std::string text, ImportOptions options = {}) {
+    options.stdlib_dir = Stdlib();
+    plan = ImportConfigText(kind, "train.sh", std::move(text), options, sm, sink);
+    if (!plan) return;
+    LoadOptions load;
+    load.stdlib_dir = Stdlib();
+    plan_buffer = static_cast<uint32_t>(sm.BufferCount()) + 1;
+    auto source = PlanSource::FromText("train.sh (as a plan)", plan->text, load, sm, sink);
+    REQUIRE(source);
+    checked = source->Evaluate("", {}, EvalOptions{}, sink);
+    if (checked) ApplyImportedOrigins(*plan, plan_buffer, sm, *checked);
+  }
+  // The text of the user's file an origin points at.
+  std::string_view OriginText(std::string_view path) const {
+    return sm.Slice(checked->Range(path));
+  }
+  bool Has(std::string_view code) const {
+    for (const Diagnostic& d : sink.diagnostics()) {
+      if (GetDiagKindInfo(d.kind).code == code) return true;
+    }
+    return false;
+  }
+};
+
+constexpr const char* kLlamaScript = R"(#!/bin/bash
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=8
+TP=8
+PP=${PIPELINE:-4}
+MODEL_ARGS="--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 \
+  --num-attention-heads 64 --group-query-attention --num-query-groups 8 \
+  --seq-length 8192 --normalization RMSNorm --swiglu --position-embedding-type rope \
+  --untie-embeddings-and-output-weights"
+srun python pretrain_gpt.py $MODEL_ARGS \
+    --tensor-model-parallel-size $TP --pipeline-model-parallel-size "${PP}" \
+    --num-layers-per-virtual-pipeline-stage 10 --sequence-parallel \
+    --use-distributed-optimizer --micro-batch-size 1 --global-batch-size 512 \
+    --bf16 --recompute-granularity full --log-interval 1 \
+    --recompute-modules core_attn mlp
+)";
+
+TEST_CASE("a Megatron-LM script: variables, quoting, continuations, #SBATCH, a stdlib model") {
+  Imported im(ConfigKind::kMegatron, kLlamaScript);
+  REQUIRE(im.plan);
+  REQUIRE(im.checked);
+  CHECK(!im.sink.has_errors());
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "llama3_70b");
+  CHECK(im.plan->text.find("  model = llama3_70b") != std::string::npos);
+  CHECK(im.plan->text.find(
+            "tp = 8                              # --tensor-model-parallel-size 8 (line 11)") !=
+        std::string::npos);
+  CHECK(p.parallel.tp == 8);
+  CHECK(p.parallel.pp == 4);
+  CHECK(p.parallel.vpp == 2);  // 80 / (4 · 10)
+  CHECK(p.pipeline.schedule == Schedule::kInterleaved1F1B);
+  CHECK(p.parallel.sp);
+  CHECK(p.optimizer.zero == 1);
+  CHECK(p.precision == Precision::kBf16);
+  CHECK(p.recompute == Recompute::kFull);
+  CHECK(p.cluster.nodes == 8);
+  CHECK(p.cluster.gpus_per_node == 8);
+  CHECK(p.batch.global == 512);
+  // Origins are the user's flags, with the variable as written.
+  CHECK(im.OriginText("parallel.tp") == "--tensor-model-parallel-size $TP");
+  CHECK(im.OriginText("parallel.pp") == "--pipeline-model-parallel-size \"${PP}\"");
+  CHECK(im.OriginText("model.layers") == "--num-layers 80");
+  CHECK(im.OriginText("cluster.nodes") == "--nodes=8");
+  // Not imported, and said so: the note and the comment list them, a list flag whole.
+  CHECK(im.Has("P0903"));
+  CHECK(im.plan->text.find("--recompute-modules core_attn mlp") != std::string::npos);
+  CHECK(im.plan->text.find("--log-interval 1  (not a layout setting)") != std::string::npos);
+}
+
+TEST_CASE("Megatron-LM's defaults are written where the script is silent") {
+  Imported im(ConfigKind::kMegatron,
+              "torchrun --nnodes 2 --nproc-per-node 4 pretrain_gpt.py --num-layers 4 "
+              "--hidden-size 512 --num-attention-heads 8 --seq-length 1024 --vocab-size 32000 "
+              "--micro-batch-size 2 --global-batch-size 16\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "train_model");  // no stdlib model has this shape
+  CHECK(p.precision == Precision::kFp32);
+  CHECK(p.model.norm == Norm::kLayerNorm);
+  CHECK(p.model.activation == Activation::kGelu);
+  CHECK(p.model.tied_embeddings);
+  CHECK(p.model.ffn_hidden == 2048);
+  CHECK(p.optimizer.weight_decay == doctest::Approx(0.01));
+  CHECK(p.cluster.nodes == 2);
+  CHECK(p.cluster.gpus_per_node == 4);
+  CHECK(im.plan->text.find("Megatron-LM's default: 4 · hidden") != std::string::npos);
+  CHECK(!im.Has("P0903"));
+}
+
+TEST_CASE("Megatron-LM MoE and MLA flags: dense layers, shared experts, SwiGLU ffn default") {
+  Imported im(ConfigKind::kMegatron,
+              "python pretrain_gpt.py --num-layers 6 --hidden-size 1024 --num-attention-heads 16 "
+              "--seq-length 2048 --vocab-size 50000 --swiglu --num-experts 8 --moe-router-topk 2 "
+              "--moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 1024 "
+              "--moe-layer-freq '([0]*1+[1]*5)' --multi-latent-attention --kv-lora-rank 128 "
+              "--q-lora-rank 256 --qk-head-dim 64 --qk-pos-emb-head-dim 32 --v-head-dim 64 "
+              "--expert-model-parallel-size 4 --bf16\n",
+              ImportOptions{.nodes = 1, .gpus_per_node = 8});
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.ffn_hidden == 2688);  // int(4 · 1024 · 2/3 / 64) · 64
+  CHECK(p.model.experts == 8);
+  CHECK(p.model.shared_experts == 2);
+  CHECK(p.model.dense_layers == 1);
+  CHECK(p.model.kv_lora_rank == 128);
+  CHECK(p.model.qk_rope_head_dim == 32);
+  CHECK(p.parallel.ep == 4);
+  CHECK(im.OriginText("model.dense_layers") == "--moe-layer-freq '([0]*1+[1]*5)'");
+}
+
+TEST_CASE("malformed Megatron-LM input is reported at its line") {
+  SUBCASE("a flag without a value") {
+    Imported im(ConfigKind::kMegatron, "python pretrain_gpt.py --num-layers --hidden-size 8\n");
+    CHECK(!im.plan);
+    REQUIRE(im.sink.diagnostics().size() == 1);
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message == "`--num-layers` needs a value");
+    CHECK(im.sm.Slice(d.primary) == "--num-layers");
+  }
+  SUBCASE("a value of the wrong type") {
+    Imported im(ConfigKind::kMegatron,
+                "python pretrain_gpt.py\\\n  --tensor-model-parallel-size four\n");
+    CHECK(!im.plan);
+    CHECK(im.sink.diagnostics()[0].message ==
+          "`--tensor-model-parallel-size` expects an integer, got 'four'");
+    CHECK(im.sm
+              .Position(im.sink.diagnostics()[0].primary.buffer,
+                        im.sink.diagnostics()[0].primary.begin)
+              .line == 2);
+  }
+  SUBCASE("a variable the script does not set") {
+    Imported im(ConfigKind::kMegatron, "torchrun --nnodes $SLURM_NNODES pretrain_gpt.py\n");
+    CHECK(!im.plan);
+    CHECK(im.sink.diagnostics()[0].message ==
+          "the value of `--nnodes` comes from `SLURM_NNODES`, which the script does not set");
+    CHECK(im.sink.diagnostics()[0].helps[0] == "pass --nodes N to planc");
+  }
+  SUBCASE("an unterminated quote") {
+    Imported im(ConfigKind::kMegatron, "ARGS=\"--num-layers 4\npython pretrain_gpt.py $ARGS\n");
+    CHECK(!im.plan);
+    CHECK(GetDiagKindInfo(im.sink.diagnostics()[0].kind).code == "P0901");
+  }
+  SUBCASE("no vocabulary and no stdlib shape") {
+    Imported im(ConfigKind::kMegatron,
+                "python pretrain_gpt.py --num-layers 4 --hidden-size 512 --num-attention-heads 8 "
+                "--seq-length 1024\n");
+    CHECK(!im.plan);
+    CHECK(GetDiagKindInfo(im.sink.diagnostics()[0].kind).code == "P0904");
+  }
+}
+
+TEST_CASE(
+    "the shell scanner splits quoted lists where they are written and skips their expansion") {
+  SourceManager sm;
+  uint32_t b = sm.AddBuffer("s.sh", "A=\"--x 1 --y $B\"\nB=2\nrun $A ${C:-7} 'q r' \\\n  --z\n",
+                            BufferKind::kFile);
+  interop::ShellScript s = interop::ScanShellScript(sm, b);
+  std::vector<std::string> texts;
+  for (const auto& w : s.words) texts.push_back(w.text);
+  // $B is not set yet when A is assigned; $A expands to a list, which is skipped.
+  CHECK(texts ==
+        std::vector<std::string>{"--x", "1", "--y", "", "run", "--x 1 --y ", "7", "q r", "--z"});
+  CHECK(s.words[3].unresolved == "B");
+  CHECK(s.words[5].list_expansion);
+  CHECK(sm.Slice(s.words[0].range) == "--x");
+}
+
+}  // namespace
+}  // namespace paraplan

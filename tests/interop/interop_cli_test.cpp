@@ -1,0 +1,100 @@
+// planc import, export and --from through the real binary.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+
+#include "tests/support/cli.h"
+
+namespace paraplan {
+namespace {
+
+using testing::ReadFile;
+using testing::RunCommand;
+using testing::ScratchDir;
+
+const std::string kPlanc = PARAPLAN_PLANC;
+const std::string kSource = PARAPLAN_SOURCE;
+
+void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+constexpr const char* kScript = R"(#!/bin/bash
+TP=4
+NNODES=16
+torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py \
+    --num-layers 60 --hidden-size 5120 --num-attention-heads 128 --seq-length 4096 \
+    --vocab-size 102400 --swiglu --normalization RMSNorm --position-embedding-type rope \
+    --untie-embeddings-and-output-weights --num-experts 160 --moe-router-topk 6 \
+    --moe-ffn-hidden-size 1536 --moe-shared-expert-intermediate-size 3072 \
+    --moe-layer-freq '([0]*1+[1]*59)' --ffn-hidden-size 12288 \
+    --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 \
+    --qk-pos-emb-head-dim 64 --v-head-dim 128 \
+    --tensor-model-parallel-size $TP \
+    --pipeline-model-parallel-size 4 \
+    --expert-model-parallel-size 32 \
+    --use-distributed-optimizer --bf16 --micro-batch-size 1 --global-batch-size 1024
+)";
+
+TEST_CASE("planc check --from=megatron points into the user's script") {
+  const std::string dir = ScratchDir("interop_check");
+  Write(dir + "/train.sh", kScript);
+  auto r = RunCommand(kPlanc + " check --from=megatron train.sh --color=never", dir, dir);
+  CHECK(r.status == 1);
+  // DeepSeek-V2's expert mesh: etp · ep · pp = 4 · 32 · 4 = 512 > 128 GPUs, with the caret
+  // under the flags of the script.
+  CHECK(r.err.find("error[P0303]") != std::string::npos);
+  CHECK(r.err.find("12 │     --tensor-model-parallel-size $TP \\") != std::string::npos);
+  CHECK(r.err.find("14 │     --expert-model-parallel-size 32 \\") != std::string::npos);
+  CHECK(r.err.find("train.sh (as a plan)") == std::string::npos);
+  // The same file, imported and then checked as a plan, reports the same errors.
+  auto imp = RunCommand(kPlanc + " import --from=megatron train.sh -o train.plan", dir, dir);
+  CHECK(imp.status == 0);
+  const std::string plan = ReadFile(dir + "/train.plan");
+  CHECK(plan.find("  model = deepseek_v2") != std::string::npos);
+  CHECK(plan.find(
+            "ep = 32                             # --expert-model-parallel-size 32 (line 14)") !=
+        std::string::npos);
+  auto chk = RunCommand(kPlanc + " check train.plan --diagnostics=short", dir, dir);
+  auto from = RunCommand(kPlanc + " check --from=megatron train.sh --diagnostics=short", dir, dir);
+  CHECK(chk.status == 1);
+  CHECK(from.status == 1);
+  CHECK(chk.err.find("error[P0303]") != std::string::npos);
+  CHECK(from.err.find("train.sh:14:5: error[P0303]") != std::string::npos);
+  // The fix the error suggests, given on the command line, checks clean past the mesh rule.
+  auto fixed = RunCommand(
+      kPlanc + " check --from=megatron train.sh --diagnostics=short --set parallel.etp=1", dir,
+      dir);
+  CHECK(fixed.err.find("P0303") == std::string::npos);
+}
+
+TEST_CASE("--from works with explain, search and compile, and refuses bad usage") {
+  const std::string dir = ScratchDir("interop_from");
+  Write(dir + "/tiny.sh",
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+        "--num-attention-heads 8 --seq-length 64 --vocab-size 512 --swiglu --normalization RMSNorm "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+        "--global-batch-size 16 --bf16\n");
+  auto ex = RunCommand(kPlanc + " explain --from=megatron tiny.sh --format=json", dir, dir);
+  CHECK(ex.status == 0);
+  CHECK(ex.out.find("\"world_size\":8") != std::string::npos);
+  auto se = RunCommand(kPlanc + " search --from=megatron tiny.sh --set 'parallel.tp=[1,2]' --top 1",
+                       dir, dir);
+  CHECK(se.status == 0);
+  auto co = RunCommand(kPlanc + " compile --from=megatron tiny.sh -o tiny.pplan", dir, dir);
+  CHECK(co.status == 0);
+  auto bad = RunCommand(kPlanc + " check --from=mxnet tiny.sh", dir, dir);
+  CHECK(bad.status == 2);
+  CHECK(bad.err.find("--from takes megatron, torchtitan, deepspeed or nemo, got 'mxnet'") !=
+        std::string::npos);
+  auto nodes = RunCommand(kPlanc + " check tiny.plan --nodes 2", dir, dir);
+  CHECK(nodes.status == 2);
+  auto missing = RunCommand(kPlanc + " import --from=megatron", dir, dir);
+  CHECK(missing.status == 2);
+  // --nodes on the command line wins over the launcher line.
+  auto over = RunCommand(kPlanc + " import --from=megatron tiny.sh --nodes 4 --gpu a100", dir, dir);
+  CHECK(over.out.find("  cluster.nodes = 4                     # --nodes 4") != std::string::npos);
+  CHECK(over.out.find("  cluster = dgx_a100") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace paraplan
