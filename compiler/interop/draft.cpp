@@ -277,14 +277,16 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
     const DraftSetting* s = f.path.rfind("model.", 0) == 0 ? find(f.path) : nullptr;
     if (s) model_settings.push_back(s);
   }
-  for (const char* required : {"model.layers", "model.hidden", "model.heads", "model.seq_len"}) {
-    if (!find(required)) {
-      sink.Report(
-          Diag(DiagKind::kConfigMissing, "`" + std::string(required) + "` is not in " + file_name)
-              .At({config_buffer, 0, 0}, "in this " + framework + " configuration")
-              .Note("a plan needs the model's layers, hidden size, heads and sequence length")
-              .Help("state it in the file, or import a file that names a model flavor"));
-      return std::nullopt;
+  if (draft.stdlib_model.empty()) {
+    for (const char* required : {"model.layers", "model.hidden", "model.heads", "model.seq_len"}) {
+      if (!find(required)) {
+        sink.Report(
+            Diag(DiagKind::kConfigMissing, "`" + std::string(required) + "` is not in " + file_name)
+                .At({config_buffer, 0, 0}, "in this " + framework + " configuration")
+                .Note("a plan needs the model's layers, hidden size, heads and sequence length")
+                .Help("state it in the file, or import a file that names a model flavor"));
+        return std::nullopt;
+      }
     }
   }
   auto model_record = [&](const std::string& name, bool placeholder_vocab) {
@@ -300,7 +302,30 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
   LoadOptions load;
   load.stdlib_dir = options.stdlib_dir;
   std::optional<Plan> probe;
-  {
+  std::vector<StdlibModel> stdlib_models = LoadStdlibModels(options.stdlib_dir);
+  const StdlibModel* named = nullptr;
+  if (!draft.stdlib_model.empty()) {
+    for (const StdlibModel& m : stdlib_models) {
+      if (m.name == draft.stdlib_model) named = &m;
+    }
+    if (!named) {
+      sink.Report(
+          Diag(DiagKind::kConfigBadValue, "no stdlib model for " + draft.stdlib_model_source)
+              .At(draft.stdlib_model_origin)
+              .Note("the stdlib's models are in stdlib/models/")
+              .Help("state the model's shape in the file instead"));
+      return std::nullopt;
+    }
+    probe = named->plan;
+    for (const DraftSetting* s : model_settings) {
+      std::string error = SetFieldText(*probe, s->path, s->value);
+      if (!error.empty()) {
+        sink.Report(Diag(DiagKind::kConfigBadValue, "`" + s->path + "` " + error).At(s->origin));
+        return std::nullopt;
+      }
+    }
+  }
+  if (!named) {
     SourceManager probe_sm;
     DiagnosticSink probe_sink;
     std::string text = "import std.clusters\n" + model_record("imported_model", true) +
@@ -329,10 +354,10 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
   }
   // Of the stdlib models with the same shape, the one that agrees with most other settings
   // (llama2_70b and llama3_70b share a shape; seq_len and vocab tell them apart).
-  const StdlibModel* match = nullptr;
+  const StdlibModel* match = named;
   int best = -1;
-  std::vector<StdlibModel> stdlib_models = LoadStdlibModels(options.stdlib_dir);
   for (const StdlibModel& m : stdlib_models) {
+    if (named) break;
     bool same = true;
     for (std::string_view path : kShapeFields) {
       const FieldInfo* f = FindPlanField(path);
@@ -392,9 +417,14 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
   }
   w.Line("plan " + out.plan_name + " {", "", {});
   const DraftSetting* layers = find("model.layers");
+  DraftSetting named_setting{"model", draft.stdlib_model, draft.stdlib_model_origin,
+                             draft.stdlib_model_source};
+  if (named && !layers) layers = &named_setting;
   if (match) {
-    std::string comment = "the shape of " + layers->source + ", ... is std.models." +
-                          match->module + "'s " + match->name;
+    std::string comment =
+        named ? draft.stdlib_model_source + ": std.models." + match->module + "'s " + match->name
+              : "the shape of " + layers->source + ", ... is std.models." + match->module + "'s " +
+                    match->name;
     if (!find("model.vocab")) {
       comment +=
           "; vocab " + std::to_string(match->plan.model.vocab) + " from it (not in the file)";

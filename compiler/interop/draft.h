@@ -48,6 +48,11 @@ class PlanDraft {
   std::string gpu;
   SourceRange gpu_origin;
   std::string gpu_source;
+  // A model named by the file (torchtitan's flavor, a NeMo recipe): a stdlib model record; the
+  // model.* settings then override it.
+  std::string stdlib_model;
+  SourceRange stdlib_model_origin;
+  std::string stdlib_model_source;
   // How to state the vocabulary when the file does not (the framework's own words).
   std::string vocab_help;
 

@@ -197,3 +197,95 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace paraplan
+
+namespace paraplan {
+namespace {
+
+TEST_CASE(
+    "torchtitan TOML: degrees, FSDP, checkpointing, float8, the flavor; a type error at its line") {
+  Imported im(ConfigKind::kTorchtitan,
+              "[model]\nname = \"llama3\"\nflavor = \"70B\"\nconverters = [\"float8\"]\n"
+              "[training]\nlocal_batch_size = 8\nseq_len = 4096\nsteps = 10\n"
+              "[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 8\n"
+              "pipeline_parallel_degree = 4\npipeline_parallel_schedule = \"1F1B\"\n"
+              "[activation_checkpoint]\nmode = \"full\"\n[metrics]\nlog_freq = 10\n",
+              ImportOptions{.nodes = 8});
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "llama3_70b");
+  CHECK(p.model.seq_len == 4096);
+  CHECK(p.parallel.tp == 8);
+  CHECK(p.parallel.sp);
+  CHECK(p.parallel.pp == 4);
+  CHECK(p.parallel.dp == 2);
+  CHECK(p.optimizer.zero == 3);
+  CHECK(p.precision == Precision::kFp8);
+  CHECK(p.recompute == Recompute::kFull);
+  CHECK(p.batch.micro == 1);
+  CHECK(p.batch.global == 16);  // local_batch_size 8 per data-parallel rank, dp 2
+  CHECK(im.OriginText("parallel.tp") == "tensor_parallel_degree = 8");
+  CHECK(im.Has("P0903"));  // metrics.log_freq
+
+  Imported bad(ConfigKind::kTorchtitan,
+               "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree "
+               "= \"2\"\n");
+  CHECK(!bad.plan);
+  REQUIRE(bad.sink.diagnostics().size() == 1);
+  CHECK(bad.sink.diagnostics()[0].message ==
+        "`parallelism.tensor_parallel_degree` expects an integer, got a string (2)");
+  CHECK(bad.sm
+            .Position(bad.sink.diagnostics()[0].primary.buffer,
+                      bad.sink.diagnostics()[0].primary.begin)
+            .line == 5);
+
+  Imported syntax(ConfigKind::kTorchtitan, "[model]\nname = \"llama3\nflavor = 8B\n");
+  CHECK(!syntax.plan);
+  CHECK(syntax.Has("P0901"));
+}
+
+TEST_CASE("NeMo YAML: trainer and model keys, interpolation, unknown keys noted at their line") {
+  Imported im(
+      ConfigKind::kNemo,
+      "trainer:\n  num_nodes: 2\n  devices: 8\n  precision: bf16-mixed\n"
+      "model:\n  tensor_model_parallel_size: ${trainer.devices}\n  micro_batch_size: 1\n"
+      "  global_batch_size: 64\n  encoder_seq_length: 4096\n  num_layers: 32\n  hidden_size: 4096\n"
+      "  ffn_hidden_size: 11008\n  num_attention_heads: 32\n  normalization: rmsnorm\n"
+      "  activation: fast-swiglu\n  position_embedding_type: rope\n"
+      "  share_embeddings_and_output_weights: false\n  virtual_pipeline_model_parallel_size: null\n"
+      "  tensor_parallel_sizee: 4\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "llama2_7b");
+  CHECK(p.parallel.tp == 8);
+  CHECK(p.cluster.nodes == 2);
+  CHECK(p.precision == Precision::kBf16);
+  bool noted = false;
+  for (const Diagnostic& d : im.sink.diagnostics()) {
+    if (GetDiagKindInfo(d.kind).code != "P0903") continue;
+    noted = im.sm.Slice(d.primary) == "tensor_parallel_sizee: 4" &&
+            im.sm.Position(d.primary.buffer, d.primary.begin).line == 19;
+  }
+  CHECK(noted);
+  Imported bad(ConfigKind::kNemo, "model:\n  num_layers: [1\n");
+  CHECK(!bad.plan);
+  CHECK(bad.Has("P0901"));
+}
+
+TEST_CASE("DeepSpeed JSON with a Megatron-DeepSpeed script; the JSON alone names no model") {
+  Imported alone(ConfigKind::kDeepSpeed,
+                 "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 2}}");
+  CHECK(!alone.plan);
+  CHECK(alone.Has("P0904"));
+  Imported bad(ConfigKind::kDeepSpeed,
+               "{\"train_batch_size\": 8,\n \"zero_optimization\": {\"stage\": \"two\"}}");
+  CHECK(!bad.plan);
+  CHECK(bad.sink.diagnostics()[0].message ==
+        "`zero_optimization.stage` expects an integer, got a string (two)");
+  Imported syntax(ConfigKind::kDeepSpeed,
+                  "{\"train_batch_size\": 8,\n \"bf16\": {\"enabled\": true,}}");
+  CHECK(!syntax.plan);
+  CHECK(syntax.Has("P0901"));
+}
+
+}  // namespace
+}  // namespace paraplan

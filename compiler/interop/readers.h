@@ -14,8 +14,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
                                       DiagnosticSink& sink);
 std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer,
                                         DiagnosticSink& sink);
-std::optional<PlanDraft> ReadDeepSpeed(const SourceManager& sm, uint32_t buffer,
-                                       DiagnosticSink& sink);
+std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, DiagnosticSink& sink);
 std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink);
 
 }  // namespace paraplan::interop

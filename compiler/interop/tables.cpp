@@ -72,6 +72,9 @@ constexpr SettingRow kMegatron[] = {
     {"--seed", "train.seed", Convert::kInt},
     {"--save", "train.checkpoint_dir", Convert::kString},
     {"--save-interval", "train.checkpoint_every", Convert::kInt},
+    // Megatron-DeepSpeed's own arguments.
+    {"--zero-stage", "optimizer.zero", Convert::kInt},
+    {"--no-pipeline-parallel", "parallel.pp", Convert::kSwitch, "1"},
 };
 
 // Settings a plan has no field for yet; listed so that nothing is dropped in silence.
@@ -96,6 +99,10 @@ constexpr SkippedRow kMegatronSkipped[] = {
     {"--tokenizer-model", "not a layout setting: the vocabulary size is --vocab-size"},
     {"--data-path", "not a layout setting: planrun reads train.data"},
     {"--load", "not a layout setting"},
+    {"--deepspeed", "read with --from=deepspeed", false},
+    {"--deepspeed_config", "a DeepSpeed configuration: read with --from=deepspeed"},
+    {"--deepspeed-config", "a DeepSpeed configuration: read with --from=deepspeed"},
+    {"--deepspeed-activation-checkpointing", "no plan field yet: DeepSpeed's checkpointing", false},
 };
 
 }  // namespace

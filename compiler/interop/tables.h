@@ -51,6 +51,9 @@ std::optional<std::string> ConvertSetting(const SettingRow& row, std::string_vie
 std::optional<std::string> FrameworkValue(const SettingRow& row, std::string_view plan_value);
 
 std::span<const SettingRow> MegatronRows();
+std::span<const SettingRow> TorchtitanRows();
+std::span<const SettingRow> DeepSpeedRows();
+std::span<const SettingRow> NemoRows();
 std::span<const SkippedRow> MegatronSkippedRows();
 const SettingRow* FindRow(std::span<const SettingRow> rows, std::string_view key);
 const SkippedRow* FindSkipped(std::span<const SkippedRow> rows, std::string_view key);
