@@ -79,6 +79,10 @@ Diagnostic RemapImportedDiagnostic(const ImportedPlan& imported, uint32_t plan_b
 
 struct ExportResult {
   std::string text;  // empty when the plan cannot be expressed (errors reported)
+  // A second file the first one names (DeepSpeed: the launch script's ds_config.json), written
+  // beside it; empty name when there is none.
+  std::string companion_name;
+  std::string companion_text;
 };
 // Writes what runs `plan` on `kind`. Errors (P0905) for settings the target cannot express.
 ExportResult ExportPlan(ConfigKind kind, const Plan& plan, DiagnosticSink& sink);

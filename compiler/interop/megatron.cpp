@@ -25,9 +25,12 @@ struct FlagValue {
 enum class Launcher : uint8_t { kNodes, kGpusPerNode, kOther };
 
 Launcher LauncherFlag(std::string_view flag) {
-  if (flag == "--nnodes" || flag == "--nodes" || flag == "-N") return Launcher::kNodes;
-  if (flag == "--nproc-per-node" || flag == "--nproc_per_node" || flag == "--gpus-per-node" ||
-      flag == "--ntasks-per-node" || flag == "--gres") {
+  // torchrun, srun/#SBATCH, and the deepspeed launcher.
+  if (flag == "--nnodes" || flag == "--nodes" || flag == "-N" || flag == "--num_nodes") {
+    return Launcher::kNodes;
+  }
+  if (flag == "--num_gpus" || flag == "--nproc-per-node" || flag == "--nproc_per_node" ||
+      flag == "--gpus-per-node" || flag == "--ntasks-per-node" || flag == "--gres") {
     return Launcher::kGpusPerNode;
   }
   return Launcher::kOther;

@@ -61,6 +61,8 @@ constexpr SettingRow kNemo[] = {
     {"model.fp8", "precision", Convert::kSwitch, "fp8"},
     {"model.seed", "train.seed", Convert::kInt},
     {"model.optim.lr", "optimizer.lr", Convert::kReal},
+    {"model.optim.eps", "optimizer.eps", Convert::kReal},
+    {"trainer.gradient_clip_val", "optimizer.clip_grad", Convert::kReal},
     {"model.optim.weight_decay", "optimizer.weight_decay", Convert::kReal},
     {"model.optim.sched.warmup_steps", "optimizer.warmup_steps", Convert::kInt},
     {"model.optim.sched.min_lr", "optimizer.min_lr", Convert::kReal},

@@ -24,6 +24,7 @@ constexpr SettingRow kMegatron[] = {
     {"--expert-model-parallel-size", "parallel.ep", Convert::kInt},
     {"--expert-tensor-parallel-size", "parallel.etp", Convert::kInt},
     {"--sequence-parallel", "parallel.sp", Convert::kSwitch, "true"},
+    {"--use-tp-pp-dp-mapping", "parallel.order", Convert::kSwitch, "\"tp-cp-ep-pp-dp\""},
     {"--virtual-pipeline-model-parallel-size", "parallel.vpp", Convert::kInt},
     {"--num-virtual-stages-per-pipeline-rank", "parallel.vpp", Convert::kInt},
     {"--decoder-first-pipeline-num-layers", "pipeline.first_stage_layers", Convert::kInt},

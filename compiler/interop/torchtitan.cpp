@@ -132,6 +132,20 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
       f && f->text == "true") {
     draft.Set("precision", "fp8", f->range, "float8.enable_float8_linear = true");
   }
+  // The floor of the decay, as a fraction of the peak rate.
+  if (const ConfigEntry* f = FindEntry(*entries, "lr_scheduler.min_lr_factor")) {
+    auto factor = ParseReal(f->text);
+    const DraftSetting* lr = draft.Find("optimizer.lr");
+    auto peak = lr ? ParseReal(lr->value) : std::optional<double>(8e-4);  // torchtitan's default lr
+    if (!factor || (f->type != ValueType::kReal && f->type != ValueType::kInt)) {
+      sink.Report(Diag(DiagKind::kConfigBadValue,
+                       "`lr_scheduler.min_lr_factor` expects a number, got " + f->text)
+                      .At(f->range));
+      return std::nullopt;
+    }
+    draft.Set("optimizer.min_lr", RealText(*factor * *peak), f->range,
+              "min_lr_factor = " + f->text + " of lr");
+  }
   // FSDP / HSDP: dp = replicate · shard; sharding over the shard group is ZeRO-3.
   const ConfigEntry* shard = FindEntry(*entries, "parallelism.data_parallel_shard_degree");
   const ConfigEntry* replicate = FindEntry(*entries, "parallelism.data_parallel_replicate_degree");

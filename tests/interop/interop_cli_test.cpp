@@ -1,6 +1,7 @@
 // planc import, export and --from through the real binary.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -94,6 +95,51 @@ TEST_CASE("--from works with explain, search and compile, and refuses bad usage"
   auto over = RunCommand(kPlanc + " import --from=megatron tiny.sh --nodes 4 --gpu a100", dir, dir);
   CHECK(over.out.find("  cluster.nodes = 4                     # --nodes 4") != std::string::npos);
   CHECK(over.out.find("  cluster = dgx_a100") != std::string::npos);
+}
+
+TEST_CASE("planc export writes what runs the plan, and refuses what the target cannot express") {
+  const std::string dir = ScratchDir("interop_export");
+  const std::string llama = kSource + "/examples/llama3_70b.plan";
+  // Interleaving (vpp = 2) has no torchtitan schedule name: P0905 at the plan's line, no file.
+  auto titan = RunCommand(kPlanc + " export " + llama + " --to=torchtitan -o out.toml", dir, dir);
+  CHECK(titan.status == 1);
+  CHECK(titan.err.find("error[P0905]: torchtitan cannot express `parallel.vpp = 2`") !=
+        std::string::npos);
+  CHECK(titan.err.find("parallel  { tp = 8  pp = 4  vpp = 2") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir + "/out.toml"));
+  // The fix it suggests exports, with the derived settings stated.
+  auto fixed = RunCommand(kPlanc + " export " + llama +
+                              " --set parallel.vpp=1 --set 'pipeline.schedule=\"1f1b\"' --set "
+                              "optimizer.zero=3 --to=torchtitan",
+                          dir, dir);
+  CHECK(fixed.status == 0);
+  CHECK(fixed.out.find("flavor = \"70B\"") != std::string::npos);
+  CHECK(fixed.out.find("microbatches per step = global / (micro · dp) = 512 / (1 · 2) = 256") !=
+        std::string::npos);
+  // DeepSpeed: the Megatron-DeepSpeed launch script and its ds_config.json, which import reads
+  // back.
+  auto ds = RunCommand(
+      kPlanc + " export " + llama +
+          " --set parallel.vpp=1 --set 'pipeline.schedule=\"1f1b\"' --to=deepspeed -o run.sh",
+      dir, dir);
+  CHECK(ReadFile(dir + "/run.sh")
+            .find("deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE pretrain_gpt.py") !=
+        std::string::npos);
+  CHECK(ds.status == 0);
+  CHECK(ReadFile(dir + "/ds_config.json").find("\"gradient_accumulation_steps\": 256") !=
+        std::string::npos);
+  auto back = RunCommand(kPlanc + " check --from=deepspeed run.sh --gpu h100 --diagnostics=short",
+                         dir, dir);
+  CHECK(back.status == 0);
+  auto no_out = RunCommand(kPlanc + " export " + llama + " --to=deepspeed", dir, dir);
+  CHECK(no_out.status == 2);
+  // Megatron-LM to NeMo, straight from the script.
+  Write(dir + "/train.sh", kScript);
+  auto nemo = RunCommand(kPlanc + " export --from=megatron train.sh --set parallel.etp=1 --to=nemo",
+                         dir, dir);
+  CHECK(nemo.status == 1);  // DeepSeek-V2's shared experts and MLA have no NeMo GPT keys
+  CHECK(nemo.err.find("error[P0905]: NeMo cannot express `model = deepseek_v2`") !=
+        std::string::npos);
 }
 
 }  // namespace
