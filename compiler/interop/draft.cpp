@@ -498,6 +498,15 @@ namespace paraplan {
 
 void ApplyImportedOrigins(const ImportedPlan& imported, uint32_t plan_buffer,
                           const SourceManager& sm, Plan& plan) {
+  // Whole-plan facts (memory per stage, ...) point at the configuration's first setting.
+  if (plan.declaration.buffer == plan_buffer) {
+    SourceRange first;
+    for (const auto& [path, range] : imported.field_origins) {
+      if (range.buffer == imported.config_buffer && (!first.IsValid() || range.begin < first.begin))
+        first = range;
+    }
+    if (first.IsValid()) plan.declaration = first;
+  }
   for (const auto& [path, range] : imported.field_origins) {
     FieldOrigin& o = plan.origins[path];
     // Only values written in the generated text (not --set, not defaults of the language).

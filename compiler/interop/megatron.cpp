@@ -257,6 +257,12 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
         if (row || launcher != Launcher::kOther) {
           bad_value(w.range, "`" + flag + "` needs a value",
                     "write it after the flag: `" + flag + " N`");
+        } else if (!IsLauncherSetting(flag)) {
+          // Its value is a list held in a variable, or missing: still listed, never dropped.
+          draft.Skip(flag, w.range,
+                     skipped                 ? std::string(skipped->reason)
+                     : IsNonLayoutFlag(flag) ? "not a layout setting"
+                                             : "not recognised by planc");
         }
         continue;
       }
@@ -367,6 +373,15 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
     if (!draft.Has(path)) draft.Set(path, std::move(value), {}, "Megatron-LM's default: " + why);
   };
 
+  // GPT-2's BPE vocabulary (50,257 tokens) is fixed by the tokenizer type.
+  if (!draft.Has("model.vocab")) {
+    for (const DraftSkip& s : draft.skipped()) {
+      if (s.text == "--tokenizer-type GPT2BPETokenizer") {
+        draft.Set("model.vocab", "50257", s.range,
+                  "--tokenizer-type GPT2BPETokenizer (50,257 tokens)");
+      }
+    }
+  }
   // Megatron's defaults where the script is silent.
   defaulted("precision", "fp32", "no --bf16 or --fp16 (fp32)");
   defaulted("model.norm", "layernorm", "no --normalization (LayerNorm)");

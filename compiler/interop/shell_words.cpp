@@ -96,6 +96,9 @@ class Scanner {
               *unresolved = std::string(dn);
             }
           } else {
+            if (d.size() >= 2 && (d.front() == '"' || d.front() == '\'') && d.back() == d.front()) {
+              d = d.substr(1, d.size() - 2);
+            }
             *value += d;
           }
         }
@@ -184,7 +187,7 @@ class Scanner {
           if (!out_.unterminated.IsValid()) out_.unterminated = {buffer_, i, i + 1};
           return end;
         }
-        if (assignment && i == value_begin) {
+        if ((assignment && i == value_begin) || (!assignment && i == begin)) {
           quoted_value = true;
           quote_begin = i + 1;
           quote_end = close;
@@ -209,7 +212,7 @@ class Scanner {
           if (!out_.unterminated.IsValid()) out_.unterminated = {buffer_, i, i + 1};
           return end;
         }
-        if (assignment && i == value_begin) {
+        if ((assignment && i == value_begin) || (!assignment && i == begin)) {
           quoted_value = true;
           quote_begin = i + 1;
           quote_end = j;
@@ -237,6 +240,12 @@ class Scanner {
         // OPTS=--use-distributed-optimizer: a flag held in a variable.
         Emit({assigned, {buffer_, value_begin, i}, unresolved, sbatch, list});
       }
+      return i;
+    }
+    // "--fp8-format hybrid" as one array item: a flag and its value in one quoted word.
+    if (quoted_value && quote_end == i - 1 && !value.empty() && value[0] == '-' &&
+        value.find_first_of(" \t") != std::string::npos) {
+      Scan(quote_begin, quote_end, sbatch);
       return i;
     }
     Emit({std::move(value), {buffer_, begin, i}, std::move(unresolved), sbatch, list});

@@ -3,7 +3,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "tests/support/cli.h"
 
@@ -140,6 +142,48 @@ TEST_CASE("planc export writes what runs the plan, and refuses what the target c
   CHECK(nemo.status == 1);  // DeepSeek-V2's shared experts and MLA have no NeMo GPT keys
   CHECK(nemo.err.find("error[P0905]: NeMo cannot express `model = deepseek_v2`") !=
         std::string::npos);
+}
+
+// corpus/README.md, row by row.
+TEST_CASE("the corpus of real configurations imports and checks as its README says") {
+  struct Row {
+    const char* args;  // after `planc check --from=`
+    int status;
+    std::vector<std::string> codes;
+  };
+  const Row rows[] = {
+      {"megatron megatron/llama3_8b_h100_fp8.sh", 1, {"P0310", "P0701", "P0903"}},
+      {"megatron megatron/mixtral_8x7b_distributed.sh", 1, {"P0904"}},
+      {"torchtitan torchtitan/llama3_70b.toml --nodes 8 --gpu a100", 0, {"P0502", "P0903"}},
+      {"deepspeed deepspeed/pretrain_gpt2_bpe.sh", 0, {"P0502", "P0903"}},
+      {"nemo nemo/llama3_70b.yaml", 1, {"P0502", "P0701", "P0903"}},
+  };
+  const std::string dir = ScratchDir("interop_corpus");
+  const std::string corpus = kSource + "/tests/interop/corpus";
+  for (const Row& row : rows) {
+    CAPTURE(row.args);
+    auto r = RunCommand(kPlanc + " check --from=" + row.args + " --diagnostics=short", dir, corpus);
+    CHECK(r.status == row.status);
+    std::set<std::string> codes;
+    for (size_t at = r.err.find("["); at != std::string::npos; at = r.err.find("[", at + 1)) {
+      if (r.err.compare(at + 1, 1, "P") == 0 && r.err.size() > at + 6 && r.err[at + 6] == ']') {
+        codes.insert(r.err.substr(at + 1, 5));
+      }
+    }
+    CHECK(codes == std::set<std::string>(row.codes.begin(), row.codes.end()));
+    // Every diagnostic is in the user's file, none in the generated plan text.
+    CHECK(r.err.find("(as a plan)") == std::string::npos);
+    // The written plan of an importable file checks with the same result.
+    if (row.codes != std::vector<std::string>{"P0904"}) {
+      std::string import_args = row.args;
+      auto imp = RunCommand(
+          kPlanc + " import --from=" + import_args + " -o " + dir + "/imported.plan", dir, corpus);
+      CHECK(imp.status == 0);
+      auto plan =
+          RunCommand(kPlanc + " check " + dir + "/imported.plan --diagnostics=short", dir, corpus);
+      CHECK(plan.status == row.status);
+    }
+  }
 }
 
 }  // namespace
