@@ -271,6 +271,17 @@ TEST_CASE("NeMo YAML: trainer and model keys, interpolation, unknown keys noted 
   CHECK(bad.Has("P0901"));
 }
 
+TEST_CASE("Megatron-DeepSpeed's own spellings: lower-case norms, rotary switch, key-value heads") {
+  Imported im(ConfigKind::kMegatron,
+              "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 512 --num-attention-heads 8 "
+              "--seq-length 1024 --vocab-size 32000 --normalization rmsnorm "
+              "--use-rotary-position-embeddings --num-key-value-heads 2 --swiglu\n");
+  REQUIRE(im.checked);
+  CHECK(im.checked->model.norm == Norm::kRmsNorm);
+  CHECK(im.checked->model.position == Position::kRope);
+  CHECK(im.checked->model.kv_heads == 2);
+}
+
 TEST_CASE("DeepSpeed JSON with a Megatron-DeepSpeed script; the JSON alone names no model") {
   Imported alone(ConfigKind::kDeepSpeed,
                  "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 2}}");

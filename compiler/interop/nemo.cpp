@@ -121,9 +121,9 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
   draft.vocab_help = "add model.vocab_size (NeMo takes it from the tokenizer otherwise)";
   if (!ApplyRows(*entries, kNemo, kNemoSkipped, kHandled, draft, sink)) return std::nullopt;
   if (const ConfigEntry* o = FindEntry(*entries, "model.optim.name")) {
-    if (o->text == "distributed_fused_adam") {
-      draft.Set("optimizer.zero", "1", o->range, "model.optim.name = distributed_fused_adam");
-      draft.Set("optimizer.type", "adamw", o->range, "model.optim.name = distributed_fused_adam");
+    if (o->text == "distributed_fused_adam" || o->text == "mcore_distributed_optim") {
+      draft.Set("optimizer.zero", "1", o->range, "model.optim.name = " + o->text);
+      draft.Set("optimizer.type", "adamw", o->range, "model.optim.name = " + o->text);
     } else if (o->text == "fused_adam" || o->text == "adamw" || o->text == "adam") {
       draft.Set("optimizer.type", "adamw", o->range, "model.optim.name = " + o->text);
     } else if (o->text == "sgd") {

@@ -8,7 +8,11 @@
 namespace paraplan::interop {
 namespace {
 
-constexpr EnumChoice kMegatronNorm[] = {{"RMSNorm", "rmsnorm"}, {"LayerNorm", "layernorm"}};
+// Megatron-DeepSpeed spells the norms in lower case.
+constexpr EnumChoice kMegatronNorm[] = {{"RMSNorm", "rmsnorm"},
+                                        {"LayerNorm", "layernorm"},
+                                        {"rmsnorm", "rmsnorm"},
+                                        {"layernorm", "layernorm"}};
 constexpr EnumChoice kMegatronPosition[] = {{"rope", "rope"}, {"learned_absolute", "learned"}};
 constexpr EnumChoice kMegatronRecompute[] = {{"full", "full"}, {"selective", "selective"}};
 constexpr EnumChoice kMegatronOptimizer[] = {{"adam", "adamw"}, {"sgd", "sgd"}};
@@ -76,6 +80,8 @@ constexpr SettingRow kMegatron[] = {
     // Megatron-DeepSpeed's own arguments.
     {"--zero-stage", "optimizer.zero", Convert::kInt},
     {"--no-pipeline-parallel", "parallel.pp", Convert::kSwitch, "1"},
+    {"--use-rotary-position-embeddings", "model.position", Convert::kSwitch, "rope"},
+    {"--num-key-value-heads", "model.kv_heads", Convert::kInt},
 };
 
 // Settings a plan has no field for yet; listed so that nothing is dropped in silence.
