@@ -110,6 +110,7 @@ std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, Diagn
     return std::nullopt;
   }
   std::string path = config->text.substr(config->text.find(' ') + 1);
+  const SourceRange config_range = config->range;
   std::filesystem::path p(path);
   if (p.is_relative()) p = std::filesystem::path(std::string(sm.Name(buffer))).parent_path() / p;
   std::string error;
@@ -117,12 +118,15 @@ std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, Diagn
   if (!json) {
     sink.Report(Diag(DiagKind::kFileNotReadable,
                      "cannot read the DeepSpeed configuration '" + p.string() + "': " + error)
-                    .At(config->range, "named here"));
+                    .At(config_range, "named here"));
     return std::nullopt;
   }
   auto entries = ReadJson(sm, *json, sink);
   if (!entries) return std::nullopt;
   if (!ApplyDeepSpeedJson(*entries, *draft, sink)) return std::nullopt;
+  // Read here, so not "not imported".
+  for (const char* flag : {"--deepspeed", "--deepspeed_config", "--deepspeed-config"})
+    draft->Unskip(flag);
   return draft;
 }
 

@@ -38,6 +38,14 @@ void PlanDraft::Skip(std::string text, SourceRange range, std::string reason) {
   skipped_.push_back({std::move(text), range, std::move(reason)});
 }
 
+void PlanDraft::Unskip(std::string_view text) {
+  auto named = [&](const DraftSkip& s) {
+    return s.text == text || (s.text.size() > text.size() && s.text.rfind(text, 0) == 0 &&
+                              s.text[text.size()] == ' ');
+  };
+  skipped_.erase(std::remove_if(skipped_.begin(), skipped_.end(), named), skipped_.end());
+}
+
 std::optional<int64_t> ParseInteger(std::string_view text) {
   std::string digits;
   for (char c : text) {

@@ -39,6 +39,9 @@ class PlanDraft {
   bool Has(std::string_view path) const { return Find(path) != nullptr; }
   void Erase(std::string_view path);
   void Skip(std::string text, SourceRange range, std::string reason);
+  // Forgets the skipped settings whose text is `text` or starts with `text` and a space (a
+  // reader that reads them after all).
+  void Unskip(std::string_view text);
 
   const std::vector<DraftSetting>& settings() const { return settings_; }
   const std::vector<DraftSkip>& skipped() const { return skipped_; }

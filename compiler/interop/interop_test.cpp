@@ -195,6 +195,20 @@ TEST_CASE(
   CHECK(sm.Slice(s.words[0].range) == "--x");
 }
 
+TEST_CASE("quoted array items hold a flag and its value; a list variable's flag is still listed") {
+  Imported im(
+      ConfigKind::kMegatron,
+      "DATA=\"1 ./a\"\nARGS=(\n  \"--fp8-format hybrid\"\n)\n"
+      "python pretrain_gpt.py ${ARGS[@]} --num-layers 4 --hidden-size 512 --num-attention-heads 8 "
+      "--seq-length 1024 --vocab-size 32000 --bf16 --data-path $DATA\n");
+  REQUIRE(im.checked);
+  CHECK(im.checked->precision == Precision::kFp8);
+  CHECK(im.OriginText("precision") == "--fp8-format hybrid");
+  CHECK(im.plan->text.find("--data-path  (not a layout setting") != std::string::npos);
+  // No --global-batch-size: one microbatch per data-parallel rank, as Megatron-LM does.
+  CHECK(im.checked->batch.global == im.checked->parallel.dp);
+}
+
 }  // namespace
 }  // namespace paraplan
 

@@ -391,6 +391,12 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
   defaulted("optimizer.weight_decay", "0.01", "--weight-decay 0.01");
   defaulted("optimizer.beta2", "0.999", "--adam-beta2 0.999");
   defaulted("optimizer.min_lr", "0.0", "--min-lr 0.0");
+  // Without --global-batch-size Megatron-LM runs one microbatch per data-parallel rank.
+  if (!draft.Has("batch.global")) {
+    const DraftSetting* micro = draft.Find("batch.micro");
+    draft.Set("batch.global", (micro ? micro->value : std::string("1")) + " * parallel.dp", {},
+              "Megatron-LM's default: --micro-batch-size · dp");
+  }
 
   // Grouped-query attention: --num-query-groups counts only with --group-query-attention.
   if (const FlagValue* g = combined_of("--num-query-groups")) {

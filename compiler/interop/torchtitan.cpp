@@ -104,6 +104,12 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
   draft.Set("precision", "bf16", {}, "torchtitan's default: mixed_precision_param = \"bfloat16\"");
   if (!ApplyRows(*entries, kTorchtitan, kTorchtitanSkipped, kHandled, draft, sink))
     return std::nullopt;
+  // A checkpoint folder with checkpointing off saves nothing.
+  if (const ConfigEntry* on = FindEntry(*entries, "checkpoint.enable_checkpoint");
+      on && on->text == "false") {
+    draft.Erase("train.checkpoint_dir");
+    draft.Erase("train.checkpoint_every");
+  }
 
   const ConfigEntry* name = FindEntry(*entries, "model.name");
   const ConfigEntry* flavor = FindEntry(*entries, "model.flavor");
