@@ -170,6 +170,11 @@ TEST_CASE("malformed Megatron-LM input is reported at its line") {
     CHECK(!im.plan);
     CHECK(GetDiagKindInfo(im.sink.diagnostics()[0].kind).code == "P0901");
   }
+  SUBCASE("MoE flags without the model's size") {
+    Imported im(ConfigKind::kMegatron, "python pretrain_gpt.py --num-experts 8 --num-layers 2\n");
+    CHECK(!im.plan);
+    CHECK(im.Has("P0904"));
+  }
   SUBCASE("no vocabulary and no stdlib shape") {
     Imported im(ConfigKind::kMegatron,
                 "python pretrain_gpt.py --num-layers 4 --hidden-size 512 --num-attention-heads 8 "

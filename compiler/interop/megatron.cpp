@@ -441,8 +441,11 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
   if (draft.Has("model.experts")) {
     defaulted("model.topk", "2", "--moe-router-topk 2");
     if (!draft.Has("model.moe_ffn_hidden")) {
-      const DraftSetting* ffn = draft.Find("model.ffn_hidden");
-      draft.Set("model.moe_ffn_hidden", ffn->value, {}, "Megatron-LM's default: --ffn-hidden-size");
+      // (Without a hidden size there is no ffn either; the writer reports the missing hidden.)
+      if (const DraftSetting* ffn = draft.Find("model.ffn_hidden")) {
+        draft.Set("model.moe_ffn_hidden", ffn->value, {},
+                  "Megatron-LM's default: --ffn-hidden-size");
+      }
     }
   }
   // Shared experts are given by their total size: a count of experts of the routed size.
