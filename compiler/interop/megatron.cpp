@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 
+#include "compiler/base/checked.h"
 #include "compiler/interop/draft.h"
 #include "compiler/interop/readers.h"
 #include "compiler/interop/shell_words.h"
@@ -427,13 +428,21 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
             "multi-latent attention sizes its heads by --qk-head-dim and --qk-pos-emb-head-dim");
       }
       const DraftSetting* n = draft.Find("model.qk_nope_head_dim");
-      draft.Set("model.head_dim", std::to_string(*nope + *rope), n->origin,
+      auto sum = CheckedAdd(*nope, *rope);
+      if (!sum)
+        return bad_value(n->origin, "--qk-head-dim + --qk-pos-emb-head-dim is past 64 bits", ""),
+               std::nullopt;
+      draft.Set("model.head_dim", std::to_string(*sum), n->origin,
                 "--qk-head-dim + --qk-pos-emb-head-dim");
     }
   }
   if (auto h = get("model.hidden"); h && !draft.Has("model.ffn_hidden")) {
     const bool swiglu = draft.Find("model.activation")->value == "swiglu";
-    int64_t ffn = swiglu ? (4 * *h * 2 / 3) / 64 * 64 : 4 * *h;
+    auto four_h = CheckedMul(4, *h);
+    if (!four_h)
+      return bad_value(draft.Find("model.hidden")->origin, "`--hidden-size` is too large", ""),
+             std::nullopt;
+    int64_t ffn = swiglu ? (*four_h / 3 * 2) / 64 * 64 : *four_h;
     draft.Set("model.ffn_hidden", std::to_string(ffn), {},
               swiglu ? "Megatron-LM's default with --swiglu: int(4 · hidden · 2/3 / 64) · 64"
                      : "Megatron-LM's default: 4 · hidden");
@@ -502,9 +511,11 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
     auto per = ParseInteger(vs->text);
     auto layers = get("model.layers");
     int64_t pp = get("parallel.pp").value_or(1);
-    int64_t counted = layers.value_or(0) + (draft.Has("pipeline.account_for_embedding") ? 1 : 0) +
-                      (draft.Has("pipeline.account_for_loss") ? 1 : 0);
-    if (!per || *per <= 0 || !layers || counted % (pp * *per) != 0) {
+    const int64_t accounted = (draft.Has("pipeline.account_for_embedding") ? 1 : 0) +
+                              (draft.Has("pipeline.account_for_loss") ? 1 : 0);
+    const int64_t counted = CheckedAdd(layers.value_or(0), accounted).value_or(0);
+    auto group = per ? CheckedMul(pp, *per) : std::nullopt;
+    if (!per || *per <= 0 || !layers || !group || *group <= 0 || counted % *group != 0) {
       return bad_value(vs->range,
                        "`--num-layers-per-virtual-pipeline-stage " + vs->text +
                            "` does not divide " + std::to_string(counted) + " layers over " +
@@ -513,7 +524,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
                        "be whole"),
              std::nullopt;
     }
-    draft.Set("parallel.vpp", std::to_string(counted / (pp * *per)), vs->range, vs->source);
+    draft.Set("parallel.vpp", std::to_string(counted / *group), vs->range, vs->source);
   }
   if (auto vpp = get("parallel.vpp"); vpp && *vpp > 1) {
     const DraftSetting* v = draft.Find("parallel.vpp");

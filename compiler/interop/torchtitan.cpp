@@ -3,6 +3,7 @@
 // batch and sequence, [optimizer], [lr_scheduler], [checkpoint].
 #include <algorithm>
 
+#include "compiler/base/checked.h"
 #include "compiler/interop/config_tree.h"
 #include "compiler/interop/readers.h"
 
@@ -181,7 +182,15 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
                "no plan field yet: HSDP replicates over this degree and shards over the rest");
   }
   if (shard_v > 0) {
-    draft.Set("parallel.dp", std::to_string(shard_v * replicate_v), shard->range,
+    auto dp = CheckedMul(shard_v, replicate_v);
+    if (!dp) {
+      sink.Report(
+          Diag(DiagKind::kConfigBadValue,
+               "data_parallel_replicate_degree · data_parallel_shard_degree is past 64 bits")
+              .At(shard->range));
+      return std::nullopt;
+    }
+    draft.Set("parallel.dp", std::to_string(*dp), shard->range,
               "data_parallel_replicate_degree · data_parallel_shard_degree");
   } else if (shard_v == 1 && replicate) {
     draft.Set("parallel.dp", std::to_string(replicate_v), replicate->range,
