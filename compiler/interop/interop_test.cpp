@@ -96,6 +96,26 @@ TEST_CASE("a Megatron-LM script: variables, quoting, continuations, #SBATCH, a s
   CHECK(im.plan->text.find("--log-interval 1  (not a layout setting)") != std::string::npos);
 }
 
+TEST_CASE("Megatron-LM pipeline-split flags: accounting, first/last stage layers, virtual stages") {
+  Imported im(
+      ConfigKind::kMegatron,
+      "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 62 --hidden-size 1024 "
+      "--num-attention-heads 16 --seq-length 2048 --vocab-size 32000 "
+      "--pipeline-model-parallel-size 4 "
+      "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+      "--decoder-first-pipeline-num-layers 14 --decoder-last-pipeline-num-layers 14 "
+      "--num-virtual-stages-per-pipeline-rank 2 --global-batch-size 64\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.pipeline.account_for_embedding);
+  CHECK(p.pipeline.account_for_loss);
+  CHECK(p.pipeline.first_stage_layers == 14);
+  CHECK(p.pipeline.last_stage_layers == 14);
+  CHECK(p.parallel.vpp == 2);
+  CHECK(p.pipeline.schedule == Schedule::kInterleaved1F1B);
+  CHECK(im.OriginText("pipeline.first_stage_layers") == "--decoder-first-pipeline-num-layers 14");
+}
+
 TEST_CASE("Megatron-LM's defaults are written where the script is silent") {
   Imported im(ConfigKind::kMegatron,
               "torchrun --nnodes 2 --nproc-per-node 4 pretrain_gpt.py --num-layers 4 "
@@ -169,6 +189,12 @@ TEST_CASE("malformed Megatron-LM input is reported at its line") {
     Imported im(ConfigKind::kMegatron, "ARGS=\"--num-layers 4\npython pretrain_gpt.py $ARGS\n");
     CHECK(!im.plan);
     CHECK(GetDiagKindInfo(im.sink.diagnostics()[0].kind).code == "P0901");
+  }
+  SUBCASE("a size past 64 bits in the importer's arithmetic") {
+    Imported im(ConfigKind::kMegatron,
+                "python pretrain_gpt.py --hidden-size 9223372036854775807\n");
+    CHECK(!im.plan);
+    CHECK(im.sink.diagnostics()[0].message == "`--hidden-size` is too large");
   }
   SUBCASE("MoE flags without the model's size") {
     Imported im(ConfigKind::kMegatron, "python pretrain_gpt.py --num-experts 8 --num-layers 2\n");
