@@ -21,6 +21,16 @@ const std::string kSource = PARAPLAN_SOURCE;
 
 void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
+// A scratch directory removed when the test case ends.
+struct ScopedScratch {
+  explicit ScopedScratch(const std::string& suite) : dir(ScratchDir(suite)) {}
+  ~ScopedScratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string dir;
+};
+
 constexpr const char* kScript = R"(#!/bin/bash
 TP=4
 NNODES=16
@@ -39,7 +49,8 @@ torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py \
 )";
 
 TEST_CASE("planc check --from=megatron points into the user's script") {
-  const std::string dir = ScratchDir("interop_check");
+  const ScopedScratch scratch("interop_check");
+  const std::string& dir = scratch.dir;
   Write(dir + "/train.sh", kScript);
   auto r = RunCommand(kPlanc + " check --from=megatron train.sh --color=never", dir, dir);
   CHECK(r.status == 1);
@@ -71,7 +82,8 @@ TEST_CASE("planc check --from=megatron points into the user's script") {
 }
 
 TEST_CASE("--from works with explain, search and compile, and refuses bad usage") {
-  const std::string dir = ScratchDir("interop_from");
+  const ScopedScratch scratch("interop_from");
+  const std::string& dir = scratch.dir;
   Write(dir + "/tiny.sh",
         "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
         "--num-attention-heads 8 --seq-length 64 --vocab-size 512 --swiglu --normalization RMSNorm "
@@ -100,7 +112,8 @@ TEST_CASE("--from works with explain, search and compile, and refuses bad usage"
 }
 
 TEST_CASE("planc export writes what runs the plan, and refuses what the target cannot express") {
-  const std::string dir = ScratchDir("interop_export");
+  const ScopedScratch scratch("interop_export");
+  const std::string& dir = scratch.dir;
   const std::string llama = kSource + "/examples/llama3_70b.plan";
   // Interleaving (vpp = 2) has no torchtitan schedule name: P0905 at the plan's line, no file.
   auto titan = RunCommand(kPlanc + " export " + llama + " --to=torchtitan -o out.toml", dir, dir);
@@ -158,7 +171,8 @@ TEST_CASE("the corpus of real configurations imports and checks as its README sa
       {"deepspeed deepspeed/pretrain_gpt2_bpe.sh", 0, {"P0502", "P0903"}},
       {"nemo nemo/llama3_70b.yaml", 0, {"P0502", "P0903"}},
   };
-  const std::string dir = ScratchDir("interop_corpus");
+  const ScopedScratch scratch("interop_corpus");
+  const std::string& dir = scratch.dir;
   const std::string corpus = kSource + "/tests/interop/corpus";
   for (const Row& row : rows) {
     CAPTURE(row.args);
