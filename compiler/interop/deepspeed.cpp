@@ -22,6 +22,7 @@ constexpr SettingRow kDeepSpeed[] = {
      Convert::kEnum,
      {},
      kDsOffload},
+    {"zero_optimization.offload_optimizer.ratio", "optimizer.offload_fraction", Convert::kReal},
     {"bf16.enabled", "precision", Convert::kSwitch, "bf16"},
     {"fp16.enabled", "precision", Convert::kSwitch, "fp16"},
     {"optimizer.type", "optimizer.type", Convert::kEnum, {}, kDsOptimizer},
@@ -98,6 +99,7 @@ std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, Diagn
   auto draft = ReadMegatron(sm, buffer, sink);
   if (!draft) return std::nullopt;
   draft->kind = ConfigKind::kDeepSpeed;
+  draft->Set("framework", "deepspeed", {}, "a Megatron-DeepSpeed script runs on DeepSpeed");
   const DraftSkip* config = nullptr;
   for (const DraftSkip& s : draft->skipped()) {
     if (s.text.rfind("--deepspeed_config ", 0) == 0 || s.text.rfind("--deepspeed-config ", 0) == 0)

@@ -453,12 +453,13 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
       w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
     }
   }
-  for (const char* path : {"precision", "recompute"}) {
+  for (const char* path : {"framework", "precision", "recompute"}) {
     if (const DraftSetting* s = find(path)) {
       w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
     }
   }
-  for (const char* block : {"parallel", "pipeline", "optimizer", "batch", "train"}) {
+  for (const char* block : {"mixed_precision", "activations", "fsdp", "moe", "parallel", "pipeline",
+                            "optimizer", "batch", "train"}) {
     std::vector<const DraftSetting*> members;
     for (const FieldInfo& f : PlanFields()) {
       if (f.path.rfind(std::string(block) + ".", 0) != 0) continue;

@@ -17,7 +17,7 @@ std::string Field(const Plan& plan, std::string_view path) { return *GetFieldTex
 std::string Real(double v) { return interop::RealText(v); }
 
 int64_t PaddedVocab(const Plan& plan) {
-  const int64_t unit = 128 * plan.parallel.tp;
+  const int64_t unit = plan.model.vocab_divisor * plan.parallel.tp;
   return (plan.model.vocab + unit - 1) / unit * unit;
 }
 
@@ -54,8 +54,9 @@ class Exporter {
     out.push_back("microbatches per step = global / (micro · dp) = " +
                   std::to_string(p.batch.global) + " / (" + std::to_string(p.batch.micro) + " · " +
                   std::to_string(p.parallel.dp) + ") = " + std::to_string(p.Microbatches()));
-    out.push_back("padded vocabulary = ceil(vocab / (128 · tp)) · 128 · tp = " +
-                  std::to_string(PaddedVocab(p)) + " rows for vocab " +
+    out.push_back("padded vocabulary = ceil(vocab / (" + std::to_string(p.model.vocab_divisor) +
+                  " · tp)) · " + std::to_string(p.model.vocab_divisor) +
+                  " · tp = " + std::to_string(PaddedVocab(p)) + " rows for vocab " +
                   std::to_string(p.model.vocab));
     out.push_back("GPU: " + p.cluster.gpu.name + " (" + p.cluster.name + ")");
     return out;
@@ -77,6 +78,66 @@ class Exporter {
         !(order_ok_tp_pp_dp && p.parallel.order == "tp-cp-ep-pp-dp")) {
       Cannot("parallel.order", "this rank order", "the framework lays ranks out in its own order",
              "use the default order \"tp-cp-ep-dp-pp\"");
+    }
+  }
+
+  // The newer records' settings (precision record, recompute detail, FSDP groups, MoE dispatch,
+  // model features): a setting the target does not write must be what the shorthands imply,
+  // else it is refused. `carried` lists the paths the target writes.
+  void RecordLimits(std::initializer_list<std::string_view> carried) {
+    const Plan& p = plan_;
+    auto carries = [&](std::string_view path) {
+      for (std::string_view c : carried) {
+        if (c == path) return true;
+      }
+      return false;
+    };
+    const MixedPrecisionSpec eff = EffectiveMixedPrecision(p);
+    const ElementType implied_params = p.precision == Precision::kFp16   ? ElementType::kFp16
+                                       : p.precision == Precision::kFp32 ? ElementType::kFp32
+                                                                         : ElementType::kBf16;
+    struct Check {
+      std::string_view path;
+      bool implied;
+    };
+    const Check checks[] = {
+        {"mixed_precision.params", eff.params == implied_params},
+        {"mixed_precision.grads",
+         eff.grads == (p.precision == Precision::kFp16 ? ElementType::kFp16 : ElementType::kFp32)},
+        {"mixed_precision.main_params", eff.main_params == (p.precision != Precision::kFp32)},
+        {"mixed_precision.optimizer_state", eff.optimizer_state == ElementType::kFp32},
+        {"mixed_precision.fp8",
+         eff.fp8 == (p.precision == Precision::kFp8 ? Fp8Recipe::kDelayed : Fp8Recipe::kNone)},
+        {"mixed_precision.fp8_params", !eff.fp8_params},
+        {"activations.recompute_method",
+         p.activations.recompute_method == RecomputeMethod::kUniform},
+        {"activations.recompute_layers", p.activations.recompute_layers == 0},
+        {"activations.recompute_modules", p.activations.recompute_modules.empty()},
+        {"activations.offload_layers", p.activations.offload_layers == 0},
+        {"fsdp.shard",
+         p.fsdp.shard == 0 || p.fsdp.shard * p.fsdp.replicate == p.parallel.dp * p.parallel.cp},
+        {"fsdp.replicate", p.fsdp.replicate == 1},
+        {"fsdp.reshard_after_forward", p.fsdp.reshard_after_forward},
+        {"moe.dispatcher", p.moe.dispatcher == Dispatcher::kAllToAll},
+        {"moe.capacity_factor", p.moe.capacity_factor == 0},
+        {"model.qk_norm", !p.model.qk_norm},
+        {"model.vocab_divisor", p.model.vocab_divisor == 128},
+        {"model.window", p.model.window == 0},
+        {"model.mtp_layers", p.model.mtp_layers == 0},
+        {"model.moe_layer_freq", p.model.moe_layer_freq == 1},
+        {"optimizer.offload_fraction", p.optimizer.offload_fraction == 1.0},
+    };
+    for (const Check& c : checks) {
+      if (c.implied || carries(c.path)) continue;
+      Cannot(c.path, "no setting for this",
+             std::string(FrameworkName(kind_)) + "'s file has no setting that says this",
+             "leave `" + std::string(c.path) +
+                 "` to follow the plan's shorthands, or export to another framework");
+    }
+    if (p.model.activation == Activation::kSquaredRelu && !carries("model.activation")) {
+      Cannot("model.activation", "squared ReLU",
+             std::string(FrameworkName(kind_)) + "'s file has no squared-ReLU MLP",
+             "export to megatron");
     }
   }
 
@@ -159,6 +220,7 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
   add("--seq-length", n(m.seq_len));
   add("--max-position-embeddings", n(m.seq_len));
   add("--vocab-size", n(m.vocab));
+  add("--make-vocab-size-divisible-by", n(m.vocab_divisor));
   add("--normalization", m.norm == Norm::kRmsNorm ? "RMSNorm" : "LayerNorm");
   if (m.activation == Activation::kSwiGlu) add("--swiglu");
   add("--position-embedding-type", m.position == Position::kRope ? "rope" : "learned_absolute");
@@ -169,9 +231,25 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     add("--moe-ffn-hidden-size", n(m.moe_ffn_hidden));
     if (m.shared_experts > 0)
       add("--moe-shared-expert-intermediate-size", n(m.shared_experts * m.moe_ffn_hidden));
-    add("--moe-layer-freq",
-        "'([0]*" + n(m.dense_layers) + "+[1]*" + n(m.layers - m.dense_layers) + ")'");
+    if (m.moe_layer_freq == 1) {
+      add("--moe-layer-freq",
+          "'([0]*" + n(m.dense_layers) + "+[1]*" + n(m.layers - m.dense_layers) + ")'");
+    } else if (m.dense_layers == 0) {
+      add("--moe-layer-freq", n(m.moe_layer_freq));
+    } else {
+      ex.Cannot("model.moe_layer_freq", "a frequency after dense layers",
+                "planc reads --moe-layer-freq as leading dense layers or as one frequency",
+                "use one of them");
+    }
+    if (p.moe.dispatcher != Dispatcher::kAllToAll) {
+      add("--moe-token-dispatcher-type",
+          p.moe.dispatcher == Dispatcher::kAllGather ? "allgather" : "flex");
+    }
+    if (p.moe.capacity_factor > 0) add("--moe-expert-capacity-factor", Real(p.moe.capacity_factor));
   }
+  if (m.qk_norm) add("--qk-layernorm");
+  if (m.mtp_layers > 0) add("--mtp-num-layers", n(m.mtp_layers));
+  if (m.activation == Activation::kSquaredRelu) add("--squared-relu");
   add("--micro-batch-size", n(p.batch.micro));
   add("--global-batch-size", n(p.batch.global));
   switch (p.precision) {
@@ -188,11 +266,46 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
       add("--fp8-format", "hybrid");
       break;
   }
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kDelayed &&
+      mp.fp8 != Fp8Recipe::kNone) {
+    const char* recipe = mp.fp8 == Fp8Recipe::kCurrent     ? "tensorwise"
+                         : mp.fp8 == Fp8Recipe::kBlockwise ? "blockwise"
+                                                           : "mxfp8";
+    add("--fp8-recipe", recipe);
+  }
+  if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
+    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+              "Megatron-LM turns FP8 on with --fp8-format", "set precision = fp8");
+  }
+  if (mp.fp8_params) add("--fp8-param-gather");
+  if (mp.grads == ElementType::kBf16) add("--grad-reduce-in-bf16");
+  if (p.activations.offload_layers > 0)
+    add("--cpu-offloading-num-layers", n(p.activations.offload_layers));
+  if (p.recompute == Recompute::kSelective && !p.activations.recompute_modules.empty()) {
+    std::string modules;
+    for (char c : p.activations.recompute_modules) {
+      if (c != ',') modules += c;
+    }
+    add("--recompute-modules", modules);
+  }
   if (p.recompute == Recompute::kSelective) add("--recompute-granularity", "selective");
   if (p.recompute == Recompute::kFull) {
+    // Full recompute needs a method and a layer count; the plan's 0 ("all") is a whole chunk.
     add("--recompute-granularity", "full");
-    add("--recompute-method", "uniform");  // full recompute needs a method; uniform over 1 layer
-    add("--recompute-num-layers", "1");
+    add("--recompute-method",
+        p.activations.recompute_method == RecomputeMethod::kBlock ? "block" : "uniform");
+    int64_t layers = p.activations.recompute_layers;
+    if (layers == 0) {
+      if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers ||
+          m.layers % (p.parallel.pp * p.parallel.vpp) != 0) {
+        ex.Cannot("activations.recompute_layers", "every layer of an uneven chunk",
+                  "Megatron-LM counts recomputed layers per chunk, and these chunks differ",
+                  "state the count");
+      }
+      layers = m.layers / (p.parallel.pp * p.parallel.vpp);
+    }
+    add("--recompute-num-layers", n(layers));
   }
   add("--optimizer", p.optimizer.type == OptimizerType::kAdamW ? "adam" : "sgd");
   if (deepspeed) {
@@ -204,7 +317,18 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
               "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1)",
               "use zero = 1, or export to deepspeed or torchtitan (FSDP)");
   }
-  if (p.optimizer.offload == Offload::kCpu && !deepspeed) add("--optimizer-cpu-offload");
+  if (p.optimizer.offload == Offload::kCpu && !deepspeed) {
+    add("--optimizer-cpu-offload");
+    if (p.optimizer.offload_fraction != 1.0)
+      add("--optimizer-offload-fraction", Real(p.optimizer.offload_fraction));
+  }
+  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params", "mixed_precision.grads",
+                   "activations.recompute_method", "activations.recompute_layers",
+                   "activations.recompute_modules", "activations.offload_layers", "moe.dispatcher",
+                   "moe.capacity_factor", "model.qk_norm", "model.mtp_layers",
+                   "model.moe_layer_freq", "model.activation", "model.vocab_divisor",
+                   deepspeed ? "optimizer.offload_fraction" : "",
+                   p.optimizer.offload == Offload::kCpu ? "optimizer.offload_fraction" : ""});
   add("--lr", Real(p.optimizer.lr));
   add("--min-lr", Real(p.optimizer.min_lr));
   add("--lr-warmup-iters", n(p.optimizer.warmup_steps));
@@ -247,8 +371,12 @@ std::string DeepSpeedJson(Exporter& ex) {
   j += "  \"train_micro_batch_size_per_gpu\": " + n(p.batch.micro) + ",\n";
   j += "  \"gradient_accumulation_steps\": " + n(p.Microbatches()) + ",\n";
   j += "  \"zero_optimization\": {\n    \"stage\": " + n(p.optimizer.zero);
-  if (p.optimizer.offload == Offload::kCpu)
-    j += ",\n    \"offload_optimizer\": { \"device\": \"cpu\" }";
+  if (p.optimizer.offload == Offload::kCpu) {
+    j += ",\n    \"offload_optimizer\": { \"device\": \"cpu\"";
+    if (p.optimizer.offload_fraction != 1.0)
+      j += ", \"ratio\": " + Real(p.optimizer.offload_fraction);
+    j += " }";
+  }
   j += "\n  },\n";
   j += std::string("  \"bf16\": { \"enabled\": ") +
        (p.precision == Precision::kBf16 ? "true" : "false") + " },\n";
@@ -368,6 +496,18 @@ std::string Torchtitan(Exporter& ex) {
               "torchtitan has no Megatron-style embedding/loss accounting in its split",
               "set it to false");
   }
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kCurrent) {
+    ex.Cannot("mixed_precision.fp8", "this FP8 recipe",
+              "torchtitan's float8 converter scales per tensor (current scaling)",
+              "set mixed_precision.fp8 = current");
+  }
+  if (mp.grads == ElementType::kFp16) {
+    ex.Cannot("mixed_precision.grads", "fp16 gradients",
+              "torchtitan reduces in float32 or bfloat16", "use fp32 or bf16");
+  }
+  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.grads", "fsdp.replicate",
+                   "fsdp.reshard_after_forward"});
   ex.CommonLimits(false);
   if (!ex.ok()) return {};
   std::string t =
@@ -378,16 +518,18 @@ std::string Torchtitan(Exporter& ex) {
   t += "[model]\nname = \"" + std::string(flavor->name) + "\"\nflavor = \"" +
        std::string(flavor->flavor) + "\"\n";
   if (p.precision == Precision::kFp8) t += "converters = [\"float8\"]\n";
-  const char* mp = p.precision == Precision::kFp16   ? "float16"
-                   : p.precision == Precision::kFp32 ? "float32"
-                                                     : "bfloat16";
+  const char* mpp = p.precision == Precision::kFp16   ? "float16"
+                    : p.precision == Precision::kFp32 ? "float32"
+                                                      : "bfloat16";
   t += "\n[training]\nlocal_batch_size = " +
        n(p.parallel.pp > 1 ? p.batch.global / p.parallel.dp : p.batch.micro) +
        "\nglobal_batch_size = " + n(p.batch.global) + "\nseq_len = " + n(p.model.seq_len) +
        "\nsteps = " + n(p.train.steps) + "\nmax_norm = " + Real(p.optimizer.clip_grad) +
-       "\nseed = " + n(p.train.seed) + "\nmixed_precision_param = \"" + mp + "\"\n";
-  const int64_t shard = p.optimizer.zero == 3 ? p.parallel.dp : 1;
-  const int64_t replicate = p.optimizer.zero == 3 ? 1 : p.parallel.dp;
+       "\nseed = " + n(p.train.seed) + "\nmixed_precision_param = \"" + mpp +
+       "\"\nmixed_precision_reduce = \"" +
+       (mp.grads == ElementType::kBf16 ? "bfloat16" : "float32") + "\"\n";
+  const int64_t shard = p.optimizer.zero == 3 ? p.parallel.dp / p.fsdp.replicate : 1;
+  const int64_t replicate = p.optimizer.zero == 3 ? p.fsdp.replicate : p.parallel.dp;
   t += "\n[parallelism]\ndata_parallel_replicate_degree = " + n(replicate) +
        "\ndata_parallel_shard_degree = " + n(shard) +
        "\ntensor_parallel_degree = " + n(p.parallel.tp) +
@@ -395,6 +537,7 @@ std::string Torchtitan(Exporter& ex) {
        "\ncontext_parallel_degree = " + n(p.parallel.cp) +
        "\nexpert_parallel_degree = " + n(p.parallel.ep) +
        "\nexpert_tensor_parallel_degree = " + n(p.parallel.etp) + "\n";
+  if (!p.fsdp.reshard_after_forward) t += "fsdp_reshard_after_forward = \"never\"\n";
   if (p.parallel.pp > 1) {
     t += std::string("pipeline_parallel_schedule = \"") +
          (p.pipeline.schedule == Schedule::kGpipe ? "GPipe" : "1F1B") +
@@ -441,6 +584,18 @@ std::string Nemo(Exporter& ex) {
               "a NeMo GPT config has no keys for shared experts, leading dense layers or MLA",
               "export to megatron");
   }
+  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params",
+                   "activations.recompute_method", "activations.recompute_layers",
+                   "activations.recompute_modules", "moe.dispatcher", "model.vocab_divisor"});
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
+    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+              "NeMo turns FP8 on with model.fp8", "set precision = fp8");
+  }
+  if (m.activation == Activation::kSquaredRelu) {
+    ex.Cannot("model.activation", "squared ReLU",
+              "this exporter writes NeMo's swiglu and gelu only", "export to megatron");
+  }
   ex.CommonLimits(false);
   if (!ex.ok()) return {};
   std::string y = "# " + p.name + ": written by planc export --to=nemo\n#\n# Derived by planc:\n";
@@ -478,6 +633,7 @@ std::string Nemo(Exporter& ex) {
   kv("num_query_groups", n(m.kv_heads));
   kv("kv_channels", n(m.head_dim));
   kv("vocab_size", n(m.vocab));
+  kv("make_vocab_size_divisible_by", n(m.vocab_divisor));
   kv("normalization", m.norm == Norm::kRmsNorm ? "rmsnorm" : "layernorm");
   kv("activation", m.activation == Activation::kSwiGlu ? "fast-swiglu" : "gelu");
   kv("position_embedding_type", m.position == Position::kRope ? "rope" : "learned_absolute");
@@ -490,10 +646,36 @@ std::string Nemo(Exporter& ex) {
   kv("activations_checkpoint_granularity",
      p.recompute == Recompute::kNone ? "null" : std::string(ToString(p.recompute)));
   if (p.recompute == Recompute::kFull) {
-    kv("activations_checkpoint_method", "uniform");
-    kv("activations_checkpoint_num_layers", "1");
+    kv("activations_checkpoint_method",
+       p.activations.recompute_method == RecomputeMethod::kBlock ? "block" : "uniform");
+    kv("activations_checkpoint_num_layers", n(p.activations.recompute_layers));
+  }
+  if (!p.activations.recompute_modules.empty()) {
+    std::string list;
+    std::string item;
+    for (char c : p.activations.recompute_modules + ",") {
+      if (c == ',') {
+        if (!item.empty()) list += (list.empty() ? "" : ", ") + item;
+        item.clear();
+      } else if (c != ' ') {
+        item += c;
+      }
+    }
+    kv("recompute_modules", "[" + list + "]");
   }
   kv("fp8", p.precision == Precision::kFp8 ? "true" : "false");
+  if (p.precision == Precision::kFp8) {
+    const char* recipe = mp.fp8 == Fp8Recipe::kCurrent     ? "tensorwise"
+                         : mp.fp8 == Fp8Recipe::kBlockwise ? "blockwise"
+                         : mp.fp8 == Fp8Recipe::kMxfp8     ? "mxfp8"
+                                                           : "delayed";
+    kv("fp8_recipe", recipe);
+    kv("fp8_params", mp.fp8_params ? "true" : "false");
+  }
+  if (m.IsMoe() && p.moe.dispatcher != Dispatcher::kAllToAll) {
+    kv("moe_token_dispatcher_type",
+       p.moe.dispatcher == Dispatcher::kAllGather ? "allgather" : "flex");
+  }
   kv("seed", n(p.train.seed));
   y += "  optim:\n    name: " +
        std::string(p.optimizer.type == OptimizerType::kSgd ? "sgd"

@@ -181,7 +181,8 @@ bool Continued(const SourceManager& sm, uint32_t buffer, const ShellWord& a, con
 bool IsCombined(std::string_view flag) {
   return flag == "--num-query-groups" || flag == "--group-query-attention" ||
          flag == "--multi-latent-attention" || flag == "--moe-shared-expert-intermediate-size" ||
-         flag == "--moe-layer-freq" || flag == "--num-layers-per-virtual-pipeline-stage";
+         flag == "--moe-layer-freq" || flag == "--num-layers-per-virtual-pipeline-stage" ||
+         flag == "--recompute-modules" || flag == "--recompute-num-layers";
 }
 
 std::string FlagSource(std::string_view flag, std::string_view value) {
@@ -383,6 +384,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
       }
     }
   }
+  draft.Set("framework", "megatron_core", {}, "a pretrain_gpt.py script runs on Megatron-Core");
   // Megatron's defaults where the script is silent.
   defaulted("precision", "fp32", "no --bf16 or --fp16 (fp32)");
   defaulted("model.norm", "layernorm", "no --normalization (LayerNorm)");
@@ -505,6 +507,40 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
                    "a plan has leading dense layers only (model.dense_layers)");
       }
     }
+  }
+  // --moe-layer-freq k: every k-th layer is an MoE layer.
+  if (const FlagValue* f = combined_of("--moe-layer-freq")) {
+    if (auto k = ParseInteger(f->text); k && *k > 1) {
+      draft.Set("model.moe_layer_freq", std::to_string(*k), f->range, f->source);
+      draft.Set("model.dense_layers", "0", f->range, f->source);
+    }
+  }
+  // Selective recompute's modules: a list of names, one string in the plan.
+  if (const FlagValue* m = combined_of("--recompute-modules")) {
+    std::string names;
+    for (char c : m->text) names += c == ' ' ? std::string(", ") : std::string(1, c);
+    draft.Set("activations.recompute_modules", QuoteString(names), m->range, m->source);
+  }
+  // Layers per recompute group (uniform) or recomputed per chunk (block); a whole chunk is the
+  // plan's 0 ("all").
+  if (const FlagValue* n = combined_of("--recompute-num-layers")) {
+    auto v = ParseInteger(n->text);
+    if (!v || *v < 0) {
+      return bad_value(n->range,
+                       "`--recompute-num-layers` expects a layer count, got '" + n->text + "'", ""),
+             std::nullopt;
+    }
+    int64_t chunk = 0;
+    if (auto layers = get("model.layers")) {
+      const int64_t pp = get("parallel.pp").value_or(1);
+      const int64_t vpp = get("parallel.vpp").value_or(1);
+      if (pp * vpp > 0 && *layers % (pp * vpp) == 0 && !draft.Has("pipeline.first_stage_layers") &&
+          !draft.Has("pipeline.last_stage_layers")) {
+        chunk = *layers / (pp * vpp);
+      }
+    }
+    draft.Set("activations.recompute_layers", *v == chunk ? "0" : std::to_string(*v), n->range,
+              *v == chunk ? n->source + " (every layer of a chunk)" : n->source);
   }
   // Layers per virtual stage -> virtual stages per pipeline rank, and the interleaved schedule.
   if (const FlagValue* vs = combined_of("--num-layers-per-virtual-pipeline-stage")) {

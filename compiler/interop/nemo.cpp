@@ -17,6 +17,13 @@ constexpr EnumChoice kNemoActivation[] = {
     {"fast-swiglu", "swiglu"}, {"swiglu", "swiglu"}, {"gelu", "gelu"}};
 constexpr EnumChoice kNemoPosition[] = {{"rope", "rope"}, {"learned_absolute", "learned"}};
 constexpr EnumChoice kNemoRecompute[] = {{"full", "full"}, {"selective", "selective"}};
+constexpr EnumChoice kNemoRecomputeMethod[] = {{"uniform", "uniform"}, {"block", "block"}};
+constexpr EnumChoice kNemoDispatcher[] = {
+    {"alltoall", "alltoall"}, {"allgather", "allgather"}, {"flex", "flex"}};
+constexpr EnumChoice kNemoFp8Recipe[] = {{"delayed", "delayed"},
+                                         {"tensorwise", "current"},
+                                         {"blockwise", "blockwise"},
+                                         {"mxfp8", "mxfp8"}};
 constexpr EnumChoice kNemoPrecision[] = {{"bf16", "bf16"}, {"bf16-mixed", "bf16"},
                                          {"16", "fp16"},   {"16-mixed", "fp16"},
                                          {"32", "fp32"},   {"32-true", "fp32"}};
@@ -50,6 +57,7 @@ constexpr SettingRow kNemo[] = {
     {"model.num_query_groups", "model.kv_heads", Convert::kInt},
     {"model.kv_channels", "model.head_dim", Convert::kInt},
     {"model.vocab_size", "model.vocab", Convert::kInt},
+    {"model.make_vocab_size_divisible_by", "model.vocab_divisor", Convert::kInt},
     {"model.normalization", "model.norm", Convert::kEnum, {}, kNemoNorm},
     {"model.activation", "model.activation", Convert::kEnum, {}, kNemoActivation},
     {"model.position_embedding_type", "model.position", Convert::kEnum, {}, kNemoPosition},
@@ -59,6 +67,21 @@ constexpr SettingRow kNemo[] = {
     {"model.activations_checkpoint_granularity", "recompute", Convert::kEnum, {}, kNemoRecompute},
     {"model.recompute_granularity", "recompute", Convert::kEnum, {}, kNemoRecompute},
     {"model.fp8", "precision", Convert::kSwitch, "fp8"},
+    {"model.fp8_recipe", "mixed_precision.fp8", Convert::kEnum, {}, kNemoFp8Recipe},
+    {"model.fp8_params", "mixed_precision.fp8_params", Convert::kSwitch, "true"},
+    {"model.activations_checkpoint_method",
+     "activations.recompute_method",
+     Convert::kEnum,
+     {},
+     kNemoRecomputeMethod},
+    {"model.activations_checkpoint_num_layers", "activations.recompute_layers", Convert::kInt},
+    {"model.recompute_method",
+     "activations.recompute_method",
+     Convert::kEnum,
+     {},
+     kNemoRecomputeMethod},
+    {"model.recompute_num_layers", "activations.recompute_layers", Convert::kInt},
+    {"model.moe_token_dispatcher_type", "moe.dispatcher", Convert::kEnum, {}, kNemoDispatcher},
     {"model.seed", "train.seed", Convert::kInt},
     {"model.optim.lr", "optimizer.lr", Convert::kReal},
     {"model.optim.eps", "optimizer.eps", Convert::kReal},
@@ -83,19 +106,14 @@ constexpr SettingRow kNemo[] = {
 };
 
 constexpr SkippedRow kNemoSkipped[] = {
-    {"model.activations_checkpoint_method", "no plan field yet: recompute method"},
-    {"model.activations_checkpoint_num_layers", "no plan field yet: number of recomputed layers"},
-    {"model.recompute_method", "no plan field yet: recompute method"},
-    {"model.recompute_num_layers", "no plan field yet: number of recomputed layers"},
     {"model.recompute_modules", "no plan field yet: recomputed modules"},
-    {"model.fp8_recipe", "no plan field yet: fp8 recipe"},
     {"model.max_position_embeddings", "no plan field: the plan's sequence is the sequence length"},
-    {"model.make_vocab_size_divisible_by", "the padding rule of a plan is Megatron's (128 · tp)"},
     {"trainer.accelerator", "not a layout setting"},
     {"trainer.strategy", "not a layout setting"},
 };
 
 constexpr std::string_view kHandled[] = {"model.optim.name", "model.optim.betas",
+                                         "model.recompute_modules",
                                          "model.share_embeddings_and_output_weights"};
 
 }  // namespace
@@ -119,6 +137,7 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
   PlanDraft draft;
   draft.kind = ConfigKind::kNemo;
   draft.vocab_help = "add model.vocab_size (NeMo takes it from the tokenizer otherwise)";
+  draft.Set("framework", "megatron_core", {}, "NeMo runs on Megatron-Core");
   if (!ApplyRows(*entries, kNemo, kNemoSkipped, kHandled, draft, sink)) return std::nullopt;
   if (const ConfigEntry* o = FindEntry(*entries, "model.optim.name")) {
     if (o->text == "distributed_fused_adam" || o->text == "mcore_distributed_optim") {
@@ -158,6 +177,13 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
               : t->text == "False" ? "false"
                                    : t->text,
               t->range, t->key + " = " + t->text);
+  }
+  if (const ConfigEntry* m = FindEntry(*entries, "model.recompute_modules")) {
+    std::string names;
+    for (const std::string& item : m->items) names += (names.empty() ? "" : ", ") + item;
+    if (m->type != ValueType::kList) names = m->text;
+    draft.Set("activations.recompute_modules", QuoteString(names), m->range,
+              m->key + " = [" + m->text + "]");
   }
   if (auto vpp = draft.Find("parallel.vpp"); vpp && vpp->value != "1" && vpp->value != "null") {
     draft.Set("pipeline.schedule", "interleaved_1f1b", vpp->origin, vpp->source);

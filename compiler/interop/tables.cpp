@@ -17,6 +17,13 @@ constexpr EnumChoice kMegatronPosition[] = {{"rope", "rope"}, {"learned_absolute
 constexpr EnumChoice kMegatronRecompute[] = {{"full", "full"}, {"selective", "selective"}};
 constexpr EnumChoice kMegatronOptimizer[] = {{"adam", "adamw"}, {"sgd", "sgd"}};
 constexpr EnumChoice kMegatronFp8[] = {{"e4m3", "fp8"}, {"hybrid", "fp8"}};
+constexpr EnumChoice kMegatronFp8Recipe[] = {{"delayed", "delayed"},
+                                             {"tensorwise", "current"},
+                                             {"blockwise", "blockwise"},
+                                             {"mxfp8", "mxfp8"}};
+constexpr EnumChoice kMegatronRecomputeMethod[] = {{"uniform", "uniform"}, {"block", "block"}};
+constexpr EnumChoice kMegatronDispatcher[] = {
+    {"alltoall", "alltoall"}, {"allgather", "allgather"}, {"flex", "flex"}};
 
 // Megatron-LM's pretrain_gpt.py arguments (megatron/training/arguments.py). Rows that need more
 // than one flag (--num-layers-per-virtual-pipeline-stage, --moe-layer-freq, the defaults) are
@@ -43,6 +50,7 @@ constexpr SettingRow kMegatron[] = {
     {"--kv-channels", "model.head_dim", Convert::kInt},
     {"--seq-length", "model.seq_len", Convert::kInt},
     {"--vocab-size", "model.vocab", Convert::kInt},
+    {"--make-vocab-size-divisible-by", "model.vocab_divisor", Convert::kInt},
     {"--normalization", "model.norm", Convert::kEnum, {}, kMegatronNorm},
     {"--position-embedding-type", "model.position", Convert::kEnum, {}, kMegatronPosition},
     {"--swiglu", "model.activation", Convert::kSwitch, "swiglu"},
@@ -62,6 +70,21 @@ constexpr SettingRow kMegatron[] = {
     {"--fp8-format", "precision", Convert::kEnum, {}, kMegatronFp8},
     {"--recompute-activations", "recompute", Convert::kSwitch, "selective"},
     {"--recompute-granularity", "recompute", Convert::kEnum, {}, kMegatronRecompute},
+    {"--fp8-recipe", "mixed_precision.fp8", Convert::kEnum, {}, kMegatronFp8Recipe},
+    {"--fp8-param-gather", "mixed_precision.fp8_params", Convert::kSwitch, "true"},
+    {"--grad-reduce-in-bf16", "mixed_precision.grads", Convert::kSwitch, "bf16"},
+    {"--recompute-method",
+     "activations.recompute_method",
+     Convert::kEnum,
+     {},
+     kMegatronRecomputeMethod},
+    {"--cpu-offloading-num-layers", "activations.offload_layers", Convert::kInt},
+    {"--moe-token-dispatcher-type", "moe.dispatcher", Convert::kEnum, {}, kMegatronDispatcher},
+    {"--moe-expert-capacity-factor", "moe.capacity_factor", Convert::kReal},
+    {"--optimizer-offload-fraction", "optimizer.offload_fraction", Convert::kReal},
+    {"--qk-layernorm", "model.qk_norm", Convert::kSwitch, "true"},
+    {"--mtp-num-layers", "model.mtp_layers", Convert::kInt},
+    {"--squared-relu", "model.activation", Convert::kSwitch, "squared_relu"},
     {"--use-distributed-optimizer", "optimizer.zero", Convert::kSwitch, "1"},
     {"--optimizer-cpu-offload", "optimizer.offload", Convert::kSwitch, "cpu"},
     {"--optimizer", "optimizer.type", Convert::kEnum, {}, kMegatronOptimizer},
@@ -86,17 +109,11 @@ constexpr SettingRow kMegatron[] = {
 
 // Settings a plan has no field for yet; listed so that nothing is dropped in silence.
 constexpr SkippedRow kMegatronSkipped[] = {
-    {"--recompute-method", "no plan field yet: recompute method (uniform, block)"},
-    {"--recompute-num-layers", "no plan field yet: number of recomputed layers"},
-    {"--recompute-modules", "no plan field yet: recomputed modules"},
-    {"--fp8-recipe", "no plan field yet: fp8 recipe"},
-    {"--fp8-param-gather", "no plan field yet: fp8 parameters", false},
     {"--fp8-amax-history-len", "no plan field yet: fp8 scaling"},
     {"--fp8-amax-compute-algo", "no plan field yet: fp8 scaling"},
     {"--moe-grouped-gemm", "no plan field: a kernel choice", false},
     {"--moe-router-load-balancing-type", "no plan field: router loss"},
     {"--moe-aux-loss-coeff", "no plan field: router loss"},
-    {"--moe-token-dispatcher-type", "no plan field: a dispatch kernel choice"},
     {"--overlap-grad-reduce", "no plan field: the time model assumes overlap", false},
     {"--overlap-param-gather", "no plan field: the time model assumes overlap", false},
     {"--max-position-embeddings", "no plan field: the plan's sequence is --seq-length"},

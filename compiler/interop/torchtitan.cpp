@@ -16,6 +16,7 @@ constexpr EnumChoice kTitanRecompute[] = {
     {"none", "none"}, {"selective", "selective"}, {"full", "full"}};
 constexpr EnumChoice kTitanPrecision[] = {
     {"bfloat16", "bf16"}, {"float16", "fp16"}, {"float32", "fp32"}};
+constexpr EnumChoice kTitanReduce[] = {{"float32", "fp32"}, {"bfloat16", "bf16"}};
 constexpr EnumChoice kTitanOptimizer[] = {{"AdamW", "adamw"}, {"Adam", "adamw"}, {"SGD", "sgd"}};
 
 constexpr SettingRow kTorchtitan[] = {
@@ -33,6 +34,7 @@ constexpr SettingRow kTorchtitan[] = {
     {"activation_checkpoint.mode", "recompute", Convert::kEnum, {}, kTitanRecompute},
     {"training.mixed_precision_param", "precision", Convert::kEnum, {}, kTitanPrecision},
     {"training.seq_len", "model.seq_len", Convert::kInt},
+    {"training.mixed_precision_reduce", "mixed_precision.grads", Convert::kEnum, {}, kTitanReduce},
     {"training.steps", "train.steps", Convert::kInt},
     {"training.max_norm", "optimizer.clip_grad", Convert::kReal},
     {"training.seed", "train.seed", Convert::kInt},
@@ -52,13 +54,11 @@ constexpr SettingRow kTorchtitan[] = {
 constexpr SkippedRow kTorchtitanSkipped[] = {
     {"activation_checkpoint.selective_ac_option",
      "no plan field yet: which layers or ops are recomputed"},
-    {"parallelism.fsdp_reshard_after_forward", "no plan field yet: FSDP resharding"},
     {"parallelism.enable_async_tensor_parallel", "no plan field: the time model assumes overlap"},
     {"parallelism.disable_loss_parallel", "no plan field: loss parallelism"},
     {"float8.enable_fsdp_float8_all_gather", "no plan field yet: fp8 all-gather"},
     {"float8.precompute_float8_dynamic_scale_for_fsdp", "no plan field yet: fp8 scaling"},
     {"float8.recipe_name", "no plan field yet: fp8 recipe"},
-    {"training.mixed_precision_reduce", "no plan field yet: gradient reduction dtype"},
     {"compile.enable", "not a layout setting"},
     {"job.dump_folder", "not a layout setting"},
     {"job.description", "not a layout setting"},
@@ -77,7 +77,8 @@ constexpr std::string_view kHandled[] = {"parallelism.data_parallel_shard_degree
                                          "model.name",
                                          "model.flavor",
                                          "model.converters",
-                                         "float8.enable_float8_linear"};
+                                         "float8.enable_float8_linear",
+                                         "parallelism.fsdp_reshard_after_forward"};
 
 // torchtitan's model flavors (torchtitan/models/*/__init__.py) that the stdlib has.
 struct Flavor {
@@ -101,6 +102,7 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
   PlanDraft draft;
   draft.kind = ConfigKind::kTorchtitan;
   draft.vocab_help = "name a model flavor the stdlib has ([model] name and flavor)";
+  draft.Set("framework", "torchtitan", {}, "a torchtitan job file");
   // torchtitan trains in bf16 with fp32 reductions unless told otherwise.
   draft.Set("precision", "bf16", {}, "torchtitan's default: mixed_precision_param = \"bfloat16\"");
   if (!ApplyRows(*entries, kTorchtitan, kTorchtitanSkipped, kHandled, draft, sink))
@@ -133,11 +135,15 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
   if (const ConfigEntry* c = FindEntry(*entries, "model.converters")) {
     if (std::find(c->items.begin(), c->items.end(), "float8") != c->items.end()) {
       draft.Set("precision", "fp8", c->range, "model.converters = [" + c->text + "]");
+      draft.Set("mixed_precision.fp8", "current", c->range,
+                "torchtitan's float8 scales per tensor (tensorwise)");
     }
   }
   if (const ConfigEntry* f = FindEntry(*entries, "float8.enable_float8_linear");
       f && f->text == "true") {
     draft.Set("precision", "fp8", f->range, "float8.enable_float8_linear = true");
+    draft.Set("mixed_precision.fp8", "current", f->range,
+              "torchtitan's float8 scales per tensor (tensorwise)");
   }
   // The floor of the decay, as a fraction of the peak rate.
   if (const ConfigEntry* f = FindEntry(*entries, "lr_scheduler.min_lr_factor")) {
@@ -177,9 +183,21 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
               shard ? shard->key + " = " + shard->text + " (FSDP)"
                     : "torchtitan's default: FSDP over the data-parallel ranks");
   }
+  // The shard group of FSDP / HSDP.
   if (replicate_v > 1 && shard_v != 1) {
-    draft.Skip(replicate->key + " = " + replicate->text, replicate->range,
-               "no plan field yet: HSDP replicates over this degree and shards over the rest");
+    draft.Set("fsdp.replicate", std::to_string(replicate_v), replicate->range,
+              replicate->key + " = " + replicate->text);
+  }
+  if (const ConfigEntry* r = FindEntry(*entries, "parallelism.fsdp_reshard_after_forward")) {
+    if (r->text == "never" || r->text == "always") {
+      draft.Set("fsdp.reshard_after_forward", r->text == "always" ? "true" : "false", r->range,
+                r->key + " = " + r->text);
+    } else if (r->text != "default") {
+      sink.Report(Diag(DiagKind::kConfigBadValue,
+                       "`" + r->key + "` takes default, always or never, got " + r->text)
+                      .At(r->range));
+      return std::nullopt;
+    }
   }
   if (shard_v > 0) {
     auto dp = CheckedMul(shard_v, replicate_v);
