@@ -345,3 +345,121 @@ TEST_CASE("DeepSpeed JSON with a Megatron-DeepSpeed script; the JSON alone names
 
 }  // namespace
 }  // namespace paraplan
+
+namespace paraplan {
+namespace {
+
+TEST_CASE(
+    "the precision record, recompute detail, MoE dispatch and framework from a Megatron-LM "
+    "script") {
+  Imported im(
+      ConfigKind::kMegatron,
+      "torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
+      "--num-attention-heads 16 --seq-length 2048 --vocab-size 32000 --swiglu "
+      "--num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type flex "
+      "--expert-model-parallel-size 8 --pipeline-model-parallel-size 2 "
+      "--bf16 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --grad-reduce-in-bf16 "
+      "--recompute-granularity full --recompute-method block --recompute-num-layers 4 "
+      "--make-vocab-size-divisible-by 64 --global-batch-size 64\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.framework == Framework::kMegatronCore);
+  CHECK(p.precision == Precision::kFp8);
+  CHECK(p.mixed_precision.fp8 == Fp8Recipe::kCurrent);
+  CHECK(p.mixed_precision.fp8_params);
+  CHECK(p.mixed_precision.grads == ElementType::kBf16);
+  CHECK(p.recompute == Recompute::kFull);
+  CHECK(p.activations.recompute_method == RecomputeMethod::kBlock);
+  CHECK(p.activations.recompute_layers == 0);  // 4 = every layer of a chunk (8 layers / pp 2)
+  CHECK(p.moe.dispatcher == Dispatcher::kFlex);
+  CHECK(p.model.vocab_divisor == 64);
+  CHECK(im.OriginText("mixed_precision.fp8") == "--fp8-recipe tensorwise");
+
+  Imported sel(ConfigKind::kMegatron,
+               "python pretrain_gpt.py --num-layers 8 --hidden-size 1024 --num-attention-heads 16 "
+               "--seq-length 2048 --vocab-size 32000 --recompute-granularity selective "
+               "--recompute-modules core_attn mlp --recompute-num-layers 3\n");
+  REQUIRE(sel.checked);
+  CHECK(sel.checked->activations.recompute_modules == "core_attn, mlp");
+  CHECK(sel.checked->activations.recompute_layers == 3);
+}
+
+TEST_CASE("torchtitan HSDP, resharding and float8; NeMo and DeepSpeed name their framework") {
+  Imported im(ConfigKind::kTorchtitan,
+              "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"float8\"]\n"
+              "[training]\nlocal_batch_size = 2\nmixed_precision_reduce = \"bfloat16\"\n"
+              "[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4\n"
+              "fsdp_reshard_after_forward = \"never\"\n",
+              ImportOptions{.nodes = 1});
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.framework == Framework::kTorchtitan);
+  CHECK(p.optimizer.zero == 3);
+  CHECK(p.parallel.dp == 8);
+  CHECK(p.fsdp.replicate == 2);
+  CHECK(!p.fsdp.reshard_after_forward);
+  CHECK(p.mixed_precision.fp8 == Fp8Recipe::kCurrent);
+  CHECK(p.mixed_precision.grads == ElementType::kBf16);
+  CHECK(im.OriginText("fsdp.replicate") == "data_parallel_replicate_degree = 2");
+
+  Imported nemo(
+      ConfigKind::kNemo,
+      "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"
+      "  encoder_seq_length: 4096\n  ffn_hidden_size: 11008\n  activation: fast-swiglu\n"
+      "  normalization: rmsnorm\n  share_embeddings_and_output_weights: false\n"
+      "  recompute_modules: [core_attn, mlp]\n  activations_checkpoint_granularity: selective\n");
+  REQUIRE(nemo.checked);
+  CHECK(nemo.checked->framework == Framework::kMegatronCore);
+  CHECK(nemo.checked->activations.recompute_modules == "core_attn, mlp");
+}
+
+TEST_CASE("export carries the record settings its target has and refuses the others") {
+  SourceManager sm;
+  DiagnosticSink sink;
+  LoadOptions load;
+  load.stdlib_dir = Stdlib();
+  auto source = PlanSource::FromText(
+      "p.plan",
+      "import std.models.llama\nimport std.clusters\n"
+      "plan p { model = llama3_8b  cluster = dgx_h100 { nodes = 2 }  framework = megatron_core\n"
+      "  parallel { tp = 2  pp = 2  sp = true }  batch { global = 64 }  precision = fp8  recompute "
+      "= selective\n"
+      "  mixed_precision { fp8 = blockwise  grads = bf16 }  activations { recompute_modules = "
+      "\"core_attn, mlp\" } }\n",
+      load, sm, sink);
+  REQUIRE(source);
+  auto plan = source->Evaluate("", {}, EvalOptions{}, sink);
+  REQUIRE(plan);
+  REQUIRE(!sink.has_errors());
+  DiagnosticSink out;
+  ExportResult megatron = ExportPlan(ConfigKind::kMegatron, *plan, out);
+  CHECK(megatron.text.find("--fp8-recipe blockwise") != std::string::npos);
+  CHECK(megatron.text.find("--grad-reduce-in-bf16") != std::string::npos);
+  CHECK(megatron.text.find("--recompute-modules core_attn mlp") != std::string::npos);
+  // Back again: the record settings are the same.
+  SourceManager sm2;
+  DiagnosticSink sink2;
+  ImportOptions options;
+  options.stdlib_dir = Stdlib();
+  auto imported =
+      ImportConfigText(ConfigKind::kMegatron, "p.sh", megatron.text, options, sm2, sink2);
+  REQUIRE(imported);
+  auto back_source = PlanSource::FromText("back.plan", imported->text, load, sm2, sink2);
+  REQUIRE(back_source);
+  auto back = back_source->Evaluate("", {}, EvalOptions{}, sink2);
+  REQUIRE(back);
+  CHECK(back->mixed_precision.fp8 == Fp8Recipe::kBlockwise);
+  CHECK(back->mixed_precision.grads == ElementType::kBf16);
+  CHECK(back->activations.recompute_modules == "core_attn, mlp");
+  // torchtitan's float8 is tensorwise only: the blockwise recipe is refused at its line.
+  DiagnosticSink titan_sink;
+  CHECK(ExportPlan(ConfigKind::kTorchtitan, *plan, titan_sink).text.empty());
+  bool refused = false;
+  for (const Diagnostic& d : titan_sink.diagnostics()) {
+    refused = refused || d.message == "torchtitan cannot express `mixed_precision.fp8 = blockwise`";
+  }
+  CHECK(refused);
+}
+
+}  // namespace
+}  // namespace paraplan
