@@ -19,6 +19,8 @@ int RunExplain(const std::vector<std::string>& args);
 int RunSearch(const std::vector<std::string>& args);
 int RunCompile(const std::vector<std::string>& args);
 int RunDump(const std::vector<std::string>& args);
+int RunImport(const std::vector<std::string>& args);
+int RunExport(const std::vector<std::string>& args);
 
 }  // namespace paraplan
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "compiler/check/rules.h"
+#include "compiler/driver/import_args.h"
 
 #ifndef PARAPLAN_STDLIB_DIR
 #define PARAPLAN_STDLIB_DIR "stdlib"
@@ -12,6 +13,7 @@ namespace paraplan {
 
 bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* opts,
                        std::vector<std::string>* rest, std::string* error) {
+  ImportArgs import;
   auto value_of = [&](size_t& i, std::string_view flag, std::string* out) -> bool {
     const std::string& a = args[i];
     if (a.size() > flag.size() && a.compare(0, flag.size(), flag) == 0 && a[flag.size()] == '=') {
@@ -45,6 +47,8 @@ bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* op
         return false;
       }
       opts->sets.push_back(std::move(set));
+    } else if (int taken = TakeImportArg(args, i, &import, error); taken != 0) {
+      if (taken < 0) return false;
     } else if (a == "-I") {
       if (i + 1 >= args.size()) {
         *error = "-I needs a directory";
@@ -60,9 +64,15 @@ bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* op
     }
   }
   if (opts->file.empty()) {
-    *error = "no plan file given";
+    *error = import.kind ? "no configuration file given" : "no plan file given";
     return false;
   }
+  if (!import.kind && (import.options.nodes || import.options.gpus_per_node || !import.options.gpu.empty())) {
+    *error = "--nodes, --gpus-per-node and --gpu go with --from=KIND";
+    return false;
+  }
+  opts->from = import.kind;
+  opts->import = import.options;
   return true;
 }
 
@@ -76,9 +86,20 @@ std::unique_ptr<PlanVariants> PlanVariants::Load(const FrontendOptions& opts, So
   LoadOptions load;
   load.stdlib_dir = StdlibDir();
   load.include_dirs = opts.include_dirs;
-  auto source = PlanSource::Load(opts.file, load, sm, sink);
-  if (!source) return nullptr;
   std::unique_ptr<PlanVariants> v(new PlanVariants());
+  std::unique_ptr<PlanSource> source;
+  if (opts.from) {
+    ImportOptions import = opts.import;
+    import.stdlib_dir = load.stdlib_dir;
+    auto imported = ImportConfig(*opts.from, opts.file, import, sm, sink);
+    if (!imported) return nullptr;
+    v->imported_buffer_ = static_cast<uint32_t>(sm.BufferCount()) + 1;  // FromText adds it next
+    source = PlanSource::FromText(opts.file + " (as a plan)", imported->text, load, sm, sink);
+    v->imported_ = std::move(imported);
+  } else {
+    source = PlanSource::Load(opts.file, load, sm, sink);
+  }
+  if (!source) return nullptr;
   v->opts_ = opts;
   v->sm_ = &sm;
   v->source_ = std::move(source);
@@ -108,17 +129,26 @@ std::optional<Plan> PlanVariants::Check(const std::vector<SetOverride>& extra,
                                         DiagnosticSink& sink, bool run_rules) const {
   EvalOptions eval;
   eval.allow_sweeps = opts_.allow_sweeps;
+  // An imported configuration: diagnostics are collected here and moved into the user's file.
+  DiagnosticSink local;
+  DiagnosticSink& out = imported_ ? local : sink;
   const int errors_before = sink.error_count();
   std::optional<Plan> plan;
   if (extra.empty()) {
-    plan = source_->Evaluate(opts_.plan_name, base_sets_, eval, sink);
+    plan = source_->Evaluate(opts_.plan_name, base_sets_, eval, out);
   } else {
     std::vector<SetOverride> all = base_sets_;
     all.insert(all.end(), extra.begin(), extra.end());
-    plan = source_->Evaluate(opts_.plan_name, all, eval, sink);
+    plan = source_->Evaluate(opts_.plan_name, all, eval, out);
+  }
+  if (plan && imported_) ApplyImportedOrigins(*imported_, imported_buffer_, *sm_, *plan);
+  if (plan && run_rules) CheckPlanRules(*plan, out);
+  if (imported_) {
+    for (const Diagnostic& d : local.diagnostics()) {
+      sink.Report(RemapImportedDiagnostic(*imported_, imported_buffer_, *sm_, d));
+    }
   }
   if (!plan) return std::nullopt;
-  if (run_rules) CheckPlanRules(*plan, sink);
   if (sink.error_count() > errors_before) return std::nullopt;
   return plan;
 }

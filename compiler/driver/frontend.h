@@ -19,6 +19,7 @@
 
 #include "compiler/check/evaluate.h"
 #include "compiler/diagnostics/diagnostic.h"
+#include "compiler/interop/interop.h"
 #include "compiler/plan/plan.h"
 #include "compiler/source/source.h"
 
@@ -30,10 +31,15 @@ struct FrontendOptions {
   std::vector<std::string> sets;   // --set PATH=VALUE, in order
   std::vector<std::string> include_dirs;  // -I DIR
   bool allow_sweeps = false;       // planc search: list-valued / auto axes become Plan::sweeps
+  // --from=KIND: `file` is a framework configuration, imported (compiler/interop) and checked
+  // as the plan it describes; diagnostics point into the configuration.
+  std::optional<ConfigKind> from;
+  ImportOptions import;            // --nodes, --gpus-per-node, --gpu with --from
 };
 
 // Takes FILE, --plan NAME (also --plan=NAME), --set PATH=VALUE (repeatable, also
-// --set=PATH=VALUE), -I DIR (also -IDIR) out of `args`; everything else is returned in *rest in
+// --set=PATH=VALUE), -I DIR (also -IDIR), --from=KIND with --nodes/--gpus-per-node/--gpu out of
+// `args`; everything else is returned in *rest in
 // its original order. false and *error on bad usage (no FILE, two FILEs, an option without its
 // value, --set without '=').
 bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* opts,
@@ -79,6 +85,9 @@ class PlanVariants {
   SourceManager* sm_ = nullptr;
   std::unique_ptr<PlanSource> source_;
   std::vector<SetOverride> base_sets_;
+  // With --from: the imported plan and the buffer its text was loaded into.
+  std::optional<ImportedPlan> imported_;
+  uint32_t imported_buffer_ = 0;
 };
 
 }  // namespace paraplan

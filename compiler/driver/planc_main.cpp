@@ -18,6 +18,11 @@ constexpr const char* kUsage =
     "  search  FILE [--plan NAME] [--set ...] [--top K] [--format=text|json]\n"
     "  compile FILE [--plan NAME] [--set ...] -o PROGRAM [--trace OUT.json]\n"
     "  dump    PROGRAM [--rank R] [--format=text|json]\n"
+    "  import  --from=megatron|torchtitan|deepspeed|nemo FILE [--nodes N] [--gpus-per-node G]\n"
+    "          [--gpu NAME] [-o OUT.plan]\n"
+    "  export  FILE [--plan NAME] [--set ...] --to=megatron|torchtitan|deepspeed|nemo [-o OUT]\n"
+    "\n"
+    "check, explain, search and compile read a framework's file directly with --from=KIND\n"
     "\n"
     "exit status: 0 ok (warnings allowed), 1 the input has errors, 2 bad usage, 70 internal error\n";
 
@@ -41,6 +46,8 @@ int main(int argc, char** argv) {
     if (command == "search") return RunSearch(args);
     if (command == "compile") return RunCompile(args);
     if (command == "dump") return RunDump(args);
+    if (command == "import") return RunImport(args);
+    if (command == "export") return RunExport(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "planc: internal error: %s\n", e.what());
     return kExitInternal;

@@ -1,0 +1,548 @@
+#include "compiler/interop/draft.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "compiler/check/evaluate.h"
+
+namespace paraplan::interop {
+
+void PlanDraft::Set(std::string path, std::string value, SourceRange origin, std::string source) {
+  Erase(path);
+  settings_.push_back({std::move(path), std::move(value), origin, std::move(source)});
+}
+
+const DraftSetting* PlanDraft::Find(std::string_view path) const {
+  for (const DraftSetting& s : settings_) {
+    if (s.path == path) return &s;
+  }
+  return nullptr;
+}
+
+void PlanDraft::Erase(std::string_view path) {
+  settings_.erase(std::remove_if(settings_.begin(), settings_.end(),
+                                 [&](const DraftSetting& s) { return s.path == path; }),
+                  settings_.end());
+}
+
+void PlanDraft::Skip(std::string text, SourceRange range, std::string reason) {
+  skipped_.push_back({std::move(text), range, std::move(reason)});
+}
+
+void PlanDraft::Unskip(std::string_view text) {
+  auto named = [&](const DraftSkip& s) {
+    return s.text == text || (s.text.size() > text.size() && s.text.rfind(text, 0) == 0 &&
+                              s.text[text.size()] == ' ');
+  };
+  skipped_.erase(std::remove_if(skipped_.begin(), skipped_.end(), named), skipped_.end());
+}
+
+std::optional<int64_t> ParseInteger(std::string_view text) {
+  std::string digits;
+  for (char c : text) {
+    if (c != '_') digits += c;
+  }
+  if (digits.empty()) return std::nullopt;
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec == std::errc() && p == digits.data() + digits.size()) return v;
+  // 1e6 or 4096.0 written for an integer.
+  auto r = ParseReal(text);
+  if (r && std::isfinite(*r) && *r == std::floor(*r) && std::fabs(*r) < 9.0e18) {
+    return static_cast<int64_t>(*r);
+  }
+  return std::nullopt;
+}
+
+std::optional<double> ParseReal(std::string_view text) {
+  std::string s(text);
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::string RealText(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // Shortest text that reads back to the same double.
+  for (int precision = 1; precision <= 17; ++precision) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.*g", precision, v);
+    if (std::strtod(b, nullptr) == v) {
+      std::string t = b;
+      // The language needs a digit before an exponent's sign and reads "1e-08" as a real.
+      if (t.find_first_of(".e") == std::string::npos) t += ".0";
+      return t;
+    }
+  }
+  return buf;
+}
+
+std::string QuoteString(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+namespace {
+
+// Fields that make a model's shape: an imported model is a stdlib model when all of them agree.
+// The others (vocab, seq_len, norm, activation, position, tied_embeddings) become overrides.
+constexpr std::string_view kShapeFields[] = {
+    "model.layers",         "model.hidden",           "model.ffn_hidden",       "model.heads",
+    "model.kv_heads",       "model.head_dim",         "model.experts",          "model.topk",
+    "model.moe_ffn_hidden", "model.shared_experts",   "model.dense_layers",     "model.q_lora_rank",
+    "model.kv_lora_rank",   "model.qk_nope_head_dim", "model.qk_rope_head_dim", "model.v_head_dim",
+};
+
+bool IsShapeField(std::string_view path) {
+  return std::find(std::begin(kShapeFields), std::end(kShapeFields), path) !=
+         std::end(kShapeFields);
+}
+
+struct GpuChoice {
+  std::string cluster;  // stdlib cluster record
+  std::string gpu;      // a gpu override, or empty
+};
+
+std::optional<GpuChoice> ChooseCluster(std::string name) {
+  std::string n;
+  for (char c : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (n.find("h100") != std::string::npos) return GpuChoice{"dgx_h100", ""};
+  if (n.find("h200") != std::string::npos) return GpuChoice{"dgx_h200", ""};
+  if (n.find("h800") != std::string::npos) return GpuChoice{"hgx_h800", ""};
+  if (n.find("a100") != std::string::npos) {
+    if (n.find("40") != std::string::npos) return GpuChoice{"dgx_a100", "a100_40gb"};
+    return GpuChoice{"dgx_a100", ""};
+  }
+  return std::nullopt;
+}
+
+struct StdlibModel {
+  std::string module;  // "llama" for std.models.llama
+  std::string name;
+  Plan plan;  // a probe plan holding the evaluated model
+};
+
+// Every model record of <stdlib>/models/*.plan, evaluated.
+std::vector<StdlibModel> LoadStdlibModels(const std::string& stdlib_dir) {
+  std::vector<StdlibModel> out;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(stdlib_dir) / "models", ec)) {
+    if (e.path().extension() == ".plan") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  const std::regex model_re(R"(^model\s+([A-Za-z_][A-Za-z0-9_]*))");
+  for (const fs::path& f : files) {
+    std::ifstream in(f);
+    std::string line, module = f.stem().string();
+    std::vector<std::string> names;
+    while (std::getline(in, line)) {
+      std::smatch m;
+      if (std::regex_search(line, m, model_re)) names.push_back(m[1]);
+    }
+    if (names.empty()) continue;
+    std::string text = "import std.models." + module + "\nimport std.clusters\n";
+    for (const std::string& n : names) {
+      text += "plan probe_" + n + " { model = " + n + "  cluster = dgx_h100 }\n";
+    }
+    SourceManager sm;
+    DiagnosticSink sink;
+    LoadOptions load;
+    load.stdlib_dir = stdlib_dir;
+    auto source = PlanSource::FromText("<stdlib models>", text, load, sm, sink);
+    if (!source) continue;
+    for (const std::string& n : names) {
+      DiagnosticSink s;
+      auto plan = source->Evaluate("probe_" + n, {}, EvalOptions{}, s);
+      if (plan && !s.has_errors()) out.push_back({module, n, std::move(*plan)});
+    }
+  }
+  return out;
+}
+
+// A plan name from a file name: "train_llama3_70b.sh" -> "train_llama3_70b".
+std::string PlanNameFromFile(std::string_view buffer_name) {
+  std::string stem = std::filesystem::path(std::string(buffer_name)).stem().string();
+  std::string out;
+  for (char c : stem) {
+    out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  }
+  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "imported_" + out;
+  static const std::set<std::string> kKeywords = {"import", "let",  "require", "extends", "true",
+                                                  "false",  "auto", "and",     "or",      "not"};
+  if (kKeywords.count(out)) out += "_plan";
+  return out;
+}
+
+class TextWriter {
+ public:
+  // One line; `origin` maps it back to the user's setting.
+  void Line(const std::string& code, const std::string& comment, SourceRange origin) {
+    std::string l = code;
+    if (!comment.empty()) {
+      if (l.size() < 40)
+        l.resize(40, ' ');
+      else
+        l += "  ";
+      l += "# " + comment;
+    }
+    text_ += l + "\n";
+    ++line_;
+    if (origin.IsValid()) lines_.push_back({line_, origin});
+  }
+  std::string text_;
+  uint32_t line_ = 0;
+  std::vector<std::pair<uint32_t, SourceRange>> lines_;
+};
+
+std::string Leaf(std::string_view path) { return std::string(path.substr(path.rfind('.') + 1)); }
+
+std::string SourceComment(const DraftSetting& s, const SourceManager& sm) {
+  if (!s.origin.IsValid()) return s.source;
+  return s.source + " (line " + std::to_string(sm.Position(s.origin.buffer, s.origin.begin).line) +
+         ")";
+}
+
+}  // namespace
+
+std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const ImportOptions& options,
+                                              uint32_t config_buffer, SourceManager& sm,
+                                              DiagnosticSink& sink) {
+  const std::string framework(FrameworkName(draft.kind));
+  const std::string file_name(sm.Name(config_buffer));
+  ImportedPlan out;
+  out.config_buffer = config_buffer;
+  out.plan_name = options.plan_name.empty() ? PlanNameFromFile(file_name) : options.plan_name;
+
+  // --- cluster: the command line wins over the file -------------------------------------------
+  std::string gpu = draft.gpu;
+  std::string gpu_comment = draft.gpu_source;
+  SourceRange gpu_origin = draft.gpu_origin;
+  if (!options.gpu.empty()) {
+    gpu = options.gpu;
+    gpu_comment = "--gpu " + options.gpu;
+    gpu_origin = {};
+  }
+  if (gpu.empty()) {
+    gpu = "h100";
+    gpu_comment = "the file names no GPU: H100 assumed (planc import --gpu NAME)";
+  }
+  auto cluster = ChooseCluster(gpu);
+  if (!cluster) {
+    sink.Report(Diag(DiagKind::kConfigBadValue, "no stdlib cluster has the GPU `" + gpu + "`")
+                    .At(gpu_origin, "this GPU")
+                    .Note("the stdlib's clusters hold H100, H200, H800 and A100 (40 or 80 GB) GPUs")
+                    .Help("pass --gpu h100, h200, h800, a100 or a100_40gb"));
+    return std::nullopt;
+  }
+
+  std::vector<DraftSetting> settings = draft.settings();
+  auto set_from_options = [&](const char* path, const std::optional<int64_t>& v, const char* flag) {
+    if (!v) return;
+    settings.erase(std::remove_if(settings.begin(), settings.end(),
+                                  [&](const DraftSetting& s) { return s.path == path; }),
+                   settings.end());
+    settings.push_back(
+        {path, std::to_string(*v), {}, std::string(flag) + " " + std::to_string(*v)});
+  };
+  set_from_options("cluster.nodes", options.nodes, "--nodes");
+  set_from_options("cluster.gpus_per_node", options.gpus_per_node, "--gpus-per-node");
+  auto find = [&](std::string_view path) -> const DraftSetting* {
+    for (const DraftSetting& s : settings) {
+      if (s.path == path) return &s;
+    }
+    return nullptr;
+  };
+  if (!find("cluster.nodes")) {
+    settings.push_back(
+        {"cluster.nodes", "1", {}, "the file states no node count: 1 assumed (--nodes N)"});
+  }
+
+  // --- model: the record the file describes, then a stdlib model of the same shape -----------
+  std::vector<const DraftSetting*> model_settings;
+  for (const FieldInfo& f : PlanFields()) {  // in the order of the model's fields
+    const DraftSetting* s = f.path.rfind("model.", 0) == 0 ? find(f.path) : nullptr;
+    if (s) model_settings.push_back(s);
+  }
+  if (draft.stdlib_model.empty()) {
+    for (const char* required : {"model.layers", "model.hidden", "model.heads", "model.seq_len"}) {
+      if (!find(required)) {
+        sink.Report(
+            Diag(DiagKind::kConfigMissing, "`" + std::string(required) + "` is not in " + file_name)
+                .At({config_buffer, 0, 0}, "in this " + framework + " configuration")
+                .Note("a plan needs the model's layers, hidden size, heads and sequence length")
+                .Help("state it in the file, or import a file that names a model flavor"));
+        return std::nullopt;
+      }
+    }
+  }
+  auto model_record = [&](const std::string& name, bool placeholder_vocab) {
+    std::string t = "model " + name + " {\n";
+    for (const DraftSetting* s : model_settings)
+      t += "  " + Leaf(s->path) + " = " + s->value + "\n";
+    if (placeholder_vocab && !find("model.vocab")) t += "  vocab = 1\n";
+    return t + "}\n";
+  };
+  const std::string cluster_expr = cluster->gpu.empty()
+                                       ? cluster->cluster
+                                       : cluster->cluster + " { gpu = " + cluster->gpu + " }";
+  LoadOptions load;
+  load.stdlib_dir = options.stdlib_dir;
+  std::optional<Plan> probe;
+  std::vector<StdlibModel> stdlib_models = LoadStdlibModels(options.stdlib_dir);
+  const StdlibModel* named = nullptr;
+  if (!draft.stdlib_model.empty()) {
+    for (const StdlibModel& m : stdlib_models) {
+      if (m.name == draft.stdlib_model) named = &m;
+    }
+    if (!named) {
+      sink.Report(
+          Diag(DiagKind::kConfigBadValue, "no stdlib model for " + draft.stdlib_model_source)
+              .At(draft.stdlib_model_origin)
+              .Note("the stdlib's models are in stdlib/models/")
+              .Help("state the model's shape in the file instead"));
+      return std::nullopt;
+    }
+    probe = named->plan;
+    for (const DraftSetting* s : model_settings) {
+      std::string error = SetFieldText(*probe, s->path, s->value);
+      if (!error.empty()) {
+        sink.Report(Diag(DiagKind::kConfigBadValue, "`" + s->path + "` " + error).At(s->origin));
+        return std::nullopt;
+      }
+    }
+  }
+  if (!named) {
+    SourceManager probe_sm;
+    DiagnosticSink probe_sink;
+    std::string text = "import std.clusters\n" + model_record("imported_model", true) +
+                       "plan probe { model = imported_model  cluster = " + cluster_expr + " }\n";
+    auto source = PlanSource::FromText("<probe>", text, load, probe_sm, probe_sink);
+    if (source) probe = source->Evaluate("probe", {}, EvalOptions{}, probe_sink);
+    if (!probe || probe_sink.has_errors()) {
+      // A value the language refuses: name the first model setting it could be.
+      for (const Diagnostic& d : probe_sink.diagnostics()) {
+        if (d.level != DiagLevel::kError) continue;
+        uint32_t line = probe_sm.Position(d.primary.buffer, d.primary.begin).line;
+        // Line 1 is the import, line 2 the record header: model setting k is on line k + 2.
+        SourceRange at;
+        std::string what = d.message;
+        if (line >= 3 && line - 3 < model_settings.size()) at = model_settings[line - 3]->origin;
+        sink.Report(
+            Diag(DiagKind::kConfigBadValue, "this model setting is not a valid plan value: " + what)
+                .At(at.IsValid() ? at : SourceRange{config_buffer, 0, 0}));
+        return std::nullopt;
+      }
+      sink.Report(Diag(DiagKind::kConfigBadValue,
+                       "the model settings of " + file_name + " do not form a model")
+                      .At({config_buffer, 0, 0}));
+      return std::nullopt;
+    }
+  }
+  // Of the stdlib models with the same shape, the one that agrees with most other settings
+  // (llama2_70b and llama3_70b share a shape; seq_len and vocab tell them apart).
+  const StdlibModel* match = named;
+  int best = -1;
+  for (const StdlibModel& m : stdlib_models) {
+    if (named) break;
+    bool same = true;
+    for (std::string_view path : kShapeFields) {
+      const FieldInfo* f = FindPlanField(path);
+      if (f && GetFieldValue(m.plan, *f) != GetFieldValue(*probe, *f)) same = false;
+    }
+    if (!same) continue;
+    int agree = 0;
+    for (const DraftSetting* s : model_settings) {
+      const FieldInfo* f = FindPlanField(s->path);
+      if (f && !IsShapeField(s->path) && GetFieldValue(m.plan, *f) == GetFieldValue(*probe, *f))
+        ++agree;
+    }
+    if (agree > best) {
+      best = agree;
+      match = &m;
+    }
+  }
+  if (!match && !find("model.vocab")) {
+    sink.Report(
+        Diag(DiagKind::kConfigMissing, "the vocabulary size is not in " + file_name +
+                                           " and the model's shape matches no stdlib model")
+            .At(find("model.layers")->origin, "a model of this shape")
+            .Note("a plan needs `model.vocab`: the embedding and the output layer are sized by it")
+            .Help(draft.vocab_help.empty() ? "state the vocabulary size in the file"
+                                           : draft.vocab_help));
+    return std::nullopt;
+  }
+
+  // --- the text ---------------------------------------------------------------------------
+  TextWriter w;
+  w.Line("# " + file_name + ": a " + framework + " configuration as a plan (planc import --from=" +
+             std::string(ToString(draft.kind)) + ")",
+         "", {});
+  if (!draft.skipped().empty()) {
+    w.Line("#", "", {});
+    w.Line("# Not imported (no plan field, or not recognised):", "", {});
+    for (const DraftSkip& s : draft.skipped()) {
+      std::string where =
+          s.range.IsValid()
+              ? "line " + std::to_string(sm.Position(s.range.buffer, s.range.begin).line) + ": "
+              : "";
+      w.Line("#   " + where + s.text + "  (" + s.reason + ")", "", {});
+    }
+  }
+  w.Line("", "", {});
+  w.Line("import std.clusters", "", {});
+  if (match) w.Line("import std.models." + match->module, "", {});
+  w.Line("", "", {});
+  const std::string model_name = out.plan_name + "_model";
+  if (!match) {
+    w.Line("model " + model_name + " {", "", {});
+    for (const DraftSetting* s : model_settings) {
+      w.Line("  " + Leaf(s->path) + " = " + s->value, SourceComment(*s, sm), s->origin);
+    }
+    w.Line("}", "", {});
+    w.Line("", "", {});
+  }
+  w.Line("plan " + out.plan_name + " {", "", {});
+  const DraftSetting* layers = find("model.layers");
+  DraftSetting named_setting{"model", draft.stdlib_model, draft.stdlib_model_origin,
+                             draft.stdlib_model_source};
+  if (named && !layers) layers = &named_setting;
+  if (match) {
+    std::string comment =
+        named ? draft.stdlib_model_source + ": std.models." + match->module + "'s " + match->name
+              : "the shape of " + layers->source + ", ... is std.models." + match->module + "'s " +
+                    match->name;
+    if (!find("model.vocab")) {
+      comment +=
+          "; vocab " + std::to_string(match->plan.model.vocab) + " from it (not in the file)";
+    }
+    w.Line("  model = " + match->name, comment, layers->origin);
+    for (const DraftSetting* s : model_settings) {
+      if (IsShapeField(s->path)) continue;
+      const FieldInfo* f = FindPlanField(s->path);
+      if (f && GetFieldValue(match->plan, *f) == GetFieldValue(*probe, *f)) continue;
+      w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
+    }
+  } else {
+    w.Line("  model = " + model_name, "", layers->origin);
+  }
+  w.Line("  cluster = " + cluster_expr, gpu_comment, gpu_origin);
+  for (const char* path : {"cluster.nodes", "cluster.gpus_per_node"}) {
+    if (const DraftSetting* s = find(path)) {
+      w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
+    }
+  }
+  for (const char* path : {"framework", "precision", "recompute"}) {
+    if (const DraftSetting* s = find(path)) {
+      w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
+    }
+  }
+  for (const char* block : {"mixed_precision", "activations", "fsdp", "moe", "parallel", "pipeline",
+                            "optimizer", "batch", "train"}) {
+    std::vector<const DraftSetting*> members;
+    for (const FieldInfo& f : PlanFields()) {
+      if (f.path.rfind(std::string(block) + ".", 0) != 0) continue;
+      if (const DraftSetting* s = find(f.path)) members.push_back(s);
+    }
+    if (members.empty()) continue;
+    w.Line("  " + std::string(block) + " {", "", {});
+    for (const DraftSetting* s : members) {
+      w.Line("    " + Leaf(s->path) + " = " + s->value, SourceComment(*s, sm), s->origin);
+    }
+    w.Line("  }", "", {});
+  }
+  w.Line("}", "", {});
+  out.text = std::move(w.text_);
+  out.line_origins = std::move(w.lines_);
+  for (const DraftSetting& s : settings) {
+    if (s.origin.IsValid()) out.field_origins.push_back({s.path, s.origin});
+  }
+  if (layers->origin.IsValid()) out.field_origins.push_back({"model", layers->origin});
+  if (gpu_origin.IsValid()) {
+    out.field_origins.push_back({"cluster", gpu_origin});
+    out.field_origins.push_back({"cluster.gpu", gpu_origin});
+  }
+
+  if (!draft.skipped().empty()) {
+    const DraftSkip& first = draft.skipped().front();
+    Diag d(DiagKind::kConfigNotImported,
+           std::to_string(draft.skipped().size()) + " setting" +
+               (draft.skipped().size() == 1 ? "" : "s") + " of " + file_name +
+               (draft.skipped().size() == 1 ? " has" : " have") + " no plan field and " +
+               (draft.skipped().size() == 1 ? "is" : "are") + " not imported");
+    d.At(first.range, first.reason);
+    for (size_t i = 1; i < draft.skipped().size(); ++i) {
+      d.Label(draft.skipped()[i].range, draft.skipped()[i].reason);
+    }
+    d.Note("the written plan lists them in its first comment; nothing else was left out");
+    sink.Report(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace paraplan::interop
+
+namespace paraplan {
+
+void ApplyImportedOrigins(const ImportedPlan& imported, uint32_t plan_buffer,
+                          const SourceManager& sm, Plan& plan) {
+  // Whole-plan facts (memory per stage, ...) point at the configuration's first setting.
+  if (plan.declaration.buffer == plan_buffer) {
+    SourceRange first;
+    for (const auto& [path, range] : imported.field_origins) {
+      if (range.buffer == imported.config_buffer && (!first.IsValid() || range.begin < first.begin))
+        first = range;
+    }
+    if (first.IsValid()) plan.declaration = first;
+  }
+  for (const auto& [path, range] : imported.field_origins) {
+    FieldOrigin& o = plan.origins[path];
+    // Only values written in the generated text (not --set, not defaults of the language).
+    if (o.range.buffer != plan_buffer &&
+        !(o.kind == OriginKind::kStdlib && path.rfind("model", 0) == 0)) {
+      continue;
+    }
+    o.kind = OriginKind::kFile;
+    o.range = range;
+  }
+}
+
+Diagnostic RemapImportedDiagnostic(const ImportedPlan& imported, uint32_t plan_buffer,
+                                   const SourceManager& sm, Diagnostic d) {
+  auto remap = [&](SourceRange& r) {
+    if (r.buffer != plan_buffer) return;
+    uint32_t line = sm.Position(r.buffer, r.begin).line;
+    for (const auto& [l, origin] : imported.line_origins) {
+      if (l == line) {
+        r = origin;
+        return;
+      }
+    }
+  };
+  remap(d.primary);
+  for (DiagLabel& l : d.labels) remap(l.range);
+  return d;
+}
+
+}  // namespace paraplan

@@ -1,0 +1,733 @@
+// Export: a checked Plan as the file that runs it on a framework. Every setting is written
+// explicitly (the framework's defaults differ from a plan's), the settings paraplan derived are
+// stated in comments (dp, microbatches, the padded vocabulary, edp), and what the framework has
+// no setting for is P0905 at the plan's line, with no file written.
+#include <cmath>
+#include <cstdio>
+
+#include "compiler/interop/draft.h"
+#include "compiler/interop/interop.h"
+
+namespace paraplan {
+namespace {
+
+std::string Field(const Plan& plan, std::string_view path) { return *GetFieldText(plan, path); }
+
+// Reals as the frameworks read them back ("1" for clip_grad 1.0 is fine everywhere).
+std::string Real(double v) { return interop::RealText(v); }
+
+int64_t PaddedVocab(const Plan& plan) {
+  const int64_t unit = plan.model.vocab_divisor * plan.parallel.tp;
+  return (plan.model.vocab + unit - 1) / unit * unit;
+}
+
+class Exporter {
+ public:
+  Exporter(ConfigKind kind, const Plan& plan, DiagnosticSink& sink)
+      : kind_(kind), plan_(plan), sink_(sink) {}
+
+  // The target has no setting for `path`'s value.
+  void Cannot(std::string_view path, const std::string& what, const std::string& note,
+              const std::string& help) {
+    std::string value = Field(plan_, path);
+    sink_.Report(Diag(DiagKind::kExportNotExpressible, std::string(FrameworkName(kind_)) +
+                                                           " cannot express `" + std::string(path) +
+                                                           " = " + value + "`")
+                     .At(plan_.Range(path), what)
+                     .Note(note)
+                     .Help(help));
+    ok_ = false;
+  }
+  bool ok() const { return ok_; }
+
+  // The derived settings, one comment line each.
+  std::vector<std::string> Derived() const {
+    const Plan& p = plan_;
+    std::vector<std::string> out;
+    out.push_back("world = nodes · gpus_per_node = " + std::to_string(p.cluster.nodes) + " · " +
+                  std::to_string(p.cluster.gpus_per_node) + " = " + std::to_string(p.World()));
+    out.push_back("dp = world / (tp · pp · cp) = " + std::to_string(p.World()) + " / (" +
+                  std::to_string(p.parallel.tp) + " · " + std::to_string(p.parallel.pp) + " · " +
+                  std::to_string(p.parallel.cp) + ") = " + std::to_string(p.parallel.dp));
+    if (p.model.IsMoe())
+      out.push_back("edp = world / (etp · ep · pp) = " + std::to_string(p.Edp()));
+    out.push_back("microbatches per step = global / (micro · dp) = " +
+                  std::to_string(p.batch.global) + " / (" + std::to_string(p.batch.micro) + " · " +
+                  std::to_string(p.parallel.dp) + ") = " + std::to_string(p.Microbatches()));
+    out.push_back("padded vocabulary = ceil(vocab / (" + std::to_string(p.model.vocab_divisor) +
+                  " · tp)) · " + std::to_string(p.model.vocab_divisor) +
+                  " · tp = " + std::to_string(PaddedVocab(p)) + " rows for vocab " +
+                  std::to_string(p.model.vocab));
+    out.push_back("GPU: " + p.cluster.gpu.name + " (" + p.cluster.name + ")");
+    return out;
+  }
+
+  // Settings no framework here has: a per-stage layer list, cost balancing, another rank order.
+  void CommonLimits(bool order_ok_tp_pp_dp) {
+    const Plan& p = plan_;
+    if (!p.pipeline.stage_layers.empty()) {
+      Cannot("pipeline.stage_layers", "an explicit split",
+             "the framework splits layers by its own rule",
+             "use pipeline.first_stage_layers / last_stage_layers, or an even split");
+    }
+    if (p.pipeline.balance != Balance::kEven) {
+      Cannot("pipeline.balance", "a cost-balanced split", "the framework splits layers evenly",
+             "write the split as first/last stage layers");
+    }
+    if (p.parallel.order != "tp-cp-ep-dp-pp" &&
+        !(order_ok_tp_pp_dp && p.parallel.order == "tp-cp-ep-pp-dp")) {
+      Cannot("parallel.order", "this rank order", "the framework lays ranks out in its own order",
+             "use the default order \"tp-cp-ep-dp-pp\"");
+    }
+  }
+
+  // The newer records' settings (precision record, recompute detail, FSDP groups, MoE dispatch,
+  // model features): a setting the target does not write must be what the shorthands imply,
+  // else it is refused. `carried` lists the paths the target writes.
+  void RecordLimits(std::initializer_list<std::string_view> carried) {
+    const Plan& p = plan_;
+    auto carries = [&](std::string_view path) {
+      for (std::string_view c : carried) {
+        if (c == path) return true;
+      }
+      return false;
+    };
+    const MixedPrecisionSpec eff = EffectiveMixedPrecision(p);
+    const ElementType implied_params = p.precision == Precision::kFp16   ? ElementType::kFp16
+                                       : p.precision == Precision::kFp32 ? ElementType::kFp32
+                                                                         : ElementType::kBf16;
+    struct Check {
+      std::string_view path;
+      bool implied;
+    };
+    const Check checks[] = {
+        {"mixed_precision.params", eff.params == implied_params},
+        {"mixed_precision.grads",
+         eff.grads == (p.precision == Precision::kFp16 ? ElementType::kFp16 : ElementType::kFp32)},
+        {"mixed_precision.main_params", eff.main_params == (p.precision != Precision::kFp32)},
+        {"mixed_precision.optimizer_state", eff.optimizer_state == ElementType::kFp32},
+        {"mixed_precision.fp8",
+         eff.fp8 == (p.precision == Precision::kFp8 ? Fp8Recipe::kDelayed : Fp8Recipe::kNone)},
+        {"mixed_precision.fp8_params", !eff.fp8_params},
+        {"activations.recompute_method",
+         p.activations.recompute_method == RecomputeMethod::kUniform},
+        {"activations.recompute_layers", p.activations.recompute_layers == 0},
+        {"activations.recompute_modules", p.activations.recompute_modules.empty()},
+        {"activations.offload_layers", p.activations.offload_layers == 0},
+        {"fsdp.shard",
+         p.fsdp.shard == 0 || p.fsdp.shard * p.fsdp.replicate == p.parallel.dp * p.parallel.cp},
+        {"fsdp.replicate", p.fsdp.replicate == 1},
+        {"fsdp.reshard_after_forward", p.fsdp.reshard_after_forward},
+        {"moe.dispatcher", p.moe.dispatcher == Dispatcher::kAllToAll},
+        {"moe.capacity_factor", p.moe.capacity_factor == 0},
+        {"model.qk_norm", !p.model.qk_norm},
+        {"model.vocab_divisor", p.model.vocab_divisor == 128},
+        {"model.window", p.model.window == 0},
+        {"model.mtp_layers", p.model.mtp_layers == 0},
+        {"model.moe_layer_freq", p.model.moe_layer_freq == 1},
+        {"optimizer.offload_fraction", p.optimizer.offload_fraction == 1.0},
+    };
+    for (const Check& c : checks) {
+      if (c.implied || carries(c.path)) continue;
+      Cannot(c.path, "no setting for this",
+             std::string(FrameworkName(kind_)) + "'s file has no setting that says this",
+             "leave `" + std::string(c.path) +
+                 "` to follow the plan's shorthands, or export to another framework");
+    }
+    if (p.model.activation == Activation::kSquaredRelu && !carries("model.activation")) {
+      Cannot("model.activation", "squared ReLU",
+             std::string(FrameworkName(kind_)) + "'s file has no squared-ReLU MLP",
+             "export to megatron");
+    }
+  }
+
+  ConfigKind kind_;
+  const Plan& plan_;
+  DiagnosticSink& sink_;
+  bool ok_ = true;
+};
+
+// --- Megatron-LM ------------------------------------------------------------------------------
+
+std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
+  const Plan& p = ex.plan_;
+  const ModelSpec& m = p.model;
+  std::vector<std::string> a;
+  auto add = [&](std::string flag, std::string value = {}) {
+    a.push_back(value.empty() ? flag : flag + " " + value);
+  };
+  auto n = [](int64_t v) { return std::to_string(v); };
+  add("--tensor-model-parallel-size", n(p.parallel.tp));
+  add("--pipeline-model-parallel-size", n(p.parallel.pp));
+  if (!deepspeed) {
+    add("--context-parallel-size", n(p.parallel.cp));
+    add("--expert-model-parallel-size", n(p.parallel.ep));
+    add("--expert-tensor-parallel-size", n(p.parallel.etp));
+  }
+  if (p.parallel.sp) add("--sequence-parallel");
+  if (p.parallel.order == "tp-cp-ep-pp-dp") add("--use-tp-pp-dp-mapping");
+  if (p.parallel.vpp > 1) {
+    const int64_t counted = m.layers + (p.pipeline.account_for_embedding ? 1 : 0) +
+                            (p.pipeline.account_for_loss ? 1 : 0);
+    if (!p.pipeline.first_stage_layers && !p.pipeline.last_stage_layers &&
+        counted % (p.parallel.pp * p.parallel.vpp) == 0) {
+      add("--num-layers-per-virtual-pipeline-stage", n(counted / (p.parallel.pp * p.parallel.vpp)));
+    } else {
+      add("--num-virtual-stages-per-pipeline-rank", n(p.parallel.vpp));
+    }
+  }
+  if (p.pipeline.schedule == Schedule::kGpipe) {
+    ex.Cannot("pipeline.schedule", "GPipe",
+              "Megatron-LM runs 1F1B, interleaved when there are virtual stages",
+              "use schedule = 1f1b");
+  } else if ((p.pipeline.schedule == Schedule::kInterleaved1F1B) != (p.parallel.vpp > 1)) {
+    ex.Cannot("pipeline.schedule", "the schedule",
+              "Megatron-LM interleaves exactly when there are virtual stages (vpp > 1)",
+              "use interleaved_1f1b with vpp > 1, or 1f1b with vpp = 1");
+  }
+  if (p.pipeline.first_stage_layers)
+    add("--decoder-first-pipeline-num-layers", n(*p.pipeline.first_stage_layers));
+  if (p.pipeline.last_stage_layers)
+    add("--decoder-last-pipeline-num-layers", n(*p.pipeline.last_stage_layers));
+  if (p.pipeline.account_for_embedding) add("--account-for-embedding-in-pipeline-split");
+  if (p.pipeline.account_for_loss) add("--account-for-loss-in-pipeline-split");
+  ex.CommonLimits(true);
+
+  add("--num-layers", n(m.layers));
+  add("--hidden-size", n(m.hidden));
+  add("--ffn-hidden-size", n(m.ffn_hidden));
+  add("--num-attention-heads", n(m.heads));
+  if (m.kv_heads != m.heads) {
+    add("--group-query-attention");
+    add("--num-query-groups", n(m.kv_heads));
+  }
+  if (m.IsMla()) {
+    add("--multi-latent-attention");
+    if (m.q_lora_rank > 0) add("--q-lora-rank", n(m.q_lora_rank));
+    add("--kv-lora-rank", n(m.kv_lora_rank));
+    add("--qk-head-dim", n(m.qk_nope_head_dim));
+    add("--qk-pos-emb-head-dim", n(m.qk_rope_head_dim));
+    add("--v-head-dim", n(m.v_head_dim));
+    if (m.head_dim != m.qk_nope_head_dim + m.qk_rope_head_dim) {
+      ex.Cannot("model.head_dim", "this head size",
+                "Megatron-LM's multi-latent attention sizes query/key heads as --qk-head-dim + "
+                "--qk-pos-emb-head-dim",
+                "set head_dim = qk_nope_head_dim + qk_rope_head_dim");
+    }
+  } else if (m.head_dim * m.heads != m.hidden) {
+    add("--kv-channels", n(m.head_dim));
+  }
+  add("--seq-length", n(m.seq_len));
+  add("--max-position-embeddings", n(m.seq_len));
+  add("--vocab-size", n(m.vocab));
+  add("--make-vocab-size-divisible-by", n(m.vocab_divisor));
+  add("--normalization", m.norm == Norm::kRmsNorm ? "RMSNorm" : "LayerNorm");
+  if (m.activation == Activation::kSwiGlu) add("--swiglu");
+  add("--position-embedding-type", m.position == Position::kRope ? "rope" : "learned_absolute");
+  if (!m.tied_embeddings) add("--untie-embeddings-and-output-weights");
+  if (m.IsMoe()) {
+    add("--num-experts", n(m.experts));
+    add("--moe-router-topk", n(m.topk));
+    add("--moe-ffn-hidden-size", n(m.moe_ffn_hidden));
+    if (m.shared_experts > 0)
+      add("--moe-shared-expert-intermediate-size", n(m.shared_experts * m.moe_ffn_hidden));
+    if (m.moe_layer_freq == 1) {
+      add("--moe-layer-freq",
+          "'([0]*" + n(m.dense_layers) + "+[1]*" + n(m.layers - m.dense_layers) + ")'");
+    } else if (m.dense_layers == 0) {
+      add("--moe-layer-freq", n(m.moe_layer_freq));
+    } else {
+      ex.Cannot("model.moe_layer_freq", "a frequency after dense layers",
+                "planc reads --moe-layer-freq as leading dense layers or as one frequency",
+                "use one of them");
+    }
+    if (p.moe.dispatcher != Dispatcher::kAllToAll) {
+      add("--moe-token-dispatcher-type",
+          p.moe.dispatcher == Dispatcher::kAllGather ? "allgather" : "flex");
+    }
+    if (p.moe.capacity_factor > 0) add("--moe-expert-capacity-factor", Real(p.moe.capacity_factor));
+  }
+  if (m.qk_norm) add("--qk-layernorm");
+  if (m.mtp_layers > 0) add("--mtp-num-layers", n(m.mtp_layers));
+  if (m.activation == Activation::kSquaredRelu) add("--squared-relu");
+  add("--micro-batch-size", n(p.batch.micro));
+  add("--global-batch-size", n(p.batch.global));
+  switch (p.precision) {
+    case Precision::kBf16:
+      add("--bf16");
+      break;
+    case Precision::kFp16:
+      add("--fp16");
+      break;
+    case Precision::kFp32:
+      break;
+    case Precision::kFp8:
+      add("--bf16");
+      add("--fp8-format", "hybrid");
+      break;
+  }
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kDelayed &&
+      mp.fp8 != Fp8Recipe::kNone) {
+    const char* recipe = mp.fp8 == Fp8Recipe::kCurrent     ? "tensorwise"
+                         : mp.fp8 == Fp8Recipe::kBlockwise ? "blockwise"
+                                                           : "mxfp8";
+    add("--fp8-recipe", recipe);
+  }
+  if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
+    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+              "Megatron-LM turns FP8 on with --fp8-format", "set precision = fp8");
+  }
+  if (mp.fp8_params) add("--fp8-param-gather");
+  if (mp.grads == ElementType::kBf16) add("--grad-reduce-in-bf16");
+  if (p.activations.offload_layers > 0)
+    add("--cpu-offloading-num-layers", n(p.activations.offload_layers));
+  if (p.recompute == Recompute::kSelective && !p.activations.recompute_modules.empty()) {
+    std::string modules;
+    for (char c : p.activations.recompute_modules) {
+      if (c != ',') modules += c;
+    }
+    add("--recompute-modules", modules);
+  }
+  if (p.recompute == Recompute::kSelective) add("--recompute-granularity", "selective");
+  if (p.recompute == Recompute::kFull) {
+    // Full recompute needs a method and a layer count; the plan's 0 ("all") is a whole chunk.
+    add("--recompute-granularity", "full");
+    add("--recompute-method",
+        p.activations.recompute_method == RecomputeMethod::kBlock ? "block" : "uniform");
+    int64_t layers = p.activations.recompute_layers;
+    if (layers == 0) {
+      if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers ||
+          m.layers % (p.parallel.pp * p.parallel.vpp) != 0) {
+        ex.Cannot("activations.recompute_layers", "every layer of an uneven chunk",
+                  "Megatron-LM counts recomputed layers per chunk, and these chunks differ",
+                  "state the count");
+      }
+      layers = m.layers / (p.parallel.pp * p.parallel.vpp);
+    }
+    add("--recompute-num-layers", n(layers));
+  }
+  add("--optimizer", p.optimizer.type == OptimizerType::kAdamW ? "adam" : "sgd");
+  if (deepspeed) {
+    add("--zero-stage", n(p.optimizer.zero));
+  } else if (p.optimizer.zero == 1) {
+    add("--use-distributed-optimizer");
+  } else if (p.optimizer.zero > 1) {
+    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+              "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1)",
+              "use zero = 1, or export to deepspeed or torchtitan (FSDP)");
+  }
+  if (p.optimizer.offload == Offload::kCpu && !deepspeed) {
+    add("--optimizer-cpu-offload");
+    if (p.optimizer.offload_fraction != 1.0)
+      add("--optimizer-offload-fraction", Real(p.optimizer.offload_fraction));
+  }
+  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params", "mixed_precision.grads",
+                   "activations.recompute_method", "activations.recompute_layers",
+                   "activations.recompute_modules", "activations.offload_layers", "moe.dispatcher",
+                   "moe.capacity_factor", "model.qk_norm", "model.mtp_layers",
+                   "model.moe_layer_freq", "model.activation", "model.vocab_divisor",
+                   deepspeed ? "optimizer.offload_fraction" : "",
+                   p.optimizer.offload == Offload::kCpu ? "optimizer.offload_fraction" : ""});
+  add("--lr", Real(p.optimizer.lr));
+  add("--min-lr", Real(p.optimizer.min_lr));
+  add("--lr-warmup-iters", n(p.optimizer.warmup_steps));
+  add("--weight-decay", Real(p.optimizer.weight_decay));
+  add("--adam-beta1", Real(p.optimizer.beta1));
+  add("--adam-beta2", Real(p.optimizer.beta2));
+  add("--adam-eps", Real(p.optimizer.eps));
+  add("--clip-grad", Real(p.optimizer.clip_grad));
+  add("--train-iters", n(p.train.steps));
+  add("--seed", n(p.train.seed));
+  if (!p.train.checkpoint_dir.empty()) add("--save", interop::QuoteString(p.train.checkpoint_dir));
+  if (p.train.checkpoint_every > 0) add("--save-interval", n(p.train.checkpoint_every));
+  if (!p.train.data.empty()) add("--data-path", interop::QuoteString(p.train.data));
+  return a;
+}
+
+std::string ShellScript(const Exporter& ex, const std::string& launcher,
+                        const std::vector<std::string>& args, const std::string& extra_comment) {
+  const Plan& p = ex.plan_;
+  std::string s = "#!/bin/bash\n# " + p.name +
+                  ": written by planc export --to=" + std::string(ToString(ex.kind_)) +
+                  "\n#\n# Derived by planc (Megatron-LM derives the same):\n";
+  for (const std::string& d : ex.Derived()) s += "#   " + d + "\n";
+  if (!extra_comment.empty()) s += extra_comment;
+  s += "\nNNODES=" + std::to_string(p.cluster.nodes) +
+       "\nGPUS_PER_NODE=" + std::to_string(p.cluster.gpus_per_node) + "\n\n";
+  s += launcher + " \\\n";
+  for (size_t i = 0; i < args.size(); ++i)
+    s += "    " + args[i] + (i + 1 < args.size() ? " \\\n" : "\n");
+  return s;
+}
+
+// --- DeepSpeed ----------------------------------------------------------------------------------
+
+std::string DeepSpeedJson(Exporter& ex) {
+  const Plan& p = ex.plan_;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  std::string j = "{\n";
+  j += "  \"train_batch_size\": " + n(p.batch.global) + ",\n";
+  j += "  \"train_micro_batch_size_per_gpu\": " + n(p.batch.micro) + ",\n";
+  j += "  \"gradient_accumulation_steps\": " + n(p.Microbatches()) + ",\n";
+  j += "  \"zero_optimization\": {\n    \"stage\": " + n(p.optimizer.zero);
+  if (p.optimizer.offload == Offload::kCpu) {
+    j += ",\n    \"offload_optimizer\": { \"device\": \"cpu\"";
+    if (p.optimizer.offload_fraction != 1.0)
+      j += ", \"ratio\": " + Real(p.optimizer.offload_fraction);
+    j += " }";
+  }
+  j += "\n  },\n";
+  j += std::string("  \"bf16\": { \"enabled\": ") +
+       (p.precision == Precision::kBf16 ? "true" : "false") + " },\n";
+  j += std::string("  \"fp16\": { \"enabled\": ") +
+       (p.precision == Precision::kFp16 ? "true" : "false") + " },\n";
+  j += "  \"optimizer\": {\n    \"type\": \"" +
+       std::string(p.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "SGD") +
+       "\",\n    \"params\": { \"lr\": " + Real(p.optimizer.lr) + ", \"betas\": [" +
+       Real(p.optimizer.beta1) + ", " + Real(p.optimizer.beta2) +
+       "], \"eps\": " + Real(p.optimizer.eps) +
+       ", \"weight_decay\": " + Real(p.optimizer.weight_decay) + " }\n  },\n";
+  j += "  \"scheduler\": {\n    \"type\": \"WarmupDecayLR\",\n    \"params\": { "
+       "\"warmup_num_steps\": " +
+       n(p.optimizer.warmup_steps) + ", \"total_num_steps\": " + n(p.train.steps) +
+       ", \"warmup_max_lr\": " + Real(p.optimizer.lr) + " }\n  },\n";
+  j += "  \"gradient_clipping\": " + Real(p.optimizer.clip_grad) + "\n}\n";
+  return j;
+}
+
+void DeepSpeedLimits(Exporter& ex) {
+  const Plan& p = ex.plan_;
+  if (p.parallel.cp > 1) {
+    ex.Cannot("parallel.cp", "context parallelism",
+              "Megatron-DeepSpeed's arguments have no context-parallel size; the file would train "
+              "with cp = 1",
+              "export to megatron or nemo, or set `parallel.cp = 1`");
+  }
+  if (p.parallel.ep > 1) {
+    ex.Cannot("parallel.ep", "expert parallelism",
+              "Megatron-DeepSpeed's GPT arguments have no Megatron-Core expert mesh",
+              "export to megatron or nemo, or set `parallel.ep = 1`");
+  }
+  if (p.parallel.vpp > 1) {
+    ex.Cannot("parallel.vpp", "virtual pipeline stages",
+              "DeepSpeed's pipeline engine has no interleaved schedule",
+              "set `parallel.vpp = 1`, or export to megatron");
+  }
+  if (p.precision == Precision::kFp8) {
+    ex.Cannot("precision", "fp8", "DeepSpeed's configuration has no fp8 training",
+              "use bf16, or export to megatron or torchtitan");
+  }
+  if (p.optimizer.zero >= 2 && p.parallel.pp > 1) {
+    ex.Cannot(
+        "optimizer.zero",
+        "ZeRO-" + std::to_string(p.optimizer.zero) + " with pp = " + std::to_string(p.parallel.pp),
+        "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (\"ZeRO-2 and ZeRO-3 are "
+        "incompatible with pipeline parallelism\")",
+        "use zero = 1 with pipeline parallelism");
+  }
+  if (p.pipeline.schedule == Schedule::kGpipe) {
+    ex.Cannot("pipeline.schedule", "GPipe",
+              "DeepSpeed's pipeline engine runs its own 1F1B-style schedule", "use 1f1b");
+  }
+}
+
+// --- torchtitan ---------------------------------------------------------------------------------
+
+struct TitanFlavor {
+  std::string_view model, name, flavor;
+};
+constexpr TitanFlavor kTitanFlavors[] = {
+    {"llama3_8b", "llama3", "8B"},          {"llama3_70b", "llama3", "70B"},
+    {"llama3_405b", "llama3", "405B"},      {"llama2_7b", "llama2", "7B"},
+    {"llama2_70b", "llama2", "70B"},        {"deepseek_v3", "deepseek_v3", "671B"},
+    {"deepseek_v2", "deepseek_v3", "236B"}, {"qwen3_30b_a3b", "qwen3", "30B-A3B"},
+};
+
+std::string Torchtitan(Exporter& ex) {
+  const Plan& p = ex.plan_;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  const TitanFlavor* flavor = nullptr;
+  for (const TitanFlavor& f : kTitanFlavors) {
+    if (f.model == p.model.name) flavor = &f;
+  }
+  if (!flavor) {
+    ex.Cannot(
+        "model", "this model",
+        "torchtitan names a model by flavor (model.name, model.flavor); this shape is none of them",
+        "use a stdlib model torchtitan has a flavor for (llama3_8b, llama3_70b, llama3_405b, "
+        "deepseek_v3, ...)");
+  }
+  if (p.optimizer.zero == 1 || p.optimizer.zero == 2) {
+    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+              "torchtitan shards with FSDP (ZeRO-3) or replicates (zero = 0)",
+              "use zero = 3 (FSDP) or zero = 0");
+  }
+  if (p.optimizer.offload == Offload::kCpu) {
+    ex.Cannot("optimizer.offload", "CPU offload",
+              "torchtitan's job file has no optimizer-state offload to the CPU",
+              "use offload = none");
+  }
+  if (p.optimizer.type == OptimizerType::kSgd) {
+    ex.Cannot("optimizer.type", "SGD", "torchtitan builds Adam and AdamW", "use adamw");
+  }
+  if (p.parallel.vpp > 1 || p.pipeline.schedule == Schedule::kInterleaved1F1B) {
+    ex.Cannot(p.parallel.vpp > 1 ? "parallel.vpp" : "pipeline.schedule", "interleaving",
+              "torchtitan's schedule names (Interleaved1F1B, ...) do not say how many virtual "
+              "stages a rank holds; "
+              "it derives them from its own layers-per-stage rule",
+              "set vpp = 1 with schedule = 1f1b, or export to megatron or nemo");
+  }
+  if (p.parallel.tp > 1 && !p.parallel.sp) {
+    ex.Cannot("parallel.sp", "no sequence parallelism",
+              "torchtitan's tensor parallelism always shards the sequence between layers",
+              "set sp = true");
+  }
+  if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers) {
+    ex.Cannot(p.pipeline.first_stage_layers ? "pipeline.first_stage_layers"
+                                            : "pipeline.last_stage_layers",
+              "an uneven split", "torchtitan splits the layers by its own rule",
+              "remove the override");
+  }
+  if (p.pipeline.account_for_embedding || p.pipeline.account_for_loss) {
+    ex.Cannot(p.pipeline.account_for_embedding ? "pipeline.account_for_embedding"
+                                               : "pipeline.account_for_loss",
+              "layer accounting",
+              "torchtitan has no Megatron-style embedding/loss accounting in its split",
+              "set it to false");
+  }
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kCurrent) {
+    ex.Cannot("mixed_precision.fp8", "this FP8 recipe",
+              "torchtitan's float8 converter scales per tensor (current scaling)",
+              "set mixed_precision.fp8 = current");
+  }
+  if (mp.grads == ElementType::kFp16) {
+    ex.Cannot("mixed_precision.grads", "fp16 gradients",
+              "torchtitan reduces in float32 or bfloat16", "use fp32 or bf16");
+  }
+  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.grads", "fsdp.replicate",
+                   "fsdp.reshard_after_forward"});
+  ex.CommonLimits(false);
+  if (!ex.ok()) return {};
+  std::string t =
+      "# " + p.name + ": written by planc export --to=torchtitan\n#\n# Derived by planc:\n";
+  for (const std::string& d : ex.Derived()) t += "#   " + d + "\n";
+  t += "# Launch: torchrun --nnodes " + n(p.cluster.nodes) + " --nproc-per-node " +
+       n(p.cluster.gpus_per_node) + " -m torchtitan.train --job.config_file THIS_FILE\n\n";
+  t += "[model]\nname = \"" + std::string(flavor->name) + "\"\nflavor = \"" +
+       std::string(flavor->flavor) + "\"\n";
+  if (p.precision == Precision::kFp8) t += "converters = [\"float8\"]\n";
+  const char* mpp = p.precision == Precision::kFp16   ? "float16"
+                    : p.precision == Precision::kFp32 ? "float32"
+                                                      : "bfloat16";
+  t += "\n[training]\nlocal_batch_size = " +
+       n(p.parallel.pp > 1 ? p.batch.global / p.parallel.dp : p.batch.micro) +
+       "\nglobal_batch_size = " + n(p.batch.global) + "\nseq_len = " + n(p.model.seq_len) +
+       "\nsteps = " + n(p.train.steps) + "\nmax_norm = " + Real(p.optimizer.clip_grad) +
+       "\nseed = " + n(p.train.seed) + "\nmixed_precision_param = \"" + mpp +
+       "\"\nmixed_precision_reduce = \"" +
+       (mp.grads == ElementType::kBf16 ? "bfloat16" : "float32") + "\"\n";
+  const int64_t shard = p.optimizer.zero == 3 ? p.parallel.dp / p.fsdp.replicate : 1;
+  const int64_t replicate = p.optimizer.zero == 3 ? p.fsdp.replicate : p.parallel.dp;
+  t += "\n[parallelism]\ndata_parallel_replicate_degree = " + n(replicate) +
+       "\ndata_parallel_shard_degree = " + n(shard) +
+       "\ntensor_parallel_degree = " + n(p.parallel.tp) +
+       "\npipeline_parallel_degree = " + n(p.parallel.pp) +
+       "\ncontext_parallel_degree = " + n(p.parallel.cp) +
+       "\nexpert_parallel_degree = " + n(p.parallel.ep) +
+       "\nexpert_tensor_parallel_degree = " + n(p.parallel.etp) + "\n";
+  if (!p.fsdp.reshard_after_forward) t += "fsdp_reshard_after_forward = \"never\"\n";
+  if (p.parallel.pp > 1) {
+    t += std::string("pipeline_parallel_schedule = \"") +
+         (p.pipeline.schedule == Schedule::kGpipe ? "GPipe" : "1F1B") +
+         "\"\npipeline_parallel_microbatch_size = " + n(p.batch.micro) + "\n";
+  }
+  t += "\n[activation_checkpoint]\nmode = \"" + std::string(ToString(p.recompute)) + "\"\n";
+  t += "\n[optimizer]\nname = \"AdamW\"\nlr = " + Real(p.optimizer.lr) +
+       "\neps = " + Real(p.optimizer.eps) + "\nweight_decay = " + Real(p.optimizer.weight_decay) +
+       "\nbeta1 = " + Real(p.optimizer.beta1) + "\nbeta2 = " + Real(p.optimizer.beta2) + "\n";
+  t += "\n[lr_scheduler]\nwarmup_steps = " + n(p.optimizer.warmup_steps) +
+       "\nmin_lr_factor = " + Real(p.optimizer.min_lr / p.optimizer.lr) + "\n";
+  if (!p.train.checkpoint_dir.empty()) {
+    t += "\n[checkpoint]\nenable_checkpoint = true\nfolder = " +
+         interop::QuoteString(p.train.checkpoint_dir) +
+         "\ninterval = " + n(p.train.checkpoint_every) + "\n";
+  }
+  return t;
+}
+
+// --- NeMo -------------------------------------------------------------------------------------
+
+std::string Nemo(Exporter& ex) {
+  const Plan& p = ex.plan_;
+  const ModelSpec& m = p.model;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  if (p.pipeline.schedule == Schedule::kGpipe) {
+    ex.Cannot("pipeline.schedule", "GPipe",
+              "NeMo runs Megatron-Core's 1F1B, interleaved with virtual stages", "use 1f1b");
+  } else if ((p.pipeline.schedule == Schedule::kInterleaved1F1B) != (p.parallel.vpp > 1)) {
+    ex.Cannot("pipeline.schedule", "the schedule",
+              "NeMo interleaves exactly when there are virtual stages (vpp > 1)",
+              "use interleaved_1f1b with vpp > 1, or 1f1b with vpp = 1");
+  }
+  if (p.optimizer.zero > 1) {
+    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+              "NeMo's distributed_fused_adam shards the optimizer state (ZeRO-1)", "use zero = 1");
+  }
+  if (p.optimizer.offload == Offload::kCpu) {
+    ex.Cannot("optimizer.offload", "CPU offload",
+              "NeMo's model.optim has no optimizer-state offload", "use offload = none");
+  }
+  if (m.shared_experts > 0 || m.dense_layers > 0 || m.IsMla()) {
+    ex.Cannot("model", "DeepSeek-style layers",
+              "a NeMo GPT config has no keys for shared experts, leading dense layers or MLA",
+              "export to megatron");
+  }
+  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params",
+                   "activations.recompute_method", "activations.recompute_layers",
+                   "activations.recompute_modules", "moe.dispatcher", "model.vocab_divisor"});
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
+    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+              "NeMo turns FP8 on with model.fp8", "set precision = fp8");
+  }
+  if (m.activation == Activation::kSquaredRelu) {
+    ex.Cannot("model.activation", "squared ReLU",
+              "this exporter writes NeMo's swiglu and gelu only", "export to megatron");
+  }
+  ex.CommonLimits(false);
+  if (!ex.ok()) return {};
+  std::string y = "# " + p.name + ": written by planc export --to=nemo\n#\n# Derived by planc:\n";
+  for (const std::string& d : ex.Derived()) y += "#   " + d + "\n";
+  const char* precision = p.precision == Precision::kFp16   ? "16-mixed"
+                          : p.precision == Precision::kFp32 ? "32"
+                                                            : "bf16-mixed";
+  y += "trainer:\n  num_nodes: " + n(p.cluster.nodes) +
+       "\n  devices: " + n(p.cluster.gpus_per_node) + "\n  precision: " + precision +
+       "\n  max_steps: " + n(p.train.steps) +
+       "\n  gradient_clip_val: " + Real(p.optimizer.clip_grad) + "\nmodel:\n";
+  auto kv = [&](const std::string& k, const std::string& v) { y += "  " + k + ": " + v + "\n"; };
+  kv("micro_batch_size", n(p.batch.micro));
+  kv("global_batch_size", n(p.batch.global));
+  kv("tensor_model_parallel_size", n(p.parallel.tp));
+  kv("pipeline_model_parallel_size", n(p.parallel.pp));
+  kv("virtual_pipeline_model_parallel_size", p.parallel.vpp > 1 ? n(p.parallel.vpp) : "null");
+  kv("context_parallel_size", n(p.parallel.cp));
+  kv("expert_model_parallel_size", n(p.parallel.ep));
+  kv("expert_tensor_parallel_size", n(p.parallel.etp));
+  kv("sequence_parallel", p.parallel.sp ? "true" : "false");
+  kv("account_for_embedding_in_pipeline_split",
+     p.pipeline.account_for_embedding ? "true" : "false");
+  kv("account_for_loss_in_pipeline_split", p.pipeline.account_for_loss ? "true" : "false");
+  if (p.pipeline.first_stage_layers)
+    kv("num_layers_in_first_pipeline_stage", n(*p.pipeline.first_stage_layers));
+  if (p.pipeline.last_stage_layers)
+    kv("num_layers_in_last_pipeline_stage", n(*p.pipeline.last_stage_layers));
+  kv("encoder_seq_length", n(m.seq_len));
+  kv("max_position_embeddings", n(m.seq_len));
+  kv("num_layers", n(m.layers));
+  kv("hidden_size", n(m.hidden));
+  kv("ffn_hidden_size", n(m.ffn_hidden));
+  kv("num_attention_heads", n(m.heads));
+  kv("num_query_groups", n(m.kv_heads));
+  kv("kv_channels", n(m.head_dim));
+  kv("vocab_size", n(m.vocab));
+  kv("make_vocab_size_divisible_by", n(m.vocab_divisor));
+  kv("normalization", m.norm == Norm::kRmsNorm ? "rmsnorm" : "layernorm");
+  kv("activation", m.activation == Activation::kSwiGlu ? "fast-swiglu" : "gelu");
+  kv("position_embedding_type", m.position == Position::kRope ? "rope" : "learned_absolute");
+  kv("share_embeddings_and_output_weights", m.tied_embeddings ? "true" : "false");
+  if (m.IsMoe()) {
+    kv("num_moe_experts", n(m.experts));
+    kv("moe_router_topk", n(m.topk));
+    kv("moe_ffn_hidden_size", n(m.moe_ffn_hidden));
+  }
+  kv("activations_checkpoint_granularity",
+     p.recompute == Recompute::kNone ? "null" : std::string(ToString(p.recompute)));
+  if (p.recompute == Recompute::kFull) {
+    kv("activations_checkpoint_method",
+       p.activations.recompute_method == RecomputeMethod::kBlock ? "block" : "uniform");
+    kv("activations_checkpoint_num_layers", n(p.activations.recompute_layers));
+  }
+  if (!p.activations.recompute_modules.empty()) {
+    std::string list;
+    std::string item;
+    for (char c : p.activations.recompute_modules + ",") {
+      if (c == ',') {
+        if (!item.empty()) list += (list.empty() ? "" : ", ") + item;
+        item.clear();
+      } else if (c != ' ') {
+        item += c;
+      }
+    }
+    kv("recompute_modules", "[" + list + "]");
+  }
+  kv("fp8", p.precision == Precision::kFp8 ? "true" : "false");
+  if (p.precision == Precision::kFp8) {
+    const char* recipe = mp.fp8 == Fp8Recipe::kCurrent     ? "tensorwise"
+                         : mp.fp8 == Fp8Recipe::kBlockwise ? "blockwise"
+                         : mp.fp8 == Fp8Recipe::kMxfp8     ? "mxfp8"
+                                                           : "delayed";
+    kv("fp8_recipe", recipe);
+    kv("fp8_params", mp.fp8_params ? "true" : "false");
+  }
+  if (m.IsMoe() && p.moe.dispatcher != Dispatcher::kAllToAll) {
+    kv("moe_token_dispatcher_type",
+       p.moe.dispatcher == Dispatcher::kAllGather ? "allgather" : "flex");
+  }
+  kv("seed", n(p.train.seed));
+  y += "  optim:\n    name: " +
+       std::string(p.optimizer.type == OptimizerType::kSgd ? "sgd"
+                   : p.optimizer.zero == 1                 ? "distributed_fused_adam"
+                                                           : "fused_adam") +
+       "\n    lr: " + Real(p.optimizer.lr) +
+       "\n    weight_decay: " + Real(p.optimizer.weight_decay) +
+       "\n    eps: " + Real(p.optimizer.eps) + "\n    betas: [" + Real(p.optimizer.beta1) + ", " +
+       Real(p.optimizer.beta2) +
+       "]\n    sched:\n      warmup_steps: " + n(p.optimizer.warmup_steps) +
+       "\n      min_lr: " + Real(p.optimizer.min_lr) + "\n";
+  return y;
+}
+
+}  // namespace
+
+ExportResult ExportPlan(ConfigKind kind, const Plan& plan, DiagnosticSink& sink) {
+  Exporter ex(kind, plan, sink);
+  ExportResult out;
+  switch (kind) {
+    case ConfigKind::kMegatron: {
+      auto args = MegatronArgs(ex, false);
+      if (ex.ok()) {
+        out.text = ShellScript(
+            ex, "torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py", args,
+            "");
+      }
+      break;
+    }
+    case ConfigKind::kDeepSpeed: {
+      DeepSpeedLimits(ex);
+      auto args = MegatronArgs(ex, true);
+      if (!ex.ok()) break;
+      args.push_back("--deepspeed");
+      args.push_back("--deepspeed_config ds_config.json");
+      out.companion_name = "ds_config.json";
+      out.companion_text = DeepSpeedJson(ex);
+      out.text = ShellScript(
+          ex, "deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE pretrain_gpt.py", args,
+          "# Megatron-DeepSpeed arguments; batch, ZeRO, precision and the optimizer are in "
+          "ds_config.json\n");
+      break;
+    }
+    case ConfigKind::kTorchtitan:
+      out.text = Torchtitan(ex);
+      break;
+    case ConfigKind::kNemo:
+      out.text = Nemo(ex);
+      break;
+  }
+  if (!ex.ok()) out = {};
+  return out;
+}
+
+}  // namespace paraplan

@@ -1,0 +1,465 @@
+#include "compiler/interop/interop.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+
+#include "compiler/check/evaluate.h"
+#include "compiler/interop/shell_words.h"
+
+namespace paraplan {
+namespace {
+
+std::string Stdlib() {
+  const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/stdlib";
+}
+
+struct Imported {
+  SourceManager sm;
+  DiagnosticSink sink;
+  std::optional<ImportedPlan> plan;
+  std::optional<Plan> checked;  // the text evaluated, with the user's origins applied
+  uint32_t plan_buffer = 0;
+
+  Imported(ConfigKind kind, std::string text, ImportOptions options = {}) {
+    options.stdlib_dir = Stdlib();
+    plan = ImportConfigText(kind, "train.sh", std::move(text), options, sm, sink);
+    if (!plan) return;
+    LoadOptions load;
+    load.stdlib_dir = Stdlib();
+    plan_buffer = static_cast<uint32_t>(sm.BufferCount()) + 1;
+    auto source = PlanSource::FromText("train.sh (as a plan)", plan->text, load, sm, sink);
+    REQUIRE(source);
+    checked = source->Evaluate("", {}, EvalOptions{}, sink);
+    if (checked) ApplyImportedOrigins(*plan, plan_buffer, sm, *checked);
+  }
+  // The text of the user's file an origin points at.
+  std::string_view OriginText(std::string_view path) const {
+    return sm.Slice(checked->Range(path));
+  }
+  bool Has(std::string_view code) const {
+    for (const Diagnostic& d : sink.diagnostics()) {
+      if (GetDiagKindInfo(d.kind).code == code) return true;
+    }
+    return false;
+  }
+};
+
+constexpr const char* kLlamaScript = R"(#!/bin/bash
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=8
+TP=8
+PP=${PIPELINE:-4}
+MODEL_ARGS="--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 \
+  --num-attention-heads 64 --group-query-attention --num-query-groups 8 \
+  --seq-length 8192 --normalization RMSNorm --swiglu --position-embedding-type rope \
+  --untie-embeddings-and-output-weights"
+srun python pretrain_gpt.py $MODEL_ARGS \
+    --tensor-model-parallel-size $TP --pipeline-model-parallel-size "${PP}" \
+    --num-layers-per-virtual-pipeline-stage 10 --sequence-parallel \
+    --use-distributed-optimizer --micro-batch-size 1 --global-batch-size 512 \
+    --bf16 --recompute-granularity full --log-interval 1 \
+    --recompute-modules core_attn mlp
+)";
+
+TEST_CASE("a Megatron-LM script: variables, quoting, continuations, #SBATCH, a stdlib model") {
+  Imported im(ConfigKind::kMegatron, kLlamaScript);
+  REQUIRE(im.plan);
+  REQUIRE(im.checked);
+  CHECK(!im.sink.has_errors());
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "llama3_70b");
+  CHECK(im.plan->text.find("  model = llama3_70b") != std::string::npos);
+  CHECK(im.plan->text.find(
+            "tp = 8                              # --tensor-model-parallel-size 8 (line 11)") !=
+        std::string::npos);
+  CHECK(p.parallel.tp == 8);
+  CHECK(p.parallel.pp == 4);
+  CHECK(p.parallel.vpp == 2);  // 80 / (4 · 10)
+  CHECK(p.pipeline.schedule == Schedule::kInterleaved1F1B);
+  CHECK(p.parallel.sp);
+  CHECK(p.optimizer.zero == 1);
+  CHECK(p.precision == Precision::kBf16);
+  CHECK(p.recompute == Recompute::kFull);
+  CHECK(p.cluster.nodes == 8);
+  CHECK(p.cluster.gpus_per_node == 8);
+  CHECK(p.batch.global == 512);
+  // Origins are the user's flags, with the variable as written.
+  CHECK(im.OriginText("parallel.tp") == "--tensor-model-parallel-size $TP");
+  CHECK(im.OriginText("parallel.pp") == "--pipeline-model-parallel-size \"${PP}\"");
+  CHECK(im.OriginText("model.layers") == "--num-layers 80");
+  CHECK(im.OriginText("cluster.nodes") == "--nodes=8");
+  // Not imported, and said so: the note and the comment list them, a list flag whole.
+  CHECK(im.Has("P0903"));
+  CHECK(im.plan->text.find("--recompute-modules core_attn mlp") != std::string::npos);
+  CHECK(im.plan->text.find("--log-interval 1  (not a layout setting)") != std::string::npos);
+}
+
+TEST_CASE("Megatron-LM pipeline-split flags: accounting, first/last stage layers, virtual stages") {
+  Imported im(
+      ConfigKind::kMegatron,
+      "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 62 --hidden-size 1024 "
+      "--num-attention-heads 16 --seq-length 2048 --vocab-size 32000 "
+      "--pipeline-model-parallel-size 4 "
+      "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+      "--decoder-first-pipeline-num-layers 14 --decoder-last-pipeline-num-layers 14 "
+      "--num-virtual-stages-per-pipeline-rank 2 --global-batch-size 64\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.pipeline.account_for_embedding);
+  CHECK(p.pipeline.account_for_loss);
+  CHECK(p.pipeline.first_stage_layers == 14);
+  CHECK(p.pipeline.last_stage_layers == 14);
+  CHECK(p.parallel.vpp == 2);
+  CHECK(p.pipeline.schedule == Schedule::kInterleaved1F1B);
+  CHECK(im.OriginText("pipeline.first_stage_layers") == "--decoder-first-pipeline-num-layers 14");
+}
+
+TEST_CASE("Megatron-LM's defaults are written where the script is silent") {
+  Imported im(ConfigKind::kMegatron,
+              "torchrun --nnodes 2 --nproc-per-node 4 pretrain_gpt.py --num-layers 4 "
+              "--hidden-size 512 --num-attention-heads 8 --seq-length 1024 --vocab-size 32000 "
+              "--micro-batch-size 2 --global-batch-size 16\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "train_model");  // no stdlib model has this shape
+  CHECK(p.precision == Precision::kFp32);
+  CHECK(p.model.norm == Norm::kLayerNorm);
+  CHECK(p.model.activation == Activation::kGelu);
+  CHECK(p.model.tied_embeddings);
+  CHECK(p.model.ffn_hidden == 2048);
+  CHECK(p.optimizer.weight_decay == doctest::Approx(0.01));
+  CHECK(p.cluster.nodes == 2);
+  CHECK(p.cluster.gpus_per_node == 4);
+  CHECK(im.plan->text.find("Megatron-LM's default: 4 · hidden") != std::string::npos);
+  CHECK(!im.Has("P0903"));
+}
+
+TEST_CASE("Megatron-LM MoE and MLA flags: dense layers, shared experts, SwiGLU ffn default") {
+  Imported im(ConfigKind::kMegatron,
+              "python pretrain_gpt.py --num-layers 6 --hidden-size 1024 --num-attention-heads 16 "
+              "--seq-length 2048 --vocab-size 50000 --swiglu --num-experts 8 --moe-router-topk 2 "
+              "--moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 1024 "
+              "--moe-layer-freq '([0]*1+[1]*5)' --multi-latent-attention --kv-lora-rank 128 "
+              "--q-lora-rank 256 --qk-head-dim 64 --qk-pos-emb-head-dim 32 --v-head-dim 64 "
+              "--expert-model-parallel-size 4 --bf16\n",
+              ImportOptions{.nodes = 1, .gpus_per_node = 8});
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.ffn_hidden == 2688);  // int(4 · 1024 · 2/3 / 64) · 64
+  CHECK(p.model.experts == 8);
+  CHECK(p.model.shared_experts == 2);
+  CHECK(p.model.dense_layers == 1);
+  CHECK(p.model.kv_lora_rank == 128);
+  CHECK(p.model.qk_rope_head_dim == 32);
+  CHECK(p.parallel.ep == 4);
+  CHECK(im.OriginText("model.dense_layers") == "--moe-layer-freq '([0]*1+[1]*5)'");
+}
+
+TEST_CASE("malformed Megatron-LM input is reported at its line") {
+  SUBCASE("a flag without a value") {
+    Imported im(ConfigKind::kMegatron, "python pretrain_gpt.py --num-layers --hidden-size 8\n");
+    CHECK(!im.plan);
+    REQUIRE(im.sink.diagnostics().size() == 1);
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message == "`--num-layers` needs a value");
+    CHECK(im.sm.Slice(d.primary) == "--num-layers");
+  }
+  SUBCASE("a value of the wrong type") {
+    Imported im(ConfigKind::kMegatron,
+                "python pretrain_gpt.py\\\n  --tensor-model-parallel-size four\n");
+    CHECK(!im.plan);
+    CHECK(im.sink.diagnostics()[0].message ==
+          "`--tensor-model-parallel-size` expects an integer, got 'four'");
+    CHECK(im.sm
+              .Position(im.sink.diagnostics()[0].primary.buffer,
+                        im.sink.diagnostics()[0].primary.begin)
+              .line == 2);
+  }
+  SUBCASE("a variable the script does not set") {
+    Imported im(ConfigKind::kMegatron, "torchrun --nnodes $SLURM_NNODES pretrain_gpt.py\n");
+    CHECK(!im.plan);
+    CHECK(im.sink.diagnostics()[0].message ==
+          "the value of `--nnodes` comes from `SLURM_NNODES`, which the script does not set");
+    CHECK(im.sink.diagnostics()[0].helps[0] == "pass --nodes N to planc");
+  }
+  SUBCASE("an unterminated quote") {
+    Imported im(ConfigKind::kMegatron, "ARGS=\"--num-layers 4\npython pretrain_gpt.py $ARGS\n");
+    CHECK(!im.plan);
+    CHECK(GetDiagKindInfo(im.sink.diagnostics()[0].kind).code == "P0901");
+  }
+  SUBCASE("a size past 64 bits in the importer's arithmetic") {
+    Imported im(ConfigKind::kMegatron,
+                "python pretrain_gpt.py --hidden-size 9223372036854775807\n");
+    CHECK(!im.plan);
+    CHECK(im.sink.diagnostics()[0].message == "`--hidden-size` is too large");
+  }
+  SUBCASE("MoE flags without the model's size") {
+    Imported im(ConfigKind::kMegatron, "python pretrain_gpt.py --num-experts 8 --num-layers 2\n");
+    CHECK(!im.plan);
+    CHECK(im.Has("P0904"));
+  }
+  SUBCASE("no vocabulary and no stdlib shape") {
+    Imported im(ConfigKind::kMegatron,
+                "python pretrain_gpt.py --num-layers 4 --hidden-size 512 --num-attention-heads 8 "
+                "--seq-length 1024\n");
+    CHECK(!im.plan);
+    CHECK(GetDiagKindInfo(im.sink.diagnostics()[0].kind).code == "P0904");
+  }
+}
+
+TEST_CASE(
+    "the shell scanner splits quoted lists where they are written and skips their expansion") {
+  SourceManager sm;
+  uint32_t b = sm.AddBuffer("s.sh", "A=\"--x 1 --y $B\"\nB=2\nrun $A ${C:-7} 'q r' \\\n  --z\n",
+                            BufferKind::kFile);
+  interop::ShellScript s = interop::ScanShellScript(sm, b);
+  std::vector<std::string> texts;
+  for (const auto& w : s.words) texts.push_back(w.text);
+  // $B is not set yet when A is assigned; $A expands to a list, which is skipped.
+  CHECK(texts ==
+        std::vector<std::string>{"--x", "1", "--y", "", "run", "--x 1 --y ", "7", "q r", "--z"});
+  CHECK(s.words[3].unresolved == "B");
+  CHECK(s.words[5].list_expansion);
+  CHECK(sm.Slice(s.words[0].range) == "--x");
+}
+
+TEST_CASE("quoted array items hold a flag and its value; a list variable's flag is still listed") {
+  Imported im(
+      ConfigKind::kMegatron,
+      "DATA=\"1 ./a\"\nARGS=(\n  \"--fp8-format hybrid\"\n)\n"
+      "python pretrain_gpt.py ${ARGS[@]} --num-layers 4 --hidden-size 512 --num-attention-heads 8 "
+      "--seq-length 1024 --vocab-size 32000 --bf16 --data-path $DATA\n");
+  REQUIRE(im.checked);
+  CHECK(im.checked->precision == Precision::kFp8);
+  CHECK(im.OriginText("precision") == "--fp8-format hybrid");
+  CHECK(im.plan->text.find("--data-path  (not a layout setting") != std::string::npos);
+  // No --global-batch-size: one microbatch per data-parallel rank, as Megatron-LM does.
+  CHECK(im.checked->batch.global == im.checked->parallel.dp);
+}
+
+}  // namespace
+}  // namespace paraplan
+
+namespace paraplan {
+namespace {
+
+TEST_CASE(
+    "torchtitan TOML: degrees, FSDP, checkpointing, float8, the flavor; a type error at its line") {
+  Imported im(ConfigKind::kTorchtitan,
+              "[model]\nname = \"llama3\"\nflavor = \"70B\"\nconverters = [\"float8\"]\n"
+              "[training]\nlocal_batch_size = 8\nseq_len = 4096\nsteps = 10\n"
+              "[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 8\n"
+              "pipeline_parallel_degree = 4\npipeline_parallel_schedule = \"1F1B\"\n"
+              "[activation_checkpoint]\nmode = \"full\"\n[metrics]\nlog_freq = 10\n",
+              ImportOptions{.nodes = 8});
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "llama3_70b");
+  CHECK(p.model.seq_len == 4096);
+  CHECK(p.parallel.tp == 8);
+  CHECK(p.parallel.sp);
+  CHECK(p.parallel.pp == 4);
+  CHECK(p.parallel.dp == 2);
+  CHECK(p.optimizer.zero == 3);
+  CHECK(p.precision == Precision::kFp8);
+  CHECK(p.recompute == Recompute::kFull);
+  CHECK(p.batch.micro == 1);
+  CHECK(p.batch.global == 16);  // local_batch_size 8 per data-parallel rank, dp 2
+  CHECK(im.OriginText("parallel.tp") == "tensor_parallel_degree = 8");
+  CHECK(im.Has("P0903"));  // metrics.log_freq
+
+  Imported bad(ConfigKind::kTorchtitan,
+               "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree "
+               "= \"2\"\n");
+  CHECK(!bad.plan);
+  REQUIRE(bad.sink.diagnostics().size() == 1);
+  CHECK(bad.sink.diagnostics()[0].message ==
+        "`parallelism.tensor_parallel_degree` expects an integer, got a string (2)");
+  CHECK(bad.sm
+            .Position(bad.sink.diagnostics()[0].primary.buffer,
+                      bad.sink.diagnostics()[0].primary.begin)
+            .line == 5);
+
+  Imported syntax(ConfigKind::kTorchtitan, "[model]\nname = \"llama3\nflavor = 8B\n");
+  CHECK(!syntax.plan);
+  CHECK(syntax.Has("P0901"));
+}
+
+TEST_CASE("NeMo YAML: trainer and model keys, interpolation, unknown keys noted at their line") {
+  Imported im(
+      ConfigKind::kNemo,
+      "trainer:\n  num_nodes: 2\n  devices: 8\n  precision: bf16-mixed\n"
+      "model:\n  tensor_model_parallel_size: ${trainer.devices}\n  micro_batch_size: 1\n"
+      "  global_batch_size: 64\n  encoder_seq_length: 4096\n  num_layers: 32\n  hidden_size: 4096\n"
+      "  ffn_hidden_size: 11008\n  num_attention_heads: 32\n  normalization: rmsnorm\n"
+      "  activation: fast-swiglu\n  position_embedding_type: rope\n"
+      "  share_embeddings_and_output_weights: false\n  virtual_pipeline_model_parallel_size: null\n"
+      "  tensor_parallel_sizee: 4\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.name == "llama2_7b");
+  CHECK(p.parallel.tp == 8);
+  CHECK(p.cluster.nodes == 2);
+  CHECK(p.precision == Precision::kBf16);
+  bool noted = false;
+  for (const Diagnostic& d : im.sink.diagnostics()) {
+    if (GetDiagKindInfo(d.kind).code != "P0903") continue;
+    noted = im.sm.Slice(d.primary) == "tensor_parallel_sizee: 4" &&
+            im.sm.Position(d.primary.buffer, d.primary.begin).line == 19;
+  }
+  CHECK(noted);
+  Imported bad(ConfigKind::kNemo, "model:\n  num_layers: [1\n");
+  CHECK(!bad.plan);
+  CHECK(bad.Has("P0901"));
+}
+
+TEST_CASE("Megatron-DeepSpeed's own spellings: lower-case norms, rotary switch, key-value heads") {
+  Imported im(ConfigKind::kMegatron,
+              "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 512 --num-attention-heads 8 "
+              "--seq-length 1024 --vocab-size 32000 --normalization rmsnorm "
+              "--use-rotary-position-embeddings --num-key-value-heads 2 --swiglu\n");
+  REQUIRE(im.checked);
+  CHECK(im.checked->model.norm == Norm::kRmsNorm);
+  CHECK(im.checked->model.position == Position::kRope);
+  CHECK(im.checked->model.kv_heads == 2);
+}
+
+TEST_CASE("DeepSpeed JSON with a Megatron-DeepSpeed script; the JSON alone names no model") {
+  Imported alone(ConfigKind::kDeepSpeed,
+                 "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 2}}");
+  CHECK(!alone.plan);
+  CHECK(alone.Has("P0904"));
+  Imported bad(ConfigKind::kDeepSpeed,
+               "{\"train_batch_size\": 8,\n \"zero_optimization\": {\"stage\": \"two\"}}");
+  CHECK(!bad.plan);
+  CHECK(bad.sink.diagnostics()[0].message ==
+        "`zero_optimization.stage` expects an integer, got a string (two)");
+  Imported syntax(ConfigKind::kDeepSpeed,
+                  "{\"train_batch_size\": 8,\n \"bf16\": {\"enabled\": true,}}");
+  CHECK(!syntax.plan);
+  CHECK(syntax.Has("P0901"));
+}
+
+}  // namespace
+}  // namespace paraplan
+
+namespace paraplan {
+namespace {
+
+TEST_CASE(
+    "the precision record, recompute detail, MoE dispatch and framework from a Megatron-LM "
+    "script") {
+  Imported im(
+      ConfigKind::kMegatron,
+      "torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
+      "--num-attention-heads 16 --seq-length 2048 --vocab-size 32000 --swiglu "
+      "--num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type flex "
+      "--expert-model-parallel-size 8 --pipeline-model-parallel-size 2 "
+      "--bf16 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --grad-reduce-in-bf16 "
+      "--recompute-granularity full --recompute-method block --recompute-num-layers 4 "
+      "--make-vocab-size-divisible-by 64 --global-batch-size 64\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.framework == Framework::kMegatronCore);
+  CHECK(p.precision == Precision::kFp8);
+  CHECK(p.mixed_precision.fp8 == Fp8Recipe::kCurrent);
+  CHECK(p.mixed_precision.fp8_params);
+  CHECK(p.mixed_precision.grads == ElementType::kBf16);
+  CHECK(p.recompute == Recompute::kFull);
+  CHECK(p.activations.recompute_method == RecomputeMethod::kBlock);
+  CHECK(p.activations.recompute_layers == 0);  // 4 = every layer of a chunk (8 layers / pp 2)
+  CHECK(p.moe.dispatcher == Dispatcher::kFlex);
+  CHECK(p.model.vocab_divisor == 64);
+  CHECK(im.OriginText("mixed_precision.fp8") == "--fp8-recipe tensorwise");
+
+  Imported sel(ConfigKind::kMegatron,
+               "python pretrain_gpt.py --num-layers 8 --hidden-size 1024 --num-attention-heads 16 "
+               "--seq-length 2048 --vocab-size 32000 --recompute-granularity selective "
+               "--recompute-modules core_attn mlp --recompute-num-layers 3\n");
+  REQUIRE(sel.checked);
+  CHECK(sel.checked->activations.recompute_modules == "core_attn, mlp");
+  CHECK(sel.checked->activations.recompute_layers == 3);
+}
+
+TEST_CASE("torchtitan HSDP, resharding and float8; NeMo and DeepSpeed name their framework") {
+  Imported im(ConfigKind::kTorchtitan,
+              "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"float8\"]\n"
+              "[training]\nlocal_batch_size = 2\nmixed_precision_reduce = \"bfloat16\"\n"
+              "[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4\n"
+              "fsdp_reshard_after_forward = \"never\"\n",
+              ImportOptions{.nodes = 1});
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.framework == Framework::kTorchtitan);
+  CHECK(p.optimizer.zero == 3);
+  CHECK(p.parallel.dp == 8);
+  CHECK(p.fsdp.replicate == 2);
+  CHECK(!p.fsdp.reshard_after_forward);
+  CHECK(p.mixed_precision.fp8 == Fp8Recipe::kCurrent);
+  CHECK(p.mixed_precision.grads == ElementType::kBf16);
+  CHECK(im.OriginText("fsdp.replicate") == "data_parallel_replicate_degree = 2");
+
+  Imported nemo(
+      ConfigKind::kNemo,
+      "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"
+      "  encoder_seq_length: 4096\n  ffn_hidden_size: 11008\n  activation: fast-swiglu\n"
+      "  normalization: rmsnorm\n  share_embeddings_and_output_weights: false\n"
+      "  recompute_modules: [core_attn, mlp]\n  activations_checkpoint_granularity: selective\n");
+  REQUIRE(nemo.checked);
+  CHECK(nemo.checked->framework == Framework::kMegatronCore);
+  CHECK(nemo.checked->activations.recompute_modules == "core_attn, mlp");
+}
+
+TEST_CASE("export carries the record settings its target has and refuses the others") {
+  SourceManager sm;
+  DiagnosticSink sink;
+  LoadOptions load;
+  load.stdlib_dir = Stdlib();
+  auto source = PlanSource::FromText(
+      "p.plan",
+      "import std.models.llama\nimport std.clusters\n"
+      "plan p { model = llama3_8b  cluster = dgx_h100 { nodes = 2 }  framework = megatron_core\n"
+      "  parallel { tp = 2  pp = 2  sp = true }  batch { global = 64 }  precision = fp8  recompute "
+      "= selective\n"
+      "  mixed_precision { fp8 = blockwise  grads = bf16 }  activations { recompute_modules = "
+      "\"core_attn, mlp\" } }\n",
+      load, sm, sink);
+  REQUIRE(source);
+  auto plan = source->Evaluate("", {}, EvalOptions{}, sink);
+  REQUIRE(plan);
+  REQUIRE(!sink.has_errors());
+  DiagnosticSink out;
+  ExportResult megatron = ExportPlan(ConfigKind::kMegatron, *plan, out);
+  CHECK(megatron.text.find("--fp8-recipe blockwise") != std::string::npos);
+  CHECK(megatron.text.find("--grad-reduce-in-bf16") != std::string::npos);
+  CHECK(megatron.text.find("--recompute-modules core_attn mlp") != std::string::npos);
+  // Back again: the record settings are the same.
+  SourceManager sm2;
+  DiagnosticSink sink2;
+  ImportOptions options;
+  options.stdlib_dir = Stdlib();
+  auto imported =
+      ImportConfigText(ConfigKind::kMegatron, "p.sh", megatron.text, options, sm2, sink2);
+  REQUIRE(imported);
+  auto back_source = PlanSource::FromText("back.plan", imported->text, load, sm2, sink2);
+  REQUIRE(back_source);
+  auto back = back_source->Evaluate("", {}, EvalOptions{}, sink2);
+  REQUIRE(back);
+  CHECK(back->mixed_precision.fp8 == Fp8Recipe::kBlockwise);
+  CHECK(back->mixed_precision.grads == ElementType::kBf16);
+  CHECK(back->activations.recompute_modules == "core_attn, mlp");
+  // torchtitan's float8 is tensorwise only: the blockwise recipe is refused at its line.
+  DiagnosticSink titan_sink;
+  CHECK(ExportPlan(ConfigKind::kTorchtitan, *plan, titan_sink).text.empty());
+  bool refused = false;
+  for (const Diagnostic& d : titan_sink.diagnostics()) {
+    refused = refused || d.message == "torchtitan cannot express `mixed_precision.fp8 = blockwise`";
+  }
+  CHECK(refused);
+}
+
+}  // namespace
+}  // namespace paraplan

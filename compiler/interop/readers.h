@@ -1,0 +1,22 @@
+// One reader per framework: the user's file (a buffer of the SourceManager) in, a PlanDraft
+// out. nullopt when the file does not parse or a value does not convert (diagnostics reported,
+// pointing into the file). Called by ImportConfig (import.cpp).
+#ifndef PARAPLAN_COMPILER_INTEROP_READERS_H_
+#define PARAPLAN_COMPILER_INTEROP_READERS_H_
+
+#include <optional>
+
+#include "compiler/interop/draft.h"
+
+namespace paraplan::interop {
+
+std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
+                                      DiagnosticSink& sink);
+std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer,
+                                        DiagnosticSink& sink);
+std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, DiagnosticSink& sink);
+std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink);
+
+}  // namespace paraplan::interop
+
+#endif  // PARAPLAN_COMPILER_INTEROP_READERS_H_

@@ -1,0 +1,249 @@
+// torchtitan job files (train_configs/*.toml): [parallelism] degrees with FSDP/HSDP,
+// [activation_checkpoint], float8 through [model] converters, the model flavor, [training]
+// batch and sequence, [optimizer], [lr_scheduler], [checkpoint].
+#include <algorithm>
+
+#include "compiler/base/checked.h"
+#include "compiler/interop/config_tree.h"
+#include "compiler/interop/readers.h"
+
+namespace paraplan::interop {
+namespace {
+
+constexpr EnumChoice kTitanSchedule[] = {
+    {"1F1B", "1f1b"}, {"GPipe", "gpipe"}, {"Interleaved1F1B", "interleaved_1f1b"}};
+constexpr EnumChoice kTitanRecompute[] = {
+    {"none", "none"}, {"selective", "selective"}, {"full", "full"}};
+constexpr EnumChoice kTitanPrecision[] = {
+    {"bfloat16", "bf16"}, {"float16", "fp16"}, {"float32", "fp32"}};
+constexpr EnumChoice kTitanReduce[] = {{"float32", "fp32"}, {"bfloat16", "bf16"}};
+constexpr EnumChoice kTitanOptimizer[] = {{"AdamW", "adamw"}, {"Adam", "adamw"}, {"SGD", "sgd"}};
+
+constexpr SettingRow kTorchtitan[] = {
+    {"parallelism.tensor_parallel_degree", "parallel.tp", Convert::kInt},
+    {"parallelism.pipeline_parallel_degree", "parallel.pp", Convert::kInt},
+    {"parallelism.context_parallel_degree", "parallel.cp", Convert::kInt},
+    {"parallelism.expert_parallel_degree", "parallel.ep", Convert::kInt},
+    {"parallelism.expert_tensor_parallel_degree", "parallel.etp", Convert::kInt},
+    {"parallelism.pipeline_parallel_schedule",
+     "pipeline.schedule",
+     Convert::kEnum,
+     {},
+     kTitanSchedule},
+    {"parallelism.enable_sequence_parallel", "parallel.sp", Convert::kSwitch, "true"},
+    {"activation_checkpoint.mode", "recompute", Convert::kEnum, {}, kTitanRecompute},
+    {"training.mixed_precision_param", "precision", Convert::kEnum, {}, kTitanPrecision},
+    {"training.seq_len", "model.seq_len", Convert::kInt},
+    {"training.mixed_precision_reduce", "mixed_precision.grads", Convert::kEnum, {}, kTitanReduce},
+    {"training.steps", "train.steps", Convert::kInt},
+    {"training.max_norm", "optimizer.clip_grad", Convert::kReal},
+    {"training.seed", "train.seed", Convert::kInt},
+    {"training.global_batch_size", "batch.global", Convert::kInt},
+    {"parallelism.pipeline_parallel_microbatch_size", "batch.micro", Convert::kInt},
+    {"optimizer.name", "optimizer.type", Convert::kEnum, {}, kTitanOptimizer},
+    {"optimizer.lr", "optimizer.lr", Convert::kReal},
+    {"optimizer.eps", "optimizer.eps", Convert::kReal},
+    {"optimizer.weight_decay", "optimizer.weight_decay", Convert::kReal},
+    {"optimizer.beta1", "optimizer.beta1", Convert::kReal},
+    {"optimizer.beta2", "optimizer.beta2", Convert::kReal},
+    {"lr_scheduler.warmup_steps", "optimizer.warmup_steps", Convert::kInt},
+    {"checkpoint.folder", "train.checkpoint_dir", Convert::kString},
+    {"checkpoint.interval", "train.checkpoint_every", Convert::kInt},
+};
+
+constexpr SkippedRow kTorchtitanSkipped[] = {
+    {"activation_checkpoint.selective_ac_option",
+     "no plan field yet: which layers or ops are recomputed"},
+    {"parallelism.enable_async_tensor_parallel", "no plan field: the time model assumes overlap"},
+    {"parallelism.disable_loss_parallel", "no plan field: loss parallelism"},
+    {"float8.enable_fsdp_float8_all_gather", "no plan field yet: fp8 all-gather"},
+    {"float8.precompute_float8_dynamic_scale_for_fsdp", "no plan field yet: fp8 scaling"},
+    {"float8.recipe_name", "no plan field yet: fp8 recipe"},
+    {"compile.enable", "not a layout setting"},
+    {"job.dump_folder", "not a layout setting"},
+    {"job.description", "not a layout setting"},
+    {"training.dataset", "not a layout setting"},
+    {"training.dataset_path", "not a layout setting"},
+    {"model.tokenizer_path", "not a layout setting"},
+    {"model.hf_assets_path", "not a layout setting"},
+    {"checkpoint.enable_checkpoint", "not a layout setting"},
+    {"training.compile", "not a layout setting"},
+};
+
+constexpr std::string_view kHandled[] = {"parallelism.data_parallel_shard_degree",
+                                         "parallelism.data_parallel_replicate_degree",
+                                         "training.local_batch_size",
+                                         "training.batch_size",
+                                         "model.name",
+                                         "model.flavor",
+                                         "model.converters",
+                                         "float8.enable_float8_linear",
+                                         "parallelism.fsdp_reshard_after_forward"};
+
+// torchtitan's model flavors (torchtitan/models/*/__init__.py) that the stdlib has.
+struct Flavor {
+  std::string_view name, flavor, model;
+};
+constexpr Flavor kFlavors[] = {
+    {"llama3", "8B", "llama3_8b"},          {"llama3", "70B", "llama3_70b"},
+    {"llama3", "405B", "llama3_405b"},      {"llama2", "7B", "llama2_7b"},
+    {"llama2", "70B", "llama2_70b"},        {"deepseek_v3", "671B", "deepseek_v3"},
+    {"deepseek_v3", "236B", "deepseek_v2"}, {"qwen3", "30B-A3B", "qwen3_30b_a3b"},
+};
+
+}  // namespace
+
+std::span<const SettingRow> TorchtitanRows() { return kTorchtitan; }
+
+std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer,
+                                        DiagnosticSink& sink) {
+  auto entries = ReadToml(sm, buffer, sink);
+  if (!entries) return std::nullopt;
+  PlanDraft draft;
+  draft.kind = ConfigKind::kTorchtitan;
+  draft.vocab_help = "name a model flavor the stdlib has ([model] name and flavor)";
+  draft.Set("framework", "torchtitan", {}, "a torchtitan job file");
+  // torchtitan trains in bf16 with fp32 reductions unless told otherwise.
+  draft.Set("precision", "bf16", {}, "torchtitan's default: mixed_precision_param = \"bfloat16\"");
+  if (!ApplyRows(*entries, kTorchtitan, kTorchtitanSkipped, kHandled, draft, sink))
+    return std::nullopt;
+  // A checkpoint folder with checkpointing off saves nothing.
+  if (const ConfigEntry* on = FindEntry(*entries, "checkpoint.enable_checkpoint");
+      on && on->text == "false") {
+    draft.Erase("train.checkpoint_dir");
+    draft.Erase("train.checkpoint_every");
+  }
+
+  const ConfigEntry* name = FindEntry(*entries, "model.name");
+  const ConfigEntry* flavor = FindEntry(*entries, "model.flavor");
+  if (name && flavor) {
+    std::string source = "model.name = " + name->text + ", flavor = " + flavor->text;
+    draft.stdlib_model_source = source;
+    draft.stdlib_model_origin = flavor->range;
+    for (const Flavor& f : kFlavors) {
+      if (f.name == name->text && f.flavor == flavor->text) draft.stdlib_model = f.model;
+    }
+    if (draft.stdlib_model.empty()) draft.stdlib_model = name->text + "_" + flavor->text;
+  } else {
+    sink.Report(
+        Diag(DiagKind::kConfigMissing, "the job file names no model ([model] name and flavor)")
+            .At({buffer, 0, 0})
+            .Help("add [model] with name = \"llama3\" and flavor = \"8B\""));
+    return std::nullopt;
+  }
+  // float8 training: the float8 converter on the model.
+  if (const ConfigEntry* c = FindEntry(*entries, "model.converters")) {
+    if (std::find(c->items.begin(), c->items.end(), "float8") != c->items.end()) {
+      draft.Set("precision", "fp8", c->range, "model.converters = [" + c->text + "]");
+      draft.Set("mixed_precision.fp8", "current", c->range,
+                "torchtitan's float8 scales per tensor (tensorwise)");
+    }
+  }
+  if (const ConfigEntry* f = FindEntry(*entries, "float8.enable_float8_linear");
+      f && f->text == "true") {
+    draft.Set("precision", "fp8", f->range, "float8.enable_float8_linear = true");
+    draft.Set("mixed_precision.fp8", "current", f->range,
+              "torchtitan's float8 scales per tensor (tensorwise)");
+  }
+  // The floor of the decay, as a fraction of the peak rate.
+  if (const ConfigEntry* f = FindEntry(*entries, "lr_scheduler.min_lr_factor")) {
+    auto factor = ParseReal(f->text);
+    const DraftSetting* lr = draft.Find("optimizer.lr");
+    auto peak = lr ? ParseReal(lr->value) : std::optional<double>(8e-4);  // torchtitan's default lr
+    if (!factor || (f->type != ValueType::kReal && f->type != ValueType::kInt)) {
+      sink.Report(Diag(DiagKind::kConfigBadValue,
+                       "`lr_scheduler.min_lr_factor` expects a number, got " + f->text)
+                      .At(f->range));
+      return std::nullopt;
+    }
+    draft.Set("optimizer.min_lr", RealText(*factor * *peak), f->range,
+              "min_lr_factor = " + f->text + " of lr");
+  }
+  // FSDP / HSDP: dp = replicate · shard; sharding over the shard group is ZeRO-3.
+  const ConfigEntry* shard = FindEntry(*entries, "parallelism.data_parallel_shard_degree");
+  const ConfigEntry* replicate = FindEntry(*entries, "parallelism.data_parallel_replicate_degree");
+  int64_t shard_v =
+      shard ? ParseInteger(shard->text).value_or(0) : -1;  // -1: the rest of the world
+  int64_t replicate_v = replicate ? ParseInteger(replicate->text).value_or(0) : 1;
+  if ((shard && (shard->type != ValueType::kInt || shard_v == 0 || shard_v < -1)) ||
+      (replicate && (replicate->type != ValueType::kInt || replicate_v < 1))) {
+    const ConfigEntry* bad =
+        shard && (shard->type != ValueType::kInt || shard_v == 0 || shard_v < -1) ? shard
+                                                                                  : replicate;
+    sink.Report(Diag(DiagKind::kConfigBadValue,
+                     "`" + bad->key +
+                         "` expects a positive integer (or -1 for the shard degree), got " +
+                         bad->text)
+                    .At(bad->range));
+    return std::nullopt;
+  }
+  if (shard_v != 1) {
+    const ConfigEntry* at = shard ? shard : replicate;
+    draft.Set("optimizer.zero", "3", at ? at->range : SourceRange{},
+              shard ? shard->key + " = " + shard->text + " (FSDP)"
+                    : "torchtitan's default: FSDP over the data-parallel ranks");
+  }
+  // The shard group of FSDP / HSDP.
+  if (replicate_v > 1 && shard_v != 1) {
+    draft.Set("fsdp.replicate", std::to_string(replicate_v), replicate->range,
+              replicate->key + " = " + replicate->text);
+  }
+  if (const ConfigEntry* r = FindEntry(*entries, "parallelism.fsdp_reshard_after_forward")) {
+    if (r->text == "never" || r->text == "always") {
+      draft.Set("fsdp.reshard_after_forward", r->text == "always" ? "true" : "false", r->range,
+                r->key + " = " + r->text);
+    } else if (r->text != "default") {
+      sink.Report(Diag(DiagKind::kConfigBadValue,
+                       "`" + r->key + "` takes default, always or never, got " + r->text)
+                      .At(r->range));
+      return std::nullopt;
+    }
+  }
+  if (shard_v > 0) {
+    auto dp = CheckedMul(shard_v, replicate_v);
+    if (!dp) {
+      sink.Report(
+          Diag(DiagKind::kConfigBadValue,
+               "data_parallel_replicate_degree · data_parallel_shard_degree is past 64 bits")
+              .At(shard->range));
+      return std::nullopt;
+    }
+    draft.Set("parallel.dp", std::to_string(*dp), shard->range,
+              "data_parallel_replicate_degree · data_parallel_shard_degree");
+  } else if (shard_v == 1 && replicate) {
+    draft.Set("parallel.dp", std::to_string(replicate_v), replicate->range,
+              replicate->key + " = " + replicate->text);
+  }
+  // The batch: local_batch_size per data-parallel rank (global_batch_size when given wins).
+  const ConfigEntry* local = FindEntry(*entries, "training.local_batch_size");
+  if (!local) local = FindEntry(*entries, "training.batch_size");
+  if (local && !draft.Has("batch.global")) {
+    auto v = ParseInteger(local->text);
+    if (!v || local->type != ValueType::kInt) {
+      sink.Report(Diag(DiagKind::kConfigBadValue,
+                       "`" + local->key + "` expects an integer, got " + local->text)
+                      .At(local->range));
+      return std::nullopt;
+    }
+    draft.Set("batch.global", std::to_string(*v) + " * parallel.dp", local->range,
+              local->key + " = " + local->text + " per data-parallel rank");
+  }
+  // torchtitan's tensor parallelism always shards the sequence between its layers.
+  if (const DraftSetting* tp = draft.Find("parallel.tp"); tp && tp->value != "1") {
+    draft.Set("parallel.sp", "true", tp->origin,
+              "torchtitan's tensor parallelism is sequence-parallel");
+  }
+  const DraftSetting* pp = draft.Find("parallel.pp");
+  if (!draft.Has("batch.micro")) {
+    if (pp && pp->value != "1") {
+      draft.Set("batch.micro", "1", {},
+                "torchtitan's default: pipeline_parallel_microbatch_size = 1");
+    } else if (local) {
+      // Without pipelining each rank runs its local batch at once.
+      draft.Set("batch.micro", local->text, local->range, local->key + " = " + local->text);
+    }
+  }
+  return draft;
+}
+
+}  // namespace paraplan::interop

@@ -1,0 +1,204 @@
+// planc import, export and --from through the real binary.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/support/cli.h"
+
+namespace paraplan {
+namespace {
+
+using testing::ReadFile;
+using testing::RunCommand;
+using testing::ScratchDir;
+
+const std::string kPlanc = PARAPLAN_PLANC;
+const std::string kSource = PARAPLAN_SOURCE;
+
+void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// A scratch directory removed when the test case ends.
+struct ScopedScratch {
+  explicit ScopedScratch(const std::string& suite) : dir(ScratchDir(suite)) {}
+  ~ScopedScratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string dir;
+};
+
+constexpr const char* kScript = R"(#!/bin/bash
+TP=4
+NNODES=16
+torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py \
+    --num-layers 60 --hidden-size 5120 --num-attention-heads 128 --seq-length 4096 \
+    --vocab-size 102400 --swiglu --normalization RMSNorm --position-embedding-type rope \
+    --untie-embeddings-and-output-weights --num-experts 160 --moe-router-topk 6 \
+    --moe-ffn-hidden-size 1536 --moe-shared-expert-intermediate-size 3072 \
+    --moe-layer-freq '([0]*1+[1]*59)' --ffn-hidden-size 12288 \
+    --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 \
+    --qk-pos-emb-head-dim 64 --v-head-dim 128 \
+    --tensor-model-parallel-size $TP \
+    --pipeline-model-parallel-size 4 \
+    --expert-model-parallel-size 32 \
+    --use-distributed-optimizer --bf16 --micro-batch-size 1 --global-batch-size 1024
+)";
+
+TEST_CASE("planc check --from=megatron points into the user's script") {
+  const ScopedScratch scratch("interop_check");
+  const std::string& dir = scratch.dir;
+  Write(dir + "/train.sh", kScript);
+  auto r = RunCommand(kPlanc + " check --from=megatron train.sh --color=never", dir, dir);
+  CHECK(r.status == 1);
+  // DeepSeek-V2's expert mesh: etp · ep · pp = 4 · 32 · 4 = 512 > 128 GPUs, with the caret
+  // under the flags of the script.
+  CHECK(r.err.find("error[P0303]") != std::string::npos);
+  CHECK(r.err.find("12 │     --tensor-model-parallel-size $TP \\") != std::string::npos);
+  CHECK(r.err.find("14 │     --expert-model-parallel-size 32 \\") != std::string::npos);
+  CHECK(r.err.find("train.sh (as a plan)") == std::string::npos);
+  // The same file, imported and then checked as a plan, reports the same errors.
+  auto imp = RunCommand(kPlanc + " import --from=megatron train.sh -o train.plan", dir, dir);
+  CHECK(imp.status == 0);
+  const std::string plan = ReadFile(dir + "/train.plan");
+  CHECK(plan.find("  model = deepseek_v2") != std::string::npos);
+  CHECK(plan.find(
+            "ep = 32                             # --expert-model-parallel-size 32 (line 14)") !=
+        std::string::npos);
+  auto chk = RunCommand(kPlanc + " check train.plan --diagnostics=short", dir, dir);
+  auto from = RunCommand(kPlanc + " check --from=megatron train.sh --diagnostics=short", dir, dir);
+  CHECK(chk.status == 1);
+  CHECK(from.status == 1);
+  CHECK(chk.err.find("error[P0303]") != std::string::npos);
+  CHECK(from.err.find("train.sh:14:5: error[P0303]") != std::string::npos);
+  // The fix the error suggests, given on the command line, checks clean past the mesh rule.
+  auto fixed = RunCommand(
+      kPlanc + " check --from=megatron train.sh --diagnostics=short --set parallel.etp=1", dir,
+      dir);
+  CHECK(fixed.err.find("P0303") == std::string::npos);
+}
+
+TEST_CASE("--from works with explain, search and compile, and refuses bad usage") {
+  const ScopedScratch scratch("interop_from");
+  const std::string& dir = scratch.dir;
+  Write(dir + "/tiny.sh",
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+        "--num-attention-heads 8 --seq-length 64 --vocab-size 512 --swiglu --normalization RMSNorm "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+        "--global-batch-size 16 --bf16\n");
+  auto ex = RunCommand(kPlanc + " explain --from=megatron tiny.sh --format=json", dir, dir);
+  CHECK(ex.status == 0);
+  CHECK(ex.out.find("\"world_size\":8") != std::string::npos);
+  auto se = RunCommand(kPlanc + " search --from=megatron tiny.sh --set 'parallel.tp=[1,2]' --top 1",
+                       dir, dir);
+  CHECK(se.status == 0);
+  auto co = RunCommand(kPlanc + " compile --from=megatron tiny.sh -o tiny.pplan", dir, dir);
+  CHECK(co.status == 0);
+  auto bad = RunCommand(kPlanc + " check --from=mxnet tiny.sh", dir, dir);
+  CHECK(bad.status == 2);
+  CHECK(bad.err.find("--from takes megatron, torchtitan, deepspeed or nemo, got 'mxnet'") !=
+        std::string::npos);
+  auto nodes = RunCommand(kPlanc + " check tiny.plan --nodes 2", dir, dir);
+  CHECK(nodes.status == 2);
+  auto missing = RunCommand(kPlanc + " import --from=megatron", dir, dir);
+  CHECK(missing.status == 2);
+  // --nodes on the command line wins over the launcher line.
+  auto over = RunCommand(kPlanc + " import --from=megatron tiny.sh --nodes 4 --gpu a100", dir, dir);
+  CHECK(over.out.find("  cluster.nodes = 4                     # --nodes 4") != std::string::npos);
+  CHECK(over.out.find("  cluster = dgx_a100") != std::string::npos);
+}
+
+TEST_CASE("planc export writes what runs the plan, and refuses what the target cannot express") {
+  const ScopedScratch scratch("interop_export");
+  const std::string& dir = scratch.dir;
+  const std::string llama = kSource + "/examples/llama3_70b.plan";
+  // Interleaving (vpp = 2) has no torchtitan schedule name: P0905 at the plan's line, no file.
+  auto titan = RunCommand(kPlanc + " export " + llama + " --to=torchtitan -o out.toml", dir, dir);
+  CHECK(titan.status == 1);
+  CHECK(titan.err.find("error[P0905]: torchtitan cannot express `parallel.vpp = 2`") !=
+        std::string::npos);
+  CHECK(titan.err.find("parallel  { tp = 8  pp = 4  vpp = 2") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir + "/out.toml"));
+  // The fix it suggests exports, with the derived settings stated.
+  auto fixed = RunCommand(kPlanc + " export " + llama +
+                              " --set parallel.vpp=1 --set 'pipeline.schedule=\"1f1b\"' --set "
+                              "optimizer.zero=3 --to=torchtitan",
+                          dir, dir);
+  CHECK(fixed.status == 0);
+  CHECK(fixed.out.find("flavor = \"70B\"") != std::string::npos);
+  CHECK(fixed.out.find("microbatches per step = global / (micro · dp) = 512 / (1 · 2) = 256") !=
+        std::string::npos);
+  // DeepSpeed: the Megatron-DeepSpeed launch script and its ds_config.json, which import reads
+  // back.
+  auto ds = RunCommand(
+      kPlanc + " export " + llama +
+          " --set parallel.vpp=1 --set 'pipeline.schedule=\"1f1b\"' --to=deepspeed -o run.sh",
+      dir, dir);
+  CHECK(ReadFile(dir + "/run.sh")
+            .find("deepspeed --num_nodes $NNODES --num_gpus $GPUS_PER_NODE pretrain_gpt.py") !=
+        std::string::npos);
+  CHECK(ds.status == 0);
+  CHECK(ReadFile(dir + "/ds_config.json").find("\"gradient_accumulation_steps\": 256") !=
+        std::string::npos);
+  auto back = RunCommand(kPlanc + " check --from=deepspeed run.sh --gpu h100 --diagnostics=short",
+                         dir, dir);
+  CHECK(back.status == 0);
+  auto no_out = RunCommand(kPlanc + " export " + llama + " --to=deepspeed", dir, dir);
+  CHECK(no_out.status == 2);
+  // Megatron-LM to NeMo, straight from the script.
+  Write(dir + "/train.sh", kScript);
+  auto nemo = RunCommand(kPlanc + " export --from=megatron train.sh --set parallel.etp=1 --to=nemo",
+                         dir, dir);
+  CHECK(nemo.status == 1);  // DeepSeek-V2's shared experts and MLA have no NeMo GPT keys
+  CHECK(nemo.err.find("error[P0905]: NeMo cannot express `model = deepseek_v2`") !=
+        std::string::npos);
+}
+
+// corpus/README.md, row by row.
+TEST_CASE("the corpus of real configurations imports and checks as its README says") {
+  struct Row {
+    const char* args;  // after `planc check --from=`
+    int status;
+    std::vector<std::string> codes;
+  };
+  const Row rows[] = {
+      {"megatron megatron/llama3_8b_h100_fp8.sh", 1, {"P0310", "P0701", "P0903"}},
+      {"megatron megatron/mixtral_8x7b_distributed.sh", 1, {"P0904"}},
+      {"torchtitan torchtitan/llama3_70b.toml --nodes 8 --gpu a100", 0, {"P0502", "P0903"}},
+      {"deepspeed deepspeed/pretrain_gpt2_bpe.sh", 0, {"P0502", "P0903"}},
+      {"nemo nemo/llama3_70b.yaml", 0, {"P0502", "P0903"}},
+  };
+  const ScopedScratch scratch("interop_corpus");
+  const std::string& dir = scratch.dir;
+  const std::string corpus = kSource + "/tests/interop/corpus";
+  for (const Row& row : rows) {
+    CAPTURE(row.args);
+    auto r = RunCommand(kPlanc + " check --from=" + row.args + " --diagnostics=short", dir, corpus);
+    CHECK(r.status == row.status);
+    std::set<std::string> codes;
+    for (size_t at = r.err.find("["); at != std::string::npos; at = r.err.find("[", at + 1)) {
+      if (r.err.compare(at + 1, 1, "P") == 0 && r.err.size() > at + 6 && r.err[at + 6] == ']') {
+        codes.insert(r.err.substr(at + 1, 5));
+      }
+    }
+    CHECK(codes == std::set<std::string>(row.codes.begin(), row.codes.end()));
+    // Every diagnostic is in the user's file, none in the generated plan text.
+    CHECK(r.err.find("(as a plan)") == std::string::npos);
+    // The written plan of an importable file checks with the same result.
+    if (row.codes != std::vector<std::string>{"P0904"}) {
+      std::string import_args = row.args;
+      auto imp = RunCommand(
+          kPlanc + " import --from=" + import_args + " -o " + dir + "/imported.plan", dir, corpus);
+      CHECK(imp.status == 0);
+      auto plan =
+          RunCommand(kPlanc + " check " + dir + "/imported.plan --diagnostics=short", dir, corpus);
+      CHECK(plan.status == row.status);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace paraplan
