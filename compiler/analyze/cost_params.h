@@ -48,6 +48,10 @@ struct CostOptions {
   int64_t allocator_margin_percent = 5;
   // Replaces the GPU's calibrated efficiency set (used when fitting the set itself).
   const struct GpuEfficiency* efficiency = nullptr;
+  // The software stack to price the plan as (cost_framework.h); empty: the plan's `framework`.
+  std::string_view framework;
+  // Replaces the framework profile (used when fitting the profile itself).
+  const struct FrameworkProfile* profile = nullptr;
 };
 
 struct GpuEfficiency {
