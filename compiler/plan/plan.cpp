@@ -127,6 +127,10 @@ FieldTable BuildTable() {
           (std::vector<std::string_view>{"bf16", "fp16", "fp32", "fp8"}), "training precision");
   PP_ENUM("recompute", Recompute, recompute,
           (std::vector<std::string_view>{"none", "selective", "full"}), "activation recomputation");
+  PP_ENUM("framework", Framework, framework,
+          (std::vector<std::string_view>{"paraplan", "megatron_core", "torchtitan", "deepspeed",
+                                         "llm_foundry", "megatron_lm_2021"}),
+          "the software that runs the plan");
   // parallel
   PP_INT("parallel.tp", parallel.tp, 1, kMax, "tensor parallel size");
   PP_INT("parallel.pp", parallel.pp, 1, kMax, "pipeline parallel size");
@@ -698,6 +702,17 @@ std::string_view ToString(Offload v) { return v == Offload::kNone ? "none" : "cp
 std::string_view ToString(Norm v) { return v == Norm::kRmsNorm ? "rmsnorm" : "layernorm"; }
 std::string_view ToString(Activation v) { return v == Activation::kSwiGlu ? "swiglu" : "gelu"; }
 std::string_view ToString(Position v) { return v == Position::kRope ? "rope" : "learned"; }
+std::string_view ToString(Framework v) {
+  switch (v) {
+    case Framework::kParaplan: return "paraplan";
+    case Framework::kMegatronCore: return "megatron_core";
+    case Framework::kTorchtitan: return "torchtitan";
+    case Framework::kDeepSpeed: return "deepspeed";
+    case Framework::kLlmFoundry: return "llm_foundry";
+    case Framework::kMegatronLm2021: return "megatron_lm_2021";
+  }
+  return "?";
+}
 
 // --- Dump and verifier -----------------------------------------------------------------------
 

@@ -37,6 +37,19 @@ enum class Offload : uint8_t { kNone, kCpu };
 enum class Norm : uint8_t { kRmsNorm, kLayerNorm };
 enum class Activation : uint8_t { kSwiGlu, kGelu };
 enum class Position : uint8_t { kRope, kLearned };
+// The software that runs the plan. Rules and memory behaviour follow it where frameworks differ
+// (ZeRO-3 with pipeline parallelism is refused only by DeepSpeed; torchtitan's FSDP2 keeps
+// parameters unsharded across microbatches under pipeline parallelism; allocator and NCCL
+// reserves differ). kMegatronCore also stands for NeMo and Megatron-Bridge; kMegatronLm2021 is
+// the Megatron-LM of the 2021 papers (MT-NLG, the PTD-P runs), before the distributed optimizer.
+enum class Framework : uint8_t {
+  kParaplan,
+  kMegatronCore,
+  kTorchtitan,
+  kDeepSpeed,
+  kLlmFoundry,
+  kMegatronLm2021,
+};
 
 struct GpuSpec {
   std::string name;            // record name, e.g. "h100_sxm"
@@ -192,6 +205,7 @@ struct Plan {
   ClusterSpec cluster;
   Precision precision = Precision::kBf16;
   Recompute recompute = Recompute::kNone;
+  Framework framework = Framework::kParaplan;
   ParallelSpec parallel;
   PipelineSpec pipeline;
   OptimizerSpec optimizer;
@@ -292,6 +306,7 @@ std::string_view ToString(Offload v);
 std::string_view ToString(Norm v);
 std::string_view ToString(Activation v);
 std::string_view ToString(Position v);
+std::string_view ToString(Framework v);
 
 // A stable, line-per-field text dump (`planc check --dump=plan`); tests compare it.
 std::string PrintPlan(const Plan& plan);

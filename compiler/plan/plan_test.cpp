@@ -50,6 +50,26 @@ TEST_CASE("text round trip through GetFieldText and SetFieldText for every field
   }
 }
 
+TEST_CASE("framework names the software that runs the plan") {
+  Plan p;
+  CHECK(p.framework == Framework::kParaplan);
+  CHECK(GetFieldText(p, "framework") == "paraplan");
+  const std::pair<const char*, Framework> spellings[] = {
+      {"megatron_core", Framework::kMegatronCore}, {"torchtitan", Framework::kTorchtitan},
+      {"deepspeed", Framework::kDeepSpeed},        {"llm_foundry", Framework::kLlmFoundry},
+      {"megatron_lm_2021", Framework::kMegatronLm2021}, {"paraplan", Framework::kParaplan}};
+  for (const auto& [text, value] : spellings) {
+    CHECK(SetFieldText(p, "framework", text) == "");
+    CHECK(p.framework == value);
+    CHECK(ToString(p.framework) == text);
+  }
+  CHECK(SetFieldText(p, "framework", "nemo") ==
+        "expects `paraplan`, `megatron_core`, `torchtitan`, `deepspeed`, `llm_foundry` or "
+        "`megatron_lm_2021`, got `nemo`");
+  CHECK(p.framework == Framework::kParaplan);
+  CHECK(PrintPlan(p).find("framework                          = paraplan") != std::string::npos);
+}
+
 TEST_CASE("SetFieldText parses each type and says what is wrong") {
   Plan p;
   CHECK(SetFieldText(p, "parallel.tp", "4") == "");
