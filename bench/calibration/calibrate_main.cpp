@@ -224,7 +224,9 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
     plan.pipeline.account_for_loss = true;
   }
   c.stack = StackFor(c.id, c.source);
-  c.options.framework = c.stack;
+  for (Framework f : {Framework::kParaplan, Framework::kMegatronCore, Framework::kTorchtitan,
+                      Framework::kDeepSpeed, Framework::kLlmFoundry, Framework::kMegatronLm2021})
+    if (ToString(f) == c.stack) plan.framework = f;
   if (Has(c.id, "asynctp")) c.options.tp_comm_overlap = true;  // torchtitan async TP
   // Precision.
   const std::string prec = Lower(Str(&run, "precision"));
@@ -609,7 +611,7 @@ int main(int argc, char** argv) {
     const double pk = D(c.memory.peak) / kGiB;
     const std::string key = ProfileKey(c);
     if (csv) {
-      std::printf("%s,%s,%s,%.4g,%.4g,%.1f,%.4g,%.1f,%lld,%lld,%s,%d,%d,%.1f,%.1f\n", c.id.c_str(),
+      std::printf("%s,%s,%s,%.7g,%.7g,%.1f,%.7g,%.1f,%lld,%lld,%s,%d,%d,%.1f,%.1f\n", c.id.c_str(),
                   c.source.c_str(), key.c_str(), c.measured, c.predicted,
                   100 * Error(c.predicted, c.measured), c.loso, 100 * Error(c.loso, c.measured),
                   (long long)c.chosen.batch.micro, (long long)c.chosen.parallel.vpp,

@@ -164,7 +164,10 @@ std::string_view FrameworkOf(const Plan& plan, const CostOptions& options, bool*
     if (named) *named = true;
     return options.framework;
   }
-  (void)plan;
+  if (plan.framework != Framework::kParaplan) {
+    if (named) *named = true;
+    return ToString(plan.framework);
+  }
   return "paraplan";
 }
 

@@ -79,9 +79,10 @@ const FrameworkProfile& ProfileFor(std::string_view stack, const GpuSpec& gpu);
 // Every profile, for the calibration bench and the docs table.
 const std::vector<FrameworkProfile>& AllProfiles();
 
-// The stack a plan runs on: CostOptions::framework when set, else the plan's own `framework`
-// field, else "paraplan". `named` tells whether anything named it (then the profile's
-// behaviour replaces the CostOptions software flags).
+// The stack a plan runs on: CostOptions::framework when set, else the plan's `framework` field
+// ("paraplan" by default). `named` tells whether a stack other than the default was named
+// (then the profile's software flags replace those of CostOptions; the default stack keeps
+// the flags it is given, which default to the same behaviour).
 std::string_view FrameworkOf(const Plan& plan, const CostOptions& options, bool* named = nullptr);
 
 // `options` with the software flags (fused attention, dropout, DP overlap, MoE imbalance) of
