@@ -412,12 +412,13 @@ Fitted Defaults(const FrameworkProfile& p) {
   return f;
 }
 
-// Mean |log(predicted / measured)| of the given cases under `fit` for their profile `key`.
-double Loss(const std::vector<Case*>& cases, const FrameworkProfile& base, const Fitted& fit) {
-  FrameworkProfile prof = base;
-  fit.ApplyTo(prof);
+// Mean |log(predicted / measured)| of the given cases with the fitted numbers `fit` in `base`,
+// or (base == nullptr, a pooled fit) in each case's own profile.
+double Loss(const std::vector<Case*>& cases, const FrameworkProfile* base, const Fitted& fit) {
   double sum = 0;
   for (Case* c : cases) {
+    FrameworkProfile prof = base ? *base : ProfileFor(c->stack, c->plan.cluster.gpu);
+    fit.ApplyTo(prof);
     CostOptions o = c->options;
     o.profile = &prof;
     const Evaluation e = Evaluate(c->chosen, o, &c->memory);
@@ -426,15 +427,16 @@ double Loss(const std::vector<Case*>& cases, const FrameworkProfile& base, const
   return cases.empty() ? 0 : sum / D(cases.size());
 }
 
-// Coordinate search over the fitted numbers of one profile on `cases`, from the defaults.
-Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile& base) {
-  Fitted best = Defaults(base);
+// Coordinate search over the fitted numbers of one profile (or, base == nullptr, of all the
+// cases' profiles at once) on `cases`, from the defaults.
+Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base) {
+  Fitted best = Defaults(base ? *base : FrameworkProfile{});
   if (cases.empty()) return best;
   bool fp8 = false, sharded = false, flash = false;
   for (Case* c : cases) {
     fp8 |= c->chosen.precision == Precision::kFp8;
     sharded |= c->chosen.optimizer.zero >= 2;
-    flash |= base.flash_attention;
+    flash |= base ? base->flash_attention : ProfileFor(c->stack, c->plan.cluster.gpu).flash_attention;
   }
   double loss = Loss(cases, base, best);
   // At most one fitted number per three runs, in this order of importance.
@@ -567,19 +569,20 @@ int main(int argc, char** argv) {
     std::printf("in-sample fit per profile (mean |log error|):\n");
     for (auto& [key, list] : by_profile) {
       const FrameworkProfile& base = base_of(key);
-      const Fitted f = FitProfile(list, base);
+      const Fitted f = FitProfile(list, &base);
       std::printf(
           "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
           "%.1f  "
           "(loss %.3f; shipped %.3f)\n",
           key.c_str(), list.size(), f.compute_scale, f.attention_scale, 1e3 * f.layer_overhead_s,
-          f.fp8_gemm_speedup, f.shard_comm_scale, Loss(list, base, f),
-          Loss(list, base, Fitted::Of(base)));
+          f.fp8_gemm_speedup, f.shard_comm_scale, Loss(list, &base, f),
+          Loss(list, &base, Fitted::Of(base)));
     }
     return 0;
   }
-  // Leave one source out: refit the profiles on the other sources (profiles without other rows
-  // keep the unfitted defaults), predict the source.
+  // Leave one source out: refit the profiles on the other sources, predict the source. A profile
+  // with fewer than three rows from other sources is fit together with every other source's
+  // rows on the same GPU generation (its own behaviour, the pooled numbers).
   std::set<std::string> sources;
   for (const Case& c : cases)
     if (c.Scored()) sources.insert(c.source);
@@ -589,7 +592,17 @@ int main(int argc, char** argv) {
       for (Case* c : list) (c->source == left ? test : train).push_back(c);
       if (test.empty()) continue;
       FrameworkProfile prof = base_of(key);
-      FitProfile(train, prof).ApplyTo(prof);  // empty train: the defaults
+      if (train.size() >= 3) {
+        FitProfile(train, &prof).ApplyTo(prof);
+      } else {
+        const std::string gen = key.substr(key.find('/') + 1);
+        std::vector<Case*> pool = train;
+        for (auto& [other, rows] : by_profile)
+          if (other != key && other.substr(other.find('/') + 1) == gen)
+            for (Case* c : rows)
+              if (c->source != left) pool.push_back(c);
+        FitProfile(pool, nullptr).ApplyTo(prof);
+      }
       for (Case* c : test) {
         CostOptions o = c->options;
         o.profile = &prof;
