@@ -1,6 +1,7 @@
 #include "compiler/analyze/time.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "compiler/analyze/cost_comm.h"
@@ -360,7 +361,8 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         int64_t layers_here = 0;
         for (int64_t c = 0; c < v; ++c) layers_here += chunks[static_cast<size_t>(c * p + r)].layers;
         const double n_layers = D(std::max<int64_t>(1, layers_here));
-        const double lat = prof.collective_latency_s * n_layers;
+        // Launch and tree latency: per layer collective, growing with log2 of the group size.
+        const double lat = prof.collective_latency_s * n_layers * std::max(1.0, std::log2(D(cx.groups.dp_cp.size)));
         const double k = prof.shard_comm_scale;
         const double ag_f = zero >= 3 ? k * params_s + lat : 0;
         // FSDP's shard_grad_op (zero 2) keeps the gathered parameters from forward to backward.
