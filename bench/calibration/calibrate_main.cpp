@@ -389,10 +389,10 @@ Stats Summarize(std::vector<double> errors) {
 // The fitted numbers of a profile.
 struct Fitted {
   double compute_scale = 1, attention_scale = 1, layer_overhead_s = 0, fp8_gemm_speedup = 1.6,
-         shard_comm_scale = 1;
+         shard_comm_scale = 1, ep_overlap = 0;
   static Fitted Of(const FrameworkProfile& p) {
-    return {p.compute_scale, p.attention_scale, p.layer_overhead_s, p.fp8_gemm_speedup,
-            p.shard_comm_scale};
+    return {p.compute_scale,    p.attention_scale,  p.layer_overhead_s,
+            p.fp8_gemm_speedup, p.shard_comm_scale, p.ep_overlap};
   }
   void ApplyTo(FrameworkProfile& p) const {
     p.compute_scale = compute_scale;
@@ -400,6 +400,7 @@ struct Fitted {
     p.layer_overhead_s = layer_overhead_s;
     p.fp8_gemm_speedup = fp8_gemm_speedup;
     p.shard_comm_scale = shard_comm_scale;
+    p.ep_overlap = ep_overlap;
   }
 };
 
@@ -432,11 +433,13 @@ double Loss(const std::vector<Case*>& cases, const FrameworkProfile* base, const
 Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base) {
   Fitted best = Defaults(base ? *base : FrameworkProfile{});
   if (cases.empty()) return best;
-  bool fp8 = false, sharded = false, flash = false;
+  bool fp8 = false, sharded = false, flash = false, moe = false;
   for (Case* c : cases) {
+    moe |= c->chosen.model.IsMoe() && c->chosen.parallel.ep > 1;
     fp8 |= c->chosen.precision == Precision::kFp8;
     sharded |= c->chosen.optimizer.zero >= 2;
-    flash |= base ? base->flash_attention : ProfileFor(c->stack, c->plan.cluster.gpu).flash_attention;
+    flash |=
+        base ? base->flash_attention : ProfileFor(c->stack, c->plan.cluster.gpu).flash_attention;
   }
   double loss = Loss(cases, base, best);
   // At most one fitted number per three runs, in this order of importance.
@@ -450,6 +453,7 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base)
         {&Fitted::attention_scale, {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4}});
   if (fp8)
     params.push_back({&Fitted::fp8_gemm_speedup, {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8}});
+  if (moe) params.push_back({&Fitted::ep_overlap, {0.0, 0.25, 0.5, 0.75, 0.9}});
   params.push_back({&Fitted::layer_overhead_s,
                     {0.0, 0.1e-3, 0.2e-3, 0.4e-3, 0.7e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3}});
   params.resize(std::min(params.size(), std::max<size_t>(1, cases.size() / 3)));
@@ -572,10 +576,9 @@ int main(int argc, char** argv) {
       const Fitted f = FitProfile(list, &base);
       std::printf(
           "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
-          "%.1f  "
-          "(loss %.3f; shipped %.3f)\n",
+          "%.1f  ep_overlap %.2f  (loss %.3f; shipped %.3f)\n",
           key.c_str(), list.size(), f.compute_scale, f.attention_scale, 1e3 * f.layer_overhead_s,
-          f.fp8_gemm_speedup, f.shard_comm_scale, Loss(list, &base, f),
+          f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap, Loss(list, &base, f),
           Loss(list, &base, Fitted::Of(base)));
     }
     return 0;

@@ -144,8 +144,10 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
       c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff) +
                 CollectiveSeconds(Collective::kReduceScatter, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff);
     }
-    // Overlapped with the expert compute where the stack does it (the profile's share).
-    if (par.ep > 1 || par.etp > 1) c.ep_s = std::max(c.ep_s * (1 - cx.prof.ep_overlap), c.ep_s - experts_s);
+    // Overlapped where the stack does it (the profile's share): Megatron-Core's EP overlap runs
+    // one microbatch's dispatch/combine under another's layer compute, so the layer's GEMMs
+    // (attention and experts) bound what can hide.
+    if (par.ep > 1 || par.etp > 1) c.ep_s = std::max(c.ep_s * (1 - cx.prof.ep_overlap), c.ep_s - c.gemm_s);
     // Router softmax/top-k, permute and unpermute: memory-bound passes over the routed copies.
     c.memory_s += 4 * pairs * h * x / cx.hbm;
   }
