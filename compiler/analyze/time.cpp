@@ -363,8 +363,10 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         int64_t layers_here = 0;
         for (int64_t c = 0; c < v; ++c) layers_here += chunks[static_cast<size_t>(c * p + r)].layers;
         const double n_layers = D(std::max<int64_t>(1, layers_here));
-        // Launch and tree latency: per layer collective, growing with log2 of the group size.
-        const double lat = prof.collective_latency_s * n_layers * std::max(1.0, std::log2(D(cx.groups.dp_cp.size)));
+        // Per layer collective: a launch, and the ring's n - 1 steps (NCCL all-gather and
+        // reduce-scatter run rings; one ring latency is already in the stage-wide time).
+        const double ring_steps = D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * eff.collective_latency_s;
+        const double lat = n_layers * prof.collective_latency_s + (n_layers - 1) * ring_steps;
         const double k = prof.shard_comm_scale;
         const double ag_f = zero >= 3 ? k * params_s + lat : 0;
         // FSDP's shard_grad_op (zero 2) keeps the gathered parameters from forward to backward.
