@@ -217,8 +217,8 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
   p.cp = Int(par, "cp", 1);
   p.ep = Int(par, "ep", 1);
   p.etp = Int(par, "etp", m.IsMoe() ? 1 : p.tp);
-  if (p.tp < 1 || p.pp < 1 || p.cp < 1 || gpus % (p.tp * p.pp * p.cp) != 0) {
-    error = "run " + c.id + ": tp x pp x cp does not divide the GPU count";
+  if (gpus < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.ep < 1 || p.etp < 1 || gpus % (p.tp * p.pp * p.cp) != 0) {
+    error = "run " + c.id + ": no GPUs, a parallel size below 1, or tp x pp x cp does not divide the GPU count";
     return false;
   }
   p.dp = gpus / (p.tp * p.pp * p.cp);
@@ -255,8 +255,12 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
   // Batch.
   int64_t global = Int(&run, "global_batch_size", 0);
   if (global <= 0) global = Int(derived, "local_batch_size_per_dp_rank", 1) * p.dp;
+  if (global < 1) {
+    error = "run " + c.id + " has no usable batch size";
+    return false;
+  }
   plan.batch.global = global;
-  if (auto mb = run.getInteger("micro_batch_size"))
+  if (auto mb = run.getInteger("micro_batch_size"); mb && *mb >= 1)
     c.micros = {*mb};
   else
     for (int64_t mb : {1, 2, 4, 8})
