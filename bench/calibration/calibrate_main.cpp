@@ -217,8 +217,10 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
   p.cp = Int(par, "cp", 1);
   p.ep = Int(par, "ep", 1);
   p.etp = Int(par, "etp", m.IsMoe() ? 1 : p.tp);
-  if (gpus < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.ep < 1 || p.etp < 1 || gpus % (p.tp * p.pp * p.cp) != 0) {
-    error = "run " + c.id + ": no GPUs, a parallel size below 1, or tp x pp x cp does not divide the GPU count";
+  if (gpus < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.ep < 1 || p.etp < 1 ||
+      gpus % (p.tp * p.pp * p.cp) != 0) {
+    error = "run " + c.id +
+            ": no GPUs, a parallel size below 1, or tp x pp x cp does not divide the GPU count";
     return false;
   }
   p.dp = gpus / (p.tp * p.pp * p.cp);
@@ -337,7 +339,8 @@ Evaluation Evaluate(const Plan& plan, const CostOptions& options,
   e.valid = true;
   // Within the memory model's own margin: choosing the unstated fields must not hinge on a
   // few GiB of estimate (the published runs did fit).
-  e.fits = static_cast<double>(e.memory.peak) <= kFitMargin * static_cast<double>(e.memory.capacity);
+  e.fits =
+      static_cast<double>(e.memory.peak) <= kFitMargin * static_cast<double>(e.memory.capacity);
   e.tokens = t.tokens_per_s_per_gpu;
   e.step = t.step_s;
   e.breakdown = PrintTime(t);
@@ -465,7 +468,7 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base)
   if (moe) params.push_back({&Fitted::ep_overlap, {0.0, 0.25, 0.5, 0.75, 0.9}});
   params.push_back({&Fitted::layer_overhead_s,
                     {0.0, 0.1e-3, 0.2e-3, 0.4e-3, 0.7e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3}});
-  params.resize(std::min(params.size(), std::max<size_t>(1, cases.size() / 3)));
+  params.resize(std::min(params.size(), cases.size() / 3));
   for (int round = 0; round < 3; ++round)
     for (const auto& [field, values] : params)
       for (double x : values) {
