@@ -55,6 +55,9 @@ struct StageMemory {
   std::array<int64_t, kMemoryPartCount> bytes{};
   int64_t total = 0;              // sum of bytes
   int64_t host_bytes = 0;         // CPU memory for offloaded optimizer state
+  // framework = paraplan on a plan planrun lowers: the bytes of planrun's static arena on this
+  // stage (everything but NCCL communicators and the CUDA context); 0 otherwise.
+  int64_t arena = 0;
 
   int64_t Get(MemoryPart part) const { return bytes[static_cast<size_t>(part)]; }
 };
@@ -69,6 +72,10 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options = {});
+
+// True when the estimate is planrun's static arena, term by term as compiler/lower allocates it
+// (framework = paraplan and a plan it lowers: dense, ordinary attention, no cp or ep).
+bool ArenaModelApplies(const Plan& plan);
 
 // Bytes per parameter of model states on one GPU for a shard group of `shard` ranks (the
 // distributed-optimizer table: bf16 ZeRO 0 = 18, ZeRO 1 = 6 + 12/d). Split into weights,

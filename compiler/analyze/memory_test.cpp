@@ -75,6 +75,7 @@ TEST_CASE("first-stage activations reproduce Korthikanti's Figure 1 exactly") {
     const int64_t nodes = c.pp;  // tp 8 inside a node, one node per stage, dp 1
     Plan plan = testing::MakePlan(testing::Gpt(c.layers, c.hidden, c.heads), testing::DgxA100(nodes), 8,
                                   c.pp, 64 * c.pp * c.micro, c.micro);
+    plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
     plan.parallel.vpp = c.vpp;
     plan.pipeline.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
     REQUIRE(plan.parallel.dp == 1);
@@ -91,6 +92,7 @@ TEST_CASE("first-stage activations reproduce Korthikanti's Figure 1 exactly") {
 
 TEST_CASE("model-state bytes per parameter follow Megatron's distributed-optimizer table") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.precision = Precision::kBf16;
   plan.optimizer.zero = 0;
   CHECK(StateBytes(plan, 8).Total() == 18);
@@ -111,6 +113,7 @@ TEST_CASE("model-state bytes per parameter follow Megatron's distributed-optimiz
 
 TEST_CASE("every pipeline stage is evaluated: in-flight microbatches, embedding and logits") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.parallel.sp = true;
   plan.recompute = Recompute::kSelective;
   const MemoryEstimate e = EstimateMemory(plan);
@@ -135,6 +138,7 @@ TEST_CASE("every pipeline stage is evaluated: in-flight microbatches, embedding 
 
 TEST_CASE("interleaving holds Megatron's warm-up count on each rank") {
   Plan plan = testing::MakePlan(testing::Gpt(96, 12288, 96), testing::DgxA100(8), 8, 8, 64, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.parallel.vpp = 3;
   plan.pipeline.schedule = Schedule::kInterleaved1F1B;
   const MemoryEstimate e = EstimateMemory(plan);
@@ -144,6 +148,7 @@ TEST_CASE("interleaving holds Megatron's warm-up count on each rank") {
 
 TEST_CASE("context parallel divides activations; ZeRO shards over DP x CP") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.recompute = Recompute::kFull;
   plan.optimizer.zero = 1;
   const MemoryEstimate base = EstimateMemory(plan);
@@ -157,6 +162,7 @@ TEST_CASE("context parallel divides activations; ZeRO shards over DP x CP") {
 
 TEST_CASE("MoE: routed experts sharded by EP·ETP, their optimizer by expert DP") {
   Plan plan = testing::MakePlan(testing::DeepSeekV2(), testing::DgxH100(32), 8, 1, 1024, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.parallel.ep = 32;
   plan.parallel.sp = true;
   plan.optimizer.zero = 1;
@@ -191,6 +197,7 @@ TEST_CASE("MoE: routed experts sharded by EP·ETP, their optimizer by expert DP"
 
 TEST_CASE("CPU offload moves the optimizer state to the host") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   const MemoryEstimate on_gpu = EstimateMemory(plan);
   plan.optimizer.offload = Offload::kCpu;
   const MemoryEstimate off = EstimateMemory(plan);
@@ -201,6 +208,7 @@ TEST_CASE("CPU offload moves the optimizer state to the host") {
 
 TEST_CASE("sizes saturate instead of wrapping") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(1), 1, 1, 8, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.model.seq_len = int64_t{1} << 40;
   plan.batch.micro = int64_t{1} << 30;
   const MemoryEstimate e = EstimateMemory(plan);
@@ -219,6 +227,7 @@ namespace {
 
 TEST_CASE("explain's memory and time sections: JSON per stage in bytes, text chart, SVG") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.parallel.sp = true;
   plan.recompute = Recompute::kSelective;
   const MemoryEstimate m = EstimateMemory(plan);

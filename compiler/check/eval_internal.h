@@ -27,8 +27,11 @@
 
 namespace paraplan::eval {
 
-enum class Kind : uint8_t { kGpu, kCluster, kModel, kPlan, kParallel, kPipeline, kOptimizer, kBatch, kTrain };
-constexpr int kKindCount = 9;
+enum class Kind : uint8_t {
+  kGpu, kCluster, kModel, kPlan, kParallel, kPipeline, kOptimizer, kBatch, kTrain,
+  kMixedPrecision, kActivations, kFsdp, kMoe,
+};
+constexpr int kKindCount = 13;
 
 std::string_view KindName(Kind k);
 

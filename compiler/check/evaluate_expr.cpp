@@ -128,6 +128,9 @@ Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self)
   }
   for (Record* r = self; r; r = r->parent) {
     int idx = SchemaOf(r->kind).Find(name.text);
+    // A record field that wants a record of one kind passes over fields that cannot be one:
+    // `model = moe` names a model called `moe`, not the plan's `moe` block.
+    if (idx >= 0 && want >= 0 && SchemaOf(r->kind).fields[idx].sub_kind != want) continue;
     if (idx >= 0) return Field(r, idx, name.range);
   }
   const ModuleData* module = nullptr;

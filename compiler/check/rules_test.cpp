@@ -224,7 +224,11 @@ TEST_CASE("pipeline rules") {
 TEST_CASE("training and model-shape rules") {
   CHECK(TestPlan({"batch.global = 100", "batch.micro = 2"}).Codes() == Codes{"P0501"});
   CHECK(TestPlan({"model.vocab = 50257"}).Codes() == Codes{"P0502"});
-  CHECK(TestPlan({"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8"}).Codes() == Codes{"P0503"});
+  CHECK(TestPlan({"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = deepspeed"}).Codes() ==
+        Codes{"P0503"});
+  CHECK(TestPlan({"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = torchtitan"}).Codes() ==
+        Codes{});
+  CHECK(TestPlan({"model.vocab = 50257", "model.vocab_divisor = 64"}).Codes() == Codes{});
   CHECK(TestPlan({"parallel.tp = 8", "optimizer.zero = 1", "model.vocab = 131072"}).Codes() == Codes{"P0504"});
   CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024", "parallel.ep = 8",
                   "precision = fp16"})

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <deque>
@@ -92,15 +93,22 @@ FieldTable BuildTable() {
   PP_ENUM("model.norm", Norm, model.norm, (std::vector<std::string_view>{"rmsnorm", "layernorm"}),
           "normalisation layer");
   PP_ENUM("model.activation", Activation, model.activation,
-          (std::vector<std::string_view>{"swiglu", "gelu"}), "MLP activation");
+          (std::vector<std::string_view>{"swiglu", "gelu", "squared_relu"}), "MLP activation");
   PP_ENUM("model.position", Position, model.position,
           (std::vector<std::string_view>{"rope", "learned"}), "position encoding");
   PP_BOOL("model.tied_embeddings", model.tied_embeddings, "input and output embeddings shared");
+  PP_INT("model.vocab_divisor", model.vocab_divisor, 1, kMax,
+         "the vocabulary is padded to a multiple of this times tp (1 = no padding)");
+  PP_BOOL("model.qk_norm", model.qk_norm, "RMSNorm on queries and keys");
+  PP_INT("model.window", model.window, 0, kMax, "sliding-window attention span (0 = full attention)");
+  PP_INT("model.mtp_layers", model.mtp_layers, 0, kMax, "multi-token-prediction modules");
   PP_INT("model.experts", model.experts, 0, kMax, "routed experts per MoE layer (0 = dense)");
   PP_INT("model.topk", model.topk, 0, kMax, "experts each token is routed to");
   PP_INT("model.moe_ffn_hidden", model.moe_ffn_hidden, 0, kMax, "intermediate size of one expert");
   PP_INT("model.shared_experts", model.shared_experts, 0, kMax, "always-active shared experts");
   PP_INT("model.dense_layers", model.dense_layers, 0, kMax, "leading dense layers before MoE layers");
+  PP_INT("model.moe_layer_freq", model.moe_layer_freq, 1, kMax,
+         "after the dense layers, every n-th layer is MoE (1 = all)");
   PP_INT("model.q_lora_rank", model.q_lora_rank, 0, kMax, "MLA query compression rank (0 = none)");
   PP_INT("model.kv_lora_rank", model.kv_lora_rank, 0, kMax, "MLA key/value compression rank (0 = no MLA)");
   PP_INT("model.qk_nope_head_dim", model.qk_nope_head_dim, 0, kMax, "MLA per-head q/k size without RoPE");
@@ -131,6 +139,39 @@ FieldTable BuildTable() {
           (std::vector<std::string_view>{"paraplan", "megatron_core", "torchtitan", "deepspeed",
                                          "llm_foundry", "megatron_lm_2021"}),
           "the software that runs the plan");
+  // mixed_precision
+  PP_ENUM("mixed_precision.params", ElementType, mixed_precision.params,
+          (std::vector<std::string_view>{"fp32", "bf16", "fp16"}), "weights the GEMMs read");
+  PP_ENUM("mixed_precision.grads", ElementType, mixed_precision.grads,
+          (std::vector<std::string_view>{"fp32", "bf16", "fp16"}), "main gradients and their reduction");
+  PP_BOOL("mixed_precision.main_params", mixed_precision.main_params, "fp32 master weights in the optimizer");
+  PP_ENUM("mixed_precision.optimizer_state", ElementType, mixed_precision.optimizer_state,
+          (std::vector<std::string_view>{"fp32", "bf16", "fp16", "fp8"}), "Adam moments");
+  PP_ENUM("mixed_precision.fp8", Fp8Recipe, mixed_precision.fp8,
+          (std::vector<std::string_view>{"none", "delayed", "current", "blockwise", "mxfp8"}),
+          "FP8 scaling recipe of the GEMMs (none = no FP8)");
+  PP_BOOL("mixed_precision.fp8_params", mixed_precision.fp8_params, "weights kept only in FP8");
+  // activations
+  PP_ENUM("activations.recompute_method", RecomputeMethod, activations.recompute_method,
+          (std::vector<std::string_view>{"uniform", "block"}), "which layers full recompute covers");
+  PP_INT("activations.recompute_layers", activations.recompute_layers, 0, kMax,
+         "layers per recompute group (uniform) or recomputed per chunk (block); 0 = all");
+  PP_STRING("activations.recompute_modules", activations.recompute_modules,
+            "modules selective recompute covers (\"core_attn, mlp\"; empty = core_attn)");
+  PP_INT("activations.offload_layers", activations.offload_layers, 0, kMax,
+         "layers per stage whose activations are offloaded to host memory");
+  // fsdp
+  PP_INT("fsdp.shard", fsdp.shard, 0, kMax, "ranks that shard model states (0 = dp·cp / replicate)");
+  PP_INT("fsdp.replicate", fsdp.replicate, 1, kMax, "replicas of each shard group (HSDP when > 1)");
+  PP_BOOL("fsdp.reshard_after_forward", fsdp.reshard_after_forward,
+          "ZeRO-3: free gathered weights after each forward");
+  // moe
+  PP_ENUM("moe.dispatcher", Dispatcher, moe.dispatcher,
+          (std::vector<std::string_view>{"alltoall", "allgather", "flex"}), "token dispatcher");
+  PP_REAL_IN("moe.capacity_factor", FieldType::kReal, moe.capacity_factor, 0, false, kInf, false,
+             "expert capacity over the balanced load (0 = no token dropping)");
+  PP_REAL_IN("moe.imbalance", FieldType::kReal, moe.imbalance, 1, false, kInf, false,
+             "worst-rank routed tokens over the average");
   // parallel
   PP_INT("parallel.tp", parallel.tp, 1, kMax, "tensor parallel size");
   PP_INT("parallel.pp", parallel.pp, 1, kMax, "pipeline parallel size");
@@ -161,6 +202,8 @@ FieldTable BuildTable() {
   PP_INT("optimizer.zero", optimizer.zero, 0, 3, "ZeRO stage (1 = distributed optimizer)");
   PP_ENUM("optimizer.offload", Offload, optimizer.offload,
           (std::vector<std::string_view>{"none", "cpu"}), "optimizer state offload");
+  PP_REAL_IN("optimizer.offload_fraction", FieldType::kReal, optimizer.offload_fraction, 0, false, 1, false,
+             "share of the optimizer state on the host when offload = cpu");
   PP_REAL_IN("optimizer.lr", FieldType::kReal, optimizer.lr, 0, false, kInf, false, "peak learning rate");
   PP_REAL_IN("optimizer.min_lr", FieldType::kReal, optimizer.min_lr, 0, false, kInf, false,
              "floor of the cosine decay");
@@ -700,7 +743,115 @@ std::string_view ToString(Balance v) {
 std::string_view ToString(OptimizerType v) { return v == OptimizerType::kAdamW ? "adamw" : "sgd"; }
 std::string_view ToString(Offload v) { return v == Offload::kNone ? "none" : "cpu"; }
 std::string_view ToString(Norm v) { return v == Norm::kRmsNorm ? "rmsnorm" : "layernorm"; }
-std::string_view ToString(Activation v) { return v == Activation::kSwiGlu ? "swiglu" : "gelu"; }
+std::string_view ToString(Activation v) {
+  switch (v) {
+    case Activation::kSwiGlu: return "swiglu";
+    case Activation::kGelu: return "gelu";
+    case Activation::kSquaredRelu: return "squared_relu";
+  }
+  return "?";
+}
+std::string_view ToString(ElementType v) {
+  switch (v) {
+    case ElementType::kFp32: return "fp32";
+    case ElementType::kBf16: return "bf16";
+    case ElementType::kFp16: return "fp16";
+    case ElementType::kFp8: return "fp8";
+  }
+  return "?";
+}
+std::string_view ToString(Fp8Recipe v) {
+  switch (v) {
+    case Fp8Recipe::kNone: return "none";
+    case Fp8Recipe::kDelayed: return "delayed";
+    case Fp8Recipe::kCurrent: return "current";
+    case Fp8Recipe::kBlockwise: return "blockwise";
+    case Fp8Recipe::kMxfp8: return "mxfp8";
+  }
+  return "?";
+}
+std::string_view ToString(RecomputeMethod v) { return v == RecomputeMethod::kUniform ? "uniform" : "block"; }
+std::string_view ToString(Dispatcher v) {
+  switch (v) {
+    case Dispatcher::kAllToAll: return "alltoall";
+    case Dispatcher::kAllGather: return "allgather";
+    case Dispatcher::kFlex: return "flex";
+  }
+  return "?";
+}
+
+// --- Records that follow shorthands ----------------------------------------------------------
+
+const std::vector<std::string_view>& RecomputeModuleNames() {
+  static const std::vector<std::string_view> names = {"core_attn", "mlp", "moe_act", "layernorm",
+                                                      "mla_up_proj", "moe", "shared_experts"};
+  return names;
+}
+
+std::optional<uint32_t> ParseRecomputeModules(std::string_view text, std::string* bad) {
+  uint32_t bits = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && (text[i] == ',' || text[i] == ' ' || text[i] == '\t')) ++i;
+    size_t j = i;
+    while (j < text.size() && text[j] != ',' && text[j] != ' ' && text[j] != '\t') ++j;
+    if (j == i) break;
+    std::string_view name = text.substr(i, j - i);
+    const auto& names = RecomputeModuleNames();
+    auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) {
+      if (bad) *bad = std::string(name);
+      return std::nullopt;
+    }
+    bits |= 1u << (it - names.begin());
+    i = j;
+  }
+  return bits;
+}
+
+namespace {
+
+// A field keeps its stored value when the plan wrote it; otherwise it follows its shorthand.
+bool Written(const Plan& plan, std::string_view path) {
+  const OriginKind k = plan.Origin(path).kind;
+  return k == OriginKind::kFile || k == OriginKind::kStdlib || k == OriginKind::kCommandLine;
+}
+
+}  // namespace
+
+MixedPrecisionSpec EffectiveMixedPrecision(const Plan& plan) {
+  MixedPrecisionSpec out = plan.mixed_precision;
+  const Precision p = plan.precision;
+  if (!Written(plan, "mixed_precision.params"))
+    out.params = p == Precision::kFp32 ? ElementType::kFp32 : p == Precision::kFp16 ? ElementType::kFp16 : ElementType::kBf16;
+  if (!Written(plan, "mixed_precision.grads"))
+    out.grads = p == Precision::kFp16 ? ElementType::kFp16 : ElementType::kFp32;
+  if (!Written(plan, "mixed_precision.main_params")) out.main_params = p != Precision::kFp32;
+  if (!Written(plan, "mixed_precision.fp8"))
+    out.fp8 = p == Precision::kFp8 ? Fp8Recipe::kDelayed : Fp8Recipe::kNone;
+  return out;
+}
+
+uint32_t EffectiveRecomputeModules(const Plan& plan) {
+  if (plan.recompute != Recompute::kSelective) return 0;
+  auto bits = ParseRecomputeModules(plan.activations.recompute_modules);
+  if (!bits || *bits == 0) return kRecomputeCoreAttn;
+  return *bits;
+}
+
+int64_t ShardGroup(const Plan& plan) {
+  if (plan.fsdp.shard > 0) return plan.fsdp.shard;
+  auto group = CheckedMul(std::max<int64_t>(1, plan.parallel.dp), std::max<int64_t>(1, plan.parallel.cp));
+  if (!group) return 1;
+  return std::max<int64_t>(1, *group / std::max<int64_t>(1, plan.fsdp.replicate));
+}
+
+bool UsesFp8(const Plan& plan) { return EffectiveMixedPrecision(plan).fp8 != Fp8Recipe::kNone; }
+
+bool IsMoeLayer(const ModelSpec& m, int64_t index) {
+  if (!m.IsMoe() || index < m.dense_layers) return false;
+  return (index - m.dense_layers) % std::max<int64_t>(1, m.moe_layer_freq) == 0;
+}
 std::string_view ToString(Position v) { return v == Position::kRope ? "rope" : "learned"; }
 std::string_view ToString(Framework v) {
   switch (v) {

@@ -35,7 +35,7 @@ enum class Balance : uint8_t { kEven, kCost, kNanotron };
 enum class OptimizerType : uint8_t { kAdamW, kSgd };
 enum class Offload : uint8_t { kNone, kCpu };
 enum class Norm : uint8_t { kRmsNorm, kLayerNorm };
-enum class Activation : uint8_t { kSwiGlu, kGelu };
+enum class Activation : uint8_t { kSwiGlu, kGelu, kSquaredRelu };
 enum class Position : uint8_t { kRope, kLearned };
 // The software that runs the plan. Rules and memory behaviour follow it where frameworks differ
 // (ZeRO-3 with pipeline parallelism is refused only by DeepSpeed; torchtitan's FSDP2 keeps
@@ -50,6 +50,34 @@ enum class Framework : uint8_t {
   kLlmFoundry,
   kMegatronLm2021,
 };
+
+// How numbers are stored: parameters, gradients, optimizer state (mixed_precision record).
+enum class ElementType : uint8_t { kFp32, kBf16, kFp16, kFp8 };
+// Transformer Engine's FP8 scaling recipes (Megatron --fp8-recipe): per-tensor delayed or
+// current scaling, 128-element blockwise (DeepSeek-V3) and MXFP8 (Blackwell, 32-element blocks).
+enum class Fp8Recipe : uint8_t { kNone, kDelayed, kCurrent, kBlockwise, kMxfp8 };
+// Megatron --recompute-method under full recompute: uniform (every layer, checkpointing groups
+// of `layers`) or block (only the first `layers` layers of each pipeline chunk).
+enum class RecomputeMethod : uint8_t { kUniform, kBlock };
+// Megatron --moe-token-dispatcher-type.
+enum class Dispatcher : uint8_t { kAllToAll, kAllGather, kFlex };
+
+// Megatron's --recompute-modules, as bits of ActivationSpec::RecomputeModules().
+enum RecomputeModule : uint32_t {
+  kRecomputeCoreAttn = 1u << 0,
+  kRecomputeMlp = 1u << 1,
+  kRecomputeMoeAct = 1u << 2,
+  kRecomputeLayernorm = 1u << 3,
+  kRecomputeMlaUpProj = 1u << 4,
+  kRecomputeMoe = 1u << 5,
+  kRecomputeSharedExperts = 1u << 6,
+};
+// The module names in bit order: "core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj",
+// "moe", "shared_experts".
+const std::vector<std::string_view>& RecomputeModuleNames();
+// Parses "core_attn, mlp" (names separated by commas or spaces) into bits; on an unknown name
+// returns nullopt and sets *bad to it.
+std::optional<uint32_t> ParseRecomputeModules(std::string_view text, std::string* bad = nullptr);
 
 struct GpuSpec {
   std::string name;            // record name, e.g. "h100_sxm"
@@ -83,12 +111,19 @@ struct ModelSpec {
   Activation activation = Activation::kSwiGlu;
   Position position = Position::kRope;
   bool tied_embeddings = false;
+  // Megatron --make-vocab-size-divisible-by: the embedding is padded to a multiple of this
+  // times tp (128 is Megatron's default; 1 = no padding).
+  int64_t vocab_divisor = 128;
+  bool qk_norm = false;          // RMSNorm on queries and keys (per head)
+  int64_t window = 0;            // sliding-window attention span in tokens (0 = full attention)
+  int64_t mtp_layers = 0;        // multi-token-prediction modules after the last layer (DeepSeek-V3)
   // MoE (experts == 0: dense).
   int64_t experts = 0;
   int64_t topk = 0;
   int64_t moe_ffn_hidden = 0;
   int64_t shared_experts = 0;
   int64_t dense_layers = 0;  // leading dense layers before the MoE layers
+  int64_t moe_layer_freq = 1;  // after dense_layers, every n-th layer is MoE (1 = all of them)
   // MLA (DeepSeek); 0 when the model uses ordinary attention.
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 0;
@@ -98,6 +133,40 @@ struct ModelSpec {
 
   bool IsMoe() const { return experts > 0; }
   bool IsMla() const { return kv_lora_rank > 0; }
+};
+
+// The precision record: how each kind of number is stored. Fields not written follow the
+// `precision` shorthand (EffectiveMixedPrecision).
+struct MixedPrecisionSpec {
+  ElementType params = ElementType::kBf16;           // weights the GEMMs read
+  ElementType grads = ElementType::kFp32;            // main gradients and their DP reduction
+  bool main_params = true;                           // fp32 master weights in the optimizer
+  ElementType optimizer_state = ElementType::kFp32;  // Adam moments
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
+  bool fp8_params = false;                           // weights kept only in FP8
+};
+
+// Recompute and activation offload beyond the `recompute` shorthand (which is Megatron's
+// --recompute-granularity): method and layer count under `full`, modules under `selective`.
+struct ActivationSpec {
+  RecomputeMethod recompute_method = RecomputeMethod::kUniform;
+  int64_t recompute_layers = 0;   // 0 = every layer (uniform) / all layers of a chunk (block)
+  std::string recompute_modules;  // "core_attn, mlp"; empty = core_attn under selective
+  int64_t offload_layers = 0;     // layers per stage whose stored activations go to host memory
+};
+
+// Sharding of model states (what `optimizer.zero` shards) over a group of `shard` ranks,
+// replicated `replicate` times: dp·cp = shard · replicate. HSDP when replicate > 1.
+struct FsdpSpec {
+  int64_t shard = 0;       // 0 = dp·cp / replicate
+  int64_t replicate = 1;
+  bool reshard_after_forward = true;  // ZeRO-3: free gathered weights after each forward
+};
+
+struct MoeSpec {
+  Dispatcher dispatcher = Dispatcher::kAllToAll;
+  double capacity_factor = 0;  // 0 = no token dropping (no capacity limit)
+  double imbalance = 1.0;      // stated worst-rank routed tokens over the average
 };
 
 struct ParallelSpec {
@@ -126,6 +195,7 @@ struct OptimizerSpec {
   OptimizerType type = OptimizerType::kAdamW;
   int64_t zero = 0;  // 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
   Offload offload = Offload::kNone;
+  double offload_fraction = 1.0;  // share of the optimizer state on the host when offload = cpu
   double lr = 3e-4;
   double min_lr = 3e-5;       // floor of the cosine decay
   int64_t warmup_steps = 0;   // linear warmup, then cosine decay to min_lr over train.steps
@@ -206,6 +276,10 @@ struct Plan {
   Precision precision = Precision::kBf16;
   Recompute recompute = Recompute::kNone;
   Framework framework = Framework::kParaplan;
+  MixedPrecisionSpec mixed_precision;
+  ActivationSpec activations;
+  FsdpSpec fsdp;
+  MoeSpec moe;
   ParallelSpec parallel;
   PipelineSpec pipeline;
   OptimizerSpec optimizer;
@@ -228,6 +302,20 @@ struct Plan {
   SourceRange Range(std::string_view path) const { return Origin(path).range; }
   bool IsPoisoned(std::string_view path) const { return poisoned.count(path) > 0; }
 };
+
+// The precision record as it applies: each field written in the plan (file, stdlib, --set) is
+// kept, each other follows `precision` (params bf16 for bf16/fp8, fp16, fp32; grads fp16 under
+// fp16 else fp32; main params unless fp32; fp8 = delayed under `precision = fp8`).
+MixedPrecisionSpec EffectiveMixedPrecision(const Plan& plan);
+// The recompute modules that apply: the written ones, else core_attn under `selective`; 0 when
+// recompute is not selective.
+uint32_t EffectiveRecomputeModules(const Plan& plan);
+// Size of the group that ZeRO shards over (fsdp.shard, or dp·cp / fsdp.replicate).
+int64_t ShardGroup(const Plan& plan);
+// True when the GEMMs run in FP8 (precision = fp8 or a recipe other than none).
+bool UsesFp8(const Plan& plan);
+// Layer i (0-based) of the model is an MoE layer (dense_layers and moe_layer_freq).
+bool IsMoeLayer(const ModelSpec& model, int64_t index);
 
 // --- Generic access by canonical path (used by --set, search, explain and tests) -----------
 
@@ -307,6 +395,10 @@ std::string_view ToString(Norm v);
 std::string_view ToString(Activation v);
 std::string_view ToString(Position v);
 std::string_view ToString(Framework v);
+std::string_view ToString(ElementType v);
+std::string_view ToString(Fp8Recipe v);
+std::string_view ToString(RecomputeMethod v);
+std::string_view ToString(Dispatcher v);
 
 // A stable, line-per-field text dump (`planc check --dump=plan`); tests compare it.
 std::string PrintPlan(const Plan& plan);

@@ -1,0 +1,76 @@
+// One memory truth: for `framework = paraplan` the estimate of `planc check` (EstimateMemory)
+// is planrun's static arena, so it must agree with the arena compiler/lower lays out for every
+// stage, within 3%, on every example and bench plan that lowers (as written, and with the
+// other recompute modes and ZeRO stages, which change what is stashed and what is transient).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "compiler/analyze/memory.h"
+#include "compiler/driver/frontend.h"
+#include "compiler/lower/lower.h"
+
+namespace paraplan {
+namespace {
+
+std::vector<std::string> PlanFiles() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (const char* dir : {"examples", "bench"}) {
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(PARAPLAN_ROOT) / dir)) {
+      if (e.is_regular_file() && e.path().extension() == ".plan") out.push_back(e.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<Plan> Load(const std::string& file, const std::vector<std::string>& sets) {
+  FrontendOptions opts;
+  opts.file = file;
+  opts.sets = sets;
+  opts.sets.push_back("framework=paraplan");
+  SourceManager sm;
+  DiagnosticSink sink;
+  std::optional<Plan> plan = LoadPlan(opts, sm, sink);
+  if (!plan || sink.has_errors()) return std::nullopt;
+  return plan;
+}
+
+TEST_CASE("check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
+  int compared = 0;
+  const std::vector<std::vector<std::string>> variants = {
+      {}, {"recompute=full"}, {"recompute=none"}, {"recompute=selective", "optimizer.zero=2"}, {"optimizer.zero=3"}};
+  for (const std::string& file : PlanFiles()) {
+    for (const auto& sets : variants) {
+      std::optional<Plan> plan = Load(file, sets);
+      if (!plan || !ArenaModelApplies(*plan)) continue;
+      // The arena is compared whatever its size: lower with a device large enough to hold it.
+      plan->cluster.gpu.memory = int64_t{1} << 50;
+      DiagnosticSink sink;
+      lower::LowerOptions options;
+      options.verify = false;
+      std::optional<lower::Program> program = lower::LowerPlan(*plan, options, sink);
+      if (!program) continue;
+      const MemoryEstimate est = EstimateMemory(*plan);
+      REQUIRE(est.valid);
+      for (const lower::Role& role : program->roles) {
+        const StageMemory& s = est.stages.at(static_cast<size_t>(role.pipeline_rank));
+        const double error = std::fabs(static_cast<double>(s.arena) / static_cast<double>(role.peak_bytes) - 1);
+        std::string sets_text;
+        for (const std::string& x : sets) sets_text += " --set " + x;
+        CHECK_MESSAGE(error <= 0.03, file, sets_text, " stage ", role.pipeline_rank, ": arena ",
+                      FormatGiB(role.peak_bytes), ", estimate ", FormatGiB(s.arena));
+        ++compared;
+      }
+    }
+  }
+  // tiny_llama, llama3_70b, the compile and explain benchmarks at least, in five variants.
+  CHECK(compared >= 40);
+}
+
+}  // namespace
+}  // namespace paraplan
