@@ -182,7 +182,8 @@ CostOptions OptionsForFramework(const Plan& plan, const CostOptions& options) {
   o.dropout = p.dropout;
   o.overlap_grad_reduce = p.overlap_grad_reduce;
   o.overlap_param_gather = p.overlap_param_gather;
-  o.moe_imbalance = p.moe_imbalance;
+  // A stated imbalance (moe.imbalance) wins over the stack's default.
+  o.moe_imbalance = plan.moe.imbalance != 1.0 ? plan.moe.imbalance : p.moe_imbalance;
   return o;
 }
 

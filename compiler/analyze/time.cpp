@@ -68,7 +68,11 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   const double T = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
   const double h = D(m.hidden), a = D(m.heads), x = D(ActivationElementBytes(plan.precision));
   const double s = D(m.seq_len);
-  const double exec_ctx = cx.options.flash_attention ? s / 2 : s;
+  // Keys per query the kernel executes: causal half of s when fused, all s unfused; a sliding
+  // window of w keys (model.window) caps both.
+  const double window = m.window > 0 && D(m.window) < s ? D(m.window) : 0;
+  const double exec_ctx = window > 0 ? (cx.options.flash_attention ? window : s)
+                                     : (cx.options.flash_attention ? s / 2 : s);
   const bool gated = m.activation == Activation::kSwiGlu;
   LayerCost c;
   c.flops = LayerForwardFlopsPerToken(m, kind, s / 2) * T / t;  // rough per-GPU share for reports
@@ -240,7 +244,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
                         : plan.precision == Precision::kFp16 && plan.cluster.gpu.peak_fp16 > 0
                             ? plan.cluster.gpu.peak_fp16
                             : plan.cluster.gpu.peak_bf16;
-  const double peak_linear = plan.precision == Precision::kFp8 ? peak16 * prof.fp8_gemm_speedup : peak16;
+  const double peak_linear = UsesFp8(plan) ? peak16 * prof.fp8_gemm_speedup : peak16;
   Context cx{plan, options, prof, eff, PlaceGroups(plan), peak_linear, peak16,
              plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
   const int64_t world = std::max<int64_t>(1, plan.World());
@@ -262,8 +266,12 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
   const double p2p = p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff) : 0;
 
-  const double grad_elem = plan.precision == Precision::kFp16 ? 2 : 4;
-  const double param_elem = plan.precision == Precision::kFp32 ? 4 : 2;
+  // Element sizes of the DP traffic from the precision record (gradients reduced in their
+  // stored type; parameters gathered in theirs).
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+  auto bytes_of = [](ElementType e) { return e == ElementType::kFp32 ? 4.0 : e == ElementType::kFp8 ? 1.0 : 2.0; };
+  const double grad_elem = bytes_of(mp.grads);
+  const double param_elem = bytes_of(mp.params);
 
   est.stages.resize(static_cast<size_t>(p));
   double u_max = 0, u_sum = 0;
@@ -285,10 +293,16 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         st.memory_s += nl * 3 * lc.memory_s;
         double tp_passes = 2;
         if (plan.recompute == Recompute::kFull) {
-          st.recompute_s += nl * (lc.gemm_s + lc.memory_s);
-          tp_passes = 3;
-          st.cp_comm_s += nl * lc.cp_s;
-          st.ep_comm_s += nl * lc.ep_s;
+          // recompute_method = block recomputes only the first recompute_layers layers of each
+          // chunk; uniform recomputes every layer.
+          double share = 1;
+          const ActivationSpec& act = plan.activations;
+          if (act.recompute_method == RecomputeMethod::kBlock && act.recompute_layers > 0 && chunk.layers > 0)
+            share = std::min(1.0, D(act.recompute_layers) / D(chunk.layers));
+          st.recompute_s += share * nl * (lc.gemm_s + lc.memory_s);
+          tp_passes = 2 + share;
+          st.cp_comm_s += share * nl * lc.cp_s;
+          st.ep_comm_s += share * nl * lc.ep_s;
         } else if (plan.recompute == Recompute::kSelective) {
           st.recompute_s += nl * (lc.core_s + lc.score_memory_s);
         }
@@ -370,7 +384,9 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         const double k = prof.shard_comm_scale;
         const double ag_f = zero >= 3 ? k * params_s + lat : 0;
         // FSDP's shard_grad_op (zero 2) keeps the gathered parameters from forward to backward.
-        const double ag_b = zero >= 3 ? k * params_s + lat : 0;
+        // fsdp.reshard_after_forward = false keeps the forward's gathered weights for the
+        // backward (no second gather).
+        const double ag_b = zero >= 3 && plan.fsdp.reshard_after_forward ? k * params_s + lat : 0;
         const double rs = k * grads_s + lat;
         const double compute_f = fwd, compute_b = st.gemm_s + st.memory_s + st.recompute_s - fwd;
         const double hide = prof.shard_prefetch;

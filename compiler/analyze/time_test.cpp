@@ -294,5 +294,45 @@ TEST_CASE("every stack has a profile for Ampere and Hopper, the plan's framework
   CHECK(!o.overlap_grad_reduce);
 }
 
+TEST_CASE("plan refinements the time model reads: reshard_after_forward, window, block recompute, imbalance") {
+  // ZeRO-3 that keeps the forward's gathered weights skips the backward gather.
+  Plan plan = Llama(8, 8, 1);
+  plan.model.seq_len = 1024;
+  plan.batch.global = 512;
+  plan.optimizer.zero = 3;
+  plan.framework = Framework::kDeepSpeed;
+  const double resharded = EstimateTime(plan).stages[0].microbatch_s;
+  plan.fsdp.reshard_after_forward = false;
+  CHECK(EstimateTime(plan).stages[0].microbatch_s < resharded);
+  // A sliding window caps the attention work at long sequences.
+  Plan longseq = Llama(8, 8, 1);
+  longseq.framework = Framework::kMegatronCore;
+  longseq.model.seq_len = 32768;
+  longseq.batch.global = 32;
+  const double full = EstimateTime(longseq).step_s;
+  longseq.model.window = 4096;
+  CHECK(EstimateTime(longseq).step_s < 0.8 * full);
+  // Block recompute of some layers of each chunk costs less than recomputing all of them.
+  Plan rc = Llama(8, 8, 4);
+  rc.recompute = Recompute::kFull;
+  const double all_layers = EstimateTime(rc).step_s;
+  rc.activations.recompute_method = RecomputeMethod::kBlock;
+  rc.activations.recompute_layers = 5;  // of 20 per stage
+  const double some = EstimateTime(rc).step_s;
+  rc.recompute = Recompute::kNone;
+  const double none = EstimateTime(rc).step_s;
+  CHECK(some < all_layers);
+  CHECK(some > none);
+  // A stated routing imbalance slows the experts.
+  Plan moe = testing::MakePlan(testing::DeepSeekV2(), testing::DgxH100(32), 8, 1, 1024, 1);
+  moe.parallel.ep = 32;
+  moe.parallel.sp = true;
+  moe.recompute = Recompute::kFull;
+  moe.framework = Framework::kMegatronCore;
+  const double balanced = EstimateTime(moe).step_s;
+  moe.moe.imbalance = 1.5;
+  CHECK(EstimateTime(moe).step_s > balanced);
+}
+
 }  // namespace
 }  // namespace paraplan

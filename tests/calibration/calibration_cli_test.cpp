@@ -55,7 +55,7 @@ TEST_CASE(
     MESSAGE("no shared calibration runs beside the repository: " << cal.err);
     return;
   }
-  const std::string root = PARAPLAN_SOURCE_DIR "/bench/calibration/plans/";
+  const std::string root = PARAPLAN_SOURCE_DIR "/tests/calibration/plans/";
   const std::pair<const char*, const char*> rows[] = {
       {"korthikanti22_t5_22b_sp_selective.plan", "korthikanti22-t5-22b-sp-selective"},
       {"nemo2407_llama2_7b_fp8.plan", "nemo2407-h100-fp8-llama2-7b-8gpu"},
