@@ -359,9 +359,23 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         return CollectiveSeconds(zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter,
                                  params * grad_elem, g, plan.cluster, eff);
       };
-      const double grads_s = scatter(shared_params, cx.groups.dp_cp) + scatter(expert_params, cx.groups.edp);
-      const double params_s = gather(shared_params, cx.groups.dp_cp) + gather(expert_params, cx.groups.edp);
-      double step_grads = zero <= 1 ? grads_s : 0;
+      // HSDP (fsdp.replicate > 1 or fsdp.shard below dp·cp): the states are sharded over the
+      // inner shard group; the shards are all-reduced over the replicas once per step.
+      const int64_t shard_group = std::clamp<int64_t>(ShardGroup(plan), 1, cx.groups.dp_cp.size);
+      CommGroup dense_group = cx.groups.dp_cp, replicas;
+      if (zero >= 1 && shard_group < cx.groups.dp_cp.size) {
+        dense_group.size = shard_group;
+        dense_group.per_node = std::min(shard_group, cx.groups.dp_cp.per_node);
+        replicas.size = cx.groups.dp_cp.size / shard_group;
+        replicas.per_node = std::max<int64_t>(1, cx.groups.dp_cp.per_node / shard_group);
+      }
+      const double grads_s = scatter(shared_params, dense_group) + scatter(expert_params, cx.groups.edp);
+      const double params_s = gather(shared_params, dense_group) + gather(expert_params, cx.groups.edp);
+      const double replica_s =
+          replicas.size > 1 ? CollectiveSeconds(Collective::kAllReduce, shared_params / D(shard_group) * grad_elem,
+                                                replicas, plan.cluster, eff)
+                            : 0;
+      double step_grads = (zero <= 1 ? grads_s : 0) + replica_s;
       double step_params = zero == 1 || zero == 2 ? params_s : 0;
       // FSDP2 with pipeline parallelism (torchtitan, Llama 3) keeps the parameters gathered over
       // the step and reduces the gradients once: priced like the distributed optimizer.

@@ -334,5 +334,20 @@ TEST_CASE("plan refinements the time model reads: reshard_after_forward, window,
   CHECK(EstimateTime(moe).step_s > balanced);
 }
 
+TEST_CASE("HSDP: ZeRO-3 gathers within the shard group, the shards are all-reduced over the replicas") {
+  Plan plan = Llama(16, 8, 1);  // dp 16 over 16 nodes
+  plan.model.seq_len = 2048;
+  plan.batch.global = 256;
+  plan.optimizer.zero = 3;
+  plan.framework = Framework::kTorchtitan;
+  const TimeEstimate fsdp = EstimateTime(plan);
+  plan.fsdp.replicate = 4;  // shard over 4, replicate 4 times
+  const TimeEstimate hsdp = EstimateTime(plan);
+  REQUIRE(fsdp.valid);
+  REQUIRE(hsdp.valid);
+  CHECK(fsdp.stages[0].dp_sync_s == 0);  // all of ZeRO-3's traffic is per microbatch
+  CHECK(hsdp.stages[0].dp_sync_s > 0);   // the replica all-reduce, once per step
+}
+
 }  // namespace
 }  // namespace paraplan
