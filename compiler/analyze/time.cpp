@@ -245,6 +245,8 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
                             ? plan.cluster.gpu.peak_fp16
                             : plan.cluster.gpu.peak_bf16;
   const double peak_linear = UsesFp8(plan) ? peak16 * prof.fp8_gemm_speedup : peak16;
+  est.framework = prof.stack;
+  est.generation = prof.generation;
   Context cx{plan, options, prof, eff, PlaceGroups(plan), peak_linear, peak16,
              plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
   const int64_t world = std::max<int64_t>(1, plan.World());
@@ -473,6 +475,11 @@ std::string PrintTime(const TimeEstimate& e) {
   std::snprintf(buf, sizeof buf, "throughput %.1f tokens/s per GPU (%.0f tokens/s), MFU %.1f%%\n",
                 e.tokens_per_s_per_gpu, e.tokens_per_s, 100 * e.mfu);
   out += buf;
+  if (!e.framework.empty()) {
+    out += "priced as framework " + std::string(e.framework);
+    if (!e.generation.empty()) out += " on " + std::string(e.generation);
+    out += "\n";
+  }
   return out;
 }
 

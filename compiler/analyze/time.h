@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler/analyze/cost_params.h"
@@ -74,6 +75,8 @@ struct TimeEstimate {
   double tokens_per_s_per_gpu = 0;
   double model_flops_per_step = 0;
   double mfu = 0;                 // model FLOPs / (step · world · peak)
+  // The framework profile that priced it (cost_framework.h): stack and GPU generation.
+  std::string_view framework, generation;
 };
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options = {});
