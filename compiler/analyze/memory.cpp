@@ -27,11 +27,11 @@ int64_t Scale(int64_t count, double bytes_per) {
 // in a scratch region as large as the busiest op of any body (memory_plan.cpp).
 
 struct ArenaSizes {
-  int64_t t = 1;        // tensor parallel
-  int64_t T = 0;        // tokens of a microbatch: micro · seq
-  int64_t R = 0;        // rows a TP rank holds between layers: T / t under SP, else T
+  int64_t t = 1;  // tensor parallel
+  int64_t T = 0;  // tokens of a microbatch: micro · seq
+  int64_t R = 0;  // rows a TP rank holds between layers: T / t under SP, else T
   int64_t h = 0, hd = 0, heads = 0, kv = 0, ffn = 0, vocab = 0;  // per TP rank where split
-  int64_t a = 2;        // activation element bytes of the program's precision
+  int64_t a = 2;  // activation element bytes of the program's precision
   bool gelu = false, layernorm = false;
 };
 
@@ -61,9 +61,10 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
 int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
   int64_t bytes = SatMul(z.R, z.h * z.a);  // x
   if (recompute == Recompute::kFull) return bytes;
-  const int64_t per_token = 2 * z.h + 2 * z.heads * z.hd + 2 * z.kv * z.hd + (z.gelu ? 2 : 3) * z.ffn;
-  bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));       // n1f, n2f, q, o, k, v, MLP
-  bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));             // residual x1
+  const int64_t per_token =
+      2 * z.h + 2 * z.heads * z.hd + 2 * z.kv * z.hd + (z.gelu ? 2 : 3) * z.ffn;
+  bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));            // n1f, n2f, q, o, k, v, MLP
+  bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));                  // residual x1
   bytes = SatAdd(bytes, SatMul(z.R, (z.layernorm ? 4 : 2) * 4));  // rstd (and mean) of both norms
   if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
   return bytes;
@@ -87,11 +88,13 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
 // (with the recomputed layer under full recompute, the recomputed core under selective), and on
 // the loss chunk the logits' gradient with the final norm's.
 int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
-  const int64_t mlp = z.gelu ? std::max(2 * z.ffn, z.ffn + z.h) + z.h : std::max(3 * z.ffn, 2 * z.ffn + z.h);
+  const int64_t mlp =
+      z.gelu ? std::max(2 * z.ffn, z.ffn + z.h) + z.h : std::max(3 * z.ffn, 2 * z.ffn + z.h);
   int64_t attn = 2 * z.heads * z.hd + 2 * z.kv * z.hd;
   attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
   int64_t peak = SatMul(z.T, std::max(mlp, attn) * z.a);
-  if (recompute == Recompute::kSelective) peak = SatAdd(peak, SatMul(z.T, z.heads * z.hd * z.a + z.heads * 4));
+  if (recompute == Recompute::kSelective)
+    peak = SatAdd(peak, SatMul(z.T, z.heads * z.hd * z.a + z.heads * 4));
   if (recompute == Recompute::kFull)
     peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
   if (loss) peak = std::max(peak, SatMul(z.T, (z.vocab + z.h) * z.a));
@@ -101,7 +104,8 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
 // Microbatches of each local chunk in flight at once on pipeline rank r, in the order the
 // schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down).
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
-  const int64_t p = std::max<int64_t>(1, plan.parallel.pp), v = std::max<int64_t>(1, plan.parallel.vpp);
+  const int64_t p = std::max<int64_t>(1, plan.parallel.pp),
+                v = std::max<int64_t>(1, plan.parallel.vpp);
   std::vector<int64_t> slots(static_cast<size_t>(v), 0);
   if (plan.pipeline.schedule == Schedule::kGpipe) {
     std::fill(slots.begin(), slots.end(), m);
@@ -127,62 +131,272 @@ std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
   return slots;
 }
 
+// --- Activations of one layer under the recompute the plan states ------------------------
+
+int64_t MlpWidth(const ModelSpec& m, int64_t f) {
+  return SatMul(m.activation == Activation::kSwiGlu ? 3 : 2, f);
+}
+
+struct LayerActivations {
+  int64_t none = 0;       // stored with no recompute
+  int64_t stored = 0;     // stored under the plan's recompute (modules, fp8 copies)
+  int64_t input = 0;      // the layer input only (what full recompute keeps)
+  int64_t workspace = 0;  // working set while the layer (or its modules) is recomputed
+};
+
+// Bytes a selective recompute of `modules` (Megatron's --recompute-modules) stops storing in one
+// layer per microbatch: each module keeps its input and recomputes what it made.
+int64_t DroppedByModules(const ModelSpec& m, LayerKind kind, const ActivationShape& shape,
+                         uint32_t modules) {
+  const int64_t x = shape.element_bytes, t = std::max<int64_t>(1, shape.tp);
+  const int64_t tokens = CeilDiv(SatMul(shape.seq, shape.micro), std::max<int64_t>(1, shape.cp));
+  const int64_t rep = shape.sp ? CeilDiv(tokens, t) : tokens;
+  const bool moe = kind == LayerKind::kMoe;
+  int64_t drop = 0;
+  if (modules & kRecomputeCoreAttn) {
+    ActivationShape none = shape, selective = shape;
+    none.recompute = Recompute::kNone;
+    selective.recompute = Recompute::kSelective;
+    drop = SatAdd(drop,
+                  LayerActivationBytes(m, kind, none) - LayerActivationBytes(m, kind, selective));
+  }
+  if (modules & kRecomputeLayernorm)
+    drop = SatAdd(drop, SatMul(rep, 2 * x * m.hidden));  // QKV and fc1 inputs
+  if ((modules & kRecomputeMlp) && !moe)
+    drop = SatAdd(drop, CeilDiv(SatMul(tokens, x * MlpWidth(m, m.ffn_hidden)), t));
+  if ((modules & kRecomputeMlaUpProj) && m.IsMla()) {
+    const int64_t qkv = m.heads * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.v_head_dim);
+    drop = SatAdd(drop, CeilDiv(SatMul(tokens, x * qkv), t));
+  }
+  if (moe) {
+    const int64_t pairs = RoutedPairsPerRank(m, shape);
+    const int64_t etp = std::max<int64_t>(1, shape.etp);
+    if (modules & kRecomputeSharedExperts)
+      drop = SatAdd(
+          drop,
+          CeilDiv(SatMul(tokens, x * MlpWidth(m, SatMul(m.shared_experts, m.moe_ffn_hidden))), t));
+    if (modules & kRecomputeMoe) {
+      const int64_t copies = shape.options.moe_probs_in_activation ? 1 : 2;
+      drop = SatAdd(drop, SatMul(pairs, SatAdd(copies * x * m.hidden,
+                                               x * CeilDiv(MlpWidth(m, m.moe_ffn_hidden), etp))));
+    } else if (modules & kRecomputeMoeAct) {
+      drop = SatAdd(drop,
+                    SatMul(pairs, x * CeilDiv(m.moe_ffn_hidden, etp)));  // the activation's output
+    }
+  }
+  return drop;
+}
+
+// FP8 GEMMs (Transformer Engine, torchtitan float8) save their inputs for the backward as 1-byte
+// copies instead of 16-bit ones (cost-models.md 2.2): the QKV and fc1 inputs (norm outputs), the
+// attention output projection's input and the fc2 input, one byte less per element each.
+int64_t Fp8Saving(const ModelSpec& m, LayerKind kind, const ActivationShape& shape,
+                  uint32_t modules) {
+  if (shape.element_bytes != 2) return 0;
+  const int64_t t = std::max<int64_t>(1, shape.tp);
+  const int64_t tokens = CeilDiv(SatMul(shape.seq, shape.micro), std::max<int64_t>(1, shape.cp));
+  const int64_t rep = shape.sp ? CeilDiv(tokens, t) : tokens;
+  const int64_t head_dim =
+      m.IsMla() ? m.v_head_dim
+                : (m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
+  int64_t saving = 0;
+  if (!(modules & kRecomputeLayernorm)) saving = SatMul(rep, 2 * m.hidden);
+  saving = SatAdd(saving, CeilDiv(SatMul(tokens, m.heads * head_dim), t));
+  const int64_t f =
+      kind == LayerKind::kDense ? m.ffn_hidden : SatMul(m.shared_experts, m.moe_ffn_hidden);
+  if (!(modules & kRecomputeMlp) || kind == LayerKind::kMoe)
+    saving = SatAdd(saving, CeilDiv(SatMul(tokens, f), t));
+  return saving;
+}
+
+// torchtitan's per-op selective activation checkpointing (`selective_ac_option = "op"`): the
+// layer is checkpointed, and inside it the outputs of attention (with its log-sum-exp) and of
+// every other matrix multiply are saved: wq, wv, w1 and w2 of a Llama layer (the 1st, 3rd, 5th
+// and 7th mm), plus the layer input.
+int64_t TorchtitanOpSacBytes(const ModelSpec& m, const ActivationShape& shape) {
+  const int64_t x = shape.element_bytes, t = std::max<int64_t>(1, shape.tp);
+  const int64_t tokens = CeilDiv(SatMul(shape.seq, shape.micro), std::max<int64_t>(1, shape.cp));
+  const int64_t rep = shape.sp ? CeilDiv(tokens, t) : tokens;
+  const int64_t d = m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads);
+  const int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
+  const int64_t split = 2 * m.heads * d + kv * d + m.ffn_hidden;  // q, attention out, v, w1 out
+  int64_t bytes = SatMul(rep, x * m.hidden);                      // layer input
+  bytes = SatAdd(bytes, CeilDiv(SatMul(tokens, x * split), t));
+  bytes = SatAdd(bytes, SatMul(tokens, x * m.hidden));  // w2 out (partial sum, full width)
+  return SatAdd(bytes, SatMul(tokens, 4 * CeilDiv(m.heads, t)));  // log-sum-exp
+}
+
+LayerActivations ActivationsOfLayer(const Plan& plan, LayerKind kind, const ActivationShape& shape,
+                                    bool fp8) {
+  const ModelSpec& m = plan.model;
+  LayerActivations a;
+  ActivationShape none = shape, full = shape;
+  none.recompute = Recompute::kNone;
+  full.recompute = Recompute::kFull;
+  a.none = LayerActivationBytes(m, kind, none);
+  a.input = LayerActivationBytes(m, kind, full);
+  switch (plan.recompute) {
+    case Recompute::kNone:
+      a.stored = a.none;
+      break;
+    case Recompute::kFull:
+      a.stored = a.input;
+      a.workspace = a.none;
+      break;
+    case Recompute::kSelective: {
+      if (plan.framework == Framework::kTorchtitan && kind == LayerKind::kDense && !m.IsMla() &&
+          plan.activations.recompute_modules.empty()) {
+        a.stored = std::min(a.none, TorchtitanOpSacBytes(m, shape));
+        a.workspace = a.none - a.stored;
+        break;
+      }
+      const int64_t drop =
+          std::min(a.none, DroppedByModules(m, kind, shape, EffectiveRecomputeModules(plan)));
+      a.stored = a.none - drop;
+      a.workspace = drop;
+      break;
+    }
+  }
+  if (fp8 && plan.recompute != Recompute::kFull) {
+    const uint32_t modules = EffectiveRecomputeModules(plan);
+    a.stored = std::max<int64_t>(a.input, a.stored - Fp8Saving(m, kind, shape, modules));
+    a.none = std::max<int64_t>(a.input, a.none - Fp8Saving(m, kind, shape, 0));
+  }
+  return a;
+}
+
+// Stored bytes of `layers` layers of one chunk per microbatch under full recompute with
+// Megatron's --recompute-method / --recompute-num-layers; and the working set of the backward.
+void FullRecomputeChunk(const Plan& plan, int64_t layers, const LayerActivations& a,
+                        int64_t* stored, int64_t* workspace) {
+  const int64_t n = plan.activations.recompute_layers;
+  if (plan.recompute != Recompute::kFull || n <= 0 || layers <= 0) {
+    *stored = SatMul(layers, a.stored);
+    *workspace = layers > 0 ? a.workspace : 0;
+    return;
+  }
+  if (plan.activations.recompute_method == RecomputeMethod::kBlock) {
+    // The first n layers of the chunk recompute; the others keep everything.
+    const int64_t r = std::min(n, layers);
+    *stored = SatAdd(SatMul(r, a.input), SatMul(layers - r, a.none));
+    *workspace = r > 0 ? a.none : 0;
+  } else {
+    // Uniform: one checkpointed input per group of n layers; a group is recomputed at once.
+    *stored = SatMul(CeilDiv(layers, n), a.input);
+    *workspace = SatMul(std::min(n, layers), a.none);
+  }
+}
+
 }  // namespace
 
 bool ArenaModelApplies(const Plan& plan) {
   const ModelSpec& m = plan.model;
-  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() && plan.parallel.cp == 1 &&
-         plan.parallel.ep == 1;
+  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() &&
+         plan.parallel.cp == 1 && plan.parallel.ep == 1;
 }
 
 std::string_view MemoryPartName(MemoryPart part) {
   switch (part) {
-    case MemoryPart::kWeights: return "weights";
-    case MemoryPart::kGradients: return "gradients";
-    case MemoryPart::kOptimizer: return "optimizer";
-    case MemoryPart::kActivations: return "activations";
-    case MemoryPart::kEmbeddingAndLoss: return "embedding_and_loss";
-    case MemoryPart::kRecomputeWorkspace: return "recompute_workspace";
-    case MemoryPart::kCommBuffers: return "comm_buffers";
-    case MemoryPart::kRuntimeReserve: return "runtime_reserve";
-    case MemoryPart::kAllocatorMargin: return "allocator_margin";
-    case MemoryPart::kCount: break;
+    case MemoryPart::kWeights:
+      return "weights";
+    case MemoryPart::kGradients:
+      return "gradients";
+    case MemoryPart::kOptimizer:
+      return "optimizer";
+    case MemoryPart::kActivations:
+      return "activations";
+    case MemoryPart::kEmbeddingAndLoss:
+      return "embedding_and_loss";
+    case MemoryPart::kRecomputeWorkspace:
+      return "recompute_workspace";
+    case MemoryPart::kCommBuffers:
+      return "comm_buffers";
+    case MemoryPart::kRuntimeReserve:
+      return "runtime_reserve";
+    case MemoryPart::kAllocatorMargin:
+      return "allocator_margin";
+    case MemoryPart::kCount:
+      break;
   }
   return "?";
 }
 
 std::string_view MemoryPartTitle(MemoryPart part) {
   switch (part) {
-    case MemoryPart::kWeights: return "weights";
-    case MemoryPart::kGradients: return "gradients";
-    case MemoryPart::kOptimizer: return "optimizer state";
-    case MemoryPart::kActivations: return "activations";
-    case MemoryPart::kEmbeddingAndLoss: return "embedding/logits";
-    case MemoryPart::kRecomputeWorkspace: return "recompute workspace";
-    case MemoryPart::kCommBuffers: return "comm buffers";
-    case MemoryPart::kRuntimeReserve: return "CUDA/runtime";
-    case MemoryPart::kAllocatorMargin: return "allocator margin";
-    case MemoryPart::kCount: break;
+    case MemoryPart::kWeights:
+      return "weights";
+    case MemoryPart::kGradients:
+      return "gradients";
+    case MemoryPart::kOptimizer:
+      return "optimizer state";
+    case MemoryPart::kActivations:
+      return "activations";
+    case MemoryPart::kEmbeddingAndLoss:
+      return "embedding/logits";
+    case MemoryPart::kRecomputeWorkspace:
+      return "recompute workspace";
+    case MemoryPart::kCommBuffers:
+      return "comm buffers";
+    case MemoryPart::kRuntimeReserve:
+      return "CUDA/runtime";
+    case MemoryPart::kAllocatorMargin:
+      return "allocator margin";
+    case MemoryPart::kCount:
+      break;
   }
   return "?";
 }
 
+namespace {
+
+int64_t BytesOf(ElementType t) {
+  switch (t) {
+    case ElementType::kFp32:
+      return 4;
+    case ElementType::kBf16:
+    case ElementType::kFp16:
+      return 2;
+    case ElementType::kFp8:
+      return 1;
+  }
+  return 4;
+}
+
+// Frameworks whose ZeRO-3 is PyTorch FSDP: the sharded parameter is the fp32 master itself and
+// the 16-bit compute copy exists only while a layer is gathered.
+bool FsdpKeepsFp32Shards(Framework f) {
+  return f == Framework::kTorchtitan || f == Framework::kLlmFoundry;
+}
+
+// Transformer Engine (Megatron-Core, NeMo, planrun's FP8 path) caches the FP8 cast of each
+// weight across the microbatches of a step (cost-models.md 2.1: "fp8 casts / transpose caches");
+// torchtitan's float8 linears cast per call.
+bool CachesFp8Weights(Framework f) {
+  return f != Framework::kTorchtitan && f != Framework::kLlmFoundry;
+}
+
+}  // namespace
+
 StateBytesPerParam StateBytes(const Plan& plan, int64_t shard) {
+  // Megatron's distributed-optimizer table (cost-models.md 2.1): bf16 params 2, fp32 main grads
+  // 4, fp32 master 4, Adam moments 2 x 4; each term follows the precision record.
   StateBytesPerParam b;
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
   const bool adam = plan.optimizer.type == OptimizerType::kAdamW;
-  switch (plan.precision) {
-    case Precision::kFp32:
-      b.weights = 4; b.gradients = 4; b.optimizer = adam ? 8 : 4;
-      break;
-    case Precision::kFp16:  // fp16 grads; fp32 master, fp32 main-grad copy and moments
-      b.weights = 2; b.gradients = 2; b.optimizer = adam ? 16 : 12;
-      break;
-    case Precision::kBf16:
-      b.weights = 2; b.gradients = 4; b.optimizer = adam ? 12 : 8;
-      break;
-    case Precision::kFp8:  // bf16 weights plus their fp8 cast kept for the GEMMs
-      b.weights = 3; b.gradients = 4; b.optimizer = adam ? 12 : 8;
-      break;
+  b.weights = mp.fp8_params ? 1 : static_cast<double>(BytesOf(mp.params));
+  if (mp.fp8 != Fp8Recipe::kNone && !mp.fp8_params && CachesFp8Weights(plan.framework))
+    b.weights += 1;
+  b.gradients = static_cast<double>(BytesOf(mp.grads));
+  const double moments = static_cast<double>((adam ? 2 : 1) * BytesOf(mp.optimizer_state));
+  b.optimizer = (mp.main_params ? 4 : 0) + moments;
+  // fp16 with fp16 gradients: the optimizer keeps an fp32 copy of the main gradient too.
+  if (mp.params == ElementType::kFp16 && mp.grads == ElementType::kFp16 && mp.main_params)
+    b.optimizer += 4;
+  if (plan.optimizer.zero >= 3 && FsdpKeepsFp32Shards(plan.framework) && mp.main_params &&
+      !mp.fp8_params) {
+    // FSDP2 / FSDP mixed precision: the fp32 shard is the parameter; no separate master copy.
+    b.weights = 4;
+    b.optimizer = moments;
   }
   const double d = static_cast<double>(std::max<int64_t>(1, shard));
   if (plan.optimizer.zero >= 1) b.optimizer /= d;
@@ -202,7 +416,10 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
   const int64_t t = std::max<int64_t>(1, par.tp);
   const int64_t world = std::max<int64_t>(1, plan.cluster.nodes * plan.cluster.gpus_per_node);
   const int64_t edp = std::max<int64_t>(1, world / std::max<int64_t>(1, par.etp * par.ep * p));
-  const int64_t dense_shard = std::max<int64_t>(1, par.dp * par.cp);
+  // ZeRO shards over fsdp.shard ranks (dp·cp unless HSDP replicates); experts over their DP group.
+  const int64_t dense_shard = ShardGroup(plan);
+  const int64_t expert_shard =
+      std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
   const int64_t denom = std::max<int64_t>(1, plan.batch.micro * par.dp);
   est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
   const int64_t mb = est.microbatches;
@@ -211,10 +428,12 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
   StateBytesPerParam dense_state = StateBytes(plan, dense_shard);
   // planrun keeps an fp32 master copy beside the moments whatever the precision (body.cpp,
   // BuildBuckets): fp32 training holds 12 bytes of optimizer state per parameter, not 8.
-  if (ArenaModelApplies(plan) && plan.precision == Precision::kFp32 && plan.optimizer.type == OptimizerType::kAdamW)
+  if (ArenaModelApplies(plan) && plan.precision == Precision::kFp32 &&
+      plan.optimizer.type == OptimizerType::kAdamW)
     dense_state.optimizer *= 12.0 / 8.0;
-  const StateBytesPerParam expert_state = StateBytes(plan, edp);
+  const StateBytesPerParam expert_state = StateBytes(plan, expert_shard);
   const bool offload = plan.optimizer.offload == Offload::kCpu;
+  const double offload_fraction = offload ? plan.optimizer.offload_fraction : 0.0;
 
   ActivationShape shape;
   shape.seq = m.seq_len;
@@ -225,11 +444,17 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
   shape.sp = par.sp;
   shape.recompute = plan.recompute;
   shape.element_bytes = ActivationElementBytes(plan.precision);
-  shape.options = options;
-  const int64_t act_dense = LayerActivationBytes(m, LayerKind::kDense, shape);
-  const int64_t act_moe = m.IsMoe() ? LayerActivationBytes(m, LayerKind::kMoe, shape) : 0;
-  const int64_t work_dense = RecomputeWorkspaceBytes(m, LayerKind::kDense, shape);
-  const int64_t work_moe = m.IsMoe() ? RecomputeWorkspaceBytes(m, LayerKind::kMoe, shape) : 0;
+  // The routing imbalance the plan states (moe.imbalance), capped by a capacity factor, which
+  // drops the tokens past it.
+  CostOptions opts = options;
+  opts.moe_imbalance = std::max(opts.moe_imbalance, plan.moe.imbalance);
+  if (plan.moe.capacity_factor > 0)
+    opts.moe_imbalance = std::min(opts.moe_imbalance, plan.moe.capacity_factor);
+  shape.options = opts;
+  const bool fp8 = UsesFp8(plan);
+  const LayerActivations la_dense = ActivationsOfLayer(plan, LayerKind::kDense, shape, fp8);
+  const LayerActivations la_moe =
+      m.IsMoe() ? ActivationsOfLayer(plan, LayerKind::kMoe, shape, fp8) : LayerActivations{};
   const int64_t emb_act = EmbeddingActivationBytes(m, shape);
   const int64_t loss_act = LossActivationBytes(m, shape);
   const LayerParams dense_params = ParamsOfLayer(m, LayerKind::kDense);
@@ -239,18 +464,27 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
   // Communicator buffers: one NCCL communicator per group of size > 1 that a rank belongs to.
   const CommGroups groups = PlaceGroups(plan);
   int64_t communicators = 0;
-  for (const CommGroup* g : {&groups.tp, &groups.cp, &groups.dp_cp, &groups.pp, &groups.ep,
-                                  &groups.etp, &groups.edp})
+  for (const CommGroup* g :
+       {&groups.tp, &groups.cp, &groups.dp_cp, &groups.pp, &groups.ep, &groups.etp, &groups.edp})
     communicators += g->size > 1 ? 1 : 0;
   const int64_t tokens = CeilDiv(SatMul(m.seq_len, plan.batch.micro), std::max<int64_t>(1, par.cp));
   const int64_t x = shape.element_bytes;
   // Sequence parallel gathers the full sequence of one GEMM input (double-buffered).
   const int64_t sp_gather = par.sp && t > 1 ? SatMul(2, SatMul(tokens, SatMul(x, m.hidden))) : 0;
   // Context parallel: K and V chunks in flight (send and receive) of the ring.
-  const int64_t kv_width = m.IsMla() ? m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-                                     : 2 * std::max<int64_t>(1, m.kv_heads) * (m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
-  const int64_t cp_ring = par.cp > 1 ? SatMul(2, SatMul(tokens, CeilDiv(SatMul(x, kv_width), t))) : 0;
-  const int64_t ep_buffers = m.IsMoe() ? SatMul(2, SatMul(RoutedPairsPerRank(m, shape), SatMul(x, m.hidden))) : 0;
+  const int64_t kv_width =
+      m.IsMla() ? m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+                : 2 * std::max<int64_t>(1, m.kv_heads) *
+                      (m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
+  const int64_t cp_ring =
+      par.cp > 1 ? SatMul(2, SatMul(tokens, CeilDiv(SatMul(x, kv_width), t))) : 0;
+  // Dispatch buffers: the routed pairs (all-to-all, DeepEP's flex), or every token of the EP
+  // group (all-gather dispatcher).
+  const int64_t ep_buffers =
+      !m.IsMoe() ? 0
+      : plan.moe.dispatcher == Dispatcher::kAllGather
+          ? SatMul(2, SatMul(SatMul(tokens, std::max<int64_t>(1, par.ep)), SatMul(x, m.hidden)))
+          : SatMul(2, SatMul(RoutedPairsPerRank(m, shape), SatMul(x, m.hidden)));
 
   const bool arena = ArenaModelApplies(plan);
   const ArenaSizes arena_sizes = arena ? ArenaSizesOf(plan) : ArenaSizes{};
@@ -276,21 +510,28 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
     for (int64_t c = 0; c < v; ++c) {
       const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
       const int64_t first = chunk.first_layer, end = chunk.first_layer + chunk.layers;
-      const int64_t dense_end = m.IsMoe() ? std::clamp(m.dense_layers, first, end) : end;
-      const int64_t nd = dense_end - first, nm = end - dense_end;
+      int64_t nm = 0;
+      if (m.IsMoe())
+        for (int64_t l = first; l < end; ++l) nm += IsMoeLayer(m, l) ? 1 : 0;
+      const int64_t nd = (end - first) - nm;
       dense_count += nd;
       moe_count += nm;
-      const int64_t chunk_act = SatAdd(SatMul(nd, act_dense), SatMul(nm, act_moe));
+      int64_t stored_dense = 0, stored_moe = 0, work_d = 0, work_m = 0;
+      FullRecomputeChunk(plan, nd, la_dense, &stored_dense, &work_d);
+      FullRecomputeChunk(plan, nm, la_moe, &stored_moe, &work_m);
+      const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
       const int64_t held = counts[static_cast<size_t>(c)];
       if (arena) {
-        activations = SatAdd(activations, SatMul(held, SatMul(chunk.layers, ArenaLayerStash(arena_sizes, plan.recompute))));
-        extra = SatAdd(extra, SatMul(held, ArenaChunkExtra(arena_sizes, chunk.embedding, chunk.loss)));
+        activations = SatAdd(
+            activations,
+            SatMul(held, SatMul(chunk.layers, ArenaLayerStash(arena_sizes, plan.recompute))));
+        extra =
+            SatAdd(extra, SatMul(held, ArenaChunkExtra(arena_sizes, chunk.embedding, chunk.loss)));
         workspace = std::max(workspace, ArenaBodyPeak(arena_sizes, plan.recompute, chunk.loss));
       } else {
         activations = SatAdd(activations, SatMul(held, chunk_act));
       }
-      if (nd > 0 && !arena) workspace = std::max(workspace, work_dense);
-      if (nm > 0 && !arena) workspace = std::max(workspace, work_moe);
+      if (!arena) workspace = std::max({workspace, work_d, work_m});
       if (chunk.embedding) {
         s.embedding = true;
         if (!arena) extra = SatAdd(extra, SatMul(held, emb_act));
@@ -300,30 +541,64 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
       if (chunk.loss) {
         s.loss = true;
         if (!arena) extra = SatAdd(extra, SatMul(std::max<int64_t>(1, held), loss_act));
+        if (!arena && plan.framework == Framework::kTorchtitan) {
+          // torchtitan's loss upcasts the logits (`pred.float()`, vocab-parallel under TP):
+          // at its backward the saved fp32 log-probabilities, the fp32 gradient of the loss and
+          // the fp32 gradient of the upcast are live at once, 8 B per logit beyond the 4 B above.
+          const int64_t logits = SatMul(tokens, CeilDiv(m.vocab, t));
+          extra = SatAdd(extra, SatMul(8, logits));
+        }
+        if (m.mtp_layers > 0 && !arena) {
+          // DeepSeek-V3's multi-token prediction: per module one transformer layer (of the last
+          // layer's kind), a 2h -> h projection and two norms, and its own logits.
+          const bool moe_last = IsMoeLayer(m, m.layers - 1);
+          const LayerParams& lp = moe_last ? moe_params : dense_params;
+          const LayerActivations& la = moe_last ? la_moe : la_dense;
+          dense_p = SatAdd(
+              dense_p, SatMul(m.mtp_layers,
+                              CeilDiv(SatAdd(lp.tp_sharded, SatMul(2 * m.hidden, m.hidden)), t)));
+          repl_p = SatAdd(repl_p, SatMul(m.mtp_layers, SatAdd(lp.replicated, 2 * m.hidden)));
+          expert_p = SatAdd(expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, ep_etp)));
+          extra = SatAdd(extra, SatMul(SatMul(m.mtp_layers, std::max<int64_t>(1, held)),
+                                       SatAdd(la.stored, loss_act)));
+        }
         repl_p = SatAdd(repl_p, FinalNormParams(m));
         int64_t head = OutputParams(m);
-        if (m.tied_embeddings && p > 1) head = EmbeddingParams(m);  // the tied copy on the last stage
+        if (m.tied_embeddings && p > 1)
+          head = EmbeddingParams(m);  // the tied copy on the last stage
         dense_p = SatAdd(dense_p, CeilDiv(head, t));
       }
       s.in_flight += held;
     }
     s.layers = dense_count + moe_count;
     dense_p = SatAdd(dense_p, CeilDiv(SatAdd(SatMul(dense_count, dense_params.tp_sharded),
-                                             SatMul(moe_count, moe_params.tp_sharded)), t));
+                                             SatMul(moe_count, moe_params.tp_sharded)),
+                                      t));
     repl_p = SatAdd(repl_p, SatAdd(SatMul(dense_count, dense_params.replicated),
                                    SatMul(moe_count, moe_params.replicated)));
-    expert_p = CeilDiv(SatMul(moe_count, moe_params.expert), ep_etp);
+    expert_p = SatAdd(expert_p, CeilDiv(SatMul(moe_count, moe_params.expert), ep_etp));
     const int64_t shared_p = SatAdd(dense_p, repl_p);
     s.params = SatAdd(shared_p, expert_p);
 
     auto& b = s.bytes;
-    b[size_t(MemoryPart::kWeights)] = SatAdd(Scale(shared_p, dense_state.weights), Scale(expert_p, expert_state.weights));
-    b[size_t(MemoryPart::kGradients)] = SatAdd(Scale(shared_p, dense_state.gradients), Scale(expert_p, expert_state.gradients));
-    const int64_t optimizer = SatAdd(Scale(shared_p, dense_state.optimizer), Scale(expert_p, expert_state.optimizer));
-    if (offload) {
-      s.host_bytes = optimizer;
-    } else {
-      b[size_t(MemoryPart::kOptimizer)] = optimizer;
+    b[size_t(MemoryPart::kWeights)] =
+        SatAdd(Scale(shared_p, dense_state.weights), Scale(expert_p, expert_state.weights));
+    b[size_t(MemoryPart::kGradients)] =
+        SatAdd(Scale(shared_p, dense_state.gradients), Scale(expert_p, expert_state.gradients));
+    const int64_t optimizer =
+        SatAdd(Scale(shared_p, dense_state.optimizer), Scale(expert_p, expert_state.optimizer));
+    // Megatron --optimizer-offload-fraction: that share of the optimizer state lives on the host.
+    s.host_bytes = Scale(optimizer, offload_fraction);
+    b[size_t(MemoryPart::kOptimizer)] = optimizer - s.host_bytes;
+    if (!arena && plan.activations.offload_layers > 0 && s.layers > 0) {
+      // Activation offload (--cpu-offloading-num-layers): those layers' stored activations wait
+      // on the host for the backward.
+      const int64_t moved =
+          static_cast<int64_t>(static_cast<double>(activations) *
+                               std::min(1.0, static_cast<double>(plan.activations.offload_layers) /
+                                                 static_cast<double>(s.layers)));
+      activations -= moved;
+      s.host_bytes = SatAdd(s.host_bytes, moved);
     }
     b[size_t(MemoryPart::kActivations)] = activations;
     b[size_t(MemoryPart::kEmbeddingAndLoss)] = extra;
@@ -341,10 +616,26 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
     } else {
       comm = SatAdd(comm, std::max({sp_gather, cp_ring, moe_count > 0 ? ep_buffers : 0}));
     }
-    if (plan.optimizer.zero >= 3 && !arena) {
+    const bool keep_gathered =
+        plan.optimizer.zero >= 3 && !arena &&
+        (!plan.fsdp.reshard_after_forward || (plan.framework == Framework::kTorchtitan && p > 1));
+    if (keep_gathered) {
+      // Weights gathered for the forward stay until the backward (reshard_after_forward off;
+      // torchtitan turns it off under pipeline parallelism): the stage's 16-bit weights, whole.
+      const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+      double w = static_cast<double>(BytesOf(mp.params));
+      // torch.distributed.pipelining turns gradient sync off for all but the last microbatch of
+      // an FSDP stage: its unsharded gradients accumulate across the step, in the reduce dtype.
+      if (plan.framework == Framework::kTorchtitan && p > 1)
+        w += static_cast<double>(BytesOf(mp.grads));
+      comm = SatAdd(comm, SatAdd(Scale(shared_p, w), Scale(expert_p, w)));
+    } else if (plan.optimizer.zero >= 3 && !arena) {
       // Two layers' full (unsharded) 16-bit weights: the one computing and the one prefetched.
-      const int64_t layer = std::max(dense_count > 0 ? dense_params.tp_sharded / t + dense_params.replicated : 0,
-                                     moe_count > 0 ? moe_params.tp_sharded / t + moe_params.replicated + moe_params.expert / ep_etp : 0);
+      const int64_t layer = std::max(
+          dense_count > 0 ? dense_params.tp_sharded / t + dense_params.replicated : 0,
+          moe_count > 0
+              ? moe_params.tp_sharded / t + moe_params.replicated + moe_params.expert / ep_etp
+              : 0);
       comm = SatAdd(comm, SatMul(4, layer));
     }
     b[size_t(MemoryPart::kCommBuffers)] = comm;
@@ -352,10 +643,14 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
     int64_t sum = 0;
     for (size_t i = 0; i < kMemoryPartCount; ++i) sum = SatAdd(sum, b[i]);
     // planrun allocates one static arena per rank: no caching-allocator fragmentation.
-    const int64_t margin = sum == INT64_MAX || arena ? 0 : sum / 100 * options.allocator_margin_percent;
+    const int64_t margin =
+        sum == INT64_MAX || arena ? 0 : sum / 100 * options.allocator_margin_percent;
     b[size_t(MemoryPart::kAllocatorMargin)] = margin;
     s.total = SatAdd(sum, margin);
-    if (arena) s.arena = sum - b[size_t(MemoryPart::kCommBuffers)] - b[size_t(MemoryPart::kRuntimeReserve)];
+    if (arena)
+      s.arena = sum - b[size_t(MemoryPart::kCommBuffers)] - b[size_t(MemoryPart::kRuntimeReserve)];
+    s.outside_allocator = SatAdd(b[size_t(MemoryPart::kRuntimeReserve)],
+                                 SatMul(communicators, eff.nccl_bytes_per_communicator));
     if (s.total > est.peak) {
       est.peak = s.total;
       est.peak_stage = r;
@@ -363,6 +658,16 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
   }
   est.valid = true;
   return est;
+}
+
+std::vector<StagePeak> PredictedPeaks(const Plan& plan, const CostOptions& options) {
+  std::vector<StagePeak> out;
+  const MemoryEstimate est = EstimateMemory(plan, options);
+  if (!est.valid) return out;
+  for (const StageMemory& s : est.stages) {
+    out.push_back({s.stage, s.total, s.arena > 0 ? s.arena : s.total - s.outside_allocator});
+  }
+  return out;
 }
 
 std::string FormatGiB(int64_t bytes) {
@@ -396,7 +701,8 @@ std::string PrintMemory(const MemoryEstimate& e) {
     out += "\n";
   };
   for (size_t i = 0; i < kMemoryPartCount; ++i)
-    row(MemoryPartTitle(static_cast<MemoryPart>(i)), [&](const StageMemory& s) { return s.bytes[i]; });
+    row(MemoryPartTitle(static_cast<MemoryPart>(i)),
+        [&](const StageMemory& s) { return s.bytes[i]; });
   row("total (GiB)", [](const StageMemory& s) { return s.total; });
   return out;
 }

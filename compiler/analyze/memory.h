@@ -6,11 +6,31 @@
 // count, chunk by chunk; GPipe: m). Within a stage every rank holds the same bytes under the
 // model's assumptions (experts divide evenly; routing imbalance applies to all EP ranks alike).
 //
-// Model states follow Megatron's mixed-precision accounting: bf16/fp16 weights (2 B), main
-// gradients (fp32 4 B for bf16/fp8, 2 B for fp16 as in the distributed-optimizer table), and
-// AdamW's fp32 master weights (absent in fp32 training) and two moments; ZeRO 1 shards the
-// optimizer state, 2 the gradients, 3 the weights, over DP x CP for dense parameters and over
-// the expert-DP group for routed experts. CPU offload moves the optimizer state to the host.
+// Terms and their sources (../shared/reference/cost-models.md section 2 unless named):
+//   model states  Megatron's distributed-optimizer table, term by term from the precision record
+//                 (EffectiveMixedPrecision): weights in `params` (1 B with fp8_params; + 1 B of
+//                 cached FP8 casts under Transformer Engine), main gradients in `grads`, fp32
+//                 master weights when `main_params`, Adam's two moments in `optimizer_state`.
+//                 ZeRO 1/2/3 shard them over fsdp.shard ranks (dp·cp / fsdp.replicate); routed
+//                 experts over their expert-DP group. PyTorch FSDP (torchtitan, llm_foundry) keeps
+//                 the fp32 shard as the parameter itself (no separate master).
+//   activations   Korthikanti et al. per layer (cost_shape), minus what the recompute keeps out:
+//                 Megatron's --recompute-modules drop their outputs (DroppedByModules), full
+//                 recompute with --recompute-method/--recompute-num-layers keeps inputs of the
+//                 recomputed layers; FP8 GEMM inputs stored as 1-byte copies; offloaded layers
+//                 move to host_bytes. Microbatches in flight of the actual schedule (1F1B:
+//                 min(pp - r, m); interleaved: Megatron's warm-up count; GPipe: m).
+//   embedding and loss  int64 ids, final-norm and output inputs, fp32 logits; MTP modules add a
+//                 layer and logits each on the last stage.
+//   comm buffers  one NCCL communicator per group of size > 1 (runtime-anchors.md 3.2, item 7),
+//                 gathered SP/CP/EP buffers, ZeRO-3 gathered weights (two layers, or the whole
+//                 stage when reshard_after_forward is off, as torchtitan does under pp > 1).
+//   reserve       CUDA context and library workspaces (GpuEfficiency::runtime_reserve_bytes).
+//   allocator margin  the caching allocator's fragmentation, CostOptions::allocator_margin_percent
+//                 for the PyTorch frameworks; 0 for planrun, whose arena is allocated whole.
+// framework = paraplan on a plan planrun lowers (ArenaModelApplies): the activations, embedding
+// and loss terms and the workspace are planrun's static arena instead, term by term as
+// compiler/lower lays it out (StageMemory::arena; within 3% of `planc compile`, tested).
 //
 // Made by EstimateMemory for `planc check` (OOM diagnostics), explain and every search
 // candidate; must stay allocation-light.
@@ -46,32 +66,47 @@ std::string_view MemoryPartName(MemoryPart part);   // "weights", "optimizer", .
 std::string_view MemoryPartTitle(MemoryPart part);  // "optimizer state", ... (tables)
 
 struct StageMemory {
-  int64_t stage = 0;              // pipeline rank
-  int64_t layers = 0;             // transformer layers on the rank (all its chunks)
-  int64_t in_flight = 0;          // chunk-microbatches whose activations are held at the peak
+  int64_t stage = 0;      // pipeline rank
+  int64_t layers = 0;     // transformer layers on the rank (all its chunks)
+  int64_t in_flight = 0;  // chunk-microbatches whose activations are held at the peak
   bool embedding = false;
   bool loss = false;
-  int64_t params = 0;             // parameters on one GPU of this stage (before ZeRO 3)
+  int64_t params = 0;  // parameters on one GPU of this stage (before ZeRO 3)
   std::array<int64_t, kMemoryPartCount> bytes{};
-  int64_t total = 0;              // sum of bytes
-  int64_t host_bytes = 0;         // CPU memory for offloaded optimizer state
+  int64_t total = 0;       // sum of bytes
+  int64_t host_bytes = 0;  // CPU memory for offloaded optimizer state
   // framework = paraplan on a plan planrun lowers: the bytes of planrun's static arena on this
   // stage (everything but NCCL communicators and the CUDA context); 0 otherwise.
   int64_t arena = 0;
+  // Bytes outside the framework's allocator: CUDA context, library workspaces and NCCL
+  // communicators. total - outside_allocator is what torch.cuda.max_memory_reserved reports.
+  int64_t outside_allocator = 0;
 
   int64_t Get(MemoryPart part) const { return bytes[static_cast<size_t>(part)]; }
 };
 
 struct MemoryEstimate {
-  bool valid = false;             // false when the plan's pipeline split cannot be formed
-  int64_t capacity = 0;           // the GPU's memory (cluster.gpu.memory)
-  int64_t microbatches = 0;       // per step and DP replica
+  bool valid = false;        // false when the plan's pipeline split cannot be formed
+  int64_t capacity = 0;      // the GPU's memory (cluster.gpu.memory)
+  int64_t microbatches = 0;  // per step and DP replica
   std::vector<StageMemory> stages;
-  int64_t peak = 0;               // max total over stages
-  int64_t peak_stage = 0;         // the first stage reaching it
+  int64_t peak = 0;        // max total over stages
+  int64_t peak_stage = 0;  // the first stage reaching it
 };
 
 MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options = {});
+
+// The predicted peak of every pipeline stage (all ranks of a stage hold the same bytes), for
+// tools that print predicted against measured memory (bench/calibration): `device` is what the
+// GPU must hold, `allocator` what the framework's allocator reports (torch.cuda's
+// max_memory_reserved; planrun's arena), without the CUDA context and NCCL. Empty when the
+// pipeline split cannot be formed.
+struct StagePeak {
+  int64_t stage = 0;
+  int64_t device = 0;
+  int64_t allocator = 0;
+};
+std::vector<StagePeak> PredictedPeaks(const Plan& plan, const CostOptions& options = {});
 
 // True when the estimate is planrun's static arena, term by term as compiler/lower allocates it
 // (framework = paraplan and a plan it lowers: dense, ordinary attention, no cp or ep).

@@ -1,4 +1,4 @@
-// The memory diagnostics of `planc check` (P0701 out of memory, P0702 above 90%), and the
+// The memory diagnostics of `planc check` (P0701 out of memory, P0702 above 93%), and the
 // verified fixes they offer.
 //
 // A fix is one change to the plan (`parallel.sp = true`, `recompute = selective`, a higher
@@ -22,7 +22,10 @@
 
 namespace paraplan {
 
-// Reports P0701 when a stage exceeds the GPU's memory, else P0702 above 90% of it.
+// P0702's threshold, percent of the GPU's memory (justified in memory_check.cpp).
+inline constexpr int64_t kNearLimitPercent = 93;
+
+// Reports P0701 when a stage exceeds the GPU's memory, else P0702 above kNearLimitPercent of it.
 void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& options = {});
 
 struct MemoryFix {

@@ -23,12 +23,19 @@ const Diagnostic* Find(const DiagnosticSink& sink, DiagKind kind) {
   return nullptr;
 }
 
-TEST_CASE("ZeRO 2 and 3 are offered as fixes only without pipeline parallelism (P0503)") {
+TEST_CASE("for DeepSpeed, ZeRO 2 and 3 are offered as fixes only without pipeline parallelism (P0503)") {
   Plan plan = Oversized();
   REQUIRE(plan.parallel.pp > 1);
+  plan.framework = Framework::kDeepSpeed;
   for (const MemoryFix& fix : ProposeMemoryFixes(plan, int64_t{1} << 50, {}, 100))
     for (const auto& [path, value] : fix.sets)
       if (path == "optimizer.zero") CHECK(std::stoi(value) <= 1);
+  // Megatron-Core and torchtitan shard with pipeline parallelism: ZeRO 3 is among the fixes.
+  plan.framework = Framework::kTorchtitan;
+  bool zero3 = false;
+  for (const MemoryFix& fix : ProposeMemoryFixes(plan, int64_t{1} << 50, {}, 100))
+    for (const auto& [path, value] : fix.sets) zero3 |= path == "optimizer.zero" && value == "3";
+  CHECK(zero3);
 }
 
 TEST_CASE("a stage over the GPU's memory is error P0701 with its breakdown and verified fixes") {
@@ -69,7 +76,7 @@ TEST_CASE("a stage over the GPU's memory is error P0701 with its breakdown and v
   }
 }
 
-TEST_CASE("above 90% of the GPU's memory is warning P0702; below it nothing") {
+TEST_CASE("above 93% of the GPU's memory is warning P0702; below it nothing") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.parallel.sp = true;
   plan.recompute = Recompute::kSelective;

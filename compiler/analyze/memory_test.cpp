@@ -247,5 +247,22 @@ TEST_CASE("explain's memory and time sections: JSON per stage in bytes, text cha
   CHECK(svg.find("GPU memory 80.00 GiB") != std::string::npos);
 }
 
+TEST_CASE("PredictedPeaks: one entry per stage, the device's bytes and the allocator's") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.framework = Framework::kTorchtitan;
+  const std::vector<StagePeak> peaks = PredictedPeaks(plan);
+  const MemoryEstimate est = EstimateMemory(plan);
+  REQUIRE(peaks.size() == 4);
+  for (const StagePeak& p : peaks) {
+    const StageMemory& s = est.stages[static_cast<size_t>(p.stage)];
+    CHECK(p.device == s.total);
+    // The CUDA context (1 GiB on Hopper) and one NCCL communicator per group sit outside.
+    CHECK(p.device - p.allocator == s.outside_allocator);
+    CHECK(p.device - p.allocator >= int64_t{1} << 30);
+  }
+  plan.framework = Framework::kParaplan;  // planrun: the allocator is the static arena
+  for (const StagePeak& p : PredictedPeaks(plan)) CHECK(p.allocator == EstimateMemory(plan).stages[p.stage].arena);
+}
+
 }  // namespace
 }  // namespace paraplan

@@ -63,9 +63,16 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
       {GroupKind::kCp, "parallel.cp", "context-parallel",
        "every attention layer's exchange of key/value blocks around the ring"},
   };
-  if (plan.model.IsMoe() || s.ep > 1) {
+  // Megatron-Core with DeepEP's dispatcher (moe.dispatcher = flex) is built for expert
+  // parallelism across nodes: it overlaps the all-to-alls with computation, so an ep group that
+  // spans nodes is the user's choice, not news.
+  const bool ep_overlaps =
+      plan.framework == Framework::kMegatronCore && plan.moe.dispatcher == Dispatcher::kFlex;
+  if ((plan.model.IsMoe() || s.ep > 1) && !ep_overlaps) {
     axes.push_back({GroupKind::kEp, "parallel.ep", "expert-parallel",
                     "every MoE layer's token dispatch and combine (two all-to-alls forward, two backward)"});
+  }
+  if (plan.model.IsMoe() || s.ep > 1) {
     if (s.etp != s.tp) {  // with etp == tp the groups are the tp groups, reported once
       axes.push_back({GroupKind::kEtp, "parallel.etp", "expert-tensor-parallel",
                       "every expert layer's tensor-parallel collectives"});

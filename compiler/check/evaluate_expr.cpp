@@ -2,6 +2,11 @@
 // overflow and dimension checks, comparisons, logic and the built-in functions.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+
 #include <cmath>
 
 #include "compiler/ast/names.h"
@@ -110,6 +115,35 @@ bool Evaluator::Resolvable(const std::string& name, const Scope* scope, Record* 
   return false;
 }
 
+// The stdlib module (`std.models.llama`) whose file declares a top-level record `name`; empty when
+// none does. Read only when a name is unknown: a line-start `gpu|cluster|model|plan NAME`.
+static std::string StdlibModuleDeclaring(const std::string& root, std::string_view name) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (root.empty() || !fs::is_directory(root, ec)) return {};
+  std::vector<fs::path> files;
+  for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file() && it->path().extension() == ".plan") files.push_back(it->path());
+  std::sort(files.begin(), files.end());
+  for (const fs::path& file : files) {
+    std::ifstream in(file);
+    std::string line;
+    while (std::getline(in, line)) {
+      for (std::string_view kind : {"gpu ", "cluster ", "model ", "plan "}) {
+        if (line.compare(0, kind.size(), kind) != 0) continue;
+        std::string_view rest = std::string_view(line).substr(kind.size());
+        size_t end = 0;
+        while (end < rest.size() && (std::isalnum(static_cast<unsigned char>(rest[end])) || rest[end] == '_')) ++end;
+        if (rest.substr(0, end) != name) continue;
+        std::string rel = fs::relative(file, root, ec).replace_extension("").generic_string();
+        for (char& c : rel) c = c == '/' ? '.' : c;
+        return "std." + rel;
+      }
+    }
+  }
+  return {};
+}
+
 Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self) {
   const int want = expected_kind_;
   expected_kind_ = -1;
@@ -195,7 +229,9 @@ Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self)
   d.At(name.range, "not a field, a `let`, a record or a function in scope");
   std::string guess = ast::ClosestName(name.text, candidates);
   if (!guess.empty()) d.Help(fmt::format("did you mean `{}`?", guess));
-  if (self && self->kind == Kind::kPlan && guess.empty()) {
+  if (std::string module = StdlibModuleDeclaring(src_.options.stdlib_dir, name.text); !module.empty()) {
+    d.Help(fmt::format("`{}` is declared in the standard library: add `import {}`", name.text, module));
+  } else if (self && self->kind == Kind::kPlan && guess.empty()) {
     d.Note("records from the standard library need an import, e.g. `import std.models.llama`");
   }
   Report(std::move(d));

@@ -402,6 +402,8 @@ import std.models.llama
 import std.models.mixtral
 import std.models.deepseek
 import std.models.qwen
+import std.models.nemotron
+import std.models.gpt_oss
 plan all { model = deepseek_v3  cluster = dgx_h200 { nodes = 4 } }
 )");
   INFO(r->Codes());
@@ -410,7 +412,7 @@ plan all { model = deepseek_v3  cluster = dgx_h200 { nodes = 4 } }
   int count = EvaluateAllRecords(*r->source, sink);
   for (const Diagnostic& d : sink.diagnostics()) INFO(d.message);
   CHECK(sink.diagnostics().empty());
-  CHECK(count == 24);  // 23 records and the plan
+  CHECK(count == 39);  // 38 records and the plan
   REQUIRE(r->plan);
   CHECK(r->plan->model.layers == 61);
   CHECK(r->plan->model.dense_layers == 3);

@@ -145,6 +145,18 @@ TEST_CASE("P0303: DeepSeek-V2 on 16 nodes with tp 4, pp 4, ep 32") {
   CHECK(text.find("`tp = 4` set here") != std::string::npos);
 }
 
+TEST_CASE("P0401 offers Megatron-Core's accounting and first/last stage counts, and a help under vpp") {
+  TestPlan t({"model.layers = 126", "cluster.nodes = 8", "parallel.pp = 8", "parallel.tp = 8", "batch.global = 64"});
+  auto ds = t.Check();
+  CHECK(t.Codes() == Codes{"P0401"});
+  CHECK(HasHelp(ds, "P0401", "`account_for_embedding = true` and `account_for_loss = true`: 128 / 8 = 16 per stage"));
+  CHECK(HasHelp(ds, "P0401", "`first_stage_layers = 15` and `last_stage_layers = 15` (16 on each of the other 6)"));
+  TestPlan v({"model.layers = 126", "cluster.nodes = 8", "parallel.pp = 8", "parallel.tp = 8", "parallel.vpp = 2",
+              "pipeline.schedule = interleaved_1f1b", "batch.global = 64"});
+  auto vs = v.Check();
+  CHECK(HasHelp(vs, "P0401", "with `vpp = 2` every stage's layers must also split into 2 chunks"));
+}
+
 TEST_CASE("P0401 with embedding and loss accounting: 60 + 2 layers over pp 4") {
   TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 16", "parallel.tp = 1", "parallel.pp = 4", "parallel.ep = 32",
                                 "pipeline.account_for_embedding = true", "pipeline.account_for_loss = true",

@@ -40,10 +40,15 @@ std::optional<Plan> Load(const std::string& file, const std::vector<std::string>
   return plan;
 }
 
-TEST_CASE("check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
+TEST_CASE(
+    "check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
   int compared = 0;
   const std::vector<std::vector<std::string>> variants = {
-      {}, {"recompute=full"}, {"recompute=none"}, {"recompute=selective", "optimizer.zero=2"}, {"optimizer.zero=3"}};
+      {},
+      {"recompute=full"},
+      {"recompute=none"},
+      {"recompute=selective", "optimizer.zero=2"},
+      {"optimizer.zero=3"}};
   for (const std::string& file : PlanFiles()) {
     for (const auto& sets : variants) {
       std::optional<Plan> plan = Load(file, sets);
@@ -59,7 +64,8 @@ TEST_CASE("check's estimate is compile's arena within 3% on every example and be
       REQUIRE(est.valid);
       for (const lower::Role& role : program->roles) {
         const StageMemory& s = est.stages.at(static_cast<size_t>(role.pipeline_rank));
-        const double error = std::fabs(static_cast<double>(s.arena) / static_cast<double>(role.peak_bytes) - 1);
+        const double error =
+            std::fabs(static_cast<double>(s.arena) / static_cast<double>(role.peak_bytes) - 1);
         std::string sets_text;
         for (const std::string& x : sets) sets_text += " --set " + x;
         CHECK_MESSAGE(error <= 0.03, file, sets_text, " stage ", role.pipeline_rank, ": arena ",
