@@ -456,7 +456,15 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
   const LayerActivations la_moe =
       m.IsMoe() ? ActivationsOfLayer(plan, LayerKind::kMoe, shape, fp8) : LayerActivations{};
   const int64_t emb_act = EmbeddingActivationBytes(m, shape);
-  const int64_t loss_act = LossActivationBytes(m, shape);
+  // Megatron-based frameworks pad the vocabulary to a multiple of vocab_divisor · tp (P0502): the
+  // embedding, the output layer and the logits have the padded rows. torchtitan and LLM Foundry
+  // use the vocabulary as configured.
+  ModelSpec padded = m;
+  if (plan.framework != Framework::kTorchtitan && plan.framework != Framework::kLlmFoundry) {
+    const int64_t multiple = SatMul(std::max<int64_t>(1, m.vocab_divisor), t);
+    padded.vocab = SatMul(CeilDiv(m.vocab, multiple), multiple);
+  }
+  const int64_t loss_act = LossActivationBytes(padded, shape);
   const LayerParams dense_params = ParamsOfLayer(m, LayerKind::kDense);
   const LayerParams moe_params = m.IsMoe() ? ParamsOfLayer(m, LayerKind::kMoe) : LayerParams{};
   const int64_t ep_etp = std::max<int64_t>(1, par.ep * par.etp);
@@ -535,7 +543,7 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
       if (chunk.embedding) {
         s.embedding = true;
         if (!arena) extra = SatAdd(extra, SatMul(held, emb_act));
-        dense_p = SatAdd(dense_p, CeilDiv(EmbeddingParams(m), t));
+        dense_p = SatAdd(dense_p, CeilDiv(EmbeddingParams(padded), t));
         repl_p = SatAdd(repl_p, PositionParams(m));
       }
       if (chunk.loss) {
@@ -563,9 +571,9 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
                                        SatAdd(la.stored, loss_act)));
         }
         repl_p = SatAdd(repl_p, FinalNormParams(m));
-        int64_t head = OutputParams(m);
+        int64_t head = OutputParams(padded);
         if (m.tied_embeddings && p > 1)
-          head = EmbeddingParams(m);  // the tied copy on the last stage
+          head = EmbeddingParams(padded);  // the tied copy on the last stage
         dense_p = SatAdd(dense_p, CeilDiv(head, t));
       }
       s.in_flight += held;

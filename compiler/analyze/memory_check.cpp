@@ -25,6 +25,15 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   auto one = [&](std::string path, std::string value) { out.push_back({{{std::move(path), std::move(value)}}}); };
   if (par.tp > 1 && !par.sp) one("parallel.sp", "true");
   if (plan.recompute == Recompute::kNone) one("recompute", "selective");
+  // What production runs reach for before full recompute (frameworks that have them; planrun
+  // lowers neither): the MLP recomputed with the attention core, and bf16 Adam moments.
+  if (plan.framework != Framework::kParaplan) {
+    if (plan.recompute != Recompute::kFull && !(EffectiveRecomputeModules(plan) & kRecomputeMlp))
+      out.push_back({{{"recompute", "selective"}, {"activations.recompute_modules", "\"core_attn, mlp\""}}});
+    if (plan.optimizer.type == OptimizerType::kAdamW &&
+        EffectiveMixedPrecision(plan).optimizer_state == ElementType::kFp32)
+      one("mixed_precision.optimizer_state", "bf16");
+  }
   if (plan.recompute != Recompute::kFull) one("recompute", "full");
   // DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (P0503): offered there only without it.
   for (int64_t z = plan.optimizer.zero + 1; z <= 3; ++z)

@@ -38,6 +38,23 @@ TEST_CASE("for DeepSpeed, ZeRO 2 and 3 are offered as fixes only without pipelin
   CHECK(zero3);
 }
 
+TEST_CASE("module recompute and bf16 moments are offered where the framework has them") {
+  Plan plan = Oversized();
+  plan.recompute = Recompute::kNone;
+  auto offered = [&](const Plan& p, std::string_view path) {
+    for (const MemoryFix& fix : ProposeMemoryFixes(p, int64_t{1} << 50, {}, 100))
+      for (const auto& [where, value] : fix.sets)
+        if (where == path) return true;
+    return false;
+  };
+  plan.framework = Framework::kMegatronCore;
+  CHECK(offered(plan, "activations.recompute_modules"));
+  CHECK(offered(plan, "mixed_precision.optimizer_state"));
+  plan.framework = Framework::kParaplan;  // planrun lowers neither
+  CHECK(!offered(plan, "activations.recompute_modules"));
+  CHECK(!offered(plan, "mixed_precision.optimizer_state"));
+}
+
 TEST_CASE("a stage over the GPU's memory is error P0701 with its breakdown and verified fixes") {
   const Plan plan = Oversized();
   const MemoryEstimate mem = EstimateMemory(plan);

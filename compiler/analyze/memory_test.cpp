@@ -247,6 +247,78 @@ TEST_CASE("explain's memory and time sections: JSON per stage in bytes, text cha
   CHECK(svg.find("GPU memory 80.00 GiB") != std::string::npos);
 }
 
+TEST_CASE("the precision record prices each model state term by term") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  plan.framework = Framework::kMegatronCore;
+  auto write = [&](const char* path, const char* value) {
+    REQUIRE(SetFieldText(plan, path, value) == "");
+    plan.origins[path].kind = OriginKind::kFile;
+  };
+  StateBytesPerParam b = StateBytes(plan, 1);
+  CHECK(b.Total() == 18);  // Megatron's table: 2 + 4 + 12
+  write("mixed_precision.grads", "bf16");
+  write("mixed_precision.optimizer_state", "bf16");
+  b = StateBytes(plan, 1);
+  CHECK(b.gradients == 2);
+  CHECK(b.optimizer == 8);  // fp32 master + two bf16 moments
+  write("mixed_precision.main_params", "false");
+  CHECK(StateBytes(plan, 1).optimizer == 4);
+  // FP8: Transformer Engine keeps a cached cast beside the bf16 weight; torchtitan casts per call;
+  // FP8 parameters keep only the FP8 weight.
+  Plan fp8 = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  fp8.framework = Framework::kMegatronCore;
+  fp8.precision = Precision::kFp8;
+  CHECK(StateBytes(fp8, 1).weights == 3);
+  fp8.framework = Framework::kTorchtitan;
+  CHECK(StateBytes(fp8, 1).weights == 2);
+  fp8.mixed_precision.fp8_params = true;
+  fp8.origins["mixed_precision.fp8_params"].kind = OriginKind::kFile;
+  CHECK(StateBytes(fp8, 1).weights == 1);
+  // FSDP (torchtitan) at ZeRO 3: the fp32 shard is the parameter, 16 bytes over the group.
+  Plan titan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  titan.framework = Framework::kTorchtitan;
+  titan.optimizer.zero = 3;
+  CHECK(StateBytes(titan, 4).Total() == doctest::Approx(16.0 / 4));
+}
+
+TEST_CASE("recompute modules, methods, offload and HSDP change what is held") {
+  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.framework = Framework::kMegatronCore;
+  plan.optimizer.zero = 1;
+  auto activations = [&](const Plan& p) { return EstimateMemory(p).stages[0].Get(MemoryPart::kActivations); };
+  const int64_t none = activations(plan);
+  plan.recompute = Recompute::kSelective;
+  const int64_t core = activations(plan);
+  plan.activations.recompute_modules = "core_attn, mlp";
+  plan.origins["activations.recompute_modules"].kind = OriginKind::kFile;
+  const int64_t core_mlp = activations(plan);
+  CHECK(core < none);
+  CHECK(core_mlp < core);
+  plan.recompute = Recompute::kFull;
+  const int64_t full = activations(plan);
+  plan.activations.recompute_method = RecomputeMethod::kBlock;
+  plan.activations.recompute_layers = 10;  // 10 of the stage's 20 layers recompute
+  const int64_t block = activations(plan);
+  CHECK(full < block);
+  CHECK(block < none);
+  CHECK(block == full / 2 + none / 2);
+  plan.activations.recompute_method = RecomputeMethod::kUniform;
+  plan.activations.recompute_layers = 4;  // one checkpoint per 4 layers
+  CHECK(activations(plan) == full / 4);
+  plan.activations.offload_layers = 10;
+  const MemoryEstimate off = EstimateMemory(plan);
+  CHECK(off.stages[0].Get(MemoryPart::kActivations) == full / 8);
+  CHECK(off.stages[0].host_bytes == full / 8);
+  // Optimizer offload by fraction; HSDP shards over fewer ranks.
+  const int64_t opt = EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer);
+  plan.optimizer.offload = Offload::kCpu;
+  plan.optimizer.offload_fraction = 0.5;
+  CHECK(EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer) == doctest::Approx(opt / 2).epsilon(1e-6));
+  plan.optimizer.offload = Offload::kNone;
+  plan.fsdp.replicate = 2;  // dp = 2: shard over 1 rank, twice the optimizer state
+  CHECK(EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer) == doctest::Approx(opt * 2).epsilon(1e-6));
+}
+
 TEST_CASE("PredictedPeaks: one entry per stage, the device's bytes and the allocator's") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kTorchtitan;

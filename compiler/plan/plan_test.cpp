@@ -70,6 +70,66 @@ TEST_CASE("framework names the software that runs the plan") {
   CHECK(PrintPlan(p).find("framework                          = paraplan") != std::string::npos);
 }
 
+TEST_CASE("the precision record follows the `precision` shorthand where the plan does not write it") {
+  Plan p;
+  MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  CHECK(mp.params == ElementType::kBf16);
+  CHECK(mp.grads == ElementType::kFp32);
+  CHECK(mp.main_params);
+  CHECK(mp.fp8 == Fp8Recipe::kNone);
+  CHECK(!UsesFp8(p));
+  REQUIRE(SetFieldText(p, "precision", "fp8") == "");
+  CHECK(EffectiveMixedPrecision(p).fp8 == Fp8Recipe::kDelayed);
+  CHECK(UsesFp8(p));
+  REQUIRE(SetFieldText(p, "precision", "fp16") == "");
+  CHECK(EffectiveMixedPrecision(p).params == ElementType::kFp16);
+  CHECK(EffectiveMixedPrecision(p).grads == ElementType::kFp16);
+  REQUIRE(SetFieldText(p, "precision", "fp32") == "");
+  CHECK(!EffectiveMixedPrecision(p).main_params);
+  // A written field is kept whatever the shorthand says.
+  REQUIRE(SetFieldText(p, "precision", "bf16") == "");
+  REQUIRE(SetFieldText(p, "mixed_precision.grads", "bf16") == "");
+  p.origins["mixed_precision.grads"].kind = OriginKind::kFile;
+  REQUIRE(SetFieldText(p, "mixed_precision.fp8", "blockwise") == "");
+  p.origins["mixed_precision.fp8"].kind = OriginKind::kCommandLine;
+  mp = EffectiveMixedPrecision(p);
+  CHECK(mp.grads == ElementType::kBf16);
+  CHECK(mp.fp8 == Fp8Recipe::kBlockwise);
+  CHECK(UsesFp8(p));
+  CHECK(SetFieldText(p, "mixed_precision.optimizer_state", "fp8") == "");
+  CHECK(SetFieldText(p, "mixed_precision.params", "fp8") ==
+        "expects `fp32`, `bf16` or `fp16`, got `fp8`");
+}
+
+TEST_CASE("recompute modules, shard groups and MoE layer frequency") {
+  std::string bad;
+  CHECK(ParseRecomputeModules("core_attn, mlp moe_act") == (kRecomputeCoreAttn | kRecomputeMlp | kRecomputeMoeAct));
+  CHECK(ParseRecomputeModules("") == 0u);
+  CHECK(!ParseRecomputeModules("core_attn, attn", &bad));
+  CHECK(bad == "attn");
+  Plan p;
+  CHECK(EffectiveRecomputeModules(p) == 0u);  // recompute = none
+  REQUIRE(SetFieldText(p, "recompute", "selective") == "");
+  CHECK(EffectiveRecomputeModules(p) == kRecomputeCoreAttn);
+  REQUIRE(SetFieldText(p, "activations.recompute_modules", "\"mlp, layernorm\"") == "");
+  CHECK(EffectiveRecomputeModules(p) == (kRecomputeMlp | kRecomputeLayernorm));
+  p.parallel.dp = 16;
+  p.parallel.cp = 2;
+  CHECK(ShardGroup(p) == 32);
+  p.fsdp.replicate = 4;
+  CHECK(ShardGroup(p) == 8);
+  p.fsdp.shard = 16;
+  CHECK(ShardGroup(p) == 16);
+  ModelSpec m;
+  m.layers = 10;
+  m.experts = 8;
+  m.dense_layers = 1;
+  m.moe_layer_freq = 2;
+  std::string kinds;
+  for (int64_t i = 0; i < m.layers; ++i) kinds += IsMoeLayer(m, i) ? 'E' : 'D';
+  CHECK(kinds == "DEDEDEDEDE");
+}
+
 TEST_CASE("SetFieldText parses each type and says what is wrong") {
   Plan p;
   CHECK(SetFieldText(p, "parallel.tp", "4") == "");

@@ -43,6 +43,7 @@ std::optional<Plan> Load(const std::string& file, const std::vector<std::string>
 TEST_CASE(
     "check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
   int compared = 0;
+  double worst = 0;
   const std::vector<std::vector<std::string>> variants = {
       {},
       {"recompute=full"},
@@ -71,11 +72,13 @@ TEST_CASE(
         CHECK_MESSAGE(error <= 0.03, file, sets_text, " stage ", role.pipeline_rank, ": arena ",
                       FormatGiB(role.peak_bytes), ", estimate ", FormatGiB(s.arena));
         ++compared;
+        worst = std::max(worst, error);
       }
     }
   }
   // tiny_llama, llama3_70b, the compile and explain benchmarks at least, in five variants.
   CHECK(compared >= 40);
+  MESSAGE(compared << " stages compared, largest difference " << 100 * worst << "%");
 }
 
 }  // namespace
