@@ -1,17 +1,28 @@
-// Predicted vs published throughput for every run in runs.json (bench/calibration/README.md).
+// Predicted vs published training throughput for the shared calibration runs
+// (../shared/reference/calibration_runs.json; bench/calibration/README.md).
 //
-// One set of options for all rows (the 2021-22 Megatron-LM software: no fused attention,
-// dropout on, fp16, no DP/TP overlap) and the GPU's single efficiency set (EfficiencyFor).
-// Fields a source does not state (micro batch, interleaving degree) are chosen by the model
-// itself: the fastest predicted setting that fits in memory, as the authors tuned theirs.
-// Usage: paraplan_calibrate [runs.json] [--csv] [--verbose]
+// Every run becomes a plan: its model, cluster, layout, precision and recompute, and the
+// framework profile of the software stack that produced it (cost_framework.h), exactly what a
+// plan file with `framework = <stack>` prices; the time model then predicts tokens/s per GPU.
+// Fields a run leaves unstated (micro batch, interleaving, recompute, sequence parallelism) are
+// chosen by the model itself: the fastest setting that fits in memory, as the authors tuned
+// theirs. Reported: the error per run, per profile and per source; leave-one-source-out (the
+// fitted profile numbers refit without the source, then that source predicted); rank
+// correlation within groups (one model on one GPU type); predicted vs measured peak memory.
+//
+// Usage: paraplan_calibrate [runs.json] [--csv] [--verbose] [--fit]
+// Without the file (no ../shared beside the repository) it says so and exits 0.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_params.h"
+#include "compiler/analyze/cost_shape.h"
 #include "compiler/analyze/memory.h"
 #include "compiler/analyze/time.h"
 #include "llvm/Support/JSON.h"
@@ -20,147 +31,502 @@
 namespace {
 
 using namespace paraplan;
+using llvm::json::Object;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-CostOptions Megatron2021() {
-  CostOptions o;
-  o.flash_attention = false;
-  o.dropout = true;
-  o.overlap_grad_reduce = false;
-  o.overlap_param_gather = false;
-  o.tp_comm_overlap = false;
-  return o;
-}
+double D(int64_t v) { return static_cast<double>(v); }
 
-ClusterSpec DgxA100(int64_t gpus) {
-  ClusterSpec c;
-  c.name = "dgx_a100";
-  c.gpu = {"a100_sxm4_80gb", 80 * kGiB, 312e12, 312e12, 0, 2.039e12};
-  c.gpus_per_node = 8;
-  c.nodes = (gpus + 7) / 8;
-  c.nvlink_bandwidth = 300e9;   // NVLink3 per direction
-  c.network_bandwidth = 25e9;   // one 200 Gb/s HDR HCA per GPU
-  return c;
-}
+// A setting "fits" when the memory model puts its peak within this factor of the capacity.
+constexpr double kFitMargin = 1.10;
 
-struct Row {
-  std::string id, metric;
-  double published = 0, predicted = 0;
-  int64_t micro = 0, vpp = 0;
-  double peak_gib = 0, step_s = 0, tokens_per_gpu = 0, mfu = 0;
-  std::string breakdown;
-  bool fits = false;
-};
-
-struct Summary {
-  double median = 0, worst = 0;
-};
-
-// Korthikanti eq. 7 model FLOPs per token (full attention, no recompute).
-double Eq7FlopsPerToken(const ModelSpec& m) {
-  const double h = m.hidden, s = m.seq_len, L = m.layers, V = m.vocab;
-  return 72 * L * h * h * (1 + s / (6 * h) + V / (12 * h * L));
-}
-
-int64_t GetInt(const llvm::json::Object& o, llvm::StringRef key, int64_t fallback = 0) {
-  if (auto v = o.getInteger(key)) return *v;
-  return fallback;
-}
-
-struct Input {
-  Plan plan;
-  std::string metric;
-  double published = 0;
-  std::vector<int64_t> micros, vpps;
-};
-
-std::vector<Row> Evaluate(const std::vector<Input>& inputs, const CostOptions& options) {
-  std::vector<Row> rows;
-  for (const Input& in : inputs) {
-    const Plan& plan = in.plan;
-    const ModelSpec& m = plan.model;
-    const int64_t gpus = plan.World();
-    Row row;
-    row.id = plan.name;
-    row.metric = in.metric;
-    row.published = in.published;
-    const auto& micros = in.micros;
-    const auto& vpps = in.vpps;
-    double best = 1e300;
-    for (int64_t micro : micros) {
-      if (plan.batch.global % (micro * plan.parallel.dp) != 0) continue;
-      for (int64_t v : vpps) {
-        Plan candidate = plan;
-        candidate.batch.micro = micro;
-        candidate.parallel.vpp = v;
-        candidate.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
-        const int64_t mbs = candidate.batch.global / (micro * candidate.parallel.dp);
-        if (v > 1 && mbs % candidate.parallel.pp != 0) continue;
-        const MemoryEstimate mem = EstimateMemory(candidate, options);
-        const TimeEstimate time = EstimateTime(candidate, options);
-        if (!mem.valid || !time.valid) continue;
-        const bool fits = mem.peak <= mem.capacity;
-        // Prefer plans that fit; among them the fastest.
-        const double key = time.step_s + (fits ? 0 : 1e6);
-        if (key < best) {
-          best = key;
-          row.micro = micro;
-          row.vpp = v;
-          row.fits = fits;
-          row.peak_gib = static_cast<double>(mem.peak) / kGiB;
-          row.step_s = time.step_s;
-          row.tokens_per_gpu = time.tokens_per_s_per_gpu;
-          row.breakdown = PrintTime(time);
-          row.mfu = static_cast<double>(candidate.batch.global) * m.seq_len * Eq7FlopsPerToken(m) /
-                    (time.step_s * gpus * 312e12);
-        }
-      }
-    }
-    if (row.metric == "tokens_per_s_per_gpu") row.predicted = row.tokens_per_gpu;
-    else if (row.metric == "step_s") row.predicted = row.step_s;
-    else row.predicted = row.mfu;
-    rows.push_back(row);
-  }
-  return rows;
-}
-
-Summary Summarize(const std::vector<Row>& rows) {
-  Summary s;
-  std::vector<double> e;
-  for (const Row& r : rows) e.push_back(r.published > 0 ? std::fabs(r.predicted - r.published) / r.published : 1);
-  std::sort(e.begin(), e.end());
-  const size_t n = e.size();
-  s.median = n == 0 ? 0 : (n % 2 ? e[n / 2] : (e[n / 2 - 1] + e[n / 2]) / 2);
-  s.worst = n == 0 ? 0 : e.back();
+// The sources of the file, by id prefix (longest first where they nest).
+const std::vector<std::string>& Sources() {
+  static const std::vector<std::string> s = {
+      "narayanan21", "korthikanti22", "megascale24", "mtnlg22", "megatron-readme24",
+      "nemo2407",    "nemo-longseq",  "mbridge",     "llama3",  "torchtitan",
+      "mosaic"};
   return s;
 }
 
-// Coarse grid over the Ampere set; prints the best median error (ties: the smaller maximum).
-void Fit(const std::vector<Input>& inputs, CostOptions options) {
-  GpuEfficiency eff = EfficiencyFor(inputs.front().plan.cluster.gpu);
-  GpuEfficiency best = eff;
-  Summary best_s{1e9, 1e9};
-  for (double gmax : {0.78, 0.80, 0.82, 0.84, 0.86, 0.90})
-    for (double ghalf : {0.5e9, 1e9, 2e9, 4e9, 8e9})
-      for (double passes : {1.0, 1.5, 2.0, 3.0, 4.0})
-        for (double net : {0.4, 0.5, 0.6, 0.7, 0.85})
-          for (double lat : {20e-6, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3}) {
-            eff.gemm_max_fraction = gmax;
-            eff.gemm_half_flops = ghalf;
-            eff.elementwise_passes = passes;
-            eff.network_bus_fraction = net;
-            eff.p2p_latency_s = lat;
-            options.efficiency = &eff;
-            const Summary s = Summarize(Evaluate(inputs, options));
-            if (s.median < best_s.median - 1e-9 || (std::fabs(s.median - best_s.median) < 1e-9 && s.worst < best_s.worst)) {
-              best_s = s;
-              best = eff;
-            }
-          }
-  std::printf("best: gemm_max %.2f gemm_half %.3g passes %.1f network %.2f p2p_latency %.4g -> median %.1f%% max %.1f%%\n",
-              best.gemm_max_fraction, best.gemm_half_flops, best.elementwise_passes, best.network_bus_fraction,
-              best.p2p_latency_s, 100 * best_s.median, 100 * best_s.worst);
+std::string SourceOf(const std::string& id) {
+  for (const std::string& s : Sources())
+    if (id.rfind(s, 0) == 0) return s;
+  return id.substr(0, id.find('-'));
+}
+
+bool Has(const std::string& text, const char* needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+int64_t Int(const Object* o, llvm::StringRef key, int64_t fallback = 0) {
+  if (!o) return fallback;
+  if (auto v = o->getInteger(key)) return *v;
+  if (auto v = o->getNumber(key)) return static_cast<int64_t>(*v);
+  return fallback;
+}
+double Num(const Object* o, llvm::StringRef key, double fallback = 0) {
+  if (!o) return fallback;
+  if (auto v = o->getNumber(key)) return *v;
+  return fallback;
+}
+std::string Str(const Object* o, llvm::StringRef key) {
+  if (!o) return "";
+  if (auto v = o->getString(key)) return v->str();
+  return "";
+}
+
+// One published run as the model sees it.
+struct Case {
+  std::string id, source, group, stack, why_unscored;
+  Plan plan;
+  CostOptions options;
+  double measured = 0;  // tokens/s per GPU
+  std::string measured_how;
+  double measured_mem_gib = 0;
+  // Candidates for unstated fields.
+  std::vector<int64_t> micros, vpps;
+  std::vector<Recompute> recomputes;
+  std::vector<bool> sps;
+  // Chosen (by the fastest-that-fits rule) and predicted.
+  Plan chosen;
+  MemoryEstimate memory;
+  double predicted = 0, loso = 0;
+  bool fits = true;
+  std::string breakdown;
+  bool Scored() const { return why_unscored.empty() && measured > 0; }
+};
+
+GpuSpec GpuFor(const std::string& text) {
+  const std::string t = Lower(text);
+  GpuSpec g;
+  if (Has(t, "a100")) {
+    const bool small = Has(t, "40gb");
+    g = {small ? "a100_sxm4_40gb" : "a100_sxm4_80gb",
+         (small ? 40 : 80) * kGiB,
+         312e12,
+         312e12,
+         0,
+         small ? 1.555e12 : 2.039e12};
+  } else if (Has(t, "96gb")) {
+    g = {"h100_96gb_hbm2e", 96 * kGiB, 989e12, 989e12, 1979e12, 2.4e12};
+  } else if (Has(t, "h800")) {
+    g = {"h800_80gb", 80 * kGiB, 989e12, 989e12, 1979e12, 3.35e12};
+  } else {
+    g = {"h100_sxm5_80gb", 80 * kGiB, 989e12, 989e12, 1979e12, 3.35e12};
+  }
+  return g;
+}
+
+std::string StackFor(const std::string& id, const std::string& source) {
+  if (source == "narayanan21") return Has(id, "zero3") ? "deepspeed" : "megatron_lm_2021";
+  if (source == "korthikanti22" || source == "mtnlg22") return "megatron_lm_2021";
+  if (source == "megascale24" || source == "megatron-readme24" || source == "nemo2407" ||
+      source == "nemo-longseq" || source == "mbridge")
+    return "megatron_core";
+  if (source == "llama3" || source == "torchtitan") return "torchtitan";
+  if (source == "mosaic") return "llm_foundry";
+  return "paraplan";
+}
+
+// Model FLOPs per token under a source's stated convention (to turn a published TFLOP/s or MFU
+// into tokens/s); 0 when the convention is not one of these.
+double ConventionFlopsPerToken(const std::string& convention, const ModelSpec& m) {
+  const double h = D(m.hidden), s = D(m.seq_len), L = D(m.layers), V = D(m.vocab);
+  const std::string c = Lower(convention);
+  if (Has(c, "eq.(3)")) return 96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h));
+  if (Has(c, "eq.(7)") || Has(c, "narayanan/korthikanti model flops"))
+    return 72 * L * h * h * (1 + s / (6 * h) + V / (12 * h * L));
+  if (Has(c, "palm")) return 6 * D(TotalParams(m)) + 12 * L * h * s;
+  if (Has(c, "full s^2") || Has(c, "full, not causal") || Has(c, "pre-2025"))
+    return ModelFlopsPerToken(m, false);
+  if (Has(c, "half of s^2")) return ModelFlopsPerToken(m, true);
+  return 0;
+}
+
+// Reads one run; returns false (with `error`) on a malformed entry.
+bool ReadCase(const Object& run, Case& c, std::string& error) {
+  c.id = Str(&run, "id");
+  c.source = SourceOf(c.id);
+  const Object* model = run.getObject("model");
+  const Object* par = run.getObject("parallelism");
+  const Object* hw = run.getObject("hardware");
+  const Object* measured = run.getObject("measured");
+  const Object* derived = run.getObject("derived");
+  if (c.id.empty() || !model || !par || !hw || !measured) {
+    error = "run " + (c.id.empty() ? std::string("without id") : c.id) +
+            " lacks model, parallelism, hardware or measured";
+    return false;
+  }
+  std::set<std::string> uncertain;
+  if (const llvm::json::Array* u = run.getArray("uncertain"))
+    for (const llvm::json::Value& v : *u)
+      if (auto s = v.getAsString()) uncertain.insert(s->str().substr(0, s->str().find(' ')));
+  Plan& plan = c.plan;
+  plan.name = c.id;
+  ModelSpec& m = plan.model;
+  m.name = Str(model, "name");
+  m.layers = Int(model, "num_layers");
+  m.hidden = Int(model, "hidden_size");
+  m.heads = Int(model, "num_attention_heads");
+  m.kv_heads = Int(model, "num_kv_heads", m.heads);
+  m.head_dim = m.heads ? m.hidden / m.heads : 0;
+  const std::string variant = Str(model, "attention_variant");
+  if (size_t at = variant.find("head_dim "); at != std::string::npos)
+    m.head_dim = std::atoll(variant.c_str() + at + 9);
+  const bool gated = model->getBoolean("gated_mlp").getValueOr(false);
+  m.activation = gated ? Activation::kSwiGlu : Activation::kGelu;
+  m.norm = gated ? Norm::kRmsNorm : Norm::kLayerNorm;
+  m.position = gated ? Position::kRope : Position::kLearned;
+  m.tied_embeddings = !gated;
+  m.ffn_hidden =
+      Int(model, "ffn_hidden_size", gated ? (8 * m.hidden / 3 + 255) / 256 * 256 : 4 * m.hidden);
+  m.vocab = Int(model, "vocab_size", 51200);
+  m.seq_len = Int(&run, "seq_len");
+  if (const Object* moe = model->getObject("moe")) {
+    m.experts = Int(moe, "num_experts");
+    m.topk = Int(moe, "top_k");
+    m.moe_ffn_hidden = Int(moe, "moe_ffn_hidden_size");
+    m.shared_experts = Int(moe, "shared_experts");
+    m.dense_layers = Int(moe, "first_k_dense");
+  }
+  if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.seq_len < 1) {
+    error = "run " + c.id + " has no usable model dimensions";
+    return false;
+  }
+  // Cluster.
+  const int64_t gpus = Int(hw, "num_gpus");
+  const int64_t per_node = std::max<int64_t>(1, Int(hw, "gpus_per_node", 8));
+  ClusterSpec& cl = plan.cluster;
+  cl.gpu = GpuFor(Str(hw, "gpu"));
+  const bool ampere = cl.gpu.name.rfind("a100", 0) == 0;
+  cl.name = ampere ? "dgx_a100" : "dgx_h100";
+  cl.nvlink_bandwidth = ampere ? 300e9 : cl.gpu.name.rfind("h800", 0) == 0 ? 200e9 : 450e9;
+  cl.network_bandwidth = ampere ? 25e9 : 50e9;
+  cl.gpus_per_node = gpus % per_node == 0 ? per_node : gpus;
+  cl.nodes = gpus / cl.gpus_per_node;
+  // Layout.
+  ParallelSpec& p = plan.parallel;
+  p.tp = Int(par, "tp", 1);
+  p.pp = Int(par, "pp", 1);
+  p.cp = Int(par, "cp", 1);
+  p.ep = Int(par, "ep", 1);
+  p.etp = Int(par, "etp", m.IsMoe() ? 1 : p.tp);
+  if (gpus < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.ep < 1 || p.etp < 1 ||
+      gpus % (p.tp * p.pp * p.cp) != 0) {
+    error = "run " + c.id +
+            ": no GPUs, a parallel size below 1, or tp x pp x cp does not divide the GPU count";
+    return false;
+  }
+  p.dp = gpus / (p.tp * p.pp * p.cp);
+  if (m.layers % p.pp != 0) {
+    plan.pipeline.account_for_embedding = true;
+    plan.pipeline.account_for_loss = true;
+  }
+  c.stack = StackFor(c.id, c.source);
+  for (Framework f : {Framework::kParaplan, Framework::kMegatronCore, Framework::kTorchtitan,
+                      Framework::kDeepSpeed, Framework::kLlmFoundry, Framework::kMegatronLm2021})
+    if (ToString(f) == c.stack) plan.framework = f;
+  if (Has(c.id, "asynctp")) c.options.tp_comm_overlap = true;  // torchtitan async TP
+  // Precision.
+  const std::string prec = Lower(Str(&run, "precision"));
+  plan.precision =
+      Has(prec, "fp8") ? Precision::kFp8
+      : Has(prec, "fp16") || (Has(prec, "mixed_16bit") && c.stack == "megatron_lm_2021")
+          ? Precision::kFp16
+          : Precision::kBf16;
+  if (c.stack == "megatron_lm_2021" || c.stack == "deepspeed") plan.precision = Precision::kFp16;
+  // Sharding.
+  const std::string shard = Lower(Str(par, "dp_sharding"));
+  int64_t zero = c.stack == "megatron_core" ? 1 : 0;
+  if (Has(shard, "zero3") || Has(shard, "full shard") || Has(shard, "full_shard") ||
+      Has(shard, "zero-3"))
+    zero = 3;
+  else if (Has(shard, "shard_grad_op") || Has(shard, "zero-2"))
+    zero = 2;
+  else if (Has(shard, "distributed optimizer") || Has(shard, "zero-1") || Has(shard, "zero1"))
+    zero = 1;
+  else if (Has(shard, "none"))
+    zero = 0;
+  plan.optimizer.zero = zero;
+  // Batch.
+  int64_t global = Int(&run, "global_batch_size", 0);
+  if (global <= 0) global = Int(derived, "local_batch_size_per_dp_rank", 1) * p.dp;
+  if (global < 1) {
+    error = "run " + c.id + " has no usable batch size";
+    return false;
+  }
+  plan.batch.global = global;
+  const bool source_is_torchtitan = c.source == "torchtitan";
+  if (auto mb = run.getInteger("micro_batch_size"); mb && *mb >= 1)
+    c.micros = {*mb};
+  else if (c.stack == "torchtitan" && p.pp == 1 && source_is_torchtitan)
+    c.micros = {global / p.dp};  // torchtitan without pp runs its local batch in one step
+  else
+    for (int64_t mb : {1, 2, 4, 8})
+      if (global % (mb * p.dp) == 0) c.micros.push_back(mb);
+  if (c.micros.empty()) c.micros = {1};
+  // Interleaving: stated, or unknown (then chosen), or not used.
+  if (auto v = par->getInteger("vpp"))
+    c.vpps = {*v};
+  else if (uncertain.count("vpp") && p.pp > 1) {
+    for (int64_t v = 1; v <= 8; ++v)
+      if (m.layers % (p.pp * v) == 0) c.vpps.push_back(v);
+  }
+  if (c.vpps.empty()) c.vpps = {1};
+  // Recompute and sequence parallelism: stated or chosen.
+  const std::string rc = Lower(Str(&run, "recompute"));
+  if (rc.rfind("none", 0) == 0)
+    c.recomputes = {Recompute::kNone};
+  else if (rc.rfind("full", 0) == 0)
+    c.recomputes = {Recompute::kFull};
+  else if (rc.rfind("selective", 0) == 0 || rc.rfind("partial", 0) == 0)
+    c.recomputes = {Recompute::kSelective};
+  else
+    c.recomputes = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  if (p.tp == 1)
+    c.sps = {false};
+  else if (auto sp = par->getBoolean("sequence_parallel"))
+    c.sps = {*sp};
+  else if (c.stack == "megatron_core" || c.stack == "torchtitan")
+    c.sps = {true};
+  else
+    c.sps = {false};
+  // The measurement as tokens/s per GPU.
+  const double tokens_per_step = D(global) * D(m.seq_len);
+  if (double v = Num(measured, "tokens_per_sec_per_gpu"); v > 0) {
+    c.measured = v, c.measured_how = "tokens/s/GPU";
+  } else if (double v = Num(measured, "tokens_per_sec_per_gpu_vanilla_tp"); v > 0) {
+    c.measured = v, c.measured_how = "tokens/s/GPU";
+  } else if (double v = Num(measured, "step_time_s");
+             v > 0 && Int(&run, "global_batch_size", 0) > 0) {
+    c.measured = tokens_per_step / v / D(gpus), c.measured_how = "step time";
+  } else if (double v = Num(measured, "tokens_per_sec_total"); v > 0) {
+    c.measured = v / D(gpus), c.measured_how = "tokens/s";
+  } else {
+    const double per_token = ConventionFlopsPerToken(Str(&run, "flops_convention"), m);
+    double tflops = Num(measured, "tflops_per_gpu", Num(measured, "model_tflops_per_gpu"));
+    if (tflops <= 0 && Num(measured, "mfu_pct") > 0) tflops = Num(measured, "mfu_pct") / 100 * 312;
+    if (per_token > 0 && tflops > 0)
+      c.measured = tflops * 1e12 / per_token, c.measured_how = "TFLOP/s by the source's FLOPs";
+  }
+  c.measured_mem_gib = Num(measured, "peak_memory_gib");
+  c.group = m.name + " on " + cl.gpu.name;
+  // What is not scored, and why.
+  if (c.measured <= 0) c.why_unscored = "no throughput in a convention we can convert";
+  if (Has(c.id, "megascale24-t2-megascale"))
+    c.why_unscored =
+        "MegaScale's own system: parallel block, sliding-window attention, LAMB (upper reference "
+        "only)";
+  return true;
+}
+
+struct Evaluation {
+  double tokens = 0, step = 0;
+  bool valid = false, fits = false;
+  MemoryEstimate memory;
+  std::string breakdown;
+};
+
+Evaluation Evaluate(const Plan& plan, const CostOptions& options,
+                    const MemoryEstimate* memory = nullptr) {
+  Evaluation e;
+  e.memory = memory ? *memory : EstimateMemory(plan, OptionsForFramework(plan, options));
+  const TimeEstimate t = EstimateTime(plan, options, e.memory);
+  if (!e.memory.valid || !t.valid) return e;
+  e.valid = true;
+  // Within the memory model's own margin: choosing the unstated fields must not hinge on a
+  // few GiB of estimate (the published runs did fit).
+  e.fits =
+      static_cast<double>(e.memory.peak) <= kFitMargin * static_cast<double>(e.memory.capacity);
+  e.tokens = t.tokens_per_s_per_gpu;
+  e.step = t.step_s;
+  e.breakdown = PrintTime(t);
+  return e;
+}
+
+// Fastest setting of the unstated fields that fits in memory (else the fastest).
+void Choose(Case& c) {
+  double best = -1;
+  bool best_fits = false;
+  for (int64_t micro : c.micros)
+    for (int64_t v : c.vpps)
+      for (Recompute rc : c.recomputes)
+        for (bool sp : c.sps) {
+          Plan plan = c.plan;
+          plan.batch.micro = micro;
+          plan.parallel.vpp = v;
+          plan.parallel.sp = sp;
+          plan.recompute = rc;
+          plan.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+          if (plan.batch.global % (micro * plan.parallel.dp) != 0) continue;
+          const Evaluation e = Evaluate(plan, c.options);
+          if (!e.valid) continue;
+          const bool better =
+              best < 0 || (e.fits && !best_fits) || (e.fits == best_fits && e.tokens > best);
+          if (!better) continue;
+          best = e.tokens;
+          best_fits = e.fits;
+          c.chosen = plan;
+          c.memory = e.memory;
+          c.predicted = e.tokens;
+          c.fits = e.fits;
+          c.breakdown = e.breakdown;
+        }
+  if (best < 0) c.why_unscored = "the model cannot lay the plan out";
+}
+
+double Error(double predicted, double measured) {
+  return measured > 0 ? predicted / measured - 1 : 0;
+}
+
+struct Stats {
+  size_t n = 0;
+  double median = 0, p90 = 0, within25 = 0;
+};
+Stats Summarize(std::vector<double> errors) {
+  Stats s;
+  for (double& e : errors) e = std::fabs(e);
+  std::sort(errors.begin(), errors.end());
+  s.n = errors.size();
+  if (s.n == 0) return s;
+  s.median = s.n % 2 ? errors[s.n / 2] : (errors[s.n / 2 - 1] + errors[s.n / 2]) / 2;
+  s.p90 = errors[std::min(s.n - 1, static_cast<size_t>(std::ceil(0.9 * D(s.n))) - 1)];
+  for (double e : errors) s.within25 += e <= 0.25 ? 1 : 0;
+  return s;
+}
+
+// The fitted numbers of a profile.
+struct Fitted {
+  double compute_scale = 1, attention_scale = 1, layer_overhead_s = 0, fp8_gemm_speedup = 1.6,
+         shard_comm_scale = 1, ep_overlap = 0;
+  static Fitted Of(const FrameworkProfile& p) {
+    return {p.compute_scale,    p.attention_scale,  p.layer_overhead_s,
+            p.fp8_gemm_speedup, p.shard_comm_scale, p.ep_overlap};
+  }
+  void ApplyTo(FrameworkProfile& p) const {
+    p.compute_scale = compute_scale;
+    p.attention_scale = attention_scale;
+    p.layer_overhead_s = layer_overhead_s;
+    p.fp8_gemm_speedup = fp8_gemm_speedup;
+    p.shard_comm_scale = shard_comm_scale;
+    p.ep_overlap = ep_overlap;
+  }
+};
+
+// The unfitted starting point of a profile (what leave-one-source-out falls back to when no
+// other source prices the profile): behaviour kept, the fitted numbers at their defaults.
+Fitted Defaults(const FrameworkProfile& p) {
+  Fitted f;
+  f.fp8_gemm_speedup = FrameworkProfile{}.fp8_gemm_speedup;
+  (void)p;
+  return f;
+}
+
+// Mean |log(predicted / measured)| of the given cases with the fitted numbers `fit` in `base`,
+// or (base == nullptr, a pooled fit) in each case's own profile.
+double Loss(const std::vector<Case*>& cases, const FrameworkProfile* base, const Fitted& fit) {
+  double sum = 0;
+  for (Case* c : cases) {
+    FrameworkProfile prof = base ? *base : ProfileFor(c->stack, c->plan.cluster.gpu);
+    fit.ApplyTo(prof);
+    CostOptions o = c->options;
+    o.profile = &prof;
+    const Evaluation e = Evaluate(c->chosen, o, &c->memory);
+    sum += e.valid && e.tokens > 0 ? std::fabs(std::log(e.tokens / c->measured)) : 5;
+  }
+  return cases.empty() ? 0 : sum / D(cases.size());
+}
+
+// Coordinate search over the fitted numbers of one profile (or, base == nullptr, of all the
+// cases' profiles at once) on `cases`, from the defaults.
+Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base) {
+  Fitted best = Defaults(base ? *base : FrameworkProfile{});
+  if (cases.empty()) return best;
+  bool fp8 = false, sharded = false, flash = false, moe = false;
+  for (Case* c : cases) {
+    moe |= c->chosen.model.IsMoe() && c->chosen.parallel.ep > 1;
+    fp8 |= c->chosen.precision == Precision::kFp8;
+    sharded |= c->chosen.optimizer.zero >= 2;
+    flash |=
+        base ? base->flash_attention : ProfileFor(c->stack, c->plan.cluster.gpu).flash_attention;
+  }
+  double loss = Loss(cases, base, best);
+  // At most one fitted number per three runs, in this order of importance.
+  std::vector<std::pair<double Fitted::*, std::vector<double>>> params;
+  const std::vector<double> scales = {0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9,
+                                      0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3,  1.4};
+  if (sharded) params.push_back({&Fitted::shard_comm_scale, {1, 1.5, 2, 3, 4, 6, 8, 10, 12}});
+  params.push_back({&Fitted::compute_scale, scales});
+  if (flash)
+    params.push_back(
+        {&Fitted::attention_scale, {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4}});
+  if (fp8)
+    params.push_back({&Fitted::fp8_gemm_speedup, {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8}});
+  if (moe) params.push_back({&Fitted::ep_overlap, {0.0, 0.25, 0.5, 0.75, 0.9}});
+  params.push_back({&Fitted::layer_overhead_s,
+                    {0.0, 0.1e-3, 0.2e-3, 0.4e-3, 0.7e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3}});
+  params.resize(std::min(params.size(), cases.size() / 3));
+  for (int round = 0; round < 3; ++round)
+    for (const auto& [field, values] : params)
+      for (double x : values) {
+        Fitted f = best;
+        f.*field = x;
+        if (double l = Loss(cases, base, f); l < loss - 1e-12) loss = l, best = f;
+      }
+  return best;
+}
+
+std::string ProfileKey(const Case& c) {
+  return std::string(c.stack) + "/" + std::string(EfficiencyFor(c.plan.cluster.gpu).name);
+}
+
+// Spearman rank correlation of two equally long series (ties get their mean rank).
+double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
+  auto ranks = [](const std::vector<double>& x) {
+    std::vector<size_t> idx(x.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](size_t i, size_t j) { return x[i] < x[j]; });
+    std::vector<double> r(x.size());
+    for (size_t i = 0; i < idx.size();) {
+      size_t j = i;
+      while (j + 1 < idx.size() && x[idx[j + 1]] == x[idx[i]]) ++j;
+      for (size_t k = i; k <= j; ++k) r[idx[k]] = (D(i) + D(j)) / 2;
+      i = j + 1;
+    }
+    return r;
+  };
+  const std::vector<double> ra = ranks(a), rb = ranks(b);
+  const double n = D(a.size());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < a.size(); ++i) ma += ra[i] / n, mb += rb[i] / n;
+  double cov = 0, va = 0, vb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    cov += (ra[i] - ma) * (rb[i] - mb);
+    va += (ra[i] - ma) * (ra[i] - ma);
+    vb += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return va > 0 && vb > 0 ? cov / std::sqrt(va * vb) : 1;
+}
+
+// The predicted peak as the run's framework reports it (torch's max_memory_reserved for the
+// PyTorch stacks; planrun's arena), the largest over the stages; the device peak when the
+// memory model gives no allocator figure.
+double AllocatorPeakGiB(const Case& c) {
+  int64_t peak = 0;
+  for (const StagePeak& s : PredictedPeaks(c.chosen, OptionsForFramework(c.chosen, c.options)))
+    peak = std::max(peak, s.allocator > 0 ? s.allocator : s.device);
+  if (peak == 0) peak = c.memory.peak;
+  return D(peak) / kGiB;
+}
+
+const char* RecomputeName(Recompute r) {
+  return r == Recompute::kNone ? "none" : r == Recompute::kSelective ? "sel" : "full";
 }
 
 }  // namespace
@@ -169,16 +535,31 @@ int main(int argc, char** argv) {
   std::string path = PARAPLAN_CALIBRATION_RUNS;
   bool csv = false, verbose = false, fit = false;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--csv") csv = true;
-    else if (a == "--verbose") verbose = true;
-    else if (a == "--fit") fit = true;
-    else path = a;
+    const std::string a = argv[i];
+    if (a == "--csv")
+      csv = true;
+    else if (a == "--verbose")
+      verbose = true;
+    else if (a == "--fit")
+      fit = true;
+    else if (a == "-h" || a == "--help") {
+      std::printf("usage: paraplan_calibrate [runs.json] [--csv] [--verbose] [--fit]\n");
+      return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "paraplan_calibrate: unknown option %s\n", a.c_str());
+      return 2;
+    } else {
+      path = a;
+    }
   }
   auto buffer = llvm::MemoryBuffer::getFile(path);
   if (!buffer) {
-    std::fprintf(stderr, "paraplan_calibrate: cannot read %s\n", path.c_str());
-    return 2;
+    std::fprintf(
+        stderr,
+        "paraplan_calibrate: no calibration runs at %s (the shared reference is not beside the "
+        "repository); nothing to compare\n",
+        path.c_str());
+    return 0;
   }
   auto parsed = llvm::json::parse((*buffer)->getBuffer());
   if (!parsed) {
@@ -186,102 +567,180 @@ int main(int argc, char** argv) {
                  llvm::toString(parsed.takeError()).c_str());
     return 2;
   }
-  const llvm::json::Array* runs = parsed->getAsObject() ? parsed->getAsObject()->getArray("runs") : nullptr;
+  const llvm::json::Array* runs =
+      parsed->getAsObject() ? parsed->getAsObject()->getArray("runs") : nullptr;
   if (!runs) {
     std::fprintf(stderr, "paraplan_calibrate: %s has no \"runs\" array\n", path.c_str());
     return 2;
   }
-  std::vector<Input> inputs;
+  std::vector<Case> cases;
   for (const llvm::json::Value& value : *runs) {
-    const llvm::json::Object* run = value.getAsObject();
-    const llvm::json::Object* model = run ? run->getObject("model") : nullptr;
-    const llvm::json::Object* published = run ? run->getObject("published") : nullptr;
-    if (!model || !published) {
-      std::fprintf(stderr, "paraplan_calibrate: a run lacks model or published\n");
+    const Object* run = value.getAsObject();
+    Case c;
+    std::string error;
+    if (!run || !ReadCase(*run, c, error)) {
+      std::fprintf(stderr, "paraplan_calibrate: %s: %s\n", path.c_str(),
+                   error.empty() ? "a run is not an object" : error.c_str());
       return 2;
     }
-    Plan plan;
-    plan.name = run->getString("id").getValueOr("").str();
-    ModelSpec& m = plan.model;
-    m.name = model->getString("name").getValueOr("").str();
-    m.layers = GetInt(*model, "layers");
-    m.hidden = GetInt(*model, "hidden");
-    m.heads = GetInt(*model, "heads");
-    m.kv_heads = m.heads;
-    m.head_dim = m.heads ? m.hidden / m.heads : 0;
-    m.ffn_hidden = GetInt(*model, "ffn_hidden");
-    m.vocab = GetInt(*model, "vocab");
-    m.seq_len = GetInt(*model, "seq_len");
-    m.norm = Norm::kLayerNorm;
-    m.activation = Activation::kGelu;
-    m.position = Position::kLearned;
-    m.tied_embeddings = true;
-    const int64_t gpus = GetInt(*run, "gpus");
-    plan.cluster = DgxA100(gpus);
-    plan.precision = Precision::kFp16;
-    plan.parallel.tp = GetInt(*run, "tp", 1);
-    plan.parallel.etp = plan.parallel.tp;
-    plan.parallel.pp = GetInt(*run, "pp", 1);
-    plan.parallel.dp = GetInt(*run, "dp", 1);
-    plan.parallel.sp = run->getBoolean("sp").getValueOr(false);
-    const std::string recompute = run->getString("recompute").getValueOr("full").str();
-    plan.recompute = recompute == "selective" ? Recompute::kSelective
-                   : recompute == "none" ? Recompute::kNone : Recompute::kFull;
-    plan.batch.global = GetInt(*run, "global_batch");
-    // World = tp·pp·dp exactly (the 310B/530B rows do not fill whole nodes).
-    plan.cluster.nodes = 1;
-    plan.cluster.gpus_per_node = gpus;
-    if (gpus % 8 == 0) {
-      plan.cluster.nodes = gpus / 8;
-      plan.cluster.gpus_per_node = 8;
-    }
-
-    Input in;
-    in.plan = plan;
-    in.metric = published->getString("metric").getValueOr("").str();
-    in.published = published->getNumber("value").getValueOr(0);
-    std::vector<int64_t> micros, vpps;
-    if (auto mb = run->getInteger("micro_batch")) in.micros = {*mb};
-    else in.micros = {1, 2, 4, 8};
-    if (auto v = run->getInteger("vpp")) in.vpps = {*v};
-    else {
-      for (int64_t v = 1; v <= 8; ++v)
-        if (plan.parallel.pp > 1 ? m.layers % (plan.parallel.pp * v) == 0 : v == 1) in.vpps.push_back(v);
-    }
-    inputs.push_back(std::move(in));
+    cases.push_back(std::move(c));
   }
-  const CostOptions base = Megatron2021();
+  for (Case& c : cases) Choose(c);
+
+  // Profiles and the cases each one prices.
+  std::map<std::string, std::vector<Case*>> by_profile;
+  for (Case& c : cases)
+    if (c.Scored()) by_profile[ProfileKey(c)].push_back(&c);
+  auto base_of = [&](const std::string& key) -> const FrameworkProfile& {
+    const Case* c = by_profile.at(key).front();
+    return ProfileFor(c->stack, c->plan.cluster.gpu);
+  };
   if (fit) {
-    Fit(inputs, base);
+    std::printf("in-sample fit per profile (mean |log error|):\n");
+    for (auto& [key, list] : by_profile) {
+      const FrameworkProfile& base = base_of(key);
+      const Fitted f = FitProfile(list, &base);
+      std::printf(
+          "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
+          "%.1f  ep_overlap %.2f  (loss %.3f; shipped %.3f)\n",
+          key.c_str(), list.size(), f.compute_scale, f.attention_scale, 1e3 * f.layer_overhead_s,
+          f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap, Loss(list, &base, f),
+          Loss(list, &base, Fitted::Of(base)));
+    }
     return 0;
   }
-  const std::vector<Row> rows = Evaluate(inputs, base);
-  std::vector<double> errors;
-  if (csv) std::printf("id,metric,published,predicted,error_pct,micro,vpp,peak_gib,fits\n");
-  else
-    std::printf("%-44s %-20s %10s %10s %8s %5s %4s %9s\n", "run", "metric", "published", "predicted",
-                "error", "micro", "vpp", "peak GiB");
-  for (const Row& r : rows) {
-    const double err = r.published > 0 ? (r.predicted - r.published) / r.published : 0;
-    errors.push_back(std::fabs(err));
-    if (csv)
-      std::printf("%s,%s,%.4g,%.4g,%.1f,%lld,%lld,%.1f,%d\n", r.id.c_str(), r.metric.c_str(), r.published,
-                  r.predicted, 100 * err, (long long)r.micro, (long long)r.vpp, r.peak_gib, r.fits);
-    else
-      std::printf("%-44s %-20s %10.4g %10.4g %+7.1f%% %5lld %4lld %8.1f%s\n", r.id.c_str(), r.metric.c_str(),
-                  r.published, r.predicted, 100 * err, (long long)r.micro, (long long)r.vpp, r.peak_gib,
-                  r.fits ? "" : " (does not fit)");
-    if (verbose && !csv) std::printf("    %s", r.breakdown.c_str());
+  // Leave one source out: refit the profiles on the other sources, predict the source. A profile
+  // with fewer than three rows from other sources is fit together with every other source's
+  // rows on the same GPU generation (its own behaviour, the pooled numbers).
+  std::set<std::string> sources;
+  for (const Case& c : cases)
+    if (c.Scored()) sources.insert(c.source);
+  for (const std::string& left : sources) {
+    for (auto& [key, list] : by_profile) {
+      std::vector<Case*> train, test;
+      for (Case* c : list) (c->source == left ? test : train).push_back(c);
+      if (test.empty()) continue;
+      FrameworkProfile prof = base_of(key);
+      if (train.size() >= 3) {
+        FitProfile(train, &prof).ApplyTo(prof);
+      } else {
+        const std::string gen = key.substr(key.find('/') + 1);
+        std::vector<Case*> pool = train;
+        for (auto& [other, rows] : by_profile)
+          if (other != key && other.substr(other.find('/') + 1) == gen)
+            for (Case* c : rows)
+              if (c->source != left) pool.push_back(c);
+        FitProfile(pool, nullptr).ApplyTo(prof);
+      }
+      for (Case* c : test) {
+        CostOptions o = c->options;
+        o.profile = &prof;
+        c->loso = Evaluate(c->chosen, o, &c->memory).tokens;
+      }
+    }
   }
-  std::vector<double> sorted = errors;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  const double median = n == 0 ? 0 : (n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2);
-  const double worst = n == 0 ? 0 : sorted.back();
-  size_t within = 0;
-  for (double e : errors) within += e <= 0.25 ? 1 : 0;
-  if (!csv)
-    std::printf("\n%zu runs: median |error| %.1f%%, max |error| %.1f%%, %zu within 25%%\n", n, 100 * median,
-                100 * worst, within);
+
+  // Per run.
+  if (csv)
+    std::printf(
+        "id,source,profile,measured_tokens_per_gpu,predicted,error_pct,loso_predicted,loso_error_"
+        "pct,micro,vpp,"
+        "recompute,sp,scored,measured_peak_gib,predicted_peak_gib\n");
+  else
+    std::printf("%-48s %-24s %10s %10s %8s %8s %4s %3s %4s %3s %13s\n", "run", "profile",
+                "measured", "predicted", "error", "LOSO", "mb", "vpp", "rc", "sp", "peak GiB m/p");
+  for (const Case& c : cases) {
+    const double pk = AllocatorPeakGiB(c);
+    const std::string key = ProfileKey(c);
+    if (csv) {
+      std::printf("%s,%s,%s,%.7g,%.7g,%.1f,%.7g,%.1f,%lld,%lld,%s,%d,%d,%.1f,%.1f\n", c.id.c_str(),
+                  c.source.c_str(), key.c_str(), c.measured, c.predicted,
+                  100 * Error(c.predicted, c.measured), c.loso, 100 * Error(c.loso, c.measured),
+                  (long long)c.chosen.batch.micro, (long long)c.chosen.parallel.vpp,
+                  RecomputeName(c.chosen.recompute), c.chosen.parallel.sp ? 1 : 0,
+                  c.Scored() ? 1 : 0, c.measured_mem_gib, pk);
+      continue;
+    }
+    char mem[32] = "";
+    if (c.measured_mem_gib > 0)
+      std::snprintf(mem, sizeof mem, "%.1f/%.1f", c.measured_mem_gib, pk);
+    else
+      std::snprintf(mem, sizeof mem, "-/%.1f", pk);
+    if (c.Scored())
+      std::printf("%-48s %-24s %10.4g %10.4g %+7.1f%% %+7.1f%% %4lld %3lld %4s %3s %13s%s\n",
+                  c.id.c_str(), key.c_str(), c.measured, c.predicted,
+                  100 * Error(c.predicted, c.measured), 100 * Error(c.loso, c.measured),
+                  (long long)c.chosen.batch.micro, (long long)c.chosen.parallel.vpp,
+                  RecomputeName(c.chosen.recompute), c.chosen.parallel.sp ? "on" : "off", mem,
+                  c.fits ? "" : " (does not fit)");
+    else
+      std::printf("%-48s %-24s %10.4g %10.4g   (not scored: %s)\n", c.id.c_str(), key.c_str(),
+                  c.measured, c.predicted, c.why_unscored.c_str());
+    if (verbose) std::printf("    %s", c.breakdown.c_str());
+  }
+  if (csv) return 0;
+
+  // Summaries.
+  auto line = [](const char* label, const Stats& in, const Stats& lo) {
+    std::printf(
+        "  %-26s %4zu  median %5.1f%%  p90 %6.1f%%  within 25%% %3.0f   | LOSO median %5.1f%%  p90 "
+        "%6.1f%%\n",
+        label, in.n, 100 * in.median, 100 * in.p90, in.within25, 100 * lo.median, 100 * lo.p90);
+  };
+  std::vector<double> all_in, all_lo;
+  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> per_source,
+      per_profile;
+  for (const Case& c : cases) {
+    if (!c.Scored()) continue;
+    const double ei = Error(c.predicted, c.measured), el = Error(c.loso, c.measured);
+    all_in.push_back(ei), all_lo.push_back(el);
+    per_source[c.source].first.push_back(ei), per_source[c.source].second.push_back(el);
+    per_profile[ProfileKey(c)].first.push_back(ei), per_profile[ProfileKey(c)].second.push_back(el);
+  }
+  std::printf("\nper source (in-sample | leave-one-source-out):\n");
+  for (const auto& [s, e] : per_source) line(s.c_str(), Summarize(e.first), Summarize(e.second));
+  std::printf("per profile:\n");
+  for (const auto& [s, e] : per_profile) line(s.c_str(), Summarize(e.first), Summarize(e.second));
+  line("all scored runs", Summarize(all_in), Summarize(all_lo));
+  int signed_fast = 0;
+  for (double e : all_in) signed_fast += e > 0 ? 1 : 0;
+  std::printf("  %d of %zu predicted faster than measured\n", signed_fast, all_in.size());
+
+  // Within-group order: runs of one model on one GPU type.
+  std::map<std::string, std::vector<const Case*>> groups;
+  for (const Case& c : cases)
+    if (c.Scored()) groups[c.group].push_back(&c);
+  std::printf("\nwithin-group order (runs of one model on one GPU type, by tokens/s per GPU):\n");
+  int same = 0, total = 0;
+  double rho_sum = 0;
+  for (const auto& [g, list] : groups) {
+    if (list.size() < 2) continue;
+    std::vector<double> meas, pred;
+    for (const Case* c : list) meas.push_back(c->measured), pred.push_back(c->predicted);
+    const double rho = Spearman(meas, pred);
+    bool order = true;
+    for (size_t i = 0; i < list.size(); ++i)
+      for (size_t j = 0; j < list.size(); ++j)
+        if (meas[i] < meas[j] && !(pred[i] < pred[j])) order = false;
+    ++total;
+    same += order ? 1 : 0;
+    rho_sum += rho;
+    std::printf("  %-36s %2zu runs  Spearman %+.2f  %s\n", g.c_str(), list.size(), rho,
+                order ? "same order" : "order differs");
+  }
+  if (total > 0)
+    std::printf("  %d of %d groups in the measured order; mean Spearman %.2f\n", same, total,
+                rho_sum / total);
+
+  // Memory: predicted peak vs measured where published.
+  std::vector<double> mem_err;
+  for (const Case& c : cases)
+    if (c.measured_mem_gib > 0 && c.memory.valid)
+      mem_err.push_back(Error(AllocatorPeakGiB(c), c.measured_mem_gib));
+  if (!mem_err.empty()) {
+    const Stats s = Summarize(mem_err);
+    std::printf("\npeak memory: %zu runs with a measured peak, median |error| %.1f%%, p90 %.1f%%\n",
+                s.n, 100 * s.median, 100 * s.p90);
+  }
   return 0;
 }

@@ -33,8 +33,9 @@ constexpr GpuEfficiency kAmpere = {
     /*step_overhead_s=*/0.05,
 };
 
-// Hopper: no H100 rows in the calibration set. Two parameters are chosen from published H100
-// numbers (bench/calibration/README.md, "The H100 efficiency set"); the rest as on Ampere.
+// Hopper: two parameters are chosen from published H100 numbers (bench/calibration/README.md,
+// "GPU efficiency sets"); the rest as on Ampere. The H100 calibration runs are fit through the
+// framework profiles' scales (cost_framework.cpp); Megatron-Core's keeps compute_scale at 1.0.
 //   gemm_max_fraction 0.62: short unthrottled benchmarks reach 0.80 of the 989 TFLOP/s peak
 //     (792-798 TFLOP/s), but Megatron-Core's end-to-end H100 runs reach 41-48% MFU (42% for a
 //     70B model on TP 8 x PP 2); 0.62 makes the model give 41.0% for Llama 3 70B with TP 8 x PP 2
@@ -44,7 +45,7 @@ constexpr GpuEfficiency kAmpere = {
 //     Megatron-Core uses through Transformer Engine, lies between.
 constexpr GpuEfficiency kHopper = {
     "hopper",
-    "partly chosen (no H100 rows in the calibration set): large-GEMM ceiling 0.62 of 989 TFLOP/s so that "
+    "partly chosen (H100 runs are fit through the framework profiles): large-GEMM ceiling 0.62 of 989 TFLOP/s so that "
     "Llama 3 70B on TP 8 x PP 2 gives Megatron-Core's published 42% MFU; fused attention at 0.50 of peak "
     "(between FlashAttention-2 and -3); NVLink4/NDR bus efficiencies as on Ampere",
     0.62, 4.0e9, 0.50, 0.80, 2.0, 0.75, 0.85, 10e-6, 20e-6, 1024 * kMiB, 64 * kMiB, 50e9, 1.5e9, 0.05,

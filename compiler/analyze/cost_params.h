@@ -2,9 +2,8 @@
 //
 // CostOptions: software behaviour that the plan does not state (FlashAttention, dropout,
 // which communications overlap, MoE routing imbalance, the allocator margin). The defaults
-// describe a current Megatron-Core run; the calibration bench (bench/calibration) sets the
-// options of the 2021-22 Megatron-LM software that produced the published rows, once for all
-// rows.
+// describe a current Megatron-Core run; a plan that names another framework gets that
+// framework's flags instead (OptionsForFramework, cost_framework.h).
 //
 // GpuEfficiency: the calibrated efficiency parameters of one GPU type (how close GEMMs,
 // memory-bound kernels and NCCL come to the peaks in the plan's `gpu` and `cluster` records).
@@ -48,6 +47,10 @@ struct CostOptions {
   int64_t allocator_margin_percent = 5;
   // Replaces the GPU's calibrated efficiency set (used when fitting the set itself).
   const struct GpuEfficiency* efficiency = nullptr;
+  // The software stack to price the plan as (cost_framework.h); empty: the plan's `framework`.
+  std::string_view framework;
+  // Replaces the framework profile (used when fitting the profile itself).
+  const struct FrameworkProfile* profile = nullptr;
 };
 
 struct GpuEfficiency {

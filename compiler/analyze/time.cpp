@@ -1,9 +1,11 @@
 #include "compiler/analyze/time.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "compiler/analyze/cost_comm.h"
+#include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_shape.h"
 #include "compiler/analyze/cost_stages.h"
 #include "compiler/analyze/memory.h"
@@ -20,9 +22,24 @@ double GemmSeconds(double flops, double peak, const GpuEfficiency& eff) {
   return flops / (peak * fraction);
 }
 
+// Keys per fused-attention call at which the kernel reaches half its large-sequence rate
+// (FlashAttention-2/3 and cuDNN forward+backward rates grow with the key length up to ~8K:
+// Dao 2023 Fig. 4-7, Shah et al. 2024 Fig. 5), and the head size at which the rate is 80%
+// of the head-128 rate (head 64 runs at ~0.8 of head 128 in the same figures).
+constexpr double kAttentionHalfKeys = 384;
+constexpr double kAttentionHeadKnee = 32;
+
+// Fraction of the large-sequence fused-attention rate for calls over `keys` keys of head size d.
+double AttentionShape(double keys, double d) {
+  const double seq = keys / (keys + kAttentionHalfKeys);
+  const double head = (d / (d + kAttentionHeadKnee)) / (128.0 / (128.0 + kAttentionHeadKnee));
+  return seq * std::min(1.2, head);
+}
+
 // One layer's forward on one GPU for one microbatch.
 struct LayerCost {
   double gemm_s = 0;       // forward GEMMs (backward = 2x)
+  double linear_s = 0;     // the linear-layer part of gemm_s (what TP overlap can hide behind)
   double core_s = 0;       // the attention-core part of gemm_s
   double memory_s = 0;     // forward memory-bound time (backward = 2x)
   double score_memory_s = 0;  // the attention-score part of memory_s
@@ -34,10 +51,12 @@ struct LayerCost {
 
 struct Context {
   const Plan& plan;
-  const CostOptions& options;
-  const GpuEfficiency& eff;
+  const CostOptions& options;  // software flags of the plan's framework (OptionsForFramework)
+  const FrameworkProfile& prof;
+  const GpuEfficiency& eff;    // the GPU's set, scaled by the profile's compute_scale
   CommGroups groups;
-  double peak;
+  double peak;                 // linear GEMMs: bf16 peak, times the FP8 speedup under fp8
+  double peak_attention;       // attention core: bf16 (FP8 training keeps attention in bf16)
   double hbm;
 };
 
@@ -49,11 +68,16 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   const double T = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
   const double h = D(m.hidden), a = D(m.heads), x = D(ActivationElementBytes(plan.precision));
   const double s = D(m.seq_len);
-  const double exec_ctx = cx.options.flash_attention ? s / 2 : s;
+  // Keys per query the kernel executes: causal half of s when fused, all s unfused; a sliding
+  // window of w keys (model.window) caps both.
+  const double window = m.window > 0 && D(m.window) < s ? D(m.window) : 0;
+  const double exec_ctx = window > 0 ? (cx.options.flash_attention ? window : s)
+                                     : (cx.options.flash_attention ? s / 2 : s);
   const bool gated = m.activation == Activation::kSwiGlu;
   LayerCost c;
   c.flops = LayerForwardFlopsPerToken(m, kind, s / 2) * T / t;  // rough per-GPU share for reports
   auto gemm = [&](double flops) { return GemmSeconds(flops, cx.peak, cx.eff); };
+  double head_dim = 0;
   // Attention.
   double core_flops_per_head_token = 0;
   if (m.IsMla()) {
@@ -64,22 +88,27 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     c.gemm_s += gemm(2 * T * h * (kl + D(m.qk_rope_head_dim))) + gemm(2 * T * kl * a * (D(m.qk_nope_head_dim) + v) / t);
     c.gemm_s += gemm(2 * T * a * v * h / t);
     core_flops_per_head_token = 2 * (qk + v) * exec_ctx;
+    head_dim = (qk + v) / 2;
   } else {
     const double d = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
     const double kv = D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
     c.gemm_s += gemm(2 * T * h * (a * d + 2 * kv) / t) + gemm(2 * T * a * d * h / t);
     core_flops_per_head_token = 4 * d * exec_ctx;
+    head_dim = d;
   }
+  c.linear_s = c.gemm_s;
   {
     // Batched GEMMs per (sequence, head) without fusion; a fused attention kernel with it, at
     // its own efficiency (GpuEfficiency::attention_fraction).
     const double heads_rank = a / t;
     const double total = core_flops_per_head_token * T * heads_rank;
     if (cx.options.flash_attention) {
-      c.core_s = total / (cx.peak * cx.eff.attention_fraction);  // one fused kernel per layer
+      // One fused kernel per layer (per ring step under CP: keys per call s / cp).
+      const double keys = s / D(std::max<int64_t>(1, par.cp));
+      c.core_s = total / (cx.peak_attention * cx.eff.attention_fraction * AttentionShape(keys, head_dim));
     } else {
       const double pieces = D(plan.batch.micro) * heads_rank;      // batched per (sequence, head)
-      c.core_s = pieces * gemm(total / pieces);
+      c.core_s = pieces * GemmSeconds(total / pieces, cx.peak_attention, cx.eff);
     }
     c.gemm_s += c.core_s;
   }
@@ -88,6 +117,7 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   if (kind == LayerKind::kDense) {
     const double f = D(m.ffn_hidden);
     c.gemm_s += gemm(2 * T * h * f * up / t) + gemm(2 * T * f * h / t);
+    c.linear_s += gemm(2 * T * h * f * up / t) + gemm(2 * T * f * h / t);
   } else {
     const double fe = D(m.moe_ffn_hidden);
     const double etp = D(std::max<int64_t>(1, par.etp));
@@ -107,7 +137,9 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     const double pairs = D(RoutedPairsPerRank(m, shape));
     const double local_experts = std::max(1.0, D(m.experts) / D(std::max<int64_t>(1, par.ep)));
     const double per_expert = pairs / local_experts;
-    c.gemm_s += local_experts * (gemm(2 * per_expert * h * fe * up / etp) + gemm(2 * per_expert * fe * h / etp));
+    // Grouped GEMM: one GEMM per local expert at the efficiency of its own size.
+    const double experts_s = local_experts * (gemm(2 * per_expert * h * fe * up / etp) + gemm(2 * per_expert * fe * h / etp));
+    c.gemm_s += experts_s;
     // Dispatch and combine: each rank sends the routed copies of its own (sequence-parallel)
     // tokens over EP; with ETP > 1 the received tokens are all-gathered over ETP before the
     // experts and reduce-scattered after them (Megatron's all-to-all dispatcher).
@@ -116,6 +148,12 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
       c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff) +
                 CollectiveSeconds(Collective::kReduceScatter, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff);
     }
+    // Overlapped where the stack does it (the profile's share): Megatron-Core's EP overlap runs
+    // one microbatch's dispatch/combine under another's layer compute, so the layer's GEMMs
+    // (attention and experts) bound what can hide.
+    if (par.ep > 1 || par.etp > 1) c.ep_s = std::max(c.ep_s * (1 - cx.prof.ep_overlap), c.ep_s - c.gemm_s);
+    // Router softmax/top-k, permute and unpermute: memory-bound passes over the routed copies.
+    c.memory_s += 4 * pairs * h * x / cx.hbm;
   }
   // Memory-bound kernels: proportional to the bytes a layer stores with no recompute.
   ActivationShape shape;
@@ -131,12 +169,15 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   const double stored = D(LayerActivationBytes(m, kind, shape));
   shape.recompute = Recompute::kSelective;
   const double without_scores = D(LayerActivationBytes(m, kind, shape));
-  c.memory_s = cx.eff.elementwise_passes * stored / cx.hbm;
+  c.memory_s += cx.eff.elementwise_passes * stored / cx.hbm;
   c.score_memory_s = cx.eff.elementwise_passes * (stored - without_scores) / cx.hbm;
   // TP/SP: two all-reduces (or all-gather + reduce-scatter pairs) per pass.
+  // With overlap (Megatron tp_comm_overlap, torchtitan async TP) a share of it hides behind the
+  // linear GEMMs, never more than their time.
   if (par.tp > 1) {
     c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, T * h * x, cx.groups.tp, plan.cluster, cx.eff);
-    if (cx.options.tp_comm_overlap) c.tp_s = std::max(0.0, c.tp_s - 0.5 * c.gemm_s);
+    const double share = cx.options.tp_comm_overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
+    if (share > 0) c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
   }
   // CP ring: cp - 1 steps of the local K and V, hidden behind the attention core.
   if (par.cp > 1) {
@@ -148,10 +189,21 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
       kv_width = 2 * D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
     }
     const double chunk = T * kv_width / t * x;
-    const double ring = D(par.cp - 1) *
-                        CollectiveSeconds(Collective::kPointToPoint, chunk, cx.groups.cp, plan.cluster, cx.eff);
-    c.cp_s = std::max(0.0, ring - c.core_s);
+    const double steps = D(par.cp - 1);
+    if (cx.prof.cp == CpStyle::kAllGather) {
+      // K/V all-gathered before the core (dK/dV reduce-scattered after it), not overlapped.
+      c.cp_s = CollectiveSeconds(Collective::kAllGather, chunk * D(par.cp), cx.groups.cp, plan.cluster, cx.eff) +
+               cx.prof.collective_latency_s;
+    } else {
+      // Ring with load-balanced causal chunks (2·cp chunks, each rank equal work): cp - 1 steps,
+      // each sending the local K/V while one 1/cp block of the core runs; a step costs the
+      // longer of the two plus one launch.
+      const double send = CollectiveSeconds(Collective::kPointToPoint, chunk, cx.groups.cp, plan.cluster, cx.eff);
+      c.cp_s = steps * (std::max(0.0, send - c.core_s / D(par.cp)) + cx.prof.collective_latency_s);
+    }
   }
+  // Fixed costs per layer (launches, small kernels, framework dispatch): a third forward.
+  c.memory_s += cx.prof.layer_overhead_s / 3 * (kind == LayerKind::kMoe ? 2 : 1);
   return c;
 }
 
@@ -167,11 +219,12 @@ double ModelFlopsPerToken(const ModelSpec& m, bool causal_halved) {
 }
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
-  return EstimateTime(plan, options, EstimateMemory(plan, options));
+  return EstimateTime(plan, options, EstimateMemory(plan, OptionsForFramework(plan, options)));
 }
 
-TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const MemoryEstimate& mem) {
+TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const MemoryEstimate& mem) {
   TimeEstimate est;
+  const CostOptions options = OptionsForFramework(plan, given);
   std::vector<CostChunk> chunks;
   if (!StageChunks(plan, chunks)) return est;
   const ModelSpec& m = plan.model;
@@ -179,8 +232,23 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const Me
   const int64_t p = par.pp, v = par.vpp;
   const double peak = PeakFlops(plan);
   if (peak <= 0 || plan.cluster.gpu.hbm_bandwidth <= 0) return est;
-  const GpuEfficiency& eff = EfficiencyFor(plan.cluster.gpu, options);
-  Context cx{plan, options, eff, PlaceGroups(plan), peak, plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
+  const FrameworkProfile& prof =
+      options.profile ? *options.profile : ProfileFor(FrameworkOf(plan, options), plan.cluster.gpu);
+  GpuEfficiency eff = EfficiencyFor(plan.cluster.gpu, options);
+  eff.gemm_max_fraction = std::min(0.98, eff.gemm_max_fraction * prof.compute_scale);
+  eff.attention_fraction = std::min(0.95, eff.attention_fraction * prof.compute_scale * prof.attention_scale);
+  eff.p2p_latency_s = prof.p2p_latency_s;
+  // Linear GEMMs: the 16-bit peak (fp32: TF32), times the stack's FP8 speedup under fp8; the
+  // attention core stays in bf16 (Transformer Engine, torchao and llm-foundry FP8 recipes).
+  const double peak16 = plan.precision == Precision::kFp32 ? peak
+                        : plan.precision == Precision::kFp16 && plan.cluster.gpu.peak_fp16 > 0
+                            ? plan.cluster.gpu.peak_fp16
+                            : plan.cluster.gpu.peak_bf16;
+  const double peak_linear = UsesFp8(plan) ? peak16 * prof.fp8_gemm_speedup : peak16;
+  est.framework = prof.stack;
+  est.generation = prof.generation;
+  Context cx{plan, options, prof, eff, PlaceGroups(plan), peak_linear, peak16,
+             plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
   const int64_t world = std::max<int64_t>(1, plan.World());
   const int64_t denom = std::max<int64_t>(1, plan.batch.micro * par.dp);
   est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
@@ -192,7 +260,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const Me
   const LayerCost dense = CostOfLayer(cx, LayerKind::kDense);
   const LayerCost moe = m.IsMoe() ? CostOfLayer(cx, LayerKind::kMoe) : LayerCost{};
   // Loss: logits GEMM and the vocab-parallel cross entropy (memory-bound over fp32 logits).
-  const double logits_gemm = GemmSeconds(2 * T * D(m.hidden) * D(m.vocab) / t, peak, eff);
+  const double logits_gemm = GemmSeconds(2 * T * D(m.hidden) * D(m.vocab) / t, peak16, eff);
   const double loss_memory = eff.elementwise_passes * 3 * 4 * T * D(m.vocab) / t / cx.hbm;
   const double p2p_bytes = T * D(m.hidden) * x / t;  // SP / scatter-gather split activations
   CommGroup pp_link;
@@ -200,8 +268,12 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const Me
   pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
   const double p2p = p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff) : 0;
 
-  const double grad_elem = plan.precision == Precision::kFp16 ? 2 : 4;
-  const double param_elem = plan.precision == Precision::kFp32 ? 4 : 2;
+  // Element sizes of the DP traffic from the precision record (gradients reduced in their
+  // stored type; parameters gathered in theirs).
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+  auto bytes_of = [](ElementType e) { return e == ElementType::kFp32 ? 4.0 : e == ElementType::kFp8 ? 1.0 : 2.0; };
+  const double grad_elem = bytes_of(mp.grads);
+  const double param_elem = bytes_of(mp.params);
 
   est.stages.resize(static_cast<size_t>(p));
   double u_max = 0, u_sum = 0;
@@ -223,10 +295,16 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const Me
         st.memory_s += nl * 3 * lc.memory_s;
         double tp_passes = 2;
         if (plan.recompute == Recompute::kFull) {
-          st.recompute_s += nl * (lc.gemm_s + lc.memory_s);
-          tp_passes = 3;
-          st.cp_comm_s += nl * lc.cp_s;
-          st.ep_comm_s += nl * lc.ep_s;
+          // recompute_method = block recomputes only the first recompute_layers layers of each
+          // chunk; uniform recomputes every layer.
+          double share = 1;
+          const ActivationSpec& act = plan.activations;
+          if (act.recompute_method == RecomputeMethod::kBlock && act.recompute_layers > 0 && chunk.layers > 0)
+            share = std::min(1.0, D(act.recompute_layers) / D(chunk.layers));
+          st.recompute_s += share * nl * (lc.gemm_s + lc.memory_s);
+          tp_passes = 2 + share;
+          st.cp_comm_s += share * nl * lc.cp_s;
+          st.ep_comm_s += share * nl * lc.ep_s;
         } else if (plan.recompute == Recompute::kSelective) {
           st.recompute_s += nl * (lc.core_s + lc.score_memory_s);
         }
@@ -283,13 +361,59 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const Me
         return CollectiveSeconds(zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter,
                                  params * grad_elem, g, plan.cluster, eff);
       };
-      const double grads_s = scatter(shared_params, cx.groups.dp_cp) + scatter(expert_params, cx.groups.edp);
-      const double params_s = gather(shared_params, cx.groups.dp_cp) + gather(expert_params, cx.groups.edp);
-      double step_grads = zero <= 1 ? grads_s : 0;
+      // HSDP (fsdp.replicate > 1 or fsdp.shard below dp·cp): the states are sharded over the
+      // inner shard group; the shards are all-reduced over the replicas once per step.
+      const int64_t shard_group = std::clamp<int64_t>(ShardGroup(plan), 1, cx.groups.dp_cp.size);
+      CommGroup dense_group = cx.groups.dp_cp, replicas;
+      if (zero >= 1 && shard_group < cx.groups.dp_cp.size) {
+        dense_group.size = shard_group;
+        dense_group.per_node = std::min(shard_group, cx.groups.dp_cp.per_node);
+        replicas.size = cx.groups.dp_cp.size / shard_group;
+        replicas.per_node = std::max<int64_t>(1, cx.groups.dp_cp.per_node / shard_group);
+      }
+      const double grads_s = scatter(shared_params, dense_group) + scatter(expert_params, cx.groups.edp);
+      const double params_s = gather(shared_params, dense_group) + gather(expert_params, cx.groups.edp);
+      const double replica_s =
+          replicas.size > 1 ? CollectiveSeconds(Collective::kAllReduce, shared_params / D(shard_group) * grad_elem,
+                                                replicas, plan.cluster, eff)
+                            : 0;
+      double step_grads = (zero <= 1 ? grads_s : 0) + replica_s;
       double step_params = zero == 1 || zero == 2 ? params_s : 0;
-      if (zero >= 2) {
-        const double per_microbatch = grads_s + (zero >= 3 ? 2 * params_s : 0);
-        st.microbatch_s += std::max(0.0, per_microbatch - (st.gemm_s + st.memory_s));
+      // FSDP2 with pipeline parallelism (torchtitan, Llama 3) keeps the parameters gathered over
+      // the step and reduces the gradients once: priced like the distributed optimizer.
+      const bool once_per_step = prof.shard == ShardStyle::kFsdp && p > 1;
+      if (zero >= 2 && once_per_step) {
+        step_grads = grads_s;
+        step_params = params_s;
+      } else if (zero >= 2) {
+        // Per microbatch, layer by layer: the forward gathers each layer's parameters (ZeRO 3),
+        // the backward gathers them again and reduce-scatters the gradients. The next layer's
+        // gather is prefetched behind the current layer's compute (the profile's share of it);
+        // the first gather is exposed, and every collective pays a launch latency.
+        int64_t layers_here = 0;
+        for (int64_t c = 0; c < v; ++c) layers_here += chunks[static_cast<size_t>(c * p + r)].layers;
+        const double n_layers = D(std::max<int64_t>(1, layers_here));
+        // Per layer collective: a launch, and the ring's n - 1 steps (NCCL all-gather and
+        // reduce-scatter run rings; one ring latency is already in the stage-wide time).
+        const double ring_steps = D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * eff.collective_latency_s;
+        const double lat = n_layers * prof.collective_latency_s + (n_layers - 1) * ring_steps;
+        const double k = prof.shard_comm_scale;
+        const double ag_f = zero >= 3 ? k * params_s + lat : 0;
+        // FSDP's shard_grad_op (zero 2) keeps the gathered parameters from forward to backward.
+        // fsdp.reshard_after_forward = false keeps the forward's gathered weights for the
+        // backward (no second gather).
+        const double ag_b = zero >= 3 && plan.fsdp.reshard_after_forward ? k * params_s + lat : 0;
+        const double rs = k * grads_s + lat;
+        const double compute_f = fwd, compute_b = st.gemm_s + st.memory_s + st.recompute_s - fwd;
+        const double hide = prof.shard_prefetch;
+        double exposed = std::max(0.0, ag_f - hide * compute_f) + std::max(0.0, ag_b + rs - hide * std::max(0.0, compute_b));
+        exposed += ag_f / n_layers;  // the first layer's gather
+        if (zero == 2 && prof.shard == ShardStyle::kFsdp) {
+          // shard_grad_op gathers once per microbatch's forward (parameters freed after backward).
+          exposed += std::max(0.0, k * params_s + lat - hide * compute_f);
+          step_params = 0;
+        }
+        st.microbatch_s += exposed;
       }
       sync = step_grads + step_params;
       st.dp_sync_s = sync;
@@ -326,7 +450,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const Me
     est.dp_exposed_s = std::max(est.dp_exposed_s, st.dp_exposed_s);
     est.optimizer_s = std::max(est.optimizer_s, st.optimizer_s);
   }
-  est.overhead_s = eff.step_overhead_s;
+  est.overhead_s = prof.step_overhead_s;
   est.step_s = pipeline + est.dp_exposed_s + est.optimizer_s + est.overhead_s;
   const double tokens = D(plan.batch.global) * D(m.seq_len);
   est.tokens_per_s = tokens / est.step_s;
@@ -351,6 +475,11 @@ std::string PrintTime(const TimeEstimate& e) {
   std::snprintf(buf, sizeof buf, "throughput %.1f tokens/s per GPU (%.0f tokens/s), MFU %.1f%%\n",
                 e.tokens_per_s_per_gpu, e.tokens_per_s, 100 * e.mfu);
   out += buf;
+  if (!e.framework.empty()) {
+    out += "priced as framework " + std::string(e.framework);
+    if (!e.generation.empty()) out += " on " + std::string(e.generation);
+    out += "\n";
+  }
   return out;
 }
 

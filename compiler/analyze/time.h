@@ -1,16 +1,26 @@
 // The time model: step time, tokens/s per GPU and MFU of a plan, each with its breakdown.
 //
-// Per pipeline rank and microbatch: GEMM time at a size-dependent efficiency
-// (GpuEfficiency: fraction = max · g / (g + g_half) for a GEMM of g FLOP), memory-bound time
-// (stored activation bytes × passes / achieved HBM bandwidth), and the exposed communication
-// of every layer: TP/SP collectives (2 forward + 2 backward per layer, +2 under full
-// recompute), CP ring K/V exchange (hidden behind the attention core when it is shorter), EP
-// all-to-all (dispatch + combine, forward and backward), pipeline sends. Recompute adds the
-// forward again (full) or the attention core (selective) to the backward.
+// Priced per framework profile (cost_framework.h: the plan's `framework` on its GPU generation).
+// Per pipeline rank and microbatch: linear GEMMs at a size-dependent efficiency
+// (GpuEfficiency: fraction = max · g / (g + g_half) for a GEMM of g FLOP, times the profile's
+// compute_scale; FP8 multiplies the 16-bit rate by the profile's fp8_gemm_speedup), the
+// attention core (fused: at the GPU's attention fraction, lower for short key blocks and small
+// heads, always in bf16; unfused: batched GEMMs per head), memory-bound time (stored activation
+// bytes × passes / achieved HBM bandwidth, MoE permute/unpermute, the profile's fixed cost per
+// layer), and the exposed communication of every layer: TP/SP collectives (2 forward + 2
+// backward per layer, +2 under full recompute; the profile's overlap share hides them behind
+// the linear GEMMs), CP (ring: cp - 1 K/V steps, each overlapped with 1/cp of the core;
+// all-gather: exposed), EP all-to-all (dispatch + combine, forward and backward; the profile's
+// overlap share), pipeline sends. Recompute adds the forward again (full) or the attention core
+// (selective) to the backward. ZeRO 2/3 traffic is priced per layer inside every microbatch
+// (gathers prefetched behind the layer's compute, a launch latency per collective, the
+// profile's bandwidth factor), except FSDP2 with pipeline parallelism, which keeps parameters
+// gathered over the step.
 // The pipeline: t = m · U_max + (ΣU − U_max) / v over the per-rank microbatch times U (1F1B and
 // GPipe: (m + p − 1) · U when balanced; interleaved: bubble (p − 1)/v). The DP gradient sync
 // (all-reduce, or reduce-scatter + all-gather from ZeRO 1) is overlapped with the last
-// microbatch's backward when CostOptions::overlap_grad_reduce, else fully exposed.
+// microbatch's backward when the profile (or CostOptions) overlaps it, else fully exposed;
+// plus the profile's fixed cost per step.
 //
 // FLOP convention (MFU): model FLOPs without recompute, matrix multiplications only, causal
 // attention counted as half of s² (Megatron-Core's convention since 2025). The executed
@@ -21,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler/analyze/cost_params.h"
@@ -64,6 +75,8 @@ struct TimeEstimate {
   double tokens_per_s_per_gpu = 0;
   double model_flops_per_step = 0;
   double mfu = 0;                 // model FLOPs / (step · world · peak)
+  // The framework profile that priced it (cost_framework.h): stack and GPU generation.
+  std::string_view framework, generation;
 };
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options = {});

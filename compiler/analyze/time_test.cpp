@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "compiler/analyze/cost_comm.h"
+#include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_test_plans.h"
 
 namespace paraplan {
@@ -146,6 +147,206 @@ TEST_CASE("MoE layers pay the EP all-to-all") {
   CHECK(t.stages[0].ep_comm_s > 0);
   CHECK(t.mfu > 0.05);
   CHECK(t.mfu < 0.6);
+}
+
+TEST_CASE("FP8 speeds up the linear GEMMs only: the attention core stays in bf16") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kMegatronCore;
+  auto speedup = [&](int64_t seq) {
+    Plan p = plan;
+    p.model.seq_len = seq;
+    p.batch.global = 128 * 8192 / seq;
+    p.precision = Precision::kBf16;
+    const double bf16 = EstimateTime(p).step_s;
+    p.precision = Precision::kFp8;
+    const double fp8 = EstimateTime(p).step_s;
+    return bf16 / fp8;
+  };
+  const double short_seq = speedup(2048), long_seq = speedup(65536);
+  CHECK(short_seq > 1.2);
+  // At 64K the attention core dominates and gains nothing from FP8.
+  CHECK(long_seq < short_seq - 0.1);
+  CHECK(long_seq > 1.0);
+}
+
+TEST_CASE("fused attention: time per token grows with the sequence at equal tokens per step") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kMegatronCore;
+  plan.parallel.dp = 1;
+  plan.cluster.nodes = 1;
+  double per_token[3];
+  const int64_t seqs[3] = {2048, 8192, 32768};
+  for (int i = 0; i < 3; ++i) {
+    plan.model.seq_len = seqs[i];
+    plan.batch.global = 16 * 32768 / seqs[i];  // the same tokens per step and per microbatch
+    plan.batch.micro = 32768 / seqs[i];
+    const TimeEstimate t = EstimateTime(plan);
+    REQUIRE(t.valid);
+    per_token[i] = t.step_s / (16.0 * 32768);
+  }
+  CHECK(per_token[0] < per_token[1]);
+  CHECK(per_token[1] < per_token[2]);
+}
+
+TEST_CASE("context parallelism: ring steps hide behind the core at long sequences, an all-gather does not") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kMegatronCore;
+  plan.model.seq_len = 131072;
+  plan.batch.global = 16;
+  plan.parallel.cp = 4;
+  plan.parallel.dp = 2;
+  FrameworkProfile ring = ProfileFor("megatron_core", plan.cluster.gpu), gather = ring;
+  gather.cp = CpStyle::kAllGather;
+  CostOptions a, b;
+  a.profile = &ring;
+  b.profile = &gather;
+  const TimeEstimate r = EstimateTime(plan, a), g = EstimateTime(plan, b);
+  REQUIRE(r.valid);
+  REQUIRE(g.valid);
+  CHECK(r.stages[0].cp_comm_s >= 0);
+  CHECK(g.stages[0].cp_comm_s > r.stages[0].cp_comm_s);
+  // Short sequences: the ring's K/V blocks outlast their 1/cp share of the core.
+  plan.model.seq_len = 4096;
+  plan.batch.global = 512;
+  CHECK(EstimateTime(plan, a).stages[0].cp_comm_s > 0);
+}
+
+TEST_CASE("ZeRO-3 under DeepSpeed ranks below 3D parallelism for GPT-3 175B (Narayanan Table 2)") {
+  // 175B on 768 A100: ZeRO-3 with micro batch 2 against TP 8 x PP 12 x DP 8, both 1,536 sequences.
+  Plan zero3 = testing::MakePlan(testing::Gpt(96, 12288, 96), testing::DgxA100(96), 1, 1, 1536, 2);
+  zero3.optimizer.zero = 3;
+  zero3.recompute = Recompute::kFull;
+  zero3.precision = Precision::kFp16;
+  zero3.framework = Framework::kDeepSpeed;
+  Plan ptd = testing::MakePlan(testing::Gpt(96, 12288, 96), testing::DgxA100(96), 8, 12, 1536, 1);
+  ptd.recompute = Recompute::kFull;
+  ptd.precision = Precision::kFp16;
+  ptd.framework = Framework::kMegatronLm2021;
+  const TimeEstimate z = EstimateTime(zero3), p = EstimateTime(ptd);
+  REQUIRE(z.valid);
+  REQUIRE(p.valid);
+  CHECK(z.tokens_per_s_per_gpu < p.tokens_per_s_per_gpu);
+  // The per-layer gathers are what ZeRO-3 pays: without them it would be the faster one.
+  FrameworkProfile ideal = ProfileFor("deepspeed", zero3.cluster.gpu);
+  ideal.shard_comm_scale = 0;
+  ideal.collective_latency_s = 0;
+  CostOptions o;
+  o.profile = &ideal;
+  CHECK(EstimateTime(zero3, o).step_s < z.step_s);
+}
+
+TEST_CASE("FSDP2 with pipeline parallelism gathers parameters once per step, not every microbatch") {
+  Plan plan = Llama(8, 8, 2);
+  plan.optimizer.zero = 3;
+  plan.framework = Framework::kTorchtitan;
+  const TimeEstimate fsdp2 = EstimateTime(plan);
+  plan.framework = Framework::kMegatronCore;
+  const TimeEstimate per_microbatch = EstimateTime(plan);
+  REQUIRE(fsdp2.valid);
+  REQUIRE(per_microbatch.valid);
+  CHECK(fsdp2.stages[0].dp_sync_s > 0);          // once per step
+  CHECK(per_microbatch.stages[0].dp_sync_s == 0);  // inside every microbatch instead
+}
+
+TEST_CASE("TP communication overlap hides TP collectives behind the linear GEMMs") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kTorchtitan;  // no overlap unless async TP is on
+  CostOptions async_tp;
+  async_tp.tp_comm_overlap = true;
+  const TimeEstimate off = EstimateTime(plan), on = EstimateTime(plan, async_tp);
+  CHECK(off.stages[0].tp_comm_s > 0);
+  CHECK(on.stages[0].tp_comm_s < 0.5 * off.stages[0].tp_comm_s);
+  CHECK(on.step_s < off.step_s);
+}
+
+TEST_CASE("fixed per-layer and per-step costs of a profile add up on small models") {
+  Plan plan = testing::MakePlan(testing::Gpt(24, 2048, 16), testing::DgxH100(1), 1, 1, 64, 8);
+  plan.framework = Framework::kLlmFoundry;
+  FrameworkProfile prof = ProfileFor("llm_foundry", plan.cluster.gpu);
+  prof.layer_overhead_s = 0;
+  CostOptions o;
+  o.profile = &prof;
+  const double base = EstimateTime(plan, o).step_s;
+  prof.layer_overhead_s = 1e-3;
+  const TimeEstimate t = EstimateTime(plan, o);
+  // 24 layers x 1 ms per microbatch, 1 microbatch per step.
+  CHECK(t.step_s - base == doctest::Approx(24 * 1e-3).epsilon(0.01));
+}
+
+TEST_CASE("every stack has a profile for Ampere and Hopper, the plan's framework selects it") {
+  for (std::string_view stack : FrameworkStacks()) {
+    const FrameworkProfile& a = ProfileFor(stack, testing::DgxA100(1).gpu);
+    const FrameworkProfile& h = ProfileFor(stack, testing::DgxH100(1).gpu);
+    CHECK(a.stack == stack);
+    CHECK(h.stack == stack);
+    CHECK(!a.provenance.empty());
+  }
+  CHECK(ProfileFor("no_such_stack", testing::DgxH100(1).gpu).stack == "paraplan");
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kMegatronLm2021;
+  bool named = false;
+  CHECK(FrameworkOf(plan, {}, &named) == "megatron_lm_2021");
+  CHECK(named);
+  // Its software flags come with it: unfused attention, dropout, no DP overlap.
+  const CostOptions o = OptionsForFramework(plan, {});
+  CHECK(!o.flash_attention);
+  CHECK(o.dropout);
+  CHECK(!o.overlap_grad_reduce);
+}
+
+TEST_CASE("plan refinements the time model reads: reshard_after_forward, window, block recompute, imbalance") {
+  // ZeRO-3 that keeps the forward's gathered weights skips the backward gather.
+  Plan plan = Llama(8, 8, 1);
+  plan.model.seq_len = 1024;
+  plan.batch.global = 512;
+  plan.optimizer.zero = 3;
+  plan.framework = Framework::kDeepSpeed;
+  const double resharded = EstimateTime(plan).stages[0].microbatch_s;
+  plan.fsdp.reshard_after_forward = false;
+  CHECK(EstimateTime(plan).stages[0].microbatch_s < resharded);
+  // A sliding window caps the attention work at long sequences.
+  Plan longseq = Llama(8, 8, 1);
+  longseq.framework = Framework::kMegatronCore;
+  longseq.model.seq_len = 32768;
+  longseq.batch.global = 32;
+  const double full = EstimateTime(longseq).step_s;
+  longseq.model.window = 4096;
+  CHECK(EstimateTime(longseq).step_s < 0.8 * full);
+  // Block recompute of some layers of each chunk costs less than recomputing all of them.
+  Plan rc = Llama(8, 8, 4);
+  rc.recompute = Recompute::kFull;
+  const double all_layers = EstimateTime(rc).step_s;
+  rc.activations.recompute_method = RecomputeMethod::kBlock;
+  rc.activations.recompute_layers = 5;  // of 20 per stage
+  const double some = EstimateTime(rc).step_s;
+  rc.recompute = Recompute::kNone;
+  const double none = EstimateTime(rc).step_s;
+  CHECK(some < all_layers);
+  CHECK(some > none);
+  // A stated routing imbalance slows the experts.
+  Plan moe = testing::MakePlan(testing::DeepSeekV2(), testing::DgxH100(32), 8, 1, 1024, 1);
+  moe.parallel.ep = 32;
+  moe.parallel.sp = true;
+  moe.recompute = Recompute::kFull;
+  moe.framework = Framework::kMegatronCore;
+  const double balanced = EstimateTime(moe).step_s;
+  moe.moe.imbalance = 1.5;
+  CHECK(EstimateTime(moe).step_s > balanced);
+}
+
+TEST_CASE("HSDP: ZeRO-3 gathers within the shard group, the shards are all-reduced over the replicas") {
+  Plan plan = Llama(16, 8, 1);  // dp 16 over 16 nodes
+  plan.model.seq_len = 2048;
+  plan.batch.global = 256;
+  plan.optimizer.zero = 3;
+  plan.framework = Framework::kTorchtitan;
+  const TimeEstimate fsdp = EstimateTime(plan);
+  plan.fsdp.replicate = 4;  // shard over 4, replicate 4 times
+  const TimeEstimate hsdp = EstimateTime(plan);
+  REQUIRE(fsdp.valid);
+  REQUIRE(hsdp.valid);
+  CHECK(fsdp.stages[0].dp_sync_s == 0);  // all of ZeRO-3's traffic is per microbatch
+  CHECK(hsdp.stages[0].dp_sync_s > 0);   // the replica all-reduce, once per step
 }
 
 }  // namespace

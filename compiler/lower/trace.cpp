@@ -97,6 +97,9 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
             if (it == row_of.end()) continue;
             size_t j = static_cast<size_t>(it->second);
             bool send = t.kind == OpKind::SendActivation || t.kind == OpKind::SendGrad;
+            // planrun posts a group's sends before its receives and a send never blocks
+            // (rank_runner.cpp): only a receive waits, for its partner's send to be posted.
+            if (send) continue;
             int32_t my_index = p.IndexIn(rank, CommKind::Pp);
             auto f = index[j].find({my_index, !send, seq_of[i][k]});
             if (f == index[j].end()) continue;

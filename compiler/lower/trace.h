@@ -2,8 +2,9 @@
 //
 // The program's schedules are replayed on one pipeline (the ranks with tp = cp = dp = 0; or
 // every rank when the world has at most kTraceAllRanksUpTo ranks) with durations from the time
-// model: each computation, each transfer group (it ends when every partner has posted its side
-// and the data has moved) and the gradient reduction and optimizer bodies (cross-pipeline
+// model: each computation, each transfer group (sends never block, as in planrun's rank runner;
+// a group ends when the partner of each of its receives has posted the matching send and the
+// data has moved) and the gradient reduction and optimizer bodies (cross-pipeline
 // collectives start when every member has arrived). One row per rank; compute and
 // communication slices in separate categories, with microbatch and chunk in their args.
 #ifndef PARAPLAN_COMPILER_LOWER_TRACE_H_

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "compiler/lower/program.h"
 
@@ -128,6 +130,43 @@ TEST_CASE("the trace is Chrome JSON with a row per rank and compute and pipeline
   CHECK(rows == 8);
   CHECK(forwards == 8 * 4);
   CHECK(transfers == 8 * 2 * 4);  // every rank: 4 sends or receives of activations and 4 of grads
+}
+
+// "simulated step X s (time model: Y s)" from planc compile --trace; {-1, -1} when absent.
+std::pair<double, double> TraceTimes(const std::string& err) {
+  const size_t at = err.find("simulated step ");
+  if (at == std::string::npos) return {-1, -1};
+  double simulated = -1, model = -1;
+  if (std::sscanf(err.c_str() + at, "simulated step %lf s (time model: %lf s)", &simulated, &model) != 2) return {-1, -1};
+  return {simulated, model};
+}
+
+TEST_CASE("the simulated step of the emitted program is within 5% of the time model, for every schedule") {
+  const std::string root = PARAPLAN_SOURCE_DIR;
+  const std::string interleaved = " --set pipeline.schedule=interleaved_1f1b --set parallel.vpp=2";
+  const std::string one_f_one_b = " --set 'pipeline.schedule=\"1f1b\"' --set parallel.vpp=1";
+  const std::string gpipe = " --set pipeline.schedule=gpipe --set parallel.vpp=1";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {root + "/examples/tiny_llama.plan", ""},
+      {root + "/examples/tiny_llama.plan", interleaved},
+      {root + "/examples/tiny_llama.plan", gpipe},
+      // Interleaved, vpp 2, 256 microbatches (full recompute: the program's arena fits 80 GiB).
+      {root + "/examples/llama3_70b.plan", " --set recompute=full"},
+      {root + "/examples/llama3_70b.plan", one_f_one_b + " --set recompute=full"},
+      {root + "/examples/llama3_70b.plan", gpipe + " --set batch.global=16 --set recompute=full"},
+      {root + "/bench/compile/llama3_405b_16k.plan", ""},
+      {root + "/bench/compile/llama3_405b_16k.plan", interleaved},
+      {root + "/bench/explain/llama3_405b_16k.plan", ""},
+  };
+  for (const auto& [plan, sets] : cases) {
+    Result r = Planc("compile " + plan + sets + " -o " + Dir() + "/sim.pplan --trace " + Dir() + "/sim.json");
+    INFO(plan << sets);
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    const auto [simulated, model] = TraceTimes(r.err);
+    REQUIRE(simulated > 0);
+    REQUIRE(model > 0);
+    CHECK(std::fabs(simulated / model - 1) <= 0.05);
+  }
 }
 
 TEST_CASE("damaged and mismatched program files are refused with a clear message, never a crash") {

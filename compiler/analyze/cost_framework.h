@@ -1,0 +1,94 @@
+// Framework profiles: how one software stack behaves on one GPU generation, for the time model.
+//
+// A plan names its stack (`framework = megatron_core`, `torchtitan`, `deepspeed`, `llm_foundry`,
+// `megatron_lm_2021`, `paraplan`); the GPU record decides the generation (EfficiencyFor: ampere,
+// hopper, blackwell, generic). The pair selects one documented parameter set: the behaviour of
+// the stack (fused attention, what overlaps with what, how ZeRO-3/FSDP gathers, how context
+// parallelism exchanges K/V) and a few fitted numbers (compute efficiency of the stack's kernels,
+// fixed costs per layer and per step). Every number is per (stack, GPU generation), never per
+// plan or per calibration row; provenance in bench/calibration/README.md ("Framework profiles").
+//
+// Read by time.cpp (and through it explain, search and the calibration bench).
+#ifndef PARAPLAN_COMPILER_ANALYZE_COST_FRAMEWORK_H_
+#define PARAPLAN_COMPILER_ANALYZE_COST_FRAMEWORK_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "compiler/analyze/cost_params.h"
+
+namespace paraplan {
+
+// How the ZeRO-3 / FSDP parameter gathers of a stack behave.
+enum class ShardStyle : uint8_t {
+  kMegatron,   // Megatron distributed optimizer / Megatron-FSDP: bucketed, prefetched per layer
+  kDeepSpeed,  // DeepSpeed ZeRO-3: per-module gathers with a bounded prefetch, partly exposed
+  kFsdp,       // PyTorch FSDP (1 or 2): one gather per layer, prefetch of the next layer;
+               // with pipeline parallelism FSDP2 keeps parameters gathered across microbatches
+};
+
+// How context parallelism exchanges keys and values.
+enum class CpStyle : uint8_t {
+  kRing,       // ring of cp - 1 point-to-point K/V steps, each overlapped with one block of the
+               // attention core (Megatron-Core / Transformer Engine p2p, torchtitan ring)
+  kAllGather,  // one all-gather of K/V before the core and a reduce-scatter of dK/dV after it
+               // (Llama 3, TE "all_gather"); not overlapped
+};
+
+struct FrameworkProfile {
+  std::string_view stack;       // "megatron_core", ...
+  std::string_view generation;  // "ampere", "hopper", ... ("" = any)
+  std::string_view provenance;  // one line: where the numbers come from
+
+  // Behaviour (documented, not fitted).
+  bool flash_attention = true;  // fused attention kernels (no s x s scores)
+  bool dropout = false;         // hidden/attention dropout
+  bool overlap_grad_reduce = true;
+  bool overlap_param_gather = true;
+  double tp_overlap = 0;  // share of the GEMM time that hides TP collectives (0: none)
+  double ep_overlap = 0;  // share of the expert compute that hides the all-to-all
+  ShardStyle shard = ShardStyle::kMegatron;
+  double shard_prefetch = 0.9;  // share of a layer's compute that hides its ZeRO-3 gathers
+  CpStyle cp = CpStyle::kRing;
+  double fp8_gemm_speedup = 1.6;  // FP8 linear GEMM rate over BF16 at the same size (casts,
+                                  // amax bookkeeping and scaling included); attention stays bf16
+  double moe_imbalance = 1.0;     // worst-rank routed tokens over the average
+
+  // Fitted (bench/calibration --fit): per (stack, generation).
+  double compute_scale = 1.0;     // multiplies the GPU's GEMM and attention fractions
+  double attention_scale = 1.0;   // multiplies the fused-attention fraction once more (the
+                                  // stack's attention kernel against cuDNN/FlashAttention-2)
+  double shard_comm_scale = 1.0;  // ZeRO-3/FSDP gathers and reduce-scatters take this many
+                                  // times the NCCL ring time (per-module buckets, fp32 reduce)
+  double layer_overhead_s = 0;    // per layer and microbatch, forward + backward (launches,
+                                  // small kernels, Python/dispatcher time)
+  double step_overhead_s = 0.05;  // per optimizer step (data loader, logging, host sync)
+  double collective_latency_s = 30e-6;  // per collective launch (ZeRO-3 per-layer traffic)
+  double p2p_latency_s = 20e-6;         // per pipeline exchange (synchronisation included)
+};
+
+// The stacks a plan can name, in a stable order.
+const std::vector<std::string_view>& FrameworkStacks();
+bool IsFrameworkStack(std::string_view stack);
+
+// The profile of `stack` on the generation of `gpu` (EfficiencyFor(gpu).name); a stack without
+// a set for that generation uses its nearest one (hopper for blackwell, ampere for generic).
+// An unknown stack name reads as "paraplan".
+const FrameworkProfile& ProfileFor(std::string_view stack, const GpuSpec& gpu);
+// Every profile, for the calibration bench and the docs table.
+const std::vector<FrameworkProfile>& AllProfiles();
+
+// The stack a plan runs on: CostOptions::framework when set, else the plan's `framework` field
+// ("paraplan" by default). `named` tells whether a stack other than the default was named
+// (then the profile's software flags replace those of CostOptions; the default stack keeps
+// the flags it is given, which default to the same behaviour).
+std::string_view FrameworkOf(const Plan& plan, const CostOptions& options, bool* named = nullptr);
+
+// `options` with the software flags (fused attention, dropout, DP overlap, MoE imbalance) of
+// the plan's framework when one is named; `options` unchanged otherwise.
+CostOptions OptionsForFramework(const Plan& plan, const CostOptions& options);
+
+}  // namespace paraplan
+
+#endif  // PARAPLAN_COMPILER_ANALYZE_COST_FRAMEWORK_H_
