@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "compiler/analyze/cost_comm.h"
+#include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_shape.h"
 #include "compiler/analyze/cost_stages.h"
 
@@ -405,7 +406,10 @@ StateBytesPerParam StateBytes(const Plan& plan, int64_t shard) {
   return b;
 }
 
-MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options) {
+MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& given) {
+  // The plan's framework decides the software flags (fused attention, dropout, ...) here as in
+  // the time model, so check, explain, search and calibration price one plan's memory alike.
+  const CostOptions options = OptionsForFramework(plan, given);
   MemoryEstimate est;
   est.capacity = plan.cluster.gpu.memory;
   std::vector<CostChunk> chunks;

@@ -75,7 +75,7 @@ TEST_CASE("first-stage activations reproduce Korthikanti's Figure 1 exactly") {
     const int64_t nodes = c.pp;  // tp 8 inside a node, one node per stage, dp 1
     Plan plan = testing::MakePlan(testing::Gpt(c.layers, c.hidden, c.heads), testing::DgxA100(nodes), 8,
                                   c.pp, 64 * c.pp * c.micro, c.micro);
-    plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
+    plan.framework = Framework::kMegatronLm2021;  // the software of Korthikanti et al. (2022)
     plan.parallel.vpp = c.vpp;
     plan.pipeline.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
     REQUIRE(plan.parallel.dp == 1);
