@@ -232,7 +232,7 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
   for (Framework f : {Framework::kParaplan, Framework::kMegatronCore, Framework::kTorchtitan,
                       Framework::kDeepSpeed, Framework::kLlmFoundry, Framework::kMegatronLm2021})
     if (ToString(f) == c.stack) plan.framework = f;
-  if (Has(c.id, "asynctp")) c.options.tp_comm_overlap = true;  // torchtitan async TP
+  if (Has(c.id, "asynctp")) p.tp_comm_overlap = true;  // torchtitan async TP
   // Precision.
   const std::string prec = Lower(Str(&run, "precision"));
   plan.precision =

@@ -31,7 +31,8 @@ struct CostOptions {
   // (--overlap-grad-reduce); parameter all-gather with the next forward (--overlap-param-gather).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = true;
-  // TP/SP collectives overlapped with GEMMs (--tp-comm-overlap). Off: fully exposed.
+  // TP/SP collectives overlapped with GEMMs (--tp-comm-overlap) even where the plan's
+  // `parallel.tp_comm_overlap` is false (the two are OR'ed). Off: as the plan says.
   bool tp_comm_overlap = false;
   // Worst-rank routed tokens over the average (1.0 = balanced routing, as NVIDIA's published
   // MoE numbers use). Multiplies routed-token activations, buffers and expert compute.

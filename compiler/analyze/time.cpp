@@ -176,7 +176,8 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   // linear GEMMs, never more than their time.
   if (par.tp > 1) {
     c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, T * h * x, cx.groups.tp, plan.cluster, cx.eff);
-    const double share = cx.options.tp_comm_overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
+    const bool overlap = par.tp_comm_overlap || cx.options.tp_comm_overlap;
+    const double share = overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
     if (share > 0) c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
   }
   // CP ring: cp - 1 steps of the local K and V, hidden behind the attention core.

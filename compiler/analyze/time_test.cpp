@@ -257,6 +257,12 @@ TEST_CASE("TP communication overlap hides TP collectives behind the linear GEMMs
   CHECK(off.stages[0].tp_comm_s > 0);
   CHECK(on.stages[0].tp_comm_s < 0.5 * off.stages[0].tp_comm_s);
   CHECK(on.step_s < off.step_s);
+  // The plan field states the same overlap: the same step, no option needed.
+  plan.parallel.tp_comm_overlap = true;
+  const TimeEstimate field = EstimateTime(plan);
+  CHECK(field.stages[0].tp_comm_s == doctest::Approx(on.stages[0].tp_comm_s));
+  CHECK(field.step_s == doctest::Approx(on.step_s));
+  CHECK(field.step_s < off.step_s);
 }
 
 TEST_CASE("fixed per-layer and per-step costs of a profile add up on small models") {

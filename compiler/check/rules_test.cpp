@@ -200,6 +200,9 @@ TEST_CASE("mesh rules") {
                   "parallel.ep = 2", "parallel.etp = 16", "parallel.sp = true", "cluster.nodes = 4"})
             .Codes() == Codes{"P0309"});
   CHECK(TestPlan({"parallel.sp = true"}).Codes() == Codes{"P0310"});
+  CHECK(TestPlan({"parallel.tp_comm_overlap = true"}).Codes() == Codes{"P0316"});
+  CHECK(TestPlan({"parallel.tp = 8", "parallel.tp_comm_overlap = true"}).Codes() == Codes{"P0317"});
+  CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "parallel.tp_comm_overlap = true"}).Codes().empty());
   CHECK(TestPlan({"parallel.cp = 4", "model.seq_len = 4100", "batch.global = 8"}).Codes() == Codes{"P0311"});
   CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "model.seq_len = 4100", "model.vocab = 131072"}).Codes() ==
         Codes{"P0312"});

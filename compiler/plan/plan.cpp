@@ -181,6 +181,8 @@ FieldTable BuildTable() {
   PP_INT("parallel.etp", parallel.etp, 1, kMax, "expert tensor parallel size (defaults to tp)");
   PP_INT("parallel.dp", parallel.dp, 1, kMax, "data parallel size (world / (tp·pp·cp))");
   PP_BOOL("parallel.sp", parallel.sp, "sequence parallel (needs tp > 1)");
+  PP_BOOL("parallel.tp_comm_overlap", parallel.tp_comm_overlap,
+          "overlap the tensor-parallel collectives with the GEMMs (needs tp > 1 and sp)");
   PP_STRING("parallel.order", parallel.order, "rank order of the mesh axes, innermost first");
   // pipeline
   PP_ENUM("pipeline.schedule", Schedule, pipeline.schedule,

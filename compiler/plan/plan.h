@@ -178,6 +178,7 @@ struct ParallelSpec {
   int64_t etp = 1;  // defaults to tp
   int64_t dp = 1;   // world / (tp·pp·cp), solved when `auto`
   bool sp = false;
+  bool tp_comm_overlap = false;  // TP collectives overlapped with the GEMMs (--tp-comm-overlap, async TP)
   std::string order = "tp-cp-ep-dp-pp";
 };
 
