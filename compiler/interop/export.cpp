@@ -165,6 +165,14 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     add("--expert-tensor-parallel-size", n(p.parallel.etp));
   }
   if (p.parallel.sp) add("--sequence-parallel");
+  if (p.parallel.tp_comm_overlap) {
+    if (deepspeed)
+      ex.Cannot("parallel.tp_comm_overlap", "TP communication overlap",
+                "Megatron-DeepSpeed has no --tp-comm-overlap",
+                "remove `tp_comm_overlap = true`, or export to megatron, torchtitan or nemo");
+    else
+      add("--tp-comm-overlap");
+  }
   if (p.parallel.order == "tp-cp-ep-pp-dp") add("--use-tp-pp-dp-mapping");
   if (p.parallel.vpp > 1) {
     const int64_t counted = m.layers + (p.pipeline.account_for_embedding ? 1 : 0) +
@@ -538,6 +546,7 @@ std::string Torchtitan(Exporter& ex) {
        "\nexpert_parallel_degree = " + n(p.parallel.ep) +
        "\nexpert_tensor_parallel_degree = " + n(p.parallel.etp) + "\n";
   if (!p.fsdp.reshard_after_forward) t += "fsdp_reshard_after_forward = \"never\"\n";
+  if (p.parallel.tp_comm_overlap) t += "enable_async_tensor_parallel = true\n";
   if (p.parallel.pp > 1) {
     t += std::string("pipeline_parallel_schedule = \"") +
          (p.pipeline.schedule == Schedule::kGpipe ? "GPipe" : "1F1B") +
@@ -554,6 +563,8 @@ std::string Torchtitan(Exporter& ex) {
          interop::QuoteString(p.train.checkpoint_dir) +
          "\ninterval = " + n(p.train.checkpoint_every) + "\n";
   }
+  // torchtitan's async tensor parallelism runs only under torch.compile.
+  if (p.parallel.tp_comm_overlap) t += "\n[compile]\nenable = true\n";
   return t;
 }
 
@@ -617,6 +628,7 @@ std::string Nemo(Exporter& ex) {
   kv("expert_model_parallel_size", n(p.parallel.ep));
   kv("expert_tensor_parallel_size", n(p.parallel.etp));
   kv("sequence_parallel", p.parallel.sp ? "true" : "false");
+  if (p.parallel.tp_comm_overlap) kv("ub_tp_comm_overlap", "true");
   kv("account_for_embedding_in_pipeline_split",
      p.pipeline.account_for_embedding ? "true" : "false");
   kv("account_for_loss_in_pipeline_split", p.pipeline.account_for_loss ? "true" : "false");

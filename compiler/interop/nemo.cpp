@@ -42,6 +42,7 @@ constexpr SettingRow kNemo[] = {
     {"model.expert_model_parallel_size", "parallel.ep", Convert::kInt},
     {"model.expert_tensor_parallel_size", "parallel.etp", Convert::kInt},
     {"model.sequence_parallel", "parallel.sp", Convert::kSwitch, "true"},
+    {"model.ub_tp_comm_overlap", "parallel.tp_comm_overlap", Convert::kSwitch, "true"},
     {"model.account_for_embedding_in_pipeline_split", "pipeline.account_for_embedding",
      Convert::kSwitch, "true"},
     {"model.account_for_loss_in_pipeline_split", "pipeline.account_for_loss", Convert::kSwitch,

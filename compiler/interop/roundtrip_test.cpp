@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "compiler/check/evaluate.h"
 #include "compiler/interop/interop.h"
@@ -145,6 +148,89 @@ TEST_CASE(
   fs::remove_all(scratch);
   CHECK(examples >= 10);
   MESSAGE("round trips: " << round_trips << " over " << examples << " examples");
+}
+
+TEST_CASE("TP communication overlap round-trips through megatron, torchtitan and nemo") {
+  namespace fs = std::filesystem;
+  const fs::path scratch =
+      fs::temp_directory_path() / ("paraplan_overlap_" + std::to_string(::getpid()));
+  fs::create_directories(scratch);
+  std::map<ConfigKind, int> round_trips;
+  // The examples with tensor and sequence parallelism, and torchtitan's Llama 3 70B preset (TP 8),
+  // since no example exports to torchtitan with tp > 1.
+  std::vector<std::pair<std::string, Plan>> sources;
+  SourceManager sm;
+  DiagnosticSink sink;
+  for (const auto& entry : fs::directory_iterator(Root() + "/examples")) {
+    if (entry.path().extension() != ".plan") continue;
+    std::ifstream in(entry.path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto plan = EvaluateText(entry.path().string(), text, sm, sink);
+    REQUIRE_MESSAGE(plan, entry.path().string());
+    if (plan->parallel.tp > 1 && plan->parallel.sp) sources.emplace_back(entry.path().filename(), *plan);
+  }
+  {
+    const std::string path = Root() + "/tests/interop/corpus/torchtitan/llama3_70b.toml";
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ImportOptions options;
+    options.stdlib_dir = Root() + "/stdlib";
+    options.nodes = 8;
+    options.gpu = "a100";
+    auto imported = ImportConfigText(ConfigKind::kTorchtitan, path, text, options, sm, sink);
+    REQUIRE(imported);
+    auto plan = EvaluateText("llama3_70b", imported->text, sm, sink);
+    REQUIRE(plan);
+    REQUIRE(plan->parallel.tp == 8);
+    CHECK_FALSE(plan->parallel.tp_comm_overlap);
+    sources.emplace_back("llama3_70b.toml", *plan);
+  }
+  for (const auto& [name, source] : sources) {
+    const Plan* plan = &source;
+    for (ConfigKind kind : {ConfigKind::kMegatron, ConfigKind::kTorchtitan, ConfigKind::kDeepSpeed,
+                            ConfigKind::kNemo}) {
+      CAPTURE(name);
+      CAPTURE(ToString(kind));
+      DiagnosticSink plain_sink;
+      if (ExportPlan(kind, *plan, plain_sink).text.empty()) continue;  // refused for other reasons
+      Plan overlap = *plan;
+      overlap.parallel.tp_comm_overlap = true;
+      DiagnosticSink export_sink;
+      ExportResult out = ExportPlan(kind, overlap, export_sink);
+      if (kind == ConfigKind::kDeepSpeed) {
+        // Megatron-DeepSpeed has no such flag: refused, naming the field.
+        CHECK(out.text.empty());
+        REQUIRE(export_sink.diagnostics().size() == 1);
+        CHECK(GetDiagKindInfo(export_sink.diagnostics()[0].kind).code == "P0905");
+        continue;
+      }
+      REQUIRE(!out.text.empty());
+      const fs::path file = scratch / ("exported." + std::string(ToString(kind)));
+      if (!out.companion_name.empty())
+        std::ofstream(scratch / out.companion_name) << out.companion_text;
+      ImportOptions options;
+      options.stdlib_dir = Root() + "/stdlib";
+      options.nodes = overlap.cluster.nodes;
+      options.gpus_per_node = overlap.cluster.gpus_per_node;
+      options.gpu = overlap.cluster.gpu.name.find("a100") != std::string::npos
+                        ? overlap.cluster.gpu.name
+                        : "h100";
+      SourceManager sm2;
+      DiagnosticSink sink2;
+      auto imported = ImportConfigText(kind, file.string(), out.text, options, sm2, sink2);
+      REQUIRE_MESSAGE(imported, out.text);
+      auto back = EvaluateText("imported", imported->text, sm2, sink2);
+      REQUIRE(back);
+      CHECK_MESSAGE(!sink2.has_errors(), imported->text);
+      CHECK_MESSAGE(back->parallel.tp_comm_overlap, imported->text);
+      CHECK(Differences(overlap, *back, kind).empty());
+      ++round_trips[kind];
+    }
+  }
+  fs::remove_all(scratch);
+  CHECK(round_trips[ConfigKind::kMegatron] > 0);
+  CHECK(round_trips[ConfigKind::kTorchtitan] > 0);
+  CHECK(round_trips[ConfigKind::kNemo] > 0);
 }
 
 }  // namespace

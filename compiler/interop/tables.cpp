@@ -35,6 +35,7 @@ constexpr SettingRow kMegatron[] = {
     {"--expert-model-parallel-size", "parallel.ep", Convert::kInt},
     {"--expert-tensor-parallel-size", "parallel.etp", Convert::kInt},
     {"--sequence-parallel", "parallel.sp", Convert::kSwitch, "true"},
+    {"--tp-comm-overlap", "parallel.tp_comm_overlap", Convert::kSwitch, "true"},
     {"--use-tp-pp-dp-mapping", "parallel.order", Convert::kSwitch, "\"tp-cp-ep-pp-dp\""},
     {"--virtual-pipeline-model-parallel-size", "parallel.vpp", Convert::kInt},
     {"--num-virtual-stages-per-pipeline-rank", "parallel.vpp", Convert::kInt},

@@ -31,6 +31,8 @@ constexpr SettingRow kTorchtitan[] = {
      {},
      kTitanSchedule},
     {"parallelism.enable_sequence_parallel", "parallel.sp", Convert::kSwitch, "true"},
+    {"parallelism.enable_async_tensor_parallel", "parallel.tp_comm_overlap", Convert::kSwitch,
+     "true"},
     {"activation_checkpoint.mode", "recompute", Convert::kEnum, {}, kTitanRecompute},
     {"training.mixed_precision_param", "precision", Convert::kEnum, {}, kTitanPrecision},
     {"training.seq_len", "model.seq_len", Convert::kInt},
@@ -54,7 +56,6 @@ constexpr SettingRow kTorchtitan[] = {
 constexpr SkippedRow kTorchtitanSkipped[] = {
     {"activation_checkpoint.selective_ac_option",
      "no plan field yet: which layers or ops are recomputed"},
-    {"parallelism.enable_async_tensor_parallel", "no plan field: the time model assumes overlap"},
     {"parallelism.disable_loss_parallel", "no plan field: loss parallelism"},
     {"float8.enable_fsdp_float8_all_gather", "no plan field yet: fp8 all-gather"},
     {"float8.precompute_float8_dynamic_scale_for_fsdp", "no plan field yet: fp8 scaling"},
