@@ -59,6 +59,7 @@ TEST_CASE(
   const std::pair<const char*, const char*> rows[] = {
       {"korthikanti22_t5_22b_sp_selective.plan", "korthikanti22-t5-22b-sp-selective"},
       {"nemo2407_llama2_7b_fp8.plan", "nemo2407-h100-fp8-llama2-7b-8gpu"},
+      {"torchtitan2412_llama3_70b_asynctp.plan", "torchtitan-2412-t4-70b-fsdp32-tp8-asynctp"},
   };
   for (const auto& [file, id] : rows) {
     INFO(file);
