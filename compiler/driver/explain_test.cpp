@@ -91,6 +91,14 @@ TEST_CASE("golden text report of a 16-rank plan") {
   CHECK(text == golden);
 }
 
+TEST_CASE("text report says whether TP communication overlaps the GEMMs") {
+  Plan p = DemoPlan();
+  REQUIRE(p.parallel.tp > 1);
+  CHECK(ExplainText(Analyse(p).Input()).find("tp_comm_overlap off") != std::string::npos);
+  p.parallel.tp_comm_overlap = true;
+  CHECK(ExplainText(Analyse(p).Input()).find("tp_comm_overlap on") != std::string::npos);
+}
+
 TEST_CASE("text report: big worlds get one role row per stage") {
   Plan p = DemoPlan();
   p.cluster.nodes = 32;

@@ -112,7 +112,9 @@ std::string ExplainText(const ExplainInput& in) {
                      GroupDigits(layout.world_size()));
   out += fmt::format("  expert  etp {} · ep {} · edp {} · pp {} = {}\n", s.etp, s.ep, layout.edp(), s.pp,
                      GroupDigits(layout.world_size()));
-  out += fmt::format("  vpp {}  sp {}\n", plan.parallel.vpp, plan.parallel.sp && s.tp > 1 ? "on" : "off");
+  out += fmt::format("  vpp {}  sp {}  tp_comm_overlap {}\n", plan.parallel.vpp,
+                     plan.parallel.sp && s.tp > 1 ? "on" : "off",
+                     plan.parallel.tp_comm_overlap && s.tp > 1 ? "on" : "off");
 
   constexpr std::string_view kGroupRow = "  {:<9} {:>7} × {:<5}  {:<20} {}\n";
   out += "\ngroups\n";
