@@ -310,25 +310,31 @@ void CheckSequence(RuleContext& ctx) {
     d.Help("remove `sp = true`, or use `tp` > 1");
     d.Report();
   }
-  if (par.tp_comm_overlap && par.tp == 1 && !ctx.Poisoned({"parallel.tp_comm_overlap", "parallel.tp"})) {
+  if (par.tp_comm_overlap && par.tp == 1 &&
+      !ctx.Poisoned({"parallel.tp_comm_overlap", "parallel.tp"})) {
     RuleDiag d(ctx, DiagKind::kTpCommOverlapWithoutTp,
-               "`tp_comm_overlap = true` with `tp = 1`: there are no tensor-parallel collectives to overlap");
+               "`tp_comm_overlap = true` with `tp = 1`: there are no tensor-parallel collectives "
+               "to overlap");
     d.At({"parallel.tp_comm_overlap"}, "has no effect");
     d.Field("parallel.tp", par.tp);
-    d.Note("the overlap hides the all-gathers and reduce-scatters of the tensor-parallel group behind the "
-           "linear GEMMs (Megatron-LM's --tp-comm-overlap, torchtitan's async tensor parallelism); with one "
-           "rank there are none");
+    d.Note(
+        "the overlap hides the all-gathers and reduce-scatters of the tensor-parallel group behind "
+        "the linear GEMMs (Megatron-LM's --tp-comm-overlap, torchtitan's async tensor "
+        "parallelism); with one rank there are none");
     d.Help("remove `tp_comm_overlap = true`, or use `tp` > 1");
     d.Report();
   } else if (par.tp_comm_overlap && par.tp > 1 && !par.sp &&
              !ctx.Poisoned({"parallel.tp_comm_overlap", "parallel.tp", "parallel.sp"})) {
-    RuleDiag d(ctx, DiagKind::kTpCommOverlapWithoutSp,
-               "`tp_comm_overlap = true` without sequence parallelism: Megatron-LM refuses the overlap");
+    RuleDiag d(
+        ctx, DiagKind::kTpCommOverlapWithoutSp,
+        "`tp_comm_overlap = true` without sequence parallelism: Megatron-LM refuses the overlap");
     d.At({"parallel.tp_comm_overlap"}, "needs `sp = true`");
     d.Field("parallel.sp", std::string("false"));
-    d.Note("Megatron-LM overlaps the all-gather before and the reduce-scatter after the linear GEMMs of "
-           "sequence parallelism (\"Tensor parallel communication/GEMM overlap can happen only when "
-           "sequence parallelism is enabled\"); the time model still prices the overlap as written");
+    d.Note(
+        "Megatron-LM overlaps the all-gather before and the reduce-scatter after the linear GEMMs "
+        "of sequence parallelism (\"Tensor parallel communication/GEMM overlap can happen only "
+        "when sequence parallelism is enabled\"); the time model still prices the overlap as "
+        "written");
     d.Help("set `sp = true`, or remove `tp_comm_overlap = true`");
     d.Report();
   }

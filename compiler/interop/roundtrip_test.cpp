@@ -167,7 +167,8 @@ TEST_CASE("TP communication overlap round-trips through megatron, torchtitan and
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto plan = EvaluateText(entry.path().string(), text, sm, sink);
     REQUIRE_MESSAGE(plan, entry.path().string());
-    if (plan->parallel.tp > 1 && plan->parallel.sp) sources.emplace_back(entry.path().filename(), *plan);
+    if (plan->parallel.tp > 1 && plan->parallel.sp)
+      sources.emplace_back(entry.path().filename(), *plan);
   }
   {
     const std::string path = Root() + "/tests/interop/corpus/torchtitan/llama3_70b.toml";
