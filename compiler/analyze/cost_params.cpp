@@ -45,10 +45,25 @@ constexpr GpuEfficiency kAmpere = {
 //     Megatron-Core uses through Transformer Engine, lies between.
 constexpr GpuEfficiency kHopper = {
     "hopper",
-    "partly chosen (H100 runs are fit through the framework profiles): large-GEMM ceiling 0.62 of 989 TFLOP/s so that "
-    "Llama 3 70B on TP 8 x PP 2 gives Megatron-Core's published 42% MFU; fused attention at 0.50 of peak "
+    "partly chosen (H100 runs are fit through the framework profiles): large-GEMM ceiling 0.62 of "
+    "989 TFLOP/s so that "
+    "Llama 3 70B on TP 8 x PP 2 gives Megatron-Core's published 42% MFU; fused attention at 0.50 "
+    "of peak "
     "(between FlashAttention-2 and -3); NVLink4/NDR bus efficiencies as on Ampere",
-    0.62, 4.0e9, 0.50, 0.80, 2.0, 0.75, 0.85, 10e-6, 20e-6, 1024 * kMiB, 64 * kMiB, 50e9, 1.5e9, 0.05,
+    0.62,
+    4.0e9,
+    0.50,
+    0.80,
+    2.0,
+    0.75,
+    0.85,
+    10e-6,
+    20e-6,
+    1024 * kMiB,
+    64 * kMiB,
+    50e9,
+    1.5e9,
+    0.05,
 };
 
 constexpr GpuEfficiency kBlackwell = {

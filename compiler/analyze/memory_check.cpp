@@ -29,7 +29,8 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   // lowers neither): the MLP recomputed with the attention core, and bf16 Adam moments.
   if (plan.framework != Framework::kParaplan) {
     if (plan.recompute != Recompute::kFull && !(EffectiveRecomputeModules(plan) & kRecomputeMlp))
-      out.push_back({{{"recompute", "selective"}, {"activations.recompute_modules", "\"core_attn, mlp\""}}});
+      out.push_back(
+          {{{"recompute", "selective"}, {"activations.recompute_modules", "\"core_attn, mlp\""}}});
     if (plan.optimizer.type == OptimizerType::kAdamW &&
         EffectiveMixedPrecision(plan).optimizer_state == ElementType::kFp32)
       one("mixed_precision.optimizer_state", "bf16");
@@ -37,7 +38,8 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   if (plan.recompute != Recompute::kFull) one("recompute", "full");
   // DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (P0503): offered there only without it.
   for (int64_t z = plan.optimizer.zero + 1; z <= 3; ++z)
-    if (z <= 1 || par.pp == 1 || plan.framework != Framework::kDeepSpeed) one("optimizer.zero", std::to_string(z));
+    if (z <= 1 || par.pp == 1 || plan.framework != Framework::kDeepSpeed)
+      one("optimizer.zero", std::to_string(z));
   if (plan.batch.micro > 1) one("batch.micro", std::to_string(plan.batch.micro / 2));
   if (par.vpp > 1) out.push_back({{{"parallel.vpp", "1"}, {"pipeline.schedule", "\"1f1b\""}}});
   if (par.tp * 2 <= plan.cluster.gpus_per_node) {
@@ -192,14 +194,17 @@ void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& opti
   int64_t over = 0;
   for (const StageMemory& st : mem.stages) over += st.total > (oom ? capacity : near) ? 1 : 0;
   if (mem.stages.size() > 1)
-    d.Note(fmt::format("{} of {} pipeline stages are {}; every stage is estimated, stage {} is the largest",
-                       over, mem.stages.size(), oom ? "over the limit" : fmt::format("above {}%", kNearLimitPercent), s.stage));
-  d.Note(fmt::format("per GPU: parameters, main gradients and optimizer state by precision and ZeRO stage, the "
-                     "activations of the {} microbatch(es) in flight under {}, communication buffers, {} "
-                     "of CUDA context and workspaces, and {}",
-                     s.in_flight, ToString(plan.pipeline.schedule), FormatGiB(s.Get(MemoryPart::kRuntimeReserve)),
-                     s.arena > 0 ? std::string("no allocator margin (planrun allocates its arena whole)")
-                                 : fmt::format("a {}% allocator margin", options.allocator_margin_percent)));
+    d.Note(fmt::format(
+        "{} of {} pipeline stages are {}; every stage is estimated, stage {} is the largest", over,
+        mem.stages.size(), oom ? "over the limit" : fmt::format("above {}%", kNearLimitPercent),
+        s.stage));
+  d.Note(fmt::format(
+      "per GPU: parameters, main gradients and optimizer state by precision and ZeRO stage, the "
+      "activations of the {} microbatch(es) in flight under {}, communication buffers, {} "
+      "of CUDA context and workspaces, and {}",
+      s.in_flight, ToString(plan.pipeline.schedule), FormatGiB(s.Get(MemoryPart::kRuntimeReserve)),
+      s.arena > 0 ? std::string("no allocator margin (planrun allocates its arena whole)")
+                  : fmt::format("a {}% allocator margin", options.allocator_margin_percent)));
   const std::vector<MemoryFix> fixes = ProposeMemoryFixes(plan, oom ? capacity : near, options);
   for (const MemoryFix& fix : fixes) {
     d.Help(fmt::format("{} {} the largest stage ({}) to {}; predicted step {:.2f} s", fix.description,

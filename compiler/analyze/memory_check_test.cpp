@@ -23,7 +23,8 @@ const Diagnostic* Find(const DiagnosticSink& sink, DiagKind kind) {
   return nullptr;
 }
 
-TEST_CASE("for DeepSpeed, ZeRO 2 and 3 are offered as fixes only without pipeline parallelism (P0503)") {
+TEST_CASE(
+    "for DeepSpeed, ZeRO 2 and 3 are offered as fixes only without pipeline parallelism (P0503)") {
   Plan plan = Oversized();
   REQUIRE(plan.parallel.pp > 1);
   plan.framework = Framework::kDeepSpeed;

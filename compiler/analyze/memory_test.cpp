@@ -285,7 +285,9 @@ TEST_CASE("recompute modules, methods, offload and HSDP change what is held") {
   Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kMegatronCore;
   plan.optimizer.zero = 1;
-  auto activations = [&](const Plan& p) { return EstimateMemory(p).stages[0].Get(MemoryPart::kActivations); };
+  auto activations = [&](const Plan& p) {
+    return EstimateMemory(p).stages[0].Get(MemoryPart::kActivations);
+  };
   const int64_t none = activations(plan);
   plan.recompute = Recompute::kSelective;
   const int64_t core = activations(plan);
@@ -313,10 +315,12 @@ TEST_CASE("recompute modules, methods, offload and HSDP change what is held") {
   const int64_t opt = EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer);
   plan.optimizer.offload = Offload::kCpu;
   plan.optimizer.offload_fraction = 0.5;
-  CHECK(EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer) == doctest::Approx(opt / 2).epsilon(1e-6));
+  CHECK(EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer) ==
+        doctest::Approx(opt / 2).epsilon(1e-6));
   plan.optimizer.offload = Offload::kNone;
   plan.fsdp.replicate = 2;  // dp = 2: shard over 1 rank, twice the optimizer state
-  CHECK(EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer) == doctest::Approx(opt * 2).epsilon(1e-6));
+  CHECK(EstimateMemory(plan).stages[0].Get(MemoryPart::kOptimizer) ==
+        doctest::Approx(opt * 2).epsilon(1e-6));
 }
 
 TEST_CASE("PredictedPeaks: one entry per stage, the device's bytes and the allocator's") {
@@ -333,7 +337,8 @@ TEST_CASE("PredictedPeaks: one entry per stage, the device's bytes and the alloc
     CHECK(p.device - p.allocator >= int64_t{1} << 30);
   }
   plan.framework = Framework::kParaplan;  // planrun: the allocator is the static arena
-  for (const StagePeak& p : PredictedPeaks(plan)) CHECK(p.allocator == EstimateMemory(plan).stages[p.stage].arena);
+  for (const StagePeak& p : PredictedPeaks(plan))
+    CHECK(p.allocator == EstimateMemory(plan).stages[p.stage].arena);
 }
 
 }  // namespace

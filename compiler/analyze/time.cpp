@@ -53,10 +53,10 @@ struct Context {
   const Plan& plan;
   const CostOptions& options;  // software flags of the plan's framework (OptionsForFramework)
   const FrameworkProfile& prof;
-  const GpuEfficiency& eff;    // the GPU's set, scaled by the profile's compute_scale
+  const GpuEfficiency& eff;  // the GPU's set, scaled by the profile's compute_scale
   CommGroups groups;
-  double peak;                 // linear GEMMs: bf16 peak, times the FP8 speedup under fp8
-  double peak_attention;       // attention core: bf16 (FP8 training keeps attention in bf16)
+  double peak;            // linear GEMMs: bf16 peak, times the FP8 speedup under fp8
+  double peak_attention;  // attention core: bf16 (FP8 training keeps attention in bf16)
   double hbm;
 };
 
@@ -105,7 +105,8 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     if (cx.options.flash_attention) {
       // One fused kernel per layer (per ring step under CP: keys per call s / cp).
       const double keys = s / D(std::max<int64_t>(1, par.cp));
-      c.core_s = total / (cx.peak_attention * cx.eff.attention_fraction * AttentionShape(keys, head_dim));
+      c.core_s =
+          total / (cx.peak_attention * cx.eff.attention_fraction * AttentionShape(keys, head_dim));
     } else {
       const double pieces = D(plan.batch.micro) * heads_rank;      // batched per (sequence, head)
       c.core_s = pieces * GemmSeconds(total / pieces, cx.peak_attention, cx.eff);
@@ -138,7 +139,8 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     const double local_experts = std::max(1.0, D(m.experts) / D(std::max<int64_t>(1, par.ep)));
     const double per_expert = pairs / local_experts;
     // Grouped GEMM: one GEMM per local expert at the efficiency of its own size.
-    const double experts_s = local_experts * (gemm(2 * per_expert * h * fe * up / etp) + gemm(2 * per_expert * fe * h / etp));
+    const double experts_s = local_experts * (gemm(2 * per_expert * h * fe * up / etp) +
+                                              gemm(2 * per_expert * fe * h / etp));
     c.gemm_s += experts_s;
     // Dispatch and combine: each rank sends the routed copies of its own (sequence-parallel)
     // tokens over EP; with ETP > 1 the received tokens are all-gathered over ETP before the
@@ -151,7 +153,8 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     // Overlapped where the stack does it (the profile's share): Megatron-Core's EP overlap runs
     // one microbatch's dispatch/combine under another's layer compute, so the layer's GEMMs
     // (attention and experts) bound what can hide.
-    if (par.ep > 1 || par.etp > 1) c.ep_s = std::max(c.ep_s * (1 - cx.prof.ep_overlap), c.ep_s - c.gemm_s);
+    if (par.ep > 1 || par.etp > 1)
+      c.ep_s = std::max(c.ep_s * (1 - cx.prof.ep_overlap), c.ep_s - c.gemm_s);
     // Router softmax/top-k, permute and unpermute: memory-bound passes over the routed copies.
     c.memory_s += 4 * pairs * h * x / cx.hbm;
   }
@@ -193,13 +196,15 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     const double steps = D(par.cp - 1);
     if (cx.prof.cp == CpStyle::kAllGather) {
       // K/V all-gathered before the core (dK/dV reduce-scattered after it), not overlapped.
-      c.cp_s = CollectiveSeconds(Collective::kAllGather, chunk * D(par.cp), cx.groups.cp, plan.cluster, cx.eff) +
+      c.cp_s = CollectiveSeconds(Collective::kAllGather, chunk * D(par.cp), cx.groups.cp,
+                                 plan.cluster, cx.eff) +
                cx.prof.collective_latency_s;
     } else {
       // Ring with load-balanced causal chunks (2·cp chunks, each rank equal work): cp - 1 steps,
       // each sending the local K/V while one 1/cp block of the core runs; a step costs the
       // longer of the two plus one launch.
-      const double send = CollectiveSeconds(Collective::kPointToPoint, chunk, cx.groups.cp, plan.cluster, cx.eff);
+      const double send =
+          CollectiveSeconds(Collective::kPointToPoint, chunk, cx.groups.cp, plan.cluster, cx.eff);
       c.cp_s = steps * (std::max(0.0, send - c.core_s / D(par.cp)) + cx.prof.collective_latency_s);
     }
   }
@@ -237,7 +242,8 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
       options.profile ? *options.profile : ProfileFor(FrameworkOf(plan, options), plan.cluster.gpu);
   GpuEfficiency eff = EfficiencyFor(plan.cluster.gpu, options);
   eff.gemm_max_fraction = std::min(0.98, eff.gemm_max_fraction * prof.compute_scale);
-  eff.attention_fraction = std::min(0.95, eff.attention_fraction * prof.compute_scale * prof.attention_scale);
+  eff.attention_fraction =
+      std::min(0.95, eff.attention_fraction * prof.compute_scale * prof.attention_scale);
   eff.p2p_latency_s = prof.p2p_latency_s;
   // Linear GEMMs: the 16-bit peak (fp32: TF32), times the stack's FP8 speedup under fp8; the
   // attention core stays in bf16 (Transformer Engine, torchao and llm-foundry FP8 recipes).
@@ -248,7 +254,13 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   const double peak_linear = UsesFp8(plan) ? peak16 * prof.fp8_gemm_speedup : peak16;
   est.framework = prof.stack;
   est.generation = prof.generation;
-  Context cx{plan, options, prof, eff, PlaceGroups(plan), peak_linear, peak16,
+  Context cx{plan,
+             options,
+             prof,
+             eff,
+             PlaceGroups(plan),
+             peak_linear,
+             peak16,
              plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
   const int64_t world = std::max<int64_t>(1, plan.World());
   const int64_t denom = std::max<int64_t>(1, plan.batch.micro * par.dp);
@@ -272,7 +284,9 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   // Element sizes of the DP traffic from the precision record (gradients reduced in their
   // stored type; parameters gathered in theirs).
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
-  auto bytes_of = [](ElementType e) { return e == ElementType::kFp32 ? 4.0 : e == ElementType::kFp8 ? 1.0 : 2.0; };
+  auto bytes_of = [](ElementType e) {
+    return e == ElementType::kFp32 ? 4.0 : e == ElementType::kFp8 ? 1.0 : 2.0;
+  };
   const double grad_elem = bytes_of(mp.grads);
   const double param_elem = bytes_of(mp.params);
 
@@ -300,7 +314,8 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
           // chunk; uniform recomputes every layer.
           double share = 1;
           const ActivationSpec& act = plan.activations;
-          if (act.recompute_method == RecomputeMethod::kBlock && act.recompute_layers > 0 && chunk.layers > 0)
+          if (act.recompute_method == RecomputeMethod::kBlock && act.recompute_layers > 0 &&
+              chunk.layers > 0)
             share = std::min(1.0, D(act.recompute_layers) / D(chunk.layers));
           st.recompute_s += share * nl * (lc.gemm_s + lc.memory_s);
           tp_passes = 2 + share;
@@ -372,12 +387,15 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         replicas.size = cx.groups.dp_cp.size / shard_group;
         replicas.per_node = std::max<int64_t>(1, cx.groups.dp_cp.per_node / shard_group);
       }
-      const double grads_s = scatter(shared_params, dense_group) + scatter(expert_params, cx.groups.edp);
-      const double params_s = gather(shared_params, dense_group) + gather(expert_params, cx.groups.edp);
-      const double replica_s =
-          replicas.size > 1 ? CollectiveSeconds(Collective::kAllReduce, shared_params / D(shard_group) * grad_elem,
-                                                replicas, plan.cluster, eff)
-                            : 0;
+      const double grads_s =
+          scatter(shared_params, dense_group) + scatter(expert_params, cx.groups.edp);
+      const double params_s =
+          gather(shared_params, dense_group) + gather(expert_params, cx.groups.edp);
+      const double replica_s = replicas.size > 1
+                                   ? CollectiveSeconds(Collective::kAllReduce,
+                                                       shared_params / D(shard_group) * grad_elem,
+                                                       replicas, plan.cluster, eff)
+                                   : 0;
       double step_grads = (zero <= 1 ? grads_s : 0) + replica_s;
       double step_params = zero == 1 || zero == 2 ? params_s : 0;
       // FSDP2 with pipeline parallelism (torchtitan, Llama 3) keeps the parameters gathered over
@@ -392,11 +410,13 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         // gather is prefetched behind the current layer's compute (the profile's share of it);
         // the first gather is exposed, and every collective pays a launch latency.
         int64_t layers_here = 0;
-        for (int64_t c = 0; c < v; ++c) layers_here += chunks[static_cast<size_t>(c * p + r)].layers;
+        for (int64_t c = 0; c < v; ++c)
+          layers_here += chunks[static_cast<size_t>(c * p + r)].layers;
         const double n_layers = D(std::max<int64_t>(1, layers_here));
         // Per layer collective: a launch, and the ring's n - 1 steps (NCCL all-gather and
         // reduce-scatter run rings; one ring latency is already in the stage-wide time).
-        const double ring_steps = D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * eff.collective_latency_s;
+        const double ring_steps =
+            D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * eff.collective_latency_s;
         const double lat = n_layers * prof.collective_latency_s + (n_layers - 1) * ring_steps;
         const double k = prof.shard_comm_scale;
         const double ag_f = zero >= 3 ? k * params_s + lat : 0;
@@ -407,7 +427,8 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         const double rs = k * grads_s + lat;
         const double compute_f = fwd, compute_b = st.gemm_s + st.memory_s + st.recompute_s - fwd;
         const double hide = prof.shard_prefetch;
-        double exposed = std::max(0.0, ag_f - hide * compute_f) + std::max(0.0, ag_b + rs - hide * std::max(0.0, compute_b));
+        double exposed = std::max(0.0, ag_f - hide * compute_f) +
+                         std::max(0.0, ag_b + rs - hide * std::max(0.0, compute_b));
         exposed += ag_f / n_layers;  // the first layer's gather
         if (zero == 2 && prof.shard == ShardStyle::kFsdp) {
           // shard_grad_op gathers once per microbatch's forward (parameters freed after backward).

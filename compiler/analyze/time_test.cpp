@@ -188,7 +188,9 @@ TEST_CASE("fused attention: time per token grows with the sequence at equal toke
   CHECK(per_token[1] < per_token[2]);
 }
 
-TEST_CASE("context parallelism: ring steps hide behind the core at long sequences, an all-gather does not") {
+TEST_CASE(
+    "context parallelism: ring steps hide behind the core at long sequences, an all-gather does "
+    "not") {
   Plan plan = Llama(8, 8, 1);
   plan.framework = Framework::kMegatronCore;
   plan.model.seq_len = 131072;
@@ -235,7 +237,8 @@ TEST_CASE("ZeRO-3 under DeepSpeed ranks below 3D parallelism for GPT-3 175B (Nar
   CHECK(EstimateTime(zero3, o).step_s < z.step_s);
 }
 
-TEST_CASE("FSDP2 with pipeline parallelism gathers parameters once per step, not every microbatch") {
+TEST_CASE(
+    "FSDP2 with pipeline parallelism gathers parameters once per step, not every microbatch") {
   Plan plan = Llama(8, 8, 2);
   plan.optimizer.zero = 3;
   plan.framework = Framework::kTorchtitan;
@@ -244,7 +247,7 @@ TEST_CASE("FSDP2 with pipeline parallelism gathers parameters once per step, not
   const TimeEstimate per_microbatch = EstimateTime(plan);
   REQUIRE(fsdp2.valid);
   REQUIRE(per_microbatch.valid);
-  CHECK(fsdp2.stages[0].dp_sync_s > 0);          // once per step
+  CHECK(fsdp2.stages[0].dp_sync_s > 0);            // once per step
   CHECK(per_microbatch.stages[0].dp_sync_s == 0);  // inside every microbatch instead
 }
 
@@ -300,7 +303,9 @@ TEST_CASE("every stack has a profile for Ampere and Hopper, the plan's framework
   CHECK(!o.overlap_grad_reduce);
 }
 
-TEST_CASE("plan refinements the time model reads: reshard_after_forward, window, block recompute, imbalance") {
+TEST_CASE(
+    "plan refinements the time model reads: reshard_after_forward, window, block recompute, "
+    "imbalance") {
   // ZeRO-3 that keeps the forward's gathered weights skips the backward gather.
   Plan plan = Llama(8, 8, 1);
   plan.model.seq_len = 1024;
@@ -340,7 +345,8 @@ TEST_CASE("plan refinements the time model reads: reshard_after_forward, window,
   CHECK(EstimateTime(moe).step_s > balanced);
 }
 
-TEST_CASE("HSDP: ZeRO-3 gathers within the shard group, the shards are all-reduced over the replicas") {
+TEST_CASE(
+    "HSDP: ZeRO-3 gathers within the shard group, the shards are all-reduced over the replicas") {
   Plan plan = Llama(16, 8, 1);  // dp 16 over 16 nodes
   plan.model.seq_len = 2048;
   plan.batch.global = 256;

@@ -310,9 +310,10 @@ void CheckSplit(RuleContext& ctx) {
         for (const auto& [changes, words] : accounting) {
           auto cand = ctx.Changed(changes);
           if (!cand || !ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) continue;
-          const int64_t t = cand->model.layers + cand->pipeline.account_for_embedding + cand->pipeline.account_for_loss;
-          d.Help("count the embedding and loss as layers with " + words + ": " + std::to_string(t) + " / " +
-                 std::to_string(pp) + " = " + std::to_string(t / pp) + " per stage");
+          const int64_t t = cand->model.layers + cand->pipeline.account_for_embedding +
+                            cand->pipeline.account_for_loss;
+          d.Help("count the embedding and loss as layers with " + words + ": " + std::to_string(t) +
+                 " / " + std::to_string(pp) + " = " + std::to_string(t / pp) + " per stage");
           break;
         }
         if (pp > 2) {
@@ -322,11 +323,13 @@ void CheckSplit(RuleContext& ctx) {
             const int64_t rest = L - m * (pp - 2);
             const int64_t first = rest / 2, last = rest - first;
             if (first > m || last > m || first < 1) continue;
-            auto cand = ctx.Changed({{"pipeline.first_stage_layers", first}, {"pipeline.last_stage_layers", last}});
+            auto cand = ctx.Changed(
+                {{"pipeline.first_stage_layers", first}, {"pipeline.last_stage_layers", last}});
             if (cand && ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) {
               d.Help("or give the first and last stages their own counts: `first_stage_layers = " +
-                     std::to_string(first) + "` and `last_stage_layers = " + std::to_string(last) + "` (" +
-                     std::to_string(m) + " on each of the other " + std::to_string(pp - 2) + ")");
+                     std::to_string(first) + "` and `last_stage_layers = " + std::to_string(last) +
+                     "` (" + std::to_string(m) + " on each of the other " + std::to_string(pp - 2) +
+                     ")");
             }
             break;
           }
@@ -334,13 +337,15 @@ void CheckSplit(RuleContext& ctx) {
         auto split = EvenSplit(L, pp);
         std::reverse(split.begin(), split.end());  // lighter stages first: they hold the embedding
         std::string text = ListText(split);
-        if (vpp == 1 && ctx.Fixes({{"pipeline.stage_layers", text}}, DiagKind::kLayersNotDivisibleByPp)) {
+        if (vpp == 1 &&
+            ctx.Fixes({{"pipeline.stage_layers", text}}, DiagKind::kLayersNotDivisibleByPp)) {
           d.Help("or split unevenly with `stage_layers = " + text + "`");
         }
       }
       if (vpp > 1) {
-        d.Help("with `vpp = " + std::to_string(vpp) + "` every stage's layers must also split into " +
-               std::to_string(vpp) + " chunks, and `stage_layers` lists one entry per chunk (pp · vpp = " +
+        d.Help("with `vpp = " + std::to_string(vpp) +
+               "` every stage's layers must also split into " + std::to_string(vpp) +
+               " chunks, and `stage_layers` lists one entry per chunk (pp · vpp = " +
                std::to_string(pp * vpp) + " entries, chunk by chunk)");
       }
     }

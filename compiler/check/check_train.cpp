@@ -48,7 +48,8 @@ void CheckVocab(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   const int64_t v = p.model.vocab;
   const int64_t tp = p.parallel.tp;
-  if (v <= 0 || tp <= 0 || ctx.Poisoned({"model.vocab", "parallel.tp", "model.vocab_divisor"})) return;
+  if (v <= 0 || tp <= 0 || ctx.Poisoned({"model.vocab", "parallel.tp", "model.vocab_divisor"}))
+    return;
   // A divisor the plan states is a choice the user made: the padding is then no news.
   const OriginKind divisor_origin = p.Origin("model.vocab_divisor").kind;
   if (divisor_origin == OriginKind::kFile || divisor_origin == OriginKind::kCommandLine) return;
@@ -59,16 +60,20 @@ void CheckVocab(RuleContext& ctx) {
   if (!padded || *padded == v) return;
   RuleDiag d(ctx, DiagKind::kVocabPadded,
              "the vocabulary of " + std::to_string(v) + " is padded to " + std::to_string(*padded) +
-                 " rows, a multiple of " + std::to_string(divisor) + " · tp = " + std::to_string(*multiple));
+                 " rows, a multiple of " + std::to_string(divisor) +
+                 " · tp = " + std::to_string(*multiple));
   d.At({"model.vocab", "parallel.tp"}, "vocabulary padded by " + std::to_string(*padded - v) + " rows");
   d.Field("model.vocab", v).Field("parallel.tp", tp);
-  d.Value("padded = ⌈vocab / (" + std::to_string(divisor) + " · tp)⌉ · " + std::to_string(divisor) + " · tp",
-          "⌈" + std::to_string(v) + " / " + std::to_string(*multiple) + "⌉ · " + std::to_string(*multiple) + " = " +
-              std::to_string(*padded) + " (+" + std::to_string(*padded - v) + ")");
+  d.Value("padded = ⌈vocab / (" + std::to_string(divisor) + " · tp)⌉ · " + std::to_string(divisor) +
+              " · tp",
+          "⌈" + std::to_string(v) + " / " + std::to_string(*multiple) + "⌉ · " +
+              std::to_string(*multiple) + " = " + std::to_string(*padded) + " (+" +
+              std::to_string(*padded - v) + ")");
   d.Note("Megatron-LM pads the vocabulary so that the embedding and the output layer split evenly over tp "
          "(make_vocab_size_divisible_by = 128); the padded rows take memory and compute and are never predicted");
-  d.Help("state the divisor your run uses (`model.vocab_divisor = 128`) to keep this note quiet, or "
-         "`model.vocab_divisor = 1` for no padding");
+  d.Help(
+      "state the divisor your run uses (`model.vocab_divisor = 128`) to keep this note quiet, or "
+      "`model.vocab_divisor = 1` for no padding");
   d.Report();
 }
 
@@ -97,11 +102,16 @@ void CheckOptimizer(RuleContext& ctx) {
     d.At({"optimizer.zero"}, o.zero == 2 ? "shards gradients" : "shards parameters");
     d.Field("parallel.pp", par.pp);
     d.Field("framework", "deepspeed");
-    d.Note("gradients accumulate across the microbatches of a pipeline step, so sharding them (ZeRO-2) or the "
-           "parameters (ZeRO-3) would reduce or gather them once per microbatch; DeepSpeed's pipeline engine "
-           "refuses it (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\")");
-    d.Help("use `zero = 1` with pipeline parallelism, or `pp = 1`; torchtitan (`framework = torchtitan`) "
-           "combines FSDP with pipeline parallelism");
+    d.Note(
+        "gradients accumulate across the microbatches of a pipeline step, so sharding them "
+        "(ZeRO-2) or the "
+        "parameters (ZeRO-3) would reduce or gather them once per microbatch; DeepSpeed's pipeline "
+        "engine "
+        "refuses it (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\")");
+    d.Help(
+        "use `zero = 1` with pipeline parallelism, or `pp = 1`; torchtitan (`framework = "
+        "torchtitan`) "
+        "combines FSDP with pipeline parallelism");
     d.Report();
   }
   if (o.zero >= 1 && !ctx.Poisoned({"parallel.dp", "parallel.cp"})) {
@@ -130,7 +140,8 @@ void CheckRefinements(RuleContext& ctx) {
   if (!ctx.Poisoned({"activations.recompute_modules"}) &&
       !ParseRecomputeModules(p.activations.recompute_modules, &bad)) {
     std::string names;
-    for (std::string_view n : RecomputeModuleNames()) names += (names.empty() ? "" : ", ") + std::string(n);
+    for (std::string_view n : RecomputeModuleNames())
+      names += (names.empty() ? "" : ", ") + std::string(n);
     RuleDiag d(ctx, DiagKind::kUnknownEnumValue,
                "`" + bad + "` is not a module of `activations.recompute_modules`");
     d.At({"activations.recompute_modules"}, "names modules to recompute");
@@ -144,16 +155,22 @@ void CheckRefinements(RuleContext& ctx) {
   auto product = CheckedMul(shard, p.fsdp.replicate);
   if (shard >= 1 && product && *product == *group) return;
   RuleDiag d(ctx, DiagKind::kFsdpDegreesMismatch,
-             p.fsdp.shard > 0 ? "`fsdp.shard` · `fsdp.replicate` is not the data-parallel group dp · cp"
-                              : "`fsdp.replicate` does not divide the data-parallel group dp · cp");
+             p.fsdp.shard > 0
+                 ? "`fsdp.shard` · `fsdp.replicate` is not the data-parallel group dp · cp"
+                 : "`fsdp.replicate` does not divide the data-parallel group dp · cp");
   d.At({"fsdp.replicate", "fsdp.shard"}, "sharding degrees");
-  d.Field("fsdp.replicate", p.fsdp.replicate).Field("parallel.dp", p.parallel.dp).Field("parallel.cp", p.parallel.cp);
+  d.Field("fsdp.replicate", p.fsdp.replicate)
+      .Field("parallel.dp", p.parallel.dp)
+      .Field("parallel.cp", p.parallel.cp);
   if (p.fsdp.shard > 0) d.Field("fsdp.shard", p.fsdp.shard);
   d.Value("dp · cp", Dot({p.parallel.dp, p.parallel.cp}) + " = " + std::to_string(*group));
-  d.Note("model states are sharded over `shard` ranks and that group is replicated `replicate` times "
-         "(HSDP): every data-parallel rank is in exactly one shard group");
-  d.Help("leave `fsdp.shard` unset (it follows dp · cp / replicate), and pick `fsdp.replicate` dividing " +
-         std::to_string(*group));
+  d.Note(
+      "model states are sharded over `shard` ranks and that group is replicated `replicate` times "
+      "(HSDP): every data-parallel rank is in exactly one shard group");
+  d.Help(
+      "leave `fsdp.shard` unset (it follows dp · cp / replicate), and pick `fsdp.replicate` "
+      "dividing " +
+      std::to_string(*group));
   d.Report();
 }
 

@@ -28,8 +28,19 @@
 namespace paraplan::eval {
 
 enum class Kind : uint8_t {
-  kGpu, kCluster, kModel, kPlan, kParallel, kPipeline, kOptimizer, kBatch, kTrain,
-  kMixedPrecision, kActivations, kFsdp, kMoe,
+  kGpu,
+  kCluster,
+  kModel,
+  kPlan,
+  kParallel,
+  kPipeline,
+  kOptimizer,
+  kBatch,
+  kTrain,
+  kMixedPrecision,
+  kActivations,
+  kFsdp,
+  kMoe,
 };
 constexpr int kKindCount = 13;
 

@@ -17,10 +17,9 @@ namespace paraplan::eval {
 // --- Kinds and schemas ---------------------------------------------------------------------
 
 std::string_view KindName(Kind k) {
-  static constexpr std::string_view kNames[] = {"gpu",       "cluster",         "model",       "plan",
-                                                "parallel",  "pipeline",        "optimizer",   "batch",
-                                                "train",     "mixed_precision", "activations", "fsdp",
-                                                "moe"};
+  static constexpr std::string_view kNames[] = {
+      "gpu",   "cluster", "model",           "plan",        "parallel", "pipeline", "optimizer",
+      "batch", "train",   "mixed_precision", "activations", "fsdp",     "moe"};
   return kNames[static_cast<int>(k)];
 }
 
@@ -41,12 +40,19 @@ namespace {
 
 std::vector<Schema> BuildSchemas() {
   std::vector<Schema> s(kKindCount);
-  const std::pair<Kind, std::string> prefixes[] = {
-      {Kind::kGpu, "cluster.gpu."}, {Kind::kCluster, "cluster."},    {Kind::kModel, "model."},
-      {Kind::kPlan, ""},            {Kind::kParallel, "parallel."},  {Kind::kPipeline, "pipeline."},
-      {Kind::kOptimizer, "optimizer."}, {Kind::kBatch, "batch."},    {Kind::kTrain, "train."},
-      {Kind::kMixedPrecision, "mixed_precision."}, {Kind::kActivations, "activations."},
-      {Kind::kFsdp, "fsdp."}, {Kind::kMoe, "moe."}};
+  const std::pair<Kind, std::string> prefixes[] = {{Kind::kGpu, "cluster.gpu."},
+                                                   {Kind::kCluster, "cluster."},
+                                                   {Kind::kModel, "model."},
+                                                   {Kind::kPlan, ""},
+                                                   {Kind::kParallel, "parallel."},
+                                                   {Kind::kPipeline, "pipeline."},
+                                                   {Kind::kOptimizer, "optimizer."},
+                                                   {Kind::kBatch, "batch."},
+                                                   {Kind::kTrain, "train."},
+                                                   {Kind::kMixedPrecision, "mixed_precision."},
+                                                   {Kind::kActivations, "activations."},
+                                                   {Kind::kFsdp, "fsdp."},
+                                                   {Kind::kMoe, "moe."}};
   for (const auto& [kind, prefix] : prefixes) {
     Schema& sc = s[static_cast<int>(kind)];
     sc.kind = kind;
@@ -63,10 +69,14 @@ std::vector<Schema> BuildSchemas() {
     sc.fields.insert(sc.fields.begin(), {std::move(name), nullptr, static_cast<int>(kind), required});
   };
   sub(Kind::kCluster, "gpu", Kind::kGpu, true);
-  for (auto [name, kind] : {std::pair{"moe", Kind::kMoe}, {"fsdp", Kind::kFsdp},
-                            {"activations", Kind::kActivations}, {"mixed_precision", Kind::kMixedPrecision},
-                            {"train", Kind::kTrain}, {"batch", Kind::kBatch},
-                            {"optimizer", Kind::kOptimizer}, {"pipeline", Kind::kPipeline},
+  for (auto [name, kind] : {std::pair{"moe", Kind::kMoe},
+                            {"fsdp", Kind::kFsdp},
+                            {"activations", Kind::kActivations},
+                            {"mixed_precision", Kind::kMixedPrecision},
+                            {"train", Kind::kTrain},
+                            {"batch", Kind::kBatch},
+                            {"optimizer", Kind::kOptimizer},
+                            {"pipeline", Kind::kPipeline},
                             {"parallel", Kind::kParallel}}) {
     sub(Kind::kPlan, name, kind, false);
   }
@@ -319,12 +329,18 @@ Value Evaluator::DefaultValue(Record* r, int idx, FieldOrigin* origin) {
     SetFieldValue(probe, *SchemaOf(Kind::kPlan).fields[pi].info, precision.s);
     const MixedPrecisionSpec mp = EffectiveMixedPrecision(probe);
     Value out;
-    if (f.name == "params") out = Value::String(std::string(ToString(mp.params)));
-    else if (f.name == "grads") out = Value::String(std::string(ToString(mp.grads)));
-    else if (f.name == "fp8") out = Value::String(std::string(ToString(mp.fp8)));
-    else out = Value::Bool(mp.main_params);
+    if (f.name == "params")
+      out = Value::String(std::string(ToString(mp.params)));
+    else if (f.name == "grads")
+      out = Value::String(std::string(ToString(mp.grads)));
+    else if (f.name == "fp8")
+      out = Value::String(std::string(ToString(mp.fp8)));
+    else
+      out = Value::Bool(mp.main_params);
     out.enum_name = out.type == VType::kString;
-    *origin = {OriginKind::kDerived, r->parent->slots[pi].origin.range, {"precision"},
+    *origin = {OriginKind::kDerived,
+               r->parent->slots[pi].origin.range,
+               {"precision"},
                fmt::format("{} follows precision = {}", f.name, precision.s)};
     return out;
   }

@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
-
-#include <cmath>
 
 #include "compiler/ast/names.h"
 #include "compiler/base/checked.h"
@@ -133,7 +132,9 @@ static std::string StdlibModuleDeclaring(const std::string& root, std::string_vi
         if (line.compare(0, kind.size(), kind) != 0) continue;
         std::string_view rest = std::string_view(line).substr(kind.size());
         size_t end = 0;
-        while (end < rest.size() && (std::isalnum(static_cast<unsigned char>(rest[end])) || rest[end] == '_')) ++end;
+        while (end < rest.size() &&
+               (std::isalnum(static_cast<unsigned char>(rest[end])) || rest[end] == '_'))
+          ++end;
         if (rest.substr(0, end) != name) continue;
         std::string rel = fs::relative(file, root, ec).replace_extension("").generic_string();
         for (char& c : rel) c = c == '/' ? '.' : c;
@@ -229,8 +230,10 @@ Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self)
   d.At(name.range, "not a field, a `let`, a record or a function in scope");
   std::string guess = ast::ClosestName(name.text, candidates);
   if (!guess.empty()) d.Help(fmt::format("did you mean `{}`?", guess));
-  if (std::string module = StdlibModuleDeclaring(src_.options.stdlib_dir, name.text); !module.empty()) {
-    d.Help(fmt::format("`{}` is declared in the standard library: add `import {}`", name.text, module));
+  if (std::string module = StdlibModuleDeclaring(src_.options.stdlib_dir, name.text);
+      !module.empty()) {
+    d.Help(fmt::format("`{}` is declared in the standard library: add `import {}`", name.text,
+                       module));
   } else if (self && self->kind == Kind::kPlan && guess.empty()) {
     d.Note("records from the standard library need an import, e.g. `import std.models.llama`");
   }
@@ -463,7 +466,8 @@ Value Evaluator::Arith(const ast::Expr& e, const std::string& op, const Value& a
     if (op == "/") {
       // INT64_MIN / -1 does not fit (and its remainder traps on x86): CheckedMod reports it.
       const std::optional<int64_t> rem = CheckedMod(a.i, b.i);
-      if (rem && *rem != 0) return Value::Real(static_cast<double>(a.i) / static_cast<double>(b.i), dim);
+      if (rem && *rem != 0)
+        return Value::Real(static_cast<double>(a.i) / static_cast<double>(b.i), dim);
       if (rem) r = CheckedDiv(a.i, b.i);
     }
     if (!r) {
@@ -520,9 +524,11 @@ Value Evaluator::Call(const ast::Expr& e, const Scope* scope, Record* self) {
     }
     const std::optional<int64_t> quotient = CheckedDiv(args[0].i, args[1].i);
     if (!quotient) {
-      Report(Diag(DiagKind::kIntegerOverflow, fmt::format("integer overflow in `{}`", Text(e.range)))
-                 .At(e.range, fmt::format("ceil_div({}, {}) does not fit in 64 bits", args[0].i, args[1].i))
-                 .Note("integers are signed 64-bit: at most 9223372036854775807"));
+      Report(
+          Diag(DiagKind::kIntegerOverflow, fmt::format("integer overflow in `{}`", Text(e.range)))
+              .At(e.range,
+                  fmt::format("ceil_div({}, {}) does not fit in 64 bits", args[0].i, args[1].i))
+              .Note("integers are signed 64-bit: at most 9223372036854775807"));
       return Value::Error();
     }
     int64_t q = *quotient;

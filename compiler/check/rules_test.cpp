@@ -145,14 +145,20 @@ TEST_CASE("P0303: DeepSeek-V2 on 16 nodes with tp 4, pp 4, ep 32") {
   CHECK(text.find("`tp = 4` set here") != std::string::npos);
 }
 
-TEST_CASE("P0401 offers Megatron-Core's accounting and first/last stage counts, and a help under vpp") {
-  TestPlan t({"model.layers = 126", "cluster.nodes = 8", "parallel.pp = 8", "parallel.tp = 8", "batch.global = 64"});
+TEST_CASE(
+    "P0401 offers Megatron-Core's accounting and first/last stage counts, and a help under vpp") {
+  TestPlan t({"model.layers = 126", "cluster.nodes = 8", "parallel.pp = 8", "parallel.tp = 8",
+              "batch.global = 64"});
   auto ds = t.Check();
   CHECK(t.Codes() == Codes{"P0401"});
-  CHECK(HasHelp(ds, "P0401", "`account_for_embedding = true` and `account_for_loss = true`: 128 / 8 = 16 per stage"));
-  CHECK(HasHelp(ds, "P0401", "`first_stage_layers = 15` and `last_stage_layers = 15` (16 on each of the other 6)"));
-  TestPlan v({"model.layers = 126", "cluster.nodes = 8", "parallel.pp = 8", "parallel.tp = 8", "parallel.vpp = 2",
-              "pipeline.schedule = interleaved_1f1b", "batch.global = 64"});
+  CHECK(HasHelp(
+      ds, "P0401",
+      "`account_for_embedding = true` and `account_for_loss = true`: 128 / 8 = 16 per stage"));
+  CHECK(HasHelp(
+      ds, "P0401",
+      "`first_stage_layers = 15` and `last_stage_layers = 15` (16 on each of the other 6)"));
+  TestPlan v({"model.layers = 126", "cluster.nodes = 8", "parallel.pp = 8", "parallel.tp = 8",
+              "parallel.vpp = 2", "pipeline.schedule = interleaved_1f1b", "batch.global = 64"});
   auto vs = v.Check();
   CHECK(HasHelp(vs, "P0401", "with `vpp = 2` every stage's layers must also split into 2 chunks"));
 }
@@ -202,7 +208,9 @@ TEST_CASE("mesh rules") {
   CHECK(TestPlan({"parallel.sp = true"}).Codes() == Codes{"P0310"});
   CHECK(TestPlan({"parallel.tp_comm_overlap = true"}).Codes() == Codes{"P0316"});
   CHECK(TestPlan({"parallel.tp = 8", "parallel.tp_comm_overlap = true"}).Codes() == Codes{"P0317"});
-  CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "parallel.tp_comm_overlap = true"}).Codes().empty());
+  CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "parallel.tp_comm_overlap = true"})
+            .Codes()
+            .empty());
   CHECK(TestPlan({"parallel.cp = 4", "model.seq_len = 4100", "batch.global = 8"}).Codes() == Codes{"P0311"});
   CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "model.seq_len = 4100", "model.vocab = 131072"}).Codes() ==
         Codes{"P0312"});
@@ -239,10 +247,12 @@ TEST_CASE("pipeline rules") {
 TEST_CASE("training and model-shape rules") {
   CHECK(TestPlan({"batch.global = 100", "batch.micro = 2"}).Codes() == Codes{"P0501"});
   CHECK(TestPlan({"model.vocab = 50257"}).Codes() == Codes{"P0502"});
-  CHECK(TestPlan({"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = deepspeed"}).Codes() ==
-        Codes{"P0503"});
-  CHECK(TestPlan({"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = torchtitan"}).Codes() ==
-        Codes{});
+  CHECK(TestPlan(
+            {"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = deepspeed"})
+            .Codes() == Codes{"P0503"});
+  CHECK(TestPlan(
+            {"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = torchtitan"})
+            .Codes() == Codes{});
   CHECK(TestPlan({"model.vocab = 50257", "model.vocab_divisor = 64"}).Codes() == Codes{});
   CHECK(TestPlan({"parallel.tp = 8", "optimizer.zero = 1", "model.vocab = 131072"}).Codes() == Codes{"P0504"});
   CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024", "parallel.ep = 8",

@@ -100,10 +100,12 @@ std::string ExplainJson(const ExplainInput& in, std::optional<int64_t> rank) {
                  layout.world_size(), plan.cluster.nodes, s.gpus_per_node);
   AppendString(out, s.order);
   fmt::format_to(std::back_inserter(out),
-                 ",\n\"parallel\":{{\"tp\":{},\"pp\":{},\"vpp\":{},\"cp\":{},\"ep\":{},\"etp\":{},\"dp\":{},\"edp\":{},"
+                 ",\n\"parallel\":{{\"tp\":{},\"pp\":{},\"vpp\":{},\"cp\":{},\"ep\":{},\"etp\":{},"
+                 "\"dp\":{},\"edp\":{},"
                  "\"sp\":{},\"tp_comm_overlap\":{}}},\n",
                  s.tp, s.pp, plan.parallel.vpp, s.cp, s.ep, s.etp, s.dp, layout.edp(),
-                 Bool(plan.parallel.sp && s.tp > 1), Bool(plan.parallel.tp_comm_overlap && s.tp > 1));
+                 Bool(plan.parallel.sp && s.tp > 1),
+                 Bool(plan.parallel.tp_comm_overlap && s.tp > 1));
   out += "\"groups\":{\n";
   bool first = true;
   for (GroupKind kind : AllGroupKinds()) {

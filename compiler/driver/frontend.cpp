@@ -67,7 +67,8 @@ bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* op
     *error = import.kind ? "no configuration file given" : "no plan file given";
     return false;
   }
-  if (!import.kind && (import.options.nodes || import.options.gpus_per_node || !import.options.gpu.empty())) {
+  if (!import.kind &&
+      (import.options.nodes || import.options.gpus_per_node || !import.options.gpu.empty())) {
     *error = "--nodes, --gpus-per-node and --gpu go with --from=KIND";
     return false;
   }

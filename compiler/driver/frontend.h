@@ -34,7 +34,7 @@ struct FrontendOptions {
   // --from=KIND: `file` is a framework configuration, imported (compiler/interop) and checked
   // as the plan it describes; diagnostics point into the configuration.
   std::optional<ConfigKind> from;
-  ImportOptions import;            // --nodes, --gpus-per-node, --gpu with --from
+  ImportOptions import;  // --nodes, --gpus-per-node, --gpu with --from
 };
 
 // Takes FILE, --plan NAME (also --plan=NAME), --set PATH=VALUE (repeatable, also

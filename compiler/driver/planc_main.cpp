@@ -24,7 +24,8 @@ constexpr const char* kUsage =
     "\n"
     "check, explain, search and compile read a framework's file directly with --from=KIND\n"
     "\n"
-    "exit status: 0 ok (warnings allowed), 1 the input has errors, 2 bad usage, 70 internal error\n";
+    "exit status: 0 ok (warnings allowed), 1 the input has errors, 2 bad usage, 70 internal "
+    "error\n";
 
 }  // namespace
 

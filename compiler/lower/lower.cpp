@@ -50,25 +50,31 @@ bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
     int64_t reserve = 0;
     const size_t r = static_cast<size_t>(role.pipeline_rank);
     if (est.valid && r < est.stages.size())
-      reserve = est.stages[r].Get(MemoryPart::kRuntimeReserve) + est.stages[r].Get(MemoryPart::kCommBuffers);
+      reserve = est.stages[r].Get(MemoryPart::kRuntimeReserve) +
+                est.stages[r].Get(MemoryPart::kCommBuffers);
     const int64_t total = role.peak_bytes + reserve;
-    if (total > capacity && total > worst_total) worst = &role, worst_total = total, worst_reserve = reserve;
+    if (total > capacity && total > worst_total)
+      worst = &role, worst_total = total, worst_reserve = reserve;
   }
   if (!worst) return true;
   const MemoryBreakdown b = MeasureMemory(*worst);
-  const std::string gpu = plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
+  const std::string gpu =
+      plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
   Diag d(DiagKind::kStageOutOfMemory,
-         fmt::format("the program of pipeline stage {} needs {} per GPU; `{}` has {}", worst->pipeline_rank,
-                     FormatGiB(worst_total), gpu, FormatGiB(capacity)));
-  d.At(plan.declaration, fmt::format("stage {}'s arena is {}", worst->pipeline_rank, FormatGiB(worst->peak_bytes)));
+         fmt::format("the program of pipeline stage {} needs {} per GPU; `{}` has {}",
+                     worst->pipeline_rank, FormatGiB(worst_total), gpu, FormatGiB(capacity)));
+  d.At(plan.declaration,
+       fmt::format("stage {}'s arena is {}", worst->pipeline_rank, FormatGiB(worst->peak_bytes)));
   d.Value("parameters", FormatGiB(b.params))
       .Value("gradients", FormatGiB(b.grads))
       .Value("optimizer state", FormatGiB(b.optimizer))
       .Value("stashed activations", FormatGiB(b.stash))
       .Value("scratch and transient buckets", FormatGiB(b.body_peak))
       .Value("CUDA context and NCCL", FormatGiB(worst_reserve));
-  d.Note("planrun allocates each rank's static arena whole when it starts; `planc check` estimates the same "
-         "arena (`framework = paraplan`)");
+  d.Note(
+      "planrun allocates each rank's static arena whole when it starts; `planc check` estimates "
+      "the same "
+      "arena (`framework = paraplan`)");
   d.Help("`planc check` with `framework = paraplan` offers the changes that fit");
   sink.Report(std::move(d));
   return false;
@@ -91,13 +97,17 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
   if (q.cp > 1) unsupported(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp", "set `parallel.cp = 1`");
   if (q.ep > 1) unsupported(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep", "set `parallel.ep = 1`");
   if (m.activation == Activation::kSquaredRelu)
-    unsupported("the squared-ReLU MLP", "model.activation", "use `model.activation = swiglu` or `gelu` to compile");
-  if (m.qk_norm) unsupported("query/key normalisation", "model.qk_norm", "set `model.qk_norm = false` to compile");
+    unsupported("the squared-ReLU MLP", "model.activation",
+                "use `model.activation = swiglu` or `gelu` to compile");
+  if (m.qk_norm)
+    unsupported("query/key normalisation", "model.qk_norm",
+                "set `model.qk_norm = false` to compile");
   if (m.window > 0)
-    unsupported(fmt::format("sliding-window attention (window = {})", m.window), "model.window", "set `model.window = 0`");
+    unsupported(fmt::format("sliding-window attention (window = {})", m.window), "model.window",
+                "set `model.window = 0`");
   if (m.mtp_layers > 0)
-    unsupported(fmt::format("multi-token prediction ({} modules)", m.mtp_layers), "model.mtp_layers",
-                "set `model.mtp_layers = 0`");
+    unsupported(fmt::format("multi-token prediction ({} modules)", m.mtp_layers),
+                "model.mtp_layers", "set `model.mtp_layers = 0`");
   {
     const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
     const MixedPrecisionSpec shorthand = EffectiveMixedPrecision([&] {
@@ -105,28 +115,35 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
       only.origins = {};
       return only;
     }());
-    const char* fields[] = {"mixed_precision.params", "mixed_precision.grads", "mixed_precision.main_params",
-                            "mixed_precision.optimizer_state", "mixed_precision.fp8", "mixed_precision.fp8_params"};
-    const bool same[] = {mp.params == shorthand.params, mp.grads == shorthand.grads,
-                         mp.main_params == shorthand.main_params, mp.optimizer_state == shorthand.optimizer_state,
-                         mp.fp8 == shorthand.fp8, mp.fp8_params == shorthand.fp8_params};
+    const char* fields[] = {"mixed_precision.params",      "mixed_precision.grads",
+                            "mixed_precision.main_params", "mixed_precision.optimizer_state",
+                            "mixed_precision.fp8",         "mixed_precision.fp8_params"};
+    const bool same[] = {mp.params == shorthand.params,
+                         mp.grads == shorthand.grads,
+                         mp.main_params == shorthand.main_params,
+                         mp.optimizer_state == shorthand.optimizer_state,
+                         mp.fp8 == shorthand.fp8,
+                         mp.fp8_params == shorthand.fp8_params};
     for (size_t i = 0; i < std::size(fields); ++i)
       if (!same[i])
-        unsupported(fmt::format("`{}` other than what `precision = {}` implies", fields[i], ToString(plan.precision)),
+        unsupported(fmt::format("`{}` other than what `precision = {}` implies", fields[i],
+                                ToString(plan.precision)),
                     fields[i], "remove it and keep the `precision` shorthand to compile");
   }
   if (plan.activations.offload_layers > 0 || plan.activations.recompute_layers > 0 ||
-      (plan.recompute == Recompute::kSelective && EffectiveRecomputeModules(plan) != kRecomputeCoreAttn))
+      (plan.recompute == Recompute::kSelective &&
+       EffectiveRecomputeModules(plan) != kRecomputeCoreAttn))
     unsupported("recompute by layers or modules, or activation offload",
                 plan.activations.offload_layers > 0     ? "activations.offload_layers"
                 : plan.activations.recompute_layers > 0 ? "activations.recompute_layers"
                                                         : "activations.recompute_modules",
                 "use `recompute = none`, `selective` (core attention) or `full` to compile");
   if (plan.optimizer.offload == Offload::kCpu && plan.optimizer.offload_fraction < 1)
-    unsupported("a partial optimizer offload", "optimizer.offload_fraction", "offload all or none of it");
+    unsupported("a partial optimizer offload", "optimizer.offload_fraction",
+                "offload all or none of it");
   if (ShardGroup(plan) != plan.parallel.dp * plan.parallel.cp && plan.optimizer.zero > 0)
-    unsupported(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate), "fsdp.replicate",
-                "shard over the whole data-parallel group");
+    unsupported(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate),
+                "fsdp.replicate", "shard over the whole data-parallel group");
   if (!ok) return false;
   auto divide = [&](std::string_view what, int64_t value, std::string_view path, int64_t by, std::string_view by_name) {
     if (by > 0 && value % by == 0) return;

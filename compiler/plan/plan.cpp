@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <deque>
 #include <cmath>
+#include <deque>
 #include <unordered_map>
 
 #include "compiler/base/checked.h"
@@ -100,7 +100,8 @@ FieldTable BuildTable() {
   PP_INT("model.vocab_divisor", model.vocab_divisor, 1, kMax,
          "the vocabulary is padded to a multiple of this times tp (1 = no padding)");
   PP_BOOL("model.qk_norm", model.qk_norm, "RMSNorm on queries and keys");
-  PP_INT("model.window", model.window, 0, kMax, "sliding-window attention span (0 = full attention)");
+  PP_INT("model.window", model.window, 0, kMax,
+         "sliding-window attention span (0 = full attention)");
   PP_INT("model.mtp_layers", model.mtp_layers, 0, kMax, "multi-token-prediction modules");
   PP_INT("model.experts", model.experts, 0, kMax, "routed experts per MoE layer (0 = dense)");
   PP_INT("model.topk", model.topk, 0, kMax, "experts each token is routed to");
@@ -143,8 +144,10 @@ FieldTable BuildTable() {
   PP_ENUM("mixed_precision.params", ElementType, mixed_precision.params,
           (std::vector<std::string_view>{"fp32", "bf16", "fp16"}), "weights the GEMMs read");
   PP_ENUM("mixed_precision.grads", ElementType, mixed_precision.grads,
-          (std::vector<std::string_view>{"fp32", "bf16", "fp16"}), "main gradients and their reduction");
-  PP_BOOL("mixed_precision.main_params", mixed_precision.main_params, "fp32 master weights in the optimizer");
+          (std::vector<std::string_view>{"fp32", "bf16", "fp16"}),
+          "main gradients and their reduction");
+  PP_BOOL("mixed_precision.main_params", mixed_precision.main_params,
+          "fp32 master weights in the optimizer");
   PP_ENUM("mixed_precision.optimizer_state", ElementType, mixed_precision.optimizer_state,
           (std::vector<std::string_view>{"fp32", "bf16", "fp16", "fp8"}), "Adam moments");
   PP_ENUM("mixed_precision.fp8", Fp8Recipe, mixed_precision.fp8,
@@ -153,7 +156,8 @@ FieldTable BuildTable() {
   PP_BOOL("mixed_precision.fp8_params", mixed_precision.fp8_params, "weights kept only in FP8");
   // activations
   PP_ENUM("activations.recompute_method", RecomputeMethod, activations.recompute_method,
-          (std::vector<std::string_view>{"uniform", "block"}), "which layers full recompute covers");
+          (std::vector<std::string_view>{"uniform", "block"}),
+          "which layers full recompute covers");
   PP_INT("activations.recompute_layers", activations.recompute_layers, 0, kMax,
          "layers per recompute group (uniform) or recomputed per chunk (block); 0 = all");
   PP_STRING("activations.recompute_modules", activations.recompute_modules,
@@ -161,7 +165,8 @@ FieldTable BuildTable() {
   PP_INT("activations.offload_layers", activations.offload_layers, 0, kMax,
          "layers per stage whose activations are offloaded to host memory");
   // fsdp
-  PP_INT("fsdp.shard", fsdp.shard, 0, kMax, "ranks that shard model states (0 = dp·cp / replicate)");
+  PP_INT("fsdp.shard", fsdp.shard, 0, kMax,
+         "ranks that shard model states (0 = dp·cp / replicate)");
   PP_INT("fsdp.replicate", fsdp.replicate, 1, kMax, "replicas of each shard group (HSDP when > 1)");
   PP_BOOL("fsdp.reshard_after_forward", fsdp.reshard_after_forward,
           "ZeRO-3: free gathered weights after each forward");
@@ -204,8 +209,8 @@ FieldTable BuildTable() {
   PP_INT("optimizer.zero", optimizer.zero, 0, 3, "ZeRO stage (1 = distributed optimizer)");
   PP_ENUM("optimizer.offload", Offload, optimizer.offload,
           (std::vector<std::string_view>{"none", "cpu"}), "optimizer state offload");
-  PP_REAL_IN("optimizer.offload_fraction", FieldType::kReal, optimizer.offload_fraction, 0, false, 1, false,
-             "share of the optimizer state on the host when offload = cpu");
+  PP_REAL_IN("optimizer.offload_fraction", FieldType::kReal, optimizer.offload_fraction, 0, false,
+             1, false, "share of the optimizer state on the host when offload = cpu");
   PP_REAL_IN("optimizer.lr", FieldType::kReal, optimizer.lr, 0, false, kInf, false, "peak learning rate");
   PP_REAL_IN("optimizer.min_lr", FieldType::kReal, optimizer.min_lr, 0, false, kInf, false,
              "floor of the cosine decay");
@@ -747,37 +752,54 @@ std::string_view ToString(Offload v) { return v == Offload::kNone ? "none" : "cp
 std::string_view ToString(Norm v) { return v == Norm::kRmsNorm ? "rmsnorm" : "layernorm"; }
 std::string_view ToString(Activation v) {
   switch (v) {
-    case Activation::kSwiGlu: return "swiglu";
-    case Activation::kGelu: return "gelu";
-    case Activation::kSquaredRelu: return "squared_relu";
+    case Activation::kSwiGlu:
+      return "swiglu";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kSquaredRelu:
+      return "squared_relu";
   }
   return "?";
 }
 std::string_view ToString(ElementType v) {
   switch (v) {
-    case ElementType::kFp32: return "fp32";
-    case ElementType::kBf16: return "bf16";
-    case ElementType::kFp16: return "fp16";
-    case ElementType::kFp8: return "fp8";
+    case ElementType::kFp32:
+      return "fp32";
+    case ElementType::kBf16:
+      return "bf16";
+    case ElementType::kFp16:
+      return "fp16";
+    case ElementType::kFp8:
+      return "fp8";
   }
   return "?";
 }
 std::string_view ToString(Fp8Recipe v) {
   switch (v) {
-    case Fp8Recipe::kNone: return "none";
-    case Fp8Recipe::kDelayed: return "delayed";
-    case Fp8Recipe::kCurrent: return "current";
-    case Fp8Recipe::kBlockwise: return "blockwise";
-    case Fp8Recipe::kMxfp8: return "mxfp8";
+    case Fp8Recipe::kNone:
+      return "none";
+    case Fp8Recipe::kDelayed:
+      return "delayed";
+    case Fp8Recipe::kCurrent:
+      return "current";
+    case Fp8Recipe::kBlockwise:
+      return "blockwise";
+    case Fp8Recipe::kMxfp8:
+      return "mxfp8";
   }
   return "?";
 }
-std::string_view ToString(RecomputeMethod v) { return v == RecomputeMethod::kUniform ? "uniform" : "block"; }
+std::string_view ToString(RecomputeMethod v) {
+  return v == RecomputeMethod::kUniform ? "uniform" : "block";
+}
 std::string_view ToString(Dispatcher v) {
   switch (v) {
-    case Dispatcher::kAllToAll: return "alltoall";
-    case Dispatcher::kAllGather: return "allgather";
-    case Dispatcher::kFlex: return "flex";
+    case Dispatcher::kAllToAll:
+      return "alltoall";
+    case Dispatcher::kAllGather:
+      return "allgather";
+    case Dispatcher::kFlex:
+      return "flex";
   }
   return "?";
 }
@@ -785,8 +807,8 @@ std::string_view ToString(Dispatcher v) {
 // --- Records that follow shorthands ----------------------------------------------------------
 
 const std::vector<std::string_view>& RecomputeModuleNames() {
-  static const std::vector<std::string_view> names = {"core_attn", "mlp", "moe_act", "layernorm",
-                                                      "mla_up_proj", "moe", "shared_experts"};
+  static const std::vector<std::string_view> names = {
+      "core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts"};
   return names;
 }
 
@@ -825,7 +847,9 @@ MixedPrecisionSpec EffectiveMixedPrecision(const Plan& plan) {
   MixedPrecisionSpec out = plan.mixed_precision;
   const Precision p = plan.precision;
   if (!Written(plan, "mixed_precision.params"))
-    out.params = p == Precision::kFp32 ? ElementType::kFp32 : p == Precision::kFp16 ? ElementType::kFp16 : ElementType::kBf16;
+    out.params = p == Precision::kFp32   ? ElementType::kFp32
+                 : p == Precision::kFp16 ? ElementType::kFp16
+                                         : ElementType::kBf16;
   if (!Written(plan, "mixed_precision.grads"))
     out.grads = p == Precision::kFp16 ? ElementType::kFp16 : ElementType::kFp32;
   if (!Written(plan, "mixed_precision.main_params")) out.main_params = p != Precision::kFp32;
@@ -843,7 +867,8 @@ uint32_t EffectiveRecomputeModules(const Plan& plan) {
 
 int64_t ShardGroup(const Plan& plan) {
   if (plan.fsdp.shard > 0) return plan.fsdp.shard;
-  auto group = CheckedMul(std::max<int64_t>(1, plan.parallel.dp), std::max<int64_t>(1, plan.parallel.cp));
+  auto group =
+      CheckedMul(std::max<int64_t>(1, plan.parallel.dp), std::max<int64_t>(1, plan.parallel.cp));
   if (!group) return 1;
   return std::max<int64_t>(1, *group / std::max<int64_t>(1, plan.fsdp.replicate));
 }
@@ -857,12 +882,18 @@ bool IsMoeLayer(const ModelSpec& m, int64_t index) {
 std::string_view ToString(Position v) { return v == Position::kRope ? "rope" : "learned"; }
 std::string_view ToString(Framework v) {
   switch (v) {
-    case Framework::kParaplan: return "paraplan";
-    case Framework::kMegatronCore: return "megatron_core";
-    case Framework::kTorchtitan: return "torchtitan";
-    case Framework::kDeepSpeed: return "deepspeed";
-    case Framework::kLlmFoundry: return "llm_foundry";
-    case Framework::kMegatronLm2021: return "megatron_lm_2021";
+    case Framework::kParaplan:
+      return "paraplan";
+    case Framework::kMegatronCore:
+      return "megatron_core";
+    case Framework::kTorchtitan:
+      return "torchtitan";
+    case Framework::kDeepSpeed:
+      return "deepspeed";
+    case Framework::kLlmFoundry:
+      return "llm_foundry";
+    case Framework::kMegatronLm2021:
+      return "megatron_lm_2021";
   }
   return "?";
 }

@@ -114,9 +114,9 @@ struct ModelSpec {
   // Megatron --make-vocab-size-divisible-by: the embedding is padded to a multiple of this
   // times tp (128 is Megatron's default; 1 = no padding).
   int64_t vocab_divisor = 128;
-  bool qk_norm = false;          // RMSNorm on queries and keys (per head)
-  int64_t window = 0;            // sliding-window attention span in tokens (0 = full attention)
-  int64_t mtp_layers = 0;        // multi-token-prediction modules after the last layer (DeepSeek-V3)
+  bool qk_norm = false;    // RMSNorm on queries and keys (per head)
+  int64_t window = 0;      // sliding-window attention span in tokens (0 = full attention)
+  int64_t mtp_layers = 0;  // multi-token-prediction modules after the last layer (DeepSeek-V3)
   // MoE (experts == 0: dense).
   int64_t experts = 0;
   int64_t topk = 0;
@@ -143,7 +143,7 @@ struct MixedPrecisionSpec {
   bool main_params = true;                           // fp32 master weights in the optimizer
   ElementType optimizer_state = ElementType::kFp32;  // Adam moments
   Fp8Recipe fp8 = Fp8Recipe::kNone;
-  bool fp8_params = false;                           // weights kept only in FP8
+  bool fp8_params = false;  // weights kept only in FP8
 };
 
 // Recompute and activation offload beyond the `recompute` shorthand (which is Megatron's
@@ -158,7 +158,7 @@ struct ActivationSpec {
 // Sharding of model states (what `optimizer.zero` shards) over a group of `shard` ranks,
 // replicated `replicate` times: dp·cp = shard · replicate. HSDP when replicate > 1.
 struct FsdpSpec {
-  int64_t shard = 0;       // 0 = dp·cp / replicate
+  int64_t shard = 0;  // 0 = dp·cp / replicate
   int64_t replicate = 1;
   bool reshard_after_forward = true;  // ZeRO-3: free gathered weights after each forward
 };
@@ -178,7 +178,8 @@ struct ParallelSpec {
   int64_t etp = 1;  // defaults to tp
   int64_t dp = 1;   // world / (tp·pp·cp), solved when `auto`
   bool sp = false;
-  bool tp_comm_overlap = false;  // TP collectives overlapped with the GEMMs (--tp-comm-overlap, async TP)
+  bool tp_comm_overlap =
+      false;  // TP collectives overlapped with the GEMMs (--tp-comm-overlap, async TP)
   std::string order = "tp-cp-ep-dp-pp";
 };
 

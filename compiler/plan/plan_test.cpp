@@ -55,9 +55,12 @@ TEST_CASE("framework names the software that runs the plan") {
   CHECK(p.framework == Framework::kParaplan);
   CHECK(GetFieldText(p, "framework") == "paraplan");
   const std::pair<const char*, Framework> spellings[] = {
-      {"megatron_core", Framework::kMegatronCore}, {"torchtitan", Framework::kTorchtitan},
-      {"deepspeed", Framework::kDeepSpeed},        {"llm_foundry", Framework::kLlmFoundry},
-      {"megatron_lm_2021", Framework::kMegatronLm2021}, {"paraplan", Framework::kParaplan}};
+      {"megatron_core", Framework::kMegatronCore},
+      {"torchtitan", Framework::kTorchtitan},
+      {"deepspeed", Framework::kDeepSpeed},
+      {"llm_foundry", Framework::kLlmFoundry},
+      {"megatron_lm_2021", Framework::kMegatronLm2021},
+      {"paraplan", Framework::kParaplan}};
   for (const auto& [text, value] : spellings) {
     CHECK(SetFieldText(p, "framework", text) == "");
     CHECK(p.framework == value);
@@ -70,7 +73,8 @@ TEST_CASE("framework names the software that runs the plan") {
   CHECK(PrintPlan(p).find("framework                          = paraplan") != std::string::npos);
 }
 
-TEST_CASE("the precision record follows the `precision` shorthand where the plan does not write it") {
+TEST_CASE(
+    "the precision record follows the `precision` shorthand where the plan does not write it") {
   Plan p;
   MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   CHECK(mp.params == ElementType::kBf16);
@@ -103,7 +107,8 @@ TEST_CASE("the precision record follows the `precision` shorthand where the plan
 
 TEST_CASE("recompute modules, shard groups and MoE layer frequency") {
   std::string bad;
-  CHECK(ParseRecomputeModules("core_attn, mlp moe_act") == (kRecomputeCoreAttn | kRecomputeMlp | kRecomputeMoeAct));
+  CHECK(ParseRecomputeModules("core_attn, mlp moe_act") ==
+        (kRecomputeCoreAttn | kRecomputeMlp | kRecomputeMoeAct));
   CHECK(ParseRecomputeModules("") == 0u);
   CHECK(!ParseRecomputeModules("core_attn, attn", &bad));
   CHECK(bad == "attn");

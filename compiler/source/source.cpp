@@ -1,13 +1,13 @@
 #include "compiler/source/source.h"
 
-#include "runtime/format/input_file.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "runtime/format/input_file.h"
 
 namespace paraplan {
 
@@ -32,7 +32,10 @@ std::optional<uint32_t> SourceManager::AddFile(const std::string& path, BufferKi
   // A FIFO, a device (/dev/zero) or a directory is refused before anything is read.
   std::string text, why;
   if (!ReadRegularFile(path, kMaxFileBytes, &text, &why)) {
-    if (error) *error = why.find("more than") != std::string::npos ? "it holds more than 64 MiB, which is not a plan" : why;
+    if (error)
+      *error = why.find("more than") != std::string::npos
+                   ? "it holds more than 64 MiB, which is not a plan"
+                   : why;
     return std::nullopt;
   }
   return AddBuffer(name.empty() ? path : std::move(name), std::move(text), kind);

@@ -1,7 +1,6 @@
 #include "runtime/comm/host_communicator.h"
 
 #include <doctest/doctest.h>
-
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>

@@ -253,9 +253,11 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
                       ") lies outside `" + bin_path + "` of " + std::to_string(bin_size) + " bytes");
     }
     if (lengths[i] == 0) continue;
-    const std::optional<int64_t> total = CheckedAdd(mt->size, lengths[i]);  // repeated pointers add up
+    const std::optional<int64_t> total =
+        CheckedAdd(mt->size, lengths[i]);  // repeated pointers add up
     if (!total) {
-      throw DataError("`" + idx_path + "` declares more than 2^63 tokens in all (sequence " + std::to_string(i) + ")");
+      throw DataError("`" + idx_path + "` declares more than 2^63 tokens in all (sequence " +
+                      std::to_string(i) + ")");
     }
     const char* data = bin->data() + begin;
     if (!mt->runs.empty()) {

@@ -1,12 +1,12 @@
 #include "runtime/data/token_data.h"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "runtime/data/byte_tokenizer.h"
 
@@ -174,6 +174,7 @@ TEST_CASE("FIFOs, devices and directories are refused as data without blocking o
   if (fs::exists("/dev/zero")) {
     fs::remove(TempPath("zero.u16"));
     fs::create_symlink("/dev/zero", TempPath("zero.u16"));
-    CHECK_THROWS_WITH_AS(LoadTokens(TempPath("zero.u16"), 10), doctest::Contains("a character device"), DataError);
+    CHECK_THROWS_WITH_AS(LoadTokens(TempPath("zero.u16"), 10),
+                         doctest::Contains("a character device"), DataError);
   }
 }

@@ -2,10 +2,9 @@
 #include "runtime/exec/checkpoint.h"
 
 #include <doctest/doctest.h>
-#include <unistd.h>
-
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -56,7 +55,8 @@ TEST_CASE("a rewritten step replaces its checkpoint whole; failed attempts are c
   again.resume_dir = dir + "/step-000001";
   again.checkpoint_dir = dir;
   // Without --overwrite-checkpoints this is refused: step 2 of the earlier run would be mixed in.
-  CHECK_THROWS_WITH_AS(Train(prog, again), doctest::Contains("holds checkpoints after step 1"), CheckpointError);
+  CHECK_THROWS_WITH_AS(Train(prog, again), doctest::Contains("holds checkpoints after step 1"),
+                       CheckpointError);
   again.overwrite_checkpoints = true;
   Train(prog, again);
   CHECK(fs::exists(dir + "/step-000002/manifest.json"));
@@ -142,7 +142,8 @@ TEST_CASE("two runs started at once on one directory: one writes, the other is r
   }
 }
 
-TEST_CASE("a fresh run into a directory with checkpoints is refused unless it resumes or overwrites") {
+TEST_CASE(
+    "a fresh run into a directory with checkpoints is refused unless it resumes or overwrites") {
   const std::string data = TinyData();
   const ProgramImage prog = TinyImage(data);
   const std::string dir = TempDir("fresh");
@@ -153,8 +154,10 @@ TEST_CASE("a fresh run into a directory with checkpoints is refused unless it re
   RunOptions fresh;
   fresh.steps = 1;
   fresh.checkpoint_dir = dir;
-  CHECK_THROWS_WITH_AS(Train(prog, fresh), doctest::Contains("already holds checkpoints of this program (the newest is step 3)"),
-                       CheckpointError);
+  CHECK_THROWS_WITH_AS(
+      Train(prog, fresh),
+      doctest::Contains("already holds checkpoints of this program (the newest is step 3)"),
+      CheckpointError);
   CHECK(FindCheckpoint(dir, prog).step == 3);  // nothing moved backwards
   RunOptions resume;
   resume.steps = 1;
@@ -170,7 +173,8 @@ TEST_CASE("a fresh run into a directory with checkpoints is refused unless it re
   RunOptions other;
   other.steps = 1;
   other.checkpoint_dir = dir;
-  CHECK_THROWS_WITH_AS(Train(wide, other), doctest::Contains("another program than this one"), CheckpointError);
+  CHECK_THROWS_WITH_AS(Train(wide, other), doctest::Contains("another program than this one"),
+                       CheckpointError);
   CHECK(FindCheckpoint(dir, prog).step == 1);
 }
 
@@ -213,12 +217,13 @@ TEST_CASE("the checkpoint fingerprint covers the optimizer and the plan") {
   ProgramImage sgd = prog;
   sgd.train.optimizer = "sgd";
   CHECK(sgd.fingerprint == prog.fingerprint);
-  CHECK_THROWS_WITH_AS(FindCheckpoint(dir, sgd), doctest::Contains("another optimizer, schedule or plan name"),
+  CHECK_THROWS_WITH_AS(FindCheckpoint(dir, sgd),
+                       doctest::Contains("another optimizer, schedule or plan name"),
                        CheckpointError);
   ProgramImage renamed = prog;
   renamed.plan_name = "other";
-  CHECK_THROWS_WITH_AS(FindCheckpoint(dir, renamed), doctest::Contains("resumes only the plan and layout"),
-                       CheckpointError);
+  CHECK_THROWS_WITH_AS(FindCheckpoint(dir, renamed),
+                       doctest::Contains("resumes only the plan and layout"), CheckpointError);
   CHECK_NOTHROW(FindCheckpoint(dir, prog));
 }
 
@@ -228,7 +233,8 @@ TEST_CASE("a checkpoint directory that cannot be written or has no room is refus
   RunOptions run;
   run.steps = 1;
   run.checkpoint_dir = "/dev/null/checkpoints";
-  CHECK_THROWS_WITH_AS(Train(prog, run), doctest::Contains("cannot create checkpoint directory"), CheckpointError);
+  CHECK_THROWS_WITH_AS(Train(prog, run), doctest::Contains("cannot create checkpoint directory"),
+                       CheckpointError);
   // A full file system, where this process may mount a small one (root); else the check is
   // exercised by the measured size alone.
   const std::string mnt = TempDir("small_fs");
@@ -237,7 +243,8 @@ TEST_CASE("a checkpoint directory that cannot be written or has no room is refus
     run.checkpoint_dir = mnt + "/ckpt";
     int steps_run = 0;
     run.on_step = [&](const StepMetrics&) { ++steps_run; };
-    CHECK_THROWS_WITH_AS(Train(prog, run), doctest::Contains("has no room for a checkpoint"), CheckpointError);
+    CHECK_THROWS_WITH_AS(Train(prog, run), doctest::Contains("has no room for a checkpoint"),
+                         CheckpointError);
     CHECK(steps_run == 0);
     CHECK(std::system(("umount " + mnt).c_str()) == 0);  // the checks above do not throw
   } else {
@@ -266,7 +273,8 @@ TEST_CASE("a disk that fills while committing fails the run cleanly; committed s
   CHECK_THROWS_WITH_AS(Train(prog, run), doctest::Contains("disk full"), RunError);
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    CHECK_MESSAGE((name == ".lock" || name == "latest" || name.rfind("step-", 0) == 0), name);  // no leftovers
+    CHECK_MESSAGE((name == ".lock" || name == "latest" || name.rfind("step-", 0) == 0),
+                  name);  // no leftovers
   }
   const CheckpointManifest newest = FindCheckpoint(dir, prog);
   CHECK(newest.step >= 1);

@@ -22,8 +22,8 @@ namespace paraplan::exec {
 
 std::string ThreadRanksLimitReason(int world_size) {
   if (world_size <= kMaxThreadRanks) return "";
-  return "the program has " + std::to_string(world_size) +
-         " ranks, but one process runs at most " + std::to_string(kMaxThreadRanks) +
+  return "the program has " + std::to_string(world_size) + " ranks, but one process runs at most " +
+         std::to_string(kMaxThreadRanks) +
          " ranks as threads; run it with --backend=cuda under a launcher (torchrun, srun or "
          "mpirun), one rank per process";
 }
@@ -114,7 +114,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options,
     }
     local_ranks = placement->ranks;
   } else {
-    if (const std::string why = ThreadRanksLimitReason(world_size); !why.empty()) throw RunError(why);
+    if (const std::string why = ThreadRanksLimitReason(world_size); !why.empty())
+      throw RunError(why);
     // All ranks share this machine's memory: refuse a program whose arenas cannot fit.
     double needed = 0;
     for (const auto& r : program.ranks)

@@ -75,8 +75,8 @@ struct RunOptions {
 struct RunResult {
   int64_t start_step = 0;
   std::vector<StepMetrics> steps;
-  bool stopped = false;           // stop_request ended the run before its last step
-  int64_t checkpoint_step = -1;   // the step of the last checkpoint this run committed (-1: none)
+  bool stopped = false;          // stop_request ended the run before its last step
+  int64_t checkpoint_step = -1;  // the step of the last checkpoint this run committed (-1: none)
   // Every parameter by name, assembled unsharded from the ranks' fp32 master shards after the
   // last step. Replicas are checked to be bitwise equal (RunError otherwise).
   std::map<std::string, std::vector<float>> params;

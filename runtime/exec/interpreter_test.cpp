@@ -9,12 +9,11 @@
 #include <unistd.h>
 
 #include <atomic>
-
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/tiny_program.h"
@@ -199,7 +198,9 @@ TEST_CASE("a rank that fails mid-step stops every rank with its message (no hang
                        RunError);
 }
 
-TEST_CASE("a stop request ends the run at a step every rank agrees on, with a checkpoint that resumes bitwise") {
+TEST_CASE(
+    "a stop request ends the run at a step every rank agrees on, with a checkpoint that resumes "
+    "bitwise") {
   const std::string data = TinyData();
   for (int dp : {1, 2}) {
     // Ranks run ahead of the thread that reports steps, so a run long enough that the request
@@ -234,8 +235,10 @@ TEST_CASE("a stop request ends the run at a step every rank agrees on, with a ch
       RunOptions resume;
       resume.resume_dir = dir;
       const auto rest = Train(prog, resume);
-      REQUIRE(static_cast<int64_t>(rest.steps.size()) == total - static_cast<int64_t>(r.steps.size()));
-      for (size_t s = 0; s < rest.steps.size(); ++s) CHECK(rest.steps[s].loss == ref.steps[r.steps.size() + s].loss);
+      REQUIRE(static_cast<int64_t>(rest.steps.size()) ==
+              total - static_cast<int64_t>(r.steps.size()));
+      for (size_t s = 0; s < rest.steps.size(); ++s)
+        CHECK(rest.steps[s].loss == ref.steps[r.steps.size() + s].loss);
       CHECK(rest.params == ref.params);
     }
   }
@@ -243,8 +246,8 @@ TEST_CASE("a stop request ends the run at a step every rank agrees on, with a ch
 
 TEST_CASE("a rank thread that cannot be created is reported, not std::terminate") {
   // In a child process whose address space leaves room for about one more thread stack, a run
-  // of 16 ranks cannot start all its threads (more than glibc keeps cached): the started ones are aborted and joined and Train
-  // throws RunError.
+  // of 16 ranks cannot start all its threads (more than glibc keeps cached): the started ones are
+  // aborted and joined and Train throws RunError.
   const std::string data = TinyData();
   const auto prog = Tiny({16, 0, 32, 2, "tiny", data});
   const pid_t child = fork();
@@ -256,14 +259,16 @@ TEST_CASE("a rank thread that cannot be created is reported, not std::terminate"
       std::fclose(f);
     }
     struct rlimit limit {};
-    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (12 << 20);
+    limit.rlim_cur = limit.rlim_max =
+        static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (12 << 20);
     if (pages == 0 || setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
     try {
       RunOptions run;
       Train(prog, run);
       _exit(4);
     } catch (const RunError& e) {
-      _exit(std::string(e.what()).find("cannot start the thread of rank") != std::string::npos ? 0 : 5);
+      _exit(std::string(e.what()).find("cannot start the thread of rank") != std::string::npos ? 0
+                                                                                               : 5);
     } catch (...) {
       _exit(6);
     }

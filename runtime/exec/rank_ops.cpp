@@ -44,11 +44,13 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
   auto operand = [&](bool output, size_t i, int64_t n, bool optional) {
     const auto& list = output ? op.outputs : op.inputs;
     if (i >= list.size() || list[i] < 0) {
-      need(optional, std::string(output ? "output " : "input ") + std::to_string(i) + " names no buffer");
+      need(optional,
+           std::string(output ? "output " : "input ") + std::to_string(i) + " names no buffer");
       return;
     }
-    need(Elements(list[i]) >= n, std::string(output ? "output " : "input ") + std::to_string(i) + " `" +
-                                     bufs[list[i]].name + "` holds " + std::to_string(Elements(list[i])) +
+    need(Elements(list[i]) >= n, std::string(output ? "output " : "input ") + std::to_string(i) +
+                                     " `" + bufs[list[i]].name + "` holds " +
+                                     std::to_string(Elements(list[i])) +
                                      " elements; the op touches " + std::to_string(n));
   };
   auto input = [&](size_t i, int64_t n) { operand(false, i, n, false); };
@@ -56,7 +58,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
   {  // the operands every case below reads without checking: all inputs, and named outputs
     auto [nin, nout] = std::pair<size_t, size_t>{op.inputs.size(), op.outputs.size()};
     // The optimizer ops take -1 for the moments and the norm they do not use (checked there).
-    const bool optimizer = op.kind == OpKind::AdamW || op.kind == OpKind::Sgd || op.kind == OpKind::GradNormSquare;
+    const bool optimizer =
+        op.kind == OpKind::AdamW || op.kind == OpKind::Sgd || op.kind == OpKind::GradNormSquare;
     for (size_t i = 0; i < nin && !optimizer; ++i) {
       const bool optional_bias = op.kind == OpKind::Linear && i == 2;
       if (!optional_bias) input(i, 0);
@@ -241,11 +244,12 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
     case OpKind::Rope:
     case OpKind::RopeBackward: {
       const int64_t heads = op.Int(0, 0), hd = op.Int(1, 0);
-      need(heads > 0 && hd > 0 && hd % 2 == 0, "rope with " + std::to_string(heads) + " heads of " + std::to_string(hd));
+      need(heads > 0 && hd > 0 && hd % 2 == 0,
+           "rope with " + std::to_string(heads) + " heads of " + std::to_string(hd));
       const int64_t rows = div(n_in(0), mul({heads, hd}));
       need(rows * heads * hd == n_in(0) && rows % model.seq_len == 0,
-           "rope over " + std::to_string(n_in(0)) + " elements with " + std::to_string(heads) + " heads of " +
-               std::to_string(hd));
+           "rope over " + std::to_string(n_in(0)) + " elements with " + std::to_string(heads) +
+               " heads of " + std::to_string(hd));
       output(0, n_in(0));
       float* y = out(0);
       if (y != in(0)) backend_.Copy(y, in(0), n_in(0));
@@ -261,7 +265,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
       need(micro > 0 && seq > 0 && heads > 0 && groups > 0 && heads % groups == 0 && hd > 0, "bad attention shape");
       const auto layout = host::TokenLayout::BatchMajor(seq, micro);
       const float scale = static_cast<float>(op.Float(0, 1.0 / std::sqrt(static_cast<double>(hd))));
-      const int64_t t = mul({micro, seq}), q_elements = mul({t, heads, hd}), kv_elements = mul({t, groups, hd});
+      const int64_t t = mul({micro, seq}), q_elements = mul({t, heads, hd}),
+                    kv_elements = mul({t, groups, hd});
       if (op.kind == OpKind::Attention) {
         output(0, q_elements);
         output(1, 0);
@@ -278,7 +283,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
         output(0, q_elements);
         output(1, 0);
         output(2, kv_elements);
-        need(n_in(0) == q_elements && n_in(2) == kv_elements && Elements(op.outputs[1]) == kv_elements,
+        need(n_in(0) == q_elements && n_in(2) == kv_elements &&
+                 Elements(op.outputs[1]) == kv_elements,
              "operand sizes do not match [micro, seq, H, G, hd]");
         backend_.AttentionBackward(out(0), out(1), out(2), in(0), in(4), in(5), in(1), in(2), in(3), layout, heads,
                                    groups, hd, scale);

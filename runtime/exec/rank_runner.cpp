@@ -391,7 +391,9 @@ void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
       return;
     }
     case OpKind::Broadcast: {
-      if (nx != ny) throw RunError("Broadcast from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
+      if (nx != ny)
+        throw RunError("Broadcast from " + std::to_string(nx) + " into " + std::to_string(ny) +
+                       " elements");
       if (x != y) backend_.Copy(y, x, nx);
       if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(op.Int(0, 0)));
       return;
@@ -408,9 +410,11 @@ void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
   auto at_least = [&](int32_t buffer, int64_t n, const char* what) {
     if (buffer < 0 || Elements(buffer) < n) {
       throw RunError(OpName(op.kind) + ": " + what + " " +
-                     (buffer < 0 ? std::string("is missing")
-                                 : "`" + role_.buffers[buffer].name + "` holds " + std::to_string(Elements(buffer)) +
-                                       " elements, fewer than the " + std::to_string(n) + " it updates"));
+                     (buffer < 0
+                          ? std::string("is missing")
+                          : "`" + role_.buffers[buffer].name + "` holds " +
+                                std::to_string(Elements(buffer)) + " elements, fewer than the " +
+                                std::to_string(n) + " it updates"));
     }
   };
   if (op.kind == OpKind::GradNormSquare) {
@@ -441,13 +445,15 @@ void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
   at_least(op.inputs[1], 0, "the gradient bucket");
   const prog::mem::Bucket& bucket = BucketByBuffer(op.inputs[0], false);
   const int64_t updated = bucket.shard_elements;
-  at_least(op.inputs[1], op.inputs[1] == bucket.grad_shard ? updated : bucket.elements, "the gradient bucket");
+  at_least(op.inputs[1], op.inputs[1] == bucket.grad_shard ? updated : bucket.elements,
+           "the gradient bucket");
   at_least(op.inputs[2], updated, "the master copy");
   if (op.kind == OpKind::AdamW) {
     at_least(op.inputs[3], updated, "exp_avg");
     at_least(op.inputs[4], updated, "exp_avg_sq");
   }
-  if (op.inputs[0] == bucket.param_shard) at_least(bucket.param_shard, updated, "the parameter shard");
+  if (op.inputs[0] == bucket.param_shard)
+    at_least(bucket.param_shard, updated, "the parameter shard");
   const size_t bi = &bucket - role_.buckets.data();
   float nsq = 0.0f;
   if (op.inputs.size() > 5 && op.inputs[5] >= 0) backend_.CopyToHost(&nsq, F(op.inputs[5], ctx), 4);

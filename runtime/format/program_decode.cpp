@@ -73,7 +73,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
   // Step counts feed the learning-rate schedule's arithmetic: bounded so that it cannot overflow.
   constexpr int64_t kMaxSteps = int64_t{1} << 40;
   if (img.train.steps < 0 || img.train.steps > kMaxSteps || img.train.warmup_steps < 0 ||
-      img.train.warmup_steps > kMaxSteps || img.train.checkpoint_every < 0 || img.train.checkpoint_every > kMaxSteps) {
+      img.train.warmup_steps > kMaxSteps || img.train.checkpoint_every < 0 ||
+      img.train.checkpoint_every > kMaxSteps) {
     throw fail("train.steps " + std::to_string(img.train.steps) + ", train.warmup_steps " +
                std::to_string(img.train.warmup_steps) + " and train.checkpoint_every " +
                std::to_string(img.train.checkpoint_every) + " must lie in 0 .. 2^40");
@@ -158,8 +159,10 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     const int32_t nbuf = static_cast<int32_t>(role.buffers.size());
     for (int32_t i = 0; i < nbuf; ++i) {
       const Buffer& b = role.buffers[i];
-      const std::optional<int64_t> view_end = CheckedAdd(b.view_offset, elements[i]);  // an offset near 2^63 wraps
-      if (b.view_of >= nbuf || (b.view_of >= 0 && (b.view_offset < 0 || !view_end || *view_end > elements[b.view_of]))) {
+      const std::optional<int64_t> view_end =
+          CheckedAdd(b.view_offset, elements[i]);  // an offset near 2^63 wraps
+      if (b.view_of >= nbuf ||
+          (b.view_of >= 0 && (b.view_offset < 0 || !view_end || *view_end > elements[b.view_of]))) {
         throw fail(where("view `" + b.name + "` lies outside the buffer it views"));
       }
     }

@@ -1,7 +1,7 @@
 // planc compile / planc dump as a user runs them.
 #include <doctest/doctest.h>
-#include <sys/stat.h>
 #include <llvm/Support/JSON.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "compiler/lower/program.h"
-
 #include "tests/support/cli.h"
 
 namespace fs = std::filesystem;
@@ -137,11 +136,15 @@ std::pair<double, double> TraceTimes(const std::string& err) {
   const size_t at = err.find("simulated step ");
   if (at == std::string::npos) return {-1, -1};
   double simulated = -1, model = -1;
-  if (std::sscanf(err.c_str() + at, "simulated step %lf s (time model: %lf s)", &simulated, &model) != 2) return {-1, -1};
+  if (std::sscanf(err.c_str() + at, "simulated step %lf s (time model: %lf s)", &simulated,
+                  &model) != 2)
+    return {-1, -1};
   return {simulated, model};
 }
 
-TEST_CASE("the simulated step of the emitted program is within 5% of the time model, for every schedule") {
+TEST_CASE(
+    "the simulated step of the emitted program is within 5% of the time model, for every "
+    "schedule") {
   const std::string root = PARAPLAN_SOURCE_DIR;
   const std::string interleaved = " --set pipeline.schedule=interleaved_1f1b --set parallel.vpp=2";
   const std::string one_f_one_b = " --set 'pipeline.schedule=\"1f1b\"' --set parallel.vpp=1";
@@ -159,7 +162,8 @@ TEST_CASE("the simulated step of the emitted program is within 5% of the time mo
       {root + "/bench/explain/llama3_405b_16k.plan", ""},
   };
   for (const auto& [plan, sets] : cases) {
-    Result r = Planc("compile " + plan + sets + " -o " + Dir() + "/sim.pplan --trace " + Dir() + "/sim.json");
+    Result r = Planc("compile " + plan + sets + " -o " + Dir() + "/sim.pplan --trace " + Dir() +
+                     "/sim.json");
     INFO(plan << sets);
     REQUIRE_MESSAGE(r.status == 0, r.err);
     const auto [simulated, model] = TraceTimes(r.err);
@@ -358,7 +362,9 @@ TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs
   CHECK(Read(err).find("no_stdlib` (from PARAPLAN_STDLIB)") != std::string::npos);
 }
 
-TEST_CASE("a 16,384-rank program loads under a launcher with --backend=cuda; the host backend names its thread limit") {
+TEST_CASE(
+    "a 16,384-rank program loads under a launcher with --backend=cuda; the host backend names its "
+    "thread limit") {
   const std::string plan = Dir() + "/big_world.plan";
   std::ofstream(plan) << R"(
 gpu cpu { memory = 16 GiB  peak_bf16 = 1 TFLOPS  peak_fp16 = 1 TFLOPS  peak_fp8 = 1 TFLOPS  hbm_bandwidth = 50 GB/s }
@@ -379,16 +385,19 @@ plan big_world {
   REQUIRE(Planc("compile " + plan + " -o " + prog).status == 0);
   const std::string out = Dir() + "/big_world_run.txt";
   // The host backend runs every rank as a thread of one process: refused with its limit named.
-  int rc = std::system((std::string(PARAPLAN_PLANRUN) + " " + prog + " > " + out + " 2>&1").c_str());
+  int rc =
+      std::system((std::string(PARAPLAN_PLANRUN) + " " + prog + " > " + out + " 2>&1").c_str());
   CHECK(WEXITSTATUS(rc) == 1);
-  CHECK(Read(out).find("the program has 16384 ranks, but one process runs at most 4096 ranks as threads") !=
+  CHECK(Read(out).find(
+            "the program has 16384 ranks, but one process runs at most 4096 ranks as threads") !=
         std::string::npos);
   // One rank per process under torchrun: the program loads; only the missing GPU (or a build
   // without CUDA) stops the run, never the world size.
-  rc = std::system(("env RANK=5 WORLD_SIZE=16384 LOCAL_RANK=5 LOCAL_WORLD_SIZE=8 MASTER_ADDR=localhost "
-                    "MASTER_PORT=29500 " +
-                    std::string(PARAPLAN_PLANRUN) + " " + prog + " --backend=cuda > " + out + " 2>&1")
-                       .c_str());
+  rc = std::system(
+      ("env RANK=5 WORLD_SIZE=16384 LOCAL_RANK=5 LOCAL_WORLD_SIZE=8 MASTER_ADDR=localhost "
+       "MASTER_PORT=29500 " +
+       std::string(PARAPLAN_PLANRUN) + " " + prog + " --backend=cuda > " + out + " 2>&1")
+          .c_str());
   CHECK(WEXITSTATUS(rc) != 0);
   const std::string text = Read(out);
   INFO(text);

@@ -74,8 +74,8 @@ TEST_CASE("no published run that ran is refused as out of memory") {
   for (const char* name :
        {"mtnlg_530b_sp_selective", "mtnlg_530b_full", "mbridge_llama3_70b_64gpu",
         "mbridge_llama31_405b_1024gpu", "llama3_paper_405b_16k", "torchtitan_70b_fsdp32_tp8",
-        "mbridge_qwen3_30b_ep16", "mbridge_qwen3_30b_pp2_ep8",
-                           "deepseek_v3_2048gpu", "nemotron4_340b_6144gpu"}) {
+        "mbridge_qwen3_30b_ep16", "mbridge_qwen3_30b_pp2_ep8", "deepseek_v3_2048gpu",
+        "nemotron4_340b_6144gpu"}) {
     std::optional<Plan> plan = Load("ran.plan", name);
     REQUIRE(plan);
     DiagnosticSink sink;

@@ -92,15 +92,17 @@ TEST_CASE("explain: a plan with a structural error is not explained") {
   CHECK(r.out.empty());
 }
 
-TEST_CASE("compile: a program whose static arena does not fit the GPU is refused with its breakdown") {
+TEST_CASE(
+    "compile: a program whose static arena does not fit the GPU is refused with its breakdown") {
   // Checked for Megatron-Core (58.5 GiB: fits), the Llama 3 70B example's planrun arena is 83.65
   // GiB on stage 0; with the CUDA context and NCCL it needs 84.97 GiB of the H100's 80.
   Result r = Planc("check examples/llama3_70b.plan");
   CHECK(r.status == 0);
   r = Planc("compile examples/llama3_70b.plan -o " + Dir() + "/l70.pp");
   CHECK(r.status == 1);
-  CHECK(r.err.find("error[P0701]: the program of pipeline stage 0 needs 84.97 GiB per GPU; `h100_sxm` has "
-                   "80.00 GiB") != std::string::npos);
+  CHECK(r.err.find(
+            "error[P0701]: the program of pipeline stage 0 needs 84.97 GiB per GPU; `h100_sxm` has "
+            "80.00 GiB") != std::string::npos);
   CHECK(r.err.find("stashed activations = 58.03 GiB") != std::string::npos);
   CHECK(r.err.find("CUDA context and NCCL = 1.31 GiB") != std::string::npos);
   CHECK(!std::filesystem::exists(Dir() + "/l70.pp"));

@@ -7,13 +7,12 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "runtime/exec/tiny_program.h"
 
@@ -254,7 +253,8 @@ struct Background {
 Background Start(const std::string& args, const std::string& name) {
   Background b;
   b.log = Dir() + "/" + name + ".log";
-  const std::string cmd = std::string("exec ") + PARAPLAN_PLANRUN + " " + args + " > " + b.log + " 2>&1";
+  const std::string cmd =
+      std::string("exec ") + PARAPLAN_PLANRUN + " " + args + " > " + b.log + " 2>&1";
   b.pid = fork();
   REQUIRE(b.pid >= 0);
   if (b.pid == 0) {
@@ -288,12 +288,16 @@ bool HasTemporaryDirectories(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("SIGTERM, SIGINT and SIGHUP mid-run: the step finishes, a checkpoint is written, resume continues") {
+TEST_CASE(
+    "SIGTERM, SIGINT and SIGHUP mid-run: the step finishes, a checkpoint is written, resume "
+    "continues") {
   const std::string prog = WriteProgram("long", {2, 1, 4, 1000000});
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     const std::string name = "sig" + std::to_string(sig);
     const std::string ckpt = Dir() + "/" + name + "_ckpt", metrics = Dir() + "/" + name + ".jsonl";
-    auto run = Start(prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1000000 --metrics " + metrics, name);
+    auto run = Start(
+        prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1000000 --metrics " + metrics,
+        name);
     REQUIRE(WaitForLines(metrics, 3));
     kill(run.pid, sig);
     const int status = Wait(run);
@@ -316,13 +320,15 @@ TEST_CASE("SIGTERM, SIGINT and SIGHUP mid-run: the step finishes, a checkpoint i
   }
 }
 
-TEST_CASE("a second signal mid-checkpoint stops at once and leaves every committed checkpoint whole") {
+TEST_CASE(
+    "a second signal mid-checkpoint stops at once and leaves every committed checkpoint whole") {
   const std::string prog = WriteProgram("twice", {2, 1, 4, 1000000});
   for (int trial = 0; trial < 4; ++trial) {
     const std::string name = "twice" + std::to_string(trial);
     const std::string ckpt = Dir() + "/" + name + "_ckpt", metrics = Dir() + "/" + name + ".jsonl";
     // A checkpoint every step: the signals land while shards are being written.
-    auto run = Start(prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1 --metrics " + metrics, name);
+    auto run = Start(
+        prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1 --metrics " + metrics, name);
     REQUIRE(WaitForLines(metrics, 2 + trial));
     kill(run.pid, SIGTERM);
     std::this_thread::sleep_for(std::chrono::microseconds(200 * trial));
@@ -338,11 +344,14 @@ TEST_CASE("a second signal mid-checkpoint stops at once and leaves every committ
 TEST_CASE("a second run on a checkpoint directory in use is refused with the holder named") {
   const std::string prog = WriteProgram("holder", {2, 1, 4, 1000000});
   const std::string ckpt = Dir() + "/held_ckpt", metrics = Dir() + "/held.jsonl";
-  auto run = Start(prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1000000 --metrics " + metrics, "held");
+  auto run =
+      Start(prog + " --checkpoint-dir " + ckpt + " --checkpoint-every 1000000 --metrics " + metrics,
+            "held");
   REQUIRE(WaitForLines(metrics, 1));
   auto r = Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt + " --overwrite-checkpoints");
   CHECK(r.status == 1);
-  CHECK_MESSAGE(r.out.find("is in use by another run (pid " + std::to_string(run.pid) + " on host") != std::string::npos,
+  CHECK_MESSAGE(r.out.find("is in use by another run (pid " + std::to_string(run.pid) +
+                           " on host") != std::string::npos,
                 r.out);
   kill(run.pid, SIGTERM);
   CHECK(Wait(run) == 128 + SIGTERM);
@@ -386,7 +395,8 @@ TEST_CASE("FIFOs and devices are refused as program, data, metrics and checkpoin
   CHECK(r.out.find("it is a FIFO") != std::string::npos);
   fs::remove(ckpt + "/step-000001/manifest.json");
   fs::create_symlink("/dev/zero", ckpt + "/step-000001/manifest.json");
-  r = Planrun(prog + " --resume " + ckpt);  // a step directory without a regular manifest is not one
+  r = Planrun(prog + " --resume " +
+              ckpt);  // a step directory without a regular manifest is not one
   CHECK(r.status == 1);
   CHECK(r.out.find("holds no checkpoint") != std::string::npos);
   r = Planrun(prog + " --resume " + ckpt + "/step-000001");

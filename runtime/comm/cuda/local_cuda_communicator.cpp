@@ -81,7 +81,8 @@ class LocalCudaGroup {
           mismatch_ = fmt::format(
               "members of group {} disagree: group rank 0 called {} of {} elements, group rank {} "
               "called {} of {} elements",
-              Members(members_), CollectiveKindName(a.op), a.count, r, CollectiveKindName(b.op), b.count);
+              Members(members_), CollectiveKindName(a.op), a.count, r, CollectiveKindName(b.op),
+              b.count);
           break;
         }
       }
@@ -96,7 +97,8 @@ class LocalCudaGroup {
           const std::string why = fmt::format(
               "world rank {} waited {:.0f} s in {} on group {} and not every member arrived; a "
               "rank stalled or failed",
-              members_[me], world_->timeout_seconds_, CollectiveKindName(post.op), Members(members_));
+              members_[me], world_->timeout_seconds_, CollectiveKindName(post.op),
+              Members(members_));
           world_->Abort(why);
           throw CommError(why);
         }
