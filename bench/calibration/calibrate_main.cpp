@@ -336,7 +336,7 @@ struct Evaluation {
 Evaluation Evaluate(const Plan& plan, const CostOptions& options,
                     const MemoryEstimate* memory = nullptr) {
   Evaluation e;
-  e.memory = memory ? *memory : EstimateMemory(plan, OptionsForFramework(plan, options));
+  e.memory = memory ? *memory : EstimateMemory(plan, options);
   const TimeEstimate t = EstimateTime(plan, options, e.memory);
   if (!e.memory.valid || !t.valid) return e;
   e.valid = true;
@@ -519,7 +519,7 @@ double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
 // memory model gives no allocator figure.
 double AllocatorPeakGiB(const Case& c) {
   int64_t peak = 0;
-  for (const StagePeak& s : PredictedPeaks(c.chosen, OptionsForFramework(c.chosen, c.options)))
+  for (const StagePeak& s : PredictedPeaks(c.chosen, c.options))
     peak = std::max(peak, s.allocator > 0 ? s.allocator : s.device);
   if (peak == 0) peak = c.memory.peak;
   return D(peak) / kGiB;

@@ -94,6 +94,7 @@ struct MemoryEstimate {
   int64_t peak_stage = 0;  // the first stage reaching it
 };
 
+// `options`' software flags give way to those of the plan's framework (OptionsForFramework).
 MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& options = {});
 
 // The predicted peak of every pipeline stage (all ranks of a stage hold the same bytes), for

@@ -225,7 +225,7 @@ double ModelFlopsPerToken(const ModelSpec& m, bool causal_halved) {
 }
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
-  return EstimateTime(plan, options, EstimateMemory(plan, OptionsForFramework(plan, options)));
+  return EstimateTime(plan, options, EstimateMemory(plan, options));
 }
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const MemoryEstimate& mem) {
