@@ -6,9 +6,9 @@
 // Two measurements: overrides parsed once and reused (what `planc search` does per candidate),
 // and overrides parsed for every variant (a cold --set list each time).
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   DiagnosticSink sink;
   auto variants = PlanVariants::Load(opts, sm, sink);
   if (!variants) {
-    std::fprintf(stderr, "bench_check: %s does not load (%d errors)\n", argv[1], sink.error_count());
+    std::fprintf(stderr, "bench_check: %s does not load (%d errors)\n", argv[1],
+                 sink.error_count());
     return 1;
   }
   std::vector<std::vector<std::string>> sets;
@@ -67,7 +68,9 @@ int main(int argc, char** argv) {
     double cpu = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
     // Per CPU-second too: on a shared machine wall time includes time spent waiting for a core.
     std::printf("%-32s %8.0f variants/s wall  %8.0f per CPU-second  (%zu variants, %zu clean)\n",
-                !rules ? "evaluate only (no rules)" : reparse ? "check, --set parsed each time" : "check, --set parsed once",
+                !rules    ? "evaluate only (no rules)"
+                : reparse ? "check, --set parsed each time"
+                          : "check, --set parsed once",
                 done / elapsed, done / cpu, done, clean);
   };
   run(false);

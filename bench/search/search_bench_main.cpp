@@ -35,14 +35,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> pp;
   for (int v : {1, 2, 4, 8, 16, 32, 64}) pp.push_back(std::to_string(v));
   const std::vector<SearchAxis> axes = {
-      {"parallel.tp", {"1", "2", "4", "8"}},
-      {"parallel.pp", pp},
-      {"parallel.vpp", {"1", "2", "4", "5"}},
-      {"parallel.cp", {"1", "2", "4"}},
-      {"parallel.sp", {"false", "true"}},
-      {"optimizer.zero", {"0", "1", "2", "3"}},
-      {"batch.micro", {"1", "2", "4"}},
-      {"recompute", {"none", "selective", "full"}},
+      {"parallel.tp", {"1", "2", "4", "8"}},  {"parallel.pp", pp},
+      {"parallel.vpp", {"1", "2", "4", "5"}}, {"parallel.cp", {"1", "2", "4"}},
+      {"parallel.sp", {"false", "true"}},     {"optimizer.zero", {"0", "1", "2", "3"}},
+      {"batch.micro", {"1", "2", "4"}},       {"recompute", {"none", "selective", "full"}},
   };
   SearchOptions options;
   options.top = 5;
@@ -51,12 +47,15 @@ int main(int argc, char** argv) {
   for (int i = 0; i < reps; ++i) {
     const auto start = std::chrono::steady_clock::now();
     result = RunSearch(plan, axes, options);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double rate = static_cast<double>(result.enumerated) / s;
     std::printf("run %d: %lld candidates in %.3f s = %.0f candidates/s (%lld fit)\n", i + 1,
-                static_cast<long long>(result.enumerated), s, rate, static_cast<long long>(result.fitting));
+                static_cast<long long>(result.enumerated), s, rate,
+                static_cast<long long>(result.fitting));
     if (rate > best_rate) best_rate = rate;
   }
-  std::printf("best: %.0f candidates/s\n\n%s", best_rate, PrintSearchText(plan, axes, result).c_str());
+  std::printf("best: %.0f candidates/s\n\n%s", best_rate,
+              PrintSearchText(plan, axes, result).c_str());
   return 0;
 }

@@ -15,11 +15,13 @@ void RunAnalysisChecks(const Plan& plan, DiagnosticSink& sink) {
   if (auto layout = BuildLayout(plan, &error)) {
     RunTopologyChecks(plan, *layout, AnalyzeTopology(*layout), sink);
   } else {
-    sink.Report(Diag(DiagKind::kRankLayoutInvalid, error)
-                    .At(plan.Range("parallel.order"))
-                    .Note("ranks are numbered as Megatron-Core's RankGenerator does: the order string lists "
-                          "the axes from the fastest-varying to the slowest")
-                    .Help("use `parallel.order = \"tp-cp-ep-dp-pp\"` (the default) or \"tp-cp-ep-pp-dp\""));
+    sink.Report(
+        Diag(DiagKind::kRankLayoutInvalid, error)
+            .At(plan.Range("parallel.order"))
+            .Note(
+                "ranks are numbered as Megatron-Core's RankGenerator does: the order string lists "
+                "the axes from the fastest-varying to the slowest")
+            .Help("use `parallel.order = \"tp-cp-ep-dp-pp\"` (the default) or \"tp-cp-ep-pp-dp\""));
   }
   // Pipeline partition (P0601-P0603).
   BuildPartition(plan, &sink);

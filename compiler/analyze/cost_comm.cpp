@@ -19,8 +19,12 @@ std::array<int, kAxes> OrderPositions(std::string_view order) {
     size_t end = order.find('-', start);
     if (end == std::string_view::npos) end = order.size();
     std::string_view token = order.substr(start, end - start);
-    int axis = token == "tp" ? kTp : token == "cp" ? kCp : token == "ep" ? kEp
-             : token == "dp" ? kDp : token == "pp" ? kPp : -1;
+    int axis = token == "tp"   ? kTp
+               : token == "cp" ? kCp
+               : token == "ep" ? kEp
+               : token == "dp" ? kDp
+               : token == "pp" ? kPp
+                               : -1;
     if (axis < 0 || found[axis] >= 0) return pos;
     found[axis] = index++;
     start = end + 1;
@@ -43,7 +47,8 @@ CommGroup Place(int64_t size, int64_t stride, int64_t gpus_per_node) {
   return g;
 }
 
-int64_t StrideOf(int axis, const std::array<int, kAxes>& pos, const std::array<int64_t, kAxes>& sizes) {
+int64_t StrideOf(int axis, const std::array<int, kAxes>& pos,
+                 const std::array<int64_t, kAxes>& sizes) {
   int64_t stride = 1;
   for (int a = 0; a < kAxes; ++a)
     if (pos[a] < pos[axis]) stride *= sizes[a];

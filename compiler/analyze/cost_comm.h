@@ -30,7 +30,13 @@ struct CommGroups {
 
 CommGroups PlaceGroups(const Plan& plan);
 
-enum class Collective : uint8_t { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kPointToPoint };
+enum class Collective : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kAllToAll,
+  kPointToPoint
+};
 
 // Seconds for one collective of `bytes` (all-reduce/reduce-scatter/all-gather: the full array;
 // all-to-all: what each rank sends in total; point-to-point: the message) on a group.

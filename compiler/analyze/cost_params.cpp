@@ -12,7 +12,8 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 // Calibrated on the 20 published Megatron-LM A100 runs (bench/calibration): one set for all rows.
 constexpr GpuEfficiency kAmpere = {
     "ampere",
-    "fit to Narayanan SC21 Table 1 and Korthikanti MLSys23 Tables 4-5 (A100-SXM4-80GB, 2021-22 Megatron-LM)",
+    "fit to Narayanan SC21 Table 1 and Korthikanti MLSys23 Tables 4-5 (A100-SXM4-80GB, 2021-22 "
+    "Megatron-LM)",
     /*gemm_max_fraction=*/0.80,
     /*gemm_half_flops=*/2.0e9,
     // Not fit (the calibration rows predate fused attention): FlashAttention-2 reaches 50-73% of
@@ -68,14 +69,33 @@ constexpr GpuEfficiency kHopper = {
 
 constexpr GpuEfficiency kBlackwell = {
     "blackwell",
-    "not fit: large-GEMM ceiling 0.70, the other fractions as on Hopper, applied to Blackwell peaks",
-    0.70, 8.0e9, 0.50, 0.80, 2.0, 0.75, 0.85, 10e-6, 20e-6, 1024 * kMiB, 64 * kMiB, 50e9, 1.5e9, 0.05,
+    "not fit: large-GEMM ceiling 0.70, the other fractions as on Hopper, applied to Blackwell "
+    "peaks",
+    0.70,
+    8.0e9,
+    0.50,
+    0.80,
+    2.0,
+    0.75,
+    0.85,
+    10e-6,
+    20e-6,
+    1024 * kMiB,
+    64 * kMiB,
+    50e9,
+    1.5e9,
+    0.05,
 };
 
 constexpr GpuEfficiency kGeneric = {
-    "generic",
-    "not fit: conservative fractions for an unknown GPU",
-    0.60, 2.0e9, 0.40, 0.70, 2.0, 0.70, 0.80, 15e-6, 30e-6, 1024 * kMiB, 64 * kMiB, 16e9, 1.0e9, 0.05,
+    "generic", "not fit: conservative fractions for an unknown GPU",
+    0.60,      2.0e9,
+    0.40,      0.70,
+    2.0,       0.70,
+    0.80,      15e-6,
+    30e-6,     1024 * kMiB,
+    64 * kMiB, 16e9,
+    1.0e9,     0.05,
 };
 
 bool Contains(const std::string& haystack, std::string_view needle) {
@@ -105,14 +125,20 @@ const GpuEfficiency& EfficiencyFor(const GpuSpec& gpu, const CostOptions& option
 double PeakFlops(const Plan& plan) {
   const GpuSpec& g = plan.cluster.gpu;
   switch (plan.precision) {
-    case Precision::kBf16: return g.peak_bf16;
-    case Precision::kFp16: return g.peak_fp16 > 0 ? g.peak_fp16 : g.peak_bf16;
-    case Precision::kFp8: return g.peak_fp8 > 0 ? g.peak_fp8 : g.peak_bf16;
-    case Precision::kFp32: return g.peak_bf16 / 2;  // TF32 tensor cores
+    case Precision::kBf16:
+      return g.peak_bf16;
+    case Precision::kFp16:
+      return g.peak_fp16 > 0 ? g.peak_fp16 : g.peak_bf16;
+    case Precision::kFp8:
+      return g.peak_fp8 > 0 ? g.peak_fp8 : g.peak_bf16;
+    case Precision::kFp32:
+      return g.peak_bf16 / 2;  // TF32 tensor cores
   }
   return g.peak_bf16;
 }
 
-int64_t ActivationElementBytes(Precision precision) { return precision == Precision::kFp32 ? 4 : 2; }
+int64_t ActivationElementBytes(Precision precision) {
+  return precision == Precision::kFp32 ? 4 : 2;
+}
 
 }  // namespace paraplan

@@ -55,25 +55,25 @@ struct CostOptions {
 };
 
 struct GpuEfficiency {
-  std::string_view name;            // "ampere", "hopper", ...
-  std::string_view provenance;      // where the numbers come from, one line
-  double gemm_max_fraction;         // achieved / peak for very large GEMMs
-  double gemm_half_flops;           // GEMM size (FLOP) at which the fraction is half the max
-  double attention_fraction;        // achieved / peak of the fused attention kernels
-                                    // (FlashAttention / cuDNN, forward and backward together);
-                                    // used when CostOptions::flash_attention is on
-  double hbm_fraction;              // achieved / peak HBM bandwidth in memory-bound kernels
-  double elementwise_passes;        // HBM bytes moved per stored activation byte, forward
-                                    // (backward moves twice as many)
-  double nvlink_bus_fraction;       // NCCL bus bandwidth / nvlink_bandwidth
-  double network_bus_fraction;      // NCCL bus bandwidth / network_bandwidth
-  double collective_latency_s;      // per ring step
-  double p2p_latency_s;             // per pipeline send/receive
-  int64_t runtime_reserve_bytes;    // CUDA context, cuBLAS/TE workspaces
+  std::string_view name;          // "ampere", "hopper", ...
+  std::string_view provenance;    // where the numbers come from, one line
+  double gemm_max_fraction;       // achieved / peak for very large GEMMs
+  double gemm_half_flops;         // GEMM size (FLOP) at which the fraction is half the max
+  double attention_fraction;      // achieved / peak of the fused attention kernels
+                                  // (FlashAttention / cuDNN, forward and backward together);
+                                  // used when CostOptions::flash_attention is on
+  double hbm_fraction;            // achieved / peak HBM bandwidth in memory-bound kernels
+  double elementwise_passes;      // HBM bytes moved per stored activation byte, forward
+                                  // (backward moves twice as many)
+  double nvlink_bus_fraction;     // NCCL bus bandwidth / nvlink_bandwidth
+  double network_bus_fraction;    // NCCL bus bandwidth / network_bandwidth
+  double collective_latency_s;    // per ring step
+  double p2p_latency_s;           // per pipeline send/receive
+  int64_t runtime_reserve_bytes;  // CUDA context, cuBLAS/TE workspaces
   int64_t nccl_bytes_per_communicator;
-  double pcie_bandwidth;            // bytes/s per GPU, for CPU offload
-  double cpu_adam_params_per_s;     // host optimizer throughput per GPU's share of the CPU
-  double step_overhead_s;           // per optimizer step: data loader, logging, launch gaps
+  double pcie_bandwidth;         // bytes/s per GPU, for CPU offload
+  double cpu_adam_params_per_s;  // host optimizer throughput per GPU's share of the CPU
+  double step_overhead_s;        // per optimizer step: data loader, logging, launch gaps
 };
 
 // The efficiency set for a GPU record: by its name ("a100..." -> ampere, "h100"/"h200"/"h800"

@@ -15,9 +15,13 @@ int64_t HeadDim(const ModelSpec& m) {
 }
 int64_t KvHeads(const ModelSpec& m) { return m.kv_heads > 0 ? m.kv_heads : m.heads; }
 bool Gated(const ModelSpec& m) { return m.activation == Activation::kSwiGlu; }
-int64_t NormParams(const ModelSpec& m) { return m.norm == Norm::kLayerNorm ? 2 * m.hidden : m.hidden; }
+int64_t NormParams(const ModelSpec& m) {
+  return m.norm == Norm::kLayerNorm ? 2 * m.hidden : m.hidden;
+}
 // Weight count of an MLP with hidden width f: up (+gate) and down projections.
-int64_t MlpParams(const ModelSpec& m, int64_t f) { return SatMul(SatMul(Gated(m) ? 3 : 2, m.hidden), f); }
+int64_t MlpParams(const ModelSpec& m, int64_t f) {
+  return SatMul(SatMul(Gated(m) ? 3 : 2, m.hidden), f);
+}
 // Stored activation elements per token inside an MLP of width f (gate+up outputs and the fc2
 // input for SwiGLU = 3f; activation input and fc2 input for GeLU = 2f).
 int64_t MlpStoredWidth(const ModelSpec& m, int64_t f) { return SatMul(Gated(m) ? 3 : 2, f); }
@@ -57,8 +61,8 @@ LayerParams ParamsOfLayer(const ModelSpec& m, LayerKind kind) {
     }
     p.replicated = SatAdd(p.replicated,
                           SatAdd(SatMul(h, m.kv_lora_rank + m.qk_rope_head_dim), m.kv_lora_rank));
-    p.tp_sharded = SatAdd(p.tp_sharded, SatMul(SatMul(m.kv_lora_rank, m.heads),
-                                               m.qk_nope_head_dim + m.v_head_dim));
+    p.tp_sharded = SatAdd(
+        p.tp_sharded, SatMul(SatMul(m.kv_lora_rank, m.heads), m.qk_nope_head_dim + m.v_head_dim));
     p.tp_sharded = SatAdd(p.tp_sharded, SatMul(SatMul(m.heads, m.v_head_dim), h));
   } else {
     const int64_t d = HeadDim(m);
@@ -80,15 +84,19 @@ int64_t PositionParams(const ModelSpec& m) {
   return m.position == Position::kLearned ? SatMul(m.seq_len, m.hidden) : 0;
 }
 int64_t FinalNormParams(const ModelSpec& m) { return NormParams(m); }
-int64_t OutputParams(const ModelSpec& m) { return m.tied_embeddings ? 0 : SatMul(m.vocab, m.hidden); }
+int64_t OutputParams(const ModelSpec& m) {
+  return m.tied_embeddings ? 0 : SatMul(m.vocab, m.hidden);
+}
 
 int64_t TotalParams(const ModelSpec& m) {
   int64_t total = SatAdd(SatAdd(EmbeddingParams(m), PositionParams(m)),
                          SatAdd(FinalNormParams(m), OutputParams(m)));
   for (LayerKind kind : {LayerKind::kDense, LayerKind::kMoe}) {
     int64_t count = 0;
-    if (kind == LayerKind::kDense) count = m.IsMoe() ? std::min(m.dense_layers, m.layers) : m.layers;
-    else count = m.IsMoe() ? std::max<int64_t>(0, m.layers - m.dense_layers) : 0;
+    if (kind == LayerKind::kDense)
+      count = m.IsMoe() ? std::min(m.dense_layers, m.layers) : m.layers;
+    else
+      count = m.IsMoe() ? std::max<int64_t>(0, m.layers - m.dense_layers) : 0;
     total = SatAdd(total, SatMul(count, ParamsOfLayer(m, kind).Total()));
   }
   return total;
@@ -103,7 +111,8 @@ double LayerForwardFlopsPerToken(const ModelSpec& m, LayerKind kind, double cont
     const double v = static_cast<double>(m.v_head_dim);
     const double ql = static_cast<double>(m.q_lora_rank), kl = static_cast<double>(m.kv_lora_rank);
     flops += ql > 0 ? 2 * (h * ql + ql * a * qk) : 2 * h * a * qk;
-    flops += 2 * (h * (kl + static_cast<double>(m.qk_rope_head_dim)) + kl * a * (m.qk_nope_head_dim + v));
+    flops += 2 * (h * (kl + static_cast<double>(m.qk_rope_head_dim)) +
+                  kl * a * (m.qk_nope_head_dim + v));
     flops += 2 * a * v * h;
     flops += 2 * a * qk * context + 2 * a * v * context;
   } else {
@@ -141,7 +150,8 @@ TokenCounts Tokens(const ActivationShape& s) {
   return t;
 }
 
-int64_t LayerBytes(const ModelSpec& m, LayerKind kind, const ActivationShape& s, Recompute recompute) {
+int64_t LayerBytes(const ModelSpec& m, LayerKind kind, const ActivationShape& s,
+                   Recompute recompute) {
   const int64_t x = s.element_bytes;
   const int64_t h = m.hidden;
   const int64_t t = std::max<int64_t>(1, s.tp);
@@ -156,15 +166,15 @@ int64_t LayerBytes(const ModelSpec& m, LayerKind kind, const ActivationShape& s,
   int64_t heads_rank_x_dim_score = 0;  // a/t, for the score terms
   if (m.IsMla()) {
     const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-    if (m.q_lora_rank > 0) rep += 2 * x * m.q_lora_rank;          // q norm input, q up input
+    if (m.q_lora_rank > 0) rep += 2 * x * m.q_lora_rank;  // q norm input, q up input
     rep += x * (m.kv_lora_rank + m.qk_rope_head_dim) + x * m.kv_lora_rank;  // kv norm in, kv up in
     split = SatAdd(split, SatMul(x * m.heads, 2 * qk + 2 * m.v_head_dim));  // Q, K, V, output
   } else {
     const int64_t d = HeadDim(m);
     const int64_t kv_heads_rank = std::max<int64_t>(1, KvHeads(m) / t);
-    split = SatAdd(split, SatMul(2 * x * m.heads, d));                   // Q and attention output
-    const int64_t kv_bytes_rank = SatMul(2 * x * kv_heads_rank, d);     // K and V, per rank
-    split = SatAdd(split, SatMul(kv_bytes_rank, t));                     // (GQA below t heads: replicated)
+    split = SatAdd(split, SatMul(2 * x * m.heads, d));               // Q and attention output
+    const int64_t kv_bytes_rank = SatMul(2 * x * kv_heads_rank, d);  // K and V, per rank
+    split = SatAdd(split, SatMul(kv_bytes_rank, t));  // (GQA below t heads: replicated)
   }
   heads_rank_x_dim_score = CeilDiv(m.heads, t);
   // MLP block.
@@ -179,8 +189,9 @@ int64_t LayerBytes(const ModelSpec& m, LayerKind kind, const ActivationShape& s,
     // intermediates split by etp, and with probabilities applied in unpermute (Megatron-Core before
     // 0.13) the expert's output kept for their gradient.
     const int64_t copies = s.options.moe_probs_in_activation ? 1 : 2;
-    const int64_t per_pair = SatAdd(copies * x * h, SatMul(x, CeilDiv(MlpStoredWidth(m, m.moe_ffn_hidden),
-                                                                     std::max<int64_t>(1, s.etp))));
+    const int64_t per_pair = SatAdd(
+        copies * x * h,
+        SatMul(x, CeilDiv(MlpStoredWidth(m, m.moe_ffn_hidden), std::max<int64_t>(1, s.etp))));
     routed_bytes = SatMul(RoutedPairsPerRank(m, s), per_pair);
   }
   int64_t bytes = SatAdd(SatMul(tok.rep_tokens, rep), CeilDiv(SatMul(tok.tokens, split), t));
@@ -205,7 +216,8 @@ int64_t LayerActivationBytes(const ModelSpec& model, LayerKind kind, const Activ
   return LayerBytes(model, kind, shape, shape.recompute);
 }
 
-int64_t RecomputeWorkspaceBytes(const ModelSpec& model, LayerKind kind, const ActivationShape& shape) {
+int64_t RecomputeWorkspaceBytes(const ModelSpec& model, LayerKind kind,
+                                const ActivationShape& shape) {
   if (shape.recompute == Recompute::kNone) return 0;
   if (shape.recompute == Recompute::kFull) return LayerBytes(model, kind, shape, Recompute::kNone);
   // Selective: the recomputed attention core of one layer.
@@ -230,7 +242,8 @@ int64_t RoutedPairsPerRank(const ModelSpec& m, const ActivationShape& s) {
   if (!m.IsMoe()) return 0;
   const TokenCounts tok = Tokens(s);
   const double pairs = s.options.moe_imbalance * static_cast<double>(m.topk) *
-                       static_cast<double>(tok.tokens) * static_cast<double>(std::max<int64_t>(1, s.etp)) /
+                       static_cast<double>(tok.tokens) *
+                       static_cast<double>(std::max<int64_t>(1, s.etp)) /
                        static_cast<double>(std::max<int64_t>(1, s.tp));
   if (!(pairs < 9.0e18)) return kMax;
   return static_cast<int64_t>(std::ceil(pairs));

@@ -51,12 +51,12 @@ double LogitsForwardFlopsPerToken(const ModelSpec& model);
 
 // Sizes that decide activation bytes on one rank.
 struct ActivationShape {
-  int64_t seq = 0;        // sequence length s
-  int64_t micro = 1;      // micro batch b
-  int64_t tp = 1;         // t
-  int64_t cp = 1;         // c
-  int64_t etp = 1;        // expert tensor parallel
-  bool sp = false;        // sequence parallel
+  int64_t seq = 0;    // sequence length s
+  int64_t micro = 1;  // micro batch b
+  int64_t tp = 1;     // t
+  int64_t cp = 1;     // c
+  int64_t etp = 1;    // expert tensor parallel
+  bool sp = false;    // sequence parallel
   Recompute recompute = Recompute::kNone;
   int64_t element_bytes = 2;
   CostOptions options;
@@ -67,7 +67,8 @@ struct ActivationShape {
 // transient working set of the recomputed layer is RecomputeWorkspaceBytes.
 int64_t LayerActivationBytes(const ModelSpec& model, LayerKind kind, const ActivationShape& shape);
 // Bytes of a layer's activations with no recompute (the working set while it is recomputed).
-int64_t RecomputeWorkspaceBytes(const ModelSpec& model, LayerKind kind, const ActivationShape& shape);
+int64_t RecomputeWorkspaceBytes(const ModelSpec& model, LayerKind kind,
+                                const ActivationShape& shape);
 // Outside the layer stack, per microbatch: input ids and the embedding-output dropout mask on
 // the embedding stage; final-norm input, output-projection input and the fp32 logits kept by
 // the vocab-parallel cross entropy on the loss stage.

@@ -1,7 +1,8 @@
 #include "compiler/analyze/format_util.h"
 
-#include <cmath>
 #include <fmt/format.h>
+
+#include <cmath>
 
 namespace paraplan {
 
@@ -30,7 +31,8 @@ std::string BandwidthText(double bps) {
 }
 
 std::string RatioText(double ratio) {
-  if (ratio >= 10 || std::fabs(ratio - std::round(ratio)) < 0.05) return fmt::format("{:.0f}x", ratio);
+  if (ratio >= 10 || std::fabs(ratio - std::round(ratio)) < 0.05)
+    return fmt::format("{:.0f}x", ratio);
   return fmt::format("{:.1f}x", ratio);
 }
 

@@ -1,7 +1,8 @@
 #include "compiler/analyze/layout.h"
 
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "compiler/base/checked.h"
 
@@ -29,17 +30,18 @@ constexpr std::array<KindInfo, kGroupKindCount> kKindInfo = {{
     {GroupKind::kEp, "ep", "EXPERT_MODEL_PARALLEL_GROUP", true, "ep"},
     {GroupKind::kEtp, "etp", "EXPERT_TENSOR_PARALLEL_GROUP", true, "tp"},
     {GroupKind::kEtpEp, "etp_ep", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", true, "tp-ep"},
-    {GroupKind::kEtpEpPp, "etp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", true, "tp-ep-pp"},
+    {GroupKind::kEtpEpPp, "etp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", true,
+     "tp-ep-pp"},
     {GroupKind::kEdp, "edp", "EXPERT_DATA_PARALLEL_GROUP", true, "dp"},
     {GroupKind::kEmbd, "embd", "EMBEDDING_GROUP", false, ""},
     {GroupKind::kPosEmbd, "pos_embd", "POSITION_EMBEDDING_GROUP", false, ""},
 }};
 
 constexpr std::array<GroupKind, kGroupKindCount> kAllKinds = {
-    GroupKind::kTp,    GroupKind::kPp,   GroupKind::kDp,    GroupKind::kCp,
-    GroupKind::kDpCp,  GroupKind::kTpPp, GroupKind::kTpDp,  GroupKind::kTpDpCp,
-    GroupKind::kTpCp,  GroupKind::kEp,   GroupKind::kEtp,   GroupKind::kEtpEp,
-    GroupKind::kEtpEpPp, GroupKind::kEdp, GroupKind::kEmbd, GroupKind::kPosEmbd};
+    GroupKind::kTp,      GroupKind::kPp,   GroupKind::kDp,   GroupKind::kCp,
+    GroupKind::kDpCp,    GroupKind::kTpPp, GroupKind::kTpDp, GroupKind::kTpDpCp,
+    GroupKind::kTpCp,    GroupKind::kEp,   GroupKind::kEtp,  GroupKind::kEtpEp,
+    GroupKind::kEtpEpPp, GroupKind::kEdp,  GroupKind::kEmbd, GroupKind::kPosEmbd};
 
 constexpr std::array<std::string_view, 5> kAxisTokens = {"tp", "cp", "ep", "dp", "pp"};
 
@@ -197,8 +199,12 @@ std::vector<int64_t> MeshAxes::Groups(std::string_view marked, int64_t* group_si
 }
 
 std::optional<Layout> BuildLayout(const MeshSizes& sizes, std::string* error) {
-  for (auto [name, value] : {std::pair{"tp", sizes.tp}, {"cp", sizes.cp}, {"dp", sizes.dp},
-                             {"pp", sizes.pp}, {"ep", sizes.ep}, {"etp", sizes.etp},
+  for (auto [name, value] : {std::pair{"tp", sizes.tp},
+                             {"cp", sizes.cp},
+                             {"dp", sizes.dp},
+                             {"pp", sizes.pp},
+                             {"ep", sizes.ep},
+                             {"etp", sizes.etp},
                              {"gpus_per_node", sizes.gpus_per_node}}) {
     if (value < 1) {
       *error = fmt::format("`{}` is {}; it must be at least 1", name, value);
@@ -213,7 +219,8 @@ std::optional<Layout> BuildLayout(const MeshSizes& sizes, std::string* error) {
   auto expert_model = CheckedProduct({sizes.etp, sizes.ep, sizes.pp});
   if (!expert_model || *world % *expert_model != 0) {
     *error = fmt::format(
-        "world_size ({}) is not divisible by expert_tensor_model_pipeline_parallel size ({} · {} · {})",
+        "world_size ({}) is not divisible by expert_tensor_model_pipeline_parallel size ({} · {} · "
+        "{})",
         *world, sizes.etp, sizes.ep, sizes.pp);
     return std::nullopt;
   }
@@ -360,7 +367,8 @@ std::string Layout::Print(int64_t max_groups) const {
     for (int64_t g = 0; g < shown; ++g) {
       out += fmt::format("  [{}]\n", fmt::join(list.Group(g), ", "));
     }
-    if (shown < list.group_count()) out += fmt::format("  ... {} more\n", list.group_count() - shown);
+    if (shown < list.group_count())
+      out += fmt::format("  ... {} more\n", list.group_count() - shown);
   }
   return out;
 }

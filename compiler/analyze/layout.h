@@ -35,22 +35,22 @@ namespace paraplan {
 // Every group kind, in the order explain and JSON list them. Megatron's own names in
 // comments; `etp_ep` is EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP.
 enum class GroupKind : uint8_t {
-  kTp,        // TENSOR_MODEL_PARALLEL_GROUP            dense  "tp"
-  kPp,        // PIPELINE_MODEL_PARALLEL_GROUP          dense  "pp"
-  kDp,        // DATA_PARALLEL_GROUP                    dense  "dp"
-  kCp,        // CONTEXT_PARALLEL_GROUP                 dense  "cp"
-  kDpCp,      // DATA_PARALLEL_GROUP_WITH_CP            dense  "dp-cp"
-  kTpPp,      // MODEL_PARALLEL_GROUP                   dense  "tp-pp"
-  kTpDp,      // TENSOR_AND_DATA_PARALLEL_GROUP         dense  "tp-dp"
-  kTpDpCp,    // TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP dense  "tp-dp-cp"
-  kTpCp,      // TENSOR_AND_CONTEXT_PARALLEL_GROUP      dense  "tp-cp"
-  kEp,        // EXPERT_MODEL_PARALLEL_GROUP            expert "ep"
-  kEtp,       // EXPERT_TENSOR_PARALLEL_GROUP           expert "tp"
-  kEtpEp,     // EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP expert "tp-ep"
-  kEtpEpPp,   // EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP expert "tp-ep-pp"
-  kEdp,       // EXPERT_DATA_PARALLEL_GROUP             expert "dp"
-  kEmbd,      // EMBEDDING_GROUP: first and last member of each pp group (first only if pp = 1)
-  kPosEmbd,   // POSITION_EMBEDDING_GROUP: first member of each pp group
+  kTp,       // TENSOR_MODEL_PARALLEL_GROUP            dense  "tp"
+  kPp,       // PIPELINE_MODEL_PARALLEL_GROUP          dense  "pp"
+  kDp,       // DATA_PARALLEL_GROUP                    dense  "dp"
+  kCp,       // CONTEXT_PARALLEL_GROUP                 dense  "cp"
+  kDpCp,     // DATA_PARALLEL_GROUP_WITH_CP            dense  "dp-cp"
+  kTpPp,     // MODEL_PARALLEL_GROUP                   dense  "tp-pp"
+  kTpDp,     // TENSOR_AND_DATA_PARALLEL_GROUP         dense  "tp-dp"
+  kTpDpCp,   // TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP dense  "tp-dp-cp"
+  kTpCp,     // TENSOR_AND_CONTEXT_PARALLEL_GROUP      dense  "tp-cp"
+  kEp,       // EXPERT_MODEL_PARALLEL_GROUP            expert "ep"
+  kEtp,      // EXPERT_TENSOR_PARALLEL_GROUP           expert "tp"
+  kEtpEp,    // EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP expert "tp-ep"
+  kEtpEpPp,  // EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP expert "tp-ep-pp"
+  kEdp,      // EXPERT_DATA_PARALLEL_GROUP             expert "dp"
+  kEmbd,     // EMBEDDING_GROUP: first and last member of each pp group (first only if pp = 1)
+  kPosEmbd,  // POSITION_EMBEDDING_GROUP: first member of each pp group
 };
 inline constexpr int kGroupKindCount = 16;
 
@@ -84,7 +84,9 @@ struct GroupList {
   int64_t group_size = 1;
   std::vector<int64_t> members;
 
-  int64_t group_count() const { return group_size ? static_cast<int64_t>(members.size()) / group_size : 0; }
+  int64_t group_count() const {
+    return group_size ? static_cast<int64_t>(members.size()) / group_size : 0;
+  }
   std::span<const int64_t> Group(int64_t g) const {
     return {members.data() + g * group_size, static_cast<size_t>(group_size)};
   }
@@ -103,19 +105,21 @@ struct RankCoordinates {
 struct MeshAxes {
   std::vector<std::string> tokens;  // e.g. {"tp", "cp", "ep", "dp", "pp"}, size-1 axes appended
   std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;     // strides[0] = 1, strides[i] = sizes[0]·…·sizes[i-1]
+  std::vector<int64_t> strides;  // strides[0] = 1, strides[i] = sizes[0]·…·sizes[i-1]
 
   // Index of a token, or -1.
   int Find(std::string_view token) const;
   // Megatron's get_ranks(token): all groups varying along the '-'-separated axes in `marked`.
   // Empty `error` on success.
-  std::vector<int64_t> Groups(std::string_view marked, int64_t* group_size, std::string* error) const;
+  std::vector<int64_t> Groups(std::string_view marked, int64_t* group_size,
+                              std::string* error) const;
   int64_t Coordinate(int64_t rank, std::string_view token) const;
 };
 
 // Builds a RankGenerator's axes for the given sizes (keys tp, cp, ep, dp, pp) and order.
 // Fails with a message when the order names an unknown axis, names one twice, or leaves out an
-// axis whose size is not 1 (Megatron: "The size of (dp) is (8), but you haven't specified the order").
+// axis whose size is not 1 (Megatron: "The size of (dp) is (8), but you haven't specified the
+// order").
 std::optional<MeshAxes> MakeMeshAxes(int64_t tp, int64_t cp, int64_t ep, int64_t dp, int64_t pp,
                                      std::string_view order, std::string* error);
 

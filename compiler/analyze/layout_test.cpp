@@ -113,7 +113,8 @@ TEST_CASE("default order, W=16 TP=2 PP=4: the reference's hand-derived groups") 
   CHECK(ListOf(l, GroupKind::kPosEmbd) == Groups{{0}, {1}, {2}, {3}});
   CHECK(ListOf(l, GroupKind::kCp).size() == 16);  // singletons
   CHECK(ListOf(l, GroupKind::kDpCp) == ListOf(l, GroupKind::kDp));
-  CHECK(ListOf(l, GroupKind::kTpDp) == Groups{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}});
+  CHECK(ListOf(l, GroupKind::kTpDp) ==
+        Groups{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}});
   // Expert mesh with etp = tp and ep = 1 mirrors the dense one.
   CHECK(l.edp() == 2);
   CHECK(ListOf(l, GroupKind::kEtp) == ListOf(l, GroupKind::kTp));
@@ -141,7 +142,8 @@ TEST_CASE("order tp-cp-ep-pp-dp puts the pipeline inside the data-parallel repli
   CHECK(ListOf(l, GroupKind::kDp) ==
         Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
   CHECK(ListOf(l, GroupKind::kTp)[3] == std::vector<int64_t>{6, 7});
-  CHECK(ListOf(l, GroupKind::kTpPp) == Groups{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
+  CHECK(ListOf(l, GroupKind::kTpPp) ==
+        Groups{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
   CHECK(ListOf(l, GroupKind::kEmbd) == Groups{{0, 6}, {1, 7}, {8, 14}, {9, 15}});
   RankCoordinates c = l.Coordinates(13);  // 13 = 1 + 2·(2 + 4·1)
   CHECK(c.tp == 1);
@@ -192,7 +194,8 @@ TEST_CASE("expert mesh with pp, pp-last order: W=16 TP=2 DP=4 PP=2 EP=4 ETP=1") 
   Layout l = Build(2, 1, 4, 2, 4, 1);
   CHECK(l.edp() == 2);
   // expert rank = ep + 4·(edp + 2·pp); dense rank = tp + 2·(dp + 4·pp)
-  CHECK(ListOf(l, GroupKind::kEp) == Groups{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}});
+  CHECK(ListOf(l, GroupKind::kEp) ==
+        Groups{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}});
   CHECK(ListOf(l, GroupKind::kEdp) ==
         Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
   CHECK(ListOf(l, GroupKind::kEtpEpPp) ==
@@ -237,16 +240,17 @@ TEST_CASE("bad sizes and order strings are refused with a message") {
 
 TEST_CASE("every kind equals Megatron's get_ranks over many sizes and both orders") {
   const std::map<GroupKind, std::pair<bool, std::string>> tokens = {
-      {GroupKind::kTp, {false, "tp"}},       {GroupKind::kPp, {false, "pp"}},
-      {GroupKind::kDp, {false, "dp"}},       {GroupKind::kCp, {false, "cp"}},
-      {GroupKind::kDpCp, {false, "dp-cp"}},  {GroupKind::kTpPp, {false, "tp-pp"}},
-      {GroupKind::kTpDp, {false, "tp-dp"}},  {GroupKind::kTpDpCp, {false, "tp-dp-cp"}},
-      {GroupKind::kTpCp, {false, "tp-cp"}},  {GroupKind::kEp, {true, "ep"}},
-      {GroupKind::kEtp, {true, "tp"}},       {GroupKind::kEtpEp, {true, "tp-ep"}},
+      {GroupKind::kTp, {false, "tp"}},           {GroupKind::kPp, {false, "pp"}},
+      {GroupKind::kDp, {false, "dp"}},           {GroupKind::kCp, {false, "cp"}},
+      {GroupKind::kDpCp, {false, "dp-cp"}},      {GroupKind::kTpPp, {false, "tp-pp"}},
+      {GroupKind::kTpDp, {false, "tp-dp"}},      {GroupKind::kTpDpCp, {false, "tp-dp-cp"}},
+      {GroupKind::kTpCp, {false, "tp-cp"}},      {GroupKind::kEp, {true, "ep"}},
+      {GroupKind::kEtp, {true, "tp"}},           {GroupKind::kEtpEp, {true, "tp-ep"}},
       {GroupKind::kEtpEpPp, {true, "tp-ep-pp"}}, {GroupKind::kEdp, {true, "dp"}},
   };
   int checked = 0;
-  for (std::string order : {"tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-dp-cp-ep-pp", "pp-dp-ep-cp-tp"}) {
+  for (std::string order :
+       {"tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-dp-cp-ep-pp", "pp-dp-ep-cp-tp"}) {
     for (int64_t tp : {1, 2, 4}) {
       for (int64_t cp : {1, 2}) {
         for (int64_t dp : {1, 2, 6}) {
@@ -267,8 +271,9 @@ TEST_CASE("every kind equals Megatron's get_ranks over many sizes and both order
                 REQUIRE_MESSAGE(l.has_value(), error);
                 REQUIRE(l->Verify().empty());
                 for (const auto& [kind, spec] : tokens) {
-                  Groups want = spec.first ? MegatronGetRanks(etp, ep, edp, pp, 1, order, spec.second)
-                                           : MegatronGetRanks(tp, 1, dp, pp, cp, order, spec.second);
+                  Groups want = spec.first
+                                    ? MegatronGetRanks(etp, ep, edp, pp, 1, order, spec.second)
+                                    : MegatronGetRanks(tp, 1, dp, pp, cp, order, spec.second);
                   CHECK_MESSAGE(ListOf(*l, kind) == want, order, " ", GroupKindName(kind));
                   ++checked;
                 }

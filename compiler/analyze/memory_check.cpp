@@ -1,9 +1,9 @@
 #include "compiler/analyze/memory_check.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
-
-#include <fmt/format.h>
 
 #include "compiler/analyze/time.h"
 
@@ -22,7 +22,9 @@ bool IsSizeFieldSetByUser(const Plan& plan, std::string_view path) {
 std::vector<Change> CandidateChanges(const Plan& plan) {
   const ParallelSpec& par = plan.parallel;
   std::vector<Change> out;
-  auto one = [&](std::string path, std::string value) { out.push_back({{{std::move(path), std::move(value)}}}); };
+  auto one = [&](std::string path, std::string value) {
+    out.push_back({{{std::move(path), std::move(value)}}});
+  };
   if (par.tp > 1 && !par.sp) one("parallel.sp", "true");
   if (plan.recompute == Recompute::kNone) one("recompute", "selective");
   // What production runs reach for before full recompute (frameworks that have them; planrun
@@ -80,7 +82,9 @@ bool RederiveSizes(Plan& plan) {
 bool PassesBasicRules(const Plan& plan) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& par = plan.parallel;
-  if (par.tp < 1 || par.pp < 1 || par.cp < 1 || par.dp < 1 || par.ep < 1 || par.etp < 1 || par.vpp < 1) return false;
+  if (par.tp < 1 || par.pp < 1 || par.cp < 1 || par.dp < 1 || par.ep < 1 || par.etp < 1 ||
+      par.vpp < 1)
+    return false;
   if (plan.World() != par.tp * par.pp * par.cp * par.dp) return false;
   if (m.heads % par.tp != 0) return false;
   const int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
@@ -100,8 +104,8 @@ bool PassesBasicRules(const Plan& plan) {
   return true;
 }
 
-std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit, const CostOptions& options,
-                                          size_t max_fixes) {
+std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit,
+                                          const CostOptions& options, size_t max_fixes) {
   std::vector<MemoryFix> fixes;
   auto evaluate = [&](const Change& change) {
     Plan variant = plan;
@@ -132,7 +136,9 @@ std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit, const
     for (size_t i = 0; i < singles.size(); ++i) {
       for (size_t j = i + 1; j < singles.size(); ++j) {
         if (singles[i].sets.front().first == singles[j].sets.front().first) continue;
-        if (singles[i].sets.front().first == "cluster.nodes" || singles[j].sets.front().first == "cluster.nodes") continue;
+        if (singles[i].sets.front().first == "cluster.nodes" ||
+            singles[j].sets.front().first == "cluster.nodes")
+          continue;
         Change both = singles[i];
         both.sets.insert(both.sets.end(), singles[j].sets.begin(), singles[j].sets.end());
         evaluate(both);
@@ -150,8 +156,9 @@ std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit, const
 void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& options) {
   const int64_t capacity = plan.cluster.gpu.memory;
   if (capacity <= 0) return;
-  for (std::string_view path : {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.dp", "batch.micro",
-                                "batch.global", "model.layers", "cluster.gpu.memory"})
+  for (std::string_view path :
+       {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.dp", "batch.micro", "batch.global",
+        "model.layers", "cluster.gpu.memory"})
     if (plan.IsPoisoned(path)) return;
   const MemoryEstimate mem = EstimateMemory(plan, options);
   if (!mem.valid) return;
@@ -163,14 +170,16 @@ void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& opti
   if (mem.peak <= near) return;
   const bool oom = mem.peak > capacity;
   const StageMemory& s = mem.stages[static_cast<size_t>(mem.peak_stage)];
-  const std::string& gpu = plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
+  const std::string& gpu =
+      plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
   std::string message;
   if (oom) {
-    message = fmt::format("pipeline stage {} needs {} per GPU; `{}` has {}", s.stage, FormatGiB(s.total), gpu,
-                          FormatGiB(capacity));
+    message = fmt::format("pipeline stage {} needs {} per GPU; `{}` has {}", s.stage,
+                          FormatGiB(s.total), gpu, FormatGiB(capacity));
   } else {
     message = fmt::format("pipeline stage {} needs {} per GPU, {:.1f}% of the {} of `{}`", s.stage,
-                          FormatGiB(s.total), 100.0 * static_cast<double>(s.total) / static_cast<double>(capacity),
+                          FormatGiB(s.total),
+                          100.0 * static_cast<double>(s.total) / static_cast<double>(capacity),
                           FormatGiB(capacity), gpu);
   }
   Diag d(oom ? DiagKind::kStageOutOfMemory : DiagKind::kStageMemoryNearLimit, std::move(message));
@@ -180,10 +189,11 @@ void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& opti
   auto label = [&](std::string_view path, std::string text) {
     if (plan.Range(path).IsValid()) d.Label(plan.Range(path), std::move(text));
   };
-  label("batch.micro", fmt::format("micro batch {} of {} tokens", plan.batch.micro, plan.model.seq_len));
+  label("batch.micro",
+        fmt::format("micro batch {} of {} tokens", plan.batch.micro, plan.model.seq_len));
   label("recompute", fmt::format("recompute = {}", ToString(plan.recompute)));
-  label("parallel.pp", fmt::format("pp = {}: stage {} holds {} layers, {} microbatch(es) in flight", plan.parallel.pp,
-                                   s.stage, s.layers, s.in_flight));
+  label("parallel.pp", fmt::format("pp = {}: stage {} holds {} layers, {} microbatch(es) in flight",
+                                   plan.parallel.pp, s.stage, s.layers, s.in_flight));
   label("optimizer.zero", fmt::format("zero = {}", plan.optimizer.zero));
   for (size_t i = 0; i < kMemoryPartCount; ++i) {
     if (s.bytes[i] == 0) continue;
@@ -207,10 +217,14 @@ void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& opti
                   : fmt::format("a {}% allocator margin", options.allocator_margin_percent)));
   const std::vector<MemoryFix> fixes = ProposeMemoryFixes(plan, oom ? capacity : near, options);
   for (const MemoryFix& fix : fixes) {
-    d.Help(fmt::format("{} {} the largest stage ({}) to {}; predicted step {:.2f} s", fix.description,
-                       fix.sets.size() > 1 ? "bring" : "brings", fix.peak_stage, FormatGiB(fix.peak), fix.step_s));
+    d.Help(fmt::format("{} {} the largest stage ({}) to {}; predicted step {:.2f} s",
+                       fix.description, fix.sets.size() > 1 ? "bring" : "brings", fix.peak_stage,
+                       FormatGiB(fix.peak), fix.step_s));
   }
-  if (fixes.empty()) d.Help("no single change of sp, recompute, zero, micro batch, tp, pp, cp, ep, offload or node count fits; combine them, or use a GPU with more memory");
+  if (fixes.empty())
+    d.Help(
+        "no single change of sp, recompute, zero, micro batch, tp, pp, cp, ep, offload or node "
+        "count fits; combine them, or use a GPU with more memory");
   sink.Report(std::move(d));
 }
 

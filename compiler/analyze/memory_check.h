@@ -29,11 +29,12 @@ inline constexpr int64_t kNearLimitPercent = 93;
 void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& options = {});
 
 struct MemoryFix {
-  std::vector<std::pair<std::string, std::string>> sets;  // every change: path, value as --set takes it
-  std::string path;        // the first change: "parallel.sp"
-  std::string value;       // "true"
-  std::string description; // "`parallel.sp = true`"
-  int64_t peak = 0;        // bytes per GPU after the change (the worst stage)
+  std::vector<std::pair<std::string, std::string>>
+      sets;                 // every change: path, value as --set takes it
+  std::string path;         // the first change: "parallel.sp"
+  std::string value;        // "true"
+  std::string description;  // "`parallel.sp = true`"
+  int64_t peak = 0;         // bytes per GPU after the change (the worst stage)
   int64_t peak_stage = 0;
   double step_s = 0;       // predicted step time after the change
   double gpu_seconds = 0;  // step_s x GPUs: what "cheapest" ranks by
@@ -41,8 +42,8 @@ struct MemoryFix {
 
 // Changes that bring the peak to at most `limit` bytes: single-field changes cheapest first
 // (GPU-seconds per step), then, when fewer than max_fixes single ones fit, pairs of them.
-std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit, const CostOptions& options = {},
-                                          size_t max_fixes = 3);
+std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit,
+                                          const CostOptions& options = {}, size_t max_fixes = 3);
 
 // Re-derives the fields that follow others after a change: dp = world / (tp·pp·cp) and etp =
 // tp unless etp was written. false when the world does not divide.

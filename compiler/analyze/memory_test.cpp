@@ -51,8 +51,10 @@ TEST_CASE("per-layer activations reproduce Korthikanti's Table 2 closed forms ex
   CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, true, Recompute::kSelective)) ==
         34 * sbh / t);
   // full recompute keeps the layer input: 2sbh, 2sbh/t when sequence parallel splits it
-  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, false, Recompute::kFull)) == 2 * sbh);
-  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, true, Recompute::kFull)) == 2 * sbh / t);
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, false, Recompute::kFull)) ==
+        2 * sbh);
+  CHECK(LayerActivationBytes(m, LayerKind::kDense, Shape(m, b, t, true, Recompute::kFull)) ==
+        2 * sbh / t);
 }
 
 // Stage-0 layer activations of Korthikanti's Figure 1 (the paper's Eq. 5 and Eq. 6 times the
@@ -73,8 +75,8 @@ TEST_CASE("first-stage activations reproduce Korthikanti's Figure 1 exactly") {
   for (const auto& c : cases) {
     CAPTURE(c.name);
     const int64_t nodes = c.pp;  // tp 8 inside a node, one node per stage, dp 1
-    Plan plan = testing::MakePlan(testing::Gpt(c.layers, c.hidden, c.heads), testing::DgxA100(nodes), 8,
-                                  c.pp, 64 * c.pp * c.micro, c.micro);
+    Plan plan = testing::MakePlan(testing::Gpt(c.layers, c.hidden, c.heads),
+                                  testing::DgxA100(nodes), 8, c.pp, 64 * c.pp * c.micro, c.micro);
     plan.framework = Framework::kMegatronLm2021;  // the software of Korthikanti et al. (2022)
     plan.parallel.vpp = c.vpp;
     plan.pipeline.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
@@ -85,7 +87,8 @@ TEST_CASE("first-stage activations reproduce Korthikanti's Figure 1 exactly") {
       const MemoryEstimate e = EstimateMemory(plan, KorthikantiOptions());
       REQUIRE(e.valid);
       const double gib = static_cast<double>(e.stages[0].Get(MemoryPart::kActivations)) / kGiB;
-      CHECK(gib == doctest::Approx(sp_selective ? c.sp_selective_gib : c.tp_only_gib).epsilon(1e-12));
+      CHECK(gib ==
+            doctest::Approx(sp_selective ? c.sp_selective_gib : c.tp_only_gib).epsilon(1e-12));
     }
   }
 }
@@ -155,7 +158,8 @@ TEST_CASE("context parallel divides activations; ZeRO shards over DP x CP") {
   plan.parallel.cp = 2;
   plan.parallel.dp = 4;
   const MemoryEstimate cp = EstimateMemory(plan);
-  CHECK(cp.stages[0].Get(MemoryPart::kActivations) * 2 == base.stages[0].Get(MemoryPart::kActivations));
+  CHECK(cp.stages[0].Get(MemoryPart::kActivations) * 2 ==
+        base.stages[0].Get(MemoryPart::kActivations));
   // The optimizer is sharded over dp·cp = 8 in both plans.
   CHECK(cp.stages[0].Get(MemoryPart::kOptimizer) == base.stages[0].Get(MemoryPart::kOptimizer));
 }
@@ -233,8 +237,10 @@ TEST_CASE("explain's memory and time sections: JSON per stage in bytes, text cha
   const MemoryEstimate m = EstimateMemory(plan);
   const TimeEstimate t = EstimateTime(plan);
   const std::string json = MemoryJson(m);
-  CHECK(json.find("\"stages\":[{\"stage\":0,\"total_bytes\":" + std::to_string(m.stages[0].total)) != std::string::npos);
-  CHECK(json.find("\"weights\":" + std::to_string(m.stages[0].Get(MemoryPart::kWeights))) != std::string::npos);
+  CHECK(json.find("\"stages\":[{\"stage\":0,\"total_bytes\":" +
+                  std::to_string(m.stages[0].total)) != std::string::npos);
+  CHECK(json.find("\"weights\":" + std::to_string(m.stages[0].Get(MemoryPart::kWeights))) !=
+        std::string::npos);
   const std::string time = TimeJson(t);
   CHECK(time.find("\"step_seconds\":") != std::string::npos);
   CHECK(time.find("\"tokens_per_s\":") != std::string::npos);

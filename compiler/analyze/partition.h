@@ -61,7 +61,7 @@ struct PipelineChunk {
   int64_t end_layer = 0;
   bool embedding = false;
   bool loss = false;
-  int64_t cost = 0;           // forward FLOPs per token of its blocks (ComputeBlockCosts)
+  int64_t cost = 0;  // forward FLOPs per token of its blocks (ComputeBlockCosts)
 
   int64_t layer_count() const { return end_layer - first_layer; }
 };
@@ -122,9 +122,9 @@ std::vector<int64_t> EvenLayerCounts(int64_t layers, int64_t stages);
 // cost exceeds (rank+1)/pp of the total): transformer layers per rank, and per rank whether
 // it holds a block with parameters (embedding, a layer, the final norm, the LM head).
 struct NanotronSplit {
-  std::vector<int64_t> layers;          // per pp rank
-  std::vector<bool> has_parameters;     // per pp rank
-  int64_t head_rank = 0;                // rank of the LM head
+  std::vector<int64_t> layers;       // per pp rank
+  std::vector<bool> has_parameters;  // per pp rank
+  int64_t head_rank = 0;             // rank of the LM head
 };
 NanotronSplit NanotronGreedySplit(const ModelSpec& model, int64_t pp);
 

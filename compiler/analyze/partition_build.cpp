@@ -8,10 +8,12 @@
 namespace paraplan {
 namespace {
 
-std::string ListText(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+std::string ListText(const std::vector<int64_t>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
 
-void ReportSplitInvalid(const Plan& plan, DiagnosticSink* sink, std::string_view path, std::string message,
-                        std::vector<std::string> helps) {
+void ReportSplitInvalid(const Plan& plan, DiagnosticSink* sink, std::string_view path,
+                        std::string message, std::vector<std::string> helps) {
   if (sink == nullptr) return;
   Diag d(DiagKind::kPipelineSplitInvalid, std::move(message));
   d.At(plan.Range(path));
@@ -38,47 +40,58 @@ void ReportNanotronEmptyStage(const Plan& plan, const NanotronSplit& split, int6
   for (int64_t c : nc.layers) layers_total += c;
   const int64_t total = layers_total + nc.head;
   Diag d(DiagKind::kNanotronBalanceEmptyStage,
-         fmt::format("Nanotron's cost balancing leaves pipeline stage {} without a trainable layer", stage));
+         fmt::format("Nanotron's cost balancing leaves pipeline stage {} without a trainable layer",
+                     stage));
   d.At(plan.Range("pipeline.balance"), "Nanotron's greedy split by block cost");
   if (plan.Range("model.vocab").IsValid()) {
     d.Label(plan.Range("model.vocab"),
             fmt::format("the LM head costs vocab · hidden = {}, more than all {} layers together",
                         GroupDigits(nc.head), m.layers));
   }
-  if (plan.Range("parallel.pp").IsValid()) d.Label(plan.Range("parallel.pp"), fmt::format("{} stages", pp));
+  if (plan.Range("parallel.pp").IsValid())
+    d.Label(plan.Range("parallel.pp"), fmt::format("{} stages", pp));
   d.Value("decoder layer (4·heads·head_dim·hidden + 3·ffn_hidden·hidden)",
-          fmt::format("4·{}·{}·{} + 3·{}·{} = {}", m.heads, m.heads > 0 ? m.hidden / m.heads : 0, m.hidden,
-                      m.ffn_hidden, m.hidden, GroupDigits(layer)));
+          fmt::format("4·{}·{}·{} + 3·{}·{} = {}", m.heads, m.heads > 0 ? m.hidden / m.heads : 0,
+                      m.hidden, m.ffn_hidden, m.hidden, GroupDigits(layer)));
   d.Value(fmt::format("{} decoder layers", m.layers), GroupDigits(layers_total));
-  d.Value("LM head (vocab·hidden)", fmt::format("{}·{} = {}", m.vocab, m.hidden, GroupDigits(nc.head)));
+  d.Value("LM head (vocab·hidden)",
+          fmt::format("{}·{} = {}", m.vocab, m.hidden, GroupDigits(nc.head)));
   d.Value("embedding, final norm, loss", "0");
-  d.Value(fmt::format("stage {} threshold (total · {}/{})", split.head_rank, split.head_rank + 1, pp),
-          fmt::format("{} · {}/{} = {}", GroupDigits(total), split.head_rank + 1, pp,
-                      GroupDigits(total * (split.head_rank + 1) / pp)));
+  d.Value(
+      fmt::format("stage {} threshold (total · {}/{})", split.head_rank, split.head_rank + 1, pp),
+      fmt::format("{} · {}/{} = {}", GroupDigits(total), split.head_rank + 1, pp,
+                  GroupDigits(total * (split.head_rank + 1) / pp)));
   std::string placement;
   for (int64_t r = 0; r < pp; ++r) {
     if (r > 0) placement += "; ";
     const int64_t n = split.layers[static_cast<size_t>(r)];
     if (!split.has_parameters[static_cast<size_t>(r)]) {
-      placement += fmt::format("stage {}: {} (no parameters)", r, r > split.head_rank ? "the loss only" : "nothing");
+      placement += fmt::format("stage {}: {} (no parameters)", r,
+                               r > split.head_rank ? "the loss only" : "nothing");
     } else {
-      placement += fmt::format("stage {}: {}{} layer{}{}", r, r == 0 ? "embedding, " : "", n, n == 1 ? "" : "s",
-                               r == split.head_rank ? ", final norm, LM head" : "");
+      placement +=
+          fmt::format("stage {}: {}{} layer{}{}", r, r == 0 ? "embedding, " : "", n,
+                      n == 1 ? "" : "s", r == split.head_rank ? ", final norm, LM head" : "");
     }
   }
   d.Value("Nanotron's split", placement);
-  d.Note(fmt::format(
-      "Nanotron places blocks in order and moves to the next stage only after the cumulative cost exceeds "
-      "(k+1)/pp of the total; a stage without parameters stops the run with \"Can't use DDP because model "
-      "in PP={} has no gradient\"",
-      stage));
+  d.Note(
+      fmt::format("Nanotron places blocks in order and moves to the next stage only after the "
+                  "cumulative cost exceeds "
+                  "(k+1)/pp of the total; a stage without parameters stops the run with \"Can't "
+                  "use DDP because model "
+                  "in PP={} has no gradient\"",
+                  stage));
   auto balanced = BalanceByCost(paraplan_costs, pp * plan.parallel.vpp);
   if (balanced) {
-    d.Help(fmt::format("use `balance = cost`: paraplan's cost split keeps a transformer layer on every stage: {}",
+    d.Help(fmt::format(
+        "use `balance = cost`: paraplan's cost split keeps a transformer layer on every stage: {}",
+        ListText(PerRank(*balanced, pp))));
+    d.Help(fmt::format("or pin the split for Nanotron as well: `stage_layers = {}`",
                        ListText(PerRank(*balanced, pp))));
-    d.Help(fmt::format("or pin the split for Nanotron as well: `stage_layers = {}`", ListText(PerRank(*balanced, pp))));
   }
-  if (pp > 1) d.Help(fmt::format("or use fewer pipeline stages: `pp = {}`", pp / 2 > 1 ? pp / 2 : 1));
+  if (pp > 1)
+    d.Help(fmt::format("or use fewer pipeline stages: `pp = {}`", pp / 2 > 1 ? pp / 2 : 1));
   sink->Report(std::move(d));
 }
 
@@ -89,7 +102,8 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
   const int64_t L = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
   if (L < 1 || pp < 1 || vpp < 1 || pp > (int64_t{1} << 20) || vpp > (int64_t{1} << 20)) {
     ReportSplitInvalid(plan, sink, "parallel.pp",
-                       fmt::format("cannot split {} layers over pp = {} and vpp = {}", L, pp, vpp), {});
+                       fmt::format("cannot split {} layers over pp = {} and vpp = {}", L, pp, vpp),
+                       {});
     return std::nullopt;
   }
   const int64_t stages = pp * vpp;
@@ -104,16 +118,18 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
   if (pl.balance == Balance::kNanotron) {
     part.method = PartitionMethod::kNanotron;
     if (vpp > 1 || overrides || pl.account_for_embedding || pl.account_for_loss) {
-      ReportSplitInvalid(plan, sink, "pipeline.balance",
-                         "`balance = nanotron` reproduces Nanotron's split, which has no virtual pipeline, "
-                         "explicit stage sizes or embedding/loss accounting",
-                         {"remove vpp, stage_layers, first/last_stage_layers and account_for_* from the plan, "
-                          "or use `balance = cost`"});
+      ReportSplitInvalid(
+          plan, sink, "pipeline.balance",
+          "`balance = nanotron` reproduces Nanotron's split, which has no virtual pipeline, "
+          "explicit stage sizes or embedding/loss accounting",
+          {"remove vpp, stage_layers, first/last_stage_layers and account_for_* from the plan, "
+           "or use `balance = cost`"});
       return std::nullopt;
     }
     NanotronSplit split = NanotronGreedySplit(plan.model, pp);
     for (int64_t r = 0; r < pp; ++r) {
-      if (!split.has_parameters[static_cast<size_t>(r)] || split.layers[static_cast<size_t>(r)] == 0) {
+      if (!split.has_parameters[static_cast<size_t>(r)] ||
+          split.layers[static_cast<size_t>(r)] == 0) {
         // A stage holding only the final norm and head trains, but holds no transformer layer;
         // Nanotron runs it, paraplan reports what Nanotron would fail on and also the idle case.
         if (!split.has_parameters[static_cast<size_t>(r)] || r != pp - 1) {
@@ -126,33 +142,36 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
   } else if (pl.balance == Balance::kCost) {
     part.method = PartitionMethod::kCost;
     if (overrides || pl.account_for_embedding || pl.account_for_loss) {
-      ReportSplitInvalid(plan, sink, "pipeline.balance",
-                         "`balance = cost` chooses the split itself; it cannot be combined with stage_layers, "
-                         "first/last_stage_layers or account_for_embedding/account_for_loss",
-                         {"remove the explicit split options, or use `balance = even` to keep them"});
+      ReportSplitInvalid(
+          plan, sink, "pipeline.balance",
+          "`balance = cost` chooses the split itself; it cannot be combined with stage_layers, "
+          "first/last_stage_layers or account_for_embedding/account_for_loss",
+          {"remove the explicit split options, or use `balance = even` to keep them"});
       return std::nullopt;
     }
     auto balanced = BalanceByCost(part.costs, stages);
     if (!balanced) {
-      ReportSplitInvalid(plan, sink, "pipeline.balance",
-                         fmt::format("`balance = cost` needs at least one layer per virtual stage: {} layers < "
-                                     "pp · vpp = {} · {} = {}",
-                                     L, pp, vpp, stages),
-                         {fmt::format("use at most {} pipeline stages", L / vpp > 0 ? L / vpp : 1)});
+      ReportSplitInvalid(
+          plan, sink, "pipeline.balance",
+          fmt::format("`balance = cost` needs at least one layer per virtual stage: {} layers < "
+                      "pp · vpp = {} · {} = {}",
+                      L, pp, vpp, stages),
+          {fmt::format("use at most {} pipeline stages", L / vpp > 0 ? L / vpp : 1)});
       return std::nullopt;
     }
     counts = *balanced;
   } else {
-    part.method = !pl.stage_layers.empty()                              ? PartitionMethod::kExplicit
-                  : (pl.first_stage_layers || pl.last_stage_layers)     ? PartitionMethod::kFirstLast
-                  : (pl.account_for_embedding || pl.account_for_loss)   ? PartitionMethod::kAccount
-                                                                        : PartitionMethod::kEven;
+    part.method = !pl.stage_layers.empty()                            ? PartitionMethod::kExplicit
+                  : (pl.first_stage_layers || pl.last_stage_layers)   ? PartitionMethod::kFirstLast
+                  : (pl.account_for_embedding || pl.account_for_loss) ? PartitionMethod::kAccount
+                                                                      : PartitionMethod::kEven;
     std::string why;
     auto megatron = MegatronStageLayers(plan, &why);
     if (!megatron) {
-      std::string_view path = part.method == PartitionMethod::kExplicit    ? "pipeline.stage_layers"
-                              : part.method == PartitionMethod::kFirstLast ? "pipeline.first_stage_layers"
-                                                                           : "model.layers";
+      std::string_view path = part.method == PartitionMethod::kExplicit ? "pipeline.stage_layers"
+                              : part.method == PartitionMethod::kFirstLast
+                                  ? "pipeline.first_stage_layers"
+                                  : "model.layers";
       ReportSplitInvalid(plan, sink, path, why, {"or let paraplan choose: `balance = cost`"});
       return std::nullopt;
     }
@@ -177,7 +196,8 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
     chunk.end_layer = next;
     chunk.embedding = s == 0;
     chunk.loss = s == stages - 1;
-    for (int64_t i = chunk.first_layer; i < chunk.end_layer; ++i) chunk.cost += part.costs.layers[static_cast<size_t>(i)];
+    for (int64_t i = chunk.first_layer; i < chunk.end_layer; ++i)
+      chunk.cost += part.costs.layers[static_cast<size_t>(i)];
     if (chunk.embedding) chunk.cost += part.costs.embedding;
     if (chunk.loss) chunk.cost += part.costs.head;
   }
@@ -188,14 +208,17 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
   for (const PipelineChunk* c : part.VirtualStages()) {
     if (c->layer_count() > 0 || c->embedding || c->loss) continue;
     if (sink != nullptr) {
-      std::string where = vpp > 1 ? fmt::format("chunk {} of pipeline stage {}", c->chunk, c->pp_rank)
-                                  : fmt::format("pipeline stage {}", c->pp_rank);
+      std::string where = vpp > 1
+                              ? fmt::format("chunk {} of pipeline stage {}", c->chunk, c->pp_rank)
+                              : fmt::format("pipeline stage {}", c->pp_rank);
       Diag d(DiagKind::kPipelineStageEmpty,
              fmt::format("{} holds no transformer layer, no embedding and no loss", where));
       d.At(plan.Range("pipeline.stage_layers"), fmt::format("{} gets 0 layers here", where));
       d.Value("stage_layers", ListText(pl.stage_layers));
-      d.Note("every pipeline stage runs every microbatch; a stage with nothing to compute only forwards "
-             "activations, idles a GPU per replica and holds no gradient to synchronise");
+      d.Note(
+          "every pipeline stage runs every microbatch; a stage with nothing to compute only "
+          "forwards "
+          "activations, idles a GPU per replica and holds no gradient to synchronise");
       std::vector<int64_t> even = EvenLayerCounts(L, static_cast<int64_t>(pl.stage_layers.size()));
       d.Help(fmt::format("spread the {} layers: `stage_layers = {}`", L, ListText(even)));
       d.Help("or let paraplan balance them by cost: `balance = cost` without `stage_layers`");

@@ -29,7 +29,8 @@ Plan SmallPlan(int64_t layers, int64_t pp, int64_t vpp = 1) {
 // (first, end) of every virtual stage in execution order.
 std::vector<std::pair<int64_t, int64_t>> Ranges(const Partition& part) {
   std::vector<std::pair<int64_t, int64_t>> out;
-  for (const PipelineChunk* c : part.VirtualStages()) out.emplace_back(c->first_layer, c->end_layer);
+  for (const PipelineChunk* c : part.VirtualStages())
+    out.emplace_back(c->first_layer, c->end_layer);
   return out;
 }
 
@@ -42,7 +43,8 @@ std::vector<int64_t> PerRankLayers(const Partition& part) {
 Partition MustBuild(const Plan& plan) {
   DiagnosticSink sink;
   auto part = BuildPartition(plan, &sink);
-  REQUIRE_MESSAGE(part.has_value(), (sink.diagnostics().empty() ? "" : sink.diagnostics()[0].message));
+  REQUIRE_MESSAGE(part.has_value(),
+                  (sink.diagnostics().empty() ? "" : sink.diagnostics()[0].message));
   CHECK(sink.diagnostics().empty());
   CHECK(part->Verify().empty());
   return *part;
@@ -88,8 +90,9 @@ TEST_CASE("account_for_embedding/loss count as layers (62 + 2 on pp 4)") {
   v.pipeline.account_for_embedding = true;
   v.pipeline.account_for_loss = true;
   Partition pv = MustBuild(v);
-  CHECK(Ranges(pv) == std::vector<std::pair<int64_t, int64_t>>{
-                          {0, 3}, {3, 7}, {7, 11}, {11, 15}, {15, 19}, {19, 23}, {23, 27}, {27, 30}});
+  CHECK(Ranges(pv) ==
+        std::vector<std::pair<int64_t, int64_t>>{
+            {0, 3}, {3, 7}, {7, 11}, {11, 15}, {15, 19}, {19, 23}, {23, 27}, {27, 30}});
 
   // Too few layers for the accounted split: 60 + 2 over 4 does not divide.
   Plan bad = SmallPlan(60, 4);
@@ -156,7 +159,8 @@ TEST_CASE("explicit stage_layers: per rank, per virtual stage, and an empty stag
   DiagnosticSink s2;
   CHECK_FALSE(BuildPartition(wrong_sum, &s2).has_value());
   REQUIRE(s2.diagnostics().size() == 1);
-  CHECK(s2.diagnostics()[0].message == "`stage_layers` [4, 4] sums to 8, but the model has 9 layers");
+  CHECK(s2.diagnostics()[0].message ==
+        "`stage_layers` [4, 4] sums to 8, but the model has 9 layers");
 }
 
 TEST_CASE("BalanceByCost minimises the most expensive stage and keeps a layer on each") {

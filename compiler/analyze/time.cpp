@@ -38,15 +38,15 @@ double AttentionShape(double keys, double d) {
 
 // One layer's forward on one GPU for one microbatch.
 struct LayerCost {
-  double gemm_s = 0;       // forward GEMMs (backward = 2x)
-  double linear_s = 0;     // the linear-layer part of gemm_s (what TP overlap can hide behind)
-  double core_s = 0;       // the attention-core part of gemm_s
-  double memory_s = 0;     // forward memory-bound time (backward = 2x)
+  double gemm_s = 0;          // forward GEMMs (backward = 2x)
+  double linear_s = 0;        // the linear-layer part of gemm_s (what TP overlap can hide behind)
+  double core_s = 0;          // the attention-core part of gemm_s
+  double memory_s = 0;        // forward memory-bound time (backward = 2x)
   double score_memory_s = 0;  // the attention-score part of memory_s
-  double tp_s = 0;         // one pass of TP collectives (2 per layer)
-  double cp_s = 0;         // forward CP exchange, exposed
-  double ep_s = 0;         // forward EP all-to-alls (dispatch + combine)
-  double flops = 0;        // model FLOPs (causal halved), forward
+  double tp_s = 0;            // one pass of TP collectives (2 per layer)
+  double cp_s = 0;            // forward CP exchange, exposed
+  double ep_s = 0;            // forward EP all-to-alls (dispatch + combine)
+  double flops = 0;           // model FLOPs (causal halved), forward
 };
 
 struct Context {
@@ -83,9 +83,12 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   if (m.IsMla()) {
     const double qk = D(m.qk_nope_head_dim + m.qk_rope_head_dim), v = D(m.v_head_dim);
     const double ql = D(m.q_lora_rank), kl = D(m.kv_lora_rank);
-    if (ql > 0) c.gemm_s += gemm(2 * T * h * ql) + gemm(2 * T * ql * a * qk / t);
-    else c.gemm_s += gemm(2 * T * h * a * qk / t);
-    c.gemm_s += gemm(2 * T * h * (kl + D(m.qk_rope_head_dim))) + gemm(2 * T * kl * a * (D(m.qk_nope_head_dim) + v) / t);
+    if (ql > 0)
+      c.gemm_s += gemm(2 * T * h * ql) + gemm(2 * T * ql * a * qk / t);
+    else
+      c.gemm_s += gemm(2 * T * h * a * qk / t);
+    c.gemm_s += gemm(2 * T * h * (kl + D(m.qk_rope_head_dim))) +
+                gemm(2 * T * kl * a * (D(m.qk_nope_head_dim) + v) / t);
     c.gemm_s += gemm(2 * T * a * v * h / t);
     core_flops_per_head_token = 2 * (qk + v) * exec_ctx;
     head_dim = (qk + v) / 2;
@@ -108,7 +111,7 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
       c.core_s =
           total / (cx.peak_attention * cx.eff.attention_fraction * AttentionShape(keys, head_dim));
     } else {
-      const double pieces = D(plan.batch.micro) * heads_rank;      // batched per (sequence, head)
+      const double pieces = D(plan.batch.micro) * heads_rank;  // batched per (sequence, head)
       c.core_s = pieces * GemmSeconds(total / pieces, cx.peak_attention, cx.eff);
     }
     c.gemm_s += c.core_s;
@@ -145,10 +148,13 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     // Dispatch and combine: each rank sends the routed copies of its own (sequence-parallel)
     // tokens over EP; with ETP > 1 the received tokens are all-gathered over ETP before the
     // experts and reduce-scattered after them (Megatron's all-to-all dispatcher).
-    c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep, plan.cluster, cx.eff);
+    c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep,
+                                   plan.cluster, cx.eff);
     if (par.etp > 1) {
-      c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff) +
-                CollectiveSeconds(Collective::kReduceScatter, pairs * h * x, cx.groups.etp, plan.cluster, cx.eff);
+      c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp,
+                                  plan.cluster, cx.eff) +
+                CollectiveSeconds(Collective::kReduceScatter, pairs * h * x, cx.groups.etp,
+                                  plan.cluster, cx.eff);
     }
     // Overlapped where the stack does it (the profile's share): Megatron-Core's EP overlap runs
     // one microbatch's dispatch/combine under another's layer compute, so the layer's GEMMs
@@ -178,7 +184,8 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   // With overlap (Megatron tp_comm_overlap, torchtitan async TP) a share of it hides behind the
   // linear GEMMs, never more than their time.
   if (par.tp > 1) {
-    c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, T * h * x, cx.groups.tp, plan.cluster, cx.eff);
+    c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, T * h * x, cx.groups.tp, plan.cluster,
+                                   cx.eff);
     const bool overlap = par.tp_comm_overlap || cx.options.tp_comm_overlap;
     const double share = overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
     if (share > 0) c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
@@ -220,7 +227,8 @@ double ModelFlopsPerToken(const ModelSpec& m, bool causal_halved) {
   double forward = LogitsForwardFlopsPerToken(m);
   const int64_t dense = m.IsMoe() ? std::min(m.dense_layers, m.layers) : m.layers;
   forward += D(dense) * LayerForwardFlopsPerToken(m, LayerKind::kDense, ctx);
-  if (m.IsMoe()) forward += D(m.layers - dense) * LayerForwardFlopsPerToken(m, LayerKind::kMoe, ctx);
+  if (m.IsMoe())
+    forward += D(m.layers - dense) * LayerForwardFlopsPerToken(m, LayerKind::kMoe, ctx);
   return 3 * forward;
 }
 
@@ -279,7 +287,9 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   CommGroup pp_link;
   pp_link.size = 2;
   pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
-  const double p2p = p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff) : 0;
+  const double p2p =
+      p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff)
+            : 0;
 
   // Element sizes of the DP traffic from the precision record (gradients reduced in their
   // stored type; parameters gathered in theirs).
@@ -440,18 +450,23 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
       sync = step_grads + step_params;
       st.dp_sync_s = sync;
       if (options.overlap_grad_reduce) {
-        st.dp_exposed_s = std::max(0.05 * step_grads, step_grads - backward) +
-                          (options.overlap_param_gather ? std::max(0.0, step_params - fwd) : step_params);
+        st.dp_exposed_s =
+            std::max(0.05 * step_grads, step_grads - backward) +
+            (options.overlap_param_gather ? std::max(0.0, step_params - fwd) : step_params);
       } else {
         st.dp_exposed_s = sync;
       }
       // Optimizer: read and write master weights and moments, read gradients, write weights.
       const double local_opt = D(sm.Get(MemoryPart::kOptimizer));
-      st.optimizer_s = (2 * local_opt + D(sm.Get(MemoryPart::kGradients)) + D(sm.Get(MemoryPart::kWeights))) / cx.hbm;
+      st.optimizer_s =
+          (2 * local_opt + D(sm.Get(MemoryPart::kGradients)) + D(sm.Get(MemoryPart::kWeights))) /
+          cx.hbm;
       if (plan.optimizer.offload == Offload::kCpu) {
-        const double shard = plan.optimizer.zero >= 1 ? D(std::max<int64_t>(1, par.dp * par.cp)) : 1;
+        const double shard =
+            plan.optimizer.zero >= 1 ? D(std::max<int64_t>(1, par.dp * par.cp)) : 1;
         const double local = total_params / shard;
-        st.optimizer_s += local / eff.cpu_adam_params_per_s + local * (grad_elem + param_elem) / eff.pcie_bandwidth;
+        st.optimizer_s += local / eff.cpu_adam_params_per_s +
+                          local * (grad_elem + param_elem) / eff.pcie_bandwidth;
       }
     }
     u_max = std::max(u_max, st.microbatch_s);

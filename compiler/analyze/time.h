@@ -62,19 +62,19 @@ struct TimeEstimate {
   bool valid = false;
   int64_t microbatches = 0;
   std::vector<StageTime> stages;
-  int64_t critical_stage = 0;     // the rank with the largest microbatch time
+  int64_t critical_stage = 0;  // the rank with the largest microbatch time
   // Step breakdown (seconds): compute, communication, bubble, DP, optimizer, overhead.
-  double compute_s = 0;           // m × (GEMM + memory-bound + recompute) on the critical rank
-  double comm_s = 0;              // m × exposed TP/CP/EP/PP communication on the critical rank
-  double bubble_s = 0;            // pipeline fill and drain
+  double compute_s = 0;  // m × (GEMM + memory-bound + recompute) on the critical rank
+  double comm_s = 0;     // m × exposed TP/CP/EP/PP communication on the critical rank
+  double bubble_s = 0;   // pipeline fill and drain
   double dp_exposed_s = 0;
   double optimizer_s = 0;
   double overhead_s = 0;
   double step_s = 0;
-  double tokens_per_s = 0;        // whole job
+  double tokens_per_s = 0;  // whole job
   double tokens_per_s_per_gpu = 0;
   double model_flops_per_step = 0;
-  double mfu = 0;                 // model FLOPs / (step · world · peak)
+  double mfu = 0;  // model FLOPs / (step · world · peak)
   // The framework profile that priced it (cost_framework.h): stack and GPU generation.
   std::string_view framework, generation;
 };
@@ -83,7 +83,8 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options = {});
 // The same with the plan's memory estimate already at hand (search: one partition per candidate
 // less). `memory` must be EstimateMemory(plan, options).
 struct MemoryEstimate;
-TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options, const MemoryEstimate& memory);
+TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options,
+                          const MemoryEstimate& memory);
 
 // Model FLOPs per token for training (forward + backward = 3 × forward), without recompute.
 // causal_halved: attention core over s/2 keys (our MFU convention) or all s (PaLM, NeMo 24.07).

@@ -21,15 +21,18 @@ TEST_CASE("model FLOPs per token: Narayanan's 24h^2 + 4sh per layer, causal halv
   const ModelSpec m = testing::Gpt(48, 6144, 64);
   const double h = m.hidden, s = m.seq_len, L = m.layers, V = m.vocab;
   // 3 passes x (24h^2 + 4sh per layer + 2hV logits) per token, full attention.
-  CHECK(ModelFlopsPerToken(m, false) == doctest::Approx(3 * (L * (24 * h * h + 4 * s * h) + 2 * h * V)));
-  CHECK(ModelFlopsPerToken(m, true) == doctest::Approx(3 * (L * (24 * h * h + 2 * s * h) + 2 * h * V)));
+  CHECK(ModelFlopsPerToken(m, false) ==
+        doctest::Approx(3 * (L * (24 * h * h + 4 * s * h) + 2 * h * V)));
+  CHECK(ModelFlopsPerToken(m, true) ==
+        doctest::Approx(3 * (L * (24 * h * h + 2 * s * h) + 2 * h * V)));
 }
 
 TEST_CASE("step time adds up and reports tokens/s and MFU consistently") {
   const Plan plan = Llama(8, 8, 4);
   const TimeEstimate t = EstimateTime(plan);
   REQUIRE(t.valid);
-  CHECK(t.step_s == doctest::Approx(t.compute_s + t.comm_s + t.bubble_s + t.dp_exposed_s + t.optimizer_s + t.overhead_s));
+  CHECK(t.step_s == doctest::Approx(t.compute_s + t.comm_s + t.bubble_s + t.dp_exposed_s +
+                                    t.optimizer_s + t.overhead_s));
   CHECK(t.tokens_per_s_per_gpu == doctest::Approx(128.0 * 8192 / t.step_s / 64));
   CHECK(t.mfu == doctest::Approx(t.model_flops_per_step / (t.step_s * 64 * 989e12)));
   CHECK(t.mfu > 0.2);

@@ -35,15 +35,16 @@ namespace {
 
 struct AxisWarning {
   GroupKind kind;
-  std::string_view path;   // the field to point at
-  std::string_view what;   // "tensor-parallel"
+  std::string_view path;  // the field to point at
+  std::string_view what;  // "tensor-parallel"
   std::string_view traffic;
 };
 
 std::string CostInWords(const ClusterSpec& cluster) {
   if (cluster.nvlink_bandwidth > 0 && cluster.network_bandwidth > 0) {
     return fmt::format("the network's {} per GPU instead of NVLink's {}, about {} slower",
-                       BandwidthText(cluster.network_bandwidth), BandwidthText(cluster.nvlink_bandwidth),
+                       BandwidthText(cluster.network_bandwidth),
+                       BandwidthText(cluster.nvlink_bandwidth),
                        RatioText(cluster.nvlink_bandwidth / cluster.network_bandwidth));
   }
   return "the network instead of NVLink (the cluster gives no bandwidths to compare)";
@@ -58,7 +59,8 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
   const bool sp = plan.parallel.sp && s.tp > 1;
   std::vector<AxisWarning> axes = {
       {GroupKind::kTp, "parallel.tp", sp ? "tensor- and sequence-parallel" : "tensor-parallel",
-       sp ? "every layer's all-gathers and reduce-scatters of activations (two forward, two backward)"
+       sp ? "every layer's all-gathers and reduce-scatters of activations (two forward, two "
+            "backward)"
           : "every layer's all-reduces of activations (two forward, two backward)"},
       {GroupKind::kCp, "parallel.cp", "context-parallel",
        "every attention layer's exchange of key/value blocks around the ring"},
@@ -69,8 +71,9 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
   const bool ep_overlaps =
       plan.framework == Framework::kMegatronCore && plan.moe.dispatcher == Dispatcher::kFlex;
   if ((plan.model.IsMoe() || s.ep > 1) && !ep_overlaps) {
-    axes.push_back({GroupKind::kEp, "parallel.ep", "expert-parallel",
-                    "every MoE layer's token dispatch and combine (two all-to-alls forward, two backward)"});
+    axes.push_back(
+        {GroupKind::kEp, "parallel.ep", "expert-parallel",
+         "every MoE layer's token dispatch and combine (two all-to-alls forward, two backward)"});
   }
   if (plan.model.IsMoe() || s.ep > 1) {
     if (s.etp != s.tp) {  // with etp == tp the groups are the tp groups, reported once
@@ -82,14 +85,17 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
     const GroupPlacement& p = topology.Of(axis.kind);
     if (p.group_size <= 1 || p.IntraNode()) continue;
     const std::string name(GroupKindName(axis.kind));
-    Diag d(DiagKind::kParallelGroupCrossesNetwork,
-           fmt::format("{} groups cross node boundaries: {} of {} `{}` groups of {} GPUs span up to {} nodes",
-                       axis.what, GroupDigits(p.crossing_groups), GroupDigits(p.group_count), name,
-                       p.group_size, p.max_nodes));
-    d.At(plan.Range(axis.path), fmt::format("{} = {} spans {} nodes of {} GPUs", name, p.group_size,
-                                            p.max_nodes, gpn));
+    Diag d(
+        DiagKind::kParallelGroupCrossesNetwork,
+        fmt::format(
+            "{} groups cross node boundaries: {} of {} `{}` groups of {} GPUs span up to {} nodes",
+            axis.what, GroupDigits(p.crossing_groups), GroupDigits(p.group_count), name,
+            p.group_size, p.max_nodes));
+    d.At(plan.Range(axis.path),
+         fmt::format("{} = {} spans {} nodes of {} GPUs", name, p.group_size, p.max_nodes, gpn));
     if (plan.Range("cluster.gpus_per_node").IsValid()) {
-      d.Label(plan.Range("cluster.gpus_per_node"), fmt::format("{} GPUs per node share NVLink", gpn));
+      d.Label(plan.Range("cluster.gpus_per_node"),
+              fmt::format("{} GPUs per node share NVLink", gpn));
     }
     d.Value(fmt::format("`{}` group size", name), std::to_string(p.group_size));
     d.Value("GPUs per node", std::to_string(gpn));
@@ -111,37 +117,48 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
     };
     if (axis.kind == GroupKind::kTp || axis.kind == GroupKind::kEtp) {
       if (p.group_size > gpn || gpn % p.group_size != 0) {
-        helps.push_back(fmt::format("keep {} inside a node: `{} = {}`{}", name, name, fitting(p.group_size),
-                                    axis.kind == GroupKind::kTp ? " and spread the rest over pp or dp" : ""));
+        helps.push_back(
+            fmt::format("keep {} inside a node: `{} = {}`{}", name, name, fitting(p.group_size),
+                        axis.kind == GroupKind::kTp ? " and spread the rest over pp or dp" : ""));
       }
     } else if (axis.kind == GroupKind::kCp && !fits) {
       const int64_t room = gpn / std::max<int64_t>(s.tp, 1);
       if (room >= 2) {
-        helps.push_back(fmt::format("keep tp · cp within a node: `cp = {}` with tp = {}", fitting(room), s.tp));
+        helps.push_back(
+            fmt::format("keep tp · cp within a node: `cp = {}` with tp = {}", fitting(room), s.tp));
       } else if (s.cp <= gpn && gpn % s.cp == 0 && gpn / s.cp >= 1) {
-        helps.push_back(fmt::format("`tp = {}` with `cp = {}` keeps tp · cp = {} within a node", gpn / s.cp, s.cp, gpn));
+        helps.push_back(fmt::format("`tp = {}` with `cp = {}` keeps tp · cp = {} within a node",
+                                    gpn / s.cp, s.cp, gpn));
       }
-      helps.push_back("keep it if the sequences are long: a ring over nodes is common when it overlaps with attention compute");
+      helps.push_back(
+          "keep it if the sequences are long: a ring over nodes is common when it overlaps with "
+          "attention compute");
     } else if (axis.kind == GroupKind::kEp && !fits) {
       const int64_t room = gpn / std::max<int64_t>(s.etp, 1);
       if (room >= 2) {
-        helps.push_back(fmt::format("keep etp · ep within a node: `ep = {}` with etp = {}", fitting(room), s.etp));
+        helps.push_back(fmt::format("keep etp · ep within a node: `ep = {}` with etp = {}",
+                                    fitting(room), s.etp));
       }
       if (s.etp > 1) {
         const int64_t e1 = fitting(s.ep);
-        helps.push_back(e1 == s.ep ? fmt::format("`etp = 1` keeps each expert-parallel group of {} on one node", s.ep)
-                                   : fmt::format("`etp = 1` with `ep = {}` puts each expert-parallel group on one node", e1));
+        helps.push_back(
+            e1 == s.ep
+                ? fmt::format("`etp = 1` keeps each expert-parallel group of {} on one node", s.ep)
+                : fmt::format(
+                      "`etp = 1` with `ep = {}` puts each expert-parallel group on one node", e1));
       }
       if (s.ep > gpn) {
-        helps.push_back(fmt::format("keep `ep = {}` if the all-to-alls overlap with compute: large MoE runs often spread "
-                                    "experts over nodes on purpose",
-                                    s.ep));
+        helps.push_back(fmt::format(
+            "keep `ep = {}` if the all-to-alls overlap with compute: large MoE runs often spread "
+            "experts over nodes on purpose",
+            s.ep));
       }
     }
     if (fits) {
-      helps.push_back(fmt::format("{} fits a node, but the order \"{}\" spreads its groups; put the inner axes first, "
-                                  "e.g. `parallel.order = \"tp-cp-ep-dp-pp\"`",
-                                  name, s.order));
+      helps.push_back(fmt::format(
+          "{} fits a node, but the order \"{}\" spreads its groups; put the inner axes first, "
+          "e.g. `parallel.order = \"tp-cp-ep-dp-pp\"`",
+          name, s.order));
     }
     for (size_t i = 0; i < helps.size(); ++i) d.Help(i == 0 ? helps[i] : "or " + helps[i]);
     sink.Report(std::move(d));

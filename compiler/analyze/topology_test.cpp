@@ -59,8 +59,11 @@ TEST_CASE("tp larger than a node warns with the bandwidth ratio and tp = 8") {
   REQUIRE(found.size() == 1);
   const Diagnostic& d = *found[0];
   CHECK(d.level == DiagLevel::kWarning);
-  CHECK(d.message == "tensor-parallel groups cross node boundaries: 2 of 2 `tp` groups of 16 GPUs span up to 2 nodes");
-  CHECK(d.notes[0].find("50 GB/s per GPU instead of NVLink's 450 GB/s, about 9x slower") != std::string::npos);
+  CHECK(d.message ==
+        "tensor-parallel groups cross node boundaries: 2 of 2 `tp` groups of 16 GPUs span up to 2 "
+        "nodes");
+  CHECK(d.notes[0].find("50 GB/s per GPU instead of NVLink's 450 GB/s, about 9x slower") !=
+        std::string::npos);
   REQUIRE(!d.helps.empty());
   CHECK(d.helps[0] == "keep tp inside a node: `tp = 8` and spread the rest over pp or dp");
 
@@ -68,7 +71,8 @@ TEST_CASE("tp larger than a node warns with the bandwidth ratio and tp = 8") {
   DiagnosticSink with_sp;
   RunAnalysisChecks(plan, with_sp);
   REQUIRE(OfKind(with_sp, DiagKind::kParallelGroupCrossesNetwork).size() == 1);
-  CHECK(OfKind(with_sp, DiagKind::kParallelGroupCrossesNetwork)[0]->message.find("tensor- and sequence-parallel") == 0);
+  CHECK(OfKind(with_sp, DiagKind::kParallelGroupCrossesNetwork)[0]->message.find(
+            "tensor- and sequence-parallel") == 0);
 }
 
 TEST_CASE("tp that fits a node but is spread by the order") {
@@ -78,7 +82,8 @@ TEST_CASE("tp that fits a node but is spread by the order") {
   RunAnalysisChecks(plan, sink);
   auto found = OfKind(sink, DiagKind::kParallelGroupCrossesNetwork);
   REQUIRE(found.size() == 1);
-  CHECK(found[0]->helps.back().find("order \"dp-tp-cp-ep-pp\" spreads its groups") != std::string::npos);
+  CHECK(found[0]->helps.back().find("order \"dp-tp-cp-ep-pp\" spreads its groups") !=
+        std::string::npos);
 
   DiagnosticSink clean;
   RunAnalysisChecks(MeshPlan(2, 8, 2, 1), clean);

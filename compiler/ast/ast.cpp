@@ -100,29 +100,38 @@ class Printer {
 
 std::string_view ToString(DeclKind k) {
   switch (k) {
-    case DeclKind::kGpu: return "gpu";
-    case DeclKind::kCluster: return "cluster";
-    case DeclKind::kModel: return "model";
-    case DeclKind::kPlan: return "plan";
-    case DeclKind::kLet: return "let";
+    case DeclKind::kGpu:
+      return "gpu";
+    case DeclKind::kCluster:
+      return "cluster";
+    case DeclKind::kModel:
+      return "model";
+    case DeclKind::kPlan:
+      return "plan";
+    case DeclKind::kLet:
+      return "let";
   }
   return "?";
 }
 
 std::string PrintExpr(const Expr& e) {
-  auto with_unit = [&](std::string s) {
-    return e.unit.text.empty() ? s : s + " " + e.unit.text;
-  };
+  auto with_unit = [&](std::string s) { return e.unit.text.empty() ? s : s + " " + e.unit.text; };
   // The verifier prints malformed trees too: a missing operand prints, never dereferences.
   auto operand = [&](size_t i) {
-    return i < e.operands.size() && e.operands[i] ? PrintExpr(*e.operands[i]) : std::string("<missing>");
+    return i < e.operands.size() && e.operands[i] ? PrintExpr(*e.operands[i])
+                                                  : std::string("<missing>");
   };
   switch (e.kind) {
-    case ExprKind::kInt: return with_unit(std::to_string(e.int_value));
-    case ExprKind::kReal: return with_unit(FormatReal(e.real_value));
-    case ExprKind::kString: return Quote(e.text);
-    case ExprKind::kBool: return e.bool_value ? "true" : "false";
-    case ExprKind::kAuto: return "auto";
+    case ExprKind::kInt:
+      return with_unit(std::to_string(e.int_value));
+    case ExprKind::kReal:
+      return with_unit(FormatReal(e.real_value));
+    case ExprKind::kString:
+      return Quote(e.text);
+    case ExprKind::kBool:
+      return e.bool_value ? "true" : "false";
+    case ExprKind::kAuto:
+      return "auto";
     case ExprKind::kPath: {
       std::string s = JoinPath(e.path);
       if (e.block) s += " { … }";
@@ -232,10 +241,12 @@ class Verifier {
         operands(0);
         Path(e->path, here, &e->range);
         break;
-      case ExprKind::kList: break;
+      case ExprKind::kList:
+        break;
       case ExprKind::kUnary:
         operands(1);
-        if (e->text != "-" && e->text != "not") Problem(here + ": unary operator `" + e->text + "`");
+        if (e->text != "-" && e->text != "not")
+          Problem(here + ": unary operator `" + e->text + "`");
         break;
       case ExprKind::kBinary:
         operands(2);
@@ -249,7 +260,8 @@ class Verifier {
     if (e->kind != ExprKind::kInt && e->kind != ExprKind::kReal && !e->unit.text.empty()) {
       Problem(here + ": a unit on something that is not a number");
     }
-    if (e->block && e->kind != ExprKind::kPath) Problem(here + ": a block on something that is not a path");
+    if (e->block && e->kind != ExprKind::kPath)
+      Problem(here + ": a block on something that is not a path");
     for (const auto& op : e->operands) Expression(op.get(), what, &e->range);
     if (e->block) BlockOf(*e->block, here, &e->range);
   }
@@ -288,7 +300,8 @@ class Verifier {
         if (!m.message.empty()) Range(m.message_range, what + " message", &m.range);
         break;
     }
-    if (m.kind != MemberKind::kRequire && !m.message.empty()) Problem(what + ": a message on a non-require");
+    if (m.kind != MemberKind::kRequire && !m.message.empty())
+      Problem(what + ": a message on a non-require");
   }
 
   void DeclOf(const Decl& d) {
@@ -307,7 +320,8 @@ class Verifier {
     }
     if (d.base) {
       Expression(d.base.get(), what + " base", &d.range);
-      if (d.base->kind != ExprKind::kPath || d.base->block) Problem(what + ": the base is not a plain name");
+      if (d.base->kind != ExprKind::kPath || d.base->block)
+        Problem(what + ": the base is not a plain name");
     }
     if (!d.body) {
       Problem(what + ": a record without its body");
@@ -319,7 +333,8 @@ class Verifier {
   void ImportOf(const Import& i) {
     std::string what = "import " + (i.file.empty() ? JoinPath(i.module) : Quote(i.file));
     Range(i.range, what);
-    if (i.file.empty() == i.module.empty()) Problem(what + ": needs exactly one of a module and a file");
+    if (i.file.empty() == i.module.empty())
+      Problem(what + ": needs exactly one of a module and a file");
     for (const ast::Name& n : i.module) Name(n, what, &i.range);
     Range(i.file_range, what + " name", &i.range);
   }
@@ -329,10 +344,14 @@ class Verifier {
  private:
   static std::string_view MemberWord(MemberKind k) {
     switch (k) {
-      case MemberKind::kAssign: return "assign";
-      case MemberKind::kAmend: return "amend";
-      case MemberKind::kLet: return "let";
-      case MemberKind::kRequire: return "require";
+      case MemberKind::kAssign:
+        return "assign";
+      case MemberKind::kAmend:
+        return "amend";
+      case MemberKind::kLet:
+        return "let";
+      case MemberKind::kRequire:
+        return "require";
     }
     return "?";
   }

@@ -29,16 +29,16 @@ struct Name {
 };
 
 enum class ExprKind : uint8_t {
-  kInt,      // int_value; unit set for a quantity (`80 GiB`)
-  kReal,     // real_value; unit as for kInt
-  kString,   // text
-  kBool,     // bool_value
-  kAuto,     // `auto`
-  kPath,     // path: `hidden`, `cluster.gpus_per_node`; block set for a derivation `dgx_h100 { ... }`
-  kList,     // operands: the elements
-  kUnary,    // op ("-" or "not"), operands[0]
-  kBinary,   // op, operands[0], operands[1]
-  kCall,     // path[0] is the function name, operands the arguments
+  kInt,     // int_value; unit set for a quantity (`80 GiB`)
+  kReal,    // real_value; unit as for kInt
+  kString,  // text
+  kBool,    // bool_value
+  kAuto,    // `auto`
+  kPath,   // path: `hidden`, `cluster.gpus_per_node`; block set for a derivation `dgx_h100 { ... }`
+  kList,   // operands: the elements
+  kUnary,  // op ("-" or "not"), operands[0]
+  kBinary,  // op, operands[0], operands[1]
+  kCall,    // path[0] is the function name, operands the arguments
 };
 
 struct Expr {
@@ -49,8 +49,9 @@ struct Expr {
   bool bool_value = false;
   std::string text;  // kString: the value (escapes resolved); kUnary/kBinary: the operator
   Name unit;         // kInt/kReal: the unit as written ("GiB", "Gb/s"); empty text when none
-  bool out_of_range = false;  // kInt/kReal: a literal past 64 bits or not finite (reported
-                              // by the parser); it evaluates to an error, so nothing else reports it
+  bool out_of_range =
+      false;  // kInt/kReal: a literal past 64 bits or not finite (reported
+              // by the parser); it evaluates to an error, so nothing else reports it
   std::vector<Name> path;
   std::vector<std::unique_ptr<Expr>> operands;
   std::unique_ptr<Block> block;  // kPath: `base { overrides }`
@@ -92,8 +93,8 @@ struct Decl {
   SourceRange range;  // the whole declaration
   Name keyword;       // `model`, `plan`, ... or `let`
   Name name;
-  std::unique_ptr<Expr> base;  // `extends BASE` (records) or the value (let)
-  std::unique_ptr<Block> body; // records
+  std::unique_ptr<Expr> base;   // `extends BASE` (records) or the value (let)
+  std::unique_ptr<Block> body;  // records
 };
 
 struct Module {

@@ -57,18 +57,22 @@ void CheckSplit(RuleContext& ctx) {
   const bool has_f = pipe.first_stage_layers.has_value();
   const bool has_k = pipe.last_stage_layers.has_value();
   if (ctx.Poisoned({"model.layers", "parallel.pp", "parallel.vpp", "pipeline.account_for_embedding",
-                    "pipeline.account_for_loss", "pipeline.first_stage_layers", "pipeline.last_stage_layers",
-                    "pipeline.stage_layers"}) ||
+                    "pipeline.account_for_loss", "pipeline.first_stage_layers",
+                    "pipeline.last_stage_layers", "pipeline.stage_layers"}) ||
       L <= 0 || pp <= 0 || vpp <= 0) {
     return;
   }
 
   if (vpp > 1 && pp == 1) {
-    RuleDiag d(ctx, DiagKind::kVppNeedsPp, "`vpp = " + std::to_string(vpp) + "` with `pp = 1`: there is no pipeline to interleave");
+    RuleDiag d(
+        ctx, DiagKind::kVppNeedsPp,
+        "`vpp = " + std::to_string(vpp) + "` with `pp = 1`: there is no pipeline to interleave");
     d.At({"parallel.vpp"}, "virtual chunks need pipeline stages");
     d.Field("parallel.pp", pp);
-    d.Note("virtual pipeline chunks interleave the layers of several pipeline ranks; Megatron-LM: "
-           "\"When interleaved schedule is used, pipeline-model-parallel size should be greater than 1\"");
+    d.Note(
+        "virtual pipeline chunks interleave the layers of several pipeline ranks; Megatron-LM: "
+        "\"When interleaved schedule is used, pipeline-model-parallel size should be greater than "
+        "1\"");
     d.Help("remove `vpp`, or use `pp` > 1");
     d.Report();
     return;
@@ -88,8 +92,9 @@ void CheckSplit(RuleContext& ctx) {
       if (has_k) d.Field("pipeline.last_stage_layers", *pipe.last_stage_layers);
       if (e) d.Field("pipeline.account_for_embedding", "true");
       if (l) d.Field("pipeline.account_for_loss", "true");
-      d.Note("an explicit list decides every stage by itself (Megatron-LM: "
-             "\"pipeline_model_parallel_layout cannot be set with other pipeline layout arguments\")");
+      d.Note(
+          "an explicit list decides every stage by itself (Megatron-LM: "
+          "\"pipeline_model_parallel_layout cannot be set with other pipeline layout arguments\")");
       d.Help("keep `stage_layers` and remove the other split options, or remove `stage_layers`");
       d.Report();
       return;
@@ -98,13 +103,16 @@ void CheckSplit(RuleContext& ctx) {
     auto chunks = CheckedMul(pp, vpp);
     if (n != pp && (!chunks || n != *chunks)) {
       RuleDiag d(ctx, DiagKind::kStageLayersLength,
-                 "`stage_layers` has " + std::to_string(n) + " entries for `pp = " + std::to_string(pp) + "`" +
+                 "`stage_layers` has " + std::to_string(n) +
+                     " entries for `pp = " + std::to_string(pp) + "`" +
                      (vpp > 1 ? " and `vpp = " + std::to_string(vpp) + "`" : std::string()));
       d.At({"pipeline.stage_layers"}, std::to_string(n) + " entries");
       d.Field("parallel.pp", pp);
       if (vpp > 1) d.Field("parallel.vpp", vpp);
-      d.Note("the list gives the layers of each pipeline stage (pp entries) or of each virtual chunk in "
-             "pipeline order (pp · vpp entries)");
+      d.Note(
+          "the list gives the layers of each pipeline stage (pp entries) or of each virtual chunk "
+          "in "
+          "pipeline order (pp · vpp entries)");
       if (ctx.helps()) {
         auto even = EvenSplit(L, pp);
         if (ctx.Fixes({{"pipeline.stage_layers", ListText(even)}}, DiagKind::kStageLayersLength)) {
@@ -120,15 +128,18 @@ void CheckSplit(RuleContext& ctx) {
     if (overflow) sum = INT64_MAX;  // reported as a sum that is not the layer count
     if (sum != L) {
       RuleDiag d(ctx, DiagKind::kStageLayersSum,
-                 "`stage_layers` adds up to " + std::to_string(sum) + " layers, but the model has " + std::to_string(L));
+                 "`stage_layers` adds up to " + std::to_string(sum) +
+                     " layers, but the model has " + std::to_string(L));
       d.At({"pipeline.stage_layers"}, "adds up to " + std::to_string(sum));
       d.Field("model.layers", L);
-      d.Value("sum(stage_layers)", List(pipe.stage_layers) + " → " + std::to_string(sum) + " ≠ " + std::to_string(L));
+      d.Value("sum(stage_layers)",
+              List(pipe.stage_layers) + " → " + std::to_string(sum) + " ≠ " + std::to_string(L));
       d.Note("every transformer layer belongs to exactly one stage");
       if (ctx.helps()) {
         auto even = EvenSplit(L, n);
         if (ctx.Fixes({{"pipeline.stage_layers", ListText(even)}}, DiagKind::kStageLayersSum)) {
-          d.Help("an even split of " + std::to_string(L) + " layers: `stage_layers = " + ListText(even) + "`");
+          d.Help("an even split of " + std::to_string(L) +
+                 " layers: `stage_layers = " + ListText(even) + "`");
         }
       }
       d.Report();
@@ -139,11 +150,15 @@ void CheckSplit(RuleContext& ctx) {
         if (pipe.stage_layers[i] % vpp == 0) continue;
         RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
                    "stage " + std::to_string(i) + " has " + std::to_string(pipe.stage_layers[i]) +
-                       " layers, which do not split into `vpp = " + std::to_string(vpp) + "` chunks");
-        d.At({"pipeline.stage_layers"}, "stage " + std::to_string(i) + ": " + std::to_string(pipe.stage_layers[i]) + " layers");
+                       " layers, which do not split into `vpp = " + std::to_string(vpp) +
+                       "` chunks");
+        d.At({"pipeline.stage_layers"}, "stage " + std::to_string(i) + ": " +
+                                            std::to_string(pipe.stage_layers[i]) + " layers");
         d.Field("parallel.vpp", vpp);
-        d.Note("each pipeline rank runs vpp virtual chunks with the same number of layers; give pp · vpp "
-               "entries to size the chunks one by one");
+        d.Note(
+            "each pipeline rank runs vpp virtual chunks with the same number of layers; give pp · "
+            "vpp "
+            "entries to size the chunks one by one");
         d.Report();
         return;
       }
@@ -154,29 +169,39 @@ void CheckSplit(RuleContext& ctx) {
   if ((has_f || has_k) && (e || l)) {
     RuleDiag d(ctx, DiagKind::kStageOverridesWithAccounting,
                "first/last stage overrides and embedding/loss accounting are both given");
-    d.At({has_f ? "pipeline.first_stage_layers" : "pipeline.last_stage_layers"}, "an explicit stage size");
+    d.At({has_f ? "pipeline.first_stage_layers" : "pipeline.last_stage_layers"},
+         "an explicit stage size");
     if (has_f) d.Field("pipeline.first_stage_layers", *pipe.first_stage_layers);
     if (has_k) d.Field("pipeline.last_stage_layers", *pipe.last_stage_layers);
     if (e) d.Field("pipeline.account_for_embedding", "true");
     if (l) d.Field("pipeline.account_for_loss", "true");
-    d.Note("both decide how many layers the first and last stages hold, so Megatron-Core takes only one "
-           "(\"num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot be set at "
-           "the same time with account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split\")");
+    d.Note(
+        "both decide how many layers the first and last stages hold, so Megatron-Core takes only "
+        "one "
+        "(\"num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot be set "
+        "at "
+        "the same time with account_for_embedding_in_pipeline_split and "
+        "account_for_loss_in_pipeline_split\")");
     d.Help("remove the accounting flags and keep the overrides, or the other way round");
     d.Report();
     return;
   }
 
   if (has_f || has_k) {
-    for (auto [path, value] : {std::pair<std::string_view, std::optional<int64_t>>{"pipeline.first_stage_layers", pipe.first_stage_layers},
+    for (auto [path, value] : {std::pair<std::string_view, std::optional<int64_t>>{
+                                   "pipeline.first_stage_layers", pipe.first_stage_layers},
                                {"pipeline.last_stage_layers", pipe.last_stage_layers}}) {
       if (value && *value < 1) {
         RuleDiag d(ctx, DiagKind::kStageLayersNotPositive,
-                   "`" + std::string(ShortName(path)) + " = " + std::to_string(*value) + "` leaves the stage without layers");
+                   "`" + std::string(ShortName(path)) + " = " + std::to_string(*value) +
+                       "` leaves the stage without layers");
         d.At({path}, "must be at least 1");
-        d.Note("an override gives its stage a number of transformer layers, at least one (Megatron-Core: "
-               "\"num_layers_in_first_pipeline_stage must be larger than 0\")");
-        d.Help("remove `" + std::string(ShortName(path)) + "` for an even split, or set it to 1 or more");
+        d.Note(
+            "an override gives its stage a number of transformer layers, at least one "
+            "(Megatron-Core: "
+            "\"num_layers_in_first_pipeline_stage must be larger than 0\")");
+        d.Help("remove `" + std::string(ShortName(path)) +
+               "` for an even split, or set it to 1 or more");
         d.Report();
         return;
       }
@@ -185,24 +210,33 @@ void CheckSplit(RuleContext& ctx) {
     const int64_t K = pipe.last_stage_layers.value_or(0);
     const int64_t middle_stages = pp - (has_f ? 1 : 0) - (has_k ? 1 : 0);
     const int64_t middle = L - F - K;
-    bool ok = middle >= 0 && (middle > 0) == (middle_stages > 0) && (middle_stages <= 0 || middle % middle_stages == 0);
+    bool ok = middle >= 0 && (middle > 0) == (middle_stages > 0) &&
+              (middle_stages <= 0 || middle % middle_stages == 0);
     if (!ok) {
-      std::string what = middle < 0 ? "the overrides ask for " + std::to_string(F + K) + " of " + std::to_string(L) + " layers"
-                         : middle_stages <= 0 ? std::to_string(middle) + " layers are left but no middle stage"
-                         : middle == 0 ? "no layers are left for " + std::to_string(middle_stages) + " middle stages"
-                                       : std::to_string(middle) + " remaining layers do not split over " +
-                                             std::to_string(middle_stages) + " middle stages";
+      std::string what =
+          middle < 0 ? "the overrides ask for " + std::to_string(F + K) + " of " +
+                           std::to_string(L) + " layers"
+          : middle_stages <= 0 ? std::to_string(middle) + " layers are left but no middle stage"
+          : middle == 0
+              ? "no layers are left for " + std::to_string(middle_stages) + " middle stages"
+              : std::to_string(middle) + " remaining layers do not split over " +
+                    std::to_string(middle_stages) + " middle stages";
       RuleDiag d(ctx, DiagKind::kMiddleLayersVsStages, what);
-      d.At({has_f ? "pipeline.first_stage_layers" : "pipeline.last_stage_layers"}, "fixes the first/last stage");
+      d.At({has_f ? "pipeline.first_stage_layers" : "pipeline.last_stage_layers"},
+           "fixes the first/last stage");
       d.Field("model.layers", L);
       if (has_f) d.Field("pipeline.first_stage_layers", F);
       if (has_k) d.Field("pipeline.last_stage_layers", K);
       d.Field("parallel.pp", pp);
-      d.Value("layers - first - last", Dot({L}) + " - " + std::to_string(F) + " - " + std::to_string(K) + " = " + std::to_string(middle));
+      d.Value("layers - first - last", Dot({L}) + " - " + std::to_string(F) + " - " +
+                                           std::to_string(K) + " = " + std::to_string(middle));
       d.Value("middle stages", std::to_string(middle_stages));
-      d.Note("the layers not given to the first and last stage are split evenly over the other stages "
-             "(Megatron-Core: \"number of layers at middle stage: " + std::to_string(middle) +
-             " must be divisible by the middle pipeline model parallel size " + std::to_string(middle_stages) + "\")");
+      d.Note(
+          "the layers not given to the first and last stage are split evenly over the other stages "
+          "(Megatron-Core: \"number of layers at middle stage: " +
+          std::to_string(middle) +
+          " must be divisible by the middle pipeline model parallel size " +
+          std::to_string(middle_stages) + "\")");
       if (ctx.helps() && middle_stages > 0) {
         // Nearby first/last sizes that make the middle split.
         for (int64_t delta = 1; delta <= 8; ++delta) {
@@ -217,8 +251,10 @@ void CheckSplit(RuleContext& ctx) {
             if (has_k) c.push_back({"pipeline.last_stage_layers", nk});
             auto cand = ctx.Changed(c);
             if (cand && ctx.Fixes(*cand, DiagKind::kMiddleLayersVsStages)) {
-              d.Help(has_f ? "`first_stage_layers = " + std::to_string(nf) + "` splits the rest evenly"
-                           : "`last_stage_layers = " + std::to_string(nk) + "` splits the rest evenly");
+              d.Help(
+                  has_f
+                      ? "`first_stage_layers = " + std::to_string(nf) + "` splits the rest evenly"
+                      : "`last_stage_layers = " + std::to_string(nk) + "` splits the rest evenly");
               delta = 99;
               break;
             }
@@ -230,20 +266,27 @@ void CheckSplit(RuleContext& ctx) {
     }
     if (vpp > 1) {
       int64_t per = middle_stages > 0 ? middle / middle_stages : 0;
-      for (auto [name, value] : {std::pair<std::string_view, int64_t>{"first stage", has_f ? F : -1},
-                                 {"last stage", has_k ? K : -1},
-                                 {"middle stages", middle_stages > 0 ? per : -1}}) {
+      for (auto [name, value] :
+           {std::pair<std::string_view, int64_t>{"first stage", has_f ? F : -1},
+            {"last stage", has_k ? K : -1},
+            {"middle stages", middle_stages > 0 ? per : -1}}) {
         if (value < 0 || value % vpp == 0) continue;
         RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
-                   "the " + std::string(name) + " " + (name == "middle stages" ? "hold " : "holds ") + std::to_string(value) +
-                       " layers each, which do not split into `vpp = " + std::to_string(vpp) + "` chunks");
+                   "the " + std::string(name) + " " +
+                       (name == "middle stages" ? "hold " : "holds ") + std::to_string(value) +
+                       " layers each, which do not split into `vpp = " + std::to_string(vpp) +
+                       "` chunks");
         d.At({"parallel.vpp"}, "virtual chunks per pipeline rank");
         if (has_f) d.Field("pipeline.first_stage_layers", F);
         if (has_k) d.Field("pipeline.last_stage_layers", K);
         d.Field("model.layers", L);
-        d.Value(std::string(name) + " % vpp", std::to_string(value) + " % " + std::to_string(vpp) + " = " + std::to_string(value % vpp));
-        d.Note("each pipeline rank's layers are cut into vpp equal virtual chunks (Megatron-Core: \"number of "
-               "layers at first stage: ... must be divisible by virtual pipeline parallel degree " + std::to_string(vpp) + "\")");
+        d.Value(std::string(name) + " % vpp", std::to_string(value) + " % " + std::to_string(vpp) +
+                                                  " = " + std::to_string(value % vpp));
+        d.Note(
+            "each pipeline rank's layers are cut into vpp equal virtual chunks (Megatron-Core: "
+            "\"number of "
+            "layers at first stage: ... must be divisible by virtual pipeline parallel degree " +
+            std::to_string(vpp) + "\")");
         d.Report();
         return;
       }
@@ -258,33 +301,52 @@ void CheckSplit(RuleContext& ctx) {
     if (e) counted += " + 1";
     if (l) counted += " + 1";
     RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByPp,
-               (e || l ? "the " + std::to_string(L) + " layers" + (e && l ? " plus embedding and loss (" : " plus " + std::string(e ? "embedding" : "loss") + " (") +
+               (e || l ? "the " + std::to_string(L) + " layers" +
+                             (e && l ? " plus embedding and loss ("
+                                     : " plus " + std::string(e ? "embedding" : "loss") + " (") +
                              std::to_string(total) + ")"
                        : "the " + std::to_string(L) + " layers") +
                    " do not split evenly over `pp = " + std::to_string(pp) + "` stages");
-    d.At({"parallel.pp"}, std::to_string(total) + " / " + std::to_string(pp) + " = " + Ratio(total, pp));
+    d.At({"parallel.pp"},
+         std::to_string(total) + " / " + std::to_string(pp) + " = " + Ratio(total, pp));
     d.Field("model.layers", L);
     if (e) d.Field("pipeline.account_for_embedding", "true");
     if (l) d.Field("pipeline.account_for_loss", "true");
-    d.Value(e || l ? "layers" + std::string(e ? " + embedding" : "") + (l ? " + loss" : "") : "layers",
-            (e || l ? counted + " = " : std::string()) + std::to_string(total) + ", and " + std::to_string(total) + " % " +
-                std::to_string(pp) + " = " + std::to_string(total % pp));
-    d.Note(std::string(e || l ? "with account_for_embedding/account_for_loss the embedding and the loss count as one layer each, and " : "") +
-           "the pipeline split gives every stage the same number of layers (Megatron-LM: \"Number of layers "
+    d.Value(
+        e || l ? "layers" + std::string(e ? " + embedding" : "") + (l ? " + loss" : "") : "layers",
+        (e || l ? counted + " = " : std::string()) + std::to_string(total) + ", and " +
+            std::to_string(total) + " % " + std::to_string(pp) + " = " +
+            std::to_string(total % pp));
+    d.Note(std::string(e || l ? "with account_for_embedding/account_for_loss the embedding and the "
+                                "loss count as one layer each, and "
+                              : "") +
+           "the pipeline split gives every stage the same number of layers (Megatron-LM: \"Number "
+           "of layers "
            "should be divisible by the pipeline-model-parallel size\")");
     if (ctx.helps()) {
-      auto ok = ctx.WorkingValues("parallel.pp", AxisCandidates(p), DiagKind::kLayersNotDivisibleByPp, 6);
-      if (!ok.empty()) d.Help("values of `pp` that split " + std::to_string(total) + " evenly and fit the cluster: " + List(ok));
+      auto ok =
+          ctx.WorkingValues("parallel.pp", AxisCandidates(p), DiagKind::kLayersNotDivisibleByPp, 6);
+      if (!ok.empty())
+        d.Help("values of `pp` that split " + std::to_string(total) +
+               " evenly and fit the cluster: " + List(ok));
       if (e || l) {
         std::vector<std::pair<std::vector<FieldChange>, std::string>> toggles;
-        if (e && l) toggles.push_back({{{"pipeline.account_for_embedding", false}, {"pipeline.account_for_loss", false}}, "without both accounting flags"});
-        if (e) toggles.push_back({{{"pipeline.account_for_embedding", false}}, "without `account_for_embedding`"});
-        if (l) toggles.push_back({{{"pipeline.account_for_loss", false}}, "without `account_for_loss`"});
+        if (e && l)
+          toggles.push_back(
+              {{{"pipeline.account_for_embedding", false}, {"pipeline.account_for_loss", false}},
+               "without both accounting flags"});
+        if (e)
+          toggles.push_back(
+              {{{"pipeline.account_for_embedding", false}}, "without `account_for_embedding`"});
+        if (l)
+          toggles.push_back({{{"pipeline.account_for_loss", false}}, "without `account_for_loss`"});
         for (auto& [changes, words] : toggles) {
           auto cand = ctx.Changed(changes);
           if (!cand || !ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) continue;
-          int64_t t = cand->model.layers + cand->pipeline.account_for_embedding + cand->pipeline.account_for_loss;
-          d.Help(words + ": " + std::to_string(t) + " / " + std::to_string(pp) + " = " + std::to_string(t / pp) + " per stage");
+          int64_t t = cand->model.layers + cand->pipeline.account_for_embedding +
+                      cand->pipeline.account_for_loss;
+          d.Help(words + ": " + std::to_string(t) + " / " + std::to_string(pp) + " = " +
+                 std::to_string(t / pp) + " per stage");
           break;
         }
         auto split = AccountedSplit(L, pp, e, l);
@@ -294,7 +356,8 @@ void CheckSplit(RuleContext& ctx) {
                                    {"pipeline.account_for_embedding", false},
                                    {"pipeline.account_for_loss", false}});
           if (cand && ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) {
-            d.Help("or split unevenly with `stage_layers = " + text + "` in place of the accounting flags (the "
+            d.Help("or split unevenly with `stage_layers = " + text +
+                   "` in place of the accounting flags (the "
                    "embedding rides on stage 0, the loss on the last stage)");
           }
         }
@@ -355,26 +418,34 @@ void CheckSplit(RuleContext& ctx) {
   if (vpp > 1 && (total / pp) % vpp != 0) {
     int64_t per = total / pp;
     RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
-               "each pipeline stage holds " + std::to_string(per) + (e || l ? " layer slots" : " layers") +
+               "each pipeline stage holds " + std::to_string(per) +
+                   (e || l ? " layer slots" : " layers") +
                    ", which do not split into `vpp = " + std::to_string(vpp) + "` virtual chunks");
-    d.At({"parallel.vpp"}, std::to_string(per) + " / " + std::to_string(vpp) + " = " + Ratio(per, vpp));
+    d.At({"parallel.vpp"},
+         std::to_string(per) + " / " + std::to_string(vpp) + " = " + Ratio(per, vpp));
     d.Field("model.layers", L).Field("parallel.pp", pp);
     if (e) d.Field("pipeline.account_for_embedding", "true");
     if (l) d.Field("pipeline.account_for_loss", "true");
     d.Value((e || l ? "(layers + embedding/loss) / pp" : "layers / pp"),
-            std::to_string(total) + " / " + std::to_string(pp) + " = " + std::to_string(per) + ", and " +
-                std::to_string(per) + " % " + std::to_string(vpp) + " = " + std::to_string(per % vpp));
-    d.Note("the interleaved schedule cuts each pipeline rank's layers into vpp equal chunks (Megatron-Core: "
-           "\"num_layers_per_pipeline_rank " + std::to_string(per) + " should be divisible by vp_size " +
-           std::to_string(vpp) + "\")");
+            std::to_string(total) + " / " + std::to_string(pp) + " = " + std::to_string(per) +
+                ", and " + std::to_string(per) + " % " + std::to_string(vpp) + " = " +
+                std::to_string(per % vpp));
+    d.Note(
+        "the interleaved schedule cuts each pipeline rank's layers into vpp equal chunks "
+        "(Megatron-Core: "
+        "\"num_layers_per_pipeline_rank " +
+        std::to_string(per) + " should be divisible by vp_size " + std::to_string(vpp) + "\")");
     if (ctx.helps()) {
       std::vector<int64_t> cands = Divisors(per);
       auto ok = ctx.WorkingValues("parallel.vpp", cands, DiagKind::kLayersNotDivisibleByVpp, 6);
       ok.erase(std::remove(ok.begin(), ok.end(), 1), ok.end());
-      if (!ok.empty()) d.Help("values of `vpp` that divide " + std::to_string(per) + ": " + List(ok));
-      auto pps = ctx.WorkingValues("parallel.pp", AxisCandidates(p), DiagKind::kLayersNotDivisibleByVpp, 4);
+      if (!ok.empty())
+        d.Help("values of `vpp` that divide " + std::to_string(per) + ": " + List(ok));
+      auto pps = ctx.WorkingValues("parallel.pp", AxisCandidates(p),
+                                   DiagKind::kLayersNotDivisibleByVpp, 4);
       pps.erase(std::remove(pps.begin(), pps.end(), 1), pps.end());
-      if (!pps.empty()) d.Help("or keep `vpp = " + std::to_string(vpp) + "` with " + Choices("pp", pps));
+      if (!pps.empty())
+        d.Help("or keep `vpp = " + std::to_string(vpp) + "` with " + Choices("pp", pps));
     }
     d.Report();
   }
@@ -388,12 +459,14 @@ void CheckSchedule(RuleContext& ctx) {
   if (ctx.Poisoned({"parallel.vpp", "pipeline.schedule", "parallel.pp"})) return;
   if (vpp > 1 && schedule != Schedule::kInterleaved1F1B) {
     RuleDiag d(ctx, DiagKind::kScheduleVppConflict,
-               "`vpp = " + std::to_string(vpp) + "` with `schedule = " + std::string(ToString(schedule)) +
-                   "`, which runs one chunk per pipeline rank");
+               "`vpp = " + std::to_string(vpp) + "` with `schedule = " +
+                   std::string(ToString(schedule)) + "`, which runs one chunk per pipeline rank");
     d.At({"pipeline.schedule", "parallel.vpp"}, "does not interleave");
     d.Field("parallel.vpp", vpp);
-    d.Note("virtual pipeline chunks are what the interleaved 1F1B schedule runs; gpipe and 1f1b run one "
-           "chunk per rank");
+    d.Note(
+        "virtual pipeline chunks are what the interleaved 1F1B schedule runs; gpipe and 1f1b run "
+        "one "
+        "chunk per rank");
     d.Help("set `schedule = interleaved_1f1b`, or remove `vpp`");
     d.Report();
   } else if (vpp == 1 && schedule == Schedule::kInterleaved1F1B && pp > 1) {
@@ -401,13 +474,19 @@ void CheckSchedule(RuleContext& ctx) {
                "`schedule = interleaved_1f1b` with `vpp = 1` runs plain 1F1B");
     d.At({"pipeline.schedule"}, "nothing to interleave");
     d.Field("parallel.vpp", vpp);
-    d.Note("interleaving needs vpp > 1 virtual chunks per pipeline rank; Megatron-Core treats vpp = 1 as "
-           "no interleaving");
+    d.Note(
+        "interleaving needs vpp > 1 virtual chunks per pipeline rank; Megatron-Core treats vpp = 1 "
+        "as "
+        "no interleaving");
     if (ctx.helps()) {
-      int64_t per = (p.model.layers + p.pipeline.account_for_embedding + p.pipeline.account_for_loss) / std::max<int64_t>(pp, 1);
+      int64_t per =
+          (p.model.layers + p.pipeline.account_for_embedding + p.pipeline.account_for_loss) /
+          std::max<int64_t>(pp, 1);
       std::vector<int64_t> ok;
       for (int64_t v : Divisors(std::max<int64_t>(per, 1))) {
-        if (v > 1 && ok.size() < 4 && ctx.Fixes({{"parallel.vpp", v}}, DiagKind::kInterleavedWithoutVpp)) ok.push_back(v);
+        if (v > 1 && ok.size() < 4 &&
+            ctx.Fixes({{"parallel.vpp", v}}, DiagKind::kInterleavedWithoutVpp))
+          ok.push_back(v);
       }
       if (!ok.empty()) d.Help("values of `vpp` that split this plan's stages: " + List(ok));
       d.Help("or `schedule = 1f1b` to say what runs");
@@ -420,7 +499,9 @@ void CheckMicrobatches(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   const int64_t pp = p.parallel.pp;
   const int64_t vpp = p.parallel.vpp;
-  if (pp <= 1 || ctx.Poisoned({"parallel.pp", "parallel.vpp", "batch.global", "batch.micro", "parallel.dp"})) return;
+  if (pp <= 1 ||
+      ctx.Poisoned({"parallel.pp", "parallel.vpp", "batch.global", "batch.micro", "parallel.dp"}))
+    return;
   const int64_t m = p.Microbatches();
   if (m <= 0) return;  // the batch rule reports it
   auto per_step = CheckedMul(p.batch.micro, p.parallel.dp);
@@ -428,17 +509,25 @@ void CheckMicrobatches(RuleContext& ctx) {
   if (vpp > 1) {
     if (m % pp == 0) return;
     RuleDiag d(ctx, DiagKind::kInterleavedMicrobatches,
-               std::to_string(m) + " microbatches per step " + (m < pp ? "are fewer than" : "are not a multiple of") +
+               std::to_string(m) + " microbatches per step " +
+                   (m < pp ? "are fewer than" : "are not a multiple of") +
                    " `pp = " + std::to_string(pp) + "`, as the interleaved schedule needs");
     d.At({"batch.global", "parallel.vpp"}, std::to_string(m) + " microbatches");
-    d.Field("batch.global", p.batch.global).Field("batch.micro", p.batch.micro).Field("parallel.dp", p.parallel.dp);
+    d.Field("batch.global", p.batch.global)
+        .Field("batch.micro", p.batch.micro)
+        .Field("parallel.dp", p.parallel.dp);
     d.Field("parallel.pp", pp).Field("parallel.vpp", vpp);
-    d.Value("microbatches = global / (micro · dp)",
-            std::to_string(p.batch.global) + " / (" + Dot({p.batch.micro, p.parallel.dp}) + ") = " + std::to_string(m));
-    d.Value("microbatches % pp", std::to_string(m) + " % " + std::to_string(pp) + " = " + std::to_string(m % pp));
-    d.Note("the interleaved schedule runs microbatches in groups of pp per virtual chunk (Megatron-Core "
-           "checks at the first training step: \"The number of contiguous micro-batches in a virtual pipeline "
-           "stage should range in [PP, M]\" and the remainder M % PP must be 0)");
+    d.Value("microbatches = global / (micro · dp)", std::to_string(p.batch.global) + " / (" +
+                                                        Dot({p.batch.micro, p.parallel.dp}) +
+                                                        ") = " + std::to_string(m));
+    d.Value("microbatches % pp",
+            std::to_string(m) + " % " + std::to_string(pp) + " = " + std::to_string(m % pp));
+    d.Note(
+        "the interleaved schedule runs microbatches in groups of pp per virtual chunk "
+        "(Megatron-Core "
+        "checks at the first training step: \"The number of contiguous micro-batches in a virtual "
+        "pipeline "
+        "stage should range in [PP, M]\" and the remainder M % PP must be 0)");
     if (ctx.helps()) {
       int64_t step = *per_step * pp;
       int64_t down = p.batch.global / step * step;
@@ -446,8 +535,11 @@ void CheckMicrobatches(RuleContext& ctx) {
       if (down > 0) cands.push_back(down);
       if (auto up = CheckedAdd(down, step)) cands.push_back(*up);
       auto ok = ctx.WorkingValues("batch.global", cands, DiagKind::kInterleavedMicrobatches, 2);
-      if (!ok.empty()) d.Help("a global batch that gives a multiple of " + std::to_string(pp) + " microbatches: " + Choices("global", ok));
-      if (ctx.Fixes({{"parallel.vpp", int64_t{1}}, {"pipeline.schedule", std::string("1f1b")}}, DiagKind::kInterleavedMicrobatches)) {
+      if (!ok.empty())
+        d.Help("a global batch that gives a multiple of " + std::to_string(pp) +
+               " microbatches: " + Choices("global", ok));
+      if (ctx.Fixes({{"parallel.vpp", int64_t{1}}, {"pipeline.schedule", std::string("1f1b")}},
+                    DiagKind::kInterleavedMicrobatches)) {
         d.Help("or give up interleaving: `vpp = 1` with `schedule = 1f1b`");
       }
     }
@@ -456,22 +548,31 @@ void CheckMicrobatches(RuleContext& ctx) {
   }
   if (m >= pp) return;
   RuleDiag d(ctx, DiagKind::kFewerMicrobatchesThanStages,
-             "only " + std::to_string(m) + (m == 1 ? " microbatch" : " microbatches") + " per step for `pp = " +
-                 std::to_string(pp) + "` pipeline stages");
-  d.At({"batch.global", "parallel.pp"}, std::to_string(m) + (m == 1 ? " microbatch" : " microbatches"));
-  d.Field("batch.global", p.batch.global).Field("batch.micro", p.batch.micro).Field("parallel.dp", p.parallel.dp);
+             "only " + std::to_string(m) + (m == 1 ? " microbatch" : " microbatches") +
+                 " per step for `pp = " + std::to_string(pp) + "` pipeline stages");
+  d.At({"batch.global", "parallel.pp"},
+       std::to_string(m) + (m == 1 ? " microbatch" : " microbatches"));
+  d.Field("batch.global", p.batch.global)
+      .Field("batch.micro", p.batch.micro)
+      .Field("parallel.dp", p.parallel.dp);
   d.Field("parallel.pp", pp);
-  d.Value("microbatches = global / (micro · dp)",
-          std::to_string(p.batch.global) + " / (" + Dot({p.batch.micro, p.parallel.dp}) + ") = " + std::to_string(m));
-  d.Value("idle share of the step (bubble)", "(pp - 1) / (m + pp - 1) = " + std::to_string(pp - 1) + " / " +
-                                                 std::to_string(m + pp - 1) + " = " +
-                                                 std::to_string((100 * (pp - 1)) / (m + pp - 1)) + "%");
-  d.Note("with fewer microbatches than stages the pipeline never fills: every stage waits for most of the "
-         "step (Megatron accepts this silently)");
+  d.Value("microbatches = global / (micro · dp)", std::to_string(p.batch.global) + " / (" +
+                                                      Dot({p.batch.micro, p.parallel.dp}) +
+                                                      ") = " + std::to_string(m));
+  d.Value("idle share of the step (bubble)", "(pp - 1) / (m + pp - 1) = " + std::to_string(pp - 1) +
+                                                 " / " + std::to_string(m + pp - 1) + " = " +
+                                                 std::to_string((100 * (pp - 1)) / (m + pp - 1)) +
+                                                 "%");
+  d.Note(
+      "with fewer microbatches than stages the pipeline never fills: every stage waits for most of "
+      "the "
+      "step (Megatron accepts this silently)");
   if (ctx.helps()) {
     auto need = CheckedMul(*per_step, pp);
-    if (need) d.Help("`global = " + std::to_string(*need) + "` or more (" + std::to_string(pp) + " microbatches of " +
-                     std::to_string(p.batch.micro) + " on each of " + std::to_string(p.parallel.dp) + " data-parallel replicas)");
+    if (need)
+      d.Help("`global = " + std::to_string(*need) + "` or more (" + std::to_string(pp) +
+             " microbatches of " + std::to_string(p.batch.micro) + " on each of " +
+             std::to_string(p.parallel.dp) + " data-parallel replicas)");
   }
   d.Report();
 }

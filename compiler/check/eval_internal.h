@@ -9,13 +9,13 @@
 
 #include <deque>
 #include <functional>
-#include <set>
-#include <tuple>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -47,9 +47,9 @@ constexpr int kKindCount = 13;
 std::string_view KindName(Kind k);
 
 struct SchemaField {
-  std::string name;                // "tp"
-  const FieldInfo* info = nullptr; // scalar fields
-  int sub_kind = -1;               // record-valued fields: the Kind
+  std::string name;                 // "tp"
+  const FieldInfo* info = nullptr;  // scalar fields
+  int sub_kind = -1;                // record-valued fields: the Kind
   bool required = false;
 };
 
@@ -74,9 +74,9 @@ struct Scope {
 
 struct ModuleData {
   std::unique_ptr<ast::Module> ast;
-  std::string path;      // file path ("" for in-memory text)
+  std::string path;  // file path ("" for in-memory text)
   BufferKind kind = BufferKind::kFile;
-  Scope scope;           // module scope (no lets; top-level lets are decls)
+  Scope scope;  // module scope (no lets; top-level lets are decls)
   std::unordered_map<std::string_view, const ast::Decl*> decls;
   std::vector<const ModuleData*> imports;
 };
@@ -99,12 +99,12 @@ struct Slot {
 struct Record {
   Kind kind = Kind::kPlan;
   std::string name;
-  SourceRange declared;            // where the record (or its derivation) was written
-  std::vector<Entry> entries;      // base first
-  Record* parent = nullptr;        // the record holding this one as a field
-  bool in_plan = false;            // part of the plan being evaluated: origins and sweeps recorded
-  std::string prefix;              // canonical path prefix when in_plan
-  std::vector<Slot> slots;         // one per schema field
+  SourceRange declared;        // where the record (or its derivation) was written
+  std::vector<Entry> entries;  // base first
+  Record* parent = nullptr;    // the record holding this one as a field
+  bool in_plan = false;        // part of the plan being evaluated: origins and sweeps recorded
+  std::string prefix;          // canonical path prefix when in_plan
+  std::vector<Slot> slots;     // one per schema field
 };
 
 // Everything a PlanSource loaded: modules (main first), block scopes, parsed --set members.
@@ -165,7 +165,8 @@ class Evaluator {
   }
 
   // Expressions.
-  Value Eval(const ast::Expr& e, const Scope* scope, Record* self, const FieldInfo* expect = nullptr);
+  Value Eval(const ast::Expr& e, const Scope* scope, Record* self,
+             const FieldInfo* expect = nullptr);
   Value EvalPath(const ast::Expr& e, const Scope* scope, Record* self, const FieldInfo* expect);
   Value Lookup(const ast::Name& name, const Scope* scope, Record* self);
   bool Resolvable(const std::string& name, const Scope* scope, Record* self) const;
@@ -187,14 +188,18 @@ class Evaluator {
   OriginKind OriginOf(SourceRange r) const {
     if (!r.IsValid()) return OriginKind::kDefault;
     switch (sm_.Kind(r.buffer)) {
-      case BufferKind::kStdlib: return OriginKind::kStdlib;
-      case BufferKind::kCommandLine: return OriginKind::kCommandLine;
-      default: return OriginKind::kFile;
+      case BufferKind::kStdlib:
+        return OriginKind::kStdlib;
+      case BufferKind::kCommandLine:
+        return OriginKind::kCommandLine;
+      default:
+        return OriginKind::kFile;
     }
   }
   void Report(Diag d) {
     const Diagnostic& x = d.Get();
-    auto key = std::make_tuple(static_cast<int>(x.kind), x.primary.buffer, x.primary.begin, x.message);
+    auto key =
+        std::make_tuple(static_cast<int>(x.kind), x.primary.buffer, x.primary.begin, x.message);
     if (!reported_.insert(key).second) return;
     sink_.Report(std::move(d));
   }
@@ -215,7 +220,6 @@ class Evaluator {
   int expected_kind_ = -1;  // the Kind a record field's bare name should resolve to
   const Plan* plan_for_labels_ = nullptr;
 };
-
 
 // Evaluates one plan declaration with overrides (see PlanSource::Evaluate).
 std::optional<Plan> EvaluatePlanDecl(const SourceData& src, const SourceManager& sm,

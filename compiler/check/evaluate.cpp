@@ -66,7 +66,8 @@ std::vector<Schema> BuildSchemas() {
   }
   auto sub = [&](Kind in, std::string name, Kind kind, bool required) {
     Schema& sc = s[static_cast<int>(in)];
-    sc.fields.insert(sc.fields.begin(), {std::move(name), nullptr, static_cast<int>(kind), required});
+    sc.fields.insert(sc.fields.begin(),
+                     {std::move(name), nullptr, static_cast<int>(kind), required});
   };
   sub(Kind::kCluster, "gpu", Kind::kGpu, true);
   for (auto [name, kind] : {std::pair{"moe", Kind::kMoe},
@@ -105,33 +106,40 @@ namespace {
 
 std::optional<UnitDimension> DimOf(FieldType t) {
   switch (t) {
-    case FieldType::kBytes: return UnitDimension::kBytes;
-    case FieldType::kBandwidth: return UnitDimension::kBandwidth;
-    case FieldType::kFlops: return UnitDimension::kFlops;
-    default: return std::nullopt;
+    case FieldType::kBytes:
+      return UnitDimension::kBytes;
+    case FieldType::kBandwidth:
+      return UnitDimension::kBandwidth;
+    case FieldType::kFlops:
+      return UnitDimension::kFlops;
+    default:
+      return std::nullopt;
   }
 }
 
 std::string DimWord(std::optional<UnitDimension> d) {
   if (!d) return "a plain number";
   switch (*d) {
-    case UnitDimension::kBytes: return "bytes";
-    case UnitDimension::kBandwidth: return "a bandwidth";
-    case UnitDimension::kFlops: return "a compute rate";
-    case UnitDimension::kTime: return "a time";
+    case UnitDimension::kBytes:
+      return "bytes";
+    case UnitDimension::kBandwidth:
+      return "a bandwidth";
+    case UnitDimension::kFlops:
+      return "a compute rate";
+    case UnitDimension::kTime:
+      return "a time";
   }
   return "?";
 }
 
 bool IsAxis(const Record* r, std::string_view name) {
-  return r->kind == Kind::kParallel &&
-         (name == "tp" || name == "pp" || name == "cp" || name == "ep" || name == "etp" || name == "vpp");
+  return r->kind == Kind::kParallel && (name == "tp" || name == "pp" || name == "cp" ||
+                                        name == "ep" || name == "etp" || name == "vpp");
 }
 
 constexpr int kMaxDepth = 200;
 
 }  // namespace
-
 
 // --- Records and fields --------------------------------------------------------------------
 
@@ -180,9 +188,10 @@ Value Evaluator::Field(Record* r, int idx, SourceRange use) {
   if (slot.state == Slot::kDone) return slot.value;
   const SchemaField& f = SchemaOf(r->kind).fields[idx];
   if (slot.state == Slot::kBusy) {
-    Report(Diag(DiagKind::kCyclicDefinition, fmt::format("`{}` depends on itself", PathOf(r, f.name)))
-               .At(use, "this reads the field while its value is being computed")
-               .Note("a field's value cannot depend on the field itself"));
+    Report(
+        Diag(DiagKind::kCyclicDefinition, fmt::format("`{}` depends on itself", PathOf(r, f.name)))
+            .At(use, "this reads the field while its value is being computed")
+            .Note("a field's value cannot depend on the field itself"));
     return Value::Error();
   }
   slot.state = Slot::kBusy;
@@ -221,18 +230,19 @@ Value Evaluator::RecordField(Record* r, int idx, int k, FieldOrigin* origin) {
     if (bv.IsError()) {
       poisoned = true;
     } else if (bv.type != VType::kRecord || bv.rec->kind != sub) {
-      Report(Diag(DiagKind::kTypeMismatch,
-                  fmt::format("`{}` must be a `{}` record, not {}", PathOf(r, f.name), KindName(sub),
-                              Describe(bv)))
-                 .At(e.range, bv.type == VType::kRecord
-                                  ? fmt::format("`{}` is a `{}`", Format(bv), KindName(bv.rec->kind))
-                                  : fmt::format("this is {}", Describe(bv))));
+      Report(
+          Diag(DiagKind::kTypeMismatch, fmt::format("`{}` must be a `{}` record, not {}",
+                                                    PathOf(r, f.name), KindName(sub), Describe(bv)))
+              .At(e.range, bv.type == VType::kRecord
+                               ? fmt::format("`{}` is a `{}`", Format(bv), KindName(bv.rec->kind))
+                               : fmt::format("this is {}", Describe(bv))));
       poisoned = true;
     } else {
       base = bv.rec;
     }
   }
-  Record* out = NewRecord(sub, base ? base->name : std::string(), base ? base->declared : origin->range);
+  Record* out =
+      NewRecord(sub, base ? base->name : std::string(), base ? base->declared : origin->range);
   if (base) out->entries = base->entries;
   bool written = base != nullptr;
   for (size_t e = static_cast<size_t>(k + 1); e < r->entries.size(); ++e) {
@@ -284,8 +294,10 @@ Value Evaluator::DefaultValue(Record* r, int idx, FieldOrigin* origin) {
   const SchemaField& f = SchemaOf(r->kind).fields[idx];
   const Schema& sc = SchemaOf(r->kind);
   auto derived = [&](std::string_view from, std::string derivation) {
-    *origin = {OriginKind::kDerived, r->slots[sc.Find(from)].origin.range,
-               {PathOf(r, from)}, std::move(derivation)};
+    *origin = {OriginKind::kDerived,
+               r->slots[sc.Find(from)].origin.range,
+               {PathOf(r, from)},
+               std::move(derivation)};
   };
   if (r->kind == Kind::kParallel && f.name == "etp") {
     Value tp = Field(r, sc.Find("tp"), {});
@@ -303,10 +315,10 @@ Value Evaluator::DefaultValue(Record* r, int idx, FieldOrigin* origin) {
     Value heads = Field(r, sc.Find("heads"), {});
     if (hidden.IsError() || heads.IsError() || heads.i <= 0) return Value::Error();
     derived("hidden", hidden.i % heads.i == 0
-                          ? fmt::format("head_dim = hidden / heads = {} / {} = {}", hidden.i, heads.i,
-                                        hidden.i / heads.i)
-                          : fmt::format("head_dim = hidden / heads = {} / {} is not whole", hidden.i,
-                                        heads.i));
+                          ? fmt::format("head_dim = hidden / heads = {} / {} = {}", hidden.i,
+                                        heads.i, hidden.i / heads.i)
+                          : fmt::format("head_dim = hidden / heads = {} / {} is not whole",
+                                        hidden.i, heads.i));
     origin->derived_from.push_back(PathOf(r, "heads"));
     // A remainder is the rules' to report (hidden-not-divisible-by-heads); keep the quotient.
     return Value::Int(std::max<int64_t>(1, hidden.i / heads.i));
@@ -351,9 +363,9 @@ Value Evaluator::DefaultValue(Record* r, int idx, FieldOrigin* origin) {
   }
   if (f.required) {
     Diag d(DiagKind::kMissingField, fmt::format("`{}` is not set", PathOf(r, f.name)));
-    d.At(r->declared, r->name.empty() ? fmt::format("this {} has no `{}`", KindName(r->kind), f.name)
-                                      : fmt::format("{} `{}` has no `{}`", KindName(r->kind), r->name,
-                                                    f.name));
+    d.At(r->declared, r->name.empty()
+                          ? fmt::format("this {} has no `{}`", KindName(r->kind), f.name)
+                          : fmt::format("{} `{}` has no `{}`", KindName(r->kind), r->name, f.name));
     d.Help(fmt::format("set it: `{} = ...`", f.name));
     Report(std::move(d));
     return Value::Error();
@@ -398,7 +410,8 @@ Value Evaluator::SolveDp(Record* parallel, SourceRange range, FieldOrigin* origi
   auto world = CheckedMul(nodes.i, gpn.i);
   auto denom = CheckedProduct({tp.i, pp.i, cp.i});
   if (!world || !denom || *denom <= 0) return Value::Error();
-  std::string head = fmt::format("dp = world / (tp·pp·cp) = {} / ({}·{}·{})", *world, tp.i, pp.i, cp.i);
+  std::string head =
+      fmt::format("dp = world / (tp·pp·cp) = {} / ({}·{}·{})", *world, tp.i, pp.i, cp.i);
   if (*world % *denom != 0) {
     // Poisoned: the mesh rule reports it once, with this derivation.
     origin->derivation = fmt::format("{} = {} / {} is not whole", head, *world, *denom);
@@ -428,15 +441,18 @@ Value Evaluator::AutoField(Record* r, int idx, SourceRange range, FieldOrigin* o
     for (int64_t v : values) s.values.push_back(fmt::format("{}", v));
     sweeps_.push_back(std::move(s));
     origin->kind = OriginKind::kAuto;
-    origin->derivation = fmt::format("{} = auto: searched over the divisors of the world size", f.name);
+    origin->derivation =
+        fmt::format("{} = auto: searched over the divisors of the world size", f.name);
     return Value::Int(values.front());
   }
   Diag d(DiagKind::kAutoUnsupported, fmt::format("`{}` cannot be `auto` here", PathOf(r, f.name)));
   d.At(range, IsAxis(r, f.name) ? "an axis other than dp is solved only by `planc search`"
                                 : "the compiler solves `auto` only for mesh axes");
-  d.Note("`planc check` solves `dp = auto` as world / (tp·pp·cp); `planc search` also "
-         "enumerates tp, pp, cp, ep, etp and vpp");
-  if (IsAxis(r, f.name)) d.Help(fmt::format("give a value (`{} = 1`), or run `planc search`", f.name));
+  d.Note(
+      "`planc check` solves `dp = auto` as world / (tp·pp·cp); `planc search` also "
+      "enumerates tp, pp, cp, ep, etp and vpp");
+  if (IsAxis(r, f.name))
+    d.Help(fmt::format("give a value (`{} = 1`), or run `planc search`", f.name));
   Report(std::move(d));
   return Value::Error();
 }
@@ -450,8 +466,9 @@ Value Evaluator::SweepField(Record* r, int idx, const Value& list, const ast::Ex
            fmt::format("`{}` ranges over {} values; checking needs one", path, list.list->size()));
     d.At(e.range, "a list of candidates is a sweep for `planc search`");
     if (!list.list->empty()) {
-      d.Help(fmt::format("check one candidate with `--set {}={}`, or search them all with `planc search`",
-                         path, FormatForSet(list.list->front())));
+      d.Help(fmt::format(
+          "check one candidate with `--set {}={}`, or search them all with `planc search`", path,
+          FormatForSet(list.list->front())));
     }
     Report(std::move(d));
     return Value::Error();
@@ -465,7 +482,8 @@ Value Evaluator::SweepField(Record* r, int idx, const Value& list, const ast::Ex
   Value first;
   for (size_t i = 0; i < list.list->size(); ++i) {
     const Value& item = (*list.list)[i];
-    Value c = Coerce(item, *f.info, e.operands.size() == list.list->size() ? e.operands[i]->range : e.range, path);
+    Value c = Coerce(item, *f.info,
+                     e.operands.size() == list.list->size() ? e.operands[i]->range : e.range, path);
     if (c.IsError()) return c;
     if (i == 0) first = c;
     s.values.push_back(FormatForSet(c));
@@ -479,8 +497,10 @@ Value Evaluator::Coerce(const Value& v, const FieldInfo& info, SourceRange range
                         const std::string& path) {
   if (v.IsError()) return v;
   auto mismatch = [&](std::string expected) {
-    Report(Diag(DiagKind::kTypeMismatch, fmt::format("`{}` expects {}, got {}", path, expected, Describe(v)))
-               .At(range, fmt::format("this is {}", Format(v).size() <= 40 ? "`" + Format(v) + "`" : Describe(v))));
+    Report(Diag(DiagKind::kTypeMismatch,
+                fmt::format("`{}` expects {}, got {}", path, expected, Describe(v)))
+               .At(range, fmt::format("this is {}", Format(v).size() <= 40 ? "`" + Format(v) + "`"
+                                                                           : Describe(v))));
     return Value::Error();
   };
   auto range_check = [&](int64_t x) -> bool {
@@ -500,7 +520,8 @@ Value Evaluator::Coerce(const Value& v, const FieldInfo& info, SourceRange range
     case FieldType::kInt:
     case FieldType::kBytes: {
       if (info.nullable && v.type == VType::kString && v.s == "none") return v;
-      if (!v.IsNumber()) return mismatch(info.type == FieldType::kBytes ? "a size in bytes" : "an integer");
+      if (!v.IsNumber())
+        return mismatch(info.type == FieldType::kBytes ? "a size in bytes" : "an integer");
       if (v.dim && v.dim != want) {
         Report(Diag(DiagKind::kUnitMismatch,
                     fmt::format("`{}` expects {}, got {}", path, DimWord(want), DimWord(v.dim)))
@@ -536,12 +557,14 @@ Value Evaluator::Coerce(const Value& v, const FieldInfo& info, SourceRange range
       if (!std::isfinite(x) || low || high) {
         std::string want_range;
         if (std::isinf(info.real_max)) {
-          want_range = fmt::format("{} {}", info.real_min_open ? "greater than" : "at least", info.real_min);
+          want_range =
+              fmt::format("{} {}", info.real_min_open ? "greater than" : "at least", info.real_min);
         } else {
-          want_range = fmt::format("in {}{}, {}{}", info.real_min_open ? "(" : "[", info.real_min, info.real_max,
-                                   info.real_max_open ? ")" : "]");
+          want_range = fmt::format("in {}{}, {}{}", info.real_min_open ? "(" : "[", info.real_min,
+                                   info.real_max, info.real_max_open ? ")" : "]");
         }
-        Diag d(DiagKind::kValueOutOfRange, fmt::format("`{}` must be {}, got {}", path, want_range, Format(v)));
+        Diag d(DiagKind::kValueOutOfRange,
+               fmt::format("`{}` must be {}, got {}", path, want_range, Format(v)));
         d.At(range, "out of range");
         if (want) d.Note("a rate of zero or less would make every time estimate meaningless");
         Report(std::move(d));
@@ -589,7 +612,8 @@ Value Evaluator::Coerce(const Value& v, const FieldInfo& info, SourceRange range
         if (item.IsError()) return item;
         if (item.type != VType::kInt || item.dim) {
           Report(Diag(DiagKind::kTypeMismatch,
-                      fmt::format("`{}` expects a list of integers, got {} in it", path, Describe(item)))
+                      fmt::format("`{}` expects a list of integers, got {} in it", path,
+                                  Describe(item)))
                      .At(range, fmt::format("`{}` is {}", Format(item), Describe(item))));
           return Value::Error();
         }

@@ -49,9 +49,9 @@ struct EvalOptions {
 // One `--set PATH=VALUE`, parsed into its own "<command line>" buffer. Owned by the PlanSource
 // that parsed it; cheap to copy.
 struct SetOverride {
-  std::string path;              // "parallel.tp"
+  std::string path;  // "parallel.tp"
   const ast::Member* member = nullptr;
-  SourceRange range;             // the whole "PATH=VALUE" text
+  SourceRange range;  // the whole "PATH=VALUE" text
 };
 
 class PlanSource {

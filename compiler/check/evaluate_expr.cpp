@@ -30,7 +30,8 @@ std::string OpWord(const std::string& op) {
 
 }  // namespace
 
-Value Evaluator::Eval(const ast::Expr& e, const Scope* scope, Record* self, const FieldInfo* expect) {
+Value Evaluator::Eval(const ast::Expr& e, const Scope* scope, Record* self,
+                      const FieldInfo* expect) {
   DepthGuard guard(&depth_);
   if (e.kind != ast::ExprKind::kPath || e.path.size() > 1) expected_kind_ = -1;
   if (depth_ > kMaxDepth) {
@@ -43,10 +44,14 @@ Value Evaluator::Eval(const ast::Expr& e, const Scope* scope, Record* self, cons
   }
   switch (e.kind) {
     case ast::ExprKind::kInt:
-    case ast::ExprKind::kReal: return Quantity(e);
-    case ast::ExprKind::kString: return Value::String(e.text);
-    case ast::ExprKind::kBool: return Value::Bool(e.bool_value);
-    case ast::ExprKind::kAuto: return Value::Auto();
+    case ast::ExprKind::kReal:
+      return Quantity(e);
+    case ast::ExprKind::kString:
+      return Value::String(e.text);
+    case ast::ExprKind::kBool:
+      return Value::Bool(e.bool_value);
+    case ast::ExprKind::kAuto:
+      return Value::Auto();
     case ast::ExprKind::kList: {
       auto items = std::make_shared<std::vector<Value>>();
       for (const auto& op : e.operands) {
@@ -59,10 +64,14 @@ Value Evaluator::Eval(const ast::Expr& e, const Scope* scope, Record* self, cons
       l.list = std::move(items);
       return l;
     }
-    case ast::ExprKind::kUnary: return Unary(e, scope, self);
-    case ast::ExprKind::kBinary: return Binary(e, scope, self);
-    case ast::ExprKind::kCall: return Call(e, scope, self);
-    case ast::ExprKind::kPath: return EvalPath(e, scope, self, expect);
+    case ast::ExprKind::kUnary:
+      return Unary(e, scope, self);
+    case ast::ExprKind::kBinary:
+      return Binary(e, scope, self);
+    case ast::ExprKind::kCall:
+      return Call(e, scope, self);
+    case ast::ExprKind::kPath:
+      return EvalPath(e, scope, self, expect);
   }
   return Value::Error();
 }
@@ -151,9 +160,10 @@ Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self)
   for (const Scope* s = scope; s; s = s->parent) {
     if (auto it = s->lets.find(name.text); it != s->lets.end()) {
       if (!busy_.insert(it->second).second) {
-        Report(Diag(DiagKind::kCyclicDefinition, fmt::format("`let {}` depends on itself", name.text))
-                   .At(name.range, "used here while its value is being computed")
-                   .Label(it->second->range, "defined here"));
+        Report(
+            Diag(DiagKind::kCyclicDefinition, fmt::format("`let {}` depends on itself", name.text))
+                .At(name.range, "used here while its value is being computed")
+                .Label(it->second->range, "defined here"));
         return Value::Error();
       }
       Value v = Eval(*it->second->value, s, self);
@@ -244,8 +254,8 @@ Value Evaluator::Lookup(const ast::Name& name, const Scope* scope, Record* self)
 Value Evaluator::Member(const Value& base, const ast::Name& name, const std::string& base_text) {
   if (base.IsError()) return base;
   if (base.type != VType::kRecord) {
-    Report(Diag(DiagKind::kTypeMismatch,
-                fmt::format("`{}` is {}, which has no field `{}`", base_text, Describe(base), name.text))
+    Report(Diag(DiagKind::kTypeMismatch, fmt::format("`{}` is {}, which has no field `{}`",
+                                                     base_text, Describe(base), name.text))
                .At(name.range, "no such field"));
     return Value::Error();
   }
@@ -298,7 +308,8 @@ Value Evaluator::Quantity(const ast::Expr& e) {
   }
   double x = v.AsReal() * scale;
   if (u->dimension == UnitDimension::kBytes && std::fabs(x) >= 9.2e18) {
-    Report(Diag(DiagKind::kIntegerOverflow, fmt::format("`{}` is more than 64 bits can hold", Text(e.range)))
+    Report(Diag(DiagKind::kIntegerOverflow,
+                fmt::format("`{}` is more than 64 bits can hold", Text(e.range)))
                .At(e.range, fmt::format("{:.6g} bytes; at most 9223372036854775807", x)));
     return Value::Error();
   }
@@ -313,8 +324,9 @@ Value Evaluator::Unary(const ast::Expr& e, const Scope* scope, Record* self) {
   if (a.IsError()) return a;
   if (e.text == "not") {
     if (a.type != VType::kBool) {
-      Report(Diag(DiagKind::kTypeMismatch, fmt::format("`not` needs a boolean, got {}", Describe(a)))
-                 .At(e.operands[0]->range, fmt::format("this is {}", Format(a))));
+      Report(
+          Diag(DiagKind::kTypeMismatch, fmt::format("`not` needs a boolean, got {}", Describe(a)))
+              .At(e.operands[0]->range, fmt::format("this is {}", Format(a))));
       return Value::Error();
     }
     return Value::Bool(!a.b);
@@ -339,8 +351,9 @@ Value Evaluator::Binary(const ast::Expr& e, const Scope* scope, Record* self) {
     Value a = Eval(*e.operands[0], scope, self);
     if (a.IsError()) return a;
     auto need_bool = [&](const Value& v, const ast::Expr& x) {
-      Report(Diag(DiagKind::kTypeMismatch, fmt::format("`{}` needs booleans, got {}", op, Describe(v)))
-                 .At(x.range, fmt::format("this is {}", Format(v))));
+      Report(
+          Diag(DiagKind::kTypeMismatch, fmt::format("`{}` needs booleans, got {}", op, Describe(v)))
+              .At(x.range, fmt::format("this is {}", Format(v))));
       return Value::Error();
     };
     if (a.type != VType::kBool) return need_bool(a, *e.operands[0]);
@@ -370,24 +383,30 @@ Value Evaluator::Binary(const ast::Expr& e, const Scope* scope, Record* self) {
   return Arith(e, op, a, b);
 }
 
-Value Evaluator::Compare(const ast::Expr& e, const std::string& op, const Value& a, const Value& b) {
+Value Evaluator::Compare(const ast::Expr& e, const std::string& op, const Value& a,
+                         const Value& b) {
   auto fail = [&](std::string why) {
     Report(Diag(a.dim != b.dim && a.IsNumber() && b.IsNumber() ? DiagKind::kUnitMismatch
-                                                                : DiagKind::kTypeMismatch,
+                                                               : DiagKind::kTypeMismatch,
                 fmt::format("cannot compare {} with {}", Describe(a), Describe(b)))
                .At(e.range, std::move(why)));
     return Value::Error();
   };
   if (a.IsNumber() && b.IsNumber()) {
-    if (a.dim != b.dim) return fail(fmt::format("`{}` and `{}` have different dimensions", Format(a), Format(b)));
+    if (a.dim != b.dim)
+      return fail(fmt::format("`{}` and `{}` have different dimensions", Format(a), Format(b)));
     int c;
     if (a.type == VType::kInt && b.type == VType::kInt) {
       c = a.i < b.i ? -1 : a.i > b.i ? 1 : 0;
     } else {
       c = a.AsReal() < b.AsReal() ? -1 : a.AsReal() > b.AsReal() ? 1 : 0;
     }
-    bool r = op == "==" ? c == 0 : op == "!=" ? c != 0 : op == "<" ? c < 0 : op == "<=" ? c <= 0
-           : op == ">" ? c > 0 : c >= 0;
+    bool r = op == "=="   ? c == 0
+             : op == "!=" ? c != 0
+             : op == "<"  ? c < 0
+             : op == "<=" ? c <= 0
+             : op == ">"  ? c > 0
+                          : c >= 0;
     return Value::Bool(r);
   }
   if (op != "==" && op != "!=") return fail(fmt::format("`{}` orders numbers only", op));
@@ -405,12 +424,14 @@ Value Evaluator::Compare(const ast::Expr& e, const std::string& op, const Value&
 }
 
 Value Evaluator::Arith(const ast::Expr& e, const std::string& op, const Value& a, const Value& b) {
-  if (op == "+" && a.type == VType::kString && b.type == VType::kString) return Value::String(a.s + b.s);
+  if (op == "+" && a.type == VType::kString && b.type == VType::kString)
+    return Value::String(a.s + b.s);
   if (!a.IsNumber() || !b.IsNumber()) {
     const Value& bad = a.IsNumber() ? b : a;
     const ast::Expr& where = a.IsNumber() ? *e.operands[1] : *e.operands[0];
-    Report(Diag(DiagKind::kTypeMismatch, fmt::format("`{}` needs numbers, got {}", op, Describe(bad)))
-               .At(where.range, fmt::format("this is {}", Format(bad))));
+    Report(
+        Diag(DiagKind::kTypeMismatch, fmt::format("`{}` needs numbers, got {}", op, Describe(bad)))
+            .At(where.range, fmt::format("this is {}", Format(bad))));
     return Value::Error();
   }
   // Dimensions.
@@ -423,7 +444,8 @@ Value Evaluator::Arith(const ast::Expr& e, const std::string& op, const Value& a
   } else if (op == "*") {
     if (!a.dim || !b.dim) {
       dim = a.dim ? a.dim : b.dim;
-    } else if ((a.dim == D::kBandwidth && b.dim == D::kTime) || (a.dim == D::kTime && b.dim == D::kBandwidth)) {
+    } else if ((a.dim == D::kBandwidth && b.dim == D::kTime) ||
+               (a.dim == D::kTime && b.dim == D::kBandwidth)) {
       dim = D::kBytes;
     } else {
       ok = false;
@@ -471,10 +493,10 @@ Value Evaluator::Arith(const ast::Expr& e, const std::string& op, const Value& a
       if (rem) r = CheckedDiv(a.i, b.i);
     }
     if (!r) {
-      Report(Diag(DiagKind::kIntegerOverflow,
-                  fmt::format("integer overflow in `{}`", Text(e.range)))
-                 .At(e.range, fmt::format("{} {} {} does not fit in 64 bits", a.i, OpWord(op), b.i))
-                 .Note("integers are signed 64-bit: at most 9223372036854775807"));
+      Report(
+          Diag(DiagKind::kIntegerOverflow, fmt::format("integer overflow in `{}`", Text(e.range)))
+              .At(e.range, fmt::format("{} {} {} does not fit in 64 bits", a.i, OpWord(op), b.i))
+              .Note("integers are signed 64-bit: at most 9223372036854775807"));
       return Value::Error();
     }
     return Value::Int(*r, dim);

@@ -11,9 +11,12 @@ namespace {
 // Stores an evaluated (already coerced) value into the plan; returns what went wrong.
 std::string Store(Plan& plan, const FieldInfo& f, const Value& v) {
   switch (v.type) {
-    case VType::kInt: return SetFieldValue(plan, f, v.i);
-    case VType::kReal: return SetFieldValue(plan, f, v.r);
-    case VType::kBool: return SetFieldValue(plan, f, v.b);
+    case VType::kInt:
+      return SetFieldValue(plan, f, v.i);
+    case VType::kReal:
+      return SetFieldValue(plan, f, v.r);
+    case VType::kBool:
+      return SetFieldValue(plan, f, v.b);
     case VType::kString:
       if (f.nullable && v.s == "none") {
         ClearField(plan, f);
@@ -25,7 +28,8 @@ std::string Store(Plan& plan, const FieldInfo& f, const Value& v) {
       for (const Value& x : *v.list) items.push_back(x.i);
       return SetFieldList(plan, f, items);
     }
-    default: return "has no value";
+    default:
+      return "has no value";
   }
 }
 
@@ -40,7 +44,8 @@ void Evaluator::ForEachPlanRecord(Record* r, const std::function<void(Record*)>&
   }
 }
 
-std::optional<Plan> Evaluator::EvaluatePlan(const ast::Decl& decl, std::span<const SetOverride> sets) {
+std::optional<Plan> Evaluator::EvaluatePlan(const ast::Decl& decl,
+                                            std::span<const SetOverride> sets) {
   Record* base = DeclRecord(decl);
   Record* root = NewRecord(Kind::kPlan, decl.name.text, decl.name.range);
   root->entries = base->entries;
@@ -57,7 +62,8 @@ std::optional<Plan> Evaluator::EvaluatePlan(const ast::Decl& decl, std::span<con
     Record* rec = root;
     std::string_view rest = f.path;
     bool reachable = true;
-    for (size_t dot; (dot = rest.find('.')) != std::string_view::npos; rest = rest.substr(dot + 1)) {
+    for (size_t dot; (dot = rest.find('.')) != std::string_view::npos;
+         rest = rest.substr(dot + 1)) {
       Value v = Field(rec, SchemaOf(rec->kind).Find(rest.substr(0, dot)), {});
       if (v.IsError()) {
         reachable = false;
@@ -154,9 +160,12 @@ void Evaluator::Validate(Record* r) {
                             : fmt::format("a `{}`", KindName(r->kind));
     if (idx < 0) {
       Diag d(DiagKind::kUnknownField,
-             from_set ? fmt::format("unknown field `{}` in `--set`", Text(m->path.front().range.buffer == name.range.buffer
-                                                                           ? SourceRange{name.range.buffer, m->path.front().range.begin, m->path.back().range.end}
-                                                                           : name.range))
+             from_set ? fmt::format(
+                            "unknown field `{}` in `--set`",
+                            Text(m->path.front().range.buffer == name.range.buffer
+                                     ? SourceRange{name.range.buffer, m->path.front().range.begin,
+                                                   m->path.back().range.end}
+                                     : name.range))
                       : fmt::format("{} has no field `{}`", where, name.text));
       d.At(name.range, "unknown field");
       std::string guess = ast::ClosestName(name.text, sc.Names());
@@ -167,7 +176,8 @@ void Evaluator::Validate(Record* r) {
         for (const FieldInfo& f : PlanFields()) {
           std::string_view p = f.path;
           if (p.size() > name.text.size() && p.substr(p.size() - name.text.size()) == name.text &&
-              p[p.size() - name.text.size() - 1] == '.' && p.find('.') == p.size() - name.text.size() - 1) {
+              p[p.size() - name.text.size() - 1] == '.' &&
+              p.find('.') == p.size() - name.text.size() - 1) {
             d.Help(fmt::format("did you mean `{}`?", p));
             break;
           }
@@ -181,7 +191,8 @@ void Evaluator::Validate(Record* r) {
     }
     const SchemaField& f = sc.fields[idx];
     if (f.sub_kind < 0 && (m->path.size() > en.depth + 1 || m->kind == ast::MemberKind::kAmend)) {
-      SourceRange at = m->path.size() > en.depth + 1 ? m->path[en.depth + 1].range : m->block->range;
+      SourceRange at =
+          m->path.size() > en.depth + 1 ? m->path[en.depth + 1].range : m->block->range;
       Report(Diag(DiagKind::kUnknownField,
                   fmt::format("`{}` is a value, not a record with fields", PathOf(r, f.name)))
                  .At(at, "no fields here"));
@@ -230,9 +241,9 @@ void Evaluator::CheckRequires(Record* r, const Plan* plan) {
     Diag d(DiagKind::kRequireFailed,
            m->message.empty() ? fmt::format("requirement `{}` does not hold", Text(e.range))
                               : fmt::format("requirement failed: {}", m->message));
-    bool compare = e.kind == ast::ExprKind::kBinary &&
-                   (e.text == "==" || e.text == "!=" || e.text == "<" || e.text == "<=" ||
-                    e.text == ">" || e.text == ">=");
+    bool compare =
+        e.kind == ast::ExprKind::kBinary && (e.text == "==" || e.text == "!=" || e.text == "<" ||
+                                             e.text == "<=" || e.text == ">" || e.text == ">=");
     if (compare) {
       Value a = Eval(*e.operands[0], en.scope, r);
       Value b = Eval(*e.operands[1], en.scope, r);
@@ -247,12 +258,13 @@ void Evaluator::CheckRequires(Record* r, const Plan* plan) {
         if (o.kind == OriginKind::kAuto || o.kind == OriginKind::kDerived) {
           if (!o.derivation.empty()) d.Value(path, o.derivation);
         }
-        if (o.range.IsValid() && !(o.range.buffer == e.range.buffer && o.range.begin >= e.range.begin &&
-                                   o.range.end <= e.range.end)) {
-          d.Label(o.range, fmt::format("`{}` = {} {}", path, Format(val),
-                                       o.kind == OriginKind::kCommandLine ? "set on the command line"
-                                       : o.kind == OriginKind::kStdlib    ? "from the stdlib"
-                                                                          : "set here"));
+        if (o.range.IsValid() && !(o.range.buffer == e.range.buffer &&
+                                   o.range.begin >= e.range.begin && o.range.end <= e.range.end)) {
+          d.Label(o.range,
+                  fmt::format("`{}` = {} {}", path, Format(val),
+                              o.kind == OriginKind::kCommandLine ? "set on the command line"
+                              : o.kind == OriginKind::kStdlib    ? "from the stdlib"
+                                                                 : "set here"));
         }
       }
     } else {

@@ -61,7 +61,8 @@ plan p {
   cluster = dgx_h100 { nodes = 8 }
   parallel { tp = 8  pp = 4  sp = true }
   batch { global = 1024  micro = 1 }
-)" + extra + "\n}\n";
+)" + extra +
+         "\n}\n";
 }
 
 TEST_CASE("a stdlib-based plan evaluates with origins for every canonical path") {
@@ -178,7 +179,8 @@ plan variant extends base {
 }
 
 TEST_CASE("a plan named like its model still finds the imported model") {
-  auto r = Eval(std::string(kPrelude) + "plan llama3_70b { model = llama3_70b  cluster = dgx_h100 }");
+  auto r =
+      Eval(std::string(kPrelude) + "plan llama3_70b { model = llama3_70b  cluster = dgx_h100 }");
   INFO(r->Codes());
   REQUIRE(r->plan);
   CHECK(r->sink.diagnostics().empty());
@@ -210,7 +212,8 @@ TEST_CASE("sweeps become Plan::sweeps in search mode and an error otherwise") {
   const Diagnostic* d = r->Find(DiagKind::kSweepOutsideSearch);
   REQUIRE(d);
   CHECK(d->message == "`parallel.tp` ranges over 3 values; checking needs one");
-  CHECK(d->helps.at(0) == "check one candidate with `--set parallel.tp=2`, or search them all with `planc search`");
+  CHECK(d->helps.at(0) ==
+        "check one candidate with `--set parallel.tp=2`, or search them all with `planc search`");
   CHECK(r->plan->IsPoisoned("parallel.tp"));
 
   r = Eval(Plan70b("parallel { pp = auto }"));
@@ -325,8 +328,9 @@ TEST_CASE("types, units, overflow and division are checked") {
 }
 
 TEST_CASE("require reports the user's message with the evaluated operands") {
-  auto r = Eval(Plan70b("require parallel.tp * 2 <= cluster.gpus_per_node : \"keep TP inside NVLink\""),
-                {"parallel.tp=8"});
+  auto r =
+      Eval(Plan70b("require parallel.tp * 2 <= cluster.gpus_per_node : \"keep TP inside NVLink\""),
+           {"parallel.tp=8"});
   const Diagnostic* d = r->Find(DiagKind::kRequireFailed);
   REQUIRE(d);
   CHECK(d->message == "requirement failed: keep TP inside NVLink");
@@ -335,7 +339,8 @@ TEST_CASE("require reports the user's message with the evaluated operands") {
   CHECK(d->values[0] == std::pair<std::string, std::string>{"parallel.tp * 2", "16"});
   CHECK(d->values[1] == std::pair<std::string, std::string>{"cluster.gpus_per_node", "8"});
   bool stdlib_label = false;
-  for (const DiagLabel& l : d->labels) stdlib_label |= l.message.find("from the stdlib") != std::string::npos;
+  for (const DiagLabel& l : d->labels)
+    stdlib_label |= l.message.find("from the stdlib") != std::string::npos;
   CHECK(stdlib_label);
 
   r = Eval(Plan70b("require parallel.tp <= 4"));
@@ -351,7 +356,8 @@ TEST_CASE("require reports the user's message with the evaluated operands") {
 }
 
 TEST_CASE("missing fields, cycles, duplicates, imports and plan selection") {
-  auto r = Eval(std::string(kPrelude) + "model m { layers = 2  heads = 4  vocab = 8  seq_len = 8 }\n"
+  auto r = Eval(std::string(kPrelude) +
+                "model m { layers = 2  heads = 4  vocab = 8  seq_len = 8 }\n"
                 "plan p { model = m  cluster = dgx_h100 }");
   const Diagnostic* d = r->Find(DiagKind::kMissingField);
   REQUIRE(d);
@@ -364,7 +370,8 @@ TEST_CASE("missing fields, cycles, duplicates, imports and plan selection") {
   CHECK(d->message == "`model` is not set");
 
   r = Eval(std::string(kPrelude) +
-           "model m { layers = 2  hidden = ffn_hidden  ffn_hidden = hidden  heads = 1  vocab = 8  seq_len = 8 }\n"
+           "model m { layers = 2  hidden = ffn_hidden  ffn_hidden = hidden  heads = 1  vocab = 8  "
+           "seq_len = 8 }\n"
            "plan p { model = m  cluster = dgx_h100 }");
   d = r->Find(DiagKind::kCyclicDefinition);
   REQUIRE(d);
@@ -436,9 +443,10 @@ plan all { model = deepseek_v3  cluster = dgx_h200 { nodes = 4 } }
 
   auto check_model = [](const std::string& name, int64_t layers, int64_t hidden, int64_t heads,
                         int64_t kv, int64_t vocab) {
-    auto m = Eval(std::string("import std.models.gpt\nimport std.models.llama\nimport std.models.mixtral\n"
-                              "import std.models.qwen\nimport std.clusters\nplan p { model = ") +
-                  name + "  cluster = dgx_h100 }");
+    auto m = Eval(
+        std::string("import std.models.gpt\nimport std.models.llama\nimport std.models.mixtral\n"
+                    "import std.models.qwen\nimport std.clusters\nplan p { model = ") +
+        name + "  cluster = dgx_h100 }");
     REQUIRE(m->plan);
     CHECK(m->sink.diagnostics().empty());
     CHECK(m->plan->model.layers == layers);

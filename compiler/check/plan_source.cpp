@@ -83,7 +83,8 @@ void PlanSource::Impl::WalkExpr(const ast::Expr& e, const eval::Scope* scope, ev
   for (const auto& op : e.operands) WalkExpr(*op, scope, m);
 }
 
-void PlanSource::Impl::AddBlock(const ast::Block& b, const eval::Scope* parent, eval::ModuleData* m) {
+void PlanSource::Impl::AddBlock(const ast::Block& b, const eval::Scope* parent,
+                                eval::ModuleData* m) {
   auto scope = std::make_unique<eval::Scope>();
   scope->parent = parent;
   scope->module = m;
@@ -99,8 +100,8 @@ void PlanSource::Impl::AddBlock(const ast::Block& b, const eval::Scope* parent, 
 }
 
 std::optional<ResolvedImport> PlanSource::Impl::Resolve(const ast::Import& imp,
-                                                       const eval::ModuleData& from,
-                                                       std::vector<std::string>* tried) const {
+                                                        const eval::ModuleData& from,
+                                                        std::vector<std::string>* tried) const {
   fs::path dir = from.path.empty() ? fs::path(".") : fs::path(from.path).parent_path();
   if (dir.empty()) dir = ".";
   auto attempt = [&](const fs::path& p, BufferKind kind,
@@ -132,7 +133,8 @@ std::optional<ResolvedImport> PlanSource::Impl::Resolve(const ast::Import& imp,
   }
   if (auto r = attempt(dir / rel, from.kind, user_path(dir / rel))) return r;
   for (const std::string& inc : options.include_dirs) {
-    if (auto r = attempt(fs::path(inc) / rel, BufferKind::kFile, user_path(fs::path(inc) / rel))) return r;
+    if (auto r = attempt(fs::path(inc) / rel, BufferKind::kFile, user_path(fs::path(inc) / rel)))
+      return r;
   }
   return std::nullopt;
 }
@@ -141,27 +143,32 @@ void PlanSource::Impl::ReportCycle(const SourceManager& sm, const eval::ModuleDa
                                    const ast::Import& imp, DiagnosticSink& sink) const {
   size_t start = 0;
   while (start < loading.size() && loading[start].first != &target) ++start;
-  auto name = [&](const eval::ModuleData* m) { return fmt::format("`{}`", sm.Name(m->ast->buffer)); };
+  auto name = [&](const eval::ModuleData* m) {
+    return fmt::format("`{}`", sm.Name(m->ast->buffer));
+  };
   std::string chain;
   for (size_t i = start; i < loading.size(); ++i) chain += name(loading[i].first) + " → ";
   chain += name(&target);
   const eval::ModuleData* importer = loading.back().first;
-  Diag d(DiagKind::kImportCycle,
-         importer == &target ? fmt::format("{} imports itself", name(&target))
-                             : fmt::format("import cycle: {}", chain));
-  d.At(imp.file_range, importer == &target ? "imports the file it is in"
-                                           : fmt::format("imports {}, which is still being loaded",
-                                                         name(&target)));
+  Diag d(DiagKind::kImportCycle, importer == &target
+                                     ? fmt::format("{} imports itself", name(&target))
+                                     : fmt::format("import cycle: {}", chain));
+  d.At(imp.file_range, importer == &target
+                           ? "imports the file it is in"
+                           : fmt::format("imports {}, which is still being loaded", name(&target)));
   for (size_t i = start; i + 1 < loading.size(); ++i) {
     const ast::Import* step = loading[i].second;
-    if (step) d.Label(step->file_range, fmt::format("{} imports {}", name(loading[i].first),
-                                                     name(loading[i + 1].first)));
+    if (step)
+      d.Label(step->file_range,
+              fmt::format("{} imports {}", name(loading[i].first), name(loading[i + 1].first)));
   }
-  d.Note("files cannot import each other in a cycle; an import brings in the declarations of that "
-         "file only, so no file needs one of its importers");
+  d.Note(
+      "files cannot import each other in a cycle; an import brings in the declarations of that "
+      "file only, so no file needs one of its importers");
   if (importer != &target) {
-    d.Help("remove this import, or move what the files of the cycle share into a file that each of "
-           "them imports");
+    d.Help(
+        "remove this import, or move what the files of the cycle share into a file that each of "
+        "them imports");
   } else {
     d.Help("remove this import: a file's own declarations are always in scope");
   }
@@ -209,7 +216,8 @@ eval::ModuleData* PlanSource::Impl::AddModule(SourceManager& sm, uint32_t buffer
       d.Note("looked for " + places);
       for (const std::string& t : tried) {
         std::error_code ec;
-        if (fs::is_directory(t, ec)) d.Note(fmt::format("`{}` is a directory; an import names a .plan file", t));
+        if (fs::is_directory(t, ec))
+          d.Note(fmt::format("`{}` is a directory; an import names a .plan file", t));
       }
       if (imp.file.empty() && !imp.module.empty() && imp.module[0].text == "std") {
         std::error_code ec;
@@ -334,9 +342,9 @@ std::optional<Plan> PlanSource::Evaluate(std::string_view plan_name,
   }
   if (!chosen) {
     std::string file(sm_.Name(main.buffer));
-    Diag d(DiagKind::kPlanNotFound, plan_name.empty()
-                                        ? fmt::format("`{}` declares no plan", file)
-                                        : fmt::format("no plan named `{}` in `{}`", plan_name, file));
+    Diag d(DiagKind::kPlanNotFound,
+           plan_name.empty() ? fmt::format("`{}` declares no plan", file)
+                             : fmt::format("no plan named `{}` in `{}`", plan_name, file));
     d.At({main.buffer, 0, 0});
     std::string list;
     for (std::string_view n : names) list += (list.empty() ? "" : ", ") + fmt::format("`{}`", n);

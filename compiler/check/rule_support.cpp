@@ -29,7 +29,8 @@ std::optional<Plan> RuleContext::Changed(const std::vector<FieldChange>& changes
     if (!f) return std::nullopt;
     // Lists ("[15, 16]") and clearing an optional field ("none") go through the text form.
     const std::string* text = std::get_if<std::string>(&c.value);
-    bool as_text = text && (f->type == FieldType::kIntList || (f->type == FieldType::kInt && f->nullable));
+    bool as_text =
+        text && (f->type == FieldType::kIntList || (f->type == FieldType::kInt && f->nullable));
     std::string error = as_text ? SetFieldText(p, c.path, *text) : SetFieldValue(p, *f, c.value);
     if (!error.empty()) return std::nullopt;
   }
@@ -40,7 +41,8 @@ std::optional<Plan> RuleContext::Changed(const std::vector<FieldChange>& changes
     return false;
   };
   OriginKind etp_origin = plan_.Origin("parallel.etp").kind;
-  if (!touched("parallel.etp") && (etp_origin == OriginKind::kDerived || etp_origin == OriginKind::kDefault)) {
+  if (!touched("parallel.etp") &&
+      (etp_origin == OriginKind::kDerived || etp_origin == OriginKind::kDefault)) {
     p.parallel.etp = p.parallel.tp;
   }
   OriginKind dp_origin = plan_.Origin("parallel.dp").kind;
@@ -176,7 +178,7 @@ RuleDiag& RuleDiag::Field(std::string_view path, const std::string& value) {
       AddLabel(o.range, shown + " from --set");
       break;
     case OriginKind::kStdlib: {
-      std::string owner = path.rfind("model.", 0) == 0     ? plan.model.name
+      std::string owner = path.rfind("model.", 0) == 0         ? plan.model.name
                           : path.rfind("cluster.gpu.", 0) == 0 ? plan.cluster.gpu.name
                           : path.rfind("cluster.", 0) == 0     ? plan.cluster.name
                                                                : std::string();
@@ -188,10 +190,12 @@ RuleDiag& RuleDiag::Field(std::string_view path, const std::string& value) {
                             (o.derivation.empty() ? name + " = " + value : o.derivation));
       break;
     case OriginKind::kDerived: {
-      std::string from = o.derived_from.empty() ? std::string() : std::string(ShortName(o.derived_from.front()));
-      std::string words = !o.derivation.empty() ? "`" + name + "` is derived: " + o.derivation
-                          : from.empty()        ? "`" + name + "` is not set and defaults to " + value
-                                                : "`" + name + "` is not set, so it defaults to `" + from + "` = " + value;
+      std::string from =
+          o.derived_from.empty() ? std::string() : std::string(ShortName(o.derived_from.front()));
+      std::string words =
+          !o.derivation.empty() ? "`" + name + "` is derived: " + o.derivation
+          : from.empty()        ? "`" + name + "` is not set and defaults to " + value
+                         : "`" + name + "` is not set, so it defaults to `" + from + "` = " + value;
       if (o.range.IsValid()) {
         AddLabel(o.range, words);
       } else {

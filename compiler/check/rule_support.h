@@ -81,7 +81,9 @@ class RuleDiag {
   RuleDiag& At(const std::vector<std::string_view>& paths, std::string label);
   // A label on a field by its origin. `value` is its value as text ("4", "true").
   RuleDiag& Field(std::string_view path, const std::string& value);
-  RuleDiag& Field(std::string_view path, int64_t value) { return Field(path, std::to_string(value)); }
+  RuleDiag& Field(std::string_view path, int64_t value) {
+    return Field(path, std::to_string(value));
+  }
   // World size: labels cluster.nodes and cluster.gpus_per_node.
   RuleDiag& World();
   RuleDiag& Value(std::string expression, std::string value);

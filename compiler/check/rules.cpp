@@ -15,7 +15,9 @@ void RunAllRules(RuleContext& ctx) {
 
 }  // namespace rules
 
-void CheckPlanRules(const Plan& plan, DiagnosticSink& sink) { CheckPlanRules(plan, sink, RuleOptions{}); }
+void CheckPlanRules(const Plan& plan, DiagnosticSink& sink) {
+  CheckPlanRules(plan, sink, RuleOptions{});
+}
 
 void CheckPlanRules(const Plan& plan, DiagnosticSink& sink, const RuleOptions& options) {
   rules::RuleContext ctx(plan, sink, options.helps);

@@ -22,11 +22,11 @@ struct TestPlan {
 
   explicit TestPlan(const std::vector<std::string>& lines) {
     std::vector<std::pair<std::string, std::string>> base = {
-        {"model.layers", "32"},      {"model.hidden", "4096"},  {"model.ffn_hidden", "14336"},
-        {"model.heads", "32"},       {"model.kv_heads", "8"},   {"model.head_dim", "128"},
-        {"model.vocab", "128000"},   {"model.seq_len", "8192"}, {"cluster.nodes", "1"},
-        {"cluster.gpus_per_node", "8"}, {"parallel.tp", "1"},  {"parallel.pp", "1"},
-        {"batch.global", "64"},      {"batch.micro", "1"},
+        {"model.layers", "32"},         {"model.hidden", "4096"},  {"model.ffn_hidden", "14336"},
+        {"model.heads", "32"},          {"model.kv_heads", "8"},   {"model.head_dim", "128"},
+        {"model.vocab", "128000"},      {"model.seq_len", "8192"}, {"cluster.nodes", "1"},
+        {"cluster.gpus_per_node", "8"}, {"parallel.tp", "1"},      {"parallel.pp", "1"},
+        {"batch.global", "64"},         {"batch.micro", "1"},
     };
     plan.name = "t";
     plan.model.name = "test_model";
@@ -75,9 +75,10 @@ struct TestPlan {
       plan.parallel.dp = world % model == 0 ? world / model : 1;
       FieldOrigin& o = plan.origins["parallel.dp"];
       if (o.kind != OriginKind::kAuto) o.kind = OriginKind::kDerived;
-      o.derived_from = {"cluster.nodes", "cluster.gpus_per_node", "parallel.tp", "parallel.pp", "parallel.cp"};
-      o.derivation = "dp = world / (tp · pp · cp) = " + std::to_string(world) + " / " + std::to_string(model) +
-                     " = " + std::to_string(plan.parallel.dp);
+      o.derived_from = {"cluster.nodes", "cluster.gpus_per_node", "parallel.tp", "parallel.pp",
+                        "parallel.cp"};
+      o.derivation = "dp = world / (tp · pp · cp) = " + std::to_string(world) + " / " +
+                     std::to_string(model) + " = " + std::to_string(plan.parallel.dp);
     }
   }
 
@@ -101,11 +102,11 @@ struct TestPlan {
 using Codes = std::string;
 
 const std::vector<std::string> kDeepSeekV2 = {
-    "model.layers = 60",          "model.hidden = 5120",       "model.ffn_hidden = 12288",
-    "model.heads = 128",          "model.kv_heads = 128",      "model.vocab = 102400",
-    "model.seq_len = 4096",       "model.experts = 160",       "model.topk = 6",
+    "model.layers = 60",           "model.hidden = 5120",      "model.ffn_hidden = 12288",
+    "model.heads = 128",           "model.kv_heads = 128",     "model.vocab = 102400",
+    "model.seq_len = 4096",        "model.experts = 160",      "model.topk = 6",
     "model.moe_ffn_hidden = 1536", "model.shared_experts = 2", "model.dense_layers = 1",
-    "model.q_lora_rank = 1536",   "model.kv_lora_rank = 512",  "model.qk_nope_head_dim = 128",
+    "model.q_lora_rank = 1536",    "model.kv_lora_rank = 512", "model.qk_nope_head_dim = 128",
     "model.qk_rope_head_dim = 64", "model.v_head_dim = 128",   "model.head_dim = 192",
 };
 
@@ -164,46 +165,54 @@ TEST_CASE(
 }
 
 TEST_CASE("P0401 with embedding and loss accounting: 60 + 2 layers over pp 4") {
-  TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 16", "parallel.tp = 1", "parallel.pp = 4", "parallel.ep = 32",
-                                "pipeline.account_for_embedding = true", "pipeline.account_for_loss = true",
-                                "batch.global = 1024"}));
+  TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 16", "parallel.tp = 1", "parallel.pp = 4",
+                                "parallel.ep = 32", "pipeline.account_for_embedding = true",
+                                "pipeline.account_for_loss = true", "batch.global = 1024"}));
   auto ds = t.Check();
   CHECK(t.Codes() == Codes{"P0401"});
-  CHECK(ds[0].message == "the 60 layers plus embedding and loss (62) do not split evenly over `pp = 4` stages");
+  CHECK(ds[0].message ==
+        "the 60 layers plus embedding and loss (62) do not split evenly over `pp = 4` stages");
   CHECK(HasHelp(ds, "P0401", "values of `pp`"));
   CHECK(HasHelp(ds, "P0401", "without both accounting flags: 60 / 4 = 15 per stage"));
   CHECK(HasHelp(ds, "P0401", "stage_layers = ["));
 }
 
 TEST_CASE("P0409: interleaving cannot chunk 15 layers per stage into 2") {
-  TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 16", "parallel.tp = 1", "parallel.pp = 4", "parallel.ep = 32",
-                                "parallel.vpp = 2", "pipeline.schedule = interleaved_1f1b", "batch.global = 1024"}));
+  TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 16", "parallel.tp = 1", "parallel.pp = 4",
+                                "parallel.ep = 32", "parallel.vpp = 2",
+                                "pipeline.schedule = interleaved_1f1b", "batch.global = 1024"}));
   auto ds = t.Check();
   CHECK(t.Codes() == Codes{"P0409"});
   CHECK(HasHelp(ds, "P0409", "values of `vpp` that divide 15: 3, 5, 15"));
 }
 
 TEST_CASE("DeepSeek-V2 on 32 nodes with tp 8, pp 1, ep 32 and sp is clean") {
-  TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 32", "parallel.tp = 8", "parallel.ep = 32", "parallel.sp = true",
-                                "batch.global = 1024"}));
+  TestPlan t(With(kDeepSeekV2, {"cluster.nodes = 32", "parallel.tp = 8", "parallel.ep = 32",
+                                "parallel.sp = true", "batch.global = 1024"}));
   CHECK(t.Codes() == Codes{});
 }
 
 TEST_CASE("mesh rules") {
-  CHECK(TestPlan({"parallel.tp = 8", "parallel.pp = 3", "model.layers = 33"}).Codes() == Codes{"P0301"});
+  CHECK(TestPlan({"parallel.tp = 8", "parallel.pp = 3", "model.layers = 33"}).Codes() ==
+        Codes{"P0301"});
   CHECK(TestPlan({"parallel.tp = 2", "parallel.dp = 2"}).Codes() == Codes{"P0302"});
   CHECK(TestPlan({"parallel.ep = 2"}).Codes() == Codes{"P0304"});
-  CHECK(TestPlan({"model.experts = 6", "model.topk = 2", "model.moe_ffn_hidden = 1024", "parallel.ep = 4"}).Codes() ==
-        Codes{"P0305"});
-  CHECK(TestPlan({"model.heads = 12", "model.kv_heads = 12", "model.hidden = 3072", "parallel.tp = 8"}).Codes() ==
-        Codes{"P0306"});
-  CHECK(TestPlan({"model.heads = 24", "model.kv_heads = 12", "model.hidden = 3072", "parallel.tp = 8"}).Codes() ==
-        Codes{"P0307"});
-  CHECK(TestPlan({"model.heads = 48", "model.kv_heads = 6", "model.hidden = 3072", "parallel.tp = 4"}).Codes() ==
-        Codes{"P0307"});
+  CHECK(TestPlan({"model.experts = 6", "model.topk = 2", "model.moe_ffn_hidden = 1024",
+                  "parallel.ep = 4"})
+            .Codes() == Codes{"P0305"});
+  CHECK(TestPlan(
+            {"model.heads = 12", "model.kv_heads = 12", "model.hidden = 3072", "parallel.tp = 8"})
+            .Codes() == Codes{"P0306"});
+  CHECK(TestPlan(
+            {"model.heads = 24", "model.kv_heads = 12", "model.hidden = 3072", "parallel.tp = 8"})
+            .Codes() == Codes{"P0307"});
+  CHECK(
+      TestPlan({"model.heads = 48", "model.kv_heads = 6", "model.hidden = 3072", "parallel.tp = 4"})
+          .Codes() == Codes{"P0307"});
   CHECK(TestPlan({"model.ffn_hidden = 11006", "parallel.tp = 4"}).Codes() == Codes{"P0308"});
-  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1000", "parallel.tp = 2",
-                  "parallel.ep = 2", "parallel.etp = 16", "parallel.sp = true", "cluster.nodes = 4"})
+  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1000",
+                  "parallel.tp = 2", "parallel.ep = 2", "parallel.etp = 16", "parallel.sp = true",
+                  "cluster.nodes = 4"})
             .Codes() == Codes{"P0309"});
   CHECK(TestPlan({"parallel.sp = true"}).Codes() == Codes{"P0310"});
   CHECK(TestPlan({"parallel.tp_comm_overlap = true"}).Codes() == Codes{"P0316"});
@@ -211,16 +220,20 @@ TEST_CASE("mesh rules") {
   CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "parallel.tp_comm_overlap = true"})
             .Codes()
             .empty());
-  CHECK(TestPlan({"parallel.cp = 4", "model.seq_len = 4100", "batch.global = 8"}).Codes() == Codes{"P0311"});
-  CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "model.seq_len = 4100", "model.vocab = 131072"}).Codes() ==
-        Codes{"P0312"});
-  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024", "parallel.tp = 2",
-                  "parallel.ep = 4", "model.vocab = 131072"})
+  CHECK(TestPlan({"parallel.cp = 4", "model.seq_len = 4100", "batch.global = 8"}).Codes() ==
+        Codes{"P0311"});
+  CHECK(TestPlan({"parallel.tp = 8", "parallel.sp = true", "model.seq_len = 4100",
+                  "model.vocab = 131072"})
+            .Codes() == Codes{"P0312"});
+  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024",
+                  "parallel.tp = 2", "parallel.ep = 4", "model.vocab = 131072"})
             .Codes() == Codes{"P0313"});
-  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024", "parallel.pp = 2",
-                  "parallel.ep = 4", "cluster.nodes = 2", "parallel.order = \"tp-cp-ep-pp-dp\""})
+  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024",
+                  "parallel.pp = 2", "parallel.ep = 4", "cluster.nodes = 2",
+                  "parallel.order = \"tp-cp-ep-pp-dp\""})
             .Codes() == Codes{"P0314"});
-  CHECK(TestPlan({"parallel.tp = 2", "parallel.order = \"tp-xp-dp-pp\""}).Codes() == Codes{"P0315"});
+  CHECK(TestPlan({"parallel.tp = 2", "parallel.order = \"tp-xp-dp-pp\""}).Codes() ==
+        Codes{"P0315"});
   CHECK(TestPlan({"parallel.tp = 2", "parallel.order = \"cp-dp-pp\""}).Codes() == Codes{"P0315"});
 }
 
@@ -228,20 +241,29 @@ TEST_CASE("pipeline rules") {
   CHECK(TestPlan({"parallel.pp = 8", "model.layers = 30"}).Codes() == Codes{"P0401"});
   CHECK(TestPlan({"parallel.pp = 4", "pipeline.first_stage_layers = 0"}).Codes() == Codes{"P0402"});
   CHECK(TestPlan({"parallel.pp = 4", "pipeline.first_stage_layers = 7"}).Codes() == Codes{"P0403"});
-  CHECK(TestPlan({"parallel.pp = 4", "pipeline.first_stage_layers = 7", "pipeline.account_for_loss = true"}).Codes() ==
-        Codes{"P0404"});
-  CHECK(TestPlan({"parallel.pp = 4", "pipeline.stage_layers = [8, 8, 16]"}).Codes() == Codes{"P0405"});
-  CHECK(TestPlan({"parallel.pp = 4", "pipeline.stage_layers = [8, 8, 8, 7]"}).Codes() == Codes{"P0406"});
-  CHECK(TestPlan({"parallel.pp = 4", "pipeline.stage_layers = [8, 8, 8, 8]", "pipeline.account_for_loss = true"})
+  CHECK(TestPlan({"parallel.pp = 4", "pipeline.first_stage_layers = 7",
+                  "pipeline.account_for_loss = true"})
+            .Codes() == Codes{"P0404"});
+  CHECK(TestPlan({"parallel.pp = 4", "pipeline.stage_layers = [8, 8, 16]"}).Codes() ==
+        Codes{"P0405"});
+  CHECK(TestPlan({"parallel.pp = 4", "pipeline.stage_layers = [8, 8, 8, 7]"}).Codes() ==
+        Codes{"P0406"});
+  CHECK(TestPlan({"parallel.pp = 4", "pipeline.stage_layers = [8, 8, 8, 8]",
+                  "pipeline.account_for_loss = true"})
             .Codes() == Codes{"P0407"});
-  CHECK(TestPlan({"parallel.vpp = 2", "pipeline.schedule = interleaved_1f1b"}).Codes() == Codes{"P0408"});
-  CHECK(TestPlan({"parallel.pp = 4", "parallel.vpp = 3", "pipeline.schedule = interleaved_1f1b", "batch.global = 8"})
+  CHECK(TestPlan({"parallel.vpp = 2", "pipeline.schedule = interleaved_1f1b"}).Codes() ==
+        Codes{"P0408"});
+  CHECK(TestPlan({"parallel.pp = 4", "parallel.vpp = 3", "pipeline.schedule = interleaved_1f1b",
+                  "batch.global = 8"})
             .Codes() == Codes{"P0409"});
-  CHECK(TestPlan({"parallel.pp = 4", "parallel.vpp = 2", "pipeline.schedule = interleaved_1f1b", "batch.global = 6"})
+  CHECK(TestPlan({"parallel.pp = 4", "parallel.vpp = 2", "pipeline.schedule = interleaved_1f1b",
+                  "batch.global = 6"})
             .Codes() == Codes{"P0410"});
   CHECK(TestPlan({"parallel.pp = 4", "batch.global = 6"}).Codes() == Codes{"P0411"});
-  CHECK(TestPlan({"parallel.pp = 4", "parallel.vpp = 2", "batch.global = 8"}).Codes() == Codes{"P0412"});
-  CHECK(TestPlan({"parallel.pp = 4", "pipeline.schedule = interleaved_1f1b"}).Codes() == Codes{"P0413"});
+  CHECK(TestPlan({"parallel.pp = 4", "parallel.vpp = 2", "batch.global = 8"}).Codes() ==
+        Codes{"P0412"});
+  CHECK(TestPlan({"parallel.pp = 4", "pipeline.schedule = interleaved_1f1b"}).Codes() ==
+        Codes{"P0413"});
 }
 
 TEST_CASE("training and model-shape rules") {
@@ -254,9 +276,10 @@ TEST_CASE("training and model-shape rules") {
             {"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = torchtitan"})
             .Codes() == Codes{});
   CHECK(TestPlan({"model.vocab = 50257", "model.vocab_divisor = 64"}).Codes() == Codes{});
-  CHECK(TestPlan({"parallel.tp = 8", "optimizer.zero = 1", "model.vocab = 131072"}).Codes() == Codes{"P0504"});
-  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024", "parallel.ep = 8",
-                  "precision = fp16"})
+  CHECK(TestPlan({"parallel.tp = 8", "optimizer.zero = 1", "model.vocab = 131072"}).Codes() ==
+        Codes{"P0504"});
+  CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024",
+                  "parallel.ep = 8", "precision = fp16"})
             .Codes() == Codes{"P0505"});
   {
     TestPlan t({"precision = fp8"});
@@ -265,8 +288,10 @@ TEST_CASE("training and model-shape rules") {
     CHECK(t.Codes() == Codes{"P0506"});
   }
   CHECK(TestPlan({"optimizer.offload = cpu"}).Codes() == Codes{"P0507"});
-  CHECK(TestPlan({"model.experts = 4", "model.topk = 6", "model.moe_ffn_hidden = 1024"}).Codes() == Codes{"P0508"});
-  CHECK(TestPlan({"model.experts = 4", "model.topk = 2", "model.moe_ffn_hidden = 1024", "model.dense_layers = 40"})
+  CHECK(TestPlan({"model.experts = 4", "model.topk = 6", "model.moe_ffn_hidden = 1024"}).Codes() ==
+        Codes{"P0508"});
+  CHECK(TestPlan({"model.experts = 4", "model.topk = 2", "model.moe_ffn_hidden = 1024",
+                  "model.dense_layers = 40"})
             .Codes() == Codes{"P0509"});
   {
     TestPlan t({"model.hidden = 4100"});
@@ -274,8 +299,8 @@ TEST_CASE("training and model-shape rules") {
   }
   CHECK(TestPlan({"model.kv_heads = 12"}).Codes() == Codes{"P0511"});
   CHECK(TestPlan({"model.kv_lora_rank = 512", "model.kv_heads = 32"}).Codes() == Codes{"P0512"});
-  CHECK(TestPlan({"model.kv_lora_rank = 512", "model.qk_nope_head_dim = 128", "model.qk_rope_head_dim = 64",
-                  "model.v_head_dim = 128"})
+  CHECK(TestPlan({"model.kv_lora_rank = 512", "model.qk_nope_head_dim = 128",
+                  "model.qk_rope_head_dim = 64", "model.v_head_dim = 128"})
             .Codes() == Codes{"P0513"});
 }
 

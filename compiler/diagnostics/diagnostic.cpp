@@ -31,9 +31,12 @@ const DiagKindInfo* FindDiagKind(std::string_view code_or_name) {
 
 std::string_view LevelName(DiagLevel level) {
   switch (level) {
-    case DiagLevel::kNote: return "note";
-    case DiagLevel::kWarning: return "warning";
-    case DiagLevel::kError: return "error";
+    case DiagLevel::kNote:
+      return "note";
+    case DiagLevel::kWarning:
+      return "warning";
+    case DiagLevel::kError:
+      return "error";
   }
   return "error";
 }

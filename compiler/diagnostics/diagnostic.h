@@ -34,11 +34,11 @@ enum class DiagKind : uint16_t {
 
 struct DiagKindInfo {
   DiagKind kind;
-  std::string_view code;     // "P0301"
-  std::string_view name;     // "expert-mesh-does-not-divide-world"
+  std::string_view code;  // "P0301"
+  std::string_view name;  // "expert-mesh-does-not-divide-world"
   DiagLevel level;
   std::string_view summary;  // one line for docs and --list
-  std::string_view id;       // the enumerator's name, "kExpertMeshWorld" (coverage scans tests for it)
+  std::string_view id;  // the enumerator's name, "kExpertMeshWorld" (coverage scans tests for it)
 };
 
 const DiagKindInfo& GetDiagKindInfo(DiagKind kind);

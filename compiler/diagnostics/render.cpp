@@ -1,11 +1,11 @@
 #include "compiler/diagnostics/render.h"
-#include "compiler/diagnostics/render_internal.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
 
+#include "compiler/diagnostics/render_internal.h"
 
 namespace paraplan {
 using namespace render_internal;
@@ -124,9 +124,12 @@ struct Style {
 
 std::string_view LevelColor(DiagLevel level) {
   switch (level) {
-    case DiagLevel::kError: return "1;31";
-    case DiagLevel::kWarning: return "1;33";
-    case DiagLevel::kNote: return "1;36";
+    case DiagLevel::kError:
+      return "1;31";
+    case DiagLevel::kWarning:
+      return "1;33";
+    case DiagLevel::kNote:
+      return "1;36";
   }
   return "1";
 }
@@ -171,9 +174,8 @@ std::string Spaces(size_t n) { return std::string(n, ' '); }
 
 void RenderLineAnnotations(std::string& out, const std::string& gutter_blank,
                            std::vector<Annotation> anns, const Glyphs& g, const Style& st) {
-  std::stable_sort(anns.begin(), anns.end(), [](const Annotation& a, const Annotation& b) {
-    return a.start < b.start;
-  });
+  std::stable_sort(anns.begin(), anns.end(),
+                   [](const Annotation& a, const Annotation& b) { return a.start < b.start; });
   uint32_t width = 0;
   for (const Annotation& a : anns) width = std::max(width, a.end);
   // Row of markers; the primary wins where ranges overlap.
@@ -268,7 +270,8 @@ void AppendIndented(std::string& out, const std::string& prefix, std::string_vie
   };
   while (true) {
     size_t nl = text.find('\n', pos);
-    std::string_view line = std::string_view(text).substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    std::string_view line =
+        std::string_view(text).substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
     while (DisplayWidth(line) > room) {
       // The last space that keeps the piece within `room` columns; else the first space.
       size_t cut = std::string_view::npos;
@@ -305,12 +308,14 @@ std::string SummaryLine(int errors, int warnings, bool color) {
     return std::to_string(n) + " " + std::string(word) + (n == 1 ? "" : "s");
   };
   if (errors > 0) {
-    std::string s = st.Wrap("1;31", "error") + st.Wrap("1", ": aborting due to " + plural(errors, "error"));
+    std::string s =
+        st.Wrap("1;31", "error") + st.Wrap("1", ": aborting due to " + plural(errors, "error"));
     if (warnings > 0) s += st.Wrap("1", "; " + plural(warnings, "warning") + " emitted");
     return s;
   }
   if (warnings > 0) {
-    return st.Wrap("1;33", "warning") + st.Wrap("1", ": " + plural(warnings, "warning") + " emitted");
+    return st.Wrap("1;33", "warning") +
+           st.Wrap("1", ": " + plural(warnings, "warning") + " emitted");
   }
   return {};
 }
@@ -358,7 +363,8 @@ std::string RenderDiagnosticText(const Diagnostic& d, const SourceManager& sm,
         if (line == previous + 2) {
           std::string number = std::to_string(previous + 1);
           std::string text = MakeDisplayLine(sm.Line(s.buffer, previous + 1)).text;
-          out += st.Wrap("1;34", Spaces(gutter - number.size()) + number + " " + std::string(g.bar));
+          out +=
+              st.Wrap("1;34", Spaces(gutter - number.size()) + number + " " + std::string(g.bar));
           out += text.empty() ? "\n" : " " + text + "\n";
         } else {
           out += blank + st.Wrap("1;34", g.gap) + "\n";
@@ -417,8 +423,9 @@ std::string RenderShort(const std::vector<Diagnostic>& diags, const SourceManage
     SafeRange primary = Repair(sm, d.primary);
     std::string where = primary.valid ? LocationText(sm, primary) + ": " : std::string();
     const DiagKindInfo& info = SafeInfo(d.kind);
-    out += where + st.Wrap(LevelColor(d.level), std::string(LevelName(d.level)) + "[" +
-                                                    std::string(info.code) + "]") +
+    out += where +
+           st.Wrap(LevelColor(d.level),
+                   std::string(LevelName(d.level)) + "[" + std::string(info.code) + "]") +
            ": " + OneLine(d.message) + "\n";
     if (!d.primary_label.empty()) out += where + "note: " + OneLine(d.primary_label) + "\n";
     for (const DiagLabel& l : d.labels) {
@@ -428,7 +435,8 @@ std::string RenderShort(const std::vector<Diagnostic>& diags, const SourceManage
       out += lw + "note: " + OneLine(l.message) + "\n";
     }
     for (const auto& [expr, value] : d.values) {
-      out += where + "note: " + OneLine(expr) + (value.empty() ? "" : " = " + OneLine(value)) + "\n";
+      out +=
+          where + "note: " + OneLine(expr) + (value.empty() ? "" : " = " + OneLine(value)) + "\n";
     }
     for (const std::string& n : d.notes) out += where + "note: " + OneLine(n) + "\n";
     for (const std::string& h : d.helps) out += where + "help: " + OneLine(h) + "\n";
@@ -439,12 +447,12 @@ std::string RenderShort(const std::vector<Diagnostic>& diags, const SourceManage
 // A kind outside the registry (only from corrupted data) renders as the first kind rather
 // than reading out of bounds.
 const DiagKindInfo& SafeInfo(DiagKind kind) {
-  return GetDiagKindInfo(static_cast<size_t>(kind) < static_cast<size_t>(DiagKind::kCount)
-                             ? kind
-                             : DiagKind{});
+  return GetDiagKindInfo(
+      static_cast<size_t>(kind) < static_cast<size_t>(DiagKind::kCount) ? kind : DiagKind{});
 }
 
-// --- Locations, repaired (shared with render_json.cpp) --------------------------------------------------------------------
+// --- Locations, repaired (shared with render_json.cpp)
+// --------------------------------------------------------------------
 
 SafeRange Repair(const SourceManager& sm, SourceRange r) {
   SafeRange s;

@@ -35,11 +35,11 @@ enum class DiagFormat { kText, kShort, kJson, kSarif };
 std::optional<DiagFormat> ParseDiagFormat(std::string_view name);
 
 struct RenderOptions {
-  bool color = false;          // ANSI colours in text and short forms
-  bool ascii = false;          // draw frames with ASCII only (`-->`, `|`) instead of box characters
-  bool summary = true;         // text form: the closing "aborting due to ..." line
+  bool color = false;   // ANSI colours in text and short forms
+  bool ascii = false;   // draw frames with ASCII only (`-->`, `|`) instead of box characters
+  bool summary = true;  // text form: the closing "aborting due to ..." line
   std::string tool_name = "planc";
-  std::string tool_version;    // SARIF tool.driver.version; omitted when empty
+  std::string tool_version;  // SARIF tool.driver.version; omitted when empty
   // Where the per-code pages live: helpUri = docs_uri_base + CODE + ".md". Empty: the
   // repository-relative "docs/diagnostics/".
   std::string docs_uri_base;

@@ -81,9 +81,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (render_internal::RenderText(diags, sm, options).empty() && !diags.empty()) std::abort();
   if (render_internal::RenderShort(diags, sm, options).empty() && !diags.empty()) std::abort();
 #else
-  for (DiagFormat f : {DiagFormat::kText, DiagFormat::kShort, DiagFormat::kJson, DiagFormat::kSarif}) {
+  for (DiagFormat f :
+       {DiagFormat::kText, DiagFormat::kShort, DiagFormat::kJson, DiagFormat::kSarif}) {
     std::string out = RenderDiagnostics(diags, sm, f, options);
-    if ((f == DiagFormat::kJson || f == DiagFormat::kSarif) && !llvm::json::parse(out)) std::abort();
+    if ((f == DiagFormat::kJson || f == DiagFormat::kSarif) && !llvm::json::parse(out))
+      std::abort();
   }
 #endif
   return 0;

@@ -19,14 +19,20 @@ namespace {
 
 namespace json = llvm::json;
 
-json::Value Str(std::string_view s) { return json::Value(json::fixUTF8(llvm::StringRef(s.data(), s.size()))); }
+json::Value Str(std::string_view s) {
+  return json::Value(json::fixUTF8(llvm::StringRef(s.data(), s.size())));
+}
 
 std::string_view BufferKindName(BufferKind k) {
   switch (k) {
-    case BufferKind::kFile: return "file";
-    case BufferKind::kStdlib: return "stdlib";
-    case BufferKind::kCommandLine: return "command_line";
-    case BufferKind::kMemory: return "memory";
+    case BufferKind::kFile:
+      return "file";
+    case BufferKind::kStdlib:
+      return "stdlib";
+    case BufferKind::kCommandLine:
+      return "command_line";
+    case BufferKind::kMemory:
+      return "memory";
   }
   return "memory";
 }
@@ -68,7 +74,8 @@ std::string RenderJson(const std::vector<Diagnostic>& diags, const SourceManager
     const DiagKindInfo& info = SafeInfo(d.kind);
     json::Array labels, values, note_list, help_list;
     for (const DiagLabel& l : d.labels) {
-      labels.push_back(json::Object{{"location", JsonLocation(sm, l.range)}, {"message", Str(l.message)}});
+      labels.push_back(
+          json::Object{{"location", JsonLocation(sm, l.range)}, {"message", Str(l.message)}});
     }
     for (const auto& [expr, value] : d.values) {
       values.push_back(json::Object{{"expression", Str(expr)}, {"value", Str(value)}});
@@ -106,8 +113,8 @@ std::string UriEncode(std::string_view path) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : path) {
-    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-        c == '-' || c == '.' || c == '_' || c == '~' || c == '/') {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '.' || c == '_' || c == '~' || c == '/') {
       out += static_cast<char>(c);
     } else {
       out += '%';
@@ -120,9 +127,12 @@ std::string UriEncode(std::string_view path) {
 
 std::string_view SarifLevel(DiagLevel level) {
   switch (level) {
-    case DiagLevel::kError: return "error";
-    case DiagLevel::kWarning: return "warning";
-    case DiagLevel::kNote: return "note";
+    case DiagLevel::kError:
+      return "error";
+    case DiagLevel::kWarning:
+      return "warning";
+    case DiagLevel::kNote:
+      return "note";
   }
   return "error";
 }
@@ -157,7 +167,8 @@ constexpr std::string_view kStdlibBase = "STDLIB";
 // the base id STDLIB (run.originalUriBaseIds), never a path on the machine that built planc.
 void SarifUri(const SourceManager& sm, uint32_t buffer, json::Object& location) {
   std::string_view name = sm.Name(buffer);
-  if (sm.Kind(buffer) == BufferKind::kStdlib && name.substr(0, kStdlibPrefix.size()) == kStdlibPrefix) {
+  if (sm.Kind(buffer) == BufferKind::kStdlib &&
+      name.substr(0, kStdlibPrefix.size()) == kStdlibPrefix) {
     location["uri"] = Str(UriEncode(name.substr(kStdlibPrefix.size())));
     location["uriBaseId"] = Str(kStdlibBase);
     return;
@@ -269,8 +280,9 @@ std::string RenderSarif(const std::vector<Diagnostic>& diags, const SourceManage
   if (stdlib_base) {
     run["originalUriBaseIds"] = json::Object{
         {std::string(kStdlibBase),
-         json::Object{{"description", json::Object{{"text", "the paraplan standard library (planc's "
-                                                            "stdlib directory, PARAPLAN_STDLIB)"}}}}}};
+         json::Object{{"description", json::Object{{"text",
+                                                    "the paraplan standard library (planc's "
+                                                    "stdlib directory, PARAPLAN_STDLIB)"}}}}}};
   }
   json::Object doc{{"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
                    {"version", "2.1.0"},
@@ -284,10 +296,14 @@ std::string RenderDiagnostics(const std::vector<Diagnostic>& diagnostics,
                               const SourceManager& sources, DiagFormat format,
                               const RenderOptions& options) {
   switch (format) {
-    case DiagFormat::kText: return RenderText(diagnostics, sources, options);
-    case DiagFormat::kShort: return RenderShort(diagnostics, sources, options);
-    case DiagFormat::kJson: return RenderJson(diagnostics, sources, options);
-    case DiagFormat::kSarif: return RenderSarif(diagnostics, sources, options);
+    case DiagFormat::kText:
+      return RenderText(diagnostics, sources, options);
+    case DiagFormat::kShort:
+      return RenderShort(diagnostics, sources, options);
+    case DiagFormat::kJson:
+      return RenderJson(diagnostics, sources, options);
+    case DiagFormat::kSarif:
+      return RenderSarif(diagnostics, sources, options);
   }
   return RenderText(diagnostics, sources, options);
 }

@@ -10,7 +10,8 @@ namespace {
 std::string S(llvm::Optional<llvm::StringRef> v) { return v ? v->str() : "<none>"; }
 int64_t I(llvm::Optional<int64_t> v) { return v ? *v : -1; }
 
-SourceRange Find(const SourceManager& sm, uint32_t buffer, std::string_view needle, size_t nth = 0) {
+SourceRange Find(const SourceManager& sm, uint32_t buffer, std::string_view needle,
+                 size_t nth = 0) {
   std::string_view text = sm.Text(buffer);
   size_t pos = text.find(needle);
   while (nth-- > 0 && pos != std::string_view::npos) pos = text.find(needle, pos + 1);
@@ -115,8 +116,10 @@ TEST_CASE("json: versioned, stable fields") {
   CHECK(I(d->getObject("primary")->getInteger("column")) == 35);
   CHECK(S(d->getObject("primary")->getString("text")) == "32");
   CHECK(d->getArray("labels")->size() == 4);
-  CHECK(S((*d->getArray("labels"))[3].getAsObject()->getObject("location")->getString("buffer_kind")) ==
-        "command_line");
+  CHECK(S((*d->getArray("labels"))[3]
+              .getAsObject()
+              ->getObject("location")
+              ->getString("buffer_kind")) == "command_line");
   CHECK(I(doc->getObject("summary")->getInteger("errors")) == 1);
 }
 
@@ -170,7 +173,8 @@ TEST_CASE("sarif: a stdlib module is a uri relative to the STDLIB base, never a 
   auto* main = (*result->getArray("locations"))[0].getAsObject()->getObject("physicalLocation");
   CHECK(S(main->getObject("artifactLocation")->getString("uri")) == "dir/a%20b.plan");
   CHECK(!main->getObject("artifactLocation")->getString("uriBaseId"));
-  auto* related = (*result->getArray("relatedLocations"))[0].getAsObject()->getObject("physicalLocation");
+  auto* related =
+      (*result->getArray("relatedLocations"))[0].getAsObject()->getObject("physicalLocation");
   CHECK(S(related->getObject("artifactLocation")->getString("uri")) == "clusters.plan");
   CHECK(S(related->getObject("artifactLocation")->getString("uriBaseId")) == "STDLIB");
   REQUIRE(run->getObject("originalUriBaseIds"));
@@ -178,8 +182,7 @@ TEST_CASE("sarif: a stdlib module is a uri relative to the STDLIB base, never a 
   // Text and short forms show the same name.
   std::string short_form = RenderDiagnostics({d}, sm, DiagFormat::kShort, RenderOptions{});
   INFO(short_form);
-  CHECK(short_form.find("<stdlib>/clusters.plan:1:14: note: from the stdlib") !=
-        std::string::npos);
+  CHECK(short_form.find("<stdlib>/clusters.plan:1:14: note: from the stdlib") != std::string::npos);
 }
 
 TEST_CASE("odd input never crashes and is repaired") {
@@ -189,7 +192,10 @@ TEST_CASE("odd input never crashes and is repaired") {
                               BufferKind::kFile);
   std::vector<Diagnostic> diags;
   diags.push_back(Diag(DiagKind::kFileNotReadable, "past the end").At({empty, 5, 9}, "here").Get());
-  diags.push_back(Diag(DiagKind::kFileNotReadable, "no buffer").At({99, 0, 1}, "x").Label({0, 3, 1}, "y").Get());
+  diags.push_back(Diag(DiagKind::kFileNotReadable, "no buffer")
+                      .At({99, 0, 1}, "x")
+                      .Label({0, 3, 1}, "y")
+                      .Get());
   diags.push_back(Diag(DiagKind::kFileNotReadable, "reversed").At({odd, 9, 2}, "rev").Get());
   diags.push_back(Diag(DiagKind::kFileNotReadable, "multi-line\nmessage")
                       .At({odd, 1, 30}, "spans lines")
@@ -203,7 +209,8 @@ TEST_CASE("odd input never crashes and is repaired") {
   bogus.message = std::string("nul\0byte", 8);
   bogus.primary = {odd, UINT32_MAX, UINT32_MAX};
   diags.push_back(bogus);
-  for (DiagFormat f : {DiagFormat::kText, DiagFormat::kShort, DiagFormat::kJson, DiagFormat::kSarif}) {
+  for (DiagFormat f :
+       {DiagFormat::kText, DiagFormat::kShort, DiagFormat::kJson, DiagFormat::kSarif}) {
     std::string out = RenderDiagnostics(diags, sm, f);
     CHECK(!out.empty());
     if (f == DiagFormat::kJson || f == DiagFormat::kSarif) CHECK(bool(llvm::json::parse(out)));
@@ -219,9 +226,10 @@ TEST_CASE("odd input never crashes and is repaired") {
 
 TEST_CASE("a diagnostic without any location renders header and tail") {
   SourceManager sm;
-  std::string text = RenderDiagnostics(
-      {Diag(DiagKind::kPlanNotFound, "no plan named `x`").Help("plans in the file: `a`, `b`").Get()},
-      sm, DiagFormat::kText);
+  std::string text = RenderDiagnostics({Diag(DiagKind::kPlanNotFound, "no plan named `x`")
+                                            .Help("plans in the file: `a`, `b`")
+                                            .Get()},
+                                       sm, DiagFormat::kText);
   CHECK(text ==
         "error[P0002]: no plan named `x`\n"
         "  = help: plans in the file: `a`, `b`\n"

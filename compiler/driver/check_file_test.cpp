@@ -18,7 +18,8 @@ struct TempFile {
     // The process id keeps concurrent test runs (several checkouts on one machine) apart.
     static int counter = 0;
     path = (std::filesystem::temp_directory_path() /
-            ("paraplan_check_file_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".plan"))
+            ("paraplan_check_file_test_" + std::to_string(::getpid()) + "_" +
+             std::to_string(counter++) + ".plan"))
                .string();
     std::ofstream(path) << text;
     const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
@@ -56,7 +57,8 @@ TEST_CASE("CheckFile dumps the main file's AST, also when evaluation finds error
   CHECK(r.internal_errors.empty());
   CHECK(r.dump.rfind("module\n  import std.clusters @1:1-1:20\n", 0) == 0);
   CHECK(r.dump.find("  plan p @3:1-8:2\n    assign model = m @4:3-4:12\n") != std::string::npos);
-  CHECK(r.dump.find("    amend parallel @6:3-6:22\n      assign tp = 2 @6:14-6:20\n") != std::string::npos);
+  CHECK(r.dump.find("    amend parallel @6:3-6:22\n      assign tp = 2 @6:14-6:20\n") !=
+        std::string::npos);
 
   // An evaluation error: still a dump of the syntax tree, no plan.
   o.sets = {"parallel.tp=3"};

@@ -6,8 +6,8 @@
 // errors, and renders every diagnostic. Text and short forms go to stderr; json and sarif go
 // to stdout and nothing else is written there. --dump writes a stable text dump to stdout:
 // `ast` the main file's syntax tree (also when evaluation then finds errors), `plan` the
-// checked plan (only when there are no errors); see check_file.h. Exit status: 0 no errors (warnings and notes
-// allowed), 1 errors, 2 bad usage, 70 internal error.
+// checked plan (only when there are no errors); see check_file.h. Exit status: 0 no errors
+// (warnings and notes allowed), 1 errors, 2 bad usage, 70 internal error.
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,7 +28,8 @@ namespace {
 
 constexpr const char* kCheckUsage =
     "usage: planc check FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR]\n"
-    "                   [--diagnostics=text|short|json|sarif] [--color=auto|always|never] [--ascii]\n"
+    "                   [--diagnostics=text|short|json|sarif] [--color=auto|always|never] "
+    "[--ascii]\n"
     "                   [--dump=ast|plan]\n";
 
 int Usage(const std::string& error) {
@@ -115,8 +116,10 @@ int RunCheck(const std::vector<std::string>& args) {
     return kExitInternal;
   }
   if (!result.plan && !sink.has_errors()) {
-    std::fprintf(stderr, "planc check: internal error: '%s' could not be loaded and no diagnostic says why\n",
-                 opts.file.c_str());
+    std::fprintf(
+        stderr,
+        "planc check: internal error: '%s' could not be loaded and no diagnostic says why\n",
+        opts.file.c_str());
     return kExitInternal;
   }
   std::fwrite(result.dump.data(), 1, result.dump.size(), stdout);

@@ -3,10 +3,10 @@
 //
 // Loads and checks the plan (as planc check), lowers it to the program of every rank, verifies
 // the whole world, and writes the program (FlatBuffers, runtime/format/program.fbs) atomically
-// (output_file.h: a temporary file, then rename; never over the plan itself). --trace writes a Chrome/Perfetto timeline of one simulated
-// step with durations from the time model. A one-line summary goes to stderr.
-// Exit status: 0 written, 1 the plan has errors, 2 bad usage, 70 internal error (including a
-// program that fails verification, P0804).
+// (output_file.h: a temporary file, then rename; never over the plan itself). --trace writes a
+// Chrome/Perfetto timeline of one simulated step with durations from the time model. A one-line
+// summary goes to stderr. Exit status: 0 written, 1 the plan has errors, 2 bad usage, 70 internal
+// error (including a program that fails verification, P0804).
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -29,7 +29,8 @@ namespace paraplan {
 namespace {
 
 constexpr const char* kCompileUsage =
-    "usage: planc compile FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR] -o PROGRAM [--trace OUT.json]\n"
+    "usage: planc compile FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR] -o PROGRAM [--trace "
+    "OUT.json]\n"
     "                     [--diagnostics=text|short|json|sarif] [--microbatch-group G]\n";
 
 int Usage(const std::string& error) {
@@ -119,7 +120,8 @@ int RunCompile(const std::vector<std::string>& args) {
   std::optional<Plan> plan = LoadPlan(opts, sm, sink);
   for (const std::string& out : {output, trace}) {
     if (std::string input = out.empty() ? "" : SourceFileAt(sm, out); !input.empty()) {
-      return Usage("'" + out + "' is the source file '" + input + "'; writing there would destroy it");
+      return Usage("'" + out + "' is the source file '" + input +
+                   "'; writing there would destroy it");
     }
   }
   if (plan) RunAnalysisChecks(*plan, sink);
@@ -131,7 +133,8 @@ int RunCompile(const std::vector<std::string>& args) {
   std::fwrite(rendered.data(), 1, rendered.size(), machine ? stdout : stderr);
   if (!program) {
     if (!sink.has_errors()) {
-      std::fprintf(stderr, "planc compile: internal error: no program and no diagnostic says why\n");
+      std::fprintf(stderr,
+                   "planc compile: internal error: no program and no diagnostic says why\n");
       return kExitInternal;
     }
     for (const Diagnostic& d : sink.diagnostics())
@@ -139,15 +142,20 @@ int RunCompile(const std::vector<std::string>& args) {
     return kExitInputError;
   }
   std::vector<uint8_t> bytes = lower::ToFlatBuffer(*program);
-  if (!WriteOutputFile(output, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), &error)) {
+  if (!WriteOutputFile(output,
+                       std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                       &error)) {
     std::fprintf(stderr, "planc compile: %s\n", error.c_str());
     return kExitInputError;
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t peak = 0;
   for (const lower::Role& r : program->roles) peak = std::max(peak, r.peak_bytes);
-  std::fprintf(stderr, "planc compile: wrote %s: %d ranks, %zu roles, %zu communicators, %zu bytes; largest arena %.2f GiB; verified in %.2f s total\n",
-               output.c_str(), program->world_size, program->roles.size(), program->communicators.size(), bytes.size(),
+  std::fprintf(stderr,
+               "planc compile: wrote %s: %d ranks, %zu roles, %zu communicators, %zu bytes; "
+               "largest arena %.2f GiB; verified in %.2f s total\n",
+               output.c_str(), program->world_size, program->roles.size(),
+               program->communicators.size(), bytes.size(),
                static_cast<double>(peak) / (1024.0 * 1024 * 1024), seconds);
   if (!trace.empty()) {
     TimeEstimate t = EstimateTime(*plan);
@@ -156,8 +164,9 @@ int RunCompile(const std::vector<std::string>& args) {
       std::fprintf(stderr, "planc compile: %s\n", error.c_str());
       return kExitInputError;
     }
-    std::fprintf(stderr, "planc compile: wrote trace %s: simulated step %.3f s (time model: %.3f s)\n", trace.c_str(),
-                 tr.step_s, t.step_s);
+    std::fprintf(stderr,
+                 "planc compile: wrote trace %s: simulated step %.3f s (time model: %.3f s)\n",
+                 trace.c_str(), tr.step_s, t.step_s);
   }
   return kExitOk;
 }

@@ -110,7 +110,8 @@ int RunDump(const std::vector<std::string>& args) {
       } else {
         format = a.substr(9);
       }
-      if (format != "text" && format != "json") return Usage("--format takes text or json, got '" + format + "'");
+      if (format != "text" && format != "json")
+        return Usage("--format takes text or json, got '" + format + "'");
     } else if (!a.empty() && a[0] == '-') {
       return Usage("unknown option '" + a + "'");
     } else if (file.empty()) {
@@ -128,7 +129,8 @@ int RunDump(const std::vector<std::string>& args) {
   }
   std::optional<lower::Program> p = lower::FromFlatBuffer(bytes.data(), bytes.size(), &error);
   if (!p) {
-    std::fprintf(stderr, "planc dump: '%s' is not a valid program: %s\n", file.c_str(), error.c_str());
+    std::fprintf(stderr, "planc dump: '%s' is not a valid program: %s\n", file.c_str(),
+                 error.c_str());
     return kExitInputError;
   }
   std::vector<std::string> problems = lower::VerifyWorld(*p);
@@ -143,7 +145,8 @@ int RunDump(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   if (format == "text") {
-    std::string out = rank >= 0 ? lower::PrintRank(*p, static_cast<int32_t>(rank)) : lower::PrintProgram(*p);
+    std::string out =
+        rank >= 0 ? lower::PrintRank(*p, static_cast<int32_t>(rank)) : lower::PrintProgram(*p);
     std::fwrite(out.data(), 1, out.size(), stdout);
     return kExitOk;
   }
@@ -164,9 +167,10 @@ int RunDump(const std::vector<std::string>& args) {
         j.attribute("dp", p->parallel.dp);
         j.attribute("sp", p->parallel.sp);
         j.attribute("zero", p->parallel.zero);
-        j.attribute("schedule", p->parallel.schedule == prog::ScheduleKind::Gpipe        ? "gpipe"
-                                 : p->parallel.schedule == prog::ScheduleKind::OneFOneB ? "1f1b"
-                                                                                        : "interleaved_1f1b");
+        j.attribute("schedule", p->parallel.schedule == prog::ScheduleKind::Gpipe ? "gpipe"
+                                : p->parallel.schedule == prog::ScheduleKind::OneFOneB
+                                    ? "1f1b"
+                                    : "interleaved_1f1b");
       });
       j.attribute("microbatches", p->train.microbatches);
       j.attributeArray("ranks", [&] {

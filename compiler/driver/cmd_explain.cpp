@@ -8,16 +8,17 @@
 // them and exits 1. Otherwise it prints warnings to stderr and the report to stdout. A plan
 // whose only errors are out-of-memory stages (P0701) is still explained (the report shows
 // every stage's memory), and the exit status is 1.
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <optional>
 #include <string>
-#include <unistd.h>
 
 #include "compiler/analyze/checks.h"
-#include "compiler/diagnostics/render.h"
 #include "compiler/analyze/cost_report.h"
+#include "compiler/diagnostics/render.h"
 #include "compiler/driver/commands.h"
 #include "compiler/driver/explain.h"
 #include "compiler/driver/frontend.h"
@@ -37,8 +38,8 @@ int Usage(const std::string& message) {
 }
 
 // "--name=value" or "--name value"; advances i past a separate value.
-std::optional<std::string> OptionValue(const std::vector<std::string>& rest, size_t& i, std::string_view name,
-                                       bool* missing) {
+std::optional<std::string> OptionValue(const std::vector<std::string>& rest, size_t& i,
+                                       std::string_view name, bool* missing) {
   const std::string& a = rest[i];
   std::string prefix = std::string(name) + "=";
   if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
@@ -73,9 +74,12 @@ int RunExplain(const std::vector<std::string>& args) {
   for (size_t i = 0; i < rest.size(); ++i) {
     bool missing = false;
     if (auto v = OptionValue(rest, i, "--format", &missing)) {
-      if (*v == "json") json = true;
-      else if (*v == "text") json = false;
-      else return Usage("--format takes text or json, not '" + *v + "'");
+      if (*v == "json")
+        json = true;
+      else if (*v == "text")
+        json = false;
+      else
+        return Usage("--format takes text or json, not '" + *v + "'");
     } else if (auto r = OptionValue(rest, i, "--rank", &missing)) {
       int64_t value = -1;
       auto [end, ec] = std::from_chars(r->data(), r->data() + r->size(), value);
@@ -105,7 +109,8 @@ int RunExplain(const std::vector<std::string>& args) {
   std::optional<Plan> plan = LoadPlan(opts, sm, sink);
   if (!svg_path.empty()) {
     if (std::string input = SourceFileAt(sm, svg_path); !input.empty()) {
-      return Usage("--svg '" + svg_path + "' is the source file '" + input + "'; writing there would destroy it");
+      return Usage("--svg '" + svg_path + "' is the source file '" + input +
+                   "'; writing there would destroy it");
     }
   }
   if (plan) RunAnalysisChecks(*plan, sink);
@@ -115,7 +120,8 @@ int RunExplain(const std::vector<std::string>& args) {
   // so the per-stage memory table and chart show where the memory goes, and exit 1.
   bool only_memory_errors = plan.has_value();
   for (const Diagnostic& d : sink.diagnostics())
-    if (d.level == DiagLevel::kError && d.kind != DiagKind::kStageOutOfMemory) only_memory_errors = false;
+    if (d.level == DiagLevel::kError && d.kind != DiagKind::kStageOutOfMemory)
+      only_memory_errors = false;
   const int status = sink.has_errors() ? kExitInputError : kExitOk;
   if (!plan || (sink.has_errors() && !only_memory_errors)) {
     std::fputs(RenderDiagnostics(sink.diagnostics(), sm, diag_format, render).c_str(), stderr);
@@ -126,17 +132,20 @@ int RunExplain(const std::vector<std::string>& args) {
   }
   auto layout = BuildLayout(*plan, &error);
   if (!layout) {
-    std::fprintf(stderr, "planc explain: internal error: the checked plan has no layout: %s\n", error.c_str());
+    std::fprintf(stderr, "planc explain: internal error: the checked plan has no layout: %s\n",
+                 error.c_str());
     return kExitInternal;
   }
   auto partition = BuildPartition(*plan, nullptr);
   if (!partition) {
-    std::fputs("planc explain: internal error: the checked plan has no pipeline partition\n", stderr);
+    std::fputs("planc explain: internal error: the checked plan has no pipeline partition\n",
+               stderr);
     return kExitInternal;
   }
   if (rank && *rank >= layout->world_size()) {
     return Usage("--rank " + std::to_string(*rank) + " is outside the plan's " +
-                 std::to_string(layout->world_size()) + " ranks (0-" + std::to_string(layout->world_size() - 1) + ")");
+                 std::to_string(layout->world_size()) + " ranks (0-" +
+                 std::to_string(layout->world_size() - 1) + ")");
   }
   Topology topology = AnalyzeTopology(*layout);
   ExplainInput in{*plan, *layout, topology, *partition};
@@ -148,10 +157,12 @@ int RunExplain(const std::vector<std::string>& args) {
   if (!svg_path.empty()) {
     // The per-stage memory chart beside it: OUT.svg -> OUT.memory.svg.
     std::string chart_path = svg_path;
-    if (chart_path.size() > 4 && chart_path.compare(chart_path.size() - 4, 4, ".svg") == 0) chart_path.resize(chart_path.size() - 4);
+    if (chart_path.size() > 4 && chart_path.compare(chart_path.size() - 4, 4, ".svg") == 0)
+      chart_path.resize(chart_path.size() - 4);
     chart_path += ".memory.svg";
     if (std::string input = SourceFileAt(sm, chart_path); !input.empty()) {
-      return Usage("the memory chart '" + chart_path + "' would overwrite the source file '" + input + "'");
+      return Usage("the memory chart '" + chart_path + "' would overwrite the source file '" +
+                   input + "'");
     }
     if (!WriteOutputFile(svg_path, ExplainSvg(in), &error) ||
         !WriteOutputFile(chart_path, MemoryChartSvg(memory), &error)) {

@@ -6,13 +6,13 @@
 // are re-checked through the full front end (`require` rules included). The table or JSON goes
 // to stdout, diagnostics to stderr. Exit status: 0 at least one candidate fits, 1 none does (or
 // the input has errors), 2 bad usage.
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "compiler/analyze/checks.h"
 #include "compiler/analyze/memory.h"
@@ -25,7 +25,8 @@ namespace paraplan {
 namespace {
 
 constexpr const char* kSearchUsage =
-    "usage: planc search FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR] [--top K] [--format=text|json]\n";
+    "usage: planc search FILE [--plan NAME] [--set PATH=VALUE]... [-I DIR] [--top K] "
+    "[--format=text|json]\n";
 
 // 7392000 -> "7,392,000"
 std::string Grouped(int64_t n) {
@@ -72,12 +73,15 @@ int RunSearch(const std::vector<std::string>& args) {
       }
       char* end = nullptr;
       const long long k = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || k < 1 || k > 100000) return Usage("--top takes a number from 1 to 100000, got '" + value + "'");
+      if (value.empty() || *end != '\0' || k < 1 || k > 100000)
+        return Usage("--top takes a number from 1 to 100000, got '" + value + "'");
       top = k;
-    } else if (a == "--format=json" || (a == "--format" && i + 1 < rest.size() && rest[i + 1] == "json")) {
+    } else if (a == "--format=json" ||
+               (a == "--format" && i + 1 < rest.size() && rest[i + 1] == "json")) {
       json = true;
       if (a == "--format") ++i;
-    } else if (a == "--format=text" || (a == "--format" && i + 1 < rest.size() && rest[i + 1] == "text")) {
+    } else if (a == "--format=text" ||
+               (a == "--format" && i + 1 < rest.size() && rest[i + 1] == "text")) {
       json = false;
       if (a == "--format") ++i;
     } else {
@@ -121,48 +125,63 @@ int RunSearch(const std::vector<std::string>& args) {
     return !quiet.has_errors();
   };
   const SearchResult result = RunSearch(*base, axes, options);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (result.too_large) {
     std::string sizes;
     for (const SearchAxis& a : axes) {
       const size_t dot = a.path.rfind('.');
-      sizes += fmt::format("{}{} {}", sizes.empty() ? "" : " · ",
-                           dot == std::string::npos ? a.path : a.path.substr(dot + 1), a.values.size());
+      sizes +=
+          fmt::format("{}{} {}", sizes.empty() ? "" : " · ",
+                      dot == std::string::npos ? a.path : a.path.substr(dot + 1), a.values.size());
     }
     Diag d(DiagKind::kSearchSpaceTooLarge,
-           fmt::format("the search space has {} candidates, more than the {} that planc search enumerates",
-                       result.space == INT64_MAX ? std::string("more than 9,223,372,036,854,775,807")
-                                                 : Grouped(result.space),
-                       Grouped(options.max_candidates)));
+           fmt::format(
+               "the search space has {} candidates, more than the {} that planc search enumerates",
+               result.space == INT64_MAX ? std::string("more than 9,223,372,036,854,775,807")
+                                         : Grouped(result.space),
+               Grouped(options.max_candidates)));
     d.At(base->declaration);
-    for (const Sweep& s : base->sweeps) d.Label(s.range, fmt::format("`{}` ranges over {} values", s.path, s.values.size()));
+    for (const Sweep& s : base->sweeps)
+      d.Label(s.range, fmt::format("`{}` ranges over {} values", s.path, s.values.size()));
     d.Value("candidates", fmt::format("{} = {}", sizes,
-                                      result.space == INT64_MAX ? std::string("overflow") : Grouped(result.space)));
+                                      result.space == INT64_MAX ? std::string("overflow")
+                                                                : Grouped(result.space)));
     d.Note("the search is exhaustive: every combination of the ranged fields is checked");
     d.Help("fix some fields to one value, or give shorter lists instead of `auto`");
     sink.Report(std::move(d));
     return finish(kExitInputError);
   }
   if (result.best.empty()) {
-    Diag d(DiagKind::kSearchNoCandidateFits,
-           fmt::format("none of the {} candidates fits: {} rejected by the rules, {} by the pipeline split, "
-                       "{} over {} of memory{}",
-                       result.enumerated, result.rejected_rules, result.rejected_partition, result.rejected_memory,
-                       FormatGiB(base->cluster.gpu.memory),
-                       result.rejected_verify > 0
-                           ? fmt::format(", {} by the checks of the whole plan", result.rejected_verify)
-                           : std::string()));
+    Diag d(
+        DiagKind::kSearchNoCandidateFits,
+        fmt::format(
+            "none of the {} candidates fits: {} rejected by the rules, {} by the pipeline split, "
+            "{} over {} of memory{}",
+            result.enumerated, result.rejected_rules, result.rejected_partition,
+            result.rejected_memory, FormatGiB(base->cluster.gpu.memory),
+            result.rejected_verify > 0
+                ? fmt::format(", {} by the checks of the whole plan", result.rejected_verify)
+                : std::string()));
     d.At(base->declaration);
-    for (const Sweep& s : base->sweeps) d.Label(s.range, fmt::format("`{}` ranges over {} values", s.path, s.values.size()));
+    for (const Sweep& s : base->sweeps)
+      d.Label(s.range, fmt::format("`{}` ranges over {} values", s.path, s.values.size()));
     if (result.smallest_rejected_peak > 0)
-      d.Note(fmt::format("the valid candidates need at least {} per GPU", FormatGiB(result.smallest_rejected_peak)));
-    if (!first_refusal.empty()) d.Note(fmt::format("the checks of the whole plan refused the first candidate: {}", first_refusal));
-    if (result.rejected_verify == 0 || result.rejected_rules + result.rejected_partition + result.rejected_memory > 0)
-      d.Help("widen the search: let `parallel.pp`, `recompute` or `optimizer.zero` range too, or add nodes");
+      d.Note(fmt::format("the valid candidates need at least {} per GPU",
+                         FormatGiB(result.smallest_rejected_peak)));
+    if (!first_refusal.empty())
+      d.Note(fmt::format("the checks of the whole plan refused the first candidate: {}",
+                         first_refusal));
+    if (result.rejected_verify == 0 ||
+        result.rejected_rules + result.rejected_partition + result.rejected_memory > 0)
+      d.Help(
+          "widen the search: let `parallel.pp`, `recompute` or `optimizer.zero` range too, or add "
+          "nodes");
     sink.Report(std::move(d));
     if (!json) return finish(kExitInputError);
   }
-  const std::string out = json ? PrintSearchJson(*base, axes, result, seconds) : PrintSearchText(*base, axes, result);
+  const std::string out =
+      json ? PrintSearchJson(*base, axes, result, seconds) : PrintSearchText(*base, axes, result);
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
   return finish(result.best.empty() ? kExitInputError : kExitOk);

@@ -44,15 +44,17 @@ void AppendList(std::string& out, std::span<const int64_t> values) {
 const char* Bool(bool b) { return b ? "true" : "false"; }
 
 void AppendChunk(std::string& out, const PipelineChunk& c) {
-  fmt::format_to(std::back_inserter(out),
-                 "{{\"chunk\":{},\"virtual_stage\":{},\"first_layer\":{},\"end_layer\":{},\"num_layers\":{},"
-                 "\"embedding\":{},\"loss\":{},\"cost_flops_per_token\":{}}}",
-                 c.chunk, c.virtual_stage, c.first_layer, c.end_layer, c.layer_count(), Bool(c.embedding),
-                 Bool(c.loss), c.cost);
+  fmt::format_to(
+      std::back_inserter(out),
+      "{{\"chunk\":{},\"virtual_stage\":{},\"first_layer\":{},\"end_layer\":{},\"num_layers\":{},"
+      "\"embedding\":{},\"loss\":{},\"cost_flops_per_token\":{}}}",
+      c.chunk, c.virtual_stage, c.first_layer, c.end_layer, c.layer_count(), Bool(c.embedding),
+      Bool(c.loss), c.cost);
 }
 
 void AppendStage(std::string& out, const PipelineStage& s) {
-  fmt::format_to(std::back_inserter(out), "{{\"pp_rank\":{},\"num_layers\":{},\"embedding\":{},\"loss\":{},\"chunks\":[",
+  fmt::format_to(std::back_inserter(out),
+                 "{{\"pp_rank\":{},\"num_layers\":{},\"embedding\":{},\"loss\":{},\"chunks\":[",
                  s.pp_rank, s.layer_count(), Bool(s.embedding), Bool(s.loss));
   for (size_t i = 0; i < s.chunks.size(); ++i) {
     if (i) out += ',';
@@ -65,7 +67,8 @@ void AppendRank(std::string& out, const ExplainInput& in, int64_t rank) {
   const Layout& layout = in.layout;
   RankCoordinates c = layout.Coordinates(rank);
   fmt::format_to(std::back_inserter(out),
-                 "{{\"rank\":{},\"node\":{},\"local\":{},\"coordinates\":{{\"tp\":{},\"cp\":{},\"dp\":{},\"pp\":{},"
+                 "{{\"rank\":{},\"node\":{},\"local\":{},\"coordinates\":{{\"tp\":{},\"cp\":{},"
+                 "\"dp\":{},\"pp\":{},"
                  "\"etp\":{},\"ep\":{},\"edp\":{}}},\"groups\":{{",
                  rank, c.node, c.local, c.tp, c.cp, c.dp, c.pp, c.etp, c.ep, c.edp);
   bool first = true;
@@ -96,7 +99,8 @@ std::string ExplainJson(const ExplainInput& in, std::optional<int64_t> rank) {
   AppendString(out, plan.name);
   out += ",\n\"model\":";
   AppendString(out, plan.model.name);
-  fmt::format_to(std::back_inserter(out), ",\n\"world_size\":{},\n\"nodes\":{},\n\"gpus_per_node\":{},\n\"order\":",
+  fmt::format_to(std::back_inserter(out),
+                 ",\n\"world_size\":{},\n\"nodes\":{},\n\"gpus_per_node\":{},\n\"order\":",
                  layout.world_size(), plan.cluster.nodes, s.gpus_per_node);
   AppendString(out, s.order);
   fmt::format_to(std::back_inserter(out),
@@ -127,13 +131,15 @@ std::string ExplainJson(const ExplainInput& in, std::optional<int64_t> rank) {
     if (!first) out += ',';
     first = false;
     AppendString(out, GroupKindName(kind));
-    fmt::format_to(std::back_inserter(out), ":{{\"groups\":{},\"size\":{},\"crossing_groups\":{},\"max_nodes\":{}}}",
+    fmt::format_to(std::back_inserter(out),
+                   ":{{\"groups\":{},\"size\":{},\"crossing_groups\":{},\"max_nodes\":{}}}",
                    p.group_count, p.group_size, p.crossing_groups, p.max_nodes);
   }
   const Partition& part = in.partition;
   out += "},\n\"partition\":{\"method\":";
   AppendString(out, ToString(part.method));
-  fmt::format_to(std::back_inserter(out), ",\"layers\":{},\"block_costs_flops_per_token\":{{\"embedding\":{},\"layers\":",
+  fmt::format_to(std::back_inserter(out),
+                 ",\"layers\":{},\"block_costs_flops_per_token\":{{\"embedding\":{},\"layers\":",
                  part.layers, part.costs.embedding);
   AppendList(out, part.costs.layers);
   fmt::format_to(std::back_inserter(out), ",\"head\":{}}}}},\n\"stages\":[", part.costs.head);

@@ -3,9 +3,10 @@
 // black, EP groups (when ep > 1) in dashed purple; a legend gives each stage's layers. Cell
 // size shrinks with the world so that 8 to 512 GPUs stay legible; beyond kSvgMaxGpus only the
 // first nodes are drawn.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 #include <iterator>
 
 #include "compiler/analyze/format_util.h"
@@ -15,13 +16,16 @@ namespace paraplan {
 namespace {
 
 constexpr std::array<std::string_view, 20> kStageColors = {
-    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
-    "#a0cbe8", "#ffbe7d", "#8cd17d", "#ff9d9a", "#86bcb6", "#f1ce63", "#d4a6c8", "#fabfd2", "#d7b5a6", "#79706e"};
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+    "#ff9da7", "#9c755f", "#bab0ac", "#a0cbe8", "#ffbe7d", "#8cd17d", "#ff9d9a",
+    "#86bcb6", "#f1ce63", "#d4a6c8", "#fabfd2", "#d7b5a6", "#79706e"};
 
 std::string StageColor(int64_t stage, int64_t stages) {
-  if (stages <= static_cast<int64_t>(kStageColors.size())) return std::string(kStageColors[static_cast<size_t>(stage)]);
+  if (stages <= static_cast<int64_t>(kStageColors.size()))
+    return std::string(kStageColors[static_cast<size_t>(stage)]);
   // Many stages: walk the hue circle.
-  return fmt::format("hsl({:.0f},62%,{}%)", 360.0 * static_cast<double>(stage) / static_cast<double>(stages),
+  return fmt::format("hsl({:.0f},62%,{}%)",
+                     360.0 * static_cast<double>(stage) / static_cast<double>(stages),
                      stage % 2 ? 62 : 50);
 }
 
@@ -37,11 +41,20 @@ std::string Escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -49,14 +62,14 @@ std::string Escape(std::string_view s) {
 
 struct Geometry {
   int64_t gpn = 8;
-  int64_t per_row = 8;     // GPU cells per row inside a node
-  int64_t rows = 1;        // GPU rows inside a node
-  double cell = 36;        // cell size
-  double gap = 4;          // between cells
-  double pad = 10;         // node padding
-  double label = 16;       // node label height
+  int64_t per_row = 8;  // GPU cells per row inside a node
+  int64_t rows = 1;     // GPU rows inside a node
+  double cell = 36;     // cell size
+  double gap = 4;       // between cells
+  double pad = 10;      // node padding
+  double label = 16;    // node label height
   double node_w = 0, node_h = 0;
-  int64_t cols = 4;        // nodes per row
+  int64_t cols = 4;  // nodes per row
   double node_gap = 14;
   double left = 20, top = 0;
 
@@ -87,17 +100,18 @@ void Outline(std::string& out, const Geometry& g, std::span<const int64_t> membe
     size_t j = i;
     auto node = [&](size_t k) { return members[k] / g.gpn; };
     auto local = [&](size_t k) { return members[k] % g.gpn; };
-    while (j + 1 < members.size() && node(j + 1) == node(i) &&
-           local(j + 1) == local(j) + 1 && local(j + 1) / g.per_row == local(i) / g.per_row) {
+    while (j + 1 < members.size() && node(j + 1) == node(i) && local(j + 1) == local(j) + 1 &&
+           local(j + 1) / g.per_row == local(i) / g.per_row) {
       ++j;
     }
     double x = g.CellX(node(i), local(i)) - inset_x;
     double y = g.CellY(node(i), local(i)) - inset_y;
     double w = static_cast<double>(j - i + 1) * (g.cell + g.gap) - g.gap + 2 * inset_x;
     double h = g.cell + 2 * inset_y;
-    fmt::format_to(std::back_inserter(out),
-                   "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"{:.1f}\" {}/>\n", x, y, w,
-                   h, std::max(2.0, g.cell / 6), style);
+    fmt::format_to(
+        std::back_inserter(out),
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"{:.1f}\" {}/>\n",
+        x, y, w, h, std::max(2.0, g.cell / 6), style);
     i = j + 1;
   }
 }
@@ -137,7 +151,8 @@ std::string ExplainSvg(const ExplainInput& in) {
   Geometry g;
   g.gpn = s.gpus_per_node;
   g.slot.assign(static_cast<size_t>(nodes), -1);
-  for (size_t k = 0; k < shown.size(); ++k) g.slot[static_cast<size_t>(shown[k])] = static_cast<int32_t>(k);
+  for (size_t k = 0; k < shown.size(); ++k)
+    g.slot[static_cast<size_t>(shown[k])] = static_cast<int32_t>(k);
   const int64_t drawn = drawn_nodes * s.gpus_per_node;
   g.per_row = std::min<int64_t>(g.gpn, 8);
   g.rows = (g.gpn + g.per_row - 1) / g.per_row;
@@ -153,7 +168,8 @@ std::string ExplainSvg(const ExplainInput& in) {
   const int64_t balanced = static_cast<int64_t>(
       std::ceil(std::sqrt(static_cast<double>(drawn_nodes) * 2.5 * g.node_h / g.node_w)));
   g.cols = std::clamp<int64_t>(std::min(fit, balanced), 1, drawn_nodes);
-  const double width = std::max(g.left * 2 + static_cast<double>(g.cols) * (g.node_w + g.node_gap) - g.node_gap, 760.0);
+  const double width = std::max(
+      g.left * 2 + static_cast<double>(g.cols) * (g.node_w + g.node_gap) - g.node_gap, 760.0);
 
   // Legend: one entry per stage (a swatch and its layers), then the outline styles.
   const bool show_ep = s.ep > 1;
@@ -170,19 +186,24 @@ std::string ExplainSvg(const ExplainInput& in) {
   std::string out;
   out.reserve(static_cast<size_t>(drawn) * 400 + 4096);
   fmt::format_to(std::back_inserter(out),
-                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} "
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
+                 "viewBox=\"0 0 {:.0f} "
                  "{:.0f}\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
                  width, height, width, height);
-  fmt::format_to(std::back_inserter(out), "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n");
   fmt::format_to(std::back_inserter(out),
-                 "<text x=\"20\" y=\"26\" font-size=\"18\" font-weight=\"bold\" fill=\"#222\">{}: {} GPUs on {} "
+                 "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n");
+  fmt::format_to(std::back_inserter(out),
+                 "<text x=\"20\" y=\"26\" font-size=\"18\" font-weight=\"bold\" fill=\"#222\">{}: "
+                 "{} GPUs on {} "
                  "node{}</text>\n",
                  Escape(in.plan.name.empty() ? "plan" : in.plan.name), GroupDigits(world),
                  GroupDigits(layout.nodes()), layout.nodes() == 1 ? "" : "s");
   fmt::format_to(std::back_inserter(out),
-                 "<text x=\"20\" y=\"47\" font-size=\"13\" fill=\"#444\" xml:space=\"preserve\">tp {} · cp {} · dp {} · pp {}{} · ep {} · etp "
+                 "<text x=\"20\" y=\"47\" font-size=\"13\" fill=\"#444\" xml:space=\"preserve\">tp "
+                 "{} · cp {} · dp {} · pp {}{} · ep {} · etp "
                  "{} · edp {}  |  order {}  |  {} layers{}</text>\n",
-                 s.tp, s.cp, s.dp, s.pp, in.plan.parallel.vpp > 1 ? fmt::format(" (vpp {})", in.plan.parallel.vpp) : "",
+                 s.tp, s.cp, s.dp, s.pp,
+                 in.plan.parallel.vpp > 1 ? fmt::format(" (vpp {})", in.plan.parallel.vpp) : "",
                  s.ep, s.etp, layout.edp(), Escape(s.order), part.layers,
                  in.plan.model.name.empty() ? "" : " of " + Escape(in.plan.model.name));
 
@@ -195,24 +216,34 @@ std::string ExplainSvg(const ExplainInput& in) {
       std::string layers;
       for (const PipelineChunk& c : st.chunks) {
         if (!layers.empty()) layers += ", ";
-        layers += c.layer_count() == 0 ? "-" : c.layer_count() == 1 ? std::to_string(c.first_layer)
-                                                                   : fmt::format("{}-{}", c.first_layer, c.end_layer - 1);
+        layers += c.layer_count() == 0   ? "-"
+                  : c.layer_count() == 1 ? std::to_string(c.first_layer)
+                                         : fmt::format("{}-{}", c.first_layer, c.end_layer - 1);
       }
-      std::string extra = st.embedding && st.loss ? " + emb, loss" : st.embedding ? " + embedding" : st.loss ? " + loss" : "";
-      fmt::format_to(std::back_inserter(out),
-                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"16\" height=\"16\" rx=\"3\" fill=\"{}\"/>"
-                     "<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" fill=\"#222\">stage {}: layers {}{}</text>\n",
-                     x, y, StageColor(i, part.pp), x + 22, y + 12.5, i, layers, extra);
+      std::string extra = st.embedding && st.loss ? " + emb, loss"
+                          : st.embedding          ? " + embedding"
+                          : st.loss               ? " + loss"
+                                                  : "";
+      fmt::format_to(
+          std::back_inserter(out),
+          "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"16\" height=\"16\" rx=\"3\" fill=\"{}\"/>"
+          "<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" fill=\"#222\">stage {}: layers "
+          "{}{}</text>\n",
+          x, y, StageColor(i, part.pp), x + 22, y + 12.5, i, layers, extra);
     } else if (i == part.pp) {
       fmt::format_to(std::back_inserter(out),
-                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"28\" height=\"16\" rx=\"3\" fill=\"none\" stroke=\"#111\" "
-                     "stroke-width=\"2\"/><text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" fill=\"#222\">TP group ({} "
+                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"28\" height=\"16\" rx=\"3\" "
+                     "fill=\"none\" stroke=\"#111\" "
+                     "stroke-width=\"2\"/><text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" "
+                     "fill=\"#222\">TP group ({} "
                      "GPUs)</text>\n",
                      x, y, x + 34, y + 12.5, s.tp);
     } else {
       fmt::format_to(std::back_inserter(out),
-                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"28\" height=\"16\" rx=\"3\" fill=\"none\" stroke=\"#7b2d8e\" "
-                     "stroke-width=\"2\" stroke-dasharray=\"5 3\"/><text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" "
+                     "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"28\" height=\"16\" rx=\"3\" "
+                     "fill=\"none\" stroke=\"#7b2d8e\" "
+                     "stroke-width=\"2\" stroke-dasharray=\"5 3\"/><text x=\"{:.0f}\" y=\"{:.0f}\" "
+                     "font-size=\"12.5\" "
                      "fill=\"#222\">EP group ({} GPUs)</text>\n",
                      x, y, x + 34, y + 12.5, s.ep);
     }
@@ -224,27 +255,33 @@ std::string ExplainSvg(const ExplainInput& in) {
     double x = g.left + static_cast<double>(k % g.cols) * (g.node_w + g.node_gap);
     double y = g.top + static_cast<double>(k / g.cols) * (g.node_h + g.node_gap);
     fmt::format_to(std::back_inserter(out),
-                   "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"8\" fill=\"#f4f5f7\" "
-                   "stroke=\"#8a8f98\" stroke-width=\"1.2\"/>\n<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" "
+                   "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"8\" "
+                   "fill=\"#f4f5f7\" "
+                   "stroke=\"#8a8f98\" stroke-width=\"1.2\"/>\n<text x=\"{:.1f}\" y=\"{:.1f}\" "
+                   "font-size=\"{:.0f}\" "
                    "fill=\"#555\">node {}</text>\n",
-                   x, y, g.node_w, g.node_h, x + g.pad, y + g.pad + (g.cell >= 22 ? 12.0 : 9.0), g.cell >= 22 ? 12.0 : 10.0, n);
+                   x, y, g.node_w, g.node_h, x + g.pad, y + g.pad + (g.cell >= 22 ? 12.0 : 9.0),
+                   g.cell >= 22 ? 12.0 : 10.0, n);
   }
   const double font = g.cell >= 40 ? 13 : g.cell >= 30 ? 11 : g.cell >= 22 ? 9 : 0;
   for (int64_t n : shown) {
-   for (int64_t r = n * s.gpus_per_node; r < std::min(world, (n + 1) * s.gpus_per_node); ++r) {
-    RankCoordinates c = layout.Coordinates(r);
-    std::string color = StageColor(c.pp, part.pp);
-    double x = g.CellX(c.node, c.local), y = g.CellY(c.node, c.local);
-    fmt::format_to(std::back_inserter(out),
-                   "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"3\" fill=\"{}\"><title>rank "
-                   "{}: tp {} cp {} dp {} pp {} ep {}</title></rect>\n",
-                   x, y, g.cell, g.cell, color, r, c.tp, c.cp, c.dp, c.pp, c.ep);
-    if (font > 0) {
+    for (int64_t r = n * s.gpus_per_node; r < std::min(world, (n + 1) * s.gpus_per_node); ++r) {
+      RankCoordinates c = layout.Coordinates(r);
+      std::string color = StageColor(c.pp, part.pp);
+      double x = g.CellX(c.node, c.local), y = g.CellY(c.node, c.local);
       fmt::format_to(std::back_inserter(out),
-                     "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" text-anchor=\"middle\" fill=\"{}\">{}</text>\n",
-                     x + g.cell / 2, y + g.cell / 2 + font * 0.36, font, IsLight(color) ? "#222" : "#fff", r);
+                     "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"3\" "
+                     "fill=\"{}\"><title>rank "
+                     "{}: tp {} cp {} dp {} pp {} ep {}</title></rect>\n",
+                     x, y, g.cell, g.cell, color, r, c.tp, c.cp, c.dp, c.pp, c.ep);
+      if (font > 0) {
+        fmt::format_to(std::back_inserter(out),
+                       "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:.0f}\" "
+                       "text-anchor=\"middle\" fill=\"{}\">{}</text>\n",
+                       x + g.cell / 2, y + g.cell / 2 + font * 0.36, font,
+                       IsLight(color) ? "#222" : "#fff", r);
+      }
     }
-   }
   }
   // Group outlines: EP outside (dashed), TP inside (solid).
   // EP outlines sit outside the TP ones: a little wider than the cells, clearly taller.
@@ -259,13 +296,15 @@ std::string ExplainSvg(const ExplainInput& in) {
   if (s.tp > 1) {
     const GroupList& tp = layout.Groups(GroupKind::kTp);
     for (int64_t k = 0; k < tp.group_count(); ++k) {
-      Outline(out, g, tp.Group(k), std::max(1.0, g.gap * 0.25), std::max(1.0, g.gap * 0.25),
-              fmt::format("fill=\"none\" stroke=\"#111\" stroke-width=\"{}\"", g.cell >= 22 ? 2 : 1.2));
+      Outline(
+          out, g, tp.Group(k), std::max(1.0, g.gap * 0.25), std::max(1.0, g.gap * 0.25),
+          fmt::format("fill=\"none\" stroke=\"#111\" stroke-width=\"{}\"", g.cell >= 22 ? 2 : 1.2));
     }
   }
   if (partial) {
     fmt::format_to(std::back_inserter(out),
-                   "<text x=\"20\" y=\"{:.0f}\" font-size=\"13\" fill=\"#444\">showing {} of {} nodes: the first "
+                   "<text x=\"20\" y=\"{:.0f}\" font-size=\"13\" fill=\"#444\">showing {} of {} "
+                   "nodes: the first "
                    "nodes of every pipeline stage (planc explain --rank R shows any rank)</text>\n",
                    height - 14, GroupDigits(drawn_nodes), GroupDigits(nodes));
   }

@@ -2,17 +2,17 @@
 // fields (parsed back), rank-set compression, and the SVG's structure.
 #include "compiler/driver/explain.h"
 
+#include <doctest/doctest.h>
+#include <llvm/Support/JSON.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
 #include "compiler/analyze/checks.h"
 #include "compiler/check/rules.h"
 #include "compiler/driver/commands.h"
 #include "compiler/driver/frontend.h"
-
-#include <doctest/doctest.h>
-#include <llvm/Support/JSON.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <unistd.h>
 
 namespace paraplan {
 namespace {
@@ -47,7 +47,9 @@ Plan DemoPlan() {
   return p;
 }
 
-int64_t Int(const llvm::json::Object* o, llvm::StringRef key) { return o->getInteger(key).getValueOr(-999); }
+int64_t Int(const llvm::json::Object* o, llvm::StringRef key) {
+  return o->getInteger(key).getValueOr(-999);
+}
 int Bool(const llvm::json::Object* o, llvm::StringRef key) {
   auto b = o->getBoolean(key);
   return b ? (*b ? 1 : 0) : -1;
@@ -109,7 +111,8 @@ TEST_CASE("text report: big worlds get one role row per stage") {
   Analysed a = Analyse(p);
   std::string text = ExplainText(a.Input());
   CHECK(text.find("roles  256 ranks, one row per pipeline stage") != std::string::npos);
-  CHECK(text.find("  0      0-63                           0-7                   0-1 (2) + embedding") !=
+  CHECK(text.find(
+            "  0      0-63                           0-7                   0-1 (2) + embedding") !=
         std::string::npos);
   CHECK(text.find("\nranks\n") == std::string::npos);
 
@@ -125,7 +128,8 @@ TEST_CASE("one rank: coordinates, groups, stage") {
   CHECK(text.find("dense   tp 1  cp 0  dp 0  pp 3") != std::string::npos);
   CHECK(text.find("  tp        #6      12-13 ") != std::string::npos);
   CHECK(text.find("  pp        #1      1, 5, 9, 13 ") != std::string::npos);
-  CHECK(text.find("pos_embd  (not a member: only the first pipeline stage holds it)") != std::string::npos);
+  CHECK(text.find("pos_embd  (not a member: only the first pipeline stage holds it)") !=
+        std::string::npos);
   CHECK(text.find("pipeline stage 3 of 4 (receives from 9, sends to none)") != std::string::npos);
   CHECK(text.find("chunk 0  layers 6-7 (2) + loss") != std::string::npos);
 }
@@ -145,8 +149,14 @@ TEST_CASE("JSON: DESIGN.md's fields, complete groups in Megatron's order, stages
   CHECK(Int(root, "world_size") == 16);
   const llvm::json::Object* par = root->getObject("parallel");
   REQUIRE(par != nullptr);
-  for (auto [key, want] : std::vector<std::pair<const char*, int64_t>>{
-           {"tp", 2}, {"pp", 4}, {"vpp", 2}, {"cp", 1}, {"ep", 1}, {"etp", 2}, {"dp", 2}, {"edp", 2}}) {
+  for (auto [key, want] : std::vector<std::pair<const char*, int64_t>>{{"tp", 2},
+                                                                       {"pp", 4},
+                                                                       {"vpp", 2},
+                                                                       {"cp", 1},
+                                                                       {"ep", 1},
+                                                                       {"etp", 2},
+                                                                       {"dp", 2},
+                                                                       {"edp", 2}}) {
     CHECK_MESSAGE(Int(par, key) == want, key);
   }
   const llvm::json::Object* groups = root->getObject("groups");
@@ -161,7 +171,8 @@ TEST_CASE("JSON: DESIGN.md's fields, complete groups in Megatron's order, stages
       REQUIRE(members != nullptr);
       auto span = want.Group(g);
       REQUIRE(members->size() == span.size());
-      for (size_t i = 0; i < span.size(); ++i) CHECK((*members)[i].getAsInteger().getValueOr(-1) == span[i]);
+      for (size_t i = 0; i < span.size(); ++i)
+        CHECK((*members)[i].getAsInteger().getValueOr(-1) == span[i]);
     }
   }
   const llvm::json::Array* pp = groups->getArray("pp");
@@ -207,7 +218,8 @@ TEST_CASE("the rules leave a cost-balanced split to the partition: 30 layers on 
   DiagnosticSink even;
   CheckPlanRules(p, even);
   bool reported = false;
-  for (const Diagnostic& d : even.diagnostics()) reported |= d.kind == DiagKind::kLayersNotDivisibleByPp;
+  for (const Diagnostic& d : even.diagnostics())
+    reported |= d.kind == DiagKind::kLayersNotDivisibleByPp;
   CHECK(reported);
 }
 
@@ -245,7 +257,9 @@ TEST_CASE("examples/nanotron_small_llama.plan") {
     CHECK(d->kind == DiagKind::kNanotronBalanceEmptyStage);
     CHECK(d->message.find("pipeline stage 1") != std::string::npos);
     CHECK(sm.Slice(d->primary) == "nanotron");
-    CHECK(d->helps[0] == "use `balance = cost`: paraplan's cost split keeps a transformer layer on every stage: [7, 1]");
+    CHECK(d->helps[0] ==
+          "use `balance = cost`: paraplan's cost split keeps a transformer layer on every stage: "
+          "[7, 1]");
   }
   opts.sets = {"pipeline.balance=cost"};
   SourceManager sm;
@@ -264,15 +278,17 @@ TEST_CASE("examples/nanotron_small_llama.plan") {
   CHECK(Int((*stages)[1].getAsObject(), "num_layers") == 1);
 }
 
-TEST_CASE("planc explain on the example: exit 1 with the error, 0 with the fix, an SVG file, rank bounds") {
+TEST_CASE(
+    "planc explain on the example: exit 1 with the error, 0 with the fix, an SVG file, rank "
+    "bounds") {
   const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
   REQUIRE(root != nullptr);
   const std::string example = std::string(root) + "/examples/nanotron_small_llama.plan";
   CHECK(RunExplain({example, "--diagnostics=short"}) == kExitInputError);
   const std::string svg = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
                           "/paraplan_explain_test_" + std::to_string(::getpid()) + ".svg";
-  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--format=json", "--rank", "5", "--svg", svg}) ==
-        kExitOk);
+  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--format=json", "--rank", "5",
+                    "--svg", svg}) == kExitOk);
   FILE* f = std::fopen(svg.c_str(), "r");
   REQUIRE(f != nullptr);
   char head[5] = {};
@@ -281,8 +297,10 @@ TEST_CASE("planc explain on the example: exit 1 with the error, 0 with the fix, 
   CHECK(std::string(head) == "<svg");
   std::remove(svg.c_str());
   std::remove((svg + ".memory.svg").c_str());
-  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--rank", "8"}) == kExitUsage);  // 8 ranks: 0-7
-  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--svg", "/nonexistent-dir/x.svg"}) == kExitInputError);
+  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--rank", "8"}) ==
+        kExitUsage);  // 8 ranks: 0-7
+  CHECK(RunExplain({example, "--set", "pipeline.balance=cost", "--svg",
+                    "/nonexistent-dir/x.svg"}) == kExitInputError);
 }
 
 TEST_CASE("rank sets compress into runs") {
@@ -313,7 +331,7 @@ TEST_CASE("SVG: one cell per GPU coloured by stage, TP and EP outlines, legend")
   CHECK(count("fill=\"#4e79a7\"><title>") == 8);  // stage 0: 8 GPUs
   CHECK(count(">node ") == 4);
   CHECK(count("stroke=\"#111\" stroke-width=\"2\"/>") == 16 + 1);  // 16 TP groups + legend
-  CHECK(count("stroke-dasharray") == 8 + 1);                      // 8 EP groups + legend
+  CHECK(count("stroke-dasharray") == 8 + 1);                       // 8 EP groups + legend
   CHECK(svg.find("stage 3: layers 6-7 + loss") != std::string::npos);
 
   Plan big = DemoPlan();
@@ -325,7 +343,8 @@ TEST_CASE("SVG: one cell per GPU coloured by stage, TP and EP outlines, legend")
   Analysed b = Analyse(big);
   std::string huge = ExplainSvg(b.Input());
   CHECK(huge.find("showing 128 of 512 nodes") != std::string::npos);
-  CHECK(huge.find("<title>rank 3584:") != std::string::npos);  // the last stage (from rank 3584) is drawn too
+  CHECK(huge.find("<title>rank 3584:") !=
+        std::string::npos);  // the last stage (from rank 3584) is drawn too
   CHECK(huge.find("<title>rank 4095:") == std::string::npos);
 }
 

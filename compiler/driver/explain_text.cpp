@@ -1,6 +1,7 @@
 // planc explain, the text report and the one-rank view.
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "compiler/analyze/format_util.h"
 #include "compiler/driver/explain.h"
@@ -36,7 +37,8 @@ std::string PlacementText(const GroupPlacement& p) {
   if (p.group_size <= 1) return "each rank alone";
   if (p.IntraNode()) return "inside a node";
   if (p.crossing_groups == p.group_count) return fmt::format("across {} nodes", p.max_nodes);
-  return fmt::format("{} of {} cross nodes", GroupDigits(p.crossing_groups), GroupDigits(p.group_count));
+  return fmt::format("{} of {} cross nodes", GroupDigits(p.crossing_groups),
+                     GroupDigits(p.group_count));
 }
 
 std::string GroupText(std::span<const int64_t> g) {
@@ -51,7 +53,8 @@ std::vector<int64_t> StageRanks(const Layout& layout, int64_t stage) {
   std::vector<int64_t> ranks;
   const GroupList& pp = layout.Groups(GroupKind::kPp);
   ranks.reserve(static_cast<size_t>(pp.group_count()));
-  for (int64_t g = 0; g < pp.group_count(); ++g) ranks.push_back(pp.Group(g)[static_cast<size_t>(stage)]);
+  for (int64_t g = 0; g < pp.group_count(); ++g)
+    ranks.push_back(pp.Group(g)[static_cast<size_t>(stage)]);
   std::sort(ranks.begin(), ranks.end());
   return ranks;
 }
@@ -91,7 +94,8 @@ std::string RankSetText(std::span<const int64_t> ranks, size_t max_runs) {
     out += runs[i].first == runs[i].second ? std::to_string(runs[i].first)
                                            : fmt::format("{}-{}", runs[i].first, runs[i].second);
   }
-  if (runs.size() > max_runs) out += fmt::format(", … ({} runs)", GroupDigits(static_cast<int64_t>(runs.size())));
+  if (runs.size() > max_runs)
+    out += fmt::format(", … ({} runs)", GroupDigits(static_cast<int64_t>(runs.size())));
   return out;
 }
 
@@ -101,17 +105,18 @@ std::string ExplainText(const ExplainInput& in) {
   const MeshSizes& s = layout.sizes();
   const Partition& part = in.partition;
   std::string out;
-  out += fmt::format("plan {}: {} ({} layers) on {} node{} × {} {} = {} ranks\n", plan.name,
-                     plan.model.name.empty() ? "model" : plan.model.name, plan.model.layers,
-                     GroupDigits(plan.cluster.nodes), plan.cluster.nodes == 1 ? "" : "s", s.gpus_per_node,
-                     plan.cluster.gpu.name.empty() ? "GPUs" : plan.cluster.gpu.name,
-                     GroupDigits(layout.world_size()));
+  out +=
+      fmt::format("plan {}: {} ({} layers) on {} node{} × {} {} = {} ranks\n", plan.name,
+                  plan.model.name.empty() ? "model" : plan.model.name, plan.model.layers,
+                  GroupDigits(plan.cluster.nodes), plan.cluster.nodes == 1 ? "" : "s",
+                  s.gpus_per_node, plan.cluster.gpu.name.empty() ? "GPUs" : plan.cluster.gpu.name,
+                  GroupDigits(layout.world_size()));
 
   out += fmt::format("\nmesh  order \"{}\" (innermost first)\n", s.order);
   out += fmt::format("  dense   tp {} · cp {} · dp {} · pp {} = {}\n", s.tp, s.cp, s.dp, s.pp,
                      GroupDigits(layout.world_size()));
-  out += fmt::format("  expert  etp {} · ep {} · edp {} · pp {} = {}\n", s.etp, s.ep, layout.edp(), s.pp,
-                     GroupDigits(layout.world_size()));
+  out += fmt::format("  expert  etp {} · ep {} · edp {} · pp {} = {}\n", s.etp, s.ep, layout.edp(),
+                     s.pp, GroupDigits(layout.world_size()));
   out += fmt::format("  vpp {}  sp {}  tp_comm_overlap {}\n", plan.parallel.vpp,
                      plan.parallel.sp && s.tp > 1 ? "on" : "off",
                      plan.parallel.tp_comm_overlap && s.tp > 1 ? "on" : "off");
@@ -135,7 +140,8 @@ std::string ExplainText(const ExplainInput& in) {
     out += fmt::format(kGroupRow, GroupKindName(kind), GroupDigits(list.group_count()),
                        list.group_size, PlacementText(p), first);
   }
-  if (!singletons.empty()) out += fmt::format("  size 1 (each rank alone): {}\n", fmt::join(singletons, ", "));
+  if (!singletons.empty())
+    out += fmt::format("  size 1 (each rank alone): {}\n", fmt::join(singletons, ", "));
 
   out += fmt::format("\npipeline  {} layers over pp {}{}, {} split\n", part.layers, part.pp,
                      part.vpp > 1 ? fmt::format(" × vpp {}", part.vpp) : "", ToString(part.method));
@@ -144,22 +150,25 @@ std::string ExplainText(const ExplainInput& in) {
   for (const PipelineStage& st : part.stages) {
     std::string ranks = RankSetText(StageRanks(layout, st.pp_rank), 3);
     for (const PipelineChunk& c : st.chunks) {
-      out += fmt::format(kStageRow, c.chunk == 0 ? std::to_string(st.pp_rank) : "",
-                         c.chunk, LayersText(c.first_layer, c.end_layer), Holds(c.embedding, c.loss),
+      out += fmt::format(kStageRow, c.chunk == 0 ? std::to_string(st.pp_rank) : "", c.chunk,
+                         LayersText(c.first_layer, c.end_layer), Holds(c.embedding, c.loss),
                          FlopsText(c.cost), c.chunk == 0 ? ranks : "");
     }
   }
 
   if (layout.world_size() <= kExplainRankRows) {
-    constexpr std::string_view kRankRow = "  {:<5} {:<9} {:<2} {:<2} {:<2} {:<2}  {:<3} {:<2} {:<3}  {}\n";
+    constexpr std::string_view kRankRow =
+        "  {:<5} {:<9} {:<2} {:<2} {:<2} {:<2}  {:<3} {:<2} {:<3}  {}\n";
     out += "\nranks\n";
-    out += fmt::format(kRankRow, "rank", "node:gpu", "tp", "cp", "dp", "pp", "etp", "ep", "edp", "layers");
+    out += fmt::format(kRankRow, "rank", "node:gpu", "tp", "cp", "dp", "pp", "etp", "ep", "edp",
+                       "layers");
     for (int64_t r = 0; r < layout.world_size(); ++r) {
       RankCoordinates c = layout.Coordinates(r);
       const PipelineStage& st = part.stages[static_cast<size_t>(c.pp)];
       std::string holds = Holds(st.embedding, st.loss);
-      out += fmt::format(kRankRow, r, fmt::format("{}:{}", c.node, c.local), c.tp, c.cp, c.dp, c.pp, c.etp,
-                         c.ep, c.edp, StageLayersText(st) + (holds.empty() ? "" : " + " + holds));
+      out += fmt::format(kRankRow, r, fmt::format("{}:{}", c.node, c.local), c.tp, c.cp, c.dp, c.pp,
+                         c.etp, c.ep, c.edp,
+                         StageLayersText(st) + (holds.empty() ? "" : " + " + holds));
     }
   } else {
     out += fmt::format("\nroles  {} ranks, one row per pipeline stage (--rank R shows one rank)\n",
@@ -169,7 +178,8 @@ std::string ExplainText(const ExplainInput& in) {
     for (const PipelineStage& st : part.stages) {
       std::vector<int64_t> ranks = StageRanks(layout, st.pp_rank);
       std::string holds = Holds(st.embedding, st.loss);
-      out += fmt::format(kRoleRow, st.pp_rank, RankSetText(ranks, 2), RankSetText(NodesOf(ranks, s.gpus_per_node), 2),
+      out += fmt::format(kRoleRow, st.pp_rank, RankSetText(ranks, 2),
+                         RankSetText(NodesOf(ranks, s.gpus_per_node), 2),
                          StageLayersText(st) + (holds.empty() ? "" : " + " + holds));
     }
   }
@@ -180,15 +190,16 @@ std::string ExplainText(const ExplainInput& in) {
 std::string ExplainRankText(const ExplainInput& in, int64_t rank) {
   const Layout& layout = in.layout;
   RankCoordinates c = layout.Coordinates(rank);
-  std::string out = fmt::format("rank {} of {}: node {}, GPU {}\n", rank, GroupDigits(layout.world_size()),
-                                c.node, c.local);
+  std::string out = fmt::format("rank {} of {}: node {}, GPU {}\n", rank,
+                                GroupDigits(layout.world_size()), c.node, c.local);
   out += fmt::format("  dense   tp {}  cp {}  dp {}  pp {}\n", c.tp, c.cp, c.dp, c.pp);
   out += fmt::format("  expert  etp {}  ep {}  edp {}  pp {}\n", c.etp, c.ep, c.edp, c.pp);
   out += "\ngroups\n";
   for (GroupKind kind : AllGroupKinds()) {
     auto g = layout.GroupOf(kind, rank);
     if (g.empty()) {
-      out += fmt::format("  {:<9} (not a member: only the {} pipeline stage{} hold{} it)\n", GroupKindName(kind),
+      out += fmt::format("  {:<9} (not a member: only the {} pipeline stage{} hold{} it)\n",
+                         GroupKindName(kind),
                          kind == GroupKind::kEmbd ? "first and the last" : "first",
                          kind == GroupKind::kEmbd ? "s" : "", kind == GroupKind::kEmbd ? "" : "s");
       continue;
@@ -197,8 +208,8 @@ std::string ExplainRankText(const ExplainInput& in, int64_t rank) {
     int64_t last_node = g.back() / layout.sizes().gpus_per_node;
     std::string where = first_node == last_node ? fmt::format("node {}", first_node)
                                                 : fmt::format("nodes {}-{}", first_node, last_node);
-    out += fmt::format("  {:<9} #{:<6} {:<32} {}\n", GroupKindName(kind), layout.GroupIndexOf(kind, rank),
-                       RankSetText(g, 4), where);
+    out += fmt::format("  {:<9} #{:<6} {:<32} {}\n", GroupKindName(kind),
+                       layout.GroupIndexOf(kind, rank), RankSetText(g, 4), where);
   }
   const PipelineStage& st = in.partition.stages[static_cast<size_t>(c.pp)];
   out += fmt::format("\npipeline stage {} of {}", c.pp, in.partition.pp);
@@ -207,8 +218,9 @@ std::string ExplainRankText(const ExplainInput& in, int64_t rank) {
                      next < 0 ? "none" : std::to_string(next));
   for (const PipelineChunk& ch : st.chunks) {
     std::string holds = Holds(ch.embedding, ch.loss);
-    out += fmt::format("  chunk {}  layers {}{}\n", ch.chunk, LayersText(ch.first_layer, ch.end_layer),
-                       holds.empty() ? "" : " + " + holds);
+    out +=
+        fmt::format("  chunk {}  layers {}{}\n", ch.chunk, LayersText(ch.first_layer, ch.end_layer),
+                    holds.empty() ? "" : " + " + holds);
   }
   return out;
 }

@@ -126,8 +126,8 @@ std::optional<std::vector<SetOverride>> PlanVariants::ParseSets(
   return out;
 }
 
-std::optional<Plan> PlanVariants::Check(const std::vector<SetOverride>& extra,
-                                        DiagnosticSink& sink, bool run_rules) const {
+std::optional<Plan> PlanVariants::Check(const std::vector<SetOverride>& extra, DiagnosticSink& sink,
+                                        bool run_rules) const {
   EvalOptions eval;
   eval.allow_sweeps = opts_.allow_sweeps;
   // An imported configuration: diagnostics are collected here and moved into the user's file.

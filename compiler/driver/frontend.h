@@ -27,10 +27,10 @@ namespace paraplan {
 
 struct FrontendOptions {
   std::string file;
-  std::string plan_name;           // --plan NAME; empty: the file's only (or last) plan
-  std::vector<std::string> sets;   // --set PATH=VALUE, in order
+  std::string plan_name;                  // --plan NAME; empty: the file's only (or last) plan
+  std::vector<std::string> sets;          // --set PATH=VALUE, in order
   std::vector<std::string> include_dirs;  // -I DIR
-  bool allow_sweeps = false;       // planc search: list-valued / auto axes become Plan::sweeps
+  bool allow_sweeps = false;  // planc search: list-valued / auto axes become Plan::sweeps
   // --from=KIND: `file` is a framework configuration, imported (compiler/interop) and checked
   // as the plan it describes; diagnostics point into the configuration.
   std::optional<ConfigKind> from;

@@ -41,7 +41,8 @@ struct TempPlan {
     // The process id keeps concurrent test runs (several checkouts on one machine) apart.
     static int counter = 0;
     path = (std::filesystem::temp_directory_path() /
-            ("paraplan_frontend_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".plan"))
+            ("paraplan_frontend_test_" + std::to_string(::getpid()) + "_" +
+             std::to_string(counter++) + ".plan"))
                .string();
     std::ofstream(path) << text;
     const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
@@ -79,7 +80,8 @@ TEST_CASE("LoadPlan reads, evaluates and checks a plan file") {
   DiagnosticSink sink2;
   CHECK(!LoadPlan(o, sm, sink2));
   bool require_failed = false;
-  for (const Diagnostic& d : sink2.diagnostics()) require_failed |= d.kind == DiagKind::kRequireFailed;
+  for (const Diagnostic& d : sink2.diagnostics())
+    require_failed |= d.kind == DiagKind::kRequireFailed;
   CHECK(require_failed);
 
   o.file = file.path + ".missing";
@@ -100,7 +102,8 @@ TEST_CASE("PlanVariants checks many variants from one parse") {
   int ok = 0;
   for (int tp : {1, 2, 4, 8}) {
     for (int pp : {1, 2, 4}) {
-      auto sets = variants->ParseSets({"parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp)}, sink);
+      auto sets = variants->ParseSets(
+          {"parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp)}, sink);
       REQUIRE(sets);
       DiagnosticSink vs;
       auto plan = variants->Check(*sets, vs, /*run_rules=*/false);
@@ -108,7 +111,8 @@ TEST_CASE("PlanVariants checks many variants from one parse") {
       if (tp * pp <= 16) {
         CHECK(plan->parallel.dp * tp * pp == 16);
       } else {
-        CHECK(plan->IsPoisoned("parallel.dp"));  // 16 GPUs do not hold tp · pp; the mesh rule says so
+        CHECK(
+            plan->IsPoisoned("parallel.dp"));  // 16 GPUs do not hold tp · pp; the mesh rule says so
       }
       ++ok;
     }

@@ -12,9 +12,12 @@ namespace paraplan::lower {
 
 prog::DType ActivationType(prog::Precision precision) {
   switch (precision) {
-    case prog::Precision::Fp32: return DType::F32;
-    case prog::Precision::Fp16: return DType::F16;
-    default: return DType::Bf16;
+    case prog::Precision::Fp32:
+      return DType::F32;
+    case prog::Precision::Fp16:
+      return DType::F16;
+    default:
+      return DType::Bf16;
   }
 }
 
@@ -41,7 +44,8 @@ class RoleLowering {
 
  private:
   // --- buffers and ops ---
-  int32_t Buf(std::string name, std::vector<int64_t> shape, DType dtype, BufferKind kind = BufferKind::Scratch) {
+  int32_t Buf(std::string name, std::vector<int64_t> shape, DType dtype,
+              BufferKind kind = BufferKind::Scratch) {
     Buffer b;
     b.name = std::move(name);
     b.kind = kind;
@@ -50,17 +54,22 @@ class RoleLowering {
     role_.buffers.push_back(std::move(b));
     return static_cast<int32_t>(role_.buffers.size() - 1);
   }
-  int32_t Act(const std::string& name, std::vector<int64_t> shape) { return Buf(Prefix() + name, std::move(shape), act_); }
+  int32_t Act(const std::string& name, std::vector<int64_t> shape) {
+    return Buf(Prefix() + name, std::move(shape), act_);
+  }
   int32_t Stat(const std::string& name, std::vector<int64_t> shape) {
     return Buf(Prefix() + name, std::move(shape), DType::F32);
   }
   std::string Prefix() const {
-    return layer_ >= 0 ? fmt::format("layers.{}.{}", layer_, recompute_prefix_) : fmt::format("chunk{}.", chunk_);
+    return layer_ >= 0 ? fmt::format("layers.{}.{}", layer_, recompute_prefix_)
+                       : fmt::format("chunk{}.", chunk_);
   }
 
-  Op& Emit(OpKind kind, std::vector<int32_t> in, std::vector<int32_t> out, CommKind comm = CommKind::None,
-           std::vector<int64_t> ints = {}, std::vector<double> floats = {}) {
-    body_->ops.push_back(Op{kind, std::move(in), std::move(out), comm, std::move(ints), std::move(floats)});
+  Op& Emit(OpKind kind, std::vector<int32_t> in, std::vector<int32_t> out,
+           CommKind comm = CommKind::None, std::vector<int64_t> ints = {},
+           std::vector<double> floats = {}) {
+    body_->ops.push_back(
+        Op{kind, std::move(in), std::move(out), comm, std::move(ints), std::move(floats)});
     return body_->ops.back();
   }
 
@@ -70,9 +79,9 @@ class RoleLowering {
     int32_t value = -1;  // buffer
     int32_t grad = -1;   // buffer
   };
-  ParamRef AddParam(const std::string& name, int64_t key, std::vector<int64_t> global, int32_t split_dim,
-                    prog::InitKind init, double std, bool decay, bool tp_replicated, bool grad_sync_tp,
-                    bool counts_in_norm = true) {
+  ParamRef AddParam(const std::string& name, int64_t key, std::vector<int64_t> global,
+                    int32_t split_dim, prog::InitKind init, double std, bool decay,
+                    bool tp_replicated, bool grad_sync_tp, bool counts_in_norm = true) {
     Param prm;
     prm.name = name;
     prm.key = key;
@@ -101,7 +110,9 @@ class RoleLowering {
   }
   // Init std of the output projections (Megatron / GPT-2 scaled init).
   double OutStd() const { return 0.02 / std::sqrt(2.0 * static_cast<double>(m_.layers)); }
-  int64_t LayerKey(int32_t layer, int32_t j) const { return 1000 + static_cast<int64_t>(layer) * 64 + j; }
+  int64_t LayerKey(int32_t layer, int32_t j) const {
+    return 1000 + static_cast<int64_t>(layer) * 64 + j;
+  }
 
   // --- model pieces ---
   struct NormParams {
@@ -110,8 +121,11 @@ class RoleLowering {
   NormParams MakeNorm(const std::string& name, int64_t key) {
     NormParams n;
     bool ln = m_.norm == prog::NormKind::LayerNorm;
-    n.w = AddParam(name + ".weight", key, {m_.hidden}, -1, prog::InitKind::Ones, 0, false, true, p_.sp);
-    if (ln) n.b = AddParam(name + ".bias", key + 1, {m_.hidden}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+    n.w = AddParam(name + ".weight", key, {m_.hidden}, -1, prog::InitKind::Ones, 0, false, true,
+                   p_.sp);
+    if (ln)
+      n.b = AddParam(name + ".bias", key + 1, {m_.hidden}, -1, prog::InitKind::Zeros, 0, false,
+                     true, p_.sp);
     return n;
   }
   struct NormOut {
@@ -123,18 +137,21 @@ class RoleLowering {
     o.rstd = Stat(name + ".rstd", {rows_});
     if (m_.norm == prog::NormKind::LayerNorm) {
       o.mean = Stat(name + ".mean", {rows_});
-      Emit(OpKind::LayerNorm, {x, np.w.value, np.b.value}, {o.y, o.mean, o.rstd}, CommKind::None, {}, {m_.norm_eps});
+      Emit(OpKind::LayerNorm, {x, np.w.value, np.b.value}, {o.y, o.mean, o.rstd}, CommKind::None,
+           {}, {m_.norm_eps});
     } else {
       Emit(OpKind::RmsNorm, {x, np.w.value}, {o.y, o.rstd}, CommKind::None, {}, {m_.norm_eps});
     }
     return o;
   }
-  void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx, bool accumulate) {
+  void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx,
+                    bool accumulate) {
     if (m_.norm == prog::NormKind::LayerNorm)
-      Emit(OpKind::LayerNormBackward, {dy, x, np.w.value, o.mean, o.rstd}, {dx, np.w.grad, np.b.grad},
-           CommKind::None, {accumulate ? 1 : 0});
+      Emit(OpKind::LayerNormBackward, {dy, x, np.w.value, o.mean, o.rstd},
+           {dx, np.w.grad, np.b.grad}, CommKind::None, {accumulate ? 1 : 0});
     else
-      Emit(OpKind::RmsNormBackward, {dy, x, np.w.value, o.rstd}, {dx, np.w.grad}, CommKind::None, {accumulate ? 1 : 0});
+      Emit(OpKind::RmsNormBackward, {dy, x, np.w.value, o.rstd}, {dx, np.w.grad}, CommKind::None,
+           {accumulate ? 1 : 0});
   }
   // Sequence-parallel region entry: rows_ -> tokens_ rows.
   int32_t GatherSp(int32_t x, const std::string& name, int64_t cols) {
@@ -143,7 +160,8 @@ class RoleLowering {
     Emit(OpKind::AllGather, {x}, {full}, CommKind::Tp);
     return full;
   }
-  // Row-parallel exit: a partial [tokens_, cols] -> all-reduce in place, or reduce-scatter to rows_.
+  // Row-parallel exit: a partial [tokens_, cols] -> all-reduce in place, or reduce-scatter to
+  // rows_.
   int32_t ReducePartial(int32_t partial, const std::string& name, int64_t cols) {
     if (tp_ == 1) return partial;
     if (!p_.sp) {
@@ -164,7 +182,8 @@ class RoleLowering {
   };
   // The buffers of one layer's forward that its backward reads.
   struct LayerSaved {
-    int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1, u = -1, a = -1;
+    int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1,
+            u = -1, a = -1;
     NormOut no1, no2;
   };
   // Emits one layer's forward into body_ from input x. With `next` >= 0 the whole layer, ending
@@ -195,7 +214,7 @@ class RoleLowering {
   int64_t tp_ = 1, tokens_ = 0, rows_ = 0;
   DType act_ = DType::Bf16;
   CommKind tp_comm_ = CommKind::None;
-  bool shard_grads_ = false;    // ZeRO >= 2, dp > 1: grads reduce-scattered per backward into shards
+  bool shard_grads_ = false;  // ZeRO >= 2, dp > 1: grads reduce-scattered per backward into shards
   bool gather_params_ = false;  // ZeRO >= 3, dp > 1: params gathered in the bodies, per layer
   std::vector<std::string> param_group_;  // per param: its bucket group with ZeRO >= 2
   int32_t chunk_ = -1, layer_ = -1;
@@ -226,7 +245,8 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
   }
   S.o = Act("attention.out", {tokens_, heads * hd});
   S.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
-  Emit(OpKind::Attention, {S.q, S.k, S.v}, {S.o, S.lse}, CommKind::None, AttentionInts(), {AttentionScale()});
+  Emit(OpKind::Attention, {S.q, S.k, S.v}, {S.o, S.lse}, CommKind::None, AttentionInts(),
+       {AttentionScale()});
   int32_t proj = Act("attention.proj", {tokens_, h});
   Emit(OpKind::Linear, {S.o, P.wo.value}, {proj});
   int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
@@ -276,10 +296,12 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   ParamRef word, pos, out_w;
   NormParams final_norm;
   if (cl.embedding) {
-    word = AddParam("embedding.word", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+    word = AddParam("embedding.word", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02,
+                    true, false, false);
     word_embedding_param_ = word.param;
     if (m_.position == prog::PositionKind::Learned)
-      pos = AddParam("embedding.position", 1, {m_.seq_len, h}, -1, prog::InitKind::Normal, 0.02, true, true, p_.sp);
+      pos = AddParam("embedding.position", 1, {m_.seq_len, h}, -1, prog::InitKind::Normal, 0.02,
+                     true, true, p_.sp);
   }
   std::vector<LayerParams> lp(cl.layers);
   for (int32_t i = 0; i < cl.layers; ++i) {
@@ -288,43 +310,65 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     std::string n = fmt::format("layers.{}.", L);
     LayerParams& P = lp[i];
     P.n1 = MakeNorm(n + "attention_norm", LayerKey(L, 0));
-    P.wq = AddParam(n + "attention.wq", LayerKey(L, 2), {m_.heads * hd, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
-    P.wk = AddParam(n + "attention.wk", LayerKey(L, 3), {m_.kv_heads * hd, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
-    P.wv = AddParam(n + "attention.wv", LayerKey(L, 4), {m_.kv_heads * hd, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+    P.wq = AddParam(n + "attention.wq", LayerKey(L, 2), {m_.heads * hd, h}, 0,
+                    prog::InitKind::Normal, 0.02, true, false, false);
+    P.wk = AddParam(n + "attention.wk", LayerKey(L, 3), {m_.kv_heads * hd, h}, 0,
+                    prog::InitKind::Normal, 0.02, true, false, false);
+    P.wv = AddParam(n + "attention.wv", LayerKey(L, 4), {m_.kv_heads * hd, h}, 0,
+                    prog::InitKind::Normal, 0.02, true, false, false);
     if (bias) {
-      P.bq = AddParam(n + "attention.bq", LayerKey(L, 5), {m_.heads * hd}, 0, prog::InitKind::Zeros, 0, false, false, false);
-      P.bk = AddParam(n + "attention.bk", LayerKey(L, 6), {m_.kv_heads * hd}, 0, prog::InitKind::Zeros, 0, false, false, false);
-      P.bv = AddParam(n + "attention.bv", LayerKey(L, 7), {m_.kv_heads * hd}, 0, prog::InitKind::Zeros, 0, false, false, false);
+      P.bq = AddParam(n + "attention.bq", LayerKey(L, 5), {m_.heads * hd}, 0, prog::InitKind::Zeros,
+                      0, false, false, false);
+      P.bk = AddParam(n + "attention.bk", LayerKey(L, 6), {m_.kv_heads * hd}, 0,
+                      prog::InitKind::Zeros, 0, false, false, false);
+      P.bv = AddParam(n + "attention.bv", LayerKey(L, 7), {m_.kv_heads * hd}, 0,
+                      prog::InitKind::Zeros, 0, false, false, false);
     }
-    P.wo = AddParam(n + "attention.wo", LayerKey(L, 8), {h, m_.heads * hd}, 1, prog::InitKind::Normal, OutStd(), true, false, false);
-    if (bias) P.bo = AddParam(n + "attention.bo", LayerKey(L, 9), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+    P.wo = AddParam(n + "attention.wo", LayerKey(L, 8), {h, m_.heads * hd}, 1,
+                    prog::InitKind::Normal, OutStd(), true, false, false);
+    if (bias)
+      P.bo = AddParam(n + "attention.bo", LayerKey(L, 9), {h}, -1, prog::InitKind::Zeros, 0, false,
+                      true, p_.sp);
     P.n2 = MakeNorm(n + "mlp_norm", LayerKey(L, 10));
     if (gpt) {
-      P.w1 = AddParam(n + "mlp.fc1", LayerKey(L, 12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
-      if (bias) P.b1 = AddParam(n + "mlp.b1", LayerKey(L, 13), {m_.ffn_hidden}, 0, prog::InitKind::Zeros, 0, false, false, false);
-      P.w2 = AddParam(n + "mlp.fc2", LayerKey(L, 14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal, OutStd(), true, false, false);
+      P.w1 = AddParam(n + "mlp.fc1", LayerKey(L, 12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal,
+                      0.02, true, false, false);
+      if (bias)
+        P.b1 = AddParam(n + "mlp.b1", LayerKey(L, 13), {m_.ffn_hidden}, 0, prog::InitKind::Zeros, 0,
+                        false, false, false);
+      P.w2 = AddParam(n + "mlp.fc2", LayerKey(L, 14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal,
+                      OutStd(), true, false, false);
     } else {
-      P.w1 = AddParam(n + "mlp.w_gate", LayerKey(L, 12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
-      P.w3 = AddParam(n + "mlp.w_up", LayerKey(L, 13), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
-      P.w2 = AddParam(n + "mlp.w_down", LayerKey(L, 14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal, OutStd(), true, false, false);
+      P.w1 = AddParam(n + "mlp.w_gate", LayerKey(L, 12), {m_.ffn_hidden, h}, 0,
+                      prog::InitKind::Normal, 0.02, true, false, false);
+      P.w3 = AddParam(n + "mlp.w_up", LayerKey(L, 13), {m_.ffn_hidden, h}, 0,
+                      prog::InitKind::Normal, 0.02, true, false, false);
+      P.w2 = AddParam(n + "mlp.w_down", LayerKey(L, 14), {h, m_.ffn_hidden}, 1,
+                      prog::InitKind::Normal, OutStd(), true, false, false);
     }
-    if (bias) P.b2 = AddParam(n + "mlp.b2", LayerKey(L, 15), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+    if (bias)
+      P.b2 = AddParam(n + "mlp.b2", LayerKey(L, 15), {h}, -1, prog::InitKind::Zeros, 0, false, true,
+                      p_.sp);
   }
   layer_ = -1;
   if (cl.loss) {
     final_norm = MakeNorm("final_norm", 2);
     if (m_.tied_embeddings) {
       if (cl.embedding || word_embedding_param_ >= 0) {
-        out_w = {word_embedding_param_, role_.params[word_embedding_param_].buffer, role_.params[word_embedding_param_].grad};
+        out_w = {word_embedding_param_, role_.params[word_embedding_param_].buffer,
+                 role_.params[word_embedding_param_].grad};
       } else {
         // The last stage's copy of the word embedding: same key (same initial values), its
-        // gradient is summed with the first stage's over the Embedding group, counted once in the norm.
-        out_w = AddParam("embedding.word.tied_copy", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02, true,
-                         false, false, /*counts_in_norm=*/false);
+        // gradient is summed with the first stage's over the Embedding group, counted once in the
+        // norm.
+        out_w =
+            AddParam("embedding.word.tied_copy", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal,
+                     0.02, true, false, false, /*counts_in_norm=*/false);
         output_copy_param_ = out_w.param;
       }
     } else {
-      out_w = AddParam("output.weight", 4, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02, true, false, false);
+      out_w = AddParam("output.weight", 4, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02,
+                       true, false, false);
     }
   }
 
@@ -344,7 +388,8 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     int32_t e = Act("embedding.out", {tokens_, h});
     Emit(OpKind::Embedding, {ids, word.value}, {e}, tp_comm_);
     x = ReducePartial(e, "embedding.out_sp", h);
-    if (pos.value >= 0) Emit(OpKind::AddPosition, {x, pos.value}, {x}, p_.sp ? tp_comm_ : CommKind::None);
+    if (pos.value >= 0)
+      Emit(OpKind::AddPosition, {x, pos.value}, {x}, p_.sp ? tp_comm_ : CommKind::None);
     chunk.input = -1;
   } else {
     x = Act("input", {rows_, h});
@@ -355,8 +400,9 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   for (int32_t i = 0; i < cl.layers; ++i) {
     layer_ = cl.first_layer + i;
     bool last_of_chunk = i + 1 == cl.layers;
-    int32_t next = (last_of_chunk && !cl.loss) ? Buf(fmt::format("chunk{}.output", index), {rows_, h}, act_)
-                                               : Act("out", {rows_, h});
+    int32_t next = (last_of_chunk && !cl.loss)
+                       ? Buf(fmt::format("chunk{}.output", index), {rows_, h}, act_)
+                       : Act("out", {rows_, h});
     saved[i] = LayerForward(lp[i], x, next);
     x = next;
   }
@@ -420,7 +466,8 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     if (gpt) {
       int32_t dg = Act("mlp.fc1_out.grad", {tokens_, ffn});
       Emit(OpKind::GeluBackward, {da, S.g}, {dg});
-      Emit(OpKind::LinearBackward, {dg, S.n2f, P.w1.value}, lin_grads(dn2f, P.w1, P.b1), CommKind::None, {0});
+      Emit(OpKind::LinearBackward, {dg, S.n2f, P.w1.value}, lin_grads(dn2f, P.w1, P.b1),
+           CommKind::None, {0});
     } else {
       int32_t dg = Act("mlp.gate.grad", {tokens_, ffn});
       int32_t du = Act("mlp.up.grad", {tokens_, ffn});
@@ -443,24 +490,29 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
       // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
       o = Act("recompute.attention.out", {tokens_, heads * hd});
       lse = Stat("recompute.attention.lse", {m_.micro_batch, heads, m_.seq_len});
-      Emit(OpKind::Attention, {S.q, S.k, S.v}, {o, lse}, CommKind::None, AttentionInts(), {AttentionScale()});
+      Emit(OpKind::Attention, {S.q, S.k, S.v}, {o, lse}, CommKind::None, AttentionInts(),
+           {AttentionScale()});
     }
-    Emit(OpKind::AttentionBackward, {dout, S.q, S.k, S.v, o, lse}, {dq, dk, dv}, CommKind::None, AttentionInts(),
-         {AttentionScale()});
+    Emit(OpKind::AttentionBackward, {dout, S.q, S.k, S.v, o, lse}, {dq, dk, dv}, CommKind::None,
+         AttentionInts(), {AttentionScale()});
     if (m_.position == prog::PositionKind::Rope) {
       Emit(OpKind::RopeBackward, {dq}, {dq}, CommKind::None, {heads, hd}, {m_.rope_theta});
       Emit(OpKind::RopeBackward, {dk}, {dk}, CommKind::None, {kv, hd}, {m_.rope_theta});
     }
     int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
-    Emit(OpKind::LinearBackward, {dq, S.n1f, P.wq.value}, lin_grads(dn1f, P.wq, P.bq), CommKind::None, {0});
-    Emit(OpKind::LinearBackward, {dk, S.n1f, P.wk.value}, lin_grads(dn1f, P.wk, P.bk), CommKind::None, {1});
-    Emit(OpKind::LinearBackward, {dv, S.n1f, P.wv.value}, lin_grads(dn1f, P.wv, P.bv), CommKind::None, {1});
+    Emit(OpKind::LinearBackward, {dq, S.n1f, P.wq.value}, lin_grads(dn1f, P.wq, P.bq),
+         CommKind::None, {0});
+    Emit(OpKind::LinearBackward, {dk, S.n1f, P.wk.value}, lin_grads(dn1f, P.wk, P.bk),
+         CommKind::None, {1});
+    Emit(OpKind::LinearBackward, {dv, S.n1f, P.wv.value}, lin_grads(dn1f, P.wv, P.bv),
+         CommKind::None, {1});
     int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
     NormBackward(P.n1, S.no1, S.x, dn1, gx, /*accumulate=*/true);
   }
   layer_ = -1;
   if (cl.embedding) {
-    if (pos.value >= 0) Emit(OpKind::AddPositionBackward, {gx}, {pos.grad}, p_.sp ? tp_comm_ : CommKind::None);
+    if (pos.value >= 0)
+      Emit(OpKind::AddPositionBackward, {gx}, {pos.grad}, p_.sp ? tp_comm_ : CommKind::None);
     int32_t gfull = GatherSp(gx, "embedding.out.grad_full", h);
     Emit(OpKind::EmbeddingBackward, {gfull, ids}, {word.grad}, tp_comm_);
   }
@@ -518,13 +570,18 @@ void RoleLowering::BuildBuckets() {
       role_.buffers[role_.params[i].buffer].view_of = bucket.params;
       role_.buffers[role_.params[i].grad].view_of = bucket.grads;
     }
-    bucket.master = Buf(name + ".master", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
-    bucket.exp_avg = Buf(name + ".exp_avg", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
-    bucket.exp_avg_sq = Buf(name + ".exp_avg_sq", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    bucket.master =
+        Buf(name + ".master", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    bucket.exp_avg =
+        Buf(name + ".exp_avg", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
+    bucket.exp_avg_sq =
+        Buf(name + ".exp_avg_sq", {bucket.shard_elements}, DType::F32, BufferKind::Optimizer);
     if (gather_params_)
-      bucket.param_shard = Buf(name + ".param_shard", {bucket.shard_elements}, act_, BufferKind::Param);
+      bucket.param_shard =
+          Buf(name + ".param_shard", {bucket.shard_elements}, act_, BufferKind::Param);
     if (shard_grads_)
-      bucket.grad_shard = Buf(name + ".grad_shard", {bucket.shard_elements}, DType::F32, BufferKind::Grad);
+      bucket.grad_shard =
+          Buf(name + ".grad_shard", {bucket.shard_elements}, DType::F32, BufferKind::Grad);
     role_.buckets.push_back(bucket);
   };
   for (const Chunk& c : role_.chunks) {
@@ -538,7 +595,8 @@ void RoleLowering::BuildBuckets() {
     }
     if (groups.empty()) groups.push_back(std::string());
     for (const std::string& g : groups)
-      make(c.index, members[g], g.empty() ? fmt::format("chunk{}", c.index) : fmt::format("chunk{}.{}", c.index, g));
+      make(c.index, members[g],
+           g.empty() ? fmt::format("chunk{}", c.index) : fmt::format("chunk{}.{}", c.index, g));
   }
   chunk_ = -1;
 }
@@ -586,7 +644,8 @@ void RoleLowering::ScopeBucketsInBodies() {
             if (x < 0 || bucket_of[x] < 0) continue;
             const int32_t k = bucket_of[x];
             const Bucket& b = role_.buckets[k];
-            if (is_grad[x] && opened.insert(k).second) Emit(OpKind::Fill, {}, {b.grads}, CommKind::None, {}, {0.0});
+            if (is_grad[x] && opened.insert(k).second)
+              Emit(OpKind::Fill, {}, {b.grads}, CommKind::None, {}, {0.0});
             if (!is_grad[x] && gathered.insert(k).second)
               Emit(OpKind::AllGather, {b.param_shard}, {b.params}, CommKind::Dp);
           }
@@ -598,7 +657,8 @@ void RoleLowering::ScopeBucketsInBodies() {
           for (const Param& prm : role_.params)
             if (prm.grad_sync_tp && role_.buffers[prm.grad].view_of == b.grads)
               Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
-          Emit(OpKind::ReduceScatter, {b.grads}, {b.grad_shard}, CommKind::Dp, {prog::kReduceSum, /*accumulate=*/1});
+          Emit(OpKind::ReduceScatter, {b.grads}, {b.grad_shard}, CommKind::Dp,
+               {prog::kReduceSum, /*accumulate=*/1});
         }
       }
     }
@@ -628,7 +688,8 @@ StepBodies RoleLowering::BuildStepBodies() {
   // (With sharded grads the Tp and Dp reductions already ran at the end of every backward body.)
   if (!shard_grads_)
     for (const Param& prm : role_.params)
-      if (prm.grad_sync_tp) Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
+      if (prm.grad_sync_tp)
+        Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
   if (m_.tied_embeddings && p_.pp > 1) {
     int32_t prm = word_embedding_param_ >= 0 ? word_embedding_param_ : output_copy_param_;
     if (prm >= 0) {
@@ -643,7 +704,8 @@ StepBodies RoleLowering::BuildStepBodies() {
   }
   if (p_.dp > 1 && !shard_grads_)
     for (const Bucket& b : role_.buckets)
-      Emit(sharded ? OpKind::ReduceScatter : OpKind::AllReduce, {b.grads}, {b.grads}, CommKind::Dp, {prog::kReduceSum});
+      Emit(sharded ? OpKind::ReduceScatter : OpKind::AllReduce, {b.grads}, {b.grads}, CommKind::Dp,
+           {prog::kReduceSum});
   // Optimizer step.
   role_.bodies.push_back({"optimizer_step", {}});
   sb.optimizer_step = static_cast<int32_t>(role_.bodies.size() - 1);
@@ -671,7 +733,8 @@ StepBodies RoleLowering::BuildStepBodies() {
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
-  if (has_loss && p_.dp > 1) Emit(OpKind::AllReduce, {loss_sum_}, {loss_sum_}, CommKind::Dp, {prog::kReduceAvg});
+  if (has_loss && p_.dp > 1)
+    Emit(OpKind::AllReduce, {loss_sum_}, {loss_sum_}, CommKind::Dp, {prog::kReduceAvg});
   // ZeRO-3 gathers inside the chunk bodies (ScopeBucketsInBodies); no GatherParams bodies.
   body_ = nullptr;
   return sb;
@@ -695,8 +758,8 @@ StepBodies RoleLowering::Build(const std::vector<ChunkLayers>& chunks) {
 
 }  // namespace
 
-StepBodies BuildRoleBodies(const BodyShape& shape, int32_t pipeline_rank, const std::vector<ChunkLayers>& chunks,
-                           Role& role) {
+StepBodies BuildRoleBodies(const BodyShape& shape, int32_t pipeline_rank,
+                           const std::vector<ChunkLayers>& chunks, Role& role) {
   RoleLowering lowering(shape, pipeline_rank, role);
   return lowering.Build(chunks);
 }

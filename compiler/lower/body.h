@@ -48,7 +48,7 @@ struct BodyShape {
   ParallelConfig parallel;
   int64_t microbatches = 1;
   prog::Precision precision = prog::Precision::Bf16;
-  bool sgd = false;             // optimizer.type = sgd: Sgd ops instead of AdamW
+  bool sgd = false;  // optimizer.type = sgd: Sgd ops instead of AdamW
   ActivationRecompute recompute = ActivationRecompute::kNone;
 };
 

@@ -19,19 +19,26 @@ namespace {
 
 prog::ScheduleKind ToScheduleKind(Schedule s) {
   switch (s) {
-    case Schedule::kGpipe: return prog::ScheduleKind::Gpipe;
-    case Schedule::k1F1B: return prog::ScheduleKind::OneFOneB;
-    case Schedule::kInterleaved1F1B: return prog::ScheduleKind::Interleaved1F1B;
+    case Schedule::kGpipe:
+      return prog::ScheduleKind::Gpipe;
+    case Schedule::k1F1B:
+      return prog::ScheduleKind::OneFOneB;
+    case Schedule::kInterleaved1F1B:
+      return prog::ScheduleKind::Interleaved1F1B;
   }
   return prog::ScheduleKind::OneFOneB;
 }
 
 prog::Precision ToPrecision(Precision p) {
   switch (p) {
-    case Precision::kBf16: return prog::Precision::Bf16;
-    case Precision::kFp16: return prog::Precision::Fp16;
-    case Precision::kFp32: return prog::Precision::Fp32;
-    case Precision::kFp8: return prog::Precision::Fp8;
+    case Precision::kBf16:
+      return prog::Precision::Bf16;
+    case Precision::kFp16:
+      return prog::Precision::Fp16;
+    case Precision::kFp32:
+      return prog::Precision::Fp32;
+    case Precision::kFp8:
+      return prog::Precision::Fp8;
   }
   return prog::Precision::Bf16;
 }
@@ -86,16 +93,28 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
   const ParallelSpec& q = plan.parallel;
   bool ok = true;
   auto unsupported = [&](std::string what, std::string_view path, std::string help) {
-    sink.Report(Diag(DiagKind::kLowerUnsupported, fmt::format("lowering does not emit {} yet", what))
-                    .At(plan.Range(path), "set here")
-                    .Note("the program format reserves ops for it (runtime/format/README.md, reserved ops); the runtime cannot run it yet")
-                    .Help(std::move(help)));
+    sink.Report(
+        Diag(DiagKind::kLowerUnsupported, fmt::format("lowering does not emit {} yet", what))
+            .At(plan.Range(path), "set here")
+            .Note("the program format reserves ops for it (runtime/format/README.md, reserved "
+                  "ops); the runtime cannot run it yet")
+            .Help(std::move(help)));
     ok = false;
   };
-  if (m.IsMoe()) unsupported(fmt::format("mixture-of-experts layers ({} experts)", m.experts), "model.experts", "`planc check` and `planc explain` analyse this plan; compile a dense model for now");
-  if (m.IsMla()) unsupported("multi-head latent attention", "model.kv_lora_rank", "`planc check` and `planc explain` analyse this plan; compile a model with ordinary attention for now");
-  if (q.cp > 1) unsupported(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp", "set `parallel.cp = 1`");
-  if (q.ep > 1) unsupported(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep", "set `parallel.ep = 1`");
+  if (m.IsMoe())
+    unsupported(
+        fmt::format("mixture-of-experts layers ({} experts)", m.experts), "model.experts",
+        "`planc check` and `planc explain` analyse this plan; compile a dense model for now");
+  if (m.IsMla())
+    unsupported("multi-head latent attention", "model.kv_lora_rank",
+                "`planc check` and `planc explain` analyse this plan; compile a model with "
+                "ordinary attention for now");
+  if (q.cp > 1)
+    unsupported(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp",
+                "set `parallel.cp = 1`");
+  if (q.ep > 1)
+    unsupported(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
+                "set `parallel.ep = 1`");
   if (m.activation == Activation::kSquaredRelu)
     unsupported("the squared-ReLU MLP", "model.activation",
                 "use `model.activation = swiglu` or `gelu` to compile");
@@ -145,13 +164,18 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
     unsupported(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate),
                 "fsdp.replicate", "shard over the whole data-parallel group");
   if (!ok) return false;
-  auto divide = [&](std::string_view what, int64_t value, std::string_view path, int64_t by, std::string_view by_name) {
+  auto divide = [&](std::string_view what, int64_t value, std::string_view path, int64_t by,
+                    std::string_view by_name) {
     if (by > 0 && value % by == 0) return;
-    sink.Report(Diag(DiagKind::kLowerShape, fmt::format("{} = {} is not a multiple of {} = {}", what, value, by_name, by))
-                    .At(plan.Range(path))
-                    .Value(fmt::format("{} mod {}", what, by_name), fmt::format("{} mod {} = {}", value, by, by ? value % by : 0))
-                    .Note(fmt::format("every rank of a tensor-parallel group holds an equal share of the {}", what))
-                    .Help(fmt::format("choose a tp that divides {}", value)));
+    sink.Report(
+        Diag(DiagKind::kLowerShape,
+             fmt::format("{} = {} is not a multiple of {} = {}", what, value, by_name, by))
+            .At(plan.Range(path))
+            .Value(fmt::format("{} mod {}", what, by_name),
+                   fmt::format("{} mod {} = {}", value, by, by ? value % by : 0))
+            .Note(fmt::format(
+                "every rank of a tensor-parallel group holds an equal share of the {}", what))
+            .Help(fmt::format("choose a tp that divides {}", value)));
     ok = false;
   };
   divide("heads", m.heads, "model.heads", q.tp, "tp");
@@ -160,18 +184,22 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
   if (q.sp && q.tp > 1) {
     int64_t tokens = plan.batch.micro * m.seq_len;
     if (tokens % q.tp != 0) {
-      sink.Report(Diag(DiagKind::kLowerShape,
-                       fmt::format("micro · seq_len = {} · {} = {} tokens do not split across tp = {} under sequence parallelism",
-                                   plan.batch.micro, m.seq_len, tokens, q.tp))
-                      .At(plan.Range("parallel.sp"))
-                      .Note("with sp each tensor-parallel rank holds tokens / tp rows of the residual stream")
-                      .Help("make micro · seq_len a multiple of tp, or set `parallel.sp = false`"));
+      sink.Report(
+          Diag(DiagKind::kLowerShape, fmt::format("micro · seq_len = {} · {} = {} tokens do not "
+                                                  "split across tp = {} under sequence parallelism",
+                                                  plan.batch.micro, m.seq_len, tokens, q.tp))
+              .At(plan.Range("parallel.sp"))
+              .Note(
+                  "with sp each tensor-parallel rank holds tokens / tp rows of the residual stream")
+              .Help("make micro · seq_len a multiple of tp, or set `parallel.sp = false`"));
       ok = false;
     }
   }
   if (m.head_dim <= 0 || m.hidden <= 0 || m.seq_len <= 0 || m.vocab <= 0 || m.layers <= 0) {
-    sink.Report(Diag(DiagKind::kLowerShape, "the model has a size <= 0 (hidden, head_dim, seq_len, vocab or layers)")
-                    .Note("lowering needs every tensor shape").Help("give the model its full shape"));
+    sink.Report(Diag(DiagKind::kLowerShape,
+                     "the model has a size <= 0 (hidden, head_dim, seq_len, vocab or layers)")
+                    .Note("lowering needs every tensor shape")
+                    .Help("give the model its full shape"));
     ok = false;
   }
   return ok;
@@ -206,9 +234,13 @@ void AssignSlots(Role& role) {
       auto& v = state[c];
       // A receive of an activation may take a slot freed in its own group; nothing else may.
       bool take_freed = op.kind == OpKind::RecvActivation;
-      auto free = std::find_if(v.begin(), v.end(), [&](uint8_t x) { return x == 0 || (take_freed && x == 2); });
+      auto free = std::find_if(v.begin(), v.end(),
+                               [&](uint8_t x) { return x == 0 || (take_freed && x == 2); });
       slot = static_cast<int32_t>(free - v.begin());
-      if (free == v.end()) v.push_back(1); else *free = 1;
+      if (free == v.end())
+        v.push_back(1);
+      else
+        *free = 1;
       slot_of[key] = slot;
     } else {
       slot = it->second;
@@ -222,10 +254,12 @@ void AssignSlots(Role& role) {
       if (!p2p || group == 0) flush();
     }
   }
-  for (int32_t c = 0; c < nc; ++c) role.chunks[c].slots = std::max<int32_t>(1, static_cast<int32_t>(state[c].size()));
+  for (int32_t c = 0; c < nc; ++c)
+    role.chunks[c].slots = std::max<int32_t>(1, static_cast<int32_t>(state[c].size()));
 }
 
-void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb, const ParallelConfig& par, Role& role) {
+void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
+                   const ParallelConfig& par, Role& role) {
   std::vector<Op>& out = role.schedule;
   out.push_back(Op{OpKind::ZeroGrads, {}, {}, CommKind::None, {sb.zero_grads}, {}});
   for (const PipelineStep& st : steps) {
@@ -238,11 +272,20 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
         op.ints = {st.microbatch, st.chunk, 0};
         out.push_back(op);
         continue;
-      case OpKind::SendActivation: op.inputs = {c.output}; break;
-      case OpKind::RecvActivation: op.outputs = {c.input}; break;
-      case OpKind::SendGrad: op.inputs = {c.grad}; break;
-      case OpKind::RecvGrad: op.outputs = {c.grad}; break;
-      default: break;
+      case OpKind::SendActivation:
+        op.inputs = {c.output};
+        break;
+      case OpKind::RecvActivation:
+        op.outputs = {c.input};
+        break;
+      case OpKind::SendGrad:
+        op.inputs = {c.grad};
+        break;
+      case OpKind::RecvGrad:
+        op.outputs = {c.grad};
+        break;
+      default:
+        break;
     }
     op.comm = CommKind::Pp;
     op.ints = {st.microbatch, st.chunk, 0, st.peer, st.group};
@@ -262,9 +305,9 @@ void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
     CommKind kind;
     GroupKind group;
   };
-  const KindMap kinds[] = {{CommKind::Tp, GroupKind::kTp},     {CommKind::Pp, GroupKind::kPp},
-                           {CommKind::Dp, GroupKind::kDp},     {CommKind::Cp, GroupKind::kCp},
-                           {CommKind::DpCp, GroupKind::kDpCp}, {CommKind::Mp, GroupKind::kTpPp},
+  const KindMap kinds[] = {{CommKind::Tp, GroupKind::kTp},         {CommKind::Pp, GroupKind::kPp},
+                           {CommKind::Dp, GroupKind::kDp},         {CommKind::Cp, GroupKind::kCp},
+                           {CommKind::DpCp, GroupKind::kDpCp},     {CommKind::Mp, GroupKind::kTpPp},
                            {CommKind::Embedding, GroupKind::kEmbd}};
   // World first.
   Communicator all;
@@ -293,8 +336,9 @@ void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
     RankCoordinates rc = layout.Coordinates(r);
     Rank& rank = p.ranks[r];
     rank.role = static_cast<int32_t>(rc.pp);
-    rank.coords = {static_cast<int32_t>(rc.tp), static_cast<int32_t>(rc.cp), static_cast<int32_t>(rc.ep),
-                   static_cast<int32_t>(rc.dp), static_cast<int32_t>(rc.pp)};
+    rank.coords = {static_cast<int32_t>(rc.tp), static_cast<int32_t>(rc.cp),
+                   static_cast<int32_t>(rc.ep), static_cast<int32_t>(rc.dp),
+                   static_cast<int32_t>(rc.pp)};
   }
 }
 
@@ -310,59 +354,98 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   const ModelSpec& m = plan.model;
   const ParallelSpec& q = plan.parallel;
   int64_t pad = 128 * q.tp;
-  p.model = {m.name, static_cast<int32_t>(m.layers), m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim,
-             m.vocab, (m.vocab + pad - 1) / pad * pad, m.seq_len, plan.batch.micro,
-             m.norm == Norm::kLayerNorm ? prog::NormKind::LayerNorm : prog::NormKind::RmsNorm,
-             m.activation == Activation::kGelu ? prog::ActivationKind::Gelu : prog::ActivationKind::SwiGlu,
-             m.position == Position::kLearned ? prog::PositionKind::Learned : prog::PositionKind::Rope,
-             m.tied_embeddings, 1e-5, 10000.0, m.activation == Activation::kGelu};
-  p.parallel = {static_cast<int32_t>(q.tp), static_cast<int32_t>(q.pp), static_cast<int32_t>(q.vpp),
-                static_cast<int32_t>(q.cp), static_cast<int32_t>(q.ep), static_cast<int32_t>(q.dp),
-                q.sp && q.tp > 1, static_cast<int32_t>(plan.optimizer.zero), ToScheduleKind(plan.pipeline.schedule),
+  p.model = {
+      m.name,
+      static_cast<int32_t>(m.layers),
+      m.hidden,
+      m.ffn_hidden,
+      m.heads,
+      m.kv_heads,
+      m.head_dim,
+      m.vocab,
+      (m.vocab + pad - 1) / pad * pad,
+      m.seq_len,
+      plan.batch.micro,
+      m.norm == Norm::kLayerNorm ? prog::NormKind::LayerNorm : prog::NormKind::RmsNorm,
+      m.activation == Activation::kGelu ? prog::ActivationKind::Gelu : prog::ActivationKind::SwiGlu,
+      m.position == Position::kLearned ? prog::PositionKind::Learned : prog::PositionKind::Rope,
+      m.tied_embeddings,
+      1e-5,
+      10000.0,
+      m.activation == Activation::kGelu};
+  p.parallel = {static_cast<int32_t>(q.tp),
+                static_cast<int32_t>(q.pp),
+                static_cast<int32_t>(q.vpp),
+                static_cast<int32_t>(q.cp),
+                static_cast<int32_t>(q.ep),
+                static_cast<int32_t>(q.dp),
+                q.sp && q.tp > 1,
+                static_cast<int32_t>(plan.optimizer.zero),
+                ToScheduleKind(plan.pipeline.schedule),
                 q.order};
   const OptimizerSpec& o = plan.optimizer;
-  p.train = {plan.train.steps, plan.train.seed, plan.batch.global, plan.Microbatches(), ToPrecision(plan.precision),
-             o.lr, o.min_lr, o.warmup_steps, o.weight_decay, o.beta1, o.beta2, o.eps, o.clip_grad,
-             o.type == OptimizerType::kSgd ? "sgd" : "adamw", plan.train.data, plan.train.checkpoint_dir,
+  p.train = {plan.train.steps,
+             plan.train.seed,
+             plan.batch.global,
+             plan.Microbatches(),
+             ToPrecision(plan.precision),
+             o.lr,
+             o.min_lr,
+             o.warmup_steps,
+             o.weight_decay,
+             o.beta1,
+             o.beta2,
+             o.eps,
+             o.clip_grad,
+             o.type == OptimizerType::kSgd ? "sgd" : "adamw",
+             plan.train.data,
+             plan.train.checkpoint_dir,
              plan.train.checkpoint_every};
 
-  ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp, static_cast<int32_t>(p.train.microbatches),
-                      options.microbatch_group};
+  ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp,
+                      static_cast<int32_t>(p.train.microbatches), options.microbatch_group};
   // Every microbatch of a step is spelled out in the schedule: past this many the program would
   // take gigabytes and minutes to write (a global batch of 10^9 sequences).
   constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
   if (p.train.microbatches > kMaxMicrobatches) {
-    sink.Report(Diag(DiagKind::kLowerSchedule,
-                     fmt::format("global batch {} gives {} microbatches per step on each data-parallel rank; "
-                                 "programs hold at most {}",
-                                 plan.batch.global, p.train.microbatches, kMaxMicrobatches))
-                    .At(plan.Range("batch.global"))
-                    .Note("microbatches = global / (micro · dp); the schedule lists every one of them")
-                    .Help(fmt::format("a larger `batch.micro`, or a global batch of at most {} = {} · {} · {}",
-                                      kMaxMicrobatches * plan.batch.micro * q.dp, kMaxMicrobatches, plan.batch.micro,
-                                      q.dp)));
+    sink.Report(
+        Diag(DiagKind::kLowerSchedule,
+             fmt::format(
+                 "global batch {} gives {} microbatches per step on each data-parallel rank; "
+                 "programs hold at most {}",
+                 plan.batch.global, p.train.microbatches, kMaxMicrobatches))
+            .At(plan.Range("batch.global"))
+            .Note("microbatches = global / (micro · dp); the schedule lists every one of them")
+            .Help(fmt::format(
+                "a larger `batch.micro`, or a global batch of at most {} = {} · {} · {}",
+                kMaxMicrobatches * plan.batch.micro * q.dp, kMaxMicrobatches, plan.batch.micro,
+                q.dp)));
     return std::nullopt;
   }
   if (p.train.microbatches < 1) {
-    sink.Report(Diag(DiagKind::kLowerSchedule,
-                     fmt::format("global batch {} does not give a whole number of microbatches of {} sequences on dp = {}",
-                                 plan.batch.global, plan.batch.micro, q.dp))
-                    .At(plan.Range("batch.global"))
-                    .Note("microbatches = global / (micro · dp)")
-                    .Help(fmt::format("use a global batch that is a multiple of micro · dp = {}", plan.batch.micro * q.dp)));
+    sink.Report(
+        Diag(DiagKind::kLowerSchedule, fmt::format("global batch {} does not give a whole number "
+                                                   "of microbatches of {} sequences on dp = {}",
+                                                   plan.batch.global, plan.batch.micro, q.dp))
+            .At(plan.Range("batch.global"))
+            .Note("microbatches = global / (micro · dp)")
+            .Help(fmt::format("use a global batch that is a multiple of micro · dp = {}",
+                              plan.batch.micro * q.dp)));
     return std::nullopt;
   }
   if (std::string why = CheckScheduleShape(shape); !why.empty()) {
-    sink.Report(Diag(DiagKind::kLowerSchedule, fmt::format("the {} schedule cannot be built: {}",
-                                                           ToString(plan.pipeline.schedule), why))
-                    .At(plan.Range("pipeline.schedule"))
-                    .Note("paraplan builds Megatron-Core's orders and accepts what Megatron-Core accepts")
-                    .Help(fmt::format("use a number of microbatches that is a multiple of pp = {}", q.pp)));
+    sink.Report(
+        Diag(DiagKind::kLowerSchedule, fmt::format("the {} schedule cannot be built: {}",
+                                                   ToString(plan.pipeline.schedule), why))
+            .At(plan.Range("pipeline.schedule"))
+            .Note("paraplan builds Megatron-Core's orders and accepts what Megatron-Core accepts")
+            .Help(fmt::format("use a number of microbatches that is a multiple of pp = {}", q.pp)));
     return std::nullopt;
   }
   if (static_cast<int64_t>(partition.stages.size()) != q.pp) {
-    sink.Report(Diag(DiagKind::kLowerSchedule, fmt::format("the pipeline partition has {} stages for pp = {}",
-                                                           partition.stages.size(), q.pp)));
+    sink.Report(Diag(DiagKind::kLowerSchedule,
+                     fmt::format("the pipeline partition has {} stages for pp = {}",
+                                 partition.stages.size(), q.pp)));
     return std::nullopt;
   }
 
@@ -379,7 +462,8 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;
     for (const PipelineChunk& c : partition.stages[r].chunks)
-      chunks.push_back({static_cast<int32_t>(c.first_layer), static_cast<int32_t>(c.layer_count()), c.embedding, c.loss});
+      chunks.push_back({static_cast<int32_t>(c.first_layer), static_cast<int32_t>(c.layer_count()),
+                        c.embedding, c.loss});
     Role role;
     StepBodies sb = BuildRoleBodies(bs, r, chunks, role);
     BuildSchedule(pipeline[r], sb, p.parallel, role);
@@ -395,7 +479,8 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
     VerifyStats stats;
     std::vector<std::string> errors = VerifyWorld(p, &stats);
     if (!errors.empty()) {
-      Diag d(DiagKind::kLowerVerify, fmt::format("the lowered programs fail whole-world verification: {}", errors[0]));
+      Diag d(DiagKind::kLowerVerify,
+             fmt::format("the lowered programs fail whole-world verification: {}", errors[0]));
       for (size_t i = 1; i < errors.size(); ++i) d.Note(errors[i]);
       d.Note("this is a bug in planc; the program was not written");
       sink.Report(std::move(d));
@@ -405,17 +490,20 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   return p;
 }
 
-std::optional<Program> LowerPlan(const Plan& plan, const LowerOptions& options, DiagnosticSink& sink) {
+std::optional<Program> LowerPlan(const Plan& plan, const LowerOptions& options,
+                                 DiagnosticSink& sink) {
   std::string error;
   std::optional<Layout> layout = BuildLayout(plan, &error);
   if (!layout) {
-    sink.Report(Diag(DiagKind::kLowerSchedule, fmt::format("the rank layout cannot be built: {}", error)));
+    sink.Report(
+        Diag(DiagKind::kLowerSchedule, fmt::format("the rank layout cannot be built: {}", error)));
     return std::nullopt;
   }
   std::optional<Partition> partition = BuildPartition(plan, &sink);
   if (!partition) {
     if (!sink.has_errors())
-      sink.Report(Diag(DiagKind::kLowerSchedule, "the pipeline partition cannot be built for this plan"));
+      sink.Report(
+          Diag(DiagKind::kLowerSchedule, "the pipeline partition cannot be built for this plan"));
     return std::nullopt;
   }
   return Lower(plan, *layout, *partition, options, sink);

@@ -25,8 +25,9 @@ namespace paraplan::lower {
 
 struct LowerOptions {
   std::string producer = "planc 0.1.0";
-  int32_t microbatch_group = 0;  // interleaved: Megatron's microbatch_group_size_per_vp_stage; 0 = pp
-  bool verify = true;            // whole-world verification (tests switch it off to mutate first)
+  int32_t microbatch_group =
+      0;               // interleaved: Megatron's microbatch_group_size_per_vp_stage; 0 = pp
+  bool verify = true;  // whole-world verification (tests switch it off to mutate first)
   // Tests only: changes the program between building and verification.
   std::function<void(Program&)> before_verify;
 };
@@ -35,7 +36,8 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
                              const LowerOptions& options, DiagnosticSink& sink);
 
 // Convenience for tests and tools: builds layout and partition itself; reports their failures.
-std::optional<Program> LowerPlan(const Plan& plan, const LowerOptions& options, DiagnosticSink& sink);
+std::optional<Program> LowerPlan(const Plan& plan, const LowerOptions& options,
+                                 DiagnosticSink& sink);
 
 }  // namespace paraplan::lower
 

@@ -14,7 +14,8 @@
 namespace paraplan::lower {
 
 // Shared with the other lower tests.
-Plan TinyPlan(int64_t tp, int64_t pp, int64_t dp, Schedule schedule = Schedule::k1F1B, int64_t vpp = 1) {
+Plan TinyPlan(int64_t tp, int64_t pp, int64_t dp, Schedule schedule = Schedule::k1F1B,
+              int64_t vpp = 1) {
   Plan plan;
   plan.name = "tiny";
   ModelSpec& m = plan.model;
@@ -68,8 +69,9 @@ Program MustLower(const Plan& plan, bool verify = true) {
 }
 
 int CountOps(const Body& body, OpKind kind, CommKind comm) {
-  return static_cast<int>(std::count_if(body.ops.begin(), body.ops.end(),
-                                        [&](const Op& op) { return op.kind == kind && op.comm == comm; }));
+  return static_cast<int>(std::count_if(body.ops.begin(), body.ops.end(), [&](const Op& op) {
+    return op.kind == kind && op.comm == comm;
+  }));
 }
 
 std::string Joined(const std::vector<std::string>& v) {
@@ -124,7 +126,8 @@ TEST_CASE("configurations lower and verify") {
   }
 }
 
-TEST_CASE("tensor parallel bodies: an all-reduce after every row-parallel linear, forward and backward") {
+TEST_CASE(
+    "tensor parallel bodies: an all-reduce after every row-parallel linear, forward and backward") {
   Program p = MustLower(TinyPlan(2, 1, 1));
   const Role& role = p.roles[0];
   const Body& fwd = role.bodies[role.chunks[0].forward];
@@ -136,7 +139,9 @@ TEST_CASE("tensor parallel bodies: an all-reduce after every row-parallel linear
   CHECK(CountOps(fwd, OpKind::AllGather, CommKind::Tp) == 0);
 }
 
-TEST_CASE("sequence parallel bodies: all-gather before and reduce-scatter after every tensor-parallel block") {
+TEST_CASE(
+    "sequence parallel bodies: all-gather before and reduce-scatter after every tensor-parallel "
+    "block") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.parallel.sp = true;
   Program p = MustLower(plan);
@@ -168,18 +173,22 @@ TEST_CASE("data parallel and ZeRO steps") {
     // as soon as the backward body has finished with it.
     const int buckets = static_cast<int>(role.buckets.size());
     CHECK(buckets == (zero <= 1 ? 1 : 8 + 3));
-    CHECK(CountOps(reduce, zero == 0 ? OpKind::AllReduce : OpKind::ReduceScatter, CommKind::Dp) == (zero <= 1 ? 1 : 0));
+    CHECK(CountOps(reduce, zero == 0 ? OpKind::AllReduce : OpKind::ReduceScatter, CommKind::Dp) ==
+          (zero <= 1 ? 1 : 0));
     CHECK(CountOps(bwd, OpKind::ReduceScatter, CommKind::Dp) == (zero >= 2 ? buckets : 0));
     CHECK(CountOps(bwd, OpKind::Fill, CommKind::None) == (zero >= 2 ? buckets : 0));
-    CHECK(CountOps(step, OpKind::AllGather, CommKind::Dp) == (zero == 1 || zero == 2 ? buckets : 0));
+    CHECK(CountOps(step, OpKind::AllGather, CommKind::Dp) ==
+          (zero == 1 || zero == 2 ? buckets : 0));
     CHECK(CountOps(step, OpKind::AdamW, zero == 0 ? CommKind::None : CommKind::Dp) == buckets);
-    CHECK(CountOps(step, OpKind::AllReduce, zero == 0 ? CommKind::Mp : CommKind::World) == (zero == 0 ? 0 : 1));
+    CHECK(CountOps(step, OpKind::AllReduce, zero == 0 ? CommKind::Mp : CommKind::World) ==
+          (zero == 0 ? 0 : 1));
     // ZeRO-3: each bucket is gathered in the body right before its first use, in the forward
     // and again in the backward; no schedule-level GatherParams.
     CHECK(CountOps(fwd, OpKind::AllGather, CommKind::Dp) == (zero == 3 ? buckets : 0));
     // (The backward reads every weight but the word embedding's: EmbeddingBackward needs ids only.)
     CHECK(CountOps(bwd, OpKind::AllGather, CommKind::Dp) == (zero == 3 ? buckets - 1 : 0));
-    CHECK(std::none_of(role.schedule.begin(), role.schedule.end(), [](const Op& op) { return op.kind == OpKind::GatherParams; }));
+    CHECK(std::none_of(role.schedule.begin(), role.schedule.end(),
+                       [](const Op& op) { return op.kind == OpKind::GatherParams; }));
     int64_t param_bytes = 0, grad_bytes = 0, largest_params = 0, largest_grads = 0;
     for (const Bucket& b : role.buckets) {
       CHECK(b.elements % 2 == 0);
@@ -225,10 +234,12 @@ TEST_CASE("ZeRO-3 with interleaving: the layers' gathered buckets share bytes") 
       for (int32_t bi : {c.forward, c.backward}) {
         std::set<int32_t> gathered;
         for (const Op& op : role.bodies[bi].ops) {
-          if (op.kind == OpKind::AllGather && op.comm == CommKind::Dp) gathered.insert(op.outputs[0]);
+          if (op.kind == OpKind::AllGather && op.comm == CommKind::Dp)
+            gathered.insert(op.outputs[0]);
           for (int32_t x : op.inputs) {
             const Buffer& buf = role.buffers[x];
-            if (buf.kind == BufferKind::Param && buf.view_of >= 0) CHECK(gathered.count(buf.view_of) == 1);
+            if (buf.kind == BufferKind::Param && buf.view_of >= 0)
+              CHECK(gathered.count(buf.view_of) == 1);
           }
         }
       }
@@ -236,16 +247,20 @@ TEST_CASE("ZeRO-3 with interleaving: the layers' gathered buckets share bytes") 
   }
 }
 
-TEST_CASE("ZeRO-2 with tied embeddings across the pipeline: the embedding has its own bucket on both ends") {
+TEST_CASE(
+    "ZeRO-2 with tied embeddings across the pipeline: the embedding has its own bucket on both "
+    "ends") {
   Plan plan = Gpt2Plan(1, 2, 2);
   plan.optimizer.zero = 2;
   Program p = MustLower(plan);
   std::vector<int64_t> sizes;
   for (const Role& role : p.roles) {
-    auto word = std::find_if(role.params.begin(), role.params.end(), [](const Param& x) { return x.key == 0; });
+    auto word = std::find_if(role.params.begin(), role.params.end(),
+                             [](const Param& x) { return x.key == 0; });
     REQUIRE(word != role.params.end());
-    auto bucket = std::find_if(role.buckets.begin(), role.buckets.end(),
-                               [&](const Bucket& b) { return role.buffers[word->grad].view_of == b.grads; });
+    auto bucket = std::find_if(role.buckets.begin(), role.buckets.end(), [&](const Bucket& b) {
+      return role.buffers[word->grad].view_of == b.grads;
+    });
     REQUIRE(bucket != role.buckets.end());
     sizes.push_back(bucket->elements);
     const Body& reduce = role.bodies[role.schedule[role.schedule.size() - 2].ints[0]];
@@ -258,10 +273,13 @@ TEST_CASE("ZeRO-2 with tied embeddings across the pipeline: the embedding has it
   CHECK(sizes[0] == sizes[1]);
 }
 
-TEST_CASE("tied embeddings across the pipeline: a copy on the last stage, summed over the embedding group") {
+TEST_CASE(
+    "tied embeddings across the pipeline: a copy on the last stage, summed over the embedding "
+    "group") {
   Program p = MustLower(Gpt2Plan(1, 2, 1));
   const Role& last = p.roles[1];
-  auto copy = std::find_if(last.params.begin(), last.params.end(), [](const Param& x) { return x.key == 0; });
+  auto copy = std::find_if(last.params.begin(), last.params.end(),
+                           [](const Param& x) { return x.key == 0; });
   REQUIRE(copy != last.params.end());
   CHECK_FALSE(copy->counts_in_norm);
   for (const Role& role : p.roles) {
@@ -293,7 +311,9 @@ TEST_CASE("memory plan: buffers inside the arena, live scratch buffers never ove
   }
 }
 
-TEST_CASE("memory plan: no two buffers live at the same op of a body share bytes (scratch, ZeRO buckets)") {
+TEST_CASE(
+    "memory plan: no two buffers live at the same op of a body share bytes (scratch, ZeRO "
+    "buckets)") {
   std::vector<Plan> plans;
   for (int zero : {0, 2, 3}) {
     Plan plan = TinyPlan(2, 2, 2, Schedule::kInterleaved1F1B, 2);
@@ -321,22 +341,27 @@ TEST_CASE("memory plan: no two buffers live at the same op of a body share bytes
             for (int32_t x : *list) {
               const int32_t b = storage(x);
               const Buffer& buf = role.buffers[b];
-              const bool scoped = buf.kind == BufferKind::Scratch ||
-                                  std::any_of(role.buckets.begin(), role.buckets.end(), [&](const Bucket& k) {
-                                    return (k.param_shard >= 0 && k.params == b) || (k.grad_shard >= 0 && k.grads == b);
-                                  });
+              const bool scoped =
+                  buf.kind == BufferKind::Scratch ||
+                  std::any_of(role.buckets.begin(), role.buckets.end(), [&](const Bucket& k) {
+                    return (k.param_shard >= 0 && k.params == b) ||
+                           (k.grad_shard >= 0 && k.grads == b);
+                  });
               if (!scoped) continue;
               auto [it, fresh] = live.insert({b, {i, i}});
               if (!fresh) it->second.second = i;
             }
         for (auto a = live.begin(); a != live.end(); ++a)
           for (auto c = std::next(a); c != live.end(); ++c) {
-            const bool same_time = !(a->second.second < c->second.first || c->second.second < a->second.first);
+            const bool same_time =
+                !(a->second.second < c->second.first || c->second.second < a->second.first);
             const Buffer& x = role.buffers[a->first];
             const Buffer& y = role.buffers[c->first];
             const bool same_bytes = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
-            const bool same_bytes32 = x.fp32_offset < y.fp32_offset + y.fp32_bytes && y.fp32_offset < x.fp32_offset + x.fp32_bytes;
-            if (same_time && (same_bytes || same_bytes32)) FAIL_CHECK(body.name << ": " << x.name << " and " << y.name);
+            const bool same_bytes32 = x.fp32_offset < y.fp32_offset + y.fp32_bytes &&
+                                      y.fp32_offset < x.fp32_offset + x.fp32_bytes;
+            if (same_time && (same_bytes || same_bytes32))
+              FAIL_CHECK(body.name << ": " << x.name << " and " << y.name);
           }
       }
     }
@@ -361,7 +386,9 @@ TEST_CASE("mutation: a dropped receive is caught, naming both ranks") {
   REQUIRE(it != role.schedule.end());
   role.schedule.erase(it);
   std::string errors = Joined(VerifyWorld(p));
-  CHECK(errors.find("rank 0 (stage0) sends 8 transfers to rank 1 (stage1-mutated), which receives 7") != std::string::npos);
+  CHECK(errors.find(
+            "rank 0 (stage0) sends 8 transfers to rank 1 (stage1-mutated), which receives 7") !=
+        std::string::npos);
 }
 
 TEST_CASE("mutation: a receive moved later is a deadlock, reported with the waiting ops") {
@@ -373,7 +400,8 @@ TEST_CASE("mutation: a receive moved later is a deadlock, reported with the wait
   Op moved = *recv;
   moved.ints[prog::kP2pGroup] = 0;
   role.schedule.erase(recv);
-  auto fwd = std::find_if(role.schedule.begin(), role.schedule.end(), [](const Op& op) { return op.kind == OpKind::Forward; });
+  auto fwd = std::find_if(role.schedule.begin(), role.schedule.end(),
+                          [](const Op& op) { return op.kind == OpKind::Forward; });
   // Instead of the recv before forward 0, keep order of pairs but make rank 1 wait on a grad
   // it can only get after sending its activation: swap to a receive of a grad first.
   Op bogus = moved;
@@ -385,14 +413,17 @@ TEST_CASE("mutation: a receive moved later is a deadlock, reported with the wait
   CHECK(errors.find("recv_grad(microbatch 0, chunk 0, peer 0)") != std::string::npos);
 }
 
-TEST_CASE("mutation: swapped collectives on one rank are caught, naming the communicator and both ranks") {
+TEST_CASE(
+    "mutation: swapped collectives on one rank are caught, naming the communicator and both "
+    "ranks") {
   Program p = MustLower(TinyPlan(2, 2, 1), false);
   Role& role = SplitRole(p, 0);
   // Two different collectives in rank 0's optimizer step: grad-norm all-reduce over mp and
   // nothing else... use the forward body instead: swap a tp all-reduce with the max all-reduce.
   Body& step = role.bodies[role.schedule.back().ints[0]];
   // Add a second cross-role collective so that two exist, then swap on this rank only.
-  Op extra{OpKind::AllReduce, step.ops[1].inputs, step.ops[1].outputs, CommKind::Mp, {prog::kReduceMax}, {}};
+  Op extra{OpKind::AllReduce, step.ops[1].inputs, step.ops[1].outputs,
+           CommKind::Mp,      {prog::kReduceMax}, {}};
   for (Role& r : p.roles) {
     Body& s = r.bodies[r.schedule.back().ints[0]];
     s.ops.insert(s.ops.begin() + 2, extra);
@@ -405,14 +436,17 @@ TEST_CASE("mutation: swapped collectives on one rank are caught, naming the comm
   CHECK(errors.find("all_reduce[mp, sum]") != std::string::npos);
 }
 
-TEST_CASE("mutation: swapped tensor-parallel collectives inside one rank's forward body are caught") {
+TEST_CASE(
+    "mutation: swapped tensor-parallel collectives inside one rank's forward body are caught") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.parallel.sp = true;
   Program p = MustLower(plan, false);
   Role& role = SplitRole(p, 1);
   Body& fwd = role.bodies[role.chunks[0].forward];
-  auto first = std::find_if(fwd.ops.begin(), fwd.ops.end(), [](const Op& op) { return op.kind == OpKind::AllGather; });
-  auto second = std::find_if(first + 1, fwd.ops.end(), [](const Op& op) { return op.kind == OpKind::ReduceScatter; });
+  auto first = std::find_if(fwd.ops.begin(), fwd.ops.end(),
+                            [](const Op& op) { return op.kind == OpKind::AllGather; });
+  auto second = std::find_if(first + 1, fwd.ops.end(),
+                             [](const Op& op) { return op.kind == OpKind::ReduceScatter; });
   REQUIRE(second != fwd.ops.end());
   std::swap(*first, *second);
   std::string errors = Joined(VerifyWorld(p));
@@ -425,11 +459,14 @@ TEST_CASE("mutation: swapped tensor-parallel collectives inside one rank's forwa
 TEST_CASE("mutation: a duplicated forward is caught by counting, naming the ranks and ops") {
   Program p = MustLower(TinyPlan(1, 2, 1), false);
   Role& role = p.roles[1];
-  auto fwd = std::find_if(role.schedule.begin(), role.schedule.end(), [](const Op& op) { return op.kind == OpKind::Forward; });
+  auto fwd = std::find_if(role.schedule.begin(), role.schedule.end(),
+                          [](const Op& op) { return op.kind == OpKind::Forward; });
   Op dup = *fwd;
   role.schedule.insert(fwd + 1, dup);
   std::string errors = Joined(VerifyWorld(p));
-  CHECK(errors.find("ranks 1 (stage1): microbatch 0 of chunk 0 runs forward 2 times (ops #2, #3)") != std::string::npos);
+  CHECK(
+      errors.find("ranks 1 (stage1): microbatch 0 of chunk 0 runs forward 2 times (ops #2, #3)") !=
+      std::string::npos);
 }
 
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
@@ -462,17 +499,21 @@ TEST_CASE("a program that fails verification is not returned: P0804 with the ver
   LowerOptions options;
   options.before_verify = [](Program& p) {
     auto& s = p.roles[1].schedule;
-    s.erase(std::find_if(s.begin(), s.end(), [](const Op& op) { return op.kind == OpKind::RecvActivation; }));
+    s.erase(std::find_if(s.begin(), s.end(),
+                         [](const Op& op) { return op.kind == OpKind::RecvActivation; }));
   };
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(TinyPlan(1, 2, 1), options, sink).has_value());
   REQUIRE(sink.diagnostics().size() == 1);
   CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerVerify);
-  CHECK(sink.diagnostics()[0].message.find("rank 0 (stage0) sends 8 transfers to rank 1 (stage1), which receives 7") !=
+  CHECK(sink.diagnostics()[0].message.find(
+            "rank 0 (stage0) sends 8 transfers to rank 1 (stage1), which receives 7") !=
         std::string::npos);
 }
 
-TEST_CASE("recompute: full re-emits each layer's forward with its TP/SP collectives in the backward body") {
+TEST_CASE(
+    "recompute: full re-emits each layer's forward with its TP/SP collectives in the backward "
+    "body") {
   Plan plan = TinyPlan(2, 2, 1);
   plan.parallel.sp = true;
   Program none = MustLower(plan);
@@ -493,14 +534,16 @@ TEST_CASE("recompute: full re-emits each layer's forward with its TP/SP collecti
     CHECK(fa.ops.size() == fb.ops.size());  // the forward itself is unchanged
     // Per layer: two all-gathers (norm outputs) and one reduce-scatter (attention output) are
     // re-run; the MLP's reduce-scatter feeds only the residual add, which nothing reads.
-    CHECK(CountOps(bb, OpKind::AllGather, CommKind::Tp) == CountOps(ba, OpKind::AllGather, CommKind::Tp) + 2 * layers);
+    CHECK(CountOps(bb, OpKind::AllGather, CommKind::Tp) ==
+          CountOps(ba, OpKind::AllGather, CommKind::Tp) + 2 * layers);
     CHECK(CountOps(bb, OpKind::ReduceScatter, CommKind::Tp) ==
           CountOps(ba, OpKind::ReduceScatter, CommKind::Tp) + layers);
     CHECK(CountOps(bb, OpKind::Attention, CommKind::None) == layers);
     CHECK(CountOps(c.bodies[c.chunks[0].backward], OpKind::Attention, CommKind::None) == layers);
     // Stash: full keeps the layer inputs (and the chunk's boundary buffers), far fewer buffers.
     auto stash = [](const Role& role) {
-      return std::count_if(role.buffers.begin(), role.buffers.end(), [](const Buffer& x) { return x.kind == BufferKind::Stash; });
+      return std::count_if(role.buffers.begin(), role.buffers.end(),
+                           [](const Buffer& x) { return x.kind == BufferKind::Stash; });
     };
     CHECK(stash(b) < stash(c));
     CHECK(stash(c) == stash(a) - layers);  // selective: no log-sum-exp per layer

@@ -37,8 +37,10 @@ std::vector<Interval> BodyIntervals(const Role& role, const std::vector<uint8_t>
   std::vector<int32_t> root(n, -1);  // the body-scoped buffer a buffer stands for
   for (size_t b = 0; b < n; ++b) {
     const Buffer& buf = role.buffers[b];
-    if (buf.kind == BufferKind::Scratch || transient[b]) root[b] = static_cast<int32_t>(b);
-    else if (buf.view_of >= 0 && transient[buf.view_of]) root[b] = buf.view_of;
+    if (buf.kind == BufferKind::Scratch || transient[b])
+      root[b] = static_cast<int32_t>(b);
+    else if (buf.view_of >= 0 && transient[buf.view_of])
+      root[b] = buf.view_of;
   }
   for (int32_t bi = 0; bi < static_cast<int32_t>(role.bodies.size()); ++bi) {
     const Body& body = role.bodies[bi];
@@ -94,8 +96,10 @@ Placement Place(Role& role, bool fp32) {
     set(b, cursor, n, 0);
     cursor = Align(cursor + n);
     int64_t* slot = &pl.exact.other;
-    if (b.kind == BufferKind::Param || (b.kind == BufferKind::Bucket && !grad_bucket[bi])) slot = &pl.exact.params;
-    if (b.kind == BufferKind::Grad || (b.kind == BufferKind::Bucket && grad_bucket[bi])) slot = &pl.exact.grads;
+    if (b.kind == BufferKind::Param || (b.kind == BufferKind::Bucket && !grad_bucket[bi]))
+      slot = &pl.exact.params;
+    if (b.kind == BufferKind::Grad || (b.kind == BufferKind::Bucket && grad_bucket[bi]))
+      slot = &pl.exact.grads;
     if (b.kind == BufferKind::Optimizer) slot = &pl.exact.optimizer;
     *slot += n;
   }
@@ -116,7 +120,10 @@ Placement Place(Role& role, bool fp32) {
     for (int32_t i : members) {
       Buffer& b = role.buffers[i];
       b.slots = c.slots;
-      if (fp32) b.fp32_slot_stride = frame; else b.slot_stride = frame;
+      if (fp32)
+        b.fp32_slot_stride = frame;
+      else
+        b.slot_stride = frame;
     }
     cursor += frame * c.slots;
     pl.exact.stash += exact * c.slots;
@@ -171,12 +178,15 @@ Placement Place(Role& role, bool fp32) {
   // Exact high-water marks per body: Scratch alone, gathered params, full grads, and together.
   {
     std::vector<std::vector<int64_t>> delta(role.bodies.size());
-    for (size_t bi = 0; bi < role.bodies.size(); ++bi) delta[bi].assign(role.bodies[bi].ops.size() + 1, 0);
+    for (size_t bi = 0; bi < role.bodies.size(); ++bi)
+      delta[bi].assign(role.bodies[bi].ops.size() + 1, 0);
     auto high = [&](int which) {  // 0 scratch, 1 params, 2 grads, 3 all
       int64_t best = 0;
-      for (size_t bi = 0; bi < role.bodies.size(); ++bi) std::fill(delta[bi].begin(), delta[bi].end(), 0);
+      for (size_t bi = 0; bi < role.bodies.size(); ++bi)
+        std::fill(delta[bi].begin(), delta[bi].end(), 0);
       for (const Interval& iv : intervals) {
-        const int kind = role.buffers[iv.buffer].kind == BufferKind::Scratch ? 0 : transient[iv.buffer];
+        const int kind =
+            role.buffers[iv.buffer].kind == BufferKind::Scratch ? 0 : transient[iv.buffer];
         if (which != 3 && kind != which) continue;
         const int64_t n = bytes_of(role.buffers[iv.buffer]);
         delta[iv.body][iv.first] += n;
@@ -196,7 +206,8 @@ Placement Place(Role& role, bool fp32) {
   // Body-scoped buffers no body touches (none today) still get a valid placement.
   for (size_t bi = 0; bi < role.buffers.size(); ++bi) {
     Buffer& b = role.buffers[bi];
-    if ((b.kind == BufferKind::Scratch || transient[bi]) && ranges_of[bi].empty() && b.Elements() > 0) {
+    if ((b.kind == BufferKind::Scratch || transient[bi]) && ranges_of[bi].empty() &&
+        b.Elements() > 0) {
       int64_t n = bytes_of(b);
       set(b, scratch_base, n, 0);
       scratch_size = std::max(scratch_size, Align(n));

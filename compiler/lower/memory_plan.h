@@ -33,12 +33,12 @@ namespace paraplan::lower {
 inline constexpr int64_t kArenaAlignment = 256;
 
 struct MemoryBreakdown {
-  int64_t params = 0;     // persistent params: param buckets, or the ZeRO-3 shards
-  int64_t grads = 0;      // persistent grads: grad buckets, or the ZeRO-2/3 shards
-  int64_t optimizer = 0;  // master + moments of the local shard
-  int64_t other = 0;      // small persistent values
-  int64_t stash = 0;      // all slots of all chunks
-  int64_t scratch = 0;    // largest body high-water mark
+  int64_t params = 0;           // persistent params: param buckets, or the ZeRO-3 shards
+  int64_t grads = 0;            // persistent grads: grad buckets, or the ZeRO-2/3 shards
+  int64_t optimizer = 0;        // master + moments of the local shard
+  int64_t other = 0;            // small persistent values
+  int64_t stash = 0;            // all slots of all chunks
+  int64_t scratch = 0;          // largest body high-water mark
   int64_t gathered_params = 0;  // ZeRO-3: largest gathered param buckets live at once in a body
   int64_t full_grads = 0;       // ZeRO-2/3: largest full grad buckets live at once in a body
   int64_t body_peak = 0;        // largest scratch + transient buckets live at one op of a body

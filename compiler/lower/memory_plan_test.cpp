@@ -33,7 +33,9 @@ Plan TinyPlan(int64_t tp, int64_t pp, int64_t dp, Schedule schedule, int64_t vpp
 
 namespace {
 
-double Ratio(int64_t a, int64_t b) { return b == 0 ? 0 : static_cast<double>(a) / static_cast<double>(b); }
+double Ratio(int64_t a, int64_t b) {
+  return b == 0 ? 0 : static_cast<double>(a) / static_cast<double>(b);
+}
 
 Plan MidPlan(Recompute recompute, bool sp) {
   Plan plan = TinyPlan(2, 2, 2, Schedule::k1F1B, 1);
@@ -79,27 +81,31 @@ std::vector<Compared> CompareStages(const Plan& plan) {
   REQUIRE(est.valid);
   std::vector<Compared> out;
   for (const Role& role : p->roles) {
-    Compared c{MeasureMemory(role), est.stages[role.pipeline_rank], role.chunks[0].slots, role.peak_bytes};
+    Compared c{MeasureMemory(role), est.stages[role.pipeline_rank], role.chunks[0].slots,
+               role.peak_bytes};
     for (const Bucket& k : role.buckets) c.largest_bucket = std::max(c.largest_bucket, k.elements);
     const StageMemory& sm = c.model;
     const MemoryBreakdown& b = c.program;
-    MESSAGE(std::string(ToString(plan.recompute)) << (plan.parallel.sp ? std::string(" sp ") : std::string(" ")) << role.name << ": program weights "
-                                     << b.params << " grads " << b.grads << " optimizer " << b.optimizer << " stash "
-                                     << b.stash << " scratch " << b.scratch << " | analytic weights "
-                                     << sm.Get(MemoryPart::kWeights) << " grads " << sm.Get(MemoryPart::kGradients)
-                                     << " optimizer " << sm.Get(MemoryPart::kOptimizer) << " activations "
-                                     << sm.Get(MemoryPart::kActivations) << " embedding+loss "
-                                     << sm.Get(MemoryPart::kEmbeddingAndLoss) << " workspace "
-                                     << sm.Get(MemoryPart::kRecomputeWorkspace) << " in flight " << sm.in_flight
-                                     << " total " << sm.total << " | ZeRO " << plan.optimizer.zero
-                                     << ": gathered params " << b.gathered_params << " full grads " << b.full_grads
-                                     << ", analytic comm buffers " << sm.Get(MemoryPart::kCommBuffers));
+    MESSAGE(std::string(ToString(plan.recompute))
+            << (plan.parallel.sp ? std::string(" sp ") : std::string(" ")) << role.name
+            << ": program weights " << b.params << " grads " << b.grads << " optimizer "
+            << b.optimizer << " stash " << b.stash << " scratch " << b.scratch
+            << " | analytic weights " << sm.Get(MemoryPart::kWeights) << " grads "
+            << sm.Get(MemoryPart::kGradients) << " optimizer " << sm.Get(MemoryPart::kOptimizer)
+            << " activations " << sm.Get(MemoryPart::kActivations) << " embedding+loss "
+            << sm.Get(MemoryPart::kEmbeddingAndLoss) << " workspace "
+            << sm.Get(MemoryPart::kRecomputeWorkspace) << " in flight " << sm.in_flight << " total "
+            << sm.total << " | ZeRO " << plan.optimizer.zero << ": gathered params "
+            << b.gathered_params << " full grads " << b.full_grads << ", analytic comm buffers "
+            << sm.Get(MemoryPart::kCommBuffers));
     out.push_back(c);
   }
   return out;
 }
 
-TEST_CASE("model states of the static plan equal the analytic model's, activations within a stated band") {
+TEST_CASE(
+    "model states of the static plan equal the analytic model's, activations within a stated "
+    "band") {
   for (const Compared& c : CompareStages(MidPlan(Recompute::kNone, false))) {
     const StageMemory& sm = c.model;
     const MemoryBreakdown& b = c.program;
@@ -107,7 +113,8 @@ TEST_CASE("model states of the static plan equal the analytic model's, activatio
     CHECK(Ratio(b.grads, sm.Get(MemoryPart::kGradients)) == doctest::Approx(1.0).epsilon(0.02));
     CHECK(Ratio(b.optimizer, sm.Get(MemoryPart::kOptimizer)) == doctest::Approx(1.0).epsilon(0.02));
     CHECK(c.slots == sm.in_flight);
-    double act = Ratio(b.stash, sm.Get(MemoryPart::kActivations) + sm.Get(MemoryPart::kEmbeddingAndLoss));
+    double act =
+        Ratio(b.stash, sm.Get(MemoryPart::kActivations) + sm.Get(MemoryPart::kEmbeddingAndLoss));
     // Measured: stage 0 1.045 (the program also keeps both norm outputs gathered and the
     // SwiGLU inputs), stage 1 0.81 (bf16 logits here, fp32 in the analytic model).
     CHECK(act > 0.75);
@@ -127,21 +134,26 @@ TEST_CASE("recompute: the static plan's stash and scratch follow the analytic mo
       const int64_t layers = none[r].model.layers;
       // Selective drops exactly the attention core's fp32 log-sum-exp in both: the same bytes.
       CHECK(none[r].program.stash - selective[r].program.stash ==
-            none[r].model.Get(MemoryPart::kActivations) - selective[r].model.Get(MemoryPart::kActivations));
+            none[r].model.Get(MemoryPart::kActivations) -
+                selective[r].model.Get(MemoryPart::kActivations));
       // The model's workspace is one layer's recomputed part for one microbatch.
-      CHECK(selective[r].model.Get(MemoryPart::kRecomputeWorkspace) * layers * none[r].model.in_flight ==
-            none[r].model.Get(MemoryPart::kActivations) - selective[r].model.Get(MemoryPart::kActivations));
+      CHECK(selective[r].model.Get(MemoryPart::kRecomputeWorkspace) * layers *
+                none[r].model.in_flight ==
+            none[r].model.Get(MemoryPart::kActivations) -
+                selective[r].model.Get(MemoryPart::kActivations));
       // Full: each layer keeps its input only, as in the model; the program also keeps the
       // chunk's pipeline boundary buffers (output to send, received gradient) per slot, which
       // the analytic model does not count: (layers + 2) / layers of the model's activations.
       const StageMemory& fm = full[r].model;
       if (!fm.loss) {
-        const double act = Ratio(full[r].program.stash, fm.Get(MemoryPart::kActivations) + fm.Get(MemoryPart::kEmbeddingAndLoss));
+        const double act = Ratio(full[r].program.stash, fm.Get(MemoryPart::kActivations) +
+                                                            fm.Get(MemoryPart::kEmbeddingAndLoss));
         CHECK(act > 1.0);
         CHECK(act < static_cast<double>(layers + 2) / static_cast<double>(layers) + 0.01);
       } else {
         // The loss stage: bf16 logits here, fp32 in the model (see the top of this file).
-        const double act = Ratio(full[r].program.stash, fm.Get(MemoryPart::kActivations) + fm.Get(MemoryPart::kEmbeddingAndLoss));
+        const double act = Ratio(full[r].program.stash, fm.Get(MemoryPart::kActivations) +
+                                                            fm.Get(MemoryPart::kEmbeddingAndLoss));
         CHECK(act > 0.5);
         CHECK(act < 1.0);
       }
@@ -149,7 +161,8 @@ TEST_CASE("recompute: the static plan's stash and scratch follow the analytic mo
       // model's workspace) plus that layer's backward temporaries, which the model leaves out.
       const int64_t extra = full[r].program.scratch - none[r].program.scratch;
       CHECK(extra <= fm.Get(MemoryPart::kRecomputeWorkspace));
-      CHECK(full[r].program.scratch <= none[r].program.scratch + fm.Get(MemoryPart::kRecomputeWorkspace));
+      CHECK(full[r].program.scratch <=
+            none[r].program.scratch + fm.Get(MemoryPart::kRecomputeWorkspace));
       CHECK(full[r].peak < none[r].peak);
       CHECK(full[r].peak < fm.total);
       CHECK(selective[r].peak < selective[r].model.total);
@@ -172,7 +185,8 @@ TEST_CASE("ZeRO 2 and 3: persistent shards equal the analytic model's, transient
       // Persistent model states: the shards (ZeRO 2: grads / dp, ZeRO 3: also weights / dp).
       CHECK(Ratio(b.params, sm.Get(MemoryPart::kWeights)) == doctest::Approx(1.0).epsilon(0.02));
       CHECK(Ratio(b.grads, sm.Get(MemoryPart::kGradients)) == doctest::Approx(1.0).epsilon(0.02));
-      CHECK(Ratio(b.optimizer, sm.Get(MemoryPart::kOptimizer)) == doctest::Approx(1.0).epsilon(0.02));
+      CHECK(Ratio(b.optimizer, sm.Get(MemoryPart::kOptimizer)) ==
+            doctest::Approx(1.0).epsilon(0.02));
       // Transient (ZeRO >= 2: one bucket per layer and per embedding / final norm / output
       // layer): a bucket's full f32 grads live in the backward body from its first to its last
       // writer, its gathered bf16 params (ZeRO 3) from its AllGather to its last reader; buckets

@@ -31,15 +31,30 @@ std::string ShortSchedule(const Role& role) {
   for (const Op& op : role.schedule) {
     std::string t;
     switch (op.kind) {
-      case OpKind::Forward: t = fmt::format("F{}{}", op.Int(0), std::string(op.Int(1), '\'')); break;
-      case OpKind::Backward: t = fmt::format("B{}{}", op.Int(0), std::string(op.Int(1), '\'')); break;
-      case OpKind::SendActivation: t = fmt::format("sa{}", op.Int(0)); break;
-      case OpKind::RecvActivation: t = fmt::format("ra{}", op.Int(0)); break;
-      case OpKind::SendGrad: t = fmt::format("sg{}", op.Int(0)); break;
-      case OpKind::RecvGrad: t = fmt::format("rg{}", op.Int(0)); break;
+      case OpKind::Forward:
+        t = fmt::format("F{}{}", op.Int(0), std::string(op.Int(1), '\''));
+        break;
+      case OpKind::Backward:
+        t = fmt::format("B{}{}", op.Int(0), std::string(op.Int(1), '\''));
+        break;
+      case OpKind::SendActivation:
+        t = fmt::format("sa{}", op.Int(0));
+        break;
+      case OpKind::RecvActivation:
+        t = fmt::format("ra{}", op.Int(0));
+        break;
+      case OpKind::SendGrad:
+        t = fmt::format("sg{}", op.Int(0));
+        break;
+      case OpKind::RecvGrad:
+        t = fmt::format("rg{}", op.Int(0));
+        break;
       case OpKind::GatherParams:
-      case OpKind::ReleaseParams: continue;
-      default: t = std::string(OpName(op.kind)); break;
+      case OpKind::ReleaseParams:
+        continue;
+      default:
+        t = std::string(OpName(op.kind));
+        break;
     }
     out += (out.empty() ? "" : " ") + t;
   }
@@ -51,7 +66,9 @@ std::string ShortSchedule(const Role& role) {
 std::string PrintOp(const Role& role, const Op& op) {
   auto names = [&](const std::vector<int32_t>& v) {
     std::string s;
-    for (int32_t b : v) s += (s.empty() ? "" : ", ") + (b >= 0 && b < static_cast<int32_t>(role.buffers.size()) ? role.buffers[b].name : "?");
+    for (int32_t b : v)
+      s += (s.empty() ? "" : ", ") +
+           (b >= 0 && b < static_cast<int32_t>(role.buffers.size()) ? role.buffers[b].name : "?");
     return s;
   };
   std::string out = fmt::format("{}({})", OpName(op.kind), names(op.inputs));
@@ -60,7 +77,8 @@ std::string PrintOp(const Role& role, const Op& op) {
   if (!op.ints.empty()) out += fmt::format(" ints={}", Shape(op.ints));
   if (!op.floats.empty()) {
     out += " floats=[";
-    for (size_t i = 0; i < op.floats.size(); ++i) out += fmt::format("{}{:g}", i ? ", " : "", op.floats[i]);
+    for (size_t i = 0; i < op.floats.size(); ++i)
+      out += fmt::format("{}{:g}", i ? ", " : "", op.floats[i]);
     out += "]";
   }
   return out;
@@ -70,18 +88,25 @@ std::string PrintProgram(const Program& p) {
   std::string out;
   const ModelConfig& m = p.model;
   const ParallelConfig& q = p.parallel;
-  out += fmt::format("program '{}' (format {}, {}), world size {}\n", p.plan_name, p.format_version, p.producer, p.world_size);
-  out += fmt::format("model {}: layers {}, hidden {}, ffn {}, heads {}/{} kv, head_dim {}, vocab {} (padded {}), seq {}, micro {}, {} {} {}{}\n",
-                     m.name, m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim, m.vocab,
-                     m.vocab_padded, m.seq_len, m.micro_batch, prog::EnumNameNormKind(m.norm),
-                     prog::EnumNameActivationKind(m.activation), prog::EnumNamePositionKind(m.position),
-                     m.tied_embeddings ? " tied" : "");
-  out += fmt::format("parallel tp {} pp {} vpp {} cp {} ep {} dp {} sp {} zero {} schedule {} order {}\n", q.tp, q.pp,
-                     q.vpp, q.cp, q.ep, q.dp, q.sp, q.zero, prog::EnumNameScheduleKind(q.schedule), q.order);
+  out += fmt::format("program '{}' (format {}, {}), world size {}\n", p.plan_name, p.format_version,
+                     p.producer, p.world_size);
+  out += fmt::format(
+      "model {}: layers {}, hidden {}, ffn {}, heads {}/{} kv, head_dim {}, vocab {} (padded {}), "
+      "seq {}, micro {}, {} {} {}{}\n",
+      m.name, m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim, m.vocab,
+      m.vocab_padded, m.seq_len, m.micro_batch, prog::EnumNameNormKind(m.norm),
+      prog::EnumNameActivationKind(m.activation), prog::EnumNamePositionKind(m.position),
+      m.tied_embeddings ? " tied" : "");
+  out += fmt::format(
+      "parallel tp {} pp {} vpp {} cp {} ep {} dp {} sp {} zero {} schedule {} order {}\n", q.tp,
+      q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp, q.zero, prog::EnumNameScheduleKind(q.schedule), q.order);
   const TrainConfig& t = p.train;
-  out += fmt::format("train steps {} seed {} global {} microbatches {} precision {} {} lr {:g} (min {:g}, warmup {}) wd {:g} betas {:g} {:g} eps {:g} clip {:g}\n",
-                     t.steps, t.seed, t.global_batch, t.microbatches, prog::EnumNamePrecision(t.precision), t.optimizer,
-                     t.lr, t.min_lr, t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.eps, t.clip_grad);
+  out += fmt::format(
+      "train steps {} seed {} global {} microbatches {} precision {} {} lr {:g} (min {:g}, warmup "
+      "{}) wd {:g} betas {:g} {:g} eps {:g} clip {:g}\n",
+      t.steps, t.seed, t.global_batch, t.microbatches, prog::EnumNamePrecision(t.precision),
+      t.optimizer, t.lr, t.min_lr, t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.eps,
+      t.clip_grad);
   std::map<std::string_view, int> counts;
   for (const Communicator& c : p.communicators) counts[CommName(c.kind)]++;
   out += "communicators:";
@@ -91,18 +116,23 @@ std::string PrintProgram(const Program& p) {
     const Role& r = p.roles[ri];
     int64_t ranks = 0;
     for (const Rank& rank : p.ranks) ranks += rank.role == static_cast<int32_t>(ri);
-    out += fmt::format("role {} (pipeline rank {}, {} ranks): {} buffers, {} params, {} bodies, {} schedule ops; arena {} ({} f32), peak {}\n",
-                       r.name, r.pipeline_rank, ranks, r.buffers.size(), r.params.size(), r.bodies.size(),
-                       r.schedule.size(), Bytes(r.arena_bytes), Bytes(r.fp32_arena_bytes), Bytes(r.peak_bytes));
+    out += fmt::format(
+        "role {} (pipeline rank {}, {} ranks): {} buffers, {} params, {} bodies, {} schedule ops; "
+        "arena {} ({} f32), peak {}\n",
+        r.name, r.pipeline_rank, ranks, r.buffers.size(), r.params.size(), r.bodies.size(),
+        r.schedule.size(), Bytes(r.arena_bytes), Bytes(r.fp32_arena_bytes), Bytes(r.peak_bytes));
     const MemoryBreakdown m = MeasureMemory(r);
-    out += fmt::format("  memory: params {}, grads {}, optimizer {}, other {}, stash {}, scratch {}", Bytes(m.params),
-                       Bytes(m.grads), Bytes(m.optimizer), Bytes(m.other), Bytes(m.stash), Bytes(m.scratch));
+    out +=
+        fmt::format("  memory: params {}, grads {}, optimizer {}, other {}, stash {}, scratch {}",
+                    Bytes(m.params), Bytes(m.grads), Bytes(m.optimizer), Bytes(m.other),
+                    Bytes(m.stash), Bytes(m.scratch));
     if (m.gathered_params > 0) out += fmt::format(", gathered params {}", Bytes(m.gathered_params));
     if (m.full_grads > 0) out += fmt::format(", full grads {}", Bytes(m.full_grads));
     out += "\n";
     for (const Chunk& c : r.chunks)
-      out += fmt::format("  chunk {} (stage {}): layers [{}, {}){}{}, {} slots\n", c.index, c.stage, c.first_layer,
-                         c.first_layer + c.layers, c.has_embedding ? " +embedding" : "", c.has_loss ? " +loss" : "", c.slots);
+      out += fmt::format("  chunk {} (stage {}): layers [{}, {}){}{}, {} slots\n", c.index, c.stage,
+                         c.first_layer, c.first_layer + c.layers,
+                         c.has_embedding ? " +embedding" : "", c.has_loss ? " +loss" : "", c.slots);
     out += "  schedule: " + ShortSchedule(r) + "\n";
   }
   return out;
@@ -111,30 +141,34 @@ std::string PrintProgram(const Program& p) {
 std::string PrintRank(const Program& p, int32_t rank) {
   const Rank& rk = p.ranks[rank];
   const Role& r = p.roles[rk.role];
-  std::string out = fmt::format("rank {}: role {}, coordinates tp {} cp {} ep {} dp {} pp {}\n", rank, r.name, rk.coords.tp,
-                                rk.coords.cp, rk.coords.ep, rk.coords.dp, rk.coords.pp);
+  std::string out =
+      fmt::format("rank {}: role {}, coordinates tp {} cp {} ep {} dp {} pp {}\n", rank, r.name,
+                  rk.coords.tp, rk.coords.cp, rk.coords.ep, rk.coords.dp, rk.coords.pp);
   for (int k = 1; k < prog::kCommKinds; ++k) {
     int32_t c = rk.comms[k];
     if (c < 0) continue;
-    out += fmt::format("  {} communicator {}: {}\n", CommName(static_cast<CommKind>(k)), c, Shape(std::vector<int64_t>(
-                                                                                             p.communicators[c].members.begin(), p.communicators[c].members.end())));
+    out += fmt::format("  {} communicator {}: {}\n", CommName(static_cast<CommKind>(k)), c,
+                       Shape(std::vector<int64_t>(p.communicators[c].members.begin(),
+                                                  p.communicators[c].members.end())));
   }
   out += fmt::format("schedule ({} ops):\n", r.schedule.size());
   for (size_t i = 0; i < r.schedule.size(); ++i) {
     const Op& op = r.schedule[i];
     std::string line = DescribeOp(op);
     if (IsP2p(op.kind))
-      line = fmt::format("{}(microbatch {}, chunk {}, slot {}, peer rank {}{})", OpName(op.kind), op.Int(0), op.Int(1),
-                         op.Int(2), p.MemberOf(rank, CommKind::Pp, op.Int(3)),
+      line = fmt::format("{}(microbatch {}, chunk {}, slot {}, peer rank {}{})", OpName(op.kind),
+                         op.Int(0), op.Int(1), op.Int(2), p.MemberOf(rank, CommKind::Pp, op.Int(3)),
                          op.Int(4) ? fmt::format(", group {}", op.Int(4)) : "");
     else if (op.kind == OpKind::Forward || op.kind == OpKind::Backward)
-      line = fmt::format("{}(microbatch {}, chunk {}, slot {})", OpName(op.kind), op.Int(0), op.Int(1), op.Int(2));
+      line = fmt::format("{}(microbatch {}, chunk {}, slot {})", OpName(op.kind), op.Int(0),
+                         op.Int(1), op.Int(2));
     out += fmt::format("  #{} {}\n", i, line);
   }
   out += "buffers:\n";
   for (const Buffer& b : r.buffers)
-    out += fmt::format("  {} {} {} {} @{} {}{}\n", b.name, prog::EnumNameBufferKind(b.kind), prog::EnumNameDType(b.dtype),
-                       Shape(b.shape), b.offset, Bytes(b.bytes), b.slots > 1 ? fmt::format(" x{} slots", b.slots) : "");
+    out += fmt::format("  {} {} {} {} @{} {}{}\n", b.name, prog::EnumNameBufferKind(b.kind),
+                       prog::EnumNameDType(b.dtype), Shape(b.shape), b.offset, Bytes(b.bytes),
+                       b.slots > 1 ? fmt::format(" x{} slots", b.slots) : "");
   for (const Body& body : r.bodies) {
     out += fmt::format("body {} ({} ops):\n", body.name, body.ops.size());
     for (const Op& op : body.ops) out += "  " + PrintOp(r, op) + "\n";

@@ -14,7 +14,8 @@ namespace paraplan::lower {
 
 std::string PrintProgram(const Program& program);
 std::string PrintRank(const Program& program, int32_t rank);
-// One op with buffer names, e.g. "linear(layers.0.attention_norm.out, layers.0.attention.wq) -> layers.0.q".
+// One op with buffer names, e.g. "linear(layers.0.attention_norm.out, layers.0.attention.wq) ->
+// layers.0.q".
 std::string PrintOp(const Role& role, const Op& op);
 
 }  // namespace paraplan::lower

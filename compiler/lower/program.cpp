@@ -10,23 +10,40 @@ namespace paraplan::lower {
 
 std::string_view OpName(OpKind kind) {
   switch (kind) {
-    case OpKind::Forward: return "forward";
-    case OpKind::Backward: return "backward";
-    case OpKind::SendActivation: return "send_activation";
-    case OpKind::RecvActivation: return "recv_activation";
-    case OpKind::SendGrad: return "send_grad";
-    case OpKind::RecvGrad: return "recv_grad";
-    case OpKind::ZeroGrads: return "zero_grads";
-    case OpKind::ReduceGrads: return "reduce_grads";
-    case OpKind::OptimizerStep: return "optimizer_step";
-    case OpKind::GatherParams: return "gather_params";
-    case OpKind::ReleaseParams: return "release_params";
-    case OpKind::AllReduce: return "all_reduce";
-    case OpKind::ReduceScatter: return "reduce_scatter";
-    case OpKind::AllGather: return "all_gather";
-    case OpKind::Broadcast: return "broadcast";
-    case OpKind::AllToAll: return "all_to_all";
-    default: break;
+    case OpKind::Forward:
+      return "forward";
+    case OpKind::Backward:
+      return "backward";
+    case OpKind::SendActivation:
+      return "send_activation";
+    case OpKind::RecvActivation:
+      return "recv_activation";
+    case OpKind::SendGrad:
+      return "send_grad";
+    case OpKind::RecvGrad:
+      return "recv_grad";
+    case OpKind::ZeroGrads:
+      return "zero_grads";
+    case OpKind::ReduceGrads:
+      return "reduce_grads";
+    case OpKind::OptimizerStep:
+      return "optimizer_step";
+    case OpKind::GatherParams:
+      return "gather_params";
+    case OpKind::ReleaseParams:
+      return "release_params";
+    case OpKind::AllReduce:
+      return "all_reduce";
+    case OpKind::ReduceScatter:
+      return "reduce_scatter";
+    case OpKind::AllGather:
+      return "all_gather";
+    case OpKind::Broadcast:
+      return "broadcast";
+    case OpKind::AllToAll:
+      return "all_to_all";
+    default:
+      break;
   }
   // Other kinds: the schema's name in snake case (RmsNormBackward -> rms_norm_backward).
   static thread_local std::string name;
@@ -46,18 +63,30 @@ std::string_view OpName(OpKind kind) {
 
 std::string_view CommName(CommKind kind) {
   switch (kind) {
-    case CommKind::None: return "none";
-    case CommKind::World: return "world";
-    case CommKind::Tp: return "tp";
-    case CommKind::Pp: return "pp";
-    case CommKind::Dp: return "dp";
-    case CommKind::Cp: return "cp";
-    case CommKind::DpCp: return "dp_cp";
-    case CommKind::Ep: return "ep";
-    case CommKind::Etp: return "etp";
-    case CommKind::Edp: return "edp";
-    case CommKind::Mp: return "mp";
-    case CommKind::Embedding: return "embd";
+    case CommKind::None:
+      return "none";
+    case CommKind::World:
+      return "world";
+    case CommKind::Tp:
+      return "tp";
+    case CommKind::Pp:
+      return "pp";
+    case CommKind::Dp:
+      return "dp";
+    case CommKind::Cp:
+      return "cp";
+    case CommKind::DpCp:
+      return "dp_cp";
+    case CommKind::Ep:
+      return "ep";
+    case CommKind::Etp:
+      return "etp";
+    case CommKind::Edp:
+      return "edp";
+    case CommKind::Mp:
+      return "mp";
+    case CommKind::Embedding:
+      return "embd";
   }
   return "unknown";
 }
@@ -68,8 +97,8 @@ bool IsP2p(OpKind kind) {
 }
 
 bool IsCollective(OpKind kind) {
-  return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter ||
-         kind == OpKind::AllGather || kind == OpKind::Broadcast || kind == OpKind::AllToAll;
+  return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter || kind == OpKind::AllGather ||
+         kind == OpKind::Broadcast || kind == OpKind::AllToAll;
 }
 
 // --- structure -------------------------------------------------------------------------------
@@ -80,9 +109,11 @@ void CheckOpIndices(const Role& role, const Op& op, const std::string& where,
                     std::vector<std::string>& out) {
   auto nb = static_cast<int32_t>(role.buffers.size());
   for (int32_t b : op.inputs)
-    if (b < 0 || b >= nb) out.push_back(fmt::format("{}: input buffer {} out of range [0, {})", where, b, nb));
+    if (b < 0 || b >= nb)
+      out.push_back(fmt::format("{}: input buffer {} out of range [0, {})", where, b, nb));
   for (int32_t b : op.outputs)
-    if (b < 0 || b >= nb) out.push_back(fmt::format("{}: output buffer {} out of range [0, {})", where, b, nb));
+    if (b < 0 || b >= nb)
+      out.push_back(fmt::format("{}: output buffer {} out of range [0, {})", where, b, nb));
   auto nbody = static_cast<int64_t>(role.bodies.size());
   auto nchunk = static_cast<int64_t>(role.chunks.size());
   switch (op.kind) {
@@ -94,7 +125,8 @@ void CheckOpIndices(const Role& role, const Op& op, const std::string& where,
     case OpKind::RecvGrad: {
       size_t need = (op.kind == OpKind::Forward || op.kind == OpKind::Backward) ? 3 : 5;
       if (op.ints.size() < need) {
-        out.push_back(fmt::format("{}: {} needs {} ints, has {}", where, OpName(op.kind), need, op.ints.size()));
+        out.push_back(fmt::format("{}: {} needs {} ints, has {}", where, OpName(op.kind), need,
+                                  op.ints.size()));
         break;
       }
       int64_t c = op.ints[prog::kP2pChunk];
@@ -104,14 +136,16 @@ void CheckOpIndices(const Role& role, const Op& op, const std::string& where,
       }
       int64_t s = op.ints[prog::kP2pSlot];
       if (s < 0 || s >= role.chunks[c].slots)
-        out.push_back(fmt::format("{}: slot {} out of range [0, {})", where, s, role.chunks[c].slots));
+        out.push_back(
+            fmt::format("{}: slot {} out of range [0, {})", where, s, role.chunks[c].slots));
       break;
     }
     case OpKind::ZeroGrads:
     case OpKind::ReduceGrads:
     case OpKind::OptimizerStep:
       if (op.ints.empty() || op.ints[0] < 0 || op.ints[0] >= nbody)
-        out.push_back(fmt::format("{}: {} names no body in [0, {})", where, OpName(op.kind), nbody));
+        out.push_back(
+            fmt::format("{}: {} names no body in [0, {})", where, OpName(op.kind), nbody));
       break;
     case OpKind::GatherParams:
       if (op.ints.size() < 2 || op.ints[1] < 0 || op.ints[1] >= nbody)
@@ -127,7 +161,8 @@ void CheckOpIndices(const Role& role, const Op& op, const std::string& where,
 std::vector<std::string> VerifyStructure(const Program& p) {
   std::vector<std::string> out;
   if (p.format_version != prog::kFormatVersion)
-    out.push_back(fmt::format("format version {} is not the supported version {}", p.format_version, prog::kFormatVersion));
+    out.push_back(fmt::format("format version {} is not the supported version {}", p.format_version,
+                              prog::kFormatVersion));
   if (p.world_size < 1) out.push_back(fmt::format("world size {} < 1", p.world_size));
   if (static_cast<int64_t>(p.ranks.size()) != p.world_size)
     out.push_back(fmt::format("{} rank entries for world size {}", p.ranks.size(), p.world_size));
@@ -135,13 +170,15 @@ std::vector<std::string> VerifyStructure(const Program& p) {
   for (int32_t c = 0; c < ncomm; ++c)
     for (int32_t m : p.communicators[c].members)
       if (m < 0 || m >= p.world_size) {
-        out.push_back(fmt::format("communicator {} has member {} outside the world [0, {})", c, m, p.world_size));
+        out.push_back(fmt::format("communicator {} has member {} outside the world [0, {})", c, m,
+                                  p.world_size));
         break;
       }
   for (size_t r = 0; r < p.ranks.size() && out.size() < 64; ++r) {
     const Rank& rank = p.ranks[r];
     if (rank.role < 0 || rank.role >= static_cast<int32_t>(p.roles.size())) {
-      out.push_back(fmt::format("rank {}: role {} out of range [0, {})", r, rank.role, p.roles.size()));
+      out.push_back(
+          fmt::format("rank {}: role {} out of range [0, {})", r, rank.role, p.roles.size()));
       continue;
     }
     for (int k = 1; k < prog::kCommKinds; ++k) {
@@ -156,7 +193,8 @@ std::vector<std::string> VerifyStructure(const Program& p) {
       if (comm.kind != static_cast<CommKind>(k))
         out.push_back(fmt::format("rank {}: communicator {} is of kind {}, listed as {}", r, c,
                                   CommName(comm.kind), CommName(static_cast<CommKind>(k))));
-      if (std::find(comm.members.begin(), comm.members.end(), static_cast<int32_t>(r)) == comm.members.end())
+      if (std::find(comm.members.begin(), comm.members.end(), static_cast<int32_t>(r)) ==
+          comm.members.end())
         out.push_back(fmt::format("rank {}: not a member of its {} communicator {}", r,
                                   CommName(static_cast<CommKind>(k)), c));
     }
@@ -166,40 +204,49 @@ std::vector<std::string> VerifyStructure(const Program& p) {
     auto nb = static_cast<int32_t>(role.buffers.size());
     for (size_t b = 0; b < role.buffers.size(); ++b) {
       const Buffer& buf = role.buffers[b];
-      if (buf.slots < 1) out.push_back(fmt::format("{}: buffer '{}' has {} slots", role.name, buf.name, buf.slots));
+      if (buf.slots < 1)
+        out.push_back(fmt::format("{}: buffer '{}' has {} slots", role.name, buf.name, buf.slots));
       // A damaged file may hold any values: the ends are computed with overflow checks.
       auto span_end = [&](int64_t offset, int64_t stride, int64_t bytes, int64_t* end) {
         return !__builtin_mul_overflow(static_cast<int64_t>(buf.slots) - 1, stride, end) &&
-               !__builtin_add_overflow(*end, offset, end) && !__builtin_add_overflow(*end, bytes, end);
+               !__builtin_add_overflow(*end, offset, end) &&
+               !__builtin_add_overflow(*end, bytes, end);
       };
       int64_t end = 0;
       if (!span_end(buf.offset, buf.slot_stride, buf.bytes, &end)) end = INT64_MAX;
       if (buf.offset < 0 || buf.bytes < 0 || end > role.arena_bytes)
-        out.push_back(fmt::format("{}: buffer '{}' [{}, {}) outside the arena of {} bytes", role.name,
-                                  buf.name, buf.offset, end, role.arena_bytes));
+        out.push_back(fmt::format("{}: buffer '{}' [{}, {}) outside the arena of {} bytes",
+                                  role.name, buf.name, buf.offset, end, role.arena_bytes));
       int64_t end32 = 0;
-      if (!span_end(buf.fp32_offset, buf.fp32_slot_stride, buf.fp32_bytes, &end32)) end32 = INT64_MAX;
+      if (!span_end(buf.fp32_offset, buf.fp32_slot_stride, buf.fp32_bytes, &end32))
+        end32 = INT64_MAX;
       if (buf.fp32_offset < 0 || end32 > role.fp32_arena_bytes)
-        out.push_back(fmt::format("{}: buffer '{}' f32 placement [{}, {}) outside the f32 arena of {} bytes",
-                                  role.name, buf.name, buf.fp32_offset, end32, role.fp32_arena_bytes));
+        out.push_back(
+            fmt::format("{}: buffer '{}' f32 placement [{}, {}) outside the f32 arena of {} bytes",
+                        role.name, buf.name, buf.fp32_offset, end32, role.fp32_arena_bytes));
       if (buf.view_of != -1 && (buf.view_of < 0 || buf.view_of >= nb))
-        out.push_back(fmt::format("{}: buffer '{}' is a view of buffer {} out of range", role.name, buf.name, buf.view_of));
+        out.push_back(fmt::format("{}: buffer '{}' is a view of buffer {} out of range", role.name,
+                                  buf.name, buf.view_of));
     }
     for (const Param& prm : role.params)
       if (prm.buffer < 0 || prm.buffer >= nb || prm.grad < 0 || prm.grad >= nb)
-        out.push_back(fmt::format("{}: param '{}' names a buffer out of range", role.name, prm.name));
+        out.push_back(
+            fmt::format("{}: param '{}' names a buffer out of range", role.name, prm.name));
     for (const Chunk& c : role.chunks) {
-      if (c.forward < 0 || c.forward >= static_cast<int32_t>(role.bodies.size()) || c.backward < 0 ||
-          c.backward >= static_cast<int32_t>(role.bodies.size()))
+      if (c.forward < 0 || c.forward >= static_cast<int32_t>(role.bodies.size()) ||
+          c.backward < 0 || c.backward >= static_cast<int32_t>(role.bodies.size()))
         out.push_back(fmt::format("{}: chunk {} names a body out of range", role.name, c.index));
       for (int32_t b : {c.input, c.output, c.grad})
-        if (b < -1 || b >= nb) out.push_back(fmt::format("{}: chunk {} names buffer {} out of range", role.name, c.index, b));
+        if (b < -1 || b >= nb)
+          out.push_back(
+              fmt::format("{}: chunk {} names buffer {} out of range", role.name, c.index, b));
     }
     for (size_t i = 0; i < role.schedule.size(); ++i)
       CheckOpIndices(role, role.schedule[i], fmt::format("{} schedule op #{}", role.name, i), out);
     for (const Body& body : role.bodies)
       for (size_t i = 0; i < body.ops.size(); ++i)
-        CheckOpIndices(role, body.ops[i], fmt::format("{} body '{}' op #{}", role.name, body.name, i), out);
+        CheckOpIndices(role, body.ops[i],
+                       fmt::format("{} body '{}' op #{}", role.name, body.name, i), out);
   }
   return out;
 }
@@ -235,21 +282,25 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
   }
   flatbuffers::Verifier verifier(data, size, /*max_depth=*/64, /*max_tables=*/100'000'000);
   if (!prog::VerifyProgramBuffer(verifier)) {
-    *error = fmt::format("the file is damaged: the FlatBuffers verifier rejects its {} bytes (truncated or corrupted)", size);
+    *error = fmt::format(
+        "the file is damaged: the FlatBuffers verifier rejects its {} bytes (truncated or "
+        "corrupted)",
+        size);
     return std::nullopt;
   }
   const prog::Program* f = prog::GetProgram(data);
   if (f->format_version() != prog::kFormatVersion) {
-    *error = fmt::format("format version {} is not the supported version {}; recompile the plan with this planc",
-                         f->format_version(), prog::kFormatVersion);
+    *error = fmt::format(
+        "format version {} is not the supported version {}; recompile the plan with this planc",
+        f->format_version(), prog::kFormatVersion);
     return std::nullopt;
   }
   if (f->ranks()) {
     for (flatbuffers::uoffset_t r = 0; r < f->ranks()->size(); ++r) {
       const auto* comms = f->ranks()->Get(r)->comms();
       if (comms && comms->size() > static_cast<flatbuffers::uoffset_t>(prog::kCommKinds)) {
-        *error = fmt::format("rank {} lists {} communicator kinds; this version knows {}", r, comms->size(),
-                             prog::kCommKinds);
+        *error = fmt::format("rank {} lists {} communicator kinds; this version knows {}", r,
+                             comms->size(), prog::kCommKinds);
         return std::nullopt;
       }
     }

@@ -6,14 +6,15 @@
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <tuple>
 #include <queue>
+#include <tuple>
 
 namespace paraplan::lower {
 
 std::string CheckScheduleShape(const ScheduleShape& s) {
   if (s.pp < 1) return fmt::format("pipeline size {} < 1", s.pp);
-  if (s.microbatches < 1) return fmt::format("{} microbatches per step; need at least 1", s.microbatches);
+  if (s.microbatches < 1)
+    return fmt::format("{} microbatches per step; need at least 1", s.microbatches);
   if (s.kind != prog::ScheduleKind::Interleaved1F1B) {
     if (s.vpp != 1) return fmt::format("vpp = {} needs the interleaved_1f1b schedule", s.vpp);
     return {};
@@ -22,12 +23,16 @@ std::string CheckScheduleShape(const ScheduleShape& s) {
   if (s.pp < 2) return "interleaved_1f1b needs pp >= 2";
   int32_t g = s.Group();
   if (g < s.pp || g > s.microbatches)
-    return fmt::format("interleaved_1f1b needs pp <= microbatch group <= microbatches: {} <= {} <= {} does not hold",
-                       s.pp, g, s.microbatches);
+    return fmt::format(
+        "interleaved_1f1b needs pp <= microbatch group <= microbatches: {} <= {} <= {} does not "
+        "hold",
+        s.pp, g, s.microbatches);
   int32_t rest = s.microbatches % g;
   if (rest != 0 && rest < s.pp)
-    return fmt::format("interleaved_1f1b: microbatches mod group = {} mod {} = {}, which is neither 0 nor >= pp = {}",
-                       s.microbatches, g, rest, s.pp);
+    return fmt::format(
+        "interleaved_1f1b: microbatches mod group = {} mod {} = {}, which is neither 0 nor >= pp = "
+        "{}",
+        s.microbatches, g, rest, s.pp);
   return {};
 }
 
@@ -77,7 +82,9 @@ std::vector<ComputeStep> ComputeOrder(const ScheduleShape& s, int32_t rank) {
     table = GroupTable(s);
   }
   auto fwd = [&](int32_t k) { return ComputeStep{false, table[k].microbatch, table[k].chunk}; };
-  auto bwd = [&](int32_t k) { return ComputeStep{true, table[k].microbatch, s.vpp - 1 - table[k].chunk}; };
+  auto bwd = [&](int32_t k) {
+    return ComputeStep{true, table[k].microbatch, s.vpp - 1 - table[k].chunk};
+  };
   auto total = static_cast<int32_t>(table.size());
   int32_t warmup = WarmupCount(s, rank);
   int32_t steady = total - warmup;
@@ -125,7 +132,8 @@ std::vector<std::vector<PipelineStep>> PipelinePrograms(const ScheduleShape& s) 
   const int32_t p = s.pp;
   const int32_t stages = s.pp * s.vpp;
   std::vector<std::vector<ComputeStep>> order(p);
-  std::vector<std::map<std::tuple<int32_t, int32_t, bool>, size_t>> index_of(p);  // (mb, chunk, backward) -> position
+  std::vector<std::map<std::tuple<int32_t, int32_t, bool>, size_t>> index_of(
+      p);  // (mb, chunk, backward) -> position
   for (int32_t r = 0; r < p; ++r) {
     order[r] = ComputeOrder(s, r);
     for (size_t i = 0; i < order[r].size(); ++i)
@@ -134,10 +142,11 @@ std::vector<std::vector<PipelineStep>> PipelinePrograms(const ScheduleShape& s) 
   std::vector<std::vector<PipelineStep>> out(p);
   std::vector<size_t> pos(p, 0);
   std::vector<bool> computing(p, false);
-  std::vector<size_t> group_start(p, 0);               // index in out[r] of the open group's first op
-  std::vector<std::vector<PipelineStep>> pending(p);   // receives for the group after the running compute
-  std::vector<int32_t> unposted(p, 0);                 // partners of the open group not yet posted
-  std::vector<std::vector<bool>> have(p);              // (microbatch, chunk, grad) inputs already placed
+  std::vector<size_t> group_start(p, 0);  // index in out[r] of the open group's first op
+  std::vector<std::vector<PipelineStep>> pending(
+      p);                                  // receives for the group after the running compute
+  std::vector<int32_t> unposted(p, 0);     // partners of the open group not yet posted
+  std::vector<std::vector<bool>> have(p);  // (microbatch, chunk, grad) inputs already placed
   std::vector<int32_t> group_id(p, 0);
   struct Deferred {
     int64_t serial;
@@ -147,7 +156,8 @@ std::vector<std::vector<PipelineStep>> PipelinePrograms(const ScheduleShape& s) 
   };
   std::vector<std::vector<Deferred>> deferred(p);  // per consumer
   int64_t serial = 0;
-  for (int32_t r = 0; r < p; ++r) have[r].assign(static_cast<size_t>(s.microbatches) * s.vpp * 2, false);
+  for (int32_t r = 0; r < p; ++r)
+    have[r].assign(static_cast<size_t>(s.microbatches) * s.vpp * 2, false);
   auto have_index = [&](int32_t mb, int32_t chunk, bool grad) {
     return (static_cast<size_t>(mb) * s.vpp + chunk) * 2 + (grad ? 1 : 0);
   };
@@ -169,14 +179,16 @@ std::vector<std::vector<PipelineStep>> PipelinePrograms(const ScheduleShape& s) 
     bool needs = c.backward ? stage < stages - 1 : stage > 0;
     if (needs && !have[r][have_index(c.microbatch, c.chunk, c.backward)]) return;
     close_group(r);
-    out[r].push_back({c.backward ? prog::OpKind::Backward : prog::OpKind::Forward, c.microbatch, c.chunk, -1, 0});
+    out[r].push_back({c.backward ? prog::OpKind::Backward : prog::OpKind::Forward, c.microbatch,
+                      c.chunk, -1, 0});
     computing[r] = true;
     events.push({now + (c.backward ? 2 : 1), r});
   };
   // Puts a deferred receive into consumer b's open group (b is sitting); frees its producer.
   auto place = [&](int32_t b, const Deferred& d, int64_t now) {
     out[b].push_back(d.recv);
-    have[b][have_index(d.recv.microbatch, d.recv.chunk, d.recv.kind == prog::OpKind::RecvGrad)] = true;
+    have[b][have_index(d.recv.microbatch, d.recv.chunk, d.recv.kind == prog::OpKind::RecvGrad)] =
+        true;
     --unposted[d.producer];
     try_start(d.producer, now);
   };
@@ -191,7 +203,8 @@ std::vector<std::vector<PipelineStep>> PipelinePrograms(const ScheduleShape& s) 
       } else {
         ++i;
       }
-    std::sort(ready.begin(), ready.end(), [](const Deferred& x, const Deferred& y) { return x.serial < y.serial; });
+    std::sort(ready.begin(), ready.end(),
+              [](const Deferred& x, const Deferred& y) { return x.serial < y.serial; });
     for (const Deferred& d : ready) place(b, d, now);
   };
   for (int32_t r = 0; r < p; ++r) try_start(r, 0);
@@ -210,8 +223,10 @@ std::vector<std::vector<PipelineStep>> PipelinePrograms(const ScheduleShape& s) 
       if (sends) {
         int32_t peer_stage = c.backward ? stage - 1 : stage + 1;
         int32_t b = peer_stage % p, peer_chunk = peer_stage / p;
-        out[r].push_back({c.backward ? prog::OpKind::SendGrad : prog::OpKind::SendActivation, c.microbatch, c.chunk, b, 0});
-        PipelineStep recv{c.backward ? prog::OpKind::RecvGrad : prog::OpKind::RecvActivation, c.microbatch, peer_chunk, r, 0};
+        out[r].push_back({c.backward ? prog::OpKind::SendGrad : prog::OpKind::SendActivation,
+                          c.microbatch, c.chunk, b, 0});
+        PipelineStep recv{c.backward ? prog::OpKind::RecvGrad : prog::OpKind::RecvActivation,
+                          c.microbatch, peer_chunk, r, 0};
         size_t consumer = index_of[b].at({c.microbatch, peer_chunk, c.backward});
         ++unposted[r];
         deferred[b].push_back({serial++, r, consumer, recv});

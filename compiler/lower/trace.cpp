@@ -26,7 +26,8 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
   std::vector<int32_t> ranks;
   for (int32_t r = 0; r < p.world_size; ++r) {
     const Coordinates& c = p.ranks[r].coords;
-    if (p.world_size <= kTraceAllRanksUpTo || (c.tp == 0 && c.cp == 0 && c.dp == 0)) ranks.push_back(r);
+    if (p.world_size <= kTraceAllRanksUpTo || (c.tp == 0 && c.cp == 0 && c.dp == 0))
+      ranks.push_back(r);
   }
   std::map<int32_t, int32_t> row_of;
   for (size_t i = 0; i < ranks.size(); ++i) row_of[ranks[i]] = static_cast<int32_t>(i);
@@ -40,7 +41,9 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
     const Op& op = role.schedule[at];
     size_t j = at + 1;
     if (op.Int(4) != 0)
-      while (j < role.schedule.size() && IsP2p(role.schedule[j].kind) && role.schedule[j].Int(4) == op.Int(4)) ++j;
+      while (j < role.schedule.size() && IsP2p(role.schedule[j].kind) &&
+             role.schedule[j].Int(4) == op.Int(4))
+        ++j;
     return j;
   };
   // k-th transfer index per (rank, peer, send?) -> op position, for partner lookup.
@@ -60,7 +63,8 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
   }
   // Barrier arrival for cross-rank step bodies (reduce_grads, optimizer_step), per occurrence.
   std::map<std::pair<OpKind, int>, std::vector<double>> arrivals;
-  std::vector<std::map<size_t, double>> posted(n);  // transfer group start -> time the rank reached it
+  std::vector<std::map<size_t, double>> posted(
+      n);  // transfer group start -> time the rank reached it
   bool progress = true;
   auto done = [&]() {
     for (size_t i = 0; i < n; ++i)
@@ -77,8 +81,9 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
         int32_t pr = role.pipeline_rank;
         if (op.kind == OpKind::Forward || op.kind == OpKind::Backward) {
           double dur = op.kind == OpKind::Forward ? d.forward_s[pr] : d.backward_s[pr];
-          slices.push_back({static_cast<int32_t>(i), fmt::format("{}{}{}", op.kind == OpKind::Forward ? 'F' : 'B', op.Int(0),
-                                                                  std::string(op.Int(1), '\'')),
+          slices.push_back({static_cast<int32_t>(i),
+                            fmt::format("{}{}{}", op.kind == OpKind::Forward ? 'F' : 'B', op.Int(0),
+                                        std::string(op.Int(1), '\'')),
                             "compute", clock[i], dur, op.Int(0), op.Int(1)});
           clock[i] += dur;
           ++pos[i];
@@ -106,7 +111,8 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
             const Role& prole = role_of(j);
             // The partner's group must be posted: its position is at or past the group's start.
             size_t pstart = f->second;
-            while (pstart > 0 && IsP2p(prole.schedule[pstart - 1].kind) && prole.schedule[pstart].Int(4) != 0 &&
+            while (pstart > 0 && IsP2p(prole.schedule[pstart - 1].kind) &&
+                   prole.schedule[pstart].Int(4) != 0 &&
                    prole.schedule[pstart - 1].Int(4) == prole.schedule[pstart].Int(4))
               --pstart;
             auto when = posted[j].find(pstart);
@@ -119,7 +125,8 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
           if (!ready) break;
           for (size_t k = pos[i]; k < end; ++k) {
             const Op& t = role.schedule[k];
-            slices.push_back({static_cast<int32_t>(i), DescribeOp(t), "pipeline", start, d.transfer_s, t.Int(0), t.Int(1)});
+            slices.push_back({static_cast<int32_t>(i), DescribeOp(t), "pipeline", start,
+                              d.transfer_s, t.Int(0), t.Int(1)});
           }
           clock[i] = start + d.transfer_s;
           pos[i] = end;
@@ -134,7 +141,9 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
           if (!all) break;
           double start = *std::max_element(arr.begin(), arr.end());
           double dur = op.kind == OpKind::ReduceGrads ? d.reduce_grads_s[pr] : d.optimizer_s[pr];
-          slices.push_back({static_cast<int32_t>(i), std::string(OpName(op.kind)), op.kind == OpKind::ReduceGrads ? "data-parallel" : "optimizer", start, dur});
+          slices.push_back({static_cast<int32_t>(i), std::string(OpName(op.kind)),
+                            op.kind == OpKind::ReduceGrads ? "data-parallel" : "optimizer", start,
+                            dur});
           clock[i] = start + dur;
           ++pos[i];
           progress = true;
@@ -148,18 +157,27 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
   TraceResult result;
   for (double c : clock) result.step_s = std::max(result.step_s, c);
   std::string& j = result.json;
-  j = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"plan\":\"" + p.plan_name + "\"},\"traceEvents\":[\n";
+  j = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"plan\":\"" + p.plan_name +
+      "\"},\"traceEvents\":[\n";
   j += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"simulated step\"}}";
   for (size_t i = 0; i < n; ++i) {
     const Coordinates& c = p.ranks[ranks[i]].coords;
-    j += fmt::format(",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":\"rank {} (pp {} tp {} dp {})\"}}}}",
-                     i, ranks[i], c.pp, c.tp, c.dp);
-    j += fmt::format(",\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"sort_index\":{}}}}}", i, i);
+    j += fmt::format(
+        ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":"
+        "\"rank {} (pp {} tp {} dp {})\"}}}}",
+        i, ranks[i], c.pp, c.tp, c.dp);
+    j += fmt::format(
+        ",\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"sort_"
+        "index\":{}}}}}",
+        i, i);
   }
   for (const Slice& s : slices) {
-    j += fmt::format(",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}", s.name,
-                     s.cat, s.row, s.start * 1e6, s.dur * 1e6);
-    if (s.microbatch >= 0) j += fmt::format(",\"args\":{{\"microbatch\":{},\"chunk\":{}}}", s.microbatch, s.chunk);
+    j += fmt::format(
+        ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{:.3f},"
+        "\"dur\":{:.3f}",
+        s.name, s.cat, s.row, s.start * 1e6, s.dur * 1e6);
+    if (s.microbatch >= 0)
+      j += fmt::format(",\"args\":{{\"microbatch\":{},\"chunk\":{}}}", s.microbatch, s.chunk);
     j += "}";
   }
   j += "\n]}\n";

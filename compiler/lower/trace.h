@@ -22,7 +22,7 @@ inline constexpr int32_t kTraceAllRanksUpTo = 64;
 struct TraceDurations {
   // Per role (pipeline rank): seconds of one chunk's forward and backward for one microbatch.
   std::vector<double> forward_s, backward_s;
-  double transfer_s = 0;       // one pipeline transfer
+  double transfer_s = 0;                            // one pipeline transfer
   std::vector<double> reduce_grads_s, optimizer_s;  // per role
 };
 

@@ -18,12 +18,15 @@ std::string DescribeOp(const Op& op) {
     case OpKind::RecvActivation:
     case OpKind::SendGrad:
     case OpKind::RecvGrad:
-      return fmt::format("{}(microbatch {}, chunk {}, peer {})", OpName(op.kind), op.Int(0), op.Int(1), op.Int(3));
+      return fmt::format("{}(microbatch {}, chunk {}, peer {})", OpName(op.kind), op.Int(0),
+                         op.Int(1), op.Int(3));
     default:
       if (op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) {
         int64_t r = op.Int(0);
         return fmt::format("{}[{}, {}]", OpName(op.kind), CommName(op.comm),
-                           r == prog::kReduceMax ? "max" : r == prog::kReduceAvg ? "avg" : "sum");
+                           r == prog::kReduceMax   ? "max"
+                           : r == prog::kReduceAvg ? "avg"
+                                                   : "sum");
       }
       if (IsCollective(op.kind)) return fmt::format("{}[{}]", OpName(op.kind), CommName(op.comm));
       return std::string(OpName(op.kind));
@@ -41,8 +44,9 @@ struct Item {
   int32_t body_op = -1;     // position inside the step body (collectives)
   int32_t group_end = 0;    // p2p: one past the last item of its group
   bool send = false;
-  int32_t peer = -1;        // p2p: index in the Pp communicator
-  int64_t seq = 0;          // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
+  int32_t peer = -1;  // p2p: index in the Pp communicator
+  int64_t seq =
+      0;  // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
   CommKind comm = CommKind::None;
   int64_t bytes = 0;
 };
@@ -65,8 +69,8 @@ std::string Where(const Program& p, int32_t rank, const Item& it) {
   const Role& role = p.roles[p.ranks[rank].role];
   const Op& s = role.schedule[it.schedule_op];
   if (it.type == ItemType::kCollective)
-    return fmt::format("rank {} ({}) op #{} {} / {}", rank, role.name, it.schedule_op, OpName(s.kind),
-                       DescribeOp(OpOf(role, it)));
+    return fmt::format("rank {} ({}) op #{} {} / {}", rank, role.name, it.schedule_op,
+                       OpName(s.kind), DescribeOp(OpOf(role, it)));
   return fmt::format("rank {} ({}) op #{} {}", rank, role.name, it.schedule_op, DescribeOp(s));
 }
 
@@ -116,7 +120,8 @@ class WorldVerifier {
       if (!compute && !IsP2p(op.kind)) continue;
       int64_t mb = op.Int(0), c = op.Int(1);
       if (mb < 0 || mb >= m) {
-        Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i, DescribeOp(op), m));
+        Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i, DescribeOp(op),
+                          m));
         continue;
       }
       if (compute) {
@@ -124,14 +129,21 @@ class WorldVerifier {
         continue;
       }
       const Chunk& ch = role.chunks[c];
-      int32_t expect = op.kind == OpKind::SendActivation ? ch.output
+      int32_t expect = op.kind == OpKind::SendActivation   ? ch.output
                        : op.kind == OpKind::RecvActivation ? ch.input
                                                            : ch.grad;
-      const auto& operands = (op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad) ? op.inputs : op.outputs;
+      const auto& operands = (op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad)
+                                 ? op.inputs
+                                 : op.outputs;
       if (expect < 0 || operands.size() != 1 || operands[0] != expect)
-        Error(fmt::format("{} op #{} {}: must name the chunk's {} buffer", role.name, i, DescribeOp(op),
-                          op.kind == OpKind::SendActivation ? "output" : op.kind == OpKind::RecvActivation ? "input" : "grad"));
-      if (op.comm != CommKind::Pp) Error(fmt::format("{} op #{} {}: a pipeline transfer must use the pp communicator", role.name, i, DescribeOp(op)));
+        Error(fmt::format("{} op #{} {}: must name the chunk's {} buffer", role.name, i,
+                          DescribeOp(op),
+                          op.kind == OpKind::SendActivation   ? "output"
+                          : op.kind == OpKind::RecvActivation ? "input"
+                                                              : "grad"));
+      if (op.comm != CommKind::Pp)
+        Error(fmt::format("{} op #{} {}: a pipeline transfer must use the pp communicator",
+                          role.name, i, DescribeOp(op)));
     }
     auto ranks_of = [&](int32_t role_index) {
       std::string out;
@@ -150,14 +162,20 @@ class WorldVerifier {
         const auto& f = fwd[mb * nc + c];
         const auto& b = bwd[mb * nc + c];
         if (f.size() != 1)
-          Error(fmt::format("ranks {} ({}): microbatch {} of chunk {} runs forward {} times{}; it must run exactly once",
-                            ranks_of(ri), role.name, mb, c, f.size(), f.empty() ? "" : " (ops " + list(f) + ")"));
+          Error(fmt::format(
+              "ranks {} ({}): microbatch {} of chunk {} runs forward {} times{}; it must run "
+              "exactly once",
+              ranks_of(ri), role.name, mb, c, f.size(), f.empty() ? "" : " (ops " + list(f) + ")"));
         if (b.size() != 1)
-          Error(fmt::format("ranks {} ({}): microbatch {} of chunk {} runs backward {} times{}; it must run exactly once",
-                            ranks_of(ri), role.name, mb, c, b.size(), b.empty() ? "" : " (ops " + list(b) + ")"));
+          Error(fmt::format(
+              "ranks {} ({}): microbatch {} of chunk {} runs backward {} times{}; it must run "
+              "exactly once",
+              ranks_of(ri), role.name, mb, c, b.size(), b.empty() ? "" : " (ops " + list(b) + ")"));
         if (f.size() == 1 && b.size() == 1 && b[0] < f[0])
-          Error(fmt::format("ranks {} ({}): microbatch {} of chunk {} runs backward (op #{}) before forward (op #{})",
-                            ranks_of(ri), role.name, mb, c, b[0], f[0]));
+          Error(
+              fmt::format("ranks {} ({}): microbatch {} of chunk {} runs backward (op #{}) before "
+                          "forward (op #{})",
+                          ranks_of(ri), role.name, mb, c, b[0], f[0]));
       }
   }
 
@@ -174,7 +192,8 @@ class WorldVerifier {
       const Body& body = role.bodies[op.kind == OpKind::Forward ? c.forward : c.backward];
       for (const Op& bop : body.ops)
         if (IsCollective(bop.kind) && bop.comm == kind)
-          sig.push_back(fmt::format("{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeOp(op), body.name,
+          sig.push_back(fmt::format("{} of {} in {}: {} bytes, op {}", DescribeOp(bop),
+                                    DescribeOp(op), body.name,
                                     bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes,
                                     bop.ints.empty() ? -1 : bop.ints[0]));
     }
@@ -205,10 +224,12 @@ class WorldVerifier {
           if (a == b) continue;
           size_t i = 0;
           while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-          Error(fmt::format("{} communicator {}: collective #{} inside the bodies differs between rank {} ({}): {} and "
-                            "rank {} ({}): {}",
-                            CommName(comm.kind), c, i, r0, p_.roles[role0].name, i < a.size() ? a[i] : "nothing", m,
-                            p_.roles[rm].name, i < b.size() ? b[i] : "nothing"));
+          Error(fmt::format(
+              "{} communicator {}: collective #{} inside the bodies differs between rank {} ({}): "
+              "{} and "
+              "rank {} ({}): {}",
+              CommName(comm.kind), c, i, r0, p_.roles[role0].name, i < a.size() ? a[i] : "nothing",
+              m, p_.roles[rm].name, i < b.size() ? b[i] : "nothing"));
         }
       }
     }
@@ -219,8 +240,9 @@ class WorldVerifier {
       for (const Body& body : role.bodies) {
         for (const Op& op : body.ops)
           if (op.comm != CommKind::None && p_.ranks[r].comms[static_cast<int>(op.comm)] < 0) {
-            Error(fmt::format("rank {} ({}): body '{}' uses the {} communicator, but the rank has none", r, role.name,
-                              body.name, CommName(op.comm)));
+            Error(fmt::format(
+                "rank {} ({}): body '{}' uses the {} communicator, but the rank has none", r,
+                role.name, body.name, CommName(op.comm)));
             reported = true;
             break;
           }
@@ -252,7 +274,9 @@ class WorldVerifier {
           continue;
         }
         int64_t body = -1;
-        if (op.kind == OpKind::ZeroGrads || op.kind == OpKind::ReduceGrads || op.kind == OpKind::OptimizerStep) body = op.Int(0);
+        if (op.kind == OpKind::ZeroGrads || op.kind == OpKind::ReduceGrads ||
+            op.kind == OpKind::OptimizerStep)
+          body = op.Int(0);
         if (op.kind == OpKind::GatherParams) body = op.Int(1);
         if (body >= 0) {
           const Body& b = role.bodies[body];
@@ -309,16 +333,17 @@ class WorldVerifier {
         auto [peer, send] = key;
         int32_t b = PeerRank(a, peer);
         if (b < 0 || my_index < 0) {
-          Error(fmt::format("rank {} ({}): transfers to pipeline peer {}, which does not exist", a, ra.name, peer));
+          Error(fmt::format("rank {} ({}): transfers to pipeline peer {}, which does not exist", a,
+                            ra.name, peer));
           continue;
         }
         const RoleStream& sb = streams_[p_.ranks[b].role];
         auto it = sb.p2p_count.find({my_index, !send});
         int64_t other = it == sb.p2p_count.end() ? 0 : it->second;
         if (other != count) {
-          Error(fmt::format("rank {} ({}) {} {} transfers {} rank {} ({}), which {} {}", a, ra.name, send ? "sends" : "receives",
-                            count, send ? "to" : "from", b, p_.roles[p_.ranks[b].role].name, send ? "receives" : "sends",
-                            other));
+          Error(fmt::format("rank {} ({}) {} {} transfers {} rank {} ({}), which {} {}", a, ra.name,
+                            send ? "sends" : "receives", count, send ? "to" : "from", b,
+                            p_.roles[p_.ranks[b].role].name, send ? "receives" : "sends", other));
           continue;
         }
         if (!send) continue;
@@ -333,9 +358,11 @@ class WorldVerifier {
           int64_t ss = ra.chunks[os.Int(1)].stage, rs = rb.chunks[orv.Int(1)].stage;
           bool stage_ok = act ? rs == ss + 1 : rs == ss - 1;
           if (!kind_ok || os.Int(0) != orv.Int(0) || !stage_ok || is.bytes != ir.bytes) {
-            Error(fmt::format("transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) is received "
-                              "by {} (stage {}, {} bytes)",
-                              k, a, b, Where(p_, a, is), ss, is.bytes, Where(p_, b, ir), rs, ir.bytes));
+            Error(fmt::format(
+                "transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) is "
+                "received "
+                "by {} (stage {}, {} bytes)",
+                k, a, b, Where(p_, a, is), ss, is.bytes, Where(p_, b, ir), rs, ir.bytes));
           }
         }
       }
@@ -348,7 +375,8 @@ class WorldVerifier {
     std::vector<int32_t> pos(world, 0);
     std::vector<int64_t> arrived(p_.communicators.size(), 0);
     std::vector<int64_t> completed(p_.communicators.size(), 0);
-    std::vector<uint8_t> counted(world, 0);  // rank has registered its arrival at its head collective
+    std::vector<uint8_t> counted(world,
+                                 0);  // rank has registered its arrival at its head collective
     std::vector<uint8_t> queued(world, 1);
     std::deque<int32_t> queue;
     for (int32_t r = 0; r < world; ++r) queue.push_back(r);
@@ -390,7 +418,8 @@ class WorldVerifier {
         }
         if (it.type == ItemType::kP2p) {
           bool all = true;
-          for (int32_t k = pos[r]; k < it.group_end && all; ++k) all = partner_ready(r, st.items[k]);
+          for (int32_t k = pos[r]; k < it.group_end && all; ++k)
+            all = partner_ready(r, st.items[k]);
           if (!all) break;
           int32_t n = it.group_end - pos[r];
           ops += n, transfers += n;
@@ -409,8 +438,10 @@ class WorldVerifier {
           counted[r] = 1;
           ++arrived[c];
           if (it.seq != completed[c]) {
-            Error(fmt::format("{} enters collective #{} of {} communicator {}, but its members are at collective #{}",
-                              Where(p_, r, it), it.seq, CommName(comm.kind), c, completed[c]));
+            Error(
+                fmt::format("{} enters collective #{} of {} communicator {}, but its members are "
+                            "at collective #{}",
+                            Where(p_, r, it), it.seq, CommName(comm.kind), c, completed[c]));
             return;
           }
         }
@@ -428,10 +459,12 @@ class WorldVerifier {
           const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
           if (mop.kind != fop.kind || mi.bytes != first->bytes ||
               (mop.ints.empty() ? -1 : mop.ints[0]) != (fop.ints.empty() ? -1 : fop.ints[0])) {
-            Error(fmt::format("collective #{} of {} communicator {} differs between its members: {} ({} bytes) vs {} "
-                              "({} bytes)",
-                              it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first->bytes,
-                              Where(p_, mrank, mi), mi.bytes));
+            Error(
+                fmt::format("collective #{} of {} communicator {} differs between its members: {} "
+                            "({} bytes) vs {} "
+                            "({} bytes)",
+                            it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first),
+                            first->bytes, Where(p_, mrank, mi), mi.bytes));
             return;
           }
         }
@@ -466,13 +499,18 @@ class WorldVerifier {
           if (!partner_ready(r, st.items[k])) {
             int32_t b = PeerRank(r, st.items[k].peer);
             const RoleStream& sb = stream_of(b);
-            std::string at = pos[b] < static_cast<int32_t>(sb.items.size()) ? Where(p_, b, sb.items[pos[b]]) : fmt::format("rank {} (finished)", b);
-            waits += fmt::format("; its partner is not posted: {} is at {}", DescribeOp(p_.roles[p_.ranks[r].role].schedule[st.items[k].schedule_op]), at);
+            std::string at = pos[b] < static_cast<int32_t>(sb.items.size())
+                                 ? Where(p_, b, sb.items[pos[b]])
+                                 : fmt::format("rank {} (finished)", b);
+            waits += fmt::format(
+                "; its partner is not posted: {} is at {}",
+                DescribeOp(p_.roles[p_.ranks[r].role].schedule[st.items[k].schedule_op]), at);
             break;
           }
         Error(fmt::format("{} waits{}", Where(p_, r, it), waits));
       } else {
-        Error(fmt::format("{} waits for the other members of its {} communicator", Where(p_, r, it), CommName(it.comm)));
+        Error(fmt::format("{} waits for the other members of its {} communicator", Where(p_, r, it),
+                          CommName(it.comm)));
       }
     }
     if (stats_) {
@@ -492,7 +530,8 @@ class WorldVerifier {
 
 }  // namespace
 
-std::vector<std::string> VerifyWorld(const Program& program, VerifyStats* stats, size_t max_errors) {
+std::vector<std::string> VerifyWorld(const Program& program, VerifyStats* stats,
+                                     size_t max_errors) {
   WorldVerifier v(program, stats, max_errors);
   return v.Run();
 }

@@ -32,7 +32,8 @@ struct VerifyStats {
 };
 
 // Empty when the program is correct; otherwise at most `max_errors` messages.
-std::vector<std::string> VerifyWorld(const Program& program, VerifyStats* stats = nullptr, size_t max_errors = 20);
+std::vector<std::string> VerifyWorld(const Program& program, VerifyStats* stats = nullptr,
+                                     size_t max_errors = 20);
 
 // "send_activation(microbatch 2, chunk 0, peer 1)" for messages and dumps.
 std::string DescribeOp(const Op& op);

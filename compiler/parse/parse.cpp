@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <optional>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -110,7 +110,8 @@ void FindRecoverySite(antlr4::Parser* parser, antlr4::Token* offending, SyntaxEr
     }
     if (rule == PlanParser::RuleBlock) {
       info->in_block = true;
-      if (info->expected == std::vector<size_t>{Brace('}')}) info->expected_text = "`}` or another member";
+      if (info->expected == std::vector<size_t>{Brace('}')})
+        info->expected_text = "`}` or another member";
       return;
     }
     if (rule == PlanParser::RuleFile) {
@@ -126,7 +127,8 @@ class StopAtFirstError : public antlr4::DefaultErrorStrategy {
  public:
   explicit StopAtFirstError(SyntaxErrorInfo* info) : info_(info) {}
   void reportError(antlr4::Parser* parser, const antlr4::RecognitionException& e) override {
-    antlr4::Token* offending = e.getOffendingToken() ? e.getOffendingToken() : parser->getCurrentToken();
+    antlr4::Token* offending =
+        e.getOffendingToken() ? e.getOffendingToken() : parser->getCurrentToken();
     // After a lookahead that consumed part of an alternative, the expected set of the decision
     // is what could start it, not what could follow the part that was read: say that instead.
     if (auto* nva = dynamic_cast<const antlr4::NoViableAltException*>(&e)) {
@@ -195,7 +197,8 @@ class StopAtFirstError : public antlr4::DefaultErrorStrategy {
     return lexer.getVocabulary();
   }
 
-  void Record(antlr4::Parser* parser, antlr4::Token* token, const antlr4::misc::IntervalSet& expected) {
+  void Record(antlr4::Parser* parser, antlr4::Token* token,
+              const antlr4::misc::IntervalSet& expected) {
     if (info_->seen) return;
     info_->seen = true;
     info_->token = token;
@@ -208,11 +211,15 @@ class StopAtFirstError : public antlr4::DefaultErrorStrategy {
 std::string Describe(const antlr4::dfa::Vocabulary& vocab, size_t type) {
   if (type == antlr4::Token::EOF) return "end of file";
   switch (type) {
-    case PlanParser::NAME: return "a name";
+    case PlanParser::NAME:
+      return "a name";
     case PlanParser::INT:
-    case PlanParser::REAL: return "a number";
-    case PlanParser::STRING: return "a string";
-    default: break;
+    case PlanParser::REAL:
+      return "a number";
+    case PlanParser::STRING:
+      return "a string";
+    default:
+      break;
   }
   std::string literal = vocab.getLiteralName(type);
   if (literal.size() >= 2 && literal.front() == '\'') {
@@ -227,11 +234,11 @@ std::string ExpectedList(const antlr4::dfa::Vocabulary& vocab, const std::vector
   bool expression = has(PlanParser::INT) && has(PlanParser::STRING) && has(PlanParser::AUTO);
   if (expression) words.push_back("an expression");
   for (size_t t : types) {
-    if (expression && (t == PlanParser::INT || t == PlanParser::REAL || t == PlanParser::STRING ||
-                       t == PlanParser::AUTO || t == PlanParser::TRUE || t == PlanParser::FALSE ||
-                       t == PlanParser::NAME || t == PlanParser::NOT ||
-                       vocab.getLiteralName(t) == "'-'" || vocab.getLiteralName(t) == "'('" ||
-                       vocab.getLiteralName(t) == "'['")) {
+    if (expression &&
+        (t == PlanParser::INT || t == PlanParser::REAL || t == PlanParser::STRING ||
+         t == PlanParser::AUTO || t == PlanParser::TRUE || t == PlanParser::FALSE ||
+         t == PlanParser::NAME || t == PlanParser::NOT || vocab.getLiteralName(t) == "'-'" ||
+         vocab.getLiteralName(t) == "'('" || vocab.getLiteralName(t) == "'['")) {
       continue;
     }
     std::string w = Describe(vocab, t);
@@ -258,9 +265,12 @@ std::string Printable(std::string_view s) {
 constexpr int kMaxNesting = 100;
 
 Diag TooDeep(SourceRange range, std::string_view what, std::string_view label) {
-  return Diag(DiagKind::kNestingTooDeep, fmt::format("{} nests more than {} levels deep", what, kMaxNesting))
+  return Diag(DiagKind::kNestingTooDeep,
+              fmt::format("{} nests more than {} levels deep", what, kMaxNesting))
       .At(range, std::string(label))
-      .Note("every bracket, block, unary `-` or `not` and binary operator is a level; plans need a few")
+      .Note(
+          "every bracket, block, unary `-` or `not` and binary operator is a level; plans need a "
+          "few")
       .Help("name parts of it with `let` (`let a = ...`), or write the value itself");
 }
 
@@ -300,7 +310,8 @@ class Builder {
   SourceRange Range(antlr4::ParserRuleContext* ctx) const {
     SourceRange a = Range(ctx->getStart());
     antlr4::Token* stop = ctx->getStop();
-    if (!stop || stop->getTokenIndex() < ctx->getStart()->getTokenIndex()) return {buffer_, a.begin, a.begin};
+    if (!stop || stop->getTokenIndex() < ctx->getStart()->getTokenIndex())
+      return {buffer_, a.begin, a.begin};
     SourceRange b = Range(stop);
     return {buffer_, a.begin, std::max(a.begin, b.end)};
   }
@@ -363,7 +374,8 @@ class Builder {
     if (ctx->children.size() > 1) {
       if (auto* sep = dynamic_cast<PlanParser::SeparatorContext*>(ctx->children.back())) {
         m.range.end = Range(sep).begin;
-        while (m.range.end > m.range.begin && (text_[m.range.end - 1] == ' ' || text_[m.range.end - 1] == '\t')) {
+        while (m.range.end > m.range.begin &&
+               (text_[m.range.end - 1] == ' ' || text_[m.range.end - 1] == '\t')) {
           --m.range.end;
         }
       }
@@ -396,7 +408,8 @@ class Builder {
     depth_[e.get()] = depth;
     if (depth > kMaxNesting && !too_deep_) {
       too_deep_ = true;
-      sink_.Report(TooDeep(e->range, "this expression", fmt::format("{} levels of operators and brackets", depth)));
+      sink_.Report(TooDeep(e->range, "this expression",
+                           fmt::format("{} levels of operators and brackets", depth)));
     }
     return e;
   }
@@ -406,13 +419,15 @@ class Builder {
   std::unique_ptr<ast::Expr> Or(PlanParser::OrExprContext* ctx) {
     auto parts = ctx->andExpr();
     auto e = And(parts[0]);
-    for (size_t i = 1; i < parts.size() && !too_deep_; ++i) e = Binary("or", std::move(e), And(parts[i]));
+    for (size_t i = 1; i < parts.size() && !too_deep_; ++i)
+      e = Binary("or", std::move(e), And(parts[i]));
     return e;
   }
   std::unique_ptr<ast::Expr> And(PlanParser::AndExprContext* ctx) {
     auto parts = ctx->notExpr();
     auto e = Not(parts[0]);
-    for (size_t i = 1; i < parts.size() && !too_deep_; ++i) e = Binary("and", std::move(e), Not(parts[i]));
+    for (size_t i = 1; i < parts.size() && !too_deep_; ++i)
+      e = Binary("and", std::move(e), Not(parts[i]));
     return e;
   }
   std::unique_ptr<ast::Expr> Not(PlanParser::NotExprContext* ctx) {
@@ -573,8 +588,9 @@ class Builder {
         d.At(e->unit.range, "unknown unit");
         std::string guess = ast::ClosestName(e->unit.text, all);
         if (!guess.empty()) d.Help(fmt::format("did you mean `{}`?", guess));
-        d.Note("units: B KB MB GB TB KiB MiB GiB TiB (bytes); GB/s Gb/s GiB/s TB/s ... "
-               "(bandwidth); GFLOPS TFLOPS PFLOPS (compute); s ms us ns (time)");
+        d.Note(
+            "units: B KB MB GB TB KiB MiB GiB TiB (bytes); GB/s Gb/s GiB/s TB/s ... "
+            "(bandwidth); GFLOPS TFLOPS PFLOPS (compute); s ms us ns (time)");
         sink_.Report(std::move(d));
       }
     }
@@ -728,7 +744,8 @@ std::optional<MissingValue> FindMissingValue(const std::vector<antlr4::Token*>& 
   auto value = path_start(at);
   if (!value) return std::nullopt;
   auto equals = visible_before(*value);
-  if (!equals || all[*equals]->getText() != "=" || all[*equals]->getLine() >= all[*value]->getLine()) {
+  if (!equals || all[*equals]->getText() != "=" ||
+      all[*equals]->getLine() >= all[*value]->getLine()) {
     return std::nullopt;
   }
   auto member = path_start(*equals);
@@ -786,23 +803,27 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
   }
   for (antlr4::Token* t : tokens.getTokens()) {
     if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
-      errors.push_back(Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
-                      .At(builder.Range(t), "the string starts here and runs to the end of the line")
-                      .Help("close it with `\"` on the same line; write `\\\"` for a quote inside")
-                      .Get());
+      errors.push_back(
+          Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
+              .At(builder.Range(t), "the string starts here and runs to the end of the line")
+              .Help("close it with `\"` on the same line; write `\\\"` for a quote inside")
+              .Get());
       lexical_error = true;
     } else if (t->getType() == PlanLexer::UNKNOWN_CHAR) {
       std::string c = Printable(sm.Slice(builder.Range(t)));
-      errors.push_back(Diag(DiagKind::kUnexpectedCharacter, fmt::format("unexpected character `{}`", c))
-                      .At(builder.Range(t), "no token starts with this character")
-                      .Note("comments start with `#` or `//`; strings are written in `\"`")
-                      .Get());
+      errors.push_back(
+          Diag(DiagKind::kUnexpectedCharacter, fmt::format("unexpected character `{}`", c))
+              .At(builder.Range(t), "no token starts with this character")
+              .Note("comments start with `#` or `//`; strings are written in `\"`")
+              .Get());
       lexical_error = true;
     }
   }
   if (lexical_error && !recover) return report_all();
   if (antlr4::Token* deep = FirstTooDeep(tokens.getTokens())) {
-    errors.push_back(TooDeep(builder.Range(deep), "this text", fmt::format("level {} opens here", kMaxNesting + 1)).Get());
+    errors.push_back(TooDeep(builder.Range(deep), "this text",
+                             fmt::format("level {} opens here", kMaxNesting + 1))
+                         .Get());
     return report_all();
   }
   int syntax_errors = 0;
@@ -831,21 +852,25 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     if (!lexical && info.in_block && info.skip_from == t->getTokenIndex()) {
       if (auto missing = FindMissingValue(all, t->getTokenIndex())) {
         std::string member, value;
-        for (size_t k = missing->member_start; k < missing->equals; ++k) member += all[k]->getText();
-        for (size_t k = missing->value_start; k < t->getTokenIndex(); ++k) value += all[k]->getText();
-        errors.push_back(
-            Diag(DiagKind::kSyntaxError, fmt::format("`{} =` has no value", member))
-                .At(builder.Range(all[missing->equals]), "expected an expression after `=` on this line")
-                .Label(builder.Range(t), fmt::format("so `{}` on the next line was read as the value, "
-                                                     "and this `=` cannot follow it",
-                                                     value))
-                .Note("a value may continue on the next line; write it after `=`")
-                .Get());
+        for (size_t k = missing->member_start; k < missing->equals; ++k)
+          member += all[k]->getText();
+        for (size_t k = missing->value_start; k < t->getTokenIndex(); ++k)
+          value += all[k]->getText();
+        errors.push_back(Diag(DiagKind::kSyntaxError, fmt::format("`{} =` has no value", member))
+                             .At(builder.Range(all[missing->equals]),
+                                 "expected an expression after `=` on this line")
+                             .Label(builder.Range(t),
+                                    fmt::format("so `{}` on the next line was read as the value, "
+                                                "and this `=` cannot follow it",
+                                                value))
+                             .Note("a value may continue on the next line; write it after `=`")
+                             .Get());
         ++syntax_errors;
         if (syntax_errors >= kMaxSyntaxErrors) return report_all();
         // Skip `tp =` only: the next line's member is fine.
         for (size_t k = missing->member_start; k <= missing->equals; ++k) {
-          if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k])) w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
+          if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k]))
+            w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
         }
         continue;
       }
@@ -855,21 +880,24 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
       std::string found = at_eof ? std::string("end of file") : fmt::format("`{}`", t->getText());
       std::string expected =
           info.expected_text.empty() ? ExpectedList(vocab, info.expected) : info.expected_text;
-      Diag d(DiagKind::kSyntaxError, expected.empty() ? fmt::format("unexpected {}", found)
-                                                      : fmt::format("expected {}, found {}", expected, found));
+      Diag d(DiagKind::kSyntaxError, expected.empty()
+                                         ? fmt::format("unexpected {}", found)
+                                         : fmt::format("expected {}, found {}", expected, found));
       d.At(builder.Range(t), expected.empty() ? "unexpected here" : "expected " + expected);
       if (sm.Kind(buffer) == BufferKind::kCommandLine) {
-        d.Note("--set takes PATH=VALUE, the value written as in a plan: `--set parallel.tp=4`, "
-               "`--set 'parallel.order=\"tp-cp-ep-pp-dp\"'`");
+        d.Note(
+            "--set takes PATH=VALUE, the value written as in a plan: `--set parallel.tp=4`, "
+            "`--set 'parallel.order=\"tp-cp-ep-pp-dp\"'`");
       }
       if (info.in_block) {
         antlr4::Token* first = all[info.skip_from];
         static const std::vector<std::string> kDeclKinds = {"gpu", "cluster", "model", "plan"};
         if (first->getType() == PlanLexer::NAME && first->getCharPositionInLine() == 0 &&
             std::find(kDeclKinds.begin(), kDeclKinds.end(), first->getText()) != kDeclKinds.end()) {
-          d.Help(fmt::format("`{}` at the left margin looks like a new declaration, but it is read "
-                             "inside the block of the one above: is a `}}` missing before it?",
-                             first->getText()));
+          d.Help(
+              fmt::format("`{}` at the left margin looks like a new declaration, but it is read "
+                          "inside the block of the one above: is a `}}` missing before it?",
+                          first->getText()));
         }
       }
       // `vocab = 1000 seq_len 128`: a name after a number is read as its unit.
@@ -892,7 +920,8 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     if (end <= from) end = t->getTokenIndex() + 1;  // skip at least the offending token
     for (size_t k = from; k < end && k < all.size(); ++k) {
       if (all[k]->getType() == antlr4::Token::EOF) break;
-      if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k])) w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
+      if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k]))
+        w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
     }
     // Nothing left to parse: what a new parse would report now (a missing `}`) echoes the skip.
     if (end >= all.size() || all[end]->getType() == antlr4::Token::EOF) return report_all();

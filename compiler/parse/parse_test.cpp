@@ -130,9 +130,10 @@ TEST_CASE("lexical errors") {
 }
 
 TEST_CASE("problems inside good syntax are reported and parsing goes on") {
-  auto p = ParseText("modle m { layers = 99999999999999999999 }\n"
-                     "gpu g { memory = 80 Gib  bad = 1 parsecs }\n"
-                     "model n { x = -9223372036854775808 }");
+  auto p = ParseText(
+      "modle m { layers = 99999999999999999999 }\n"
+      "gpu g { memory = 80 Gib  bad = 1 parsecs }\n"
+      "model n { x = -9223372036854775808 }");
   REQUIRE(p->module);
   REQUIRE(p->sink.diagnostics().size() == 3);
   CHECK(p->sink.diagnostics()[0].kind == DiagKind::kUnknownDeclarationKind);
@@ -162,7 +163,8 @@ TEST_CASE("a block comment that never closes is named, not reported as a stray `
 }
 
 TEST_CASE("2^63 is a literal only under a minus; out-of-range literals are marked") {
-  auto p = ParseText("model m { a = 9223372036854775808  b = -9223372036854775808  c = 1e999  d = 5 }");
+  auto p =
+      ParseText("model m { a = 9223372036854775808  b = -9223372036854775808  c = 1e999  d = 5 }");
   REQUIRE(p->module);
   REQUIRE(p->sink.diagnostics().size() == 2);
   CHECK(p->sink.diagnostics()[0].kind == DiagKind::kNumberTooLarge);
@@ -212,7 +214,8 @@ TEST_CASE("nesting past 100 levels is an error, not a stack overflow") {
 TEST_CASE("a --set override parses as PATH = EXPR in its own buffer") {
   SourceManager sm;
   DiagnosticSink sink;
-  uint32_t b = sm.AddBuffer("<command line>", "parallel.order=\"tp-cp-ep-pp-dp\"", BufferKind::kCommandLine);
+  uint32_t b =
+      sm.AddBuffer("<command line>", "parallel.order=\"tp-cp-ep-pp-dp\"", BufferKind::kCommandLine);
   auto m = ParseSetOverride(sm, b, sink);
   REQUIRE(m);
   CHECK(m->path.size() == 2);
@@ -243,12 +246,13 @@ plan a extends b {
   REQUIRE(p->module);
   CHECK(ast::VerifyAst(*p->module).empty());
   // A derivation inside an operand is printed under its member too.
-  CHECK(p->Dump().find("    assign cluster = dgx_h100 { … }\n      assign nodes") != std::string::npos);
+  CHECK(p->Dump().find("    assign cluster = dgx_h100 { … }\n      assign nodes") !=
+        std::string::npos);
 
   ast::Decl& plan = p->module->decls[1];
-  plan.body->members[1].block.reset();                     // an amendment without its block
-  plan.body->members[0].range.end = plan.range.end + 5;    // past its block
-  plan.body->members[2].value->operands.pop_back();        // a binary operator with one operand
+  plan.body->members[1].block.reset();                   // an amendment without its block
+  plan.body->members[0].range.end = plan.range.end + 5;  // past its block
+  plan.body->members[2].value->operands.pop_back();      // a binary operator with one operand
   auto problems = ast::VerifyAst(*p->module);
   REQUIRE(problems.size() == 3);
   CHECK(problems[0].find("assign `cluster`: range") != std::string::npos);
@@ -271,7 +275,8 @@ std::vector<std::string> Messages(const Parsed& p) {
   return out;
 }
 
-TEST_CASE("after a syntax error, independent errors in other members and declarations are reported") {
+TEST_CASE(
+    "after a syntax error, independent errors in other members and declarations are reported") {
   auto p = ParseText(R"(model m {
   layers = 4  hidden = = 512
   heads = 8
@@ -298,7 +303,8 @@ plan q { model = n; cluster = dgx_h100; parallel { tp = 1 * } }
                         });
 }
 
-TEST_CASE("recovery skips to the next line's member, a separator or the closing brace, never echoing") {
+TEST_CASE(
+    "recovery skips to the next line's member, a separator or the closing brace, never echoing") {
   // A multi-line value: the continuation lines are skipped with the broken member.
   auto p = ParseText("plan a {\n  x = [1, 2\n    3, 4]\n  y = 1 * * 2\n  z = 3\n}\n");
   CHECK(Messages(*p) == std::vector<std::string>{"3: expected `,` or `]`, found `3`",
@@ -309,13 +315,15 @@ TEST_CASE("recovery skips to the next line's member, a separator or the closing 
                                                  "1: expected an expression, found `=`"});
   // Stray text between members and between declarations.
   p = ParseText("}\nplan a {\n  tp = \n  pp = 4\n}\n= 5\nplan b { v = 1 }}\n");
-  CHECK(Messages(*p) == std::vector<std::string>{"1: expected a declaration or `import`, found `}`",
-                                                 "3: `tp =` has no value",
-                                                 "6: expected a declaration or `import`, found `=`",
-                                                 "7: expected a declaration or `import`, found `}`"});
+  CHECK(Messages(*p) ==
+        std::vector<std::string>{"1: expected a declaration or `import`, found `}`",
+                                 "3: `tp =` has no value",
+                                 "6: expected a declaration or `import`, found `=`",
+                                 "7: expected a declaration or `import`, found `}`"});
 }
 
-TEST_CASE("a value forgotten at the end of a line is named, and the next line's member still parses") {
+TEST_CASE(
+    "a value forgotten at the end of a line is named, and the next line's member still parses") {
   auto p = ParseText("plan a {\n  tp =\n  pp = 4 4\n  cluster.nodes =\n  model.layers = 8\n}\n");
   CHECK(Messages(*p) == std::vector<std::string>{"2: `tp =` has no value",
                                                  "3: expected `}` or another member, found `4`",
@@ -345,7 +353,9 @@ TEST_CASE("a field name after a number, read as its unit, gets a help") {
 }
 
 TEST_CASE("a missing closing brace is one error, with a help when a declaration follows") {
-  auto p = ParseText("plan a {\n  parallel { tp = 4\n  batch { global = 8 }\n}\n\nplan b { batch { global = = 1 } }\n");
+  auto p = ParseText(
+      "plan a {\n  parallel { tp = 4\n  batch { global = 8 }\n}\n\nplan b { batch { global = = 1 } "
+      "}\n");
   REQUIRE(p->sink.diagnostics().size() == 1);
   CHECK(p->First().message == "expected `.`, `=` or `{`, found `b`");
   REQUIRE(p->First().helps.size() == 1);

@@ -45,31 +45,31 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kMin = INT64_MIN;
 constexpr int64_t kMax = INT64_MAX;
 
-#define PP_INT(PATH, MEMBER, LO, HI, DOC)                                                  \
-  add({PATH, FieldType::kInt, {}, DOC, LO, HI},                                            \
+#define PP_INT(PATH, MEMBER, LO, HI, DOC)       \
+  add({PATH, FieldType::kInt, {}, DOC, LO, HI}, \
       {.int_ref = [](Plan& p) -> int64_t* { return &p.MEMBER; }})
-#define PP_BYTES(PATH, MEMBER, LO, DOC)                                                    \
-  add({PATH, FieldType::kBytes, {}, DOC, LO, kMax},                                        \
+#define PP_BYTES(PATH, MEMBER, LO, DOC)             \
+  add({PATH, FieldType::kBytes, {}, DOC, LO, kMax}, \
       {.int_ref = [](Plan& p) -> int64_t* { return &p.MEMBER; }})
-#define PP_OPT_INT(PATH, MEMBER, LO, DOC)                                                  \
-  add({PATH, FieldType::kInt, {}, DOC, LO, kMax, true},                                    \
+#define PP_OPT_INT(PATH, MEMBER, LO, DOC)               \
+  add({PATH, FieldType::kInt, {}, DOC, LO, kMax, true}, \
       {.opt_int_ref = [](Plan& p) -> std::optional<int64_t>* { return &p.MEMBER; }})
-#define PP_REAL(PATH, TYPE, MEMBER, DOC)                                                   \
+#define PP_REAL(PATH, TYPE, MEMBER, DOC) \
   add({PATH, TYPE, {}, DOC}, {.real_ref = [](Plan& p) -> double* { return &p.MEMBER; }})
-#define PP_REAL_IN(PATH, TYPE, MEMBER, LO, LO_OPEN, HI, HI_OPEN, DOC)                       \
-  add(RealRange({PATH, TYPE, {}, DOC}, LO, LO_OPEN, HI, HI_OPEN),                           \
+#define PP_REAL_IN(PATH, TYPE, MEMBER, LO, LO_OPEN, HI, HI_OPEN, DOC) \
+  add(RealRange({PATH, TYPE, {}, DOC}, LO, LO_OPEN, HI, HI_OPEN),     \
       {.real_ref = [](Plan& p) -> double* { return &p.MEMBER; }})
 #define PP_BOOL(PATH, MEMBER, DOC) \
   add({PATH, FieldType::kBool, {}, DOC}, {.bool_ref = [](Plan& p) -> bool* { return &p.MEMBER; }})
-#define PP_STRING(PATH, MEMBER, DOC)                                                       \
-  add({PATH, FieldType::kString, {}, DOC},                                                 \
+#define PP_STRING(PATH, MEMBER, DOC)       \
+  add({PATH, FieldType::kString, {}, DOC}, \
       {.string_ref = [](Plan& p) -> std::string* { return &p.MEMBER; }})
-#define PP_LIST(PATH, MEMBER, LO, DOC)                                                     \
-  add({PATH, FieldType::kIntList, {}, DOC, LO, kMax},                                      \
+#define PP_LIST(PATH, MEMBER, LO, DOC)                \
+  add({PATH, FieldType::kIntList, {}, DOC, LO, kMax}, \
       {.list_ref = [](Plan& p) -> std::vector<int64_t>* { return &p.MEMBER; }})
-#define PP_ENUM(PATH, ENUM, MEMBER, VALUES, DOC)                                           \
-  add({PATH, FieldType::kEnum, VALUES, DOC},                                               \
-      {.enum_get = [](const Plan& p) { return static_cast<int>(p.MEMBER); },               \
+#define PP_ENUM(PATH, ENUM, MEMBER, VALUES, DOC)                             \
+  add({PATH, FieldType::kEnum, VALUES, DOC},                                 \
+      {.enum_get = [](const Plan& p) { return static_cast<int>(p.MEMBER); }, \
        .enum_set = [](Plan& p, int v) { p.MEMBER = static_cast<ENUM>(v); }})
 
 FieldTable BuildTable() {
@@ -87,7 +87,8 @@ FieldTable BuildTable() {
   PP_INT("model.ffn_hidden", model.ffn_hidden, 1, kMax, "dense MLP intermediate size");
   PP_INT("model.heads", model.heads, 1, kMax, "attention (query) heads");
   PP_INT("model.kv_heads", model.kv_heads, 1, kMax, "key/value heads (== heads without GQA)");
-  PP_INT("model.head_dim", model.head_dim, 1, kMax, "size of one head (hidden / heads unless given)");
+  PP_INT("model.head_dim", model.head_dim, 1, kMax,
+         "size of one head (hidden / heads unless given)");
   PP_INT("model.vocab", model.vocab, 1, kMax, "vocabulary size");
   PP_INT("model.seq_len", model.seq_len, 1, kMax, "sequence length in tokens");
   PP_ENUM("model.norm", Norm, model.norm, (std::vector<std::string_view>{"rmsnorm", "layernorm"}),
@@ -107,30 +108,35 @@ FieldTable BuildTable() {
   PP_INT("model.topk", model.topk, 0, kMax, "experts each token is routed to");
   PP_INT("model.moe_ffn_hidden", model.moe_ffn_hidden, 0, kMax, "intermediate size of one expert");
   PP_INT("model.shared_experts", model.shared_experts, 0, kMax, "always-active shared experts");
-  PP_INT("model.dense_layers", model.dense_layers, 0, kMax, "leading dense layers before MoE layers");
+  PP_INT("model.dense_layers", model.dense_layers, 0, kMax,
+         "leading dense layers before MoE layers");
   PP_INT("model.moe_layer_freq", model.moe_layer_freq, 1, kMax,
          "after the dense layers, every n-th layer is MoE (1 = all)");
   PP_INT("model.q_lora_rank", model.q_lora_rank, 0, kMax, "MLA query compression rank (0 = none)");
-  PP_INT("model.kv_lora_rank", model.kv_lora_rank, 0, kMax, "MLA key/value compression rank (0 = no MLA)");
-  PP_INT("model.qk_nope_head_dim", model.qk_nope_head_dim, 0, kMax, "MLA per-head q/k size without RoPE");
-  PP_INT("model.qk_rope_head_dim", model.qk_rope_head_dim, 0, kMax, "MLA per-head q/k size with RoPE");
+  PP_INT("model.kv_lora_rank", model.kv_lora_rank, 0, kMax,
+         "MLA key/value compression rank (0 = no MLA)");
+  PP_INT("model.qk_nope_head_dim", model.qk_nope_head_dim, 0, kMax,
+         "MLA per-head q/k size without RoPE");
+  PP_INT("model.qk_rope_head_dim", model.qk_rope_head_dim, 0, kMax,
+         "MLA per-head q/k size with RoPE");
   PP_INT("model.v_head_dim", model.v_head_dim, 0, kMax, "MLA per-head value size");
   // cluster
   PP_BYTES("cluster.gpu.memory", cluster.gpu.memory, 1, "device memory in bytes");
-  PP_REAL_IN("cluster.gpu.peak_bf16", FieldType::kFlops, cluster.gpu.peak_bf16, 0, true, kInf, false,
-             "dense bf16 peak, FLOP/s");
-  PP_REAL_IN("cluster.gpu.peak_fp16", FieldType::kFlops, cluster.gpu.peak_fp16, 0, true, kInf, false,
-             "dense fp16 peak, FLOP/s");
+  PP_REAL_IN("cluster.gpu.peak_bf16", FieldType::kFlops, cluster.gpu.peak_bf16, 0, true, kInf,
+             false, "dense bf16 peak, FLOP/s");
+  PP_REAL_IN("cluster.gpu.peak_fp16", FieldType::kFlops, cluster.gpu.peak_fp16, 0, true, kInf,
+             false, "dense fp16 peak, FLOP/s");
   PP_REAL_IN("cluster.gpu.peak_fp8", FieldType::kFlops, cluster.gpu.peak_fp8, 0, false, kInf, false,
              "dense fp8 peak, FLOP/s (0 = no fp8)");
-  PP_REAL_IN("cluster.gpu.hbm_bandwidth", FieldType::kBandwidth, cluster.gpu.hbm_bandwidth, 0, true, kInf, false,
-          "device memory bandwidth, bytes/s");
+  PP_REAL_IN("cluster.gpu.hbm_bandwidth", FieldType::kBandwidth, cluster.gpu.hbm_bandwidth, 0, true,
+             kInf, false, "device memory bandwidth, bytes/s");
   PP_INT("cluster.nodes", cluster.nodes, 1, kMax, "nodes");
-  PP_INT("cluster.gpus_per_node", cluster.gpus_per_node, 1, kMax, "GPUs per node (the NVLink domain)");
-  PP_REAL_IN("cluster.nvlink_bandwidth", FieldType::kBandwidth, cluster.nvlink_bandwidth, 0, true, kInf, false,
-          "NVLink bandwidth per GPU, one direction, bytes/s");
-  PP_REAL_IN("cluster.network_bandwidth", FieldType::kBandwidth, cluster.network_bandwidth, 0, true, kInf, false,
-          "network bandwidth per GPU, one direction, bytes/s");
+  PP_INT("cluster.gpus_per_node", cluster.gpus_per_node, 1, kMax,
+         "GPUs per node (the NVLink domain)");
+  PP_REAL_IN("cluster.nvlink_bandwidth", FieldType::kBandwidth, cluster.nvlink_bandwidth, 0, true,
+             kInf, false, "NVLink bandwidth per GPU, one direction, bytes/s");
+  PP_REAL_IN("cluster.network_bandwidth", FieldType::kBandwidth, cluster.network_bandwidth, 0, true,
+             kInf, false, "network bandwidth per GPU, one direction, bytes/s");
   // plan
   PP_ENUM("precision", Precision, precision,
           (std::vector<std::string_view>{"bf16", "fp16", "fp32", "fp8"}), "training precision");
@@ -191,7 +197,8 @@ FieldTable BuildTable() {
   PP_STRING("parallel.order", parallel.order, "rank order of the mesh axes, innermost first");
   // pipeline
   PP_ENUM("pipeline.schedule", Schedule, pipeline.schedule,
-          (std::vector<std::string_view>{"gpipe", "1f1b", "interleaved_1f1b"}), "pipeline schedule");
+          (std::vector<std::string_view>{"gpipe", "1f1b", "interleaved_1f1b"}),
+          "pipeline schedule");
   PP_BOOL("pipeline.account_for_embedding", pipeline.account_for_embedding,
           "count the embedding as a layer of the first stage");
   PP_BOOL("pipeline.account_for_loss", pipeline.account_for_loss,
@@ -202,7 +209,8 @@ FieldTable BuildTable() {
              "layers on the last pipeline stage");
   PP_LIST("pipeline.stage_layers", pipeline.stage_layers, 0, "explicit layers per stage");
   PP_ENUM("pipeline.balance", Balance, pipeline.balance,
-          (std::vector<std::string_view>{"even", "cost", "nanotron"}), "how layers are split over stages");
+          (std::vector<std::string_view>{"even", "cost", "nanotron"}),
+          "how layers are split over stages");
   // optimizer
   PP_ENUM("optimizer.type", OptimizerType, optimizer.type,
           (std::vector<std::string_view>{"adamw", "sgd"}), "optimizer");
@@ -211,15 +219,17 @@ FieldTable BuildTable() {
           (std::vector<std::string_view>{"none", "cpu"}), "optimizer state offload");
   PP_REAL_IN("optimizer.offload_fraction", FieldType::kReal, optimizer.offload_fraction, 0, false,
              1, false, "share of the optimizer state on the host when offload = cpu");
-  PP_REAL_IN("optimizer.lr", FieldType::kReal, optimizer.lr, 0, false, kInf, false, "peak learning rate");
+  PP_REAL_IN("optimizer.lr", FieldType::kReal, optimizer.lr, 0, false, kInf, false,
+             "peak learning rate");
   PP_REAL_IN("optimizer.min_lr", FieldType::kReal, optimizer.min_lr, 0, false, kInf, false,
              "floor of the cosine decay");
   PP_INT("optimizer.warmup_steps", optimizer.warmup_steps, 0, kMax, "linear warmup steps");
-  PP_REAL_IN("optimizer.weight_decay", FieldType::kReal, optimizer.weight_decay, 0, false, kInf, false,
-             "decoupled weight decay");
+  PP_REAL_IN("optimizer.weight_decay", FieldType::kReal, optimizer.weight_decay, 0, false, kInf,
+             false, "decoupled weight decay");
   PP_REAL_IN("optimizer.beta1", FieldType::kReal, optimizer.beta1, 0, false, 1, true, "Adam beta1");
   PP_REAL_IN("optimizer.beta2", FieldType::kReal, optimizer.beta2, 0, false, 1, true, "Adam beta2");
-  PP_REAL_IN("optimizer.eps", FieldType::kReal, optimizer.eps, 0, true, kInf, false, "Adam epsilon");
+  PP_REAL_IN("optimizer.eps", FieldType::kReal, optimizer.eps, 0, true, kInf, false,
+             "Adam epsilon");
   PP_REAL_IN("optimizer.clip_grad", FieldType::kReal, optimizer.clip_grad, 0, false, kInf, false,
              "global-norm clipping (0 = off)");
   // batch
@@ -230,7 +240,8 @@ FieldTable BuildTable() {
   PP_INT("train.seed", train.seed, 0, kMax, "random seed");
   PP_STRING("train.data", train.data, "token data path (empty = bundled text)");
   PP_STRING("train.checkpoint_dir", train.checkpoint_dir, "checkpoint directory (empty = none)");
-  PP_INT("train.checkpoint_every", train.checkpoint_every, 0, kMax, "steps between checkpoints (0 = never)");
+  PP_INT("train.checkpoint_every", train.checkpoint_every, 0, kMax,
+         "steps between checkpoints (0 = never)");
   for (const FieldInfo& f : t.infos) t.by_path.emplace(f.path, f.index);
   return t;
 }
@@ -254,25 +265,38 @@ const FieldAccess& AccessOf(const FieldInfo& f) { return Table().access[f.index]
 
 std::string_view TypeWord(FieldType t) {
   switch (t) {
-    case FieldType::kInt: return "an integer";
-    case FieldType::kReal: return "a number";
-    case FieldType::kBool: return "a boolean";
-    case FieldType::kString: return "a string";
-    case FieldType::kEnum: return "one of its names";
-    case FieldType::kIntList: return "a list of integers";
-    case FieldType::kBytes: return "a size in bytes";
-    case FieldType::kBandwidth: return "a bandwidth";
-    case FieldType::kFlops: return "a compute rate";
+    case FieldType::kInt:
+      return "an integer";
+    case FieldType::kReal:
+      return "a number";
+    case FieldType::kBool:
+      return "a boolean";
+    case FieldType::kString:
+      return "a string";
+    case FieldType::kEnum:
+      return "one of its names";
+    case FieldType::kIntList:
+      return "a list of integers";
+    case FieldType::kBytes:
+      return "a size in bytes";
+    case FieldType::kBandwidth:
+      return "a bandwidth";
+    case FieldType::kFlops:
+      return "a compute rate";
   }
   return "a value";
 }
 
 std::string_view ValueWord(const FieldValue& v) {
   switch (v.index()) {
-    case 0: return "an integer";
-    case 1: return "a real number";
-    case 2: return "a boolean";
-    default: return "a string";
+    case 0:
+      return "an integer";
+    case 1:
+      return "a real number";
+    case 2:
+      return "a boolean";
+    default:
+      return "a string";
   }
 }
 
@@ -347,9 +371,12 @@ void SplitUnit(std::string_view text, std::string_view* number, std::string_view
 
 UnitDimension DimensionOf(FieldType t) {
   switch (t) {
-    case FieldType::kBandwidth: return UnitDimension::kBandwidth;
-    case FieldType::kFlops: return UnitDimension::kFlops;
-    default: return UnitDimension::kBytes;
+    case FieldType::kBandwidth:
+      return UnitDimension::kBandwidth;
+    case FieldType::kFlops:
+      return UnitDimension::kFlops;
+    default:
+      return UnitDimension::kBytes;
   }
 }
 
@@ -361,11 +388,13 @@ const std::vector<UnitInfo>& AllUnits() {
   static const std::vector<UnitInfo> units = [] {
     std::vector<UnitInfo> u;
     using D = UnitDimension;
-    const std::pair<std::string_view, double> decimal[] = {
-        {"", 1}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}};
-    const std::pair<std::string_view, double> binary[] = {
-        {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0},
-        {"Ti", 1099511627776.0}, {"Pi", 1125899906842624.0}};
+    const std::pair<std::string_view, double> decimal[] = {{"", 1},    {"K", 1e3},  {"M", 1e6},
+                                                           {"G", 1e9}, {"T", 1e12}, {"P", 1e15}};
+    const std::pair<std::string_view, double> binary[] = {{"Ki", 1024.0},
+                                                          {"Mi", 1048576.0},
+                                                          {"Gi", 1073741824.0},
+                                                          {"Ti", 1099511627776.0},
+                                                          {"Pi", 1125899906842624.0}};
     static std::deque<std::string> names;  // owns the spellings; a deque never moves them
     auto add = [&](std::string name, D d, double scale) {
       names.push_back(std::move(name));
@@ -397,22 +426,32 @@ const UnitInfo* FindUnit(std::string_view name) {
 
 std::string_view ToString(UnitDimension d) {
   switch (d) {
-    case UnitDimension::kBytes: return "bytes";
-    case UnitDimension::kBandwidth: return "bandwidth";
-    case UnitDimension::kFlops: return "compute";
-    case UnitDimension::kTime: return "time";
+    case UnitDimension::kBytes:
+      return "bytes";
+    case UnitDimension::kBandwidth:
+      return "bandwidth";
+    case UnitDimension::kFlops:
+      return "compute";
+    case UnitDimension::kTime:
+      return "time";
   }
   return "?";
 }
 
 std::string_view ToString(OriginKind k) {
   switch (k) {
-    case OriginKind::kDefault: return "default";
-    case OriginKind::kFile: return "file";
-    case OriginKind::kStdlib: return "stdlib";
-    case OriginKind::kCommandLine: return "command line";
-    case OriginKind::kAuto: return "auto";
-    case OriginKind::kDerived: return "derived";
+    case OriginKind::kDefault:
+      return "default";
+    case OriginKind::kFile:
+      return "file";
+    case OriginKind::kStdlib:
+      return "stdlib";
+    case OriginKind::kCommandLine:
+      return "command line";
+    case OriginKind::kAuto:
+      return "auto";
+    case OriginKind::kDerived:
+      return "derived";
   }
   return "?";
 }
@@ -534,8 +573,8 @@ std::string SetFieldValue(Plan& plan, const FieldInfo& f, const FieldValue& valu
                d && std::isfinite(*d) && *d == std::floor(*d) && std::fabs(*d) < 9.2e18) {
       v = static_cast<int64_t>(*d);
     } else if (const double* d = std::get_if<double>(&value)) {
-      return fmt::format("expects {}, got {}", f.type == FieldType::kBytes ? "a whole number of bytes"
-                                                                            : "an integer",
+      return fmt::format("expects {}, got {}",
+                         f.type == FieldType::kBytes ? "a whole number of bytes" : "an integer",
                          FormatReal(*d));
     } else {
       return fmt::format("expects {}, got {}", TypeWord(f.type), ValueWord(value));
@@ -694,8 +733,8 @@ std::string SetFieldText(Plan& plan, std::string_view path, std::string_view raw
         const UnitInfo* u = FindUnit(unit);
         if (!u) return fmt::format("`{}` is not a unit", unit);
         if (u->dimension != DimensionOf(f->type)) {
-          return fmt::format("expects {}, got a {} (`{}`)", TypeWord(f->type), ToString(u->dimension),
-                             unit);
+          return fmt::format("expects {}, got a {} (`{}`)", TypeWord(f->type),
+                             ToString(u->dimension), unit);
         }
         scale = u->scale;
       }
@@ -716,34 +755,47 @@ std::string SetFieldText(Plan& plan, std::string_view path, std::string_view raw
 
 std::string_view ToString(Precision v) {
   switch (v) {
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp16: return "fp16";
-    case Precision::kFp32: return "fp32";
-    case Precision::kFp8: return "fp8";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kFp8:
+      return "fp8";
   }
   return "?";
 }
 std::string_view ToString(Recompute v) {
   switch (v) {
-    case Recompute::kNone: return "none";
-    case Recompute::kSelective: return "selective";
-    case Recompute::kFull: return "full";
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
   }
   return "?";
 }
 std::string_view ToString(Schedule v) {
   switch (v) {
-    case Schedule::kGpipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved1F1B: return "interleaved_1f1b";
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved1F1B:
+      return "interleaved_1f1b";
   }
   return "?";
 }
 std::string_view ToString(Balance v) {
   switch (v) {
-    case Balance::kEven: return "even";
-    case Balance::kCost: return "cost";
-    case Balance::kNanotron: return "nanotron";
+    case Balance::kEven:
+      return "even";
+    case Balance::kCost:
+      return "cost";
+    case Balance::kNanotron:
+      return "nanotron";
   }
   return "even";
 }
@@ -943,8 +995,8 @@ std::vector<std::string> VerifyPlan(const Plan& plan) {
   if (plan.model.name.empty()) problems.push_back("the plan has no model");
   if (plan.cluster.name.empty()) problems.push_back("the plan has no cluster");
   if (plan.model.kv_heads > plan.model.heads && plan.model.heads > 0) {
-    problems.push_back(fmt::format("`model.kv_heads` = {} > `model.heads` = {}", plan.model.kv_heads,
-                                   plan.model.heads));
+    problems.push_back(fmt::format("`model.kv_heads` = {} > `model.heads` = {}",
+                                   plan.model.kv_heads, plan.model.heads));
   }
   return problems;
 }

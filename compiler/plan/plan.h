@@ -80,12 +80,12 @@ const std::vector<std::string_view>& RecomputeModuleNames();
 std::optional<uint32_t> ParseRecomputeModules(std::string_view text, std::string* bad = nullptr);
 
 struct GpuSpec {
-  std::string name;            // record name, e.g. "h100_sxm"
-  int64_t memory = 0;          // bytes
-  double peak_bf16 = 0;        // FLOP/s, dense
-  double peak_fp16 = 0;        // FLOP/s, dense
-  double peak_fp8 = 0;         // FLOP/s, dense
-  double hbm_bandwidth = 0;    // bytes/s
+  std::string name;          // record name, e.g. "h100_sxm"
+  int64_t memory = 0;        // bytes
+  double peak_bf16 = 0;      // FLOP/s, dense
+  double peak_fp16 = 0;      // FLOP/s, dense
+  double peak_fp8 = 0;       // FLOP/s, dense
+  double hbm_bandwidth = 0;  // bytes/s
 };
 
 struct ClusterSpec {
@@ -103,8 +103,8 @@ struct ModelSpec {
   int64_t hidden = 0;
   int64_t ffn_hidden = 0;
   int64_t heads = 0;
-  int64_t kv_heads = 0;   // == heads without GQA
-  int64_t head_dim = 0;   // hidden / heads unless given
+  int64_t kv_heads = 0;  // == heads without GQA
+  int64_t head_dim = 0;  // hidden / heads unless given
   int64_t vocab = 0;
   int64_t seq_len = 0;
   Norm norm = Norm::kRmsNorm;
@@ -122,7 +122,7 @@ struct ModelSpec {
   int64_t topk = 0;
   int64_t moe_ffn_hidden = 0;
   int64_t shared_experts = 0;
-  int64_t dense_layers = 0;  // leading dense layers before the MoE layers
+  int64_t dense_layers = 0;    // leading dense layers before the MoE layers
   int64_t moe_layer_freq = 1;  // after dense_layers, every n-th layer is MoE (1 = all of them)
   // MLA (DeepSeek); 0 when the model uses ordinary attention.
   int64_t q_lora_rank = 0;
@@ -199,13 +199,13 @@ struct OptimizerSpec {
   Offload offload = Offload::kNone;
   double offload_fraction = 1.0;  // share of the optimizer state on the host when offload = cpu
   double lr = 3e-4;
-  double min_lr = 3e-5;       // floor of the cosine decay
-  int64_t warmup_steps = 0;   // linear warmup, then cosine decay to min_lr over train.steps
+  double min_lr = 3e-5;      // floor of the cosine decay
+  int64_t warmup_steps = 0;  // linear warmup, then cosine decay to min_lr over train.steps
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double clip_grad = 1.0;     // global-norm clipping; 0 = off
+  double clip_grad = 1.0;  // global-norm clipping; 0 = off
 };
 
 struct BatchSpec {
@@ -324,13 +324,23 @@ bool IsMoeLayer(const ModelSpec& model, int64_t index);
 // A field's value as the language sees it.
 using FieldValue = std::variant<int64_t, double, bool, std::string>;
 
-enum class FieldType : uint8_t { kInt, kReal, kBool, kString, kEnum, kIntList, kBytes, kBandwidth, kFlops };
+enum class FieldType : uint8_t {
+  kInt,
+  kReal,
+  kBool,
+  kString,
+  kEnum,
+  kIntList,
+  kBytes,
+  kBandwidth,
+  kFlops
+};
 
 struct FieldInfo {
-  std::string_view path;                     // "parallel.tp"
+  std::string_view path;  // "parallel.tp"
   FieldType type;
-  std::vector<std::string_view> enum_values; // for kEnum: the accepted spellings
-  std::string_view doc;                      // one line
+  std::vector<std::string_view> enum_values;  // for kEnum: the accepted spellings
+  std::string_view doc;                       // one line
   // Integer-valued fields (kInt, kBytes, kIntList elements): the accepted range, inclusive.
   int64_t min = INT64_MIN;
   int64_t max = INT64_MAX;

@@ -18,10 +18,10 @@ TEST_CASE("every canonical path is listed once and found by path") {
     CHECK(&PlanFields()[f.index] == found);
     CHECK(!f.doc.empty());
   }
-  for (const char* p : {"model.layers", "model.v_head_dim", "cluster.gpu.memory",
-                        "cluster.gpu.hbm_bandwidth", "cluster.nodes", "precision", "recompute",
-                        "parallel.etp", "parallel.order", "pipeline.stage_layers",
-                        "optimizer.clip_grad", "batch.micro", "train.checkpoint_every"}) {
+  for (const char* p :
+       {"model.layers", "model.v_head_dim", "cluster.gpu.memory", "cluster.gpu.hbm_bandwidth",
+        "cluster.nodes", "precision", "recompute", "parallel.etp", "parallel.order",
+        "pipeline.stage_layers", "optimizer.clip_grad", "batch.micro", "train.checkpoint_every"}) {
     CHECK_MESSAGE(FindPlanField(p) != nullptr, p);
   }
   CHECK(FindPlanField("parallel.tpp") == nullptr);
@@ -184,7 +184,8 @@ TEST_CASE("units in SetFieldText are checked by dimension") {
   CHECK(SetFieldText(p, "cluster.gpu.memory", "80 GB/s") ==
         "expects a size in bytes, got a bandwidth (`GB/s`)");
   CHECK(SetFieldText(p, "cluster.gpu.memory", "80 parsecs") == "`parsecs` is not a unit");
-  CHECK(SetFieldText(p, "cluster.gpu.memory", "0.5 B") == "expects a whole number of bytes, got `0.5 B`");
+  CHECK(SetFieldText(p, "cluster.gpu.memory", "0.5 B") ==
+        "expects a whole number of bytes, got `0.5 B`");
   REQUIRE(FindUnit("GiB") != nullptr);
   CHECK(FindUnit("GiB")->dimension == UnitDimension::kBytes);
   CHECK(FindUnit("us")->scale == doctest::Approx(1e-6));
@@ -274,11 +275,12 @@ TEST_CASE("PrintPlan is one line per field in a stable order") {
   p.model.name = "tiny";
   p.cluster.name = "box";
   p.parallel.dp = 8;
-  p.origins["parallel.dp"] = FieldOrigin{OriginKind::kAuto, {}, {"cluster.nodes"}, "dp = 8 / 1 = 8"};
+  p.origins["parallel.dp"] =
+      FieldOrigin{OriginKind::kAuto, {}, {"cluster.nodes"}, "dp = 8 / 1 = 8"};
   std::string dump = PrintPlan(p);
   CHECK(dump.rfind("plan demo\n", 0) == 0);
-  CHECK(dump.find("  parallel.dp                        = 8                        # auto: dp = 8 / 1 = 8\n") !=
-        std::string::npos);
+  CHECK(dump.find("  parallel.dp                        = 8                        # auto: dp = 8 "
+                  "/ 1 = 8\n") != std::string::npos);
   CHECK(dump.find("model.layers") < dump.find("parallel.tp"));
   CHECK(dump == PrintPlan(p));
   CHECK(ToString(Schedule::kInterleaved1F1B) == "interleaved_1f1b");

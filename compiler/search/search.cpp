@@ -1,10 +1,10 @@
 #include "compiler/search/search.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "compiler/analyze/memory.h"
 #include "compiler/analyze/memory_check.h"
@@ -15,7 +15,21 @@
 namespace paraplan {
 namespace {
 
-enum class Field : uint8_t { kTp, kPp, kVpp, kCp, kEp, kEtp, kSp, kMicro, kZero, kRecompute, kSchedule, kOffload, kOther };
+enum class Field : uint8_t {
+  kTp,
+  kPp,
+  kVpp,
+  kCp,
+  kEp,
+  kEtp,
+  kSp,
+  kMicro,
+  kZero,
+  kRecompute,
+  kSchedule,
+  kOffload,
+  kOther
+};
 
 // One axis value, parsed once.
 struct Setter {
@@ -25,7 +39,8 @@ struct Setter {
 };
 
 std::string Unquote(std::string_view v) {
-  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') return std::string(v.substr(1, v.size() - 2));
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"')
+    return std::string(v.substr(1, v.size() - 2));
   return std::string(v);
 }
 
@@ -43,23 +58,36 @@ Setter Parse(const std::string& path, const std::string& value) {
       s.number = n;
     }
   };
-  if (path == "parallel.tp") integer(Field::kTp);
-  else if (path == "parallel.pp") integer(Field::kPp);
-  else if (path == "parallel.vpp") integer(Field::kVpp);
-  else if (path == "parallel.cp") integer(Field::kCp);
-  else if (path == "parallel.ep") integer(Field::kEp);
-  else if (path == "parallel.etp") integer(Field::kEtp);
-  else if (path == "batch.micro") integer(Field::kMicro);
-  else if (path == "optimizer.zero") integer(Field::kZero);
+  if (path == "parallel.tp")
+    integer(Field::kTp);
+  else if (path == "parallel.pp")
+    integer(Field::kPp);
+  else if (path == "parallel.vpp")
+    integer(Field::kVpp);
+  else if (path == "parallel.cp")
+    integer(Field::kCp);
+  else if (path == "parallel.ep")
+    integer(Field::kEp);
+  else if (path == "parallel.etp")
+    integer(Field::kEtp);
+  else if (path == "batch.micro")
+    integer(Field::kMicro);
+  else if (path == "optimizer.zero")
+    integer(Field::kZero);
   else if (path == "parallel.sp" && (v == "true" || v == "false")) {
     s.field = Field::kSp;
     s.number = v == "true";
   } else if (path == "recompute" && (v == "none" || v == "selective" || v == "full")) {
     s.field = Field::kRecompute;
-    s.number = static_cast<int64_t>(v == "none" ? Recompute::kNone : v == "selective" ? Recompute::kSelective : Recompute::kFull);
-  } else if (path == "pipeline.schedule" && (v == "gpipe" || v == "1f1b" || v == "interleaved_1f1b")) {
+    s.number = static_cast<int64_t>(v == "none"        ? Recompute::kNone
+                                    : v == "selective" ? Recompute::kSelective
+                                                       : Recompute::kFull);
+  } else if (path == "pipeline.schedule" &&
+             (v == "gpipe" || v == "1f1b" || v == "interleaved_1f1b")) {
     s.field = Field::kSchedule;
-    s.number = static_cast<int64_t>(v == "gpipe" ? Schedule::kGpipe : v == "1f1b" ? Schedule::k1F1B : Schedule::kInterleaved1F1B);
+    s.number = static_cast<int64_t>(v == "gpipe"  ? Schedule::kGpipe
+                                    : v == "1f1b" ? Schedule::k1F1B
+                                                  : Schedule::kInterleaved1F1B);
   } else if (path == "optimizer.offload" && (v == "none" || v == "cpu")) {
     s.field = Field::kOffload;
     s.number = static_cast<int64_t>(v == "cpu" ? Offload::kCpu : Offload::kNone);
@@ -70,19 +98,44 @@ Setter Parse(const std::string& path, const std::string& value) {
 bool Apply(Plan& plan, const Setter& s) {
   ParallelSpec& par = plan.parallel;
   switch (s.field) {
-    case Field::kTp: par.tp = s.number; return true;
-    case Field::kPp: par.pp = s.number; return true;
-    case Field::kVpp: par.vpp = s.number; return true;
-    case Field::kCp: par.cp = s.number; return true;
-    case Field::kEp: par.ep = s.number; return true;
-    case Field::kEtp: par.etp = s.number; return true;
-    case Field::kSp: par.sp = s.number != 0; return true;
-    case Field::kMicro: plan.batch.micro = s.number; return true;
-    case Field::kZero: plan.optimizer.zero = s.number; return true;
-    case Field::kRecompute: plan.recompute = static_cast<Recompute>(s.number); return true;
-    case Field::kSchedule: plan.pipeline.schedule = static_cast<Schedule>(s.number); return true;
-    case Field::kOffload: plan.optimizer.offload = static_cast<Offload>(s.number); return true;
-    case Field::kOther: return SetFieldText(plan, s.path, s.text).empty();
+    case Field::kTp:
+      par.tp = s.number;
+      return true;
+    case Field::kPp:
+      par.pp = s.number;
+      return true;
+    case Field::kVpp:
+      par.vpp = s.number;
+      return true;
+    case Field::kCp:
+      par.cp = s.number;
+      return true;
+    case Field::kEp:
+      par.ep = s.number;
+      return true;
+    case Field::kEtp:
+      par.etp = s.number;
+      return true;
+    case Field::kSp:
+      par.sp = s.number != 0;
+      return true;
+    case Field::kMicro:
+      plan.batch.micro = s.number;
+      return true;
+    case Field::kZero:
+      plan.optimizer.zero = s.number;
+      return true;
+    case Field::kRecompute:
+      plan.recompute = static_cast<Recompute>(s.number);
+      return true;
+    case Field::kSchedule:
+      plan.pipeline.schedule = static_cast<Schedule>(s.number);
+      return true;
+    case Field::kOffload:
+      plan.optimizer.offload = static_cast<Offload>(s.number);
+      return true;
+    case Field::kOther:
+      return SetFieldText(plan, s.path, s.text).empty();
   }
   return false;
 }
@@ -95,7 +148,8 @@ std::vector<SearchAxis> AxesFromSweeps(const Plan& plan) {
   return axes;
 }
 
-SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, const SearchOptions& options) {
+SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
+                       const SearchOptions& options) {
   SearchResult result;
   int64_t space = 1;  // saturates at INT64_MAX
   for (const SearchAxis& a : axes) {
@@ -114,8 +168,10 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
   for (size_t i = 0; i < axes.size(); ++i) {
     for (const std::string& v : axes[i].values) {
       setters[i].push_back(Parse(axes[i].path, v));
-      if (setters[i].back().field == Field::kSp && setters[i].back().number == 0) sp_false_searched = true;
-      if (setters[i].back().field == Field::kZero && setters[i].back().number == 0) zero0_searched = true;
+      if (setters[i].back().field == Field::kSp && setters[i].back().number == 0)
+        sp_false_searched = true;
+      if (setters[i].back().field == Field::kZero && setters[i].back().number == 0)
+        zero0_searched = true;
     }
     vpp_axis |= axes[i].path == "parallel.vpp";
     schedule_axis |= axes[i].path == "pipeline.schedule";
@@ -150,7 +206,8 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
       plan.parallel.etp = plan.parallel.tp;
     if (vpp_axis && !schedule_axis) {
       plan.pipeline.schedule = plan.parallel.vpp > 1 ? Schedule::kInterleaved1F1B
-                               : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B : base_schedule;
+                               : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B
+                                                                             : base_schedule;
     }
     // Megatron turns sequence parallelism off at TP 1 (it splits nothing there), so sp = true
     // with tp = 1 is the sp = false candidate again: count it once, as sp = false.
@@ -193,7 +250,8 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
       ++result.rejected_partition;
       continue;
     }
-    fits.push_back({index, mem.peak, mem.peak_stage, time.step_s, time.tokens_per_s_per_gpu, time.mfu});
+    fits.push_back(
+        {index, mem.peak, mem.peak_stage, time.step_s, time.tokens_per_s_per_gpu, time.mfu});
   }
   result.fitting = static_cast<int64_t>(fits.size());
   std::sort(fits.begin(), fits.end(), [](const Fit& a, const Fit& b) {
@@ -220,8 +278,9 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, co
     const int64_t unit = p.parallel.tp * p.parallel.pp * p.parallel.cp;
     c.settings.push_back({"parallel.dp", std::to_string(p.World() / unit)});
     if (vpp_axis && !schedule_axis) {
-      const Schedule s = p.parallel.vpp > 1 ? Schedule::kInterleaved1F1B
-                         : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B : base_schedule;
+      const Schedule s = p.parallel.vpp > 1                            ? Schedule::kInterleaved1F1B
+                         : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B
+                                                                       : base_schedule;
       c.settings.push_back({"pipeline.schedule", "\"" + std::string(ToString(s)) + "\""});
     }
     if (options.verify && !options.verify(c.settings)) {
@@ -260,36 +319,40 @@ std::string JsonString(std::string_view s) {
 
 }  // namespace
 
-std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& r) {
+std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes,
+                            const SearchResult& r) {
   std::string out = fmt::format(
-      "search {}: {} candidates; {} duplicates (sp = true at tp = 1, zero > 0 over one data-parallel rank), {} rejected "
+      "search {}: {} candidates; {} duplicates (sp = true at tp = 1, zero > 0 over one "
+      "data-parallel rank), {} rejected "
       "by the rules, {} by the pipeline split, {} over {} of memory; {} fit\n",
-      base.name, r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory,
-      FormatGiB(base.cluster.gpu.memory), r.fitting);
+      base.name, r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition,
+      r.rejected_memory, FormatGiB(base.cluster.gpu.memory), r.fitting);
   if (r.best.empty()) return out;
   std::vector<std::string> columns;
   for (const auto& [path, value] : r.best.front().settings) columns.push_back(path);
   out += fmt::format("{:>4}", "rank");
   for (const std::string& c : columns) out += fmt::format(" {:>16}", Short(c));
-  out += fmt::format(" {:>12} {:>10} {:>14} {:>6}\n", "peak memory", "step (s)", "tokens/s/GPU", "MFU");
+  out += fmt::format(" {:>12} {:>10} {:>14} {:>6}\n", "peak memory", "step (s)", "tokens/s/GPU",
+                     "MFU");
   int rank = 1;
   for (const SearchCandidate& c : r.best) {
     out += fmt::format("{:>4}", rank++);
     for (const auto& [path, value] : c.settings) out += fmt::format(" {:>16}", Unquote(value));
-    out += fmt::format(" {:>12} {:>10.3f} {:>14.1f} {:>5.1f}%\n", FormatGiB(c.peak), c.step_s, c.tokens_per_s_per_gpu,
-                       100 * c.mfu);
+    out += fmt::format(" {:>12} {:>10.3f} {:>14.1f} {:>5.1f}%\n", FormatGiB(c.peak), c.step_s,
+                       c.tokens_per_s_per_gpu, 100 * c.mfu);
   }
   return out;
 }
 
-std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& r,
-                            double seconds) {
+std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axes,
+                            const SearchResult& r, double seconds) {
   std::string out = "{\n  \"version\": 1,\n";
   out += fmt::format("  \"plan\": {},\n", JsonString(base.name));
   out += "  \"axes\": {";
   for (size_t i = 0; i < axes.size(); ++i) {
     out += fmt::format("{}{}: [", i ? ", " : "", JsonString(axes[i].path));
-    for (size_t j = 0; j < axes[i].values.size(); ++j) out += fmt::format("{}{}", j ? ", " : "", JsonString(Unquote(axes[i].values[j])));
+    for (size_t j = 0; j < axes[i].values.size(); ++j)
+      out += fmt::format("{}{}", j ? ", " : "", JsonString(Unquote(axes[i].values[j])));
     out += "]";
   }
   out += "},\n";
@@ -297,16 +360,19 @@ std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axe
       "  \"enumerated\": {},\n  \"duplicates\": {},\n"
       "  \"rejected\": {{\"rules\": {}, \"partition\": {}, \"memory\": {}, \"verify\": {}}},\n"
       "  \"fitting\": {},\n  \"seconds\": {:.6f},\n  \"candidates\": [",
-      r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory, r.rejected_verify, r.fitting, seconds);
+      r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory,
+      r.rejected_verify, r.fitting, seconds);
   for (size_t i = 0; i < r.best.size(); ++i) {
     const SearchCandidate& c = r.best[i];
     out += i ? ",\n    {" : "\n    {";
     out += fmt::format("\"rank\": {}, \"settings\": {{", i + 1);
     for (size_t j = 0; j < c.settings.size(); ++j)
-      out += fmt::format("{}{}: {}", j ? ", " : "", JsonString(c.settings[j].first), JsonString(Unquote(c.settings[j].second)));
-    out += fmt::format("}}, \"peak_memory_bytes\": {}, \"peak_stage\": {}, \"step_seconds\": {:.6g}, "
-                       "\"tokens_per_s_per_gpu\": {:.6g}, \"mfu\": {:.6g}}}",
-                       c.peak, c.peak_stage, c.step_s, c.tokens_per_s_per_gpu, c.mfu);
+      out += fmt::format("{}{}: {}", j ? ", " : "", JsonString(c.settings[j].first),
+                         JsonString(Unquote(c.settings[j].second)));
+    out += fmt::format(
+        "}}, \"peak_memory_bytes\": {}, \"peak_stage\": {}, \"step_seconds\": {:.6g}, "
+        "\"tokens_per_s_per_gpu\": {:.6g}, \"mfu\": {:.6g}}}",
+        c.peak, c.peak_stage, c.step_s, c.tokens_per_s_per_gpu, c.mfu);
   }
   out += r.best.empty() ? "]\n}\n" : "\n  ]\n}\n";
   return out;

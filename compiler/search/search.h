@@ -47,8 +47,8 @@ struct SearchOptions {
 };
 
 struct SearchCandidate {
-  SearchSettings settings;   // every axis, then the derived parallel.dp (and etp, schedule)
-  int64_t peak = 0;          // bytes per GPU, the largest stage
+  SearchSettings settings;  // every axis, then the derived parallel.dp (and etp, schedule)
+  int64_t peak = 0;         // bytes per GPU, the largest stage
   int64_t peak_stage = 0;
   double step_s = 0;
   double tokens_per_s_per_gpu = 0;
@@ -56,8 +56,8 @@ struct SearchCandidate {
 };
 
 struct SearchResult {
-  bool too_large = false;          // more than max_candidates: nothing enumerated
-  int64_t space = 0;               // product of the axis sizes (INT64_MAX when it overflows)
+  bool too_large = false;  // more than max_candidates: nothing enumerated
+  int64_t space = 0;       // product of the axis sizes (INT64_MAX when it overflows)
   int64_t enumerated = 0;
   int64_t duplicates = 0;          // sp = true at tp = 1 while sp = false is searched (Megatron
                                    // turns SP off at TP 1): counted once, as sp = false; and
@@ -72,12 +72,14 @@ struct SearchResult {
   std::vector<SearchCandidate> best;   // fastest first, at most `top`
 };
 
-SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes, const SearchOptions& options);
+SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
+                       const SearchOptions& options);
 
 // Text table and JSON (DESIGN.md: "version", canonical paths) of a result.
-std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& result);
-std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axes, const SearchResult& result,
-                            double seconds);
+std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes,
+                            const SearchResult& result);
+std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axes,
+                            const SearchResult& result, double seconds);
 
 }  // namespace paraplan
 

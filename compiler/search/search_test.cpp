@@ -19,12 +19,9 @@ Plan Llama64() {
 }
 
 std::vector<SearchAxis> Axes() {
-  return {{"parallel.tp", {"1", "2", "4", "8"}},
-          {"parallel.pp", {"1", "2", "4", "8"}},
-          {"parallel.vpp", {"1", "2"}},
-          {"batch.micro", {"1", "2"}},
-          {"optimizer.zero", {"0", "1"}},
-          {"recompute", {"selective", "full"}},
+  return {{"parallel.tp", {"1", "2", "4", "8"}}, {"parallel.pp", {"1", "2", "4", "8"}},
+          {"parallel.vpp", {"1", "2"}},          {"batch.micro", {"1", "2"}},
+          {"optimizer.zero", {"0", "1"}},        {"recompute", {"selective", "full"}},
           {"parallel.sp", {"false", "true"}}};
 }
 
@@ -38,7 +35,8 @@ TEST_CASE("search enumerates every candidate, prunes by the rules and memory, ra
   const SearchResult r = RunSearch(base, Axes(), options);
   CHECK(r.space == 4 * 4 * 2 * 2 * 2 * 2 * 2);
   CHECK(r.enumerated == r.space);
-  CHECK(r.enumerated == r.duplicates + r.rejected_rules + r.rejected_partition + r.rejected_memory + r.fitting);
+  CHECK(r.enumerated ==
+        r.duplicates + r.rejected_rules + r.rejected_partition + r.rejected_memory + r.fitting);
   // sp = true at tp = 1: one per combination of the other axes (pp, vpp, micro, zero, recompute);
   // zero = 1 over one data-parallel rank (tp 8 · pp 8 = 64): vpp, micro, recompute, sp.
   CHECK(r.duplicates == 4 * 2 * 2 * 2 * 2 + 2 * 2 * 2 * 2);

@@ -134,7 +134,8 @@ TEST_CASE("reduce_scatter, all_gather, broadcast, all_to_all") {
     std::vector<float> a2a(n * c);
     comm->AllToAll(send.data(), a2a.data(), c, DType::kF32);
     for (int s = 0; s < n; ++s)
-      for (int i = 0; i < c; ++i) REQUIRE(a2a[s * c + i] == static_cast<float>(100 * s + r * c + i));
+      for (int i = 0; i < c; ++i)
+        REQUIRE(a2a[s * c + i] == static_cast<float>(100 * s + r * c + i));
     comm->Barrier();
   }));
 }
@@ -181,8 +182,10 @@ TEST_CASE("a mismatched collective fails every member with a clear message") {
   auto errors = RunRanks(2, [&](int r) {
     auto comm = world.Join(All(2), r);
     float v[4] = {};
-    if (r == 0) comm->AllReduce(v, v, 4, DType::kF32);
-    else comm->AllGather(v, v + 2, 1, DType::kF32);
+    if (r == 0)
+      comm->AllReduce(v, v, 4, DType::kF32);
+    else
+      comm->AllGather(v, v + 2, 1, DType::kF32);
   });
   for (auto& e : errors) CHECK(e.find("collective mismatch") != std::string::npos);
   CHECK(world.AbortReason().find("all_reduce(count 4") != std::string::npos);
@@ -197,8 +200,10 @@ TEST_CASE("an aborting rank wakes the others instead of leaving them hanging") {
       comm->Abort("rank 2 could not read its data");
     } else {
       float v = 0;
-      if (r == 0) pair->Recv(&v, 1, DType::kF32, 1);  // rank 1 never sends
-      else comm->AllReduce(&v, &v, 1, DType::kF32);
+      if (r == 0)
+        pair->Recv(&v, 1, DType::kF32, 1);  // rank 1 never sends
+      else
+        comm->AllReduce(&v, &v, 1, DType::kF32);
     }
   });
   for (auto& e : errors) CHECK(e.find("rank 2 could not read its data") != std::string::npos);

@@ -26,7 +26,8 @@ constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 std::string ReadFile(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw DataError("data file `" + path + "` does not exist");
-  if (fs::is_directory(path, ec)) throw DataError("data path `" + path + "` is a directory, not a file");
+  if (fs::is_directory(path, ec))
+    throw DataError("data path `" + path + "` is a directory, not a file");
   std::string bytes, why;  // a FIFO or a device (/dev/zero) is refused unread
   if (!ReadRegularFile(path, std::numeric_limits<uint64_t>::max(), &bytes, &why)) {
     throw DataError("cannot read data file `" + path + "`: " + why);
@@ -35,7 +36,8 @@ std::string ReadFile(const std::string& path) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Little-endian reads with bounds checks against the .idx contents.
@@ -63,22 +65,47 @@ class IndexReader {
 
 int64_t DTypeSize(uint8_t code) {
   switch (code) {
-    case 1: case 2: return 1;  // uint8, int8
-    case 3: case 8: return 2;  // int16, uint16
-    case 4: return 4;          // int32
-    case 5: return 8;          // int64
-    default: return 0;         // floats (6, 7) and unknown codes are not token types
+    case 1:
+    case 2:
+      return 1;  // uint8, int8
+    case 3:
+    case 8:
+      return 2;  // int16, uint16
+    case 4:
+      return 4;  // int32
+    case 5:
+      return 8;  // int64
+    default:
+      return 0;  // floats (6, 7) and unknown codes are not token types
   }
 }
 
 int64_t TokenAt(const char* p, uint8_t code) {
   switch (code) {
-    case 1: return static_cast<uint8_t>(*p);
-    case 2: return static_cast<int8_t>(*p);
-    case 3: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case 8: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case 4: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case 5: { int64_t v; std::memcpy(&v, p, 8); return v; }
+    case 1:
+      return static_cast<uint8_t>(*p);
+    case 2:
+      return static_cast<int8_t>(*p);
+    case 3: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case 8: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case 4: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case 5: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
   }
   return -1;
 }
@@ -91,7 +118,8 @@ class FileMap {
   explicit FileMap(const std::string& path) {
     std::error_code ec;
     if (!fs::exists(path, ec)) throw DataError("data file `" + path + "` does not exist");
-    if (fs::is_directory(path, ec)) throw DataError("data path `" + path + "` is a directory, not a file");
+    if (fs::is_directory(path, ec))
+      throw DataError("data path `" + path + "` is a directory, not a file");
     std::string why;
     int64_t size = 0;
     const int fd = OpenRegularFile(path, &why, &size);  // a FIFO or a device is refused unread
@@ -137,7 +165,9 @@ struct MappedTokens {
   int64_t size = 0;
 };
 
-int64_t TokenStream::Size() const { return mapped ? mapped->size : static_cast<int64_t>(tokens.size()); }
+int64_t TokenStream::Size() const {
+  return mapped ? mapped->size : static_cast<int64_t>(tokens.size());
+}
 
 void TokenStream::Read(int64_t offset, int64_t n, int32_t* out) const {
   if (offset < 0 || n < 0 || offset + n > Size()) {
@@ -161,8 +191,10 @@ void TokenStream::Read(int64_t offset, int64_t n, int32_t* out) const {
   if (vocab > 0) {
     for (int64_t i = 0; i < n; ++i) {
       if (out[i] < 0 || out[i] >= vocab) {
-        throw DataError("token " + std::to_string(out[i]) + " at position " + std::to_string(offset + i) + " of `" +
-                        path + "` is outside the model's vocabulary of " + std::to_string(vocab) + " tokens");
+        throw DataError("token " + std::to_string(out[i]) + " at position " +
+                        std::to_string(offset + i) + " of `" + path +
+                        "` is outside the model's vocabulary of " + std::to_string(vocab) +
+                        " tokens");
       }
     }
   }
@@ -193,12 +225,13 @@ static TokenStream ReadRaw(const std::string& path, int64_t width) {
   auto mt = std::make_shared<MappedTokens>();
   mt->size = static_cast<int64_t>(map->size()) / width;
   // uint16 is code 8; uint32 is read as int32 (code 4): ids of 2^31 and above are out of range.
-  if (mt->size > 0) mt->runs.push_back({0, map->data(), mt->size, static_cast<uint8_t>(width == 2 ? 8 : 4)});
+  if (mt->size > 0)
+    mt->runs.push_back({0, map->data(), mt->size, static_cast<uint8_t>(width == 2 ? 8 : 4)});
   mt->maps.push_back(std::move(map));
   TokenStream s;
   s.mapped = std::move(mt);
-  s.description = "raw uint" + std::to_string(8 * width) + " tokens `" + path + "` (" + std::to_string(s.Size()) +
-                  " tokens, memory-mapped)";
+  s.description = "raw uint" + std::to_string(8 * width) + " tokens `" + path + "` (" +
+                  std::to_string(s.Size()) + " tokens, memory-mapped)";
   return s;
 }
 
@@ -217,7 +250,8 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
   char magic[9];
   for (char& c : magic) c = r.Read<char>("the header");
   if (std::memcmp(magic, kIndexMagic, 9) != 0) {
-    throw DataError("`" + idx_path + "` is not a Megatron index file: it does not start with MMIDIDX");
+    throw DataError("`" + idx_path +
+                    "` is not a Megatron index file: it does not start with MMIDIDX");
   }
   const uint64_t version = r.Read<uint64_t>("the version");
   if (version != 1) {
@@ -250,7 +284,8 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
     if (lengths[i] < 0 || begin < 0 || !end || *end > bin_size) {
       throw DataError("sequence " + std::to_string(i) + " of `" + idx_path + "` (" +
                       std::to_string(lengths[i]) + " tokens at byte " + std::to_string(begin) +
-                      ") lies outside `" + bin_path + "` of " + std::to_string(bin_size) + " bytes");
+                      ") lies outside `" + bin_path + "` of " + std::to_string(bin_size) +
+                      " bytes");
     }
     if (lengths[i] == 0) continue;
     const std::optional<int64_t> total =
@@ -274,13 +309,13 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
   mt->maps.push_back(std::move(bin));
   TokenStream s;
   s.mapped = std::move(mt);
-  s.description = "Megatron indexed dataset `" + prefix + "` (" + std::to_string(seq_count) + " sequences, " +
-                  std::to_string(s.Size()) + " tokens, memory-mapped)";
+  s.description = "Megatron indexed dataset `" + prefix + "` (" + std::to_string(seq_count) +
+                  " sequences, " + std::to_string(s.Size()) + " tokens, memory-mapped)";
   return s;
 }
 
-void WriteIndexedDataset(const std::string& prefix, const std::vector<std::vector<int32_t>>& sequences,
-                         bool uint16_tokens) {
+void WriteIndexedDataset(const std::string& prefix,
+                         const std::vector<std::vector<int32_t>>& sequences, bool uint16_tokens) {
   std::ofstream bin(prefix + ".bin", std::ios::binary), idx(prefix + ".idx", std::ios::binary);
   if (!bin || !idx) throw DataError("cannot write Megatron dataset `" + prefix + "`");
   const int64_t width = uint16_tokens ? 2 : 4;
@@ -323,7 +358,8 @@ TokenStream LoadTokens(const std::string& path, int64_t vocab) {
     s = ReadRaw(path, 4);
   } else if (EndsWith(path, ".txt")) {
     s.tokens = EncodeBytes(ReadFile(path));
-    s.description = "text `" + path + "` (" + std::to_string(s.tokens.size()) + " bytes, byte tokenizer)";
+    s.description =
+        "text `" + path + "` (" + std::to_string(s.tokens.size()) + " bytes, byte tokenizer)";
   } else if (fs::exists(path + ".idx", ec) || fs::exists(path + ".bin", ec)) {
     s = ReadIndexedDataset(path);
   } else {
@@ -347,26 +383,31 @@ Sampler::Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed)
       shape.data_parallel <= 0) {
     throw DataError("batch shape needs positive sizes (seq_len " + std::to_string(shape.seq_len) +
                     ", global " + std::to_string(shape.global_batch) + ", micro " +
-                    std::to_string(shape.micro_batch) + ", dp " + std::to_string(shape.data_parallel) + ")");
+                    std::to_string(shape.micro_batch) + ", dp " +
+                    std::to_string(shape.data_parallel) + ")");
   }
   int64_t per_step = 0, needed = 0;
   if (__builtin_mul_overflow(shape.micro_batch, shape.data_parallel, &per_step) ||
       __builtin_mul_overflow(shape.global_batch, shape.seq_len, &needed) || needed == INT64_MAX) {
-    throw DataError("batch shape out of range (seq_len " + std::to_string(shape.seq_len) + ", global " +
-                    std::to_string(shape.global_batch) + ", micro " + std::to_string(shape.micro_batch) + ", dp " +
-                    std::to_string(shape.data_parallel) + "): a step would need more than 2^63 tokens");
+    throw DataError("batch shape out of range (seq_len " + std::to_string(shape.seq_len) +
+                    ", global " + std::to_string(shape.global_batch) + ", micro " +
+                    std::to_string(shape.micro_batch) + ", dp " +
+                    std::to_string(shape.data_parallel) +
+                    "): a step would need more than 2^63 tokens");
   }
   if (shape.global_batch % per_step != 0) {
     throw DataError("global batch " + std::to_string(shape.global_batch) +
-                    " is not a multiple of micro · dp = " + std::to_string(shape.micro_batch) + " · " +
-                    std::to_string(shape.data_parallel));
+                    " is not a multiple of micro · dp = " + std::to_string(shape.micro_batch) +
+                    " · " + std::to_string(shape.data_parallel));
   }
   const int64_t n = stream.Size();
   samples_ = n > 0 ? (n - 1) / shape.seq_len : 0;
   if (samples_ < shape.global_batch) {
     throw DataError("the data has " + std::to_string(n) + " tokens, " + std::to_string(samples_) +
-                    " sequences of " + std::to_string(shape.seq_len) + "+1 tokens: fewer than one "
-                    "global batch of " + std::to_string(shape.global_batch) + " sequences (needs at least " +
+                    " sequences of " + std::to_string(shape.seq_len) +
+                    "+1 tokens: fewer than one "
+                    "global batch of " +
+                    std::to_string(shape.global_batch) + " sequences (needs at least " +
                     std::to_string(needed + 1) + " tokens)");
   }
 }
@@ -389,14 +430,17 @@ int64_t Sampler::SampleOf(int64_t global_sequence) const {
 
 void Sampler::Microbatch(int64_t step, int64_t dp_rank, int64_t micro, int32_t* inputs,
                          int32_t* targets) const {
-  if (step < 0 || dp_rank < 0 || dp_rank >= shape_.data_parallel || micro < 0 || micro >= MicrobatchesPerRank()) {
-    throw DataError("no microbatch " + std::to_string(micro) + " of data-parallel rank " + std::to_string(dp_rank) +
-                    " in step " + std::to_string(step) + ": a step has " + std::to_string(MicrobatchesPerRank()) +
-                    " microbatches on each of " + std::to_string(shape_.data_parallel) + " data-parallel ranks");
+  if (step < 0 || dp_rank < 0 || dp_rank >= shape_.data_parallel || micro < 0 ||
+      micro >= MicrobatchesPerRank()) {
+    throw DataError("no microbatch " + std::to_string(micro) + " of data-parallel rank " +
+                    std::to_string(dp_rank) + " in step " + std::to_string(step) + ": a step has " +
+                    std::to_string(MicrobatchesPerRank()) + " microbatches on each of " +
+                    std::to_string(shape_.data_parallel) + " data-parallel ranks");
   }
   const int64_t per_rank = shape_.global_batch / shape_.data_parallel;
   for (int64_t b = 0; b < shape_.micro_batch; ++b) {
-    const int64_t g = step * shape_.global_batch + dp_rank * per_rank + micro * shape_.micro_batch + b;
+    const int64_t g =
+        step * shape_.global_batch + dp_rank * per_rank + micro * shape_.micro_batch + b;
     const int64_t start = SampleOf(g) * shape_.seq_len;
     window_.resize(static_cast<size_t>(shape_.seq_len + 1));
     stream_.Read(start, shape_.seq_len + 1, window_.data());

@@ -18,7 +18,8 @@
 // [m·micro, (m+1)·micro). So every data-parallel layout of one global batch sees the same
 // sequences as the one-rank run.
 //
-// Made by: planrun. Read by: the interpreter (runtime/exec). Errors: DataError with a clear message.
+// Made by: planrun. Read by: the interpreter (runtime/exec). Errors: DataError with a clear
+// message.
 #ifndef PARAPLAN_RUNTIME_DATA_TOKEN_DATA_H_
 #define PARAPLAN_RUNTIME_DATA_TOKEN_DATA_H_
 
@@ -46,7 +47,7 @@ struct TokenStream {
   std::shared_ptr<const MappedTokens> mapped;  // memory-mapped tokens
   std::string description;  // "Megatron indexed dataset `corpus` (3 sequences, 1234 tokens)"
   std::string path;
-  int64_t vocab = 0;        // > 0: tokens are checked against it as they are read
+  int64_t vocab = 0;  // > 0: tokens are checked against it as they are read
 
   int64_t Size() const;
   // tokens [offset, offset + n) -> out; DataError for a token outside the vocabulary.
@@ -61,8 +62,8 @@ TokenStream LoadTokens(const std::string& path, int64_t vocab);
 TokenStream ReadIndexedDataset(const std::string& prefix);
 // Writes prefix.bin / prefix.idx with dtype uint16 (code 8) when every token < 65536 and
 // uint16 is requested, else int32 (code 4); one document per sequence.
-void WriteIndexedDataset(const std::string& prefix, const std::vector<std::vector<int32_t>>& sequences,
-                         bool uint16_tokens);
+void WriteIndexedDataset(const std::string& prefix,
+                         const std::vector<std::vector<int32_t>>& sequences, bool uint16_tokens);
 
 struct BatchShape {
   int64_t seq_len = 0;        // tokens per sequence (model input length)
@@ -78,10 +79,13 @@ class Sampler {
   Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed);
 
   int64_t Samples() const { return samples_; }
-  int64_t MicrobatchesPerRank() const { return shape_.global_batch / (shape_.micro_batch * shape_.data_parallel); }
+  int64_t MicrobatchesPerRank() const {
+    return shape_.global_batch / (shape_.micro_batch * shape_.data_parallel);
+  }
 
   // Fills inputs and targets (micro_batch × seq_len each, sequence b at [b·seq_len, ...)) for
-  // `step` (from 0), data-parallel rank `dp_rank`, microbatch `micro` (DataError when out of range).
+  // `step` (from 0), data-parallel rank `dp_rank`, microbatch `micro` (DataError when out of
+  // range).
   void Microbatch(int64_t step, int64_t dp_rank, int64_t micro, int32_t* inputs,
                   int32_t* targets) const;
 

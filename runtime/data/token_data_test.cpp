@@ -43,23 +43,28 @@ TEST_CASE("Megatron indexed dataset round trip, uint16 and int32") {
 TEST_CASE("malformed, missing and out-of-vocabulary data is refused clearly") {
   const auto prefix = TempPath("bad");
   WriteIndexedDataset(prefix, {{1, 2, 3, 4}}, true);
-  CHECK_THROWS_WITH_AS(LoadTokens(prefix, 3), doctest::Contains("outside the model's vocabulary of 3"), DataError);
+  CHECK_THROWS_WITH_AS(LoadTokens(prefix, 3),
+                       doctest::Contains("outside the model's vocabulary of 3"), DataError);
   // Truncated .bin: the sequence points past its end.
   WriteBytes(prefix + ".bin", std::string(3, '\0'));
   CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains("lies outside"), DataError);
   // Bad magic.
   WriteBytes(prefix + ".idx", "NOTANIDX-------------------");
-  CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains("does not start with MMIDIDX"), DataError);
+  CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains("does not start with MMIDIDX"),
+                       DataError);
   // Truncated .idx.
   WriteBytes(prefix + ".idx", std::string("MMIDIDX\0\0", 9) + std::string(3, '\1'));
   CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains("truncated"), DataError);
   // Missing half.
   fs::remove(prefix + ".bin");
   CHECK_THROWS_WITH_AS(ReadIndexedDataset(prefix), doctest::Contains(".bin is missing"), DataError);
-  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("nope.u16"), 10), doctest::Contains("does not exist"), DataError);
-  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("what.xyz"), 10), doctest::Contains("cannot tell the format"), DataError);
+  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("nope.u16"), 10), doctest::Contains("does not exist"),
+                       DataError);
+  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("what.xyz"), 10),
+                       doctest::Contains("cannot tell the format"), DataError);
   WriteBytes(TempPath("odd.u16"), "abc");
-  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("odd.u16"), 1000), doctest::Contains("not a multiple of 2"), DataError);
+  CHECK_THROWS_WITH_AS(LoadTokens(TempPath("odd.u16"), 1000),
+                       doctest::Contains("not a multiple of 2"), DataError);
 }
 
 TEST_CASE("raw token files and text") {
@@ -83,11 +88,14 @@ TEST_CASE("sampler: data-parallel slices of a step are the one-rank step's seque
   CHECK(one.MicrobatchesPerRank() == 4);
   CHECK(two.MicrobatchesPerRank() == 2);
   for (int64_t step : {0, 5, 200}) {  // 200 steps wraps into later epochs
-    std::vector<int32_t> a_in(B * L), a_tg(B * L), b_in(B * L), b_tg(B * L), c_in(B * L), c_tg(B * L);
-    for (int m = 0; m < 4; ++m) one.Microbatch(step, 0, m, a_in.data() + m * 2 * L, a_tg.data() + m * 2 * L);
+    std::vector<int32_t> a_in(B * L), a_tg(B * L), b_in(B * L), b_tg(B * L), c_in(B * L),
+        c_tg(B * L);
+    for (int m = 0; m < 4; ++m)
+      one.Microbatch(step, 0, m, a_in.data() + m * 2 * L, a_tg.data() + m * 2 * L);
     for (int d = 0; d < 2; ++d)
       for (int m = 0; m < 2; ++m)
-        two.Microbatch(step, d, m, b_in.data() + (d * 4 + m * 2) * L, b_tg.data() + (d * 4 + m * 2) * L);
+        two.Microbatch(step, d, m, b_in.data() + (d * 4 + m * 2) * L,
+                       b_tg.data() + (d * 4 + m * 2) * L);
     for (int d = 0; d < 4; ++d)
       for (int m = 0; m < 2; ++m)
         four.Microbatch(step, d, m, c_in.data() + (d * 2 + m) * L, c_tg.data() + (d * 2 + m) * L);
@@ -108,8 +116,10 @@ TEST_CASE("sampler: data-parallel slices of a step are the one-rank step's seque
 TEST_CASE("sampler refuses short data and batch shapes that do not divide") {
   TokenStream s;
   s.tokens.assign(20, 1);
-  CHECK_THROWS_WITH_AS(Sampler(s, {8, 4, 1, 1}, 1), doctest::Contains("fewer than one global batch of 4"), DataError);
-  CHECK_THROWS_WITH_AS(Sampler(s, {2, 6, 4, 1}, 1), doctest::Contains("not a multiple of micro"), DataError);
+  CHECK_THROWS_WITH_AS(Sampler(s, {8, 4, 1, 1}, 1),
+                       doctest::Contains("fewer than one global batch of 4"), DataError);
+  CHECK_THROWS_WITH_AS(Sampler(s, {2, 6, 4, 1}, 1), doctest::Contains("not a multiple of micro"),
+                       DataError);
 }
 
 TEST_CASE("mapped streams: non-contiguous sequences, reads across runs, lazy vocabulary checks") {
@@ -135,7 +145,8 @@ TEST_CASE("mapped streams: non-contiguous sequences, reads across runs, lazy voc
   TokenStream lazy = s;
   lazy.vocab = 5;
   CHECK_NOTHROW(lazy.Read(3, 3, window));
-  CHECK_THROWS_WITH_AS(lazy.Read(0, 2, window), doctest::Contains("token 5 at position 1"), DataError);
+  CHECK_THROWS_WITH_AS(lazy.Read(0, 2, window), doctest::Contains("token 5 at position 1"),
+                       DataError);
 }
 
 TEST_CASE("a crafted index whose pointer lies near 2^63 is refused, not followed") {

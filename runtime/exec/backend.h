@@ -63,9 +63,8 @@ class Backend {
                               bool accumulate_dx) = 0;
 
   // ---- Embeddings ----
-  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* table,
-                                int64_t rows, int64_t dim, int64_t vocab_begin,
-                                int64_t vocab_count) = 0;
+  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t rows,
+                                int64_t dim, int64_t vocab_begin, int64_t vocab_count) = 0;
   virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens,
                                  int64_t rows, int64_t dim, int64_t vocab_begin,
                                  int64_t vocab_count) = 0;
@@ -75,30 +74,29 @@ class Backend {
                                    int64_t t0, int64_t seq) = 0;
 
   // ---- Norms ----
-  virtual void RmsNormForward(float* out, float* rstd, const float* x, const float* w,
-                              int64_t rows, int64_t dim, float eps) = 0;
+  virtual void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
+                              int64_t dim, float eps) = 0;
   virtual void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x,
                                const float* w, const float* rstd, int64_t rows, int64_t dim) = 0;
   virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* x,
                                 const float* w, const float* b, int64_t rows, int64_t dim,
                                 float eps) = 0;
-  virtual void LayerNormBackward(float* dx, float* dw, float* db, const float* dout,
-                                 const float* x, const float* w, const float* mean,
-                                 const float* rstd, int64_t rows, int64_t dim) = 0;
+  virtual void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                                 const float* w, const float* mean, const float* rstd, int64_t rows,
+                                 int64_t dim) = 0;
 
   // ---- Attention ----
   virtual void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim,
                            float theta) = 0;
-  virtual void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads,
-                            int64_t head_dim, float theta) = 0;
+  virtual void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
+                            float theta) = 0;
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const TokenLayout& layout, int64_t q_heads,
                                 int64_t kv_heads, int64_t head_dim, float scale) = 0;
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
-                                 const float* out, const float* lse, const float* q,
-                                 const float* k, const float* v, const TokenLayout& layout,
-                                 int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                 float scale) = 0;
+                                 const float* out, const float* lse, const float* q, const float* k,
+                                 const float* v, const TokenLayout& layout, int64_t q_heads,
+                                 int64_t kv_heads, int64_t head_dim, float scale) = 0;
 
   // ---- Activations ----
   virtual void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) = 0;
@@ -138,8 +136,8 @@ class CommWorld {
  public:
   virtual ~CommWorld() = default;
   virtual int Size() const = 0;
-  virtual std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members,
-                                                   int world_rank, int tag) = 0;
+  virtual std::unique_ptr<comm::Communicator> Join(const std::vector<int>& members, int world_rank,
+                                                   int tag) = 0;
   virtual void Abort(const std::string& reason) = 0;
 };
 

@@ -40,23 +40,23 @@ class RunError : public std::runtime_error {
 };
 
 struct StepMetrics {
-  int64_t step = 0;            // from 0
-  double loss = 0;             // mean token loss of the global batch
-  double grad_norm = 0;        // before clipping (0 when the program computes none)
+  int64_t step = 0;      // from 0
+  double loss = 0;       // mean token loss of the global batch
+  double grad_norm = 0;  // before clipping (0 when the program computes none)
   double lr = 0;
-  double seconds = 0;          // wall time of the step (slowest rank)
+  double seconds = 0;  // wall time of the step (slowest rank)
   double tokens_per_second = 0;
-  int64_t peak_bytes = 0;      // largest backend footprint of any rank so far
+  int64_t peak_bytes = 0;  // largest backend footprint of any rank so far
   // With profiling: CPU seconds of all ranks in the step, and the part spent in kernels and in
   // collectives / transfers; the rest is the interpreter's own work.
   double cpu_seconds = 0, kernel_seconds = 0, comm_seconds = 0;
 };
 
 struct RunOptions {
-  int64_t steps = -1;            // -1: the program's train.steps (counted from start_step)
-  std::string data_path;         // empty: the program's train.data, else the bundled text
-  bool separate_buffers = false; // allocate each buffer on its own instead of the planned arena
-  bool profile = false;          // measure kernel / collective / interpreter CPU time
+  int64_t steps = -1;             // -1: the program's train.steps (counted from start_step)
+  std::string data_path;          // empty: the program's train.data, else the bundled text
+  bool separate_buffers = false;  // allocate each buffer on its own instead of the planned arena
+  bool profile = false;           // measure kernel / collective / interpreter CPU time
   double comm_timeout_seconds = 600;
   std::string checkpoint_dir;    // where to write checkpoints (empty: none)
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end when a dir is set)

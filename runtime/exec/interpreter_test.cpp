@@ -79,7 +79,9 @@ TEST_CASE("data parallel with ZeRO 0 and 1 equals the one-rank run") {
       const auto& v = two.params.at(name);
       REQUIRE(v.size() == w.size());
       double worst = 0;
-      for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(v[i] - w[i]) / std::max(1e-3f, std::abs(w[i]))));
+      for (size_t i = 0; i < w.size(); ++i)
+        worst = std::max(
+            worst, static_cast<double>(std::abs(v[i] - w[i]) / std::max(1e-3f, std::abs(w[i]))));
       INFO("zero " << zero << " param " << name);
       CHECK(worst < 1e-5);
     }
@@ -133,29 +135,36 @@ TEST_CASE("resume from a checkpoint continues bitwise; another plan's checkpoint
     w.checkpoint_dir = resume.resume_dir;
     Train(Tiny({1, 0, 4, 6, "tiny", data}), w);
   }
-  CHECK_THROWS_WITH_AS(Train(Tiny({2, 0, 4, 6, "wide", data}), resume),
-                       doctest::Contains("a checkpoint resumes only the plan and layout that wrote it"), CheckpointError);
+  CHECK_THROWS_WITH_AS(
+      Train(Tiny({2, 0, 4, 6, "wide", data}), resume),
+      doctest::Contains("a checkpoint resumes only the plan and layout that wrote it"),
+      CheckpointError);
   // A damaged shard is refused.
   {
-    std::fstream f(resume.resume_dir + "/step-000001/rank-00000.bin", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(resume.resume_dir + "/step-000001/rank-00000.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(60);
     f.put('\x7f');
   }
-  CHECK_THROWS_WITH_AS(Train(Tiny({1, 0, 4, 6, "tiny", data}), resume), doctest::Contains("checksum"), RunError);
+  CHECK_THROWS_WITH_AS(Train(Tiny({1, 0, 4, 6, "tiny", data}), resume),
+                       doctest::Contains("checksum"), RunError);
 }
 
 TEST_CASE("bad programs, data and checkpoints are refused with clear messages") {
   const std::string data = TinyData();
   auto bytes = testing::TinyProgram({1, 0, 4, 2, "tiny", data});
-  CHECK_THROWS_WITH_AS(DecodeProgramImage(bytes.data(), 3, "x"), doctest::Contains("not a paraplan program"), ProgramError);
+  CHECK_THROWS_WITH_AS(DecodeProgramImage(bytes.data(), 3, "x"),
+                       doctest::Contains("not a paraplan program"), ProgramError);
   auto cut = bytes;
   cut.resize(bytes.size() / 2);
   CHECK_THROWS_AS(DecodeProgramImage(cut.data(), cut.size(), "x"), ProgramError);
-  CHECK_THROWS_WITH_AS(LoadProgramImage("/nonexistent/p.pplan"), doctest::Contains("does not exist"), ProgramError);
+  CHECK_THROWS_WITH_AS(LoadProgramImage("/nonexistent/p.pplan"),
+                       doctest::Contains("does not exist"), ProgramError);
   auto prog = Tiny({1, 0, 4, 2, "tiny", data});
   RunOptions opt;
   opt.data_path = "/nonexistent/tokens.u16";
-  CHECK_THROWS_WITH_AS(Train(prog, opt), doctest::Contains("does not exist"), paraplan::data::DataError);
+  CHECK_THROWS_WITH_AS(Train(prog, opt), doctest::Contains("does not exist"),
+                       paraplan::data::DataError);
   // Tokens outside the vocabulary of 13.
   const std::string big = TempDir("big") + "/t.u16";
   {
@@ -166,7 +175,8 @@ TEST_CASE("bad programs, data and checkpoints are refused with clear messages") 
     }
   }
   opt.data_path = big;
-  CHECK_THROWS_WITH_AS(Train(prog, opt), doctest::Contains("outside the model's vocabulary of 13"), paraplan::data::DataError);
+  CHECK_THROWS_WITH_AS(Train(prog, opt), doctest::Contains("outside the model's vocabulary of 13"),
+                       paraplan::data::DataError);
   opt.data_path = "";
   opt.resume_dir = TempDir("empty_ckpt");
   CHECK_THROWS_WITH_AS(Train(prog, opt), doctest::Contains("holds no checkpoint"), CheckpointError);
@@ -194,7 +204,8 @@ TEST_CASE("a rank that fails mid-step stops every rank with its message (no hang
   // in the gradient all-reduce.
   prog.ranks[1].coords = paraplan::prog::Coordinates(0, 0, 0, 5, 0);
   RunOptions options;  // default timeout of 600 s: only the abort can end this run promptly
-  CHECK_THROWS_WITH_AS(Train(prog, options), doctest::Contains("rank 1: no microbatch 0 of data-parallel rank 5"),
+  CHECK_THROWS_WITH_AS(Train(prog, options),
+                       doctest::Contains("rank 1: no microbatch 0 of data-parallel rank 5"),
                        RunError);
 }
 

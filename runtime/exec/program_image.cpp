@@ -1,8 +1,9 @@
 #include "runtime/exec/program_image.h"
-#include "runtime/format/read_program.h"
 
 #include <filesystem>
 #include <vector>
+
+#include "runtime/format/read_program.h"
 
 namespace paraplan::exec {
 namespace {
@@ -14,7 +15,10 @@ struct Fnv {
     for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
   }
   void Int(int64_t v) { Bytes(&v, sizeof v); }
-  void Text(const std::string& s) { Int(static_cast<int64_t>(s.size())); Bytes(s.data(), s.size()); }
+  void Text(const std::string& s) {
+    Int(static_cast<int64_t>(s.size()));
+    Bytes(s.data(), s.size());
+  }
 };
 
 }  // namespace
@@ -25,9 +29,11 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
   Fnv f;
   f.Int(img.world_size);
   const auto& md = img.model;
-  for (int64_t v : {int64_t{md.layers}, md.hidden, md.ffn_hidden, md.heads, md.kv_heads, md.head_dim, md.vocab,
-                    md.vocab_padded, md.seq_len, static_cast<int64_t>(md.norm), static_cast<int64_t>(md.activation),
-                    static_cast<int64_t>(md.position), int64_t{md.tied_embeddings}, int64_t{md.bias}}) {
+  for (int64_t v :
+       {int64_t{md.layers}, md.hidden, md.ffn_hidden, md.heads, md.kv_heads, md.head_dim, md.vocab,
+        md.vocab_padded, md.seq_len, static_cast<int64_t>(md.norm),
+        static_cast<int64_t>(md.activation), static_cast<int64_t>(md.position),
+        int64_t{md.tied_embeddings}, int64_t{md.bias}}) {
     f.Int(v);
   }
   const auto& pl = img.parallel;
@@ -52,12 +58,15 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
 
 ProgramImage LoadProgramImage(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw ProgramError("program `" + path + "` does not exist");
-  if (std::filesystem::is_directory(path, ec)) throw ProgramError("program `" + path + "` is a directory");
+  if (!std::filesystem::exists(path, ec))
+    throw ProgramError("program `" + path + "` does not exist");
+  if (std::filesystem::is_directory(path, ec))
+    throw ProgramError("program `" + path + "` is a directory");
   // FlatBuffers reads need the buffer aligned; std::vector storage is.
   std::vector<uint8_t> bytes;
   std::string error;
-  if (!prog::ReadProgramFile(path, &bytes, &error)) throw ProgramError("cannot read program `" + path + "`: " + error);
+  if (!prog::ReadProgramFile(path, &bytes, &error))
+    throw ProgramError("cannot read program `" + path + "`: " + error);
   return DecodeProgramImage(bytes.data(), bytes.size(), path);
 }
 

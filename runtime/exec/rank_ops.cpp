@@ -21,8 +21,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
   auto out = [&](size_t i) { return i < op.outputs.size() ? F(op.outputs[i], ctx) : nullptr; };
   auto n_in = [&](size_t i) { return Elements(op.inputs[i]); };
   auto fail = [&](const std::string& what) {
-    return RunError(prog::EnumNameOpKind(op.kind) + std::string(" in body `") + body + "` of role `" +
-                    role_.name + "`: " + what);
+    return RunError(prog::EnumNameOpKind(op.kind) + std::string(" in body `") + body +
+                    "` of role `" + role_.name + "`: " + what);
   };
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw fail(what);
@@ -97,12 +97,15 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
     case OpKind::LoadBatch: {
       const int64_t t = mul({model.micro_batch, model.seq_len});
       output(0, 0);
-      need(Elements(op.outputs[0]) == t, "the token buffer holds " + std::to_string(Elements(op.outputs[0])) +
-                                            " ids, a microbatch has " + std::to_string(t));
+      need(Elements(op.outputs[0]) == t, "the token buffer holds " +
+                                             std::to_string(Elements(op.outputs[0])) +
+                                             " ids, a microbatch has " + std::to_string(t));
       tokens_in_.resize(t);
       tokens_out_.resize(t);
-      sampler_->Microbatch(ctx.step, RankInfo().coords.dp, ctx.microbatch, tokens_in_.data(), tokens_out_.data());
-      backend_.CopyToDevice(I(op.outputs[0], ctx), op.Int(0, 0) == 1 ? tokens_out_.data() : tokens_in_.data(), t * 4);
+      sampler_->Microbatch(ctx.step, RankInfo().coords.dp, ctx.microbatch, tokens_in_.data(),
+                           tokens_out_.data());
+      backend_.CopyToDevice(I(op.outputs[0], ctx),
+                            op.Int(0, 0) == 1 ? tokens_out_.data() : tokens_in_.data(), t * 4);
       return;
     }
     case OpKind::Fill: {
@@ -162,7 +165,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
       output(0, 0);
       output(1, 0);
       need(Elements(op.outputs[1]) == rows && Elements(op.outputs[0]) == n_in(0), "sizes");
-      backend_.RmsNormForward(out(0), out(1), in(0), in(1), rows, h, static_cast<float>(op.Float(0, model.norm_eps)));
+      backend_.RmsNormForward(out(0), out(1), in(0), in(1), rows, h,
+                              static_cast<float>(op.Float(0, model.norm_eps)));
       return;
     }
     case OpKind::RmsNormBackward: {
@@ -224,7 +228,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
       output(2, fan_out, true);
       need(rows * fan_out == n_in(0) && n_in(1) == mul({rows, fan_in}), "sizes");
       float* db = op.outputs.size() > 2 ? out(2) : nullptr;
-      backend_.LinearBackward(out(0), out(1), db, in(0), in(1), in(2), rows, fan_in, fan_out, op.Int(0, 0) == 1);
+      backend_.LinearBackward(out(0), out(1), db, in(0), in(1), in(2), rows, fan_in, fan_out,
+                              op.Int(0, 0) == 1);
       return;
     }
     case OpKind::AddBias: {
@@ -255,14 +260,18 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
       if (y != in(0)) backend_.Copy(y, in(0), n_in(0));
       const auto layout = host::TokenLayout::BatchMajor(model.seq_len, rows / model.seq_len);
       const float theta = static_cast<float>(op.Float(0, model.rope_theta));
-      if (op.kind == OpKind::Rope) backend_.RopeForward(y, layout, heads, hd, theta);
-      else backend_.RopeBackward(y, layout, heads, hd, theta);
+      if (op.kind == OpKind::Rope)
+        backend_.RopeForward(y, layout, heads, hd, theta);
+      else
+        backend_.RopeBackward(y, layout, heads, hd, theta);
       return;
     }
     case OpKind::Attention:
     case OpKind::AttentionBackward: {
-      const int64_t micro = op.Int(0, 0), seq = op.Int(1, 0), heads = op.Int(2, 0), groups = op.Int(3, 0), hd = op.Int(4, 0);
-      need(micro > 0 && seq > 0 && heads > 0 && groups > 0 && heads % groups == 0 && hd > 0, "bad attention shape");
+      const int64_t micro = op.Int(0, 0), seq = op.Int(1, 0), heads = op.Int(2, 0),
+                    groups = op.Int(3, 0), hd = op.Int(4, 0);
+      need(micro > 0 && seq > 0 && heads > 0 && groups > 0 && heads % groups == 0 && hd > 0,
+           "bad attention shape");
       const auto layout = host::TokenLayout::BatchMajor(seq, micro);
       const float scale = static_cast<float>(op.Float(0, 1.0 / std::sqrt(static_cast<double>(hd))));
       const int64_t t = mul({micro, seq}), q_elements = mul({t, heads, hd}),
@@ -273,7 +282,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
         need(n_in(0) == q_elements && n_in(1) == kv_elements && n_in(2) == kv_elements &&
                  Elements(op.outputs[1]) == mul({micro, heads, seq}),
              "operand sizes do not match [micro, seq, H, G, hd]");
-        backend_.AttentionForward(out(0), out(1), in(0), in(1), in(2), layout, heads, groups, hd, scale);
+        backend_.AttentionForward(out(0), out(1), in(0), in(1), in(2), layout, heads, groups, hd,
+                                  scale);
       } else {
         input(1, q_elements);
         input(2, kv_elements);
@@ -286,8 +296,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
         need(n_in(0) == q_elements && n_in(2) == kv_elements &&
                  Elements(op.outputs[1]) == kv_elements,
              "operand sizes do not match [micro, seq, H, G, hd]");
-        backend_.AttentionBackward(out(0), out(1), out(2), in(0), in(4), in(5), in(1), in(2), in(3), layout, heads,
-                                   groups, hd, scale);
+        backend_.AttentionBackward(out(0), out(1), out(2), in(0), in(4), in(5), in(1), in(2), in(3),
+                                   layout, heads, groups, hd, scale);
       }
       return;
     }
@@ -328,7 +338,8 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
       input(1, rows);
       output(0, 0);
       need(Elements(op.outputs[0]) == 2 * rows && n_in(2) == rows, "sizes");
-      backend_.CrossEntropySumExp(out(0), in(0), in(1), I(op.inputs[2], ctx), rows, vloc, row_offset(vloc), model.vocab);
+      backend_.CrossEntropySumExp(out(0), in(0), in(1), I(op.inputs[2], ctx), rows, vloc,
+                                  row_offset(vloc), model.vocab);
       return;
     }
     case OpKind::CrossEntropyLoss: {
@@ -344,8 +355,9 @@ void RankRunner::RunOp(const prog::mem::Op& op, const Context& ctx, const std::s
       input(2, mul({rows, 2}));
       input(3, rows);
       output(0, n_in(0));
-      backend_.CrossEntropyBackward(out(0), in(0), in(1), in(2), I(op.inputs[3], ctx), rows, vloc, row_offset(vloc),
-                                    model.vocab, static_cast<float>(op.Float(0, 1.0)));
+      backend_.CrossEntropyBackward(out(0), in(0), in(1), in(2), I(op.inputs[3], ctx), rows, vloc,
+                                    row_offset(vloc), model.vocab,
+                                    static_cast<float>(op.Float(0, 1.0)));
       return;
     }
     default:

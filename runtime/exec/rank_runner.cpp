@@ -11,7 +11,9 @@
 namespace paraplan::exec {
 namespace {
 
-comm::ReduceOp ToReduceOp(int64_t v) { return v == prog::kReduceMax ? comm::ReduceOp::kMax : comm::ReduceOp::kSum; }
+comm::ReduceOp ToReduceOp(int64_t v) {
+  return v == prog::kReduceMax ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
+}
 
 std::string OpName(OpKind k) { return prog::EnumNameOpKind(k); }
 
@@ -19,12 +21,18 @@ std::string OpName(OpKind k) { return prog::EnumNameOpKind(k); }
 
 RankRunner::RankRunner(const ProgramImage& program, int rank, CommWorld& world, Backend& backend,
                        const data::TokenStream& tokens, const RunOptions& options)
-    : program_(program), role_(program.roles[program.ranks[rank].role]), rank_(rank), world_(world),
-      backend_(backend), tokens_(tokens), options_(options) {}
+    : program_(program),
+      role_(program.roles[program.ranks[rank].role]),
+      rank_(rank),
+      world_(world),
+      backend_(backend),
+      tokens_(tokens),
+      options_(options) {}
 
 RankRunner::~RankRunner() {
   for (void* p : allocations_) backend_.Free(p);
-  for (float* p : scratch_) if (p) backend_.Free(p);
+  for (float* p : scratch_)
+    if (p) backend_.Free(p);
 }
 
 float* RankRunner::Scratch(int which, int64_t elements) {
@@ -58,7 +66,9 @@ const RankRunner::Comm& RankRunner::CommOf(CommKind kind, const char* what) cons
   return c;
 }
 
-int64_t RankRunner::ShardIndex() const { return program_.parallel.zero >= 1 ? IndexIn(CommKind::Dp) : 0; }
+int64_t RankRunner::ShardIndex() const {
+  return program_.parallel.zero >= 1 ? IndexIn(CommKind::Dp) : 0;
+}
 
 void RankRunner::Setup() {
   const prog::mem::Rank& me = RankInfo();
@@ -68,7 +78,8 @@ void RankRunner::Setup() {
     const auto& members = program_.communicators[c].members;
     Comm& slot = comms_[k];
     slot.size = static_cast<int>(members.size());
-    slot.index = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    slot.index =
+        static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
     slot.comm = world_.Join(std::vector<int>(members.begin(), members.end()), rank_, c);
   }
   // Memory: the planned f32 arena, or one allocation per non-view buffer.
@@ -114,9 +125,11 @@ void RankRunner::Setup() {
     for (size_t p = 0; p < role_.params.size(); ++p) {
       const auto& buf = role_.buffers[role_.params[p].buffer];
       if (buf.view_of != bucket.params) continue;
-      ranges_[bi].push_back({buf.view_offset, buf.view_offset + buf.Elements(), static_cast<int32_t>(p)});
+      ranges_[bi].push_back(
+          {buf.view_offset, buf.view_offset + buf.Elements(), static_cast<int32_t>(p)});
     }
-    std::sort(ranges_[bi].begin(), ranges_[bi].end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    std::sort(ranges_[bi].begin(), ranges_[bi].end(),
+              [](const Range& a, const Range& b) { return a.begin < b.begin; });
   }
   for (const auto& body : role_.bodies) {
     for (const auto& op : body.ops) {
@@ -126,7 +139,8 @@ void RankRunner::Setup() {
   }
   const auto& m = program_.model;
   sampler_ = std::make_unique<data::Sampler>(
-      tokens_, data::BatchShape{m.seq_len, program_.train.global_batch, m.micro_batch, program_.parallel.dp},
+      tokens_,
+      data::BatchShape{m.seq_len, program_.train.global_batch, m.micro_batch, program_.parallel.dp},
       static_cast<uint64_t>(program_.train.seed));
   InitParams();
 }
@@ -178,9 +192,15 @@ void RankRunner::InitParams() {
           const int64_t gi = (o * n_global + part * n_local + j) * inner + i;
           float v = 0.0f;
           switch (p.init) {
-            case prog::InitKind::Normal: v = InitValue(seed, p.key, gi, p.init_std); break;
-            case prog::InitKind::Zeros: v = 0.0f; break;
-            case prog::InitKind::Ones: v = 1.0f; break;
+            case prog::InitKind::Normal:
+              v = InitValue(seed, p.key, gi, p.init_std);
+              break;
+            case prog::InitKind::Zeros:
+              v = 0.0f;
+              break;
+            case prog::InitKind::Ones:
+              v = 1.0f;
+              break;
           }
           dst[li] = v;
         }
@@ -196,9 +216,12 @@ void RankRunner::InitParams() {
       done[i] = 1;
     }
     const float* params = F(bucket.params, {});
-    const int64_t begin = (bucket.master >= 0 || bucket.param_shard >= 0) ? shard * bucket.shard_elements : 0;
-    if (bucket.master >= 0) backend_.Copy(F(bucket.master, {}), params + begin, bucket.shard_elements);
-    if (bucket.param_shard >= 0) backend_.Copy(F(bucket.param_shard, {}), params + begin, bucket.shard_elements);
+    const int64_t begin =
+        (bucket.master >= 0 || bucket.param_shard >= 0) ? shard * bucket.shard_elements : 0;
+    if (bucket.master >= 0)
+      backend_.Copy(F(bucket.master, {}), params + begin, bucket.shard_elements);
+    if (bucket.param_shard >= 0)
+      backend_.Copy(F(bucket.param_shard, {}), params + begin, bucket.shard_elements);
   }
   for (size_t i = 0; i < role_.params.size(); ++i)
     if (!done[i]) init_param(role_.params[i]);
@@ -210,11 +233,17 @@ std::vector<StateTensor> RankRunner::State() {
     const auto& bucket = role_.buckets[b];
     const std::string prefix = "bucket" + std::to_string(b) + ".";
     // ZeRO-3: the gathered bucket is transient (its bytes are shared); the shards are the state.
-    if (bucket.param_shard < 0) out.push_back({prefix + "params", F(bucket.params, {}), bucket.elements});
-    if (bucket.master >= 0) out.push_back({prefix + "master", F(bucket.master, {}), Elements(bucket.master)});
-    if (bucket.exp_avg >= 0) out.push_back({prefix + "exp_avg", F(bucket.exp_avg, {}), Elements(bucket.exp_avg)});
-    if (bucket.exp_avg_sq >= 0) out.push_back({prefix + "exp_avg_sq", F(bucket.exp_avg_sq, {}), Elements(bucket.exp_avg_sq)});
-    if (bucket.param_shard >= 0) out.push_back({prefix + "param_shard", F(bucket.param_shard, {}), Elements(bucket.param_shard)});
+    if (bucket.param_shard < 0)
+      out.push_back({prefix + "params", F(bucket.params, {}), bucket.elements});
+    if (bucket.master >= 0)
+      out.push_back({prefix + "master", F(bucket.master, {}), Elements(bucket.master)});
+    if (bucket.exp_avg >= 0)
+      out.push_back({prefix + "exp_avg", F(bucket.exp_avg, {}), Elements(bucket.exp_avg)});
+    if (bucket.exp_avg_sq >= 0)
+      out.push_back({prefix + "exp_avg_sq", F(bucket.exp_avg_sq, {}), Elements(bucket.exp_avg_sq)});
+    if (bucket.param_shard >= 0)
+      out.push_back(
+          {prefix + "param_shard", F(bucket.param_shard, {}), Elements(bucket.param_shard)});
   }
   return out;
 }
@@ -259,17 +288,21 @@ void RankRunner::RunSchedule(int64_t step) {
         size_t j = i + 1;
         const int64_t group = op.ints[prog::kP2pGroup];
         auto is_p2p = [](OpKind k) {
-          return k == OpKind::SendActivation || k == OpKind::RecvActivation || k == OpKind::SendGrad ||
-                 k == OpKind::RecvGrad;
+          return k == OpKind::SendActivation || k == OpKind::RecvActivation ||
+                 k == OpKind::SendGrad || k == OpKind::RecvGrad;
         };
         if (group != 0) {
-          while (j < sched.size() && is_p2p(sched[j].kind) && sched[j].ints[prog::kP2pGroup] == group) ++j;
+          while (j < sched.size() && is_p2p(sched[j].kind) &&
+                 sched[j].ints[prog::kP2pGroup] == group)
+            ++j;
         }
         for (size_t k = i; k < j; ++k) {
-          if (sched[k].kind == OpKind::SendActivation || sched[k].kind == OpKind::SendGrad) Transfer(sched[k], true);
+          if (sched[k].kind == OpKind::SendActivation || sched[k].kind == OpKind::SendGrad)
+            Transfer(sched[k], true);
         }
         for (size_t k = i; k < j; ++k) {
-          if (sched[k].kind == OpKind::RecvActivation || sched[k].kind == OpKind::RecvGrad) Transfer(sched[k], false);
+          if (sched[k].kind == OpKind::RecvActivation || sched[k].kind == OpKind::RecvGrad)
+            Transfer(sched[k], false);
         }
         i = j - 1;
         break;
@@ -296,8 +329,10 @@ void RankRunner::Transfer(const prog::mem::Op& op, bool send) {
   const int peer = static_cast<int>(op.ints[prog::kP2pPeer]);
   Context ctx{step_, op.ints[0], static_cast<int32_t>(op.ints[2])};
   const double t0 = options_.profile ? Now() : 0;
-  if (send) c.comm->Send(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
-  else c.comm->Recv(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
+  if (send)
+    c.comm->Send(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
+  else
+    c.comm->Recv(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
   if (options_.profile) comm_seconds += Now() - t0;
 }
 
@@ -309,17 +344,22 @@ void RankRunner::RunBody(int32_t body, const Context& ctx) {
     if (options_.profile) {
       const double dt = Now() - t0;
       const int k = static_cast<int>(op.kind);
-      if (k >= static_cast<int>(OpKind::AllReduce) && k < static_cast<int>(OpKind::LoadBatch)) comm_seconds += dt;
-      else kernel_seconds += dt;
+      if (k >= static_cast<int>(OpKind::AllReduce) && k < static_cast<int>(OpKind::LoadBatch))
+        comm_seconds += dt;
+      else
+        kernel_seconds += dt;
     }
   }
 }
 
 const prog::mem::Bucket& RankRunner::BucketByBuffer(int32_t buffer, bool grads) const {
   for (const auto& b : role_.buckets) {
-    if (grads ? (b.grads == buffer || b.grad_shard == buffer) : (b.params == buffer || b.param_shard == buffer)) return b;
+    if (grads ? (b.grads == buffer || b.grad_shard == buffer)
+              : (b.params == buffer || b.param_shard == buffer))
+      return b;
   }
-  throw RunError("buffer `" + role_.buffers[buffer].name + "` is not a " + (grads ? "gradient" : "parameter") + " bucket");
+  throw RunError("buffer `" + role_.buffers[buffer].name + "` is not a " +
+                 (grads ? "gradient" : "parameter") + " bucket");
 }
 
 void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
@@ -331,7 +371,9 @@ void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
   const Comm& c = CommOf(op.comm, OpName(op.kind).c_str());
   switch (op.kind) {
     case OpKind::AllReduce: {
-      if (nx != ny) throw RunError("AllReduce from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
+      if (nx != ny)
+        throw RunError("AllReduce from " + std::to_string(nx) + " into " + std::to_string(ny) +
+                       " elements");
       const int64_t rop = op.Int(0, 0);
       if (c.size == 1) {
         if (x != y) backend_.Copy(y, x, nx);
@@ -344,16 +386,19 @@ void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
     case OpKind::ReduceScatter: {
       const int64_t piece = nx / c.size;
       if (nx % c.size != 0 || (x != y && ny != piece)) {
-        throw RunError("ReduceScatter of " + std::to_string(nx) + " elements over " + std::to_string(c.size) +
-                       " ranks into " + std::to_string(ny));
+        throw RunError("ReduceScatter of " + std::to_string(nx) + " elements over " +
+                       std::to_string(c.size) + " ranks into " + std::to_string(ny));
       }
       float* dst = x == y ? x + c.index * piece : y;
       const bool accumulate = op.Int(1, 0) == 1 && x != y;  // y += piece (ZeRO-2/3 grad shards)
       if (accumulate) {
         float* tmp = Scratch(0, piece);
-        if (c.size == 1) backend_.Copy(tmp, x, piece);
-        else c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
-        if (op.Int(0, 0) == prog::kReduceAvg) backend_.Scale(tmp, piece, 1.0f / static_cast<float>(c.size));
+        if (c.size == 1)
+          backend_.Copy(tmp, x, piece);
+        else
+          c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
+        if (op.Int(0, 0) == prog::kReduceAvg)
+          backend_.Scale(tmp, piece, 1.0f / static_cast<float>(c.size));
         backend_.Accumulate(dst, tmp, piece);
         return;
       }
@@ -368,14 +413,15 @@ void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
       } else {
         c.comm->ReduceScatter(x, y, piece, comm::DType::kF32);
       }
-      if (op.Int(0, 0) == prog::kReduceAvg) backend_.Scale(dst, piece, 1.0f / static_cast<float>(c.size));
+      if (op.Int(0, 0) == prog::kReduceAvg)
+        backend_.Scale(dst, piece, 1.0f / static_cast<float>(c.size));
       return;
     }
     case OpKind::AllGather: {
       const int64_t piece = x == y ? ny / c.size : nx;
       if (ny != piece * c.size) {
-        throw RunError("AllGather of " + std::to_string(nx) + " elements over " + std::to_string(c.size) +
-                       " ranks into " + std::to_string(ny));
+        throw RunError("AllGather of " + std::to_string(nx) + " elements over " +
+                       std::to_string(c.size) + " ranks into " + std::to_string(ny));
       }
       if (c.size == 1) {
         if (x != y) backend_.Copy(y, x, nx);
@@ -426,7 +472,8 @@ void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
       const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
       const size_t bi = &bucket - role_.buckets.data();
       const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
-      const int64_t end = program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
+      const int64_t end =
+          program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
       const float* g = F(in, ctx);
       const int64_t base = in == bucket.grad_shard ? begin : 0;  // a grad shard holds [begin, end)
       for (const Range& r : ranges_[bi]) {
@@ -458,9 +505,11 @@ void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
   float nsq = 0.0f;
   if (op.inputs.size() > 5 && op.inputs[5] >= 0) backend_.CopyToHost(&nsq, F(op.inputs[5], ctx), 4);
   const float clip = train.clip_grad > 0
-                         ? static_cast<float>(std::min(1.0, train.clip_grad / (std::sqrt(static_cast<double>(nsq)) + 1e-6)))
+                         ? static_cast<float>(std::min(
+                               1.0, train.clip_grad / (std::sqrt(static_cast<double>(nsq)) + 1e-6)))
                          : 1.0f;
-  const double lr = host::WarmupCosineLr(ctx.step, train.warmup_steps, train.steps, train.lr, train.min_lr);
+  const double lr =
+      host::WarmupCosineLr(ctx.step, train.warmup_steps, train.steps, train.lr, train.min_lr);
   const int64_t begin = shard * bucket.shard_elements, n = bucket.shard_elements;
   // inputs[0] is the params bucket, or the ZeRO-3 param shard; inputs[1] the grads bucket, or
   // the ZeRO-2/3 grad shard (then element `lo` of the bucket is element `lo - begin` of it).
@@ -470,7 +519,8 @@ void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
   float* master = F(op.inputs[2], ctx);
   float* m = F(op.inputs[3], ctx);
   float* v = F(op.inputs[4], ctx);
-  float* dest = bucket.param_shard >= 0 && program_.parallel.zero >= 3 ? F(bucket.param_shard, ctx) : params + begin;
+  float* dest = bucket.param_shard >= 0 && program_.parallel.zero >= 3 ? F(bucket.param_shard, ctx)
+                                                                       : params + begin;
   if (!dest) throw RunError("optimizer step on a param shard of a bucket that has none");
   if (!master) throw RunError("optimizer step on a bucket without a master copy");
   for (const Range& r : ranges_[bi]) {
@@ -481,9 +531,10 @@ void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
     float* ms = master + (lo - begin);
     if (op.kind == OpKind::AdamW) {
       if (!m || !v) throw RunError("AdamW on a bucket without moment buffers");
-      host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1), static_cast<float>(train.beta2),
-                            static_cast<float>(train.eps), wd};
-      backend_.AdamW(ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo, cfg, ctx.step + 1, clip);
+      host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1),
+                            static_cast<float>(train.beta2), static_cast<float>(train.eps), wd};
+      backend_.AdamW(ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo, cfg,
+                     ctx.step + 1, clip);
     } else {
       backend_.Sgd(ms, grads + (lo - grad_base), hi - lo, static_cast<float>(lr), wd, clip);
     }

@@ -76,7 +76,9 @@ class RankRunner {
   };
 
   float* F(int32_t buffer, const Context& ctx) const;
-  int32_t* I(int32_t buffer, const Context& ctx) const { return reinterpret_cast<int32_t*>(F(buffer, ctx)); }
+  int32_t* I(int32_t buffer, const Context& ctx) const {
+    return reinterpret_cast<int32_t*>(F(buffer, ctx));
+  }
   int64_t Elements(int32_t buffer) const { return role_.buffers[buffer].Elements(); }
   const Comm& CommOf(CommKind kind, const char* what) const;
   int IndexIn(CommKind kind) const;
@@ -102,8 +104,8 @@ class RankRunner {
   std::unique_ptr<data::Sampler> sampler_;
   std::array<Comm, prog::kCommKinds> comms_;
   std::vector<void*> allocations_;
-  std::vector<char*> base_;            // per buffer: slot 0
-  std::vector<int64_t> slot_stride_;   // per buffer: bytes between slots (0 unless Stash)
+  std::vector<char*> base_;                 // per buffer: slot 0
+  std::vector<int64_t> slot_stride_;        // per buffer: bytes between slots (0 unless Stash)
   std::vector<std::vector<Range>> ranges_;  // per bucket: its params, by element range
   // Device scratch (backend memory) for in-place collectives and accumulated gradients.
   float* Scratch(int which, int64_t elements);
@@ -122,7 +124,8 @@ void RankRunner::ForEachMasterElement(Fn fn) {
     const int64_t begin = bucket.master >= 0 ? shard * bucket.shard_elements : 0;
     const int64_t end = bucket.master >= 0 ? begin + bucket.shard_elements : bucket.elements;
     std::vector<float> host(static_cast<size_t>(end - begin));
-    backend_.CopyToHost(host.data(), bucket.master >= 0 ? F(bucket.master, {}) : F(bucket.params, {}),
+    backend_.CopyToHost(host.data(),
+                        bucket.master >= 0 ? F(bucket.master, {}) : F(bucket.params, {}),
                         (end - begin) * 4);
     const float* master = host.data();
     for (const Range& r : ranges_[b]) {

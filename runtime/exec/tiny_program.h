@@ -30,10 +30,17 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
   const int64_t bucket = V * h + h + V * h;  // 264, divisible by 2
   const int64_t shard = o.zero >= 1 ? bucket / o.dp : bucket;
 
-  struct Buf { std::string name; BufferKind kind; DType dtype; std::vector<int64_t> shape; int view_of; int64_t view_offset; };
+  struct Buf {
+    std::string name;
+    BufferKind kind;
+    DType dtype;
+    std::vector<int64_t> shape;
+    int view_of;
+    int64_t view_offset;
+  };
   std::vector<Buf> bufs;
-  auto add = [&](std::string name, BufferKind kind, std::vector<int64_t> shape, DType dt = DType::F32, int view_of = -1,
-                 int64_t view_offset = 0) {
+  auto add = [&](std::string name, BufferKind kind, std::vector<int64_t> shape,
+                 DType dt = DType::F32, int view_of = -1, int64_t view_offset = 0) {
     bufs.push_back({std::move(name), kind, dt, std::move(shape), view_of, view_offset});
     return static_cast<int>(bufs.size() - 1);
   };
@@ -62,8 +69,9 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
   const int loss = add("loss_sum", BufferKind::Persistent, {1});
   const int nsq = add("nsq", BufferKind::Persistent, {1});
 
-  auto op = [&](OpKind k, std::vector<int32_t> in, std::vector<int32_t> out, CommKind c = CommKind::None,
-                std::vector<int64_t> ints = {}, std::vector<double> floats = {}) {
+  auto op = [&](OpKind k, std::vector<int32_t> in, std::vector<int32_t> out,
+                CommKind c = CommKind::None, std::vector<int64_t> ints = {},
+                std::vector<double> floats = {}) {
     return CreateOpDirect(b, k, &in, &out, c, &ints, &floats);
   };
   std::vector<flatbuffers::Offset<Body>> bodies;
@@ -82,7 +90,8 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
   }
   {
     std::vector<flatbuffers::Offset<Op>> ops = {
-        op(OpKind::CrossEntropyBackward, {z, mx, st, labels}, {dz}, CommKind::Tp, {}, {1.0 / (mbs * o.dp)}),
+        op(OpKind::CrossEntropyBackward, {z, mx, st, labels}, {dz}, CommKind::Tp, {},
+           {1.0 / (mbs * o.dp)}),
         op(OpKind::LinearBackward, {dz, n, head}, {dn, dhead}, CommKind::None, {0}),
         op(OpKind::RmsNormBackward, {dn, x, nw, rstd}, {dx, dnw}, CommKind::None, {0}),
         op(OpKind::EmbeddingBackward, {dx, ids}, {demb}, CommKind::Tp),
@@ -90,20 +99,25 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
     bodies.push_back(CreateBodyDirect(b, "chunk0.backward", &ops));
   }
   {
-    std::vector<flatbuffers::Offset<Op>> ops = {op(OpKind::Fill, {}, {gb, loss}, CommKind::None, {}, {0.0})};
+    std::vector<flatbuffers::Offset<Op>> ops = {
+        op(OpKind::Fill, {}, {gb, loss}, CommKind::None, {}, {0.0})};
     bodies.push_back(CreateBodyDirect(b, "zero_grads", &ops));
   }
   {
     std::vector<flatbuffers::Offset<Op>> ops;
-    if (o.dp > 1 && o.zero == 0) ops.push_back(op(OpKind::AllReduce, {gb}, {gb}, CommKind::Dp, {kReduceSum}));
-    if (o.dp > 1 && o.zero >= 1) ops.push_back(op(OpKind::ReduceScatter, {gb}, {gb}, CommKind::Dp, {kReduceSum}));
+    if (o.dp > 1 && o.zero == 0)
+      ops.push_back(op(OpKind::AllReduce, {gb}, {gb}, CommKind::Dp, {kReduceSum}));
+    if (o.dp > 1 && o.zero >= 1)
+      ops.push_back(op(OpKind::ReduceScatter, {gb}, {gb}, CommKind::Dp, {kReduceSum}));
     bodies.push_back(CreateBodyDirect(b, "reduce_grads", &ops));
   }
   {
     std::vector<flatbuffers::Offset<Op>> ops = {
         op(OpKind::GradNormSquare, {gb}, {nsq}, o.zero >= 1 ? CommKind::Dp : CommKind::None)};
-    if (o.zero >= 1 && o.dp > 1) ops.push_back(op(OpKind::AllReduce, {nsq}, {nsq}, CommKind::World, {kReduceSum}));
-    ops.push_back(op(OpKind::AdamW, {pb, gb, master, m1, m2, nsq}, {pb}, o.zero >= 1 ? CommKind::Dp : CommKind::None, {0}));
+    if (o.zero >= 1 && o.dp > 1)
+      ops.push_back(op(OpKind::AllReduce, {nsq}, {nsq}, CommKind::World, {kReduceSum}));
+    ops.push_back(op(OpKind::AdamW, {pb, gb, master, m1, m2, nsq}, {pb},
+                     o.zero >= 1 ? CommKind::Dp : CommKind::None, {0}));
     if (o.zero >= 1 && o.dp > 1) ops.push_back(op(OpKind::AllGather, {pb}, {pb}, CommKind::Dp));
     if (o.dp > 1) ops.push_back(op(OpKind::AllReduce, {loss}, {loss}, CommKind::Dp, {kReduceAvg}));
     bodies.push_back(CreateBodyDirect(b, "optimizer_step", &ops));
@@ -130,24 +144,30 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
       offsets[i] = offset;
       offset += (elements * 4 + 63) / 64 * 64;
     }
-    fb_bufs.push_back(CreateBufferDirect(b, bufs[i].name.c_str(), bufs[i].kind, bufs[i].dtype, &bufs[i].shape,
-                                         offsets[i], elements * 4, 1, 0, offsets[i], elements * 4, 0,
-                                         bufs[i].view_of, bufs[i].view_offset));
+    fb_bufs.push_back(CreateBufferDirect(b, bufs[i].name.c_str(), bufs[i].kind, bufs[i].dtype,
+                                         &bufs[i].shape, offsets[i], elements * 4, 1, 0, offsets[i],
+                                         elements * 4, 0, bufs[i].view_of, bufs[i].view_offset));
   }
   std::vector<int64_t> emb_shape = {V, h}, norm_shape = {h};
   std::vector<flatbuffers::Offset<Param>> params = {
-      CreateParamDirect(b, "embedding.word", 1, &emb_shape, -1, CommKind::None, InitKind::Normal, 0.5, emb, demb, 0, true),
-      CreateParamDirect(b, "final_norm", 2, &norm_shape, -1, CommKind::None, InitKind::Ones, 0, nw, dnw, 0, false),
-      CreateParamDirect(b, "output", 3, &emb_shape, -1, CommKind::None, InitKind::Normal, 0.5, head, dhead, 0, true)};
+      CreateParamDirect(b, "embedding.word", 1, &emb_shape, -1, CommKind::None, InitKind::Normal,
+                        0.5, emb, demb, 0, true),
+      CreateParamDirect(b, "final_norm", 2, &norm_shape, -1, CommKind::None, InitKind::Ones, 0, nw,
+                        dnw, 0, false),
+      CreateParamDirect(b, "output", 3, &emb_shape, -1, CommKind::None, InitKind::Normal, 0.5, head,
+                        dhead, 0, true)};
   std::vector<flatbuffers::Offset<BucketInfo>> buckets = {
       CreateBucketInfo(b, 0, pb, gb, bucket, shard, master, m1, m2, -1)};
-  std::vector<flatbuffers::Offset<Chunk>> chunks = {CreateChunk(b, 0, 0, 0, 1, true, true, 0, 1, -1, -1, -1, 1)};
-  std::vector<flatbuffers::Offset<Role>> roles = {CreateRoleDirect(b, "stage0", 0, &fb_bufs, &params, &buckets, &chunks,
-                                                                   &bodies, &schedule, offset, offset, offset)};
+  std::vector<flatbuffers::Offset<Chunk>> chunks = {
+      CreateChunk(b, 0, 0, 0, 1, true, true, 0, 1, -1, -1, -1, 1)};
+  std::vector<flatbuffers::Offset<Role>> roles = {
+      CreateRoleDirect(b, "stage0", 0, &fb_bufs, &params, &buckets, &chunks, &bodies, &schedule,
+                       offset, offset, offset)};
   std::vector<int32_t> all;
   for (int r = 0; r < o.dp; ++r) all.push_back(r);
-  std::vector<flatbuffers::Offset<Communicator>> comms = {CreateCommunicatorDirect(b, CommKind::World, &all),
-                                                          CreateCommunicatorDirect(b, CommKind::Dp, &all)};
+  std::vector<flatbuffers::Offset<Communicator>> comms = {
+      CreateCommunicatorDirect(b, CommKind::World, &all),
+      CreateCommunicatorDirect(b, CommKind::Dp, &all)};
   std::vector<flatbuffers::Offset<Rank>> ranks;
   for (int r = 0; r < o.dp; ++r) {
     std::vector<int32_t> c(kCommKinds, -1);
@@ -157,12 +177,13 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
     ranks.push_back(CreateRankDirect(b, 0, &coords, &c));
   }
   auto model = CreateModelConfigDirect(b, "tiny", 1, h, 4 * h, 1, 1, h, vocab, V, seq, micro);
-  auto par = CreateParallelConfigDirect(b, 1, 1, 1, 1, 1, o.dp, false, o.zero, ScheduleKind::Gpipe, "tp-cp-ep-dp-pp");
-  auto train = CreateTrainConfigDirect(b, o.steps, 7, o.global_batch, mbs, Precision::Fp32, 0.05, 0.005, 2, 0.1, 0.9,
-                                       0.95, 1e-8, 1.0, "adamw", o.data.c_str(), o.checkpoint_dir.c_str(),
-                                       o.checkpoint_every);
-  auto program = CreateProgramDirect(b, kFormatVersion, "test", o.plan_name.c_str(), o.dp, model, par, train, &comms,
-                                     &ranks, &roles);
+  auto par = CreateParallelConfigDirect(b, 1, 1, 1, 1, 1, o.dp, false, o.zero, ScheduleKind::Gpipe,
+                                        "tp-cp-ep-dp-pp");
+  auto train = CreateTrainConfigDirect(b, o.steps, 7, o.global_batch, mbs, Precision::Fp32, 0.05,
+                                       0.005, 2, 0.1, 0.9, 0.95, 1e-8, 1.0, "adamw", o.data.c_str(),
+                                       o.checkpoint_dir.c_str(), o.checkpoint_every);
+  auto program = CreateProgramDirect(b, kFormatVersion, "test", o.plan_name.c_str(), o.dp, model,
+                                     par, train, &comms, &ranks, &roles);
   FinishProgramBuffer(b, program);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }

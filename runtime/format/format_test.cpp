@@ -13,8 +13,10 @@ TEST_CASE("a minimal program round-trips through the verifier") {
   std::vector<int64_t> ints = {3, 0, 1};
   ops.push_back(CreateOpDirect(b, OpKind::Forward, nullptr, nullptr, CommKind::None, &ints));
   std::vector<flatbuffers::Offset<Role>> roles;
-  roles.push_back(CreateRoleDirect(b, "stage0", 0, nullptr, nullptr, nullptr, nullptr, nullptr, &ops));
-  auto program = CreateProgramDirect(b, kFormatVersion, "test", "p", 1, 0, 0, 0, nullptr, nullptr, &roles);
+  roles.push_back(
+      CreateRoleDirect(b, "stage0", 0, nullptr, nullptr, nullptr, nullptr, nullptr, &ops));
+  auto program =
+      CreateProgramDirect(b, kFormatVersion, "test", "p", 1, 0, 0, 0, nullptr, nullptr, &roles);
   FinishProgramBuffer(b, program);
 
   flatbuffers::Verifier verifier(b.GetBufferPointer(), b.GetSize());

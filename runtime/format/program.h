@@ -55,11 +55,16 @@ std::vector<T> CopyScalars(const flatbuffers::Vector<T>* v) {
 
 inline int64_t DTypeBytes(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::Bf16: return 2;
-    case DType::F16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
+    case DType::F32:
+      return 4;
+    case DType::Bf16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
   }
   return 0;
 }

@@ -12,35 +12,69 @@ namespace {
 // Minimum operand counts per body op (inputs, outputs); -1: not a body op the runtime runs.
 std::pair<int, int> Operands(OpKind k) {
   switch (k) {
-    case OpKind::AllReduce: case OpKind::ReduceScatter: case OpKind::AllGather:
-    case OpKind::Broadcast: case OpKind::Copy: case OpKind::Gelu: case OpKind::Rope:
-    case OpKind::RopeBackward: case OpKind::CrossEntropyMax: return {1, 1};
-    case OpKind::LoadBatch: return {0, 1};
-    case OpKind::Fill: return {0, 1};
-    case OpKind::Embedding: return {2, 1};
-    case OpKind::EmbeddingBackward: return {2, 1};
-    case OpKind::AddPosition: return {2, 1};
-    case OpKind::AddPositionBackward: return {1, 1};
-    case OpKind::RmsNorm: return {2, 2};
-    case OpKind::RmsNormBackward: return {4, 2};
-    case OpKind::LayerNorm: return {3, 3};
-    case OpKind::LayerNormBackward: return {5, 3};
-    case OpKind::Linear: return {2, 1};
-    case OpKind::LinearBackward: return {3, 2};
-    case OpKind::AddBias: return {2, 1};
-    case OpKind::AddBiasBackward: return {1, 1};
-    case OpKind::Attention: return {3, 2};
-    case OpKind::AttentionBackward: return {6, 3};
-    case OpKind::SwiGlu: return {2, 1};
-    case OpKind::SwiGluBackward: return {3, 2};
-    case OpKind::GeluBackward: return {2, 1};
-    case OpKind::Add: return {2, 1};
-    case OpKind::CrossEntropySumExp: return {3, 1};
-    case OpKind::CrossEntropyLoss: return {2, 1};
-    case OpKind::CrossEntropyBackward: return {4, 1};
-    case OpKind::GradNormSquare: return {1, 1};
-    case OpKind::AdamW: case OpKind::Sgd: return {6, 1};
-    default: return {-1, -1};
+    case OpKind::AllReduce:
+    case OpKind::ReduceScatter:
+    case OpKind::AllGather:
+    case OpKind::Broadcast:
+    case OpKind::Copy:
+    case OpKind::Gelu:
+    case OpKind::Rope:
+    case OpKind::RopeBackward:
+    case OpKind::CrossEntropyMax:
+      return {1, 1};
+    case OpKind::LoadBatch:
+      return {0, 1};
+    case OpKind::Fill:
+      return {0, 1};
+    case OpKind::Embedding:
+      return {2, 1};
+    case OpKind::EmbeddingBackward:
+      return {2, 1};
+    case OpKind::AddPosition:
+      return {2, 1};
+    case OpKind::AddPositionBackward:
+      return {1, 1};
+    case OpKind::RmsNorm:
+      return {2, 2};
+    case OpKind::RmsNormBackward:
+      return {4, 2};
+    case OpKind::LayerNorm:
+      return {3, 3};
+    case OpKind::LayerNormBackward:
+      return {5, 3};
+    case OpKind::Linear:
+      return {2, 1};
+    case OpKind::LinearBackward:
+      return {3, 2};
+    case OpKind::AddBias:
+      return {2, 1};
+    case OpKind::AddBiasBackward:
+      return {1, 1};
+    case OpKind::Attention:
+      return {3, 2};
+    case OpKind::AttentionBackward:
+      return {6, 3};
+    case OpKind::SwiGlu:
+      return {2, 1};
+    case OpKind::SwiGluBackward:
+      return {3, 2};
+    case OpKind::GeluBackward:
+      return {2, 1};
+    case OpKind::Add:
+      return {2, 1};
+    case OpKind::CrossEntropySumExp:
+      return {3, 1};
+    case OpKind::CrossEntropyLoss:
+      return {2, 1};
+    case OpKind::CrossEntropyBackward:
+      return {4, 1};
+    case OpKind::GradNormSquare:
+      return {1, 1};
+    case OpKind::AdamW:
+    case OpKind::Sgd:
+      return {6, 1};
+    default:
+      return {-1, -1};
   }
 }
 
@@ -51,24 +85,31 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     return ProgramError("program `" + origin + "`: " + what);
   };
   if (size < 8 || !prog::ProgramBufferHasIdentifier(data)) {
-    throw fail("not a paraplan program (no PPLN identifier); compile one with `planc compile PLAN -o FILE`");
+    throw fail(
+        "not a paraplan program (no PPLN identifier); compile one with `planc compile PLAN -o "
+        "FILE`");
   }
   flatbuffers::Verifier verifier(data, size, 128, 100000000);
-  if (!prog::VerifyProgramBuffer(verifier)) throw fail("the file is corrupt (FlatBuffers verification failed)");
+  if (!prog::VerifyProgramBuffer(verifier))
+    throw fail("the file is corrupt (FlatBuffers verification failed)");
   const prog::Program* p = prog::GetProgram(data);
   if (p->format_version() != kFormatVersion) {
-    throw fail("format version " + std::to_string(p->format_version()) + ", this planrun reads version " +
-               std::to_string(kFormatVersion) + "; recompile the plan with this release's planc");
+    throw fail("format version " + std::to_string(p->format_version()) +
+               ", this planrun reads version " + std::to_string(kFormatVersion) +
+               "; recompile the plan with this release's planc");
   }
   if (p->world_size() <= 0 || p->world_size() > kMaxWorldSize) {
     throw fail("world size " + std::to_string(p->world_size()) + " is outside 1.." +
                std::to_string(kMaxWorldSize));
   }
-  if (!p->model() || !p->parallel() || !p->train()) throw fail("model, parallel or train section missing");
+  if (!p->model() || !p->parallel() || !p->train())
+    throw fail("model, parallel or train section missing");
   Program img = DecodeProgramModel(*p);
   if (img.model.seq_len <= 0 || img.model.micro_batch <= 0 || img.model.vocab <= 0 ||
       img.train.global_batch <= 0 || img.parallel.dp <= 0) {
-    throw fail("model.seq_len, model.micro_batch, model.vocab, train.global_batch and parallel.dp must be positive");
+    throw fail(
+        "model.seq_len, model.micro_batch, model.vocab, train.global_batch and parallel.dp must be "
+        "positive");
   }
   // Step counts feed the learning-rate schedule's arithmetic: bounded so that it cannot overflow.
   constexpr int64_t kMaxSteps = int64_t{1} << 40;
@@ -89,8 +130,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     }
   }
   if (static_cast<int32_t>(img.ranks.size()) != img.world_size) {
-    throw fail("the rank table has " + std::to_string(img.ranks.size()) + " entries for a world of " +
-               std::to_string(img.world_size));
+    throw fail("the rank table has " + std::to_string(img.ranks.size()) +
+               " entries for a world of " + std::to_string(img.world_size));
   }
   // Membership by binary search over sorted copies: linear scans cost world x group size, which
   // is 2^28 comparisons for a 16,384-rank data-parallel group.
@@ -103,7 +144,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
   const int32_t role_count = static_cast<int32_t>(img.roles.size());
   for (int32_t r = 0; r < img.world_size; ++r) {
     const Rank& ri = img.ranks[r];
-    if (ri.role < 0 || ri.role >= role_count) throw fail("rank " + std::to_string(r) + " names role " + std::to_string(ri.role));
+    if (ri.role < 0 || ri.role >= role_count)
+      throw fail("rank " + std::to_string(r) + " names role " + std::to_string(ri.role));
     for (size_t k = 0; k < ri.comms.size(); ++k) {
       const int32_t c = ri.comms[k];
       if (c < -1 || c >= static_cast<int32_t>(img.communicators.size())) {
@@ -113,7 +155,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
         const auto& members = sorted_members[c];
         if (!std::binary_search(members.begin(), members.end(), r)) {
           throw fail("rank " + std::to_string(r) + " is not a member of its " +
-                     prog::EnumNameCommKind(static_cast<CommKind>(k)) + " communicator " + std::to_string(c));
+                     prog::EnumNameCommKind(static_cast<CommKind>(k)) + " communicator " +
+                     std::to_string(c));
         }
       }
     }
@@ -121,8 +164,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
 
   for (const Role& role : img.roles) {
     if (role.fp32_arena_bytes < 0 || role.fp32_arena_bytes > (int64_t{1} << 40)) {
-      throw fail("role `" + role.name + "` asks for an arena of " + std::to_string(role.fp32_arena_bytes) +
-                 " bytes, outside 0 .. 1 TiB");
+      throw fail("role `" + role.name + "` asks for an arena of " +
+                 std::to_string(role.fp32_arena_bytes) + " bytes, outside 0 .. 1 TiB");
     }
     auto where = [&](const std::string& what) { return "role `" + role.name + "`: " + what; };
     // Element counts, checked here once; Buffer::Elements() gives the same numbers afterwards.
@@ -131,29 +174,38 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     for (const Buffer& bi : role.buffers) {
       int64_t n = 1;
       for (int64_t d : bi.shape) {
-        if (d < 0 || (d > 0 && n > (int64_t{1} << 40) / d)) throw fail(where("buffer `" + bi.name + "` has a bad shape"));
+        if (d < 0 || (d > 0 && n > (int64_t{1} << 40) / d))
+          throw fail(where("buffer `" + bi.name + "` has a bad shape"));
         n *= d;
       }
       elements.push_back(n);
-      if (bi.slots < 1) throw fail(where("buffer `" + bi.name + "` has " + std::to_string(bi.slots) + " slots"));
-      if (bi.dtype != DType::F32 && bi.dtype != DType::Bf16 && bi.dtype != DType::F16 && bi.dtype != DType::I32) {
-        throw fail(where("buffer `" + bi.name + "` has dtype " + prog::EnumNameDType(bi.dtype) + ", which the host runtime does not support"));
+      if (bi.slots < 1)
+        throw fail(where("buffer `" + bi.name + "` has " + std::to_string(bi.slots) + " slots"));
+      if (bi.dtype != DType::F32 && bi.dtype != DType::Bf16 && bi.dtype != DType::F16 &&
+          bi.dtype != DType::I32) {
+        throw fail(where("buffer `" + bi.name + "` has dtype " + prog::EnumNameDType(bi.dtype) +
+                         ", which the host runtime does not support"));
       }
       if (bi.fp32_offset % 4 != 0 || (bi.slots > 1 && bi.fp32_slot_stride % 4 != 0)) {
-        throw fail(where("buffer `" + bi.name + "` at f32 offset " + std::to_string(bi.fp32_offset) + " (slot stride " +
-                         std::to_string(bi.fp32_slot_stride) + ") is not aligned to its 4-byte elements"));
+        throw fail(where("buffer `" + bi.name + "` at f32 offset " +
+                         std::to_string(bi.fp32_offset) + " (slot stride " +
+                         std::to_string(bi.fp32_slot_stride) +
+                         ") is not aligned to its 4-byte elements"));
       }
       // Every term is checked before it is added, so hostile values cannot overflow.
       int64_t end = 0;
-      const bool overflow = bi.fp32_offset < 0 || bi.fp32_bytes < 0 || bi.fp32_slot_stride < 0 ||
-                            __builtin_mul_overflow(static_cast<int64_t>(bi.slots - 1), bi.fp32_slot_stride, &end) ||
-                            __builtin_add_overflow(end, bi.fp32_offset, &end) ||
-                            __builtin_add_overflow(end, bi.fp32_bytes, &end);
-      if (overflow || bi.fp32_bytes < n * 4 || (bi.slots > 1 && bi.fp32_slot_stride < bi.fp32_bytes) ||
-          end > role.fp32_arena_bytes) {
+      const bool overflow =
+          bi.fp32_offset < 0 || bi.fp32_bytes < 0 || bi.fp32_slot_stride < 0 ||
+          __builtin_mul_overflow(static_cast<int64_t>(bi.slots - 1), bi.fp32_slot_stride, &end) ||
+          __builtin_add_overflow(end, bi.fp32_offset, &end) ||
+          __builtin_add_overflow(end, bi.fp32_bytes, &end);
+      if (overflow || bi.fp32_bytes < n * 4 ||
+          (bi.slots > 1 && bi.fp32_slot_stride < bi.fp32_bytes) || end > role.fp32_arena_bytes) {
         throw fail(where("buffer `" + bi.name + "` (" + std::to_string(n) + " elements, " +
-                         std::to_string(bi.slots) + " slots at f32 offset " + std::to_string(bi.fp32_offset) +
-                         ") does not fit its placement or the arena of " + std::to_string(role.fp32_arena_bytes) + " bytes"));
+                         std::to_string(bi.slots) + " slots at f32 offset " +
+                         std::to_string(bi.fp32_offset) +
+                         ") does not fit its placement or the arena of " +
+                         std::to_string(role.fp32_arena_bytes) + " bytes"));
       }
     }
     const int32_t nbuf = static_cast<int32_t>(role.buffers.size());
@@ -168,17 +220,20 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     }
     auto check_buffer = [&](int32_t b, const std::string& what, bool allow_none = false) {
       if ((allow_none && b == -1) || (b >= 0 && b < nbuf)) return;
-      throw fail(where(what + " names buffer " + std::to_string(b) + " of " + std::to_string(nbuf)));
+      throw fail(
+          where(what + " names buffer " + std::to_string(b) + " of " + std::to_string(nbuf)));
     };
     for (const Param& pi : role.params) {
       int64_t global = 1;
       for (int64_t d : pi.global_shape) {
-        if (d < 1 || global > (int64_t{1} << 40) / d) throw fail(where("param `" + pi.name + "` has a bad global shape"));
+        if (d < 1 || global > (int64_t{1} << 40) / d)
+          throw fail(where("param `" + pi.name + "` has a bad global shape"));
         global *= d;
       }
       check_buffer(pi.buffer, "param `" + pi.name + "`");
       check_buffer(pi.grad, "param `" + pi.name + "` gradient");
-      if (pi.split_dim >= static_cast<int32_t>(pi.global_shape.size())) throw fail(where("param `" + pi.name + "` splits a missing dimension"));
+      if (pi.split_dim >= static_cast<int32_t>(pi.global_shape.size()))
+        throw fail(where("param `" + pi.name + "` splits a missing dimension"));
       if (static_cast<int>(pi.split_comm) < 0 || static_cast<int>(pi.split_comm) >= kCommKinds) {
         throw fail(where("param `" + pi.name + "` is split over a bad communicator kind"));
       }
@@ -186,20 +241,22 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     for (const Bucket& bi : role.buckets) {
       check_buffer(bi.params, "bucket");
       check_buffer(bi.grads, "bucket");
-      for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) check_buffer(b, "bucket", true);
+      for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard})
+        check_buffer(b, "bucket", true);
       const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
       const int64_t dp = img.parallel.zero >= 1 ? img.parallel.dp : 1;
       const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
       if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||
           elements[bi.params] < bi.elements || elements[bi.grads] < bi.elements) {
-        throw fail(where(what + " holds " + std::to_string(bi.elements) + " elements in shards of " +
-                         std::to_string(bi.shard_elements) + " over " + std::to_string(dp) +
-                         " ranks, which does not match its buffers"));
+        throw fail(where(what + " holds " + std::to_string(bi.elements) +
+                         " elements in shards of " + std::to_string(bi.shard_elements) + " over " +
+                         std::to_string(dp) + " ranks, which does not match its buffers"));
       }
       for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) {
         if (b >= 0 && elements[b] < bi.shard_elements) {
-          throw fail(where(what + ": buffer `" + role.buffers[b].name + "` is smaller than the shard of " +
-                           std::to_string(bi.shard_elements) + " elements"));
+          throw fail(where(what + ": buffer `" + role.buffers[b].name +
+                           "` is smaller than the shard of " + std::to_string(bi.shard_elements) +
+                           " elements"));
         }
       }
     }
@@ -217,7 +274,8 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
         }
         for (int32_t x : o.inputs) check_buffer(x, what, true);
         for (int32_t x : o.outputs) check_buffer(x, what, true);
-        if (static_cast<int>(o.comm) < 0 || static_cast<int>(o.comm) >= kCommKinds) throw fail(where(what + " names a bad communicator kind"));
+        if (static_cast<int>(o.comm) < 0 || static_cast<int>(o.comm) >= kCommKinds)
+          throw fail(where(what + " names a bad communicator kind"));
       }
     }
     const int32_t nbodies = static_cast<int32_t>(role.bodies.size());
@@ -225,32 +283,45 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
       if (ci.forward < 0 || ci.forward >= nbodies || ci.backward < 0 || ci.backward >= nbodies) {
         throw fail(where("chunk " + std::to_string(ci.index) + " names a missing body"));
       }
-      for (int32_t b : {ci.input, ci.output, ci.grad}) check_buffer(b, "chunk " + std::to_string(ci.index), true);
+      for (int32_t b : {ci.input, ci.output, ci.grad})
+        check_buffer(b, "chunk " + std::to_string(ci.index), true);
     }
     const int32_t nchunks = static_cast<int32_t>(role.chunks.size());
     for (size_t i = 0; i < role.schedule.size(); ++i) {
       const Op& o = role.schedule[i];
-      const std::string what = "schedule op " + std::to_string(i) + " (" + prog::EnumNameOpKind(o.kind) + ")";
+      const std::string what =
+          "schedule op " + std::to_string(i) + " (" + prog::EnumNameOpKind(o.kind) + ")";
       switch (o.kind) {
-        case OpKind::Forward: case OpKind::Backward:
-        case OpKind::SendActivation: case OpKind::RecvActivation:
-        case OpKind::SendGrad: case OpKind::RecvGrad: {
+        case OpKind::Forward:
+        case OpKind::Backward:
+        case OpKind::SendActivation:
+        case OpKind::RecvActivation:
+        case OpKind::SendGrad:
+        case OpKind::RecvGrad: {
           const bool p2p = o.kind != OpKind::Forward && o.kind != OpKind::Backward;
           if (o.ints.size() < (p2p ? 5u : 3u)) throw fail(where(what + " has too few ints"));
-          if (o.ints[1] < 0 || o.ints[1] >= nchunks) throw fail(where(what + " names chunk " + std::to_string(o.ints[1])));
-          if (o.ints[2] < 0 || o.ints[2] >= role.chunks[o.ints[1]].slots) throw fail(where(what + " names slot " + std::to_string(o.ints[2])));
+          if (o.ints[1] < 0 || o.ints[1] >= nchunks)
+            throw fail(where(what + " names chunk " + std::to_string(o.ints[1])));
+          if (o.ints[2] < 0 || o.ints[2] >= role.chunks[o.ints[1]].slots)
+            throw fail(where(what + " names slot " + std::to_string(o.ints[2])));
           if (p2p) {
-            const auto& bufs = (o.kind == OpKind::SendActivation || o.kind == OpKind::SendGrad) ? o.inputs : o.outputs;
+            const auto& bufs = (o.kind == OpKind::SendActivation || o.kind == OpKind::SendGrad)
+                                   ? o.inputs
+                                   : o.outputs;
             if (bufs.empty()) throw fail(where(what + " names no buffer"));
             check_buffer(bufs[0], what);
           }
           break;
         }
-        case OpKind::ZeroGrads: case OpKind::ReduceGrads: case OpKind::OptimizerStep:
-          if (o.ints.empty() || o.ints[0] < 0 || o.ints[0] >= nbodies) throw fail(where(what + " names a missing body"));
+        case OpKind::ZeroGrads:
+        case OpKind::ReduceGrads:
+        case OpKind::OptimizerStep:
+          if (o.ints.empty() || o.ints[0] < 0 || o.ints[0] >= nbodies)
+            throw fail(where(what + " names a missing body"));
           break;
         case OpKind::GatherParams:
-          if (o.ints.size() < 2 || o.ints[1] < 0 || o.ints[1] >= nbodies) throw fail(where(what + " names a missing body"));
+          if (o.ints.size() < 2 || o.ints[1] < 0 || o.ints[1] >= nbodies)
+            throw fail(where(what + " names a missing body"));
           break;
         case OpKind::ReleaseParams:
           break;

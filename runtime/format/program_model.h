@@ -34,8 +34,12 @@ struct Op {
   std::vector<double> floats;
 
   // ints[i] / floats[i], or `fallback` when the op has fewer.
-  int64_t Int(size_t i, int64_t fallback = -1) const { return i < ints.size() ? ints[i] : fallback; }
-  double Float(size_t i, double fallback = 0) const { return i < floats.size() ? floats[i] : fallback; }
+  int64_t Int(size_t i, int64_t fallback = -1) const {
+    return i < ints.size() ? ints[i] : fallback;
+  }
+  double Float(size_t i, double fallback = 0) const {
+    return i < floats.size() ? floats[i] : fallback;
+  }
 };
 
 struct Body {
@@ -80,7 +84,8 @@ struct Bucket {
   int32_t params = -1, grads = -1;
   int64_t elements = 0, shard_elements = 0;
   int32_t master = -1, exp_avg = -1, exp_avg_sq = -1, param_shard = -1;
-  int32_t grad_shard = -1;  // ZeRO-2/3 (dp > 1): the persistent grad shard; `grads` is then transient
+  int32_t grad_shard =
+      -1;  // ZeRO-2/3 (dp > 1): the persistent grad shard; `grads` is then transient
 };
 
 struct Chunk {
@@ -109,8 +114,7 @@ struct Coordinates {
   // From the file's struct of the same name (a template so that `coords = {tp, cp, ep, dp, pp}`
   // stays the plain aggregate assignment).
   template <typename C>
-    requires std::same_as<C, prog::Coordinates>
-  Coordinates& operator=(const C& c) {
+  requires std::same_as<C, prog::Coordinates> Coordinates& operator=(const C& c) {
     *this = Coordinates{c.tp(), c.cp(), c.ep(), c.dp(), c.pp()};
     return *this;
   }

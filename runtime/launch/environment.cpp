@@ -1,10 +1,10 @@
 #include "runtime/launch/environment.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <climits>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 namespace paraplan::launch {
 namespace {
@@ -64,20 +64,26 @@ std::string JoinNotes(const std::vector<std::string>& names) {
 
 std::string_view LauncherName(Launcher launcher) {
   switch (launcher) {
-    case Launcher::kNone: return "no launcher";
-    case Launcher::kCommandLine: return "the command line";
-    case Launcher::kTorchrun: return "torchrun";
-    case Launcher::kSlurm: return "slurm";
-    case Launcher::kOpenMpi: return "open-mpi";
-    case Launcher::kHydra: return "mpich-hydra";
+    case Launcher::kNone:
+      return "no launcher";
+    case Launcher::kCommandLine:
+      return "the command line";
+    case Launcher::kTorchrun:
+      return "torchrun";
+    case Launcher::kSlurm:
+      return "slurm";
+    case Launcher::kOpenMpi:
+      return "open-mpi";
+    case Launcher::kHydra:
+      return "mpich-hydra";
   }
   return "unknown";
 }
 
 std::string LaunchEnvironment::Describe() const {
-  std::string s = fmt::format("rank {} of {} (local {} of {}, node {} of {}) from {}", rank,
-                              world_size, local_rank, local_world_size, node_rank, nodes,
-                              LauncherName(launcher));
+  std::string s =
+      fmt::format("rank {} of {} (local {} of {}, node {} of {}) from {}", rank, world_size,
+                  local_rank, local_world_size, node_rank, nodes, LauncherName(launcher));
   if (world_size > 1) s += fmt::format(", rendezvous {}:{}", master_addr, master_port);
   return s;
 }
@@ -122,7 +128,8 @@ Expected<int> ParseIntVariable(std::string_view what, std::string_view text, int
   if (negative) value = -value;
   if (value < min || value > max) {
     if (max >= kMaxRanks - 1) {
-      if (value > max) return Fail(fmt::format("`{}` is {}, which is too large (at most {})", what, value, max));
+      if (value > max)
+        return Fail(fmt::format("`{}` is {}, which is too large (at most {})", what, value, max));
       return Fail(fmt::format("`{}` is {}, but it must be at least {}", what, value, min));
     }
     return Fail(fmt::format("`{}` is {}, but it must be between {} and {}", what, value, min, max));
@@ -150,8 +157,8 @@ Expected<std::string> FirstSlurmHost(std::string_view host_list) {
       }
       for (char d : first) {
         if (d < '0' || d > '9') {
-          return Fail(fmt::format("the Slurm node list `{}` has a range that is not numeric",
-                                  host_list));
+          return Fail(
+              fmt::format("the Slurm node list `{}` has a range that is not numeric", host_list));
         }
       }
       out += first;
@@ -187,7 +194,8 @@ Expected<int> SlurmTasksOnNode(std::string_view tasks_per_node, int node) {
     if (count_text.size() != item.size()) {
       std::string_view rep = item.substr(count_text.size());
       if (rep.size() < 4 || rep.substr(0, 2) != "(x" || rep.back() != ')') return bad();
-      auto r = ParseIntVariable("SLURM_TASKS_PER_NODE", rep.substr(2, rep.size() - 3), 1, kMaxRanks);
+      auto r =
+          ParseIntVariable("SLURM_TASKS_PER_NODE", rep.substr(2, rep.size() - 3), 1, kMaxRanks);
       if (!r) return too_large(r.error());
       repeat = *r;
     }
@@ -197,8 +205,9 @@ Expected<int> SlurmTasksOnNode(std::string_view tasks_per_node, int node) {
     if (node < seen + repeat) return *count;
     seen += repeat;
   }
-  return Fail(fmt::format("the Slurm tasks-per-node value `{}` describes {} nodes, but this is node {}",
-                          tasks_per_node, seen, node));
+  return Fail(
+      fmt::format("the Slurm tasks-per-node value `{}` describes {} nodes, but this is node {}",
+                  tasks_per_node, seen, node));
 }
 
 Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
@@ -208,8 +217,8 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
 
   const bool torchrun = r.Has("RANK") || r.Has("WORLD_SIZE");
   const bool slurm_step =
-      r.Has("SLURM_PROCID") && (r.Has("SLURM_STEP_ID") || r.Has("SLURM_STEPID") ||
-                                r.Has("SLURM_STEP_NUM_TASKS"));
+      r.Has("SLURM_PROCID") &&
+      (r.Has("SLURM_STEP_ID") || r.Has("SLURM_STEPID") || r.Has("SLURM_STEP_NUM_TASKS"));
   const bool open_mpi = r.Has("OMPI_COMM_WORLD_RANK") || r.Has("OMPI_COMM_WORLD_SIZE");
   const bool hydra = r.Has("PMI_RANK") || r.Has("PMI_SIZE");
 
@@ -286,10 +295,10 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
 
   // Both halves of a launcher's identity must be present.
   if (out.launcher != Launcher::kNone) {
-    static const char* const kRankVar[] = {"", "", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                                           "PMI_RANK"};
-    static const char* const kWorldVar[] = {"", "", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS",
-                                            "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    static const char* const kRankVar[] = {
+        "", "", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+    static const char* const kWorldVar[] = {
+        "", "", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
     const int k = static_cast<int>(out.launcher);
     if (!rank.value) {
       return Fail(fmt::format("`{}` is set but `{}` is not; {} sets both", kWorldVar[k],
@@ -343,18 +352,19 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
     }
   }
   if (out.local_world_size > out.world_size) {
-    return Fail(fmt::format("the local world size {} (`{}`) is larger than the world size {} (`{}`)",
-                            out.local_world_size, local_world.source.empty() ? "default" : local_world.source,
-                            out.world_size, out.world_source));
+    return Fail(fmt::format(
+        "the local world size {} (`{}`) is larger than the world size {} (`{}`)",
+        out.local_world_size, local_world.source.empty() ? "default" : local_world.source,
+        out.world_size, out.world_source));
   }
   if (out.local_rank >= out.local_world_size) {
-    return Fail(fmt::format("the local rank {} (`{}`) is not below the local world size {} (`{}`)",
-                            out.local_rank, local_rank.source.empty() ? "default" : local_rank.source,
-                            out.local_world_size,
-                            local_world.source.empty() ? "default" : local_world.source));
+    return Fail(fmt::format(
+        "the local rank {} (`{}`) is not below the local world size {} (`{}`)", out.local_rank,
+        local_rank.source.empty() ? "default" : local_rank.source, out.local_world_size,
+        local_world.source.empty() ? "default" : local_world.source));
   }
-  out.nodes = nodes.value.value_or((out.world_size + out.local_world_size - 1) /
-                                   out.local_world_size);
+  out.nodes =
+      nodes.value.value_or((out.world_size + out.local_world_size - 1) / out.local_world_size);
   out.node_rank = node_rank.value.value_or(out.rank / out.local_world_size);
   if (out.node_rank >= out.nodes) {
     return Fail(fmt::format("the node rank {} (`{}`) is not below the node count {}", out.node_rank,
@@ -385,7 +395,8 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
     }
     for (char c : out.master_addr) {
       if (std::isspace(static_cast<unsigned char>(c))) {
-        return Fail(fmt::format("`MASTER_ADDR` is `{}`, which is not a host name", out.master_addr));
+        return Fail(
+            fmt::format("`MASTER_ADDR` is `{}`, which is not a host name", out.master_addr));
       }
     }
     if (out.master_port == 0) out.master_port = kDefaultPort;
@@ -393,7 +404,8 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
   return out;
 }
 
-Expected<ProcessRanks> AssignProcessRanks(const LaunchEnvironment& env, int64_t program_world_size) {
+Expected<ProcessRanks> AssignProcessRanks(const LaunchEnvironment& env,
+                                          int64_t program_world_size) {
   if (program_world_size < 1 || program_world_size > kMaxRanks) {
     return Fail(fmt::format("the program has {} ranks, which is out of range", program_world_size));
   }
@@ -410,8 +422,9 @@ Expected<ProcessRanks> AssignProcessRanks(const LaunchEnvironment& env, int64_t 
 Expected<int> SelectDevice(const LaunchEnvironment& env, int visible_devices,
                            std::optional<int> forced) {
   if (visible_devices <= 0) {
-    return Fail("no CUDA device is visible to this process (check `CUDA_VISIBLE_DEVICES` and the "
-                "job's GPU request), so the CUDA backend cannot run; use `--backend=host`");
+    return Fail(
+        "no CUDA device is visible to this process (check `CUDA_VISIBLE_DEVICES` and the "
+        "job's GPU request), so the CUDA backend cannot run; use `--backend=host`");
   }
   if (forced) {
     if (*forced < 0 || *forced >= visible_devices) {

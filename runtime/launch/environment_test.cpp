@@ -26,8 +26,12 @@ TEST_CASE("no launcher means one process") {
 }
 
 TEST_CASE("torchrun variables") {
-  auto env = Read({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                   {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node7"},
+  auto env = Read({{"RANK", "5"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "4"},
+                   {"GROUP_RANK", "1"},
+                   {"MASTER_ADDR", "node7"},
                    {"MASTER_PORT", "29400"}});
   REQUIRE(env.ok());
   CHECK(env->launcher == Launcher::kTorchrun);
@@ -40,7 +44,8 @@ TEST_CASE("torchrun variables") {
   CHECK(env->master_addr == "node7");
   CHECK(env->master_port == 29400);
   CHECK(env->rank_source == "RANK");
-  CHECK(env->Describe() == "rank 5 of 8 (local 1 of 4, node 1 of 2) from torchrun, rendezvous node7:29400");
+  CHECK(env->Describe() ==
+        "rank 5 of 8 (local 1 of 4, node 1 of 2) from torchrun, rendezvous node7:29400");
 }
 
 TEST_CASE("torchrun without local rank assumes one node and says so") {
@@ -54,12 +59,16 @@ TEST_CASE("torchrun without local rank assumes one node and says so") {
 }
 
 TEST_CASE("slurm srun step") {
-  std::map<std::string, std::string> vars = {
-      {"SLURM_JOB_ID", "123456"},         {"SLURM_STEP_ID", "0"},
-      {"SLURM_PROCID", "6"},              {"SLURM_NTASKS", "8"},
-      {"SLURM_STEP_NUM_TASKS", "8"},      {"SLURM_LOCALID", "2"},
-      {"SLURM_NODEID", "1"},              {"SLURM_STEP_NUM_NODES", "2"},
-      {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"SLURM_STEP_NODELIST", "gpu[007-008]"}};
+  std::map<std::string, std::string> vars = {{"SLURM_JOB_ID", "123456"},
+                                             {"SLURM_STEP_ID", "0"},
+                                             {"SLURM_PROCID", "6"},
+                                             {"SLURM_NTASKS", "8"},
+                                             {"SLURM_STEP_NUM_TASKS", "8"},
+                                             {"SLURM_LOCALID", "2"},
+                                             {"SLURM_NODEID", "1"},
+                                             {"SLURM_STEP_NUM_NODES", "2"},
+                                             {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                                             {"SLURM_STEP_NODELIST", "gpu[007-008]"}};
   auto env = Read(vars);
   REQUIRE(env.ok());
   CHECK(env->launcher == Launcher::kSlurm);
@@ -99,9 +108,12 @@ TEST_CASE("a slurm batch script without srun is one process") {
 }
 
 TEST_CASE("open mpi variables") {
-  auto env = Read({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                   {"OMPI_COMM_WORLD_NODE_RANK", "1"}, {"MASTER_ADDR", "head"}});
+  auto env = Read({{"OMPI_COMM_WORLD_RANK", "3"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                   {"OMPI_COMM_WORLD_NODE_RANK", "1"},
+                   {"MASTER_ADDR", "head"}});
   REQUIRE(env.ok());
   CHECK(env->launcher == Launcher::kOpenMpi);
   CHECK(env->rank == 3);
@@ -114,8 +126,12 @@ TEST_CASE("open mpi variables") {
 }
 
 TEST_CASE("mpich hydra variables") {
-  auto env = Read({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"},
-                   {"MPI_LOCALNRANKS", "2"}, {"MASTER_ADDR", "head"}, {"MASTER_PORT", "1234"}});
+  auto env = Read({{"PMI_RANK", "1"},
+                   {"PMI_SIZE", "2"},
+                   {"MPI_LOCALRANKID", "1"},
+                   {"MPI_LOCALNRANKS", "2"},
+                   {"MASTER_ADDR", "head"},
+                   {"MASTER_PORT", "1234"}});
   REQUIRE(env.ok());
   CHECK(env->launcher == Launcher::kHydra);
   CHECK(env->rank == 1);
@@ -123,9 +139,14 @@ TEST_CASE("mpich hydra variables") {
 }
 
 TEST_CASE("precedence: torchrun over slurm over open mpi, with a note") {
-  auto env = Read({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
-                   {"MASTER_ADDR", "a"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"},
-                   {"SLURM_NTASKS", "1"}, {"OMPI_COMM_WORLD_RANK", "0"},
+  auto env = Read({{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"LOCAL_RANK", "1"},
+                   {"MASTER_ADDR", "a"},
+                   {"SLURM_PROCID", "0"},
+                   {"SLURM_STEP_ID", "0"},
+                   {"SLURM_NTASKS", "1"},
+                   {"OMPI_COMM_WORLD_RANK", "0"},
                    {"OMPI_COMM_WORLD_SIZE", "1"}});
   REQUIRE(env.ok());
   CHECK(env->launcher == Launcher::kTorchrun);
@@ -134,8 +155,11 @@ TEST_CASE("precedence: torchrun over slurm over open mpi, with a note") {
   CHECK(Contains(env->notes[0], "slurm"));
   CHECK(Contains(env->notes[0], "open-mpi"));
 
-  auto slurm = Read({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "3"}, {"SLURM_NTASKS", "1"},
-                     {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}});
+  auto slurm = Read({{"SLURM_PROCID", "0"},
+                     {"SLURM_STEP_ID", "3"},
+                     {"SLURM_NTASKS", "1"},
+                     {"OMPI_COMM_WORLD_RANK", "0"},
+                     {"OMPI_COMM_WORLD_SIZE", "1"}});
   REQUIRE(slurm.ok());
   CHECK(slurm->launcher == Launcher::kSlurm);
 }
@@ -185,28 +209,40 @@ TEST_CASE("errors name the variable and the value") {
               "rank 4 (`RANK`) is not below the world size 4 (`WORLD_SIZE`)");
   check_error({{"RANK", "1"}}, "`RANK` is set but `WORLD_SIZE` is not");
   check_error({{"WORLD_SIZE", "2"}}, "`WORLD_SIZE` is set but `RANK` is not");
-  check_error({{"RANK", "1"}, {"WORLD_SIZE", "4"}},
-              "4 processes were launched (torchrun from `WORLD_SIZE`) but `MASTER_ADDR` is not set");
+  check_error(
+      {{"RANK", "1"}, {"WORLD_SIZE", "4"}},
+      "4 processes were launched (torchrun from `WORLD_SIZE`) but `MASTER_ADDR` is not set");
   check_error({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
               "`mpirun -x MASTER_ADDR=");
-  check_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}}, "is not set, so the other ranks cannot find rank 0");
-  check_error({{"RANK", "0"}, {"WORLD_SIZE", "3000000000"}}, "`WORLD_SIZE` is 3000000000, which is too large");
+  check_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}},
+              "is not set, so the other ranks cannot find rank 0");
+  check_error({{"RANK", "0"}, {"WORLD_SIZE", "3000000000"}},
+              "`WORLD_SIZE` is 3000000000, which is too large");
   check_error({{"RANK", "2"}, {"WORLD_SIZE", "4"}}, "is not set, so rank 2 cannot find rank 0");
   check_error({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "70000"}},
               "`MASTER_PORT` is 70000, but it must be between 1 and 65535");
   check_error({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "http"}},
               "`MASTER_PORT` is `http`, which is not a whole number");
-  check_error({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
-               {"MASTER_ADDR", "a"}},
-              "the local rank 2 (`LOCAL_RANK`) is not below the local world size 2 (`LOCAL_WORLD_SIZE`)");
+  check_error(
+      {{"RANK", "1"},
+       {"WORLD_SIZE", "4"},
+       {"LOCAL_RANK", "2"},
+       {"LOCAL_WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "a"}},
+      "the local rank 2 (`LOCAL_RANK`) is not below the local world size 2 (`LOCAL_WORLD_SIZE`)");
   check_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"}},
               "the local world size 4 (`LOCAL_WORLD_SIZE`) is larger than the world size 2");
   check_error({{"RANK", "99999999999999999999"}, {"WORLD_SIZE", "2"}}, "too large");
-  check_error({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"},
+  check_error({{"SLURM_PROCID", "0"},
+               {"SLURM_STEP_ID", "0"},
+               {"SLURM_NTASKS", "2"},
                {"SLURM_STEP_NODELIST", "gpu[01-02"}},
               "unclosed `[`");
-  check_error({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"},
-               {"SLURM_STEP_TASKS_PER_NODE", "two"}, {"MASTER_ADDR", "a"}},
+  check_error({{"SLURM_PROCID", "0"},
+               {"SLURM_STEP_ID", "0"},
+               {"SLURM_NTASKS", "2"},
+               {"SLURM_STEP_TASKS_PER_NODE", "two"},
+               {"MASTER_ADDR", "a"}},
               "is not of the form `2(x3),1`");
 }
 
@@ -246,14 +282,18 @@ TEST_CASE("process ranks against the program's world size") {
 
   auto wrong = AssignProcessRanks(*env, 16);
   REQUIRE_FALSE(wrong.ok());
-  CHECK(Contains(wrong.error(), "torchrun launched 8 processes (`WORLD_SIZE` = 8) but the program "
-                                "was compiled for 16 ranks"));
+  CHECK(Contains(wrong.error(),
+                 "torchrun launched 8 processes (`WORLD_SIZE` = 8) but the program "
+                 "was compiled for 16 ranks"));
   CHECK_FALSE(AssignProcessRanks(one, 0).ok());
 }
 
 TEST_CASE("device selection") {
-  auto env = Read({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                   {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"}});
+  auto env = Read({{"RANK", "5"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "4"},
+                   {"MASTER_ADDR", "a"}});
   REQUIRE(env.ok());
   CHECK(*SelectDevice(*env, 4) == 1);
   CHECK(*SelectDevice(*env, 8) == 1);
@@ -276,7 +316,8 @@ TEST_CASE("integer parsing") {
   CHECK_FALSE(ParseIntVariable("X", "", 0, 100).ok());
   CHECK_FALSE(ParseIntVariable("X", "-", 0, 100).ok());
   CHECK_FALSE(ParseIntVariable("X", "1e3", 0, 10000).ok());
-  CHECK(ParseIntVariable("X", "101", 0, 100).error() == "`X` is 101, but it must be between 0 and 100");
+  CHECK(ParseIntVariable("X", "101", 0, 100).error() ==
+        "`X` is 101, but it must be between 0 and 100");
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ inline Failure Fail(std::string message) { return Failure{std::move(message)}; }
 template <typename T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Expected(T value) : value_(std::move(value)) {}                    // NOLINT: implicit by design
   Expected(Failure failure) : error_(std::move(failure.message)) {}  // NOLINT
 
   bool ok() const { return value_.has_value(); }

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -14,8 +15,6 @@
 #include <cstring>
 #include <map>
 #include <thread>
-
-#include <fmt/format.h>
 
 namespace paraplan::launch {
 namespace {
@@ -189,9 +188,10 @@ Expected<std::unique_ptr<RendezvousServer>> RendezvousServer::Listen(int port) {
   if (rc != 0) {
     int err = errno;
     if (err == EADDRINUSE) {
-      return Fail(fmt::format("rank 0 cannot listen on port {}: it is already in use (another job "
-                              "on this node?); set `MASTER_PORT` to a free port",
-                              port));
+      return Fail(
+          fmt::format("rank 0 cannot listen on port {}: it is already in use (another job "
+                      "on this node?); set `MASTER_PORT` to a free port",
+                      port));
     }
     return Fail(fmt::format("rank 0 cannot listen on port {}: {}", port, std::strerror(err)));
   }
@@ -254,22 +254,24 @@ Expected<Ok> RendezvousServer::Serve(int world_size, uint64_t job_key,
     const int world = static_cast<int>(Get32(hello + 12));
     const uint64_t key = Get64(hello + 16);
     if (version != kVersion) {
-      failure = fmt::format("a peer speaks rendezvous version {} but rank 0 speaks {}; every rank "
-                            "must run the same planrun",
-                            version, kVersion);
+      failure = fmt::format(
+          "a peer speaks rendezvous version {} but rank 0 speaks {}; every rank "
+          "must run the same planrun",
+          version, kVersion);
     } else if (world != world_size) {
       failure = fmt::format("rank {} was launched with a world size of {} but rank 0 with {}", rank,
                             world, world_size);
     } else if (rank < 1 || rank >= world_size) {
-      failure = fmt::format("a peer claims rank {}, which is not between 1 and {}", rank,
-                            world_size - 1);
+      failure =
+          fmt::format("a peer claims rank {}, which is not between 1 and {}", rank, world_size - 1);
     } else if (joined.count(rank)) {
-      failure = fmt::format("two processes claim rank {}; check the launcher's rank variables",
-                            rank);
+      failure =
+          fmt::format("two processes claim rank {}; check the launcher's rank variables", rank);
     } else if (key != job_key) {
-      failure = fmt::format("rank {} runs a different program than rank 0 (job key {:016x} vs "
-                            "{:016x}); every rank must load the same program file",
-                            rank, key, job_key);
+      failure = fmt::format(
+          "rank {} runs a different program than rank 0 (job key {:016x} vs "
+          "{:016x}); every rank must load the same program file",
+          rank, key, job_key);
     }
     if (!failure.empty()) {
       SendRefusal(c.fd(), failure);
@@ -352,9 +354,10 @@ Expected<std::vector<uint8_t>> JoinRendezvous(const RendezvousOptions& o) {
       return Fail(fmt::format("rank {} cannot reach rank 0 at {}: {}", o.rank, where, last_error));
     }
     if (RemainingMs(deadline) == 0) {
-      return Fail(fmt::format("rank {} could not reach rank 0 at {} within {} (last error: {}); "
-                              "is rank 0 running, and are `MASTER_ADDR` and `MASTER_PORT` right?",
-                              o.rank, where, Seconds(o.timeout), last_error));
+      return Fail(
+          fmt::format("rank {} could not reach rank 0 at {} within {} (last error: {}); "
+                      "is rank 0 running, and are `MASTER_ADDR` and `MASTER_PORT` right?",
+                      o.rank, where, Seconds(o.timeout), last_error));
     }
     std::this_thread::sleep_for(std::min(backoff, milliseconds(RemainingMs(deadline))));
     backoff = std::min(backoff * 2, milliseconds(1000));
@@ -369,29 +372,33 @@ Expected<std::vector<uint8_t>> JoinRendezvous(const RendezvousOptions& o) {
   Put32(hello + 12, static_cast<uint32_t>(o.world_size));
   Put64(hello + 16, o.job_key);
   if (auto err = WriteAll(s.fd(), hello, kHelloBytes, deadline); !err.empty()) {
-    return Fail(fmt::format("rank {} lost rank 0 at {} while introducing itself: {}", o.rank,
-                            where, err));
+    return Fail(
+        fmt::format("rank {} lost rank 0 at {} while introducing itself: {}", o.rank, where, err));
   }
   uint8_t header[kReplyHeaderBytes];
   if (auto err = ReadAll(s.fd(), header, kReplyHeaderBytes, deadline); !err.empty()) {
     if (err == "timed out") {
-      return Fail(fmt::format("rank {} reached rank 0 at {} but the other ranks did not all join "
-                              "within {}",
-                              o.rank, where, Seconds(o.timeout)));
+      return Fail(
+          fmt::format("rank {} reached rank 0 at {} but the other ranks did not all join "
+                      "within {}",
+                      o.rank, where, Seconds(o.timeout)));
     }
-    return Fail(fmt::format("rank 0 at {} closed the connection before the rendezvous completed "
-                            "({}); see rank 0's log",
-                            where, err));
+    return Fail(
+        fmt::format("rank 0 at {} closed the connection before the rendezvous completed "
+                    "({}); see rank 0's log",
+                    where, err));
   }
   const uint32_t size = Get32(header + 8);
   if (Get32(header) != kMagic || size > kMaxRendezvousPayload) {
-    return Fail(fmt::format("the process at {} is not a planrun rendezvous (another program on "
-                            "`MASTER_PORT`?)",
-                            where));
+    return Fail(
+        fmt::format("the process at {} is not a planrun rendezvous (another program on "
+                    "`MASTER_PORT`?)",
+                    where));
   }
   std::vector<uint8_t> body(size);
   if (size > 0) {
-    if (auto err = ReadAll(s.fd(), body.data(), size, std::max(deadline, Clock::now() + milliseconds(1000)));
+    if (auto err = ReadAll(s.fd(), body.data(), size,
+                           std::max(deadline, Clock::now() + milliseconds(1000)));
         !err.empty()) {
       return Fail(fmt::format("rank {} lost rank 0 at {} while receiving: {}", o.rank, where, err));
     }
@@ -405,7 +412,8 @@ Expected<std::vector<uint8_t>> JoinRendezvous(const RendezvousOptions& o) {
 Expected<std::vector<uint8_t>> ExchangeRootPayload(const RendezvousOptions& o,
                                                    const std::vector<uint8_t>& root_payload) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
-    return Fail(fmt::format("rank {} of {} cannot take part in a rendezvous", o.rank, o.world_size));
+    return Fail(
+        fmt::format("rank {} of {} cannot take part in a rendezvous", o.rank, o.world_size));
   }
   if (o.world_size == 1) return root_payload;
   if (o.rank != 0) return JoinRendezvous(o);

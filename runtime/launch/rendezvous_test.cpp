@@ -1,12 +1,11 @@
 #include "runtime/launch/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <doctest/doctest.h>
 
 #include <thread>
 
@@ -25,7 +24,8 @@ std::vector<uint8_t> Payload() {
   return id;
 }
 
-RendezvousOptions Options(int port, int rank, int world, milliseconds timeout = milliseconds(5000)) {
+RendezvousOptions Options(int port, int rank, int world,
+                          milliseconds timeout = milliseconds(5000)) {
   RendezvousOptions o;
   o.host = "127.0.0.1";
   o.port = port;
@@ -84,7 +84,8 @@ TEST_CASE("a missing rank ends in a timeout that names it") {
   auto served = server.value()->Serve(4, 42, Payload(), milliseconds(300));
   t.join();
   REQUIRE_FALSE(served.ok());
-  CHECK(Contains(served.error(), "timed out after 0.3 s: 2 of 4 ranks joined rank 0; missing ranks 2, 3"));
+  CHECK(Contains(served.error(),
+                 "timed out after 0.3 s: 2 of 4 ranks joined rank 0; missing ranks 2, 3"));
   // The rank that did join hears about it instead of waiting for its own deadline.
   REQUIRE_FALSE(one.ok());
   CHECK(Contains(one.error(), "rank 0 reports: the rendezvous timed out"));
@@ -141,7 +142,8 @@ TEST_CASE("disagreements fail every rank that joined") {
   SUBCASE("world size") {
     auto good = Options(0, 1, 3);
     auto bad = Options(0, 2, 4);
-    CHECK(Contains(run({good, bad}, 3), "rank 2 was launched with a world size of 4 but rank 0 with 3"));
+    CHECK(Contains(run({good, bad}, 3),
+                   "rank 2 was launched with a world size of 4 but rank 0 with 3"));
   }
   SUBCASE("duplicate rank") {
     CHECK(Contains(run({Options(0, 1, 3), Options(0, 1, 3)}, 3), "two processes claim rank 1"));
@@ -236,7 +238,8 @@ TEST_CASE("rendezvous timeout from the environment") {
   auto o = RendezvousOptionsFor(env, 1, MapEnvironment({{"PARAPLAN_RENDEZVOUS_TIMEOUT", "12"}}));
   REQUIRE(o.ok());
   CHECK(o->timeout == std::chrono::seconds(12));
-  auto bad = RendezvousOptionsFor(env, 1, MapEnvironment({{"PARAPLAN_RENDEZVOUS_TIMEOUT", "soon"}}));
+  auto bad =
+      RendezvousOptionsFor(env, 1, MapEnvironment({{"PARAPLAN_RENDEZVOUS_TIMEOUT", "soon"}}));
   REQUIRE_FALSE(bad.ok());
   CHECK(Contains(bad.error(), "`PARAPLAN_RENDEZVOUS_TIMEOUT` is `soon`"));
   CHECK(JobKey("abc", 3) != JobKey("abd", 3));

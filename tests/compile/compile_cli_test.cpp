@@ -52,7 +52,8 @@ plan tiny_tp2_pp2_dp2 {
 }
 )";
 
-int64_t Int(const llvm::json::Object* o, llvm::StringRef key) { auto v = o->getInteger(key);
+int64_t Int(const llvm::json::Object* o, llvm::StringRef key) {
+  auto v = o->getInteger(key);
   return v ? *v : -1;
 }
 std::string Str(const llvm::json::Object* o, llvm::StringRef key) {
@@ -81,15 +82,16 @@ TEST_CASE("compile writes a program that dump reads back and verifies") {
   Result r = Planc("dump " + prog);
   REQUIRE_MESSAGE(r.status == 0, r.err);
   CHECK(r.out.find("world size 8") != std::string::npos);
-  CHECK(r.out.find("schedule: zero_grads F0 sa0 F1 sa1 rg0 B0 F2 sa2 rg1 B1 F3 sa3 rg2 B2 rg3 B3 reduce_grads optimizer_step") !=
-        std::string::npos);
+  CHECK(r.out.find("schedule: zero_grads F0 sa0 F1 sa1 rg0 B0 F2 sa2 rg1 B1 F3 sa3 rg2 B2 rg3 B3 "
+                   "reduce_grads optimizer_step") != std::string::npos);
   r = Planc("dump " + prog + " --rank 5");
   REQUIRE(r.status == 0);
   CHECK(r.out.find("rank 5: role stage1") != std::string::npos);
   CHECK(r.out.find("body chunk0.forward") != std::string::npos);
 }
 
-TEST_CASE("dump --format=json follows DESIGN.md: per rank a schedule of {op, microbatch, chunk, peer}") {
+TEST_CASE(
+    "dump --format=json follows DESIGN.md: per rank a schedule of {op, microbatch, chunk, peer}") {
   Result r = Planc("dump " + Compiled() + " --rank 0 --format=json");
   REQUIRE_MESSAGE(r.status == 0, r.err);
   auto json = llvm::json::parse(r.out);
@@ -197,14 +199,15 @@ TEST_CASE("damaged and mismatched program files are refused with a clear message
   }
   // A program of another format version.
   std::string error;
-  auto p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  auto p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()),
+                                           good.size(), &error);
   REQUIRE(p.has_value());
   p->format_version = 99;
   auto bytes = paraplan::lower::ToFlatBuffer(*p);
   r = Planc("dump " + write("version.pplan", std::string(bytes.begin(), bytes.end())));
   CHECK(r.status == 1);
-  CHECK(r.err.find("format version 99 is not the supported version " + std::to_string(paraplan::prog::kFormatVersion)) !=
-        std::string::npos);
+  CHECK(r.err.find("format version 99 is not the supported version " +
+                   std::to_string(paraplan::prog::kFormatVersion)) != std::string::npos);
   // A rank table that does not match the world size.
   p->format_version = paraplan::prog::kFormatVersion;
   p->ranks.pop_back();
@@ -213,7 +216,8 @@ TEST_CASE("damaged and mismatched program files are refused with a clear message
   CHECK(r.status == 1);
   CHECK(r.err.find("7 rank entries for world size 8") != std::string::npos);
   // A rank outside its communicator.
-  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(),
+                                      &error);
   std::swap(p->ranks[0].comms[static_cast<int>(paraplan::prog::CommKind::Tp)],
             p->ranks[2].comms[static_cast<int>(paraplan::prog::CommKind::Tp)]);
   bytes = paraplan::lower::ToFlatBuffer(*p);
@@ -221,7 +225,8 @@ TEST_CASE("damaged and mismatched program files are refused with a clear message
   CHECK(r.status == 1);
   CHECK(r.err.find("not a member of its tp communicator") != std::string::npos);
   // A buffer placed past the arena.
-  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(),
+                                      &error);
   p->roles[0].buffers[3].offset = p->roles[0].arena_bytes;
   bytes = paraplan::lower::ToFlatBuffer(*p);
   r = Planc("dump " + write("bounds.pplan", std::string(bytes.begin(), bytes.end())));
@@ -247,43 +252,52 @@ TEST_CASE("compile: usage errors and plan errors") {
   // A global batch of 10^9 sequences would spell out 250,000,000 microbatches per step.
   r = Planc("compile " + PlanFile() + " -o " + Dir() + "/x.pplan --set batch.global=1000000000");
   CHECK(r.status == 1);
-  CHECK(r.err.find("gives 250000000 microbatches per step on each data-parallel rank; programs hold at most 65536") !=
-        std::string::npos);
+  CHECK(r.err.find("gives 250000000 microbatches per step on each data-parallel rank; programs "
+                   "hold at most 65536") != std::string::npos);
 }
 
-TEST_CASE("planrun refuses a misaligned buffer and a parameter shape past 64 bits (not undefined behaviour)") {
+TEST_CASE(
+    "planrun refuses a misaligned buffer and a parameter shape past 64 bits (not undefined "
+    "behaviour)") {
   const std::string good = Read(Compiled());
   std::string error;
   auto runs = [&](const paraplan::lower::Program& p, const std::string& name) {
     const auto bytes = paraplan::lower::ToFlatBuffer(p);
     const std::string path = Dir() + "/" + name;
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     const std::string out = Dir() + "/planrun.txt";
-    const int rc = std::system((std::string(PARAPLAN_PLANRUN) + " " + path + " --steps 1 > " + out + " 2>&1").c_str());
+    const int rc = std::system(
+        (std::string(PARAPLAN_PLANRUN) + " " + path + " --steps 1 > " + out + " 2>&1").c_str());
     return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(out));
   };
-  auto p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  auto p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()),
+                                           good.size(), &error);
   REQUIRE(p.has_value());
   for (auto& b : p->roles[0].buffers) b.fp32_offset += 2;
   auto [status, out] = runs(*p, "misaligned.pplan");
   CHECK(status == 1);
   CHECK(out.find("is not aligned to its 4-byte elements") != std::string::npos);
-  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(),
+                                      &error);
   p->roles[0].params[0].global_shape = {int64_t{1} << 40, int64_t{1} << 40};
   std::tie(status, out) = runs(*p, "shape.pplan");
   CHECK(status == 1);
   CHECK(out.find("has a bad global shape") != std::string::npos);
-  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(),
+                                      &error);
   p->roles[0].params[0].split_comm = static_cast<paraplan::prog::CommKind>(15);
   std::tie(status, out) = runs(*p, "split_comm.pplan");
   CHECK(status == 1);
   CHECK(out.find("is split over a bad communicator kind") != std::string::npos);
   // Placements whose end passes 64 bits are outside the arena for planc dump too (no overflow).
-  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(), &error);
+  p = paraplan::lower::FromFlatBuffer(reinterpret_cast<const uint8_t*>(good.data()), good.size(),
+                                      &error);
   p->roles[0].buffers[0].slots = 2;
   p->roles[0].buffers[0].fp32_slot_stride = INT64_MAX;
   const auto bytes = paraplan::lower::ToFlatBuffer(*p);
-  std::ofstream(Dir() + "/stride.pplan", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::ofstream(Dir() + "/stride.pplan", std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   Result r = Planc("dump " + Dir() + "/stride.pplan");
   CHECK(r.status == 1);
   CHECK(r.err.find("outside the f32 arena") != std::string::npos);
@@ -357,8 +371,9 @@ TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs
   // A stdlib directory that does not exist is named, not only `<stdlib>/clusters.plan`.
   std::ofstream(Dir() + "/std.plan") << "import std.clusters\n";
   const std::string err = Dir() + "/stdlib_err.txt";
-  CHECK(std::system(("env PARAPLAN_STDLIB=" + Dir() + "/no_stdlib " + PARAPLAN_PLANC + " check " + Dir() +
-                     "/std.plan 2> " + err).c_str()) != 0);
+  CHECK(std::system(("env PARAPLAN_STDLIB=" + Dir() + "/no_stdlib " + PARAPLAN_PLANC + " check " +
+                     Dir() + "/std.plan 2> " + err)
+                        .c_str()) != 0);
   CHECK(Read(err).find("no_stdlib` (from PARAPLAN_STDLIB)") != std::string::npos);
 }
 

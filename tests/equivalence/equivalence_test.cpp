@@ -29,11 +29,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
-#include <string>
-
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
 
 #include "compiler/lower/lower.h"
 #include "runtime/exec/interpreter.h"
@@ -130,7 +129,8 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
   Comparison c;
   REQUIRE(got.steps.size() == want.steps.size());
   for (size_t s = 0; s < got.steps.size(); ++s) {
-    c.loss = std::max(c.loss, std::abs(got.steps[s].loss - want.steps[s].loss) / std::abs(want.steps[s].loss));
+    c.loss = std::max(
+        c.loss, std::abs(got.steps[s].loss - want.steps[s].loss) / std::abs(want.steps[s].loss));
   }
   for (const auto& [name, w] : want.params) {
     if (name.size() >= 3 && name.compare(name.size() - 3, 3, ".bk") == 0) continue;  // see above
@@ -168,10 +168,11 @@ std::string Dir() {
 }
 
 // `planc compile FILE --plan NAME` through the binary (FILE relative to the source tree).
-ProgramImage PlancCompile(const std::string& plan, const std::string& file = "tests/equivalence/equivalence.plan") {
+ProgramImage PlancCompile(const std::string& plan,
+                          const std::string& file = "tests/equivalence/equivalence.plan") {
   const std::string out = Dir() + "/" + plan + ".pplan", log = Dir() + "/" + plan + ".log";
-  const std::string cmd = std::string(PARAPLAN_PLANC) + " compile '" + SourceDir() + "/" + file + "' --plan " +
-                          plan + " -o '" + out + "' > '" + log + "' 2>&1";
+  const std::string cmd = std::string(PARAPLAN_PLANC) + " compile '" + SourceDir() + "/" + file +
+                          "' --plan " + plan + " -o '" + out + "' > '" + log + "' 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream in(log);
   std::ostringstream text;
@@ -185,7 +186,8 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan)
   const RunResult got = Run(PlancCompile(plan));
   const Comparison c = Compare(got, want);
   MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
-                                     << "), largest element difference / tensor max " << c.max_elementwise);
+                                     << "), largest element difference / tensor max "
+                                     << c.max_elementwise);
   CHECK(c.loss <= kTolerance);
   CHECK(c.weights <= kTolerance);
   CHECK(c.max_elementwise <= kElementTolerance);
@@ -204,8 +206,9 @@ void CheckEquivalent(bool gpt, const Layout& layout) {
   const RunResult got = Run(Compile(TinyPlan(gpt, layout)));
   const Comparison c = Compare(got, want);
   MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
-                                     << "), largest element difference / tensor max " << c.max_elementwise << "; losses "
-                                     << got.steps.front().loss << " -> " << got.steps.back().loss);
+                                     << "), largest element difference / tensor max "
+                                     << c.max_elementwise << "; losses " << got.steps.front().loss
+                                     << " -> " << got.steps.back().loss);
   CHECK(c.loss <= kTolerance);
   CHECK(c.weights <= kTolerance);
   CHECK(c.max_elementwise <= kElementTolerance);
@@ -241,36 +244,55 @@ using paraplan::Recompute;
 using paraplan::Schedule;
 
 TEST_CASE("llama: tp 2") { CheckEquivalent(false, {2, 1, 1, 1}); }
-TEST_CASE("llama: tp 2, sequence parallel") { CheckEquivalent(false, {2, 1, 1, 1, Schedule::k1F1B, true}); }
+TEST_CASE("llama: tp 2, sequence parallel") {
+  CheckEquivalent(false, {2, 1, 1, 1, Schedule::k1F1B, true});
+}
 TEST_CASE("llama: pp 2, 1F1B") { CheckEquivalent(false, {1, 2, 1, 1, Schedule::k1F1B}); }
-TEST_CASE("llama: pp 2, vpp 2, interleaved 1F1B") { CheckEquivalent(false, {1, 2, 1, 2, Schedule::kInterleaved1F1B}); }
+TEST_CASE("llama: pp 2, vpp 2, interleaved 1F1B") {
+  CheckEquivalent(false, {1, 2, 1, 2, Schedule::kInterleaved1F1B});
+}
 TEST_CASE("llama: pp 4, GPipe") { CheckEquivalent(false, {1, 4, 1, 1, Schedule::kGpipe}); }
 TEST_CASE("llama: dp 2") { CheckEquivalent(false, {1, 1, 2, 1}); }
-TEST_CASE("llama: dp 2, ZeRO 1") { CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 1}); }
-TEST_CASE("llama: dp 2, ZeRO 2") { CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 2}); }
-TEST_CASE("llama: dp 2, ZeRO 3") { CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 3}); }
+TEST_CASE("llama: dp 2, ZeRO 1") {
+  CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 1});
+}
+TEST_CASE("llama: dp 2, ZeRO 2") {
+  CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 2});
+}
+TEST_CASE("llama: dp 2, ZeRO 3") {
+  CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 3});
+}
 TEST_CASE("llama: tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
   CheckEquivalent(false, {2, 2, 2, 1, Schedule::k1F1B, true, 1});
 }
 TEST_CASE("llama: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel") {
   CheckEquivalent(false, {2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3});
 }
-TEST_CASE("llama: pp 2 GPipe, dp 2, ZeRO 2") { CheckEquivalent(false, {1, 2, 2, 1, Schedule::kGpipe, false, 2}); }
+TEST_CASE("llama: pp 2 GPipe, dp 2, ZeRO 2") {
+  CheckEquivalent(false, {1, 2, 2, 1, Schedule::kGpipe, false, 2});
+}
 TEST_CASE("llama, SGD: tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
   Layout layout{2, 2, 2, 1, Schedule::k1F1B, true, 1};
   layout.sgd = true;
   CheckEquivalent(false, layout);
 }
-TEST_CASE("gpt-2: tp 2, sequence parallel") { CheckEquivalent(true, {2, 1, 1, 1, Schedule::k1F1B, true}); }
-TEST_CASE("gpt-2: pp 2 (tied embeddings across stages), dp 2") { CheckEquivalent(true, {1, 2, 2, 1}); }
-TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1") { CheckEquivalent(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1}); }
+TEST_CASE("gpt-2: tp 2, sequence parallel") {
+  CheckEquivalent(true, {2, 1, 1, 1, Schedule::k1F1B, true});
+}
+TEST_CASE("gpt-2: pp 2 (tied embeddings across stages), dp 2") {
+  CheckEquivalent(true, {1, 2, 2, 1});
+}
+TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1") {
+  CheckEquivalent(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1});
+}
 TEST_CASE("gpt-2: pp 2 (tied embeddings in their own buckets), dp 2, ZeRO 2") {
   CheckEquivalent(true, {1, 2, 2, 1, Schedule::k1F1B, false, 2});
 }
 TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 3, sequence parallel") {
   CheckEquivalent(true, {2, 2, 2, 1, Schedule::k1F1B, true, 3});
 }
-TEST_CASE("llama: tp 2, dp 2, ZeRO 2, sequence parallel (norm grads summed over tp in every backward)") {
+TEST_CASE(
+    "llama: tp 2, dp 2, ZeRO 2, sequence parallel (norm grads summed over tp in every backward)") {
   CheckEquivalent(false, {2, 1, 2, 1, Schedule::k1F1B, true, 2});
 }
 TEST_CASE("llama: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel, full recompute") {
@@ -293,7 +315,9 @@ TEST_CASE("gpt-2: tp 2, pp 2, dp 2, ZeRO 1, full recompute (bitwise equal to no 
   CheckRecompute(true, {2, 2, 2, 1, Schedule::k1F1B, false, 1}, Recompute::kFull);
 }
 
-TEST_CASE("ZeRO 3 with full recompute: the shared transient arena equals separate buffers; resume is bitwise") {
+TEST_CASE(
+    "ZeRO 3 with full recompute: the shared transient arena equals separate buffers; resume is "
+    "bitwise") {
   Layout layout{2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3, Recompute::kFull};
   const ProgramImage program = Compile(TinyPlan(false, layout));
   const RunResult arena = Run(program);
@@ -304,7 +328,8 @@ TEST_CASE("ZeRO 3 with full recompute: the shared transient arena equals separat
   options.separate_buffers = true;
   const RunResult separate = Train(program, options);
   REQUIRE(separate.steps.size() == arena.steps.size());
-  for (size_t s = 0; s < arena.steps.size(); ++s) CHECK(separate.steps[s].loss == arena.steps[s].loss);
+  for (size_t s = 0; s < arena.steps.size(); ++s)
+    CHECK(separate.steps[s].loss == arena.steps[s].loss);
   CHECK(separate.params == arena.params);
   const std::string dir = Dir() + "/zero3_checkpoints";
   RunOptions first = options;
@@ -329,7 +354,9 @@ TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
 TEST_CASE("planc compile: llama pp 2, vpp 2 interleaved, dp 2, ZeRO 3") {
   CheckPlancEquivalent("single", "pp2_vpp2_dp2_zero3");
 }
-TEST_CASE("planc compile: gpt-2 tp 2, pp 2, dp 2") { CheckPlancEquivalent("gpt_single", "gpt_tp2_pp2_dp2"); }
+TEST_CASE("planc compile: gpt-2 tp 2, pp 2, dp 2") {
+  CheckPlancEquivalent("gpt_single", "gpt_tp2_pp2_dp2");
+}
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel, full recompute") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp_recompute_full");
 }
@@ -346,5 +373,6 @@ TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_lla
   REQUIRE(r.steps.size() == 2);
   CHECK(r.steps[0].loss == doctest::Approx(std::log(259.0)).epsilon(0.05));
   CHECK(r.steps[1].loss < r.steps[0].loss);
-  CHECK(r.data_description.find("classics.txt") != std::string::npos);  // the bundled text by default
+  CHECK(r.data_description.find("classics.txt") !=
+        std::string::npos);  // the bundled text by default
 }

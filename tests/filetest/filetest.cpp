@@ -22,13 +22,18 @@ std::optional<std::string_view> CommentOf(std::string_view line) {
   for (size_t i = 0; i < line.size(); ++i) {
     char c = line[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '#') return line.substr(i + 1);
-    else if (c == '/' && i + 1 < line.size() && line[i + 1] == '/') return line.substr(i + 2);
+    if (c == '"')
+      in_string = true;
+    else if (c == '#')
+      return line.substr(i + 1);
+    else if (c == '/' && i + 1 < line.size() && line[i + 1] == '/')
+      return line.substr(i + 2);
   }
   return std::nullopt;
 }
@@ -39,7 +44,11 @@ std::vector<std::string> SplitArgs(std::string_view s) {
   std::string cur;
   bool quoted = false, have = false;
   for (char c : s) {
-    if (c == '\'' ) { quoted = !quoted; have = true; continue; }
+    if (c == '\'') {
+      quoted = !quoted;
+      have = true;
+      continue;
+    }
     if (!quoted && std::isspace(static_cast<unsigned char>(c))) {
       if (have) out.push_back(cur);
       cur.clear();
@@ -61,7 +70,8 @@ TestFile ParseTestFile(std::string_view text) {
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t nl = text.find('\n', pos);
-    std::string_view line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    std::string_view line =
+        text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
     ++line_no;
     if (auto comment = CommentOf(line)) {
       std::string_view c = Trim(*comment);
@@ -83,32 +93,38 @@ TestFile ParseTestFile(std::string_view text) {
           e.level = DiagLevel::kNote;
           rest.remove_prefix(4);
         } else {
-          t.problems.push_back("line " + std::to_string(line_no) + ": expect-error, expect-warning or expect-note");
+          t.problems.push_back("line " + std::to_string(line_no) +
+                               ": expect-error, expect-warning or expect-note");
           goto next;
         }
         e.line = line_no;
         if (!rest.empty() && rest.front() == '@') {
           size_t colon = rest.find(':');
-          std::string_view where = rest.substr(1, colon == std::string_view::npos ? std::string_view::npos : colon - 1);
+          std::string_view where =
+              rest.substr(1, colon == std::string_view::npos ? std::string_view::npos : colon - 1);
           if (where == "*") {
             e.any_location = true;
             e.line = 0;
           } else if (where.size() >= 2 && (where[0] == '+' || where[0] == '-')) {
             int64_t delta = std::strtoll(std::string(where.substr(1)).c_str(), nullptr, 10);
-            int64_t target = where[0] == '+' ? line_no + delta : static_cast<int64_t>(line_no) - delta;
+            int64_t target =
+                where[0] == '+' ? line_no + delta : static_cast<int64_t>(line_no) - delta;
             if (target < 1) {
-              t.problems.push_back("line " + std::to_string(line_no) + ": @" + std::string(where) + " points before the file");
+              t.problems.push_back("line " + std::to_string(line_no) + ": @" + std::string(where) +
+                                   " points before the file");
               goto next;
             }
             e.line = static_cast<uint32_t>(target);
           } else {
-            t.problems.push_back("line " + std::to_string(line_no) + ": location must be @+N, @-N or @*");
+            t.problems.push_back("line " + std::to_string(line_no) +
+                                 ": location must be @+N, @-N or @*");
             goto next;
           }
           rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon);
         }
         if (rest.empty() || rest.front() != ':') {
-          t.problems.push_back("line " + std::to_string(line_no) + ": expected ':' and a code after expect-...");
+          t.problems.push_back("line " + std::to_string(line_no) +
+                               ": expected ':' and a code after expect-...");
           goto next;
         }
         rest = Trim(rest.substr(1));
@@ -119,7 +135,8 @@ TestFile ParseTestFile(std::string_view text) {
           e.text = std::string(Trim(rest.substr(end)));
         }
         if (e.code.size() != 5 || e.code[0] != 'P' || !FindDiagKind(e.code)) {
-          t.problems.push_back("line " + std::to_string(line_no) + ": `" + e.code + "` is not a registered diagnostic code");
+          t.problems.push_back("line " + std::to_string(line_no) + ": `" + e.code +
+                               "` is not a registered diagnostic code");
           goto next;
         }
         t.expectations.push_back(std::move(e));
@@ -159,7 +176,8 @@ void RunCheck(const std::string& file, const std::vector<std::string>& args, Che
   for (const std::string& p : result.internal_errors) run.dump += "verifier: " + p + "\n";
 }
 
-std::vector<std::string> Verify(const std::string& file, const TestFile& test, const CheckRun& run) {
+std::vector<std::string> Verify(const std::string& file, const TestFile& test,
+                                const CheckRun& run) {
   std::vector<std::string> out = test.problems;
   if (!run.usage_error.empty()) {
     out.push_back("the arguments were refused: " + run.usage_error);
@@ -186,20 +204,21 @@ std::vector<std::string> Verify(const std::string& file, const TestFile& test, c
       matched = true;
     }
     if (!matched) {
-      std::string where = in_file ? "line " + std::to_string(line)
+      std::string where = in_file               ? "line " + std::to_string(line)
                           : d.primary.IsValid() ? std::string(run.sources.Name(d.primary.buffer))
                                                 : std::string("no location");
-      out.push_back("unexpected " + std::string(LevelName(d.level)) + "[" + std::string(info.code) + "] at " + where +
-                    ": " + d.message);
+      out.push_back("unexpected " + std::string(LevelName(d.level)) + "[" + std::string(info.code) +
+                    "] at " + where + ": " + d.message);
     }
   }
   for (size_t i = 0; i < test.expectations.size(); ++i) {
     if (used[i]) continue;
     const Expectation& e = test.expectations[i];
-    out.push_back("missing " + std::string(LevelName(e.level)) + "[" + e.code + "]" +
-                  (e.any_location ? std::string(" anywhere") : " at line " + std::to_string(e.line)) +
-                  (e.text.empty() ? std::string() : " containing \"" + e.text + "\"") + " (expected on line " +
-                  std::to_string(e.written_at) + ")");
+    out.push_back(
+        "missing " + std::string(LevelName(e.level)) + "[" + e.code + "]" +
+        (e.any_location ? std::string(" anywhere") : " at line " + std::to_string(e.line)) +
+        (e.text.empty() ? std::string() : " containing \"" + e.text + "\"") +
+        " (expected on line " + std::to_string(e.written_at) + ")");
   }
   return out;
 }

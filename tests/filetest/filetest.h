@@ -27,11 +27,11 @@ namespace paraplan::filetest {
 
 struct Expectation {
   DiagLevel level = DiagLevel::kError;
-  std::string code;          // "P0303"
-  uint32_t line = 0;         // expected line of the primary range; 0 with any_location
-  bool any_location = false; // @*
-  std::string text;          // substring of the message; may be empty
-  uint32_t written_at = 0;   // line of the comment
+  std::string code;           // "P0303"
+  uint32_t line = 0;          // expected line of the primary range; 0 with any_location
+  bool any_location = false;  // @*
+  std::string text;           // substring of the message; may be empty
+  uint32_t written_at = 0;    // line of the comment
 };
 
 struct TestFile {

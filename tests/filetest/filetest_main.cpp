@@ -80,7 +80,8 @@ int Golden(const std::vector<std::string>& files, bool update) {
     TestFile test = ParseTestFile(text);
     CheckRun run;
     RunCheck(file, test.args, run);
-    std::string actual = run.usage_error.empty() ? run.dump + Render(run) : "usage error: " + run.usage_error + "\n";
+    std::string actual =
+        run.usage_error.empty() ? run.dump + Render(run) : "usage error: " + run.usage_error + "\n";
     std::string expected_path = fs::path(file).replace_extension(".expected").string();
     std::string expected;
     bool have = ReadFile(expected_path, &expected);
@@ -96,16 +97,16 @@ int Golden(const std::vector<std::string>& files, bool update) {
       continue;
     }
     ++failed;
-    std::printf("FAIL %s: the render differs from %s (scripts/update-golden rewrites it)\n", file.c_str(),
-                expected_path.c_str());
+    std::printf("FAIL %s: the render differs from %s (scripts/update-golden rewrites it)\n",
+                file.c_str(), expected_path.c_str());
     std::istringstream a(actual), e(expected);
     std::string la, le;
     for (int n = 1;; ++n) {
       bool ga = bool(std::getline(a, la)), ge = bool(std::getline(e, le));
       if (!ga && !ge) break;
       if (!ga || !ge || la != le) {
-        std::printf("  first difference at line %d\n  expected: %s\n  actual:   %s\n", n, ge ? le.c_str() : "<end>",
-                    ga ? la.c_str() : "<end>");
+        std::printf("  first difference at line %d\n  expected: %s\n  actual:   %s\n", n,
+                    ge ? le.c_str() : "<end>", ga ? la.c_str() : "<end>");
         break;
       }
     }
@@ -114,17 +115,20 @@ int Golden(const std::vector<std::string>& files, bool update) {
   return failed == 0 ? 0 : 1;
 }
 
-std::vector<std::string> FilesUnder(const std::string& dir, const std::vector<std::string>& suffixes) {
+std::vector<std::string> FilesUnder(const std::string& dir,
+                                    const std::vector<std::string>& suffixes) {
   std::vector<std::string> out;
   std::error_code ec;
   if (!fs::exists(dir, ec)) return out;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (ec) break;
     if (!it->is_regular_file(ec)) continue;
     std::string p = it->path().string();
     if (p.find("/build") != std::string::npos) continue;
     for (const std::string& s : suffixes) {
-      if (p.size() >= s.size() && p.compare(p.size() - s.size(), s.size(), s) == 0) out.push_back(p);
+      if (p.size() >= s.size() && p.compare(p.size() - s.size(), s.size(), s) == 0)
+        out.push_back(p);
     }
   }
   std::sort(out.begin(), out.end());
@@ -133,14 +137,15 @@ std::vector<std::string> FilesUnder(const std::string& dir, const std::vector<st
 
 // Every registered kind has docs/diagnostics/<CODE>.md and is produced by some test: an
 // expectation in a .plan under tests/ or examples/, a golden render, or its code in quotes
-// (or DiagKind::kName) in a *_test.cpp. tests/filetest/coverage_pending.txt lists kinds allowed to lack a test for
-// now; a listed kind that is covered is reported too, so the list only shrinks.
+// (or DiagKind::kName) in a *_test.cpp. tests/filetest/coverage_pending.txt lists kinds allowed to
+// lack a test for now; a listed kind that is covered is reported too, so the list only shrinks.
 int Coverage() {
   std::set<std::string> tested;
   std::set<std::string> codes;
   for (const DiagKindInfo& k : AllDiagKinds()) codes.insert(std::string(k.code));
   auto note_codes = [&](const std::string& text, const std::regex& re) {
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
+         ++it) {
       tested.insert((*it)[1].str());
     }
   };
@@ -165,7 +170,8 @@ int Coverage() {
       std::string text;
       if (!ReadFile(f, &text)) continue;
       note_codes(text, quoted_re);
-      for (auto it = std::sregex_iterator(text.begin(), text.end(), enum_re); it != std::sregex_iterator(); ++it) {
+      for (auto it = std::sregex_iterator(text.begin(), text.end(), enum_re);
+           it != std::sregex_iterator(); ++it) {
         auto c = code_of_id.find((*it)[1].str());
         if (c != code_of_id.end()) tested.insert(c->second);
       }
@@ -188,7 +194,8 @@ int Coverage() {
   std::vector<std::string> no_page, not_indexed, no_test, stale;
   for (const DiagKindInfo& k : AllDiagKinds()) {
     std::string code(k.code);
-    if (!fs::exists("docs/diagnostics/" + code + ".md")) no_page.push_back(code + " " + std::string(k.name));
+    if (!fs::exists("docs/diagnostics/" + code + ".md"))
+      no_page.push_back(code + " " + std::string(k.name));
     if (index.find("[" + code + "](" + code + ".md)") == std::string::npos) {
       not_indexed.push_back(code + " " + std::string(k.name));
     }
@@ -206,9 +213,14 @@ int Coverage() {
     for (const std::string& s : v) std::printf("  %s\n", s.c_str());
   };
   list("kinds without a page docs/diagnostics/<CODE>.md", no_page);
-  list("kinds missing from the index docs/diagnostics/README.md (a row `| [CODE](CODE.md) | ...`)", not_indexed);
-  list("kinds no test produces (add a file test, or name the code in quotes or DiagKind::kName in a *_test.cpp)", no_test);
-  list("kinds listed in tests/filetest/coverage_pending.txt that are covered now (remove them)", stale);
+  list("kinds missing from the index docs/diagnostics/README.md (a row `| [CODE](CODE.md) | ...`)",
+       not_indexed);
+  list(
+      "kinds no test produces (add a file test, or name the code in quotes or DiagKind::kName in a "
+      "*_test.cpp)",
+      no_test);
+  list("kinds listed in tests/filetest/coverage_pending.txt that are covered now (remove them)",
+       stale);
   return no_page.empty() && not_indexed.empty() && no_test.empty() && stale.empty() ? 0 : 1;
 }
 
@@ -230,7 +242,8 @@ int ExamplesReadme() {
     if (!std::regex_match(line, m, row_re)) continue;
     std::string cell = m[2].str();
     std::set<std::string> codes;
-    for (auto it = std::sregex_iterator(cell.begin(), cell.end(), code_re); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(cell.begin(), cell.end(), code_re);
+         it != std::sregex_iterator(); ++it) {
       codes.insert(it->str());
     }
     said[m[1].str()] = codes;
@@ -280,7 +293,8 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--root" && i + 1 < argc) {
       root = argv[++i];
-    } else if (a == "--verify" || a == "--golden" || a == "--coverage" || a == "--examples-readme") {
+    } else if (a == "--verify" || a == "--golden" || a == "--coverage" ||
+               a == "--examples-readme") {
       mode = a.substr(2);
     } else if (a == "--update") {
       update = true;

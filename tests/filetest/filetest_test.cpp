@@ -53,7 +53,8 @@ TEST_CASE("verify matches code, level, line and text exactly once") {
   CHECK(Verify("f.plan", t, run).empty());
   TestFile wrong_line = ParseTestFile("# expect-error@+2: P0303\n# expect-note@*: P0502\n");
   CHECK(Verify("f.plan", wrong_line, run).size() == 2);
-  TestFile missing = ParseTestFile("# expect-error@+1: P0303\n# expect-note@*: P0502\n# expect-note@*: P0502\n");
+  TestFile missing =
+      ParseTestFile("# expect-error@+1: P0303\n# expect-note@*: P0502\n# expect-note@*: P0502\n");
   auto problems = Verify("f.plan", missing, run);
   REQUIRE(problems.size() == 1);
   CHECK(problems[0].find("missing note[P0502]") == 0);

@@ -24,7 +24,8 @@ std::string Dir() {
 }
 
 Result Planc(const std::string& args) {
-  return paraplan::testing::RunCommand(std::string(PARAPLAN_PLANC) + " " + args, Dir(), PARAPLAN_ROOT);
+  return paraplan::testing::RunCommand(std::string(PARAPLAN_PLANC) + " " + args, Dir(),
+                                       PARAPLAN_ROOT);
 }
 
 size_t Count(const std::string& text, const std::string& what) {
@@ -37,12 +38,15 @@ constexpr const char* kTp1 = "examples/deepseek_v2_16node_oom_tp1.plan";
 
 }  // namespace
 
-TEST_CASE("check: the DeepSeek-V2 16-node plans that pass every structural rule run out of memory") {
+TEST_CASE(
+    "check: the DeepSeek-V2 16-node plans that pass every structural rule run out of memory") {
   Result r = Planc(std::string("check ") + kTp1);
   CHECK(r.status == 1);
-  CHECK(r.err.find("error[P0701]: pipeline stage 0 needs 136.41 GiB per GPU; `h100_sxm` has 80.00 GiB") !=
+  CHECK(r.err.find(
+            "error[P0701]: pipeline stage 0 needs 136.41 GiB per GPU; `h100_sxm` has 80.00 GiB") !=
         std::string::npos);
-  CHECK(r.err.find("help: `recompute = full` brings the largest stage (3) to 58.34 GiB") != std::string::npos);
+  CHECK(r.err.find("help: `recompute = full` brings the largest stage (3) to 58.34 GiB") !=
+        std::string::npos);
   r = Planc("check examples/deepseek_v2_16node_oom_tp2_sp.plan");
   CHECK(r.status == 1);
   CHECK(r.err.find("error[P0701]: pipeline stage 0 needs 84.67 GiB") != std::string::npos);
@@ -57,7 +61,8 @@ TEST_CASE("explain: an out-of-memory plan is still explained, every stage's memo
   Result r = Planc(std::string("explain ") + kTp1);
   CHECK(r.status == 1);
   CHECK(r.err.find("error[P0701]") != std::string::npos);
-  CHECK(r.out.find("memory per GPU (capacity 80.00 GiB, 48 microbatches per step)") != std::string::npos);
+  CHECK(r.out.find("memory per GPU (capacity 80.00 GiB, 48 microbatches per step)") !=
+        std::string::npos);
   CHECK(r.out.find("136.41     114.34      93.34      77.33") != std::string::npos);
   CHECK(Count(r.out, "OUT OF MEMORY") == 3);  // stages 0-2; stage 3 fits
   CHECK(r.out.find("MFU") != std::string::npos);

@@ -46,7 +46,8 @@ struct Result {
 // Runs `[env VARIABLES] planrun ARGS`.
 Result Planrun(const std::string& args, const std::string& variables = "") {
   const std::string log = Dir() + "/out.txt";
-  const std::string cmd = (variables.empty() ? "" : "env " + variables + " ") + PARAPLAN_PLANRUN + " " + args;
+  const std::string cmd =
+      (variables.empty() ? "" : "env " + variables + " ") + PARAPLAN_PLANRUN + " " + args;
   const int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, Read(log)};
 }
@@ -63,7 +64,8 @@ std::string WriteProgram(const std::string& name, TinyOptions o) {
   o.data = data;
   const auto bytes = TinyProgram(o);
   const std::string path = Dir() + "/" + name + ".pplan";
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   return path;
 }
 
@@ -143,7 +145,8 @@ TEST_CASE("launcher environments: bad values and a host run under a launcher are
   CHECK(r.out.find("`RANK` is `two`, which is not a whole number") != std::string::npos);
   r = Planrun(prog, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=29500");
   CHECK(r.status == 2);
-  CHECK(r.out.find("the host backend runs every rank of the program as a thread of one process") != std::string::npos);
+  CHECK(r.out.find("the host backend runs every rank of the program as a thread of one process") !=
+        std::string::npos);
   r = Planrun(prog, "RANK=0 WORLD_SIZE=3 MASTER_ADDR=localhost MASTER_PORT=29500");
   CHECK(r.status == 2);
   CHECK(r.out.find("but the program was compiled for 2 ranks") != std::string::npos);
@@ -182,7 +185,8 @@ TEST_CASE("damaged manifests and misplaced paths are refused with exit 1, never 
   damage("\"step\": 2", "\"step\": 99999999999999999999");
   auto r = Planrun(prog + " --resume " + ckpt);
   CHECK(r.status == 1);
-  CHECK(r.out.find("is damaged: step 99999999999999999999 is not a valid value") != std::string::npos);
+  CHECK(r.out.find("is damaged: step 99999999999999999999 is not a valid value") !=
+        std::string::npos);
   damage("\"world_size\": 2", "\"world_size\": 99999999999");
   r = Planrun(prog + " --resume " + ckpt);
   CHECK(r.status == 1);
@@ -201,7 +205,8 @@ TEST_CASE("damaged manifests and misplaced paths are refused with exit 1, never 
   CHECK(r.out.find("is a file, not a directory") != std::string::npos);
 }
 
-TEST_CASE("a run never destroys another program's checkpoints, the program, the data or old metrics") {
+TEST_CASE(
+    "a run never destroys another program's checkpoints, the program, the data or old metrics") {
   const std::string prog = WriteProgram("keep", {2, 1, 4, 6});
   const std::string ckpt = Dir() + "/keep_ckpt";
   REQUIRE(Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt).status == 0);

@@ -103,18 +103,22 @@ int CountRows(const std::string& text) {
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.size() > 5 && line[4] == ' ' && std::isdigit(static_cast<unsigned char>(line[3]))) ++rows;
+    if (line.size() > 5 && line[4] == ' ' && std::isdigit(static_cast<unsigned char>(line[3])))
+      ++rows;
   }
   return rows;
 }
 
 }  // namespace
 
-TEST_CASE("text: a header with the counts, then candidates fastest first with memory, step time and MFU") {
+TEST_CASE(
+    "text: a header with the counts, then candidates fastest first with memory, step time and "
+    "MFU") {
   Result r = Planc("search " + Write("small.plan", kPlan));
   REQUIRE_MESSAGE(r.status == 0, r.err);
-  CHECK(r.out.find("search small_search: 256 candidates; 60 duplicates (sp = true at tp = 1, zero > 0 over one "
-                     "data-parallel rank)") != std::string::npos);
+  CHECK(r.out.find("search small_search: 256 candidates; 60 duplicates (sp = true at tp = 1, zero "
+                   "> 0 over one "
+                   "data-parallel rank)") != std::string::npos);
   CHECK(r.out.find("peak memory") != std::string::npos);
   CHECK(r.out.find("step (s)") != std::string::npos);
   CHECK(r.out.find("tokens/s/GPU") != std::string::npos);
@@ -170,8 +174,8 @@ TEST_CASE("--format=json: every candidate's settings, peak memory, step time and
     CHECK(Int(c, "rank") == ++rank);
     const llvm::json::Object* s = c->getObject("settings");
     REQUIRE(s);
-    for (const char* key : {"parallel.tp", "parallel.pp", "parallel.sp", "optimizer.zero", "batch.micro",
-                            "recompute", "parallel.dp"})
+    for (const char* key : {"parallel.tp", "parallel.pp", "parallel.sp", "optimizer.zero",
+                            "batch.micro", "recompute", "parallel.dp"})
       CHECK_MESSAGE(!Setting(s, key).empty(), key);
     const int tp = std::atoi(Setting(s, "parallel.tp").c_str());
     const int pp = std::atoi(Setting(s, "parallel.pp").c_str());
@@ -214,19 +218,25 @@ TEST_CASE("P0704: a search space over the limit is refused before enumerating") 
   Result r = Planc("search " + Write("huge.plan", kHugePlan));
   CHECK(r.status == 1);
   CHECK(r.err.find("P0704") != std::string::npos);
-  CHECK(r.err.find("error[P0704]: the search space has 5,971,968 candidates, more than the 4,000,000 that planc "
+  CHECK(r.err.find("error[P0704]: the search space has 5,971,968 candidates, more than the "
+                   "4,000,000 that planc "
                    "search enumerates") != std::string::npos);
   CHECK(r.err.find("`parallel.vpp` ranges over 12 values") != std::string::npos);
-  CHECK(r.err.find("candidates = recompute 3 · tp 12 · pp 12 · vpp 12 · cp 12") != std::string::npos);
+  CHECK(r.err.find("candidates = recompute 3 · tp 12 · pp 12 · vpp 12 · cp 12") !=
+        std::string::npos);
   CHECK(r.err.find("help: fix some fields to one value") != std::string::npos);
   CHECK(r.out.empty());
 }
 
-TEST_CASE("P0703 names the whole-plan check that refused every candidate (a world too large to lay out)") {
+TEST_CASE(
+    "P0703 names the whole-plan check that refused every candidate (a world too large to lay "
+    "out)") {
   const std::string plan = Write("small.plan", kPlan);
-  Result r = Planc("search " + plan + " --set cluster.nodes=100000 --set parallel.tp=8 --set parallel.pp=1 "
-                   "--set parallel.sp=true --set optimizer.zero=1 --set batch.micro=1 --set recompute=full "
-                   "--set batch.global=800000");
+  Result r = Planc(
+      "search " + plan +
+      " --set cluster.nodes=100000 --set parallel.tp=8 --set parallel.pp=1 "
+      "--set parallel.sp=true --set optimizer.zero=1 --set batch.micro=1 --set recompute=full "
+      "--set batch.global=800000");
   CHECK(r.status == 1);
   CHECK(r.err.find("none of the 1 candidates fits") != std::string::npos);
   CHECK(r.err.find("1 by the checks of the whole plan") != std::string::npos);

@@ -1,13 +1,12 @@
 #include "runtime/comm/cuda/nccl_communicator.h"
 
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "runtime/launch/rendezvous.h"
 
@@ -33,7 +32,8 @@ void CheckNccl(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
 }
 
 void CheckCuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw CommError(fmt::format("`{}` failed: {}", what, cudaGetErrorString(e)));
+  if (e != cudaSuccess)
+    throw CommError(fmt::format("`{}` failed: {}", what, cudaGetErrorString(e)));
 }
 
 ncclDataType_t NcclType(DType d) { return d == DType::kF32 ? ncclFloat32 : ncclBfloat16; }
@@ -76,15 +76,16 @@ class NcclCommunicator final : public Communicator {
   void AllReduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
     Begin();
     if (Single()) return Copy(recv, send, count, dtype);
-    CheckNccl(ncclAllReduce(send, recv, count, NcclType(dtype), op == ReduceOp::kSum ? ncclSum : ncclMax,
-                            Comm(), world_->stream_),
+    CheckNccl(ncclAllReduce(send, recv, count, NcclType(dtype),
+                            op == ReduceOp::kSum ? ncclSum : ncclMax, Comm(), world_->stream_),
               "ncclAllReduce", Comm());
     Watch("all_reduce", count);
   }
   void ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype) override {
     Begin();
     if (Single()) return Copy(recv, send, recv_count, dtype);
-    CheckNccl(ncclReduceScatter(send, recv, recv_count, NcclType(dtype), ncclSum, Comm(), world_->stream_),
+    CheckNccl(ncclReduceScatter(send, recv, recv_count, NcclType(dtype), ncclSum, Comm(),
+                                world_->stream_),
               "ncclReduceScatter", Comm());
     Watch("reduce_scatter", recv_count);
   }
@@ -97,7 +98,8 @@ class NcclCommunicator final : public Communicator {
   }
   void Broadcast(void* buf, int64_t count, DType dtype, int root) override {
     Begin();
-    if (root < 0 || root >= Size()) throw CommError(fmt::format("broadcast root {} is not in the group", root));
+    if (root < 0 || root >= Size())
+      throw CommError(fmt::format("broadcast root {} is not in the group", root));
     if (Single()) return;
     CheckNccl(ncclBroadcast(buf, buf, count, NcclType(dtype), root, Comm(), world_->stream_),
               "ncclBroadcast", Comm());
@@ -106,13 +108,15 @@ class NcclCommunicator final : public Communicator {
   void Send(const void* buf, int64_t count, DType dtype, int peer) override {
     Begin();
     CheckPeer(peer);
-    CheckNccl(ncclSend(buf, count, NcclType(dtype), peer, Comm(), world_->stream_), "ncclSend", Comm());
+    CheckNccl(ncclSend(buf, count, NcclType(dtype), peer, Comm(), world_->stream_), "ncclSend",
+              Comm());
     if (group_depth_ == 0) Watch("send", count);
   }
   void Recv(void* buf, int64_t count, DType dtype, int peer) override {
     Begin();
     CheckPeer(peer);
-    CheckNccl(ncclRecv(buf, count, NcclType(dtype), peer, Comm(), world_->stream_), "ncclRecv", Comm());
+    CheckNccl(ncclRecv(buf, count, NcclType(dtype), peer, Comm(), world_->stream_), "ncclRecv",
+              Comm());
     if (group_depth_ == 0) Watch("recv", count);
   }
   void AllToAll(const void* send, void* recv, int64_t count, DType dtype) override {
@@ -121,8 +125,8 @@ class NcclCommunicator final : public Communicator {
     const int64_t bytes = count * DTypeBytes(dtype);
     CheckNccl(ncclGroupStart(), "ncclGroupStart");
     for (int p = 0; p < Size(); ++p) {
-      CheckNccl(ncclSend(static_cast<const char*>(send) + p * bytes, count, NcclType(dtype), p, Comm(),
-                         world_->stream_),
+      CheckNccl(ncclSend(static_cast<const char*>(send) + p * bytes, count, NcclType(dtype), p,
+                         Comm(), world_->stream_),
                 "ncclSend", Comm());
       CheckNccl(ncclRecv(static_cast<char*>(recv) + p * bytes, count, NcclType(dtype), p, Comm(),
                          world_->stream_),
@@ -135,9 +139,11 @@ class NcclCommunicator final : public Communicator {
     Begin();
     if (!Single()) {
       float* one = nullptr;
-      CheckCuda(cudaMallocAsync(reinterpret_cast<void**>(&one), sizeof(float), world_->stream_), "cudaMallocAsync");
+      CheckCuda(cudaMallocAsync(reinterpret_cast<void**>(&one), sizeof(float), world_->stream_),
+                "cudaMallocAsync");
       CheckCuda(cudaMemsetAsync(one, 0, sizeof(float), world_->stream_), "cudaMemsetAsync");
-      CheckNccl(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, Comm(), world_->stream_), "ncclAllReduce", Comm());
+      CheckNccl(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, Comm(), world_->stream_),
+                "ncclAllReduce", Comm());
       Watch("barrier", 1);
       CheckCuda(cudaFreeAsync(one, world_->stream_), "cudaFreeAsync");
     }
@@ -170,7 +176,8 @@ class NcclCommunicator final : public Communicator {
   }
   void CheckPeer(int peer) const {
     if (peer < 0 || peer >= Size() || peer == rank_) {
-      throw CommError(fmt::format("peer {} is not another member of group {}", peer, Members(members_)));
+      throw CommError(
+          fmt::format("peer {} is not another member of group {}", peer, Members(members_)));
     }
   }
   void Watch(const char* op, int64_t count) {
@@ -207,7 +214,8 @@ std::unique_ptr<NcclWorld> NcclWorld::Create(const launch::LaunchEnvironment& en
     ro.rank = env.rank;
     ro.world_size = env.world_size;
     ro.job_key = job_key;
-    ro.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.rendezvous_timeout_seconds * 1000));
+    ro.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(options.rendezvous_timeout_seconds * 1000));
     auto got = launch::ExchangeRootPayload(ro, payload);
     if (!got) throw CommError(got.error());
     if (got->size() != sizeof id) throw CommError("the rendezvous delivered a malformed NCCL id");
@@ -303,7 +311,8 @@ std::unique_ptr<Communicator> NcclWorld::Join(const std::vector<int>& members, i
   auto index_of_me = [&]() -> int {
     auto it = std::find(members.begin(), members.end(), rank_);
     if (it == members.end()) {
-      throw CommError(fmt::format("world rank {} is not a member of group {}", rank_, Members(members)));
+      throw CommError(
+          fmt::format("world rank {} is not a member of group {}", rank_, Members(members)));
     }
     return static_cast<int>(it - members.begin());
   };
@@ -311,7 +320,8 @@ std::unique_ptr<Communicator> NcclWorld::Join(const std::vector<int>& members, i
   if (static_cast<int>(members.size()) == world_size_) {
     return std::make_unique<NcclCommunicator>(this, world_comm_, members, index_of_me());
   }
-  if (members.size() == 1) return std::make_unique<NcclCommunicator>(this, nullptr, members, index_of_me());
+  if (members.size() == 1)
+    return std::make_unique<NcclCommunicator>(this, nullptr, members, index_of_me());
   auto it = group_comms_.find(tag);
   if (it == group_comms_.end() || group_members_[tag] != members) {
     throw CommError(fmt::format("group {} (communicator {}) was not created by CreateGroups",

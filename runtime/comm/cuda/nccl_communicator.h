@@ -47,7 +47,7 @@ struct NcclGroupSpec {
 };
 
 struct NcclWorldOptions {
-  double timeout_seconds = 600.0;       // watchdog: longest wait for one operation
+  double timeout_seconds = 600.0;  // watchdog: longest wait for one operation
   double rendezvous_timeout_seconds = 300.0;
 };
 
@@ -94,7 +94,7 @@ class NcclWorld {
   int world_size_;
   cudaStream_t stream_;
   NcclWorldOptions options_;
-  void* world_comm_ = nullptr;  // ncclComm_t
+  void* world_comm_ = nullptr;        // ncclComm_t
   std::map<int, void*> group_comms_;  // by tag: ncclComm_t, nullptr for one-member groups
   std::map<int, std::vector<int>> group_members_;  // by tag
   std::atomic<bool> aborted_{false};

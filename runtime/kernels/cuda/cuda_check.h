@@ -18,7 +18,8 @@ class CudaError : public std::runtime_error {
   explicit CudaError(const std::string& what) : std::runtime_error(what) {}
 };
 
-[[noreturn]] void ThrowCudaError(const char* call, const char* file, int line, const std::string& why);
+[[noreturn]] void ThrowCudaError(const char* call, const char* file, int line,
+                                 const std::string& why);
 
 // The number of CUDA devices this process can see; 0 when there is no driver or no device
 // (the call never throws: CPU-only machines build and test the CUDA backend too).
@@ -29,13 +30,13 @@ std::string NoDeviceReason();
 
 }  // namespace paraplan::cuda
 
-#define PARAPLAN_CUDA_CHECK(call)                                                         \
-  do {                                                                                    \
-    cudaError_t paraplan_err_ = (call);                                                   \
-    if (paraplan_err_ != cudaSuccess) {                                                   \
-      ::paraplan::cuda::ThrowCudaError(#call, __FILE__, __LINE__,                         \
-                                       cudaGetErrorString(paraplan_err_));                \
-    }                                                                                     \
+#define PARAPLAN_CUDA_CHECK(call)                                          \
+  do {                                                                     \
+    cudaError_t paraplan_err_ = (call);                                    \
+    if (paraplan_err_ != cudaSuccess) {                                    \
+      ::paraplan::cuda::ThrowCudaError(#call, __FILE__, __LINE__,          \
+                                       cudaGetErrorString(paraplan_err_)); \
+    }                                                                      \
   } while (0)
 
 // After a kernel launch: a bad configuration shows here, a fault at the next synchronisation.

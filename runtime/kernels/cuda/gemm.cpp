@@ -78,8 +78,10 @@ const GemmEngine::Plan& GemmEngine::PlanFor(bool trans_a, bool trans_b, int64_t 
   PARAPLAN_LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t op_x = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS "A" = our B
   cublasOperation_t op_y = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS "B" = our A
-  PARAPLAN_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof op_x));
-  PARAPLAN_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof op_y));
+  PARAPLAN_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof op_x));
+  PARAPLAN_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof op_y));
   // Stored (column-major) shapes before the op.
   const uint64_t x_rows = trans_b ? k : n, x_cols = trans_b ? n : k;
   const uint64_t y_rows = trans_a ? m : k, y_cols = trans_a ? k : m;
@@ -90,12 +92,13 @@ const GemmEngine::Plan& GemmEngine::PlanFor(bool trans_a, bool trans_b, int64_t 
   cublasLtMatmulPreference_t pref;
   PARAPLAN_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = static_cast<uint64_t>(workspace_bytes_);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof ws);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b, plan->c, plan->c,
-      pref, 1, &result, &found);
+  cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a,
+                                     plan->b, plan->c, plan->c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
     throw CudaError("cuBLASLt has no algorithm for a bf16 GEMM of M=" + std::to_string(m) +
@@ -123,8 +126,8 @@ void GemmEngine::GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
                                    &plan.algo, workspace_, workspace_bytes_, stream_));
 }
 
-void GemmEngine::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                      const float* a, const float* b, float beta, float* c) {
+void GemmEngine::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                      const float* b, float beta, float* c) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     GemmBf16(trans_a, trans_b, m, n, k, nullptr, nullptr, beta, c);
@@ -143,9 +146,9 @@ void GemmEngine::LinearForward(float* y, const float* x, const float* w, const f
   if (bias != nullptr) AddBias(y, bias, rows, out, stream_);
 }
 
-void GemmEngine::LinearBackward(float* dx, float* dw, float* dbias, const float* dy,
-                                const float* x, const float* w, int64_t rows, int64_t in,
-                                int64_t out, bool accumulate_dx) {
+void GemmEngine::LinearBackward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
+                                const float* w, int64_t rows, int64_t in, int64_t out,
+                                bool accumulate_dx) {
   if (dx != nullptr) Gemm(false, false, rows, in, out, dy, w, accumulate_dx ? 1.0f : 0.0f, dx);
   if (dw != nullptr) Gemm(true, false, out, in, rows, dy, x, 1.0f, dw);
   if (dbias != nullptr) BiasBackward(dbias, dy, rows, out, stream_);

@@ -27,11 +27,11 @@ namespace paraplan::host {
 
 // Maps (sequence position s, batch index b) to a row: row = s * seq_stride + b * batch_stride.
 struct TokenLayout {
-  int64_t seq = 1;            // local sequence length covered by the buffer
-  int64_t batch = 1;          // sequences in the buffer
-  int64_t seq_stride = 1;     // rows between consecutive positions
-  int64_t batch_stride = 1;   // rows between consecutive sequences
-  int64_t seq_offset = 0;     // global position of local position 0 (sequence parallel shards)
+  int64_t seq = 1;           // local sequence length covered by the buffer
+  int64_t batch = 1;         // sequences in the buffer
+  int64_t seq_stride = 1;    // rows between consecutive positions
+  int64_t batch_stride = 1;  // rows between consecutive sequences
+  int64_t seq_offset = 0;    // global position of local position 0 (sequence parallel shards)
   int64_t Row(int64_t s, int64_t b) const { return s * seq_stride + b * batch_stride; }
   static TokenLayout SeqMajor(int64_t seq, int64_t batch) { return {seq, batch, batch, 1, 0}; }
   static TokenLayout BatchMajor(int64_t seq, int64_t batch) { return {seq, batch, 1, seq, 0}; }
@@ -40,9 +40,9 @@ struct TokenLayout {
 // ---- Elementwise -------------------------------------------------------------------------
 void Fill(float* x, int64_t n, float value);
 void Copy(float* dst, const float* src, int64_t n);
-void Add(float* out, const float* a, const float* b, int64_t n);       // out = a + b
-void Accumulate(float* y, const float* x, int64_t n);                  // y += x
-void Scale(float* x, int64_t n, float alpha);                          // x *= alpha
+void Add(float* out, const float* a, const float* b, int64_t n);  // out = a + b
+void Accumulate(float* y, const float* x, int64_t n);             // y += x
+void Scale(float* x, int64_t n, float alpha);                     // x *= alpha
 
 // ---- GEMM --------------------------------------------------------------------------------
 // C[M,N] = op(A) · op(B) + beta · C, op(A) is M×K (A stored K×M when trans_a), op(B) is K×N
@@ -75,8 +75,8 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, 
 // Learned positions over `rows` consecutive rows of a batch-major buffer whose first row is
 // global row t0: y[r] = x[r] + P[(t0 + r) mod seq] (y may be x); backward accumulates
 // dP[(t0 + r) mod seq] += dy[r] in increasing r.
-void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim,
-                 int64_t t0, int64_t seq);
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim, int64_t t0,
+                 int64_t seq);
 void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
                          int64_t seq);
 
@@ -96,8 +96,7 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
 // ---- Rotary position embedding (half-split pairs (i, i + d/2), as Llama) -----------------
 // x holds rows × heads × head_dim; rotated in place by the angle of the token's global
 // position. Backward rotates the gradient back (in place).
-void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim,
-                 float theta);
+void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta);
 void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
                   float theta);
 
@@ -119,8 +118,8 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
 // ---- Activations -------------------------------------------------------------------------
 // SwiGLU: out = silu(gate) * up.
 void SwiGluForward(float* out, const float* gate, const float* up, int64_t n);
-void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate,
-                    const float* up, int64_t n);
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                    int64_t n);
 // GELU, tanh approximation (GPT-2).
 void GeluForward(float* out, const float* x, int64_t n);
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n);

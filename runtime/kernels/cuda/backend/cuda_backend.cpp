@@ -1,12 +1,11 @@
 #include "runtime/kernels/cuda/backend/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <cstdint>
 #include <map>
 #include <mutex>
-
-#include <fmt/format.h>
 
 #include "runtime/comm/cuda/local_cuda_communicator.h"
 #include "runtime/comm/cuda/nccl_communicator.h"
@@ -59,10 +58,12 @@ class CudaBackend final : public exec::Backend {
     cudaError_t err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
     if (err != cudaSuccess) {
       cudaGetLastError();
-      throw CudaError(fmt::format("cannot allocate {} bytes on CUDA device {} ({} bytes in use): {}",
-                                  bytes, device_, in_use_, cudaGetErrorString(err)));
+      throw CudaError(
+          fmt::format("cannot allocate {} bytes on CUDA device {} ({} bytes in use): {}", bytes,
+                      device_, in_use_, cudaGetErrorString(err)));
     }
-    PARAPLAN_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(std::max<int64_t>(bytes, 1)), stream_));
+    PARAPLAN_CUDA_CHECK(
+        cudaMemsetAsync(p, 0, static_cast<size_t>(std::max<int64_t>(bytes, 1)), stream_));
     sizes_[p] = bytes;
     in_use_ += bytes;
     peak_ = std::max(peak_, in_use_);
@@ -103,14 +104,26 @@ class CudaBackend final : public exec::Backend {
   int64_t PeakBytes() const override { return peak_; }
 
   // ---- Elementwise ----
-  void Fill(float* x, int64_t n, float value) override { Use(); cuda::Fill(x, n, value, stream_); }
-  void Copy(float* dst, const float* src, int64_t n) override { Use(); cuda::Copy(dst, src, n, stream_); }
+  void Fill(float* x, int64_t n, float value) override {
+    Use();
+    cuda::Fill(x, n, value, stream_);
+  }
+  void Copy(float* dst, const float* src, int64_t n) override {
+    Use();
+    cuda::Copy(dst, src, n, stream_);
+  }
   void Add(float* out, const float* a, const float* b, int64_t n) override {
     Use();
     cuda::Add(out, a, b, n, stream_);
   }
-  void Accumulate(float* y, const float* x, int64_t n) override { Use(); cuda::Accumulate(y, x, n, stream_); }
-  void Scale(float* x, int64_t n, float alpha) override { Use(); cuda::Scale(x, n, alpha, stream_); }
+  void Accumulate(float* y, const float* x, int64_t n) override {
+    Use();
+    cuda::Accumulate(y, x, n, stream_);
+  }
+  void Scale(float* x, int64_t n, float alpha) override {
+    Use();
+    cuda::Scale(x, n, alpha, stream_);
+  }
 
   // ---- Dense ----
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
@@ -201,8 +214,8 @@ class CudaBackend final : public exec::Backend {
     const int64_t delta_count = layout.batch * q_heads * layout.seq;
     void* delta = nullptr;
     PARAPLAN_CUDA_CHECK(cudaMallocAsync(&delta, std::max<int64_t>(delta_count, 1) * 4, stream_));
-    cuda::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, Convert(layout), q_heads,
-                            kv_heads, head_dim, scale, static_cast<float*>(delta), stream_);
+    cuda::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, Convert(layout), q_heads, kv_heads,
+                            head_dim, scale, static_cast<float*>(delta), stream_);
     PARAPLAN_CUDA_CHECK(cudaFreeAsync(delta, stream_));
   }
 
@@ -216,7 +229,10 @@ class CudaBackend final : public exec::Backend {
     Use();
     cuda::SwiGluBackward(dgate, dup, dout, gate, up, n, stream_);
   }
-  void GeluForward(float* out, const float* x, int64_t n) override { Use(); cuda::GeluForward(out, x, n, stream_); }
+  void GeluForward(float* out, const float* x, int64_t n) override {
+    Use();
+    cuda::GeluForward(out, x, n, stream_);
+  }
   void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) override {
     Use();
     cuda::GeluBackward(dx, dout, x, n, stream_);
@@ -232,7 +248,8 @@ class CudaBackend final : public exec::Backend {
                           const int32_t* targets, int64_t rows, int64_t vocab_local,
                           int64_t vocab_begin, int64_t vocab) override {
     Use();
-    cuda::CrossEntropySumExp(st, logits, row_max, targets, rows, vocab_local, vocab_begin, vocab, stream_);
+    cuda::CrossEntropySumExp(st, logits, row_max, targets, rows, vocab_local, vocab_begin, vocab,
+                             stream_);
   }
   void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
                         float scale) override {
@@ -254,7 +271,8 @@ class CudaBackend final : public exec::Backend {
     double* out = static_cast<double*>(sos_partials_) + kSumOfSquaresBlocks;
     cuda::SumOfSquares(out, x, n, static_cast<double*>(sos_partials_), stream_);
     double result = 0.0;
-    PARAPLAN_CUDA_CHECK(cudaMemcpyAsync(&result, out, sizeof result, cudaMemcpyDeviceToHost, stream_));
+    PARAPLAN_CUDA_CHECK(
+        cudaMemcpyAsync(&result, out, sizeof result, cudaMemcpyDeviceToHost, stream_));
     PARAPLAN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return result;
   }
