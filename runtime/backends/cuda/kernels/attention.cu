@@ -592,4 +592,50 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
   }
 }
 
+// ---- Rotary position embedding (applied to q and k before attention) ----
+
+namespace {
+
+// One thread per (row, head, pair). Angles in double, as the host computes them.
+__global__ void RopeKernel(float* x, TokenLayout layout, int64_t heads, int64_t head_dim,
+                           double theta, float sign) {
+  const int64_t half = head_dim / 2;
+  PARAPLAN_GRID_STRIDE(idx, layout.seq * layout.batch * heads * half) {
+    const int64_t i = idx % half;
+    int64_t rest = idx / half;
+    const int64_t h = rest % heads;
+    rest /= heads;
+    const int64_t b = rest % layout.batch, s = rest / layout.batch;
+    const double pos = static_cast<double>(layout.seq_offset + s);
+    const double freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    double sn, cs;
+    sincos(pos * freq, &sn, &cs);
+    const float c = static_cast<float>(cs), sgn = sign * static_cast<float>(sn);
+    float* v = x + ((s * layout.seq_stride + b * layout.batch_stride) * heads + h) * head_dim;
+    const float a = v[i], z = v[i + half];
+    v[i] = a * c - z * sgn;
+    v[i + half] = a * sgn + z * c;
+  }
+}
+
+}  // namespace
+
+void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta,
+                 cudaStream_t stream) {
+  const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, x, layout, heads, head_dim, theta,
+                  1.0f);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
+                  float theta, cudaStream_t stream) {
+  const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, dx, layout, heads, head_dim, theta,
+                  -1.0f);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace paraplan::cuda

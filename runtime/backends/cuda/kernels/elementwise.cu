@@ -1,4 +1,4 @@
-// Elementwise, embedding, rotary and activation kernels (memory bound: one pass each, fp32).
+// Elementwise, embedding and activation kernels (memory bound: one pass each, fp32).
 #include "runtime/backends/cuda/kernels/common.cuh"
 #include "runtime/backends/cuda/kernels/kernels.h"
 
@@ -125,28 +125,6 @@ __global__ void AddPositionBackwardKernel(float* dpos, const float* dy, int64_t 
     float acc = dpos[i];
     for (int64_t r = first; r < rows; r += seq) acc += dy[r * dim + c];
     dpos[i] = acc;
-  }
-}
-
-// One thread per (row, head, pair). Angles in double, as the host computes them.
-__global__ void RopeKernel(float* x, TokenLayout layout, int64_t heads, int64_t head_dim,
-                           double theta, float sign) {
-  const int64_t half = head_dim / 2;
-  PARAPLAN_GRID_STRIDE(idx, layout.seq * layout.batch * heads * half) {
-    const int64_t i = idx % half;
-    int64_t rest = idx / half;
-    const int64_t h = rest % heads;
-    rest /= heads;
-    const int64_t b = rest % layout.batch, s = rest / layout.batch;
-    const double pos = static_cast<double>(layout.seq_offset + s);
-    const double freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-    double sn, cs;
-    sincos(pos * freq, &sn, &cs);
-    const float c = static_cast<float>(cs), sgn = sign * static_cast<float>(sn);
-    float* v = x + ((s * layout.seq_stride + b * layout.batch_stride) * heads + h) * head_dim;
-    const float a = v[i], z = v[i + half];
-    v[i] = a * c - z * sgn;
-    v[i + half] = a * sgn + z * c;
   }
 }
 
@@ -308,24 +286,6 @@ void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim
     throw CudaError("AddPositionBackward: seq must be positive and t0 non-negative");
   PARAPLAN_LAUNCH(AddPositionBackwardKernel, GridFor(seq * dim), kThreads, 0, stream, dpos, dy,
                   rows, dim, t0, seq);
-  PARAPLAN_CUDA_CHECK_LAUNCH();
-}
-
-void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta,
-                 cudaStream_t stream) {
-  const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
-  if (n <= 0) return;
-  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, x, layout, heads, head_dim, theta,
-                  1.0f);
-  PARAPLAN_CUDA_CHECK_LAUNCH();
-}
-
-void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
-                  float theta, cudaStream_t stream) {
-  const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
-  if (n <= 0) return;
-  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, dx, layout, heads, head_dim, theta,
-                  -1.0f);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 

@@ -10,8 +10,14 @@
 // the host.
 //
 // All functions enqueue work on `stream` and return at once; pointers are device pointers;
-// int64 sizes may exceed 2^31 elements. Made by this folder (elementwise.cu, norm.cu,
-// attention.cu, loss_optim.cu); read by the CUDA backend and the GPU tests.
+// int64 sizes may exceed 2^31 elements.
+//
+// Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
+// elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
+// (rotary embedding and causal attention), gemm (the cuBLASLt GEMM engine, gemm.h), loss_optim
+// (cross-entropy and optimizers).
+//
+// Made by this folder; read by the CUDA backend, its communicators and the GPU tests.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_CUDA_KERNELS_KERNELS_H_
 #define PARAPLAN_RUNTIME_BACKENDS_CUDA_KERNELS_KERNELS_H_
 

@@ -16,8 +16,13 @@
 //  - Vectorised kernels never fuse multiplies and adds, so they give the same bits on every x86-64
 //    CPU (AVX2 or baseline clone); Gemm on OpenBLAS uses the CPU's own kernel (FMA where present).
 //
-// Made by: this folder. Read by: the host backend (runtime/backends/host/host_backend), kernel
-// tests, the CUDA engineer's comparisons.
+// Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
+// elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
+// (rotary embedding and causal attention), gemm (GEMMs and linear layers), loss_optim
+// (cross-entropy and optimizers).
+//
+// Made by: this folder. Read by: the host backend (runtime/backends/host/host_backend.h), kernel
+// tests, the CUDA kernels' tests (as the reference).
 #ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_KERNELS_H_
 #define PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_KERNELS_H_
 
