@@ -35,13 +35,16 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/data/token_data.h"
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/program_image.h"
+#include "runtime/json/json.h"
 #include "runtime/launch/environment.h"
 #ifdef PARAPLAN_HAVE_CUDA
 #include "runtime/backends/cuda/cuda_backend.h"
@@ -155,10 +158,10 @@ class MetricsFile {
         while (pos < text.size()) {
           const size_t nl = text.find('\n', pos);
           if (nl == std::string::npos) break;  // a torn last line goes
-          const size_t at = text.find("\"step\": ", pos);
-          if (at == std::string::npos || at > nl ||
-              std::atoll(text.c_str() + at + 8) >= keep_before)
-            break;
+          const auto line = json::Parse(std::string_view(text).substr(pos, nl - pos), nullptr);
+          const json::Value* step = line ? line->Find("step") : nullptr;
+          const std::optional<int64_t> step_value = step ? step->AsInt64() : std::nullopt;
+          if (!step_value || *step_value >= keep_before) break;
           pos = nl + 1;
         }
         keep = static_cast<off_t>(pos);
@@ -508,22 +511,19 @@ int main(int argc, char** argv) {
           std::cerr << "planrun: error: " << metrics_error << "; the run goes on without metrics\n";
           return;
         }
-        std::string text;
-        char line[512];
-        std::snprintf(
-            line, sizeof line,
-            "{\"version\": 1, \"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
-            "\"step_seconds\": %.6f, \"tokens_per_second\": %.3f, \"peak_bytes\": %lld",
-            static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.seconds,
-            s.tokens_per_second, static_cast<long long>(s.peak_bytes));
-        text += line;
+        json::Writer line;
+        line.BeginObject().Key("version").Int(1).Key("step").Int(s.step);
+        line.Key("loss").Number(s.loss, 9).Key("grad_norm").Number(s.grad_norm, 9);
+        line.Key("lr").Number(s.lr, 9).Key("step_seconds").Fixed(s.seconds, 6);
+        line.Key("tokens_per_second").Fixed(s.tokens_per_second, 3);
+        line.Key("peak_bytes").Int(s.peak_bytes);
         if (profile) {
-          std::snprintf(line, sizeof line,
-                        ", \"cpu_seconds\": %.6f, \"kernel_seconds\": %.6f, \"comm_seconds\": %.6f",
-                        s.cpu_seconds, s.kernel_seconds, s.comm_seconds);
-          text += line;
+          line.Key("cpu_seconds").Fixed(s.cpu_seconds, 6);
+          line.Key("kernel_seconds").Fixed(s.kernel_seconds, 6);
+          line.Key("comm_seconds").Fixed(s.comm_seconds, 6);
         }
-        text += "}\n";
+        line.EndObject();
+        const std::string text = line.Text() + "\n";
         if (!metrics.Append(text, metrics_path,
                             &metrics_error)) {  // said now, and the run fails at its end
           std::cerr << "planrun: error: " << metrics_error << "; the run goes on without metrics\n";
