@@ -149,20 +149,30 @@ class Exporter {
 
 // --- Megatron-LM ------------------------------------------------------------------------------
 
-std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
+// Megatron-LM's flags in order, each with its value ("--num-layers 32").
+class MegatronFlags {
+ public:
+  void operator()(const std::string& flag, const std::string& value = {}) {
+    args_.push_back(value.empty() ? flag : flag + " " + value);
+  }
+  std::vector<std::string> Take() { return std::move(args_); }
+
+ private:
+  std::vector<std::string> args_;
+};
+
+std::string Num(int64_t v) { return std::to_string(v); }
+
+// Megatron-LM flags for the parallel layout and the pipeline split.
+void MegatronParallelArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
   const Plan& p = ex.plan_;
   const ModelSpec& m = p.model;
-  std::vector<std::string> a;
-  auto add = [&](std::string flag, std::string value = {}) {
-    a.push_back(value.empty() ? flag : flag + " " + value);
-  };
-  auto n = [](int64_t v) { return std::to_string(v); };
-  add("--tensor-model-parallel-size", n(p.parallel.tp));
-  add("--pipeline-model-parallel-size", n(p.parallel.pp));
+  add("--tensor-model-parallel-size", Num(p.parallel.tp));
+  add("--pipeline-model-parallel-size", Num(p.parallel.pp));
   if (!deepspeed) {
-    add("--context-parallel-size", n(p.parallel.cp));
-    add("--expert-model-parallel-size", n(p.parallel.ep));
-    add("--expert-tensor-parallel-size", n(p.parallel.etp));
+    add("--context-parallel-size", Num(p.parallel.cp));
+    add("--expert-model-parallel-size", Num(p.parallel.ep));
+    add("--expert-tensor-parallel-size", Num(p.parallel.etp));
   }
   if (p.parallel.sp) add("--sequence-parallel");
   if (p.parallel.tp_comm_overlap) {
@@ -179,9 +189,10 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
                             (p.pipeline.account_for_loss ? 1 : 0);
     if (!p.pipeline.first_stage_layers && !p.pipeline.last_stage_layers &&
         counted % (p.parallel.pp * p.parallel.vpp) == 0) {
-      add("--num-layers-per-virtual-pipeline-stage", n(counted / (p.parallel.pp * p.parallel.vpp)));
+      add("--num-layers-per-virtual-pipeline-stage",
+          Num(counted / (p.parallel.pp * p.parallel.vpp)));
     } else {
-      add("--num-virtual-stages-per-pipeline-rank", n(p.parallel.vpp));
+      add("--num-virtual-stages-per-pipeline-rank", Num(p.parallel.vpp));
     }
   }
   if (p.pipeline.schedule == Schedule::kGpipe) {
@@ -194,28 +205,33 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
               "use interleaved_1f1b with vpp > 1, or 1f1b with vpp = 1");
   }
   if (p.pipeline.first_stage_layers)
-    add("--decoder-first-pipeline-num-layers", n(*p.pipeline.first_stage_layers));
+    add("--decoder-first-pipeline-num-layers", Num(*p.pipeline.first_stage_layers));
   if (p.pipeline.last_stage_layers)
-    add("--decoder-last-pipeline-num-layers", n(*p.pipeline.last_stage_layers));
+    add("--decoder-last-pipeline-num-layers", Num(*p.pipeline.last_stage_layers));
   if (p.pipeline.account_for_embedding) add("--account-for-embedding-in-pipeline-split");
   if (p.pipeline.account_for_loss) add("--account-for-loss-in-pipeline-split");
   ex.CommonLimits(true);
+}
 
-  add("--num-layers", n(m.layers));
-  add("--hidden-size", n(m.hidden));
-  add("--ffn-hidden-size", n(m.ffn_hidden));
-  add("--num-attention-heads", n(m.heads));
+// Megatron-LM flags for the model.
+void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
+  const Plan& p = ex.plan_;
+  const ModelSpec& m = p.model;
+  add("--num-layers", Num(m.layers));
+  add("--hidden-size", Num(m.hidden));
+  add("--ffn-hidden-size", Num(m.ffn_hidden));
+  add("--num-attention-heads", Num(m.heads));
   if (m.kv_heads != m.heads) {
     add("--group-query-attention");
-    add("--num-query-groups", n(m.kv_heads));
+    add("--num-query-groups", Num(m.kv_heads));
   }
   if (m.IsMla()) {
     add("--multi-latent-attention");
-    if (m.q_lora_rank > 0) add("--q-lora-rank", n(m.q_lora_rank));
-    add("--kv-lora-rank", n(m.kv_lora_rank));
-    add("--qk-head-dim", n(m.qk_nope_head_dim));
-    add("--qk-pos-emb-head-dim", n(m.qk_rope_head_dim));
-    add("--v-head-dim", n(m.v_head_dim));
+    if (m.q_lora_rank > 0) add("--q-lora-rank", Num(m.q_lora_rank));
+    add("--kv-lora-rank", Num(m.kv_lora_rank));
+    add("--qk-head-dim", Num(m.qk_nope_head_dim));
+    add("--qk-pos-emb-head-dim", Num(m.qk_rope_head_dim));
+    add("--v-head-dim", Num(m.v_head_dim));
     if (m.head_dim != m.qk_nope_head_dim + m.qk_rope_head_dim) {
       ex.Cannot("model.head_dim", "this head size",
                 "Megatron-LM's multi-latent attention sizes query/key heads as --qk-head-dim + "
@@ -223,27 +239,27 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
                 "set head_dim = qk_nope_head_dim + qk_rope_head_dim");
     }
   } else if (m.head_dim * m.heads != m.hidden) {
-    add("--kv-channels", n(m.head_dim));
+    add("--kv-channels", Num(m.head_dim));
   }
-  add("--seq-length", n(m.seq_len));
-  add("--max-position-embeddings", n(m.seq_len));
-  add("--vocab-size", n(m.vocab));
-  add("--make-vocab-size-divisible-by", n(m.vocab_divisor));
+  add("--seq-length", Num(m.seq_len));
+  add("--max-position-embeddings", Num(m.seq_len));
+  add("--vocab-size", Num(m.vocab));
+  add("--make-vocab-size-divisible-by", Num(m.vocab_divisor));
   add("--normalization", m.norm == Norm::kRmsNorm ? "RMSNorm" : "LayerNorm");
   if (m.activation == Activation::kSwiGlu) add("--swiglu");
   add("--position-embedding-type", m.position == Position::kRope ? "rope" : "learned_absolute");
   if (!m.tied_embeddings) add("--untie-embeddings-and-output-weights");
   if (m.IsMoe()) {
-    add("--num-experts", n(m.experts));
-    add("--moe-router-topk", n(m.topk));
-    add("--moe-ffn-hidden-size", n(m.moe_ffn_hidden));
+    add("--num-experts", Num(m.experts));
+    add("--moe-router-topk", Num(m.topk));
+    add("--moe-ffn-hidden-size", Num(m.moe_ffn_hidden));
     if (m.shared_experts > 0)
-      add("--moe-shared-expert-intermediate-size", n(m.shared_experts * m.moe_ffn_hidden));
+      add("--moe-shared-expert-intermediate-size", Num(m.shared_experts * m.moe_ffn_hidden));
     if (m.moe_layer_freq == 1) {
       add("--moe-layer-freq",
-          "'([0]*" + n(m.dense_layers) + "+[1]*" + n(m.layers - m.dense_layers) + ")'");
+          "'([0]*" + Num(m.dense_layers) + "+[1]*" + Num(m.layers - m.dense_layers) + ")'");
     } else if (m.dense_layers == 0) {
-      add("--moe-layer-freq", n(m.moe_layer_freq));
+      add("--moe-layer-freq", Num(m.moe_layer_freq));
     } else {
       ex.Cannot("model.moe_layer_freq", "a frequency after dense layers",
                 "planc reads --moe-layer-freq as leading dense layers or as one frequency",
@@ -256,10 +272,15 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     if (p.moe.capacity_factor > 0) add("--moe-expert-capacity-factor", Real(p.moe.capacity_factor));
   }
   if (m.qk_norm) add("--qk-layernorm");
-  if (m.mtp_layers > 0) add("--mtp-num-layers", n(m.mtp_layers));
+  if (m.mtp_layers > 0) add("--mtp-num-layers", Num(m.mtp_layers));
   if (m.activation == Activation::kSquaredRelu) add("--squared-relu");
-  add("--micro-batch-size", n(p.batch.micro));
-  add("--global-batch-size", n(p.batch.global));
+}
+
+// Megatron-LM flags for the batch sizes and the precision.
+void MegatronPrecisionArgs(Exporter& ex, MegatronFlags& add) {
+  const Plan& p = ex.plan_;
+  add("--micro-batch-size", Num(p.batch.micro));
+  add("--global-batch-size", Num(p.batch.global));
   switch (p.precision) {
     case Precision::kBf16:
       add("--bf16");
@@ -289,7 +310,13 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
   if (mp.fp8_params) add("--fp8-param-gather");
   if (mp.grads == ElementType::kBf16) add("--grad-reduce-in-bf16");
   if (p.activations.offload_layers > 0)
-    add("--cpu-offloading-num-layers", n(p.activations.offload_layers));
+    add("--cpu-offloading-num-layers", Num(p.activations.offload_layers));
+}
+
+// Megatron-LM flags for recomputation, the optimizer and what cannot be exported.
+void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
+  const Plan& p = ex.plan_;
+  const ModelSpec& m = p.model;
   if (p.recompute == Recompute::kSelective && !p.activations.recompute_modules.empty()) {
     std::string modules;
     for (char c : p.activations.recompute_modules) {
@@ -313,15 +340,15 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
       }
       layers = m.layers / (p.parallel.pp * p.parallel.vpp);
     }
-    add("--recompute-num-layers", n(layers));
+    add("--recompute-num-layers", Num(layers));
   }
   add("--optimizer", p.optimizer.type == OptimizerType::kAdamW ? "adam" : "sgd");
   if (deepspeed) {
-    add("--zero-stage", n(p.optimizer.zero));
+    add("--zero-stage", Num(p.optimizer.zero));
   } else if (p.optimizer.zero == 1) {
     add("--use-distributed-optimizer");
   } else if (p.optimizer.zero > 1) {
-    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+    ex.Cannot("optimizer.zero", "ZeRO-" + Num(p.optimizer.zero),
               "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1)",
               "use zero = 1, or export to deepspeed or torchtitan (FSDP)");
   }
@@ -337,20 +364,34 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
                    "model.moe_layer_freq", "model.activation", "model.vocab_divisor",
                    deepspeed ? "optimizer.offload_fraction" : "",
                    p.optimizer.offload == Offload::kCpu ? "optimizer.offload_fraction" : ""});
+}
+
+// Megatron-LM flags for the schedule of training: learning rate, steps, checkpoints, data.
+void MegatronTrainingArgs(Exporter& ex, MegatronFlags& add) {
+  const Plan& p = ex.plan_;
   add("--lr", Real(p.optimizer.lr));
   add("--min-lr", Real(p.optimizer.min_lr));
-  add("--lr-warmup-iters", n(p.optimizer.warmup_steps));
+  add("--lr-warmup-iters", Num(p.optimizer.warmup_steps));
   add("--weight-decay", Real(p.optimizer.weight_decay));
   add("--adam-beta1", Real(p.optimizer.beta1));
   add("--adam-beta2", Real(p.optimizer.beta2));
   add("--adam-eps", Real(p.optimizer.eps));
   add("--clip-grad", Real(p.optimizer.clip_grad));
-  add("--train-iters", n(p.train.steps));
-  add("--seed", n(p.train.seed));
+  add("--train-iters", Num(p.train.steps));
+  add("--seed", Num(p.train.seed));
   if (!p.train.checkpoint_dir.empty()) add("--save", interop::QuoteString(p.train.checkpoint_dir));
-  if (p.train.checkpoint_every > 0) add("--save-interval", n(p.train.checkpoint_every));
+  if (p.train.checkpoint_every > 0) add("--save-interval", Num(p.train.checkpoint_every));
   if (!p.train.data.empty()) add("--data-path", interop::QuoteString(p.train.data));
-  return a;
+}
+
+std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
+  MegatronFlags add;
+  MegatronParallelArgs(ex, deepspeed, add);
+  MegatronModelArgs(ex, add);
+  MegatronPrecisionArgs(ex, add);
+  MegatronMemoryArgs(ex, deepspeed, add);
+  MegatronTrainingArgs(ex, add);
+  return add.Take();
 }
 
 std::string ShellScript(const Exporter& ex, const std::string& launcher,
