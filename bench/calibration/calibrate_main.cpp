@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -531,27 +532,18 @@ const char* RecomputeName(Recompute r) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::string path = PARAPLAN_CALIBRATION_RUNS;
-  bool csv = false, verbose = false, fit = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--csv")
-      csv = true;
-    else if (a == "--verbose")
-      verbose = true;
-    else if (a == "--fit")
-      fit = true;
-    else if (a == "-h" || a == "--help") {
-      std::printf("usage: paraplan_calibrate [runs.json] [--csv] [--verbose] [--fit]\n");
-      return 0;
-    } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "paraplan_calibrate: unknown option %s\n", a.c_str());
-      return 2;
-    } else {
-      path = a;
-    }
-  }
+// The scored cases of each profile ("stack/GPU generation").
+using ProfileCases = std::map<std::string, std::vector<Case*>>;
+
+// The shipped profile a profile key stands for.
+const FrameworkProfile& BaseProfile(const ProfileCases& by_profile, const std::string& key) {
+  const Case* c = by_profile.at(key).front();
+  return ProfileFor(c->stack, c->plan.cluster.gpu);
+}
+
+// Reads the runs of `path` into `cases`. Returns an exit status when the program must stop (0:
+// no reference file beside the repository, nothing to compare; 2: a malformed file).
+std::optional<int> ReadRuns(const std::string& path, std::vector<Case>& cases) {
   auto buffer = llvm::MemoryBuffer::getFile(path);
   if (!buffer) {
     std::fprintf(
@@ -573,7 +565,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "paraplan_calibrate: %s has no \"runs\" array\n", path.c_str());
     return 2;
   }
-  std::vector<Case> cases;
   for (const llvm::json::Value& value : *runs) {
     const Object* run = value.getAsObject();
     Case c;
@@ -585,30 +576,26 @@ int main(int argc, char** argv) {
     }
     cases.push_back(std::move(c));
   }
-  for (Case& c : cases) Choose(c);
+  return std::nullopt;
+}
 
-  // Profiles and the cases each one prices.
-  std::map<std::string, std::vector<Case*>> by_profile;
-  for (Case& c : cases)
-    if (c.Scored()) by_profile[ProfileKey(c)].push_back(&c);
-  auto base_of = [&](const std::string& key) -> const FrameworkProfile& {
-    const Case* c = by_profile.at(key).front();
-    return ProfileFor(c->stack, c->plan.cluster.gpu);
-  };
-  if (fit) {
-    std::printf("in-sample fit per profile (mean |log error|):\n");
-    for (auto& [key, list] : by_profile) {
-      const FrameworkProfile& base = base_of(key);
-      const Fitted f = FitProfile(list, &base);
-      std::printf(
-          "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
-          "%.1f  ep_overlap %.2f  (loss %.3f; shipped %.3f)\n",
-          key.c_str(), list.size(), f.compute_scale, f.attention_scale, 1e3 * f.layer_overhead_s,
-          f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap, Loss(list, &base, f),
-          Loss(list, &base, Fitted::Of(base)));
-    }
-    return 0;
+// --fit: each profile fitted on all of its runs.
+void PrintInSampleFit(const ProfileCases& by_profile) {
+  std::printf("in-sample fit per profile (mean |log error|):\n");
+  for (auto& [key, list] : by_profile) {
+    const FrameworkProfile& base = BaseProfile(by_profile, key);
+    const Fitted f = FitProfile(list, &base);
+    std::printf(
+        "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
+        "%.1f  ep_overlap %.2f  (loss %.3f; shipped %.3f)\n",
+        key.c_str(), list.size(), f.compute_scale, f.attention_scale, 1e3 * f.layer_overhead_s,
+        f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap, Loss(list, &base, f),
+        Loss(list, &base, Fitted::Of(base)));
   }
+}
+
+// Sets every scored case's `loso` prediction: the profiles refitted without its source.
+void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile) {
   // Leave one source out: refit the profiles on the other sources, predict the source. A profile
   // with fewer than three rows from other sources is fit together with every other source's
   // rows on the same GPU generation (its own behaviour, the pooled numbers).
@@ -620,7 +607,7 @@ int main(int argc, char** argv) {
       std::vector<Case*> train, test;
       for (Case* c : list) (c->source == left ? test : train).push_back(c);
       if (test.empty()) continue;
-      FrameworkProfile prof = base_of(key);
+      FrameworkProfile prof = BaseProfile(by_profile, key);
       if (train.size() >= 3) {
         FitProfile(train, &prof).ApplyTo(prof);
       } else {
@@ -639,7 +626,10 @@ int main(int argc, char** argv) {
       }
     }
   }
+}
 
+// One line (or CSV row) per run.
+void PrintRuns(const std::vector<Case>& cases, bool csv, bool verbose) {
   // Per run.
   if (csv)
     std::printf(
@@ -678,8 +668,10 @@ int main(int argc, char** argv) {
                   c.measured, c.predicted, c.why_unscored.c_str());
     if (verbose) std::printf("    %s", c.breakdown.c_str());
   }
-  if (csv) return 0;
+}
 
+// Errors per source, per profile and overall; the order within groups; peak memory.
+void PrintSummaries(const std::vector<Case>& cases) {
   // Summaries.
   auto line = [](const char* label, const Stats& in, const Stats& lo) {
     std::printf(
@@ -742,5 +734,43 @@ int main(int argc, char** argv) {
     std::printf("\npeak memory: %zu runs with a measured peak, median |error| %.1f%%, p90 %.1f%%\n",
                 s.n, 100 * s.median, 100 * s.p90);
   }
+}
+
+int main(int argc, char** argv) {
+  std::string path = PARAPLAN_CALIBRATION_RUNS;
+  bool csv = false, verbose = false, fit = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--csv")
+      csv = true;
+    else if (a == "--verbose")
+      verbose = true;
+    else if (a == "--fit")
+      fit = true;
+    else if (a == "-h" || a == "--help") {
+      std::printf("usage: paraplan_calibrate [runs.json] [--csv] [--verbose] [--fit]\n");
+      return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "paraplan_calibrate: unknown option %s\n", a.c_str());
+      return 2;
+    } else {
+      path = a;
+    }
+  }
+  std::vector<Case> cases;
+  if (const std::optional<int> rc = ReadRuns(path, cases)) return *rc;
+  for (Case& c : cases) Choose(c);
+  // Profiles and the cases each one prices.
+  ProfileCases by_profile;
+  for (Case& c : cases)
+    if (c.Scored()) by_profile[ProfileKey(c)].push_back(&c);
+  if (fit) {
+    PrintInSampleFit(by_profile);
+    return 0;
+  }
+  LeaveOneSourceOut(cases, by_profile);
+  PrintRuns(cases, csv, verbose);
+  if (csv) return 0;
+  PrintSummaries(cases);
   return 0;
 }
