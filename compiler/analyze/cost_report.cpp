@@ -133,7 +133,8 @@ std::string MemoryChartSvg(const MemoryEstimate& m) {
   for (size_t p = 0; p < kMemoryPartCount; ++p) {
     const double y = 330 + 0.0;
     const double x = 10 + 80.0 * static_cast<double>(p % 5);
-    const double yy = y + 14.0 * static_cast<double>(p / 5);
+    const size_t row = p / 5;  // five legend entries per row
+    const double yy = y + 14.0 * static_cast<double>(row);
     out += fmt::format(
         "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"9\" height=\"9\" fill=\"{}\"/><text x=\"{:.0f}\" "
         "y=\"{:.0f}\">{}</text>\n",

@@ -1,6 +1,7 @@
 #include "compiler/analyze/memory.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "compiler/analyze/cost_comm.h"
@@ -16,7 +17,8 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 int64_t Scale(int64_t count, double bytes_per) {
   const double v = static_cast<double>(count) * bytes_per;
   if (!(v < 9.0e18)) return INT64_MAX;
-  return static_cast<int64_t>(v + 0.5);
+  if (v <= -9.0e18) return INT64_MIN;
+  return std::llround(v);  // v + 0.5 truncated rounds negatives (and 0.5 - 2^-54) wrongly
 }
 
 // --- planrun's static arena (framework = paraplan) -----------------------------------------

@@ -94,7 +94,9 @@ BlockCosts ComputeBlockCosts(const ModelSpec& m) {
 BlockCosts NanotronBlockCosts(const ModelSpec& m) {
   BlockCosts c;
   const double h = static_cast<double>(m.hidden);
-  const double d_qkv = m.heads > 0 ? static_cast<double>(m.hidden / m.heads) : 0;
+  // Nanotron's head size is hidden // heads, an integer division, as here.
+  const int64_t head_size = m.heads > 0 ? m.hidden / m.heads : 0;
+  const double d_qkv = static_cast<double>(head_size);
   const double layer =
       4 * static_cast<double>(m.heads) * d_qkv * h + 3 * static_cast<double>(m.ffn_hidden) * h;
   c.layers.assign(static_cast<size_t>(std::max<int64_t>(m.layers, 0)), ClampCost(layer));

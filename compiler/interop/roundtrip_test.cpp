@@ -186,7 +186,9 @@ TEST_CASE("TP communication overlap round-trips through megatron, torchtitan and
     CHECK_FALSE(plan->parallel.tp_comm_overlap);
     sources.emplace_back("llama3_70b.toml", *plan);
   }
-  for (const auto& [name, source] : sources) {
+  for (const auto& entry : sources) {
+    const auto& name = entry.first;  // not a structured binding: CAPTURE captures it
+    const auto& source = entry.second;
     const Plan* plan = &source;
     for (ConfigKind kind : {ConfigKind::kMegatron, ConfigKind::kTorchtitan, ConfigKind::kDeepSpeed,
                             ConfigKind::kNemo}) {

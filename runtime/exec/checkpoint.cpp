@@ -125,9 +125,9 @@ bool ParseHex64(const std::string& text, uint64_t* out) {
 
 // A manifest value as it appears in an error: a number's text, a string's text.
 std::string Shown(const json::Value& v) {
-  if (v.kind() == json::Value::Kind::kNumber) return v.NumberText();
+  if (v.GetKind() == json::Value::Kind::kNumber) return v.NumberText();
   if (auto s = v.AsString()) return *s;
-  return v.kind() == json::Value::Kind::kNull ? "null" : "a non-scalar value";
+  return v.GetKind() == json::Value::Kind::kNull ? "null" : "a non-scalar value";
 }
 
 // The fields of a manifest (version 1 or 2), read with a JSON reader. Throws CheckpointError
@@ -136,7 +136,7 @@ CheckpointManifest ParseManifest(const std::string& text, const std::string& ste
   const std::string where = "the manifest of `" + step_dir + "`";
   std::string error;
   const std::optional<json::Value> doc = json::Parse(text, &error);
-  if (!doc || doc->kind() != json::Value::Kind::kObject) {
+  if (!doc || doc->GetKind() != json::Value::Kind::kObject) {
     throw CheckpointError(where + " is malformed or of an unknown version (" +
                           (doc ? std::string("not a JSON object") : "not JSON: " + error) + ")");
   }

@@ -70,7 +70,7 @@ class Value {
  public:
   enum class Kind : uint8_t { kNull, kBool, kNumber, kString, kArray, kObject };
 
-  Kind kind() const { return kind_; }
+  Kind GetKind() const { return kind_; }
   bool IsNull() const { return kind_ == Kind::kNull; }
 
   std::optional<bool> AsBool() const;

@@ -52,7 +52,7 @@ TEST_CASE("parse: every kind of value, and what was written reads back") {
       "\"o\": {}, \"a\": 7}\n",
       &error);
   REQUIRE_MESSAGE(v, error);
-  CHECK(v->kind() == Value::Kind::kObject);
+  CHECK(v->GetKind() == Value::Kind::kObject);
   CHECK(v->Find("a")->AsInt64() == 7);  // the last of a repeated key
   const Value& first = v->Members()[0].second;
   CHECK(first.Size() == 5);

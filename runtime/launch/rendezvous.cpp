@@ -433,7 +433,7 @@ Expected<RendezvousOptions> RendezvousOptionsFor(const LaunchEnvironment& env, u
   o.world_size = env.world_size;
   o.job_key = job_key;
   if (auto text = lookup("PARAPLAN_RENDEZVOUS_TIMEOUT"); text && !text->empty()) {
-    auto seconds = ParseIntVariable("PARAPLAN_RENDEZVOUS_TIMEOUT", *text, 1, 24 * 3600);
+    auto seconds = ParseIntVariable("PARAPLAN_RENDEZVOUS_TIMEOUT", *text, 1, int64_t{24} * 3600);
     if (!seconds) return Fail(seconds.error());
     o.timeout = std::chrono::seconds(*seconds);
   }

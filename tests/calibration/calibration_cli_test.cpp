@@ -61,7 +61,9 @@ TEST_CASE(
       {"nemo2407_llama2_7b_fp8.plan", "nemo2407-h100-fp8-llama2-7b-8gpu"},
       {"torchtitan2412_llama3_70b_asynctp.plan", "torchtitan-2412-t4-70b-fsdp32-tp8-asynctp"},
   };
-  for (const auto& [file, id] : rows) {
+  for (const auto& row : rows) {
+    const char* file = row.first;  // not a structured binding: INFO captures it
+    const char* id = row.second;
     INFO(file);
     const Result explain = Run(std::string(PARAPLAN_PLANC) + " explain " + root + file);
     REQUIRE_MESSAGE(explain.status == 0, explain.err);

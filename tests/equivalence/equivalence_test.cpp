@@ -132,7 +132,10 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
     c.loss = std::max(
         c.loss, std::abs(got.steps[s].loss - want.steps[s].loss) / std::abs(want.steps[s].loss));
   }
-  for (const auto& [name, w] : want.params) {
+  for (const auto& param : want.params) {
+    // Named copies, not structured bindings: doctest's message lambdas capture them.
+    const auto& name = param.first;
+    const auto& w = param.second;
     if (name.size() >= 3 && name.compare(name.size() - 3, 3, ".bk") == 0) continue;  // see above
     auto it = got.params.find(name);
     REQUIRE_MESSAGE(it != got.params.end(), "parameter " << name << " missing");

@@ -328,8 +328,10 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
   CHECK(p.gpu().SumOfSquares(one.g, 0) == 0.0);
   CHECK(p.gpu().SumOfSquares(one.g, 1) == 0.5625);
   // GEMMs of one row, one column, k = 1, and k = 0 (beta 0 writes zeros).
-  for (auto [m, n, k] :
+  for (const auto& shape :
        {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {1, 17, 3}, {19, 1, 33}, {3, 5, 0}}) {
+    // Named copies, not structured bindings: INFO captures them.
+    const int64_t m = std::get<0>(shape), n = std::get<1>(shape), k = std::get<2>(shape);
     INFO("m " << m << " n " << n << " k " << k);
     const auto va = Random(std::max<int64_t>(m * k, 1), 50),
                vb = Random(std::max<int64_t>(k * n, 1), 51);

@@ -3,6 +3,11 @@
 #ifndef PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_CUDA_BF16_H_
 #define PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_CUDA_BF16_H_
 
+// These declarations stand in for the CUDA toolkit's and carry its names (threadIdx,
+// __syncthreads, __nv_bfloat16, nvcuda::wmma::fragment ...), which the .cu sources use: the
+// naming and reserved-identifier checks do not apply to them.
+// NOLINTBEGIN(readability-identifier-naming, bugprone-reserved-identifier)
+
 #include <vector_types.h>
 
 #include <cstdint>
@@ -56,4 +61,5 @@ inline float2 __bfloat1622float2(__nv_bfloat162 v) {
   return float2{__bfloat162float(v.x), __bfloat162float(v.y)};
 }
 
+// NOLINTEND(readability-identifier-naming, bugprone-reserved-identifier)
 #endif  // PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_CUDA_BF16_H_

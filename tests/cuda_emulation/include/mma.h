@@ -8,6 +8,11 @@
 #ifndef PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_MMA_H_
 #define PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_MMA_H_
 
+// These declarations stand in for the CUDA toolkit's and carry its names (threadIdx,
+// __syncthreads, __nv_bfloat16, nvcuda::wmma::fragment ...), which the .cu sources use: the
+// naming and reserved-identifier checks do not apply to them.
+// NOLINTBEGIN(readability-identifier-naming, bugprone-reserved-identifier)
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -151,4 +156,5 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }  // namespace wmma
 }  // namespace nvcuda
 
+// NOLINTEND(readability-identifier-naming, bugprone-reserved-identifier)
 #endif  // PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_MMA_H_

@@ -47,8 +47,8 @@ class LocalCudaGroup final : public InProcessGroup {
 
   // Recorded by member `rank` before it posts (its inputs are ready) and before it finishes
   // (its share of the work is enqueued).
-  cudaEvent_t ReadyEvent(int rank) const { return events_[2 * rank]; }
-  cudaEvent_t DoneEvent(int rank) const { return events_[2 * rank + 1]; }
+  cudaEvent_t ReadyEvent(int rank) const { return events_[2 * static_cast<size_t>(rank)]; }
+  cudaEvent_t DoneEvent(int rank) const { return events_[2 * static_cast<size_t>(rank) + 1]; }
 
  private:
   std::vector<cudaEvent_t> events_;

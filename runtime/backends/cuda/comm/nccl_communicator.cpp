@@ -51,12 +51,12 @@ std::string Members(const std::vector<int>& members) {
 NcclWorldOptions NcclWorldOptionsFromEnvironment(const launch::EnvLookup& env) {
   NcclWorldOptions o;
   if (auto t = env("PARAPLAN_NCCL_TIMEOUT"); t && !t->empty()) {
-    auto v = launch::ParseIntVariable("PARAPLAN_NCCL_TIMEOUT", *t, 1, 7 * 24 * 3600);
+    auto v = launch::ParseIntVariable("PARAPLAN_NCCL_TIMEOUT", *t, 1, int64_t{7} * 24 * 3600);
     if (!v) throw CommError(v.error());
     o.timeout_seconds = *v;
   }
   if (auto t = env("PARAPLAN_RENDEZVOUS_TIMEOUT"); t && !t->empty()) {
-    auto v = launch::ParseIntVariable("PARAPLAN_RENDEZVOUS_TIMEOUT", *t, 1, 24 * 3600);
+    auto v = launch::ParseIntVariable("PARAPLAN_RENDEZVOUS_TIMEOUT", *t, 1, int64_t{24} * 3600);
     if (!v) throw CommError(v.error());
     o.rendezvous_timeout_seconds = *v;
   }

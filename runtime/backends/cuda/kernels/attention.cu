@@ -19,6 +19,11 @@
 #include "runtime/backends/cuda/kernels/kernels.h"
 
 namespace paraplan::cuda {
+
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order, several of one
+// type side by side; every argument is checked against the reference by the kernel tests.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
 namespace {
 
 using namespace nvcuda;
@@ -637,5 +642,7 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
                   -1.0f);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::cuda

@@ -3,6 +3,11 @@
 #include "runtime/backends/cuda/kernels/kernels.h"
 
 namespace paraplan::cuda {
+
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order, several of one
+// type side by side; every argument is checked against the reference by the kernel tests.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
 namespace {
 
 __global__ void FillKernel(float* x, int64_t n, float value) {
@@ -324,5 +329,7 @@ void MaxAcrossRanks(float* const* out, int out_count, const float* const* in, in
                     int64_t begin, int64_t end, cudaStream_t stream) {
   ReduceAcrossRanks<true>(out, out_count, in, ranks, begin, end, stream);
 }
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::cuda

@@ -6,6 +6,11 @@
 #include "runtime/backends/cuda/kernels/kernels.h"
 
 namespace paraplan::cuda {
+
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order, several of one
+// type side by side; every argument is checked against the reference by the kernel tests.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
 namespace {
 
 unsigned RowGrid(int64_t rows) {
@@ -189,5 +194,7 @@ void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_deca
                   grad_scale);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::cuda

@@ -4,6 +4,11 @@
 #include "runtime/backends/cuda/kernels/kernels.h"
 
 namespace paraplan::cuda {
+
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order, several of one
+// type side by side; every argument is checked against the reference by the kernel tests.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
 namespace {
 
 constexpr int kRowsPerBlock = kThreads / 32;
@@ -165,5 +170,7 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
     PARAPLAN_CUDA_CHECK_LAUNCH();
   }
 }
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::cuda

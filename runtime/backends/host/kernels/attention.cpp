@@ -9,6 +9,11 @@
 
 namespace paraplan::host {
 
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order, several of one
+// type side by side; every argument is checked against the reference by the kernel tests.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
+
 using simd::kLanes;
 using simd::V8;
 
@@ -370,5 +375,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
     }
   }
 }
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::host

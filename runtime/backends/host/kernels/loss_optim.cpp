@@ -8,6 +8,11 @@
 
 namespace paraplan::host {
 
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order, several of one
+// type side by side; every argument is checked against the reference by the kernel tests.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
+
 using simd::kLanes;
 using simd::V8;
 
@@ -124,5 +129,7 @@ double WarmupCosineLr(int64_t step, int64_t warmup, int64_t total_steps, double 
                    static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * std::min(p, 1.0)));
 }
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::host

@@ -7,6 +7,11 @@
 
 namespace paraplan::host {
 
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order, several of one
+// type side by side; every argument is checked against the reference by the kernel tests.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
+
 using simd::kLanes;
 using simd::V8;
 
@@ -125,5 +130,7 @@ PARAPLAN_HOST_CLONES void LayerNormBackward(float* dx, float* dw, float* db, con
     }
   }
 }
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::host

@@ -17,6 +17,11 @@
 #ifndef PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_CUDAEMU_DEVICE_H_
 #define PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_CUDAEMU_DEVICE_H_
 
+// These declarations stand in for the CUDA toolkit's and carry its names (threadIdx,
+// __syncthreads, __nv_bfloat16, nvcuda::wmma::fragment ...), which the .cu sources use: the
+// naming and reserved-identifier checks do not apply to them.
+// NOLINTBEGIN(readability-identifier-naming, bugprone-reserved-identifier)
+
 #include <cuda_runtime_api.h>
 #include <vector_functions.h>
 
@@ -282,4 +287,5 @@ cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
   return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
 }
 
+// NOLINTEND(readability-identifier-naming, bugprone-reserved-identifier)
 #endif  // PARAPLAN_TESTS_CUDA_EMULATION_INCLUDE_CUDAEMU_DEVICE_H_
