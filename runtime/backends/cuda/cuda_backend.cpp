@@ -49,7 +49,7 @@ class CudaBackend final : public exec::Backend {
   }
 
   const char* Name() const override { return "cuda"; }
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t Stream() const { return stream_; }
 
   // ---- Memory ----
   void* Allocate(int64_t bytes) override {
@@ -344,7 +344,7 @@ CudaRanks MakeLocalCudaRanks(int ranks, int device, double timeout_seconds) {
   std::vector<cudaStream_t> streams;
   for (int r = 0; r < ranks; ++r) {
     auto backend = std::make_unique<CudaBackend>(device);
-    streams.push_back(backend->stream());
+    streams.push_back(backend->Stream());
     out.backends.push_back(std::move(backend));
   }
   out.world = std::make_unique<LocalCudaCommWorld>(std::move(streams), timeout_seconds);
@@ -355,7 +355,7 @@ CudaRanks MakeNcclRank(const launch::LaunchEnvironment& env, int device, uint64_
                        const std::vector<CommGroup>& groups, const launch::EnvLookup& lookup) {
   CudaRanks out;
   auto backend = std::make_unique<CudaBackend>(device);
-  cudaStream_t stream = backend->stream();
+  cudaStream_t stream = backend->Stream();
   auto options = comm::NcclWorldOptionsFromEnvironment(lookup);
   auto world = comm::NcclWorld::Create(env, stream, job_key, options);
   std::vector<comm::NcclGroupSpec> specs;

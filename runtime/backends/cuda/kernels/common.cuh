@@ -19,7 +19,7 @@ constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU, never more than n needs.
 inline unsigned GridFor(int64_t n, int threads = kThreads) {
   int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 65535 * 8));
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{65535} * 8));
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -70,7 +70,7 @@ class StreamScratch {
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
   template <typename T>
-  T* as() const {
+  T* As() const {
     return static_cast<T*>(ptr_);
   }
 
@@ -125,16 +125,19 @@ void ColumnSum(float* out, bool accumulate, int64_t rows, int64_t cols, F f, cud
   StreamScratch partials(chunks * cols * static_cast<int64_t>(sizeof(float)), stream);
   PARAPLAN_LAUNCH(ColumnPartialKernel<F>,
                   dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), dim3(32, 8), 0,
-                  stream, partials.as<float>(), rows, cols, per_chunk, f);
+                  stream, partials.As<float>(), rows, cols, per_chunk, f);
   PARAPLAN_CUDA_CHECK(cudaGetLastError());
   PARAPLAN_LAUNCH(ColumnFinishKernel<0>, static_cast<unsigned>((cols + 255) / 256), 256, 0, stream,
-                  out, partials.as<float>(), static_cast<int>(chunks), cols, accumulate);
+                  out, partials.As<float>(), static_cast<int>(chunks), cols, accumulate);
   PARAPLAN_CUDA_CHECK(cudaGetLastError());
 }
 
+// `i` is the loop variable this declares, so it cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define PARAPLAN_GRID_STRIDE(i, n)                                                       \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+// NOLINTEND(bugprone-macro-parentheses)
 
 }  // namespace paraplan::cuda
 

@@ -43,7 +43,7 @@ class GemmEngine {
   void LinearBackward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
                       const float* w, int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
 
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t Stream() const { return stream_; }
 
  private:
   struct Plan;
