@@ -611,7 +611,8 @@ std::string Torchtitan(Exporter& ex) {
 
 // --- NeMo -------------------------------------------------------------------------------------
 
-std::string Nemo(Exporter& ex) {
+// What a NeMo GPT config cannot express, as diagnostics on `ex`.
+void NemoCheckLimits(Exporter& ex) {
   const Plan& p = ex.plan_;
   const ModelSpec& m = p.model;
   auto n = [](int64_t v) { return std::to_string(v); };
@@ -649,16 +650,14 @@ std::string Nemo(Exporter& ex) {
               "this exporter writes NeMo's swiglu and gelu only", "export to megatron");
   }
   ex.CommonLimits(false);
-  if (!ex.ok()) return {};
-  std::string y = "# " + p.name + ": written by planc export --to=nemo\n#\n# Derived by planc:\n";
-  for (const std::string& d : ex.Derived()) y += "#   " + d + "\n";
-  const char* precision = p.precision == Precision::kFp16   ? "16-mixed"
-                          : p.precision == Precision::kFp32 ? "32"
-                                                            : "bf16-mixed";
-  y += "trainer:\n  num_nodes: " + n(p.cluster.nodes) +
-       "\n  devices: " + n(p.cluster.gpus_per_node) + "\n  precision: " + precision +
-       "\n  max_steps: " + n(p.train.steps) +
-       "\n  gradient_clip_val: " + Real(p.optimizer.clip_grad) + "\nmodel:\n";
+}
+
+// The keys of the NeMo config's `model:` section, one "  key: value" line each.
+std::string NemoModelKeys(const Plan& p) {
+  const ModelSpec& m = p.model;
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  auto n = [](int64_t v) { return std::to_string(v); };
+  std::string y;
   auto kv = [&](const std::string& k, const std::string& v) { y += "  " + k + ": " + v + "\n"; };
   kv("micro_batch_size", n(p.batch.micro));
   kv("global_batch_size", n(p.batch.global));
@@ -730,6 +729,24 @@ std::string Nemo(Exporter& ex) {
        p.moe.dispatcher == Dispatcher::kAllGather ? "allgather" : "flex");
   }
   kv("seed", n(p.train.seed));
+  return y;
+}
+
+std::string Nemo(Exporter& ex) {
+  const Plan& p = ex.plan_;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  NemoCheckLimits(ex);
+  if (!ex.ok()) return {};
+  std::string y = "# " + p.name + ": written by planc export --to=nemo\n#\n# Derived by planc:\n";
+  for (const std::string& d : ex.Derived()) y += "#   " + d + "\n";
+  const char* precision = p.precision == Precision::kFp16   ? "16-mixed"
+                          : p.precision == Precision::kFp32 ? "32"
+                                                            : "bf16-mixed";
+  y += "trainer:\n  num_nodes: " + n(p.cluster.nodes) +
+       "\n  devices: " + n(p.cluster.gpus_per_node) + "\n  precision: " + precision +
+       "\n  max_steps: " + n(p.train.steps) +
+       "\n  gradient_clip_val: " + Real(p.optimizer.clip_grad) + "\nmodel:\n";
+  y += NemoModelKeys(p);
   y += "  optim:\n    name: " +
        std::string(p.optimizer.type == OptimizerType::kSgd ? "sgd"
                    : p.optimizer.zero == 1                 ? "distributed_fused_adam"
