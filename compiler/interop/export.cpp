@@ -493,7 +493,9 @@ constexpr TitanFlavor kTitanFlavors[] = {
     {"deepseek_v2", "deepseek_v3", "236B"}, {"qwen3_30b_a3b", "qwen3", "30B-A3B"},
 };
 
-std::string Torchtitan(Exporter& ex) {
+// The torchtitan flavor of the plan's model (nullptr when there is none), after reporting on
+// `ex` what a torchtitan job file cannot express.
+const TitanFlavor* TorchtitanCheckLimits(Exporter& ex) {
   const Plan& p = ex.plan_;
   auto n = [](int64_t v) { return std::to_string(v); };
   const TitanFlavor* flavor = nullptr;
@@ -558,6 +560,14 @@ std::string Torchtitan(Exporter& ex) {
   ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.grads", "fsdp.replicate",
                    "fsdp.reshard_after_forward"});
   ex.CommonLimits(false);
+  return flavor;
+}
+
+std::string Torchtitan(Exporter& ex) {
+  const Plan& p = ex.plan_;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  const TitanFlavor* flavor = TorchtitanCheckLimits(ex);
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   if (!ex.ok()) return {};
   std::string t =
       "# " + p.name + ": written by planc export --to=torchtitan\n#\n# Derived by planc:\n";
