@@ -36,7 +36,7 @@ struct Reader {
     pos += n;
     return s;
   }
-  bool done() const { return pos >= size; }
+  bool Done() const { return pos >= size; }
 };
 
 }  // namespace
@@ -60,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   std::vector<Diagnostic> diags;
   int count = 1 + r.U8() % 4;
-  for (int i = 0; i < count && !r.done(); ++i) {
+  for (int i = 0; i < count && !r.Done(); ++i) {
     Diagnostic d;
     d.kind = static_cast<DiagKind>(r.U8() % (static_cast<unsigned>(DiagKind::kCount) + 2));
     d.level = static_cast<DiagLevel>(r.U8() % 4);

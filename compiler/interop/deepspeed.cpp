@@ -101,7 +101,7 @@ std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, Diagn
   draft->kind = ConfigKind::kDeepSpeed;
   draft->Set("framework", "deepspeed", {}, "a Megatron-DeepSpeed script runs on DeepSpeed");
   const DraftSkip* config = nullptr;
-  for (const DraftSkip& s : draft->skipped()) {
+  for (const DraftSkip& s : draft->Skipped()) {
     if (s.text.rfind("--deepspeed_config ", 0) == 0 || s.text.rfind("--deepspeed-config ", 0) == 0)
       config = &s;
   }

@@ -257,7 +257,7 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
     return std::nullopt;
   }
 
-  std::vector<DraftSetting> settings = draft.settings();
+  std::vector<DraftSetting> settings = draft.Settings();
   auto set_from_options = [&](const char* path, const std::optional<int64_t>& v, const char* flag) {
     if (!v) return;
     settings.erase(std::remove_if(settings.begin(), settings.end(),
@@ -399,10 +399,10 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
   w.Line("# " + file_name + ": a " + framework + " configuration as a plan (planc import --from=" +
              std::string(ToString(draft.kind)) + ")",
          "", {});
-  if (!draft.skipped().empty()) {
+  if (!draft.Skipped().empty()) {
     w.Line("#", "", {});
     w.Line("# Not imported (no plan field, or not recognised):", "", {});
-    for (const DraftSkip& s : draft.skipped()) {
+    for (const DraftSkip& s : draft.Skipped()) {
       std::string where =
           s.range.IsValid()
               ? "line " + std::to_string(sm.Position(s.range.buffer, s.range.begin).line) + ": "
@@ -484,16 +484,16 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
     out.field_origins.push_back({"cluster.gpu", gpu_origin});
   }
 
-  if (!draft.skipped().empty()) {
-    const DraftSkip& first = draft.skipped().front();
+  if (!draft.Skipped().empty()) {
+    const DraftSkip& first = draft.Skipped().front();
     Diag d(DiagKind::kConfigNotImported,
-           std::to_string(draft.skipped().size()) + " setting" +
-               (draft.skipped().size() == 1 ? "" : "s") + " of " + file_name +
-               (draft.skipped().size() == 1 ? " has" : " have") + " no plan field and " +
-               (draft.skipped().size() == 1 ? "is" : "are") + " not imported");
+           std::to_string(draft.Skipped().size()) + " setting" +
+               (draft.Skipped().size() == 1 ? "" : "s") + " of " + file_name +
+               (draft.Skipped().size() == 1 ? " has" : " have") + " no plan field and " +
+               (draft.Skipped().size() == 1 ? "is" : "are") + " not imported");
     d.At(first.range, first.reason);
-    for (size_t i = 1; i < draft.skipped().size(); ++i) {
-      d.Label(draft.skipped()[i].range, draft.skipped()[i].reason);
+    for (size_t i = 1; i < draft.Skipped().size(); ++i) {
+      d.Label(draft.Skipped()[i].range, draft.Skipped()[i].reason);
     }
     d.Note("the written plan lists them in its first comment; nothing else was left out");
     sink.Report(std::move(d));

@@ -43,8 +43,8 @@ class PlanDraft {
   // reader that reads them after all).
   void Unskip(std::string_view text);
 
-  const std::vector<DraftSetting>& settings() const { return settings_; }
-  const std::vector<DraftSkip>& skipped() const { return skipped_; }
+  const std::vector<DraftSetting>& Settings() const { return settings_; }
+  const std::vector<DraftSkip>& Skipped() const { return skipped_; }
 
   ConfigKind kind = ConfigKind::kMegatron;
   // The GPU as the file names it ("h100", "A100-80GB"); empty when it does not.

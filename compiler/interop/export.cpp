@@ -38,7 +38,7 @@ class Exporter {
                      .Help(help));
     ok_ = false;
   }
-  bool ok() const { return ok_; }
+  bool Ok() const { return ok_; }
 
   // The derived settings, one comment line each.
   std::vector<std::string> Derived() const {
@@ -568,7 +568,7 @@ std::string Torchtitan(Exporter& ex) {
   auto n = [](int64_t v) { return std::to_string(v); };
   const TitanFlavor* flavor = TorchtitanCheckLimits(ex);
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
-  if (!ex.ok()) return {};
+  if (!ex.Ok()) return {};
   std::string t =
       "# " + p.name + ": written by planc export --to=torchtitan\n#\n# Derived by planc:\n";
   for (const std::string& d : ex.Derived()) t += "#   " + d + "\n";
@@ -746,7 +746,7 @@ std::string Nemo(Exporter& ex) {
   const Plan& p = ex.plan_;
   auto n = [](int64_t v) { return std::to_string(v); };
   NemoCheckLimits(ex);
-  if (!ex.ok()) return {};
+  if (!ex.Ok()) return {};
   std::string y = "# " + p.name + ": written by planc export --to=nemo\n#\n# Derived by planc:\n";
   for (const std::string& d : ex.Derived()) y += "#   " + d + "\n";
   const char* precision = p.precision == Precision::kFp16   ? "16-mixed"
@@ -778,7 +778,7 @@ ExportResult ExportPlan(ConfigKind kind, const Plan& plan, DiagnosticSink& sink)
   switch (kind) {
     case ConfigKind::kMegatron: {
       auto args = MegatronArgs(ex, false);
-      if (ex.ok()) {
+      if (ex.Ok()) {
         out.text = ShellScript(
             ex, "torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE pretrain_gpt.py", args,
             "");
@@ -788,7 +788,7 @@ ExportResult ExportPlan(ConfigKind kind, const Plan& plan, DiagnosticSink& sink)
     case ConfigKind::kDeepSpeed: {
       DeepSpeedLimits(ex);
       auto args = MegatronArgs(ex, true);
-      if (!ex.ok()) break;
+      if (!ex.Ok()) break;
       args.push_back("--deepspeed");
       args.push_back("--deepspeed_config ds_config.json");
       out.companion_name = "ds_config.json";
@@ -806,7 +806,7 @@ ExportResult ExportPlan(ConfigKind kind, const Plan& plan, DiagnosticSink& sink)
       out.text = Nemo(ex);
       break;
   }
-  if (!ex.ok()) out = {};
+  if (!ex.Ok()) out = {};
   return out;
 }
 

@@ -377,7 +377,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
 
   // GPT-2's BPE vocabulary (50,257 tokens) is fixed by the tokenizer type.
   if (!draft.Has("model.vocab")) {
-    for (const DraftSkip& s : draft.skipped()) {
+    for (const DraftSkip& s : draft.Skipped()) {
       if (s.text == "--tokenizer-type GPT2BPETokenizer") {
         draft.Set("model.vocab", "50257", s.range,
                   "--tokenizer-type GPT2BPETokenizer (50,257 tokens)");

@@ -44,7 +44,7 @@ class Reader {
     return Field{};
   }
 
-  const std::string& error() const { return error_; }
+  const std::string& Error() const { return error_; }
 
  private:
   const EnvLookup& env_;
@@ -287,7 +287,7 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
         "a Slurm allocation was found but this is not an `srun` step, so planrun runs as one "
         "process; start it with `srun` to use the allocation's tasks");
   }
-  if (!r.error().empty()) return Fail(r.error());
+  if (!r.Error().empty()) return Fail(r.Error());
   if (!ignored.empty()) {
     out.notes.push_back(fmt::format("ignored the variables of {}: {} takes precedence",
                                     JoinNotes(ignored), LauncherName(out.launcher)));
@@ -375,7 +375,7 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
   if (auto addr = r.Text("MASTER_ADDR")) out.master_addr = *addr;
   if (overrides.master_addr) out.master_addr = *overrides.master_addr;
   Field port = r.Int({"MASTER_PORT"}, 1, 65535);
-  if (!r.error().empty()) return Fail(r.error());
+  if (!r.Error().empty()) return Fail(r.Error());
   if (port.value) out.master_port = *port.value;
   if (overrides.master_port) {
     if (*overrides.master_port < 1 || *overrides.master_port > 65535) {

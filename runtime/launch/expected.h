@@ -20,6 +20,9 @@ struct Failure {
 
 inline Failure Fail(std::string message) { return Failure{std::move(message)}; }
 
+// ok(), value() and error() keep std::expected's (and absl::StatusOr's) lower-case names, so
+// that this class can give way to std::expected without touching its callers.
+// NOLINTBEGIN(readability-identifier-naming)
 template <typename T>
 class [[nodiscard]] Expected {
  public:
@@ -48,6 +51,7 @@ class [[nodiscard]] Expected {
   std::optional<T> value_;
   std::string error_;
 };
+// NOLINTEND(readability-identifier-naming)
 
 // For functions that only succeed or fail.
 struct Ok {};

@@ -42,7 +42,7 @@ class Socket {
     }
     return *this;
   }
-  int fd() const { return fd_; }
+  int Fd() const { return fd_; }
   int Release() {
     int fd = fd_;
     fd_ = -1;
@@ -165,25 +165,25 @@ Expected<std::unique_ptr<RendezvousServer>> RendezvousServer::Listen(int port) {
   }
   // Dual-stack IPv6 socket when available, so clients may use IPv4 or IPv6 addresses.
   Socket s(::socket(AF_INET6, SOCK_STREAM, 0));
-  bool v6 = s.fd() >= 0;
+  bool v6 = s.Fd() >= 0;
   if (!v6) s = Socket(::socket(AF_INET, SOCK_STREAM, 0));
-  if (s.fd() < 0) return Fail(fmt::format("cannot open a socket: {}", std::strerror(errno)));
+  if (s.Fd() < 0) return Fail(fmt::format("cannot open a socket: {}", std::strerror(errno)));
   int one = 1, zero = 0;
-  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(s.Fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   int rc;
   if (v6) {
-    ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    ::setsockopt(s.Fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
     sockaddr_in6 a{};
     a.sin6_family = AF_INET6;
     a.sin6_addr = in6addr_any;
     a.sin6_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+    rc = ::bind(s.Fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
   } else {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_ANY);
     a.sin_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+    rc = ::bind(s.Fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
   }
   if (rc != 0) {
     int err = errno;
@@ -195,13 +195,13 @@ Expected<std::unique_ptr<RendezvousServer>> RendezvousServer::Listen(int port) {
     }
     return Fail(fmt::format("rank 0 cannot listen on port {}: {}", port, std::strerror(err)));
   }
-  if (::listen(s.fd(), 1024) != 0) {
+  if (::listen(s.Fd(), 1024) != 0) {
     return Fail(fmt::format("rank 0 cannot listen on port {}: {}", port, std::strerror(errno)));
   }
-  SetNonBlocking(s.fd());
+  SetNonBlocking(s.Fd());
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
-  ::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&bound), &len);
+  ::getsockname(s.Fd(), reinterpret_cast<sockaddr*>(&bound), &len);
   int actual = bound.ss_family == AF_INET6
                    ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                    : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
@@ -240,11 +240,11 @@ Expected<Ok> RendezvousServer::Serve(int world_size, uint64_t job_key,
       break;
     }
     Socket c(::accept(fd_, nullptr, nullptr));
-    if (c.fd() < 0) continue;
-    SetNonBlocking(c.fd());
+    if (c.Fd() < 0) continue;
+    SetNonBlocking(c.Fd());
     uint8_t hello[kHelloBytes];
     auto hello_deadline = std::min(deadline, Clock::now() + kHelloTimeout);
-    std::string err = ReadAll(c.fd(), hello, kHelloBytes, hello_deadline);
+    std::string err = ReadAll(c.Fd(), hello, kHelloBytes, hello_deadline);
     if (!err.empty() || Get32(hello) != kMagic) {
       ++stray;  // a port scanner, a health check, or another program: ignore it
       continue;
@@ -274,18 +274,18 @@ Expected<Ok> RendezvousServer::Serve(int world_size, uint64_t job_key,
           rank, key, job_key);
     }
     if (!failure.empty()) {
-      SendRefusal(c.fd(), failure);
+      SendRefusal(c.Fd(), failure);
       break;
     }
     joined.emplace(rank, std::move(c));
   }
 
   if (!failure.empty()) {
-    for (auto& [rank, sock] : joined) SendRefusal(sock.fd(), "rank 0 reports: " + failure);
+    for (auto& [rank, sock] : joined) SendRefusal(sock.Fd(), "rank 0 reports: " + failure);
     return Fail(failure);
   }
   for (auto& [rank, sock] : joined) {
-    SendReply(sock.fd(), 0, payload.data(), payload.size(),
+    SendReply(sock.Fd(), 0, payload.data(), payload.size(),
               std::max(deadline, Clock::now() + milliseconds(1000)));
   }
   return Ok{};
@@ -308,15 +308,15 @@ Socket ConnectOnce(const std::string& host, int port, Clock::time_point deadline
     return Socket();
   }
   Socket result;
-  for (addrinfo* a = list; a != nullptr && result.fd() < 0; a = a->ai_next) {
+  for (addrinfo* a = list; a != nullptr && result.Fd() < 0; a = a->ai_next) {
     Socket s(::socket(a->ai_family, a->ai_socktype, a->ai_protocol));
-    if (s.fd() < 0) continue;
-    SetNonBlocking(s.fd());
-    if (::connect(s.fd(), a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    if (s.Fd() < 0) continue;
+    SetNonBlocking(s.Fd());
+    if (::connect(s.Fd(), a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
       error = std::strerror(errno);
       continue;
     }
-    pollfd p{s.fd(), POLLOUT, 0};
+    pollfd p{s.Fd(), POLLOUT, 0};
     int wait = std::min(RemainingMs(deadline), 2000);
     if (::poll(&p, 1, wait) <= 0) {
       error = "connection attempt timed out";
@@ -324,7 +324,7 @@ Socket ConnectOnce(const std::string& host, int port, Clock::time_point deadline
     }
     int so_error = 0;
     socklen_t len = sizeof so_error;
-    ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &so_error, &len);
+    ::getsockopt(s.Fd(), SOL_SOCKET, SO_ERROR, &so_error, &len);
     if (so_error != 0) {
       error = std::strerror(so_error);
       continue;
@@ -349,7 +349,7 @@ Expected<std::vector<uint8_t>> JoinRendezvous(const RendezvousOptions& o) {
   while (true) {
     bool permanent = false;
     s = ConnectOnce(o.host, o.port, deadline, last_error, permanent);
-    if (s.fd() >= 0) break;
+    if (s.Fd() >= 0) break;
     if (permanent) {
       return Fail(fmt::format("rank {} cannot reach rank 0 at {}: {}", o.rank, where, last_error));
     }
@@ -363,7 +363,7 @@ Expected<std::vector<uint8_t>> JoinRendezvous(const RendezvousOptions& o) {
     backoff = std::min(backoff * 2, milliseconds(1000));
   }
   int one = 1;
-  ::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(s.Fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 
   uint8_t hello[kHelloBytes];
   Put32(hello, kMagic);
@@ -371,12 +371,12 @@ Expected<std::vector<uint8_t>> JoinRendezvous(const RendezvousOptions& o) {
   Put32(hello + 8, static_cast<uint32_t>(o.rank));
   Put32(hello + 12, static_cast<uint32_t>(o.world_size));
   Put64(hello + 16, o.job_key);
-  if (auto err = WriteAll(s.fd(), hello, kHelloBytes, deadline); !err.empty()) {
+  if (auto err = WriteAll(s.Fd(), hello, kHelloBytes, deadline); !err.empty()) {
     return Fail(
         fmt::format("rank {} lost rank 0 at {} while introducing itself: {}", o.rank, where, err));
   }
   uint8_t header[kReplyHeaderBytes];
-  if (auto err = ReadAll(s.fd(), header, kReplyHeaderBytes, deadline); !err.empty()) {
+  if (auto err = ReadAll(s.Fd(), header, kReplyHeaderBytes, deadline); !err.empty()) {
     if (err == "timed out") {
       return Fail(
           fmt::format("rank {} reached rank 0 at {} but the other ranks did not all join "
@@ -397,7 +397,7 @@ Expected<std::vector<uint8_t>> JoinRendezvous(const RendezvousOptions& o) {
   }
   std::vector<uint8_t> body(size);
   if (size > 0) {
-    if (auto err = ReadAll(s.fd(), body.data(), size,
+    if (auto err = ReadAll(s.Fd(), body.data(), size,
                            std::max(deadline, Clock::now() + milliseconds(1000)));
         !err.empty()) {
       return Fail(fmt::format("rank {} lost rank 0 at {} while receiving: {}", o.rank, where, err));

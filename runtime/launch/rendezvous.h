@@ -49,7 +49,7 @@ class RendezvousServer {
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
-  int port() const { return port_; }
+  int Port() const { return port_; }
 
   // Waits for ranks 1..world_size-1, checks them, sends `payload` to each.
   Expected<Ok> Serve(int world_size, uint64_t job_key, const std::vector<uint8_t>& payload,

@@ -39,7 +39,7 @@ RendezvousOptions Options(int port, int rank, int world,
 TEST_CASE("rank 0 hands its payload to every rank") {
   auto server = RendezvousServer::Listen(0);
   REQUIRE(server.ok());
-  const int port = server.value()->port();
+  const int port = server.value()->Port();
   CHECK(port > 0);
   constexpr int kWorld = 5;
   std::vector<Expected<std::vector<uint8_t>>> got(kWorld, Fail("not run"));
@@ -63,7 +63,7 @@ TEST_CASE("ranks that start before rank 0 retry until it listens") {
   {
     auto probe = RendezvousServer::Listen(0);
     REQUIRE(probe.ok());
-    port = probe.value()->port();
+    port = probe.value()->Port();
   }
   Expected<std::vector<uint8_t>> got = Fail("not run");
   std::thread joiner([&] { got = JoinRendezvous(Options(port, 1, 2)); });
@@ -78,7 +78,7 @@ TEST_CASE("ranks that start before rank 0 retry until it listens") {
 TEST_CASE("a missing rank ends in a timeout that names it") {
   auto server = RendezvousServer::Listen(0);
   REQUIRE(server.ok());
-  const int port = server.value()->port();
+  const int port = server.value()->Port();
   Expected<std::vector<uint8_t>> one = Fail("not run");
   std::thread t([&] { one = JoinRendezvous(Options(port, 1, 4, milliseconds(3000))); });
   auto served = server.value()->Serve(4, 42, Payload(), milliseconds(300));
@@ -96,7 +96,7 @@ TEST_CASE("an unreachable rank 0 ends in a bounded error") {
   {
     auto probe = RendezvousServer::Listen(0);
     REQUIRE(probe.ok());
-    port = probe.value()->port();
+    port = probe.value()->Port();
   }
   auto got = JoinRendezvous(Options(port, 1, 2, milliseconds(300)));
   REQUIRE_FALSE(got.ok());
@@ -119,7 +119,7 @@ TEST_CASE("disagreements fail every rank that joined") {
   auto run = [](std::vector<RendezvousOptions> joiners, int world) {
     auto server = RendezvousServer::Listen(0);
     REQUIRE(server.ok());
-    const int port = server.value()->port();
+    const int port = server.value()->Port();
     std::vector<Expected<std::vector<uint8_t>>> got(joiners.size(), Fail("not run"));
     std::vector<std::thread> threads;
     for (size_t i = 0; i < joiners.size(); ++i) {
@@ -158,7 +158,7 @@ TEST_CASE("disagreements fail every rank that joined") {
 TEST_CASE("stray connections are ignored") {
   auto server = RendezvousServer::Listen(0);
   REQUIRE(server.ok());
-  const int port = server.value()->port();
+  const int port = server.value()->Port();
   Expected<std::vector<uint8_t>> got = Fail("not run");
   std::thread t([&] {
     // Something that is not planrun connects, writes junk and leaves.
@@ -184,7 +184,7 @@ TEST_CASE("stray connections are ignored") {
 TEST_CASE("a port in use is refused clearly") {
   auto first = RendezvousServer::Listen(0);
   REQUIRE(first.ok());
-  auto second = RendezvousServer::Listen(first.value()->port());
+  auto second = RendezvousServer::Listen(first.value()->Port());
   REQUIRE_FALSE(second.ok());
   CHECK(Contains(second.error(), "already in use"));
   CHECK(Contains(second.error(), "`MASTER_PORT`"));
@@ -193,7 +193,7 @@ TEST_CASE("a port in use is refused clearly") {
 TEST_CASE("separate processes meet through the environment") {
   auto probe = RendezvousServer::Listen(0);
   REQUIRE(probe.ok());
-  const int port = probe.value()->port();
+  const int port = probe.value()->Port();
   probe.value().reset();
   constexpr int kWorld = 3;
   std::vector<pid_t> children;

@@ -24,7 +24,7 @@ class HostCommWorld final : public CommWorld {
     return world_.Join(members, world_rank, tag);
   }
   void Abort(const std::string& reason) override { world_.Abort(reason); }
-  comm::HostWorld& world() { return world_; }
+  comm::HostWorld& World() { return world_; }
 
  private:
   comm::HostWorld world_;
