@@ -151,26 +151,9 @@ double ConventionFlopsPerToken(const std::string& convention, const ModelSpec& m
 }
 
 // Reads one run; returns false (with `error`) on a malformed entry.
-bool ReadCase(const Object& run, Case& c, std::string& error) {
-  c.id = Str(&run, "id");
-  c.source = SourceOf(c.id);
-  const Object* model = run.getObject("model");
-  const Object* par = run.getObject("parallelism");
-  const Object* hw = run.getObject("hardware");
-  const Object* measured = run.getObject("measured");
-  const Object* derived = run.getObject("derived");
-  if (c.id.empty() || !model || !par || !hw || !measured) {
-    error = "run " + (c.id.empty() ? std::string("without id") : c.id) +
-            " lacks model, parallelism, hardware or measured";
-    return false;
-  }
-  std::set<std::string> uncertain;
-  if (const llvm::json::Array* u = run.getArray("uncertain"))
-    for (const llvm::json::Value& v : *u)
-      if (auto s = v.getAsString()) uncertain.insert(s->str().substr(0, s->str().find(' ')));
-  Plan& plan = c.plan;
-  plan.name = c.id;
-  ModelSpec& m = plan.model;
+// The model of a run ("model" and seq_len). False, with `error`, when its dimensions are unusable.
+bool ReadModel(const Object& run, const Object* model, Case& c, std::string& error) {
+  ModelSpec& m = c.plan.model;
   m.name = Str(model, "name");
   m.layers = Int(model, "num_layers");
   m.hidden = Int(model, "hidden_size");
@@ -200,6 +183,14 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
     error = "run " + c.id + " has no usable model dimensions";
     return false;
   }
+  return true;
+}
+
+// The cluster ("hardware"), the parallel layout ("parallelism") and the framework of a run.
+// False, with `error`, when the layout does not fit the GPUs.
+bool ReadLayout(const Object* par, const Object* hw, Case& c, std::string& error) {
+  Plan& plan = c.plan;
+  const ModelSpec& m = plan.model;
   // Cluster.
   const int64_t gpus = Int(hw, "num_gpus");
   const int64_t per_node = std::max<int64_t>(1, Int(hw, "gpus_per_node", 8));
@@ -234,6 +225,12 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
                       Framework::kDeepSpeed, Framework::kLlmFoundry, Framework::kMegatronLm2021})
     if (ToString(f) == c.stack) plan.framework = f;
   if (Has(c.id, "asynctp")) p.tp_comm_overlap = true;  // torchtitan async TP
+  return true;
+}
+
+// The precision and the data-parallel sharding (ZeRO stage) of a run.
+void ReadPrecisionAndSharding(const Object& run, const Object* par, Case& c) {
+  Plan& plan = c.plan;
   // Precision.
   const std::string prec = Lower(Str(&run, "precision"));
   plan.precision =
@@ -255,6 +252,15 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
   else if (Has(shard, "none"))
     zero = 0;
   plan.optimizer.zero = zero;
+}
+
+// The batch and the settings a run states or leaves to be chosen: microbatch sizes, virtual
+// stages, recomputation, sequence parallelism. False, with `error`, without a usable batch.
+bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* derived,
+                         const std::set<std::string>& uncertain, Case& c, std::string& error) {
+  Plan& plan = c.plan;
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& p = plan.parallel;
   // Batch.
   int64_t global = Int(&run, "global_batch_size", 0);
   if (global <= 0) global = Int(derived, "local_batch_size_per_dp_rank", 1) * p.dp;
@@ -298,6 +304,16 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
     c.sps = {true};
   else
     c.sps = {false};
+  return true;
+}
+
+// The measured throughput as tokens/s per GPU (from whichever quantity the source gives), the
+// measured peak memory, and why a run is not scored.
+void ReadMeasurement(const Object& run, const Object* measured, Case& c) {
+  const ModelSpec& m = c.plan.model;
+  const ClusterSpec& cl = c.plan.cluster;
+  const int64_t gpus = cl.nodes * cl.gpus_per_node;
+  const int64_t global = c.plan.batch.global;
   // The measurement as tokens/s per GPU.
   const double tokens_per_step = D(global) * D(m.seq_len);
   if (double v = Num(measured, "tokens_per_sec_per_gpu"); v > 0) {
@@ -324,6 +340,30 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
     c.why_unscored =
         "MegaScale's own system: parallel block, sliding-window attention, LAMB (upper reference "
         "only)";
+}
+
+bool ReadCase(const Object& run, Case& c, std::string& error) {
+  c.id = Str(&run, "id");
+  c.source = SourceOf(c.id);
+  const Object* model = run.getObject("model");
+  const Object* par = run.getObject("parallelism");
+  const Object* hw = run.getObject("hardware");
+  const Object* measured = run.getObject("measured");
+  const Object* derived = run.getObject("derived");
+  if (c.id.empty() || !model || !par || !hw || !measured) {
+    error = "run " + (c.id.empty() ? std::string("without id") : c.id) +
+            " lacks model, parallelism, hardware or measured";
+    return false;
+  }
+  std::set<std::string> uncertain;
+  if (const llvm::json::Array* u = run.getArray("uncertain"))
+    for (const llvm::json::Value& v : *u)
+      if (auto s = v.getAsString()) uncertain.insert(s->str().substr(0, s->str().find(' ')));
+  c.plan.name = c.id;
+  if (!ReadModel(run, model, c, error) || !ReadLayout(par, hw, c, error)) return false;
+  ReadPrecisionAndSharding(run, par, c);
+  if (!ReadBatchAndChoices(run, par, derived, uncertain, c, error)) return false;
+  ReadMeasurement(run, measured, c);
   return true;
 }
 
