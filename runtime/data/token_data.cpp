@@ -55,7 +55,7 @@ class IndexReader {
     pos_ += sizeof(T);
     return v;
   }
-  size_t pos() const { return pos_; }
+  size_t Pos() const { return pos_; }
 
  private:
   const std::string& bytes_;
@@ -267,7 +267,7 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
   const uint64_t seq_count = r.Read<uint64_t>("the sequence count");
   const uint64_t doc_count = r.Read<uint64_t>("the document count");
   const uint64_t needed = seq_count * (4 + 8) + doc_count * 8;  // both counts <= idx.size()
-  if (seq_count > idx.size() || doc_count > idx.size() || r.pos() + needed > idx.size()) {
+  if (seq_count > idx.size() || doc_count > idx.size() || r.Pos() + needed > idx.size()) {
     throw DataError("`" + idx_path + "` is truncated: it declares " + std::to_string(seq_count) +
                     " sequences and " + std::to_string(doc_count) + " documents but has " +
                     std::to_string(idx.size()) + " bytes");

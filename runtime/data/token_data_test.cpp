@@ -81,33 +81,35 @@ TEST_CASE("raw token files and text") {
 TEST_CASE("sampler: data-parallel slices of a step are the one-rank step's sequences") {
   TokenStream s;
   for (int i = 0; i < 1000; ++i) s.tokens.push_back(i % 97);
-  const int64_t L = 8, B = 8;
-  Sampler one(s, {L, B, 2, 1}, 42);
-  Sampler two(s, {L, B, 2, 2}, 42);
-  Sampler four(s, {L, B, 1, 4}, 42);
+  const int64_t seq = 8, batch = 8;
+  Sampler one(s, {seq, batch, 2, 1}, 42);
+  Sampler two(s, {seq, batch, 2, 2}, 42);
+  Sampler four(s, {seq, batch, 1, 4}, 42);
   CHECK(one.MicrobatchesPerRank() == 4);
   CHECK(two.MicrobatchesPerRank() == 2);
   for (int64_t step : {0, 5, 200}) {  // 200 steps wraps into later epochs
-    std::vector<int32_t> a_in(B * L), a_tg(B * L), b_in(B * L), b_tg(B * L), c_in(B * L),
-        c_tg(B * L);
+    std::vector<int32_t> a_in(batch * seq), a_tg(batch * seq), b_in(batch * seq), b_tg(batch * seq),
+        c_in(batch * seq), c_tg(batch * seq);
     for (int m = 0; m < 4; ++m)
-      one.Microbatch(step, 0, m, a_in.data() + m * 2 * L, a_tg.data() + m * 2 * L);
+      one.Microbatch(step, 0, m, a_in.data() + int64_t{m} * 2 * seq,
+                     a_tg.data() + int64_t{m} * 2 * seq);
     for (int d = 0; d < 2; ++d)
       for (int m = 0; m < 2; ++m)
-        two.Microbatch(step, d, m, b_in.data() + (d * 4 + m * 2) * L,
-                       b_tg.data() + (d * 4 + m * 2) * L);
+        two.Microbatch(step, d, m, b_in.data() + (d * 4 + m * 2) * seq,
+                       b_tg.data() + (d * 4 + m * 2) * seq);
     for (int d = 0; d < 4; ++d)
       for (int m = 0; m < 2; ++m)
-        four.Microbatch(step, d, m, c_in.data() + (d * 2 + m) * L, c_tg.data() + (d * 2 + m) * L);
+        four.Microbatch(step, d, m, c_in.data() + (d * 2 + m) * seq,
+                        c_tg.data() + (d * 2 + m) * seq);
     CHECK(a_in == b_in);
     CHECK(a_tg == b_tg);
     CHECK(a_in == c_in);
-    for (int i = 0; i < B * L; ++i) CHECK(a_tg[i] == (a_in[i] + 1) % 97);
+    for (int i = 0; i < batch * seq; ++i) CHECK(a_tg[i] == (a_in[i] + 1) % 97);
   }
   // Shuffled: the first step does not start at the start of the stream, and a different seed
   // gives a different order.
-  std::vector<int32_t> x(2 * L), y(2 * L), x2(2 * L);
-  Sampler other(s, {L, B, 2, 1}, 7);
+  std::vector<int32_t> x(2 * seq), y(2 * seq), x2(2 * seq);
+  Sampler other(s, {seq, batch, 2, 1}, 7);
   one.Microbatch(0, 0, 0, x.data(), y.data());
   other.Microbatch(0, 0, 0, x2.data(), y.data());
   CHECK(x != x2);

@@ -15,8 +15,8 @@ namespace {
 using Result = paraplan::testing::CommandResult;
 
 std::string Dir() {
-  static const std::string dir = paraplan::testing::ScratchDir("calibration");
-  return dir;
+  static const std::string kDir = paraplan::testing::ScratchDir("calibration");
+  return kDir;
 }
 
 Result Run(const std::string& command) { return paraplan::testing::RunCommand(command, Dir()); }

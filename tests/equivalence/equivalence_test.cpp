@@ -162,12 +162,12 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
 }
 
 std::string Dir() {
-  static const std::string dir = [] {
+  static const std::string kDir = [] {
     auto d = fs::temp_directory_path() / ("paraplan_equivalence_" + std::to_string(::getpid()));
     fs::create_directories(d);
     return d.string();
   }();
-  return dir;
+  return kDir;
 }
 
 // `planc compile FILE --plan NAME` through the binary (FILE relative to the source tree).

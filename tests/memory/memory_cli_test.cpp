@@ -19,8 +19,8 @@ namespace {
 using Result = paraplan::testing::CommandResult;
 
 std::string Dir() {
-  static const std::string dir = paraplan::testing::ScratchDir("memory");
-  return dir;
+  static const std::string kDir = paraplan::testing::ScratchDir("memory");
+  return kDir;
 }
 
 Result Planc(const std::string& args) {

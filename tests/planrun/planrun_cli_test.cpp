@@ -23,12 +23,12 @@ using paraplan::exec::testing::TinyProgram;
 namespace {
 
 std::string Dir() {
-  static const std::string dir = [] {
+  static const std::string kDir = [] {
     auto d = fs::temp_directory_path() / ("paraplan_planrun_" + std::to_string(::getpid()));
     fs::create_directories(d);
     return d.string();
   }();
-  return dir;
+  return kDir;
 }
 
 std::string Read(const std::string& path) {
