@@ -47,13 +47,13 @@ void Scale(float* x, int64_t n, float alpha);                     // x *= alpha
 // ---- GEMM --------------------------------------------------------------------------------
 // C[M,N] = op(A) · op(B) + beta · C, op(A) is M×K (A stored K×M when trans_a), op(B) is K×N
 // (B stored N×K when trans_b). beta is 0 (C overwritten, NaNs in C ignored) or 1 (accumulate).
-// Runs on OpenBLAS, single-threaded in the caller's thread, when the build found it (see
-// GemmLibrary). Deterministic for given shapes; a GEMM split into shards may differ from the
+// Runs on OpenBLAS, single-threaded in the caller's thread, when the build found it and it loads
+// (see GemmLibrary). Deterministic for given shapes; a GEMM split into shards may differ from the
 // whole one in the last bits (the BLAS's blocking depends on the shape).
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
           const float* b, float beta, float* c);
 
-// "OpenBLAS" or "built-in": what Gemm runs on.
+// What Gemm runs on: "OpenBLAS 0.3.21, SkylakeX kernel", or "built-in (why)".
 const char* GemmLibrary();
 
 // y[rows,out] = x[rows,in] · w[out,in]ᵀ (+ bias[out] when bias is not null).

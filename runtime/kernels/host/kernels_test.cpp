@@ -6,8 +6,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -80,6 +82,29 @@ TEST_CASE("gemm matches a naive product for every transpose and beta, any shape"
       }
     }
   }
+}
+
+TEST_CASE("the BLAS runs a kernel for this CPU's vector width, not an older fallback") {
+  const std::string library = GemmLibrary();
+  MESSAGE("GEMM on " << library);
+  if (library.rfind("OpenBLAS", 0) != 0) return;  // a build without OpenBLAS: nothing to choose
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  const char* user_core = std::getenv("OPENBLAS_CORETYPE");
+  const bool chosen_here = user_core == nullptr || std::string(user_core) == "SkylakeX" ||
+                           std::string(user_core) == "Haswell" || std::string(user_core) == "Zen";
+  if (chosen_here && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    // Debian 12's OpenBLAS falls back to Prescott (SSE3) on CPU models newer than its table.
+    for (const char* old : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                            "Sandybridge", "Barcelona", "Bulldozer"}) {
+      CHECK(library.find(old) == std::string::npos);
+    }
+  }
+  if (chosen_here && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    CHECK(library.find("SkylakeX") != std::string::npos);
+  }
+#endif
 }
 
 TEST_CASE("column-sharded linear reproduces the full one within rounding; repeats are bitwise") {
