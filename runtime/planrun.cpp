@@ -44,7 +44,7 @@
 #include "runtime/exec/program_image.h"
 #include "runtime/launch/environment.h"
 #ifdef PARAPLAN_HAVE_CUDA
-#include "runtime/kernels/cuda/backend/cuda_backend.h"
+#include "runtime/backends/cuda/cuda_backend.h"
 #endif
 
 namespace {

@@ -9,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "runtime/kernels/host/kernels.h"
+#include "runtime/backends/host/kernels/kernels.h"
 
 using namespace paraplan::host;
 

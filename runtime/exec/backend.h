@@ -4,9 +4,9 @@
 // One Backend object serves one rank (one thread on the host, one device on CUDA). Pointers
 // passed to kernels are "device" pointers from Allocate (host memory for the host backend).
 // Every kernel has exactly the semantics of the host kernel of the same name in
-// runtime/kernels/host/kernels.h (shapes, layouts, accumulate-vs-write rules); that file is the
-// specification, and a CUDA kernel is correct when it matches the host kernel within the stated
-// tolerance. Kernels may be asynchronous; Synchronize() waits for all of them; copies to the
+// runtime/backends/host/kernels/kernels.h (shapes, layouts, accumulate-vs-write rules); that file
+// is the specification, and a CUDA kernel is correct when it matches the host kernel within the
+// stated tolerance. Kernels may be asynchronous; Synchronize() waits for all of them; copies to the
 // host are synchronous. Scalars that feed host decisions (loss sums, squared norms) come back
 // through ReadScalars.
 //
@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/backends/host/kernels/kernels.h"
 #include "runtime/comm/communicator.h"
-#include "runtime/kernels/host/kernels.h"
 
 namespace paraplan::exec {
 

@@ -13,10 +13,10 @@
 #include <system_error>
 #include <thread>
 
+#include "runtime/backends/host/host_backend.h"
+#include "runtime/backends/host/kernels/kernels.h"
 #include "runtime/exec/checkpoint.h"
-#include "runtime/exec/host_backend.h"
 #include "runtime/exec/rank_runner.h"
-#include "runtime/kernels/host/kernels.h"
 
 namespace paraplan::exec {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/kernels/host/kernels.h"
+#include "runtime/backends/host/kernels/kernels.h"
 
 namespace paraplan::exec {
 namespace {

@@ -1,2 +1,2 @@
-// runtime/kernels/cuda/attention.cu compiled as C++ against the emulation's CUDA headers.
-#include "runtime/kernels/cuda/attention.cu"
+// runtime/backends/cuda/kernels/attention.cu compiled as C++ against the emulation's CUDA headers.
+#include "runtime/backends/cuda/kernels/attention.cu"

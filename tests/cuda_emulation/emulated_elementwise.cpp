@@ -1,2 +1,3 @@
-// runtime/kernels/cuda/elementwise.cu compiled as C++ against the emulation's CUDA headers.
-#include "runtime/kernels/cuda/elementwise.cu"
+// runtime/backends/cuda/kernels/elementwise.cu compiled as C++ against the emulation's CUDA
+// headers.
+#include "runtime/backends/cuda/kernels/elementwise.cu"

@@ -1,2 +1,2 @@
-// runtime/kernels/cuda/loss_optim.cu compiled as C++ against the emulation's CUDA headers.
-#include "runtime/kernels/cuda/loss_optim.cu"
+// runtime/backends/cuda/kernels/loss_optim.cu compiled as C++ against the emulation's CUDA headers.
+#include "runtime/backends/cuda/kernels/loss_optim.cu"

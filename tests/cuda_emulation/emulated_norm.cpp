@@ -1,2 +1,2 @@
-// runtime/kernels/cuda/norm.cu compiled as C++ against the emulation's CUDA headers.
-#include "runtime/kernels/cuda/norm.cu"
+// runtime/backends/cuda/kernels/norm.cu compiled as C++ against the emulation's CUDA headers.
+#include "runtime/backends/cuda/kernels/norm.cu"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/kernels/cuda/launch.cuh"
+#include "runtime/backends/cuda/kernels/launch.cuh"
 
 namespace paraplan::cuda {
 namespace {

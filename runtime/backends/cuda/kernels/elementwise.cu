@@ -1,0 +1,328 @@
+// Elementwise, embedding and activation kernels (memory bound: one pass each, fp32).
+#include "runtime/backends/cuda/kernels/common.cuh"
+#include "runtime/backends/cuda/kernels/kernels.h"
+
+namespace paraplan::cuda {
+namespace {
+
+__global__ void FillKernel(float* x, int64_t n, float value) {
+  PARAPLAN_GRID_STRIDE(i, n) x[i] = value;
+}
+
+__global__ void AddKernel(float* out, const float* a, const float* b, int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void AccumulateKernel(float* y, const float* x, int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) y[i] += x[i];
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float alpha) {
+  PARAPLAN_GRID_STRIDE(i, n) x[i] *= alpha;
+}
+
+__global__ void CastToBf16Kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
+  // Pairs where possible: a 4-byte store instead of two 2-byte ones.
+  const int64_t pairs = n / 2;
+  PARAPLAN_GRID_STRIDE(i, pairs) {
+    float2 v = reinterpret_cast<const float2*>(src)[i];
+    reinterpret_cast<__nv_bfloat162*>(dst)[i] = __floats2bfloat162_rn(v.x, v.y);
+  }
+  if (n % 2 == 1 && blockIdx.x == 0 && threadIdx.x == 0)
+    dst[n - 1] = __float2bfloat16_rn(src[n - 1]);
+}
+
+__global__ void CastToBf16ScalarKernel(__nv_bfloat16* dst, const float* src, int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  PARAPLAN_GRID_STRIDE(i, rows * cols) y[i] += bias[i % cols];
+}
+
+struct BiasGradient {
+  const float* dy;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const { return dy[r * cols + c]; }
+};
+
+__global__ void EmbeddingForwardKernel(float* out, const int32_t* tokens, const float* table,
+                                       int64_t rows, int64_t dim, int64_t vocab_begin,
+                                       int64_t vocab_count) {
+  PARAPLAN_GRID_STRIDE(i, rows * dim) {
+    const int64_t r = i / dim, c = i % dim;
+    const int64_t t = static_cast<int64_t>(tokens[r]) - vocab_begin;
+    out[i] = (t >= 0 && t < vocab_count) ? table[t * dim + c] : 0.0f;
+  }
+}
+
+// One block per row r. The block exits unless r is the first row holding its token; the owner
+// then adds every row with that token, in increasing row order, into the table row.
+__global__ void EmbeddingBackwardKernel(float* dtable, const float* dout, const int32_t* tokens,
+                                        int64_t rows, int64_t dim, int64_t vocab_begin,
+                                        int64_t vocab_count) {
+  __shared__ SharedArray<int64_t, kThreads> matches;
+  __shared__ int match_count;
+  const int64_t r = blockIdx.x;
+  const int32_t token = tokens[r];
+  const int64_t t = static_cast<int64_t>(token) - vocab_begin;
+  if (t < 0 || t >= vocab_count) return;
+  // Is there an earlier row with the same token?
+  int earlier = 0;
+  for (int64_t j = threadIdx.x; j < r; j += blockDim.x) earlier |= tokens[j] == token;
+  if (__syncthreads_or(earlier)) return;
+  float* dst = dtable + t * dim;
+  for (int64_t chunk = r; chunk < rows; chunk += blockDim.x) {
+    if (threadIdx.x == 0) match_count = 0;
+    __syncthreads();
+    const int64_t j = chunk + threadIdx.x;
+    const bool hit = j < rows && tokens[j] == token;
+    // Compact the hits of this chunk in row order: warp ballots, then warps in order.
+    const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+    __shared__ SharedArray<int, kThreads / 32> warp_base;
+    if (threadIdx.x % 32 == 0) warp_base[threadIdx.x / 32] = __popc(ballot);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int base = 0;
+      for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+        const int c = warp_base[w];
+        warp_base[w] = base;
+        base += c;
+      }
+      match_count = base;
+    }
+    __syncthreads();
+    if (hit) {
+      const int lane = threadIdx.x % 32;
+      matches[warp_base[threadIdx.x / 32] + __popc(ballot & ((1u << lane) - 1u))] = j;
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+      float acc = dst[c];
+      for (int m = 0; m < match_count; ++m) acc += dout[matches[m] * dim + c];
+      dst[c] = acc;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void AddPositionKernel(float* y, const float* x, const float* pos, int64_t rows,
+                                  int64_t dim, int64_t t0, int64_t seq) {
+  PARAPLAN_GRID_STRIDE(i, rows * dim) {
+    const int64_t r = i / dim, c = i % dim;
+    y[i] = x[i] + pos[((t0 + r) % seq) * dim + c];
+  }
+}
+
+// One thread per (position p, column c): adds the rows r with (t0 + r) mod seq = p in
+// increasing r, as the host does.
+__global__ void AddPositionBackwardKernel(float* dpos, const float* dy, int64_t rows, int64_t dim,
+                                          int64_t t0, int64_t seq) {
+  PARAPLAN_GRID_STRIDE(i, seq * dim) {
+    const int64_t p = i / dim, c = i % dim;
+    const int64_t first = ((p - t0 % seq) % seq + seq) % seq;
+    if (first >= rows) continue;
+    float acc = dpos[i];
+    for (int64_t r = first; r < rows; r += seq) acc += dy[r * dim + c];
+    dpos[i] = acc;
+  }
+}
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void SwiGluForwardKernel(float* out, const float* gate, const float* up, int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) {
+    const float g = gate[i];
+    out[i] = g * Sigmoid(g) * up[i];
+  }
+}
+
+__global__ void SwiGluBackwardKernel(float* dgate, float* dup, const float* dout, const float* gate,
+                                     const float* up, int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) {
+    const float g = gate[i], u = up[i], d = dout[i], sg = Sigmoid(g);
+    dup[i] = d * g * sg;
+    dgate[i] = d * u * sg * (1.0f + g * (1.0f - sg));
+  }
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+__global__ void GeluForwardKernel(float* out, const float* x, int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanhf(kGeluScale * (v + 0.044715f * v * v * v)));
+  }
+}
+
+__global__ void GeluBackwardKernel(float* dx, const float* dout, const float* x, int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float u = kGeluScale * (v + 0.044715f * v * v * v);
+    const float t = tanhf(u);
+    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
+    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+struct RankPointers {
+  float* out[kMaxLocalRanks];
+  const float* in[kMaxLocalRanks];
+};
+
+template <bool kMax>
+__global__ void ReduceAcrossRanksKernel(RankPointers p, int out_count, int ranks, int64_t begin,
+                                        int64_t end) {
+  PARAPLAN_GRID_STRIDE(k, end - begin) {
+    const int64_t i = begin + k;
+    float acc = p.in[0][i];
+    for (int r = 1; r < ranks; ++r) acc = kMax ? fmaxf(acc, p.in[r][i]) : acc + p.in[r][i];
+    for (int o = 0; o < out_count; ++o) p.out[o][i] = acc;
+  }
+}
+
+template <bool kMax>
+void ReduceAcrossRanks(float* const* out, int out_count, const float* const* in, int ranks,
+                       int64_t begin, int64_t end, cudaStream_t stream) {
+  if (ranks < 1 || ranks > kMaxLocalRanks || out_count < 1 || out_count > kMaxLocalRanks) {
+    throw CudaError("local collective: rank count out of range");
+  }
+  if (end <= begin) return;
+  RankPointers p{};
+  for (int r = 0; r < ranks; ++r) p.in[r] = in[r];
+  for (int o = 0; o < out_count; ++o) p.out[o] = out[o];
+  PARAPLAN_LAUNCH(ReduceAcrossRanksKernel<kMax>, GridFor(end - begin), kThreads, 0, stream, p,
+                  out_count, ranks, begin, end);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void Fill(float* x, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(FillKernel, GridFor(n), kThreads, 0, stream, x, n, value);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void Copy(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n <= 0 || dst == src) return;
+  PARAPLAN_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+}
+
+void Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(AddKernel, GridFor(n), kThreads, 0, stream, out, a, b, n);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void Accumulate(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(AccumulateKernel, GridFor(n), kThreads, 0, stream, y, x, n);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void Scale(float* x, int64_t n, float alpha, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(ScaleKernel, GridFor(n), kThreads, 0, stream, x, n, alpha);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void CastToBf16(void* dst_bf16, const float* src, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  auto* dst = static_cast<__nv_bfloat16*>(dst_bf16);
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(src) % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 4 == 0;
+  if (aligned) {
+    PARAPLAN_LAUNCH(CastToBf16Kernel, GridFor(std::max<int64_t>(n / 2, 1)), kThreads, 0, stream,
+                    dst, src, n);
+  } else {
+    PARAPLAN_LAUNCH(CastToBf16ScalarKernel, GridFor(n), kThreads, 0, stream, dst, src, n);
+  }
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void AddBias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || bias == nullptr) return;
+  PARAPLAN_LAUNCH(AddBiasKernel, GridFor(rows * cols), kThreads, 0, stream, y, bias, rows, cols);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void BiasBackward(float* dbias, const float* dy, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || dbias == nullptr) return;
+  ColumnSum(dbias, /*accumulate=*/true, rows, cols, BiasGradient{dy, cols}, stream);
+}
+
+void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t rows,
+                      int64_t dim, int64_t vocab_begin, int64_t vocab_count, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  PARAPLAN_LAUNCH(EmbeddingForwardKernel, GridFor(rows * dim), kThreads, 0, stream, out, tokens,
+                  table, rows, dim, vocab_begin, vocab_count);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t rows,
+                       int64_t dim, int64_t vocab_begin, int64_t vocab_count, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  if (rows > 0x7fffffff) throw CudaError("EmbeddingBackward: more than 2^31 rows");
+  PARAPLAN_LAUNCH(EmbeddingBackwardKernel, static_cast<unsigned>(rows), kThreads, 0, stream, dtable,
+                  dout, tokens, rows, dim, vocab_begin, vocab_count);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim, int64_t t0,
+                 int64_t seq, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  if (seq <= 0 || t0 < 0) throw CudaError("AddPosition: seq must be positive and t0 non-negative");
+  PARAPLAN_LAUNCH(AddPositionKernel, GridFor(rows * dim), kThreads, 0, stream, y, x, pos, rows, dim,
+                  t0, seq);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
+                         int64_t seq, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  if (seq <= 0 || t0 < 0)
+    throw CudaError("AddPositionBackward: seq must be positive and t0 non-negative");
+  PARAPLAN_LAUNCH(AddPositionBackwardKernel, GridFor(seq * dim), kThreads, 0, stream, dpos, dy,
+                  rows, dim, t0, seq);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(SwiGluForwardKernel, GridFor(n), kThreads, 0, stream, out, gate, up, n);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                    int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(SwiGluBackwardKernel, GridFor(n), kThreads, 0, stream, dgate, dup, dout, gate, up,
+                  n);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void GeluForward(float* out, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(GeluForwardKernel, GridFor(n), kThreads, 0, stream, out, x, n);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void GeluBackward(float* dx, const float* dout, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(GeluBackwardKernel, GridFor(n), kThreads, 0, stream, dx, dout, x, n);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void SumAcrossRanks(float* const* out, int out_count, const float* const* in, int ranks,
+                    int64_t begin, int64_t end, cudaStream_t stream) {
+  ReduceAcrossRanks<false>(out, out_count, in, ranks, begin, end, stream);
+}
+
+void MaxAcrossRanks(float* const* out, int out_count, const float* const* in, int ranks,
+                    int64_t begin, int64_t end, cudaStream_t stream) {
+  ReduceAcrossRanks<true>(out, out_count, in, ranks, begin, end, stream);
+}
+
+}  // namespace paraplan::cuda

@@ -1,0 +1,174 @@
+// Host reference kernels (fp32): the forward and backward of every op a Llama- or GPT-2-style
+// decoder needs, plus the optimizer. They are the ground truth the CUDA kernels are compared to,
+// and what the host backend runs.
+//
+// Conventions:
+//  - Row-major. An activation is `rows × cols`; rows are tokens in the program's layout. Kernels
+//    that need a token's (sequence, batch) position take a TokenLayout that maps them to rows,
+//    so sequence-major ([S, B, C], Megatron) and batch-major ([B, S, C]) both work.
+//  - Linear weights are [out, in] (PyTorch): y = x · Wᵀ.
+//  - Gradients of parameters are ACCUMULATED (+=) so microbatches add up; gradients of
+//    activations are WRITTEN (=) unless the argument says otherwise.
+//  - Every kernel is deterministic: the same inputs give the same bits, whatever the caller's
+//    threads do. Outside Gemm, results per row/element never depend on how many rows a call
+//    covers, so a sharded run computes each element exactly as the one-rank run does where the
+//    math is the same; GEMMs of different shapes may differ in the last bits (see Gemm).
+//  - Vectorised kernels never fuse multiplies and adds, so they give the same bits on every x86-64
+//    CPU (AVX2 or baseline clone); Gemm on OpenBLAS uses the CPU's own kernel (FMA where present).
+//
+// Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
+// elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
+// (rotary embedding and causal attention), gemm (GEMMs and linear layers), loss_optim
+// (cross-entropy and optimizers).
+//
+// Made by: this folder. Read by: the host backend (runtime/backends/host/host_backend.h), kernel
+// tests, the CUDA kernels' tests (as the reference).
+#ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_KERNELS_H_
+#define PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_KERNELS_H_
+
+#include <cstdint>
+
+namespace paraplan::host {
+
+// Maps (sequence position s, batch index b) to a row: row = s * seq_stride + b * batch_stride.
+struct TokenLayout {
+  int64_t seq = 1;           // local sequence length covered by the buffer
+  int64_t batch = 1;         // sequences in the buffer
+  int64_t seq_stride = 1;    // rows between consecutive positions
+  int64_t batch_stride = 1;  // rows between consecutive sequences
+  int64_t seq_offset = 0;    // global position of local position 0 (sequence parallel shards)
+  int64_t Row(int64_t s, int64_t b) const { return s * seq_stride + b * batch_stride; }
+  static TokenLayout SeqMajor(int64_t seq, int64_t batch) { return {seq, batch, batch, 1, 0}; }
+  static TokenLayout BatchMajor(int64_t seq, int64_t batch) { return {seq, batch, 1, seq, 0}; }
+};
+
+// ---- Elementwise -------------------------------------------------------------------------
+void Fill(float* x, int64_t n, float value);
+void Copy(float* dst, const float* src, int64_t n);
+void Add(float* out, const float* a, const float* b, int64_t n);  // out = a + b
+void Accumulate(float* y, const float* x, int64_t n);             // y += x
+void Scale(float* x, int64_t n, float alpha);                     // x *= alpha
+
+// ---- GEMM --------------------------------------------------------------------------------
+// C[M,N] = op(A) · op(B) + beta · C, op(A) is M×K (A stored K×M when trans_a), op(B) is K×N
+// (B stored N×K when trans_b). beta is 0 (C overwritten, NaNs in C ignored) or 1 (accumulate).
+// Runs on OpenBLAS, single-threaded in the caller's thread, when the build found it and it loads
+// (see GemmLibrary). Deterministic for given shapes; a GEMM split into shards may differ from the
+// whole one in the last bits (the BLAS's blocking depends on the shape).
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+          const float* b, float beta, float* c);
+
+// What Gemm runs on: "OpenBLAS 0.3.21, SkylakeX kernel", or "built-in (why)".
+const char* GemmLibrary();
+
+// y[rows,out] = x[rows,in] · w[out,in]ᵀ (+ bias[out] when bias is not null).
+void LinearForward(float* y, const float* x, const float* w, const float* bias, int64_t rows,
+                   int64_t in, int64_t out);
+// dx = dy · w (written, or added when accumulate_dx), dw += dyᵀ · x, dbias += Σ_rows dy.
+// dx, dw, dbias may be null to skip them.
+void LinearBackward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
+                    const float* w, int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
+
+// ---- Embedding (vocab-parallel) ----------------------------------------------------------
+// out[r] = table[tokens[r] - vocab_begin] when the token is in [vocab_begin, vocab_begin +
+// vocab_count), else zeros (the TP all-reduce then sums the owners' rows).
+void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t rows,
+                      int64_t dim, int64_t vocab_begin, int64_t vocab_count);
+void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t rows,
+                       int64_t dim, int64_t vocab_begin, int64_t vocab_count);
+
+// Learned positions over `rows` consecutive rows of a batch-major buffer whose first row is
+// global row t0: y[r] = x[r] + P[(t0 + r) mod seq] (y may be x); backward accumulates
+// dP[(t0 + r) mod seq] += dy[r] in increasing r.
+void AddPosition(float* y, const float* x, const float* pos, int64_t rows, int64_t dim, int64_t t0,
+                 int64_t seq);
+void AddPositionBackward(float* dpos, const float* dy, int64_t rows, int64_t dim, int64_t t0,
+                         int64_t seq);
+
+// ---- Normalisation -----------------------------------------------------------------------
+// RMSNorm: out = x / rms(x) * w; rstd[rows] saved for backward.
+void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
+                    int64_t dim, float eps);
+void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                     const float* rstd, int64_t rows, int64_t dim);
+// LayerNorm: out = (x - mean) * rstd * w + b; mean, rstd saved.
+void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                      const float* b, int64_t rows, int64_t dim, float eps);
+void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                       const float* w, const float* mean, const float* rstd, int64_t rows,
+                       int64_t dim);
+
+// ---- Rotary position embedding (half-split pairs (i, i + d/2), as Llama) -----------------
+// x holds rows × heads × head_dim; rotated in place by the angle of the token's global
+// position. Backward rotates the gradient back (in place).
+void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t head_dim, float theta);
+void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
+                  float theta);
+
+// ---- Causal attention with grouped-query heads -------------------------------------------
+// q: rows × q_heads × d; k, v: rows × kv_heads × d (q_heads a multiple of kv_heads; query head h
+// reads kv head h / (q_heads / kv_heads)). out: rows × q_heads × d. lse: batch × q_heads × seq,
+// the log-sum-exp of each query's scaled scores (saved for backward); scores are scaled by
+// `scale` (usually 1/sqrt(d)).
+// The layout must cover whole sequences (seq_offset 0).
+void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                      const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
+                      int64_t head_dim, float scale);
+// dq, dk, dv are written.
+void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                       const float* lse, const float* q, const float* k, const float* v,
+                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
+                       int64_t head_dim, float scale);
+
+// ---- Activations -------------------------------------------------------------------------
+// SwiGLU: out = silu(gate) * up.
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n);
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                    int64_t n);
+// GELU, tanh approximation (GPT-2).
+void GeluForward(float* out, const float* x, int64_t n);
+void GeluBackward(float* dx, const float* dout, const float* x, int64_t n);
+
+// ---- Vocab-parallel cross-entropy, in phases (the caller all-reduces between them) -------
+// Logits z are rows × vocab_local, columns are global vocabulary ids vocab_begin + j; columns
+// with a global id >= vocab (padding) are excluded from the softmax.
+// 1. row_max[r] = max over all local columns. (then all-reduce MAX over the TP group)
+void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64_t vocab_local);
+// 2. st[r] = (Σ_j exp(z[r,j] - row_max[r]), z[r, target - vocab_begin] when this slice owns the
+//    target else 0), interleaved [rows, 2]. (then all-reduce SUM over the TP group)
+void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
+                        const int32_t* targets, int64_t rows, int64_t vocab_local,
+                        int64_t vocab_begin, int64_t vocab);
+// 3. loss_sum[0] += scale · Σ_r (log st[r,0] + row_max[r] - st[r,1]) / rows.
+void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
+                      float scale);
+// dz[r,j] = grad_scale / rows · (exp(z[r,j] - row_max[r]) / st[r,0] - [j + vocab_begin ==
+// target]) (written); padding columns get 0.
+void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
+                          const float* st, const int32_t* targets, int64_t rows,
+                          int64_t vocab_local, int64_t vocab_begin, int64_t vocab,
+                          float grad_scale);
+
+// ---- Optimizer ---------------------------------------------------------------------------
+// Σ x², accumulated in double.
+double SumOfSquares(const float* x, int64_t n);
+struct AdamWConfig {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+};
+// One AdamW step (step counts from 1) with bias correction; grad is multiplied by grad_scale
+// (the clipping factor) first. Decoupled weight decay: p -= lr * wd * p.
+void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
+           const AdamWConfig& config, int64_t step, float grad_scale);
+// Plain SGD (with weight decay): p -= lr * (g * grad_scale + wd * p).
+void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
+         float grad_scale);
+
+// Learning rate of `step` (from 0): linear warmup lr·(step+1)/warmup for step < warmup, then
+// cosine from lr to min_lr over the remaining steps: p = (step - warmup) / max(1, steps -
+// warmup), lr = min_lr + ½(lr - min_lr)(1 + cos(π·min(p, 1))).
+double WarmupCosineLr(int64_t step, int64_t warmup, int64_t total_steps, double max_lr,
+                      double min_lr);
+
+}  // namespace paraplan::host
+
+#endif  // PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_KERNELS_H_

@@ -1,0 +1,93 @@
+// 8-lane fp32 vectors for the host kernels (GCC vector extensions, 32 bytes): one AVX2 register,
+// two SSE registers on a baseline x86-64 CPU. Functions that use them are compiled twice
+// (PARAPLAN_HOST_CLONES: an AVX2 clone and a baseline one, picked at load time). The kernels are
+// built with -ffp-contract=off, so no clone fuses a multiply and an add, and a reduction keeps
+// its 8 partial sums in the same lanes on every CPU: the clones compute the same bits.
+//
+// Made by: this folder. Read by: the host kernels only.
+#ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_SIMD_H_
+#define PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_SIMD_H_
+
+#include <cstdint>
+#include <cstring>
+
+// GCC on x86-64 only: clang refuses 32-byte vector values in a function's baseline clone, and
+// other CPUs have no such clones; there the kernels are compiled once, for the baseline, with
+// the same 8-lane arithmetic (so the same bits).
+#if defined(__x86_64__) && !defined(__clang__)
+#define PARAPLAN_HOST_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PARAPLAN_HOST_CLONES
+#endif
+#define PARAPLAN_HOST_INLINE __attribute__((always_inline)) inline
+
+namespace paraplan::host::simd {
+
+typedef float V8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t I8 __attribute__((vector_size(32), aligned(4)));
+typedef float V4 __attribute__((vector_size(16), aligned(4)));
+typedef double D4 __attribute__((vector_size(32), aligned(8)));
+constexpr int64_t kLanes = 8;
+
+PARAPLAN_HOST_INLINE V8 Load(const float* p) { return *reinterpret_cast<const V8*>(p); }
+PARAPLAN_HOST_INLINE void Store(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
+PARAPLAN_HOST_INLINE V8 Splat(float x) { return V8{x, x, x, x, x, x, x, x}; }
+
+// The first n (< 8) elements; the other lanes are `fill`.
+PARAPLAN_HOST_INLINE V8 LoadPart(const float* p, int64_t n, float fill = 0.0f) {
+  float t[kLanes] = {fill, fill, fill, fill, fill, fill, fill, fill};
+  std::memcpy(t, p, static_cast<size_t>(n) * sizeof(float));
+  return Load(t);
+}
+PARAPLAN_HOST_INLINE void StorePart(float* p, V8 v, int64_t n) {
+  float t[kLanes];
+  Store(t, v);
+  std::memcpy(p, t, static_cast<size_t>(n) * sizeof(float));
+}
+
+// Lanes 0-3 and 4-7 widened to double.
+PARAPLAN_HOST_INLINE D4 Low(V8 v) {
+  return __builtin_convertvector(V4{v[0], v[1], v[2], v[3]}, D4);
+}
+PARAPLAN_HOST_INLINE D4 High(V8 v) {
+  return __builtin_convertvector(V4{v[4], v[5], v[6], v[7]}, D4);
+}
+// Sum of the lanes, in a fixed order.
+PARAPLAN_HOST_INLINE double Sum(D4 a) { return (a[0] + a[2]) + (a[1] + a[3]); }
+PARAPLAN_HOST_INLINE float Sum(V8 v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+PARAPLAN_HOST_INLINE float Max(V8 v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// e^x with a relative error of about 2e-7 (a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n,
+// after Cephes' expf): 0 below -87 (no subnormal results), +inf above 88, NaN stays NaN.
+PARAPLAN_HOST_INLINE V8 Exp(V8 x) {
+  const V8 lo = Splat(-87.0f), hi = Splat(88.0f);
+  V8 c = x < lo ? lo : x;
+  c = c > hi ? hi : c;
+  // n = round(x / ln 2), by adding and removing 1.5 * 2^23.
+  const V8 magic = Splat(12582912.0f);
+  const V8 fn = (c * 1.44269504088896341f + magic) - magic;
+  const V8 r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;  // x - n ln2 in two parts
+  const V8 z = r * r;
+  V8 y = Splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const I8 n = __builtin_convertvector(fn, I8);
+  const V8 scale = reinterpret_cast<V8>((n + 127) << 23);
+  y = y * scale;
+  y = x < lo ? Splat(0.0f) : y;
+  return x > hi ? Splat(__builtin_inff()) : y;
+}
+
+}  // namespace paraplan::host::simd
+
+#endif  // PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_SIMD_H_
