@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/backends/host/kernels/simd.h"
+
 using namespace paraplan::host;
 
 namespace {
@@ -281,6 +283,45 @@ TEST_CASE("rope backward, and rope keeps norms") {
   auto y = x;
   RopeForward(y.data(), layout, heads, hd, 10000.0f);
   CHECK(Dot(y, y) == doctest::Approx(Dot(x, x)).epsilon(1e-5));
+}
+
+TEST_CASE("attention gives the same bits on 16-lane (AVX-512) and 8-lane tiles") {
+  if (simd::VectorWidth() != 16) {
+    MESSAGE("no AVX-512 on this CPU: only the 8-lane tiles run here");
+    return;
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  // Head sizes with and without 16- and 8-column leftovers; sequences off multiples of 16.
+  for (const auto& [seq, hd] : {std::array<int64_t, 2>{64, 32}, std::array<int64_t, 2>{37, 64},
+                                std::array<int64_t, 2>{23, 24}, std::array<int64_t, 2>{50, 40}}) {
+    const int64_t batch = 2, qh = 4, kh = 2;
+    const TokenLayout layout = TokenLayout::SeqMajor(seq, batch);
+    std::vector<float> q(seq * batch * qh * hd), k(seq * batch * kh * hd), v(k.size()), g(q.size());
+    for (auto* t : {&q, &k, &v, &g})
+      for (float& x : *t) x = dist(rng);
+    struct Result {
+      std::vector<float> out, lse, dq, dk, dv;
+    };
+    auto run = [&](int lanes) {
+      simd::SetVectorWidth(lanes);
+      Result r{std::vector<float>(q.size()), std::vector<float>(batch * qh * seq),
+               std::vector<float>(q.size()), std::vector<float>(k.size()),
+               std::vector<float>(v.size())};
+      AttentionForward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), layout, qh, kh, hd,
+                       0.125f);
+      AttentionBackward(r.dq.data(), r.dk.data(), r.dv.data(), g.data(), r.out.data(), r.lse.data(),
+                        q.data(), k.data(), v.data(), layout, qh, kh, hd, 0.125f);
+      return r;
+    };
+    const Result narrow = run(8), wide = run(16);
+    CHECK(simd::VectorWidth() == 16);
+    CHECK(narrow.out == wide.out);
+    CHECK(narrow.lse == wide.lse);
+    CHECK(narrow.dq == wide.dq);
+    CHECK(narrow.dk == wide.dk);
+    CHECK(narrow.dv == wide.dv);
+  }
 }
 
 TEST_CASE("causal GQA attention backward, both token layouts") {

@@ -1,8 +1,9 @@
 // 8-lane fp32 vectors for the host kernels (GCC vector extensions, 32 bytes): one AVX2 register,
-// two SSE registers on a baseline x86-64 CPU. Functions that use them are compiled twice
-// (PARAPLAN_HOST_CLONES: an AVX2 clone and a baseline one, picked at load time). The kernels are
-// built with -ffp-contract=off, so no clone fuses a multiply and an add, and a reduction keeps
-// its 8 partial sums in the same lanes on every CPU: the clones compute the same bits.
+// two SSE registers on a baseline x86-64 CPU (attention's tiles also have 16-lane AVX-512 paths).
+// Functions that use them are compiled twice (PARAPLAN_HOST_CLONES: an AVX2 clone and a baseline
+// one, picked at load time). The kernels are built with -ffp-contract=off, so no clone fuses a
+// multiply and an add, and a reduction keeps its 8 partial sums in the same lanes on every CPU: the
+// clones compute the same bits.
 //
 // Made by: this folder. Read by: the host kernels only.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_SIMD_H_
@@ -21,7 +22,24 @@
 #endif
 #define PARAPLAN_HOST_INLINE __attribute__((always_inline)) inline
 
+// Functions on 16-lane (64-byte) vectors, for CPUs with AVX-512; called only where VectorWidth()
+// is 16. GCC on x86-64 only, like the clones.
+#if defined(__x86_64__) && !defined(__clang__)
+#define PARAPLAN_HOST_HAVE_AVX512 1
+#define PARAPLAN_HOST_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
+#else
+#define PARAPLAN_HOST_HAVE_AVX512 0
+#define PARAPLAN_HOST_AVX512
+#endif
+
 namespace paraplan::host::simd {
+
+// 16 where the CPU has AVX-512 (F, VL, BW, DQ), else 8: the width of the kernels' 16-lane paths
+// (attention's tiles). Each element is computed by the same operations in the same order at
+// either width, so both give the same bits; SetVectorWidth(8) turns the 16-lane paths off (the
+// tests compare the two), SetVectorWidth(16) back on where the CPU has AVX-512.
+int VectorWidth();
+void SetVectorWidth(int lanes);
 
 typedef float V8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t I8 __attribute__((vector_size(32), aligned(4)));
