@@ -38,7 +38,7 @@ std::string ByteCharStream::getText(const antlr4::misc::Interval& interval) {
 }
 
 void* TokenArena::Allocate(size_t bytes) {
-  bytes = (bytes + alignof(std::max_align_t) - 1) & ~(alignof(std::max_align_t) - 1);
+  bytes = (bytes + alignof(void*) - 1) & ~(alignof(void*) - 1);  // tokens need no more
   if (used_ + bytes > kChunkBytes) {
     chunks_.push_back(std::make_unique<std::byte[]>(kChunkBytes));
     used_ = 0;

@@ -297,6 +297,11 @@ antlr4::Token* FirstTooDeep(const std::vector<antlr4::Token*>& tokens) {
   return nullptr;
 }
 
+// A list literal `[a, b, c]`: the parse-tree node whose elements LeanParser releases one by one.
+bool IsList(const antlr4::tree::ParseTree* node) {
+  return dynamic_cast<const PlanParser::ListPrimaryContext*>(node) != nullptr;
+}
+
 class Builder {
  public:
   Builder(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink)
@@ -370,7 +375,14 @@ class Builder {
         collector_ = &pending.diags;
         pending.expr = Or(e->orExpr());
         collector_ = nullptr;
-        exprs_[e] = std::move(pending);
+        if (IsList(ctx->parent)) {
+          // An element: the parser frees the list's own nodes as it goes (see LeanParser).
+          PendingList& list = lists_[ctx->parent];
+          list.elements.push_back(std::move(pending.expr));
+          for (Diagnostic& d : pending.diags) list.diags.push_back(std::move(d));
+        } else {
+          exprs_[e] = std::move(pending);
+        }
         break;
       }
       case PlanParser::RuleMember: {
@@ -398,6 +410,7 @@ class Builder {
     streaming_ = on;
     exprs_.clear();
     blocks_.clear();
+    lists_.clear();
     items_ = ast::Module();
     item_diags_.clear();
     depth_.clear();
@@ -589,7 +602,16 @@ class Builder {
       e->kind = ast::ExprKind::kAuto;
     } else if (auto* l = dynamic_cast<PlanParser::ListPrimaryContext*>(ctx)) {
       e->kind = ast::ExprKind::kList;
-      e->operands = Exprs(l->expr());
+      if (streaming_) {
+        auto it = lists_.find(l);
+        if (it != lists_.end()) {
+          for (Diagnostic& d : it->second.diags) Report(std::move(d));
+          e->operands = std::move(it->second.elements);
+          lists_.erase(it);
+        }
+      } else {
+        e->operands = Exprs(l->expr());
+      }
     } else if (auto* p = dynamic_cast<PlanParser::ParenPrimaryContext*>(ctx)) {
       auto inner = Expr(p->expr());
       inner->range = e->range;  // the parentheses belong to what the reader sees
@@ -765,10 +787,15 @@ class Builder {
     std::vector<ast::Member> members;
     std::vector<Diagnostic> diags;
   };
+  struct PendingList {
+    std::vector<std::unique_ptr<ast::Expr>> elements;
+    std::vector<Diagnostic> diags;
+  };
   bool streaming_ = false;
   std::vector<Diagnostic>* collector_ = nullptr;  // where Report goes while building a node
   std::unordered_map<const antlr4::ParserRuleContext*, PendingExpr> exprs_;
   std::unordered_map<const antlr4::tree::ParseTree*, PendingBlock> blocks_;
+  std::unordered_map<const antlr4::tree::ParseTree*, PendingList> lists_;
   ast::Module items_;                   // the top-level items built so far
   std::vector<Diagnostic> item_diags_;  // and what building them reported
 };
@@ -903,7 +930,7 @@ class LeanParser final : public PlanParser, private antlr4::tree::ParseTreeListe
     PlanParser::enterOuterAlt(ctx, alt);
     if (!release_) return;
     const size_t rule = ctx->getRuleIndex();
-    if (IsBuilt(rule) || rule == RuleBlock || rule == RuleFile) {
+    if (IsBuilt(rule) || IsContainer(ctx)) {
       open_.push_back({ctx, std::move(_tracker)});
       _tracker = antlr4::tree::ParseTreeTracker();
     }
@@ -912,6 +939,12 @@ class LeanParser final : public PlanParser, private antlr4::tree::ParseTreeListe
  private:
   static bool IsBuilt(size_t rule) {
     return rule == RuleExpr || rule == RuleMember || rule == RuleTopItem;
+  }
+  // A file, block or list: its own tracker holds only its tokens and the contexts of its items
+  // (top-level items, members, elements), which the builder keeps no pointer to once built.
+  static bool IsContainer(const antlr4::ParserRuleContext* ctx) {
+    const size_t rule = ctx->getRuleIndex();
+    return rule == RuleFile || rule == RuleBlock || IsList(ctx);
   }
   // Frees the contexts of members and items the parser has left.
   void Bury() {
@@ -939,10 +972,11 @@ class LeanParser final : public PlanParser, private antlr4::tree::ParseTreeListe
     ctx->children.clear();
     _tracker = std::move(open_.back().outer);
     open_.pop_back();
-    if (rule == RuleMember || rule == RuleTopItem) {
-      // The tracker of the block or file around holds its opening token and the contexts of
-      // this member or item: nothing the parser reads again once it has left them.
-      ctx->parent->children.clear();
+    auto* parent = static_cast<antlr4::ParserRuleContext*>(ctx->parent);
+    if (parent && !open_.empty() && open_.back().ctx == parent && IsContainer(parent)) {
+      // The tracker of the file, block or list around holds its tokens so far and the contexts
+      // of this item: nothing the parser reads again once it has left them.
+      parent->children.clear();
       graveyard_.push_back(std::move(_tracker));
       _tracker = antlr4::tree::ParseTreeTracker();
     }
@@ -1015,7 +1049,7 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
       return report_all();
     }
   }
-  for (antlr4::Token* t : tokens.getTokens()) {
+  for (antlr4::Token* t : all) {
     if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
       errors.push_back(
           Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
@@ -1034,7 +1068,7 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     }
   }
   if (lexical_error && !recover) return report_all();
-  if (antlr4::Token* deep = FirstTooDeep(tokens.getTokens())) {
+  if (antlr4::Token* deep = FirstTooDeep(all)) {
     errors.push_back(TooDeep(builder.Range(deep), "this text",
                              fmt::format("level {} opens here", kMaxNesting + 1))
                          .Get());
