@@ -298,8 +298,12 @@ antlr4::Token* FirstTooDeep(const std::vector<antlr4::Token*>& tokens) {
 }
 
 // A list literal `[a, b, c]`: the parse-tree node whose elements LeanParser releases one by one.
+// Every parent in the tree is a rule context; the rule index is checked before the (slower)
+// cast.
 bool IsList(const antlr4::tree::ParseTree* node) {
-  return dynamic_cast<const PlanParser::ListPrimaryContext*>(node) != nullptr;
+  const auto* ctx = static_cast<const antlr4::RuleContext*>(node);
+  return ctx && ctx->getRuleIndex() == PlanParser::RulePrimary &&
+         dynamic_cast<const PlanParser::ListPrimaryContext*>(node) != nullptr;
 }
 
 class Builder {
