@@ -276,9 +276,37 @@ Diag TooDeep(SourceRange range, std::string_view what, std::string_view label) {
       .Help("name parts of it with `let` (`let a = ...`), or write the value itself");
 }
 
+// The tokens of a filled stream by index, read in place (getTokens() would copy its vector).
+class TokenList {
+ public:
+  explicit TokenList(antlr4::BufferedTokenStream& stream) : stream_(&stream) {}
+  size_t size() const { return stream_->size(); }
+  antlr4::Token* operator[](size_t i) const { return stream_->get(i); }
+
+  class Iterator {
+   public:
+    Iterator(const TokenList* list, size_t i) : list_(list), i_(i) {}
+    antlr4::Token* operator*() const { return (*list_)[i_]; }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const Iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const TokenList* list_;
+    size_t i_;
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size()}; }
+
+ private:
+  antlr4::BufferedTokenStream* stream_;
+};
+
 // The first token at which brackets, braces and runs of prefix operators open more than
 // kMaxNesting levels, or nullptr. Checked before ANTLR parses, whose recursion follows them.
-antlr4::Token* FirstTooDeep(const std::vector<antlr4::Token*>& tokens) {
+antlr4::Token* FirstTooDeep(const TokenList& tokens) {
   int open = 0, prefix = 0;
   for (antlr4::Token* t : tokens) {
     const std::string text = t->getType() == PlanLexer::NAME ? "" : t->getText();
@@ -814,7 +842,7 @@ constexpr int kMaxSyntaxErrors = 20;
 // member, or to the `}` that closes the enclosing block (kept). The skipped tokens are hidden
 // and the buffer parsed again, so the next error reported is one the user wrote, not an echo of
 // the first. Returns the index of EOF when the rest of the buffer is skipped.
-size_t RecoveryEnd(const std::vector<antlr4::Token*>& all, const SyntaxErrorInfo& info) {
+size_t RecoveryEnd(const TokenList& all, const SyntaxErrorInfo& info) {
   const size_t error_at = info.token->getTokenIndex();
   auto text_is = [](antlr4::Token* t, char c) {
     const std::string& x = t->getText();
@@ -859,7 +887,7 @@ struct MissingValue {
   size_t equals;        // the `=` that ends its line
   size_t value_start;   // `pp`, read as the value
 };
-std::optional<MissingValue> FindMissingValue(const std::vector<antlr4::Token*>& all, size_t at) {
+std::optional<MissingValue> FindMissingValue(const TokenList& all, size_t at) {
   if (at >= all.size() || all[at]->getText() != "=") return std::nullopt;
   auto visible_before = [&](size_t k) -> std::optional<size_t> {
     while (k > 0) {
@@ -1038,7 +1066,7 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     return false;
   };
   bool lexical_error = false;
-  const auto& all = tokens.getTokens();
+  const TokenList all(tokens);
   for (size_t i = 0; i + 1 < all.size(); ++i) {
     // A closed `/* ... */` is skipped by the lexer, so `/` right before `*` opens a comment that
     // never closes.
