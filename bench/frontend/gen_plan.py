@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Writes a large, valid .plan file of a given shape and size, for front-end memory and time
-measurements (bench/frontend/run.sh, tests/frontend).
+measurements (bench/frontend/run.sh, tests/frontend/).
 
 Every shape is the llama3_70b example plan plus filler that `planc check` must lex, parse and
 evaluate:
   array    one `let` holding a giant list literal of integers, reals and strings
-  members  many `let` declarations at the top level and inside the plan block
-  nested   many `let`s whose values nest brackets and operators about 40 levels deep
+  members  many `let` declarations, half at the top level and half inside the plan block
+  nested   many `let`s whose values nest brackets and operators 40 levels deep
   strings  long comments and long string literals
+  mixed    a quarter of each
 
 usage: gen_plan.py SHAPE BYTES OUT
 """
@@ -31,81 +32,76 @@ PLAN_OPEN = """plan big {
 PLAN_CLOSE = "}\n"
 
 
-def array(budget, out):
-    out.write("let table = [\n")
-    n, line = 0, []
-    written = 0
+def lines(budget, make):
+    """Writes make(0), make(1), ... until `budget` bytes are written; returns the text."""
+    parts, written, n = [], 0, 0
     while written < budget:
-        k = n % 3
-        item = str(n * 7919 % 100003) if k == 0 else (
-            f"{n % 1000}.5" if k == 1 else f'"s{n % 97}"')
-        line.append(item)
-        n += 1
-        if len(line) == 16:
-            text = "  " + ", ".join(line) + ",\n"
-            out.write(text)
-            written += len(text)
-            line = []
-    out.write("  0\n]\n")
-    out.write(PLAN_OPEN + PLAN_CLOSE)
-
-
-def members(budget, out):
-    half = budget // 2
-    written, n = 0, 0
-    while written < half:
-        text = f"let top_{n} = {n} * 2 + 1\n"
-        out.write(text)
+        text = make(n)
+        parts.append(text)
         written += len(text)
         n += 1
-    out.write(PLAN_OPEN)
-    n = 0
-    while written < budget:
-        text = f"  let field_{n} = {n % 1000}\n"
-        out.write(text)
-        written += len(text)
-        n += 1
-    out.write(PLAN_CLOSE)
+    return "".join(parts)
 
 
-def nested(budget, out):
-    depth = 40
-    written, n = 0, 0
-    while written < budget:
+def array(budget, name="table"):
+    def row(n):
+        items = []
+        for k in range(16):
+            i = n * 16 + k
+            kind = i % 3
+            items.append(str(i * 7919 % 100003) if kind == 0 else
+                         f"{i % 1000}.5" if kind == 1 else f'"s{i % 97}"')
+        return "  " + ", ".join(items) + ",\n"
+    return f"let {name} = [\n" + lines(budget, row) + "  0\n]\n"
+
+
+def top_lets(budget):
+    return lines(budget, lambda n: f"let top_{n} = {n} * 2 + 1\n")
+
+
+def member_lets(budget):
+    return lines(budget, lambda n: f"  let field_{n} = {n % 1000}\n")
+
+
+def nested(budget):
+    def one(n):
         expr = str(n % 10)
-        for d in range(depth // 2):
+        for d in range(20):
             expr = f"({expr} + {d % 7})" if d % 2 == 0 else f"[{expr}]"
-        text = f"let deep_{n} = {expr}\n"
-        out.write(text)
-        written += len(text)
-        n += 1
-    out.write(PLAN_OPEN + PLAN_CLOSE)
+        return f"let deep_{n} = {expr}\n"
+    return lines(budget, one)
 
 
-def strings(budget, out):
-    written, n = 0, 0
+def strings(budget):
     word = "the quick brown fox jumps over the lazy dog "
-    while written < budget:
-        if n % 2 == 0:
-            text = "# " + word * 40 + "\n"
-        else:
-            text = f'let note_{n} = "' + word * 40 + '"\n'
-        out.write(text)
-        written += len(text)
-        n += 1
-    out.write(PLAN_OPEN + PLAN_CLOSE)
+    return lines(budget, lambda n: "# " + word * 40 + "\n" if n % 2 == 0 else
+                 f'let note_{n} = "' + word * 40 + '"\n')
 
 
-SHAPES = {"array": array, "members": members, "nested": nested, "strings": strings}
+def shape_text(shape, budget):
+    """(top-level filler, filler inside the plan block)"""
+    if shape == "array":
+        return array(budget), ""
+    if shape == "members":
+        return top_lets(budget // 2), member_lets(budget - budget // 2)
+    if shape == "nested":
+        return nested(budget), ""
+    if shape == "strings":
+        return strings(budget), ""
+    q = budget // 4
+    return (array(q) + top_lets(q // 2) + nested(q) + strings(q)), member_lets(q - q // 2)
+
+
+SHAPES = ("array", "members", "nested", "strings", "mixed")
 
 
 def main():
     if len(sys.argv) != 4 or sys.argv[1] not in SHAPES:
         sys.exit(__doc__)
-    size = int(sys.argv[2])
+    budget = max(0, int(sys.argv[2]) - len(HEAD) - len(PLAN_OPEN) - len(PLAN_CLOSE) - 100)
+    top, body = shape_text(sys.argv[1], budget)
     with open(sys.argv[3], "w") as out:
-        out.write(HEAD)
-        SHAPES[sys.argv[1]](max(0, size - 1200), out)
+        out.write(HEAD + top + PLAN_OPEN + body + PLAN_CLOSE)
 
 
 if __name__ == "__main__":

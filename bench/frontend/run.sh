@@ -12,7 +12,7 @@ sizes=("$@")
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 printf "%-8s %6s %12s %10s %8s %s\n" shape MiB bytes peak_MiB B/B seconds
-for shape in array members nested strings; do
+for shape in array members nested strings mixed; do
   for mib in "${sizes[@]}"; do
     plan="$tmp/$shape.plan"
     python3 "$here/gen_plan.py" "$shape" $((mib * 1048576)) "$plan"

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <new>
 #include <optional>
 #include <string>
@@ -993,7 +994,10 @@ class LeanParser final : public PlanParser, private antlr4::tree::ParseTreeListe
     Bury();
     if (open_.empty() || open_.back().ctx != ctx) return;  // entered no alternative
     const size_t rule = ctx->getRuleIndex();
-    if (IsBuilt(rule) && builder_ && !error_->seen && !out_of_memory_) {
+    // While an exception unwinds the parser (a syntax error, or memory running out), the rule
+    // is incomplete: nothing is built.
+    const bool complete = !error_->seen && !out_of_memory_ && std::uncaught_exceptions() == 0;
+    if (IsBuilt(rule) && builder_ && complete) {
       try {
         builder_->Released(ctx);
       } catch (const std::bad_alloc&) {
