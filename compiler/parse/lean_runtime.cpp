@@ -1,0 +1,96 @@
+#include "compiler/parse/lean_runtime.h"
+
+#include <fmt/format.h>
+
+namespace paraplan::parse_internal {
+
+bool IsAscii(std::string_view text) {
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  }
+  return true;
+}
+
+void ByteCharStream::consume() {
+  if (p_ >= text_.size()) throw antlr4::IllegalStateException("cannot consume EOF");
+  ++p_;
+}
+
+size_t ByteCharStream::LA(ssize_t i) {
+  if (i == 0) return 0;  // undefined, as in ANTLRInputStream
+  if (i < 0) {
+    ++i;  // LA(-1) is the character before p_
+    if (static_cast<ssize_t>(p_) + i - 1 < 0) return antlr4::IntStream::EOF;
+  }
+  const ssize_t at = static_cast<ssize_t>(p_) + i - 1;
+  if (at >= static_cast<ssize_t>(text_.size())) return antlr4::IntStream::EOF;
+  return static_cast<unsigned char>(text_[static_cast<size_t>(at)]);
+}
+
+std::string ByteCharStream::getText(const antlr4::misc::Interval& interval) {
+  if (interval.a < 0 || interval.b < 0) return {};
+  size_t start = static_cast<size_t>(interval.a);
+  size_t stop = static_cast<size_t>(interval.b);
+  if (text_.empty() || start >= text_.size()) return {};
+  if (stop >= text_.size()) stop = text_.size() - 1;
+  if (stop < start) return {};
+  return std::string(text_.substr(start, stop - start + 1));
+}
+
+void* TokenArena::Allocate(size_t bytes) {
+  bytes = (bytes + alignof(void*) - 1) & ~(alignof(void*) - 1);  // tokens need no more
+  if (used_ + bytes > kChunkBytes) {
+    chunks_.push_back(std::make_unique<std::byte[]>(kChunkBytes));
+    used_ = 0;
+  }
+  void* p = chunks_.back().get() + used_;
+  used_ += bytes;
+  return p;
+}
+
+LeanToken::LeanToken(TokenOrigin* origin, size_t type, size_t channel, size_t start, size_t stop,
+                     size_t line, size_t column)
+    : origin_(origin),
+      start_(Narrow(start)),
+      stop_(Narrow(stop)),
+      line_(Narrow(line)),
+      column_(Narrow(column)),
+      type_(static_cast<uint16_t>(type)),
+      channel_(static_cast<uint16_t>(channel)) {}
+
+std::string LeanToken::getText() const {
+  if (!origin_->texts.empty()) {
+    auto it = origin_->texts.find(this);
+    if (it != origin_->texts.end()) return it->second;
+  }
+  antlr4::CharStream* input = origin_->input;
+  if (!input) return {};
+  const size_t n = input->size();
+  const size_t stop = getStopIndex();
+  if (start_ < n && stop < n) {
+    return input->getText(
+        antlr4::misc::Interval(static_cast<ssize_t>(start_), static_cast<ssize_t>(stop)));
+  }
+  return "<EOF>";
+}
+
+std::string LeanToken::toString() const {
+  return fmt::format("[@{},{}:{}='{}',<{}>,{}:{}]", static_cast<ssize_t>(getTokenIndex()), start_,
+                     static_cast<ssize_t>(getStopIndex()), getText(), type_, line_, column_);
+}
+
+LeanLexer::LeanLexer(antlr4::CharStream* input, TokenArena* arena)
+    : PlanLexer(input), arena_(arena) {
+  origin_.source = this;
+  origin_.input = input;
+}
+
+antlr4::Token* LeanLexer::emit() {
+  std::unique_ptr<antlr4::Token> t(
+      new (*arena_) LeanToken(&origin_, type, channel, tokenStartCharIndex, getCharIndex() - 1,
+                              tokenStartLine, tokenStartCharPositionInLine));
+  antlr4::Lexer::emit(std::move(t));
+  return token.get();
+}
+
+}  // namespace paraplan::parse_internal

@@ -1,0 +1,132 @@
+// Lean replacements for the parts of the ANTLR4 runtime that grow with the input: the character
+// stream, the tokens and the lexer that makes them. The grammar and the generated lexer and
+// parser are unchanged; only how the runtime is driven differs.
+//
+//   * ByteCharStream reads ASCII text in place. ANTLRInputStream copies the text into UTF-32
+//     (4 bytes per input byte); text with any non-ASCII byte still goes through it, since ANTLR
+//     indexes characters by code point.
+//   * LeanToken is a token in 40 bytes, allocated from a TokenArena, against CommonToken's
+//     112 bytes plus a heap block each. Its text is read from the stream on demand.
+//   * LeanLexer is the generated PlanLexer emitting LeanTokens.
+//
+// Used by parse.cpp only; ANTLR types never leave compiler/parse/.
+#ifndef PARAPLAN_COMPILER_PARSE_LEAN_RUNTIME_H_
+#define PARAPLAN_COMPILER_PARSE_LEAN_RUNTIME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "PlanLexer.h"
+#include "antlr4-runtime.h"
+
+namespace paraplan::parse_internal {
+
+// True when every byte of `text` is below 0x80 (then code point i is byte i).
+bool IsAscii(std::string_view text);
+
+// A character stream over ASCII text it does not own (the SourceManager's buffer).
+class ByteCharStream final : public antlr4::CharStream {
+ public:
+  ByteCharStream(std::string_view text, std::string name) : text_(text), name_(std::move(name)) {}
+
+  void consume() override;
+  size_t LA(ssize_t i) override;
+  ssize_t mark() override { return -1; }
+  void release(ssize_t) override {}
+  size_t index() override { return p_; }
+  void seek(size_t index) override { p_ = index < text_.size() ? index : text_.size(); }
+  size_t size() override { return text_.size(); }
+  std::string getSourceName() const override { return name_; }
+  std::string getText(const antlr4::misc::Interval& interval) override;
+  std::string toString() const override { return std::string(text_); }
+
+ private:
+  std::string_view text_;
+  std::string name_;
+  size_t p_ = 0;
+};
+
+// Memory for LeanTokens, released all at once when the arena goes (after the token stream that
+// points into it).
+class TokenArena {
+ public:
+  TokenArena() = default;
+  TokenArena(const TokenArena&) = delete;
+  TokenArena& operator=(const TokenArena&) = delete;
+  void* Allocate(size_t bytes);
+
+ private:
+  static constexpr size_t kChunkBytes = size_t{1} << 20;
+  std::vector<std::unique_ptr<std::byte[]>> chunks_;
+  size_t used_ = kChunkBytes;
+};
+
+// What every token of one lexer run shares: where it came from, and texts set on tokens
+// explicitly (the lexer and parser of this grammar set none; kept for the Token contract).
+struct TokenOrigin {
+  antlr4::TokenSource* source = nullptr;
+  antlr4::CharStream* input = nullptr;
+  std::unordered_map<const void*, std::string> texts;
+};
+
+class LeanToken final : public antlr4::WritableToken {
+ public:
+  LeanToken(TokenOrigin* origin, size_t type, size_t channel, size_t start, size_t stop,
+            size_t line, size_t column);
+
+  static void* operator new(size_t bytes, TokenArena& arena) { return arena.Allocate(bytes); }
+  // The arena owns the memory: deleting a token (the token stream does) only ends its lifetime.
+  static void operator delete(void*) {}
+  static void operator delete(void*, TokenArena&) {}
+
+  std::string getText() const override;
+  size_t getType() const override { return type_; }
+  size_t getLine() const override { return line_; }
+  size_t getCharPositionInLine() const override { return column_; }
+  size_t getChannel() const override { return channel_; }
+  size_t getTokenIndex() const override { return index_; }
+  size_t getStartIndex() const override { return start_; }
+  size_t getStopIndex() const override { return Widen(stop_); }
+  antlr4::TokenSource* getTokenSource() const override { return origin_->source; }
+  antlr4::CharStream* getInputStream() const override { return origin_->input; }
+  std::string toString() const override;
+
+  void setText(const std::string& text) override { origin_->texts[this] = text; }
+  void setType(size_t type) override { type_ = static_cast<uint16_t>(type); }
+  void setLine(size_t line) override { line_ = Narrow(line); }
+  void setCharPositionInLine(size_t pos) override { column_ = Narrow(pos); }
+  void setChannel(size_t channel) override { channel_ = static_cast<uint16_t>(channel); }
+  void setTokenIndex(size_t index) override { index_ = Narrow(index); }
+
+ private:
+  // Positions fit in 32 bits (inputs are at most 64 MiB); SIZE_MAX (ANTLR's "none", the stop of
+  // an empty token at offset 0) maps to UINT32_MAX and back.
+  static uint32_t Narrow(size_t v) {
+    return v >= UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(v);
+  }
+  static size_t Widen(uint32_t v) { return v == UINT32_MAX ? SIZE_MAX : v; }
+
+  TokenOrigin* origin_;
+  uint32_t start_, stop_, index_ = UINT32_MAX, line_, column_;
+  uint16_t type_, channel_;
+};
+
+// The generated lexer, emitting LeanTokens from `arena`.
+class LeanLexer final : public paraplan_grammar::PlanLexer {
+ public:
+  LeanLexer(antlr4::CharStream* input, TokenArena* arena);
+  antlr4::Token* emit() override;
+
+ private:
+  TokenArena* arena_;
+  TokenOrigin origin_;
+};
+
+}  // namespace paraplan::parse_internal
+
+#endif  // PARAPLAN_COMPILER_PARSE_LEAN_RUNTIME_H_
