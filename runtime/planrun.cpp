@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -35,13 +36,16 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/data/token_data.h"
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/program_image.h"
+#include "runtime/json/json.h"
 #include "runtime/launch/environment.h"
 #ifdef PARAPLAN_HAVE_CUDA
 #include "runtime/backends/cuda/cuda_backend.h"
@@ -155,10 +159,10 @@ class MetricsFile {
         while (pos < text.size()) {
           const size_t nl = text.find('\n', pos);
           if (nl == std::string::npos) break;  // a torn last line goes
-          const size_t at = text.find("\"step\": ", pos);
-          if (at == std::string::npos || at > nl ||
-              std::atoll(text.c_str() + at + 8) >= keep_before)
-            break;
+          const auto line = json::Parse(std::string_view(text).substr(pos, nl - pos), nullptr);
+          const json::Value* step = line ? line->Find("step") : nullptr;
+          const std::optional<int64_t> step_value = step ? step->AsInt64() : std::nullopt;
+          if (!step_value || *step_value >= keep_before) break;
           pos = nl + 1;
         }
         keep = static_cast<off_t>(pos);
@@ -233,16 +237,37 @@ std::string Duration(double s) {
   return buf;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line, parsed.
+struct Flags {
   std::string program_path, backend = "host", data_path, metrics_path, resume_dir, checkpoint_dir;
   int64_t ranks = -1, steps = -1, checkpoint_every = 0, log_every = 0;
   double timeout = 600;
   bool profile = false, separate = false, checkpoint_every_given = false,
        overwrite_checkpoints = false;
   launch::LaunchOverrides overrides;
-  std::vector<std::string> args(argv + 1, argv + argc);
+};
+
+// The launcher overrides (--rank, --world-size, ...): true when `flag` is one.
+bool SetOverride(const std::string& flag, int value, launch::LaunchOverrides& o) {
+  if (flag == "--rank") {
+    o.rank = value;
+  } else if (flag == "--world-size") {
+    o.world_size = value;
+  } else if (flag == "--local-rank") {
+    o.local_rank = value;
+  } else if (flag == "--local-world-size") {
+    o.local_world_size = value;
+  } else if (flag == "--master-port") {
+    o.master_port = value;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Parses the arguments into `f`. Returns an exit status when planrun must stop here (usage
+// error: 2, --help: 0), nullopt to go on.
+std::optional<int> ParseFlags(const std::vector<std::string>& args, Flags& f) {
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i], value;
     const bool has_eq = a.rfind("--", 0) == 0 && a.find('=') != std::string::npos;
@@ -250,334 +275,392 @@ int main(int argc, char** argv) {
       value = a.substr(a.find('=') + 1);
       a = a.substr(0, a.find('='));
     }
-    auto take = [&](const char* flag) -> bool {
+    auto take = [&]() -> bool {
       if (has_eq) return true;
       if (i + 1 >= args.size()) return false;
       value = args[++i];
-      (void)flag;
       return true;
     };
-    auto int_flag = [&](const char* flag, int64_t& out) -> int {
-      if (!take(flag)) return Usage(std::string(flag) + " needs a value");
+    auto int_flag = [&](int64_t& out) -> int {
+      if (!take()) return Usage(a + " needs a value");
       if (!ParseInt(value, out))
-        return Usage(std::string(flag) + " needs a non-negative integer, got `" + value + "`");
+        return Usage(a + " needs a non-negative integer, got `" + value + "`");
       return 0;
     };
+    // Flags with a text value: the flag, where the value goes, what the value is.
+    struct TextFlag {
+      const char* name;
+      std::string* value;
+      const char* needs;
+    };
+    const TextFlag text_flags[] = {{"--backend", &f.backend, "a value"},
+                                   {"--data", &f.data_path, "a path"},
+                                   {"--metrics", &f.metrics_path, "a file"},
+                                   {"--resume", &f.resume_dir, "a directory"},
+                                   {"--checkpoint-dir", &f.checkpoint_dir, "a directory"}};
+    const TextFlag* text_flag = nullptr;
+    for (const TextFlag& t : text_flags) {
+      if (a == t.name) text_flag = &t;
+    }
     if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       return 0;
-    } else if (a == "--backend") {
-      if (!take("--backend")) return Usage("--backend needs a value");
-      backend = value;
+    } else if (text_flag) {
+      if (!take()) return Usage(a + " needs " + text_flag->needs);
+      *text_flag->value = value;
+    } else if (a == "--master-addr") {
+      if (!take()) return Usage("--master-addr needs a host");
+      f.overrides.master_addr = value;
     } else if (a == "--ranks") {
-      if (int rc = int_flag("--ranks", ranks)) return rc;
+      if (int rc = int_flag(f.ranks)) return rc;
     } else if (a == "--steps") {
-      if (int rc = int_flag("--steps", steps)) return rc;
+      if (int rc = int_flag(f.steps)) return rc;
     } else if (a == "--checkpoint-every") {
-      if (int rc = int_flag("--checkpoint-every", checkpoint_every)) return rc;
-      checkpoint_every_given = true;
+      if (int rc = int_flag(f.checkpoint_every)) return rc;
+      f.checkpoint_every_given = true;
     } else if (a == "--log-every") {
-      if (int rc = int_flag("--log-every", log_every)) return rc;
+      if (int rc = int_flag(f.log_every)) return rc;
     } else if (a == "--timeout") {
       int64_t t = 0;
-      if (int rc = int_flag("--timeout", t)) return rc;
+      if (int rc = int_flag(t)) return rc;
       if (t == 0) return Usage("--timeout must be at least 1 second");
-      timeout = static_cast<double>(t);
-    } else if (a == "--rank" || a == "--world-size" || a == "--local-rank" ||
-               a == "--local-world-size" || a == "--master-port") {
+      f.timeout = static_cast<double>(t);
+    } else if (launch::LaunchOverrides probe; SetOverride(a, 0, probe)) {
       int64_t v = 0;
-      if (int rc = int_flag(a.c_str(), v)) return rc;
+      if (int rc = int_flag(v)) return rc;
       if (v > 1000000) return Usage(a + " is out of range");
-      const int iv = static_cast<int>(v);
-      if (a == "--rank")
-        overrides.rank = iv;
-      else if (a == "--world-size")
-        overrides.world_size = iv;
-      else if (a == "--local-rank")
-        overrides.local_rank = iv;
-      else if (a == "--local-world-size")
-        overrides.local_world_size = iv;
-      else
-        overrides.master_port = iv;
-    } else if (a == "--master-addr") {
-      if (!take("--master-addr")) return Usage("--master-addr needs a host");
-      overrides.master_addr = value;
-    } else if (a == "--data") {
-      if (!take("--data")) return Usage("--data needs a path");
-      data_path = value;
-    } else if (a == "--metrics") {
-      if (!take("--metrics")) return Usage("--metrics needs a file");
-      metrics_path = value;
-    } else if (a == "--resume") {
-      if (!take("--resume")) return Usage("--resume needs a directory");
-      resume_dir = value;
-    } else if (a == "--checkpoint-dir") {
-      if (!take("--checkpoint-dir")) return Usage("--checkpoint-dir needs a directory");
-      checkpoint_dir = value;
+      SetOverride(a, static_cast<int>(v), f.overrides);
     } else if (a == "--overwrite-checkpoints" && !has_eq) {
-      overwrite_checkpoints = true;
+      f.overwrite_checkpoints = true;
     } else if (a == "--profile" && !has_eq) {
-      profile = true;
+      f.profile = true;
     } else if (a == "--separate-buffers" && !has_eq) {
-      separate = true;
+      f.separate = true;
     } else if (a.rfind("-", 0) == 0 && a != "-") {
       return Usage("unknown option `" + args[i] + "`");
-    } else if (program_path.empty()) {
-      program_path = args[i];
+    } else if (f.program_path.empty()) {
+      f.program_path = args[i];
     } else {
-      return Usage("more than one program given (`" + program_path + "` and `" + args[i] + "`)");
+      return Usage("more than one program given (`" + f.program_path + "` and `" + args[i] + "`)");
     }
   }
-  if (program_path.empty())
+  if (f.program_path.empty())
     return Usage("no program given; compile one with `planc compile PLAN -o PROGRAM`");
-  if (backend != "host" && backend != "cuda")
-    return Usage("unknown backend `" + backend + "` (expected host or cuda)");
+  if (f.backend != "host" && f.backend != "cuda")
+    return Usage("unknown backend `" + f.backend + "` (expected host or cuda)");
 #ifndef PARAPLAN_HAVE_CUDA
-  if (backend == "cuda") {
+  if (f.backend == "cuda") {
     std::cerr << "planrun: error: this planrun was built without CUDA; rebuild where a CUDA "
                  "toolkit is found, or use "
                  "--backend=host\n";
     return 2;
   }
 #endif
+  return std::nullopt;
+}
 
-  const auto env = launch::ReadLaunchEnvironment(launch::ProcessEnvironment(), overrides);
+// Refuses a program that this process cannot run as launched. Returns an exit status, or
+// nullopt when the program fits.
+std::optional<int> CheckRankPlacement(const Flags& f, const launch::LaunchEnvironment& env,
+                                      const exec::ProgramImage& program) {
+  const bool one_rank_per_process = env.world_size > 1;
+  if (one_rank_per_process && f.backend == "host") {
+    std::cerr << "planrun: error: " << launch::LauncherName(env.launcher)
+              << " started this process as " << env.Describe()
+              << ", but the host backend runs every rank of the program as a thread of "
+              << "one process; start planrun once, without a launcher, or use --backend=cuda "
+                 "with one GPU "
+              << "per process\n";
+    return 2;
+  }
+  if (!one_rank_per_process) {
+    if (const std::string why = exec::ThreadRanksLimitReason(program.world_size); !why.empty()) {
+      std::cerr << "planrun: error: " << why << "\n";
+      return 1;
+    }
+  }
+  if (f.ranks >= 0 && f.ranks != program.world_size) {
+    std::cerr << "planrun: error: the program is for " << program.world_size
+              << " ranks but --ranks " << f.ranks
+              << " was given; the host backend runs every rank of the program as a thread\n";
+    return 2;
+  }
+  return std::nullopt;
+}
+
+// The metrics file: never the program or the data; checked writable now without truncating
+// it (it is truncated only when the first step has run, so a run refused at start, for bad
+// data or a checkpoint of another plan, leaves an earlier run's metrics intact). Returns an
+// exit status when it cannot be used.
+std::optional<int> CheckMetricsPath(const Flags& f) {
+  if (f.metrics_path.empty()) return std::nullopt;
+  for (const std::string& input : {f.program_path, f.data_path}) {
+    std::error_code ec;
+    if (!input.empty() && std::filesystem::exists(f.metrics_path, ec) &&
+        std::filesystem::is_regular_file(f.metrics_path, ec) &&
+        std::filesystem::equivalent(f.metrics_path, input, ec)) {
+      return Usage("--metrics `" + f.metrics_path + "` is the " +
+                   (input == f.program_path ? "program" : "data") +
+                   " file; writing metrics there would destroy it");
+    }
+  }
+  const std::string why = MetricsFile::Check(f.metrics_path);
+  if (!why.empty()) {
+    std::cerr << "planrun: error: cannot write metrics file `" << f.metrics_path << "`: " << why
+              << "\n";
+    return 1;
+  }
+  return std::nullopt;
+}
+
+#ifdef PARAPLAN_HAVE_CUDA
+// --backend=cuda: the CUDA ranks of this process (one, under a launcher, with NCCL; else every
+// rank as a thread on one device) into `ranks` and `placement`. Returns an exit status when
+// there is no usable device.
+std::optional<int> PlaceCudaRanks(const Flags& f, const launch::LaunchEnvironment& env,
+                                  const exec::ProgramImage& program, int first_rank,
+                                  cuda::CudaRanks& ranks, exec::RankPlacement& placement) {
+  const std::string why = cuda::CudaUnavailableReason();
+  if (!why.empty()) {
+    std::cerr << "planrun: error: --backend=cuda: " << why << "\n";
+    return 1;
+  }
+  const auto lookup = launch::ProcessEnvironment();
+  std::optional<int> forced;
+  if (auto text = lookup("PARAPLAN_DEVICE")) {
+    auto parsed = launch::ParseIntVariable("`PARAPLAN_DEVICE`", *text, 0, 1023);
+    if (!parsed) {
+      std::cerr << "planrun: error: " << parsed.error() << "\n";
+      return 2;
+    }
+    forced = *parsed;
+  }
+  const auto device = launch::SelectDevice(env, cuda::CudaDeviceCount(), forced);
+  if (!device) {
+    std::cerr << "planrun: error: " << device.error() << "\n";
+    return 1;
+  }
+  if (env.world_size > 1) {  // NCCL: this process is one rank
+    std::vector<cuda::CommGroup> groups;
+    for (const auto& c : program.communicators) {
+      groups.push_back(
+          {static_cast<int>(c.kind), std::vector<int>(c.members.begin(), c.members.end())});
+    }
+    ranks = cuda::MakeNcclRank(env, *device, program.fingerprint, groups, lookup);
+    placement.ranks.push_back(first_rank);
+  } else {  // local mode: every rank a thread on one device
+    ranks = cuda::MakeLocalCudaRanks(program.world_size, *device, f.timeout);
+    for (int r = 0; r < program.world_size; ++r) placement.ranks.push_back(r);
+  }
+  for (auto& b : ranks.backends) placement.backends.push_back(b.get());
+  placement.world = ranks.world.get();
+  return std::nullopt;
+}
+#endif
+
+void PrintBanner(const Flags& f, const launch::LaunchEnvironment& env,
+                 const exec::ProgramImage& program) {
+  const auto& m = program.model;
+  const auto& p = program.parallel;
+  if (env.world_size > 1) {
+    std::printf("planrun: plan `%s` (%s): %s on the %s backend\n", program.plan_name.c_str(),
+                program.producer.c_str(), env.Describe().c_str(), f.backend.c_str());
+  } else {
+    std::printf("planrun: plan `%s` (%s): %d ranks as threads on the %s backend\n",
+                program.plan_name.c_str(), program.producer.c_str(), program.world_size,
+                f.backend.c_str());
+  }
+  std::printf(
+      "planrun: model %s: %d layers, hidden %lld, heads %lld/%lld, vocab %lld, seq %lld; "
+      "tp %d pp %d vpp %d dp %d sp %s zero %d\n",
+      m.name.c_str(), m.layers, static_cast<long long>(m.hidden), static_cast<long long>(m.heads),
+      static_cast<long long>(m.kv_heads), static_cast<long long>(m.vocab),
+      static_cast<long long>(m.seq_len), p.tp, p.pp, p.vpp, p.dp, p.sp ? "on" : "off", p.zero);
+  std::fflush(stdout);
+}
+
+// What planrun says and writes after each step: a progress line every `log_every` steps (or
+// about 50 in all), and one line of the --metrics file.
+class StepReporter {
+ public:
+  StepReporter(const Flags& f, int64_t total_steps) : f_(f), total_steps_(total_steps) {}
+
+  void operator()(const exec::StepMetrics& s) {
+    ++done_;
+    elapsed_ += s.seconds;
+    const int64_t every =
+        f_.log_every > 0 ? f_.log_every : (total_steps_ > 100 ? total_steps_ / 50 : 1);
+    if (done_ == 1 || done_ % every == 0 || done_ == total_steps_) PrintProgress(s);
+    if (!f_.metrics_path.empty() && metrics_error_.empty()) WriteMetrics(s);
+  }
+
+  // Why the metrics file failed ("" when it did not); the run then fails at its end.
+  const std::string& MetricsError() const { return metrics_error_; }
+
+ private:
+  void PrintProgress(const exec::StepMetrics& s) const {
+    const double eta =
+        total_steps_ > 0 ? elapsed_ / done_ * static_cast<double>(total_steps_ - done_) : 0;
+    std::printf(
+        "[%3d%%] step %lld  loss %.4f  grad_norm %.3f  lr %.2e  %.3f s/step  %.0f tokens/s  "
+        "peak %s  "
+        "elapsed %s  eta %s\n",
+        total_steps_ > 0 ? static_cast<int>(100 * done_ / total_steps_) : 100,
+        static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.seconds, s.tokens_per_second,
+        Bytes(s.peak_bytes).c_str(), Duration(elapsed_).c_str(), Duration(eta).c_str());
+    if (f_.profile && s.cpu_seconds > 0) {
+      const double other = s.cpu_seconds - s.kernel_seconds - s.comm_seconds;
+      std::printf("       cpu %.3f s: kernels %.1f%%, collectives %.1f%%, interpreter %.2f%%\n",
+                  s.cpu_seconds, 100 * s.kernel_seconds / s.cpu_seconds,
+                  100 * s.comm_seconds / s.cpu_seconds, 100 * other / s.cpu_seconds);
+    }
+    std::fflush(stdout);
+  }
+
+  void WriteMetrics(const exec::StepMetrics& s) {
+    if (!metrics_.IsOpen() &&
+        !metrics_.Open(f_.metrics_path, f_.resume_dir.empty() ? -1 : s.step, &metrics_error_)) {
+      std::cerr << "planrun: error: " << metrics_error_ << "; the run goes on without metrics\n";
+      return;
+    }
+    json::Writer line;
+    line.BeginObject().Key("version").Int(1).Key("step").Int(s.step);
+    line.Key("loss").Number(s.loss, 9).Key("grad_norm").Number(s.grad_norm, 9);
+    line.Key("lr").Number(s.lr, 9).Key("step_seconds").Fixed(s.seconds, 6);
+    line.Key("tokens_per_second").Fixed(s.tokens_per_second, 3);
+    line.Key("peak_bytes").Int(s.peak_bytes);
+    if (f_.profile) {
+      line.Key("cpu_seconds").Fixed(s.cpu_seconds, 6);
+      line.Key("kernel_seconds").Fixed(s.kernel_seconds, 6);
+      line.Key("comm_seconds").Fixed(s.comm_seconds, 6);
+    }
+    line.EndObject();
+    if (!metrics_.Append(line.Text() + "\n", f_.metrics_path, &metrics_error_)) {
+      std::cerr << "planrun: error: " << metrics_error_ << "; the run goes on without metrics\n";
+    }
+  }
+
+  const Flags& f_;
+  int64_t total_steps_;
+  int64_t done_ = 0;
+  double elapsed_ = 0;
+  MetricsFile metrics_;
+  std::string metrics_error_;
+};
+
+// The summary after the run and planrun's exit status: 128 + signal when a signal stopped it,
+// 1 when the metrics file failed, else 0.
+int Summarize(const Flags& f, const exec::RunResult& result, int64_t total_steps,
+              const std::string& checkpoint_dir, const std::string& metrics_error) {
+  std::printf("planrun: data %s\n", result.data_description.c_str());
+  if (!result.steps.empty()) {
+    const auto& first = result.steps.front();
+    const auto& last = result.steps.back();
+    double tokens = 0, secs = 0;
+    for (const auto& s : result.steps) {
+      secs += s.seconds;
+      tokens += s.tokens_per_second * s.seconds;
+    }
+    std::printf(
+        "planrun: %zu steps (from step %lld) in %s: loss %.4f -> %.4f, %.0f tokens/s, peak %s "
+        "per rank\n",
+        result.steps.size(), static_cast<long long>(result.start_step), Duration(secs).c_str(),
+        first.loss, last.loss, tokens / std::max(1e-9, secs), Bytes(last.peak_bytes).c_str());
+  }
+  if (result.checkpoint_step >= 0) {
+    std::printf("planrun: checkpoint of step %lld written to %s\n",
+                static_cast<long long>(result.checkpoint_step), checkpoint_dir.c_str());
+  }
+  const int sig = g_stop_signal.load();
+  if (result.stopped) {
+    const int64_t done_steps = static_cast<int64_t>(result.steps.size());
+    const std::string next =
+        checkpoint_dir.empty() ? "no checkpoint directory is set, so the steps done are not saved"
+        : result.checkpoint_step >= 0 ? "resume with: planrun " + f.program_path + " --resume " +
+                                            checkpoint_dir + " --checkpoint-dir " + checkpoint_dir
+                                      : "no step was done, nothing was written";
+    std::printf(
+        "planrun: stopped by %s after %lld of %lld steps (every rank finished the step it was "
+        "in); %s\n",
+        SignalName(sig), static_cast<long long>(done_steps), static_cast<long long>(total_steps),
+        next.c_str());
+    std::fflush(stdout);
+    return 128 + sig;
+  }
+  if (sig != 0)
+    std::printf("planrun: %s came after the last step had started; the run completed\n",
+                SignalName(sig));
+  if (!metrics_error.empty()) {
+    std::cerr << "planrun: error: " << metrics_error << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+// Loads the program, places its ranks, trains, and reports. Returns planrun's exit status.
+int Run(Flags f, const launch::LaunchEnvironment& env) {
+  const exec::ProgramImage program = exec::LoadProgramImage(f.program_path);
+  const auto process_ranks = launch::AssignProcessRanks(env, program.world_size);
+  if (!process_ranks) {
+    std::cerr << "planrun: error: " << process_ranks.error() << "\n";
+    return 2;
+  }
+  if (auto rc = CheckRankPlacement(f, env, program)) return *rc;
+  if (auto rc = CheckMetricsPath(f)) return *rc;
+  // Where the ranks run: host threads (default), or CUDA ranks.
+  exec::RankPlacement placement;
+  const exec::RankPlacement* where = nullptr;
+#ifdef PARAPLAN_HAVE_CUDA
+  cuda::CudaRanks cuda_ranks;
+  if (f.backend == "cuda") {
+    if (auto rc =
+            PlaceCudaRanks(f, env, program, process_ranks->first_rank, cuda_ranks, placement)) {
+      return *rc;
+    }
+    where = &placement;
+  }
+#endif
+  PrintBanner(f, env, program);
+
+  // The plan's train.checkpoint_dir / checkpoint_every apply unless the flags say otherwise.
+  if (f.checkpoint_dir.empty()) f.checkpoint_dir = program.train.checkpoint_dir;
+  if (!f.checkpoint_every_given) f.checkpoint_every = program.train.checkpoint_every;
+  exec::RunOptions options;
+  options.steps = f.steps;
+  options.data_path = f.data_path;
+  options.profile = f.profile;
+  options.separate_buffers = f.separate;
+  options.comm_timeout_seconds = f.timeout;
+  options.checkpoint_dir = f.checkpoint_dir;
+  options.checkpoint_every = f.checkpoint_every;
+  options.resume_dir = f.resume_dir;
+  options.overwrite_checkpoints = f.overwrite_checkpoints;
+  options.stop_request = &g_stop_signal;
+  int64_t total_steps = f.steps >= 0 ? f.steps : program.train.steps;
+  if (!f.resume_dir.empty() && f.steps < 0) {
+    total_steps = std::max<int64_t>(
+        0, program.train.steps - exec::FindCheckpoint(f.resume_dir, program).step);
+  }
+  StepReporter reporter(f, total_steps);
+  options.on_step = [&](const exec::StepMetrics& s) { reporter(s); };
+  const exec::RunResult result = exec::Train(program, options, where);
+  return Summarize(f, result, total_steps, f.checkpoint_dir, reporter.MetricsError());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (auto rc = ParseFlags(std::vector<std::string>(argv + 1, argv + argc), flags)) return *rc;
+  const auto env = launch::ReadLaunchEnvironment(launch::ProcessEnvironment(), flags.overrides);
   if (!env) {
     std::cerr << "planrun: error: " << env.error() << "\n";
     return 2;
   }
   for (const auto& note : env->notes) std::cerr << "planrun: note: " << note << "\n";
   InstallStopHandlers(/*at_once=*/env->world_size > 1);
-
   try {
-    const exec::ProgramImage program = exec::LoadProgramImage(program_path);
-    const auto process_ranks = launch::AssignProcessRanks(*env, program.world_size);
-    if (!process_ranks) {
-      std::cerr << "planrun: error: " << process_ranks.error() << "\n";
-      return 2;
-    }
-    const bool one_rank_per_process = env->world_size > 1;
-    if (one_rank_per_process && backend == "host") {
-      std::cerr << "planrun: error: " << launch::LauncherName(env->launcher)
-                << " started this process as " << env->Describe()
-                << ", but the host backend runs every rank of the program as a thread of "
-                << "one process; start planrun once, without a launcher, or use --backend=cuda "
-                   "with one GPU "
-                << "per process\n";
-      return 2;
-    }
-    if (!one_rank_per_process) {
-      if (const std::string why = exec::ThreadRanksLimitReason(program.world_size); !why.empty()) {
-        std::cerr << "planrun: error: " << why << "\n";
-        return 1;
-      }
-    }
-    if (ranks >= 0 && ranks != program.world_size) {
-      std::cerr << "planrun: error: the program is for " << program.world_size
-                << " ranks but --ranks " << ranks
-                << " was given; the host backend runs every rank of the program as a thread\n";
-      return 2;
-    }
-    // The metrics file: never the program or the data; checked writable now without truncating
-    // it, and truncated only when the first step has run, so a run refused at start (bad data, a
-    // checkpoint of another plan) leaves an earlier run's metrics intact.
-    MetricsFile metrics;
-    std::string metrics_error;
-    if (!metrics_path.empty()) {
-      for (const std::string& input : {program_path, data_path}) {
-        std::error_code ec;
-        if (!input.empty() && std::filesystem::exists(metrics_path, ec) &&
-            std::filesystem::is_regular_file(metrics_path, ec) &&
-            std::filesystem::equivalent(metrics_path, input, ec)) {
-          return Usage("--metrics `" + metrics_path + "` is the " +
-                       (input == program_path ? "program" : "data") +
-                       " file; writing metrics there would destroy it");
-        }
-      }
-      const std::string why = MetricsFile::Check(metrics_path);
-      if (!why.empty()) {
-        std::cerr << "planrun: error: cannot write metrics file `" << metrics_path << "`: " << why
-                  << "\n";
-        return 1;
-      }
-    }
-    const auto& m = program.model;
-    const auto& p = program.parallel;
-    // Where the ranks run: host threads (default), or CUDA ranks as threads on one device.
-    exec::RankPlacement placement;
-    const exec::RankPlacement* where = nullptr;
-#ifdef PARAPLAN_HAVE_CUDA
-    cuda::CudaRanks cuda_ranks;
-    if (backend == "cuda") {
-      const std::string why = cuda::CudaUnavailableReason();
-      if (!why.empty()) {
-        std::cerr << "planrun: error: --backend=cuda: " << why << "\n";
-        return 1;
-      }
-      const auto lookup = launch::ProcessEnvironment();
-      std::optional<int> forced;
-      if (auto text = lookup("PARAPLAN_DEVICE")) {
-        auto parsed = launch::ParseIntVariable("`PARAPLAN_DEVICE`", *text, 0, 1023);
-        if (!parsed) {
-          std::cerr << "planrun: error: " << parsed.error() << "\n";
-          return 2;
-        }
-        forced = *parsed;
-      }
-      const auto device = launch::SelectDevice(*env, cuda::CudaDeviceCount(), forced);
-      if (!device) {
-        std::cerr << "planrun: error: " << device.error() << "\n";
-        return 1;
-      }
-      if (one_rank_per_process) {  // NCCL: this process is one rank
-        std::vector<cuda::CommGroup> groups;
-        for (const auto& c : program.communicators) {
-          groups.push_back(
-              {static_cast<int>(c.kind), std::vector<int>(c.members.begin(), c.members.end())});
-        }
-        cuda_ranks = cuda::MakeNcclRank(*env, *device, program.fingerprint, groups, lookup);
-        placement.ranks.push_back(process_ranks->first_rank);
-      } else {  // local mode: every rank a thread on one device
-        cuda_ranks = cuda::MakeLocalCudaRanks(program.world_size, *device, timeout);
-        for (int r = 0; r < program.world_size; ++r) placement.ranks.push_back(r);
-      }
-      for (auto& b : cuda_ranks.backends) placement.backends.push_back(b.get());
-      placement.world = cuda_ranks.world.get();
-      where = &placement;
-    }
-#endif
-    if (one_rank_per_process) {
-      std::printf("planrun: plan `%s` (%s): %s on the %s backend\n", program.plan_name.c_str(),
-                  program.producer.c_str(), env->Describe().c_str(), backend.c_str());
-    } else {
-      std::printf("planrun: plan `%s` (%s): %d ranks as threads on the %s backend\n",
-                  program.plan_name.c_str(), program.producer.c_str(), program.world_size,
-                  backend.c_str());
-    }
-    std::printf(
-        "planrun: model %s: %d layers, hidden %lld, heads %lld/%lld, vocab %lld, seq %lld; "
-        "tp %d pp %d vpp %d dp %d sp %s zero %d\n",
-        m.name.c_str(), m.layers, static_cast<long long>(m.hidden), static_cast<long long>(m.heads),
-        static_cast<long long>(m.kv_heads), static_cast<long long>(m.vocab),
-        static_cast<long long>(m.seq_len), p.tp, p.pp, p.vpp, p.dp, p.sp ? "on" : "off", p.zero);
-    std::fflush(stdout);
-
-    exec::RunOptions options;
-    options.steps = steps;
-    options.data_path = data_path;
-    options.profile = profile;
-    options.separate_buffers = separate;
-    options.comm_timeout_seconds = timeout;
-    // The plan's train.checkpoint_dir / checkpoint_every apply unless the flags say otherwise.
-    if (checkpoint_dir.empty()) checkpoint_dir = program.train.checkpoint_dir;
-    if (!checkpoint_every_given) checkpoint_every = program.train.checkpoint_every;
-    options.checkpoint_dir = checkpoint_dir;
-    options.checkpoint_every = checkpoint_every;
-    options.resume_dir = resume_dir;
-    options.overwrite_checkpoints = overwrite_checkpoints;
-    options.stop_request = &g_stop_signal;
-    int64_t total_steps = steps;
-    double elapsed = 0;
-    int64_t done = 0;
-    options.on_step = [&](const exec::StepMetrics& s) {
-      ++done;
-      elapsed += s.seconds;
-      const int64_t every = log_every > 0 ? log_every : (total_steps > 100 ? total_steps / 50 : 1);
-      if (done == 1 || done % every == 0 || done == total_steps) {
-        const double eta =
-            total_steps > 0 ? elapsed / done * static_cast<double>(total_steps - done) : 0;
-        std::printf(
-            "[%3d%%] step %lld  loss %.4f  grad_norm %.3f  lr %.2e  %.3f s/step  %.0f tokens/s  "
-            "peak %s  "
-            "elapsed %s  eta %s\n",
-            total_steps > 0 ? static_cast<int>(100 * done / total_steps) : 100,
-            static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.seconds,
-            s.tokens_per_second, Bytes(s.peak_bytes).c_str(), Duration(elapsed).c_str(),
-            Duration(eta).c_str());
-        if (profile && s.cpu_seconds > 0) {
-          const double other = s.cpu_seconds - s.kernel_seconds - s.comm_seconds;
-          std::printf("       cpu %.3f s: kernels %.1f%%, collectives %.1f%%, interpreter %.2f%%\n",
-                      s.cpu_seconds, 100 * s.kernel_seconds / s.cpu_seconds,
-                      100 * s.comm_seconds / s.cpu_seconds, 100 * other / s.cpu_seconds);
-        }
-        std::fflush(stdout);
-      }
-      if (!metrics_path.empty() && metrics_error.empty()) {
-        if (!metrics.IsOpen() &&
-            !metrics.Open(metrics_path, resume_dir.empty() ? -1 : s.step, &metrics_error)) {
-          std::cerr << "planrun: error: " << metrics_error << "; the run goes on without metrics\n";
-          return;
-        }
-        std::string text;
-        char line[512];
-        std::snprintf(
-            line, sizeof line,
-            "{\"version\": 1, \"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
-            "\"step_seconds\": %.6f, \"tokens_per_second\": %.3f, \"peak_bytes\": %lld",
-            static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.seconds,
-            s.tokens_per_second, static_cast<long long>(s.peak_bytes));
-        text += line;
-        if (profile) {
-          std::snprintf(line, sizeof line,
-                        ", \"cpu_seconds\": %.6f, \"kernel_seconds\": %.6f, \"comm_seconds\": %.6f",
-                        s.cpu_seconds, s.kernel_seconds, s.comm_seconds);
-          text += line;
-        }
-        text += "}\n";
-        if (!metrics.Append(text, metrics_path,
-                            &metrics_error)) {  // said now, and the run fails at its end
-          std::cerr << "planrun: error: " << metrics_error << "; the run goes on without metrics\n";
-        }
-      }
-    };
-    if (total_steps < 0) total_steps = program.train.steps;
-    if (!resume_dir.empty() && steps < 0) {
-      total_steps = std::max<int64_t>(
-          0, program.train.steps - exec::FindCheckpoint(resume_dir, program).step);
-    }
-    const exec::RunResult result = exec::Train(program, options, where);
-    std::printf("planrun: data %s\n", result.data_description.c_str());
-    if (!result.steps.empty()) {
-      const auto& first = result.steps.front();
-      const auto& last = result.steps.back();
-      double tokens = 0, secs = 0;
-      for (const auto& s : result.steps) {
-        secs += s.seconds;
-        tokens += s.tokens_per_second * s.seconds;
-      }
-      std::printf(
-          "planrun: %zu steps (from step %lld) in %s: loss %.4f -> %.4f, %.0f tokens/s, peak %s "
-          "per rank\n",
-          result.steps.size(), static_cast<long long>(result.start_step), Duration(secs).c_str(),
-          first.loss, last.loss, tokens / std::max(1e-9, secs), Bytes(last.peak_bytes).c_str());
-    }
-    if (result.checkpoint_step >= 0) {
-      std::printf("planrun: checkpoint of step %lld written to %s\n",
-                  static_cast<long long>(result.checkpoint_step), checkpoint_dir.c_str());
-    }
-    const int sig = g_stop_signal.load();
-    if (result.stopped) {
-      const int64_t done_steps = static_cast<int64_t>(result.steps.size());
-      std::printf(
-          "planrun: stopped by %s after %lld of %lld steps (every rank finished the step it was "
-          "in); %s\n",
-          SignalName(sig), static_cast<long long>(done_steps), static_cast<long long>(total_steps),
-          checkpoint_dir.empty() ? "no checkpoint directory is set, so the steps done are not saved"
-          : result.checkpoint_step >= 0 ? ("resume with: planrun " + program_path + " --resume " +
-                                           checkpoint_dir + " --checkpoint-dir " + checkpoint_dir)
-                                              .c_str()
-                                        : "no step was done, nothing was written");
-      std::fflush(stdout);
-      return 128 + sig;
-    }
-    if (sig != 0)
-      std::printf("planrun: %s came after the last step had started; the run completed\n",
-                  SignalName(sig));
-    if (!metrics_error.empty()) {
-      std::cerr << "planrun: error: " << metrics_error << "\n";
-      return 1;
-    }
-    return 0;
+    return Run(flags, *env);
   } catch (const exec::ProgramError& e) {
     std::cerr << "planrun: error: " << e.what() << "\n";
     return 1;

@@ -6,25 +6,12 @@
 #include <iterator>
 
 #include "compiler/driver/explain.h"
+#include "runtime/json/json.h"
 
 namespace paraplan {
 namespace {
 
-void AppendString(std::string& out, std::string_view s) {
-  out += '"';
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      fmt::format_to(std::back_inserter(out), "\\u{:04x}", c);
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
-}
+using json::AppendString;
 
 void AppendInt(std::string& out, int64_t v) {
   char buf[24];

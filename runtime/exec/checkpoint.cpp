@@ -15,10 +15,10 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
+#include <optional>
 
 #include "runtime/format/input_file.h"
+#include "runtime/json/json.h"
 
 namespace paraplan::exec {
 namespace {
@@ -107,21 +107,84 @@ void Put(std::string& s, T v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
+// The 16-digit lower-case hex the manifest writes, strictly (no sign, no spaces, no 0x).
+bool ParseHex64(const std::string& text, uint64_t* out) {
+  if (text.empty() || text.size() > 16) return false;
+  uint64_t v = 0;
+  for (const char c : text) {
+    const int digit = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                             : -1;
+    if (digit < 0) return false;
+    v = v << 4 | static_cast<uint64_t>(digit);
   }
-  return out;
+  *out = v;
+  return true;
 }
 
-std::string Field(const std::string& json, const std::string& key) {
-  std::smatch m;
-  std::regex re("\"" + key + "\"\\s*:\\s*(\"([^\"]*)\"|(-?[0-9]+))");
-  if (!std::regex_search(json, m, re)) return "";
-  return m[2].matched ? m[2].str() : m[3].str();
+// A manifest value as it appears in an error: a number's text, a string's text.
+std::string Shown(const json::Value& v) {
+  if (v.kind() == json::Value::Kind::kNumber) return v.NumberText();
+  if (auto s = v.AsString()) return *s;
+  return v.kind() == json::Value::Kind::kNull ? "null" : "a non-scalar value";
+}
+
+// The fields of a manifest (version 1 or 2), read with a JSON reader. Throws CheckpointError
+// saying which field is missing or damaged.
+CheckpointManifest ParseManifest(const std::string& text, const std::string& step_dir) {
+  const std::string where = "the manifest of `" + step_dir + "`";
+  std::string error;
+  const std::optional<json::Value> doc = json::Parse(text, &error);
+  if (!doc || doc->kind() != json::Value::Kind::kObject) {
+    throw CheckpointError(where + " is malformed or of an unknown version (" +
+                          (doc ? std::string("not a JSON object") : "not JSON: " + error) + ")");
+  }
+  const json::Value* version = doc->Find("version");
+  const std::optional<int64_t> version_number = version ? version->AsInt64() : std::nullopt;
+  if (version_number != 1 && version_number != 2) {
+    throw CheckpointError(where + " is malformed or of an unknown version (version " +
+                          (version ? Shown(*version) : std::string("missing")) + ")");
+  }
+  const json::Value* plan = doc->Find("plan");
+  const json::Value* fp = doc->Find("fingerprint");
+  const json::Value* step = doc->Find("step");
+  const json::Value* world = doc->Find("world_size");
+  for (const auto& [value, name] :
+       {std::pair{fp, "fingerprint"}, std::pair{step, "step"}, std::pair{world, "world_size"}}) {
+    if (!value) {
+      throw CheckpointError(where + " is malformed or of an unknown version (no `" + name + "`)");
+    }
+  }
+  CheckpointManifest man;
+  man.directory = step_dir;
+  man.plan = plan ? plan->AsString().value_or("") : "";
+  const std::optional<std::string> fp_text = fp->AsString();
+  const bool fp_ok = fp_text && ParseHex64(*fp_text, &man.fingerprint);
+  const std::optional<int64_t> step_value = step->AsInt64();
+  const std::optional<int64_t> world_value = world->AsInt64();
+  const bool world_ok = world_value && *world_value > 0 && *world_value <= INT32_MAX;
+  if (!fp_ok || !step_value || !world_ok) {
+    throw CheckpointError(where + " is damaged: " +
+                          (!fp_ok        ? "fingerprint `" + Shown(*fp) + "`"
+                           : !step_value ? "step " + Shown(*step)
+                                         : "world_size " + Shown(*world)) +
+                          " is not a valid value");
+  }
+  man.step = *step_value;
+  man.world_size = static_cast<int32_t>(*world_value);
+  if (*version_number == 2) {
+    const json::Value* state = doc->Find("state_fingerprint");
+    const std::optional<std::string> state_text = state ? state->AsString() : std::nullopt;
+    if (!state_text || !ParseHex64(*state_text, &man.state_fingerprint) ||
+        man.state_fingerprint == 0) {
+      throw CheckpointError(where + " is damaged: state_fingerprint `" +
+                            (state ? Shown(*state) : std::string("missing")) +
+                            "` is not a valid value");
+    }
+  }
+  if (man.step < 0) throw CheckpointError(where + " names step " + std::to_string(man.step));
+  return man;
 }
 
 }  // namespace
@@ -158,13 +221,14 @@ void WriteRankShard(const std::string& tmp_dir, const ProgramImage& program, int
 
 void CommitCheckpoint(const std::string& dir, const std::string& tmp_dir,
                       const ProgramImage& program, int64_t step) {
-  std::ostringstream m;
-  m << "{\"version\": 2, \"plan\": \"" << JsonEscape(program.plan_name) << "\", \"fingerprint\": \""
-    << Hex(program.fingerprint) << "\", \"state_fingerprint\": \"" << Hex(StateFingerprint(program))
-    << "\", \"step\": " << step << ", \"world_size\": " << program.world_size << ", \"shards\": [";
-  for (int r = 0; r < program.world_size; ++r) m << (r ? ", " : "") << "\"" << ShardName(r) << "\"";
-  m << "]}\n";
-  WriteFileSynced((fs::path(tmp_dir) / "manifest.json").string(), m.str());
+  json::Writer m;
+  m.BeginObject().Key("version").Int(2).Key("plan").String(program.plan_name);
+  m.Key("fingerprint").String(Hex(program.fingerprint));
+  m.Key("state_fingerprint").String(Hex(StateFingerprint(program)));
+  m.Key("step").Int(step).Key("world_size").Int(program.world_size).Key("shards").BeginArray();
+  for (int r = 0; r < program.world_size; ++r) m.String(ShardName(r));
+  m.EndArray().EndObject();
+  WriteFileSynced((fs::path(tmp_dir) / "manifest.json").string(), m.Text() + "\n");
   FsyncPath(tmp_dir, true);
   const std::string final_dir = (fs::path(dir) / StepName(step)).string();
   std::error_code ec;
@@ -221,46 +285,7 @@ CheckpointManifest LocateManifest(const std::string& dir) {
     step_dir = steps.back().second.string();
   }
   const std::string text = ReadAll((fs::path(step_dir) / "manifest.json").string());
-  CheckpointManifest man;
-  man.directory = step_dir;
-  man.plan = Field(text, "plan");
-  const std::string fp = Field(text, "fingerprint"), step = Field(text, "step"),
-                    world = Field(text, "world_size");
-  const std::string version = Field(text, "version");
-  if (fp.empty() || step.empty() || world.empty() || (version != "1" && version != "2")) {
-    throw CheckpointError("the manifest of `" + step_dir +
-                          "` is malformed or of an unknown version");
-  }
-  char* end = nullptr;
-  errno = 0;
-  man.fingerprint = std::strtoull(fp.c_str(), &end, 16);
-  const bool fp_ok = errno == 0 && *end == '\0' && fp.size() <= 16;
-  errno = 0;
-  man.step = std::strtoll(step.c_str(), &end, 10);
-  const bool step_ok = errno == 0 && *end == '\0';
-  errno = 0;
-  const long long world_value = std::strtoll(world.c_str(), &end, 10);
-  const bool world_ok = errno == 0 && *end == '\0' && world_value > 0 && world_value <= INT32_MAX;
-  if (!fp_ok || !step_ok || !world_ok) {
-    throw CheckpointError("the manifest of `" + step_dir + "` is damaged: " +
-                          (!fp_ok     ? "fingerprint `" + fp + "`"
-                           : !step_ok ? "step " + step
-                                      : "world_size " + world) +
-                          " is not a valid value");
-  }
-  man.world_size = static_cast<int32_t>(world_value);
-  if (version == "2") {
-    const std::string state = Field(text, "state_fingerprint");
-    errno = 0;
-    man.state_fingerprint = std::strtoull(state.c_str(), &end, 16);
-    if (state.empty() || state.size() > 16 || errno != 0 || *end != '\0' ||
-        man.state_fingerprint == 0) {
-      throw CheckpointError("the manifest of `" + step_dir + "` is damaged: state_fingerprint `" +
-                            state + "` is not a valid value");
-    }
-  }
-  if (man.step < 0) throw CheckpointError("the manifest of `" + step_dir + "` names step " + step);
-  return man;
+  return ParseManifest(text, step_dir);
 }
 
 }  // namespace

@@ -283,3 +283,68 @@ TEST_CASE("a disk that fills while committing fails the run cleanly; committed s
   resume.resume_dir = dir;
   CHECK(Train(prog, resume).steps.size() == 1);
 }
+
+TEST_CASE("the manifest is JSON: any plan name round-trips, damage is named field by field") {
+  const std::string data = TinyData();
+  ProgramImage prog = TinyImage(data);
+  prog.plan_name = "llama \"8b\" \\ tp2\n\x01 \xc3\xa9";
+  const std::string dir = TempDir("manifest_json");
+  RunOptions run;
+  run.steps = 1;
+  run.checkpoint_dir = dir;
+  Train(prog, run);
+  const CheckpointManifest man = FindCheckpoint(dir, prog);
+  CHECK(man.plan == prog.plan_name);
+  CHECK(man.step == 1);
+  CHECK(man.world_size == prog.world_size);
+
+  const std::string path = dir + "/step-000001/manifest.json";
+  std::string good;
+  {
+    std::ifstream in(path);
+    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  CHECK(good.rfind("{\"version\": 2, \"plan\": \"llama \\\"8b\\\" \\\\ tp2\\n\\u0001 \xc3\xa9\", ",
+                   0) == 0);
+  auto refused = [&](const std::string& text) {
+    std::ofstream(path, std::ios::trunc) << text;
+    try {
+      FindCheckpoint(dir, prog);
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, from.size(), to);
+  };
+  CHECK(refused(good.substr(0, good.size() / 2))
+            .find("is malformed or of an unknown version "
+                  "(not JSON: line 1, column") != std::string::npos);
+  CHECK(refused("[1, 2]").find("(not a JSON object)") != std::string::npos);
+  CHECK(refused(replaced("\"version\": 2", "\"version\": 3")).find("(version 3)") !=
+        std::string::npos);
+  CHECK(refused(replaced("\"step\": 1", "\"steps\": 1")).find("(no `step`)") != std::string::npos);
+  CHECK(refused(replaced("\"step\": 1", "\"step\": \"1\"")).find("is damaged: step 1 is not") !=
+        std::string::npos);
+  CHECK(refused(replaced("\"step\": 1", "\"step\": 1.5")).find("step 1.5 is not a valid value") !=
+        std::string::npos);
+  CHECK(refused(replaced("\"step\": 1", "\"step\": -1")).find("names step -1") !=
+        std::string::npos);
+  CHECK(refused(replaced("\"world_size\": 1", "\"world_size\": 0"))
+            .find("world_size 0 is not a valid value") != std::string::npos);
+  const size_t fp = good.find("\"fingerprint\": \"") + 16;
+  CHECK(refused(replaced(good.substr(fp, 16), "-1")).find("fingerprint `-1` is not") !=
+        std::string::npos);
+  CHECK(refused(replaced(good.substr(fp, 16), good.substr(fp, 16) + "0"))
+            .find("is not a valid value") != std::string::npos);
+  const size_t state = good.find("\"state_fingerprint\": \"") + 22;
+  CHECK(refused(replaced(good.substr(state, 16), "0000000000000000"))
+            .find("state_fingerprint `0000000000000000` is not a valid value") !=
+        std::string::npos);
+  // Whitespace and key order are JSON's business, not the reader's.
+  CHECK(refused(replaced("{\"version\": 2, ", "{\n  \"version\" :\t2 ,\n  ")) == "accepted");
+}

@@ -3,11 +3,12 @@
 // A HostWorld of N ranks is shared by N threads (one per rank). Each thread joins the groups it
 // belongs to with Join(members, world_rank); all members of a group must pass the same member
 // list (world ranks, distinct; their order defines the group ranks) and get handles on one
-// shared group state. Collectives rendezvous on that state: each member posts its buffers, the
-// last to arrive checks that every member asked for the same operation, and every member then
-// computes its share of the result reading the others' buffers directly (no staging copy except
-// the in-place all-reduce scratch). Reductions add contributions in group order, so results are
-// bitwise reproducible and independent of thread timing.
+// shared group state. Collectives rendezvous on that state (runtime/comm/in_process.h): each
+// member posts its buffers, the last to arrive checks that every member asked for the same
+// operation, and every member then computes its share of the result reading the others'
+// buffers directly (no staging copy except the in-place all-reduce scratch). Reductions add
+// contributions in group order, so results are bitwise reproducible and independent of thread
+// timing.
 //
 // Abort(reason) (from any communicator or the world) wakes every waiter of every group, which
 // then throws CommError; so does a wait longer than the world's timeout. Invariants: a group's
@@ -17,14 +18,12 @@
 #ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_COMM_HOST_COMMUNICATOR_H_
 #define PARAPLAN_RUNTIME_BACKENDS_HOST_COMM_HOST_COMMUNICATOR_H_
 
-#include <atomic>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/in_process.h"
 
 namespace paraplan::comm {
 
@@ -33,8 +32,6 @@ struct HostWorldOptions {
   double timeout_seconds = 600.0;
 };
 
-class HostGroup;
-
 class HostWorld {
  public:
   explicit HostWorld(int size, HostWorldOptions options = {});
@@ -42,7 +39,7 @@ class HostWorld {
   HostWorld(const HostWorld&) = delete;
   HostWorld& operator=(const HostWorld&) = delete;
 
-  int Size() const { return size_; }
+  int Size() const { return world_.Size(); }
 
   // The handle of `world_rank` on the group of `members`. Thread-safe. Throws CommError if the
   // member list is empty, has duplicates or out-of-range ranks, or does not contain world_rank.
@@ -50,18 +47,12 @@ class HostWorld {
   // that happen to cover the same ranks never share a rendezvous).
   std::unique_ptr<Communicator> Join(const std::vector<int>& members, int world_rank, int tag = 0);
 
-  void Abort(const std::string& reason);
-  bool Aborted() const { return aborted_.load(); }
-  std::string AbortReason() const;
+  void Abort(const std::string& reason) { world_.Abort(reason); }
+  bool Aborted() const { return world_.Aborted(); }
+  std::string AbortReason() const { return world_.AbortReason(); }
 
  private:
-  friend class HostGroup;
-  int size_;
-  HostWorldOptions options_;
-  std::atomic<bool> aborted_{false};
-  mutable std::mutex mutex_;  // guards groups_ and abort_reason_
-  std::string abort_reason_;
-  std::map<std::pair<int, std::vector<int>>, std::shared_ptr<HostGroup>> groups_;
+  InProcessWorld world_;
 };
 
 }  // namespace paraplan::comm
