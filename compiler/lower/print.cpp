@@ -7,6 +7,7 @@
 
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/verify.h"
+#include "runtime/format/ops.h"
 
 namespace paraplan::lower {
 
@@ -74,6 +75,10 @@ std::string PrintOp(const Role& role, const Op& op) {
   std::string out = fmt::format("{}({})", OpName(op.kind), names(op.inputs));
   if (!op.outputs.empty()) out += " -> " + names(op.outputs);
   if (op.comm != CommKind::None) out += fmt::format(" [{}]", CommName(op.comm));
+  if (prog::FindOp(op.kind)) {  // attributes by the registry's names: "what=labels"
+    if (std::string attrs = prog::FormatAttrs(op); !attrs.empty()) out += " " + attrs;
+    return out;
+  }
   if (!op.ints.empty()) out += fmt::format(" ints={}", Shape(op.ints));
   if (!op.floats.empty()) {
     out += " floats=[";
