@@ -87,6 +87,22 @@ TEST_CASE("typed attributes are written at the registry's positions and read bac
   CHECK(FormatAttrs(short_rs) == "reduce_op=max accumulate=false");
 }
 
+TEST_CASE("the positions program.h names agree with the registry") {
+  for (OpKind k :
+       {OpKind::SendActivation, OpKind::RecvActivation, OpKind::SendGrad, OpKind::RecvGrad}) {
+    const auto attrs = FindOp(k)->attrs;
+    REQUIRE(attrs.size() == 5);
+    CHECK(attrs[kP2pMicrobatch].name == "microbatch");
+    CHECK(attrs[kP2pChunk].name == "chunk");
+    CHECK(attrs[kP2pSlot].name == "slot");
+    CHECK(attrs[kP2pPeer].name == "peer");
+    CHECK(attrs[kP2pGroup].name == "group");
+  }
+  CHECK(static_cast<int64_t>(ReduceOp::kSum) == kReduceSum);
+  CHECK(static_cast<int64_t>(ReduceOp::kMax) == kReduceMax);
+  CHECK(static_cast<int64_t>(ReduceOp::kAvg) == kReduceAvg);
+}
+
 mem::Role SmallRole() {
   mem::Role role;
   role.name = "stage0";
