@@ -223,11 +223,12 @@ void AssignSlots(Role& role) {
   };
   for (Op& op : role.schedule) {
     bool p2p = IsP2p(op.kind);
-    int64_t group = p2p ? op.Int(4) : 0;
+    const prog::StepAttrs step = prog::DecodeStepAttrs(op);
+    int64_t group = p2p ? step.group : 0;
     if (!p2p || group == 0 || group != current_group) flush();
     current_group = group;
     if (op.kind != OpKind::Forward && op.kind != OpKind::Backward && !p2p) continue;
-    int64_t mb = op.Int(0), c = op.Int(1);
+    int64_t mb = step.microbatch, c = step.chunk;
     auto key = std::make_pair(mb, c);
     auto it = slot_of.find(key);
     int32_t slot;
@@ -246,7 +247,7 @@ void AssignSlots(Role& role) {
     } else {
       slot = it->second;
     }
-    op.ints[prog::kP2pSlot] = slot;
+    prog::SetStepSlot(op, slot);
     const Chunk& ch = role.chunks[c];
     bool last_use = op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && ch.stage == 0);
     if (last_use) {

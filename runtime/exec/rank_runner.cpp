@@ -266,31 +266,6 @@ void RankRunner::RunStep(int64_t step) {
 
 namespace {
 
-// The attributes of the four pipeline transfers (the same positions for each kind).
-struct TransferAttrs {
-  int64_t microbatch = 0, chunk = 0, slot = 0, peer = 0, group = 0;
-};
-
-template <typename A>
-TransferAttrs TransferFrom(const A& a) {
-  return {a.microbatch, a.chunk, a.slot, a.peer, a.group};
-}
-
-TransferAttrs TransferOf(const prog::mem::Op& op) {
-  switch (op.kind) {
-    case OpKind::SendActivation:
-      return TransferFrom(prog::DecodeAttrs<prog::attrs::SendActivation>(op));
-    case OpKind::RecvActivation:
-      return TransferFrom(prog::DecodeAttrs<prog::attrs::RecvActivation>(op));
-    case OpKind::SendGrad:
-      return TransferFrom(prog::DecodeAttrs<prog::attrs::SendGrad>(op));
-    case OpKind::RecvGrad:
-      return TransferFrom(prog::DecodeAttrs<prog::attrs::RecvGrad>(op));
-    default:
-      throw RunError(OpName(op.kind) + " is not a pipeline transfer");
-  }
-}
-
 bool IsTransfer(OpKind k) {
   return k == OpKind::SendActivation || k == OpKind::RecvActivation || k == OpKind::SendGrad ||
          k == OpKind::RecvGrad;
@@ -324,10 +299,10 @@ void RankRunner::RunSchedule(int64_t step) {
       case OpKind::RecvGrad: {
         // A group posts every send before any receive (buffered sends never block).
         size_t j = i + 1;
-        const int64_t group = TransferOf(op).group;
+        const int64_t group = prog::DecodeStepAttrs(op).group;
         if (group != 0) {
           while (j < sched.size() && IsTransfer(sched[j].kind) &&
-                 TransferOf(sched[j]).group == group)
+                 prog::DecodeStepAttrs(sched[j]).group == group)
             ++j;
         }
         for (size_t k = i; k < j; ++k)
@@ -363,7 +338,7 @@ void RankRunner::RunSchedule(int64_t step) {
 
 void RankRunner::Transfer(const prog::mem::Op& op, bool send) {
   const Comm& c = CommOf(CommKind::Pp, "a pipeline transfer");
-  const TransferAttrs a = TransferOf(op);
+  const prog::StepAttrs a = prog::DecodeStepAttrs(op);
   const int32_t buffer = send ? op.inputs[0] : op.outputs[0];
   const Context ctx{step_, a.microbatch, static_cast<int32_t>(a.slot)};
   const double t0 = options_.profile ? Now() : 0;

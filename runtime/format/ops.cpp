@@ -279,4 +279,79 @@ std::string FormatAttrs(const mem::Op& op) {
   return out;
 }
 
+namespace {
+
+template <typename A>
+StepAttrs StepFrom(const mem::Op& op) {
+  const A a = DecodeAttrs<A>(op);
+  StepAttrs s{a.microbatch, a.chunk, a.slot};
+  if constexpr (requires { a.peer; }) {
+    s.peer = a.peer;
+    s.group = a.group;
+  }
+  return s;
+}
+
+template <typename A>
+void ReslotAs(mem::Op& op, int64_t slot) {
+  A a = DecodeAttrs<A>(op);
+  a.slot = slot;
+  EncodeAttrs(a, op.ints, op.floats);
+}
+
+}  // namespace
+
+StepAttrs DecodeStepAttrs(const mem::Op& op) {
+  switch (op.kind) {
+    case OpKind::Forward:
+      return StepFrom<attrs::Forward>(op);
+    case OpKind::Backward:
+      return StepFrom<attrs::Backward>(op);
+    case OpKind::SendActivation:
+      return StepFrom<attrs::SendActivation>(op);
+    case OpKind::RecvActivation:
+      return StepFrom<attrs::RecvActivation>(op);
+    case OpKind::SendGrad:
+      return StepFrom<attrs::SendGrad>(op);
+    case OpKind::RecvGrad:
+      return StepFrom<attrs::RecvGrad>(op);
+    default:
+      return {};
+  }
+}
+
+void SetStepSlot(mem::Op& op, int64_t slot) {
+  switch (op.kind) {
+    case OpKind::Forward:
+      return ReslotAs<attrs::Forward>(op, slot);
+    case OpKind::Backward:
+      return ReslotAs<attrs::Backward>(op, slot);
+    case OpKind::SendActivation:
+      return ReslotAs<attrs::SendActivation>(op, slot);
+    case OpKind::RecvActivation:
+      return ReslotAs<attrs::RecvActivation>(op, slot);
+    case OpKind::SendGrad:
+      return ReslotAs<attrs::SendGrad>(op, slot);
+    case OpKind::RecvGrad:
+      return ReslotAs<attrs::RecvGrad>(op, slot);
+    default:
+      return;
+  }
+}
+
+int64_t StepBody(const mem::Op& op) {
+  switch (op.kind) {
+    case OpKind::ZeroGrads:
+      return DecodeAttrs<attrs::ZeroGrads>(op).body;
+    case OpKind::ReduceGrads:
+      return DecodeAttrs<attrs::ReduceGrads>(op).body;
+    case OpKind::OptimizerStep:
+      return DecodeAttrs<attrs::OptimizerStep>(op).body;
+    case OpKind::GatherParams:
+      return DecodeAttrs<attrs::GatherParams>(op).body;
+    default:
+      return -1;
+  }
+}
+
 }  // namespace paraplan::prog

@@ -101,6 +101,19 @@ std::string CheckOp(const mem::Role& role, const mem::Op& op, OpPlace place);
 // left out). Empty for an op without attributes.
 std::string FormatAttrs(const mem::Op& op);
 
+// ---- Schedule ops, by what they share -------------------------------------------------------
+
+// The attributes Forward, Backward and the four pipeline transfers share (peer and group stay
+// -1 and 0 for Forward / Backward); every field -1 (group 0) for another kind.
+struct StepAttrs {
+  int64_t microbatch = -1, chunk = -1, slot = -1, peer = -1, group = 0;
+};
+StepAttrs DecodeStepAttrs(const mem::Op& op);
+// Rewrites the slot of a Forward, Backward or transfer op (other kinds are left alone).
+void SetStepSlot(mem::Op& op, int64_t slot);
+// The body a ZeroGrads, ReduceGrads, OptimizerStep or GatherParams op runs; -1 for other kinds.
+int64_t StepBody(const mem::Op& op);
+
 // ---- Typed attributes, generated from ops.def -----------------------------------------------
 
 #define PARAPLAN_OP_UNPAREN(...) __VA_ARGS__
