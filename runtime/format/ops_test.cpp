@@ -103,6 +103,28 @@ TEST_CASE("the positions program.h names agree with the registry") {
   CHECK(static_cast<int64_t>(ReduceOp::kAvg) == kReduceAvg);
 }
 
+TEST_CASE("schedule ops by what they share: step attributes, slots and bodies") {
+  mem::Op send =
+      MakeOp(attrs::SendGrad{.microbatch = 5, .chunk = 1, .slot = 0, .peer = 2, .group = 7}, {3},
+             {}, CommKind::Pp);
+  const StepAttrs s = DecodeStepAttrs(send);
+  CHECK(s.microbatch == 5);
+  CHECK(s.chunk == 1);
+  CHECK(s.peer == 2);
+  CHECK(s.group == 7);
+  SetStepSlot(send, 3);
+  CHECK(send.ints == std::vector<int64_t>{5, 1, 3, 2, 7});
+  mem::Op fwd = MakeOp(attrs::Forward{.microbatch = 4, .chunk = 0, .slot = 1}, {}, {});
+  CHECK(DecodeStepAttrs(fwd).peer == -1);
+  CHECK(DecodeStepAttrs(fwd).group == 0);
+  SetStepSlot(fwd, 0);
+  CHECK(fwd.ints == std::vector<int64_t>{4, 0, 0});
+  CHECK(StepBody(MakeOp(attrs::GatherParams{.chunk = 1, .body = 6}, {}, {})) == 6);
+  CHECK(StepBody(MakeOp(attrs::OptimizerStep{.body = 2}, {}, {})) == 2);
+  CHECK(StepBody(fwd) == -1);
+  CHECK(DecodeStepAttrs(MakeOp(attrs::ZeroGrads{.body = 1}, {}, {})).chunk == -1);
+}
+
 mem::Role SmallRole() {
   mem::Role role;
   role.name = "stage0";
