@@ -164,8 +164,9 @@ class AttrWriter {
 };
 
 #define PARAPLAN_INT(pos, name, Type, def, lo, hi) w.Int(static_cast<int64_t>(a.name), true);
+// (Type is a type name, which parentheses would break.)
 #define PARAPLAN_INT_OPT(pos, name, Type, def, lo, hi) \
-  w.Int(static_cast<int64_t>(a.name), a.name != Type{def});
+  w.Int(static_cast<int64_t>(a.name), a.name != Type{def});  // NOLINT(bugprone-macro-parentheses)
 #define PARAPLAN_REF(pos, name, ref) w.Int(a.name, true);
 #define PARAPLAN_FLOAT(pos, name, def) w.Float(a.name);
 #define PARAPLAN_FLOAT_OPT(pos, name) w.Float(a.name);
