@@ -208,7 +208,7 @@ TEST_CASE("the loader refuses ops the registry rules out, naming the op and the 
                                           role.bodies[0].ops[2].inputs[1]};
         })
             .find("op 2 (embedding) of body `chunk0.forward` input 0 (ids) `emb` holds "
-                  "F32; the op reads I32 token ids") != std::string::npos);
+                  "F32; the op takes I32 token ids") != std::string::npos);
   CHECK(refused([](auto& role) {
           role.bodies[0].ops[4].outputs.push_back(0);
         }).find("op 4 (linear) of body `chunk0.forward` has 2 outputs; it takes 1") !=

@@ -127,9 +127,12 @@ std::string CheckOperands(const mem::Role& role, const std::vector<int32_t>& lis
     if (b < 0 || b >= nbuf)
       return which + " names buffer " + std::to_string(b) + " of " + std::to_string(nbuf);
     const DType dtype = role.buffers[b].dtype;
-    if (o.i32 != (dtype == DType::I32)) {
+    if (o.i32 != (dtype == DType::I32) || (o.f32 && dtype != DType::F32)) {
       return which + " `" + role.buffers[b].name + "` holds " + EnumNameDType(dtype) +
-             "; the op reads " + (o.i32 ? "I32 token ids" : "floating-point values");
+             "; the op takes " +
+             (o.i32   ? "I32 token ids"
+              : o.f32 ? "F32 values (statistics and optimizer state are F32 in every precision)"
+                      : "floating-point values");
     }
   }
   return "";
@@ -207,6 +210,9 @@ std::vector<OperandInfo> ParseOperands(std::string_view sig) {
     }
     if (t.size() > 4 && t.substr(t.size() - 4) == ":i32") {
       o.i32 = true;
+      t.remove_suffix(4);
+    } else if (t.size() > 4 && t.substr(t.size() - 4) == ":f32") {
+      o.f32 = true;
       t.remove_suffix(4);
     }
     if (!t.empty() && t.back() == '?') {

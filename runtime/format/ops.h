@@ -71,10 +71,10 @@ struct OpInfo {
 };
 
 // One operand of a signature: "x", "b?" (may be -1), "[b]" (may be left out), "grads..."
-// (one or more), "ids:i32" (an I32 buffer).
+// (one or more), "ids:i32" (an I32 buffer), "rstd:f32" (an F32 buffer in every precision).
 struct OperandInfo {
   std::string_view name;
-  bool may_be_none = false, may_be_absent = false, variadic = false, i32 = false;
+  bool may_be_none = false, may_be_absent = false, variadic = false, i32 = false, f32 = false;
 };
 
 // The registry entry of `kind`; nullptr for a value the registry does not know (a damaged or

@@ -135,11 +135,12 @@ mem::Role SmallRole() {
     b.shape = {4};
     role.buffers.push_back(b);
   };
-  add("x", DType::F32);     // 0
-  add("w", DType::F32);     // 1
-  add("y", DType::F32);     // 2
-  add("ids", DType::I32);   // 3
-  add("rstd", DType::F32);  // 4
+  add("x", DType::F32);      // 0
+  add("w", DType::F32);      // 1
+  add("y", DType::F32);      // 2
+  add("ids", DType::I32);    // 3
+  add("rstd", DType::F32);   // 4
+  add("half", DType::Bf16);  // 5
   role.bodies.resize(2);
   mem::Chunk c;
   c.slots = 2;
@@ -156,12 +157,16 @@ TEST_CASE("CheckOp refuses what the registry rules out, with the rule in the mes
   CHECK(check(MakeOp(attrs::RmsNorm{}, {0}, {2, 4})) == "has 1 input; it takes 2");
   CHECK(check(MakeOp(attrs::Linear{}, {0, 1, 2, 4}, {2})) == "has 4 inputs; it takes 2 to 3");
   CHECK(check(MakeOp(attrs::Linear{}, {0, 1, -1}, {2})) == "");  // the bias may be none
-  CHECK(check(MakeOp(attrs::Linear{}, {0, -1}, {2})) == "input 1 (w) names buffer -1 of 5");
-  CHECK(check(MakeOp(attrs::Linear{}, {0, 9}, {2})) == "input 1 (w) names buffer 9 of 5");
+  CHECK(check(MakeOp(attrs::Linear{}, {0, -1}, {2})) == "input 1 (w) names buffer -1 of 6");
+  CHECK(check(MakeOp(attrs::Linear{}, {0, 9}, {2})) == "input 1 (w) names buffer 9 of 6");
   CHECK(check(MakeOp(attrs::LoadBatch{}, {}, {2})) ==
-        "output 0 (tokens) `y` holds F32; the op reads I32 token ids");
+        "output 0 (tokens) `y` holds F32; the op takes I32 token ids");
   CHECK(check(MakeOp(attrs::Add{}, {3, 0}, {2})) ==
-        "input 0 (a) `ids` holds I32; the op reads floating-point values");
+        "input 0 (a) `ids` holds I32; the op takes floating-point values");
+  CHECK(check(MakeOp(attrs::RmsNorm{}, {5, 1}, {5, 4})) == "");  // activations in any precision
+  CHECK(check(MakeOp(attrs::RmsNorm{}, {0, 1}, {2, 5})) ==
+        "output 1 (rstd) `half` holds Bf16; the op takes F32 values (statistics and optimizer "
+        "state are F32 in every precision)");
   CHECK(check(MakeOp(attrs::Fill{}, {}, {0, 1, 2})) == "");
   CHECK(check(MakeOp(attrs::Fill{}, {}, {})) == "has 0 outputs; it takes at least 1");
   CHECK(check(MakeOp(attrs::Add{}, {0, 1}, {2}, CommKind::Tp)) ==
