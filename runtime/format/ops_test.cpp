@@ -224,6 +224,12 @@ TEST_CASE("coverage: every op the runtime runs has a host kernel test and a CUDA
   const char* src = std::getenv("PARAPLAN_SOURCE_DIR");
   REQUIRE_MESSAGE(src, "PARAPLAN_SOURCE_DIR names the source tree (set by CTest)");
   const fs::path root(src);
+  for (const char* dir : {"runtime/kernels/host", "runtime/kernels/cuda", "runtime/comm",
+                          "runtime/comm/cuda", "runtime/exec"}) {
+    REQUIRE_MESSAGE(fs::is_directory(root / dir),
+                    dir << " is where this test looks for kernels and their tests; update the "
+                           "list here when they move");
+  }
   // Kernels: the Backend method's host kernel is called by a host kernel test, and a CUDA file
   // defines the method. Collectives and transfers: the Communicator method is exercised by the
   // host communicator's tests and implemented by the CUDA (NCCL) communicator.
