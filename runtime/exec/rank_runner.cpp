@@ -313,20 +313,10 @@ void RankRunner::RunSchedule(int64_t step) {
         break;
       }
       case OpKind::ZeroGrads:
-        RunBody(static_cast<int32_t>(prog::DecodeAttrs<prog::attrs::ZeroGrads>(op).body),
-                step_context);
-        break;
       case OpKind::ReduceGrads:
-        RunBody(static_cast<int32_t>(prog::DecodeAttrs<prog::attrs::ReduceGrads>(op).body),
-                step_context);
-        break;
       case OpKind::OptimizerStep:
-        RunBody(static_cast<int32_t>(prog::DecodeAttrs<prog::attrs::OptimizerStep>(op).body),
-                step_context);
-        break;
       case OpKind::GatherParams:
-        RunBody(static_cast<int32_t>(prog::DecodeAttrs<prog::attrs::GatherParams>(op).body),
-                step_context);
+        RunBody(static_cast<int32_t>(prog::StepBody(op)), step_context);
         break;
       case OpKind::ReleaseParams:
         break;  // host memory stays; nothing reads a released bucket before the next gather
