@@ -40,6 +40,21 @@ std::string DescribeOp(const Op& op) {
 
 namespace {
 
+// What the members of a collective must agree on besides its kind and size: the reduction of
+// AllReduce / ReduceScatter, the root of Broadcast; -1 for the others.
+int64_t CollectiveArgument(const Op& op) {
+  switch (op.kind) {
+    case OpKind::AllReduce:
+      return static_cast<int64_t>(prog::DecodeAttrs<prog::attrs::AllReduce>(op).reduce_op);
+    case OpKind::ReduceScatter:
+      return static_cast<int64_t>(prog::DecodeAttrs<prog::attrs::ReduceScatter>(op).reduce_op);
+    case OpKind::Broadcast:
+      return prog::DecodeAttrs<prog::attrs::Broadcast>(op).root;
+    default:
+      return -1;
+  }
+}
+
 enum class ItemType : uint8_t { kCompute, kP2p, kCollective };
 
 // One schedule-level step of a role's stream; step bodies are expanded into their collectives.
@@ -197,10 +212,9 @@ class WorldVerifier {
       const Body& body = role.bodies[op.kind == OpKind::Forward ? c.forward : c.backward];
       for (const Op& bop : body.ops)
         if (IsCollective(bop.kind) && bop.comm == kind)
-          sig.push_back(fmt::format("{} of {} in {}: {} bytes, op {}", DescribeOp(bop),
-                                    DescribeOp(op), body.name,
-                                    bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes,
-                                    bop.ints.empty() ? -1 : bop.ints[0]));
+          sig.push_back(fmt::format(
+              "{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeOp(op), body.name,
+              bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes, CollectiveArgument(bop)));
     }
     return sig;
   }
@@ -460,7 +474,7 @@ class WorldVerifier {
           }
           const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
           if (mop.kind != fop.kind || mi.bytes != first->bytes ||
-              (mop.ints.empty() ? -1 : mop.ints[0]) != (fop.ints.empty() ? -1 : fop.ints[0])) {
+              CollectiveArgument(mop) != CollectiveArgument(fop)) {
             Error(
                 fmt::format("collective #{} of {} communicator {} differs between its members: {} "
                             "({} bytes) vs {} "
