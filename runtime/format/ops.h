@@ -12,7 +12,8 @@
 // out of range are the validator's to refuse (CheckOp), so handlers decode validated ops only.
 //
 // Made by: nothing (static tables). Read by: runtime/format (DecodeProgram), compiler/lower
-// (emitters, VerifyStructure, printing), runtime/exec (the interpreter's dispatch).
+// (emitters, VerifyStructure and VerifyWorld, printing, planc dump), runtime/exec (the
+// interpreter's dispatch and handlers).
 #ifndef PARAPLAN_RUNTIME_FORMAT_OPS_H_
 #define PARAPLAN_RUNTIME_FORMAT_OPS_H_
 
@@ -87,7 +88,7 @@ std::string OpDisplayName(OpKind kind);
 // The parsed operand signature of an op (inputs or outputs).
 std::vector<OperandInfo> ParseOperands(std::string_view signature);
 
-// Whether an op may appear in a schedule (true) or a body (false).
+// Where an op stands: in a role's schedule or in a body.
 enum class OpPlace : uint8_t { kSchedule, kBody };
 // The structural check of one op of `role`, shared by DecodeProgram and `planc dump`: the kind is
 // known, not reserved and belongs to `place`; `comm` is one the op takes; operand counts match
