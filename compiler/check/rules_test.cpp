@@ -54,7 +54,8 @@ struct TestPlan {
     plan.declaration = {buffer, 0, 6};
     bool dp_written = false, etp_written = false;
     for (auto& [path, begin, end] : spans) {
-      FieldOrigin& o = plan.origins[path];
+      REQUIRE_MESSAGE(plan.origins.Mutable(path), path);
+      FieldOrigin& o = *plan.origins.Mutable(path);
       o.kind = OriginKind::kFile;
       o.range = {buffer, begin, end};
       if (path == "parallel.dp") {

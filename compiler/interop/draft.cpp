@@ -517,7 +517,9 @@ void ApplyImportedOrigins(const ImportedPlan& imported, uint32_t plan_buffer,
     if (first.IsValid()) plan.declaration = first;
   }
   for (const auto& [path, range] : imported.field_origins) {
-    FieldOrigin& o = plan.origins[path];
+    FieldOrigin* found = plan.origins.Mutable(path);
+    if (!found) continue;  // the importer's tables name canonical paths only
+    FieldOrigin& o = *found;
     // Only values written in the generated text (not --set, not defaults of the language).
     if (o.range.buffer != plan_buffer &&
         !(o.kind == OriginKind::kStdlib && path.rfind("model", 0) == 0)) {

@@ -12,12 +12,13 @@
 #ifndef PARAPLAN_COMPILER_PLAN_PLAN_H_
 #define PARAPLAN_COMPILER_PLAN_PLAN_H_
 
+#include <bitset>
 #include <climits>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -249,26 +250,130 @@ struct Sweep {
 
 struct FieldInfo;
 
-// Where each canonical path of a plan got its value. A flat table: one slot per PlanFields()
-// entry (by FieldInfo::index) and one per record path ("model", "cluster", "cluster.gpu"), so
-// that recording the origins of a plan allocates once, not once per path; paths outside both
-// (none in practice) are kept aside. Reads and writes by path work as on a map from the path.
+// --- Typed field handles --------------------------------------------------------------------
+//
+// Every canonical path of a plan has a handle generated from fields.def: `fields::kParallelTp`
+// carries the path ("parallel.tp"), its index (into PlanFields(), PlanOrigins and FieldSet) and,
+// for fields, a typed accessor (`fields::kParallelTp.Get(plan)` is `plan.parallel.tp`). A
+// misspelt handle does not compile, and a string literal where a FieldId is expected is looked
+// up at compile time (a misspelt literal does not compile either). Paths that come from outside
+// (--set, an importer's table, `explain PATH`) are looked up at run time: FindPlanField,
+// FindPlanPath, PlanOrigins::Mutable.
+namespace fields {
+enum Index : uint16_t {
+#define PLAN_FIELD_INDEX(NAME, ...) NAME##Index,
+#define PLAN_INT PLAN_FIELD_INDEX
+#define PLAN_BYTES PLAN_FIELD_INDEX
+#define PLAN_OPT_INT PLAN_FIELD_INDEX
+#define PLAN_REAL_IN PLAN_FIELD_INDEX
+#define PLAN_BOOL PLAN_FIELD_INDEX
+#define PLAN_STRING PLAN_FIELD_INDEX
+#define PLAN_LIST PLAN_FIELD_INDEX
+#define PLAN_ENUM PLAN_FIELD_INDEX
+#include "compiler/plan/fields.def"
+#undef PLAN_INT
+#undef PLAN_BYTES
+#undef PLAN_OPT_INT
+#undef PLAN_REAL_IN
+#undef PLAN_BOOL
+#undef PLAN_STRING
+#undef PLAN_LIST
+#undef PLAN_ENUM
+#undef PLAN_FIELD_INDEX
+  kFieldCount,
+  // The record-valued paths after the fields: they have origins but no values.
+  kModelIndex = kFieldCount,
+  kClusterIndex,
+  kClusterGpuIndex,
+  kPathCount,
+};
+
+// Every canonical path by index: the fields in PlanFields() order, then the record paths.
+inline constexpr std::string_view kPaths[kPathCount] = {
+#define PLAN_FIELD_PATH(NAME, PATH, ...) PATH,
+#define PLAN_INT PLAN_FIELD_PATH
+#define PLAN_BYTES PLAN_FIELD_PATH
+#define PLAN_OPT_INT PLAN_FIELD_PATH
+#define PLAN_REAL_IN PLAN_FIELD_PATH
+#define PLAN_BOOL PLAN_FIELD_PATH
+#define PLAN_STRING PLAN_FIELD_PATH
+#define PLAN_LIST PLAN_FIELD_PATH
+#define PLAN_ENUM PLAN_FIELD_PATH
+#include "compiler/plan/fields.def"
+#undef PLAN_INT
+#undef PLAN_BYTES
+#undef PLAN_OPT_INT
+#undef PLAN_REAL_IN
+#undef PLAN_BOOL
+#undef PLAN_STRING
+#undef PLAN_LIST
+#undef PLAN_ENUM
+#undef PLAN_FIELD_PATH
+    "model",
+    "cluster",
+    "cluster.gpu",
+};
+}  // namespace fields
+
+// A canonical path of a plan, known to be one: a field or a record path.
+struct FieldId {
+  constexpr FieldId(uint16_t i, std::string_view p) : index(i), path(p) {}
+  // A path written as a literal is checked while compiling: FieldId("parallel.tpp") is an error.
+  consteval FieldId(const char* literal) : FieldId(Lookup(literal)) {}
+
+  uint16_t index;
+  std::string_view path;
+
+  bool IsRecord() const { return index >= fields::kFieldCount; }
+  // The field's entry in PlanFields(); only for fields (not record paths).
+  const FieldInfo& info() const;
+  friend constexpr bool operator==(FieldId a, FieldId b) { return a.index == b.index; }
+
+ private:
+  static consteval FieldId Lookup(std::string_view path) {
+    for (uint16_t i = 0; i < fields::kPathCount; ++i) {
+      if (fields::kPaths[i] == path) return FieldId(i, fields::kPaths[i]);
+    }
+    throw "not a canonical path of a plan";  // makes the constant expression fail
+  }
+};
+
+// A path that comes from outside (--set, an importer, a test); nullopt when it names no field
+// and no record.
+std::optional<FieldId> FindPlanPath(std::string_view path);
+
+// A set of paths by index (the poisoned fields of a plan).
+class FieldSet {
+ public:
+  void insert(FieldId field) { bits_.set(field.index); }
+  size_t count(FieldId field) const { return bits_.test(field.index) ? 1 : 0; }
+  bool empty() const { return bits_.none(); }
+  size_t size() const { return bits_.count(); }
+
+ private:
+  std::bitset<fields::kPathCount> bits_;
+};
+
+// Where each canonical path of a plan got its value: one slot per path (by FieldId::index),
+// sized on the first write so that recording the origins of a plan allocates once.
 class PlanOrigins {
  public:
-  // The origin of `path`, recorded from now on (like std::map::operator[]).
-  FieldOrigin& operator[](std::string_view path);
-  FieldOrigin& operator[](const FieldInfo& field);  // the fast way in, by index
-  // The recorded origin of `path`; nullptr when none was recorded.
-  const FieldOrigin* Find(std::string_view path) const;
-  size_t count(std::string_view path) const { return Find(path) ? 1 : 0; }
+  // The origin of `field`, recorded from now on (like std::map::operator[]).
+  FieldOrigin& operator[](FieldId field);
+  FieldOrigin& operator[](const FieldInfo& field);
+  // A path from outside: its origin, recorded from now on; nullptr (nothing recorded) when
+  // `path` is not a canonical path.
+  FieldOrigin* Mutable(std::string_view path);
+  // The recorded origin; nullptr when none was recorded (or `path` is not a canonical path).
+  const FieldOrigin* Find(FieldId field) const;
+  const FieldOrigin* FindPath(std::string_view path) const;
+  size_t count(FieldId field) const { return Find(field) ? 1 : 0; }
   // How many paths have a recorded origin.
   size_t size() const;
 
  private:
-  FieldOrigin& Slot(size_t index);
-  std::vector<FieldOrigin> slots_;  // PlanFields().size() + 3, sized on the first write
+  std::vector<FieldOrigin> slots_;  // fields::kPathCount, sized on the first write
   std::vector<bool> recorded_;
-  std::map<std::string, FieldOrigin, std::less<>> other_;
 };
 
 struct Plan {
@@ -289,7 +394,7 @@ struct Plan {
   TrainSpec train;
 
   PlanOrigins origins;
-  std::set<std::string, std::less<>> poisoned;
+  FieldSet poisoned;
   std::vector<Sweep> sweeps;
   SourceRange declaration;  // the `plan NAME` header
 
@@ -300,10 +405,59 @@ struct Plan {
   int64_t Microbatches() const;
 
   // The origin of a canonical path; a default origin (no range) when none was recorded.
-  const FieldOrigin& Origin(std::string_view path) const;
-  SourceRange Range(std::string_view path) const { return Origin(path).range; }
-  bool IsPoisoned(std::string_view path) const { return poisoned.count(path) > 0; }
+  const FieldOrigin& Origin(FieldId field) const;
+  SourceRange Range(FieldId field) const { return Origin(field).range; }
+  // A path known only at run time (a literal converts to FieldId and is checked while
+  // compiling): no range when it is not a canonical path.
+  template <typename S>
+  requires std::same_as<S, std::string_view> SourceRange Range(S path)
+  const {
+    const FieldOrigin* o = origins.FindPath(path);
+    return o ? o->range : SourceRange{};
+  }
+  bool IsPoisoned(FieldId field) const { return poisoned.count(field) > 0; }
 };
+
+// A field's handle with its accessor: `fields::kParallelTp.Get(plan)` is `plan.parallel.tp`.
+template <typename T>
+struct TypedField : FieldId {
+  T& (*ref)(Plan&);
+  const T& (*cref)(const Plan&);
+
+  T& Get(Plan& plan) const { return ref(plan); }
+  const T& Get(const Plan& plan) const { return cref(plan); }
+};
+
+namespace fields {
+#define PLAN_TYPED_FIELD(NAME, PATH, TYPE, MEMBER)                                  \
+  inline constexpr TypedField<TYPE> NAME{FieldId(NAME##Index, PATH),                \
+                                         [](Plan& p) -> TYPE& { return p.MEMBER; }, \
+                                         [](const Plan& p) -> const TYPE& { return p.MEMBER; }};
+#define PLAN_INT(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, int64_t, MEMBER)
+#define PLAN_BYTES(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, int64_t, MEMBER)
+#define PLAN_OPT_INT(NAME, PATH, MEMBER, ...) \
+  PLAN_TYPED_FIELD(NAME, PATH, std::optional<int64_t>, MEMBER)
+#define PLAN_REAL_IN(NAME, PATH, TYPE, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, double, MEMBER)
+#define PLAN_BOOL(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, bool, MEMBER)
+#define PLAN_STRING(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, std::string, MEMBER)
+#define PLAN_LIST(NAME, PATH, MEMBER, ...) \
+  PLAN_TYPED_FIELD(NAME, PATH, std::vector<int64_t>, MEMBER)
+#define PLAN_ENUM(NAME, PATH, ENUM, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, ENUM, MEMBER)
+#include "compiler/plan/fields.def"
+#undef PLAN_INT
+#undef PLAN_BYTES
+#undef PLAN_OPT_INT
+#undef PLAN_REAL_IN
+#undef PLAN_BOOL
+#undef PLAN_STRING
+#undef PLAN_LIST
+#undef PLAN_ENUM
+#undef PLAN_TYPED_FIELD
+
+inline constexpr FieldId kModel{kModelIndex, "model"};
+inline constexpr FieldId kCluster{kClusterIndex, "cluster"};
+inline constexpr FieldId kClusterGpu{kClusterGpuIndex, "cluster.gpu"};
+}  // namespace fields
 
 // The precision record as it applies: each field written in the plan (file, stdlib, --set) is
 // kept, each other follows `precision` (params bf16 for bf16/fp8, fp16, fp32; grads fp16 under
@@ -354,6 +508,8 @@ struct FieldInfo {
   bool real_min_open = false;
   double real_max = std::numeric_limits<double>::infinity();
   bool real_max_open = false;
+
+  FieldId id() const { return FieldId(index, path); }
 };
 
 // Every settable canonical path of a plan, in a stable order. The record-valued paths
@@ -392,6 +548,11 @@ std::string_view ToString(OriginKind k);     // "default", "file", "stdlib", "co
 // Reads a field as text (as --set would take it back): "4", "true", "interleaved_1f1b", "80 GiB"
 // is printed as the integer byte count. nullopt for an unknown path.
 std::optional<std::string> GetFieldText(const Plan& plan, std::string_view path);
+
+// Reads a scalar field's value from text as --set would write it ("4", "true", "selective",
+// "\"1f1b\"", "80 GiB"), without setting it: SetFieldValue takes the result. Lists and
+// "none" for an optional field are SetFieldText's only. Returns what is wrong, empty on success.
+std::string ParseFieldText(const FieldInfo& field, std::string_view text, FieldValue* out);
 
 // Sets a field from text as --set would write it ("4", "true", "selective", "[2, 3]").
 // Returns an empty string on success, otherwise what is wrong ("expected an integer").

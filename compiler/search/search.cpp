@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 #include "compiler/analyze/memory.h"
 #include "compiler/analyze/memory_check.h"
@@ -15,27 +16,12 @@
 namespace paraplan {
 namespace {
 
-enum class Field : uint8_t {
-  kTp,
-  kPp,
-  kVpp,
-  kCp,
-  kEp,
-  kEtp,
-  kSp,
-  kMicro,
-  kZero,
-  kRecompute,
-  kSchedule,
-  kOffload,
-  kOther
-};
-
-// One axis value, parsed once.
+// One axis value, looked up in the plan's field table and parsed once: applying it is a typed
+// store (SetFieldValue), with the field's own range check. Lists and "none" keep their text.
 struct Setter {
-  Field field = Field::kOther;
-  int64_t number = 0;
-  std::string path, text;  // for kOther: SetFieldText
+  const FieldInfo* field = nullptr;  // nullptr: not a field of a plan (never applies)
+  std::optional<FieldValue> value;   // parsed; nullopt: apply the text
+  std::string text;
 };
 
 std::string Unquote(std::string_view v) {
@@ -44,100 +30,30 @@ std::string Unquote(std::string_view v) {
   return std::string(v);
 }
 
-Setter Parse(const std::string& path, const std::string& value) {
+Setter Parse(const std::string& path, const std::string& text) {
   Setter s;
-  s.path = path;
-  s.text = value;
-  const std::string v = Unquote(value);
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  const bool is_int = !v.empty() && end && *end == '\0';
-  auto integer = [&](Field f) {
-    if (is_int) {
-      s.field = f;
-      s.number = n;
-    }
-  };
-  if (path == "parallel.tp")
-    integer(Field::kTp);
-  else if (path == "parallel.pp")
-    integer(Field::kPp);
-  else if (path == "parallel.vpp")
-    integer(Field::kVpp);
-  else if (path == "parallel.cp")
-    integer(Field::kCp);
-  else if (path == "parallel.ep")
-    integer(Field::kEp);
-  else if (path == "parallel.etp")
-    integer(Field::kEtp);
-  else if (path == "batch.micro")
-    integer(Field::kMicro);
-  else if (path == "optimizer.zero")
-    integer(Field::kZero);
-  else if (path == "parallel.sp" && (v == "true" || v == "false")) {
-    s.field = Field::kSp;
-    s.number = v == "true";
-  } else if (path == "recompute" && (v == "none" || v == "selective" || v == "full")) {
-    s.field = Field::kRecompute;
-    s.number = static_cast<int64_t>(v == "none"        ? Recompute::kNone
-                                    : v == "selective" ? Recompute::kSelective
-                                                       : Recompute::kFull);
-  } else if (path == "pipeline.schedule" &&
-             (v == "gpipe" || v == "1f1b" || v == "interleaved_1f1b")) {
-    s.field = Field::kSchedule;
-    s.number = static_cast<int64_t>(v == "gpipe"  ? Schedule::kGpipe
-                                    : v == "1f1b" ? Schedule::k1F1B
-                                                  : Schedule::kInterleaved1F1B);
-  } else if (path == "optimizer.offload" && (v == "none" || v == "cpu")) {
-    s.field = Field::kOffload;
-    s.number = static_cast<int64_t>(v == "cpu" ? Offload::kCpu : Offload::kNone);
-  }
+  s.field = FindPlanField(path);
+  s.text = text;
+  FieldValue value;
+  if (s.field && ParseFieldText(*s.field, text, &value).empty()) s.value = std::move(value);
   return s;
 }
 
 bool Apply(Plan& plan, const Setter& s) {
-  ParallelSpec& par = plan.parallel;
-  switch (s.field) {
-    case Field::kTp:
-      par.tp = s.number;
-      return true;
-    case Field::kPp:
-      par.pp = s.number;
-      return true;
-    case Field::kVpp:
-      par.vpp = s.number;
-      return true;
-    case Field::kCp:
-      par.cp = s.number;
-      return true;
-    case Field::kEp:
-      par.ep = s.number;
-      return true;
-    case Field::kEtp:
-      par.etp = s.number;
-      return true;
-    case Field::kSp:
-      par.sp = s.number != 0;
-      return true;
-    case Field::kMicro:
-      plan.batch.micro = s.number;
-      return true;
-    case Field::kZero:
-      plan.optimizer.zero = s.number;
-      return true;
-    case Field::kRecompute:
-      plan.recompute = static_cast<Recompute>(s.number);
-      return true;
-    case Field::kSchedule:
-      plan.pipeline.schedule = static_cast<Schedule>(s.number);
-      return true;
-    case Field::kOffload:
-      plan.optimizer.offload = static_cast<Offload>(s.number);
-      return true;
-    case Field::kOther:
-      return SetFieldText(plan, s.path, s.text).empty();
-  }
-  return false;
+  if (!s.field) return false;
+  if (s.value) return SetFieldValue(plan, *s.field, *s.value).empty();
+  return SetFieldText(plan, s.field->path, s.text).empty();
+}
+
+// The setter sets `field` to `value`.
+bool Sets(const Setter& s, FieldId field, const FieldValue& value) {
+  return s.field && s.field->index == field.index && s.value && *s.value == value;
+}
+
+// etp follows tp unless the plan writes it (or it is searched).
+bool EtpFollowsTp(const Plan& plan) {
+  const OriginKind k = plan.Origin(fields::kParallelEtp).kind;
+  return k != OriginKind::kFile && k != OriginKind::kCommandLine;
 }
 
 }  // namespace
@@ -168,14 +84,12 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
   for (size_t i = 0; i < axes.size(); ++i) {
     for (const std::string& v : axes[i].values) {
       setters[i].push_back(Parse(axes[i].path, v));
-      if (setters[i].back().field == Field::kSp && setters[i].back().number == 0)
-        sp_false_searched = true;
-      if (setters[i].back().field == Field::kZero && setters[i].back().number == 0)
-        zero0_searched = true;
+      sp_false_searched |= Sets(setters[i].back(), fields::kParallelSp, false);
+      zero0_searched |= Sets(setters[i].back(), fields::kOptimizerZero, int64_t{0});
     }
-    vpp_axis |= axes[i].path == "parallel.vpp";
-    schedule_axis |= axes[i].path == "pipeline.schedule";
-    etp_axis |= axes[i].path == "parallel.etp";
+    vpp_axis |= axes[i].path == fields::kParallelVpp.path;
+    schedule_axis |= axes[i].path == fields::kPipelineSchedule.path;
+    etp_axis |= axes[i].path == fields::kParallelEtp.path;
   }
   const Schedule base_schedule = base.pipeline.schedule;
   Plan plan = base;
@@ -201,9 +115,7 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
     bool applied = true;
     for (size_t i = 0; i < axes.size(); ++i)
       if (!setters[i].empty()) applied = applied && Apply(plan, setters[i][digit[i]]);
-    if (!etp_axis && plan.Origin("parallel.etp").kind != OriginKind::kFile &&
-        plan.Origin("parallel.etp").kind != OriginKind::kCommandLine)
-      plan.parallel.etp = plan.parallel.tp;
+    if (!etp_axis && EtpFollowsTp(plan)) plan.parallel.etp = plan.parallel.tp;
     if (vpp_axis && !schedule_axis) {
       plan.pipeline.schedule = plan.parallel.vpp > 1 ? Schedule::kInterleaved1F1B
                                : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B
@@ -272,16 +184,15 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
     // The derived fields, so a candidate can be written back as --set values.
     Plan p = base;
     for (const auto& [path, value] : c.settings) Apply(p, Parse(path, value));
-    if (!etp_axis && p.Origin("parallel.etp").kind != OriginKind::kFile &&
-        p.Origin("parallel.etp").kind != OriginKind::kCommandLine)
-      p.parallel.etp = p.parallel.tp;
+    if (!etp_axis && EtpFollowsTp(p)) p.parallel.etp = p.parallel.tp;
     const int64_t unit = p.parallel.tp * p.parallel.pp * p.parallel.cp;
-    c.settings.push_back({"parallel.dp", std::to_string(p.World() / unit)});
+    c.settings.push_back({std::string(fields::kParallelDp.path), std::to_string(p.World() / unit)});
     if (vpp_axis && !schedule_axis) {
       const Schedule s = p.parallel.vpp > 1                            ? Schedule::kInterleaved1F1B
                          : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B
                                                                        : base_schedule;
-      c.settings.push_back({"pipeline.schedule", "\"" + std::string(ToString(s)) + "\""});
+      c.settings.push_back(
+          {std::string(fields::kPipelineSchedule.path), "\"" + std::string(ToString(s)) + "\""});
     }
     if (options.verify && !options.verify(c.settings)) {
       ++result.rejected_verify;
