@@ -16,21 +16,21 @@
 
 namespace paraplan::interop {
 
-void PlanDraft::Set(std::string path, std::string value, SourceRange origin, std::string source) {
-  Erase(path);
-  settings_.push_back({std::move(path), std::move(value), origin, std::move(source)});
+void PlanDraft::Set(FieldId field, std::string value, SourceRange origin, std::string source) {
+  Erase(field);
+  settings_.push_back({std::string(field.path), std::move(value), origin, std::move(source)});
 }
 
-const DraftSetting* PlanDraft::Find(std::string_view path) const {
+const DraftSetting* PlanDraft::FindPath(std::string_view path) const {
   for (const DraftSetting& s : settings_) {
     if (s.path == path) return &s;
   }
   return nullptr;
 }
 
-void PlanDraft::Erase(std::string_view path) {
+void PlanDraft::Erase(FieldId field) {
   settings_.erase(std::remove_if(settings_.begin(), settings_.end(),
-                                 [&](const DraftSetting& s) { return s.path == path; }),
+                                 [&](const DraftSetting& s) { return s.path == field.path; }),
                   settings_.end());
 }
 

@@ -11,7 +11,7 @@
 namespace paraplan {
 namespace {
 
-std::string Field(const Plan& plan, std::string_view path) { return *GetFieldText(plan, path); }
+std::string Field(const Plan& plan, FieldId field) { return *GetFieldText(plan, field.path); }
 
 // Reals as the frameworks read them back ("1" for clip_grad 1.0 is fine everywhere).
 std::string Real(double v) { return interop::RealText(v); }
@@ -27,12 +27,12 @@ class Exporter {
       : kind_(kind), plan_(plan), sink_(sink) {}
 
   // The target has no setting for `path`'s value.
-  void Cannot(std::string_view path, const std::string& what, const std::string& note,
+  void Cannot(FieldId path, const std::string& what, const std::string& note,
               const std::string& help) {
     std::string value = Field(plan_, path);
-    sink_.Report(Diag(DiagKind::kExportNotExpressible, std::string(FrameworkName(kind_)) +
-                                                           " cannot express `" + std::string(path) +
-                                                           " = " + value + "`")
+    sink_.Report(Diag(DiagKind::kExportNotExpressible,
+                      std::string(FrameworkName(kind_)) + " cannot express `" +
+                          std::string(path.path) + " = " + value + "`")
                      .At(plan_.Range(path), what)
                      .Note(note)
                      .Help(help));
@@ -86,9 +86,9 @@ class Exporter {
   // else it is refused. `carried` lists the paths the target writes.
   void RecordLimits(std::initializer_list<std::string_view> carried) {
     const Plan& p = plan_;
-    auto carries = [&](std::string_view path) {
+    auto carries = [&](FieldId field) {
       for (std::string_view c : carried) {
-        if (c == path) return true;
+        if (c == field.path) return true;
       }
       return false;
     };
@@ -97,7 +97,7 @@ class Exporter {
                                        : p.precision == Precision::kFp32 ? ElementType::kFp32
                                                                          : ElementType::kBf16;
     struct Check {
-      std::string_view path;
+      FieldId path;
       bool implied;
     };
     const Check checks[] = {
@@ -131,7 +131,7 @@ class Exporter {
       if (c.implied || carries(c.path)) continue;
       Cannot(c.path, "no setting for this",
              std::string(FrameworkName(kind_)) + "'s file has no setting that says this",
-             "leave `" + std::string(c.path) +
+             "leave `" + std::string(c.path.path) +
                  "` to follow the plan's shorthands, or export to another framework");
     }
     if (p.model.activation == Activation::kSquaredRelu && !carries("model.activation")) {
@@ -480,11 +480,13 @@ std::string Torchtitan(Exporter& ex) {
     ex.Cannot("optimizer.type", "SGD", "torchtitan builds Adam and AdamW", "use adamw");
   }
   if (p.parallel.vpp > 1 || p.pipeline.schedule == Schedule::kInterleaved1F1B) {
-    ex.Cannot(p.parallel.vpp > 1 ? "parallel.vpp" : "pipeline.schedule", "interleaving",
-              "torchtitan's schedule names (Interleaved1F1B, ...) do not say how many virtual "
-              "stages a rank holds; "
-              "it derives them from its own layers-per-stage rule",
-              "set vpp = 1 with schedule = 1f1b, or export to megatron or nemo");
+    ex.Cannot(
+        p.parallel.vpp > 1 ? FieldId(fields::kParallelVpp) : FieldId(fields::kPipelineSchedule),
+        "interleaving",
+        "torchtitan's schedule names (Interleaved1F1B, ...) do not say how many virtual "
+        "stages a rank holds; "
+        "it derives them from its own layers-per-stage rule",
+        "set vpp = 1 with schedule = 1f1b, or export to megatron or nemo");
   }
   if (p.parallel.tp > 1 && !p.parallel.sp) {
     ex.Cannot("parallel.sp", "no sequence parallelism",
@@ -492,14 +494,14 @@ std::string Torchtitan(Exporter& ex) {
               "set sp = true");
   }
   if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers) {
-    ex.Cannot(p.pipeline.first_stage_layers ? "pipeline.first_stage_layers"
-                                            : "pipeline.last_stage_layers",
+    ex.Cannot(p.pipeline.first_stage_layers ? fields::kPipelineFirstStageLayers
+                                            : fields::kPipelineLastStageLayers,
               "an uneven split", "torchtitan splits the layers by its own rule",
               "remove the override");
   }
   if (p.pipeline.account_for_embedding || p.pipeline.account_for_loss) {
-    ex.Cannot(p.pipeline.account_for_embedding ? "pipeline.account_for_embedding"
-                                               : "pipeline.account_for_loss",
+    ex.Cannot(p.pipeline.account_for_embedding ? fields::kPipelineAccountForEmbedding
+                                               : fields::kPipelineAccountForLoss,
               "layer accounting",
               "torchtitan has no Megatron-style embedding/loss accounting in its split",
               "set it to false");

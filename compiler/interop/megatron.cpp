@@ -358,12 +358,13 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
       continue;
     }
     // --bf16 with --fp8-format: fp8 wins (the fp8 layers run on a bf16 model).
-    if (row->path == "precision" && flags.count("--fp8-format") && flag != "--fp8-format") continue;
-    draft.Set(std::string(row->path), *v, fv.range, fv.source);
+    if (row->path == fields::kPrecision && flags.count("--fp8-format") && flag != "--fp8-format")
+      continue;
+    draft.Set(row->path, *v, fv.range, fv.source);
   }
   if (!ok) return std::nullopt;
 
-  auto get = [&](std::string_view path) -> std::optional<int64_t> {
+  auto get = [&](FieldId path) -> std::optional<int64_t> {
     const DraftSetting* s = draft.Find(path);
     return s ? ParseInteger(s->value) : std::nullopt;
   };
@@ -371,7 +372,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
     auto it = combined.find(f);
     return it == combined.end() ? nullptr : &it->second;
   };
-  auto defaulted = [&](const char* path, std::string value, std::string why) {
+  auto defaulted = [&](FieldId path, std::string value, std::string why) {
     if (!draft.Has(path)) draft.Set(path, std::move(value), {}, "Megatron-LM's default: " + why);
   };
 
