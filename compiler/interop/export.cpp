@@ -66,17 +66,18 @@ class Exporter {
   void CommonLimits(bool order_ok_tp_pp_dp) {
     const Plan& p = plan_;
     if (!p.pipeline.stage_layers.empty()) {
-      Cannot("pipeline.stage_layers", "an explicit split",
+      Cannot(fields::kPipelineStageLayers, "an explicit split",
              "the framework splits layers by its own rule",
              "use pipeline.first_stage_layers / last_stage_layers, or an even split");
     }
     if (p.pipeline.balance != Balance::kEven) {
-      Cannot("pipeline.balance", "a cost-balanced split", "the framework splits layers evenly",
-             "write the split as first/last stage layers");
+      Cannot(fields::kPipelineBalance, "a cost-balanced split",
+             "the framework splits layers evenly", "write the split as first/last stage layers");
     }
     if (p.parallel.order != "tp-cp-ep-dp-pp" &&
         !(order_ok_tp_pp_dp && p.parallel.order == "tp-cp-ep-pp-dp")) {
-      Cannot("parallel.order", "this rank order", "the framework lays ranks out in its own order",
+      Cannot(fields::kParallelOrder, "this rank order",
+             "the framework lays ranks out in its own order",
              "use the default order \"tp-cp-ep-dp-pp\"");
     }
   }
@@ -134,8 +135,8 @@ class Exporter {
              "leave `" + std::string(c.path.path) +
                  "` to follow the plan's shorthands, or export to another framework");
     }
-    if (p.model.activation == Activation::kSquaredRelu && !carries("model.activation")) {
-      Cannot("model.activation", "squared ReLU",
+    if (p.model.activation == Activation::kSquaredRelu && !carries(fields::kModelActivation)) {
+      Cannot(fields::kModelActivation, "squared ReLU",
              std::string(FrameworkName(kind_)) + "'s file has no squared-ReLU MLP",
              "export to megatron");
     }
@@ -167,7 +168,7 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
   if (p.parallel.sp) add("--sequence-parallel");
   if (p.parallel.tp_comm_overlap) {
     if (deepspeed)
-      ex.Cannot("parallel.tp_comm_overlap", "TP communication overlap",
+      ex.Cannot(fields::kParallelTpCommOverlap, "TP communication overlap",
                 "Megatron-DeepSpeed has no --tp-comm-overlap",
                 "remove `tp_comm_overlap = true`, or export to megatron, torchtitan or nemo");
     else
@@ -185,11 +186,11 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     }
   }
   if (p.pipeline.schedule == Schedule::kGpipe) {
-    ex.Cannot("pipeline.schedule", "GPipe",
+    ex.Cannot(fields::kPipelineSchedule, "GPipe",
               "Megatron-LM runs 1F1B, interleaved when there are virtual stages",
               "use schedule = 1f1b");
   } else if ((p.pipeline.schedule == Schedule::kInterleaved1F1B) != (p.parallel.vpp > 1)) {
-    ex.Cannot("pipeline.schedule", "the schedule",
+    ex.Cannot(fields::kPipelineSchedule, "the schedule",
               "Megatron-LM interleaves exactly when there are virtual stages (vpp > 1)",
               "use interleaved_1f1b with vpp > 1, or 1f1b with vpp = 1");
   }
@@ -217,7 +218,7 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     add("--qk-pos-emb-head-dim", n(m.qk_rope_head_dim));
     add("--v-head-dim", n(m.v_head_dim));
     if (m.head_dim != m.qk_nope_head_dim + m.qk_rope_head_dim) {
-      ex.Cannot("model.head_dim", "this head size",
+      ex.Cannot(fields::kModelHeadDim, "this head size",
                 "Megatron-LM's multi-latent attention sizes query/key heads as --qk-head-dim + "
                 "--qk-pos-emb-head-dim",
                 "set head_dim = qk_nope_head_dim + qk_rope_head_dim");
@@ -245,7 +246,7 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     } else if (m.dense_layers == 0) {
       add("--moe-layer-freq", n(m.moe_layer_freq));
     } else {
-      ex.Cannot("model.moe_layer_freq", "a frequency after dense layers",
+      ex.Cannot(fields::kModelMoeLayerFreq, "a frequency after dense layers",
                 "planc reads --moe-layer-freq as leading dense layers or as one frequency",
                 "use one of them");
     }
@@ -283,7 +284,7 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     add("--fp8-recipe", recipe);
   }
   if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
-    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+    ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "Megatron-LM turns FP8 on with --fp8-format", "set precision = fp8");
   }
   if (mp.fp8_params) add("--fp8-param-gather");
@@ -307,7 +308,7 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     if (layers == 0) {
       if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers ||
           m.layers % (p.parallel.pp * p.parallel.vpp) != 0) {
-        ex.Cannot("activations.recompute_layers", "every layer of an uneven chunk",
+        ex.Cannot(fields::kActivationsRecomputeLayers, "every layer of an uneven chunk",
                   "Megatron-LM counts recomputed layers per chunk, and these chunks differ",
                   "state the count");
       }
@@ -321,7 +322,7 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
   } else if (p.optimizer.zero == 1) {
     add("--use-distributed-optimizer");
   } else if (p.optimizer.zero > 1) {
-    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+    ex.Cannot(fields::kOptimizerZero, "ZeRO-" + n(p.optimizer.zero),
               "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1)",
               "use zero = 1, or export to deepspeed or torchtitan (FSDP)");
   }
@@ -407,35 +408,35 @@ std::string DeepSpeedJson(Exporter& ex) {
 void DeepSpeedLimits(Exporter& ex) {
   const Plan& p = ex.plan_;
   if (p.parallel.cp > 1) {
-    ex.Cannot("parallel.cp", "context parallelism",
+    ex.Cannot(fields::kParallelCp, "context parallelism",
               "Megatron-DeepSpeed's arguments have no context-parallel size; the file would train "
               "with cp = 1",
               "export to megatron or nemo, or set `parallel.cp = 1`");
   }
   if (p.parallel.ep > 1) {
-    ex.Cannot("parallel.ep", "expert parallelism",
+    ex.Cannot(fields::kParallelEp, "expert parallelism",
               "Megatron-DeepSpeed's GPT arguments have no Megatron-Core expert mesh",
               "export to megatron or nemo, or set `parallel.ep = 1`");
   }
   if (p.parallel.vpp > 1) {
-    ex.Cannot("parallel.vpp", "virtual pipeline stages",
+    ex.Cannot(fields::kParallelVpp, "virtual pipeline stages",
               "DeepSpeed's pipeline engine has no interleaved schedule",
               "set `parallel.vpp = 1`, or export to megatron");
   }
   if (p.precision == Precision::kFp8) {
-    ex.Cannot("precision", "fp8", "DeepSpeed's configuration has no fp8 training",
+    ex.Cannot(fields::kPrecision, "fp8", "DeepSpeed's configuration has no fp8 training",
               "use bf16, or export to megatron or torchtitan");
   }
   if (p.optimizer.zero >= 2 && p.parallel.pp > 1) {
     ex.Cannot(
-        "optimizer.zero",
+        fields::kOptimizerZero,
         "ZeRO-" + std::to_string(p.optimizer.zero) + " with pp = " + std::to_string(p.parallel.pp),
         "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (\"ZeRO-2 and ZeRO-3 are "
         "incompatible with pipeline parallelism\")",
         "use zero = 1 with pipeline parallelism");
   }
   if (p.pipeline.schedule == Schedule::kGpipe) {
-    ex.Cannot("pipeline.schedule", "GPipe",
+    ex.Cannot(fields::kPipelineSchedule, "GPipe",
               "DeepSpeed's pipeline engine runs its own 1F1B-style schedule", "use 1f1b");
   }
 }
@@ -467,17 +468,17 @@ std::string Torchtitan(Exporter& ex) {
         "deepseek_v3, ...)");
   }
   if (p.optimizer.zero == 1 || p.optimizer.zero == 2) {
-    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+    ex.Cannot(fields::kOptimizerZero, "ZeRO-" + n(p.optimizer.zero),
               "torchtitan shards with FSDP (ZeRO-3) or replicates (zero = 0)",
               "use zero = 3 (FSDP) or zero = 0");
   }
   if (p.optimizer.offload == Offload::kCpu) {
-    ex.Cannot("optimizer.offload", "CPU offload",
+    ex.Cannot(fields::kOptimizerOffload, "CPU offload",
               "torchtitan's job file has no optimizer-state offload to the CPU",
               "use offload = none");
   }
   if (p.optimizer.type == OptimizerType::kSgd) {
-    ex.Cannot("optimizer.type", "SGD", "torchtitan builds Adam and AdamW", "use adamw");
+    ex.Cannot(fields::kOptimizerType, "SGD", "torchtitan builds Adam and AdamW", "use adamw");
   }
   if (p.parallel.vpp > 1 || p.pipeline.schedule == Schedule::kInterleaved1F1B) {
     ex.Cannot(
@@ -489,7 +490,7 @@ std::string Torchtitan(Exporter& ex) {
         "set vpp = 1 with schedule = 1f1b, or export to megatron or nemo");
   }
   if (p.parallel.tp > 1 && !p.parallel.sp) {
-    ex.Cannot("parallel.sp", "no sequence parallelism",
+    ex.Cannot(fields::kParallelSp, "no sequence parallelism",
               "torchtitan's tensor parallelism always shards the sequence between layers",
               "set sp = true");
   }
@@ -508,12 +509,12 @@ std::string Torchtitan(Exporter& ex) {
   }
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kCurrent) {
-    ex.Cannot("mixed_precision.fp8", "this FP8 recipe",
+    ex.Cannot(fields::kMixedPrecisionFp8, "this FP8 recipe",
               "torchtitan's float8 converter scales per tensor (current scaling)",
               "set mixed_precision.fp8 = current");
   }
   if (mp.grads == ElementType::kFp16) {
-    ex.Cannot("mixed_precision.grads", "fp16 gradients",
+    ex.Cannot(fields::kMixedPrecisionGrads, "fp16 gradients",
               "torchtitan reduces in float32 or bfloat16", "use fp32 or bf16");
   }
   ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.grads", "fsdp.replicate",
@@ -577,19 +578,19 @@ std::string Nemo(Exporter& ex) {
   const ModelSpec& m = p.model;
   auto n = [](int64_t v) { return std::to_string(v); };
   if (p.pipeline.schedule == Schedule::kGpipe) {
-    ex.Cannot("pipeline.schedule", "GPipe",
+    ex.Cannot(fields::kPipelineSchedule, "GPipe",
               "NeMo runs Megatron-Core's 1F1B, interleaved with virtual stages", "use 1f1b");
   } else if ((p.pipeline.schedule == Schedule::kInterleaved1F1B) != (p.parallel.vpp > 1)) {
-    ex.Cannot("pipeline.schedule", "the schedule",
+    ex.Cannot(fields::kPipelineSchedule, "the schedule",
               "NeMo interleaves exactly when there are virtual stages (vpp > 1)",
               "use interleaved_1f1b with vpp > 1, or 1f1b with vpp = 1");
   }
   if (p.optimizer.zero > 1) {
-    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+    ex.Cannot(fields::kOptimizerZero, "ZeRO-" + n(p.optimizer.zero),
               "NeMo's distributed_fused_adam shards the optimizer state (ZeRO-1)", "use zero = 1");
   }
   if (p.optimizer.offload == Offload::kCpu) {
-    ex.Cannot("optimizer.offload", "CPU offload",
+    ex.Cannot(fields::kOptimizerOffload, "CPU offload",
               "NeMo's model.optim has no optimizer-state offload", "use offload = none");
   }
   if (m.shared_experts > 0 || m.dense_layers > 0 || m.IsMla()) {
@@ -602,11 +603,11 @@ std::string Nemo(Exporter& ex) {
                    "activations.recompute_modules", "moe.dispatcher", "model.vocab_divisor"});
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
-    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+    ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "NeMo turns FP8 on with model.fp8", "set precision = fp8");
   }
   if (m.activation == Activation::kSquaredRelu) {
-    ex.Cannot("model.activation", "squared ReLU",
+    ex.Cannot(fields::kModelActivation, "squared ReLU",
               "this exporter writes NeMo's swiglu and gelu only", "export to megatron");
   }
   ex.CommonLimits(false);
