@@ -22,8 +22,8 @@ bool IsSizeFieldSetByUser(const Plan& plan, FieldId field) {
 std::vector<Change> CandidateChanges(const Plan& plan) {
   const ParallelSpec& par = plan.parallel;
   std::vector<Change> out;
-  auto one = [&](std::string path, std::string value) {
-    out.push_back({{{std::move(path), std::move(value)}}});
+  auto one = [&](FieldId field, std::string value) {  // a literal path is checked while compiling
+    out.push_back({{{std::string(field.path), std::move(value)}}});
   };
   if (par.tp > 1 && !par.sp) one("parallel.sp", "true");
   if (plan.recompute == Recompute::kNone) one("recompute", "selective");

@@ -2,6 +2,7 @@
 // explicitly (the framework's defaults differ from a plan's), the settings paraplan derived are
 // stated in comments (dp, microbatches, the padded vocabulary, edp), and what the framework has
 // no setting for is P0905 at the plan's line, with no file written.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -85,13 +86,10 @@ class Exporter {
   // The newer records' settings (precision record, recompute detail, FSDP groups, MoE dispatch,
   // model features): a setting the target does not write must be what the shorthands imply,
   // else it is refused. `carried` lists the paths the target writes.
-  void RecordLimits(std::initializer_list<std::string_view> carried) {
+  void RecordLimits(const std::vector<FieldId>& carried) {
     const Plan& p = plan_;
     auto carries = [&](FieldId field) {
-      for (std::string_view c : carried) {
-        if (c == field.path) return true;
-      }
-      return false;
+      return std::find(carried.begin(), carried.end(), field) != carried.end();
     };
     const MixedPrecisionSpec eff = EffectiveMixedPrecision(p);
     const ElementType implied_params = p.precision == Precision::kFp16   ? ElementType::kFp16
@@ -331,13 +329,24 @@ std::vector<std::string> MegatronArgs(Exporter& ex, bool deepspeed) {
     if (p.optimizer.offload_fraction != 1.0)
       add("--optimizer-offload-fraction", Real(p.optimizer.offload_fraction));
   }
-  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params", "mixed_precision.grads",
-                   "activations.recompute_method", "activations.recompute_layers",
-                   "activations.recompute_modules", "activations.offload_layers", "moe.dispatcher",
-                   "moe.capacity_factor", "model.qk_norm", "model.mtp_layers",
-                   "model.moe_layer_freq", "model.activation", "model.vocab_divisor",
-                   deepspeed ? "optimizer.offload_fraction" : "",
-                   p.optimizer.offload == Offload::kCpu ? "optimizer.offload_fraction" : ""});
+  std::vector<FieldId> carried = {fields::kMixedPrecisionFp8,
+                                  fields::kMixedPrecisionFp8Params,
+                                  fields::kMixedPrecisionGrads,
+                                  fields::kActivationsRecomputeMethod,
+                                  fields::kActivationsRecomputeLayers,
+                                  fields::kActivationsRecomputeModules,
+                                  fields::kActivationsOffloadLayers,
+                                  fields::kMoeDispatcher,
+                                  fields::kMoeCapacityFactor,
+                                  fields::kModelQkNorm,
+                                  fields::kModelMtpLayers,
+                                  fields::kModelMoeLayerFreq,
+                                  fields::kModelActivation,
+                                  fields::kModelVocabDivisor};
+  if (deepspeed || p.optimizer.offload == Offload::kCpu) {
+    carried.push_back(fields::kOptimizerOffloadFraction);
+  }
+  ex.RecordLimits(carried);
   add("--lr", Real(p.optimizer.lr));
   add("--min-lr", Real(p.optimizer.min_lr));
   add("--lr-warmup-iters", n(p.optimizer.warmup_steps));
@@ -517,8 +526,8 @@ std::string Torchtitan(Exporter& ex) {
     ex.Cannot(fields::kMixedPrecisionGrads, "fp16 gradients",
               "torchtitan reduces in float32 or bfloat16", "use fp32 or bf16");
   }
-  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.grads", "fsdp.replicate",
-                   "fsdp.reshard_after_forward"});
+  ex.RecordLimits({fields::kMixedPrecisionFp8, fields::kMixedPrecisionGrads, fields::kFsdpReplicate,
+                   fields::kFsdpReshardAfterForward});
   ex.CommonLimits(false);
   if (!ex.ok()) return {};
   std::string t =
@@ -598,9 +607,10 @@ std::string Nemo(Exporter& ex) {
               "a NeMo GPT config has no keys for shared experts, leading dense layers or MLA",
               "export to megatron");
   }
-  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params",
-                   "activations.recompute_method", "activations.recompute_layers",
-                   "activations.recompute_modules", "moe.dispatcher", "model.vocab_divisor"});
+  ex.RecordLimits({fields::kMixedPrecisionFp8, fields::kMixedPrecisionFp8Params,
+                   fields::kActivationsRecomputeMethod, fields::kActivationsRecomputeLayers,
+                   fields::kActivationsRecomputeModules, fields::kMoeDispatcher,
+                   fields::kModelVocabDivisor});
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
     ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
