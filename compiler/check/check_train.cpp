@@ -164,8 +164,7 @@ bool CheckZeroWithoutDp(RuleContext& ctx) {
   return true;
 }
 
-// The records that refine the shorthands: recompute modules are Megatron's names, and the
-// FSDP degrees multiply to the data-parallel group they shard.
+// The records that refine the shorthands: recompute modules are Megatron's names.
 bool CheckUnknownRecomputeModule(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   std::string bad;
@@ -181,6 +180,7 @@ bool CheckUnknownRecomputeModule(RuleContext& ctx) {
   return true;
 }
 
+// The FSDP degrees multiply to the data-parallel group they shard.
 bool CheckFsdpDegreesMismatch(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   auto group = CheckedMul(p.parallel.dp, p.parallel.cp);
