@@ -148,24 +148,24 @@ bool CheckStageLayersLength(RuleContext& ctx) {
 bool CheckStageLayersSum(RuleContext& ctx) {
   const SplitShape s = ShapeOf(ctx.plan());
   if (WayOf(ctx.plan(), s) != SplitWay::kList) return false;
-  const int64_t L = s.layers;
+  const int64_t layer_count = s.layers;
   int64_t sum = 0;
   bool overflow = false;
   for (int64_t v : s.list) overflow = overflow || __builtin_add_overflow(sum, v, &sum);
   if (overflow) sum = INT64_MAX;  // reported as a sum that is not the layer count
-  if (sum == L) return false;
+  if (sum == layer_count) return false;
   RuleDiag d(ctx, DiagKind::kStageLayersSum,
              "`stage_layers` adds up to " + std::to_string(sum) + " layers, but the model has " +
-                 std::to_string(L));
+                 std::to_string(layer_count));
   d.At({fields::kPipelineStageLayers}, "adds up to " + std::to_string(sum));
-  d.Field(fields::kModelLayers, L);
+  d.Field(fields::kModelLayers, layer_count);
   d.Value("sum(stage_layers)",
-          List(s.list) + " → " + std::to_string(sum) + " ≠ " + std::to_string(L));
+          List(s.list) + " → " + std::to_string(sum) + " ≠ " + std::to_string(layer_count));
   d.Note("every transformer layer belongs to exactly one stage");
   if (ctx.helps()) {
-    auto even = EvenSplit(L, static_cast<int64_t>(s.list.size()));
+    auto even = EvenSplit(layer_count, static_cast<int64_t>(s.list.size()));
     if (ctx.Fixes({{fields::kPipelineStageLayers, ListText(even)}}, DiagKind::kStageLayersSum)) {
-      d.Help("an even split of " + std::to_string(L) +
+      d.Help("an even split of " + std::to_string(layer_count) +
              " layers: `stage_layers = " + ListText(even) + "`");
     }
   }
@@ -251,10 +251,10 @@ bool CheckMiddleLayersVsStages(RuleContext& ctx) {
   if (WayOf(ctx.plan(), s) != SplitWay::kOverrides) return false;
   const Middle m = MiddleOf(s);
   if (m.Splits()) return false;
-  const int64_t L = s.layers;
+  const int64_t layer_count = s.layers;
   std::string what =
       m.layers < 0 ? "the overrides ask for " + std::to_string(m.first + m.last) + " of " +
-                         std::to_string(L) + " layers"
+                         std::to_string(layer_count) + " layers"
       : m.stages <= 0 ? std::to_string(m.layers) + " layers are left but no middle stage"
       : m.layers == 0 ? "no layers are left for " + std::to_string(m.stages) + " middle stages"
                       : std::to_string(m.layers) + " remaining layers do not split over " +
@@ -262,11 +262,11 @@ bool CheckMiddleLayersVsStages(RuleContext& ctx) {
   RuleDiag d(ctx, DiagKind::kMiddleLayersVsStages, what);
   d.At({s.first ? fields::kPipelineFirstStageLayers : fields::kPipelineLastStageLayers},
        "fixes the first/last stage");
-  d.Field(fields::kModelLayers, L);
+  d.Field(fields::kModelLayers, layer_count);
   if (s.first) d.Field(fields::kPipelineFirstStageLayers, m.first);
   if (s.last) d.Field(fields::kPipelineLastStageLayers, m.last);
   d.Field(fields::kParallelPp, s.pp);
-  d.Value("layers - first - last", Dot({L}) + " - " + std::to_string(m.first) + " - " +
+  d.Value("layers - first - last", Dot({layer_count}) + " - " + std::to_string(m.first) + " - " +
                                        std::to_string(m.last) + " = " + std::to_string(m.layers));
   d.Value("middle stages", std::to_string(m.stages));
   d.Note(
@@ -324,7 +324,7 @@ void DropAccountingHelps(RuleContext& ctx, RuleDiag& d, const SplitShape& s) {
 // loss as layers (--account-for-embedding/loss-in-pipeline-split), giving the first and last
 // stages their own counts (--decoder-first/last-pipeline-num-layers), or an explicit list.
 void OtherSplitHelps(RuleContext& ctx, RuleDiag& d, const SplitShape& s) {
-  const int64_t L = s.layers, pp = s.pp;
+  const int64_t layer_count = s.layers, pp = s.pp;
   const std::pair<std::vector<FieldChange>, std::string> accounting[] = {
       {{{fields::kPipelineAccountForEmbedding, true}, {fields::kPipelineAccountForLoss, true}},
        "`account_for_embedding = true` and `account_for_loss = true`"},
@@ -342,8 +342,8 @@ void OtherSplitHelps(RuleContext& ctx, RuleDiag& d, const SplitShape& s) {
   if (pp > 2) {
     // Middle stages of m layers, the first and last with what is left, split as evenly as
     // possible (never more than m each).
-    for (int64_t m = (L + pp - 1) / pp; m <= L / (pp - 2); ++m) {
-      const int64_t rest = L - m * (pp - 2);
+    for (int64_t m = (layer_count + pp - 1) / pp; m <= layer_count / (pp - 2); ++m) {
+      const int64_t rest = layer_count - m * (pp - 2);
       const int64_t first = rest / 2, last = rest - first;
       if (first > m || last > m || first < 1) continue;
       auto cand = ctx.Changed(
@@ -356,7 +356,7 @@ void OtherSplitHelps(RuleContext& ctx, RuleDiag& d, const SplitShape& s) {
       break;
     }
   }
-  auto split = EvenSplit(L, pp);
+  auto split = EvenSplit(layer_count, pp);
   std::reverse(split.begin(), split.end());  // lighter stages first: they hold the embedding
   std::string text = ListText(split);
   if (s.vpp == 1 &&
@@ -369,23 +369,23 @@ void OtherSplitHelps(RuleContext& ctx, RuleDiag& d, const SplitShape& s) {
 bool CheckLayersNotDivisibleByPp(RuleContext& ctx) {
   const SplitShape s = ShapeOf(ctx.plan());
   if (WayOf(ctx.plan(), s) != SplitWay::kEven) return false;
-  const int64_t L = s.layers, pp = s.pp, vpp = s.vpp;
+  const int64_t layer_count = s.layers, pp = s.pp, vpp = s.vpp;
   const bool e = s.embedding, l = s.loss;
-  const int64_t total = L + e + l;
+  const int64_t total = layer_count + e + l;
   if (total % pp == 0) return false;
-  std::string counted = std::to_string(L);
+  std::string counted = std::to_string(layer_count);
   if (e) counted += " + 1";
   if (l) counted += " + 1";
   RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByPp,
-             (e || l ? "the " + std::to_string(L) + " layers" +
+             (e || l ? "the " + std::to_string(layer_count) + " layers" +
                            (e && l ? " plus embedding and loss ("
                                    : " plus " + std::string(e ? "embedding" : "loss") + " (") +
                            std::to_string(total) + ")"
-                     : "the " + std::to_string(L) + " layers") +
+                     : "the " + std::to_string(layer_count) + " layers") +
                  " do not split evenly over `pp = " + std::to_string(pp) + "` stages");
   d.At({fields::kParallelPp},
        std::to_string(total) + " / " + std::to_string(pp) + " = " + Ratio(total, pp));
-  d.Field(fields::kModelLayers, L);
+  d.Field(fields::kModelLayers, layer_count);
   AccountingFields(d, s);
   d.Value(
       e || l ? "layers" + std::string(e ? " + embedding" : "") + (l ? " + loss" : "") : "layers",
