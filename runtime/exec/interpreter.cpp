@@ -274,9 +274,6 @@ RunResult Train(const ProgramImage& program, const RunOptions& options,
     }
   };
 
-  // Host ranks run one thread each with single-threaded kernels; a lone rank may use the spare
-  // cores for its GEMMs.
-  if (!placement) host::SetGemmThreads(local == 1 ? host::AvailableCores() : 1);
   std::vector<std::thread> threads;
   threads.reserve(world_size);
   for (int r = 0; r < local; ++r) {

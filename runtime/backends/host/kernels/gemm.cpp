@@ -22,13 +22,11 @@
 // in increasing order with separate multiplies and adds (the file is built with
 // -ffp-contract=off), so the AVX2 and baseline clones give the same bits and column shards
 // reproduce the whole GEMM exactly.
-#include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "runtime/backends/host/kernels/kernels.h"
@@ -61,7 +59,6 @@ const char* BlasCoreForCpu() {
 
 struct BlasLibrary {
   decltype(&cblas_sgemm) sgemm = nullptr;
-  decltype(&openblas_set_num_threads) set_threads = nullptr;
   std::string description;  // "OpenBLAS 0.3.21, SkylakeX kernel", or why the built-in runs
 };
 
@@ -97,7 +94,6 @@ BlasLibrary LoadBlas() {
   const size_t space = version.find(' ', version.find(' ') + 1);
   if (space != std::string::npos) version.resize(space);
   blas.sgemm = sgemm;
-  blas.set_threads = threads;
   blas.description = version + ", " + core() + " kernel";
   return blas;
 }
@@ -217,21 +213,6 @@ void BuiltinGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
 }
 
 }  // namespace
-
-void SetGemmThreads(int threads) {
-#if PARAPLAN_HAVE_BLAS
-  if (Blas().set_threads != nullptr) Blas().set_threads(std::max(1, threads));
-#else
-  (void)threads;
-#endif
-}
-
-int AvailableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
 
 const char* GemmLibrary() {
 #if PARAPLAN_HAVE_BLAS

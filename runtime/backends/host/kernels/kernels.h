@@ -58,14 +58,6 @@ void Scale(float* x, int64_t n, float alpha);                     // x *= alpha
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
           const float* b, float beta, float* c);
 
-// Threads each Gemm call may use (OpenBLAS's pool; the built-in kernel stays single-threaded).
-// 1 by default: the rank threads are the parallelism. Process-wide, so only a run with a single
-// rank thread raises it, to use the cores no other rank needs. OpenBLAS splits a GEMM by rows and
-// columns of C, never along k, so every element is summed in the same order whatever the count.
-void SetGemmThreads(int threads);
-// The cores this process may run on (its CPU affinity mask).
-int AvailableCores();
-
 // What Gemm runs on: "OpenBLAS 0.3.21, SkylakeX kernel", or "built-in (why)".
 const char* GemmLibrary();
 

@@ -112,28 +112,6 @@ TEST_CASE("the BLAS runs a kernel for this CPU's vector width, not an older fall
 #endif
 }
 
-TEST_CASE("a GEMM on several BLAS threads gives the single-threaded bits") {
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (const auto& [m, n, k] :
-       {std::array<int64_t, 3>{128, 512, 256}, std::array<int64_t, 3>{512, 768, 256},
-        std::array<int64_t, 3>{1024, 512, 512}}) {
-    std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
-    for (float& x : a) x = dist(rng);
-    for (float& x : b) x = dist(rng);
-    for (const bool trans_a : {false, true}) {
-      std::vector<float> one(static_cast<size_t>(m * n)), many(one.size());
-      SetGemmThreads(1);
-      Gemm(trans_a, true, m, n, k, a.data(), b.data(), 0.0f, one.data());
-      SetGemmThreads(std::max(2, AvailableCores()));
-      Gemm(trans_a, true, m, n, k, a.data(), b.data(), 0.0f, many.data());
-      SetGemmThreads(1);
-      CHECK(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)) == 0);
-    }
-  }
-  CHECK(AvailableCores() >= 1);
-}
-
 TEST_CASE("column-sharded linear reproduces the full one within rounding; repeats are bitwise") {
   // A BLAS blocks each GEMM by its shape, so a column shard may round differently from the whole
   // product in the last bits (not more than a few units in the last place of the sum's terms);
