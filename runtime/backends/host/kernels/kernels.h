@@ -42,6 +42,16 @@ struct TokenLayout {
   static TokenLayout BatchMajor(int64_t seq, int64_t batch) { return {seq, batch, 1, seq, 0}; }
 };
 
+// ---- Vector width ------------------------------------------------------------------------
+namespace simd {
+// 16 where the CPU has AVX-512 (F, VL, BW, DQ), else 8: the width of the kernels' 16-lane paths
+// (attention's tiles). Each element is computed by the same operations in the same order at
+// either width, so both give the same bits; SetVectorWidth(8) turns the 16-lane paths off (the
+// tests compare the two), SetVectorWidth(16) back on where the CPU has AVX-512.
+int VectorWidth();
+void SetVectorWidth(int lanes);
+}  // namespace simd
+
 // ---- Elementwise -------------------------------------------------------------------------
 void Fill(float* x, int64_t n, float value);
 void Copy(float* dst, const float* src, int64_t n);

@@ -16,8 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/backends/host/kernels/simd.h"
-
 using namespace paraplan::host;
 
 namespace {

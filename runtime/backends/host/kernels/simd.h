@@ -34,13 +34,6 @@
 
 namespace paraplan::host::simd {
 
-// 16 where the CPU has AVX-512 (F, VL, BW, DQ), else 8: the width of the kernels' 16-lane paths
-// (attention's tiles). Each element is computed by the same operations in the same order at
-// either width, so both give the same bits; SetVectorWidth(8) turns the 16-lane paths off (the
-// tests compare the two), SetVectorWidth(16) back on where the CPU has AVX-512.
-int VectorWidth();
-void SetVectorWidth(int lanes);
-
 typedef float V8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t I8 __attribute__((vector_size(32), aligned(4)));
 typedef float V4 __attribute__((vector_size(16), aligned(4)));
