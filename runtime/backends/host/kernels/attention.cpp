@@ -104,29 +104,49 @@ PARAPLAN_HOST_INLINE simd::I8 Below(int64_t j0, int64_t n) {
   return lane < static_cast<int32_t>(n - j0);
 }
 
-// Row i of the causal softmax over a row of n8 entries (a multiple of 8): row[0..n) holds raw
-// scores; they become probabilities (scaled by `scale`, max-shifted), the rest of the row zeros.
-// Returns the log-sum-exp.
-PARAPLAN_HOST_CLONES float SoftmaxRow(float* row, int64_t n, int64_t n8, float scale) {
+constexpr int64_t kBlock = 4;  // query rows per block
+
+// The causal softmax of a block's 4 rows at once: row r of sc (stride ld) holds raw scores of keys
+// < i0 + r + 1, padded to n8 (a multiple of 8); they become probabilities (scaled by `scale`,
+// max-shifted; zeros past the row's keys) and lse[r] the row's log-sum-exp. Each row's result is
+// the same whatever the other rows hold. Rows past the block's end (r >= rows) hold scores
+// of zero-padded queries; they are computed too and then zeroed. Interleaving the 4 rows gives the
+// CPU independent exponentials to overlap (a single row of a short sequence is one long chain).
+PARAPLAN_HOST_CLONES void SoftmaxBlock(float* sc, int64_t ld, int64_t rows, int64_t i0, int64_t n8,
+                                       float scale, float* lse) {
   const V8 minus_inf = simd::Splat(-INFINITY);
-  V8 mv = minus_inf;
+  V8 mv[kBlock] = {minus_inf, minus_inf, minus_inf, minus_inf};
   for (int64_t j = 0; j < n8; j += kLanes) {
-    const V8 x = Below(j, n) ? simd::Load(row + j) * scale : minus_inf;
-    simd::Store(row + j, x);
-    mv = x > mv ? x : mv;
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V8 x = Below(j, i0 + r + 1) ? simd::Load(row + j) * scale : minus_inf;
+      simd::Store(row + j, x);
+      mv[r] = x > mv[r] ? x : mv[r];
+    }
   }
-  const float mx = simd::Max(mv);
-  const V8 m = simd::Splat(mx);
-  V8 sv{};
+  float mx[kBlock];
+  V8 m[kBlock], sv[kBlock] = {};
+  for (int64_t r = 0; r < kBlock; ++r) mx[r] = simd::Max(mv[r]), m[r] = simd::Splat(mx[r]);
   for (int64_t j = 0; j < n8; j += kLanes) {
-    const V8 e = simd::Exp(simd::Load(row + j) - m);  // e^-inf = 0 past n
-    simd::Store(row + j, e);
-    sv += e;
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V8 e = simd::Exp(simd::Load(row + j) - m[r]);  // e^-inf = 0 past the row's keys
+      simd::Store(row + j, e);
+      sv[r] += e;
+    }
   }
-  const float sum = simd::Sum(sv);
-  const V8 inv = simd::Splat(1.0f / sum);
-  for (int64_t j = 0; j < n8; j += kLanes) simd::Store(row + j, simd::Load(row + j) * inv);
-  return mx + std::log(sum);
+  V8 inv[kBlock];
+  for (int64_t r = 0; r < kBlock; ++r) {
+    const float sum = simd::Sum(sv[r]);
+    inv[r] = simd::Splat(1.0f / sum);
+    if (r < rows) lse[r] = mx[r] + std::log(sum);
+  }
+  for (int64_t j = 0; j < n8; j += kLanes) {
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      simd::Store(row + j, r < rows ? simd::Load(row + j) * inv[r] : V8{});
+    }
+  }
 }
 
 // Recomputes row i of the probabilities from raw scores and the saved log-sum-exp:
@@ -158,7 +178,6 @@ PARAPLAN_HOST_CLONES float DotRow(const float* a, const float* b, int64_t n) {
 // Blocks of 4 query rows against the keys, on 8-lane vectors: the causal mask is applied by
 // never computing a block's scores past its last row, so only the lower triangle (rounded up to
 // 8 keys) is computed. Rows of a block are padded with zeros to 4; key columns to 8.
-constexpr int64_t kBlock = 4;
 
 // The three tiles below are written once over the vector width W (8 or 16 lanes) and compiled
 // twice: on 8-lane vectors in the AVX2 and baseline clones, and on 16-lane vectors for CPUs with
@@ -455,16 +474,10 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
         for (int64_t i0 = 0; i0 < seq; i0 += kBlock) {
           const int64_t rows = std::min(kBlock, seq - i0), n = i0 + rows, n8 = RoundUp(n, kLanes);
           ScoreBlock(sc.data(), qh.data() + i0 * hd, kt.data(), ld, hd, n8);
+          SoftmaxBlock(sc.data(), ld, rows, i0, n8, scale, l + i0);
           float* dst[kBlock];
-          for (int64_t r = 0; r < kBlock; ++r) {
-            float* row = sc.data() + r * ld;
-            if (r < rows) {
-              l[i0 + r] = SoftmaxRow(row, i0 + r + 1, n8, scale);
-              dst[r] = out + (layout.Row(i0 + r, b) * q_heads + h) * hd;
-            } else {
-              std::fill(row, row + n8, 0.0f);
-            }
-          }
+          for (int64_t r = 0; r < rows; ++r)
+            dst[r] = out + (layout.Row(i0 + r, b) * q_heads + h) * hd;
           BlockTimes(dst, rows, sc.data(), ld, vh.data(), n, hd);
         }
       }
