@@ -106,6 +106,57 @@ PARAPLAN_HOST_INLINE simd::I8 Below(int64_t j0, int64_t n) {
 
 constexpr int64_t kBlock = 4;  // query rows per block
 
+// row r of sc (stride ld) becomes e^{row - m[r]} over [0, n8); sv[r] adds them up in 8 lanes,
+// lane l taking j = l, l + 8, l + 16, ... in order.
+PARAPLAN_HOST_CLONES void ExpBlock8(float* sc, int64_t ld, int64_t n8, const V8* m, V8* sv) {
+  for (int64_t j = 0; j < n8; j += kLanes) {
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V8 e = simd::Exp(simd::Load(row + j) - m[r]);  // e^-inf = 0 past the row's keys
+      simd::Store(row + j, e);
+      sv[r] += e;
+    }
+  }
+}
+
+#if PARAPLAN_HOST_HAVE_AVX512
+typedef float V16f __attribute__((vector_size(64), aligned(4)));
+typedef int32_t I16 __attribute__((vector_size(64), aligned(4)));
+
+// ExpBlock8 on 16 lanes where it can: the same exponentials, and each 16 adds its low then its
+// high half to the 8 partial sums, the order ExpBlock8 adds them in (so the same bits).
+PARAPLAN_HOST_AVX512 void ExpBlock16(float* sc, int64_t ld, int64_t n8, const V8* m, V8* sv) {
+  int64_t j = 0;
+  for (; j + 16 <= n8; j += 16) {
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V16f mr = V16f{} + m[r][0];
+      V16f x;
+      __builtin_memcpy(&x, row + j, sizeof(x));
+      const V16f e = simd::ExpT<V16f, I16>(x - mr);
+      __builtin_memcpy(row + j, &e, sizeof(e));
+      sv[r] += __builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7);
+      sv[r] += __builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15);
+    }
+  }
+  for (; j < n8; j += kLanes) {
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V8 e = simd::Exp(simd::Load(row + j) - m[r]);
+      simd::Store(row + j, e);
+      sv[r] += e;
+    }
+  }
+}
+#endif
+
+void ExpBlock(float* sc, int64_t ld, int64_t n8, const V8* m, V8* sv) {
+#if PARAPLAN_HOST_HAVE_AVX512
+  if (simd::VectorWidth() == 16) return ExpBlock16(sc, ld, n8, m, sv);
+#endif
+  ExpBlock8(sc, ld, n8, m, sv);
+}
+
 // The causal softmax of a block's 4 rows at once: row r of sc (stride ld) holds raw scores of keys
 // < i0 + r + 1, padded to n8 (a multiple of 8); they become probabilities (scaled by `scale`,
 // max-shifted; zeros past the row's keys) and lse[r] the row's log-sum-exp. Each row's result is
@@ -127,14 +178,7 @@ PARAPLAN_HOST_CLONES void SoftmaxBlock(float* sc, int64_t ld, int64_t rows, int6
   float mx[kBlock];
   V8 m[kBlock], sv[kBlock] = {};
   for (int64_t r = 0; r < kBlock; ++r) mx[r] = simd::Max(mv[r]), m[r] = simd::Splat(mx[r]);
-  for (int64_t j = 0; j < n8; j += kLanes) {
-    for (int64_t r = 0; r < kBlock; ++r) {
-      float* row = sc + r * ld;
-      const V8 e = simd::Exp(simd::Load(row + j) - m[r]);  // e^-inf = 0 past the row's keys
-      simd::Store(row + j, e);
-      sv[r] += e;
-    }
-  }
+  ExpBlock(sc, ld, n8, m, sv);
   V8 inv[kBlock];
   for (int64_t r = 0; r < kBlock; ++r) {
     const float sum = simd::Sum(sv[r]);

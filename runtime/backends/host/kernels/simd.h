@@ -75,29 +75,34 @@ PARAPLAN_HOST_INLINE float Max(V8 v) {
 }
 
 // e^x with a relative error of about 2e-7 (a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n,
-// after Cephes' expf): 0 below -87 (no subnormal results), +inf above 88, NaN stays NaN.
-PARAPLAN_HOST_INLINE V8 Exp(V8 x) {
-  const V8 lo = Splat(-87.0f), hi = Splat(88.0f);
-  V8 c = x < lo ? lo : x;
+// after Cephes' expf): 0 below -87 (no subnormal results), +inf above 88, NaN stays NaN. Written
+// over the vector type (V floats, I as many int32 lanes) and computed lane by lane, so every
+// width gives the same bits.
+template <typename V, typename I>
+PARAPLAN_HOST_INLINE V ExpT(V x) {
+  const V zero{};
+  const V lo = zero - 87.0f, hi = zero + 88.0f;
+  V c = x < lo ? lo : x;
   c = c > hi ? hi : c;
   // n = round(x / ln 2), by adding and removing 1.5 * 2^23.
-  const V8 magic = Splat(12582912.0f);
-  const V8 fn = (c * 1.44269504088896341f + magic) - magic;
-  const V8 r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;  // x - n ln2 in two parts
-  const V8 z = r * r;
-  V8 y = Splat(1.9875691500e-4f);
+  const V magic = zero + 12582912.0f;
+  const V fn = (c * 1.44269504088896341f + magic) - magic;
+  const V r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;  // x - n ln2 in two parts
+  const V z = r * r;
+  V y = zero + 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
   y = y * r + 8.3334519073e-3f;
   y = y * r + 4.1665795894e-2f;
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * z + r + 1.0f;
-  const I8 n = __builtin_convertvector(fn, I8);
-  const V8 scale = reinterpret_cast<V8>((n + 127) << 23);
+  const I n = __builtin_convertvector(fn, I);
+  const V scale = reinterpret_cast<V>((n + 127) << 23);
   y = y * scale;
-  y = x < lo ? Splat(0.0f) : y;
-  return x > hi ? Splat(__builtin_inff()) : y;
+  y = x < lo ? zero : y;
+  return x > hi ? zero + __builtin_inff() : y;
 }
+PARAPLAN_HOST_INLINE V8 Exp(V8 x) { return ExpT<V8, I8>(x); }
 
 }  // namespace paraplan::host::simd
 
