@@ -55,7 +55,7 @@ LeanToken::LeanToken(TokenOrigin* origin, size_t type, size_t channel, size_t st
       stop_(Narrow(stop)),
       line_(Narrow(line)),
       column_(Narrow(column)),
-      type_(static_cast<uint16_t>(type)),
+      type_(NarrowType(type)),
       channel_(static_cast<uint16_t>(channel)) {}
 
 std::string LeanToken::getText() const {
@@ -91,6 +91,49 @@ antlr4::Token* LeanLexer::emit() {
                               tokenStartLine, tokenStartCharPositionInLine));
   antlr4::Lexer::emit(std::move(t));
   return token.get();
+}
+
+bool ListRunSource::IsLiteral(size_t type) {
+  using paraplan_grammar::PlanLexer;
+  return type == PlanLexer::INT || type == PlanLexer::REAL || type == PlanLexer::STRING ||
+         type == PlanLexer::TRUE || type == PlanLexer::FALSE || type == PlanLexer::AUTO;
+}
+
+antlr4::Token* ListRunSource::Peek(size_t k) {
+  while (ahead_.size() <= k) ahead_.push_back(lexer_->nextToken());
+  return ahead_[k].get();
+}
+
+std::unique_ptr<antlr4::Token> ListRunSource::Take() {
+  if (ahead_.empty()) return lexer_->nextToken();
+  std::unique_ptr<antlr4::Token> t = std::move(ahead_.front());
+  ahead_.pop_front();
+  return t;
+}
+
+std::unique_ptr<antlr4::Token> ListRunSource::nextToken() {
+  std::unique_ptr<antlr4::Token> t = Take();
+  auto ends_element = [&](antlr4::Token* next) {
+    return next->getType() == types_.comma || next->getType() == types_.close_bracket;
+  };
+  // `[` starts a list wherever it stands (or is itself the syntax error), so a literal right
+  // after it, ended by `,` or `]`, is the list's first element; so is each `, literal` after it
+  // that a `,` or `]` ends.
+  if (previous_ == types_.open_bracket && IsLiteral(t->getType()) && ends_element(Peek(0))) {
+    std::vector<LiteralRef>* run = nullptr;
+    while (Peek(0)->getType() == types_.comma && IsLiteral(Peek(1)->getType()) &&
+           ends_element(Peek(2))) {
+      if (!run) run = &runs_[t->getStartIndex()];
+      antlr4::Token* literal = Peek(1);
+      run->push_back({static_cast<uint32_t>(literal->getStartIndex()),
+                      static_cast<uint32_t>(literal->getStopIndex()),
+                      static_cast<uint16_t>(literal->getType())});
+      ahead_.pop_front();  // the `,`
+      ahead_.pop_front();  // the literal
+    }
+  }
+  previous_ = t->getType();
+  return t;
 }
 
 }  // namespace paraplan::parse_internal
