@@ -39,6 +39,11 @@ std::string ByteCharStream::getText(const antlr4::misc::Interval& interval) {
 
 void* TokenArena::Allocate(size_t bytes) {
   bytes = (bytes + alignof(void*) - 1) & ~(alignof(void*) - 1);  // tokens need no more
+  if (free_ && bytes == free_bytes_) {
+    Slot* s = free_;
+    free_ = s->next;
+    return s;
+  }
   if (used_ + bytes > kChunkBytes) {
     chunks_.push_back(std::make_unique<std::byte[]>(kChunkBytes));
     used_ = 0;
@@ -46,6 +51,13 @@ void* TokenArena::Allocate(size_t bytes) {
   void* p = chunks_.back().get() + used_;
   used_ += bytes;
   return p;
+}
+
+void TokenArena::Free(void* p, size_t bytes) {
+  bytes = (bytes + alignof(void*) - 1) & ~(alignof(void*) - 1);
+  if (free_ && bytes != free_bytes_) return;  // one size of slot is kept (all are tokens)
+  free_bytes_ = bytes;
+  free_ = new (p) Slot{free_};
 }
 
 LeanToken::LeanToken(TokenOrigin* origin, size_t type, size_t channel, size_t start, size_t stop,
@@ -81,6 +93,7 @@ std::string LeanToken::toString() const {
 
 LeanLexer::LeanLexer(antlr4::CharStream* input, TokenArena* arena)
     : PlanLexer(input), arena_(arena) {
+  origin_.arena = arena;
   origin_.source = this;
   origin_.input = input;
 }

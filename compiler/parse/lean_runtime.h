@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -53,23 +54,30 @@ class ByteCharStream final : public antlr4::CharStream {
 };
 
 // Memory for LeanTokens, released all at once when the arena goes (after the token stream that
-// points into it).
+// points into it). A token deleted before (one ListRunSource drops) leaves its slot for the next.
 class TokenArena {
  public:
   TokenArena() = default;
   TokenArena(const TokenArena&) = delete;
   TokenArena& operator=(const TokenArena&) = delete;
   void* Allocate(size_t bytes);
+  void Free(void* p, size_t bytes);
 
  private:
   static constexpr size_t kChunkBytes = size_t{1} << 20;
   std::vector<std::unique_ptr<std::byte[]>> chunks_;
   size_t used_ = kChunkBytes;
+  struct Slot {
+    Slot* next;
+  };
+  Slot* free_ = nullptr;  // freed slots, all of free_bytes_
+  size_t free_bytes_ = 0;
 };
 
 // What every token of one lexer run shares: where it came from, and texts set on tokens
 // explicitly (the lexer and parser of this grammar set none; kept for the Token contract).
 struct TokenOrigin {
+  TokenArena* arena = nullptr;
   antlr4::TokenSource* source = nullptr;
   antlr4::CharStream* input = nullptr;
   std::unordered_map<const void*, std::string> texts;
@@ -81,9 +89,13 @@ class LeanToken final : public antlr4::WritableToken {
             size_t line, size_t column);
 
   static void* operator new(size_t bytes, TokenArena& arena) { return arena.Allocate(bytes); }
-  // The arena owns the memory: deleting a token (the token stream does) only ends its lifetime.
-  static void operator delete(void*) {}
-  static void operator delete(void*, TokenArena&) {}
+  // Deleting a token (the token stream does, and ListRunSource) returns its slot to the arena.
+  static void operator delete(LeanToken* token, std::destroying_delete_t) {
+    TokenArena* arena = token->origin_->arena;
+    token->~LeanToken();
+    arena->Free(token, sizeof(LeanToken));
+  }
+  static void operator delete(void*, TokenArena&) {}  // a constructor threw: the slot is lost
 
   std::string getText() const override;
   size_t getType() const override { return type_ == kEofType ? antlr4::Token::EOF : type_; }
