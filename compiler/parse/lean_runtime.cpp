@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace paraplan::parse_internal {
 
 bool IsAscii(std::string_view text) {
@@ -44,8 +46,11 @@ void* TokenArena::Allocate(size_t bytes) {
     free_ = s->next;
     return s;
   }
-  if (used_ + bytes > kChunkBytes) {
-    chunks_.push_back(std::make_unique<std::byte[]>(kChunkBytes));
+  if (used_ + bytes > chunk_bytes_) {
+    chunk_bytes_ =
+        chunk_bytes_ == 0 ? kFirstChunkBytes : std::min(2 * chunk_bytes_, kMaxChunkBytes);
+    chunk_bytes_ = std::max(chunk_bytes_, bytes);
+    chunks_.emplace_back(new std::byte[chunk_bytes_]);  // not zeroed: slots are constructed
     used_ = 0;
   }
   void* p = chunks_.back().get() + used_;

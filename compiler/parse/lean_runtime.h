@@ -64,9 +64,12 @@ class TokenArena {
   void Free(void* p, size_t bytes);
 
  private:
-  static constexpr size_t kChunkBytes = size_t{1} << 20;
+  // Chunks grow from 4 KiB (a `--set` value) to 1 MiB (a large plan).
+  static constexpr size_t kFirstChunkBytes = size_t{4} << 10;
+  static constexpr size_t kMaxChunkBytes = size_t{1} << 20;
   std::vector<std::unique_ptr<std::byte[]>> chunks_;
-  size_t used_ = kChunkBytes;
+  size_t chunk_bytes_ = 0;
+  size_t used_ = 0;
   struct Slot {
     Slot* next;
   };
