@@ -795,61 +795,59 @@ class Builder {
 
   // Adds one top-level item to `module` (an unknown kind of record is reported and skipped).
   void Item(PlanParser::TopItemContext* item, ast::Module* module) {
-    {
-      if (auto* i = dynamic_cast<PlanParser::TopImportContext*>(item)) {
-        auto* d = i->importDecl();
-        ast::Import imp;
-        imp.range = Range(d);
-        if (d->STRING()) {
-          imp.file = Unescape(d->STRING()->getSymbol());
-          imp.file_range = Range(d->STRING()->getSymbol());
-        } else {
-          for (auto* n : d->dottedName()->NAME()) imp.module.push_back(NameOf(n));
-          imp.file_range = Range(d->dottedName());
-        }
-        module->imports.push_back(std::move(imp));
-      } else if (auto* l = dynamic_cast<PlanParser::TopLetContext*>(item)) {
-        ast::Decl d;
-        d.kind = ast::DeclKind::kLet;
-        d.range = Range(l->letDecl());
-        d.keyword = NameOf(l->letDecl()->LET());
-        d.name = NameOf(l->letDecl()->NAME());
-        d.base = Expr(l->letDecl()->expr());
-        module->decls.push_back(std::move(d));
-      } else if (auto* r = dynamic_cast<PlanParser::TopRecordContext*>(item)) {
-        ast::Decl d;
-        d.range = Join(Range(r->kindName), Range(r->block()));
-        d.keyword = NameOf(r->kindName);
-        d.name = NameOf(r->recordName);
-        static const std::vector<std::string_view> kKinds = {"gpu", "cluster", "model", "plan"};
-        const std::string& k = d.keyword.text;
-        if (k == "gpu") {
-          d.kind = ast::DeclKind::kGpu;
-        } else if (k == "cluster") {
-          d.kind = ast::DeclKind::kCluster;
-        } else if (k == "model") {
-          d.kind = ast::DeclKind::kModel;
-        } else if (k == "plan") {
-          d.kind = ast::DeclKind::kPlan;
-        } else {
-          Diag diag(DiagKind::kUnknownDeclarationKind,
-                    fmt::format("`{}` is not a kind of record", k));
-          diag.At(d.keyword.range, "expected `gpu`, `cluster`, `model` or `plan`");
-          std::string guess = ast::ClosestName(k, kKinds);
-          if (!guess.empty()) diag.Help(fmt::format("did you mean `{} {}`?", guess, d.name.text));
-          Report(std::move(diag));
-          return;
-        }
-        if (r->base) {
-          auto base = std::make_unique<ast::Expr>();
-          base->kind = ast::ExprKind::kPath;
-          base->range = Range(r->base);
-          base->path = Path(r->base);
-          d.base = std::move(base);
-        }
-        d.body = Block(r->block());
-        module->decls.push_back(std::move(d));
+    if (auto* i = dynamic_cast<PlanParser::TopImportContext*>(item)) {
+      auto* d = i->importDecl();
+      ast::Import imp;
+      imp.range = Range(d);
+      if (d->STRING()) {
+        imp.file = Unescape(d->STRING()->getSymbol());
+        imp.file_range = Range(d->STRING()->getSymbol());
+      } else {
+        for (auto* n : d->dottedName()->NAME()) imp.module.push_back(NameOf(n));
+        imp.file_range = Range(d->dottedName());
       }
+      module->imports.push_back(std::move(imp));
+    } else if (auto* l = dynamic_cast<PlanParser::TopLetContext*>(item)) {
+      ast::Decl d;
+      d.kind = ast::DeclKind::kLet;
+      d.range = Range(l->letDecl());
+      d.keyword = NameOf(l->letDecl()->LET());
+      d.name = NameOf(l->letDecl()->NAME());
+      d.base = Expr(l->letDecl()->expr());
+      module->decls.push_back(std::move(d));
+    } else if (auto* r = dynamic_cast<PlanParser::TopRecordContext*>(item)) {
+      ast::Decl d;
+      d.range = Join(Range(r->kindName), Range(r->block()));
+      d.keyword = NameOf(r->kindName);
+      d.name = NameOf(r->recordName);
+      static const std::vector<std::string_view> kKinds = {"gpu", "cluster", "model", "plan"};
+      const std::string& k = d.keyword.text;
+      if (k == "gpu") {
+        d.kind = ast::DeclKind::kGpu;
+      } else if (k == "cluster") {
+        d.kind = ast::DeclKind::kCluster;
+      } else if (k == "model") {
+        d.kind = ast::DeclKind::kModel;
+      } else if (k == "plan") {
+        d.kind = ast::DeclKind::kPlan;
+      } else {
+        Diag diag(DiagKind::kUnknownDeclarationKind,
+                  fmt::format("`{}` is not a kind of record", k));
+        diag.At(d.keyword.range, "expected `gpu`, `cluster`, `model` or `plan`");
+        std::string guess = ast::ClosestName(k, kKinds);
+        if (!guess.empty()) diag.Help(fmt::format("did you mean `{} {}`?", guess, d.name.text));
+        Report(std::move(diag));
+        return;
+      }
+      if (r->base) {
+        auto base = std::make_unique<ast::Expr>();
+        base->kind = ast::ExprKind::kPath;
+        base->range = Range(r->base);
+        base->path = Path(r->base);
+        d.base = std::move(base);
+      }
+      d.body = Block(r->block());
+      module->decls.push_back(std::move(d));
     }
   }
 
