@@ -33,10 +33,12 @@ PLAN_CLOSE = "}\n"
 
 
 def lines(budget, make):
-    """Writes make(0), make(1), ... until `budget` bytes are written; returns the text."""
+    """make(0), make(1), ... while they fit in `budget` bytes, joined."""
     parts, written, n = [], 0, 0
-    while written < budget:
+    while True:
         text = make(n)
+        if written + len(text) > budget:
+            break
         parts.append(text)
         written += len(text)
         n += 1

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace paraplan::parse_internal {
 
 bool IsAscii(std::string_view text) {
@@ -39,13 +41,28 @@ std::string ByteCharStream::getText(const antlr4::misc::Interval& interval) {
 
 void* TokenArena::Allocate(size_t bytes) {
   bytes = (bytes + alignof(void*) - 1) & ~(alignof(void*) - 1);  // tokens need no more
-  if (used_ + bytes > kChunkBytes) {
-    chunks_.push_back(std::make_unique<std::byte[]>(kChunkBytes));
+  if (free_ && bytes == free_bytes_) {
+    Slot* s = free_;
+    free_ = s->next;
+    return s;
+  }
+  if (used_ + bytes > chunk_bytes_) {
+    chunk_bytes_ =
+        chunk_bytes_ == 0 ? kFirstChunkBytes : std::min(2 * chunk_bytes_, kMaxChunkBytes);
+    chunk_bytes_ = std::max(chunk_bytes_, bytes);
+    chunks_.emplace_back(new std::byte[chunk_bytes_]);  // not zeroed: slots are constructed
     used_ = 0;
   }
   void* p = chunks_.back().get() + used_;
   used_ += bytes;
   return p;
+}
+
+void TokenArena::Free(void* p, size_t bytes) {
+  bytes = (bytes + alignof(void*) - 1) & ~(alignof(void*) - 1);
+  if (free_ && bytes != free_bytes_) return;  // one size of slot is kept (all are tokens)
+  free_bytes_ = bytes;
+  free_ = new (p) Slot{free_};
 }
 
 LeanToken::LeanToken(TokenOrigin* origin, size_t type, size_t channel, size_t start, size_t stop,
@@ -55,7 +72,7 @@ LeanToken::LeanToken(TokenOrigin* origin, size_t type, size_t channel, size_t st
       stop_(Narrow(stop)),
       line_(Narrow(line)),
       column_(Narrow(column)),
-      type_(static_cast<uint16_t>(type)),
+      type_(NarrowType(type)),
       channel_(static_cast<uint16_t>(channel)) {}
 
 std::string LeanToken::getText() const {
@@ -81,6 +98,7 @@ std::string LeanToken::toString() const {
 
 LeanLexer::LeanLexer(antlr4::CharStream* input, TokenArena* arena)
     : PlanLexer(input), arena_(arena) {
+  origin_.arena = arena;
   origin_.source = this;
   origin_.input = input;
 }
@@ -91,6 +109,49 @@ antlr4::Token* LeanLexer::emit() {
                               tokenStartLine, tokenStartCharPositionInLine));
   antlr4::Lexer::emit(std::move(t));
   return token.get();
+}
+
+bool ListRunSource::IsLiteral(size_t type) {
+  using paraplan_grammar::PlanLexer;
+  return type == PlanLexer::INT || type == PlanLexer::REAL || type == PlanLexer::STRING ||
+         type == PlanLexer::TRUE || type == PlanLexer::FALSE || type == PlanLexer::AUTO;
+}
+
+antlr4::Token* ListRunSource::Peek(size_t k) {
+  while (ahead_.size() <= k) ahead_.push_back(lexer_->nextToken());
+  return ahead_[k].get();
+}
+
+std::unique_ptr<antlr4::Token> ListRunSource::Take() {
+  if (ahead_.empty()) return lexer_->nextToken();
+  std::unique_ptr<antlr4::Token> t = std::move(ahead_.front());
+  ahead_.pop_front();
+  return t;
+}
+
+std::unique_ptr<antlr4::Token> ListRunSource::nextToken() {
+  std::unique_ptr<antlr4::Token> t = Take();
+  auto ends_element = [&](antlr4::Token* next) {
+    return next->getType() == types_.comma || next->getType() == types_.close_bracket;
+  };
+  // `[` starts a list wherever it stands (or is itself the syntax error), so a literal right
+  // after it, ended by `,` or `]`, is the list's first element; so is each `, literal` after it
+  // that a `,` or `]` ends.
+  if (previous_ == types_.open_bracket && IsLiteral(t->getType()) && ends_element(Peek(0))) {
+    std::vector<LiteralRef>* run = nullptr;
+    while (Peek(0)->getType() == types_.comma && IsLiteral(Peek(1)->getType()) &&
+           ends_element(Peek(2))) {
+      if (!run) run = &runs_[t->getStartIndex()];
+      antlr4::Token* literal = Peek(1);
+      run->push_back({static_cast<uint32_t>(literal->getStartIndex()),
+                      static_cast<uint32_t>(literal->getStopIndex()),
+                      static_cast<uint16_t>(literal->getType())});
+      ahead_.pop_front();  // the `,`
+      ahead_.pop_front();  // the literal
+    }
+  }
+  previous_ = t->getType();
+  return t;
 }
 
 }  // namespace paraplan::parse_internal

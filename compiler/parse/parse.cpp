@@ -85,8 +85,8 @@ struct SyntaxErrorInfo {
   std::string expected_text;
 };
 
-// The token type of `{` or `}`.
-size_t Brace(char c) {
+// The token type of a one-character token such as `{`, `}`, `[` or `,`.
+size_t CharToken(char c) {
   static antlr4::ANTLRInputStream empty("");
   static PlanLexer lexer(&empty);
   const auto& vocab = lexer.getVocabulary();
@@ -113,7 +113,7 @@ void FindRecoverySite(antlr4::Parser* parser, antlr4::Token* offending, SyntaxEr
     }
     if (rule == PlanParser::RuleBlock) {
       info->in_block = true;
-      if (info->expected == std::vector<size_t>{Brace('}')})
+      if (info->expected == std::vector<size_t>{CharToken('}')})
         info->expected_text = "`}` or another member";
       return;
     }
@@ -335,10 +335,13 @@ bool IsList(const antlr4::tree::ParseTree* node) {
          dynamic_cast<const PlanParser::ListPrimaryContext*>(node) != nullptr;
 }
 
+using Runs = std::unordered_map<size_t, std::vector<parse_internal::LiteralRef>>;
+
 class Builder {
  public:
-  Builder(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink)
-      : buffer_(buffer), text_(sm.Text(buffer)), offsets_(text_), sink_(sink) {}
+  // `runs`: the list elements ListRunSource took out of the token stream.
+  Builder(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, const Runs& runs)
+      : buffer_(buffer), text_(sm.Text(buffer)), offsets_(text_), sink_(sink), runs_(runs) {}
 
   SourceRange Range(antlr4::Token* t) const {
     if (!t || t->getType() == antlr4::Token::EOF) {
@@ -366,8 +369,8 @@ class Builder {
     return out;
   }
 
-  std::string Unescape(antlr4::Token* t) const {
-    std::string raw = t->getText();
+  std::string Unescape(antlr4::Token* t) const { return Unescape(t->getText()); }
+  static std::string Unescape(const std::string& raw) {
     std::string out;
     for (size_t i = 1; i + 1 < raw.size(); ++i) {
       if (raw[i] == '\\' && i + 2 < raw.size()) {
@@ -413,6 +416,9 @@ class Builder {
           PendingList& list = lists_[ctx->parent];
           list.elements.push_back(std::move(pending.expr));
           for (Diagnostic& d : pending.diags) list.diags.push_back(std::move(d));
+          collector_ = &list.diags;
+          AppendRun(e, &list.elements);
+          collector_ = nullptr;
         } else {
           exprs_[e] = std::move(pending);
         }
@@ -643,7 +649,10 @@ class Builder {
           lists_.erase(it);
         }
       } else {
-        e->operands = Exprs(l->expr());
+        for (auto* x : l->expr()) {
+          e->operands.push_back(Expr(x));
+          AppendRun(x, &e->operands);
+        }
       }
     } else if (auto* p = dynamic_cast<PlanParser::ParenPrimaryContext*>(ctx)) {
       auto inner = Expr(p->expr());
@@ -663,11 +672,17 @@ class Builder {
 
   void Number(PlanParser::NumberPrimaryContext* ctx, ast::Expr* e) {
     antlr4::Token* t = ctx->number()->getStart();
+    NumberValue(t->getType(), t->getText(), Range(t), e);
+    Unit(ctx, e);
+  }
+
+  // The value of an INT or REAL token with text `text` at `range`.
+  void NumberValue(size_t type, const std::string& text, SourceRange range, ast::Expr* e) {
     std::string digits;
-    for (char c : t->getText()) {
+    for (char c : text) {
       if (c != '_') digits += c;
     }
-    if (t->getType() == PlanParser::INT) {
+    if (type == PlanParser::INT) {
       e->kind = ast::ExprKind::kInt;
       int64_t v = 0;
       bool overflow = false;
@@ -686,7 +701,7 @@ class Builder {
           e->text = "min";  // fine under a unary minus; Unary reports it anywhere else
           e->int_value = INT64_MIN;
         } else {
-          ReportTooLarge(Range(t), t->getText());
+          ReportTooLarge(range, text);
           e->out_of_range = true;
         }
       }
@@ -694,13 +709,16 @@ class Builder {
       e->kind = ast::ExprKind::kReal;
       e->real_value = std::strtod(digits.c_str(), nullptr);
       if (!std::isfinite(e->real_value)) {
-        Report(Diag(DiagKind::kNumberTooLarge,
-                    fmt::format("real literal `{}` is out of range", t->getText()))
-                   .At(Range(t), "not a finite number"));
+        Report(
+            Diag(DiagKind::kNumberTooLarge, fmt::format("real literal `{}` is out of range", text))
+                .At(range, "not a finite number"));
         e->real_value = 0;
         e->out_of_range = true;
       }
     }
+  }
+
+  void Unit(PlanParser::NumberPrimaryContext* ctx, ast::Expr* e) {
     if (auto* u = ctx->unit()) {
       auto names = u->NAME();
       e->unit.text = names[0]->getText();
@@ -721,6 +739,47 @@ class Builder {
     }
   }
 
+  // After list element `x`: the elements ListRunSource took out after it, if any.
+  void AppendRun(PlanParser::ExprContext* x, std::vector<std::unique_ptr<ast::Expr>>* out) {
+    if (runs_.empty() || x->getStart() != x->getStop()) return;
+    auto it = runs_.find(x->getStart()->getStartIndex());
+    if (it == runs_.end()) return;
+    out->reserve(out->size() + it->second.size());
+    for (const parse_internal::LiteralRef& r : it->second) out->push_back(RunElement(r));
+  }
+
+  // A literal element as Unary(Primary(...)) builds it from the parse tree.
+  std::unique_ptr<ast::Expr> RunElement(const parse_internal::LiteralRef& r) {
+    auto e = std::make_unique<ast::Expr>();
+    e->range = {buffer_, offsets_.Byte(r.start), offsets_.Byte(size_t{r.stop} + 1)};
+    const std::string text(text_.substr(e->range.begin, e->range.end - e->range.begin));
+    switch (r.type) {
+      case PlanLexer::INT:
+      case PlanLexer::REAL:
+        NumberValue(r.type, text, e->range, e.get());
+        break;
+      case PlanLexer::STRING:
+        e->kind = ast::ExprKind::kString;
+        e->text = Unescape(text);
+        break;
+      case PlanLexer::TRUE:
+      case PlanLexer::FALSE:
+        e->kind = ast::ExprKind::kBool;
+        e->bool_value = r.type == PlanLexer::TRUE;
+        break;
+      default:
+        e->kind = ast::ExprKind::kAuto;
+        break;
+    }
+    e = Tracked(std::move(e));
+    if (e->kind == ast::ExprKind::kInt && e->text == "min") {
+      ReportTooLarge(e->range, "9223372036854775808");
+      e->text.clear();
+      e->out_of_range = true;
+    }
+    return e;
+  }
+
   void Module(PlanParser::FileContext* ctx, ast::Module* module) {
     if (streaming_) {
       // The items were built as the parser left them (Released); their diagnostics come now,
@@ -736,61 +795,59 @@ class Builder {
 
   // Adds one top-level item to `module` (an unknown kind of record is reported and skipped).
   void Item(PlanParser::TopItemContext* item, ast::Module* module) {
-    {
-      if (auto* i = dynamic_cast<PlanParser::TopImportContext*>(item)) {
-        auto* d = i->importDecl();
-        ast::Import imp;
-        imp.range = Range(d);
-        if (d->STRING()) {
-          imp.file = Unescape(d->STRING()->getSymbol());
-          imp.file_range = Range(d->STRING()->getSymbol());
-        } else {
-          for (auto* n : d->dottedName()->NAME()) imp.module.push_back(NameOf(n));
-          imp.file_range = Range(d->dottedName());
-        }
-        module->imports.push_back(std::move(imp));
-      } else if (auto* l = dynamic_cast<PlanParser::TopLetContext*>(item)) {
-        ast::Decl d;
-        d.kind = ast::DeclKind::kLet;
-        d.range = Range(l->letDecl());
-        d.keyword = NameOf(l->letDecl()->LET());
-        d.name = NameOf(l->letDecl()->NAME());
-        d.base = Expr(l->letDecl()->expr());
-        module->decls.push_back(std::move(d));
-      } else if (auto* r = dynamic_cast<PlanParser::TopRecordContext*>(item)) {
-        ast::Decl d;
-        d.range = Join(Range(r->kindName), Range(r->block()));
-        d.keyword = NameOf(r->kindName);
-        d.name = NameOf(r->recordName);
-        static const std::vector<std::string_view> kKinds = {"gpu", "cluster", "model", "plan"};
-        const std::string& k = d.keyword.text;
-        if (k == "gpu") {
-          d.kind = ast::DeclKind::kGpu;
-        } else if (k == "cluster") {
-          d.kind = ast::DeclKind::kCluster;
-        } else if (k == "model") {
-          d.kind = ast::DeclKind::kModel;
-        } else if (k == "plan") {
-          d.kind = ast::DeclKind::kPlan;
-        } else {
-          Diag diag(DiagKind::kUnknownDeclarationKind,
-                    fmt::format("`{}` is not a kind of record", k));
-          diag.At(d.keyword.range, "expected `gpu`, `cluster`, `model` or `plan`");
-          std::string guess = ast::ClosestName(k, kKinds);
-          if (!guess.empty()) diag.Help(fmt::format("did you mean `{} {}`?", guess, d.name.text));
-          Report(std::move(diag));
-          return;
-        }
-        if (r->base) {
-          auto base = std::make_unique<ast::Expr>();
-          base->kind = ast::ExprKind::kPath;
-          base->range = Range(r->base);
-          base->path = Path(r->base);
-          d.base = std::move(base);
-        }
-        d.body = Block(r->block());
-        module->decls.push_back(std::move(d));
+    if (auto* i = dynamic_cast<PlanParser::TopImportContext*>(item)) {
+      auto* d = i->importDecl();
+      ast::Import imp;
+      imp.range = Range(d);
+      if (d->STRING()) {
+        imp.file = Unescape(d->STRING()->getSymbol());
+        imp.file_range = Range(d->STRING()->getSymbol());
+      } else {
+        for (auto* n : d->dottedName()->NAME()) imp.module.push_back(NameOf(n));
+        imp.file_range = Range(d->dottedName());
       }
+      module->imports.push_back(std::move(imp));
+    } else if (auto* l = dynamic_cast<PlanParser::TopLetContext*>(item)) {
+      ast::Decl d;
+      d.kind = ast::DeclKind::kLet;
+      d.range = Range(l->letDecl());
+      d.keyword = NameOf(l->letDecl()->LET());
+      d.name = NameOf(l->letDecl()->NAME());
+      d.base = Expr(l->letDecl()->expr());
+      module->decls.push_back(std::move(d));
+    } else if (auto* r = dynamic_cast<PlanParser::TopRecordContext*>(item)) {
+      ast::Decl d;
+      d.range = Join(Range(r->kindName), Range(r->block()));
+      d.keyword = NameOf(r->kindName);
+      d.name = NameOf(r->recordName);
+      static const std::vector<std::string_view> kKinds = {"gpu", "cluster", "model", "plan"};
+      const std::string& k = d.keyword.text;
+      if (k == "gpu") {
+        d.kind = ast::DeclKind::kGpu;
+      } else if (k == "cluster") {
+        d.kind = ast::DeclKind::kCluster;
+      } else if (k == "model") {
+        d.kind = ast::DeclKind::kModel;
+      } else if (k == "plan") {
+        d.kind = ast::DeclKind::kPlan;
+      } else {
+        Diag diag(DiagKind::kUnknownDeclarationKind,
+                  fmt::format("`{}` is not a kind of record", k));
+        diag.At(d.keyword.range, "expected `gpu`, `cluster`, `model` or `plan`");
+        std::string guess = ast::ClosestName(k, kKinds);
+        if (!guess.empty()) diag.Help(fmt::format("did you mean `{} {}`?", guess, d.name.text));
+        Report(std::move(diag));
+        return;
+      }
+      if (r->base) {
+        auto base = std::make_unique<ast::Expr>();
+        base->kind = ast::ExprKind::kPath;
+        base->range = Range(r->base);
+        base->path = Path(r->base);
+        d.base = std::move(base);
+      }
+      d.body = Block(r->block());
+      module->decls.push_back(std::move(d));
     }
   }
 
@@ -799,6 +856,7 @@ class Builder {
   std::string_view text_;
   OffsetMap offsets_;
   DiagnosticSink& sink_;
+  const Runs& runs_;
   std::unordered_map<const ast::Expr*, int> depth_;
   bool too_deep_ = false;
 
@@ -1057,9 +1115,10 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
   parse_internal::TokenArena arena;  // outlives the token stream, which points into it
   parse_internal::LeanLexer lexer(input.get(), &arena);
   lexer.removeErrorListeners();
-  antlr4::CommonTokenStream tokens(&lexer);
+  parse_internal::ListRunSource source(&lexer, {CharToken('['), CharToken(']'), CharToken(',')});
+  antlr4::CommonTokenStream tokens(&source);
   tokens.fill();
-  Builder builder(sm, buffer, sink);
+  Builder builder(sm, buffer, sink, source.runs());
   // Lexical and syntax errors, reported in the order of the text once parsing is over.
   std::vector<Diagnostic> errors;
   auto report_all = [&] {
