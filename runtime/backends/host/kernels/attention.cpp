@@ -120,12 +120,16 @@ PARAPLAN_HOST_CLONES void ExpBlock8(float* sc, int64_t ld, int64_t n8, const V8*
 }
 
 #if PARAPLAN_HOST_HAVE_AVX512
+// The 16-lane paths fuse multiplies and adds (the file is otherwise built without contraction).
+#define PARAPLAN_HOST_FUSED __attribute__((optimize("fp-contract=fast")))
+
 typedef float V16f __attribute__((vector_size(64), aligned(4)));
 typedef int32_t I16 __attribute__((vector_size(64), aligned(4)));
 
-// ExpBlock8 on 16 lanes where it can: the same exponentials, and each 16 adds its low then its
-// high half to the 8 partial sums, the order ExpBlock8 adds them in (so the same bits).
-PARAPLAN_HOST_AVX512 void ExpBlock16(float* sc, int64_t ld, int64_t n8, const V8* m, V8* sv) {
+// ExpBlock8 on 16 lanes where it can (fused multiply-adds in the polynomial); each 16 adds its low
+// then its high half to the 8 partial sums, the order ExpBlock8 adds them in.
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void ExpBlock16(float* sc, int64_t ld, int64_t n8,
+                                                         const V8* m, V8* sv) {
   int64_t j = 0;
   for (; j + 16 <= n8; j += 16) {
     for (int64_t r = 0; r < kBlock; ++r) {
@@ -226,8 +230,9 @@ PARAPLAN_HOST_CLONES float DotRow(const float* a, const float* b, int64_t n) {
 // The three tiles below are written once over the vector width W (8 or 16 lanes) and compiled
 // twice: on 8-lane vectors in the AVX2 and baseline clones, and on 16-lane vectors for CPUs with
 // AVX-512, where the main loops run on 64-byte registers and the leftovers on 8 lanes. Each
-// element is the same sequence of separate multiplies and adds over d (or j) whatever the width,
-// so every path gives the same bits.
+// element is summed over d (or j) in the same order at either width; the 16-lane paths fuse each
+// multiply and add (PARAPLAN_HOST_FUSED), so they round differently from the 8-lane ones, the same
+// way on every run.
 typedef float V16 __attribute__((vector_size(64), aligned(4)));
 
 // Unaligned loads and stores of either width (a template argument drops the typedefs' aligned(4),
@@ -432,16 +437,19 @@ PARAPLAN_HOST_CLONES void BlockTransposeTimes8(float* acc, const float* p, int64
 }
 
 #if PARAPLAN_HOST_HAVE_AVX512
-PARAPLAN_HOST_AVX512 void ScoreBlock16(float* sc, const float* q, const float* kt, int64_t ld,
-                                       int64_t hd, int64_t n8) {
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void ScoreBlock16(float* sc, const float* q,
+                                                           const float* kt, int64_t ld, int64_t hd,
+                                                           int64_t n8) {
   ScoreBlockW<V16>(sc, q, kt, ld, hd, n8);
 }
-PARAPLAN_HOST_AVX512 void BlockTimes16(float* const* out, int64_t rows, const float* p, int64_t ld,
-                                       const float* m, int64_t n, int64_t hd) {
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void BlockTimes16(float* const* out, int64_t rows,
+                                                           const float* p, int64_t ld,
+                                                           const float* m, int64_t n, int64_t hd) {
   BlockTimesW<V16>(out, rows, p, ld, m, n, hd);
 }
-PARAPLAN_HOST_AVX512 void BlockTransposeTimes16(float* acc, const float* p, int64_t ld,
-                                                const float* m, int64_t n, int64_t hd) {
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void BlockTransposeTimes16(float* acc, const float* p,
+                                                                    int64_t ld, const float* m,
+                                                                    int64_t n, int64_t hd) {
   BlockTransposeTimesW<V16>(acc, p, ld, m, n, hd);
 }
 #endif

@@ -13,8 +13,10 @@
 //    threads do. Outside Gemm, results per row/element never depend on how many rows a call
 //    covers, so a sharded run computes each element exactly as the one-rank run does where the
 //    math is the same; GEMMs of different shapes may differ in the last bits (see Gemm).
-//  - Vectorised kernels never fuse multiplies and adds, so they give the same bits on every x86-64
-//    CPU (AVX2 or baseline clone); Gemm on OpenBLAS uses the CPU's own kernel (FMA where present).
+//  - Vectorised kernels on 8 lanes never fuse multiplies and adds, so they give the same bits on
+//    every x86-64 CPU (AVX2 or baseline clone); attention's 16-lane paths on AVX-512 CPUs fuse
+//    them, and Gemm on OpenBLAS uses the CPU's own kernel (FMA where present), so results differ
+//    across CPU kinds in the last bits, never from run to run on one machine.
 //
 // Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
 // elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
@@ -45,9 +47,9 @@ struct TokenLayout {
 // ---- Vector width ------------------------------------------------------------------------
 namespace simd {
 // 16 where the CPU has AVX-512 (F, VL, BW, DQ), else 8: the width of the kernels' 16-lane paths
-// (attention's tiles). Each element is computed by the same operations in the same order at
-// either width, so both give the same bits; SetVectorWidth(8) turns the 16-lane paths off (the
-// tests compare the two), SetVectorWidth(16) back on where the CPU has AVX-512.
+// (attention's tiles and exponentials, with fused multiply-adds: they agree with the 8-lane paths
+// to rounding, not bit for bit). SetVectorWidth(8) turns the 16-lane paths off (the tests compare
+// the two), SetVectorWidth(16) back on where the CPU has AVX-512.
 int VectorWidth();
 void SetVectorWidth(int lanes);
 }  // namespace simd

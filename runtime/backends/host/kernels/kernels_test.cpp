@@ -261,7 +261,7 @@ TEST_CASE("rope backward, and rope keeps norms") {
   CHECK(Dot(y, y) == doctest::Approx(Dot(x, x)).epsilon(1e-5));
 }
 
-TEST_CASE("attention gives the same bits on 16-lane (AVX-512) and 8-lane tiles") {
+TEST_CASE("attention on 16-lane (AVX-512) paths agrees with the 8-lane ones; repeats are bitwise") {
   if (simd::VectorWidth() != 16) {
     MESSAGE("no AVX-512 on this CPU: only the 8-lane tiles run here");
     return;
@@ -290,13 +290,24 @@ TEST_CASE("attention gives the same bits on 16-lane (AVX-512) and 8-lane tiles")
                         q.data(), k.data(), v.data(), layout, qh, kh, hd, 0.125f);
       return r;
     };
-    const Result narrow = run(8), wide = run(16);
+    const Result narrow = run(8), wide = run(16), again = run(16);
     CHECK(simd::VectorWidth() == 16);
-    CHECK(narrow.out == wide.out);
-    CHECK(narrow.lse == wide.lse);
-    CHECK(narrow.dq == wide.dq);
-    CHECK(narrow.dk == wide.dk);
-    CHECK(narrow.dv == wide.dv);
+    // The 16-lane paths fuse multiplies and adds: equal to rounding, and bitwise run to run.
+    auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (1e-3 + std::abs(double(a[i]))));
+      return worst;
+    };
+    CHECK(close(narrow.out, wide.out) < 1e-4);
+    CHECK(close(narrow.lse, wide.lse) < 1e-5);
+    CHECK(close(narrow.dq, wide.dq) < 1e-3);
+    CHECK(close(narrow.dk, wide.dk) < 1e-3);
+    CHECK(close(narrow.dv, wide.dv) < 1e-3);
+    CHECK(wide.out == again.out);
+    CHECK(wide.dq == again.dq);
+    CHECK(wide.dk == again.dk);
+    CHECK(wide.dv == again.dv);
   }
 }
 

@@ -3,7 +3,7 @@
 // Functions that use them are compiled twice (PARAPLAN_HOST_CLONES: an AVX2 clone and a baseline
 // one, picked at load time). The kernels are built with -ffp-contract=off, so no clone fuses a
 // multiply and an add, and a reduction keeps its 8 partial sums in the same lanes on every CPU: the
-// clones compute the same bits.
+// clones compute the same bits. (Attention's 16-lane AVX-512 paths fuse them: kernels.h.)
 //
 // Made by: this folder. Read by: the host kernels only.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_SIMD_H_
@@ -76,8 +76,7 @@ PARAPLAN_HOST_INLINE float Max(V8 v) {
 
 // e^x with a relative error of about 2e-7 (a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n,
 // after Cephes' expf): 0 below -87 (no subnormal results), +inf above 88, NaN stays NaN. Written
-// over the vector type (V floats, I as many int32 lanes) and computed lane by lane, so every
-// width gives the same bits.
+// over the vector type (V floats, I as many int32 lanes), lane by lane.
 template <typename V, typename I>
 PARAPLAN_HOST_INLINE V ExpT(V x) {
   const V zero{};
