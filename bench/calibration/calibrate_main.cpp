@@ -278,12 +278,18 @@ bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* der
     for (int64_t mb : {1, 2, 4, 8})
       if (global % (mb * p.dp) == 0) c.micros.push_back(mb);
   if (c.micros.empty()) c.micros = {1};
-  // Interleaving: stated, or unknown (then chosen), or not used.
+  // Interleaving: stated, or unknown (then chosen), or not used. Llama 3 states an interleaved
+  // schedule with V stages per rank and a bubble of (pp - 1) / (V · m) but not V (Llama 3 paper,
+  // Sec. 3.3.2, "Pipeline parallelism improvements"): its V is unknown, not 1. An uneven split
+  // that counts the embedding and the loss as a layer each divides layers + 2 units.
+  const bool interleaved_unstated = c.source == "llama3";
+  const int64_t units = m.layers + (plan.pipeline.account_for_embedding ? 1 : 0) +
+                        (plan.pipeline.account_for_loss ? 1 : 0);
   if (auto v = par->getInteger("vpp"))
     c.vpps = {*v};
-  else if (uncertain.count("vpp") && p.pp > 1) {
+  else if ((uncertain.count("vpp") || interleaved_unstated) && p.pp > 1) {
     for (int64_t v = 1; v <= 8; ++v)
-      if (m.layers % (p.pp * v) == 0) c.vpps.push_back(v);
+      if (units % (p.pp * v) == 0) c.vpps.push_back(v);
   }
   if (c.vpps.empty()) c.vpps = {1};
   // Recompute and sequence parallelism: stated or chosen.
@@ -452,7 +458,7 @@ struct Fitted {
   }
   void ApplyTo(FrameworkProfile& p) const {
     p.compute_scale = compute_scale;
-    p.attention_scale = attention_scale;
+    if (!p.attention_documented) p.attention_scale = attention_scale;
     p.layer_overhead_s = layer_overhead_s;
     p.fp8_gemm_speedup = fp8_gemm_speedup;
     p.shard_comm_scale = shard_comm_scale;
@@ -494,8 +500,9 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base)
     moe |= c->chosen.model.IsMoe() && c->chosen.parallel.ep > 1;
     fp8 |= c->chosen.precision == Precision::kFp8;
     sharded |= c->chosen.optimizer.zero >= 2;
-    flash |=
-        base ? base->flash_attention : ProfileFor(c->stack, c->plan.cluster.gpu).flash_attention;
+    // The attention scale is fitted only where some profile does not document it.
+    const FrameworkProfile& own = base ? *base : ProfileFor(c->stack, c->plan.cluster.gpu);
+    flash |= own.flash_attention && !own.attention_documented;
   }
   double loss = Loss(cases, base, best);
   // At most one fitted number per three runs, in this order of importance.
@@ -628,9 +635,10 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
     std::printf(
         "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
         "%.1f  ep_overlap %.2f  (loss %.3f; shipped %.3f)\n",
-        key.c_str(), list.size(), f.compute_scale, f.attention_scale, 1e3 * f.layer_overhead_s,
-        f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap, Loss(list, &base, f),
-        Loss(list, &base, Fitted::Of(base)));
+        key.c_str(), list.size(), f.compute_scale,
+        base.attention_documented ? base.attention_scale : f.attention_scale,
+        1e3 * f.layer_overhead_s, f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap,
+        Loss(list, &base, f), Loss(list, &base, Fitted::Of(base)));
   }
 }
 

@@ -17,7 +17,7 @@ void RunAnalysisChecks(const Plan& plan, DiagnosticSink& sink) {
   } else {
     sink.Report(
         Diag(DiagKind::kRankLayoutInvalid, error)
-            .At(plan.Range("parallel.order"))
+            .At(plan.Range(fields::kParallelOrder))
             .Note(
                 "ranks are numbered as Megatron-Core's RankGenerator does: the order string lists "
                 "the axes from the fastest-varying to the slowest")

@@ -54,6 +54,9 @@ struct FrameworkProfile {
   double fp8_gemm_speedup = 1.6;  // FP8 linear GEMM rate over BF16 at the same size (casts,
                                   // amax bookkeeping and scaling included); attention stays bf16
   double moe_imbalance = 1.0;     // worst-rank routed tokens over the average
+  // attention_scale comes from the published rates of the stack's attention kernel (not fitted;
+  // the calibration fit leaves it as it is).
+  bool attention_documented = false;
 
   // Fitted (bench/calibration --fit): per (stack, generation).
   double compute_scale = 1.0;     // multiplies the GPU's GEMM and attention fractions

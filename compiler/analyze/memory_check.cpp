@@ -14,16 +14,16 @@ struct Change {
   std::vector<std::pair<std::string, std::string>> sets;  // path = value, applied in order
 };
 
-bool IsSizeFieldSetByUser(const Plan& plan, std::string_view path) {
-  const OriginKind k = plan.Origin(path).kind;
+bool IsSizeFieldSetByUser(const Plan& plan, FieldId field) {
+  const OriginKind k = plan.Origin(field).kind;
   return k == OriginKind::kFile || k == OriginKind::kStdlib || k == OriginKind::kCommandLine;
 }
 
 std::vector<Change> CandidateChanges(const Plan& plan) {
   const ParallelSpec& par = plan.parallel;
   std::vector<Change> out;
-  auto one = [&](std::string path, std::string value) {
-    out.push_back({{{std::move(path), std::move(value)}}});
+  auto one = [&](FieldId field, std::string value) {  // a literal path is checked while compiling
+    out.push_back({{{std::string(field.path), std::move(value)}}});
   };
   if (par.tp > 1 && !par.sp) one("parallel.sp", "true");
   if (plan.recompute == Recompute::kNone) one("recompute", "selective");
@@ -72,7 +72,7 @@ std::string Describe(const Change& c) {
 
 bool RederiveSizes(Plan& plan) {
   ParallelSpec& par = plan.parallel;
-  if (!IsSizeFieldSetByUser(plan, "parallel.etp")) par.etp = par.tp;
+  if (!IsSizeFieldSetByUser(plan, fields::kParallelEtp)) par.etp = par.tp;
   const int64_t unit = par.tp * par.pp * par.cp;
   if (unit <= 0 || plan.World() % unit != 0) return false;
   par.dp = plan.World() / unit;
@@ -156,10 +156,10 @@ std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit,
 void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& options) {
   const int64_t capacity = plan.cluster.gpu.memory;
   if (capacity <= 0) return;
-  for (std::string_view path :
-       {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.dp", "batch.micro", "batch.global",
-        "model.layers", "cluster.gpu.memory"})
-    if (plan.IsPoisoned(path)) return;
+  for (FieldId field :
+       {fields::kParallelTp, fields::kParallelPp, fields::kParallelCp, fields::kParallelDp,
+        fields::kBatchMicro, fields::kBatchGlobal, fields::kModelLayers, fields::kClusterGpuMemory})
+    if (plan.IsPoisoned(field)) return;
   const MemoryEstimate mem = EstimateMemory(plan, options);
   if (!mem.valid) return;
   // The near-limit threshold: the torchtitan runs with measured peaks (calibration_runs.json) ran
@@ -184,17 +184,18 @@ void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& opti
   }
   Diag d(oom ? DiagKind::kStageOutOfMemory : DiagKind::kStageMemoryNearLimit, std::move(message));
   d.At(plan.declaration, fmt::format("stage {} needs {}", s.stage, FormatGiB(s.total)));
-  if (plan.Range("cluster.gpu.memory").IsValid())
-    d.Label(plan.Range("cluster.gpu.memory"), fmt::format("{} per GPU", FormatGiB(capacity)));
-  auto label = [&](std::string_view path, std::string text) {
-    if (plan.Range(path).IsValid()) d.Label(plan.Range(path), std::move(text));
+  if (plan.Range(fields::kClusterGpuMemory).IsValid())
+    d.Label(plan.Range(fields::kClusterGpuMemory), fmt::format("{} per GPU", FormatGiB(capacity)));
+  auto label = [&](FieldId field, std::string text) {
+    if (plan.Range(field).IsValid()) d.Label(plan.Range(field), std::move(text));
   };
-  label("batch.micro",
+  label(fields::kBatchMicro,
         fmt::format("micro batch {} of {} tokens", plan.batch.micro, plan.model.seq_len));
-  label("recompute", fmt::format("recompute = {}", ToString(plan.recompute)));
-  label("parallel.pp", fmt::format("pp = {}: stage {} holds {} layers, {} microbatch(es) in flight",
-                                   plan.parallel.pp, s.stage, s.layers, s.in_flight));
-  label("optimizer.zero", fmt::format("zero = {}", plan.optimizer.zero));
+  label(fields::kRecompute, fmt::format("recompute = {}", ToString(plan.recompute)));
+  label(fields::kParallelPp,
+        fmt::format("pp = {}: stage {} holds {} layers, {} microbatch(es) in flight",
+                    plan.parallel.pp, s.stage, s.layers, s.in_flight));
+  label(fields::kOptimizerZero, fmt::format("zero = {}", plan.optimizer.zero));
   for (size_t i = 0; i < kMemoryPartCount; ++i) {
     if (s.bytes[i] == 0) continue;
     d.Value(std::string(MemoryPartTitle(static_cast<MemoryPart>(i))), FormatGiB(s.bytes[i]));

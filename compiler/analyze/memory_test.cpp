@@ -258,7 +258,7 @@ TEST_CASE("the precision record prices each model state term by term") {
   plan.framework = Framework::kMegatronCore;
   auto write = [&](const char* path, const char* value) {
     REQUIRE(SetFieldText(plan, path, value) == "");
-    plan.origins[path].kind = OriginKind::kFile;
+    plan.origins.Mutable(path)->kind = OriginKind::kFile;
   };
   StateBytesPerParam b = StateBytes(plan, 1);
   CHECK(b.Total() == 18);  // Megatron's table: 2 + 4 + 12

@@ -12,11 +12,11 @@ std::string ListText(const std::vector<int64_t>& v) {
   return fmt::format("[{}]", fmt::join(v, ", "));
 }
 
-void ReportSplitInvalid(const Plan& plan, DiagnosticSink* sink, std::string_view path,
-                        std::string message, std::vector<std::string> helps) {
+void ReportSplitInvalid(const Plan& plan, DiagnosticSink* sink, FieldId field, std::string message,
+                        std::vector<std::string> helps) {
   if (sink == nullptr) return;
   Diag d(DiagKind::kPipelineSplitInvalid, std::move(message));
-  d.At(plan.Range(path));
+  d.At(plan.Range(field));
   d.Note("every transformer layer must sit on exactly one (pipeline rank, chunk), in order");
   for (std::string& h : helps) d.Help(std::move(h));
   sink->Report(std::move(d));
@@ -42,14 +42,14 @@ void ReportNanotronEmptyStage(const Plan& plan, const NanotronSplit& split, int6
   Diag d(DiagKind::kNanotronBalanceEmptyStage,
          fmt::format("Nanotron's cost balancing leaves pipeline stage {} without a trainable layer",
                      stage));
-  d.At(plan.Range("pipeline.balance"), "Nanotron's greedy split by block cost");
-  if (plan.Range("model.vocab").IsValid()) {
-    d.Label(plan.Range("model.vocab"),
+  d.At(plan.Range(fields::kPipelineBalance), "Nanotron's greedy split by block cost");
+  if (plan.Range(fields::kModelVocab).IsValid()) {
+    d.Label(plan.Range(fields::kModelVocab),
             fmt::format("the LM head costs vocab · hidden = {}, more than all {} layers together",
                         GroupDigits(nc.head), m.layers));
   }
-  if (plan.Range("parallel.pp").IsValid())
-    d.Label(plan.Range("parallel.pp"), fmt::format("{} stages", pp));
+  if (plan.Range(fields::kParallelPp).IsValid())
+    d.Label(plan.Range(fields::kParallelPp), fmt::format("{} stages", pp));
   d.Value("decoder layer (4·heads·head_dim·hidden + 3·ffn_hidden·hidden)",
           fmt::format("4·{}·{}·{} + 3·{}·{} = {}", m.heads, m.heads > 0 ? m.hidden / m.heads : 0,
                       m.hidden, m.ffn_hidden, m.hidden, GroupDigits(layer)));
@@ -101,7 +101,7 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
   const PipelineSpec& pl = plan.pipeline;
   const int64_t L = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
   if (L < 1 || pp < 1 || vpp < 1 || pp > (int64_t{1} << 20) || vpp > (int64_t{1} << 20)) {
-    ReportSplitInvalid(plan, sink, "parallel.pp",
+    ReportSplitInvalid(plan, sink, fields::kParallelPp,
                        fmt::format("cannot split {} layers over pp = {} and vpp = {}", L, pp, vpp),
                        {});
     return std::nullopt;
@@ -119,7 +119,7 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
     part.method = PartitionMethod::kNanotron;
     if (vpp > 1 || overrides || pl.account_for_embedding || pl.account_for_loss) {
       ReportSplitInvalid(
-          plan, sink, "pipeline.balance",
+          plan, sink, fields::kPipelineBalance,
           "`balance = nanotron` reproduces Nanotron's split, which has no virtual pipeline, "
           "explicit stage sizes or embedding/loss accounting",
           {"remove vpp, stage_layers, first/last_stage_layers and account_for_* from the plan, "
@@ -143,7 +143,7 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
     part.method = PartitionMethod::kCost;
     if (overrides || pl.account_for_embedding || pl.account_for_loss) {
       ReportSplitInvalid(
-          plan, sink, "pipeline.balance",
+          plan, sink, fields::kPipelineBalance,
           "`balance = cost` chooses the split itself; it cannot be combined with stage_layers, "
           "first/last_stage_layers or account_for_embedding/account_for_loss",
           {"remove the explicit split options, or use `balance = even` to keep them"});
@@ -152,7 +152,7 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
     auto balanced = BalanceByCost(part.costs, stages);
     if (!balanced) {
       ReportSplitInvalid(
-          plan, sink, "pipeline.balance",
+          plan, sink, fields::kPipelineBalance,
           fmt::format("`balance = cost` needs at least one layer per virtual stage: {} layers < "
                       "pp · vpp = {} · {} = {}",
                       L, pp, vpp, stages),
@@ -168,10 +168,10 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
     std::string why;
     auto megatron = MegatronStageLayers(plan, &why);
     if (!megatron) {
-      std::string_view path = part.method == PartitionMethod::kExplicit ? "pipeline.stage_layers"
-                              : part.method == PartitionMethod::kFirstLast
-                                  ? "pipeline.first_stage_layers"
-                                  : "model.layers";
+      FieldId path =
+          part.method == PartitionMethod::kExplicit    ? FieldId(fields::kPipelineStageLayers)
+          : part.method == PartitionMethod::kFirstLast ? FieldId(fields::kPipelineFirstStageLayers)
+                                                       : FieldId(fields::kModelLayers);
       ReportSplitInvalid(plan, sink, path, why, {"or let paraplan choose: `balance = cost`"});
       return std::nullopt;
     }
@@ -213,7 +213,7 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
                               : fmt::format("pipeline stage {}", c->pp_rank);
       Diag d(DiagKind::kPipelineStageEmpty,
              fmt::format("{} holds no transformer layer, no embedding and no loss", where));
-      d.At(plan.Range("pipeline.stage_layers"), fmt::format("{} gets 0 layers here", where));
+      d.At(plan.Range(fields::kPipelineStageLayers), fmt::format("{} gets 0 layers here", where));
       d.Value("stage_layers", ListText(pl.stage_layers));
       d.Note(
           "every pipeline stage runs every microbatch; a stage with nothing to compute only "

@@ -285,6 +285,42 @@ TEST_CASE("fixed per-layer and per-step costs of a profile add up on small model
   CHECK(t.step_s - base == doctest::Approx(24 * 1e-3).epsilon(0.01));
 }
 
+TEST_CASE(
+    "llm-foundry's attention runs at the documented FlashAttention-1 rate: 1/1.8 of "
+    "FlashAttention-2, which reaches 35% of the H100 peak") {
+  const FrameworkProfile& a = ProfileFor("llm_foundry", testing::DgxA100(1).gpu);
+  const FrameworkProfile& h = ProfileFor("llm_foundry", testing::DgxH100(1).gpu);
+  CHECK(a.attention_documented);
+  CHECK(h.attention_documented);
+  CHECK(a.attention_scale == doctest::Approx(1 / 1.8));
+  // Of the Hopper set's fused-attention fraction (0.50): 0.35 / 1.8 of peak.
+  CHECK(h.attention_scale * 0.50 == doctest::Approx(0.35 / 1.8));
+  CHECK(!ProfileFor("megatron_core", testing::DgxH100(1).gpu).attention_documented);
+  // At 32K the attention core dominates: the documented rate slows the step by nearly the
+  // kernels' ratio, at 2K by much less.
+  for (const int64_t seq : {int64_t{2048}, int64_t{32768}}) {
+    Plan plan = testing::MakePlan(testing::Gpt(32, 4096, 32, seq), testing::DgxA100(1), 1, 1, 8, 1);
+    plan.framework = Framework::kLlmFoundry;
+    plan.optimizer.zero = 3;
+    FrameworkProfile nominal = a;
+    nominal.attention_scale = 1;
+    CostOptions o;
+    o.profile = &nominal;
+    const TimeEstimate fast = EstimateTime(plan, o);
+    const TimeEstimate slow = EstimateTime(plan);
+    REQUIRE(fast.valid);
+    REQUIRE(slow.valid);
+    const double ratio = slow.step_s / fast.step_s;
+    if (seq == 2048) {
+      CHECK(ratio > 1.005);
+      CHECK(ratio < 1.2);
+    } else {
+      CHECK(ratio > 1.3);
+      CHECK(ratio < 1.8);
+    }
+  }
+}
+
 TEST_CASE("every stack has a profile for Ampere and Hopper, the plan's framework selects it") {
   for (std::string_view stack : FrameworkStacks()) {
     const FrameworkProfile& a = ProfileFor(stack, testing::DgxA100(1).gpu);

@@ -35,7 +35,7 @@ namespace {
 
 struct AxisWarning {
   GroupKind kind;
-  std::string_view path;  // the field to point at
+  FieldId path;           // the field to point at
   std::string_view what;  // "tensor-parallel"
   std::string_view traffic;
 };
@@ -58,11 +58,12 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
   const MeshSizes& s = layout.sizes();
   const bool sp = plan.parallel.sp && s.tp > 1;
   std::vector<AxisWarning> axes = {
-      {GroupKind::kTp, "parallel.tp", sp ? "tensor- and sequence-parallel" : "tensor-parallel",
+      {GroupKind::kTp, fields::kParallelTp,
+       sp ? "tensor- and sequence-parallel" : "tensor-parallel",
        sp ? "every layer's all-gathers and reduce-scatters of activations (two forward, two "
             "backward)"
           : "every layer's all-reduces of activations (two forward, two backward)"},
-      {GroupKind::kCp, "parallel.cp", "context-parallel",
+      {GroupKind::kCp, fields::kParallelCp, "context-parallel",
        "every attention layer's exchange of key/value blocks around the ring"},
   };
   // Megatron-Core with DeepEP's dispatcher (moe.dispatcher = flex) is built for expert
@@ -72,12 +73,12 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
       plan.framework == Framework::kMegatronCore && plan.moe.dispatcher == Dispatcher::kFlex;
   if ((plan.model.IsMoe() || s.ep > 1) && !ep_overlaps) {
     axes.push_back(
-        {GroupKind::kEp, "parallel.ep", "expert-parallel",
+        {GroupKind::kEp, fields::kParallelEp, "expert-parallel",
          "every MoE layer's token dispatch and combine (two all-to-alls forward, two backward)"});
   }
   if (plan.model.IsMoe() || s.ep > 1) {
     if (s.etp != s.tp) {  // with etp == tp the groups are the tp groups, reported once
-      axes.push_back({GroupKind::kEtp, "parallel.etp", "expert-tensor-parallel",
+      axes.push_back({GroupKind::kEtp, fields::kParallelEtp, "expert-tensor-parallel",
                       "every expert layer's tensor-parallel collectives"});
     }
   }
@@ -93,8 +94,8 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
             p.group_size, p.max_nodes));
     d.At(plan.Range(axis.path),
          fmt::format("{} = {} spans {} nodes of {} GPUs", name, p.group_size, p.max_nodes, gpn));
-    if (plan.Range("cluster.gpus_per_node").IsValid()) {
-      d.Label(plan.Range("cluster.gpus_per_node"),
+    if (plan.Range(fields::kClusterGpusPerNode).IsValid()) {
+      d.Label(plan.Range(fields::kClusterGpusPerNode),
               fmt::format("{} GPUs per node share NVLink", gpn));
     }
     d.Value(fmt::format("`{}` group size", name), std::to_string(p.group_size));

@@ -41,17 +41,18 @@ enum class ExprKind : uint8_t {
   kCall,    // path[0] is the function name, operands the arguments
 };
 
+// The small fields come first, packed together: a large plan holds millions of these.
 struct Expr {
   ExprKind kind = ExprKind::kInt;
+  bool bool_value = false;
+  // kInt/kReal: a literal past 64 bits or not finite (reported by the parser); it evaluates to
+  // an error, so nothing else reports it.
+  bool out_of_range = false;
   SourceRange range;
   int64_t int_value = 0;
   double real_value = 0;
-  bool bool_value = false;
   std::string text;  // kString: the value (escapes resolved); kUnary/kBinary: the operator
   Name unit;         // kInt/kReal: the unit as written ("GiB", "Gb/s"); empty text when none
-  bool out_of_range =
-      false;  // kInt/kReal: a literal past 64 bits or not finite (reported
-              // by the parser); it evaluates to an error, so nothing else reports it
   std::vector<Name> path;
   std::vector<std::unique_ptr<Expr>> operands;
   std::unique_ptr<Block> block;  // kPath: `base { overrides }`

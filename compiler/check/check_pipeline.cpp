@@ -46,519 +46,602 @@ std::optional<std::vector<int64_t>> AccountedSplit(int64_t layers, int64_t pp, b
   return arranged;
 }
 
-void CheckSplit(RuleContext& ctx) {
-  const Plan& p = ctx.plan();
+// How the plan splits its layers, read once by each split rule. The split rules form one chain
+// (RuleChain::kPipelineSplit): the first that reports ends it, as Megatron stops at the first.
+struct SplitShape {
+  int64_t layers, pp, vpp;
+  bool embedding, loss;  // account_for_embedding / account_for_loss
+  std::optional<int64_t> first, last;
+  const std::vector<int64_t>& list;
+};
+
+SplitShape ShapeOf(const Plan& p) {
   const PipelineSpec& pipe = p.pipeline;
-  const int64_t L = p.model.layers;
-  const int64_t pp = p.parallel.pp;
-  const int64_t vpp = p.parallel.vpp;
-  const bool e = pipe.account_for_embedding;
-  const bool l = pipe.account_for_loss;
-  const bool has_f = pipe.first_stage_layers.has_value();
-  const bool has_k = pipe.last_stage_layers.has_value();
-  if (ctx.Poisoned({"model.layers", "parallel.pp", "parallel.vpp", "pipeline.account_for_embedding",
-                    "pipeline.account_for_loss", "pipeline.first_stage_layers",
-                    "pipeline.last_stage_layers", "pipeline.stage_layers"}) ||
-      L <= 0 || pp <= 0 || vpp <= 0) {
-    return;
-  }
+  return {p.model.layers,         p.parallel.pp,
+          p.parallel.vpp,         pipe.account_for_embedding,
+          pipe.account_for_loss,  pipe.first_stage_layers,
+          pipe.last_stage_layers, pipe.stage_layers};
+}
 
-  if (vpp > 1 && pp == 1) {
-    RuleDiag d(
-        ctx, DiagKind::kVppNeedsPp,
-        "`vpp = " + std::to_string(vpp) + "` with `pp = 1`: there is no pipeline to interleave");
-    d.At({"parallel.vpp"}, "virtual chunks need pipeline stages");
-    d.Field("parallel.pp", pp);
+// Which way the layers are split; kNone when no split rule applies (sizes not positive, or
+// balance = cost / nanotron, which choose the split themselves: the pipeline partition,
+// analyze/partition.h, reports what cannot be built, as P0602/P0603).
+enum class SplitWay : uint8_t { kNone, kList, kOverrides, kEven };
+
+SplitWay WayOf(const Plan& p, const SplitShape& s) {
+  if (s.layers <= 0 || s.pp <= 0 || s.vpp <= 0 || p.pipeline.balance != Balance::kEven) {
+    return SplitWay::kNone;
+  }
+  if (!s.list.empty()) return SplitWay::kList;  // an explicit list excludes every other way
+  if (s.first || s.last) return SplitWay::kOverrides;
+  return SplitWay::kEven;
+}
+
+// Labels the accounting flags that are on.
+void AccountingFields(RuleDiag& d, const SplitShape& s) {
+  if (s.embedding) d.Field(fields::kPipelineAccountForEmbedding, "true");
+  if (s.loss) d.Field(fields::kPipelineAccountForLoss, "true");
+}
+
+bool CheckVppNeedsPp(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (s.layers <= 0 || s.pp != 1 || s.vpp <= 1) return false;
+  RuleDiag d(
+      ctx, DiagKind::kVppNeedsPp,
+      "`vpp = " + std::to_string(s.vpp) + "` with `pp = 1`: there is no pipeline to interleave");
+  d.At({fields::kParallelVpp}, "virtual chunks need pipeline stages");
+  d.Field(fields::kParallelPp, s.pp);
+  d.Note(
+      "virtual pipeline chunks interleave the layers of several pipeline ranks; Megatron-LM: "
+      "\"When interleaved schedule is used, pipeline-model-parallel size should be greater than "
+      "1\"");
+  d.Help("remove `vpp`, or use `pp` > 1");
+  d.Report();
+  return true;
+}
+
+bool CheckStageLayersConflict(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (WayOf(ctx.plan(), s) != SplitWay::kList) return false;
+  if (!s.first && !s.last && !s.embedding && !s.loss) return false;
+  RuleDiag d(ctx, DiagKind::kStageLayersConflict,
+             "`stage_layers` is given together with other ways to split the layers");
+  d.At({fields::kPipelineStageLayers}, "an explicit split");
+  if (s.first) d.Field(fields::kPipelineFirstStageLayers, *s.first);
+  if (s.last) d.Field(fields::kPipelineLastStageLayers, *s.last);
+  AccountingFields(d, s);
+  d.Note(
+      "an explicit list decides every stage by itself (Megatron-LM: "
+      "\"pipeline_model_parallel_layout cannot be set with other pipeline layout arguments\")");
+  d.Help("keep `stage_layers` and remove the other split options, or remove `stage_layers`");
+  d.Report();
+  return true;
+}
+
+bool CheckStageLayersLength(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (WayOf(ctx.plan(), s) != SplitWay::kList) return false;
+  const int64_t n = static_cast<int64_t>(s.list.size());
+  auto chunks = CheckedMul(s.pp, s.vpp);
+  if (n == s.pp || (chunks && n == *chunks)) return false;
+  RuleDiag d(ctx, DiagKind::kStageLayersLength,
+             "`stage_layers` has " + std::to_string(n) +
+                 " entries for `pp = " + std::to_string(s.pp) + "`" +
+                 (s.vpp > 1 ? " and `vpp = " + std::to_string(s.vpp) + "`" : std::string()));
+  d.At({fields::kPipelineStageLayers}, std::to_string(n) + " entries");
+  d.Field(fields::kParallelPp, s.pp);
+  if (s.vpp > 1) d.Field(fields::kParallelVpp, s.vpp);
+  d.Note(
+      "the list gives the layers of each pipeline stage (pp entries) or of each virtual chunk "
+      "in "
+      "pipeline order (pp · vpp entries)");
+  if (ctx.helps()) {
+    auto even = EvenSplit(s.layers, s.pp);
+    if (ctx.Fixes({{fields::kPipelineStageLayers, ListText(even)}}, DiagKind::kStageLayersLength)) {
+      d.Help("for example `stage_layers = " + ListText(even) + "`");
+    }
+  }
+  d.Report();
+  return true;
+}
+
+bool CheckStageLayersSum(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (WayOf(ctx.plan(), s) != SplitWay::kList) return false;
+  const int64_t layer_count = s.layers;
+  int64_t sum = 0;
+  bool overflow = false;
+  for (int64_t v : s.list) overflow = overflow || __builtin_add_overflow(sum, v, &sum);
+  if (overflow) sum = INT64_MAX;  // reported as a sum that is not the layer count
+  if (sum == layer_count) return false;
+  RuleDiag d(ctx, DiagKind::kStageLayersSum,
+             "`stage_layers` adds up to " + std::to_string(sum) + " layers, but the model has " +
+                 std::to_string(layer_count));
+  d.At({fields::kPipelineStageLayers}, "adds up to " + std::to_string(sum));
+  d.Field(fields::kModelLayers, layer_count);
+  d.Value("sum(stage_layers)",
+          List(s.list) + " → " + std::to_string(sum) + " ≠ " + std::to_string(layer_count));
+  d.Note("every transformer layer belongs to exactly one stage");
+  if (ctx.helps()) {
+    auto even = EvenSplit(layer_count, static_cast<int64_t>(s.list.size()));
+    if (ctx.Fixes({{fields::kPipelineStageLayers, ListText(even)}}, DiagKind::kStageLayersSum)) {
+      d.Help("an even split of " + std::to_string(layer_count) +
+             " layers: `stage_layers = " + ListText(even) + "`");
+    }
+  }
+  d.Report();
+  return true;
+}
+
+bool CheckStageOverridesWithAccounting(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (WayOf(ctx.plan(), s) != SplitWay::kOverrides || (!s.embedding && !s.loss)) return false;
+  RuleDiag d(ctx, DiagKind::kStageOverridesWithAccounting,
+             "first/last stage overrides and embedding/loss accounting are both given");
+  d.At({s.first ? fields::kPipelineFirstStageLayers : fields::kPipelineLastStageLayers},
+       "an explicit stage size");
+  if (s.first) d.Field(fields::kPipelineFirstStageLayers, *s.first);
+  if (s.last) d.Field(fields::kPipelineLastStageLayers, *s.last);
+  AccountingFields(d, s);
+  d.Note(
+      "both decide how many layers the first and last stages hold, so Megatron-Core takes only "
+      "one "
+      "(\"num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot be set "
+      "at "
+      "the same time with account_for_embedding_in_pipeline_split and "
+      "account_for_loss_in_pipeline_split\")");
+  d.Help("remove the accounting flags and keep the overrides, or the other way round");
+  d.Report();
+  return true;
+}
+
+bool CheckStageLayersNotPositive(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (WayOf(ctx.plan(), s) != SplitWay::kOverrides) return false;
+  for (auto [field, value] :
+       {std::pair<FieldId, std::optional<int64_t>>{fields::kPipelineFirstStageLayers, s.first},
+        {fields::kPipelineLastStageLayers, s.last}}) {
+    if (!value || *value >= 1) continue;
+    const std::string name(ShortName(field));
+    RuleDiag d(ctx, DiagKind::kStageLayersNotPositive,
+               "`" + name + " = " + std::to_string(*value) + "` leaves the stage without layers");
+    d.At({field}, "must be at least 1");
     d.Note(
-        "virtual pipeline chunks interleave the layers of several pipeline ranks; Megatron-LM: "
-        "\"When interleaved schedule is used, pipeline-model-parallel size should be greater than "
-        "1\"");
-    d.Help("remove `vpp`, or use `pp` > 1");
+        "an override gives its stage a number of transformer layers, at least one "
+        "(Megatron-Core: "
+        "\"num_layers_in_first_pipeline_stage must be larger than 0\")");
+    d.Help("remove `" + name + "` for an even split, or set it to 1 or more");
     d.Report();
-    return;
+    return true;
   }
+  return false;
+}
 
-  // balance = cost / nanotron choose the split themselves (no divisibility needed); the pipeline
-  // partition (analyze/partition.h) reports what cannot be built, as P0602/P0603.
-  if (pipe.balance != Balance::kEven) return;
-
-  // An explicit list excludes every other way to split.
-  if (!pipe.stage_layers.empty()) {
-    if (has_f || has_k || e || l) {
-      RuleDiag d(ctx, DiagKind::kStageLayersConflict,
-                 "`stage_layers` is given together with other ways to split the layers");
-      d.At({"pipeline.stage_layers"}, "an explicit split");
-      if (has_f) d.Field("pipeline.first_stage_layers", *pipe.first_stage_layers);
-      if (has_k) d.Field("pipeline.last_stage_layers", *pipe.last_stage_layers);
-      if (e) d.Field("pipeline.account_for_embedding", "true");
-      if (l) d.Field("pipeline.account_for_loss", "true");
-      d.Note(
-          "an explicit list decides every stage by itself (Megatron-LM: "
-          "\"pipeline_model_parallel_layout cannot be set with other pipeline layout arguments\")");
-      d.Help("keep `stage_layers` and remove the other split options, or remove `stage_layers`");
-      d.Report();
-      return;
-    }
-    const int64_t n = static_cast<int64_t>(pipe.stage_layers.size());
-    auto chunks = CheckedMul(pp, vpp);
-    if (n != pp && (!chunks || n != *chunks)) {
-      RuleDiag d(ctx, DiagKind::kStageLayersLength,
-                 "`stage_layers` has " + std::to_string(n) +
-                     " entries for `pp = " + std::to_string(pp) + "`" +
-                     (vpp > 1 ? " and `vpp = " + std::to_string(vpp) + "`" : std::string()));
-      d.At({"pipeline.stage_layers"}, std::to_string(n) + " entries");
-      d.Field("parallel.pp", pp);
-      if (vpp > 1) d.Field("parallel.vpp", vpp);
-      d.Note(
-          "the list gives the layers of each pipeline stage (pp entries) or of each virtual chunk "
-          "in "
-          "pipeline order (pp · vpp entries)");
-      if (ctx.helps()) {
-        auto even = EvenSplit(L, pp);
-        if (ctx.Fixes({{"pipeline.stage_layers", ListText(even)}}, DiagKind::kStageLayersLength)) {
-          d.Help("for example `stage_layers = " + ListText(even) + "`");
-        }
-      }
-      d.Report();
-      return;
-    }
-    int64_t sum = 0;
-    bool overflow = false;
-    for (int64_t v : pipe.stage_layers) overflow = overflow || __builtin_add_overflow(sum, v, &sum);
-    if (overflow) sum = INT64_MAX;  // reported as a sum that is not the layer count
-    if (sum != L) {
-      RuleDiag d(ctx, DiagKind::kStageLayersSum,
-                 "`stage_layers` adds up to " + std::to_string(sum) +
-                     " layers, but the model has " + std::to_string(L));
-      d.At({"pipeline.stage_layers"}, "adds up to " + std::to_string(sum));
-      d.Field("model.layers", L);
-      d.Value("sum(stage_layers)",
-              List(pipe.stage_layers) + " → " + std::to_string(sum) + " ≠ " + std::to_string(L));
-      d.Note("every transformer layer belongs to exactly one stage");
-      if (ctx.helps()) {
-        auto even = EvenSplit(L, n);
-        if (ctx.Fixes({{"pipeline.stage_layers", ListText(even)}}, DiagKind::kStageLayersSum)) {
-          d.Help("an even split of " + std::to_string(L) +
-                 " layers: `stage_layers = " + ListText(even) + "`");
-        }
-      }
-      d.Report();
-      return;
-    }
-    if (n == pp && vpp > 1) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (pipe.stage_layers[i] % vpp == 0) continue;
-        RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
-                   "stage " + std::to_string(i) + " has " + std::to_string(pipe.stage_layers[i]) +
-                       " layers, which do not split into `vpp = " + std::to_string(vpp) +
-                       "` chunks");
-        d.At({"pipeline.stage_layers"}, "stage " + std::to_string(i) + ": " +
-                                            std::to_string(pipe.stage_layers[i]) + " layers");
-        d.Field("parallel.vpp", vpp);
-        d.Note(
-            "each pipeline rank runs vpp virtual chunks with the same number of layers; give pp · "
-            "vpp "
-            "entries to size the chunks one by one");
-        d.Report();
-        return;
-      }
-    }
-    return;
+// The layers the overrides leave to the middle stages, and how many middle stages there are.
+struct Middle {
+  int64_t first, last;  // 0 when not given
+  int64_t stages, layers;
+  bool Splits() const {
+    return layers >= 0 && (layers > 0) == (stages > 0) && (stages <= 0 || layers % stages == 0);
   }
+};
 
-  if ((has_f || has_k) && (e || l)) {
-    RuleDiag d(ctx, DiagKind::kStageOverridesWithAccounting,
-               "first/last stage overrides and embedding/loss accounting are both given");
-    d.At({has_f ? "pipeline.first_stage_layers" : "pipeline.last_stage_layers"},
-         "an explicit stage size");
-    if (has_f) d.Field("pipeline.first_stage_layers", *pipe.first_stage_layers);
-    if (has_k) d.Field("pipeline.last_stage_layers", *pipe.last_stage_layers);
-    if (e) d.Field("pipeline.account_for_embedding", "true");
-    if (l) d.Field("pipeline.account_for_loss", "true");
-    d.Note(
-        "both decide how many layers the first and last stages hold, so Megatron-Core takes only "
-        "one "
-        "(\"num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot be set "
-        "at "
-        "the same time with account_for_embedding_in_pipeline_split and "
-        "account_for_loss_in_pipeline_split\")");
-    d.Help("remove the accounting flags and keep the overrides, or the other way round");
-    d.Report();
-    return;
-  }
+Middle MiddleOf(const SplitShape& s) {
+  const int64_t first = s.first.value_or(0), last = s.last.value_or(0);
+  return {first, last, s.pp - (s.first ? 1 : 0) - (s.last ? 1 : 0), s.layers - first - last};
+}
 
-  if (has_f || has_k) {
-    for (auto [path, value] : {std::pair<std::string_view, std::optional<int64_t>>{
-                                   "pipeline.first_stage_layers", pipe.first_stage_layers},
-                               {"pipeline.last_stage_layers", pipe.last_stage_layers}}) {
-      if (value && *value < 1) {
-        RuleDiag d(ctx, DiagKind::kStageLayersNotPositive,
-                   "`" + std::string(ShortName(path)) + " = " + std::to_string(*value) +
-                       "` leaves the stage without layers");
-        d.At({path}, "must be at least 1");
-        d.Note(
-            "an override gives its stage a number of transformer layers, at least one "
-            "(Megatron-Core: "
-            "\"num_layers_in_first_pipeline_stage must be larger than 0\")");
-        d.Help("remove `" + std::string(ShortName(path)) +
-               "` for an even split, or set it to 1 or more");
-        d.Report();
-        return;
-      }
+// The nearest size of the first stage (of the last one when only it is given), at most 8
+// layers away, that makes the middle split; nullopt when none does.
+std::optional<int64_t> NearbyOverride(RuleContext& ctx, const SplitShape& s) {
+  const FieldId varied =
+      s.first ? fields::kPipelineFirstStageLayers : fields::kPipelineLastStageLayers;
+  const int64_t current = s.first ? *s.first : s.last.value_or(0);
+  for (int64_t delta = 1; delta <= 8; ++delta) {
+    for (int64_t sign : {-1, 1}) {
+      const int64_t value = current + sign * delta;
+      if (ctx.Fixes({{varied, value}}, DiagKind::kMiddleLayersVsStages)) return value;
     }
-    const int64_t F = pipe.first_stage_layers.value_or(0);
-    const int64_t K = pipe.last_stage_layers.value_or(0);
-    const int64_t middle_stages = pp - (has_f ? 1 : 0) - (has_k ? 1 : 0);
-    const int64_t middle = L - F - K;
-    bool ok = middle >= 0 && (middle > 0) == (middle_stages > 0) &&
-              (middle_stages <= 0 || middle % middle_stages == 0);
-    if (!ok) {
-      std::string what =
-          middle < 0 ? "the overrides ask for " + std::to_string(F + K) + " of " +
-                           std::to_string(L) + " layers"
-          : middle_stages <= 0 ? std::to_string(middle) + " layers are left but no middle stage"
-          : middle == 0
-              ? "no layers are left for " + std::to_string(middle_stages) + " middle stages"
-              : std::to_string(middle) + " remaining layers do not split over " +
-                    std::to_string(middle_stages) + " middle stages";
-      RuleDiag d(ctx, DiagKind::kMiddleLayersVsStages, what);
-      d.At({has_f ? "pipeline.first_stage_layers" : "pipeline.last_stage_layers"},
-           "fixes the first/last stage");
-      d.Field("model.layers", L);
-      if (has_f) d.Field("pipeline.first_stage_layers", F);
-      if (has_k) d.Field("pipeline.last_stage_layers", K);
-      d.Field("parallel.pp", pp);
-      d.Value("layers - first - last", Dot({L}) + " - " + std::to_string(F) + " - " +
-                                           std::to_string(K) + " = " + std::to_string(middle));
-      d.Value("middle stages", std::to_string(middle_stages));
-      d.Note(
-          "the layers not given to the first and last stage are split evenly over the other stages "
-          "(Megatron-Core: \"number of layers at middle stage: " +
-          std::to_string(middle) +
-          " must be divisible by the middle pipeline model parallel size " +
-          std::to_string(middle_stages) + "\")");
-      if (ctx.helps() && middle_stages > 0) {
-        // Nearby first/last sizes that make the middle split.
-        for (int64_t delta = 1; delta <= 8; ++delta) {
-          std::vector<FieldChange> change;
-          int64_t nf = F, nk = K;
-          for (int64_t sign : {-1, 1}) {
-            nf = has_f ? F + sign * delta : F;
-            nk = has_k ? K : K;
-            if (!has_f) nk = K + sign * delta;
-            std::vector<FieldChange> c;
-            if (has_f) c.push_back({"pipeline.first_stage_layers", nf});
-            if (has_k) c.push_back({"pipeline.last_stage_layers", nk});
-            auto cand = ctx.Changed(c);
-            if (cand && ctx.Fixes(*cand, DiagKind::kMiddleLayersVsStages)) {
-              d.Help(
-                  has_f
-                      ? "`first_stage_layers = " + std::to_string(nf) + "` splits the rest evenly"
-                      : "`last_stage_layers = " + std::to_string(nk) + "` splits the rest evenly");
-              delta = 99;
-              break;
-            }
-          }
-        }
+  }
+  return std::nullopt;
+}
+
+bool CheckMiddleLayersVsStages(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (WayOf(ctx.plan(), s) != SplitWay::kOverrides) return false;
+  const Middle m = MiddleOf(s);
+  if (m.Splits()) return false;
+  const int64_t layer_count = s.layers;
+  std::string what =
+      m.layers < 0 ? "the overrides ask for " + std::to_string(m.first + m.last) + " of " +
+                         std::to_string(layer_count) + " layers"
+      : m.stages <= 0 ? std::to_string(m.layers) + " layers are left but no middle stage"
+      : m.layers == 0 ? "no layers are left for " + std::to_string(m.stages) + " middle stages"
+                      : std::to_string(m.layers) + " remaining layers do not split over " +
+                            std::to_string(m.stages) + " middle stages";
+  RuleDiag d(ctx, DiagKind::kMiddleLayersVsStages, what);
+  d.At({s.first ? fields::kPipelineFirstStageLayers : fields::kPipelineLastStageLayers},
+       "fixes the first/last stage");
+  d.Field(fields::kModelLayers, layer_count);
+  if (s.first) d.Field(fields::kPipelineFirstStageLayers, m.first);
+  if (s.last) d.Field(fields::kPipelineLastStageLayers, m.last);
+  d.Field(fields::kParallelPp, s.pp);
+  d.Value("layers - first - last", Dot({layer_count}) + " - " + std::to_string(m.first) + " - " +
+                                       std::to_string(m.last) + " = " + std::to_string(m.layers));
+  d.Value("middle stages", std::to_string(m.stages));
+  d.Note(
+      "the layers not given to the first and last stage are split evenly over the other stages "
+      "(Megatron-Core: \"number of layers at middle stage: " +
+      std::to_string(m.layers) + " must be divisible by the middle pipeline model parallel size " +
+      std::to_string(m.stages) + "\")");
+  if (ctx.helps() && m.stages > 0) {
+    if (std::optional<int64_t> value = NearbyOverride(ctx, s)) {
+      d.Help("`" + std::string(s.first ? "first" : "last") +
+             "_stage_layers = " + std::to_string(*value) + "` splits the rest evenly");
+    }
+  }
+  d.Report();
+  return true;
+}
+
+// With the accounting flags on: the plan without them, or an explicit list in their place.
+void DropAccountingHelps(RuleContext& ctx, RuleDiag& d, const SplitShape& s) {
+  const bool e = s.embedding, l = s.loss;
+  std::vector<std::pair<std::vector<FieldChange>, std::string>> toggles;
+  if (e && l)
+    toggles.push_back(
+        {{{fields::kPipelineAccountForEmbedding, false}, {fields::kPipelineAccountForLoss, false}},
+         "without both accounting flags"});
+  if (e)
+    toggles.push_back(
+        {{{fields::kPipelineAccountForEmbedding, false}}, "without `account_for_embedding`"});
+  if (l)
+    toggles.push_back({{{fields::kPipelineAccountForLoss, false}}, "without `account_for_loss`"});
+  for (auto& [changes, words] : toggles) {
+    auto cand = ctx.Changed(changes);
+    if (!cand || !ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) continue;
+    int64_t t =
+        cand->model.layers + cand->pipeline.account_for_embedding + cand->pipeline.account_for_loss;
+    d.Help(words + ": " + std::to_string(t) + " / " + std::to_string(s.pp) + " = " +
+           std::to_string(t / s.pp) + " per stage");
+    break;
+  }
+  auto split = AccountedSplit(s.layers, s.pp, e, l);
+  if (split) {
+    std::string text = ListText(*split);
+    auto cand = ctx.Changed({{fields::kPipelineStageLayers, text},
+                             {fields::kPipelineAccountForEmbedding, false},
+                             {fields::kPipelineAccountForLoss, false}});
+    if (cand && ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) {
+      d.Help("or split unevenly with `stage_layers = " + text +
+             "` in place of the accounting flags (the "
+             "embedding rides on stage 0, the loss on the last stage)");
+    }
+  }
+}
+
+// Without the accounting flags: Megatron-Core's own ways out, counting the embedding and the
+// loss as layers (--account-for-embedding/loss-in-pipeline-split), giving the first and last
+// stages their own counts (--decoder-first/last-pipeline-num-layers), or an explicit list.
+void OtherSplitHelps(RuleContext& ctx, RuleDiag& d, const SplitShape& s) {
+  const int64_t layer_count = s.layers, pp = s.pp;
+  const std::pair<std::vector<FieldChange>, std::string> accounting[] = {
+      {{{fields::kPipelineAccountForEmbedding, true}, {fields::kPipelineAccountForLoss, true}},
+       "`account_for_embedding = true` and `account_for_loss = true`"},
+      {{{fields::kPipelineAccountForEmbedding, true}}, "`account_for_embedding = true`"},
+      {{{fields::kPipelineAccountForLoss, true}}, "`account_for_loss = true`"}};
+  for (const auto& [changes, words] : accounting) {
+    auto cand = ctx.Changed(changes);
+    if (!cand || !ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) continue;
+    const int64_t t =
+        cand->model.layers + cand->pipeline.account_for_embedding + cand->pipeline.account_for_loss;
+    d.Help("count the embedding and loss as layers with " + words + ": " + std::to_string(t) +
+           " / " + std::to_string(pp) + " = " + std::to_string(t / pp) + " per stage");
+    break;
+  }
+  if (pp > 2) {
+    // Middle stages of m layers, the first and last with what is left, split as evenly as
+    // possible (never more than m each).
+    for (int64_t m = (layer_count + pp - 1) / pp; m <= layer_count / (pp - 2); ++m) {
+      const int64_t rest = layer_count - m * (pp - 2);
+      const int64_t first = rest / 2, last = rest - first;
+      if (first > m || last > m || first < 1) continue;
+      auto cand = ctx.Changed(
+          {{fields::kPipelineFirstStageLayers, first}, {fields::kPipelineLastStageLayers, last}});
+      if (cand && ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) {
+        d.Help("or give the first and last stages their own counts: `first_stage_layers = " +
+               std::to_string(first) + "` and `last_stage_layers = " + std::to_string(last) +
+               "` (" + std::to_string(m) + " on each of the other " + std::to_string(pp - 2) + ")");
       }
-      d.Report();
-      return;
+      break;
+    }
+  }
+  auto split = EvenSplit(layer_count, pp);
+  std::reverse(split.begin(), split.end());  // lighter stages first: they hold the embedding
+  std::string text = ListText(split);
+  if (s.vpp == 1 &&
+      ctx.Fixes({{fields::kPipelineStageLayers, text}}, DiagKind::kLayersNotDivisibleByPp)) {
+    d.Help("or split unevenly with `stage_layers = " + text + "`");
+  }
+}
+
+// Even split, with the embedding and the loss counted as layers when asked.
+bool CheckLayersNotDivisibleByPp(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  if (WayOf(ctx.plan(), s) != SplitWay::kEven) return false;
+  const int64_t layer_count = s.layers, pp = s.pp, vpp = s.vpp;
+  const bool e = s.embedding, l = s.loss;
+  const int64_t total = layer_count + e + l;
+  if (total % pp == 0) return false;
+  std::string counted = std::to_string(layer_count);
+  if (e) counted += " + 1";
+  if (l) counted += " + 1";
+  RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByPp,
+             (e || l ? "the " + std::to_string(layer_count) + " layers" +
+                           (e && l ? " plus embedding and loss ("
+                                   : " plus " + std::string(e ? "embedding" : "loss") + " (") +
+                           std::to_string(total) + ")"
+                     : "the " + std::to_string(layer_count) + " layers") +
+                 " do not split evenly over `pp = " + std::to_string(pp) + "` stages");
+  d.At({fields::kParallelPp},
+       std::to_string(total) + " / " + std::to_string(pp) + " = " + Ratio(total, pp));
+  d.Field(fields::kModelLayers, layer_count);
+  AccountingFields(d, s);
+  d.Value(
+      e || l ? "layers" + std::string(e ? " + embedding" : "") + (l ? " + loss" : "") : "layers",
+      (e || l ? counted + " = " : std::string()) + std::to_string(total) + ", and " +
+          std::to_string(total) + " % " + std::to_string(pp) + " = " + std::to_string(total % pp));
+  d.Note(std::string(e || l ? "with account_for_embedding/account_for_loss the embedding and the "
+                              "loss count as one layer each, and "
+                            : "") +
+         "the pipeline split gives every stage the same number of layers (Megatron-LM: \"Number "
+         "of layers "
+         "should be divisible by the pipeline-model-parallel size\")");
+  if (ctx.helps()) {
+    auto ok = ctx.WorkingValues(fields::kParallelPp, AxisCandidates(ctx.plan()),
+                                DiagKind::kLayersNotDivisibleByPp, 6);
+    if (!ok.empty())
+      d.Help("values of `pp` that split " + std::to_string(total) +
+             " evenly and fit the cluster: " + List(ok));
+    if (e || l) {
+      DropAccountingHelps(ctx, d, s);
+    } else {
+      OtherSplitHelps(ctx, d, s);
     }
     if (vpp > 1) {
-      int64_t per = middle_stages > 0 ? middle / middle_stages : 0;
-      for (auto [name, value] :
-           {std::pair<std::string_view, int64_t>{"first stage", has_f ? F : -1},
-            {"last stage", has_k ? K : -1},
-            {"middle stages", middle_stages > 0 ? per : -1}}) {
-        if (value < 0 || value % vpp == 0) continue;
-        RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
-                   "the " + std::string(name) + " " +
-                       (name == "middle stages" ? "hold " : "holds ") + std::to_string(value) +
-                       " layers each, which do not split into `vpp = " + std::to_string(vpp) +
-                       "` chunks");
-        d.At({"parallel.vpp"}, "virtual chunks per pipeline rank");
-        if (has_f) d.Field("pipeline.first_stage_layers", F);
-        if (has_k) d.Field("pipeline.last_stage_layers", K);
-        d.Field("model.layers", L);
-        d.Value(std::string(name) + " % vpp", std::to_string(value) + " % " + std::to_string(vpp) +
-                                                  " = " + std::to_string(value % vpp));
-        d.Note(
-            "each pipeline rank's layers are cut into vpp equal virtual chunks (Megatron-Core: "
-            "\"number of "
-            "layers at first stage: ... must be divisible by virtual pipeline parallel degree " +
-            std::to_string(vpp) + "\")");
-        d.Report();
-        return;
-      }
+      d.Help("with `vpp = " + std::to_string(vpp) + "` every stage's layers must also split into " +
+             std::to_string(vpp) +
+             " chunks, and `stage_layers` lists one entry per chunk (pp · vpp = " +
+             std::to_string(pp * vpp) + " entries, chunk by chunk)");
     }
-    return;
   }
-
-  // Even split, with the embedding and the loss counted as layers when asked.
-  const int64_t total = L + e + l;
-  if (total % pp != 0) {
-    std::string counted = std::to_string(L);
-    if (e) counted += " + 1";
-    if (l) counted += " + 1";
-    RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByPp,
-               (e || l ? "the " + std::to_string(L) + " layers" +
-                             (e && l ? " plus embedding and loss ("
-                                     : " plus " + std::string(e ? "embedding" : "loss") + " (") +
-                             std::to_string(total) + ")"
-                       : "the " + std::to_string(L) + " layers") +
-                   " do not split evenly over `pp = " + std::to_string(pp) + "` stages");
-    d.At({"parallel.pp"},
-         std::to_string(total) + " / " + std::to_string(pp) + " = " + Ratio(total, pp));
-    d.Field("model.layers", L);
-    if (e) d.Field("pipeline.account_for_embedding", "true");
-    if (l) d.Field("pipeline.account_for_loss", "true");
-    d.Value(
-        e || l ? "layers" + std::string(e ? " + embedding" : "") + (l ? " + loss" : "") : "layers",
-        (e || l ? counted + " = " : std::string()) + std::to_string(total) + ", and " +
-            std::to_string(total) + " % " + std::to_string(pp) + " = " +
-            std::to_string(total % pp));
-    d.Note(std::string(e || l ? "with account_for_embedding/account_for_loss the embedding and the "
-                                "loss count as one layer each, and "
-                              : "") +
-           "the pipeline split gives every stage the same number of layers (Megatron-LM: \"Number "
-           "of layers "
-           "should be divisible by the pipeline-model-parallel size\")");
-    if (ctx.helps()) {
-      auto ok =
-          ctx.WorkingValues("parallel.pp", AxisCandidates(p), DiagKind::kLayersNotDivisibleByPp, 6);
-      if (!ok.empty())
-        d.Help("values of `pp` that split " + std::to_string(total) +
-               " evenly and fit the cluster: " + List(ok));
-      if (e || l) {
-        std::vector<std::pair<std::vector<FieldChange>, std::string>> toggles;
-        if (e && l)
-          toggles.push_back(
-              {{{"pipeline.account_for_embedding", false}, {"pipeline.account_for_loss", false}},
-               "without both accounting flags"});
-        if (e)
-          toggles.push_back(
-              {{{"pipeline.account_for_embedding", false}}, "without `account_for_embedding`"});
-        if (l)
-          toggles.push_back({{{"pipeline.account_for_loss", false}}, "without `account_for_loss`"});
-        for (auto& [changes, words] : toggles) {
-          auto cand = ctx.Changed(changes);
-          if (!cand || !ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) continue;
-          int64_t t = cand->model.layers + cand->pipeline.account_for_embedding +
-                      cand->pipeline.account_for_loss;
-          d.Help(words + ": " + std::to_string(t) + " / " + std::to_string(pp) + " = " +
-                 std::to_string(t / pp) + " per stage");
-          break;
-        }
-        auto split = AccountedSplit(L, pp, e, l);
-        if (split) {
-          std::string text = ListText(*split);
-          auto cand = ctx.Changed({{"pipeline.stage_layers", text},
-                                   {"pipeline.account_for_embedding", false},
-                                   {"pipeline.account_for_loss", false}});
-          if (cand && ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) {
-            d.Help("or split unevenly with `stage_layers = " + text +
-                   "` in place of the accounting flags (the "
-                   "embedding rides on stage 0, the loss on the last stage)");
-          }
-        }
-      } else {
-        // Megatron-Core's own ways out: count the embedding and the loss as layers
-        // (--account-for-embedding/loss-in-pipeline-split), or give the first and last stages
-        // their own counts (--decoder-first/last-pipeline-num-layers).
-        const std::pair<std::vector<FieldChange>, std::string> accounting[] = {
-            {{{"pipeline.account_for_embedding", true}, {"pipeline.account_for_loss", true}},
-             "`account_for_embedding = true` and `account_for_loss = true`"},
-            {{{"pipeline.account_for_embedding", true}}, "`account_for_embedding = true`"},
-            {{{"pipeline.account_for_loss", true}}, "`account_for_loss = true`"}};
-        for (const auto& [changes, words] : accounting) {
-          auto cand = ctx.Changed(changes);
-          if (!cand || !ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) continue;
-          const int64_t t = cand->model.layers + cand->pipeline.account_for_embedding +
-                            cand->pipeline.account_for_loss;
-          d.Help("count the embedding and loss as layers with " + words + ": " + std::to_string(t) +
-                 " / " + std::to_string(pp) + " = " + std::to_string(t / pp) + " per stage");
-          break;
-        }
-        if (pp > 2) {
-          // Middle stages of m layers, the first and last with what is left, split as evenly as
-          // possible (never more than m each).
-          for (int64_t m = (L + pp - 1) / pp; m <= L / (pp - 2); ++m) {
-            const int64_t rest = L - m * (pp - 2);
-            const int64_t first = rest / 2, last = rest - first;
-            if (first > m || last > m || first < 1) continue;
-            auto cand = ctx.Changed(
-                {{"pipeline.first_stage_layers", first}, {"pipeline.last_stage_layers", last}});
-            if (cand && ctx.Fixes(*cand, DiagKind::kLayersNotDivisibleByPp)) {
-              d.Help("or give the first and last stages their own counts: `first_stage_layers = " +
-                     std::to_string(first) + "` and `last_stage_layers = " + std::to_string(last) +
-                     "` (" + std::to_string(m) + " on each of the other " + std::to_string(pp - 2) +
-                     ")");
-            }
-            break;
-          }
-        }
-        auto split = EvenSplit(L, pp);
-        std::reverse(split.begin(), split.end());  // lighter stages first: they hold the embedding
-        std::string text = ListText(split);
-        if (vpp == 1 &&
-            ctx.Fixes({{"pipeline.stage_layers", text}}, DiagKind::kLayersNotDivisibleByPp)) {
-          d.Help("or split unevenly with `stage_layers = " + text + "`");
-        }
-      }
-      if (vpp > 1) {
-        d.Help("with `vpp = " + std::to_string(vpp) +
-               "` every stage's layers must also split into " + std::to_string(vpp) +
-               " chunks, and `stage_layers` lists one entry per chunk (pp · vpp = " +
-               std::to_string(pp * vpp) + " entries, chunk by chunk)");
-      }
-    }
-    d.Report();
-    return;
-  }
-  if (vpp > 1 && (total / pp) % vpp != 0) {
-    int64_t per = total / pp;
-    RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
-               "each pipeline stage holds " + std::to_string(per) +
-                   (e || l ? " layer slots" : " layers") +
-                   ", which do not split into `vpp = " + std::to_string(vpp) + "` virtual chunks");
-    d.At({"parallel.vpp"},
-         std::to_string(per) + " / " + std::to_string(vpp) + " = " + Ratio(per, vpp));
-    d.Field("model.layers", L).Field("parallel.pp", pp);
-    if (e) d.Field("pipeline.account_for_embedding", "true");
-    if (l) d.Field("pipeline.account_for_loss", "true");
-    d.Value((e || l ? "(layers + embedding/loss) / pp" : "layers / pp"),
-            std::to_string(total) + " / " + std::to_string(pp) + " = " + std::to_string(per) +
-                ", and " + std::to_string(per) + " % " + std::to_string(vpp) + " = " +
-                std::to_string(per % vpp));
-    d.Note(
-        "the interleaved schedule cuts each pipeline rank's layers into vpp equal chunks "
-        "(Megatron-Core: "
-        "\"num_layers_per_pipeline_rank " +
-        std::to_string(per) + " should be divisible by vp_size " + std::to_string(vpp) + "\")");
-    if (ctx.helps()) {
-      std::vector<int64_t> cands = Divisors(per);
-      auto ok = ctx.WorkingValues("parallel.vpp", cands, DiagKind::kLayersNotDivisibleByVpp, 6);
-      ok.erase(std::remove(ok.begin(), ok.end(), 1), ok.end());
-      if (!ok.empty())
-        d.Help("values of `vpp` that divide " + std::to_string(per) + ": " + List(ok));
-      auto pps = ctx.WorkingValues("parallel.pp", AxisCandidates(p),
-                                   DiagKind::kLayersNotDivisibleByVpp, 4);
-      pps.erase(std::remove(pps.begin(), pps.end(), 1), pps.end());
-      if (!pps.empty())
-        d.Help("or keep `vpp = " + std::to_string(vpp) + "` with " + Choices("pp", pps));
-    }
-    d.Report();
-  }
+  d.Report();
+  return true;
 }
 
-void CheckSchedule(RuleContext& ctx) {
+// kLayersNotDivisibleByVpp, for an explicit list of pp entries: the first stage whose layers
+// do not cut into vpp chunks.
+bool ListStagesNotDivisibleByVpp(RuleContext& ctx, const SplitShape& s) {
+  const int64_t n = static_cast<int64_t>(s.list.size());
+  if (n != s.pp || s.vpp <= 1) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (s.list[i] % s.vpp == 0) continue;
+    RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
+               "stage " + std::to_string(i) + " has " + std::to_string(s.list[i]) +
+                   " layers, which do not split into `vpp = " + std::to_string(s.vpp) + "` chunks");
+    d.At({fields::kPipelineStageLayers},
+         "stage " + std::to_string(i) + ": " + std::to_string(s.list[i]) + " layers");
+    d.Field(fields::kParallelVpp, s.vpp);
+    d.Note(
+        "each pipeline rank runs vpp virtual chunks with the same number of layers; give pp · "
+        "vpp "
+        "entries to size the chunks one by one");
+    d.Report();
+    return true;
+  }
+  return false;
+}
+
+// kLayersNotDivisibleByVpp, with first/last stage overrides: the first of the first stage, the
+// last stage and the middle stages whose layers do not cut into vpp chunks.
+bool OverrideStagesNotDivisibleByVpp(RuleContext& ctx, const SplitShape& s) {
+  const Middle m = MiddleOf(s);
+  const int64_t vpp = s.vpp;
+  if (vpp <= 1) return false;
+  const int64_t per = m.stages > 0 ? m.layers / m.stages : 0;
+  for (auto [name, value] :
+       {std::pair<std::string_view, int64_t>{"first stage", s.first ? m.first : -1},
+        {"last stage", s.last ? m.last : -1},
+        {"middle stages", m.stages > 0 ? per : -1}}) {
+    if (value < 0 || value % vpp == 0) continue;
+    RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
+               "the " + std::string(name) + " " + (name == "middle stages" ? "hold " : "holds ") +
+                   std::to_string(value) + " layers each, which do not split into `vpp = " +
+                   std::to_string(vpp) + "` chunks");
+    d.At({fields::kParallelVpp}, "virtual chunks per pipeline rank");
+    if (s.first) d.Field(fields::kPipelineFirstStageLayers, m.first);
+    if (s.last) d.Field(fields::kPipelineLastStageLayers, m.last);
+    d.Field(fields::kModelLayers, s.layers);
+    d.Value(std::string(name) + " % vpp", std::to_string(value) + " % " + std::to_string(vpp) +
+                                              " = " + std::to_string(value % vpp));
+    d.Note(
+        "each pipeline rank's layers are cut into vpp equal virtual chunks (Megatron-Core: "
+        "\"number of "
+        "layers at first stage: ... must be divisible by virtual pipeline parallel degree " +
+        std::to_string(vpp) + "\")");
+    d.Report();
+    return true;
+  }
+  return false;
+}
+
+// kLayersNotDivisibleByVpp, for the even split: each stage's share does not cut into vpp chunks.
+bool EvenStagesNotDivisibleByVpp(RuleContext& ctx, const SplitShape& s) {
+  const int64_t pp = s.pp, vpp = s.vpp;
+  const bool e = s.embedding, l = s.loss;
+  const int64_t total = s.layers + e + l;
+  if (vpp <= 1 || (total / pp) % vpp == 0) return false;
+  const int64_t per = total / pp;
+  RuleDiag d(ctx, DiagKind::kLayersNotDivisibleByVpp,
+             "each pipeline stage holds " + std::to_string(per) +
+                 (e || l ? " layer slots" : " layers") +
+                 ", which do not split into `vpp = " + std::to_string(vpp) + "` virtual chunks");
+  d.At({fields::kParallelVpp},
+       std::to_string(per) + " / " + std::to_string(vpp) + " = " + Ratio(per, vpp));
+  d.Field(fields::kModelLayers, s.layers).Field(fields::kParallelPp, pp);
+  AccountingFields(d, s);
+  d.Value((e || l ? "(layers + embedding/loss) / pp" : "layers / pp"),
+          std::to_string(total) + " / " + std::to_string(pp) + " = " + std::to_string(per) +
+              ", and " + std::to_string(per) + " % " + std::to_string(vpp) + " = " +
+              std::to_string(per % vpp));
+  d.Note(
+      "the interleaved schedule cuts each pipeline rank's layers into vpp equal chunks "
+      "(Megatron-Core: "
+      "\"num_layers_per_pipeline_rank " +
+      std::to_string(per) + " should be divisible by vp_size " + std::to_string(vpp) + "\")");
+  if (ctx.helps()) {
+    auto ok = ctx.WorkingValues(fields::kParallelVpp, Divisors(per),
+                                DiagKind::kLayersNotDivisibleByVpp, 6);
+    ok.erase(std::remove(ok.begin(), ok.end(), 1), ok.end());
+    if (!ok.empty()) d.Help("values of `vpp` that divide " + std::to_string(per) + ": " + List(ok));
+    auto pps = ctx.WorkingValues(fields::kParallelPp, AxisCandidates(ctx.plan()),
+                                 DiagKind::kLayersNotDivisibleByVpp, 4);
+    pps.erase(std::remove(pps.begin(), pps.end(), 1), pps.end());
+    if (!pps.empty())
+      d.Help("or keep `vpp = " + std::to_string(vpp) + "` with " + Choices("pp", pps));
+  }
+  d.Report();
+  return true;
+}
+
+bool CheckLayersNotDivisibleByVpp(RuleContext& ctx) {
+  const SplitShape s = ShapeOf(ctx.plan());
+  switch (WayOf(ctx.plan(), s)) {
+    case SplitWay::kList:
+      return ListStagesNotDivisibleByVpp(ctx, s);
+    case SplitWay::kOverrides:
+      return OverrideStagesNotDivisibleByVpp(ctx, s);
+    case SplitWay::kEven:
+      return EvenStagesNotDivisibleByVpp(ctx, s);
+    case SplitWay::kNone:
+      break;
+  }
+  return false;
+}
+
+bool CheckScheduleVppConflict(RuleContext& ctx) {
   const Plan& p = ctx.plan();
-  const int64_t pp = p.parallel.pp;
   const int64_t vpp = p.parallel.vpp;
   const Schedule schedule = p.pipeline.schedule;
-  if (ctx.Poisoned({"parallel.vpp", "pipeline.schedule", "parallel.pp"})) return;
-  if (vpp > 1 && schedule != Schedule::kInterleaved1F1B) {
-    RuleDiag d(ctx, DiagKind::kScheduleVppConflict,
-               "`vpp = " + std::to_string(vpp) + "` with `schedule = " +
-                   std::string(ToString(schedule)) + "`, which runs one chunk per pipeline rank");
-    d.At({"pipeline.schedule", "parallel.vpp"}, "does not interleave");
-    d.Field("parallel.vpp", vpp);
-    d.Note(
-        "virtual pipeline chunks are what the interleaved 1F1B schedule runs; gpipe and 1f1b run "
-        "one "
-        "chunk per rank");
-    d.Help("set `schedule = interleaved_1f1b`, or remove `vpp`");
-    d.Report();
-  } else if (vpp == 1 && schedule == Schedule::kInterleaved1F1B && pp > 1) {
-    RuleDiag d(ctx, DiagKind::kInterleavedWithoutVpp,
-               "`schedule = interleaved_1f1b` with `vpp = 1` runs plain 1F1B");
-    d.At({"pipeline.schedule"}, "nothing to interleave");
-    d.Field("parallel.vpp", vpp);
-    d.Note(
-        "interleaving needs vpp > 1 virtual chunks per pipeline rank; Megatron-Core treats vpp = 1 "
-        "as "
-        "no interleaving");
-    if (ctx.helps()) {
-      int64_t per =
-          (p.model.layers + p.pipeline.account_for_embedding + p.pipeline.account_for_loss) /
-          std::max<int64_t>(pp, 1);
-      std::vector<int64_t> ok;
-      for (int64_t v : Divisors(std::max<int64_t>(per, 1))) {
-        if (v > 1 && ok.size() < 4 &&
-            ctx.Fixes({{"parallel.vpp", v}}, DiagKind::kInterleavedWithoutVpp))
-          ok.push_back(v);
-      }
-      if (!ok.empty()) d.Help("values of `vpp` that split this plan's stages: " + List(ok));
-      d.Help("or `schedule = 1f1b` to say what runs");
-    }
-    d.Report();
-  }
+  if (vpp <= 1 || schedule == Schedule::kInterleaved1F1B) return false;
+  RuleDiag d(ctx, DiagKind::kScheduleVppConflict,
+             "`vpp = " + std::to_string(vpp) + "` with `schedule = " +
+                 std::string(ToString(schedule)) + "`, which runs one chunk per pipeline rank");
+  d.At({fields::kPipelineSchedule, fields::kParallelVpp}, "does not interleave");
+  d.Field(fields::kParallelVpp, vpp);
+  d.Note(
+      "virtual pipeline chunks are what the interleaved 1F1B schedule runs; gpipe and 1f1b run "
+      "one "
+      "chunk per rank");
+  d.Help("set `schedule = interleaved_1f1b`, or remove `vpp`");
+  d.Report();
+  return true;
 }
 
-void CheckMicrobatches(RuleContext& ctx) {
+bool CheckInterleavedWithoutVpp(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   const int64_t pp = p.parallel.pp;
   const int64_t vpp = p.parallel.vpp;
-  if (pp <= 1 ||
-      ctx.Poisoned({"parallel.pp", "parallel.vpp", "batch.global", "batch.micro", "parallel.dp"}))
-    return;
-  const int64_t m = p.Microbatches();
-  if (m <= 0) return;  // the batch rule reports it
-  auto per_step = CheckedMul(p.batch.micro, p.parallel.dp);
-  if (!per_step) return;
-  if (vpp > 1) {
-    if (m % pp == 0) return;
-    RuleDiag d(ctx, DiagKind::kInterleavedMicrobatches,
-               std::to_string(m) + " microbatches per step " +
-                   (m < pp ? "are fewer than" : "are not a multiple of") +
-                   " `pp = " + std::to_string(pp) + "`, as the interleaved schedule needs");
-    d.At({"batch.global", "parallel.vpp"}, std::to_string(m) + " microbatches");
-    d.Field("batch.global", p.batch.global)
-        .Field("batch.micro", p.batch.micro)
-        .Field("parallel.dp", p.parallel.dp);
-    d.Field("parallel.pp", pp).Field("parallel.vpp", vpp);
-    d.Value("microbatches = global / (micro · dp)", std::to_string(p.batch.global) + " / (" +
-                                                        Dot({p.batch.micro, p.parallel.dp}) +
-                                                        ") = " + std::to_string(m));
-    d.Value("microbatches % pp",
-            std::to_string(m) + " % " + std::to_string(pp) + " = " + std::to_string(m % pp));
-    d.Note(
-        "the interleaved schedule runs microbatches in groups of pp per virtual chunk "
-        "(Megatron-Core "
-        "checks at the first training step: \"The number of contiguous micro-batches in a virtual "
-        "pipeline "
-        "stage should range in [PP, M]\" and the remainder M % PP must be 0)");
-    if (ctx.helps()) {
-      int64_t step = *per_step * pp;
-      int64_t down = p.batch.global / step * step;
-      std::vector<int64_t> cands;
-      if (down > 0) cands.push_back(down);
-      if (auto up = CheckedAdd(down, step)) cands.push_back(*up);
-      auto ok = ctx.WorkingValues("batch.global", cands, DiagKind::kInterleavedMicrobatches, 2);
-      if (!ok.empty())
-        d.Help("a global batch that gives a multiple of " + std::to_string(pp) +
-               " microbatches: " + Choices("global", ok));
-      if (ctx.Fixes({{"parallel.vpp", int64_t{1}}, {"pipeline.schedule", std::string("1f1b")}},
-                    DiagKind::kInterleavedMicrobatches)) {
-        d.Help("or give up interleaving: `vpp = 1` with `schedule = 1f1b`");
-      }
+  if (vpp != 1 || p.pipeline.schedule != Schedule::kInterleaved1F1B || pp <= 1) return false;
+  RuleDiag d(ctx, DiagKind::kInterleavedWithoutVpp,
+             "`schedule = interleaved_1f1b` with `vpp = 1` runs plain 1F1B");
+  d.At({fields::kPipelineSchedule}, "nothing to interleave");
+  d.Field(fields::kParallelVpp, vpp);
+  d.Note(
+      "interleaving needs vpp > 1 virtual chunks per pipeline rank; Megatron-Core treats vpp = 1 "
+      "as "
+      "no interleaving");
+  if (ctx.helps()) {
+    int64_t per =
+        (p.model.layers + p.pipeline.account_for_embedding + p.pipeline.account_for_loss) /
+        std::max<int64_t>(pp, 1);
+    std::vector<int64_t> ok;
+    for (int64_t v : Divisors(std::max<int64_t>(per, 1))) {
+      if (v > 1 && ok.size() < 4 &&
+          ctx.Fixes({{fields::kParallelVpp, v}}, DiagKind::kInterleavedWithoutVpp))
+        ok.push_back(v);
     }
-    d.Report();
-    return;
+    if (!ok.empty()) d.Help("values of `vpp` that split this plan's stages: " + List(ok));
+    d.Help("or `schedule = 1f1b` to say what runs");
   }
-  if (m >= pp) return;
-  RuleDiag d(ctx, DiagKind::kFewerMicrobatchesThanStages,
-             "only " + std::to_string(m) + (m == 1 ? " microbatch" : " microbatches") +
-                 " per step for `pp = " + std::to_string(pp) + "` pipeline stages");
-  d.At({"batch.global", "parallel.pp"},
-       std::to_string(m) + (m == 1 ? " microbatch" : " microbatches"));
-  d.Field("batch.global", p.batch.global)
-      .Field("batch.micro", p.batch.micro)
-      .Field("parallel.dp", p.parallel.dp);
-  d.Field("parallel.pp", pp);
+  d.Report();
+  return true;
+}
+
+// "global / (micro · dp)" with its numbers, for the microbatch rules.
+void MicrobatchFields(RuleDiag& d, const Plan& p, int64_t m) {
+  d.Field(fields::kBatchGlobal, p.batch.global)
+      .Field(fields::kBatchMicro, p.batch.micro)
+      .Field(fields::kParallelDp, p.parallel.dp);
+  d.Field(fields::kParallelPp, p.parallel.pp);
+  if (p.parallel.vpp > 1) d.Field(fields::kParallelVpp, p.parallel.vpp);
   d.Value("microbatches = global / (micro · dp)", std::to_string(p.batch.global) + " / (" +
                                                       Dot({p.batch.micro, p.parallel.dp}) +
                                                       ") = " + std::to_string(m));
+}
+
+bool CheckInterleavedMicrobatches(RuleContext& ctx) {
+  const Plan& p = ctx.plan();
+  const int64_t pp = p.parallel.pp;
+  const int64_t m = p.Microbatches();  // 0 when it does not divide: the batch rule reports it
+  auto per_step = CheckedMul(p.batch.micro, p.parallel.dp);
+  if (pp <= 1 || p.parallel.vpp <= 1 || m <= 0 || !per_step || m % pp == 0) return false;
+  RuleDiag d(ctx, DiagKind::kInterleavedMicrobatches,
+             std::to_string(m) + " microbatches per step " +
+                 (m < pp ? "are fewer than" : "are not a multiple of") +
+                 " `pp = " + std::to_string(pp) + "`, as the interleaved schedule needs");
+  d.At({fields::kBatchGlobal, fields::kParallelVpp}, std::to_string(m) + " microbatches");
+  MicrobatchFields(d, p, m);
+  d.Value("microbatches % pp",
+          std::to_string(m) + " % " + std::to_string(pp) + " = " + std::to_string(m % pp));
+  d.Note(
+      "the interleaved schedule runs microbatches in groups of pp per virtual chunk "
+      "(Megatron-Core "
+      "checks at the first training step: \"The number of contiguous micro-batches in a virtual "
+      "pipeline "
+      "stage should range in [PP, M]\" and the remainder M % PP must be 0)");
+  if (ctx.helps()) {
+    int64_t step = *per_step * pp;
+    int64_t down = p.batch.global / step * step;
+    std::vector<int64_t> cands;
+    if (down > 0) cands.push_back(down);
+    if (auto up = CheckedAdd(down, step)) cands.push_back(*up);
+    auto ok = ctx.WorkingValues(fields::kBatchGlobal, cands, DiagKind::kInterleavedMicrobatches, 2);
+    if (!ok.empty())
+      d.Help("a global batch that gives a multiple of " + std::to_string(pp) +
+             " microbatches: " + Choices("global", ok));
+    if (ctx.Fixes(
+            {{fields::kParallelVpp, int64_t{1}}, {fields::kPipelineSchedule, std::string("1f1b")}},
+            DiagKind::kInterleavedMicrobatches)) {
+      d.Help("or give up interleaving: `vpp = 1` with `schedule = 1f1b`");
+    }
+  }
+  d.Report();
+  return true;
+}
+
+bool CheckFewerMicrobatchesThanStages(RuleContext& ctx) {
+  const Plan& p = ctx.plan();
+  const int64_t pp = p.parallel.pp;
+  const int64_t m = p.Microbatches();  // 0 when it does not divide: the batch rule reports it
+  auto per_step = CheckedMul(p.batch.micro, p.parallel.dp);
+  if (pp <= 1 || p.parallel.vpp > 1 || m <= 0 || !per_step || m >= pp) return false;
+  RuleDiag d(ctx, DiagKind::kFewerMicrobatchesThanStages,
+             "only " + std::to_string(m) + (m == 1 ? " microbatch" : " microbatches") +
+                 " per step for `pp = " + std::to_string(pp) + "` pipeline stages");
+  d.At({fields::kBatchGlobal, fields::kParallelPp},
+       std::to_string(m) + (m == 1 ? " microbatch" : " microbatches"));
+  MicrobatchFields(d, p, m);
   d.Value("idle share of the step (bubble)", "(pp - 1) / (m + pp - 1) = " + std::to_string(pp - 1) +
                                                  " / " + std::to_string(m + pp - 1) + " = " +
                                                  std::to_string((100 * (pp - 1)) / (m + pp - 1)) +
@@ -575,14 +658,45 @@ void CheckMicrobatches(RuleContext& ctx) {
              std::to_string(p.parallel.dp) + " data-parallel replicas)");
   }
   d.Report();
+  return true;
 }
 
 }  // namespace
 
-void CheckPipeline(RuleContext& ctx) {
-  CheckSplit(ctx);
-  CheckSchedule(ctx);
-  CheckMicrobatches(ctx);
+const std::vector<Rule>& PipelineRules() {
+  using namespace fields;  // NOLINT(google-build-using-namespace): the table reads as paths
+  // The split rules read every way a split can be given; one poisoned input silences them all.
+  const std::vector<FieldId> split = {kModelLayers,
+                                      kParallelPp,
+                                      kParallelVpp,
+                                      kPipelineAccountForEmbedding,
+                                      kPipelineAccountForLoss,
+                                      kPipelineFirstStageLayers,
+                                      kPipelineLastStageLayers,
+                                      kPipelineStageLayers};
+  constexpr RuleChain kSplit = RuleChain::kPipelineSplit;
+  const std::vector<FieldId> microbatches = {kParallelPp, kParallelVpp, kBatchGlobal, kBatchMicro,
+                                             kParallelDp};
+  static const std::vector<Rule> rules = {
+      {DiagKind::kVppNeedsPp, CheckVppNeedsPp, split, kSplit},
+      {DiagKind::kStageLayersConflict, CheckStageLayersConflict, split, kSplit},
+      {DiagKind::kStageLayersLength, CheckStageLayersLength, split, kSplit},
+      {DiagKind::kStageLayersSum, CheckStageLayersSum, split, kSplit},
+      {DiagKind::kStageOverridesWithAccounting, CheckStageOverridesWithAccounting, split, kSplit},
+      {DiagKind::kStageLayersNotPositive, CheckStageLayersNotPositive, split, kSplit},
+      {DiagKind::kMiddleLayersVsStages, CheckMiddleLayersVsStages, split, kSplit},
+      {DiagKind::kLayersNotDivisibleByPp, CheckLayersNotDivisibleByPp, split, kSplit},
+      {DiagKind::kLayersNotDivisibleByVpp, CheckLayersNotDivisibleByVpp, split, kSplit},
+      {DiagKind::kScheduleVppConflict,
+       CheckScheduleVppConflict,
+       {kParallelVpp, kPipelineSchedule, kParallelPp}},
+      {DiagKind::kInterleavedWithoutVpp,
+       CheckInterleavedWithoutVpp,
+       {kParallelVpp, kPipelineSchedule, kParallelPp}},
+      {DiagKind::kInterleavedMicrobatches, CheckInterleavedMicrobatches, microbatches},
+      {DiagKind::kFewerMicrobatchesThanStages, CheckFewerMicrobatchesThanStages, microbatches},
+  };
+  return rules;
 }
 
 }  // namespace paraplan::rules

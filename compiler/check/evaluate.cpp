@@ -352,7 +352,7 @@ Value Evaluator::DefaultValue(Record* r, int idx, FieldOrigin* origin) {
     out.enum_name = out.type == VType::kString;
     *origin = {OriginKind::kDerived,
                r->parent->slots[pi].origin.range,
-               {"precision"},
+               {std::string(fields::kPrecision.path)},
                fmt::format("{} follows precision = {}", f.name, precision.s)};
     return out;
   }

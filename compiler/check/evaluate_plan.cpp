@@ -72,30 +72,30 @@ std::optional<Plan> Evaluator::EvaluatePlan(const ast::Decl& decl,
       rec = v.rec;
     }
     if (!reachable) {
-      plan.poisoned.emplace(f.path);
+      plan.poisoned.insert(f.id());
       continue;
     }
     int idx = SchemaOf(rec->kind).Find(rest);
     Value v = Field(rec, idx, {});
-    plan.origins[f] = rec->slots[idx].origin;
+    plan.origins[f.id()] = rec->slots[idx].origin;
     if (v.IsError()) {
-      plan.poisoned.emplace(f.path);
+      plan.poisoned.insert(f.id());
       continue;
     }
     if (std::string err = Store(plan, f, v); !err.empty()) {
       Report(Diag(DiagKind::kValueOutOfRange, fmt::format("`{}` {}", f.path, err))
                  .At(rec->slots[idx].origin.range, "this value"));
-      plan.poisoned.emplace(f.path);
+      plan.poisoned.insert(f.id());
     }
   }
   // Record names and the origins of record-valued paths.
   const Schema& ps = SchemaOf(Kind::kPlan);
-  for (const char* name : {"model", "cluster"}) {
-    int idx = ps.Find(name);
+  for (FieldId record : {fields::kModel, fields::kCluster}) {
+    int idx = ps.Find(record.path);
     Value v = Field(root, idx, {});
-    plan.origins[name] = root->slots[idx].origin;
+    plan.origins[record] = root->slots[idx].origin;
     if (v.IsError()) {
-      plan.poisoned.insert(name);
+      plan.poisoned.insert(record);
       continue;
     }
     if (v.rec->kind == Kind::kModel) {
@@ -104,9 +104,9 @@ std::optional<Plan> Evaluator::EvaluatePlan(const ast::Decl& decl,
       plan.cluster.name = v.rec->name;
       int g = SchemaOf(Kind::kCluster).Find("gpu");
       Value gpu = Field(v.rec, g, {});
-      plan.origins["cluster.gpu"] = v.rec->slots[g].origin;
+      plan.origins[fields::kClusterGpu] = v.rec->slots[g].origin;
       if (gpu.IsError()) {
-        plan.poisoned.insert("cluster.gpu");
+        plan.poisoned.insert(fields::kClusterGpu);
       } else {
         plan.cluster.gpu.name = gpu.rec->name;
       }
@@ -254,7 +254,9 @@ void Evaluator::CheckRequires(Record* r, const Plan* plan) {
         d.Value(Text(side.range), Format(val));
         std::string path = CanonicalPathOf(side, en.scope, r);
         if (path.empty() || !plan) continue;
-        const FieldOrigin& o = plan->Origin(path);
+        const FieldOrigin* found = plan->origins.FindPath(path);
+        static const FieldOrigin kNone;
+        const FieldOrigin& o = found ? *found : kNone;
         if (o.kind == OriginKind::kAuto || o.kind == OriginKind::kDerived) {
           if (!o.derivation.empty()) d.Value(path, o.derivation);
         }

@@ -89,7 +89,7 @@ TEST_CASE("a stdlib-based plan evaluates with origins for every canonical path")
   CHECK(p.parallel.sp);
   CHECK(p.Microbatches() == 512);
   CHECK(p.poisoned.empty());
-  for (const FieldInfo& f : PlanFields()) CHECK_MESSAGE(p.origins.count(f.path) == 1, f.path);
+  for (const FieldInfo& f : PlanFields()) CHECK_MESSAGE(p.origins.count(f.id()) == 1, f.path);
   CHECK(p.Origin("model.layers").kind == OriginKind::kStdlib);
   CHECK(r->Slice(p.Range("model.layers")) == "80");
   CHECK(p.Origin("parallel.tp").kind == OriginKind::kFile);

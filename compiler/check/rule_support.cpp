@@ -10,10 +10,10 @@ namespace paraplan::rules {
 
 // --- Context ----------------------------------------------------------------------------------
 
-bool RuleContext::Poisoned(std::initializer_list<std::string_view> paths) const {
+bool RuleContext::Poisoned(const std::vector<FieldId>& fields) const {
   if (plan_.poisoned.empty()) return false;
-  for (std::string_view p : paths) {
-    if (plan_.IsPoisoned(p)) return true;
+  for (FieldId f : fields) {
+    if (plan_.IsPoisoned(f)) return true;
   }
   return false;
 }
@@ -25,30 +25,30 @@ std::optional<Plan> RuleContext::Changed(std::initializer_list<FieldChange> chan
 std::optional<Plan> RuleContext::Changed(const std::vector<FieldChange>& changes) const {
   Plan p = plan_;
   for (const FieldChange& c : changes) {
-    const FieldInfo* f = FindPlanField(c.path);
-    if (!f) return std::nullopt;
+    if (c.field.IsRecord()) return std::nullopt;
+    const FieldInfo& f = c.field.info();
     // Lists ("[15, 16]") and clearing an optional field ("none") go through the text form.
     const std::string* text = std::get_if<std::string>(&c.value);
     bool as_text =
-        text && (f->type == FieldType::kIntList || (f->type == FieldType::kInt && f->nullable));
-    std::string error = as_text ? SetFieldText(p, c.path, *text) : SetFieldValue(p, *f, c.value);
+        text && (f.type == FieldType::kIntList || (f.type == FieldType::kInt && f.nullable));
+    std::string error = as_text ? SetFieldText(p, f.path, *text) : SetFieldValue(p, f, c.value);
     if (!error.empty()) return std::nullopt;
   }
-  auto touched = [&](std::string_view path) {
+  auto touched = [&](FieldId field) {
     for (const FieldChange& c : changes) {
-      if (c.path == path) return true;
+      if (c.field == field) return true;
     }
     return false;
   };
-  OriginKind etp_origin = plan_.Origin("parallel.etp").kind;
-  if (!touched("parallel.etp") &&
+  OriginKind etp_origin = plan_.Origin(fields::kParallelEtp).kind;
+  if (!touched(fields::kParallelEtp) &&
       (etp_origin == OriginKind::kDerived || etp_origin == OriginKind::kDefault)) {
     p.parallel.etp = p.parallel.tp;
   }
-  OriginKind dp_origin = plan_.Origin("parallel.dp").kind;
+  OriginKind dp_origin = plan_.Origin(fields::kParallelDp).kind;
   bool dp_derived = dp_origin == OriginKind::kAuto || dp_origin == OriginKind::kDerived ||
                     dp_origin == OriginKind::kDefault;
-  if (!touched("parallel.dp") && dp_derived) {
+  if (!touched(fields::kParallelDp) && dp_derived) {
     auto world = WorldSize(p);
     auto model = CheckedProduct({p.parallel.tp, p.parallel.pp, p.parallel.cp});
     if (world && model && *model > 0 && *world % *model == 0) p.parallel.dp = *world / *model;
@@ -87,13 +87,12 @@ bool RuleContext::Fixes(std::initializer_list<FieldChange> changes, DiagKind kin
   return p && Fixes(*p, kind);
 }
 
-std::vector<int64_t> RuleContext::WorkingValues(std::string_view path,
+std::vector<int64_t> RuleContext::WorkingValues(FieldId field,
                                                 const std::vector<int64_t>& candidates,
                                                 DiagKind kind, size_t limit) {
-  const FieldInfo* f = FindPlanField(path);
   int64_t current = 0;
-  if (f) {
-    FieldValue v = GetFieldValue(plan_, *f);
+  if (!field.IsRecord()) {
+    FieldValue v = GetFieldValue(plan_, field.info());
     if (auto* i = std::get_if<int64_t>(&v)) current = *i;
   }
   std::vector<int64_t> sorted = candidates;
@@ -111,7 +110,7 @@ std::vector<int64_t> RuleContext::WorkingValues(std::string_view path,
   for (int64_t v : sorted) {
     if (out.size() >= limit) break;
     if (v == current) continue;
-    if (Fixes({{path, v}}, kind)) out.push_back(v);
+    if (Fixes({{field, v}}, kind)) out.push_back(v);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -125,14 +124,14 @@ RuleDiag::RuleDiag(RuleContext& ctx, DiagKind kind, std::string message) : ctx_(
   d_.message = std::move(message);
 }
 
-RuleDiag& RuleDiag::At(const std::vector<std::string_view>& paths, std::string label) {
+RuleDiag& RuleDiag::At(const std::vector<FieldId>& fields, std::string label) {
   // The user's own lines first (the plan file, --set), then values from the stdlib, then the
   // plan header.
   const Plan& plan = ctx_.plan();
   SourceRange chosen;
   for (int pass = 0; pass < 2 && !chosen.IsValid(); ++pass) {
-    for (std::string_view p : paths) {
-      const FieldOrigin& o = plan.Origin(p);
+    for (FieldId f : fields) {
+      const FieldOrigin& o = plan.Origin(f);
       bool users = o.kind == OriginKind::kFile || o.kind == OriginKind::kCommandLine;
       if (o.range.IsValid() && (pass == 1 || users)) {
         chosen = o.range;
@@ -165,9 +164,10 @@ void RuleDiag::AddLabel(SourceRange range, std::string text) {
   d_.labels.push_back({range, std::move(text)});
 }
 
-RuleDiag& RuleDiag::Field(std::string_view path, const std::string& value) {
+RuleDiag& RuleDiag::Field(FieldId field, const std::string& value) {
   const Plan& plan = ctx_.plan();
-  const FieldOrigin& o = plan.Origin(path);
+  const std::string_view path = field.path;
+  const FieldOrigin& o = plan.Origin(field);
   std::string name(ShortName(path));
   std::string shown = "`" + name + " = " + value + "`";
   switch (o.kind) {
@@ -210,8 +210,8 @@ RuleDiag& RuleDiag::Field(std::string_view path, const std::string& value) {
 }
 
 RuleDiag& RuleDiag::World() {
-  Field("cluster.nodes", ctx_.plan().cluster.nodes);
-  Field("cluster.gpus_per_node", ctx_.plan().cluster.gpus_per_node);
+  Field(fields::kClusterNodes, ctx_.plan().cluster.nodes);
+  Field(fields::kClusterGpusPerNode, ctx_.plan().cluster.gpus_per_node);
   return *this;
 }
 
@@ -275,6 +275,11 @@ std::string Ratio(int64_t a, int64_t b) {
 std::string_view ShortName(std::string_view path) {
   size_t dot = path.rfind('.');
   return dot == std::string_view::npos ? path : path.substr(dot + 1);
+}
+
+bool Explicit(const Plan& plan, FieldId field) {
+  OriginKind k = plan.Origin(field).kind;
+  return k == OriginKind::kFile || k == OriginKind::kCommandLine || k == OriginKind::kStdlib;
 }
 
 std::optional<int64_t> WorldSize(const Plan& plan) {

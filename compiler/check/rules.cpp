@@ -7,10 +7,25 @@ namespace rules {
 
 // The order is the order a Megatron user meets the failures in: model shape and mesh first,
 // then the pipeline split, then batch, optimizer and precision.
+const std::vector<Rule>& AllRules() {
+  static const std::vector<Rule> all = [] {
+    std::vector<Rule> out;
+    for (const std::vector<Rule>* topic : {&MeshRules(), &PipelineRules(), &TrainRules()}) {
+      out.insert(out.end(), topic->begin(), topic->end());
+    }
+    return out;
+  }();
+  return all;
+}
+
 void RunAllRules(RuleContext& ctx) {
-  CheckMesh(ctx);
-  CheckPipeline(ctx);
-  CheckTrain(ctx);
+  bool split_reported = false;
+  for (const Rule& rule : AllRules()) {
+    if (rule.chain == RuleChain::kPipelineSplit && split_reported) continue;
+    if (ctx.Poisoned(rule.inputs)) continue;
+    const bool reported = rule.check(ctx);
+    if (rule.chain == RuleChain::kPipelineSplit) split_reported = split_reported || reported;
+  }
 }
 
 }  // namespace rules

@@ -1,7 +1,8 @@
 // The parallel-configuration rules (Megatron-Core's, plus the ones Megatron lacks), run on a
 // resolved Plan. Each rule reports a registered diagnostic kind with labels on every field it
 // read (Plan::Origin), the evaluated numbers, a note with the rule and helps with verified
-// fixes. Rules skip fields listed in Plan::poisoned, so one bad value yields one error.
+// fixes. Each rule checks one kind; the runner skips a rule when a field it reads is listed in
+// Plan::poisoned, so one bad value yields one error (rule_support.h).
 //
 // Called by the frontend after evaluation (planc check, explain, compile) and by search for
 // every candidate, so it must stay cheap: no I/O, few allocations on the success path.

@@ -6,9 +6,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "compiler/check/rule_support.h"
 #include "compiler/diagnostics/render.h"
 
 namespace paraplan {
@@ -54,7 +56,8 @@ struct TestPlan {
     plan.declaration = {buffer, 0, 6};
     bool dp_written = false, etp_written = false;
     for (auto& [path, begin, end] : spans) {
-      FieldOrigin& o = plan.origins[path];
+      REQUIRE_MESSAGE(plan.origins.Mutable(path), path);
+      FieldOrigin& o = *plan.origins.Mutable(path);
       o.kind = OriginKind::kFile;
       o.range = {buffer, begin, end};
       if (path == "parallel.dp") {
@@ -306,7 +309,7 @@ TEST_CASE("training and model-shape rules") {
 
 TEST_CASE("an `auto` dp the evaluator poisoned is still reported by the mesh rule, once") {
   TestPlan t({"parallel.tp = 8", "parallel.pp = 3", "model.layers = 33", "parallel.dp = auto"});
-  t.plan.poisoned.insert("parallel.dp");
+  t.plan.poisoned.insert(fields::kParallelDp);
   CHECK(t.Codes() == Codes{"P0301"});
 }
 
@@ -322,7 +325,7 @@ TEST_CASE("without helps the verdicts are the same and no fix is searched") {
 
 TEST_CASE("poisoned inputs keep their rules quiet") {
   TestPlan t({"parallel.tp = 8", "parallel.pp = 3", "model.layers = 33"});
-  t.plan.poisoned.insert("parallel.pp");
+  t.plan.poisoned.insert(fields::kParallelPp);
   CHECK(t.Codes() == Codes{});
 }
 
@@ -332,6 +335,67 @@ TEST_CASE("fixes offered by helps are re-checked") {
   REQUIRE(ds.size() == 1);
   // 12 heads: of the tp values that divide 12 (1, 2, 3, 4, 6, 12) only 1, 2 and 4 fit 8 GPUs.
   CHECK(HasHelp(ds, "P0306", "values of `tp` that divide 12: 1, 2, 4"));
+}
+
+TEST_CASE("one rule per diagnostic kind, each with the fields it reads") {
+  const std::vector<rules::Rule>& all = rules::AllRules();
+  REQUIRE(all.size() ==
+          rules::MeshRules().size() + rules::PipelineRules().size() + rules::TrainRules().size());
+  std::set<DiagKind> kinds;
+  for (const rules::Rule& r : all) {
+    CAPTURE(GetDiagKindInfo(r.kind).code);
+    CHECK(kinds.insert(r.kind).second);
+    CHECK(static_cast<bool>(r.check));
+    CHECK(!r.inputs.empty());
+    for (FieldId f : r.inputs) CHECK(!f.IsRecord());
+  }
+}
+
+TEST_CASE("the runner skips a rule whose input is poisoned, and only that rule") {
+  // 12 heads over tp = 8 (P0306), and a global batch of 3 over dp = 2 (P0501), a rule that
+  // reads neither the heads nor tp.
+  const std::vector<std::string> lines = {"model.heads = 12",    "model.kv_heads = 12",
+                                          "model.hidden = 3072", "parallel.tp = 8",
+                                          "cluster.nodes = 2",   "batch.global = 3"};
+  TestPlan t(lines);
+  const std::string both = t.Codes();
+  REQUIRE(both.find("P0306") != std::string::npos);
+  REQUIRE(both.find("P0501") != std::string::npos);
+  t.plan.poisoned.insert(fields::kModelHeads);
+  CHECK(t.Codes().find("P0306") == std::string::npos);
+  CHECK(t.Codes().find("P0501") != std::string::npos);
+  // Every rule reading tp goes quiet with it; the batch rule does not read tp.
+  TestPlan u(lines);
+  u.plan.poisoned.insert(fields::kParallelTp);
+  CHECK(u.Codes() == Codes{"P0501"});
+}
+
+TEST_CASE("the pipeline split reports its first problem only") {
+  // vpp without pp (P0408) ends the split chain: the conflicting split options (P0407) are not
+  // reported on top; the schedule rule is not part of the chain (P0412).
+  TestPlan t({"parallel.vpp = 2", "pipeline.stage_layers = [16, 16]",
+              "pipeline.account_for_embedding = true"});
+  CHECK(t.Codes() == Codes{"P0408 P0412"});
+  // The same split options with pp = 2: now the conflict is the first problem.
+  TestPlan u({"parallel.pp = 2", "pipeline.stage_layers = [16, 16]",
+              "pipeline.account_for_embedding = true"});
+  CHECK(u.Codes() == Codes{"P0407"});
+}
+
+TEST_CASE("P0403: the help moves the override the plan gives") {
+  // 32 layers, pp = 4: the first stage's 7 leave 25 for 3 middle stages; 8 leaves 24.
+  TestPlan first({"parallel.pp = 4", "pipeline.first_stage_layers = 7"});
+  CHECK(first.Codes() == Codes{"P0403"});
+  CHECK(HasHelp(first.Check(), "P0403", "`first_stage_layers = 8` splits the rest evenly"));
+  // Only the last stage given: the last stage moves.
+  TestPlan last({"parallel.pp = 4", "pipeline.last_stage_layers = 7"});
+  CHECK(last.Codes() == Codes{"P0403"});
+  CHECK(HasHelp(last.Check(), "P0403", "`last_stage_layers = 8` splits the rest evenly"));
+  // Both given: the first moves and the last keeps its value (7 + 6 leave 19 for 2 stages).
+  TestPlan both(
+      {"parallel.pp = 4", "pipeline.first_stage_layers = 7", "pipeline.last_stage_layers = 6"});
+  CHECK(both.Codes() == Codes{"P0403"});
+  CHECK(HasHelp(both.Check(), "P0403", "`first_stage_layers = 6` splits the rest evenly"));
 }
 
 }  // namespace

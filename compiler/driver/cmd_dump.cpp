@@ -18,6 +18,7 @@
 #include "compiler/lower/print.h"
 #include "compiler/lower/program.h"
 #include "compiler/lower/verify.h"
+#include "runtime/format/ops.h"
 #include "runtime/format/read_program.h"
 
 namespace paraplan {
@@ -28,6 +29,52 @@ constexpr const char* kDumpUsage = "usage: planc dump PROGRAM [--rank R] [--form
 int Usage(const std::string& error) {
   std::fprintf(stderr, "planc dump: %s\n%s", error.c_str(), kDumpUsage);
   return kExitUsage;
+}
+
+// The schedule op's attributes under the names of DESIGN.md's dump contract (peers as global
+// ranks, the group only when the op belongs to one).
+template <typename A>
+void WriteTransfer(llvm::json::OStream& j, const lower::Program& p, int32_t r,
+                   const lower::Op& op) {
+  const A a = prog::DecodeAttrs<A>(op);
+  j.attribute("microbatch", a.microbatch);
+  j.attribute("chunk", a.chunk);
+  j.attribute("slot", a.slot);
+  j.attribute("peer", p.MemberOf(r, lower::CommKind::Pp, a.peer));
+  if (a.group != 0) j.attribute("group", a.group);
+}
+
+template <typename A>
+void WriteCompute(llvm::json::OStream& j, const lower::Op& op) {
+  const A a = prog::DecodeAttrs<A>(op);
+  j.attribute("microbatch", a.microbatch);
+  j.attribute("chunk", a.chunk);
+  j.attribute("slot", a.slot);
+}
+
+void WriteScheduleAttrs(llvm::json::OStream& j, const lower::Program& p, int32_t r,
+                        const lower::Op& op) {
+  namespace attrs = prog::attrs;
+  switch (op.kind) {
+    case lower::OpKind::Forward:
+      return WriteCompute<attrs::Forward>(j, op);
+    case lower::OpKind::Backward:
+      return WriteCompute<attrs::Backward>(j, op);
+    case lower::OpKind::SendActivation:
+      return WriteTransfer<attrs::SendActivation>(j, p, r, op);
+    case lower::OpKind::RecvActivation:
+      return WriteTransfer<attrs::RecvActivation>(j, p, r, op);
+    case lower::OpKind::SendGrad:
+      return WriteTransfer<attrs::SendGrad>(j, p, r, op);
+    case lower::OpKind::RecvGrad:
+      return WriteTransfer<attrs::RecvGrad>(j, p, r, op);
+    case lower::OpKind::GatherParams:
+      return j.attribute("chunk", prog::DecodeAttrs<attrs::GatherParams>(op).chunk);
+    case lower::OpKind::ReleaseParams:
+      return j.attribute("chunk", prog::DecodeAttrs<attrs::ReleaseParams>(op).chunk);
+    default:
+      return;
+  }
 }
 
 void WriteRank(llvm::json::OStream& j, const lower::Program& p, int32_t r) {
@@ -47,30 +94,7 @@ void WriteRank(llvm::json::OStream& j, const lower::Program& p, int32_t r) {
       for (const lower::Op& op : role.schedule) {
         j.object([&] {
           j.attribute("op", std::string(lower::OpName(op.kind)));
-          switch (op.kind) {
-            case lower::OpKind::Forward:
-            case lower::OpKind::Backward:
-              j.attribute("microbatch", op.Int(0));
-              j.attribute("chunk", op.Int(1));
-              j.attribute("slot", op.Int(2));
-              break;
-            case lower::OpKind::SendActivation:
-            case lower::OpKind::RecvActivation:
-            case lower::OpKind::SendGrad:
-            case lower::OpKind::RecvGrad:
-              j.attribute("microbatch", op.Int(0));
-              j.attribute("chunk", op.Int(1));
-              j.attribute("slot", op.Int(2));
-              j.attribute("peer", p.MemberOf(r, lower::CommKind::Pp, op.Int(3)));
-              if (op.Int(4) != 0) j.attribute("group", op.Int(4));
-              break;
-            case lower::OpKind::GatherParams:
-            case lower::OpKind::ReleaseParams:
-              j.attribute("chunk", op.Int(0));
-              break;
-            default:
-              break;
-          }
+          WriteScheduleAttrs(j, p, r, op);
         });
       }
     });

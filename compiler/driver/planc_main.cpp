@@ -1,6 +1,7 @@
 // planc: the plan compiler. Dispatches to one subcommand (compiler/driver/cmd_*.cpp).
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,15 @@ int main(int argc, char** argv) {
     if (command == "dump") return RunDump(args);
     if (command == "import") return RunImport(args);
     if (command == "export") return RunExport(args);
+  } catch (const std::bad_alloc&) {
+    // Everything the command held is freed by the time this runs, so the message can be
+    // written. Plans are at most 64 MiB, which planc checks in well under 8 GB; this is a
+    // process limited to less, or a search or compilation far larger than plans need.
+    std::fprintf(stderr,
+                 "planc: error: out of memory: '%.*s' needs more memory than this process may "
+                 "use\n",
+                 static_cast<int>(command.size()), command.data());
+    return kExitInputError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "planc: internal error: %s\n", e.what());
     return kExitInternal;

@@ -328,7 +328,7 @@ bool ApplyRows(std::span<const ConfigEntry> entries, std::span<const SettingRow>
       }
       continue;
     }
-    draft.Set(std::string(row->path), *v, e.range, source);
+    draft.Set(row->path, *v, e.range, source);
   }
   return ok;
 }

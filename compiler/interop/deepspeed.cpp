@@ -14,23 +14,24 @@ constexpr EnumChoice kDsOptimizer[] = {
     {"Adam", "adamw"}, {"AdamW", "adamw"}, {"FusedAdam", "adamw"}, {"SGD", "sgd"}};
 
 constexpr SettingRow kDeepSpeed[] = {
-    {"train_batch_size", "batch.global", Convert::kInt},
-    {"train_micro_batch_size_per_gpu", "batch.micro", Convert::kInt},
-    {"zero_optimization.stage", "optimizer.zero", Convert::kInt},
+    {"train_batch_size", fields::kBatchGlobal, Convert::kInt},
+    {"train_micro_batch_size_per_gpu", fields::kBatchMicro, Convert::kInt},
+    {"zero_optimization.stage", fields::kOptimizerZero, Convert::kInt},
     {"zero_optimization.offload_optimizer.device",
-     "optimizer.offload",
+     fields::kOptimizerOffload,
      Convert::kEnum,
      {},
      kDsOffload},
-    {"zero_optimization.offload_optimizer.ratio", "optimizer.offload_fraction", Convert::kReal},
-    {"bf16.enabled", "precision", Convert::kSwitch, "bf16"},
-    {"fp16.enabled", "precision", Convert::kSwitch, "fp16"},
-    {"optimizer.type", "optimizer.type", Convert::kEnum, {}, kDsOptimizer},
-    {"optimizer.params.lr", "optimizer.lr", Convert::kReal},
-    {"optimizer.params.eps", "optimizer.eps", Convert::kReal},
-    {"optimizer.params.weight_decay", "optimizer.weight_decay", Convert::kReal},
-    {"gradient_clipping", "optimizer.clip_grad", Convert::kReal},
-    {"scheduler.params.warmup_num_steps", "optimizer.warmup_steps", Convert::kInt},
+    {"zero_optimization.offload_optimizer.ratio", fields::kOptimizerOffloadFraction,
+     Convert::kReal},
+    {"bf16.enabled", fields::kPrecision, Convert::kSwitch, "bf16"},
+    {"fp16.enabled", fields::kPrecision, Convert::kSwitch, "fp16"},
+    {"optimizer.type", fields::kOptimizerType, Convert::kEnum, {}, kDsOptimizer},
+    {"optimizer.params.lr", fields::kOptimizerLr, Convert::kReal},
+    {"optimizer.params.eps", fields::kOptimizerEps, Convert::kReal},
+    {"optimizer.params.weight_decay", fields::kOptimizerWeightDecay, Convert::kReal},
+    {"gradient_clipping", fields::kOptimizerClipGrad, Convert::kReal},
+    {"scheduler.params.warmup_num_steps", fields::kOptimizerWarmupSteps, Convert::kInt},
 };
 
 constexpr SkippedRow kDeepSpeedSkipped[] = {
@@ -55,8 +56,8 @@ constexpr std::string_view kHandled[] = {"optimizer.params.betas"};
 
 bool ApplyDeepSpeedJson(std::span<const ConfigEntry> entries, PlanDraft& draft,
                         DiagnosticSink& sink) {
-  if (!draft.Has("precision"))
-    draft.Set("precision", "fp32", {}, "DeepSpeed's default: no bf16 or fp16");
+  if (!draft.Has(fields::kPrecision))
+    draft.Set(fields::kPrecision, "fp32", {}, "DeepSpeed's default: no bf16 or fp16");
   if (!ApplyRows(entries, kDeepSpeed, kDeepSpeedSkipped, kHandled, draft, sink)) return false;
   if (const ConfigEntry* b = FindEntry(entries, "optimizer.params.betas")) {
     if (b->type != ValueType::kList || b->items.size() != 2 || !ParseReal(b->items[0]) ||
@@ -66,9 +67,9 @@ bool ApplyDeepSpeedJson(std::span<const ConfigEntry> entries, PlanDraft& draft,
                       .At(b->range));
       return false;
     }
-    draft.Set("optimizer.beta1", RealText(*ParseReal(b->items[0])), b->range,
+    draft.Set(fields::kOptimizerBeta1, RealText(*ParseReal(b->items[0])), b->range,
               "betas[0] = " + b->items[0]);
-    draft.Set("optimizer.beta2", RealText(*ParseReal(b->items[1])), b->range,
+    draft.Set(fields::kOptimizerBeta2, RealText(*ParseReal(b->items[1])), b->range,
               "betas[1] = " + b->items[1]);
   }
   return true;
@@ -99,7 +100,7 @@ std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, Diagn
   auto draft = ReadMegatron(sm, buffer, sink);
   if (!draft) return std::nullopt;
   draft->kind = ConfigKind::kDeepSpeed;
-  draft->Set("framework", "deepspeed", {}, "a Megatron-DeepSpeed script runs on DeepSpeed");
+  draft->Set(fields::kFramework, "deepspeed", {}, "a Megatron-DeepSpeed script runs on DeepSpeed");
   const DraftSkip* config = nullptr;
   for (const DraftSkip& s : draft->Skipped()) {
     if (s.text.rfind("--deepspeed_config ", 0) == 0 || s.text.rfind("--deepspeed-config ", 0) == 0)

@@ -16,21 +16,21 @@
 
 namespace paraplan::interop {
 
-void PlanDraft::Set(std::string path, std::string value, SourceRange origin, std::string source) {
-  Erase(path);
-  settings_.push_back({std::move(path), std::move(value), origin, std::move(source)});
+void PlanDraft::Set(FieldId field, std::string value, SourceRange origin, std::string source) {
+  Erase(field);
+  settings_.push_back({std::string(field.path), std::move(value), origin, std::move(source)});
 }
 
-const DraftSetting* PlanDraft::Find(std::string_view path) const {
+const DraftSetting* PlanDraft::FindPath(std::string_view path) const {
   for (const DraftSetting& s : settings_) {
     if (s.path == path) return &s;
   }
   return nullptr;
 }
 
-void PlanDraft::Erase(std::string_view path) {
+void PlanDraft::Erase(FieldId field) {
   settings_.erase(std::remove_if(settings_.begin(), settings_.end(),
-                                 [&](const DraftSetting& s) { return s.path == path; }),
+                                 [&](const DraftSetting& s) { return s.path == field.path; }),
                   settings_.end());
 }
 
@@ -106,16 +106,18 @@ namespace {
 
 // Fields that make a model's shape: an imported model is a stdlib model when all of them agree.
 // The others (vocab, seq_len, norm, activation, position, tied_embeddings) become overrides.
-constexpr std::string_view kShapeFields[] = {
-    "model.layers",         "model.hidden",           "model.ffn_hidden",       "model.heads",
-    "model.kv_heads",       "model.head_dim",         "model.experts",          "model.topk",
-    "model.moe_ffn_hidden", "model.shared_experts",   "model.dense_layers",     "model.q_lora_rank",
-    "model.kv_lora_rank",   "model.qk_nope_head_dim", "model.qk_rope_head_dim", "model.v_head_dim",
+constexpr FieldId kShapeFields[] = {
+    fields::kModelLayers,        fields::kModelHidden,        fields::kModelFfnHidden,
+    fields::kModelHeads,         fields::kModelKvHeads,       fields::kModelHeadDim,
+    fields::kModelExperts,       fields::kModelTopk,          fields::kModelMoeFfnHidden,
+    fields::kModelSharedExperts, fields::kModelDenseLayers,   fields::kModelQLoraRank,
+    fields::kModelKvLoraRank,    fields::kModelQkNopeHeadDim, fields::kModelQkRopeHeadDim,
+    fields::kModelVHeadDim,
 };
 
 bool IsShapeField(std::string_view path) {
-  return std::find(std::begin(kShapeFields), std::end(kShapeFields), path) !=
-         std::end(kShapeFields);
+  return std::any_of(std::begin(kShapeFields), std::end(kShapeFields),
+                     [&](FieldId f) { return f.path == path; });
 }
 
 struct GpuChoice {
@@ -258,38 +260,44 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
   }
 
   std::vector<DraftSetting> settings = draft.Settings();
-  auto set_from_options = [&](const char* path, const std::optional<int64_t>& v, const char* flag) {
+  auto set_from_options = [&](FieldId field, const std::optional<int64_t>& v, const char* flag) {
     if (!v) return;
     settings.erase(std::remove_if(settings.begin(), settings.end(),
-                                  [&](const DraftSetting& s) { return s.path == path; }),
+                                  [&](const DraftSetting& s) { return s.path == field.path; }),
                    settings.end());
-    settings.push_back(
-        {path, std::to_string(*v), {}, std::string(flag) + " " + std::to_string(*v)});
+    settings.push_back({std::string(field.path),
+                        std::to_string(*v),
+                        {},
+                        std::string(flag) + " " + std::to_string(*v)});
   };
-  set_from_options("cluster.nodes", options.nodes, "--nodes");
-  set_from_options("cluster.gpus_per_node", options.gpus_per_node, "--gpus-per-node");
-  auto find = [&](std::string_view path) -> const DraftSetting* {
+  set_from_options(fields::kClusterNodes, options.nodes, "--nodes");
+  set_from_options(fields::kClusterGpusPerNode, options.gpus_per_node, "--gpus-per-node");
+  auto find = [&](FieldId field) -> const DraftSetting* {
     for (const DraftSetting& s : settings) {
-      if (s.path == path) return &s;
+      if (s.path == field.path) return &s;
     }
     return nullptr;
   };
-  if (!find("cluster.nodes")) {
-    settings.push_back(
-        {"cluster.nodes", "1", {}, "the file states no node count: 1 assumed (--nodes N)"});
+  if (!find(fields::kClusterNodes)) {
+    settings.push_back({std::string(fields::kClusterNodes.path),
+                        "1",
+                        {},
+                        "the file states no node count: 1 assumed (--nodes N)"});
   }
 
   // --- model: the record the file describes, then a stdlib model of the same shape -----------
   std::vector<const DraftSetting*> model_settings;
   for (const FieldInfo& f : PlanFields()) {  // in the order of the model's fields
-    const DraftSetting* s = f.path.rfind("model.", 0) == 0 ? find(f.path) : nullptr;
+    const DraftSetting* s = f.path.rfind("model.", 0) == 0 ? find(f.id()) : nullptr;
     if (s) model_settings.push_back(s);
   }
   if (draft.stdlib_model.empty()) {
-    for (const char* required : {"model.layers", "model.hidden", "model.heads", "model.seq_len"}) {
+    for (FieldId required :
+         {fields::kModelLayers, fields::kModelHidden, fields::kModelHeads, fields::kModelSeqLen}) {
       if (!find(required)) {
         sink.Report(
-            Diag(DiagKind::kConfigMissing, "`" + std::string(required) + "` is not in " + file_name)
+            Diag(DiagKind::kConfigMissing,
+                 "`" + std::string(required.path) + "` is not in " + file_name)
                 .At({config_buffer, 0, 0}, "in this " + framework + " configuration")
                 .Note("a plan needs the model's layers, hidden size, heads and sequence length")
                 .Help("state it in the file, or import a file that names a model flavor"));
@@ -301,7 +309,7 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
     std::string t = "model " + name + " {\n";
     for (const DraftSetting* s : model_settings)
       t += "  " + Leaf(s->path) + " = " + s->value + "\n";
-    if (placeholder_vocab && !find("model.vocab")) t += "  vocab = 1\n";
+    if (placeholder_vocab && !find(fields::kModelVocab)) t += "  vocab = 1\n";
     return t + "}\n";
   };
   const std::string cluster_expr = cluster->gpu.empty()
@@ -367,9 +375,9 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
   for (const StdlibModel& m : stdlib_models) {
     if (named) break;
     bool same = true;
-    for (std::string_view path : kShapeFields) {
-      const FieldInfo* f = FindPlanField(path);
-      if (f && GetFieldValue(m.plan, *f) != GetFieldValue(*probe, *f)) same = false;
+    for (FieldId field : kShapeFields) {
+      const FieldInfo& f = field.info();
+      if (GetFieldValue(m.plan, f) != GetFieldValue(*probe, f)) same = false;
     }
     if (!same) continue;
     int agree = 0;
@@ -383,11 +391,11 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
       match = &m;
     }
   }
-  if (!match && !find("model.vocab")) {
+  if (!match && !find(fields::kModelVocab)) {
     sink.Report(
         Diag(DiagKind::kConfigMissing, "the vocabulary size is not in " + file_name +
                                            " and the model's shape matches no stdlib model")
-            .At(find("model.layers")->origin, "a model of this shape")
+            .At(find(fields::kModelLayers)->origin, "a model of this shape")
             .Note("a plan needs `model.vocab`: the embedding and the output layer are sized by it")
             .Help(draft.vocab_help.empty() ? "state the vocabulary size in the file"
                                            : draft.vocab_help));
@@ -424,7 +432,7 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
     w.Line("", "", {});
   }
   w.Line("plan " + out.plan_name + " {", "", {});
-  const DraftSetting* layers = find("model.layers");
+  const DraftSetting* layers = find(fields::kModelLayers);
   DraftSetting named_setting{"model", draft.stdlib_model, draft.stdlib_model_origin,
                              draft.stdlib_model_source};
   if (named && !layers) layers = &named_setting;
@@ -433,7 +441,7 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
         named ? draft.stdlib_model_source + ": std.models." + match->module + "'s " + match->name
               : "the shape of " + layers->source + ", ... is std.models." + match->module + "'s " +
                     match->name;
-    if (!find("model.vocab")) {
+    if (!find(fields::kModelVocab)) {
       comment +=
           "; vocab " + std::to_string(match->plan.model.vocab) + " from it (not in the file)";
     }
@@ -448,12 +456,13 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
     w.Line("  model = " + model_name, "", layers->origin);
   }
   w.Line("  cluster = " + cluster_expr, gpu_comment, gpu_origin);
-  for (const char* path : {"cluster.nodes", "cluster.gpus_per_node"}) {
+  for (FieldId path : {fields::kClusterNodes, fields::kClusterGpusPerNode}) {
     if (const DraftSetting* s = find(path)) {
       w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
     }
   }
-  for (const char* path : {"framework", "precision", "recompute"}) {
+  for (FieldId path :
+       {FieldId(fields::kFramework), FieldId(fields::kPrecision), FieldId(fields::kRecompute)}) {
     if (const DraftSetting* s = find(path)) {
       w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
     }
@@ -463,7 +472,7 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
     std::vector<const DraftSetting*> members;
     for (const FieldInfo& f : PlanFields()) {
       if (f.path.rfind(std::string(block) + ".", 0) != 0) continue;
-      if (const DraftSetting* s = find(f.path)) members.push_back(s);
+      if (const DraftSetting* s = find(f.id())) members.push_back(s);
     }
     if (members.empty()) continue;
     w.Line("  " + std::string(block) + " {", "", {});
@@ -517,7 +526,9 @@ void ApplyImportedOrigins(const ImportedPlan& imported, uint32_t plan_buffer,
     if (first.IsValid()) plan.declaration = first;
   }
   for (const auto& [path, range] : imported.field_origins) {
-    FieldOrigin& o = plan.origins[path];
+    FieldOrigin* found = plan.origins.Mutable(path);
+    if (!found) continue;  // the importer's tables name canonical paths only
+    FieldOrigin& o = *found;
     // Only values written in the generated text (not --set, not defaults of the language).
     if (o.range.buffer != plan_buffer &&
         !(o.kind == OriginKind::kStdlib && path.rfind("model", 0) == 0)) {

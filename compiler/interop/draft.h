@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compiler/interop/interop.h"
+#include "compiler/plan/plan.h"
 
 namespace paraplan::interop {
 
@@ -33,11 +34,13 @@ struct DraftSkip {
 
 class PlanDraft {
  public:
-  // Sets `path`, replacing an earlier value of the same path (a later flag wins, as in argparse).
-  void Set(std::string path, std::string value, SourceRange origin, std::string source);
-  const DraftSetting* Find(std::string_view path) const;
-  bool Has(std::string_view path) const { return Find(path) != nullptr; }
-  void Erase(std::string_view path);
+  // Sets `field`, replacing an earlier value of the same field (a later flag wins, as in
+  // argparse). A path literal converts to FieldId and is checked while compiling.
+  void Set(FieldId field, std::string value, SourceRange origin, std::string source);
+  const DraftSetting* Find(FieldId field) const { return FindPath(field.path); }
+  const DraftSetting* FindPath(std::string_view path) const;
+  bool Has(FieldId field) const { return Find(field) != nullptr; }
+  void Erase(FieldId field);
   void Skip(std::string text, SourceRange range, std::string reason);
   // Forgets the skipped settings whose text is `text` or starts with `text` and a space (a
   // reader that reads them after all).

@@ -2,6 +2,7 @@
 // explicitly (the framework's defaults differ from a plan's), the settings paraplan derived are
 // stated in comments (dp, microbatches, the padded vocabulary, edp), and what the framework has
 // no setting for is P0905 at the plan's line, with no file written.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -11,7 +12,7 @@
 namespace paraplan {
 namespace {
 
-std::string Field(const Plan& plan, std::string_view path) { return *GetFieldText(plan, path); }
+std::string Field(const Plan& plan, FieldId field) { return *GetFieldText(plan, field.path); }
 
 // Reals as the frameworks read them back ("1" for clip_grad 1.0 is fine everywhere).
 std::string Real(double v) { return interop::RealText(v); }
@@ -27,12 +28,12 @@ class Exporter {
       : kind_(kind), plan_(plan), sink_(sink) {}
 
   // The target has no setting for `path`'s value.
-  void Cannot(std::string_view path, const std::string& what, const std::string& note,
+  void Cannot(FieldId path, const std::string& what, const std::string& note,
               const std::string& help) {
     std::string value = Field(plan_, path);
-    sink_.Report(Diag(DiagKind::kExportNotExpressible, std::string(FrameworkName(kind_)) +
-                                                           " cannot express `" + std::string(path) +
-                                                           " = " + value + "`")
+    sink_.Report(Diag(DiagKind::kExportNotExpressible,
+                      std::string(FrameworkName(kind_)) + " cannot express `" +
+                          std::string(path.path) + " = " + value + "`")
                      .At(plan_.Range(path), what)
                      .Note(note)
                      .Help(help));
@@ -66,17 +67,18 @@ class Exporter {
   void CommonLimits(bool order_ok_tp_pp_dp) {
     const Plan& p = plan_;
     if (!p.pipeline.stage_layers.empty()) {
-      Cannot("pipeline.stage_layers", "an explicit split",
+      Cannot(fields::kPipelineStageLayers, "an explicit split",
              "the framework splits layers by its own rule",
              "use pipeline.first_stage_layers / last_stage_layers, or an even split");
     }
     if (p.pipeline.balance != Balance::kEven) {
-      Cannot("pipeline.balance", "a cost-balanced split", "the framework splits layers evenly",
-             "write the split as first/last stage layers");
+      Cannot(fields::kPipelineBalance, "a cost-balanced split",
+             "the framework splits layers evenly", "write the split as first/last stage layers");
     }
     if (p.parallel.order != "tp-cp-ep-dp-pp" &&
         !(order_ok_tp_pp_dp && p.parallel.order == "tp-cp-ep-pp-dp")) {
-      Cannot("parallel.order", "this rank order", "the framework lays ranks out in its own order",
+      Cannot(fields::kParallelOrder, "this rank order",
+             "the framework lays ranks out in its own order",
              "use the default order \"tp-cp-ep-dp-pp\"");
     }
   }
@@ -84,58 +86,55 @@ class Exporter {
   // The newer records' settings (precision record, recompute detail, FSDP groups, MoE dispatch,
   // model features): a setting the target does not write must be what the shorthands imply,
   // else it is refused. `carried` lists the paths the target writes.
-  void RecordLimits(std::initializer_list<std::string_view> carried) {
+  void RecordLimits(const std::vector<FieldId>& carried) {
     const Plan& p = plan_;
-    auto carries = [&](std::string_view path) {
-      for (std::string_view c : carried) {
-        if (c == path) return true;
-      }
-      return false;
+    auto carries = [&](FieldId field) {
+      return std::find(carried.begin(), carried.end(), field) != carried.end();
     };
     const MixedPrecisionSpec eff = EffectiveMixedPrecision(p);
     const ElementType implied_params = p.precision == Precision::kFp16   ? ElementType::kFp16
                                        : p.precision == Precision::kFp32 ? ElementType::kFp32
                                                                          : ElementType::kBf16;
     struct Check {
-      std::string_view path;
+      FieldId path;
       bool implied;
     };
     const Check checks[] = {
-        {"mixed_precision.params", eff.params == implied_params},
-        {"mixed_precision.grads",
+        {fields::kMixedPrecisionParams, eff.params == implied_params},
+        {fields::kMixedPrecisionGrads,
          eff.grads == (p.precision == Precision::kFp16 ? ElementType::kFp16 : ElementType::kFp32)},
-        {"mixed_precision.main_params", eff.main_params == (p.precision != Precision::kFp32)},
-        {"mixed_precision.optimizer_state", eff.optimizer_state == ElementType::kFp32},
-        {"mixed_precision.fp8",
+        {fields::kMixedPrecisionMainParams, eff.main_params == (p.precision != Precision::kFp32)},
+        {fields::kMixedPrecisionOptimizerState, eff.optimizer_state == ElementType::kFp32},
+        {fields::kMixedPrecisionFp8,
          eff.fp8 == (p.precision == Precision::kFp8 ? Fp8Recipe::kDelayed : Fp8Recipe::kNone)},
-        {"mixed_precision.fp8_params", !eff.fp8_params},
-        {"activations.recompute_method",
+        {fields::kMixedPrecisionFp8Params, !eff.fp8_params},
+        {fields::kActivationsRecomputeMethod,
          p.activations.recompute_method == RecomputeMethod::kUniform},
-        {"activations.recompute_layers", p.activations.recompute_layers == 0},
-        {"activations.recompute_modules", p.activations.recompute_modules.empty()},
-        {"activations.offload_layers", p.activations.offload_layers == 0},
-        {"fsdp.shard",
+        {fields::kActivationsRecomputeLayers, p.activations.recompute_layers == 0},
+        {fields::kActivationsRecomputeModules, p.activations.recompute_modules.empty()},
+        {fields::kActivationsOffloadLayers, p.activations.offload_layers == 0},
+        {fields::kFsdpShard,
          p.fsdp.shard == 0 || p.fsdp.shard * p.fsdp.replicate == p.parallel.dp * p.parallel.cp},
-        {"fsdp.replicate", p.fsdp.replicate == 1},
-        {"fsdp.reshard_after_forward", p.fsdp.reshard_after_forward},
-        {"moe.dispatcher", p.moe.dispatcher == Dispatcher::kAllToAll},
-        {"moe.capacity_factor", p.moe.capacity_factor == 0},
-        {"model.qk_norm", !p.model.qk_norm},
-        {"model.vocab_divisor", p.model.vocab_divisor == 128},
-        {"model.window", p.model.window == 0},
-        {"model.mtp_layers", p.model.mtp_layers == 0},
-        {"model.moe_layer_freq", p.model.moe_layer_freq == 1},
-        {"optimizer.offload_fraction", p.optimizer.offload_fraction == 1.0},
+        {fields::kFsdpReplicate, p.fsdp.replicate == 1},
+        {fields::kFsdpReshardAfterForward, p.fsdp.reshard_after_forward},
+        {fields::kMoeDispatcher, p.moe.dispatcher == Dispatcher::kAllToAll},
+        {fields::kMoeCapacityFactor, p.moe.capacity_factor == 0},
+        {fields::kModelQkNorm, !p.model.qk_norm},
+        {fields::kModelVocabDivisor, p.model.vocab_divisor == 128},
+        {fields::kModelWindow, p.model.window == 0},
+        {fields::kModelMtpLayers, p.model.mtp_layers == 0},
+        {fields::kModelMoeLayerFreq, p.model.moe_layer_freq == 1},
+        {fields::kOptimizerOffloadFraction, p.optimizer.offload_fraction == 1.0},
     };
     for (const Check& c : checks) {
       if (c.implied || carries(c.path)) continue;
       Cannot(c.path, "no setting for this",
              std::string(FrameworkName(kind_)) + "'s file has no setting that says this",
-             "leave `" + std::string(c.path) +
+             "leave `" + std::string(c.path.path) +
                  "` to follow the plan's shorthands, or export to another framework");
     }
-    if (p.model.activation == Activation::kSquaredRelu && !carries("model.activation")) {
-      Cannot("model.activation", "squared ReLU",
+    if (p.model.activation == Activation::kSquaredRelu && !carries(fields::kModelActivation)) {
+      Cannot(fields::kModelActivation, "squared ReLU",
              std::string(FrameworkName(kind_)) + "'s file has no squared-ReLU MLP",
              "export to megatron");
     }
@@ -177,7 +176,7 @@ void MegatronParallelArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
   if (p.parallel.sp) add("--sequence-parallel");
   if (p.parallel.tp_comm_overlap) {
     if (deepspeed)
-      ex.Cannot("parallel.tp_comm_overlap", "TP communication overlap",
+      ex.Cannot(fields::kParallelTpCommOverlap, "TP communication overlap",
                 "Megatron-DeepSpeed has no --tp-comm-overlap",
                 "remove `tp_comm_overlap = true`, or export to megatron, torchtitan or nemo");
     else
@@ -196,11 +195,11 @@ void MegatronParallelArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
     }
   }
   if (p.pipeline.schedule == Schedule::kGpipe) {
-    ex.Cannot("pipeline.schedule", "GPipe",
+    ex.Cannot(fields::kPipelineSchedule, "GPipe",
               "Megatron-LM runs 1F1B, interleaved when there are virtual stages",
               "use schedule = 1f1b");
   } else if ((p.pipeline.schedule == Schedule::kInterleaved1F1B) != (p.parallel.vpp > 1)) {
-    ex.Cannot("pipeline.schedule", "the schedule",
+    ex.Cannot(fields::kPipelineSchedule, "the schedule",
               "Megatron-LM interleaves exactly when there are virtual stages (vpp > 1)",
               "use interleaved_1f1b with vpp > 1, or 1f1b with vpp = 1");
   }
@@ -233,7 +232,7 @@ void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
     add("--qk-pos-emb-head-dim", Num(m.qk_rope_head_dim));
     add("--v-head-dim", Num(m.v_head_dim));
     if (m.head_dim != m.qk_nope_head_dim + m.qk_rope_head_dim) {
-      ex.Cannot("model.head_dim", "this head size",
+      ex.Cannot(fields::kModelHeadDim, "this head size",
                 "Megatron-LM's multi-latent attention sizes query/key heads as --qk-head-dim + "
                 "--qk-pos-emb-head-dim",
                 "set head_dim = qk_nope_head_dim + qk_rope_head_dim");
@@ -261,7 +260,7 @@ void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
     } else if (m.dense_layers == 0) {
       add("--moe-layer-freq", Num(m.moe_layer_freq));
     } else {
-      ex.Cannot("model.moe_layer_freq", "a frequency after dense layers",
+      ex.Cannot(fields::kModelMoeLayerFreq, "a frequency after dense layers",
                 "planc reads --moe-layer-freq as leading dense layers or as one frequency",
                 "use one of them");
     }
@@ -304,7 +303,7 @@ void MegatronPrecisionArgs(Exporter& ex, MegatronFlags& add) {
     add("--fp8-recipe", recipe);
   }
   if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
-    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+    ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "Megatron-LM turns FP8 on with --fp8-format", "set precision = fp8");
   }
   if (mp.fp8_params) add("--fp8-param-gather");
@@ -334,7 +333,7 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
     if (layers == 0) {
       if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers ||
           m.layers % (p.parallel.pp * p.parallel.vpp) != 0) {
-        ex.Cannot("activations.recompute_layers", "every layer of an uneven chunk",
+        ex.Cannot(fields::kActivationsRecomputeLayers, "every layer of an uneven chunk",
                   "Megatron-LM counts recomputed layers per chunk, and these chunks differ",
                   "state the count");
       }
@@ -348,7 +347,7 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
   } else if (p.optimizer.zero == 1) {
     add("--use-distributed-optimizer");
   } else if (p.optimizer.zero > 1) {
-    ex.Cannot("optimizer.zero", "ZeRO-" + Num(p.optimizer.zero),
+    ex.Cannot(fields::kOptimizerZero, "ZeRO-" + Num(p.optimizer.zero),
               "Megatron-LM's distributed optimizer shards the optimizer state only (ZeRO-1)",
               "use zero = 1, or export to deepspeed or torchtitan (FSDP)");
   }
@@ -357,13 +356,24 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
     if (p.optimizer.offload_fraction != 1.0)
       add("--optimizer-offload-fraction", Real(p.optimizer.offload_fraction));
   }
-  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params", "mixed_precision.grads",
-                   "activations.recompute_method", "activations.recompute_layers",
-                   "activations.recompute_modules", "activations.offload_layers", "moe.dispatcher",
-                   "moe.capacity_factor", "model.qk_norm", "model.mtp_layers",
-                   "model.moe_layer_freq", "model.activation", "model.vocab_divisor",
-                   deepspeed ? "optimizer.offload_fraction" : "",
-                   p.optimizer.offload == Offload::kCpu ? "optimizer.offload_fraction" : ""});
+  std::vector<FieldId> carried = {fields::kMixedPrecisionFp8,
+                                  fields::kMixedPrecisionFp8Params,
+                                  fields::kMixedPrecisionGrads,
+                                  fields::kActivationsRecomputeMethod,
+                                  fields::kActivationsRecomputeLayers,
+                                  fields::kActivationsRecomputeModules,
+                                  fields::kActivationsOffloadLayers,
+                                  fields::kMoeDispatcher,
+                                  fields::kMoeCapacityFactor,
+                                  fields::kModelQkNorm,
+                                  fields::kModelMtpLayers,
+                                  fields::kModelMoeLayerFreq,
+                                  fields::kModelActivation,
+                                  fields::kModelVocabDivisor};
+  if (deepspeed || p.optimizer.offload == Offload::kCpu) {
+    carried.push_back(fields::kOptimizerOffloadFraction);
+  }
+  ex.RecordLimits(carried);
 }
 
 // Megatron-LM flags for the schedule of training: learning rate, steps, checkpoints, data.
@@ -448,35 +458,35 @@ std::string DeepSpeedJson(Exporter& ex) {
 void DeepSpeedLimits(Exporter& ex) {
   const Plan& p = ex.plan_;
   if (p.parallel.cp > 1) {
-    ex.Cannot("parallel.cp", "context parallelism",
+    ex.Cannot(fields::kParallelCp, "context parallelism",
               "Megatron-DeepSpeed's arguments have no context-parallel size; the file would train "
               "with cp = 1",
               "export to megatron or nemo, or set `parallel.cp = 1`");
   }
   if (p.parallel.ep > 1) {
-    ex.Cannot("parallel.ep", "expert parallelism",
+    ex.Cannot(fields::kParallelEp, "expert parallelism",
               "Megatron-DeepSpeed's GPT arguments have no Megatron-Core expert mesh",
               "export to megatron or nemo, or set `parallel.ep = 1`");
   }
   if (p.parallel.vpp > 1) {
-    ex.Cannot("parallel.vpp", "virtual pipeline stages",
+    ex.Cannot(fields::kParallelVpp, "virtual pipeline stages",
               "DeepSpeed's pipeline engine has no interleaved schedule",
               "set `parallel.vpp = 1`, or export to megatron");
   }
   if (p.precision == Precision::kFp8) {
-    ex.Cannot("precision", "fp8", "DeepSpeed's configuration has no fp8 training",
+    ex.Cannot(fields::kPrecision, "fp8", "DeepSpeed's configuration has no fp8 training",
               "use bf16, or export to megatron or torchtitan");
   }
   if (p.optimizer.zero >= 2 && p.parallel.pp > 1) {
     ex.Cannot(
-        "optimizer.zero",
+        fields::kOptimizerZero,
         "ZeRO-" + std::to_string(p.optimizer.zero) + " with pp = " + std::to_string(p.parallel.pp),
         "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (\"ZeRO-2 and ZeRO-3 are "
         "incompatible with pipeline parallelism\")",
         "use zero = 1 with pipeline parallelism");
   }
   if (p.pipeline.schedule == Schedule::kGpipe) {
-    ex.Cannot("pipeline.schedule", "GPipe",
+    ex.Cannot(fields::kPipelineSchedule, "GPipe",
               "DeepSpeed's pipeline engine runs its own 1F1B-style schedule", "use 1f1b");
   }
 }
@@ -510,55 +520,57 @@ const TitanFlavor* TorchtitanCheckLimits(Exporter& ex) {
         "deepseek_v3, ...)");
   }
   if (p.optimizer.zero == 1 || p.optimizer.zero == 2) {
-    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+    ex.Cannot(fields::kOptimizerZero, "ZeRO-" + n(p.optimizer.zero),
               "torchtitan shards with FSDP (ZeRO-3) or replicates (zero = 0)",
               "use zero = 3 (FSDP) or zero = 0");
   }
   if (p.optimizer.offload == Offload::kCpu) {
-    ex.Cannot("optimizer.offload", "CPU offload",
+    ex.Cannot(fields::kOptimizerOffload, "CPU offload",
               "torchtitan's job file has no optimizer-state offload to the CPU",
               "use offload = none");
   }
   if (p.optimizer.type == OptimizerType::kSgd) {
-    ex.Cannot("optimizer.type", "SGD", "torchtitan builds Adam and AdamW", "use adamw");
+    ex.Cannot(fields::kOptimizerType, "SGD", "torchtitan builds Adam and AdamW", "use adamw");
   }
   if (p.parallel.vpp > 1 || p.pipeline.schedule == Schedule::kInterleaved1F1B) {
-    ex.Cannot(p.parallel.vpp > 1 ? "parallel.vpp" : "pipeline.schedule", "interleaving",
-              "torchtitan's schedule names (Interleaved1F1B, ...) do not say how many virtual "
-              "stages a rank holds; "
-              "it derives them from its own layers-per-stage rule",
-              "set vpp = 1 with schedule = 1f1b, or export to megatron or nemo");
+    ex.Cannot(
+        p.parallel.vpp > 1 ? FieldId(fields::kParallelVpp) : FieldId(fields::kPipelineSchedule),
+        "interleaving",
+        "torchtitan's schedule names (Interleaved1F1B, ...) do not say how many virtual "
+        "stages a rank holds; "
+        "it derives them from its own layers-per-stage rule",
+        "set vpp = 1 with schedule = 1f1b, or export to megatron or nemo");
   }
   if (p.parallel.tp > 1 && !p.parallel.sp) {
-    ex.Cannot("parallel.sp", "no sequence parallelism",
+    ex.Cannot(fields::kParallelSp, "no sequence parallelism",
               "torchtitan's tensor parallelism always shards the sequence between layers",
               "set sp = true");
   }
   if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers) {
-    ex.Cannot(p.pipeline.first_stage_layers ? "pipeline.first_stage_layers"
-                                            : "pipeline.last_stage_layers",
+    ex.Cannot(p.pipeline.first_stage_layers ? fields::kPipelineFirstStageLayers
+                                            : fields::kPipelineLastStageLayers,
               "an uneven split", "torchtitan splits the layers by its own rule",
               "remove the override");
   }
   if (p.pipeline.account_for_embedding || p.pipeline.account_for_loss) {
-    ex.Cannot(p.pipeline.account_for_embedding ? "pipeline.account_for_embedding"
-                                               : "pipeline.account_for_loss",
+    ex.Cannot(p.pipeline.account_for_embedding ? fields::kPipelineAccountForEmbedding
+                                               : fields::kPipelineAccountForLoss,
               "layer accounting",
               "torchtitan has no Megatron-style embedding/loss accounting in its split",
               "set it to false");
   }
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kCurrent) {
-    ex.Cannot("mixed_precision.fp8", "this FP8 recipe",
+    ex.Cannot(fields::kMixedPrecisionFp8, "this FP8 recipe",
               "torchtitan's float8 converter scales per tensor (current scaling)",
               "set mixed_precision.fp8 = current");
   }
   if (mp.grads == ElementType::kFp16) {
-    ex.Cannot("mixed_precision.grads", "fp16 gradients",
+    ex.Cannot(fields::kMixedPrecisionGrads, "fp16 gradients",
               "torchtitan reduces in float32 or bfloat16", "use fp32 or bf16");
   }
-  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.grads", "fsdp.replicate",
-                   "fsdp.reshard_after_forward"});
+  ex.RecordLimits({fields::kMixedPrecisionFp8, fields::kMixedPrecisionGrads, fields::kFsdpReplicate,
+                   fields::kFsdpReshardAfterForward});
   ex.CommonLimits(false);
   return flavor;
 }
@@ -627,19 +639,19 @@ void NemoCheckLimits(Exporter& ex) {
   const ModelSpec& m = p.model;
   auto n = [](int64_t v) { return std::to_string(v); };
   if (p.pipeline.schedule == Schedule::kGpipe) {
-    ex.Cannot("pipeline.schedule", "GPipe",
+    ex.Cannot(fields::kPipelineSchedule, "GPipe",
               "NeMo runs Megatron-Core's 1F1B, interleaved with virtual stages", "use 1f1b");
   } else if ((p.pipeline.schedule == Schedule::kInterleaved1F1B) != (p.parallel.vpp > 1)) {
-    ex.Cannot("pipeline.schedule", "the schedule",
+    ex.Cannot(fields::kPipelineSchedule, "the schedule",
               "NeMo interleaves exactly when there are virtual stages (vpp > 1)",
               "use interleaved_1f1b with vpp > 1, or 1f1b with vpp = 1");
   }
   if (p.optimizer.zero > 1) {
-    ex.Cannot("optimizer.zero", "ZeRO-" + n(p.optimizer.zero),
+    ex.Cannot(fields::kOptimizerZero, "ZeRO-" + n(p.optimizer.zero),
               "NeMo's distributed_fused_adam shards the optimizer state (ZeRO-1)", "use zero = 1");
   }
   if (p.optimizer.offload == Offload::kCpu) {
-    ex.Cannot("optimizer.offload", "CPU offload",
+    ex.Cannot(fields::kOptimizerOffload, "CPU offload",
               "NeMo's model.optim has no optimizer-state offload", "use offload = none");
   }
   if (m.shared_experts > 0 || m.dense_layers > 0 || m.IsMla()) {
@@ -647,16 +659,17 @@ void NemoCheckLimits(Exporter& ex) {
               "a NeMo GPT config has no keys for shared experts, leading dense layers or MLA",
               "export to megatron");
   }
-  ex.RecordLimits({"mixed_precision.fp8", "mixed_precision.fp8_params",
-                   "activations.recompute_method", "activations.recompute_layers",
-                   "activations.recompute_modules", "moe.dispatcher", "model.vocab_divisor"});
+  ex.RecordLimits({fields::kMixedPrecisionFp8, fields::kMixedPrecisionFp8Params,
+                   fields::kActivationsRecomputeMethod, fields::kActivationsRecomputeLayers,
+                   fields::kActivationsRecomputeModules, fields::kMoeDispatcher,
+                   fields::kModelVocabDivisor});
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
-    ex.Cannot("mixed_precision.fp8", "an FP8 recipe without FP8",
+    ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "NeMo turns FP8 on with model.fp8", "set precision = fp8");
   }
   if (m.activation == Activation::kSquaredRelu) {
-    ex.Cannot("model.activation", "squared ReLU",
+    ex.Cannot(fields::kModelActivation, "squared ReLU",
               "this exporter writes NeMo's swiglu and gelu only", "export to megatron");
   }
   ex.CommonLimits(false);

@@ -303,7 +303,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
                   "pass --nodes N to planc");
         continue;
       }
-      draft.Set("cluster.nodes", std::to_string(*n), range, fv.source);
+      draft.Set(fields::kClusterNodes, std::to_string(*n), range, fv.source);
       continue;
     }
     if (launcher == Launcher::kGpusPerNode) {
@@ -328,7 +328,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
                   "pass --gpus-per-node N to planc");
         continue;
       }
-      draft.Set("cluster.gpus_per_node", std::to_string(*n), range, fv.source);
+      draft.Set(fields::kClusterGpusPerNode, std::to_string(*n), range, fv.source);
       continue;
     }
     if (IsLauncherSetting(flag)) continue;  // where to rendezvous, how long to run: no layout
@@ -358,12 +358,13 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
       continue;
     }
     // --bf16 with --fp8-format: fp8 wins (the fp8 layers run on a bf16 model).
-    if (row->path == "precision" && flags.count("--fp8-format") && flag != "--fp8-format") continue;
-    draft.Set(std::string(row->path), *v, fv.range, fv.source);
+    if (row->path == fields::kPrecision && flags.count("--fp8-format") && flag != "--fp8-format")
+      continue;
+    draft.Set(row->path, *v, fv.range, fv.source);
   }
   if (!ok) return std::nullopt;
 
-  auto get = [&](std::string_view path) -> std::optional<int64_t> {
+  auto get = [&](FieldId path) -> std::optional<int64_t> {
     const DraftSetting* s = draft.Find(path);
     return s ? ParseInteger(s->value) : std::nullopt;
   };
@@ -371,34 +372,35 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
     auto it = combined.find(f);
     return it == combined.end() ? nullptr : &it->second;
   };
-  auto defaulted = [&](const char* path, std::string value, std::string why) {
+  auto defaulted = [&](FieldId path, std::string value, std::string why) {
     if (!draft.Has(path)) draft.Set(path, std::move(value), {}, "Megatron-LM's default: " + why);
   };
 
   // GPT-2's BPE vocabulary (50,257 tokens) is fixed by the tokenizer type.
-  if (!draft.Has("model.vocab")) {
+  if (!draft.Has(fields::kModelVocab)) {
     for (const DraftSkip& s : draft.Skipped()) {
       if (s.text == "--tokenizer-type GPT2BPETokenizer") {
-        draft.Set("model.vocab", "50257", s.range,
+        draft.Set(fields::kModelVocab, "50257", s.range,
                   "--tokenizer-type GPT2BPETokenizer (50,257 tokens)");
       }
     }
   }
-  draft.Set("framework", "megatron_core", {}, "a pretrain_gpt.py script runs on Megatron-Core");
+  draft.Set(fields::kFramework, "megatron_core", {},
+            "a pretrain_gpt.py script runs on Megatron-Core");
   // Megatron's defaults where the script is silent.
-  defaulted("precision", "fp32", "no --bf16 or --fp16 (fp32)");
-  defaulted("model.norm", "layernorm", "no --normalization (LayerNorm)");
-  defaulted("model.activation", "gelu", "no --swiglu (GeLU)");
-  defaulted("model.position", "learned", "no --position-embedding-type (learned_absolute)");
-  defaulted("model.tied_embeddings", "true", "no --untie-embeddings-and-output-weights");
-  defaulted("optimizer.weight_decay", "0.01", "--weight-decay 0.01");
-  defaulted("optimizer.beta2", "0.999", "--adam-beta2 0.999");
-  defaulted("optimizer.min_lr", "0.0", "--min-lr 0.0");
+  defaulted(fields::kPrecision, "fp32", "no --bf16 or --fp16 (fp32)");
+  defaulted(fields::kModelNorm, "layernorm", "no --normalization (LayerNorm)");
+  defaulted(fields::kModelActivation, "gelu", "no --swiglu (GeLU)");
+  defaulted(fields::kModelPosition, "learned", "no --position-embedding-type (learned_absolute)");
+  defaulted(fields::kModelTiedEmbeddings, "true", "no --untie-embeddings-and-output-weights");
+  defaulted(fields::kOptimizerWeightDecay, "0.01", "--weight-decay 0.01");
+  defaulted(fields::kOptimizerBeta2, "0.999", "--adam-beta2 0.999");
+  defaulted(fields::kOptimizerMinLr, "0.0", "--min-lr 0.0");
   // Without --global-batch-size Megatron-LM runs one microbatch per data-parallel rank.
-  if (!draft.Has("batch.global")) {
-    const DraftSetting* micro = draft.Find("batch.micro");
-    draft.Set("batch.global", (micro ? micro->value : std::string("1")) + " * parallel.dp", {},
-              "Megatron-LM's default: --micro-batch-size · dp");
+  if (!draft.Has(fields::kBatchGlobal)) {
+    const DraftSetting* micro = draft.Find(fields::kBatchMicro);
+    draft.Set(fields::kBatchGlobal, (micro ? micro->value : std::string("1")) + " * parallel.dp",
+              {}, "Megatron-LM's default: --micro-batch-size · dp");
   }
 
   // Grouped-query attention: --num-query-groups counts only with --group-query-attention.
@@ -409,52 +411,53 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
         return bad_value(g->range, "`--num-query-groups` expects an integer, got '" + g->text + "'",
                          ""),
                std::nullopt;
-      draft.Set("model.kv_heads", std::to_string(*n), g->range, g->source);
+      draft.Set(fields::kModelKvHeads, std::to_string(*n), g->range, g->source);
     } else {
       draft.Skip(g->source, g->range, "ignored by Megatron-LM without --group-query-attention");
     }
   }
   if (const FlagValue* m = combined_of("--multi-latent-attention")) {
-    if (!draft.Has("model.kv_lora_rank")) {
+    if (!draft.Has(fields::kModelKvLoraRank)) {
       draft.Skip(m->source, m->range, "multi-latent attention needs --kv-lora-rank for a plan");
     }
   }
   // Multi-latent attention: the query/key head is the no-position part plus the rotary part
   // (what a plan's head_dim holds for an MLA model); --kv-channels does not size it.
-  if (draft.Has("model.kv_lora_rank")) {
-    auto nope = get("model.qk_nope_head_dim"), rope = get("model.qk_rope_head_dim");
+  if (draft.Has(fields::kModelKvLoraRank)) {
+    auto nope = get(fields::kModelQkNopeHeadDim), rope = get(fields::kModelQkRopeHeadDim);
     if (nope && rope) {
-      if (const DraftSetting* kv = draft.Find("model.head_dim")) {
+      if (const DraftSetting* kv = draft.Find(fields::kModelHeadDim)) {
         draft.Skip(
             kv->source, kv->origin,
             "multi-latent attention sizes its heads by --qk-head-dim and --qk-pos-emb-head-dim");
       }
-      const DraftSetting* n = draft.Find("model.qk_nope_head_dim");
+      const DraftSetting* n = draft.Find(fields::kModelQkNopeHeadDim);
       auto sum = CheckedAdd(*nope, *rope);
       if (!sum)
         return bad_value(n->origin, "--qk-head-dim + --qk-pos-emb-head-dim is past 64 bits", ""),
                std::nullopt;
-      draft.Set("model.head_dim", std::to_string(*sum), n->origin,
+      draft.Set(fields::kModelHeadDim, std::to_string(*sum), n->origin,
                 "--qk-head-dim + --qk-pos-emb-head-dim");
     }
   }
-  if (auto h = get("model.hidden"); h && !draft.Has("model.ffn_hidden")) {
-    const bool swiglu = draft.Find("model.activation")->value == "swiglu";
+  if (auto h = get(fields::kModelHidden); h && !draft.Has(fields::kModelFfnHidden)) {
+    const bool swiglu = draft.Find(fields::kModelActivation)->value == "swiglu";
     auto four_h = CheckedMul(4, *h);
     if (!four_h)
-      return bad_value(draft.Find("model.hidden")->origin, "`--hidden-size` is too large", ""),
+      return bad_value(draft.Find(fields::kModelHidden)->origin, "`--hidden-size` is too large",
+                       ""),
              std::nullopt;
     int64_t ffn = swiglu ? (*four_h / 3 * 2) / 64 * 64 : *four_h;
-    draft.Set("model.ffn_hidden", std::to_string(ffn), {},
+    draft.Set(fields::kModelFfnHidden, std::to_string(ffn), {},
               swiglu ? "Megatron-LM's default with --swiglu: int(4 · hidden · 2/3 / 64) · 64"
                      : "Megatron-LM's default: 4 · hidden");
   }
-  if (draft.Has("model.experts")) {
-    defaulted("model.topk", "2", "--moe-router-topk 2");
-    if (!draft.Has("model.moe_ffn_hidden")) {
+  if (draft.Has(fields::kModelExperts)) {
+    defaulted(fields::kModelTopk, "2", "--moe-router-topk 2");
+    if (!draft.Has(fields::kModelMoeFfnHidden)) {
       // (Without a hidden size there is no ffn either; the writer reports the missing hidden.)
-      if (const DraftSetting* ffn = draft.Find("model.ffn_hidden")) {
-        draft.Set("model.moe_ffn_hidden", ffn->value, {},
+      if (const DraftSetting* ffn = draft.Find(fields::kModelFfnHidden)) {
+        draft.Set(fields::kModelMoeFfnHidden, ffn->value, {},
                   "Megatron-LM's default: --ffn-hidden-size");
       }
     }
@@ -462,7 +465,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
   // Shared experts are given by their total size: a count of experts of the routed size.
   if (const FlagValue* sh = combined_of("--moe-shared-expert-intermediate-size")) {
     auto size = ParseInteger(sh->text);
-    auto each = get("model.moe_ffn_hidden");
+    auto each = get(fields::kModelMoeFfnHidden);
     if (!size || !each || *each <= 0 || *size % *each != 0) {
       return bad_value(
                  sh->range,
@@ -472,7 +475,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
                  "a plan counts shared experts (model.shared_experts) of the routed experts' size"),
              std::nullopt;
     }
-    draft.Set("model.shared_experts", std::to_string(*size / *each), sh->range, sh->source);
+    draft.Set(fields::kModelSharedExperts, std::to_string(*size / *each), sh->range, sh->source);
   }
   // --moe-layer-freq: 1 (every layer), or a pattern `([0]*K+[1]*N)` / a list with K leading
   // dense layers, which is what a plan's model.dense_layers expresses.
@@ -481,9 +484,9 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
     const std::regex pattern(
         R"(^\(?\s*\[\s*0\s*\]\s*\*\s*(\d+)\s*\+\s*\[\s*1\s*\]\s*\*\s*(\d+)\s*\)?$)");
     if (auto k = ParseInteger(f->text); k && *k == 1) {
-      draft.Set("model.dense_layers", "0", f->range, f->source);
+      draft.Set(fields::kModelDenseLayers, "0", f->range, f->source);
     } else if (std::regex_match(f->text, m, pattern)) {
-      draft.Set("model.dense_layers", m[1].str(), f->range, f->source);
+      draft.Set(fields::kModelDenseLayers, m[1].str(), f->range, f->source);
     } else {
       std::string t;
       for (char c : f->text)
@@ -501,7 +504,7 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
           leading_only = false;
       }
       if (leading_only) {
-        draft.Set("model.dense_layers", std::to_string(zeros), f->range, f->source);
+        draft.Set(fields::kModelDenseLayers, std::to_string(zeros), f->range, f->source);
       } else {
         draft.Skip(f->source, f->range,
                    "a plan has leading dense layers only (model.dense_layers)");
@@ -511,15 +514,15 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
   // --moe-layer-freq k: every k-th layer is an MoE layer.
   if (const FlagValue* f = combined_of("--moe-layer-freq")) {
     if (auto k = ParseInteger(f->text); k && *k > 1) {
-      draft.Set("model.moe_layer_freq", std::to_string(*k), f->range, f->source);
-      draft.Set("model.dense_layers", "0", f->range, f->source);
+      draft.Set(fields::kModelMoeLayerFreq, std::to_string(*k), f->range, f->source);
+      draft.Set(fields::kModelDenseLayers, "0", f->range, f->source);
     }
   }
   // Selective recompute's modules: a list of names, one string in the plan.
   if (const FlagValue* m = combined_of("--recompute-modules")) {
     std::string names;
     for (char c : m->text) names += c == ' ' ? std::string(", ") : std::string(1, c);
-    draft.Set("activations.recompute_modules", QuoteString(names), m->range, m->source);
+    draft.Set(fields::kActivationsRecomputeModules, QuoteString(names), m->range, m->source);
   }
   // Layers per recompute group (uniform) or recomputed per chunk (block); a whole chunk is the
   // plan's 0 ("all").
@@ -531,24 +534,25 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
              std::nullopt;
     }
     int64_t chunk = 0;
-    if (auto layers = get("model.layers")) {
-      const int64_t pp = get("parallel.pp").value_or(1);
-      const int64_t vpp = get("parallel.vpp").value_or(1);
-      if (pp * vpp > 0 && *layers % (pp * vpp) == 0 && !draft.Has("pipeline.first_stage_layers") &&
-          !draft.Has("pipeline.last_stage_layers")) {
+    if (auto layers = get(fields::kModelLayers)) {
+      const int64_t pp = get(fields::kParallelPp).value_or(1);
+      const int64_t vpp = get(fields::kParallelVpp).value_or(1);
+      if (pp * vpp > 0 && *layers % (pp * vpp) == 0 &&
+          !draft.Has(fields::kPipelineFirstStageLayers) &&
+          !draft.Has(fields::kPipelineLastStageLayers)) {
         chunk = *layers / (pp * vpp);
       }
     }
-    draft.Set("activations.recompute_layers", *v == chunk ? "0" : std::to_string(*v), n->range,
+    draft.Set(fields::kActivationsRecomputeLayers, *v == chunk ? "0" : std::to_string(*v), n->range,
               *v == chunk ? n->source + " (every layer of a chunk)" : n->source);
   }
   // Layers per virtual stage -> virtual stages per pipeline rank, and the interleaved schedule.
   if (const FlagValue* vs = combined_of("--num-layers-per-virtual-pipeline-stage")) {
     auto per = ParseInteger(vs->text);
-    auto layers = get("model.layers");
-    int64_t pp = get("parallel.pp").value_or(1);
-    const int64_t accounted = (draft.Has("pipeline.account_for_embedding") ? 1 : 0) +
-                              (draft.Has("pipeline.account_for_loss") ? 1 : 0);
+    auto layers = get(fields::kModelLayers);
+    int64_t pp = get(fields::kParallelPp).value_or(1);
+    const int64_t accounted = (draft.Has(fields::kPipelineAccountForEmbedding) ? 1 : 0) +
+                              (draft.Has(fields::kPipelineAccountForLoss) ? 1 : 0);
     const int64_t counted = CheckedAdd(layers.value_or(0), accounted).value_or(0);
     auto group = per ? CheckedMul(pp, *per) : std::nullopt;
     if (!per || *per <= 0 || !layers || !group || *group <= 0 || counted % *group != 0) {
@@ -560,11 +564,11 @@ std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
                        "be whole"),
              std::nullopt;
     }
-    draft.Set("parallel.vpp", std::to_string(counted / *group), vs->range, vs->source);
+    draft.Set(fields::kParallelVpp, std::to_string(counted / *group), vs->range, vs->source);
   }
-  if (auto vpp = get("parallel.vpp"); vpp && *vpp > 1) {
-    const DraftSetting* v = draft.Find("parallel.vpp");
-    draft.Set("pipeline.schedule", "interleaved_1f1b", v->origin, v->source);
+  if (auto vpp = get(fields::kParallelVpp); vpp && *vpp > 1) {
+    const DraftSetting* v = draft.Find(fields::kParallelVpp);
+    draft.Set(fields::kPipelineSchedule, "interleaved_1f1b", v->origin, v->source);
   }
   return draft;
 }

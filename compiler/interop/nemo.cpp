@@ -29,81 +29,89 @@ constexpr EnumChoice kNemoPrecision[] = {{"bf16", "bf16"}, {"bf16-mixed", "bf16"
                                          {"32", "fp32"},   {"32-true", "fp32"}};
 
 constexpr SettingRow kNemo[] = {
-    {"trainer.num_nodes", "cluster.nodes", Convert::kInt},
-    {"trainer.devices", "cluster.gpus_per_node", Convert::kInt},
-    {"trainer.precision", "precision", Convert::kEnum, {}, kNemoPrecision},
-    {"trainer.max_steps", "train.steps", Convert::kInt},
-    {"model.micro_batch_size", "batch.micro", Convert::kInt},
-    {"model.global_batch_size", "batch.global", Convert::kInt},
-    {"model.tensor_model_parallel_size", "parallel.tp", Convert::kInt},
-    {"model.pipeline_model_parallel_size", "parallel.pp", Convert::kInt},
-    {"model.virtual_pipeline_model_parallel_size", "parallel.vpp", Convert::kInt},
-    {"model.context_parallel_size", "parallel.cp", Convert::kInt},
-    {"model.expert_model_parallel_size", "parallel.ep", Convert::kInt},
-    {"model.expert_tensor_parallel_size", "parallel.etp", Convert::kInt},
-    {"model.sequence_parallel", "parallel.sp", Convert::kSwitch, "true"},
-    {"model.ub_tp_comm_overlap", "parallel.tp_comm_overlap", Convert::kSwitch, "true"},
-    {"model.account_for_embedding_in_pipeline_split", "pipeline.account_for_embedding",
+    {"trainer.num_nodes", fields::kClusterNodes, Convert::kInt},
+    {"trainer.devices", fields::kClusterGpusPerNode, Convert::kInt},
+    {"trainer.precision", fields::kPrecision, Convert::kEnum, {}, kNemoPrecision},
+    {"trainer.max_steps", fields::kTrainSteps, Convert::kInt},
+    {"model.micro_batch_size", fields::kBatchMicro, Convert::kInt},
+    {"model.global_batch_size", fields::kBatchGlobal, Convert::kInt},
+    {"model.tensor_model_parallel_size", fields::kParallelTp, Convert::kInt},
+    {"model.pipeline_model_parallel_size", fields::kParallelPp, Convert::kInt},
+    {"model.virtual_pipeline_model_parallel_size", fields::kParallelVpp, Convert::kInt},
+    {"model.context_parallel_size", fields::kParallelCp, Convert::kInt},
+    {"model.expert_model_parallel_size", fields::kParallelEp, Convert::kInt},
+    {"model.expert_tensor_parallel_size", fields::kParallelEtp, Convert::kInt},
+    {"model.sequence_parallel", fields::kParallelSp, Convert::kSwitch, "true"},
+    {"model.ub_tp_comm_overlap", fields::kParallelTpCommOverlap, Convert::kSwitch, "true"},
+    {"model.account_for_embedding_in_pipeline_split", fields::kPipelineAccountForEmbedding,
      Convert::kSwitch, "true"},
-    {"model.account_for_loss_in_pipeline_split", "pipeline.account_for_loss", Convert::kSwitch,
+    {"model.account_for_loss_in_pipeline_split", fields::kPipelineAccountForLoss, Convert::kSwitch,
      "true"},
-    {"model.num_layers_in_first_pipeline_stage", "pipeline.first_stage_layers", Convert::kInt},
-    {"model.num_layers_in_last_pipeline_stage", "pipeline.last_stage_layers", Convert::kInt},
-    {"model.encoder_seq_length", "model.seq_len", Convert::kInt},
-    {"model.seq_length", "model.seq_len", Convert::kInt},
-    {"model.num_layers", "model.layers", Convert::kInt},
-    {"model.hidden_size", "model.hidden", Convert::kInt},
-    {"model.ffn_hidden_size", "model.ffn_hidden", Convert::kInt},
-    {"model.num_attention_heads", "model.heads", Convert::kInt},
-    {"model.num_query_groups", "model.kv_heads", Convert::kInt},
-    {"model.kv_channels", "model.head_dim", Convert::kInt},
-    {"model.vocab_size", "model.vocab", Convert::kInt},
-    {"model.make_vocab_size_divisible_by", "model.vocab_divisor", Convert::kInt},
-    {"model.normalization", "model.norm", Convert::kEnum, {}, kNemoNorm},
-    {"model.activation", "model.activation", Convert::kEnum, {}, kNemoActivation},
-    {"model.position_embedding_type", "model.position", Convert::kEnum, {}, kNemoPosition},
-    {"model.num_moe_experts", "model.experts", Convert::kInt},
-    {"model.moe_router_topk", "model.topk", Convert::kInt},
-    {"model.moe_ffn_hidden_size", "model.moe_ffn_hidden", Convert::kInt},
-    {"model.activations_checkpoint_granularity", "recompute", Convert::kEnum, {}, kNemoRecompute},
-    {"model.recompute_granularity", "recompute", Convert::kEnum, {}, kNemoRecompute},
-    {"model.fp8", "precision", Convert::kSwitch, "fp8"},
-    {"model.fp8_recipe", "mixed_precision.fp8", Convert::kEnum, {}, kNemoFp8Recipe},
-    {"model.fp8_params", "mixed_precision.fp8_params", Convert::kSwitch, "true"},
+    {"model.num_layers_in_first_pipeline_stage", fields::kPipelineFirstStageLayers, Convert::kInt},
+    {"model.num_layers_in_last_pipeline_stage", fields::kPipelineLastStageLayers, Convert::kInt},
+    {"model.encoder_seq_length", fields::kModelSeqLen, Convert::kInt},
+    {"model.seq_length", fields::kModelSeqLen, Convert::kInt},
+    {"model.num_layers", fields::kModelLayers, Convert::kInt},
+    {"model.hidden_size", fields::kModelHidden, Convert::kInt},
+    {"model.ffn_hidden_size", fields::kModelFfnHidden, Convert::kInt},
+    {"model.num_attention_heads", fields::kModelHeads, Convert::kInt},
+    {"model.num_query_groups", fields::kModelKvHeads, Convert::kInt},
+    {"model.kv_channels", fields::kModelHeadDim, Convert::kInt},
+    {"model.vocab_size", fields::kModelVocab, Convert::kInt},
+    {"model.make_vocab_size_divisible_by", fields::kModelVocabDivisor, Convert::kInt},
+    {"model.normalization", fields::kModelNorm, Convert::kEnum, {}, kNemoNorm},
+    {"model.activation", fields::kModelActivation, Convert::kEnum, {}, kNemoActivation},
+    {"model.position_embedding_type", fields::kModelPosition, Convert::kEnum, {}, kNemoPosition},
+    {"model.num_moe_experts", fields::kModelExperts, Convert::kInt},
+    {"model.moe_router_topk", fields::kModelTopk, Convert::kInt},
+    {"model.moe_ffn_hidden_size", fields::kModelMoeFfnHidden, Convert::kInt},
+    {"model.activations_checkpoint_granularity",
+     fields::kRecompute,
+     Convert::kEnum,
+     {},
+     kNemoRecompute},
+    {"model.recompute_granularity", fields::kRecompute, Convert::kEnum, {}, kNemoRecompute},
+    {"model.fp8", fields::kPrecision, Convert::kSwitch, "fp8"},
+    {"model.fp8_recipe", fields::kMixedPrecisionFp8, Convert::kEnum, {}, kNemoFp8Recipe},
+    {"model.fp8_params", fields::kMixedPrecisionFp8Params, Convert::kSwitch, "true"},
     {"model.activations_checkpoint_method",
-     "activations.recompute_method",
+     fields::kActivationsRecomputeMethod,
      Convert::kEnum,
      {},
      kNemoRecomputeMethod},
-    {"model.activations_checkpoint_num_layers", "activations.recompute_layers", Convert::kInt},
+    {"model.activations_checkpoint_num_layers", fields::kActivationsRecomputeLayers, Convert::kInt},
     {"model.recompute_method",
-     "activations.recompute_method",
+     fields::kActivationsRecomputeMethod,
      Convert::kEnum,
      {},
      kNemoRecomputeMethod},
-    {"model.recompute_num_layers", "activations.recompute_layers", Convert::kInt},
-    {"model.moe_token_dispatcher_type", "moe.dispatcher", Convert::kEnum, {}, kNemoDispatcher},
-    {"model.seed", "train.seed", Convert::kInt},
-    {"model.optim.lr", "optimizer.lr", Convert::kReal},
-    {"model.optim.eps", "optimizer.eps", Convert::kReal},
-    {"trainer.gradient_clip_val", "optimizer.clip_grad", Convert::kReal},
-    {"model.optim.weight_decay", "optimizer.weight_decay", Convert::kReal},
-    {"model.optim.sched.warmup_steps", "optimizer.warmup_steps", Convert::kInt},
-    {"model.optim.sched.min_lr", "optimizer.min_lr", Convert::kReal},
+    {"model.recompute_num_layers", fields::kActivationsRecomputeLayers, Convert::kInt},
+    {"model.moe_token_dispatcher_type",
+     fields::kMoeDispatcher,
+     Convert::kEnum,
+     {},
+     kNemoDispatcher},
+    {"model.seed", fields::kTrainSeed, Convert::kInt},
+    {"model.optim.lr", fields::kOptimizerLr, Convert::kReal},
+    {"model.optim.eps", fields::kOptimizerEps, Convert::kReal},
+    {"trainer.gradient_clip_val", fields::kOptimizerClipGrad, Convert::kReal},
+    {"model.optim.weight_decay", fields::kOptimizerWeightDecay, Convert::kReal},
+    {"model.optim.sched.warmup_steps", fields::kOptimizerWarmupSteps, Convert::kInt},
+    {"model.optim.sched.min_lr", fields::kOptimizerMinLr, Convert::kReal},
     // Megatron-Bridge's ConfigContainer overrides.
-    {"train.global_batch_size", "batch.global", Convert::kInt},
-    {"train.micro_batch_size", "batch.micro", Convert::kInt},
-    {"train.train_iters", "train.steps", Convert::kInt},
-    {"optimizer.lr", "optimizer.lr", Convert::kReal},
-    {"optimizer.min_lr", "optimizer.min_lr", Convert::kReal},
-    {"optimizer.weight_decay", "optimizer.weight_decay", Convert::kReal},
-    {"optimizer.adam_beta1", "optimizer.beta1", Convert::kReal},
-    {"optimizer.adam_beta2", "optimizer.beta2", Convert::kReal},
-    {"optimizer.adam_eps", "optimizer.eps", Convert::kReal},
-    {"optimizer.clip_grad", "optimizer.clip_grad", Convert::kReal},
-    {"optimizer.use_distributed_optimizer", "optimizer.zero", Convert::kSwitch, "1"},
-    {"ddp.use_distributed_optimizer", "optimizer.zero", Convert::kSwitch, "1"},
-    {"scheduler.lr_warmup_iters", "optimizer.warmup_steps", Convert::kInt},
+    {"train.global_batch_size", fields::kBatchGlobal, Convert::kInt},
+    {"train.micro_batch_size", fields::kBatchMicro, Convert::kInt},
+    {"train.train_iters", fields::kTrainSteps, Convert::kInt},
+    {"optimizer.lr", fields::kOptimizerLr, Convert::kReal},
+    {"optimizer.min_lr", fields::kOptimizerMinLr, Convert::kReal},
+    {"optimizer.weight_decay", fields::kOptimizerWeightDecay, Convert::kReal},
+    {"optimizer.adam_beta1", fields::kOptimizerBeta1, Convert::kReal},
+    {"optimizer.adam_beta2", fields::kOptimizerBeta2, Convert::kReal},
+    {"optimizer.adam_eps", fields::kOptimizerEps, Convert::kReal},
+    {"optimizer.clip_grad", fields::kOptimizerClipGrad, Convert::kReal},
+    {"optimizer.use_distributed_optimizer", fields::kOptimizerZero, Convert::kSwitch, "1"},
+    {"ddp.use_distributed_optimizer", fields::kOptimizerZero, Convert::kSwitch, "1"},
+    {"scheduler.lr_warmup_iters", fields::kOptimizerWarmupSteps, Convert::kInt},
 };
 
 constexpr SkippedRow kNemoSkipped[] = {
@@ -138,25 +146,25 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
   PlanDraft draft;
   draft.kind = ConfigKind::kNemo;
   draft.vocab_help = "add model.vocab_size (NeMo takes it from the tokenizer otherwise)";
-  draft.Set("framework", "megatron_core", {}, "NeMo runs on Megatron-Core");
+  draft.Set(fields::kFramework, "megatron_core", {}, "NeMo runs on Megatron-Core");
   if (!ApplyRows(*entries, kNemo, kNemoSkipped, kHandled, draft, sink)) return std::nullopt;
   if (const ConfigEntry* o = FindEntry(*entries, "model.optim.name")) {
     if (o->text == "distributed_fused_adam" || o->text == "mcore_distributed_optim") {
-      draft.Set("optimizer.zero", "1", o->range, "model.optim.name = " + o->text);
-      draft.Set("optimizer.type", "adamw", o->range, "model.optim.name = " + o->text);
+      draft.Set(fields::kOptimizerZero, "1", o->range, "model.optim.name = " + o->text);
+      draft.Set(fields::kOptimizerType, "adamw", o->range, "model.optim.name = " + o->text);
     } else if (o->text == "fused_adam" || o->text == "adamw" || o->text == "adam") {
-      draft.Set("optimizer.type", "adamw", o->range, "model.optim.name = " + o->text);
+      draft.Set(fields::kOptimizerType, "adamw", o->range, "model.optim.name = " + o->text);
     } else if (o->text == "sgd") {
-      draft.Set("optimizer.type", "sgd", o->range, "model.optim.name = sgd");
+      draft.Set(fields::kOptimizerType, "sgd", o->range, "model.optim.name = sgd");
     } else {
       draft.Skip("model.optim.name = " + o->text, o->range, "no plan optimizer of this name");
     }
   }
   if (const ConfigEntry* b = FindEntry(*entries, "model.optim.betas")) {
     if (b->items.size() == 2 && ParseReal(b->items[0]) && ParseReal(b->items[1])) {
-      draft.Set("optimizer.beta1", RealText(*ParseReal(b->items[0])), b->range,
+      draft.Set(fields::kOptimizerBeta1, RealText(*ParseReal(b->items[0])), b->range,
                 "betas[0] = " + b->items[0]);
-      draft.Set("optimizer.beta2", RealText(*ParseReal(b->items[1])), b->range,
+      draft.Set(fields::kOptimizerBeta2, RealText(*ParseReal(b->items[1])), b->range,
                 "betas[1] = " + b->items[1]);
     } else {
       sink.Report(Diag(DiagKind::kConfigBadValue,
@@ -173,7 +181,7 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
               .At(t->range));
       return std::nullopt;
     }
-    draft.Set("model.tied_embeddings",
+    draft.Set(fields::kModelTiedEmbeddings,
               t->text == "True"    ? "true"
               : t->text == "False" ? "false"
                                    : t->text,
@@ -183,11 +191,12 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
     std::string names;
     for (const std::string& item : m->items) names += (names.empty() ? "" : ", ") + item;
     if (m->type != ValueType::kList) names = m->text;
-    draft.Set("activations.recompute_modules", QuoteString(names), m->range,
+    draft.Set(fields::kActivationsRecomputeModules, QuoteString(names), m->range,
               m->key + " = [" + m->text + "]");
   }
-  if (auto vpp = draft.Find("parallel.vpp"); vpp && vpp->value != "1" && vpp->value != "null") {
-    draft.Set("pipeline.schedule", "interleaved_1f1b", vpp->origin, vpp->source);
+  if (auto vpp = draft.Find(fields::kParallelVpp);
+      vpp && vpp->value != "1" && vpp->value != "null") {
+    draft.Set(fields::kPipelineSchedule, "interleaved_1f1b", vpp->origin, vpp->source);
   }
   return draft;
 }

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <utility>
 
+#include "compiler/plan/plan.h"
+
 namespace paraplan::interop {
 
 enum class Convert : uint8_t {
@@ -28,8 +30,8 @@ struct EnumChoice {
 };
 
 struct SettingRow {
-  std::string_view key;   // "--tensor-model-parallel-size", "parallelism.tensor_parallel_degree"
-  std::string_view path;  // "parallel.tp"
+  std::string_view key;  // "--tensor-model-parallel-size", "parallelism.tensor_parallel_degree"
+  FieldId path;          // "parallel.tp", checked while compiling
   Convert convert;
   std::string_view value = {};               // kSwitch: the value it sets
   std::span<const EnumChoice> choices = {};  // kEnum

@@ -20,37 +20,41 @@ constexpr EnumChoice kTitanReduce[] = {{"float32", "fp32"}, {"bfloat16", "bf16"}
 constexpr EnumChoice kTitanOptimizer[] = {{"AdamW", "adamw"}, {"Adam", "adamw"}, {"SGD", "sgd"}};
 
 constexpr SettingRow kTorchtitan[] = {
-    {"parallelism.tensor_parallel_degree", "parallel.tp", Convert::kInt},
-    {"parallelism.pipeline_parallel_degree", "parallel.pp", Convert::kInt},
-    {"parallelism.context_parallel_degree", "parallel.cp", Convert::kInt},
-    {"parallelism.expert_parallel_degree", "parallel.ep", Convert::kInt},
-    {"parallelism.expert_tensor_parallel_degree", "parallel.etp", Convert::kInt},
+    {"parallelism.tensor_parallel_degree", fields::kParallelTp, Convert::kInt},
+    {"parallelism.pipeline_parallel_degree", fields::kParallelPp, Convert::kInt},
+    {"parallelism.context_parallel_degree", fields::kParallelCp, Convert::kInt},
+    {"parallelism.expert_parallel_degree", fields::kParallelEp, Convert::kInt},
+    {"parallelism.expert_tensor_parallel_degree", fields::kParallelEtp, Convert::kInt},
     {"parallelism.pipeline_parallel_schedule",
-     "pipeline.schedule",
+     fields::kPipelineSchedule,
      Convert::kEnum,
      {},
      kTitanSchedule},
-    {"parallelism.enable_sequence_parallel", "parallel.sp", Convert::kSwitch, "true"},
-    {"parallelism.enable_async_tensor_parallel", "parallel.tp_comm_overlap", Convert::kSwitch,
+    {"parallelism.enable_sequence_parallel", fields::kParallelSp, Convert::kSwitch, "true"},
+    {"parallelism.enable_async_tensor_parallel", fields::kParallelTpCommOverlap, Convert::kSwitch,
      "true"},
-    {"activation_checkpoint.mode", "recompute", Convert::kEnum, {}, kTitanRecompute},
-    {"training.mixed_precision_param", "precision", Convert::kEnum, {}, kTitanPrecision},
-    {"training.seq_len", "model.seq_len", Convert::kInt},
-    {"training.mixed_precision_reduce", "mixed_precision.grads", Convert::kEnum, {}, kTitanReduce},
-    {"training.steps", "train.steps", Convert::kInt},
-    {"training.max_norm", "optimizer.clip_grad", Convert::kReal},
-    {"training.seed", "train.seed", Convert::kInt},
-    {"training.global_batch_size", "batch.global", Convert::kInt},
-    {"parallelism.pipeline_parallel_microbatch_size", "batch.micro", Convert::kInt},
-    {"optimizer.name", "optimizer.type", Convert::kEnum, {}, kTitanOptimizer},
-    {"optimizer.lr", "optimizer.lr", Convert::kReal},
-    {"optimizer.eps", "optimizer.eps", Convert::kReal},
-    {"optimizer.weight_decay", "optimizer.weight_decay", Convert::kReal},
-    {"optimizer.beta1", "optimizer.beta1", Convert::kReal},
-    {"optimizer.beta2", "optimizer.beta2", Convert::kReal},
-    {"lr_scheduler.warmup_steps", "optimizer.warmup_steps", Convert::kInt},
-    {"checkpoint.folder", "train.checkpoint_dir", Convert::kString},
-    {"checkpoint.interval", "train.checkpoint_every", Convert::kInt},
+    {"activation_checkpoint.mode", fields::kRecompute, Convert::kEnum, {}, kTitanRecompute},
+    {"training.mixed_precision_param", fields::kPrecision, Convert::kEnum, {}, kTitanPrecision},
+    {"training.seq_len", fields::kModelSeqLen, Convert::kInt},
+    {"training.mixed_precision_reduce",
+     fields::kMixedPrecisionGrads,
+     Convert::kEnum,
+     {},
+     kTitanReduce},
+    {"training.steps", fields::kTrainSteps, Convert::kInt},
+    {"training.max_norm", fields::kOptimizerClipGrad, Convert::kReal},
+    {"training.seed", fields::kTrainSeed, Convert::kInt},
+    {"training.global_batch_size", fields::kBatchGlobal, Convert::kInt},
+    {"parallelism.pipeline_parallel_microbatch_size", fields::kBatchMicro, Convert::kInt},
+    {"optimizer.name", fields::kOptimizerType, Convert::kEnum, {}, kTitanOptimizer},
+    {"optimizer.lr", fields::kOptimizerLr, Convert::kReal},
+    {"optimizer.eps", fields::kOptimizerEps, Convert::kReal},
+    {"optimizer.weight_decay", fields::kOptimizerWeightDecay, Convert::kReal},
+    {"optimizer.beta1", fields::kOptimizerBeta1, Convert::kReal},
+    {"optimizer.beta2", fields::kOptimizerBeta2, Convert::kReal},
+    {"lr_scheduler.warmup_steps", fields::kOptimizerWarmupSteps, Convert::kInt},
+    {"checkpoint.folder", fields::kTrainCheckpointDir, Convert::kString},
+    {"checkpoint.interval", fields::kTrainCheckpointEvery, Convert::kInt},
 };
 
 constexpr SkippedRow kTorchtitanSkipped[] = {
@@ -103,16 +107,17 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
   PlanDraft draft;
   draft.kind = ConfigKind::kTorchtitan;
   draft.vocab_help = "name a model flavor the stdlib has ([model] name and flavor)";
-  draft.Set("framework", "torchtitan", {}, "a torchtitan job file");
+  draft.Set(fields::kFramework, "torchtitan", {}, "a torchtitan job file");
   // torchtitan trains in bf16 with fp32 reductions unless told otherwise.
-  draft.Set("precision", "bf16", {}, "torchtitan's default: mixed_precision_param = \"bfloat16\"");
+  draft.Set(fields::kPrecision, "bf16", {},
+            "torchtitan's default: mixed_precision_param = \"bfloat16\"");
   if (!ApplyRows(*entries, kTorchtitan, kTorchtitanSkipped, kHandled, draft, sink))
     return std::nullopt;
   // A checkpoint folder with checkpointing off saves nothing.
   if (const ConfigEntry* on = FindEntry(*entries, "checkpoint.enable_checkpoint");
       on && on->text == "false") {
-    draft.Erase("train.checkpoint_dir");
-    draft.Erase("train.checkpoint_every");
+    draft.Erase(fields::kTrainCheckpointDir);
+    draft.Erase(fields::kTrainCheckpointEvery);
   }
 
   const ConfigEntry* name = FindEntry(*entries, "model.name");
@@ -135,21 +140,21 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
   // float8 training: the float8 converter on the model.
   if (const ConfigEntry* c = FindEntry(*entries, "model.converters")) {
     if (std::find(c->items.begin(), c->items.end(), "float8") != c->items.end()) {
-      draft.Set("precision", "fp8", c->range, "model.converters = [" + c->text + "]");
-      draft.Set("mixed_precision.fp8", "current", c->range,
+      draft.Set(fields::kPrecision, "fp8", c->range, "model.converters = [" + c->text + "]");
+      draft.Set(fields::kMixedPrecisionFp8, "current", c->range,
                 "torchtitan's float8 scales per tensor (tensorwise)");
     }
   }
   if (const ConfigEntry* f = FindEntry(*entries, "float8.enable_float8_linear");
       f && f->text == "true") {
-    draft.Set("precision", "fp8", f->range, "float8.enable_float8_linear = true");
-    draft.Set("mixed_precision.fp8", "current", f->range,
+    draft.Set(fields::kPrecision, "fp8", f->range, "float8.enable_float8_linear = true");
+    draft.Set(fields::kMixedPrecisionFp8, "current", f->range,
               "torchtitan's float8 scales per tensor (tensorwise)");
   }
   // The floor of the decay, as a fraction of the peak rate.
   if (const ConfigEntry* f = FindEntry(*entries, "lr_scheduler.min_lr_factor")) {
     auto factor = ParseReal(f->text);
-    const DraftSetting* lr = draft.Find("optimizer.lr");
+    const DraftSetting* lr = draft.Find(fields::kOptimizerLr);
     auto peak = lr ? ParseReal(lr->value) : std::optional<double>(8e-4);  // torchtitan's default lr
     if (!factor || (f->type != ValueType::kReal && f->type != ValueType::kInt)) {
       sink.Report(Diag(DiagKind::kConfigBadValue,
@@ -157,7 +162,7 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
                       .At(f->range));
       return std::nullopt;
     }
-    draft.Set("optimizer.min_lr", RealText(*factor * *peak), f->range,
+    draft.Set(fields::kOptimizerMinLr, RealText(*factor * *peak), f->range,
               "min_lr_factor = " + f->text + " of lr");
   }
   // FSDP / HSDP: dp = replicate · shard; sharding over the shard group is ZeRO-3.
@@ -180,18 +185,18 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
   }
   if (shard_v != 1) {
     const ConfigEntry* at = shard ? shard : replicate;
-    draft.Set("optimizer.zero", "3", at ? at->range : SourceRange{},
+    draft.Set(fields::kOptimizerZero, "3", at ? at->range : SourceRange{},
               shard ? shard->key + " = " + shard->text + " (FSDP)"
                     : "torchtitan's default: FSDP over the data-parallel ranks");
   }
   // The shard group of FSDP / HSDP.
   if (replicate_v > 1 && shard_v != 1) {
-    draft.Set("fsdp.replicate", std::to_string(replicate_v), replicate->range,
+    draft.Set(fields::kFsdpReplicate, std::to_string(replicate_v), replicate->range,
               replicate->key + " = " + replicate->text);
   }
   if (const ConfigEntry* r = FindEntry(*entries, "parallelism.fsdp_reshard_after_forward")) {
     if (r->text == "never" || r->text == "always") {
-      draft.Set("fsdp.reshard_after_forward", r->text == "always" ? "true" : "false", r->range,
+      draft.Set(fields::kFsdpReshardAfterForward, r->text == "always" ? "true" : "false", r->range,
                 r->key + " = " + r->text);
     } else if (r->text != "default") {
       sink.Report(Diag(DiagKind::kConfigBadValue,
@@ -209,16 +214,16 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
               .At(shard->range));
       return std::nullopt;
     }
-    draft.Set("parallel.dp", std::to_string(*dp), shard->range,
+    draft.Set(fields::kParallelDp, std::to_string(*dp), shard->range,
               "data_parallel_replicate_degree · data_parallel_shard_degree");
   } else if (shard_v == 1 && replicate) {
-    draft.Set("parallel.dp", std::to_string(replicate_v), replicate->range,
+    draft.Set(fields::kParallelDp, std::to_string(replicate_v), replicate->range,
               replicate->key + " = " + replicate->text);
   }
   // The batch: local_batch_size per data-parallel rank (global_batch_size when given wins).
   const ConfigEntry* local = FindEntry(*entries, "training.local_batch_size");
   if (!local) local = FindEntry(*entries, "training.batch_size");
-  if (local && !draft.Has("batch.global")) {
+  if (local && !draft.Has(fields::kBatchGlobal)) {
     auto v = ParseInteger(local->text);
     if (!v || local->type != ValueType::kInt) {
       sink.Report(Diag(DiagKind::kConfigBadValue,
@@ -226,22 +231,22 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
                       .At(local->range));
       return std::nullopt;
     }
-    draft.Set("batch.global", std::to_string(*v) + " * parallel.dp", local->range,
+    draft.Set(fields::kBatchGlobal, std::to_string(*v) + " * parallel.dp", local->range,
               local->key + " = " + local->text + " per data-parallel rank");
   }
   // torchtitan's tensor parallelism always shards the sequence between its layers.
-  if (const DraftSetting* tp = draft.Find("parallel.tp"); tp && tp->value != "1") {
-    draft.Set("parallel.sp", "true", tp->origin,
+  if (const DraftSetting* tp = draft.Find(fields::kParallelTp); tp && tp->value != "1") {
+    draft.Set(fields::kParallelSp, "true", tp->origin,
               "torchtitan's tensor parallelism is sequence-parallel");
   }
-  const DraftSetting* pp = draft.Find("parallel.pp");
-  if (!draft.Has("batch.micro")) {
+  const DraftSetting* pp = draft.Find(fields::kParallelPp);
+  if (!draft.Has(fields::kBatchMicro)) {
     if (pp && pp->value != "1") {
-      draft.Set("batch.micro", "1", {},
+      draft.Set(fields::kBatchMicro, "1", {},
                 "torchtitan's default: pipeline_parallel_microbatch_size = 1");
     } else if (local) {
       // Without pipelining each rank runs its local batch at once.
-      draft.Set("batch.micro", local->text, local->range, local->key + " = " + local->text);
+      draft.Set(fields::kBatchMicro, local->text, local->range, local->key + " = " + local->text);
     }
   }
   return draft;

@@ -8,7 +8,13 @@
 #include <map>
 #include <set>
 
+#include "runtime/format/ops.h"
+
 namespace paraplan::lower {
+
+namespace attrs = prog::attrs;
+using prog::BatchPart;
+using prog::ReduceOp;
 
 prog::DType ActivationType(prog::Precision precision) {
   switch (precision) {
@@ -65,11 +71,11 @@ class RoleLowering {
                        : fmt::format("chunk{}.", chunk_);
   }
 
-  Op& Emit(OpKind kind, std::vector<int32_t> in, std::vector<int32_t> out,
-           CommKind comm = CommKind::None, std::vector<int64_t> ints = {},
-           std::vector<double> floats = {}) {
-    body_->ops.push_back(
-        Op{kind, std::move(in), std::move(out), comm, std::move(ints), std::move(floats)});
+  // Appends the op of the typed attributes `a` (runtime/format/ops.h) to the current body.
+  template <typename A>
+  Op& Emit(const A& a, std::vector<int32_t> in, std::vector<int32_t> out,
+           CommKind comm = CommKind::None) {
+    body_->ops.push_back(prog::MakeOp(a, std::move(in), std::move(out), comm));
     return body_->ops.back();
   }
 
@@ -137,27 +143,27 @@ class RoleLowering {
     o.rstd = Stat(name + ".rstd", {rows_});
     if (m_.norm == prog::NormKind::LayerNorm) {
       o.mean = Stat(name + ".mean", {rows_});
-      Emit(OpKind::LayerNorm, {x, np.w.value, np.b.value}, {o.y, o.mean, o.rstd}, CommKind::None,
-           {}, {m_.norm_eps});
+      Emit(attrs::LayerNorm{.eps = m_.norm_eps}, {x, np.w.value, np.b.value},
+           {o.y, o.mean, o.rstd});
     } else {
-      Emit(OpKind::RmsNorm, {x, np.w.value}, {o.y, o.rstd}, CommKind::None, {}, {m_.norm_eps});
+      Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {x, np.w.value}, {o.y, o.rstd});
     }
     return o;
   }
   void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx,
                     bool accumulate) {
     if (m_.norm == prog::NormKind::LayerNorm)
-      Emit(OpKind::LayerNormBackward, {dy, x, np.w.value, o.mean, o.rstd},
-           {dx, np.w.grad, np.b.grad}, CommKind::None, {accumulate ? 1 : 0});
+      Emit(attrs::LayerNormBackward{.dx_accumulate = accumulate},
+           {dy, x, np.w.value, o.mean, o.rstd}, {dx, np.w.grad, np.b.grad});
     else
-      Emit(OpKind::RmsNormBackward, {dy, x, np.w.value, o.rstd}, {dx, np.w.grad}, CommKind::None,
-           {accumulate ? 1 : 0});
+      Emit(attrs::RmsNormBackward{.dx_accumulate = accumulate}, {dy, x, np.w.value, o.rstd},
+           {dx, np.w.grad});
   }
   // Sequence-parallel region entry: rows_ -> tokens_ rows.
   int32_t GatherSp(int32_t x, const std::string& name, int64_t cols) {
     if (!p_.sp || tp_ == 1) return x;
     int32_t full = Act(name, {tokens_, cols});
-    Emit(OpKind::AllGather, {x}, {full}, CommKind::Tp);
+    Emit(attrs::AllGather{}, {x}, {full}, CommKind::Tp);
     return full;
   }
   // Row-parallel exit: a partial [tokens_, cols] -> all-reduce in place, or reduce-scatter to
@@ -165,11 +171,11 @@ class RoleLowering {
   int32_t ReducePartial(int32_t partial, const std::string& name, int64_t cols) {
     if (tp_ == 1) return partial;
     if (!p_.sp) {
-      Emit(OpKind::AllReduce, {partial}, {partial}, CommKind::Tp, {prog::kReduceSum});
+      Emit(attrs::AllReduce{}, {partial}, {partial}, CommKind::Tp);
       return partial;
     }
     int32_t out = Act(name, {rows_, cols});
-    Emit(OpKind::ReduceScatter, {partial}, {out}, CommKind::Tp, {prog::kReduceSum});
+    Emit(attrs::ReduceScatter{}, {partial}, {out}, CommKind::Tp);
     return out;
   }
   int32_t ReduceGradToRows(int32_t partial_full, const std::string& name) {
@@ -195,10 +201,16 @@ class RoleLowering {
     if (b.value >= 0) v.push_back(b.value);
     return v;
   }
-  std::vector<int64_t> AttentionInts() const {
-    return {m_.micro_batch, m_.seq_len, m_.heads / tp_, m_.kv_heads / tp_, m_.head_dim};
+  // The attributes of Attention and AttentionBackward (the same fields).
+  template <typename A>
+  A AttentionAttrs() const {
+    return A{.micro = m_.micro_batch,
+             .seq = m_.seq_len,
+             .heads = m_.heads / tp_,
+             .kv_heads = m_.kv_heads / tp_,
+             .head_dim = m_.head_dim,
+             .scale = 1.0 / std::sqrt(static_cast<double>(m_.head_dim))};
   }
-  double AttentionScale() const { return 1.0 / std::sqrt(static_cast<double>(m_.head_dim)); }
 
   void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
   void BuildBuckets();
@@ -236,44 +248,43 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
   S.q = Act("q", {tokens_, heads * hd});
   S.k = Act("k", {tokens_, kv * hd});
   S.v = Act("v", {tokens_, kv * hd});
-  Emit(OpKind::Linear, LinearInputs(S.n1f, P.wq, P.bq), {S.q});
-  Emit(OpKind::Linear, LinearInputs(S.n1f, P.wk, P.bk), {S.k});
-  Emit(OpKind::Linear, LinearInputs(S.n1f, P.wv, P.bv), {S.v});
+  Emit(attrs::Linear{}, LinearInputs(S.n1f, P.wq, P.bq), {S.q});
+  Emit(attrs::Linear{}, LinearInputs(S.n1f, P.wk, P.bk), {S.k});
+  Emit(attrs::Linear{}, LinearInputs(S.n1f, P.wv, P.bv), {S.v});
   if (m_.position == prog::PositionKind::Rope) {
-    Emit(OpKind::Rope, {S.q}, {S.q}, CommKind::None, {heads, hd}, {m_.rope_theta});
-    Emit(OpKind::Rope, {S.k}, {S.k}, CommKind::None, {kv, hd}, {m_.rope_theta});
+    Emit(attrs::Rope{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {S.q}, {S.q});
+    Emit(attrs::Rope{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {S.k}, {S.k});
   }
   S.o = Act("attention.out", {tokens_, heads * hd});
   S.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
-  Emit(OpKind::Attention, {S.q, S.k, S.v}, {S.o, S.lse}, CommKind::None, AttentionInts(),
-       {AttentionScale()});
+  Emit(AttentionAttrs<attrs::Attention>(), {S.q, S.k, S.v}, {S.o, S.lse});
   int32_t proj = Act("attention.proj", {tokens_, h});
-  Emit(OpKind::Linear, {S.o, P.wo.value}, {proj});
+  Emit(attrs::Linear{}, {S.o, P.wo.value}, {proj});
   int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
-  if (P.bo.value >= 0) Emit(OpKind::AddBias, {pr, P.bo.value}, {pr});
+  if (P.bo.value >= 0) Emit(attrs::AddBias{}, {pr, P.bo.value}, {pr});
   S.x1 = Act("residual1", {rows_, h});
-  Emit(OpKind::Add, {x, pr}, {S.x1});
+  Emit(attrs::Add{}, {x, pr}, {S.x1});
   S.no2 = NormForward("mlp_norm", P.n2, S.x1);
   S.n2f = GatherSp(S.no2.y, "mlp_norm.out_full", h);
   if (gpt) {
     S.g = Act("mlp.fc1_out", {tokens_, ffn});
-    Emit(OpKind::Linear, LinearInputs(S.n2f, P.w1, P.b1), {S.g});
+    Emit(attrs::Linear{}, LinearInputs(S.n2f, P.w1, P.b1), {S.g});
     S.a = Act("mlp.act", {tokens_, ffn});
-    Emit(OpKind::Gelu, {S.g}, {S.a});
+    Emit(attrs::Gelu{}, {S.g}, {S.a});
   } else {
     S.g = Act("mlp.gate", {tokens_, ffn});
     S.u = Act("mlp.up", {tokens_, ffn});
-    Emit(OpKind::Linear, {S.n2f, P.w1.value}, {S.g});
-    Emit(OpKind::Linear, {S.n2f, P.w3.value}, {S.u});
+    Emit(attrs::Linear{}, {S.n2f, P.w1.value}, {S.g});
+    Emit(attrs::Linear{}, {S.n2f, P.w3.value}, {S.u});
     S.a = Act("mlp.act", {tokens_, ffn});
-    Emit(OpKind::SwiGlu, {S.g, S.u}, {S.a});
+    Emit(attrs::SwiGlu{}, {S.g, S.u}, {S.a});
   }
   if (next < 0) return S;
   int32_t down = Act("mlp.down", {tokens_, h});
-  Emit(OpKind::Linear, {S.a, P.w2.value}, {down});
+  Emit(attrs::Linear{}, {S.a, P.w2.value}, {down});
   int32_t dr = ReducePartial(down, "mlp.down_sp", h);
-  if (P.b2.value >= 0) Emit(OpKind::AddBias, {dr, P.b2.value}, {dr});
-  Emit(OpKind::Add, {S.x1, dr}, {next});
+  if (P.b2.value >= 0) Emit(attrs::AddBias{}, {dr, P.b2.value}, {dr});
+  Emit(attrs::Add{}, {S.x1, dr}, {next});
   return S;
 }
 
@@ -384,12 +395,12 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   int32_t ids = -1, x = -1;
   if (cl.embedding) {
     ids = Buf(Prefix() + "tokens", {tokens_}, DType::I32);
-    Emit(OpKind::LoadBatch, {}, {ids}, CommKind::None, {0});
+    Emit(attrs::LoadBatch{.what = BatchPart::kInputs}, {}, {ids});
     int32_t e = Act("embedding.out", {tokens_, h});
-    Emit(OpKind::Embedding, {ids, word.value}, {e}, tp_comm_);
+    Emit(attrs::Embedding{}, {ids, word.value}, {e}, tp_comm_);
     x = ReducePartial(e, "embedding.out_sp", h);
     if (pos.value >= 0)
-      Emit(OpKind::AddPosition, {x, pos.value}, {x}, p_.sp ? tp_comm_ : CommKind::None);
+      Emit(attrs::AddPosition{}, {x, pos.value}, {x}, p_.sp ? tp_comm_ : CommKind::None);
     chunk.input = -1;
   } else {
     x = Act("input", {rows_, h});
@@ -414,17 +425,17 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     fno = NormForward("final_norm", final_norm, x);
     nff = GatherSp(fno.y, "final_norm.out_full", h);
     logits = Act("logits", {tokens_, vocab_local});
-    Emit(OpKind::Linear, {nff, out_w.value}, {logits});
+    Emit(attrs::Linear{}, {nff, out_w.value}, {logits});
     labels = Buf(Prefix() + "labels", {tokens_}, DType::I32);
-    Emit(OpKind::LoadBatch, {}, {labels}, CommKind::None, {1});
+    Emit(attrs::LoadBatch{.what = BatchPart::kLabels}, {}, {labels});
     cmax = Stat("loss.max", {tokens_});
-    Emit(OpKind::CrossEntropyMax, {logits}, {cmax});
-    if (tp_ > 1) Emit(OpKind::AllReduce, {cmax}, {cmax}, CommKind::Tp, {prog::kReduceMax});
+    Emit(attrs::CrossEntropyMax{}, {logits}, {cmax});
+    if (tp_ > 1) Emit(attrs::AllReduce{.reduce_op = ReduceOp::kMax}, {cmax}, {cmax}, CommKind::Tp);
     cst = Stat("loss.sumexp_target", {tokens_, 2});
-    Emit(OpKind::CrossEntropySumExp, {logits, cmax, labels}, {cst}, tp_comm_);
-    if (tp_ > 1) Emit(OpKind::AllReduce, {cst}, {cst}, CommKind::Tp, {prog::kReduceSum});
-    Emit(OpKind::CrossEntropyLoss, {cmax, cst}, {loss_sum_}, CommKind::None, {},
-         {1.0 / static_cast<double>(s_.microbatches)});
+    Emit(attrs::CrossEntropySumExp{}, {logits, cmax, labels}, {cst}, tp_comm_);
+    if (tp_ > 1) Emit(attrs::AllReduce{}, {cst}, {cst}, CommKind::Tp);
+    Emit(attrs::CrossEntropyLoss{.scale = 1.0 / static_cast<double>(s_.microbatches)}, {cmax, cst},
+         {loss_sum_});
   } else {
     chunk.output = x;
   }
@@ -435,10 +446,11 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   chunk.grad = gx;
   if (cl.loss) {
     int32_t dz = Act("logits.grad", {tokens_, vocab_local});
-    Emit(OpKind::CrossEntropyBackward, {logits, cmax, cst, labels}, {dz}, tp_comm_, {},
-         {1.0 / static_cast<double>(s_.microbatches * p_.dp)});
+    Emit(attrs::CrossEntropyBackward{.grad_scale =
+                                         1.0 / static_cast<double>(s_.microbatches * p_.dp)},
+         {logits, cmax, cst, labels}, {dz}, tp_comm_);
     int32_t dnf = Act("final_norm.out_full.grad", {tokens_, h});
-    Emit(OpKind::LinearBackward, {dz, nff, out_w.value}, {dnf, out_w.grad}, CommKind::None, {0});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, nff, out_w.value}, {dnf, out_w.grad});
     int32_t dn = ReduceGradToRows(dnf, "final_norm.out.grad");
     NormBackward(final_norm, fno, x, dn, gx, /*accumulate=*/false);
   }
@@ -454,9 +466,9 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     }
     // MLP
     int32_t gxf = GatherSp(gx, "mlp.down.grad_full", h);
-    if (P.b2.value >= 0) Emit(OpKind::AddBiasBackward, {gx}, {P.b2.grad});
+    if (P.b2.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {P.b2.grad});
     int32_t da = Act("mlp.act.grad", {tokens_, ffn});
-    Emit(OpKind::LinearBackward, {gxf, S.a, P.w2.value}, {da, P.w2.grad}, CommKind::None, {0});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, S.a, P.w2.value}, {da, P.w2.grad});
     int32_t dn2f = Act("mlp_norm.out_full.grad", {tokens_, h});
     auto lin_grads = [&](int32_t dx, const ParamRef& w, const ParamRef& b) {
       std::vector<int32_t> v = {dx, w.grad};
@@ -465,23 +477,25 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     };
     if (gpt) {
       int32_t dg = Act("mlp.fc1_out.grad", {tokens_, ffn});
-      Emit(OpKind::GeluBackward, {da, S.g}, {dg});
-      Emit(OpKind::LinearBackward, {dg, S.n2f, P.w1.value}, lin_grads(dn2f, P.w1, P.b1),
-           CommKind::None, {0});
+      Emit(attrs::GeluBackward{}, {da, S.g}, {dg});
+      Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, S.n2f, P.w1.value},
+           lin_grads(dn2f, P.w1, P.b1));
     } else {
       int32_t dg = Act("mlp.gate.grad", {tokens_, ffn});
       int32_t du = Act("mlp.up.grad", {tokens_, ffn});
-      Emit(OpKind::SwiGluBackward, {da, S.g, S.u}, {dg, du});
-      Emit(OpKind::LinearBackward, {dg, S.n2f, P.w1.value}, {dn2f, P.w1.grad}, CommKind::None, {0});
-      Emit(OpKind::LinearBackward, {du, S.n2f, P.w3.value}, {dn2f, P.w3.grad}, CommKind::None, {1});
+      Emit(attrs::SwiGluBackward{}, {da, S.g, S.u}, {dg, du});
+      Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, S.n2f, P.w1.value},
+           {dn2f, P.w1.grad});
+      Emit(attrs::LinearBackward{.dx_accumulate = true}, {du, S.n2f, P.w3.value},
+           {dn2f, P.w3.grad});
     }
     int32_t dn2 = ReduceGradToRows(dn2f, "mlp_norm.out.grad");
     NormBackward(P.n2, S.no2, S.x1, dn2, gx, /*accumulate=*/true);
     // Attention
     int32_t gxf2 = GatherSp(gx, "attention.proj.grad_full", h);
-    if (P.bo.value >= 0) Emit(OpKind::AddBiasBackward, {gx}, {P.bo.grad});
+    if (P.bo.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {P.bo.grad});
     int32_t dout = Act("attention.out.grad", {tokens_, heads * hd});
-    Emit(OpKind::LinearBackward, {gxf2, S.o, P.wo.value}, {dout, P.wo.grad}, CommKind::None, {0});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf2, S.o, P.wo.value}, {dout, P.wo.grad});
     int32_t dq = Act("q.grad", {tokens_, heads * hd});
     int32_t dk = Act("k.grad", {tokens_, kv * hd});
     int32_t dv = Act("v.grad", {tokens_, kv * hd});
@@ -490,31 +504,29 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
       // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
       o = Act("recompute.attention.out", {tokens_, heads * hd});
       lse = Stat("recompute.attention.lse", {m_.micro_batch, heads, m_.seq_len});
-      Emit(OpKind::Attention, {S.q, S.k, S.v}, {o, lse}, CommKind::None, AttentionInts(),
-           {AttentionScale()});
+      Emit(AttentionAttrs<attrs::Attention>(), {S.q, S.k, S.v}, {o, lse});
     }
-    Emit(OpKind::AttentionBackward, {dout, S.q, S.k, S.v, o, lse}, {dq, dk, dv}, CommKind::None,
-         AttentionInts(), {AttentionScale()});
+    Emit(AttentionAttrs<attrs::AttentionBackward>(), {dout, S.q, S.k, S.v, o, lse}, {dq, dk, dv});
     if (m_.position == prog::PositionKind::Rope) {
-      Emit(OpKind::RopeBackward, {dq}, {dq}, CommKind::None, {heads, hd}, {m_.rope_theta});
-      Emit(OpKind::RopeBackward, {dk}, {dk}, CommKind::None, {kv, hd}, {m_.rope_theta});
+      Emit(attrs::RopeBackward{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {dq}, {dq});
+      Emit(attrs::RopeBackward{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {dk}, {dk});
     }
     int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
-    Emit(OpKind::LinearBackward, {dq, S.n1f, P.wq.value}, lin_grads(dn1f, P.wq, P.bq),
-         CommKind::None, {0});
-    Emit(OpKind::LinearBackward, {dk, S.n1f, P.wk.value}, lin_grads(dn1f, P.wk, P.bk),
-         CommKind::None, {1});
-    Emit(OpKind::LinearBackward, {dv, S.n1f, P.wv.value}, lin_grads(dn1f, P.wv, P.bv),
-         CommKind::None, {1});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, S.n1f, P.wq.value},
+         lin_grads(dn1f, P.wq, P.bq));
+    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dk, S.n1f, P.wk.value},
+         lin_grads(dn1f, P.wk, P.bk));
+    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dv, S.n1f, P.wv.value},
+         lin_grads(dn1f, P.wv, P.bv));
     int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
     NormBackward(P.n1, S.no1, S.x, dn1, gx, /*accumulate=*/true);
   }
   layer_ = -1;
   if (cl.embedding) {
     if (pos.value >= 0)
-      Emit(OpKind::AddPositionBackward, {gx}, {pos.grad}, p_.sp ? tp_comm_ : CommKind::None);
+      Emit(attrs::AddPositionBackward{}, {gx}, {pos.grad}, p_.sp ? tp_comm_ : CommKind::None);
     int32_t gfull = GatherSp(gx, "embedding.out.grad_full", h);
-    Emit(OpKind::EmbeddingBackward, {gfull, ids}, {word.grad}, tp_comm_);
+    Emit(attrs::EmbeddingBackward{}, {gfull, ids}, {word.grad}, tp_comm_);
   }
   body_ = nullptr;
 }
@@ -645,9 +657,9 @@ void RoleLowering::ScopeBucketsInBodies() {
             const int32_t k = bucket_of[x];
             const Bucket& b = role_.buckets[k];
             if (is_grad[x] && opened.insert(k).second)
-              Emit(OpKind::Fill, {}, {b.grads}, CommKind::None, {}, {0.0});
+              Emit(attrs::Fill{.value = 0.0}, {}, {b.grads});
             if (!is_grad[x] && gathered.insert(k).second)
-              Emit(OpKind::AllGather, {b.param_shard}, {b.params}, CommKind::Dp);
+              Emit(attrs::AllGather{}, {b.param_shard}, {b.params}, CommKind::Dp);
           }
         }
         body.ops.push_back(ops[i]);
@@ -656,9 +668,9 @@ void RoleLowering::ScopeBucketsInBodies() {
           const Bucket& b = role_.buckets[k];
           for (const Param& prm : role_.params)
             if (prm.grad_sync_tp && role_.buffers[prm.grad].view_of == b.grads)
-              Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
-          Emit(OpKind::ReduceScatter, {b.grads}, {b.grad_shard}, CommKind::Dp,
-               {prog::kReduceSum, /*accumulate=*/1});
+              Emit(attrs::AllReduce{}, {prm.grad}, {prm.grad}, CommKind::Tp);
+          Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum, .accumulate = true}, {b.grads},
+               {b.grad_shard}, CommKind::Dp);
         }
       }
     }
@@ -679,7 +691,7 @@ StepBodies RoleLowering::BuildStepBodies() {
     std::vector<int32_t> outs;
     for (const Bucket& b : role_.buckets) outs.push_back(shard_grads_ ? b.grad_shard : b.grads);
     outs.push_back(loss_sum_);
-    Emit(OpKind::Fill, {}, outs, CommKind::None, {}, {0.0});
+    Emit(attrs::Fill{.value = 0.0}, {}, outs);
   }
   // Reduce grads: sequence-parallel partials over Tp, tied embedding over Embedding, then Dp.
   role_.bodies.push_back({"reduce_grads", {}});
@@ -688,8 +700,7 @@ StepBodies RoleLowering::BuildStepBodies() {
   // (With sharded grads the Tp and Dp reductions already ran at the end of every backward body.)
   if (!shard_grads_)
     for (const Param& prm : role_.params)
-      if (prm.grad_sync_tp)
-        Emit(OpKind::AllReduce, {prm.grad}, {prm.grad}, CommKind::Tp, {prog::kReduceSum});
+      if (prm.grad_sync_tp) Emit(attrs::AllReduce{}, {prm.grad}, {prm.grad}, CommKind::Tp);
   if (m_.tied_embeddings && p_.pp > 1) {
     int32_t prm = word_embedding_param_ >= 0 ? word_embedding_param_ : output_copy_param_;
     if (prm >= 0) {
@@ -699,13 +710,17 @@ StepBodies RoleLowering::BuildStepBodies() {
         for (const Bucket& b : role_.buckets)
           if (role_.buffers[g].view_of == b.grads) g = b.grad_shard;
       }
-      Emit(OpKind::AllReduce, {g}, {g}, CommKind::Embedding, {prog::kReduceSum});
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {g}, {g}, CommKind::Embedding);
     }
   }
-  if (p_.dp > 1 && !shard_grads_)
-    for (const Bucket& b : role_.buckets)
-      Emit(sharded ? OpKind::ReduceScatter : OpKind::AllReduce, {b.grads}, {b.grads}, CommKind::Dp,
-           {prog::kReduceSum});
+  if (p_.dp > 1 && !shard_grads_) {
+    for (const Bucket& b : role_.buckets) {
+      if (sharded)
+        Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Dp);
+      else
+        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Dp);
+    }
+  }
   // Optimizer step.
   role_.bodies.push_back({"optimizer_step", {}});
   sb.optimizer_step = static_cast<int32_t>(role_.bodies.size() - 1);
@@ -714,27 +729,31 @@ StepBodies RoleLowering::BuildStepBodies() {
   {
     std::vector<int32_t> grads;
     for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
-    Emit(OpKind::GradNormSquare, grads, {nsq}, sharded ? CommKind::Dp : CommKind::None);
+    Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? CommKind::Dp : CommKind::None);
     int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
     if (sharded) {
-      if (world > 1) Emit(OpKind::AllReduce, {nsq}, {nsq}, CommKind::World, {prog::kReduceSum});
+      if (world > 1)
+        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
     } else if (p_.tp * p_.pp > 1) {
-      Emit(OpKind::AllReduce, {nsq}, {nsq}, CommKind::Mp, {prog::kReduceSum});
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
     }
   }
-  OpKind update = s_.sgd ? OpKind::Sgd : OpKind::AdamW;
   for (const Bucket& b : role_.buckets) {
     // ZeRO-3: the gathered bucket is released here; the update reads and writes shards only.
     int32_t params = gather_params_ ? b.param_shard : b.params;
     int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
-    Emit(update, {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq}, {params},
-         sharded ? CommKind::Dp : CommKind::None, {b.chunk});
-    if (sharded && !gather_params_) Emit(OpKind::AllGather, {b.params}, {b.params}, CommKind::Dp);
+    const std::vector<int32_t> in = {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq};
+    const CommKind comm = sharded ? CommKind::Dp : CommKind::None;
+    if (s_.sgd)
+      Emit(attrs::Sgd{.chunk = b.chunk}, in, {params}, comm);
+    else
+      Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
+    if (sharded && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, CommKind::Dp);
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
   if (has_loss && p_.dp > 1)
-    Emit(OpKind::AllReduce, {loss_sum_}, {loss_sum_}, CommKind::Dp, {prog::kReduceAvg});
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kAvg}, {loss_sum_}, {loss_sum_}, CommKind::Dp);
   // ZeRO-3 gathers inside the chunk bodies (ScopeBucketsInBodies); no GatherParams bodies.
   body_ = nullptr;
   return sb;

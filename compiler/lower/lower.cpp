@@ -12,6 +12,7 @@
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/schedule.h"
 #include "compiler/lower/verify.h"
+#include "runtime/format/ops.h"
 
 namespace paraplan::lower {
 
@@ -222,11 +223,12 @@ void AssignSlots(Role& role) {
   };
   for (Op& op : role.schedule) {
     bool p2p = IsP2p(op.kind);
-    int64_t group = p2p ? op.Int(4) : 0;
+    const prog::StepAttrs step = prog::DecodeStepAttrs(op);
+    int64_t group = p2p ? step.group : 0;
     if (!p2p || group == 0 || group != current_group) flush();
     current_group = group;
     if (op.kind != OpKind::Forward && op.kind != OpKind::Backward && !p2p) continue;
-    int64_t mb = op.Int(0), c = op.Int(1);
+    int64_t mb = step.microbatch, c = step.chunk;
     auto key = std::make_pair(mb, c);
     auto it = slot_of.find(key);
     int32_t slot;
@@ -245,7 +247,7 @@ void AssignSlots(Role& role) {
     } else {
       slot = it->second;
     }
-    op.ints[prog::kP2pSlot] = slot;
+    prog::SetStepSlot(op, slot);
     const Chunk& ch = role.chunks[c];
     bool last_use = op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && ch.stage == 0);
     if (last_use) {
@@ -260,39 +262,43 @@ void AssignSlots(Role& role) {
 
 void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
                    const ParallelConfig& par, Role& role) {
+  namespace attrs = prog::attrs;
   std::vector<Op>& out = role.schedule;
-  out.push_back(Op{OpKind::ZeroGrads, {}, {}, CommKind::None, {sb.zero_grads}, {}});
+  out.push_back(prog::MakeOp(attrs::ZeroGrads{.body = sb.zero_grads}, {}, {}));
   for (const PipelineStep& st : steps) {
     const Chunk& c = role.chunks[st.chunk];
-    Op op;
-    op.kind = st.kind;
+    // Slots are assigned afterwards (AssignSlots); transfers name their peer and group.
     switch (st.kind) {
       case OpKind::Forward:
+        out.push_back(prog::MakeOp(attrs::Forward{st.microbatch, st.chunk, 0}, {}, {}));
+        break;
       case OpKind::Backward:
-        op.ints = {st.microbatch, st.chunk, 0};
-        out.push_back(op);
-        continue;
+        out.push_back(prog::MakeOp(attrs::Backward{st.microbatch, st.chunk, 0}, {}, {}));
+        break;
       case OpKind::SendActivation:
-        op.inputs = {c.output};
+        out.push_back(
+            prog::MakeOp(attrs::SendActivation{st.microbatch, st.chunk, 0, st.peer, st.group},
+                         {c.output}, {}, CommKind::Pp));
         break;
       case OpKind::RecvActivation:
-        op.outputs = {c.input};
+        out.push_back(
+            prog::MakeOp(attrs::RecvActivation{st.microbatch, st.chunk, 0, st.peer, st.group}, {},
+                         {c.input}, CommKind::Pp));
         break;
       case OpKind::SendGrad:
-        op.inputs = {c.grad};
+        out.push_back(prog::MakeOp(attrs::SendGrad{st.microbatch, st.chunk, 0, st.peer, st.group},
+                                   {c.grad}, {}, CommKind::Pp));
         break;
       case OpKind::RecvGrad:
-        op.outputs = {c.grad};
+        out.push_back(prog::MakeOp(attrs::RecvGrad{st.microbatch, st.chunk, 0, st.peer, st.group},
+                                   {}, {c.grad}, CommKind::Pp));
         break;
       default:
         break;
     }
-    op.comm = CommKind::Pp;
-    op.ints = {st.microbatch, st.chunk, 0, st.peer, st.group};
-    out.push_back(op);
   }
-  out.push_back(Op{OpKind::ReduceGrads, {}, {}, CommKind::None, {sb.reduce_grads}, {}});
-  out.push_back(Op{OpKind::OptimizerStep, {}, {}, CommKind::None, {sb.optimizer_step}, {}});
+  out.push_back(prog::MakeOp(attrs::ReduceGrads{.body = sb.reduce_grads}, {}, {}));
+  out.push_back(prog::MakeOp(attrs::OptimizerStep{.body = sb.optimizer_step}, {}, {}));
   (void)par;
 }
 

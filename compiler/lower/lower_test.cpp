@@ -575,7 +575,7 @@ TEST_CASE("structural damage is reported before simulation") {
   // structure yields the diagnostic through VerifyWorld's first message.
   Program p = MustLower(TinyPlan(1, 2, 1), false);
   p.roles[0].schedule[1].ints[1] = 7;  // chunk out of range
-  CHECK(Joined(VerifyWorld(p)).find("chunk 7 out of range") != std::string::npos);
+  CHECK(Joined(VerifyWorld(p)).find("chunk = 7 lies outside 0 .. 0") != std::string::npos);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/verify.h"
+#include "runtime/format/ops.h"
 
 namespace paraplan::lower {
 
@@ -30,24 +31,25 @@ std::string ShortSchedule(const Role& role) {
   std::string out;
   for (const Op& op : role.schedule) {
     std::string t;
+    const prog::StepAttrs s = prog::DecodeStepAttrs(op);
     switch (op.kind) {
       case OpKind::Forward:
-        t = fmt::format("F{}{}", op.Int(0), std::string(op.Int(1), '\''));
+        t = fmt::format("F{}{}", s.microbatch, std::string(s.chunk, '\''));
         break;
       case OpKind::Backward:
-        t = fmt::format("B{}{}", op.Int(0), std::string(op.Int(1), '\''));
+        t = fmt::format("B{}{}", s.microbatch, std::string(s.chunk, '\''));
         break;
       case OpKind::SendActivation:
-        t = fmt::format("sa{}", op.Int(0));
+        t = fmt::format("sa{}", s.microbatch);
         break;
       case OpKind::RecvActivation:
-        t = fmt::format("ra{}", op.Int(0));
+        t = fmt::format("ra{}", s.microbatch);
         break;
       case OpKind::SendGrad:
-        t = fmt::format("sg{}", op.Int(0));
+        t = fmt::format("sg{}", s.microbatch);
         break;
       case OpKind::RecvGrad:
-        t = fmt::format("rg{}", op.Int(0));
+        t = fmt::format("rg{}", s.microbatch);
         break;
       case OpKind::GatherParams:
       case OpKind::ReleaseParams:
@@ -74,6 +76,10 @@ std::string PrintOp(const Role& role, const Op& op) {
   std::string out = fmt::format("{}({})", OpName(op.kind), names(op.inputs));
   if (!op.outputs.empty()) out += " -> " + names(op.outputs);
   if (op.comm != CommKind::None) out += fmt::format(" [{}]", CommName(op.comm));
+  if (prog::FindOp(op.kind)) {  // attributes by the registry's names: "what=labels"
+    if (std::string attrs = prog::FormatAttrs(op); !attrs.empty()) out += " " + attrs;
+    return out;
+  }
   if (!op.ints.empty()) out += fmt::format(" ints={}", Shape(op.ints));
   if (!op.floats.empty()) {
     out += " floats=[";
@@ -155,13 +161,14 @@ std::string PrintRank(const Program& p, int32_t rank) {
   for (size_t i = 0; i < r.schedule.size(); ++i) {
     const Op& op = r.schedule[i];
     std::string line = DescribeOp(op);
+    const prog::StepAttrs s = prog::DecodeStepAttrs(op);
     if (IsP2p(op.kind))
       line = fmt::format("{}(microbatch {}, chunk {}, slot {}, peer rank {}{})", OpName(op.kind),
-                         op.Int(0), op.Int(1), op.Int(2), p.MemberOf(rank, CommKind::Pp, op.Int(3)),
-                         op.Int(4) ? fmt::format(", group {}", op.Int(4)) : "");
+                         s.microbatch, s.chunk, s.slot, p.MemberOf(rank, CommKind::Pp, s.peer),
+                         s.group ? fmt::format(", group {}", s.group) : "");
     else if (op.kind == OpKind::Forward || op.kind == OpKind::Backward)
-      line = fmt::format("{}(microbatch {}, chunk {}, slot {})", OpName(op.kind), op.Int(0),
-                         op.Int(1), op.Int(2));
+      line = fmt::format("{}(microbatch {}, chunk {}, slot {})", OpName(op.kind), s.microbatch,
+                         s.chunk, s.slot);
     out += fmt::format("  #{} {}\n", i, line);
   }
   out += "buffers:\n";

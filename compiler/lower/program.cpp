@@ -6,59 +6,13 @@
 #include <algorithm>
 #include <cctype>
 
+#include "runtime/format/ops.h"
+
 namespace paraplan::lower {
 
 std::string_view OpName(OpKind kind) {
-  switch (kind) {
-    case OpKind::Forward:
-      return "forward";
-    case OpKind::Backward:
-      return "backward";
-    case OpKind::SendActivation:
-      return "send_activation";
-    case OpKind::RecvActivation:
-      return "recv_activation";
-    case OpKind::SendGrad:
-      return "send_grad";
-    case OpKind::RecvGrad:
-      return "recv_grad";
-    case OpKind::ZeroGrads:
-      return "zero_grads";
-    case OpKind::ReduceGrads:
-      return "reduce_grads";
-    case OpKind::OptimizerStep:
-      return "optimizer_step";
-    case OpKind::GatherParams:
-      return "gather_params";
-    case OpKind::ReleaseParams:
-      return "release_params";
-    case OpKind::AllReduce:
-      return "all_reduce";
-    case OpKind::ReduceScatter:
-      return "reduce_scatter";
-    case OpKind::AllGather:
-      return "all_gather";
-    case OpKind::Broadcast:
-      return "broadcast";
-    case OpKind::AllToAll:
-      return "all_to_all";
-    default:
-      break;
-  }
-  // Other kinds: the schema's name in snake case (RmsNormBackward -> rms_norm_backward).
-  static thread_local std::string name;
-  const char* camel = prog::EnumNameOpKind(kind);
-  if (!camel || !*camel) return "unknown";
-  name.clear();
-  for (const char* p = camel; *p; ++p) {
-    if (std::isupper(static_cast<unsigned char>(*p))) {
-      if (p != camel) name += '_';
-      name += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
-    } else {
-      name += *p;
-    }
-  }
-  return name;
+  const prog::OpInfo* info = prog::FindOp(kind);
+  return info ? info->name : "unknown";
 }
 
 std::string_view CommName(CommKind kind) {
@@ -97,63 +51,19 @@ bool IsP2p(OpKind kind) {
 }
 
 bool IsCollective(OpKind kind) {
-  return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter || kind == OpKind::AllGather ||
-         kind == OpKind::Broadcast || kind == OpKind::AllToAll;
+  const prog::OpInfo* info = prog::FindOp(kind);
+  return info && info->op_class == prog::OpClass::kCollective;
 }
 
 // --- structure -------------------------------------------------------------------------------
 
 namespace {
 
-void CheckOpIndices(const Role& role, const Op& op, const std::string& where,
-                    std::vector<std::string>& out) {
-  auto nb = static_cast<int32_t>(role.buffers.size());
-  for (int32_t b : op.inputs)
-    if (b < 0 || b >= nb)
-      out.push_back(fmt::format("{}: input buffer {} out of range [0, {})", where, b, nb));
-  for (int32_t b : op.outputs)
-    if (b < 0 || b >= nb)
-      out.push_back(fmt::format("{}: output buffer {} out of range [0, {})", where, b, nb));
-  auto nbody = static_cast<int64_t>(role.bodies.size());
-  auto nchunk = static_cast<int64_t>(role.chunks.size());
-  switch (op.kind) {
-    case OpKind::Forward:
-    case OpKind::Backward:
-    case OpKind::SendActivation:
-    case OpKind::RecvActivation:
-    case OpKind::SendGrad:
-    case OpKind::RecvGrad: {
-      size_t need = (op.kind == OpKind::Forward || op.kind == OpKind::Backward) ? 3 : 5;
-      if (op.ints.size() < need) {
-        out.push_back(fmt::format("{}: {} needs {} ints, has {}", where, OpName(op.kind), need,
-                                  op.ints.size()));
-        break;
-      }
-      int64_t c = op.ints[prog::kP2pChunk];
-      if (c < 0 || c >= nchunk) {
-        out.push_back(fmt::format("{}: chunk {} out of range [0, {})", where, c, nchunk));
-        break;
-      }
-      int64_t s = op.ints[prog::kP2pSlot];
-      if (s < 0 || s >= role.chunks[c].slots)
-        out.push_back(
-            fmt::format("{}: slot {} out of range [0, {})", where, s, role.chunks[c].slots));
-      break;
-    }
-    case OpKind::ZeroGrads:
-    case OpKind::ReduceGrads:
-    case OpKind::OptimizerStep:
-      if (op.ints.empty() || op.ints[0] < 0 || op.ints[0] >= nbody)
-        out.push_back(
-            fmt::format("{}: {} names no body in [0, {})", where, OpName(op.kind), nbody));
-      break;
-    case OpKind::GatherParams:
-      if (op.ints.size() < 2 || op.ints[1] < 0 || op.ints[1] >= nbody)
-        out.push_back(fmt::format("{}: gather_params names no body in [0, {})", where, nbody));
-      break;
-    default:
-      break;
-  }
+// The registry's check of one op (runtime/format/ops.h), the same the runtime's loader runs.
+void CheckRoleOp(const Role& role, const Op& op, prog::OpPlace place, const std::string& where,
+                 std::vector<std::string>& out) {
+  if (std::string problem = prog::CheckOp(role, op, place); !problem.empty())
+    out.push_back(fmt::format("{}: {} {}", where, prog::OpDisplayName(op.kind), problem));
 }
 
 }  // namespace
@@ -242,11 +152,12 @@ std::vector<std::string> VerifyStructure(const Program& p) {
               fmt::format("{}: chunk {} names buffer {} out of range", role.name, c.index, b));
     }
     for (size_t i = 0; i < role.schedule.size(); ++i)
-      CheckOpIndices(role, role.schedule[i], fmt::format("{} schedule op #{}", role.name, i), out);
+      CheckRoleOp(role, role.schedule[i], prog::OpPlace::kSchedule,
+                  fmt::format("{} schedule op #{}", role.name, i), out);
     for (const Body& body : role.bodies)
       for (size_t i = 0; i < body.ops.size(); ++i)
-        CheckOpIndices(role, body.ops[i],
-                       fmt::format("{} body '{}' op #{}", role.name, body.name, i), out);
+        CheckRoleOp(role, body.ops[i], prog::OpPlace::kBody,
+                    fmt::format("{} body '{}' op #{}", role.name, body.name, i), out);
   }
   return out;
 }

@@ -49,7 +49,8 @@ using Program = prog::mem::Program;
 // chunk's bodies only).
 std::vector<int32_t> StashChunks(const Role& role);
 
-// Structural checks (indices in range, sizes consistent). Empty when fine.
+// Structural checks (indices in range, sizes consistent; every op against the op registry with
+// prog::CheckOp, the check the runtime's loader runs too). Empty when fine.
 std::vector<std::string> VerifyStructure(const Program& program);
 
 // Serialisation. ToFlatBuffer never fails; FromFlatBuffer runs the FlatBuffers verifier and

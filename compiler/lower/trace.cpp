@@ -7,6 +7,7 @@
 #include <map>
 
 #include "compiler/lower/verify.h"
+#include "runtime/format/ops.h"
 
 namespace paraplan::lower {
 
@@ -38,11 +39,11 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
   // Post time of each rank's current transfer group, per (rank, schedule op index of its first op).
   auto role_of = [&](size_t i) -> const Role& { return p.roles[p.ranks[ranks[i]].role]; };
   auto group_end = [&](const Role& role, size_t at) {
-    const Op& op = role.schedule[at];
+    const int64_t group = prog::DecodeStepAttrs(role.schedule[at]).group;
     size_t j = at + 1;
-    if (op.Int(4) != 0)
+    if (group != 0)
       while (j < role.schedule.size() && IsP2p(role.schedule[j].kind) &&
-             role.schedule[j].Int(4) == op.Int(4))
+             prog::DecodeStepAttrs(role.schedule[j]).group == group)
         ++j;
     return j;
   };
@@ -56,8 +57,9 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
       const Op& op = role.schedule[k];
       if (!IsP2p(op.kind)) continue;
       bool send = op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad;
-      int64_t s = count[{static_cast<int32_t>(op.Int(3)), send}]++;
-      index[i][{static_cast<int32_t>(op.Int(3)), send, s}] = k;
+      const auto peer = static_cast<int32_t>(prog::DecodeStepAttrs(op).peer);
+      int64_t s = count[{peer, send}]++;
+      index[i][{peer, send, s}] = k;
       seq_of[i][k] = s;
     }
   }
@@ -81,10 +83,11 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
         int32_t pr = role.pipeline_rank;
         if (op.kind == OpKind::Forward || op.kind == OpKind::Backward) {
           double dur = op.kind == OpKind::Forward ? d.forward_s[pr] : d.backward_s[pr];
+          const prog::StepAttrs s = prog::DecodeStepAttrs(op);
           slices.push_back({static_cast<int32_t>(i),
-                            fmt::format("{}{}{}", op.kind == OpKind::Forward ? 'F' : 'B', op.Int(0),
-                                        std::string(op.Int(1), '\'')),
-                            "compute", clock[i], dur, op.Int(0), op.Int(1)});
+                            fmt::format("{}{}{}", op.kind == OpKind::Forward ? 'F' : 'B',
+                                        s.microbatch, std::string(s.chunk, '\'')),
+                            "compute", clock[i], dur, s.microbatch, s.chunk});
           clock[i] += dur;
           ++pos[i];
           progress = true;
@@ -97,7 +100,7 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
           bool ready = true;
           for (size_t k = pos[i]; k < end && ready; ++k) {
             const Op& t = role.schedule[k];
-            int32_t peer_rank = p.MemberOf(rank, CommKind::Pp, t.Int(3));
+            int32_t peer_rank = p.MemberOf(rank, CommKind::Pp, prog::DecodeStepAttrs(t).peer);
             auto it = row_of.find(peer_rank);
             if (it == row_of.end()) continue;
             size_t j = static_cast<size_t>(it->second);
@@ -112,8 +115,9 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
             // The partner's group must be posted: its position is at or past the group's start.
             size_t pstart = f->second;
             while (pstart > 0 && IsP2p(prole.schedule[pstart - 1].kind) &&
-                   prole.schedule[pstart].Int(4) != 0 &&
-                   prole.schedule[pstart - 1].Int(4) == prole.schedule[pstart].Int(4))
+                   prog::DecodeStepAttrs(prole.schedule[pstart]).group != 0 &&
+                   prog::DecodeStepAttrs(prole.schedule[pstart - 1]).group ==
+                       prog::DecodeStepAttrs(prole.schedule[pstart]).group)
               --pstart;
             auto when = posted[j].find(pstart);
             if (when == posted[j].end()) {
@@ -125,8 +129,9 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
           if (!ready) break;
           for (size_t k = pos[i]; k < end; ++k) {
             const Op& t = role.schedule[k];
+            const prog::StepAttrs s = prog::DecodeStepAttrs(t);
             slices.push_back({static_cast<int32_t>(i), DescribeOp(t), "pipeline", start,
-                              d.transfer_s, t.Int(0), t.Int(1)});
+                              d.transfer_s, s.microbatch, s.chunk});
           }
           clock[i] = start + d.transfer_s;
           pos[i] = end;

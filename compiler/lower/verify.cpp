@@ -7,26 +7,31 @@
 #include <map>
 #include <unordered_map>
 
+#include "runtime/format/ops.h"
+
 namespace paraplan::lower {
 
 std::string DescribeOp(const Op& op) {
+  const prog::StepAttrs s = prog::DecodeStepAttrs(op);
   switch (op.kind) {
     case OpKind::Forward:
     case OpKind::Backward:
-      return fmt::format("{}(microbatch {}, chunk {})", OpName(op.kind), op.Int(0), op.Int(1));
+      return fmt::format("{}(microbatch {}, chunk {})", OpName(op.kind), s.microbatch, s.chunk);
     case OpKind::SendActivation:
     case OpKind::RecvActivation:
     case OpKind::SendGrad:
     case OpKind::RecvGrad:
-      return fmt::format("{}(microbatch {}, chunk {}, peer {})", OpName(op.kind), op.Int(0),
-                         op.Int(1), op.Int(3));
+      return fmt::format("{}(microbatch {}, chunk {}, peer {})", OpName(op.kind), s.microbatch,
+                         s.chunk, s.peer);
     default:
       if (op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) {
-        int64_t r = op.Int(0);
+        const prog::ReduceOp r = op.kind == OpKind::AllReduce
+                                     ? prog::DecodeAttrs<prog::attrs::AllReduce>(op).reduce_op
+                                     : prog::DecodeAttrs<prog::attrs::ReduceScatter>(op).reduce_op;
         return fmt::format("{}[{}, {}]", OpName(op.kind), CommName(op.comm),
-                           r == prog::kReduceMax   ? "max"
-                           : r == prog::kReduceAvg ? "avg"
-                                                   : "sum");
+                           r == prog::ReduceOp::kMax   ? "max"
+                           : r == prog::ReduceOp::kAvg ? "avg"
+                                                       : "sum");
       }
       if (IsCollective(op.kind)) return fmt::format("{}[{}]", OpName(op.kind), CommName(op.comm));
       return std::string(OpName(op.kind));
@@ -34,6 +39,21 @@ std::string DescribeOp(const Op& op) {
 }
 
 namespace {
+
+// What the members of a collective must agree on besides its kind and size: the reduction of
+// AllReduce / ReduceScatter, the root of Broadcast; -1 for the others.
+int64_t CollectiveArgument(const Op& op) {
+  switch (op.kind) {
+    case OpKind::AllReduce:
+      return static_cast<int64_t>(prog::DecodeAttrs<prog::attrs::AllReduce>(op).reduce_op);
+    case OpKind::ReduceScatter:
+      return static_cast<int64_t>(prog::DecodeAttrs<prog::attrs::ReduceScatter>(op).reduce_op);
+    case OpKind::Broadcast:
+      return prog::DecodeAttrs<prog::attrs::Broadcast>(op).root;
+    default:
+      return -1;
+  }
+}
 
 enum class ItemType : uint8_t { kCompute, kP2p, kCollective };
 
@@ -61,8 +81,7 @@ struct RoleStream {
 const Op& OpOf(const Role& role, const Item& it) {
   const Op& s = role.schedule[it.schedule_op];
   if (it.type != ItemType::kCollective) return s;
-  int64_t body = s.kind == OpKind::GatherParams ? s.Int(1) : s.Int(0);
-  return role.bodies[body].ops[it.body_op];
+  return role.bodies[prog::StepBody(s)].ops[it.body_op];
 }
 
 std::string Where(const Program& p, int32_t rank, const Item& it) {
@@ -118,7 +137,8 @@ class WorldVerifier {
       const Op& op = role.schedule[i];
       bool compute = op.kind == OpKind::Forward || op.kind == OpKind::Backward;
       if (!compute && !IsP2p(op.kind)) continue;
-      int64_t mb = op.Int(0), c = op.Int(1);
+      const prog::StepAttrs step = prog::DecodeStepAttrs(op);
+      int64_t mb = step.microbatch, c = step.chunk;
       if (mb < 0 || mb >= m) {
         Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i, DescribeOp(op),
                           m));
@@ -188,14 +208,13 @@ class WorldVerifier {
     std::vector<std::string> sig;
     for (const Op& op : role.schedule) {
       if (op.kind != OpKind::Forward && op.kind != OpKind::Backward) continue;
-      const Chunk& c = role.chunks[op.Int(1)];
+      const Chunk& c = role.chunks[prog::DecodeStepAttrs(op).chunk];
       const Body& body = role.bodies[op.kind == OpKind::Forward ? c.forward : c.backward];
       for (const Op& bop : body.ops)
         if (IsCollective(bop.kind) && bop.comm == kind)
-          sig.push_back(fmt::format("{} of {} in {}: {} bytes, op {}", DescribeOp(bop),
-                                    DescribeOp(op), body.name,
-                                    bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes,
-                                    bop.ints.empty() ? -1 : bop.ints[0]));
+          sig.push_back(fmt::format(
+              "{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeOp(op), body.name,
+              bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes, CollectiveArgument(bop)));
     }
     return sig;
   }
@@ -265,7 +284,7 @@ class WorldVerifier {
           it.type = ItemType::kP2p;
           it.schedule_op = i;
           it.send = op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad;
-          it.peer = static_cast<int32_t>(op.Int(3));
+          it.peer = static_cast<int32_t>(prog::DecodeStepAttrs(op).peer);
           it.seq = p2p_seq[{it.peer, it.send}]++;
           const auto& operands = it.send ? op.inputs : op.outputs;
           it.bytes = operands.empty() ? 0 : role.buffers[operands[0]].bytes;
@@ -273,11 +292,7 @@ class WorldVerifier {
           st.items.push_back(it);
           continue;
         }
-        int64_t body = -1;
-        if (op.kind == OpKind::ZeroGrads || op.kind == OpKind::ReduceGrads ||
-            op.kind == OpKind::OptimizerStep)
-          body = op.Int(0);
-        if (op.kind == OpKind::GatherParams) body = op.Int(1);
+        const int64_t body = prog::StepBody(op);
         if (body >= 0) {
           const Body& b = role.bodies[body];
           for (int32_t j = 0; j < static_cast<int32_t>(b.ops.size()); ++j) {
@@ -307,11 +322,11 @@ class WorldVerifier {
           ++i;
           continue;
         }
-        int64_t g = role.schedule[st.items[i].schedule_op].Int(4);
+        int64_t g = prog::DecodeStepAttrs(role.schedule[st.items[i].schedule_op]).group;
         size_t j = i + 1;
         if (g != 0)
           while (j < st.items.size() && st.items[j].type == ItemType::kP2p &&
-                 role.schedule[st.items[j].schedule_op].Int(4) == g)
+                 prog::DecodeStepAttrs(role.schedule[st.items[j].schedule_op]).group == g)
             ++j;
         for (size_t k = i; k < j; ++k) st.items[k].group_end = static_cast<int32_t>(j);
         i = j;
@@ -355,9 +370,10 @@ class WorldVerifier {
           const Op& orv = rb.schedule[ir.schedule_op];
           bool act = os.kind == OpKind::SendActivation;
           bool kind_ok = orv.kind == (act ? OpKind::RecvActivation : OpKind::RecvGrad);
-          int64_t ss = ra.chunks[os.Int(1)].stage, rs = rb.chunks[orv.Int(1)].stage;
+          const prog::StepAttrs as = prog::DecodeStepAttrs(os), ar = prog::DecodeStepAttrs(orv);
+          int64_t ss = ra.chunks[as.chunk].stage, rs = rb.chunks[ar.chunk].stage;
           bool stage_ok = act ? rs == ss + 1 : rs == ss - 1;
-          if (!kind_ok || os.Int(0) != orv.Int(0) || !stage_ok || is.bytes != ir.bytes) {
+          if (!kind_ok || as.microbatch != ar.microbatch || !stage_ok || is.bytes != ir.bytes) {
             Error(fmt::format(
                 "transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) is "
                 "received "
@@ -458,7 +474,7 @@ class WorldVerifier {
           }
           const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
           if (mop.kind != fop.kind || mi.bytes != first->bytes ||
-              (mop.ints.empty() ? -1 : mop.ints[0]) != (fop.ints.empty() ? -1 : fop.ints[0])) {
+              CollectiveArgument(mop) != CollectiveArgument(fop)) {
             Error(
                 fmt::format("collective #{} of {} communicator {} differs between its members: {} "
                             "({} bytes) vs {} "

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <new>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -13,6 +15,7 @@
 #include "antlr4-runtime.h"
 #include "compiler/ast/names.h"
 #include "compiler/base/checked.h"
+#include "compiler/parse/lean_runtime.h"
 #include "compiler/plan/plan.h"
 
 namespace paraplan {
@@ -82,8 +85,8 @@ struct SyntaxErrorInfo {
   std::string expected_text;
 };
 
-// The token type of `{` or `}`.
-size_t Brace(char c) {
+// The token type of a one-character token such as `{`, `}`, `[` or `,`.
+size_t CharToken(char c) {
   static antlr4::ANTLRInputStream empty("");
   static PlanLexer lexer(&empty);
   const auto& vocab = lexer.getVocabulary();
@@ -110,7 +113,7 @@ void FindRecoverySite(antlr4::Parser* parser, antlr4::Token* offending, SyntaxEr
     }
     if (rule == PlanParser::RuleBlock) {
       info->in_block = true;
-      if (info->expected == std::vector<size_t>{Brace('}')})
+      if (info->expected == std::vector<size_t>{CharToken('}')})
         info->expected_text = "`}` or another member";
       return;
     }
@@ -274,9 +277,37 @@ Diag TooDeep(SourceRange range, std::string_view what, std::string_view label) {
       .Help("name parts of it with `let` (`let a = ...`), or write the value itself");
 }
 
+// The tokens of a filled stream by index, read in place (getTokens() would copy its vector).
+class TokenList {
+ public:
+  explicit TokenList(antlr4::BufferedTokenStream& stream) : stream_(&stream) {}
+  size_t size() const { return stream_->size(); }
+  antlr4::Token* operator[](size_t i) const { return stream_->get(i); }
+
+  class Iterator {
+   public:
+    Iterator(const TokenList* list, size_t i) : list_(list), i_(i) {}
+    antlr4::Token* operator*() const { return (*list_)[i_]; }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const Iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const TokenList* list_;
+    size_t i_;
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size()}; }
+
+ private:
+  antlr4::BufferedTokenStream* stream_;
+};
+
 // The first token at which brackets, braces and runs of prefix operators open more than
 // kMaxNesting levels, or nullptr. Checked before ANTLR parses, whose recursion follows them.
-antlr4::Token* FirstTooDeep(const std::vector<antlr4::Token*>& tokens) {
+antlr4::Token* FirstTooDeep(const TokenList& tokens) {
   int open = 0, prefix = 0;
   for (antlr4::Token* t : tokens) {
     const std::string text = t->getType() == PlanLexer::NAME ? "" : t->getText();
@@ -295,10 +326,22 @@ antlr4::Token* FirstTooDeep(const std::vector<antlr4::Token*>& tokens) {
   return nullptr;
 }
 
+// A list literal `[a, b, c]`: the parse-tree node whose elements LeanParser releases one by one.
+// Every parent in the tree is a rule context; the rule index is checked before the (slower)
+// cast.
+bool IsList(const antlr4::tree::ParseTree* node) {
+  const auto* ctx = static_cast<const antlr4::RuleContext*>(node);
+  return ctx && ctx->getRuleIndex() == PlanParser::RulePrimary &&
+         dynamic_cast<const PlanParser::ListPrimaryContext*>(node) != nullptr;
+}
+
+using Runs = std::unordered_map<size_t, std::vector<parse_internal::LiteralRef>>;
+
 class Builder {
  public:
-  Builder(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink)
-      : buffer_(buffer), text_(sm.Text(buffer)), offsets_(text_), sink_(sink) {}
+  // `runs`: the list elements ListRunSource took out of the token stream.
+  Builder(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, const Runs& runs)
+      : buffer_(buffer), text_(sm.Text(buffer)), offsets_(text_), sink_(sink), runs_(runs) {}
 
   SourceRange Range(antlr4::Token* t) const {
     if (!t || t->getType() == antlr4::Token::EOF) {
@@ -326,8 +369,8 @@ class Builder {
     return out;
   }
 
-  std::string Unescape(antlr4::Token* t) const {
-    std::string raw = t->getText();
+  std::string Unescape(antlr4::Token* t) const { return Unescape(t->getText()); }
+  static std::string Unescape(const std::string& raw) {
     std::string out;
     for (size_t i = 1; i + 1 < raw.size(); ++i) {
       if (raw[i] == '\\' && i + 2 < raw.size()) {
@@ -343,8 +386,74 @@ class Builder {
   std::unique_ptr<ast::Block> Block(PlanParser::BlockContext* ctx) {
     auto b = std::make_unique<ast::Block>();
     b->range = Range(ctx);
+    if (streaming_) {
+      auto it = blocks_.find(ctx);
+      if (it != blocks_.end()) {
+        for (Diagnostic& d : it->second.diags) Report(std::move(d));
+        b->members = std::move(it->second.members);
+        blocks_.erase(it);
+      }
+      return b;
+    }
     for (auto* m : ctx->member()) b->members.push_back(Member(m));
     return b;
+  }
+
+  // Streaming: the parser calls this as it leaves a member, an expression or a top-level item,
+  // before it releases the parse tree below it. The node is built into the AST at once and kept
+  // until its parent is built; the diagnostics building it reported wait with it, so that they
+  // come in the same order as from a walk over the whole tree.
+  void Released(antlr4::ParserRuleContext* ctx) {
+    switch (ctx->getRuleIndex()) {
+      case PlanParser::RuleExpr: {
+        auto* e = static_cast<PlanParser::ExprContext*>(ctx);
+        PendingExpr pending;
+        collector_ = &pending.diags;
+        pending.expr = Or(e->orExpr());
+        collector_ = nullptr;
+        if (IsList(ctx->parent)) {
+          // An element: the parser frees the list's own nodes as it goes (see LeanParser).
+          PendingList& list = lists_[ctx->parent];
+          list.elements.push_back(std::move(pending.expr));
+          for (Diagnostic& d : pending.diags) list.diags.push_back(std::move(d));
+          collector_ = &list.diags;
+          AppendRun(e, &list.elements);
+          collector_ = nullptr;
+        } else {
+          exprs_[e] = std::move(pending);
+        }
+        break;
+      }
+      case PlanParser::RuleMember: {
+        std::vector<Diagnostic> diags;
+        collector_ = &diags;
+        ast::Member m = Member(static_cast<PlanParser::MemberContext*>(ctx));
+        collector_ = nullptr;
+        PendingBlock& block = blocks_[ctx->parent];
+        block.members.push_back(std::move(m));
+        for (Diagnostic& d : diags) block.diags.push_back(std::move(d));
+        break;
+      }
+      case PlanParser::RuleTopItem:
+        collector_ = &item_diags_;
+        Item(static_cast<PlanParser::TopItemContext*>(ctx), &items_);
+        collector_ = nullptr;
+        break;
+      default:
+        break;
+    }
+  }
+  // Starts a streaming parse (or, with `on` false, a parse whose tree is kept whole), forgetting
+  // what an earlier attempt built.
+  void StartParse(bool on) {
+    streaming_ = on;
+    exprs_.clear();
+    blocks_.clear();
+    lists_.clear();
+    items_ = ast::Module();
+    item_diags_.clear();
+    depth_.clear();
+    too_deep_ = false;
   }
 
   ast::Member Member(PlanParser::MemberContext* ctx) {
@@ -404,17 +513,30 @@ class Builder {
     for (const auto& op : e->operands) {
       auto it = depth_.find(op.get());
       depth = std::max(depth, 1 + (it == depth_.end() ? 1 : it->second));
+      // Each expression is the operand of one parent only: its entry is not needed again.
+      if (it != depth_.end()) depth_.erase(it);
     }
-    depth_[e.get()] = depth;
+    if (depth > 1) depth_[e.get()] = depth;  // a missing entry reads as depth 1
     if (depth > kMaxNesting && !too_deep_) {
       too_deep_ = true;
-      sink_.Report(TooDeep(e->range, "this expression",
-                           fmt::format("{} levels of operators and brackets", depth)));
+      Report(TooDeep(e->range, "this expression",
+                     fmt::format("{} levels of operators and brackets", depth)));
     }
     return e;
   }
 
-  std::unique_ptr<ast::Expr> Expr(PlanParser::ExprContext* ctx) { return Or(ctx->orExpr()); }
+  std::unique_ptr<ast::Expr> Expr(PlanParser::ExprContext* ctx) {
+    if (streaming_) {
+      auto it = exprs_.find(ctx);
+      if (it != exprs_.end()) {
+        for (Diagnostic& d : it->second.diags) Report(std::move(d));
+        auto e = std::move(it->second.expr);
+        exprs_.erase(it);
+        return e;
+      }
+    }
+    return Or(ctx->orExpr());
+  }
 
   std::unique_ptr<ast::Expr> Or(PlanParser::OrExprContext* ctx) {
     auto parts = ctx->andExpr();
@@ -464,10 +586,10 @@ class Builder {
     return e;
   }
   void ReportTooLarge(SourceRange range, const std::string& text) {
-    sink_.Report(Diag(DiagKind::kNumberTooLarge,
-                      fmt::format("integer literal `{}` does not fit in 64 bits", text))
-                     .At(range, "larger than 9223372036854775807")
-                     .Note("integers are signed 64-bit; sizes past that are not meaningful"));
+    Report(Diag(DiagKind::kNumberTooLarge,
+                fmt::format("integer literal `{}` does not fit in 64 bits", text))
+               .At(range, "larger than 9223372036854775807")
+               .Note("integers are signed 64-bit; sizes past that are not meaningful"));
   }
 
   // A unary expression; 9223372036854775808 (2^63) is an error unless negated right here.
@@ -519,7 +641,19 @@ class Builder {
       e->kind = ast::ExprKind::kAuto;
     } else if (auto* l = dynamic_cast<PlanParser::ListPrimaryContext*>(ctx)) {
       e->kind = ast::ExprKind::kList;
-      e->operands = Exprs(l->expr());
+      if (streaming_) {
+        auto it = lists_.find(l);
+        if (it != lists_.end()) {
+          for (Diagnostic& d : it->second.diags) Report(std::move(d));
+          e->operands = std::move(it->second.elements);
+          lists_.erase(it);
+        }
+      } else {
+        for (auto* x : l->expr()) {
+          e->operands.push_back(Expr(x));
+          AppendRun(x, &e->operands);
+        }
+      }
     } else if (auto* p = dynamic_cast<PlanParser::ParenPrimaryContext*>(ctx)) {
       auto inner = Expr(p->expr());
       inner->range = e->range;  // the parentheses belong to what the reader sees
@@ -538,11 +672,17 @@ class Builder {
 
   void Number(PlanParser::NumberPrimaryContext* ctx, ast::Expr* e) {
     antlr4::Token* t = ctx->number()->getStart();
+    NumberValue(t->getType(), t->getText(), Range(t), e);
+    Unit(ctx, e);
+  }
+
+  // The value of an INT or REAL token with text `text` at `range`.
+  void NumberValue(size_t type, const std::string& text, SourceRange range, ast::Expr* e) {
     std::string digits;
-    for (char c : t->getText()) {
+    for (char c : text) {
       if (c != '_') digits += c;
     }
-    if (t->getType() == PlanParser::INT) {
+    if (type == PlanParser::INT) {
       e->kind = ast::ExprKind::kInt;
       int64_t v = 0;
       bool overflow = false;
@@ -561,7 +701,7 @@ class Builder {
           e->text = "min";  // fine under a unary minus; Unary reports it anywhere else
           e->int_value = INT64_MIN;
         } else {
-          ReportTooLarge(Range(t), t->getText());
+          ReportTooLarge(range, text);
           e->out_of_range = true;
         }
       }
@@ -569,13 +709,16 @@ class Builder {
       e->kind = ast::ExprKind::kReal;
       e->real_value = std::strtod(digits.c_str(), nullptr);
       if (!std::isfinite(e->real_value)) {
-        sink_.Report(Diag(DiagKind::kNumberTooLarge,
-                          fmt::format("real literal `{}` is out of range", t->getText()))
-                         .At(Range(t), "not a finite number"));
+        Report(
+            Diag(DiagKind::kNumberTooLarge, fmt::format("real literal `{}` is out of range", text))
+                .At(range, "not a finite number"));
         e->real_value = 0;
         e->out_of_range = true;
       }
     }
+  }
+
+  void Unit(PlanParser::NumberPrimaryContext* ctx, ast::Expr* e) {
     if (auto* u = ctx->unit()) {
       auto names = u->NAME();
       e->unit.text = names[0]->getText();
@@ -591,67 +734,120 @@ class Builder {
         d.Note(
             "units: B KB MB GB TB KiB MiB GiB TiB (bytes); GB/s Gb/s GiB/s TB/s ... "
             "(bandwidth); GFLOPS TFLOPS PFLOPS (compute); s ms us ns (time)");
-        sink_.Report(std::move(d));
+        Report(std::move(d));
       }
     }
   }
 
+  // After list element `x`: the elements ListRunSource took out after it, if any.
+  void AppendRun(PlanParser::ExprContext* x, std::vector<std::unique_ptr<ast::Expr>>* out) {
+    if (runs_.empty() || x->getStart() != x->getStop()) return;
+    auto it = runs_.find(x->getStart()->getStartIndex());
+    if (it == runs_.end()) return;
+    out->reserve(out->size() + it->second.size());
+    for (const parse_internal::LiteralRef& r : it->second) out->push_back(RunElement(r));
+  }
+
+  // A literal element as Unary(Primary(...)) builds it from the parse tree.
+  std::unique_ptr<ast::Expr> RunElement(const parse_internal::LiteralRef& r) {
+    auto e = std::make_unique<ast::Expr>();
+    e->range = {buffer_, offsets_.Byte(r.start), offsets_.Byte(size_t{r.stop} + 1)};
+    const std::string text(text_.substr(e->range.begin, e->range.end - e->range.begin));
+    switch (r.type) {
+      case PlanLexer::INT:
+      case PlanLexer::REAL:
+        NumberValue(r.type, text, e->range, e.get());
+        break;
+      case PlanLexer::STRING:
+        e->kind = ast::ExprKind::kString;
+        e->text = Unescape(text);
+        break;
+      case PlanLexer::TRUE:
+      case PlanLexer::FALSE:
+        e->kind = ast::ExprKind::kBool;
+        e->bool_value = r.type == PlanLexer::TRUE;
+        break;
+      default:
+        e->kind = ast::ExprKind::kAuto;
+        break;
+    }
+    e = Tracked(std::move(e));
+    if (e->kind == ast::ExprKind::kInt && e->text == "min") {
+      ReportTooLarge(e->range, "9223372036854775808");
+      e->text.clear();
+      e->out_of_range = true;
+    }
+    return e;
+  }
+
   void Module(PlanParser::FileContext* ctx, ast::Module* module) {
-    for (auto* item : ctx->topItem()) {
-      if (auto* i = dynamic_cast<PlanParser::TopImportContext*>(item)) {
-        auto* d = i->importDecl();
-        ast::Import imp;
-        imp.range = Range(d);
-        if (d->STRING()) {
-          imp.file = Unescape(d->STRING()->getSymbol());
-          imp.file_range = Range(d->STRING()->getSymbol());
-        } else {
-          for (auto* n : d->dottedName()->NAME()) imp.module.push_back(NameOf(n));
-          imp.file_range = Range(d->dottedName());
-        }
-        module->imports.push_back(std::move(imp));
-      } else if (auto* l = dynamic_cast<PlanParser::TopLetContext*>(item)) {
-        ast::Decl d;
-        d.kind = ast::DeclKind::kLet;
-        d.range = Range(l->letDecl());
-        d.keyword = NameOf(l->letDecl()->LET());
-        d.name = NameOf(l->letDecl()->NAME());
-        d.base = Expr(l->letDecl()->expr());
-        module->decls.push_back(std::move(d));
-      } else if (auto* r = dynamic_cast<PlanParser::TopRecordContext*>(item)) {
-        ast::Decl d;
-        d.range = Join(Range(r->kindName), Range(r->block()));
-        d.keyword = NameOf(r->kindName);
-        d.name = NameOf(r->recordName);
-        static const std::vector<std::string_view> kKinds = {"gpu", "cluster", "model", "plan"};
-        const std::string& k = d.keyword.text;
-        if (k == "gpu") {
-          d.kind = ast::DeclKind::kGpu;
-        } else if (k == "cluster") {
-          d.kind = ast::DeclKind::kCluster;
-        } else if (k == "model") {
-          d.kind = ast::DeclKind::kModel;
-        } else if (k == "plan") {
-          d.kind = ast::DeclKind::kPlan;
-        } else {
-          Diag diag(DiagKind::kUnknownDeclarationKind,
-                    fmt::format("`{}` is not a kind of record", k));
-          diag.At(d.keyword.range, "expected `gpu`, `cluster`, `model` or `plan`");
-          std::string guess = ast::ClosestName(k, kKinds);
-          if (!guess.empty()) diag.Help(fmt::format("did you mean `{} {}`?", guess, d.name.text));
-          sink_.Report(std::move(diag));
-          continue;
-        }
-        if (r->base) {
-          auto base = std::make_unique<ast::Expr>();
-          base->kind = ast::ExprKind::kPath;
-          base->range = Range(r->base);
-          base->path = Path(r->base);
-          d.base = std::move(base);
-        }
-        d.body = Block(r->block());
-        module->decls.push_back(std::move(d));
+    if (streaming_) {
+      // The items were built as the parser left them (Released); their diagnostics come now,
+      // in the order of the text, as a walk over the whole tree would report them.
+      for (Diagnostic& d : item_diags_) Report(std::move(d));
+      item_diags_.clear();
+      module->imports = std::move(items_.imports);
+      module->decls = std::move(items_.decls);
+      return;
+    }
+    for (auto* item : ctx->topItem()) Item(item, module);
+  }
+
+  // Adds one top-level item to `module` (an unknown kind of record is reported and skipped).
+  void Item(PlanParser::TopItemContext* item, ast::Module* module) {
+    if (auto* i = dynamic_cast<PlanParser::TopImportContext*>(item)) {
+      auto* d = i->importDecl();
+      ast::Import imp;
+      imp.range = Range(d);
+      if (d->STRING()) {
+        imp.file = Unescape(d->STRING()->getSymbol());
+        imp.file_range = Range(d->STRING()->getSymbol());
+      } else {
+        for (auto* n : d->dottedName()->NAME()) imp.module.push_back(NameOf(n));
+        imp.file_range = Range(d->dottedName());
       }
+      module->imports.push_back(std::move(imp));
+    } else if (auto* l = dynamic_cast<PlanParser::TopLetContext*>(item)) {
+      ast::Decl d;
+      d.kind = ast::DeclKind::kLet;
+      d.range = Range(l->letDecl());
+      d.keyword = NameOf(l->letDecl()->LET());
+      d.name = NameOf(l->letDecl()->NAME());
+      d.base = Expr(l->letDecl()->expr());
+      module->decls.push_back(std::move(d));
+    } else if (auto* r = dynamic_cast<PlanParser::TopRecordContext*>(item)) {
+      ast::Decl d;
+      d.range = Join(Range(r->kindName), Range(r->block()));
+      d.keyword = NameOf(r->kindName);
+      d.name = NameOf(r->recordName);
+      static const std::vector<std::string_view> kKinds = {"gpu", "cluster", "model", "plan"};
+      const std::string& k = d.keyword.text;
+      if (k == "gpu") {
+        d.kind = ast::DeclKind::kGpu;
+      } else if (k == "cluster") {
+        d.kind = ast::DeclKind::kCluster;
+      } else if (k == "model") {
+        d.kind = ast::DeclKind::kModel;
+      } else if (k == "plan") {
+        d.kind = ast::DeclKind::kPlan;
+      } else {
+        Diag diag(DiagKind::kUnknownDeclarationKind,
+                  fmt::format("`{}` is not a kind of record", k));
+        diag.At(d.keyword.range, "expected `gpu`, `cluster`, `model` or `plan`");
+        std::string guess = ast::ClosestName(k, kKinds);
+        if (!guess.empty()) diag.Help(fmt::format("did you mean `{} {}`?", guess, d.name.text));
+        Report(std::move(diag));
+        return;
+      }
+      if (r->base) {
+        auto base = std::make_unique<ast::Expr>();
+        base->kind = ast::ExprKind::kPath;
+        base->range = Range(r->base);
+        base->path = Path(r->base);
+        d.base = std::move(base);
+      }
+      d.body = Block(r->block());
+      module->decls.push_back(std::move(d));
     }
   }
 
@@ -660,8 +856,39 @@ class Builder {
   std::string_view text_;
   OffsetMap offsets_;
   DiagnosticSink& sink_;
+  const Runs& runs_;
   std::unordered_map<const ast::Expr*, int> depth_;
   bool too_deep_ = false;
+
+  void Report(Diagnostic d) {
+    if (collector_) {
+      collector_->push_back(std::move(d));
+    } else {
+      sink_.Report(std::move(d));
+    }
+  }
+  void Report(Diag d) { Report(std::move(d).Take()); }
+
+  // Streaming state (see Released): built nodes waiting for their parents.
+  struct PendingExpr {
+    std::unique_ptr<ast::Expr> expr;
+    std::vector<Diagnostic> diags;
+  };
+  struct PendingBlock {
+    std::vector<ast::Member> members;
+    std::vector<Diagnostic> diags;
+  };
+  struct PendingList {
+    std::vector<std::unique_ptr<ast::Expr>> elements;
+    std::vector<Diagnostic> diags;
+  };
+  bool streaming_ = false;
+  std::vector<Diagnostic>* collector_ = nullptr;  // where Report goes while building a node
+  std::unordered_map<const antlr4::ParserRuleContext*, PendingExpr> exprs_;
+  std::unordered_map<const antlr4::tree::ParseTree*, PendingBlock> blocks_;
+  std::unordered_map<const antlr4::tree::ParseTree*, PendingList> lists_;
+  ast::Module items_;                   // the top-level items built so far
+  std::vector<Diagnostic> item_diags_;  // and what building them reported
 };
 
 // At most this many syntax errors are reported per buffer; parsing stops after them.
@@ -674,7 +901,7 @@ constexpr int kMaxSyntaxErrors = 20;
 // member, or to the `}` that closes the enclosing block (kept). The skipped tokens are hidden
 // and the buffer parsed again, so the next error reported is one the user wrote, not an echo of
 // the first. Returns the index of EOF when the rest of the buffer is skipped.
-size_t RecoveryEnd(const std::vector<antlr4::Token*>& all, const SyntaxErrorInfo& info) {
+size_t RecoveryEnd(const TokenList& all, const SyntaxErrorInfo& info) {
   const size_t error_at = info.token->getTokenIndex();
   auto text_is = [](antlr4::Token* t, char c) {
     const std::string& x = t->getText();
@@ -719,7 +946,7 @@ struct MissingValue {
   size_t equals;        // the `=` that ends its line
   size_t value_start;   // `pp`, read as the value
 };
-std::optional<MissingValue> FindMissingValue(const std::vector<antlr4::Token*>& all, size_t at) {
+std::optional<MissingValue> FindMissingValue(const TokenList& all, size_t at) {
   if (at >= all.size() || all[at]->getText() != "=") return std::nullopt;
   auto visible_before = [&](size_t k) -> std::optional<size_t> {
     while (k > 0) {
@@ -753,6 +980,114 @@ std::optional<MissingValue> FindMissingValue(const std::vector<antlr4::Token*>& 
   return MissingValue{*member, *equals, *value};
 }
 
+// The generated parser, releasing its parse tree as it goes. ANTLR keeps every node of the tree
+// (a dozen contexts per `x = 1`) until the parser is destroyed; here, when the parser leaves an
+// expression, a member or a top-level item, the builder turns it into AST (Builder::Released)
+// and the nodes below it are freed. The parser allocates all nodes through its tracker, so each
+// released rule gets a tracker of its own: from the start of its alternative to its end, which
+// then holds exactly its descendants. The contexts of a finished member or item stay with the
+// block or file around it (the parser is still in them when it leaves) and are freed at the
+// next step of the parse. Live at any time: the rules the parser is in, the parts of them read
+// so far, and the AST.
+//
+// Without `builder` the tree is released unbuilt (a parse that only looks for syntax errors).
+// With `release` false this is the plain generated parser, which keeps the whole tree.
+class LeanParser final : public PlanParser, private antlr4::tree::ParseTreeListener {
+ public:
+  LeanParser(antlr4::TokenStream* input, bool release, Builder* builder,
+             const SyntaxErrorInfo* error)
+      : PlanParser(input), release_(release), builder_(builder), error_(error) {
+    if (release_) addParseListener(this);
+  }
+  ~LeanParser() override {
+    removeParseListeners();
+    Bury();
+    for (Open& o : open_) o.outer.reset();
+  }
+  LeanParser(const LeanParser&) = delete;
+  LeanParser& operator=(const LeanParser&) = delete;
+
+  // Building a node ran out of memory (it cannot throw where it runs, inside ANTLR's exitRule).
+  bool out_of_memory() const { return out_of_memory_; }
+
+  void enterRule(antlr4::ParserRuleContext* ctx, size_t state, size_t rule) override {
+    Bury();
+    if (out_of_memory_) throw std::bad_alloc();
+    PlanParser::enterRule(ctx, state, rule);
+  }
+  void enterOuterAlt(antlr4::ParserRuleContext* ctx, size_t alt) override {
+    Bury();
+    if (out_of_memory_) throw std::bad_alloc();
+    PlanParser::enterOuterAlt(ctx, alt);
+    if (!release_) return;
+    const size_t rule = ctx->getRuleIndex();
+    if (IsBuilt(rule) || IsContainer(ctx)) {
+      open_.push_back({ctx, std::move(_tracker)});
+      _tracker = antlr4::tree::ParseTreeTracker();
+    }
+  }
+
+ private:
+  static bool IsBuilt(size_t rule) {
+    return rule == RuleExpr || rule == RuleMember || rule == RuleTopItem;
+  }
+  // A file, block or list: its own tracker holds only its tokens and the contexts of its items
+  // (top-level items, members, elements), which the builder keeps no pointer to once built.
+  static bool IsContainer(const antlr4::ParserRuleContext* ctx) {
+    const size_t rule = ctx->getRuleIndex();
+    return rule == RuleFile || rule == RuleBlock || IsList(ctx);
+  }
+  // Frees the contexts of members and items the parser has left.
+  void Bury() {
+    for (auto& t : graveyard_) t.reset();
+    graveyard_.clear();
+  }
+
+  void visitTerminal(antlr4::tree::TerminalNode*) override { Bury(); }
+  void visitErrorNode(antlr4::tree::ErrorNode*) override {}
+  void enterEveryRule(antlr4::ParserRuleContext*) override {}
+  // Runs inside exitRule, which goes on to read `ctx` and its parent: neither may be freed
+  // here, nor may anything be thrown (exitRule also runs while an exception unwinds).
+  void exitEveryRule(antlr4::ParserRuleContext* ctx) override {
+    Bury();
+    if (open_.empty() || open_.back().ctx != ctx) return;  // entered no alternative
+    const size_t rule = ctx->getRuleIndex();
+    // While an exception unwinds the parser (a syntax error, or memory running out), the rule
+    // is incomplete: nothing is built.
+    const bool complete = !error_->seen && !out_of_memory_ && std::uncaught_exceptions() == 0;
+    if (IsBuilt(rule) && builder_ && complete) {
+      try {
+        builder_->Released(ctx);
+      } catch (const std::bad_alloc&) {
+        out_of_memory_ = true;
+      }
+    }
+    _tracker.reset();  // the nodes below ctx
+    ctx->children.clear();
+    _tracker = std::move(open_.back().outer);
+    open_.pop_back();
+    auto* parent = static_cast<antlr4::ParserRuleContext*>(ctx->parent);
+    if (parent && !open_.empty() && open_.back().ctx == parent && IsContainer(parent)) {
+      // The tracker of the file, block or list around holds its tokens so far and the contexts
+      // of this item: nothing the parser reads again once it has left them.
+      parent->children.clear();
+      graveyard_.push_back(std::move(_tracker));
+      _tracker = antlr4::tree::ParseTreeTracker();
+    }
+  }
+
+  struct Open {
+    antlr4::ParserRuleContext* ctx;
+    antlr4::tree::ParseTreeTracker outer;  // the tracker in use when ctx's alternative began
+  };
+  bool release_;
+  Builder* builder_;
+  const SyntaxErrorInfo* error_;
+  bool out_of_memory_ = false;
+  std::vector<Open> open_;
+  std::vector<antlr4::tree::ParseTreeTracker> graveyard_;
+};
+
 // Lexes and parses; runs `build` on the tree when the text is well-formed. Returns false when a
 // lexical or syntax error was reported. With `recover`, parsing goes on after a syntax error
 // (see RecoveryEnd) so that independent errors in other members and declarations are reported
@@ -770,12 +1105,20 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
                     .Help("save the file as UTF-8"));
     return false;
   }
-  antlr4::ANTLRInputStream input(text.data(), text.size());
-  PlanLexer lexer(&input);
+  // ASCII text is read in place; other text is decoded to code points, as ANTLR indexes them.
+  std::unique_ptr<antlr4::CharStream> input;
+  if (parse_internal::IsAscii(text)) {
+    input = std::make_unique<parse_internal::ByteCharStream>(text, std::string(sm.Name(buffer)));
+  } else {
+    input = std::make_unique<antlr4::ANTLRInputStream>(text.data(), text.size());
+  }
+  parse_internal::TokenArena arena;  // outlives the token stream, which points into it
+  parse_internal::LeanLexer lexer(input.get(), &arena);
   lexer.removeErrorListeners();
-  antlr4::CommonTokenStream tokens(&lexer);
+  parse_internal::ListRunSource source(&lexer, {CharToken('['), CharToken(']'), CharToken(',')});
+  antlr4::CommonTokenStream tokens(&source);
   tokens.fill();
-  Builder builder(sm, buffer, sink);
+  Builder builder(sm, buffer, sink, source.runs());
   // Lexical and syntax errors, reported in the order of the text once parsing is over.
   std::vector<Diagnostic> errors;
   auto report_all = [&] {
@@ -786,7 +1129,7 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     return false;
   };
   bool lexical_error = false;
-  const auto& all = tokens.getTokens();
+  const TokenList all(tokens);
   for (size_t i = 0; i + 1 < all.size(); ++i) {
     // A closed `/* ... */` is skipped by the lexer, so `/` right before `*` opens a comment that
     // never closes.
@@ -801,7 +1144,7 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
       return report_all();
     }
   }
-  for (antlr4::Token* t : tokens.getTokens()) {
+  for (antlr4::Token* t : all) {
     if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
       errors.push_back(
           Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
@@ -820,18 +1163,24 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     }
   }
   if (lexical_error && !recover) return report_all();
-  if (antlr4::Token* deep = FirstTooDeep(tokens.getTokens())) {
+  if (antlr4::Token* deep = FirstTooDeep(all)) {
     errors.push_back(TooDeep(builder.Range(deep), "this text",
                              fmt::format("level {} opens here", kMaxNesting + 1))
                          .Get());
     return report_all();
   }
   int syntax_errors = 0;
+  // Release the parse tree while parsing (LeanParser); a too-deep expression is reported from
+  // the whole tree instead, so that what follows it is reported exactly as before.
+  bool release = true;
   for (;;) {
     tokens.seek(0);
-    PlanParser parser(&tokens);
-    parser.removeErrorListeners();
+    // After an error nothing is built: the parse only looks for more errors.
+    const bool will_build = !lexical_error && syntax_errors == 0;
+    builder.StartParse(release && will_build);
     SyntaxErrorInfo info;
+    LeanParser parser(&tokens, release, will_build ? &builder : nullptr, &info);
+    parser.removeErrorListeners();
     parser.setErrorHandler(std::make_shared<StopAtFirstError>(&info));
     typename std::invoke_result_t<Rule, PlanParser&> tree = nullptr;
     try {
@@ -840,8 +1189,13 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
     } catch (const antlr4::RecognitionException&) {
       info.seen = true;
     }
+    if (parser.out_of_memory()) throw std::bad_alloc();
     if (!info.seen) {
-      if (lexical_error || syntax_errors > 0) return report_all();
+      if (!will_build) return report_all();
+      if (release && builder.too_deep()) {
+        release = false;
+        continue;
+      }
       build(builder, tree);
       return !builder.too_deep();
     }

@@ -178,6 +178,87 @@ TEST_CASE("2^63 is a literal only under a minus; out-of-range literals are marke
   CHECK(!members[3].value->out_of_range);
 }
 
+TEST_CASE("an empty text is a module with nothing in it") {
+  auto p = ParseText("");
+  REQUIRE(p->module);
+  CHECK(p->sink.diagnostics().empty());
+  p = ParseText("  # only a comment\n");
+  REQUIRE(p->module);
+  CHECK(p->sink.diagnostics().empty());
+}
+
+TEST_CASE("list elements are built in order, their problems reported in the order of the text") {
+  auto p = ParseText(
+      "let a = [1, 99999999999999999999, \"x\\\"y\", true, auto, 2.5, 1e999, "
+      "9223372036854775808, [3, 4], -5, 6, 7 MiB, 8, 1_000]\n");
+  REQUIRE(p->module);
+  REQUIRE(p->sink.diagnostics().size() == 3);
+  CHECK(p->Slice(p->sink.diagnostics()[0].primary) == "99999999999999999999");
+  CHECK(p->sink.diagnostics()[1].message == "real literal `1e999` is out of range");
+  CHECK(p->Slice(p->sink.diagnostics()[2].primary) == "9223372036854775808");
+  const ast::Expr& list = *p->module->decls.at(0).base;
+  REQUIRE(list.operands.size() == 14);
+  std::vector<std::string> slices;
+  for (const auto& e : list.operands) slices.push_back(p->Slice(e->range));
+  CHECK(slices == std::vector<std::string>{"1", "99999999999999999999", "\"x\\\"y\"", "true",
+                                           "auto", "2.5", "1e999", "9223372036854775808", "[3, 4]",
+                                           "-5", "6", "7 MiB", "8", "1_000"});
+  CHECK(list.operands[1]->out_of_range);
+  CHECK(list.operands[2]->text == "x\"y");
+  CHECK(list.operands[3]->bool_value);
+  CHECK(list.operands[4]->kind == ast::ExprKind::kAuto);
+  CHECK(list.operands[5]->real_value == 2.5);
+  CHECK(list.operands[6]->out_of_range);
+  CHECK(list.operands[7]->out_of_range);
+  CHECK(list.operands[8]->operands.size() == 2);
+  CHECK(list.operands[9]->kind == ast::ExprKind::kUnary);
+  CHECK(list.operands[11]->unit.text == "MiB");
+  CHECK(list.operands[13]->int_value == 1000);
+  CHECK(ast::VerifyAst(*p->module).empty());
+}
+
+TEST_CASE("a long list and many members parse to the same AST as written one by one") {
+  std::string text = "let big = [";
+  std::string block = "plan p {\n";
+  for (int i = 0; i < 5000; ++i) {
+    text += std::to_string(i) + (i % 2 ? ", " : ",\n");
+    block += "  let f" + std::to_string(i) + " = [" + std::to_string(i) + ", \"s\"]\n";
+  }
+  auto p = ParseText(text + "]\n" + block + "}\n");
+  REQUIRE(p->module);
+  CHECK(p->sink.diagnostics().empty());
+  const ast::Expr& big = *p->module->decls.at(0).base;
+  REQUIRE(big.operands.size() == 5000);
+  for (int i = 0; i < 5000; ++i) CHECK(big.operands[i]->int_value == i);
+  const auto& members = p->module->decls.at(1).body->members;
+  REQUIRE(members.size() == 5000);
+  CHECK(members[4999].path.at(0).text == "f4999");
+  CHECK(p->Slice(members[4999].value->range) == "[4999, \"s\"]");
+  CHECK(ast::VerifyAst(*p->module).empty());
+}
+
+TEST_CASE("problems in nested blocks and lists come in the order of the text") {
+  auto p = ParseText(
+      "plan p { a { b = 1 foo } c = 2 bar  d = [1 baz, 2, x { y = 3 qux }] }\n"
+      "modle m { x = 1 skipped }\n"
+      "let z = 4 last\n");
+  REQUIRE(p->module);
+  std::vector<std::string> found;
+  for (const Diagnostic& d : p->sink.diagnostics()) found.push_back(p->Slice(d.primary));
+  CHECK(found == std::vector<std::string>{"foo", "bar", "baz", "qux", "modle", "last"});
+}
+
+TEST_CASE("after a too-deep chain of operators, what follows is reported as before") {
+  std::string chain = "1";
+  for (int i = 0; i < 101; ++i) chain += " + 1";
+  auto p = ParseText("model m { a = 1 foo  b = " + chain + "  c = 2 bar }\n");
+  CHECK(!p->module);
+  REQUIRE(p->sink.diagnostics().size() == 3);
+  CHECK(p->Slice(p->sink.diagnostics()[0].primary) == "foo");
+  CHECK(p->sink.diagnostics()[1].kind == DiagKind::kNestingTooDeep);
+  CHECK(p->Slice(p->sink.diagnostics()[2].primary) == "bar");
+}
+
 TEST_CASE("a leading byte order mark does not shift ranges") {
   auto p = ParseText("\xEF\xBB\xBFmodel m {\n  layers = 1 parsecs\n}\n");
   REQUIRE(p->sink.diagnostics().size() == 1);

@@ -45,32 +45,30 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kMin = INT64_MIN;
 constexpr int64_t kMax = INT64_MAX;
 
-#define PP_INT(PATH, MEMBER, LO, HI, DOC)       \
-  add({PATH, FieldType::kInt, {}, DOC, LO, HI}, \
-      {.int_ref = [](Plan& p) -> int64_t* { return &p.MEMBER; }})
-#define PP_BYTES(PATH, MEMBER, LO, DOC)             \
+#define PLAN_INT(NAME, PATH, MEMBER, LO, HI, DOC) \
+  add({PATH, FieldType::kInt, {}, DOC, LO, HI},   \
+      {.int_ref = [](Plan& p) -> int64_t* { return &p.MEMBER; }});
+#define PLAN_BYTES(NAME, PATH, MEMBER, LO, DOC)     \
   add({PATH, FieldType::kBytes, {}, DOC, LO, kMax}, \
-      {.int_ref = [](Plan& p) -> int64_t* { return &p.MEMBER; }})
-#define PP_OPT_INT(PATH, MEMBER, LO, DOC)               \
+      {.int_ref = [](Plan& p) -> int64_t* { return &p.MEMBER; }});
+#define PLAN_OPT_INT(NAME, PATH, MEMBER, LO, DOC)       \
   add({PATH, FieldType::kInt, {}, DOC, LO, kMax, true}, \
-      {.opt_int_ref = [](Plan& p) -> std::optional<int64_t>* { return &p.MEMBER; }})
-#define PP_REAL(PATH, TYPE, MEMBER, DOC) \
-  add({PATH, TYPE, {}, DOC}, {.real_ref = [](Plan& p) -> double* { return &p.MEMBER; }})
-#define PP_REAL_IN(PATH, TYPE, MEMBER, LO, LO_OPEN, HI, HI_OPEN, DOC) \
-  add(RealRange({PATH, TYPE, {}, DOC}, LO, LO_OPEN, HI, HI_OPEN),     \
-      {.real_ref = [](Plan& p) -> double* { return &p.MEMBER; }})
-#define PP_BOOL(PATH, MEMBER, DOC) \
-  add({PATH, FieldType::kBool, {}, DOC}, {.bool_ref = [](Plan& p) -> bool* { return &p.MEMBER; }})
-#define PP_STRING(PATH, MEMBER, DOC)       \
-  add({PATH, FieldType::kString, {}, DOC}, \
-      {.string_ref = [](Plan& p) -> std::string* { return &p.MEMBER; }})
-#define PP_LIST(PATH, MEMBER, LO, DOC)                \
+      {.opt_int_ref = [](Plan& p) -> std::optional<int64_t>* { return &p.MEMBER; }});
+#define PLAN_REAL_IN(NAME, PATH, TYPE, MEMBER, LO, LO_OPEN, HI, HI_OPEN, DOC) \
+  add(RealRange({PATH, TYPE, {}, DOC}, LO, LO_OPEN, HI, HI_OPEN),             \
+      {.real_ref = [](Plan& p) -> double* { return &p.MEMBER; }});
+#define PLAN_BOOL(NAME, PATH, MEMBER, DOC) \
+  add({PATH, FieldType::kBool, {}, DOC}, {.bool_ref = [](Plan& p) -> bool* { return &p.MEMBER; }});
+#define PLAN_STRING(NAME, PATH, MEMBER, DOC) \
+  add({PATH, FieldType::kString, {}, DOC},   \
+      {.string_ref = [](Plan& p) -> std::string* { return &p.MEMBER; }});
+#define PLAN_LIST(NAME, PATH, MEMBER, LO, DOC)        \
   add({PATH, FieldType::kIntList, {}, DOC, LO, kMax}, \
-      {.list_ref = [](Plan& p) -> std::vector<int64_t>* { return &p.MEMBER; }})
-#define PP_ENUM(PATH, ENUM, MEMBER, VALUES, DOC)                             \
+      {.list_ref = [](Plan& p) -> std::vector<int64_t>* { return &p.MEMBER; }});
+#define PLAN_ENUM(NAME, PATH, ENUM, MEMBER, VALUES, DOC)                     \
   add({PATH, FieldType::kEnum, VALUES, DOC},                                 \
       {.enum_get = [](const Plan& p) { return static_cast<int>(p.MEMBER); }, \
-       .enum_set = [](Plan& p, int v) { p.MEMBER = static_cast<ENUM>(v); }})
+       .enum_set = [](Plan& p, int v) { p.MEMBER = static_cast<ENUM>(v); }});
 
 FieldTable BuildTable() {
   FieldTable t;
@@ -79,182 +77,19 @@ FieldTable BuildTable() {
     t.infos.push_back(std::move(info));
     t.access.push_back(access);
   };
-  // model
-  // At most 100,000 layers (published models have a few hundred): the partition and the
-  // programs hold per-layer data, and 10^9 layers would take minutes and gigabytes to refuse.
-  PP_INT("model.layers", model.layers, 1, 100000, "transformer layers");
-  PP_INT("model.hidden", model.hidden, 1, kMax, "hidden size");
-  PP_INT("model.ffn_hidden", model.ffn_hidden, 1, kMax, "dense MLP intermediate size");
-  PP_INT("model.heads", model.heads, 1, kMax, "attention (query) heads");
-  PP_INT("model.kv_heads", model.kv_heads, 1, kMax, "key/value heads (== heads without GQA)");
-  PP_INT("model.head_dim", model.head_dim, 1, kMax,
-         "size of one head (hidden / heads unless given)");
-  PP_INT("model.vocab", model.vocab, 1, kMax, "vocabulary size");
-  PP_INT("model.seq_len", model.seq_len, 1, kMax, "sequence length in tokens");
-  PP_ENUM("model.norm", Norm, model.norm, (std::vector<std::string_view>{"rmsnorm", "layernorm"}),
-          "normalisation layer");
-  PP_ENUM("model.activation", Activation, model.activation,
-          (std::vector<std::string_view>{"swiglu", "gelu", "squared_relu"}), "MLP activation");
-  PP_ENUM("model.position", Position, model.position,
-          (std::vector<std::string_view>{"rope", "learned"}), "position encoding");
-  PP_BOOL("model.tied_embeddings", model.tied_embeddings, "input and output embeddings shared");
-  PP_INT("model.vocab_divisor", model.vocab_divisor, 1, kMax,
-         "the vocabulary is padded to a multiple of this times tp (1 = no padding)");
-  PP_BOOL("model.qk_norm", model.qk_norm, "RMSNorm on queries and keys");
-  PP_INT("model.window", model.window, 0, kMax,
-         "sliding-window attention span (0 = full attention)");
-  PP_INT("model.mtp_layers", model.mtp_layers, 0, kMax, "multi-token-prediction modules");
-  PP_INT("model.experts", model.experts, 0, kMax, "routed experts per MoE layer (0 = dense)");
-  PP_INT("model.topk", model.topk, 0, kMax, "experts each token is routed to");
-  PP_INT("model.moe_ffn_hidden", model.moe_ffn_hidden, 0, kMax, "intermediate size of one expert");
-  PP_INT("model.shared_experts", model.shared_experts, 0, kMax, "always-active shared experts");
-  PP_INT("model.dense_layers", model.dense_layers, 0, kMax,
-         "leading dense layers before MoE layers");
-  PP_INT("model.moe_layer_freq", model.moe_layer_freq, 1, kMax,
-         "after the dense layers, every n-th layer is MoE (1 = all)");
-  PP_INT("model.q_lora_rank", model.q_lora_rank, 0, kMax, "MLA query compression rank (0 = none)");
-  PP_INT("model.kv_lora_rank", model.kv_lora_rank, 0, kMax,
-         "MLA key/value compression rank (0 = no MLA)");
-  PP_INT("model.qk_nope_head_dim", model.qk_nope_head_dim, 0, kMax,
-         "MLA per-head q/k size without RoPE");
-  PP_INT("model.qk_rope_head_dim", model.qk_rope_head_dim, 0, kMax,
-         "MLA per-head q/k size with RoPE");
-  PP_INT("model.v_head_dim", model.v_head_dim, 0, kMax, "MLA per-head value size");
-  // cluster
-  PP_BYTES("cluster.gpu.memory", cluster.gpu.memory, 1, "device memory in bytes");
-  PP_REAL_IN("cluster.gpu.peak_bf16", FieldType::kFlops, cluster.gpu.peak_bf16, 0, true, kInf,
-             false, "dense bf16 peak, FLOP/s");
-  PP_REAL_IN("cluster.gpu.peak_fp16", FieldType::kFlops, cluster.gpu.peak_fp16, 0, true, kInf,
-             false, "dense fp16 peak, FLOP/s");
-  PP_REAL_IN("cluster.gpu.peak_fp8", FieldType::kFlops, cluster.gpu.peak_fp8, 0, false, kInf, false,
-             "dense fp8 peak, FLOP/s (0 = no fp8)");
-  PP_REAL_IN("cluster.gpu.hbm_bandwidth", FieldType::kBandwidth, cluster.gpu.hbm_bandwidth, 0, true,
-             kInf, false, "device memory bandwidth, bytes/s");
-  PP_INT("cluster.nodes", cluster.nodes, 1, kMax, "nodes");
-  PP_INT("cluster.gpus_per_node", cluster.gpus_per_node, 1, kMax,
-         "GPUs per node (the NVLink domain)");
-  PP_REAL_IN("cluster.nvlink_bandwidth", FieldType::kBandwidth, cluster.nvlink_bandwidth, 0, true,
-             kInf, false, "NVLink bandwidth per GPU, one direction, bytes/s");
-  PP_REAL_IN("cluster.network_bandwidth", FieldType::kBandwidth, cluster.network_bandwidth, 0, true,
-             kInf, false, "network bandwidth per GPU, one direction, bytes/s");
-  // plan
-  PP_ENUM("precision", Precision, precision,
-          (std::vector<std::string_view>{"bf16", "fp16", "fp32", "fp8"}), "training precision");
-  PP_ENUM("recompute", Recompute, recompute,
-          (std::vector<std::string_view>{"none", "selective", "full"}), "activation recomputation");
-  PP_ENUM("framework", Framework, framework,
-          (std::vector<std::string_view>{"paraplan", "megatron_core", "torchtitan", "deepspeed",
-                                         "llm_foundry", "megatron_lm_2021"}),
-          "the software that runs the plan");
-  // mixed_precision
-  PP_ENUM("mixed_precision.params", ElementType, mixed_precision.params,
-          (std::vector<std::string_view>{"fp32", "bf16", "fp16"}), "weights the GEMMs read");
-  PP_ENUM("mixed_precision.grads", ElementType, mixed_precision.grads,
-          (std::vector<std::string_view>{"fp32", "bf16", "fp16"}),
-          "main gradients and their reduction");
-  PP_BOOL("mixed_precision.main_params", mixed_precision.main_params,
-          "fp32 master weights in the optimizer");
-  PP_ENUM("mixed_precision.optimizer_state", ElementType, mixed_precision.optimizer_state,
-          (std::vector<std::string_view>{"fp32", "bf16", "fp16", "fp8"}), "Adam moments");
-  PP_ENUM("mixed_precision.fp8", Fp8Recipe, mixed_precision.fp8,
-          (std::vector<std::string_view>{"none", "delayed", "current", "blockwise", "mxfp8"}),
-          "FP8 scaling recipe of the GEMMs (none = no FP8)");
-  PP_BOOL("mixed_precision.fp8_params", mixed_precision.fp8_params, "weights kept only in FP8");
-  // activations
-  PP_ENUM("activations.recompute_method", RecomputeMethod, activations.recompute_method,
-          (std::vector<std::string_view>{"uniform", "block"}),
-          "which layers full recompute covers");
-  PP_INT("activations.recompute_layers", activations.recompute_layers, 0, kMax,
-         "layers per recompute group (uniform) or recomputed per chunk (block); 0 = all");
-  PP_STRING("activations.recompute_modules", activations.recompute_modules,
-            "modules selective recompute covers (\"core_attn, mlp\"; empty = core_attn)");
-  PP_INT("activations.offload_layers", activations.offload_layers, 0, kMax,
-         "layers per stage whose activations are offloaded to host memory");
-  // fsdp
-  PP_INT("fsdp.shard", fsdp.shard, 0, kMax,
-         "ranks that shard model states (0 = dp·cp / replicate)");
-  PP_INT("fsdp.replicate", fsdp.replicate, 1, kMax, "replicas of each shard group (HSDP when > 1)");
-  PP_BOOL("fsdp.reshard_after_forward", fsdp.reshard_after_forward,
-          "ZeRO-3: free gathered weights after each forward");
-  // moe
-  PP_ENUM("moe.dispatcher", Dispatcher, moe.dispatcher,
-          (std::vector<std::string_view>{"alltoall", "allgather", "flex"}), "token dispatcher");
-  PP_REAL_IN("moe.capacity_factor", FieldType::kReal, moe.capacity_factor, 0, false, kInf, false,
-             "expert capacity over the balanced load (0 = no token dropping)");
-  PP_REAL_IN("moe.imbalance", FieldType::kReal, moe.imbalance, 1, false, kInf, false,
-             "worst-rank routed tokens over the average");
-  // parallel
-  PP_INT("parallel.tp", parallel.tp, 1, kMax, "tensor parallel size");
-  PP_INT("parallel.pp", parallel.pp, 1, kMax, "pipeline parallel size");
-  PP_INT("parallel.vpp", parallel.vpp, 1, kMax, "virtual pipeline chunks per pipeline rank");
-  PP_INT("parallel.cp", parallel.cp, 1, kMax, "context parallel size");
-  PP_INT("parallel.ep", parallel.ep, 1, kMax, "expert parallel size");
-  PP_INT("parallel.etp", parallel.etp, 1, kMax, "expert tensor parallel size (defaults to tp)");
-  PP_INT("parallel.dp", parallel.dp, 1, kMax, "data parallel size (world / (tp·pp·cp))");
-  PP_BOOL("parallel.sp", parallel.sp, "sequence parallel (needs tp > 1)");
-  PP_BOOL("parallel.tp_comm_overlap", parallel.tp_comm_overlap,
-          "overlap the tensor-parallel collectives with the GEMMs (needs tp > 1 and sp)");
-  PP_STRING("parallel.order", parallel.order, "rank order of the mesh axes, innermost first");
-  // pipeline
-  PP_ENUM("pipeline.schedule", Schedule, pipeline.schedule,
-          (std::vector<std::string_view>{"gpipe", "1f1b", "interleaved_1f1b"}),
-          "pipeline schedule");
-  PP_BOOL("pipeline.account_for_embedding", pipeline.account_for_embedding,
-          "count the embedding as a layer of the first stage");
-  PP_BOOL("pipeline.account_for_loss", pipeline.account_for_loss,
-          "count the loss as a layer of the last stage");
-  PP_OPT_INT("pipeline.first_stage_layers", pipeline.first_stage_layers, 0,
-             "layers on the first pipeline stage");
-  PP_OPT_INT("pipeline.last_stage_layers", pipeline.last_stage_layers, 0,
-             "layers on the last pipeline stage");
-  PP_LIST("pipeline.stage_layers", pipeline.stage_layers, 0, "explicit layers per stage");
-  PP_ENUM("pipeline.balance", Balance, pipeline.balance,
-          (std::vector<std::string_view>{"even", "cost", "nanotron"}),
-          "how layers are split over stages");
-  // optimizer
-  PP_ENUM("optimizer.type", OptimizerType, optimizer.type,
-          (std::vector<std::string_view>{"adamw", "sgd"}), "optimizer");
-  PP_INT("optimizer.zero", optimizer.zero, 0, 3, "ZeRO stage (1 = distributed optimizer)");
-  PP_ENUM("optimizer.offload", Offload, optimizer.offload,
-          (std::vector<std::string_view>{"none", "cpu"}), "optimizer state offload");
-  PP_REAL_IN("optimizer.offload_fraction", FieldType::kReal, optimizer.offload_fraction, 0, false,
-             1, false, "share of the optimizer state on the host when offload = cpu");
-  PP_REAL_IN("optimizer.lr", FieldType::kReal, optimizer.lr, 0, false, kInf, false,
-             "peak learning rate");
-  PP_REAL_IN("optimizer.min_lr", FieldType::kReal, optimizer.min_lr, 0, false, kInf, false,
-             "floor of the cosine decay");
-  PP_INT("optimizer.warmup_steps", optimizer.warmup_steps, 0, kMax, "linear warmup steps");
-  PP_REAL_IN("optimizer.weight_decay", FieldType::kReal, optimizer.weight_decay, 0, false, kInf,
-             false, "decoupled weight decay");
-  PP_REAL_IN("optimizer.beta1", FieldType::kReal, optimizer.beta1, 0, false, 1, true, "Adam beta1");
-  PP_REAL_IN("optimizer.beta2", FieldType::kReal, optimizer.beta2, 0, false, 1, true, "Adam beta2");
-  PP_REAL_IN("optimizer.eps", FieldType::kReal, optimizer.eps, 0, true, kInf, false,
-             "Adam epsilon");
-  PP_REAL_IN("optimizer.clip_grad", FieldType::kReal, optimizer.clip_grad, 0, false, kInf, false,
-             "global-norm clipping (0 = off)");
-  // batch
-  PP_INT("batch.global", batch.global, 1, kMax, "sequences per step");
-  PP_INT("batch.micro", batch.micro, 1, kMax, "sequences per microbatch");
-  // train
-  PP_INT("train.steps", train.steps, 0, kMax, "optimizer steps");
-  PP_INT("train.seed", train.seed, 0, kMax, "random seed");
-  PP_STRING("train.data", train.data, "token data path (empty = bundled text)");
-  PP_STRING("train.checkpoint_dir", train.checkpoint_dir, "checkpoint directory (empty = none)");
-  PP_INT("train.checkpoint_every", train.checkpoint_every, 0, kMax,
-         "steps between checkpoints (0 = never)");
+#include "compiler/plan/fields.def"
   for (const FieldInfo& f : t.infos) t.by_path.emplace(f.path, f.index);
   return t;
 }
 
-#undef PP_INT
-#undef PP_BYTES
-#undef PP_OPT_INT
-#undef PP_REAL
-#undef PP_REAL_IN
-#undef PP_BOOL
-#undef PP_STRING
-#undef PP_LIST
-#undef PP_ENUM
+#undef PLAN_INT
+#undef PLAN_BYTES
+#undef PLAN_OPT_INT
+#undef PLAN_REAL_IN
+#undef PLAN_BOOL
+#undef PLAN_STRING
+#undef PLAN_LIST
+#undef PLAN_ENUM
 
 const FieldTable& Table() {
   static const FieldTable table = BuildTable();
@@ -380,6 +215,34 @@ UnitDimension DimensionOf(FieldType t) {
   }
 }
 
+// "80 GiB", "900 GB/s", "989 TFLOPS" or a bare number, in the field's canonical unit.
+std::string ParseQuantity(const FieldInfo& f, std::string_view text, FieldValue* out) {
+  std::string_view number, unit;
+  SplitUnit(text, &number, &unit);
+  auto v = ParseReal(number);
+  if (!v) return fmt::format("expects {}, got `{}`", TypeWord(f.type), text);
+  double scale = 1;
+  if (!unit.empty()) {
+    const UnitInfo* u = FindUnit(unit);
+    if (!u) return fmt::format("`{}` is not a unit", unit);
+    if (u->dimension != DimensionOf(f.type)) {
+      return fmt::format("expects {}, got a {} (`{}`)", TypeWord(f.type), ToString(u->dimension),
+                         unit);
+    }
+    scale = u->scale;
+  }
+  double value = *v * scale;
+  if (f.type == FieldType::kBytes) {
+    if (value != std::floor(value) || std::fabs(value) >= 9.2e18) {
+      return fmt::format("expects a whole number of bytes, got `{}`", text);
+    }
+    *out = static_cast<int64_t>(value);
+    return {};
+  }
+  *out = value;
+  return {};
+}
+
 }  // namespace
 
 // --- Units -----------------------------------------------------------------------------------
@@ -472,62 +335,52 @@ int64_t Plan::Microbatches() const {
   return batch.global / *denom;
 }
 
-const FieldOrigin& Plan::Origin(std::string_view path) const {
+const FieldOrigin& Plan::Origin(FieldId field) const {
   static const FieldOrigin kNone;
-  const FieldOrigin* o = origins.Find(path);
+  const FieldOrigin* o = origins.Find(field);
   return o ? *o : kNone;
 }
 
-// --- PlanOrigins -----------------------------------------------------------------------------
+// --- Paths and origins -----------------------------------------------------------------------
 
-namespace {
+const FieldInfo& FieldId::info() const { return PlanFields()[index]; }
 
-constexpr std::string_view kRecordPaths[] = {"model", "cluster", "cluster.gpu"};
-
-// The slot of a path: a field's index, then the record paths; -1 for anything else.
-int OriginSlot(std::string_view path) {
-  if (const FieldInfo* f = FindPlanField(path)) return f->index;
-  for (size_t i = 0; i < std::size(kRecordPaths); ++i) {
-    if (path == kRecordPaths[i]) return static_cast<int>(PlanFields().size() + i);
+std::optional<FieldId> FindPlanPath(std::string_view path) {
+  if (const FieldInfo* f = FindPlanField(path)) return f->id();
+  for (uint16_t i = fields::kFieldCount; i < fields::kPathCount; ++i) {
+    if (fields::kPaths[i] == path) return FieldId(i, fields::kPaths[i]);
   }
-  return -1;
+  return std::nullopt;
 }
 
-}  // namespace
-
-FieldOrigin& PlanOrigins::Slot(size_t index) {
+FieldOrigin& PlanOrigins::operator[](FieldId field) {
   if (slots_.empty()) {
-    slots_.resize(PlanFields().size() + std::size(kRecordPaths));
-    recorded_.resize(slots_.size());
+    slots_.resize(fields::kPathCount);
+    recorded_.resize(fields::kPathCount);
   }
-  recorded_[index] = true;
-  return slots_[index];
+  recorded_[field.index] = true;
+  return slots_[field.index];
 }
 
-FieldOrigin& PlanOrigins::operator[](const FieldInfo& field) { return Slot(field.index); }
-
-FieldOrigin& PlanOrigins::operator[](std::string_view path) {
-  int slot = OriginSlot(path);
-  if (slot < 0) {
-    auto it = other_.find(path);
-    if (it == other_.end()) it = other_.emplace(std::string(path), FieldOrigin{}).first;
-    return it->second;
-  }
-  return Slot(static_cast<size_t>(slot));
+FieldOrigin* PlanOrigins::Mutable(std::string_view path) {
+  std::optional<FieldId> field = FindPlanPath(path);
+  return field ? &(*this)[*field] : nullptr;
 }
 
-const FieldOrigin* PlanOrigins::Find(std::string_view path) const {
-  int slot = OriginSlot(path);
-  if (slot < 0) {
-    auto it = other_.find(path);
-    return it == other_.end() ? nullptr : &it->second;
-  }
-  if (slots_.empty() || !recorded_[static_cast<size_t>(slot)]) return nullptr;
-  return &slots_[static_cast<size_t>(slot)];
+const FieldOrigin* PlanOrigins::Find(FieldId field) const {
+  if (slots_.empty() || !recorded_[field.index]) return nullptr;
+  return &slots_[field.index];
+}
+
+FieldOrigin& PlanOrigins::operator[](const FieldInfo& field) { return (*this)[field.id()]; }
+
+const FieldOrigin* PlanOrigins::FindPath(std::string_view path) const {
+  std::optional<FieldId> field = FindPlanPath(path);
+  return field ? Find(*field) : nullptr;
 }
 
 size_t PlanOrigins::size() const {
-  size_t n = other_.size();
+  size_t n = 0;
   for (bool r : recorded_) n += r;
   return n;
 }
@@ -543,7 +396,8 @@ const FieldInfo* FindPlanField(std::string_view path) {
 }
 
 bool IsRecordPath(std::string_view path) {
-  return path == "model" || path == "cluster" || path == "cluster.gpu";
+  std::optional<FieldId> field = FindPlanPath(path);
+  return field && field->IsRecord();
 }
 
 FieldValue GetFieldValue(const Plan& plan, const FieldInfo& f) {
@@ -661,36 +515,28 @@ std::optional<std::string> GetFieldText(const Plan& plan, std::string_view path)
   return s;
 }
 
-std::string SetFieldText(Plan& plan, std::string_view path, std::string_view raw) {
-  const FieldInfo* f = FindPlanField(path);
-  if (!f) {
-    if (IsRecordPath(path)) {
-      return fmt::format("`{}` names a record; set its fields (`{}.…`) or derive it in the plan",
-                         path, path);
-    }
-    return fmt::format("`{}` is not a field of a plan", path);
-  }
+std::string ParseFieldText(const FieldInfo& f, std::string_view raw, FieldValue* out) {
   std::string_view text = Trim(raw);
-  if (text.empty()) return fmt::format("expects {}, got nothing", TypeWord(f->type));
-  switch (f->type) {
+  if (text.empty()) return fmt::format("expects {}, got nothing", TypeWord(f.type));
+  switch (f.type) {
     case FieldType::kInt: {
-      if (f->nullable && text == "none") {
-        ClearField(plan, *f);
-        return {};
-      }
       auto v = ParseInt(text);
       if (!v) return fmt::format("expects an integer, got `{}`", text);
-      return SetFieldValue(plan, *f, *v);
+      *out = *v;
+      return {};
     }
     case FieldType::kReal: {
       auto v = ParseReal(text);
       if (!v) return fmt::format("expects a number, got `{}`", text);
-      return SetFieldValue(plan, *f, *v);
+      *out = *v;
+      return {};
     }
     case FieldType::kBool:
-      if (text == "true") return SetFieldValue(plan, *f, true);
-      if (text == "false") return SetFieldValue(plan, *f, false);
-      return fmt::format("expects `true` or `false`, got `{}`", text);
+      if (text != "true" && text != "false") {
+        return fmt::format("expects `true` or `false`, got `{}`", text);
+      }
+      *out = text == "true";
+      return {};
     case FieldType::kString:
     case FieldType::kEnum: {
       std::string s(text);
@@ -702,53 +548,53 @@ std::string SetFieldText(Plan& plan, std::string_view path, std::string_view raw
         }
         s = std::move(unquoted);
       }
-      return SetFieldValue(plan, *f, std::move(s));
+      *out = std::move(s);
+      return {};
     }
-    case FieldType::kIntList: {
-      if (text.front() != '[' || text.back() != ']') {
-        return fmt::format("expects a list of integers such as `[2, 3]`, got `{}`", text);
-      }
-      std::vector<int64_t> values;
-      std::string_view body = Trim(text.substr(1, text.size() - 2));
-      while (!body.empty()) {
-        size_t comma = body.find(',');
-        std::string_view item = Trim(body.substr(0, comma));
-        auto v = ParseInt(item);
-        if (!v) return fmt::format("expects a list of integers, got `{}` in it", item);
-        values.push_back(*v);
-        if (comma == std::string_view::npos) break;
-        body = Trim(body.substr(comma + 1));
-      }
-      return SetFieldList(plan, *f, values);
-    }
+    case FieldType::kIntList:
+      return fmt::format("expects a list of integers such as `[2, 3]`, got `{}`", text);
     case FieldType::kBytes:
     case FieldType::kBandwidth:
-    case FieldType::kFlops: {
-      std::string_view number, unit;
-      SplitUnit(text, &number, &unit);
-      auto v = ParseReal(number);
-      if (!v) return fmt::format("expects {}, got `{}`", TypeWord(f->type), text);
-      double scale = 1;
-      if (!unit.empty()) {
-        const UnitInfo* u = FindUnit(unit);
-        if (!u) return fmt::format("`{}` is not a unit", unit);
-        if (u->dimension != DimensionOf(f->type)) {
-          return fmt::format("expects {}, got a {} (`{}`)", TypeWord(f->type),
-                             ToString(u->dimension), unit);
-        }
-        scale = u->scale;
-      }
-      double value = *v * scale;
-      if (f->type == FieldType::kBytes) {
-        if (value != std::floor(value) || std::fabs(value) >= 9.2e18) {
-          return fmt::format("expects a whole number of bytes, got `{}`", text);
-        }
-        return SetFieldValue(plan, *f, static_cast<int64_t>(value));
-      }
-      return SetFieldValue(plan, *f, value);
-    }
+    case FieldType::kFlops:
+      return ParseQuantity(f, text, out);
   }
   return "unsupported field type";
+}
+
+std::string SetFieldText(Plan& plan, std::string_view path, std::string_view raw) {
+  const FieldInfo* f = FindPlanField(path);
+  if (!f) {
+    if (IsRecordPath(path)) {
+      return fmt::format("`{}` names a record; set its fields (`{}.…`) or derive it in the plan",
+                         path, path);
+    }
+    return fmt::format("`{}` is not a field of a plan", path);
+  }
+  std::string_view text = Trim(raw);
+  if (f->nullable && text == "none") {
+    ClearField(plan, *f);
+    return {};
+  }
+  if (f->type == FieldType::kIntList && !text.empty()) {
+    if (text.front() != '[' || text.back() != ']') {
+      return fmt::format("expects a list of integers such as `[2, 3]`, got `{}`", text);
+    }
+    std::vector<int64_t> values;
+    std::string_view body = Trim(text.substr(1, text.size() - 2));
+    while (!body.empty()) {
+      size_t comma = body.find(',');
+      std::string_view item = Trim(body.substr(0, comma));
+      auto v = ParseInt(item);
+      if (!v) return fmt::format("expects a list of integers, got `{}` in it", item);
+      values.push_back(*v);
+      if (comma == std::string_view::npos) break;
+      body = Trim(body.substr(comma + 1));
+    }
+    return SetFieldList(plan, *f, values);
+  }
+  FieldValue value;
+  if (std::string error = ParseFieldText(*f, text, &value); !error.empty()) return error;
+  return SetFieldValue(plan, *f, value);
 }
 
 // --- Enums -----------------------------------------------------------------------------------
@@ -888,8 +734,8 @@ std::optional<uint32_t> ParseRecomputeModules(std::string_view text, std::string
 namespace {
 
 // A field keeps its stored value when the plan wrote it; otherwise it follows its shorthand.
-bool Written(const Plan& plan, std::string_view path) {
-  const OriginKind k = plan.Origin(path).kind;
+bool Written(const Plan& plan, FieldId field) {
+  const OriginKind k = plan.Origin(field).kind;
   return k == OriginKind::kFile || k == OriginKind::kStdlib || k == OriginKind::kCommandLine;
 }
 
@@ -898,14 +744,14 @@ bool Written(const Plan& plan, std::string_view path) {
 MixedPrecisionSpec EffectiveMixedPrecision(const Plan& plan) {
   MixedPrecisionSpec out = plan.mixed_precision;
   const Precision p = plan.precision;
-  if (!Written(plan, "mixed_precision.params"))
+  if (!Written(plan, fields::kMixedPrecisionParams))
     out.params = p == Precision::kFp32   ? ElementType::kFp32
                  : p == Precision::kFp16 ? ElementType::kFp16
                                          : ElementType::kBf16;
-  if (!Written(plan, "mixed_precision.grads"))
+  if (!Written(plan, fields::kMixedPrecisionGrads))
     out.grads = p == Precision::kFp16 ? ElementType::kFp16 : ElementType::kFp32;
-  if (!Written(plan, "mixed_precision.main_params")) out.main_params = p != Precision::kFp32;
-  if (!Written(plan, "mixed_precision.fp8"))
+  if (!Written(plan, fields::kMixedPrecisionMainParams)) out.main_params = p != Precision::kFp32;
+  if (!Written(plan, fields::kMixedPrecisionFp8))
     out.fp8 = p == Precision::kFp8 ? Fp8Recipe::kDelayed : Fp8Recipe::kNone;
   return out;
 }
@@ -954,17 +800,17 @@ std::string_view ToString(Framework v) {
 
 std::string PrintPlan(const Plan& plan) {
   std::string out = fmt::format("plan {}\n", plan.name);
-  auto line = [&](std::string_view path, const std::string& value) {
-    const FieldOrigin& o = plan.Origin(path);
+  auto line = [&](FieldId field, const std::string& value) {
+    const FieldOrigin& o = plan.Origin(field);
     std::string origin(ToString(o.kind));
     if (!o.derivation.empty()) origin += ": " + o.derivation;
-    out += fmt::format("  {:<34} = {:<24} # {}{}\n", path, value, origin,
-                       plan.IsPoisoned(path) ? " (poisoned)" : "");
+    out += fmt::format("  {:<34} = {:<24} # {}{}\n", field.path, value, origin,
+                       plan.IsPoisoned(field) ? " (poisoned)" : "");
   };
-  line("model", plan.model.name);
-  line("cluster", plan.cluster.name);
-  line("cluster.gpu", plan.cluster.gpu.name);
-  for (const FieldInfo& f : PlanFields()) line(f.path, *GetFieldText(plan, f.path));
+  line(fields::kModel, plan.model.name);
+  line(fields::kCluster, plan.cluster.name);
+  line(fields::kClusterGpu, plan.cluster.gpu.name);
+  for (const FieldInfo& f : PlanFields()) line(f.id(), *GetFieldText(plan, f.path));
   out += fmt::format("  world = {}, edp = {}, microbatches = {}\n", plan.World(), plan.Edp(),
                      plan.Microbatches());
   for (const Sweep& s : plan.sweeps) {
@@ -978,7 +824,7 @@ std::string PrintPlan(const Plan& plan) {
 std::vector<std::string> VerifyPlan(const Plan& plan) {
   std::vector<std::string> problems;
   for (const FieldInfo& f : PlanFields()) {
-    if (plan.IsPoisoned(f.path)) continue;
+    if (plan.IsPoisoned(f.id())) continue;
     FieldValue v = GetFieldValue(plan, f);
     if (const int64_t* i = std::get_if<int64_t>(&v)) {
       if (std::string e = CheckRange(f, *i); !e.empty()) {

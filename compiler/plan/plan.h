@@ -2,8 +2,9 @@
 //
 // Made by check/ from the AST (after imports, derivation, `--set`, `auto` and `require`);
 // read by the rules in check/, by analyze/ (layout, partition, memory, time), by search/ and
-// by lower/. Field names are DESIGN.md's canonical names; FieldPath() strings such as
-// "parallel.tp" or "cluster.gpu.memory" name them everywhere (origins, --set, JSON, search).
+// by lower/. Field names are DESIGN.md's canonical names ("parallel.tp", "cluster.gpu.memory"
+// in origins, --set, JSON and search); in code a field is named by its handle,
+// `fields::kParallelTp` (field_id.h, generated with the field table from fields.def).
 //
 // Invariants after a successful check: every size is >= 1 where a size makes sense (experts
 // may be 0 = dense), etp is resolved (defaults to tp), dp is resolved (solved when `auto`).
@@ -13,16 +14,17 @@
 #define PARAPLAN_COMPILER_PLAN_PLAN_H_
 
 #include <climits>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
+#include "compiler/plan/field_id.h"
 #include "compiler/source/source.h"
 
 namespace paraplan {
@@ -247,28 +249,26 @@ struct Sweep {
   SourceRange range;
 };
 
-struct FieldInfo;
-
-// Where each canonical path of a plan got its value. A flat table: one slot per PlanFields()
-// entry (by FieldInfo::index) and one per record path ("model", "cluster", "cluster.gpu"), so
-// that recording the origins of a plan allocates once, not once per path; paths outside both
-// (none in practice) are kept aside. Reads and writes by path work as on a map from the path.
+// Where each canonical path of a plan got its value: one slot per path (by FieldId::index),
+// sized on the first write so that recording the origins of a plan allocates once.
 class PlanOrigins {
  public:
-  // The origin of `path`, recorded from now on (like std::map::operator[]).
-  FieldOrigin& operator[](std::string_view path);
-  FieldOrigin& operator[](const FieldInfo& field);  // the fast way in, by index
-  // The recorded origin of `path`; nullptr when none was recorded.
-  const FieldOrigin* Find(std::string_view path) const;
-  size_t count(std::string_view path) const { return Find(path) ? 1 : 0; }
+  // The origin of `field`, recorded from now on (like std::map::operator[]).
+  FieldOrigin& operator[](FieldId field);
+  FieldOrigin& operator[](const FieldInfo& field);
+  // A path from outside: its origin, recorded from now on; nullptr (nothing recorded) when
+  // `path` is not a canonical path.
+  FieldOrigin* Mutable(std::string_view path);
+  // The recorded origin; nullptr when none was recorded (or `path` is not a canonical path).
+  const FieldOrigin* Find(FieldId field) const;
+  const FieldOrigin* FindPath(std::string_view path) const;
+  size_t count(FieldId field) const { return Find(field) ? 1 : 0; }
   // How many paths have a recorded origin.
   size_t size() const;
 
  private:
-  FieldOrigin& Slot(size_t index);
-  std::vector<FieldOrigin> slots_;  // PlanFields().size() + 3, sized on the first write
+  std::vector<FieldOrigin> slots_;  // fields::kPathCount, sized on the first write
   std::vector<bool> recorded_;
-  std::map<std::string, FieldOrigin, std::less<>> other_;
 };
 
 struct Plan {
@@ -289,7 +289,7 @@ struct Plan {
   TrainSpec train;
 
   PlanOrigins origins;
-  std::set<std::string, std::less<>> poisoned;
+  FieldSet poisoned;
   std::vector<Sweep> sweeps;
   SourceRange declaration;  // the `plan NAME` header
 
@@ -300,10 +300,59 @@ struct Plan {
   int64_t Microbatches() const;
 
   // The origin of a canonical path; a default origin (no range) when none was recorded.
-  const FieldOrigin& Origin(std::string_view path) const;
-  SourceRange Range(std::string_view path) const { return Origin(path).range; }
-  bool IsPoisoned(std::string_view path) const { return poisoned.count(path) > 0; }
+  const FieldOrigin& Origin(FieldId field) const;
+  SourceRange Range(FieldId field) const { return Origin(field).range; }
+  // A path known only at run time (a literal converts to FieldId and is checked while
+  // compiling): no range when it is not a canonical path.
+  template <typename S>
+  requires std::same_as<S, std::string_view> SourceRange Range(S path)
+  const {
+    const FieldOrigin* o = origins.FindPath(path);
+    return o ? o->range : SourceRange{};
+  }
+  bool IsPoisoned(FieldId field) const { return poisoned.count(field) > 0; }
 };
+
+// A field's handle with its accessor: `fields::kParallelTp.Get(plan)` is `plan.parallel.tp`.
+template <typename T>
+struct TypedField : FieldId {
+  T& (*ref)(Plan&);
+  const T& (*cref)(const Plan&);
+
+  T& Get(Plan& plan) const { return ref(plan); }
+  const T& Get(const Plan& plan) const { return cref(plan); }
+};
+
+namespace fields {
+#define PLAN_TYPED_FIELD(NAME, PATH, TYPE, MEMBER)                                  \
+  inline constexpr TypedField<TYPE> NAME{FieldId(NAME##Index, PATH),                \
+                                         [](Plan& p) -> TYPE& { return p.MEMBER; }, \
+                                         [](const Plan& p) -> const TYPE& { return p.MEMBER; }};
+#define PLAN_INT(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, int64_t, MEMBER)
+#define PLAN_BYTES(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, int64_t, MEMBER)
+#define PLAN_OPT_INT(NAME, PATH, MEMBER, ...) \
+  PLAN_TYPED_FIELD(NAME, PATH, std::optional<int64_t>, MEMBER)
+#define PLAN_REAL_IN(NAME, PATH, TYPE, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, double, MEMBER)
+#define PLAN_BOOL(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, bool, MEMBER)
+#define PLAN_STRING(NAME, PATH, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, std::string, MEMBER)
+#define PLAN_LIST(NAME, PATH, MEMBER, ...) \
+  PLAN_TYPED_FIELD(NAME, PATH, std::vector<int64_t>, MEMBER)
+#define PLAN_ENUM(NAME, PATH, ENUM, MEMBER, ...) PLAN_TYPED_FIELD(NAME, PATH, ENUM, MEMBER)
+#include "compiler/plan/fields.def"
+#undef PLAN_INT
+#undef PLAN_BYTES
+#undef PLAN_OPT_INT
+#undef PLAN_REAL_IN
+#undef PLAN_BOOL
+#undef PLAN_STRING
+#undef PLAN_LIST
+#undef PLAN_ENUM
+#undef PLAN_TYPED_FIELD
+
+inline constexpr FieldId kModel{kModelIndex, "model"};
+inline constexpr FieldId kCluster{kClusterIndex, "cluster"};
+inline constexpr FieldId kClusterGpu{kClusterGpuIndex, "cluster.gpu"};
+}  // namespace fields
 
 // The precision record as it applies: each field written in the plan (file, stdlib, --set) is
 // kept, each other follows `precision` (params bf16 for bf16/fp8, fp16, fp32; grads fp16 under
@@ -354,6 +403,8 @@ struct FieldInfo {
   bool real_min_open = false;
   double real_max = std::numeric_limits<double>::infinity();
   bool real_max_open = false;
+
+  FieldId id() const { return FieldId(index, path); }
 };
 
 // Every settable canonical path of a plan, in a stable order. The record-valued paths
@@ -392,6 +443,11 @@ std::string_view ToString(OriginKind k);     // "default", "file", "stdlib", "co
 // Reads a field as text (as --set would take it back): "4", "true", "interleaved_1f1b", "80 GiB"
 // is printed as the integer byte count. nullopt for an unknown path.
 std::optional<std::string> GetFieldText(const Plan& plan, std::string_view path);
+
+// Reads a scalar field's value from text as --set would write it ("4", "true", "selective",
+// "\"1f1b\"", "80 GiB"), without setting it: SetFieldValue takes the result. Lists and
+// "none" for an optional field are SetFieldText's only. Returns what is wrong, empty on success.
+std::string ParseFieldText(const FieldInfo& field, std::string_view text, FieldValue* out);
 
 // Sets a field from text as --set would write it ("4", "true", "selective", "[2, 3]").
 // Returns an empty string on success, otherwise what is wrong ("expected an integer").

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 namespace paraplan {
 namespace {
@@ -236,37 +237,96 @@ TEST_CASE("origins default to no location") {
   Plan p;
   CHECK(p.Origin("parallel.tp").kind == OriginKind::kDefault);
   CHECK(!p.Range("parallel.tp").IsValid());
-  p.origins["parallel.tp"] = FieldOrigin{OriginKind::kFile, SourceRange{1, 2, 3}, {}, {}};
+  p.origins[fields::kParallelTp] = FieldOrigin{OriginKind::kFile, SourceRange{1, 2, 3}, {}, {}};
   CHECK(p.Origin("parallel.tp").kind == OriginKind::kFile);
   CHECK(p.Range("parallel.tp") == SourceRange{1, 2, 3});
   CHECK(ToString(OriginKind::kCommandLine) == "command line");
 }
 
-TEST_CASE("PlanOrigins: by path or by field, record paths too, unknown paths kept aside") {
+TEST_CASE("PlanOrigins: by handle, by field or by path, record paths too") {
   PlanOrigins o;
   CHECK(o.size() == 0);
-  CHECK(!o.Find("parallel.tp"));
-  CHECK(o.count("model") == 0);
+  CHECK(!o.Find(fields::kParallelTp));
+  CHECK(o.count(fields::kModel) == 0);
   const FieldInfo& pp = *FindPlanField("parallel.pp");
   o[pp].kind = OriginKind::kCommandLine;
-  o["parallel.tp"] = FieldOrigin{OriginKind::kFile, SourceRange{1, 2, 3}, {}, {}};
-  o["cluster.gpu"].kind = OriginKind::kStdlib;
-  o["model"].kind = OriginKind::kFile;
-  o["not.a.field"].derivation = "kept";
-  CHECK(o.size() == 5);
-  REQUIRE(o.Find("parallel.pp"));
-  CHECK(o.Find("parallel.pp")->kind == OriginKind::kCommandLine);
-  CHECK(o.Find("parallel.tp")->range == SourceRange{1, 2, 3});
-  CHECK(o.Find("cluster.gpu")->kind == OriginKind::kStdlib);
-  CHECK(o.count("model") == 1);
-  CHECK(o.count("cluster") == 0);
-  CHECK(o.count("parallel.dp") == 0);
-  CHECK(o.Find("not.a.field")->derivation == "kept");
+  o[fields::kParallelTp] = FieldOrigin{OriginKind::kFile, SourceRange{1, 2, 3}, {}, {}};
+  o[fields::kClusterGpu].kind = OriginKind::kStdlib;
+  REQUIRE(o.Mutable("model"));
+  o.Mutable("model")->kind = OriginKind::kFile;
+  CHECK(o.size() == 4);
+  REQUIRE(o.Find(fields::kParallelPp));
+  CHECK(o.Find(fields::kParallelPp)->kind == OriginKind::kCommandLine);
+  CHECK(o.FindPath("parallel.tp")->range == SourceRange{1, 2, 3});
+  CHECK(o.Find(fields::kClusterGpu)->kind == OriginKind::kStdlib);
+  CHECK(o.count(fields::kModel) == 1);
+  CHECK(o.count(fields::kCluster) == 0);
+  CHECK(o.count(fields::kParallelDp) == 0);
   // Copies are independent.
   PlanOrigins copy = o;
-  copy["parallel.tp"].kind = OriginKind::kAuto;
-  CHECK(o.Find("parallel.tp")->kind == OriginKind::kFile);
-  CHECK(copy.Find("parallel.tp")->kind == OriginKind::kAuto);
+  copy[fields::kParallelTp].kind = OriginKind::kAuto;
+  CHECK(o.Find(fields::kParallelTp)->kind == OriginKind::kFile);
+  CHECK(copy.Find(fields::kParallelTp)->kind == OriginKind::kAuto);
+}
+
+TEST_CASE("an unknown path is an error, never a new slot") {
+  Plan p;
+  // Where a path comes from outside (--set, an importer's table) it is looked up.
+  CHECK(!FindPlanPath("parallel.tpp"));
+  CHECK(!FindPlanField("parallel.tpp"));
+  CHECK(SetFieldText(p, "parallel.tpp", "4") == "`parallel.tpp` is not a field of a plan");
+  CHECK(SetFieldText(p, "cluster", "x") ==
+        "`cluster` names a record; set its fields (`cluster.…`) or derive it in the plan");
+  CHECK(p.origins.Mutable("parallel.tpp") == nullptr);
+  CHECK(p.origins.FindPath("parallel.tpp") == nullptr);
+  CHECK(p.origins.size() == 0);
+  CHECK(!p.Range(std::string_view("parallel.tpp")).IsValid());
+  // In code a path is a handle; a literal where a handle is expected is checked while compiling
+  // (`p.Origin("parallel.tpp")` does not compile), and is the same handle.
+  CHECK(FieldId("parallel.tp") == fields::kParallelTp);
+  CHECK(FindPlanPath("cluster.gpu") == fields::kClusterGpu);
+  CHECK(FindPlanPath("cluster.gpu")->IsRecord());
+}
+
+TEST_CASE("the handles and the field table come from one list") {
+  REQUIRE(PlanFields().size() == fields::kFieldCount);
+  for (const FieldInfo& f : PlanFields()) {
+    CHECK_MESSAGE(fields::kPaths[f.index] == f.path, f.path);
+    CHECK(FindPlanPath(f.path) == f.id());
+    CHECK(!f.id().IsRecord());
+    CHECK(&f.id().info() == &f);
+  }
+  CHECK(fields::kParallelTp.path == "parallel.tp");
+  CHECK(fields::kClusterGpuMemory.path == "cluster.gpu.memory");
+  CHECK(fields::kPrecision.path == "precision");
+  // The accessor reads and writes the member the path names.
+  Plan p;
+  fields::kParallelTp.Get(p) = 8;
+  CHECK(p.parallel.tp == 8);
+  CHECK(GetFieldText(p, fields::kParallelTp.path) == "8");
+  fields::kPipelineSchedule.Get(p) = Schedule::kGpipe;
+  CHECK(GetFieldText(p, "pipeline.schedule") == "gpipe");
+  p.pipeline.first_stage_layers = 3;
+  CHECK(fields::kPipelineFirstStageLayers.Get(std::as_const(p)) == 3);
+}
+
+TEST_CASE("ParseFieldText reads a value as --set writes it, without setting it") {
+  FieldValue v;
+  CHECK(ParseFieldText(fields::kParallelTp.info(), "4", &v).empty());
+  CHECK(v == FieldValue(int64_t{4}));
+  CHECK(ParseFieldText(fields::kPipelineSchedule.info(), "\"1f1b\"", &v).empty());
+  CHECK(v == FieldValue(std::string("1f1b")));
+  CHECK(ParseFieldText(fields::kClusterGpuMemory.info(), "80 GiB", &v).empty());
+  CHECK(v == FieldValue(int64_t{80} << 30));
+  CHECK(ParseFieldText(fields::kParallelSp.info(), "yes", &v) ==
+        "expects `true` or `false`, got `yes`");
+  CHECK(ParseFieldText(fields::kParallelTp.info(), "", &v) == "expects an integer, got nothing");
+  Plan p;
+  CHECK(SetFieldText(p, "parallel.tp", "four") == "expects an integer, got `four`");
+  CHECK(SetFieldText(p, "parallel.tp", "0") == "must be at least 1, got 0");
+  CHECK(SetFieldText(p, "pipeline.first_stage_layers", "none").empty());
+  CHECK(SetFieldText(p, "pipeline.stage_layers", "[2, 3]").empty());
+  CHECK(p.pipeline.stage_layers == std::vector<int64_t>{2, 3});
 }
 
 TEST_CASE("PrintPlan is one line per field in a stable order") {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 #include "compiler/analyze/memory.h"
 #include "compiler/analyze/memory_check.h"
@@ -15,27 +16,12 @@
 namespace paraplan {
 namespace {
 
-enum class Field : uint8_t {
-  kTp,
-  kPp,
-  kVpp,
-  kCp,
-  kEp,
-  kEtp,
-  kSp,
-  kMicro,
-  kZero,
-  kRecompute,
-  kSchedule,
-  kOffload,
-  kOther
-};
-
-// One axis value, parsed once.
+// One axis value, looked up in the plan's field table and parsed once: applying it is a typed
+// store (SetFieldValue), with the field's own range check. Lists and "none" keep their text.
 struct Setter {
-  Field field = Field::kOther;
-  int64_t number = 0;
-  std::string path, text;  // for kOther: SetFieldText
+  const FieldInfo* field = nullptr;  // nullptr: not a field of a plan (never applies)
+  std::optional<FieldValue> value;   // parsed; nullopt: apply the text
+  std::string text;
 };
 
 std::string Unquote(std::string_view v) {
@@ -44,100 +30,30 @@ std::string Unquote(std::string_view v) {
   return std::string(v);
 }
 
-Setter Parse(const std::string& path, const std::string& value) {
+Setter Parse(const std::string& path, const std::string& text) {
   Setter s;
-  s.path = path;
-  s.text = value;
-  const std::string v = Unquote(value);
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  const bool is_int = !v.empty() && end && *end == '\0';
-  auto integer = [&](Field f) {
-    if (is_int) {
-      s.field = f;
-      s.number = n;
-    }
-  };
-  if (path == "parallel.tp")
-    integer(Field::kTp);
-  else if (path == "parallel.pp")
-    integer(Field::kPp);
-  else if (path == "parallel.vpp")
-    integer(Field::kVpp);
-  else if (path == "parallel.cp")
-    integer(Field::kCp);
-  else if (path == "parallel.ep")
-    integer(Field::kEp);
-  else if (path == "parallel.etp")
-    integer(Field::kEtp);
-  else if (path == "batch.micro")
-    integer(Field::kMicro);
-  else if (path == "optimizer.zero")
-    integer(Field::kZero);
-  else if (path == "parallel.sp" && (v == "true" || v == "false")) {
-    s.field = Field::kSp;
-    s.number = v == "true";
-  } else if (path == "recompute" && (v == "none" || v == "selective" || v == "full")) {
-    s.field = Field::kRecompute;
-    s.number = static_cast<int64_t>(v == "none"        ? Recompute::kNone
-                                    : v == "selective" ? Recompute::kSelective
-                                                       : Recompute::kFull);
-  } else if (path == "pipeline.schedule" &&
-             (v == "gpipe" || v == "1f1b" || v == "interleaved_1f1b")) {
-    s.field = Field::kSchedule;
-    s.number = static_cast<int64_t>(v == "gpipe"  ? Schedule::kGpipe
-                                    : v == "1f1b" ? Schedule::k1F1B
-                                                  : Schedule::kInterleaved1F1B);
-  } else if (path == "optimizer.offload" && (v == "none" || v == "cpu")) {
-    s.field = Field::kOffload;
-    s.number = static_cast<int64_t>(v == "cpu" ? Offload::kCpu : Offload::kNone);
-  }
+  s.field = FindPlanField(path);
+  s.text = text;
+  FieldValue value;
+  if (s.field && ParseFieldText(*s.field, text, &value).empty()) s.value = std::move(value);
   return s;
 }
 
 bool Apply(Plan& plan, const Setter& s) {
-  ParallelSpec& par = plan.parallel;
-  switch (s.field) {
-    case Field::kTp:
-      par.tp = s.number;
-      return true;
-    case Field::kPp:
-      par.pp = s.number;
-      return true;
-    case Field::kVpp:
-      par.vpp = s.number;
-      return true;
-    case Field::kCp:
-      par.cp = s.number;
-      return true;
-    case Field::kEp:
-      par.ep = s.number;
-      return true;
-    case Field::kEtp:
-      par.etp = s.number;
-      return true;
-    case Field::kSp:
-      par.sp = s.number != 0;
-      return true;
-    case Field::kMicro:
-      plan.batch.micro = s.number;
-      return true;
-    case Field::kZero:
-      plan.optimizer.zero = s.number;
-      return true;
-    case Field::kRecompute:
-      plan.recompute = static_cast<Recompute>(s.number);
-      return true;
-    case Field::kSchedule:
-      plan.pipeline.schedule = static_cast<Schedule>(s.number);
-      return true;
-    case Field::kOffload:
-      plan.optimizer.offload = static_cast<Offload>(s.number);
-      return true;
-    case Field::kOther:
-      return SetFieldText(plan, s.path, s.text).empty();
-  }
-  return false;
+  if (!s.field) return false;
+  if (s.value) return SetFieldValue(plan, *s.field, *s.value).empty();
+  return SetFieldText(plan, s.field->path, s.text).empty();
+}
+
+// The setter sets `field` to `value`.
+bool Sets(const Setter& s, FieldId field, const FieldValue& value) {
+  return s.field && s.field->index == field.index && s.value && *s.value == value;
+}
+
+// etp follows tp unless the plan writes it (or it is searched).
+bool EtpFollowsTp(const Plan& plan) {
+  const OriginKind k = plan.Origin(fields::kParallelEtp).kind;
+  return k != OriginKind::kFile && k != OriginKind::kCommandLine;
 }
 
 }  // namespace
@@ -148,110 +64,168 @@ std::vector<SearchAxis> AxesFromSweeps(const Plan& plan) {
   return axes;
 }
 
-SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
-                       const SearchOptions& options) {
-  SearchResult result;
-  int64_t space = 1;  // saturates at INT64_MAX
-  for (const SearchAxis& a : axes) {
-    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(a.values.size()));
-    if (__builtin_mul_overflow(space, n, &space)) space = INT64_MAX;
-  }
-  result.space = space;
-  if (space > options.max_candidates) {
-    result.too_large = true;
-    return result;
-  }
-  std::vector<std::vector<Setter>> setters(axes.size());
+namespace {
+
+// The axes parsed once, and what the derivations after applying them need to know.
+struct SearchSpace {
+  std::vector<std::vector<Setter>> setters;  // one per axis value
   bool vpp_axis = false, schedule_axis = false, etp_axis = false;
   bool sp_false_searched = false;  // `sp = false` is itself a candidate value
   bool zero0_searched = false;     // `zero = 0` is itself a candidate value
+  Schedule base_schedule = Schedule::k1F1B;
+};
+
+SearchSpace SpaceOf(const Plan& base, const std::vector<SearchAxis>& axes) {
+  SearchSpace space;
+  space.setters.resize(axes.size());
   for (size_t i = 0; i < axes.size(); ++i) {
     for (const std::string& v : axes[i].values) {
-      setters[i].push_back(Parse(axes[i].path, v));
-      if (setters[i].back().field == Field::kSp && setters[i].back().number == 0)
-        sp_false_searched = true;
-      if (setters[i].back().field == Field::kZero && setters[i].back().number == 0)
-        zero0_searched = true;
+      space.setters[i].push_back(Parse(axes[i].path, v));
+      space.sp_false_searched |= Sets(space.setters[i].back(), fields::kParallelSp, false);
+      space.zero0_searched |= Sets(space.setters[i].back(), fields::kOptimizerZero, int64_t{0});
     }
-    vpp_axis |= axes[i].path == "parallel.vpp";
-    schedule_axis |= axes[i].path == "pipeline.schedule";
-    etp_axis |= axes[i].path == "parallel.etp";
+    space.vpp_axis |= axes[i].path == fields::kParallelVpp.path;
+    space.schedule_axis |= axes[i].path == fields::kPipelineSchedule.path;
+    space.etp_axis |= axes[i].path == fields::kParallelEtp.path;
   }
-  const Schedule base_schedule = base.pipeline.schedule;
+  space.base_schedule = base.pipeline.schedule;
+  return space;
+}
+
+// The schedule a candidate runs when vpp is searched and the schedule is not.
+Schedule DerivedSchedule(const SearchSpace& space, int64_t vpp) {
+  return vpp > 1                                             ? Schedule::kInterleaved1F1B
+         : space.base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B
+                                                             : space.base_schedule;
+}
+
+// Candidate `index` as one value per axis (mixed radix, last axis fastest).
+void Decode(int64_t index, const std::vector<std::vector<Setter>>& setters,
+            std::vector<size_t>* digit) {
+  for (size_t i = setters.size(); i-- > 0;) {
+    const int64_t n = static_cast<int64_t>(setters[i].size());
+    (*digit)[i] = n == 0 ? 0 : static_cast<size_t>(index % n);
+    index = n == 0 ? index : index / n;
+  }
+}
+
+struct Fit {
+  int64_t index;
+  int64_t peak, peak_stage;
+  double step_s, tokens, mfu;
+};
+
+// Applies candidate `index` to `plan` (changed in place), derives dp, etp and the schedule, and
+// screens it; counts the verdict in `result` and returns the fit when it fits.
+std::optional<Fit> Screen(Plan& plan, const SearchSpace& space, int64_t index,
+                          const std::vector<size_t>& digit, const CostOptions& cost,
+                          DiagnosticSink& sink, SearchResult& result) {
+  bool applied = true;
+  for (size_t i = 0; i < space.setters.size(); ++i)
+    if (!space.setters[i].empty()) applied = applied && Apply(plan, space.setters[i][digit[i]]);
+  if (!space.etp_axis && EtpFollowsTp(plan)) plan.parallel.etp = plan.parallel.tp;
+  if (space.vpp_axis && !space.schedule_axis) {
+    plan.pipeline.schedule = DerivedSchedule(space, plan.parallel.vpp);
+  }
+  // Megatron turns sequence parallelism off at TP 1 (it splits nothing there), so sp = true
+  // with tp = 1 is the sp = false candidate again: count it once, as sp = false.
+  if (applied && space.sp_false_searched && plan.parallel.sp && plan.parallel.tp == 1) {
+    ++result.duplicates;
+    return std::nullopt;
+  }
+  const int64_t unit = plan.parallel.tp * plan.parallel.pp * plan.parallel.cp;
+  if (!applied || unit <= 0 || plan.World() % unit != 0) {
+    ++result.rejected_rules;
+    return std::nullopt;
+  }
+  plan.parallel.dp = plan.World() / unit;
+  // ZeRO over a data-parallel domain of one rank shards nothing (P0504): without offload such
+  // a candidate is the zero = 0 one again.
+  if (space.zero0_searched && plan.optimizer.zero > 0 && plan.optimizer.offload == Offload::kNone &&
+      plan.parallel.dp * plan.parallel.cp == 1 && (!plan.model.IsMoe() || plan.Edp() <= 1)) {
+    ++result.duplicates;
+    return std::nullopt;
+  }
+  sink.Clear();
+  CheckPlanRules(plan, sink, RuleOptions{.helps = false});  // verdicts only
+  if (sink.has_errors()) {
+    ++result.rejected_rules;
+    return std::nullopt;
+  }
+  const MemoryEstimate mem = EstimateMemory(plan, cost);
+  if (!mem.valid) {
+    ++result.rejected_partition;
+    return std::nullopt;
+  }
+  if (mem.peak > mem.capacity) {
+    ++result.rejected_memory;
+    if (result.smallest_rejected_peak == 0 || mem.peak < result.smallest_rejected_peak)
+      result.smallest_rejected_peak = mem.peak;
+    return std::nullopt;
+  }
+  const TimeEstimate time = EstimateTime(plan, cost, mem);
+  if (!time.valid) {
+    ++result.rejected_partition;
+    return std::nullopt;
+  }
+  return Fit{index, mem.peak, mem.peak_stage, time.step_s, time.tokens_per_s_per_gpu, time.mfu};
+}
+
+// A fitting candidate as settings: every axis, then the derived fields, so that it can be
+// written back as --set values.
+SearchCandidate Describe(const Plan& base, const std::vector<SearchAxis>& axes,
+                         const SearchSpace& space, const Fit& f) {
+  SearchCandidate c;
+  std::vector<size_t> d(axes.size());
+  Decode(f.index, space.setters, &d);
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (!axes[i].values.empty()) c.settings.push_back({axes[i].path, axes[i].values[d[i]]});
+  Plan p = base;
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (!space.setters[i].empty()) Apply(p, space.setters[i][d[i]]);
+  if (!space.etp_axis && EtpFollowsTp(p)) p.parallel.etp = p.parallel.tp;
+  const int64_t unit = p.parallel.tp * p.parallel.pp * p.parallel.cp;
+  c.settings.push_back({std::string(fields::kParallelDp.path), std::to_string(p.World() / unit)});
+  if (space.vpp_axis && !space.schedule_axis) {
+    const Schedule s = DerivedSchedule(space, p.parallel.vpp);
+    c.settings.push_back(
+        {std::string(fields::kPipelineSchedule.path), "\"" + std::string(ToString(s)) + "\""});
+  }
+  c.peak = f.peak;
+  c.peak_stage = f.peak_stage;
+  c.step_s = f.step_s;
+  c.tokens_per_s_per_gpu = f.tokens;
+  c.mfu = f.mfu;
+  return c;
+}
+
+}  // namespace
+
+SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
+                       const SearchOptions& options) {
+  SearchResult result;
+  int64_t size = 1;  // saturates at INT64_MAX
+  for (const SearchAxis& a : axes) {
+    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(a.values.size()));
+    if (__builtin_mul_overflow(size, n, &size)) size = INT64_MAX;
+  }
+  result.space = size;
+  if (size > options.max_candidates) {
+    result.too_large = true;
+    return result;
+  }
+  const SearchSpace space = SpaceOf(base, axes);
   Plan plan = base;
   plan.sweeps.clear();
-  const CostOptions& cost = options.cost;
-  struct Fit {
-    int64_t index;
-    int64_t peak, peak_stage;
-    double step_s, tokens, mfu;
-  };
   std::vector<Fit> fits;
   std::vector<size_t> digit(axes.size(), 0);
   DiagnosticSink sink;
-  for (int64_t index = 0; index < space; ++index) {
-    // Decode the candidate (mixed radix, last axis fastest).
-    int64_t rest = index;
-    for (size_t i = axes.size(); i-- > 0;) {
-      const int64_t n = static_cast<int64_t>(setters[i].size());
-      digit[i] = n == 0 ? 0 : static_cast<size_t>(rest % n);
-      rest = n == 0 ? rest : rest / n;
-    }
+  for (int64_t index = 0; index < size; ++index) {
+    Decode(index, space.setters, &digit);
     ++result.enumerated;
-    bool applied = true;
-    for (size_t i = 0; i < axes.size(); ++i)
-      if (!setters[i].empty()) applied = applied && Apply(plan, setters[i][digit[i]]);
-    if (!etp_axis && plan.Origin("parallel.etp").kind != OriginKind::kFile &&
-        plan.Origin("parallel.etp").kind != OriginKind::kCommandLine)
-      plan.parallel.etp = plan.parallel.tp;
-    if (vpp_axis && !schedule_axis) {
-      plan.pipeline.schedule = plan.parallel.vpp > 1 ? Schedule::kInterleaved1F1B
-                               : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B
-                                                                             : base_schedule;
+    if (auto fit = Screen(plan, space, index, digit, options.cost, sink, result)) {
+      fits.push_back(*fit);
     }
-    // Megatron turns sequence parallelism off at TP 1 (it splits nothing there), so sp = true
-    // with tp = 1 is the sp = false candidate again: count it once, as sp = false.
-    if (applied && sp_false_searched && plan.parallel.sp && plan.parallel.tp == 1) {
-      ++result.duplicates;
-      continue;
-    }
-    const int64_t unit = plan.parallel.tp * plan.parallel.pp * plan.parallel.cp;
-    if (!applied || unit <= 0 || plan.World() % unit != 0) {
-      ++result.rejected_rules;
-      continue;
-    }
-    plan.parallel.dp = plan.World() / unit;
-    // ZeRO over a data-parallel domain of one rank shards nothing (P0504): without offload such
-    // a candidate is the zero = 0 one again.
-    if (zero0_searched && plan.optimizer.zero > 0 && plan.optimizer.offload == Offload::kNone &&
-        plan.parallel.dp * plan.parallel.cp == 1 && (!plan.model.IsMoe() || plan.Edp() <= 1)) {
-      ++result.duplicates;
-      continue;
-    }
-    sink.Clear();
-    CheckPlanRules(plan, sink, RuleOptions{.helps = false});  // verdicts only
-    if (sink.has_errors()) {
-      ++result.rejected_rules;
-      continue;
-    }
-    const MemoryEstimate mem = EstimateMemory(plan, cost);
-    if (!mem.valid) {
-      ++result.rejected_partition;
-      continue;
-    }
-    if (mem.peak > mem.capacity) {
-      ++result.rejected_memory;
-      if (result.smallest_rejected_peak == 0 || mem.peak < result.smallest_rejected_peak)
-        result.smallest_rejected_peak = mem.peak;
-      continue;
-    }
-    const TimeEstimate time = EstimateTime(plan, cost, mem);
-    if (!time.valid) {
-      ++result.rejected_partition;
-      continue;
-    }
-    fits.push_back(
-        {index, mem.peak, mem.peak_stage, time.step_s, time.tokens_per_s_per_gpu, time.mfu});
   }
   result.fitting = static_cast<int64_t>(fits.size());
   std::sort(fits.begin(), fits.end(), [](const Fit& a, const Fit& b) {
@@ -259,39 +233,11 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
   });
   for (const Fit& f : fits) {
     if (static_cast<int64_t>(result.best.size()) >= options.top) break;
-    SearchCandidate c;
-    int64_t rest = f.index;
-    std::vector<size_t> d(axes.size());
-    for (size_t i = axes.size(); i-- > 0;) {
-      const int64_t n = static_cast<int64_t>(axes[i].values.size());
-      d[i] = n == 0 ? 0 : static_cast<size_t>(rest % n);
-      rest = n == 0 ? rest : rest / n;
-    }
-    for (size_t i = 0; i < axes.size(); ++i)
-      if (!axes[i].values.empty()) c.settings.push_back({axes[i].path, axes[i].values[d[i]]});
-    // The derived fields, so a candidate can be written back as --set values.
-    Plan p = base;
-    for (const auto& [path, value] : c.settings) Apply(p, Parse(path, value));
-    if (!etp_axis && p.Origin("parallel.etp").kind != OriginKind::kFile &&
-        p.Origin("parallel.etp").kind != OriginKind::kCommandLine)
-      p.parallel.etp = p.parallel.tp;
-    const int64_t unit = p.parallel.tp * p.parallel.pp * p.parallel.cp;
-    c.settings.push_back({"parallel.dp", std::to_string(p.World() / unit)});
-    if (vpp_axis && !schedule_axis) {
-      const Schedule s = p.parallel.vpp > 1                            ? Schedule::kInterleaved1F1B
-                         : base_schedule == Schedule::kInterleaved1F1B ? Schedule::k1F1B
-                                                                       : base_schedule;
-      c.settings.push_back({"pipeline.schedule", "\"" + std::string(ToString(s)) + "\""});
-    }
+    SearchCandidate c = Describe(base, axes, space, f);
     if (options.verify && !options.verify(c.settings)) {
       ++result.rejected_verify;
       continue;
     }
-    c.peak = f.peak;
-    c.peak_stage = f.peak_stage;
-    c.step_s = f.step_s;
-    c.tokens_per_s_per_gpu = f.tokens;
-    c.mfu = f.mfu;
     result.best.push_back(std::move(c));
   }
   return result;

@@ -55,6 +55,7 @@ struct Coordinator {
   std::vector<std::vector<StepRecord>> records;  // per rank, per step done
   std::vector<std::string> errors;               // per rank
   bool failed = false;
+  int64_t committed = -1;  // the newest step whose checkpoint the calling thread committed
   double start_wall = 0;
   int ready = 0;
   // Gathered parameters.
@@ -200,16 +201,27 @@ RunResult Train(const ProgramImage& program, const RunOptions& options,
         std::lock_guard<std::mutex> lock(co.mutex);
         if (++co.ready == local) co.start_wall = Wall();
       }
+      // A rank writes its next checkpoint shard only once its previous checkpoint is committed:
+      // shards of later steps written ahead could fill the disk before the calling thread commits
+      // the earlier step, and leave no checkpoint at all.
+      int64_t last_shard = -1;
+      auto write_shard = [&](int64_t ckpt_step) {
+        if (last_shard >= 0) {
+          std::unique_lock<std::mutex> lock(co.mutex);
+          co.cv.wait(lock, [&] { return co.failed || co.committed >= last_shard; });
+          if (co.failed) throw RunError("aborted: the run failed while checkpointing");
+        }
+        WriteRankShard(BeginCheckpoint(options.checkpoint_dir, ckpt_step), program, rank, ckpt_step,
+                       runner.State(), *backend);
+        last_shard = ckpt_step;
+      };
       int64_t done = 0;
       for (int64_t i = 0; i < steps; ++i) {
         if (stop_before(i)) break;
         const int64_t step = start + i;
         runner.RunStep(step);
         done = i + 1;
-        if (checkpoint_due(i)) {
-          WriteRankShard(BeginCheckpoint(options.checkpoint_dir, step + 1), program, rank, step + 1,
-                         runner.State(), *backend);
-        }
+        if (checkpoint_due(i)) write_shard(step + 1);
         StepRecord rec;
         rec.end_wall = Wall();
         rec.holds_loss = runner.HoldsLoss();
@@ -225,8 +237,7 @@ RunResult Train(const ProgramImage& program, const RunOptions& options,
       }
       // Stopped early: the steps done so far are checkpointed unless that just happened.
       if (done < steps && done > 0 && writes_checkpoints && !checkpoint_due(done - 1)) {
-        WriteRankShard(BeginCheckpoint(options.checkpoint_dir, start + done), program, rank,
-                       start + done, runner.State(), *backend);
+        write_shard(start + done);
       }
       {
         std::lock_guard<std::mutex> lock(co.mutex);
@@ -347,8 +358,16 @@ RunResult Train(const ProgramImage& program, const RunOptions& options,
         CommitCheckpoint(options.checkpoint_dir,
                          BeginCheckpoint(options.checkpoint_dir, m.step + 1), program, m.step + 1);
         result.checkpoint_step = m.step + 1;
+        std::lock_guard<std::mutex> lock(co.mutex);
+        co.committed = m.step + 1;
+        co.cv.notify_all();
       } catch (const std::exception& e) {
         world.Abort(e.what());
+        {
+          std::lock_guard<std::mutex> lock(co.mutex);
+          co.failed = true;
+          co.cv.notify_all();
+        }
         for (auto& t : threads) t.join();
         if (all_ranks_here) AbandonCheckpoints(options.checkpoint_dir, start + 1, start + steps);
         throw RunError(e.what());

@@ -182,6 +182,46 @@ TEST_CASE("bad programs, data and checkpoints are refused with clear messages") 
   CHECK_THROWS_WITH_AS(Train(prog, opt), doctest::Contains("holds no checkpoint"), CheckpointError);
 }
 
+TEST_CASE("the loader refuses ops the registry rules out, naming the op and the rule") {
+  const std::string data = TinyData();
+  const auto bytes = testing::TinyProgram({1, 0, 4, 2, "tiny", data});
+  const paraplan::prog::mem::Program good =
+      paraplan::prog::mem::DecodeProgram(bytes.data(), bytes.size(), "tiny");
+  auto refused = [&](auto&& damage) {
+    paraplan::prog::mem::Program p = good;
+    damage(p.roles[0]);
+    const std::vector<uint8_t> b = paraplan::prog::mem::EncodeProgram(p);
+    std::string message;
+    try {
+      DecodeProgramImage(b.data(), b.size(), "damaged");
+    } catch (const ProgramError& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  // Body 0 is the forward: LoadBatch, LoadBatch, Embedding, RmsNorm, Linear, ...
+  CHECK(refused([](auto& role) { role.bodies[0].ops[1].ints = {2}; }) ==
+        "program `damaged`: role `stage0`: op 1 (load_batch) of body `chunk0.forward` what = 2 "
+        "lies outside 0 .. 1");
+  CHECK(refused([](auto& role) {
+          role.bodies[0].ops[2].inputs = {role.bodies[0].ops[2].inputs[1],
+                                          role.bodies[0].ops[2].inputs[1]};
+        })
+            .find("op 2 (embedding) of body `chunk0.forward` input 0 (ids) `emb` holds "
+                  "F32; the op takes I32 token ids") != std::string::npos);
+  CHECK(refused([](auto& role) {
+          role.bodies[0].ops[4].outputs.push_back(0);
+        }).find("op 4 (linear) of body `chunk0.forward` has 2 outputs; it takes 1") !=
+        std::string::npos);
+  CHECK(refused([](auto& role) {
+          role.schedule[1].ints[2] = 1;
+        }).find("schedule op 1 (forward) slot = 1 lies outside 0 .. 0") != std::string::npos);
+  CHECK(refused([](auto& role) { role.bodies[1].ops[0].comm = paraplan::prog::CommKind::Dp; })
+            .find("cross_entropy_backward) of body `chunk0.backward` runs over communicator kind "
+                  "Dp; it takes None, Tp") != std::string::npos);
+  CHECK(refused([](auto&) {}) == "");
+}
+
 TEST_CASE("initialisation is counter-based: a value depends only on (seed, key, index)") {
   CHECK(InitValue(1, 2, 3, 1.0) == InitValue(1, 2, 3, 1.0));
   CHECK(InitValue(1, 2, 3, 1.0) != InitValue(1, 2, 4, 1.0));

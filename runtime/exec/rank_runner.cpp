@@ -11,10 +11,6 @@
 namespace paraplan::exec {
 namespace {
 
-comm::ReduceOp ToReduceOp(int64_t v) {
-  return v == prog::kReduceMax ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
-}
-
 std::string OpName(OpKind k) { return prog::EnumNameOpKind(k); }
 
 }  // namespace
@@ -268,16 +264,33 @@ void RankRunner::RunStep(int64_t step) {
   if (options_.profile) cpu_seconds += Now() - t0;
 }
 
+namespace {
+
+bool IsTransfer(OpKind k) {
+  return k == OpKind::SendActivation || k == OpKind::RecvActivation || k == OpKind::SendGrad ||
+         k == OpKind::RecvGrad;
+}
+
+bool IsSend(OpKind k) { return k == OpKind::SendActivation || k == OpKind::SendGrad; }
+
+}  // namespace
+
 void RankRunner::RunSchedule(int64_t step) {
   const auto& sched = role_.schedule;
+  const Context step_context{step, 0, 0};
   for (size_t i = 0; i < sched.size(); ++i) {
     const prog::mem::Op& op = sched[i];
     switch (op.kind) {
-      case OpKind::Forward:
+      case OpKind::Forward: {
+        const auto a = prog::DecodeAttrs<prog::attrs::Forward>(op);
+        RunBody(role_.chunks[a.chunk].forward,
+                Context{step, a.microbatch, static_cast<int32_t>(a.slot)});
+        break;
+      }
       case OpKind::Backward: {
-        const prog::mem::Chunk& chunk = role_.chunks[op.ints[1]];
-        RunBody(op.kind == OpKind::Forward ? chunk.forward : chunk.backward,
-                Context{step, op.ints[0], static_cast<int32_t>(op.ints[2])});
+        const auto a = prog::DecodeAttrs<prog::attrs::Backward>(op);
+        RunBody(role_.chunks[a.chunk].backward,
+                Context{step, a.microbatch, static_cast<int32_t>(a.slot)});
         break;
       }
       case OpKind::SendActivation:
@@ -286,34 +299,24 @@ void RankRunner::RunSchedule(int64_t step) {
       case OpKind::RecvGrad: {
         // A group posts every send before any receive (buffered sends never block).
         size_t j = i + 1;
-        const int64_t group = op.ints[prog::kP2pGroup];
-        auto is_p2p = [](OpKind k) {
-          return k == OpKind::SendActivation || k == OpKind::RecvActivation ||
-                 k == OpKind::SendGrad || k == OpKind::RecvGrad;
-        };
+        const int64_t group = prog::DecodeStepAttrs(op).group;
         if (group != 0) {
-          while (j < sched.size() && is_p2p(sched[j].kind) &&
-                 sched[j].ints[prog::kP2pGroup] == group)
+          while (j < sched.size() && IsTransfer(sched[j].kind) &&
+                 prog::DecodeStepAttrs(sched[j]).group == group)
             ++j;
         }
-        for (size_t k = i; k < j; ++k) {
-          if (sched[k].kind == OpKind::SendActivation || sched[k].kind == OpKind::SendGrad)
-            Transfer(sched[k], true);
-        }
-        for (size_t k = i; k < j; ++k) {
-          if (sched[k].kind == OpKind::RecvActivation || sched[k].kind == OpKind::RecvGrad)
-            Transfer(sched[k], false);
-        }
+        for (size_t k = i; k < j; ++k)
+          if (IsSend(sched[k].kind)) Transfer(sched[k], true);
+        for (size_t k = i; k < j; ++k)
+          if (!IsSend(sched[k].kind)) Transfer(sched[k], false);
         i = j - 1;
         break;
       }
       case OpKind::ZeroGrads:
       case OpKind::ReduceGrads:
       case OpKind::OptimizerStep:
-        RunBody(static_cast<int32_t>(op.ints[0]), Context{step, 0, 0});
-        break;
       case OpKind::GatherParams:
-        RunBody(static_cast<int32_t>(op.ints[1]), Context{step, 0, 0});
+        RunBody(static_cast<int32_t>(prog::StepBody(op)), step_context);
         break;
       case OpKind::ReleaseParams:
         break;  // host memory stays; nothing reads a released bucket before the next gather
@@ -325,14 +328,14 @@ void RankRunner::RunSchedule(int64_t step) {
 
 void RankRunner::Transfer(const prog::mem::Op& op, bool send) {
   const Comm& c = CommOf(CommKind::Pp, "a pipeline transfer");
+  const prog::StepAttrs a = prog::DecodeStepAttrs(op);
   const int32_t buffer = send ? op.inputs[0] : op.outputs[0];
-  const int peer = static_cast<int>(op.ints[prog::kP2pPeer]);
-  Context ctx{step_, op.ints[0], static_cast<int32_t>(op.ints[2])};
+  const Context ctx{step_, a.microbatch, static_cast<int32_t>(a.slot)};
   const double t0 = options_.profile ? Now() : 0;
   if (send)
-    c.comm->Send(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
+    c.comm->Send(F(buffer, ctx), Elements(buffer), comm::DType::kF32, static_cast<int>(a.peer));
   else
-    c.comm->Recv(F(buffer, ctx), Elements(buffer), comm::DType::kF32, peer);
+    c.comm->Recv(F(buffer, ctx), Elements(buffer), comm::DType::kF32, static_cast<int>(a.peer));
   if (options_.profile) comm_seconds += Now() - t0;
 }
 
@@ -340,11 +343,16 @@ void RankRunner::RunBody(int32_t body, const Context& ctx) {
   const prog::mem::Body& b = role_.bodies[body];
   for (const prog::mem::Op& op : b.ops) {
     const double t0 = options_.profile ? Now() : 0;
-    RunOp(op, ctx, b.name);
+    const Handler handler = HandlerOf(op.kind);
+    if (!handler) {
+      throw RunError(OpName(op.kind) + " in body `" + b.name + "` of role `" + role_.name +
+                     "`: not supported by this runtime");
+    }
+    (this->*handler)(OpCall(*this, op, ctx, b.name));
     if (options_.profile) {
       const double dt = Now() - t0;
-      const int k = static_cast<int>(op.kind);
-      if (k >= static_cast<int>(OpKind::AllReduce) && k < static_cast<int>(OpKind::LoadBatch))
+      const prog::OpInfo* info = prog::FindOp(op.kind);
+      if (info && info->op_class == prog::OpClass::kCollective)
         comm_seconds += dt;
       else
         kernel_seconds += dt;
@@ -362,179 +370,197 @@ const prog::mem::Bucket& RankRunner::BucketByBuffer(int32_t buffer, bool grads) 
                  (grads ? "gradient" : "parameter") + " bucket");
 }
 
-void RankRunner::RunCollective(const prog::mem::Op& op, const Context& ctx) {
-  const int32_t in = op.inputs[0], out = op.outputs[0];
-  if (in < 0 || out < 0) throw RunError(OpName(op.kind) + " names no input or output buffer");
-  float* x = F(in, ctx);
-  float* y = F(out, ctx);
-  const int64_t nx = Elements(in), ny = Elements(out);
-  const Comm& c = CommOf(op.comm, OpName(op.kind).c_str());
-  switch (op.kind) {
-    case OpKind::AllReduce: {
-      if (nx != ny)
-        throw RunError("AllReduce from " + std::to_string(nx) + " into " + std::to_string(ny) +
-                       " elements");
-      const int64_t rop = op.Int(0, 0);
-      if (c.size == 1) {
-        if (x != y) backend_.Copy(y, x, nx);
-        return;
-      }
-      c.comm->AllReduce(x, y, nx, comm::DType::kF32, ToReduceOp(rop));
-      if (rop == prog::kReduceAvg) backend_.Scale(y, ny, 1.0f / static_cast<float>(c.size));
-      return;
-    }
-    case OpKind::ReduceScatter: {
-      const int64_t piece = nx / c.size;
-      if (nx % c.size != 0 || (x != y && ny != piece)) {
-        throw RunError("ReduceScatter of " + std::to_string(nx) + " elements over " +
-                       std::to_string(c.size) + " ranks into " + std::to_string(ny));
-      }
-      float* dst = x == y ? x + c.index * piece : y;
-      const bool accumulate = op.Int(1, 0) == 1 && x != y;  // y += piece (ZeRO-2/3 grad shards)
-      if (accumulate) {
-        float* tmp = Scratch(0, piece);
-        if (c.size == 1)
-          backend_.Copy(tmp, x, piece);
-        else
-          c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
-        if (op.Int(0, 0) == prog::kReduceAvg)
-          backend_.Scale(tmp, piece, 1.0f / static_cast<float>(c.size));
-        backend_.Accumulate(dst, tmp, piece);
-        return;
-      }
-      if (c.size == 1) {
-        if (dst != x) backend_.Copy(dst, x, piece);
-        return;
-      }
-      if (x == y) {
-        float* tmp = Scratch(0, piece);
-        c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
-        backend_.Copy(dst, tmp, piece);
-      } else {
-        c.comm->ReduceScatter(x, y, piece, comm::DType::kF32);
-      }
-      if (op.Int(0, 0) == prog::kReduceAvg)
-        backend_.Scale(dst, piece, 1.0f / static_cast<float>(c.size));
-      return;
-    }
-    case OpKind::AllGather: {
-      const int64_t piece = x == y ? ny / c.size : nx;
-      if (ny != piece * c.size) {
-        throw RunError("AllGather of " + std::to_string(nx) + " elements over " +
-                       std::to_string(c.size) + " ranks into " + std::to_string(ny));
-      }
-      if (c.size == 1) {
-        if (x != y) backend_.Copy(y, x, nx);
-        return;
-      }
-      if (x == y) {
-        float* tmp = Scratch(0, piece);
-        backend_.Copy(tmp, x + c.index * piece, piece);
-        c.comm->AllGather(tmp, y, piece, comm::DType::kF32);
-      } else {
-        c.comm->AllGather(x, y, piece, comm::DType::kF32);
-      }
-      return;
-    }
-    case OpKind::Broadcast: {
-      if (nx != ny)
-        throw RunError("Broadcast from " + std::to_string(nx) + " into " + std::to_string(ny) +
-                       " elements");
-      if (x != y) backend_.Copy(y, x, nx);
-      if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(op.Int(0, 0)));
-      return;
-    }
-    default:
-      throw RunError(OpName(op.kind) + " is not supported");
+// ---- collectives ----------------------------------------------------------------------------
+
+namespace {
+
+comm::ReduceOp ToReduceOp(prog::ReduceOp op) {
+  return op == prog::ReduceOp::kMax ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
+}
+
+}  // namespace
+
+void RankRunner::RunAllReduce(const OpCall& call) {
+  float* x = call.In(0);
+  float* y = call.Out(0);
+  const int64_t nx = call.InN(0), ny = call.OutN(0);
+  const Comm& c = CommOf(call.op.comm, "AllReduce");
+  if (nx != ny)
+    throw call.Fail("from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
+  const prog::ReduceOp rop = call.Attrs<prog::attrs::AllReduce>().reduce_op;
+  if (c.size == 1) {
+    if (x != y) backend_.Copy(y, x, nx);
+    return;
+  }
+  c.comm->AllReduce(x, y, nx, comm::DType::kF32, ToReduceOp(rop));
+  if (rop == prog::ReduceOp::kAvg) backend_.Scale(y, ny, 1.0f / static_cast<float>(c.size));
+}
+
+void RankRunner::RunReduceScatter(const OpCall& call) {
+  float* x = call.In(0);
+  float* y = call.Out(0);
+  const int64_t nx = call.InN(0), ny = call.OutN(0);
+  const Comm& c = CommOf(call.op.comm, "ReduceScatter");
+  const auto a = call.Attrs<prog::attrs::ReduceScatter>();
+  const float avg = a.reduce_op == prog::ReduceOp::kAvg ? 1.0f / static_cast<float>(c.size) : 1.0f;
+  const int64_t piece = nx / c.size;
+  if (nx % c.size != 0 || (x != y && ny != piece)) {
+    throw call.Fail("of " + std::to_string(nx) + " elements over " + std::to_string(c.size) +
+                    " ranks into " + std::to_string(ny));
+  }
+  float* dst = x == y ? x + c.index * piece : y;
+  if (a.accumulate && x != y) {  // y += piece (ZeRO-2/3 grad shards)
+    float* tmp = Scratch(0, piece);
+    if (c.size == 1)
+      backend_.Copy(tmp, x, piece);
+    else
+      c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
+    if (avg != 1.0f) backend_.Scale(tmp, piece, avg);
+    backend_.Accumulate(dst, tmp, piece);
+    return;
+  }
+  if (c.size == 1) {
+    if (dst != x) backend_.Copy(dst, x, piece);
+    return;
+  }
+  if (x == y) {
+    float* tmp = Scratch(0, piece);
+    c.comm->ReduceScatter(x, tmp, piece, comm::DType::kF32);
+    backend_.Copy(dst, tmp, piece);
+  } else {
+    c.comm->ReduceScatter(x, y, piece, comm::DType::kF32);
+  }
+  if (avg != 1.0f) backend_.Scale(dst, piece, avg);
+}
+
+void RankRunner::RunAllGather(const OpCall& call) {
+  float* x = call.In(0);
+  float* y = call.Out(0);
+  const int64_t nx = call.InN(0), ny = call.OutN(0);
+  const Comm& c = CommOf(call.op.comm, "AllGather");
+  const int64_t piece = x == y ? ny / c.size : nx;
+  if (ny != piece * c.size) {
+    throw call.Fail("of " + std::to_string(nx) + " elements over " + std::to_string(c.size) +
+                    " ranks into " + std::to_string(ny));
+  }
+  if (c.size == 1) {
+    if (x != y) backend_.Copy(y, x, nx);
+    return;
+  }
+  if (x == y) {
+    float* tmp = Scratch(0, piece);
+    backend_.Copy(tmp, x + c.index * piece, piece);
+    c.comm->AllGather(tmp, y, piece, comm::DType::kF32);
+  } else {
+    c.comm->AllGather(x, y, piece, comm::DType::kF32);
   }
 }
 
-void RankRunner::RunOptimizer(const prog::mem::Op& op, const Context& ctx) {
+void RankRunner::RunBroadcast(const OpCall& call) {
+  float* x = call.In(0);
+  float* y = call.Out(0);
+  const int64_t nx = call.InN(0), ny = call.OutN(0);
+  const Comm& c = CommOf(call.op.comm, "Broadcast");
+  const int64_t root = call.Attrs<prog::attrs::Broadcast>().root;
+  if (nx != ny)
+    throw call.Fail("from " + std::to_string(nx) + " into " + std::to_string(ny) + " elements");
+  call.Need(root < c.size,
+            "root " + std::to_string(root) + " of a group of " + std::to_string(c.size));
+  if (x != y) backend_.Copy(y, x, nx);
+  if (c.size > 1) c.comm->Broadcast(y, ny, comm::DType::kF32, static_cast<int>(root));
+}
+
+// ---- optimizer ------------------------------------------------------------------------------
+
+void RankRunner::RunGradNormSquare(const OpCall& call) {
+  const int64_t shard = ShardIndex();
+  const bool tp_leader = IndexIn(CommKind::Tp) == 0;
+  call.Output(0, 1);
+  double sum = 0;
+  for (int32_t in : call.op.inputs) {
+    const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
+    const size_t bi = &bucket - role_.buckets.data();
+    const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
+    const int64_t end =
+        program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
+    const float* g = F(in, call.ctx);
+    const int64_t base = in == bucket.grad_shard ? begin : 0;  // a grad shard holds [begin, end)
+    call.Need(Elements(in) >= end - base, "gradient `" + role_.buffers[in].name + "` holds " +
+                                              std::to_string(Elements(in)) +
+                                              " elements, fewer than the shard it sums");
+    for (const Range& r : ranges_[bi]) {
+      const prog::mem::Param& p = role_.params[r.param];
+      if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
+      const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+      if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
+    }
+  }
+  const float value = static_cast<float>(sum);
+  backend_.CopyToDevice(call.Out(0), &value, 4);
+}
+
+void RankRunner::RunAdamW(const OpCall& call) { RunOptimizerUpdate(call, true); }
+void RankRunner::RunSgd(const OpCall& call) { RunOptimizerUpdate(call, false); }
+
+// AdamW / Sgd: [params bucket, grads bucket, master, exp_avg, exp_avg_sq, nsq].
+void RankRunner::RunOptimizerUpdate(const OpCall& call, bool adamw) {
   const auto& train = program_.train;
+  const auto& in = call.op.inputs;
   const int64_t shard = ShardIndex();
   // Operands from the program file: present, and as large as the shard the update touches.
   auto at_least = [&](int32_t buffer, int64_t n, const char* what) {
     if (buffer < 0 || Elements(buffer) < n) {
-      throw RunError(OpName(op.kind) + ": " + what + " " +
-                     (buffer < 0
-                          ? std::string("is missing")
-                          : "`" + role_.buffers[buffer].name + "` holds " +
-                                std::to_string(Elements(buffer)) + " elements, fewer than the " +
-                                std::to_string(n) + " it updates"));
+      throw call.Fail(std::string(what) + " " +
+                      (buffer < 0
+                           ? std::string("is missing")
+                           : "`" + role_.buffers[buffer].name + "` holds " +
+                                 std::to_string(Elements(buffer)) + " elements, fewer than the " +
+                                 std::to_string(n) + " it updates"));
     }
   };
-  if (op.kind == OpKind::GradNormSquare) {
-    const bool tp_leader = IndexIn(CommKind::Tp) == 0;
-    at_least(op.outputs.empty() ? -1 : op.outputs[0], 1, "the norm output");
-    double sum = 0;
-    for (int32_t in : op.inputs) {
-      at_least(in, 0, "a gradient bucket");
-      const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
-      const size_t bi = &bucket - role_.buckets.data();
-      const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
-      const int64_t end =
-          program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
-      const float* g = F(in, ctx);
-      const int64_t base = in == bucket.grad_shard ? begin : 0;  // a grad shard holds [begin, end)
-      for (const Range& r : ranges_[bi]) {
-        const prog::mem::Param& p = role_.params[r.param];
-        if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
-        const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
-        if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
-      }
-    }
-    const float value = static_cast<float>(sum);
-    backend_.CopyToDevice(F(op.outputs[0], ctx), &value, 4);
-    return;
-  }
-  // AdamW / Sgd: [params bucket, grads bucket, master, exp_avg, exp_avg_sq, nsq].
-  at_least(op.inputs[0], 0, "the parameter bucket");
-  at_least(op.inputs[1], 0, "the gradient bucket");
-  const prog::mem::Bucket& bucket = BucketByBuffer(op.inputs[0], false);
+  const prog::mem::Bucket& bucket = BucketByBuffer(in[0], false);
   const int64_t updated = bucket.shard_elements;
-  at_least(op.inputs[1], op.inputs[1] == bucket.grad_shard ? updated : bucket.elements,
-           "the gradient bucket");
-  at_least(op.inputs[2], updated, "the master copy");
-  if (op.kind == OpKind::AdamW) {
-    at_least(op.inputs[3], updated, "exp_avg");
-    at_least(op.inputs[4], updated, "exp_avg_sq");
+  at_least(in[1], in[1] == bucket.grad_shard ? updated : bucket.elements, "the gradient bucket");
+  at_least(in[2], updated, "the master copy");
+  if (adamw) {
+    at_least(in[3], updated, "exp_avg");
+    at_least(in[4], updated, "exp_avg_sq");
   }
-  if (op.inputs[0] == bucket.param_shard)
-    at_least(bucket.param_shard, updated, "the parameter shard");
+  if (in[0] == bucket.param_shard) at_least(bucket.param_shard, updated, "the parameter shard");
   const size_t bi = &bucket - role_.buckets.data();
   float nsq = 0.0f;
-  if (op.inputs.size() > 5 && op.inputs[5] >= 0) backend_.CopyToHost(&nsq, F(op.inputs[5], ctx), 4);
+  if (in[5] >= 0) backend_.CopyToHost(&nsq, F(in[5], call.ctx), 4);
   const float clip = train.clip_grad > 0
                          ? static_cast<float>(std::min(
                                1.0, train.clip_grad / (std::sqrt(static_cast<double>(nsq)) + 1e-6)))
                          : 1.0f;
+  const int64_t step = call.ctx.step;
   const double lr =
-      host::WarmupCosineLr(ctx.step, train.warmup_steps, train.steps, train.lr, train.min_lr);
+      host::WarmupCosineLr(step, train.warmup_steps, train.steps, train.lr, train.min_lr);
   const int64_t begin = shard * bucket.shard_elements, n = bucket.shard_elements;
   // inputs[0] is the params bucket, or the ZeRO-3 param shard; inputs[1] the grads bucket, or
   // the ZeRO-2/3 grad shard (then element `lo` of the bucket is element `lo - begin` of it).
-  float* params = op.inputs[0] == bucket.param_shard ? nullptr : F(op.inputs[0], ctx);
-  const int64_t grad_base = op.inputs[1] == bucket.grad_shard ? begin : 0;
-  const float* grads = F(op.inputs[1], ctx);
-  float* master = F(op.inputs[2], ctx);
-  float* m = F(op.inputs[3], ctx);
-  float* v = F(op.inputs[4], ctx);
-  float* dest = bucket.param_shard >= 0 && program_.parallel.zero >= 3 ? F(bucket.param_shard, ctx)
-                                                                       : params + begin;
-  if (!dest) throw RunError("optimizer step on a param shard of a bucket that has none");
-  if (!master) throw RunError("optimizer step on a bucket without a master copy");
+  float* params = in[0] == bucket.param_shard ? nullptr : F(in[0], call.ctx);
+  const int64_t grad_base = in[1] == bucket.grad_shard ? begin : 0;
+  const float* grads = F(in[1], call.ctx);
+  float* master = F(in[2], call.ctx);
+  float* m = F(in[3], call.ctx);
+  float* v = F(in[4], call.ctx);
+  float* dest = bucket.param_shard >= 0 && program_.parallel.zero >= 3
+                    ? F(bucket.param_shard, call.ctx)
+                    : params + begin;
+  if (!dest) throw call.Fail("optimizer step on a param shard of a bucket that has none");
   for (const Range& r : ranges_[bi]) {
     const int64_t lo = std::max(begin, r.begin), hi = std::min(begin + n, r.end);
     if (lo >= hi) continue;
     const prog::mem::Param& p = role_.params[r.param];
     const float wd = p.decay ? static_cast<float>(train.weight_decay) : 0.0f;
     float* ms = master + (lo - begin);
-    if (op.kind == OpKind::AdamW) {
-      if (!m || !v) throw RunError("AdamW on a bucket without moment buffers");
+    if (adamw) {
       host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1),
                             static_cast<float>(train.beta2), static_cast<float>(train.eps), wd};
       backend_.AdamW(ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo, cfg,
-                     ctx.step + 1, clip);
+                     step + 1, clip);
     } else {
       backend_.Sgd(ms, grads + (lo - grad_base), hi - lo, static_cast<float>(lr), wd, clip);
     }

@@ -12,6 +12,7 @@
 #define PARAPLAN_RUNTIME_EXEC_RANK_RUNNER_H_
 
 #include <array>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "runtime/exec/backend.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/program_image.h"
+#include "runtime/format/ops.h"
 
 namespace paraplan::exec {
 
@@ -86,10 +88,73 @@ class RankRunner {
 
   void RunSchedule(int64_t step);
   void RunBody(int32_t body, const Context& ctx);
-  void RunOp(const prog::mem::Op& op, const Context& ctx, const std::string& body);
-  void RunCollective(const prog::mem::Op& op, const Context& ctx);
-  void RunOptimizer(const prog::mem::Op& op, const Context& ctx);
   void Transfer(const prog::mem::Op& op, bool send);
+
+  // One body op being run: its operands as backend pointers and the checks every handler needs
+  // (rank_ops.cpp). The loader's CheckOp (runtime/format/ops.h) guarantees the operand counts of
+  // the registry and that every operand names a buffer, or -1 where the registry allows none;
+  // sizes, which depend on the buffers' shapes and the model, are checked here.
+  class OpCall {
+   public:
+    OpCall(RankRunner& runner, const prog::mem::Op& op, const Context& ctx, const std::string& body)
+        : op(op), ctx(ctx), runner_(runner), body_(body) {}
+    const prog::mem::Op& op;
+    const Context& ctx;
+
+    template <typename A>
+    A Attrs() const {
+      return prog::DecodeAttrs<A>(op);
+    }
+    float* In(size_t i) const { return runner_.F(op.inputs[i], ctx); }
+    int32_t* Ids(size_t i) const { return runner_.I(op.inputs[i], ctx); }
+    // Output i; nullptr when the op has no such output or it names no buffer (-1).
+    float* Out(size_t i) const;
+    int64_t InN(size_t i) const { return runner_.Elements(op.inputs[i]); }
+    int64_t OutN(size_t i) const { return runner_.Elements(op.outputs[i]); }
+    const prog::mem::Buffer& InBuf(size_t i) const;
+    const prog::mem::Buffer& OutBuf(size_t i) const;
+    RunError Fail(const std::string& what) const;
+    void Need(bool ok, const std::string& what) const;
+    // Products of sizes from the file, checked for overflow; a divisor must be positive.
+    int64_t Mul(std::initializer_list<int64_t> factors) const;
+    int64_t Div(int64_t a, int64_t b) const;
+    // Operand i holds at least n elements (-1 is accepted for an output when `optional`).
+    void Input(size_t i, int64_t n) const;
+    void Output(size_t i, int64_t n, bool optional = false) const;
+    // Row offset of op.comm for a buffer with `rows` rows (0 without a communicator).
+    int64_t RowOffset(int64_t rows) const;
+
+   private:
+    RankRunner& runner_;
+    const std::string& body_;
+  };
+  // The handler of every body op the registry lets the runtime run (runtime/format/ops.def):
+  // collectives and optimizer ops in rank_runner.cpp, the others in rank_ops.cpp.
+  using Handler = void (RankRunner::*)(const OpCall& call);
+  static Handler HandlerOf(OpKind kind);
+#define PARAPLAN_DECLARE_kEmitted(cls, Kind) PARAPLAN_DECLARE_##cls(Kind)
+#define PARAPLAN_DECLARE_kRuntimeOnly(cls, Kind) PARAPLAN_DECLARE_##cls(Kind)
+#define PARAPLAN_DECLARE_kReserved(cls, Kind)
+#define PARAPLAN_DECLARE_kSchedule(Kind)
+#define PARAPLAN_DECLARE_kCollective(Kind) void Run##Kind(const OpCall& call);
+#define PARAPLAN_DECLARE_kCompute(Kind) void Run##Kind(const OpCall& call);
+#define PARAPLAN_OP(Kind, cls, status, in, out, comms, backend, fields) \
+  PARAPLAN_DECLARE_##status(cls, Kind)
+#include "runtime/format/ops.def"
+#undef PARAPLAN_OP
+#undef PARAPLAN_DECLARE_kEmitted
+#undef PARAPLAN_DECLARE_kRuntimeOnly
+#undef PARAPLAN_DECLARE_kReserved
+#undef PARAPLAN_DECLARE_kSchedule
+#undef PARAPLAN_DECLARE_kCollective
+#undef PARAPLAN_DECLARE_kCompute
+  // Shared by the handlers of similar ops.
+  void RunOptimizerUpdate(const OpCall& call, bool adamw);
+  void RunRopeOp(const OpCall& call, const prog::attrs::Rope& a, bool forward);
+  void RunAttentionOp(const OpCall& call, const prog::attrs::Attention& a, bool forward);
+  // Backward ops with dx_accumulate: compute into scratch, then add.
+  float* GradTarget(float* dx, int64_t n, bool accumulate);
+  void GradFinish(float* dx, int64_t n, bool accumulate);
   void InitParams();
   const prog::mem::Bucket& BucketByBuffer(int32_t buffer, bool grads) const;
   double Now() const;

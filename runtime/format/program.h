@@ -21,14 +21,15 @@ inline constexpr uint32_t kFormatVersion = 2;
 // Rank.comms has one entry per CommKind value (index 0, None, is always -1).
 inline constexpr int kCommKinds = static_cast<int>(CommKind::MAX) + 1;
 
-// Op.ints layout of the schedule's pipeline transfers.
+// Op.ints layout of the schedule's pipeline transfers (the positions ops.def gives; typed access:
+// prog::attrs::SendActivation and its siblings in ops.h).
 inline constexpr int kP2pMicrobatch = 0;
 inline constexpr int kP2pChunk = 1;
 inline constexpr int kP2pSlot = 2;
 inline constexpr int kP2pPeer = 3;
 inline constexpr int kP2pGroup = 4;
 
-// Reduction operators of AllReduce / ReduceScatter (Op.ints[0]).
+// Reduction operators of AllReduce / ReduceScatter (Op.ints[0]; typed: prog::ReduceOp in ops.h).
 inline constexpr int64_t kReduceSum = 0;
 inline constexpr int64_t kReduceMax = 1;
 inline constexpr int64_t kReduceAvg = 2;

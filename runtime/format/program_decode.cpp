@@ -4,82 +4,10 @@
 #include <string>
 
 #include "runtime/format/checked_size.h"
+#include "runtime/format/ops.h"
 #include "runtime/format/program_model.h"
 
 namespace paraplan::prog::mem {
-namespace {
-
-// Minimum operand counts per body op (inputs, outputs); -1: not a body op the runtime runs.
-std::pair<int, int> Operands(OpKind k) {
-  switch (k) {
-    case OpKind::AllReduce:
-    case OpKind::ReduceScatter:
-    case OpKind::AllGather:
-    case OpKind::Broadcast:
-    case OpKind::Copy:
-    case OpKind::Gelu:
-    case OpKind::Rope:
-    case OpKind::RopeBackward:
-    case OpKind::CrossEntropyMax:
-      return {1, 1};
-    case OpKind::LoadBatch:
-      return {0, 1};
-    case OpKind::Fill:
-      return {0, 1};
-    case OpKind::Embedding:
-      return {2, 1};
-    case OpKind::EmbeddingBackward:
-      return {2, 1};
-    case OpKind::AddPosition:
-      return {2, 1};
-    case OpKind::AddPositionBackward:
-      return {1, 1};
-    case OpKind::RmsNorm:
-      return {2, 2};
-    case OpKind::RmsNormBackward:
-      return {4, 2};
-    case OpKind::LayerNorm:
-      return {3, 3};
-    case OpKind::LayerNormBackward:
-      return {5, 3};
-    case OpKind::Linear:
-      return {2, 1};
-    case OpKind::LinearBackward:
-      return {3, 2};
-    case OpKind::AddBias:
-      return {2, 1};
-    case OpKind::AddBiasBackward:
-      return {1, 1};
-    case OpKind::Attention:
-      return {3, 2};
-    case OpKind::AttentionBackward:
-      return {6, 3};
-    case OpKind::SwiGlu:
-      return {2, 1};
-    case OpKind::SwiGluBackward:
-      return {3, 2};
-    case OpKind::GeluBackward:
-      return {2, 1};
-    case OpKind::Add:
-      return {2, 1};
-    case OpKind::CrossEntropySumExp:
-      return {3, 1};
-    case OpKind::CrossEntropyLoss:
-      return {2, 1};
-    case OpKind::CrossEntropyBackward:
-      return {4, 1};
-    case OpKind::GradNormSquare:
-      return {1, 1};
-    case OpKind::AdamW:
-    case OpKind::Sgd:
-      return {6, 1};
-    default:
-      return {-1, -1};
-  }
-}
-
-}  // namespace
-
 Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin) {
   auto fail = [&](const std::string& what) -> ProgramError {
     return ProgramError("program `" + origin + "`: " + what);
@@ -263,19 +191,10 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
     for (const Body& body : role.bodies) {
       for (size_t i = 0; i < body.ops.size(); ++i) {
         const Op& o = body.ops[i];
-        auto [nin, nout] = Operands(o.kind);
-        const std::string what = "op " + std::to_string(i) + " (" + prog::EnumNameOpKind(o.kind) +
-                                 ") of body `" + body.name + "`";
-        if (nin < 0) throw fail(where(what + " is not supported by this runtime"));
-        if (static_cast<int>(o.inputs.size()) < nin || static_cast<int>(o.outputs.size()) < nout) {
-          throw fail(where(what + " has " + std::to_string(o.inputs.size()) + " inputs and " +
-                           std::to_string(o.outputs.size()) + " outputs; it needs at least " +
-                           std::to_string(nin) + " and " + std::to_string(nout)));
+        if (const std::string e = CheckOp(role, o, OpPlace::kBody); !e.empty()) {
+          throw fail(where("op " + std::to_string(i) + " (" + OpDisplayName(o.kind) +
+                           ") of body `" + body.name + "` " + e));
         }
-        for (int32_t x : o.inputs) check_buffer(x, what, true);
-        for (int32_t x : o.outputs) check_buffer(x, what, true);
-        if (static_cast<int>(o.comm) < 0 || static_cast<int>(o.comm) >= kCommKinds)
-          throw fail(where(what + " names a bad communicator kind"));
       }
     }
     const int32_t nbodies = static_cast<int32_t>(role.bodies.size());
@@ -286,47 +205,11 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
       for (int32_t b : {ci.input, ci.output, ci.grad})
         check_buffer(b, "chunk " + std::to_string(ci.index), true);
     }
-    const int32_t nchunks = static_cast<int32_t>(role.chunks.size());
     for (size_t i = 0; i < role.schedule.size(); ++i) {
       const Op& o = role.schedule[i];
-      const std::string what =
-          "schedule op " + std::to_string(i) + " (" + prog::EnumNameOpKind(o.kind) + ")";
-      switch (o.kind) {
-        case OpKind::Forward:
-        case OpKind::Backward:
-        case OpKind::SendActivation:
-        case OpKind::RecvActivation:
-        case OpKind::SendGrad:
-        case OpKind::RecvGrad: {
-          const bool p2p = o.kind != OpKind::Forward && o.kind != OpKind::Backward;
-          if (o.ints.size() < (p2p ? 5u : 3u)) throw fail(where(what + " has too few ints"));
-          if (o.ints[1] < 0 || o.ints[1] >= nchunks)
-            throw fail(where(what + " names chunk " + std::to_string(o.ints[1])));
-          if (o.ints[2] < 0 || o.ints[2] >= role.chunks[o.ints[1]].slots)
-            throw fail(where(what + " names slot " + std::to_string(o.ints[2])));
-          if (p2p) {
-            const auto& bufs = (o.kind == OpKind::SendActivation || o.kind == OpKind::SendGrad)
-                                   ? o.inputs
-                                   : o.outputs;
-            if (bufs.empty()) throw fail(where(what + " names no buffer"));
-            check_buffer(bufs[0], what);
-          }
-          break;
-        }
-        case OpKind::ZeroGrads:
-        case OpKind::ReduceGrads:
-        case OpKind::OptimizerStep:
-          if (o.ints.empty() || o.ints[0] < 0 || o.ints[0] >= nbodies)
-            throw fail(where(what + " names a missing body"));
-          break;
-        case OpKind::GatherParams:
-          if (o.ints.size() < 2 || o.ints[1] < 0 || o.ints[1] >= nbodies)
-            throw fail(where(what + " names a missing body"));
-          break;
-        case OpKind::ReleaseParams:
-          break;
-        default:
-          throw fail(where(what + " is not a schedule op"));
+      if (const std::string e = CheckOp(role, o, OpPlace::kSchedule); !e.empty()) {
+        throw fail(
+            where("schedule op " + std::to_string(i) + " (" + OpDisplayName(o.kind) + ") " + e));
       }
     }
   }

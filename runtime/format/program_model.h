@@ -223,8 +223,9 @@ class ProgramError : public std::runtime_error {
 // structure and the format version, decodes, and checks everything an interpreter relies on so
 // that a bad file is refused with a clear message instead of crashing a rank: every index
 // (buffer, body, chunk, communicator, role), rank membership of its communicators, buffer shapes
-// and placements inside the f32 arena, views inside their targets, bucket and shard sizes, each
-// body op's operand counts and each schedule op's chunk, slot and body; also the format's limits
+// and placements inside the f32 arena, views inside their targets, bucket and shard sizes, and
+// every op against the op registry (ops.h CheckOp: operands, dtypes, attributes, chunk, slot
+// and body references, communicator kind); also the format's limits
 // (world size 1..kMaxWorldSize, dtypes F32/Bf16/F16/I32, arenas up to 1 TiB). A backend's own
 // limits (the host backend runs at most exec::kMaxThreadRanks ranks as threads) are checked by
 // that backend, so a program for a large cluster loads wherever it can run. Throws ProgramError.

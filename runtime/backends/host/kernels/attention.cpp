@@ -1,6 +1,7 @@
 // Rotary embedding and causal grouped-query attention (flash-style: only the log-sum-exp of
 // each query row is saved; backward recomputes the probabilities).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -8,6 +9,27 @@
 #include "runtime/backends/host/kernels/simd.h"
 
 namespace paraplan::host {
+
+namespace simd {
+namespace {
+bool CpuHasAvx512() {
+#if PARAPLAN_HOST_HAVE_AVX512
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+std::atomic<int>& Width() {
+  static std::atomic<int> width{CpuHasAvx512() ? 16 : 8};
+  return width;
+}
+}  // namespace
+
+int VectorWidth() { return Width().load(std::memory_order_relaxed); }
+void SetVectorWidth(int lanes) { Width().store(lanes == 16 && CpuHasAvx512() ? 16 : 8); }
+}  // namespace simd
 
 // Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
 // specification: tensors as raw pointers and sizes in the specification's order, several of one
@@ -87,29 +109,97 @@ PARAPLAN_HOST_INLINE simd::I8 Below(int64_t j0, int64_t n) {
   return lane < static_cast<int32_t>(n - j0);
 }
 
-// Row i of the causal softmax over a row of n8 entries (a multiple of 8): row[0..n) holds raw
-// scores; they become probabilities (scaled by `scale`, max-shifted), the rest of the row zeros.
-// Returns the log-sum-exp.
-PARAPLAN_HOST_CLONES float SoftmaxRow(float* row, int64_t n, int64_t n8, float scale) {
+constexpr int64_t kBlock = 4;  // query rows per block
+
+// row r of sc (stride ld) becomes e^{row - m[r]} over [0, n8); sv[r] adds them up in 8 lanes,
+// lane l taking j = l, l + 8, l + 16, ... in order.
+PARAPLAN_HOST_CLONES void ExpBlock8(float* sc, int64_t ld, int64_t n8, const V8* m, V8* sv) {
+  for (int64_t j = 0; j < n8; j += kLanes) {
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V8 e = simd::Exp(simd::Load(row + j) - m[r]);  // e^-inf = 0 past the row's keys
+      simd::Store(row + j, e);
+      sv[r] += e;
+    }
+  }
+}
+
+#if PARAPLAN_HOST_HAVE_AVX512
+// The 16-lane paths fuse multiplies and adds (the file is otherwise built without contraction).
+#define PARAPLAN_HOST_FUSED __attribute__((optimize("fp-contract=fast")))
+
+typedef float V16f __attribute__((vector_size(64), aligned(4)));
+typedef int32_t I16 __attribute__((vector_size(64), aligned(4)));
+
+// ExpBlock8 on 16 lanes where it can (fused multiply-adds in the polynomial); each 16 adds its low
+// then its high half to the 8 partial sums, the order ExpBlock8 adds them in.
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void ExpBlock16(float* sc, int64_t ld, int64_t n8,
+                                                         const V8* m, V8* sv) {
+  int64_t j = 0;
+  for (; j + 16 <= n8; j += 16) {
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V16f mr = V16f{} + m[r][0];
+      V16f x;
+      __builtin_memcpy(&x, row + j, sizeof(x));
+      const V16f e = simd::ExpT<V16f, I16>(x - mr);
+      __builtin_memcpy(row + j, &e, sizeof(e));
+      sv[r] += __builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7);
+      sv[r] += __builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15);
+    }
+  }
+  for (; j < n8; j += kLanes) {
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V8 e = simd::Exp(simd::Load(row + j) - m[r]);
+      simd::Store(row + j, e);
+      sv[r] += e;
+    }
+  }
+}
+#endif
+
+void ExpBlock(float* sc, int64_t ld, int64_t n8, const V8* m, V8* sv) {
+#if PARAPLAN_HOST_HAVE_AVX512
+  if (simd::VectorWidth() == 16) return ExpBlock16(sc, ld, n8, m, sv);
+#endif
+  ExpBlock8(sc, ld, n8, m, sv);
+}
+
+// The causal softmax of a block's 4 rows at once: row r of sc (stride ld) holds raw scores of keys
+// < i0 + r + 1, padded to n8 (a multiple of 8); they become probabilities (scaled by `scale`,
+// max-shifted; zeros past the row's keys) and lse[r] the row's log-sum-exp. Each row's result is
+// the same whatever the other rows hold. Rows past the block's end (r >= rows) hold scores
+// of zero-padded queries; they are computed too and then zeroed. Interleaving the 4 rows gives the
+// CPU independent exponentials to overlap (a single row of a short sequence is one long chain).
+PARAPLAN_HOST_CLONES void SoftmaxBlock(float* sc, int64_t ld, int64_t rows, int64_t i0, int64_t n8,
+                                       float scale, float* lse) {
   const V8 minus_inf = simd::Splat(-INFINITY);
-  V8 mv = minus_inf;
+  V8 mv[kBlock] = {minus_inf, minus_inf, minus_inf, minus_inf};
   for (int64_t j = 0; j < n8; j += kLanes) {
-    const V8 x = Below(j, n) ? simd::Load(row + j) * scale : minus_inf;
-    simd::Store(row + j, x);
-    mv = x > mv ? x : mv;
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      const V8 x = Below(j, i0 + r + 1) ? simd::Load(row + j) * scale : minus_inf;
+      simd::Store(row + j, x);
+      mv[r] = x > mv[r] ? x : mv[r];
+    }
   }
-  const float mx = simd::Max(mv);
-  const V8 m = simd::Splat(mx);
-  V8 sv{};
+  float mx[kBlock];
+  V8 m[kBlock], sv[kBlock] = {};
+  for (int64_t r = 0; r < kBlock; ++r) mx[r] = simd::Max(mv[r]), m[r] = simd::Splat(mx[r]);
+  ExpBlock(sc, ld, n8, m, sv);
+  V8 inv[kBlock];
+  for (int64_t r = 0; r < kBlock; ++r) {
+    const float sum = simd::Sum(sv[r]);
+    inv[r] = simd::Splat(1.0f / sum);
+    if (r < rows) lse[r] = mx[r] + std::log(sum);
+  }
   for (int64_t j = 0; j < n8; j += kLanes) {
-    const V8 e = simd::Exp(simd::Load(row + j) - m);  // e^-inf = 0 past n
-    simd::Store(row + j, e);
-    sv += e;
+    for (int64_t r = 0; r < kBlock; ++r) {
+      float* row = sc + r * ld;
+      simd::Store(row + j, r < rows ? simd::Load(row + j) * inv[r] : V8{});
+    }
   }
-  const float sum = simd::Sum(sv);
-  const V8 inv = simd::Splat(1.0f / sum);
-  for (int64_t j = 0; j < n8; j += kLanes) simd::Store(row + j, simd::Load(row + j) * inv);
-  return mx + std::log(sum);
 }
 
 // Recomputes row i of the probabilities from raw scores and the saved log-sum-exp:
@@ -141,19 +231,61 @@ PARAPLAN_HOST_CLONES float DotRow(const float* a, const float* b, int64_t n) {
 // Blocks of 4 query rows against the keys, on 8-lane vectors: the causal mask is applied by
 // never computing a block's scores past its last row, so only the lower triangle (rounded up to
 // 8 keys) is computed. Rows of a block are padded with zeros to 4; key columns to 8.
-constexpr int64_t kBlock = 4;
+
+// The three tiles below are written once over the vector width W (8 or 16 lanes) and compiled
+// twice: on 8-lane vectors in the AVX2 and baseline clones, and on 16-lane vectors for CPUs with
+// AVX-512, where the main loops run on 64-byte registers and the leftovers on 8 lanes. Each
+// element is summed over d (or j) in the same order at either width; the 16-lane paths fuse each
+// multiply and add (PARAPLAN_HOST_FUSED), so they round differently from the 8-lane ones, the same
+// way on every run.
+typedef float V16 __attribute__((vector_size(64), aligned(4)));
+
+// Unaligned loads and stores of either width (a template argument drops the typedefs' aligned(4),
+// so they go through memcpy, which compiles to one unaligned move).
+template <typename V>
+PARAPLAN_HOST_INLINE V LoadW(const float* p) {
+  V v;
+  __builtin_memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V>
+PARAPLAN_HOST_INLINE void StoreW(float* p, V v) {
+  __builtin_memcpy(p, &v, sizeof(V));
+}
+
+// sc[r][j0, j0 + W) for the 4 rows of q (row stride hd); kt is [hd][ld], sc is [4][ld].
+template <typename V>
+PARAPLAN_HOST_INLINE void ScoreColumns(float* sc, const float* q, const float* kt, int64_t ld,
+                                       int64_t hd, int64_t j0) {
+  const float *q0 = q, *q1 = q + hd, *q2 = q + 2 * hd, *q3 = q + 3 * hd;
+  V a0{}, a1{}, a2{}, a3{};
+  const float* kp = kt + j0;
+  for (int64_t d = 0; d < hd; ++d, kp += ld) {
+    const V k = LoadW<V>(kp);
+    a0 += q0[d] * k;
+    a1 += q1[d] * k;
+    a2 += q2[d] * k;
+    a3 += q3[d] * k;
+  }
+  StoreW(sc + j0, a0);
+  StoreW(sc + ld + j0, a1);
+  StoreW(sc + 2 * ld + j0, a2);
+  StoreW(sc + 3 * ld + j0, a3);
+}
 
 // sc[r][j] = Σ_d q[r][d] · kt[d][j] for the 4 rows of q (row stride hd) and keys j < n8 (a
 // multiple of 8); kt is [hd][ld], sc is [4][ld].
-PARAPLAN_HOST_CLONES void ScoreBlock(float* sc, const float* q, const float* kt, int64_t ld,
-                                     int64_t hd, int64_t n8) {
+template <typename V>
+PARAPLAN_HOST_INLINE void ScoreBlockW(float* sc, const float* q, const float* kt, int64_t ld,
+                                      int64_t hd, int64_t n8) {
+  constexpr int64_t kW = sizeof(V) / sizeof(float);
   const float *q0 = q, *q1 = q + hd, *q2 = q + 2 * hd, *q3 = q + 3 * hd;
   int64_t j = 0;
-  for (; j + 2 * kLanes <= n8; j += 2 * kLanes) {  // 4 rows × 16 keys
-    V8 a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
+  for (; j + 2 * kW <= n8; j += 2 * kW) {  // 4 rows × 2W keys
+    V a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
     const float* kp = kt + j;
     for (int64_t d = 0; d < hd; ++d, kp += ld) {
-      const V8 k0 = simd::Load(kp), k1 = simd::Load(kp + kLanes);
+      const V k0 = LoadW<V>(kp), k1 = LoadW<V>(kp + kW);
       const float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
       a0 += x0 * k0;
       b0 += x0 * k1;
@@ -164,37 +296,53 @@ PARAPLAN_HOST_CLONES void ScoreBlock(float* sc, const float* q, const float* kt,
       a3 += x3 * k0;
       b3 += x3 * k1;
     }
-    simd::Store(sc + j, a0), simd::Store(sc + j + kLanes, b0);
-    simd::Store(sc + ld + j, a1), simd::Store(sc + ld + j + kLanes, b1);
-    simd::Store(sc + 2 * ld + j, a2), simd::Store(sc + 2 * ld + j + kLanes, b2);
-    simd::Store(sc + 3 * ld + j, a3), simd::Store(sc + 3 * ld + j + kLanes, b3);
+    StoreW(sc + j, a0), StoreW(sc + j + kW, b0);
+    StoreW(sc + ld + j, a1), StoreW(sc + ld + j + kW, b1);
+    StoreW(sc + 2 * ld + j, a2), StoreW(sc + 2 * ld + j + kW, b2);
+    StoreW(sc + 3 * ld + j, a3), StoreW(sc + 3 * ld + j + kW, b3);
   }
-  for (; j < n8; j += kLanes) {
-    V8 a0{}, a1{}, a2{}, a3{};
-    const float* kp = kt + j;
-    for (int64_t d = 0; d < hd; ++d, kp += ld) {
-      const V8 k = simd::Load(kp);
-      a0 += q0[d] * k;
-      a1 += q1[d] * k;
-      a2 += q2[d] * k;
-      a3 += q3[d] * k;
-    }
-    simd::Store(sc + j, a0);
-    simd::Store(sc + ld + j, a1);
-    simd::Store(sc + 2 * ld + j, a2);
-    simd::Store(sc + 3 * ld + j, a3);
+  for (; j + kW <= n8; j += kW) ScoreColumns<V>(sc, q, kt, ld, hd, j);
+  for (; j < n8; j += kLanes) ScoreColumns<V8>(sc, q, kt, ld, hd, j);
+}
+
+// out[r][c0, c0 + W) = Σ_{j<n} p[r][j] · m[j][c0, c0 + W) for the block's rows (cnt < W columns
+// when `part`, on 8 lanes only).
+template <typename V, bool kPart = false>
+PARAPLAN_HOST_INLINE void TimesColumns(float* const* out, int64_t rows, const float* p, int64_t ld,
+                                       const float* m, int64_t n, int64_t hd, int64_t c,
+                                       int64_t cnt) {
+  V a0{}, a1{}, a2{}, a3{};
+  for (int64_t j = 0; j < n; ++j) {
+    V v;
+    if constexpr (kPart)
+      v = simd::LoadPart(m + j * hd + c, cnt);
+    else
+      v = LoadW<V>(m + j * hd + c);
+    a0 += p[j] * v;
+    a1 += p[ld + j] * v;
+    a2 += p[2 * ld + j] * v;
+    a3 += p[3 * ld + j] * v;
+  }
+  const V acc[kBlock] = {a0, a1, a2, a3};
+  for (int64_t r = 0; r < rows; ++r) {
+    if constexpr (kPart)
+      simd::StorePart(out[r] + c, acc[r], cnt);
+    else
+      StoreW(out[r] + c, acc[r]);
   }
 }
 
 // out[r][:] = Σ_{j<n} p[r][j] · m[j][:] for the block's first `rows` rows (p is [4][ld], m is
 // [n][hd]); out[r] is a row pointer each.
-PARAPLAN_HOST_CLONES void BlockTimes(float* const* out, int64_t rows, const float* p, int64_t ld,
-                                     const float* m, int64_t n, int64_t hd) {
+template <typename V>
+PARAPLAN_HOST_INLINE void BlockTimesW(float* const* out, int64_t rows, const float* p, int64_t ld,
+                                      const float* m, int64_t n, int64_t hd) {
+  constexpr int64_t kW = sizeof(V) / sizeof(float);
   int64_t c = 0;
-  for (; c + 2 * kLanes <= hd; c += 2 * kLanes) {  // 4 rows × 16 columns
-    V8 a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
+  for (; c + 2 * kW <= hd; c += 2 * kW) {  // 4 rows × 2W columns
+    V a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
     for (int64_t j = 0; j < n; ++j) {
-      const V8 v0 = simd::Load(m + j * hd + c), v1 = simd::Load(m + j * hd + c + kLanes);
+      const V v0 = LoadW<V>(m + j * hd + c), v1 = LoadW<V>(m + j * hd + c + kW);
       const float x0 = p[j], x1 = p[ld + j], x2 = p[2 * ld + j], x3 = p[3 * ld + j];
       a0 += x0 * v0;
       b0 += x0 * v1;
@@ -205,46 +353,64 @@ PARAPLAN_HOST_CLONES void BlockTimes(float* const* out, int64_t rows, const floa
       a3 += x3 * v0;
       b3 += x3 * v1;
     }
-    const V8 lo[kBlock] = {a0, a1, a2, a3}, hi[kBlock] = {b0, b1, b2, b3};
+    const V lo[kBlock] = {a0, a1, a2, a3}, hi[kBlock] = {b0, b1, b2, b3};
     for (int64_t r = 0; r < rows; ++r) {
-      simd::Store(out[r] + c, lo[r]);
-      simd::Store(out[r] + c + kLanes, hi[r]);
+      StoreW(out[r] + c, lo[r]);
+      StoreW(out[r] + c + kW, hi[r]);
     }
   }
-  for (; c < hd; c += kLanes) {
-    const int64_t cnt = std::min<int64_t>(kLanes, hd - c);
-    V8 a0{}, a1{}, a2{}, a3{};
-    for (int64_t j = 0; j < n; ++j) {
-      const V8 v = cnt == kLanes ? simd::Load(m + j * hd + c) : simd::LoadPart(m + j * hd + c, cnt);
-      a0 += p[j] * v;
-      a1 += p[ld + j] * v;
-      a2 += p[2 * ld + j] * v;
-      a3 += p[3 * ld + j] * v;
-    }
-    const V8 acc[kBlock] = {a0, a1, a2, a3};
-    for (int64_t r = 0; r < rows; ++r) {
-      if (cnt == kLanes)
-        simd::Store(out[r] + c, acc[r]);
-      else
-        simd::StorePart(out[r] + c, acc[r], cnt);
-    }
+  for (; c + kW <= hd; c += kW) TimesColumns<V>(out, rows, p, ld, m, n, hd, c, kW);
+  for (; c + kLanes <= hd; c += kLanes) TimesColumns<V8>(out, rows, p, ld, m, n, hd, c, kLanes);
+  if (c < hd) TimesColumns<V8, true>(out, rows, p, ld, m, n, hd, c, hd - c);
+}
+
+// acc[j][c0, c0 + W) += Σ_r p[r][j] · m[r][c0, c0 + W) for j < n (cnt < 8 columns when kPart).
+template <typename V, bool kPart = false>
+PARAPLAN_HOST_INLINE void TransposeTimesColumns(float* acc, const float* p, int64_t ld,
+                                                const float* m, int64_t n, int64_t hd, int64_t c,
+                                                int64_t cnt) {
+  V m0, m1, m2, m3;
+  if constexpr (kPart) {
+    m0 = simd::LoadPart(m + c, cnt), m1 = simd::LoadPart(m + hd + c, cnt);
+    m2 = simd::LoadPart(m + 2 * hd + c, cnt), m3 = simd::LoadPart(m + 3 * hd + c, cnt);
+  } else {
+    m0 = LoadW<V>(m + c), m1 = LoadW<V>(m + hd + c);
+    m2 = LoadW<V>(m + 2 * hd + c), m3 = LoadW<V>(m + 3 * hd + c);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    float* a = acc + j * hd + c;
+    V x;
+    if constexpr (kPart)
+      x = simd::LoadPart(a, cnt);
+    else
+      x = LoadW<V>(a);
+    x += p[j] * m0;
+    x += p[ld + j] * m1;
+    x += p[2 * ld + j] * m2;
+    x += p[3 * ld + j] * m3;
+    if constexpr (kPart)
+      simd::StorePart(a, x, cnt);
+    else
+      StoreW(a, x);
   }
 }
 
 // acc[j][:] += Σ_r p[r][j] · m[r][:] for j < n (p is [4][ld], m the block's 4 rows of hd, acc
 // [n][hd]); each element adds the 4 rows in order.
-PARAPLAN_HOST_CLONES void BlockTransposeTimes(float* acc, const float* p, int64_t ld,
-                                              const float* m, int64_t n, int64_t hd) {
+template <typename V>
+PARAPLAN_HOST_INLINE void BlockTransposeTimesW(float* acc, const float* p, int64_t ld,
+                                               const float* m, int64_t n, int64_t hd) {
+  constexpr int64_t kW = sizeof(V) / sizeof(float);
   int64_t c = 0;
-  for (; c + 2 * kLanes <= hd; c += 2 * kLanes) {  // the block's 4 rows × 16 columns in registers
-    const V8 m0 = simd::Load(m + c), n0 = simd::Load(m + c + kLanes);
-    const V8 m1 = simd::Load(m + hd + c), n1 = simd::Load(m + hd + c + kLanes);
-    const V8 m2 = simd::Load(m + 2 * hd + c), n2 = simd::Load(m + 2 * hd + c + kLanes);
-    const V8 m3 = simd::Load(m + 3 * hd + c), n3 = simd::Load(m + 3 * hd + c + kLanes);
+  for (; c + 2 * kW <= hd; c += 2 * kW) {  // the block's 4 rows × 2W columns in registers
+    const V m0 = LoadW<V>(m + c), n0 = LoadW<V>(m + c + kW);
+    const V m1 = LoadW<V>(m + hd + c), n1 = LoadW<V>(m + hd + c + kW);
+    const V m2 = LoadW<V>(m + 2 * hd + c), n2 = LoadW<V>(m + 2 * hd + c + kW);
+    const V m3 = LoadW<V>(m + 3 * hd + c), n3 = LoadW<V>(m + 3 * hd + c + kW);
     for (int64_t j = 0; j < n; ++j) {
       const float p0 = p[j], p1 = p[ld + j], p2 = p[2 * ld + j], p3 = p[3 * ld + j];
       float* a = acc + j * hd + c;
-      V8 x = simd::Load(a), y = simd::Load(a + kLanes);
+      V x = LoadW<V>(a), y = LoadW<V>(a + kW);
       x += p0 * m0;
       y += p0 * n0;
       x += p1 * m1;
@@ -253,24 +419,84 @@ PARAPLAN_HOST_CLONES void BlockTransposeTimes(float* acc, const float* p, int64_
       y += p2 * n2;
       x += p3 * m3;
       y += p3 * n3;
-      simd::Store(a, x);
-      simd::Store(a + kLanes, y);
+      StoreW(a, x);
+      StoreW(a + kW, y);
     }
   }
-  for (; c < hd; c += kLanes) {
-    const int64_t cnt = std::min<int64_t>(kLanes, hd - c);
-    const V8 m0 = simd::LoadPart(m + c, cnt), m1 = simd::LoadPart(m + hd + c, cnt),
-             m2 = simd::LoadPart(m + 2 * hd + c, cnt), m3 = simd::LoadPart(m + 3 * hd + c, cnt);
-    for (int64_t j = 0; j < n; ++j) {
-      float* a = acc + j * hd + c;
-      V8 x = simd::LoadPart(a, cnt);
-      x += p[j] * m0;
-      x += p[ld + j] * m1;
-      x += p[2 * ld + j] * m2;
-      x += p[3 * ld + j] * m3;
-      simd::StorePart(a, x, cnt);
-    }
+  for (; c + kW <= hd; c += kW) TransposeTimesColumns<V>(acc, p, ld, m, n, hd, c, kW);
+  for (; c + kLanes <= hd; c += kLanes) TransposeTimesColumns<V8>(acc, p, ld, m, n, hd, c, kLanes);
+  if (c < hd) TransposeTimesColumns<V8, true>(acc, p, ld, m, n, hd, c, hd - c);
+}
+
+PARAPLAN_HOST_CLONES void ScoreBlock8(float* sc, const float* q, const float* kt, int64_t ld,
+                                      int64_t hd, int64_t n8) {
+  ScoreBlockW<V8>(sc, q, kt, ld, hd, n8);
+}
+PARAPLAN_HOST_CLONES void BlockTimes8(float* const* out, int64_t rows, const float* p, int64_t ld,
+                                      const float* m, int64_t n, int64_t hd) {
+  BlockTimesW<V8>(out, rows, p, ld, m, n, hd);
+}
+PARAPLAN_HOST_CLONES void BlockTransposeTimes8(float* acc, const float* p, int64_t ld,
+                                               const float* m, int64_t n, int64_t hd) {
+  BlockTransposeTimesW<V8>(acc, p, ld, m, n, hd);
+}
+
+#if PARAPLAN_HOST_HAVE_AVX512
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void ScoreBlock16(float* sc, const float* q,
+                                                           const float* kt, int64_t ld, int64_t hd,
+                                                           int64_t n8) {
+  ScoreBlockW<V16>(sc, q, kt, ld, hd, n8);
+}
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void BlockTimes16(float* const* out, int64_t rows,
+                                                           const float* p, int64_t ld,
+                                                           const float* m, int64_t n, int64_t hd) {
+  BlockTimesW<V16>(out, rows, p, ld, m, n, hd);
+}
+PARAPLAN_HOST_AVX512 PARAPLAN_HOST_FUSED void BlockTransposeTimes16(float* acc, const float* p,
+                                                                    int64_t ld, const float* m,
+                                                                    int64_t n, int64_t hd) {
+  BlockTransposeTimesW<V16>(acc, p, ld, m, n, hd);
+}
+#endif
+
+// The tile set for this CPU: 16 lanes where AVX-512 is there (unless a test turned it off), else 8.
+struct Tiles {
+  void (*score)(float*, const float*, const float*, int64_t, int64_t, int64_t) = ScoreBlock8;
+  void (*times)(float* const*, int64_t, const float*, int64_t, const float*, int64_t,
+                int64_t) = BlockTimes8;
+  void (*transpose_times)(float*, const float*, int64_t, const float*, int64_t,
+                          int64_t) = BlockTransposeTimes8;
+};
+
+Tiles TilesFor(int lanes) {
+  Tiles t;
+#if PARAPLAN_HOST_HAVE_AVX512
+  if (lanes == 16) {
+    t.score = ScoreBlock16;
+    t.times = BlockTimes16;
+    t.transpose_times = BlockTransposeTimes16;
   }
+#else
+  (void)lanes;
+#endif
+  return t;
+}
+
+const Tiles& TilesForCpu() {
+  static const Tiles wide = TilesFor(16), narrow = TilesFor(8);
+  return simd::VectorWidth() == 16 ? wide : narrow;
+}
+
+void ScoreBlock(float* sc, const float* q, const float* kt, int64_t ld, int64_t hd, int64_t n8) {
+  TilesForCpu().score(sc, q, kt, ld, hd, n8);
+}
+void BlockTimes(float* const* out, int64_t rows, const float* p, int64_t ld, const float* m,
+                int64_t n, int64_t hd) {
+  TilesForCpu().times(out, rows, p, ld, m, n, hd);
+}
+void BlockTransposeTimes(float* acc, const float* p, int64_t ld, const float* m, int64_t n,
+                         int64_t hd) {
+  TilesForCpu().transpose_times(acc, p, ld, m, n, hd);
 }
 
 // dst[d][s] = src[s][d] for s < seq (dst row stride ld; padding columns stay as they are).
@@ -305,16 +531,10 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
         for (int64_t i0 = 0; i0 < seq; i0 += kBlock) {
           const int64_t rows = std::min(kBlock, seq - i0), n = i0 + rows, n8 = RoundUp(n, kLanes);
           ScoreBlock(sc.data(), qh.data() + i0 * hd, kt.data(), ld, hd, n8);
+          SoftmaxBlock(sc.data(), ld, rows, i0, n8, scale, l + i0);
           float* dst[kBlock];
-          for (int64_t r = 0; r < kBlock; ++r) {
-            float* row = sc.data() + r * ld;
-            if (r < rows) {
-              l[i0 + r] = SoftmaxRow(row, i0 + r + 1, n8, scale);
-              dst[r] = out + (layout.Row(i0 + r, b) * q_heads + h) * hd;
-            } else {
-              std::fill(row, row + n8, 0.0f);
-            }
-          }
+          for (int64_t r = 0; r < rows; ++r)
+            dst[r] = out + (layout.Row(i0 + r, b) * q_heads + h) * hd;
           BlockTimes(dst, rows, sc.data(), ld, vh.data(), n, hd);
         }
       }

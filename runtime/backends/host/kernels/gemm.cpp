@@ -2,18 +2,31 @@
 //
 // With OpenBLAS (the default build) every GEMM is one cblas_sgemm call, single-threaded in the
 // calling rank thread: the rank threads are the parallelism, and a rank waiting on a collective
-// sleeps instead of leaving BLAS worker threads spinning. OpenBLAS picks its kernel at run time
-// (AVX2+FMA, AVX-512, ...). The same shapes on the same machine give the same bits from run to
-// run; a GEMM cut into column or row shards may differ from the whole one in the last bits
-// (blocking and edge kernels depend on the shape), which the equivalence suite's tolerance covers.
+// sleeps instead of leaving BLAS worker threads spinning. The same shapes on the same machine
+// give the same bits from run to run; a GEMM cut into column or row shards may differ from the
+// whole one in the last bits (blocking and edge kernels depend on the shape), which the
+// equivalence suite's tolerance covers.
 //
-// Without OpenBLAS the built-in kernel below runs: a 4-row × 16-column tile of C in 32-byte
-// vectors while it walks k, each C element summed over k in increasing order with separate
-// multiplies and adds (the file is built with -ffp-contract=off), so the AVX2 and baseline
-// clones give the same bits and column shards reproduce the whole GEMM exactly.
+// OpenBLAS is loaded at process start with dlopen rather than linked, so that its kernel can be
+// chosen first. A DYNAMIC_ARCH build (Debian's) picks its kernel when it is loaded, from a table
+// of CPU models, and a model newer than its table falls back to the Prescott (SSE3) kernel:
+// Debian 12's 0.3.21 on an Emerald Rapids Xeon (family 6, model 207) runs sgemm at 34 GFLOP/s
+// where its SkylakeX kernel reaches 130-180. So unless the user set OPENBLAS_CORETYPE, it is set
+// from the CPU's features before the load: AVX-512 (F, BW, DQ, VL) takes SkylakeX, AVX2 with FMA
+// Haswell (Zen on AMD); older CPUs are left to OpenBLAS. A linked OpenBLAS would have chosen
+// before any code of ours runs (its constructor precedes the executable's, and libc resets the
+// environment after .preinit_array).
+//
+// When OpenBLAS is not in the build, or cannot be loaded, the built-in kernel below runs: a
+// 4-row × 16-column tile of C in 32-byte vectors while it walks k, each C element summed over k
+// in increasing order with separate multiplies and adds (the file is built with
+// -ffp-contract=off), so the AVX2 and baseline clones give the same bits and column shards
+// reproduce the whole GEMM exactly.
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
-#include <mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/backends/host/kernels/kernels.h"
@@ -21,6 +34,7 @@
 
 #if PARAPLAN_HAVE_BLAS
 #include <cblas.h>
+#include <dlfcn.h>
 #endif
 
 namespace paraplan::host {
@@ -28,17 +42,80 @@ namespace {
 
 #if PARAPLAN_HAVE_BLAS
 
-void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-              const float* b, float beta, float* c) {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(trans_a ? m : k), b,
-              static_cast<blasint>(trans_b ? k : n), beta, c, static_cast<blasint>(n));
+// The OpenBLAS kernel for this CPU by its features, or nullptr to leave the choice to OpenBLAS.
+const char* BlasCoreForCpu() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return __builtin_cpu_is("amd") ? "Zen" : "Haswell";
+  }
+#endif
+  return nullptr;
 }
 
-#else
+struct BlasLibrary {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  std::string description;  // "OpenBLAS 0.3.21, SkylakeX kernel", or why the built-in runs
+};
+
+template <typename F>
+F Symbol(void* handle, const char* name) {
+  return reinterpret_cast<F>(dlsym(handle, name));
+}
+
+BlasLibrary LoadBlas() {
+  BlasLibrary blas;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    if (const char* core = BlasCoreForCpu()) setenv("OPENBLAS_CORETYPE", core, 0);
+  }
+  void* handle = nullptr;
+  for (const char* name : {"libopenblas.so.0", "libopenblas.so"}) {
+    handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (handle != nullptr) break;
+  }
+  if (handle == nullptr) {
+    blas.description = std::string("built-in (OpenBLAS not loaded: ") + dlerror() + ")";
+    return blas;
+  }
+  auto sgemm = Symbol<decltype(&cblas_sgemm)>(handle, "cblas_sgemm");
+  auto threads = Symbol<decltype(&openblas_set_num_threads)>(handle, "openblas_set_num_threads");
+  auto core = Symbol<decltype(&openblas_get_corename)>(handle, "openblas_get_corename");
+  auto config = Symbol<decltype(&openblas_get_config)>(handle, "openblas_get_config");
+  if (sgemm == nullptr || threads == nullptr || core == nullptr || config == nullptr) {
+    blas.description = "built-in (the loaded libopenblas lacks cblas_sgemm or its controls)";
+    return blas;
+  }
+  threads(1);                      // the rank threads are the parallelism
+  std::string version = config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
+  const size_t space = version.find(' ', version.find(' ') + 1);
+  if (space != std::string::npos) version.resize(space);
+  blas.sgemm = sgemm;
+  blas.description = version + ", " + core() + " kernel";
+  return blas;
+}
+
+const BlasLibrary& Blas() {
+  static const BlasLibrary blas = LoadBlas();
+  return blas;
+}
+
+// Loads OpenBLAS while the process is still single-threaded (setenv is not thread-safe).
+__attribute__((constructor)) void LoadBlasAtStart() { Blas(); }
+
+void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+              const float* b, float beta, float* c) {
+  Blas().sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+               static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
+               static_cast<blasint>(trans_a ? m : k), b, static_cast<blasint>(trans_b ? k : n),
+               beta, c, static_cast<blasint>(n));
+}
+
+#endif
 
 typedef float V8 __attribute__((vector_size(32), aligned(4)));
 constexpr int64_t kRows = 4;
@@ -135,15 +212,13 @@ void BuiltinGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
   }
 }
 
-#endif
-
 }  // namespace
 
 const char* GemmLibrary() {
 #if PARAPLAN_HAVE_BLAS
-  return "OpenBLAS";
+  return Blas().description.c_str();
 #else
-  return "built-in";
+  return "built-in (OpenBLAS not in the build)";
 #endif
 }
 
@@ -155,10 +230,12 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const flo
     return;
   }
 #if PARAPLAN_HAVE_BLAS
-  BlasGemm(trans_a, trans_b, m, n, k, a, b, beta, c);
-#else
-  BuiltinGemm(trans_a, trans_b, m, n, k, a, b, beta, c);
+  if (Blas().sgemm != nullptr) {
+    BlasGemm(trans_a, trans_b, m, n, k, a, b, beta, c);
+    return;
+  }
 #endif
+  BuiltinGemm(trans_a, trans_b, m, n, k, a, b, beta, c);
 }
 
 void LinearForward(float* y, const float* x, const float* w, const float* bias, int64_t rows,

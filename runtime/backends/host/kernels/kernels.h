@@ -13,8 +13,10 @@
 //    threads do. Outside Gemm, results per row/element never depend on how many rows a call
 //    covers, so a sharded run computes each element exactly as the one-rank run does where the
 //    math is the same; GEMMs of different shapes may differ in the last bits (see Gemm).
-//  - Vectorised kernels never fuse multiplies and adds, so they give the same bits on every x86-64
-//    CPU (AVX2 or baseline clone); Gemm on OpenBLAS uses the CPU's own kernel (FMA where present).
+//  - Vectorised kernels on 8 lanes never fuse multiplies and adds, so they give the same bits on
+//    every x86-64 CPU (AVX2 or baseline clone); attention's 16-lane paths on AVX-512 CPUs fuse
+//    them, and Gemm on OpenBLAS uses the CPU's own kernel (FMA where present), so results differ
+//    across CPU kinds in the last bits, never from run to run on one machine.
 //
 // Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
 // elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
@@ -42,6 +44,16 @@ struct TokenLayout {
   static TokenLayout BatchMajor(int64_t seq, int64_t batch) { return {seq, batch, 1, seq, 0}; }
 };
 
+// ---- Vector width ------------------------------------------------------------------------
+namespace simd {
+// 16 where the CPU has AVX-512 (F, VL, BW, DQ), else 8: the width of the kernels' 16-lane paths
+// (attention's tiles and exponentials, with fused multiply-adds: they agree with the 8-lane paths
+// to rounding, not bit for bit). SetVectorWidth(8) turns the 16-lane paths off (the tests compare
+// the two), SetVectorWidth(16) back on where the CPU has AVX-512.
+int VectorWidth();
+void SetVectorWidth(int lanes);
+}  // namespace simd
+
 // ---- Elementwise -------------------------------------------------------------------------
 void Fill(float* x, int64_t n, float value);
 void Copy(float* dst, const float* src, int64_t n);
@@ -52,13 +64,13 @@ void Scale(float* x, int64_t n, float alpha);                     // x *= alpha
 // ---- GEMM --------------------------------------------------------------------------------
 // C[M,N] = op(A) · op(B) + beta · C, op(A) is M×K (A stored K×M when trans_a), op(B) is K×N
 // (B stored N×K when trans_b). beta is 0 (C overwritten, NaNs in C ignored) or 1 (accumulate).
-// Runs on OpenBLAS, single-threaded in the caller's thread, when the build found it (see
-// GemmLibrary). Deterministic for given shapes; a GEMM split into shards may differ from the
+// Runs on OpenBLAS, single-threaded in the caller's thread, when the build found it and it loads
+// (see GemmLibrary). Deterministic for given shapes; a GEMM split into shards may differ from the
 // whole one in the last bits (the BLAS's blocking depends on the shape).
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
           const float* b, float beta, float* c);
 
-// "OpenBLAS" or "built-in": what Gemm runs on.
+// What Gemm runs on: "OpenBLAS 0.3.21, SkylakeX kernel", or "built-in (why)".
 const char* GemmLibrary();
 
 // y[rows,out] = x[rows,in] · w[out,in]ᵀ (+ bias[out] when bias is not null).

@@ -5,9 +5,14 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -80,6 +85,29 @@ TEST_CASE("gemm matches a naive product for every transpose and beta, any shape"
       }
     }
   }
+}
+
+TEST_CASE("the BLAS runs a kernel for this CPU's vector width, not an older fallback") {
+  const std::string library = GemmLibrary();
+  MESSAGE("GEMM on " << library);
+  if (library.rfind("OpenBLAS", 0) != 0) return;  // a build without OpenBLAS: nothing to choose
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  const char* user_core = std::getenv("OPENBLAS_CORETYPE");
+  const bool chosen_here = user_core == nullptr || std::string(user_core) == "SkylakeX" ||
+                           std::string(user_core) == "Haswell" || std::string(user_core) == "Zen";
+  if (chosen_here && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    // Debian 12's OpenBLAS falls back to Prescott (SSE3) on CPU models newer than its table.
+    for (const char* old : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                            "Sandybridge", "Barcelona", "Bulldozer"}) {
+      CHECK(library.find(old) == std::string::npos);
+    }
+  }
+  if (chosen_here && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    CHECK(library.find("SkylakeX") != std::string::npos);
+  }
+#endif
 }
 
 TEST_CASE("column-sharded linear reproduces the full one within rounding; repeats are bitwise") {
@@ -231,6 +259,56 @@ TEST_CASE("rope backward, and rope keeps norms") {
   auto y = x;
   RopeForward(y.data(), layout, heads, hd, 10000.0f);
   CHECK(Dot(y, y) == doctest::Approx(Dot(x, x)).epsilon(1e-5));
+}
+
+TEST_CASE("attention on 16-lane (AVX-512) paths agrees with the 8-lane ones; repeats are bitwise") {
+  if (simd::VectorWidth() != 16) {
+    MESSAGE("no AVX-512 on this CPU: only the 8-lane tiles run here");
+    return;
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  // Head sizes with and without 16- and 8-column leftovers; sequences off multiples of 16.
+  for (const auto& [seq, hd] : {std::array<int64_t, 2>{64, 32}, std::array<int64_t, 2>{37, 64},
+                                std::array<int64_t, 2>{23, 24}, std::array<int64_t, 2>{50, 40}}) {
+    const int64_t batch = 2, qh = 4, kh = 2;
+    const TokenLayout layout = TokenLayout::SeqMajor(seq, batch);
+    std::vector<float> q(seq * batch * qh * hd), k(seq * batch * kh * hd), v(k.size()), g(q.size());
+    for (auto* t : {&q, &k, &v, &g})
+      for (float& x : *t) x = dist(rng);
+    struct Result {
+      std::vector<float> out, lse, dq, dk, dv;
+    };
+    auto run = [&](int lanes) {
+      simd::SetVectorWidth(lanes);
+      Result r{std::vector<float>(q.size()), std::vector<float>(batch * qh * seq),
+               std::vector<float>(q.size()), std::vector<float>(k.size()),
+               std::vector<float>(v.size())};
+      AttentionForward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), layout, qh, kh, hd,
+                       0.125f);
+      AttentionBackward(r.dq.data(), r.dk.data(), r.dv.data(), g.data(), r.out.data(), r.lse.data(),
+                        q.data(), k.data(), v.data(), layout, qh, kh, hd, 0.125f);
+      return r;
+    };
+    const Result narrow = run(8), wide = run(16), again = run(16);
+    CHECK(simd::VectorWidth() == 16);
+    // The 16-lane paths fuse multiplies and adds: equal to rounding, and bitwise run to run.
+    auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (1e-3 + std::abs(double(a[i]))));
+      return worst;
+    };
+    CHECK(close(narrow.out, wide.out) < 1e-4);
+    CHECK(close(narrow.lse, wide.lse) < 1e-5);
+    CHECK(close(narrow.dq, wide.dq) < 1e-3);
+    CHECK(close(narrow.dk, wide.dk) < 1e-3);
+    CHECK(close(narrow.dv, wide.dv) < 1e-3);
+    CHECK(wide.out == again.out);
+    CHECK(wide.dq == again.dq);
+    CHECK(wide.dk == again.dk);
+    CHECK(wide.dv == again.dv);
+  }
 }
 
 TEST_CASE("causal GQA attention backward, both token layouts") {

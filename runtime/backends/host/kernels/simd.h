@@ -1,8 +1,9 @@
 // 8-lane fp32 vectors for the host kernels (GCC vector extensions, 32 bytes): one AVX2 register,
-// two SSE registers on a baseline x86-64 CPU. Functions that use them are compiled twice
-// (PARAPLAN_HOST_CLONES: an AVX2 clone and a baseline one, picked at load time). The kernels are
-// built with -ffp-contract=off, so no clone fuses a multiply and an add, and a reduction keeps
-// its 8 partial sums in the same lanes on every CPU: the clones compute the same bits.
+// two SSE registers on a baseline x86-64 CPU (attention's tiles also have 16-lane AVX-512 paths).
+// Functions that use them are compiled twice (PARAPLAN_HOST_CLONES: an AVX2 clone and a baseline
+// one, picked at load time). The kernels are built with -ffp-contract=off, so no clone fuses a
+// multiply and an add, and a reduction keeps its 8 partial sums in the same lanes on every CPU: the
+// clones compute the same bits. (Attention's 16-lane AVX-512 paths fuse them: kernels.h.)
 //
 // Made by: this folder. Read by: the host kernels only.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_SIMD_H_
@@ -20,6 +21,16 @@
 #define PARAPLAN_HOST_CLONES
 #endif
 #define PARAPLAN_HOST_INLINE __attribute__((always_inline)) inline
+
+// Functions on 16-lane (64-byte) vectors, for CPUs with AVX-512; called only where VectorWidth()
+// is 16. GCC on x86-64 only, like the clones.
+#if defined(__x86_64__) && !defined(__clang__)
+#define PARAPLAN_HOST_HAVE_AVX512 1
+#define PARAPLAN_HOST_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
+#else
+#define PARAPLAN_HOST_HAVE_AVX512 0
+#define PARAPLAN_HOST_AVX512
+#endif
 
 namespace paraplan::host::simd {
 
@@ -64,29 +75,33 @@ PARAPLAN_HOST_INLINE float Max(V8 v) {
 }
 
 // e^x with a relative error of about 2e-7 (a degree-6 polynomial on [-ln2/2, ln2/2] times 2^n,
-// after Cephes' expf): 0 below -87 (no subnormal results), +inf above 88, NaN stays NaN.
-PARAPLAN_HOST_INLINE V8 Exp(V8 x) {
-  const V8 lo = Splat(-87.0f), hi = Splat(88.0f);
-  V8 c = x < lo ? lo : x;
+// after Cephes' expf): 0 below -87 (no subnormal results), +inf above 88, NaN stays NaN. Written
+// over the vector type (V floats, I as many int32 lanes), lane by lane.
+template <typename V, typename I>
+PARAPLAN_HOST_INLINE V ExpT(V x) {
+  const V zero{};
+  const V lo = zero - 87.0f, hi = zero + 88.0f;
+  V c = x < lo ? lo : x;
   c = c > hi ? hi : c;
   // n = round(x / ln 2), by adding and removing 1.5 * 2^23.
-  const V8 magic = Splat(12582912.0f);
-  const V8 fn = (c * 1.44269504088896341f + magic) - magic;
-  const V8 r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;  // x - n ln2 in two parts
-  const V8 z = r * r;
-  V8 y = Splat(1.9875691500e-4f);
+  const V magic = zero + 12582912.0f;
+  const V fn = (c * 1.44269504088896341f + magic) - magic;
+  const V r = (c - fn * 0.693359375f) - fn * -2.12194440e-4f;  // x - n ln2 in two parts
+  const V z = r * r;
+  V y = zero + 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
   y = y * r + 8.3334519073e-3f;
   y = y * r + 4.1665795894e-2f;
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * z + r + 1.0f;
-  const I8 n = __builtin_convertvector(fn, I8);
-  const V8 scale = reinterpret_cast<V8>((n + 127) << 23);
+  const I n = __builtin_convertvector(fn, I);
+  const V scale = reinterpret_cast<V>((n + 127) << 23);
   y = y * scale;
-  y = x < lo ? Splat(0.0f) : y;
-  return x > hi ? Splat(__builtin_inff()) : y;
+  y = x < lo ? zero : y;
+  return x > hi ? zero + __builtin_inff() : y;
 }
+PARAPLAN_HOST_INLINE V8 Exp(V8 x) { return ExpT<V8, I8>(x); }
 
 }  // namespace paraplan::host::simd
 
