@@ -137,9 +137,9 @@ std::vector<FrameworkProfile>& Profiles() {
 }  // namespace
 
 const std::vector<std::string_view>& FrameworkStacks() {
-  static const std::vector<std::string_view> stacks = {
+  static const std::vector<std::string_view> kStacks = {
       "paraplan", "megatron_core", "megatron_lm_2021", "torchtitan", "deepspeed", "llm_foundry"};
-  return stacks;
+  return kStacks;
 }
 
 bool IsFrameworkStack(std::string_view stack) {

@@ -66,9 +66,10 @@ int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
   if (recompute == Recompute::kFull) return bytes;
   const int64_t per_token =
       2 * z.h + 2 * z.heads * z.hd + 2 * z.kv * z.hd + (z.gelu ? 2 : 3) * z.ffn;
-  bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));            // n1f, n2f, q, o, k, v, MLP
-  bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));                  // residual x1
-  bytes = SatAdd(bytes, SatMul(z.R, (z.layernorm ? 4 : 2) * 4));  // rstd (and mean) of both norms
+  bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));  // n1f, n2f, q, o, k, v, MLP
+  bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));        // residual x1
+  bytes = SatAdd(bytes,
+                 SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
   if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
   return bytes;
 }
@@ -80,7 +81,7 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
   int64_t bytes = SatMul(2, SatMul(z.R, z.h * z.a));
   if (embedding) bytes = SatAdd(bytes, SatMul(z.T, 4));
   if (loss) {
-    bytes = SatAdd(bytes, SatMul(z.R, (z.layernorm ? 2 : 1) * 4));
+    bytes = SatAdd(bytes, SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4));
     bytes = SatAdd(bytes, SatMul(z.T, (z.h + z.vocab) * z.a));
     bytes = SatAdd(bytes, SatMul(z.T, 4 + 4 + 8));
   }

@@ -217,16 +217,16 @@ std::optional<std::vector<int64_t>> BalanceByCost(const BlockCosts& costs, int64
 
 std::optional<std::vector<int64_t>> MegatronStageLayers(const Plan& plan, std::string* why) {
   const PipelineSpec& pl = plan.pipeline;
-  const int64_t L = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
+  const int64_t layers = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
   const int64_t stages = pp * vpp;
   std::vector<int64_t> counts;
   if (!pl.stage_layers.empty()) {
     const int64_t n = static_cast<int64_t>(pl.stage_layers.size());
     int64_t sum = 0;
     for (int64_t v : pl.stage_layers) sum += v;
-    if (sum != L) {
+    if (sum != layers) {
       *why = fmt::format("`stage_layers` {} sums to {}, but the model has {} layers",
-                         ListText(pl.stage_layers), sum, L);
+                         ListText(pl.stage_layers), sum, layers);
       return std::nullopt;
     }
     if (n == stages) return pl.stage_layers;
@@ -263,12 +263,12 @@ std::optional<std::vector<int64_t>> MegatronStageLayers(const Plan& plan, std::s
       return std::nullopt;
     }
     int64_t middle_stages = pp - given;
-    int64_t middle = L - first - last;
+    int64_t middle = layers - first - last;
     if ((pl.first_stage_layers && first <= 0) || (pl.last_stage_layers && last <= 0) ||
         middle < 0 || (middle_stages == 0) != (middle == 0) ||
         (middle_stages > 0 && middle % middle_stages != 0)) {
-      *why = fmt::format("{} layers do not split as first {} / last {} with {} middle stages", L,
-                         pl.first_stage_layers ? std::to_string(first) : "-",
+      *why = fmt::format("{} layers do not split as first {} / last {} with {} middle stages",
+                         layers, pl.first_stage_layers ? std::to_string(first) : "-",
                          pl.last_stage_layers ? std::to_string(last) : "-", middle_stages);
       return std::nullopt;
     }
@@ -290,7 +290,7 @@ std::optional<std::vector<int64_t>> MegatronStageLayers(const Plan& plan, std::s
     return counts;
   }
   const int64_t e = pl.account_for_embedding ? 1 : 0, l = pl.account_for_loss ? 1 : 0;
-  const int64_t total = L + e + l;
+  const int64_t total = layers + e + l;
   if (total % stages != 0) {
     *why = fmt::format(
         "{} layers{} do not split evenly over pp · vpp = {} · {} = {} virtual stages", total,

@@ -99,16 +99,16 @@ void ReportNanotronEmptyStage(const Plan& plan, const NanotronSplit& split, int6
 
 std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) {
   const PipelineSpec& pl = plan.pipeline;
-  const int64_t L = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
-  if (L < 1 || pp < 1 || vpp < 1 || pp > (int64_t{1} << 20) || vpp > (int64_t{1} << 20)) {
-    ReportSplitInvalid(plan, sink, fields::kParallelPp,
-                       fmt::format("cannot split {} layers over pp = {} and vpp = {}", L, pp, vpp),
-                       {});
+  const int64_t layers = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
+  if (layers < 1 || pp < 1 || vpp < 1 || pp > (int64_t{1} << 20) || vpp > (int64_t{1} << 20)) {
+    ReportSplitInvalid(
+        plan, sink, fields::kParallelPp,
+        fmt::format("cannot split {} layers over pp = {} and vpp = {}", layers, pp, vpp), {});
     return std::nullopt;
   }
   const int64_t stages = pp * vpp;
   Partition part;
-  part.layers = L;
+  part.layers = layers;
   part.pp = pp;
   part.vpp = vpp;
   part.costs = ComputeBlockCosts(plan.model);
@@ -155,8 +155,8 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
           plan, sink, fields::kPipelineBalance,
           fmt::format("`balance = cost` needs at least one layer per virtual stage: {} layers < "
                       "pp · vpp = {} · {} = {}",
-                      L, pp, vpp, stages),
-          {fmt::format("use at most {} pipeline stages", L / vpp > 0 ? L / vpp : 1)});
+                      layers, pp, vpp, stages),
+          {fmt::format("use at most {} pipeline stages", layers / vpp > 0 ? layers / vpp : 1)});
       return std::nullopt;
     }
     counts = *balanced;
@@ -219,8 +219,9 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
           "every pipeline stage runs every microbatch; a stage with nothing to compute only "
           "forwards "
           "activations, idles a GPU per replica and holds no gradient to synchronise");
-      std::vector<int64_t> even = EvenLayerCounts(L, static_cast<int64_t>(pl.stage_layers.size()));
-      d.Help(fmt::format("spread the {} layers: `stage_layers = {}`", L, ListText(even)));
+      std::vector<int64_t> even =
+          EvenLayerCounts(layers, static_cast<int64_t>(pl.stage_layers.size()));
+      d.Help(fmt::format("spread the {} layers: `stage_layers = {}`", layers, ListText(even)));
       d.Help("or let paraplan balance them by cost: `balance = cost` without `stage_layers`");
       sink->Report(std::move(d));
     }

@@ -65,7 +65,7 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& par = plan.parallel;
   const double t = D(std::max<int64_t>(1, par.tp));
-  const double T = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
+  const double micro_tokens = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
   const double h = D(m.hidden), a = D(m.heads), x = D(ActivationElementBytes(plan.precision));
   const double s = D(m.seq_len);
   // Keys per query the kernel executes: causal half of s when fused, all s unfused; a sliding
@@ -75,7 +75,8 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
                                      : (cx.options.flash_attention ? s / 2 : s);
   const bool gated = m.activation == Activation::kSwiGlu;
   LayerCost c;
-  c.flops = LayerForwardFlopsPerToken(m, kind, s / 2) * T / t;  // rough per-GPU share for reports
+  c.flops = LayerForwardFlopsPerToken(m, kind, s / 2) * micro_tokens /
+            t;  // rough per-GPU share for reports
   auto gemm = [&](double flops) { return GemmSeconds(flops, cx.peak, cx.eff); };
   double head_dim = 0;
   // Attention.
@@ -84,18 +85,19 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     const double qk = D(m.qk_nope_head_dim + m.qk_rope_head_dim), v = D(m.v_head_dim);
     const double ql = D(m.q_lora_rank), kl = D(m.kv_lora_rank);
     if (ql > 0)
-      c.gemm_s += gemm(2 * T * h * ql) + gemm(2 * T * ql * a * qk / t);
+      c.gemm_s += gemm(2 * micro_tokens * h * ql) + gemm(2 * micro_tokens * ql * a * qk / t);
     else
-      c.gemm_s += gemm(2 * T * h * a * qk / t);
-    c.gemm_s += gemm(2 * T * h * (kl + D(m.qk_rope_head_dim))) +
-                gemm(2 * T * kl * a * (D(m.qk_nope_head_dim) + v) / t);
-    c.gemm_s += gemm(2 * T * a * v * h / t);
+      c.gemm_s += gemm(2 * micro_tokens * h * a * qk / t);
+    c.gemm_s += gemm(2 * micro_tokens * h * (kl + D(m.qk_rope_head_dim))) +
+                gemm(2 * micro_tokens * kl * a * (D(m.qk_nope_head_dim) + v) / t);
+    c.gemm_s += gemm(2 * micro_tokens * a * v * h / t);
     core_flops_per_head_token = 2 * (qk + v) * exec_ctx;
     head_dim = (qk + v) / 2;
   } else {
     const double d = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
     const double kv = D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
-    c.gemm_s += gemm(2 * T * h * (a * d + 2 * kv) / t) + gemm(2 * T * a * d * h / t);
+    c.gemm_s +=
+        gemm(2 * micro_tokens * h * (a * d + 2 * kv) / t) + gemm(2 * micro_tokens * a * d * h / t);
     core_flops_per_head_token = 4 * d * exec_ctx;
     head_dim = d;
   }
@@ -104,7 +106,7 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     // Batched GEMMs per (sequence, head) without fusion; a fused attention kernel with it, at
     // its own efficiency (GpuEfficiency::attention_fraction).
     const double heads_rank = a / t;
-    const double total = core_flops_per_head_token * T * heads_rank;
+    const double total = core_flops_per_head_token * micro_tokens * heads_rank;
     if (cx.options.flash_attention) {
       // One fused kernel per layer (per ring step under CP: keys per call s / cp).
       const double keys = s / D(std::max<int64_t>(1, par.cp));
@@ -120,15 +122,15 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   const double up = gated ? 2 : 1;
   if (kind == LayerKind::kDense) {
     const double f = D(m.ffn_hidden);
-    c.gemm_s += gemm(2 * T * h * f * up / t) + gemm(2 * T * f * h / t);
-    c.linear_s += gemm(2 * T * h * f * up / t) + gemm(2 * T * f * h / t);
+    c.gemm_s += gemm(2 * micro_tokens * h * f * up / t) + gemm(2 * micro_tokens * f * h / t);
+    c.linear_s += gemm(2 * micro_tokens * h * f * up / t) + gemm(2 * micro_tokens * f * h / t);
   } else {
     const double fe = D(m.moe_ffn_hidden);
     const double etp = D(std::max<int64_t>(1, par.etp));
-    c.gemm_s += gemm(2 * T * h * D(m.experts) / t);  // router on the rank's tokens
+    c.gemm_s += gemm(2 * micro_tokens * h * D(m.experts) / t);  // router on the rank's tokens
     if (m.shared_experts > 0) {
       const double fs = fe * D(m.shared_experts);
-      c.gemm_s += gemm(2 * T * h * fs * up / t) + gemm(2 * T * fs * h / t);
+      c.gemm_s += gemm(2 * micro_tokens * h * fs * up / t) + gemm(2 * micro_tokens * fs * h / t);
     }
     ActivationShape shape;
     shape.seq = m.seq_len;
@@ -184,8 +186,8 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   // With overlap (Megatron tp_comm_overlap, torchtitan async TP) a share of it hides behind the
   // linear GEMMs, never more than their time.
   if (par.tp > 1) {
-    c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, T * h * x, cx.groups.tp, plan.cluster,
-                                   cx.eff);
+    c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, micro_tokens * h * x, cx.groups.tp,
+                                   plan.cluster, cx.eff);
     const bool overlap = par.tp_comm_overlap || cx.options.tp_comm_overlap;
     const double share = overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
     if (share > 0) c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
@@ -199,7 +201,7 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
       const double d = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
       kv_width = 2 * D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
     }
-    const double chunk = T * kv_width / t * x;
+    const double chunk = micro_tokens * kv_width / t * x;
     const double steps = D(par.cp - 1);
     if (cx.prof.cp == CpStyle::kAllGather) {
       // K/V all-gathered before the core (dK/dV reduce-scattered after it), not overlapped.
@@ -275,15 +277,18 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
   const double mb = D(est.microbatches);
   const double t = D(std::max<int64_t>(1, par.tp));
-  const double T = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
+  const double micro_tokens = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
   const double x = D(ActivationElementBytes(plan.precision));
 
   const LayerCost dense = CostOfLayer(cx, LayerKind::kDense);
   const LayerCost moe = m.IsMoe() ? CostOfLayer(cx, LayerKind::kMoe) : LayerCost{};
   // Loss: logits GEMM and the vocab-parallel cross entropy (memory-bound over fp32 logits).
-  const double logits_gemm = GemmSeconds(2 * T * D(m.hidden) * D(m.vocab) / t, peak16, eff);
-  const double loss_memory = eff.elementwise_passes * 3 * 4 * T * D(m.vocab) / t / cx.hbm;
-  const double p2p_bytes = T * D(m.hidden) * x / t;  // SP / scatter-gather split activations
+  const double logits_gemm =
+      GemmSeconds(2 * micro_tokens * D(m.hidden) * D(m.vocab) / t, peak16, eff);
+  const double loss_memory =
+      eff.elementwise_passes * 3 * 4 * micro_tokens * D(m.vocab) / t / cx.hbm;
+  const double p2p_bytes =
+      micro_tokens * D(m.hidden) * x / t;  // SP / scatter-gather split activations
   CommGroup pp_link;
   pp_link.size = 2;
   pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
@@ -340,7 +345,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
         fwd += nl * (lc.gemm_s + lc.memory_s + lc.tp_s + lc.cp_s + lc.ep_s);
       }
       if (chunk.loss) {
-        st.flops += 3 * 2 * T * D(m.hidden) * D(m.vocab) / t;
+        st.flops += 3 * 2 * micro_tokens * D(m.hidden) * D(m.vocab) / t;
         st.gemm_s += 3 * logits_gemm;
         st.memory_s += loss_memory;
         fwd += logits_gemm + loss_memory / 3;

@@ -19,12 +19,12 @@ Plan Llama(int64_t nodes, int64_t tp, int64_t pp) {
 
 TEST_CASE("model FLOPs per token: Narayanan's 24h^2 + 4sh per layer, causal halving stated") {
   const ModelSpec m = testing::Gpt(48, 6144, 64);
-  const double h = m.hidden, s = m.seq_len, L = m.layers, V = m.vocab;
+  const double h = m.hidden, s = m.seq_len, layers = m.layers, vocab = m.vocab;
   // 3 passes x (24h^2 + 4sh per layer + 2hV logits) per token, full attention.
   CHECK(ModelFlopsPerToken(m, false) ==
-        doctest::Approx(3 * (L * (24 * h * h + 4 * s * h) + 2 * h * V)));
+        doctest::Approx(3 * (layers * (24 * h * h + 4 * s * h) + 2 * h * vocab)));
   CHECK(ModelFlopsPerToken(m, true) ==
-        doctest::Approx(3 * (L * (24 * h * h + 2 * s * h) + 2 * h * V)));
+        doctest::Approx(3 * (layers * (24 * h * h + 2 * s * h) + 2 * h * vocab)));
 }
 
 TEST_CASE("step time adds up and reports tokens/s and MFU consistently") {

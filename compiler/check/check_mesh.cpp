@@ -599,7 +599,7 @@ bool CheckEdpDiffersFromDp(RuleContext& ctx) {
 const std::vector<Rule>& MeshRules() {
   using namespace fields;  // NOLINT(google-build-using-namespace): the table reads as paths
   using K = DiagKind;
-  static const std::vector<Rule> rules = {
+  static const std::vector<Rule> kRules = {
       {K::kDenseMeshWorld,
        CheckDenseMeshWorld,
        {kClusterNodes, kClusterGpusPerNode, kParallelTp, kParallelPp, kParallelCp}},
@@ -632,7 +632,7 @@ const std::vector<Rule>& MeshRules() {
        CheckEdpDiffersFromDp,
        {kParallelOrder, kParallelPp, kParallelDp, kParallelEp, kParallelEtp}},
   };
-  return rules;
+  return kRules;
 }
 
 }  // namespace paraplan::rules

@@ -677,7 +677,7 @@ const std::vector<Rule>& PipelineRules() {
   constexpr RuleChain kSplit = RuleChain::kPipelineSplit;
   const std::vector<FieldId> microbatches = {kParallelPp, kParallelVpp, kBatchGlobal, kBatchMicro,
                                              kParallelDp};
-  static const std::vector<Rule> rules = {
+  static const std::vector<Rule> kRules = {
       {DiagKind::kVppNeedsPp, CheckVppNeedsPp, split, kSplit},
       {DiagKind::kStageLayersConflict, CheckStageLayersConflict, split, kSplit},
       {DiagKind::kStageLayersLength, CheckStageLayersLength, split, kSplit},
@@ -696,7 +696,7 @@ const std::vector<Rule>& PipelineRules() {
       {DiagKind::kInterleavedMicrobatches, CheckInterleavedMicrobatches, microbatches},
       {DiagKind::kFewerMicrobatchesThanStages, CheckFewerMicrobatchesThanStages, microbatches},
   };
-  return rules;
+  return kRules;
 }
 
 }  // namespace paraplan::rules

@@ -369,7 +369,7 @@ bool CheckMlaWithGqa(RuleContext& ctx) {
 const std::vector<Rule>& TrainRules() {
   using namespace fields;  // NOLINT(google-build-using-namespace): the table reads as paths
   using K = DiagKind;
-  static const std::vector<Rule> rules = {
+  static const std::vector<Rule> kRules = {
       {K::kTopkExceedsExperts, CheckTopkExceedsExperts, {kModelTopk, kModelExperts}},
       {K::kDenseLayersExceedLayers,
        CheckDenseLayersExceedLayers,
@@ -398,7 +398,7 @@ const std::vector<Rule>& TrainRules() {
        {kFsdpShard, kFsdpReplicate, kParallelDp, kParallelCp}},
       {K::kVocabPadded, CheckVocabPadded, {kModelVocab, kParallelTp, kModelVocabDivisor}},
   };
-  return rules;
+  return kRules;
 }
 
 }  // namespace paraplan::rules

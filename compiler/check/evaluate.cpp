@@ -96,8 +96,8 @@ std::vector<Schema> BuildSchemas() {
 }  // namespace
 
 const Schema& SchemaOf(Kind k) {
-  static const std::vector<Schema> schemas = BuildSchemas();
-  return schemas[static_cast<int>(k)];
+  static const std::vector<Schema> kSchemas = BuildSchemas();
+  return kSchemas[static_cast<int>(k)];
 }
 
 // --- The evaluator -------------------------------------------------------------------------

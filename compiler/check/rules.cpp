@@ -8,14 +8,14 @@ namespace rules {
 // The order is the order a Megatron user meets the failures in: model shape and mesh first,
 // then the pipeline split, then batch, optimizer and precision.
 const std::vector<Rule>& AllRules() {
-  static const std::vector<Rule> all = [] {
+  static const std::vector<Rule> kAll = [] {
     std::vector<Rule> out;
     for (const std::vector<Rule>* topic : {&MeshRules(), &PipelineRules(), &TrainRules()}) {
       out.insert(out.end(), topic->begin(), topic->end());
     }
     return out;
   }();
-  return all;
+  return kAll;
 }
 
 void RunAllRules(RuleContext& ctx) {

@@ -82,8 +82,9 @@ struct Geometry {
   }
   double CellY(int64_t node, int64_t local) const {
     int64_t k = slot[static_cast<size_t>(node)];
-    return top + static_cast<double>(k / cols) * (node_h + node_gap) + pad + label +
-           static_cast<double>(local / per_row) * (cell + gap);
+    const int64_t node_row = k / cols, cell_row = local / per_row;
+    return top + static_cast<double>(node_row) * (node_h + node_gap) + pad + label +
+           static_cast<double>(cell_row) * (cell + gap);
   }
   bool Drawn(int64_t rank) const { return slot[static_cast<size_t>(rank / gpn)] >= 0; }
 };
@@ -210,7 +211,8 @@ std::string ExplainSvg(const ExplainInput& in) {
   // Legend.
   for (int64_t i = 0; i < legend_items; ++i) {
     double x = 20 + static_cast<double>(i % legend_cols) * 250;
-    double y = header + static_cast<double>(i / legend_cols) * legend_row;
+    const int64_t legend_line = i / legend_cols;
+    double y = header + static_cast<double>(legend_line) * legend_row;
     if (i < part.pp) {
       const PipelineStage& st = part.stages[static_cast<size_t>(i)];
       std::string layers;
@@ -253,7 +255,8 @@ std::string ExplainSvg(const ExplainInput& in) {
   for (int64_t k = 0; k < drawn_nodes; ++k) {
     const int64_t n = shown[static_cast<size_t>(k)];
     double x = g.left + static_cast<double>(k % g.cols) * (g.node_w + g.node_gap);
-    double y = g.top + static_cast<double>(k / g.cols) * (g.node_h + g.node_gap);
+    const int64_t node_row = k / g.cols;
+    double y = g.top + static_cast<double>(node_row) * (g.node_h + g.node_gap);
     fmt::format_to(std::back_inserter(out),
                    "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"8\" "
                    "fill=\"#f4f5f7\" "

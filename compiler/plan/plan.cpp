@@ -92,8 +92,8 @@ FieldTable BuildTable() {
 #undef PLAN_ENUM
 
 const FieldTable& Table() {
-  static const FieldTable table = BuildTable();
-  return table;
+  static const FieldTable kTable = BuildTable();
+  return kTable;
 }
 
 const FieldAccess& AccessOf(const FieldInfo& f) { return Table().access[f.index]; }
@@ -248,7 +248,7 @@ std::string ParseQuantity(const FieldInfo& f, std::string_view text, FieldValue*
 // --- Units -----------------------------------------------------------------------------------
 
 const std::vector<UnitInfo>& AllUnits() {
-  static const std::vector<UnitInfo> units = [] {
+  static const std::vector<UnitInfo> kUnits = [] {
     std::vector<UnitInfo> u;
     using D = UnitDimension;
     const std::pair<std::string_view, double> decimal[] = {{"", 1},    {"K", 1e3},  {"M", 1e6},
@@ -277,7 +277,7 @@ const std::vector<UnitInfo>& AllUnits() {
     add("ns", D::kTime, 1e-9);
     return u;
   }();
-  return units;
+  return kUnits;
 }
 
 const UnitInfo* FindUnit(std::string_view name) {
@@ -705,9 +705,9 @@ std::string_view ToString(Dispatcher v) {
 // --- Records that follow shorthands ----------------------------------------------------------
 
 const std::vector<std::string_view>& RecomputeModuleNames() {
-  static const std::vector<std::string_view> names = {
+  static const std::vector<std::string_view> kNames = {
       "core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts"};
-  return names;
+  return kNames;
 }
 
 std::optional<uint32_t> ParseRecomputeModules(std::string_view text, std::string* bad) {

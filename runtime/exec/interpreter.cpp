@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -257,7 +258,8 @@ RunResult Train(const ProgramImage& program, const RunOptions& options,
         }
         const int64_t g = runner.GlobalIndex(p, local);
         if (g < 0 || g >= static_cast<int64_t>(dst.size())) return;
-        if (flags[g] && std::memcmp(&dst[g], &value, 4) != 0 && co.replica_error.empty()) {
+        if (flags[g] && std::bit_cast<uint32_t>(dst[g]) != std::bit_cast<uint32_t>(value) &&
+            co.replica_error.empty()) {
           co.replica_error = "replicas of `" + p.name + "` differ at element " + std::to_string(g) +
                              " (rank " + std::to_string(rank) + ": " + std::to_string(value) +
                              ", another: " + std::to_string(dst[g]) + ")";

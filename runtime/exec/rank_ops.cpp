@@ -84,7 +84,7 @@ void RankRunner::GradFinish(float* dx, int64_t n, bool accumulate) {
 }
 
 RankRunner::Handler RankRunner::HandlerOf(OpKind kind) {
-  static const std::array<Handler, 256> table = [] {
+  static const std::array<Handler, 256> kTable = [] {
     std::array<Handler, 256> h{};
 #define PARAPLAN_HANDLER_kEmitted(cls, Kind) PARAPLAN_HANDLER_##cls(Kind)
 #define PARAPLAN_HANDLER_kRuntimeOnly(cls, Kind) PARAPLAN_HANDLER_##cls(Kind)
@@ -106,7 +106,7 @@ RankRunner::Handler RankRunner::HandlerOf(OpKind kind) {
 #undef PARAPLAN_HANDLER_kCompute
     return h;
   }();
-  return table[static_cast<uint8_t>(kind)];
+  return kTable[static_cast<uint8_t>(kind)];
 }
 
 // ---- data -----------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ struct TinyOptions {
 inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
   using namespace paraplan::prog;
   flatbuffers::FlatBufferBuilder b;
-  const int64_t V = 16, vocab = 13, h = 8, seq = 4, micro = 2, T = seq * micro;
+  const int64_t vocab_padded = 16, vocab = 13, h = 8, seq = 4, micro = 2, tokens = seq * micro;
   const int64_t mbs = o.global_batch / (micro * o.dp);
-  const int64_t bucket = V * h + h + V * h;  // 264, divisible by 2
+  const int64_t bucket = vocab_padded * h + h + vocab_padded * h;  // 264, divisible by 2
   const int64_t shard = o.zero >= 1 ? bucket / o.dp : bucket;
 
   struct Buf {
@@ -46,26 +46,28 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
   };
   const int pb = add("params", BufferKind::Bucket, {bucket});
   const int gb = add("grads", BufferKind::Bucket, {bucket});
-  const int emb = add("emb", BufferKind::Param, {V, h}, DType::F32, pb, 0);
-  const int nw = add("norm", BufferKind::Param, {h}, DType::F32, pb, V * h);
-  const int head = add("head", BufferKind::Param, {V, h}, DType::F32, pb, V * h + h);
-  const int demb = add("emb.grad", BufferKind::Grad, {V, h}, DType::F32, gb, 0);
-  const int dnw = add("norm.grad", BufferKind::Grad, {h}, DType::F32, gb, V * h);
-  const int dhead = add("head.grad", BufferKind::Grad, {V, h}, DType::F32, gb, V * h + h);
+  const int emb = add("emb", BufferKind::Param, {vocab_padded, h}, DType::F32, pb, 0);
+  const int nw = add("norm", BufferKind::Param, {h}, DType::F32, pb, vocab_padded * h);
+  const int head =
+      add("head", BufferKind::Param, {vocab_padded, h}, DType::F32, pb, vocab_padded * h + h);
+  const int demb = add("emb.grad", BufferKind::Grad, {vocab_padded, h}, DType::F32, gb, 0);
+  const int dnw = add("norm.grad", BufferKind::Grad, {h}, DType::F32, gb, vocab_padded * h);
+  const int dhead =
+      add("head.grad", BufferKind::Grad, {vocab_padded, h}, DType::F32, gb, vocab_padded * h + h);
   const int master = add("master", BufferKind::Optimizer, {shard});
   const int m1 = add("exp_avg", BufferKind::Optimizer, {shard});
   const int m2 = add("exp_avg_sq", BufferKind::Optimizer, {shard});
-  const int ids = add("ids", BufferKind::Stash, {T}, DType::I32);
-  const int labels = add("labels", BufferKind::Stash, {T}, DType::I32);
-  const int x = add("x", BufferKind::Stash, {T, h});
-  const int n = add("n", BufferKind::Stash, {T, h});
-  const int rstd = add("rstd", BufferKind::Stash, {T});
-  const int z = add("z", BufferKind::Stash, {T, V});
-  const int mx = add("m", BufferKind::Stash, {T});
-  const int st = add("st", BufferKind::Stash, {T, 2});
-  const int dz = add("dz", BufferKind::Scratch, {T, V});
-  const int dn = add("dn", BufferKind::Scratch, {T, h});
-  const int dx = add("dx", BufferKind::Scratch, {T, h});
+  const int ids = add("ids", BufferKind::Stash, {tokens}, DType::I32);
+  const int labels = add("labels", BufferKind::Stash, {tokens}, DType::I32);
+  const int x = add("x", BufferKind::Stash, {tokens, h});
+  const int n = add("n", BufferKind::Stash, {tokens, h});
+  const int rstd = add("rstd", BufferKind::Stash, {tokens});
+  const int z = add("z", BufferKind::Stash, {tokens, vocab_padded});
+  const int mx = add("m", BufferKind::Stash, {tokens});
+  const int st = add("st", BufferKind::Stash, {tokens, 2});
+  const int dz = add("dz", BufferKind::Scratch, {tokens, vocab_padded});
+  const int dn = add("dn", BufferKind::Scratch, {tokens, h});
+  const int dx = add("dx", BufferKind::Scratch, {tokens, h});
   const int loss = add("loss_sum", BufferKind::Persistent, {1});
   const int nsq = add("nsq", BufferKind::Persistent, {1});
 
@@ -148,7 +150,7 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
                                          &bufs[i].shape, offsets[i], elements * 4, 1, 0, offsets[i],
                                          elements * 4, 0, bufs[i].view_of, bufs[i].view_offset));
   }
-  std::vector<int64_t> emb_shape = {V, h}, norm_shape = {h};
+  std::vector<int64_t> emb_shape = {vocab_padded, h}, norm_shape = {h};
   std::vector<flatbuffers::Offset<Param>> params = {
       CreateParamDirect(b, "embedding.word", 1, &emb_shape, -1, CommKind::None, InitKind::Normal,
                         0.5, emb, demb, 0, true),
@@ -176,7 +178,8 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
     Coordinates coords(0, 0, 0, r, 0);
     ranks.push_back(CreateRankDirect(b, 0, &coords, &c));
   }
-  auto model = CreateModelConfigDirect(b, "tiny", 1, h, 4 * h, 1, 1, h, vocab, V, seq, micro);
+  auto model =
+      CreateModelConfigDirect(b, "tiny", 1, h, 4 * h, 1, 1, h, vocab, vocab_padded, seq, micro);
   auto par = CreateParallelConfigDirect(b, 1, 1, 1, 1, 1, o.dp, false, o.zero, ScheduleKind::Gpipe,
                                         "tp-cp-ep-dp-pp");
   auto train = CreateTrainConfigDirect(b, o.steps, 7, o.global_batch, mbs, Precision::Fp32, 0.05,

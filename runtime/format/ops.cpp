@@ -96,8 +96,8 @@ Registry Build() {
 }
 
 const Registry& TheRegistry() {
-  static const Registry registry = Build();
-  return registry;
+  static const Registry kRegistry = Build();
+  return kRegistry;
 }
 
 std::string Plural(size_t n, const char* what) {
