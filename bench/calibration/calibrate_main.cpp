@@ -43,11 +43,11 @@ constexpr double kFitMargin = 1.10;
 
 // The sources of the file, by id prefix (longest first where they nest).
 const std::vector<std::string>& Sources() {
-  static const std::vector<std::string> s = {
+  static const std::vector<std::string> kSources = {
       "narayanan21", "korthikanti22", "megascale24", "mtnlg22", "megatron-readme24",
       "nemo2407",    "nemo-longseq",  "mbridge",     "llama3",  "torchtitan",
       "mosaic"};
-  return s;
+  return kSources;
 }
 
 std::string SourceOf(const std::string& id) {
@@ -138,12 +138,12 @@ std::string StackFor(const std::string& id, const std::string& source) {
 // Model FLOPs per token under a source's stated convention (to turn a published TFLOP/s or MFU
 // into tokens/s); 0 when the convention is not one of these.
 double ConventionFlopsPerToken(const std::string& convention, const ModelSpec& m) {
-  const double h = D(m.hidden), s = D(m.seq_len), L = D(m.layers), V = D(m.vocab);
+  const double h = D(m.hidden), s = D(m.seq_len), layers = D(m.layers), vocab = D(m.vocab);
   const std::string c = Lower(convention);
-  if (Has(c, "eq.(3)")) return 96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h));
+  if (Has(c, "eq.(3)")) return 96 * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h));
   if (Has(c, "eq.(7)") || Has(c, "narayanan/korthikanti model flops"))
-    return 72 * L * h * h * (1 + s / (6 * h) + V / (12 * h * L));
-  if (Has(c, "palm")) return 6 * D(TotalParams(m)) + 12 * L * h * s;
+    return 72 * layers * h * h * (1 + s / (6 * h) + vocab / (12 * h * layers));
+  if (Has(c, "palm")) return 6 * D(TotalParams(m)) + 12 * layers * h * s;
   if (Has(c, "full s^2") || Has(c, "full, not causal") || Has(c, "pre-2025"))
     return ModelFlopsPerToken(m, false);
   if (Has(c, "half of s^2")) return ModelFlopsPerToken(m, true);

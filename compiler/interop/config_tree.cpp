@@ -52,12 +52,12 @@ std::string TypeName(ValueType t) {
 
 // YAML scalars carry no type: read them as YAML 1.2's core schema does.
 ValueType ScalarType(const std::string& s) {
-  static const std::regex int_re(R"(^[-+]?[0-9][0-9_]*$)");
-  static const std::regex real_re(R"(^[-+]?([0-9][0-9_]*)?\.?[0-9]*([eE][-+]?[0-9]+)?$)");
+  static const std::regex kIntRe(R"(^[-+]?[0-9][0-9_]*$)");
+  static const std::regex kRealRe(R"(^[-+]?([0-9][0-9_]*)?\.?[0-9]*([eE][-+]?[0-9]+)?$)");
   if (s == "true" || s == "false" || s == "True" || s == "False") return ValueType::kBool;
   if (s == "null" || s == "~" || s.empty()) return ValueType::kNull;
-  if (std::regex_match(s, int_re)) return ValueType::kInt;
-  if (std::regex_match(s, real_re) && s.find_first_of("0123456789") != std::string::npos) {
+  if (std::regex_match(s, kIntRe)) return ValueType::kInt;
+  if (std::regex_match(s, kRealRe) && s.find_first_of("0123456789") != std::string::npos) {
     return ValueType::kReal;
   }
   return ValueType::kString;

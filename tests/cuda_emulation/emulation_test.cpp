@@ -294,7 +294,8 @@ __global__ void EarlyExitBarrierKernel(float* out) {
 }
 
 __global__ void TwoBarriersKernel(float* out) {
-  if (threadIdx.x < 32) {
+  // Two barriers that look alike but are distinct: the fault under test.
+  if (threadIdx.x < 32) {  // NOLINT(bugprone-branch-clone)
     __syncthreads();
   } else {
     __syncthreads();

@@ -25,17 +25,21 @@ __thread uint3 gridDim;
 namespace cudaemu {
 namespace {
 
-constexpr size_t kStackBytes = 128 * 1024;
+constexpr size_t kStackBytes = size_t{128} * 1024;
 constexpr size_t kGuardBytes = 4096;
-constexpr size_t kSharedSlack = 64 * 1024;  // inaccessible bytes around the dynamic shared memory
+constexpr size_t kSharedSlack =
+    size_t{64} * 1024;  // inaccessible bytes around the dynamic shared memory
 
 // ---- Context switching ------------------------------------------------------------------------
 #if defined(__x86_64__)
 // paraplan_cudaemu_switch(save, load): saves the callee-saved registers on the current stack,
 // stores the stack pointer in *save, and resumes the context saved at load. Kernels never change
 // the floating-point control state, so MXCSR and the x87 control word are shared by all fibers.
+// Assembly symbols: C linkage, names that cannot clash with anything else in the program.
+// NOLINTBEGIN(readability-identifier-naming)
 extern "C" void paraplan_cudaemu_switch(void** save, void* load);
 extern "C" void paraplan_cudaemu_trampoline();
+// NOLINTEND(readability-identifier-naming)
 asm(R"(
   .text
   .globl paraplan_cudaemu_switch

@@ -13,8 +13,8 @@ namespace cudaemu {
 std::string RunKernel(const KernelLaunch& launch);
 
 // The most dynamic shared memory one block may use without opting in, and with it (sm_90).
-constexpr size_t kDefaultDynamicShared = 48 * 1024;
-constexpr size_t kMaxDynamicShared = 227 * 1024;
+constexpr size_t kDefaultDynamicShared = size_t{48} * 1024;
+constexpr size_t kMaxDynamicShared = size_t{227} * 1024;
 
 }  // namespace cudaemu
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -282,9 +283,8 @@ int ExamplesReadme() {
   return failed == 0 ? 0 : 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line, then the verification or golden run. Returns the exit status.
+int Run(int argc, char** argv) {
   std::string root = ".";
   std::string mode = "verify";
   bool update = false;
@@ -328,4 +328,15 @@ int main(int argc, char** argv) {
   }
   if (mode == "golden") return Golden(files, update);
   return VerifyFiles(files);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {  // an unreadable file, a bad regex in a directive, ...
+    std::fprintf(stderr, "paraplan_filetest: error: %s\n", e.what());
+    return 2;
+  }
 }

@@ -51,7 +51,7 @@ std::vector<float> Abs(std::vector<float> v) {
 struct Pair {
   std::unique_ptr<Backend> host = exec::MakeHostBackend();
   CudaRanks cuda = MakeLocalCudaRanks(1, 0);
-  Backend& gpu() { return *cuda.backends[0]; }
+  Backend& Gpu() { return *cuda.backends[0]; }
 
   struct Buf {
     float* h;
@@ -59,24 +59,24 @@ struct Pair {
     int64_t n;
   };
   Buf Upload(const std::vector<float>& v) {
-    Buf b{Alloc(*host, v.size()), Alloc(gpu(), v.size()), static_cast<int64_t>(v.size())};
+    Buf b{Alloc(*host, v.size()), Alloc(Gpu(), v.size()), static_cast<int64_t>(v.size())};
     host->CopyToDevice(b.h, v.data(), v.size() * 4);
-    gpu().CopyToDevice(b.g, v.data(), v.size() * 4);
+    Gpu().CopyToDevice(b.g, v.data(), v.size() * 4);
     return b;
   }
   Buf Zeros(int64_t n) { return Upload(std::vector<float>(n, 0.0f)); }
   std::pair<int32_t*, int32_t*> Tokens(const std::vector<int32_t>& t) {
     auto* h = static_cast<int32_t*>(host->Allocate(t.size() * 4));
-    auto* g = static_cast<int32_t*>(gpu().Allocate(t.size() * 4));
+    auto* g = static_cast<int32_t*>(Gpu().Allocate(t.size() * 4));
     host->CopyToDevice(h, t.data(), t.size() * 4);
-    gpu().CopyToDevice(g, t.data(), t.size() * 4);
+    Gpu().CopyToDevice(g, t.data(), t.size() * 4);
     return {h, g};
   }
   // Largest violation of |g − h| ≤ atol + rtol·|h| (≤ 0 means within tolerance).
   double Excess(const Buf& b, double atol, double rtol) {
     std::vector<float> h(b.n), g(b.n);
     host->CopyToHost(h.data(), b.h, b.n * 4);
-    gpu().CopyToHost(g.data(), b.g, b.n * 4);
+    Gpu().CopyToHost(g.data(), b.g, b.n * 4);
     double worst = -1.0;
     for (int64_t i = 0; i < b.n; ++i) {
       if (!std::isfinite(g[i])) return INFINITY;
@@ -90,7 +90,7 @@ struct Pair {
   double ExcessBf16Gemm(const Buf& b, const Buf& bound) {
     std::vector<float> h(b.n), g(b.n), k(b.n);
     host->CopyToHost(h.data(), b.h, b.n * 4);
-    gpu().CopyToHost(g.data(), b.g, b.n * 4);
+    Gpu().CopyToHost(g.data(), b.g, b.n * 4);
     host->CopyToHost(k.data(), bound.h, b.n * 4);
     double worst = -1.0;
     for (int64_t i = 0; i < b.n; ++i) {
@@ -112,35 +112,35 @@ TEST_CASE("cuda backend: elementwise and activations match the host") {
   const int64_t n = 1001;
   auto a = p.Upload(Random(n, 1)), b = p.Upload(Random(n, 2)), out = p.Zeros(n);
   p.host->Add(out.h, a.h, b.h, n);
-  p.gpu().Add(out.g, a.g, b.g, n);
+  p.Gpu().Add(out.g, a.g, b.g, n);
   CHECK_CLOSE(p, out, 0, 0);
   p.host->Accumulate(out.h, a.h, n);
-  p.gpu().Accumulate(out.g, a.g, n);
+  p.Gpu().Accumulate(out.g, a.g, n);
   p.host->Scale(out.h, n, 0.5f);
-  p.gpu().Scale(out.g, n, 0.5f);
+  p.Gpu().Scale(out.g, n, 0.5f);
   CHECK_CLOSE(p, out, 0, 0);
   auto dgate = p.Zeros(n), dup = p.Zeros(n);
   p.host->SwiGluForward(out.h, a.h, b.h, n);
-  p.gpu().SwiGluForward(out.g, a.g, b.g, n);
+  p.Gpu().SwiGluForward(out.g, a.g, b.g, n);
   CHECK_CLOSE(p, out, 1e-6, 1e-5);
   p.host->SwiGluBackward(dgate.h, dup.h, out.h, a.h, b.h, n);
-  p.gpu().SwiGluBackward(dgate.g, dup.g, out.g, a.g, b.g, n);
+  p.Gpu().SwiGluBackward(dgate.g, dup.g, out.g, a.g, b.g, n);
   CHECK_CLOSE(p, dgate, 1e-6, 1e-5);
   CHECK_CLOSE(p, dup, 1e-6, 1e-5);
   p.host->GeluForward(out.h, a.h, n);
-  p.gpu().GeluForward(out.g, a.g, n);
+  p.Gpu().GeluForward(out.g, a.g, n);
   CHECK_CLOSE(p, out, 1e-6, 1e-5);
   p.host->GeluBackward(dgate.h, b.h, a.h, n);
-  p.gpu().GeluBackward(dgate.g, b.g, a.g, n);
+  p.Gpu().GeluBackward(dgate.g, b.g, a.g, n);
   CHECK_CLOSE(p, dgate, 1e-6, 1e-5);
   // Fill and Copy are exact: they start from a buffer equal on both sides (the activation checks
   // above allow rounding differences, which the elements Fill leaves alone would carry).
   auto filled = p.Zeros(n);
   p.host->Fill(filled.h, n - 3, 0.125f);
-  p.gpu().Fill(filled.g, n - 3, 0.125f);
+  p.Gpu().Fill(filled.g, n - 3, 0.125f);
   CHECK_CLOSE(p, filled, 0, 0);
   p.host->Copy(filled.h + 1, a.h, n - 1);
-  p.gpu().Copy(filled.g + 1, a.g, n - 1);
+  p.Gpu().Copy(filled.g + 1, a.g, n - 1);
   CHECK_CLOSE(p, filled, 0, 0);
 }
 
@@ -156,7 +156,7 @@ TEST_CASE("cuda backend: bf16 GEMMs and linear layers within bf16 tolerance") {
       for (float beta : {0.0f, 1.0f}) {
         INFO("trans_a " << ta << " trans_b " << tb << " beta " << beta);
         p.host->Gemm(ta, tb, m, n, k, a.h, b.h, beta, c.h);
-        p.gpu().Gemm(ta, tb, m, n, k, a.g, b.g, beta, c.g);
+        p.Gpu().Gemm(ta, tb, m, n, k, a.g, b.g, beta, c.g);
         p.host->Gemm(ta, tb, m, n, k, abs_a.h, abs_b.h, beta, bound.h);
         CHECK(p.ExcessBf16Gemm(c, bound) <= 0.0);
       }
@@ -168,10 +168,10 @@ TEST_CASE("cuda backend: bf16 GEMMs and linear layers within bf16 tolerance") {
        dy = p.Upload(Random(rows * out, 9));
   auto dx = p.Zeros(rows * in), dw = p.Zeros(out * in), db = p.Zeros(out);
   p.host->LinearForward(y.h, x.h, w.h, bias.h, rows, in, out);
-  p.gpu().LinearForward(y.g, x.g, w.g, bias.g, rows, in, out);
+  p.Gpu().LinearForward(y.g, x.g, w.g, bias.g, rows, in, out);
   CHECK_CLOSE(p, y, 3e-2, 2e-2);
   p.host->LinearBackward(dx.h, dw.h, db.h, dy.h, x.h, w.h, rows, in, out, false);
-  p.gpu().LinearBackward(dx.g, dw.g, db.g, dy.g, x.g, w.g, rows, in, out, false);
+  p.Gpu().LinearBackward(dx.g, dw.g, db.g, dy.g, x.g, w.g, rows, in, out, false);
   CHECK_CLOSE(p, dx, 3e-2, 2e-2);
   CHECK_CLOSE(p, dw, 3e-2, 2e-2);
   CHECK_CLOSE(p, db, 1e-5, 1e-5);
@@ -186,19 +186,19 @@ TEST_CASE("cuda backend: embeddings and learned positions add in the host's orde
   auto [th, tg] = p.Tokens(tokens);
   auto table = p.Upload(Random(vocab_count * dim, 10)), out = p.Zeros(rows * dim);
   p.host->EmbeddingForward(out.h, th, table.h, rows, dim, vocab_begin, vocab_count);
-  p.gpu().EmbeddingForward(out.g, tg, table.g, rows, dim, vocab_begin, vocab_count);
+  p.Gpu().EmbeddingForward(out.g, tg, table.g, rows, dim, vocab_begin, vocab_count);
   CHECK_CLOSE(p, out, 0, 0);
   auto dout = p.Upload(Random(rows * dim, 11)), dtable = p.Upload(Random(vocab_count * dim, 12));
   p.host->EmbeddingBackward(dtable.h, dout.h, th, rows, dim, vocab_begin, vocab_count);
-  p.gpu().EmbeddingBackward(dtable.g, dout.g, tg, rows, dim, vocab_begin, vocab_count);
+  p.Gpu().EmbeddingBackward(dtable.g, dout.g, tg, rows, dim, vocab_begin, vocab_count);
   CHECK_CLOSE(p, dtable, 0, 0);
   const int64_t seq = 64, t0 = 70;
   auto pos = p.Upload(Random(seq * dim, 13)), y = p.Zeros(rows * dim), dpos = p.Zeros(seq * dim);
   p.host->AddPosition(y.h, dout.h, pos.h, rows, dim, t0, seq);
-  p.gpu().AddPosition(y.g, dout.g, pos.g, rows, dim, t0, seq);
+  p.Gpu().AddPosition(y.g, dout.g, pos.g, rows, dim, t0, seq);
   CHECK_CLOSE(p, y, 0, 0);
   p.host->AddPositionBackward(dpos.h, dout.h, rows, dim, t0, seq);
-  p.gpu().AddPositionBackward(dpos.g, dout.g, rows, dim, t0, seq);
+  p.Gpu().AddPositionBackward(dpos.g, dout.g, rows, dim, t0, seq);
   CHECK_CLOSE(p, dpos, 0, 0);
 }
 
@@ -211,19 +211,19 @@ TEST_CASE("cuda backend: RMSNorm and LayerNorm forward and backward") {
   auto out = p.Zeros(rows * dim), mean = p.Zeros(rows), rstd = p.Zeros(rows);
   auto dx = p.Zeros(rows * dim), dw = p.Zeros(dim), db = p.Zeros(dim);
   p.host->RmsNormForward(out.h, rstd.h, x.h, w.h, rows, dim, 1e-5f);
-  p.gpu().RmsNormForward(out.g, rstd.g, x.g, w.g, rows, dim, 1e-5f);
+  p.Gpu().RmsNormForward(out.g, rstd.g, x.g, w.g, rows, dim, 1e-5f);
   CHECK_CLOSE(p, out, 1e-5, 1e-4);
   CHECK_CLOSE(p, rstd, 1e-6, 1e-4);
   p.host->RmsNormBackward(dx.h, dw.h, dout.h, x.h, w.h, rstd.h, rows, dim);
-  p.gpu().RmsNormBackward(dx.g, dw.g, dout.g, x.g, w.g, rstd.g, rows, dim);
+  p.Gpu().RmsNormBackward(dx.g, dw.g, dout.g, x.g, w.g, rstd.g, rows, dim);
   CHECK_CLOSE(p, dx, 1e-5, 1e-4);
   CHECK_CLOSE(p, dw, 1e-4, 1e-4);
   p.host->LayerNormForward(out.h, mean.h, rstd.h, x.h, w.h, b.h, rows, dim, 1e-5f);
-  p.gpu().LayerNormForward(out.g, mean.g, rstd.g, x.g, w.g, b.g, rows, dim, 1e-5f);
+  p.Gpu().LayerNormForward(out.g, mean.g, rstd.g, x.g, w.g, b.g, rows, dim, 1e-5f);
   CHECK_CLOSE(p, out, 1e-5, 1e-4);
   CHECK_CLOSE(p, mean, 1e-6, 1e-4);
   p.host->LayerNormBackward(dx.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, rows, dim);
-  p.gpu().LayerNormBackward(dx.g, dw.g, db.g, dout.g, x.g, w.g, mean.g, rstd.g, rows, dim);
+  p.Gpu().LayerNormBackward(dx.g, dw.g, db.g, dout.g, x.g, w.g, mean.g, rstd.g, rows, dim);
   CHECK_CLOSE(p, dx, 1e-5, 1e-4);
   CHECK_CLOSE(p, dw, 1e-4, 1e-4);
   CHECK_CLOSE(p, db, 1e-4, 1e-4);
@@ -244,23 +244,23 @@ TEST_CASE("cuda backend: rotary embedding and flash attention, both token layout
       auto v = p.Upload(Random(rows * kvh * head_dim, 22)),
            dout = p.Upload(Random(rows * qh * head_dim, 23));
       p.host->RopeForward(q.h, layout, qh, head_dim, 10000.0f);
-      p.gpu().RopeForward(q.g, layout, qh, head_dim, 10000.0f);
+      p.Gpu().RopeForward(q.g, layout, qh, head_dim, 10000.0f);
       CHECK_CLOSE(p, q, 1e-5, 1e-5);
       auto out = p.Zeros(rows * qh * head_dim), lse = p.Zeros(batch * qh * seq);
       p.host->AttentionForward(out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
-      p.gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
+      p.Gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
       CHECK_CLOSE(p, out, 3e-2, 2e-2);
       CHECK_CLOSE(p, lse, 3e-2, 2e-2);
       auto dq = p.Zeros(q.n), dk = p.Zeros(k.n), dv = p.Zeros(v.n);
       p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, layout, qh,
                                 kvh, head_dim, scale);
-      p.gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, layout, qh,
+      p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, layout, qh,
                                 kvh, head_dim, scale);
       CHECK_CLOSE(p, dq, 3e-2, 3e-2);
       CHECK_CLOSE(p, dk, 3e-2, 3e-2);
       CHECK_CLOSE(p, dv, 3e-2, 3e-2);
       p.host->RopeBackward(dq.h, layout, qh, head_dim, 10000.0f);
-      p.gpu().RopeBackward(dq.g, layout, qh, head_dim, 10000.0f);
+      p.Gpu().RopeBackward(dq.g, layout, qh, head_dim, 10000.0f);
       CHECK_CLOSE(p, dq, 3e-2, 3e-2);
     }
   }
@@ -277,17 +277,17 @@ TEST_CASE("cuda backend: vocab-parallel cross-entropy phases with padding") {
   auto row_max = p.Zeros(rows), st = p.Zeros(2 * rows), loss = p.Upload({0.25f});
   auto dlogits = p.Zeros(rows * vocab_local);
   p.host->CrossEntropyRowMax(row_max.h, logits.h, rows, vocab_local);
-  p.gpu().CrossEntropyRowMax(row_max.g, logits.g, rows, vocab_local);
+  p.Gpu().CrossEntropyRowMax(row_max.g, logits.g, rows, vocab_local);
   CHECK_CLOSE(p, row_max, 0, 0);
   p.host->CrossEntropySumExp(st.h, logits.h, row_max.h, th, rows, vocab_local, vocab_begin, vocab);
-  p.gpu().CrossEntropySumExp(st.g, logits.g, row_max.g, tg, rows, vocab_local, vocab_begin, vocab);
+  p.Gpu().CrossEntropySumExp(st.g, logits.g, row_max.g, tg, rows, vocab_local, vocab_begin, vocab);
   CHECK_CLOSE(p, st, 1e-6, 1e-5);
   p.host->CrossEntropyLoss(loss.h, row_max.h, st.h, rows, 0.5f);
-  p.gpu().CrossEntropyLoss(loss.g, row_max.g, st.g, rows, 0.5f);
+  p.Gpu().CrossEntropyLoss(loss.g, row_max.g, st.g, rows, 0.5f);
   CHECK_CLOSE(p, loss, 1e-6, 1e-5);
   p.host->CrossEntropyBackward(dlogits.h, logits.h, row_max.h, st.h, th, rows, vocab_local,
                                vocab_begin, vocab, 2.0f);
-  p.gpu().CrossEntropyBackward(dlogits.g, logits.g, row_max.g, st.g, tg, rows, vocab_local,
+  p.Gpu().CrossEntropyBackward(dlogits.g, logits.g, row_max.g, st.g, tg, rows, vocab_local,
                                vocab_begin, vocab, 2.0f);
   CHECK_CLOSE(p, dlogits, 1e-7, 1e-5);
 }
@@ -297,20 +297,20 @@ TEST_CASE("cuda backend: sum of squares and optimizers") {
   Pair p;
   const int64_t n = 100003;
   auto x = p.Upload(Random(n, 40));
-  const double h = p.host->SumOfSquares(x.h, n), g = p.gpu().SumOfSquares(x.g, n);
+  const double h = p.host->SumOfSquares(x.h, n), g = p.Gpu().SumOfSquares(x.g, n);
   CHECK(g == doctest::Approx(h).epsilon(1e-9));
   auto param = p.Upload(Random(n, 41)), grad = p.Upload(Random(n, 42)), m = p.Zeros(n),
        v = p.Zeros(n);
   host::AdamWConfig config{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
   for (int64_t step = 1; step <= 3; ++step) {
     p.host->AdamW(param.h, grad.h, m.h, v.h, n, config, step, 0.7f);
-    p.gpu().AdamW(param.g, grad.g, m.g, v.g, n, config, step, 0.7f);
+    p.Gpu().AdamW(param.g, grad.g, m.g, v.g, n, config, step, 0.7f);
   }
   CHECK_CLOSE(p, param, 1e-6, 1e-5);
   CHECK_CLOSE(p, m, 1e-7, 1e-5);
   CHECK_CLOSE(p, v, 1e-8, 1e-5);
   p.host->Sgd(param.h, grad.h, n, 0.1f, 0.01f, 0.5f);
-  p.gpu().Sgd(param.g, grad.g, n, 0.1f, 0.01f, 0.5f);
+  p.Gpu().Sgd(param.g, grad.g, n, 0.1f, 0.01f, 0.5f);
   CHECK_CLOSE(p, param, 1e-6, 1e-5);
 }
 
@@ -319,14 +319,14 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
   Pair p;
   // Empty inputs are no-ops; one element works.
   auto one = p.Upload({0.75f}), two = p.Upload({-2.0f}), out = p.Upload({9.0f});
-  p.gpu().Add(out.g, one.g, two.g, 0);
+  p.Gpu().Add(out.g, one.g, two.g, 0);
   p.host->Add(out.h, one.h, two.h, 0);
   CHECK_CLOSE(p, out, 0, 0);
-  p.gpu().Add(out.g, one.g, two.g, 1);
+  p.Gpu().Add(out.g, one.g, two.g, 1);
   p.host->Add(out.h, one.h, two.h, 1);
   CHECK_CLOSE(p, out, 0, 0);
-  CHECK(p.gpu().SumOfSquares(one.g, 0) == 0.0);
-  CHECK(p.gpu().SumOfSquares(one.g, 1) == 0.5625);
+  CHECK(p.Gpu().SumOfSquares(one.g, 0) == 0.0);
+  CHECK(p.Gpu().SumOfSquares(one.g, 1) == 0.5625);
   // GEMMs of one row, one column, k = 1, and k = 0 (beta 0 writes zeros).
   for (const auto& shape :
        {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {1, 17, 3}, {19, 1, 33}, {3, 5, 0}}) {
@@ -338,7 +338,7 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
     auto a = p.Upload(va), b = p.Upload(vb), c = p.Upload(Random(m * n, 52));
     auto abs_a = p.Upload(Abs(va)), abs_b = p.Upload(Abs(vb)), bound = p.Zeros(m * n);
     p.host->Gemm(false, true, m, n, k, a.h, b.h, 0.0f, c.h);
-    p.gpu().Gemm(false, true, m, n, k, a.g, b.g, 0.0f, c.g);
+    p.Gpu().Gemm(false, true, m, n, k, a.g, b.g, 0.0f, c.g);
     p.host->Gemm(false, true, m, n, k, abs_a.h, abs_b.h, 0.0f, bound.h);
     CHECK(p.ExcessBf16Gemm(c, bound) <= 0.0);
   }
@@ -349,17 +349,17 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
     auto y = p.Zeros(dim), mean = p.Zeros(1), rstd = p.Zeros(1), dout = p.Upload(Random(dim, 56));
     auto dx = p.Zeros(dim), dw = p.Zeros(dim), db = p.Zeros(dim);
     p.host->LayerNormForward(y.h, mean.h, rstd.h, x.h, w.h, b.h, 1, dim, 1e-5f);
-    p.gpu().LayerNormForward(y.g, mean.g, rstd.g, x.g, w.g, b.g, 1, dim, 1e-5f);
+    p.Gpu().LayerNormForward(y.g, mean.g, rstd.g, x.g, w.g, b.g, 1, dim, 1e-5f);
     CHECK_CLOSE(p, y, 1e-5, 1e-4);
     p.host->LayerNormBackward(dx.h, dw.h, db.h, dout.h, x.h, w.h, mean.h, rstd.h, 1, dim);
-    p.gpu().LayerNormBackward(dx.g, dw.g, db.g, dout.g, x.g, w.g, mean.g, rstd.g, 1, dim);
+    p.Gpu().LayerNormBackward(dx.g, dw.g, db.g, dout.g, x.g, w.g, mean.g, rstd.g, 1, dim);
     CHECK_CLOSE(p, dx, 1e-4, 1e-3);
     CHECK_CLOSE(p, dw, 1e-5, 1e-4);
     p.host->RmsNormForward(y.h, rstd.h, x.h, w.h, 1, dim, 1e-5f);
-    p.gpu().RmsNormForward(y.g, rstd.g, x.g, w.g, 1, dim, 1e-5f);
+    p.Gpu().RmsNormForward(y.g, rstd.g, x.g, w.g, 1, dim, 1e-5f);
     CHECK_CLOSE(p, y, 1e-5, 1e-4);
     p.host->RmsNormBackward(dx.h, dw.h, dout.h, x.h, w.h, rstd.h, 1, dim);
-    p.gpu().RmsNormBackward(dx.g, dw.g, dout.g, x.g, w.g, rstd.g, 1, dim);
+    p.Gpu().RmsNormBackward(dx.g, dw.g, dout.g, x.g, w.g, rstd.g, 1, dim);
     CHECK_CLOSE(p, dx, 1e-5, 1e-4);
     CHECK_CLOSE(p, dw, 1e-5, 1e-4);
   }
@@ -369,22 +369,22 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
        loss = p.Zeros(1);
   auto dlogits = p.Zeros(130);
   p.host->CrossEntropyRowMax(row_max.h, logits.h, 1, 130);
-  p.gpu().CrossEntropyRowMax(row_max.g, logits.g, 1, 130);
+  p.Gpu().CrossEntropyRowMax(row_max.g, logits.g, 1, 130);
   p.host->CrossEntropySumExp(st.h, logits.h, row_max.h, th, 1, 130, 0, 129);
-  p.gpu().CrossEntropySumExp(st.g, logits.g, row_max.g, tg, 1, 130, 0, 129);
+  p.Gpu().CrossEntropySumExp(st.g, logits.g, row_max.g, tg, 1, 130, 0, 129);
   CHECK_CLOSE(p, st, 1e-6, 1e-5);
   p.host->CrossEntropyLoss(loss.h, row_max.h, st.h, 1, 1.0f);
-  p.gpu().CrossEntropyLoss(loss.g, row_max.g, st.g, 1, 1.0f);
+  p.Gpu().CrossEntropyLoss(loss.g, row_max.g, st.g, 1, 1.0f);
   CHECK_CLOSE(p, loss, 1e-6, 1e-5);
   p.host->CrossEntropyBackward(dlogits.h, logits.h, row_max.h, st.h, th, 1, 130, 0, 129, 1.0f);
-  p.gpu().CrossEntropyBackward(dlogits.g, logits.g, row_max.g, st.g, tg, 1, 130, 0, 129, 1.0f);
+  p.Gpu().CrossEntropyBackward(dlogits.g, logits.g, row_max.g, st.g, tg, 1, 130, 0, 129, 1.0f);
   CHECK_CLOSE(p, dlogits, 1e-7, 1e-5);
   auto table = p.Upload(Random(10 * 5, 58)), emb = p.Zeros(5), dtable = p.Zeros(50);
   p.host->EmbeddingForward(emb.h, th, table.h, 1, 5, 0, 10);
-  p.gpu().EmbeddingForward(emb.g, tg, table.g, 1, 5, 0, 10);
+  p.Gpu().EmbeddingForward(emb.g, tg, table.g, 1, 5, 0, 10);
   CHECK_CLOSE(p, emb, 0, 0);
   p.host->EmbeddingBackward(dtable.h, emb.h, th, 1, 5, 0, 10);
-  p.gpu().EmbeddingBackward(dtable.g, emb.g, tg, 1, 5, 0, 10);
+  p.Gpu().EmbeddingBackward(dtable.g, emb.g, tg, 1, 5, 0, 10);
   CHECK_CLOSE(p, dtable, 0, 0);
   // Attention of one token, and of 65 tokens (one past a 64-token tile), head_dim 16 and 32.
   for (int64_t head_dim : {16, 32}) {
@@ -400,12 +400,12 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
       auto o = p.Zeros(q.n), lse = p.Zeros(qh * seq), dq = p.Zeros(q.n), dk = p.Zeros(k.n),
            dv = p.Zeros(v.n);
       p.host->AttentionForward(o.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
-      p.gpu().AttentionForward(o.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
+      p.Gpu().AttentionForward(o.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
       CHECK_CLOSE(p, o, 3e-2, 2e-2);
       CHECK_CLOSE(p, lse, 3e-2, 2e-2);
       p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, o.h, lse.h, q.h, k.h, v.h, layout, qh,
                                 kvh, head_dim, scale);
-      p.gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, o.g, lse.g, q.g, k.g, v.g, layout, qh,
+      p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, o.g, lse.g, q.g, k.g, v.g, layout, qh,
                                 kvh, head_dim, scale);
       CHECK_CLOSE(p, dq, 3e-2, 3e-2);
       CHECK_CLOSE(p, dk, 3e-2, 3e-2);

@@ -245,7 +245,7 @@ class MappedFloats {
   ~MappedFloats() { munmap(data_, bytes_); }
   MappedFloats(const MappedFloats&) = delete;
   MappedFloats& operator=(const MappedFloats&) = delete;
-  float* data() { return data_; }
+  float* Data() { return data_; }
 
  private:
   size_t bytes_;
@@ -272,19 +272,19 @@ TEST_CASE("an abort while peers are mid-collective never frees a buffer a peer s
       auto comm = world.Join(All(n), r);
       for (int iter = 0; iter < 1000; ++iter) {
         MappedFloats send(count * n), recv(count * n);
-        for (size_t i = 0; i < count * n; ++i) send.data()[i] = static_cast<float>(r + 1);
+        for (size_t i = 0; i < count * n; ++i) send.Data()[i] = static_cast<float>(r + 1);
         switch ((iter + trial) % 3) {
           case 0:
-            comm->AllReduce(send.data(), recv.data(), static_cast<int64_t>(count), DType::kF32);
-            if (recv.data()[count - 1] != n * (n + 1) / 2.0f) ++bad;
+            comm->AllReduce(send.Data(), recv.Data(), static_cast<int64_t>(count), DType::kF32);
+            if (recv.Data()[count - 1] != n * (n + 1) / 2.0f) ++bad;
             break;
           case 1:
-            comm->AllGather(send.data(), recv.data(), static_cast<int64_t>(count), DType::kF32);
-            if (recv.data()[count * n - 1] != static_cast<float>(n)) ++bad;
+            comm->AllGather(send.Data(), recv.Data(), static_cast<int64_t>(count), DType::kF32);
+            if (recv.Data()[count * n - 1] != static_cast<float>(n)) ++bad;
             break;
           default:
-            comm->ReduceScatter(send.data(), recv.data(), static_cast<int64_t>(count), DType::kF32);
-            if (recv.data()[count - 1] != n * (n + 1) / 2.0f) ++bad;
+            comm->ReduceScatter(send.Data(), recv.Data(), static_cast<int64_t>(count), DType::kF32);
+            if (recv.Data()[count - 1] != n * (n + 1) / 2.0f) ++bad;
             break;
         }
       }
