@@ -11,7 +11,7 @@ namespace {
 
 // Llama 3 70B on 8 DGX H100 with TP 8, no SP, no recompute, no ZeRO: far beyond 80 GB.
 Plan Oversized() {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 2, 256, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 2, 256, 1);
   plan.recompute = Recompute::kNone;
   plan.optimizer.zero = 0;
   return plan;
@@ -95,7 +95,7 @@ TEST_CASE("a stage over the GPU's memory is error P0701 with its breakdown and v
 }
 
 TEST_CASE("above 93% of the GPU's memory is warning P0702; below it nothing") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.parallel.sp = true;
   plan.recompute = Recompute::kSelective;
   plan.optimizer.zero = 1;

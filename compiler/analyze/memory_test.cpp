@@ -94,7 +94,7 @@ TEST_CASE("first-stage activations reproduce Korthikanti's Figure 1 exactly") {
 }
 
 TEST_CASE("model-state bytes per parameter follow Megatron's distributed-optimizer table") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 1, 64, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.precision = Precision::kBf16;
   plan.optimizer.zero = 0;
@@ -115,7 +115,7 @@ TEST_CASE("model-state bytes per parameter follow Megatron's distributed-optimiz
 }
 
 TEST_CASE("every pipeline stage is evaluated: in-flight microbatches, embedding and logits") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.parallel.sp = true;
   plan.recompute = Recompute::kSelective;
@@ -150,7 +150,7 @@ TEST_CASE("interleaving holds Megatron's warm-up count on each rank") {
 }
 
 TEST_CASE("context parallel divides activations; ZeRO shards over DP x CP") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 1, 64, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.recompute = Recompute::kFull;
   plan.optimizer.zero = 1;
@@ -200,7 +200,7 @@ TEST_CASE("MoE: routed experts sharded by EP·ETP, their optimizer by expert DP"
 }
 
 TEST_CASE("CPU offload moves the optimizer state to the host") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   const MemoryEstimate on_gpu = EstimateMemory(plan);
   plan.optimizer.offload = Offload::kCpu;
@@ -211,7 +211,7 @@ TEST_CASE("CPU offload moves the optimizer state to the host") {
 }
 
 TEST_CASE("sizes saturate instead of wrapping") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(1), 1, 1, 8, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(1), 1, 1, 8, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.model.seq_len = int64_t{1} << 40;
   plan.batch.micro = int64_t{1} << 30;
@@ -230,7 +230,7 @@ namespace paraplan {
 namespace {
 
 TEST_CASE("explain's memory and time sections: JSON per stage in bytes, text chart, SVG") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
   plan.parallel.sp = true;
   plan.recompute = Recompute::kSelective;
@@ -254,7 +254,7 @@ TEST_CASE("explain's memory and time sections: JSON per stage in bytes, text cha
 }
 
 TEST_CASE("the precision record prices each model state term by term") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 1, 64, 1);
   plan.framework = Framework::kMegatronCore;
   auto write = [&](const char* path, const char* value) {
     REQUIRE(SetFieldText(plan, path, value) == "");
@@ -271,7 +271,7 @@ TEST_CASE("the precision record prices each model state term by term") {
   CHECK(StateBytes(plan, 1).optimizer == 4);
   // FP8: Transformer Engine keeps a cached cast beside the bf16 weight; torchtitan casts per call;
   // FP8 parameters keep only the FP8 weight.
-  Plan fp8 = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  Plan fp8 = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 1, 64, 1);
   fp8.framework = Framework::kMegatronCore;
   fp8.precision = Precision::kFp8;
   CHECK(StateBytes(fp8, 1).weights == 3);
@@ -281,14 +281,14 @@ TEST_CASE("the precision record prices each model state term by term") {
   fp8.origins["mixed_precision.fp8_params"].kind = OriginKind::kFile;
   CHECK(StateBytes(fp8, 1).weights == 1);
   // FSDP (torchtitan) at ZeRO 3: the fp32 shard is the parameter, 16 bytes over the group.
-  Plan titan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 64, 1);
+  Plan titan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 1, 64, 1);
   titan.framework = Framework::kTorchtitan;
   titan.optimizer.zero = 3;
   CHECK(StateBytes(titan, 4).Total() == doctest::Approx(16.0 / 4));
 }
 
 TEST_CASE("recompute modules, methods, offload and HSDP change what is held") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kMegatronCore;
   plan.optimizer.zero = 1;
   auto activations = [&](const Plan& p) {
@@ -330,7 +330,7 @@ TEST_CASE("recompute modules, methods, offload and HSDP change what is held") {
 }
 
 TEST_CASE("PredictedPeaks: one entry per stage, the device's bytes and the allocator's") {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kTorchtitan;
   const std::vector<StagePeak> peaks = PredictedPeaks(plan);
   const MemoryEstimate est = EstimateMemory(plan);

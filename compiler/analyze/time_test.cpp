@@ -10,7 +10,7 @@ namespace paraplan {
 namespace {
 
 Plan Llama(int64_t nodes, int64_t tp, int64_t pp) {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(nodes), tp, pp, 128, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(nodes), tp, pp, 128, 1);
   plan.parallel.sp = tp > 1;
   plan.recompute = Recompute::kSelective;
   plan.optimizer.zero = 1;

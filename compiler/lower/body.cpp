@@ -241,51 +241,54 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
   const int64_t h = m_.hidden, hd = m_.head_dim;
   const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, ffn = m_.ffn_hidden / tp_;
   const bool gpt = m_.activation == prog::ActivationKind::Gelu;
-  LayerSaved S;
-  S.x = x;
-  S.no1 = NormForward("attention_norm", P.n1, x);
-  S.n1f = GatherSp(S.no1.y, "attention_norm.out_full", h);
-  S.q = Act("q", {tokens_, heads * hd});
-  S.k = Act("k", {tokens_, kv * hd});
-  S.v = Act("v", {tokens_, kv * hd});
-  Emit(attrs::Linear{}, LinearInputs(S.n1f, P.wq, P.bq), {S.q});
-  Emit(attrs::Linear{}, LinearInputs(S.n1f, P.wk, P.bk), {S.k});
-  Emit(attrs::Linear{}, LinearInputs(S.n1f, P.wv, P.bv), {S.v});
+  LayerSaved layer_saved;
+  layer_saved.x = x;
+  layer_saved.no1 = NormForward("attention_norm", P.n1, x);
+  layer_saved.n1f = GatherSp(layer_saved.no1.y, "attention_norm.out_full", h);
+  layer_saved.q = Act("q", {tokens_, heads * hd});
+  layer_saved.k = Act("k", {tokens_, kv * hd});
+  layer_saved.v = Act("v", {tokens_, kv * hd});
+  Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wq, P.bq), {layer_saved.q});
+  Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wk, P.bk), {layer_saved.k});
+  Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wv, P.bv), {layer_saved.v});
   if (m_.position == prog::PositionKind::Rope) {
-    Emit(attrs::Rope{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {S.q}, {S.q});
-    Emit(attrs::Rope{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {S.k}, {S.k});
+    Emit(attrs::Rope{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.q},
+         {layer_saved.q});
+    Emit(attrs::Rope{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.k},
+         {layer_saved.k});
   }
-  S.o = Act("attention.out", {tokens_, heads * hd});
-  S.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
-  Emit(AttentionAttrs<attrs::Attention>(), {S.q, S.k, S.v}, {S.o, S.lse});
+  layer_saved.o = Act("attention.out", {tokens_, heads * hd});
+  layer_saved.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
+  Emit(AttentionAttrs<attrs::Attention>(), {layer_saved.q, layer_saved.k, layer_saved.v},
+       {layer_saved.o, layer_saved.lse});
   int32_t proj = Act("attention.proj", {tokens_, h});
-  Emit(attrs::Linear{}, {S.o, P.wo.value}, {proj});
+  Emit(attrs::Linear{}, {layer_saved.o, P.wo.value}, {proj});
   int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
   if (P.bo.value >= 0) Emit(attrs::AddBias{}, {pr, P.bo.value}, {pr});
-  S.x1 = Act("residual1", {rows_, h});
-  Emit(attrs::Add{}, {x, pr}, {S.x1});
-  S.no2 = NormForward("mlp_norm", P.n2, S.x1);
-  S.n2f = GatherSp(S.no2.y, "mlp_norm.out_full", h);
+  layer_saved.x1 = Act("residual1", {rows_, h});
+  Emit(attrs::Add{}, {x, pr}, {layer_saved.x1});
+  layer_saved.no2 = NormForward("mlp_norm", P.n2, layer_saved.x1);
+  layer_saved.n2f = GatherSp(layer_saved.no2.y, "mlp_norm.out_full", h);
   if (gpt) {
-    S.g = Act("mlp.fc1_out", {tokens_, ffn});
-    Emit(attrs::Linear{}, LinearInputs(S.n2f, P.w1, P.b1), {S.g});
-    S.a = Act("mlp.act", {tokens_, ffn});
-    Emit(attrs::Gelu{}, {S.g}, {S.a});
+    layer_saved.g = Act("mlp.fc1_out", {tokens_, ffn});
+    Emit(attrs::Linear{}, LinearInputs(layer_saved.n2f, P.w1, P.b1), {layer_saved.g});
+    layer_saved.a = Act("mlp.act", {tokens_, ffn});
+    Emit(attrs::Gelu{}, {layer_saved.g}, {layer_saved.a});
   } else {
-    S.g = Act("mlp.gate", {tokens_, ffn});
-    S.u = Act("mlp.up", {tokens_, ffn});
-    Emit(attrs::Linear{}, {S.n2f, P.w1.value}, {S.g});
-    Emit(attrs::Linear{}, {S.n2f, P.w3.value}, {S.u});
-    S.a = Act("mlp.act", {tokens_, ffn});
-    Emit(attrs::SwiGlu{}, {S.g, S.u}, {S.a});
+    layer_saved.g = Act("mlp.gate", {tokens_, ffn});
+    layer_saved.u = Act("mlp.up", {tokens_, ffn});
+    Emit(attrs::Linear{}, {layer_saved.n2f, P.w1.value}, {layer_saved.g});
+    Emit(attrs::Linear{}, {layer_saved.n2f, P.w3.value}, {layer_saved.u});
+    layer_saved.a = Act("mlp.act", {tokens_, ffn});
+    Emit(attrs::SwiGlu{}, {layer_saved.g, layer_saved.u}, {layer_saved.a});
   }
-  if (next < 0) return S;
+  if (next < 0) return layer_saved;
   int32_t down = Act("mlp.down", {tokens_, h});
-  Emit(attrs::Linear{}, {S.a, P.w2.value}, {down});
+  Emit(attrs::Linear{}, {layer_saved.a, P.w2.value}, {down});
   int32_t dr = ReducePartial(down, "mlp.down_sp", h);
   if (P.b2.value >= 0) Emit(attrs::AddBias{}, {dr, P.b2.value}, {dr});
-  Emit(attrs::Add{}, {S.x1, dr}, {next});
-  return S;
+  Emit(attrs::Add{}, {layer_saved.x1, dr}, {next});
+  return layer_saved;
 }
 
 void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk) {
@@ -316,50 +319,50 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   }
   std::vector<LayerParams> lp(cl.layers);
   for (int32_t i = 0; i < cl.layers; ++i) {
-    int32_t L = cl.first_layer + i;
-    layer_ = L;
-    std::string n = fmt::format("layers.{}.", L);
-    LayerParams& P = lp[i];
-    P.n1 = MakeNorm(n + "attention_norm", LayerKey(L, 0));
-    P.wq = AddParam(n + "attention.wq", LayerKey(L, 2), {m_.heads * hd, h}, 0,
-                    prog::InitKind::Normal, 0.02, true, false, false);
-    P.wk = AddParam(n + "attention.wk", LayerKey(L, 3), {m_.kv_heads * hd, h}, 0,
-                    prog::InitKind::Normal, 0.02, true, false, false);
-    P.wv = AddParam(n + "attention.wv", LayerKey(L, 4), {m_.kv_heads * hd, h}, 0,
-                    prog::InitKind::Normal, 0.02, true, false, false);
+    int32_t layer_index = cl.first_layer + i;
+    layer_ = layer_index;
+    std::string n = fmt::format("layers.{}.", layer_index);
+    LayerParams& layer_params = lp[i];
+    layer_params.n1 = MakeNorm(n + "attention_norm", LayerKey(layer_index, 0));
+    layer_params.wq = AddParam(n + "attention.wq", LayerKey(layer_index, 2), {m_.heads * hd, h}, 0,
+                               prog::InitKind::Normal, 0.02, true, false, false);
+    layer_params.wk = AddParam(n + "attention.wk", LayerKey(layer_index, 3), {m_.kv_heads * hd, h},
+                               0, prog::InitKind::Normal, 0.02, true, false, false);
+    layer_params.wv = AddParam(n + "attention.wv", LayerKey(layer_index, 4), {m_.kv_heads * hd, h},
+                               0, prog::InitKind::Normal, 0.02, true, false, false);
     if (bias) {
-      P.bq = AddParam(n + "attention.bq", LayerKey(L, 5), {m_.heads * hd}, 0, prog::InitKind::Zeros,
-                      0, false, false, false);
-      P.bk = AddParam(n + "attention.bk", LayerKey(L, 6), {m_.kv_heads * hd}, 0,
-                      prog::InitKind::Zeros, 0, false, false, false);
-      P.bv = AddParam(n + "attention.bv", LayerKey(L, 7), {m_.kv_heads * hd}, 0,
-                      prog::InitKind::Zeros, 0, false, false, false);
+      layer_params.bq = AddParam(n + "attention.bq", LayerKey(layer_index, 5), {m_.heads * hd}, 0,
+                                 prog::InitKind::Zeros, 0, false, false, false);
+      layer_params.bk = AddParam(n + "attention.bk", LayerKey(layer_index, 6), {m_.kv_heads * hd},
+                                 0, prog::InitKind::Zeros, 0, false, false, false);
+      layer_params.bv = AddParam(n + "attention.bv", LayerKey(layer_index, 7), {m_.kv_heads * hd},
+                                 0, prog::InitKind::Zeros, 0, false, false, false);
     }
-    P.wo = AddParam(n + "attention.wo", LayerKey(L, 8), {h, m_.heads * hd}, 1,
-                    prog::InitKind::Normal, OutStd(), true, false, false);
+    layer_params.wo = AddParam(n + "attention.wo", LayerKey(layer_index, 8), {h, m_.heads * hd}, 1,
+                               prog::InitKind::Normal, OutStd(), true, false, false);
     if (bias)
-      P.bo = AddParam(n + "attention.bo", LayerKey(L, 9), {h}, -1, prog::InitKind::Zeros, 0, false,
-                      true, p_.sp);
-    P.n2 = MakeNorm(n + "mlp_norm", LayerKey(L, 10));
+      layer_params.bo = AddParam(n + "attention.bo", LayerKey(layer_index, 9), {h}, -1,
+                                 prog::InitKind::Zeros, 0, false, true, p_.sp);
+    layer_params.n2 = MakeNorm(n + "mlp_norm", LayerKey(layer_index, 10));
     if (gpt) {
-      P.w1 = AddParam(n + "mlp.fc1", LayerKey(L, 12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal,
-                      0.02, true, false, false);
+      layer_params.w1 = AddParam(n + "mlp.fc1", LayerKey(layer_index, 12), {m_.ffn_hidden, h}, 0,
+                                 prog::InitKind::Normal, 0.02, true, false, false);
       if (bias)
-        P.b1 = AddParam(n + "mlp.b1", LayerKey(L, 13), {m_.ffn_hidden}, 0, prog::InitKind::Zeros, 0,
-                        false, false, false);
-      P.w2 = AddParam(n + "mlp.fc2", LayerKey(L, 14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal,
-                      OutStd(), true, false, false);
+        layer_params.b1 = AddParam(n + "mlp.b1", LayerKey(layer_index, 13), {m_.ffn_hidden}, 0,
+                                   prog::InitKind::Zeros, 0, false, false, false);
+      layer_params.w2 = AddParam(n + "mlp.fc2", LayerKey(layer_index, 14), {h, m_.ffn_hidden}, 1,
+                                 prog::InitKind::Normal, OutStd(), true, false, false);
     } else {
-      P.w1 = AddParam(n + "mlp.w_gate", LayerKey(L, 12), {m_.ffn_hidden, h}, 0,
-                      prog::InitKind::Normal, 0.02, true, false, false);
-      P.w3 = AddParam(n + "mlp.w_up", LayerKey(L, 13), {m_.ffn_hidden, h}, 0,
-                      prog::InitKind::Normal, 0.02, true, false, false);
-      P.w2 = AddParam(n + "mlp.w_down", LayerKey(L, 14), {h, m_.ffn_hidden}, 1,
-                      prog::InitKind::Normal, OutStd(), true, false, false);
+      layer_params.w1 = AddParam(n + "mlp.w_gate", LayerKey(layer_index, 12), {m_.ffn_hidden, h}, 0,
+                                 prog::InitKind::Normal, 0.02, true, false, false);
+      layer_params.w3 = AddParam(n + "mlp.w_up", LayerKey(layer_index, 13), {m_.ffn_hidden, h}, 0,
+                                 prog::InitKind::Normal, 0.02, true, false, false);
+      layer_params.w2 = AddParam(n + "mlp.w_down", LayerKey(layer_index, 14), {h, m_.ffn_hidden}, 1,
+                                 prog::InitKind::Normal, OutStd(), true, false, false);
     }
     if (bias)
-      P.b2 = AddParam(n + "mlp.b2", LayerKey(L, 15), {h}, -1, prog::InitKind::Zeros, 0, false, true,
-                      p_.sp);
+      layer_params.b2 = AddParam(n + "mlp.b2", LayerKey(layer_index, 15), {h}, -1,
+                                 prog::InitKind::Zeros, 0, false, true, p_.sp);
   }
   layer_ = -1;
   if (cl.loss) {
@@ -456,19 +459,20 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   }
   for (int32_t i = cl.layers - 1; i >= 0; --i) {
     layer_ = cl.first_layer + i;
-    const LayerParams& P = lp[i];
-    LayerSaved S = saved[i];
+    const LayerParams& layer_params = lp[i];
+    LayerSaved layer_saved = saved[i];
     if (s_.recompute == ActivationRecompute::kFull) {
       // Re-run the layer's forward from its stashed input, then its backward.
       recompute_prefix_ = "recompute.";
-      S = LayerForward(P, saved[i].x, /*next=*/-1);
+      layer_saved = LayerForward(layer_params, saved[i].x, /*next=*/-1);
       recompute_prefix_.clear();
     }
     // MLP
     int32_t gxf = GatherSp(gx, "mlp.down.grad_full", h);
-    if (P.b2.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {P.b2.grad});
+    if (layer_params.b2.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {layer_params.b2.grad});
     int32_t da = Act("mlp.act.grad", {tokens_, ffn});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, S.a, P.w2.value}, {da, P.w2.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, layer_saved.a, layer_params.w2.value},
+         {da, layer_params.w2.grad});
     int32_t dn2f = Act("mlp_norm.out_full.grad", {tokens_, h});
     auto lin_grads = [&](int32_t dx, const ParamRef& w, const ParamRef& b) {
       std::vector<int32_t> v = {dx, w.grad};
@@ -477,49 +481,54 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
     };
     if (gpt) {
       int32_t dg = Act("mlp.fc1_out.grad", {tokens_, ffn});
-      Emit(attrs::GeluBackward{}, {da, S.g}, {dg});
-      Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, S.n2f, P.w1.value},
-           lin_grads(dn2f, P.w1, P.b1));
+      Emit(attrs::GeluBackward{}, {da, layer_saved.g}, {dg});
+      Emit(attrs::LinearBackward{.dx_accumulate = false},
+           {dg, layer_saved.n2f, layer_params.w1.value},
+           lin_grads(dn2f, layer_params.w1, layer_params.b1));
     } else {
       int32_t dg = Act("mlp.gate.grad", {tokens_, ffn});
       int32_t du = Act("mlp.up.grad", {tokens_, ffn});
-      Emit(attrs::SwiGluBackward{}, {da, S.g, S.u}, {dg, du});
-      Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, S.n2f, P.w1.value},
-           {dn2f, P.w1.grad});
-      Emit(attrs::LinearBackward{.dx_accumulate = true}, {du, S.n2f, P.w3.value},
-           {dn2f, P.w3.grad});
+      Emit(attrs::SwiGluBackward{}, {da, layer_saved.g, layer_saved.u}, {dg, du});
+      Emit(attrs::LinearBackward{.dx_accumulate = false},
+           {dg, layer_saved.n2f, layer_params.w1.value}, {dn2f, layer_params.w1.grad});
+      Emit(attrs::LinearBackward{.dx_accumulate = true},
+           {du, layer_saved.n2f, layer_params.w3.value}, {dn2f, layer_params.w3.grad});
     }
     int32_t dn2 = ReduceGradToRows(dn2f, "mlp_norm.out.grad");
-    NormBackward(P.n2, S.no2, S.x1, dn2, gx, /*accumulate=*/true);
+    NormBackward(layer_params.n2, layer_saved.no2, layer_saved.x1, dn2, gx, /*accumulate=*/true);
     // Attention
     int32_t gxf2 = GatherSp(gx, "attention.proj.grad_full", h);
-    if (P.bo.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {P.bo.grad});
+    if (layer_params.bo.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {layer_params.bo.grad});
     int32_t dout = Act("attention.out.grad", {tokens_, heads * hd});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf2, S.o, P.wo.value}, {dout, P.wo.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = false},
+         {gxf2, layer_saved.o, layer_params.wo.value}, {dout, layer_params.wo.grad});
     int32_t dq = Act("q.grad", {tokens_, heads * hd});
     int32_t dk = Act("k.grad", {tokens_, kv * hd});
     int32_t dv = Act("v.grad", {tokens_, kv * hd});
-    int32_t o = S.o, lse = S.lse;
+    int32_t o = layer_saved.o, lse = layer_saved.lse;
     if (s_.recompute == ActivationRecompute::kSelective) {
       // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
       o = Act("recompute.attention.out", {tokens_, heads * hd});
       lse = Stat("recompute.attention.lse", {m_.micro_batch, heads, m_.seq_len});
-      Emit(AttentionAttrs<attrs::Attention>(), {S.q, S.k, S.v}, {o, lse});
+      Emit(AttentionAttrs<attrs::Attention>(), {layer_saved.q, layer_saved.k, layer_saved.v},
+           {o, lse});
     }
-    Emit(AttentionAttrs<attrs::AttentionBackward>(), {dout, S.q, S.k, S.v, o, lse}, {dq, dk, dv});
+    Emit(AttentionAttrs<attrs::AttentionBackward>(),
+         {dout, layer_saved.q, layer_saved.k, layer_saved.v, o, lse}, {dq, dk, dv});
     if (m_.position == prog::PositionKind::Rope) {
       Emit(attrs::RopeBackward{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {dq}, {dq});
       Emit(attrs::RopeBackward{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {dk}, {dk});
     }
     int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, S.n1f, P.wq.value},
-         lin_grads(dn1f, P.wq, P.bq));
-    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dk, S.n1f, P.wk.value},
-         lin_grads(dn1f, P.wk, P.bk));
-    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dv, S.n1f, P.wv.value},
-         lin_grads(dn1f, P.wv, P.bv));
+    Emit(attrs::LinearBackward{.dx_accumulate = false},
+         {dq, layer_saved.n1f, layer_params.wq.value},
+         lin_grads(dn1f, layer_params.wq, layer_params.bq));
+    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dk, layer_saved.n1f, layer_params.wk.value},
+         lin_grads(dn1f, layer_params.wk, layer_params.bk));
+    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dv, layer_saved.n1f, layer_params.wv.value},
+         lin_grads(dn1f, layer_params.wv, layer_params.bv));
     int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
-    NormBackward(P.n1, S.no1, S.x, dn1, gx, /*accumulate=*/true);
+    NormBackward(layer_params.n1, layer_saved.no1, layer_saved.x, dn1, gx, /*accumulate=*/true);
   }
   layer_ = -1;
   if (cl.embedding) {

@@ -65,6 +65,8 @@ void TokenArena::Free(void* p, size_t bytes) {
   free_ = new (p) Slot{free_};
 }
 
+// The fields of ANTLR's CommonToken, in its order (the token factory's interface).
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 LeanToken::LeanToken(TokenOrigin* origin, size_t type, size_t channel, size_t start, size_t stop,
                      size_t line, size_t column)
     : origin_(origin),

@@ -10,7 +10,7 @@ namespace paraplan {
 namespace {
 
 Plan Llama64() {
-  Plan plan = testing::MakePlan(testing::Llama3_70B(), testing::DgxH100(8), 8, 1, 512, 1);
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 1, 512, 1);
   plan.name = "llama3_70b";
   plan.optimizer.zero = 1;
   plan.recompute = Recompute::kSelective;
