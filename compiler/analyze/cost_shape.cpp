@@ -183,7 +183,7 @@ int64_t LayerBytes(const ModelSpec& m, LayerKind kind, const ActivationShape& s,
   if (kind == LayerKind::kDense) {
     split = SatAdd(split, SatMul(x, MlpStoredWidth(m, m.ffn_hidden)));
   } else {
-    rep += int64_t{2 * 4} * m.experts;  // router logits and probabilities, fp32
+    rep += int64_t{8} * m.experts;  // router logits and probabilities: 2 × 4 bytes (fp32)
     split = SatAdd(split, SatMul(x, MlpStoredWidth(m, SatMul(m.shared_experts, m.moe_ffn_hidden))));
     // Per routed (token, expert) pair: the expert's input (the all-to-all output), the expert MLP
     // intermediates split by etp, and with probabilities applied in unpermute (Megatron-Core before

@@ -158,7 +158,7 @@ TEST_CASE("FP8 speeds up the linear GEMMs only: the attention core stays in bf16
   auto speedup = [&](int64_t seq) {
     Plan p = plan;
     p.model.seq_len = seq;
-    p.batch.global = 128 * 8192 / seq;
+    p.batch.global = int64_t{128} * 8192 / seq;
     p.precision = Precision::kBf16;
     const double bf16 = EstimateTime(p).step_s;
     p.precision = Precision::kFp8;
@@ -181,7 +181,8 @@ TEST_CASE("fused attention: time per token grows with the sequence at equal toke
   const int64_t seqs[3] = {2048, 8192, 32768};
   for (int i = 0; i < 3; ++i) {
     plan.model.seq_len = seqs[i];
-    plan.batch.global = 16 * 32768 / seqs[i];  // the same tokens per step and per microbatch
+    plan.batch.global =
+        int64_t{16} * 32768 / seqs[i];  // the same tokens per step and per microbatch
     plan.batch.micro = 32768 / seqs[i];
     const TimeEstimate t = EstimateTime(plan);
     REQUIRE(t.valid);

@@ -245,7 +245,7 @@ Value Evaluator::RecordField(Record* r, int idx, int k, FieldOrigin* origin) {
       NewRecord(sub, base ? base->name : std::string(), base ? base->declared : origin->range);
   if (base) out->entries = base->entries;
   bool written = base != nullptr;
-  for (size_t e = static_cast<size_t>(k + 1); e < r->entries.size(); ++e) {
+  for (size_t e = static_cast<size_t>(k) + 1; e < r->entries.size(); ++e) {
     const Entry& en = r->entries[e];
     const ast::Member* m = en.member;
     if (m->kind != ast::MemberKind::kAssign && m->kind != ast::MemberKind::kAmend) continue;

@@ -198,7 +198,8 @@ int RunDump(const std::vector<std::string>& args) {
       });
       j.attribute("microbatches", p->train.microbatches);
       j.attributeArray("ranks", [&] {
-        if (rank >= 0) {
+        // One rank or all of them (clang-tidy 14 takes the two branches for clones).
+        if (rank >= 0) {  // NOLINT(bugprone-branch-clone)
           WriteRank(j, *p, static_cast<int32_t>(rank));
         } else {
           for (int32_t r = 0; r < p->world_size; ++r) WriteRank(j, *p, r);

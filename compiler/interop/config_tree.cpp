@@ -11,6 +11,8 @@
 namespace paraplan::interop {
 namespace {
 
+// A position as SourceManager spells it: buffer, line, column.
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 uint32_t Offset(const SourceManager& sm, uint32_t buffer, uint32_t line, uint32_t column) {
   std::string_view text = sm.Text(buffer);
   uint32_t l = 1, i = 0;
@@ -277,6 +279,8 @@ const ConfigEntry* FindEntry(std::span<const ConfigEntry> entries, std::string_v
   return found;
 }
 
+// Spans of four different element types (clang-tidy 14 takes them for one).
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 bool ApplyRows(std::span<const ConfigEntry> entries, std::span<const SettingRow> rows,
                std::span<const SkippedRow> skipped, std::span<const std::string_view> handled,
                PlanDraft& draft, DiagnosticSink& sink) {

@@ -487,7 +487,7 @@ TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
   CHECK(s2.diagnostics()[0].message == "kv_heads = 1 is not a multiple of tp = 2");
 
   Plan inter = TinyPlan(1, 4, 1, Schedule::kInterleaved1F1B, 2);
-  inter.batch.global = 2 * 6;  // 6 microbatches: 6 mod 4 = 2 < 4
+  inter.batch.global = int64_t{2} * 6;  // 6 microbatches: 6 mod 4 = 2 < 4
   DiagnosticSink s3;
   CHECK_FALSE(LowerPlan(inter, {}, s3).has_value());
   bool found = false;

@@ -59,7 +59,6 @@ inline int64_t DTypeBytes(DType t) {
     case DType::F32:
       return 4;
     case DType::Bf16:
-      return 2;
     case DType::F16:
       return 2;
     case DType::I32:

@@ -24,6 +24,8 @@ std::vector<uint8_t> Payload() {
   return id;
 }
 
+// A test fixture, called with named values.
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 RendezvousOptions Options(int port, int rank, int world,
                           milliseconds timeout = milliseconds(5000)) {
   RendezvousOptions o;

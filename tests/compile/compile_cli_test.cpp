@@ -26,8 +26,8 @@ using paraplan::testing::ReadFile;
 using Result = paraplan::testing::CommandResult;
 
 std::string Dir() {
-  static const std::string dir = paraplan::testing::ScratchDir("compile");
-  return dir;
+  static const std::string kDir = paraplan::testing::ScratchDir("compile");
+  return kDir;
 }
 
 std::string Read(const std::string& path) { return ReadFile(path); }
@@ -36,7 +36,7 @@ Result Planc(const std::string& args) {
   return paraplan::testing::RunCommand(std::string(PARAPLAN_PLANC) + " " + args, Dir());
 }
 
-const char* kPlan = R"(
+constexpr const char* kPlan = R"(
 gpu cpu { memory = 16 GiB  peak_bf16 = 1 TFLOPS  peak_fp16 = 1 TFLOPS  peak_fp8 = 1 TFLOPS  hbm_bandwidth = 50 GB/s }
 cluster box { gpu = cpu  nodes = 1  gpus_per_node = 8  nvlink_bandwidth = 10 GB/s  network_bandwidth = 1 GB/s }
 model tiny { layers = 4  hidden = 64  ffn_hidden = 128  heads = 4  kv_heads = 2  head_dim = 16  vocab = 256  seq_len = 32
@@ -68,13 +68,13 @@ std::string PlanFile() {
 }
 
 std::string Compiled() {
-  static const std::string path = [] {
+  static const std::string kPath = [] {
     std::string out = Dir() + "/tiny.pplan";
     Result r = Planc("compile " + PlanFile() + " -o " + out + " --trace " + Dir() + "/trace.json");
     REQUIRE_MESSAGE(r.status == 0, r.err);
     return out;
   }();
-  return path;
+  return kPath;
 }
 
 TEST_CASE("compile writes a program that dump reads back and verifies") {

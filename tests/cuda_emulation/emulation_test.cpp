@@ -52,7 +52,7 @@ __global__ void CoordinatesKernel(int* out) {
 }
 
 TEST_CASE("grids and blocks in three dimensions") {
-  DeviceBuffer<int> out(2 * 3 * 2 * 4 * 2 * 3, -1);
+  DeviceBuffer<int> out(size_t{2} * 3 * 2 * 4 * 2 * 3, -1);
   PARAPLAN_LAUNCH(CoordinatesKernel, dim3(2, 3, 2), dim3(4, 2, 3), 0, nullptr, out.ptr);
   REQUIRE(Finish() == "");
   const auto h = out.Get();
@@ -96,7 +96,7 @@ __global__ void WarpKernel(float* sums, int* idx, unsigned* votes, int* block_vo
   const int all = __all_sync(0xffffffffu, lane < 32);
   const int any = __any_sync(0xffffffffu, lane == 7 && warp == 1);
   if (lane == 0) {
-    votes[3 * warp] = ballot;
+    votes[size_t{3} * warp] = ballot;
     votes[3 * warp + 1] = all;
     votes[3 * warp + 2] = any;
   }
@@ -127,7 +127,7 @@ TEST_CASE("warp shuffles and votes, block votes") {
   const auto i = idx.Get();
   for (int t = 0; t < 64; ++t) {
     const int lane = t % 32, base = t - lane;
-    CHECK(i[4 * t] == base + 5);
+    CHECK(i[size_t{4} * t] == base + 5);
     CHECK(i[4 * t + 1] == (lane + 3 < 32 ? t + 3 : t));  // past the end: the lane's own value
     CHECK(i[4 * t + 2] == (lane >= 2 ? t - 2 : t));
     const int xor8 = (lane / 8 * 8) + ((lane % 8) ^ 1) + base;  // width 8 segments
@@ -169,7 +169,7 @@ using namespace nvcuda;
 __global__ void WmmaKernel(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, bool bt) {
   PARAPLAN_DYNAMIC_SHARED(smem);
   auto* as = reinterpret_cast<__nv_bfloat16*>(smem);
-  auto* bs = as + 16 * 24;
+  auto* bs = as + ptrdiff_t{16} * 24;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
     as[i / 16 * 24 + i % 16] = a[i];
     bs[i / 16 * 24 + i % 16] = b[i];
@@ -207,7 +207,8 @@ TEST_CASE("WMMA: bf16 tiles, row- and column-major B, fp32 accumulation") {
     cudaMemcpy(da.ptr, a.data(), 512, cudaMemcpyHostToDevice);
     cudaMemcpy(db.ptr, b.data(), 512, cudaMemcpyHostToDevice);
     cudaMemcpy(dc.ptr, c0.data(), 1024, cudaMemcpyHostToDevice);
-    PARAPLAN_LAUNCH(WmmaKernel, 1, 32, 2 * 16 * 24 * 2, nullptr, dc.ptr, da.ptr, db.ptr, bt);
+    PARAPLAN_LAUNCH(WmmaKernel, 1, 32, size_t{2} * 16 * 24 * 2, nullptr, dc.ptr, da.ptr, db.ptr,
+                    bt);
     REQUIRE(Finish() == "");
     const auto c = dc.Get();
     double worst = 0;
@@ -332,7 +333,7 @@ __global__ void SharedOverrunKernel(float* out) {
 __global__ void DynamicSharedOverrunKernel(float* out) {
   PARAPLAN_DYNAMIC_SHARED(smem);
   // A tile that starts 16 rows before the end of 64 rows of 16 floats but spans 32 rows.
-  auto* tile = reinterpret_cast<float*>(smem) + 48 * 16;
+  auto* tile = reinterpret_cast<float*>(smem) + ptrdiff_t{48} * 16;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
   wmma::fill_fragment(acc, 1.0f);
   wmma::store_matrix_sync(tile, acc, 32, wmma::mem_row_major);
@@ -356,7 +357,7 @@ TEST_CASE("detects out-of-bounds shared memory") {
   CHECK(what.find("thread (256,0,0)") != std::string::npos);
   CHECK(what.find("shared array index 8 is out of bounds [0, 8)") != std::string::npos);
 
-  PARAPLAN_LAUNCH(DynamicSharedOverrunKernel, 1, 32, 64 * 16 * 4, nullptr, out.ptr);
+  PARAPLAN_LAUNCH(DynamicSharedOverrunKernel, 1, 32, size_t{64} * 16 * 4, nullptr, out.ptr);
   what = Finish();
   INFO(what);
   CHECK(what.find("wmma::store_matrix_sync") != std::string::npos);
@@ -426,12 +427,12 @@ TEST_CASE("launch limits: block size and dynamic shared memory beyond 48 KiB wit
   PARAPLAN_LAUNCH(FillValueKernel, 1, 2048, 0, nullptr, out.ptr, 32, 1.0f);
   std::string what = Finish();
   CHECK(what.find("cudaErrorInvalidConfiguration") != std::string::npos);
-  PARAPLAN_LAUNCH(BigSharedKernel, 1, 32, 64 * 1024, nullptr, out.ptr);
+  PARAPLAN_LAUNCH(BigSharedKernel, 1, 32, size_t{64} * 1024, nullptr, out.ptr);
   what = Finish();
   CHECK(what.find("65536 bytes of dynamic shared memory") != std::string::npos);
   REQUIRE(cudaFuncSetAttribute(BigSharedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                64 * 1024) == cudaSuccess);
-  PARAPLAN_LAUNCH(BigSharedKernel, 1, 32, 64 * 1024, nullptr, out.ptr);
+  PARAPLAN_LAUNCH(BigSharedKernel, 1, 32, size_t{64} * 1024, nullptr, out.ptr);
   CHECK(Finish() == "");
   CHECK(cudaFuncSetAttribute(BigSharedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              300 * 1024) == cudaErrorInvalidValue);

@@ -291,7 +291,7 @@ void CheckNoWarpWaitsFor(Block& b, int t, const char* file, int line) {
 }
 
 void CompleteWarp(Block& b, int warp, unsigned mask, WarpOp op) {
-  Lane* lanes = &b.lanes[warp * 32];
+  Lane* lanes = &b.lanes[size_t{32} * warp];
   const Lane& first = lanes[__builtin_ctz(mask)];
   switch (op) {
     case WarpOp::kSync:
@@ -591,6 +591,8 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
   return me.result;
 }
 
+// d = a * b + c, in the order of CUDA's mma_sync.
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 void WarpMma(unsigned mask, void* d, const void* a, const void* b, const void* c,
              MmaCompute compute, const char* file, int line) {
   Block& blk = Current();

@@ -83,7 +83,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
     m.tied_embeddings = true;
   }
   plan.cluster.nodes = 1;
-  plan.cluster.gpus_per_node = l.tp * l.pp * l.dp;
+  plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp;
   plan.parallel.tp = plan.parallel.etp = l.tp;
   plan.parallel.pp = l.pp;
   plan.parallel.dp = l.dp;

@@ -18,8 +18,8 @@ namespace {
 using Result = paraplan::testing::CommandResult;
 
 std::string Dir() {
-  static const std::string dir = paraplan::testing::ScratchDir("search");
-  return dir;
+  static const std::string kDir = paraplan::testing::ScratchDir("search");
+  return kDir;
 }
 
 Result Planc(const std::string& args) {
@@ -27,7 +27,7 @@ Result Planc(const std::string& args) {
 }
 
 // A small Llama-style model on one node of 8 GPUs; 4 · 4 · 2 · 2 · 2 · 2 = 256 candidates.
-const char* kPlan = R"(
+constexpr const char* kPlan = R"(
 gpu g { memory = 80 GiB  peak_bf16 = 989 TFLOPS  peak_fp16 = 989 TFLOPS  peak_fp8 = 1979 TFLOPS  hbm_bandwidth = 3.35 TB/s }
 cluster node { gpu = g  nodes = 1  gpus_per_node = 8  nvlink_bandwidth = 450 GB/s  network_bandwidth = 50 GB/s }
 model small {
@@ -51,7 +51,7 @@ plan small_search {
 )";
 
 // Every axis with many values: 12^5 (tp, pp, vpp, cp, micro) · 2 · 4 · 3 = 5,971,968 candidates.
-const char* kHugePlan = R"(
+constexpr const char* kHugePlan = R"(
 gpu g { memory = 80 GiB  peak_bf16 = 989 TFLOPS  peak_fp16 = 989 TFLOPS  peak_fp8 = 1979 TFLOPS  hbm_bandwidth = 3.35 TB/s }
 cluster node { gpu = g  nodes = 64  gpus_per_node = 8  nvlink_bandwidth = 450 GB/s  network_bandwidth = 50 GB/s }
 model small {

@@ -37,6 +37,8 @@ struct CommandResult {
 
 // Runs `command` through the shell (in `cwd` when given), capturing stdout and stderr in
 // files under `scratch`.
+// (Three strings; every call names them.)
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 inline CommandResult RunCommand(const std::string& command, const std::string& scratch,
                                 const std::string& cwd = "") {
   const std::string out = scratch + "/stdout.txt", err = scratch + "/stderr.txt";

@@ -379,7 +379,7 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
   p.host->CrossEntropyBackward(dlogits.h, logits.h, row_max.h, st.h, th, 1, 130, 0, 129, 1.0f);
   p.Gpu().CrossEntropyBackward(dlogits.g, logits.g, row_max.g, st.g, tg, 1, 130, 0, 129, 1.0f);
   CHECK_CLOSE(p, dlogits, 1e-7, 1e-5);
-  auto table = p.Upload(Random(10 * 5, 58)), emb = p.Zeros(5), dtable = p.Zeros(50);
+  auto table = p.Upload(Random(int64_t{10} * 5, 58)), emb = p.Zeros(5), dtable = p.Zeros(50);
   p.host->EmbeddingForward(emb.h, th, table.h, 1, 5, 0, 10);
   p.Gpu().EmbeddingForward(emb.g, tg, table.g, 1, 5, 0, 10);
   CHECK_CLOSE(p, emb, 0, 0);

@@ -78,7 +78,9 @@ void Load(Frag& f, const T* p, unsigned ldm, bool row_major, const char* file, i
                           static_cast<int>(ldm), 32, file, line);
 }
 
+// d = a * b + c, in the order of CUDA's mma_sync.
 template <typename T>
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 void MmaCompute(void* const* d, const void* const* a, const void* const* b, const void* const* c) {
   using FragAcc = fragment<accumulator, 16, 16, 16, float>;
   float A[16][16], B[16][16], C[16][16];

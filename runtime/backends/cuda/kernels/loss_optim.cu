@@ -37,7 +37,7 @@ __global__ void SumExpKernel(float* st, const float* logits, const float* row_ma
   for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += expf(row[j] - m);
   s = BlockSum(s, shared32);
   if (threadIdx.x == 0) {
-    st[2 * blockIdx.x] = s;
+    st[size_t{2} * blockIdx.x] = s;
     const int64_t t = static_cast<int64_t>(targets[blockIdx.x]) - vocab_begin;
     st[2 * blockIdx.x + 1] = (t >= 0 && t < valid) ? row[t] : 0.0f;
   }

@@ -113,7 +113,7 @@ TEST_CASE("bf16 all_reduce widens, sums in fp32 and rounds") {
 }
 
 TEST_CASE("reduce_scatter, all_gather, broadcast, all_to_all") {
-  const int n = 4, c = 5;
+  const int64_t n = 4, c = 5;
   HostWorld world(n);
   RequireNoErrors(RunRanks(n, [&](int r) {
     auto comm = world.Join(All(n), r);
@@ -127,7 +127,10 @@ TEST_CASE("reduce_scatter, all_gather, broadcast, all_to_all") {
     }
     std::vector<float> mine(c, static_cast<float>(r)), all(n * c);
     comm->AllGather(mine.data(), all.data(), c, DType::kF32);
-    for (int i = 0; i < n * c; ++i) REQUIRE(all[i] == static_cast<float>(i / c));
+    for (int64_t i = 0; i < n * c; ++i) {
+      const int64_t owner = i / c;
+      REQUIRE(all[i] == static_cast<float>(owner));
+    }
     std::vector<float> b(c, static_cast<float>(r * 7));
     comm->Broadcast(b.data(), c, DType::kF32, 2);
     for (float x : b) REQUIRE(x == 14.0f);

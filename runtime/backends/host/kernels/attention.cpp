@@ -483,8 +483,8 @@ Tiles TilesFor(int lanes) {
 }
 
 const Tiles& TilesForCpu() {
-  static const Tiles wide = TilesFor(16), narrow = TilesFor(8);
-  return simd::VectorWidth() == 16 ? wide : narrow;
+  static const Tiles kWide = TilesFor(16), kNarrow = TilesFor(8);
+  return simd::VectorWidth() == 16 ? kWide : kNarrow;
 }
 
 void ScoreBlock(float* sc, const float* q, const float* kt, int64_t ld, int64_t hd, int64_t n8) {

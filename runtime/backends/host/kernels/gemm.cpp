@@ -99,8 +99,8 @@ BlasLibrary LoadBlas() {
 }
 
 const BlasLibrary& Blas() {
-  static const BlasLibrary blas = LoadBlas();
-  return blas;
+  static const BlasLibrary kBlas = LoadBlas();
+  return kBlas;
 }
 
 // Loads OpenBLAS while the process is still single-threaded (setenv is not thread-safe).
@@ -126,6 +126,8 @@ PARAPLAN_HOST_INLINE void Store(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v;
 
 // C rows [0, rows) (rows <= 4) of an M-block: ap is the packed A block (ap[k * 4 + r]),
 // bp is K × N row-major with leading dimension ldb, c has leading dimension ldc.
+// (rows, n, k: a BLAS's order of sizes.)
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 PARAPLAN_HOST_CLONES void GemmRowBlock(int64_t rows, int64_t n, int64_t k, const float* ap,
                                        const float* bp, int64_t ldb, float beta, float* c,
                                        int64_t ldc) {
