@@ -270,7 +270,9 @@ TEST_CASE("every kind equals Megatron's get_ranks over many sizes and both order
                 }
                 REQUIRE_MESSAGE(l.has_value(), error);
                 REQUIRE(l->Verify().empty());
-                for (const auto& [kind, spec] : tokens) {
+                for (const auto& token : tokens) {
+                  const auto& kind = token.first;  // not a binding: doctest captures it
+                  const auto& spec = token.second;
                   Groups want = spec.first
                                     ? MegatronGetRanks(etp, ep, edp, pp, 1, order, spec.second)
                                     : MegatronGetRanks(tp, 1, dp, pp, cp, order, spec.second);

@@ -55,7 +55,10 @@ struct TestPlan {
     uint32_t buffer = sm.AddBuffer("t.plan", text, BufferKind::kFile);
     plan.declaration = {buffer, 0, 6};
     bool dp_written = false, etp_written = false;
-    for (auto& [path, begin, end] : spans) {
+    for (auto& span : spans) {
+      auto& path = std::get<0>(span);  // not a binding: doctest captures it
+      auto& begin = std::get<1>(span);
+      auto& end = std::get<2>(span);
       REQUIRE_MESSAGE(plan.origins.Mutable(path), path);
       FieldOrigin& o = *plan.origins.Mutable(path);
       o.kind = OriginKind::kFile;

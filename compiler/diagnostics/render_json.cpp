@@ -296,7 +296,8 @@ std::string RenderDiagnostics(const std::vector<Diagnostic>& diagnostics,
                               const SourceManager& sources, DiagFormat format,
                               const RenderOptions& options) {
   // Each case calls a different renderer (the check takes same-shaped calls for clones).
-  switch (format) {  // NOLINT(bugprone-branch-clone)
+  // NOLINTBEGIN(bugprone-branch-clone)
+  switch (format) {
     case DiagFormat::kText:
       return RenderText(diagnostics, sources, options);
     case DiagFormat::kShort:
@@ -306,6 +307,7 @@ std::string RenderDiagnostics(const std::vector<Diagnostic>& diagnostics,
     case DiagFormat::kSarif:
       return RenderSarif(diagnostics, sources, options);
   }
+  // NOLINTEND(bugprone-branch-clone)
   return RenderText(diagnostics, sources, options);
 }
 

@@ -75,7 +75,9 @@ TEST_CASE("data parallel with ZeRO 0 and 1 equals the one-rank run") {
       CHECK(RelErr(two.steps[s].loss, one.steps[s].loss) < 1e-5);
       CHECK(RelErr(two.steps[s].grad_norm, one.steps[s].grad_norm) < 1e-5);
     }
-    for (auto& [name, w] : one.params) {
+    for (auto& param : one.params) {
+      const std::string& name = param.first;  // not a binding: doctest captures it
+      auto& w = param.second;
       const auto& v = two.params.at(name);
       REQUIRE(v.size() == w.size());
       double worst = 0;

@@ -122,7 +122,7 @@ TEST_CASE("reduce_scatter, all_gather, broadcast, all_to_all") {
     comm->ReduceScatter(send.data(), recv.data(), c, DType::kF32);
     for (int i = 0; i < c; ++i) {
       float e = 0;
-      for (int s = 0; s < n; ++s) e += static_cast<float>(100 * s + r * c + i);
+      for (int64_t s = 0; s < n; ++s) e += static_cast<float>(100 * s + r * c + i);
       REQUIRE(recv[i] == e);
     }
     std::vector<float> mine(c, static_cast<float>(r)), all(n * c);
@@ -138,7 +138,7 @@ TEST_CASE("reduce_scatter, all_gather, broadcast, all_to_all") {
     comm->AllToAll(send.data(), a2a.data(), c, DType::kF32);
     for (int s = 0; s < n; ++s)
       for (int i = 0; i < c; ++i)
-        REQUIRE(a2a[s * c + i] == static_cast<float>(100 * s + r * c + i));
+        REQUIRE(a2a[s * c + i] == static_cast<float>(int64_t{100} * s + r * c + i));
     comm->Barrier();
   }));
 }

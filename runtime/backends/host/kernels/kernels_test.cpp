@@ -269,8 +269,9 @@ TEST_CASE("attention on 16-lane (AVX-512) paths agrees with the 8-lane ones; rep
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   // Head sizes with and without 16- and 8-column leftovers; sequences off multiples of 16.
-  for (const auto& [seq, hd] : {std::array<int64_t, 2>{64, 32}, std::array<int64_t, 2>{37, 64},
-                                std::array<int64_t, 2>{23, 24}, std::array<int64_t, 2>{50, 40}}) {
+  for (const auto& shape : {std::array<int64_t, 2>{64, 32}, std::array<int64_t, 2>{37, 64},
+                            std::array<int64_t, 2>{23, 24}, std::array<int64_t, 2>{50, 40}}) {
+    const int64_t seq = shape[0], hd = shape[1];  // not bindings: the lambda captures them
     const int64_t batch = 2, qh = 4, kh = 2;
     const TokenLayout layout = TokenLayout::SeqMajor(seq, batch);
     std::vector<float> q(seq * batch * qh * hd), k(seq * batch * kh * hd), v(k.size()), g(q.size());
