@@ -409,41 +409,64 @@ StateBytesPerParam StateBytes(const Plan& plan, int64_t shard) {
   return b;
 }
 
-MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& given) {
-  // The plan's framework decides the software flags (fused attention, dropout, ...) here as in
-  // the time model, so check, explain, search and calibration price one plan's memory alike.
-  const CostOptions options = OptionsForFramework(plan, given);
-  MemoryEstimate est;
-  est.capacity = plan.cluster.gpu.memory;
-  std::vector<CostChunk> chunks;
-  if (!StageChunks(plan, chunks)) return est;
-  const ModelSpec& m = plan.model;
+namespace {
+
+// What every stage of one plan shares: the plan's sizes, the state bytes per parameter, one
+// layer's activations and the buffers every rank holds. Made once by MemoryInputsOf, read by
+// PriceStage for each pipeline rank.
+struct MemoryInputs {
+  const Plan* plan = nullptr;
+  CostOptions options;  // the software flags of the plan's framework (OptionsForFramework)
+  const GpuEfficiency* eff = nullptr;
+  int64_t p = 0, v = 0;  // pipeline ranks, chunks per rank
+  int64_t t = 1;         // tensor parallel
+  int64_t mb = 1;        // microbatches per step and DP replica
+  // Weights, gradients and optimizer state.
+  StateBytesPerParam dense_state, expert_state;
+  double offload_fraction = 0;
+  // Activations.
+  ActivationShape shape;
+  LayerActivations la_dense, la_moe;
+  int64_t emb_act = 0, loss_act = 0;
+  ModelSpec padded;  // the model with the vocabulary its framework pads to
+  LayerParams dense_params, moe_params;
+  int64_t ep_etp = 1;
+  // Communication buffers.
+  int64_t communicators = 0;
+  int64_t tokens = 0;  // tokens of a microbatch on one CP rank
+  int64_t sp_gather = 0, cp_ring = 0, ep_buffers = 0;
+  // planrun's static arena (framework = paraplan).
+  bool arena = false;
+  ArenaSizes arena_sizes;
+};
+
+// Weights, gradients and optimizer state per parameter: dense parameters shard over the ZeRO
+// group, expert parameters over their own data-parallel group.
+void PriceStatePerParam(MemoryInputs& in) {
+  const Plan& plan = *in.plan;
   const ParallelSpec& par = plan.parallel;
-  const int64_t p = par.pp, v = par.vpp;
-  const int64_t t = std::max<int64_t>(1, par.tp);
   const int64_t world = std::max<int64_t>(1, plan.cluster.nodes * plan.cluster.gpus_per_node);
-  const int64_t edp = std::max<int64_t>(1, world / std::max<int64_t>(1, par.etp * par.ep * p));
+  const int64_t edp = std::max<int64_t>(1, world / std::max<int64_t>(1, par.etp * par.ep * in.p));
   // ZeRO shards over fsdp.shard ranks (dp·cp unless HSDP replicates); experts over their DP group.
   const int64_t dense_shard = ShardGroup(plan);
   const int64_t expert_shard =
       std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
-  const int64_t denom = std::max<int64_t>(1, plan.batch.micro * par.dp);
-  est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
-  const int64_t mb = est.microbatches;
-  const GpuEfficiency& eff = EfficiencyFor(plan.cluster.gpu, options);
-
-  StateBytesPerParam dense_state = StateBytes(plan, dense_shard);
+  in.dense_state = StateBytes(plan, dense_shard);
   // planrun keeps an fp32 master copy beside the moments whatever the precision (body.cpp,
   // BuildBuckets): fp32 training holds 12 bytes of optimizer state per parameter, not 8.
   if (ArenaModelApplies(plan) && plan.precision == Precision::kFp32 &&
       plan.optimizer.type == OptimizerType::kAdamW)
-    dense_state.optimizer *= 12.0 / 8.0;
-  const StateBytesPerParam expert_state = StateBytes(plan, expert_shard);
+    in.dense_state.optimizer *= 12.0 / 8.0;
+  in.expert_state = StateBytes(plan, expert_shard);
   const bool offload = plan.optimizer.offload == Offload::kCpu;
-  const double offload_fraction = offload ? plan.optimizer.offload_fraction : 0.0;
+  in.offload_fraction = offload ? plan.optimizer.offload_fraction : 0.0;
+}
 
+// The shape of one microbatch's activations on one rank.
+ActivationShape ActivationShapeOf(const Plan& plan, const CostOptions& options, int64_t t) {
+  const ParallelSpec& par = plan.parallel;
   ActivationShape shape;
-  shape.seq = m.seq_len;
+  shape.seq = plan.model.seq_len;
   shape.micro = plan.batch.micro;
   shape.tp = t;
   shape.cp = par.cp;
@@ -458,214 +481,347 @@ MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& given) {
   if (plan.moe.capacity_factor > 0)
     opts.moe_imbalance = std::min(opts.moe_imbalance, plan.moe.capacity_factor);
   shape.options = opts;
-  const bool fp8 = UsesFp8(plan);
-  const LayerActivations la_dense = ActivationsOfLayer(plan, LayerKind::kDense, shape, fp8);
-  const LayerActivations la_moe =
-      m.IsMoe() ? ActivationsOfLayer(plan, LayerKind::kMoe, shape, fp8) : LayerActivations{};
-  const int64_t emb_act = EmbeddingActivationBytes(m, shape);
-  // Megatron-based frameworks pad the vocabulary to a multiple of vocab_divisor · tp (P0502): the
-  // embedding, the output layer and the logits have the padded rows. torchtitan and LLM Foundry
-  // use the vocabulary as configured.
+  return shape;
+}
+
+// Megatron-based frameworks pad the vocabulary to a multiple of vocab_divisor · tp (P0502): the
+// embedding, the output layer and the logits have the padded rows. torchtitan and LLM Foundry
+// use the vocabulary as configured.
+ModelSpec PaddedVocabModel(const Plan& plan, int64_t t) {
+  const ModelSpec& m = plan.model;
   ModelSpec padded = m;
   if (plan.framework != Framework::kTorchtitan && plan.framework != Framework::kLlmFoundry) {
     const int64_t multiple = SatMul(std::max<int64_t>(1, m.vocab_divisor), t);
     padded.vocab = SatMul(CeilDiv(m.vocab, multiple), multiple);
   }
-  const int64_t loss_act = LossActivationBytes(padded, shape);
-  const LayerParams dense_params = ParamsOfLayer(m, LayerKind::kDense);
-  const LayerParams moe_params = m.IsMoe() ? ParamsOfLayer(m, LayerKind::kMoe) : LayerParams{};
-  const int64_t ep_etp = std::max<int64_t>(1, par.ep * par.etp);
+  return padded;
+}
 
+// Activations of one layer of each kind, of the embedding and of the loss per microbatch, and
+// the parameters of one layer of each kind.
+void PriceActivationsPerLayer(MemoryInputs& in) {
+  const Plan& plan = *in.plan;
+  const ModelSpec& m = plan.model;
+  in.shape = ActivationShapeOf(plan, in.options, in.t);
+  const bool fp8 = UsesFp8(plan);
+  in.la_dense = ActivationsOfLayer(plan, LayerKind::kDense, in.shape, fp8);
+  in.la_moe =
+      m.IsMoe() ? ActivationsOfLayer(plan, LayerKind::kMoe, in.shape, fp8) : LayerActivations{};
+  in.emb_act = EmbeddingActivationBytes(m, in.shape);
+  in.padded = PaddedVocabModel(plan, in.t);
+  in.loss_act = LossActivationBytes(in.padded, in.shape);
+  in.dense_params = ParamsOfLayer(m, LayerKind::kDense);
+  in.moe_params = m.IsMoe() ? ParamsOfLayer(m, LayerKind::kMoe) : LayerParams{};
+  in.ep_etp = std::max<int64_t>(1, plan.parallel.ep * plan.parallel.etp);
+}
+
+// Communicator buffers and the staging buffers of the SP, CP and EP exchanges.
+void PriceCommBuffers(MemoryInputs& in) {
+  const Plan& plan = *in.plan;
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& par = plan.parallel;
+  const int64_t t = in.t;
   // Communicator buffers: one NCCL communicator per group of size > 1 that a rank belongs to.
   const CommGroups groups = PlaceGroups(plan);
-  int64_t communicators = 0;
   for (const CommGroup* g :
        {&groups.tp, &groups.cp, &groups.dp_cp, &groups.pp, &groups.ep, &groups.etp, &groups.edp})
-    communicators += g->size > 1 ? 1 : 0;
+    in.communicators += g->size > 1 ? 1 : 0;
   const int64_t tokens = CeilDiv(SatMul(m.seq_len, plan.batch.micro), std::max<int64_t>(1, par.cp));
-  const int64_t x = shape.element_bytes;
+  in.tokens = tokens;
+  const int64_t x = in.shape.element_bytes;
   // Sequence parallel gathers the full sequence of one GEMM input (double-buffered).
-  const int64_t sp_gather = par.sp && t > 1 ? SatMul(2, SatMul(tokens, SatMul(x, m.hidden))) : 0;
+  in.sp_gather = par.sp && t > 1 ? SatMul(2, SatMul(tokens, SatMul(x, m.hidden))) : 0;
   // Context parallel: K and V chunks in flight (send and receive) of the ring.
   const int64_t kv_width =
       m.IsMla() ? m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
                 : 2 * std::max<int64_t>(1, m.kv_heads) *
                       (m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
-  const int64_t cp_ring =
-      par.cp > 1 ? SatMul(2, SatMul(tokens, CeilDiv(SatMul(x, kv_width), t))) : 0;
+  in.cp_ring = par.cp > 1 ? SatMul(2, SatMul(tokens, CeilDiv(SatMul(x, kv_width), t))) : 0;
   // Dispatch buffers: the routed pairs (all-to-all, DeepEP's flex), or every token of the EP
   // group (all-gather dispatcher).
-  const int64_t ep_buffers =
+  in.ep_buffers =
       !m.IsMoe() ? 0
       : plan.moe.dispatcher == Dispatcher::kAllGather
           ? SatMul(2, SatMul(SatMul(tokens, std::max<int64_t>(1, par.ep)), SatMul(x, m.hidden)))
-          : SatMul(2, SatMul(RoutedPairsPerRank(m, shape), SatMul(x, m.hidden)));
+          : SatMul(2, SatMul(RoutedPairsPerRank(m, in.shape), SatMul(x, m.hidden)));
+}
 
-  const bool arena = ArenaModelApplies(plan);
-  const ArenaSizes arena_sizes = arena ? ArenaSizesOf(plan) : ArenaSizes{};
-  est.stages.resize(static_cast<size_t>(p));
-  std::vector<int64_t> counts(static_cast<size_t>(v));
-  for (int64_t r = 0; r < p; ++r) {
+// Everything EstimateMemory prices once per plan; `mb` microbatches per step.
+MemoryInputs MemoryInputsOf(const Plan& plan, const CostOptions& options, int64_t mb) {
+  MemoryInputs in;
+  in.plan = &plan;
+  in.options = options;
+  in.eff = &EfficiencyFor(plan.cluster.gpu, in.options);
+  in.p = plan.parallel.pp;
+  in.v = plan.parallel.vpp;
+  in.t = std::max<int64_t>(1, plan.parallel.tp);
+  in.mb = mb;
+  PriceStatePerParam(in);
+  PriceActivationsPerLayer(in);
+  PriceCommBuffers(in);
+  in.arena = ArenaModelApplies(plan);
+  in.arena_sizes = in.arena ? ArenaSizesOf(plan) : ArenaSizes{};
+  return in;
+}
+
+// Microbatches in flight per local chunk of pipeline rank r at the stage's peak.
+std::vector<int64_t> InFlightPerChunk(const MemoryInputs& in, int64_t r) {
+  const int64_t p = in.p, v = in.v, mb = in.mb;
+  if (in.arena) return ArenaSlots(*in.plan, r, mb);
+  std::vector<int64_t> counts(static_cast<size_t>(v), 0);
+  if (in.plan->pipeline.schedule == Schedule::kGpipe) {
+    for (auto& c : counts) c = mb;
+  } else if (v == 1) {
+    counts[0] = std::min(p - r, mb);
+  } else {
+    const int64_t held = std::min(2 * (p - r - 1) + (v - 1) * p + 1, mb * v);
+    for (int64_t k = 0; k < held; ++k) ++counts[static_cast<size_t>((k % (p * v)) / p)];
+  }
+  return counts;
+}
+
+// What the chunks of one stage add up to, before the prices per parameter apply.
+struct StageTally {
+  int64_t dense_count = 0, moe_count = 0;  // transformer layers of each kind
+  int64_t activations = 0;                 // stored activations of the microbatches in flight
+  int64_t workspace = 0;                   // recompute working set (arena: the busiest op)
+  int64_t extra = 0;                       // embedding, logits and loss
+  int64_t dense_p = 0;                     // TP-sharded parameters, per TP rank
+  int64_t repl_p = 0;                      // parameters replicated over TP
+  int64_t expert_p = 0;                    // expert parameters, per EP·ETP rank
+};
+
+// The transformer layers of one chunk with `held` microbatches in flight: their stored
+// activations and the recompute working set.
+void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held, StageTally& s) {
+  const Plan& plan = *in.plan;
+  const ModelSpec& m = plan.model;
+  const int64_t first = chunk.first_layer, end = chunk.first_layer + chunk.layers;
+  int64_t nm = 0;
+  if (m.IsMoe())
+    for (int64_t l = first; l < end; ++l) nm += IsMoeLayer(m, l) ? 1 : 0;
+  const int64_t nd = (end - first) - nm;
+  s.dense_count += nd;
+  s.moe_count += nm;
+  int64_t stored_dense = 0, stored_moe = 0, work_d = 0, work_m = 0;
+  FullRecomputeChunk(plan, nd, in.la_dense, &stored_dense, &work_d);
+  FullRecomputeChunk(plan, nm, in.la_moe, &stored_moe, &work_m);
+  const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
+  if (in.arena) {
+    const ArenaSizes& z = in.arena_sizes;
+    s.activations = SatAdd(s.activations,
+                           SatMul(held, SatMul(chunk.layers, ArenaLayerStash(z, plan.recompute))));
+    s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
+    s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, chunk.loss));
+  } else {
+    s.activations = SatAdd(s.activations, SatMul(held, chunk_act));
+  }
+  if (!in.arena) s.workspace = std::max({s.workspace, work_d, work_m});
+}
+
+// The embedding chunk: its activations and its parameters.
+void AddEmbedding(const MemoryInputs& in, int64_t held, StageTally& s) {
+  if (!in.arena) s.extra = SatAdd(s.extra, SatMul(held, in.emb_act));
+  s.dense_p = SatAdd(s.dense_p, CeilDiv(EmbeddingParams(in.padded), in.t));
+  s.repl_p = SatAdd(s.repl_p, PositionParams(in.plan->model));
+}
+
+// DeepSeek-V3's multi-token prediction: per module one transformer layer (of the last layer's
+// kind), a 2h -> h projection and two norms, and its own logits.
+void AddMtpModules(const MemoryInputs& in, int64_t held, StageTally& s) {
+  const ModelSpec& m = in.plan->model;
+  const bool moe_last = IsMoeLayer(m, m.layers - 1);
+  const LayerParams& lp = moe_last ? in.moe_params : in.dense_params;
+  const LayerActivations& la = moe_last ? in.la_moe : in.la_dense;
+  s.dense_p = SatAdd(
+      s.dense_p,
+      SatMul(m.mtp_layers, CeilDiv(SatAdd(lp.tp_sharded, SatMul(2 * m.hidden, m.hidden)), in.t)));
+  s.repl_p = SatAdd(s.repl_p, SatMul(m.mtp_layers, SatAdd(lp.replicated, 2 * m.hidden)));
+  s.expert_p = SatAdd(s.expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, in.ep_etp)));
+  s.extra = SatAdd(s.extra, SatMul(SatMul(m.mtp_layers, std::max<int64_t>(1, held)),
+                                   SatAdd(la.stored, in.loss_act)));
+}
+
+// The loss chunk: logits and loss activations, multi-token prediction, the final norm and the
+// output layer.
+void AddLoss(const MemoryInputs& in, int64_t held, StageTally& s) {
+  const Plan& plan = *in.plan;
+  const ModelSpec& m = plan.model;
+  if (!in.arena) s.extra = SatAdd(s.extra, SatMul(std::max<int64_t>(1, held), in.loss_act));
+  if (!in.arena && plan.framework == Framework::kTorchtitan) {
+    // torchtitan's loss upcasts the logits (`pred.float()`, vocab-parallel under TP):
+    // at its backward the saved fp32 log-probabilities, the fp32 gradient of the loss and
+    // the fp32 gradient of the upcast are live at once, 8 B per logit beyond the 4 B above.
+    const int64_t logits = SatMul(in.tokens, CeilDiv(m.vocab, in.t));
+    s.extra = SatAdd(s.extra, SatMul(8, logits));
+  }
+  if (m.mtp_layers > 0 && !in.arena) AddMtpModules(in, held, s);
+  s.repl_p = SatAdd(s.repl_p, FinalNormParams(m));
+  int64_t head = OutputParams(in.padded);
+  if (m.tied_embeddings && in.p > 1)
+    head = EmbeddingParams(in.padded);  // the tied copy on the last stage
+  s.dense_p = SatAdd(s.dense_p, CeilDiv(head, in.t));
+}
+
+// The parameters of the stage's transformer layers.
+void AddLayerParams(const MemoryInputs& in, StageTally& s) {
+  const LayerParams& dense = in.dense_params;
+  const LayerParams& moe = in.moe_params;
+  s.dense_p = SatAdd(s.dense_p, CeilDiv(SatAdd(SatMul(s.dense_count, dense.tp_sharded),
+                                               SatMul(s.moe_count, moe.tp_sharded)),
+                                        in.t));
+  s.repl_p = SatAdd(s.repl_p, SatAdd(SatMul(s.dense_count, dense.replicated),
+                                     SatMul(s.moe_count, moe.replicated)));
+  s.expert_p = SatAdd(s.expert_p, CeilDiv(SatMul(s.moe_count, moe.expert), in.ep_etp));
+}
+
+// Weights, gradients and optimizer state of the stage's parameters; the offloaded share of the
+// optimizer state goes to host_bytes.
+void PriceStateBytes(const MemoryInputs& in, const StageTally& tally, StageMemory& s) {
+  const int64_t shared_p = SatAdd(tally.dense_p, tally.repl_p);
+  const int64_t expert_p = tally.expert_p;
+  const StateBytesPerParam& dense = in.dense_state;
+  const StateBytesPerParam& expert = in.expert_state;
+  auto& b = s.bytes;
+  b[size_t(MemoryPart::kWeights)] =
+      SatAdd(Scale(shared_p, dense.weights), Scale(expert_p, expert.weights));
+  b[size_t(MemoryPart::kGradients)] =
+      SatAdd(Scale(shared_p, dense.gradients), Scale(expert_p, expert.gradients));
+  const int64_t optimizer =
+      SatAdd(Scale(shared_p, dense.optimizer), Scale(expert_p, expert.optimizer));
+  // Megatron --optimizer-offload-fraction: that share of the optimizer state lives on the host.
+  s.host_bytes = Scale(optimizer, in.offload_fraction);
+  b[size_t(MemoryPart::kOptimizer)] = optimizer - s.host_bytes;
+}
+
+// The stored activations left on the GPU; the offloaded ones go to host_bytes.
+int64_t ActivationsOnGpu(const MemoryInputs& in, int64_t activations, StageMemory& s) {
+  const ActivationSpec& act = in.plan->activations;
+  if (in.arena || act.offload_layers <= 0 || s.layers <= 0) return activations;
+  // Activation offload (--cpu-offloading-num-layers): those layers' stored activations wait
+  // on the host for the backward.
+  const int64_t moved = static_cast<int64_t>(
+      static_cast<double>(activations) *
+      std::min(1.0, static_cast<double>(act.offload_layers) / static_cast<double>(s.layers)));
+  s.host_bytes = SatAdd(s.host_bytes, moved);
+  return activations - moved;
+}
+
+// planrun's arena under ZeRO >= 2 on dp > 1: a layer's (or the embedding's) full grad bucket,
+// fp32, and with ZeRO-3 its gathered weights live inside the body that uses them.
+int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
+  const Plan& plan = *in.plan;
+  if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp <= 1) return 0;
+  int64_t bucket = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
+  if (s.embedding || s.loss)
+    bucket = std::max(bucket, SatMul(in.arena_sizes.vocab, plan.model.hidden));
+  const int64_t per = 4 + (plan.optimizer.zero >= 3 ? in.arena_sizes.a : 0);
+  return SatMul(bucket, per);
+}
+
+// ZeRO-3 weights gathered outside the arena: kept from the forward to the backward, or two
+// layers' worth while gathering layer by layer.
+int64_t GatheredWeightBytes(const MemoryInputs& in, const StageTally& tally) {
+  const Plan& plan = *in.plan;
+  if (plan.optimizer.zero < 3 || in.arena) return 0;
+  const bool keep_gathered =
+      !plan.fsdp.reshard_after_forward || (plan.framework == Framework::kTorchtitan && in.p > 1);
+  if (keep_gathered) {
+    // Weights gathered for the forward stay until the backward (reshard_after_forward off;
+    // torchtitan turns it off under pipeline parallelism): the stage's 16-bit weights, whole.
+    const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+    double w = static_cast<double>(BytesOf(mp.params));
+    // torch.distributed.pipelining turns gradient sync off for all but the last microbatch of
+    // an FSDP stage: its unsharded gradients accumulate across the step, in the reduce dtype.
+    if (plan.framework == Framework::kTorchtitan && in.p > 1)
+      w += static_cast<double>(BytesOf(mp.grads));
+    const int64_t shared_p = SatAdd(tally.dense_p, tally.repl_p);
+    return SatAdd(Scale(shared_p, w), Scale(tally.expert_p, w));
+  }
+  // Two layers' full (unsharded) 16-bit weights: the one computing and the one prefetched.
+  const LayerParams& dense = in.dense_params;
+  const LayerParams& moe = in.moe_params;
+  const int64_t layer = std::max(
+      tally.dense_count > 0 ? dense.tp_sharded / in.t + dense.replicated : 0,
+      tally.moe_count > 0 ? moe.tp_sharded / in.t + moe.replicated + moe.expert / in.ep_etp : 0);
+  return SatMul(4, layer);
+}
+
+// Communicator buffers, the exchanges' staging buffers and ZeRO-3's gathered weights.
+int64_t CommBufferBytes(const MemoryInputs& in, const StageTally& tally) {
+  int64_t comm = SatMul(in.communicators, in.eff->nccl_bytes_per_communicator);
+  if (!in.arena)
+    comm =
+        SatAdd(comm, std::max({in.sp_gather, in.cp_ring, tally.moe_count > 0 ? in.ep_buffers : 0}));
+  return SatAdd(comm, GatheredWeightBytes(in, tally));
+}
+
+// The sum of the parts, the allocator's margin on it and what lives outside the allocator.
+void TotalOfParts(const MemoryInputs& in, StageMemory& s) {
+  auto& b = s.bytes;
+  b[size_t(MemoryPart::kRuntimeReserve)] = in.eff->runtime_reserve_bytes;
+  int64_t sum = 0;
+  for (size_t i = 0; i < kMemoryPartCount; ++i) sum = SatAdd(sum, b[i]);
+  // planrun allocates one static arena per rank: no caching-allocator fragmentation.
+  const int64_t margin =
+      sum == INT64_MAX || in.arena ? 0 : sum / 100 * in.options.allocator_margin_percent;
+  b[size_t(MemoryPart::kAllocatorMargin)] = margin;
+  s.total = SatAdd(sum, margin);
+  if (in.arena)
+    s.arena = sum - b[size_t(MemoryPart::kCommBuffers)] - b[size_t(MemoryPart::kRuntimeReserve)];
+  s.outside_allocator = SatAdd(b[size_t(MemoryPart::kRuntimeReserve)],
+                               SatMul(in.communicators, in.eff->nccl_bytes_per_communicator));
+}
+
+// The memory of pipeline rank r, part by part.
+void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, int64_t r,
+                StageMemory& s) {
+  s.stage = r;
+  const std::vector<int64_t> counts = InFlightPerChunk(in, r);
+  StageTally tally;
+  for (int64_t c = 0; c < in.v; ++c) {
+    const CostChunk& chunk = chunks[static_cast<size_t>(c * in.p + r)];
+    const int64_t held = counts[static_cast<size_t>(c)];
+    AddChunkLayers(in, chunk, held, tally);
+    if (chunk.embedding) {
+      s.embedding = true;
+      AddEmbedding(in, held, tally);
+    }
+    if (chunk.loss) {
+      s.loss = true;
+      AddLoss(in, held, tally);
+    }
+    s.in_flight += held;
+  }
+  s.layers = tally.dense_count + tally.moe_count;
+  AddLayerParams(in, tally);
+  s.params = SatAdd(SatAdd(tally.dense_p, tally.repl_p), tally.expert_p);
+  PriceStateBytes(in, tally, s);
+  auto& b = s.bytes;
+  b[size_t(MemoryPart::kActivations)] = ActivationsOnGpu(in, tally.activations, s);
+  b[size_t(MemoryPart::kEmbeddingAndLoss)] = tally.extra;
+  b[size_t(MemoryPart::kRecomputeWorkspace)] = SatAdd(tally.workspace, ArenaShardBuckets(in, s));
+  b[size_t(MemoryPart::kCommBuffers)] = CommBufferBytes(in, tally);
+  TotalOfParts(in, s);
+}
+
+}  // namespace
+
+MemoryEstimate EstimateMemory(const Plan& plan, const CostOptions& given) {
+  // The plan's framework decides the software flags (fused attention, dropout, ...) here as in
+  // the time model, so check, explain, search and calibration price one plan's memory alike.
+  const CostOptions options = OptionsForFramework(plan, given);
+  MemoryEstimate est;
+  est.capacity = plan.cluster.gpu.memory;
+  std::vector<CostChunk> chunks;
+  if (!StageChunks(plan, chunks)) return est;
+  const int64_t denom = std::max<int64_t>(1, plan.batch.micro * plan.parallel.dp);
+  est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
+  const MemoryInputs in = MemoryInputsOf(plan, options, est.microbatches);
+  est.stages.resize(static_cast<size_t>(in.p));
+  for (int64_t r = 0; r < in.p; ++r) {
     StageMemory& s = est.stages[static_cast<size_t>(r)];
-    s.stage = r;
-    // Microbatches in flight per local chunk at the stage's peak.
-    std::fill(counts.begin(), counts.end(), 0);
-    if (arena) {
-      counts = ArenaSlots(plan, r, mb);
-    } else if (plan.pipeline.schedule == Schedule::kGpipe) {
-      for (auto& c : counts) c = mb;
-    } else if (v == 1) {
-      counts[0] = std::min(p - r, mb);
-    } else {
-      const int64_t held = std::min(2 * (p - r - 1) + (v - 1) * p + 1, mb * v);
-      for (int64_t k = 0; k < held; ++k) ++counts[static_cast<size_t>((k % (p * v)) / p)];
-    }
-    int64_t dense_count = 0, moe_count = 0, activations = 0, workspace = 0;
-    int64_t extra = 0, dense_p = 0, repl_p = 0, expert_p = 0;
-    for (int64_t c = 0; c < v; ++c) {
-      const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
-      const int64_t first = chunk.first_layer, end = chunk.first_layer + chunk.layers;
-      int64_t nm = 0;
-      if (m.IsMoe())
-        for (int64_t l = first; l < end; ++l) nm += IsMoeLayer(m, l) ? 1 : 0;
-      const int64_t nd = (end - first) - nm;
-      dense_count += nd;
-      moe_count += nm;
-      int64_t stored_dense = 0, stored_moe = 0, work_d = 0, work_m = 0;
-      FullRecomputeChunk(plan, nd, la_dense, &stored_dense, &work_d);
-      FullRecomputeChunk(plan, nm, la_moe, &stored_moe, &work_m);
-      const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
-      const int64_t held = counts[static_cast<size_t>(c)];
-      if (arena) {
-        activations = SatAdd(
-            activations,
-            SatMul(held, SatMul(chunk.layers, ArenaLayerStash(arena_sizes, plan.recompute))));
-        extra =
-            SatAdd(extra, SatMul(held, ArenaChunkExtra(arena_sizes, chunk.embedding, chunk.loss)));
-        workspace = std::max(workspace, ArenaBodyPeak(arena_sizes, plan.recompute, chunk.loss));
-      } else {
-        activations = SatAdd(activations, SatMul(held, chunk_act));
-      }
-      if (!arena) workspace = std::max({workspace, work_d, work_m});
-      if (chunk.embedding) {
-        s.embedding = true;
-        if (!arena) extra = SatAdd(extra, SatMul(held, emb_act));
-        dense_p = SatAdd(dense_p, CeilDiv(EmbeddingParams(padded), t));
-        repl_p = SatAdd(repl_p, PositionParams(m));
-      }
-      if (chunk.loss) {
-        s.loss = true;
-        if (!arena) extra = SatAdd(extra, SatMul(std::max<int64_t>(1, held), loss_act));
-        if (!arena && plan.framework == Framework::kTorchtitan) {
-          // torchtitan's loss upcasts the logits (`pred.float()`, vocab-parallel under TP):
-          // at its backward the saved fp32 log-probabilities, the fp32 gradient of the loss and
-          // the fp32 gradient of the upcast are live at once, 8 B per logit beyond the 4 B above.
-          const int64_t logits = SatMul(tokens, CeilDiv(m.vocab, t));
-          extra = SatAdd(extra, SatMul(8, logits));
-        }
-        if (m.mtp_layers > 0 && !arena) {
-          // DeepSeek-V3's multi-token prediction: per module one transformer layer (of the last
-          // layer's kind), a 2h -> h projection and two norms, and its own logits.
-          const bool moe_last = IsMoeLayer(m, m.layers - 1);
-          const LayerParams& lp = moe_last ? moe_params : dense_params;
-          const LayerActivations& la = moe_last ? la_moe : la_dense;
-          dense_p = SatAdd(
-              dense_p, SatMul(m.mtp_layers,
-                              CeilDiv(SatAdd(lp.tp_sharded, SatMul(2 * m.hidden, m.hidden)), t)));
-          repl_p = SatAdd(repl_p, SatMul(m.mtp_layers, SatAdd(lp.replicated, 2 * m.hidden)));
-          expert_p = SatAdd(expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, ep_etp)));
-          extra = SatAdd(extra, SatMul(SatMul(m.mtp_layers, std::max<int64_t>(1, held)),
-                                       SatAdd(la.stored, loss_act)));
-        }
-        repl_p = SatAdd(repl_p, FinalNormParams(m));
-        int64_t head = OutputParams(padded);
-        if (m.tied_embeddings && p > 1)
-          head = EmbeddingParams(padded);  // the tied copy on the last stage
-        dense_p = SatAdd(dense_p, CeilDiv(head, t));
-      }
-      s.in_flight += held;
-    }
-    s.layers = dense_count + moe_count;
-    dense_p = SatAdd(dense_p, CeilDiv(SatAdd(SatMul(dense_count, dense_params.tp_sharded),
-                                             SatMul(moe_count, moe_params.tp_sharded)),
-                                      t));
-    repl_p = SatAdd(repl_p, SatAdd(SatMul(dense_count, dense_params.replicated),
-                                   SatMul(moe_count, moe_params.replicated)));
-    expert_p = SatAdd(expert_p, CeilDiv(SatMul(moe_count, moe_params.expert), ep_etp));
-    const int64_t shared_p = SatAdd(dense_p, repl_p);
-    s.params = SatAdd(shared_p, expert_p);
-
-    auto& b = s.bytes;
-    b[size_t(MemoryPart::kWeights)] =
-        SatAdd(Scale(shared_p, dense_state.weights), Scale(expert_p, expert_state.weights));
-    b[size_t(MemoryPart::kGradients)] =
-        SatAdd(Scale(shared_p, dense_state.gradients), Scale(expert_p, expert_state.gradients));
-    const int64_t optimizer =
-        SatAdd(Scale(shared_p, dense_state.optimizer), Scale(expert_p, expert_state.optimizer));
-    // Megatron --optimizer-offload-fraction: that share of the optimizer state lives on the host.
-    s.host_bytes = Scale(optimizer, offload_fraction);
-    b[size_t(MemoryPart::kOptimizer)] = optimizer - s.host_bytes;
-    if (!arena && plan.activations.offload_layers > 0 && s.layers > 0) {
-      // Activation offload (--cpu-offloading-num-layers): those layers' stored activations wait
-      // on the host for the backward.
-      const int64_t moved =
-          static_cast<int64_t>(static_cast<double>(activations) *
-                               std::min(1.0, static_cast<double>(plan.activations.offload_layers) /
-                                                 static_cast<double>(s.layers)));
-      activations -= moved;
-      s.host_bytes = SatAdd(s.host_bytes, moved);
-    }
-    b[size_t(MemoryPart::kActivations)] = activations;
-    b[size_t(MemoryPart::kEmbeddingAndLoss)] = extra;
-    b[size_t(MemoryPart::kRecomputeWorkspace)] = workspace;
-    int64_t comm = SatMul(communicators, eff.nccl_bytes_per_communicator);
-    if (arena) {
-      // ZeRO >= 2 on dp > 1: a layer's (or the embedding's) full grad bucket, fp32, and with
-      // ZeRO-3 its gathered weights live inside the body that uses them.
-      if (plan.optimizer.zero >= 2 && par.dp > 1) {
-        int64_t bucket = CeilDiv(dense_params.tp_sharded, t) + dense_params.replicated;
-        if (s.embedding || s.loss) bucket = std::max(bucket, SatMul(arena_sizes.vocab, m.hidden));
-        const int64_t per = 4 + (plan.optimizer.zero >= 3 ? arena_sizes.a : 0);
-        b[size_t(MemoryPart::kRecomputeWorkspace)] = SatAdd(workspace, SatMul(bucket, per));
-      }
-    } else {
-      comm = SatAdd(comm, std::max({sp_gather, cp_ring, moe_count > 0 ? ep_buffers : 0}));
-    }
-    const bool keep_gathered =
-        plan.optimizer.zero >= 3 && !arena &&
-        (!plan.fsdp.reshard_after_forward || (plan.framework == Framework::kTorchtitan && p > 1));
-    if (keep_gathered) {
-      // Weights gathered for the forward stay until the backward (reshard_after_forward off;
-      // torchtitan turns it off under pipeline parallelism): the stage's 16-bit weights, whole.
-      const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
-      double w = static_cast<double>(BytesOf(mp.params));
-      // torch.distributed.pipelining turns gradient sync off for all but the last microbatch of
-      // an FSDP stage: its unsharded gradients accumulate across the step, in the reduce dtype.
-      if (plan.framework == Framework::kTorchtitan && p > 1)
-        w += static_cast<double>(BytesOf(mp.grads));
-      comm = SatAdd(comm, SatAdd(Scale(shared_p, w), Scale(expert_p, w)));
-    } else if (plan.optimizer.zero >= 3 && !arena) {
-      // Two layers' full (unsharded) 16-bit weights: the one computing and the one prefetched.
-      const int64_t layer = std::max(
-          dense_count > 0 ? dense_params.tp_sharded / t + dense_params.replicated : 0,
-          moe_count > 0
-              ? moe_params.tp_sharded / t + moe_params.replicated + moe_params.expert / ep_etp
-              : 0);
-      comm = SatAdd(comm, SatMul(4, layer));
-    }
-    b[size_t(MemoryPart::kCommBuffers)] = comm;
-    b[size_t(MemoryPart::kRuntimeReserve)] = eff.runtime_reserve_bytes;
-    int64_t sum = 0;
-    for (size_t i = 0; i < kMemoryPartCount; ++i) sum = SatAdd(sum, b[i]);
-    // planrun allocates one static arena per rank: no caching-allocator fragmentation.
-    const int64_t margin =
-        sum == INT64_MAX || arena ? 0 : sum / 100 * options.allocator_margin_percent;
-    b[size_t(MemoryPart::kAllocatorMargin)] = margin;
-    s.total = SatAdd(sum, margin);
-    if (arena)
-      s.arena = sum - b[size_t(MemoryPart::kCommBuffers)] - b[size_t(MemoryPart::kRuntimeReserve)];
-    s.outside_allocator = SatAdd(b[size_t(MemoryPart::kRuntimeReserve)],
-                                 SatMul(communicators, eff.nccl_bytes_per_communicator));
+    PriceStage(in, chunks, r, s);
     if (s.total > est.peak) {
       est.peak = s.total;
       est.peak_stage = r;
