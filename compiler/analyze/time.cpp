@@ -60,26 +60,58 @@ struct Context {
   double hbm;
 };
 
-LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
+// The sizes the parts of one layer's cost share.
+struct LayerDims {
+  double t = 1;             // tensor parallel
+  double micro_tokens = 0;  // tokens of a microbatch on one CP rank
+  double h = 0;             // hidden
+  double a = 0;             // attention heads
+  double x = 0;             // activation element bytes
+  double s = 0;             // sequence length
+  double exec_ctx = 0;      // keys per query the attention kernel executes
+};
+
+LayerDims LayerDimsOf(const Context& cx) {
   const Plan& plan = cx.plan;
   const ModelSpec& m = plan.model;
   const ParallelSpec& par = plan.parallel;
-  const double t = D(std::max<int64_t>(1, par.tp));
-  const double micro_tokens = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
-  const double h = D(m.hidden), a = D(m.heads), x = D(ActivationElementBytes(plan.precision));
-  const double s = D(m.seq_len);
+  LayerDims d;
+  d.t = D(std::max<int64_t>(1, par.tp));
+  d.micro_tokens = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
+  d.h = D(m.hidden);
+  d.a = D(m.heads);
+  d.x = D(ActivationElementBytes(plan.precision));
+  d.s = D(m.seq_len);
   // Keys per query the kernel executes: causal half of s when fused, all s unfused; a sliding
   // window of w keys (model.window) caps both.
-  const double window = m.window > 0 && D(m.window) < s ? D(m.window) : 0;
-  const double exec_ctx = window > 0 ? (cx.options.flash_attention ? window : s)
-                                     : (cx.options.flash_attention ? s / 2 : s);
-  const bool gated = m.activation == Activation::kSwiGlu;
-  LayerCost c;
-  c.flops = LayerForwardFlopsPerToken(m, kind, s / 2) * micro_tokens /
-            t;  // rough per-GPU share for reports
+  const double window = m.window > 0 && D(m.window) < d.s ? D(m.window) : 0;
+  d.exec_ctx = window > 0 ? (cx.options.flash_attention ? window : d.s)
+                          : (cx.options.flash_attention ? d.s / 2 : d.s);
+  return d;
+}
+
+// The shape of one microbatch's activations on one rank, for the activation-size functions.
+ActivationShape LayerShapeOf(const Context& cx) {
+  const Plan& plan = cx.plan;
+  ActivationShape shape;
+  shape.seq = plan.model.seq_len;
+  shape.micro = plan.batch.micro;
+  shape.tp = plan.parallel.tp;
+  shape.cp = plan.parallel.cp;
+  shape.etp = plan.parallel.etp;
+  shape.sp = plan.parallel.sp;
+  shape.options = cx.options;
+  return shape;
+}
+
+// Attention: the projections (linear GEMMs) and the core, batched GEMMs per (sequence, head)
+// without fusion, a fused attention kernel with it, at its own efficiency
+// (GpuEfficiency::attention_fraction).
+void AddAttention(const Context& cx, const LayerDims& d, LayerCost& c) {
+  const ModelSpec& m = cx.plan.model;
+  const double micro_tokens = d.micro_tokens, h = d.h, a = d.a, t = d.t;
   auto gemm = [&](double flops) { return GemmSeconds(flops, cx.peak, cx.eff); };
   double head_dim = 0;
-  // Attention.
   double core_flops_per_head_token = 0;
   if (m.IsMla()) {
     const double qk = D(m.qk_nope_head_dim + m.qk_rope_head_dim), v = D(m.v_head_dim);
@@ -91,132 +123,153 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
     c.gemm_s += gemm(2 * micro_tokens * h * (kl + D(m.qk_rope_head_dim))) +
                 gemm(2 * micro_tokens * kl * a * (D(m.qk_nope_head_dim) + v) / t);
     c.gemm_s += gemm(2 * micro_tokens * a * v * h / t);
-    core_flops_per_head_token = 2 * (qk + v) * exec_ctx;
+    core_flops_per_head_token = 2 * (qk + v) * d.exec_ctx;
     head_dim = (qk + v) / 2;
   } else {
-    const double d = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
-    const double kv = D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
-    c.gemm_s +=
-        gemm(2 * micro_tokens * h * (a * d + 2 * kv) / t) + gemm(2 * micro_tokens * a * d * h / t);
-    core_flops_per_head_token = 4 * d * exec_ctx;
-    head_dim = d;
+    const double hd = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
+    const double kv = D(m.kv_heads > 0 ? m.kv_heads : m.heads) * hd;
+    c.gemm_s += gemm(2 * micro_tokens * h * (a * hd + 2 * kv) / t) +
+                gemm(2 * micro_tokens * a * hd * h / t);
+    core_flops_per_head_token = 4 * hd * d.exec_ctx;
+    head_dim = hd;
   }
   c.linear_s = c.gemm_s;
-  {
-    // Batched GEMMs per (sequence, head) without fusion; a fused attention kernel with it, at
-    // its own efficiency (GpuEfficiency::attention_fraction).
-    const double heads_rank = a / t;
-    const double total = core_flops_per_head_token * micro_tokens * heads_rank;
-    if (cx.options.flash_attention) {
-      // One fused kernel per layer (per ring step under CP: keys per call s / cp).
-      const double keys = s / D(std::max<int64_t>(1, par.cp));
-      c.core_s =
-          total / (cx.peak_attention * cx.eff.attention_fraction * AttentionShape(keys, head_dim));
-    } else {
-      const double pieces = D(plan.batch.micro) * heads_rank;  // batched per (sequence, head)
-      c.core_s = pieces * GemmSeconds(total / pieces, cx.peak_attention, cx.eff);
-    }
-    c.gemm_s += c.core_s;
-  }
-  // MLP.
-  const double up = gated ? 2 : 1;
-  if (kind == LayerKind::kDense) {
-    const double f = D(m.ffn_hidden);
-    c.gemm_s += gemm(2 * micro_tokens * h * f * up / t) + gemm(2 * micro_tokens * f * h / t);
-    c.linear_s += gemm(2 * micro_tokens * h * f * up / t) + gemm(2 * micro_tokens * f * h / t);
+  const double heads_rank = a / t;
+  const double total = core_flops_per_head_token * micro_tokens * heads_rank;
+  if (cx.options.flash_attention) {
+    // One fused kernel per layer (per ring step under CP: keys per call s / cp).
+    const double keys = d.s / D(std::max<int64_t>(1, cx.plan.parallel.cp));
+    c.core_s =
+        total / (cx.peak_attention * cx.eff.attention_fraction * AttentionShape(keys, head_dim));
   } else {
-    const double fe = D(m.moe_ffn_hidden);
-    const double etp = D(std::max<int64_t>(1, par.etp));
-    c.gemm_s += gemm(2 * micro_tokens * h * D(m.experts) / t);  // router on the rank's tokens
-    if (m.shared_experts > 0) {
-      const double fs = fe * D(m.shared_experts);
-      c.gemm_s += gemm(2 * micro_tokens * h * fs * up / t) + gemm(2 * micro_tokens * fs * h / t);
-    }
-    ActivationShape shape;
-    shape.seq = m.seq_len;
-    shape.micro = plan.batch.micro;
-    shape.tp = par.tp;
-    shape.cp = par.cp;
-    shape.etp = par.etp;
-    shape.sp = par.sp;
-    shape.options = cx.options;
-    const double pairs = D(RoutedPairsPerRank(m, shape));
-    const double local_experts = std::max(1.0, D(m.experts) / D(std::max<int64_t>(1, par.ep)));
-    const double per_expert = pairs / local_experts;
-    // Grouped GEMM: one GEMM per local expert at the efficiency of its own size.
-    const double experts_s = local_experts * (gemm(2 * per_expert * h * fe * up / etp) +
-                                              gemm(2 * per_expert * fe * h / etp));
-    c.gemm_s += experts_s;
-    // Dispatch and combine: each rank sends the routed copies of its own (sequence-parallel)
-    // tokens over EP; with ETP > 1 the received tokens are all-gathered over ETP before the
-    // experts and reduce-scattered after them (Megatron's all-to-all dispatcher).
-    c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep,
-                                   plan.cluster, cx.eff);
-    if (par.etp > 1) {
-      c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp,
-                                  plan.cluster, cx.eff) +
-                CollectiveSeconds(Collective::kReduceScatter, pairs * h * x, cx.groups.etp,
-                                  plan.cluster, cx.eff);
-    }
-    // Overlapped where the stack does it (the profile's share): Megatron-Core's EP overlap runs
-    // one microbatch's dispatch/combine under another's layer compute, so the layer's GEMMs
-    // (attention and experts) bound what can hide.
-    if (par.ep > 1 || par.etp > 1)
-      c.ep_s = std::max(c.ep_s * (1 - cx.prof.ep_overlap), c.ep_s - c.gemm_s);
-    // Router softmax/top-k, permute and unpermute: memory-bound passes over the routed copies.
-    c.memory_s += 4 * pairs * h * x / cx.hbm;
+    const double pieces = D(cx.plan.batch.micro) * heads_rank;  // batched per (sequence, head)
+    c.core_s = pieces * GemmSeconds(total / pieces, cx.peak_attention, cx.eff);
   }
-  // Memory-bound kernels: proportional to the bytes a layer stores with no recompute.
-  ActivationShape shape;
-  shape.seq = m.seq_len;
-  shape.micro = plan.batch.micro;
-  shape.tp = par.tp;
-  shape.cp = par.cp;
-  shape.etp = par.etp;
-  shape.sp = par.sp;
-  shape.element_bytes = ActivationElementBytes(plan.precision);
-  shape.options = cx.options;
+  c.gemm_s += c.core_s;
+}
+
+// A MoE layer's MLP: the router, the shared experts, the routed experts and the dispatch and
+// combine of the routed tokens over EP (and ETP).
+void AddMoeMlp(const Context& cx, const LayerDims& d, LayerCost& c) {
+  const Plan& plan = cx.plan;
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& par = plan.parallel;
+  const double micro_tokens = d.micro_tokens, h = d.h, t = d.t, x = d.x;
+  auto gemm = [&](double flops) { return GemmSeconds(flops, cx.peak, cx.eff); };
+  const double up = m.activation == Activation::kSwiGlu ? 2 : 1;
+  const double fe = D(m.moe_ffn_hidden);
+  const double etp = D(std::max<int64_t>(1, par.etp));
+  c.gemm_s += gemm(2 * micro_tokens * h * D(m.experts) / t);  // router on the rank's tokens
+  if (m.shared_experts > 0) {
+    const double fs = fe * D(m.shared_experts);
+    c.gemm_s += gemm(2 * micro_tokens * h * fs * up / t) + gemm(2 * micro_tokens * fs * h / t);
+  }
+  const double pairs = D(RoutedPairsPerRank(m, LayerShapeOf(cx)));
+  const double local_experts = std::max(1.0, D(m.experts) / D(std::max<int64_t>(1, par.ep)));
+  const double per_expert = pairs / local_experts;
+  // Grouped GEMM: one GEMM per local expert at the efficiency of its own size.
+  const double experts_s = local_experts * (gemm(2 * per_expert * h * fe * up / etp) +
+                                            gemm(2 * per_expert * fe * h / etp));
+  c.gemm_s += experts_s;
+  // Dispatch and combine: each rank sends the routed copies of its own (sequence-parallel)
+  // tokens over EP; with ETP > 1 the received tokens are all-gathered over ETP before the
+  // experts and reduce-scattered after them (Megatron's all-to-all dispatcher).
+  c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep,
+                                 plan.cluster, cx.eff);
+  if (par.etp > 1) {
+    c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp, plan.cluster,
+                                cx.eff) +
+              CollectiveSeconds(Collective::kReduceScatter, pairs * h * x, cx.groups.etp,
+                                plan.cluster, cx.eff);
+  }
+  // Overlapped where the stack does it (the profile's share): Megatron-Core's EP overlap runs
+  // one microbatch's dispatch/combine under another's layer compute, so the layer's GEMMs
+  // (attention and experts) bound what can hide.
+  if (par.ep > 1 || par.etp > 1)
+    c.ep_s = std::max(c.ep_s * (1 - cx.prof.ep_overlap), c.ep_s - c.gemm_s);
+  // Router softmax/top-k, permute and unpermute: memory-bound passes over the routed copies.
+  c.memory_s += 4 * pairs * h * x / cx.hbm;
+}
+
+// The MLP: two (gated: three) GEMMs on a dense layer, the experts on a MoE layer.
+void AddMlp(const Context& cx, const LayerDims& d, LayerKind kind, LayerCost& c) {
+  if (kind != LayerKind::kDense) {
+    AddMoeMlp(cx, d, c);
+    return;
+  }
+  const double micro_tokens = d.micro_tokens, h = d.h, t = d.t;
+  auto gemm = [&](double flops) { return GemmSeconds(flops, cx.peak, cx.eff); };
+  const double up = cx.plan.model.activation == Activation::kSwiGlu ? 2 : 1;
+  const double f = D(cx.plan.model.ffn_hidden);
+  c.gemm_s += gemm(2 * micro_tokens * h * f * up / t) + gemm(2 * micro_tokens * f * h / t);
+  c.linear_s += gemm(2 * micro_tokens * h * f * up / t) + gemm(2 * micro_tokens * f * h / t);
+}
+
+// Memory-bound kernels: proportional to the bytes a layer stores with no recompute.
+void AddMemoryBound(const Context& cx, LayerKind kind, LayerCost& c) {
+  ActivationShape shape = LayerShapeOf(cx);
+  shape.element_bytes = ActivationElementBytes(cx.plan.precision);
   shape.recompute = Recompute::kNone;
-  const double stored = D(LayerActivationBytes(m, kind, shape));
+  const double stored = D(LayerActivationBytes(cx.plan.model, kind, shape));
   shape.recompute = Recompute::kSelective;
-  const double without_scores = D(LayerActivationBytes(m, kind, shape));
+  const double without_scores = D(LayerActivationBytes(cx.plan.model, kind, shape));
   c.memory_s += cx.eff.elementwise_passes * stored / cx.hbm;
   c.score_memory_s = cx.eff.elementwise_passes * (stored - without_scores) / cx.hbm;
-  // TP/SP: two all-reduces (or all-gather + reduce-scatter pairs) per pass.
-  // With overlap (Megatron tp_comm_overlap, torchtitan async TP) a share of it hides behind the
-  // linear GEMMs, never more than their time.
-  if (par.tp > 1) {
-    c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, micro_tokens * h * x, cx.groups.tp,
-                                   plan.cluster, cx.eff);
-    const bool overlap = par.tp_comm_overlap || cx.options.tp_comm_overlap;
-    const double share = overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
-    if (share > 0) c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
+}
+
+// TP/SP: two all-reduces (or all-gather + reduce-scatter pairs) per pass.
+// With overlap (Megatron tp_comm_overlap, torchtitan async TP) a share of it hides behind the
+// linear GEMMs, never more than their time.
+void AddTpCollectives(const Context& cx, const LayerDims& d, LayerCost& c) {
+  const ParallelSpec& par = cx.plan.parallel;
+  if (par.tp <= 1) return;
+  c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, d.micro_tokens * d.h * d.x, cx.groups.tp,
+                                 cx.plan.cluster, cx.eff);
+  const bool overlap = par.tp_comm_overlap || cx.options.tp_comm_overlap;
+  const double share = overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
+  if (share > 0) c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
+}
+
+// CP ring: cp - 1 steps of the local K and V, hidden behind the attention core.
+void AddCpExchange(const Context& cx, const LayerDims& d, LayerCost& c) {
+  const Plan& plan = cx.plan;
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& par = plan.parallel;
+  if (par.cp <= 1) return;
+  double kv_width;
+  if (m.IsMla()) {
+    kv_width = d.a * D(m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim);
+  } else {
+    const double hd = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
+    kv_width = 2 * D(m.kv_heads > 0 ? m.kv_heads : m.heads) * hd;
   }
-  // CP ring: cp - 1 steps of the local K and V, hidden behind the attention core.
-  if (par.cp > 1) {
-    double kv_width;
-    if (m.IsMla()) {
-      kv_width = a * D(m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim);
-    } else {
-      const double d = D(m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads));
-      kv_width = 2 * D(m.kv_heads > 0 ? m.kv_heads : m.heads) * d;
-    }
-    const double chunk = micro_tokens * kv_width / t * x;
-    const double steps = D(par.cp - 1);
-    if (cx.prof.cp == CpStyle::kAllGather) {
-      // K/V all-gathered before the core (dK/dV reduce-scattered after it), not overlapped.
-      c.cp_s = CollectiveSeconds(Collective::kAllGather, chunk * D(par.cp), cx.groups.cp,
-                                 plan.cluster, cx.eff) +
-               cx.prof.collective_latency_s;
-    } else {
-      // Ring with load-balanced causal chunks (2·cp chunks, each rank equal work): cp - 1 steps,
-      // each sending the local K/V while one 1/cp block of the core runs; a step costs the
-      // longer of the two plus one launch.
-      const double send =
-          CollectiveSeconds(Collective::kPointToPoint, chunk, cx.groups.cp, plan.cluster, cx.eff);
-      c.cp_s = steps * (std::max(0.0, send - c.core_s / D(par.cp)) + cx.prof.collective_latency_s);
-    }
+  const double chunk = d.micro_tokens * kv_width / d.t * d.x;
+  const double steps = D(par.cp - 1);
+  if (cx.prof.cp == CpStyle::kAllGather) {
+    // K/V all-gathered before the core (dK/dV reduce-scattered after it), not overlapped.
+    c.cp_s = CollectiveSeconds(Collective::kAllGather, chunk * D(par.cp), cx.groups.cp,
+                               plan.cluster, cx.eff) +
+             cx.prof.collective_latency_s;
+  } else {
+    // Ring with load-balanced causal chunks (2·cp chunks, each rank equal work): cp - 1 steps,
+    // each sending the local K/V while one 1/cp block of the core runs; a step costs the
+    // longer of the two plus one launch.
+    const double send =
+        CollectiveSeconds(Collective::kPointToPoint, chunk, cx.groups.cp, plan.cluster, cx.eff);
+    c.cp_s = steps * (std::max(0.0, send - c.core_s / D(par.cp)) + cx.prof.collective_latency_s);
   }
+}
+
+LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
+  const LayerDims d = LayerDimsOf(cx);
+  LayerCost c;
+  c.flops = LayerForwardFlopsPerToken(cx.plan.model, kind, d.s / 2) * d.micro_tokens /
+            d.t;  // rough per-GPU share for reports
+  AddAttention(cx, d, c);
+  AddMlp(cx, d, kind, c);
+  AddMemoryBound(cx, kind, c);
+  AddTpCollectives(cx, d, c);
+  AddCpExchange(cx, d, c);
   // Fixed costs per layer (launches, small kernels, framework dispatch): a third forward.
   c.memory_s += cx.prof.layer_overhead_s / 3 * (kind == LayerKind::kMoe ? 2 : 1);
   return c;
@@ -238,242 +291,306 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options) {
   return EstimateTime(plan, options, EstimateMemory(plan, options));
 }
 
-TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const MemoryEstimate& mem) {
-  TimeEstimate est;
-  const CostOptions options = OptionsForFramework(plan, given);
-  std::vector<CostChunk> chunks;
-  if (!StageChunks(plan, chunks)) return est;
-  const ModelSpec& m = plan.model;
-  const ParallelSpec& par = plan.parallel;
-  const int64_t p = par.pp, v = par.vpp;
-  const double peak = PeakFlops(plan);
-  if (peak <= 0 || plan.cluster.gpu.hbm_bandwidth <= 0) return est;
-  const FrameworkProfile& prof =
-      options.profile ? *options.profile : ProfileFor(FrameworkOf(plan, options), plan.cluster.gpu);
+namespace {
+
+// The GPU's efficiency set for the plan, scaled by the framework profile's fitted numbers.
+GpuEfficiency ProfiledEfficiency(const Plan& plan, const CostOptions& options,
+                                 const FrameworkProfile& prof) {
   GpuEfficiency eff = EfficiencyFor(plan.cluster.gpu, options);
   eff.gemm_max_fraction = std::min(0.98, eff.gemm_max_fraction * prof.compute_scale);
   eff.attention_fraction =
       std::min(0.95, eff.attention_fraction * prof.compute_scale * prof.attention_scale);
   eff.p2p_latency_s = prof.p2p_latency_s;
-  // Linear GEMMs: the 16-bit peak (fp32: TF32), times the stack's FP8 speedup under fp8; the
-  // attention core stays in bf16 (Transformer Engine, torchao and llm-foundry FP8 recipes).
-  const double peak16 = plan.precision == Precision::kFp32 ? peak
-                        : plan.precision == Precision::kFp16 && plan.cluster.gpu.peak_fp16 > 0
-                            ? plan.cluster.gpu.peak_fp16
-                            : plan.cluster.gpu.peak_bf16;
-  const double peak_linear = UsesFp8(plan) ? peak16 * prof.fp8_gemm_speedup : peak16;
-  est.framework = prof.stack;
-  est.generation = prof.generation;
-  Context cx{plan,
-             options,
-             prof,
-             eff,
-             PlaceGroups(plan),
-             peak_linear,
-             peak16,
-             plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
-  const int64_t world = std::max<int64_t>(1, plan.World());
-  const int64_t denom = std::max<int64_t>(1, plan.batch.micro * par.dp);
-  est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
-  const double mb = D(est.microbatches);
-  const double t = D(std::max<int64_t>(1, par.tp));
-  const double micro_tokens = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
-  const double x = D(ActivationElementBytes(plan.precision));
+  return eff;
+}
 
-  const LayerCost dense = CostOfLayer(cx, LayerKind::kDense);
-  const LayerCost moe = m.IsMoe() ? CostOfLayer(cx, LayerKind::kMoe) : LayerCost{};
-  // Loss: logits GEMM and the vocab-parallel cross entropy (memory-bound over fp32 logits).
-  const double logits_gemm =
-      GemmSeconds(2 * micro_tokens * D(m.hidden) * D(m.vocab) / t, peak16, eff);
-  const double loss_memory =
-      eff.elementwise_passes * 3 * 4 * micro_tokens * D(m.vocab) / t / cx.hbm;
+// The 16-bit peak (fp32: TF32, the plan's `peak`) of the plan's precision.
+double SixteenBitPeak(const Plan& plan, double peak) {
+  return plan.precision == Precision::kFp32 ? peak
+         : plan.precision == Precision::kFp16 && plan.cluster.gpu.peak_fp16 > 0
+             ? plan.cluster.gpu.peak_fp16
+             : plan.cluster.gpu.peak_bf16;
+}
+
+// What every stage of EstimateTime prices alike: one layer of each kind, the loss, a pipeline
+// exchange and the element sizes of the DP traffic.
+struct StepPrices {
+  double peak = 0;  // PeakFlops(plan): the denominator of the MFU
+  double t = 1;     // tensor parallel
+  double micro_tokens = 0;
+  LayerCost dense, moe;
+  double logits_gemm = 0;  // the loss's logits GEMM, forward
+  double loss_memory = 0;  // the vocab-parallel cross entropy, forward and backward
+  double p2p = 0;          // one pipeline send or receive
+  double grad_elem = 0;    // bytes of a reduced gradient
+  double param_elem = 0;   // bytes of a gathered parameter
+};
+
+StepPrices StepPricesOf(const Context& cx, double peak) {
+  const Plan& plan = cx.plan;
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& par = plan.parallel;
+  StepPrices sp;
+  sp.peak = peak;
+  sp.t = D(std::max<int64_t>(1, par.tp));
+  sp.micro_tokens = D(m.seq_len) * D(plan.batch.micro) / D(std::max<int64_t>(1, par.cp));
+  const double t = sp.t, micro_tokens = sp.micro_tokens;
+  const double x = D(ActivationElementBytes(plan.precision));
+  sp.dense = CostOfLayer(cx, LayerKind::kDense);
+  sp.moe = m.IsMoe() ? CostOfLayer(cx, LayerKind::kMoe) : LayerCost{};
+  // Loss: logits GEMM (at the 16-bit peak) and the vocab-parallel cross entropy (memory-bound
+  // over fp32 logits).
+  sp.logits_gemm =
+      GemmSeconds(2 * micro_tokens * D(m.hidden) * D(m.vocab) / t, cx.peak_attention, cx.eff);
+  sp.loss_memory = cx.eff.elementwise_passes * 3 * 4 * micro_tokens * D(m.vocab) / t / cx.hbm;
   const double p2p_bytes =
       micro_tokens * D(m.hidden) * x / t;  // SP / scatter-gather split activations
   CommGroup pp_link;
   pp_link.size = 2;
   pp_link.per_node = cx.groups.pp_crosses_nodes ? 1 : 2;
-  const double p2p =
-      p > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link, plan.cluster, eff)
-            : 0;
-
+  sp.p2p = par.pp > 1 ? CollectiveSeconds(Collective::kPointToPoint, p2p_bytes, pp_link,
+                                          plan.cluster, cx.eff)
+                      : 0;
   // Element sizes of the DP traffic from the precision record (gradients reduced in their
   // stored type; parameters gathered in theirs).
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
   auto bytes_of = [](ElementType e) {
     return e == ElementType::kFp32 ? 4.0 : e == ElementType::kFp8 ? 1.0 : 2.0;
   };
-  const double grad_elem = bytes_of(mp.grads);
-  const double param_elem = bytes_of(mp.params);
+  sp.grad_elem = bytes_of(mp.grads);
+  sp.param_elem = bytes_of(mp.params);
+  return sp;
+}
 
-  est.stages.resize(static_cast<size_t>(p));
+// `n` layers of one kind in a chunk of `chunk_layers` layers, per microbatch: forward, backward
+// and recompute, their collectives, and their forward share in forward_s.
+void AddLayers(const Plan& plan, const LayerCost& lc, int64_t n, int64_t chunk_layers,
+               StageTime& st) {
+  const double nl = D(n);
+  st.flops += nl * 3 * lc.flops;
+  st.gemm_s += nl * 3 * lc.gemm_s;
+  st.memory_s += nl * 3 * lc.memory_s;
+  double tp_passes = 2;
+  if (plan.recompute == Recompute::kFull) {
+    // recompute_method = block recomputes only the first recompute_layers layers of each
+    // chunk; uniform recomputes every layer.
+    double share = 1;
+    const ActivationSpec& act = plan.activations;
+    if (act.recompute_method == RecomputeMethod::kBlock && act.recompute_layers > 0 &&
+        chunk_layers > 0)
+      share = std::min(1.0, D(act.recompute_layers) / D(chunk_layers));
+    st.recompute_s += share * nl * (lc.gemm_s + lc.memory_s);
+    tp_passes = 2 + share;
+    st.cp_comm_s += share * nl * lc.cp_s;
+    st.ep_comm_s += share * nl * lc.ep_s;
+  } else if (plan.recompute == Recompute::kSelective) {
+    st.recompute_s += nl * (lc.core_s + lc.score_memory_s);
+  }
+  st.tp_comm_s += nl * tp_passes * lc.tp_s;
+  st.cp_comm_s += nl * 3 * lc.cp_s;
+  st.ep_comm_s += nl * 2 * lc.ep_s;
+  st.forward_s += nl * (lc.gemm_s + lc.memory_s + lc.tp_s + lc.cp_s + lc.ep_s);
+}
+
+// One chunk of a stage per microbatch: its layers, the loss on the last chunk, and its
+// pipeline exchanges.
+void AddChunk(const Context& cx, const StepPrices& sp, const CostChunk& chunk, StageTime& st) {
+  const Plan& plan = cx.plan;
+  const ModelSpec& m = plan.model;
+  const int64_t first = chunk.first_layer, end = chunk.first_layer + chunk.layers;
+  const int64_t dense_end = m.IsMoe() ? std::clamp(m.dense_layers, first, end) : end;
+  for (int kind = 0; kind < 2; ++kind) {
+    const int64_t n = kind == 0 ? dense_end - first : end - dense_end;
+    if (n <= 0) continue;
+    AddLayers(plan, kind == 0 ? sp.dense : sp.moe, n, chunk.layers, st);
+  }
+  if (chunk.loss) {
+    st.flops += 3 * 2 * sp.micro_tokens * D(m.hidden) * D(m.vocab) / sp.t;
+    st.gemm_s += 3 * sp.logits_gemm;
+    st.memory_s += sp.loss_memory;
+    st.forward_s += sp.logits_gemm + sp.loss_memory / 3;
+  }
+  // Each chunk receives its input and sends its output, forward and backward.
+  if (plan.parallel.pp > 1) st.pp_comm_s += 2 * sp.p2p;
+}
+
+// Expert parameters on one GPU of pipeline rank r: the stage's MoE layers' experts over EP·ETP.
+double ExpertParamsOnStage(const Plan& plan, const std::vector<CostChunk>& chunks, int64_t r) {
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& par = plan.parallel;
+  if (!m.IsMoe()) return 0;
+  const int64_t p = par.pp, v = par.vpp;
+  const LayerParams lp = ParamsOfLayer(m, LayerKind::kMoe);
+  int64_t moe_layers = 0;
+  for (int64_t c = 0; c < v; ++c) {
+    const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
+    const int64_t first = chunk.first_layer, end = first + chunk.layers;
+    moe_layers += end - std::clamp(m.dense_layers, first, end);
+  }
+  return D(moe_layers) * D(lp.expert) / D(std::max<int64_t>(1, par.ep * par.etp));
+}
+
+// One stage's data-parallel collectives, each priced whole.
+struct DpTraffic {
+  double grads_s = 0;    // gradients reduced (or reduce-scattered) over the shard groups
+  double params_s = 0;   // parameters gathered back over the shard groups
+  double replica_s = 0;  // HSDP: the shards all-reduced over the replicas
+};
+
+DpTraffic DpTrafficOf(const Context& cx, const StepPrices& sp, double shared_params,
+                      double expert_params) {
+  const Plan& plan = cx.plan;
+  const int zero = static_cast<int>(plan.optimizer.zero);
+  auto gather = [&](double params, const CommGroup& g) {
+    if (g.size <= 1 || params <= 0) return 0.0;
+    return CollectiveSeconds(Collective::kAllGather, params * sp.param_elem, g, plan.cluster,
+                             cx.eff);
+  };
+  auto scatter = [&](double params, const CommGroup& g) {
+    if (g.size <= 1 || params <= 0) return 0.0;
+    return CollectiveSeconds(zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter,
+                             params * sp.grad_elem, g, plan.cluster, cx.eff);
+  };
+  // HSDP (fsdp.replicate > 1 or fsdp.shard below dp·cp): the states are sharded over the
+  // inner shard group; the shards are all-reduced over the replicas once per step.
+  const int64_t shard_group = std::clamp<int64_t>(ShardGroup(plan), 1, cx.groups.dp_cp.size);
+  CommGroup dense_group = cx.groups.dp_cp, replicas;
+  if (zero >= 1 && shard_group < cx.groups.dp_cp.size) {
+    dense_group.size = shard_group;
+    dense_group.per_node = std::min(shard_group, cx.groups.dp_cp.per_node);
+    replicas.size = cx.groups.dp_cp.size / shard_group;
+    replicas.per_node = std::max<int64_t>(1, cx.groups.dp_cp.per_node / shard_group);
+  }
+  DpTraffic dp;
+  dp.grads_s = scatter(shared_params, dense_group) + scatter(expert_params, cx.groups.edp);
+  dp.params_s = gather(shared_params, dense_group) + gather(expert_params, cx.groups.edp);
+  dp.replica_s =
+      replicas.size > 1
+          ? CollectiveSeconds(Collective::kAllReduce, shared_params / D(shard_group) * sp.grad_elem,
+                              replicas, plan.cluster, cx.eff)
+          : 0;
+  return dp;
+}
+
+// ZeRO 2/3 per microbatch, layer by layer: the forward gathers each layer's parameters (ZeRO 3),
+// the backward gathers them again and reduce-scatters the gradients. The next layer's gather is
+// prefetched behind the current layer's compute (the profile's share of it); the first gather
+// is exposed, and every collective pays a launch latency. Returns the exposed seconds.
+double ShardedMicrobatchExposure(const Context& cx, const DpTraffic& dp, int64_t layers_here,
+                                 const StageTime& st) {
+  const Plan& plan = cx.plan;
+  const FrameworkProfile& prof = cx.prof;
+  const int zero = static_cast<int>(plan.optimizer.zero);
+  const double fwd = st.forward_s;
+  const double n_layers = D(std::max<int64_t>(1, layers_here));
+  // Per layer collective: a launch, and the ring's n - 1 steps (NCCL all-gather and
+  // reduce-scatter run rings; one ring latency is already in the stage-wide time).
+  const double ring_steps =
+      D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * cx.eff.collective_latency_s;
+  const double lat = n_layers * prof.collective_latency_s + (n_layers - 1) * ring_steps;
+  const double k = prof.shard_comm_scale;
+  const double ag_f = zero >= 3 ? k * dp.params_s + lat : 0;
+  // FSDP's shard_grad_op (zero 2) keeps the gathered parameters from forward to backward.
+  // fsdp.reshard_after_forward = false keeps the forward's gathered weights for the
+  // backward (no second gather).
+  const double ag_b = zero >= 3 && plan.fsdp.reshard_after_forward ? k * dp.params_s + lat : 0;
+  const double rs = k * dp.grads_s + lat;
+  const double compute_f = fwd, compute_b = st.gemm_s + st.memory_s + st.recompute_s - fwd;
+  const double hide = prof.shard_prefetch;
+  double exposed = std::max(0.0, ag_f - hide * compute_f) +
+                   std::max(0.0, ag_b + rs - hide * std::max(0.0, compute_b));
+  exposed += ag_f / n_layers;  // the first layer's gather
+  if (zero == 2 && prof.shard == ShardStyle::kFsdp) {
+    // shard_grad_op gathers once per microbatch's forward (parameters freed after backward).
+    exposed += std::max(0.0, k * dp.params_s + lat - hide * compute_f);
+  }
+  return exposed;
+}
+
+// Optimizer: read and write master weights and moments, read gradients, write weights; with
+// the optimizer offloaded, the host's Adam and the PCIe transfers.
+double OptimizerSeconds(const Context& cx, const StepPrices& sp, const StageMemory& sm) {
+  const Plan& plan = cx.plan;
+  const double local_opt = D(sm.Get(MemoryPart::kOptimizer));
+  double seconds =
+      (2 * local_opt + D(sm.Get(MemoryPart::kGradients)) + D(sm.Get(MemoryPart::kWeights))) /
+      cx.hbm;
+  if (plan.optimizer.offload == Offload::kCpu) {
+    const double shard =
+        plan.optimizer.zero >= 1 ? D(std::max<int64_t>(1, plan.parallel.dp * plan.parallel.cp)) : 1;
+    const double local = D(sm.params) / shard;
+    seconds += local / cx.eff.cpu_adam_params_per_s +
+               local * (sp.grad_elem + sp.param_elem) / cx.eff.pcie_bandwidth;
+  }
+  return seconds;
+}
+
+// DP: gradients reduced over DP x CP (dense) and expert DP (experts); parameters gathered
+// back from ZeRO 1 on. Per step (Megatron's distributed optimizer and plain DP): gradients
+// reduced once after the last microbatch, parameters gathered back after the optimizer from
+// ZeRO 1 on. From ZeRO 2 the gradients are sharded, so they are reduce-scattered after every
+// microbatch's backward (they cannot accumulate unsharded); ZeRO 3 also gathers the parameters
+// for every microbatch's forward and backward (P0503's reasoning; ZeRO paper Sec. 5, with
+// gradient accumulation). Per-microbatch traffic hides behind that microbatch's compute.
+void AddDataParallel(const Context& cx, const StepPrices& sp, const StageMemory& sm,
+                     double expert_params, int64_t layers_here, StageTime& st) {
+  const Plan& plan = cx.plan;
+  const double fwd = st.forward_s;
+  const double backward = st.microbatch_s - fwd;
+  const double total_params = D(sm.params);
+  // Split the stage's parameters into expert and shared by the model's ratio on the stage.
+  const double shared_params = std::max(0.0, total_params - expert_params);
+  const int zero = static_cast<int>(plan.optimizer.zero);
+  const DpTraffic dp = DpTrafficOf(cx, sp, shared_params, expert_params);
+  double step_grads = (zero <= 1 ? dp.grads_s : 0) + dp.replica_s;
+  double step_params = zero == 1 || zero == 2 ? dp.params_s : 0;
+  // FSDP2 with pipeline parallelism (torchtitan, Llama 3) keeps the parameters gathered over
+  // the step and reduces the gradients once: priced like the distributed optimizer.
+  const bool once_per_step = cx.prof.shard == ShardStyle::kFsdp && plan.parallel.pp > 1;
+  if (zero >= 2 && once_per_step) {
+    step_grads = dp.grads_s;
+    step_params = dp.params_s;
+  } else if (zero >= 2) {
+    st.microbatch_s += ShardedMicrobatchExposure(cx, dp, layers_here, st);
+    // shard_grad_op gathers per microbatch instead (ShardedMicrobatchExposure).
+    if (zero == 2 && cx.prof.shard == ShardStyle::kFsdp) step_params = 0;
+  }
+  const double sync = step_grads + step_params;
+  st.dp_sync_s = sync;
+  if (cx.options.overlap_grad_reduce) {
+    st.dp_exposed_s =
+        std::max(0.05 * step_grads, step_grads - backward) +
+        (cx.options.overlap_param_gather ? std::max(0.0, step_params - fwd) : step_params);
+  } else {
+    st.dp_exposed_s = sync;
+  }
+  st.optimizer_s = OptimizerSeconds(cx, sp, sm);
+}
+
+// Pipeline rank r's time per microbatch, and per step its DP sync and optimizer.
+void PriceStage(const Context& cx, const StepPrices& sp, const std::vector<CostChunk>& chunks,
+                const MemoryEstimate& mem, int64_t r, StageTime& st) {
+  const int64_t p = cx.plan.parallel.pp, v = cx.plan.parallel.vpp;
+  st.stage = r;
+  int64_t layers_here = 0;
+  for (int64_t c = 0; c < v; ++c) {
+    const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
+    AddChunk(cx, sp, chunk, st);
+    layers_here += chunk.layers;
+  }
+  st.microbatch_s = st.gemm_s + st.memory_s + st.recompute_s + st.tp_comm_s + st.cp_comm_s +
+                    st.ep_comm_s + st.pp_comm_s;
+  if (!mem.valid) return;
+  AddDataParallel(cx, sp, mem.stages[static_cast<size_t>(r)],
+                  ExpertParamsOnStage(cx.plan, chunks, r), layers_here, st);
+}
+
+// The step from the stages: the pipeline (critical stage and bubble), the most exposed DP sync
+// and optimizer of any stage, the framework's fixed cost; throughput and MFU.
+void SumStep(const Context& cx, const StepPrices& sp, TimeEstimate& est) {
+  const Plan& plan = cx.plan;
   double u_max = 0, u_sum = 0;
-  for (int64_t r = 0; r < p; ++r) {
-    StageTime& st = est.stages[static_cast<size_t>(r)];
-    st.stage = r;
-    double fwd = 0;
-    for (int64_t c = 0; c < v; ++c) {
-      const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
-      const int64_t first = chunk.first_layer, end = chunk.first_layer + chunk.layers;
-      const int64_t dense_end = m.IsMoe() ? std::clamp(m.dense_layers, first, end) : end;
-      for (int kind = 0; kind < 2; ++kind) {
-        const int64_t n = kind == 0 ? dense_end - first : end - dense_end;
-        if (n <= 0) continue;
-        const LayerCost& lc = kind == 0 ? dense : moe;
-        const double nl = D(n);
-        st.flops += nl * 3 * lc.flops;
-        st.gemm_s += nl * 3 * lc.gemm_s;
-        st.memory_s += nl * 3 * lc.memory_s;
-        double tp_passes = 2;
-        if (plan.recompute == Recompute::kFull) {
-          // recompute_method = block recomputes only the first recompute_layers layers of each
-          // chunk; uniform recomputes every layer.
-          double share = 1;
-          const ActivationSpec& act = plan.activations;
-          if (act.recompute_method == RecomputeMethod::kBlock && act.recompute_layers > 0 &&
-              chunk.layers > 0)
-            share = std::min(1.0, D(act.recompute_layers) / D(chunk.layers));
-          st.recompute_s += share * nl * (lc.gemm_s + lc.memory_s);
-          tp_passes = 2 + share;
-          st.cp_comm_s += share * nl * lc.cp_s;
-          st.ep_comm_s += share * nl * lc.ep_s;
-        } else if (plan.recompute == Recompute::kSelective) {
-          st.recompute_s += nl * (lc.core_s + lc.score_memory_s);
-        }
-        st.tp_comm_s += nl * tp_passes * lc.tp_s;
-        st.cp_comm_s += nl * 3 * lc.cp_s;
-        st.ep_comm_s += nl * 2 * lc.ep_s;
-        fwd += nl * (lc.gemm_s + lc.memory_s + lc.tp_s + lc.cp_s + lc.ep_s);
-      }
-      if (chunk.loss) {
-        st.flops += 3 * 2 * micro_tokens * D(m.hidden) * D(m.vocab) / t;
-        st.gemm_s += 3 * logits_gemm;
-        st.memory_s += loss_memory;
-        fwd += logits_gemm + loss_memory / 3;
-      }
-      // Each chunk receives its input and sends its output, forward and backward.
-      if (p > 1) st.pp_comm_s += 2 * p2p;
-    }
-    st.forward_s = fwd;
-    st.microbatch_s = st.gemm_s + st.memory_s + st.recompute_s + st.tp_comm_s + st.cp_comm_s +
-                      st.ep_comm_s + st.pp_comm_s;
-    const double backward = st.microbatch_s - fwd;
-    // DP: gradients reduced over DP x CP (dense) and expert DP (experts); parameters gathered
-    // back from ZeRO 1 on.
-    double sync = 0;
-    if (mem.valid) {
-      const StageMemory& sm = mem.stages[static_cast<size_t>(r)];
-      const double total_params = D(sm.params);
-      // Split the stage's parameters into expert and shared by the model's ratio on the stage.
-      double expert_params = 0;
-      if (m.IsMoe()) {
-        const LayerParams lp = ParamsOfLayer(m, LayerKind::kMoe);
-        int64_t moe_layers = 0;
-        for (int64_t c = 0; c < v; ++c) {
-          const CostChunk& chunk = chunks[static_cast<size_t>(c * p + r)];
-          const int64_t first = chunk.first_layer, end = first + chunk.layers;
-          moe_layers += end - std::clamp(m.dense_layers, first, end);
-        }
-        expert_params = D(moe_layers) * D(lp.expert) / D(std::max<int64_t>(1, par.ep * par.etp));
-      }
-      const double shared_params = std::max(0.0, total_params - expert_params);
-      // Per step (Megatron's distributed optimizer and plain DP): gradients reduced once after the
-      // last microbatch, parameters gathered back after the optimizer from ZeRO 1 on. From ZeRO 2
-      // the gradients are sharded, so they are reduce-scattered after every microbatch's backward
-      // (they cannot accumulate unsharded); ZeRO 3 also gathers the parameters for every
-      // microbatch's forward and backward (P0503's reasoning; ZeRO paper Sec. 5, with gradient
-      // accumulation). Per-microbatch traffic hides behind that microbatch's compute.
-      const int zero = static_cast<int>(plan.optimizer.zero);
-      auto gather = [&](double params, const CommGroup& g) {
-        if (g.size <= 1 || params <= 0) return 0.0;
-        return CollectiveSeconds(Collective::kAllGather, params * param_elem, g, plan.cluster, eff);
-      };
-      auto scatter = [&](double params, const CommGroup& g) {
-        if (g.size <= 1 || params <= 0) return 0.0;
-        return CollectiveSeconds(zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter,
-                                 params * grad_elem, g, plan.cluster, eff);
-      };
-      // HSDP (fsdp.replicate > 1 or fsdp.shard below dp·cp): the states are sharded over the
-      // inner shard group; the shards are all-reduced over the replicas once per step.
-      const int64_t shard_group = std::clamp<int64_t>(ShardGroup(plan), 1, cx.groups.dp_cp.size);
-      CommGroup dense_group = cx.groups.dp_cp, replicas;
-      if (zero >= 1 && shard_group < cx.groups.dp_cp.size) {
-        dense_group.size = shard_group;
-        dense_group.per_node = std::min(shard_group, cx.groups.dp_cp.per_node);
-        replicas.size = cx.groups.dp_cp.size / shard_group;
-        replicas.per_node = std::max<int64_t>(1, cx.groups.dp_cp.per_node / shard_group);
-      }
-      const double grads_s =
-          scatter(shared_params, dense_group) + scatter(expert_params, cx.groups.edp);
-      const double params_s =
-          gather(shared_params, dense_group) + gather(expert_params, cx.groups.edp);
-      const double replica_s = replicas.size > 1
-                                   ? CollectiveSeconds(Collective::kAllReduce,
-                                                       shared_params / D(shard_group) * grad_elem,
-                                                       replicas, plan.cluster, eff)
-                                   : 0;
-      double step_grads = (zero <= 1 ? grads_s : 0) + replica_s;
-      double step_params = zero == 1 || zero == 2 ? params_s : 0;
-      // FSDP2 with pipeline parallelism (torchtitan, Llama 3) keeps the parameters gathered over
-      // the step and reduces the gradients once: priced like the distributed optimizer.
-      const bool once_per_step = prof.shard == ShardStyle::kFsdp && p > 1;
-      if (zero >= 2 && once_per_step) {
-        step_grads = grads_s;
-        step_params = params_s;
-      } else if (zero >= 2) {
-        // Per microbatch, layer by layer: the forward gathers each layer's parameters (ZeRO 3),
-        // the backward gathers them again and reduce-scatters the gradients. The next layer's
-        // gather is prefetched behind the current layer's compute (the profile's share of it);
-        // the first gather is exposed, and every collective pays a launch latency.
-        int64_t layers_here = 0;
-        for (int64_t c = 0; c < v; ++c)
-          layers_here += chunks[static_cast<size_t>(c * p + r)].layers;
-        const double n_layers = D(std::max<int64_t>(1, layers_here));
-        // Per layer collective: a launch, and the ring's n - 1 steps (NCCL all-gather and
-        // reduce-scatter run rings; one ring latency is already in the stage-wide time).
-        const double ring_steps =
-            D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * eff.collective_latency_s;
-        const double lat = n_layers * prof.collective_latency_s + (n_layers - 1) * ring_steps;
-        const double k = prof.shard_comm_scale;
-        const double ag_f = zero >= 3 ? k * params_s + lat : 0;
-        // FSDP's shard_grad_op (zero 2) keeps the gathered parameters from forward to backward.
-        // fsdp.reshard_after_forward = false keeps the forward's gathered weights for the
-        // backward (no second gather).
-        const double ag_b = zero >= 3 && plan.fsdp.reshard_after_forward ? k * params_s + lat : 0;
-        const double rs = k * grads_s + lat;
-        const double compute_f = fwd, compute_b = st.gemm_s + st.memory_s + st.recompute_s - fwd;
-        const double hide = prof.shard_prefetch;
-        double exposed = std::max(0.0, ag_f - hide * compute_f) +
-                         std::max(0.0, ag_b + rs - hide * std::max(0.0, compute_b));
-        exposed += ag_f / n_layers;  // the first layer's gather
-        if (zero == 2 && prof.shard == ShardStyle::kFsdp) {
-          // shard_grad_op gathers once per microbatch's forward (parameters freed after backward).
-          exposed += std::max(0.0, k * params_s + lat - hide * compute_f);
-          step_params = 0;
-        }
-        st.microbatch_s += exposed;
-      }
-      sync = step_grads + step_params;
-      st.dp_sync_s = sync;
-      if (options.overlap_grad_reduce) {
-        st.dp_exposed_s =
-            std::max(0.05 * step_grads, step_grads - backward) +
-            (options.overlap_param_gather ? std::max(0.0, step_params - fwd) : step_params);
-      } else {
-        st.dp_exposed_s = sync;
-      }
-      // Optimizer: read and write master weights and moments, read gradients, write weights.
-      const double local_opt = D(sm.Get(MemoryPart::kOptimizer));
-      st.optimizer_s =
-          (2 * local_opt + D(sm.Get(MemoryPart::kGradients)) + D(sm.Get(MemoryPart::kWeights))) /
-          cx.hbm;
-      if (plan.optimizer.offload == Offload::kCpu) {
-        const double shard =
-            plan.optimizer.zero >= 1 ? D(std::max<int64_t>(1, par.dp * par.cp)) : 1;
-        const double local = total_params / shard;
-        st.optimizer_s += local / eff.cpu_adam_params_per_s +
-                          local * (grad_elem + param_elem) / eff.pcie_bandwidth;
-      }
-    }
+  for (const StageTime& st : est.stages) {
     u_max = std::max(u_max, st.microbatch_s);
     u_sum += st.microbatch_s;
   }
@@ -483,8 +600,9 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
       break;
     }
   }
+  const double mb = D(est.microbatches);
   const StageTime& crit = est.stages[static_cast<size_t>(est.critical_stage)];
-  const double pipeline = mb * u_max + (u_sum - u_max) / D(std::max<int64_t>(1, v));
+  const double pipeline = mb * u_max + (u_sum - u_max) / D(std::max<int64_t>(1, plan.parallel.vpp));
   est.compute_s = mb * (crit.gemm_s + crit.memory_s + crit.recompute_s);
   est.comm_s = mb * (u_max - (crit.gemm_s + crit.memory_s + crit.recompute_s));
   est.bubble_s = pipeline - mb * u_max;
@@ -492,13 +610,50 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
     est.dp_exposed_s = std::max(est.dp_exposed_s, st.dp_exposed_s);
     est.optimizer_s = std::max(est.optimizer_s, st.optimizer_s);
   }
-  est.overhead_s = prof.step_overhead_s;
+  est.overhead_s = cx.prof.step_overhead_s;
   est.step_s = pipeline + est.dp_exposed_s + est.optimizer_s + est.overhead_s;
-  const double tokens = D(plan.batch.global) * D(m.seq_len);
+  const int64_t world = std::max<int64_t>(1, plan.World());
+  const double tokens = D(plan.batch.global) * D(plan.model.seq_len);
   est.tokens_per_s = tokens / est.step_s;
   est.tokens_per_s_per_gpu = est.tokens_per_s / D(world);
-  est.model_flops_per_step = tokens * ModelFlopsPerToken(m, /*causal_halved=*/true);
-  est.mfu = est.model_flops_per_step / (est.step_s * D(world) * peak);
+  est.model_flops_per_step = tokens * ModelFlopsPerToken(plan.model, /*causal_halved=*/true);
+  est.mfu = est.model_flops_per_step / (est.step_s * D(world) * sp.peak);
+}
+
+}  // namespace
+
+TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const MemoryEstimate& mem) {
+  TimeEstimate est;
+  const CostOptions options = OptionsForFramework(plan, given);
+  std::vector<CostChunk> chunks;
+  if (!StageChunks(plan, chunks)) return est;
+  const double peak = PeakFlops(plan);
+  if (peak <= 0 || plan.cluster.gpu.hbm_bandwidth <= 0) return est;
+  const FrameworkProfile& prof =
+      options.profile ? *options.profile : ProfileFor(FrameworkOf(plan, options), plan.cluster.gpu);
+  const GpuEfficiency eff = ProfiledEfficiency(plan, options, prof);
+  // Linear GEMMs: the 16-bit peak (fp32: TF32), times the stack's FP8 speedup under fp8; the
+  // attention core stays in bf16 (Transformer Engine, torchao and llm-foundry FP8 recipes).
+  const double peak16 = SixteenBitPeak(plan, peak);
+  const double peak_linear = UsesFp8(plan) ? peak16 * prof.fp8_gemm_speedup : peak16;
+  est.framework = prof.stack;
+  est.generation = prof.generation;
+  const Context cx{plan,
+                   options,
+                   prof,
+                   eff,
+                   PlaceGroups(plan),
+                   peak_linear,
+                   peak16,
+                   plan.cluster.gpu.hbm_bandwidth * eff.hbm_fraction};
+  const int64_t denom = std::max<int64_t>(1, plan.batch.micro * plan.parallel.dp);
+  est.microbatches = std::max<int64_t>(1, plan.batch.global / denom);
+  const StepPrices sp = StepPricesOf(cx, peak);
+  const int64_t p = plan.parallel.pp;
+  est.stages.resize(static_cast<size_t>(p));
+  for (int64_t r = 0; r < p; ++r)
+    PriceStage(cx, sp, chunks, mem, r, est.stages[static_cast<size_t>(r)]);
+  SumStep(cx, sp, est);
   est.valid = true;
   return est;
 }
