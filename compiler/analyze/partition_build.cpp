@@ -95,90 +95,93 @@ void ReportNanotronEmptyStage(const Plan& plan, const NanotronSplit& split, int6
   sink->Report(std::move(d));
 }
 
-}  // namespace
-
-std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) {
+// balance = nanotron: Nanotron's greedy split by block cost, refused where Nanotron would leave
+// a stage without a trainable layer.
+std::optional<std::vector<int64_t>> NanotronCounts(const Plan& plan, const Partition& part,
+                                                   DiagnosticSink* sink) {
   const PipelineSpec& pl = plan.pipeline;
-  const int64_t layers = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
-  if (layers < 1 || pp < 1 || vpp < 1 || pp > (int64_t{1} << 20) || vpp > (int64_t{1} << 20)) {
+  const int64_t pp = plan.parallel.pp;
+  const bool overrides = !pl.stage_layers.empty() || pl.first_stage_layers || pl.last_stage_layers;
+  if (plan.parallel.vpp > 1 || overrides || pl.account_for_embedding || pl.account_for_loss) {
     ReportSplitInvalid(
-        plan, sink, fields::kParallelPp,
-        fmt::format("cannot split {} layers over pp = {} and vpp = {}", layers, pp, vpp), {});
+        plan, sink, fields::kPipelineBalance,
+        "`balance = nanotron` reproduces Nanotron's split, which has no virtual pipeline, "
+        "explicit stage sizes or embedding/loss accounting",
+        {"remove vpp, stage_layers, first/last_stage_layers and account_for_* from the plan, "
+         "or use `balance = cost`"});
     return std::nullopt;
   }
-  const int64_t stages = pp * vpp;
-  Partition part;
-  part.layers = layers;
-  part.pp = pp;
-  part.vpp = vpp;
-  part.costs = ComputeBlockCosts(plan.model);
-
-  std::vector<int64_t> counts;
-  const bool overrides = !pl.stage_layers.empty() || pl.first_stage_layers || pl.last_stage_layers;
-  if (pl.balance == Balance::kNanotron) {
-    part.method = PartitionMethod::kNanotron;
-    if (vpp > 1 || overrides || pl.account_for_embedding || pl.account_for_loss) {
-      ReportSplitInvalid(
-          plan, sink, fields::kPipelineBalance,
-          "`balance = nanotron` reproduces Nanotron's split, which has no virtual pipeline, "
-          "explicit stage sizes or embedding/loss accounting",
-          {"remove vpp, stage_layers, first/last_stage_layers and account_for_* from the plan, "
-           "or use `balance = cost`"});
-      return std::nullopt;
-    }
-    NanotronSplit split = NanotronGreedySplit(plan.model, pp);
-    for (int64_t r = 0; r < pp; ++r) {
-      if (!split.has_parameters[static_cast<size_t>(r)] ||
-          split.layers[static_cast<size_t>(r)] == 0) {
-        // A stage holding only the final norm and head trains, but holds no transformer layer;
-        // Nanotron runs it, paraplan reports what Nanotron would fail on and also the idle case.
-        if (!split.has_parameters[static_cast<size_t>(r)] || r != pp - 1) {
-          ReportNanotronEmptyStage(plan, split, r, part.costs, sink);
-          return std::nullopt;
-        }
+  NanotronSplit split = NanotronGreedySplit(plan.model, pp);
+  for (int64_t r = 0; r < pp; ++r) {
+    if (!split.has_parameters[static_cast<size_t>(r)] ||
+        split.layers[static_cast<size_t>(r)] == 0) {
+      // A stage holding only the final norm and head trains, but holds no transformer layer;
+      // Nanotron runs it, paraplan reports what Nanotron would fail on and also the idle case.
+      if (!split.has_parameters[static_cast<size_t>(r)] || r != pp - 1) {
+        ReportNanotronEmptyStage(plan, split, r, part.costs, sink);
+        return std::nullopt;
       }
     }
-    counts = split.layers;
-  } else if (pl.balance == Balance::kCost) {
-    part.method = PartitionMethod::kCost;
-    if (overrides || pl.account_for_embedding || pl.account_for_loss) {
-      ReportSplitInvalid(
-          plan, sink, fields::kPipelineBalance,
-          "`balance = cost` chooses the split itself; it cannot be combined with stage_layers, "
-          "first/last_stage_layers or account_for_embedding/account_for_loss",
-          {"remove the explicit split options, or use `balance = even` to keep them"});
-      return std::nullopt;
-    }
-    auto balanced = BalanceByCost(part.costs, stages);
-    if (!balanced) {
-      ReportSplitInvalid(
-          plan, sink, fields::kPipelineBalance,
-          fmt::format("`balance = cost` needs at least one layer per virtual stage: {} layers < "
-                      "pp · vpp = {} · {} = {}",
-                      layers, pp, vpp, stages),
-          {fmt::format("use at most {} pipeline stages", layers / vpp > 0 ? layers / vpp : 1)});
-      return std::nullopt;
-    }
-    counts = *balanced;
-  } else {
-    part.method = !pl.stage_layers.empty()                            ? PartitionMethod::kExplicit
-                  : (pl.first_stage_layers || pl.last_stage_layers)   ? PartitionMethod::kFirstLast
-                  : (pl.account_for_embedding || pl.account_for_loss) ? PartitionMethod::kAccount
-                                                                      : PartitionMethod::kEven;
-    std::string why;
-    auto megatron = MegatronStageLayers(plan, &why);
-    if (!megatron) {
-      FieldId path =
-          part.method == PartitionMethod::kExplicit    ? FieldId(fields::kPipelineStageLayers)
-          : part.method == PartitionMethod::kFirstLast ? FieldId(fields::kPipelineFirstStageLayers)
-                                                       : FieldId(fields::kModelLayers);
-      ReportSplitInvalid(plan, sink, path, why, {"or let paraplan choose: `balance = cost`"});
-      return std::nullopt;
-    }
-    counts = *megatron;
   }
+  return split.layers;
+}
 
-  // Chunks from the per-virtual-stage counts (execution order: chunk-major).
+// balance = cost: paraplan's own split by block cost.
+std::optional<std::vector<int64_t>> CostCounts(const Plan& plan, const Partition& part,
+                                               DiagnosticSink* sink) {
+  const PipelineSpec& pl = plan.pipeline;
+  const int64_t layers = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
+  const int64_t stages = pp * vpp;
+  const bool overrides = !pl.stage_layers.empty() || pl.first_stage_layers || pl.last_stage_layers;
+  if (overrides || pl.account_for_embedding || pl.account_for_loss) {
+    ReportSplitInvalid(
+        plan, sink, fields::kPipelineBalance,
+        "`balance = cost` chooses the split itself; it cannot be combined with stage_layers, "
+        "first/last_stage_layers or account_for_embedding/account_for_loss",
+        {"remove the explicit split options, or use `balance = even` to keep them"});
+    return std::nullopt;
+  }
+  auto balanced = BalanceByCost(part.costs, stages);
+  if (!balanced) {
+    ReportSplitInvalid(
+        plan, sink, fields::kPipelineBalance,
+        fmt::format("`balance = cost` needs at least one layer per virtual stage: {} layers < "
+                    "pp · vpp = {} · {} = {}",
+                    layers, pp, vpp, stages),
+        {fmt::format("use at most {} pipeline stages", layers / vpp > 0 ? layers / vpp : 1)});
+    return std::nullopt;
+  }
+  return balanced;
+}
+
+// How balance = even splits: the plan's explicit sizes, first/last sizes, embedding/loss
+// accounting, or evenly.
+PartitionMethod MegatronMethod(const PipelineSpec& pl) {
+  return !pl.stage_layers.empty()                            ? PartitionMethod::kExplicit
+         : (pl.first_stage_layers || pl.last_stage_layers)   ? PartitionMethod::kFirstLast
+         : (pl.account_for_embedding || pl.account_for_loss) ? PartitionMethod::kAccount
+                                                             : PartitionMethod::kEven;
+}
+
+// balance = even: Megatron-LM's split, with the plan's explicit sizes or accounting if any.
+std::optional<std::vector<int64_t>> MegatronCounts(const Plan& plan, const Partition& part,
+                                                   DiagnosticSink* sink) {
+  std::string why;
+  auto megatron = MegatronStageLayers(plan, &why);
+  if (!megatron) {
+    FieldId path = part.method == PartitionMethod::kExplicit ? FieldId(fields::kPipelineStageLayers)
+                   : part.method == PartitionMethod::kFirstLast
+                       ? FieldId(fields::kPipelineFirstStageLayers)
+                       : FieldId(fields::kModelLayers);
+    ReportSplitInvalid(plan, sink, path, why, {"or let paraplan choose: `balance = cost`"});
+    return std::nullopt;
+  }
+  return megatron;
+}
+
+// The chunks from the per-virtual-stage layer counts (execution order: chunk-major).
+void PlaceChunks(const std::vector<int64_t>& counts, Partition& part) {
+  const int64_t pp = part.pp, vpp = part.vpp, stages = pp * vpp;
   part.stages.resize(static_cast<size_t>(pp));
   for (int64_t p = 0; p < pp; ++p) {
     part.stages[static_cast<size_t>(p)].pp_rank = p;
@@ -205,10 +208,15 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
     stage.embedding = stage.chunks.front().embedding;
     stage.loss = stage.chunks.back().loss;
   }
+}
+
+// A chunk with no layer, no embedding and no loss (P0601); true when the partition has one.
+bool ReportEmptyChunk(const Plan& plan, const Partition& part, DiagnosticSink* sink) {
+  const PipelineSpec& pl = plan.pipeline;
   for (const PipelineChunk* c : part.VirtualStages()) {
     if (c->layer_count() > 0 || c->embedding || c->loss) continue;
     if (sink != nullptr) {
-      std::string where = vpp > 1
+      std::string where = part.vpp > 1
                               ? fmt::format("chunk {} of pipeline stage {}", c->chunk, c->pp_rank)
                               : fmt::format("pipeline stage {}", c->pp_rank);
       Diag d(DiagKind::kPipelineStageEmpty,
@@ -220,13 +228,46 @@ std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) 
           "forwards "
           "activations, idles a GPU per replica and holds no gradient to synchronise");
       std::vector<int64_t> even =
-          EvenLayerCounts(layers, static_cast<int64_t>(pl.stage_layers.size()));
-      d.Help(fmt::format("spread the {} layers: `stage_layers = {}`", layers, ListText(even)));
+          EvenLayerCounts(part.layers, static_cast<int64_t>(pl.stage_layers.size()));
+      d.Help(fmt::format("spread the {} layers: `stage_layers = {}`", part.layers, ListText(even)));
       d.Help("or let paraplan balance them by cost: `balance = cost` without `stage_layers`");
       sink->Report(std::move(d));
     }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<Partition> BuildPartition(const Plan& plan, DiagnosticSink* sink) {
+  const int64_t layers = plan.model.layers, pp = plan.parallel.pp, vpp = plan.parallel.vpp;
+  if (layers < 1 || pp < 1 || vpp < 1 || pp > (int64_t{1} << 20) || vpp > (int64_t{1} << 20)) {
+    ReportSplitInvalid(
+        plan, sink, fields::kParallelPp,
+        fmt::format("cannot split {} layers over pp = {} and vpp = {}", layers, pp, vpp), {});
     return std::nullopt;
   }
+  Partition part;
+  part.layers = layers;
+  part.pp = pp;
+  part.vpp = vpp;
+  part.costs = ComputeBlockCosts(plan.model);
+
+  std::optional<std::vector<int64_t>> counts;
+  if (plan.pipeline.balance == Balance::kNanotron) {
+    part.method = PartitionMethod::kNanotron;
+    counts = NanotronCounts(plan, part, sink);
+  } else if (plan.pipeline.balance == Balance::kCost) {
+    part.method = PartitionMethod::kCost;
+    counts = CostCounts(plan, part, sink);
+  } else {
+    part.method = MegatronMethod(plan.pipeline);
+    counts = MegatronCounts(plan, part, sink);
+  }
+  if (!counts) return std::nullopt;
+  PlaceChunks(*counts, part);
+  if (ReportEmptyChunk(plan, part, sink)) return std::nullopt;
   return part;
 }
 
