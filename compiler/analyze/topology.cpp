@@ -50,12 +50,17 @@ std::string CostInWords(const ClusterSpec& cluster) {
   return "the network instead of NVLink (the cluster gives no bandwidths to compare)";
 }
 
-}  // namespace
+// The largest divisor of the node size `gpn` that is at most `limit` (>= 1).
+int64_t LargestDivisorAtMost(int64_t gpn, int64_t limit) {
+  int64_t best = 1;
+  for (int64_t v : Divisors(gpn)) {
+    if (v <= limit) best = v;
+  }
+  return best;
+}
 
-void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& topology,
-                       DiagnosticSink& sink) {
-  const int64_t gpn = topology.gpus_per_node;
-  const MeshSizes& s = layout.sizes();
+// The axes whose groups should stay inside a node, with the traffic each one carries.
+std::vector<AxisWarning> AxesToKeepInNode(const Plan& plan, const MeshSizes& s) {
   const bool sp = plan.parallel.sp && s.tp > 1;
   std::vector<AxisWarning> axes = {
       {GroupKind::kTp, fields::kParallelTp,
@@ -82,7 +87,84 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
                       "every expert layer's tensor-parallel collectives"});
     }
   }
-  for (const AxisWarning& axis : axes) {
+  return axes;
+}
+
+// Fixes for a cp group that spans nodes: the group must fit a node with its tp inside it.
+void AddCpHelps(const MeshSizes& s, int64_t gpn, std::vector<std::string>& helps) {
+  const int64_t room = gpn / std::max<int64_t>(s.tp, 1);
+  if (room >= 2) {
+    helps.push_back(fmt::format("keep tp · cp within a node: `cp = {}` with tp = {}",
+                                LargestDivisorAtMost(gpn, room), s.tp));
+  } else if (s.cp <= gpn && gpn % s.cp == 0 && gpn / s.cp >= 1) {
+    helps.push_back(fmt::format("`tp = {}` with `cp = {}` keeps tp · cp = {} within a node",
+                                gpn / s.cp, s.cp, gpn));
+  }
+  helps.push_back(
+      "keep it if the sequences are long: a ring over nodes is common when it overlaps with "
+      "attention compute");
+}
+
+// Fixes for an ep group that spans nodes: the group must fit a node with its etp inside it.
+void AddEpHelps(const MeshSizes& s, int64_t gpn, std::vector<std::string>& helps) {
+  const int64_t room = gpn / std::max<int64_t>(s.etp, 1);
+  if (room >= 2) {
+    helps.push_back(fmt::format("keep etp · ep within a node: `ep = {}` with etp = {}",
+                                LargestDivisorAtMost(gpn, room), s.etp));
+  }
+  if (s.etp > 1) {
+    const int64_t e1 = LargestDivisorAtMost(gpn, s.ep);
+    helps.push_back(
+        e1 == s.ep
+            ? fmt::format("`etp = 1` keeps each expert-parallel group of {} on one node", s.ep)
+            : fmt::format("`etp = 1` with `ep = {}` puts each expert-parallel group on one node",
+                          e1));
+  }
+  if (s.ep > gpn) {
+    helps.push_back(fmt::format(
+        "keep `ep = {}` if the all-to-alls overlap with compute: large MoE runs often spread "
+        "experts over nodes on purpose",
+        s.ep));
+  }
+}
+
+// Fixes: the group must fit a node and be adjacent ranks.
+std::vector<std::string> KeepInNodeHelps(const AxisWarning& axis, const GroupPlacement& p,
+                                         const MeshSizes& s, int64_t gpn) {
+  const std::string name(GroupKindName(axis.kind));
+  // With the inner axes first, a group spans the product of its axis and the axes inside it.
+  const int64_t span = axis.kind == GroupKind::kCp   ? s.tp * s.cp
+                       : axis.kind == GroupKind::kEp ? s.etp * s.ep
+                                                     : p.group_size;
+  const bool fits = span <= gpn && gpn % span == 0;
+  std::vector<std::string> helps;
+  if (axis.kind == GroupKind::kTp || axis.kind == GroupKind::kEtp) {
+    if (p.group_size > gpn || gpn % p.group_size != 0) {
+      helps.push_back(fmt::format(
+          "keep {} inside a node: `{} = {}`{}", name, name, LargestDivisorAtMost(gpn, p.group_size),
+          axis.kind == GroupKind::kTp ? " and spread the rest over pp or dp" : ""));
+    }
+  } else if (axis.kind == GroupKind::kCp && !fits) {
+    AddCpHelps(s, gpn, helps);
+  } else if (axis.kind == GroupKind::kEp && !fits) {
+    AddEpHelps(s, gpn, helps);
+  }
+  if (fits) {
+    helps.push_back(fmt::format(
+        "{} fits a node, but the order \"{}\" spreads its groups; put the inner axes first, "
+        "e.g. `parallel.order = \"tp-cp-ep-dp-pp\"`",
+        name, s.order));
+  }
+  return helps;
+}
+
+}  // namespace
+
+void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& topology,
+                       DiagnosticSink& sink) {
+  const int64_t gpn = topology.gpus_per_node;
+  const MeshSizes& s = layout.sizes();
+  for (const AxisWarning& axis : AxesToKeepInNode(plan, s)) {
     const GroupPlacement& p = topology.Of(axis.kind);
     if (p.group_size <= 1 || p.IntraNode()) continue;
     const std::string name(GroupKindName(axis.kind));
@@ -101,66 +183,7 @@ void RunTopologyChecks(const Plan& plan, const Layout& layout, const Topology& t
     d.Value(fmt::format("`{}` group size", name), std::to_string(p.group_size));
     d.Value("GPUs per node", std::to_string(gpn));
     d.Note(fmt::format("{} then runs over {}", axis.traffic, CostInWords(plan.cluster)));
-    // Fixes: the group must fit a node and be adjacent ranks.
-    // With the inner axes first, a group spans the product of its axis and the axes inside it.
-    const int64_t span = axis.kind == GroupKind::kCp   ? s.tp * s.cp
-                         : axis.kind == GroupKind::kEp ? s.etp * s.ep
-                                                       : p.group_size;
-    const bool fits = span <= gpn && gpn % span == 0;
-    std::vector<std::string> helps;
-    // The largest divisor of the node size that is at most `limit` (>= 1).
-    auto fitting = [&](int64_t limit) {
-      int64_t best = 1;
-      for (int64_t v : Divisors(gpn)) {
-        if (v <= limit) best = v;
-      }
-      return best;
-    };
-    if (axis.kind == GroupKind::kTp || axis.kind == GroupKind::kEtp) {
-      if (p.group_size > gpn || gpn % p.group_size != 0) {
-        helps.push_back(
-            fmt::format("keep {} inside a node: `{} = {}`{}", name, name, fitting(p.group_size),
-                        axis.kind == GroupKind::kTp ? " and spread the rest over pp or dp" : ""));
-      }
-    } else if (axis.kind == GroupKind::kCp && !fits) {
-      const int64_t room = gpn / std::max<int64_t>(s.tp, 1);
-      if (room >= 2) {
-        helps.push_back(
-            fmt::format("keep tp · cp within a node: `cp = {}` with tp = {}", fitting(room), s.tp));
-      } else if (s.cp <= gpn && gpn % s.cp == 0 && gpn / s.cp >= 1) {
-        helps.push_back(fmt::format("`tp = {}` with `cp = {}` keeps tp · cp = {} within a node",
-                                    gpn / s.cp, s.cp, gpn));
-      }
-      helps.push_back(
-          "keep it if the sequences are long: a ring over nodes is common when it overlaps with "
-          "attention compute");
-    } else if (axis.kind == GroupKind::kEp && !fits) {
-      const int64_t room = gpn / std::max<int64_t>(s.etp, 1);
-      if (room >= 2) {
-        helps.push_back(fmt::format("keep etp · ep within a node: `ep = {}` with etp = {}",
-                                    fitting(room), s.etp));
-      }
-      if (s.etp > 1) {
-        const int64_t e1 = fitting(s.ep);
-        helps.push_back(
-            e1 == s.ep
-                ? fmt::format("`etp = 1` keeps each expert-parallel group of {} on one node", s.ep)
-                : fmt::format(
-                      "`etp = 1` with `ep = {}` puts each expert-parallel group on one node", e1));
-      }
-      if (s.ep > gpn) {
-        helps.push_back(fmt::format(
-            "keep `ep = {}` if the all-to-alls overlap with compute: large MoE runs often spread "
-            "experts over nodes on purpose",
-            s.ep));
-      }
-    }
-    if (fits) {
-      helps.push_back(fmt::format(
-          "{} fits a node, but the order \"{}\" spreads its groups; put the inner axes first, "
-          "e.g. `parallel.order = \"tp-cp-ep-dp-pp\"`",
-          name, s.order));
-    }
+    const std::vector<std::string> helps = KeepInNodeHelps(axis, p, s, gpn);
     for (size_t i = 0; i < helps.size(); ++i) d.Help(i == 0 ? helps[i] : "or " + helps[i]);
     sink.Report(std::move(d));
   }
