@@ -6,117 +6,134 @@ namespace paraplan {
 namespace {
 
 // Behaviour first, then the fitted numbers (bench/calibration/README.md, "Framework profiles").
+
+// Megatron-LM as of 2021-22 (Narayanan SC21, Korthikanti MLSys23): unfused attention with
+// dropout, fp16, nothing overlapped; a device synchronisation around every pipeline exchange.
+FrameworkProfile MegatronLm2021Ampere() {
+  FrameworkProfile p;
+  p.stack = "megatron_lm_2021";
+  p.generation = "ampere";
+  p.provenance = "Narayanan SC21 Table 1, Korthikanti MLSys23 Tables 4-5, MT-NLG (A100-SXM4-80GB)";
+  p.flash_attention = false;
+  p.dropout = true;
+  p.overlap_grad_reduce = false;
+  p.overlap_param_gather = false;
+  p.compute_scale = 1.0;
+  p.layer_overhead_s = 0;
+  p.step_overhead_s = 0.05;
+  p.collective_latency_s = 10e-6;
+  p.p2p_latency_s = 1.5e-3;
+  return p;
+}
+
+// DeepSpeed ZeRO-3 of the same years (Narayanan SC21 Table 2): per-module gathers with a
+// bounded prefetch, unfused attention.
+FrameworkProfile DeepSpeedAmpere() {
+  FrameworkProfile p;
+  p.stack = "deepspeed";
+  p.generation = "ampere";
+  p.provenance = "Narayanan SC21 Table 2 (ZeRO-3 rows, A100-SXM4-80GB)";
+  p.flash_attention = false;
+  p.dropout = true;
+  p.overlap_grad_reduce = true;
+  p.overlap_param_gather = true;
+  p.shard = ShardStyle::kDeepSpeed;
+  p.shard_prefetch = 0.5;
+  p.shard_comm_scale = 4.0;  // fit (3 rows)
+  p.compute_scale = 1.0;
+  p.step_overhead_s = 0.1;
+  p.collective_latency_s = 200e-6;
+  p.p2p_latency_s = 1.5e-3;
+  return p;
+}
+
+// Megatron-Core / NeMo / Megatron-Bridge (2024+): cuDNN fused attention, DP overlap, TP
+// communication overlap in the Hopper recipes, Transformer Engine FP8.
+FrameworkProfile MegatronCoreAmpere() {
+  FrameworkProfile p;
+  p.stack = "megatron_core";
+  p.generation = "ampere";
+  p.provenance = "MegaScale NSDI24 Megatron-LM baseline rows (A100)";
+  p.tp_overlap = 0.5;
+  p.compute_scale = 1.0;  // not fit: 2 rows (fewer than 3 per fitted number)
+  p.layer_overhead_s = 0;
+  p.p2p_latency_s = 100e-6;
+  return p;
+}
+
+// Megatron-Core on Hopper: the Ampere set's behaviour, the Hopper recipes' overlap and fits.
+FrameworkProfile MegatronCoreHopper() {
+  FrameworkProfile p = MegatronCoreAmpere();
+  p.generation = "hopper";
+  p.provenance =
+      "Megatron-LM README H100 weak scaling, NeMo 24.07, NeMo long context, Megatron-Bridge "
+      "(H100)";
+  p.tp_overlap = 0.8;
+  p.ep_overlap = 0.25;       // fit (2 MoE rows)
+  p.compute_scale = 1.0;     // fit (19 rows)
+  p.attention_scale = 0.6;   // fit
+  p.fp8_gemm_speedup = 1.8;  // fit
+  return p;
+}
+
+// torchtitan (FSDP2, TP/async TP, PP, CP, Float8): SDPA fused attention, FSDP2 prefetch.
+FrameworkProfile TorchtitanHopper() {
+  FrameworkProfile p;
+  p.stack = "torchtitan";
+  p.generation = "hopper";
+  p.provenance = "torchtitan H100 benchmarks (H100 96 GB HBM2e at 500 W), Llama 3 Table 4";
+  p.shard = ShardStyle::kFsdp;
+  p.shard_prefetch = 0.9;
+  p.tp_overlap = 0.0;
+  p.compute_scale = 0.6;     // fit (10 rows; H100 96 GB at 500 W)
+  p.attention_scale = 0.8;   // fit
+  p.fp8_gemm_speedup = 1.6;  // fit
+  p.collective_latency_s = 50e-6;
+  p.p2p_latency_s = 100e-6;
+  return p;
+}
+
+// MosaicML llm-foundry (FSDP1, FlashAttention/Triton, activation checkpointing, TE FP8).
+// Attention: MPT's 2023 kernels (`attn_impl: triton`, the Triton FlashAttention, or `flash`,
+// flash-attn 1.x) are of FlashAttention's first generation. FlashAttention-2 runs 1.7-3.0x
+// faster than FlashAttention and 1.3-2.5x faster than FlashAttention in Triton (Dao 2023,
+// Sec. 4.1): about 1/1.8 of the FlashAttention-2 rate, which the A100 set's attention fraction
+// stands for (0.55).
+FrameworkProfile LlmFoundryAmpere() {
+  FrameworkProfile p;
+  p.stack = "llm_foundry";
+  p.generation = "ampere";
+  p.provenance = "llm-foundry MPT benchmark tables (A100 40/80 GB)";
+  p.shard = ShardStyle::kFsdp;
+  p.shard_prefetch = 0.9;
+  p.collective_latency_s = 50e-6;
+  p.attention_documented = true;
+  p.attention_scale = 1 / 1.8;  // FlashAttention-1 generation vs FlashAttention-2
+  p.shard_comm_scale = 2.0;     // fit (40 rows)
+  p.compute_scale = 0.95;       // fit
+  p.layer_overhead_s = 1.5e-3;  // fit
+  return p;
+}
+
+// llm-foundry on Hopper: on H100 FlashAttention-2 itself reaches about 35% of peak, not using
+// the Hopper tensor-core instructions (Shah et al. 2024, Sec. 4); a first-generation kernel
+// about 0.35 / 1.8 = 0.19 of peak, 0.39 of the Hopper set's 0.50.
+FrameworkProfile LlmFoundryHopper() {
+  FrameworkProfile p = LlmFoundryAmpere();
+  p.generation = "hopper";
+  p.provenance = "llm-foundry MPT benchmark tables (H100-SXM5-80GB, bf16 and fp8)";
+  p.attention_scale = 0.35 / 1.8 / 0.50;  // of peak 0.19, of the Hopper set 0.39
+  p.shard_comm_scale = 1.5;               // fit (27 rows)
+  p.compute_scale = 0.95;                 // fit
+  p.layer_overhead_s = 0.2e-3;            // fit
+  p.fp8_gemm_speedup = 1.4;               // fit
+  return p;
+}
+
 std::vector<FrameworkProfile> MakeProfiles() {
-  std::vector<FrameworkProfile> all;
-  // Megatron-LM as of 2021-22 (Narayanan SC21, Korthikanti MLSys23): unfused attention with
-  // dropout, fp16, nothing overlapped; a device synchronisation around every pipeline exchange.
-  {
-    FrameworkProfile p;
-    p.stack = "megatron_lm_2021";
-    p.generation = "ampere";
-    p.provenance =
-        "Narayanan SC21 Table 1, Korthikanti MLSys23 Tables 4-5, MT-NLG (A100-SXM4-80GB)";
-    p.flash_attention = false;
-    p.dropout = true;
-    p.overlap_grad_reduce = false;
-    p.overlap_param_gather = false;
-    p.compute_scale = 1.0;
-    p.layer_overhead_s = 0;
-    p.step_overhead_s = 0.05;
-    p.collective_latency_s = 10e-6;
-    p.p2p_latency_s = 1.5e-3;
-    all.push_back(p);
-  }
-  // DeepSpeed ZeRO-3 of the same years (Narayanan SC21 Table 2): per-module gathers with a
-  // bounded prefetch, unfused attention.
-  {
-    FrameworkProfile p;
-    p.stack = "deepspeed";
-    p.generation = "ampere";
-    p.provenance = "Narayanan SC21 Table 2 (ZeRO-3 rows, A100-SXM4-80GB)";
-    p.flash_attention = false;
-    p.dropout = true;
-    p.overlap_grad_reduce = true;
-    p.overlap_param_gather = true;
-    p.shard = ShardStyle::kDeepSpeed;
-    p.shard_prefetch = 0.5;
-    p.shard_comm_scale = 4.0;  // fit (3 rows)
-    p.compute_scale = 1.0;
-    p.step_overhead_s = 0.1;
-    p.collective_latency_s = 200e-6;
-    p.p2p_latency_s = 1.5e-3;
-    all.push_back(p);
-  }
-  // Megatron-Core / NeMo / Megatron-Bridge (2024+): cuDNN fused attention, DP overlap, TP
-  // communication overlap in the Hopper recipes, Transformer Engine FP8.
-  {
-    FrameworkProfile p;
-    p.stack = "megatron_core";
-    p.generation = "ampere";
-    p.provenance = "MegaScale NSDI24 Megatron-LM baseline rows (A100)";
-    p.tp_overlap = 0.5;
-    p.compute_scale = 1.0;  // not fit: 2 rows (fewer than 3 per fitted number)
-    p.layer_overhead_s = 0;
-    p.p2p_latency_s = 100e-6;
-    all.push_back(p);
-    p.generation = "hopper";
-    p.provenance =
-        "Megatron-LM README H100 weak scaling, NeMo 24.07, NeMo long context, Megatron-Bridge "
-        "(H100)";
-    p.tp_overlap = 0.8;
-    p.ep_overlap = 0.25;       // fit (2 MoE rows)
-    p.compute_scale = 1.0;     // fit (19 rows)
-    p.attention_scale = 0.6;   // fit
-    p.fp8_gemm_speedup = 1.8;  // fit
-    all.push_back(p);
-  }
-  // torchtitan (FSDP2, TP/async TP, PP, CP, Float8): SDPA fused attention, FSDP2 prefetch.
-  {
-    FrameworkProfile p;
-    p.stack = "torchtitan";
-    p.generation = "hopper";
-    p.provenance = "torchtitan H100 benchmarks (H100 96 GB HBM2e at 500 W), Llama 3 Table 4";
-    p.shard = ShardStyle::kFsdp;
-    p.shard_prefetch = 0.9;
-    p.tp_overlap = 0.0;
-    p.compute_scale = 0.6;     // fit (10 rows; H100 96 GB at 500 W)
-    p.attention_scale = 0.8;   // fit
-    p.fp8_gemm_speedup = 1.6;  // fit
-    p.collective_latency_s = 50e-6;
-    p.p2p_latency_s = 100e-6;
-    all.push_back(p);
-  }
-  // MosaicML llm-foundry (FSDP1, FlashAttention/Triton, activation checkpointing, TE FP8).
-  // Attention: MPT's 2023 kernels (`attn_impl: triton`, the Triton FlashAttention, or `flash`,
-  // flash-attn 1.x) are of FlashAttention's first generation. FlashAttention-2 runs 1.7-3.0x
-  // faster than FlashAttention and 1.3-2.5x faster than FlashAttention in Triton (Dao 2023,
-  // Sec. 4.1): about 1/1.8 of the FlashAttention-2 rate, which the A100 set's attention fraction
-  // stands for (0.55). On H100 FlashAttention-2 itself reaches about 35% of peak, not using the
-  // Hopper tensor-core instructions (Shah et al. 2024, Sec. 4); a first-generation kernel about
-  // 0.35 / 1.8 = 0.19 of peak, 0.39 of the Hopper set's 0.50.
-  {
-    FrameworkProfile p;
-    p.stack = "llm_foundry";
-    p.generation = "ampere";
-    p.provenance = "llm-foundry MPT benchmark tables (A100 40/80 GB)";
-    p.shard = ShardStyle::kFsdp;
-    p.shard_prefetch = 0.9;
-    p.collective_latency_s = 50e-6;
-    p.attention_documented = true;
-    p.attention_scale = 1 / 1.8;  // FlashAttention-1 generation vs FlashAttention-2
-    p.shard_comm_scale = 2.0;     // fit (40 rows)
-    p.compute_scale = 0.95;       // fit
-    p.layer_overhead_s = 1.5e-3;  // fit
-    all.push_back(p);
-    p.generation = "hopper";
-    p.provenance = "llm-foundry MPT benchmark tables (H100-SXM5-80GB, bf16 and fp8)";
-    p.attention_scale = 0.35 / 1.8 / 0.50;  // of peak 0.19, of the Hopper set 0.39
-    p.shard_comm_scale = 1.5;               // fit (27 rows)
-    p.compute_scale = 0.95;                 // fit
-    p.layer_overhead_s = 0.2e-3;            // fit
-    p.fp8_gemm_speedup = 1.4;               // fit
-    all.push_back(p);
-  }
+  std::vector<FrameworkProfile> all = {
+      MegatronLm2021Ampere(), DeepSpeedAmpere(),  MegatronCoreAmpere(), MegatronCoreHopper(),
+      TorchtitanHopper(),     LlmFoundryAmpere(), LlmFoundryHopper()};
   // paraplan's own runtime: Megatron-Core's schedules and overlap; priced as Megatron-Core until
   // planrun has measured rows.
   for (const FrameworkProfile& core : std::vector<FrameworkProfile>(all)) {
