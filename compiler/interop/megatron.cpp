@@ -585,9 +585,9 @@ class MegatronReader {
     return true;
   }
 
-  // --moe-layer-freq: 1 (every layer), or a pattern `([0]*K+[1]*N)` / a list with K leading
-  // dense layers, which is what a plan's model.dense_layers expresses; or k > 1, every k-th
-  // layer an MoE layer.
+  // --moe-layer-freq: k > 1, every k-th layer an MoE layer (model.moe_layer_freq); or 1 (every
+  // layer), a pattern `([0]*K+[1]*N)` or a list with K leading dense layers, which is what a
+  // plan's model.dense_layers expresses.
   void ReadMoeLayerFreq() {
     const FlagValue* f = Combined("--moe-layer-freq");
     if (!f) return;
@@ -595,7 +595,10 @@ class MegatronReader {
     const std::regex pattern(
         R"(^\(?\s*\[\s*0\s*\]\s*\*\s*(\d+)\s*\+\s*\[\s*1\s*\]\s*\*\s*(\d+)\s*\)?$)");
     auto k = ParseInteger(f->text);
-    if (k && *k == 1) {
+    if (k && *k > 1) {
+      draft_.Set(fields::kModelMoeLayerFreq, std::to_string(*k), f->range, f->source);
+      draft_.Set(fields::kModelDenseLayers, "0", f->range, f->source);
+    } else if (k && *k == 1) {
       draft_.Set(fields::kModelDenseLayers, "0", f->range, f->source);
     } else if (std::regex_match(f->text, m, pattern)) {
       draft_.Set(fields::kModelDenseLayers, m[1].str(), f->range, f->source);
@@ -603,10 +606,6 @@ class MegatronReader {
       draft_.Set(fields::kModelDenseLayers, std::to_string(*zeros), f->range, f->source);
     } else {
       draft_.Skip(f->source, f->range, "a plan has leading dense layers only (model.dense_layers)");
-    }
-    if (k && *k > 1) {
-      draft_.Set(fields::kModelMoeLayerFreq, std::to_string(*k), f->range, f->source);
-      draft_.Set(fields::kModelDenseLayers, "0", f->range, f->source);
     }
   }
 
