@@ -226,288 +226,371 @@ std::string SourceComment(const DraftSetting& s, const SourceManager& sm) {
          ")";
 }
 
+// A count from planc's command line replaces the file's.
+void SetFromOption(std::vector<DraftSetting>& settings, FieldId field,
+                   const std::optional<int64_t>& v, const char* flag) {
+  if (!v) return;
+  settings.erase(std::remove_if(settings.begin(), settings.end(),
+                                [&](const DraftSetting& s) { return s.path == field.path; }),
+                 settings.end());
+  settings.push_back({std::string(field.path),
+                      std::to_string(*v),
+                      {},
+                      std::string(flag) + " " + std::to_string(*v)});
+}
+
+// Writes a draft as plan text: decides the cluster and the model (a stdlib model of the same
+// shape, or a record of the file's own), then writes the text and the origins of its lines.
+class ImportedPlanWriter {
+ public:
+  ImportedPlanWriter(const PlanDraft& draft, const ImportOptions& options, uint32_t config_buffer,
+                     const SourceManager& sm, DiagnosticSink& sink)
+      : draft_(draft),
+        options_(options),
+        config_buffer_(config_buffer),
+        sm_(sm),
+        sink_(sink),
+        framework_(FrameworkName(draft.kind)),
+        file_name_(sm.Name(config_buffer)),
+        named_setting_{"model", draft.stdlib_model, draft.stdlib_model_origin,
+                       draft.stdlib_model_source} {}
+
+  std::optional<ImportedPlan> Write() {
+    ImportedPlan out;
+    out.config_buffer = config_buffer_;
+    out.plan_name = options_.plan_name.empty() ? PlanNameFromFile(file_name_) : options_.plan_name;
+    if (!ChooseGpu()) return std::nullopt;
+    CollectSettings();
+    if (!CheckModelStated()) return std::nullopt;
+    stdlib_models_ = LoadStdlibModels(options_.stdlib_dir);
+    if (!draft_.stdlib_model.empty() && !ProbeNamedModel()) return std::nullopt;
+    if (!named_ && !ProbeModelRecord()) return std::nullopt;
+    MatchStdlibModel();
+    if (!CheckVocab()) return std::nullopt;
+    WriteText(out);
+    ReportNotImported();
+    return out;
+  }
+
+ private:
+  // The cluster: the command line wins over the file.
+  bool ChooseGpu() {
+    std::string gpu = draft_.gpu;
+    gpu_comment_ = draft_.gpu_source;
+    gpu_origin_ = draft_.gpu_origin;
+    if (!options_.gpu.empty()) {
+      gpu = options_.gpu;
+      gpu_comment_ = "--gpu " + options_.gpu;
+      gpu_origin_ = {};
+    }
+    if (gpu.empty()) {
+      gpu = "h100";
+      gpu_comment_ = "the file names no GPU: H100 assumed (planc import --gpu NAME)";
+    }
+    auto cluster = ChooseCluster(gpu);
+    if (!cluster) {
+      sink_.Report(
+          Diag(DiagKind::kConfigBadValue, "no stdlib cluster has the GPU `" + gpu + "`")
+              .At(gpu_origin_, "this GPU")
+              .Note("the stdlib's clusters hold H100, H200, H800 and A100 (40 or 80 GB) GPUs")
+              .Help("pass --gpu h100, h200, h800, a100 or a100_40gb"));
+      return false;
+    }
+    cluster_expr_ = cluster->gpu.empty() ? cluster->cluster
+                                         : cluster->cluster + " { gpu = " + cluster->gpu + " }";
+    return true;
+  }
+
+  // The draft's settings with the command line's counts, and the model's among them.
+  void CollectSettings() {
+    settings_ = draft_.Settings();
+    SetFromOption(settings_, fields::kClusterNodes, options_.nodes, "--nodes");
+    SetFromOption(settings_, fields::kClusterGpusPerNode, options_.gpus_per_node,
+                  "--gpus-per-node");
+    if (!Find(fields::kClusterNodes)) {
+      settings_.push_back({std::string(fields::kClusterNodes.path),
+                           "1",
+                           {},
+                           "the file states no node count: 1 assumed (--nodes N)"});
+    }
+    for (const FieldInfo& f : PlanFields()) {  // in the order of the model's fields
+      const DraftSetting* s = f.path.rfind("model.", 0) == 0 ? Find(f.id()) : nullptr;
+      if (s) model_settings_.push_back(s);
+    }
+  }
+
+  // A file that names no model states its shape.
+  bool CheckModelStated() {
+    if (!draft_.stdlib_model.empty()) return true;
+    for (FieldId required :
+         {fields::kModelLayers, fields::kModelHidden, fields::kModelHeads, fields::kModelSeqLen}) {
+      if (!Find(required)) {
+        sink_.Report(
+            Diag(DiagKind::kConfigMissing,
+                 "`" + std::string(required.path) + "` is not in " + file_name_)
+                .At({config_buffer_, 0, 0}, "in this " + framework_ + " configuration")
+                .Note("a plan needs the model's layers, hidden size, heads and sequence length")
+                .Help("state it in the file, or import a file that names a model flavor"));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // The model the file names, with the file's model settings applied to it.
+  bool ProbeNamedModel() {
+    for (const StdlibModel& m : stdlib_models_) {
+      if (m.name == draft_.stdlib_model) named_ = &m;
+    }
+    if (!named_) {
+      sink_.Report(
+          Diag(DiagKind::kConfigBadValue, "no stdlib model for " + draft_.stdlib_model_source)
+              .At(draft_.stdlib_model_origin)
+              .Note("the stdlib's models are in stdlib/models/")
+              .Help("state the model's shape in the file instead"));
+      return false;
+    }
+    probe_ = named_->plan;
+    for (const DraftSetting* s : model_settings_) {
+      std::string error = SetFieldText(*probe_, s->path, s->value);
+      if (!error.empty()) {
+        sink_.Report(Diag(DiagKind::kConfigBadValue, "`" + s->path + "` " + error).At(s->origin));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // The file's model settings as a record, evaluated in a probe plan.
+  bool ProbeModelRecord() {
+    SourceManager probe_sm;
+    DiagnosticSink probe_sink;
+    std::string text = "import std.clusters\nmodel imported_model {\n";
+    for (const DraftSetting* s : model_settings_)
+      text += "  " + Leaf(s->path) + " = " + s->value + "\n";
+    if (!Find(fields::kModelVocab)) text += "  vocab = 1\n";
+    text += "}\nplan probe { model = imported_model  cluster = " + cluster_expr_ + " }\n";
+    LoadOptions load;
+    load.stdlib_dir = options_.stdlib_dir;
+    auto source = PlanSource::FromText("<probe>", text, load, probe_sm, probe_sink);
+    if (source) probe_ = source->Evaluate("probe", {}, EvalOptions{}, probe_sink);
+    if (probe_ && !probe_sink.has_errors()) return true;
+    // A value the language refuses: name the first model setting it could be.
+    for (const Diagnostic& d : probe_sink.diagnostics()) {
+      if (d.level != DiagLevel::kError) continue;
+      uint32_t line = probe_sm.Position(d.primary.buffer, d.primary.begin).line;
+      // Line 1 is the import, line 2 the record header: model setting k is on line k + 2.
+      SourceRange at;
+      if (line >= 3 && line - 3 < model_settings_.size()) at = model_settings_[line - 3]->origin;
+      sink_.Report(Diag(DiagKind::kConfigBadValue,
+                        "this model setting is not a valid plan value: " + d.message)
+                       .At(at.IsValid() ? at : SourceRange{config_buffer_, 0, 0}));
+      return false;
+    }
+    sink_.Report(Diag(DiagKind::kConfigBadValue,
+                      "the model settings of " + file_name_ + " do not form a model")
+                     .At({config_buffer_, 0, 0}));
+    return false;
+  }
+
+  // Of the stdlib models with the same shape, the one that agrees with most other settings
+  // (llama2_70b and llama3_70b share a shape; seq_len and vocab tell them apart).
+  void MatchStdlibModel() {
+    match_ = named_;
+    if (named_) return;
+    int best = -1;
+    for (const StdlibModel& m : stdlib_models_) {
+      bool same = true;
+      for (FieldId field : kShapeFields) {
+        const FieldInfo& f = field.info();
+        if (GetFieldValue(m.plan, f) != GetFieldValue(*probe_, f)) same = false;
+      }
+      if (!same) continue;
+      int agree = 0;
+      for (const DraftSetting* s : model_settings_) {
+        const FieldInfo* f = FindPlanField(s->path);
+        if (f && !IsShapeField(s->path) && GetFieldValue(m.plan, *f) == GetFieldValue(*probe_, *f))
+          ++agree;
+      }
+      if (agree > best) {
+        best = agree;
+        match_ = &m;
+      }
+    }
+  }
+
+  // A model of the file's own needs its vocabulary from the file.
+  bool CheckVocab() {
+    if (match_ || Find(fields::kModelVocab)) return true;
+    sink_.Report(
+        Diag(DiagKind::kConfigMissing, "the vocabulary size is not in " + file_name_ +
+                                           " and the model's shape matches no stdlib model")
+            .At(Find(fields::kModelLayers)->origin, "a model of this shape")
+            .Note("a plan needs `model.vocab`: the embedding and the output layer are sized by it")
+            .Help(draft_.vocab_help.empty() ? "state the vocabulary size in the file"
+                                            : draft_.vocab_help));
+    return false;
+  }
+
+  void WriteText(ImportedPlan& out) {
+    TextWriter w;
+    WriteHeader(w);
+    const std::string model_name = out.plan_name + "_model";
+    if (!match_) WriteModelRecord(w, model_name);
+    w.Line("plan " + out.plan_name + " {", "", {});
+    WritePlanModel(w, model_name);
+    WritePlanSettings(w);
+    w.Line("}", "", {});
+    out.text = std::move(w.text_);
+    out.line_origins = std::move(w.lines_);
+    for (const DraftSetting& s : settings_) {
+      if (s.origin.IsValid()) out.field_origins.push_back({s.path, s.origin});
+    }
+    if (ModelSetting()->origin.IsValid()) {
+      out.field_origins.push_back({"model", ModelSetting()->origin});
+    }
+    if (gpu_origin_.IsValid()) {
+      out.field_origins.push_back({"cluster", gpu_origin_});
+      out.field_origins.push_back({"cluster.gpu", gpu_origin_});
+    }
+  }
+
+  // What the plan is made from, the settings not imported, and the imports.
+  void WriteHeader(TextWriter& w) const {
+    w.Line("# " + file_name_ + ": a " + framework_ +
+               " configuration as a plan (planc import --from=" +
+               std::string(ToString(draft_.kind)) + ")",
+           "", {});
+    if (!draft_.Skipped().empty()) {
+      w.Line("#", "", {});
+      w.Line("# Not imported (no plan field, or not recognised):", "", {});
+      for (const DraftSkip& s : draft_.Skipped()) {
+        std::string where =
+            s.range.IsValid()
+                ? "line " + std::to_string(sm_.Position(s.range.buffer, s.range.begin).line) + ": "
+                : "";
+        w.Line("#   " + where + s.text + "  (" + s.reason + ")", "", {});
+      }
+    }
+    w.Line("", "", {});
+    w.Line("import std.clusters", "", {});
+    if (match_) w.Line("import std.models." + match_->module, "", {});
+    w.Line("", "", {});
+  }
+
+  void WriteModelRecord(TextWriter& w, const std::string& model_name) const {
+    w.Line("model " + model_name + " {", "", {});
+    for (const DraftSetting* s : model_settings_) {
+      w.Line("  " + Leaf(s->path) + " = " + s->value, SourceComment(*s, sm_), s->origin);
+    }
+    w.Line("}", "", {});
+    w.Line("", "", {});
+  }
+
+  // The plan's model: the stdlib model with the file's other settings as overrides, or the
+  // record written above.
+  void WritePlanModel(TextWriter& w, const std::string& model_name) const {
+    const DraftSetting* layers = ModelSetting();
+    if (!match_) {
+      w.Line("  model = " + model_name, "", layers->origin);
+      return;
+    }
+    std::string comment = named_ ? draft_.stdlib_model_source + ": std.models." + match_->module +
+                                       "'s " + match_->name
+                                 : "the shape of " + layers->source + ", ... is std.models." +
+                                       match_->module + "'s " + match_->name;
+    if (!Find(fields::kModelVocab)) {
+      comment +=
+          "; vocab " + std::to_string(match_->plan.model.vocab) + " from it (not in the file)";
+    }
+    w.Line("  model = " + match_->name, comment, layers->origin);
+    for (const DraftSetting* s : model_settings_) {
+      if (IsShapeField(s->path)) continue;
+      const FieldInfo* f = FindPlanField(s->path);
+      if (f && GetFieldValue(match_->plan, *f) == GetFieldValue(*probe_, *f)) continue;
+      w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm_), s->origin);
+    }
+  }
+
+  // The cluster, the plan's top-level settings, then one block per section.
+  void WritePlanSettings(TextWriter& w) const {
+    w.Line("  cluster = " + cluster_expr_, gpu_comment_, gpu_origin_);
+    for (FieldId path :
+         {FieldId(fields::kClusterNodes), FieldId(fields::kClusterGpusPerNode),
+          FieldId(fields::kFramework), FieldId(fields::kPrecision), FieldId(fields::kRecompute)}) {
+      if (const DraftSetting* s = Find(path)) {
+        w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm_), s->origin);
+      }
+    }
+    for (const char* block : {"mixed_precision", "activations", "fsdp", "moe", "parallel",
+                              "pipeline", "optimizer", "batch", "train"}) {
+      std::vector<const DraftSetting*> members;
+      for (const FieldInfo& f : PlanFields()) {
+        if (f.path.rfind(std::string(block) + ".", 0) != 0) continue;
+        if (const DraftSetting* s = Find(f.id())) members.push_back(s);
+      }
+      if (members.empty()) continue;
+      w.Line("  " + std::string(block) + " {", "", {});
+      for (const DraftSetting* s : members) {
+        w.Line("    " + Leaf(s->path) + " = " + s->value, SourceComment(*s, sm_), s->origin);
+      }
+      w.Line("  }", "", {});
+    }
+  }
+
+  // One note lists every setting of the file that has no plan field.
+  void ReportNotImported() {
+    const std::vector<DraftSkip>& skipped = draft_.Skipped();
+    if (skipped.empty()) return;
+    const bool one = skipped.size() == 1;
+    Diag d(DiagKind::kConfigNotImported, std::to_string(skipped.size()) + " setting" +
+                                             (one ? "" : "s") + " of " + file_name_ +
+                                             (one ? " has" : " have") + " no plan field and " +
+                                             (one ? "is" : "are") + " not imported");
+    d.At(skipped.front().range, skipped.front().reason);
+    for (size_t i = 1; i < skipped.size(); ++i) d.Label(skipped[i].range, skipped[i].reason);
+    d.Note("the written plan lists them in its first comment; nothing else was left out");
+    sink_.Report(std::move(d));
+  }
+
+  const DraftSetting* Find(FieldId field) const {
+    for (const DraftSetting& s : settings_) {
+      if (s.path == field.path) return &s;
+    }
+    return nullptr;
+  }
+
+  // The setting the plan's model line points at: the layers, or the model the file names.
+  const DraftSetting* ModelSetting() const {
+    const DraftSetting* layers = Find(fields::kModelLayers);
+    return named_ && !layers ? &named_setting_ : layers;
+  }
+
+  const PlanDraft& draft_;
+  const ImportOptions& options_;
+  uint32_t config_buffer_;
+  const SourceManager& sm_;
+  DiagnosticSink& sink_;
+  const std::string framework_;
+  const std::string file_name_;
+  const DraftSetting named_setting_;  // the model the file names, as a setting
+  std::string gpu_comment_;
+  SourceRange gpu_origin_;
+  std::string cluster_expr_;
+  std::vector<DraftSetting> settings_;
+  std::vector<const DraftSetting*> model_settings_;  // into settings_
+  std::vector<StdlibModel> stdlib_models_;
+  const StdlibModel* named_ = nullptr;  // the model the file names
+  const StdlibModel* match_ = nullptr;  // the stdlib model the plan uses
+  std::optional<Plan> probe_;           // the file's model, evaluated
+};
+
 }  // namespace
 
 std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const ImportOptions& options,
                                               uint32_t config_buffer, SourceManager& sm,
                                               DiagnosticSink& sink) {
-  const std::string framework(FrameworkName(draft.kind));
-  const std::string file_name(sm.Name(config_buffer));
-  ImportedPlan out;
-  out.config_buffer = config_buffer;
-  out.plan_name = options.plan_name.empty() ? PlanNameFromFile(file_name) : options.plan_name;
-
-  // --- cluster: the command line wins over the file -------------------------------------------
-  std::string gpu = draft.gpu;
-  std::string gpu_comment = draft.gpu_source;
-  SourceRange gpu_origin = draft.gpu_origin;
-  if (!options.gpu.empty()) {
-    gpu = options.gpu;
-    gpu_comment = "--gpu " + options.gpu;
-    gpu_origin = {};
-  }
-  if (gpu.empty()) {
-    gpu = "h100";
-    gpu_comment = "the file names no GPU: H100 assumed (planc import --gpu NAME)";
-  }
-  auto cluster = ChooseCluster(gpu);
-  if (!cluster) {
-    sink.Report(Diag(DiagKind::kConfigBadValue, "no stdlib cluster has the GPU `" + gpu + "`")
-                    .At(gpu_origin, "this GPU")
-                    .Note("the stdlib's clusters hold H100, H200, H800 and A100 (40 or 80 GB) GPUs")
-                    .Help("pass --gpu h100, h200, h800, a100 or a100_40gb"));
-    return std::nullopt;
-  }
-
-  std::vector<DraftSetting> settings = draft.Settings();
-  auto set_from_options = [&](FieldId field, const std::optional<int64_t>& v, const char* flag) {
-    if (!v) return;
-    settings.erase(std::remove_if(settings.begin(), settings.end(),
-                                  [&](const DraftSetting& s) { return s.path == field.path; }),
-                   settings.end());
-    settings.push_back({std::string(field.path),
-                        std::to_string(*v),
-                        {},
-                        std::string(flag) + " " + std::to_string(*v)});
-  };
-  set_from_options(fields::kClusterNodes, options.nodes, "--nodes");
-  set_from_options(fields::kClusterGpusPerNode, options.gpus_per_node, "--gpus-per-node");
-  auto find = [&](FieldId field) -> const DraftSetting* {
-    for (const DraftSetting& s : settings) {
-      if (s.path == field.path) return &s;
-    }
-    return nullptr;
-  };
-  if (!find(fields::kClusterNodes)) {
-    settings.push_back({std::string(fields::kClusterNodes.path),
-                        "1",
-                        {},
-                        "the file states no node count: 1 assumed (--nodes N)"});
-  }
-
-  // --- model: the record the file describes, then a stdlib model of the same shape -----------
-  std::vector<const DraftSetting*> model_settings;
-  for (const FieldInfo& f : PlanFields()) {  // in the order of the model's fields
-    const DraftSetting* s = f.path.rfind("model.", 0) == 0 ? find(f.id()) : nullptr;
-    if (s) model_settings.push_back(s);
-  }
-  if (draft.stdlib_model.empty()) {
-    for (FieldId required :
-         {fields::kModelLayers, fields::kModelHidden, fields::kModelHeads, fields::kModelSeqLen}) {
-      if (!find(required)) {
-        sink.Report(
-            Diag(DiagKind::kConfigMissing,
-                 "`" + std::string(required.path) + "` is not in " + file_name)
-                .At({config_buffer, 0, 0}, "in this " + framework + " configuration")
-                .Note("a plan needs the model's layers, hidden size, heads and sequence length")
-                .Help("state it in the file, or import a file that names a model flavor"));
-        return std::nullopt;
-      }
-    }
-  }
-  auto model_record = [&](const std::string& name, bool placeholder_vocab) {
-    std::string t = "model " + name + " {\n";
-    for (const DraftSetting* s : model_settings)
-      t += "  " + Leaf(s->path) + " = " + s->value + "\n";
-    if (placeholder_vocab && !find(fields::kModelVocab)) t += "  vocab = 1\n";
-    return t + "}\n";
-  };
-  const std::string cluster_expr = cluster->gpu.empty()
-                                       ? cluster->cluster
-                                       : cluster->cluster + " { gpu = " + cluster->gpu + " }";
-  LoadOptions load;
-  load.stdlib_dir = options.stdlib_dir;
-  std::optional<Plan> probe;
-  std::vector<StdlibModel> stdlib_models = LoadStdlibModels(options.stdlib_dir);
-  const StdlibModel* named = nullptr;
-  if (!draft.stdlib_model.empty()) {
-    for (const StdlibModel& m : stdlib_models) {
-      if (m.name == draft.stdlib_model) named = &m;
-    }
-    if (!named) {
-      sink.Report(
-          Diag(DiagKind::kConfigBadValue, "no stdlib model for " + draft.stdlib_model_source)
-              .At(draft.stdlib_model_origin)
-              .Note("the stdlib's models are in stdlib/models/")
-              .Help("state the model's shape in the file instead"));
-      return std::nullopt;
-    }
-    probe = named->plan;
-    for (const DraftSetting* s : model_settings) {
-      std::string error = SetFieldText(*probe, s->path, s->value);
-      if (!error.empty()) {
-        sink.Report(Diag(DiagKind::kConfigBadValue, "`" + s->path + "` " + error).At(s->origin));
-        return std::nullopt;
-      }
-    }
-  }
-  if (!named) {
-    SourceManager probe_sm;
-    DiagnosticSink probe_sink;
-    std::string text = "import std.clusters\n" + model_record("imported_model", true) +
-                       "plan probe { model = imported_model  cluster = " + cluster_expr + " }\n";
-    auto source = PlanSource::FromText("<probe>", text, load, probe_sm, probe_sink);
-    if (source) probe = source->Evaluate("probe", {}, EvalOptions{}, probe_sink);
-    if (!probe || probe_sink.has_errors()) {
-      // A value the language refuses: name the first model setting it could be.
-      for (const Diagnostic& d : probe_sink.diagnostics()) {
-        if (d.level != DiagLevel::kError) continue;
-        uint32_t line = probe_sm.Position(d.primary.buffer, d.primary.begin).line;
-        // Line 1 is the import, line 2 the record header: model setting k is on line k + 2.
-        SourceRange at;
-        std::string what = d.message;
-        if (line >= 3 && line - 3 < model_settings.size()) at = model_settings[line - 3]->origin;
-        sink.Report(
-            Diag(DiagKind::kConfigBadValue, "this model setting is not a valid plan value: " + what)
-                .At(at.IsValid() ? at : SourceRange{config_buffer, 0, 0}));
-        return std::nullopt;
-      }
-      sink.Report(Diag(DiagKind::kConfigBadValue,
-                       "the model settings of " + file_name + " do not form a model")
-                      .At({config_buffer, 0, 0}));
-      return std::nullopt;
-    }
-  }
-  // Of the stdlib models with the same shape, the one that agrees with most other settings
-  // (llama2_70b and llama3_70b share a shape; seq_len and vocab tell them apart).
-  const StdlibModel* match = named;
-  int best = -1;
-  for (const StdlibModel& m : stdlib_models) {
-    if (named) break;
-    bool same = true;
-    for (FieldId field : kShapeFields) {
-      const FieldInfo& f = field.info();
-      if (GetFieldValue(m.plan, f) != GetFieldValue(*probe, f)) same = false;
-    }
-    if (!same) continue;
-    int agree = 0;
-    for (const DraftSetting* s : model_settings) {
-      const FieldInfo* f = FindPlanField(s->path);
-      if (f && !IsShapeField(s->path) && GetFieldValue(m.plan, *f) == GetFieldValue(*probe, *f))
-        ++agree;
-    }
-    if (agree > best) {
-      best = agree;
-      match = &m;
-    }
-  }
-  if (!match && !find(fields::kModelVocab)) {
-    sink.Report(
-        Diag(DiagKind::kConfigMissing, "the vocabulary size is not in " + file_name +
-                                           " and the model's shape matches no stdlib model")
-            .At(find(fields::kModelLayers)->origin, "a model of this shape")
-            .Note("a plan needs `model.vocab`: the embedding and the output layer are sized by it")
-            .Help(draft.vocab_help.empty() ? "state the vocabulary size in the file"
-                                           : draft.vocab_help));
-    return std::nullopt;
-  }
-
-  // --- the text ---------------------------------------------------------------------------
-  TextWriter w;
-  w.Line("# " + file_name + ": a " + framework + " configuration as a plan (planc import --from=" +
-             std::string(ToString(draft.kind)) + ")",
-         "", {});
-  if (!draft.Skipped().empty()) {
-    w.Line("#", "", {});
-    w.Line("# Not imported (no plan field, or not recognised):", "", {});
-    for (const DraftSkip& s : draft.Skipped()) {
-      std::string where =
-          s.range.IsValid()
-              ? "line " + std::to_string(sm.Position(s.range.buffer, s.range.begin).line) + ": "
-              : "";
-      w.Line("#   " + where + s.text + "  (" + s.reason + ")", "", {});
-    }
-  }
-  w.Line("", "", {});
-  w.Line("import std.clusters", "", {});
-  if (match) w.Line("import std.models." + match->module, "", {});
-  w.Line("", "", {});
-  const std::string model_name = out.plan_name + "_model";
-  if (!match) {
-    w.Line("model " + model_name + " {", "", {});
-    for (const DraftSetting* s : model_settings) {
-      w.Line("  " + Leaf(s->path) + " = " + s->value, SourceComment(*s, sm), s->origin);
-    }
-    w.Line("}", "", {});
-    w.Line("", "", {});
-  }
-  w.Line("plan " + out.plan_name + " {", "", {});
-  const DraftSetting* layers = find(fields::kModelLayers);
-  DraftSetting named_setting{"model", draft.stdlib_model, draft.stdlib_model_origin,
-                             draft.stdlib_model_source};
-  if (named && !layers) layers = &named_setting;
-  if (match) {
-    std::string comment =
-        named ? draft.stdlib_model_source + ": std.models." + match->module + "'s " + match->name
-              : "the shape of " + layers->source + ", ... is std.models." + match->module + "'s " +
-                    match->name;
-    if (!find(fields::kModelVocab)) {
-      comment +=
-          "; vocab " + std::to_string(match->plan.model.vocab) + " from it (not in the file)";
-    }
-    w.Line("  model = " + match->name, comment, layers->origin);
-    for (const DraftSetting* s : model_settings) {
-      if (IsShapeField(s->path)) continue;
-      const FieldInfo* f = FindPlanField(s->path);
-      if (f && GetFieldValue(match->plan, *f) == GetFieldValue(*probe, *f)) continue;
-      w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
-    }
-  } else {
-    w.Line("  model = " + model_name, "", layers->origin);
-  }
-  w.Line("  cluster = " + cluster_expr, gpu_comment, gpu_origin);
-  for (FieldId path : {fields::kClusterNodes, fields::kClusterGpusPerNode}) {
-    if (const DraftSetting* s = find(path)) {
-      w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
-    }
-  }
-  for (FieldId path :
-       {FieldId(fields::kFramework), FieldId(fields::kPrecision), FieldId(fields::kRecompute)}) {
-    if (const DraftSetting* s = find(path)) {
-      w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm), s->origin);
-    }
-  }
-  for (const char* block : {"mixed_precision", "activations", "fsdp", "moe", "parallel", "pipeline",
-                            "optimizer", "batch", "train"}) {
-    std::vector<const DraftSetting*> members;
-    for (const FieldInfo& f : PlanFields()) {
-      if (f.path.rfind(std::string(block) + ".", 0) != 0) continue;
-      if (const DraftSetting* s = find(f.id())) members.push_back(s);
-    }
-    if (members.empty()) continue;
-    w.Line("  " + std::string(block) + " {", "", {});
-    for (const DraftSetting* s : members) {
-      w.Line("    " + Leaf(s->path) + " = " + s->value, SourceComment(*s, sm), s->origin);
-    }
-    w.Line("  }", "", {});
-  }
-  w.Line("}", "", {});
-  out.text = std::move(w.text_);
-  out.line_origins = std::move(w.lines_);
-  for (const DraftSetting& s : settings) {
-    if (s.origin.IsValid()) out.field_origins.push_back({s.path, s.origin});
-  }
-  if (layers->origin.IsValid()) out.field_origins.push_back({"model", layers->origin});
-  if (gpu_origin.IsValid()) {
-    out.field_origins.push_back({"cluster", gpu_origin});
-    out.field_origins.push_back({"cluster.gpu", gpu_origin});
-  }
-
-  if (!draft.Skipped().empty()) {
-    const DraftSkip& first = draft.Skipped().front();
-    Diag d(DiagKind::kConfigNotImported,
-           std::to_string(draft.Skipped().size()) + " setting" +
-               (draft.Skipped().size() == 1 ? "" : "s") + " of " + file_name +
-               (draft.Skipped().size() == 1 ? " has" : " have") + " no plan field and " +
-               (draft.Skipped().size() == 1 ? "is" : "are") + " not imported");
-    d.At(first.range, first.reason);
-    for (size_t i = 1; i < draft.Skipped().size(); ++i) {
-      d.Label(draft.Skipped()[i].range, draft.Skipped()[i].reason);
-    }
-    d.Note("the written plan lists them in its first comment; nothing else was left out");
-    sink.Report(std::move(d));
-  }
-  return out;
+  return ImportedPlanWriter(draft, options, config_buffer, sm, sink).Write();
 }
 
 }  // namespace paraplan::interop

@@ -157,6 +157,21 @@ TEST_CASE("Megatron-LM MoE and MLA flags: dense layers, shared experts, SwiGLU f
   CHECK(im.OriginText("model.dense_layers") == "--moe-layer-freq '([0]*1+[1]*5)'");
 }
 
+TEST_CASE("Megatron-LM's --moe-layer-freq k: every k-th layer is an MoE layer, and imported") {
+  Imported im(ConfigKind::kMegatron,
+              "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 "
+              "--hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --vocab-size 32000 "
+              "--num-experts 8 --moe-layer-freq 2\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.moe_layer_freq == 2);
+  CHECK(p.model.dense_layers == 0);
+  CHECK(im.OriginText("model.moe_layer_freq") == "--moe-layer-freq 2");
+  // Read into the plan, so neither the note nor the plan's first comment lists it.
+  CHECK(!im.Has("P0903"));
+  CHECK(im.plan->text.find("Not imported") == std::string::npos);
+}
+
 TEST_CASE("malformed Megatron-LM input is reported at its line") {
   SUBCASE("a flag without a value") {
     Imported im(ConfigKind::kMegatron, "python pretrain_gpt.py --num-layers --hidden-size 8\n");

@@ -96,6 +96,178 @@ constexpr Flavor kFlavors[] = {
     {"deepseek_v3", "236B", "deepseek_v2"}, {"qwen3", "30B-A3B", "qwen3_30b_a3b"},
 };
 
+// The model the job trains: [model] name and flavor, a stdlib model (checked by the writer).
+bool ReadModelFlavor(std::span<const ConfigEntry> entries, uint32_t buffer, PlanDraft& draft,
+                     DiagnosticSink& sink) {
+  const ConfigEntry* name = FindEntry(entries, "model.name");
+  const ConfigEntry* flavor = FindEntry(entries, "model.flavor");
+  if (!name || !flavor) {
+    sink.Report(
+        Diag(DiagKind::kConfigMissing, "the job file names no model ([model] name and flavor)")
+            .At({buffer, 0, 0})
+            .Help("add [model] with name = \"llama3\" and flavor = \"8B\""));
+    return false;
+  }
+  std::string source = "model.name = " + name->text + ", flavor = " + flavor->text;
+  draft.stdlib_model_source = source;
+  draft.stdlib_model_origin = flavor->range;
+  for (const Flavor& f : kFlavors) {
+    if (f.name == name->text && f.flavor == flavor->text) draft.stdlib_model = f.model;
+  }
+  if (draft.stdlib_model.empty()) draft.stdlib_model = name->text + "_" + flavor->text;
+  return true;
+}
+
+// float8 training: the float8 converter on the model, or the older [float8] switch.
+void ReadFloat8(std::span<const ConfigEntry> entries, PlanDraft& draft) {
+  if (const ConfigEntry* c = FindEntry(entries, "model.converters")) {
+    if (std::find(c->items.begin(), c->items.end(), "float8") != c->items.end()) {
+      draft.Set(fields::kPrecision, "fp8", c->range, "model.converters = [" + c->text + "]");
+      draft.Set(fields::kMixedPrecisionFp8, "current", c->range,
+                "torchtitan's float8 scales per tensor (tensorwise)");
+    }
+  }
+  if (const ConfigEntry* f = FindEntry(entries, "float8.enable_float8_linear");
+      f && f->text == "true") {
+    draft.Set(fields::kPrecision, "fp8", f->range, "float8.enable_float8_linear = true");
+    draft.Set(fields::kMixedPrecisionFp8, "current", f->range,
+              "torchtitan's float8 scales per tensor (tensorwise)");
+  }
+}
+
+// The floor of the decay, as a fraction of the peak rate.
+bool ReadMinLrFactor(std::span<const ConfigEntry> entries, PlanDraft& draft, DiagnosticSink& sink) {
+  const ConfigEntry* f = FindEntry(entries, "lr_scheduler.min_lr_factor");
+  if (!f) return true;
+  auto factor = ParseReal(f->text);
+  const DraftSetting* lr = draft.Find(fields::kOptimizerLr);
+  auto peak = lr ? ParseReal(lr->value) : std::optional<double>(8e-4);  // torchtitan's default lr
+  if (!factor || (f->type != ValueType::kReal && f->type != ValueType::kInt)) {
+    sink.Report(Diag(DiagKind::kConfigBadValue,
+                     "`lr_scheduler.min_lr_factor` expects a number, got " + f->text)
+                    .At(f->range));
+    return false;
+  }
+  draft.Set(fields::kOptimizerMinLr, RealText(*factor * *peak), f->range,
+            "min_lr_factor = " + f->text + " of lr");
+  return true;
+}
+
+// FSDP / HSDP: dp = replicate · shard, each as the job file states it.
+struct DataParallelDegrees {
+  const ConfigEntry* shard = nullptr;
+  const ConfigEntry* replicate = nullptr;
+  int64_t shard_degree = -1;  // -1: the rest of the world
+  int64_t replicate_degree = 1;
+};
+
+std::optional<DataParallelDegrees> ReadDataParallelDegrees(std::span<const ConfigEntry> entries,
+                                                           DiagnosticSink& sink) {
+  DataParallelDegrees d;
+  d.shard = FindEntry(entries, "parallelism.data_parallel_shard_degree");
+  d.replicate = FindEntry(entries, "parallelism.data_parallel_replicate_degree");
+  if (d.shard) d.shard_degree = ParseInteger(d.shard->text).value_or(0);
+  if (d.replicate) d.replicate_degree = ParseInteger(d.replicate->text).value_or(0);
+  const bool bad_shard =
+      d.shard && (d.shard->type != ValueType::kInt || d.shard_degree == 0 || d.shard_degree < -1);
+  const bool bad_replicate =
+      d.replicate && (d.replicate->type != ValueType::kInt || d.replicate_degree < 1);
+  if (bad_shard || bad_replicate) {
+    const ConfigEntry* bad = bad_shard ? d.shard : d.replicate;
+    sink.Report(Diag(DiagKind::kConfigBadValue,
+                     "`" + bad->key +
+                         "` expects a positive integer (or -1 for the shard degree), got " +
+                         bad->text)
+                    .At(bad->range));
+    return std::nullopt;
+  }
+  return d;
+}
+
+// Sharding over the shard group is ZeRO-3; the replicas of HSDP are the FSDP replicate group.
+void SetFsdp(const DataParallelDegrees& d, PlanDraft& draft) {
+  if (d.shard_degree != 1) {
+    const ConfigEntry* at = d.shard ? d.shard : d.replicate;
+    draft.Set(fields::kOptimizerZero, "3", at ? at->range : SourceRange{},
+              d.shard ? d.shard->key + " = " + d.shard->text + " (FSDP)"
+                      : "torchtitan's default: FSDP over the data-parallel ranks");
+  }
+  if (d.replicate_degree > 1 && d.shard_degree != 1) {
+    draft.Set(fields::kFsdpReplicate, std::to_string(d.replicate_degree), d.replicate->range,
+              d.replicate->key + " = " + d.replicate->text);
+  }
+}
+
+bool ReadReshardAfterForward(std::span<const ConfigEntry> entries, PlanDraft& draft,
+                             DiagnosticSink& sink) {
+  const ConfigEntry* r = FindEntry(entries, "parallelism.fsdp_reshard_after_forward");
+  if (!r) return true;
+  if (r->text == "never" || r->text == "always") {
+    draft.Set(fields::kFsdpReshardAfterForward, r->text == "always" ? "true" : "false", r->range,
+              r->key + " = " + r->text);
+  } else if (r->text != "default") {
+    sink.Report(Diag(DiagKind::kConfigBadValue,
+                     "`" + r->key + "` takes default, always or never, got " + r->text)
+                    .At(r->range));
+    return false;
+  }
+  return true;
+}
+
+// parallel.dp when the shard degree is stated (-1 leaves it to the world size).
+bool SetDataParallel(const DataParallelDegrees& d, PlanDraft& draft, DiagnosticSink& sink) {
+  if (d.shard_degree > 0) {
+    auto dp = CheckedMul(d.shard_degree, d.replicate_degree);
+    if (!dp) {
+      sink.Report(
+          Diag(DiagKind::kConfigBadValue,
+               "data_parallel_replicate_degree · data_parallel_shard_degree is past 64 bits")
+              .At(d.shard->range));
+      return false;
+    }
+    draft.Set(fields::kParallelDp, std::to_string(*dp), d.shard->range,
+              "data_parallel_replicate_degree · data_parallel_shard_degree");
+  } else if (d.shard_degree == 1 && d.replicate) {
+    draft.Set(fields::kParallelDp, std::to_string(d.replicate_degree), d.replicate->range,
+              d.replicate->key + " = " + d.replicate->text);
+  }
+  return true;
+}
+
+// The batch: local_batch_size per data-parallel rank (global_batch_size when given wins).
+bool ReadLocalBatch(const ConfigEntry* local, PlanDraft& draft, DiagnosticSink& sink) {
+  if (!local || draft.Has(fields::kBatchGlobal)) return true;
+  auto v = ParseInteger(local->text);
+  if (!v || local->type != ValueType::kInt) {
+    sink.Report(Diag(DiagKind::kConfigBadValue,
+                     "`" + local->key + "` expects an integer, got " + local->text)
+                    .At(local->range));
+    return false;
+  }
+  draft.Set(fields::kBatchGlobal, std::to_string(*v) + " * parallel.dp", local->range,
+            local->key + " = " + local->text + " per data-parallel rank");
+  return true;
+}
+
+// torchtitan's own choices where the job file is silent: sequence parallelism with tensor
+// parallelism, and the microbatch.
+void SetTorchtitanDefaults(const ConfigEntry* local, PlanDraft& draft) {
+  // torchtitan's tensor parallelism always shards the sequence between its layers.
+  if (const DraftSetting* tp = draft.Find(fields::kParallelTp); tp && tp->value != "1") {
+    draft.Set(fields::kParallelSp, "true", tp->origin,
+              "torchtitan's tensor parallelism is sequence-parallel");
+  }
+  const DraftSetting* pp = draft.Find(fields::kParallelPp);
+  if (draft.Has(fields::kBatchMicro)) return;
+  if (pp && pp->value != "1") {
+    draft.Set(fields::kBatchMicro, "1", {},
+              "torchtitan's default: pipeline_parallel_microbatch_size = 1");
+  } else if (local) {
+    // Without pipelining each rank runs its local batch at once.
+    draft.Set(fields::kBatchMicro, local->text, local->range, local->key + " = " + local->text);
+  }
+}
+
 }  // namespace
 
 std::span<const SettingRow> TorchtitanRows() { return kTorchtitan; }
@@ -119,136 +291,18 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
     draft.Erase(fields::kTrainCheckpointDir);
     draft.Erase(fields::kTrainCheckpointEvery);
   }
-
-  const ConfigEntry* name = FindEntry(*entries, "model.name");
-  const ConfigEntry* flavor = FindEntry(*entries, "model.flavor");
-  if (name && flavor) {
-    std::string source = "model.name = " + name->text + ", flavor = " + flavor->text;
-    draft.stdlib_model_source = source;
-    draft.stdlib_model_origin = flavor->range;
-    for (const Flavor& f : kFlavors) {
-      if (f.name == name->text && f.flavor == flavor->text) draft.stdlib_model = f.model;
-    }
-    if (draft.stdlib_model.empty()) draft.stdlib_model = name->text + "_" + flavor->text;
-  } else {
-    sink.Report(
-        Diag(DiagKind::kConfigMissing, "the job file names no model ([model] name and flavor)")
-            .At({buffer, 0, 0})
-            .Help("add [model] with name = \"llama3\" and flavor = \"8B\""));
+  if (!ReadModelFlavor(*entries, buffer, draft, sink)) return std::nullopt;
+  ReadFloat8(*entries, draft);
+  if (!ReadMinLrFactor(*entries, draft, sink)) return std::nullopt;
+  auto degrees = ReadDataParallelDegrees(*entries, sink);
+  if (!degrees) return std::nullopt;
+  SetFsdp(*degrees, draft);
+  if (!ReadReshardAfterForward(*entries, draft, sink) || !SetDataParallel(*degrees, draft, sink))
     return std::nullopt;
-  }
-  // float8 training: the float8 converter on the model.
-  if (const ConfigEntry* c = FindEntry(*entries, "model.converters")) {
-    if (std::find(c->items.begin(), c->items.end(), "float8") != c->items.end()) {
-      draft.Set(fields::kPrecision, "fp8", c->range, "model.converters = [" + c->text + "]");
-      draft.Set(fields::kMixedPrecisionFp8, "current", c->range,
-                "torchtitan's float8 scales per tensor (tensorwise)");
-    }
-  }
-  if (const ConfigEntry* f = FindEntry(*entries, "float8.enable_float8_linear");
-      f && f->text == "true") {
-    draft.Set(fields::kPrecision, "fp8", f->range, "float8.enable_float8_linear = true");
-    draft.Set(fields::kMixedPrecisionFp8, "current", f->range,
-              "torchtitan's float8 scales per tensor (tensorwise)");
-  }
-  // The floor of the decay, as a fraction of the peak rate.
-  if (const ConfigEntry* f = FindEntry(*entries, "lr_scheduler.min_lr_factor")) {
-    auto factor = ParseReal(f->text);
-    const DraftSetting* lr = draft.Find(fields::kOptimizerLr);
-    auto peak = lr ? ParseReal(lr->value) : std::optional<double>(8e-4);  // torchtitan's default lr
-    if (!factor || (f->type != ValueType::kReal && f->type != ValueType::kInt)) {
-      sink.Report(Diag(DiagKind::kConfigBadValue,
-                       "`lr_scheduler.min_lr_factor` expects a number, got " + f->text)
-                      .At(f->range));
-      return std::nullopt;
-    }
-    draft.Set(fields::kOptimizerMinLr, RealText(*factor * *peak), f->range,
-              "min_lr_factor = " + f->text + " of lr");
-  }
-  // FSDP / HSDP: dp = replicate · shard; sharding over the shard group is ZeRO-3.
-  const ConfigEntry* shard = FindEntry(*entries, "parallelism.data_parallel_shard_degree");
-  const ConfigEntry* replicate = FindEntry(*entries, "parallelism.data_parallel_replicate_degree");
-  int64_t shard_v =
-      shard ? ParseInteger(shard->text).value_or(0) : -1;  // -1: the rest of the world
-  int64_t replicate_v = replicate ? ParseInteger(replicate->text).value_or(0) : 1;
-  if ((shard && (shard->type != ValueType::kInt || shard_v == 0 || shard_v < -1)) ||
-      (replicate && (replicate->type != ValueType::kInt || replicate_v < 1))) {
-    const ConfigEntry* bad =
-        shard && (shard->type != ValueType::kInt || shard_v == 0 || shard_v < -1) ? shard
-                                                                                  : replicate;
-    sink.Report(Diag(DiagKind::kConfigBadValue,
-                     "`" + bad->key +
-                         "` expects a positive integer (or -1 for the shard degree), got " +
-                         bad->text)
-                    .At(bad->range));
-    return std::nullopt;
-  }
-  if (shard_v != 1) {
-    const ConfigEntry* at = shard ? shard : replicate;
-    draft.Set(fields::kOptimizerZero, "3", at ? at->range : SourceRange{},
-              shard ? shard->key + " = " + shard->text + " (FSDP)"
-                    : "torchtitan's default: FSDP over the data-parallel ranks");
-  }
-  // The shard group of FSDP / HSDP.
-  if (replicate_v > 1 && shard_v != 1) {
-    draft.Set(fields::kFsdpReplicate, std::to_string(replicate_v), replicate->range,
-              replicate->key + " = " + replicate->text);
-  }
-  if (const ConfigEntry* r = FindEntry(*entries, "parallelism.fsdp_reshard_after_forward")) {
-    if (r->text == "never" || r->text == "always") {
-      draft.Set(fields::kFsdpReshardAfterForward, r->text == "always" ? "true" : "false", r->range,
-                r->key + " = " + r->text);
-    } else if (r->text != "default") {
-      sink.Report(Diag(DiagKind::kConfigBadValue,
-                       "`" + r->key + "` takes default, always or never, got " + r->text)
-                      .At(r->range));
-      return std::nullopt;
-    }
-  }
-  if (shard_v > 0) {
-    auto dp = CheckedMul(shard_v, replicate_v);
-    if (!dp) {
-      sink.Report(
-          Diag(DiagKind::kConfigBadValue,
-               "data_parallel_replicate_degree · data_parallel_shard_degree is past 64 bits")
-              .At(shard->range));
-      return std::nullopt;
-    }
-    draft.Set(fields::kParallelDp, std::to_string(*dp), shard->range,
-              "data_parallel_replicate_degree · data_parallel_shard_degree");
-  } else if (shard_v == 1 && replicate) {
-    draft.Set(fields::kParallelDp, std::to_string(replicate_v), replicate->range,
-              replicate->key + " = " + replicate->text);
-  }
-  // The batch: local_batch_size per data-parallel rank (global_batch_size when given wins).
   const ConfigEntry* local = FindEntry(*entries, "training.local_batch_size");
   if (!local) local = FindEntry(*entries, "training.batch_size");
-  if (local && !draft.Has(fields::kBatchGlobal)) {
-    auto v = ParseInteger(local->text);
-    if (!v || local->type != ValueType::kInt) {
-      sink.Report(Diag(DiagKind::kConfigBadValue,
-                       "`" + local->key + "` expects an integer, got " + local->text)
-                      .At(local->range));
-      return std::nullopt;
-    }
-    draft.Set(fields::kBatchGlobal, std::to_string(*v) + " * parallel.dp", local->range,
-              local->key + " = " + local->text + " per data-parallel rank");
-  }
-  // torchtitan's tensor parallelism always shards the sequence between its layers.
-  if (const DraftSetting* tp = draft.Find(fields::kParallelTp); tp && tp->value != "1") {
-    draft.Set(fields::kParallelSp, "true", tp->origin,
-              "torchtitan's tensor parallelism is sequence-parallel");
-  }
-  const DraftSetting* pp = draft.Find(fields::kParallelPp);
-  if (!draft.Has(fields::kBatchMicro)) {
-    if (pp && pp->value != "1") {
-      draft.Set(fields::kBatchMicro, "1", {},
-                "torchtitan's default: pipeline_parallel_microbatch_size = 1");
-    } else if (local) {
-      // Without pipelining each rank runs its local batch at once.
-      draft.Set(fields::kBatchMicro, local->text, local->range, local->key + " = " + local->text);
-    }
-  }
+  if (!ReadLocalBatch(local, draft, sink)) return std::nullopt;
+  SetTorchtitanDefaults(local, draft);
   return draft;
 }
 
