@@ -85,6 +85,10 @@ std::string Str(const Object* o, llvm::StringRef key) {
 // One published run as the model sees it.
 struct Case {
   std::string id, source, group, stack, why_unscored;
+  // Whose memory behaviour prices the run: its stack's, except Llama 3 (Meta's own stack, priced
+  // with torchtitan's time profile), whose tensor parallelism keeps the 1/t shards Megatron
+  // keeps rather than DTensor's gathered inputs: its 405B run at 8K without recompute ran.
+  Framework memory_framework = Framework::kParaplan;
   Plan plan;
   CostOptions options;
   double measured = 0;  // tokens/s per GPU
@@ -224,6 +228,7 @@ bool ReadLayout(const Object* par, const Object* hw, Case& c, std::string& error
   for (Framework f : {Framework::kParaplan, Framework::kMegatronCore, Framework::kTorchtitan,
                       Framework::kDeepSpeed, Framework::kLlmFoundry, Framework::kMegatronLm2021})
     if (ToString(f) == c.stack) plan.framework = f;
+  c.memory_framework = c.source == "llama3" ? Framework::kMegatronCore : plan.framework;
   if (Has(c.id, "asynctp")) p.tp_comm_overlap = true;  // torchtitan async TP
   return true;
 }
@@ -413,7 +418,10 @@ void Choose(Case& c) {
           plan.recompute = rc;
           plan.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
           if (plan.batch.global % (micro * plan.parallel.dp) != 0) continue;
-          const Evaluation e = Evaluate(plan, c.options);
+          Plan priced = plan;
+          priced.framework = c.memory_framework;
+          const MemoryEstimate memory = EstimateMemory(priced, c.options);
+          const Evaluation e = Evaluate(plan, c.options, &memory);
           if (!e.valid) continue;
           const bool better =
               best < 0 || (e.fits && !best_fits) || (e.fits == best_fits && e.tokens > best);
@@ -568,7 +576,9 @@ double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
 // memory model gives no allocator figure.
 double AllocatorPeakGiB(const Case& c) {
   int64_t peak = 0;
-  for (const StagePeak& s : PredictedPeaks(c.chosen, c.options))
+  Plan priced = c.chosen;
+  priced.framework = c.memory_framework;
+  for (const StagePeak& s : PredictedPeaks(priced, c.options))
     peak = std::max(peak, s.allocator > 0 ? s.allocator : s.device);
   if (peak == 0) peak = c.memory.peak;
   return D(peak) / kGiB;
