@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/calibration/memory_points.h"
 #include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_params.h"
 #include "compiler/analyze/cost_shape.h"
@@ -782,17 +783,27 @@ void PrintSummaries(const std::vector<Case>& cases) {
   if (total > 0)
     std::printf("  %d of %d groups in the measured order; mean Spearman %.2f\n", same, total,
                 rho_sum / total);
+}
 
-  // Memory: predicted peak vs measured where published.
-  std::vector<double> mem_err;
-  for (const Case& c : cases)
-    if (c.measured_mem_gib > 0 && c.memory.valid)
-      mem_err.push_back(Error(AllocatorPeakGiB(c), c.measured_mem_gib));
-  if (!mem_err.empty()) {
-    const Stats s = Summarize(mem_err);
-    std::printf("\npeak memory: %zu runs with a measured peak, median |error| %.1f%%, p90 %.1f%%\n",
-                s.n, 100 * s.median, 100 * s.p90);
+// The memory section (memory_points.h): the runs with a measured peak as chosen above, and the
+// file's memory references.
+bool PrintMemory(const std::string& path, const std::vector<Case>& cases) {
+  std::vector<calibration::MeasuredPeak> peaks;
+  for (const Case& c : cases) {
+    if (c.measured_mem_gib <= 0 || !c.memory.valid) continue;
+    calibration::MeasuredPeak run{c.id, c.source, c.chosen, c.options, c.measured_mem_gib};
+    run.plan.framework = c.memory_framework;
+    peaks.push_back(std::move(run));
   }
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  if (!buffer) return false;
+  auto parsed = llvm::json::parse((*buffer)->getBuffer());
+  if (!parsed) {
+    llvm::consumeError(parsed.takeError());
+    return false;
+  }
+  const Object* root = parsed->getAsObject();
+  return root && calibration::PrintMemoryReport(*root, peaks, PARAPLAN_MEMORY_PLANS);
 }
 
 int main(int argc, char** argv) {
@@ -831,5 +842,5 @@ int main(int argc, char** argv) {
   PrintRuns(cases, csv, verbose);
   if (csv) return 0;
   PrintSummaries(cases);
-  return 0;
+  return PrintMemory(path, cases) ? 0 : 2;
 }
