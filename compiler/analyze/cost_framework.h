@@ -58,6 +58,10 @@ struct FrameworkProfile {
   // the calibration fit leaves it as it is).
   bool attention_documented = false;
 
+  // Memory: what the stack's allocator reserves beyond the bytes the model lists, percent of
+  // them (CostOptions::allocator_margin_percent; planrun's static arena has none).
+  int64_t allocator_margin_percent = 5;
+
   // Fitted (bench/calibration --fit): per (stack, generation).
   double compute_scale = 1.0;     // multiplies the GPU's GEMM and attention fractions
   double attention_scale = 1.0;   // multiplies the fused-attention fraction once more (the
@@ -88,8 +92,8 @@ const std::vector<FrameworkProfile>& AllProfiles();
 // the flags it is given, which default to the same behaviour).
 std::string_view FrameworkOf(const Plan& plan, const CostOptions& options, bool* named = nullptr);
 
-// `options` with the software flags (fused attention, dropout, DP overlap, MoE imbalance) of
-// the plan's framework when one is named; `options` unchanged otherwise.
+// `options` with the software flags (fused attention, dropout, DP overlap, MoE imbalance) and
+// the allocator margin of the plan's framework when one is named; `options` unchanged otherwise.
 CostOptions OptionsForFramework(const Plan& plan, const CostOptions& options);
 
 }  // namespace paraplan

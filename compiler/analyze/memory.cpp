@@ -230,6 +230,23 @@ int64_t TorchtitanOpSacBytes(const ModelSpec& m, const ActivationShape& shape) {
   return SatAdd(bytes, SatMul(tokens, 4 * CeilDiv(m.heads, t)));  // log-sum-exp
 }
 
+// torchtitan's tensor parallelism is DTensor's: under sequence parallelism the attention and
+// MLP norms' outputs are all-gathered by PrepareModuleInput before the column-parallel wq/wk/wv
+// and w1/w3, and autograd saves the gathered, full-sequence tensor as those linears' input,
+// where Megatron saves the 1/t shard and gathers it again in the backward. With float8 linears
+// the gather runs on the FP8 cast (torchao's PrepareFloat8ModuleInput), so the saved copy has
+// 1-byte elements. The bytes beyond the shard the Korthikanti count already holds, per layer.
+int64_t TorchtitanGatheredInputs(const Plan& plan, LayerKind kind, const ActivationShape& shape,
+                                 bool fp8) {
+  if (plan.framework != Framework::kTorchtitan || !shape.sp || shape.tp <= 1 ||
+      kind != LayerKind::kDense)
+    return 0;
+  const int64_t tokens = CeilDiv(SatMul(shape.seq, shape.micro), std::max<int64_t>(1, shape.cp));
+  const int64_t rest = tokens - CeilDiv(tokens, shape.tp);
+  const int64_t x = fp8 ? 1 : shape.element_bytes;
+  return SatMul(rest, SatMul(2 * x, plan.model.hidden));  // the attention and the MLP inputs
+}
+
 LayerActivations ActivationsOfLayer(const Plan& plan, LayerKind kind, const ActivationShape& shape,
                                     bool fp8) {
   const ModelSpec& m = plan.model;
@@ -265,6 +282,13 @@ LayerActivations ActivationsOfLayer(const Plan& plan, LayerKind kind, const Acti
     const uint32_t modules = EffectiveRecomputeModules(plan);
     a.stored = std::max<int64_t>(a.input, a.stored - Fp8Saving(m, kind, shape, modules));
     a.none = std::max<int64_t>(a.input, a.none - Fp8Saving(m, kind, shape, 0));
+  }
+  if (const int64_t gathered = TorchtitanGatheredInputs(plan, kind, shape, fp8); gathered > 0) {
+    // Saved wherever the linears' inputs are: with everything stored, and in the working set of
+    // a recomputed layer. torchtitan's op-level SAC recomputes the norms and their gathers.
+    if (plan.recompute == Recompute::kNone) a.stored = SatAdd(a.stored, gathered);
+    a.none = SatAdd(a.none, gathered);
+    if (plan.recompute == Recompute::kFull) a.workspace = a.none;
   }
   return a;
 }
@@ -649,11 +673,15 @@ void AddLoss(const MemoryInputs& in, int64_t held, StageTally& s) {
   const ModelSpec& m = plan.model;
   if (!in.arena) s.extra = SatAdd(s.extra, SatMul(std::max<int64_t>(1, held), in.loss_act));
   if (!in.arena && plan.framework == Framework::kTorchtitan) {
-    // torchtitan's loss upcasts the logits (`pred.float()`, vocab-parallel under TP):
-    // at its backward the saved fp32 log-probabilities, the fp32 gradient of the loss and
-    // the fp32 gradient of the upcast are live at once, 8 B per logit beyond the 4 B above.
+    // torchtitan's loss upcasts the logits (`pred.float()`): at the backward of the fused
+    // cross entropy the saved fp32 log-probabilities, the fp32 gradient of the loss and the
+    // fp32 gradient of the upcast are live at once, 8 B per logit beyond the 4 B above. Under
+    // TP the loss is DTensor's loss_parallel, whose backward is decomposed into eager ops
+    // (torch.distributed.tensor.parallel.loss): zeros for the one-hot, exp of the
+    // log-probabilities and their sum are live together with the saved log-probabilities and
+    // the product, 16 B per logit in all.
     const int64_t logits = SatMul(in.tokens, CeilDiv(m.vocab, in.t));
-    s.extra = SatAdd(s.extra, SatMul(8, logits));
+    s.extra = SatAdd(s.extra, SatMul(in.t > 1 ? 12 : 8, logits));
   }
   if (m.mtp_layers > 0 && !in.arena) AddMtpModules(in, held, s);
   s.repl_p = SatAdd(s.repl_p, FinalNormParams(m));

@@ -20,14 +20,18 @@
 //                 recomputed layers; FP8 GEMM inputs stored as 1-byte copies; offloaded layers
 //                 move to host_bytes. Microbatches in flight of the actual schedule (1F1B:
 //                 min(pp - r, m); interleaved: Megatron's warm-up count; GPipe: m).
+//                 torchtitan under SP (DTensor): the all-gathered inputs of the column-parallel
+//                 projections are saved at full sequence length (FP8 under float8).
 //   embedding and loss  int64 ids, final-norm and output inputs, fp32 logits; MTP modules add a
-//                 layer and logits each on the last stage.
+//                 layer and logits each on the last stage. torchtitan's upcast loss holds 12 B
+//                 per logit at its backward, 16 B under loss_parallel (TP > 1).
 //   comm buffers  one NCCL communicator per group of size > 1 (runtime-anchors.md 3.2, item 7),
 //                 gathered SP/CP/EP buffers, ZeRO-3 gathered weights (two layers, or the whole
 //                 stage when reshard_after_forward is off, as torchtitan does under pp > 1).
 //   reserve       CUDA context and library workspaces (GpuEfficiency::runtime_reserve_bytes).
 //   allocator margin  the caching allocator's fragmentation, CostOptions::allocator_margin_percent
-//                 for the PyTorch frameworks; 0 for planrun, whose arena is allocated whole.
+//                 from the framework profile (FrameworkProfile::allocator_margin_percent: 5%,
+//                 torchtitan 10%); 0 for planrun, whose arena is allocated whole.
 // framework = paraplan on a plan planrun lowers (ArenaModelApplies): the activations, embedding
 // and loss terms and the workspace are planrun's static arena instead, term by term as
 // compiler/lower lays it out (StageMemory::arena; within 3% of `planc compile`, tested).

@@ -59,6 +59,8 @@ bool CheckVocabPadded(RuleContext& ctx) {
   const int64_t v = p.model.vocab;
   const int64_t tp = p.parallel.tp;
   if (v <= 0 || tp <= 0) return false;
+  // torchtitan and LLM Foundry split the vocabulary as configured: nothing is padded.
+  if (p.framework == Framework::kTorchtitan || p.framework == Framework::kLlmFoundry) return false;
   // A divisor the plan states is a choice the user made: the padding is then no news.
   const OriginKind divisor_origin = p.Origin(fields::kModelVocabDivisor).kind;
   if (divisor_origin == OriginKind::kFile || divisor_origin == OriginKind::kCommandLine) {
@@ -396,7 +398,9 @@ const std::vector<Rule>& TrainRules() {
       {K::kFsdpDegreesMismatch,
        CheckFsdpDegreesMismatch,
        {kFsdpShard, kFsdpReplicate, kParallelDp, kParallelCp}},
-      {K::kVocabPadded, CheckVocabPadded, {kModelVocab, kParallelTp, kModelVocabDivisor}},
+      {K::kVocabPadded,
+       CheckVocabPadded,
+       {kModelVocab, kParallelTp, kModelVocabDivisor, kFramework}},
   };
   return kRules;
 }

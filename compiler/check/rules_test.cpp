@@ -282,6 +282,10 @@ TEST_CASE("training and model-shape rules") {
             {"parallel.pp = 2", "optimizer.zero = 3", "batch.global = 8", "framework = torchtitan"})
             .Codes() == Codes{});
   CHECK(TestPlan({"model.vocab = 50257", "model.vocab_divisor = 64"}).Codes() == Codes{});
+  // Stacks that do not pad the vocabulary get no padding note.
+  CHECK(TestPlan({"model.vocab = 50257", "framework = torchtitan"}).Codes() == Codes{});
+  CHECK(TestPlan({"model.vocab = 50257", "framework = llm_foundry"}).Codes() == Codes{});
+  CHECK(TestPlan({"model.vocab = 50257", "framework = megatron_core"}).Codes() == Codes{"P0502"});
   CHECK(TestPlan({"parallel.tp = 8", "optimizer.zero = 1", "model.vocab = 131072"}).Codes() ==
         Codes{"P0504"});
   CHECK(TestPlan({"model.experts = 8", "model.topk = 2", "model.moe_ffn_hidden = 1024",
