@@ -430,52 +430,63 @@ CheckpointLock& CheckpointLock::operator=(CheckpointLock&& other) noexcept {
   return *this;
 }
 
-CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramImage& program,
-                                          const PrepareOptions& options) {
-  CheckpointLock lock(dir);
-  std::error_code ec;
-  // Room for one more checkpoint (the previous one stays until the new one is committed).
+namespace {
+
+// Room for one more checkpoint (the previous one stays until the new one is committed).
+void CheckRoomForCheckpoint(const std::string& dir, const ProgramImage& program) {
   struct statvfs vfs {};
-  if (::statvfs(dir.c_str(), &vfs) == 0) {
-    const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
-    const double need = CheckpointBytes(program);
-    if (free_bytes < need) {
-      char text[160];
-      std::snprintf(text, sizeof text, "%.1f KiB free, one checkpoint takes %.1f KiB",
-                    free_bytes / 1024.0, need / 1024.0);
-      throw CheckpointError("checkpoint directory `" + dir + "` has no room for a checkpoint (" +
-                            text + "); free space or choose another directory");
-    }
+  if (::statvfs(dir.c_str(), &vfs) != 0) return;
+  const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  const double need = CheckpointBytes(program);
+  if (free_bytes < need) {
+    char text[160];
+    std::snprintf(text, sizeof text, "%.1f KiB free, one checkpoint takes %.1f KiB",
+                  free_bytes / 1024.0, need / 1024.0);
+    throw CheckpointError("checkpoint directory `" + dir + "` has no room for a checkpoint (" +
+                          text + "); free space or choose another directory");
   }
-  if (options.clean_leftovers) {
-    // Leftovers of interrupted writes. Nobody else writes here (we hold the lock).
-    std::vector<fs::path> tmps;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      const auto ends = [&](const char* tail) {
-        const std::string t = tail;
-        return name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
-      };
-      if (name.rfind(".step-", 0) == 0 && (ends(".tmp") || ends(".old")))
-        tmps.push_back(it->path());
-      if (name == ".latest.tmp") tmps.push_back(it->path());
-    }
-    for (const fs::path& p : tmps) {
-      const std::string name = p.filename().string();
-      std::error_code ec2;
-      if (name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0) {
-        // A rewrite of a step was cut between moving the old one aside and moving the new one in.
-        const fs::path committed = fs::path(dir) / name.substr(1, name.size() - 5);
-        if (!fs::exists(committed, ec2)) {
-          fs::rename(p, committed, ec2);
-          continue;
-        }
+}
+
+// Removes the leftovers of interrupted writes, putting back a committed step that a rewrite
+// moved aside. Nobody else writes here (the caller holds the lock).
+void CleanInterruptedWrites(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> tmps;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const auto ends = [&](const char* tail) {
+      const std::string t = tail;
+      return name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+    };
+    if (name.rfind(".step-", 0) == 0 && (ends(".tmp") || ends(".old"))) tmps.push_back(it->path());
+    if (name == ".latest.tmp") tmps.push_back(it->path());
+  }
+  for (const fs::path& p : tmps) {
+    const std::string name = p.filename().string();
+    std::error_code ec2;
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0) {
+      // A rewrite of a step was cut between moving the old one aside and moving the new one in.
+      const fs::path committed = fs::path(dir) / name.substr(1, name.size() - 5);
+      if (!fs::exists(committed, ec2)) {
+        fs::rename(p, committed, ec2);
+        continue;
       }
-      fs::remove_all(p, ec2);
     }
+    fs::remove_all(p, ec2);
   }
-  const auto steps = StepDirectories(dir);
-  if (steps.empty()) return lock;
+}
+
+// The step directories a run would be refused for, and why.
+struct ConflictingCheckpoints {
+  std::vector<fs::path> doomed;
+  std::string why;
+};
+
+// The checkpoints in `dir` (its step directories, oldest first) that this run must not mix
+// with: another program's, this program's when starting fresh, those after the resumed step.
+ConflictingCheckpoints FindConflictingCheckpoints(
+    const std::string& dir, const ProgramImage& program, const PrepareOptions& options,
+    const std::vector<std::pair<int64_t, fs::path>>& steps) {
   const std::string newest = steps.back().second.string();
   CheckpointManifest man;
   bool ours = false;
@@ -488,35 +499,38 @@ CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramI
     man.directory = newest;
     man.plan = "?";
   }
-  std::vector<fs::path> doomed;
-  std::string why;
+  ConflictingCheckpoints c;
   if (!ours) {
-    for (const auto& [step, path] : steps) doomed.push_back(path);
-    why = "--checkpoint-dir `" + dir + "` holds checkpoint `" + man.directory + "` of plan `" +
-          man.plan + "` (" + std::to_string(man.world_size) + " ranks, fingerprint " +
-          Hex(man.fingerprint) + "), another program than this one (fingerprint " +
-          Hex(program.fingerprint) +
-          "); this run would replace it: choose another directory, or pass --overwrite-checkpoints "
-          "to remove it";
+    for (const auto& [step, path] : steps) c.doomed.push_back(path);
+    c.why = "--checkpoint-dir `" + dir + "` holds checkpoint `" + man.directory + "` of plan `" +
+            man.plan + "` (" + std::to_string(man.world_size) + " ranks, fingerprint " +
+            Hex(man.fingerprint) + "), another program than this one (fingerprint " +
+            Hex(program.fingerprint) +
+            "); this run would replace it: choose another directory, or pass "
+            "--overwrite-checkpoints to remove it";
   } else if (options.resume_step < 0) {
-    for (const auto& [step, path] : steps) doomed.push_back(path);
-    why = "--checkpoint-dir `" + dir +
-          "` already holds checkpoints of this program (the newest is step " +
-          std::to_string(steps.back().first) +
-          "); a fresh run would write over them: resume with --resume " + dir +
-          ", or pass --overwrite-checkpoints to remove them and start over";
+    for (const auto& [step, path] : steps) c.doomed.push_back(path);
+    c.why = "--checkpoint-dir `" + dir +
+            "` already holds checkpoints of this program (the newest is step " +
+            std::to_string(steps.back().first) +
+            "); a fresh run would write over them: resume with --resume " + dir +
+            ", or pass --overwrite-checkpoints to remove them and start over";
   } else {
     for (const auto& [step, path] : steps) {
-      if (step > options.resume_step) doomed.push_back(path);
+      if (step > options.resume_step) c.doomed.push_back(path);
     }
-    why = "--checkpoint-dir `" + dir + "` holds checkpoints after step " +
-          std::to_string(options.resume_step) + " (up to step " +
-          std::to_string(steps.back().first) + "), the step this run resumes from: it would mix " +
-          "two histories; pass --overwrite-checkpoints to remove the later ones, or write into "
-          "another directory";
+    c.why = "--checkpoint-dir `" + dir + "` holds checkpoints after step " +
+            std::to_string(options.resume_step) + " (up to step " +
+            std::to_string(steps.back().first) + "), the step this run resumes from: it would " +
+            "mix two histories; pass --overwrite-checkpoints to remove the later ones, or write " +
+            "into another directory";
   }
-  if (doomed.empty()) return lock;
-  if (!options.overwrite) throw CheckpointError(why);
+  return c;
+}
+
+// Removes `doomed` step directories and points `latest` at the newest one left.
+void RemoveCheckpoints(const std::string& dir, const std::vector<fs::path>& doomed) {
+  std::error_code ec;
   for (const fs::path& p : doomed) {
     fs::remove_all(p, ec);
     if (ec) throw CheckpointError("cannot remove `" + p.string() + "`: " + ec.message());
@@ -531,6 +545,21 @@ CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramI
     fs::rename(fs::path(dir) / ".latest.tmp", latest, ec);
   }
   FsyncPath(dir, true);
+}
+
+}  // namespace
+
+CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramImage& program,
+                                          const PrepareOptions& options) {
+  CheckpointLock lock(dir);
+  CheckRoomForCheckpoint(dir, program);
+  if (options.clean_leftovers) CleanInterruptedWrites(dir);
+  const auto steps = StepDirectories(dir);
+  if (steps.empty()) return lock;
+  const ConflictingCheckpoints conflicts = FindConflictingCheckpoints(dir, program, options, steps);
+  if (conflicts.doomed.empty()) return lock;
+  if (!options.overwrite) throw CheckpointError(conflicts.why);
+  RemoveCheckpoints(dir, conflicts.doomed);
   return lock;
 }
 

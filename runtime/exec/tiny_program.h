@@ -22,119 +22,166 @@ struct TinyOptions {
   int64_t checkpoint_every = 0;
 };
 
-inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
-  using namespace paraplan::prog;
-  flatbuffers::FlatBufferBuilder b;
-  const int64_t vocab_padded = 16, vocab = 13, h = 8, seq = 4, micro = 2, tokens = seq * micro;
-  const int64_t mbs = o.global_batch / (micro * o.dp);
-  const int64_t bucket = vocab_padded * h + h + vocab_padded * h;  // 264, divisible by 2
-  const int64_t shard = o.zero >= 1 ? bucket / o.dp : bucket;
+namespace tiny_detail {
 
-  struct Buf {
-    std::string name;
-    BufferKind kind;
-    DType dtype;
-    std::vector<int64_t> shape;
-    int view_of;
-    int64_t view_offset;
-  };
-  std::vector<Buf> bufs;
-  auto add = [&](std::string name, BufferKind kind, std::vector<int64_t> shape,
-                 DType dt = DType::F32, int view_of = -1, int64_t view_offset = 0) {
-    bufs.push_back({std::move(name), kind, dt, std::move(shape), view_of, view_offset});
-    return static_cast<int>(bufs.size() - 1);
-  };
-  const int pb = add("params", BufferKind::Bucket, {bucket});
-  const int gb = add("grads", BufferKind::Bucket, {bucket});
-  const int emb = add("emb", BufferKind::Param, {vocab_padded, h}, DType::F32, pb, 0);
-  const int nw = add("norm", BufferKind::Param, {h}, DType::F32, pb, vocab_padded * h);
-  const int head =
-      add("head", BufferKind::Param, {vocab_padded, h}, DType::F32, pb, vocab_padded * h + h);
-  const int demb = add("emb.grad", BufferKind::Grad, {vocab_padded, h}, DType::F32, gb, 0);
-  const int dnw = add("norm.grad", BufferKind::Grad, {h}, DType::F32, gb, vocab_padded * h);
-  const int dhead =
-      add("head.grad", BufferKind::Grad, {vocab_padded, h}, DType::F32, gb, vocab_padded * h + h);
-  const int master = add("master", BufferKind::Optimizer, {shard});
-  const int m1 = add("exp_avg", BufferKind::Optimizer, {shard});
-  const int m2 = add("exp_avg_sq", BufferKind::Optimizer, {shard});
-  const int ids = add("ids", BufferKind::Stash, {tokens}, DType::I32);
-  const int labels = add("labels", BufferKind::Stash, {tokens}, DType::I32);
-  const int x = add("x", BufferKind::Stash, {tokens, h});
-  const int n = add("n", BufferKind::Stash, {tokens, h});
-  const int rstd = add("rstd", BufferKind::Stash, {tokens});
-  const int z = add("z", BufferKind::Stash, {tokens, vocab_padded});
-  const int mx = add("m", BufferKind::Stash, {tokens});
-  const int st = add("st", BufferKind::Stash, {tokens, 2});
-  const int dz = add("dz", BufferKind::Scratch, {tokens, vocab_padded});
-  const int dn = add("dn", BufferKind::Scratch, {tokens, h});
-  const int dx = add("dx", BufferKind::Scratch, {tokens, h});
-  const int loss = add("loss_sum", BufferKind::Persistent, {1});
-  const int nsq = add("nsq", BufferKind::Persistent, {1});
+// The model's sizes, and the batch and bucket sizes that follow from the options.
+struct TinyShape {
+  explicit TinyShape(const TinyOptions& o)
+      : mbs(o.global_batch / (micro * o.dp)), shard(o.zero >= 1 ? bucket / o.dp : bucket) {}
+  int64_t vocab_padded = 16, vocab = 13, h = 8, seq = 4, micro = 2, tokens = seq * micro;
+  int64_t mbs;                                               // micro-batches per step
+  int64_t bucket = vocab_padded * h + h + vocab_padded * h;  // 264, divisible by 2
+  int64_t shard;
+};
 
-  auto op = [&](OpKind k, std::vector<int32_t> in, std::vector<int32_t> out,
-                CommKind c = CommKind::None, std::vector<int64_t> ints = {},
-                std::vector<double> floats = {}) {
-    return CreateOpDirect(b, k, &in, &out, c, &ints, &floats);
+struct TinyBuffer {
+  std::string name;
+  prog::BufferKind kind;
+  prog::DType dtype;
+  std::vector<int64_t> shape;
+  int view_of;
+  int64_t view_offset;
+};
+
+// The role's buffers in program order, and the index of each one the ops name.
+struct TinyBuffers {
+  explicit TinyBuffers(const TinyShape& s) {
+    using prog::BufferKind;
+    using prog::DType;
+    const int64_t vp = s.vocab_padded, h = s.h, tokens = s.tokens;
+    pb = Add("params", BufferKind::Bucket, {s.bucket});
+    gb = Add("grads", BufferKind::Bucket, {s.bucket});
+    emb = Add("emb", BufferKind::Param, {vp, h}, DType::F32, pb, 0);
+    nw = Add("norm", BufferKind::Param, {h}, DType::F32, pb, vp * h);
+    head = Add("head", BufferKind::Param, {vp, h}, DType::F32, pb, vp * h + h);
+    demb = Add("emb.grad", BufferKind::Grad, {vp, h}, DType::F32, gb, 0);
+    dnw = Add("norm.grad", BufferKind::Grad, {h}, DType::F32, gb, vp * h);
+    dhead = Add("head.grad", BufferKind::Grad, {vp, h}, DType::F32, gb, vp * h + h);
+    master = Add("master", BufferKind::Optimizer, {s.shard});
+    m1 = Add("exp_avg", BufferKind::Optimizer, {s.shard});
+    m2 = Add("exp_avg_sq", BufferKind::Optimizer, {s.shard});
+    ids = Add("ids", BufferKind::Stash, {tokens}, DType::I32);
+    labels = Add("labels", BufferKind::Stash, {tokens}, DType::I32);
+    x = Add("x", BufferKind::Stash, {tokens, h});
+    n = Add("n", BufferKind::Stash, {tokens, h});
+    rstd = Add("rstd", BufferKind::Stash, {tokens});
+    z = Add("z", BufferKind::Stash, {tokens, vp});
+    mx = Add("m", BufferKind::Stash, {tokens});
+    st = Add("st", BufferKind::Stash, {tokens, 2});
+    dz = Add("dz", BufferKind::Scratch, {tokens, vp});
+    dn = Add("dn", BufferKind::Scratch, {tokens, h});
+    dx = Add("dx", BufferKind::Scratch, {tokens, h});
+    loss = Add("loss_sum", BufferKind::Persistent, {1});
+    nsq = Add("nsq", BufferKind::Persistent, {1});
+  }
+
+  std::vector<TinyBuffer> list;
+  int pb, gb, emb, nw, head, demb, dnw, dhead, master, m1, m2;
+  int ids, labels, x, n, rstd, z, mx, st, dz, dn, dx, loss, nsq;
+
+ private:
+  int Add(std::string name, prog::BufferKind kind, std::vector<int64_t> shape,
+          prog::DType dt = prog::DType::F32, int view_of = -1, int64_t view_offset = 0) {
+    list.push_back({std::move(name), kind, dt, std::move(shape), view_of, view_offset});
+    return static_cast<int>(list.size() - 1);
+  }
+};
+
+inline flatbuffers::Offset<prog::Op> TinyOp(flatbuffers::FlatBufferBuilder& b, prog::OpKind k,
+                                            std::vector<int32_t> in, std::vector<int32_t> out,
+                                            prog::CommKind c = prog::CommKind::None,
+                                            std::vector<int64_t> ints = {},
+                                            std::vector<double> floats = {}) {
+  return prog::CreateOpDirect(b, k, &in, &out, c, &ints, &floats);
+}
+
+// The chunk's forward and backward bodies: embedding, RMSNorm, LM head, cross-entropy.
+inline void AddTinyChunkBodies(flatbuffers::FlatBufferBuilder& b, const TinyOptions& o,
+                               const TinyShape& s, const TinyBuffers& t,
+                               std::vector<flatbuffers::Offset<prog::Body>>& bodies) {
+  using prog::CommKind;
+  using prog::OpKind;
+  {
+    std::vector<flatbuffers::Offset<prog::Op>> ops = {
+        TinyOp(b, OpKind::LoadBatch, {}, {t.ids}, CommKind::None, {0}),
+        TinyOp(b, OpKind::LoadBatch, {}, {t.labels}, CommKind::None, {1}),
+        TinyOp(b, OpKind::Embedding, {t.ids, t.emb}, {t.x}, CommKind::Tp),
+        TinyOp(b, OpKind::RmsNorm, {t.x, t.nw}, {t.n, t.rstd}, CommKind::None, {}, {1e-5}),
+        TinyOp(b, OpKind::Linear, {t.n, t.head}, {t.z}),
+        TinyOp(b, OpKind::CrossEntropyMax, {t.z}, {t.mx}),
+        TinyOp(b, OpKind::CrossEntropySumExp, {t.z, t.mx, t.labels}, {t.st}, CommKind::Tp),
+        TinyOp(b, OpKind::CrossEntropyLoss, {t.mx, t.st}, {t.loss}, CommKind::None, {},
+               {1.0 / s.mbs}),
+    };
+    bodies.push_back(prog::CreateBodyDirect(b, "chunk0.forward", &ops));
+  }
+  std::vector<flatbuffers::Offset<prog::Op>> ops = {
+      TinyOp(b, OpKind::CrossEntropyBackward, {t.z, t.mx, t.st, t.labels}, {t.dz}, CommKind::Tp, {},
+             {1.0 / (s.mbs * o.dp)}),
+      TinyOp(b, OpKind::LinearBackward, {t.dz, t.n, t.head}, {t.dn, t.dhead}, CommKind::None, {0}),
+      TinyOp(b, OpKind::RmsNormBackward, {t.dn, t.x, t.nw, t.rstd}, {t.dx, t.dnw}, CommKind::None,
+             {0}),
+      TinyOp(b, OpKind::EmbeddingBackward, {t.dx, t.ids}, {t.demb}, CommKind::Tp),
   };
-  std::vector<flatbuffers::Offset<Body>> bodies;
+  bodies.push_back(prog::CreateBodyDirect(b, "chunk0.backward", &ops));
+}
+
+// The bodies of the step's fixed ops: zeroing gradients, reducing them over dp, the optimizer.
+inline void AddTinyStepBodies(flatbuffers::FlatBufferBuilder& b, const TinyOptions& o,
+                              const TinyBuffers& t,
+                              std::vector<flatbuffers::Offset<prog::Body>>& bodies) {
+  using prog::CommKind;
+  using prog::kReduceAvg;
+  using prog::kReduceSum;
+  using prog::OpKind;
   {
-    std::vector<flatbuffers::Offset<Op>> ops = {
-        op(OpKind::LoadBatch, {}, {ids}, CommKind::None, {0}),
-        op(OpKind::LoadBatch, {}, {labels}, CommKind::None, {1}),
-        op(OpKind::Embedding, {ids, emb}, {x}, CommKind::Tp),
-        op(OpKind::RmsNorm, {x, nw}, {n, rstd}, CommKind::None, {}, {1e-5}),
-        op(OpKind::Linear, {n, head}, {z}),
-        op(OpKind::CrossEntropyMax, {z}, {mx}),
-        op(OpKind::CrossEntropySumExp, {z, mx, labels}, {st}, CommKind::Tp),
-        op(OpKind::CrossEntropyLoss, {mx, st}, {loss}, CommKind::None, {}, {1.0 / mbs}),
-    };
-    bodies.push_back(CreateBodyDirect(b, "chunk0.forward", &ops));
+    std::vector<flatbuffers::Offset<prog::Op>> ops = {
+        TinyOp(b, OpKind::Fill, {}, {t.gb, t.loss}, CommKind::None, {}, {0.0})};
+    bodies.push_back(prog::CreateBodyDirect(b, "zero_grads", &ops));
   }
   {
-    std::vector<flatbuffers::Offset<Op>> ops = {
-        op(OpKind::CrossEntropyBackward, {z, mx, st, labels}, {dz}, CommKind::Tp, {},
-           {1.0 / (mbs * o.dp)}),
-        op(OpKind::LinearBackward, {dz, n, head}, {dn, dhead}, CommKind::None, {0}),
-        op(OpKind::RmsNormBackward, {dn, x, nw, rstd}, {dx, dnw}, CommKind::None, {0}),
-        op(OpKind::EmbeddingBackward, {dx, ids}, {demb}, CommKind::Tp),
-    };
-    bodies.push_back(CreateBodyDirect(b, "chunk0.backward", &ops));
-  }
-  {
-    std::vector<flatbuffers::Offset<Op>> ops = {
-        op(OpKind::Fill, {}, {gb, loss}, CommKind::None, {}, {0.0})};
-    bodies.push_back(CreateBodyDirect(b, "zero_grads", &ops));
-  }
-  {
-    std::vector<flatbuffers::Offset<Op>> ops;
+    std::vector<flatbuffers::Offset<prog::Op>> ops;
     if (o.dp > 1 && o.zero == 0)
-      ops.push_back(op(OpKind::AllReduce, {gb}, {gb}, CommKind::Dp, {kReduceSum}));
+      ops.push_back(TinyOp(b, OpKind::AllReduce, {t.gb}, {t.gb}, CommKind::Dp, {kReduceSum}));
     if (o.dp > 1 && o.zero >= 1)
-      ops.push_back(op(OpKind::ReduceScatter, {gb}, {gb}, CommKind::Dp, {kReduceSum}));
-    bodies.push_back(CreateBodyDirect(b, "reduce_grads", &ops));
+      ops.push_back(TinyOp(b, OpKind::ReduceScatter, {t.gb}, {t.gb}, CommKind::Dp, {kReduceSum}));
+    bodies.push_back(prog::CreateBodyDirect(b, "reduce_grads", &ops));
   }
-  {
-    std::vector<flatbuffers::Offset<Op>> ops = {
-        op(OpKind::GradNormSquare, {gb}, {nsq}, o.zero >= 1 ? CommKind::Dp : CommKind::None)};
-    if (o.zero >= 1 && o.dp > 1)
-      ops.push_back(op(OpKind::AllReduce, {nsq}, {nsq}, CommKind::World, {kReduceSum}));
-    ops.push_back(op(OpKind::AdamW, {pb, gb, master, m1, m2, nsq}, {pb},
-                     o.zero >= 1 ? CommKind::Dp : CommKind::None, {0}));
-    if (o.zero >= 1 && o.dp > 1) ops.push_back(op(OpKind::AllGather, {pb}, {pb}, CommKind::Dp));
-    if (o.dp > 1) ops.push_back(op(OpKind::AllReduce, {loss}, {loss}, CommKind::Dp, {kReduceAvg}));
-    bodies.push_back(CreateBodyDirect(b, "optimizer_step", &ops));
-  }
-  std::vector<flatbuffers::Offset<Op>> schedule;
-  schedule.push_back(op(OpKind::ZeroGrads, {}, {}, CommKind::None, {2}));
-  for (int64_t mb = 0; mb < mbs; ++mb) {
-    schedule.push_back(op(OpKind::Forward, {}, {}, CommKind::None, {mb, 0, 0}));
-    schedule.push_back(op(OpKind::Backward, {}, {}, CommKind::None, {mb, 0, 0}));
-  }
-  schedule.push_back(op(OpKind::ReduceGrads, {}, {}, CommKind::None, {3}));
-  schedule.push_back(op(OpKind::OptimizerStep, {}, {}, CommKind::None, {4}));
+  const CommKind shard_comm = o.zero >= 1 ? CommKind::Dp : CommKind::None;
+  std::vector<flatbuffers::Offset<prog::Op>> ops = {
+      TinyOp(b, OpKind::GradNormSquare, {t.gb}, {t.nsq}, shard_comm)};
+  if (o.zero >= 1 && o.dp > 1)
+    ops.push_back(TinyOp(b, OpKind::AllReduce, {t.nsq}, {t.nsq}, CommKind::World, {kReduceSum}));
+  ops.push_back(
+      TinyOp(b, OpKind::AdamW, {t.pb, t.gb, t.master, t.m1, t.m2, t.nsq}, {t.pb}, shard_comm, {0}));
+  if (o.zero >= 1 && o.dp > 1)
+    ops.push_back(TinyOp(b, OpKind::AllGather, {t.pb}, {t.pb}, CommKind::Dp));
+  if (o.dp > 1)
+    ops.push_back(TinyOp(b, OpKind::AllReduce, {t.loss}, {t.loss}, CommKind::Dp, {kReduceAvg}));
+  bodies.push_back(prog::CreateBodyDirect(b, "optimizer_step", &ops));
+}
 
-  // Placement: every non-view buffer after the previous one.
-  std::vector<flatbuffers::Offset<Buffer>> fb_bufs;
+// One step: zero the gradients, forward and backward per micro-batch, reduce, update.
+inline std::vector<flatbuffers::Offset<prog::Op>> TinySchedule(flatbuffers::FlatBufferBuilder& b,
+                                                               int64_t mbs) {
+  using prog::CommKind;
+  using prog::OpKind;
+  std::vector<flatbuffers::Offset<prog::Op>> schedule;
+  schedule.push_back(TinyOp(b, OpKind::ZeroGrads, {}, {}, CommKind::None, {2}));
+  for (int64_t mb = 0; mb < mbs; ++mb) {
+    schedule.push_back(TinyOp(b, OpKind::Forward, {}, {}, CommKind::None, {mb, 0, 0}));
+    schedule.push_back(TinyOp(b, OpKind::Backward, {}, {}, CommKind::None, {mb, 0, 0}));
+  }
+  schedule.push_back(TinyOp(b, OpKind::ReduceGrads, {}, {}, CommKind::None, {3}));
+  schedule.push_back(TinyOp(b, OpKind::OptimizerStep, {}, {}, CommKind::None, {4}));
+  return schedule;
+}
+
+// Placement: every non-view buffer after the previous one. Sets `arena_bytes` to the total.
+inline std::vector<flatbuffers::Offset<prog::Buffer>> PlaceTinyBuffers(
+    flatbuffers::FlatBufferBuilder& b, const TinyBuffers& t, int64_t& arena_bytes) {
+  std::vector<flatbuffers::Offset<prog::Buffer>> fb_bufs;
+  const std::vector<TinyBuffer>& bufs = t.list;
   int64_t offset = 0;
   std::vector<int64_t> offsets(bufs.size());
   for (size_t i = 0; i < bufs.size(); ++i) {
@@ -146,25 +193,51 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
       offsets[i] = offset;
       offset += (elements * 4 + 63) / 64 * 64;
     }
-    fb_bufs.push_back(CreateBufferDirect(b, bufs[i].name.c_str(), bufs[i].kind, bufs[i].dtype,
-                                         &bufs[i].shape, offsets[i], elements * 4, 1, 0, offsets[i],
-                                         elements * 4, 0, bufs[i].view_of, bufs[i].view_offset));
+    fb_bufs.push_back(prog::CreateBufferDirect(
+        b, bufs[i].name.c_str(), bufs[i].kind, bufs[i].dtype, &bufs[i].shape, offsets[i],
+        elements * 4, 1, 0, offsets[i], elements * 4, 0, bufs[i].view_of, bufs[i].view_offset));
   }
-  std::vector<int64_t> emb_shape = {vocab_padded, h}, norm_shape = {h};
-  std::vector<flatbuffers::Offset<Param>> params = {
-      CreateParamDirect(b, "embedding.word", 1, &emb_shape, -1, CommKind::None, InitKind::Normal,
-                        0.5, emb, demb, 0, true),
-      CreateParamDirect(b, "final_norm", 2, &norm_shape, -1, CommKind::None, InitKind::Ones, 0, nw,
-                        dnw, 0, false),
-      CreateParamDirect(b, "output", 3, &emb_shape, -1, CommKind::None, InitKind::Normal, 0.5, head,
-                        dhead, 0, true)};
-  std::vector<flatbuffers::Offset<BucketInfo>> buckets = {
-      CreateBucketInfo(b, 0, pb, gb, bucket, shard, master, m1, m2, -1)};
-  std::vector<flatbuffers::Offset<Chunk>> chunks = {
-      CreateChunk(b, 0, 0, 0, 1, true, true, 0, 1, -1, -1, -1, 1)};
-  std::vector<flatbuffers::Offset<Role>> roles = {
-      CreateRoleDirect(b, "stage0", 0, &fb_bufs, &params, &buckets, &chunks, &bodies, &schedule,
-                       offset, offset, offset)};
+  arena_bytes = offset;
+  return fb_bufs;
+}
+
+// The one role: its placed buffers, three parameters in one bucket, one chunk.
+inline flatbuffers::Offset<prog::Role> TinyRole(
+    flatbuffers::FlatBufferBuilder& b, const TinyShape& s, const TinyBuffers& t,
+    const std::vector<flatbuffers::Offset<prog::Body>>& bodies,
+    const std::vector<flatbuffers::Offset<prog::Op>>& schedule) {
+  using prog::CommKind;
+  using prog::InitKind;
+  int64_t arena = 0;
+  std::vector<flatbuffers::Offset<prog::Buffer>> fb_bufs = PlaceTinyBuffers(b, t, arena);
+  std::vector<int64_t> emb_shape = {s.vocab_padded, s.h}, norm_shape = {s.h};
+  std::vector<flatbuffers::Offset<prog::Param>> params = {
+      prog::CreateParamDirect(b, "embedding.word", 1, &emb_shape, -1, CommKind::None,
+                              InitKind::Normal, 0.5, t.emb, t.demb, 0, true),
+      prog::CreateParamDirect(b, "final_norm", 2, &norm_shape, -1, CommKind::None, InitKind::Ones,
+                              0, t.nw, t.dnw, 0, false),
+      prog::CreateParamDirect(b, "output", 3, &emb_shape, -1, CommKind::None, InitKind::Normal, 0.5,
+                              t.head, t.dhead, 0, true)};
+  std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets = {
+      prog::CreateBucketInfo(b, 0, t.pb, t.gb, s.bucket, s.shard, t.master, t.m1, t.m2, -1)};
+  std::vector<flatbuffers::Offset<prog::Chunk>> chunks = {
+      prog::CreateChunk(b, 0, 0, 0, 1, true, true, 0, 1, -1, -1, -1, 1)};
+  return prog::CreateRoleDirect(b, "stage0", 0, &fb_bufs, &params, &buckets, &chunks, &bodies,
+                                &schedule, arena, arena, arena);
+}
+
+}  // namespace tiny_detail
+
+inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
+  using namespace paraplan::prog;
+  flatbuffers::FlatBufferBuilder b;
+  const tiny_detail::TinyShape s(o);
+  const tiny_detail::TinyBuffers t(s);
+  std::vector<flatbuffers::Offset<Body>> bodies;
+  tiny_detail::AddTinyChunkBodies(b, o, s, t, bodies);
+  tiny_detail::AddTinyStepBodies(b, o, t, bodies);
+  const std::vector<flatbuffers::Offset<Op>> schedule = tiny_detail::TinySchedule(b, s.mbs);
+  std::vector<flatbuffers::Offset<Role>> roles = {tiny_detail::TinyRole(b, s, t, bodies, schedule)};
   std::vector<int32_t> all;
   for (int r = 0; r < o.dp; ++r) all.push_back(r);
   std::vector<flatbuffers::Offset<Communicator>> comms = {
@@ -178,11 +251,11 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
     Coordinates coords(0, 0, 0, r, 0);
     ranks.push_back(CreateRankDirect(b, 0, &coords, &c));
   }
-  auto model =
-      CreateModelConfigDirect(b, "tiny", 1, h, 4 * h, 1, 1, h, vocab, vocab_padded, seq, micro);
+  auto model = CreateModelConfigDirect(b, "tiny", 1, s.h, 4 * s.h, 1, 1, s.h, s.vocab,
+                                       s.vocab_padded, s.seq, s.micro);
   auto par = CreateParallelConfigDirect(b, 1, 1, 1, 1, 1, o.dp, false, o.zero, ScheduleKind::Gpipe,
                                         "tp-cp-ep-dp-pp");
-  auto train = CreateTrainConfigDirect(b, o.steps, 7, o.global_batch, mbs, Precision::Fp32, 0.05,
+  auto train = CreateTrainConfigDirect(b, o.steps, 7, o.global_batch, s.mbs, Precision::Fp32, 0.05,
                                        0.005, 2, 0.1, 0.9, 0.95, 1e-8, 1.0, "adamw", o.data.c_str(),
                                        o.checkpoint_dir.c_str(), o.checkpoint_every);
   auto program = CreateProgramDirect(b, kFormatVersion, "test", o.plan_name.c_str(), o.dp, model,

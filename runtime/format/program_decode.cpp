@@ -8,58 +8,73 @@
 #include "runtime/format/program_model.h"
 
 namespace paraplan::prog::mem {
-Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin) {
-  auto fail = [&](const std::string& what) -> ProgramError {
-    return ProgramError("program `" + origin + "`: " + what);
-  };
+namespace {
+
+ProgramError Refusal(const std::string& origin, const std::string& what) {
+  return ProgramError("program `" + origin + "`: " + what);
+}
+
+// The file's identifier, FlatBuffers structure, format version, world size and sections: what
+// must hold before the file can be read at all.
+const prog::Program& VerifyProgramFile(const uint8_t* data, size_t size,
+                                       const std::string& origin) {
   if (size < 8 || !prog::ProgramBufferHasIdentifier(data)) {
-    throw fail(
-        "not a paraplan program (no PPLN identifier); compile one with `planc compile PLAN -o "
-        "FILE`");
+    throw Refusal(origin,
+                  "not a paraplan program (no PPLN identifier); compile one with `planc compile "
+                  "PLAN -o FILE`");
   }
   flatbuffers::Verifier verifier(data, size, 128, 100000000);
   if (!prog::VerifyProgramBuffer(verifier))
-    throw fail("the file is corrupt (FlatBuffers verification failed)");
+    throw Refusal(origin, "the file is corrupt (FlatBuffers verification failed)");
   const prog::Program* p = prog::GetProgram(data);
   if (p->format_version() != kFormatVersion) {
-    throw fail("format version " + std::to_string(p->format_version()) +
-               ", this planrun reads version " + std::to_string(kFormatVersion) +
-               "; recompile the plan with this release's planc");
+    throw Refusal(origin, "format version " + std::to_string(p->format_version()) +
+                              ", this planrun reads version " + std::to_string(kFormatVersion) +
+                              "; recompile the plan with this release's planc");
   }
   if (p->world_size() <= 0 || p->world_size() > kMaxWorldSize) {
-    throw fail("world size " + std::to_string(p->world_size()) + " is outside 1.." +
-               std::to_string(kMaxWorldSize));
+    throw Refusal(origin, "world size " + std::to_string(p->world_size()) + " is outside 1.." +
+                              std::to_string(kMaxWorldSize));
   }
   if (!p->model() || !p->parallel() || !p->train())
-    throw fail("model, parallel or train section missing");
-  Program img = DecodeProgramModel(*p);
+    throw Refusal(origin, "model, parallel or train section missing");
+  return *p;
+}
+
+// The model and batch shape, and the step counts.
+void CheckTrainingShape(const Program& img, const std::string& origin) {
   if (img.model.seq_len <= 0 || img.model.micro_batch <= 0 || img.model.vocab <= 0 ||
       img.train.global_batch <= 0 || img.parallel.dp <= 0) {
-    throw fail(
-        "model.seq_len, model.micro_batch, model.vocab, train.global_batch and parallel.dp must be "
-        "positive");
+    throw Refusal(origin,
+                  "model.seq_len, model.micro_batch, model.vocab, train.global_batch and "
+                  "parallel.dp must be positive");
   }
   // Step counts feed the learning-rate schedule's arithmetic: bounded so that it cannot overflow.
   constexpr int64_t kMaxSteps = int64_t{1} << 40;
   if (img.train.steps < 0 || img.train.steps > kMaxSteps || img.train.warmup_steps < 0 ||
       img.train.warmup_steps > kMaxSteps || img.train.checkpoint_every < 0 ||
       img.train.checkpoint_every > kMaxSteps) {
-    throw fail("train.steps " + std::to_string(img.train.steps) + ", train.warmup_steps " +
-               std::to_string(img.train.warmup_steps) + " and train.checkpoint_every " +
-               std::to_string(img.train.checkpoint_every) + " must lie in 0 .. 2^40");
+    throw Refusal(origin,
+                  "train.steps " + std::to_string(img.train.steps) + ", train.warmup_steps " +
+                      std::to_string(img.train.warmup_steps) + " and train.checkpoint_every " +
+                      std::to_string(img.train.checkpoint_every) + " must lie in 0 .. 2^40");
   }
+}
 
+// Communicator members lie in the world; every rank names an existing role and communicators it
+// is a member of.
+void CheckRankTable(const Program& img, const std::string& origin) {
   for (const Communicator& ci : img.communicators) {
     for (int32_t member : ci.members) {
       if (member < 0 || member >= img.world_size) {
-        throw fail("communicator member " + std::to_string(member) + " outside the world of " +
-                   std::to_string(img.world_size));
+        throw Refusal(origin, "communicator member " + std::to_string(member) +
+                                  " outside the world of " + std::to_string(img.world_size));
       }
     }
   }
   if (static_cast<int32_t>(img.ranks.size()) != img.world_size) {
-    throw fail("the rank table has " + std::to_string(img.ranks.size()) +
-               " entries for a world of " + std::to_string(img.world_size));
+    throw Refusal(origin, "the rank table has " + std::to_string(img.ranks.size()) +
+                              " entries for a world of " + std::to_string(img.world_size));
   }
   // Membership by binary search over sorted copies: linear scans cost world x group size, which
   // is 2^28 comparisons for a 16,384-rank data-parallel group.
@@ -72,147 +87,195 @@ Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origi
   const int32_t role_count = static_cast<int32_t>(img.roles.size());
   for (int32_t r = 0; r < img.world_size; ++r) {
     const Rank& ri = img.ranks[r];
-    if (ri.role < 0 || ri.role >= role_count)
-      throw fail("rank " + std::to_string(r) + " names role " + std::to_string(ri.role));
+    if (ri.role < 0 || ri.role >= role_count) {
+      throw Refusal(origin, "rank " + std::to_string(r) + " names role " + std::to_string(ri.role));
+    }
     for (size_t k = 0; k < ri.comms.size(); ++k) {
       const int32_t c = ri.comms[k];
       if (c < -1 || c >= static_cast<int32_t>(img.communicators.size())) {
-        throw fail("rank " + std::to_string(r) + " names communicator " + std::to_string(c));
+        throw Refusal(origin,
+                      "rank " + std::to_string(r) + " names communicator " + std::to_string(c));
       }
-      if (c >= 0) {
-        const auto& members = sorted_members[c];
-        if (!std::binary_search(members.begin(), members.end(), r)) {
-          throw fail("rank " + std::to_string(r) + " is not a member of its " +
-                     prog::EnumNameCommKind(static_cast<CommKind>(k)) + " communicator " +
-                     std::to_string(c));
-        }
+      if (c >= 0 && !std::binary_search(sorted_members[c].begin(), sorted_members[c].end(), r)) {
+        throw Refusal(origin, "rank " + std::to_string(r) + " is not a member of its " +
+                                  prog::EnumNameCommKind(static_cast<CommKind>(k)) +
+                                  " communicator " + std::to_string(c));
+      }
+    }
+  }
+}
+
+// The checks of one role, in the order its refusals are reported: arena, buffers, views,
+// params, buckets, bodies, chunks, schedule.
+class RoleChecker {
+ public:
+  RoleChecker(const Program& img, const Role& role, const std::string& origin)
+      : img_(img), role_(role), origin_(origin), nbuf_(static_cast<int32_t>(role.buffers.size())) {}
+
+  void Check() {
+    if (role_.fp32_arena_bytes < 0 || role_.fp32_arena_bytes > (int64_t{1} << 40)) {
+      throw Refusal(origin_, "role `" + role_.name + "` asks for an arena of " +
+                                 std::to_string(role_.fp32_arena_bytes) +
+                                 " bytes, outside 0 .. 1 TiB");
+    }
+    elements_.reserve(role_.buffers.size());
+    for (const Buffer& bi : role_.buffers) elements_.push_back(CheckBuffer(bi));
+    CheckViews();
+    for (const Param& pi : role_.params) CheckParam(pi);
+    for (const Bucket& bi : role_.buckets) CheckBucket(bi);
+    CheckBodiesAndChunks();
+    for (size_t i = 0; i < role_.schedule.size(); ++i) {
+      const Op& o = role_.schedule[i];
+      if (const std::string e = CheckOp(role_, o, OpPlace::kSchedule); !e.empty()) {
+        throw Fail("schedule op " + std::to_string(i) + " (" + OpDisplayName(o.kind) + ") " + e);
       }
     }
   }
 
-  for (const Role& role : img.roles) {
-    if (role.fp32_arena_bytes < 0 || role.fp32_arena_bytes > (int64_t{1} << 40)) {
-      throw fail("role `" + role.name + "` asks for an arena of " +
-                 std::to_string(role.fp32_arena_bytes) + " bytes, outside 0 .. 1 TiB");
+ private:
+  ProgramError Fail(const std::string& what) const {
+    return Refusal(origin_, "role `" + role_.name + "`: " + what);
+  }
+  int64_t CheckBuffer(const Buffer& bi) const;
+  void CheckBufferPlacement(const Buffer& bi, int64_t n) const;
+  void CheckViews() const;
+  void CheckBufferIndex(int32_t b, const std::string& what, bool allow_none = false) const {
+    if ((allow_none && b == -1) || (b >= 0 && b < nbuf_)) return;
+    throw Fail(what + " names buffer " + std::to_string(b) + " of " + std::to_string(nbuf_));
+  }
+  void CheckParam(const Param& pi) const;
+  void CheckBucket(const Bucket& bi) const;
+  void CheckBodiesAndChunks() const;
+
+  const Program& img_;
+  const Role& role_;
+  const std::string& origin_;
+  const int32_t nbuf_;
+  // Element counts, checked here once; Buffer::Elements() gives the same numbers afterwards.
+  std::vector<int64_t> elements_;
+};
+
+// A buffer's shape, slots and dtype; returns its element count.
+int64_t RoleChecker::CheckBuffer(const Buffer& bi) const {
+  int64_t n = 1;
+  for (int64_t d : bi.shape) {
+    if (d < 0 || (d > 0 && n > (int64_t{1} << 40) / d))
+      throw Fail("buffer `" + bi.name + "` has a bad shape");
+    n *= d;
+  }
+  if (bi.slots < 1)
+    throw Fail("buffer `" + bi.name + "` has " + std::to_string(bi.slots) + " slots");
+  if (bi.dtype != DType::F32 && bi.dtype != DType::Bf16 && bi.dtype != DType::F16 &&
+      bi.dtype != DType::I32) {
+    throw Fail("buffer `" + bi.name + "` has dtype " + prog::EnumNameDType(bi.dtype) +
+               ", which the host runtime does not support");
+  }
+  CheckBufferPlacement(bi, n);
+  return n;
+}
+
+// The buffer's slots of `n` elements are aligned and lie inside the role's arena.
+void RoleChecker::CheckBufferPlacement(const Buffer& bi, int64_t n) const {
+  if (bi.fp32_offset % 4 != 0 || (bi.slots > 1 && bi.fp32_slot_stride % 4 != 0)) {
+    throw Fail("buffer `" + bi.name + "` at f32 offset " + std::to_string(bi.fp32_offset) +
+               " (slot stride " + std::to_string(bi.fp32_slot_stride) +
+               ") is not aligned to its 4-byte elements");
+  }
+  // Every term is checked before it is added, so hostile values cannot overflow.
+  int64_t end = 0;
+  const bool overflow =
+      bi.fp32_offset < 0 || bi.fp32_bytes < 0 || bi.fp32_slot_stride < 0 ||
+      __builtin_mul_overflow(static_cast<int64_t>(bi.slots - 1), bi.fp32_slot_stride, &end) ||
+      __builtin_add_overflow(end, bi.fp32_offset, &end) ||
+      __builtin_add_overflow(end, bi.fp32_bytes, &end);
+  if (overflow || bi.fp32_bytes < n * 4 || (bi.slots > 1 && bi.fp32_slot_stride < bi.fp32_bytes) ||
+      end > role_.fp32_arena_bytes) {
+    throw Fail("buffer `" + bi.name + "` (" + std::to_string(n) + " elements, " +
+               std::to_string(bi.slots) + " slots at f32 offset " + std::to_string(bi.fp32_offset) +
+               ") does not fit its placement or the arena of " +
+               std::to_string(role_.fp32_arena_bytes) + " bytes");
+  }
+}
+
+void RoleChecker::CheckViews() const {
+  for (int32_t i = 0; i < nbuf_; ++i) {
+    const Buffer& b = role_.buffers[i];
+    const std::optional<int64_t> view_end =
+        CheckedAdd(b.view_offset, elements_[i]);  // an offset near 2^63 wraps
+    if (b.view_of >= nbuf_ ||
+        (b.view_of >= 0 && (b.view_offset < 0 || !view_end || *view_end > elements_[b.view_of]))) {
+      throw Fail("view `" + b.name + "` lies outside the buffer it views");
     }
-    auto where = [&](const std::string& what) { return "role `" + role.name + "`: " + what; };
-    // Element counts, checked here once; Buffer::Elements() gives the same numbers afterwards.
-    std::vector<int64_t> elements;
-    elements.reserve(role.buffers.size());
-    for (const Buffer& bi : role.buffers) {
-      int64_t n = 1;
-      for (int64_t d : bi.shape) {
-        if (d < 0 || (d > 0 && n > (int64_t{1} << 40) / d))
-          throw fail(where("buffer `" + bi.name + "` has a bad shape"));
-        n *= d;
-      }
-      elements.push_back(n);
-      if (bi.slots < 1)
-        throw fail(where("buffer `" + bi.name + "` has " + std::to_string(bi.slots) + " slots"));
-      if (bi.dtype != DType::F32 && bi.dtype != DType::Bf16 && bi.dtype != DType::F16 &&
-          bi.dtype != DType::I32) {
-        throw fail(where("buffer `" + bi.name + "` has dtype " + prog::EnumNameDType(bi.dtype) +
-                         ", which the host runtime does not support"));
-      }
-      if (bi.fp32_offset % 4 != 0 || (bi.slots > 1 && bi.fp32_slot_stride % 4 != 0)) {
-        throw fail(where("buffer `" + bi.name + "` at f32 offset " +
-                         std::to_string(bi.fp32_offset) + " (slot stride " +
-                         std::to_string(bi.fp32_slot_stride) +
-                         ") is not aligned to its 4-byte elements"));
-      }
-      // Every term is checked before it is added, so hostile values cannot overflow.
-      int64_t end = 0;
-      const bool overflow =
-          bi.fp32_offset < 0 || bi.fp32_bytes < 0 || bi.fp32_slot_stride < 0 ||
-          __builtin_mul_overflow(static_cast<int64_t>(bi.slots - 1), bi.fp32_slot_stride, &end) ||
-          __builtin_add_overflow(end, bi.fp32_offset, &end) ||
-          __builtin_add_overflow(end, bi.fp32_bytes, &end);
-      if (overflow || bi.fp32_bytes < n * 4 ||
-          (bi.slots > 1 && bi.fp32_slot_stride < bi.fp32_bytes) || end > role.fp32_arena_bytes) {
-        throw fail(where("buffer `" + bi.name + "` (" + std::to_string(n) + " elements, " +
-                         std::to_string(bi.slots) + " slots at f32 offset " +
-                         std::to_string(bi.fp32_offset) +
-                         ") does not fit its placement or the arena of " +
-                         std::to_string(role.fp32_arena_bytes) + " bytes"));
-      }
+  }
+}
+
+void RoleChecker::CheckParam(const Param& pi) const {
+  int64_t global = 1;
+  for (int64_t d : pi.global_shape) {
+    if (d < 1 || global > (int64_t{1} << 40) / d)
+      throw Fail("param `" + pi.name + "` has a bad global shape");
+    global *= d;
+  }
+  CheckBufferIndex(pi.buffer, "param `" + pi.name + "`");
+  CheckBufferIndex(pi.grad, "param `" + pi.name + "` gradient");
+  if (pi.split_dim >= static_cast<int32_t>(pi.global_shape.size()))
+    throw Fail("param `" + pi.name + "` splits a missing dimension");
+  if (static_cast<int>(pi.split_comm) < 0 || static_cast<int>(pi.split_comm) >= kCommKinds) {
+    throw Fail("param `" + pi.name + "` is split over a bad communicator kind");
+  }
+}
+
+// A bucket's buffers exist and hold its elements, and its shards match the ZeRO degree.
+void RoleChecker::CheckBucket(const Bucket& bi) const {
+  CheckBufferIndex(bi.params, "bucket");
+  CheckBufferIndex(bi.grads, "bucket");
+  for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard})
+    CheckBufferIndex(b, "bucket", true);
+  const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
+  const int64_t dp = img_.parallel.zero >= 1 ? img_.parallel.dp : 1;
+  const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
+  if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||
+      elements_[bi.params] < bi.elements || elements_[bi.grads] < bi.elements) {
+    throw Fail(what + " holds " + std::to_string(bi.elements) + " elements in shards of " +
+               std::to_string(bi.shard_elements) + " over " + std::to_string(dp) +
+               " ranks, which does not match its buffers");
+  }
+  for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) {
+    if (b >= 0 && elements_[b] < bi.shard_elements) {
+      throw Fail(what + ": buffer `" + role_.buffers[b].name + "` is smaller than the shard of " +
+                 std::to_string(bi.shard_elements) + " elements");
     }
-    const int32_t nbuf = static_cast<int32_t>(role.buffers.size());
-    for (int32_t i = 0; i < nbuf; ++i) {
-      const Buffer& b = role.buffers[i];
-      const std::optional<int64_t> view_end =
-          CheckedAdd(b.view_offset, elements[i]);  // an offset near 2^63 wraps
-      if (b.view_of >= nbuf ||
-          (b.view_of >= 0 && (b.view_offset < 0 || !view_end || *view_end > elements[b.view_of]))) {
-        throw fail(where("view `" + b.name + "` lies outside the buffer it views"));
-      }
-    }
-    auto check_buffer = [&](int32_t b, const std::string& what, bool allow_none = false) {
-      if ((allow_none && b == -1) || (b >= 0 && b < nbuf)) return;
-      throw fail(
-          where(what + " names buffer " + std::to_string(b) + " of " + std::to_string(nbuf)));
-    };
-    for (const Param& pi : role.params) {
-      int64_t global = 1;
-      for (int64_t d : pi.global_shape) {
-        if (d < 1 || global > (int64_t{1} << 40) / d)
-          throw fail(where("param `" + pi.name + "` has a bad global shape"));
-        global *= d;
-      }
-      check_buffer(pi.buffer, "param `" + pi.name + "`");
-      check_buffer(pi.grad, "param `" + pi.name + "` gradient");
-      if (pi.split_dim >= static_cast<int32_t>(pi.global_shape.size()))
-        throw fail(where("param `" + pi.name + "` splits a missing dimension"));
-      if (static_cast<int>(pi.split_comm) < 0 || static_cast<int>(pi.split_comm) >= kCommKinds) {
-        throw fail(where("param `" + pi.name + "` is split over a bad communicator kind"));
-      }
-    }
-    for (const Bucket& bi : role.buckets) {
-      check_buffer(bi.params, "bucket");
-      check_buffer(bi.grads, "bucket");
-      for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard})
-        check_buffer(b, "bucket", true);
-      const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
-      const int64_t dp = img.parallel.zero >= 1 ? img.parallel.dp : 1;
-      const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
-      if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||
-          elements[bi.params] < bi.elements || elements[bi.grads] < bi.elements) {
-        throw fail(where(what + " holds " + std::to_string(bi.elements) +
-                         " elements in shards of " + std::to_string(bi.shard_elements) + " over " +
-                         std::to_string(dp) + " ranks, which does not match its buffers"));
-      }
-      for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard}) {
-        if (b >= 0 && elements[b] < bi.shard_elements) {
-          throw fail(where(what + ": buffer `" + role.buffers[b].name +
-                           "` is smaller than the shard of " + std::to_string(bi.shard_elements) +
-                           " elements"));
-        }
-      }
-    }
-    for (const Body& body : role.bodies) {
-      for (size_t i = 0; i < body.ops.size(); ++i) {
-        const Op& o = body.ops[i];
-        if (const std::string e = CheckOp(role, o, OpPlace::kBody); !e.empty()) {
-          throw fail(where("op " + std::to_string(i) + " (" + OpDisplayName(o.kind) +
-                           ") of body `" + body.name + "` " + e));
-        }
-      }
-    }
-    const int32_t nbodies = static_cast<int32_t>(role.bodies.size());
-    for (const Chunk& ci : role.chunks) {
-      if (ci.forward < 0 || ci.forward >= nbodies || ci.backward < 0 || ci.backward >= nbodies) {
-        throw fail(where("chunk " + std::to_string(ci.index) + " names a missing body"));
-      }
-      for (int32_t b : {ci.input, ci.output, ci.grad})
-        check_buffer(b, "chunk " + std::to_string(ci.index), true);
-    }
-    for (size_t i = 0; i < role.schedule.size(); ++i) {
-      const Op& o = role.schedule[i];
-      if (const std::string e = CheckOp(role, o, OpPlace::kSchedule); !e.empty()) {
-        throw fail(
-            where("schedule op " + std::to_string(i) + " (" + OpDisplayName(o.kind) + ") " + e));
+  }
+}
+
+// Every op of every body, then the chunks that name the bodies and their buffers.
+void RoleChecker::CheckBodiesAndChunks() const {
+  for (const Body& body : role_.bodies) {
+    for (size_t i = 0; i < body.ops.size(); ++i) {
+      const Op& o = body.ops[i];
+      if (const std::string e = CheckOp(role_, o, OpPlace::kBody); !e.empty()) {
+        throw Fail("op " + std::to_string(i) + " (" + OpDisplayName(o.kind) + ") of body `" +
+                   body.name + "` " + e);
       }
     }
   }
+  const int32_t nbodies = static_cast<int32_t>(role_.bodies.size());
+  for (const Chunk& ci : role_.chunks) {
+    if (ci.forward < 0 || ci.forward >= nbodies || ci.backward < 0 || ci.backward >= nbodies) {
+      throw Fail("chunk " + std::to_string(ci.index) + " names a missing body");
+    }
+    for (int32_t b : {ci.input, ci.output, ci.grad})
+      CheckBufferIndex(b, "chunk " + std::to_string(ci.index), true);
+  }
+}
+
+}  // namespace
+
+Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin) {
+  Program img = DecodeProgramModel(VerifyProgramFile(data, size, origin));
+  CheckTrainingShape(img, origin);
+  CheckRankTable(img, origin);
+  for (const Role& role : img.roles) RoleChecker(img, role, origin).Check();
   return img;
 }
 

@@ -60,6 +60,251 @@ std::string JoinNotes(const std::vector<std::string>& names) {
   return out;
 }
 
+// The launcher's values before the command line's overrides, each with the variable it came from.
+struct LauncherFields {
+  Field rank, world, local_rank, local_world, node_rank, nodes;
+};
+
+// Whose variables are set; the first in this order that is set names the launcher.
+struct LaunchersPresent {
+  bool torchrun = false, slurm_step = false, open_mpi = false, hydra = false;
+};
+
+LaunchersPresent FindLaunchers(const Reader& r) {
+  LaunchersPresent p;
+  p.torchrun = r.Has("RANK") || r.Has("WORLD_SIZE");
+  p.slurm_step = r.Has("SLURM_PROCID") &&
+                 (r.Has("SLURM_STEP_ID") || r.Has("SLURM_STEPID") || r.Has("SLURM_STEP_NUM_TASKS"));
+  p.open_mpi = r.Has("OMPI_COMM_WORLD_RANK") || r.Has("OMPI_COMM_WORLD_SIZE");
+  p.hydra = r.Has("PMI_RANK") || r.Has("PMI_SIZE");
+  return p;
+}
+
+void ReadTorchrunFields(Reader& r, LauncherFields& f) {
+  f.rank = r.Int({"RANK"}, 0, kMaxRanks - 1);
+  f.world = r.Int({"WORLD_SIZE"}, 1, kMaxRanks);
+  f.local_rank = r.Int({"LOCAL_RANK"}, 0, kMaxRanks - 1);
+  f.local_world = r.Int({"LOCAL_WORLD_SIZE"}, 1, kMaxRanks);
+  f.node_rank = r.Int({"GROUP_RANK"}, 0, kMaxRanks - 1);
+}
+
+// The tasks on this node from Slurm's compressed tasks-per-node list, when SLURM_NTASKS_PER_NODE
+// did not say.
+Expected<Ok> ReadSlurmTasksOnNode(const Reader& r, LauncherFields& f) {
+  if (f.local_world.value) return Ok{};
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    auto text = r.Text(name);
+    if (!text) continue;
+    auto tasks = SlurmTasksOnNode(*text, f.node_rank.value.value_or(0));
+    if (!tasks) return Fail(tasks.error());
+    if (*tasks >= 1) f.local_world = Field{*tasks, name};
+    break;
+  }
+  return Ok{};
+}
+
+// Slurm's defaults for the rendezvous: the first host of the node list, a port from the job id.
+Expected<Ok> ReadSlurmRendezvous(Reader& r, LaunchEnvironment& out) {
+  if (!r.Has("MASTER_ADDR")) {
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      auto text = r.Text(name);
+      if (!text) continue;
+      auto host = FirstSlurmHost(*text);
+      if (!host) return Fail(host.error());
+      out.master_addr = *host;
+      break;
+    }
+  }
+  if (!r.Has("MASTER_PORT")) {
+    auto job = r.Int({"SLURM_JOB_ID", "SLURM_JOBID"}, 0, kMaxRanks);
+    // A per-job port keeps two jobs that share a node from meeting at the same port.
+    out.master_port = job.value ? 20000 + *job.value % 20000 : kDefaultPort;
+  }
+  return Ok{};
+}
+
+Expected<Ok> ReadSlurmFields(Reader& r, LauncherFields& f, LaunchEnvironment& out) {
+  f.rank = r.Int({"SLURM_PROCID"}, 0, kMaxRanks - 1);
+  f.world = r.Int({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"}, 1, kMaxRanks);
+  f.local_rank = r.Int({"SLURM_LOCALID"}, 0, kMaxRanks - 1);
+  f.node_rank = r.Int({"SLURM_NODEID"}, 0, kMaxRanks - 1);
+  f.nodes = r.Int({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 1, kMaxRanks);
+  f.local_world = r.Int({"SLURM_NTASKS_PER_NODE"}, 1, kMaxRanks);
+  if (auto tasks = ReadSlurmTasksOnNode(r, f); !tasks) return Fail(tasks.error());
+  return ReadSlurmRendezvous(r, out);
+}
+
+void ReadOpenMpiFields(Reader& r, LauncherFields& f) {
+  f.rank = r.Int({"OMPI_COMM_WORLD_RANK"}, 0, kMaxRanks - 1);
+  f.world = r.Int({"OMPI_COMM_WORLD_SIZE"}, 1, kMaxRanks);
+  f.local_rank = r.Int({"OMPI_COMM_WORLD_LOCAL_RANK"}, 0, kMaxRanks - 1);
+  f.local_world = r.Int({"OMPI_COMM_WORLD_LOCAL_SIZE"}, 1, kMaxRanks);
+  f.node_rank = r.Int({"OMPI_COMM_WORLD_NODE_RANK"}, 0, kMaxRanks - 1);
+}
+
+void ReadHydraFields(Reader& r, LauncherFields& f) {
+  f.rank = r.Int({"PMI_RANK"}, 0, kMaxRanks - 1);
+  f.world = r.Int({"PMI_SIZE"}, 1, kMaxRanks);
+  f.local_rank = r.Int({"MPI_LOCALRANKID", "PMI_LOCAL_RANK"}, 0, kMaxRanks - 1);
+  f.local_world = r.Int({"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"}, 1, kMaxRanks);
+}
+
+// Picks the launcher by precedence and reads its fields, noting the launchers it ignored.
+Expected<Ok> ReadLauncherFields(Reader& r, LauncherFields& f, LaunchEnvironment& out) {
+  const LaunchersPresent present = FindLaunchers(r);
+  std::vector<std::string> ignored;
+  if (present.torchrun) {
+    out.launcher = Launcher::kTorchrun;
+    ReadTorchrunFields(r, f);
+    if (present.slurm_step) ignored.push_back("slurm (SLURM_PROCID)");
+    if (present.open_mpi) ignored.push_back("open-mpi (OMPI_COMM_WORLD_RANK)");
+    if (present.hydra) ignored.push_back("mpich-hydra (PMI_RANK)");
+  } else if (present.slurm_step) {
+    out.launcher = Launcher::kSlurm;
+    if (auto slurm = ReadSlurmFields(r, f, out); !slurm) return Fail(slurm.error());
+    if (present.open_mpi) ignored.push_back("open-mpi (OMPI_COMM_WORLD_RANK)");
+    if (present.hydra) ignored.push_back("mpich-hydra (PMI_RANK)");
+  } else if (present.open_mpi) {
+    out.launcher = Launcher::kOpenMpi;
+    ReadOpenMpiFields(r, f);
+  } else if (present.hydra) {
+    out.launcher = Launcher::kHydra;
+    ReadHydraFields(r, f);
+  } else if (r.Has("SLURM_JOB_ID") && r.Has("SLURM_PROCID")) {
+    out.notes.push_back(
+        "a Slurm allocation was found but this is not an `srun` step, so planrun runs as one "
+        "process; start it with `srun` to use the allocation's tasks");
+  }
+  if (!r.Error().empty()) return Fail(r.Error());
+  if (!ignored.empty()) {
+    out.notes.push_back(fmt::format("ignored the variables of {}: {} takes precedence",
+                                    JoinNotes(ignored), LauncherName(out.launcher)));
+  }
+  return Ok{};
+}
+
+// Both halves of a launcher's identity must be present.
+Expected<Ok> CheckLauncherIdentity(Launcher launcher, const LauncherFields& f) {
+  if (launcher == Launcher::kNone) return Ok{};
+  static const char* const kRankVar[] = {
+      "", "", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+  static const char* const kWorldVar[] = {
+      "", "", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+  const int k = static_cast<int>(launcher);
+  if (!f.rank.value) {
+    return Fail(fmt::format("`{}` is set but `{}` is not; {} sets both", kWorldVar[k], kRankVar[k],
+                            LauncherName(launcher)));
+  }
+  if (!f.world.value) {
+    return Fail(fmt::format("`{}` is set but `{}` is not; {} sets both", kRankVar[k], kWorldVar[k],
+                            LauncherName(launcher)));
+  }
+  return Ok{};
+}
+
+// Command-line values override field by field.
+Expected<Ok> ApplyOverrides(const LaunchOverrides& overrides, LauncherFields& f,
+                            LaunchEnvironment& out) {
+  auto apply = [](Field& field, const std::optional<int>& v, const char* flag) {
+    if (v) field = Field{*v, flag};
+  };
+  apply(f.rank, overrides.rank, "--rank");
+  apply(f.world, overrides.world_size, "--world-size");
+  apply(f.local_rank, overrides.local_rank, "--local-rank");
+  apply(f.local_world, overrides.local_world_size, "--local-world-size");
+  if (out.launcher == Launcher::kNone && (overrides.rank || overrides.world_size)) {
+    out.launcher = Launcher::kCommandLine;
+    if (!overrides.rank || !overrides.world_size) {
+      return Fail("`--rank` and `--world-size` must be given together when no launcher set them");
+    }
+  }
+  return Ok{};
+}
+
+Expected<Ok> ResolveRankInWorld(const LauncherFields& f, LaunchEnvironment& out) {
+  out.rank = f.rank.value.value_or(0);
+  out.world_size = f.world.value.value_or(1);
+  out.rank_source = f.rank.source.empty() ? "default" : f.rank.source;
+  out.world_source = f.world.source.empty() ? "default" : f.world.source;
+  if (out.rank >= out.world_size) {
+    return Fail(fmt::format("rank {} (`{}`) is not below the world size {} (`{}`)", out.rank,
+                            out.rank_source, out.world_size, out.world_source));
+  }
+  if (out.rank < 0 || out.world_size < 1) {
+    return Fail(fmt::format("rank {} of world size {} is out of range", out.rank, out.world_size));
+  }
+  return Ok{};
+}
+
+// Local rank and node: when the launcher did not say, assume every rank runs on this node.
+Expected<Ok> ResolveRankOnNode(const LauncherFields& f, LaunchEnvironment& out) {
+  out.local_world_size = f.local_world.value ? *f.local_world.value : out.world_size;
+  if (f.local_rank.value) {
+    out.local_rank = *f.local_rank.value;
+  } else {
+    out.local_rank = out.rank % out.local_world_size;
+    if (out.world_size > 1 && out.launcher != Launcher::kCommandLine) {
+      out.notes.push_back(fmt::format("the launcher set no local rank; using {}", out.local_rank));
+    }
+  }
+  const std::string local_world_source =
+      f.local_world.source.empty() ? "default" : f.local_world.source;
+  if (out.local_world_size > out.world_size) {
+    return Fail(
+        fmt::format("the local world size {} (`{}`) is larger than the world size {} (`{}`)",
+                    out.local_world_size, local_world_source, out.world_size, out.world_source));
+  }
+  if (out.local_rank >= out.local_world_size) {
+    return Fail(fmt::format("the local rank {} (`{}`) is not below the local world size {} (`{}`)",
+                            out.local_rank,
+                            f.local_rank.source.empty() ? "default" : f.local_rank.source,
+                            out.local_world_size, local_world_source));
+  }
+  out.nodes =
+      f.nodes.value.value_or((out.world_size + out.local_world_size - 1) / out.local_world_size);
+  out.node_rank = f.node_rank.value.value_or(out.rank / out.local_world_size);
+  if (out.node_rank >= out.nodes) {
+    return Fail(fmt::format("the node rank {} (`{}`) is not below the node count {}", out.node_rank,
+                            f.node_rank.source.empty() ? "derived" : f.node_rank.source,
+                            out.nodes));
+  }
+  return Ok{};
+}
+
+// The rendezvous address: MASTER_ADDR / MASTER_PORT over the launcher's defaults, the command
+// line over both; required when more than one process runs.
+Expected<Ok> ResolveRendezvous(Reader& r, const LaunchOverrides& overrides,
+                               LaunchEnvironment& out) {
+  if (auto addr = r.Text("MASTER_ADDR")) out.master_addr = *addr;
+  if (overrides.master_addr) out.master_addr = *overrides.master_addr;
+  Field port = r.Int({"MASTER_PORT"}, 1, 65535);
+  if (!r.Error().empty()) return Fail(r.Error());
+  if (port.value) out.master_port = *port.value;
+  if (overrides.master_port) {
+    if (*overrides.master_port < 1 || *overrides.master_port > 65535) {
+      return Fail(fmt::format("`--master-port` is {}, but it must be between 1 and 65535",
+                              *overrides.master_port));
+    }
+    out.master_port = *overrides.master_port;
+  }
+  if (out.world_size <= 1) return Ok{};
+  if (out.master_addr.empty()) {
+    return Fail(fmt::format(
+        "{} processes were launched ({} from `{}`) but `MASTER_ADDR` is not set, so {} "
+        "cannot find rank 0; export `MASTER_ADDR` (the host name of rank 0) and `MASTER_PORT`, "
+        "e.g. `mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...`",
+        out.world_size, LauncherName(out.launcher), out.world_source,
+        out.rank == 0 ? std::string("the other ranks") : fmt::format("rank {}", out.rank)));
+  }
+  for (char c : out.master_addr) {
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      return Fail(fmt::format("`MASTER_ADDR` is `{}`, which is not a host name", out.master_addr));
+    }
+  }
+  if (out.master_port == 0) out.master_port = kDefaultPort;
+  return Ok{};
+}
+
 }  // namespace
 
 std::string_view LauncherName(Launcher launcher) {
@@ -214,193 +459,15 @@ Expected<LaunchEnvironment> ReadLaunchEnvironment(const EnvLookup& env,
                                                   const LaunchOverrides& overrides) {
   Reader r(env);
   LaunchEnvironment out;
-
-  const bool torchrun = r.Has("RANK") || r.Has("WORLD_SIZE");
-  const bool slurm_step =
-      r.Has("SLURM_PROCID") &&
-      (r.Has("SLURM_STEP_ID") || r.Has("SLURM_STEPID") || r.Has("SLURM_STEP_NUM_TASKS"));
-  const bool open_mpi = r.Has("OMPI_COMM_WORLD_RANK") || r.Has("OMPI_COMM_WORLD_SIZE");
-  const bool hydra = r.Has("PMI_RANK") || r.Has("PMI_SIZE");
-
-  Field rank, world, local_rank, local_world, node_rank, nodes;
-  std::vector<std::string> ignored;
-  if (torchrun) {
-    out.launcher = Launcher::kTorchrun;
-    rank = r.Int({"RANK"}, 0, kMaxRanks - 1);
-    world = r.Int({"WORLD_SIZE"}, 1, kMaxRanks);
-    local_rank = r.Int({"LOCAL_RANK"}, 0, kMaxRanks - 1);
-    local_world = r.Int({"LOCAL_WORLD_SIZE"}, 1, kMaxRanks);
-    node_rank = r.Int({"GROUP_RANK"}, 0, kMaxRanks - 1);
-    if (slurm_step) ignored.push_back("slurm (SLURM_PROCID)");
-    if (open_mpi) ignored.push_back("open-mpi (OMPI_COMM_WORLD_RANK)");
-    if (hydra) ignored.push_back("mpich-hydra (PMI_RANK)");
-  } else if (slurm_step) {
-    out.launcher = Launcher::kSlurm;
-    rank = r.Int({"SLURM_PROCID"}, 0, kMaxRanks - 1);
-    world = r.Int({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"}, 1, kMaxRanks);
-    local_rank = r.Int({"SLURM_LOCALID"}, 0, kMaxRanks - 1);
-    node_rank = r.Int({"SLURM_NODEID"}, 0, kMaxRanks - 1);
-    nodes = r.Int({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 1, kMaxRanks);
-    local_world = r.Int({"SLURM_NTASKS_PER_NODE"}, 1, kMaxRanks);
-    if (!local_world.value) {
-      for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
-        auto text = r.Text(name);
-        if (!text) continue;
-        auto tasks = SlurmTasksOnNode(*text, node_rank.value.value_or(0));
-        if (!tasks) return Fail(tasks.error());
-        if (*tasks >= 1) local_world = Field{*tasks, name};
-        break;
-      }
-    }
-    if (!r.Has("MASTER_ADDR")) {
-      for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-        auto text = r.Text(name);
-        if (!text) continue;
-        auto host = FirstSlurmHost(*text);
-        if (!host) return Fail(host.error());
-        out.master_addr = *host;
-        break;
-      }
-    }
-    if (!r.Has("MASTER_PORT")) {
-      auto job = r.Int({"SLURM_JOB_ID", "SLURM_JOBID"}, 0, kMaxRanks);
-      // A per-job port keeps two jobs that share a node from meeting at the same port.
-      out.master_port = job.value ? 20000 + *job.value % 20000 : kDefaultPort;
-    }
-    if (open_mpi) ignored.push_back("open-mpi (OMPI_COMM_WORLD_RANK)");
-    if (hydra) ignored.push_back("mpich-hydra (PMI_RANK)");
-  } else if (open_mpi) {
-    out.launcher = Launcher::kOpenMpi;
-    rank = r.Int({"OMPI_COMM_WORLD_RANK"}, 0, kMaxRanks - 1);
-    world = r.Int({"OMPI_COMM_WORLD_SIZE"}, 1, kMaxRanks);
-    local_rank = r.Int({"OMPI_COMM_WORLD_LOCAL_RANK"}, 0, kMaxRanks - 1);
-    local_world = r.Int({"OMPI_COMM_WORLD_LOCAL_SIZE"}, 1, kMaxRanks);
-    node_rank = r.Int({"OMPI_COMM_WORLD_NODE_RANK"}, 0, kMaxRanks - 1);
-  } else if (hydra) {
-    out.launcher = Launcher::kHydra;
-    rank = r.Int({"PMI_RANK"}, 0, kMaxRanks - 1);
-    world = r.Int({"PMI_SIZE"}, 1, kMaxRanks);
-    local_rank = r.Int({"MPI_LOCALRANKID", "PMI_LOCAL_RANK"}, 0, kMaxRanks - 1);
-    local_world = r.Int({"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"}, 1, kMaxRanks);
-  } else if (r.Has("SLURM_JOB_ID") && r.Has("SLURM_PROCID")) {
-    out.notes.push_back(
-        "a Slurm allocation was found but this is not an `srun` step, so planrun runs as one "
-        "process; start it with `srun` to use the allocation's tasks");
-  }
-  if (!r.Error().empty()) return Fail(r.Error());
-  if (!ignored.empty()) {
-    out.notes.push_back(fmt::format("ignored the variables of {}: {} takes precedence",
-                                    JoinNotes(ignored), LauncherName(out.launcher)));
-  }
-
-  // Both halves of a launcher's identity must be present.
-  if (out.launcher != Launcher::kNone) {
-    static const char* const kRankVar[] = {
-        "", "", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
-    static const char* const kWorldVar[] = {
-        "", "", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
-    const int k = static_cast<int>(out.launcher);
-    if (!rank.value) {
-      return Fail(fmt::format("`{}` is set but `{}` is not; {} sets both", kWorldVar[k],
-                              kRankVar[k], LauncherName(out.launcher)));
-    }
-    if (!world.value) {
-      return Fail(fmt::format("`{}` is set but `{}` is not; {} sets both", kRankVar[k],
-                              kWorldVar[k], LauncherName(out.launcher)));
-    }
-  }
-
-  // Command-line values override field by field.
-  auto apply = [](Field& f, const std::optional<int>& v, const char* flag) {
-    if (v) f = Field{*v, flag};
-  };
-  apply(rank, overrides.rank, "--rank");
-  apply(world, overrides.world_size, "--world-size");
-  apply(local_rank, overrides.local_rank, "--local-rank");
-  apply(local_world, overrides.local_world_size, "--local-world-size");
-  if (out.launcher == Launcher::kNone && (overrides.rank || overrides.world_size)) {
-    out.launcher = Launcher::kCommandLine;
-    if (!overrides.rank || !overrides.world_size) {
-      return Fail("`--rank` and `--world-size` must be given together when no launcher set them");
-    }
-  }
-
-  out.rank = rank.value.value_or(0);
-  out.world_size = world.value.value_or(1);
-  out.rank_source = rank.source.empty() ? "default" : rank.source;
-  out.world_source = world.source.empty() ? "default" : world.source;
-  if (out.rank >= out.world_size) {
-    return Fail(fmt::format("rank {} (`{}`) is not below the world size {} (`{}`)", out.rank,
-                            out.rank_source, out.world_size, out.world_source));
-  }
-  if (out.rank < 0 || out.world_size < 1) {
-    return Fail(fmt::format("rank {} of world size {} is out of range", out.rank, out.world_size));
-  }
-
-  // Local rank: when the launcher did not say, assume every rank runs on this node.
-  if (local_world.value) {
-    out.local_world_size = *local_world.value;
-  } else {
-    out.local_world_size = out.world_size;
-  }
-  if (local_rank.value) {
-    out.local_rank = *local_rank.value;
-  } else {
-    out.local_rank = out.rank % out.local_world_size;
-    if (out.world_size > 1 && out.launcher != Launcher::kCommandLine) {
-      out.notes.push_back(fmt::format("the launcher set no local rank; using {}", out.local_rank));
-    }
-  }
-  if (out.local_world_size > out.world_size) {
-    return Fail(fmt::format(
-        "the local world size {} (`{}`) is larger than the world size {} (`{}`)",
-        out.local_world_size, local_world.source.empty() ? "default" : local_world.source,
-        out.world_size, out.world_source));
-  }
-  if (out.local_rank >= out.local_world_size) {
-    return Fail(fmt::format(
-        "the local rank {} (`{}`) is not below the local world size {} (`{}`)", out.local_rank,
-        local_rank.source.empty() ? "default" : local_rank.source, out.local_world_size,
-        local_world.source.empty() ? "default" : local_world.source));
-  }
-  out.nodes =
-      nodes.value.value_or((out.world_size + out.local_world_size - 1) / out.local_world_size);
-  out.node_rank = node_rank.value.value_or(out.rank / out.local_world_size);
-  if (out.node_rank >= out.nodes) {
-    return Fail(fmt::format("the node rank {} (`{}`) is not below the node count {}", out.node_rank,
-                            node_rank.source.empty() ? "derived" : node_rank.source, out.nodes));
-  }
-
-  // Rendezvous address.
-  if (auto addr = r.Text("MASTER_ADDR")) out.master_addr = *addr;
-  if (overrides.master_addr) out.master_addr = *overrides.master_addr;
-  Field port = r.Int({"MASTER_PORT"}, 1, 65535);
-  if (!r.Error().empty()) return Fail(r.Error());
-  if (port.value) out.master_port = *port.value;
-  if (overrides.master_port) {
-    if (*overrides.master_port < 1 || *overrides.master_port > 65535) {
-      return Fail(fmt::format("`--master-port` is {}, but it must be between 1 and 65535",
-                              *overrides.master_port));
-    }
-    out.master_port = *overrides.master_port;
-  }
-  if (out.world_size > 1) {
-    if (out.master_addr.empty()) {
-      return Fail(fmt::format(
-          "{} processes were launched ({} from `{}`) but `MASTER_ADDR` is not set, so {} "
-          "cannot find rank 0; export `MASTER_ADDR` (the host name of rank 0) and `MASTER_PORT`, "
-          "e.g. `mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...`",
-          out.world_size, LauncherName(out.launcher), out.world_source,
-          out.rank == 0 ? std::string("the other ranks") : fmt::format("rank {}", out.rank)));
-    }
-    for (char c : out.master_addr) {
-      if (std::isspace(static_cast<unsigned char>(c))) {
-        return Fail(
-            fmt::format("`MASTER_ADDR` is `{}`, which is not a host name", out.master_addr));
-      }
-    }
-    if (out.master_port == 0) out.master_port = kDefaultPort;
-  }
+  LauncherFields f;
+  if (auto read = ReadLauncherFields(r, f, out); !read) return Fail(read.error());
+  if (auto identity = CheckLauncherIdentity(out.launcher, f); !identity)
+    return Fail(identity.error());
+  if (auto applied = ApplyOverrides(overrides, f, out); !applied) return Fail(applied.error());
+  if (auto ranks = ResolveRankInWorld(f, out); !ranks) return Fail(ranks.error());
+  if (auto node = ResolveRankOnNode(f, out); !node) return Fail(node.error());
+  if (auto rendezvous = ResolveRendezvous(r, overrides, out); !rendezvous)
+    return Fail(rendezvous.error());
   return out;
 }
 

@@ -95,20 +95,140 @@ struct ForwardSmem {
   static constexpr int kBytes = kL + RoundUp128(kTile * 4);
 };
 
+// The forward kernel's tiles in shared memory (offsets in ForwardSmem).
+struct ForwardTiles {
+  __nv_bfloat16 *qs, *ks, *vs;  // Q, K and V tiles
+  float* ss;                    // the warp rows' scores, fp32
+  __nv_bfloat16* ps;            // their probabilities, bf16
+  float* os;                    // the unnormalised output rows, fp32
+  float *row_m, *row_l;         // running max and sum per query row
+};
+
+template <int D>
+__device__ __forceinline__ ForwardTiles ForwardTilesAt(unsigned char* smem) {
+  using S = ForwardSmem<D>;
+  return ForwardTiles{reinterpret_cast<__nv_bfloat16*>(smem + S::kQ),
+                      reinterpret_cast<__nv_bfloat16*>(smem + S::kK),
+                      reinterpret_cast<__nv_bfloat16*>(smem + S::kV),
+                      reinterpret_cast<float*>(smem + S::kS),
+                      reinterpret_cast<__nv_bfloat16*>(smem + S::kP),
+                      reinterpret_cast<float*>(smem + S::kO),
+                      reinterpret_cast<float*>(smem + S::kM),
+                      reinterpret_cast<float*>(smem + S::kL)};
+}
+
+// dst_w = A_w · Bᵀ (16 × 64, fp32): the warp's 16 rows of the bf16 tile `a` against the 64 rows
+// of the bf16 tile `b`, both [64][D + 8].
+template <int D>
+__device__ __forceinline__ void WarpRowsTimesTileT(float* dst, const __nv_bfloat16* a,
+                                                   const __nv_bfloat16* b, int warp) {
+  constexpr int kLd = D + 8;
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      FragA fa;
+      FragBT bt;
+      wmma::load_matrix_sync(fa, a + warp * 16 * kLd + kk * 16, kLd);
+      wmma::load_matrix_sync(bt, b + n * 16 * kLd + kk * 16, kLd);
+      wmma::mma_sync(acc, fa, bt, acc);
+    }
+    wmma::store_matrix_sync(dst + warp * 16 * kSLd + n * 16, acc, kSLd, wmma::mem_row_major);
+  }
+}
+
+// The lane's share of the online softmax: two lanes per row of the warp's 16 (`row` of the
+// tile, query `query`), each covering 32 key columns (`half`) of the tile at key k0.
+struct SoftmaxLane {
+  int row;
+  int half;
+  int64_t query;
+};
+
+// Online softmax of the lane's row over the key tile at k0: masks and scales its scores, writes
+// the bf16 probabilities against the new running max, and rescales the output row and the
+// running sum by how far the max moved.
+template <int D>
+__device__ __forceinline__ void OnlineSoftmaxStep(const ForwardTiles& t, const SoftmaxLane& lane,
+                                                  int64_t k0, int64_t seq, float scale) {
+  float* srow = t.ss + lane.row * kSLd + lane.half * 32;
+  float tile_max = -INFINITY;
+  for (int j = 0; j < 32; ++j) {
+    const int64_t kj = k0 + lane.half * 32 + j;
+    const bool valid = kj <= lane.query && kj < seq;
+    const float s = valid ? srow[j] * scale : -INFINITY;
+    srow[j] = s;
+    tile_max = fmaxf(tile_max, s);
+  }
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  const float m_old = t.row_m[lane.row];
+  const float m_new = fmaxf(m_old, tile_max);
+  const float base = m_new == -INFINITY ? 0.0f : m_new;
+  float sum = 0.0f;
+  __nv_bfloat16* prow = t.ps + lane.row * kPLd + lane.half * 32;
+  for (int j = 0; j < 32; ++j) {
+    const float p = srow[j] == -INFINITY ? 0.0f : __expf(srow[j] - base);
+    sum += p;
+    prow[j] = __float2bfloat16_rn(p);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - base);
+  float* orow = t.os + lane.row * ForwardSmem<D>::kOLd + lane.half * (D / 2);
+  for (int c = 0; c < D / 2; ++c) orow[c] *= alpha;
+  __syncwarp();
+  if (lane.half == 0) {
+    t.row_m[lane.row] = m_new;
+    t.row_l[lane.row] = t.row_l[lane.row] * alpha + sum;
+  }
+  __syncwarp();
+}
+
+// O_w += P_w · V (16 × D).
+template <int D>
+__device__ __forceinline__ void AccumulateOutputRows(const ForwardTiles& t, int warp) {
+  using S = ForwardSmem<D>;
+  for (int n = 0; n < D / 16; ++n) {
+    FragC acc;
+    wmma::load_matrix_sync(acc, t.os + warp * 16 * S::kOLd + n * 16, S::kOLd, wmma::mem_row_major);
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      FragA a;
+      FragB bv;
+      wmma::load_matrix_sync(a, t.ps + warp * 16 * kPLd + kk * 16, kPLd);
+      wmma::load_matrix_sync(bv, t.vs + kk * 16 * S::kLd + n * 16, S::kLd);
+      wmma::mma_sync(acc, a, bv, acc);
+    }
+    wmma::store_matrix_sync(t.os + warp * 16 * S::kOLd + n * 16, acc, S::kOLd, wmma::mem_row_major);
+  }
+}
+
+// Normalises and writes the rows of the query tile at q0 (sequence b, head h); lse = m + log(l).
+template <int D>
+__device__ __forceinline__ void WriteForwardRows(float* out, float* lse, const ForwardTiles& t,
+                                                 const AttnShape& shape, int64_t q0, int64_t b,
+                                                 int64_t h) {
+  const TokenLayout& l = shape.layout;
+  for (int idx = threadIdx.x; idx < kTile * (D / 4); idx += blockDim.x) {
+    const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
+    const int64_t tok = q0 + r;
+    if (tok >= l.seq) continue;
+    const float inv = 1.0f / t.row_l[r];
+    const float* o = t.os + r * ForwardSmem<D>::kOLd + c;
+    *reinterpret_cast<float4*>(out + Offset<D>(l, tok, b, h, shape.q_heads) + c) =
+        make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+  }
+  for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+    const int64_t tok = q0 + r;
+    if (tok < l.seq) lse[(b * shape.q_heads + h) * l.seq + tok] = t.row_m[r] + logf(t.row_l[r]);
+  }
+}
+
+// One block per (query tile, q head, sequence); warp w owns queries q0 + 16w .. q0 + 16w + 15.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     AttentionForwardKernel(float* out, float* lse, const float* q, const float* k, const float* v,
                            AttnShape shape) {
-  using S = ForwardSmem<D>;
   PARAPLAN_DYNAMIC_SHARED(smem);
-  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
-  auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::kK);
-  auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + S::kV);
-  auto* ss = reinterpret_cast<float*>(smem + S::kS);
-  auto* ps = reinterpret_cast<__nv_bfloat16*>(smem + S::kP);
-  auto* os = reinterpret_cast<float*>(smem + S::kO);
-  auto* row_m = reinterpret_cast<float*>(smem + S::kM);
-  auto* row_l = reinterpret_cast<float*>(smem + S::kL);
+  const ForwardTiles t = ForwardTilesAt<D>(smem);
 
   const TokenLayout& l = shape.layout;
   const int64_t tiles = (l.seq + kTile - 1) / kTile;
@@ -118,102 +238,28 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int64_t q0 = qt * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  LoadTile<D>(qs, q, l, q0, b, h, shape.q_heads);
-  for (int i = threadIdx.x; i < kTile * S::kOLd; i += blockDim.x) os[i] = 0.0f;
+  LoadTile<D>(t.qs, q, l, q0, b, h, shape.q_heads);
+  for (int i = threadIdx.x; i < kTile * ForwardSmem<D>::kOLd; i += blockDim.x) t.os[i] = 0.0f;
   for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    row_m[i] = -INFINITY;
-    row_l[i] = 0.0f;
+    t.row_m[i] = -INFINITY;
+    t.row_l[i] = 0.0f;
   }
 
-  // Softmax lanes: two lanes per row of the warp's 16, each covering 32 key columns.
   const int my_row = warp * 16 + lane / 2;
-  const int half = lane % 2;
-  const int64_t qi = q0 + my_row;
-
+  const SoftmaxLane softmax_lane{my_row, lane % 2, q0 + my_row};
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile;
     __syncthreads();  // previous tile fully consumed
-    LoadTile<D>(ks, k, l, k0, b, kvh, shape.kv_heads);
-    LoadTile<D>(vs, v, l, k0, b, kvh, shape.kv_heads);
+    LoadTile<D>(t.ks, k, l, k0, b, kvh, shape.kv_heads);
+    LoadTile<D>(t.vs, v, l, k0, b, kvh, shape.kv_heads);
     __syncthreads();
-
-    // S_w = Q_w · Kᵀ (16 × 64).
-    for (int n = 0; n < kTile / 16; ++n) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragA a;
-        FragBT bt;
-        wmma::load_matrix_sync(a, qs + warp * 16 * S::kLd + kk * 16, S::kLd);
-        wmma::load_matrix_sync(bt, ks + n * 16 * S::kLd + kk * 16, S::kLd);
-        wmma::mma_sync(acc, a, bt, acc);
-      }
-      wmma::store_matrix_sync(ss + warp * 16 * kSLd + n * 16, acc, kSLd, wmma::mem_row_major);
-    }
+    WarpRowsTimesTileT<D>(t.ss, t.qs, t.ks, warp);  // S_w = Q_w · Kᵀ (16 × 64)
     __syncwarp();
-
-    // Online softmax on the warp's rows.
-    float* srow = ss + my_row * kSLd + half * 32;
-    float tile_max = -INFINITY;
-    for (int j = 0; j < 32; ++j) {
-      const int64_t kj = k0 + half * 32 + j;
-      const bool valid = kj <= qi && kj < l.seq;
-      const float s = valid ? srow[j] * shape.scale : -INFINITY;
-      srow[j] = s;
-      tile_max = fmaxf(tile_max, s);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float m_old = row_m[my_row];
-    const float m_new = fmaxf(m_old, tile_max);
-    const float base = m_new == -INFINITY ? 0.0f : m_new;
-    float sum = 0.0f;
-    __nv_bfloat16* prow = ps + my_row * kPLd + half * 32;
-    for (int j = 0; j < 32; ++j) {
-      const float p = srow[j] == -INFINITY ? 0.0f : __expf(srow[j] - base);
-      sum += p;
-      prow[j] = __float2bfloat16_rn(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - base);
-    float* orow = os + my_row * S::kOLd + half * (D / 2);
-    for (int c = 0; c < D / 2; ++c) orow[c] *= alpha;
-    __syncwarp();
-    if (half == 0) {
-      row_m[my_row] = m_new;
-      row_l[my_row] = row_l[my_row] * alpha + sum;
-    }
-    __syncwarp();
-
-    // O_w += P_w · V (16 × D).
-    for (int n = 0; n < D / 16; ++n) {
-      FragC acc;
-      wmma::load_matrix_sync(acc, os + warp * 16 * S::kOLd + n * 16, S::kOLd, wmma::mem_row_major);
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragA a;
-        FragB bv;
-        wmma::load_matrix_sync(a, ps + warp * 16 * kPLd + kk * 16, kPLd);
-        wmma::load_matrix_sync(bv, vs + kk * 16 * S::kLd + n * 16, S::kLd);
-        wmma::mma_sync(acc, a, bv, acc);
-      }
-      wmma::store_matrix_sync(os + warp * 16 * S::kOLd + n * 16, acc, S::kOLd, wmma::mem_row_major);
-    }
+    OnlineSoftmaxStep<D>(t, softmax_lane, k0, l.seq, shape.scale);
+    AccumulateOutputRows<D>(t, warp);
   }
   __syncthreads();
-
-  // Normalise and write the rows of this tile; lse = m + log(l).
-  for (int idx = threadIdx.x; idx < kTile * (D / 4); idx += blockDim.x) {
-    const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
-    const int64_t t = q0 + r;
-    if (t >= l.seq) continue;
-    const float inv = 1.0f / row_l[r];
-    const float* o = os + r * S::kOLd + c;
-    *reinterpret_cast<float4*>(out + Offset<D>(l, t, b, h, shape.q_heads) + c) =
-        make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
-  }
-  for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
-    const int64_t t = q0 + r;
-    if (t < l.seq) lse[(b * shape.q_heads + h) * l.seq + t] = row_m[r] + logf(row_l[r]);
-  }
+  WriteForwardRows<D>(out, lse, t, shape, q0, b, h);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,24 +336,108 @@ __device__ void StoreRows(float* dst, const TokenLayout& l, int64_t t0, int64_t 
   }
 }
 
+// The backward kernels' tiles in shared memory (offsets in BackwardSmem). The key/value kernel
+// holds K, V, Q, dO in a, b, c, d; the query kernel Q, dO, K, V.
+struct BackwardTiles {
+  __nv_bfloat16 *a, *b, *c, *d;
+  float* ps;               // scores, then probabilities, fp32
+  float* dps;              // dP, fp32
+  __nv_bfloat16* p16;      // P, bf16
+  __nv_bfloat16* ds16;     // dS · scale, bf16
+  float *lse_s, *delta_s;  // per query row of the tile
+};
+
+template <int D>
+__device__ __forceinline__ BackwardTiles BackwardTilesAt(unsigned char* smem) {
+  using S = BackwardSmem<D>;
+  return BackwardTiles{reinterpret_cast<__nv_bfloat16*>(smem + S::kA),
+                       reinterpret_cast<__nv_bfloat16*>(smem + S::kB),
+                       reinterpret_cast<__nv_bfloat16*>(smem + S::kC),
+                       reinterpret_cast<__nv_bfloat16*>(smem + S::kD),
+                       reinterpret_cast<float*>(smem + S::kS),
+                       reinterpret_cast<float*>(smem + S::kDP),
+                       reinterpret_cast<__nv_bfloat16*>(smem + S::kP16),
+                       reinterpret_cast<__nv_bfloat16*>(smem + S::kDS16),
+                       reinterpret_cast<float*>(smem + S::kLse),
+                       reinterpret_cast<float*>(smem + S::kDelta)};
+}
+
+// Two 16 × 64 products of the warp's rows at once, into t.ps and t.dps: S_w = A_w · Bᵀ and
+// dP_w = C_w · Dᵀ (all four bf16 tiles [64][D + 8]).
+template <int D>
+__device__ __forceinline__ void WarpScoresAndGrads(const BackwardTiles& t, const __nv_bfloat16* a,
+                                                   const __nv_bfloat16* b, const __nv_bfloat16* c,
+                                                   const __nv_bfloat16* d, int warp) {
+  constexpr int kLd = D + 8;
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragC s_acc, dp_acc;
+    wmma::fill_fragment(s_acc, 0.0f);
+    wmma::fill_fragment(dp_acc, 0.0f);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      FragA fa;
+      FragBT bt;
+      wmma::load_matrix_sync(fa, a + warp * 16 * kLd + kk * 16, kLd);
+      wmma::load_matrix_sync(bt, b + n * 16 * kLd + kk * 16, kLd);
+      wmma::mma_sync(s_acc, fa, bt, s_acc);
+      wmma::load_matrix_sync(fa, c + warp * 16 * kLd + kk * 16, kLd);
+      wmma::load_matrix_sync(bt, d + n * 16 * kLd + kk * 16, kLd);
+      wmma::mma_sync(dp_acc, fa, bt, dp_acc);
+    }
+    wmma::store_matrix_sync(t.ps + warp * 16 * kSLd + n * 16, s_acc, kSLd, wmma::mem_row_major);
+    wmma::store_matrix_sync(t.dps + warp * 16 * kSLd + n * 16, dp_acc, kSLd, wmma::mem_row_major);
+  }
+}
+
+// Pᵀ = exp(scale · Sᵀ − lse) on the causal part; dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale, for the
+// lane's 32 query columns (`half`) of key row `row` (key kj) against the query tile at q0.
+__device__ __forceinline__ void KeyRowProbabilitiesAndGrads(const BackwardTiles& t, int row,
+                                                            int half, int64_t kj, int64_t q0,
+                                                            int64_t seq, float scale) {
+  for (int j = 0; j < 32; ++j) {
+    const int col = half * 32 + j;
+    const int64_t qi = q0 + col;
+    const bool valid = kj <= qi && qi < seq && kj < seq;
+    const float p = valid ? __expf(t.ps[row * kSLd + col] * scale - t.lse_s[col]) : 0.0f;
+    const float ds = p * (t.dps[row * kSLd + col] - t.delta_s[col]) * scale;
+    t.p16[row * kPLd + col] = __float2bfloat16_rn(p);
+    t.ds16[row * kPLd + col] = __float2bfloat16_rn(ds);
+  }
+}
+
+// dV_w += Pᵀ_w · dO and dK_w += dSᵀ_w · Q (16 keys × D).
+template <int D>
+__device__ __forceinline__ void AccumulateKeyValueGrads(const BackwardTiles& t, int warp,
+                                                        FragC (&dk_acc)[D / 16],
+                                                        FragC (&dv_acc)[D / 16]) {
+  constexpr int kLd = D + 8;
+  const __nv_bfloat16* qs = t.c;
+  const __nv_bfloat16* dos = t.d;
+  for (int n = 0; n < D / 16; ++n) {
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      FragA a;
+      FragB bm;
+      wmma::load_matrix_sync(a, t.p16 + warp * 16 * kPLd + kk * 16, kPLd);
+      wmma::load_matrix_sync(bm, dos + kk * 16 * kLd + n * 16, kLd);
+      wmma::mma_sync(dv_acc[n], a, bm, dv_acc[n]);
+      wmma::load_matrix_sync(a, t.ds16 + warp * 16 * kPLd + kk * 16, kPLd);
+      wmma::load_matrix_sync(bm, qs + kk * 16 * kLd + n * 16, kLd);
+      wmma::mma_sync(dk_acc[n], a, bm, dk_acc[n]);
+    }
+  }
+}
+
 // One block per (key tile, kv head, sequence); warp w owns keys k0 + 16w .. k0 + 16w + 15.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     AttentionBackwardKeyValueKernel(float* dk, float* dv, const float* dout, const float* lse,
                                     const float* delta, const float* q, const float* k,
                                     const float* v, AttnShape shape) {
-  using S = BackwardSmem<D>;
   PARAPLAN_DYNAMIC_SHARED(smem);
-  auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::kA);
-  auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + S::kB);
-  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::kC);
-  auto* dos = reinterpret_cast<__nv_bfloat16*>(smem + S::kD);
-  auto* ps = reinterpret_cast<float*>(smem + S::kS);
-  auto* dps = reinterpret_cast<float*>(smem + S::kDP);
-  auto* p16 = reinterpret_cast<__nv_bfloat16*>(smem + S::kP16);
-  auto* ds16 = reinterpret_cast<__nv_bfloat16*>(smem + S::kDS16);
-  auto* lse_s = reinterpret_cast<float*>(smem + S::kLse);
-  auto* delta_s = reinterpret_cast<float*>(smem + S::kDelta);
+  const BackwardTiles t = BackwardTilesAt<D>(smem);
+  __nv_bfloat16* ks = t.a;
+  __nv_bfloat16* vs = t.b;
+  __nv_bfloat16* qs = t.c;
+  __nv_bfloat16* dos = t.d;
 
   const TokenLayout& l = shape.layout;
   const int64_t tiles = (l.seq + kTile - 1) / kTile;
@@ -339,58 +469,18 @@ __global__ void __launch_bounds__(kAttnThreads)
       __syncthreads();
       LoadTile<D>(qs, q, l, q0, b, h, shape.q_heads);
       LoadTile<D>(dos, dout, l, q0, b, h, shape.q_heads);
-      LoadRowStats(lse_s, delta_s, lse, delta, stat_base, q0, l.seq);
+      LoadRowStats(t.lse_s, t.delta_s, lse, delta, stat_base, q0, l.seq);
       __syncthreads();
-
       // Sᵀ_w = K_w · Qᵀ and dPᵀ_w = V_w · dOᵀ (16 keys × 64 queries).
-      for (int n = 0; n < kTile / 16; ++n) {
-        FragC s_acc, dp_acc;
-        wmma::fill_fragment(s_acc, 0.0f);
-        wmma::fill_fragment(dp_acc, 0.0f);
-        for (int kk = 0; kk < D / 16; ++kk) {
-          FragA a;
-          FragBT bt;
-          wmma::load_matrix_sync(a, ks + warp * 16 * S::kLd + kk * 16, S::kLd);
-          wmma::load_matrix_sync(bt, qs + n * 16 * S::kLd + kk * 16, S::kLd);
-          wmma::mma_sync(s_acc, a, bt, s_acc);
-          wmma::load_matrix_sync(a, vs + warp * 16 * S::kLd + kk * 16, S::kLd);
-          wmma::load_matrix_sync(bt, dos + n * 16 * S::kLd + kk * 16, S::kLd);
-          wmma::mma_sync(dp_acc, a, bt, dp_acc);
-        }
-        wmma::store_matrix_sync(ps + warp * 16 * kSLd + n * 16, s_acc, kSLd, wmma::mem_row_major);
-        wmma::store_matrix_sync(dps + warp * 16 * kSLd + n * 16, dp_acc, kSLd, wmma::mem_row_major);
-      }
+      WarpScoresAndGrads<D>(t, ks, qs, vs, dos, warp);
       __syncwarp();
-
-      // Pᵀ = exp(scale · Sᵀ − lse) on the causal part; dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale.
-      for (int j = 0; j < 32; ++j) {
-        const int col = half * 32 + j;
-        const int64_t qi = q0 + col;
-        const bool valid = kj <= qi && qi < l.seq && kj < l.seq;
-        const float p = valid ? __expf(ps[my_row * kSLd + col] * shape.scale - lse_s[col]) : 0.0f;
-        const float ds = p * (dps[my_row * kSLd + col] - delta_s[col]) * shape.scale;
-        p16[my_row * kPLd + col] = __float2bfloat16_rn(p);
-        ds16[my_row * kPLd + col] = __float2bfloat16_rn(ds);
-      }
+      KeyRowProbabilitiesAndGrads(t, my_row, half, kj, q0, l.seq, shape.scale);
       __syncwarp();
-
-      // dV_w += Pᵀ_w · dO and dK_w += dSᵀ_w · Q (16 keys × D).
-      for (int n = 0; n < D / 16; ++n) {
-        for (int kk = 0; kk < kTile / 16; ++kk) {
-          FragA a;
-          FragB bm;
-          wmma::load_matrix_sync(a, p16 + warp * 16 * kPLd + kk * 16, kPLd);
-          wmma::load_matrix_sync(bm, dos + kk * 16 * S::kLd + n * 16, S::kLd);
-          wmma::mma_sync(dv_acc[n], a, bm, dv_acc[n]);
-          wmma::load_matrix_sync(a, ds16 + warp * 16 * kPLd + kk * 16, kPLd);
-          wmma::load_matrix_sync(bm, qs + kk * 16 * S::kLd + n * 16, S::kLd);
-          wmma::mma_sync(dk_acc[n], a, bm, dk_acc[n]);
-        }
-      }
+      AccumulateKeyValueGrads<D>(t, warp, dk_acc, dv_acc);
     }
   }
   __syncthreads();
-  float* staging = ps;  // S and dP are free now
+  float* staging = t.ps;  // S and dP are free now
   StoreRows<D>(dk, l, k0, b, kvh, shape.kv_heads, dk_acc, staging);
   __syncwarp();
   StoreRows<D>(dv, l, k0, b, kvh, shape.kv_heads, dv_acc, staging);
@@ -403,15 +493,16 @@ __global__ void __launch_bounds__(kAttnThreads)
                                  const float* q, const float* k, const float* v, AttnShape shape) {
   using S = BackwardSmem<D>;
   PARAPLAN_DYNAMIC_SHARED(smem);
-  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::kA);
-  auto* dos = reinterpret_cast<__nv_bfloat16*>(smem + S::kB);
-  auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + S::kC);
-  auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + S::kD);
-  auto* ps = reinterpret_cast<float*>(smem + S::kS);
-  auto* dps = reinterpret_cast<float*>(smem + S::kDP);
-  auto* ds16 = reinterpret_cast<__nv_bfloat16*>(smem + S::kDS16);
-  auto* lse_s = reinterpret_cast<float*>(smem + S::kLse);
-  auto* delta_s = reinterpret_cast<float*>(smem + S::kDelta);
+  const BackwardTiles t = BackwardTilesAt<D>(smem);
+  __nv_bfloat16* qs = t.a;
+  __nv_bfloat16* dos = t.b;
+  __nv_bfloat16* ks = t.c;
+  __nv_bfloat16* vs = t.d;
+  float* ps = t.ps;
+  float* dps = t.dps;
+  __nv_bfloat16* ds16 = t.ds16;
+  float* lse_s = t.lse_s;
+  float* delta_s = t.delta_s;
 
   const TokenLayout& l = shape.layout;
   const int64_t tiles = (l.seq + kTile - 1) / kTile;
@@ -440,23 +531,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
 
     // S_w = Q_w · Kᵀ and dP_w = dO_w · Vᵀ (16 queries × 64 keys).
-    for (int n = 0; n < kTile / 16; ++n) {
-      FragC s_acc, dp_acc;
-      wmma::fill_fragment(s_acc, 0.0f);
-      wmma::fill_fragment(dp_acc, 0.0f);
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragA a;
-        FragBT bt;
-        wmma::load_matrix_sync(a, qs + warp * 16 * S::kLd + kk * 16, S::kLd);
-        wmma::load_matrix_sync(bt, ks + n * 16 * S::kLd + kk * 16, S::kLd);
-        wmma::mma_sync(s_acc, a, bt, s_acc);
-        wmma::load_matrix_sync(a, dos + warp * 16 * S::kLd + kk * 16, S::kLd);
-        wmma::load_matrix_sync(bt, vs + n * 16 * S::kLd + kk * 16, S::kLd);
-        wmma::mma_sync(dp_acc, a, bt, dp_acc);
-      }
-      wmma::store_matrix_sync(ps + warp * 16 * kSLd + n * 16, s_acc, kSLd, wmma::mem_row_major);
-      wmma::store_matrix_sync(dps + warp * 16 * kSLd + n * 16, dp_acc, kSLd, wmma::mem_row_major);
-    }
+    WarpScoresAndGrads<D>(t, qs, ks, dos, vs, warp);
     __syncwarp();
 
     for (int j = 0; j < 32; ++j) {
