@@ -212,7 +212,44 @@ class RoleLowering {
              .scale = 1.0 / std::sqrt(static_cast<double>(m_.head_dim))};
   }
 
+  // The gradient outputs of LinearBackward: dx, the weight's grad, and the bias's when present.
+  std::vector<int32_t> LinearGrads(int32_t dx, const ParamRef& w, const ParamRef& b) const {
+    std::vector<int32_t> v = {dx, w.grad};
+    if (b.grad >= 0) v.push_back(b.grad);
+    return v;
+  }
+
+  // The params of one chunk, in the order they are created.
+  struct ChunkParams {
+    ParamRef word, pos, out_w;
+    NormParams final_norm;
+    std::vector<LayerParams> layers;
+  };
+  // The buffers of a chunk's forward that its backward reads.
+  struct ChunkForward {
+    int32_t ids = -1;  // token ids (the chunk with the embedding)
+    int32_t x = -1;    // the residual stream after the last layer
+    std::vector<LayerSaved> layers;
+    NormOut final_norm;
+    int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;  // the chunk with the loss
+  };
+
   void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
+  ChunkParams MakeChunkParams(const ChunkLayers& cl);
+  LayerParams MakeLayerParams(int32_t layer_index);
+  // The output layer's weight: the word embedding itself when this role holds it, the last
+  // stage's tied copy of it, or an untied output weight.
+  ParamRef MakeOutputWeight(bool embedding);
+  ChunkForward EmitChunkForward(const ChunkLayers& cl, const ChunkParams& params, Chunk& chunk);
+  void EmitEmbeddingForward(const ChunkParams& params, ChunkForward& forward);
+  void EmitLossForward(const ChunkParams& params, ChunkForward& forward);
+  void EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
+                         const ChunkForward& forward, Chunk& chunk);
+  void EmitLossBackward(const ChunkParams& params, const ChunkForward& forward, int32_t gx);
+  // One layer's backward, accumulating into gx; with full recompute its forward runs first.
+  void LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx);
+  void MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  void AttentionBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   void BuildBuckets();
   void ScopeBucketsInBodies();
   StepBodies BuildStepBodies();
@@ -292,11 +329,6 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
 }
 
 void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk) {
-  const int64_t h = m_.hidden, hd = m_.head_dim;
-  const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, ffn = m_.ffn_hidden / tp_;
-  const int64_t vocab_local = m_.vocab_padded / tp_;
-  const bool gpt = m_.activation == prog::ActivationKind::Gelu;
-  const bool bias = m_.bias;
   chunk_ = index;
   layer_ = -1;
   chunk.index = index;
@@ -305,239 +337,276 @@ void RoleLowering::BuildChunk(int32_t index, const ChunkLayers& cl, Chunk& chunk
   chunk.layers = cl.layers;
   chunk.has_embedding = cl.embedding;
   chunk.has_loss = cl.loss;
-
-  // ---------------- parameters ----------------
-  ParamRef word, pos, out_w;
-  NormParams final_norm;
-  if (cl.embedding) {
-    word = AddParam("embedding.word", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02,
-                    true, false, false);
-    word_embedding_param_ = word.param;
-    if (m_.position == prog::PositionKind::Learned)
-      pos = AddParam("embedding.position", 1, {m_.seq_len, h}, -1, prog::InitKind::Normal, 0.02,
-                     true, true, p_.sp);
-  }
-  std::vector<LayerParams> lp(cl.layers);
-  for (int32_t i = 0; i < cl.layers; ++i) {
-    int32_t layer_index = cl.first_layer + i;
-    layer_ = layer_index;
-    std::string n = fmt::format("layers.{}.", layer_index);
-    LayerParams& layer_params = lp[i];
-    layer_params.n1 = MakeNorm(n + "attention_norm", LayerKey(layer_index, 0));
-    layer_params.wq = AddParam(n + "attention.wq", LayerKey(layer_index, 2), {m_.heads * hd, h}, 0,
-                               prog::InitKind::Normal, 0.02, true, false, false);
-    layer_params.wk = AddParam(n + "attention.wk", LayerKey(layer_index, 3), {m_.kv_heads * hd, h},
-                               0, prog::InitKind::Normal, 0.02, true, false, false);
-    layer_params.wv = AddParam(n + "attention.wv", LayerKey(layer_index, 4), {m_.kv_heads * hd, h},
-                               0, prog::InitKind::Normal, 0.02, true, false, false);
-    if (bias) {
-      layer_params.bq = AddParam(n + "attention.bq", LayerKey(layer_index, 5), {m_.heads * hd}, 0,
-                                 prog::InitKind::Zeros, 0, false, false, false);
-      layer_params.bk = AddParam(n + "attention.bk", LayerKey(layer_index, 6), {m_.kv_heads * hd},
-                                 0, prog::InitKind::Zeros, 0, false, false, false);
-      layer_params.bv = AddParam(n + "attention.bv", LayerKey(layer_index, 7), {m_.kv_heads * hd},
-                                 0, prog::InitKind::Zeros, 0, false, false, false);
-    }
-    layer_params.wo = AddParam(n + "attention.wo", LayerKey(layer_index, 8), {h, m_.heads * hd}, 1,
-                               prog::InitKind::Normal, OutStd(), true, false, false);
-    if (bias)
-      layer_params.bo = AddParam(n + "attention.bo", LayerKey(layer_index, 9), {h}, -1,
-                                 prog::InitKind::Zeros, 0, false, true, p_.sp);
-    layer_params.n2 = MakeNorm(n + "mlp_norm", LayerKey(layer_index, 10));
-    if (gpt) {
-      layer_params.w1 = AddParam(n + "mlp.fc1", LayerKey(layer_index, 12), {m_.ffn_hidden, h}, 0,
-                                 prog::InitKind::Normal, 0.02, true, false, false);
-      if (bias)
-        layer_params.b1 = AddParam(n + "mlp.b1", LayerKey(layer_index, 13), {m_.ffn_hidden}, 0,
-                                   prog::InitKind::Zeros, 0, false, false, false);
-      layer_params.w2 = AddParam(n + "mlp.fc2", LayerKey(layer_index, 14), {h, m_.ffn_hidden}, 1,
-                                 prog::InitKind::Normal, OutStd(), true, false, false);
-    } else {
-      layer_params.w1 = AddParam(n + "mlp.w_gate", LayerKey(layer_index, 12), {m_.ffn_hidden, h}, 0,
-                                 prog::InitKind::Normal, 0.02, true, false, false);
-      layer_params.w3 = AddParam(n + "mlp.w_up", LayerKey(layer_index, 13), {m_.ffn_hidden, h}, 0,
-                                 prog::InitKind::Normal, 0.02, true, false, false);
-      layer_params.w2 = AddParam(n + "mlp.w_down", LayerKey(layer_index, 14), {h, m_.ffn_hidden}, 1,
-                                 prog::InitKind::Normal, OutStd(), true, false, false);
-    }
-    if (bias)
-      layer_params.b2 = AddParam(n + "mlp.b2", LayerKey(layer_index, 15), {h}, -1,
-                                 prog::InitKind::Zeros, 0, false, true, p_.sp);
-  }
-  layer_ = -1;
-  if (cl.loss) {
-    final_norm = MakeNorm("final_norm", 2);
-    if (m_.tied_embeddings) {
-      if (cl.embedding || word_embedding_param_ >= 0) {
-        out_w = {word_embedding_param_, role_.params[word_embedding_param_].buffer,
-                 role_.params[word_embedding_param_].grad};
-      } else {
-        // The last stage's copy of the word embedding: same key (same initial values), its
-        // gradient is summed with the first stage's over the Embedding group, counted once in the
-        // norm.
-        out_w =
-            AddParam("embedding.word.tied_copy", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal,
-                     0.02, true, false, false, /*counts_in_norm=*/false);
-        output_copy_param_ = out_w.param;
-      }
-    } else {
-      out_w = AddParam("output.weight", 4, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02,
-                       true, false, false);
-    }
-  }
-
-  // ---------------- forward ----------------
+  const ChunkParams params = MakeChunkParams(cl);
   role_.bodies.push_back({fmt::format("chunk{}.forward", index), {}});
   chunk.forward = static_cast<int32_t>(role_.bodies.size() - 1);
   role_.bodies.push_back({fmt::format("chunk{}.backward", index), {}});
   chunk.backward = static_cast<int32_t>(role_.bodies.size() - 1);
-  Body* fwd = &role_.bodies[chunk.forward];
-  Body* bwd = &role_.bodies[chunk.backward];
-  body_ = fwd;
+  body_ = &role_.bodies[chunk.forward];
+  const ChunkForward forward = EmitChunkForward(cl, params, chunk);
+  body_ = &role_.bodies[chunk.backward];
+  EmitChunkBackward(cl, params, forward, chunk);
+  body_ = nullptr;
+}
 
-  int32_t ids = -1, x = -1;
+RoleLowering::ChunkParams RoleLowering::MakeChunkParams(const ChunkLayers& cl) {
+  const int64_t h = m_.hidden;
+  ChunkParams params;
   if (cl.embedding) {
-    ids = Buf(Prefix() + "tokens", {tokens_}, DType::I32);
-    Emit(attrs::LoadBatch{.what = BatchPart::kInputs}, {}, {ids});
-    int32_t e = Act("embedding.out", {tokens_, h});
-    Emit(attrs::Embedding{}, {ids, word.value}, {e}, tp_comm_);
-    x = ReducePartial(e, "embedding.out_sp", h);
-    if (pos.value >= 0)
-      Emit(attrs::AddPosition{}, {x, pos.value}, {x}, p_.sp ? tp_comm_ : CommKind::None);
+    params.word = AddParam("embedding.word", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal,
+                           0.02, true, false, false);
+    word_embedding_param_ = params.word.param;
+    if (m_.position == prog::PositionKind::Learned)
+      params.pos = AddParam("embedding.position", 1, {m_.seq_len, h}, -1, prog::InitKind::Normal,
+                            0.02, true, true, p_.sp);
+  }
+  params.layers.resize(cl.layers);
+  for (int32_t i = 0; i < cl.layers; ++i) params.layers[i] = MakeLayerParams(cl.first_layer + i);
+  layer_ = -1;
+  if (cl.loss) {
+    params.final_norm = MakeNorm("final_norm", 2);
+    params.out_w = MakeOutputWeight(cl.embedding);
+  }
+  return params;
+}
+
+RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
+  const int64_t h = m_.hidden, hd = m_.head_dim;
+  const bool bias = m_.bias;
+  layer_ = layer_index;
+  const std::string n = fmt::format("layers.{}.", layer_index);
+  auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
+  LayerParams params;
+  params.n1 = MakeNorm(n + "attention_norm", key(0));
+  params.wq = AddParam(n + "attention.wq", key(2), {m_.heads * hd, h}, 0, prog::InitKind::Normal,
+                       0.02, true, false, false);
+  params.wk = AddParam(n + "attention.wk", key(3), {m_.kv_heads * hd, h}, 0, prog::InitKind::Normal,
+                       0.02, true, false, false);
+  params.wv = AddParam(n + "attention.wv", key(4), {m_.kv_heads * hd, h}, 0, prog::InitKind::Normal,
+                       0.02, true, false, false);
+  if (bias) {
+    params.bq = AddParam(n + "attention.bq", key(5), {m_.heads * hd}, 0, prog::InitKind::Zeros, 0,
+                         false, false, false);
+    params.bk = AddParam(n + "attention.bk", key(6), {m_.kv_heads * hd}, 0, prog::InitKind::Zeros,
+                         0, false, false, false);
+    params.bv = AddParam(n + "attention.bv", key(7), {m_.kv_heads * hd}, 0, prog::InitKind::Zeros,
+                         0, false, false, false);
+  }
+  params.wo = AddParam(n + "attention.wo", key(8), {h, m_.heads * hd}, 1, prog::InitKind::Normal,
+                       OutStd(), true, false, false);
+  if (bias)
+    params.bo =
+        AddParam(n + "attention.bo", key(9), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+  params.n2 = MakeNorm(n + "mlp_norm", key(10));
+  if (m_.activation == prog::ActivationKind::Gelu) {
+    params.w1 = AddParam(n + "mlp.fc1", key(12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal,
+                         0.02, true, false, false);
+    if (bias)
+      params.b1 = AddParam(n + "mlp.b1", key(13), {m_.ffn_hidden}, 0, prog::InitKind::Zeros, 0,
+                           false, false, false);
+    params.w2 = AddParam(n + "mlp.fc2", key(14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal,
+                         OutStd(), true, false, false);
+  } else {
+    params.w1 = AddParam(n + "mlp.w_gate", key(12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal,
+                         0.02, true, false, false);
+    params.w3 = AddParam(n + "mlp.w_up", key(13), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal,
+                         0.02, true, false, false);
+    params.w2 = AddParam(n + "mlp.w_down", key(14), {h, m_.ffn_hidden}, 1, prog::InitKind::Normal,
+                         OutStd(), true, false, false);
+  }
+  if (bias)
+    params.b2 =
+        AddParam(n + "mlp.b2", key(15), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+  return params;
+}
+
+RoleLowering::ParamRef RoleLowering::MakeOutputWeight(bool embedding) {
+  const int64_t h = m_.hidden;
+  if (!m_.tied_embeddings)
+    return AddParam("output.weight", 4, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02, true,
+                    false, false);
+  if (embedding || word_embedding_param_ >= 0) {
+    const Param& word = role_.params[word_embedding_param_];
+    return {word_embedding_param_, word.buffer, word.grad};
+  }
+  // The last stage's copy of the word embedding: same key (same initial values), its gradient
+  // is summed with the first stage's over the Embedding group, counted once in the norm.
+  const ParamRef copy =
+      AddParam("embedding.word.tied_copy", 0, {m_.vocab_padded, h}, 0, prog::InitKind::Normal, 0.02,
+               true, false, false, /*counts_in_norm=*/false);
+  output_copy_param_ = copy.param;
+  return copy;
+}
+
+RoleLowering::ChunkForward RoleLowering::EmitChunkForward(const ChunkLayers& cl,
+                                                          const ChunkParams& params, Chunk& chunk) {
+  const int64_t h = m_.hidden;
+  ChunkForward forward;
+  if (cl.embedding) {
+    EmitEmbeddingForward(params, forward);
     chunk.input = -1;
   } else {
-    x = Act("input", {rows_, h});
-    chunk.input = x;
+    forward.x = Act("input", {rows_, h});
+    chunk.input = forward.x;
   }
-
-  std::vector<LayerSaved> saved(cl.layers);
+  forward.layers.resize(cl.layers);
   for (int32_t i = 0; i < cl.layers; ++i) {
     layer_ = cl.first_layer + i;
-    bool last_of_chunk = i + 1 == cl.layers;
-    int32_t next = (last_of_chunk && !cl.loss)
-                       ? Buf(fmt::format("chunk{}.output", index), {rows_, h}, act_)
-                       : Act("out", {rows_, h});
-    saved[i] = LayerForward(lp[i], x, next);
-    x = next;
+    const bool last_of_chunk = i + 1 == cl.layers;
+    const int32_t next = (last_of_chunk && !cl.loss)
+                             ? Buf(fmt::format("chunk{}.output", chunk.index), {rows_, h}, act_)
+                             : Act("out", {rows_, h});
+    forward.layers[i] = LayerForward(params.layers[i], forward.x, next);
+    forward.x = next;
   }
   layer_ = -1;
   chunk.output = -1;
-  NormOut fno;
-  int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;
-  if (cl.loss) {
-    fno = NormForward("final_norm", final_norm, x);
-    nff = GatherSp(fno.y, "final_norm.out_full", h);
-    logits = Act("logits", {tokens_, vocab_local});
-    Emit(attrs::Linear{}, {nff, out_w.value}, {logits});
-    labels = Buf(Prefix() + "labels", {tokens_}, DType::I32);
-    Emit(attrs::LoadBatch{.what = BatchPart::kLabels}, {}, {labels});
-    cmax = Stat("loss.max", {tokens_});
-    Emit(attrs::CrossEntropyMax{}, {logits}, {cmax});
-    if (tp_ > 1) Emit(attrs::AllReduce{.reduce_op = ReduceOp::kMax}, {cmax}, {cmax}, CommKind::Tp);
-    cst = Stat("loss.sumexp_target", {tokens_, 2});
-    Emit(attrs::CrossEntropySumExp{}, {logits, cmax, labels}, {cst}, tp_comm_);
-    if (tp_ > 1) Emit(attrs::AllReduce{}, {cst}, {cst}, CommKind::Tp);
-    Emit(attrs::CrossEntropyLoss{.scale = 1.0 / static_cast<double>(s_.microbatches)}, {cmax, cst},
-         {loss_sum_});
-  } else {
-    chunk.output = x;
-  }
+  if (cl.loss)
+    EmitLossForward(params, forward);
+  else
+    chunk.output = forward.x;
+  return forward;
+}
 
-  // ---------------- backward ----------------
-  body_ = bwd;
-  int32_t gx = Buf(fmt::format("chunk{}.grad", index), {rows_, h}, act_);
+void RoleLowering::EmitEmbeddingForward(const ChunkParams& params, ChunkForward& forward) {
+  const int64_t h = m_.hidden;
+  forward.ids = Buf(Prefix() + "tokens", {tokens_}, DType::I32);
+  Emit(attrs::LoadBatch{.what = BatchPart::kInputs}, {}, {forward.ids});
+  const int32_t e = Act("embedding.out", {tokens_, h});
+  Emit(attrs::Embedding{}, {forward.ids, params.word.value}, {e}, tp_comm_);
+  forward.x = ReducePartial(e, "embedding.out_sp", h);
+  if (params.pos.value >= 0)
+    Emit(attrs::AddPosition{}, {forward.x, params.pos.value}, {forward.x},
+         p_.sp ? tp_comm_ : CommKind::None);
+}
+
+void RoleLowering::EmitLossForward(const ChunkParams& params, ChunkForward& forward) {
+  const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
+  forward.final_norm = NormForward("final_norm", params.final_norm, forward.x);
+  forward.nff = GatherSp(forward.final_norm.y, "final_norm.out_full", h);
+  forward.logits = Act("logits", {tokens_, vocab_local});
+  Emit(attrs::Linear{}, {forward.nff, params.out_w.value}, {forward.logits});
+  forward.labels = Buf(Prefix() + "labels", {tokens_}, DType::I32);
+  Emit(attrs::LoadBatch{.what = BatchPart::kLabels}, {}, {forward.labels});
+  forward.cmax = Stat("loss.max", {tokens_});
+  Emit(attrs::CrossEntropyMax{}, {forward.logits}, {forward.cmax});
+  if (tp_ > 1)
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kMax}, {forward.cmax}, {forward.cmax},
+         CommKind::Tp);
+  forward.cst = Stat("loss.sumexp_target", {tokens_, 2});
+  Emit(attrs::CrossEntropySumExp{}, {forward.logits, forward.cmax, forward.labels}, {forward.cst},
+       tp_comm_);
+  if (tp_ > 1) Emit(attrs::AllReduce{}, {forward.cst}, {forward.cst}, CommKind::Tp);
+  Emit(attrs::CrossEntropyLoss{.scale = 1.0 / static_cast<double>(s_.microbatches)},
+       {forward.cmax, forward.cst}, {loss_sum_});
+}
+
+void RoleLowering::EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
+                                     const ChunkForward& forward, Chunk& chunk) {
+  const int64_t h = m_.hidden;
+  const int32_t gx = Buf(fmt::format("chunk{}.grad", chunk.index), {rows_, h}, act_);
   chunk.grad = gx;
-  if (cl.loss) {
-    int32_t dz = Act("logits.grad", {tokens_, vocab_local});
-    Emit(attrs::CrossEntropyBackward{.grad_scale =
-                                         1.0 / static_cast<double>(s_.microbatches * p_.dp)},
-         {logits, cmax, cst, labels}, {dz}, tp_comm_);
-    int32_t dnf = Act("final_norm.out_full.grad", {tokens_, h});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, nff, out_w.value}, {dnf, out_w.grad});
-    int32_t dn = ReduceGradToRows(dnf, "final_norm.out.grad");
-    NormBackward(final_norm, fno, x, dn, gx, /*accumulate=*/false);
-  }
+  if (cl.loss) EmitLossBackward(params, forward, gx);
   for (int32_t i = cl.layers - 1; i >= 0; --i) {
     layer_ = cl.first_layer + i;
-    const LayerParams& layer_params = lp[i];
-    LayerSaved layer_saved = saved[i];
-    if (s_.recompute == ActivationRecompute::kFull) {
-      // Re-run the layer's forward from its stashed input, then its backward.
-      recompute_prefix_ = "recompute.";
-      layer_saved = LayerForward(layer_params, saved[i].x, /*next=*/-1);
-      recompute_prefix_.clear();
-    }
-    // MLP
-    int32_t gxf = GatherSp(gx, "mlp.down.grad_full", h);
-    if (layer_params.b2.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {layer_params.b2.grad});
-    int32_t da = Act("mlp.act.grad", {tokens_, ffn});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, layer_saved.a, layer_params.w2.value},
-         {da, layer_params.w2.grad});
-    int32_t dn2f = Act("mlp_norm.out_full.grad", {tokens_, h});
-    auto lin_grads = [&](int32_t dx, const ParamRef& w, const ParamRef& b) {
-      std::vector<int32_t> v = {dx, w.grad};
-      if (b.grad >= 0) v.push_back(b.grad);
-      return v;
-    };
-    if (gpt) {
-      int32_t dg = Act("mlp.fc1_out.grad", {tokens_, ffn});
-      Emit(attrs::GeluBackward{}, {da, layer_saved.g}, {dg});
-      Emit(attrs::LinearBackward{.dx_accumulate = false},
-           {dg, layer_saved.n2f, layer_params.w1.value},
-           lin_grads(dn2f, layer_params.w1, layer_params.b1));
-    } else {
-      int32_t dg = Act("mlp.gate.grad", {tokens_, ffn});
-      int32_t du = Act("mlp.up.grad", {tokens_, ffn});
-      Emit(attrs::SwiGluBackward{}, {da, layer_saved.g, layer_saved.u}, {dg, du});
-      Emit(attrs::LinearBackward{.dx_accumulate = false},
-           {dg, layer_saved.n2f, layer_params.w1.value}, {dn2f, layer_params.w1.grad});
-      Emit(attrs::LinearBackward{.dx_accumulate = true},
-           {du, layer_saved.n2f, layer_params.w3.value}, {dn2f, layer_params.w3.grad});
-    }
-    int32_t dn2 = ReduceGradToRows(dn2f, "mlp_norm.out.grad");
-    NormBackward(layer_params.n2, layer_saved.no2, layer_saved.x1, dn2, gx, /*accumulate=*/true);
-    // Attention
-    int32_t gxf2 = GatherSp(gx, "attention.proj.grad_full", h);
-    if (layer_params.bo.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {layer_params.bo.grad});
-    int32_t dout = Act("attention.out.grad", {tokens_, heads * hd});
-    Emit(attrs::LinearBackward{.dx_accumulate = false},
-         {gxf2, layer_saved.o, layer_params.wo.value}, {dout, layer_params.wo.grad});
-    int32_t dq = Act("q.grad", {tokens_, heads * hd});
-    int32_t dk = Act("k.grad", {tokens_, kv * hd});
-    int32_t dv = Act("v.grad", {tokens_, kv * hd});
-    int32_t o = layer_saved.o, lse = layer_saved.lse;
-    if (s_.recompute == ActivationRecompute::kSelective) {
-      // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
-      o = Act("recompute.attention.out", {tokens_, heads * hd});
-      lse = Stat("recompute.attention.lse", {m_.micro_batch, heads, m_.seq_len});
-      Emit(AttentionAttrs<attrs::Attention>(), {layer_saved.q, layer_saved.k, layer_saved.v},
-           {o, lse});
-    }
-    Emit(AttentionAttrs<attrs::AttentionBackward>(),
-         {dout, layer_saved.q, layer_saved.k, layer_saved.v, o, lse}, {dq, dk, dv});
-    if (m_.position == prog::PositionKind::Rope) {
-      Emit(attrs::RopeBackward{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {dq}, {dq});
-      Emit(attrs::RopeBackward{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {dk}, {dk});
-    }
-    int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
-    Emit(attrs::LinearBackward{.dx_accumulate = false},
-         {dq, layer_saved.n1f, layer_params.wq.value},
-         lin_grads(dn1f, layer_params.wq, layer_params.bq));
-    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dk, layer_saved.n1f, layer_params.wk.value},
-         lin_grads(dn1f, layer_params.wk, layer_params.bk));
-    Emit(attrs::LinearBackward{.dx_accumulate = true}, {dv, layer_saved.n1f, layer_params.wv.value},
-         lin_grads(dn1f, layer_params.wv, layer_params.bv));
-    int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
-    NormBackward(layer_params.n1, layer_saved.no1, layer_saved.x, dn1, gx, /*accumulate=*/true);
+    LayerBackward(params.layers[i], forward.layers[i], gx);
   }
   layer_ = -1;
   if (cl.embedding) {
-    if (pos.value >= 0)
-      Emit(attrs::AddPositionBackward{}, {gx}, {pos.grad}, p_.sp ? tp_comm_ : CommKind::None);
-    int32_t gfull = GatherSp(gx, "embedding.out.grad_full", h);
-    Emit(attrs::EmbeddingBackward{}, {gfull, ids}, {word.grad}, tp_comm_);
+    if (params.pos.value >= 0)
+      Emit(attrs::AddPositionBackward{}, {gx}, {params.pos.grad},
+           p_.sp ? tp_comm_ : CommKind::None);
+    const int32_t gfull = GatherSp(gx, "embedding.out.grad_full", h);
+    Emit(attrs::EmbeddingBackward{}, {gfull, forward.ids}, {params.word.grad}, tp_comm_);
   }
-  body_ = nullptr;
+}
+
+void RoleLowering::EmitLossBackward(const ChunkParams& params, const ChunkForward& forward,
+                                    int32_t gx) {
+  const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
+  const int32_t dz = Act("logits.grad", {tokens_, vocab_local});
+  Emit(
+      attrs::CrossEntropyBackward{.grad_scale = 1.0 / static_cast<double>(s_.microbatches * p_.dp)},
+      {forward.logits, forward.cmax, forward.cst, forward.labels}, {dz}, tp_comm_);
+  const int32_t dnf = Act("final_norm.out_full.grad", {tokens_, h});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, forward.nff, params.out_w.value},
+       {dnf, params.out_w.grad});
+  const int32_t dn = ReduceGradToRows(dnf, "final_norm.out.grad");
+  NormBackward(params.final_norm, forward.final_norm, forward.x, dn, gx, /*accumulate=*/false);
+}
+
+void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx) {
+  LayerSaved saved = stashed;
+  if (s_.recompute == ActivationRecompute::kFull) {
+    // Re-run the layer's forward from its stashed input, then its backward.
+    recompute_prefix_ = "recompute.";
+    saved = LayerForward(params, stashed.x, /*next=*/-1);
+    recompute_prefix_.clear();
+  }
+  MlpBackward(params, saved, gx);
+  AttentionBackward(params, saved, gx);
+}
+
+void RoleLowering::MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx) {
+  const int64_t h = m_.hidden, ffn = m_.ffn_hidden / tp_;
+  const int32_t gxf = GatherSp(gx, "mlp.down.grad_full", h);
+  if (params.b2.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {params.b2.grad});
+  const int32_t da = Act("mlp.act.grad", {tokens_, ffn});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, saved.a, params.w2.value},
+       {da, params.w2.grad});
+  const int32_t dn2f = Act("mlp_norm.out_full.grad", {tokens_, h});
+  if (m_.activation == prog::ActivationKind::Gelu) {
+    const int32_t dg = Act("mlp.fc1_out.grad", {tokens_, ffn});
+    Emit(attrs::GeluBackward{}, {da, saved.g}, {dg});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, saved.n2f, params.w1.value},
+         LinearGrads(dn2f, params.w1, params.b1));
+  } else {
+    const int32_t dg = Act("mlp.gate.grad", {tokens_, ffn});
+    const int32_t du = Act("mlp.up.grad", {tokens_, ffn});
+    Emit(attrs::SwiGluBackward{}, {da, saved.g, saved.u}, {dg, du});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, saved.n2f, params.w1.value},
+         {dn2f, params.w1.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = true}, {du, saved.n2f, params.w3.value},
+         {dn2f, params.w3.grad});
+  }
+  const int32_t dn2 = ReduceGradToRows(dn2f, "mlp_norm.out.grad");
+  NormBackward(params.n2, saved.no2, saved.x1, dn2, gx, /*accumulate=*/true);
+}
+
+void RoleLowering::AttentionBackward(const LayerParams& params, const LayerSaved& saved,
+                                     int32_t gx) {
+  const int64_t h = m_.hidden, hd = m_.head_dim;
+  const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_;
+  const int32_t gxf = GatherSp(gx, "attention.proj.grad_full", h);
+  if (params.bo.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {params.bo.grad});
+  const int32_t dout = Act("attention.out.grad", {tokens_, heads * hd});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, saved.o, params.wo.value},
+       {dout, params.wo.grad});
+  const int32_t dq = Act("q.grad", {tokens_, heads * hd});
+  const int32_t dk = Act("k.grad", {tokens_, kv * hd});
+  const int32_t dv = Act("v.grad", {tokens_, kv * hd});
+  int32_t o = saved.o, lse = saved.lse;
+  if (s_.recompute == ActivationRecompute::kSelective) {
+    // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
+    o = Act("recompute.attention.out", {tokens_, heads * hd});
+    lse = Stat("recompute.attention.lse", {m_.micro_batch, heads, m_.seq_len});
+    Emit(AttentionAttrs<attrs::Attention>(), {saved.q, saved.k, saved.v}, {o, lse});
+  }
+  Emit(AttentionAttrs<attrs::AttentionBackward>(), {dout, saved.q, saved.k, saved.v, o, lse},
+       {dq, dk, dv});
+  if (m_.position == prog::PositionKind::Rope) {
+    Emit(attrs::RopeBackward{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {dq}, {dq});
+    Emit(attrs::RopeBackward{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {dk}, {dk});
+  }
+  const int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, saved.n1f, params.wq.value},
+       LinearGrads(dn1f, params.wq, params.bq));
+  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dk, saved.n1f, params.wk.value},
+       LinearGrads(dn1f, params.wk, params.bk));
+  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dv, saved.n1f, params.wv.value},
+       LinearGrads(dn1f, params.wv, params.bv));
+  const int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
+  NormBackward(params.n1, saved.no1, saved.x, dn1, gx, /*accumulate=*/true);
 }
 
 // Classify: a non-parameter buffer that both bodies of its chunk touch is kept per microbatch.

@@ -88,83 +88,107 @@ bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
   return false;
 }
 
-// Checks the plan against what lowering emits; reports P0801/P0803 and returns false on errors.
-bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
-  const ModelSpec& m = plan.model;
-  const ParallelSpec& q = plan.parallel;
-  bool ok = true;
-  auto unsupported = [&](std::string what, std::string_view path, std::string help) {
-    sink.Report(
+// Reports P0801 for each feature the plan asks for that lowering does not emit yet.
+class UnsupportedFeatures {
+ public:
+  UnsupportedFeatures(const Plan& plan, DiagnosticSink& sink) : plan_(plan), sink_(sink) {}
+
+  void Report(std::string what, std::string_view path, std::string help) {
+    sink_.Report(
         Diag(DiagKind::kLowerUnsupported, fmt::format("lowering does not emit {} yet", what))
-            .At(plan.Range(path), "set here")
+            .At(plan_.Range(path), "set here")
             .Note("the program format reserves ops for it (runtime/format/README.md, reserved "
                   "ops); the runtime cannot run it yet")
             .Help(std::move(help)));
-    ok = false;
-  };
+    ok_ = false;
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  const Plan& plan_;
+  DiagnosticSink& sink_;
+  bool ok_ = true;
+};
+
+// Model layers and parallel dimensions.
+void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& q = plan.parallel;
   if (m.IsMoe())
-    unsupported(
+    unsupported.Report(
         fmt::format("mixture-of-experts layers ({} experts)", m.experts), "model.experts",
         "`planc check` and `planc explain` analyse this plan; compile a dense model for now");
   if (m.IsMla())
-    unsupported("multi-head latent attention", "model.kv_lora_rank",
-                "`planc check` and `planc explain` analyse this plan; compile a model with "
-                "ordinary attention for now");
+    unsupported.Report("multi-head latent attention", "model.kv_lora_rank",
+                       "`planc check` and `planc explain` analyse this plan; compile a model with "
+                       "ordinary attention for now");
   if (q.cp > 1)
-    unsupported(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp",
-                "set `parallel.cp = 1`");
+    unsupported.Report(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp",
+                       "set `parallel.cp = 1`");
   if (q.ep > 1)
-    unsupported(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
-                "set `parallel.ep = 1`");
+    unsupported.Report(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
+                       "set `parallel.ep = 1`");
   if (m.activation == Activation::kSquaredRelu)
-    unsupported("the squared-ReLU MLP", "model.activation",
-                "use `model.activation = swiglu` or `gelu` to compile");
+    unsupported.Report("the squared-ReLU MLP", "model.activation",
+                       "use `model.activation = swiglu` or `gelu` to compile");
   if (m.qk_norm)
-    unsupported("query/key normalisation", "model.qk_norm",
-                "set `model.qk_norm = false` to compile");
+    unsupported.Report("query/key normalisation", "model.qk_norm",
+                       "set `model.qk_norm = false` to compile");
   if (m.window > 0)
-    unsupported(fmt::format("sliding-window attention (window = {})", m.window), "model.window",
-                "set `model.window = 0`");
+    unsupported.Report(fmt::format("sliding-window attention (window = {})", m.window),
+                       "model.window", "set `model.window = 0`");
   if (m.mtp_layers > 0)
-    unsupported(fmt::format("multi-token prediction ({} modules)", m.mtp_layers),
-                "model.mtp_layers", "set `model.mtp_layers = 0`");
-  {
-    const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
-    const MixedPrecisionSpec shorthand = EffectiveMixedPrecision([&] {
-      Plan only = plan;
-      only.origins = {};
-      return only;
-    }());
-    const char* fields[] = {"mixed_precision.params",      "mixed_precision.grads",
-                            "mixed_precision.main_params", "mixed_precision.optimizer_state",
-                            "mixed_precision.fp8",         "mixed_precision.fp8_params"};
-    const bool same[] = {mp.params == shorthand.params,
-                         mp.grads == shorthand.grads,
-                         mp.main_params == shorthand.main_params,
-                         mp.optimizer_state == shorthand.optimizer_state,
-                         mp.fp8 == shorthand.fp8,
-                         mp.fp8_params == shorthand.fp8_params};
-    for (size_t i = 0; i < std::size(fields); ++i)
-      if (!same[i])
-        unsupported(fmt::format("`{}` other than what `precision = {}` implies", fields[i],
-                                ToString(plan.precision)),
-                    fields[i], "remove it and keep the `precision` shorthand to compile");
-  }
+    unsupported.Report(fmt::format("multi-token prediction ({} modules)", m.mtp_layers),
+                       "model.mtp_layers", "set `model.mtp_layers = 0`");
+}
+
+// Mixed-precision fields: only what the `precision` shorthand implies.
+void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+  const MixedPrecisionSpec shorthand = EffectiveMixedPrecision([&] {
+    Plan only = plan;
+    only.origins = {};
+    return only;
+  }());
+  const char* fields[] = {"mixed_precision.params",      "mixed_precision.grads",
+                          "mixed_precision.main_params", "mixed_precision.optimizer_state",
+                          "mixed_precision.fp8",         "mixed_precision.fp8_params"};
+  const bool same[] = {mp.params == shorthand.params,
+                       mp.grads == shorthand.grads,
+                       mp.main_params == shorthand.main_params,
+                       mp.optimizer_state == shorthand.optimizer_state,
+                       mp.fp8 == shorthand.fp8,
+                       mp.fp8_params == shorthand.fp8_params};
+  for (size_t i = 0; i < std::size(fields); ++i)
+    if (!same[i])
+      unsupported.Report(fmt::format("`{}` other than what `precision = {}` implies", fields[i],
+                                     ToString(plan.precision)),
+                         fields[i], "remove it and keep the `precision` shorthand to compile");
+}
+
+// Activation memory options, optimizer offload and sharding.
+void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupported) {
   if (plan.activations.offload_layers > 0 || plan.activations.recompute_layers > 0 ||
       (plan.recompute == Recompute::kSelective &&
        EffectiveRecomputeModules(plan) != kRecomputeCoreAttn))
-    unsupported("recompute by layers or modules, or activation offload",
-                plan.activations.offload_layers > 0     ? "activations.offload_layers"
-                : plan.activations.recompute_layers > 0 ? "activations.recompute_layers"
-                                                        : "activations.recompute_modules",
-                "use `recompute = none`, `selective` (core attention) or `full` to compile");
+    unsupported.Report("recompute by layers or modules, or activation offload",
+                       plan.activations.offload_layers > 0     ? "activations.offload_layers"
+                       : plan.activations.recompute_layers > 0 ? "activations.recompute_layers"
+                                                               : "activations.recompute_modules",
+                       "use `recompute = none`, `selective` (core attention) or `full` to compile");
   if (plan.optimizer.offload == Offload::kCpu && plan.optimizer.offload_fraction < 1)
-    unsupported("a partial optimizer offload", "optimizer.offload_fraction",
-                "offload all or none of it");
+    unsupported.Report("a partial optimizer offload", "optimizer.offload_fraction",
+                       "offload all or none of it");
   if (ShardGroup(plan) != plan.parallel.dp * plan.parallel.cp && plan.optimizer.zero > 0)
-    unsupported(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate),
-                "fsdp.replicate", "shard over the whole data-parallel group");
-  if (!ok) return false;
+    unsupported.Report(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate),
+                       "fsdp.replicate", "shard over the whole data-parallel group");
+}
+
+// Tensor shapes lowering must split evenly; reports P0803.
+bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
+  const ModelSpec& m = plan.model;
+  const ParallelSpec& q = plan.parallel;
+  bool ok = true;
   auto divide = [&](std::string_view what, int64_t value, std::string_view path, int64_t by,
                     std::string_view by_name) {
     if (by > 0 && value % by == 0) return;
@@ -204,6 +228,16 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
     ok = false;
   }
   return ok;
+}
+
+// Checks the plan against what lowering emits; reports P0801/P0803 and returns false on errors.
+bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
+  UnsupportedFeatures unsupported(plan, sink);
+  CheckEmittedModel(plan, unsupported);
+  CheckEmittedPrecision(plan, unsupported);
+  CheckEmittedMemoryOptions(plan, unsupported);
+  if (!unsupported.ok()) return false;
+  return CheckLowerableShapes(plan, sink);
 }
 
 // Slots: a (microbatch, chunk) takes the lowest free slot of its chunk at its first transfer or
@@ -348,19 +382,10 @@ void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
   }
 }
 
-}  // namespace
-
-std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Partition& partition,
-                             const LowerOptions& options, DiagnosticSink& sink) {
-  if (!CheckLowerable(plan, sink)) return std::nullopt;
-  Program p;
-  p.producer = options.producer;
-  p.plan_name = plan.name;
-  p.world_size = static_cast<int32_t>(layout.world_size());
+ModelConfig ModelConfigOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
-  const ParallelSpec& q = plan.parallel;
-  int64_t pad = 128 * q.tp;
-  p.model = {
+  const int64_t pad = 128 * plan.parallel.tp;
+  return {
       m.name,
       static_cast<int32_t>(m.layers),
       m.hidden,
@@ -379,56 +404,67 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
       1e-5,
       10000.0,
       m.activation == Activation::kGelu};
-  p.parallel = {static_cast<int32_t>(q.tp),
-                static_cast<int32_t>(q.pp),
-                static_cast<int32_t>(q.vpp),
-                static_cast<int32_t>(q.cp),
-                static_cast<int32_t>(q.ep),
-                static_cast<int32_t>(q.dp),
-                q.sp && q.tp > 1,
-                static_cast<int32_t>(plan.optimizer.zero),
-                ToScheduleKind(plan.pipeline.schedule),
-                q.order};
-  const OptimizerSpec& o = plan.optimizer;
-  p.train = {plan.train.steps,
-             plan.train.seed,
-             plan.batch.global,
-             plan.Microbatches(),
-             ToPrecision(plan.precision),
-             o.lr,
-             o.min_lr,
-             o.warmup_steps,
-             o.weight_decay,
-             o.beta1,
-             o.beta2,
-             o.eps,
-             o.clip_grad,
-             o.type == OptimizerType::kSgd ? "sgd" : "adamw",
-             plan.train.data,
-             plan.train.checkpoint_dir,
-             plan.train.checkpoint_every};
+}
 
-  ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp,
-                      static_cast<int32_t>(p.train.microbatches), options.microbatch_group};
+ParallelConfig ParallelConfigOf(const Plan& plan) {
+  const ParallelSpec& q = plan.parallel;
+  return {static_cast<int32_t>(q.tp),
+          static_cast<int32_t>(q.pp),
+          static_cast<int32_t>(q.vpp),
+          static_cast<int32_t>(q.cp),
+          static_cast<int32_t>(q.ep),
+          static_cast<int32_t>(q.dp),
+          q.sp && q.tp > 1,
+          static_cast<int32_t>(plan.optimizer.zero),
+          ToScheduleKind(plan.pipeline.schedule),
+          q.order};
+}
+
+TrainConfig TrainConfigOf(const Plan& plan) {
+  const OptimizerSpec& o = plan.optimizer;
+  return {plan.train.steps,
+          plan.train.seed,
+          plan.batch.global,
+          plan.Microbatches(),
+          ToPrecision(plan.precision),
+          o.lr,
+          o.min_lr,
+          o.warmup_steps,
+          o.weight_decay,
+          o.beta1,
+          o.beta2,
+          o.eps,
+          o.clip_grad,
+          o.type == OptimizerType::kSgd ? "sgd" : "adamw",
+          plan.train.data,
+          plan.train.checkpoint_dir,
+          plan.train.checkpoint_every};
+}
+
+// Whether the step's schedule can be built: the number of microbatches, the schedule's shape
+// and the partition's stages. Reports P0802 and returns false when not.
+bool CheckSchedulable(const Plan& plan, const TrainConfig& train, const ScheduleShape& shape,
+                      const Partition& partition, DiagnosticSink& sink) {
+  const ParallelSpec& q = plan.parallel;
   // Every microbatch of a step is spelled out in the schedule: past this many the program would
   // take gigabytes and minutes to write (a global batch of 10^9 sequences).
   constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
-  if (p.train.microbatches > kMaxMicrobatches) {
+  if (train.microbatches > kMaxMicrobatches) {
     sink.Report(
         Diag(DiagKind::kLowerSchedule,
              fmt::format(
                  "global batch {} gives {} microbatches per step on each data-parallel rank; "
                  "programs hold at most {}",
-                 plan.batch.global, p.train.microbatches, kMaxMicrobatches))
+                 plan.batch.global, train.microbatches, kMaxMicrobatches))
             .At(plan.Range("batch.global"))
             .Note("microbatches = global / (micro · dp); the schedule lists every one of them")
             .Help(fmt::format(
                 "a larger `batch.micro`, or a global batch of at most {} = {} · {} · {}",
                 kMaxMicrobatches * plan.batch.micro * q.dp, kMaxMicrobatches, plan.batch.micro,
                 q.dp)));
-    return std::nullopt;
+    return false;
   }
-  if (p.train.microbatches < 1) {
+  if (train.microbatches < 1) {
     sink.Report(
         Diag(DiagKind::kLowerSchedule, fmt::format("global batch {} does not give a whole number "
                                                    "of microbatches of {} sequences on dp = {}",
@@ -437,7 +473,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
             .Note("microbatches = global / (micro · dp)")
             .Help(fmt::format("use a global batch that is a multiple of micro · dp = {}",
                               plan.batch.micro * q.dp)));
-    return std::nullopt;
+    return false;
   }
   if (std::string why = CheckScheduleShape(shape); !why.empty()) {
     sink.Report(
@@ -446,15 +482,18 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
             .At(plan.Range("pipeline.schedule"))
             .Note("paraplan builds Megatron-Core's orders and accepts what Megatron-Core accepts")
             .Help(fmt::format("use a number of microbatches that is a multiple of pp = {}", q.pp)));
-    return std::nullopt;
+    return false;
   }
   if (static_cast<int64_t>(partition.stages.size()) != q.pp) {
     sink.Report(Diag(DiagKind::kLowerSchedule,
                      fmt::format("the pipeline partition has {} stages for pp = {}",
                                  partition.stages.size(), q.pp)));
-    return std::nullopt;
+    return false;
   }
+  return true;
+}
 
+BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
   BodyShape bs;
   bs.model = p.model;
   bs.parallel = p.parallel;
@@ -464,7 +503,12 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull
                  : plan.recompute == Recompute::kSelective ? ActivationRecompute::kSelective
                                                            : ActivationRecompute::kNone;
-  std::vector<std::vector<PipelineStep>> pipeline = PipelinePrograms(shape);
+  return bs;
+}
+
+// One role per pipeline rank: bodies, schedule, slots and memory plan.
+void BuildRoles(const Partition& partition, const std::vector<std::vector<PipelineStep>>& pipeline,
+                const BodyShape& bs, Program& p) {
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;
     for (const PipelineChunk& c : partition.stages[r].chunks)
@@ -477,22 +521,42 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
     PlanMemory(role);
     p.roles.push_back(std::move(role));
   }
+}
+
+// Whole-world verification; reports P0804 with every error found.
+bool VerifyLowered(const Program& p, DiagnosticSink& sink) {
+  VerifyStats stats;
+  std::vector<std::string> errors = VerifyWorld(p, &stats);
+  if (errors.empty()) return true;
+  Diag d(DiagKind::kLowerVerify,
+         fmt::format("the lowered programs fail whole-world verification: {}", errors[0]));
+  for (size_t i = 1; i < errors.size(); ++i) d.Note(errors[i]);
+  d.Note("this is a bug in planc; the program was not written");
+  sink.Report(std::move(d));
+  return false;
+}
+
+}  // namespace
+
+std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Partition& partition,
+                             const LowerOptions& options, DiagnosticSink& sink) {
+  if (!CheckLowerable(plan, sink)) return std::nullopt;
+  Program p;
+  p.producer = options.producer;
+  p.plan_name = plan.name;
+  p.world_size = static_cast<int32_t>(layout.world_size());
+  p.model = ModelConfigOf(plan);
+  p.parallel = ParallelConfigOf(plan);
+  p.train = TrainConfigOf(plan);
+  ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp,
+                      static_cast<int32_t>(p.train.microbatches), options.microbatch_group};
+  if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
+  BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
-  BuildWorld(layout, m.tied_embeddings && q.pp > 1, p);
+  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, p);
 
   if (options.before_verify) options.before_verify(p);
-  if (options.verify) {
-    VerifyStats stats;
-    std::vector<std::string> errors = VerifyWorld(p, &stats);
-    if (!errors.empty()) {
-      Diag d(DiagKind::kLowerVerify,
-             fmt::format("the lowered programs fail whole-world verification: {}", errors[0]));
-      for (size_t i = 1; i < errors.size(); ++i) d.Note(errors[i]);
-      d.Note("this is a bug in planc; the program was not written");
-      sink.Report(std::move(d));
-      return std::nullopt;
-    }
-  }
+  if (options.verify && !VerifyLowered(p, sink)) return std::nullopt;
   return p;
 }
 

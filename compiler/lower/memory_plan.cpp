@@ -69,95 +69,133 @@ struct Placement {
   MemoryBreakdown exact;
 };
 
-Placement Place(Role& role, bool fp32) {
-  Placement pl;
-  auto set = [&](Buffer& b, int64_t offset, int64_t bytes, int64_t stride) {
-    if (fp32) {
-      b.fp32_offset = offset, b.fp32_bytes = bytes, b.fp32_slot_stride = stride;
+// Places every buffer of a role for one element width (the program's precision, or f32 for the
+// host backend) and measures the exact breakdown.
+class ArenaPlacer {
+ public:
+  ArenaPlacer(Role& role, bool fp32)
+      : role_(role),
+        fp32_(fp32),
+        transient_(role.buffers.size(), 0),
+        grad_bucket_(role.buffers.size(), 0) {
+    // ZeRO-3 gathered param buckets and ZeRO-2/3 full grad buckets: live only around one chunk
+    // body.
+    for (const Bucket& k : role_.buckets) {
+      grad_bucket_[k.grads] = 1;
+      if (k.param_shard >= 0) transient_[k.params] = 1;
+      if (k.grad_shard >= 0) transient_[k.grads] = 2;
+    }
+  }
+
+  Placement Place() {
+    PlacePersistent();
+    PlaceStash();
+    // Scratch region: Scratch buffers and transient buckets, first fit by live range.
+    scratch_base_ = cursor_;
+    PlaceScratch(CollectIntervals());
+    MeasureHighWaterMarks();
+    PlaceUntouched();
+    PlaceViews();
+    pl_.arena = Align(scratch_base_ + scratch_size_);
+    return pl_;
+  }
+
+ private:
+  void Set(Buffer& b, int64_t offset, int64_t bytes) const {
+    if (fp32_) {
+      b.fp32_offset = offset, b.fp32_bytes = bytes, b.fp32_slot_stride = 0;
     } else {
-      b.offset = offset, b.bytes = bytes, b.slot_stride = stride;
+      b.offset = offset, b.bytes = bytes, b.slot_stride = 0;
     }
-  };
-  auto bytes_of = [&](const Buffer& b) { return b.Elements() * ElementBytes(b.dtype, fp32); };
-  int64_t cursor = 0;
-  // ZeRO-3 gathered param buckets and ZeRO-2/3 full grad buckets: live only around one chunk body.
-  std::vector<uint8_t> transient(role.buffers.size(), 0);  // 1 params, 2 grads
-  std::vector<uint8_t> grad_bucket(role.buffers.size(), 0);
-  for (const Bucket& k : role.buckets) {
-    grad_bucket[k.grads] = 1;
-    if (k.param_shard >= 0) transient[k.params] = 1;
-    if (k.grad_shard >= 0) transient[k.grads] = 2;
   }
+  int64_t BytesOf(const Buffer& b) const { return b.Elements() * ElementBytes(b.dtype, fp32_); }
+
   // Persistent region (views are placed after their parents).
-  for (size_t bi = 0; bi < role.buffers.size(); ++bi) {
-    Buffer& b = role.buffers[bi];
-    if (!IsPersistentKind(b.kind) || b.view_of >= 0 || transient[bi]) continue;
-    int64_t n = bytes_of(b);
-    set(b, cursor, n, 0);
-    cursor = Align(cursor + n);
-    int64_t* slot = &pl.exact.other;
-    if (b.kind == BufferKind::Param || (b.kind == BufferKind::Bucket && !grad_bucket[bi]))
-      slot = &pl.exact.params;
-    if (b.kind == BufferKind::Grad || (b.kind == BufferKind::Bucket && grad_bucket[bi]))
-      slot = &pl.exact.grads;
-    if (b.kind == BufferKind::Optimizer) slot = &pl.exact.optimizer;
-    *slot += n;
+  void PlacePersistent() {
+    for (size_t bi = 0; bi < role_.buffers.size(); ++bi) {
+      Buffer& b = role_.buffers[bi];
+      if (!IsPersistentKind(b.kind) || b.view_of >= 0 || transient_[bi]) continue;
+      const int64_t n = BytesOf(b);
+      Set(b, cursor_, n);
+      cursor_ = Align(cursor_ + n);
+      int64_t* slot = &pl_.exact.other;
+      if (b.kind == BufferKind::Param || (b.kind == BufferKind::Bucket && !grad_bucket_[bi]))
+        slot = &pl_.exact.params;
+      if (b.kind == BufferKind::Grad || (b.kind == BufferKind::Bucket && grad_bucket_[bi]))
+        slot = &pl_.exact.grads;
+      if (b.kind == BufferKind::Optimizer) slot = &pl_.exact.optimizer;
+      *slot += n;
+    }
   }
+
   // Stash region: per chunk a frame of its stash buffers, repeated `slots` times.
-  const std::vector<int32_t> stash_chunk = StashChunks(role);
-  for (const Chunk& c : role.chunks) {
-    int64_t frame = 0, exact = 0;
-    std::vector<int32_t> members;
-    for (int32_t i = 0; i < static_cast<int32_t>(role.buffers.size()); ++i) {
-      Buffer& b = role.buffers[i];
-      if (b.kind != BufferKind::Stash || stash_chunk[i] != c.index) continue;
-      int64_t n = bytes_of(b);
-      set(b, cursor + frame, n, 0);
-      frame = Align(frame + n);
-      exact += n;
-      members.push_back(i);
+  void PlaceStash() {
+    const std::vector<int32_t> stash_chunk = StashChunks(role_);
+    for (const Chunk& c : role_.chunks) {
+      int64_t frame = 0, exact = 0;
+      std::vector<int32_t> members;
+      for (int32_t i = 0; i < static_cast<int32_t>(role_.buffers.size()); ++i) {
+        Buffer& b = role_.buffers[i];
+        if (b.kind != BufferKind::Stash || stash_chunk[i] != c.index) continue;
+        const int64_t n = BytesOf(b);
+        Set(b, cursor_ + frame, n);
+        frame = Align(frame + n);
+        exact += n;
+        members.push_back(i);
+      }
+      for (int32_t i : members) {
+        Buffer& b = role_.buffers[i];
+        b.slots = c.slots;
+        if (fp32_)
+          b.fp32_slot_stride = frame;
+        else
+          b.slot_stride = frame;
+      }
+      cursor_ += frame * c.slots;
+      pl_.exact.stash += exact * c.slots;
     }
-    for (int32_t i : members) {
-      Buffer& b = role.buffers[i];
-      b.slots = c.slots;
-      if (fp32)
-        b.fp32_slot_stride = frame;
-      else
-        b.slot_stride = frame;
+  }
+
+  // The live ranges of the body-scoped buffers; returns those buffers in order of first use.
+  std::vector<int32_t> CollectIntervals() {
+    intervals_ = BodyIntervals(role_, transient_);
+    ranges_of_.assign(role_.buffers.size(), {});
+    std::vector<int32_t> order;
+    for (int32_t k = 0; k < static_cast<int32_t>(intervals_.size()); ++k) {
+      const int32_t b = intervals_[k].buffer;
+      if (ranges_of_[b].empty()) order.push_back(b);
+      ranges_of_[b].push_back(k);
     }
-    cursor += frame * c.slots;
-    pl.exact.stash += exact * c.slots;
+    return order;
   }
-  // Scratch region: Scratch buffers and transient buckets, first fit by live range. Bodies run
-  // one at a time, so only ranges in the same body conflict; a transient bucket (live in several
-  // bodies, never across a body's end) must fit beside everything it meets in any of them.
-  int64_t scratch_base = cursor;
-  int64_t scratch_size = 0;
-  std::vector<Interval> intervals = BodyIntervals(role, transient);
-  std::vector<std::vector<int32_t>> ranges_of(role.buffers.size());
-  std::vector<int32_t> order;
-  for (int32_t k = 0; k < static_cast<int32_t>(intervals.size()); ++k) {
-    int32_t b = intervals[k].buffer;
-    if (ranges_of[b].empty()) order.push_back(b);
-    ranges_of[b].push_back(k);
+
+  // Bodies run one at a time, so only ranges in the same body conflict; a transient bucket (live
+  // in several bodies, never across a body's end) must fit beside everything it meets in any of
+  // them. Largest buffers first, each at the lowest offset that is free in all its ranges.
+  void PlaceScratch(std::vector<int32_t> order) {
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return BytesOf(role_.buffers[a]) > BytesOf(role_.buffers[b]);
+    });
+    placed_in_body_.assign(role_.bodies.size(), {});
+    for (int32_t b : order) {
+      const int64_t n = Align(BytesOf(role_.buffers[b]));
+      const int64_t at = FirstFit(b, n);
+      for (int32_t k : ranges_of_[b])
+        placed_in_body_[intervals_[k].body].push_back({at, at + n, b});
+      Set(role_.buffers[b], scratch_base_ + at, BytesOf(role_.buffers[b]));
+      scratch_size_ = std::max(scratch_size_, at + n);
+    }
   }
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return bytes_of(role.buffers[a]) > bytes_of(role.buffers[b]);
-  });
-  struct Placed {
-    int64_t begin, end;
-    int32_t buffer;
-  };
-  std::vector<std::vector<Placed>> placed_in_body(role.bodies.size());
-  std::vector<std::pair<int64_t, int64_t>> blocked;
-  for (int32_t b : order) {
-    const int64_t n = Align(bytes_of(role.buffers[b]));
-    blocked.clear();
-    for (int32_t k : ranges_of[b]) {
-      const Interval& iv = intervals[k];
-      for (const Placed& p : placed_in_body[iv.body]) {
-        for (int32_t j : ranges_of[p.buffer]) {
-          const Interval& other = intervals[j];
+
+  // The lowest scratch offset where n bytes of buffer b overlap no placed buffer whose live
+  // range meets one of b's.
+  int64_t FirstFit(int32_t b, int64_t n) const {
+    std::vector<std::pair<int64_t, int64_t>> blocked;
+    for (int32_t k : ranges_of_[b]) {
+      const Interval& iv = intervals_[k];
+      for (const Placed& p : placed_in_body_[iv.body]) {
+        for (int32_t j : ranges_of_[p.buffer]) {
+          const Interval& other = intervals_[j];
           if (other.body == iv.body && !(other.last < iv.first || iv.last < other.first)) {
             blocked.push_back({p.begin, p.end});
             break;
@@ -171,65 +209,84 @@ Placement Place(Role& role, bool fp32) {
       if (at + n <= begin) break;
       at = std::max(at, end);
     }
-    for (int32_t k : ranges_of[b]) placed_in_body[intervals[k].body].push_back({at, at + n, b});
-    set(role.buffers[b], scratch_base + at, bytes_of(role.buffers[b]), 0);
-    scratch_size = std::max(scratch_size, at + n);
+    return at;
   }
+
   // Exact high-water marks per body: Scratch alone, gathered params, full grads, and together.
-  {
-    std::vector<std::vector<int64_t>> delta(role.bodies.size());
-    for (size_t bi = 0; bi < role.bodies.size(); ++bi)
-      delta[bi].assign(role.bodies[bi].ops.size() + 1, 0);
-    auto high = [&](int which) {  // 0 scratch, 1 params, 2 grads, 3 all
-      int64_t best = 0;
-      for (size_t bi = 0; bi < role.bodies.size(); ++bi)
-        std::fill(delta[bi].begin(), delta[bi].end(), 0);
-      for (const Interval& iv : intervals) {
-        const int kind =
-            role.buffers[iv.buffer].kind == BufferKind::Scratch ? 0 : transient[iv.buffer];
-        if (which != 3 && kind != which) continue;
-        const int64_t n = bytes_of(role.buffers[iv.buffer]);
-        delta[iv.body][iv.first] += n;
-        delta[iv.body][iv.last + 1] -= n;
-      }
-      for (const auto& d : delta) {
-        int64_t live = 0;
-        for (int64_t x : d) best = std::max(best, live += x);
-      }
-      return best;
-    };
-    pl.exact.scratch = high(0);
-    pl.exact.gathered_params = high(1);
-    pl.exact.full_grads = high(2);
-    pl.exact.body_peak = high(3);
+  void MeasureHighWaterMarks() {
+    pl_.exact.scratch = HighWaterMark(0);
+    pl_.exact.gathered_params = HighWaterMark(1);
+    pl_.exact.full_grads = HighWaterMark(2);
+    pl_.exact.body_peak = HighWaterMark(3);
   }
+
+  // The largest bytes live at one op of any body, of: 0 scratch, 1 params, 2 grads, 3 all.
+  int64_t HighWaterMark(int which) const {
+    std::vector<std::vector<int64_t>> delta(role_.bodies.size());
+    for (size_t bi = 0; bi < role_.bodies.size(); ++bi)
+      delta[bi].assign(role_.bodies[bi].ops.size() + 1, 0);
+    for (const Interval& iv : intervals_) {
+      const int kind =
+          role_.buffers[iv.buffer].kind == BufferKind::Scratch ? 0 : transient_[iv.buffer];
+      if (which != 3 && kind != which) continue;
+      const int64_t n = BytesOf(role_.buffers[iv.buffer]);
+      delta[iv.body][iv.first] += n;
+      delta[iv.body][iv.last + 1] -= n;
+    }
+    int64_t best = 0;
+    for (const auto& d : delta) {
+      int64_t live = 0;
+      for (int64_t x : d) best = std::max(best, live += x);
+    }
+    return best;
+  }
+
   // Body-scoped buffers no body touches (none today) still get a valid placement.
-  for (size_t bi = 0; bi < role.buffers.size(); ++bi) {
-    Buffer& b = role.buffers[bi];
-    if ((b.kind == BufferKind::Scratch || transient[bi]) && ranges_of[bi].empty() &&
-        b.Elements() > 0) {
-      int64_t n = bytes_of(b);
-      set(b, scratch_base, n, 0);
-      scratch_size = std::max(scratch_size, Align(n));
+  void PlaceUntouched() {
+    for (size_t bi = 0; bi < role_.buffers.size(); ++bi) {
+      Buffer& b = role_.buffers[bi];
+      if ((b.kind == BufferKind::Scratch || transient_[bi]) && ranges_of_[bi].empty() &&
+          b.Elements() > 0) {
+        const int64_t n = BytesOf(b);
+        Set(b, scratch_base_, n);
+        scratch_size_ = std::max(scratch_size_, Align(n));
+      }
     }
   }
+
   // Views last: their parents (buckets, persistent or transient) are placed.
-  for (Buffer& b : role.buffers) {
-    if (b.view_of < 0) continue;
-    const Buffer& parent = role.buffers[b.view_of];
-    int64_t base = fp32 ? parent.fp32_offset : parent.offset;
-    set(b, base + b.view_offset * ElementBytes(b.dtype, fp32), bytes_of(b), 0);
+  void PlaceViews() {
+    for (Buffer& b : role_.buffers) {
+      if (b.view_of < 0) continue;
+      const Buffer& parent = role_.buffers[b.view_of];
+      const int64_t base = fp32_ ? parent.fp32_offset : parent.offset;
+      Set(b, base + b.view_offset * ElementBytes(b.dtype, fp32_), BytesOf(b));
+    }
   }
-  pl.arena = Align(scratch_base + scratch_size);
-  return pl;
-}
+
+  struct Placed {
+    int64_t begin, end;
+    int32_t buffer;
+  };
+
+  Role& role_;
+  const bool fp32_;
+  std::vector<uint8_t> transient_;  // 1 params, 2 grads
+  std::vector<uint8_t> grad_bucket_;
+  Placement pl_;
+  int64_t cursor_ = 0;
+  int64_t scratch_base_ = 0, scratch_size_ = 0;
+  std::vector<Interval> intervals_;
+  std::vector<std::vector<int32_t>> ranges_of_;  // buffer -> its intervals
+  std::vector<std::vector<Placed>> placed_in_body_;
+};
 
 }  // namespace
 
 MemoryBreakdown PlanMemory(Role& role) {
-  Placement wide = Place(role, /*fp32=*/true);
+  Placement wide = ArenaPlacer(role, /*fp32=*/true).Place();
   role.fp32_arena_bytes = wide.arena;
-  Placement real = Place(role, /*fp32=*/false);
+  Placement real = ArenaPlacer(role, /*fp32=*/false).Place();
   role.arena_bytes = real.arena;
   role.peak_bytes = real.exact.Total();
   return real.exact;

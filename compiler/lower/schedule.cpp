@@ -115,6 +115,171 @@ struct Need {
   int32_t chunk = 0;  // the consumer's local chunk
 };
 
+// The discrete-event simulation behind PipelinePrograms (see there).
+class TransferPlacement {
+ public:
+  explicit TransferPlacement(const ScheduleShape& s)
+      : s_(s),
+        p_(s.pp),
+        stages_(s.pp * s.vpp),
+        order_(p_),
+        index_of_(p_),
+        out_(p_),
+        pos_(p_, 0),
+        computing_(p_, false),
+        group_start_(p_, 0),
+        unposted_(p_, 0),
+        have_(p_),
+        group_id_(p_, 0),
+        deferred_(p_) {
+    for (int32_t r = 0; r < p_; ++r) {
+      order_[r] = ComputeOrder(s, r);
+      for (size_t i = 0; i < order_[r].size(); ++i)
+        index_of_[r][{order_[r][i].microbatch, order_[r][i].chunk, order_[r][i].backward}] = i;
+      have_[r].assign(static_cast<size_t>(s.microbatches) * s.vpp * 2, false);
+    }
+  }
+
+  std::vector<std::vector<PipelineStep>> Run() {
+    for (int32_t r = 0; r < p_; ++r) TryStart(r, 0);
+    do {
+      while (!events_.empty()) {
+        auto [now, r] = events_.top();
+        events_.pop();
+        clock_ = now;
+        Finish(r, now);
+      }
+    } while (PlaceOldestEarly());
+    for (int32_t r = 0; r < p_; ++r) CloseGroup(r);
+    return std::move(out_);
+  }
+
+ private:
+  struct Deferred {
+    int64_t serial;
+    int32_t producer;
+    size_t consumer_index;  // position of the consuming compute in order_[consumer]
+    PipelineStep recv;
+  };
+
+  size_t HaveIndex(int32_t mb, int32_t chunk, bool grad) const {
+    return (static_cast<size_t>(mb) * s_.vpp + chunk) * 2 + (grad ? 1 : 0);
+  }
+
+  // Numbers rank r's open group when it holds two or more transfers.
+  void CloseGroup(int32_t r) {
+    const size_t n = out_[r].size() - group_start_[r];
+    if (n >= 2) {
+      ++group_id_[r];
+      for (size_t i = group_start_[r]; i < out_[r].size(); ++i) out_[r][i].group = group_id_[r];
+    }
+  }
+
+  // Starts rank r's next computation when it is idle, its open group's partners are posted and
+  // its input has been placed.
+  void TryStart(int32_t r, int64_t now) {
+    if (computing_[r] || pos_[r] >= order_[r].size() || unposted_[r] > 0) return;
+    const ComputeStep& c = order_[r][pos_[r]];
+    const int32_t stage = c.chunk * p_ + r;
+    const bool needs = c.backward ? stage < stages_ - 1 : stage > 0;
+    if (needs && !have_[r][HaveIndex(c.microbatch, c.chunk, c.backward)]) return;
+    CloseGroup(r);
+    out_[r].push_back({c.backward ? prog::OpKind::Backward : prog::OpKind::Forward, c.microbatch,
+                       c.chunk, -1, 0});
+    computing_[r] = true;
+    events_.push({now + (c.backward ? 2 : 1), r});
+  }
+
+  // Puts a deferred receive into consumer b's open group (b is sitting); frees its producer.
+  void Place(int32_t b, const Deferred& d, int64_t now) {
+    out_[b].push_back(d.recv);
+    have_[b][HaveIndex(d.recv.microbatch, d.recv.chunk, d.recv.kind == prog::OpKind::RecvGrad)] =
+        true;
+    --unposted_[d.producer];
+    TryStart(d.producer, now);
+  }
+
+  // b posts a new open group: place the receives its next compute needs.
+  void Post(int32_t b, int64_t now) {
+    auto& list = deferred_[b];
+    std::vector<Deferred> ready;
+    for (size_t i = 0; i < list.size();)
+      if (list[i].consumer_index == pos_[b]) {
+        ready.push_back(list[i]);
+        list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    std::sort(ready.begin(), ready.end(),
+              [](const Deferred& x, const Deferred& y) { return x.serial < y.serial; });
+    for (const Deferred& d : ready) Place(b, d, now);
+  }
+
+  // Rank r's computation ends: it opens a group with the send of its result (whose receive is
+  // deferred to the consumer) and the receives its next computation needs.
+  void Finish(int32_t r, int64_t now) {
+    const ComputeStep c = order_[r][pos_[r]];
+    ++pos_[r];
+    computing_[r] = false;
+    group_start_[r] = out_[r].size();
+    const int32_t stage = c.chunk * p_ + r;
+    const bool sends = c.backward ? stage > 0 : stage < stages_ - 1;
+    if (sends) {
+      const int32_t peer_stage = c.backward ? stage - 1 : stage + 1;
+      const int32_t b = peer_stage % p_, peer_chunk = peer_stage / p_;
+      out_[r].push_back({c.backward ? prog::OpKind::SendGrad : prog::OpKind::SendActivation,
+                         c.microbatch, c.chunk, b, 0});
+      const PipelineStep recv{c.backward ? prog::OpKind::RecvGrad : prog::OpKind::RecvActivation,
+                              c.microbatch, peer_chunk, r, 0};
+      const size_t consumer = index_of_[b].at({c.microbatch, peer_chunk, c.backward});
+      ++unposted_[r];
+      deferred_[b].push_back({serial_++, r, consumer, recv});
+      if (!computing_[b] && consumer == pos_[b]) {
+        Post(b, now);
+        TryStart(b, now);
+      }
+    }
+    Post(r, now);
+    TryStart(r, now);
+  }
+
+  // Everyone waits: places the oldest deferred receive early, in its consumer's open group.
+  // Returns false when nothing is deferred (the simulation is over).
+  bool PlaceOldestEarly() {
+    const Deferred* oldest = nullptr;
+    int32_t consumer = -1;
+    for (int32_t b = 0; b < p_; ++b)
+      for (const Deferred& d : deferred_[b])
+        if (!oldest || d.serial < oldest->serial) oldest = &d, consumer = b;
+    if (!oldest) return false;
+    const Deferred d = *oldest;
+    auto& list = deferred_[consumer];
+    list.erase(list.begin() + (oldest - list.data()));
+    Place(consumer, d, clock_);
+    TryStart(consumer, clock_);
+    return true;
+  }
+
+  const ScheduleShape& s_;
+  const int32_t p_;
+  const int32_t stages_;
+  std::vector<std::vector<ComputeStep>> order_;
+  std::vector<std::map<std::tuple<int32_t, int32_t, bool>, size_t>>
+      index_of_;  // (mb, chunk, backward) -> position
+  std::vector<std::vector<PipelineStep>> out_;
+  std::vector<size_t> pos_;
+  std::vector<bool> computing_;
+  std::vector<size_t> group_start_;      // index in out_[r] of the open group's first op
+  std::vector<int32_t> unposted_;        // partners of the open group not yet posted
+  std::vector<std::vector<bool>> have_;  // (microbatch, chunk, grad) inputs already placed
+  std::vector<int32_t> group_id_;
+  std::vector<std::vector<Deferred>> deferred_;  // per consumer
+  int64_t serial_ = 0;
+  using Event = std::pair<int64_t, int32_t>;  // (finish time, rank)
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  int64_t clock_ = 0;
+};
+
 }  // namespace
 
 // Transfer placement by a discrete-event simulation of all pipeline ranks (forward 1 unit,
@@ -129,133 +294,7 @@ struct Need {
 // semantics. Per rank pair the k-th send meets the k-th receive, as both sides follow one
 // global placement order.
 std::vector<std::vector<PipelineStep>> PipelinePrograms(const ScheduleShape& s) {
-  const int32_t p = s.pp;
-  const int32_t stages = s.pp * s.vpp;
-  std::vector<std::vector<ComputeStep>> order(p);
-  std::vector<std::map<std::tuple<int32_t, int32_t, bool>, size_t>> index_of(
-      p);  // (mb, chunk, backward) -> position
-  for (int32_t r = 0; r < p; ++r) {
-    order[r] = ComputeOrder(s, r);
-    for (size_t i = 0; i < order[r].size(); ++i)
-      index_of[r][{order[r][i].microbatch, order[r][i].chunk, order[r][i].backward}] = i;
-  }
-  std::vector<std::vector<PipelineStep>> out(p);
-  std::vector<size_t> pos(p, 0);
-  std::vector<bool> computing(p, false);
-  std::vector<size_t> group_start(p, 0);  // index in out[r] of the open group's first op
-  std::vector<std::vector<PipelineStep>> pending(
-      p);                                  // receives for the group after the running compute
-  std::vector<int32_t> unposted(p, 0);     // partners of the open group not yet posted
-  std::vector<std::vector<bool>> have(p);  // (microbatch, chunk, grad) inputs already placed
-  std::vector<int32_t> group_id(p, 0);
-  struct Deferred {
-    int64_t serial;
-    int32_t producer;
-    size_t consumer_index;  // position of the consuming compute in order[consumer]
-    PipelineStep recv;
-  };
-  std::vector<std::vector<Deferred>> deferred(p);  // per consumer
-  int64_t serial = 0;
-  for (int32_t r = 0; r < p; ++r)
-    have[r].assign(static_cast<size_t>(s.microbatches) * s.vpp * 2, false);
-  auto have_index = [&](int32_t mb, int32_t chunk, bool grad) {
-    return (static_cast<size_t>(mb) * s.vpp + chunk) * 2 + (grad ? 1 : 0);
-  };
-  using Event = std::pair<int64_t, int32_t>;  // (finish time, rank)
-  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
-  int64_t clock = 0;
-
-  auto close_group = [&](int32_t r) {
-    size_t n = out[r].size() - group_start[r];
-    if (n >= 2) {
-      ++group_id[r];
-      for (size_t i = group_start[r]; i < out[r].size(); ++i) out[r][i].group = group_id[r];
-    }
-  };
-  auto try_start = [&](int32_t r, int64_t now) {
-    if (computing[r] || pos[r] >= order[r].size() || unposted[r] > 0) return;
-    const ComputeStep& c = order[r][pos[r]];
-    int32_t stage = c.chunk * p + r;
-    bool needs = c.backward ? stage < stages - 1 : stage > 0;
-    if (needs && !have[r][have_index(c.microbatch, c.chunk, c.backward)]) return;
-    close_group(r);
-    out[r].push_back({c.backward ? prog::OpKind::Backward : prog::OpKind::Forward, c.microbatch,
-                      c.chunk, -1, 0});
-    computing[r] = true;
-    events.push({now + (c.backward ? 2 : 1), r});
-  };
-  // Puts a deferred receive into consumer b's open group (b is sitting); frees its producer.
-  auto place = [&](int32_t b, const Deferred& d, int64_t now) {
-    out[b].push_back(d.recv);
-    have[b][have_index(d.recv.microbatch, d.recv.chunk, d.recv.kind == prog::OpKind::RecvGrad)] =
-        true;
-    --unposted[d.producer];
-    try_start(d.producer, now);
-  };
-  // b posts a new open group: place the receives its next compute needs.
-  auto post = [&](int32_t b, int64_t now) {
-    auto& list = deferred[b];
-    std::vector<Deferred> ready;
-    for (size_t i = 0; i < list.size();)
-      if (list[i].consumer_index == pos[b]) {
-        ready.push_back(list[i]);
-        list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    std::sort(ready.begin(), ready.end(),
-              [](const Deferred& x, const Deferred& y) { return x.serial < y.serial; });
-    for (const Deferred& d : ready) place(b, d, now);
-  };
-  for (int32_t r = 0; r < p; ++r) try_start(r, 0);
-  bool done = false;
-  while (!done) {
-    while (!events.empty()) {
-      auto [now, r] = events.top();
-      events.pop();
-      clock = now;
-      const ComputeStep c = order[r][pos[r]];
-      ++pos[r];
-      computing[r] = false;
-      group_start[r] = out[r].size();
-      int32_t stage = c.chunk * p + r;
-      bool sends = c.backward ? stage > 0 : stage < stages - 1;
-      if (sends) {
-        int32_t peer_stage = c.backward ? stage - 1 : stage + 1;
-        int32_t b = peer_stage % p, peer_chunk = peer_stage / p;
-        out[r].push_back({c.backward ? prog::OpKind::SendGrad : prog::OpKind::SendActivation,
-                          c.microbatch, c.chunk, b, 0});
-        PipelineStep recv{c.backward ? prog::OpKind::RecvGrad : prog::OpKind::RecvActivation,
-                          c.microbatch, peer_chunk, r, 0};
-        size_t consumer = index_of[b].at({c.microbatch, peer_chunk, c.backward});
-        ++unposted[r];
-        deferred[b].push_back({serial++, r, consumer, recv});
-        if (!computing[b] && consumer == pos[b]) {
-          post(b, now);
-          try_start(b, now);
-        }
-      }
-      post(r, now);
-      try_start(r, now);
-    }
-    // Everyone waits: place the oldest deferred receive early, in its consumer's open group.
-    const Deferred* oldest = nullptr;
-    int32_t consumer = -1;
-    for (int32_t b = 0; b < p; ++b)
-      for (const Deferred& d : deferred[b])
-        if (!oldest || d.serial < oldest->serial) oldest = &d, consumer = b;
-    if (!oldest) {
-      done = true;
-      break;
-    }
-    Deferred d = *oldest;
-    auto& list = deferred[consumer];
-    list.erase(list.begin() + (oldest - list.data()));
-    place(consumer, d, clock);
-    try_start(consumer, clock);
-  }
-  for (int32_t r = 0; r < p; ++r) close_group(r);
-  return out;
+  return TransferPlacement(s).Run();
 }
 
 }  // namespace paraplan::lower

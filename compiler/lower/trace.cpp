@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <optional>
 
 #include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
@@ -20,25 +22,55 @@ struct Slice {
   int64_t microbatch = -1, chunk = -1;
 };
 
-}  // namespace
+bool IsSend(OpKind kind) { return kind == OpKind::SendActivation || kind == OpKind::SendGrad; }
 
-TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
-  // The traced ranks: all, or one pipeline.
+// The traced ranks: all, or one pipeline.
+std::vector<int32_t> TracedRanks(const Program& p) {
   std::vector<int32_t> ranks;
   for (int32_t r = 0; r < p.world_size; ++r) {
     const Coordinates& c = p.ranks[r].coords;
     if (p.world_size <= kTraceAllRanksUpTo || (c.tp == 0 && c.cp == 0 && c.dp == 0))
       ranks.push_back(r);
   }
-  std::map<int32_t, int32_t> row_of;
-  for (size_t i = 0; i < ranks.size(); ++i) row_of[ranks[i]] = static_cast<int32_t>(i);
-  const size_t n = ranks.size();
-  std::vector<size_t> pos(n, 0);
-  std::vector<double> clock(n, 0.0);
-  std::vector<Slice> slices;
-  // Post time of each rank's current transfer group, per (rank, schedule op index of its first op).
-  auto role_of = [&](size_t i) -> const Role& { return p.roles[p.ranks[ranks[i]].role]; };
-  auto group_end = [&](const Role& role, size_t at) {
+  return ranks;
+}
+
+// Replays the schedules of the traced ranks (one row each) with the model's durations and
+// records a slice per computation, transfer and step body.
+class StepReplay {
+ public:
+  StepReplay(const Program& p, const TraceDurations& d, const std::vector<int32_t>& ranks)
+      : p_(p), d_(d), ranks_(ranks), n_(ranks.size()) {
+    for (size_t i = 0; i < n_; ++i) row_of_[ranks_[i]] = static_cast<int32_t>(i);
+    pos_.assign(n_, 0);
+    clock_.assign(n_, 0.0);
+    posted_.resize(n_);
+    IndexTransfers();
+  }
+
+  void Run() {
+    bool progress = true;
+    while (!Done() && progress) {
+      progress = false;
+      for (size_t i = 0; i < n_; ++i)
+        while (pos_[i] < RoleOf(i).schedule.size() && Step(i)) progress = true;
+    }
+  }
+
+  const std::vector<Slice>& slices() const { return slices_; }
+  const std::vector<double>& clock() const { return clock_; }
+
+ private:
+  const Role& RoleOf(size_t i) const { return p_.roles[p_.ranks[ranks_[i]].role]; }
+
+  bool Done() const {
+    for (size_t i = 0; i < n_; ++i)
+      if (pos_[i] < RoleOf(i).schedule.size()) return false;
+    return true;
+  }
+
+  // One past the last op of the transfer group that starts at `at`.
+  static size_t GroupEnd(const Role& role, size_t at) {
     const int64_t group = prog::DecodeStepAttrs(role.schedule[at]).group;
     size_t j = at + 1;
     if (group != 0)
@@ -46,126 +78,144 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
              prog::DecodeStepAttrs(role.schedule[j]).group == group)
         ++j;
     return j;
-  };
-  // k-th transfer index per (rank, peer, send?) -> op position, for partner lookup.
-  std::vector<std::map<std::tuple<int32_t, bool, int64_t>, size_t>> index(n);
-  std::vector<std::map<size_t, int64_t>> seq_of(n);
-  for (size_t i = 0; i < n; ++i) {
-    std::map<std::pair<int32_t, bool>, int64_t> count;
-    const Role& role = role_of(i);
-    for (size_t k = 0; k < role.schedule.size(); ++k) {
-      const Op& op = role.schedule[k];
-      if (!IsP2p(op.kind)) continue;
-      bool send = op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad;
-      const auto peer = static_cast<int32_t>(prog::DecodeStepAttrs(op).peer);
-      int64_t s = count[{peer, send}]++;
-      index[i][{peer, send, s}] = k;
-      seq_of[i][k] = s;
-    }
   }
-  // Barrier arrival for cross-rank step bodies (reduce_grads, optimizer_step), per occurrence.
-  std::map<std::pair<OpKind, int>, std::vector<double>> arrivals;
-  std::vector<std::map<size_t, double>> posted(
-      n);  // transfer group start -> time the rank reached it
-  bool progress = true;
-  auto done = [&]() {
-    for (size_t i = 0; i < n; ++i)
-      if (pos[i] < role_of(i).schedule.size()) return false;
-    return true;
-  };
-  while (!done() && progress) {
-    progress = false;
-    for (size_t i = 0; i < n; ++i) {
-      const Role& role = role_of(i);
-      int32_t rank = ranks[i];
-      while (pos[i] < role.schedule.size()) {
-        const Op& op = role.schedule[pos[i]];
-        int32_t pr = role.pipeline_rank;
-        if (op.kind == OpKind::Forward || op.kind == OpKind::Backward) {
-          double dur = op.kind == OpKind::Forward ? d.forward_s[pr] : d.backward_s[pr];
-          const prog::StepAttrs s = prog::DecodeStepAttrs(op);
-          slices.push_back({static_cast<int32_t>(i),
-                            fmt::format("{}{}{}", op.kind == OpKind::Forward ? 'F' : 'B',
-                                        s.microbatch, std::string(s.chunk, '\'')),
-                            "compute", clock[i], dur, s.microbatch, s.chunk});
-          clock[i] += dur;
-          ++pos[i];
-          progress = true;
-          continue;
-        }
-        if (IsP2p(op.kind)) {
-          size_t end = group_end(role, pos[i]);
-          posted[i].emplace(pos[i], clock[i]);
-          double start = clock[i];
-          bool ready = true;
-          for (size_t k = pos[i]; k < end && ready; ++k) {
-            const Op& t = role.schedule[k];
-            int32_t peer_rank = p.MemberOf(rank, CommKind::Pp, prog::DecodeStepAttrs(t).peer);
-            auto it = row_of.find(peer_rank);
-            if (it == row_of.end()) continue;
-            size_t j = static_cast<size_t>(it->second);
-            bool send = t.kind == OpKind::SendActivation || t.kind == OpKind::SendGrad;
-            // planrun posts a group's sends before its receives and a send never blocks
-            // (rank_runner.cpp): only a receive waits, for its partner's send to be posted.
-            if (send) continue;
-            int32_t my_index = p.IndexIn(rank, CommKind::Pp);
-            auto f = index[j].find({my_index, !send, seq_of[i][k]});
-            if (f == index[j].end()) continue;
-            const Role& prole = role_of(j);
-            // The partner's group must be posted: its position is at or past the group's start.
-            size_t pstart = f->second;
-            while (pstart > 0 && IsP2p(prole.schedule[pstart - 1].kind) &&
-                   prog::DecodeStepAttrs(prole.schedule[pstart]).group != 0 &&
-                   prog::DecodeStepAttrs(prole.schedule[pstart - 1]).group ==
-                       prog::DecodeStepAttrs(prole.schedule[pstart]).group)
-              --pstart;
-            auto when = posted[j].find(pstart);
-            if (when == posted[j].end()) {
-              ready = false;
-              break;
-            }
-            start = std::max(start, when->second);
-          }
-          if (!ready) break;
-          for (size_t k = pos[i]; k < end; ++k) {
-            const Op& t = role.schedule[k];
-            const prog::StepAttrs s = prog::DecodeStepAttrs(t);
-            slices.push_back({static_cast<int32_t>(i), DescribeOp(t), "pipeline", start,
-                              d.transfer_s, s.microbatch, s.chunk});
-          }
-          clock[i] = start + d.transfer_s;
-          pos[i] = end;
-          progress = true;
-          continue;
-        }
-        if (op.kind == OpKind::ReduceGrads || op.kind == OpKind::OptimizerStep) {
-          auto& arr = arrivals[{op.kind, 0}];
-          if (arr.size() < n) arr.resize(n, -1);
-          if (arr[i] < 0) arr[i] = clock[i];
-          bool all = std::all_of(arr.begin(), arr.end(), [](double t) { return t >= 0; });
-          if (!all) break;
-          double start = *std::max_element(arr.begin(), arr.end());
-          double dur = op.kind == OpKind::ReduceGrads ? d.reduce_grads_s[pr] : d.optimizer_s[pr];
-          slices.push_back({static_cast<int32_t>(i), std::string(OpName(op.kind)),
-                            op.kind == OpKind::ReduceGrads ? "data-parallel" : "optimizer", start,
-                            dur});
-          clock[i] = start + dur;
-          ++pos[i];
-          progress = true;
-          continue;
-        }
-        ++pos[i];  // zero_grads, gather/release: no modelled time
-        progress = true;
+
+  // The first op of the transfer group that holds `at`.
+  static size_t GroupStart(const Role& role, size_t at) {
+    while (at > 0 && IsP2p(role.schedule[at - 1].kind) &&
+           prog::DecodeStepAttrs(role.schedule[at]).group != 0 &&
+           prog::DecodeStepAttrs(role.schedule[at - 1]).group ==
+               prog::DecodeStepAttrs(role.schedule[at]).group)
+      --at;
+    return at;
+  }
+
+  // k-th transfer per (row, peer, send?) -> op position, for partner lookup.
+  void IndexTransfers() {
+    index_.resize(n_);
+    seq_of_.resize(n_);
+    for (size_t i = 0; i < n_; ++i) {
+      std::map<std::pair<int32_t, bool>, int64_t> count;
+      const Role& role = RoleOf(i);
+      for (size_t k = 0; k < role.schedule.size(); ++k) {
+        const Op& op = role.schedule[k];
+        if (!IsP2p(op.kind)) continue;
+        const bool send = IsSend(op.kind);
+        const auto peer = static_cast<int32_t>(prog::DecodeStepAttrs(op).peer);
+        const int64_t s = count[{peer, send}]++;
+        index_[i][{peer, send, s}] = k;
+        seq_of_[i][k] = s;
       }
     }
   }
-  TraceResult result;
-  for (double c : clock) result.step_s = std::max(result.step_s, c);
-  std::string& j = result.json;
-  j = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"plan\":\"" + p.plan_name +
-      "\"},\"traceEvents\":[\n";
+
+  // Runs row i's next op if it can start; returns whether it did.
+  bool Step(size_t i) {
+    const Op& op = RoleOf(i).schedule[pos_[i]];
+    if (op.kind == OpKind::Forward || op.kind == OpKind::Backward) {
+      Compute(i, op);
+      return true;
+    }
+    if (IsP2p(op.kind)) return TransferGroup(i);
+    if (op.kind == OpKind::ReduceGrads || op.kind == OpKind::OptimizerStep) return StepBody(i, op);
+    ++pos_[i];  // zero_grads, gather/release: no modelled time
+    return true;
+  }
+
+  void Compute(size_t i, const Op& op) {
+    const int32_t pr = RoleOf(i).pipeline_rank;
+    const double dur = op.kind == OpKind::Forward ? d_.forward_s[pr] : d_.backward_s[pr];
+    const prog::StepAttrs s = prog::DecodeStepAttrs(op);
+    slices_.push_back({static_cast<int32_t>(i),
+                       fmt::format("{}{}{}", op.kind == OpKind::Forward ? 'F' : 'B', s.microbatch,
+                                   std::string(s.chunk, '\'')),
+                       "compute", clock_[i], dur, s.microbatch, s.chunk});
+    clock_[i] += dur;
+    ++pos_[i];
+  }
+
+  // When the partner of row i's transfer at position k posted its group: nullopt while it has
+  // not; the lowest double when nothing is waited for (a send, or a partner outside the trace).
+  // planrun posts a group's sends before its receives and a send never blocks
+  // (rank_runner.cpp): only a receive waits, for its partner's send to be posted.
+  std::optional<double> PartnerPosted(size_t i, size_t k) const {
+    constexpr double kNoWait = std::numeric_limits<double>::lowest();
+    const Op& t = RoleOf(i).schedule[k];
+    const int32_t rank = ranks_[i];
+    const int32_t peer_rank = p_.MemberOf(rank, CommKind::Pp, prog::DecodeStepAttrs(t).peer);
+    auto it = row_of_.find(peer_rank);
+    if (it == row_of_.end()) return kNoWait;
+    const auto j = static_cast<size_t>(it->second);
+    const bool send = IsSend(t.kind);
+    if (send) return kNoWait;
+    const int32_t my_index = p_.IndexIn(rank, CommKind::Pp);
+    auto f = index_[j].find({my_index, !send, seq_of_[i].at(k)});
+    if (f == index_[j].end()) return kNoWait;
+    // The partner's group must be posted: its position is at or past the group's start.
+    auto when = posted_[j].find(GroupStart(RoleOf(j), f->second));
+    if (when == posted_[j].end()) return std::nullopt;
+    return when->second;
+  }
+
+  bool TransferGroup(size_t i) {
+    const Role& role = RoleOf(i);
+    const size_t end = GroupEnd(role, pos_[i]);
+    posted_[i].emplace(pos_[i], clock_[i]);
+    double start = clock_[i];
+    for (size_t k = pos_[i]; k < end; ++k) {
+      const std::optional<double> when = PartnerPosted(i, k);
+      if (!when) return false;
+      start = std::max(start, *when);
+    }
+    for (size_t k = pos_[i]; k < end; ++k) {
+      const Op& t = role.schedule[k];
+      const prog::StepAttrs s = prog::DecodeStepAttrs(t);
+      slices_.push_back({static_cast<int32_t>(i), DescribeOp(t), "pipeline", start, d_.transfer_s,
+                         s.microbatch, s.chunk});
+    }
+    clock_[i] = start + d_.transfer_s;
+    pos_[i] = end;
+    return true;
+  }
+
+  // reduce_grads and optimizer_step: cross-rank collectives start when every row has arrived.
+  bool StepBody(size_t i, const Op& op) {
+    auto& arr = arrivals_[{op.kind, 0}];
+    if (arr.size() < n_) arr.resize(n_, -1);
+    if (arr[i] < 0) arr[i] = clock_[i];
+    const bool all = std::all_of(arr.begin(), arr.end(), [](double t) { return t >= 0; });
+    if (!all) return false;
+    const int32_t pr = RoleOf(i).pipeline_rank;
+    const double start = *std::max_element(arr.begin(), arr.end());
+    const double dur = op.kind == OpKind::ReduceGrads ? d_.reduce_grads_s[pr] : d_.optimizer_s[pr];
+    slices_.push_back({static_cast<int32_t>(i), std::string(OpName(op.kind)),
+                       op.kind == OpKind::ReduceGrads ? "data-parallel" : "optimizer", start, dur});
+    clock_[i] = start + dur;
+    ++pos_[i];
+    return true;
+  }
+
+  const Program& p_;
+  const TraceDurations& d_;
+  const std::vector<int32_t>& ranks_;
+  const size_t n_;
+  std::map<int32_t, int32_t> row_of_;  // traced rank -> row
+  std::vector<size_t> pos_;
+  std::vector<double> clock_;
+  std::vector<Slice> slices_;
+  std::vector<std::map<std::tuple<int32_t, bool, int64_t>, size_t>> index_;
+  std::vector<std::map<size_t, int64_t>> seq_of_;  // transfer position -> its k
+  // Barrier arrival for cross-rank step bodies (reduce_grads, optimizer_step), per occurrence.
+  std::map<std::pair<OpKind, int>, std::vector<double>> arrivals_;
+  std::vector<std::map<size_t, double>> posted_;  // transfer group start -> time the row reached it
+};
+
+std::string TraceJson(const Program& p, const std::vector<int32_t>& ranks,
+                      const std::vector<Slice>& slices) {
+  std::string j = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"plan\":\"" + p.plan_name +
+                  "\"},\"traceEvents\":[\n";
   j += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"simulated step\"}}";
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
     const Coordinates& c = p.ranks[ranks[i]].coords;
     j += fmt::format(
         ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":"
@@ -186,6 +236,18 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
     j += "}";
   }
   j += "\n]}\n";
+  return j;
+}
+
+}  // namespace
+
+TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
+  const std::vector<int32_t> ranks = TracedRanks(p);
+  StepReplay replay(p, d, ranks);
+  replay.Run();
+  TraceResult result;
+  for (double c : replay.clock()) result.step_s = std::max(result.step_s, c);
+  result.json = TraceJson(p, ranks, replay.slices());
   return result;
 }
 

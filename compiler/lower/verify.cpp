@@ -93,6 +93,20 @@ std::string Where(const Program& p, int32_t rank, const Item& it) {
   return fmt::format("rank {} ({}) op #{} {}", rank, role.name, it.schedule_op, DescribeOp(s));
 }
 
+// The state of the rendezvous simulation (WorldVerifier::Simulate).
+struct Rendezvous {
+  std::vector<int32_t> pos;        // per rank: its next item
+  std::vector<int64_t> arrived;    // per communicator: members at its current collective
+  std::vector<int64_t> completed;  // per communicator: collectives done
+  std::vector<uint8_t> counted;    // rank has registered its arrival at its head collective
+  std::vector<uint8_t> queued;     // rank is in the queue
+  std::deque<int32_t> queue;       // ranks to advance
+  int64_t ops = 0, transfers = 0, collectives = 0;
+};
+
+// What advancing a rank (or entering a collective) did.
+enum class Progress : uint8_t { kWaiting, kMoved, kFailed };
+
 class WorldVerifier {
  public:
   WorldVerifier(const Program& p, VerifyStats* stats, size_t max_errors)
@@ -388,153 +402,181 @@ class WorldVerifier {
   // Rendezvous simulation of all ranks.
   void Simulate() {
     const int32_t world = p_.world_size;
-    std::vector<int32_t> pos(world, 0);
-    std::vector<int64_t> arrived(p_.communicators.size(), 0);
-    std::vector<int64_t> completed(p_.communicators.size(), 0);
-    std::vector<uint8_t> counted(world,
-                                 0);  // rank has registered its arrival at its head collective
-    std::vector<uint8_t> queued(world, 1);
-    std::deque<int32_t> queue;
-    for (int32_t r = 0; r < world; ++r) queue.push_back(r);
-    int64_t ops = 0, transfers = 0, collectives = 0;
-    auto stream_of = [&](int32_t r) -> const RoleStream& { return streams_[p_.ranks[r].role]; };
-    auto push = [&](int32_t r) {
-      if (r >= 0 && !queued[r]) {
-        queued[r] = 1;
-        queue.push_back(r);
-      }
-    };
-    auto push_pipeline = [&](int32_t r) {
-      int32_t c = p_.ranks[r].comms[static_cast<int>(CommKind::Pp)];
-      if (c < 0) return;
-      for (int32_t m : p_.communicators[c].members) push(m);
-    };
-    // Is the partner of rank r's p2p item posted (in the partner's head group) or done?
-    auto partner_ready = [&](int32_t r, const Item& it) {
-      int32_t b = PeerRank(r, it.peer);
-      int32_t my_index = p_.IndexIn(r, CommKind::Pp);
-      const RoleStream& sb = stream_of(b);
-      auto f = sb.p2p_index.find({my_index, !it.send, it.seq});
-      if (f == sb.p2p_index.end()) return false;
-      int32_t item = f->second;
-      if (pos[b] >= static_cast<int32_t>(sb.items.size())) return item < pos[b];
-      return item < sb.items[pos[b]].group_end;
-    };
-    while (!queue.empty() && !Full()) {
-      int32_t r = queue.front();
-      queue.pop_front();
-      queued[r] = 0;
-      const RoleStream& st = stream_of(r);
-      bool moved = false;
-      while (pos[r] < static_cast<int32_t>(st.items.size())) {
-        const Item& it = st.items[pos[r]];
-        if (it.type == ItemType::kCompute) {
-          ++pos[r], ++ops, moved = true;
-          continue;
-        }
-        if (it.type == ItemType::kP2p) {
-          bool all = true;
-          for (int32_t k = pos[r]; k < it.group_end && all; ++k)
-            all = partner_ready(r, st.items[k]);
-          if (!all) break;
-          int32_t n = it.group_end - pos[r];
-          ops += n, transfers += n;
-          pos[r] = it.group_end;
-          moved = true;
-          continue;
-        }
-        // Collective: register arrival once; the last member to arrive completes it for all.
-        int32_t c = p_.ranks[r].comms[static_cast<int>(it.comm)];
-        const Communicator& comm = p_.communicators[c];
-        if (comm.members.size() == 1) {
-          ++pos[r], ++ops, moved = true;
-          continue;
-        }
-        if (!counted[r]) {
-          counted[r] = 1;
-          ++arrived[c];
-          if (it.seq != completed[c]) {
-            Error(
-                fmt::format("{} enters collective #{} of {} communicator {}, but its members are "
-                            "at collective #{}",
-                            Where(p_, r, it), it.seq, CommName(comm.kind), c, completed[c]));
-            return;
-          }
-        }
-        if (arrived[c] < static_cast<int64_t>(comm.members.size())) break;
-        // Everyone is here: the collectives must agree.
-        const Item* first = nullptr;
-        int32_t first_rank = -1;
-        for (int32_t mrank : comm.members) {
-          const Item& mi = stream_of(mrank).items[pos[mrank]];
-          const Op& mop = OpOf(p_.roles[p_.ranks[mrank].role], mi);
-          if (!first) {
-            first = &mi, first_rank = mrank;
-            continue;
-          }
-          const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
-          if (mop.kind != fop.kind || mi.bytes != first->bytes ||
-              CollectiveArgument(mop) != CollectiveArgument(fop)) {
-            Error(
-                fmt::format("collective #{} of {} communicator {} differs between its members: {} "
-                            "({} bytes) vs {} "
-                            "({} bytes)",
-                            it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first),
-                            first->bytes, Where(p_, mrank, mi), mi.bytes));
-            return;
-          }
-        }
-        for (int32_t mrank : comm.members) {
-          ++pos[mrank];
-          counted[mrank] = 0;
-          ++ops;
-          push(mrank);
-        }
-        arrived[c] = 0;
-        ++completed[c];
-        ++collectives;
-        moved = true;
-      }
-      if (moved) push_pipeline(r);
+    sim_.pos.assign(world, 0);
+    sim_.arrived.assign(p_.communicators.size(), 0);
+    sim_.completed.assign(p_.communicators.size(), 0);
+    sim_.counted.assign(world, 0);
+    sim_.queued.assign(world, 1);
+    for (int32_t r = 0; r < world; ++r) sim_.queue.push_back(r);
+    while (!sim_.queue.empty() && !Full()) {
+      const int32_t r = sim_.queue.front();
+      sim_.queue.pop_front();
+      sim_.queued[r] = 0;
+      const Progress progress = AdvanceRank(r);
+      if (progress == Progress::kFailed) return;
+      if (progress == Progress::kMoved) PushPipeline(r);
     }
     if (Full()) return;
-    // Stuck ranks: report the first few with what they wait for.
+    ReportStuck();
+    if (stats_) {
+      stats_->ranks = world;
+      stats_->simulated_ops = sim_.ops;
+      stats_->transfers = sim_.transfers / 2;
+      stats_->collectives = sim_.collectives;
+    }
+  }
+
+  const RoleStream& StreamOf(int32_t r) const { return streams_[p_.ranks[r].role]; }
+
+  void Push(int32_t r) {
+    if (r >= 0 && !sim_.queued[r]) {
+      sim_.queued[r] = 1;
+      sim_.queue.push_back(r);
+    }
+  }
+  void PushPipeline(int32_t r) {
+    const int32_t c = p_.ranks[r].comms[static_cast<int>(CommKind::Pp)];
+    if (c < 0) return;
+    for (int32_t m : p_.communicators[c].members) Push(m);
+  }
+
+  // Is the partner of rank r's p2p item posted (in the partner's head group) or done?
+  bool PartnerReady(int32_t r, const Item& it) const {
+    const int32_t b = PeerRank(r, it.peer);
+    const int32_t my_index = p_.IndexIn(r, CommKind::Pp);
+    const RoleStream& sb = StreamOf(b);
+    auto f = sb.p2p_index.find({my_index, !it.send, it.seq});
+    if (f == sb.p2p_index.end()) return false;
+    const int32_t item = f->second;
+    if (sim_.pos[b] >= static_cast<int32_t>(sb.items.size())) return item < sim_.pos[b];
+    return item < sb.items[sim_.pos[b]].group_end;
+  }
+
+  // Runs rank r's stream as far as it goes without waiting.
+  Progress AdvanceRank(int32_t r) {
+    const RoleStream& st = StreamOf(r);
+    bool moved = false;
+    while (sim_.pos[r] < static_cast<int32_t>(st.items.size())) {
+      const Item& it = st.items[sim_.pos[r]];
+      if (it.type == ItemType::kCompute) {
+        ++sim_.pos[r], ++sim_.ops, moved = true;
+        continue;
+      }
+      if (it.type == ItemType::kP2p) {
+        bool all = true;
+        for (int32_t k = sim_.pos[r]; k < it.group_end && all; ++k)
+          all = PartnerReady(r, st.items[k]);
+        if (!all) break;
+        const int32_t n = it.group_end - sim_.pos[r];
+        sim_.ops += n, sim_.transfers += n;
+        sim_.pos[r] = it.group_end;
+        moved = true;
+        continue;
+      }
+      const Progress collective = EnterCollective(r, it);
+      if (collective == Progress::kFailed) return Progress::kFailed;
+      if (collective == Progress::kWaiting) break;
+      moved = true;
+    }
+    return moved ? Progress::kMoved : Progress::kWaiting;
+  }
+
+  // Collective: register arrival once; the last member to arrive completes it for all.
+  Progress EnterCollective(int32_t r, const Item& it) {
+    const int32_t c = p_.ranks[r].comms[static_cast<int>(it.comm)];
+    const Communicator& comm = p_.communicators[c];
+    if (comm.members.size() == 1) {
+      ++sim_.pos[r], ++sim_.ops;
+      return Progress::kMoved;
+    }
+    if (!sim_.counted[r]) {
+      sim_.counted[r] = 1;
+      ++sim_.arrived[c];
+      if (it.seq != sim_.completed[c]) {
+        Error(
+            fmt::format("{} enters collective #{} of {} communicator {}, but its members are "
+                        "at collective #{}",
+                        Where(p_, r, it), it.seq, CommName(comm.kind), c, sim_.completed[c]));
+        return Progress::kFailed;
+      }
+    }
+    if (sim_.arrived[c] < static_cast<int64_t>(comm.members.size())) return Progress::kWaiting;
+    if (!MembersAgree(c, it)) return Progress::kFailed;
+    for (int32_t mrank : comm.members) {
+      ++sim_.pos[mrank];
+      sim_.counted[mrank] = 0;
+      ++sim_.ops;
+      Push(mrank);
+    }
+    sim_.arrived[c] = 0;
+    ++sim_.completed[c];
+    ++sim_.collectives;
+    return Progress::kMoved;
+  }
+
+  // Everyone is at collective `it` of communicator c: their collectives must agree.
+  bool MembersAgree(int32_t c, const Item& it) {
+    const Communicator& comm = p_.communicators[c];
+    const Item* first = nullptr;
+    int32_t first_rank = -1;
+    for (int32_t mrank : comm.members) {
+      const Item& mi = StreamOf(mrank).items[sim_.pos[mrank]];
+      const Op& mop = OpOf(p_.roles[p_.ranks[mrank].role], mi);
+      if (!first) {
+        first = &mi, first_rank = mrank;
+        continue;
+      }
+      const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
+      if (mop.kind != fop.kind || mi.bytes != first->bytes ||
+          CollectiveArgument(mop) != CollectiveArgument(fop)) {
+        Error(
+            fmt::format("collective #{} of {} communicator {} differs between its members: {} "
+                        "({} bytes) vs {} "
+                        "({} bytes)",
+                        it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first->bytes,
+                        Where(p_, mrank, mi), mi.bytes));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Stuck ranks: report the first few with what they wait for.
+  void ReportStuck() {
     int reported = 0;
-    for (int32_t r = 0; r < world; ++r) {
-      const RoleStream& st = stream_of(r);
-      if (pos[r] >= static_cast<int32_t>(st.items.size())) continue;
+    for (int32_t r = 0; r < p_.world_size; ++r) {
+      const RoleStream& st = StreamOf(r);
+      if (sim_.pos[r] >= static_cast<int32_t>(st.items.size())) continue;
       if (reported++ == 0) Error("the programs deadlock: ranks wait for each other forever");
       if (reported > 6) {
         Error("(more ranks are stuck)");
         break;
       }
-      const Item& it = st.items[pos[r]];
-      if (it.type == ItemType::kP2p) {
-        std::string waits;
-        for (int32_t k = pos[r]; k < it.group_end; ++k)
-          if (!partner_ready(r, st.items[k])) {
-            int32_t b = PeerRank(r, st.items[k].peer);
-            const RoleStream& sb = stream_of(b);
-            std::string at = pos[b] < static_cast<int32_t>(sb.items.size())
-                                 ? Where(p_, b, sb.items[pos[b]])
-                                 : fmt::format("rank {} (finished)", b);
-            waits += fmt::format(
-                "; its partner is not posted: {} is at {}",
-                DescribeOp(p_.roles[p_.ranks[r].role].schedule[st.items[k].schedule_op]), at);
-            break;
-          }
-        Error(fmt::format("{} waits{}", Where(p_, r, it), waits));
-      } else {
+      const Item& it = st.items[sim_.pos[r]];
+      if (it.type == ItemType::kP2p)
+        Error(fmt::format("{} waits{}", Where(p_, r, it), UnpostedPartner(r, it)));
+      else
         Error(fmt::format("{} waits for the other members of its {} communicator", Where(p_, r, it),
                           CommName(it.comm)));
-      }
     }
-    if (stats_) {
-      stats_->ranks = world;
-      stats_->simulated_ops = ops;
-      stats_->transfers = transfers / 2;
-      stats_->collectives = collectives;
+  }
+
+  // "; its partner is not posted: ..." for the first transfer of rank r's group `it` whose
+  // partner is not posted, or empty.
+  std::string UnpostedPartner(int32_t r, const Item& it) const {
+    const RoleStream& st = StreamOf(r);
+    for (int32_t k = sim_.pos[r]; k < it.group_end; ++k) {
+      if (PartnerReady(r, st.items[k])) continue;
+      const int32_t b = PeerRank(r, st.items[k].peer);
+      const RoleStream& sb = StreamOf(b);
+      const std::string at = sim_.pos[b] < static_cast<int32_t>(sb.items.size())
+                                 ? Where(p_, b, sb.items[sim_.pos[b]])
+                                 : fmt::format("rank {} (finished)", b);
+      return fmt::format("; its partner is not posted: {} is at {}",
+                         DescribeOp(p_.roles[p_.ranks[r].role].schedule[st.items[k].schedule_op]),
+                         at);
     }
+    return {};
   }
 
   const Program& p_;
@@ -542,6 +584,7 @@ class WorldVerifier {
   size_t max_errors_;
   std::vector<std::string> errors_;
   std::vector<RoleStream> streams_;
+  Rendezvous sim_;
 };
 
 }  // namespace
