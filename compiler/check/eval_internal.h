@@ -158,6 +158,21 @@ class Evaluator {
   Value AutoField(Record* r, int idx, SourceRange range, FieldOrigin* origin);
   Value SweepField(Record* r, int idx, const Value& list, const ast::Expr& e, FieldOrigin* origin);
   Value Coerce(const Value& v, const FieldInfo& info, SourceRange range, const std::string& path);
+  // Coerce's parts. A site is where the value goes: the field's type and limits, the range to
+  // point at, the field's path. Each reports what it refuses and returns an error value (or
+  // false).
+  struct CoerceSite {
+    const FieldInfo& info;
+    SourceRange range;
+    const std::string& path;
+  };
+  Value CoerceInt(const Value& v, const CoerceSite& site);
+  Value CoerceReal(const Value& v, const CoerceSite& site);
+  Value CoerceEnum(const Value& v, const CoerceSite& site);
+  Value CoerceIntList(const Value& v, const CoerceSite& site);
+  Value TypeMismatch(const Value& v, const CoerceSite& site, const std::string& expected);
+  bool InIntRange(int64_t x, const CoerceSite& site);
+  bool UnitMatches(const Value& v, const CoerceSite& site);
   std::string PathOf(const Record* r, std::string_view field) const {
     if (r->in_plan) return r->prefix + std::string(field);
     if (!r->name.empty()) return r->name + "." + std::string(field);

@@ -496,137 +496,157 @@ Value Evaluator::SweepField(Record* r, int idx, const Value& list, const ast::Ex
 Value Evaluator::Coerce(const Value& v, const FieldInfo& info, SourceRange range,
                         const std::string& path) {
   if (v.IsError()) return v;
-  auto mismatch = [&](std::string expected) {
-    Report(Diag(DiagKind::kTypeMismatch,
-                fmt::format("`{}` expects {}, got {}", path, expected, Describe(v)))
-               .At(range, fmt::format("this is {}", Format(v).size() <= 40 ? "`" + Format(v) + "`"
-                                                                           : Describe(v))));
-    return Value::Error();
-  };
-  auto range_check = [&](int64_t x) -> bool {
-    if (x >= info.min && x <= info.max) return true;
-    Diag d(DiagKind::kValueOutOfRange,
-           fmt::format("`{}` must be {}, got {}", path,
-                       info.max == INT64_MAX ? fmt::format("at least {}", info.min)
-                                             : fmt::format("between {} and {}", info.min, info.max),
-                       x));
-    d.At(range, "out of range");
-    if (info.max == INT64_MAX && info.min == 1) d.Note("sizes and counts start at 1");
-    Report(std::move(d));
-    return false;
-  };
-  std::optional<UnitDimension> want = DimOf(info.type);
+  const CoerceSite site{info, range, path};
   switch (info.type) {
     case FieldType::kInt:
-    case FieldType::kBytes: {
-      if (info.nullable && v.type == VType::kString && v.s == "none") return v;
-      if (!v.IsNumber())
-        return mismatch(info.type == FieldType::kBytes ? "a size in bytes" : "an integer");
-      if (v.dim && v.dim != want) {
-        Report(Diag(DiagKind::kUnitMismatch,
-                    fmt::format("`{}` expects {}, got {}", path, DimWord(want), DimWord(v.dim)))
-                   .At(range, fmt::format("this is {}", Format(v)))
-                   .Note("values of different dimensions never convert into each other"));
-        return Value::Error();
-      }
-      int64_t x;
-      if (v.type == VType::kInt) {
-        x = v.i;
-      } else if (std::isfinite(v.r) && v.r == std::floor(v.r) && std::fabs(v.r) < 9.2e18) {
-        x = static_cast<int64_t>(v.r);
-      } else {
-        return mismatch(info.type == FieldType::kBytes ? "a whole number of bytes" : "an integer");
-      }
-      if (!range_check(x)) return Value::Error();
-      return Value::Int(x, want);
-    }
+    case FieldType::kBytes:
+      return CoerceInt(v, site);
     case FieldType::kReal:
     case FieldType::kBandwidth:
-    case FieldType::kFlops: {
-      if (!v.IsNumber()) return mismatch(want ? DimWord(want) : "a number");
-      if (v.dim && v.dim != want) {
-        Report(Diag(DiagKind::kUnitMismatch,
-                    fmt::format("`{}` expects {}, got {}", path, DimWord(want), DimWord(v.dim)))
-                   .At(range, fmt::format("this is {}", Format(v)))
-                   .Note("values of different dimensions never convert into each other"));
-        return Value::Error();
-      }
-      const double x = v.AsReal();
-      const bool low = info.real_min_open ? !(x > info.real_min) : !(x >= info.real_min);
-      const bool high = info.real_max_open ? !(x < info.real_max) : !(x <= info.real_max);
-      if (!std::isfinite(x) || low || high) {
-        std::string want_range;
-        if (std::isinf(info.real_max)) {
-          want_range =
-              fmt::format("{} {}", info.real_min_open ? "greater than" : "at least", info.real_min);
-        } else {
-          want_range = fmt::format("in {}{}, {}{}", info.real_min_open ? "(" : "[", info.real_min,
-                                   info.real_max, info.real_max_open ? ")" : "]");
-        }
-        Diag d(DiagKind::kValueOutOfRange,
-               fmt::format("`{}` must be {}, got {}", path, want_range, Format(v)));
-        d.At(range, "out of range");
-        if (want) d.Note("a rate of zero or less would make every time estimate meaningless");
-        Report(std::move(d));
-        return Value::Error();
-      }
-      return Value::Real(x, want);
-    }
+    case FieldType::kFlops:
+      return CoerceReal(v, site);
     case FieldType::kBool:
-      if (v.type != VType::kBool) return mismatch("`true` or `false`");
+      if (v.type != VType::kBool) return TypeMismatch(v, site, "`true` or `false`");
       return v;
     case FieldType::kString:
-      if (v.type != VType::kString) return mismatch("a string");
+      if (v.type != VType::kString) return TypeMismatch(v, site, "a string");
       return v;
-    case FieldType::kEnum: {
-      if (v.type != VType::kString) {
-        std::string names;
-        for (size_t i = 0; i < info.enum_values.size(); ++i) {
-          names += (i ? ", " : "") + std::string(info.enum_values[i]);
-        }
-        return mismatch("one of " + names);
-      }
-      for (std::string_view name : info.enum_values) {
-        if (name == v.s) {
-          Value out = Value::String(v.s);
-          out.enum_name = true;
-          return out;
-        }
-      }
-      Diag d(DiagKind::kUnknownEnumValue, fmt::format("`{}` is not a value of `{}`", v.s, path));
-      std::string names;
-      for (size_t i = 0; i < info.enum_values.size(); ++i) {
-        names += (i ? ", " : "") + fmt::format("`{}`", info.enum_values[i]);
-      }
-      d.At(range, "unknown value");
-      d.Note(fmt::format("`{}` is one of {}", path, names));
-      std::string guess = ast::ClosestName(v.s, info.enum_values);
-      if (!guess.empty()) d.Help(fmt::format("did you mean `{}`?", guess));
-      Report(std::move(d));
-      return Value::Error();
-    }
-    case FieldType::kIntList: {
-      if (v.type != VType::kList) return mismatch("a list of integers");
-      auto out = std::make_shared<std::vector<Value>>();
-      for (const Value& item : *v.list) {
-        if (item.IsError()) return item;
-        if (item.type != VType::kInt || item.dim) {
-          Report(Diag(DiagKind::kTypeMismatch,
-                      fmt::format("`{}` expects a list of integers, got {} in it", path,
-                                  Describe(item)))
-                     .At(range, fmt::format("`{}` is {}", Format(item), Describe(item))));
-          return Value::Error();
-        }
-        if (!range_check(item.i)) return Value::Error();
-        out->push_back(item);
-      }
-      Value l;
-      l.type = VType::kList;
-      l.list = std::move(out);
-      return l;
-    }
+    case FieldType::kEnum:
+      return CoerceEnum(v, site);
+    case FieldType::kIntList:
+      return CoerceIntList(v, site);
   }
   return v;
+}
+
+Value Evaluator::TypeMismatch(const Value& v, const CoerceSite& site, const std::string& expected) {
+  Report(
+      Diag(DiagKind::kTypeMismatch,
+           fmt::format("`{}` expects {}, got {}", site.path, expected, Describe(v)))
+          .At(site.range, fmt::format("this is {}", Format(v).size() <= 40 ? "`" + Format(v) + "`"
+                                                                           : Describe(v))));
+  return Value::Error();
+}
+
+bool Evaluator::InIntRange(int64_t x, const CoerceSite& site) {
+  const FieldInfo& info = site.info;
+  if (x >= info.min && x <= info.max) return true;
+  Diag d(DiagKind::kValueOutOfRange,
+         fmt::format("`{}` must be {}, got {}", site.path,
+                     info.max == INT64_MAX ? fmt::format("at least {}", info.min)
+                                           : fmt::format("between {} and {}", info.min, info.max),
+                     x));
+  d.At(site.range, "out of range");
+  if (info.max == INT64_MAX && info.min == 1) d.Note("sizes and counts start at 1");
+  Report(std::move(d));
+  return false;
+}
+
+bool Evaluator::UnitMatches(const Value& v, const CoerceSite& site) {
+  const std::optional<UnitDimension> want = DimOf(site.info.type);
+  if (!v.dim || v.dim == want) return true;
+  Report(Diag(DiagKind::kUnitMismatch,
+              fmt::format("`{}` expects {}, got {}", site.path, DimWord(want), DimWord(v.dim)))
+             .At(site.range, fmt::format("this is {}", Format(v)))
+             .Note("values of different dimensions never convert into each other"));
+  return false;
+}
+
+Value Evaluator::CoerceInt(const Value& v, const CoerceSite& site) {
+  const FieldInfo& info = site.info;
+  if (info.nullable && v.type == VType::kString && v.s == "none") return v;
+  const bool bytes = info.type == FieldType::kBytes;
+  if (!v.IsNumber()) return TypeMismatch(v, site, bytes ? "a size in bytes" : "an integer");
+  if (!UnitMatches(v, site)) return Value::Error();
+  int64_t x;
+  if (v.type == VType::kInt) {
+    x = v.i;
+  } else if (std::isfinite(v.r) && v.r == std::floor(v.r) && std::fabs(v.r) < 9.2e18) {
+    x = static_cast<int64_t>(v.r);
+  } else {
+    return TypeMismatch(v, site, bytes ? "a whole number of bytes" : "an integer");
+  }
+  if (!InIntRange(x, site)) return Value::Error();
+  return Value::Int(x, DimOf(info.type));
+}
+
+namespace {
+
+// The interval a real field accepts, in words: "at least 0", "in (0, 1]".
+std::string RealRangeText(const FieldInfo& info) {
+  if (std::isinf(info.real_max))
+    return fmt::format("{} {}", info.real_min_open ? "greater than" : "at least", info.real_min);
+  return fmt::format("in {}{}, {}{}", info.real_min_open ? "(" : "[", info.real_min, info.real_max,
+                     info.real_max_open ? ")" : "]");
+}
+
+// An enum field's values joined by ", ", each between `quote`s.
+std::string EnumValuesText(const FieldInfo& info, std::string_view quote) {
+  std::string names;
+  for (size_t i = 0; i < info.enum_values.size(); ++i) {
+    if (i) names += ", ";
+    names += fmt::format("{}{}{}", quote, info.enum_values[i], quote);
+  }
+  return names;
+}
+
+}  // namespace
+
+Value Evaluator::CoerceReal(const Value& v, const CoerceSite& site) {
+  const FieldInfo& info = site.info;
+  const std::optional<UnitDimension> want = DimOf(info.type);
+  if (!v.IsNumber()) return TypeMismatch(v, site, want ? DimWord(want) : "a number");
+  if (!UnitMatches(v, site)) return Value::Error();
+  const double x = v.AsReal();
+  const bool low = info.real_min_open ? !(x > info.real_min) : !(x >= info.real_min);
+  const bool high = info.real_max_open ? !(x < info.real_max) : !(x <= info.real_max);
+  if (std::isfinite(x) && !low && !high) return Value::Real(x, want);
+  Diag d(DiagKind::kValueOutOfRange,
+         fmt::format("`{}` must be {}, got {}", site.path, RealRangeText(info), Format(v)));
+  d.At(site.range, "out of range");
+  if (want) d.Note("a rate of zero or less would make every time estimate meaningless");
+  Report(std::move(d));
+  return Value::Error();
+}
+
+Value Evaluator::CoerceEnum(const Value& v, const CoerceSite& site) {
+  const FieldInfo& info = site.info;
+  if (v.type != VType::kString) return TypeMismatch(v, site, "one of " + EnumValuesText(info, ""));
+  for (std::string_view name : info.enum_values) {
+    if (name == v.s) {
+      Value out = Value::String(v.s);
+      out.enum_name = true;
+      return out;
+    }
+  }
+  Diag d(DiagKind::kUnknownEnumValue, fmt::format("`{}` is not a value of `{}`", v.s, site.path));
+  d.At(site.range, "unknown value");
+  d.Note(fmt::format("`{}` is one of {}", site.path, EnumValuesText(info, "`")));
+  std::string guess = ast::ClosestName(v.s, info.enum_values);
+  if (!guess.empty()) d.Help(fmt::format("did you mean `{}`?", guess));
+  Report(std::move(d));
+  return Value::Error();
+}
+
+Value Evaluator::CoerceIntList(const Value& v, const CoerceSite& site) {
+  if (v.type != VType::kList) return TypeMismatch(v, site, "a list of integers");
+  auto out = std::make_shared<std::vector<Value>>();
+  for (const Value& item : *v.list) {
+    if (item.IsError()) return item;
+    if (item.type != VType::kInt || item.dim) {
+      Report(
+          Diag(DiagKind::kTypeMismatch, fmt::format("`{}` expects a list of integers, got {} in it",
+                                                    site.path, Describe(item)))
+              .At(site.range, fmt::format("`{}` is {}", Format(item), Describe(item))));
+      return Value::Error();
+    }
+    if (!InIntRange(item.i, site)) return Value::Error();
+    out->push_back(item);
+  }
+  Value l;
+  l.type = VType::kList;
+  l.list = std::move(out);
+  return l;
 }
 
 }  // namespace paraplan::eval

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,42 +59,46 @@ lower::TraceDurations DurationsFrom(const lower::Program& program, const TimeEst
   return d;
 }
 
-}  // namespace
+// What the command line asks of planc compile.
+struct CompileArgs {
+  FrontendOptions opts;
+  std::string output, trace;
+  DiagFormat format = DiagFormat::kText;
+  lower::LowerOptions lower_options;
+};
 
-int RunCompile(const std::vector<std::string>& args) {
+// Reads the command line into *out. Returns the exit status when the command is done already
+// (help, or bad usage), nullopt to go on.
+std::optional<int> ReadCompileArgs(const std::vector<std::string>& args, CompileArgs* out) {
   for (const std::string& a : args)
     if (a == "-h" || a == "--help") {
       std::fputs(kCompileUsage, stdout);
       return kExitOk;
     }
-  FrontendOptions opts;
   std::vector<std::string> rest;
   std::string error;
-  if (!ParseFrontendArgs(args, &opts, &rest, &error)) return Usage(error);
-  std::string output, trace;
-  DiagFormat format = DiagFormat::kText;
-  lower::LowerOptions lower_options;
+  if (!ParseFrontendArgs(args, &out->opts, &rest, &error)) return Usage(error);
   for (size_t i = 0; i < rest.size(); ++i) {
     const std::string& a = rest[i];
-    auto value = [&](std::string_view name, std::string* out) {
+    auto value = [&](std::string_view name, std::string* dest) {
       if (a == name) {
         if (i + 1 >= rest.size()) return false;
-        *out = rest[++i];
+        *dest = rest[++i];
         return true;
       }
       if (a.size() > name.size() && a.compare(0, name.size(), name) == 0 && a[name.size()] == '=') {
-        *out = a.substr(name.size() + 1);
+        *dest = a.substr(name.size() + 1);
         return true;
       }
       return false;
     };
     std::string v;
-    if (value("-o", &output) || value("--output", &output)) continue;
-    if (value("--trace", &trace)) continue;
+    if (value("-o", &out->output) || value("--output", &out->output)) continue;
+    if (value("--trace", &out->trace)) continue;
     if (value("--diagnostics", &v)) {
       auto f = ParseDiagFormat(v);
       if (!f) return Usage("--diagnostics takes text, short, json or sarif, got '" + v + "'");
-      format = *f;
+      out->format = *f;
       continue;
     }
     if (value("--microbatch-group", &v)) {
@@ -102,23 +107,59 @@ int RunCompile(const std::vector<std::string>& args) {
       if (ec != std::errc() || end != v.data() + v.size() || group < 1) {
         return Usage("--microbatch-group takes a positive integer, got '" + v + "'");
       }
-      lower_options.microbatch_group = group;
+      out->lower_options.microbatch_group = group;
       continue;
     }
     return Usage("unknown option '" + a + "' (or an option without its value)");
   }
-  if (output.empty()) return Usage("-o PROGRAM is required");
+  if (out->output.empty()) return Usage("-o PROGRAM is required");
   std::error_code ec;
-  if (!trace.empty() && (trace == output || SameFile(trace, output)) &&
-      (!std::filesystem::exists(output, ec) || std::filesystem::is_regular_file(output, ec))) {
-    return Usage("--trace and -o name the same file '" + output + "'");
+  if (!out->trace.empty() && (out->trace == out->output || SameFile(out->trace, out->output)) &&
+      (!std::filesystem::exists(out->output, ec) ||
+       std::filesystem::is_regular_file(out->output, ec))) {
+    return Usage("--trace and -o name the same file '" + out->output + "'");
   }
+  return std::nullopt;
+}
 
+// The exit status when lowering made no program: 70 when the lowered program failed its
+// verification (P0804) or nothing says why, 1 for errors in the plan.
+int NoProgramStatus(const DiagnosticSink& sink) {
+  if (!sink.has_errors()) {
+    std::fprintf(stderr, "planc compile: internal error: no program and no diagnostic says why\n");
+    return kExitInternal;
+  }
+  for (const Diagnostic& d : sink.diagnostics())
+    if (d.kind == DiagKind::kLowerVerify) return kExitInternal;
+  return kExitInputError;
+}
+
+// Writes the Chrome/Perfetto timeline of one simulated step; false (with the error on stderr)
+// when the file cannot be written.
+bool WriteTrace(const Plan& plan, const lower::Program& program, const std::string& trace) {
+  TimeEstimate t = EstimateTime(plan);
+  lower::TraceResult tr = lower::ChromeTrace(program, DurationsFrom(program, t));
+  std::string error;
+  if (!WriteOutputFile(trace, tr.json, &error)) {
+    std::fprintf(stderr, "planc compile: %s\n", error.c_str());
+    return false;
+  }
+  std::fprintf(stderr,
+               "planc compile: wrote trace %s: simulated step %.3f s (time model: %.3f s)\n",
+               trace.c_str(), tr.step_s, t.step_s);
+  return true;
+}
+
+}  // namespace
+
+int RunCompile(const std::vector<std::string>& args) {
+  CompileArgs cmd;
+  if (std::optional<int> status = ReadCompileArgs(args, &cmd)) return *status;
   auto t0 = std::chrono::steady_clock::now();
   SourceManager sm;
   DiagnosticSink sink;
-  std::optional<Plan> plan = LoadPlan(opts, sm, sink);
-  for (const std::string& out : {output, trace}) {
+  std::optional<Plan> plan = LoadPlan(cmd.opts, sm, sink);
+  for (const std::string& out : {cmd.output, cmd.trace}) {
     if (std::string input = out.empty() ? "" : SourceFileAt(sm, out); !input.empty()) {
       return Usage("'" + out + "' is the source file '" + input +
                    "'; writing there would destroy it");
@@ -126,23 +167,15 @@ int RunCompile(const std::vector<std::string>& args) {
   }
   if (plan) RunAnalysisChecks(*plan, sink);
   std::optional<lower::Program> program;
-  if (plan && !sink.has_errors()) program = lower::LowerPlan(*plan, lower_options, sink);
+  if (plan && !sink.has_errors()) program = lower::LowerPlan(*plan, cmd.lower_options, sink);
   RenderOptions render;
-  std::string rendered = RenderDiagnostics(sink.diagnostics(), sm, format, render);
-  bool machine = format == DiagFormat::kJson || format == DiagFormat::kSarif;
+  std::string rendered = RenderDiagnostics(sink.diagnostics(), sm, cmd.format, render);
+  bool machine = cmd.format == DiagFormat::kJson || cmd.format == DiagFormat::kSarif;
   std::fwrite(rendered.data(), 1, rendered.size(), machine ? stdout : stderr);
-  if (!program) {
-    if (!sink.has_errors()) {
-      std::fprintf(stderr,
-                   "planc compile: internal error: no program and no diagnostic says why\n");
-      return kExitInternal;
-    }
-    for (const Diagnostic& d : sink.diagnostics())
-      if (d.kind == DiagKind::kLowerVerify) return kExitInternal;
-    return kExitInputError;
-  }
+  if (!program) return NoProgramStatus(sink);
   std::vector<uint8_t> bytes = lower::ToFlatBuffer(*program);
-  if (!WriteOutputFile(output,
+  std::string error;
+  if (!WriteOutputFile(cmd.output,
                        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
                        &error)) {
     std::fprintf(stderr, "planc compile: %s\n", error.c_str());
@@ -154,20 +187,10 @@ int RunCompile(const std::vector<std::string>& args) {
   std::fprintf(stderr,
                "planc compile: wrote %s: %d ranks, %zu roles, %zu communicators, %zu bytes; "
                "largest arena %.2f GiB; verified in %.2f s total\n",
-               output.c_str(), program->world_size, program->roles.size(),
+               cmd.output.c_str(), program->world_size, program->roles.size(),
                program->communicators.size(), bytes.size(),
                static_cast<double>(peak) / (1024.0 * 1024 * 1024), seconds);
-  if (!trace.empty()) {
-    TimeEstimate t = EstimateTime(*plan);
-    lower::TraceResult tr = lower::ChromeTrace(*program, DurationsFrom(*program, t));
-    if (!WriteOutputFile(trace, tr.json, &error)) {
-      std::fprintf(stderr, "planc compile: %s\n", error.c_str());
-      return kExitInputError;
-    }
-    std::fprintf(stderr,
-                 "planc compile: wrote trace %s: simulated step %.3f s (time model: %.3f s)\n",
-                 trace.c_str(), tr.step_s, t.step_s);
-  }
+  if (!cmd.trace.empty() && !WriteTrace(*plan, *program, cmd.trace)) return kExitInputError;
   return kExitOk;
 }
 

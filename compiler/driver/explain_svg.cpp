@@ -117,38 +117,37 @@ void Outline(std::string& out, const Geometry& g, std::span<const int64_t> membe
   }
 }
 
-}  // namespace
-
-std::string ExplainSvg(const ExplainInput& in) {
-  const Layout& layout = in.layout;
-  const Partition& part = in.partition;
+// Big worlds: the first nodes of every pipeline stage, up to kSvgMaxGpus GPUs in all.
+std::vector<int64_t> ShownNodes(const Layout& layout, const Partition& part) {
   const MeshSizes& s = layout.sizes();
   const int64_t world = layout.world_size();
-  // Big worlds: the first nodes of every pipeline stage, up to kSvgMaxGpus GPUs in all.
   const int64_t nodes = layout.nodes();
   std::vector<int64_t> shown;
   if (world <= kSvgMaxGpus) {
     for (int64_t n = 0; n < nodes; ++n) shown.push_back(n);
-  } else {
-    const int64_t budget = std::max<int64_t>(1, kSvgMaxGpus / s.gpus_per_node);
-    const int64_t per_stage = std::max<int64_t>(1, budget / part.pp);
-    std::vector<int64_t> taken(static_cast<size_t>(part.pp), 0);
-    std::vector<bool> pick(static_cast<size_t>(nodes), false);
-    for (int64_t r = 0; r < world; ++r) {
-      int64_t p = layout.dense_mesh().Coordinate(r, "pp"), n = r / s.gpus_per_node;
-      if (pick[static_cast<size_t>(n)]) continue;
-      if (taken[static_cast<size_t>(p)] < per_stage) {
-        pick[static_cast<size_t>(n)] = true;
-        ++taken[static_cast<size_t>(p)];
-      }
-    }
-    for (int64_t n = 0; n < nodes; ++n) {
-      if (pick[static_cast<size_t>(n)]) shown.push_back(n);
+    return shown;
+  }
+  const int64_t budget = std::max<int64_t>(1, kSvgMaxGpus / s.gpus_per_node);
+  const int64_t per_stage = std::max<int64_t>(1, budget / part.pp);
+  std::vector<int64_t> taken(static_cast<size_t>(part.pp), 0);
+  std::vector<bool> pick(static_cast<size_t>(nodes), false);
+  for (int64_t r = 0; r < world; ++r) {
+    int64_t p = layout.dense_mesh().Coordinate(r, "pp"), n = r / s.gpus_per_node;
+    if (pick[static_cast<size_t>(n)]) continue;
+    if (taken[static_cast<size_t>(p)] < per_stage) {
+      pick[static_cast<size_t>(n)] = true;
+      ++taken[static_cast<size_t>(p)];
     }
   }
-  const int64_t drawn_nodes = static_cast<int64_t>(shown.size());
-  const bool partial = drawn_nodes < nodes;
+  for (int64_t n = 0; n < nodes; ++n) {
+    if (pick[static_cast<size_t>(n)]) shown.push_back(n);
+  }
+  return shown;
+}
 
+// Cell size, spacing and node columns for the shown nodes; g.top is left for the legend to set.
+Geometry NodeGeometry(const MeshSizes& s, int64_t nodes, const std::vector<int64_t>& shown) {
+  const int64_t drawn_nodes = static_cast<int64_t>(shown.size());
   Geometry g;
   g.gpn = s.gpus_per_node;
   g.slot.assign(static_cast<size_t>(nodes), -1);
@@ -169,69 +168,105 @@ std::string ExplainSvg(const ExplainInput& in) {
   const int64_t balanced = static_cast<int64_t>(
       std::ceil(std::sqrt(static_cast<double>(drawn_nodes) * 2.5 * g.node_h / g.node_w)));
   g.cols = std::clamp<int64_t>(std::min(fit, balanced), 1, drawn_nodes);
-  const double width = std::max(
+  return g;
+}
+
+constexpr double kHeaderHeight = 58;  // title and mesh line above the legend
+constexpr double kLegendRow = 22;
+
+// Everything the drawing needs to know before the first element is written.
+struct Picture {
+  std::vector<int64_t> shown;  // the nodes drawn, ascending
+  Geometry g;
+  double width = 0, height = 0;
+  int64_t legend_cols = 1;   // legend entries per line
+  int64_t legend_items = 0;  // one per stage, then the TP outline, then the EP one when ep > 1
+  bool partial = false;      // some nodes are left out
+};
+
+Picture LayOutPicture(const ExplainInput& in) {
+  const MeshSizes& s = in.layout.sizes();
+  const int64_t nodes = in.layout.nodes();
+  Picture pic;
+  pic.shown = ShownNodes(in.layout, in.partition);
+  const int64_t drawn_nodes = static_cast<int64_t>(pic.shown.size());
+  pic.partial = drawn_nodes < nodes;
+  pic.g = NodeGeometry(s, nodes, pic.shown);
+  Geometry& g = pic.g;
+  pic.width = std::max(
       g.left * 2 + static_cast<double>(g.cols) * (g.node_w + g.node_gap) - g.node_gap, 760.0);
 
   // Legend: one entry per stage (a swatch and its layers), then the outline styles.
-  const bool show_ep = s.ep > 1;
-  const double legend_row = 22;
-  const int64_t legend_cols = std::max<int64_t>(1, static_cast<int64_t>((width - 40) / 250));
-  const int64_t legend_items = part.pp + 1 + (show_ep ? 1 : 0);
-  const int64_t legend_rows = (legend_items + legend_cols - 1) / legend_cols;
-  const double header = 58;
-  g.top = header + static_cast<double>(legend_rows) * legend_row + 18;
+  pic.legend_cols = std::max<int64_t>(1, static_cast<int64_t>((pic.width - 40) / 250));
+  pic.legend_items = in.partition.pp + 1 + (s.ep > 1 ? 1 : 0);
+  const int64_t legend_rows = (pic.legend_items + pic.legend_cols - 1) / pic.legend_cols;
+  g.top = kHeaderHeight + static_cast<double>(legend_rows) * kLegendRow + 18;
   const int64_t node_rows = (drawn_nodes + g.cols - 1) / g.cols;
-  double height = g.top + static_cast<double>(node_rows) * (g.node_h + g.node_gap) + 10;
-  if (partial) height += 24;
+  pic.height = g.top + static_cast<double>(node_rows) * (g.node_h + g.node_gap) + 10;
+  if (pic.partial) pic.height += 24;
+  return pic;
+}
 
-  std::string out;
-  out.reserve(static_cast<size_t>(drawn) * 400 + 4096);
+// The <svg> element, the background, the title and the mesh line.
+void WriteHeader(std::string& out, const ExplainInput& in, const Picture& pic) {
+  const Layout& layout = in.layout;
+  const MeshSizes& s = layout.sizes();
   fmt::format_to(std::back_inserter(out),
                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
                  "viewBox=\"0 0 {:.0f} "
                  "{:.0f}\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
-                 width, height, width, height);
+                 pic.width, pic.height, pic.width, pic.height);
   fmt::format_to(std::back_inserter(out),
                  "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n");
   fmt::format_to(std::back_inserter(out),
                  "<text x=\"20\" y=\"26\" font-size=\"18\" font-weight=\"bold\" fill=\"#222\">{}: "
                  "{} GPUs on {} "
                  "node{}</text>\n",
-                 Escape(in.plan.name.empty() ? "plan" : in.plan.name), GroupDigits(world),
-                 GroupDigits(layout.nodes()), layout.nodes() == 1 ? "" : "s");
+                 Escape(in.plan.name.empty() ? "plan" : in.plan.name),
+                 GroupDigits(layout.world_size()), GroupDigits(layout.nodes()),
+                 layout.nodes() == 1 ? "" : "s");
   fmt::format_to(std::back_inserter(out),
                  "<text x=\"20\" y=\"47\" font-size=\"13\" fill=\"#444\" xml:space=\"preserve\">tp "
                  "{} · cp {} · dp {} · pp {}{} · ep {} · etp "
                  "{} · edp {}  |  order {}  |  {} layers{}</text>\n",
                  s.tp, s.cp, s.dp, s.pp,
                  in.plan.parallel.vpp > 1 ? fmt::format(" (vpp {})", in.plan.parallel.vpp) : "",
-                 s.ep, s.etp, layout.edp(), Escape(s.order), part.layers,
+                 s.ep, s.etp, layout.edp(), Escape(s.order), in.partition.layers,
                  in.plan.model.name.empty() ? "" : " of " + Escape(in.plan.model.name));
+}
 
-  // Legend.
-  for (int64_t i = 0; i < legend_items; ++i) {
-    double x = 20 + static_cast<double>(i % legend_cols) * 250;
-    const int64_t legend_line = i / legend_cols;
-    double y = header + static_cast<double>(legend_line) * legend_row;
+// A stage's legend entry: its swatch, its layers ("0-3, 16-19") and what else it holds.
+void WriteStageLegendEntry(std::string& out, const PipelineStage& st, int64_t stage, int64_t stages,
+                           double x, double y) {
+  std::string layers;
+  for (const PipelineChunk& c : st.chunks) {
+    if (!layers.empty()) layers += ", ";
+    layers += c.layer_count() == 0   ? "-"
+              : c.layer_count() == 1 ? std::to_string(c.first_layer)
+                                     : fmt::format("{}-{}", c.first_layer, c.end_layer - 1);
+  }
+  std::string extra = st.embedding && st.loss ? " + emb, loss"
+                      : st.embedding          ? " + embedding"
+                      : st.loss               ? " + loss"
+                                              : "";
+  fmt::format_to(
+      std::back_inserter(out),
+      "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"16\" height=\"16\" rx=\"3\" fill=\"{}\"/>"
+      "<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" fill=\"#222\">stage {}: layers "
+      "{}{}</text>\n",
+      x, y, StageColor(stage, stages), x + 22, y + 12.5, stage, layers, extra);
+}
+
+// One entry per stage, then the TP outline and, when ep > 1, the EP outline.
+void WriteLegend(std::string& out, const ExplainInput& in, const Picture& pic) {
+  const Partition& part = in.partition;
+  const MeshSizes& s = in.layout.sizes();
+  for (int64_t i = 0; i < pic.legend_items; ++i) {
+    double x = 20 + static_cast<double>(i % pic.legend_cols) * 250;
+    const int64_t legend_line = i / pic.legend_cols;
+    double y = kHeaderHeight + static_cast<double>(legend_line) * kLegendRow;
     if (i < part.pp) {
-      const PipelineStage& st = part.stages[static_cast<size_t>(i)];
-      std::string layers;
-      for (const PipelineChunk& c : st.chunks) {
-        if (!layers.empty()) layers += ", ";
-        layers += c.layer_count() == 0   ? "-"
-                  : c.layer_count() == 1 ? std::to_string(c.first_layer)
-                                         : fmt::format("{}-{}", c.first_layer, c.end_layer - 1);
-      }
-      std::string extra = st.embedding && st.loss ? " + emb, loss"
-                          : st.embedding          ? " + embedding"
-                          : st.loss               ? " + loss"
-                                                  : "";
-      fmt::format_to(
-          std::back_inserter(out),
-          "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"16\" height=\"16\" rx=\"3\" fill=\"{}\"/>"
-          "<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"12.5\" fill=\"#222\">stage {}: layers "
-          "{}{}</text>\n",
-          x, y, StageColor(i, part.pp), x + 22, y + 12.5, i, layers, extra);
+      WriteStageLegendEntry(out, part.stages[static_cast<size_t>(i)], i, part.pp, x, y);
     } else if (i == part.pp) {
       fmt::format_to(std::back_inserter(out),
                      "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"28\" height=\"16\" rx=\"3\" "
@@ -250,10 +285,14 @@ std::string ExplainSvg(const ExplainInput& in) {
                      x, y, x + 34, y + 12.5, s.ep);
     }
   }
+}
 
-  // Nodes and GPUs.
+// A labelled box per shown node.
+void WriteNodeBoxes(std::string& out, const Picture& pic) {
+  const Geometry& g = pic.g;
+  const int64_t drawn_nodes = static_cast<int64_t>(pic.shown.size());
   for (int64_t k = 0; k < drawn_nodes; ++k) {
-    const int64_t n = shown[static_cast<size_t>(k)];
+    const int64_t n = pic.shown[static_cast<size_t>(k)];
     double x = g.left + static_cast<double>(k % g.cols) * (g.node_w + g.node_gap);
     const int64_t node_row = k / g.cols;
     double y = g.top + static_cast<double>(node_row) * (g.node_h + g.node_gap);
@@ -266,11 +305,20 @@ std::string ExplainSvg(const ExplainInput& in) {
                    x, y, g.node_w, g.node_h, x + g.pad, y + g.pad + (g.cell >= 22 ? 12.0 : 9.0),
                    g.cell >= 22 ? 12.0 : 10.0, n);
   }
+}
+
+// A cell per GPU of the shown nodes, coloured by stage, with its coordinates as a tooltip and
+// its rank written inside when the cell is big enough.
+void WriteGpuCells(std::string& out, const ExplainInput& in, const Picture& pic) {
+  const Layout& layout = in.layout;
+  const MeshSizes& s = layout.sizes();
+  const int64_t world = layout.world_size();
+  const Geometry& g = pic.g;
   const double font = g.cell >= 40 ? 13 : g.cell >= 30 ? 11 : g.cell >= 22 ? 9 : 0;
-  for (int64_t n : shown) {
+  for (int64_t n : pic.shown) {
     for (int64_t r = n * s.gpus_per_node; r < std::min(world, (n + 1) * s.gpus_per_node); ++r) {
       RankCoordinates c = layout.Coordinates(r);
-      std::string color = StageColor(c.pp, part.pp);
+      std::string color = StageColor(c.pp, in.partition.pp);
       double x = g.CellX(c.node, c.local), y = g.CellY(c.node, c.local);
       fmt::format_to(std::back_inserter(out),
                      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"3\" "
@@ -286,10 +334,14 @@ std::string ExplainSvg(const ExplainInput& in) {
       }
     }
   }
-  // Group outlines: EP outside (dashed), TP inside (solid).
+}
+
+// Group outlines: EP outside (dashed), TP inside (solid).
+void WriteGroupOutlines(std::string& out, const Layout& layout, const Geometry& g) {
+  const MeshSizes& s = layout.sizes();
   // EP outlines sit outside the TP ones: a little wider than the cells, clearly taller.
   const double ep_inset_x = g.gap / 2 - 1, ep_inset_y = g.pad / 2;
-  if (show_ep) {
+  if (s.ep > 1) {
     const GroupList& ep = layout.Groups(GroupKind::kEp);
     for (int64_t k = 0; k < ep.group_count(); ++k) {
       Outline(out, g, ep.Group(k), ep_inset_x, ep_inset_y,
@@ -304,12 +356,26 @@ std::string ExplainSvg(const ExplainInput& in) {
           fmt::format("fill=\"none\" stroke=\"#111\" stroke-width=\"{}\"", g.cell >= 22 ? 2 : 1.2));
     }
   }
-  if (partial) {
+}
+
+}  // namespace
+
+std::string ExplainSvg(const ExplainInput& in) {
+  const Picture pic = LayOutPicture(in);
+  const int64_t drawn_nodes = static_cast<int64_t>(pic.shown.size());
+  std::string out;
+  out.reserve(static_cast<size_t>(drawn_nodes * in.layout.sizes().gpus_per_node) * 400 + 4096);
+  WriteHeader(out, in, pic);
+  WriteLegend(out, in, pic);
+  WriteNodeBoxes(out, pic);
+  WriteGpuCells(out, in, pic);
+  WriteGroupOutlines(out, in.layout, pic.g);
+  if (pic.partial) {
     fmt::format_to(std::back_inserter(out),
                    "<text x=\"20\" y=\"{:.0f}\" font-size=\"13\" fill=\"#444\">showing {} of {} "
                    "nodes: the first "
                    "nodes of every pipeline stage (planc explain --rank R shows any rank)</text>\n",
-                   height - 14, GroupDigits(drawn_nodes), GroupDigits(nodes));
+                   pic.height - 14, GroupDigits(drawn_nodes), GroupDigits(in.layout.nodes()));
   }
   out += "</svg>\n";
   return out;

@@ -1088,6 +1088,201 @@ class LeanParser final : public PlanParser, private antlr4::tree::ParseTreeListe
   std::vector<antlr4::tree::ParseTreeTracker> graveyard_;
 };
 
+// Reports the first byte of the buffer that is not UTF-8, before ANTLR sees the text. Returns
+// whether there was one.
+bool ReportInvalidUtf8(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink) {
+  std::string_view text = sm.Text(buffer);
+  const size_t bad = FirstInvalidUtf8(text);
+  if (bad == std::string_view::npos) return false;
+  sink.Report(Diag(DiagKind::kUnexpectedCharacter, "the text is not valid UTF-8")
+                  .At({buffer, static_cast<uint32_t>(bad), static_cast<uint32_t>(bad + 1)},
+                      fmt::format("byte 0x{:02X} starts no UTF-8 character",
+                                  static_cast<unsigned>(static_cast<unsigned char>(text[bad]))))
+                  .Help("save the file as UTF-8"));
+  return true;
+}
+
+// ASCII text is read in place; other text is decoded to code points, as ANTLR indexes them.
+std::unique_ptr<antlr4::CharStream> OpenCharStream(const SourceManager& sm, uint32_t buffer) {
+  std::string_view text = sm.Text(buffer);
+  if (parse_internal::IsAscii(text))
+    return std::make_unique<parse_internal::ByteCharStream>(text, std::string(sm.Name(buffer)));
+  return std::make_unique<antlr4::ANTLRInputStream>(text.data(), text.size());
+}
+
+// The lexed buffer, as the error reports below read it.
+struct LexedText {
+  const SourceManager& sm;
+  uint32_t buffer;
+  const TokenList& all;
+  const Builder& builder;
+};
+
+// Reports the collected lexical and syntax errors in the order of the text.
+void ReportInTextOrder(std::vector<Diagnostic>& errors, DiagnosticSink& sink) {
+  std::stable_sort(errors.begin(), errors.end(), [](const Diagnostic& a, const Diagnostic& b) {
+    return a.primary.begin < b.primary.begin;
+  });
+  for (Diagnostic& d : errors) sink.Report(std::move(d));
+}
+
+// A closed `/* ... */` is skipped by the lexer, so `/` right before `*` opens a comment that
+// never closes.
+std::optional<Diagnostic> UnclosedComment(const LexedText& text) {
+  const TokenList& all = text.all;
+  for (size_t i = 0; i + 1 < all.size(); ++i) {
+    if (all[i]->getText() == "/" && all[i + 1]->getText() == "*" &&
+        all[i + 1]->getStartIndex() == all[i]->getStopIndex() + 1) {
+      SourceRange r = text.builder.Range(all[i]);
+      r.end = text.builder.Range(all[i + 1]).end;
+      return Diag(DiagKind::kSyntaxError, "this comment has no closing `*/`")
+          .At(r, "the comment starts here and runs to the end of the file")
+          .Help("close it with `*/`, or start a line comment with `#` or `//`")
+          .Get();
+    }
+  }
+  return std::nullopt;
+}
+
+// Adds an error for every unterminated string and unknown character; returns whether there was
+// any.
+bool CollectLexicalErrors(const LexedText& text, std::vector<Diagnostic>& errors) {
+  bool lexical_error = false;
+  for (antlr4::Token* t : text.all) {
+    if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
+      errors.push_back(
+          Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
+              .At(text.builder.Range(t), "the string starts here and runs to the end of the line")
+              .Help("close it with `\"` on the same line; write `\\\"` for a quote inside")
+              .Get());
+      lexical_error = true;
+    } else if (t->getType() == PlanLexer::UNKNOWN_CHAR) {
+      std::string c = Printable(text.sm.Slice(text.builder.Range(t)));
+      errors.push_back(
+          Diag(DiagKind::kUnexpectedCharacter, fmt::format("unexpected character `{}`", c))
+              .At(text.builder.Range(t), "no token starts with this character")
+              .Note("comments start with `#` or `//`; strings are written in `\"`")
+              .Get());
+      lexical_error = true;
+    }
+  }
+  return lexical_error;
+}
+
+// What the token stream says before any parse.
+struct LexCheck {
+  bool stop = false;           // nothing is to be parsed: report the errors and fail
+  bool lexical_error = false;  // a parse may still look for syntax errors, but builds nothing
+};
+
+// The errors found before parsing: a comment that never closes, lexical errors, and brackets or
+// operators nested too deep for the recursive parser.
+LexCheck CheckTokens(const LexedText& text, bool recover, std::vector<Diagnostic>& errors) {
+  LexCheck check;
+  if (std::optional<Diagnostic> comment = UnclosedComment(text)) {
+    errors.push_back(std::move(*comment));
+    check.stop = true;
+    return check;
+  }
+  check.lexical_error = CollectLexicalErrors(text, errors);
+  if (check.lexical_error && !recover) {
+    check.stop = true;
+    return check;
+  }
+  if (antlr4::Token* deep = FirstTooDeep(text.all)) {
+    errors.push_back(TooDeep(text.builder.Range(deep), "this text",
+                             fmt::format("level {} opens here", kMaxNesting + 1))
+                         .Get());
+    check.stop = true;
+  }
+  return check;
+}
+
+// `tp =` with its value forgotten (FindMissingValue); `t` is the offending `=`.
+Diagnostic MissingValueError(const LexedText& text, const MissingValue& missing, antlr4::Token* t) {
+  const TokenList& all = text.all;
+  std::string member, value;
+  for (size_t k = missing.member_start; k < missing.equals; ++k) member += all[k]->getText();
+  for (size_t k = missing.value_start; k < t->getTokenIndex(); ++k) value += all[k]->getText();
+  return Diag(DiagKind::kSyntaxError, fmt::format("`{} =` has no value", member))
+      .At(text.builder.Range(all[missing.equals]), "expected an expression after `=` on this line")
+      .Label(text.builder.Range(t), fmt::format("so `{}` on the next line was read as the value, "
+                                                "and this `=` cannot follow it",
+                                                value))
+      .Note("a value may continue on the next line; write it after `=`")
+      .Get();
+}
+
+// A declaration keyword at the left margin inside a block: most likely a `}` is missing above.
+void HelpWithMissingBrace(const LexedText& text, const SyntaxErrorInfo& info, Diag& d) {
+  antlr4::Token* first = text.all[info.skip_from];
+  static const std::vector<std::string> kDeclKinds = {"gpu", "cluster", "model", "plan"};
+  if (first->getType() == PlanLexer::NAME && first->getCharPositionInLine() == 0 &&
+      std::find(kDeclKinds.begin(), kDeclKinds.end(), first->getText()) != kDeclKinds.end()) {
+    d.Help(
+        fmt::format("`{}` at the left margin looks like a new declaration, but it is read "
+                    "inside the block of the one above: is a `}}` missing before it?",
+                    first->getText()));
+  }
+}
+
+// `vocab = 1000 seq_len 128`: a name after a number is read as its unit.
+void HelpWithNameReadAsUnit(const LexedText& text, antlr4::Token* t, Diag& d) {
+  if (t->getTokenIndex() < 2) return;
+  antlr4::Token* name = text.all[t->getTokenIndex() - 1];
+  antlr4::Token* number = text.all[t->getTokenIndex() - 2];
+  if (name->getType() == PlanLexer::NAME &&
+      (number->getType() == PlanLexer::INT || number->getType() == PlanLexer::REAL) &&
+      name->getChannel() == antlr4::Token::DEFAULT_CHANNEL && !FindUnit(name->getText())) {
+    d.Label(text.builder.Range(name), fmt::format("read as the unit of `{}`", number->getText()));
+    d.Help(fmt::format("is a `=` missing after `{}`?", name->getText()));
+  }
+}
+
+// A syntax error at `info`: what was expected and what was found, with the likely causes.
+Diagnostic SyntaxError(const LexedText& text, const antlr4::dfa::Vocabulary& vocab,
+                       const SyntaxErrorInfo& info) {
+  antlr4::Token* t = info.token;
+  const bool at_eof = !t || t->getType() == antlr4::Token::EOF;
+  std::string found = at_eof ? std::string("end of file") : fmt::format("`{}`", t->getText());
+  std::string expected =
+      info.expected_text.empty() ? ExpectedList(vocab, info.expected) : info.expected_text;
+  Diag d(DiagKind::kSyntaxError, expected.empty()
+                                     ? fmt::format("unexpected {}", found)
+                                     : fmt::format("expected {}, found {}", expected, found));
+  d.At(text.builder.Range(t), expected.empty() ? "unexpected here" : "expected " + expected);
+  if (text.sm.Kind(text.buffer) == BufferKind::kCommandLine) {
+    d.Note(
+        "--set takes PATH=VALUE, the value written as in a plan: `--set parallel.tp=4`, "
+        "`--set 'parallel.order=\"tp-cp-ep-pp-dp\"'`");
+  }
+  if (info.in_block) HelpWithMissingBrace(text, info, d);
+  if (!at_eof) HelpWithNameReadAsUnit(text, t, d);
+  return std::move(d).Take();
+}
+
+// Moves the tokens [from, end) to the hidden channel, stopping at end of file, so that the
+// next parse does not see them.
+void HideTokens(const TokenList& all, size_t from, size_t end) {
+  for (size_t k = from; k < end && k < all.size(); ++k) {
+    if (all[k]->getType() == antlr4::Token::EOF) break;
+    if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k]))
+      w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
+  }
+}
+
+// Hides the text of the syntax error at `info` (RecoveryEnd), at least its offending token.
+// Returns false when nothing is left to parse: what a new parse would report then (a missing
+// `}`) would echo the skip.
+bool SkipPastError(const TokenList& all, const SyntaxErrorInfo& info) {
+  const size_t at = info.token->getTokenIndex();
+  size_t end = RecoveryEnd(all, info);
+  const size_t from = std::min(info.skip_from, at);
+  if (end <= from) end = at + 1;  // skip at least the offending token
+  HideTokens(all, from, end);
+  return end < all.size() && all[end]->getType() != antlr4::Token::EOF;
+}
+
 // Lexes and parses; runs `build` on the tree when the text is well-formed. Returns false when a
 // lexical or syntax error was reported. With `recover`, parsing goes on after a syntax error
 // (see RecoveryEnd) so that independent errors in other members and declarations are reported
@@ -1096,22 +1291,8 @@ class LeanParser final : public PlanParser, private antlr4::tree::ParseTreeListe
 template <typename Rule, typename Build>
 bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool recover, Rule rule,
            Build build) {
-  std::string_view text = sm.Text(buffer);
-  if (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
-    sink.Report(Diag(DiagKind::kUnexpectedCharacter, "the text is not valid UTF-8")
-                    .At({buffer, static_cast<uint32_t>(bad), static_cast<uint32_t>(bad + 1)},
-                        fmt::format("byte 0x{:02X} starts no UTF-8 character",
-                                    static_cast<unsigned>(static_cast<unsigned char>(text[bad]))))
-                    .Help("save the file as UTF-8"));
-    return false;
-  }
-  // ASCII text is read in place; other text is decoded to code points, as ANTLR indexes them.
-  std::unique_ptr<antlr4::CharStream> input;
-  if (parse_internal::IsAscii(text)) {
-    input = std::make_unique<parse_internal::ByteCharStream>(text, std::string(sm.Name(buffer)));
-  } else {
-    input = std::make_unique<antlr4::ANTLRInputStream>(text.data(), text.size());
-  }
+  if (ReportInvalidUtf8(sm, buffer, sink)) return false;
+  std::unique_ptr<antlr4::CharStream> input = OpenCharStream(sm, buffer);
   parse_internal::TokenArena arena;  // outlives the token stream, which points into it
   parse_internal::LeanLexer lexer(input.get(), &arena);
   lexer.removeErrorListeners();
@@ -1119,56 +1300,16 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
   antlr4::CommonTokenStream tokens(&source);
   tokens.fill();
   Builder builder(sm, buffer, sink, source.runs());
+  const TokenList all(tokens);
+  const LexedText text{sm, buffer, all, builder};
   // Lexical and syntax errors, reported in the order of the text once parsing is over.
   std::vector<Diagnostic> errors;
   auto report_all = [&] {
-    std::stable_sort(errors.begin(), errors.end(), [](const Diagnostic& a, const Diagnostic& b) {
-      return a.primary.begin < b.primary.begin;
-    });
-    for (Diagnostic& d : errors) sink.Report(std::move(d));
+    ReportInTextOrder(errors, sink);
     return false;
   };
-  bool lexical_error = false;
-  const TokenList all(tokens);
-  for (size_t i = 0; i + 1 < all.size(); ++i) {
-    // A closed `/* ... */` is skipped by the lexer, so `/` right before `*` opens a comment that
-    // never closes.
-    if (all[i]->getText() == "/" && all[i + 1]->getText() == "*" &&
-        all[i + 1]->getStartIndex() == all[i]->getStopIndex() + 1) {
-      SourceRange r = builder.Range(all[i]);
-      r.end = builder.Range(all[i + 1]).end;
-      errors.push_back(Diag(DiagKind::kSyntaxError, "this comment has no closing `*/`")
-                           .At(r, "the comment starts here and runs to the end of the file")
-                           .Help("close it with `*/`, or start a line comment with `#` or `//`")
-                           .Get());
-      return report_all();
-    }
-  }
-  for (antlr4::Token* t : all) {
-    if (t->getType() == PlanLexer::UNTERMINATED_STRING) {
-      errors.push_back(
-          Diag(DiagKind::kUnterminatedString, "this string has no closing `\"`")
-              .At(builder.Range(t), "the string starts here and runs to the end of the line")
-              .Help("close it with `\"` on the same line; write `\\\"` for a quote inside")
-              .Get());
-      lexical_error = true;
-    } else if (t->getType() == PlanLexer::UNKNOWN_CHAR) {
-      std::string c = Printable(sm.Slice(builder.Range(t)));
-      errors.push_back(
-          Diag(DiagKind::kUnexpectedCharacter, fmt::format("unexpected character `{}`", c))
-              .At(builder.Range(t), "no token starts with this character")
-              .Note("comments start with `#` or `//`; strings are written in `\"`")
-              .Get());
-      lexical_error = true;
-    }
-  }
-  if (lexical_error && !recover) return report_all();
-  if (antlr4::Token* deep = FirstTooDeep(all)) {
-    errors.push_back(TooDeep(builder.Range(deep), "this text",
-                             fmt::format("level {} opens here", kMaxNesting + 1))
-                         .Get());
-    return report_all();
-  }
+  const LexCheck lex = CheckTokens(text, recover, errors);
+  if (lex.stop) return report_all();
   int syntax_errors = 0;
   // Release the parse tree while parsing (LeanParser); a too-deep expression is reported from
   // the whole tree instead, so that what follows it is reported exactly as before.
@@ -1176,7 +1317,7 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
   for (;;) {
     tokens.seek(0);
     // After an error nothing is built: the parse only looks for more errors.
-    const bool will_build = !lexical_error && syntax_errors == 0;
+    const bool will_build = !lex.lexical_error && syntax_errors == 0;
     builder.StartParse(release && will_build);
     SyntaxErrorInfo info;
     LeanParser parser(&tokens, release, will_build ? &builder : nullptr, &info);
@@ -1205,80 +1346,20 @@ bool Parse(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, bool 
                                      t->getType() == PlanLexer::UNKNOWN_CHAR);
     if (!lexical && info.in_block && info.skip_from == t->getTokenIndex()) {
       if (auto missing = FindMissingValue(all, t->getTokenIndex())) {
-        std::string member, value;
-        for (size_t k = missing->member_start; k < missing->equals; ++k)
-          member += all[k]->getText();
-        for (size_t k = missing->value_start; k < t->getTokenIndex(); ++k)
-          value += all[k]->getText();
-        errors.push_back(Diag(DiagKind::kSyntaxError, fmt::format("`{} =` has no value", member))
-                             .At(builder.Range(all[missing->equals]),
-                                 "expected an expression after `=` on this line")
-                             .Label(builder.Range(t),
-                                    fmt::format("so `{}` on the next line was read as the value, "
-                                                "and this `=` cannot follow it",
-                                                value))
-                             .Note("a value may continue on the next line; write it after `=`")
-                             .Get());
+        errors.push_back(MissingValueError(text, *missing, t));
         ++syntax_errors;
         if (syntax_errors >= kMaxSyntaxErrors) return report_all();
         // Skip `tp =` only: the next line's member is fine.
-        for (size_t k = missing->member_start; k <= missing->equals; ++k) {
-          if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k]))
-            w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
-        }
+        HideTokens(all, missing->member_start, missing->equals + 1);
         continue;
       }
     }
     if (!lexical) {
-      const auto& vocab = parser.getVocabulary();
-      std::string found = at_eof ? std::string("end of file") : fmt::format("`{}`", t->getText());
-      std::string expected =
-          info.expected_text.empty() ? ExpectedList(vocab, info.expected) : info.expected_text;
-      Diag d(DiagKind::kSyntaxError, expected.empty()
-                                         ? fmt::format("unexpected {}", found)
-                                         : fmt::format("expected {}, found {}", expected, found));
-      d.At(builder.Range(t), expected.empty() ? "unexpected here" : "expected " + expected);
-      if (sm.Kind(buffer) == BufferKind::kCommandLine) {
-        d.Note(
-            "--set takes PATH=VALUE, the value written as in a plan: `--set parallel.tp=4`, "
-            "`--set 'parallel.order=\"tp-cp-ep-pp-dp\"'`");
-      }
-      if (info.in_block) {
-        antlr4::Token* first = all[info.skip_from];
-        static const std::vector<std::string> kDeclKinds = {"gpu", "cluster", "model", "plan"};
-        if (first->getType() == PlanLexer::NAME && first->getCharPositionInLine() == 0 &&
-            std::find(kDeclKinds.begin(), kDeclKinds.end(), first->getText()) != kDeclKinds.end()) {
-          d.Help(
-              fmt::format("`{}` at the left margin looks like a new declaration, but it is read "
-                          "inside the block of the one above: is a `}}` missing before it?",
-                          first->getText()));
-        }
-      }
-      // `vocab = 1000 seq_len 128`: a name after a number is read as its unit.
-      if (!at_eof && t->getTokenIndex() >= 2) {
-        antlr4::Token* name = all[t->getTokenIndex() - 1];
-        antlr4::Token* number = all[t->getTokenIndex() - 2];
-        if (name->getType() == PlanLexer::NAME &&
-            (number->getType() == PlanLexer::INT || number->getType() == PlanLexer::REAL) &&
-            name->getChannel() == antlr4::Token::DEFAULT_CHANNEL && !FindUnit(name->getText())) {
-          d.Label(builder.Range(name), fmt::format("read as the unit of `{}`", number->getText()));
-          d.Help(fmt::format("is a `=` missing after `{}`?", name->getText()));
-        }
-      }
-      errors.push_back(std::move(d).Take());
+      errors.push_back(SyntaxError(text, parser.getVocabulary(), info));
       ++syntax_errors;
     }
     if (!recover || at_eof || syntax_errors >= kMaxSyntaxErrors) return report_all();
-    size_t end = RecoveryEnd(all, info);
-    size_t from = std::min(info.skip_from, t->getTokenIndex());
-    if (end <= from) end = t->getTokenIndex() + 1;  // skip at least the offending token
-    for (size_t k = from; k < end && k < all.size(); ++k) {
-      if (all[k]->getType() == antlr4::Token::EOF) break;
-      if (auto* w = dynamic_cast<antlr4::WritableToken*>(all[k]))
-        w->setChannel(antlr4::Token::HIDDEN_CHANNEL);
-    }
-    // Nothing left to parse: what a new parse would report now (a missing `}`) echoes the skip.
-    if (end >= all.size() || all[end]->getType() == antlr4::Token::EOF) return report_all();
+    if (!SkipPastError(all, info)) return report_all();
   }
 }
 
