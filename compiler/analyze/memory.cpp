@@ -426,6 +426,15 @@ StateBytesPerParam StateBytes(const Plan& plan, int64_t shard) {
     b.weights = 4;
     b.optimizer = moments;
   }
+  if (ArenaModelApplies(plan)) {
+    // planrun's buckets (compiler/lower/body.cpp, BuildBuckets): weights in the activation type
+    // (fp32 under fp32, fp16 under fp16, else bf16: no FP8 weights or cached casts), fp32
+    // gradients, and an fp32 master shard with two fp32 moments whatever the precision and the
+    // optimizer (SGD's buckets have them too): 12 bytes of optimizer state per parameter.
+    b.weights = plan.precision == Precision::kFp32 ? 4 : 2;
+    b.gradients = 4;
+    b.optimizer = 12;
+  }
   const double d = static_cast<double>(std::max<int64_t>(1, shard));
   if (plan.optimizer.zero >= 1) b.optimizer /= d;
   if (plan.optimizer.zero >= 2) b.gradients /= d;
@@ -476,11 +485,6 @@ void PriceStatePerParam(MemoryInputs& in) {
   const int64_t expert_shard =
       std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
   in.dense_state = StateBytes(plan, dense_shard);
-  // planrun keeps an fp32 master copy beside the moments whatever the precision (body.cpp,
-  // BuildBuckets): fp32 training holds 12 bytes of optimizer state per parameter, not 8.
-  if (ArenaModelApplies(plan) && plan.precision == Precision::kFp32 &&
-      plan.optimizer.type == OptimizerType::kAdamW)
-    in.dense_state.optimizer *= 12.0 / 8.0;
   in.expert_state = StateBytes(plan, expert_shard);
   const bool offload = plan.optimizer.offload == Offload::kCpu;
   in.offload_fraction = offload ? plan.optimizer.offload_fraction : 0.0;

@@ -1,7 +1,8 @@
 // One memory truth: for `framework = paraplan` the estimate of `planc check` (EstimateMemory)
 // is planrun's static arena, so it must agree with the arena compiler/lower lays out for every
 // stage, within 3%, on every example and bench plan that lowers (as written, and with the
-// other recompute modes and ZeRO stages, which change what is stashed and what is transient).
+// other recompute modes, ZeRO stages, precisions and optimizers, which change what is stashed,
+// what is transient and which states are kept).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -49,7 +50,11 @@ TEST_CASE(
       {"recompute=full"},
       {"recompute=none"},
       {"recompute=selective", "optimizer.zero=2"},
-      {"optimizer.zero=3"}};
+      {"optimizer.zero=3"},
+      {"precision=fp16"},
+      {"precision=fp8"},
+      {"precision=fp32"},
+      {"optimizer.type=sgd"}};
   for (const std::string& file : PlanFiles()) {
     for (const auto& sets : variants) {
       std::optional<Plan> plan = Load(file, sets);
