@@ -98,6 +98,20 @@ class Backend {
                                  const float* v, const TokenLayout& layout, int64_t q_heads,
                                  int64_t kv_heads, int64_t head_dim, float scale) = 0;
 
+  // ---- Ring attention pieces (context parallelism; host kernels' kernels.h says the layouts) ----
+  virtual void AttentionBlockForward(float* out, float* lse, const float* q, const float* k,
+                                     const float* v, const TokenLayout& q_layout,
+                                     const TokenLayout& kv_layout, int64_t q_heads,
+                                     int64_t kv_heads, int64_t head_dim, float scale) = 0;
+  virtual void AttentionMergeBlocks(float* out, float* lse, const float* block_out,
+                                    const float* block_lse, const TokenLayout& layout,
+                                    int64_t q_heads, int64_t head_dim) = 0;
+  virtual void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout,
+                                      const float* out, const float* lse, const float* q,
+                                      const float* k, const float* v, const TokenLayout& q_layout,
+                                      const TokenLayout& kv_layout, int64_t q_heads,
+                                      int64_t kv_heads, int64_t head_dim, float scale) = 0;
+
   // ---- Activations ----
   virtual void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) = 0;
   virtual void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate,

@@ -336,6 +336,67 @@ void RankRunner::RunAttentionBackward(const OpCall& call) {
   RunAttentionOp(call, Attention{b.micro, b.seq, b.heads, b.kv_heads, b.head_dim, b.scale}, false);
 }
 
+// ---- ring attention (context parallelism) ---------------------------------------------------
+
+namespace {
+
+// The shape a ring attention op's attributes give (both ops carry the forward's attributes).
+template <typename A>
+RingAttentionShape RingShapeOf(const A& a) {
+  RingAttentionShape s;
+  s.micro = a.micro, s.seq = a.seq, s.heads = a.heads, s.kv_heads = a.kv_heads;
+  s.head_dim = a.head_dim;
+  s.scale = static_cast<float>(a.scale.value_or(1.0 / std::sqrt(static_cast<double>(a.head_dim))));
+  return s;
+}
+
+}  // namespace
+
+void RankRunner::RunRingAttentionOp(const OpCall& call, const RingAttentionShape& s, bool forward) {
+  const Comm& c = CommOf(call.op.comm, forward ? "RingAttention" : "RingAttentionBackward");
+  const int64_t cp = c.size;
+  call.Need(s.heads % s.kv_heads == 0, "heads must be a multiple of kv_heads");
+  call.Need(s.seq % (2 * cp) == 0,
+            "the sequence of " + std::to_string(s.seq) +
+                " tokens does not cut into 2 · cp = " + std::to_string(2 * cp) + " equal chunks");
+  const int64_t local = call.Div(s.seq, cp), rows = call.Mul({s.micro, local});
+  const int64_t q_n = call.Mul({rows, s.heads, s.head_dim}),
+                kv_n = call.Mul({rows, s.kv_heads, s.head_dim}), lse_n = call.Mul({rows, s.heads});
+  if (forward) {
+    call.Input(0, q_n);
+    call.Input(1, kv_n);
+    call.Input(2, kv_n);
+    call.Output(0, q_n);
+    call.Output(1, lse_n);
+    call.Output(2, call.Mul({4, kv_n}));
+    call.Output(3, q_n);
+    call.Output(4, lse_n);
+    RingAttentionForward(backend_, *c.comm, s, call.Out(0), call.Out(1), call.In(0), call.In(1),
+                         call.In(2), call.Out(2), call.Out(3), call.Out(4));
+    return;
+  }
+  call.Input(0, q_n);
+  call.Input(1, q_n);
+  call.Input(2, kv_n);
+  call.Input(3, kv_n);
+  call.Input(4, q_n);
+  call.Input(5, lse_n);
+  call.Output(0, q_n);
+  call.Output(1, kv_n);
+  call.Output(2, kv_n);
+  call.Output(3, call.Mul({8, kv_n}));
+  RingAttentionBackward(backend_, *c.comm, s, call.Out(0), call.Out(1), call.Out(2), call.In(0),
+                        call.In(4), call.In(5), call.In(1), call.In(2), call.In(3), call.Out(3));
+}
+
+void RankRunner::RunRingAttention(const OpCall& call) {
+  RunRingAttentionOp(call, RingShapeOf(call.Attrs<prog::attrs::RingAttention>()), true);
+}
+
+void RankRunner::RunRingAttentionBackward(const OpCall& call) {
+  RunRingAttentionOp(call, RingShapeOf(call.Attrs<prog::attrs::RingAttentionBackward>()), false);
+}
+
 // ---- activations and the residual -----------------------------------------------------------
 
 void RankRunner::RunSwiGlu(const OpCall& call) {

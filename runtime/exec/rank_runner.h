@@ -21,6 +21,7 @@
 #include "runtime/exec/backend.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/program_image.h"
+#include "runtime/exec/ring_attention.h"
 #include "runtime/format/ops.h"
 
 namespace paraplan::exec {
@@ -152,6 +153,7 @@ class RankRunner {
   void RunOptimizerUpdate(const OpCall& call, bool adamw);
   void RunRopeOp(const OpCall& call, const prog::attrs::Rope& a, bool forward);
   void RunAttentionOp(const OpCall& call, const prog::attrs::Attention& a, bool forward);
+  void RunRingAttentionOp(const OpCall& call, const RingAttentionShape& s, bool forward);
   // Backward ops with dx_accumulate: compute into scratch, then add.
   float* GradTarget(float* dx, int64_t n, bool accumulate);
   void GradFinish(float* dx, int64_t n, bool accumulate);

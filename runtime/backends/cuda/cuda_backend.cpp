@@ -219,6 +219,31 @@ class CudaBackend final : public exec::Backend {
     PARAPLAN_CUDA_CHECK(cudaFreeAsync(delta, stream_));
   }
 
+  void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const host::TokenLayout& q_layout, const host::TokenLayout& kv_layout,
+                             int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                             float scale) override {
+    Use();
+    cuda::AttentionBlockForward(out, lse, q, k, v, Convert(q_layout), Convert(kv_layout), q_heads,
+                                kv_heads, head_dim, scale, stream_);
+  }
+  void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const float* block_lse,
+                            const host::TokenLayout& layout, int64_t q_heads,
+                            int64_t head_dim) override {
+    Use();
+    cuda::AttentionMergeBlocks(out, lse, block_out, block_lse, Convert(layout), q_heads, head_dim,
+                               stream_);
+  }
+  void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              const host::TokenLayout& q_layout, const host::TokenLayout& kv_layout,
+                              int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                              float scale) override {
+    Use();
+    cuda::AttentionBlockBackward(dq, dk, dv, dout, out, lse, q, k, v, Convert(q_layout),
+                                 Convert(kv_layout), q_heads, kv_heads, head_dim, scale, stream_);
+  }
+
   // ---- Activations ----
   void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) override {
     Use();

@@ -266,6 +266,66 @@ TEST_CASE("cuda backend: rotary embedding and flash attention, both token layout
   }
 }
 
+TEST_CASE("cuda backend: ring attention chunk pairs, merge and backward match the host") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  for (int64_t head_dim : {16, 80}) {
+    for (bool seq_major : {true, false}) {
+      // One sequence cut into 4 chunks of 9; the query chunk is chunk 2, the K/V chunks 0, 2 and
+      // 3 (before it, itself: the causal diagonal, after it: masked out entirely).
+      const int64_t len = 9, seq = 4 * len, batch = 2, qh = 4, kvh = 2, rows = seq * batch;
+      INFO("head_dim " << head_dim << (seq_major ? " seq-major" : " batch-major"));
+      const TokenLayout whole =
+          seq_major ? TokenLayout::SeqMajor(seq, batch) : TokenLayout::BatchMajor(seq, batch);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      auto q = p.Upload(Random(rows * qh * head_dim, 30)),
+           k = p.Upload(Random(rows * kvh * head_dim, 31));
+      auto v = p.Upload(Random(rows * kvh * head_dim, 32)),
+           dout = p.Upload(Random(rows * qh * head_dim, 33));
+      auto out = p.Zeros(rows * qh * head_dim),
+           lse = p.Upload(std::vector<float>(rows * qh, -INFINITY));
+      auto block_out = p.Zeros(out.n), block_lse = p.Zeros(lse.n);
+      auto dq = p.Zeros(q.n), dk = p.Zeros(k.n), dv = p.Zeros(v.n);
+      const auto chunk = [&](int64_t c) {
+        TokenLayout l = whole;
+        l.seq = len;
+        l.seq_offset = c * len;
+        return std::make_pair(l, whole.Row(c * len, 0));
+      };
+      const auto [ql, q_row] = chunk(2);
+      const int64_t qo = q_row * qh * head_dim, lo = q_row * qh;
+      for (int64_t c : {3, 0, 2}) {
+        const auto [kl, k_row] = chunk(c);
+        const int64_t ko = k_row * kvh * head_dim;
+        for (Backend* be : {p.host.get(), &p.Gpu()}) {
+          const bool h = be == p.host.get();
+          auto at = [h](const Pair::Buf& b, int64_t off) { return (h ? b.h : b.g) + off; };
+          be->AttentionBlockForward(at(block_out, qo), at(block_lse, lo), at(q, qo), at(k, ko),
+                                    at(v, ko), ql, kl, qh, kvh, head_dim, scale);
+          be->AttentionMergeBlocks(at(out, qo), at(lse, lo), at(block_out, qo), at(block_lse, lo),
+                                   ql, qh, head_dim);
+        }
+        CHECK_CLOSE(p, block_out, 1e-5, 1e-4);
+        CHECK_CLOSE(p, out, 1e-5, 1e-4);
+      }
+      for (int64_t c : {0, 2, 3}) {
+        const auto [kl, k_row] = chunk(c);
+        const int64_t ko = k_row * kvh * head_dim;
+        for (Backend* be : {p.host.get(), &p.Gpu()}) {
+          const bool h = be == p.host.get();
+          auto at = [h](const Pair::Buf& b, int64_t off) { return (h ? b.h : b.g) + off; };
+          be->AttentionBlockBackward(at(dq, qo), at(dk, ko), at(dv, ko), at(dout, qo), at(out, qo),
+                                     at(lse, lo), at(q, qo), at(k, ko), at(v, ko), ql, kl, qh, kvh,
+                                     head_dim, scale);
+        }
+      }
+      CHECK_CLOSE(p, dq, 1e-4, 1e-4);
+      CHECK_CLOSE(p, dk, 1e-4, 1e-4);
+      CHECK_CLOSE(p, dv, 1e-4, 1e-4);
+    }
+  }
+}
+
 TEST_CASE("cuda backend: vocab-parallel cross-entropy phases with padding") {
   if (!GpuOrSkip()) return;
   Pair p;

@@ -120,6 +120,25 @@ class HostBackend final : public Backend {
     host::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, layout, q_heads, kv_heads,
                             head_dim, scale);
   }
+  void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const TokenLayout& q_layout, const TokenLayout& kv_layout,
+                             int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                             float scale) override {
+    host::AttentionBlockForward(out, lse, q, k, v, q_layout, kv_layout, q_heads, kv_heads, head_dim,
+                                scale);
+  }
+  void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const float* block_lse,
+                            const TokenLayout& layout, int64_t q_heads, int64_t head_dim) override {
+    host::AttentionMergeBlocks(out, lse, block_out, block_lse, layout, q_heads, head_dim);
+  }
+  void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              const TokenLayout& q_layout, const TokenLayout& kv_layout,
+                              int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                              float scale) override {
+    host::AttentionBlockBackward(dq, dk, dv, dout, out, lse, q, k, v, q_layout, kv_layout, q_heads,
+                                 kv_heads, head_dim, scale);
+  }
   void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) override {
     host::SwiGluForward(out, gate, up, n);
   }

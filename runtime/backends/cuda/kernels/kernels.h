@@ -14,8 +14,9 @@
 //
 // Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
 // elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
-// (rotary embedding and causal attention), gemm (the cuBLASLt GEMM engine, gemm.h), loss_optim
-// (cross-entropy and optimizers).
+// (rotary embedding and causal attention), ring_attention (the chunk-pair pieces of context
+// parallelism), gemm (the cuBLASLt GEMM engine, gemm.h), loss_optim (cross-entropy and
+// optimizers).
 //
 // Made by this folder; read by the CUDA backend, its communicators and the GPU tests.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_CUDA_KERNELS_KERNELS_H_
@@ -98,6 +99,22 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float scale, float* scratch, cudaStream_t stream);
 bool AttentionHeadDimSupported(int64_t head_dim);
+
+// ---- Ring attention pieces (ring_attention.cu) ----
+// The host kernels' chunk-pair pieces (context parallelism), fp32, one warp per query row and
+// head (dK/dV: per key row and KV head); head_dim up to 256 (checked).
+void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const TokenLayout& q_layout, const TokenLayout& kv_layout,
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                           cudaStream_t stream);
+void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const float* block_lse,
+                          const TokenLayout& layout, int64_t q_heads, int64_t head_dim,
+                          cudaStream_t stream);
+void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                            const float* lse, const float* q, const float* k, const float* v,
+                            const TokenLayout& q_layout, const TokenLayout& kv_layout,
+                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                            cudaStream_t stream);
 
 // ---- Activations ----
 void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);

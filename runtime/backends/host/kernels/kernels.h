@@ -20,7 +20,8 @@
 //
 // Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
 // elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
-// (rotary embedding and causal attention), gemm (GEMMs and linear layers), loss_optim
+// (rotary embedding and causal attention), ring_attention (the chunk-pair pieces of context
+// parallelism), gemm (GEMMs and linear layers), loss_optim
 // (cross-entropy and optimizers).
 //
 // Made by: this folder. Read by: the host backend (runtime/backends/host/host_backend.h), kernel
@@ -131,6 +132,31 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float scale);
+
+// ---- Ring attention pieces (context parallelism) ----------------------------------------
+// A context-parallel rank holds some runs of consecutive positions of each sequence (chunks);
+// attention is computed chunk pair by chunk pair as K/V chunks arrive around the ring. A chunk
+// is a TokenLayout whose seq_offset is the global position of its local position 0; a query at
+// global position i sees the keys at global positions <= i. Query and key layouts cover the
+// same sequences (equal batch). Unlike AttentionForward, lse is indexed like the rows:
+// lse[row · q_heads + h], so a chunk of a larger buffer is a pointer offset for both.
+//
+// out, lse of one query chunk against one K/V chunk (written): a query that sees no key of the
+// chunk gets out 0 and lse -inf.
+void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const TokenLayout& q_layout, const TokenLayout& kv_layout,
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale);
+// Folds a chunk's partial result into the running one, per query row and head:
+// lse' = log(e^lse + e^block_lse), out' = out · e^{lse - lse'} + block_out · e^{block_lse - lse'};
+// -inf on either side leaves the other as it is.
+void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const float* block_lse,
+                          const TokenLayout& layout, int64_t q_heads, int64_t head_dim);
+// The backward of one chunk pair, given the final (merged over every chunk) out and lse and the
+// gradient dout: dq, dk, dv are ADDED to, so the pairs of a ring sum up.
+void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                            const float* lse, const float* q, const float* k, const float* v,
+                            const TokenLayout& q_layout, const TokenLayout& kv_layout,
+                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale);
 
 // ---- Activations -------------------------------------------------------------------------
 // SwiGLU: out = silu(gate) * up.
