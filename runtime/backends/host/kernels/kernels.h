@@ -21,8 +21,8 @@
 // Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
 // elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
 // (rotary embedding and causal attention), gemm (GEMMs and linear layers), loss_optim
-// (cross-entropy and optimizers); moe (mixture-of-experts router, token permutation and grouped
-// GEMMs) is host-only so far.
+// (cross-entropy and optimizers), moe (mixture-of-experts router, token permutation and grouped
+// GEMMs; the CUDA backend runs the grouped GEMMs on its GEMM engine).
 //
 // Made by: this folder. Read by: the host backend (runtime/backends/host/host_backend.h), kernel
 // tests, the CUDA kernels' tests (as the reference).
