@@ -127,7 +127,7 @@ TEST_CASE("moe router backward: weights and the load-balancing loss, every score
                                    .topk = topk,
                                    .score = score,
                                    .normalize = normalize,
-                                   .aux_coeff = 0.3f,
+                                   .aux_coeff = 5.0f,
                                    .aux_rows = 2 * rows};
       std::vector<float> w(rows * topk), s(rows * experts), counts(experts);
       std::vector<int32_t> idx(rows * topk);
