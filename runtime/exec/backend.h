@@ -28,6 +28,7 @@
 namespace paraplan::exec {
 
 using host::AdamWConfig;
+using host::MoeRouterConfig;
 using host::TokenLayout;
 
 class Backend {
@@ -118,6 +119,28 @@ class Backend {
                               const float* up, int64_t n) = 0;
   virtual void GeluForward(float* out, const float* x, int64_t n) = 0;
   virtual void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) = 0;
+
+  // ---- Mixture of experts (see kernels.h) ----
+  virtual void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
+                                const float* logits, const float* bias, int64_t rows,
+                                const MoeRouterConfig& config) = 0;
+  virtual void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
+                                 const float* scores, const float* counts, int64_t rows,
+                                 const MoeRouterConfig& config, float aux_grad_scale) = 0;
+  virtual void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                          const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
+                          int64_t topk) = 0;
+  virtual void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
+                            int64_t rows, int64_t dim, int64_t topk) = 0;
+  virtual void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,
+                                    const int32_t* row_map, const float* weights, int64_t rows,
+                                    int64_t dim, int64_t topk) = 0;
+  // counts is a device buffer; a backend may read it back to the host (a synchronisation).
+  virtual void GroupedLinearForward(float* y, const float* x, const float* w, const int32_t* counts,
+                                    int64_t groups, int64_t in, int64_t out) = 0;
+  virtual void GroupedLinearBackward(float* dx, float* dw, const float* dy, const float* x,
+                                     const float* w, const int32_t* counts, int64_t groups,
+                                     int64_t in, int64_t out, bool accumulate_dx) = 0;
 
   // ---- Cross-entropy (vocab-parallel phases; see kernels.h) ----
   virtual void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows,

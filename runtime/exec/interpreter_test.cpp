@@ -90,6 +90,44 @@ TEST_CASE("data parallel with ZeRO 0 and 1 equals the one-rank run") {
   }
 }
 
+// --- mixture of experts ----------------------------------------------------------------------
+TEST_CASE("a mixture-of-experts block trains; data parallel equals the one-rank run") {
+  const std::string data = TinyData();
+  testing::TinyOptions o{1, 0, 4, 20, "tiny_moe", data};
+  o.moe = true;
+  RunOptions opt;
+  auto one = Train(Tiny(o), opt);
+  REQUIRE(one.steps.size() == 20);
+  CHECK(one.steps.back().loss < 0.8 * one.steps.front().loss);
+  REQUIRE(one.params.count("moe.experts") == 1);
+  CHECK(one.params["moe.experts"].size() == 4 * 8 * 8);
+  o.steps = 5;
+  auto base = Train(Tiny(o), opt);
+  for (int zero : {0, 1}) {
+    testing::TinyOptions d = o;
+    d.dp = 2;
+    d.zero = zero;
+    auto two = Train(Tiny(d), opt);
+    REQUIRE(two.steps.size() == 5);
+    for (size_t s = 0; s < 5; ++s) {
+      CHECK(RelErr(two.steps[s].loss, base.steps[s].loss) < 1e-5);
+      CHECK(RelErr(two.steps[s].grad_norm, base.steps[s].grad_norm) < 1e-5);
+    }
+    for (auto& param : base.params) {
+      const std::string& name = param.first;
+      const auto& v = two.params.at(name);
+      REQUIRE(v.size() == param.second.size());
+      double worst = 0;
+      for (size_t i = 0; i < v.size(); ++i)
+        worst = std::max(worst, static_cast<double>(std::abs(v[i] - param.second[i]) /
+                                                    std::max(1e-3f, std::abs(param.second[i]))));
+      INFO("zero " << zero << " param " << name);
+      CHECK(worst < 1e-5);
+    }
+  }
+}
+// --- end mixture of experts ------------------------------------------------------------------
+
 TEST_CASE("planned arena and separate buffers give identical bits; runs are deterministic") {
   const std::string data = TinyData();
   RunOptions a, b;

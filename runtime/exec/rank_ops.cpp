@@ -466,4 +466,116 @@ void RankRunner::RunCrossEntropyBackward(const OpCall& call) {
                                 static_cast<float>(grad_scale));
 }
 
+// ---- mixture of experts ---------------------------------------------------------------------
+
+namespace {
+
+host::MoeRouterConfig RouterConfig(int64_t experts, int64_t topk, int64_t score, bool normalize) {
+  return {.experts = experts,
+          .topk = topk,
+          .score = static_cast<host::RouterScore>(score),
+          .normalize = normalize};
+}
+
+}  // namespace
+
+void RankRunner::RunMoeRouter(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::MoeRouter>();
+  call.Need(a.topk <= a.experts, "topk exceeds the experts");
+  const int64_t rows = call.Div(call.InN(0), a.experts);
+  call.Need(rows * a.experts == call.InN(0), "the logits are not rows of `experts` columns");
+  const bool has_bias = call.op.inputs.size() > 1 && call.op.inputs[1] >= 0;
+  if (has_bias) call.Input(1, a.experts);
+  call.Output(0, call.Mul({rows, a.topk}));
+  call.Output(1, call.Mul({rows, a.topk}));
+  call.Output(2, call.Mul({rows, a.experts}));
+  call.Output(3, a.experts);
+  backend_.MoeRouterForward(call.Out(0), call.OutIds(1), call.Out(2), call.Out(3), call.In(0),
+                            has_bias ? call.In(1) : nullptr, rows,
+                            RouterConfig(a.experts, a.topk, a.score, a.normalize));
+}
+
+void RankRunner::RunMoeRouterBackward(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::MoeRouterBackward>();
+  const int64_t rows = call.Div(call.InN(0), a.topk);
+  call.Need(a.topk <= a.experts && rows * a.topk == call.InN(0), "sizes");
+  call.Input(1, call.Mul({rows, a.topk}));
+  call.Input(2, call.Mul({rows, a.experts}));
+  call.Input(3, a.experts);
+  call.Output(0, call.Mul({rows, a.experts}));
+  host::MoeRouterConfig config = RouterConfig(a.experts, a.topk, a.score, a.normalize);
+  config.aux_coeff = static_cast<float>(a.aux_coeff);
+  config.aux_rows = a.aux_rows;
+  backend_.MoeRouterBackward(call.Out(0), call.In(0), call.Ids(1), call.In(2), call.In(3), rows,
+                             config, static_cast<float>(a.aux_grad_scale));
+}
+
+void RankRunner::RunMoePermute(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::MoePermute>();
+  const int64_t pairs = call.InN(1), rows = call.Div(pairs, a.topk);
+  const int64_t dim = call.Div(call.InN(0), rows);
+  call.Need(rows * a.topk == pairs && rows * dim == call.InN(0), "sizes");
+  call.Output(0, call.Mul({pairs, dim}));
+  call.Output(1, pairs);
+  call.Output(2, a.experts);
+  backend_.MoePermute(call.Out(0), call.OutIds(1), call.OutIds(2), call.In(0), call.Ids(1), rows,
+                      dim, a.experts, a.topk);
+}
+
+void RankRunner::RunMoeUnpermute(const OpCall& call) {
+  const int64_t topk = call.Attrs<prog::attrs::MoeUnpermute>().topk;
+  const int64_t pairs = call.InN(1), rows = call.Div(pairs, topk);
+  const int64_t dim = call.Div(call.InN(0), pairs);
+  call.Need(rows * topk == pairs && pairs * dim == call.InN(0), "sizes");
+  const bool weighted = call.op.inputs.size() > 2 && call.op.inputs[2] >= 0;
+  if (weighted) call.Input(2, pairs);
+  call.Output(0, call.Mul({rows, dim}));
+  backend_.MoeUnpermute(call.Out(0), call.In(0), call.Ids(1), weighted ? call.In(2) : nullptr, rows,
+                        dim, topk);
+}
+
+void RankRunner::RunMoeUnpermuteBackward(const OpCall& call) {
+  const int64_t topk = call.Attrs<prog::attrs::MoeUnpermuteBackward>().topk;
+  const int64_t pairs = call.InN(2), rows = call.Div(pairs, topk);
+  const int64_t dim = call.Div(call.InN(0), rows);
+  call.Need(rows * topk == pairs && rows * dim == call.InN(0), "sizes");
+  call.Input(1, call.Mul({pairs, dim}));
+  const bool weighted = call.op.inputs.size() > 3 && call.op.inputs[3] >= 0;
+  if (weighted) call.Input(3, pairs);
+  call.Output(0, call.Mul({pairs, dim}));
+  call.Output(1, pairs, true);
+  backend_.MoeUnpermuteBackward(call.Out(0), call.Out(1), call.In(0), call.In(1), call.Ids(2),
+                                weighted ? call.In(3) : nullptr, rows, dim, topk);
+}
+
+void RankRunner::RunGroupedLinear(const OpCall& call) {
+  const int64_t groups = call.Attrs<prog::attrs::GroupedLinear>().groups;
+  const auto& w = call.InBuf(1);
+  call.Need(w.shape.size() == 3 && w.shape[0] == groups, "W is not [groups, out, in]");
+  const int64_t fan_in = w.shape[2], fan_out = w.shape[1], rows = call.Div(call.InN(0), fan_in);
+  call.Input(1, call.Mul({groups, fan_out, fan_in}));
+  call.Input(2, groups);
+  call.Need(rows * fan_in == call.InN(0), "x is not rows of W's inputs");
+  call.Output(0, call.Mul({rows, fan_out}));
+  backend_.GroupedLinearForward(call.Out(0), call.In(0), call.In(1), call.Ids(2), groups, fan_in,
+                                fan_out);
+}
+
+void RankRunner::RunGroupedLinearBackward(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::GroupedLinearBackward>();
+  const auto& w = call.InBuf(2);
+  call.Need(w.shape.size() == 3 && w.shape[0] == a.groups, "W is not [groups, out, in]");
+  const int64_t fan_in = w.shape[2], fan_out = w.shape[1], rows = call.Div(call.InN(0), fan_out);
+  call.Need(rows * fan_out == call.InN(0), "dy is not rows of W's outputs");
+  call.Input(1, call.Mul({rows, fan_in}));
+  call.Input(2, call.Mul({a.groups, fan_out, fan_in}));
+  call.Input(3, a.groups);
+  call.Output(0, call.Mul({rows, fan_in}), true);
+  call.Output(1, call.Mul({a.groups, fan_out, fan_in}), true);
+  backend_.GroupedLinearBackward(call.Out(0), call.Out(1), call.In(0), call.In(1), call.In(2),
+                                 call.Ids(3), a.groups, fan_in, fan_out, a.dx_accumulate);
+}
+
+// ---- end mixture of experts -----------------------------------------------------------------
+
 }  // namespace paraplan::exec

@@ -108,6 +108,7 @@ class RankRunner {
     }
     float* In(size_t i) const { return runner_.F(op.inputs[i], ctx); }
     int32_t* Ids(size_t i) const { return runner_.I(op.inputs[i], ctx); }
+    int32_t* OutIds(size_t i) const { return runner_.I(op.outputs[i], ctx); }
     // Output i; nullptr when the op has no such output or it names no buffer (-1).
     float* Out(size_t i) const;
     int64_t InN(size_t i) const { return runner_.Elements(op.inputs[i]); }

@@ -1,6 +1,8 @@
 // A hand-built program for interpreter tests: a one-chunk "model" (embedding, RMSNorm, LM head,
 // cross-entropy) on dp data-parallel ranks with ZeRO 0 or 1, written with the FlatBuffers API
-// directly, so the interpreter can be tested without the compiler. Header-only; tests only.
+// directly, so the interpreter can be tested without the compiler. With `moe`, a mixture-of-experts
+// block (router, permutation, grouped expert layer, weighted combine, residual add) sits between
+// the norm and the LM head. Header-only; tests only.
 #ifndef PARAPLAN_RUNTIME_EXEC_TINY_PROGRAM_H_
 #define PARAPLAN_RUNTIME_EXEC_TINY_PROGRAM_H_
 
@@ -20,6 +22,7 @@ struct TinyOptions {
   std::string data;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  bool moe = false;
 };
 
 namespace tiny_detail {
@@ -27,10 +30,16 @@ namespace tiny_detail {
 // The model's sizes, and the batch and bucket sizes that follow from the options.
 struct TinyShape {
   explicit TinyShape(const TinyOptions& o)
-      : mbs(o.global_batch / (micro * o.dp)), shard(o.zero >= 1 ? bucket / o.dp : bucket) {}
+      : moe(o.moe),
+        mbs(o.global_batch / (micro * o.dp)),
+        bucket(dense + (moe ? experts * h + experts * h * h : 0)),
+        shard(o.zero >= 1 ? bucket / o.dp : bucket) {}
+  bool moe;
   int64_t vocab_padded = 16, vocab = 13, h = 8, seq = 4, micro = 2, tokens = seq * micro;
-  int64_t mbs;                                               // micro-batches per step
-  int64_t bucket = vocab_padded * h + h + vocab_padded * h;  // 264, divisible by 2
+  int64_t experts = 4, topk = 2;
+  int64_t mbs;                                              // micro-batches per step
+  int64_t dense = vocab_padded * h + h + vocab_padded * h;  // 264
+  int64_t bucket;                                           // 264, or 552 with moe: even
   int64_t shard;
 };
 
@@ -73,11 +82,43 @@ struct TinyBuffers {
     dx = Add("dx", BufferKind::Scratch, {tokens, h});
     loss = Add("loss_sum", BufferKind::Persistent, {1});
     nsq = Add("nsq", BufferKind::Persistent, {1});
+    if (s.moe) AddMoe(s);
+  }
+
+  // The mixture-of-experts block's parameters (after the dense ones in the bucket) and tensors.
+  void AddMoe(const TinyShape& s) {
+    using prog::BufferKind;
+    using prog::DType;
+    const int64_t e = s.experts, h = s.h, t = s.tokens, p = s.tokens * s.topk;
+    wr = Add("router", BufferKind::Param, {e, h}, DType::F32, pb, s.dense);
+    we = Add("experts", BufferKind::Param, {e, h, h}, DType::F32, pb, s.dense + e * h);
+    dwr = Add("router.grad", BufferKind::Grad, {e, h}, DType::F32, gb, s.dense);
+    dwe = Add("experts.grad", BufferKind::Grad, {e, h, h}, DType::F32, gb, s.dense + e * h);
+    zr = Add("router.logits", BufferKind::Stash, {t, e});
+    rw = Add("router.weights", BufferKind::Stash, {t, s.topk});
+    ridx = Add("router.indices", BufferKind::Stash, {t, s.topk}, DType::I32);
+    rs = Add("router.scores", BufferKind::Stash, {t, e});
+    rc = Add("router.counts", BufferKind::Stash, {e});
+    pn = Add("moe.permuted", BufferKind::Stash, {p, h});
+    rmap = Add("moe.row_map", BufferKind::Stash, {p}, DType::I32);
+    ecnt = Add("moe.counts", BufferKind::Stash, {e}, DType::I32);
+    pe = Add("moe.expert_out", BufferKind::Stash, {p, h});
+    mo = Add("moe.out", BufferKind::Stash, {t, h});
+    n2 = Add("moe.residual", BufferKind::Stash, {t, h});
+    dn2 = Add("moe.residual.grad", BufferKind::Scratch, {t, h});
+    dpe = Add("moe.expert_out.grad", BufferKind::Scratch, {p, h});
+    drw = Add("router.weights.grad", BufferKind::Scratch, {t, s.topk});
+    dpn = Add("moe.permuted.grad", BufferKind::Scratch, {p, h});
+    dmo = Add("moe.in.grad", BufferKind::Scratch, {t, h});
+    dzr = Add("router.logits.grad", BufferKind::Scratch, {t, e});
   }
 
   std::vector<TinyBuffer> list;
   int pb, gb, emb, nw, head, demb, dnw, dhead, master, m1, m2;
   int ids, labels, x, n, rstd, z, mx, st, dz, dn, dx, loss, nsq;
+  int wr = -1, we = -1, dwr = -1, dwe = -1, zr = -1, rw = -1, ridx = -1, rs = -1, rc = -1, pn = -1,
+      rmap = -1, ecnt = -1, pe = -1, mo = -1, n2 = -1, dn2 = -1, dpe = -1, drw = -1, dpn = -1,
+      dmo = -1, dzr = -1;
 
  private:
   int Add(std::string name, prog::BufferKind kind, std::vector<int64_t> shape,
@@ -106,23 +147,58 @@ inline void AddTinyChunkBodies(flatbuffers::FlatBufferBuilder& b, const TinyOpti
         TinyOp(b, OpKind::LoadBatch, {}, {t.ids}, CommKind::None, {0}),
         TinyOp(b, OpKind::LoadBatch, {}, {t.labels}, CommKind::None, {1}),
         TinyOp(b, OpKind::Embedding, {t.ids, t.emb}, {t.x}, CommKind::Tp),
-        TinyOp(b, OpKind::RmsNorm, {t.x, t.nw}, {t.n, t.rstd}, CommKind::None, {}, {1e-5}),
-        TinyOp(b, OpKind::Linear, {t.n, t.head}, {t.z}),
-        TinyOp(b, OpKind::CrossEntropyMax, {t.z}, {t.mx}),
-        TinyOp(b, OpKind::CrossEntropySumExp, {t.z, t.mx, t.labels}, {t.st}, CommKind::Tp),
-        TinyOp(b, OpKind::CrossEntropyLoss, {t.mx, t.st}, {t.loss}, CommKind::None, {},
-               {1.0 / s.mbs}),
-    };
+        TinyOp(b, OpKind::RmsNorm, {t.x, t.nw}, {t.n, t.rstd}, CommKind::None, {}, {1e-5})};
+    if (s.moe) {
+      const int64_t e = s.experts, k = s.topk;
+      for (auto op : {
+               TinyOp(b, OpKind::Linear, {t.n, t.wr}, {t.zr}),
+               TinyOp(b, OpKind::MoeRouter, {t.zr}, {t.rw, t.ridx, t.rs, t.rc}, CommKind::None,
+                      {e, k, 0, 1}),
+               TinyOp(b, OpKind::MoePermute, {t.n, t.ridx}, {t.pn, t.rmap, t.ecnt}, CommKind::None,
+                      {e, k}),
+               TinyOp(b, OpKind::GroupedLinear, {t.pn, t.we, t.ecnt}, {t.pe}, CommKind::None, {e}),
+               TinyOp(b, OpKind::MoeUnpermute, {t.pe, t.rmap, t.rw}, {t.mo}, CommKind::None, {k}),
+               TinyOp(b, OpKind::Add, {t.n, t.mo}, {t.n2}),
+           })
+        ops.push_back(op);
+    }
+    for (auto op : {
+             TinyOp(b, OpKind::Linear, {s.moe ? t.n2 : t.n, t.head}, {t.z}),
+             TinyOp(b, OpKind::CrossEntropyMax, {t.z}, {t.mx}),
+             TinyOp(b, OpKind::CrossEntropySumExp, {t.z, t.mx, t.labels}, {t.st}, CommKind::Tp),
+             TinyOp(b, OpKind::CrossEntropyLoss, {t.mx, t.st}, {t.loss}, CommKind::None, {},
+                    {1.0 / s.mbs}),
+         })
+      ops.push_back(op);
     bodies.push_back(prog::CreateBodyDirect(b, "chunk0.forward", &ops));
   }
   std::vector<flatbuffers::Offset<prog::Op>> ops = {
       TinyOp(b, OpKind::CrossEntropyBackward, {t.z, t.mx, t.st, t.labels}, {t.dz}, CommKind::Tp, {},
              {1.0 / (s.mbs * o.dp)}),
-      TinyOp(b, OpKind::LinearBackward, {t.dz, t.n, t.head}, {t.dn, t.dhead}, CommKind::None, {0}),
-      TinyOp(b, OpKind::RmsNormBackward, {t.dn, t.x, t.nw, t.rstd}, {t.dx, t.dnw}, CommKind::None,
-             {0}),
-      TinyOp(b, OpKind::EmbeddingBackward, {t.dx, t.ids}, {t.demb}, CommKind::Tp),
-  };
+      TinyOp(b, OpKind::LinearBackward, {t.dz, s.moe ? t.n2 : t.n, t.head},
+             {s.moe ? t.dn2 : t.dn, t.dhead}, CommKind::None, {0})};
+  if (s.moe) {
+    const int64_t e = s.experts, k = s.topk;
+    for (auto op : {
+             TinyOp(b, OpKind::MoeUnpermuteBackward, {t.dn2, t.pe, t.rmap, t.rw}, {t.dpe, t.drw},
+                    CommKind::None, {k}),
+             TinyOp(b, OpKind::GroupedLinearBackward, {t.dpe, t.pn, t.we, t.ecnt}, {t.dpn, t.dwe},
+                    CommKind::None, {e, 0}),
+             TinyOp(b, OpKind::MoeUnpermute, {t.dpn, t.rmap, -1}, {t.dmo}, CommKind::None, {k}),
+             TinyOp(b, OpKind::Add, {t.dn2, t.dmo}, {t.dn}),
+             TinyOp(b, OpKind::MoeRouterBackward, {t.drw, t.ridx, t.rs, t.rc}, {t.dzr},
+                    CommKind::None, {e, k, 0, 1, s.tokens}, {0.01, 1.0 / (s.mbs * o.dp)}),
+             TinyOp(b, OpKind::LinearBackward, {t.dzr, t.n, t.wr}, {t.dn, t.dwr}, CommKind::None,
+                    {1}),
+         })
+      ops.push_back(op);
+  }
+  for (auto op : {
+           TinyOp(b, OpKind::RmsNormBackward, {t.dn, t.x, t.nw, t.rstd}, {t.dx, t.dnw},
+                  CommKind::None, {0}),
+           TinyOp(b, OpKind::EmbeddingBackward, {t.dx, t.ids}, {t.demb}, CommKind::Tp),
+       })
+    ops.push_back(op);
   bodies.push_back(prog::CreateBodyDirect(b, "chunk0.backward", &ops));
 }
 
@@ -218,6 +294,14 @@ inline flatbuffers::Offset<prog::Role> TinyRole(
                               0, t.nw, t.dnw, 0, false),
       prog::CreateParamDirect(b, "output", 3, &emb_shape, -1, CommKind::None, InitKind::Normal, 0.5,
                               t.head, t.dhead, 0, true)};
+  std::vector<int64_t> router_shape = {s.experts, s.h}, experts_shape = {s.experts, s.h, s.h};
+  if (s.moe) {
+    params.push_back(prog::CreateParamDirect(b, "moe.router", 4, &router_shape, -1, CommKind::None,
+                                             InitKind::Normal, 0.5, t.wr, t.dwr, 0, true));
+    params.push_back(prog::CreateParamDirect(b, "moe.experts", 5, &experts_shape, -1,
+                                             CommKind::None, InitKind::Normal, 0.3, t.we, t.dwe, 0,
+                                             true));
+  }
   std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets = {
       prog::CreateBucketInfo(b, 0, t.pb, t.gb, s.bucket, s.shard, t.master, t.m1, t.m2, -1)};
   std::vector<flatbuffers::Offset<prog::Chunk>> chunks = {

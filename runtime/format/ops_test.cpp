@@ -275,5 +275,34 @@ TEST_CASE("coverage: every op the runtime runs has a host kernel test and a CUDA
   }
 }
 
+// --- mixture of experts ----------------------------------------------------------------------
+TEST_CASE("mixture-of-experts ops: typed attributes round trip; the runtime runs them") {
+  mem::Op router = MakeOp(attrs::MoeRouter{.experts = 8, .topk = 2, .score = 1, .normalize = true},
+                          {0}, {1, 2, 3, 4});
+  CHECK(router.ints == std::vector<int64_t>{8, 2, 1, 1});
+  CHECK(FormatAttrs(router) == "experts=8 topk=2 score=1 normalize=true");
+  mem::Op back = MakeOp(
+      attrs::MoeRouterBackward{
+          .experts = 8, .topk = 2, .aux_rows = 64, .aux_coeff = 0.01, .aux_grad_scale = 0.5},
+      {0, 1, 2, 3}, {4});
+  CHECK(back.ints == std::vector<int64_t>{8, 2, 0, 0, 64});
+  CHECK(back.floats == std::vector<double>{0.01, 0.5});
+  CHECK(DecodeAttrs<attrs::MoeRouterBackward>(back).aux_rows == 64);
+  CHECK(DecodeAttrs<attrs::GroupedLinearBackward>(
+            MakeOp(attrs::GroupedLinearBackward{.groups = 4, .dx_accumulate = true}, {0, 1, 2, 3},
+                   {4, 5}))
+            .dx_accumulate);
+  for (OpKind k :
+       {OpKind::MoeRouter, OpKind::MoeRouterBackward, OpKind::MoePermute, OpKind::MoeUnpermute,
+        OpKind::MoeUnpermuteBackward, OpKind::GroupedLinear, OpKind::GroupedLinearBackward}) {
+    CAPTURE(EnumNameOpKind(k));
+    const OpInfo* info = FindOp(k);
+    REQUIRE(info != nullptr);
+    CHECK(info->status == OpStatus::kRuntimeOnly);
+    CHECK(!info->backend.empty());
+  }
+}
+// --- end mixture of experts ------------------------------------------------------------------
+
 }  // namespace
 }  // namespace paraplan::prog

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "runtime/backends/cuda/comm/local_cuda_communicator.h"
 #include "runtime/backends/cuda/comm/nccl_communicator.h"
@@ -312,9 +313,88 @@ class CudaBackend final : public exec::Backend {
     cuda::Sgd(param, grad, n, lr, weight_decay, grad_scale, stream_);
   }
 
+  // ---- Mixture of experts ----
+  void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
+                        const float* logits, const float* bias, int64_t rows,
+                        const exec::MoeRouterConfig& config) override {
+    Use();
+    cuda::MoeRouterForward(weights, indices, scores, counts, logits, bias, rows, Router(config),
+                           stream_);
+  }
+  void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
+                         const float* scores, const float* counts, int64_t rows,
+                         const exec::MoeRouterConfig& config, float aux_grad_scale) override {
+    Use();
+    cuda::MoeRouterBackward(dlogits, dweights, indices, scores, counts, rows, Router(config),
+                            aux_grad_scale, stream_);
+  }
+  void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                  const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
+                  int64_t topk) override {
+    Use();
+    cuda::MoePermute(out, row_map, expert_counts, x, indices, rows, dim, experts, topk, stream_);
+  }
+  void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
+                    int64_t rows, int64_t dim, int64_t topk) override {
+    Use();
+    cuda::MoeUnpermute(y, x, row_map, weights, rows, dim, topk, stream_);
+  }
+  void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,
+                            const int32_t* row_map, const float* weights, int64_t rows, int64_t dim,
+                            int64_t topk) override {
+    Use();
+    cuda::MoeUnpermuteBackward(dx, dweights, dy, x, row_map, weights, rows, dim, topk, stream_);
+  }
+  // One GEMM per group on the engine; the group sizes are read back first (a synchronisation).
+  void GroupedLinearForward(float* y, const float* x, const float* w, const int32_t* counts,
+                            int64_t groups, int64_t in, int64_t out) override {
+    Use();
+    const std::vector<int32_t> sizes = GroupSizes(counts, groups);
+    int64_t row = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t n = sizes[static_cast<size_t>(g)];
+      if (n > 0)
+        gemm_->LinearForward(y + row * out, x + row * in, w + g * out * in, nullptr, n, in, out);
+      row += n;
+    }
+  }
+  void GroupedLinearBackward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                             const int32_t* counts, int64_t groups, int64_t in, int64_t out,
+                             bool accumulate_dx) override {
+    Use();
+    const std::vector<int32_t> sizes = GroupSizes(counts, groups);
+    int64_t row = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t n = sizes[static_cast<size_t>(g)];
+      if (n > 0) {
+        gemm_->LinearBackward(dx ? dx + row * in : nullptr, dw ? dw + g * out * in : nullptr,
+                              nullptr, dy + row * out, x + row * in, w + g * out * in, n, in, out,
+                              accumulate_dx);
+      }
+      row += n;
+    }
+  }
+
  private:
   // The calling thread may be new (local mode runs a thread per rank): make the device current.
   void Use() const { PARAPLAN_CUDA_CHECK(cudaSetDevice(device_)); }
+  static cuda::MoeRouterConfig Router(const exec::MoeRouterConfig& c) {
+    return {.experts = c.experts,
+            .topk = c.topk,
+            .score = static_cast<int64_t>(c.score),
+            .normalize = c.normalize,
+            .aux_coeff = c.aux_coeff,
+            .aux_rows = c.aux_rows};
+  }
+  // The rows of each group, read back from the device (waits for the stream).
+  std::vector<int32_t> GroupSizes(const int32_t* counts, int64_t groups) {
+    std::vector<int32_t> sizes(static_cast<size_t>(std::max<int64_t>(groups, 0)));
+    if (groups <= 0) return sizes;
+    PARAPLAN_CUDA_CHECK(cudaMemcpyAsync(sizes.data(), counts, sizes.size() * sizeof(int32_t),
+                                        cudaMemcpyDeviceToHost, stream_));
+    PARAPLAN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return sizes;
+  }
 
   int device_;
   cudaStream_t stream_ = nullptr;

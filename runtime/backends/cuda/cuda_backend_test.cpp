@@ -474,6 +474,96 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
   }
 }
 
+// --- mixture of experts ----------------------------------------------------------------------
+TEST_CASE("cuda backend: mixture-of-experts router, permutation and grouped linear layers") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  const int64_t rows = 37, experts = 6, topk = 2, dim = 24, ffn = 40;
+  auto ints_equal = [&](const std::pair<int32_t*, int32_t*>& b, int64_t n) {
+    std::vector<int32_t> h(n), g(n);
+    p.host->CopyToHost(h.data(), b.first, n * 4);
+    p.Gpu().CopyToHost(g.data(), b.second, n * 4);
+    return h == g;
+  };
+  auto logits = p.Upload(Random(rows * experts, 70, 2.0f)),
+       bias = p.Upload(Random(experts, 71, 0.1f));
+  for (int64_t score : {0, 1}) {
+    for (bool normalize : {false, true}) {
+      INFO("score " << score << " normalize " << normalize);
+      const host::MoeRouterConfig config{.experts = experts,
+                                         .topk = topk,
+                                         .score = static_cast<host::RouterScore>(score),
+                                         .normalize = normalize,
+                                         .aux_coeff = 0.01f,
+                                         .aux_rows = 2 * rows};
+      auto weights = p.Zeros(rows * topk), scores = p.Zeros(rows * experts),
+           counts = p.Zeros(experts), dlogits = p.Zeros(rows * experts);
+      auto indices = p.Tokens(std::vector<int32_t>(rows * topk, 0));
+      p.host->MoeRouterForward(weights.h, indices.first, scores.h, counts.h, logits.h, bias.h, rows,
+                               config);
+      p.Gpu().MoeRouterForward(weights.g, indices.second, scores.g, counts.g, logits.g, bias.g,
+                               rows, config);
+      CHECK(ints_equal(indices, rows * topk));
+      CHECK_CLOSE(p, counts, 0, 0);
+      CHECK_CLOSE(p, scores, 1e-7, 1e-5);
+      CHECK_CLOSE(p, weights, 1e-7, 1e-5);
+      auto dweights = p.Upload(Random(rows * topk, 72));
+      p.host->MoeRouterBackward(dlogits.h, dweights.h, indices.first, scores.h, counts.h, rows,
+                                config, 0.5f);
+      p.Gpu().MoeRouterBackward(dlogits.g, dweights.g, indices.second, scores.g, counts.g, rows,
+                                config, 0.5f);
+      CHECK_CLOSE(p, dlogits, 1e-6, 1e-4);
+    }
+  }
+  // Permutation: the host's order exactly, and the combine back.
+  std::vector<int32_t> picks(rows * topk);
+  for (int64_t r = 0; r < rows; ++r) {
+    picks[r * topk] = static_cast<int32_t>((r * 5) % experts);
+    picks[r * topk + 1] = static_cast<int32_t>((r * 5 + 1 + r % 3) % experts);
+  }
+  auto indices = p.Tokens(picks);
+  auto x = p.Upload(Random(rows * dim, 73)), permuted = p.Zeros(rows * topk * dim);
+  auto row_map = p.Tokens(std::vector<int32_t>(rows * topk, -1));
+  auto expert_counts = p.Tokens(std::vector<int32_t>(experts, -1));
+  p.host->MoePermute(permuted.h, row_map.first, expert_counts.first, x.h, indices.first, rows, dim,
+                     experts, topk);
+  p.Gpu().MoePermute(permuted.g, row_map.second, expert_counts.second, x.g, indices.second, rows,
+                     dim, experts, topk);
+  CHECK(ints_equal(row_map, rows * topk));
+  CHECK(ints_equal(expert_counts, experts));
+  CHECK_CLOSE(p, permuted, 0, 0);
+  auto weights = p.Upload(Random(rows * topk, 74)), y = p.Zeros(rows * dim);
+  p.host->MoeUnpermute(y.h, permuted.h, row_map.first, weights.h, rows, dim, topk);
+  p.Gpu().MoeUnpermute(y.g, permuted.g, row_map.second, weights.g, rows, dim, topk);
+  CHECK_CLOSE(p, y, 1e-6, 1e-5);
+  p.host->MoeUnpermute(y.h, permuted.h, row_map.first, nullptr, rows, dim, topk);
+  p.Gpu().MoeUnpermute(y.g, permuted.g, row_map.second, nullptr, rows, dim, topk);
+  CHECK_CLOSE(p, y, 1e-6, 1e-5);
+  auto dy = p.Upload(Random(rows * dim, 75)), dperm = p.Zeros(rows * topk * dim),
+       dweights = p.Zeros(rows * topk);
+  p.host->MoeUnpermuteBackward(dperm.h, dweights.h, dy.h, permuted.h, row_map.first, weights.h,
+                               rows, dim, topk);
+  p.Gpu().MoeUnpermuteBackward(dperm.g, dweights.g, dy.g, permuted.g, row_map.second, weights.g,
+                               rows, dim, topk);
+  CHECK_CLOSE(p, dperm, 1e-6, 1e-5);
+  CHECK_CLOSE(p, dweights, 1e-5, 1e-5);
+  // Grouped linear over the permuted rows (one group may be empty), bf16 tolerance.
+  auto w = p.Upload(Random(experts * ffn * dim, 76, 0.2f)), h = p.Zeros(rows * topk * ffn);
+  auto sizes = p.Tokens({20, 0, 13, 9, 17, 15});
+  p.host->GroupedLinearForward(h.h, permuted.h, w.h, sizes.first, experts, dim, ffn);
+  p.Gpu().GroupedLinearForward(h.g, permuted.g, w.g, sizes.second, experts, dim, ffn);
+  CHECK_CLOSE(p, h, 3e-2, 2e-2);
+  auto dh = p.Upload(Random(rows * topk * ffn, 77)), dx = p.Zeros(rows * topk * dim),
+       dw = p.Zeros(experts * ffn * dim);
+  p.host->GroupedLinearBackward(dx.h, dw.h, dh.h, permuted.h, w.h, sizes.first, experts, dim, ffn,
+                                false);
+  p.Gpu().GroupedLinearBackward(dx.g, dw.g, dh.g, permuted.g, w.g, sizes.second, experts, dim, ffn,
+                                false);
+  CHECK_CLOSE(p, dx, 3e-2, 2e-2);
+  CHECK_CLOSE(p, dw, 3e-2, 2e-2);
+}
+// --- end mixture of experts ------------------------------------------------------------------
+
 TEST_CASE("cuda backend: memory accounting") {
   if (!GpuOrSkip()) return;
   auto ranks = MakeLocalCudaRanks(1, 0);

@@ -150,6 +150,42 @@ class HostBackend final : public Backend {
   void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) override {
     host::GeluBackward(dx, dout, x, n);
   }
+  // ---- Mixture of experts ----
+  void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
+                        const float* logits, const float* bias, int64_t rows,
+                        const MoeRouterConfig& config) override {
+    host::MoeRouterForward(weights, indices, scores, counts, logits, bias, rows, config);
+  }
+  void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
+                         const float* scores, const float* counts, int64_t rows,
+                         const MoeRouterConfig& config, float aux_grad_scale) override {
+    host::MoeRouterBackward(dlogits, dweights, indices, scores, counts, rows, config,
+                            aux_grad_scale);
+  }
+  void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                  const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
+                  int64_t topk) override {
+    host::MoePermute(out, row_map, expert_counts, x, indices, rows, dim, experts, topk);
+  }
+  void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
+                    int64_t rows, int64_t dim, int64_t topk) override {
+    host::MoeUnpermute(y, x, row_map, weights, rows, dim, topk);
+  }
+  void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,
+                            const int32_t* row_map, const float* weights, int64_t rows, int64_t dim,
+                            int64_t topk) override {
+    host::MoeUnpermuteBackward(dx, dweights, dy, x, row_map, weights, rows, dim, topk);
+  }
+  void GroupedLinearForward(float* y, const float* x, const float* w, const int32_t* counts,
+                            int64_t groups, int64_t in, int64_t out) override {
+    host::GroupedLinearForward(y, x, w, counts, groups, in, out);
+  }
+  void GroupedLinearBackward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                             const int32_t* counts, int64_t groups, int64_t in, int64_t out,
+                             bool accumulate_dx) override {
+    host::GroupedLinearBackward(dx, dw, dy, x, w, counts, groups, in, out, accumulate_dx);
+  }
+
   void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows,
                           int64_t vocab_local) override {
     host::CrossEntropyRowMax(row_max, logits, rows, vocab_local);

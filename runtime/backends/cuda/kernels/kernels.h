@@ -16,7 +16,7 @@
 // elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
 // (rotary embedding and causal attention), ring_attention (the chunk-pair pieces of context
 // parallelism), gemm (the cuBLASLt GEMM engine, gemm.h), loss_optim (cross-entropy and
-// optimizers).
+// optimizers), moe (mixture-of-experts router and permutation).
 //
 // Made by this folder; read by the CUDA backend, its communicators and the GPU tests.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_CUDA_KERNELS_KERNELS_H_
@@ -152,6 +152,33 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
            cudaStream_t stream);
 void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay, float grad_scale,
          cudaStream_t stream);
+
+// ---- Mixture of experts (moe.cu; host::MoeRouterConfig's fields, score 0 softmax, 1 sigmoid) ----
+struct MoeRouterConfig {
+  int64_t experts = 1;
+  int64_t topk = 1;
+  int64_t score = 0;
+  bool normalize = false;
+  float aux_coeff = 0.0f;
+  int64_t aux_rows = 0;
+};
+// One thread per row, in the host's order (top-k ties to the lower index); counts by one thread
+// per expert. Scores and weights agree with the host to fp32 rounding (expf).
+void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
+                      const float* logits, const float* bias, int64_t rows,
+                      const MoeRouterConfig& config, cudaStream_t stream);
+void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
+                       const float* scores, const float* counts, int64_t rows,
+                       const MoeRouterConfig& config, float aux_grad_scale, cudaStream_t stream);
+// The host's permutation exactly (each expert's thread scans the pairs in order; no atomics).
+void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk,
+                cudaStream_t stream);
+void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
+                  int64_t rows, int64_t dim, int64_t topk, cudaStream_t stream);
+void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,
+                          const int32_t* row_map, const float* weights, int64_t rows, int64_t dim,
+                          int64_t topk, cudaStream_t stream);
 
 // ---- Collective helpers for the local (one GPU, several ranks) communicator ----
 // out[i] = Σ_r in[r][i] in rank order 0..ranks-1 (fp32), for i in [begin, end); in and out

@@ -21,8 +21,9 @@
 // Source files, named the same in runtime/backends/host/kernels and runtime/backends/cuda/kernels:
 // elementwise (elementwise ops, embeddings, activations), norm (RMSNorm, LayerNorm), attention
 // (rotary embedding and causal attention), ring_attention (the chunk-pair pieces of context
-// parallelism), gemm (GEMMs and linear layers), loss_optim
-// (cross-entropy and optimizers).
+// parallelism), gemm (GEMMs and linear layers), loss_optim (cross-entropy and optimizers), moe
+// (mixture-of-experts router, token permutation and grouped GEMMs; the CUDA backend runs the
+// grouped GEMMs on its GEMM engine).
 //
 // Made by: this folder. Read by: the host backend (runtime/backends/host/host_backend.h), kernel
 // tests, the CUDA kernels' tests (as the reference).
@@ -166,6 +167,73 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* ga
 // GELU, tanh approximation (GPT-2).
 void GeluForward(float* out, const float* x, int64_t n);
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n);
+
+// ---- Mixture of experts ------------------------------------------------------------------
+// A MoE layer: router logits z = x · W_rᵀ (a Linear), MoeRouterForward (scores, top-k experts
+// per token and their weights), MoePermute (tokens grouped by expert), GroupedLinearForward (one
+// GEMM per expert over its rows), MoeUnpermute (the weighted combine back into token order).
+// Expert-parallel runs exchange the permuted rows by all-to-all between MoePermute and the grouped
+// GEMMs; the kernels themselves see only local buffers.
+
+// How a router turns logits into scores and picks experts.
+enum class RouterScore : int64_t { kSoftmax = 0, kSigmoid = 1 };
+struct MoeRouterConfig {
+  int64_t experts = 1;
+  int64_t topk = 1;
+  RouterScore score = RouterScore::kSoftmax;
+  bool normalize = false;  // weights = selected scores / their sum (Mixtral, DeepSeek-V3)
+  float aux_coeff = 0.0f;  // load-balancing loss coefficient (0: no auxiliary loss)
+  // Tokens the counts of the auxiliary loss cover (the rows of every rank whose counts were
+  // summed into `counts`); 0 means `rows`.
+  int64_t aux_rows = 0;
+};
+// scores[rows, experts] = softmax or sigmoid of logits[rows, experts]. Each row picks the topk
+// experts of largest score + bias[e] (bias may be null; the expert bias of auxiliary-loss-free
+// balancing changes the choice, never the weights), ties going to the lower expert index, in
+// decreasing order: indices[rows, topk] (I32). weights[rows, topk] are the picked scores
+// (divided by their sum when config.normalize). counts[experts] (written) is how many rows
+// picked each expert.
+void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
+                      const float* logits, const float* bias, int64_t rows,
+                      const MoeRouterConfig& config);
+// The load-balancing loss (Switch Transformer, as Megatron's aux_loss): with T = aux_rows (or
+// rows), loss_sum[0] += aux_coeff · E / (topk · T²) · Σ_e counts[e] · Σ_rows scores[r, e]. Summed
+// over the ranks whose counts were all-reduced, it is the loss of all T tokens.
+void MoeAuxLoss(float* loss_sum, const float* scores, const float* counts, int64_t rows,
+                const MoeRouterConfig& config);
+// dlogits[rows, experts] (written) from dweights[rows, topk], plus aux_grad_scale times the
+// gradient of MoeAuxLoss's term (counts held constant; aux_grad_scale 0 leaves it out).
+void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
+                       const float* scores, const float* counts, int64_t rows,
+                       const MoeRouterConfig& config, float aux_grad_scale);
+
+// Groups the rows · topk (token, choice) pairs by expert: out[rows · topk, dim] holds expert 0's
+// tokens, then expert 1's, ..., each expert's in increasing token order. row_map[r · topk + j]
+// (I32, written) is the row of out that holds token r's choice j; expert_counts[experts] (I32,
+// written) the rows of each expert. Backward: MoeUnpermute with weights null.
+void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk);
+// y[r] = Σ_j weights[r, j] · x[row_map[r · topk + j]] (j increasing; weights null: weight 1),
+// written.
+void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
+                  int64_t rows, int64_t dim, int64_t topk);
+// Backward of MoeUnpermute: dx[row_map[r · topk + j]] = weights[r, j] · dy[r] (written; every
+// row of dx is some pair's), dweights[r, j] = dy[r] · x[row_map[r · topk + j]] (written; may be
+// null).
+void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,
+                          const int32_t* row_map, const float* weights, int64_t rows, int64_t dim,
+                          int64_t topk);
+
+// One linear layer per group over consecutive rows: group g owns counts[g] rows (I32) starting
+// after the rows of groups 0..g-1, and y = x · w[g]ᵀ on them, w [groups, out, in]. Each group is
+// one Gemm, as LinearForward; a group with no rows costs nothing.
+void GroupedLinearForward(float* y, const float* x, const float* w, const int32_t* counts,
+                          int64_t groups, int64_t in, int64_t out);
+// dx written (added when accumulate_dx), dw[g] += dyᵀ · x over the group's rows; dx or dw may be
+// null.
+void GroupedLinearBackward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                           const int32_t* counts, int64_t groups, int64_t in, int64_t out,
+                           bool accumulate_dx);
 
 // ---- Vocab-parallel cross-entropy, in phases (the caller all-reduces between them) -------
 // Logits z are rows × vocab_local, columns are global vocabulary ids vocab_begin + j; columns

@@ -1,0 +1,239 @@
+// Mixture-of-experts kernels: the router (one thread per token row, the host's loops and order),
+// the permutation into expert order (per-expert threads that each scan the routed pairs in
+// order, so the result is the host's without atomics) and the weighted combine back. Grouped
+// linear layers are the backend's: one GEMM per expert on the GEMM engine.
+#include "runtime/backends/cuda/kernels/common.cuh"
+#include "runtime/backends/cuda/kernels/kernels.h"
+
+namespace paraplan::cuda {
+
+// Kernel signatures follow the Backend interface (runtime/exec/backend.h) and the host
+// specification: tensors as raw pointers and sizes in the specification's order.
+// NOLINTBEGIN(bugprone-easily-swappable-parameters)
+namespace {
+
+__device__ double AuxFactor(int64_t rows, const MoeRouterConfig& config) {
+  const double t = static_cast<double>(config.aux_rows > 0 ? config.aux_rows : rows);
+  return static_cast<double>(config.aux_coeff) * static_cast<double>(config.experts) /
+         (static_cast<double>(config.topk) * t * t);
+}
+
+// One thread per row: scores, then the top-k choice (ties to the lower index), as the host.
+__global__ void RouterForwardKernel(float* weights, int32_t* indices, float* scores,
+                                    const float* logits, const float* bias, int64_t rows,
+                                    MoeRouterConfig config) {
+  const int64_t experts = config.experts, topk = config.topk;
+  PARAPLAN_GRID_STRIDE(r, rows) {
+    float* s = scores + r * experts;
+    const float* z = logits + r * experts;
+    if (config.score == 1) {
+      for (int64_t e = 0; e < experts; ++e) s[e] = 1.0f / (1.0f + expf(-z[e]));
+    } else {
+      float m = z[0];
+      for (int64_t e = 1; e < experts; ++e) m = fmaxf(m, z[e]);
+      double sum = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        s[e] = expf(z[e] - m);
+        sum += s[e];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t e = 0; e < experts; ++e) s[e] *= inv;
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < topk; ++j) {
+      int64_t best = -1;
+      float best_key = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || indices[r * topk + i] == e;
+        if (taken) continue;
+        const float key = bias ? s[e] + bias[e] : s[e];
+        if (best < 0 || key > best_key) {
+          best = e;
+          best_key = key;
+        }
+      }
+      indices[r * topk + j] = static_cast<int32_t>(best);
+      weights[r * topk + j] = s[best];
+      sum += s[best];
+    }
+    if (config.normalize) {
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < topk; ++j) weights[r * topk + j] *= inv;
+    }
+  }
+}
+
+// One thread per expert: how many routed pairs picked it.
+__global__ void CountKernel(float* counts_f, int32_t* counts_i, const int32_t* indices,
+                            int64_t pairs, int64_t experts) {
+  PARAPLAN_GRID_STRIDE(e, experts) {
+    int64_t n = 0;
+    for (int64_t p = 0; p < pairs; ++p) n += indices[p] == e ? 1 : 0;
+    if (counts_f) counts_f[e] = static_cast<float>(n);
+    if (counts_i) counts_i[e] = static_cast<int32_t>(n);
+  }
+}
+
+__global__ void RouterBackwardKernel(float* dlogits, const float* dweights, const int32_t* indices,
+                                     const float* scores, const float* counts, int64_t rows,
+                                     MoeRouterConfig config, float aux_grad_scale) {
+  const int64_t experts = config.experts, topk = config.topk;
+  const bool aux = aux_grad_scale != 0.0f && config.aux_coeff != 0.0f && counts != nullptr;
+  const float aux_factor =
+      aux ? static_cast<float>(AuxFactor(rows, config) * static_cast<double>(aux_grad_scale))
+          : 0.0f;
+  PARAPLAN_GRID_STRIDE(r, rows) {
+    const float* s = scores + r * experts;
+    const int32_t* idx = indices + r * topk;
+    const float* dw = dweights + r * topk;
+    float* ds = dlogits + r * experts;  // the score gradient first, then turned into dlogits
+    for (int64_t e = 0; e < experts; ++e) ds[e] = aux ? aux_factor * counts[e] : 0.0f;
+    if (config.normalize) {
+      double sum = 0;
+      for (int64_t j = 0; j < topk; ++j) sum += s[idx[j]];
+      double dot = 0;
+      for (int64_t j = 0; j < topk; ++j) dot += static_cast<double>(dw[j]) * s[idx[j]] / sum;
+      for (int64_t j = 0; j < topk; ++j) ds[idx[j]] += static_cast<float>((dw[j] - dot) / sum);
+    } else {
+      for (int64_t j = 0; j < topk; ++j) ds[idx[j]] += dw[j];
+    }
+    if (config.score == 1) {
+      for (int64_t e = 0; e < experts; ++e) ds[e] = ds[e] * s[e] * (1.0f - s[e]);
+    } else {
+      double dot = 0;
+      for (int64_t e = 0; e < experts; ++e) dot += static_cast<double>(s[e]) * ds[e];
+      for (int64_t e = 0; e < experts; ++e) ds[e] = s[e] * (ds[e] - static_cast<float>(dot));
+    }
+  }
+}
+
+// One thread per expert: its first row in expert order, then its pairs in increasing order.
+__global__ void RowMapKernel(int32_t* row_map, const int32_t* counts, const int32_t* indices,
+                             int64_t pairs, int64_t experts) {
+  PARAPLAN_GRID_STRIDE(e, experts) {
+    int64_t next = 0;
+    for (int64_t f = 0; f < e; ++f) next += counts[f];
+    for (int64_t p = 0; p < pairs; ++p)
+      if (indices[p] == e) row_map[p] = static_cast<int32_t>(next++);
+  }
+}
+
+__global__ void PermuteRowsKernel(float* out, const float* x, const int32_t* row_map, int64_t pairs,
+                                  int64_t dim, int64_t topk) {
+  PARAPLAN_GRID_STRIDE(i, pairs * dim) {
+    const int64_t p = i / dim, c = i % dim;
+    out[static_cast<int64_t>(row_map[p]) * dim + c] = x[(p / topk) * dim + c];
+  }
+}
+
+__global__ void UnpermuteKernel(float* y, const float* x, const int32_t* row_map,
+                                const float* weights, int64_t rows, int64_t dim, int64_t topk) {
+  PARAPLAN_GRID_STRIDE(i, rows * dim) {
+    const int64_t r = i / dim, c = i % dim;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < topk; ++j) {
+      const float w = weights ? weights[r * topk + j] : 1.0f;
+      const float v = w * x[static_cast<int64_t>(row_map[r * topk + j]) * dim + c];
+      acc = j == 0 ? v : acc + v;
+    }
+    y[i] = acc;
+  }
+}
+
+__global__ void UnpermuteBackwardRowsKernel(float* dx, const float* dy, const int32_t* row_map,
+                                            const float* weights, int64_t pairs, int64_t dim,
+                                            int64_t topk) {
+  PARAPLAN_GRID_STRIDE(i, pairs * dim) {
+    const int64_t p = i / dim, c = i % dim;
+    const float w = weights ? weights[p] : 1.0f;
+    dx[static_cast<int64_t>(row_map[p]) * dim + c] = w * dy[(p / topk) * dim + c];
+  }
+}
+
+__global__ void UnpermuteBackwardWeightsKernel(float* dweights, const float* dy, const float* x,
+                                               const int32_t* row_map, int64_t pairs, int64_t dim,
+                                               int64_t topk) {
+  PARAPLAN_GRID_STRIDE(p, pairs) {
+    const float* dyr = dy + (p / topk) * dim;
+    const float* xr = x + static_cast<int64_t>(row_map[p]) * dim;
+    double dot = 0;
+    for (int64_t c = 0; c < dim; ++c) dot += static_cast<double>(dyr[c]) * xr[c];
+    dweights[p] = static_cast<float>(dot);
+  }
+}
+
+}  // namespace
+
+void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
+                      const float* logits, const float* bias, int64_t rows,
+                      const MoeRouterConfig& config, cudaStream_t stream) {
+  if (config.experts < 1 || config.topk < 1 || config.topk > config.experts)
+    throw CudaError("MoeRouterForward: need 1 <= topk <= experts");
+  if (rows > 0) {
+    PARAPLAN_LAUNCH(RouterForwardKernel, GridFor(rows), kThreads, 0, stream, weights, indices,
+                    scores, logits, bias, rows, config);
+    PARAPLAN_CUDA_CHECK_LAUNCH();
+  }
+  if (counts) {
+    PARAPLAN_LAUNCH(CountKernel, GridFor(config.experts), kThreads, 0, stream, counts, nullptr,
+                    indices, rows * config.topk, config.experts);
+    PARAPLAN_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
+                       const float* scores, const float* counts, int64_t rows,
+                       const MoeRouterConfig& config, float aux_grad_scale, cudaStream_t stream) {
+  if (rows <= 0) return;
+  PARAPLAN_LAUNCH(RouterBackwardKernel, GridFor(rows), kThreads, 0, stream, dlogits, dweights,
+                  indices, scores, counts, rows, config, aux_grad_scale);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk,
+                cudaStream_t stream) {
+  if (experts <= 0) return;
+  const int64_t pairs = rows * topk;
+  PARAPLAN_LAUNCH(CountKernel, GridFor(experts), kThreads, 0, stream, nullptr, expert_counts,
+                  indices, pairs, experts);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+  if (pairs <= 0) return;
+  PARAPLAN_LAUNCH(RowMapKernel, GridFor(experts), kThreads, 0, stream, row_map, expert_counts,
+                  indices, pairs, experts);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+  if (dim <= 0) return;
+  PARAPLAN_LAUNCH(PermuteRowsKernel, GridFor(pairs * dim), kThreads, 0, stream, out, x, row_map,
+                  pairs, dim, topk);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
+                  int64_t rows, int64_t dim, int64_t topk, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  PARAPLAN_LAUNCH(UnpermuteKernel, GridFor(rows * dim), kThreads, 0, stream, y, x, row_map, weights,
+                  rows, dim, topk);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,
+                          const int32_t* row_map, const float* weights, int64_t rows, int64_t dim,
+                          int64_t topk, cudaStream_t stream) {
+  const int64_t pairs = rows * topk;
+  if (pairs <= 0) return;
+  if (dim > 0) {
+    PARAPLAN_LAUNCH(UnpermuteBackwardRowsKernel, GridFor(pairs * dim), kThreads, 0, stream, dx, dy,
+                    row_map, weights, pairs, dim, topk);
+    PARAPLAN_CUDA_CHECK_LAUNCH();
+  }
+  if (dweights) {
+    PARAPLAN_LAUNCH(UnpermuteBackwardWeightsKernel, GridFor(pairs), kThreads, 0, stream, dweights,
+                    dy, x, row_map, pairs, dim, topk);
+    PARAPLAN_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// NOLINTEND(bugprone-easily-swappable-parameters)
+
+}  // namespace paraplan::cuda

@@ -1,0 +1,285 @@
+// Mixture-of-experts kernels: the router's choice and weights, the permutation round trip, and
+// every backward against central finite differences.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "runtime/backends/host/kernels/kernels.h"
+
+using namespace paraplan::host;
+
+namespace {
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+double Dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+void CheckGradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
+                   const std::function<double()>& loss, float h = 1e-2f, double tol = 2e-3) {
+  REQUIRE(x.size() == analytic.size());
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float saved = x[i];
+    x[i] = saved + h;
+    const double lp = loss();
+    x[i] = saved - h;
+    const double lm = loss();
+    x[i] = saved;
+    const double numeric = (lp - lm) / (2.0 * h);
+    const double err = std::abs(numeric - analytic[i]) / std::max(1.0, std::abs(numeric));
+    worst = std::max(worst, err);
+  }
+  INFO(what << ": worst relative error " << worst);
+  CHECK(worst < tol);
+}
+
+// Router logits whose order within a row is a random permutation with gaps of 0.5, so that a
+// finite-difference step never changes which experts a row picks.
+std::vector<float> SeparatedLogits(int64_t rows, int64_t experts, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> noise(-0.05f, 0.05f);
+  std::vector<float> z(static_cast<size_t>(rows * experts));
+  std::vector<int> order(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), gen);
+    for (int64_t e = 0; e < experts; ++e)
+      z[static_cast<size_t>(r * experts + e)] =
+          0.5f * static_cast<float>(order[static_cast<size_t>(e)]) - 1.5f + noise(gen);
+  }
+  return z;
+}
+
+}  // namespace
+
+TEST_CASE("moe router: top-k of softmax or sigmoid scores, ties to the lower expert, counts") {
+  const int64_t rows = 3, experts = 4;
+  // Row 0 has a tie between experts 1 and 3; row 2 is flat (all tied).
+  std::vector<float> z = {0.0f, 2.0f,  1.0f, 2.0f,  //
+                          3.0f, -1.0f, 0.5f, 0.0f,  //
+                          0.7f, 0.7f,  0.7f, 0.7f};
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    for (bool normalize : {false, true}) {
+      CAPTURE(static_cast<int>(score));
+      CAPTURE(normalize);
+      const MoeRouterConfig config{
+          .experts = experts, .topk = 2, .score = score, .normalize = normalize};
+      std::vector<float> w(rows * 2), s(rows * experts), counts(experts, -1.0f);
+      std::vector<int32_t> idx(rows * 2);
+      MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), nullptr, rows,
+                       config);
+      CHECK(idx == std::vector<int32_t>{1, 3, 0, 2, 0, 1});
+      CHECK(counts == std::vector<float>{2, 2, 1, 1});
+      for (int64_t r = 0; r < rows; ++r) {
+        double row_sum = 0;
+        for (int64_t e = 0; e < experts; ++e) row_sum += s[r * experts + e];
+        if (score == RouterScore::kSoftmax) CHECK(row_sum == doctest::Approx(1.0));
+        for (int64_t j = 0; j < 2; ++j) {
+          const float picked = s[r * experts + idx[r * 2 + j]];
+          if (!normalize) CHECK(w[r * 2 + j] == picked);
+        }
+        if (normalize) CHECK(w[r * 2] + w[r * 2 + 1] == doctest::Approx(1.0f));
+      }
+      CHECK(s[0 * experts + 1] ==
+            doctest::Approx(score == RouterScore::kSigmoid
+                                ? 1.0 / (1.0 + std::exp(-2.0))
+                                : std::exp(2.0) / (2 + 2 * std::exp(2.0) + std::exp(1.0) - 1.0)));
+    }
+  }
+  // The expert bias moves the choice, not the weights.
+  const MoeRouterConfig config{.experts = experts, .topk = 1};
+  std::vector<float> bias = {0.0f, 0.0f, 0.0f, 5.0f}, w(rows), s(rows * experts), counts(experts);
+  std::vector<int32_t> idx(rows);
+  MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
+                   config);
+  CHECK(idx == std::vector<int32_t>{3, 3, 3});
+  for (int64_t r = 0; r < rows; ++r) CHECK(w[r] == s[r * experts + 3]);
+}
+
+TEST_CASE("moe router backward: weights and the load-balancing loss, every score kind") {
+  const int64_t rows = 6, experts = 5, topk = 2;
+  auto z = SeparatedLogits(rows, experts, 11);
+  const auto proj = Random(rows * topk, 12);
+  const std::vector<float> bias = {0.0f, 0.01f, -0.02f, 0.0f, 0.03f};
+  const float aux_scale = 0.7f;
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    for (bool normalize : {false, true}) {
+      CAPTURE(static_cast<int>(score));
+      CAPTURE(normalize);
+      // aux_rows larger than rows: the counts stand for a group of ranks.
+      const MoeRouterConfig config{.experts = experts,
+                                   .topk = topk,
+                                   .score = score,
+                                   .normalize = normalize,
+                                   .aux_coeff = 5.0f,
+                                   .aux_rows = 2 * rows};
+      std::vector<float> w(rows * topk), s(rows * experts), counts(experts);
+      std::vector<int32_t> idx(rows * topk);
+      auto loss = [&] {
+        MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
+                         config);
+        float aux = 0;
+        MoeAuxLoss(&aux, s.data(), counts.data(), rows, config);
+        return Dot(w, proj) + aux_scale * static_cast<double>(aux);
+      };
+      loss();
+      const auto picked = idx;
+      std::vector<float> dz(rows * experts, 123.0f);
+      MoeRouterBackward(dz.data(), proj.data(), idx.data(), s.data(), counts.data(), rows, config,
+                        aux_scale);
+      CheckGradient("dlogits", z, dz, loss, 1e-2f, 1e-3);
+      loss();
+      CHECK(idx == picked);
+      // Without the auxiliary term only the weights' gradient is left.
+      std::vector<float> dz_plain(rows * experts);
+      MoeRouterBackward(dz_plain.data(), proj.data(), idx.data(), s.data(), counts.data(), rows,
+                        config, 0.0f);
+      auto plain = [&] {
+        MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
+                         config);
+        return Dot(w, proj);
+      };
+      CheckGradient("dlogits without aux", z, dz_plain, plain, 1e-2f, 1e-3);
+    }
+  }
+}
+
+TEST_CASE("moe auxiliary loss: sharded sums add up to the whole batch's loss") {
+  const int64_t rows = 8, experts = 4, topk = 2;
+  auto z = Random(rows * experts, 21);
+  const MoeRouterConfig whole{.experts = experts, .topk = topk, .aux_coeff = 0.01f};
+  std::vector<float> w(rows * topk), s(rows * experts), counts(experts);
+  std::vector<int32_t> idx(rows * topk);
+  MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), nullptr, rows, whole);
+  float full = 0;
+  MoeAuxLoss(&full, s.data(), counts.data(), rows, whole);
+  // Direct formula: E / (k T²) Σ_e count_e Σ_t s_te.
+  double expect = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    double col = 0;
+    for (int64_t r = 0; r < rows; ++r) col += s[r * experts + e];
+    expect += counts[e] * col;
+  }
+  expect *= 0.01 * experts / (topk * rows * rows);
+  CHECK(full == doctest::Approx(expect).epsilon(1e-6));
+  // Two halves with the counts summed over both (an all-reduce) give the same loss.
+  MoeRouterConfig half = whole;
+  half.aux_rows = rows;
+  std::vector<float> c0(experts), c1(experts), s0(rows / 2 * experts), s1(rows / 2 * experts);
+  MoeRouterForward(w.data(), idx.data(), s0.data(), c0.data(), z.data(), nullptr, rows / 2, half);
+  MoeRouterForward(w.data(), idx.data(), s1.data(), c1.data(), z.data() + rows / 2 * experts,
+                   nullptr, rows / 2, half);
+  for (int64_t e = 0; e < experts; ++e) c0[e] += c1[e];
+  float sharded = 0;
+  MoeAuxLoss(&sharded, s0.data(), c0.data(), rows / 2, half);
+  MoeAuxLoss(&sharded, s1.data(), c0.data(), rows / 2, half);
+  CHECK(sharded == doctest::Approx(full).epsilon(1e-6));
+}
+
+TEST_CASE("moe permute groups tokens by expert; unpermute combines them back") {
+  const int64_t rows = 4, dim = 3, experts = 3, topk = 2;
+  const std::vector<int32_t> idx = {2, 0, 0, 1, 2, 1, 0, 2};
+  auto x = Random(rows * dim, 31);
+  std::vector<float> out(rows * topk * dim);
+  std::vector<int32_t> map(rows * topk), counts(experts);
+  MoePermute(out.data(), map.data(), counts.data(), x.data(), idx.data(), rows, dim, experts, topk);
+  CHECK(counts == std::vector<int32_t>{3, 2, 3});
+  // Expert 0: tokens 0, 1, 3; expert 1: tokens 1, 2; expert 2: tokens 0, 2, 3.
+  CHECK(map == std::vector<int32_t>{5, 0, 1, 3, 6, 4, 2, 7});
+  const std::vector<int64_t> token_of_row = {0, 1, 3, 1, 2, 0, 2, 3};
+  for (int64_t p = 0; p < rows * topk; ++p)
+    for (int64_t c = 0; c < dim; ++c) CHECK(out[p * dim + c] == x[token_of_row[p] * dim + c]);
+  // Unpermute with weights 1 sums each token's copies; with weights it is the weighted combine.
+  std::vector<float> y(rows * dim, 99.0f);
+  MoeUnpermute(y.data(), out.data(), map.data(), nullptr, rows, dim, topk);
+  for (int64_t i = 0; i < rows * dim; ++i) CHECK(y[i] == 2 * x[i]);
+  const std::vector<float> w = {0.25f, 0.75f, 0.5f, 0.5f, 1.0f, 0.0f, 0.1f, 0.9f};
+  MoeUnpermute(y.data(), out.data(), map.data(), w.data(), rows, dim, topk);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < dim; ++c)
+      CHECK(y[r * dim + c] == doctest::Approx((w[r * 2] + w[r * 2 + 1]) * x[r * dim + c]));
+}
+
+TEST_CASE("moe permute and unpermute backward") {
+  const int64_t rows = 5, dim = 4, experts = 3, topk = 2;
+  const std::vector<int32_t> idx = {1, 0, 2, 1, 0, 2, 1, 2, 0, 1};
+  auto x = Random(rows * dim, 41);
+  const auto proj_perm = Random(rows * topk * dim, 42);
+  std::vector<float> out(rows * topk * dim);
+  std::vector<int32_t> map(rows * topk), counts(experts);
+  // Permute: its backward is MoeUnpermute without weights.
+  auto permute_loss = [&] {
+    MoePermute(out.data(), map.data(), counts.data(), x.data(), idx.data(), rows, dim, experts,
+               topk);
+    return Dot(out, proj_perm);
+  };
+  permute_loss();
+  std::vector<float> dx(rows * dim);
+  MoeUnpermute(dx.data(), proj_perm.data(), map.data(), nullptr, rows, dim, topk);
+  CheckGradient("permute dx", x, dx, permute_loss);
+  // Unpermute: gradients of the expert rows and of the weights.
+  auto expert_out = Random(rows * topk * dim, 43);
+  auto w = Random(rows * topk, 44);
+  const auto proj = Random(rows * dim, 45);
+  std::vector<float> y(rows * dim);
+  auto unpermute_loss = [&] {
+    MoeUnpermute(y.data(), expert_out.data(), map.data(), w.data(), rows, dim, topk);
+    return Dot(y, proj);
+  };
+  std::vector<float> dexp(rows * topk * dim, 77.0f), dw(rows * topk, 77.0f);
+  MoeUnpermuteBackward(dexp.data(), dw.data(), proj.data(), expert_out.data(), map.data(), w.data(),
+                       rows, dim, topk);
+  CheckGradient("unpermute dx", expert_out, dexp, unpermute_loss);
+  CheckGradient("unpermute dweights", w, dw, unpermute_loss);
+}
+
+TEST_CASE("grouped linear: one GEMM per group, empty groups skipped; backward") {
+  const int64_t in = 5, out = 3, groups = 4;
+  const std::vector<int32_t> counts = {3, 0, 4, 1};
+  const int64_t rows = 8;
+  auto x = Random(rows * in, 51), w = Random(groups * out * in, 52);
+  const auto proj = Random(rows * out, 53);
+  std::vector<float> y(rows * out);
+  GroupedLinearForward(y.data(), x.data(), w.data(), counts.data(), groups, in, out);
+  // Each group equals the dense linear layer of its rows, bit for bit.
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    if (counts[g] > 0) {
+      std::vector<float> ref(counts[g] * out);
+      LinearForward(ref.data(), x.data() + row * in, w.data() + g * out * in, nullptr, counts[g],
+                    in, out);
+      for (int64_t i = 0; i < counts[g] * out; ++i) CHECK(ref[i] == y[row * out + i]);
+    }
+    row += counts[g];
+  }
+  auto loss = [&] {
+    GroupedLinearForward(y.data(), x.data(), w.data(), counts.data(), groups, in, out);
+    return Dot(y, proj);
+  };
+  std::vector<float> dx(rows * in, 5.0f), dw(groups * out * in, 0.0f);
+  GroupedLinearBackward(dx.data(), dw.data(), proj.data(), x.data(), w.data(), counts.data(),
+                        groups, in, out, false);
+  CheckGradient("dx", x, dx, loss);
+  CheckGradient("dw", w, dw, loss);
+  for (int64_t i = 0; i < out * in; ++i) CHECK(dw[out * in + i] == 0.0f);  // the empty group
+  auto dx2 = dx;
+  GroupedLinearBackward(dx2.data(), nullptr, proj.data(), x.data(), w.data(), counts.data(), groups,
+                        in, out, true);
+  for (size_t i = 0; i < dx.size(); ++i) CHECK(dx2[i] == doctest::Approx(2 * dx[i]));
+}
