@@ -10,44 +10,15 @@
 #include <random>
 #include <vector>
 
+#include "runtime/backends/host/kernels/gradient_check.h"
 #include "runtime/backends/host/kernels/kernels.h"
 
 using namespace paraplan::host;
+using paraplan::host::testing::CheckGradient;
+using paraplan::host::testing::Dot;
+using paraplan::host::testing::Random;
 
 namespace {
-
-std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-double Dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-void CheckGradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
-                   const std::function<double()>& loss, float h = 1e-2f, double tol = 2e-3) {
-  REQUIRE(x.size() == analytic.size());
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const float saved = x[i];
-    x[i] = saved + h;
-    const double lp = loss();
-    x[i] = saved - h;
-    const double lm = loss();
-    x[i] = saved;
-    const double numeric = (lp - lm) / (2.0 * h);
-    const double err = std::abs(numeric - analytic[i]) / std::max(1.0, std::abs(numeric));
-    worst = std::max(worst, err);
-  }
-  INFO(what << ": worst relative error " << worst);
-  CHECK(worst < tol);
-}
 
 // Router logits whose order within a row is a random permutation with gaps of 0.5, so that a
 // finite-difference step never changes which experts a row picks.

@@ -10,25 +10,15 @@
 #include <random>
 #include <vector>
 
+#include "runtime/backends/host/kernels/gradient_check.h"
 #include "runtime/backends/host/kernels/kernels.h"
 
 using namespace paraplan::host;
+using paraplan::host::testing::CheckGradient;
+using paraplan::host::testing::Dot;
+using paraplan::host::testing::Random;
 
 namespace {
-
-std::vector<float> Random(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-double Dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
 
 // Chunk c (of length len) of a whole-sequence layout: its layout and its first row.
 struct Chunk {
