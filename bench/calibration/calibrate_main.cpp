@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/calibration/error_stats.h"
 #include "bench/calibration/memory_points.h"
 #include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_params.h"
@@ -442,21 +443,8 @@ double Error(double predicted, double measured) {
   return measured > 0 ? predicted / measured - 1 : 0;
 }
 
-struct Stats {
-  size_t n = 0;
-  double median = 0, p90 = 0, within25 = 0;
-};
-Stats Summarize(std::vector<double> errors) {
-  Stats s;
-  for (double& e : errors) e = std::fabs(e);
-  std::sort(errors.begin(), errors.end());
-  s.n = errors.size();
-  if (s.n == 0) return s;
-  s.median = s.n % 2 ? errors[s.n / 2] : (errors[s.n / 2 - 1] + errors[s.n / 2]) / 2;
-  s.p90 = errors[std::min(s.n - 1, static_cast<size_t>(std::ceil(0.9 * D(s.n))) - 1)];
-  for (double e : errors) s.within25 += e <= 0.25 ? 1 : 0;
-  return s;
-}
+using calibration::Stats;
+using calibration::Summarize;
 
 // The fitted numbers of a profile.
 struct Fitted {

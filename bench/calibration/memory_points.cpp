@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "bench/calibration/error_stats.h"
 #include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/memory.h"
 #include "compiler/driver/frontend.h"
@@ -159,22 +160,6 @@ bool MbridgeMeasured(const Object& ref, const std::string& id, const std::string
   return true;
 }
 
-struct Spread {
-  size_t n = 0;
-  double median = 0, p90 = 0;
-};
-
-Spread Of(std::vector<double> errors) {
-  Spread s;
-  for (double& e : errors) e = std::fabs(e);
-  std::sort(errors.begin(), errors.end());
-  s.n = errors.size();
-  if (s.n == 0) return s;
-  s.median = errors[(s.n - 1) / 2];
-  s.p90 = errors[std::min(s.n - 1, static_cast<size_t>(std::ceil(0.9 * s.n)) - 1)];
-  return s;
-}
-
 double Err(double predicted, double measured) { return predicted / measured - 1; }
 
 void PrintPoints(const std::vector<Point>& points) {
@@ -198,13 +183,14 @@ void PrintSpreads(const std::vector<Point>& points) {
     all_in.push_back(in.back());
     all_lo.push_back(lo.back());
   }
-  auto line = [](const std::string& label, const Spread& in, const Spread& lo) {
+  auto line = [](const std::string& label, const Stats& in, const Stats& lo) {
     std::printf("  %-26s %4zu  median %5.1f%%  p90 %5.1f%%   | LOSO median %5.1f%%  p90 %5.1f%%\n",
                 label.c_str(), in.n, 100 * in.median, 100 * in.p90, 100 * lo.median, 100 * lo.p90);
   };
   std::printf("memory per framework (|error|, in-sample | leave-one-source-out):\n");
-  for (const auto& [name, errors] : per_framework) line(name, Of(errors.first), Of(errors.second));
-  line("all memory points", Of(all_in), Of(all_lo));
+  for (const auto& [name, errors] : per_framework)
+    line(name, Summarize(errors.first), Summarize(errors.second));
+  line("all memory points", Summarize(all_in), Summarize(all_lo));
 }
 
 }  // namespace
