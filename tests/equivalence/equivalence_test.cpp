@@ -59,6 +59,7 @@ struct Layout {
   int zero = 0;
   paraplan::Recompute recompute = paraplan::Recompute::kNone;
   bool sgd = false;
+  int cp = 1;  // context parallelism (ring attention over 2·cp chunks of each sequence)
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -83,7 +84,8 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
     m.tied_embeddings = true;
   }
   plan.cluster.nodes = 1;
-  plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp;
+  plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
+  plan.parallel.cp = l.cp;
   plan.parallel.tp = plan.parallel.etp = l.tp;
   plan.parallel.pp = l.pp;
   plan.parallel.dp = l.dp;
@@ -248,6 +250,26 @@ void CheckRecompute(bool gpt, Layout layout, paraplan::Recompute mode) {
 using paraplan::Recompute;
 using paraplan::Schedule;
 
+// --- context parallelism ---
+namespace {
+Layout WithCp(int cp, Layout layout = {}) {
+  layout.cp = cp;
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("llama: cp 2") { CheckEquivalent(false, WithCp(2)); }
+TEST_CASE("llama: cp 4") { CheckEquivalent(false, WithCp(4)); }
+TEST_CASE("llama: cp 2, tp 2, sequence parallel") {
+  CheckEquivalent(false, WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("llama: cp 2, pp 2, 1F1B") { CheckEquivalent(false, WithCp(2, {1, 2, 1, 1})); }
+TEST_CASE("llama: cp 2, dp 2") { CheckEquivalent(false, WithCp(2, {1, 1, 2, 1})); }
+TEST_CASE("llama: cp 2, selective recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithCp(2), Recompute::kSelective);
+}
+// --- end context parallelism ---
+
 TEST_CASE("llama: tp 2") { CheckEquivalent(false, {2, 1, 1, 1}); }
 TEST_CASE("llama: tp 2, sequence parallel") {
   CheckEquivalent(false, {2, 1, 1, 1, Schedule::k1F1B, true});
@@ -402,6 +424,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {false, sgd},
       {true, {1, 2, 2, 1}},
       {true, {2, 2, 2, 1, Schedule::k1F1B, true, 3}},
+      {false, WithCp(2)},
   };
   std::set<paraplan::prog::OpKind> emitted;
   for (const Case& c : cases) {
