@@ -268,6 +268,9 @@ TEST_CASE("llama: cp 2, dp 2") { CheckEquivalent(false, WithCp(2, {1, 1, 2, 1}))
 TEST_CASE("llama: cp 2, selective recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, WithCp(2), Recompute::kSelective);
 }
+TEST_CASE("llama: cp 2, tp 2, pp 2, dp 2, sequence parallel, full recompute") {
+  CheckRecompute(false, WithCp(2, {2, 2, 2, 1, Schedule::k1F1B, true}), Recompute::kFull);
+}
 // --- end context parallelism ---
 
 TEST_CASE("llama: tp 2") { CheckEquivalent(false, {2, 1, 1, 1}); }
