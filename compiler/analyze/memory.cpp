@@ -31,18 +31,20 @@ int64_t Scale(int64_t count, double bytes_per) {
 
 struct ArenaSizes {
   int64_t t = 1;  // tensor parallel
-  int64_t T = 0;  // tokens of a microbatch: micro · seq
+  int64_t T = 0;  // tokens of a microbatch on one context-parallel rank: micro · seq / cp
   int64_t R = 0;  // rows a TP rank holds between layers: T / t under SP, else T
   int64_t h = 0, hd = 0, heads = 0, kv = 0, ffn = 0, vocab = 0;  // per TP rank where split
   int64_t a = 2;  // activation element bytes of the program's precision
   bool gelu = false, layernorm = false;
+  bool ring = false;  // cp > 1: ring attention and its working buffers
 };
 
 ArenaSizes ArenaSizesOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
   ArenaSizes z;
   z.t = std::max<int64_t>(1, plan.parallel.tp);
-  z.T = SatMul(plan.batch.micro, m.seq_len);
+  z.T = SatMul(plan.batch.micro, m.seq_len / std::max<int64_t>(1, plan.parallel.cp));
+  z.ring = plan.parallel.cp > 1;
   z.R = plan.parallel.sp && z.t > 1 ? z.T / z.t : z.T;
   z.h = m.hidden;
   z.hd = m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads);
@@ -95,6 +97,8 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
   const int64_t mlp =
       z.gelu ? std::max(2 * z.ffn, z.ffn + z.h) + z.h : std::max(3 * z.ffn, 2 * z.ffn + z.h);
   int64_t attn = 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  // Ring attention's backward also holds the ring of K, V and their partial gradients.
+  if (z.ring) attn += 8 * z.kv * z.hd;
   attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
   int64_t peak = SatMul(z.T, std::max(mlp, attn) * z.a);
   if (recompute == Recompute::kSelective)
@@ -319,8 +323,13 @@ void FullRecomputeChunk(const Plan& plan, int64_t layers, const LayerActivations
 
 bool ArenaModelApplies(const Plan& plan) {
   const ModelSpec& m = plan.model;
-  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() &&
-         plan.parallel.cp == 1 && plan.parallel.ep == 1;
+  // Context parallelism lowers with rotary positions and without ZeRO sharding over dp > 1
+  // (compiler/lower/lower.cpp refuses the rest).
+  const ParallelSpec& q = plan.parallel;
+  const bool cp_lowers =
+      q.cp == 1 || (m.position != Position::kLearned && (plan.optimizer.zero == 0 || q.dp <= 1));
+  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() && cp_lowers &&
+         q.ep == 1;
 }
 
 std::string_view MemoryPartName(MemoryPart part) {

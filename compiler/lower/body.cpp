@@ -39,7 +39,10 @@ class RoleLowering {
       : s_(shape), m_(shape.model), p_(shape.parallel), role_(role), pipeline_rank_(pipeline_rank) {
     tp_ = p_.tp;
     act_ = ActivationType(shape.precision);
-    tokens_ = m_.micro_batch * m_.seq_len;
+    // --- context parallelism: a rank holds seq_len / cp positions of each sequence ---
+    cp_ = p_.cp;
+    cp_comm_ = cp_ > 1 ? CommKind::Cp : CommKind::None;
+    tokens_ = m_.micro_batch * (m_.seq_len / cp_);
     rows_ = p_.sp ? tokens_ / tp_ : tokens_;
     tp_comm_ = tp_ > 1 ? CommKind::Tp : CommKind::None;
     shard_grads_ = p_.zero >= 2 && p_.dp > 1;
@@ -212,6 +215,38 @@ class RoleLowering {
              .scale = 1.0 / std::sqrt(static_cast<double>(m_.head_dim))};
   }
 
+  // --- context parallelism ---
+  // The causal attention core of a layer: Attention, or with cp > 1 RingAttention with its
+  // working buffers (K/V travel the Cp ring). `o` and `lse` are created here.
+  void EmitAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v, int32_t& o,
+                         int32_t& lse) {
+    const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, hd = m_.head_dim;
+    o = Act(name + ".out", {tokens_, heads * hd});
+    if (cp_ == 1) {
+      lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
+      Emit(AttentionAttrs<attrs::Attention>(), {q, k, v}, {o, lse});
+      return;
+    }
+    lse = Stat(name + ".lse", {tokens_, heads});
+    const int32_t ring = Act(name + ".ring", {4 * tokens_ * kv * hd});
+    const int32_t block_o = Act(name + ".block_o", {tokens_, heads * hd});
+    const int32_t block_lse = Stat(name + ".block_lse", {tokens_, heads});
+    Emit(AttentionAttrs<attrs::RingAttention>(), {q, k, v}, {o, lse, ring, block_o, block_lse},
+         cp_comm_);
+  }
+  void EmitAttentionCoreBackward(int32_t dout, const LayerSaved& saved, int32_t o, int32_t lse,
+                                 int32_t dq, int32_t dk, int32_t dv) {
+    const std::vector<int32_t> in = {dout, saved.q, saved.k, saved.v, o, lse};
+    if (cp_ == 1) {
+      Emit(AttentionAttrs<attrs::AttentionBackward>(), in, {dq, dk, dv});
+      return;
+    }
+    const int64_t kv = m_.kv_heads / tp_, hd = m_.head_dim;
+    const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * kv * hd});
+    Emit(AttentionAttrs<attrs::RingAttentionBackward>(), in, {dq, dk, dv, ring}, cp_comm_);
+  }
+  // --- end context parallelism ---
+
   // The gradient outputs of LinearBackward: dx, the weight's grad, and the bias's when present.
   std::vector<int32_t> LinearGrads(int32_t dx, const ParamRef& w, const ParamRef& b) const {
     std::vector<int32_t> v = {dx, w.grad};
@@ -261,6 +296,8 @@ class RoleLowering {
   Role& role_;
   int32_t pipeline_rank_;
   int64_t tp_ = 1, tokens_ = 0, rows_ = 0;
+  int64_t cp_ = 1;                     // context-parallel ranks sharing each sequence
+  CommKind cp_comm_ = CommKind::None;  // Cp when cp > 1: ring attention, RoPE, data
   DType act_ = DType::Bf16;
   CommKind tp_comm_ = CommKind::None;
   bool shard_grads_ = false;  // ZeRO >= 2, dp > 1: grads reduce-scattered per backward into shards
@@ -290,14 +327,12 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
   Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wv, P.bv), {layer_saved.v});
   if (m_.position == prog::PositionKind::Rope) {
     Emit(attrs::Rope{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.q},
-         {layer_saved.q});
+         {layer_saved.q}, cp_comm_);
     Emit(attrs::Rope{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.k},
-         {layer_saved.k});
+         {layer_saved.k}, cp_comm_);
   }
-  layer_saved.o = Act("attention.out", {tokens_, heads * hd});
-  layer_saved.lse = Stat("attention.lse", {m_.micro_batch, heads, m_.seq_len});
-  Emit(AttentionAttrs<attrs::Attention>(), {layer_saved.q, layer_saved.k, layer_saved.v},
-       {layer_saved.o, layer_saved.lse});
+  EmitAttentionCore("attention", layer_saved.q, layer_saved.k, layer_saved.v, layer_saved.o,
+                    layer_saved.lse);
   int32_t proj = Act("attention.proj", {tokens_, h});
   Emit(attrs::Linear{}, {layer_saved.o, P.wo.value}, {proj});
   int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
@@ -471,7 +506,7 @@ RoleLowering::ChunkForward RoleLowering::EmitChunkForward(const ChunkLayers& cl,
 void RoleLowering::EmitEmbeddingForward(const ChunkParams& params, ChunkForward& forward) {
   const int64_t h = m_.hidden;
   forward.ids = Buf(Prefix() + "tokens", {tokens_}, DType::I32);
-  Emit(attrs::LoadBatch{.what = BatchPart::kInputs}, {}, {forward.ids});
+  Emit(attrs::LoadBatch{.what = BatchPart::kInputs}, {}, {forward.ids}, cp_comm_);
   const int32_t e = Act("embedding.out", {tokens_, h});
   Emit(attrs::Embedding{}, {forward.ids, params.word.value}, {e}, tp_comm_);
   forward.x = ReducePartial(e, "embedding.out_sp", h);
@@ -487,7 +522,7 @@ void RoleLowering::EmitLossForward(const ChunkParams& params, ChunkForward& forw
   forward.logits = Act("logits", {tokens_, vocab_local});
   Emit(attrs::Linear{}, {forward.nff, params.out_w.value}, {forward.logits});
   forward.labels = Buf(Prefix() + "labels", {tokens_}, DType::I32);
-  Emit(attrs::LoadBatch{.what = BatchPart::kLabels}, {}, {forward.labels});
+  Emit(attrs::LoadBatch{.what = BatchPart::kLabels}, {}, {forward.labels}, cp_comm_);
   forward.cmax = Stat("loss.max", {tokens_});
   Emit(attrs::CrossEntropyMax{}, {forward.logits}, {forward.cmax});
   if (tp_ > 1)
@@ -525,9 +560,9 @@ void RoleLowering::EmitLossBackward(const ChunkParams& params, const ChunkForwar
                                     int32_t gx) {
   const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
   const int32_t dz = Act("logits.grad", {tokens_, vocab_local});
-  Emit(
-      attrs::CrossEntropyBackward{.grad_scale = 1.0 / static_cast<double>(s_.microbatches * p_.dp)},
-      {forward.logits, forward.cmax, forward.cst, forward.labels}, {dz}, tp_comm_);
+  Emit(attrs::CrossEntropyBackward{.grad_scale =
+                                       1.0 / static_cast<double>(s_.microbatches * p_.dp * cp_)},
+       {forward.logits, forward.cmax, forward.cst, forward.labels}, {dz}, tp_comm_);
   const int32_t dnf = Act("final_norm.out_full.grad", {tokens_, h});
   Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, forward.nff, params.out_w.value},
        {dnf, params.out_w.grad});
@@ -588,15 +623,14 @@ void RoleLowering::AttentionBackward(const LayerParams& params, const LayerSaved
   int32_t o = saved.o, lse = saved.lse;
   if (s_.recompute == ActivationRecompute::kSelective) {
     // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
-    o = Act("recompute.attention.out", {tokens_, heads * hd});
-    lse = Stat("recompute.attention.lse", {m_.micro_batch, heads, m_.seq_len});
-    Emit(AttentionAttrs<attrs::Attention>(), {saved.q, saved.k, saved.v}, {o, lse});
+    EmitAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
   }
-  Emit(AttentionAttrs<attrs::AttentionBackward>(), {dout, saved.q, saved.k, saved.v, o, lse},
-       {dq, dk, dv});
+  EmitAttentionCoreBackward(dout, saved, o, lse, dq, dk, dv);
   if (m_.position == prog::PositionKind::Rope) {
-    Emit(attrs::RopeBackward{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {dq}, {dq});
-    Emit(attrs::RopeBackward{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {dk}, {dk});
+    Emit(attrs::RopeBackward{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {dq}, {dq},
+         cp_comm_);
+    Emit(attrs::RopeBackward{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {dk}, {dk},
+         cp_comm_);
   }
   const int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
   Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, saved.n1f, params.wq.value},
@@ -791,12 +825,15 @@ StepBodies RoleLowering::BuildStepBodies() {
       Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {g}, {g}, CommKind::Embedding);
     }
   }
-  if (p_.dp > 1 && !shard_grads_) {
+  // Context-parallel ranks hold the same weights: unsharded grads are summed over DpCp (lowering
+  // refuses ZeRO sharding over dp > 1 together with cp > 1).
+  const CommKind grad_comm = cp_ > 1 ? CommKind::DpCp : CommKind::Dp;
+  if (p_.dp * cp_ > 1 && !shard_grads_) {
     for (const Bucket& b : role_.buckets) {
       if (sharded)
         Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Dp);
       else
-        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Dp);
+        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
     }
   }
   // Optimizer step.
@@ -830,8 +867,10 @@ StepBodies RoleLowering::BuildStepBodies() {
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
-  if (has_loss && p_.dp > 1)
-    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kAvg}, {loss_sum_}, {loss_sum_}, CommKind::Dp);
+  // Each Cp rank's loss is the mean over its part of the tokens: the step's loss averages DpCp.
+  if (has_loss && p_.dp * cp_ > 1)
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kAvg}, {loss_sum_}, {loss_sum_},
+         cp_ > 1 ? CommKind::DpCp : CommKind::Dp);
   // ZeRO-3 gathers inside the chunk bodies (ScopeBucketsInBodies); no GatherParams bodies.
   body_ = nullptr;
   return sb;

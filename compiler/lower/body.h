@@ -9,6 +9,9 @@
 // and fc1; row-parallel o and down/fc2 followed by an all-reduce (or, with sequence
 // parallelism, a reduce-scatter, and an all-gather before every column-parallel block);
 // vocab-parallel embedding and cross-entropy. Semantics of every op: runtime/format/README.md.
+// With context parallelism (cp > 1) a rank holds seq_len / cp tokens of each sequence (chunks r
+// and 2·cp-1-r): RingAttention replaces Attention, RoPE and the data loader work over Cp, and
+// the loss and the gradients are reduced over DpCp.
 //
 // BuildRoleBodies fills a Role's params, buffers (shapes, kinds; no placement yet), buckets,
 // chunks and bodies. Placement is memory_plan.h's job, the schedule lower.cpp's.

@@ -122,9 +122,18 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
     unsupported.Report("multi-head latent attention", "model.kv_lora_rank",
                        "`planc check` and `planc explain` analyse this plan; compile a model with "
                        "ordinary attention for now");
-  if (q.cp > 1)
-    unsupported.Report(fmt::format("context parallelism (cp = {})", q.cp), "parallel.cp",
-                       "set `parallel.cp = 1`");
+  // --- context parallelism: lowered with rotary positions and unsharded optimizer states ---
+  if (q.cp > 1 && m.position == Position::kLearned)
+    unsupported.Report(fmt::format("learned position embeddings with context parallelism "
+                                   "(cp = {})",
+                                   q.cp),
+                       "parallel.cp", "use `model.position = rope`, or set `parallel.cp = 1`");
+  if (q.cp > 1 && q.dp > 1 && plan.optimizer.zero > 0)
+    unsupported.Report(fmt::format("ZeRO sharding together with context parallelism (zero = {}, "
+                                   "dp = {}, cp = {})",
+                                   plan.optimizer.zero, q.dp, q.cp),
+                       "optimizer.zero", "set `optimizer.zero = 0`, or `parallel.dp = 1`");
+  // --- end context parallelism ---
   if (q.ep > 1)
     unsupported.Report(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
                        "set `parallel.ep = 1`");
@@ -206,8 +215,21 @@ bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
   divide("heads", m.heads, "model.heads", q.tp, "tp");
   divide("kv_heads", m.kv_heads, "model.kv_heads", q.tp, "tp");
   divide("ffn_hidden", m.ffn_hidden, "model.ffn_hidden", q.tp, "tp");
+  // --- context parallelism: 2·cp equal chunks per sequence ---
+  if (q.cp > 1 && m.seq_len % (2 * q.cp) != 0) {
+    sink.Report(Diag(DiagKind::kLowerShape,
+                     fmt::format("seq_len = {} does not cut into 2 · cp = {} equal chunks",
+                                 m.seq_len, 2 * q.cp))
+                    .At(plan.Range("parallel.cp"))
+                    .Value("seq_len mod 2·cp", fmt::format("{} mod {} = {}", m.seq_len, 2 * q.cp,
+                                                           m.seq_len % (2 * q.cp)))
+                    .Note("context-parallel rank r holds chunks r and 2·cp-1-r of every sequence")
+                    .Help(fmt::format("make seq_len a multiple of {}", 2 * q.cp)));
+    ok = false;
+  }
+  // --- end context parallelism ---
   if (q.sp && q.tp > 1) {
-    int64_t tokens = plan.batch.micro * m.seq_len;
+    int64_t tokens = plan.batch.micro * (m.seq_len / std::max<int64_t>(q.cp, 1));
     if (tokens % q.tp != 0) {
       sink.Report(
           Diag(DiagKind::kLowerShape, fmt::format("micro · seq_len = {} · {} = {} tokens do not "

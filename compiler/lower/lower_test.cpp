@@ -10,6 +10,7 @@
 
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/verify.h"
+#include "runtime/format/ops.h"
 
 namespace paraplan::lower {
 
@@ -577,6 +578,92 @@ TEST_CASE("structural damage is reported before simulation") {
   p.roles[0].schedule[1].ints[1] = 7;  // chunk out of range
   CHECK(Joined(VerifyWorld(p)).find("chunk = 7 lies outside 0 .. 0") != std::string::npos);
 }
+
+// --- context parallelism ---
+
+Plan CpPlan(int64_t cp, int64_t tp, int64_t dp) {
+  Plan plan = TinyPlan(tp, 1, dp);
+  plan.parallel.cp = cp;
+  plan.cluster.gpus_per_node = tp * dp * cp;
+  return plan;
+}
+
+TEST_CASE(
+    "context parallelism: ring attention over Cp, the rank's tokens, loss and grads over DpCp") {
+  const Program p = MustLower(CpPlan(2, 2, 2));
+  const Role& role = p.roles[0];
+  const Body& fwd = role.bodies[role.chunks[0].forward];
+  const Body& bwd = role.bodies[role.chunks[0].backward];
+  const Body& reduce = role.bodies[role.schedule[role.schedule.size() - 2].ints[0]];
+  const Body& step = role.bodies[role.schedule.back().ints[0]];
+  CHECK(CountOps(fwd, OpKind::RingAttention, CommKind::Cp) == 8);
+  CHECK(CountOps(bwd, OpKind::RingAttentionBackward, CommKind::Cp) == 8);
+  CHECK(CountOps(fwd, OpKind::Attention, CommKind::None) == 0);
+  CHECK(CountOps(bwd, OpKind::AttentionBackward, CommKind::None) == 0);
+  CHECK(CountOps(fwd, OpKind::Rope, CommKind::Cp) == 16);
+  CHECK(CountOps(bwd, OpKind::RopeBackward, CommKind::Cp) == 16);
+  CHECK(CountOps(fwd, OpKind::LoadBatch, CommKind::Cp) == 2);
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::DpCp) == 1);
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::Dp) == 0);
+  CHECK(CountOps(step, OpKind::AllReduce, CommKind::DpCp) == 1);  // the loss average
+  // A rank holds micro · seq / cp = 2 · 32 / 2 tokens; the ring's working buffers are scratch.
+  for (const Op& op : fwd.ops) {
+    if (op.kind == OpKind::LoadBatch) CHECK(role.buffers[op.outputs[0]].Elements() == 32);
+    if (op.kind != OpKind::RingAttention) continue;
+    CHECK(role.buffers[op.outputs[1]].shape == std::vector<int64_t>{32, 2});  // lse [T, H]
+    for (size_t i = 2; i < op.outputs.size(); ++i)
+      CHECK(role.buffers[op.outputs[i]].kind == BufferKind::Scratch);
+  }
+  for (const Op& op : bwd.ops)
+    if (op.kind == OpKind::CrossEntropyBackward)
+      CHECK(prog::DecodeAttrs<prog::attrs::CrossEntropyBackward>(op).grad_scale ==
+            doctest::Approx(1.0 / (8 * 2 * 2)));
+}
+
+TEST_CASE("mutation: a ring attention one Cp member skips is caught") {
+  Program p = MustLower(CpPlan(2, 1, 1), false);
+  Role& role = SplitRole(p, 1);
+  std::vector<Op>& ops = role.bodies[role.chunks[0].forward].ops;
+  auto it = std::find_if(ops.begin(), ops.end(),
+                         [](const Op& op) { return op.kind == OpKind::RingAttention; });
+  REQUIRE(it != ops.end());
+  ops.erase(it);
+  const std::string errors = Joined(VerifyWorld(p));
+  CHECK(errors.find("cp communicator 1: collective #7 inside the bodies differs between rank 0 "
+                    "(stage0): ring_attention of forward") != std::string::npos);
+}
+
+TEST_CASE("context parallelism: what lowering still refuses, and sequences that do not chunk") {
+  Plan learned = CpPlan(2, 1, 1);
+  learned.model.position = Position::kLearned;
+  DiagnosticSink s1;
+  CHECK_FALSE(LowerPlan(learned, {}, s1).has_value());
+  REQUIRE(s1.diagnostics().size() == 1);
+  CHECK(s1.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(s1.diagnostics()[0].message ==
+        "lowering does not emit learned position embeddings with context parallelism (cp = 2) "
+        "yet");
+
+  Plan zero = CpPlan(2, 1, 2);
+  zero.optimizer.zero = 1;
+  DiagnosticSink s2;
+  CHECK_FALSE(LowerPlan(zero, {}, s2).has_value());
+  REQUIRE(s2.diagnostics().size() == 1);
+  CHECK(s2.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  zero.parallel.dp = 1;  // nothing to shard: lowers
+  zero.cluster.gpus_per_node = 2;
+  zero.batch.global = 16;
+  MustLower(zero);
+
+  Plan odd = CpPlan(4, 1, 1);
+  odd.model.seq_len = 36;  // 36 mod 8 = 4
+  DiagnosticSink s3;
+  CHECK_FALSE(LowerPlan(odd, {}, s3).has_value());
+  REQUIRE(s3.diagnostics().size() >= 1);
+  CHECK(s3.diagnostics()[0].kind == DiagKind::kLowerShape);
+  CHECK(s3.diagnostics()[0].message == "seq_len = 36 does not cut into 2 · cp = 8 equal chunks");
+}
+// --- end context parallelism ---
 
 }  // namespace
 }  // namespace paraplan::lower

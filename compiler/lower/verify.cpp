@@ -40,6 +40,16 @@ std::string DescribeOp(const Op& op) {
 
 namespace {
 
+// --- context parallelism ---
+// An op every member of its communicator runs together: a collective, or ring attention, whose
+// K/V exchange passes every member of the Cp group in ring order (a compute op with a group).
+bool IsGroupCall(const Op& op) {
+  return IsCollective(op.kind) ||
+         ((op.kind == OpKind::RingAttention || op.kind == OpKind::RingAttentionBackward) &&
+          op.comm == CommKind::Cp);
+}
+// --- end context parallelism ---
+
 // What the members of a collective must agree on besides its kind and size: the reduction of
 // AllReduce / ReduceScatter, the root of Broadcast; -1 for the others.
 int64_t CollectiveArgument(const Op& op) {
@@ -225,7 +235,7 @@ class WorldVerifier {
       const Chunk& c = role.chunks[prog::DecodeStepAttrs(op).chunk];
       const Body& body = role.bodies[op.kind == OpKind::Forward ? c.forward : c.backward];
       for (const Op& bop : body.ops)
-        if (IsCollective(bop.kind) && bop.comm == kind)
+        if (IsGroupCall(bop) && bop.comm == kind)
           sig.push_back(fmt::format(
               "{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeOp(op), body.name,
               bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes, CollectiveArgument(bop)));
@@ -239,7 +249,7 @@ class WorldVerifier {
       for (const Chunk& c : role.chunks)
         for (int32_t bi : {c.forward, c.backward})
           for (const Op& op : role.bodies[bi].ops)
-            if (IsCollective(op.kind)) used[static_cast<int>(op.comm)] = true;
+            if (IsGroupCall(op)) used[static_cast<int>(op.comm)] = true;
     for (int k = 1; k < prog::kCommKinds && !Full(); ++k) {
       if (!used[k]) continue;
       std::map<std::pair<int32_t, int32_t>, bool> compared;
@@ -311,7 +321,7 @@ class WorldVerifier {
           const Body& b = role.bodies[body];
           for (int32_t j = 0; j < static_cast<int32_t>(b.ops.size()); ++j) {
             const Op& bop = b.ops[j];
-            if (!IsCollective(bop.kind)) continue;
+            if (!IsGroupCall(bop)) continue;
             Item it;
             it.type = ItemType::kCollective;
             it.schedule_op = i;

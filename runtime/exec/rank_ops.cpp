@@ -1,9 +1,11 @@
 // The body ops of runtime/format/README.md section 4 (data and model compute), one handler
 // each, and the dispatch table from the op registry (runtime/format/ops.def).
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "runtime/exec/rank_runner.h"
 #include "runtime/format/checked_size.h"
@@ -114,15 +116,34 @@ RankRunner::Handler RankRunner::HandlerOf(OpKind kind) {
 void RankRunner::RunLoadBatch(const OpCall& call) {
   const auto& model = program_.model;
   const int64_t t = call.Mul({model.micro_batch, model.seq_len});
-  call.Need(call.OutN(0) == t, "the token buffer holds " + std::to_string(call.OutN(0)) +
-                                   " ids, a microbatch has " + std::to_string(t));
+  // Over Cp (context parallelism) the rank keeps chunks r and 2·cp-1-r of each sequence.
+  const bool cp = call.op.comm == CommKind::Cp;
+  const int64_t cp_size = cp ? CommOf(CommKind::Cp, "LoadBatch").size : 1;
+  const int64_t local = call.Div(t, cp_size);
+  call.Need(call.OutN(0) == local && model.seq_len % (2 * cp_size) == 0,
+            "the token buffer holds " + std::to_string(call.OutN(0)) + " ids, a microbatch has " +
+                std::to_string(local) + " per rank of " + std::to_string(cp_size));
   tokens_in_.resize(t);
   tokens_out_.resize(t);
   sampler_->Microbatch(call.ctx.step, RankInfo().coords.dp, call.ctx.microbatch, tokens_in_.data(),
                        tokens_out_.data());
   const bool labels = call.Attrs<prog::attrs::LoadBatch>().what == prog::BatchPart::kLabels;
-  backend_.CopyToDevice(I(call.op.outputs[0], call.ctx),
-                        labels ? tokens_out_.data() : tokens_in_.data(), t * 4);
+  const std::vector<int32_t>& ids = labels ? tokens_out_ : tokens_in_;
+  const int32_t* from = ids.data();
+  std::vector<int32_t> mine;
+  if (cp) {
+    const int64_t r = IndexIn(CommKind::Cp), half = model.seq_len / (2 * cp_size);
+    mine.resize(static_cast<size_t>(local));
+    for (int64_t b = 0; b < model.micro_batch; ++b) {
+      const int32_t* sequence = ids.data() + b * model.seq_len;
+      int32_t* to = mine.data() + b * 2 * half;
+      std::copy(sequence + r * half, sequence + (r + 1) * half, to);
+      std::copy(sequence + (2 * cp_size - 1 - r) * half, sequence + (2 * cp_size - r) * half,
+                to + half);
+    }
+    from = mine.data();
+  }
+  backend_.CopyToDevice(I(call.op.outputs[0], call.ctx), from, local * 4);
 }
 
 void RankRunner::RunFill(const OpCall& call) {
@@ -269,21 +290,36 @@ void RankRunner::RunAddBiasBackward(const OpCall& call) {
 void RankRunner::RunRopeOp(const OpCall& call, const prog::attrs::Rope& a, bool forward) {
   const int64_t heads = a.heads, hd = a.head_dim;
   const auto& model = program_.model;
+  // Over Cp each sequence holds two chunks of seq/(2·cp) positions: r and 2·cp-1-r.
+  const bool cp = call.op.comm == CommKind::Cp;
+  const int64_t cp_size = cp ? CommOf(CommKind::Cp, forward ? "Rope" : "RopeBackward").size : 1;
+  const int64_t local = call.Div(model.seq_len, cp_size);
   call.Need(heads > 0 && hd > 0 && hd % 2 == 0,
             "rope with " + std::to_string(heads) + " heads of " + std::to_string(hd));
   const int64_t rows = call.Div(call.InN(0), call.Mul({heads, hd}));
-  call.Need(rows * heads * hd == call.InN(0) && rows % model.seq_len == 0,
-            "rope over " + std::to_string(call.InN(0)) + " elements with " + std::to_string(heads) +
-                " heads of " + std::to_string(hd));
+  call.Need(
+      rows * heads * hd == call.InN(0) && rows % local == 0 && model.seq_len % (2 * cp_size) == 0,
+      "rope over " + std::to_string(call.InN(0)) + " elements with " + std::to_string(heads) +
+          " heads of " + std::to_string(hd));
   call.Output(0, call.InN(0));
   float* y = call.Out(0);
   if (y != call.In(0)) backend_.Copy(y, call.In(0), call.InN(0));
-  const auto layout = host::TokenLayout::BatchMajor(model.seq_len, rows / model.seq_len);
   const float theta = static_cast<float>(a.theta.value_or(model.rope_theta));
-  if (forward)
-    backend_.RopeForward(y, layout, heads, hd, theta);
-  else
-    backend_.RopeBackward(y, layout, heads, hd, theta);
+  auto rotate = [&](float* x, const host::TokenLayout& layout) {
+    if (forward)
+      backend_.RopeForward(x, layout, heads, hd, theta);
+    else
+      backend_.RopeBackward(x, layout, heads, hd, theta);
+  };
+  if (!cp) {
+    rotate(y, host::TokenLayout::BatchMajor(model.seq_len, rows / model.seq_len));
+    return;
+  }
+  const int64_t r = IndexIn(CommKind::Cp), half = local / 2;
+  for (const int64_t chunk : {r, 2 * cp_size - 1 - r}) {
+    host::TokenLayout layout{half, rows / local, 1, local, chunk * half};
+    rotate(y + (chunk == r ? 0 : half * heads * hd), layout);
+  }
 }
 
 void RankRunner::RunRope(const OpCall& call) {

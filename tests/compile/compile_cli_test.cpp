@@ -159,6 +159,8 @@ TEST_CASE(
       {root + "/examples/llama3_70b.plan", " --set recompute=full"},
       {root + "/examples/llama3_70b.plan", one_f_one_b + " --set recompute=full"},
       {root + "/examples/llama3_70b.plan", gpipe + " --set batch.global=16 --set recompute=full"},
+      // Context parallelism: ring attention over CP 4 with TP 8 and dp 2.
+      {root + "/examples/llama3_8b_64k_cp4.plan", ""},
       {root + "/bench/compile/llama3_405b_16k.plan", ""},
       {root + "/bench/compile/llama3_405b_16k.plan", interleaved},
       {root + "/bench/explain/llama3_405b_16k.plan", ""},

@@ -87,5 +87,9 @@ TEST_CASE("plan gpt_tp2_pp2_dp2: local mode, 8 ranks, GPT-2-style") {
   CheckPlan("gpt_tp2_pp2_dp2", 8);
 }
 
+TEST_CASE("plan cp2_tp2_dp2_sp: local mode, 8 ranks, ring attention over cp 2") {
+  CheckPlan("cp2_tp2_dp2_sp", 8);
+}
+
 }  // namespace
 }  // namespace paraplan

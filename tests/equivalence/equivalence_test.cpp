@@ -59,6 +59,7 @@ struct Layout {
   int zero = 0;
   paraplan::Recompute recompute = paraplan::Recompute::kNone;
   bool sgd = false;
+  int cp = 1;  // context parallelism (ring attention over 2·cp chunks of each sequence)
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -83,7 +84,8 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
     m.tied_embeddings = true;
   }
   plan.cluster.nodes = 1;
-  plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp;
+  plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
+  plan.parallel.cp = l.cp;
   plan.parallel.tp = plan.parallel.etp = l.tp;
   plan.parallel.pp = l.pp;
   plan.parallel.dp = l.dp;
@@ -248,6 +250,29 @@ void CheckRecompute(bool gpt, Layout layout, paraplan::Recompute mode) {
 using paraplan::Recompute;
 using paraplan::Schedule;
 
+// --- context parallelism ---
+namespace {
+Layout WithCp(int cp, Layout layout = {}) {
+  layout.cp = cp;
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("llama: cp 2") { CheckEquivalent(false, WithCp(2)); }
+TEST_CASE("llama: cp 4") { CheckEquivalent(false, WithCp(4)); }
+TEST_CASE("llama: cp 2, tp 2, sequence parallel") {
+  CheckEquivalent(false, WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("llama: cp 2, pp 2, 1F1B") { CheckEquivalent(false, WithCp(2, {1, 2, 1, 1})); }
+TEST_CASE("llama: cp 2, dp 2") { CheckEquivalent(false, WithCp(2, {1, 1, 2, 1})); }
+TEST_CASE("llama: cp 2, selective recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithCp(2), Recompute::kSelective);
+}
+TEST_CASE("llama: cp 2, tp 2, pp 2, dp 2, sequence parallel, full recompute") {
+  CheckRecompute(false, WithCp(2, {2, 2, 2, 1, Schedule::k1F1B, true}), Recompute::kFull);
+}
+// --- end context parallelism ---
+
 TEST_CASE("llama: tp 2") { CheckEquivalent(false, {2, 1, 1, 1}); }
 TEST_CASE("llama: tp 2, sequence parallel") {
   CheckEquivalent(false, {2, 1, 1, 1, Schedule::k1F1B, true});
@@ -368,6 +393,9 @@ TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel, ful
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, sequence parallel, selective recompute") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_sp_recompute_selective");
 }
+TEST_CASE("planc compile: llama cp 2, tp 2, dp 2, sequence parallel") {
+  CheckPlancEquivalent("single", "cp2_tp2_dp2_sp");
+}
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
   const ProgramImage program = PlancCompile("tiny_llama_8cpu", "examples/tiny_llama.plan");
@@ -402,6 +430,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {false, sgd},
       {true, {1, 2, 2, 1}},
       {true, {2, 2, 2, 1, Schedule::k1F1B, true, 3}},
+      {false, WithCp(2)},
   };
   std::set<paraplan::prog::OpKind> emitted;
   for (const Case& c : cases) {
