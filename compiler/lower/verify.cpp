@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <unordered_map>
@@ -83,9 +84,17 @@ struct Item {
 
 struct RoleStream {
   std::vector<Item> items;
-  // p2p lookup: (peer, send?, k) -> item
-  std::map<std::tuple<int32_t, bool, int64_t>, int32_t> p2p_index;
+  // p2p lookup: (peer, send?) -> the stream positions of that direction's transfers, in order
+  std::map<std::pair<int32_t, bool>, std::vector<int32_t>> p2p_items;
   std::map<std::pair<int32_t, bool>, int64_t> p2p_count;  // (peer, send?) -> transfers
+  std::vector<int32_t> peers;  // the distinct pipeline peers the role's transfers name
+
+  // The stream position of the k-th transfer to (send) or from `peer`; -1 when there is none.
+  int32_t P2pItem(int32_t peer, bool send, int64_t k) const {
+    auto f = p2p_items.find({peer, send});
+    if (f == p2p_items.end() || k < 0 || k >= static_cast<int64_t>(f->second.size())) return -1;
+    return f->second[static_cast<size_t>(k)];
+  }
 };
 
 const Op& OpOf(const Role& role, const Item& it) {
@@ -111,6 +120,7 @@ struct Rendezvous {
   std::vector<uint8_t> counted;    // rank has registered its arrival at its head collective
   std::vector<uint8_t> queued;     // rank is in the queue
   std::deque<int32_t> queue;       // ranks to advance
+  std::vector<int32_t> pp_index;   // per rank: its position in its pipeline communicator
   int64_t ops = 0, transfers = 0, collectives = 0;
 };
 
@@ -312,7 +322,9 @@ class WorldVerifier {
           it.seq = p2p_seq[{it.peer, it.send}]++;
           const auto& operands = it.send ? op.inputs : op.outputs;
           it.bytes = operands.empty() ? 0 : role.buffers[operands[0]].bytes;
-          st.p2p_index[{it.peer, it.send, it.seq}] = static_cast<int32_t>(st.items.size());
+          st.p2p_items[{it.peer, it.send}].push_back(static_cast<int32_t>(st.items.size()));
+          if (std::find(st.peers.begin(), st.peers.end(), it.peer) == st.peers.end())
+            st.peers.push_back(it.peer);
           st.items.push_back(it);
           continue;
         }
@@ -388,8 +400,8 @@ class WorldVerifier {
         if (!send) continue;
         const Role& rb = p_.roles[p_.ranks[b].role];
         for (int64_t k = 0; k < count && !Full(); ++k) {
-          const Item& is = sa.items[sa.p2p_index.at({peer, true, k})];
-          const Item& ir = sb.items[sb.p2p_index.at({my_index, false, k})];
+          const Item& is = sa.items[static_cast<size_t>(sa.P2pItem(peer, true, k))];
+          const Item& ir = sb.items[static_cast<size_t>(sb.P2pItem(my_index, false, k))];
           const Op& os = ra.schedule[is.schedule_op];
           const Op& orv = rb.schedule[ir.schedule_op];
           bool act = os.kind == OpKind::SendActivation;
@@ -417,6 +429,9 @@ class WorldVerifier {
     sim_.completed.assign(p_.communicators.size(), 0);
     sim_.counted.assign(world, 0);
     sim_.queued.assign(world, 1);
+    sim_.pp_index.resize(static_cast<size_t>(world));
+    for (int32_t r = 0; r < world; ++r)
+      sim_.pp_index[static_cast<size_t>(r)] = p_.IndexIn(r, CommKind::Pp);
     for (int32_t r = 0; r < world; ++r) sim_.queue.push_back(r);
     while (!sim_.queue.empty() && !Full()) {
       const int32_t r = sim_.queue.front();
@@ -424,7 +439,7 @@ class WorldVerifier {
       sim_.queued[r] = 0;
       const Progress progress = AdvanceRank(r);
       if (progress == Progress::kFailed) return;
-      if (progress == Progress::kMoved) PushPipeline(r);
+      if (progress == Progress::kMoved) PushPeers(r);
     }
     if (Full()) return;
     ReportStuck();
@@ -444,20 +459,19 @@ class WorldVerifier {
       sim_.queue.push_back(r);
     }
   }
-  void PushPipeline(int32_t r) {
-    const int32_t c = p_.ranks[r].comms[static_cast<int>(CommKind::Pp)];
-    if (c < 0) return;
-    for (int32_t m : p_.communicators[c].members) Push(m);
+  // A rank that moved can only unblock the pipeline peers its transfers name (a blocked
+  // transfer waits for its partner; collectives push their members when they complete).
+  void PushPeers(int32_t r) {
+    for (int32_t peer : StreamOf(r).peers) Push(PeerRank(r, peer));
   }
 
   // Is the partner of rank r's p2p item posted (in the partner's head group) or done?
   bool PartnerReady(int32_t r, const Item& it) const {
     const int32_t b = PeerRank(r, it.peer);
-    const int32_t my_index = p_.IndexIn(r, CommKind::Pp);
+    const int32_t my_index = sim_.pp_index[static_cast<size_t>(r)];
     const RoleStream& sb = StreamOf(b);
-    auto f = sb.p2p_index.find({my_index, !it.send, it.seq});
-    if (f == sb.p2p_index.end()) return false;
-    const int32_t item = f->second;
+    const int32_t item = sb.P2pItem(my_index, !it.send, it.seq);
+    if (item < 0) return false;
     if (sim_.pos[b] >= static_cast<int32_t>(sb.items.size())) return item < sim_.pos[b];
     return item < sb.items[sim_.pos[b]].group_end;
   }
