@@ -271,6 +271,18 @@ TEST_CASE("llama: cp 2, selective recompute (bitwise equal to no recompute)") {
 TEST_CASE("llama: cp 2, tp 2, pp 2, dp 2, sequence parallel, full recompute") {
   CheckRecompute(false, WithCp(2, {2, 2, 2, 1, Schedule::k1F1B, true}), Recompute::kFull);
 }
+// ZeRO shards over DpCp (the 4 ranks holding the same weights).
+TEST_CASE("llama: cp 2, dp 2, ZeRO 1") {
+  CheckEquivalent(false, WithCp(2, {1, 1, 2, 1, Schedule::k1F1B, false, 1}));
+}
+TEST_CASE("llama: cp 2, dp 2, ZeRO 3") {
+  CheckEquivalent(false, WithCp(2, {1, 1, 2, 1, Schedule::k1F1B, false, 3}));
+}
+// Learned positions: each rank adds the table rows of its two chunks.
+TEST_CASE("gpt-2: cp 2") { CheckEquivalent(true, WithCp(2)); }
+TEST_CASE("gpt-2: cp 2, tp 2, sequence parallel") {
+  CheckEquivalent(true, WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true}));
+}
 // --- end context parallelism ---
 
 TEST_CASE("llama: tp 2") { CheckEquivalent(false, {2, 1, 1, 1}); }
