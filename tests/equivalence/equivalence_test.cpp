@@ -408,6 +408,12 @@ TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, sequence parallel, selective r
 TEST_CASE("planc compile: llama cp 2, tp 2, dp 2, sequence parallel") {
   CheckPlancEquivalent("single", "cp2_tp2_dp2_sp");
 }
+TEST_CASE("planc compile: llama cp 2, tp 2, dp 2, ZeRO 1 over dp · cp, sequence parallel") {
+  CheckPlancEquivalent("single", "cp2_tp2_dp2_zero1_sp");
+}
+TEST_CASE("planc compile: gpt-2 cp 2, tp 2, sequence parallel (learned positions)") {
+  CheckPlancEquivalent("gpt_single", "gpt_cp2_tp2_sp");
+}
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
   const ProgramImage program = PlancCompile("tiny_llama_8cpu", "examples/tiny_llama.plan");
