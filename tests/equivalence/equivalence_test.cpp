@@ -278,6 +278,9 @@ TEST_CASE("llama: cp 2, dp 2, ZeRO 1") {
 TEST_CASE("llama: cp 2, dp 2, ZeRO 3") {
   CheckEquivalent(false, WithCp(2, {1, 1, 2, 1, Schedule::k1F1B, false, 3}));
 }
+TEST_CASE("llama: cp 2, ZeRO 2 (dp 1: sharded over the Cp ranks alone)") {
+  CheckEquivalent(false, WithCp(2, {1, 1, 1, 1, Schedule::k1F1B, false, 2}));
+}
 // Learned positions: each rank adds the table rows of its two chunks.
 TEST_CASE("gpt-2: cp 2") { CheckEquivalent(true, WithCp(2)); }
 TEST_CASE("gpt-2: cp 2, tp 2, sequence parallel") {
