@@ -323,13 +323,9 @@ void FullRecomputeChunk(const Plan& plan, int64_t layers, const LayerActivations
 
 bool ArenaModelApplies(const Plan& plan) {
   const ModelSpec& m = plan.model;
-  // Context parallelism lowers with rotary positions and without ZeRO sharding over dp > 1
-  // (compiler/lower/lower.cpp refuses the rest).
+  // Context parallelism lowers whole: learned positions, and ZeRO sharded over dp · cp.
   const ParallelSpec& q = plan.parallel;
-  const bool cp_lowers =
-      q.cp == 1 || (m.position != Position::kLearned && (plan.optimizer.zero == 0 || q.dp <= 1));
-  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() && cp_lowers &&
-         q.ep == 1;
+  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() && q.ep == 1;
 }
 
 std::string_view MemoryPartName(MemoryPart part) {
@@ -748,11 +744,12 @@ int64_t ActivationsOnGpu(const MemoryInputs& in, int64_t activations, StageMemor
   return activations - moved;
 }
 
-// planrun's arena under ZeRO >= 2 on dp > 1: a layer's (or the embedding's) full grad bucket,
-// fp32, and with ZeRO-3 its gathered weights live inside the body that uses them.
+// planrun's arena under ZeRO >= 2 on dp · cp > 1 (the ZeRO group): a layer's (or the
+// embedding's) full grad bucket, fp32, and with ZeRO-3 its gathered weights live inside the body
+// that uses them.
 int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
   const Plan& plan = *in.plan;
-  if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp <= 1) return 0;
+  if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return 0;
   int64_t bucket = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
   if (s.embedding || s.loss)
     bucket = std::max(bucket, SatMul(in.arena_sizes.vocab, plan.model.hidden));

@@ -45,8 +45,12 @@ class RoleLowering {
     tokens_ = m_.micro_batch * (m_.seq_len / cp_);
     rows_ = p_.sp ? tokens_ / tp_ : tokens_;
     tp_comm_ = tp_ > 1 ? CommKind::Tp : CommKind::None;
-    shard_grads_ = p_.zero >= 2 && p_.dp > 1;
-    gather_params_ = p_.zero >= 3 && p_.dp > 1;
+    // --- context parallelism: Cp ranks hold the same weights; ZeRO shards over dp · cp ---
+    shard_ = static_cast<int64_t>(p_.dp) * cp_;
+    shard_comm_ = cp_ > 1 ? CommKind::DpCp : CommKind::Dp;
+    // --- end context parallelism ---
+    shard_grads_ = p_.zero >= 2 && shard_ > 1;
+    gather_params_ = p_.zero >= 3 && shard_ > 1;
   }
 
   StepBodies Build(const std::vector<ChunkLayers>& chunks);
@@ -245,6 +249,13 @@ class RoleLowering {
     const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * kv * hd});
     Emit(AttentionAttrs<attrs::RingAttentionBackward>(), in, {dq, dk, dv, ring}, cp_comm_);
   }
+  // The learned position table's add and its backward: with cp > 1 over Cp, taking the
+  // positions of the rank's two chunks (and, under sequence parallelism, the rank's rows of
+  // them, from its Tp index); else over Tp under sequence parallelism.
+  CommKind PositionComm() const {
+    if (cp_ > 1) return cp_comm_;
+    return p_.sp ? tp_comm_ : CommKind::None;
+  }
   // --- end context parallelism ---
 
   // The gradient outputs of LinearBackward: dx, the weight's grad, and the bias's when present.
@@ -300,8 +311,12 @@ class RoleLowering {
   CommKind cp_comm_ = CommKind::None;  // Cp when cp > 1: ring attention, RoPE, data
   DType act_ = DType::Bf16;
   CommKind tp_comm_ = CommKind::None;
-  bool shard_grads_ = false;  // ZeRO >= 2, dp > 1: grads reduce-scattered per backward into shards
-  bool gather_params_ = false;  // ZeRO >= 3, dp > 1: params gathered in the bodies, per layer
+  // --- context parallelism ---
+  int64_t shard_ = 1;                   // the ZeRO group: dp · cp ranks
+  CommKind shard_comm_ = CommKind::Dp;  // DpCp when cp > 1, else Dp
+  // --- end context parallelism ---
+  bool shard_grads_ = false;    // ZeRO >= 2, dp · cp > 1: grads reduce-scattered per backward
+  bool gather_params_ = false;  // ZeRO >= 3, dp · cp > 1: params gathered in the bodies, per layer
   std::vector<std::string> param_group_;  // per param: its bucket group with ZeRO >= 2
   int32_t chunk_ = -1, layer_ = -1;
   std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
@@ -511,8 +526,7 @@ void RoleLowering::EmitEmbeddingForward(const ChunkParams& params, ChunkForward&
   Emit(attrs::Embedding{}, {forward.ids, params.word.value}, {e}, tp_comm_);
   forward.x = ReducePartial(e, "embedding.out_sp", h);
   if (params.pos.value >= 0)
-    Emit(attrs::AddPosition{}, {forward.x, params.pos.value}, {forward.x},
-         p_.sp ? tp_comm_ : CommKind::None);
+    Emit(attrs::AddPosition{}, {forward.x, params.pos.value}, {forward.x}, PositionComm());
 }
 
 void RoleLowering::EmitLossForward(const ChunkParams& params, ChunkForward& forward) {
@@ -549,8 +563,7 @@ void RoleLowering::EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& p
   layer_ = -1;
   if (cl.embedding) {
     if (params.pos.value >= 0)
-      Emit(attrs::AddPositionBackward{}, {gx}, {params.pos.grad},
-           p_.sp ? tp_comm_ : CommKind::None);
+      Emit(attrs::AddPositionBackward{}, {gx}, {params.pos.grad}, PositionComm());
     const int32_t gfull = GatherSp(gx, "embedding.out.grad_full", h);
     Emit(attrs::EmbeddingBackward{}, {gfull, forward.ids}, {params.word.grad}, tp_comm_);
   }
@@ -663,14 +676,14 @@ void RoleLowering::ClassifyStash() {
   }
 }
 
-// Buckets: with ZeRO 0/1 (or dp = 1) one flat region of a chunk's params and one of its grads.
-// With ZeRO >= 2 on dp > 1 one bucket per layer and per chunk-level tensor (word embedding or its
-// tied copy, position table, final norm, output layer), so that a layer's full grads (and with
+// Buckets: with ZeRO 0/1 (or dp · cp = 1) one flat region of a chunk's params and one of its grads.
+// With ZeRO >= 2 on dp · cp > 1 one bucket per layer and per chunk-level tensor (word embedding or
+// its tied copy, position table, final norm, output layer), so that a layer's full grads (and with
 // ZeRO-3 its gathered params) exist only while the layer runs; the word embedding and its tied
 // copy then have buckets of the same size on both stages, and their grad shards line up for
 // the Embedding-group all-reduce.
 void RoleLowering::BuildBuckets() {
-  const int64_t dp = p_.dp;
+  const int64_t dp = shard_;  // the ZeRO group (dp · cp)
   auto make = [&](int32_t chunk, const std::vector<int32_t>& members, const std::string& name) {
     Bucket bucket;
     bucket.chunk = chunk;
@@ -725,12 +738,12 @@ void RoleLowering::BuildBuckets() {
   chunk_ = -1;
 }
 
-// ZeRO >= 2 on dp > 1: the buckets' full forms live only inside the bodies. Before the first op
-// of a body that reads a param of a ZeRO-3 bucket, the bucket is all-gathered from the shards;
+// ZeRO >= 2 on dp · cp > 1: the buckets' full forms live only inside the bodies. Before the first
+// op of a body that reads a param of a ZeRO-3 bucket, the bucket is all-gathered from the shards;
 // before the first op that writes a grad of a bucket, the grad bucket is zeroed; after the last
 // op that writes it, the sequence-parallel partial sums of its params are completed over Tp
-// and the bucket is reduce-scattered over Dp, adding the owned piece to the persistent shard
-// (the gradient is reduced per microbatch and layer, as DeepSpeed's ZeRO-2/3 do).
+// and the bucket is reduce-scattered over Dp (DpCp with cp > 1), adding the owned piece to the
+// persistent shard (the gradient is reduced per microbatch and layer, as DeepSpeed's ZeRO-2/3 do).
 void RoleLowering::ScopeBucketsInBodies() {
   std::vector<int32_t> bucket_of(role_.buffers.size(), -1);  // view or bucket buffer -> bucket
   std::vector<uint8_t> is_grad(role_.buffers.size(), 0);
@@ -771,7 +784,7 @@ void RoleLowering::ScopeBucketsInBodies() {
             if (is_grad[x] && opened.insert(k).second)
               Emit(attrs::Fill{.value = 0.0}, {}, {b.grads});
             if (!is_grad[x] && gathered.insert(k).second)
-              Emit(attrs::AllGather{}, {b.param_shard}, {b.params}, CommKind::Dp);
+              Emit(attrs::AllGather{}, {b.param_shard}, {b.params}, shard_comm_);
           }
         }
         body.ops.push_back(ops[i]);
@@ -782,7 +795,7 @@ void RoleLowering::ScopeBucketsInBodies() {
             if (prm.grad_sync_tp && role_.buffers[prm.grad].view_of == b.grads)
               Emit(attrs::AllReduce{}, {prm.grad}, {prm.grad}, CommKind::Tp);
           Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum, .accumulate = true}, {b.grads},
-               {b.grad_shard}, CommKind::Dp);
+               {b.grad_shard}, shard_comm_);
         }
       }
     }
@@ -792,7 +805,7 @@ void RoleLowering::ScopeBucketsInBodies() {
 
 StepBodies RoleLowering::BuildStepBodies() {
   StepBodies sb;
-  const bool sharded = p_.zero >= 1 && p_.dp > 1;
+  const bool sharded = p_.zero >= 1 && shard_ > 1;
   chunk_ = -1;
   layer_ = -1;
   // Zero grads.
@@ -825,13 +838,13 @@ StepBodies RoleLowering::BuildStepBodies() {
       Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {g}, {g}, CommKind::Embedding);
     }
   }
-  // Context-parallel ranks hold the same weights: unsharded grads are summed over DpCp (lowering
-  // refuses ZeRO sharding over dp > 1 together with cp > 1).
-  const CommKind grad_comm = cp_ > 1 ? CommKind::DpCp : CommKind::Dp;
+  // Context-parallel ranks hold the same weights: grads are summed (or reduce-scattered under
+  // ZeRO) over DpCp.
+  const CommKind grad_comm = shard_comm_;
   if (p_.dp * cp_ > 1 && !shard_grads_) {
     for (const Bucket& b : role_.buckets) {
       if (sharded)
-        Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Dp);
+        Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
       else
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
     }
@@ -844,7 +857,7 @@ StepBodies RoleLowering::BuildStepBodies() {
   {
     std::vector<int32_t> grads;
     for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
-    Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? CommKind::Dp : CommKind::None);
+    Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? shard_comm_ : CommKind::None);
     int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
     if (sharded) {
       if (world > 1)
@@ -858,12 +871,12 @@ StepBodies RoleLowering::BuildStepBodies() {
     int32_t params = gather_params_ ? b.param_shard : b.params;
     int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
     const std::vector<int32_t> in = {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq};
-    const CommKind comm = sharded ? CommKind::Dp : CommKind::None;
+    const CommKind comm = sharded ? shard_comm_ : CommKind::None;
     if (s_.sgd)
       Emit(attrs::Sgd{.chunk = b.chunk}, in, {params}, comm);
     else
       Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
-    if (sharded && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, CommKind::Dp);
+    if (sharded && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, shard_comm_);
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;

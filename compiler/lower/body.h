@@ -1,5 +1,5 @@
 // Bodies: the forward and backward op lists of one model chunk, and the step bodies (zero
-// grads, gradient synchronisation, optimizer step) of one role. With ZeRO >= 2 on dp > 1 the
+// grads, gradient synchronisation, optimizer step) of one role. With ZeRO >= 2 on dp · cp > 1 the
 // chunk bodies also hold the per-layer ZeRO collectives: the ZeRO-3 all-gather of a layer's
 // params before its first use, the reduce-scatter of its grads after their last write.
 //
@@ -11,7 +11,7 @@
 // vocab-parallel embedding and cross-entropy. Semantics of every op: runtime/format/README.md.
 // With context parallelism (cp > 1) a rank holds seq_len / cp tokens of each sequence (chunks r
 // and 2·cp-1-r): RingAttention replaces Attention, RoPE and the data loader work over Cp, and
-// the loss and the gradients are reduced over DpCp.
+// the loss and the gradients are reduced over DpCp; ZeRO shards over DpCp.
 //
 // BuildRoleBodies fills a Role's params, buffers (shapes, kinds; no placement yet), buckets,
 // chunks and bodies. Placement is memory_plan.h's job, the schedule lower.cpp's.

@@ -122,18 +122,6 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
     unsupported.Report("multi-head latent attention", "model.kv_lora_rank",
                        "`planc check` and `planc explain` analyse this plan; compile a model with "
                        "ordinary attention for now");
-  // --- context parallelism: lowered with rotary positions and unsharded optimizer states ---
-  if (q.cp > 1 && m.position == Position::kLearned)
-    unsupported.Report(fmt::format("learned position embeddings with context parallelism "
-                                   "(cp = {})",
-                                   q.cp),
-                       "parallel.cp", "use `model.position = rope`, or set `parallel.cp = 1`");
-  if (q.cp > 1 && q.dp > 1 && plan.optimizer.zero > 0)
-    unsupported.Report(fmt::format("ZeRO sharding together with context parallelism (zero = {}, "
-                                   "dp = {}, cp = {})",
-                                   plan.optimizer.zero, q.dp, q.cp),
-                       "optimizer.zero", "set `optimizer.zero = 0`, or `parallel.dp = 1`");
-  // --- end context parallelism ---
   if (q.ep > 1)
     unsupported.Report(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
                        "set `parallel.ep = 1`");

@@ -633,27 +633,43 @@ TEST_CASE("mutation: a ring attention one Cp member skips is caught") {
                     "(stage0): ring_attention of forward") != std::string::npos);
 }
 
-TEST_CASE("context parallelism: what lowering still refuses, and sequences that do not chunk") {
-  Plan learned = CpPlan(2, 1, 1);
+TEST_CASE(
+    "context parallelism: learned positions over Cp, ZeRO over DpCp, sequences that do not chunk") {
+  Plan learned = CpPlan(2, 2, 1);
   learned.model.position = Position::kLearned;
-  DiagnosticSink s1;
-  CHECK_FALSE(LowerPlan(learned, {}, s1).has_value());
-  REQUIRE(s1.diagnostics().size() == 1);
-  CHECK(s1.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
-  CHECK(s1.diagnostics()[0].message ==
-        "lowering does not emit learned position embeddings with context parallelism (cp = 2) "
-        "yet");
+  learned.parallel.sp = true;
+  const Program lp = MustLower(learned);
+  const Role& lrole = lp.roles[0];
+  CHECK(CountOps(lrole.bodies[lrole.chunks[0].forward], OpKind::AddPosition, CommKind::Cp) == 1);
+  CHECK(CountOps(lrole.bodies[lrole.chunks[0].backward], OpKind::AddPositionBackward,
+                 CommKind::Cp) == 1);
 
-  Plan zero = CpPlan(2, 1, 2);
-  zero.optimizer.zero = 1;
-  DiagnosticSink s2;
-  CHECK_FALSE(LowerPlan(zero, {}, s2).has_value());
-  REQUIRE(s2.diagnostics().size() == 1);
-  CHECK(s2.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
-  zero.parallel.dp = 1;  // nothing to shard: lowers
-  zero.cluster.gpus_per_node = 2;
-  zero.batch.global = 16;
-  MustLower(zero);
+  for (int64_t zero : {1, 3}) {
+    CAPTURE(zero);
+    Plan plan = CpPlan(2, 1, 2);
+    plan.optimizer.zero = zero;
+    const Program p = MustLower(plan);
+    const Role& role = p.roles[0];
+    const Body& step = role.bodies[role.schedule.back().ints[0]];
+    for (const Bucket& b : role.buckets) CHECK(b.shard_elements * 4 == b.elements);
+    CHECK(CountOps(step, OpKind::AdamW, CommKind::DpCp) == static_cast<int>(role.buckets.size()));
+    CHECK(CountOps(step, OpKind::GradNormSquare, CommKind::DpCp) == 1);
+    int on_dp = 0;
+    for (const Body& body : role.bodies)
+      for (const Op& op : body.ops) on_dp += op.comm == CommKind::Dp ? 1 : 0;
+    CHECK(on_dp == 0);
+    const Body& bwd = role.bodies[role.chunks[0].backward];
+    if (zero == 1) {
+      const Body& reduce = role.bodies[role.schedule[role.schedule.size() - 2].ints[0]];
+      CHECK(CountOps(reduce, OpKind::ReduceScatter, CommKind::DpCp) ==
+            static_cast<int>(role.buckets.size()));
+      CHECK(CountOps(step, OpKind::AllGather, CommKind::DpCp) ==
+            static_cast<int>(role.buckets.size()));
+    } else {
+      CHECK(CountOps(bwd, OpKind::ReduceScatter, CommKind::DpCp) > 0);
+      CHECK(CountOps(role.bodies[role.chunks[0].forward], OpKind::AllGather, CommKind::DpCp) > 0);
+    }
+  }
 
   Plan odd = CpPlan(4, 1, 1);
   odd.model.seq_len = 36;  // 36 mod 8 = 4

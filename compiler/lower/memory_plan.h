@@ -4,13 +4,13 @@
 //   persistent  params and grads (as per-chunk buckets; params are views into them),
 //               optimizer state of the local shard, small persistent values; with ZeRO-3 the
 //               param shard instead of the param bucket, with ZeRO-2/3 the grad shard instead
-//               of the grad bucket (dp > 1)
+//               of the grad bucket (dp · cp > 1)
 //   stash       per chunk, a frame of its Stash buffers repeated `slots` times (one slot per
 //               in-flight microbatch; slots come from the schedule, see lower.cpp)
 //   scratch     buffers that live inside one body call; bodies never run at the same time, so
 //               all bodies share the region, and inside a body two buffers share bytes when
 //               their live ranges (first to last op that touches them) do not overlap. With
-//               ZeRO >= 2 (dp > 1) the transient buckets live here too: a layer's full grad
+//               ZeRO >= 2 (dp · cp > 1) the transient buckets live here too: a layer's full grad
 //               bucket from its Fill to its ReduceScatter, and with ZeRO-3 its gathered param
 //               bucket from its AllGather to its last use, in each body that uses the layer
 // Offsets are aligned to kArenaAlignment. The plan is made twice: for the program's precision

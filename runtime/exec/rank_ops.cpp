@@ -178,11 +178,51 @@ void RankRunner::RunEmbeddingBackward(const OpCall& call) {
                              vloc);
 }
 
+// --- context parallelism ---
+// Over Cp a rank's tokens of each sequence are chunks r and 2·cp-1-r of seq/(2·cp) positions
+// each (and under sequence parallelism the rank holds rows [tp index · rows, +rows) of them):
+// calls `fn(row, position, count)` for each run of rows with consecutive positions.
+template <typename Fn>
+void RankRunner::ForEachCpPositionRun(const OpCall& call, int64_t rows, int64_t seq,
+                                      const Fn& fn) const {
+  const int64_t cp_size = CommOf(CommKind::Cp, "AddPosition").size;
+  const int64_t local = call.Div(seq, cp_size), half = local / 2;
+  const int64_t tokens = program_.model.micro_batch * local;
+  int64_t t0 = 0;
+  if (rows != tokens) {  // sequence parallel: the rank's rows of the Cp rank's tokens
+    const Comm& tp = comms_[static_cast<int>(CommKind::Tp)];
+    call.Need(tp.comm != nullptr && rows * tp.size == tokens,
+              std::to_string(rows) + " rows are neither the rank's " + std::to_string(tokens) +
+                  " tokens nor a Tp part of them");
+    t0 = tp.index * rows;
+  }
+  call.Need(seq % (2 * cp_size) == 0, "the sequence does not cut into 2 · cp chunks");
+  const int64_t r = IndexIn(CommKind::Cp);
+  for (int64_t row = 0; row < rows;) {
+    const int64_t j = (t0 + row) % local;  // index within the rank's part of one sequence
+    const int64_t chunk = j < half ? r : 2 * cp_size - 1 - r;
+    const int64_t in_chunk = j % half;
+    const int64_t count = std::min(half - in_chunk, rows - row);
+    fn(row, chunk * half + in_chunk, count);
+    row += count;
+  }
+}
+// --- end context parallelism ---
+
 void RankRunner::RunAddPosition(const OpCall& call) {
   const auto& p = call.InBuf(1);
   const int64_t h = Last(p), seq = First(p), rows = call.Div(call.InN(0), h);
   call.Input(1, call.Mul({seq, h}));
   call.Need(call.OutN(0) == call.InN(0) && seq > 0, "sizes");
+  if (call.op.comm == CommKind::Cp) {
+    float* y = call.Out(0);
+    const float* x = call.In(0);
+    const float* table = call.In(1);
+    ForEachCpPositionRun(call, rows, seq, [&](int64_t row, int64_t position, int64_t count) {
+      backend_.AddPosition(y + row * h, x + row * h, table + position * h, count, h, 0, count);
+    });
+    return;
+  }
   backend_.AddPosition(call.Out(0), call.In(0), call.In(1), rows, h, call.RowOffset(rows), seq);
 }
 
@@ -191,6 +231,14 @@ void RankRunner::RunAddPositionBackward(const OpCall& call) {
   const int64_t h = Last(p), seq = First(p), rows = call.Div(call.InN(0), h);
   call.Need(seq > 0, "sizes");
   call.Output(0, call.Mul({seq, h}));
+  if (call.op.comm == CommKind::Cp) {
+    float* dpos = call.Out(0);
+    const float* dy = call.In(0);
+    ForEachCpPositionRun(call, rows, seq, [&](int64_t row, int64_t position, int64_t count) {
+      backend_.AddPositionBackward(dpos + position * h, dy + row * h, count, h, 0, count);
+    });
+    return;
+  }
   backend_.AddPositionBackward(call.Out(0), call.In(0), rows, h, call.RowOffset(rows), seq);
 }
 

@@ -62,8 +62,10 @@ const RankRunner::Comm& RankRunner::CommOf(CommKind kind, const char* what) cons
   return c;
 }
 
+// ZeRO shards over the ranks holding the same weights: Dp, or DpCp with context parallelism.
 int64_t RankRunner::ShardIndex() const {
-  return program_.parallel.zero >= 1 ? IndexIn(CommKind::Dp) : 0;
+  if (program_.parallel.zero < 1) return 0;
+  return IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp);
 }
 
 void RankRunner::Setup() {

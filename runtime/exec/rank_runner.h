@@ -153,6 +153,9 @@ class RankRunner {
   // Shared by the handlers of similar ops.
   void RunOptimizerUpdate(const OpCall& call, bool adamw);
   void RunRopeOp(const OpCall& call, const prog::attrs::Rope& a, bool forward);
+  // --- context parallelism: the learned positions of the rank's rows (rank_ops.cpp) ---
+  template <typename Fn>
+  void ForEachCpPositionRun(const OpCall& call, int64_t rows, int64_t seq, const Fn& fn) const;
   void RunAttentionOp(const OpCall& call, const prog::attrs::Attention& a, bool forward);
   void RunRingAttentionOp(const OpCall& call, const RingAttentionShape& s, bool forward);
   // Backward ops with dx_accumulate: compute into scratch, then add.

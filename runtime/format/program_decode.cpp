@@ -225,14 +225,17 @@ void RoleChecker::CheckParam(const Param& pi) const {
   }
 }
 
-// A bucket's buffers exist and hold its elements, and its shards match the ZeRO degree.
+// A bucket's buffers exist and hold its elements, and its shards match the ZeRO degree (dp · cp).
 void RoleChecker::CheckBucket(const Bucket& bi) const {
   CheckBufferIndex(bi.params, "bucket");
   CheckBufferIndex(bi.grads, "bucket");
   for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard})
     CheckBufferIndex(b, "bucket", true);
   const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
-  const int64_t dp = img_.parallel.zero >= 1 ? img_.parallel.dp : 1;
+  // ZeRO shards over the ranks holding the same weights: dp · cp.
+  const int64_t dp = img_.parallel.zero >= 1
+                         ? int64_t{img_.parallel.dp} * std::max<int64_t>(1, img_.parallel.cp)
+                         : 1;
   const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
   if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||
       elements_[bi.params] < bi.elements || elements_[bi.grads] < bi.elements) {

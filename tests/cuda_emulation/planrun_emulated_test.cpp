@@ -91,5 +91,13 @@ TEST_CASE("plan cp2_tp2_dp2_sp: local mode, 8 ranks, ring attention over cp 2") 
   CheckPlan("cp2_tp2_dp2_sp", 8);
 }
 
+TEST_CASE("plan cp2_tp2_dp2_zero1_sp: local mode, 8 ranks, ZeRO-1 over dp · cp") {
+  CheckPlan("cp2_tp2_dp2_zero1_sp", 8);
+}
+
+TEST_CASE("plan gpt_cp2_tp2_sp: local mode, 4 ranks, learned positions over cp 2") {
+  CheckPlan("gpt_cp2_tp2_sp", 4);
+}
+
 }  // namespace
 }  // namespace paraplan

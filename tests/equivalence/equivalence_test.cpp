@@ -271,6 +271,21 @@ TEST_CASE("llama: cp 2, selective recompute (bitwise equal to no recompute)") {
 TEST_CASE("llama: cp 2, tp 2, pp 2, dp 2, sequence parallel, full recompute") {
   CheckRecompute(false, WithCp(2, {2, 2, 2, 1, Schedule::k1F1B, true}), Recompute::kFull);
 }
+// ZeRO shards over DpCp (the 4 ranks holding the same weights).
+TEST_CASE("llama: cp 2, dp 2, ZeRO 1") {
+  CheckEquivalent(false, WithCp(2, {1, 1, 2, 1, Schedule::k1F1B, false, 1}));
+}
+TEST_CASE("llama: cp 2, dp 2, ZeRO 3") {
+  CheckEquivalent(false, WithCp(2, {1, 1, 2, 1, Schedule::k1F1B, false, 3}));
+}
+TEST_CASE("llama: cp 2, ZeRO 2 (dp 1: sharded over the Cp ranks alone)") {
+  CheckEquivalent(false, WithCp(2, {1, 1, 1, 1, Schedule::k1F1B, false, 2}));
+}
+// Learned positions: each rank adds the table rows of its two chunks.
+TEST_CASE("gpt-2: cp 2") { CheckEquivalent(true, WithCp(2)); }
+TEST_CASE("gpt-2: cp 2, tp 2, sequence parallel") {
+  CheckEquivalent(true, WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true}));
+}
 // --- end context parallelism ---
 
 TEST_CASE("llama: tp 2") { CheckEquivalent(false, {2, 1, 1, 1}); }
@@ -395,6 +410,12 @@ TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, sequence parallel, selective r
 }
 TEST_CASE("planc compile: llama cp 2, tp 2, dp 2, sequence parallel") {
   CheckPlancEquivalent("single", "cp2_tp2_dp2_sp");
+}
+TEST_CASE("planc compile: llama cp 2, tp 2, dp 2, ZeRO 1 over dp · cp, sequence parallel") {
+  CheckPlancEquivalent("single", "cp2_tp2_dp2_zero1_sp");
+}
+TEST_CASE("planc compile: gpt-2 cp 2, tp 2, sequence parallel (learned positions)") {
+  CheckPlancEquivalent("gpt_single", "gpt_cp2_tp2_sp");
 }
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
