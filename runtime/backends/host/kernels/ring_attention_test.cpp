@@ -150,25 +150,9 @@ TEST_CASE("ring attention backward against finite differences of the chunked for
   loss();
   std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
   ChunkedBackward(dq, dk, dv, proj, out, lse, q, k, v, whole, s, order);
-  const auto check = [&](const char* what, std::vector<float>& x, const std::vector<float>& g) {
-    const float h = 1e-2f;
-    double worst = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const float saved = x[i];
-      x[i] = saved + h;
-      const double lp = loss();
-      x[i] = saved - h;
-      const double lm = loss();
-      x[i] = saved;
-      const double numeric = (lp - lm) / (2.0 * h);
-      worst = std::max(worst, std::abs(numeric - g[i]) / std::max(1.0, std::abs(numeric)));
-    }
-    INFO(what << ": worst relative error " << worst);
-    CHECK(worst < 2e-3);
-  };
-  check("dq", q, dq);
-  check("dk", k, dk);
-  check("dv", v, dv);
+  CheckGradient("dq", q, dq, loss);
+  CheckGradient("dk", k, dk, loss);
+  CheckGradient("dv", v, dv, loss);
 }
 
 TEST_CASE("a chunk entirely in a query's future contributes nothing; the merge keeps the rest") {
