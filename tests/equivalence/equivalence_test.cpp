@@ -400,6 +400,9 @@ TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel, ful
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, sequence parallel, selective recompute") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_sp_recompute_selective");
 }
+TEST_CASE("planc compile: moe tp 2, pp 2, dp 2, ZeRO 1, sequence parallel (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_tp2_pp2_dp2_zero1_sp");
+}
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
   const ProgramImage program = PlancCompile("tiny_llama_8cpu", "examples/tiny_llama.plan");
