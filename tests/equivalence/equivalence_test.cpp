@@ -87,7 +87,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   if (l.moe) {
     // Mixture of experts: a leading dense layer, then every second layer MoE (layers 1 and 3),
     // 4 experts, 2 per token, one shared expert; experts whole on every rank (ep = etp = 1).
-    plan.name = m.name = "tiny_moe";
+    plan.name = m.name = gpt ? "tiny_gpt_moe" : "tiny_moe";
     m.experts = 4;
     m.topk = 2;
     m.moe_ffn_hidden = 64;
@@ -379,6 +379,9 @@ TEST_CASE("moe: tp 2, sequence parallel") {
 TEST_CASE("moe: pp 2, 1F1B") { CheckEquivalent(false, Moe({1, 2, 1, 1, Schedule::k1F1B})); }
 TEST_CASE("moe: dp 2, ZeRO 1") {
   CheckEquivalent(false, Moe({1, 1, 2, 1, Schedule::k1F1B, false, 1}));
+}
+TEST_CASE("moe, gpt-2 (GELU experts): tp 2, sequence parallel, pp 2") {
+  CheckEquivalent(true, Moe({2, 2, 1, 1, Schedule::k1F1B, true}));
 }
 TEST_CASE("moe: tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, Moe({2, 1, 1, 1, Schedule::k1F1B, true}), Recompute::kFull);
