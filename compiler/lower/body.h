@@ -8,7 +8,8 @@
 // embeddings), with the tensor-parallel collectives explicit: column-parallel q/k/v, gate/up
 // and fc1; row-parallel o and down/fc2 followed by an all-reduce (or, with sequence
 // parallelism, a reduce-scatter, and an all-gather before every column-parallel block);
-// vocab-parallel embedding and cross-entropy. Semantics of every op: runtime/format/README.md.
+// vocab-parallel embedding and cross-entropy; either with mixture-of-experts layers in place of
+// the MLP (MoeShape). Semantics of every op: runtime/format/README.md.
 //
 // BuildRoleBodies fills a Role's params, buffers (shapes, kinds; no placement yet), buckets,
 // chunks and bodies. Placement is memory_plan.h's job, the schedule lower.cpp's.
