@@ -380,6 +380,12 @@ TEST_CASE("moe: pp 2, 1F1B") { CheckEquivalent(false, Moe({1, 2, 1, 1, Schedule:
 TEST_CASE("moe: dp 2, ZeRO 1") {
   CheckEquivalent(false, Moe({1, 1, 2, 1, Schedule::k1F1B, false, 1}));
 }
+TEST_CASE("moe: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel") {
+  CheckEquivalent(false, Moe({2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3}));
+}
+TEST_CASE("moe: tp 2, sequence parallel, selective recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, Moe({2, 1, 1, 1, Schedule::k1F1B, true}), Recompute::kSelective);
+}
 TEST_CASE("moe, gpt-2 (GELU experts): tp 2, sequence parallel, pp 2") {
   CheckEquivalent(true, Moe({2, 2, 1, 1, Schedule::k1F1B, true}));
 }
