@@ -189,15 +189,30 @@ class RoleLowering {
     return ReducePartial(partial_full, name, m_.hidden);
   }
 
+  // --- mixture of experts: params and saved buffers of an MoE layer (body.h MoeShape) ---
+  struct MoeParams {
+    ParamRef router, gate, up, down;               // gate unused with GELU (up is fc1, down fc2)
+    ParamRef shared_gate, shared_up, shared_down;  // shared experts (-1 when none)
+  };
+  struct MoeSaved {
+    int32_t logits = -1, w = -1, idx = -1, scores = -1, counts = -1;  // router
+    int32_t xp = -1, row_map = -1, expert_counts = -1;                // dispatch
+    int32_t g = -1, u = -1, a = -1, y = -1;                           // experts
+    int32_t sg = -1, su = -1, sa = -1;                                // shared experts
+  };
+  // --- end mixture of experts ---
   struct LayerParams {
     NormParams n1, n2;
     ParamRef wq, wk, wv, wo, bq, bk, bv, bo, w1, w3, w2, b1, b2;
+    bool moe = false;
+    MoeParams experts;
   };
   // The buffers of one layer's forward that its backward reads.
   struct LayerSaved {
     int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1,
             u = -1, a = -1;
     NormOut no1, no2;
+    MoeSaved moe;
   };
   // Emits one layer's forward into body_ from input x. With `next` >= 0 the whole layer, ending
   // in the residual add into `next`; with next = -1 (recompute) it stops after the MLP
@@ -295,6 +310,19 @@ class RoleLowering {
   // One layer's backward, accumulating into gx; with full recompute its forward runs first.
   void LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx);
   void MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // --- mixture of experts ---
+  MoeParams MakeMoeParams(int32_t layer_index);
+  // The MoE block's forward from the normed rows; with next >= 0 it adds the combined output
+  // (and the shared experts') to the residual into `next`, with next = -1 (recompute) it stops
+  // after the experts' down projection, the last tensor the backward reads.
+  void MoeForward(const LayerParams& params, LayerSaved& saved, int32_t next);
+  void MoeBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // A dense gated (or GELU) MLP of width `ffn` (global), tensor-parallel, no biases: gate/up into
+  // *g, *u and the activation into *a; the down projection reduced to rows when `out` >= 0.
+  void DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
+                          const ParamRef& up, const ParamRef& down, int64_t ffn, int32_t* g,
+                          int32_t* u, int32_t* a, int32_t* out);
+  // --- end mixture of experts ---
   void AttentionBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   void BuildBuckets();
   void ScopeBucketsInBodies();
@@ -355,6 +383,10 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
   layer_saved.x1 = Act("residual1", {rows_, h});
   Emit(attrs::Add{}, {x, pr}, {layer_saved.x1});
   layer_saved.no2 = NormForward("mlp_norm", P.n2, layer_saved.x1);
+  if (P.moe) {
+    MoeForward(P, layer_saved, next);
+    return layer_saved;
+  }
   layer_saved.n2f = GatherSp(layer_saved.no2.y, "mlp_norm.out_full", h);
   if (gpt) {
     layer_saved.g = Act("mlp.fc1_out", {tokens_, ffn});
@@ -448,6 +480,11 @@ RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
     params.bo =
         AddParam(n + "attention.bo", key(9), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
   params.n2 = MakeNorm(n + "mlp_norm", key(10));
+  if (s_.moe.IsMoeLayer(layer_index)) {
+    params.moe = true;
+    params.experts = MakeMoeParams(layer_index);
+    return params;
+  }
   if (m_.activation == prog::ActivationKind::Gelu) {
     params.w1 = AddParam(n + "mlp.fc1", key(12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal,
                          0.02, true, false, false);
@@ -591,7 +628,10 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
     saved = LayerForward(params, stashed.x, /*next=*/-1);
     recompute_prefix_.clear();
   }
-  MlpBackward(params, saved, gx);
+  if (params.moe)
+    MoeBackward(params, saved, gx);
+  else
+    MlpBackward(params, saved, gx);
   AttentionBackward(params, saved, gx);
 }
 
@@ -620,6 +660,198 @@ void RoleLowering::MlpBackward(const LayerParams& params, const LayerSaved& save
   const int32_t dn2 = ReduceGradToRows(dn2f, "mlp_norm.out.grad");
   NormBackward(params.n2, saved.no2, saved.x1, dn2, gx, /*accumulate=*/true);
 }
+
+// --- mixture of experts (body.h MoeShape) ------------------------------------------------------
+
+RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
+  const int64_t h = m_.hidden, e = s_.moe.experts, f = s_.moe.ffn, sf = s_.moe.shared_ffn;
+  const bool gpt = m_.activation == prog::ActivationKind::Gelu;
+  const std::string n = fmt::format("layers.{}.moe.", layer_index);
+  auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
+  // Router and experts: replicated over tp (etp = 1); with sequence parallelism each rank routes
+  // its own rows, so their gradients are partial sums over tp.
+  MoeParams params;
+  params.router =
+      AddParam(n + "router", key(20), {e, h}, -1, prog::InitKind::Normal, 0.02, true, true, p_.sp);
+  if (!gpt)
+    params.gate = AddParam(n + "experts.w_gate", key(21), {e, f, h}, -1, prog::InitKind::Normal,
+                           0.02, true, true, p_.sp);
+  params.up = AddParam(n + (gpt ? "experts.fc1" : "experts.w_up"), key(22), {e, f, h}, -1,
+                       prog::InitKind::Normal, 0.02, true, true, p_.sp);
+  params.down = AddParam(n + (gpt ? "experts.fc2" : "experts.w_down"), key(23), {e, h, f}, -1,
+                         prog::InitKind::Normal, OutStd(), true, true, p_.sp);
+  if (sf > 0) {
+    // Shared experts: one dense MLP of width shared · ffn, tensor-parallel as the dense MLP.
+    if (!gpt)
+      params.shared_gate = AddParam(n + "shared.w_gate", key(24), {sf, h}, 0,
+                                    prog::InitKind::Normal, 0.02, true, false, false);
+    params.shared_up = AddParam(n + (gpt ? "shared.fc1" : "shared.w_up"), key(25), {sf, h}, 0,
+                                prog::InitKind::Normal, 0.02, true, false, false);
+    params.shared_down = AddParam(n + (gpt ? "shared.fc2" : "shared.w_down"), key(26), {h, sf}, 1,
+                                  prog::InitKind::Normal, OutStd(), true, false, false);
+  }
+  return params;
+}
+
+void RoleLowering::DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
+                                      const ParamRef& up, const ParamRef& down, int64_t ffn,
+                                      int32_t* g, int32_t* u, int32_t* a, int32_t* out) {
+  const int64_t local = ffn / tp_;
+  if (gate.value >= 0) {
+    *g = Act(name + ".gate", {tokens_, local});
+    *u = Act(name + ".up", {tokens_, local});
+    Emit(attrs::Linear{}, {xf, gate.value}, {*g});
+    Emit(attrs::Linear{}, {xf, up.value}, {*u});
+    *a = Act(name + ".act", {tokens_, local});
+    Emit(attrs::SwiGlu{}, {*g, *u}, {*a});
+  } else {
+    *u = Act(name + ".fc1_out", {tokens_, local});
+    Emit(attrs::Linear{}, {xf, up.value}, {*u});
+    *a = Act(name + ".act", {tokens_, local});
+    Emit(attrs::Gelu{}, {*u}, {*a});
+  }
+  if (out == nullptr) return;
+  const int32_t d = Act(name + ".down", {tokens_, m_.hidden});
+  Emit(attrs::Linear{}, {*a, down.value}, {d});
+  *out = ReducePartial(d, name + ".down_sp", m_.hidden);
+}
+
+void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t next) {
+  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn;
+  const int64_t routed = rows_ * k;  // worst case: every choice of every row lands here
+  const MoeParams& ex = P.experts;
+  MoeSaved& ms = saved.moe;
+  const int32_t xn = saved.no2.y;  // this rank's rows
+  // Router.
+  ms.logits = Act("moe.router.logits", {rows_, e});
+  Emit(attrs::Linear{}, {xn, ex.router.value}, {ms.logits});
+  ms.w = Act("moe.router.weights", {rows_, k});
+  ms.idx = Buf(Prefix() + "moe.router.indices", {rows_, k}, DType::I32);
+  ms.scores = Stat("moe.router.scores", {rows_, e});
+  ms.counts = Stat("moe.router.counts", {e});
+  Emit(attrs::MoeRouter{.experts = e, .topk = k, .score = 0, .normalize = s_.moe.normalize},
+       {ms.logits}, {ms.w, ms.idx, ms.scores, ms.counts});
+  // The aux loss counts the microbatch's tokens: with sequence parallelism sum the counts of
+  // every rank's rows.
+  if (p_.sp && tp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, CommKind::Tp);
+  // Dispatch.
+  ms.xp = Act("moe.permuted", {routed, h});
+  ms.row_map = Buf(Prefix() + "moe.row_map", {routed}, DType::I32);
+  ms.expert_counts = Buf(Prefix() + "moe.expert_counts", {e}, DType::I32);
+  Emit(attrs::MoePermute{.experts = e, .topk = k}, {xn, ms.idx},
+       {ms.xp, ms.row_map, ms.expert_counts});
+  // Experts.
+  if (ex.gate.value >= 0) {
+    ms.g = Act("moe.experts.gate", {routed, f});
+    ms.u = Act("moe.experts.up", {routed, f});
+    Emit(attrs::GroupedLinear{.groups = e}, {ms.xp, ex.gate.value, ms.expert_counts}, {ms.g});
+    Emit(attrs::GroupedLinear{.groups = e}, {ms.xp, ex.up.value, ms.expert_counts}, {ms.u});
+    ms.a = Act("moe.experts.act", {routed, f});
+    Emit(attrs::SwiGlu{}, {ms.g, ms.u}, {ms.a});
+  } else {
+    ms.u = Act("moe.experts.fc1_out", {routed, f});
+    Emit(attrs::GroupedLinear{.groups = e}, {ms.xp, ex.up.value, ms.expert_counts}, {ms.u});
+    ms.a = Act("moe.experts.act", {routed, f});
+    Emit(attrs::Gelu{}, {ms.u}, {ms.a});
+  }
+  ms.y = Act("moe.experts.out", {routed, h});
+  Emit(attrs::GroupedLinear{.groups = e}, {ms.a, ex.down.value, ms.expert_counts}, {ms.y});
+  // Shared experts read the whole sequence (gathered under sequence parallelism).
+  if (ex.shared_up.value >= 0) {
+    saved.n2f = GatherSp(xn, "mlp_norm.out_full", h);
+    DenseExpertForward("moe.shared", saved.n2f, ex.shared_gate, ex.shared_up, ex.shared_down,
+                       s_.moe.shared_ffn, &ms.sg, &ms.su, &ms.sa, nullptr);
+  }
+  if (next < 0) return;
+  // Combine.
+  const int32_t combined = Act("moe.out", {rows_, h});
+  Emit(attrs::MoeUnpermute{.topk = k}, {ms.y, ms.row_map, ms.w}, {combined});
+  int32_t sum = combined;
+  if (ex.shared_up.value >= 0) {
+    const int32_t d = Act("moe.shared.down", {tokens_, h});
+    Emit(attrs::Linear{}, {ms.sa, ex.shared_down.value}, {d});
+    const int32_t dr = ReducePartial(d, "moe.shared.down_sp", h);
+    sum = Act("moe.out_with_shared", {rows_, h});
+    Emit(attrs::Add{}, {combined, dr}, {sum});
+  }
+  Emit(attrs::Add{}, {saved.x1, sum}, {next});
+}
+
+void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, int32_t gx) {
+  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn;
+  const int64_t routed = rows_ * k;
+  const MoeParams& ex = P.experts;
+  const MoeSaved& ms = saved.moe;
+  const int32_t xn = saved.no2.y;
+  // Combine.
+  const int32_t dy = Act("moe.experts.out.grad", {routed, h});
+  const int32_t dw = Act("moe.router.weights.grad", {rows_, k});
+  Emit(attrs::MoeUnpermuteBackward{.topk = k}, {gx, ms.y, ms.row_map, ms.w}, {dy, dw});
+  // Experts.
+  const int32_t da = Act("moe.experts.act.grad", {routed, f});
+  Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = false},
+       {dy, ms.a, ex.down.value, ms.expert_counts}, {da, ex.down.grad});
+  const int32_t dxp = Act("moe.permuted.grad", {routed, h});
+  if (ex.gate.value >= 0) {
+    const int32_t dg = Act("moe.experts.gate.grad", {routed, f});
+    const int32_t du = Act("moe.experts.up.grad", {routed, f});
+    Emit(attrs::SwiGluBackward{}, {da, ms.g, ms.u}, {dg, du});
+    Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = false},
+         {dg, ms.xp, ex.gate.value, ms.expert_counts}, {dxp, ex.gate.grad});
+    Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = true},
+         {du, ms.xp, ex.up.value, ms.expert_counts}, {dxp, ex.up.grad});
+  } else {
+    const int32_t du = Act("moe.experts.fc1_out.grad", {routed, f});
+    Emit(attrs::GeluBackward{}, {da, ms.u}, {du});
+    Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = false},
+         {du, ms.xp, ex.up.value, ms.expert_counts}, {dxp, ex.up.grad});
+  }
+  // Dispatch: MoeUnpermute without weights is MoePermute's backward.
+  const int32_t dn2 = Act("mlp_norm.out.grad", {rows_, h});
+  Emit(attrs::MoeUnpermute{.topk = k}, {dxp, ms.row_map, -1}, {dn2});
+  // Router, with the aux loss's gradient over the microbatch's tokens, scaled as the loss is.
+  const int32_t dz = Act("moe.router.logits.grad", {rows_, e});
+  Emit(attrs::MoeRouterBackward{.experts = e,
+                                .topk = k,
+                                .score = 0,
+                                .normalize = s_.moe.normalize,
+                                .aux_rows = tokens_,
+                                .aux_coeff = s_.moe.aux_coeff,
+                                .aux_grad_scale =
+                                    1.0 / static_cast<double>(s_.microbatches * p_.dp)},
+       {dw, ms.idx, ms.scores, ms.counts}, {dz});
+  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dz, xn, ex.router.value},
+       {dn2, ex.router.grad});
+  int32_t dnorm = dn2;
+  if (ex.shared_up.value >= 0) {
+    const int64_t sf = s_.moe.shared_ffn / tp_;
+    const int32_t gxf = GatherSp(gx, "moe.shared.down.grad_full", h);
+    const int32_t dsa = Act("moe.shared.act.grad", {tokens_, sf});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, ms.sa, ex.shared_down.value},
+         {dsa, ex.shared_down.grad});
+    const int32_t dnf = Act("moe.shared.in.grad_full", {tokens_, h});
+    if (ex.shared_gate.value >= 0) {
+      const int32_t dg = Act("moe.shared.gate.grad", {tokens_, sf});
+      const int32_t du = Act("moe.shared.up.grad", {tokens_, sf});
+      Emit(attrs::SwiGluBackward{}, {dsa, ms.sg, ms.su}, {dg, du});
+      Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, saved.n2f, ex.shared_gate.value},
+           {dnf, ex.shared_gate.grad});
+      Emit(attrs::LinearBackward{.dx_accumulate = true}, {du, saved.n2f, ex.shared_up.value},
+           {dnf, ex.shared_up.grad});
+    } else {
+      const int32_t du = Act("moe.shared.fc1_out.grad", {tokens_, sf});
+      Emit(attrs::GeluBackward{}, {dsa, ms.su}, {du});
+      Emit(attrs::LinearBackward{.dx_accumulate = false}, {du, saved.n2f, ex.shared_up.value},
+           {dnf, ex.shared_up.grad});
+    }
+    const int32_t dns = ReduceGradToRows(dnf, "moe.shared.in.grad");
+    dnorm = Act("mlp_norm.out.grad_sum", {rows_, h});
+    Emit(attrs::Add{}, {dn2, dns}, {dnorm});
+  }
+  NormBackward(P.n2, saved.no2, saved.x1, dnorm, gx, /*accumulate=*/true);
+}
+
+// --- end mixture of experts --------------------------------------------------------------------
 
 void RoleLowering::AttentionBackward(const LayerParams& params, const LayerSaved& saved,
                                      int32_t gx) {
@@ -663,8 +895,9 @@ void RoleLowering::ClassifyStash() {
     for (int which = 0; which < 2; ++which) {
       const Body& body = role_.bodies[which == 0 ? c.forward : c.backward];
       for (const Op& op : body.ops) {
-        for (int32_t b : op.inputs) seen[b] |= static_cast<uint8_t>(1 << which);
-        for (int32_t b : op.outputs) seen[b] |= static_cast<uint8_t>(1 << which);
+        for (const auto* list : {&op.inputs, &op.outputs})
+          for (int32_t b : *list)
+            if (b >= 0) seen[b] |= static_cast<uint8_t>(1 << which);  // -1: operand left out
       }
     }
     for (int32_t b : {c.input, c.output, c.grad})

@@ -8,7 +8,8 @@
 // embeddings), with the tensor-parallel collectives explicit: column-parallel q/k/v, gate/up
 // and fc1; row-parallel o and down/fc2 followed by an all-reduce (or, with sequence
 // parallelism, a reduce-scatter, and an all-gather before every column-parallel block);
-// vocab-parallel embedding and cross-entropy. Semantics of every op: runtime/format/README.md.
+// vocab-parallel embedding and cross-entropy; either with mixture-of-experts layers in place of
+// the MLP (MoeShape). Semantics of every op: runtime/format/README.md.
 // With context parallelism (cp > 1) a rank holds seq_len / cp tokens of each sequence (chunks r
 // and 2·cp-1-r): RingAttention replaces Attention, RoPE and the data loader work over Cp, and
 // the loss and the gradients are reduced over DpCp; ZeRO shards over DpCp.
@@ -45,6 +46,38 @@ struct ChunkLayers {
 //               nothing in the backward reads them.
 enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 
+// --- mixture of experts ---------------------------------------------------------------------
+// The MoE layers of the model (experts == 0: dense). With ep = 1 and etp = 1 every rank holds
+// every expert whole (replicated over tp); each rank routes its own rows of the residual stream
+// (rows / tp under sequence parallelism, all tokens otherwise):
+//   router    Linear to [rows, experts] logits, MoeRouter (softmax scores, top-k, `normalize`
+//             divides the picked weights by their sum), the load-balancing aux loss's gradient
+//             (coefficient `aux_coeff`, over the microbatch's tokens) added by MoeRouterBackward
+//   dispatch  MoePermute: rows·topk rows grouped by expert, the routed buffers at their worst
+//             case (every choice of every row)
+//   experts   GroupedLinear gate/up, the model's activation, GroupedLinear down
+//   combine   MoeUnpermute weighted by the router weights
+//   shared    `shared_ffn` > 0: a dense MLP of that width beside the experts, tensor-parallel as
+//   the
+//             dense MLP is, added to the combined output
+struct MoeShape {
+  int64_t experts = 0;
+  int64_t topk = 0;
+  int64_t ffn = 0;         // each expert's hidden width
+  int64_t shared_ffn = 0;  // shared experts · ffn (0: none)
+  int64_t dense_layers = 0;
+  int64_t layer_freq = 1;
+  bool normalize = false;  // renormalise the top-k weights
+  double aux_coeff = 0.01;
+
+  // Layer `index` (0-based) is an MoE layer (compiler/plan IsMoeLayer).
+  bool IsMoeLayer(int64_t index) const {
+    if (experts <= 0 || index < dense_layers) return false;
+    return (index - dense_layers) % (layer_freq > 0 ? layer_freq : 1) == 0;
+  }
+};
+// --- end mixture of experts -----------------------------------------------------------------
+
 // The sizes bodies are built for (from Program::model / parallel / train).
 struct BodyShape {
   ModelConfig model;
@@ -53,6 +86,7 @@ struct BodyShape {
   prog::Precision precision = prog::Precision::Bf16;
   bool sgd = false;  // optimizer.type = sgd: Sgd ops instead of AdamW
   ActivationRecompute recompute = ActivationRecompute::kNone;
+  MoeShape moe;  // mixture of experts (experts == 0: dense)
 };
 
 // Indices of the step bodies BuildRoleBodies adds after the chunk bodies.

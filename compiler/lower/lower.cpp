@@ -114,10 +114,26 @@ class UnsupportedFeatures {
 void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& q = plan.parallel;
-  if (m.IsMoe())
+  // --- mixture of experts: emitted with ep = 1 and etp = 1 ---
+  if (m.IsMoe() && q.etp > 1)
     unsupported.Report(
-        fmt::format("mixture-of-experts layers ({} experts)", m.experts), "model.experts",
-        "`planc check` and `planc explain` analyse this plan; compile a dense model for now");
+        fmt::format("experts split by tensor parallelism (etp = {}; it defaults to tp)", q.etp),
+        "parallel.etp",
+        "set `parallel.etp = 1`: every rank then holds its experts whole; `planc check` and "
+        "`planc explain` analyse etp > 1");
+  if (m.IsMoe() && plan.moe.capacity_factor > 0)
+    unsupported.Report(
+        fmt::format("a capacity factor ({}: tokens past it dropped)", plan.moe.capacity_factor),
+        "moe.capacity_factor", "set `moe.capacity_factor = 0` (dropless, as lowered)");
+  // Experts beside context parallelism: each CP rank routes only its own chunks, and the expert
+  // gradients and the load-balancing statistics are not yet reduced over the Cp ranks (an
+  // equivalence run differs from the one-rank run), so the combination is refused.
+  if (m.IsMoe() && q.cp > 1)
+    unsupported.Report(fmt::format("experts together with context parallelism (cp = {})", q.cp),
+                       "parallel.cp",
+                       "set `parallel.cp = 1` for a plan with experts; `planc check` and "
+                       "`planc explain` analyse the combination");
+  // --- end mixture of experts ---
   if (m.IsMla())
     unsupported.Report("multi-head latent attention", "model.kv_lora_rank",
                        "`planc check` and `planc explain` analyse this plan; compile a model with "
@@ -203,6 +219,10 @@ bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
   divide("heads", m.heads, "model.heads", q.tp, "tp");
   divide("kv_heads", m.kv_heads, "model.kv_heads", q.tp, "tp");
   divide("ffn_hidden", m.ffn_hidden, "model.ffn_hidden", q.tp, "tp");
+  if (m.IsMoe() && m.shared_experts > 0)  // mixture of experts: shared experts split like the MLP
+    divide("shared_experts · moe_ffn_hidden",
+           m.shared_experts * (m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden),
+           "model.shared_experts", q.tp, "tp");
   // --- context parallelism: 2·cp equal chunks per sequence ---
   if (q.cp > 1 && m.seq_len % (2 * q.cp) != 0) {
     sink.Report(Diag(DiagKind::kLowerShape,
@@ -510,6 +530,17 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
   bs.microbatches = p.train.microbatches;
   bs.precision = p.train.precision;
   bs.sgd = p.train.optimizer == "sgd";
+  // --- mixture of experts ---
+  const ModelSpec& m = plan.model;
+  if (m.IsMoe()) {
+    bs.moe.experts = m.experts;
+    bs.moe.topk = std::max<int64_t>(1, m.topk);
+    bs.moe.ffn = m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden;
+    bs.moe.shared_ffn = m.shared_experts * bs.moe.ffn;
+    bs.moe.dense_layers = m.dense_layers;
+    bs.moe.layer_freq = m.moe_layer_freq;
+  }
+  // --- end mixture of experts ---
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull
                  : plan.recompute == Recompute::kSelective ? ActivationRecompute::kSelective
                                                            : ActivationRecompute::kNone;

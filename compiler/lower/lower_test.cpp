@@ -471,9 +471,11 @@ TEST_CASE("mutation: a duplicated forward is caught by counting, naming the rank
 }
 
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
-  Plan moe = TinyPlan(1, 1, 1);
+  // Mixture of experts lowers with ep = 1 and etp = 1; expert parallelism is refused.
+  Plan moe = TinyPlan(1, 1, 2);
   moe.model.experts = 8;
   moe.model.topk = 2;
+  moe.parallel.ep = 2;
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(moe, {}, sink).has_value());
   REQUIRE(sink.diagnostics().size() >= 1);
@@ -495,6 +497,59 @@ TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
   for (const auto& d : s3.diagnostics()) found |= d.kind == DiagKind::kLowerSchedule;
   CHECK(found);
 }
+
+// --- mixture of experts ---
+TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at their worst case") {
+  Plan plan = TinyPlan(2, 2, 1);
+  plan.parallel.sp = true;
+  plan.parallel.etp = 1;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.model.shared_experts = 1;
+  plan.model.dense_layers = 1;
+  plan.model.moe_layer_freq = 2;  // layers 1, 3, 5, 7
+  for (Recompute recompute : {Recompute::kNone, Recompute::kFull}) {
+    plan.recompute = recompute;
+    const Program p = MustLower(plan);
+    int routers = 0, router_backwards = 0, counts_reductions = 0;
+    for (const Role& role : p.roles) {
+      for (const Chunk& c : role.chunks) {
+        const Body& fwd = role.bodies[c.forward];
+        const Body& bwd = role.bodies[c.backward];
+        routers += CountOps(fwd, OpKind::MoeRouter, CommKind::None);
+        router_backwards += CountOps(bwd, OpKind::MoeRouterBackward, CommKind::None);
+        for (const Op& op : fwd.ops)
+          if (op.kind == OpKind::AllReduce && op.comm == CommKind::Tp &&
+              role.buffers[op.inputs[0]].name.find("moe.router.counts") != std::string::npos)
+            ++counts_reductions;
+        // With full recompute the backward routes again from the stashed layer input.
+        CHECK(CountOps(bwd, OpKind::MoeRouter, CommKind::None) ==
+              (recompute == Recompute::kFull ? c.layers / 2 : 0));
+      }
+      for (const Buffer& b : role.buffers)
+        if (b.name.find("moe.permuted") != std::string::npos)
+          CHECK(b.shape == std::vector<int64_t>{int64_t{2} * 32 / 2 * 2, 64});  // rows / tp · topk
+    }
+    CHECK(routers == 4);
+    CHECK(router_backwards == 4);
+    CHECK(counts_reductions == 4);
+  }
+  DiagnosticSink sink;
+  plan.parallel.etp = 2;
+  CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
+  REQUIRE(!sink.diagnostics().empty());
+  CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  // Experts beside context parallelism are refused (not yet reduced over the Cp ranks).
+  DiagnosticSink cp_sink;
+  plan.parallel.etp = 1;
+  plan.parallel.cp = 2;
+  CHECK_FALSE(LowerPlan(plan, {}, cp_sink).has_value());
+  REQUIRE(!cp_sink.diagnostics().empty());
+  CHECK(cp_sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(cp_sink.diagnostics()[0].message.find("context parallelism") != std::string::npos);
+}
+// --- end mixture of experts ---
 
 TEST_CASE("a program that fails verification is not returned: P0804 with the verifier's messages") {
   LowerOptions options;

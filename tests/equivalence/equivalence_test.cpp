@@ -34,6 +34,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "compiler/lower/lower.h"
 #include "runtime/exec/interpreter.h"
@@ -59,7 +60,8 @@ struct Layout {
   int zero = 0;
   paraplan::Recompute recompute = paraplan::Recompute::kNone;
   bool sgd = false;
-  int cp = 1;  // context parallelism (ring attention over 2·cp chunks of each sequence)
+  int cp = 1;        // context parallelism (ring attention over 2·cp chunks of each sequence)
+  bool moe = false;  // the Llama-style model with mixture-of-experts layers (TinyPlan)
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -83,10 +85,22 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
     m.position = paraplan::Position::kLearned;
     m.tied_embeddings = true;
   }
+  if (l.moe) {
+    // Mixture of experts: a leading dense layer, then every second layer MoE (layers 1 and 3),
+    // 4 experts, 2 per token, one shared expert; experts whole on every rank (ep = etp = 1).
+    plan.name = m.name = gpt ? "tiny_gpt_moe" : "tiny_moe";
+    m.experts = 4;
+    m.topk = 2;
+    m.moe_ffn_hidden = 64;
+    m.shared_experts = 1;
+    m.dense_layers = 1;
+    m.moe_layer_freq = 2;
+  }
   plan.cluster.nodes = 1;
   plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
   plan.parallel.cp = l.cp;
-  plan.parallel.tp = plan.parallel.etp = l.tp;
+  plan.parallel.tp = l.tp;
+  plan.parallel.etp = l.moe ? 1 : l.tp;
   plan.parallel.pp = l.pp;
   plan.parallel.dp = l.dp;
   plan.parallel.vpp = l.vpp;
@@ -202,11 +216,12 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan)
 }
 
 void CheckEquivalent(bool gpt, const Layout& layout) {
-  static std::map<std::pair<bool, bool>, RunResult> reference;
-  const auto key = std::make_pair(gpt, layout.sgd);
+  static std::map<std::tuple<bool, bool, bool>, RunResult> reference;
+  const auto key = std::make_tuple(gpt, layout.sgd, layout.moe);
   if (!reference.count(key)) {
     Layout one;
     one.sgd = layout.sgd;
+    one.moe = layout.moe;
     reference[key] = Run(Compile(TinyPlan(gpt, one)));
   }
   const RunResult& want = reference[key];
@@ -393,6 +408,32 @@ TEST_CASE(
   CHECK(resumed.params == arena.params);
 }
 
+// --- mixture of experts (ep = 1, etp = 1) ---
+Layout Moe(Layout l) {
+  l.moe = true;
+  return l;
+}
+TEST_CASE("moe: tp 2, sequence parallel") {
+  CheckEquivalent(false, Moe({2, 1, 1, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("moe: pp 2, 1F1B") { CheckEquivalent(false, Moe({1, 2, 1, 1, Schedule::k1F1B})); }
+TEST_CASE("moe: dp 2, ZeRO 1") {
+  CheckEquivalent(false, Moe({1, 1, 2, 1, Schedule::k1F1B, false, 1}));
+}
+TEST_CASE("moe: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel") {
+  CheckEquivalent(false, Moe({2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3}));
+}
+TEST_CASE("moe: tp 2, sequence parallel, selective recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, Moe({2, 1, 1, 1, Schedule::k1F1B, true}), Recompute::kSelective);
+}
+TEST_CASE("moe, gpt-2 (GELU experts): tp 2, sequence parallel, pp 2") {
+  CheckEquivalent(true, Moe({2, 2, 1, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("moe: tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, Moe({2, 1, 1, 1, Schedule::k1F1B, true}), Recompute::kFull);
+}
+// --- end mixture of experts ---
+
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp");
 }
@@ -416,6 +457,9 @@ TEST_CASE("planc compile: llama cp 2, tp 2, dp 2, ZeRO 1 over dp · cp, sequence
 }
 TEST_CASE("planc compile: gpt-2 cp 2, tp 2, sequence parallel (learned positions)") {
   CheckPlancEquivalent("gpt_single", "gpt_cp2_tp2_sp");
+}
+TEST_CASE("planc compile: moe tp 2, pp 2, dp 2, ZeRO 1, sequence parallel (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_tp2_pp2_dp2_zero1_sp");
 }
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
@@ -452,6 +496,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {true, {1, 2, 2, 1}},
       {true, {2, 2, 2, 1, Schedule::k1F1B, true, 3}},
       {false, WithCp(2)},
+      {false, Moe({2, 1, 1, 1, Schedule::k1F1B, true})},
   };
   std::set<paraplan::prog::OpKind> emitted;
   for (const Case& c : cases) {
