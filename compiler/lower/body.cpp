@@ -732,8 +732,11 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   Emit(attrs::MoeRouter{.experts = e, .topk = k, .score = 0, .normalize = s_.moe.normalize},
        {ms.logits}, {ms.w, ms.idx, ms.scores, ms.counts});
   // The aux loss counts the microbatch's tokens: with sequence parallelism sum the counts of
-  // every rank's rows.
+  // every rank's rows, and with context parallelism those of every Cp rank's positions.
   if (p_.sp && tp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, CommKind::Tp);
+  // --- context parallelism ---
+  if (cp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, cp_comm_);
+  // --- end context parallelism ---
   // Dispatch.
   ms.xp = Act("moe.permuted", {routed, h});
   ms.row_map = Buf(Prefix() + "moe.row_map", {routed}, DType::I32);
@@ -809,13 +812,15 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   // Dispatch: MoeUnpermute without weights is MoePermute's backward.
   const int32_t dn2 = Act("mlp_norm.out.grad", {rows_, h});
   Emit(attrs::MoeUnpermute{.topk = k}, {dxp, ms.row_map, -1}, {dn2});
-  // Router, with the aux loss's gradient over the microbatch's tokens, scaled as the loss is.
+  // Router, with the aux loss's gradient over the microbatch's tokens (all Cp ranks' positions:
+  // each rank adds the gradient of its own rows, summed over DpCp with the weights'), scaled as
+  // the loss is.
   const int32_t dz = Act("moe.router.logits.grad", {rows_, e});
   Emit(attrs::MoeRouterBackward{.experts = e,
                                 .topk = k,
                                 .score = 0,
                                 .normalize = s_.moe.normalize,
-                                .aux_rows = tokens_,
+                                .aux_rows = tokens_ * cp_,
                                 .aux_coeff = s_.moe.aux_coeff,
                                 .aux_grad_scale =
                                     1.0 / static_cast<double>(s_.microbatches * p_.dp)},

@@ -125,14 +125,6 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
     unsupported.Report(
         fmt::format("a capacity factor ({}: tokens past it dropped)", plan.moe.capacity_factor),
         "moe.capacity_factor", "set `moe.capacity_factor = 0` (dropless, as lowered)");
-  // Experts beside context parallelism: each CP rank routes only its own chunks, and the expert
-  // gradients and the load-balancing statistics are not yet reduced over the Cp ranks (an
-  // equivalence run differs from the one-rank run), so the combination is refused.
-  if (m.IsMoe() && q.cp > 1)
-    unsupported.Report(fmt::format("experts together with context parallelism (cp = {})", q.cp),
-                       "parallel.cp",
-                       "set `parallel.cp = 1` for a plan with experts; `planc check` and "
-                       "`planc explain` analyse the combination");
   // --- end mixture of experts ---
   if (m.IsMla())
     unsupported.Report("multi-head latent attention", "model.kv_lora_rank",

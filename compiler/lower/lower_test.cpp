@@ -540,14 +540,28 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
   CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
   REQUIRE(!sink.diagnostics().empty());
   CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
-  // Experts beside context parallelism are refused (not yet reduced over the Cp ranks).
-  DiagnosticSink cp_sink;
+  // Beside context parallelism the router's counts are summed over Tp, then over Cp, and the
+  // aux loss's gradient divides by the microbatch's tokens (all Cp ranks' positions).
   plan.parallel.etp = 1;
   plan.parallel.cp = 2;
-  CHECK_FALSE(LowerPlan(plan, {}, cp_sink).has_value());
-  REQUIRE(!cp_sink.diagnostics().empty());
-  CHECK(cp_sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
-  CHECK(cp_sink.diagnostics()[0].message.find("context parallelism") != std::string::npos);
+  plan.cluster.gpus_per_node *= 2;
+  plan.recompute = Recompute::kNone;
+  const Program cp = MustLower(plan);
+  int cp_reductions = 0, tp_reductions = 0;
+  for (const Role& role : cp.roles) {
+    for (const Chunk& c : role.chunks) {
+      for (const Op& op : role.bodies[c.forward].ops)
+        if (op.kind == OpKind::AllReduce &&
+            role.buffers[op.inputs[0]].name.find("moe.router.counts") != std::string::npos)
+          ++(op.comm == CommKind::Cp ? cp_reductions : tp_reductions);
+      for (const Op& op : role.bodies[c.backward].ops)
+        if (op.kind == OpKind::MoeRouterBackward)
+          CHECK(prog::DecodeAttrs<prog::attrs::MoeRouterBackward>(op).aux_rows ==
+                plan.batch.micro * plan.model.seq_len);
+    }
+  }
+  CHECK(cp_reductions == 4);
+  CHECK(tp_reductions == 4);
 }
 // --- end mixture of experts ---
 

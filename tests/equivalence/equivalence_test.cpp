@@ -432,6 +432,15 @@ TEST_CASE("moe, gpt-2 (GELU experts): tp 2, sequence parallel, pp 2") {
 TEST_CASE("moe: tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, Moe({2, 1, 1, 1, Schedule::k1F1B, true}), Recompute::kFull);
 }
+// Beside context parallelism the router's counts are summed over the Cp ranks too, and each
+// rank's aux-loss gradient divides by the microbatch's tokens (all Cp ranks' positions).
+TEST_CASE("moe: cp 2, dp 2") { CheckEquivalent(false, Moe(WithCp(2, {1, 1, 2, 1}))); }
+TEST_CASE("moe: cp 2, dp 2, ZeRO 2 (grads sharded over DpCp)") {
+  CheckEquivalent(false, Moe(WithCp(2, {1, 1, 2, 1, Schedule::k1F1B, false, 2})));
+}
+TEST_CASE("moe: cp 2, tp 2, sequence parallel") {
+  CheckEquivalent(false, Moe(WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true})));
+}
 // --- end mixture of experts ---
 
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
@@ -460,6 +469,10 @@ TEST_CASE("planc compile: gpt-2 cp 2, tp 2, sequence parallel (learned positions
 }
 TEST_CASE("planc compile: moe tp 2, pp 2, dp 2, ZeRO 1, sequence parallel (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_tp2_pp2_dp2_zero1_sp");
+}
+
+TEST_CASE("planc compile: moe cp 2, tp 2, sequence parallel (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_cp2_tp2_sp");
 }
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
