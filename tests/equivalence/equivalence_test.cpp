@@ -441,6 +441,9 @@ TEST_CASE("moe: cp 2, dp 2, ZeRO 2 (grads sharded over DpCp)") {
 TEST_CASE("moe: cp 2, tp 2, sequence parallel") {
   CheckEquivalent(false, Moe(WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true})));
 }
+TEST_CASE("moe: cp 2, tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, Moe(WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true})), Recompute::kFull);
+}
 // --- end mixture of experts ---
 
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
