@@ -417,6 +417,17 @@ TEST_CASE("torchtitan HSDP, resharding and float8; NeMo and DeepSpeed name their
   CHECK(p.mixed_precision.grads == ElementType::kBf16);
   CHECK(im.OriginText("fsdp.replicate") == "data_parallel_replicate_degree = 2");
 
+  // Pure replication (DDP): dp is the replicate degree, and its origin is that key.
+  Imported ddp(
+      ConfigKind::kTorchtitan,
+      "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nlocal_batch_size = 1\n"
+      "[parallelism]\ndata_parallel_replicate_degree = 8\ndata_parallel_shard_degree = 1\n",
+      ImportOptions{.nodes = 1});
+  REQUIRE(ddp.checked);
+  CHECK(ddp.checked->parallel.dp == 8);
+  CHECK(ddp.checked->optimizer.zero == 0);
+  CHECK(ddp.OriginText("parallel.dp") == "data_parallel_replicate_degree = 8");
+
   Imported nemo(
       ConfigKind::kNemo,
       "model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n"

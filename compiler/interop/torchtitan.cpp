@@ -214,9 +214,13 @@ bool ReadReshardAfterForward(std::span<const ConfigEntry> entries, PlanDraft& dr
   return true;
 }
 
-// parallel.dp when the shard degree is stated (-1 leaves it to the world size).
+// parallel.dp when the shard degree is stated (-1 leaves it to the world size). Pure
+// replication (shard 1) takes its origin from the replicate degree, which alone sets it.
 bool SetDataParallel(const DataParallelDegrees& d, PlanDraft& draft, DiagnosticSink& sink) {
-  if (d.shard_degree > 0) {
+  if (d.shard_degree == 1 && d.replicate) {
+    draft.Set(fields::kParallelDp, std::to_string(d.replicate_degree), d.replicate->range,
+              d.replicate->key + " = " + d.replicate->text);
+  } else if (d.shard_degree > 0) {
     auto dp = CheckedMul(d.shard_degree, d.replicate_degree);
     if (!dp) {
       sink.Report(
@@ -227,9 +231,6 @@ bool SetDataParallel(const DataParallelDegrees& d, PlanDraft& draft, DiagnosticS
     }
     draft.Set(fields::kParallelDp, std::to_string(*dp), d.shard->range,
               "data_parallel_replicate_degree · data_parallel_shard_degree");
-  } else if (d.shard_degree == 1 && d.replicate) {
-    draft.Set(fields::kParallelDp, std::to_string(d.replicate_degree), d.replicate->range,
-              d.replicate->key + " = " + d.replicate->text);
   }
   return true;
 }
