@@ -564,13 +564,10 @@ double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
 // PyTorch stacks; planrun's arena), the largest over the stages; the device peak when the
 // memory model gives no allocator figure.
 double AllocatorPeakGiB(const Case& c) {
-  int64_t peak = 0;
   Plan priced = c.chosen;
   priced.framework = c.memory_framework;
-  for (const StagePeak& s : PredictedPeaks(priced, c.options))
-    peak = std::max(peak, s.allocator > 0 ? s.allocator : s.device);
-  if (peak == 0) peak = c.memory.peak;
-  return D(peak) / kGiB;
+  const double peak = calibration::AllocatorPeakGiB(priced, c.options);
+  return peak > 0 ? peak : D(c.memory.peak) / kGiB;
 }
 
 const char* RecomputeName(Recompute r) {

@@ -32,15 +32,6 @@ struct MarginFit {
 };
 constexpr MarginFit kMarginFits[] = {{Framework::kTorchtitan, "torchtitan"}};
 
-// The largest stage's peak as the stack's allocator reports it (max_memory_reserved for the
-// PyTorch stacks), or the device peak where the model gives no allocator figure.
-double AllocatorPeakGiB(const Plan& plan, const CostOptions& options) {
-  int64_t peak = 0;
-  for (const StagePeak& s : PredictedPeaks(plan, options))
-    peak = std::max(peak, s.allocator > 0 ? s.allocator : s.device);
-  return static_cast<double>(peak) / kGiB;
-}
-
 // `options` for pricing a point of `source` with that source left out of the fit: the plan's
 // stack keeps its other numbers, its allocator margin goes back to the default.
 CostOptions LeftOut(const Plan& plan, const CostOptions& options, const std::string& source,
@@ -194,6 +185,13 @@ void PrintSpreads(const std::vector<Point>& points) {
 }
 
 }  // namespace
+
+double AllocatorPeakGiB(const Plan& plan, const CostOptions& options) {
+  int64_t peak = 0;
+  for (const StagePeak& s : PredictedPeaks(plan, options))
+    peak = std::max(peak, s.allocator > 0 ? s.allocator : s.device);
+  return static_cast<double>(peak) / kGiB;
+}
 
 bool PrintMemoryReport(const Object& root, const std::vector<MeasuredPeak>& peaks,
                        const std::string& plans_dir) {

@@ -25,6 +25,11 @@ struct MeasuredPeak {
   double measured_gib = 0;
 };
 
+// The largest stage's peak in GiB as the plan's stack's allocator reports it (torch's
+// max_memory_reserved for the PyTorch stacks, planrun's arena), or the device peak where the
+// model gives no allocator figure; 0 when the plan cannot be priced.
+double AllocatorPeakGiB(const Plan& plan, const CostOptions& options);
+
 // Prints the memory section. `root` is the whole calibration_runs.json; `plans_dir` holds the
 // plan files of the references (measured.plan, korthikanti.plan). Returns false, with a message
 // on stderr, when a reference's plan cannot be loaded.

@@ -408,12 +408,21 @@ bool CachesFp8Weights(Framework f) {
   return f != Framework::kTorchtitan && f != Framework::kLlmFoundry;
 }
 
-}  // namespace
-
-StateBytesPerParam StateBytes(const Plan& plan, int64_t shard) {
+// Bytes per parameter before any ZeRO sharding.
+StateBytesPerParam UnshardedStateBytes(const Plan& plan) {
+  StateBytesPerParam b;
+  if (ArenaModelApplies(plan)) {
+    // planrun's buckets (compiler/lower/body.cpp, BuildBuckets): weights in the activation type
+    // (fp32 under fp32, fp16 under fp16, else bf16: no FP8 weights or cached casts), fp32
+    // gradients, and an fp32 master shard with two fp32 moments whatever the precision and the
+    // optimizer (SGD's buckets have them too): 12 bytes of optimizer state per parameter.
+    b.weights = plan.precision == Precision::kFp32 ? 4 : 2;
+    b.gradients = 4;
+    b.optimizer = 12;
+    return b;
+  }
   // Megatron's distributed-optimizer table (cost-models.md 2.1): bf16 params 2, fp32 main grads
   // 4, fp32 master 4, Adam moments 2 x 4; each term follows the precision record.
-  StateBytesPerParam b;
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
   const bool adam = plan.optimizer.type == OptimizerType::kAdamW;
   b.weights = mp.fp8_params ? 1 : static_cast<double>(BytesOf(mp.params));
@@ -431,15 +440,13 @@ StateBytesPerParam StateBytes(const Plan& plan, int64_t shard) {
     b.weights = 4;
     b.optimizer = moments;
   }
-  if (ArenaModelApplies(plan)) {
-    // planrun's buckets (compiler/lower/body.cpp, BuildBuckets): weights in the activation type
-    // (fp32 under fp32, fp16 under fp16, else bf16: no FP8 weights or cached casts), fp32
-    // gradients, and an fp32 master shard with two fp32 moments whatever the precision and the
-    // optimizer (SGD's buckets have them too): 12 bytes of optimizer state per parameter.
-    b.weights = plan.precision == Precision::kFp32 ? 4 : 2;
-    b.gradients = 4;
-    b.optimizer = 12;
-  }
+  return b;
+}
+
+}  // namespace
+
+StateBytesPerParam StateBytes(const Plan& plan, int64_t shard) {
+  StateBytesPerParam b = UnshardedStateBytes(plan);
   const double d = static_cast<double>(std::max<int64_t>(1, shard));
   if (plan.optimizer.zero >= 1) b.optimizer /= d;
   if (plan.optimizer.zero >= 2) b.gradients /= d;
