@@ -6,25 +6,20 @@
 
 #include <cmath>
 #include <functional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "runtime/backends/host/comm/host_communicator.h"
 #include "runtime/backends/host/host_backend.h"
+#include "runtime/backends/host/kernels/gradient_check.h"
 #include "runtime/backends/host/kernels/kernels.h"
 
 namespace paraplan::exec {
 namespace {
 
-std::vector<float> Random(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using host::testing::MaxDiff;
+using host::testing::Random;
 
 // The rows of member `member`'s share of a batch-major [micro, seq] tensor of `width` floats a
 // row, in its local order (its two chunks of every sequence).
@@ -39,14 +34,6 @@ std::vector<float> Share(const std::vector<float>& whole, const RingAttentionSha
     }
   }
   return part;
-}
-
-double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Test helpers for the host kernels' tests: seeded normal data, a float dot product, and the
-// central finite-difference check every backward kernel is held to.
+// Test helpers for the kernels' tests: seeded normal data, a float dot product, the largest
+// element difference of two results, and the central finite-difference check every backward
+// kernel is held to.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_GRADIENT_CHECK_H_
 #define PARAPLAN_RUNTIME_BACKENDS_HOST_KERNELS_GRADIENT_CHECK_H_
 
@@ -27,6 +28,15 @@ inline double Dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
   return s;
+}
+
+// The largest |a[i] - b[i]|.
+inline double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst;
 }
 
 // Checks analytic[i] against (L(x + h e_i) - L(x - h e_i)) / 2h for every i.

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "runtime/backends/host/kernels/gradient_check.h"
@@ -16,6 +15,7 @@
 using namespace paraplan::host;
 using paraplan::host::testing::CheckGradient;
 using paraplan::host::testing::Dot;
+using paraplan::host::testing::MaxDiff;
 using paraplan::host::testing::Random;
 
 namespace {
@@ -82,14 +82,6 @@ void ChunkedBackward(std::vector<float>& dq, std::vector<float>& dk, std::vector
                              cq.layout, ck.layout, s.qh, s.kvh, s.hd, s.scale);
     }
   }
-}
-
-double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst;
 }
 
 }  // namespace
