@@ -562,6 +562,13 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
   }
   CHECK(cp_reductions == 4);
   CHECK(tp_reductions == 4);
+  // A capacity factor (tokens past it dropped) is refused: the lowering is dropless.
+  DiagnosticSink capacity_sink;
+  plan.moe.capacity_factor = 1.25;
+  CHECK_FALSE(LowerPlan(plan, {}, capacity_sink).has_value());
+  REQUIRE(!capacity_sink.diagnostics().empty());
+  CHECK(capacity_sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(capacity_sink.diagnostics()[0].message.find("capacity factor") != std::string::npos);
 }
 // --- end mixture of experts ---
 
