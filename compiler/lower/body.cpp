@@ -193,7 +193,12 @@ class RoleLowering {
   struct MoeParams {
     ParamRef router, gate, up, down;               // gate unused with GELU (up is fc1, down fc2)
     ParamRef shared_gate, shared_up, shared_down;  // shared experts (-1 when none)
+    int32_t bias = -1, load = -1;  // aux-loss-free balancing's State buffers (-1 when none)
   };
+  struct ExpertBias {
+    int32_t bias, load;
+  };
+  std::vector<ExpertBias> expert_bias_;  // every MoE layer of the role with an expert bias
   struct MoeSaved {
     int32_t logits = -1, w = -1, idx = -1, scores = -1, counts = -1;  // router
     int32_t xp = -1, row_map = -1, expert_counts = -1;                // dispatch
@@ -680,6 +685,11 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
                        prog::InitKind::Normal, 0.02, true, true, p_.sp);
   params.down = AddParam(n + (gpt ? "experts.fc2" : "experts.w_down"), key(23), {e, h, f}, -1,
                          prog::InitKind::Normal, OutStd(), true, true, p_.sp);
+  if (s_.moe.bias_rate > 0) {
+    params.bias = Buf(n + "router.expert_bias", {e}, DType::F32, BufferKind::State);
+    params.load = Buf(n + "router.expert_load", {e}, DType::F32, BufferKind::Persistent);
+    expert_bias_.push_back({params.bias, params.load});
+  }
   if (sf > 0) {
     // Shared experts: one dense MLP of width shared · ffn, tensor-parallel as the dense MLP.
     if (!gpt)
@@ -729,8 +739,11 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   ms.idx = Buf(Prefix() + "moe.router.indices", {rows_, k}, DType::I32);
   ms.scores = Stat("moe.router.scores", {rows_, e});
   ms.counts = Stat("moe.router.counts", {e});
-  Emit(attrs::MoeRouter{.experts = e, .topk = k, .score = 0, .normalize = s_.moe.normalize},
-       {ms.logits}, {ms.w, ms.idx, ms.scores, ms.counts});
+  Emit(
+      attrs::MoeRouter{
+          .experts = e, .topk = k, .score = s_.moe.score, .normalize = s_.moe.normalize},
+      ex.bias >= 0 ? std::vector<int32_t>{ms.logits, ex.bias} : std::vector<int32_t>{ms.logits},
+      {ms.w, ms.idx, ms.scores, ms.counts});
   // The aux loss counts the microbatch's tokens: with sequence parallelism sum the counts of
   // every rank's rows, and with context parallelism those of every Cp rank's positions.
   if (p_.sp && tp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, CommKind::Tp);
@@ -818,13 +831,14 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   const int32_t dz = Act("moe.router.logits.grad", {rows_, e});
   Emit(attrs::MoeRouterBackward{.experts = e,
                                 .topk = k,
-                                .score = 0,
+                                .score = s_.moe.score,
                                 .normalize = s_.moe.normalize,
                                 .aux_rows = tokens_ * cp_,
                                 .aux_coeff = s_.moe.aux_coeff,
                                 .aux_grad_scale =
                                     1.0 / static_cast<double>(s_.microbatches * p_.dp)},
        {dw, ms.idx, ms.scores, ms.counts}, {dz});
+  if (ex.load >= 0) Emit(attrs::MoeExpertLoad{}, {ms.counts}, {ex.load});
   Emit(attrs::LinearBackward{.dx_accumulate = true}, {dz, xn, ex.router.value},
        {dn2, ex.router.grad});
   int32_t dnorm = dn2;
@@ -1115,6 +1129,13 @@ StepBodies RoleLowering::BuildStepBodies() {
     else
       Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
     if (sharded && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, shard_comm_);
+  }
+  // Aux-loss-free balancing: every rank of a stage moves its layers' biases by the step's load
+  // over all its tokens (each microbatch's counts already cover Tp under sp and Cp).
+  for (const ExpertBias& eb : expert_bias_) {
+    if (p_.dp > 1) Emit(attrs::AllReduce{}, {eb.load}, {eb.load}, CommKind::Dp);
+    Emit(attrs::MoeExpertBiasUpdate{.experts = s_.moe.experts, .rate = s_.moe.bias_rate},
+         {eb.bias, eb.load}, {eb.bias, eb.load});
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;

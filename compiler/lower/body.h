@@ -50,9 +50,14 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 // The MoE layers of the model (experts == 0: dense). With ep = 1 and etp = 1 every rank holds
 // every expert whole (replicated over tp); each rank routes its own rows of the residual stream
 // (rows / tp under sequence parallelism, all tokens otherwise):
-//   router    Linear to [rows, experts] logits, MoeRouter (softmax scores, top-k, `normalize`
-//             divides the picked weights by their sum), the load-balancing aux loss's gradient
-//             (coefficient `aux_coeff`, over the microbatch's tokens) added by MoeRouterBackward
+//   router    Linear to [rows, experts] logits, MoeRouter (softmax or sigmoid scores, top-k,
+//             `normalize` divides the picked weights by their sum), the load-balancing aux loss's
+//             gradient (coefficient `aux_coeff`, over the microbatch's tokens) added by
+//             MoeRouterBackward; with `bias_rate` > 0 the aux-loss-free expert bias (a State
+//             buffer) shifts the top-k choice, each backward adds the microbatch's counts to the
+//             step's load (MoeExpertLoad), and the optimizer body sums the load over Dp (the
+//             counts are already summed over Tp under sp and over Cp) and moves the bias
+//             (MoeExpertBiasUpdate)
 //   dispatch  MoePermute: rows·topk rows grouped by expert, the routed buffers at their worst
 //             case (every choice of every row)
 //   experts   GroupedLinear gate/up, the model's activation, GroupedLinear down
@@ -68,7 +73,9 @@ struct MoeShape {
   int64_t dense_layers = 0;
   int64_t layer_freq = 1;
   bool normalize = false;  // renormalise the top-k weights
+  int64_t score = 0;       // 0 softmax, 1 sigmoid (MoeRouter's `score`)
   double aux_coeff = 0.01;
+  double bias_rate = 0;  // aux-loss-free balancing: the expert bias's update rate (0: no bias)
 
   // Layer `index` (0-based) is an MoE layer (compiler/plan IsMoeLayer).
   bool IsMoeLayer(int64_t index) const {

@@ -531,6 +531,10 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.shared_ffn = m.shared_experts * bs.moe.ffn;
     bs.moe.dense_layers = m.dense_layers;
     bs.moe.layer_freq = m.moe_layer_freq;
+    bs.moe.score = m.router_score == RouterScore::kSigmoid ? 1 : 0;
+    bs.moe.normalize = m.router_topk_norm;
+    bs.moe.aux_coeff = m.router_aux_coeff;
+    bs.moe.bias_rate = m.router_bias_rate;
   }
   // --- end mixture of experts ---
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull

@@ -570,6 +570,51 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
   CHECK(capacity_sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
   CHECK(capacity_sink.diagnostics()[0].message.find("capacity factor") != std::string::npos);
 }
+
+TEST_CASE("the router as the model states it: sigmoid scores, top-k renormalised, expert bias") {
+  Plan plan = TinyPlan(1, 2, 2);
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.model.router_score = RouterScore::kSigmoid;
+  plan.model.router_topk_norm = false;
+  plan.model.router_aux_coeff = 0.003;
+  plan.model.router_bias_rate = 0.001;
+  const Program p = MustLower(plan);
+  for (const Role& role : p.roles) {
+    int loads = 0, updates = 0, load_reductions = 0, layers = 0;
+    for (const Chunk& c : role.chunks) {
+      layers += c.layers;
+      for (const Op& op : role.bodies[c.forward].ops) {
+        if (op.kind != OpKind::MoeRouter) continue;
+        const auto a = prog::DecodeAttrs<prog::attrs::MoeRouter>(op);
+        CHECK(a.score == 1);
+        CHECK_FALSE(a.normalize);
+        REQUIRE(op.inputs.size() == 2);  // logits and the expert bias
+        CHECK(role.buffers[op.inputs[1]].kind == prog::BufferKind::State);
+      }
+      for (const Op& op : role.bodies[c.backward].ops) {
+        if (op.kind == OpKind::MoeRouterBackward)
+          CHECK(prog::DecodeAttrs<prog::attrs::MoeRouterBackward>(op).aux_coeff ==
+                doctest::Approx(0.003));
+        loads += op.kind == OpKind::MoeExpertLoad;
+      }
+    }
+    for (const Op& op : role.bodies[role.bodies.size() - 1].ops) {
+      if (op.kind == OpKind::MoeExpertBiasUpdate) {
+        ++updates;
+        CHECK(prog::DecodeAttrs<prog::attrs::MoeExpertBiasUpdate>(op).rate ==
+              doctest::Approx(0.001));
+      }
+      if (op.kind == OpKind::AllReduce && op.comm == CommKind::Dp &&
+          role.buffers[op.inputs[0]].name.find("expert_load") != std::string::npos)
+        ++load_reductions;
+    }
+    CHECK(loads == layers);  // every layer is MoE: one load per layer's backward
+    CHECK(updates == layers);
+    CHECK(load_reductions == layers);
+  }
+}
 // --- end mixture of experts ---
 
 TEST_CASE("a program that fails verification is not returned: P0804 with the verifier's messages") {

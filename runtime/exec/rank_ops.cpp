@@ -579,6 +579,20 @@ void RankRunner::RunMoeRouter(const OpCall& call) {
                             RouterConfig(a.experts, a.topk, a.score, a.normalize));
 }
 
+void RankRunner::RunMoeExpertLoad(const OpCall& call) {
+  call.Need(call.InN(0) == call.OutN(0), "the counts and the load differ in size");
+  backend_.Accumulate(call.Out(0), call.In(0), call.InN(0));
+}
+
+void RankRunner::RunMoeExpertBiasUpdate(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::MoeExpertBiasUpdate>();
+  call.Input(0, a.experts);
+  call.Input(1, a.experts);
+  call.Need(call.op.outputs[0] == call.op.inputs[0] && call.op.outputs[1] == call.op.inputs[1],
+            "updates the bias and the load in place");
+  backend_.MoeExpertBiasUpdate(call.Out(0), call.Out(1), a.experts, static_cast<float>(a.rate));
+}
+
 void RankRunner::RunMoeRouterBackward(const OpCall& call) {
   const auto a = call.Attrs<prog::attrs::MoeRouterBackward>();
   const int64_t rows = call.Div(call.InN(0), a.topk);

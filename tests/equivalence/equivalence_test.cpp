@@ -478,6 +478,35 @@ TEST_CASE("planc compile: moe cp 2, tp 2, sequence parallel (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_cp2_tp2_sp");
 }
 
+// DeepSeek-V3's router: sigmoid scores and the aux-loss-free expert bias, whose update sums the
+// load over Dp (and the counts over Tp under sp, and over Cp).
+TEST_CASE("planc compile: moe with sigmoid router and expert bias, tp 2, pp 2, dp 2, ZeRO 1, sp") {
+  CheckPlancEquivalent("moe_v3_single", "moe_v3_tp2_pp2_dp2_zero1_sp");
+}
+TEST_CASE("planc compile: moe with sigmoid router and expert bias, cp 2, tp 2, sp") {
+  CheckPlancEquivalent("moe_v3_single", "moe_v3_cp2_tp2_sp");
+}
+TEST_CASE("the expert bias changes the routing, and a checkpoint keeps it: resume is bitwise") {
+  const ProgramImage program = PlancCompile("moe_v3_tp2_pp2_dp2_zero1_sp");
+  const RunResult full = Run(program);
+  const RunResult unbiased = Run(PlancCompile("moe_v3_nobias"));
+  CHECK(unbiased.steps.back().loss != doctest::Approx(full.steps.back().loss).epsilon(1e-6));
+  RunOptions first;
+  first.data_path = SourceDir() + "/data/corpus/classics.txt";
+  first.comm_timeout_seconds = 120;
+  first.steps = 3;
+  first.checkpoint_dir = Dir() + "/expert_bias_checkpoints";
+  Train(program, first);
+  RunOptions second = first;
+  second.steps = -1;
+  second.checkpoint_dir.clear();
+  second.resume_dir = first.checkpoint_dir;
+  const RunResult resumed = Train(program, second);
+  REQUIRE(resumed.steps.size() == 2);
+  for (size_t s = 0; s < 2; ++s) CHECK(resumed.steps[s].loss == full.steps[s + 3].loss);
+  CHECK(resumed.params == full.params);
+}
+
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
   const ProgramImage program = PlancCompile("tiny_llama_8cpu", "examples/tiny_llama.plan");
   CHECK(program.world_size == 8);
@@ -520,6 +549,15 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
     auto program = paraplan::lower::LowerPlan(TinyPlan(c.gpt, c.layout), {}, sink);
     REQUIRE(program.has_value());
     for (const auto& role : program->roles) {
+      for (const auto& op : role.schedule) emitted.insert(op.kind);
+      for (const auto& body : role.bodies)
+        for (const auto& op : body.ops) emitted.insert(op.kind);
+    }
+  }
+  // Plans of the `planc compile` cases (the router the model states: the expert bias).
+  for (const char* plan : {"moe_v3_tp2_pp2_dp2_zero1_sp"}) {
+    const ProgramImage program = PlancCompile(plan);
+    for (const auto& role : program.roles) {
       for (const auto& op : role.schedule) emitted.insert(op.kind);
       for (const auto& body : role.bodies)
         for (const auto& op : body.ops) emitted.insert(op.kind);

@@ -328,6 +328,10 @@ class CudaBackend final : public exec::Backend {
     cuda::MoeRouterBackward(dlogits, dweights, indices, scores, counts, rows, Router(config),
                             aux_grad_scale, stream_);
   }
+  void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) override {
+    Use();
+    cuda::MoeExpertBiasUpdate(bias, load, experts, rate, stream_);
+  }
   void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                   const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
                   int64_t topk) override {

@@ -515,6 +515,12 @@ TEST_CASE("cuda backend: mixture-of-experts router, permutation and grouped line
       CHECK_CLOSE(p, dlogits, 1e-6, 1e-4);
     }
   }
+  // The aux-loss-free bias update: exactly the host's (sums of whole counts).
+  auto load = p.Upload({5, 0, 3, 2, 9, 5}), expert_bias = p.Upload(Random(experts, 78, 0.1f));
+  p.host->MoeExpertBiasUpdate(expert_bias.h, load.h, experts, 0.01f);
+  p.Gpu().MoeExpertBiasUpdate(expert_bias.g, load.g, experts, 0.01f);
+  CHECK_CLOSE(p, expert_bias, 0, 0);
+  CHECK_CLOSE(p, load, 0, 0);
   // Permutation: the host's order exactly, and the combine back.
   std::vector<int32_t> picks(rows * topk);
   for (int64_t r = 0; r < rows; ++r) {

@@ -162,6 +162,9 @@ class HostBackend final : public Backend {
     host::MoeRouterBackward(dlogits, dweights, indices, scores, counts, rows, config,
                             aux_grad_scale);
   }
+  void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) override {
+    host::MoeExpertBiasUpdate(bias, load, experts, rate);
+  }
   void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                   const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
                   int64_t topk) override {

@@ -170,6 +170,9 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
 void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
                        const float* scores, const float* counts, int64_t rows,
                        const MoeRouterConfig& config, float aux_grad_scale, cudaStream_t stream);
+// The host's bias update (one thread: the mean in the host's order, then every expert).
+void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate,
+                         cudaStream_t stream);
 // The host's permutation exactly (each expert's thread scans the pairs in order; no atomics).
 void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                 const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk,

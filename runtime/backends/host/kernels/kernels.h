@@ -207,6 +207,11 @@ void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* ind
                        const float* scores, const float* counts, int64_t rows,
                        const MoeRouterConfig& config, float aux_grad_scale);
 
+// Auxiliary-loss-free balancing (DeepSeek-V3): with load[experts] the tokens each expert took in
+// the step and m their mean, bias[e] += rate · sign(m - load[e]) (an overloaded expert is picked
+// less), then load is zeroed for the next step.
+void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate);
+
 // Groups the rows · topk (token, choice) pairs by expert: out[rows · topk, dim] holds expert 0's
 // tokens, then expert 1's, ..., each expert's in increasing token order. row_map[r · topk + j]
 // (I32, written) is the row of out that holds token r's choice j; expert_counts[experts] (I32,
