@@ -842,7 +842,8 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   Emit(attrs::GroupedLinear{.groups = e}, {ms.a, ex.down.value, ms.expert_counts}, {ms.y});
   // Shared experts read the whole sequence (gathered under sequence parallelism).
   if (ex.shared_up.value >= 0) {
-    saved.n2f = GatherSp(xn, "mlp_norm.out_full", h);
+    // (Under expert tensor parallelism the Etp group's rows are already the gathered sequence.)
+    saved.n2f = ms.etp.x != xn ? ms.etp.x : GatherSp(xn, "mlp_norm.out_full", h);
     DenseExpertForward("moe.shared", saved.n2f, ex.shared_gate, ex.shared_up, ex.shared_down,
                        s_.moe.shared_ffn, &ms.sg, &ms.su, &ms.sa, nullptr);
   }
@@ -924,7 +925,7 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   int32_t dnorm = dn2;
   if (ex.shared_up.value >= 0) {
     const int64_t sf = s_.moe.shared_ffn / tp_;
-    const int32_t gxf = GatherSp(gx, "moe.shared.down.grad_full", h);
+    const int32_t gxf = gxe != gx ? gxe : GatherSp(gx, "moe.shared.down.grad_full", h);
     const int32_t dsa = Act("moe.shared.act.grad", {tokens_, sf});
     Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, ms.sa, ex.shared_down.value},
          {dsa, ex.shared_down.grad});

@@ -62,17 +62,19 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 //             dense MLP is, added to the combined output
 // Expert tensor parallelism (etp > 1; lowering accepts etp = tp with ep = 1, and the Etp groups
 // are then the Tp groups): each expert is split as the dense MLP is, gate/up (fc1) by rows of
-// ffn / etp, down (fc2) by columns, over the Etp group; the router stays replicated. Each rank
-// routes its own rows (the aux loss and the router's gradient), then (under sequence
-// parallelism) the Etp group all-gathers the rows and their router logits and routes the
-// gathered logits again (row by row, so bit for bit the choices each rank made), so every rank
-// runs its slice of every expert on all the group's tokens (as Megatron-Core's all-gather
-// dispatcher gathers the routing over the tensor-parallel ranks); the
-// combined partial outputs are reduce-scattered back to the rows (all-reduced without sequence
-// parallelism, where every rank already holds every row). The backward mirrors it: the output
-// gradient is gathered, the router weights' and the inputs' gradients (partial sums over the
-// expert slices) are reduce-scattered (all-reduced). The expert slices' gradients are complete
-// on each rank and reduced over the data-parallel group, which is the experts' (edp = dp · cp).
+// ffn / etp and down (fc2) by columns, over the Etp group; the router stays replicated.
+//   routing   each rank routes its own rows (the aux loss and the router's gradient as above)
+//   gather    under sequence parallelism the Etp group all-gathers the rows and their router
+//             logits and routes the gathered logits again (row by row: bit for bit the choices
+//             each rank made), so every rank runs its slice of every expert on all the group's
+//             tokens, as Megatron-Core's all-gather dispatcher gathers the routing over the
+//             tensor-parallel ranks; without sequence parallelism every rank holds every row
+//   reduce    the combined partial outputs are reduce-scattered back to the rows (all-reduced
+//             without sequence parallelism); the shared experts read the gathered rows
+//   backward  the output gradient is gathered; the router weights' and the inputs' gradients,
+//             partial sums over the expert slices, are reduce-scattered (all-reduced); the
+//             slices' own gradients are complete on each rank and reduced over the
+//             data-parallel group, which is the experts' (edp = dp · cp)
 struct MoeShape {
   int64_t experts = 0;
   int64_t topk = 0;

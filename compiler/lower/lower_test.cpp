@@ -649,6 +649,14 @@ TEST_CASE(
     for (const Buffer& b : role.buffers)
       if (b.name.find("moe.permuted") != std::string::npos)
         CHECK(b.shape == std::vector<int64_t>{int64_t{2} * 32 * 2, 64});  // tokens · topk
+  // The shared expert reads the rows the Etp group gathered: no second gather over Tp.
+  for (const Role& role : p.roles)
+    for (const Buffer& b : role.buffers) {
+      CAPTURE(b.name);
+      CHECK(b.name.find("moe.shared.down.grad_full") == std::string::npos);
+      for (const char* layer : {"layers.1.", "layers.3.", "layers.5.", "layers.7."})
+        CHECK(b.name.find(std::string(layer) + "mlp_norm.out_full") == std::string::npos);
+    }
   // Without sequence parallelism every rank holds every row: the partial sums are all-reduced.
   plan.parallel.sp = false;
   const Program replicated = MustLower(plan);
