@@ -126,6 +126,12 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                     "`parallel.etp = 1` (experts whole on every rank); `planc check` and "
                     "`planc explain` analyse etp = {}",
                     q.tp, q.etp));
+  if (m.IsMoe() && q.etp > 1 && q.ep > 1)
+    unsupported.Report(
+        fmt::format("experts split by tensor parallelism (etp = {}) together with expert "
+                    "parallelism (ep = {})",
+                    q.etp, q.ep),
+        "parallel.etp", "set `parallel.etp = 1` or `parallel.ep = 1`");
   // --- end expert tensor parallelism ---
   if (m.IsMoe() && plan.moe.capacity_factor > 0)
     unsupported.Report(

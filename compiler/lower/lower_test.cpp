@@ -691,6 +691,18 @@ TEST_CASE("expert tensor parallelism other than etp = tp, or off the Tp groups, 
   CHECK(refusal(moe(1, 2, 2)) ==
         "lowering does not emit experts split by tensor parallelism over etp = 2 ranks, other "
         "than tp = 1 yet");
+  // Not yet beside expert parallelism.
+  Plan ep = moe(2, 2, 2);
+  ep.parallel.ep = 2;
+  DiagnosticSink ep_sink;
+  CHECK_FALSE(LowerPlan(ep, {}, ep_sink).has_value());
+  bool both = false;
+  for (const auto& d : ep_sink.diagnostics())
+    both |= d.kind == DiagKind::kLowerUnsupported &&
+            d.message ==
+                "lowering does not emit experts split by tensor parallelism (etp = 2) together "
+                "with expert parallelism (ep = 2) yet";
+  CHECK(both);
   // Context parallelism laid inside the Tp groups: the expert mesh has no cp, so its Etp groups
   // are other ranks than the Tp groups.
   Plan cp = moe(2, 1, 2);
