@@ -197,8 +197,9 @@ class RoleLowering {
     ParamRef shared_gate, shared_up, shared_down;  // shared experts (-1 when none)
   };
   // --- expert tensor parallelism ---
-  // The tokens the experts of an Etp group see: this rank's rows, or under sequence parallelism
-  // the group's rows all-gathered with their router weights and choices.
+  // The tokens the experts of an Etp group see, with their router weights and choices: this
+  // rank's rows and routing, or under sequence parallelism the group's rows and their gathered
+  // logits routed again (GatherEtpTokens).
   struct EtpTokens {
     int32_t x = -1, w = -1, idx = -1;
     int64_t rows = 0;
