@@ -95,7 +95,8 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   }
   if (l.moe) {
     // Mixture of experts: a leading dense layer, then every second layer MoE (layers 1 and 3),
-    // 4 experts, 2 per token, one shared expert; experts whole on every rank (ep = etp = 1).
+    // 4 experts, 2 per token, one shared expert; experts whole on every rank (ep = etp = 1)
+    // unless the layout splits them over the Tp group (l.etp: etp = tp).
     plan.name = m.name = gpt ? "tiny_gpt_moe" : "tiny_moe";
     m.experts = 4;
     m.topk = 2;
