@@ -94,16 +94,18 @@ class RoleLowering {
   };
   ParamRef AddParam(const std::string& name, int64_t key, std::vector<int64_t> global,
                     int32_t split_dim, prog::InitKind init, double std, bool decay,
-                    bool tp_replicated, bool grad_sync_tp, bool counts_in_norm = true) {
+                    bool tp_replicated, bool grad_sync_tp, bool counts_in_norm = true,
+                    CommKind split_comm = CommKind::Tp) {
     Param prm;
     prm.name = name;
     prm.key = key;
     prm.global_shape = global;
     std::vector<int64_t> local = global;
-    if (split_dim >= 0 && tp_ > 1) {
+    const int64_t ways = split_comm == CommKind::Etp ? s_.moe.etp : tp_;
+    if (split_dim >= 0 && ways > 1) {
       prm.split_dim = split_dim;
-      prm.split_comm = CommKind::Tp;
-      local[split_dim] /= tp_;
+      prm.split_comm = split_comm;
+      local[split_dim] /= ways;
     }
     prm.init = init;
     prm.init_std = init == prog::InitKind::Normal ? std : 0.0;
@@ -199,8 +201,18 @@ class RoleLowering {
     int32_t bias, load;
   };
   std::vector<ExpertBias> expert_bias_;  // every MoE layer of the role with an expert bias
+  // --- expert tensor parallelism ---
+  // The tokens the experts of an Etp group see, with their router weights and choices: this
+  // rank's rows and routing, or under sequence parallelism the group's rows and their gathered
+  // logits routed again (GatherEtpTokens).
+  struct EtpTokens {
+    int32_t x = -1, w = -1, idx = -1;
+    int64_t rows = 0;
+  };
+  // --- end expert tensor parallelism ---
   struct MoeSaved {
     int32_t logits = -1, w = -1, idx = -1, scores = -1, counts = -1;  // router
+    EtpTokens etp;                                                    // the experts' tokens
     int32_t xp = -1, row_map = -1, expert_counts = -1;                // dispatch
     int32_t g = -1, u = -1, a = -1, y = -1;                           // experts
     int32_t sg = -1, su = -1, sa = -1;                                // shared experts
@@ -322,6 +334,23 @@ class RoleLowering {
   // after the experts' down projection, the last tensor the backward reads.
   void MoeForward(const LayerParams& params, LayerSaved& saved, int32_t next);
   void MoeBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // An expert weight of global shape `global`: whole on every rank (etp = 1, replicated over tp,
+  // its gradient a partial sum over tp under sequence parallelism), or split on `split_dim`
+  // over the Etp group.
+  ParamRef AddExpertParam(const std::string& name, int64_t key, std::vector<int64_t> global,
+                          int32_t split_dim, double std);
+  // --- expert tensor parallelism (body.h MoeShape) ---
+  bool SplitsExperts() const { return s_.moe.etp > 1; }
+  // Before dispatch: the tokens (rows x with their router weights and choices) every rank of the
+  // Etp group runs its expert slices on, from this rank's rows x and their routing.
+  EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
+  // After the combine: a partial sum over the expert slices, [etp rows, cols], reduced over the
+  // Etp group to this rank's rows (reduce-scatter, or all-reduce in place without sequence
+  // parallelism).
+  int32_t ReduceEtpPartial(int32_t partial, const std::string& name, int64_t cols);
+  // The backward's entry: the gradient of this rank's rows, gathered to the Etp group's tokens.
+  int32_t GatherEtpGrad(int32_t grad, const std::string& name, int64_t cols);
+  // --- end expert tensor parallelism ---
   // A dense gated (or GELU) MLP of width `ffn` (global), tensor-parallel, no biases: gate/up into
   // *g, *u and the activation into *a; the down projection reduced to rows when `out` >= 0.
   void DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
@@ -673,18 +702,16 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
   const bool gpt = m_.activation == prog::ActivationKind::Gelu;
   const std::string n = fmt::format("layers.{}.moe.", layer_index);
   auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
-  // Router and experts: replicated over tp (etp = 1); with sequence parallelism each rank routes
-  // its own rows, so their gradients are partial sums over tp.
+  // Router: replicated over tp; with sequence parallelism each rank routes its own rows, so its
+  // gradient is a partial sum over tp. Experts: see AddExpertParam.
   MoeParams params;
   params.router =
       AddParam(n + "router", key(20), {e, h}, -1, prog::InitKind::Normal, 0.02, true, true, p_.sp);
-  if (!gpt)
-    params.gate = AddParam(n + "experts.w_gate", key(21), {e, f, h}, -1, prog::InitKind::Normal,
-                           0.02, true, true, p_.sp);
-  params.up = AddParam(n + (gpt ? "experts.fc1" : "experts.w_up"), key(22), {e, f, h}, -1,
-                       prog::InitKind::Normal, 0.02, true, true, p_.sp);
-  params.down = AddParam(n + (gpt ? "experts.fc2" : "experts.w_down"), key(23), {e, h, f}, -1,
-                         prog::InitKind::Normal, OutStd(), true, true, p_.sp);
+  if (!gpt) params.gate = AddExpertParam(n + "experts.w_gate", key(21), {e, f, h}, 1, 0.02);
+  params.up =
+      AddExpertParam(n + (gpt ? "experts.fc1" : "experts.w_up"), key(22), {e, f, h}, 1, 0.02);
+  params.down =
+      AddExpertParam(n + (gpt ? "experts.fc2" : "experts.w_down"), key(23), {e, h, f}, 2, OutStd());
   if (s_.moe.bias_rate > 0) {
     params.bias = Buf(n + "router.expert_bias", {e}, DType::F32, BufferKind::State);
     params.load = Buf(n + "router.expert_load", {e}, DType::F32, BufferKind::Persistent);
@@ -702,6 +729,61 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
   }
   return params;
 }
+
+RoleLowering::ParamRef RoleLowering::AddExpertParam(const std::string& name, int64_t key,
+                                                    std::vector<int64_t> global, int32_t split_dim,
+                                                    double std) {
+  if (!SplitsExperts())
+    return AddParam(name, key, std::move(global), -1, prog::InitKind::Normal, std, true, true,
+                    p_.sp);
+  // Expert tensor parallelism: a slice per Etp rank, initialised from the whole tensor's values
+  // (the key and the global index), its gradient complete on the rank (every rank of the group
+  // sees all the group's tokens).
+  return AddParam(name, key, std::move(global), split_dim, prog::InitKind::Normal, std, true, false,
+                  false, true, CommKind::Etp);
+}
+
+// --- expert tensor parallelism (body.h MoeShape) ---
+
+RoleLowering::EtpTokens RoleLowering::GatherEtpTokens(int32_t x, const MoeSaved& local,
+                                                      int32_t bias) {
+  if (!SplitsExperts() || !p_.sp) return {x, local.w, local.idx, rows_};
+  const int64_t e = s_.moe.experts, k = s_.moe.topk, rows = rows_ * s_.moe.etp;
+  EtpTokens t{Act("moe.etp.tokens", {rows, m_.hidden}), Act("moe.etp.router.weights", {rows, k}),
+              Buf(Prefix() + "moe.etp.router.indices", {rows, k}, DType::I32), rows};
+  Emit(attrs::AllGather{}, {x}, {t.x}, CommKind::Etp);
+  // The group's choices: its ranks' logits, gathered and routed again. Routing is row by row, so
+  // each row gets the weights and experts its own rank chose, bit for bit; the aux loss and the
+  // router's gradient stay with the local routing.
+  const int32_t logits = Act("moe.etp.router.logits", {rows, e});
+  Emit(attrs::AllGather{}, {local.logits}, {logits}, CommKind::Etp);
+  Emit(
+      attrs::MoeRouter{
+          .experts = e, .topk = k, .score = s_.moe.score, .normalize = s_.moe.normalize},
+      bias >= 0 ? std::vector<int32_t>{logits, bias} : std::vector<int32_t>{logits},
+      {t.w, t.idx, Stat("moe.etp.router.scores", {rows, e}), Stat("moe.etp.router.counts", {e})});
+  return t;
+}
+
+int32_t RoleLowering::ReduceEtpPartial(int32_t partial, const std::string& name, int64_t cols) {
+  if (!SplitsExperts()) return partial;
+  if (!p_.sp) {
+    Emit(attrs::AllReduce{}, {partial}, {partial}, CommKind::Etp);
+    return partial;
+  }
+  const int32_t out = Act(name, {rows_, cols});
+  Emit(attrs::ReduceScatter{}, {partial}, {out}, CommKind::Etp);
+  return out;
+}
+
+int32_t RoleLowering::GatherEtpGrad(int32_t grad, const std::string& name, int64_t cols) {
+  if (!SplitsExperts() || !p_.sp) return grad;
+  const int32_t full = Act(name, {rows_ * s_.moe.etp, cols});
+  Emit(attrs::AllGather{}, {grad}, {full}, CommKind::Etp);
+  return full;
+}
+
+// --- end expert tensor parallelism ---
 
 void RoleLowering::DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
                                       const ParamRef& up, const ParamRef& down, int64_t ffn,
@@ -727,8 +809,7 @@ void RoleLowering::DenseExpertForward(const std::string& name, int32_t xf, const
 }
 
 void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t next) {
-  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn;
-  const int64_t routed = rows_ * k;  // worst case: every choice of every row lands here
+  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn / s_.moe.etp;
   const MoeParams& ex = P.experts;
   MoeSaved& ms = saved.moe;
   const int32_t xn = saved.no2.y;  // this rank's rows
@@ -750,11 +831,15 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   // --- context parallelism ---
   if (cp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, cp_comm_);
   // --- end context parallelism ---
+  // --- expert tensor parallelism: the Etp group's tokens ---
+  ms.etp = GatherEtpTokens(xn, ms, ex.bias);
+  // --- end expert tensor parallelism ---
   // Dispatch.
+  const int64_t routed = ms.etp.rows * k;  // worst case: every choice of every row lands here
   ms.xp = Act("moe.permuted", {routed, h});
   ms.row_map = Buf(Prefix() + "moe.row_map", {routed}, DType::I32);
   ms.expert_counts = Buf(Prefix() + "moe.expert_counts", {e}, DType::I32);
-  Emit(attrs::MoePermute{.experts = e, .topk = k}, {xn, ms.idx},
+  Emit(attrs::MoePermute{.experts = e, .topk = k}, {ms.etp.x, ms.etp.idx},
        {ms.xp, ms.row_map, ms.expert_counts});
   // Experts.
   if (ex.gate.value >= 0) {
@@ -774,14 +859,18 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   Emit(attrs::GroupedLinear{.groups = e}, {ms.a, ex.down.value, ms.expert_counts}, {ms.y});
   // Shared experts read the whole sequence (gathered under sequence parallelism).
   if (ex.shared_up.value >= 0) {
-    saved.n2f = GatherSp(xn, "mlp_norm.out_full", h);
+    // (Under expert tensor parallelism the Etp group's rows are already the gathered sequence.)
+    saved.n2f = ms.etp.x != xn ? ms.etp.x : GatherSp(xn, "mlp_norm.out_full", h);
     DenseExpertForward("moe.shared", saved.n2f, ex.shared_gate, ex.shared_up, ex.shared_down,
                        s_.moe.shared_ffn, &ms.sg, &ms.su, &ms.sa, nullptr);
   }
   if (next < 0) return;
   // Combine.
-  const int32_t combined = Act("moe.out", {rows_, h});
-  Emit(attrs::MoeUnpermute{.topk = k}, {ms.y, ms.row_map, ms.w}, {combined});
+  int32_t combined = Act("moe.out", {ms.etp.rows, h});
+  Emit(attrs::MoeUnpermute{.topk = k}, {ms.y, ms.row_map, ms.etp.w}, {combined});
+  // --- expert tensor parallelism: sum the expert slices' outputs ---
+  combined = ReduceEtpPartial(combined, "moe.out_rows", h);
+  // --- end expert tensor parallelism ---
   int32_t sum = combined;
   if (ex.shared_up.value >= 0) {
     const int32_t d = Act("moe.shared.down", {tokens_, h});
@@ -794,15 +883,22 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
 }
 
 void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, int32_t gx) {
-  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn;
-  const int64_t routed = rows_ * k;
+  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn / s_.moe.etp;
   const MoeParams& ex = P.experts;
   const MoeSaved& ms = saved.moe;
+  const int64_t routed = ms.etp.rows * k;
   const int32_t xn = saved.no2.y;
+  // --- expert tensor parallelism: the output gradient of the Etp group's tokens ---
+  const int32_t gxe = GatherEtpGrad(gx, "moe.etp.out.grad", h);
+  // --- end expert tensor parallelism ---
   // Combine.
   const int32_t dy = Act("moe.experts.out.grad", {routed, h});
-  const int32_t dw = Act("moe.router.weights.grad", {rows_, k});
-  Emit(attrs::MoeUnpermuteBackward{.topk = k}, {gx, ms.y, ms.row_map, ms.w}, {dy, dw});
+  int32_t dw = Act(SplitsExperts() ? "moe.etp.router.weights.grad" : "moe.router.weights.grad",
+                   {ms.etp.rows, k});
+  Emit(attrs::MoeUnpermuteBackward{.topk = k}, {gxe, ms.y, ms.row_map, ms.etp.w}, {dy, dw});
+  // --- expert tensor parallelism: the router weights' gradient sums the expert slices ---
+  dw = ReduceEtpPartial(dw, "moe.router.weights.grad", k);
+  // --- end expert tensor parallelism ---
   // Experts.
   const int32_t da = Act("moe.experts.act.grad", {routed, f});
   Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = false},
@@ -823,8 +919,11 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
          {du, ms.xp, ex.up.value, ms.expert_counts}, {dxp, ex.up.grad});
   }
   // Dispatch: MoeUnpermute without weights is MoePermute's backward.
-  const int32_t dn2 = Act("mlp_norm.out.grad", {rows_, h});
+  int32_t dn2 = Act(SplitsExperts() ? "moe.etp.in.grad" : "mlp_norm.out.grad", {ms.etp.rows, h});
   Emit(attrs::MoeUnpermute{.topk = k}, {dxp, ms.row_map, -1}, {dn2});
+  // --- expert tensor parallelism: the inputs' gradient sums the expert slices ---
+  dn2 = ReduceEtpPartial(dn2, "mlp_norm.out.grad", h);
+  // --- end expert tensor parallelism ---
   // Router, with the aux loss's gradient over the microbatch's tokens (all Cp ranks' positions:
   // each rank adds the gradient of its own rows, summed over DpCp with the weights'), scaled as
   // the loss is.
@@ -844,7 +943,7 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   int32_t dnorm = dn2;
   if (ex.shared_up.value >= 0) {
     const int64_t sf = s_.moe.shared_ffn / tp_;
-    const int32_t gxf = GatherSp(gx, "moe.shared.down.grad_full", h);
+    const int32_t gxf = gxe != gx ? gxe : GatherSp(gx, "moe.shared.down.grad_full", h);
     const int32_t dsa = Act("moe.shared.act.grad", {tokens_, sf});
     Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, ms.sa, ex.shared_down.value},
          {dsa, ex.shared_down.grad});

@@ -65,6 +65,21 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 //   shared    `shared_ffn` > 0: a dense MLP of that width beside the experts, tensor-parallel as
 //   the
 //             dense MLP is, added to the combined output
+// Expert tensor parallelism (etp > 1; lowering accepts etp = tp with ep = 1, and the Etp groups
+// are then the Tp groups): each expert is split as the dense MLP is, gate/up (fc1) by rows of
+// ffn / etp and down (fc2) by columns, over the Etp group; the router stays replicated.
+//   routing   each rank routes its own rows (the aux loss and the router's gradient as above)
+//   gather    under sequence parallelism the Etp group all-gathers the rows and their router
+//             logits and routes the gathered logits again (row by row: bit for bit the choices
+//             each rank made), so every rank runs its slice of every expert on all the group's
+//             tokens, as Megatron-Core's all-gather dispatcher gathers the routing over the
+//             tensor-parallel ranks; without sequence parallelism every rank holds every row
+//   reduce    the combined partial outputs are reduce-scattered back to the rows (all-reduced
+//             without sequence parallelism); the shared experts read the gathered rows
+//   backward  the output gradient is gathered; the router weights' and the inputs' gradients,
+//             partial sums over the expert slices, are reduce-scattered (all-reduced); the
+//             slices' own gradients are complete on each rank and reduced over the
+//             data-parallel group, which is the experts' (edp = dp · cp)
 struct MoeShape {
   int64_t experts = 0;
   int64_t topk = 0;
@@ -76,6 +91,7 @@ struct MoeShape {
   int64_t score = 0;       // 0 softmax, 1 sigmoid (MoeRouter's `score`)
   double aux_coeff = 0.01;
   double bias_rate = 0;  // aux-loss-free balancing: the expert bias's update rate (0: no bias)
+  int64_t etp = 1;       // expert tensor parallelism: each expert's ffn split etp ways (Etp group)
 
   // Layer `index` (0-based) is an MoE layer (compiler/plan IsMoeLayer).
   bool IsMoeLayer(int64_t index) const {

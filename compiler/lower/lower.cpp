@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <set>
 
 #include "compiler/analyze/memory.h"
 #include "compiler/lower/body.h"
@@ -114,13 +115,24 @@ class UnsupportedFeatures {
 void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& q = plan.parallel;
-  // --- mixture of experts: emitted with ep = 1 and etp = 1 ---
-  if (m.IsMoe() && q.etp > 1)
+  // --- mixture of experts: emitted with ep = 1, and etp = 1 or etp = tp ---
+  // --- expert tensor parallelism: each expert split over the Tp group, as the dense MLP ---
+  if (m.IsMoe() && q.etp > 1 && q.etp != q.tp)
     unsupported.Report(
-        fmt::format("experts split by tensor parallelism (etp = {}; it defaults to tp)", q.etp),
+        fmt::format("experts split by tensor parallelism over etp = {} ranks, other than tp = {}",
+                    q.etp, q.tp),
         "parallel.etp",
-        "set `parallel.etp = 1`: every rank then holds its experts whole; `planc check` and "
-        "`planc explain` analyse etp > 1");
+        fmt::format("set `parallel.etp = {}` (each expert split as the dense MLP) or "
+                    "`parallel.etp = 1` (experts whole on every rank); `planc check` and "
+                    "`planc explain` analyse etp = {}",
+                    q.tp, q.etp));
+  if (m.IsMoe() && q.etp > 1 && q.ep > 1)
+    unsupported.Report(
+        fmt::format("experts split by tensor parallelism (etp = {}) together with expert "
+                    "parallelism (ep = {})",
+                    q.etp, q.ep),
+        "parallel.etp", "set `parallel.etp = 1` or `parallel.ep = 1`");
+  // --- end expert tensor parallelism ---
   if (m.IsMoe() && plan.moe.capacity_factor > 0)
     unsupported.Report(
         fmt::format("a capacity factor ({}: tokens past it dropped)", plan.moe.capacity_factor),
@@ -211,6 +223,11 @@ bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
   divide("heads", m.heads, "model.heads", q.tp, "tp");
   divide("kv_heads", m.kv_heads, "model.kv_heads", q.tp, "tp");
   divide("ffn_hidden", m.ffn_hidden, "model.ffn_hidden", q.tp, "tp");
+  // --- expert tensor parallelism: each expert's ffn split over etp ---
+  if (m.IsMoe() && q.etp > 1)
+    divide("moe_ffn_hidden", m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden,
+           m.moe_ffn_hidden > 0 ? "model.moe_ffn_hidden" : "model.ffn_hidden", q.etp, "etp");
+  // --- end expert tensor parallelism ---
   if (m.IsMoe() && m.shared_experts > 0)  // mixture of experts: shared experts split like the MLP
     divide("shared_experts · moe_ffn_hidden",
            m.shared_experts * (m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden),
@@ -404,6 +421,67 @@ void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
   }
 }
 
+// --- expert tensor parallelism ---------------------------------------------------------------
+// Whether the plan's MoE layers split their experts over an Etp group (etp > 1; lowered with
+// etp = tp and ep = 1).
+bool SplitsExperts(const Plan& plan) { return plan.model.IsMoe() && plan.parallel.etp > 1; }
+
+// The groups of `kind`, each in its member order, in a canonical order of groups.
+std::set<std::vector<int64_t>> GroupSet(const Layout& layout, GroupKind kind, bool sort_members) {
+  std::set<std::vector<int64_t>> out;
+  const GroupList& list = layout.Groups(kind);
+  for (int64_t g = 0; g < list.group_count(); ++g) {
+    std::vector<int64_t> members(list.Group(g).begin(), list.Group(g).end());
+    if (sort_members) std::sort(members.begin(), members.end());
+    out.insert(std::move(members));
+  }
+  return out;
+}
+
+// The experts' tensor-parallel groups must be the Tp groups, member for member (an Etp rank holds
+// the same sequence-parallel rows as its Tp rank), and the experts' data-parallel groups the
+// ranks that reduce the dense gradients (DpCp; Dp without context parallelism): the lowering
+// routes with the Tp group's tokens and reduces every gradient over one data-parallel group.
+// Reports P0801 at `parallel.order` when the order lays them out otherwise.
+bool CheckExpertTensorGroups(const Plan& plan, const Layout& layout, DiagnosticSink& sink) {
+  if (!SplitsExperts(plan)) return true;
+  const GroupKind dense_dp = plan.parallel.cp > 1 ? GroupKind::kDpCp : GroupKind::kDp;
+  std::string_view differs;
+  if (GroupSet(layout, GroupKind::kEtp, false) != GroupSet(layout, GroupKind::kTp, false))
+    differs = "the expert-tensor-parallel groups differ from the tensor-parallel groups";
+  else if (GroupSet(layout, GroupKind::kEdp, true) != GroupSet(layout, dense_dp, true))
+    differs = "the expert-data-parallel groups differ from the data-parallel groups";
+  if (differs.empty()) return true;
+  sink.Report(
+      Diag(DiagKind::kLowerUnsupported,
+           fmt::format("lowering does not emit experts split by tensor parallelism (etp = {}) "
+                       "under the order `{}` yet: {}",
+                       plan.parallel.etp, plan.parallel.order, differs))
+          .At(plan.Range("parallel.order"), "set here")
+          .Note("the lowering splits each expert over the ranks of a Tp group, which hold the "
+                "same tokens, and reduces the experts' gradients with the dense ones")
+          .Help("use an order with `tp` first (the default `tp-cp-ep-dp-pp`), or `parallel.etp "
+                "= 1`"));
+  return false;
+}
+
+// The Etp communicators of the layout (members in Megatron's order), after those BuildWorld
+// lists; only when the MoE layers split their experts.
+void AddExpertTensorComms(const Plan& plan, const Layout& layout, Program& p) {
+  if (!SplitsExperts(plan)) return;
+  const GroupList& list = layout.Groups(GroupKind::kEtp);
+  if (list.group_size <= 1) return;
+  for (int64_t g = 0; g < list.group_count(); ++g) {
+    Communicator c;
+    c.kind = CommKind::Etp;
+    for (int64_t m : list.Group(g)) c.members.push_back(static_cast<int32_t>(m));
+    const int32_t index = static_cast<int32_t>(p.communicators.size());
+    for (int32_t m : c.members) p.ranks[m].comms[static_cast<int>(CommKind::Etp)] = index;
+    p.communicators.push_back(std::move(c));
+  }
+}
+// --- end expert tensor parallelism -----------------------------------------------------------
+
 ModelConfig ModelConfigOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
   const int64_t pad = 128 * plan.parallel.tp;
@@ -535,6 +613,7 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.normalize = m.router_topk_norm;
     bs.moe.aux_coeff = m.router_aux_coeff;
     bs.moe.bias_rate = m.router_bias_rate;
+    bs.moe.etp = std::max<int64_t>(1, plan.parallel.etp);  // expert tensor parallelism
   }
   // --- end mixture of experts ---
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull
@@ -578,6 +657,7 @@ bool VerifyLowered(const Program& p, DiagnosticSink& sink) {
 std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Partition& partition,
                              const LowerOptions& options, DiagnosticSink& sink) {
   if (!CheckLowerable(plan, sink)) return std::nullopt;
+  if (!CheckExpertTensorGroups(plan, layout, sink)) return std::nullopt;
   Program p;
   p.producer = options.producer;
   p.plan_name = plan.name;
@@ -591,6 +671,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
   BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, p);
+  AddExpertTensorComms(plan, layout, p);
 
   if (options.before_verify) options.before_verify(p);
   if (options.verify && !VerifyLowered(p, sink)) return std::nullopt;

@@ -47,6 +47,13 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 constexpr double kElementTolerance = 1e-5;
+// Experts split by tensor parallelism (etp = tp) sum each expert's down projection and its input
+// gradient from two halves of the ffn: the losses and every tensor's Frobenius difference stay
+// within kTolerance (measured: losses 9e-8, weights 6.9e-7), and every element of every tensor
+// within kElementTolerance but one: element (63, 55) of layers.3.attention.wo, whose gradient
+// is near zero, so Adam turns the other rounding into 1.15e-5 of the tensor's largest value
+// (the etp = 1 layouts already reach 9.7e-6 on that element).
+constexpr double kExpertSplitElementTolerance = 2e-5;
 
 std::string SourceDir() {
   const char* dir = std::getenv("PARAPLAN_SOURCE_DIR");
@@ -62,6 +69,7 @@ struct Layout {
   bool sgd = false;
   int cp = 1;        // context parallelism (ring attention over 2·cp chunks of each sequence)
   bool moe = false;  // the Llama-style model with mixture-of-experts layers (TinyPlan)
+  bool etp = false;  // moe: each expert split over the Tp group (etp = tp), else etp = 1
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -87,7 +95,8 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   }
   if (l.moe) {
     // Mixture of experts: a leading dense layer, then every second layer MoE (layers 1 and 3),
-    // 4 experts, 2 per token, one shared expert; experts whole on every rank (ep = etp = 1).
+    // 4 experts, 2 per token, one shared expert; experts whole on every rank (ep = etp = 1)
+    // unless the layout splits them over the Tp group (l.etp: etp = tp).
     plan.name = m.name = gpt ? "tiny_gpt_moe" : "tiny_moe";
     m.experts = 4;
     m.topk = 2;
@@ -100,7 +109,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
   plan.parallel.cp = l.cp;
   plan.parallel.tp = l.tp;
-  plan.parallel.etp = l.moe ? 1 : l.tp;
+  plan.parallel.etp = l.moe && !l.etp ? 1 : l.tp;
   plan.parallel.pp = l.pp;
   plan.parallel.dp = l.dp;
   plan.parallel.vpp = l.vpp;
@@ -202,7 +211,8 @@ ProgramImage PlancCompile(const std::string& plan,
   return LoadProgramImage(out);
 }
 
-void CheckPlancEquivalent(const std::string& reference, const std::string& plan) {
+void CheckPlancEquivalent(const std::string& reference, const std::string& plan,
+                          double element_tolerance = kElementTolerance) {
   const RunResult want = Run(PlancCompile(reference));
   const RunResult got = Run(PlancCompile(plan));
   const Comparison c = Compare(got, want);
@@ -211,7 +221,7 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan)
                                      << c.max_elementwise);
   CHECK(c.loss <= kTolerance);
   CHECK(c.weights <= kTolerance);
-  CHECK(c.max_elementwise <= kElementTolerance);
+  CHECK(c.max_elementwise <= element_tolerance);
   CHECK(got.steps.back().loss < got.steps.front().loss);
 }
 
@@ -233,7 +243,7 @@ void CheckEquivalent(bool gpt, const Layout& layout) {
                                      << " -> " << got.steps.back().loss);
   CHECK(c.loss <= kTolerance);
   CHECK(c.weights <= kTolerance);
-  CHECK(c.max_elementwise <= kElementTolerance);
+  CHECK(c.max_elementwise <= (layout.etp ? kExpertSplitElementTolerance : kElementTolerance));
   CHECK(got.steps.back().loss < got.steps.front().loss);
 }
 
@@ -444,7 +454,29 @@ TEST_CASE("moe: cp 2, tp 2, sequence parallel") {
 TEST_CASE("moe: cp 2, tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, Moe(WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true})), Recompute::kFull);
 }
-// --- end mixture of experts ---
+// --- expert tensor parallelism (etp = tp, ep = 1) ---
+// Each expert's gate/up split by rows and its down projection by columns over the Tp group; under
+// sequence parallelism the group's rows are gathered before dispatch and the combined partial
+// outputs reduce-scattered back, without it all-reduced. The expert slices start from the
+// one-rank run's values and their gradients reduce over dp · cp as the dense ones do.
+Layout Etp(Layout l) {
+  l.moe = true;
+  l.etp = true;
+  return l;
+}
+TEST_CASE("moe, etp 2: tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, Etp({2, 1, 1, 1, Schedule::k1F1B, true}), Recompute::kFull);
+}
+TEST_CASE("moe, etp 2: tp 2, pp 2 vpp 2 interleaved, dp 2, ZeRO 3, sequence parallel") {
+  CheckEquivalent(false, Etp({2, 2, 2, 2, Schedule::kInterleaved1F1B, true, 3}));
+}
+TEST_CASE("moe, etp 2, gpt-2 (GELU experts): tp 2, pp 2") {
+  CheckEquivalent(true, Etp({2, 2, 1, 1, Schedule::k1F1B}));
+}
+TEST_CASE("moe, etp 2: cp 2, tp 2, sequence parallel, dp 2, ZeRO 2 (expert grads over DpCp)") {
+  CheckEquivalent(false, Etp(WithCp(2, {2, 1, 2, 1, Schedule::k1F1B, true, 2})));
+}
+// --- end expert tensor parallelism ---
 
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp");
@@ -477,6 +509,15 @@ TEST_CASE("planc compile: moe tp 2, pp 2, dp 2, ZeRO 1, sequence parallel (etp 1
 TEST_CASE("planc compile: moe cp 2, tp 2, sequence parallel (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_cp2_tp2_sp");
 }
+TEST_CASE("planc compile: moe etp 2, tp 2, sequence parallel (rows gathered over Etp)") {
+  CheckPlancEquivalent("moe_single", "moe_etp2_tp2_sp", kExpertSplitElementTolerance);
+}
+TEST_CASE("planc compile: moe etp 2, tp 2, no sequence parallelism (partials all-reduced)") {
+  CheckPlancEquivalent("moe_single", "moe_etp2_tp2", kExpertSplitElementTolerance);
+}
+TEST_CASE("planc compile: moe etp 2, tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
+  CheckPlancEquivalent("moe_single", "moe_etp2_tp2_pp2_dp2_zero1_sp", kExpertSplitElementTolerance);
+}
 
 // DeepSeek-V3's router: sigmoid scores and the aux-loss-free expert bias, whose update sums the
 // load over Dp (and the counts over Tp under sp, and over Cp).
@@ -485,6 +526,9 @@ TEST_CASE("planc compile: moe with sigmoid router and expert bias, tp 2, pp 2, d
 }
 TEST_CASE("planc compile: moe with sigmoid router and expert bias, cp 2, tp 2, sp") {
   CheckPlancEquivalent("moe_v3_single", "moe_v3_cp2_tp2_sp");
+}
+TEST_CASE("planc compile: moe with sigmoid router and expert bias, etp 2, tp 2, sp") {
+  CheckPlancEquivalent("moe_v3_single", "moe_v3_etp2_tp2_sp", kExpertSplitElementTolerance);
 }
 TEST_CASE("the expert bias changes the routing, and a checkpoint keeps it: resume is bitwise") {
   const ProgramImage program = PlancCompile("moe_v3_tp2_pp2_dp2_zero1_sp");
@@ -542,6 +586,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {true, {2, 2, 2, 1, Schedule::k1F1B, true, 3}},
       {false, WithCp(2)},
       {false, Moe({2, 1, 1, 1, Schedule::k1F1B, true})},
+      {false, Etp({2, 1, 1, 1, Schedule::k1F1B, true})},
   };
   std::set<paraplan::prog::OpKind> emitted;
   for (const Case& c : cases) {
