@@ -109,6 +109,10 @@ struct Case {
   bool Scored() const { return why_unscored.empty() && measured > 0; }
 };
 
+// An H100 SXM held at 500 W instead of its 700 W: the tensor cores' sustained clock, and so
+// their rate, at 500/700 of the nominal (stdlib/gpus.plan, h100_96gb_500w, says why).
+constexpr double kPowerCappedClock = 500.0 / 700.0;
+
 GpuSpec GpuFor(const std::string& text) {
   const std::string t = Lower(text);
   GpuSpec g;
@@ -121,7 +125,10 @@ GpuSpec GpuFor(const std::string& text) {
          0,
          small ? 1.555e12 : 2.039e12};
   } else if (Has(t, "96gb")) {
-    g = {"h100_96gb_hbm2e", 96 * kGiB, 989e12, 989e12, 1979e12, 2.4e12};
+    // torchtitan's hosts run it at a 500 W limit: the sustained tensor-core rate is 5/7 of the
+    // nominal peaks (stdlib/gpus.plan, h100_96gb_500w).
+    const double clock = Has(t, "500 w") ? kPowerCappedClock : 1.0;
+    g = {"h100_96gb_hbm2e", 96 * kGiB, clock * 989e12, clock * 989e12, clock * 1979e12, 2.4e12};
   } else if (Has(t, "h800")) {
     g = {"h800_80gb", 80 * kGiB, 989e12, 989e12, 1979e12, 3.35e12};
   } else {
@@ -405,10 +412,18 @@ Evaluation Evaluate(const Plan& plan, const CostOptions& options,
   return e;
 }
 
-// Fastest setting of the unstated fields that fits in memory (else the fastest).
-void Choose(Case& c) {
-  double best = -1;
-  bool best_fits = false;
+// The fastest setting of a run's unstated fields that fits in memory (else the fastest), priced
+// with `profile` (nullptr: the shipped profile of the run's stack).
+struct Choice {
+  Plan plan;
+  Evaluation eval;
+  bool found = false;
+};
+
+Choice ChooseFastest(const Case& c, const FrameworkProfile* profile) {
+  Choice best;
+  CostOptions priced_options = c.options;
+  priced_options.profile = profile;
   for (int64_t micro : c.micros)
     for (int64_t v : c.vpps)
       for (Recompute rc : c.recomputes)
@@ -420,23 +435,34 @@ void Choose(Case& c) {
           plan.recompute = rc;
           plan.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
           if (plan.batch.global % (micro * plan.parallel.dp) != 0) continue;
+          // Memory as the run's stack lays it out; it does not depend on the time profile.
           Plan priced = plan;
           priced.framework = c.memory_framework;
           const MemoryEstimate memory = EstimateMemory(priced, c.options);
-          const Evaluation e = Evaluate(plan, c.options, &memory);
+          const Evaluation e = Evaluate(plan, priced_options, &memory);
           if (!e.valid) continue;
-          const bool better =
-              best < 0 || (e.fits && !best_fits) || (e.fits == best_fits && e.tokens > best);
+          const bool better = !best.found || (e.fits && !best.eval.fits) ||
+                              (e.fits == best.eval.fits && e.tokens > best.eval.tokens);
           if (!better) continue;
-          best = e.tokens;
-          best_fits = e.fits;
-          c.chosen = plan;
-          c.memory = e.memory;
-          c.predicted = e.tokens;
-          c.fits = e.fits;
-          c.breakdown = e.breakdown;
+          best.plan = plan;
+          best.eval = e;
+          best.found = true;
         }
-  if (best < 0) c.why_unscored = "the model cannot lay the plan out";
+  return best;
+}
+
+// Chooses the unstated fields with the shipped profiles and records the prediction.
+void Choose(Case& c) {
+  const Choice best = ChooseFastest(c, nullptr);
+  if (!best.found) {
+    c.why_unscored = "the model cannot lay the plan out";
+    return;
+  }
+  c.chosen = best.plan;
+  c.memory = best.eval.memory;
+  c.predicted = best.eval.tokens;
+  c.fits = best.eval.fits;
+  c.breakdown = best.eval.breakdown;
 }
 
 double Error(double predicted, double measured) {
@@ -664,11 +690,9 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
               if (c->source != left) pool.push_back(c);
         FitProfile(pool, nullptr).ApplyTo(prof);
       }
-      for (Case* c : test) {
-        CostOptions o = c->options;
-        o.profile = &prof;
-        c->loso = Evaluate(c->chosen, o, &c->memory).tokens;
-      }
+      // The unstated fields are chosen again with the refitted numbers: the choice of the
+      // fastest setting must not see the left-out source either.
+      for (Case* c : test) c->loso = ChooseFastest(*c, &prof).eval.tokens;
     }
   }
 }
