@@ -514,9 +514,18 @@ double Loss(const std::vector<Case*>& cases, const FrameworkProfile* base, const
   return cases.empty() ? 0 : sum / D(cases.size());
 }
 
+// Which fitted numbers a search may move.
+enum class FitScope : uint8_t {
+  kAll,      // every number of the profile
+  kKernels,  // only those that describe the GPU's kernels (compute, attention, FP8 rates); a
+             // stack's own communication and fixed costs (shard_comm_scale, ep_overlap,
+             // layer_overhead_s) keep their defaults
+};
+
 // Coordinate search over the fitted numbers of one profile (or, base == nullptr, of all the
 // cases' profiles at once) on `cases`, from the defaults.
-Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base) {
+Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base,
+                  FitScope scope = FitScope::kAll) {
   Fitted best = Defaults(base ? *base : FrameworkProfile{});
   if (cases.empty()) return best;
   bool fp8 = false, sharded = false, flash = false, moe = false;
@@ -533,16 +542,19 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base)
   std::vector<std::pair<double Fitted::*, std::vector<double>>> params;
   const std::vector<double> scales = {0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9,
                                       0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3,  1.4};
-  if (sharded) params.push_back({&Fitted::shard_comm_scale, {1, 1.5, 2, 3, 4, 6, 8, 10, 12}});
+  const bool own = scope == FitScope::kAll;
+  if (sharded && own)
+    params.push_back({&Fitted::shard_comm_scale, {1, 1.5, 2, 3, 4, 6, 8, 10, 12}});
   params.push_back({&Fitted::compute_scale, scales});
   if (flash)
     params.push_back(
         {&Fitted::attention_scale, {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4}});
   if (fp8)
     params.push_back({&Fitted::fp8_gemm_speedup, {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8}});
-  if (moe) params.push_back({&Fitted::ep_overlap, {0.0, 0.25, 0.5, 0.75, 0.9}});
-  params.push_back({&Fitted::layer_overhead_s,
-                    {0.0, 0.1e-3, 0.2e-3, 0.4e-3, 0.7e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3}});
+  if (moe && own) params.push_back({&Fitted::ep_overlap, {0.0, 0.25, 0.5, 0.75, 0.9}});
+  if (own)
+    params.push_back({&Fitted::layer_overhead_s,
+                      {0.0, 0.1e-3, 0.2e-3, 0.4e-3, 0.7e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3}});
   params.resize(std::min(params.size(), cases.size() / 3));
   for (int round = 0; round < 3; ++round)
     for (const auto& [field, values] : params)
@@ -669,7 +681,10 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
 void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile) {
   // Leave one source out: refit the profiles on the other sources, predict the source. A profile
   // with fewer than three rows from other sources is fit together with every other source's
-  // rows on the same GPU generation (its own behaviour, the pooled numbers).
+  // rows on the same GPU generation (its own behaviour, the pooled numbers), but only in the
+  // numbers that describe the GPU's kernels: another stack's gather code, expert overlap or
+  // per-layer overhead says nothing about this one's, so those fall back to their defaults
+  // (the NCCL ring time, no overlap, no overhead).
   std::set<std::string> sources;
   for (const Case& c : cases)
     if (c.Scored()) sources.insert(c.source);
@@ -688,7 +703,7 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
           if (other != key && other.substr(other.find('/') + 1) == gen)
             for (Case* c : rows)
               if (c->source != left) pool.push_back(c);
-        FitProfile(pool, nullptr).ApplyTo(prof);
+        FitProfile(pool, nullptr, FitScope::kKernels).ApplyTo(prof);
       }
       // The unstated fields are chosen again with the refitted numbers: the choice of the
       // fastest setting must not see the left-out source either.
