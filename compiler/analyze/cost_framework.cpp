@@ -26,8 +26,12 @@ FrameworkProfile MegatronLm2021Ampere() {
   return p;
 }
 
-// DeepSpeed ZeRO-3 of the same years (Narayanan SC21 Table 2): per-module gathers with a
-// bounded prefetch, unfused attention.
+// DeepSpeed ZeRO-3 of the same years (Narayanan SC21 Table 2), unfused attention. Its 2021
+// parameter gathers: one all-gather per parameter tensor, each followed by a device
+// synchronize before the next is launched ("the async version is not async at all, because
+// each all_gather calls torch.cuda.synchronize()", DeepSpeed PR #1188, June 2021; about 0.4 ms
+// of launch per gather, issue #1069). So nothing prefetches behind compute, and every tensor
+// pays its launch and the ring's n - 1 steps (ShardStyle::kDeepSpeed, time.cpp).
 FrameworkProfile DeepSpeedAmpere() {
   FrameworkProfile p;
   p.stack = "deepspeed";
@@ -38,11 +42,11 @@ FrameworkProfile DeepSpeedAmpere() {
   p.overlap_grad_reduce = true;
   p.overlap_param_gather = true;
   p.shard = ShardStyle::kDeepSpeed;
-  p.shard_prefetch = 0.5;
-  p.shard_comm_scale = 4.0;  // fit (3 rows)
+  p.shard_prefetch = 0;      // synchronous gathers (PR #1188)
+  p.shard_comm_scale = 2.0;  // fit (3 rows)
   p.compute_scale = 1.0;
   p.step_overhead_s = 0.1;
-  p.collective_latency_s = 200e-6;
+  p.collective_latency_s = 400e-6;  // per gather: launch and pre-launch (issue #1069)
   p.p2p_latency_s = 1.5e-3;
   return p;
 }
