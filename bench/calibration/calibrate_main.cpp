@@ -786,27 +786,45 @@ void PrintSummaries(const std::vector<Case>& cases) {
   std::map<std::string, std::vector<const Case*>> groups;
   for (const Case& c : cases)
     if (c.Scored()) groups[c.group].push_back(&c);
-  std::printf("\nwithin-group order (runs of one model on one GPU type, by tokens/s per GPU):\n");
-  int same = 0, total = 0;
-  double rho_sum = 0;
-  for (const auto& [g, list] : groups) {
-    if (list.size() < 2) continue;
-    std::vector<double> meas, pred;
-    for (const Case* c : list) meas.push_back(c->measured), pred.push_back(c->predicted);
+  std::printf(
+      "\nwithin-group order (runs of one model on one GPU type, by tokens/s per GPU; in-sample | "
+      "leave-one-source-out):\n");
+  struct Order {
+    int same = 0;
+    double rho_sum = 0;
+  };
+  Order in_order, loso_order;
+  int total = 0;
+  // Spearman and whether every measured inequality holds among the predictions.
+  auto rank = [](const std::vector<double>& meas, const std::vector<double>& pred, Order& acc) {
     const double rho = Spearman(meas, pred);
     bool order = true;
-    for (size_t i = 0; i < list.size(); ++i)
-      for (size_t j = 0; j < list.size(); ++j)
+    for (size_t i = 0; i < meas.size(); ++i)
+      for (size_t j = 0; j < meas.size(); ++j)
         if (meas[i] < meas[j] && !(pred[i] < pred[j])) order = false;
+    acc.same += order ? 1 : 0;
+    acc.rho_sum += rho;
+    return std::make_pair(rho, order);
+  };
+  for (const auto& [g, list] : groups) {
+    if (list.size() < 2) continue;
+    std::vector<double> meas, pred, loso;
+    for (const Case* c : list)
+      meas.push_back(c->measured), pred.push_back(c->predicted), loso.push_back(c->loso);
     ++total;
-    same += order ? 1 : 0;
-    rho_sum += rho;
-    std::printf("  %-36s %2zu runs  Spearman %+.2f  %s\n", g.c_str(), list.size(), rho,
-                order ? "same order" : "order differs");
+    const auto [rho, order] = rank(meas, pred, in_order);
+    const auto [rho_loso, order_loso] = rank(meas, loso, loso_order);
+    std::printf("  %-36s %2zu runs  Spearman %+.2f  %-13s | LOSO %+.2f  %s\n", g.c_str(),
+                list.size(), rho, order ? "same order" : "order differs", rho_loso,
+                order_loso ? "same order" : "order differs");
   }
-  if (total > 0)
-    std::printf("  %d of %d groups in the measured order; mean Spearman %.2f\n", same, total,
-                rho_sum / total);
+  if (total > 0) {
+    std::printf("  %d of %d groups in the measured order; mean Spearman %.2f\n", in_order.same,
+                total, in_order.rho_sum / total);
+    std::printf(
+        "  leave-one-source-out: %d of %d groups in the measured order; mean Spearman %.2f\n",
+        loso_order.same, total, loso_order.rho_sum / total);
+  }
 }
 
 // The memory section (memory_points.h): the runs with a measured peak as chosen above, and the
