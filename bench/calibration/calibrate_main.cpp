@@ -677,6 +677,55 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
   }
 }
 
+// The sources the Ampere efficiency set was fit on (cost_params.cpp): its large-GEMM fraction,
+// GEMM half-size, elementwise passes and network bus fraction, and with them the 2021
+// Megatron-LM profile's pipeline synchronisation.
+bool AnchorsAmpereSet(const std::string& source) {
+  return source == "narayanan21" || source == "korthikanti22";
+}
+
+// Refits the Ampere set's fitted numbers and the 2021 profile's p2p synchronisation on `rows`
+// (the 2021 Megatron-LM rows of the sources left in), by coordinate search from the generic
+// set's values and a 20 us exchange; the profile keeps its compute scale of 1.
+GpuEfficiency RefitAmpereSet(const std::vector<Case*>& rows, FrameworkProfile& megatron2021) {
+  GpuEfficiency set = EfficiencyFor(rows.front()->plan.cluster.gpu);
+  const GpuEfficiency generic = EfficiencyFor(GpuSpec{});
+  set.gemm_max_fraction = generic.gemm_max_fraction;
+  set.gemm_half_flops = generic.gemm_half_flops;
+  set.elementwise_passes = generic.elementwise_passes;
+  set.network_bus_fraction = generic.network_bus_fraction;
+  megatron2021.p2p_latency_s = FrameworkProfile{}.p2p_latency_s;
+  auto loss = [&]() {
+    double sum = 0;
+    for (Case* c : rows) {
+      CostOptions o = c->options;
+      o.efficiency = &set;
+      o.profile = &megatron2021;
+      const Evaluation e = Evaluate(c->chosen, o, &c->memory);
+      sum += e.valid && e.tokens > 0 ? std::fabs(std::log(e.tokens / c->measured)) : 5;
+    }
+    return sum / D(rows.size());
+  };
+  const std::vector<std::pair<double*, std::vector<double>>> params = {
+      {&set.gemm_max_fraction, {0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9}},
+      {&set.gemm_half_flops, {0.5e9, 1e9, 2e9, 4e9, 8e9}},
+      {&set.elementwise_passes, {1, 1.5, 2, 2.5, 3, 4}},
+      {&set.network_bus_fraction, {0.5, 0.6, 0.7, 0.8, 0.9}},
+      {&megatron2021.p2p_latency_s, {20e-6, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3}},
+  };
+  double best = loss();
+  for (int round = 0; round < 3; ++round)
+    for (const auto& [field, values] : params) {
+      double keep = *field;
+      for (double x : values) {
+        *field = x;
+        if (const double l = loss(); l < best - 1e-12) best = l, keep = x;
+      }
+      *field = keep;
+    }
+  return set;
+}
+
 // Sets every scored case's `loso` prediction: the profiles refitted without its source.
 void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile) {
   // Leave one source out: refit the profiles on the other sources, predict the source. A profile
@@ -688,12 +737,29 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
   std::set<std::string> sources;
   for (const Case& c : cases)
     if (c.Scored()) sources.insert(c.source);
+  // Without one of the Ampere set's own sources, the set's fitted numbers are refit first, on
+  // the 2021 Megatron-LM rows left, and every Ampere profile of that round is fit and priced
+  // on the refit set.
+  const std::string ampere_2021 = "megatron_lm_2021/ampere";
   for (const std::string& left : sources) {
+    std::optional<GpuEfficiency> ampere_set;
+    FrameworkProfile megatron2021;
+    if (AnchorsAmpereSet(left) && by_profile.count(ampere_2021)) {
+      std::vector<Case*> rows;
+      for (Case* c : by_profile.at(ampere_2021))
+        if (c->source != left) rows.push_back(c);
+      megatron2021 = BaseProfile(by_profile, ampere_2021);
+      if (!rows.empty()) ampere_set = RefitAmpereSet(rows, megatron2021);
+    }
+    for (Case& c : cases)
+      c.options.efficiency =
+          ampere_set && EfficiencyFor(c.plan.cluster.gpu).name == "ampere" ? &*ampere_set : nullptr;
     for (auto& [key, list] : by_profile) {
       std::vector<Case*> train, test;
       for (Case* c : list) (c->source == left ? test : train).push_back(c);
       if (test.empty()) continue;
       FrameworkProfile prof = BaseProfile(by_profile, key);
+      if (ampere_set && key == ampere_2021) prof.p2p_latency_s = megatron2021.p2p_latency_s;
       if (train.size() >= 3) {
         FitProfile(train, &prof).ApplyTo(prof);
       } else {
@@ -710,6 +776,7 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
       for (Case* c : test) c->loso = ChooseFastest(*c, &prof).eval.tokens;
     }
   }
+  for (Case& c : cases) c.options.efficiency = nullptr;
 }
 
 // One line (or CSV row) per run.
