@@ -127,7 +127,7 @@ GpuSpec GpuFor(const std::string& text) {
   } else if (Has(t, "96gb")) {
     // torchtitan's hosts run it at a 500 W limit: the sustained tensor-core rate is 5/7 of the
     // nominal peaks (stdlib/gpus.plan, h100_96gb_500w).
-    const double clock = Has(t, "500 w") ? kPowerCappedClock : 1.0;
+    const double clock = Has(t, "500 w") || Has(t, "500w") ? kPowerCappedClock : 1.0;
     g = {"h100_96gb_hbm2e", 96 * kGiB, clock * 989e12, clock * 989e12, clock * 1979e12, 2.4e12};
   } else if (Has(t, "h800")) {
     g = {"h800_80gb", 80 * kGiB, 989e12, 989e12, 1979e12, 3.35e12};
