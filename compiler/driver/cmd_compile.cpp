@@ -56,6 +56,7 @@ lower::TraceDurations DurationsFrom(const lower::Program& program, const TimeEst
     transfer = std::max(transfer, st.pp_comm_s / (2.0 * vpp));
   }
   d.transfer_s = transfer > 0 ? transfer : 1e-5;
+  d.step_overhead_s = t.overhead_s;
   return d;
 }
 

@@ -5,8 +5,9 @@
 // model: each computation, each transfer group (sends never block, as in planrun's rank runner;
 // a group ends when the partner of each of its receives has posted the matching send and the
 // data has moved) and the gradient reduction and optimizer bodies (cross-pipeline
-// collectives start when every member has arrived). One row per rank; compute and
-// communication slices in separate categories, with microbatch and chunk in their args.
+// collectives start when every member has arrived), then the step's fixed host cost on every
+// rank. One row per rank; compute and communication slices in separate categories, with
+// microbatch and chunk in their args.
 #ifndef PARAPLAN_COMPILER_LOWER_TRACE_H_
 #define PARAPLAN_COMPILER_LOWER_TRACE_H_
 
@@ -24,6 +25,9 @@ struct TraceDurations {
   std::vector<double> forward_s, backward_s;
   double transfer_s = 0;                            // one pipeline transfer
   std::vector<double> reduce_grads_s, optimizer_s;  // per role
+  // Once per step after the optimizer, on every rank: the host's fixed cost (data loading,
+  // logging, synchronisation), the time model's step overhead.
+  double step_overhead_s = 0;
 };
 
 struct TraceResult {
