@@ -134,11 +134,20 @@ int NoProgramStatus(const DiagnosticSink& sink) {
   return kExitInputError;
 }
 
-// Writes the Chrome/Perfetto timeline of one simulated step; false (with the error on stderr)
-// when the file cannot be written.
-bool WriteTrace(const Plan& plan, const lower::Program& program, const std::string& trace) {
+// The Chrome/Perfetto timeline of one simulated step, and the time model's step.
+struct StepTrace {
+  lower::TraceResult result;
+  double model_step_s = 0;
+};
+
+StepTrace TraceStep(const Plan& plan, const lower::Program& program) {
   TimeEstimate t = EstimateTime(plan);
-  lower::TraceResult tr = lower::ChromeTrace(program, DurationsFrom(program, t));
+  return {lower::ChromeTrace(program, DurationsFrom(program, t)), t.step_s};
+}
+
+// Writes the timeline; false (with the error on stderr) when the file cannot be written.
+bool WriteTrace(const StepTrace& st, const std::string& trace) {
+  const lower::TraceResult& tr = st.result;
   std::string error;
   if (!WriteOutputFile(trace, tr.json, &error)) {
     std::fprintf(stderr, "planc compile: %s\n", error.c_str());
@@ -146,7 +155,7 @@ bool WriteTrace(const Plan& plan, const lower::Program& program, const std::stri
   }
   std::fprintf(stderr,
                "planc compile: wrote trace %s: simulated step %.3f s (time model: %.3f s)\n",
-               trace.c_str(), tr.step_s, t.step_s);
+               trace.c_str(), tr.step_s, st.model_step_s);
   return true;
 }
 
@@ -173,7 +182,10 @@ int RunCompile(const std::vector<std::string>& args) {
   bool machine = cmd.format == DiagFormat::kJson || cmd.format == DiagFormat::kSarif;
   std::fwrite(rendered.data(), 1, rendered.size(), machine ? stdout : stderr);
   if (!program) return NoProgramStatus(sink);
-  std::vector<uint8_t> bytes = lower::ToFlatBuffer(*program);
+  // The timeline reads the schedules, which encoding releases: it is made first.
+  std::optional<StepTrace> step_trace;
+  if (!cmd.trace.empty()) step_trace = TraceStep(*plan, *program);
+  const flatbuffers::DetachedBuffer bytes = prog::mem::EncodeProgramReleasingOps(*program);
   std::string error;
   if (!WriteOutputFile(cmd.output,
                        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
@@ -190,7 +202,7 @@ int RunCompile(const std::vector<std::string>& args) {
                cmd.output.c_str(), program->world_size, program->roles.size(),
                program->communicators.size(), bytes.size(),
                static_cast<double>(peak) / (1024.0 * 1024 * 1024), seconds);
-  if (!cmd.trace.empty() && !WriteTrace(*plan, *program, cmd.trace)) return kExitInputError;
+  if (step_trace && !WriteTrace(*step_trace, cmd.trace)) return kExitInputError;
   return kExitOk;
 }
 

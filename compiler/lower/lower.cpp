@@ -320,6 +320,9 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
                    const ParallelConfig& par, Role& role) {
   namespace attrs = prog::attrs;
   std::vector<Op>& out = role.schedule;
+  // A schedule holds every microbatch's ops (hundreds of thousands in a large world): exact
+  // capacities keep it from carrying the slack of growth.
+  out.reserve(steps.size() + 3);
   out.push_back(prog::MakeOp(attrs::ZeroGrads{.body = sb.zero_grads}, {}, {}));
   for (const PipelineStep& st : steps) {
     const Chunk& c = role.chunks[st.chunk];
@@ -352,6 +355,7 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
       default:
         break;
     }
+    if (!out.empty()) out.back().ints.shrink_to_fit();
   }
   out.push_back(prog::MakeOp(attrs::ReduceGrads{.body = sb.reduce_grads}, {}, {}));
   out.push_back(prog::MakeOp(attrs::OptimizerStep{.body = sb.optimizer_step}, {}, {}));

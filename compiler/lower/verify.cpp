@@ -69,17 +69,19 @@ int64_t CollectiveArgument(const Op& op) {
 enum class ItemType : uint8_t { kCompute, kP2p, kCollective };
 
 // One schedule-level step of a role's stream; step bodies are expanded into their collectives.
+// There is one per schedule op of every role (hundreds of thousands in a large world): the
+// 8-byte fields come first so that the struct carries no padding between them.
 struct Item {
-  ItemType type = ItemType::kCompute;
+  int64_t seq =
+      0;  // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
+  int64_t bytes = 0;
   int32_t schedule_op = 0;  // position in the role's schedule
   int32_t body_op = -1;     // position inside the step body (collectives)
   int32_t group_end = 0;    // p2p: one past the last item of its group
+  int32_t peer = -1;        // p2p: index in the Pp communicator
+  ItemType type = ItemType::kCompute;
   bool send = false;
-  int32_t peer = -1;  // p2p: index in the Pp communicator
-  int64_t seq =
-      0;  // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
   CommKind comm = CommKind::None;
-  int64_t bytes = 0;
 };
 
 struct RoleStream {

@@ -3,8 +3,40 @@
 
 namespace paraplan::prog::mem {
 
-std::vector<uint8_t> EncodeProgram(const Program& p) {
-  flatbuffers::FlatBufferBuilder b(1 << 20);
+namespace {
+
+// An upper bound of the encoded size of `ops`: each op's table, its vtable offset, its four
+// vectors with their lengths and alignment padding, and its offset in the parent vector.
+size_t OpsSizeBound(const std::vector<Op>& ops) {
+  size_t n = 0;
+  for (const Op& op : ops)
+    n +=
+        96 + 8 * op.ints.size() + 4 * (op.inputs.size() + op.outputs.size()) + 8 * op.floats.size();
+  return n;
+}
+
+// An upper bound of the encoded size of `p` (generous: a reserve the file does not fill costs
+// address space, not memory).
+size_t EncodedSizeBound(const Program& p) {
+  size_t n = 1 << 16;
+  for (const Role& r : p.roles) {
+    n += 256 + r.name.size() + OpsSizeBound(r.schedule);
+    for (const Body& x : r.bodies) n += 64 + x.name.size() + OpsSizeBound(x.ops);
+    for (const Buffer& x : r.buffers) n += 160 + x.name.size() + 8 * x.shape.size();
+    for (const Param& x : r.params) n += 160 + x.name.size() + 8 * x.global_shape.size();
+    n += 96 * (r.buckets.size() + r.chunks.size());
+  }
+  for (const Communicator& c : p.communicators) n += 48 + 4 * c.members.size();
+  n += p.ranks.size() * (64 + 4 * prog::kCommKinds);
+  n += 1024 + p.model.name.size() + p.parallel.order.size() + p.train.optimizer.size() +
+       p.train.data.size() + p.train.checkpoint_dir.size() + p.producer.size() + p.plan_name.size();
+  return n + n / 4;
+}
+
+// The encoder behind EncodeProgramBuffer and EncodeProgramReleasingOps: with `release` (the
+// same program as `p`), each role's schedule and bodies are freed once they are in the builder.
+flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
+  flatbuffers::FlatBufferBuilder b(EncodedSizeBound(p));
   auto op_vector = [&](const std::vector<Op>& ops) {
     std::vector<flatbuffers::Offset<prog::Op>> out;
     out.reserve(ops.size());
@@ -17,7 +49,8 @@ std::vector<uint8_t> EncodeProgram(const Program& p) {
   };
 
   std::vector<flatbuffers::Offset<prog::Role>> roles;
-  for (const Role& r : p.roles) {
+  for (size_t ri = 0; ri < p.roles.size(); ++ri) {
+    const Role& r = p.roles[ri];
     std::vector<flatbuffers::Offset<prog::Buffer>> buffers;
     for (const Buffer& x : r.buffers)
       buffers.push_back(prog::CreateBufferDirect(
@@ -51,6 +84,10 @@ std::vector<uint8_t> EncodeProgram(const Program& p) {
     auto cv = b.CreateVector(chunks);
     auto dv = b.CreateVector(bodies);
     auto sv = op_vector(r.schedule);
+    if (release) {
+      std::vector<Op>().swap(release->roles[ri].schedule);
+      std::vector<Body>().swap(release->roles[ri].bodies);
+    }
     roles.push_back(prog::CreateRole(b, name, r.pipeline_rank, bv, pv, kv, cv, dv, sv,
                                      r.arena_bytes, r.fp32_arena_bytes, r.peak_bytes));
   }
@@ -83,7 +120,18 @@ std::vector<uint8_t> EncodeProgram(const Program& p) {
       prog::CreateProgramDirect(b, p.format_version, p.producer.c_str(), p.plan_name.c_str(),
                                 p.world_size, model, parallel, train, &comms, &ranks, &roles);
   prog::FinishProgramBuffer(b, program);
-  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  return b.Release();
+}
+
+}  // namespace
+
+flatbuffers::DetachedBuffer EncodeProgramBuffer(const Program& p) { return Encode(p, nullptr); }
+
+flatbuffers::DetachedBuffer EncodeProgramReleasingOps(Program& p) { return Encode(p, &p); }
+
+std::vector<uint8_t> EncodeProgram(const Program& p) {
+  const flatbuffers::DetachedBuffer bytes = EncodeProgramBuffer(p);
+  return std::vector<uint8_t>(bytes.data(), bytes.data() + bytes.size());
 }
 
 namespace {

@@ -203,6 +203,16 @@ struct Program {
 // The FlatBuffers file of `program` (identifier "PPLN"). Never fails.
 std::vector<uint8_t> EncodeProgram(const Program& program);
 
+// The same bytes, in the builder's own memory (no copy). The builder reserves an upper bound of
+// the file's size up front, so it never grows by reallocation (which holds the old and the new
+// buffer at once); the pages of the reserve that the file does not fill are never touched.
+flatbuffers::DetachedBuffer EncodeProgramBuffer(const Program& program);
+
+// EncodeProgramBuffer for a writer that is done with the schedules and bodies: each role's
+// schedule and bodies are released as soon as they are encoded, so a large program's ops and
+// its file are never in memory in full at the same time. Everything else in `program` stays.
+flatbuffers::DetachedBuffer EncodeProgramReleasingOps(Program& program);
+
 // Copies a verified FlatBuffers root (prog::VerifyProgramBuffer passed) into a Program. Checks
 // nothing beyond what the copy needs: indices are taken as they are, Rank::comms keeps the
 // first kCommKinds entries of the file's list (a reader that refuses longer lists checks
