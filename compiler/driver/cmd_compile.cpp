@@ -176,6 +176,8 @@ int RunCompile(const std::vector<std::string>& args) {
   }
   if (plan) RunAnalysisChecks(*plan, sink);
   std::optional<lower::Program> program;
+  // Without a timeline to draw, the schedules are held compact (the timeline reads ops).
+  cmd.lower_options.compact_schedule = cmd.trace.empty();
   if (plan && !sink.has_errors()) program = lower::LowerPlan(*plan, cmd.lower_options, sink);
   RenderOptions render;
   std::string rendered = RenderDiagnostics(sink.diagnostics(), sm, cmd.format, render);

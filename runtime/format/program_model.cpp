@@ -1,7 +1,141 @@
 // The in-memory program (program_model.h): FlatBuffers encoding and the plain copy back.
 #include "runtime/format/program_model.h"
 
+#include <limits>
+
 namespace paraplan::prog::mem {
+
+namespace {
+
+// How a schedule op's ints and operands map onto a ScheduleStep (ops.def's positions).
+enum class StepShape : uint8_t { kNone, kCompute, kSend, kRecv, kBody, kGather, kRelease };
+
+StepShape StepShapeOf(OpKind kind) {
+  switch (kind) {
+    case OpKind::Forward:
+    case OpKind::Backward:
+      return StepShape::kCompute;
+    case OpKind::SendActivation:
+    case OpKind::SendGrad:
+      return StepShape::kSend;
+    case OpKind::RecvActivation:
+    case OpKind::RecvGrad:
+      return StepShape::kRecv;
+    case OpKind::ZeroGrads:
+    case OpKind::ReduceGrads:
+    case OpKind::OptimizerStep:
+      return StepShape::kBody;
+    case OpKind::GatherParams:
+      return StepShape::kGather;
+    case OpKind::ReleaseParams:
+      return StepShape::kRelease;
+    default:
+      return StepShape::kNone;
+  }
+}
+
+// The ints a schedule op of this shape writes in full.
+size_t StepIntCount(StepShape shape) {
+  switch (shape) {
+    case StepShape::kCompute:
+      return 3;
+    case StepShape::kSend:
+    case StepShape::kRecv:
+      return 5;
+    case StepShape::kBody:
+    case StepShape::kRelease:
+      return 1;
+    case StepShape::kGather:
+      return 2;
+    case StepShape::kNone:
+      break;
+  }
+  return 0;
+}
+
+bool FitsInt32(int64_t v) {
+  return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+}
+
+}  // namespace
+
+bool ToScheduleStep(const Op& op, prog::ScheduleStep* step) {
+  const StepShape shape = StepShapeOf(op.kind);
+  if (shape == StepShape::kNone || !op.floats.empty() || op.ints.size() != StepIntCount(shape))
+    return false;
+  for (int64_t v : op.ints)
+    if (!FitsInt32(v)) return false;
+  const bool sends = shape == StepShape::kSend, receives = shape == StepShape::kRecv;
+  if (op.inputs.size() != (sends ? 1u : 0u) || op.outputs.size() != (receives ? 1u : 0u))
+    return false;
+  auto i32 = [&](size_t i) { return static_cast<int32_t>(op.ints[i]); };
+  int32_t microbatch = 0, slot = 0, group = 0, operand = 0, peer = 0, chunk = 0;
+  switch (shape) {
+    case StepShape::kCompute:
+    case StepShape::kSend:
+    case StepShape::kRecv:
+      microbatch = i32(kP2pMicrobatch), chunk = i32(kP2pChunk), slot = i32(kP2pSlot);
+      if (sends || receives) {
+        peer = i32(kP2pPeer), group = i32(kP2pGroup);
+        operand = sends ? op.inputs[0] : op.outputs[0];
+      }
+      break;
+    case StepShape::kBody:
+      operand = i32(0);
+      break;
+    case StepShape::kGather:
+      chunk = i32(0), operand = i32(1);
+      break;
+    case StepShape::kRelease:
+      chunk = i32(0);
+      break;
+    case StepShape::kNone:
+      return false;
+  }
+  if (chunk < std::numeric_limits<int16_t>::min() || chunk > std::numeric_limits<int16_t>::max())
+    return false;
+  *step = prog::ScheduleStep(microbatch, slot, group, operand, peer, static_cast<int16_t>(chunk),
+                             op.kind, op.comm);
+  return true;
+}
+
+Op FromScheduleStep(const prog::ScheduleStep& step) {
+  Op op;
+  op.kind = step.kind();
+  op.comm = step.comm();
+  switch (StepShapeOf(op.kind)) {
+    case StepShape::kCompute:
+      op.ints = {step.microbatch(), step.chunk(), step.slot()};
+      break;
+    case StepShape::kSend:
+      op.ints = {step.microbatch(), step.chunk(), step.slot(), step.peer(), step.group()};
+      op.inputs = {step.operand()};
+      break;
+    case StepShape::kRecv:
+      op.ints = {step.microbatch(), step.chunk(), step.slot(), step.peer(), step.group()};
+      op.outputs = {step.operand()};
+      break;
+    case StepShape::kBody:
+      op.ints = {step.operand()};
+      break;
+    case StepShape::kGather:
+      op.ints = {step.chunk(), step.operand()};
+      break;
+    case StepShape::kRelease:
+      op.ints = {step.chunk()};
+      break;
+    case StepShape::kNone:
+      break;  // not a schedule op: the reader's CheckOp refuses it
+  }
+  return op;
+}
+
+std::vector<Op> ScheduleOps(const Role& role) {
+  std::vector<Op> ops = role.schedule;
+  ops.reserve(ops.size() + role.steps.size());
+  for (const prog::ScheduleStep& s : role.steps) ops.push_back(FromScheduleStep(s));
+  return ops;
+}
 
 namespace {
 
@@ -20,7 +154,8 @@ size_t OpsSizeBound(const std::vector<Op>& ops) {
 size_t EncodedSizeBound(const Program& p) {
   size_t n = 1 << 16;
   for (const Role& r : p.roles) {
-    n += 256 + r.name.size() + OpsSizeBound(r.schedule);
+    n += 256 + r.name.size() + OpsSizeBound(r.schedule) +
+         sizeof(prog::ScheduleStep) * r.steps.size();
     for (const Body& x : r.bodies) n += 64 + x.name.size() + OpsSizeBound(x.ops);
     for (const Buffer& x : r.buffers) n += 160 + x.name.size() + 8 * x.shape.size();
     for (const Param& x : r.params) n += 160 + x.name.size() + 8 * x.global_shape.size();
@@ -49,6 +184,19 @@ flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
   };
 
   std::vector<flatbuffers::Offset<prog::Role>> roles;
+  // A role's schedule as steps: the role's own, or its ops' compact forms when every op has one.
+  auto step_vector = [&](const Role& r) {
+    flatbuffers::Offset<flatbuffers::Vector<const prog::ScheduleStep*>> none = 0;
+    if (!r.steps.empty()) return b.CreateVectorOfStructs(r.steps);
+    // A program of format 2 (read from an older file) keeps its schedules as ops: a reader of
+    // that format would not see steps.
+    if (r.schedule.empty() || p.format_version < 3) return none;
+    std::vector<prog::ScheduleStep> steps(r.schedule.size());
+    for (size_t i = 0; i < r.schedule.size(); ++i)
+      if (!ToScheduleStep(r.schedule[i], &steps[i])) return none;
+    return b.CreateVectorOfStructs(steps);
+  };
+
   for (size_t ri = 0; ri < p.roles.size(); ++ri) {
     const Role& r = p.roles[ri];
     std::vector<flatbuffers::Offset<prog::Buffer>> buffers;
@@ -83,13 +231,19 @@ flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
     auto kv = b.CreateVector(buckets);
     auto cv = b.CreateVector(chunks);
     auto dv = b.CreateVector(bodies);
-    auto sv = op_vector(r.schedule);
+    // Steps when the schedule has them; ops otherwise (and when a role holds both, which a
+    // reader refuses, both are written).
+    auto steps = step_vector(r);
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<prog::Op>>> sv = 0;
+    const bool both = !r.steps.empty() && !r.schedule.empty();
+    if (steps.IsNull() || both) sv = op_vector(r.schedule);
     if (release) {
       std::vector<Op>().swap(release->roles[ri].schedule);
+      std::vector<prog::ScheduleStep>().swap(release->roles[ri].steps);
       std::vector<Body>().swap(release->roles[ri].bodies);
     }
     roles.push_back(prog::CreateRole(b, name, r.pipeline_rank, bv, pv, kv, cv, dv, sv,
-                                     r.arena_bytes, r.fp32_arena_bytes, r.peak_bytes));
+                                     r.arena_bytes, r.fp32_arena_bytes, r.peak_bytes, steps));
   }
   std::vector<flatbuffers::Offset<prog::Rank>> ranks;
   ranks.reserve(p.ranks.size());
@@ -237,6 +391,10 @@ Program DecodeProgramModel(const prog::Program& file) {
         for (const prog::Body* x : *r->bodies())
           role.bodies.push_back({Str(x->name()), ReadOps(x->ops())});
       role.schedule = ReadOps(r->schedule());
+      if (const auto* steps = r->steps()) {
+        role.schedule.reserve(role.schedule.size() + steps->size());
+        for (const prog::ScheduleStep* st : *steps) role.schedule.push_back(FromScheduleStep(*st));
+      }
       role.arena_bytes = r->arena_bytes();
       role.fp32_arena_bytes = r->fp32_arena_bytes();
       role.peak_bytes = r->peak_bytes();
