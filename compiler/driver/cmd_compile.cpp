@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__GLIBC__)  // defined by the C library's headers above
+#include <malloc.h>
+#endif
+
 #include "compiler/analyze/checks.h"
 #include "compiler/analyze/time.h"
 #include "compiler/diagnostics/render.h"
@@ -179,6 +183,11 @@ int RunCompile(const std::vector<std::string>& args) {
   // Without a timeline to draw, the schedules are held compact (the timeline reads ops).
   cmd.lower_options.compact_schedule = cmd.trace.empty();
   if (plan && !sink.has_errors()) program = lower::LowerPlan(*plan, cmd.lower_options, sink);
+#if defined(__GLIBC__)
+  // The whole-world verifier's state is freed by now, but glibc keeps freed heap pages: handed
+  // back, they make room for the file's builder instead of adding to it.
+  malloc_trim(0);
+#endif
   RenderOptions render;
   std::string rendered = RenderDiagnostics(sink.diagnostics(), sm, cmd.format, render);
   bool machine = cmd.format == DiagFormat::kJson || cmd.format == DiagFormat::kSarif;

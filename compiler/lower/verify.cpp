@@ -136,12 +136,12 @@ int64_t CollectiveArgument(const Op& op) {
 enum class ItemType : uint8_t { kCompute, kP2p, kCollective };
 
 // One schedule-level step of a role's stream; step bodies are expanded into their collectives.
-// There is one per schedule op of every role (hundreds of thousands in a large world): the
-// 8-byte fields come first so that the struct carries no padding between them.
+// There is one per schedule op of every role (hundreds of thousands in a large world), so it
+// holds 24 bytes: what the simulation reads at every step, and positions to find the rest
+// (ItemBytes, OpOf, StepAt) when a check or a message needs it.
 struct Item {
-  int64_t seq =
+  int32_t seq =
       0;  // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
-  int64_t bytes = 0;
   int32_t schedule_op = 0;  // position in the role's schedule
   int32_t body_op = -1;     // position inside the step body (collectives)
   int32_t group_end = 0;    // p2p: one past the last item of its group
@@ -150,6 +150,7 @@ struct Item {
   bool send = false;
   CommKind comm = CommKind::None;
 };
+static_assert(sizeof(Item) == 24);
 
 struct RoleStream {
   std::vector<Item> items;
@@ -169,6 +170,17 @@ struct RoleStream {
 // The body op of a collective item.
 const Op& OpOf(const Role& role, const Item& it) {
   return role.bodies[StepAt(role, it.schedule_op).body].ops[it.body_op];
+}
+
+// The bytes a transfer moves or a collective's first input holds (0 for a compute item).
+int64_t ItemBytes(const Role& role, const Item& it) {
+  if (it.type == ItemType::kP2p) {
+    const int32_t b = StepAt(role, it.schedule_op).operand;
+    return b < 0 ? 0 : role.buffers[b].bytes;
+  }
+  if (it.type != ItemType::kCollective) return 0;
+  const Op& op = OpOf(role, it);
+  return op.inputs.empty() ? 0 : role.buffers[op.inputs[0]].bytes;
 }
 
 std::string Where(const Program& p, int32_t rank, const Item& it) {
@@ -369,6 +381,21 @@ class WorldVerifier {
     }
   }
 
+  // Items in a role's stream: one per schedule op, a step body's op by its collectives.
+  static size_t StreamLength(const Role& role) {
+    size_t n = 0;
+    for (size_t i = 0; i < ScheduleSize(role); ++i) {
+      const StepView op = StepAt(role, i);
+      if (IsP2p(op.kind) || op.body < 0) {
+        ++n;
+        continue;
+      }
+      const Body& b = role.bodies[op.body];
+      n += static_cast<size_t>(std::count_if(b.ops.begin(), b.ops.end(), IsGroupCall));
+    }
+    return n;
+  }
+
   void BuildStreams() {
     streams_.resize(p_.roles.size());
     for (size_t ri = 0; ri < p_.roles.size(); ++ri) {
@@ -376,6 +403,7 @@ class WorldVerifier {
       RoleStream& st = streams_[ri];
       std::map<int, int64_t> coll_seq;
       std::map<std::pair<int32_t, bool>, int64_t> p2p_seq;
+      st.items.reserve(StreamLength(role));
       for (int32_t i = 0; i < static_cast<int32_t>(ScheduleSize(role)); ++i) {
         const StepView op = StepAt(role, i);
         if (IsP2p(op.kind)) {
@@ -384,8 +412,7 @@ class WorldVerifier {
           it.schedule_op = i;
           it.send = IsSend(op.kind);
           it.peer = static_cast<int32_t>(op.peer);
-          it.seq = p2p_seq[{it.peer, it.send}]++;
-          it.bytes = op.operand < 0 ? 0 : role.buffers[op.operand].bytes;
+          it.seq = static_cast<int32_t>(p2p_seq[{it.peer, it.send}]++);
           st.p2p_items[{it.peer, it.send}].push_back(static_cast<int32_t>(st.items.size()));
           if (std::find(st.peers.begin(), st.peers.end(), it.peer) == st.peers.end())
             st.peers.push_back(it.peer);
@@ -403,8 +430,7 @@ class WorldVerifier {
             it.schedule_op = i;
             it.body_op = j;
             it.comm = bop.comm;
-            it.seq = coll_seq[static_cast<int>(bop.comm)]++;
-            it.bytes = bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes;
+            it.seq = static_cast<int32_t>(coll_seq[static_cast<int>(bop.comm)]++);
             st.items.push_back(it);
           }
           continue;
@@ -471,12 +497,13 @@ class WorldVerifier {
           bool kind_ok = ar.kind == (act ? OpKind::RecvActivation : OpKind::RecvGrad);
           int64_t ss = ra.chunks[as.chunk].stage, rs = rb.chunks[ar.chunk].stage;
           bool stage_ok = act ? rs == ss + 1 : rs == ss - 1;
-          if (!kind_ok || as.microbatch != ar.microbatch || !stage_ok || is.bytes != ir.bytes) {
+          const int64_t sent = ItemBytes(ra, is), received = ItemBytes(rb, ir);
+          if (!kind_ok || as.microbatch != ar.microbatch || !stage_ok || sent != received) {
             Error(fmt::format(
                 "transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) is "
                 "received "
                 "by {} (stage {}, {} bytes)",
-                k, a, b, Where(p_, a, is), ss, is.bytes, Where(p_, b, ir), rs, ir.bytes));
+                k, a, b, Where(p_, a, is), ss, sent, Where(p_, b, ir), rs, received));
           }
         }
       }
@@ -605,22 +632,25 @@ class WorldVerifier {
     const Communicator& comm = p_.communicators[c];
     const Item* first = nullptr;
     int32_t first_rank = -1;
+    int64_t first_bytes = 0;
     for (int32_t mrank : comm.members) {
       const Item& mi = StreamOf(mrank).items[sim_.pos[mrank]];
-      const Op& mop = OpOf(p_.roles[p_.ranks[mrank].role], mi);
+      const Role& mrole = p_.roles[p_.ranks[mrank].role];
+      const Op& mop = OpOf(mrole, mi);
+      const int64_t bytes = ItemBytes(mrole, mi);
       if (!first) {
-        first = &mi, first_rank = mrank;
+        first = &mi, first_rank = mrank, first_bytes = bytes;
         continue;
       }
       const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
-      if (mop.kind != fop.kind || mi.bytes != first->bytes ||
+      if (mop.kind != fop.kind || bytes != first_bytes ||
           CollectiveArgument(mop) != CollectiveArgument(fop)) {
         Error(
             fmt::format("collective #{} of {} communicator {} differs between its members: {} "
                         "({} bytes) vs {} "
                         "({} bytes)",
-                        it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first->bytes,
-                        Where(p_, mrank, mi), mi.bytes));
+                        it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first_bytes,
+                        Where(p_, mrank, mi), bytes));
         return false;
       }
     }
