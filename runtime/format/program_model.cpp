@@ -168,83 +168,92 @@ size_t EncodedSizeBound(const Program& p) {
   return n + n / 4;
 }
 
+using OpVectorOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<prog::Op>>>;
+using StepVectorOffset = flatbuffers::Offset<flatbuffers::Vector<const prog::ScheduleStep*>>;
+
+OpVectorOffset EncodeOps(flatbuffers::FlatBufferBuilder& b, const std::vector<Op>& ops) {
+  std::vector<flatbuffers::Offset<prog::Op>> out;
+  out.reserve(ops.size());
+  for (const Op& op : ops)
+    out.push_back(prog::CreateOpDirect(b, op.kind, op.inputs.empty() ? nullptr : &op.inputs,
+                                       op.outputs.empty() ? nullptr : &op.outputs, op.comm,
+                                       op.ints.empty() ? nullptr : &op.ints,
+                                       op.floats.empty() ? nullptr : &op.floats));
+  return b.CreateVector(out);
+}
+
+// A role's schedule as steps: the role's own, or its ops' compact forms when every op has one;
+// null otherwise. A program of format 2 (read from an older file) keeps its schedules as ops: a
+// reader of that format would not see steps.
+StepVectorOffset EncodeSteps(flatbuffers::FlatBufferBuilder& b, const Role& r,
+                             uint32_t format_version) {
+  if (!r.steps.empty()) return b.CreateVectorOfStructs(r.steps);
+  if (r.schedule.empty() || format_version < 3) return 0;
+  std::vector<prog::ScheduleStep> steps(r.schedule.size());
+  for (size_t i = 0; i < r.schedule.size(); ++i)
+    if (!ToScheduleStep(r.schedule[i], &steps[i])) return 0;
+  return b.CreateVectorOfStructs(steps);
+}
+
+// One role; with `release` (the same role as `r`), its schedule and bodies are freed once they
+// are in the builder.
+flatbuffers::Offset<prog::Role> EncodeRole(flatbuffers::FlatBufferBuilder& b, const Role& r,
+                                           uint32_t format_version, Role* release) {
+  std::vector<flatbuffers::Offset<prog::Buffer>> buffers;
+  for (const Buffer& x : r.buffers)
+    buffers.push_back(prog::CreateBufferDirect(
+        b, x.name.c_str(), x.kind, x.dtype, &x.shape, x.offset, x.bytes, x.slots, x.slot_stride,
+        x.fp32_offset, x.fp32_bytes, x.fp32_slot_stride, x.view_of, x.view_offset));
+  std::vector<flatbuffers::Offset<prog::Param>> params;
+  for (const Param& x : r.params)
+    params.push_back(prog::CreateParamDirect(
+        b, x.name.c_str(), x.key, &x.global_shape, x.split_dim, x.split_comm, x.init, x.init_std,
+        x.buffer, x.grad, x.chunk, x.decay, x.tp_replicated, x.counts_in_norm, x.grad_sync_tp));
+  std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets;
+  for (const Bucket& x : r.buckets)
+    buckets.push_back(prog::CreateBucketInfo(b, x.chunk, x.params, x.grads, x.elements,
+                                             x.shard_elements, x.master, x.exp_avg, x.exp_avg_sq,
+                                             x.param_shard, x.grad_shard));
+  std::vector<flatbuffers::Offset<prog::Chunk>> chunks;
+  for (const Chunk& x : r.chunks)
+    chunks.push_back(prog::CreateChunk(b, x.index, x.stage, x.first_layer, x.layers,
+                                       x.has_embedding, x.has_loss, x.forward, x.backward, x.input,
+                                       x.output, x.grad, x.slots));
+  std::vector<flatbuffers::Offset<prog::Body>> bodies;
+  for (const Body& x : r.bodies) {
+    auto name = b.CreateString(x.name);
+    auto ops = EncodeOps(b, x.ops);
+    bodies.push_back(prog::CreateBody(b, name, ops));
+  }
+  auto name = b.CreateString(r.name);
+  auto bv = b.CreateVector(buffers);
+  auto pv = b.CreateVector(params);
+  auto kv = b.CreateVector(buckets);
+  auto cv = b.CreateVector(chunks);
+  auto dv = b.CreateVector(bodies);
+  // Steps when the schedule has them; ops otherwise (and when a role holds both, which a reader
+  // refuses, both are written).
+  const StepVectorOffset steps = EncodeSteps(b, r, format_version);
+  OpVectorOffset sv = 0;
+  const bool both = !r.steps.empty() && !r.schedule.empty();
+  if (steps.IsNull() || both) sv = EncodeOps(b, r.schedule);
+  if (release) {
+    std::vector<Op>().swap(release->schedule);
+    std::vector<prog::ScheduleStep>().swap(release->steps);
+    std::vector<Body>().swap(release->bodies);
+  }
+  return prog::CreateRole(b, name, r.pipeline_rank, bv, pv, kv, cv, dv, sv, r.arena_bytes,
+                          r.fp32_arena_bytes, r.peak_bytes, steps);
+}
+
 // The encoder behind EncodeProgramBuffer and EncodeProgramReleasingOps: with `release` (the
 // same program as `p`), each role's schedule and bodies are freed once they are in the builder.
 flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
   flatbuffers::FlatBufferBuilder b(EncodedSizeBound(p));
-  auto op_vector = [&](const std::vector<Op>& ops) {
-    std::vector<flatbuffers::Offset<prog::Op>> out;
-    out.reserve(ops.size());
-    for (const Op& op : ops)
-      out.push_back(prog::CreateOpDirect(b, op.kind, op.inputs.empty() ? nullptr : &op.inputs,
-                                         op.outputs.empty() ? nullptr : &op.outputs, op.comm,
-                                         op.ints.empty() ? nullptr : &op.ints,
-                                         op.floats.empty() ? nullptr : &op.floats));
-    return b.CreateVector(out);
-  };
-
   std::vector<flatbuffers::Offset<prog::Role>> roles;
-  // A role's schedule as steps: the role's own, or its ops' compact forms when every op has one.
-  auto step_vector = [&](const Role& r) {
-    flatbuffers::Offset<flatbuffers::Vector<const prog::ScheduleStep*>> none = 0;
-    if (!r.steps.empty()) return b.CreateVectorOfStructs(r.steps);
-    // A program of format 2 (read from an older file) keeps its schedules as ops: a reader of
-    // that format would not see steps.
-    if (r.schedule.empty() || p.format_version < 3) return none;
-    std::vector<prog::ScheduleStep> steps(r.schedule.size());
-    for (size_t i = 0; i < r.schedule.size(); ++i)
-      if (!ToScheduleStep(r.schedule[i], &steps[i])) return none;
-    return b.CreateVectorOfStructs(steps);
-  };
-
-  for (size_t ri = 0; ri < p.roles.size(); ++ri) {
-    const Role& r = p.roles[ri];
-    std::vector<flatbuffers::Offset<prog::Buffer>> buffers;
-    for (const Buffer& x : r.buffers)
-      buffers.push_back(prog::CreateBufferDirect(
-          b, x.name.c_str(), x.kind, x.dtype, &x.shape, x.offset, x.bytes, x.slots, x.slot_stride,
-          x.fp32_offset, x.fp32_bytes, x.fp32_slot_stride, x.view_of, x.view_offset));
-    std::vector<flatbuffers::Offset<prog::Param>> params;
-    for (const Param& x : r.params)
-      params.push_back(prog::CreateParamDirect(
-          b, x.name.c_str(), x.key, &x.global_shape, x.split_dim, x.split_comm, x.init, x.init_std,
-          x.buffer, x.grad, x.chunk, x.decay, x.tp_replicated, x.counts_in_norm, x.grad_sync_tp));
-    std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets;
-    for (const Bucket& x : r.buckets)
-      buckets.push_back(prog::CreateBucketInfo(b, x.chunk, x.params, x.grads, x.elements,
-                                               x.shard_elements, x.master, x.exp_avg, x.exp_avg_sq,
-                                               x.param_shard, x.grad_shard));
-    std::vector<flatbuffers::Offset<prog::Chunk>> chunks;
-    for (const Chunk& x : r.chunks)
-      chunks.push_back(prog::CreateChunk(b, x.index, x.stage, x.first_layer, x.layers,
-                                         x.has_embedding, x.has_loss, x.forward, x.backward,
-                                         x.input, x.output, x.grad, x.slots));
-    std::vector<flatbuffers::Offset<prog::Body>> bodies;
-    for (const Body& x : r.bodies) {
-      auto name = b.CreateString(x.name);
-      auto ops = op_vector(x.ops);
-      bodies.push_back(prog::CreateBody(b, name, ops));
-    }
-    auto name = b.CreateString(r.name);
-    auto bv = b.CreateVector(buffers);
-    auto pv = b.CreateVector(params);
-    auto kv = b.CreateVector(buckets);
-    auto cv = b.CreateVector(chunks);
-    auto dv = b.CreateVector(bodies);
-    // Steps when the schedule has them; ops otherwise (and when a role holds both, which a
-    // reader refuses, both are written).
-    auto steps = step_vector(r);
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<prog::Op>>> sv = 0;
-    const bool both = !r.steps.empty() && !r.schedule.empty();
-    if (steps.IsNull() || both) sv = op_vector(r.schedule);
-    if (release) {
-      std::vector<Op>().swap(release->roles[ri].schedule);
-      std::vector<prog::ScheduleStep>().swap(release->roles[ri].steps);
-      std::vector<Body>().swap(release->roles[ri].bodies);
-    }
-    roles.push_back(prog::CreateRole(b, name, r.pipeline_rank, bv, pv, kv, cv, dv, sv,
-                                     r.arena_bytes, r.fp32_arena_bytes, r.peak_bytes, steps));
-  }
+  for (size_t ri = 0; ri < p.roles.size(); ++ri)
+    roles.push_back(
+        EncodeRole(b, p.roles[ri], p.format_version, release ? &release->roles[ri] : nullptr));
   std::vector<flatbuffers::Offset<prog::Rank>> ranks;
   ranks.reserve(p.ranks.size());
   for (const Rank& r : p.ranks) {
