@@ -337,6 +337,9 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
                    const ParallelConfig& par, Role& role) {
   namespace attrs = prog::attrs;
   std::vector<Op>& out = role.schedule;
+  // A schedule holds every microbatch's ops (hundreds of thousands in a large world): exact
+  // capacities keep it from carrying the slack of growth.
+  out.reserve(steps.size() + 3);
   out.push_back(prog::MakeOp(attrs::ZeroGrads{.body = sb.zero_grads}, {}, {}));
   for (const PipelineStep& st : steps) {
     const Chunk& c = role.chunks[st.chunk];
@@ -369,6 +372,7 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
       default:
         break;
     }
+    if (!out.empty()) out.back().ints.shrink_to_fit();
   }
   out.push_back(prog::MakeOp(attrs::ReduceGrads{.body = sb.reduce_grads}, {}, {}));
   out.push_back(prog::MakeOp(attrs::OptimizerStep{.body = sb.optimizer_step}, {}, {}));
@@ -622,9 +626,19 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
   return bs;
 }
 
+// Moves the role's schedule into its compact form (Role::steps). Every op the lowering emits
+// has one; an op without one keeps the whole schedule as ops.
+void CompactSchedule(Role& role) {
+  std::vector<prog::ScheduleStep> steps(role.schedule.size());
+  for (size_t i = 0; i < role.schedule.size(); ++i)
+    if (!prog::mem::ToScheduleStep(role.schedule[i], &steps[i])) return;
+  role.steps = std::move(steps);
+  std::vector<Op>().swap(role.schedule);
+}
+
 // One role per pipeline rank: bodies, schedule, slots and memory plan.
-void BuildRoles(const Partition& partition, const std::vector<std::vector<PipelineStep>>& pipeline,
-                const BodyShape& bs, Program& p) {
+void BuildRoles(const Partition& partition, std::vector<std::vector<PipelineStep>> pipeline,
+                const BodyShape& bs, bool compact, Program& p) {
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;
     for (const PipelineChunk& c : partition.stages[r].chunks)
@@ -633,8 +647,10 @@ void BuildRoles(const Partition& partition, const std::vector<std::vector<Pipeli
     Role role;
     StepBodies sb = BuildRoleBodies(bs, r, chunks, role);
     BuildSchedule(pipeline[r], sb, p.parallel, role);
+    std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
     AssignSlots(role);
     PlanMemory(role);
+    if (compact) CompactSchedule(role);
     p.roles.push_back(std::move(role));
   }
 }
@@ -668,7 +684,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp,
                       static_cast<int32_t>(p.train.microbatches), options.microbatch_group};
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
-  BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), p);
+  BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), options.compact_schedule, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
   BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, p);
   AddExpertTensorComms(plan, layout, p);

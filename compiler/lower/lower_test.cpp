@@ -481,6 +481,114 @@ TEST_CASE("mutation: a duplicated forward is caught by counting, naming the rank
       std::string::npos);
 }
 
+// The program with every role's schedule moved into its compact form (Role::steps).
+Program Compacted(Program p) {
+  for (Role& role : p.roles) {
+    role.steps.resize(role.schedule.size());
+    for (size_t i = 0; i < role.schedule.size(); ++i)
+      REQUIRE(prog::mem::ToScheduleStep(role.schedule[i], &role.steps[i]));
+    role.schedule.clear();
+  }
+  return p;
+}
+
+TEST_CASE("compact schedules: the same steps, verification and file as the ops") {
+  std::vector<Plan> plans = {TinyPlan(2, 2, 2), TinyPlan(1, 4, 1, Schedule::kInterleaved1F1B, 2),
+                             Gpt2Plan(2, 2, 2), TinyPlan(1, 2, 2, Schedule::kGpipe)};
+  plans[0].optimizer.zero = 1;
+  for (const Plan& plan : plans) {
+    CAPTURE(plan.parallel.pp);
+    const Program ops = MustLower(plan);
+    DiagnosticSink sink;
+    LowerOptions options;
+    options.compact_schedule = true;
+    std::optional<Program> compact = LowerPlan(plan, options, sink);
+    REQUIRE(compact.has_value());
+    for (size_t r = 0; r < ops.roles.size(); ++r) {
+      const Role& a = ops.roles[r];
+      const Role& b = compact->roles[r];
+      CHECK(b.schedule.empty());
+      REQUIRE(b.steps.size() == a.schedule.size());
+      const std::vector<Op> back = prog::mem::ScheduleOps(b);
+      for (size_t i = 0; i < back.size(); ++i) {
+        CHECK(back[i].kind == a.schedule[i].kind);
+        CHECK(back[i].ints == a.schedule[i].ints);
+        CHECK(back[i].inputs == a.schedule[i].inputs);
+        CHECK(back[i].outputs == a.schedule[i].outputs);
+        CHECK(back[i].comm == a.schedule[i].comm);
+      }
+    }
+    VerifyStats sa, sb;
+    CHECK(Joined(VerifyWorld(ops, &sa)) == "");
+    CHECK(Joined(VerifyWorld(*compact, &sb)) == "");
+    CHECK(sa.simulated_ops == sb.simulated_ops);
+    CHECK(sa.transfers == sb.transfers);
+    CHECK(sa.collectives == sb.collectives);
+    // One file, whichever form the schedule was held in; read back, it holds ops again.
+    const std::vector<uint8_t> bytes = ToFlatBuffer(ops);
+    CHECK(ToFlatBuffer(*compact) == bytes);
+    std::string error;
+    std::optional<Program> back = FromFlatBuffer(bytes.data(), bytes.size(), &error);
+    REQUIRE_MESSAGE(back.has_value(), error);
+    CHECK(back->roles[0].steps.empty());
+    CHECK(back->roles[0].schedule.size() == ops.roles[0].schedule.size());
+  }
+}
+
+TEST_CASE("compact schedules: mutated programs get the messages the ops get") {
+  auto both = [](Program p) {
+    const std::string ops = Joined(VerifyWorld(p));
+    CHECK(ops != "");
+    CHECK(Joined(VerifyWorld(Compacted(std::move(p)))) == ops);
+  };
+  {  // a duplicated forward
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    auto& s = p.roles[1].schedule;
+    auto fwd =
+        std::find_if(s.begin(), s.end(), [](const Op& op) { return op.kind == OpKind::Forward; });
+    s.insert(fwd + 1, *fwd);
+    both(p);
+  }
+  {  // a dropped receive
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Role& role = SplitRole(p, 1);
+    role.schedule.erase(std::find_if(role.schedule.begin(), role.schedule.end(), [](const Op& op) {
+      return op.kind == OpKind::RecvActivation;
+    }));
+    both(p);
+  }
+  {  // a receive of a gradient before the forward that needs an activation: a deadlock
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Role& role = SplitRole(p, 1);
+    auto recv = std::find_if(role.schedule.begin(), role.schedule.end(),
+                             [](const Op& op) { return op.kind == OpKind::RecvActivation; });
+    Op bogus = *recv;
+    bogus.ints[prog::kP2pGroup] = 0;
+    bogus.kind = OpKind::RecvGrad;
+    bogus.outputs = {role.chunks[0].grad};
+    role.schedule.erase(recv);
+    role.schedule.insert(std::find_if(role.schedule.begin(), role.schedule.end(),
+                                      [](const Op& op) { return op.kind == OpKind::Forward; }),
+                         bogus);
+    both(p);
+  }
+  {  // a transfer naming the wrong buffer
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Role& role = SplitRole(p, 0);
+    auto send = std::find_if(role.schedule.begin(), role.schedule.end(),
+                             [](const Op& op) { return op.kind == OpKind::SendActivation; });
+    send->inputs = {role.chunks[0].grad};
+    both(p);
+  }
+  {  // a schedule held twice is a structural error
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Program c = Compacted(p);
+    c.roles[0].schedule = p.roles[0].schedule;
+    CHECK(Joined(VerifyWorld(c)).find("stage0: the schedule is held twice, as ops and as steps") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
   // Mixture of experts lowers with ep = 1 and etp = 1; expert parallelism is refused.
   Plan moe = TinyPlan(1, 1, 2);
