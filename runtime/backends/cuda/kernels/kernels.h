@@ -47,6 +47,16 @@ void Copy(float* dst, const float* src, int64_t n, cudaStream_t stream);
 void Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 void Accumulate(float* y, const float* x, int64_t n, cudaStream_t stream);
 void Scale(float* x, int64_t n, float alpha, cudaStream_t stream);
+// Same meaning as host::ColumnMap (strided column copy, multi-head latent attention).
+struct ColumnMap {
+  int64_t groups = 1, width = 0;
+  int64_t x_cols = 0, x_stride = 0, x_offset = 0;
+  int64_t y_cols = 0, y_stride = 0, y_offset = 0;
+};
+// y[r][g·y_stride + y_offset + j] (+)= x[r][g·x_stride + x_offset + j], groups in increasing g
+// (one thread per (r, j), so groups that land on the same column of y add in the host's order).
+void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map, bool accumulate,
+                 cudaStream_t stream);
 // fp32 -> bf16 (round to nearest even), for GEMM operands and bf16 weight copies.
 void CastToBf16(void* dst_bf16, const float* src, int64_t n, cudaStream_t stream);
 // y[rows, cols] += bias[cols] (row broadcast).
