@@ -1062,14 +1062,19 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   Emit(MlaMap(1, rope, kvl + rope, 0, kvl, rope, 0, 0), {kv_a}, {k_pe});
   Emit(rope_attrs(1), {k_pe}, {k_pe});
   // k = [k_nope of each head, the shared rope head]; v padded with zeros to the qk head size so
-  // that one Attention runs it (the padded output columns are zeros).
+  // that one Attention runs it (the padded output columns are zeros). The zeros come from a
+  // scratch buffer: Fill writes every slot of a buffer, and v is kept per microbatch.
   saved.k = Act("k", {tokens_, heads * qk});
   Emit(MlaMap(heads, nope, heads * (nope + vd), nope + vd, 0, heads * qk, qk, 0), {kv}, {saved.k});
   Emit(MlaMap(heads, rope, rope, 0, 0, heads * qk, qk, nope), {k_pe}, {saved.k});
   saved.v = Act("v_padded", {tokens_, heads * qk});
-  Emit(attrs::Fill{.value = 0.0}, {}, {saved.v});
   Emit(MlaMap(heads, vd, heads * (nope + vd), nope + vd, nope, heads * qk, qk, 0), {kv},
        {saved.v});
+  if (qk > vd) {
+    const int32_t zeros = Act("attention.v_padding", {tokens_, qk - vd});
+    Emit(attrs::Fill{.value = 0.0}, {}, {zeros});
+    Emit(MlaMap(heads, qk - vd, qk - vd, 0, 0, heads * qk, qk, vd), {zeros}, {saved.v});
+  }
   MlaAttentionCore("attention", saved.q, saved.k, saved.v, ms.core_out, saved.lse);
   saved.o = Act("attention.out", {tokens_, heads * vd});
   Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * vd, vd, 0), {ms.core_out}, {saved.o});
