@@ -206,7 +206,7 @@ class RoleLowering {
   struct MlaParams {
     ParamRef wq_down, wq_up, wq;  // wq_down / wq_up with q_lora_rank > 0, else wq
     ParamRef wkv_down, wkv_up;
-    NormParams q_norm, kv_norm;   // RMSNorm of the latent rows (q_norm with q_lora_rank > 0)
+    NormParams q_norm, kv_norm;  // RMSNorm of the latent rows (q_norm with q_lora_rank > 0)
   };
   struct MlaSaved {
     int32_t q_latent = -1, q_normed = -1, q_rstd = -1;  // q_lora_rank > 0
@@ -988,8 +988,8 @@ RoleLowering::MlaParams RoleLowering::MakeMlaParams(int32_t layer_index, ParamRe
     params.wq_down = AddParam(n + "wq_down", key(30), {ql, h}, -1, prog::InitKind::Normal, 0.02,
                               true, true, true);
     params.q_norm = latent_norm("q_norm", ql, 31);
-    params.wq_up = AddParam(n + "wq_up", key(32), {heads * qk, ql}, 0, prog::InitKind::Normal,
-                            0.02, true, false, false);
+    params.wq_up = AddParam(n + "wq_up", key(32), {heads * qk, ql}, 0, prog::InitKind::Normal, 0.02,
+                            true, false, false);
   } else {
     params.wq = AddParam(n + "wq", key(2), {heads * qk, h}, 0, prog::InitKind::Normal, 0.02, true,
                          false, false);
@@ -1068,8 +1068,7 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   Emit(MlaMap(heads, nope, heads * (nope + vd), nope + vd, 0, heads * qk, qk, 0), {kv}, {saved.k});
   Emit(MlaMap(heads, rope, rope, 0, 0, heads * qk, qk, nope), {k_pe}, {saved.k});
   saved.v = Act("v_padded", {tokens_, heads * qk});
-  Emit(MlaMap(heads, vd, heads * (nope + vd), nope + vd, nope, heads * qk, qk, 0), {kv},
-       {saved.v});
+  Emit(MlaMap(heads, vd, heads * (nope + vd), nope + vd, nope, heads * qk, qk, 0), {kv}, {saved.v});
   if (qk > vd) {
     const int32_t zeros = Act("attention.v_padding", {tokens_, qk - vd});
     Emit(attrs::Fill{.value = 0.0}, {}, {zeros});

@@ -132,8 +132,8 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
         fmt::format("multi-head latent attention beside context parallelism (cp = {})", q.cp),
         "parallel.cp", "set `parallel.cp = 1`, or compile a model with ordinary attention");
   if (m.IsMla() && m.position != Position::kRope)
-    unsupported.Report("multi-head latent attention without rotary positions",
-                       "model.position", "set `model.position = rope` (its decoupled RoPE)");
+    unsupported.Report("multi-head latent attention without rotary positions", "model.position",
+                       "set `model.position = rope` (its decoupled RoPE)");
   if (m.IsMla() && m.v_head_dim > m.qk_nope_head_dim + m.qk_rope_head_dim)
     unsupported.Report(
         fmt::format("multi-head latent attention with v_head_dim = {} > qk_nope_head_dim + "
@@ -141,10 +141,9 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                     m.v_head_dim, m.qk_nope_head_dim + m.qk_rope_head_dim),
         "model.v_head_dim", "set `model.v_head_dim` to at most the query/key head size");
   if (m.IsMla() && m.qk_rope_head_dim % 2 != 0)
-    unsupported.Report(
-        fmt::format("multi-head latent attention with an odd qk_rope_head_dim = {}",
-                    m.qk_rope_head_dim),
-        "model.qk_rope_head_dim", "RoPE rotates pairs of columns: make it even");
+    unsupported.Report(fmt::format("multi-head latent attention with an odd qk_rope_head_dim = {}",
+                                   m.qk_rope_head_dim),
+                       "model.qk_rope_head_dim", "RoPE rotates pairs of columns: make it even");
   // --- end multi-head latent attention ---
   if (q.ep > 1)
     unsupported.Report(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",

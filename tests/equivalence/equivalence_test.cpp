@@ -448,7 +448,7 @@ TEST_CASE("moe: cp 2, tp 2, sequence parallel, full recompute (bitwise equal to 
 
 // --- multi-head latent attention ---
 namespace {
-// The Llama-style model with multi-head latent attention (DeepSeek-V2): 4 heads of 16 + 8
+// The Llama-style model with multi-head latent attention (DeepSeek-V2): 4 heads of 24 + 8
 // query/key columns (the 8 from RoPE, one key head shared by all) and 16 value columns; queries
 // through a rank-32 latent (or projected directly), keys and values through a rank-16 latent.
 paraplan::Plan MlaPlan(const Layout& l, bool q_latent) {
@@ -458,10 +458,10 @@ paraplan::Plan MlaPlan(const Layout& l, bool q_latent) {
   m.kv_heads = 4;
   m.q_lora_rank = q_latent ? 32 : 0;
   m.kv_lora_rank = 16;
-  m.qk_nope_head_dim = 16;
+  m.qk_nope_head_dim = 24;
   m.qk_rope_head_dim = 8;
   m.v_head_dim = 16;
-  m.head_dim = 24;
+  m.head_dim = 32;
   return plan;
 }
 
@@ -502,7 +502,9 @@ void CheckMlaRecompute(Layout layout, paraplan::Recompute mode) {
 }
 }  // namespace
 
-TEST_CASE("mla: tp 2, sequence parallel") { CheckMlaEquivalent({2, 1, 1, 1, Schedule::k1F1B, true}); }
+TEST_CASE("mla: tp 2, sequence parallel") {
+  CheckMlaEquivalent({2, 1, 1, 1, Schedule::k1F1B, true});
+}
 TEST_CASE("mla: tp 2, pp 2, dp 2, ZeRO 2, sequence parallel (replicated grads summed per layer)") {
   CheckMlaEquivalent({2, 2, 2, 1, Schedule::k1F1B, true, 2});
 }

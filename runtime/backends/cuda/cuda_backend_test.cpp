@@ -148,10 +148,10 @@ TEST_CASE("cuda backend: column copies (slices, one head broadcast, sums over he
   if (!GpuOrSkip()) return;
   Pair p;
   const int64_t rows = 37, heads = 5, nope = 16, rope = 8, latent = 24;
-  const host::ColumnMap broadcast{heads, rope, latent + rope, 0, latent, heads * (nope + rope),
-                                  nope + rope, nope};
-  const host::ColumnMap slice{heads, nope, heads * (nope + 16), nope + 16, 0,
-                              heads * (nope + rope), nope + rope, 0};
+  const host::ColumnMap broadcast{
+      heads, rope, latent + rope, 0, latent, heads * (nope + rope), nope + rope, nope};
+  const host::ColumnMap slice{
+      heads, nope, heads * (nope + 16), nope + 16, 0, heads * (nope + rope), nope + rope, 0};
   auto kv_a = p.Upload(Random(rows * (latent + rope), 60));
   auto kv = p.Upload(Random(rows * heads * (nope + 16), 61));
   auto k = p.Upload(Random(rows * heads * (nope + rope), 62));

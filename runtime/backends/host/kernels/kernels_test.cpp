@@ -508,7 +508,8 @@ TEST_CASE(
   CHECK(dv1 == slice(dv, kvh, 1, 1));
 }
 
-TEST_CASE("column copies: slices, broadcast of one head, and their backward by finite differences") {
+TEST_CASE(
+    "column copies: slices, broadcast of one head, and their backward by finite differences") {
   const int64_t rows = 5, heads = 3, nope = 4, rope = 2, latent = 6;
   // A naive copy of one map, against the kernel.
   auto naive = [&](std::vector<float> y, const std::vector<float>& x, const ColumnMap& m,
@@ -524,10 +525,10 @@ TEST_CASE("column copies: slices, broadcast of one head, and their backward by f
   };
   // The shared rope head of the latent projection [rows, latent + rope] into every head of
   // k [rows, heads · (nope + rope)] after its nope part.
-  const ColumnMap broadcast{heads, rope, latent + rope, 0, latent, heads * (nope + rope),
+  const ColumnMap broadcast{heads,       rope, latent + rope, 0, latent, heads * (nope + rope),
                             nope + rope, nope};
   // The nope part of each head of [rows, heads · (nope + v)] (v = 3) into k.
-  const ColumnMap slice{heads, nope, heads * (nope + 3), nope + 3, 0, heads * (nope + rope),
+  const ColumnMap slice{heads,       nope, heads * (nope + 3), nope + 3, 0, heads * (nope + rope),
                         nope + rope, 0};
   auto kv_a = Random(rows * (latent + rope), 40), kv = Random(rows * heads * (nope + 3), 41);
   auto k = Random(rows * heads * (nope + rope), 42);
