@@ -1020,7 +1020,7 @@ void RoleLowering::MlaAttentionCore(const std::string& name, int32_t q, int32_t 
 }
 
 void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
-  const MlaParams& L = P.latent;
+  const MlaParams& lp = P.latent;
   MlaSaved& ms = saved.mla;
   const int64_t heads = m_.heads / tp_, nope = m_.qk_nope_head_dim, rope = m_.qk_rope_head_dim;
   const int64_t qk = nope + rope, vd = m_.v_head_dim, kvl = m_.kv_lora_rank;
@@ -1032,26 +1032,26 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   if (m_.q_lora_rank > 0) {
     const int64_t ql = m_.q_lora_rank;
     ms.q_latent = Act("attention.q_latent", {tokens_, ql});
-    Emit(attrs::Linear{}, {saved.n1f, L.wq_down.value}, {ms.q_latent});
+    Emit(attrs::Linear{}, {saved.n1f, lp.wq_down.value}, {ms.q_latent});
     ms.q_normed = Act("attention.q_norm.out", {tokens_, ql});
     ms.q_rstd = Stat("attention.q_norm.rstd", {tokens_});
-    Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.q_latent, L.q_norm.w.value},
+    Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.q_latent, lp.q_norm.w.value},
          {ms.q_normed, ms.q_rstd});
-    Emit(attrs::Linear{}, {ms.q_normed, L.wq_up.value}, {saved.q});
+    Emit(attrs::Linear{}, {ms.q_normed, lp.wq_up.value}, {saved.q});
   } else {
-    Emit(attrs::Linear{}, {saved.n1f, L.wq.value}, {saved.q});
+    Emit(attrs::Linear{}, {saved.n1f, lp.wq.value}, {saved.q});
   }
   // Keys and values: the kv latent and the shared rope head in one projection.
   const int32_t kv_a = Act("attention.kv_latent_rope", {tokens_, kvl + rope});
-  Emit(attrs::Linear{}, {saved.n1f, L.wkv_down.value}, {kv_a});
+  Emit(attrs::Linear{}, {saved.n1f, lp.wkv_down.value}, {kv_a});
   ms.kv_latent = Act("attention.kv_latent", {tokens_, kvl});
   Emit(MlaMap(1, kvl, kvl + rope, 0, 0, kvl, 0, 0), {kv_a}, {ms.kv_latent});
   ms.kv_normed = Act("attention.kv_norm.out", {tokens_, kvl});
   ms.kv_rstd = Stat("attention.kv_norm.rstd", {tokens_});
-  Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.kv_latent, L.kv_norm.w.value},
+  Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.kv_latent, lp.kv_norm.w.value},
        {ms.kv_normed, ms.kv_rstd});
   const int32_t kv = Act("attention.kv", {tokens_, heads * (nope + vd)});
-  Emit(attrs::Linear{}, {ms.kv_normed, L.wkv_up.value}, {kv});
+  Emit(attrs::Linear{}, {ms.kv_normed, lp.wkv_up.value}, {kv});
   // Decoupled RoPE: the rope part of each query head, and the one shared key head.
   const int32_t q_pe = Act("attention.q_rope", {tokens_, heads * rope});
   const auto q_rope_part = MlaMap(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
@@ -1080,7 +1080,7 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
 }
 
 void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx) {
-  const MlaParams& L = params.latent;
+  const MlaParams& lp = params.latent;
   const MlaSaved& ms = saved.mla;
   const int64_t h = m_.hidden, heads = m_.heads / tp_, nope = m_.qk_nope_head_dim;
   const int64_t rope = m_.qk_rope_head_dim, qk = nope + rope, vd = m_.v_head_dim;
@@ -1132,28 +1132,28 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   if (m_.q_lora_rank > 0) {
     const int64_t ql = m_.q_lora_rank;
     const int32_t dqn = Act("attention.q_norm.out.grad", {tokens_, ql});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, ms.q_normed, L.wq_up.value},
-         {dqn, L.wq_up.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, ms.q_normed, lp.wq_up.value},
+         {dqn, lp.wq_up.grad});
     const int32_t dql = Act("attention.q_latent.grad", {tokens_, ql});
     Emit(attrs::RmsNormBackward{.dx_accumulate = false},
-         {dqn, ms.q_latent, L.q_norm.w.value, ms.q_rstd}, {dql, L.q_norm.w.grad});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dql, saved.n1f, L.wq_down.value},
-         {dn1f, L.wq_down.grad});
+         {dqn, ms.q_latent, lp.q_norm.w.value, ms.q_rstd}, {dql, lp.q_norm.w.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dql, saved.n1f, lp.wq_down.value},
+         {dn1f, lp.wq_down.grad});
   } else {
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, saved.n1f, L.wq.value},
-         {dn1f, L.wq.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, saved.n1f, lp.wq.value},
+         {dn1f, lp.wq.grad});
   }
   const int32_t dkvn = Act("attention.kv_norm.out.grad", {tokens_, kvl});
-  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dkv, ms.kv_normed, L.wkv_up.value},
-       {dkvn, L.wkv_up.grad});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dkv, ms.kv_normed, lp.wkv_up.value},
+       {dkvn, lp.wkv_up.grad});
   const int32_t dkvl = Act("attention.kv_latent.grad", {tokens_, kvl});
   Emit(attrs::RmsNormBackward{.dx_accumulate = false},
-       {dkvn, ms.kv_latent, L.kv_norm.w.value, ms.kv_rstd}, {dkvl, L.kv_norm.w.grad});
+       {dkvn, ms.kv_latent, lp.kv_norm.w.value, ms.kv_rstd}, {dkvl, lp.kv_norm.w.grad});
   const int32_t dkv_a = Act("attention.kv_latent_rope.grad", {tokens_, kvl + rope});
   Emit(MlaMap(1, kvl, kvl, 0, 0, kvl + rope, 0, 0), {dkvl}, {dkv_a});
   Emit(MlaMap(1, rope, rope, 0, 0, kvl + rope, 0, kvl), {dk_pe}, {dkv_a});
-  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dkv_a, saved.n1f, L.wkv_down.value},
-       {dn1f, L.wkv_down.grad});
+  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dkv_a, saved.n1f, lp.wkv_down.value},
+       {dn1f, lp.wkv_down.grad});
   const int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
   NormBackward(params.n1, saved.no1, saved.x, dn1, gx, /*accumulate=*/true);
 }

@@ -543,11 +543,13 @@ TEST_CASE("multi-head latent attention: replicated latents, heads split by tp, r
     CHECK(param(name).split_dim == -1);
   }
   CHECK(param("layers.0.attention.wkv_down").global_shape == std::vector<int64_t>{16 + 8, 64});
-  CHECK(param("layers.0.attention.wq_up").global_shape == std::vector<int64_t>{4 * 32, 32});
+  CHECK(param("layers.0.attention.wq_up").global_shape ==
+        std::vector<int64_t>{int64_t{4} * 32, 32});
   CHECK(param("layers.0.attention.wq_up").split_dim == 0);
-  CHECK(param("layers.0.attention.wkv_up").global_shape == std::vector<int64_t>{4 * (24 + 16), 16});
+  CHECK(param("layers.0.attention.wkv_up").global_shape ==
+        std::vector<int64_t>{int64_t{4} * (24 + 16), 16});
   CHECK(param("layers.0.attention.wkv_up").split_dim == 0);
-  CHECK(param("layers.0.attention.wo").global_shape == std::vector<int64_t>{64, 4 * 16});
+  CHECK(param("layers.0.attention.wo").global_shape == std::vector<int64_t>{64, int64_t{4} * 16});
   CHECK(param("layers.0.attention.wo").split_dim == 1);
   // Attention runs on the rank's 2 heads of 32 columns (values padded from 16).
   const Body& fwd = role.bodies[role.chunks[0].forward];
