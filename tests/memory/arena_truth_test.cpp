@@ -100,7 +100,10 @@ TEST_CASE("check's estimate is compile's arena within 3% with multi-head latent 
         "model.head_dim=192"}}};
   int compared = 0;
   double worst = 0;
-  for (const auto& [file, shape] : shapes) {
+  for (const auto& entry : shapes) {
+    // Named references, not structured bindings: doctest's message lambdas capture them.
+    const std::string& file = entry.first;
+    const std::vector<std::string>& shape = entry.second;
     for (const char* variant :
          {"recompute=none", "recompute=selective", "recompute=full", "optimizer.zero=3"}) {
       std::vector<std::string> sets = shape;
