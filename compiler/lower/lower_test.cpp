@@ -566,6 +566,17 @@ TEST_CASE("multi-head latent attention: replicated latents, heads split by tp, r
   }
   CHECK(attentions == 8);
   CHECK(copies > 0);
+  // The model record carries the latent shape through the file (additive fields; 0 elsewhere).
+  std::vector<uint8_t> bytes = ToFlatBuffer(p);
+  std::string error;
+  std::optional<Program> back = FromFlatBuffer(bytes.data(), bytes.size(), &error);
+  REQUIRE_MESSAGE(back.has_value(), error);
+  CHECK(back->model.q_lora_rank == 32);
+  CHECK(back->model.kv_lora_rank == 16);
+  CHECK(back->model.qk_nope_head_dim == 24);
+  CHECK(back->model.qk_rope_head_dim == 8);
+  CHECK(back->model.v_head_dim == 16);
+  CHECK(MustLower(TinyPlan(1, 1, 1)).model.kv_lora_rank == 0);
   // No latent-attention params without kv_lora_rank; refused beside context parallelism.
   Plan cp = MlaPlan(1, 1, 1);
   cp.parallel.cp = 2;
