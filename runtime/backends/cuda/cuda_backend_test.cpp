@@ -259,7 +259,7 @@ TEST_CASE("cuda backend: RMSNorm and LayerNorm forward and backward") {
 TEST_CASE("cuda backend: rotary embedding and flash attention, both token layouts, GQA") {
   if (!GpuOrSkip()) return;
   Pair p;
-  for (int64_t head_dim : {64, 128}) {
+  for (int64_t head_dim : {64, 128, 192}) {  // 192: latent attention's query/key heads
     for (bool seq_major : {true, false}) {
       const int64_t seq = 150, batch = 2, qh = 4, kvh = 2, rows = seq * batch;
       INFO("head_dim " << head_dim << (seq_major ? " seq-major" : " batch-major"));

@@ -98,8 +98,8 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 // ---- Causal grouped-query attention, flash style (attention.cu) ----
 // Tiled with online softmax; the seq × seq matrix never exists. Q·Kᵀ and P·V run on bf16
 // tensor cores (WMMA) with fp32 accumulation; softmax statistics and lse are fp32. head_dim
-// must be 16, 32, 64 or 128 (checked; other sizes throw). Backward is two deterministic kernels
-// (dK/dV per key tile over the query heads of its group, dQ per query tile), no atomics.
+// must be 16, 32, 64, 128 or 192 (checked; other sizes throw). Backward is two deterministic
+// kernels (dK/dV per key tile over the query heads of its group, dQ per query tile), no atomics.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                       int64_t head_dim, float scale, cudaStream_t stream);
