@@ -14,6 +14,14 @@
 // and 2·cp-1-r): RingAttention replaces Attention, RoPE and the data loader work over Cp, and
 // the loss and the gradients are reduced over DpCp; ZeRO shards over DpCp.
 //
+// Multi-head latent attention (model kv_lora_rank > 0, DeepSeek-V2/V3) replaces q/k/v: queries
+// through a replicated down projection, RMSNorm and a column-parallel up projection (or one
+// projection with q_lora_rank = 0); keys and values through a replicated down projection to the
+// kv latent and one shared rope head, RMSNorm of the latent and a column-parallel up projection;
+// decoupled RoPE on the rope part of each query head and on the shared key head, broadcast to
+// every head; values padded with zeros to the query/key head size for Attention
+// (runtime/format/README.md, "Multi-head latent attention"). Not beside context parallelism.
+//
 // BuildRoleBodies fills a Role's params, buffers (shapes, kinds; no placement yet), buckets,
 // chunks and bodies. Placement is memory_plan.h's job, the schedule lower.cpp's.
 #ifndef PARAPLAN_COMPILER_LOWER_BODY_H_

@@ -138,10 +138,25 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
         fmt::format("a capacity factor ({}: tokens past it dropped)", plan.moe.capacity_factor),
         "moe.capacity_factor", "set `moe.capacity_factor = 0` (dropless, as lowered)");
   // --- end mixture of experts ---
-  if (m.IsMla())
-    unsupported.Report("multi-head latent attention", "model.kv_lora_rank",
-                       "`planc check` and `planc explain` analyse this plan; compile a model with "
-                       "ordinary attention for now");
+  // --- multi-head latent attention: emitted beside tp, sp and pp; not beside cp ---
+  if (m.IsMla() && q.cp > 1)
+    unsupported.Report(
+        fmt::format("multi-head latent attention beside context parallelism (cp = {})", q.cp),
+        "parallel.cp", "set `parallel.cp = 1`, or compile a model with ordinary attention");
+  if (m.IsMla() && m.position != Position::kRope)
+    unsupported.Report("multi-head latent attention without rotary positions", "model.position",
+                       "set `model.position = rope` (its decoupled RoPE)");
+  if (m.IsMla() && m.v_head_dim > m.qk_nope_head_dim + m.qk_rope_head_dim)
+    unsupported.Report(
+        fmt::format("multi-head latent attention with v_head_dim = {} > qk_nope_head_dim + "
+                    "qk_rope_head_dim = {} (values are padded to the query/key head size)",
+                    m.v_head_dim, m.qk_nope_head_dim + m.qk_rope_head_dim),
+        "model.v_head_dim", "set `model.v_head_dim` to at most the query/key head size");
+  if (m.IsMla() && m.qk_rope_head_dim % 2 != 0)
+    unsupported.Report(fmt::format("multi-head latent attention with an odd qk_rope_head_dim = {}",
+                                   m.qk_rope_head_dim),
+                       "model.qk_rope_head_dim", "RoPE rotates pairs of columns: make it even");
+  // --- end multi-head latent attention ---
   if (q.ep > 1)
     unsupported.Report(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
                        "set `parallel.ep = 1`");
@@ -507,7 +522,12 @@ ModelConfig ModelConfigOf(const Plan& plan) {
       m.tied_embeddings,
       1e-5,
       10000.0,
-      m.activation == Activation::kGelu};
+      m.activation == Activation::kGelu,
+      m.q_lora_rank,
+      m.kv_lora_rank,
+      m.qk_nope_head_dim,
+      m.qk_rope_head_dim,
+      m.v_head_dim};
 }
 
 ParallelConfig ParallelConfigOf(const Plan& plan) {

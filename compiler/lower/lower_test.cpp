@@ -54,6 +54,22 @@ Plan Gpt2Plan(int64_t tp, int64_t pp, int64_t dp) {
   return plan;
 }
 
+// Multi-head latent attention (DeepSeek-V2) on the tiny model: 4 heads of 24 + 8 query/key
+// columns and 16 value columns; latents of rank 32 (queries, or none) and 16 (keys and values).
+Plan MlaPlan(int64_t tp, int64_t pp, int64_t dp, int64_t q_lora_rank = 32) {
+  Plan plan = TinyPlan(tp, pp, dp);
+  ModelSpec& m = plan.model;
+  m.name = "mla_tiny";
+  m.kv_heads = m.heads;
+  m.q_lora_rank = q_lora_rank;
+  m.kv_lora_rank = 16;
+  m.qk_nope_head_dim = 24;
+  m.qk_rope_head_dim = 8;
+  m.v_head_dim = 16;
+  m.head_dim = 32;
+  return plan;
+}
+
 namespace {
 
 Program MustLower(const Plan& plan, bool verify = true) {
@@ -300,16 +316,18 @@ TEST_CASE("slots: 1f1b keeps p - r microbatches in flight on rank r") {
 }
 
 TEST_CASE("memory plan: buffers inside the arena, live scratch buffers never overlap") {
-  Program p = MustLower(TinyPlan(2, 2, 1));
-  for (const Role& role : p.roles) {
-    CHECK(role.peak_bytes <= role.arena_bytes);
-    CHECK(role.fp32_arena_bytes >= role.arena_bytes);
-    for (const Buffer& b : role.buffers) {
-      CHECK(b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes);
-      bool inside = b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes;
-      CHECK(inside);
+  Plan mla = MlaPlan(2, 2, 1);
+  mla.parallel.sp = true;
+  for (const Program& p : {MustLower(TinyPlan(2, 2, 1)), MustLower(mla)})
+    for (const Role& role : p.roles) {
+      CHECK(role.peak_bytes <= role.arena_bytes);
+      CHECK(role.fp32_arena_bytes >= role.arena_bytes);
+      for (const Buffer& b : role.buffers) {
+        CHECK(b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes);
+        bool inside = b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes;
+        CHECK(inside);
+      }
     }
-  }
 }
 
 TEST_CASE(
@@ -335,6 +353,12 @@ TEST_CASE(
   plans.back().model.moe_ffn_hidden = 64;
   plans.back().optimizer.zero = 3;
   plans.back().recompute = Recompute::kFull;
+  for (Recompute recompute : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    plans.push_back(MlaPlan(2, 2, 2, recompute == Recompute::kFull ? 0 : 32));
+    plans.back().parallel.sp = true;
+    plans.back().optimizer.zero = recompute == Recompute::kNone ? 3 : 1;
+    plans.back().recompute = recompute;
+  }
   for (const Plan& plan : plans) {
     Program p = MustLower(plan);
     for (const Role& role : p.roles) {
@@ -616,6 +640,73 @@ TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
   for (const auto& d : s3.diagnostics()) found |= d.kind == DiagKind::kLowerSchedule;
   CHECK(found);
 }
+
+// --- multi-head latent attention ---
+TEST_CASE("multi-head latent attention: replicated latents, heads split by tp, refused beside cp") {
+  Plan plan = MlaPlan(2, 1, 1);
+  plan.parallel.sp = true;
+  const Program p = MustLower(plan);
+  const Role& role = p.roles[0];
+  auto param = [&](const std::string& name) -> const Param& {
+    auto it = std::find_if(role.params.begin(), role.params.end(),
+                           [&](const Param& x) { return x.name == name; });
+    REQUIRE_MESSAGE(it != role.params.end(), name);
+    return *it;
+  };
+  // Down projections and latent norms whole on every rank, their gradients summed over Tp.
+  for (const char* name : {"layers.0.attention.wq_down", "layers.0.attention.q_norm.weight",
+                           "layers.0.attention.wkv_down", "layers.0.attention.kv_norm.weight"}) {
+    CAPTURE(name);
+    CHECK(param(name).tp_replicated);
+    CHECK(param(name).grad_sync_tp);
+    CHECK(param(name).split_dim == -1);
+  }
+  CHECK(param("layers.0.attention.wkv_down").global_shape == std::vector<int64_t>{16 + 8, 64});
+  CHECK(param("layers.0.attention.wq_up").global_shape ==
+        std::vector<int64_t>{int64_t{4} * 32, 32});
+  CHECK(param("layers.0.attention.wq_up").split_dim == 0);
+  CHECK(param("layers.0.attention.wkv_up").global_shape ==
+        std::vector<int64_t>{int64_t{4} * (24 + 16), 16});
+  CHECK(param("layers.0.attention.wkv_up").split_dim == 0);
+  CHECK(param("layers.0.attention.wo").global_shape == std::vector<int64_t>{64, int64_t{4} * 16});
+  CHECK(param("layers.0.attention.wo").split_dim == 1);
+  // Attention runs on the rank's 2 heads of 32 columns (values padded from 16).
+  const Body& fwd = role.bodies[role.chunks[0].forward];
+  int attentions = 0, copies = 0;
+  for (const Op& op : fwd.ops) {
+    if (op.kind == OpKind::Attention) {
+      const auto a = prog::DecodeAttrs<prog::attrs::Attention>(op);
+      CHECK(a.heads == 2);
+      CHECK(a.kv_heads == 2);
+      CHECK(a.head_dim == 32);
+      ++attentions;
+    }
+    copies += op.kind == OpKind::CopyColumns;
+  }
+  CHECK(attentions == 8);
+  CHECK(copies > 0);
+  // The model record carries the latent shape through the file (additive fields; 0 elsewhere).
+  std::vector<uint8_t> bytes = ToFlatBuffer(p);
+  std::string error;
+  std::optional<Program> back = FromFlatBuffer(bytes.data(), bytes.size(), &error);
+  REQUIRE_MESSAGE(back.has_value(), error);
+  CHECK(back->model.q_lora_rank == 32);
+  CHECK(back->model.kv_lora_rank == 16);
+  CHECK(back->model.qk_nope_head_dim == 24);
+  CHECK(back->model.qk_rope_head_dim == 8);
+  CHECK(back->model.v_head_dim == 16);
+  CHECK(MustLower(TinyPlan(1, 1, 1)).model.kv_lora_rank == 0);
+  // No latent-attention params without kv_lora_rank; refused beside context parallelism.
+  Plan cp = MlaPlan(1, 1, 1);
+  cp.parallel.cp = 2;
+  cp.cluster.gpus_per_node = 2;
+  DiagnosticSink sink;
+  CHECK_FALSE(LowerPlan(cp, {}, sink).has_value());
+  REQUIRE(!sink.diagnostics().empty());
+  CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(sink.diagnostics()[0].message.find("context parallelism") != std::string::npos);
+}
+// --- end multi-head latent attention ---
 
 // --- mixture of experts ---
 TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at their worst case") {

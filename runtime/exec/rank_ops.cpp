@@ -514,6 +514,27 @@ void RankRunner::RunAdd(const OpCall& call) {
   backend_.Add(call.Out(0), call.In(0), call.In(1), call.InN(0));
 }
 
+// ---- multi-head latent attention ------------------------------------------------------------
+
+void RankRunner::RunCopyColumns(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::CopyColumns>();
+  const host::ColumnMap map{a.groups,   a.width,  a.x_cols,   a.x_stride,
+                            a.x_offset, a.y_cols, a.y_stride, a.y_offset};
+  const int64_t rows = call.Div(call.InN(0), map.x_cols);
+  call.Need(rows * map.x_cols == call.InN(0), "x is not rows of `x_cols` columns");
+  call.Output(0, call.Mul({rows, map.y_cols}));
+  // The last group's columns lie inside the row on both sides, and groups of y do not overlap
+  // (one column of y is written by one group, or by every group when y_stride = 0).
+  const int64_t last = map.groups - 1;
+  call.Need(call.Mul({last, map.x_stride}) + map.x_offset + map.width <= map.x_cols &&
+                call.Mul({last, map.y_stride}) + map.y_offset + map.width <= map.y_cols,
+            "the copied columns run past the end of a row");
+  call.Need(map.groups == 1 || map.y_stride == 0 || map.y_stride >= map.width,
+            "groups of y overlap (0 < y_stride < width)");
+  call.Need(call.In(0) != call.Out(0), "x and y must be different buffers");
+  backend_.CopyColumns(call.Out(0), call.In(0), rows, map, a.accumulate);
+}
+
 // ---- cross-entropy --------------------------------------------------------------------------
 
 void RankRunner::RunCrossEntropyMax(const OpCall& call) {

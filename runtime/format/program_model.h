@@ -149,6 +149,9 @@ struct ModelConfig {
   bool tied_embeddings = false;
   double norm_eps = 1e-5, rope_theta = 10000;
   bool bias = false;
+  // Multi-head latent attention (kv_lora_rank > 0); all zero for ordinary attention.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0,
+          v_head_dim = 0;
 };
 
 struct ParallelConfig {

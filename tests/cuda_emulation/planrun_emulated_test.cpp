@@ -99,5 +99,9 @@ TEST_CASE("plan gpt_cp2_tp2_sp: local mode, 4 ranks, learned positions over cp 2
   CheckPlan("gpt_cp2_tp2_sp", 4);
 }
 
+TEST_CASE("plan mla_tp2_sp: local mode, 2 ranks, multi-head latent attention, sequence parallel") {
+  CheckPlan("mla_tp2_sp", 2);
+}
+
 }  // namespace
 }  // namespace paraplan

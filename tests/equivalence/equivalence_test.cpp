@@ -478,6 +478,91 @@ TEST_CASE("moe, etp 2: cp 2, tp 2, sequence parallel, dp 2, ZeRO 2 (expert grads
 }
 // --- end expert tensor parallelism ---
 
+// --- multi-head latent attention ---
+namespace {
+// The Llama-style model with multi-head latent attention (DeepSeek-V2): 4 heads of 24 + 8
+// query/key columns (the 8 from RoPE, one key head shared by all) and 16 value columns; queries
+// through a rank-32 latent (or projected directly), keys and values through a rank-16 latent.
+paraplan::Plan MlaPlan(const Layout& l, bool q_latent) {
+  paraplan::Plan plan = TinyPlan(false, l);
+  auto& m = plan.model;
+  plan.name = m.name = q_latent ? "tiny_mla" : "tiny_mla_direct_q";
+  m.kv_heads = 4;
+  m.q_lora_rank = q_latent ? 32 : 0;
+  m.kv_lora_rank = 16;
+  m.qk_nope_head_dim = 24;
+  m.qk_rope_head_dim = 8;
+  m.v_head_dim = 16;
+  m.head_dim = 32;
+  return plan;
+}
+
+void CheckMlaEquivalent(const Layout& layout, bool q_latent = true) {
+  static std::map<bool, RunResult> reference;
+  if (!reference.count(q_latent)) reference[q_latent] = Run(Compile(MlaPlan({}, q_latent)));
+  const RunResult& want = reference[q_latent];
+  const RunResult got = Run(Compile(MlaPlan(layout, q_latent)));
+  const Comparison c = Compare(got, want);
+  MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
+                                     << "), largest element difference / tensor max "
+                                     << c.max_elementwise << "; losses " << got.steps.front().loss
+                                     << " -> " << got.steps.back().loss);
+  CHECK(c.loss <= kTolerance);
+  CHECK(c.weights <= kTolerance);
+  CHECK(c.max_elementwise <= kElementTolerance);
+  CHECK(got.steps.back().loss < got.steps.front().loss);
+  // Every latent-attention weight trains and is compared.
+  for (const char* name : {"layers.0.attention.wkv_down", "layers.3.attention.kv_norm.weight",
+                           "layers.2.attention.wkv_up", "layers.1.attention.wo"})
+    CHECK_MESSAGE(want.params.count(name) == 1, name);
+  CHECK(want.params.count("layers.0.attention.wq_down") == (q_latent ? 1u : 0u));
+}
+
+// Recompute bitwise equal to the same layout without it (see CheckRecompute).
+void CheckMlaRecompute(Layout layout, paraplan::Recompute mode) {
+  layout.recompute = paraplan::Recompute::kNone;
+  const RunResult plain = Run(Compile(MlaPlan(layout, true)));
+  layout.recompute = mode;
+  CheckMlaEquivalent(layout);
+  const RunResult got = Run(Compile(MlaPlan(layout, true)));
+  REQUIRE(got.steps.size() == plain.steps.size());
+  for (size_t s = 0; s < got.steps.size(); ++s) {
+    CAPTURE(s);
+    CHECK(got.steps[s].loss == plain.steps[s].loss);
+  }
+  CHECK(got.params == plain.params);
+}
+}  // namespace
+
+TEST_CASE("mla: tp 2, sequence parallel") {
+  CheckMlaEquivalent({2, 1, 1, 1, Schedule::k1F1B, true});
+}
+TEST_CASE("mla: tp 2, pp 2, dp 2, ZeRO 2, sequence parallel (replicated grads summed per layer)") {
+  CheckMlaEquivalent({2, 2, 2, 1, Schedule::k1F1B, true, 2});
+}
+TEST_CASE("mla: pp 2 vpp 2 interleaved, dp 2, ZeRO 3") {
+  CheckMlaEquivalent({1, 2, 2, 2, Schedule::kInterleaved1F1B, false, 3});
+}
+TEST_CASE("mla, queries without a latent (q_lora_rank = 0): tp 2, pp 2") {
+  CheckMlaEquivalent({2, 2, 1, 1}, /*q_latent=*/false);
+}
+TEST_CASE("mla: tp 2, sequence parallel, selective recompute (bitwise equal to no recompute)") {
+  CheckMlaRecompute({2, 1, 1, 1, Schedule::k1F1B, true}, Recompute::kSelective);
+}
+TEST_CASE("mla: tp 2, pp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
+  CheckMlaRecompute({2, 2, 1, 1, Schedule::k1F1B, true}, Recompute::kFull);
+}
+TEST_CASE("planc compile: mla tp 2, sequence parallel") {
+  CheckPlancEquivalent("mla_single", "mla_tp2_sp");
+}
+TEST_CASE("planc compile: mla tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
+  CheckPlancEquivalent("mla_single", "mla_tp2_pp2_dp2_zero1_sp");
+}
+TEST_CASE("planc compile: mla with queries projected directly (q_lora_rank = 0), tp 2, pp 2") {
+  CheckPlancEquivalent("mla_direct_q_single", "mla_direct_q_tp2_pp2");
+}
+// --- end multi-head latent attention ---
+
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
   CheckPlancEquivalent("single", "tp2_pp2_dp2_zero1_sp");
 }
@@ -588,10 +673,13 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {false, Moe({2, 1, 1, 1, Schedule::k1F1B, true})},
       {false, Etp({2, 1, 1, 1, Schedule::k1F1B, true})},
   };
+  std::vector<paraplan::Plan> plans;
+  for (const Case& c : cases) plans.push_back(TinyPlan(c.gpt, c.layout));
+  plans.push_back(MlaPlan({2, 1, 1, 1, Schedule::k1F1B, true}, true));  // multi-head latent
   std::set<paraplan::prog::OpKind> emitted;
-  for (const Case& c : cases) {
+  for (const paraplan::Plan& plan : plans) {
     paraplan::DiagnosticSink sink;
-    auto program = paraplan::lower::LowerPlan(TinyPlan(c.gpt, c.layout), {}, sink);
+    auto program = paraplan::lower::LowerPlan(plan, {}, sink);
     REQUIRE(program.has_value());
     for (const auto& role : program->roles) {
       for (const auto& op : role.schedule) emitted.insert(op.kind);

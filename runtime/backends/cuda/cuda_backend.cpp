@@ -125,6 +125,13 @@ class CudaBackend final : public exec::Backend {
     Use();
     cuda::Scale(x, n, alpha, stream_);
   }
+  void CopyColumns(float* y, const float* x, int64_t rows, const host::ColumnMap& map,
+                   bool accumulate) override {
+    Use();
+    const ColumnMap m{map.groups,   map.width,  map.x_cols,   map.x_stride,
+                      map.x_offset, map.y_cols, map.y_stride, map.y_offset};
+    cuda::CopyColumns(y, x, rows, m, accumulate, stream_);
+  }
 
   // ---- Dense ----
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
