@@ -99,7 +99,11 @@ struct MoeShape {
   int64_t score = 0;       // 0 softmax, 1 sigmoid (MoeRouter's `score`)
   double aux_coeff = 0.01;
   double bias_rate = 0;  // aux-loss-free balancing: the expert bias's update rate (0: no bias)
-  int64_t etp = 1;       // expert tensor parallelism: each expert's ffn split etp ways (Etp group)
+  // Tokens past an expert's capacity ceil(rows · topk / experts · capacity_factor) of the rows a
+  // rank routes are dropped (MoeCapacity: weight 0); 0 = dropless.
+  double capacity_factor = 0;
+  bool drop_by_position = false;  // moe.drop_policy = position
+  int64_t etp = 1;  // expert tensor parallelism: each expert's ffn split etp ways (Etp group)
 
   // Layer `index` (0-based) is an MoE layer (compiler/plan IsMoeLayer).
   bool IsMoeLayer(int64_t index) const {
