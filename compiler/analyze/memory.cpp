@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 
 #include "compiler/analyze/cost_comm.h"
 #include "compiler/analyze/cost_framework.h"
@@ -37,7 +38,16 @@ struct ArenaSizes {
   int64_t a = 2;  // activation element bytes of the program's precision
   bool gelu = false, layernorm = false;
   bool ring = false;  // cp > 1: ring attention and its working buffers
+  // Mixture of experts (ArenaMoeSizesOf; zero on a dense model).
+  int64_t experts = 0, topk = 0;
+  int64_t expert_ffn = 0;     // each expert's width on one Etp rank
+  int64_t shared_ffn = 0;     // the shared experts' width on one TP rank
+  int64_t expert_rows = 0;    // rows the rank's experts run: the Etp group's under sp, else R
+  bool etp_gathered = false;  // etp > 1 under sp: the group's rows and choices gathered
+  bool expert_bias = false;   // aux-loss-free balancing (model.router_bias_rate > 0)
 };
+
+void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z);
 
 ArenaSizes ArenaSizesOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
@@ -56,24 +66,30 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
   z.a = plan.precision == Precision::kFp32 ? 4 : 2;
   z.gelu = m.activation != Activation::kSwiGlu;
   z.layernorm = m.norm == Norm::kLayerNorm;
+  if (m.IsMoe()) ArenaMoeSizesOf(plan, z);
   return z;
 }
 
-// Stashed bytes of one layer per microbatch: its input x and, unless the whole layer is
-// recomputed, the gathered norm outputs, q, k, v, the attention output (and its softmax
-// statistics unless selective recompute redoes the core), the residual, the MLP intermediates and
-// the norms' fp32 statistics.
-int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
+// Stashed bytes of one layer's attention half per microbatch (recompute none or selective): its
+// input x, the gathered norm output, q, k, v, the attention output (and its softmax statistics
+// unless selective recompute redoes the core), the residual and the fp32 statistics of both norms.
+int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
   int64_t bytes = SatMul(z.R, z.h * z.a);  // x
-  if (recompute == Recompute::kFull) return bytes;
-  const int64_t per_token =
-      2 * z.h + 2 * z.heads * z.hd + 2 * z.kv * z.hd + (z.gelu ? 2 : 3) * z.ffn;
-  bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));  // n1f, n2f, q, o, k, v, MLP
+  const int64_t per_token = z.h + 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));  // n1f, q, o, k, v
   bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));        // residual x1
   bytes = SatAdd(bytes,
                  SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
   if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
   return bytes;
+}
+
+// Stashed bytes of one dense layer per microbatch: its input x and, unless the whole layer is
+// recomputed, the attention half's buffers, the MLP's gathered input and its intermediates.
+int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
+  if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
+  const int64_t mlp = z.h + (z.gelu ? 2 : 3) * z.ffn;                // n2f, MLP
+  return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.T, mlp * z.a));
 }
 
 // Stashed bytes of a chunk beyond its layers, per microbatch: the chunk's output and the
@@ -90,6 +106,9 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
   return bytes;
 }
 
+// The loss chunk's busiest op: the logits' gradient with the final norm's.
+int64_t ArenaLossPeak(const ArenaSizes& z) { return SatMul(z.T, (z.vocab + z.h) * z.a); }
+
 // The busiest op of a chunk's bodies (scratch): the MLP and attention backward of one layer
 // (with the recomputed layer under full recompute, the recomputed core under selective), and on
 // the loss chunk the logits' gradient with the final norm's.
@@ -105,9 +124,163 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
     peak = SatAdd(peak, SatMul(z.T, z.heads * z.hd * z.a + z.heads * 4));
   if (recompute == Recompute::kFull)
     peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
-  if (loss) peak = std::max(peak, SatMul(z.T, (z.vocab + z.h) * z.a));
+  if (loss) peak = std::max(peak, ArenaLossPeak(z));
   return peak;
 }
+
+// --- planrun's arena: mixture-of-experts layers (compiler/lower/body.cpp, MoeForward) ---------
+//
+// An MoE layer keeps the attention half of a dense layer; its MLP is the router, the routed
+// experts and the shared experts. The routed buffers are sized for the worst case, every choice
+// of every row landing on this rank's experts (ArenaRoutedRows). With etp = tp > 1 under sequence
+// parallelism the experts run on the Etp group's rows: the rows, the router's logits, weights and
+// choices are gathered over Etp before dispatch.
+
+void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
+  const ModelSpec& m = plan.model;
+  const int64_t etp = std::max<int64_t>(1, plan.parallel.etp);
+  const int64_t ffn = m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden;
+  z.experts = m.experts;
+  z.topk = std::max<int64_t>(1, m.topk);
+  z.expert_ffn = ffn / etp;
+  z.shared_ffn = SatMul(m.shared_experts, ffn) / z.t;
+  z.etp_gathered = etp > 1 && plan.parallel.sp;
+  z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
+  z.expert_bias = m.router_bias_rate > 0;
+}
+
+// Rows of the permuted (routed) buffers: every choice of every row the rank's experts see.
+int64_t ArenaRoutedRows(const ArenaSizes& z) { return SatMul(z.expert_rows, z.topk); }
+
+// The sizes, in bytes, of the buffers of one MoE block (after the MLP norm), per microbatch.
+struct ArenaMoeBuffers {
+  // Router on this rank's rows: its input, the top-k weights (the Etp group's when gathered),
+  // indices, fp32 scores and the per-expert counts.
+  int64_t input = 0, weights = 0, indices = 0, scores = 0, counts = 0;
+  // The Etp group's gathered rows when the shared experts read them (etp_gathered).
+  int64_t group_rows = 0;
+  // Dispatch and the experts: the permuted rows, the row map and the experts' counts (int32),
+  // gate and up (up only with GELU), the activation and the experts' output.
+  int64_t permuted = 0, row_map = 0, expert_counts = 0, gate_up = 0, act = 0, out = 0;
+  // Shared experts: their gathered input (under sp, when not the Etp group's rows), gate and
+  // up, and the activation.
+  int64_t shared_input = 0, shared_gate_up = 0, shared_act = 0;
+};
+
+ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
+  const bool shared = z.shared_ffn > 0, gathered_sp = z.R < z.T;
+  const int64_t routed = ArenaRoutedRows(z), a = z.a;
+  ArenaMoeBuffers b;
+  b.input = SatMul(z.R, z.h * a);
+  b.weights = SatMul(z.expert_rows, z.topk * a);
+  b.indices = SatMul(z.R, z.topk * 4);
+  b.scores = SatMul(z.R, z.experts * 4);
+  b.counts = z.experts * 4;
+  if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
+  b.permuted = SatMul(routed, z.h * a);
+  b.row_map = SatMul(routed, 4);
+  b.expert_counts = z.experts * 4;
+  b.gate_up = SatMul(routed, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  b.act = SatMul(routed, z.expert_ffn * a);
+  b.out = SatMul(routed, z.h * a);
+  if (shared) {
+    if (gathered_sp && !z.etp_gathered) b.shared_input = SatMul(z.T, z.h * a);
+    b.shared_gate_up = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
+    b.shared_act = SatMul(z.T, z.shared_ffn * a);
+  }
+  return b;
+}
+
+int64_t SatSum(std::initializer_list<int64_t> parts) {
+  int64_t total = 0;
+  for (int64_t x : parts) total = SatAdd(total, x);
+  return total;
+}
+
+// Stashed bytes of one MoE layer per microbatch: the attention half's, then every buffer of the
+// MoE block its backward reads; under full recompute the layer input only.
+int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
+  if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
+  const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
+  return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
+                 b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act,
+                 b.out, b.shared_input, b.shared_gate_up, b.shared_act});
+}
+
+// The busiest op of an MoE layer's backward (scratch), op by op as MoeBackward emits it: the
+// gradients live at each step, and under full recompute the recomputed forward buffers the rest
+// of the backward still reads (released at their last reader). The attention half's backward
+// follows, as in a dense layer.
+int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute) {
+  const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
+  const bool full = recompute == Recompute::kFull, shared = z.shared_ffn > 0;
+  const int64_t routed = ArenaRoutedRows(z), a = z.a;
+  // Gradients of the routed path: the experts' output (dy), the router weights' (dw), the
+  // activation's (da), gate's and up's (dg, du), the permuted rows' (dxp), and the block
+  // input's on the group's rows (dn2). Under etp_gathered the output gradient is gathered to
+  // the group's rows and, with shared experts, read again by their backward.
+  const int64_t dy = SatMul(routed, z.h * a), dw = SatMul(z.expert_rows, z.topk * a);
+  const int64_t dact = SatMul(routed, z.expert_ffn * a);
+  const int64_t dgate_up = SatMul(routed, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  const int64_t dxp = SatMul(routed, z.h * a), dn2 = SatMul(z.expert_rows, z.h * a);
+  const int64_t grad_rows = z.etp_gathered ? SatMul(z.expert_rows, z.h * a) : 0;
+  const int64_t held_grad_rows = shared ? grad_rows : 0;
+  // Recomputed buffers (full recompute), grouped by the step after which they are released.
+  const int64_t attention = full ? ArenaAttentionStash(z, Recompute::kNone) -
+                                       SatMul(z.R, z.h * a)  // x stays in the stash
+                                 : 0;
+  auto rc = [&](int64_t x) { return full ? x : 0; };
+  // The shared experts' input: the Etp group's rows, the gathered rows under sp, else the block
+  // input itself (then held to the shared experts' backward with the router's buffers).
+  const int64_t shared_input =
+      !shared ? 0 : (z.etp_gathered ? b.group_rows : (z.R < z.T ? b.shared_input : b.input));
+  const int64_t until_shared =
+      rc(SatSum({z.R < z.T ? shared_input : 0, b.shared_gate_up, b.shared_act}));
+  const int64_t router = rc(SatSum({b.input, b.indices, b.scores, b.counts}));
+  // Steps: MoeUnpermuteBackward, the down projection's backward, the activation's backward, the
+  // gate (GELU: up) projection's backward, MoeUnpermute of the permuted gradient.
+  const int64_t routed_peak = std::max({
+      SatSum({grad_rows, dy, dw, attention, until_shared, router,
+              rc(SatSum(
+                  {b.weights, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act, b.out}))}),
+      SatSum({held_grad_rows, dy, dact, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act}))}),
+      SatSum({held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up}))}),
+      SatSum({held_grad_rows, dgate_up, dxp, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts}))}),
+      SatSum({held_grad_rows, dxp, dn2, dw, attention, until_shared, router, rc(b.row_map)}),
+  });
+  int64_t peak = routed_peak;
+  if (shared) {
+    // The shared experts' backward, after the router's: the output gradient on all rows, the
+    // activation's, gate's and up's gradients, the input's, beside the block input's gradient.
+    const int64_t rows_grad = SatMul(z.R, z.h * a);
+    const int64_t gathered = z.R < z.T ? SatMul(z.T, z.h * a) : 0;
+    const int64_t dsa = SatMul(z.T, z.shared_ffn * a);
+    const int64_t dsgu = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
+    const int64_t dnf = SatMul(z.T, z.h * a);
+    const int64_t held = SatAdd(attention, rc(shared_input));
+    peak = std::max(
+        {peak, SatSum({gathered, dsa, rows_grad, held, rc(SatAdd(b.shared_gate_up, b.shared_act))}),
+         SatSum({dsa, dsgu, rows_grad, held, rc(b.shared_gate_up)}),
+         SatSum({dsgu, dnf, rows_grad, held})});
+  }
+  // The attention half: its backward's working set (as ArenaBodyPeak prices it) with the
+  // recomputed attention buffers.
+  int64_t attn = 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  if (z.ring) attn += 8 * z.kv * z.hd;
+  attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
+  int64_t attention_peak = SatMul(z.T, attn * a);
+  if (recompute == Recompute::kSelective)
+    attention_peak = SatAdd(attention_peak, SatMul(z.T, z.heads * z.hd * a + z.heads * 4));
+  attention_peak = SatAdd(attention_peak, attention);
+  return std::max(peak, attention_peak);
+}
+
+// The router's expert bias (a State buffer) and the load it is moved by, fp32 per expert, on
+// each MoE layer with aux-loss-free balancing.
+int64_t ArenaMoeStateBuffers(const ArenaSizes& z) { return z.expert_bias ? 2 * z.experts * 4 : 0; }
 
 // Microbatches of each local chunk in flight at once on pipeline rank r, in the order the
 // schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down).
@@ -319,13 +492,21 @@ void FullRecomputeChunk(const Plan& plan, int64_t layers, const LayerActivations
   }
 }
 
+// Mixture of experts as lowering emits it: ep = 1, the experts whole (etp = 1) or split over the
+// Tp group (etp = tp), no capacity factor (no token dropping).
+bool MoeArenaApplies(const Plan& plan) {
+  const ParallelSpec& q = plan.parallel;
+  return q.ep == 1 && (q.etp == 1 || q.etp == q.tp) && plan.moe.capacity_factor <= 0;
+}
+
 }  // namespace
 
 bool ArenaModelApplies(const Plan& plan) {
   const ModelSpec& m = plan.model;
   // Context parallelism lowers whole: learned positions, and ZeRO sharded over dp · cp.
   const ParallelSpec& q = plan.parallel;
-  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() && q.ep == 1;
+  return plan.framework == Framework::kParaplan && !m.IsMla() && q.ep == 1 &&
+         (!m.IsMoe() || MoeArenaApplies(plan));
 }
 
 std::string_view MemoryPartName(MemoryPart part) {
@@ -485,6 +666,16 @@ struct MemoryInputs {
   ArenaSizes arena_sizes;
 };
 
+// The ranks ZeRO shards the routed experts' states over. Megatron-Core: the expert data-parallel
+// group, world / (etp · ep · pp) = `edp` (with etp = 1 and tp > 1 it spans the Tp ranks, which
+// hold the same whole experts), less HSDP's replicas. planrun (the arena model): the experts sit
+// in the chunk's buckets beside the dense parameters (compiler/lower/body.cpp, BuildBuckets), so
+// they shard over the dense ZeRO group, dp · cp, whatever etp.
+int64_t ExpertShardGroup(const Plan& plan, int64_t edp, int64_t dense_shard) {
+  if (ArenaModelApplies(plan)) return dense_shard;
+  return std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
+}
+
 // Weights, gradients and optimizer state per parameter: dense parameters shard over the ZeRO
 // group, expert parameters over their own data-parallel group.
 void PriceStatePerParam(MemoryInputs& in) {
@@ -494,8 +685,7 @@ void PriceStatePerParam(MemoryInputs& in) {
   const int64_t edp = std::max<int64_t>(1, world / std::max<int64_t>(1, par.etp * par.ep * in.p));
   // ZeRO shards over fsdp.shard ranks (dp·cp unless HSDP replicates); experts over their DP group.
   const int64_t dense_shard = ShardGroup(plan);
-  const int64_t expert_shard =
-      std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
+  const int64_t expert_shard = ExpertShardGroup(plan, edp, dense_shard);
   in.dense_state = StateBytes(plan, dense_shard);
   in.expert_state = StateBytes(plan, expert_shard);
   const bool offload = plan.optimizer.offload == Offload::kCpu;
@@ -631,6 +821,16 @@ struct StageTally {
   int64_t expert_p = 0;                    // expert parameters, per EP·ETP rank
 };
 
+// planrun's arena: the stash and the busiest op of a chunk's `layers` MoE layers (and of its
+// loss, when the chunk has no dense layer) with `held` microbatches in flight.
+void AddArenaMoeLayers(const ArenaSizes& z, Recompute recompute, int64_t layers, int64_t held,
+                       bool loss, StageTally& s) {
+  s.activations =
+      SatAdd(s.activations, SatMul(held, SatMul(layers, ArenaMoeLayerStash(z, recompute))));
+  s.workspace = std::max(s.workspace, ArenaMoeLayerPeak(z, recompute));
+  if (loss) s.workspace = std::max(s.workspace, ArenaLossPeak(z));
+}
+
 // The transformer layers of one chunk with `held` microbatches in flight: their stored
 // activations and the recompute working set.
 void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held, StageTally& s) {
@@ -649,10 +849,12 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
   if (in.arena) {
     const ArenaSizes& z = in.arena_sizes;
-    s.activations = SatAdd(s.activations,
-                           SatMul(held, SatMul(chunk.layers, ArenaLayerStash(z, plan.recompute))));
+    s.activations =
+        SatAdd(s.activations, SatMul(held, SatMul(nd, ArenaLayerStash(z, plan.recompute))));
     s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
-    s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, chunk.loss));
+    if (nd > 0 || nm == 0)
+      s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, chunk.loss));
+    if (nm > 0) AddArenaMoeLayers(z, plan.recompute, nm, held, chunk.loss, s);
   } else {
     s.activations = SatAdd(s.activations, SatMul(held, chunk_act));
   }
@@ -751,15 +953,31 @@ int64_t ActivationsOnGpu(const MemoryInputs& in, int64_t activations, StageMemor
   return activations - moved;
 }
 
+// planrun's arena under ZeRO >= 2: the elements of an MoE layer's bucket on one rank, its
+// attention half, router and shared experts with the routed experts (whole with etp = 1, a slice
+// with etp = tp).
+int64_t ArenaMoeLayerBucket(const MemoryInputs& in) {
+  const LayerParams& moe = in.moe_params;
+  return SatAdd(CeilDiv(moe.tp_sharded, in.t) + moe.replicated, CeilDiv(moe.expert, in.ep_etp));
+}
+
+// planrun's arena: the expert bias State buffers of the stage's MoE layers, kept beside the
+// weights.
+int64_t ArenaMoeStateBytes(const MemoryInputs& in, const StageTally& tally) {
+  if (!in.arena) return 0;
+  return SatMul(tally.moe_count, ArenaMoeStateBuffers(in.arena_sizes));
+}
+
 // planrun's arena under ZeRO >= 2 on dp · cp > 1 (the ZeRO group): a layer's (or the
 // embedding's) full grad bucket, fp32, and with ZeRO-3 its gathered weights live inside the body
 // that uses them.
-int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
+int64_t ArenaShardBuckets(const MemoryInputs& in, const StageTally& tally, const StageMemory& s) {
   const Plan& plan = *in.plan;
   if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return 0;
   int64_t bucket = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
   if (s.embedding || s.loss)
     bucket = std::max(bucket, SatMul(in.arena_sizes.vocab, plan.model.hidden));
+  if (tally.moe_count > 0) bucket = std::max(bucket, ArenaMoeLayerBucket(in));
   const int64_t per = 4 + (plan.optimizer.zero >= 3 ? in.arena_sizes.a : 0);
   return SatMul(bucket, per);
 }
@@ -845,7 +1063,10 @@ void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, in
   auto& b = s.bytes;
   b[size_t(MemoryPart::kActivations)] = ActivationsOnGpu(in, tally.activations, s);
   b[size_t(MemoryPart::kEmbeddingAndLoss)] = tally.extra;
-  b[size_t(MemoryPart::kRecomputeWorkspace)] = SatAdd(tally.workspace, ArenaShardBuckets(in, s));
+  b[size_t(MemoryPart::kRecomputeWorkspace)] =
+      SatAdd(tally.workspace, ArenaShardBuckets(in, tally, s));
+  b[size_t(MemoryPart::kWeights)] =
+      SatAdd(b[size_t(MemoryPart::kWeights)], ArenaMoeStateBytes(in, tally));
   b[size_t(MemoryPart::kCommBuffers)] = CommBufferBytes(in, tally);
   TotalOfParts(in, s);
 }
