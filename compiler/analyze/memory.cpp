@@ -207,11 +207,21 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
                  b.out, b.shared_input, b.shared_gate_up, b.shared_act});
 }
 
-// The busiest op of an MoE layer's backward (scratch), op by op as MoeBackward emits it: the
-// gradients live at each step, and under full recompute the recomputed forward buffers the rest
-// of the backward still reads (released at their last reader). The attention half's backward
-// follows, as in a dense layer.
-int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute) {
+// The transient buckets live in an MoE layer's backward body under ZeRO >= 2 on dp · cp > 1
+// (bytes; zero otherwise): the layer's full fp32 gradients, from its first gradient (the down
+// projection's) to the end of the layer, and with ZeRO 3 its gathered weights, from the first
+// weight read (the recomputed forward's under full recompute, else the down projection's). A
+// tied word embedding on a chunk that also holds the loss keeps its gradient bucket open from
+// the output layer's backward to the embedding's, across every layer.
+struct ArenaMoeBuckets {
+  int64_t grads = 0, params = 0, held = 0;
+};
+
+// The busiest op of an MoE layer's backward (scratch and the transient buckets), op by op as
+// MoeBackward emits it: the gradients live at each step, and under full recompute the recomputed
+// forward buffers the rest of the backward still reads (released at their last reader). The
+// attention half's backward follows, as in a dense layer.
+int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuckets& k) {
   const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
   const bool full = recompute == Recompute::kFull, shared = z.shared_ffn > 0;
   const int64_t routed = ArenaRoutedRows(z), a = z.a;
@@ -239,17 +249,20 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute) {
   const int64_t router = rc(SatSum({b.input, b.indices, b.scores, b.counts}));
   // Steps: MoeUnpermuteBackward, the down projection's backward, the activation's backward, the
   // gate (GELU: up) projection's backward, MoeUnpermute of the permuted gradient.
+  // Before the down projection's backward only the recomputed forward has read the weights.
+  const int64_t early = SatAdd(k.held, full ? k.params : 0);
+  const int64_t open = SatSum({k.held, k.params, k.grads});
   const int64_t routed_peak = std::max({
-      SatSum({grad_rows, dy, dw, attention, until_shared, router,
+      SatSum({early, grad_rows, dy, dw, attention, until_shared, router,
               rc(SatSum(
                   {b.weights, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act, b.out}))}),
-      SatSum({held_grad_rows, dy, dact, dw, attention, until_shared, router,
+      SatSum({open, held_grad_rows, dy, dact, dw, attention, until_shared, router,
               rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act}))}),
-      SatSum({held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
+      SatSum({open, held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
               rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up}))}),
-      SatSum({held_grad_rows, dgate_up, dxp, dw, attention, until_shared, router,
+      SatSum({open, held_grad_rows, dgate_up, dxp, dw, attention, until_shared, router,
               rc(SatSum({b.permuted, b.row_map, b.expert_counts}))}),
-      SatSum({held_grad_rows, dxp, dn2, dw, attention, until_shared, router, rc(b.row_map)}),
+      SatSum({open, held_grad_rows, dxp, dn2, dw, attention, until_shared, router, rc(b.row_map)}),
   });
   int64_t peak = routed_peak;
   if (shared) {
@@ -260,7 +273,7 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute) {
     const int64_t dsa = SatMul(z.T, z.shared_ffn * a);
     const int64_t dsgu = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
     const int64_t dnf = SatMul(z.T, z.h * a);
-    const int64_t held = SatAdd(attention, rc(shared_input));
+    const int64_t held = SatSum({open, attention, rc(shared_input)});
     peak = std::max(
         {peak, SatSum({gathered, dsa, rows_grad, held, rc(SatAdd(b.shared_gate_up, b.shared_act))}),
          SatSum({dsa, dsgu, rows_grad, held, rc(b.shared_gate_up)}),
@@ -274,7 +287,7 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute) {
   int64_t attention_peak = SatMul(z.T, attn * a);
   if (recompute == Recompute::kSelective)
     attention_peak = SatAdd(attention_peak, SatMul(z.T, z.heads * z.hd * a + z.heads * 4));
-  attention_peak = SatAdd(attention_peak, attention);
+  attention_peak = SatSum({attention_peak, attention, open});
   return std::max(peak, attention_peak);
 }
 
@@ -815,20 +828,45 @@ struct StageTally {
   int64_t dense_count = 0, moe_count = 0;  // transformer layers of each kind
   int64_t activations = 0;                 // stored activations of the microbatches in flight
   int64_t workspace = 0;                   // recompute working set (arena: the busiest op)
-  int64_t extra = 0;                       // embedding, logits and loss
-  int64_t dense_p = 0;                     // TP-sharded parameters, per TP rank
-  int64_t repl_p = 0;                      // parameters replicated over TP
-  int64_t expert_p = 0;                    // expert parameters, per EP·ETP rank
+  int64_t moe_workspace = 0;  // arena: the MoE layers' busiest op, their transient buckets included
+  int64_t extra = 0;          // embedding, logits and loss
+  int64_t dense_p = 0;        // TP-sharded parameters, per TP rank
+  int64_t repl_p = 0;         // parameters replicated over TP
+  int64_t expert_p = 0;       // expert parameters, per EP·ETP rank
 };
 
-// planrun's arena: the stash and the busiest op of a chunk's `layers` MoE layers (and of its
-// loss, when the chunk has no dense layer) with `held` microbatches in flight.
-void AddArenaMoeLayers(const ArenaSizes& z, Recompute recompute, int64_t layers, int64_t held,
-                       bool loss, StageTally& s) {
+// planrun's arena under ZeRO >= 2: the elements of an MoE layer's bucket on one rank, its
+// attention half, router and shared experts with the routed experts (whole with etp = 1, a slice
+// with etp = tp).
+int64_t ArenaMoeLayerBucket(const MemoryInputs& in) {
+  const LayerParams& moe = in.moe_params;
+  return SatAdd(CeilDiv(moe.tp_sharded, in.t) + moe.replicated, CeilDiv(moe.expert, in.ep_etp));
+}
+
+ArenaMoeBuckets ArenaMoeBucketsOf(const MemoryInputs& in, const CostChunk& chunk) {
+  const Plan& plan = *in.plan;
+  ArenaMoeBuckets k;
+  if (plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return k;
+  const int64_t elements = ArenaMoeLayerBucket(in);
+  k.grads = SatMul(elements, 4);
+  if (plan.optimizer.zero >= 3) k.params = SatMul(elements, in.arena_sizes.a);
+  if (plan.model.tied_embeddings && chunk.embedding && chunk.loss)
+    k.held = SatMul(SatMul(in.arena_sizes.vocab, plan.model.hidden), 4);
+  return k;
+}
+
+// planrun's arena: the stash of a chunk's `layers` MoE layers with `held` microbatches in flight,
+// and the busiest op of their backward with their transient buckets (StageTally::moe_workspace;
+// the chunk's loss, when it has no dense layer, in StageTally::workspace).
+void AddArenaMoeLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t layers, int64_t held,
+                       StageTally& s) {
+  const ArenaSizes& z = in.arena_sizes;
+  const Recompute recompute = in.plan->recompute;
   s.activations =
       SatAdd(s.activations, SatMul(held, SatMul(layers, ArenaMoeLayerStash(z, recompute))));
-  s.workspace = std::max(s.workspace, ArenaMoeLayerPeak(z, recompute));
-  if (loss) s.workspace = std::max(s.workspace, ArenaLossPeak(z));
+  s.moe_workspace =
+      std::max(s.moe_workspace, ArenaMoeLayerPeak(z, recompute, ArenaMoeBucketsOf(in, chunk)));
+  if (chunk.loss) s.workspace = std::max(s.workspace, ArenaLossPeak(z));
 }
 
 // The transformer layers of one chunk with `held` microbatches in flight: their stored
@@ -854,7 +892,7 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
     s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
     if (nd > 0 || nm == 0)
       s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, chunk.loss));
-    if (nm > 0) AddArenaMoeLayers(z, plan.recompute, nm, held, chunk.loss, s);
+    if (nm > 0) AddArenaMoeLayers(in, chunk, nm, held, s);
   } else {
     s.activations = SatAdd(s.activations, SatMul(held, chunk_act));
   }
@@ -953,14 +991,6 @@ int64_t ActivationsOnGpu(const MemoryInputs& in, int64_t activations, StageMemor
   return activations - moved;
 }
 
-// planrun's arena under ZeRO >= 2: the elements of an MoE layer's bucket on one rank, its
-// attention half, router and shared experts with the routed experts (whole with etp = 1, a slice
-// with etp = tp).
-int64_t ArenaMoeLayerBucket(const MemoryInputs& in) {
-  const LayerParams& moe = in.moe_params;
-  return SatAdd(CeilDiv(moe.tp_sharded, in.t) + moe.replicated, CeilDiv(moe.expert, in.ep_etp));
-}
-
 // planrun's arena: the expert bias State buffers of the stage's MoE layers, kept beside the
 // weights.
 int64_t ArenaMoeStateBytes(const MemoryInputs& in, const StageTally& tally) {
@@ -971,13 +1001,12 @@ int64_t ArenaMoeStateBytes(const MemoryInputs& in, const StageTally& tally) {
 // planrun's arena under ZeRO >= 2 on dp · cp > 1 (the ZeRO group): a layer's (or the
 // embedding's) full grad bucket, fp32, and with ZeRO-3 its gathered weights live inside the body
 // that uses them.
-int64_t ArenaShardBuckets(const MemoryInputs& in, const StageTally& tally, const StageMemory& s) {
+int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
   const Plan& plan = *in.plan;
   if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return 0;
   int64_t bucket = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
   if (s.embedding || s.loss)
     bucket = std::max(bucket, SatMul(in.arena_sizes.vocab, plan.model.hidden));
-  if (tally.moe_count > 0) bucket = std::max(bucket, ArenaMoeLayerBucket(in));
   const int64_t per = 4 + (plan.optimizer.zero >= 3 ? in.arena_sizes.a : 0);
   return SatMul(bucket, per);
 }
@@ -1064,7 +1093,7 @@ void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, in
   b[size_t(MemoryPart::kActivations)] = ActivationsOnGpu(in, tally.activations, s);
   b[size_t(MemoryPart::kEmbeddingAndLoss)] = tally.extra;
   b[size_t(MemoryPart::kRecomputeWorkspace)] =
-      SatAdd(tally.workspace, ArenaShardBuckets(in, tally, s));
+      std::max(SatAdd(tally.workspace, ArenaShardBuckets(in, s)), tally.moe_workspace);
   b[size_t(MemoryPart::kWeights)] =
       SatAdd(b[size_t(MemoryPart::kWeights)], ArenaMoeStateBytes(in, tally));
   b[size_t(MemoryPart::kCommBuffers)] = CommBufferBytes(in, tally);
