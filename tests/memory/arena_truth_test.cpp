@@ -187,7 +187,7 @@ TEST_CASE("check's estimate is compile's arena within 3% with multi-head latent 
          {"recompute=none", "recompute=selective", "recompute=full", "optimizer.zero=3"}) {
       std::vector<std::string> sets = shape;
       sets.emplace_back(variant);
-      std::optional<Plan> plan = Load(std::string(PARAPLAN_ROOT) + "/" + file, sets);
+      std::optional<Plan> plan = Load(std::string(PARAPLAN_ROOT) + "/" + file, "", sets);
       REQUIRE_MESSAGE(plan.has_value(), file, " ", variant);
       REQUIRE(plan->model.IsMla());
       REQUIRE(ArenaModelApplies(*plan));
