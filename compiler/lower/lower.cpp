@@ -114,7 +114,7 @@ class UnsupportedFeatures {
 void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& q = plan.parallel;
-  // --- mixture of experts: emitted with ep = 1 and etp = 1 ---
+  // --- mixture of experts: emitted with etp = 1 (ep > 1: expert parallelism, below) ---
   if (m.IsMoe() && q.etp > 1)
     unsupported.Report(
         fmt::format("experts split by tensor parallelism (etp = {}; it defaults to tp)", q.etp),
@@ -130,9 +130,26 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
     unsupported.Report("multi-head latent attention", "model.kv_lora_rank",
                        "`planc check` and `planc explain` analyse this plan; compile a model with "
                        "ordinary attention for now");
-  if (q.ep > 1)
-    unsupported.Report(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
-                       "set `parallel.ep = 1`");
+  // --- expert parallelism: ep > 1 lowers with etp = 1, sequence parallelism under tp > 1 and
+  // no ZeRO ---
+  if (m.IsMoe() && q.ep > 1 && q.tp > 1 && !q.sp)
+    unsupported.Report(
+        fmt::format("expert parallelism (ep = {}) beside tp = {} without sequence parallelism",
+                    q.ep, q.tp),
+        "parallel.ep",
+        "set `parallel.sp = true`: each tensor-parallel rank then routes its own rows, as "
+        "Megatron-Core requires for experts beside tensor parallelism");
+  if (m.IsMoe() && q.ep > 1 && plan.optimizer.zero > 0)
+    unsupported.Report(
+        fmt::format("ZeRO {} beside expert parallelism (ep = {})", plan.optimizer.zero, q.ep),
+        "optimizer.zero",
+        "set `optimizer.zero = 0`: expert params are then reduced over their expert-data-parallel "
+        "group whole");
+  if (!m.IsMoe() && q.ep > 1)
+    unsupported.Report(
+        fmt::format("expert parallelism (ep = {}) for a model without experts", q.ep),
+        "parallel.ep", "set `parallel.ep = 1`");
+  // --- end expert parallelism ---
   if (m.activation == Activation::kSquaredRelu)
     unsupported.Report("the squared-ReLU MLP", "model.activation",
                        "use `model.activation = swiglu` or `gelu` to compile");
@@ -215,6 +232,18 @@ bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
     divide("shared_experts · moe_ffn_hidden",
            m.shared_experts * (m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden),
            "model.shared_experts", q.tp, "tp");
+  // --- expert parallelism: each Ep rank holds experts / ep experts ---
+  if (m.IsMoe() && q.ep > 1 && m.experts % q.ep != 0) {
+    sink.Report(Diag(DiagKind::kLowerShape,
+                     fmt::format("experts = {} is not a multiple of ep = {}", m.experts, q.ep))
+                    .At(plan.Range("parallel.ep"))
+                    .Value("experts mod ep",
+                           fmt::format("{} mod {} = {}", m.experts, q.ep, m.experts % q.ep))
+                    .Note("rank r of an expert-parallel group holds experts r·E/ep .. (r+1)·E/ep-1")
+                    .Help(fmt::format("choose an ep that divides {}", m.experts)));
+    ok = false;
+  }
+  // --- end expert parallelism ---
   // --- context parallelism: 2·cp equal chunks per sequence ---
   if (q.cp > 1 && m.seq_len % (2 * q.cp) != 0) {
     sink.Report(Diag(DiagKind::kLowerShape,
@@ -360,17 +389,19 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
 
 // Communicators from the layout: a kind is listed when its groups have more than one member
 // (World always). Returns the index of each rank's communicator per kind.
-void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
+void BuildWorld(const Layout& layout, bool tied_pp, bool experts, Program& p) {
   const int64_t world = layout.world_size();
   p.ranks.assign(world, Rank());
   struct KindMap {
     CommKind kind;
     GroupKind group;
   };
-  const KindMap kinds[] = {{CommKind::Tp, GroupKind::kTp},         {CommKind::Pp, GroupKind::kPp},
-                           {CommKind::Dp, GroupKind::kDp},         {CommKind::Cp, GroupKind::kCp},
-                           {CommKind::DpCp, GroupKind::kDpCp},     {CommKind::Mp, GroupKind::kTpPp},
-                           {CommKind::Embedding, GroupKind::kEmbd}};
+  const KindMap kinds[] = {
+      {CommKind::Tp, GroupKind::kTp},          {CommKind::Pp, GroupKind::kPp},
+      {CommKind::Dp, GroupKind::kDp},          {CommKind::Cp, GroupKind::kCp},
+      {CommKind::DpCp, GroupKind::kDpCp},      {CommKind::Mp, GroupKind::kTpPp},
+      {CommKind::Embedding, GroupKind::kEmbd}, {CommKind::Ep, GroupKind::kEp},
+      {CommKind::Edp, GroupKind::kEdp}};
   // World first.
   Communicator all;
   all.kind = CommKind::World;
@@ -385,6 +416,7 @@ void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
     if (list.group_size <= 1) continue;
     if (kind == CommKind::DpCp && layout.sizes().cp == 1) continue;  // equal to Dp
     if (kind == CommKind::Embedding && !tied_pp) continue;
+    if ((kind == CommKind::Ep || kind == CommKind::Edp) && !experts) continue;  // dense model
     for (int64_t g = 0; g < list.group_count(); ++g) {
       Communicator c;
       c.kind = kind;
@@ -586,7 +618,8 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
   BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
-  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, p);
+  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1,
+             plan.model.IsMoe() && plan.parallel.ep > 1, p);
 
   if (options.before_verify) options.before_verify(p);
   if (options.verify && !VerifyLowered(p, sink)) return std::nullopt;

@@ -471,15 +471,19 @@ TEST_CASE("mutation: a duplicated forward is caught by counting, naming the rank
 }
 
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
-  // Mixture of experts lowers with ep = 1 and etp = 1; expert parallelism is refused.
+  // Expert parallelism lowers (etp = 1) without ZeRO; beside ZeRO it is refused, naming it.
   Plan moe = TinyPlan(1, 1, 2);
   moe.model.experts = 8;
   moe.model.topk = 2;
   moe.parallel.ep = 2;
+  moe.parallel.etp = 1;
+  moe.optimizer.zero = 1;
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(moe, {}, sink).has_value());
   REQUIRE(sink.diagnostics().size() >= 1);
   CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(sink.diagnostics()[0].message ==
+        "lowering does not emit ZeRO 1 beside expert parallelism (ep = 2) yet");
 
   Plan odd = TinyPlan(2, 1, 1);
   odd.model.kv_heads = 1;
@@ -497,6 +501,101 @@ TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
   for (const auto& d : s3.diagnostics()) found |= d.kind == DiagKind::kLowerSchedule;
   CHECK(found);
 }
+
+// --- expert parallelism ---
+// dp 4, ep 2: Ep groups {0,1} {2,3}, Edp {0,2} {1,3} (order tp-cp-ep-dp-pp); each rank holds 2
+// of the 4 experts, dispatches by all-to-all over Ep and reduces its expert grads over Edp.
+TEST_CASE("expert parallelism: dispatch and combine over Ep, experts sharded, grads over Edp") {
+  Plan plan = TinyPlan(1, 1, 4);
+  plan.parallel.ep = 2;
+  plan.parallel.etp = 1;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.model.dense_layers = 1;
+  plan.model.moe_layer_freq = 2;  // layers 1, 3, 5, 7
+  const Program p = MustLower(plan);
+  std::map<CommKind, std::vector<std::vector<int32_t>>> groups;
+  for (const Communicator& c : p.communicators) groups[c.kind].push_back(c.members);
+  CHECK(groups[CommKind::Ep] == std::vector<std::vector<int32_t>>{{0, 1}, {2, 3}});
+  CHECK(groups[CommKind::Edp] == std::vector<std::vector<int32_t>>{{0, 2}, {1, 3}});
+  const Role& role = p.roles[0];
+  const Body& fwd = role.bodies[role.chunks[0].forward];
+  const Body& bwd = role.bodies[role.chunks[0].backward];
+  CHECK(CountOps(fwd, OpKind::MoeExchangeCounts, CommKind::Ep) == 4);
+  CHECK(CountOps(fwd, OpKind::MoeDispatch, CommKind::Ep) == 4);
+  CHECK(CountOps(fwd, OpKind::MoeCombine, CommKind::Ep) == 4);
+  CHECK(CountOps(bwd, OpKind::MoeDispatch, CommKind::Ep) == 4);  // the output's gradient
+  CHECK(CountOps(bwd, OpKind::MoeCombine, CommKind::Ep) == 4);   // the input's gradient
+  for (const Op& op : fwd.ops)
+    if (op.kind == OpKind::GroupedLinear)
+      CHECK(prog::DecodeAttrs<prog::attrs::GroupedLinear>(op).groups == 2);  // local experts
+  int sharded = 0;
+  for (const Param& prm : role.params) {
+    if (prm.name.find(".experts.") == std::string::npos) {
+      CHECK(prm.split_comm != CommKind::Ep);
+      continue;
+    }
+    ++sharded;
+    CHECK(prm.split_comm == CommKind::Ep);
+    CHECK(prm.split_dim == 0);
+    CHECK(prm.global_shape[0] == 4);
+    CHECK(role.buffers[prm.buffer].shape[0] == 2);
+  }
+  CHECK(sharded == 4 * 3);
+  // Receive buffers at the worst case: both Ep peers' 64 rows, each choosing min(topk, 2) = 2
+  // of this rank's experts.
+  for (const Buffer& b : role.buffers)
+    if (b.name.find("moe.ep.dispatched") != std::string::npos)
+      CHECK(b.shape == std::vector<int64_t>{2 * 64 * 2, 64});
+  // Expert grads reduce over Edp, the rest over Dp; the grad norm counts each element once.
+  const Body& reduce = role.bodies[role.chunks.size() * 2 + 1];
+  REQUIRE(reduce.name == "reduce_grads");
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::Edp) == 1);
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::Dp) == 1);
+  const Body& step = role.bodies[role.chunks.size() * 2 + 2];
+  for (const Op& op : step.ops)
+    if (op.kind == OpKind::GradNormSquare)
+      CHECK(prog::DecodeAttrs<prog::attrs::GradNormSquare>(op).count_once);
+  CHECK(CountOps(step, OpKind::AllReduce, CommKind::World) == 1);
+}
+
+TEST_CASE("expert parallelism: refusals name the combination") {
+  Plan plan = TinyPlan(2, 1, 1);
+  plan.parallel.ep = 2;
+  plan.parallel.etp = 1;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  DiagnosticSink no_sp;
+  CHECK_FALSE(LowerPlan(plan, {}, no_sp).has_value());
+  REQUIRE(!no_sp.diagnostics().empty());
+  CHECK(no_sp.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(no_sp.diagnostics()[0].message ==
+        "lowering does not emit expert parallelism (ep = 2) beside tp = 2 without sequence "
+        "parallelism yet");
+  plan.parallel.sp = true;
+  plan.model.experts = 3;
+  DiagnosticSink odd;
+  CHECK_FALSE(LowerPlan(plan, {}, odd).has_value());
+  REQUIRE(!odd.diagnostics().empty());
+  CHECK(odd.diagnostics()[0].kind == DiagKind::kLowerShape);
+  CHECK(odd.diagnostics()[0].message == "experts = 3 is not a multiple of ep = 2");
+  plan.model.experts = 4;
+  plan.optimizer.zero = 3;
+  DiagnosticSink zero;
+  CHECK_FALSE(LowerPlan(plan, {}, zero).has_value());
+  REQUIRE(!zero.diagnostics().empty());
+  CHECK(zero.diagnostics()[0].message ==
+        "lowering does not emit ZeRO 3 beside expert parallelism (ep = 2) yet");
+  Plan dense = TinyPlan(1, 1, 2);
+  dense.parallel.ep = 2;
+  DiagnosticSink ds;
+  CHECK_FALSE(LowerPlan(dense, {}, ds).has_value());
+  REQUIRE(!ds.diagnostics().empty());
+  CHECK(ds.diagnostics()[0].message ==
+        "lowering does not emit expert parallelism (ep = 2) for a model without experts yet");
+}
+// --- end expert parallelism ---
 
 // --- mixture of experts ---
 TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at their worst case") {

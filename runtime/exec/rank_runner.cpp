@@ -477,6 +477,12 @@ void RankRunner::RunBroadcast(const OpCall& call) {
 void RankRunner::RunGradNormSquare(const OpCall& call) {
   const int64_t shard = ShardIndex();
   const bool tp_leader = IndexIn(CommKind::Tp) == 0;
+  // count_once (expert parallelism): a param counts on one rank of those holding it, the
+  // program sums over the world: experts on the first rank of their Edp group, the rest on the
+  // first of their data-parallel (Dp or DpCp) group.
+  const bool count_once = call.Attrs<prog::attrs::GradNormSquare>().count_once;
+  const bool edp_leader = IndexIn(CommKind::Edp) == 0;
+  const bool dp_leader = IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp) == 0;
   call.Output(0, 1);
   double sum = 0;
   for (int32_t in : call.op.inputs) {
@@ -493,6 +499,7 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
     for (const Range& r : ranges_[bi]) {
       const prog::mem::Param& p = role_.params[r.param];
       if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
+      if (count_once && !(p.split_comm == CommKind::Ep ? edp_leader : dp_leader)) continue;
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
       if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
     }
