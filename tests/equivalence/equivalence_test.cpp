@@ -62,6 +62,7 @@ struct Layout {
   bool sgd = false;
   int cp = 1;        // context parallelism (ring attention over 2·cp chunks of each sequence)
   bool moe = false;  // the Llama-style model with mixture-of-experts layers (TinyPlan)
+  int ep = 1;        // expert parallelism (moe): experts / ep experts per rank, carved from dp
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -103,6 +104,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   plan.parallel.etp = l.moe ? 1 : l.tp;
   plan.parallel.pp = l.pp;
   plan.parallel.dp = l.dp;
+  plan.parallel.ep = l.ep;
   plan.parallel.vpp = l.vpp;
   plan.parallel.sp = l.sp;
   plan.pipeline.schedule = l.schedule;
@@ -140,6 +142,7 @@ RunResult Run(const ProgramImage& program) {
 
 struct Comparison {
   double loss = 0, weights = 0, max_elementwise = 0;
+  double grad_norm = 0;  // largest relative difference of a step's grad norm (before clipping)
   std::string worst_param;
 };
 
@@ -149,6 +152,8 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
   for (size_t s = 0; s < got.steps.size(); ++s) {
     c.loss = std::max(
         c.loss, std::abs(got.steps[s].loss - want.steps[s].loss) / std::abs(want.steps[s].loss));
+    c.grad_norm = std::max(c.grad_norm, std::abs(got.steps[s].grad_norm - want.steps[s].grad_norm) /
+                                            std::max(std::abs(want.steps[s].grad_norm), 1e-30));
   }
   for (const auto& param : want.params) {
     // Named copies, not structured bindings: doctest's message lambdas capture them.
@@ -215,7 +220,7 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan)
   CHECK(got.steps.back().loss < got.steps.front().loss);
 }
 
-void CheckEquivalent(bool gpt, const Layout& layout) {
+Comparison CheckEquivalent(bool gpt, const Layout& layout) {
   static std::map<std::tuple<bool, bool, bool>, RunResult> reference;
   const auto key = std::make_tuple(gpt, layout.sgd, layout.moe);
   if (!reference.count(key)) {
@@ -235,6 +240,7 @@ void CheckEquivalent(bool gpt, const Layout& layout) {
   CHECK(c.weights <= kTolerance);
   CHECK(c.max_elementwise <= kElementTolerance);
   CHECK(got.steps.back().loss < got.steps.front().loss);
+  return c;
 }
 
 // Recompute re-runs forward ops on the same inputs with the same deterministic kernels and
@@ -444,6 +450,34 @@ TEST_CASE("moe: cp 2, tp 2, sequence parallel") {
 TEST_CASE("moe: cp 2, tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, Moe(WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true})), Recompute::kFull);
 }
+// --- expert parallelism: tokens dispatched by all-to-all over Ep, expert grads summed over Edp ---
+namespace {
+Layout WithEp(int ep, Layout layout) {
+  layout.moe = true;
+  layout.ep = ep;
+  return layout;
+}
+// The grad norm counts every expert once (on the first rank of its Edp group) and the rest once
+// (on the first of its Dp group), summed over the world: it equals the one-rank run's.
+void CheckExpertParallel(const Layout& layout) {
+  const Comparison c = CheckEquivalent(false, layout);
+  MESSAGE("grad norm relative difference " << c.grad_norm);
+  CHECK(c.grad_norm <= kTolerance);
+}
+}  // namespace
+TEST_CASE("moe: ep 2 (dp 2: 2 experts per rank)") { CheckExpertParallel(WithEp(2, {1, 1, 2, 1})); }
+TEST_CASE("moe: ep 4 (dp 4: one expert per rank)") {
+  CheckExpertParallel(WithEp(4, {1, 1, 4, 1}));
+}
+// The Ep group is the Tp group (order tp-cp-ep-dp-pp, etp = 1): each rank dispatches its own
+// sequence-parallel rows; the dp 2 copies of each expert sum their grads over Edp.
+TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2 (etp 1)") {
+  CheckExpertParallel(WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("moe: ep 2, pp 2, dp 2, 1F1B") {
+  CheckExpertParallel(WithEp(2, {1, 2, 2, 1, Schedule::k1F1B}));
+}
+// --- end expert parallelism ---
 // --- end mixture of experts ---
 
 TEST_CASE("planc compile: llama tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
@@ -476,6 +510,13 @@ TEST_CASE("planc compile: moe tp 2, pp 2, dp 2, ZeRO 1, sequence parallel (etp 1
 
 TEST_CASE("planc compile: moe cp 2, tp 2, sequence parallel (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_cp2_tp2_sp");
+}
+
+TEST_CASE("planc compile: moe ep 2, tp 2, dp 2, sequence parallel (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_tp2_dp2_sp");
+}
+TEST_CASE("planc compile: moe ep 2, pp 2, dp 2 (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_pp2_dp2");
 }
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
@@ -513,6 +554,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {true, {2, 2, 2, 1, Schedule::k1F1B, true, 3}},
       {false, WithCp(2)},
       {false, Moe({2, 1, 1, 1, Schedule::k1F1B, true})},
+      {false, WithEp(2, {1, 1, 2, 1})},
   };
   std::set<paraplan::prog::OpKind> emitted;
   for (const Case& c : cases) {
