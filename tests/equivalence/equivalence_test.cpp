@@ -466,9 +466,7 @@ void CheckExpertParallel(const Layout& layout) {
 }
 }  // namespace
 TEST_CASE("moe: ep 2 (dp 2: 2 experts per rank)") { CheckExpertParallel(WithEp(2, {1, 1, 2, 1})); }
-TEST_CASE("moe: ep 4 (dp 4: one expert per rank)") {
-  CheckExpertParallel(WithEp(4, {1, 1, 4, 1}));
-}
+TEST_CASE("moe: ep 4 (dp 4: one expert per rank)") { CheckExpertParallel(WithEp(4, {1, 1, 4, 1})); }
 // The Ep group is the Tp group (order tp-cp-ep-dp-pp, etp = 1): each rank dispatches its own
 // sequence-parallel rows; the dp 2 copies of each expert sum their grads over Edp.
 TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2 (etp 1)") {
