@@ -202,5 +202,39 @@ TEST_CASE("ZeRO 2 and 3: persistent shards equal the analytic model's, transient
   }
 }
 
+// --- expert parallelism ---
+// planrun reserves the dispatch's receive buffers for the worst case (every row of the Ep group
+// choosing min(topk, experts / ep) of this rank's experts); `framework = paraplan` prices the
+// routed activations at that worst case, so the stash keeps its ratio to the model as ep grows.
+TEST_CASE("expert parallelism: worst-case receive buffers are priced by the paraplan estimate") {
+  for (int64_t ep : {1, 2, 4}) {
+    Plan plan = MidPlan(Recompute::kNone, true);
+    plan.optimizer.zero = 0;
+    plan.parallel.etp = 1;
+    plan.parallel.ep = ep;
+    plan.model.experts = 8;
+    plan.model.topk = 2;
+    plan.model.moe_ffn_hidden = 1024;
+    plan.framework = Framework::kParaplan;
+    CAPTURE(ep);
+    DiagnosticSink sink;
+    std::optional<Program> p = LowerPlan(plan, {}, sink);
+    REQUIRE(p.has_value());
+    const MemoryEstimate est = EstimateMemory(plan);
+    REQUIRE(est.valid);
+    for (const Role& role : p->roles) {
+      const StageMemory& sm = est.stages[role.pipeline_rank];
+      const MemoryBreakdown b = MeasureMemory(role);
+      const double act =
+          Ratio(b.stash, sm.Get(MemoryPart::kActivations) + sm.Get(MemoryPart::kEmbeddingAndLoss));
+      MESSAGE("ep " << ep << " " << role.name << ": stash / modelled activations " << act);
+      CHECK(act > 0.75);
+      CHECK(act < 1.3);
+      CHECK(role.peak_bytes < sm.total);
+    }
+  }
+}
+// --- end expert parallelism ---
+
 }  // namespace
 }  // namespace paraplan::lower
