@@ -520,17 +520,6 @@ ActivationShape ActivationShapeOf(const Plan& plan, const CostOptions& options, 
   opts.moe_imbalance = std::max(opts.moe_imbalance, plan.moe.imbalance);
   if (plan.moe.capacity_factor > 0)
     opts.moe_imbalance = std::min(opts.moe_imbalance, plan.moe.capacity_factor);
-  // --- expert parallelism: planrun's dropless dispatch reserves its receive buffers for the
-  // worst case, every row of the Ep group choosing min(topk, experts / ep) of this rank's
-  // experts: ep · min(topk, E/ep) / topk times the average routed rows (lower/body.cpp) ---
-  const ModelSpec& m = plan.model;
-  if (plan.framework == Framework::kParaplan && m.IsMoe() && par.ep > 1 && m.topk > 0) {
-    const int64_t local = std::max<int64_t>(1, m.experts / par.ep);
-    opts.moe_imbalance =
-        std::max(opts.moe_imbalance, static_cast<double>(par.ep * std::min(m.topk, local)) /
-                                         static_cast<double>(m.topk));
-  }
-  // --- end expert parallelism ---
   shape.options = opts;
   return shape;
 }

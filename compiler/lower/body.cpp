@@ -333,10 +333,16 @@ class RoleLowering {
   // --- expert parallelism (ep > 1): token dispatch over the Ep group ---
   bool ExpertParallel() const { return ep_ > 1 && s_.moe.experts > 0; }
   int64_t LocalExperts() const { return s_.moe.experts / ep_; }
-  // Rows a rank's experts may receive: every row of each Ep peer choosing min(topk, local
-  // experts) of them (dropless, the worst case).
+  // Rows a rank's experts may receive: the worst case, every row of each Ep peer choosing
+  // min(topk, local experts) of them; or, when the plan states a routing imbalance, that many
+  // times the balanced share (rows · topk), if smaller. The dispatch fails the run when more
+  // rows arrive than the buffer holds.
   int64_t DispatchCapacity() const {
-    return ep_ * rows_ * std::min<int64_t>(s_.moe.topk, LocalExperts());
+    const int64_t worst = ep_ * rows_ * std::min<int64_t>(s_.moe.topk, LocalExperts());
+    if (s_.moe.imbalance <= 0) return worst;
+    const auto stated = static_cast<int64_t>(
+        std::ceil(s_.moe.imbalance * static_cast<double>(rows_ * s_.moe.topk)));
+    return std::min(worst, std::max<int64_t>(stated, 1));
   }
   // Splits the expert param just added over Ep: dimension 0 (the expert) is sharded, the init
   // stays keyed by the global expert index; its gradient is reduced over Edp, not Tp or Dp.

@@ -69,6 +69,10 @@ struct MoeShape {
   int64_t layer_freq = 1;
   bool normalize = false;  // renormalise the top-k weights
   double aux_coeff = 0.01;
+  // Expert parallelism (ep > 1): the routing imbalance the plan states (`moe.imbalance`, the
+  // worst rank's routed rows over the average), 0 when it states none. It bounds the dispatch's
+  // receive buffers; without it they hold the worst case (lower/body.cpp DispatchCapacity).
+  double imbalance = 0;
 
   // Layer `index` (0-based) is an MoE layer (compiler/plan IsMoeLayer).
   bool IsMoeLayer(int64_t index) const {

@@ -563,6 +563,8 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.shared_ffn = m.shared_experts * bs.moe.ffn;
     bs.moe.dense_layers = m.dense_layers;
     bs.moe.layer_freq = m.moe_layer_freq;
+    if (plan.origins.FindPath("moe.imbalance") != nullptr)
+      bs.moe.imbalance = std::max(1.0, plan.moe.imbalance);
   }
   // --- end mixture of experts ---
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull

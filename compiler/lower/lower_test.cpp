@@ -548,6 +548,14 @@ TEST_CASE("expert parallelism: dispatch and combine over Ep, experts sharded, gr
   for (const Buffer& b : role.buffers)
     if (b.name.find("moe.ep.dispatched") != std::string::npos)
       CHECK(b.shape == std::vector<int64_t>{2 * 64 * 2, 64});
+  // A stated routing imbalance bounds them: 1.5 · 64 rows · topk 2 = 192 rows.
+  Plan stated = plan;
+  stated.moe.imbalance = 1.5;
+  stated.origins.Mutable("moe.imbalance");
+  const Program q = MustLower(stated);
+  for (const Buffer& b : q.roles[0].buffers)
+    if (b.name.find("moe.ep.dispatched") != std::string::npos)
+      CHECK(b.shape == std::vector<int64_t>{192, 64});
   // Expert grads reduce over Edp, the rest over Dp; the grad norm counts each element once.
   const Body& reduce = role.bodies[role.chunks.size() * 2 + 1];
   REQUIRE(reduce.name == "reduce_grads");

@@ -472,6 +472,15 @@ TEST_CASE("moe: ep 4 (dp 4: one expert per rank)") { CheckExpertParallel(WithEp(
 TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2 (etp 1)") {
   CheckExpertParallel(WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true}));
 }
+// A stated routing imbalance bounds the receive buffers (1.0: the balanced share, rows · topk);
+// the first dispatch that brings more rows fails the run, naming the numbers.
+TEST_CASE("moe: ep 2 with moe.imbalance = 1 stated: an overflowing dispatch fails clearly") {
+  paraplan::Plan plan = TinyPlan(false, WithEp(2, {1, 1, 2, 1}));
+  plan.moe.imbalance = 1.0;
+  plan.origins.Mutable("moe.imbalance");
+  const ProgramImage program = Compile(plan);
+  CHECK_THROWS_WITH(Run(program), doctest::Contains("rows its receive buffer reserves"));
+}
 TEST_CASE("moe: ep 2, pp 2, dp 2, 1F1B") {
   CheckExpertParallel(WithEp(2, {1, 2, 2, 1, Schedule::k1F1B}));
 }
