@@ -568,6 +568,41 @@ TEST_CASE("expert parallelism: dispatch and combine over Ep, experts sharded, gr
   CHECK(CountOps(step, OpKind::AllReduce, CommKind::World) == 1);
 }
 
+// The whole-world verifier checks the all-to-alls over Ep as group calls: their order (counts are
+// known only at run time) and that every rank has the communicator its bodies name.
+Plan EpPlan() {
+  Plan plan = TinyPlan(1, 1, 2);
+  plan.parallel.ep = 2;
+  plan.parallel.etp = 1;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  return plan;
+}
+
+TEST_CASE("mutation: a dispatch and a combine swapped on one Ep rank are caught") {
+  Program p = MustLower(EpPlan(), false);
+  Role& role = SplitRole(p, 1);
+  Body& fwd = role.bodies[role.chunks[0].forward];
+  auto dispatch = std::find_if(fwd.ops.begin(), fwd.ops.end(),
+                               [](const Op& op) { return op.kind == OpKind::MoeDispatch; });
+  auto combine = std::find_if(dispatch, fwd.ops.end(),
+                              [](const Op& op) { return op.kind == OpKind::MoeCombine; });
+  REQUIRE(combine != fwd.ops.end());
+  std::swap(*dispatch, *combine);
+  const std::string errors = Joined(VerifyWorld(p));
+  CHECK(errors.find("ep communicator") != std::string::npos);
+  CHECK(errors.find("rank 0 (stage0): moe_dispatch[ep]") != std::string::npos);
+  CHECK(errors.find("rank 1 (stage0-mutated): moe_combine[ep]") != std::string::npos);
+}
+
+TEST_CASE("mutation: a rank outside every Ep group is caught") {
+  Program p = MustLower(EpPlan(), false);
+  p.ranks[1].comms[static_cast<int>(CommKind::Ep)] = -1;
+  const std::string errors = Joined(VerifyWorld(p));
+  CHECK(errors.find("rank 1 (stage0): body 'chunk0.forward' uses the ep communicator, but the "
+                    "rank has none") != std::string::npos);
+}
+
 TEST_CASE("expert parallelism: refusals name the combination") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.parallel.ep = 2;
