@@ -48,8 +48,10 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 
 // --- mixture of experts ---------------------------------------------------------------------
 // The MoE layers of the model (experts == 0: dense). With ep = 1 and etp = 1 every rank holds
-// every expert whole (replicated over tp); each rank routes its own rows of the residual stream
-// (rows / tp under sequence parallelism, all tokens otherwise):
+// every expert whole (replicated over tp); with ep > 1 it holds experts / ep of them and the
+// dispatch and combine are all-to-alls over Ep (runtime/format/README.md, "Expert
+// parallelism"). Each rank routes its own rows of the residual stream (rows / tp under sequence
+// parallelism, all tokens otherwise):
 //   router    Linear to [rows, experts] logits, MoeRouter (softmax scores, top-k, `normalize`
 //             divides the picked weights by their sum), the load-balancing aux loss's gradient
 //             (coefficient `aux_coeff`, over the microbatch's tokens) added by MoeRouterBackward
