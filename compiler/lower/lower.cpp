@@ -563,7 +563,11 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.shared_ffn = m.shared_experts * bs.moe.ffn;
     bs.moe.dense_layers = m.dense_layers;
     bs.moe.layer_freq = m.moe_layer_freq;
-    if (plan.origins.FindPath("moe.imbalance") != nullptr)
+    // Stated: written in the plan, a module it uses, or --set (not the built-in default).
+    const FieldOrigin* imbalance = plan.origins.FindPath("moe.imbalance");
+    if (imbalance != nullptr &&
+        (imbalance->kind == OriginKind::kFile || imbalance->kind == OriginKind::kStdlib ||
+         imbalance->kind == OriginKind::kCommandLine))
       bs.moe.imbalance = std::max(1.0, plan.moe.imbalance);
   }
   // --- end mixture of experts ---

@@ -551,7 +551,7 @@ TEST_CASE("expert parallelism: dispatch and combine over Ep, experts sharded, gr
   // A stated routing imbalance bounds them: 1.5 · 64 rows · topk 2 = 192 rows.
   Plan stated = plan;
   stated.moe.imbalance = 1.5;
-  stated.origins.Mutable("moe.imbalance");
+  stated.origins.Mutable("moe.imbalance")->kind = OriginKind::kCommandLine;
   const Program q = MustLower(stated);
   for (const Buffer& b : q.roles[0].buffers)
     if (b.name.find("moe.ep.dispatched") != std::string::npos)

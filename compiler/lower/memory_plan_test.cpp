@@ -221,7 +221,7 @@ TEST_CASE("expert parallelism: receive buffers at the stated imbalance keep the 
     CAPTURE(ep);
     std::vector<Compared> worst = CompareStages(plan);
     plan.moe.imbalance = 1.5;
-    plan.origins.Mutable("moe.imbalance");
+    plan.origins.Mutable("moe.imbalance")->kind = OriginKind::kCommandLine;
     std::vector<Compared> stated = CompareStages(plan);
     for (size_t r = 0; r < stated.size(); ++r) {
       const StageMemory& sm = stated[r].model;

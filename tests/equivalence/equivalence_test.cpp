@@ -477,7 +477,7 @@ TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2 (etp 1)") {
 TEST_CASE("moe: ep 2 with moe.imbalance = 1 stated: an overflowing dispatch fails clearly") {
   paraplan::Plan plan = TinyPlan(false, WithEp(2, {1, 1, 2, 1}));
   plan.moe.imbalance = 1.0;
-  plan.origins.Mutable("moe.imbalance");
+  plan.origins.Mutable("moe.imbalance")->kind = paraplan::OriginKind::kCommandLine;
   const ProgramImage program = Compile(plan);
   CHECK_THROWS_WITH(Run(program), doctest::Contains("rows its receive buffer reserves"));
 }
