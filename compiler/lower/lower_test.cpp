@@ -547,7 +547,7 @@ TEST_CASE("expert parallelism: dispatch and combine over Ep, experts sharded, gr
   // of this rank's experts.
   for (const Buffer& b : role.buffers)
     if (b.name.find("moe.ep.dispatched") != std::string::npos)
-      CHECK(b.shape == std::vector<int64_t>{2 * 64 * 2, 64});
+      CHECK(b.shape == std::vector<int64_t>{int64_t{2} * 64 * 2, 64});
   // A stated routing imbalance bounds them: 1.5 · 64 rows · topk 2 = 192 rows.
   Plan stated = plan;
   stated.moe.imbalance = 1.5;

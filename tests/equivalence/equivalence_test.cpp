@@ -503,13 +503,19 @@ TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2: resuming from a checkpoint 
   CHECK(resumed.steps[0].loss == straight.steps[3].loss);
   CHECK(resumed.steps[1].loss == straight.steps[4].loss);
   REQUIRE(resumed.params.size() == straight.params.size());
-  for (const auto& [name, w] : straight.params) {
+  for (const auto& param : straight.params) {
+    const std::string& name = param.first;  // a named copy: doctest's CAPTURE takes it
     CAPTURE(name);
-    CHECK(resumed.params.at(name) == w);
+    CHECK(resumed.params.at(name) == param.second);
   }
   fs::remove_all(dir);
 }
 
+// Full recompute re-runs each layer's dispatch and combine in the backward body, in the same
+// order on every Ep rank.
+TEST_CASE("moe: ep 2, dp 2, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithEp(2, {1, 1, 2, 1}), Recompute::kFull);
+}
 TEST_CASE("moe: ep 2, pp 2, dp 2, 1F1B") {
   CheckExpertParallel(WithEp(2, {1, 2, 2, 1, Schedule::k1F1B}));
 }
