@@ -1027,8 +1027,10 @@ void RoleLowering::ClassifyStash() {
 // copy then have buckets of the same size on both stages, and their grad shards line up for
 // the Embedding-group all-reduce.
 void RoleLowering::BuildBuckets() {
-  const int64_t dp = shard_;  // the ZeRO group (dp · cp)
   auto make = [&](int32_t chunk, const std::vector<int32_t>& members, const std::string& name) {
+    // The ZeRO group: dp · cp, or for expert-parallel params the Edp group.
+    const bool experts = !members.empty() && IsExpertSharded(members.front());
+    const int64_t dp = experts ? edp_ : shard_;
     Bucket bucket;
     bucket.chunk = chunk;
     int64_t elements = 0;
@@ -1197,11 +1199,18 @@ StepBodies RoleLowering::BuildStepBodies() {
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
     }
   }
-  // Expert parallelism: the ranks holding the same experts sum their grads over Edp.
-  if (edp_ > 1)
-    for (const Bucket& b : role_.buckets)
-      if (IsExpertBucket(b))
+  // Expert parallelism: the ranks holding the same experts sum their grads over Edp
+  // (reduce-scatter them under ZeRO 1).
+  if (edp_ > 1) {
+    for (const Bucket& b : role_.buckets) {
+      if (!IsExpertBucket(b)) continue;
+      if (p_.zero >= 1)
+        Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads},
+             CommKind::Edp);
+      else
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Edp);
+    }
+  }
   // Optimizer step.
   role_.bodies.push_back({"optimizer_step", {}});
   sb.optimizer_step = static_cast<int32_t>(role_.bodies.size() - 1);
@@ -1231,6 +1240,17 @@ StepBodies RoleLowering::BuildStepBodies() {
     int32_t params = gather_params_ ? b.param_shard : b.params;
     int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
     const std::vector<int32_t> in = {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq};
+    // Expert-parallel buckets shard over Edp (ZeRO 1; ZeRO >= 2 is refused beside ep > 1).
+    if (IsExpertBucket(b)) {
+      const bool expert_sharded = p_.zero >= 1 && edp_ > 1;
+      const CommKind comm = expert_sharded ? CommKind::Edp : CommKind::None;
+      if (s_.sgd)
+        Emit(attrs::Sgd{.chunk = b.chunk}, in, {params}, comm);
+      else
+        Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
+      if (expert_sharded) Emit(attrs::AllGather{}, {b.params}, {b.params}, CommKind::Edp);
+      continue;
+    }
     const CommKind comm = sharded ? shard_comm_ : CommKind::None;
     if (s_.sgd)
       Emit(attrs::Sgd{.chunk = b.chunk}, in, {params}, comm);

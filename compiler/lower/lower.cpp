@@ -131,7 +131,7 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                        "`planc check` and `planc explain` analyse this plan; compile a model with "
                        "ordinary attention for now");
   // --- expert parallelism: ep > 1 lowers with etp = 1, sequence parallelism under tp > 1 and
-  // no ZeRO ---
+  // ZeRO 0 or 1 ---
   if (m.IsMoe() && q.ep > 1 && q.tp > 1 && !q.sp)
     unsupported.Report(
         fmt::format("expert parallelism (ep = {}) beside tp = {} without sequence parallelism",
@@ -139,12 +139,12 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
         "parallel.ep",
         "set `parallel.sp = true`: each tensor-parallel rank then routes its own rows, as "
         "Megatron-Core requires for experts beside tensor parallelism");
-  if (m.IsMoe() && q.ep > 1 && plan.optimizer.zero > 0)
+  if (m.IsMoe() && q.ep > 1 && plan.optimizer.zero > 1)
     unsupported.Report(
         fmt::format("ZeRO {} beside expert parallelism (ep = {})", plan.optimizer.zero, q.ep),
         "optimizer.zero",
-        "set `optimizer.zero = 0`: expert params are then reduced over their expert-data-parallel "
-        "group whole");
+        "set `optimizer.zero = 1` (the optimizer states of the experts sharded over their "
+        "expert-data-parallel group, the rest over dp) or `0`");
   if (!m.IsMoe() && q.ep > 1)
     unsupported.Report(
         fmt::format("expert parallelism (ep = {}) for a model without experts", q.ep),

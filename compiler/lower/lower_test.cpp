@@ -471,19 +471,19 @@ TEST_CASE("mutation: a duplicated forward is caught by counting, naming the rank
 }
 
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
-  // Expert parallelism lowers (etp = 1) without ZeRO; beside ZeRO it is refused, naming it.
+  // Expert parallelism lowers (etp = 1) with ZeRO 0 or 1; beside ZeRO 2 it is refused, naming it.
   Plan moe = TinyPlan(1, 1, 2);
   moe.model.experts = 8;
   moe.model.topk = 2;
   moe.parallel.ep = 2;
   moe.parallel.etp = 1;
-  moe.optimizer.zero = 1;
+  moe.optimizer.zero = 2;
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(moe, {}, sink).has_value());
   REQUIRE(sink.diagnostics().size() >= 1);
   CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
   CHECK(sink.diagnostics()[0].message ==
-        "lowering does not emit ZeRO 1 beside expert parallelism (ep = 2) yet");
+        "lowering does not emit ZeRO 2 beside expert parallelism (ep = 2) yet");
 
   Plan odd = TinyPlan(2, 1, 1);
   odd.model.kv_heads = 1;
@@ -566,6 +566,21 @@ TEST_CASE("expert parallelism: dispatch and combine over Ep, experts sharded, gr
     if (op.kind == OpKind::GradNormSquare)
       CHECK(prog::DecodeAttrs<prog::attrs::GradNormSquare>(op).count_once);
   CHECK(CountOps(step, OpKind::AllReduce, CommKind::World) == 1);
+  // ZeRO 1: the experts' states are sharded over Edp, the rest over Dp.
+  plan.optimizer.zero = 1;
+  const Program z = MustLower(plan);
+  const Role& zr = z.roles[0];
+  const Body& zreduce = zr.bodies[zr.chunks.size() * 2 + 1];
+  CHECK(CountOps(zreduce, OpKind::ReduceScatter, CommKind::Edp) == 1);
+  CHECK(CountOps(zreduce, OpKind::ReduceScatter, CommKind::Dp) == 1);
+  const Body& zstep = zr.bodies[zr.chunks.size() * 2 + 2];
+  CHECK(CountOps(zstep, OpKind::AdamW, CommKind::Edp) == 1);
+  CHECK(CountOps(zstep, OpKind::AdamW, CommKind::Dp) == 1);
+  CHECK(CountOps(zstep, OpKind::AllGather, CommKind::Edp) == 1);
+  for (const Bucket& b : zr.buckets)
+    CHECK(b.shard_elements *
+              (zr.buffers[b.params].name.find("experts") != std::string::npos ? 2 : 4) ==
+          b.elements);
 }
 
 // The whole-world verifier checks the all-to-alls over Ep as group calls: their order (counts are

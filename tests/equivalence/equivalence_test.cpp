@@ -516,6 +516,13 @@ TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2: resuming from a checkpoint 
 TEST_CASE("moe: ep 2, dp 2, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, WithEp(2, {1, 1, 2, 1}), Recompute::kFull);
 }
+// ZeRO 1: the experts' optimizer states sharded over Edp (2 ranks), the rest over dp (4).
+TEST_CASE("moe: ep 2, dp 4, ZeRO 1 (experts sharded over Edp)") {
+  CheckExpertParallel(WithEp(2, {1, 1, 4, 1, Schedule::k1F1B, false, 1}));
+}
+TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2, ZeRO 1") {
+  CheckExpertParallel(WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true, 1}));
+}
 TEST_CASE("moe: ep 2, pp 2, dp 2, 1F1B") {
   CheckExpertParallel(WithEp(2, {1, 2, 2, 1, Schedule::k1F1B}));
 }
