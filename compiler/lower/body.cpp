@@ -364,6 +364,9 @@ class RoleLowering {
   // Backward: the combine's gradient goes to the experts' ranks (a dispatch), the experts' input
   // gradient comes back (a combine).
   int32_t EpDispatchGrad(const MoeSaved& ms, int32_t grad_rows, const std::string& name);
+  // ReduceGrads: the ranks holding the same experts sum their grads over Edp (reduce-scatter
+  // them under ZeRO 1).
+  void EmitExpertGradReduction();
   // --- end expert parallelism ---
   // --- end mixture of experts ---
   void AttentionBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
@@ -953,6 +956,17 @@ int32_t RoleLowering::EpCombine(const MoeSaved& ms, int32_t local_rows, const st
   return out;
 }
 
+void RoleLowering::EmitExpertGradReduction() {
+  if (edp_ <= 1) return;
+  for (const Bucket& b : role_.buckets) {
+    if (!IsExpertBucket(b)) continue;
+    if (p_.zero >= 1)
+      Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Edp);
+    else
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Edp);
+  }
+}
+
 int32_t RoleLowering::EpDispatchGrad(const MoeSaved& ms, int32_t grad_rows,
                                      const std::string& name) {
   const int32_t out = Act(name, {DispatchCapacity(), m_.hidden});
@@ -1199,18 +1213,7 @@ StepBodies RoleLowering::BuildStepBodies() {
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
     }
   }
-  // Expert parallelism: the ranks holding the same experts sum their grads over Edp
-  // (reduce-scatter them under ZeRO 1).
-  if (edp_ > 1) {
-    for (const Bucket& b : role_.buckets) {
-      if (!IsExpertBucket(b)) continue;
-      if (p_.zero >= 1)
-        Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads},
-             CommKind::Edp);
-      else
-        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Edp);
-    }
-  }
+  EmitExpertGradReduction();
   // Optimizer step.
   role_.bodies.push_back({"optimizer_step", {}});
   sb.optimizer_step = static_cast<int32_t>(role_.bodies.size() - 1);
@@ -1222,7 +1225,7 @@ StepBodies RoleLowering::BuildStepBodies() {
     int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
     if (ExpertParallel()) {
       // Experts are split over Ep and replicated over Edp: each element is counted on one rank
-      // of those holding it, then summed over the world (ZeRO is refused with ep > 1).
+      // of those holding it (under ZeRO 1 by the owned shards), then summed over the world.
       Emit(attrs::GradNormSquare{.count_once = true}, grads, {nsq});
       Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
     } else {
@@ -1241,22 +1244,15 @@ StepBodies RoleLowering::BuildStepBodies() {
     int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
     const std::vector<int32_t> in = {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq};
     // Expert-parallel buckets shard over Edp (ZeRO 1; ZeRO >= 2 is refused beside ep > 1).
-    if (IsExpertBucket(b)) {
-      const bool expert_sharded = p_.zero >= 1 && edp_ > 1;
-      const CommKind comm = expert_sharded ? CommKind::Edp : CommKind::None;
-      if (s_.sgd)
-        Emit(attrs::Sgd{.chunk = b.chunk}, in, {params}, comm);
-      else
-        Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
-      if (expert_sharded) Emit(attrs::AllGather{}, {b.params}, {b.params}, CommKind::Edp);
-      continue;
-    }
-    const CommKind comm = sharded ? shard_comm_ : CommKind::None;
+    const bool experts = IsExpertBucket(b);
+    const bool shards = experts ? p_.zero >= 1 && edp_ > 1 : sharded;
+    const CommKind group = experts ? CommKind::Edp : shard_comm_;
+    const CommKind comm = shards ? group : CommKind::None;
     if (s_.sgd)
       Emit(attrs::Sgd{.chunk = b.chunk}, in, {params}, comm);
     else
       Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
-    if (sharded && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, shard_comm_);
+    if (shards && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, group);
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
