@@ -564,6 +564,9 @@ TEST_CASE("planc compile: moe cp 2, tp 2, sequence parallel (etp 1)") {
 TEST_CASE("planc compile: moe ep 2, tp 2, dp 2, sequence parallel (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_ep2_tp2_dp2_sp");
 }
+TEST_CASE("planc compile: moe ep 2, tp 2, dp 2, ZeRO 1, sequence parallel (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_tp2_dp2_zero1_sp");
+}
 TEST_CASE("planc compile: moe ep 2, pp 2, dp 2 (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_ep2_pp2_dp2");
 }
