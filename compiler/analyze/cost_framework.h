@@ -23,7 +23,7 @@ namespace paraplan {
 // How the ZeRO-3 / FSDP parameter gathers of a stack behave.
 enum class ShardStyle : uint8_t {
   kMegatron,   // Megatron distributed optimizer / Megatron-FSDP: bucketed, prefetched per layer
-  kDeepSpeed,  // DeepSpeed ZeRO-3: per-module gathers with a bounded prefetch, partly exposed
+  kDeepSpeed,  // DeepSpeed ZeRO-3 (2021): one synchronous all-gather per parameter tensor
   kFsdp,       // PyTorch FSDP (1 or 2): one gather per layer, prefetch of the next layer;
                // with pipeline parallelism FSDP2 keeps parameters gathered across microbatches
 };

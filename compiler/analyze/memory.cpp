@@ -37,6 +37,9 @@ struct ArenaSizes {
   int64_t a = 2;  // activation element bytes of the program's precision
   bool gelu = false, layernorm = false;
   bool ring = false;  // cp > 1: ring attention and its working buffers
+  // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
+  bool mla = false;
+  int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;
 };
 
 ArenaSizes ArenaSizesOf(const Plan& plan) {
@@ -56,8 +59,29 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
   z.a = plan.precision == Precision::kFp32 ? 4 : 2;
   z.gelu = m.activation != Activation::kSwiGlu;
   z.layernorm = m.norm == Norm::kLayerNorm;
+  z.mla = m.IsMla();
+  if (z.mla) {
+    z.nope = m.qk_nope_head_dim;
+    z.qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    z.vd = m.v_head_dim;
+    z.ql = m.q_lora_rank;
+    z.kvl = m.kv_lora_rank;
+  }
   return z;
 }
+
+// --- multi-head latent attention (compiler/lower/body.cpp, MlaForward / MlaBackward) ---
+// Stashed per token: q, k and v padded to the query/key head size, the output at the value head
+// size, the latents before and after their norms (the core's padded output with its softmax
+// statistics unless selective recompute redoes the core).
+int64_t ArenaMlaAttentionStash(const ArenaSizes& z, Recompute recompute) {
+  const int64_t per_token = 3 * z.heads * z.qk + z.heads * z.vd + 2 * z.ql + 2 * z.kvl;
+  int64_t bytes = SatMul(z.T, per_token * z.a);
+  bytes = SatAdd(bytes, SatMul(z.T, int64_t{z.ql > 0 ? 2 : 1} * 4));  // the latents' rstd
+  if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * z.qk * z.a));
+  return bytes;
+}
+// --- end multi-head latent attention ---
 
 // Stashed bytes of one layer per microbatch: its input x and, unless the whole layer is
 // recomputed, the gathered norm outputs, q, k, v, the attention output (and its softmax
@@ -66,10 +90,11 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
 int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
   int64_t bytes = SatMul(z.R, z.h * z.a);  // x
   if (recompute == Recompute::kFull) return bytes;
-  const int64_t per_token =
-      2 * z.h + 2 * z.heads * z.hd + 2 * z.kv * z.hd + (z.gelu ? 2 : 3) * z.ffn;
+  const int64_t attention = z.mla ? 0 : 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  const int64_t per_token = 2 * z.h + attention + (z.gelu ? 2 : 3) * z.ffn;
   bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));  // n1f, n2f, q, o, k, v, MLP
-  bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));        // residual x1
+  if (z.mla) bytes = SatAdd(bytes, ArenaMlaAttentionStash(z, recompute));
+  bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));  // residual x1
   bytes = SatAdd(bytes,
                  SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
   if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
@@ -100,9 +125,13 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
   // Ring attention's backward also holds the ring of K, V and their partial gradients.
   if (z.ring) attn += 8 * z.kv * z.hd;
   attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
+  // Latent attention's backward: the padded output gradient, dq, dk and dv at the query/key
+  // head size, then dq, dk, dv beside the up projection's output gradient.
+  if (z.mla) attn = std::max(4 * z.heads * z.qk, 3 * z.heads * z.qk + z.heads * (z.nope + z.vd));
   int64_t peak = SatMul(z.T, std::max(mlp, attn) * z.a);
+  const int64_t core_hd = z.mla ? z.qk : z.hd;
   if (recompute == Recompute::kSelective)
-    peak = SatAdd(peak, SatMul(z.T, z.heads * z.hd * z.a + z.heads * 4));
+    peak = SatAdd(peak, SatMul(z.T, z.heads * core_hd * z.a + z.heads * 4));
   if (recompute == Recompute::kFull)
     peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
   if (loss) peak = std::max(peak, SatMul(z.T, (z.vocab + z.h) * z.a));
@@ -325,7 +354,7 @@ bool ArenaModelApplies(const Plan& plan) {
   const ModelSpec& m = plan.model;
   // Context parallelism lowers whole: learned positions, and ZeRO sharded over dp · cp.
   const ParallelSpec& q = plan.parallel;
-  return plan.framework == Framework::kParaplan && !m.IsMoe() && !m.IsMla() && q.ep == 1;
+  return plan.framework == Framework::kParaplan && !m.IsMoe() && q.ep == 1;
 }
 
 std::string_view MemoryPartName(MemoryPart part) {

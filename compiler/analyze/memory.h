@@ -114,7 +114,8 @@ struct StagePeak {
 std::vector<StagePeak> PredictedPeaks(const Plan& plan, const CostOptions& options = {});
 
 // True when the estimate is planrun's static arena, term by term as compiler/lower allocates it
-// (framework = paraplan and a plan it lowers: dense, ordinary attention, no ep; cp included).
+// (framework = paraplan and a plan it lowers: dense, ordinary or multi-head latent attention, no
+// ep; cp included).
 bool ArenaModelApplies(const Plan& plan);
 
 // Bytes per parameter of model states on one GPU for a shard group of `shard` ranks (the

@@ -472,6 +472,19 @@ DpTraffic DpTrafficOf(const Context& cx, const StepPrices& sp, double shared_par
   return dp;
 }
 
+// The parameter tensors of one dense transformer layer as a framework registers them: the
+// fused QKV, output, first (gate and up fused) and second MLP matrices; their biases in the
+// GPT-style models (LayerNorm, learned positions); the two norms' weights (and LayerNorm's
+// biases); the query/key norms.
+double ParameterTensorsPerLayer(const ModelSpec& m) {
+  const bool layer_norm = m.norm == Norm::kLayerNorm;
+  double tensors = 4;            // QKV, output, MLP in, MLP out
+  if (layer_norm) tensors += 4;  // their biases
+  tensors += 2 * (layer_norm ? 2 : 1);
+  if (m.qk_norm) tensors += 2;
+  return tensors;
+}
+
 // ZeRO 2/3 per microbatch, layer by layer: the forward gathers each layer's parameters (ZeRO 3),
 // the backward gathers them again and reduce-scatters the gradients. The next layer's gather is
 // prefetched behind the current layer's compute (the profile's share of it); the first gather
@@ -488,12 +501,18 @@ double ShardedMicrobatchExposure(const Context& cx, const DpTraffic& dp, int64_t
   const double ring_steps =
       D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * cx.eff.collective_latency_s;
   const double lat = n_layers * prof.collective_latency_s + (n_layers - 1) * ring_steps;
+  // DeepSpeed's ZeRO-3 of 2021 gathers every parameter tensor with its own all-gather (the
+  // tensors of a layer, not the layer): each of them pays the launch and the ring's steps.
+  const double gather_calls =
+      prof.shard == ShardStyle::kDeepSpeed ? ParameterTensorsPerLayer(plan.model) : 1;
+  const double lat_gather = gather_calls * n_layers * (prof.collective_latency_s + ring_steps);
   const double k = prof.shard_comm_scale;
-  const double ag_f = zero >= 3 ? k * dp.params_s + lat : 0;
+  const double ag_lat = prof.shard == ShardStyle::kDeepSpeed ? lat_gather : lat;
+  const double ag_f = zero >= 3 ? k * dp.params_s + ag_lat : 0;
   // FSDP's shard_grad_op (zero 2) keeps the gathered parameters from forward to backward.
   // fsdp.reshard_after_forward = false keeps the forward's gathered weights for the
   // backward (no second gather).
-  const double ag_b = zero >= 3 && plan.fsdp.reshard_after_forward ? k * dp.params_s + lat : 0;
+  const double ag_b = zero >= 3 && plan.fsdp.reshard_after_forward ? k * dp.params_s + ag_lat : 0;
   const double rs = k * dp.grads_s + lat;
   const double compute_f = fwd, compute_b = st.gemm_s + st.memory_s + st.recompute_s - fwd;
   const double hide = prof.shard_prefetch;

@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__GLIBC__)  // defined by the C library's headers above
+#include <malloc.h>
+#endif
+
 #include "compiler/analyze/checks.h"
 #include "compiler/analyze/time.h"
 #include "compiler/diagnostics/render.h"
@@ -63,6 +67,7 @@ lower::TraceDurations DurationsFrom(const lower::Program& program, const TimeEst
     d.ep_all_to_all_s.push_back(calls > 0 ? st.ep_comm_s / static_cast<double>(calls) : 0.0);
   }
   d.transfer_s = transfer > 0 ? transfer : 1e-5;
+  d.step_overhead_s = t.overhead_s;
   return d;
 }
 
@@ -141,11 +146,20 @@ int NoProgramStatus(const DiagnosticSink& sink) {
   return kExitInputError;
 }
 
-// Writes the Chrome/Perfetto timeline of one simulated step; false (with the error on stderr)
-// when the file cannot be written.
-bool WriteTrace(const Plan& plan, const lower::Program& program, const std::string& trace) {
+// The Chrome/Perfetto timeline of one simulated step, and the time model's step.
+struct StepTrace {
+  lower::TraceResult result;
+  double model_step_s = 0;
+};
+
+StepTrace TraceStep(const Plan& plan, const lower::Program& program) {
   TimeEstimate t = EstimateTime(plan);
-  lower::TraceResult tr = lower::ChromeTrace(program, DurationsFrom(program, t));
+  return {lower::ChromeTrace(program, DurationsFrom(program, t)), t.step_s};
+}
+
+// Writes the timeline; false (with the error on stderr) when the file cannot be written.
+bool WriteTrace(const StepTrace& st, const std::string& trace) {
+  const lower::TraceResult& tr = st.result;
   std::string error;
   if (!WriteOutputFile(trace, tr.json, &error)) {
     std::fprintf(stderr, "planc compile: %s\n", error.c_str());
@@ -153,7 +167,7 @@ bool WriteTrace(const Plan& plan, const lower::Program& program, const std::stri
   }
   std::fprintf(stderr,
                "planc compile: wrote trace %s: simulated step %.3f s (time model: %.3f s)\n",
-               trace.c_str(), tr.step_s, t.step_s);
+               trace.c_str(), tr.step_s, st.model_step_s);
   return true;
 }
 
@@ -174,13 +188,23 @@ int RunCompile(const std::vector<std::string>& args) {
   }
   if (plan) RunAnalysisChecks(*plan, sink);
   std::optional<lower::Program> program;
+  // Without a timeline to draw, the schedules are held compact (the timeline reads ops).
+  cmd.lower_options.compact_schedule = cmd.trace.empty();
   if (plan && !sink.has_errors()) program = lower::LowerPlan(*plan, cmd.lower_options, sink);
+#if defined(__GLIBC__)
+  // The whole-world verifier's state is freed by now, but glibc keeps freed heap pages: handed
+  // back, they make room for the file's builder instead of adding to it.
+  malloc_trim(0);
+#endif
   RenderOptions render;
   std::string rendered = RenderDiagnostics(sink.diagnostics(), sm, cmd.format, render);
   bool machine = cmd.format == DiagFormat::kJson || cmd.format == DiagFormat::kSarif;
   std::fwrite(rendered.data(), 1, rendered.size(), machine ? stdout : stderr);
   if (!program) return NoProgramStatus(sink);
-  std::vector<uint8_t> bytes = lower::ToFlatBuffer(*program);
+  // The timeline reads the schedules, which encoding releases: it is made first.
+  std::optional<StepTrace> step_trace;
+  if (!cmd.trace.empty()) step_trace = TraceStep(*plan, *program);
+  const flatbuffers::DetachedBuffer bytes = prog::mem::EncodeProgramReleasingOps(*program);
   std::string error;
   if (!WriteOutputFile(cmd.output,
                        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
@@ -197,7 +221,7 @@ int RunCompile(const std::vector<std::string>& args) {
                cmd.output.c_str(), program->world_size, program->roles.size(),
                program->communicators.size(), bytes.size(),
                static_cast<double>(peak) / (1024.0 * 1024 * 1024), seconds);
-  if (!cmd.trace.empty() && !WriteTrace(*plan, *program, cmd.trace)) return kExitInputError;
+  if (step_trace && !WriteTrace(*step_trace, cmd.trace)) return kExitInputError;
   return kExitOk;
 }
 

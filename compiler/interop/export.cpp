@@ -124,6 +124,10 @@ class Exporter {
         {fields::kModelWindow, p.model.window == 0},
         {fields::kModelMtpLayers, p.model.mtp_layers == 0},
         {fields::kModelMoeLayerFreq, p.model.moe_layer_freq == 1},
+        {fields::kModelRouterScore, p.model.router_score == RouterScore::kSoftmax},
+        {fields::kModelRouterTopkNorm, p.model.router_topk_norm},
+        {fields::kModelRouterAuxCoeff, p.model.router_aux_coeff == ModelSpec{}.router_aux_coeff},
+        {fields::kModelRouterBiasRate, p.model.router_bias_rate == 0},
         {fields::kOptimizerOffloadFraction, p.optimizer.offload_fraction == 1.0},
     };
     for (const Check& c : checks) {
@@ -212,6 +216,31 @@ void MegatronParallelArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
   ex.CommonLimits(true);
 }
 
+// Megatron-LM flags for the MoE router. Megatron-Core's softmax router takes the top k of the
+// logits and softmaxes them (weights that sum to 1) unless --moe-router-pre-softmax; its sigmoid
+// router always renormalises the top k. Its loss coefficient defaults to 0, so it is always
+// written.
+void MegatronRouterArgs(Exporter& ex, MegatronFlags& add) {
+  const ModelSpec& m = ex.plan_.model;
+  if (m.router_score == RouterScore::kSigmoid) {
+    add("--moe-router-score-function", "sigmoid");
+    if (!m.router_topk_norm && m.topk > 1)
+      ex.Cannot(fields::kModelRouterTopkNorm, "a sigmoid router without renormalisation",
+                "Megatron-Core's sigmoid router always renormalises its top-k weights",
+                "set `model.router_topk_norm = true`");
+  } else if (!m.router_topk_norm) {
+    add("--moe-router-pre-softmax");
+  }
+  if (m.router_aux_coeff > 0)
+    add("--moe-aux-loss-coeff", Real(m.router_aux_coeff));
+  else
+    add("--moe-router-load-balancing-type", "none");
+  if (m.router_bias_rate > 0) {
+    add("--moe-router-enable-expert-bias");
+    add("--moe-router-bias-update-rate", Real(m.router_bias_rate));
+  }
+}
+
 // Megatron-LM flags for the model.
 void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
   const Plan& p = ex.plan_;
@@ -269,6 +298,7 @@ void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
           p.moe.dispatcher == Dispatcher::kAllGather ? "allgather" : "flex");
     }
     if (p.moe.capacity_factor > 0) add("--moe-expert-capacity-factor", Real(p.moe.capacity_factor));
+    MegatronRouterArgs(ex, add);
   }
   if (m.qk_norm) add("--qk-layernorm");
   if (m.mtp_layers > 0) add("--mtp-num-layers", Num(m.mtp_layers));
@@ -368,6 +398,10 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
                                   fields::kModelQkNorm,
                                   fields::kModelMtpLayers,
                                   fields::kModelMoeLayerFreq,
+                                  fields::kModelRouterScore,
+                                  fields::kModelRouterTopkNorm,
+                                  fields::kModelRouterAuxCoeff,
+                                  fields::kModelRouterBiasRate,
                                   fields::kModelActivation,
                                   fields::kModelVocabDivisor};
   if (deepspeed || p.optimizer.offload == Offload::kCpu) {

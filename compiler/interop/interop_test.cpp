@@ -157,6 +157,87 @@ TEST_CASE("Megatron-LM MoE and MLA flags: dense layers, shared experts, SwiGLU f
   CHECK(im.OriginText("model.dense_layers") == "--moe-layer-freq '([0]*1+[1]*5)'");
 }
 
+TEST_CASE("Megatron-LM's router flags: score function, pre-softmax, loss, the expert bias") {
+  const std::string head =
+      "python pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+      "--seq-length 2048 --vocab-size 32000 --num-experts 8 --moe-router-topk 2 ";
+  {
+    Imported im(ConfigKind::kMegatron,
+                head +
+                    "--moe-router-score-function sigmoid --moe-aux-loss-coeff 0.001 "
+                    "--moe-router-enable-expert-bias --moe-router-bias-update-rate 0.002\n",
+                ImportOptions{.nodes = 1, .gpus_per_node = 8});
+    REQUIRE(im.checked);
+    const Plan& p = *im.checked;
+    CHECK(p.model.router_score == RouterScore::kSigmoid);
+    CHECK(p.model.router_topk_norm);
+    CHECK(p.model.router_aux_coeff == doctest::Approx(0.001));
+    CHECK(p.model.router_bias_rate == doctest::Approx(0.002));
+    CHECK(im.OriginText("model.router_bias_rate") == "--moe-router-bias-update-rate 0.002");
+  }
+  {
+    // Megatron-LM's defaults: no balancing loss; the switch alone takes its rate 1e-3.
+    Imported im(ConfigKind::kMegatron,
+                head + "--moe-router-pre-softmax --moe-router-enable-expert-bias\n",
+                ImportOptions{.nodes = 1, .gpus_per_node = 8});
+    REQUIRE(im.checked);
+    const Plan& p = *im.checked;
+    CHECK(p.model.router_score == RouterScore::kSoftmax);
+    CHECK_FALSE(p.model.router_topk_norm);
+    CHECK(p.model.router_aux_coeff == 0);
+    CHECK(p.model.router_bias_rate == doctest::Approx(0.001));
+  }
+  {
+    Imported im(ConfigKind::kMegatron,
+                head + "--moe-aux-loss-coeff 0.01 --moe-router-load-balancing-type none\n",
+                ImportOptions{.nodes = 1, .gpus_per_node = 8});
+    REQUIRE(im.checked);
+    CHECK(im.checked->model.router_aux_coeff == 0);
+  }
+  {
+    Imported im(ConfigKind::kMegatron,
+                head + "--moe-router-bias-update-rate fast --moe-router-enable-expert-bias\n",
+                ImportOptions{.nodes = 1, .gpus_per_node = 8});
+    CHECK_FALSE(im.checked);
+  }
+}
+
+TEST_CASE("the router's settings export to Megatron-LM and back") {
+  SourceManager sm;
+  DiagnosticSink sink;
+  LoadOptions load;
+  load.stdlib_dir = Stdlib();
+  auto source = PlanSource::FromText(
+      "p.plan",
+      "import std.models.deepseek\nimport std.clusters\n"
+      "plan p { model = deepseek_v3  cluster = dgx_h100 { nodes = 64 }  framework = megatron_core\n"
+      "  parallel { tp = 8  pp = 1  ep = 8  etp = 1  sp = true }  batch { global = 512 } }\n",
+      load, sm, sink);
+  REQUIRE(source);
+  auto plan = source->Evaluate("", {}, EvalOptions{}, sink);
+  REQUIRE(plan);
+  DiagnosticSink out;
+  ExportResult megatron = ExportPlan(ConfigKind::kMegatron, *plan, out);
+  CHECK(megatron.text.find("--moe-router-score-function sigmoid") != std::string::npos);
+  CHECK(megatron.text.find("--moe-router-enable-expert-bias") != std::string::npos);
+  CHECK(megatron.text.find("--moe-router-pre-softmax") == std::string::npos);
+  SourceManager sm2;
+  DiagnosticSink sink2;
+  ImportOptions options;
+  options.stdlib_dir = Stdlib();
+  auto imported =
+      ImportConfigText(ConfigKind::kMegatron, "p.sh", megatron.text, options, sm2, sink2);
+  REQUIRE(imported);
+  auto back_source = PlanSource::FromText("back.plan", imported->text, load, sm2, sink2);
+  REQUIRE(back_source);
+  auto back = back_source->Evaluate("", {}, EvalOptions{}, sink2);
+  REQUIRE(back);
+  CHECK(back->model.router_score == RouterScore::kSigmoid);
+  CHECK(back->model.router_topk_norm);
+  CHECK(back->model.router_aux_coeff == doctest::Approx(plan->model.router_aux_coeff));
+  CHECK(back->model.router_bias_rate == doctest::Approx(0.001));
+}
+
 TEST_CASE("Megatron-LM's --moe-layer-freq k: every k-th layer is an MoE layer, and imported") {
   Imported im(ConfigKind::kMegatron,
               "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 "

@@ -3,6 +3,7 @@
 // settings that need more than one flag (virtual stages from layers per virtual stage, dense
 // layers from --moe-layer-freq, shared experts from their size, Megatron's defaults).
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <set>
@@ -184,7 +185,9 @@ bool IsCombined(std::string_view flag) {
   return flag == "--num-query-groups" || flag == "--group-query-attention" ||
          flag == "--multi-latent-attention" || flag == "--moe-shared-expert-intermediate-size" ||
          flag == "--moe-layer-freq" || flag == "--num-layers-per-virtual-pipeline-stage" ||
-         flag == "--recompute-modules" || flag == "--recompute-num-layers";
+         flag == "--recompute-modules" || flag == "--recompute-num-layers" ||
+         flag == "--moe-router-enable-expert-bias" || flag == "--moe-router-bias-update-rate" ||
+         flag == "--moe-router-load-balancing-type";
 }
 
 std::string FlagSource(std::string_view flag, std::string_view value) {
@@ -237,7 +240,8 @@ bool TakesValue(std::string_view flag, const FlagKnowledge& known, std::span<con
                 size_t i) {
   if (known.row) return known.row->convert != Convert::kSwitch;
   if (IsCombined(flag)) {
-    return flag != "--group-query-attention" && flag != "--multi-latent-attention";
+    return flag != "--group-query-attention" && flag != "--multi-latent-attention" &&
+           flag != "--moe-router-enable-expert-bias";
   }
   if (known.skipped) return known.skipped->takes_value;
   if (TakesNoValue(flag)) return false;
@@ -564,6 +568,43 @@ class MegatronReader {
     }
     if (!ReadSharedExperts()) return false;
     ReadMoeLayerFreq();
+    return ReadRouterBalancing();
+  }
+
+  // The router's balancing: the loss (Megatron-LM's default coefficient is 0; the type `none`
+  // turns it off) and the aux-loss-free expert bias, whose rate counts only with the switch.
+  bool ReadRouterBalancing() {
+    if (!draft_.Has(fields::kModelExperts)) {
+      for (const char* flag : {"--moe-router-load-balancing-type",
+                               "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate"})
+        if (const FlagValue* f = Combined(flag))
+          draft_.Skip(f->source, f->range, "the model has no experts (--num-experts)");
+      return true;
+    }
+    if (const FlagValue* t = Combined("--moe-router-load-balancing-type")) {
+      if (t->text == "none")
+        draft_.Set(fields::kModelRouterAuxCoeff, "0", t->range, t->source);
+      else if (t->text != "aux_loss")
+        draft_.Skip(t->source, t->range,
+                    "no plan field: priced as the batch-wise loss of model.router_aux_coeff");
+    }
+    Default(fields::kModelRouterAuxCoeff, "0", "--moe-aux-loss-coeff 0");
+    const FlagValue* bias = Combined("--moe-router-enable-expert-bias");
+    if (!bias) return true;
+    const FlagValue* rate = Combined("--moe-router-bias-update-rate");
+    if (!rate) {
+      draft_.Set(fields::kModelRouterBiasRate, "0.001", bias->range,
+                 "--moe-router-enable-expert-bias (Megatron-LM's rate 1e-3)");
+      return true;
+    }
+    char* end = nullptr;
+    const double r = std::strtod(rate->text.c_str(), &end);
+    if (rate->text.empty() || end != rate->text.c_str() + rate->text.size() || !(r >= 0)) {
+      BadValue(rate->range, "`--moe-router-bias-update-rate " + rate->text + "` is not a rate",
+               "a rate is a number >= 0");
+      return false;
+    }
+    draft_.Set(fields::kModelRouterBiasRate, rate->text, rate->range, rate->source);
     return true;
   }
 

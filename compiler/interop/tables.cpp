@@ -22,6 +22,7 @@ constexpr EnumChoice kMegatronFp8Recipe[] = {{"delayed", "delayed"},
                                              {"blockwise", "blockwise"},
                                              {"mxfp8", "mxfp8"}};
 constexpr EnumChoice kMegatronRecomputeMethod[] = {{"uniform", "uniform"}, {"block", "block"}};
+constexpr EnumChoice kMegatronRouterScore[] = {{"softmax", "softmax"}, {"sigmoid", "sigmoid"}};
 constexpr EnumChoice kMegatronDispatcher[] = {
     {"alltoall", "alltoall"}, {"allgather", "allgather"}, {"flex", "flex"}};
 
@@ -88,6 +89,13 @@ constexpr SettingRow kMegatron[] = {
      {},
      kMegatronDispatcher},
     {"--moe-expert-capacity-factor", fields::kMoeCapacityFactor, Convert::kReal},
+    {"--moe-router-score-function",
+     fields::kModelRouterScore,
+     Convert::kEnum,
+     {},
+     kMegatronRouterScore},
+    {"--moe-router-pre-softmax", fields::kModelRouterTopkNorm, Convert::kSwitch, "false"},
+    {"--moe-aux-loss-coeff", fields::kModelRouterAuxCoeff, Convert::kReal},
     {"--optimizer-offload-fraction", fields::kOptimizerOffloadFraction, Convert::kReal},
     {"--qk-layernorm", fields::kModelQkNorm, Convert::kSwitch, "true"},
     {"--mtp-num-layers", fields::kModelMtpLayers, Convert::kInt},
@@ -119,8 +127,6 @@ constexpr SkippedRow kMegatronSkipped[] = {
     {"--fp8-amax-history-len", "no plan field yet: fp8 scaling"},
     {"--fp8-amax-compute-algo", "no plan field yet: fp8 scaling"},
     {"--moe-grouped-gemm", "no plan field: a kernel choice", false},
-    {"--moe-router-load-balancing-type", "no plan field: router loss"},
-    {"--moe-aux-loss-coeff", "no plan field: router loss"},
     {"--overlap-grad-reduce", "no plan field: the time model assumes overlap", false},
     {"--overlap-param-gather", "no plan field: the time model assumes overlap", false},
     {"--max-position-embeddings", "no plan field: the plan's sequence is --seq-length"},

@@ -98,16 +98,18 @@ class RoleLowering {
   };
   ParamRef AddParam(const std::string& name, int64_t key, std::vector<int64_t> global,
                     int32_t split_dim, prog::InitKind init, double std, bool decay,
-                    bool tp_replicated, bool grad_sync_tp, bool counts_in_norm = true) {
+                    bool tp_replicated, bool grad_sync_tp, bool counts_in_norm = true,
+                    CommKind split_comm = CommKind::Tp) {
     Param prm;
     prm.name = name;
     prm.key = key;
     prm.global_shape = global;
     std::vector<int64_t> local = global;
-    if (split_dim >= 0 && tp_ > 1) {
+    const int64_t ways = split_comm == CommKind::Etp ? s_.moe.etp : tp_;
+    if (split_dim >= 0 && ways > 1) {
       prm.split_dim = split_dim;
-      prm.split_comm = CommKind::Tp;
-      local[split_dim] /= tp_;
+      prm.split_comm = split_comm;
+      local[split_dim] /= ways;
     }
     prm.init = init;
     prm.init_std = init == prog::InitKind::Normal ? std : 0.0;
@@ -197,9 +199,24 @@ class RoleLowering {
   struct MoeParams {
     ParamRef router, gate, up, down;               // gate unused with GELU (up is fc1, down fc2)
     ParamRef shared_gate, shared_up, shared_down;  // shared experts (-1 when none)
+    int32_t bias = -1, load = -1;  // aux-loss-free balancing's State buffers (-1 when none)
   };
+  struct ExpertBias {
+    int32_t bias, load;
+  };
+  std::vector<ExpertBias> expert_bias_;  // every MoE layer of the role with an expert bias
+  // --- expert tensor parallelism ---
+  // The tokens the experts of an Etp group see, with their router weights and choices: this
+  // rank's rows and routing, or under sequence parallelism the group's rows and their gathered
+  // logits routed again (GatherEtpTokens).
+  struct EtpTokens {
+    int32_t x = -1, w = -1, idx = -1;
+    int64_t rows = 0;
+  };
+  // --- end expert tensor parallelism ---
   struct MoeSaved {
     int32_t logits = -1, w = -1, idx = -1, scores = -1, counts = -1;  // router
+    EtpTokens etp;                                                    // the experts' tokens
     int32_t xp = -1, row_map = -1, expert_counts = -1;                // dispatch
     int32_t g = -1, u = -1, a = -1, y = -1;                           // experts
     int32_t sg = -1, su = -1, sa = -1;                                // shared experts
@@ -209,11 +226,26 @@ class RoleLowering {
     int32_t split = -1;  // ep > 1: [ep, local experts] rows each peer sends this rank
   };
   // --- end mixture of experts ---
+  // --- multi-head latent attention: params and saved buffers (body.h, "Multi-head latent
+  // attention") ---
+  struct MlaParams {
+    ParamRef wq_down, wq_up, wq;  // wq_down / wq_up with q_lora_rank > 0, else wq
+    ParamRef wkv_down, wkv_up;
+    NormParams q_norm, kv_norm;  // RMSNorm of the latent rows (q_norm with q_lora_rank > 0)
+  };
+  struct MlaSaved {
+    int32_t q_latent = -1, q_normed = -1, q_rstd = -1;  // q_lora_rank > 0
+    int32_t kv_latent = -1, kv_normed = -1, kv_rstd = -1;
+    int32_t core_out = -1;  // the attention core's output, v padded to the qk head size
+  };
+  // --- end multi-head latent attention ---
   struct LayerParams {
     NormParams n1, n2;
     ParamRef wq, wk, wv, wo, bq, bk, bv, bo, w1, w3, w2, b1, b2;
     bool moe = false;
     MoeParams experts;
+    bool mla = false;
+    MlaParams latent;
   };
   // The buffers of one layer's forward that its backward reads.
   struct LayerSaved {
@@ -221,6 +253,7 @@ class RoleLowering {
             u = -1, a = -1;
     NormOut no1, no2;
     MoeSaved moe;
+    MlaSaved mla;
   };
   // Emits one layer's forward into body_ from input x. With `next` >= 0 the whole layer, ending
   // in the residual add into `next`; with next = -1 (recompute) it stops after the MLP
@@ -306,6 +339,8 @@ class RoleLowering {
   void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
   ChunkParams MakeChunkParams(const ChunkLayers& cl);
   LayerParams MakeLayerParams(int32_t layer_index);
+  // q, k, v (biases), o of ordinary attention.
+  void MakeDenseAttentionParams(int32_t layer_index, LayerParams& params);
   // The output layer's weight: the word embedding itself when this role holds it, the last
   // stage's tied copy of it, or an untied output weight.
   ParamRef MakeOutputWeight(bool embedding);
@@ -325,6 +360,23 @@ class RoleLowering {
   // after the experts' down projection, the last tensor the backward reads.
   void MoeForward(const LayerParams& params, LayerSaved& saved, int32_t next);
   void MoeBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // An expert weight of global shape `global`: whole on every rank (etp = 1, replicated over tp,
+  // its gradient a partial sum over tp under sequence parallelism), or split on `split_dim`
+  // over the Etp group.
+  ParamRef AddExpertParam(const std::string& name, int64_t key, std::vector<int64_t> global,
+                          int32_t split_dim, double std);
+  // --- expert tensor parallelism (body.h MoeShape) ---
+  bool SplitsExperts() const { return s_.moe.etp > 1; }
+  // Before dispatch: the tokens (rows x with their router weights and choices) every rank of the
+  // Etp group runs its expert slices on, from this rank's rows x and their routing.
+  EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
+  // After the combine: a partial sum over the expert slices, [etp rows, cols], reduced over the
+  // Etp group to this rank's rows (reduce-scatter, or all-reduce in place without sequence
+  // parallelism).
+  int32_t ReduceEtpPartial(int32_t partial, const std::string& name, int64_t cols);
+  // The backward's entry: the gradient of this rank's rows, gathered to the Etp group's tokens.
+  int32_t GatherEtpGrad(int32_t grad, const std::string& name, int64_t cols);
+  // --- end expert tensor parallelism ---
   // A dense gated (or GELU) MLP of width `ffn` (global), tensor-parallel, no biases: gate/up into
   // *g, *u and the activation into *a; the down projection reduced to rows when `out` >= 0.
   void DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
@@ -370,6 +422,40 @@ class RoleLowering {
   // --- end expert parallelism ---
   // --- end mixture of experts ---
   void AttentionBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // --- multi-head latent attention ---
+  MlaParams MakeMlaParams(int32_t layer_index, ParamRef* wo);
+  // From the gathered normed rows saved.n1f: the latent projections, decoupled RoPE, the
+  // attention core; sets saved.q, k, v (v padded), o (v head size), lse and saved.mla.
+  void MlaForward(const LayerParams& params, LayerSaved& saved);
+  void MlaAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v, int32_t& o,
+                        int32_t& lse);
+  void MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // The column maps between the per-head buffers (local heads) and the latent ones.
+  prog::attrs::CopyColumns MlaMap(int64_t groups, int64_t width, int64_t x_cols, int64_t x_stride,
+                                  int64_t x_offset, int64_t y_cols, int64_t y_stride,
+                                  int64_t y_offset, bool accumulate = false) const {
+    return {.groups = groups,
+            .width = width,
+            .x_cols = x_cols,
+            .x_stride = x_stride,
+            .x_offset = x_offset,
+            .y_cols = y_cols,
+            .y_stride = y_stride,
+            .y_offset = y_offset,
+            .accumulate = accumulate};
+  }
+  static prog::attrs::CopyColumns Reversed(const prog::attrs::CopyColumns& c, bool accumulate) {
+    return {.groups = c.groups,
+            .width = c.width,
+            .x_cols = c.y_cols,
+            .x_stride = c.y_stride,
+            .x_offset = c.y_offset,
+            .y_cols = c.x_cols,
+            .y_stride = c.x_stride,
+            .y_offset = c.x_offset,
+            .accumulate = accumulate};
+  }
+  // --- end multi-head latent attention ---
   void BuildBuckets();
   void ScopeBucketsInBodies();
   StepBodies BuildStepBodies();
@@ -410,20 +496,24 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
   layer_saved.x = x;
   layer_saved.no1 = NormForward("attention_norm", P.n1, x);
   layer_saved.n1f = GatherSp(layer_saved.no1.y, "attention_norm.out_full", h);
-  layer_saved.q = Act("q", {tokens_, heads * hd});
-  layer_saved.k = Act("k", {tokens_, kv * hd});
-  layer_saved.v = Act("v", {tokens_, kv * hd});
-  Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wq, P.bq), {layer_saved.q});
-  Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wk, P.bk), {layer_saved.k});
-  Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wv, P.bv), {layer_saved.v});
-  if (m_.position == prog::PositionKind::Rope) {
-    Emit(attrs::Rope{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.q},
-         {layer_saved.q}, cp_comm_);
-    Emit(attrs::Rope{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.k},
-         {layer_saved.k}, cp_comm_);
+  if (P.mla) {
+    MlaForward(P, layer_saved);
+  } else {
+    layer_saved.q = Act("q", {tokens_, heads * hd});
+    layer_saved.k = Act("k", {tokens_, kv * hd});
+    layer_saved.v = Act("v", {tokens_, kv * hd});
+    Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wq, P.bq), {layer_saved.q});
+    Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wk, P.bk), {layer_saved.k});
+    Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wv, P.bv), {layer_saved.v});
+    if (m_.position == prog::PositionKind::Rope) {
+      Emit(attrs::Rope{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.q},
+           {layer_saved.q}, cp_comm_);
+      Emit(attrs::Rope{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.k},
+           {layer_saved.k}, cp_comm_);
+    }
+    EmitAttentionCore("attention", layer_saved.q, layer_saved.k, layer_saved.v, layer_saved.o,
+                      layer_saved.lse);
   }
-  EmitAttentionCore("attention", layer_saved.q, layer_saved.k, layer_saved.v, layer_saved.o,
-                    layer_saved.lse);
   int32_t proj = Act("attention.proj", {tokens_, h});
   Emit(attrs::Linear{}, {layer_saved.o, P.wo.value}, {proj});
   int32_t pr = ReducePartial(proj, "attention.proj_sp", h);
@@ -500,14 +590,11 @@ RoleLowering::ChunkParams RoleLowering::MakeChunkParams(const ChunkLayers& cl) {
   return params;
 }
 
-RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
+void RoleLowering::MakeDenseAttentionParams(int32_t layer_index, LayerParams& params) {
   const int64_t h = m_.hidden, hd = m_.head_dim;
   const bool bias = m_.bias;
-  layer_ = layer_index;
   const std::string n = fmt::format("layers.{}.", layer_index);
   auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
-  LayerParams params;
-  params.n1 = MakeNorm(n + "attention_norm", key(0));
   params.wq = AddParam(n + "attention.wq", key(2), {m_.heads * hd, h}, 0, prog::InitKind::Normal,
                        0.02, true, false, false);
   params.wk = AddParam(n + "attention.wk", key(3), {m_.kv_heads * hd, h}, 0, prog::InitKind::Normal,
@@ -527,6 +614,22 @@ RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
   if (bias)
     params.bo =
         AddParam(n + "attention.bo", key(9), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
+}
+
+RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
+  const int64_t h = m_.hidden;
+  const bool bias = m_.bias;
+  layer_ = layer_index;
+  const std::string n = fmt::format("layers.{}.", layer_index);
+  auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
+  LayerParams params;
+  params.n1 = MakeNorm(n + "attention_norm", key(0));
+  if (m_.kv_lora_rank > 0) {
+    params.mla = true;
+    params.latent = MakeMlaParams(layer_index, &params.wo);
+  } else {
+    MakeDenseAttentionParams(layer_index, params);
+  }
   params.n2 = MakeNorm(n + "mlp_norm", key(10));
   if (s_.moe.IsMoeLayer(layer_index)) {
     params.moe = true;
@@ -680,7 +783,10 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
     MoeBackward(params, saved, gx);
   else
     MlpBackward(params, saved, gx);
-  AttentionBackward(params, saved, gx);
+  if (params.mla)
+    MlaBackward(params, saved, gx);
+  else
+    AttentionBackward(params, saved, gx);
 }
 
 void RoleLowering::MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx) {
@@ -716,18 +822,21 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
   const bool gpt = m_.activation == prog::ActivationKind::Gelu;
   const std::string n = fmt::format("layers.{}.moe.", layer_index);
   auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
-  // Router and experts: replicated over tp (etp = 1); with sequence parallelism each rank routes
-  // its own rows, so their gradients are partial sums over tp.
+  // Router: replicated over tp; with sequence parallelism each rank routes its own rows, so its
+  // gradient is a partial sum over tp. Experts: see AddExpertParam.
   MoeParams params;
   params.router =
       AddParam(n + "router", key(20), {e, h}, -1, prog::InitKind::Normal, 0.02, true, true, p_.sp);
-  if (!gpt)
-    params.gate = AddParam(n + "experts.w_gate", key(21), {e, f, h}, -1, prog::InitKind::Normal,
-                           0.02, true, true, p_.sp);
-  params.up = AddParam(n + (gpt ? "experts.fc1" : "experts.w_up"), key(22), {e, f, h}, -1,
-                       prog::InitKind::Normal, 0.02, true, true, p_.sp);
-  params.down = AddParam(n + (gpt ? "experts.fc2" : "experts.w_down"), key(23), {e, h, f}, -1,
-                         prog::InitKind::Normal, OutStd(), true, true, p_.sp);
+  if (!gpt) params.gate = AddExpertParam(n + "experts.w_gate", key(21), {e, f, h}, 1, 0.02);
+  params.up =
+      AddExpertParam(n + (gpt ? "experts.fc1" : "experts.w_up"), key(22), {e, f, h}, 1, 0.02);
+  params.down =
+      AddExpertParam(n + (gpt ? "experts.fc2" : "experts.w_down"), key(23), {e, h, f}, 2, OutStd());
+  if (s_.moe.bias_rate > 0) {
+    params.bias = Buf(n + "router.expert_bias", {e}, DType::F32, BufferKind::State);
+    params.load = Buf(n + "router.expert_load", {e}, DType::F32, BufferKind::Persistent);
+    expert_bias_.push_back({params.bias, params.load});
+  }
   if (ExpertParallel()) {
     if (params.gate.param >= 0) ShardExpertParam(params.gate);
     ShardExpertParam(params.up);
@@ -745,6 +854,61 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
   }
   return params;
 }
+
+RoleLowering::ParamRef RoleLowering::AddExpertParam(const std::string& name, int64_t key,
+                                                    std::vector<int64_t> global, int32_t split_dim,
+                                                    double std) {
+  if (!SplitsExperts())
+    return AddParam(name, key, std::move(global), -1, prog::InitKind::Normal, std, true, true,
+                    p_.sp);
+  // Expert tensor parallelism: a slice per Etp rank, initialised from the whole tensor's values
+  // (the key and the global index), its gradient complete on the rank (every rank of the group
+  // sees all the group's tokens).
+  return AddParam(name, key, std::move(global), split_dim, prog::InitKind::Normal, std, true, false,
+                  false, true, CommKind::Etp);
+}
+
+// --- expert tensor parallelism (body.h MoeShape) ---
+
+RoleLowering::EtpTokens RoleLowering::GatherEtpTokens(int32_t x, const MoeSaved& local,
+                                                      int32_t bias) {
+  if (!SplitsExperts() || !p_.sp) return {x, local.w, local.idx, rows_};
+  const int64_t e = s_.moe.experts, k = s_.moe.topk, rows = rows_ * s_.moe.etp;
+  EtpTokens t{Act("moe.etp.tokens", {rows, m_.hidden}), Act("moe.etp.router.weights", {rows, k}),
+              Buf(Prefix() + "moe.etp.router.indices", {rows, k}, DType::I32), rows};
+  Emit(attrs::AllGather{}, {x}, {t.x}, CommKind::Etp);
+  // The group's choices: its ranks' logits, gathered and routed again. Routing is row by row, so
+  // each row gets the weights and experts its own rank chose, bit for bit; the aux loss and the
+  // router's gradient stay with the local routing.
+  const int32_t logits = Act("moe.etp.router.logits", {rows, e});
+  Emit(attrs::AllGather{}, {local.logits}, {logits}, CommKind::Etp);
+  Emit(
+      attrs::MoeRouter{
+          .experts = e, .topk = k, .score = s_.moe.score, .normalize = s_.moe.normalize},
+      bias >= 0 ? std::vector<int32_t>{logits, bias} : std::vector<int32_t>{logits},
+      {t.w, t.idx, Stat("moe.etp.router.scores", {rows, e}), Stat("moe.etp.router.counts", {e})});
+  return t;
+}
+
+int32_t RoleLowering::ReduceEtpPartial(int32_t partial, const std::string& name, int64_t cols) {
+  if (!SplitsExperts()) return partial;
+  if (!p_.sp) {
+    Emit(attrs::AllReduce{}, {partial}, {partial}, CommKind::Etp);
+    return partial;
+  }
+  const int32_t out = Act(name, {rows_, cols});
+  Emit(attrs::ReduceScatter{}, {partial}, {out}, CommKind::Etp);
+  return out;
+}
+
+int32_t RoleLowering::GatherEtpGrad(int32_t grad, const std::string& name, int64_t cols) {
+  if (!SplitsExperts() || !p_.sp) return grad;
+  const int32_t full = Act(name, {rows_ * s_.moe.etp, cols});
+  Emit(attrs::AllGather{}, {grad}, {full}, CommKind::Etp);
+  return full;
+}
+
+// --- end expert tensor parallelism ---
 
 void RoleLowering::DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
                                       const ParamRef& up, const ParamRef& down, int64_t ffn,
@@ -770,8 +934,7 @@ void RoleLowering::DenseExpertForward(const std::string& name, int32_t xf, const
 }
 
 void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t next) {
-  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn;
-  const int64_t routed = rows_ * k;  // worst case: every choice of every row lands here
+  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn / s_.moe.etp;
   const MoeParams& ex = P.experts;
   MoeSaved& ms = saved.moe;
   const int32_t xn = saved.no2.y;  // this rank's rows
@@ -782,19 +945,26 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   ms.idx = Buf(Prefix() + "moe.router.indices", {rows_, k}, DType::I32);
   ms.scores = Stat("moe.router.scores", {rows_, e});
   ms.counts = Stat("moe.router.counts", {e});
-  Emit(attrs::MoeRouter{.experts = e, .topk = k, .score = 0, .normalize = s_.moe.normalize},
-       {ms.logits}, {ms.w, ms.idx, ms.scores, ms.counts});
+  Emit(
+      attrs::MoeRouter{
+          .experts = e, .topk = k, .score = s_.moe.score, .normalize = s_.moe.normalize},
+      ex.bias >= 0 ? std::vector<int32_t>{ms.logits, ex.bias} : std::vector<int32_t>{ms.logits},
+      {ms.w, ms.idx, ms.scores, ms.counts});
   // The aux loss counts the microbatch's tokens: with sequence parallelism sum the counts of
   // every rank's rows, and with context parallelism those of every Cp rank's positions.
   if (p_.sp && tp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, CommKind::Tp);
   // --- context parallelism ---
   if (cp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, cp_comm_);
   // --- end context parallelism ---
+  // --- expert tensor parallelism: the Etp group's tokens ---
+  ms.etp = GatherEtpTokens(xn, ms, ex.bias);
+  // --- end expert tensor parallelism ---
   // Dispatch.
+  const int64_t routed = ms.etp.rows * k;  // worst case: every choice of every row lands here
   ms.xp = Act("moe.permuted", {routed, h});
   ms.row_map = Buf(Prefix() + "moe.row_map", {routed}, DType::I32);
   ms.expert_counts = Buf(Prefix() + "moe.expert_counts", {e}, DType::I32);
-  Emit(attrs::MoePermute{.experts = e, .topk = k}, {xn, ms.idx},
+  Emit(attrs::MoePermute{.experts = e, .topk = k}, {ms.etp.x, ms.etp.idx},
        {ms.xp, ms.row_map, ms.expert_counts});
   ms.xe = ms.xp;
   ms.ecounts = ms.expert_counts;
@@ -820,14 +990,18 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   if (ExpertParallel()) ms.y = EpCombine(ms, ms.y, "moe.ep.combined");
   // Shared experts read the whole sequence (gathered under sequence parallelism).
   if (ex.shared_up.value >= 0) {
-    saved.n2f = GatherSp(xn, "mlp_norm.out_full", h);
+    // (Under expert tensor parallelism the Etp group's rows are already the gathered sequence.)
+    saved.n2f = ms.etp.x != xn ? ms.etp.x : GatherSp(xn, "mlp_norm.out_full", h);
     DenseExpertForward("moe.shared", saved.n2f, ex.shared_gate, ex.shared_up, ex.shared_down,
                        s_.moe.shared_ffn, &ms.sg, &ms.su, &ms.sa, nullptr);
   }
   if (next < 0) return;
   // Combine.
-  const int32_t combined = Act("moe.out", {rows_, h});
-  Emit(attrs::MoeUnpermute{.topk = k}, {ms.y, ms.row_map, ms.w}, {combined});
+  int32_t combined = Act("moe.out", {ms.etp.rows, h});
+  Emit(attrs::MoeUnpermute{.topk = k}, {ms.y, ms.row_map, ms.etp.w}, {combined});
+  // --- expert tensor parallelism: sum the expert slices' outputs ---
+  combined = ReduceEtpPartial(combined, "moe.out_rows", h);
+  // --- end expert tensor parallelism ---
   int32_t sum = combined;
   if (ex.shared_up.value >= 0) {
     const int32_t d = Act("moe.shared.down", {tokens_, h});
@@ -840,15 +1014,22 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
 }
 
 void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, int32_t gx) {
-  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn;
-  const int64_t routed = rows_ * k;
+  const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn / s_.moe.etp;
   const MoeParams& ex = P.experts;
   const MoeSaved& ms = saved.moe;
+  const int64_t routed = ms.etp.rows * k;
   const int32_t xn = saved.no2.y;
+  // --- expert tensor parallelism: the output gradient of the Etp group's tokens ---
+  const int32_t gxe = GatherEtpGrad(gx, "moe.etp.out.grad", h);
+  // --- end expert tensor parallelism ---
   // Combine.
   const int32_t dy = Act("moe.experts.out.grad", {routed, h});
-  const int32_t dw = Act("moe.router.weights.grad", {rows_, k});
-  Emit(attrs::MoeUnpermuteBackward{.topk = k}, {gx, ms.y, ms.row_map, ms.w}, {dy, dw});
+  int32_t dw = Act(SplitsExperts() ? "moe.etp.router.weights.grad" : "moe.router.weights.grad",
+                   {ms.etp.rows, k});
+  Emit(attrs::MoeUnpermuteBackward{.topk = k}, {gxe, ms.y, ms.row_map, ms.etp.w}, {dy, dw});
+  // --- expert tensor parallelism: the router weights' gradient sums the expert slices ---
+  dw = ReduceEtpPartial(dw, "moe.router.weights.grad", k);
+  // --- end expert tensor parallelism ---
   // Experts (ep > 1: on the rows dispatched to this rank, the gradient sent there first).
   const int64_t groups = ExpertParallel() ? LocalExperts() : e;
   const int64_t erows = ExpertParallel() ? DispatchCapacity() : routed;
@@ -874,27 +1055,31 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   }
   const int32_t dxp = ExpertParallel() ? EpCombine(ms, dxe, "moe.permuted.grad") : dxe;
   // Dispatch: MoeUnpermute without weights is MoePermute's backward.
-  const int32_t dn2 = Act("mlp_norm.out.grad", {rows_, h});
+  int32_t dn2 = Act(SplitsExperts() ? "moe.etp.in.grad" : "mlp_norm.out.grad", {ms.etp.rows, h});
   Emit(attrs::MoeUnpermute{.topk = k}, {dxp, ms.row_map, -1}, {dn2});
+  // --- expert tensor parallelism: the inputs' gradient sums the expert slices ---
+  dn2 = ReduceEtpPartial(dn2, "mlp_norm.out.grad", h);
+  // --- end expert tensor parallelism ---
   // Router, with the aux loss's gradient over the microbatch's tokens (all Cp ranks' positions:
   // each rank adds the gradient of its own rows, summed over DpCp with the weights'), scaled as
   // the loss is.
   const int32_t dz = Act("moe.router.logits.grad", {rows_, e});
   Emit(attrs::MoeRouterBackward{.experts = e,
                                 .topk = k,
-                                .score = 0,
+                                .score = s_.moe.score,
                                 .normalize = s_.moe.normalize,
                                 .aux_rows = tokens_ * cp_,
                                 .aux_coeff = s_.moe.aux_coeff,
                                 .aux_grad_scale =
                                     1.0 / static_cast<double>(s_.microbatches * p_.dp)},
        {dw, ms.idx, ms.scores, ms.counts}, {dz});
+  if (ex.load >= 0) Emit(attrs::MoeExpertLoad{}, {ms.counts}, {ex.load});
   Emit(attrs::LinearBackward{.dx_accumulate = true}, {dz, xn, ex.router.value},
        {dn2, ex.router.grad});
   int32_t dnorm = dn2;
   if (ex.shared_up.value >= 0) {
     const int64_t sf = s_.moe.shared_ffn / tp_;
-    const int32_t gxf = GatherSp(gx, "moe.shared.down.grad_full", h);
+    const int32_t gxf = gxe != gx ? gxe : GatherSp(gx, "moe.shared.down.grad_full", h);
     const int32_t dsa = Act("moe.shared.act.grad", {tokens_, sf});
     Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, ms.sa, ex.shared_down.value},
          {dsa, ex.shared_down.grad});
@@ -1012,6 +1197,201 @@ void RoleLowering::AttentionBackward(const LayerParams& params, const LayerSaved
   const int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
   NormBackward(params.n1, saved.no1, saved.x, dn1, gx, /*accumulate=*/true);
 }
+
+// --- multi-head latent attention (body.h, "Multi-head latent attention") ----------------------
+
+RoleLowering::MlaParams RoleLowering::MakeMlaParams(int32_t layer_index, ParamRef* wo) {
+  const int64_t h = m_.hidden, heads = m_.heads;
+  const int64_t qk = m_.qk_nope_head_dim + m_.qk_rope_head_dim;
+  const int64_t ql = m_.q_lora_rank, kvl = m_.kv_lora_rank, rope = m_.qk_rope_head_dim;
+  const std::string n = fmt::format("layers.{}.attention.", layer_index);
+  auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
+  auto latent_norm = [&](const std::string& name, int64_t dim, int32_t j) {
+    // Replicated over tp like the down projections; the gradient each rank computes is the part
+    // of its own heads, summed over Tp.
+    NormParams np;
+    np.w = AddParam(n + name + ".weight", key(j), {dim}, -1, prog::InitKind::Ones, 0, false, true,
+                    true);
+    return np;
+  };
+  MlaParams params;
+  // Down projections and their norms: replicated (every rank needs the whole latent rows);
+  // up projections column-parallel by heads.
+  if (ql > 0) {
+    params.wq_down = AddParam(n + "wq_down", key(30), {ql, h}, -1, prog::InitKind::Normal, 0.02,
+                              true, true, true);
+    params.q_norm = latent_norm("q_norm", ql, 31);
+    params.wq_up = AddParam(n + "wq_up", key(32), {heads * qk, ql}, 0, prog::InitKind::Normal, 0.02,
+                            true, false, false);
+  } else {
+    params.wq = AddParam(n + "wq", key(2), {heads * qk, h}, 0, prog::InitKind::Normal, 0.02, true,
+                         false, false);
+  }
+  params.wkv_down = AddParam(n + "wkv_down", key(33), {kvl + rope, h}, -1, prog::InitKind::Normal,
+                             0.02, true, true, true);
+  params.kv_norm = latent_norm("kv_norm", kvl, 34);
+  params.wkv_up =
+      AddParam(n + "wkv_up", key(35), {heads * (m_.qk_nope_head_dim + m_.v_head_dim), kvl}, 0,
+               prog::InitKind::Normal, 0.02, true, false, false);
+  *wo = AddParam(n + "wo", key(8), {h, heads * m_.v_head_dim}, 1, prog::InitKind::Normal, OutStd(),
+                 true, false, false);
+  return params;
+}
+
+void RoleLowering::MlaAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v,
+                                    int32_t& o, int32_t& lse) {
+  const int64_t heads = m_.heads / tp_, qk = m_.qk_nope_head_dim + m_.qk_rope_head_dim;
+  o = Act(name + ".out_padded", {tokens_, heads * qk});
+  lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
+  Emit(attrs::Attention{.micro = m_.micro_batch,
+                        .seq = m_.seq_len,
+                        .heads = heads,
+                        .kv_heads = heads,
+                        .head_dim = qk,
+                        .scale = 1.0 / std::sqrt(static_cast<double>(qk))},
+       {q, k, v}, {o, lse});
+}
+
+void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
+  const MlaParams& lp = P.latent;
+  MlaSaved& ms = saved.mla;
+  const int64_t heads = m_.heads / tp_, nope = m_.qk_nope_head_dim, rope = m_.qk_rope_head_dim;
+  const int64_t qk = nope + rope, vd = m_.v_head_dim, kvl = m_.kv_lora_rank;
+  const auto rope_attrs = [&](int64_t n) {
+    return attrs::Rope{.heads = n, .head_dim = rope, .theta = m_.rope_theta};
+  };
+  // Queries: through the q latent (down, RMSNorm, up) or projected directly.
+  saved.q = Act("q", {tokens_, heads * qk});
+  if (m_.q_lora_rank > 0) {
+    const int64_t ql = m_.q_lora_rank;
+    ms.q_latent = Act("attention.q_latent", {tokens_, ql});
+    Emit(attrs::Linear{}, {saved.n1f, lp.wq_down.value}, {ms.q_latent});
+    ms.q_normed = Act("attention.q_norm.out", {tokens_, ql});
+    ms.q_rstd = Stat("attention.q_norm.rstd", {tokens_});
+    Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.q_latent, lp.q_norm.w.value},
+         {ms.q_normed, ms.q_rstd});
+    Emit(attrs::Linear{}, {ms.q_normed, lp.wq_up.value}, {saved.q});
+  } else {
+    Emit(attrs::Linear{}, {saved.n1f, lp.wq.value}, {saved.q});
+  }
+  // Keys and values: the kv latent and the shared rope head in one projection.
+  const int32_t kv_a = Act("attention.kv_latent_rope", {tokens_, kvl + rope});
+  Emit(attrs::Linear{}, {saved.n1f, lp.wkv_down.value}, {kv_a});
+  ms.kv_latent = Act("attention.kv_latent", {tokens_, kvl});
+  Emit(MlaMap(1, kvl, kvl + rope, 0, 0, kvl, 0, 0), {kv_a}, {ms.kv_latent});
+  ms.kv_normed = Act("attention.kv_norm.out", {tokens_, kvl});
+  ms.kv_rstd = Stat("attention.kv_norm.rstd", {tokens_});
+  Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.kv_latent, lp.kv_norm.w.value},
+       {ms.kv_normed, ms.kv_rstd});
+  const int32_t kv = Act("attention.kv", {tokens_, heads * (nope + vd)});
+  Emit(attrs::Linear{}, {ms.kv_normed, lp.wkv_up.value}, {kv});
+  // Decoupled RoPE: the rope part of each query head, and the one shared key head.
+  const int32_t q_pe = Act("attention.q_rope", {tokens_, heads * rope});
+  const auto q_rope_part = MlaMap(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
+  Emit(q_rope_part, {saved.q}, {q_pe});
+  Emit(rope_attrs(heads), {q_pe}, {q_pe});
+  Emit(Reversed(q_rope_part, false), {q_pe}, {saved.q});
+  const int32_t k_pe = Act("attention.k_rope", {tokens_, rope});
+  Emit(MlaMap(1, rope, kvl + rope, 0, kvl, rope, 0, 0), {kv_a}, {k_pe});
+  Emit(rope_attrs(1), {k_pe}, {k_pe});
+  // k = [k_nope of each head, the shared rope head]; v padded with zeros to the qk head size so
+  // that one Attention runs it (the padded output columns are zeros). The zeros come from a
+  // scratch buffer: Fill writes every slot of a buffer, and v is kept per microbatch.
+  saved.k = Act("k", {tokens_, heads * qk});
+  Emit(MlaMap(heads, nope, heads * (nope + vd), nope + vd, 0, heads * qk, qk, 0), {kv}, {saved.k});
+  Emit(MlaMap(heads, rope, rope, 0, 0, heads * qk, qk, nope), {k_pe}, {saved.k});
+  saved.v = Act("v_padded", {tokens_, heads * qk});
+  Emit(MlaMap(heads, vd, heads * (nope + vd), nope + vd, nope, heads * qk, qk, 0), {kv}, {saved.v});
+  if (qk > vd) {
+    const int32_t zeros = Act("attention.v_padding", {tokens_, qk - vd});
+    Emit(attrs::Fill{.value = 0.0}, {}, {zeros});
+    Emit(MlaMap(heads, qk - vd, qk - vd, 0, 0, heads * qk, qk, vd), {zeros}, {saved.v});
+  }
+  MlaAttentionCore("attention", saved.q, saved.k, saved.v, ms.core_out, saved.lse);
+  saved.o = Act("attention.out", {tokens_, heads * vd});
+  Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * vd, vd, 0), {ms.core_out}, {saved.o});
+}
+
+void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx) {
+  const MlaParams& lp = params.latent;
+  const MlaSaved& ms = saved.mla;
+  const int64_t h = m_.hidden, heads = m_.heads / tp_, nope = m_.qk_nope_head_dim;
+  const int64_t rope = m_.qk_rope_head_dim, qk = nope + rope, vd = m_.v_head_dim;
+  const int64_t kvl = m_.kv_lora_rank;
+  const auto rope_attrs = [&](int64_t n) {
+    return attrs::RopeBackward{.heads = n, .head_dim = rope, .theta = m_.rope_theta};
+  };
+  // Output projection (row-parallel), into the padded head layout.
+  const int32_t gxf = GatherSp(gx, "attention.proj.grad_full", h);
+  const int32_t dout = Act("attention.out.grad", {tokens_, heads * vd});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, saved.o, params.wo.value},
+       {dout, params.wo.grad});
+  const int32_t dout_padded = Act("attention.out_padded.grad", {tokens_, heads * qk});
+  Emit(attrs::Fill{.value = 0.0}, {}, {dout_padded});
+  Emit(MlaMap(heads, vd, heads * vd, vd, 0, heads * qk, qk, 0), {dout}, {dout_padded});
+  // Attention core (recomputed from the stashed q, k, v under selective recompute).
+  int32_t o = ms.core_out, lse = saved.lse;
+  if (s_.recompute == ActivationRecompute::kSelective)
+    MlaAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
+  const int32_t dq = Act("q.grad", {tokens_, heads * qk});
+  const int32_t dk = Act("k.grad", {tokens_, heads * qk});
+  const int32_t dv = Act("v_padded.grad", {tokens_, heads * qk});
+  Emit(attrs::AttentionBackward{.micro = m_.micro_batch,
+                                .seq = m_.seq_len,
+                                .heads = heads,
+                                .kv_heads = heads,
+                                .head_dim = qk,
+                                .scale = 1.0 / std::sqrt(static_cast<double>(qk))},
+       {dout_padded, saved.q, saved.k, saved.v, o, lse}, {dq, dk, dv});
+  // Back through the head layouts: dk's nope part and dv into the up projection's output; dk's
+  // rope part summed over the heads into the shared head; RoPE's inverse rotations.
+  const int32_t dkv = Act("attention.kv.grad", {tokens_, heads * (nope + vd)});
+  Emit(MlaMap(heads, nope, heads * qk, qk, 0, heads * (nope + vd), nope + vd, 0), {dk}, {dkv});
+  Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * (nope + vd), nope + vd, nope), {dv}, {dkv});
+  const int32_t dk_pe = Act("attention.k_rope.grad", {tokens_, rope});
+  Emit(attrs::Fill{.value = 0.0}, {}, {dk_pe});
+  Emit(MlaMap(heads, rope, heads * qk, qk, nope, rope, 0, 0, /*accumulate=*/true), {dk}, {dk_pe});
+  Emit(rope_attrs(1), {dk_pe}, {dk_pe});
+  const int32_t dq_pe = Act("attention.q_rope.grad", {tokens_, heads * rope});
+  const auto q_rope_part = MlaMap(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
+  Emit(q_rope_part, {dq}, {dq_pe});
+  Emit(rope_attrs(heads), {dq_pe}, {dq_pe});
+  Emit(Reversed(q_rope_part, false), {dq_pe}, {dq});
+  // Latent paths. The up projections' input gradients are partial sums over Tp (each rank has
+  // its own heads); they stay partial through the replicated norms and down projections, whose
+  // weight gradients are summed over Tp with the step (grad_sync_tp), and the layer input's
+  // gradient is reduced over Tp once, as ordinary attention's is.
+  const int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
+  if (m_.q_lora_rank > 0) {
+    const int64_t ql = m_.q_lora_rank;
+    const int32_t dqn = Act("attention.q_norm.out.grad", {tokens_, ql});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, ms.q_normed, lp.wq_up.value},
+         {dqn, lp.wq_up.grad});
+    const int32_t dql = Act("attention.q_latent.grad", {tokens_, ql});
+    Emit(attrs::RmsNormBackward{.dx_accumulate = false},
+         {dqn, ms.q_latent, lp.q_norm.w.value, ms.q_rstd}, {dql, lp.q_norm.w.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dql, saved.n1f, lp.wq_down.value},
+         {dn1f, lp.wq_down.grad});
+  } else {
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, saved.n1f, lp.wq.value},
+         {dn1f, lp.wq.grad});
+  }
+  const int32_t dkvn = Act("attention.kv_norm.out.grad", {tokens_, kvl});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dkv, ms.kv_normed, lp.wkv_up.value},
+       {dkvn, lp.wkv_up.grad});
+  const int32_t dkvl = Act("attention.kv_latent.grad", {tokens_, kvl});
+  Emit(attrs::RmsNormBackward{.dx_accumulate = false},
+       {dkvn, ms.kv_latent, lp.kv_norm.w.value, ms.kv_rstd}, {dkvl, lp.kv_norm.w.grad});
+  const int32_t dkv_a = Act("attention.kv_latent_rope.grad", {tokens_, kvl + rope});
+  Emit(MlaMap(1, kvl, kvl, 0, 0, kvl + rope, 0, 0), {dkvl}, {dkv_a});
+  Emit(MlaMap(1, rope, rope, 0, 0, kvl + rope, 0, kvl), {dk_pe}, {dkv_a});
+  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dkv_a, saved.n1f, lp.wkv_down.value},
+       {dn1f, lp.wkv_down.grad});
+  const int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
+  NormBackward(params.n1, saved.no1, saved.x, dn1, gx, /*accumulate=*/true);
+}
+
+// --- end multi-head latent attention -----------------------------------------------------------
 
 // Classify: a non-parameter buffer that both bodies of its chunk touch is kept per microbatch.
 void RoleLowering::ClassifyStash() {
@@ -1253,6 +1633,13 @@ StepBodies RoleLowering::BuildStepBodies() {
     else
       Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
     if (shards && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, group);
+  }
+  // Aux-loss-free balancing: every rank of a stage moves its layers' biases by the step's load
+  // over all its tokens (each microbatch's counts already cover Tp under sp and Cp).
+  for (const ExpertBias& eb : expert_bias_) {
+    if (p_.dp > 1) Emit(attrs::AllReduce{}, {eb.load}, {eb.load}, CommKind::Dp);
+    Emit(attrs::MoeExpertBiasUpdate{.experts = s_.moe.experts, .rate = s_.moe.bias_rate},
+         {eb.bias, eb.load}, {eb.bias, eb.load});
   }
   bool has_loss = false;
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;

@@ -14,6 +14,14 @@
 // and 2·cp-1-r): RingAttention replaces Attention, RoPE and the data loader work over Cp, and
 // the loss and the gradients are reduced over DpCp; ZeRO shards over DpCp.
 //
+// Multi-head latent attention (model kv_lora_rank > 0, DeepSeek-V2/V3) replaces q/k/v: queries
+// through a replicated down projection, RMSNorm and a column-parallel up projection (or one
+// projection with q_lora_rank = 0); keys and values through a replicated down projection to the
+// kv latent and one shared rope head, RMSNorm of the latent and a column-parallel up projection;
+// decoupled RoPE on the rope part of each query head and on the shared key head, broadcast to
+// every head; values padded with zeros to the query/key head size for Attention
+// (runtime/format/README.md, "Multi-head latent attention"). Not beside context parallelism.
+//
 // BuildRoleBodies fills a Role's params, buffers (shapes, kinds; no placement yet), buckets,
 // chunks and bodies. Placement is memory_plan.h's job, the schedule lower.cpp's.
 #ifndef PARAPLAN_COMPILER_LOWER_BODY_H_
@@ -52,9 +60,14 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 // dispatch and combine are all-to-alls over Ep (runtime/format/README.md, "Expert
 // parallelism"). Each rank routes its own rows of the residual stream (rows / tp under sequence
 // parallelism, all tokens otherwise):
-//   router    Linear to [rows, experts] logits, MoeRouter (softmax scores, top-k, `normalize`
-//             divides the picked weights by their sum), the load-balancing aux loss's gradient
-//             (coefficient `aux_coeff`, over the microbatch's tokens) added by MoeRouterBackward
+//   router    Linear to [rows, experts] logits, MoeRouter (softmax or sigmoid scores, top-k,
+//             `normalize` divides the picked weights by their sum), the load-balancing aux loss's
+//             gradient (coefficient `aux_coeff`, over the microbatch's tokens) added by
+//             MoeRouterBackward; with `bias_rate` > 0 the aux-loss-free expert bias (a State
+//             buffer) shifts the top-k choice, each backward adds the microbatch's counts to the
+//             step's load (MoeExpertLoad), and the optimizer body sums the load over Dp (the
+//             counts are already summed over Tp under sp and over Cp) and moves the bias
+//             (MoeExpertBiasUpdate)
 //   dispatch  MoePermute: rows·topk rows grouped by expert, the routed buffers at their worst
 //             case (every choice of every row)
 //   experts   GroupedLinear gate/up, the model's activation, GroupedLinear down
@@ -62,6 +75,21 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 //   shared    `shared_ffn` > 0: a dense MLP of that width beside the experts, tensor-parallel as
 //   the
 //             dense MLP is, added to the combined output
+// Expert tensor parallelism (etp > 1; lowering accepts etp = tp with ep = 1, and the Etp groups
+// are then the Tp groups): each expert is split as the dense MLP is, gate/up (fc1) by rows of
+// ffn / etp and down (fc2) by columns, over the Etp group; the router stays replicated.
+//   routing   each rank routes its own rows (the aux loss and the router's gradient as above)
+//   gather    under sequence parallelism the Etp group all-gathers the rows and their router
+//             logits and routes the gathered logits again (row by row: bit for bit the choices
+//             each rank made), so every rank runs its slice of every expert on all the group's
+//             tokens, as Megatron-Core's all-gather dispatcher gathers the routing over the
+//             tensor-parallel ranks; without sequence parallelism every rank holds every row
+//   reduce    the combined partial outputs are reduce-scattered back to the rows (all-reduced
+//             without sequence parallelism); the shared experts read the gathered rows
+//   backward  the output gradient is gathered; the router weights' and the inputs' gradients,
+//             partial sums over the expert slices, are reduce-scattered (all-reduced); the
+//             slices' own gradients are complete on each rank and reduced over the
+//             data-parallel group, which is the experts' (edp = dp · cp)
 struct MoeShape {
   int64_t experts = 0;
   int64_t topk = 0;
@@ -70,7 +98,10 @@ struct MoeShape {
   int64_t dense_layers = 0;
   int64_t layer_freq = 1;
   bool normalize = false;  // renormalise the top-k weights
+  int64_t score = 0;       // 0 softmax, 1 sigmoid (MoeRouter's `score`)
   double aux_coeff = 0.01;
+  double bias_rate = 0;  // aux-loss-free balancing: the expert bias's update rate (0: no bias)
+  int64_t etp = 1;       // expert tensor parallelism: each expert's ffn split etp ways (Etp group)
   // Expert parallelism (ep > 1): the routing imbalance the plan states (`moe.imbalance`, the
   // worst rank's routed rows over the average), 0 when it states none. It bounds the dispatch's
   // receive buffers; without it they hold the worst case (lower/body.cpp DispatchCapacity).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <set>
 
 #include "compiler/analyze/memory.h"
 #include "compiler/lower/body.h"
@@ -114,22 +115,49 @@ class UnsupportedFeatures {
 void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& q = plan.parallel;
-  // --- mixture of experts: emitted with etp = 1 (ep > 1: expert parallelism, below) ---
-  if (m.IsMoe() && q.etp > 1)
+  // --- mixture of experts: emitted with etp = 1 or etp = tp (ep > 1 with etp = 1: expert
+  // parallelism, below) ---
+  // --- expert tensor parallelism: each expert split over the Tp group, as the dense MLP ---
+  if (m.IsMoe() && q.etp > 1 && q.etp != q.tp)
     unsupported.Report(
-        fmt::format("experts split by tensor parallelism (etp = {}; it defaults to tp)", q.etp),
+        fmt::format("experts split by tensor parallelism over etp = {} ranks, other than tp = {}",
+                    q.etp, q.tp),
         "parallel.etp",
-        "set `parallel.etp = 1`: every rank then holds its experts whole; `planc check` and "
-        "`planc explain` analyse etp > 1");
+        fmt::format("set `parallel.etp = {}` (each expert split as the dense MLP) or "
+                    "`parallel.etp = 1` (experts whole on every rank); `planc check` and "
+                    "`planc explain` analyse etp = {}",
+                    q.tp, q.etp));
+  if (m.IsMoe() && q.etp > 1 && q.ep > 1)
+    unsupported.Report(
+        fmt::format("experts split by tensor parallelism (etp = {}) together with expert "
+                    "parallelism (ep = {})",
+                    q.etp, q.ep),
+        "parallel.etp", "set `parallel.etp = 1` or `parallel.ep = 1`");
+  // --- end expert tensor parallelism ---
   if (m.IsMoe() && plan.moe.capacity_factor > 0)
     unsupported.Report(
         fmt::format("a capacity factor ({}: tokens past it dropped)", plan.moe.capacity_factor),
         "moe.capacity_factor", "set `moe.capacity_factor = 0` (dropless, as lowered)");
   // --- end mixture of experts ---
-  if (m.IsMla())
-    unsupported.Report("multi-head latent attention", "model.kv_lora_rank",
-                       "`planc check` and `planc explain` analyse this plan; compile a model with "
-                       "ordinary attention for now");
+  // --- multi-head latent attention: emitted beside tp, sp and pp; not beside cp ---
+  if (m.IsMla() && q.cp > 1)
+    unsupported.Report(
+        fmt::format("multi-head latent attention beside context parallelism (cp = {})", q.cp),
+        "parallel.cp", "set `parallel.cp = 1`, or compile a model with ordinary attention");
+  if (m.IsMla() && m.position != Position::kRope)
+    unsupported.Report("multi-head latent attention without rotary positions", "model.position",
+                       "set `model.position = rope` (its decoupled RoPE)");
+  if (m.IsMla() && m.v_head_dim > m.qk_nope_head_dim + m.qk_rope_head_dim)
+    unsupported.Report(
+        fmt::format("multi-head latent attention with v_head_dim = {} > qk_nope_head_dim + "
+                    "qk_rope_head_dim = {} (values are padded to the query/key head size)",
+                    m.v_head_dim, m.qk_nope_head_dim + m.qk_rope_head_dim),
+        "model.v_head_dim", "set `model.v_head_dim` to at most the query/key head size");
+  if (m.IsMla() && m.qk_rope_head_dim % 2 != 0)
+    unsupported.Report(fmt::format("multi-head latent attention with an odd qk_rope_head_dim = {}",
+                                   m.qk_rope_head_dim),
+                       "model.qk_rope_head_dim", "RoPE rotates pairs of columns: make it even");
+  // --- end multi-head latent attention ---
   // --- expert parallelism: ep > 1 lowers with etp = 1, sequence parallelism under tp > 1 and
   // ZeRO 0 or 1 ---
   if (m.IsMoe() && q.ep > 1 && q.tp > 1 && !q.sp)
@@ -228,6 +256,11 @@ bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
   divide("heads", m.heads, "model.heads", q.tp, "tp");
   divide("kv_heads", m.kv_heads, "model.kv_heads", q.tp, "tp");
   divide("ffn_hidden", m.ffn_hidden, "model.ffn_hidden", q.tp, "tp");
+  // --- expert tensor parallelism: each expert's ffn split over etp ---
+  if (m.IsMoe() && q.etp > 1)
+    divide("moe_ffn_hidden", m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden,
+           m.moe_ffn_hidden > 0 ? "model.moe_ffn_hidden" : "model.ffn_hidden", q.etp, "etp");
+  // --- end expert tensor parallelism ---
   if (m.IsMoe() && m.shared_experts > 0)  // mixture of experts: shared experts split like the MLP
     divide("shared_experts · moe_ffn_hidden",
            m.shared_experts * (m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden),
@@ -349,6 +382,9 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
                    const ParallelConfig& par, Role& role) {
   namespace attrs = prog::attrs;
   std::vector<Op>& out = role.schedule;
+  // A schedule holds every microbatch's ops (hundreds of thousands in a large world): exact
+  // capacities keep it from carrying the slack of growth.
+  out.reserve(steps.size() + 3);
   out.push_back(prog::MakeOp(attrs::ZeroGrads{.body = sb.zero_grads}, {}, {}));
   for (const PipelineStep& st : steps) {
     const Chunk& c = role.chunks[st.chunk];
@@ -381,6 +417,7 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
       default:
         break;
     }
+    if (!out.empty()) out.back().ints.shrink_to_fit();
   }
   out.push_back(prog::MakeOp(attrs::ReduceGrads{.body = sb.reduce_grads}, {}, {}));
   out.push_back(prog::MakeOp(attrs::OptimizerStep{.body = sb.optimizer_step}, {}, {}));
@@ -436,6 +473,67 @@ void BuildWorld(const Layout& layout, bool tied_pp, bool experts, Program& p) {
   }
 }
 
+// --- expert tensor parallelism ---------------------------------------------------------------
+// Whether the plan's MoE layers split their experts over an Etp group (etp > 1; lowered with
+// etp = tp and ep = 1).
+bool SplitsExperts(const Plan& plan) { return plan.model.IsMoe() && plan.parallel.etp > 1; }
+
+// The groups of `kind`, each in its member order, in a canonical order of groups.
+std::set<std::vector<int64_t>> GroupSet(const Layout& layout, GroupKind kind, bool sort_members) {
+  std::set<std::vector<int64_t>> out;
+  const GroupList& list = layout.Groups(kind);
+  for (int64_t g = 0; g < list.group_count(); ++g) {
+    std::vector<int64_t> members(list.Group(g).begin(), list.Group(g).end());
+    if (sort_members) std::sort(members.begin(), members.end());
+    out.insert(std::move(members));
+  }
+  return out;
+}
+
+// The experts' tensor-parallel groups must be the Tp groups, member for member (an Etp rank holds
+// the same sequence-parallel rows as its Tp rank), and the experts' data-parallel groups the
+// ranks that reduce the dense gradients (DpCp; Dp without context parallelism): the lowering
+// routes with the Tp group's tokens and reduces every gradient over one data-parallel group.
+// Reports P0801 at `parallel.order` when the order lays them out otherwise.
+bool CheckExpertTensorGroups(const Plan& plan, const Layout& layout, DiagnosticSink& sink) {
+  if (!SplitsExperts(plan)) return true;
+  const GroupKind dense_dp = plan.parallel.cp > 1 ? GroupKind::kDpCp : GroupKind::kDp;
+  std::string_view differs;
+  if (GroupSet(layout, GroupKind::kEtp, false) != GroupSet(layout, GroupKind::kTp, false))
+    differs = "the expert-tensor-parallel groups differ from the tensor-parallel groups";
+  else if (GroupSet(layout, GroupKind::kEdp, true) != GroupSet(layout, dense_dp, true))
+    differs = "the expert-data-parallel groups differ from the data-parallel groups";
+  if (differs.empty()) return true;
+  sink.Report(
+      Diag(DiagKind::kLowerUnsupported,
+           fmt::format("lowering does not emit experts split by tensor parallelism (etp = {}) "
+                       "under the order `{}` yet: {}",
+                       plan.parallel.etp, plan.parallel.order, differs))
+          .At(plan.Range("parallel.order"), "set here")
+          .Note("the lowering splits each expert over the ranks of a Tp group, which hold the "
+                "same tokens, and reduces the experts' gradients with the dense ones")
+          .Help("use an order with `tp` first (the default `tp-cp-ep-dp-pp`), or `parallel.etp "
+                "= 1`"));
+  return false;
+}
+
+// The Etp communicators of the layout (members in Megatron's order), after those BuildWorld
+// lists; only when the MoE layers split their experts.
+void AddExpertTensorComms(const Plan& plan, const Layout& layout, Program& p) {
+  if (!SplitsExperts(plan)) return;
+  const GroupList& list = layout.Groups(GroupKind::kEtp);
+  if (list.group_size <= 1) return;
+  for (int64_t g = 0; g < list.group_count(); ++g) {
+    Communicator c;
+    c.kind = CommKind::Etp;
+    for (int64_t m : list.Group(g)) c.members.push_back(static_cast<int32_t>(m));
+    const int32_t index = static_cast<int32_t>(p.communicators.size());
+    for (int32_t m : c.members) p.ranks[m].comms[static_cast<int>(CommKind::Etp)] = index;
+    p.communicators.push_back(std::move(c));
+  }
+}
+// --- end expert tensor parallelism -----------------------------------------------------------
+
 ModelConfig ModelConfigOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
   const int64_t pad = 128 * plan.parallel.tp;
@@ -457,7 +555,12 @@ ModelConfig ModelConfigOf(const Plan& plan) {
       m.tied_embeddings,
       1e-5,
       10000.0,
-      m.activation == Activation::kGelu};
+      m.activation == Activation::kGelu,
+      m.q_lora_rank,
+      m.kv_lora_rank,
+      m.qk_nope_head_dim,
+      m.qk_rope_head_dim,
+      m.v_head_dim};
 }
 
 ParallelConfig ParallelConfigOf(const Plan& plan) {
@@ -563,6 +666,11 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.shared_ffn = m.shared_experts * bs.moe.ffn;
     bs.moe.dense_layers = m.dense_layers;
     bs.moe.layer_freq = m.moe_layer_freq;
+    bs.moe.score = m.router_score == RouterScore::kSigmoid ? 1 : 0;
+    bs.moe.normalize = m.router_topk_norm;
+    bs.moe.aux_coeff = m.router_aux_coeff;
+    bs.moe.bias_rate = m.router_bias_rate;
+    bs.moe.etp = std::max<int64_t>(1, plan.parallel.etp);  // expert tensor parallelism
     // Stated: written in the plan, a module it uses, or --set (not the built-in default).
     const FieldOrigin* imbalance = plan.origins.FindPath("moe.imbalance");
     if (imbalance != nullptr &&
@@ -577,9 +685,19 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
   return bs;
 }
 
+// Moves the role's schedule into its compact form (Role::steps). Every op the lowering emits
+// has one; an op without one keeps the whole schedule as ops.
+void CompactSchedule(Role& role) {
+  std::vector<prog::ScheduleStep> steps(role.schedule.size());
+  for (size_t i = 0; i < role.schedule.size(); ++i)
+    if (!prog::mem::ToScheduleStep(role.schedule[i], &steps[i])) return;
+  role.steps = std::move(steps);
+  std::vector<Op>().swap(role.schedule);
+}
+
 // One role per pipeline rank: bodies, schedule, slots and memory plan.
-void BuildRoles(const Partition& partition, const std::vector<std::vector<PipelineStep>>& pipeline,
-                const BodyShape& bs, Program& p) {
+void BuildRoles(const Partition& partition, std::vector<std::vector<PipelineStep>> pipeline,
+                const BodyShape& bs, bool compact, Program& p) {
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;
     for (const PipelineChunk& c : partition.stages[r].chunks)
@@ -588,8 +706,10 @@ void BuildRoles(const Partition& partition, const std::vector<std::vector<Pipeli
     Role role;
     StepBodies sb = BuildRoleBodies(bs, r, chunks, role);
     BuildSchedule(pipeline[r], sb, p.parallel, role);
+    std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
     AssignSlots(role);
     PlanMemory(role);
+    if (compact) CompactSchedule(role);
     p.roles.push_back(std::move(role));
   }
 }
@@ -612,6 +732,7 @@ bool VerifyLowered(const Program& p, DiagnosticSink& sink) {
 std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Partition& partition,
                              const LowerOptions& options, DiagnosticSink& sink) {
   if (!CheckLowerable(plan, sink)) return std::nullopt;
+  if (!CheckExpertTensorGroups(plan, layout, sink)) return std::nullopt;
   Program p;
   p.producer = options.producer;
   p.plan_name = plan.name;
@@ -622,10 +743,11 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp,
                       static_cast<int32_t>(p.train.microbatches), options.microbatch_group};
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
-  BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), p);
+  BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), options.compact_schedule, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
   BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1,
              plan.model.IsMoe() && plan.parallel.ep > 1, p);
+  AddExpertTensorComms(plan, layout, p);
 
   if (options.before_verify) options.before_verify(p);
   if (options.verify && !VerifyLowered(p, sink)) return std::nullopt;

@@ -28,6 +28,10 @@ struct LowerOptions {
   int32_t microbatch_group =
       0;               // interleaved: Megatron's microbatch_group_size_per_vp_stage; 0 = pp
   bool verify = true;  // whole-world verification (tests switch it off to mutate first)
+  // Holds each role's schedule as Role::steps (24 bytes an op) instead of Role::schedule (ops
+  // with heap vectors): what `planc compile` writes, in a fraction of the memory. Verification
+  // and encoding read either form; printing and tracing read Role::schedule.
+  bool compact_schedule = false;
   // Tests only: changes the program between building and verification.
   std::function<void(Program&)> before_verify;
 };

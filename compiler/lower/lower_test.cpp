@@ -54,6 +54,22 @@ Plan Gpt2Plan(int64_t tp, int64_t pp, int64_t dp) {
   return plan;
 }
 
+// Multi-head latent attention (DeepSeek-V2) on the tiny model: 4 heads of 24 + 8 query/key
+// columns and 16 value columns; latents of rank 32 (queries, or none) and 16 (keys and values).
+Plan MlaPlan(int64_t tp, int64_t pp, int64_t dp, int64_t q_lora_rank = 32) {
+  Plan plan = TinyPlan(tp, pp, dp);
+  ModelSpec& m = plan.model;
+  m.name = "mla_tiny";
+  m.kv_heads = m.heads;
+  m.q_lora_rank = q_lora_rank;
+  m.kv_lora_rank = 16;
+  m.qk_nope_head_dim = 24;
+  m.qk_rope_head_dim = 8;
+  m.v_head_dim = 16;
+  m.head_dim = 32;
+  return plan;
+}
+
 namespace {
 
 Program MustLower(const Plan& plan, bool verify = true) {
@@ -300,16 +316,18 @@ TEST_CASE("slots: 1f1b keeps p - r microbatches in flight on rank r") {
 }
 
 TEST_CASE("memory plan: buffers inside the arena, live scratch buffers never overlap") {
-  Program p = MustLower(TinyPlan(2, 2, 1));
-  for (const Role& role : p.roles) {
-    CHECK(role.peak_bytes <= role.arena_bytes);
-    CHECK(role.fp32_arena_bytes >= role.arena_bytes);
-    for (const Buffer& b : role.buffers) {
-      CHECK(b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes);
-      bool inside = b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes;
-      CHECK(inside);
+  Plan mla = MlaPlan(2, 2, 1);
+  mla.parallel.sp = true;
+  for (const Program& p : {MustLower(TinyPlan(2, 2, 1)), MustLower(mla)})
+    for (const Role& role : p.roles) {
+      CHECK(role.peak_bytes <= role.arena_bytes);
+      CHECK(role.fp32_arena_bytes >= role.arena_bytes);
+      for (const Buffer& b : role.buffers) {
+        CHECK(b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes);
+        bool inside = b.offset + (b.slots - 1) * b.slot_stride + b.bytes <= role.arena_bytes;
+        CHECK(inside);
+      }
     }
-  }
 }
 
 TEST_CASE(
@@ -325,6 +343,22 @@ TEST_CASE(
   }
   plans.push_back(Gpt2Plan(1, 2, 2));
   plans.back().optimizer.zero = 3;
+  // Experts split over the Tp groups (etp = tp): the gathered rows, routed buffers and partial
+  // outputs of the MoE layers, with full recompute and ZeRO-3.
+  plans.push_back(TinyPlan(2, 2, 2));
+  plans.back().parallel.sp = true;
+  plans.back().parallel.etp = 2;
+  plans.back().model.experts = 4;
+  plans.back().model.topk = 2;
+  plans.back().model.moe_ffn_hidden = 64;
+  plans.back().optimizer.zero = 3;
+  plans.back().recompute = Recompute::kFull;
+  for (Recompute recompute : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    plans.push_back(MlaPlan(2, 2, 2, recompute == Recompute::kFull ? 0 : 32));
+    plans.back().parallel.sp = true;
+    plans.back().optimizer.zero = recompute == Recompute::kNone ? 3 : 1;
+    plans.back().recompute = recompute;
+  }
   for (const Plan& plan : plans) {
     Program p = MustLower(plan);
     for (const Role& role : p.roles) {
@@ -340,6 +374,7 @@ TEST_CASE(
         for (size_t i = 0; i < body.ops.size(); ++i)
           for (const auto* list : {&body.ops[i].inputs, &body.ops[i].outputs})
             for (int32_t x : *list) {
+              if (x < 0) continue;  // an operand left out (MoeUnpermute without weights)
               const int32_t b = storage(x);
               const Buffer& buf = role.buffers[b];
               const bool scoped =
@@ -468,6 +503,114 @@ TEST_CASE("mutation: a duplicated forward is caught by counting, naming the rank
   CHECK(
       errors.find("ranks 1 (stage1): microbatch 0 of chunk 0 runs forward 2 times (ops #2, #3)") !=
       std::string::npos);
+}
+
+// The program with every role's schedule moved into its compact form (Role::steps).
+Program Compacted(Program p) {
+  for (Role& role : p.roles) {
+    role.steps.resize(role.schedule.size());
+    for (size_t i = 0; i < role.schedule.size(); ++i)
+      REQUIRE(prog::mem::ToScheduleStep(role.schedule[i], &role.steps[i]));
+    role.schedule.clear();
+  }
+  return p;
+}
+
+TEST_CASE("compact schedules: the same steps, verification and file as the ops") {
+  std::vector<Plan> plans = {TinyPlan(2, 2, 2), TinyPlan(1, 4, 1, Schedule::kInterleaved1F1B, 2),
+                             Gpt2Plan(2, 2, 2), TinyPlan(1, 2, 2, Schedule::kGpipe)};
+  plans[0].optimizer.zero = 1;
+  for (const Plan& plan : plans) {
+    CAPTURE(plan.parallel.pp);
+    const Program ops = MustLower(plan);
+    DiagnosticSink sink;
+    LowerOptions options;
+    options.compact_schedule = true;
+    std::optional<Program> compact = LowerPlan(plan, options, sink);
+    REQUIRE(compact.has_value());
+    for (size_t r = 0; r < ops.roles.size(); ++r) {
+      const Role& a = ops.roles[r];
+      const Role& b = compact->roles[r];
+      CHECK(b.schedule.empty());
+      REQUIRE(b.steps.size() == a.schedule.size());
+      const std::vector<Op> back = prog::mem::ScheduleOps(b);
+      for (size_t i = 0; i < back.size(); ++i) {
+        CHECK(back[i].kind == a.schedule[i].kind);
+        CHECK(back[i].ints == a.schedule[i].ints);
+        CHECK(back[i].inputs == a.schedule[i].inputs);
+        CHECK(back[i].outputs == a.schedule[i].outputs);
+        CHECK(back[i].comm == a.schedule[i].comm);
+      }
+    }
+    VerifyStats sa, sb;
+    CHECK(Joined(VerifyWorld(ops, &sa)) == "");
+    CHECK(Joined(VerifyWorld(*compact, &sb)) == "");
+    CHECK(sa.simulated_ops == sb.simulated_ops);
+    CHECK(sa.transfers == sb.transfers);
+    CHECK(sa.collectives == sb.collectives);
+    // One file, whichever form the schedule was held in; read back, it holds ops again.
+    const std::vector<uint8_t> bytes = ToFlatBuffer(ops);
+    CHECK(ToFlatBuffer(*compact) == bytes);
+    std::string error;
+    std::optional<Program> back = FromFlatBuffer(bytes.data(), bytes.size(), &error);
+    REQUIRE_MESSAGE(back.has_value(), error);
+    CHECK(back->roles[0].steps.empty());
+    CHECK(back->roles[0].schedule.size() == ops.roles[0].schedule.size());
+  }
+}
+
+TEST_CASE("compact schedules: mutated programs get the messages the ops get") {
+  auto both = [](Program p) {
+    const std::string ops = Joined(VerifyWorld(p));
+    CHECK(ops != "");
+    CHECK(Joined(VerifyWorld(Compacted(std::move(p)))) == ops);
+  };
+  {  // a duplicated forward
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    auto& s = p.roles[1].schedule;
+    auto fwd =
+        std::find_if(s.begin(), s.end(), [](const Op& op) { return op.kind == OpKind::Forward; });
+    s.insert(fwd + 1, *fwd);
+    both(p);
+  }
+  {  // a dropped receive
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Role& role = SplitRole(p, 1);
+    role.schedule.erase(std::find_if(role.schedule.begin(), role.schedule.end(), [](const Op& op) {
+      return op.kind == OpKind::RecvActivation;
+    }));
+    both(p);
+  }
+  {  // a receive of a gradient before the forward that needs an activation: a deadlock
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Role& role = SplitRole(p, 1);
+    auto recv = std::find_if(role.schedule.begin(), role.schedule.end(),
+                             [](const Op& op) { return op.kind == OpKind::RecvActivation; });
+    Op bogus = *recv;
+    bogus.ints[prog::kP2pGroup] = 0;
+    bogus.kind = OpKind::RecvGrad;
+    bogus.outputs = {role.chunks[0].grad};
+    role.schedule.erase(recv);
+    role.schedule.insert(std::find_if(role.schedule.begin(), role.schedule.end(),
+                                      [](const Op& op) { return op.kind == OpKind::Forward; }),
+                         bogus);
+    both(p);
+  }
+  {  // a transfer naming the wrong buffer
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Role& role = SplitRole(p, 0);
+    auto send = std::find_if(role.schedule.begin(), role.schedule.end(),
+                             [](const Op& op) { return op.kind == OpKind::SendActivation; });
+    send->inputs = {role.chunks[0].grad};
+    both(p);
+  }
+  {  // a schedule held twice is a structural error
+    Program p = MustLower(TinyPlan(1, 2, 1), false);
+    Program c = Compacted(p);
+    c.roles[0].schedule = p.roles[0].schedule;
+    CHECK(Joined(VerifyWorld(c)).find("stage0: the schedule is held twice, as ops and as steps") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
@@ -654,6 +797,72 @@ TEST_CASE("expert parallelism: refusals name the combination") {
         "lowering does not emit expert parallelism (ep = 2) for a model without experts yet");
 }
 // --- end expert parallelism ---
+// --- multi-head latent attention ---
+TEST_CASE("multi-head latent attention: replicated latents, heads split by tp, refused beside cp") {
+  Plan plan = MlaPlan(2, 1, 1);
+  plan.parallel.sp = true;
+  const Program p = MustLower(plan);
+  const Role& role = p.roles[0];
+  auto param = [&](const std::string& name) -> const Param& {
+    auto it = std::find_if(role.params.begin(), role.params.end(),
+                           [&](const Param& x) { return x.name == name; });
+    REQUIRE_MESSAGE(it != role.params.end(), name);
+    return *it;
+  };
+  // Down projections and latent norms whole on every rank, their gradients summed over Tp.
+  for (const char* name : {"layers.0.attention.wq_down", "layers.0.attention.q_norm.weight",
+                           "layers.0.attention.wkv_down", "layers.0.attention.kv_norm.weight"}) {
+    CAPTURE(name);
+    CHECK(param(name).tp_replicated);
+    CHECK(param(name).grad_sync_tp);
+    CHECK(param(name).split_dim == -1);
+  }
+  CHECK(param("layers.0.attention.wkv_down").global_shape == std::vector<int64_t>{16 + 8, 64});
+  CHECK(param("layers.0.attention.wq_up").global_shape ==
+        std::vector<int64_t>{int64_t{4} * 32, 32});
+  CHECK(param("layers.0.attention.wq_up").split_dim == 0);
+  CHECK(param("layers.0.attention.wkv_up").global_shape ==
+        std::vector<int64_t>{int64_t{4} * (24 + 16), 16});
+  CHECK(param("layers.0.attention.wkv_up").split_dim == 0);
+  CHECK(param("layers.0.attention.wo").global_shape == std::vector<int64_t>{64, int64_t{4} * 16});
+  CHECK(param("layers.0.attention.wo").split_dim == 1);
+  // Attention runs on the rank's 2 heads of 32 columns (values padded from 16).
+  const Body& fwd = role.bodies[role.chunks[0].forward];
+  int attentions = 0, copies = 0;
+  for (const Op& op : fwd.ops) {
+    if (op.kind == OpKind::Attention) {
+      const auto a = prog::DecodeAttrs<prog::attrs::Attention>(op);
+      CHECK(a.heads == 2);
+      CHECK(a.kv_heads == 2);
+      CHECK(a.head_dim == 32);
+      ++attentions;
+    }
+    copies += op.kind == OpKind::CopyColumns;
+  }
+  CHECK(attentions == 8);
+  CHECK(copies > 0);
+  // The model record carries the latent shape through the file (additive fields; 0 elsewhere).
+  std::vector<uint8_t> bytes = ToFlatBuffer(p);
+  std::string error;
+  std::optional<Program> back = FromFlatBuffer(bytes.data(), bytes.size(), &error);
+  REQUIRE_MESSAGE(back.has_value(), error);
+  CHECK(back->model.q_lora_rank == 32);
+  CHECK(back->model.kv_lora_rank == 16);
+  CHECK(back->model.qk_nope_head_dim == 24);
+  CHECK(back->model.qk_rope_head_dim == 8);
+  CHECK(back->model.v_head_dim == 16);
+  CHECK(MustLower(TinyPlan(1, 1, 1)).model.kv_lora_rank == 0);
+  // No latent-attention params without kv_lora_rank; refused beside context parallelism.
+  Plan cp = MlaPlan(1, 1, 1);
+  cp.parallel.cp = 2;
+  cp.cluster.gpus_per_node = 2;
+  DiagnosticSink sink;
+  CHECK_FALSE(LowerPlan(cp, {}, sink).has_value());
+  REQUIRE(!sink.diagnostics().empty());
+  CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(sink.diagnostics()[0].message.find("context parallelism") != std::string::npos);
+}
+// --- end multi-head latent attention ---
 
 // --- mixture of experts ---
 TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at their worst case") {
@@ -692,11 +901,6 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
     CHECK(router_backwards == 4);
     CHECK(counts_reductions == 4);
   }
-  DiagnosticSink sink;
-  plan.parallel.etp = 2;
-  CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
-  REQUIRE(!sink.diagnostics().empty());
-  CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
   // Beside context parallelism the router's counts are summed over Tp, then over Cp, and the
   // aux loss's gradient divides by the microbatch's tokens (all Cp ranks' positions).
   plan.parallel.etp = 1;
@@ -727,6 +931,197 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
   CHECK(capacity_sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
   CHECK(capacity_sink.diagnostics()[0].message.find("capacity factor") != std::string::npos);
 }
+
+TEST_CASE("the router as the model states it: sigmoid scores, top-k renormalised, expert bias") {
+  Plan plan = TinyPlan(1, 2, 2);
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.model.router_score = RouterScore::kSigmoid;
+  plan.model.router_topk_norm = false;
+  plan.model.router_aux_coeff = 0.003;
+  plan.model.router_bias_rate = 0.001;
+  const Program p = MustLower(plan);
+  for (const Role& role : p.roles) {
+    int loads = 0, updates = 0, load_reductions = 0, layers = 0;
+    for (const Chunk& c : role.chunks) {
+      layers += c.layers;
+      for (const Op& op : role.bodies[c.forward].ops) {
+        if (op.kind != OpKind::MoeRouter) continue;
+        const auto a = prog::DecodeAttrs<prog::attrs::MoeRouter>(op);
+        CHECK(a.score == 1);
+        CHECK_FALSE(a.normalize);
+        REQUIRE(op.inputs.size() == 2);  // logits and the expert bias
+        CHECK(role.buffers[op.inputs[1]].kind == prog::BufferKind::State);
+      }
+      for (const Op& op : role.bodies[c.backward].ops) {
+        if (op.kind == OpKind::MoeRouterBackward)
+          CHECK(prog::DecodeAttrs<prog::attrs::MoeRouterBackward>(op).aux_coeff ==
+                doctest::Approx(0.003));
+        loads += op.kind == OpKind::MoeExpertLoad;
+      }
+    }
+    for (const Op& op : role.bodies[role.bodies.size() - 1].ops) {
+      if (op.kind == OpKind::MoeExpertBiasUpdate) {
+        ++updates;
+        CHECK(prog::DecodeAttrs<prog::attrs::MoeExpertBiasUpdate>(op).rate ==
+              doctest::Approx(0.001));
+      }
+      if (op.kind == OpKind::AllReduce && op.comm == CommKind::Dp &&
+          role.buffers[op.inputs[0]].name.find("expert_load") != std::string::npos)
+        ++load_reductions;
+    }
+    CHECK(loads == layers);  // every layer is MoE: one load per layer's backward
+    CHECK(updates == layers);
+    CHECK(load_reductions == layers);
+  }
+}
+// --- expert tensor parallelism ---
+namespace {
+// Collectives of `kind` over Etp in the forward (first) and backward (second) bodies.
+std::pair<int, int> EtpCollectives(const Program& p, OpKind kind) {
+  std::pair<int, int> n{0, 0};
+  for (const Role& role : p.roles)
+    for (const Chunk& c : role.chunks) {
+      n.first += CountOps(role.bodies[c.forward], kind, CommKind::Etp);
+      n.second += CountOps(role.bodies[c.backward], kind, CommKind::Etp);
+    }
+  return n;
+}
+}  // namespace
+
+TEST_CASE(
+    "expert tensor parallelism: experts split over the Etp groups (the Tp groups), the rows "
+    "gathered before dispatch, the partial outputs reduce-scattered") {
+  Plan plan = TinyPlan(2, 2, 1);
+  plan.parallel.sp = true;
+  plan.parallel.etp = 2;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.model.shared_experts = 1;
+  plan.model.dense_layers = 1;
+  plan.model.moe_layer_freq = 2;  // layers 1, 3, 5, 7
+  const Program p = MustLower(plan);
+  // The Etp communicators are the Tp groups, member for member.
+  std::set<std::vector<int32_t>> tp, etp;
+  for (const Communicator& c : p.communicators) {
+    if (c.kind == CommKind::Tp) tp.insert(c.members);
+    if (c.kind == CommKind::Etp) etp.insert(c.members);
+  }
+  CHECK(etp.size() == 2);
+  CHECK(etp == tp);
+  for (const Rank& r : p.ranks) CHECK(r.comms[static_cast<int>(CommKind::Etp)] >= 0);
+  // gate/up split by rows of ffn, down by columns, over Etp; the router whole.
+  int split = 0;
+  for (const Role& role : p.roles)
+    for (const Param& prm : role.params) {
+      if (prm.name.find(".moe.") == std::string::npos ||
+          prm.name.find("shared") != std::string::npos)
+        continue;
+      const std::vector<int64_t>& local = role.buffers[prm.buffer].shape;
+      if (prm.name.find("router") != std::string::npos) {
+        CHECK(prm.split_dim == -1);
+        CHECK(prm.tp_replicated);
+        continue;
+      }
+      ++split;
+      CAPTURE(prm.name);
+      CHECK(prm.split_comm == CommKind::Etp);
+      CHECK_FALSE(prm.tp_replicated);
+      CHECK_FALSE(prm.grad_sync_tp);
+      if (prm.name.find("w_down") != std::string::npos) {
+        CHECK(prm.split_dim == 2);
+        CHECK(local == std::vector<int64_t>{4, 64, 32});
+      } else {
+        CHECK(prm.split_dim == 1);
+        CHECK(local == std::vector<int64_t>{4, 32, 64});
+      }
+    }
+  CHECK(split == 4 * 3);
+  // Per MoE layer: the rows and the router logits gathered, the combined output reduce-scattered;
+  // in the backward the output gradient gathered, the router weights' and the inputs' gradients
+  // reduce-scattered. The routed buffers hold every choice of the group's tokens.
+  CHECK(EtpCollectives(p, OpKind::AllGather) == std::make_pair(4 * 2, 4 * 1));
+  CHECK(EtpCollectives(p, OpKind::ReduceScatter) == std::make_pair(4 * 1, 4 * 2));
+  CHECK(EtpCollectives(p, OpKind::AllReduce) == std::make_pair(0, 0));
+  for (const Role& role : p.roles)
+    for (const Buffer& b : role.buffers)
+      if (b.name.find("moe.permuted") != std::string::npos)
+        CHECK(b.shape == std::vector<int64_t>{int64_t{2} * 32 * 2, 64});  // tokens · topk
+  // The shared expert reads the rows the Etp group gathered: no second gather over Tp.
+  for (const Role& role : p.roles)
+    for (const Buffer& b : role.buffers) {
+      CAPTURE(b.name);
+      CHECK(b.name.find("moe.shared.down.grad_full") == std::string::npos);
+      for (const char* layer : {"layers.1.", "layers.3.", "layers.5.", "layers.7."})
+        CHECK(b.name.find(std::string(layer) + "mlp_norm.out_full") == std::string::npos);
+    }
+  // Without sequence parallelism every rank holds every row: the partial sums are all-reduced.
+  plan.parallel.sp = false;
+  const Program replicated = MustLower(plan);
+  CHECK(EtpCollectives(replicated, OpKind::AllGather) == std::make_pair(0, 0));
+  CHECK(EtpCollectives(replicated, OpKind::ReduceScatter) == std::make_pair(0, 0));
+  CHECK(EtpCollectives(replicated, OpKind::AllReduce) == std::make_pair(4 * 1, 4 * 2));
+  // A dense model states no Etp communicator, whatever etp is.
+  Plan dense = TinyPlan(2, 2, 1);
+  dense.parallel.etp = 2;
+  for (const Communicator& c : MustLower(dense).communicators) CHECK(c.kind != CommKind::Etp);
+}
+
+TEST_CASE("expert tensor parallelism other than etp = tp, or off the Tp groups, is P0801") {
+  auto moe = [](int64_t tp, int64_t dp, int64_t etp) {
+    Plan plan = TinyPlan(tp, 1, dp);
+    plan.parallel.etp = etp;
+    plan.model.experts = 4;
+    plan.model.topk = 2;
+    plan.model.moe_ffn_hidden = 64;
+    return plan;
+  };
+  auto refusal = [](const Plan& plan) {
+    DiagnosticSink sink;
+    CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
+    REQUIRE(!sink.diagnostics().empty());
+    CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+    return sink.diagnostics()[0].message;
+  };
+  CHECK(refusal(moe(2, 2, 4)) ==
+        "lowering does not emit experts split by tensor parallelism over etp = 4 ranks, other "
+        "than tp = 2 yet");
+  CHECK(refusal(moe(1, 2, 2)) ==
+        "lowering does not emit experts split by tensor parallelism over etp = 2 ranks, other "
+        "than tp = 1 yet");
+  // Not yet beside expert parallelism.
+  Plan ep = moe(2, 2, 2);
+  ep.parallel.ep = 2;
+  DiagnosticSink ep_sink;
+  CHECK_FALSE(LowerPlan(ep, {}, ep_sink).has_value());
+  bool both = false;
+  for (const auto& d : ep_sink.diagnostics())
+    both |= d.kind == DiagKind::kLowerUnsupported &&
+            d.message ==
+                "lowering does not emit experts split by tensor parallelism (etp = 2) together "
+                "with expert parallelism (ep = 2) yet";
+  CHECK(both);
+  // Context parallelism laid inside the Tp groups: the expert mesh has no cp, so its Etp groups
+  // are other ranks than the Tp groups.
+  Plan cp = moe(2, 1, 2);
+  cp.parallel.cp = 2;
+  cp.cluster.gpus_per_node = 4;
+  cp.parallel.order = "cp-tp-dp-pp";
+  CHECK(refusal(cp).find("the expert-tensor-parallel groups differ from the tensor-parallel "
+                         "groups") != std::string::npos);
+  cp.parallel.order = "tp-cp-dp-pp";
+  MustLower(cp);
+  // Each expert's ffn must split evenly.
+  Plan odd = moe(2, 1, 2);
+  odd.model.moe_ffn_hidden = 63;
+  DiagnosticSink sink;
+  CHECK_FALSE(LowerPlan(odd, {}, sink).has_value());
+  REQUIRE(!sink.diagnostics().empty());
+  CHECK(sink.diagnostics()[0].message == "moe_ffn_hidden = 63 is not a multiple of etp = 2");
+}
+// --- end expert tensor parallelism ---
 // --- end mixture of experts ---
 
 TEST_CASE("a program that fails verification is not returned: P0804 with the verifier's messages") {

@@ -19,7 +19,7 @@ int64_t ElementBytes(DType t, bool fp32) {
 
 bool IsPersistentKind(BufferKind k) {
   return k == BufferKind::Param || k == BufferKind::Grad || k == BufferKind::Optimizer ||
-         k == BufferKind::Persistent || k == BufferKind::Bucket;
+         k == BufferKind::Persistent || k == BufferKind::Bucket || k == BufferKind::State;
 }
 
 // Live ranges of the body-scoped buffers: Scratch buffers (one body) and transient buckets

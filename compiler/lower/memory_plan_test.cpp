@@ -242,6 +242,26 @@ TEST_CASE("expert parallelism: receive buffers at the stated imbalance keep the 
   }
 }
 // --- end expert parallelism ---
+// Experts split over the Tp group (etp = tp, ep = 1): the expert mesh's data-parallel group is
+// the dense one (edp = dp · cp), so the program's buckets, sharded over dp · cp, hold exactly the
+// expert states Megatron-Core's accounting gives (experts / etp, optimizer / edp).
+TEST_CASE("experts split by tensor parallelism: model states equal the analytic model's") {
+  Plan plan = MidPlan(Recompute::kNone, true);
+  plan.model.experts = 8;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 1024;
+  plan.model.shared_experts = 1;
+  plan.model.dense_layers = 1;
+  plan.parallel.etp = 2;
+  for (const Compared& c : CompareStages(plan)) {
+    const StageMemory& sm = c.model;
+    const MemoryBreakdown& b = c.program;
+    CHECK(Ratio(b.params, sm.Get(MemoryPart::kWeights)) == doctest::Approx(1.0).epsilon(0.02));
+    CHECK(Ratio(b.grads, sm.Get(MemoryPart::kGradients)) == doctest::Approx(1.0).epsilon(0.02));
+    CHECK(Ratio(b.optimizer, sm.Get(MemoryPart::kOptimizer)) == doctest::Approx(1.0).epsilon(0.02));
+    CHECK(c.peak < sm.total);
+  }
+}
 
 }  // namespace
 }  // namespace paraplan::lower

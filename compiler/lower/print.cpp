@@ -103,6 +103,10 @@ std::string PrintProgram(const Program& p) {
       m.vocab_padded, m.seq_len, m.micro_batch, prog::EnumNameNormKind(m.norm),
       prog::EnumNameActivationKind(m.activation), prog::EnumNamePositionKind(m.position),
       m.tied_embeddings ? " tied" : "");
+  if (m.kv_lora_rank > 0)
+    out += fmt::format(
+        "latent attention: q_lora_rank {}, kv_lora_rank {}, qk_nope {}, qk_rope {}, v {}\n",
+        m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
   out += fmt::format(
       "parallel tp {} pp {} vpp {} cp {} ep {} dp {} sp {} zero {} schedule {} order {}\n", q.tp,
       q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp, q.zero, prog::EnumNameScheduleKind(q.schedule), q.order);

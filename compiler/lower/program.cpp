@@ -142,6 +142,11 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
   for (size_t i = 0; i < role.schedule.size(); ++i)
     CheckRoleOp(role, role.schedule[i], prog::OpPlace::kSchedule,
                 fmt::format("{} schedule op #{}", role.name, i), out);
+  if (!role.steps.empty() && !role.schedule.empty())
+    out.push_back(fmt::format("{}: the schedule is held twice, as ops and as steps", role.name));
+  for (size_t i = 0; i < role.steps.size(); ++i)
+    CheckRoleOp(role, prog::mem::FromScheduleStep(role.steps[i]), prog::OpPlace::kSchedule,
+                fmt::format("{} schedule op #{}", role.name, i), out);
   for (const Body& body : role.bodies)
     for (size_t i = 0; i < body.ops.size(); ++i)
       CheckRoleOp(role, body.ops[i], prog::OpPlace::kBody,
@@ -152,9 +157,10 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
 
 std::vector<std::string> VerifyStructure(const Program& p) {
   std::vector<std::string> out;
-  if (p.format_version != prog::kFormatVersion)
-    out.push_back(fmt::format("format version {} is not the supported version {}", p.format_version,
-                              prog::kFormatVersion));
+  if (!prog::IsReadableFormatVersion(p.format_version))
+    out.push_back(
+        fmt::format("format version {} is not the supported version {} (nor {}, still read)",
+                    p.format_version, prog::kFormatVersion, prog::kOldestFormatVersion));
   if (p.world_size < 1) out.push_back(fmt::format("world size {} < 1", p.world_size));
   if (static_cast<int64_t>(p.ranks.size()) != p.world_size)
     out.push_back(fmt::format("{} rank entries for world size {}", p.ranks.size(), p.world_size));
@@ -208,12 +214,20 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
     return std::nullopt;
   }
   const prog::Program* f = prog::GetProgram(data);
-  if (f->format_version() != prog::kFormatVersion) {
+  if (!prog::IsReadableFormatVersion(f->format_version())) {
     *error = fmt::format(
-        "format version {} is not the supported version {}; recompile the plan with this planc",
-        f->format_version(), prog::kFormatVersion);
+        "format version {} is not the supported version {} (nor {}, still read); recompile the "
+        "plan with this planc",
+        f->format_version(), prog::kFormatVersion, prog::kOldestFormatVersion);
     return std::nullopt;
   }
+  if (f->roles())
+    for (const prog::Role* r : *f->roles())
+      if (r->schedule() && r->schedule()->size() > 0 && r->steps() && r->steps()->size() > 0) {
+        *error = fmt::format("role '{}' holds its schedule twice, as ops and as steps",
+                             r->name() ? r->name()->str() : std::string());
+        return std::nullopt;
+      }
   if (f->ranks()) {
     for (flatbuffers::uoffset_t r = 0; r < f->ranks()->size(); ++r) {
       const auto* comms = f->ranks()->Get(r)->comms();

@@ -268,8 +268,15 @@ TraceResult ChromeTrace(const Program& p, const TraceDurations& d) {
   StepReplay replay(p, d, ranks);
   replay.Run();
   TraceResult result;
-  for (double c : replay.clock()) result.step_s = std::max(result.step_s, c);
-  result.json = TraceJson(p, ranks, replay.slices());
+  double end = 0;
+  for (double c : replay.clock()) end = std::max(end, c);
+  // The step's fixed host cost follows the last rank's optimizer on every rank.
+  std::vector<Slice> slices = replay.slices();
+  if (d.step_overhead_s > 0)
+    for (size_t i = 0; i < ranks.size(); ++i)
+      slices.push_back({static_cast<int32_t>(i), "step overhead", "host", end, d.step_overhead_s});
+  result.step_s = end + std::max(0.0, d.step_overhead_s);
+  result.json = TraceJson(p, ranks, slices);
   return result;
 }
 

@@ -41,6 +41,73 @@ std::string DescribeOp(const Op& op) {
 
 namespace {
 
+// A schedule op as the verifier reads it, from either form a role holds its schedule in
+// (Role::schedule, or Role::steps on the compiler's writing path): the fields
+// prog::DecodeStepAttrs and prog::StepBody give, and a transfer's operand.
+struct StepView {
+  OpKind kind = OpKind::Forward;
+  CommKind comm = CommKind::None;
+  int64_t microbatch = -1, chunk = -1, slot = -1, peer = -1, group = 0;
+  int64_t body = -1;         // ZeroGrads, ReduceGrads, OptimizerStep, GatherParams
+  int32_t operand = -1;      // transfers: the first buffer on the side the kind names; -1: none
+  bool one_operand = false;  // transfers: exactly one buffer on that side
+};
+
+bool IsSend(OpKind kind) { return kind == OpKind::SendActivation || kind == OpKind::SendGrad; }
+
+size_t ScheduleSize(const Role& role) {
+  return role.steps.empty() ? role.schedule.size() : role.steps.size();
+}
+
+StepView StepAt(const Role& role, size_t i) {
+  StepView v;
+  if (!role.steps.empty()) {
+    const prog::ScheduleStep& s = role.steps[i];
+    v.kind = s.kind();
+    v.comm = s.comm();
+    const bool p2p = IsP2p(v.kind);
+    if (p2p || v.kind == OpKind::Forward || v.kind == OpKind::Backward) {
+      v.microbatch = s.microbatch(), v.chunk = s.chunk(), v.slot = s.slot();
+      if (p2p)
+        v.peer = s.peer(), v.group = s.group(), v.operand = s.operand(), v.one_operand = true;
+    }
+    if (v.kind == OpKind::ZeroGrads || v.kind == OpKind::ReduceGrads ||
+        v.kind == OpKind::OptimizerStep || v.kind == OpKind::GatherParams)
+      v.body = s.operand();
+    return v;
+  }
+  const Op& op = role.schedule[i];
+  const prog::StepAttrs a = prog::DecodeStepAttrs(op);
+  v.kind = op.kind;
+  v.comm = op.comm;
+  v.microbatch = a.microbatch, v.chunk = a.chunk, v.slot = a.slot, v.peer = a.peer,
+  v.group = a.group;
+  v.body = prog::StepBody(op);
+  if (IsP2p(op.kind)) {
+    const auto& operands = IsSend(op.kind) ? op.inputs : op.outputs;
+    v.operand = operands.empty() ? -1 : operands[0];
+    v.one_operand = operands.size() == 1;
+  }
+  return v;
+}
+
+// DescribeOp's words for a schedule op.
+std::string DescribeStep(const StepView& s) {
+  switch (s.kind) {
+    case OpKind::Forward:
+    case OpKind::Backward:
+      return fmt::format("{}(microbatch {}, chunk {})", OpName(s.kind), s.microbatch, s.chunk);
+    case OpKind::SendActivation:
+    case OpKind::RecvActivation:
+    case OpKind::SendGrad:
+    case OpKind::RecvGrad:
+      return fmt::format("{}(microbatch {}, chunk {}, peer {})", OpName(s.kind), s.microbatch,
+                         s.chunk, s.peer);
+    default:
+      return std::string(OpName(s.kind));
+  }
+}
+
 // --- context parallelism ---
 // An op every member of its communicator runs together: a collective, or ring attention, whose
 // K/V exchange passes every member of the Cp group in ring order (a compute op with a group).
@@ -69,18 +136,21 @@ int64_t CollectiveArgument(const Op& op) {
 enum class ItemType : uint8_t { kCompute, kP2p, kCollective };
 
 // One schedule-level step of a role's stream; step bodies are expanded into their collectives.
+// There is one per schedule op of every role (hundreds of thousands in a large world), so it
+// holds 24 bytes: what the simulation reads at every step, and positions to find the rest
+// (ItemBytes, OpOf, StepAt) when a check or a message needs it.
 struct Item {
-  ItemType type = ItemType::kCompute;
+  int32_t seq =
+      0;  // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
   int32_t schedule_op = 0;  // position in the role's schedule
   int32_t body_op = -1;     // position inside the step body (collectives)
   int32_t group_end = 0;    // p2p: one past the last item of its group
+  int32_t peer = -1;        // p2p: index in the Pp communicator
+  ItemType type = ItemType::kCompute;
   bool send = false;
-  int32_t peer = -1;  // p2p: index in the Pp communicator
-  int64_t seq =
-      0;  // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
   CommKind comm = CommKind::None;
-  int64_t bytes = 0;
 };
+static_assert(sizeof(Item) == 24);
 
 struct RoleStream {
   std::vector<Item> items;
@@ -97,19 +167,29 @@ struct RoleStream {
   }
 };
 
+// The body op of a collective item.
 const Op& OpOf(const Role& role, const Item& it) {
-  const Op& s = role.schedule[it.schedule_op];
-  if (it.type != ItemType::kCollective) return s;
-  return role.bodies[prog::StepBody(s)].ops[it.body_op];
+  return role.bodies[StepAt(role, it.schedule_op).body].ops[it.body_op];
+}
+
+// The bytes a transfer moves or a collective's first input holds (0 for a compute item).
+int64_t ItemBytes(const Role& role, const Item& it) {
+  if (it.type == ItemType::kP2p) {
+    const int32_t b = StepAt(role, it.schedule_op).operand;
+    return b < 0 ? 0 : role.buffers[b].bytes;
+  }
+  if (it.type != ItemType::kCollective) return 0;
+  const Op& op = OpOf(role, it);
+  return op.inputs.empty() ? 0 : role.buffers[op.inputs[0]].bytes;
 }
 
 std::string Where(const Program& p, int32_t rank, const Item& it) {
   const Role& role = p.roles[p.ranks[rank].role];
-  const Op& s = role.schedule[it.schedule_op];
+  const StepView s = StepAt(role, it.schedule_op);
   if (it.type == ItemType::kCollective)
     return fmt::format("rank {} ({}) op #{} {} / {}", rank, role.name, it.schedule_op,
                        OpName(s.kind), DescribeOp(OpOf(role, it)));
-  return fmt::format("rank {} ({}) op #{} {}", rank, role.name, it.schedule_op, DescribeOp(s));
+  return fmt::format("rank {} ({}) op #{} {}", rank, role.name, it.schedule_op, DescribeStep(s));
 }
 
 // The state of the rendezvous simulation (WorldVerifier::Simulate).
@@ -167,15 +247,14 @@ class WorldVerifier {
       return;
     }
     std::vector<std::vector<int32_t>> fwd(m * nc), bwd(m * nc);
-    for (int32_t i = 0; i < static_cast<int32_t>(role.schedule.size()); ++i) {
-      const Op& op = role.schedule[i];
+    for (int32_t i = 0; i < static_cast<int32_t>(ScheduleSize(role)); ++i) {
+      const StepView op = StepAt(role, i);
       bool compute = op.kind == OpKind::Forward || op.kind == OpKind::Backward;
       if (!compute && !IsP2p(op.kind)) continue;
-      const prog::StepAttrs step = prog::DecodeStepAttrs(op);
-      int64_t mb = step.microbatch, c = step.chunk;
+      int64_t mb = op.microbatch, c = op.chunk;
       if (mb < 0 || mb >= m) {
-        Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i, DescribeOp(op),
-                          m));
+        Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i,
+                          DescribeStep(op), m));
         continue;
       }
       if (compute) {
@@ -186,18 +265,15 @@ class WorldVerifier {
       int32_t expect = op.kind == OpKind::SendActivation   ? ch.output
                        : op.kind == OpKind::RecvActivation ? ch.input
                                                            : ch.grad;
-      const auto& operands = (op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad)
-                                 ? op.inputs
-                                 : op.outputs;
-      if (expect < 0 || operands.size() != 1 || operands[0] != expect)
+      if (expect < 0 || !op.one_operand || op.operand != expect)
         Error(fmt::format("{} op #{} {}: must name the chunk's {} buffer", role.name, i,
-                          DescribeOp(op),
+                          DescribeStep(op),
                           op.kind == OpKind::SendActivation   ? "output"
                           : op.kind == OpKind::RecvActivation ? "input"
                                                               : "grad"));
       if (op.comm != CommKind::Pp)
         Error(fmt::format("{} op #{} {}: a pipeline transfer must use the pp communicator",
-                          role.name, i, DescribeOp(op)));
+                          role.name, i, DescribeStep(op)));
     }
     auto ranks_of = [&](int32_t role_index) {
       std::string out;
@@ -240,14 +316,15 @@ class WorldVerifier {
   std::vector<std::string> BodySignature(int32_t role_index, CommKind kind) const {
     const Role& role = p_.roles[role_index];
     std::vector<std::string> sig;
-    for (const Op& op : role.schedule) {
+    for (size_t i = 0; i < ScheduleSize(role); ++i) {
+      const StepView op = StepAt(role, i);
       if (op.kind != OpKind::Forward && op.kind != OpKind::Backward) continue;
-      const Chunk& c = role.chunks[prog::DecodeStepAttrs(op).chunk];
+      const Chunk& c = role.chunks[op.chunk];
       const Body& body = role.bodies[op.kind == OpKind::Forward ? c.forward : c.backward];
       for (const Op& bop : body.ops)
         if (IsGroupCall(bop) && bop.comm == kind)
           sig.push_back(fmt::format(
-              "{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeOp(op), body.name,
+              "{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeStep(op), body.name,
               bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes, CollectiveArgument(bop)));
     }
     return sig;
@@ -304,6 +381,21 @@ class WorldVerifier {
     }
   }
 
+  // Items in a role's stream: one per schedule op, a step body's op by its collectives.
+  static size_t StreamLength(const Role& role) {
+    size_t n = 0;
+    for (size_t i = 0; i < ScheduleSize(role); ++i) {
+      const StepView op = StepAt(role, i);
+      if (IsP2p(op.kind) || op.body < 0) {
+        ++n;
+        continue;
+      }
+      const Body& b = role.bodies[op.body];
+      n += static_cast<size_t>(std::count_if(b.ops.begin(), b.ops.end(), IsGroupCall));
+    }
+    return n;
+  }
+
   void BuildStreams() {
     streams_.resize(p_.roles.size());
     for (size_t ri = 0; ri < p_.roles.size(); ++ri) {
@@ -311,24 +403,23 @@ class WorldVerifier {
       RoleStream& st = streams_[ri];
       std::map<int, int64_t> coll_seq;
       std::map<std::pair<int32_t, bool>, int64_t> p2p_seq;
-      for (int32_t i = 0; i < static_cast<int32_t>(role.schedule.size()); ++i) {
-        const Op& op = role.schedule[i];
+      st.items.reserve(StreamLength(role));
+      for (int32_t i = 0; i < static_cast<int32_t>(ScheduleSize(role)); ++i) {
+        const StepView op = StepAt(role, i);
         if (IsP2p(op.kind)) {
           Item it;
           it.type = ItemType::kP2p;
           it.schedule_op = i;
-          it.send = op.kind == OpKind::SendActivation || op.kind == OpKind::SendGrad;
-          it.peer = static_cast<int32_t>(prog::DecodeStepAttrs(op).peer);
-          it.seq = p2p_seq[{it.peer, it.send}]++;
-          const auto& operands = it.send ? op.inputs : op.outputs;
-          it.bytes = operands.empty() ? 0 : role.buffers[operands[0]].bytes;
+          it.send = IsSend(op.kind);
+          it.peer = static_cast<int32_t>(op.peer);
+          it.seq = static_cast<int32_t>(p2p_seq[{it.peer, it.send}]++);
           st.p2p_items[{it.peer, it.send}].push_back(static_cast<int32_t>(st.items.size()));
           if (std::find(st.peers.begin(), st.peers.end(), it.peer) == st.peers.end())
             st.peers.push_back(it.peer);
           st.items.push_back(it);
           continue;
         }
-        const int64_t body = prog::StepBody(op);
+        const int64_t body = op.body;
         if (body >= 0) {
           const Body& b = role.bodies[body];
           for (int32_t j = 0; j < static_cast<int32_t>(b.ops.size()); ++j) {
@@ -339,8 +430,7 @@ class WorldVerifier {
             it.schedule_op = i;
             it.body_op = j;
             it.comm = bop.comm;
-            it.seq = coll_seq[static_cast<int>(bop.comm)]++;
-            it.bytes = bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes;
+            it.seq = static_cast<int32_t>(coll_seq[static_cast<int>(bop.comm)]++);
             st.items.push_back(it);
           }
           continue;
@@ -358,11 +448,11 @@ class WorldVerifier {
           ++i;
           continue;
         }
-        int64_t g = prog::DecodeStepAttrs(role.schedule[st.items[i].schedule_op]).group;
+        int64_t g = StepAt(role, st.items[i].schedule_op).group;
         size_t j = i + 1;
         if (g != 0)
           while (j < st.items.size() && st.items[j].type == ItemType::kP2p &&
-                 prog::DecodeStepAttrs(role.schedule[st.items[j].schedule_op]).group == g)
+                 StepAt(role, st.items[j].schedule_op).group == g)
             ++j;
         for (size_t k = i; k < j; ++k) st.items[k].group_end = static_cast<int32_t>(j);
         i = j;
@@ -402,19 +492,18 @@ class WorldVerifier {
         for (int64_t k = 0; k < count && !Full(); ++k) {
           const Item& is = sa.items[static_cast<size_t>(sa.P2pItem(peer, true, k))];
           const Item& ir = sb.items[static_cast<size_t>(sb.P2pItem(my_index, false, k))];
-          const Op& os = ra.schedule[is.schedule_op];
-          const Op& orv = rb.schedule[ir.schedule_op];
-          bool act = os.kind == OpKind::SendActivation;
-          bool kind_ok = orv.kind == (act ? OpKind::RecvActivation : OpKind::RecvGrad);
-          const prog::StepAttrs as = prog::DecodeStepAttrs(os), ar = prog::DecodeStepAttrs(orv);
+          const StepView as = StepAt(ra, is.schedule_op), ar = StepAt(rb, ir.schedule_op);
+          bool act = as.kind == OpKind::SendActivation;
+          bool kind_ok = ar.kind == (act ? OpKind::RecvActivation : OpKind::RecvGrad);
           int64_t ss = ra.chunks[as.chunk].stage, rs = rb.chunks[ar.chunk].stage;
           bool stage_ok = act ? rs == ss + 1 : rs == ss - 1;
-          if (!kind_ok || as.microbatch != ar.microbatch || !stage_ok || is.bytes != ir.bytes) {
+          const int64_t sent = ItemBytes(ra, is), received = ItemBytes(rb, ir);
+          if (!kind_ok || as.microbatch != ar.microbatch || !stage_ok || sent != received) {
             Error(fmt::format(
                 "transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) is "
                 "received "
                 "by {} (stage {}, {} bytes)",
-                k, a, b, Where(p_, a, is), ss, is.bytes, Where(p_, b, ir), rs, ir.bytes));
+                k, a, b, Where(p_, a, is), ss, sent, Where(p_, b, ir), rs, received));
           }
         }
       }
@@ -543,22 +632,25 @@ class WorldVerifier {
     const Communicator& comm = p_.communicators[c];
     const Item* first = nullptr;
     int32_t first_rank = -1;
+    int64_t first_bytes = 0;
     for (int32_t mrank : comm.members) {
       const Item& mi = StreamOf(mrank).items[sim_.pos[mrank]];
-      const Op& mop = OpOf(p_.roles[p_.ranks[mrank].role], mi);
+      const Role& mrole = p_.roles[p_.ranks[mrank].role];
+      const Op& mop = OpOf(mrole, mi);
+      const int64_t bytes = ItemBytes(mrole, mi);
       if (!first) {
-        first = &mi, first_rank = mrank;
+        first = &mi, first_rank = mrank, first_bytes = bytes;
         continue;
       }
       const Op& fop = OpOf(p_.roles[p_.ranks[first_rank].role], *first);
-      if (mop.kind != fop.kind || mi.bytes != first->bytes ||
+      if (mop.kind != fop.kind || bytes != first_bytes ||
           CollectiveArgument(mop) != CollectiveArgument(fop)) {
         Error(
             fmt::format("collective #{} of {} communicator {} differs between its members: {} "
                         "({} bytes) vs {} "
                         "({} bytes)",
-                        it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first->bytes,
-                        Where(p_, mrank, mi), mi.bytes));
+                        it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first_bytes,
+                        Where(p_, mrank, mi), bytes));
         return false;
       }
     }
@@ -597,7 +689,7 @@ class WorldVerifier {
                                  ? Where(p_, b, sb.items[sim_.pos[b]])
                                  : fmt::format("rank {} (finished)", b);
       return fmt::format("; its partner is not posted: {} is at {}",
-                         DescribeOp(p_.roles[p_.ranks[r].role].schedule[st.items[k].schedule_op]),
+                         DescribeStep(StepAt(p_.roles[p_.ranks[r].role], st.items[k].schedule_op)),
                          at);
     }
     return {};

@@ -13,7 +13,9 @@
 //   * progress: a simulation of all ranks where a transfer group completes only when every
 //     partner has posted its side (rendezvous) and a collective only when every member has
 //     arrived, runs to the end; otherwise the waiting ranks and ops are reported (deadlock).
-// Messages name ranks, roles, op positions and ops. Read by Lower (P0804) and tests.
+// Messages name ranks, roles, op positions and ops. Each role's schedule is read in whichever
+// form it is held (Role::schedule, or Role::steps on `planc compile`'s path); the messages are
+// the same for both. Read by Lower (P0804) and tests.
 #ifndef PARAPLAN_COMPILER_LOWER_VERIFY_H_
 #define PARAPLAN_COMPILER_LOWER_VERIFY_H_
 

@@ -690,6 +690,9 @@ std::string_view ToString(Fp8Recipe v) {
 std::string_view ToString(RecomputeMethod v) {
   return v == RecomputeMethod::kUniform ? "uniform" : "block";
 }
+std::string_view ToString(RouterScore v) {
+  return v == RouterScore::kSoftmax ? "softmax" : "sigmoid";
+}
 std::string_view ToString(Dispatcher v) {
   switch (v) {
     case Dispatcher::kAllToAll:

@@ -63,6 +63,8 @@ enum class Fp8Recipe : uint8_t { kNone, kDelayed, kCurrent, kBlockwise, kMxfp8 }
 enum class RecomputeMethod : uint8_t { kUniform, kBlock };
 // Megatron --moe-token-dispatcher-type.
 enum class Dispatcher : uint8_t { kAllToAll, kAllGather, kFlex };
+// How an MoE router turns logits into scores (Megatron-Core --moe-router-score-function).
+enum class RouterScore : uint8_t { kSoftmax, kSigmoid };
 
 // Megatron's --recompute-modules, as bits of ActivationSpec::RecomputeModules().
 enum RecomputeModule : uint32_t {
@@ -126,6 +128,13 @@ struct ModelSpec {
   int64_t shared_experts = 0;
   int64_t dense_layers = 0;    // leading dense layers before the MoE layers
   int64_t moe_layer_freq = 1;  // after dense_layers, every n-th layer is MoE (1 = all of them)
+  // The router: score function, whether the top-k weights are renormalised to sum to 1, the
+  // load-balancing loss coefficient, and the aux-loss-free balancing bias's update rate (0: no
+  // bias; DeepSeek-V3's expert bias).
+  RouterScore router_score = RouterScore::kSoftmax;
+  bool router_topk_norm = true;
+  double router_aux_coeff = 0.01;
+  double router_bias_rate = 0;
   // MLA (DeepSeek); 0 when the model uses ordinary attention.
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 0;
@@ -461,6 +470,7 @@ std::string_view ToString(OptimizerType v);
 std::string_view ToString(Offload v);
 std::string_view ToString(Norm v);
 std::string_view ToString(Activation v);
+std::string_view ToString(RouterScore v);
 std::string_view ToString(Position v);
 std::string_view ToString(Framework v);
 std::string_view ToString(ElementType v);

@@ -28,6 +28,7 @@
 namespace paraplan::exec {
 
 using host::AdamWConfig;
+using host::ColumnMap;
 using host::MoeRouterConfig;
 using host::TokenLayout;
 
@@ -53,6 +54,9 @@ class Backend {
   virtual void Add(float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void Accumulate(float* y, const float* x, int64_t n) = 0;
   virtual void Scale(float* x, int64_t n, float alpha) = 0;
+  // Strided column copy of rows × x_cols into rows × y_cols (host::CopyColumns).
+  virtual void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map,
+                           bool accumulate) = 0;
 
   // ---- Dense ----
   virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
@@ -127,6 +131,7 @@ class Backend {
   virtual void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
                                  const float* scores, const float* counts, int64_t rows,
                                  const MoeRouterConfig& config, float aux_grad_scale) = 0;
+  virtual void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) = 0;
   virtual void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                           const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
                           int64_t topk) = 0;

@@ -339,6 +339,11 @@ uint64_t StateFingerprint(const ProgramImage& program) {
       for (int32_t buffer : {b.params, b.master, b.exp_avg, b.exp_avg_sq, b.param_shard})
         num(elements(buffer));
     }
+    for (const auto& b : role.buffers) {
+      if (b.kind != prog::BufferKind::State) continue;
+      text(b.name);
+      num(b.Elements());
+    }
   }
   return h;
 }
@@ -357,6 +362,8 @@ double CheckpointBytes(const ProgramImage& program) {
         }
       }
     }
+    for (const auto& b : role.buffers)
+      if (b.kind == prog::BufferKind::State) total += 4.0 * static_cast<double>(b.Elements());
   }
   return total;
 }

@@ -514,6 +514,27 @@ void RankRunner::RunAdd(const OpCall& call) {
   backend_.Add(call.Out(0), call.In(0), call.In(1), call.InN(0));
 }
 
+// ---- multi-head latent attention ------------------------------------------------------------
+
+void RankRunner::RunCopyColumns(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::CopyColumns>();
+  const host::ColumnMap map{a.groups,   a.width,  a.x_cols,   a.x_stride,
+                            a.x_offset, a.y_cols, a.y_stride, a.y_offset};
+  const int64_t rows = call.Div(call.InN(0), map.x_cols);
+  call.Need(rows * map.x_cols == call.InN(0), "x is not rows of `x_cols` columns");
+  call.Output(0, call.Mul({rows, map.y_cols}));
+  // The last group's columns lie inside the row on both sides, and groups of y do not overlap
+  // (one column of y is written by one group, or by every group when y_stride = 0).
+  const int64_t last = map.groups - 1;
+  call.Need(call.Mul({last, map.x_stride}) + map.x_offset + map.width <= map.x_cols &&
+                call.Mul({last, map.y_stride}) + map.y_offset + map.width <= map.y_cols,
+            "the copied columns run past the end of a row");
+  call.Need(map.groups == 1 || map.y_stride == 0 || map.y_stride >= map.width,
+            "groups of y overlap (0 < y_stride < width)");
+  call.Need(call.In(0) != call.Out(0), "x and y must be different buffers");
+  backend_.CopyColumns(call.Out(0), call.In(0), rows, map, a.accumulate);
+}
+
 // ---- cross-entropy --------------------------------------------------------------------------
 
 void RankRunner::RunCrossEntropyMax(const OpCall& call) {
@@ -577,6 +598,20 @@ void RankRunner::RunMoeRouter(const OpCall& call) {
   backend_.MoeRouterForward(call.Out(0), call.OutIds(1), call.Out(2), call.Out(3), call.In(0),
                             has_bias ? call.In(1) : nullptr, rows,
                             RouterConfig(a.experts, a.topk, a.score, a.normalize));
+}
+
+void RankRunner::RunMoeExpertLoad(const OpCall& call) {
+  call.Need(call.InN(0) == call.OutN(0), "the counts and the load differ in size");
+  backend_.Accumulate(call.Out(0), call.In(0), call.InN(0));
+}
+
+void RankRunner::RunMoeExpertBiasUpdate(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::MoeExpertBiasUpdate>();
+  call.Input(0, a.experts);
+  call.Input(1, a.experts);
+  call.Need(call.op.outputs[0] == call.op.inputs[0] && call.op.outputs[1] == call.op.inputs[1],
+            "updates the bias and the load in place");
+  backend_.MoeExpertBiasUpdate(call.Out(0), call.Out(1), a.experts, static_cast<float>(a.rate));
 }
 
 void RankRunner::RunMoeRouterBackward(const OpCall& call) {

@@ -231,6 +231,9 @@ void RankRunner::InitParams() {
   }
   for (size_t i = 0; i < role_.params.size(); ++i)
     if (!done[i]) init_param(role_.params[i]);
+  for (size_t b = 0; b < role_.buffers.size(); ++b)  // model state the optimizer does not train
+    if (role_.buffers[b].kind == prog::BufferKind::State)
+      backend_.Fill(F(static_cast<int32_t>(b), {}), Elements(static_cast<int32_t>(b)), 0.0f);
 }
 
 std::vector<StateTensor> RankRunner::State() {
@@ -250,6 +253,11 @@ std::vector<StateTensor> RankRunner::State() {
     if (bucket.param_shard >= 0)
       out.push_back(
           {prefix + "param_shard", F(bucket.param_shard, {}), Elements(bucket.param_shard)});
+  }
+  for (size_t b = 0; b < role_.buffers.size(); ++b) {
+    const auto& buf = role_.buffers[b];
+    if (buf.kind == prog::BufferKind::State)
+      out.push_back({buf.name, F(static_cast<int32_t>(b), {}), Elements(static_cast<int32_t>(b))});
   }
   return out;
 }

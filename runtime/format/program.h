@@ -16,7 +16,16 @@ namespace paraplan::prog {
 // Bumped when a file written by a newer compiler would be misread by an older runtime.
 // 2: ZeRO-2/3 grad shards (BucketInfo.grad_shard, ReduceScatter accumulate), per-layer buckets
 //    and in-body ZeRO-3 gathers.
-inline constexpr uint32_t kFormatVersion = 2;
+// 3: Role.steps, the schedule in compact form (ScheduleStep); planc writes it for every schedule
+//    it can hold. A reader of version 3 reads version 2 files too (kOldestFormatVersion): the
+//    addition changes nothing else.
+inline constexpr uint32_t kFormatVersion = 3;
+inline constexpr uint32_t kOldestFormatVersion = 2;
+
+// Whether a reader of this release reads files of format `version`.
+inline constexpr bool IsReadableFormatVersion(uint32_t version) {
+  return version >= kOldestFormatVersion && version <= kFormatVersion;
+}
 
 // Rank.comms has one entry per CommKind value (index 0, None, is always -1).
 inline constexpr int kCommKinds = static_cast<int>(CommKind::MAX) + 1;

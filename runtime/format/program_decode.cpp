@@ -27,10 +27,11 @@ const prog::Program& VerifyProgramFile(const uint8_t* data, size_t size,
   if (!prog::VerifyProgramBuffer(verifier))
     throw Refusal(origin, "the file is corrupt (FlatBuffers verification failed)");
   const prog::Program* p = prog::GetProgram(data);
-  if (p->format_version() != kFormatVersion) {
+  if (!IsReadableFormatVersion(p->format_version())) {
     throw Refusal(origin, "format version " + std::to_string(p->format_version()) +
                               ", this planrun reads version " + std::to_string(kFormatVersion) +
-                              "; recompile the plan with this release's planc");
+                              " (and " + std::to_string(kOldestFormatVersion) +
+                              "); recompile the plan with this release's planc");
   }
   if (p->world_size() <= 0 || p->world_size() > kMaxWorldSize) {
     throw Refusal(origin, "world size " + std::to_string(p->world_size()) + " is outside 1.." +
@@ -38,6 +39,11 @@ const prog::Program& VerifyProgramFile(const uint8_t* data, size_t size,
   }
   if (!p->model() || !p->parallel() || !p->train())
     throw Refusal(origin, "model, parallel or train section missing");
+  if (p->roles())
+    for (const prog::Role* r : *p->roles())
+      if (r->schedule() && r->schedule()->size() > 0 && r->steps() && r->steps()->size() > 0)
+        throw Refusal(origin, "role `" + (r->name() ? r->name()->str() : std::string()) +
+                                  "` holds its schedule twice, as ops and as steps");
   return *p;
 }
 

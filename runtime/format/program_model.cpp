@@ -1,59 +1,259 @@
 // The in-memory program (program_model.h): FlatBuffers encoding and the plain copy back.
 #include "runtime/format/program_model.h"
 
+#include <limits>
+
 namespace paraplan::prog::mem {
 
-std::vector<uint8_t> EncodeProgram(const Program& p) {
-  flatbuffers::FlatBufferBuilder b(1 << 20);
-  auto op_vector = [&](const std::vector<Op>& ops) {
-    std::vector<flatbuffers::Offset<prog::Op>> out;
-    out.reserve(ops.size());
-    for (const Op& op : ops)
-      out.push_back(prog::CreateOpDirect(b, op.kind, op.inputs.empty() ? nullptr : &op.inputs,
-                                         op.outputs.empty() ? nullptr : &op.outputs, op.comm,
-                                         op.ints.empty() ? nullptr : &op.ints,
-                                         op.floats.empty() ? nullptr : &op.floats));
-    return b.CreateVector(out);
-  };
+namespace {
 
-  std::vector<flatbuffers::Offset<prog::Role>> roles;
-  for (const Role& r : p.roles) {
-    std::vector<flatbuffers::Offset<prog::Buffer>> buffers;
-    for (const Buffer& x : r.buffers)
-      buffers.push_back(prog::CreateBufferDirect(
-          b, x.name.c_str(), x.kind, x.dtype, &x.shape, x.offset, x.bytes, x.slots, x.slot_stride,
-          x.fp32_offset, x.fp32_bytes, x.fp32_slot_stride, x.view_of, x.view_offset));
-    std::vector<flatbuffers::Offset<prog::Param>> params;
-    for (const Param& x : r.params)
-      params.push_back(prog::CreateParamDirect(
-          b, x.name.c_str(), x.key, &x.global_shape, x.split_dim, x.split_comm, x.init, x.init_std,
-          x.buffer, x.grad, x.chunk, x.decay, x.tp_replicated, x.counts_in_norm, x.grad_sync_tp));
-    std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets;
-    for (const Bucket& x : r.buckets)
-      buckets.push_back(prog::CreateBucketInfo(b, x.chunk, x.params, x.grads, x.elements,
-                                               x.shard_elements, x.master, x.exp_avg, x.exp_avg_sq,
-                                               x.param_shard, x.grad_shard));
-    std::vector<flatbuffers::Offset<prog::Chunk>> chunks;
-    for (const Chunk& x : r.chunks)
-      chunks.push_back(prog::CreateChunk(b, x.index, x.stage, x.first_layer, x.layers,
-                                         x.has_embedding, x.has_loss, x.forward, x.backward,
-                                         x.input, x.output, x.grad, x.slots));
-    std::vector<flatbuffers::Offset<prog::Body>> bodies;
-    for (const Body& x : r.bodies) {
-      auto name = b.CreateString(x.name);
-      auto ops = op_vector(x.ops);
-      bodies.push_back(prog::CreateBody(b, name, ops));
-    }
-    auto name = b.CreateString(r.name);
-    auto bv = b.CreateVector(buffers);
-    auto pv = b.CreateVector(params);
-    auto kv = b.CreateVector(buckets);
-    auto cv = b.CreateVector(chunks);
-    auto dv = b.CreateVector(bodies);
-    auto sv = op_vector(r.schedule);
-    roles.push_back(prog::CreateRole(b, name, r.pipeline_rank, bv, pv, kv, cv, dv, sv,
-                                     r.arena_bytes, r.fp32_arena_bytes, r.peak_bytes));
+// How a schedule op's ints and operands map onto a ScheduleStep (ops.def's positions).
+enum class StepShape : uint8_t { kNone, kCompute, kSend, kRecv, kBody, kGather, kRelease };
+
+StepShape StepShapeOf(OpKind kind) {
+  switch (kind) {
+    case OpKind::Forward:
+    case OpKind::Backward:
+      return StepShape::kCompute;
+    case OpKind::SendActivation:
+    case OpKind::SendGrad:
+      return StepShape::kSend;
+    case OpKind::RecvActivation:
+    case OpKind::RecvGrad:
+      return StepShape::kRecv;
+    case OpKind::ZeroGrads:
+    case OpKind::ReduceGrads:
+    case OpKind::OptimizerStep:
+      return StepShape::kBody;
+    case OpKind::GatherParams:
+      return StepShape::kGather;
+    case OpKind::ReleaseParams:
+      return StepShape::kRelease;
+    default:
+      return StepShape::kNone;
   }
+}
+
+// The ints a schedule op of this shape writes in full.
+size_t StepIntCount(StepShape shape) {
+  switch (shape) {
+    case StepShape::kCompute:
+      return 3;
+    case StepShape::kSend:
+    case StepShape::kRecv:
+      return 5;
+    case StepShape::kBody:
+    case StepShape::kRelease:
+      return 1;
+    case StepShape::kGather:
+      return 2;
+    case StepShape::kNone:
+      break;
+  }
+  return 0;
+}
+
+bool FitsInt32(int64_t v) {
+  return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+}
+
+}  // namespace
+
+bool ToScheduleStep(const Op& op, prog::ScheduleStep* step) {
+  const StepShape shape = StepShapeOf(op.kind);
+  if (shape == StepShape::kNone || !op.floats.empty() || op.ints.size() != StepIntCount(shape))
+    return false;
+  for (int64_t v : op.ints)
+    if (!FitsInt32(v)) return false;
+  const bool sends = shape == StepShape::kSend, receives = shape == StepShape::kRecv;
+  if (op.inputs.size() != (sends ? 1u : 0u) || op.outputs.size() != (receives ? 1u : 0u))
+    return false;
+  auto i32 = [&](size_t i) { return static_cast<int32_t>(op.ints[i]); };
+  int32_t microbatch = 0, slot = 0, group = 0, operand = 0, peer = 0, chunk = 0;
+  switch (shape) {
+    case StepShape::kCompute:
+    case StepShape::kSend:
+    case StepShape::kRecv:
+      microbatch = i32(kP2pMicrobatch), chunk = i32(kP2pChunk), slot = i32(kP2pSlot);
+      if (sends || receives) {
+        peer = i32(kP2pPeer), group = i32(kP2pGroup);
+        operand = sends ? op.inputs[0] : op.outputs[0];
+      }
+      break;
+    case StepShape::kBody:
+      operand = i32(0);
+      break;
+    case StepShape::kGather:
+      chunk = i32(0), operand = i32(1);
+      break;
+    case StepShape::kRelease:
+      chunk = i32(0);
+      break;
+    case StepShape::kNone:
+      return false;
+  }
+  if (chunk < std::numeric_limits<int16_t>::min() || chunk > std::numeric_limits<int16_t>::max())
+    return false;
+  *step = prog::ScheduleStep(microbatch, slot, group, operand, peer, static_cast<int16_t>(chunk),
+                             op.kind, op.comm);
+  return true;
+}
+
+Op FromScheduleStep(const prog::ScheduleStep& step) {
+  Op op;
+  op.kind = step.kind();
+  op.comm = step.comm();
+  switch (StepShapeOf(op.kind)) {
+    case StepShape::kCompute:
+      op.ints = {step.microbatch(), step.chunk(), step.slot()};
+      break;
+    case StepShape::kSend:
+      op.ints = {step.microbatch(), step.chunk(), step.slot(), step.peer(), step.group()};
+      op.inputs = {step.operand()};
+      break;
+    case StepShape::kRecv:
+      op.ints = {step.microbatch(), step.chunk(), step.slot(), step.peer(), step.group()};
+      op.outputs = {step.operand()};
+      break;
+    case StepShape::kBody:
+      op.ints = {step.operand()};
+      break;
+    case StepShape::kGather:
+      op.ints = {step.chunk(), step.operand()};
+      break;
+    case StepShape::kRelease:
+      op.ints = {step.chunk()};
+      break;
+    case StepShape::kNone:
+      break;  // not a schedule op: the reader's CheckOp refuses it
+  }
+  return op;
+}
+
+std::vector<Op> ScheduleOps(const Role& role) {
+  std::vector<Op> ops = role.schedule;
+  ops.reserve(ops.size() + role.steps.size());
+  for (const prog::ScheduleStep& s : role.steps) ops.push_back(FromScheduleStep(s));
+  return ops;
+}
+
+namespace {
+
+// An upper bound of the encoded size of `ops`: each op's table, its vtable offset, its four
+// vectors with their lengths and alignment padding, and its offset in the parent vector.
+size_t OpsSizeBound(const std::vector<Op>& ops) {
+  size_t n = 0;
+  for (const Op& op : ops)
+    n +=
+        96 + 8 * op.ints.size() + 4 * (op.inputs.size() + op.outputs.size()) + 8 * op.floats.size();
+  return n;
+}
+
+// An upper bound of the encoded size of `p` (generous: a reserve the file does not fill costs
+// address space, not memory).
+size_t EncodedSizeBound(const Program& p) {
+  size_t n = 1 << 16;
+  for (const Role& r : p.roles) {
+    n += 256 + r.name.size() + OpsSizeBound(r.schedule) +
+         sizeof(prog::ScheduleStep) * r.steps.size();
+    for (const Body& x : r.bodies) n += 64 + x.name.size() + OpsSizeBound(x.ops);
+    for (const Buffer& x : r.buffers) n += 160 + x.name.size() + 8 * x.shape.size();
+    for (const Param& x : r.params) n += 160 + x.name.size() + 8 * x.global_shape.size();
+    n += 96 * (r.buckets.size() + r.chunks.size());
+  }
+  for (const Communicator& c : p.communicators) n += 48 + 4 * c.members.size();
+  n += p.ranks.size() * (64 + 4 * prog::kCommKinds);
+  n += 1024 + p.model.name.size() + p.parallel.order.size() + p.train.optimizer.size() +
+       p.train.data.size() + p.train.checkpoint_dir.size() + p.producer.size() + p.plan_name.size();
+  return n + n / 4;
+}
+
+using OpVectorOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<prog::Op>>>;
+using StepVectorOffset = flatbuffers::Offset<flatbuffers::Vector<const prog::ScheduleStep*>>;
+
+OpVectorOffset EncodeOps(flatbuffers::FlatBufferBuilder& b, const std::vector<Op>& ops) {
+  std::vector<flatbuffers::Offset<prog::Op>> out;
+  out.reserve(ops.size());
+  for (const Op& op : ops)
+    out.push_back(prog::CreateOpDirect(b, op.kind, op.inputs.empty() ? nullptr : &op.inputs,
+                                       op.outputs.empty() ? nullptr : &op.outputs, op.comm,
+                                       op.ints.empty() ? nullptr : &op.ints,
+                                       op.floats.empty() ? nullptr : &op.floats));
+  return b.CreateVector(out);
+}
+
+// A role's schedule as steps: the role's own, or its ops' compact forms when every op has one;
+// null otherwise. A program of format 2 (read from an older file) keeps its schedules as ops: a
+// reader of that format would not see steps.
+StepVectorOffset EncodeSteps(flatbuffers::FlatBufferBuilder& b, const Role& r,
+                             uint32_t format_version) {
+  if (!r.steps.empty()) return b.CreateVectorOfStructs(r.steps);
+  if (r.schedule.empty() || format_version < 3) return 0;
+  std::vector<prog::ScheduleStep> steps(r.schedule.size());
+  for (size_t i = 0; i < r.schedule.size(); ++i)
+    if (!ToScheduleStep(r.schedule[i], &steps[i])) return 0;
+  return b.CreateVectorOfStructs(steps);
+}
+
+// One role; with `release` (the same role as `r`), its schedule and bodies are freed once they
+// are in the builder.
+flatbuffers::Offset<prog::Role> EncodeRole(flatbuffers::FlatBufferBuilder& b, const Role& r,
+                                           uint32_t format_version, Role* release) {
+  std::vector<flatbuffers::Offset<prog::Buffer>> buffers;
+  for (const Buffer& x : r.buffers)
+    buffers.push_back(prog::CreateBufferDirect(
+        b, x.name.c_str(), x.kind, x.dtype, &x.shape, x.offset, x.bytes, x.slots, x.slot_stride,
+        x.fp32_offset, x.fp32_bytes, x.fp32_slot_stride, x.view_of, x.view_offset));
+  std::vector<flatbuffers::Offset<prog::Param>> params;
+  for (const Param& x : r.params)
+    params.push_back(prog::CreateParamDirect(
+        b, x.name.c_str(), x.key, &x.global_shape, x.split_dim, x.split_comm, x.init, x.init_std,
+        x.buffer, x.grad, x.chunk, x.decay, x.tp_replicated, x.counts_in_norm, x.grad_sync_tp));
+  std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets;
+  for (const Bucket& x : r.buckets)
+    buckets.push_back(prog::CreateBucketInfo(b, x.chunk, x.params, x.grads, x.elements,
+                                             x.shard_elements, x.master, x.exp_avg, x.exp_avg_sq,
+                                             x.param_shard, x.grad_shard));
+  std::vector<flatbuffers::Offset<prog::Chunk>> chunks;
+  for (const Chunk& x : r.chunks)
+    chunks.push_back(prog::CreateChunk(b, x.index, x.stage, x.first_layer, x.layers,
+                                       x.has_embedding, x.has_loss, x.forward, x.backward, x.input,
+                                       x.output, x.grad, x.slots));
+  std::vector<flatbuffers::Offset<prog::Body>> bodies;
+  for (const Body& x : r.bodies) {
+    auto name = b.CreateString(x.name);
+    auto ops = EncodeOps(b, x.ops);
+    bodies.push_back(prog::CreateBody(b, name, ops));
+  }
+  auto name = b.CreateString(r.name);
+  auto bv = b.CreateVector(buffers);
+  auto pv = b.CreateVector(params);
+  auto kv = b.CreateVector(buckets);
+  auto cv = b.CreateVector(chunks);
+  auto dv = b.CreateVector(bodies);
+  // Steps when the schedule has them; ops otherwise (and when a role holds both, which a reader
+  // refuses, both are written).
+  const StepVectorOffset steps = EncodeSteps(b, r, format_version);
+  OpVectorOffset sv = 0;
+  const bool both = !r.steps.empty() && !r.schedule.empty();
+  if (steps.IsNull() || both) sv = EncodeOps(b, r.schedule);
+  if (release) {
+    std::vector<Op>().swap(release->schedule);
+    std::vector<prog::ScheduleStep>().swap(release->steps);
+    std::vector<Body>().swap(release->bodies);
+  }
+  return prog::CreateRole(b, name, r.pipeline_rank, bv, pv, kv, cv, dv, sv, r.arena_bytes,
+                          r.fp32_arena_bytes, r.peak_bytes, steps);
+}
+
+// The encoder behind EncodeProgramBuffer and EncodeProgramReleasingOps: with `release` (the
+// same program as `p`), each role's schedule and bodies are freed once they are in the builder.
+flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
+  flatbuffers::FlatBufferBuilder b(EncodedSizeBound(p));
+  std::vector<flatbuffers::Offset<prog::Role>> roles;
+  for (size_t ri = 0; ri < p.roles.size(); ++ri)
+    roles.push_back(
+        EncodeRole(b, p.roles[ri], p.format_version, release ? &release->roles[ri] : nullptr));
   std::vector<flatbuffers::Offset<prog::Rank>> ranks;
   ranks.reserve(p.ranks.size());
   for (const Rank& r : p.ranks) {
@@ -70,7 +270,8 @@ std::vector<uint8_t> EncodeProgram(const Program& p) {
   auto model = prog::CreateModelConfigDirect(
       b, m.name.c_str(), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim, m.vocab,
       m.vocab_padded, m.seq_len, m.micro_batch, m.norm, m.activation, m.position, m.tied_embeddings,
-      m.norm_eps, m.rope_theta, m.bias);
+      m.norm_eps, m.rope_theta, m.bias, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim,
+      m.qk_rope_head_dim, m.v_head_dim);
   const ParallelConfig& q = p.parallel;
   auto parallel = prog::CreateParallelConfigDirect(b, q.tp, q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp,
                                                    q.zero, q.schedule, q.order.c_str());
@@ -83,7 +284,18 @@ std::vector<uint8_t> EncodeProgram(const Program& p) {
       prog::CreateProgramDirect(b, p.format_version, p.producer.c_str(), p.plan_name.c_str(),
                                 p.world_size, model, parallel, train, &comms, &ranks, &roles);
   prog::FinishProgramBuffer(b, program);
-  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  return b.Release();
+}
+
+}  // namespace
+
+flatbuffers::DetachedBuffer EncodeProgramBuffer(const Program& p) { return Encode(p, nullptr); }
+
+flatbuffers::DetachedBuffer EncodeProgramReleasingOps(Program& p) { return Encode(p, &p); }
+
+std::vector<uint8_t> EncodeProgram(const Program& p) {
+  const flatbuffers::DetachedBuffer bytes = EncodeProgramBuffer(p);
+  return std::vector<uint8_t>(bytes.data(), bytes.data() + bytes.size());
 }
 
 namespace {
@@ -122,11 +334,14 @@ Program DecodeProgramModel(const prog::Program& file) {
   p.plan_name = Str(f->plan_name());
   p.world_size = f->world_size();
   if (const auto* m = f->model()) {
-    p.model = {Str(m->name()),    m->layers(),   m->hidden(),          m->ffn_hidden(),
-               m->heads(),        m->kv_heads(), m->head_dim(),        m->vocab(),
-               m->vocab_padded(), m->seq_len(),  m->micro_batch(),     m->norm(),
-               m->activation(),   m->position(), m->tied_embeddings(), m->norm_eps(),
-               m->rope_theta(),   m->bias()};
+    p.model = {Str(m->name()),        m->layers(),       m->hidden(),
+               m->ffn_hidden(),       m->heads(),        m->kv_heads(),
+               m->head_dim(),         m->vocab(),        m->vocab_padded(),
+               m->seq_len(),          m->micro_batch(),  m->norm(),
+               m->activation(),       m->position(),     m->tied_embeddings(),
+               m->norm_eps(),         m->rope_theta(),   m->bias(),
+               m->q_lora_rank(),      m->kv_lora_rank(), m->qk_nope_head_dim(),
+               m->qk_rope_head_dim(), m->v_head_dim()};
   }
   if (const auto* q = f->parallel()) {
     p.parallel = {q->tp(), q->pp(), q->vpp(),  q->cp(),       q->ep(),
@@ -189,6 +404,10 @@ Program DecodeProgramModel(const prog::Program& file) {
         for (const prog::Body* x : *r->bodies())
           role.bodies.push_back({Str(x->name()), ReadOps(x->ops())});
       role.schedule = ReadOps(r->schedule());
+      if (const auto* steps = r->steps()) {
+        role.schedule.reserve(role.schedule.size() + steps->size());
+        for (const prog::ScheduleStep* st : *steps) role.schedule.push_back(FromScheduleStep(*st));
+      }
       role.arena_bytes = r->arena_bytes();
       role.fp32_arena_bytes = r->fp32_arena_bytes();
       role.peak_bytes = r->peak_bytes();

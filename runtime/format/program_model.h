@@ -106,6 +106,12 @@ struct Role {
   std::vector<Body> bodies;
   std::vector<Op> schedule;
   int64_t arena_bytes = 0, fp32_arena_bytes = 0, peak_bytes = 0;
+  // The schedule in compact form (ScheduleStep, 24 bytes an op): a role holds its schedule in
+  // `schedule` or in `steps`, never in both. Only the compiler's writing path holds `steps`
+  // (a large world's schedules then take a fraction of the memory); DecodeProgram and
+  // DecodeProgramModel always give `schedule`. Readers that take either form: VerifyWorld,
+  // VerifyStructure, EncodeProgram.
+  std::vector<prog::ScheduleStep> steps;
 };
 
 struct Coordinates {
@@ -143,6 +149,9 @@ struct ModelConfig {
   bool tied_embeddings = false;
   double norm_eps = 1e-5, rope_theta = 10000;
   bool bias = false;
+  // Multi-head latent attention (kv_lora_rank > 0); all zero for ordinary attention.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0,
+          v_head_dim = 0;
 };
 
 struct ParallelConfig {
@@ -200,8 +209,28 @@ struct Program {
   }
 };
 
-// The FlatBuffers file of `program` (identifier "PPLN"). Never fails.
+// The compact form of a schedule op: false (and *step untouched) when `op` has none (a kind
+// that is not a schedule op, ints not written in full, floats, operands other than the
+// registry's, values outside the fields). FromScheduleStep(step) gives `op` back exactly.
+bool ToScheduleStep(const Op& op, prog::ScheduleStep* step);
+// The op a step stands for (its ints in full, the registry's operands).
+Op FromScheduleStep(const prog::ScheduleStep& step);
+// The schedule of `role` as ops, whichever form it is held in.
+std::vector<Op> ScheduleOps(const Role& role);
+
+// The FlatBuffers file of `program` (identifier "PPLN"); each role's schedule is written as
+// steps when every op of it has a compact form, else as ops. Never fails.
 std::vector<uint8_t> EncodeProgram(const Program& program);
+
+// The same bytes, in the builder's own memory (no copy). The builder reserves an upper bound of
+// the file's size up front, so it never grows by reallocation (which holds the old and the new
+// buffer at once); the pages of the reserve that the file does not fill are never touched.
+flatbuffers::DetachedBuffer EncodeProgramBuffer(const Program& program);
+
+// EncodeProgramBuffer for a writer that is done with the schedules and bodies: each role's
+// schedule and bodies are released as soon as they are encoded, so a large program's ops and
+// its file are never in memory in full at the same time. Everything else in `program` stays.
+flatbuffers::DetachedBuffer EncodeProgramReleasingOps(Program& program);
 
 // Copies a verified FlatBuffers root (prog::VerifyProgramBuffer passed) into a Program. Checks
 // nothing beyond what the copy needs: indices are taken as they are, Rank::comms keeps the

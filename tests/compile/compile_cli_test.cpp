@@ -200,6 +200,20 @@ TEST_CASE(
       {root + "/bench/compile/llama3_405b_16k.plan", ""},
       {root + "/bench/compile/llama3_405b_16k.plan", interleaved},
       {root + "/bench/explain/llama3_405b_16k.plan", ""},
+      // GPT 1T on pp 64: interleaved over 2 chunks with 512 microbatches per pipeline, 1F1B,
+      // and GPipe on a batch whose microbatches all fit at once.
+      {root + "/bench/compile/gpt_1t_interleaved.plan", ""},
+      {root + "/bench/compile/gpt_1t_interleaved.plan", one_f_one_b},
+      {root + "/bench/compile/gpt_1t_interleaved.plan", gpipe + " --set batch.global=96"},
+      // Llama 3 70B on pp 4 x vpp 5 (full recompute: the program's arena fits 80 GiB), 1F1B,
+      // GPipe.
+      {root + "/bench/check/llama3_70b.plan", " --set recompute=full"},
+      {root + "/bench/check/llama3_70b.plan", one_f_one_b},
+      {root + "/bench/check/llama3_70b.plan",
+       gpipe + " --set batch.global=16 --set recompute=full"},
+      // No pipeline (pp 1): a 125M model whose step is short enough that the per-step host cost
+      // (0.05 s of 0.17 s) must be in the simulation too.
+      {root + "/bench/gpu/plans.plan", ""},
   };
   for (const auto& [plan, sets] : cases) {
     Result r = Planc("compile " + plan + sets + " -o " + Dir() + "/sim.pplan --trace " + Dir() +

@@ -107,5 +107,9 @@ TEST_CASE("plan moe_ep2_pp2_dp2: local mode, 4 ranks, experts dispatched over ep
   CheckPlan("moe_ep2_pp2_dp2", 4);
 }
 
+TEST_CASE("plan mla_tp2_sp: local mode, 2 ranks, multi-head latent attention, sequence parallel") {
+  CheckPlan("mla_tp2_sp", 2);
+}
+
 }  // namespace
 }  // namespace paraplan

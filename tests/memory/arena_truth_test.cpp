@@ -86,5 +86,54 @@ TEST_CASE(
   MESSAGE(compared << " stages compared, largest difference " << 100 * worst << "%");
 }
 
+// Multi-head latent attention (kv_lora_rank > 0): the Llama-style example plans given DeepSeek's
+// attention shape (latents, decoupled RoPE, value heads padded to the query/key head size).
+TEST_CASE("check's estimate is compile's arena within 3% with multi-head latent attention") {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> shapes = {
+      {"examples/tiny_llama.plan",
+       {"model.kv_heads=8", "model.q_lora_rank=64", "model.kv_lora_rank=32",
+        "model.qk_nope_head_dim=32", "model.qk_rope_head_dim=16", "model.v_head_dim=32",
+        "model.head_dim=48"}},
+      {"examples/llama3_70b.plan",
+       {"model.kv_heads=64", "model.q_lora_rank=0", "model.kv_lora_rank=512",
+        "model.qk_nope_head_dim=128", "model.qk_rope_head_dim=64", "model.v_head_dim=128",
+        "model.head_dim=192"}}};
+  int compared = 0;
+  double worst = 0;
+  for (const auto& entry : shapes) {
+    // Named references, not structured bindings: doctest's message lambdas capture them.
+    const std::string& file = entry.first;
+    const std::vector<std::string>& shape = entry.second;
+    for (const char* variant :
+         {"recompute=none", "recompute=selective", "recompute=full", "optimizer.zero=3"}) {
+      std::vector<std::string> sets = shape;
+      sets.emplace_back(variant);
+      std::optional<Plan> plan = Load(std::string(PARAPLAN_ROOT) + "/" + file, sets);
+      REQUIRE_MESSAGE(plan.has_value(), file, " ", variant);
+      REQUIRE(plan->model.IsMla());
+      REQUIRE(ArenaModelApplies(*plan));
+      plan->cluster.gpu.memory = int64_t{1} << 50;
+      DiagnosticSink sink;
+      lower::LowerOptions options;
+      options.verify = false;
+      std::optional<lower::Program> program = lower::LowerPlan(*plan, options, sink);
+      REQUIRE_MESSAGE(program.has_value(), file, " ", variant);
+      const MemoryEstimate est = EstimateMemory(*plan);
+      REQUIRE(est.valid);
+      for (const lower::Role& role : program->roles) {
+        const StageMemory& s = est.stages.at(static_cast<size_t>(role.pipeline_rank));
+        const double error =
+            std::fabs(static_cast<double>(s.arena) / static_cast<double>(role.peak_bytes) - 1);
+        CHECK_MESSAGE(error <= 0.03, file, " --set ", variant, " stage ", role.pipeline_rank,
+                      ": arena ", FormatGiB(role.peak_bytes), ", estimate ", FormatGiB(s.arena));
+        ++compared;
+        worst = std::max(worst, error);
+      }
+    }
+  }
+  CHECK(compared >= 8);
+  MESSAGE(compared << " stages compared, largest difference " << 100 * worst << "%");
+}
+
 }  // namespace
 }  // namespace paraplan

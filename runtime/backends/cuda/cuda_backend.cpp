@@ -125,6 +125,13 @@ class CudaBackend final : public exec::Backend {
     Use();
     cuda::Scale(x, n, alpha, stream_);
   }
+  void CopyColumns(float* y, const float* x, int64_t rows, const host::ColumnMap& map,
+                   bool accumulate) override {
+    Use();
+    const ColumnMap m{map.groups,   map.width,  map.x_cols,   map.x_stride,
+                      map.x_offset, map.y_cols, map.y_stride, map.y_offset};
+    cuda::CopyColumns(y, x, rows, m, accumulate, stream_);
+  }
 
   // ---- Dense ----
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
@@ -327,6 +334,10 @@ class CudaBackend final : public exec::Backend {
     Use();
     cuda::MoeRouterBackward(dlogits, dweights, indices, scores, counts, rows, Router(config),
                             aux_grad_scale, stream_);
+  }
+  void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) override {
+    Use();
+    cuda::MoeExpertBiasUpdate(bias, load, experts, rate, stream_);
   }
   void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                   const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,

@@ -144,6 +144,33 @@ TEST_CASE("cuda backend: elementwise and activations match the host") {
   CHECK_CLOSE(p, filled, 0, 0);
 }
 
+TEST_CASE("cuda backend: column copies (slices, one head broadcast, sums over heads) are exact") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  const int64_t rows = 37, heads = 5, nope = 16, rope = 8, latent = 24;
+  const host::ColumnMap broadcast{
+      heads, rope, latent + rope, 0, latent, heads * (nope + rope), nope + rope, nope};
+  const host::ColumnMap slice{
+      heads, nope, heads * (nope + 16), nope + 16, 0, heads * (nope + rope), nope + rope, 0};
+  auto kv_a = p.Upload(Random(rows * (latent + rope), 60));
+  auto kv = p.Upload(Random(rows * heads * (nope + 16), 61));
+  auto k = p.Upload(Random(rows * heads * (nope + rope), 62));
+  for (bool accumulate : {false, true}) {
+    p.host->CopyColumns(k.h, kv.h, rows, slice, accumulate);
+    p.Gpu().CopyColumns(k.g, kv.g, rows, slice, accumulate);
+    p.host->CopyColumns(k.h, kv_a.h, rows, broadcast, accumulate);
+    p.Gpu().CopyColumns(k.g, kv_a.g, rows, broadcast, accumulate);
+    CHECK_CLOSE(p, k, 0, 0);
+  }
+  // The broadcast's backward sums the heads into the shared one, in the host's order.
+  p.host->CopyColumns(kv_a.h, k.h, rows, broadcast.Transposed(), true);
+  p.Gpu().CopyColumns(kv_a.g, k.g, rows, broadcast.Transposed(), true);
+  CHECK_CLOSE(p, kv_a, 0, 0);
+  p.host->CopyColumns(kv.h, k.h, rows, slice.Transposed(), false);
+  p.Gpu().CopyColumns(kv.g, k.g, rows, slice.Transposed(), false);
+  CHECK_CLOSE(p, kv, 0, 0);
+}
+
 TEST_CASE("cuda backend: bf16 GEMMs and linear layers within bf16 tolerance") {
   if (!GpuOrSkip()) return;
   Pair p;
@@ -232,7 +259,7 @@ TEST_CASE("cuda backend: RMSNorm and LayerNorm forward and backward") {
 TEST_CASE("cuda backend: rotary embedding and flash attention, both token layouts, GQA") {
   if (!GpuOrSkip()) return;
   Pair p;
-  for (int64_t head_dim : {64, 128}) {
+  for (int64_t head_dim : {64, 128, 192}) {  // 192: latent attention's query/key heads
     for (bool seq_major : {true, false}) {
       const int64_t seq = 150, batch = 2, qh = 4, kvh = 2, rows = seq * batch;
       INFO("head_dim " << head_dim << (seq_major ? " seq-major" : " batch-major"));
@@ -515,6 +542,12 @@ TEST_CASE("cuda backend: mixture-of-experts router, permutation and grouped line
       CHECK_CLOSE(p, dlogits, 1e-6, 1e-4);
     }
   }
+  // The aux-loss-free bias update: exactly the host's (sums of whole counts).
+  auto load = p.Upload({5, 0, 3, 2, 9, 5}), expert_bias = p.Upload(Random(experts, 78, 0.1f));
+  p.host->MoeExpertBiasUpdate(expert_bias.h, load.h, experts, 0.01f);
+  p.Gpu().MoeExpertBiasUpdate(expert_bias.g, load.g, experts, 0.01f);
+  CHECK_CLOSE(p, expert_bias, 0, 0);
+  CHECK_CLOSE(p, load, 0, 0);
   // Permutation: the host's order exactly, and the combine back.
   std::vector<int32_t> picks(rows * topk);
   for (int64_t r = 0; r < rows; ++r) {

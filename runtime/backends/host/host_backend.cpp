@@ -54,6 +54,10 @@ class HostBackend final : public Backend {
   }
   void Accumulate(float* y, const float* x, int64_t n) override { host::Accumulate(y, x, n); }
   void Scale(float* x, int64_t n, float alpha) override { host::Scale(x, n, alpha); }
+  void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map,
+                   bool accumulate) override {
+    host::CopyColumns(y, x, rows, map, accumulate);
+  }
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             const float* b, float beta, float* c) override {
     host::Gemm(trans_a, trans_b, m, n, k, a, b, beta, c);
@@ -161,6 +165,9 @@ class HostBackend final : public Backend {
                          const MoeRouterConfig& config, float aux_grad_scale) override {
     host::MoeRouterBackward(dlogits, dweights, indices, scores, counts, rows, config,
                             aux_grad_scale);
+  }
+  void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) override {
+    host::MoeExpertBiasUpdate(bias, load, experts, rate);
   }
   void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                   const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,

@@ -301,8 +301,9 @@ struct BackwardSmem {
   static constexpr int kLse = kDS16 + RoundUp128(kTile * kPLd * 2);
   static constexpr int kDelta = kLse + RoundUp128(kTile * 4);
   static constexpr int kBytes = kDelta + RoundUp128(kTile * 4);
-  // The output staging area (64 × (D + 4) fp32) reuses S and dP.
-  static_assert(kTile * (D + 4) * 4 <= kP16 - kS, "staging area does not fit");
+  // The output staging area (64 × (D + 4) fp32) reuses S and dP, and past D = 128 also the bf16
+  // P and dS tiles: the kernels stage their outputs after the tile loop, when all are free.
+  static_assert(kTile * (D + 4) * 4 <= (D <= 128 ? kP16 : kLse) - kS, "staging area does not fit");
 };
 
 // Loads lse and delta of 64 query rows; rows past the sequence get 0 (their P is masked).
@@ -562,7 +563,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 void CheckAttentionArguments(const TokenLayout& l, int64_t q_heads, int64_t kv_heads,
                              int64_t head_dim, std::initializer_list<const void*> pointers) {
   if (!AttentionHeadDimSupported(head_dim)) {
-    throw CudaError("CUDA attention supports head_dim 16, 32, 64 and 128, not " +
+    throw CudaError("CUDA attention supports head_dim 16, 32, 64, 128 and 192, not " +
                     std::to_string(head_dim));
   }
   if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0) {
@@ -627,7 +628,8 @@ void LaunchBackward(float* dq, float* dk, float* dv, const float* dout, const fl
 }  // namespace
 
 bool AttentionHeadDimSupported(int64_t head_dim) {
-  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+  // 192: multi-head latent attention's query/key heads (DeepSeek-V2/V3: 128 + 64).
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 192;
 }
 
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -645,6 +647,9 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
       break;
     case 64:
       LaunchForward<64>(out, lse, q, k, v, shape, stream);
+      break;
+    case 192:
+      LaunchForward<192>(out, lse, q, k, v, shape, stream);
       break;
     default:
       LaunchForward<128>(out, lse, q, k, v, shape, stream);
@@ -668,6 +673,9 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
       break;
     case 64:
       LaunchBackward<64>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
+      break;
+    case 192:
+      LaunchBackward<192>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);
       break;
     default:
       LaunchBackward<128>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);

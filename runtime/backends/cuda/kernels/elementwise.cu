@@ -14,6 +14,22 @@ __global__ void FillKernel(float* x, int64_t n, float value) {
   PARAPLAN_GRID_STRIDE(i, n) x[i] = value;
 }
 
+__global__ void CopyColumnsKernel(float* y, const float* x, int64_t rows, ColumnMap map,
+                                  bool accumulate) {
+  PARAPLAN_GRID_STRIDE(i, rows * map.width) {
+    const int64_t r = i / map.width, j = i % map.width;
+    const float* from = x + r * map.x_cols + map.x_offset + j;
+    float* to = y + r * map.y_cols + map.y_offset + j;
+    for (int64_t g = 0; g < map.groups; ++g) {
+      const float v = from[g * map.x_stride];
+      if (accumulate)
+        to[g * map.y_stride] += v;
+      else
+        to[g * map.y_stride] = v;
+    }
+  }
+}
+
 __global__ void AddKernel(float* out, const float* a, const float* b, int64_t n) {
   PARAPLAN_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
@@ -213,6 +229,14 @@ void Copy(float* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n <= 0 || dst == src) return;
   PARAPLAN_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+}
+
+void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map, bool accumulate,
+                 cudaStream_t stream) {
+  if (rows <= 0 || map.width <= 0 || map.groups <= 0) return;
+  PARAPLAN_LAUNCH(CopyColumnsKernel, GridFor(rows * map.width), kThreads, 0, stream, y, x, rows,
+                  map, accumulate);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
 void Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {

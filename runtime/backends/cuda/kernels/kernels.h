@@ -47,6 +47,16 @@ void Copy(float* dst, const float* src, int64_t n, cudaStream_t stream);
 void Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 void Accumulate(float* y, const float* x, int64_t n, cudaStream_t stream);
 void Scale(float* x, int64_t n, float alpha, cudaStream_t stream);
+// Same meaning as host::ColumnMap (strided column copy, multi-head latent attention).
+struct ColumnMap {
+  int64_t groups = 1, width = 0;
+  int64_t x_cols = 0, x_stride = 0, x_offset = 0;
+  int64_t y_cols = 0, y_stride = 0, y_offset = 0;
+};
+// y[r][g·y_stride + y_offset + j] (+)= x[r][g·x_stride + x_offset + j], groups in increasing g
+// (one thread per (r, j), so groups that land on the same column of y add in the host's order).
+void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map, bool accumulate,
+                 cudaStream_t stream);
 // fp32 -> bf16 (round to nearest even), for GEMM operands and bf16 weight copies.
 void CastToBf16(void* dst_bf16, const float* src, int64_t n, cudaStream_t stream);
 // y[rows, cols] += bias[cols] (row broadcast).
@@ -88,8 +98,8 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 // ---- Causal grouped-query attention, flash style (attention.cu) ----
 // Tiled with online softmax; the seq × seq matrix never exists. Q·Kᵀ and P·V run on bf16
 // tensor cores (WMMA) with fp32 accumulation; softmax statistics and lse are fp32. head_dim
-// must be 16, 32, 64 or 128 (checked; other sizes throw). Backward is two deterministic kernels
-// (dK/dV per key tile over the query heads of its group, dQ per query tile), no atomics.
+// must be 16, 32, 64, 128 or 192 (checked; other sizes throw). Backward is two deterministic
+// kernels (dK/dV per key tile over the query heads of its group, dQ per query tile), no atomics.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                       int64_t head_dim, float scale, cudaStream_t stream);
@@ -170,6 +180,9 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
 void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
                        const float* scores, const float* counts, int64_t rows,
                        const MoeRouterConfig& config, float aux_grad_scale, cudaStream_t stream);
+// The host's bias update (one thread: the mean in the host's order, then every expert).
+void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate,
+                         cudaStream_t stream);
 // The host's permutation exactly (each expert's thread scans the pairs in order; no atomics).
 void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                 const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk,

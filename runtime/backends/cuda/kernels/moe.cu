@@ -191,6 +191,30 @@ void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* ind
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// One thread: the experts are few (hundreds) and the update runs once a step.
+__global__ void ExpertBiasUpdateKernel(float* bias, float* load, int64_t experts, float rate) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double total = 0;
+  for (int64_t e = 0; e < experts; ++e) total += load[e];
+  const double mean = total / static_cast<double>(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    const double offset = mean - static_cast<double>(load[e]);
+    bias[e] += offset > 0 ? rate : offset < 0 ? -rate : 0.0f;
+    load[e] = 0.0f;
+  }
+}
+
+}  // namespace
+
+void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate,
+                         cudaStream_t stream) {
+  if (experts <= 0) return;
+  PARAPLAN_LAUNCH(ExpertBiasUpdateKernel, 1, 1, 0, stream, bias, load, experts, rate);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
 void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                 const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk,
                 cudaStream_t stream) {

@@ -23,6 +23,21 @@ PARAPLAN_HOST_CLONES void Fill(float* x, int64_t n, float value) {
 void Copy(float* dst, const float* src, int64_t n) {
   if (n > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
+void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map, bool accumulate) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * map.x_cols + map.x_offset;
+    float* yr = y + r * map.y_cols + map.y_offset;
+    for (int64_t g = 0; g < map.groups; ++g) {
+      const float* from = xr + g * map.x_stride;
+      float* to = yr + g * map.y_stride;
+      if (accumulate)
+        for (int64_t j = 0; j < map.width; ++j) to[j] += from[j];
+      else
+        for (int64_t j = 0; j < map.width; ++j) to[j] = from[j];
+    }
+  }
+}
+
 PARAPLAN_HOST_CLONES void Add(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }

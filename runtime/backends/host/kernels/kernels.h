@@ -134,6 +134,23 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float scale);
 
+// ---- Strided column copy (multi-head latent attention) -----------------------------------
+// x holds rows × x_cols, y rows × y_cols. For every row r, group g < groups (in increasing g) and
+// column j < width: y[r][g·y_stride + y_offset + j] = x[r][g·x_stride + x_offset + j], or += with
+// `accumulate`. x_stride = 0 broadcasts one group of x; y_stride = 0 with accumulate sums the
+// groups of x into one. Columns of y outside the groups are left as they are. The backward of a
+// copy is the copy with x and y swapped, accumulating into a zeroed gradient.
+struct ColumnMap {
+  int64_t groups = 1, width = 0;
+  int64_t x_cols = 0, x_stride = 0, x_offset = 0;
+  int64_t y_cols = 0, y_stride = 0, y_offset = 0;
+  // The same copy read backward: from y's columns into x's.
+  ColumnMap Transposed() const {
+    return {groups, width, y_cols, y_stride, y_offset, x_cols, x_stride, x_offset};
+  }
+};
+void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map, bool accumulate);
+
 // ---- Ring attention pieces (context parallelism) ----------------------------------------
 // A context-parallel rank holds some runs of consecutive positions of each sequence (chunks);
 // attention is computed chunk pair by chunk pair as K/V chunks arrive around the ring. A chunk
@@ -206,6 +223,11 @@ void MoeAuxLoss(float* loss_sum, const float* scores, const float* counts, int64
 void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
                        const float* scores, const float* counts, int64_t rows,
                        const MoeRouterConfig& config, float aux_grad_scale);
+
+// Auxiliary-loss-free balancing (DeepSeek-V3): with load[experts] the tokens each expert took in
+// the step and m their mean, bias[e] += rate · sign(m - load[e]) (an overloaded expert is picked
+// less), then load is zeroed for the next step.
+void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate);
 
 // Groups the rows · topk (token, choice) pairs by expert: out[rows · topk, dim] holds expert 0's
 // tokens, then expert 1's, ..., each expert's in increasing token order. row_map[r · topk + j]

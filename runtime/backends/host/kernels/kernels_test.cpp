@@ -507,3 +507,72 @@ TEST_CASE(
   CHECK(dk1 == slice(dk, kvh, 1, 1));
   CHECK(dv1 == slice(dv, kvh, 1, 1));
 }
+
+TEST_CASE(
+    "column copies: slices, broadcast of one head, and their backward by finite differences") {
+  const int64_t rows = 5, heads = 3, nope = 4, rope = 2, latent = 6;
+  // A naive copy of one map, against the kernel.
+  auto naive = [&](std::vector<float> y, const std::vector<float>& x, const ColumnMap& m,
+                   bool accumulate) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < m.groups; ++g)
+        for (int64_t j = 0; j < m.width; ++j) {
+          float& to = y[r * m.y_cols + g * m.y_stride + m.y_offset + j];
+          const float from = x[r * m.x_cols + g * m.x_stride + m.x_offset + j];
+          to = accumulate ? to + from : from;
+        }
+    return y;
+  };
+  // The shared rope head of the latent projection [rows, latent + rope] into every head of
+  // k [rows, heads · (nope + rope)] after its nope part.
+  const ColumnMap broadcast{heads,       rope, latent + rope, 0, latent, heads * (nope + rope),
+                            nope + rope, nope};
+  // The nope part of each head of [rows, heads · (nope + v)] (v = 3) into k.
+  const ColumnMap slice{heads,       nope, heads * (nope + 3), nope + 3, 0, heads * (nope + rope),
+                        nope + rope, 0};
+  auto kv_a = Random(rows * (latent + rope), 40), kv = Random(rows * heads * (nope + 3), 41);
+  auto k = Random(rows * heads * (nope + rope), 42);
+  for (bool accumulate : {false, true}) {
+    auto y = k;
+    CopyColumns(y.data(), kv_a.data(), rows, broadcast, accumulate);
+    CHECK(y == naive(k, kv_a, broadcast, accumulate));
+    auto z = k;
+    CopyColumns(z.data(), kv.data(), rows, slice, accumulate);
+    CHECK(z == naive(k, kv, slice, accumulate));
+  }
+  // k = [slice of kv, broadcast of kv_a's rope part]; L = Σ k · w. The backward copies read
+  // the transposed maps, accumulating into zeroed gradients (the broadcast sums over heads).
+  auto w = Random(rows * heads * (nope + rope), 43);
+  auto forward = [&] {
+    std::vector<float> y(k.size(), 0.0f);
+    CopyColumns(y.data(), kv.data(), rows, slice, false);
+    CopyColumns(y.data(), kv_a.data(), rows, broadcast, false);
+    return Dot(y, w);
+  };
+  std::vector<float> dkv(kv.size(), 0.0f), dkv_a(kv_a.size(), 0.0f);
+  CopyColumns(dkv.data(), w.data(), rows, slice.Transposed(), true);
+  CopyColumns(dkv_a.data(), w.data(), rows, broadcast.Transposed(), true);
+  CheckGradient("dkv", kv, dkv, forward);
+  CheckGradient("dkv_a", kv_a, dkv_a, forward);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < latent; ++j) CHECK(dkv_a[r * (latent + rope) + j] == 0.0f);
+
+  // Decoupled RoPE: the rope part of each head of q [rows, heads · (nope + rope)] copied out,
+  // rotated and copied back; its backward is the same path reversed.
+  const int64_t qd = nope + rope;
+  const ColumnMap rope_part{heads, rope, heads * qd, qd, nope, heads * rope, rope, 0};
+  auto q = Random(rows * heads * qd, 44), wq = Random(rows * heads * qd, 45);
+  const TokenLayout layout = TokenLayout::BatchMajor(rows, 1);
+  auto qloss = [&] {
+    std::vector<float> y = q, part(rows * heads * rope);
+    CopyColumns(part.data(), y.data(), rows, rope_part, false);
+    RopeForward(part.data(), layout, heads, rope, 10000.0f);
+    CopyColumns(y.data(), part.data(), rows, rope_part.Transposed(), false);
+    return Dot(y, wq);
+  };
+  std::vector<float> dq = wq, dpart(rows * heads * rope);
+  CopyColumns(dpart.data(), dq.data(), rows, rope_part, false);
+  RopeBackward(dpart.data(), layout, heads, rope, 10000.0f);
+  CopyColumns(dq.data(), dpart.data(), rows, rope_part.Transposed(), false);
+  CheckGradient("dq (decoupled rope)", q, dq, qloss);
+}

@@ -80,6 +80,17 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
   }
 }
 
+void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) {
+  double total = 0;
+  for (int64_t e = 0; e < experts; ++e) total += load[e];
+  const double mean = total / static_cast<double>(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    const double offset = mean - static_cast<double>(load[e]);
+    bias[e] += offset > 0 ? rate : offset < 0 ? -rate : 0.0f;
+    load[e] = 0.0f;
+  }
+}
+
 void MoeAuxLoss(float* loss_sum, const float* scores, const float* counts, int64_t rows,
                 const MoeRouterConfig& config) {
   double total = 0;

@@ -254,3 +254,21 @@ TEST_CASE("grouped linear: one GEMM per group, empty groups skipped; backward") 
                         in, out, true);
   for (size_t i = 0; i < dx.size(); ++i) CHECK(dx2[i] == doctest::Approx(2 * dx[i]));
 }
+
+TEST_CASE(
+    "aux-loss-free bias: overloaded experts move down, underloaded up, by the rate; load cleared") {
+  std::vector<float> load = {6, 2, 4, 0, 8}, bias = {0.5f, -0.25f, 0, 0.125f, 0};
+  MoeExpertBiasUpdate(bias.data(), load.data(), 5, 0.125f);  // mean load 4
+  CHECK(bias == std::vector<float>{0.375f, -0.125f, 0, 0.25f, -0.125f});
+  CHECK(load == std::vector<float>(5, 0.0f));
+  // Picked by score + bias, weighted by the score alone.
+  const std::vector<float> logits = {0.0f, 0.1f, 0.2f}, shift = {0.5f, 0.0f, 0.0f};
+  std::vector<float> weights(1), scores(3), counts(3);
+  std::vector<int32_t> indices(1);
+  const MoeRouterConfig config{.experts = 3, .topk = 1, .score = RouterScore::kSigmoid};
+  MoeRouterForward(weights.data(), indices.data(), scores.data(), counts.data(), logits.data(),
+                   shift.data(), 1, config);
+  CHECK(indices[0] == 0);
+  CHECK(weights[0] == doctest::Approx(0.5f));
+  CHECK(counts == std::vector<float>{1, 0, 0});
+}
