@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 
 #include "compiler/analyze/cost_comm.h"
 #include "compiler/analyze/cost_framework.h"
@@ -40,7 +41,16 @@ struct ArenaSizes {
   // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
   bool mla = false;
   int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;
+  // Mixture of experts (ArenaMoeSizesOf; zero on a dense model).
+  int64_t experts = 0, topk = 0;
+  int64_t expert_ffn = 0;     // each expert's width on one Etp rank
+  int64_t shared_ffn = 0;     // the shared experts' width on one TP rank
+  int64_t expert_rows = 0;    // rows the rank's experts run: the Etp group's under sp, else R
+  bool etp_gathered = false;  // etp > 1 under sp: the group's rows and choices gathered
+  bool expert_bias = false;   // aux-loss-free balancing (model.router_bias_rate > 0)
 };
+
+void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z);
 
 ArenaSizes ArenaSizesOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
@@ -67,6 +77,7 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
     z.ql = m.q_lora_rank;
     z.kvl = m.kv_lora_rank;
   }
+  if (m.IsMoe()) ArenaMoeSizesOf(plan, z);
   return z;
 }
 
@@ -83,22 +94,27 @@ int64_t ArenaMlaAttentionStash(const ArenaSizes& z, Recompute recompute) {
 }
 // --- end multi-head latent attention ---
 
-// Stashed bytes of one layer per microbatch: its input x and, unless the whole layer is
-// recomputed, the gathered norm outputs, q, k, v, the attention output (and its softmax
-// statistics unless selective recompute redoes the core), the residual, the MLP intermediates and
-// the norms' fp32 statistics.
-int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
+// Stashed bytes of one layer's attention half per microbatch (recompute none or selective): its
+// input x, the gathered norm output, q, k, v, the attention output (and its softmax statistics
+// unless selective recompute redoes the core), the residual and the fp32 statistics of both norms.
+int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
   int64_t bytes = SatMul(z.R, z.h * z.a);  // x
-  if (recompute == Recompute::kFull) return bytes;
   const int64_t attention = z.mla ? 0 : 2 * z.heads * z.hd + 2 * z.kv * z.hd;
-  const int64_t per_token = 2 * z.h + attention + (z.gelu ? 2 : 3) * z.ffn;
-  bytes = SatAdd(bytes, SatMul(z.T, per_token * z.a));  // n1f, n2f, q, o, k, v, MLP
+  bytes = SatAdd(bytes, SatMul(z.T, (z.h + attention) * z.a));  // n1f, q, o, k, v
   if (z.mla) bytes = SatAdd(bytes, ArenaMlaAttentionStash(z, recompute));
   bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));  // residual x1
   bytes = SatAdd(bytes,
                  SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
   if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
   return bytes;
+}
+
+// Stashed bytes of one dense layer per microbatch: its input x and, unless the whole layer is
+// recomputed, the attention half's buffers, the MLP's gathered input and its intermediates.
+int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
+  if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
+  const int64_t mlp = z.h + (z.gelu ? 2 : 3) * z.ffn;                // n2f, MLP
+  return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.T, mlp * z.a));
 }
 
 // Stashed bytes of a chunk beyond its layers, per microbatch: the chunk's output and the
@@ -114,6 +130,9 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
   }
   return bytes;
 }
+
+// The loss chunk's busiest op: the logits' gradient with the final norm's.
+int64_t ArenaLossPeak(const ArenaSizes& z) { return SatMul(z.T, (z.vocab + z.h) * z.a); }
 
 // The busiest op of a chunk's bodies (scratch): the MLP and attention backward of one layer
 // (with the recomputed layer under full recompute, the recomputed core under selective), and on
@@ -134,9 +153,176 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
     peak = SatAdd(peak, SatMul(z.T, z.heads * core_hd * z.a + z.heads * 4));
   if (recompute == Recompute::kFull)
     peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
-  if (loss) peak = std::max(peak, SatMul(z.T, (z.vocab + z.h) * z.a));
+  if (loss) peak = std::max(peak, ArenaLossPeak(z));
   return peak;
 }
+
+// --- planrun's arena: mixture-of-experts layers (compiler/lower/body.cpp, MoeForward) ---------
+//
+// An MoE layer keeps the attention half of a dense layer; its MLP is the router, the routed
+// experts and the shared experts. The routed buffers are sized for the worst case, every choice
+// of every row landing on this rank's experts (ArenaRoutedRows). With etp = tp > 1 under sequence
+// parallelism the experts run on the Etp group's rows: the rows, the router's logits, weights and
+// choices are gathered over Etp before dispatch.
+
+void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
+  const ModelSpec& m = plan.model;
+  const int64_t etp = std::max<int64_t>(1, plan.parallel.etp);
+  const int64_t ffn = m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden;
+  z.experts = m.experts;
+  z.topk = std::max<int64_t>(1, m.topk);
+  z.expert_ffn = ffn / etp;
+  z.shared_ffn = SatMul(m.shared_experts, ffn) / z.t;
+  z.etp_gathered = etp > 1 && plan.parallel.sp;
+  z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
+  z.expert_bias = m.router_bias_rate > 0;
+}
+
+// Rows of the permuted (routed) buffers: every choice of every row the rank's experts see.
+int64_t ArenaRoutedRows(const ArenaSizes& z) { return SatMul(z.expert_rows, z.topk); }
+
+// The sizes, in bytes, of the buffers of one MoE block (after the MLP norm), per microbatch.
+struct ArenaMoeBuffers {
+  // Router on this rank's rows: its input, the top-k weights (the Etp group's when gathered),
+  // indices, fp32 scores and the per-expert counts.
+  int64_t input = 0, weights = 0, indices = 0, scores = 0, counts = 0;
+  // The Etp group's gathered rows when the shared experts read them (etp_gathered).
+  int64_t group_rows = 0;
+  // Dispatch and the experts: the permuted rows, the row map and the experts' counts (int32),
+  // gate and up (up only with GELU), the activation and the experts' output.
+  int64_t permuted = 0, row_map = 0, expert_counts = 0, gate_up = 0, act = 0, out = 0;
+  // Shared experts: their gathered input (under sp, when not the Etp group's rows), gate and
+  // up, and the activation.
+  int64_t shared_input = 0, shared_gate_up = 0, shared_act = 0;
+};
+
+ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
+  const bool shared = z.shared_ffn > 0, gathered_sp = z.R < z.T;
+  const int64_t routed = ArenaRoutedRows(z), a = z.a;
+  ArenaMoeBuffers b;
+  b.input = SatMul(z.R, z.h * a);
+  b.weights = SatMul(z.expert_rows, z.topk * a);
+  b.indices = SatMul(z.R, z.topk * 4);
+  b.scores = SatMul(z.R, z.experts * 4);
+  b.counts = z.experts * 4;
+  if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
+  b.permuted = SatMul(routed, z.h * a);
+  b.row_map = SatMul(routed, 4);
+  b.expert_counts = z.experts * 4;
+  b.gate_up = SatMul(routed, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  b.act = SatMul(routed, z.expert_ffn * a);
+  b.out = SatMul(routed, z.h * a);
+  if (shared) {
+    if (gathered_sp && !z.etp_gathered) b.shared_input = SatMul(z.T, z.h * a);
+    b.shared_gate_up = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
+    b.shared_act = SatMul(z.T, z.shared_ffn * a);
+  }
+  return b;
+}
+
+int64_t SatSum(std::initializer_list<int64_t> parts) {
+  int64_t total = 0;
+  for (int64_t x : parts) total = SatAdd(total, x);
+  return total;
+}
+
+// Stashed bytes of one MoE layer per microbatch: the attention half's, then every buffer of the
+// MoE block its backward reads; under full recompute the layer input only.
+int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
+  if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
+  const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
+  return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
+                 b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act,
+                 b.out, b.shared_input, b.shared_gate_up, b.shared_act});
+}
+
+// The transient buckets live in an MoE layer's backward body under ZeRO >= 2 on dp · cp > 1
+// (bytes; zero otherwise): the layer's full fp32 gradients, from its first gradient (the down
+// projection's) to the end of the layer, and with ZeRO 3 its gathered weights, from the first
+// weight read (the recomputed forward's under full recompute, else the down projection's). A
+// tied word embedding on a chunk that also holds the loss keeps its gradient bucket open from
+// the output layer's backward to the embedding's, across every layer.
+struct ArenaMoeBuckets {
+  int64_t grads = 0, params = 0, held = 0;
+};
+
+// The busiest op of an MoE layer's backward (scratch and the transient buckets), op by op as
+// MoeBackward emits it: the gradients live at each step, and under full recompute the recomputed
+// forward buffers the rest of the backward still reads (released at their last reader). The
+// attention half's backward follows, as in a dense layer.
+int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuckets& k) {
+  const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
+  const bool full = recompute == Recompute::kFull, shared = z.shared_ffn > 0;
+  const int64_t routed = ArenaRoutedRows(z), a = z.a;
+  // Gradients of the routed path: the experts' output (dy), the router weights' (dw), the
+  // activation's (da), gate's and up's (dg, du), the permuted rows' (dxp), and the block
+  // input's on the group's rows (dn2). Under etp_gathered the output gradient is gathered to
+  // the group's rows and, with shared experts, read again by their backward.
+  const int64_t dy = SatMul(routed, z.h * a), dw = SatMul(z.expert_rows, z.topk * a);
+  const int64_t dact = SatMul(routed, z.expert_ffn * a);
+  const int64_t dgate_up = SatMul(routed, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  const int64_t dxp = SatMul(routed, z.h * a), dn2 = SatMul(z.expert_rows, z.h * a);
+  const int64_t grad_rows = z.etp_gathered ? SatMul(z.expert_rows, z.h * a) : 0;
+  const int64_t held_grad_rows = shared ? grad_rows : 0;
+  // Recomputed buffers (full recompute), grouped by the step after which they are released.
+  const int64_t attention = full ? ArenaAttentionStash(z, Recompute::kNone) -
+                                       SatMul(z.R, z.h * a)  // x stays in the stash
+                                 : 0;
+  auto rc = [&](int64_t x) { return full ? x : 0; };
+  // The shared experts' input: the Etp group's rows, the gathered rows under sp, else the block
+  // input itself (then held to the shared experts' backward with the router's buffers).
+  const int64_t shared_input =
+      !shared ? 0 : (z.etp_gathered ? b.group_rows : (z.R < z.T ? b.shared_input : b.input));
+  const int64_t until_shared =
+      rc(SatSum({z.R < z.T ? shared_input : 0, b.shared_gate_up, b.shared_act}));
+  const int64_t router = rc(SatSum({b.input, b.indices, b.scores, b.counts}));
+  // Steps: MoeUnpermuteBackward, the down projection's backward, the activation's backward, the
+  // gate (GELU: up) projection's backward, MoeUnpermute of the permuted gradient.
+  // Before the down projection's backward only the recomputed forward has read the weights.
+  const int64_t early = SatAdd(k.held, full ? k.params : 0);
+  const int64_t open = SatSum({k.held, k.params, k.grads});
+  const int64_t routed_peak = std::max({
+      SatSum({early, grad_rows, dy, dw, attention, until_shared, router,
+              rc(SatSum(
+                  {b.weights, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act, b.out}))}),
+      SatSum({open, held_grad_rows, dy, dact, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act}))}),
+      SatSum({open, held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up}))}),
+      SatSum({open, held_grad_rows, dgate_up, dxp, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts}))}),
+      SatSum({open, held_grad_rows, dxp, dn2, dw, attention, until_shared, router, rc(b.row_map)}),
+  });
+  int64_t peak = routed_peak;
+  if (shared) {
+    // The shared experts' backward, after the router's: the output gradient on all rows, the
+    // activation's, gate's and up's gradients, the input's, beside the block input's gradient.
+    const int64_t rows_grad = SatMul(z.R, z.h * a);
+    const int64_t gathered = z.R < z.T ? SatMul(z.T, z.h * a) : 0;
+    const int64_t dsa = SatMul(z.T, z.shared_ffn * a);
+    const int64_t dsgu = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
+    const int64_t dnf = SatMul(z.T, z.h * a);
+    const int64_t held = SatSum({open, attention, rc(shared_input)});
+    peak = std::max(
+        {peak, SatSum({gathered, dsa, rows_grad, held, rc(SatAdd(b.shared_gate_up, b.shared_act))}),
+         SatSum({dsa, dsgu, rows_grad, held, rc(b.shared_gate_up)}),
+         SatSum({dsgu, dnf, rows_grad, held})});
+  }
+  // The attention half: its backward's working set (as ArenaBodyPeak prices it) with the
+  // recomputed attention buffers.
+  int64_t attn = 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  if (z.ring) attn += 8 * z.kv * z.hd;
+  attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
+  int64_t attention_peak = SatMul(z.T, attn * a);
+  if (recompute == Recompute::kSelective)
+    attention_peak = SatAdd(attention_peak, SatMul(z.T, z.heads * z.hd * a + z.heads * 4));
+  attention_peak = SatSum({attention_peak, attention, open});
+  return std::max(peak, attention_peak);
+}
+
+// The router's expert bias (a State buffer) and the load it is moved by, fp32 per expert, on
+// each MoE layer with aux-loss-free balancing.
+int64_t ArenaMoeStateBuffers(const ArenaSizes& z) { return z.expert_bias ? 2 * z.experts * 4 : 0; }
 
 // Microbatches of each local chunk in flight at once on pipeline rank r, in the order the
 // schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down).
@@ -348,13 +534,21 @@ void FullRecomputeChunk(const Plan& plan, int64_t layers, const LayerActivations
   }
 }
 
+// Mixture of experts as lowering emits it: ep = 1, the experts whole (etp = 1) or split over the
+// Tp group (etp = tp), no capacity factor (no token dropping).
+bool MoeArenaApplies(const Plan& plan) {
+  const ParallelSpec& q = plan.parallel;
+  return q.ep == 1 && (q.etp == 1 || q.etp == q.tp) && plan.moe.capacity_factor <= 0;
+}
+
 }  // namespace
 
 bool ArenaModelApplies(const Plan& plan) {
   const ModelSpec& m = plan.model;
   // Context parallelism lowers whole: learned positions, and ZeRO sharded over dp · cp.
   const ParallelSpec& q = plan.parallel;
-  return plan.framework == Framework::kParaplan && !m.IsMoe() && q.ep == 1;
+  return plan.framework == Framework::kParaplan && q.ep == 1 &&
+         (!m.IsMoe() || MoeArenaApplies(plan));
 }
 
 std::string_view MemoryPartName(MemoryPart part) {
@@ -514,6 +708,16 @@ struct MemoryInputs {
   ArenaSizes arena_sizes;
 };
 
+// The ranks ZeRO shards the routed experts' states over. Megatron-Core: the expert data-parallel
+// group, world / (etp · ep · pp) = `edp` (with etp = 1 and tp > 1 it spans the Tp ranks, which
+// hold the same whole experts), less HSDP's replicas. planrun (the arena model): the experts sit
+// in the chunk's buckets beside the dense parameters (compiler/lower/body.cpp, BuildBuckets), so
+// they shard over the dense ZeRO group, dp · cp, whatever etp.
+int64_t ExpertShardGroup(const Plan& plan, int64_t edp, int64_t dense_shard) {
+  if (ArenaModelApplies(plan)) return dense_shard;
+  return std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
+}
+
 // Weights, gradients and optimizer state per parameter: dense parameters shard over the ZeRO
 // group, expert parameters over their own data-parallel group.
 void PriceStatePerParam(MemoryInputs& in) {
@@ -523,8 +727,7 @@ void PriceStatePerParam(MemoryInputs& in) {
   const int64_t edp = std::max<int64_t>(1, world / std::max<int64_t>(1, par.etp * par.ep * in.p));
   // ZeRO shards over fsdp.shard ranks (dp·cp unless HSDP replicates); experts over their DP group.
   const int64_t dense_shard = ShardGroup(plan);
-  const int64_t expert_shard =
-      std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
+  const int64_t expert_shard = ExpertShardGroup(plan, edp, dense_shard);
   in.dense_state = StateBytes(plan, dense_shard);
   in.expert_state = StateBytes(plan, expert_shard);
   const bool offload = plan.optimizer.offload == Offload::kCpu;
@@ -654,11 +857,46 @@ struct StageTally {
   int64_t dense_count = 0, moe_count = 0;  // transformer layers of each kind
   int64_t activations = 0;                 // stored activations of the microbatches in flight
   int64_t workspace = 0;                   // recompute working set (arena: the busiest op)
-  int64_t extra = 0;                       // embedding, logits and loss
-  int64_t dense_p = 0;                     // TP-sharded parameters, per TP rank
-  int64_t repl_p = 0;                      // parameters replicated over TP
-  int64_t expert_p = 0;                    // expert parameters, per EP·ETP rank
+  int64_t moe_workspace = 0;  // arena: the MoE layers' busiest op, their transient buckets included
+  int64_t extra = 0;          // embedding, logits and loss
+  int64_t dense_p = 0;        // TP-sharded parameters, per TP rank
+  int64_t repl_p = 0;         // parameters replicated over TP
+  int64_t expert_p = 0;       // expert parameters, per EP·ETP rank
 };
+
+// planrun's arena under ZeRO >= 2: the elements of an MoE layer's bucket on one rank, its
+// attention half, router and shared experts with the routed experts (whole with etp = 1, a slice
+// with etp = tp).
+int64_t ArenaMoeLayerBucket(const MemoryInputs& in) {
+  const LayerParams& moe = in.moe_params;
+  return SatAdd(CeilDiv(moe.tp_sharded, in.t) + moe.replicated, CeilDiv(moe.expert, in.ep_etp));
+}
+
+ArenaMoeBuckets ArenaMoeBucketsOf(const MemoryInputs& in, const CostChunk& chunk) {
+  const Plan& plan = *in.plan;
+  ArenaMoeBuckets k;
+  if (plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return k;
+  const int64_t elements = ArenaMoeLayerBucket(in);
+  k.grads = SatMul(elements, 4);
+  if (plan.optimizer.zero >= 3) k.params = SatMul(elements, in.arena_sizes.a);
+  if (plan.model.tied_embeddings && chunk.embedding && chunk.loss)
+    k.held = SatMul(SatMul(in.arena_sizes.vocab, plan.model.hidden), 4);
+  return k;
+}
+
+// planrun's arena: the stash of a chunk's `layers` MoE layers with `held` microbatches in flight,
+// and the busiest op of their backward with their transient buckets (StageTally::moe_workspace;
+// the chunk's loss, when it has no dense layer, in StageTally::workspace).
+void AddArenaMoeLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t layers, int64_t held,
+                       StageTally& s) {
+  const ArenaSizes& z = in.arena_sizes;
+  const Recompute recompute = in.plan->recompute;
+  s.activations =
+      SatAdd(s.activations, SatMul(held, SatMul(layers, ArenaMoeLayerStash(z, recompute))));
+  s.moe_workspace =
+      std::max(s.moe_workspace, ArenaMoeLayerPeak(z, recompute, ArenaMoeBucketsOf(in, chunk)));
+  if (chunk.loss) s.workspace = std::max(s.workspace, ArenaLossPeak(z));
+}
 
 // The transformer layers of one chunk with `held` microbatches in flight: their stored
 // activations and the recompute working set.
@@ -678,10 +916,12 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
   if (in.arena) {
     const ArenaSizes& z = in.arena_sizes;
-    s.activations = SatAdd(s.activations,
-                           SatMul(held, SatMul(chunk.layers, ArenaLayerStash(z, plan.recompute))));
+    s.activations =
+        SatAdd(s.activations, SatMul(held, SatMul(nd, ArenaLayerStash(z, plan.recompute))));
     s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
-    s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, chunk.loss));
+    if (nd > 0 || nm == 0)
+      s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, chunk.loss));
+    if (nm > 0) AddArenaMoeLayers(in, chunk, nm, held, s);
   } else {
     s.activations = SatAdd(s.activations, SatMul(held, chunk_act));
   }
@@ -780,6 +1020,13 @@ int64_t ActivationsOnGpu(const MemoryInputs& in, int64_t activations, StageMemor
   return activations - moved;
 }
 
+// planrun's arena: the expert bias State buffers of the stage's MoE layers, kept beside the
+// weights.
+int64_t ArenaMoeStateBytes(const MemoryInputs& in, const StageTally& tally) {
+  if (!in.arena) return 0;
+  return SatMul(tally.moe_count, ArenaMoeStateBuffers(in.arena_sizes));
+}
+
 // planrun's arena under ZeRO >= 2 on dp · cp > 1 (the ZeRO group): a layer's (or the
 // embedding's) full grad bucket, fp32, and with ZeRO-3 its gathered weights live inside the body
 // that uses them.
@@ -874,7 +1121,10 @@ void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, in
   auto& b = s.bytes;
   b[size_t(MemoryPart::kActivations)] = ActivationsOnGpu(in, tally.activations, s);
   b[size_t(MemoryPart::kEmbeddingAndLoss)] = tally.extra;
-  b[size_t(MemoryPart::kRecomputeWorkspace)] = SatAdd(tally.workspace, ArenaShardBuckets(in, s));
+  b[size_t(MemoryPart::kRecomputeWorkspace)] =
+      std::max(SatAdd(tally.workspace, ArenaShardBuckets(in, s)), tally.moe_workspace);
+  b[size_t(MemoryPart::kWeights)] =
+      SatAdd(b[size_t(MemoryPart::kWeights)], ArenaMoeStateBytes(in, tally));
   b[size_t(MemoryPart::kCommBuffers)] = CommBufferBytes(in, tally);
   TotalOfParts(in, s);
 }

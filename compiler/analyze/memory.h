@@ -12,8 +12,9 @@
 //                 cached FP8 casts under Transformer Engine), main gradients in `grads`, fp32
 //                 master weights when `main_params`, Adam's two moments in `optimizer_state`.
 //                 ZeRO 1/2/3 shard them over fsdp.shard ranks (dp·cp / fsdp.replicate); routed
-//                 experts over their expert-DP group. PyTorch FSDP (torchtitan, llm_foundry) keeps
-//                 the fp32 shard as the parameter itself (no separate master).
+//                 experts over their expert-DP group, world / (etp·ep·pp) (planrun: over dp·cp,
+//                 beside the dense parameters in its buckets). PyTorch FSDP (torchtitan,
+//                 llm_foundry) keeps the fp32 shard as the parameter itself (no separate master).
 //   activations   Korthikanti et al. per layer (cost_shape), minus what the recompute keeps out:
 //                 Megatron's --recompute-modules drop their outputs (DroppedByModules), full
 //                 recompute with --recompute-method/--recompute-num-layers keeps inputs of the
@@ -34,7 +35,9 @@
 //                 torchtitan 10%); 0 for planrun, whose arena is allocated whole.
 // framework = paraplan on a plan planrun lowers (ArenaModelApplies): the activations, embedding
 // and loss terms and the workspace are planrun's static arena instead, term by term as
-// compiler/lower lays it out (StageMemory::arena; within 3% of `planc compile`, tested).
+// compiler/lower lays it out (StageMemory::arena; within 3% of `planc compile`, tested). MoE
+// layers there: the router's buffers, the routed buffers at their worst case (rows · topk), the
+// Etp group's gathered rows under sp, shared experts, the expert bias State buffers.
 //
 // Made by EstimateMemory for `planc check` (OOM diagnostics), explain and every search
 // candidate; must stay allocation-light.
@@ -114,8 +117,8 @@ struct StagePeak {
 std::vector<StagePeak> PredictedPeaks(const Plan& plan, const CostOptions& options = {});
 
 // True when the estimate is planrun's static arena, term by term as compiler/lower allocates it
-// (framework = paraplan and a plan it lowers: dense, ordinary or multi-head latent attention, no
-// ep; cp included).
+// (framework = paraplan and a plan it lowers: ordinary or multi-head latent attention, no ep;
+// dense, or mixture of experts with etp = 1 or etp = tp and no capacity factor; cp included).
 bool ArenaModelApplies(const Plan& plan);
 
 // Bytes per parameter of model states on one GPU for a shard group of `shard` ranks (the

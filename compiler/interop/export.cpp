@@ -119,6 +119,7 @@ class Exporter {
         {fields::kFsdpReshardAfterForward, p.fsdp.reshard_after_forward},
         {fields::kMoeDispatcher, p.moe.dispatcher == Dispatcher::kAllToAll},
         {fields::kMoeCapacityFactor, p.moe.capacity_factor == 0},
+        {fields::kMoeDropPolicy, p.moe.drop_policy == DropPolicy::kProbs},
         {fields::kModelQkNorm, !p.model.qk_norm},
         {fields::kModelVocabDivisor, p.model.vocab_divisor == 128},
         {fields::kModelWindow, p.model.window == 0},
@@ -298,6 +299,7 @@ void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
           p.moe.dispatcher == Dispatcher::kAllGather ? "allgather" : "flex");
     }
     if (p.moe.capacity_factor > 0) add("--moe-expert-capacity-factor", Real(p.moe.capacity_factor));
+    if (p.moe.drop_policy == DropPolicy::kPosition) add("--moe-token-drop-policy", "position");
     MegatronRouterArgs(ex, add);
   }
   if (m.qk_norm) add("--qk-layernorm");
@@ -395,6 +397,7 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
                                   fields::kActivationsOffloadLayers,
                                   fields::kMoeDispatcher,
                                   fields::kMoeCapacityFactor,
+                                  fields::kMoeDropPolicy,
                                   fields::kModelQkNorm,
                                   fields::kModelMtpLayers,
                                   fields::kModelMoeLayerFreq,

@@ -23,6 +23,7 @@ constexpr EnumChoice kMegatronFp8Recipe[] = {{"delayed", "delayed"},
                                              {"mxfp8", "mxfp8"}};
 constexpr EnumChoice kMegatronRecomputeMethod[] = {{"uniform", "uniform"}, {"block", "block"}};
 constexpr EnumChoice kMegatronRouterScore[] = {{"softmax", "softmax"}, {"sigmoid", "sigmoid"}};
+constexpr EnumChoice kMegatronDropPolicy[] = {{"probs", "probs"}, {"position", "position"}};
 constexpr EnumChoice kMegatronDispatcher[] = {
     {"alltoall", "alltoall"}, {"allgather", "allgather"}, {"flex", "flex"}};
 
@@ -89,6 +90,7 @@ constexpr SettingRow kMegatron[] = {
      {},
      kMegatronDispatcher},
     {"--moe-expert-capacity-factor", fields::kMoeCapacityFactor, Convert::kReal},
+    {"--moe-token-drop-policy", fields::kMoeDropPolicy, Convert::kEnum, {}, kMegatronDropPolicy},
     {"--moe-router-score-function",
      fields::kModelRouterScore,
      Convert::kEnum,

@@ -217,9 +217,10 @@ class RoleLowering {
   struct MoeSaved {
     int32_t logits = -1, w = -1, idx = -1, scores = -1, counts = -1;  // router
     EtpTokens etp;                                                    // the experts' tokens
-    int32_t xp = -1, row_map = -1, expert_counts = -1;                // dispatch
-    int32_t g = -1, u = -1, a = -1, y = -1;                           // experts
-    int32_t sg = -1, su = -1, sa = -1;                                // shared experts
+    int32_t capacity_mask = -1;  // moe.capacity_factor: the kept pairs (etp.w is then the kept)
+    int32_t xp = -1, row_map = -1, expert_counts = -1;  // dispatch
+    int32_t g = -1, u = -1, a = -1, y = -1;             // experts
+    int32_t sg = -1, su = -1, sa = -1;                  // shared experts
     // The experts' input rows and their per-group counts: xp and expert_counts with ep = 1; with
     // ep > 1 the rows dispatched to this rank's experts and their per-local-expert counts.
     int32_t xe = -1, ecounts = -1;
@@ -370,6 +371,8 @@ class RoleLowering {
   // Before dispatch: the tokens (rows x with their router weights and choices) every rank of the
   // Etp group runs its expert slices on, from this rank's rows x and their routing.
   EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
+  // moe.capacity_factor > 0: replaces the dispatch weights by the kept ones (MoeCapacity).
+  void DropPastCapacity(MoeSaved& ms);
   // After the combine: a partial sum over the expert slices, [etp rows, cols], reduced over the
   // Etp group to this rank's rows (reduce-scatter, or all-reduce in place without sequence
   // parallelism).
@@ -890,6 +893,21 @@ RoleLowering::EtpTokens RoleLowering::GatherEtpTokens(int32_t x, const MoeSaved&
   return t;
 }
 
+void RoleLowering::DropPastCapacity(MoeSaved& ms) {
+  if (s_.moe.capacity_factor <= 0) return;
+  const int64_t e = s_.moe.experts, k = s_.moe.topk, rows = ms.etp.rows;
+  // Megatron-Core's get_capacity over the routed pairs: ceil(rows · topk / experts · factor).
+  const auto capacity = static_cast<int64_t>(
+      std::ceil(static_cast<double>(rows * k) / static_cast<double>(e) * s_.moe.capacity_factor));
+  const int32_t kept = Act("moe.capacity.kept_weights", {rows, k});
+  ms.capacity_mask = Stat("moe.capacity.mask", {rows, k});
+  Emit(
+      attrs::MoeCapacity{
+          .experts = e, .topk = k, .capacity = capacity, .position = s_.moe.drop_by_position},
+      {ms.etp.w, ms.etp.idx}, {kept, ms.capacity_mask});
+  ms.etp.w = kept;
+}
+
 int32_t RoleLowering::ReduceEtpPartial(int32_t partial, const std::string& name, int64_t cols) {
   if (!SplitsExperts()) return partial;
   if (!p_.sp) {
@@ -959,6 +977,7 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   // --- expert tensor parallelism: the Etp group's tokens ---
   ms.etp = GatherEtpTokens(xn, ms, ex.bias);
   // --- end expert tensor parallelism ---
+  DropPastCapacity(ms);
   // Dispatch.
   const int64_t routed = ms.etp.rows * k;  // worst case: every choice of every row lands here
   ms.xp = Act("moe.permuted", {routed, h});
@@ -1027,6 +1046,8 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   int32_t dw = Act(SplitsExperts() ? "moe.etp.router.weights.grad" : "moe.router.weights.grad",
                    {ms.etp.rows, k});
   Emit(attrs::MoeUnpermuteBackward{.topk = k}, {gxe, ms.y, ms.row_map, ms.etp.w}, {dy, dw});
+  if (ms.capacity_mask >= 0)  // the dropped pairs' weights get no gradient
+    Emit(attrs::MoeCapacityBackward{}, {dw, ms.capacity_mask}, {dw});
   // --- expert tensor parallelism: the router weights' gradient sums the expert slices ---
   dw = ReduceEtpPartial(dw, "moe.router.weights.grad", k);
   // --- end expert tensor parallelism ---

@@ -101,7 +101,11 @@ struct MoeShape {
   int64_t score = 0;       // 0 softmax, 1 sigmoid (MoeRouter's `score`)
   double aux_coeff = 0.01;
   double bias_rate = 0;  // aux-loss-free balancing: the expert bias's update rate (0: no bias)
-  int64_t etp = 1;       // expert tensor parallelism: each expert's ffn split etp ways (Etp group)
+  // Tokens past an expert's capacity ceil(rows · topk / experts · capacity_factor) of the rows a
+  // rank routes are dropped (MoeCapacity: weight 0); 0 = dropless.
+  double capacity_factor = 0;
+  bool drop_by_position = false;  // moe.drop_policy = position
+  int64_t etp = 1;  // expert tensor parallelism: each expert's ffn split etp ways (Etp group)
   // Expert parallelism (ep > 1): the routing imbalance the plan states (`moe.imbalance`, the
   // worst rank's routed rows over the average), 0 when it states none. It bounds the dispatch's
   // receive buffers; without it they hold the worst case (lower/body.cpp DispatchCapacity).

@@ -134,10 +134,16 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                     q.etp, q.ep),
         "parallel.etp", "set `parallel.etp = 1` or `parallel.ep = 1`");
   // --- end expert tensor parallelism ---
-  if (m.IsMoe() && plan.moe.capacity_factor > 0)
+  // A capacity counts the rows a rank routes; under expert tensor parallelism with sequence
+  // parallelism the experts route the Etp group's gathered rows, whose capacity would not be
+  // any one rank's.
+  if (m.IsMoe() && plan.moe.capacity_factor > 0 && q.etp > 1 && q.sp)
     unsupported.Report(
-        fmt::format("a capacity factor ({}: tokens past it dropped)", plan.moe.capacity_factor),
-        "moe.capacity_factor", "set `moe.capacity_factor = 0` (dropless, as lowered)");
+        fmt::format("a capacity factor ({}) with experts split by tensor parallelism under "
+                    "sequence parallelism (etp = {})",
+                    plan.moe.capacity_factor, q.etp),
+        "moe.capacity_factor",
+        "set `moe.capacity_factor = 0` (dropless), `parallel.etp = 1` or `parallel.sp = false`");
   // --- end mixture of experts ---
   // --- multi-head latent attention: emitted beside tp, sp and pp; not beside cp ---
   if (m.IsMla() && q.cp > 1)
@@ -173,6 +179,11 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
         "optimizer.zero",
         "set `optimizer.zero = 1` (the optimizer states of the experts sharded over their "
         "expert-data-parallel group, the rest over dp) or `0`");
+  if (m.IsMoe() && q.ep > 1 && plan.moe.capacity_factor > 0)
+    unsupported.Report(fmt::format("a capacity factor ({}) beside expert parallelism (ep = {})",
+                                   plan.moe.capacity_factor, q.ep),
+                       "moe.capacity_factor",
+                       "set `moe.capacity_factor = 0` (dropless) or `parallel.ep = 1`");
   if (!m.IsMoe() && q.ep > 1)
     unsupported.Report(
         fmt::format("expert parallelism (ep = {}) for a model without experts", q.ep),
@@ -670,6 +681,8 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.normalize = m.router_topk_norm;
     bs.moe.aux_coeff = m.router_aux_coeff;
     bs.moe.bias_rate = m.router_bias_rate;
+    bs.moe.capacity_factor = plan.moe.capacity_factor;
+    bs.moe.drop_by_position = plan.moe.drop_policy == DropPolicy::kPosition;
     bs.moe.etp = std::max<int64_t>(1, plan.parallel.etp);  // expert tensor parallelism
     // Stated: written in the plan, a module it uses, or --set (not the built-in default).
     const FieldOrigin* imbalance = plan.origins.FindPath("moe.imbalance");

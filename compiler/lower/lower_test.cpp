@@ -788,6 +788,13 @@ TEST_CASE("expert parallelism: refusals name the combination") {
   REQUIRE(!zero.diagnostics().empty());
   CHECK(zero.diagnostics()[0].message ==
         "lowering does not emit ZeRO 3 beside expert parallelism (ep = 2) yet");
+  plan.optimizer.zero = 0;
+  plan.moe.capacity_factor = 1.25;
+  DiagnosticSink capacity;
+  CHECK_FALSE(LowerPlan(plan, {}, capacity).has_value());
+  REQUIRE(!capacity.diagnostics().empty());
+  CHECK(capacity.diagnostics()[0].message ==
+        "lowering does not emit a capacity factor (1.25) beside expert parallelism (ep = 2) yet");
   Plan dense = TinyPlan(1, 1, 2);
   dense.parallel.ep = 2;
   DiagnosticSink ds;
@@ -923,9 +930,31 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
   }
   CHECK(cp_reductions == 4);
   CHECK(tp_reductions == 4);
-  // A capacity factor (tokens past it dropped) is refused: the lowering is dropless.
-  DiagnosticSink capacity_sink;
+  // A capacity factor drops the pairs past ceil(rows · topk / experts · factor) of each expert:
+  // the dispatch weights are the kept ones, and their gradient goes through the mask.
   plan.moe.capacity_factor = 1.25;
+  const Program capped = MustLower(plan);
+  int capacities = 0, capacity_backwards = 0;
+  for (const Role& role : capped.roles) {
+    for (const Chunk& c : role.chunks) {
+      for (const Op& op : role.bodies[c.forward].ops)
+        if (op.kind == OpKind::MoeCapacity) {
+          ++capacities;
+          // rows = micro · seq / (tp under sp) = 2 · 32 / 2, topk 2, 4 experts: ceil(8 · 1.25)
+          CHECK(prog::DecodeAttrs<prog::attrs::MoeCapacity>(op).capacity == 10);
+        }
+      capacity_backwards +=
+          CountOps(role.bodies[c.backward], OpKind::MoeCapacityBackward, CommKind::None);
+    }
+  }
+  CHECK(capacities == 4);
+  CHECK(capacity_backwards == 4);
+  // With the experts split over the Etp group under sp the group routes its gathered rows, whose
+  // capacity would be no rank's: refused.
+  DiagnosticSink capacity_sink;
+  plan.parallel.cp = 1;
+  plan.cluster.gpus_per_node /= 2;
+  plan.parallel.etp = 2;
   CHECK_FALSE(LowerPlan(plan, {}, capacity_sink).has_value());
   REQUIRE(!capacity_sink.diagnostics().empty());
   CHECK(capacity_sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);

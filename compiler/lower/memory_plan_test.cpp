@@ -263,5 +263,43 @@ TEST_CASE("experts split by tensor parallelism: model states equal the analytic 
   }
 }
 
+// Experts whole on every rank (etp = 1, tp = 2, ep = 1): planrun keeps them in the chunk's
+// buckets beside the dense parameters, so their optimizer state shards over dp · cp only, as the
+// arena model (framework = paraplan) prices it. Megatron-Core's accounting shards them over the
+// expert data-parallel group, world / (etp · ep · pp) = tp · dp · cp, and prices less optimizer
+// state than this program holds.
+TEST_CASE(
+    "whole experts (etp = 1): the arena model's states equal the program's, Megatron's less") {
+  Plan plan = MidPlan(Recompute::kNone, true);
+  plan.model.experts = 8;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 1024;
+  plan.model.shared_experts = 1;
+  plan.model.dense_layers = 1;
+  plan.parallel.etp = 1;
+  DiagnosticSink sink;
+  std::optional<Program> program = LowerPlan(plan, {}, sink);
+  REQUIRE(program.has_value());
+  Plan megatron = plan;
+  megatron.framework = Framework::kMegatronCore;
+  const MemoryEstimate arena = EstimateMemory(plan);
+  const MemoryEstimate accounted = EstimateMemory(megatron);
+  REQUIRE(arena.valid);
+  REQUIRE(accounted.valid);
+  for (const Role& role : program->roles) {
+    const MemoryBreakdown b = MeasureMemory(role);
+    const StageMemory& sm = arena.stages[role.pipeline_rank];
+    const StageMemory& mc = accounted.stages[role.pipeline_rank];
+    MESSAGE(role.name << ": program optimizer " << b.optimizer << ", arena model "
+                      << sm.Get(MemoryPart::kOptimizer) << ", Megatron-Core "
+                      << mc.Get(MemoryPart::kOptimizer));
+    CHECK(Ratio(b.params, sm.Get(MemoryPart::kWeights)) == doctest::Approx(1.0).epsilon(0.02));
+    CHECK(Ratio(b.grads, sm.Get(MemoryPart::kGradients)) == doctest::Approx(1.0).epsilon(0.02));
+    CHECK(Ratio(b.optimizer, sm.Get(MemoryPart::kOptimizer)) == doctest::Approx(1.0).epsilon(0.02));
+    CHECK(Ratio(b.optimizer, mc.Get(MemoryPart::kOptimizer)) > 1.3);
+    CHECK(Ratio(role.peak_bytes, sm.arena) == doctest::Approx(1.0).epsilon(0.03));
+  }
+}
+
 }  // namespace
 }  // namespace paraplan::lower

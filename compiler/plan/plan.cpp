@@ -693,6 +693,7 @@ std::string_view ToString(RecomputeMethod v) {
 std::string_view ToString(RouterScore v) {
   return v == RouterScore::kSoftmax ? "softmax" : "sigmoid";
 }
+std::string_view ToString(DropPolicy v) { return v == DropPolicy::kProbs ? "probs" : "position"; }
 std::string_view ToString(Dispatcher v) {
   switch (v) {
     case Dispatcher::kAllToAll:

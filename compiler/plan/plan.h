@@ -65,6 +65,8 @@ enum class RecomputeMethod : uint8_t { kUniform, kBlock };
 enum class Dispatcher : uint8_t { kAllToAll, kAllGather, kFlex };
 // How an MoE router turns logits into scores (Megatron-Core --moe-router-score-function).
 enum class RouterScore : uint8_t { kSoftmax, kSigmoid };
+// Which routed pairs an expert past its capacity drops (Megatron-Core --moe-token-drop-policy).
+enum class DropPolicy : uint8_t { kProbs, kPosition };
 
 // Megatron's --recompute-modules, as bits of ActivationSpec::RecomputeModules().
 enum RecomputeModule : uint32_t {
@@ -177,7 +179,8 @@ struct FsdpSpec {
 struct MoeSpec {
   Dispatcher dispatcher = Dispatcher::kAllToAll;
   double capacity_factor = 0;  // 0 = no token dropping (no capacity limit)
-  double imbalance = 1.0;      // stated worst-rank routed tokens over the average
+  DropPolicy drop_policy = DropPolicy::kProbs;
+  double imbalance = 1.0;  // stated worst-rank routed tokens over the average
 };
 
 struct ParallelSpec {
@@ -471,6 +474,7 @@ std::string_view ToString(Offload v);
 std::string_view ToString(Norm v);
 std::string_view ToString(Activation v);
 std::string_view ToString(RouterScore v);
+std::string_view ToString(DropPolicy v);
 std::string_view ToString(Position v);
 std::string_view ToString(Framework v);
 std::string_view ToString(ElementType v);

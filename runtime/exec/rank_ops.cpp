@@ -614,6 +614,24 @@ void RankRunner::RunMoeExpertBiasUpdate(const OpCall& call) {
   backend_.MoeExpertBiasUpdate(call.Out(0), call.Out(1), a.experts, static_cast<float>(a.rate));
 }
 
+void RankRunner::RunMoeCapacity(const OpCall& call) {
+  const auto a = call.Attrs<prog::attrs::MoeCapacity>();
+  const int64_t rows = call.Div(call.InN(0), a.topk);
+  call.Need(rows * a.topk == call.InN(0), "the weights are not rows of `topk` columns");
+  call.Input(1, call.Mul({rows, a.topk}));
+  call.Output(0, call.Mul({rows, a.topk}));
+  call.Output(1, call.Mul({rows, a.topk}));
+  backend_.MoeCapacityForward(call.Out(0), call.Out(1), call.In(0), call.Ids(1), rows, a.experts,
+                              a.topk, a.capacity, a.position);
+}
+
+void RankRunner::RunMoeCapacityBackward(const OpCall& call) {
+  const int64_t n = call.InN(0);
+  call.Input(1, n);
+  call.Output(0, n);
+  backend_.MoeCapacityBackward(call.Out(0), call.In(0), call.In(1), n);
+}
+
 void RankRunner::RunMoeRouterBackward(const OpCall& call) {
   const auto a = call.Attrs<prog::attrs::MoeRouterBackward>();
   const int64_t rows = call.Div(call.InN(0), a.topk);

@@ -698,6 +698,18 @@ TEST_CASE("planc compile: moe with sigmoid router and expert bias, cp 2, tp 2, s
 TEST_CASE("planc compile: moe with sigmoid router and expert bias, etp 2, tp 2, sp") {
   CheckPlancEquivalent("moe_v3_single", "moe_v3_etp2_tp2_sp", kExpertSplitElementTolerance);
 }
+TEST_CASE("planc compile: moe with a capacity factor, tp 2, pp 2, dp 2") {
+  CheckPlancEquivalent("moe_capacity_single", "moe_capacity_tp2_pp2_dp2");
+}
+TEST_CASE("planc compile: moe with a capacity factor, etp 2, tp 2") {
+  CheckPlancEquivalent("moe_capacity_single", "moe_capacity_etp2_tp2",
+                       kExpertSplitElementTolerance);
+}
+TEST_CASE("a capacity factor drops tokens: the run differs from the dropless one") {
+  const RunResult capped = Run(PlancCompile("moe_capacity_single"));
+  const RunResult dropless = Run(PlancCompile("moe_single"));
+  CHECK(capped.steps.front().loss != dropless.steps.front().loss);
+}
 TEST_CASE("the expert bias changes the routing, and a checkpoint keeps it: resume is bitwise") {
   const ProgramImage program = PlancCompile("moe_v3_tp2_pp2_dp2_zero1_sp");
   const RunResult full = Run(program);
@@ -782,7 +794,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
     }
   }
   // Plans of the `planc compile` cases (the router the model states: the expert bias).
-  for (const char* plan : {"moe_v3_tp2_pp2_dp2_zero1_sp"}) {
+  for (const char* plan : {"moe_v3_tp2_pp2_dp2_zero1_sp", "moe_capacity_tp2_pp2_dp2"}) {
     const ProgramImage program = PlancCompile(plan);
     for (const auto& role : program.roles) {
       for (const auto& op : role.schedule) emitted.insert(op.kind);

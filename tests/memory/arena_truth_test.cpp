@@ -2,12 +2,16 @@
 // is planrun's static arena, so it must agree with the arena compiler/lower lays out for every
 // stage, within 3%, on every example and bench plan that lowers (as written, and with the
 // other recompute modes, ZeRO stages, precisions and optimizers, which change what is stashed,
-// what is transient and which states are kept).
+// what is transient and which states are kept), and on the mixture-of-experts plans of
+// tests/memory/arena/moe.plan over the layouts lowering emits.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/analyze/memory.h"
@@ -29,9 +33,13 @@ std::vector<std::string> PlanFiles() {
   return out;
 }
 
-std::optional<Plan> Load(const std::string& file, const std::vector<std::string>& sets) {
+// The plan `plan_name` of `file` (empty: its only or last plan) with `sets`, under framework =
+// paraplan; nullopt when it does not check.
+std::optional<Plan> Load(const std::string& file, const std::string& plan_name,
+                         const std::vector<std::string>& sets) {
   FrontendOptions opts;
   opts.file = file;
+  opts.plan_name = plan_name;
   opts.sets = sets;
   opts.sets.push_back("framework=paraplan");
   SourceManager sm;
@@ -41,10 +49,45 @@ std::optional<Plan> Load(const std::string& file, const std::vector<std::string>
   return plan;
 }
 
-TEST_CASE(
-    "check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
+std::string SetsText(const std::vector<std::string>& sets) {
+  std::string text;
+  for (const std::string& x : sets) text += " --set " + x;
+  return text;
+}
+
+// The stages compared and the largest relative difference among them.
+struct ArenaComparison {
   int compared = 0;
   double worst = 0;
+};
+
+// Lowers the plan (when the arena model applies and the plan lowers) and holds every stage's
+// estimated arena to the program's peak, within 3%.
+void CompareArena(const std::string& label, Plan plan, ArenaComparison& out) {
+  if (!ArenaModelApplies(plan)) return;
+  // The arena is compared whatever its size: lower with a device large enough to hold it.
+  plan.cluster.gpu.memory = int64_t{1} << 50;
+  DiagnosticSink sink;
+  lower::LowerOptions options;
+  options.verify = false;
+  std::optional<lower::Program> program = lower::LowerPlan(plan, options, sink);
+  if (!program) return;
+  const MemoryEstimate est = EstimateMemory(plan);
+  REQUIRE(est.valid);
+  for (const lower::Role& role : program->roles) {
+    const StageMemory& s = est.stages.at(static_cast<size_t>(role.pipeline_rank));
+    const double error =
+        std::fabs(static_cast<double>(s.arena) / static_cast<double>(role.peak_bytes) - 1);
+    CHECK_MESSAGE(error <= 0.03, label, " stage ", role.pipeline_rank, ": arena ",
+                  FormatGiB(role.peak_bytes), ", estimate ", FormatGiB(s.arena));
+    ++out.compared;
+    out.worst = std::max(out.worst, error);
+  }
+}
+
+TEST_CASE(
+    "check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
+  ArenaComparison result;
   const std::vector<std::vector<std::string>> variants = {
       {},
       {"recompute=full"},
@@ -57,33 +100,69 @@ TEST_CASE(
       {"optimizer.type=sgd"}};
   for (const std::string& file : PlanFiles()) {
     for (const auto& sets : variants) {
-      std::optional<Plan> plan = Load(file, sets);
-      if (!plan || !ArenaModelApplies(*plan)) continue;
-      // The arena is compared whatever its size: lower with a device large enough to hold it.
-      plan->cluster.gpu.memory = int64_t{1} << 50;
-      DiagnosticSink sink;
-      lower::LowerOptions options;
-      options.verify = false;
-      std::optional<lower::Program> program = lower::LowerPlan(*plan, options, sink);
-      if (!program) continue;
-      const MemoryEstimate est = EstimateMemory(*plan);
-      REQUIRE(est.valid);
-      for (const lower::Role& role : program->roles) {
-        const StageMemory& s = est.stages.at(static_cast<size_t>(role.pipeline_rank));
-        const double error =
-            std::fabs(static_cast<double>(s.arena) / static_cast<double>(role.peak_bytes) - 1);
-        std::string sets_text;
-        for (const std::string& x : sets) sets_text += " --set " + x;
-        CHECK_MESSAGE(error <= 0.03, file, sets_text, " stage ", role.pipeline_rank, ": arena ",
-                      FormatGiB(role.peak_bytes), ", estimate ", FormatGiB(s.arena));
-        ++compared;
-        worst = std::max(worst, error);
-      }
+      std::optional<Plan> plan = Load(file, "", sets);
+      if (plan) CompareArena(file + SetsText(sets), *plan, result);
     }
   }
   // tiny_llama, llama3_70b, the compile and explain benchmarks at least, in five variants.
-  CHECK(compared >= 40);
-  MESSAGE(compared << " stages compared, largest difference " << 100 * worst << "%");
+  CHECK(result.compared >= 40);
+  MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
+}
+
+// Mixture of experts (tests/memory/arena/moe.plan): a leading dense layer, then every second
+// layer MoE with shared experts, at production widths; experts whole on every rank (etp = 1,
+// their states sharded over dp · cp only) or split over the Tp group (etp = tp), with and
+// without sequence parallelism, ZeRO 0 and 1, one or two pipeline stages, every recompute mode;
+// then the GPT-style layers with the expert bias, ZeRO 2 and 3, tp = 4, cp = 2, interleaving,
+// the other precisions and SGD.
+TEST_CASE("check's estimate is compile's arena within 3% on mixture-of-experts plans") {
+  const std::string file = std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan";
+  ArenaComparison result;
+  for (const char* etp : {"1", "2"}) {
+    for (const char* sp : {"true", "false"}) {
+      for (const char* zero : {"0", "1"}) {
+        for (const char* pp : {"1", "2"}) {
+          for (const char* recompute : {"none", "selective", "full"}) {
+            const std::vector<std::string> sets = {
+                std::string("parallel.etp=") + etp, std::string("parallel.sp=") + sp,
+                std::string("optimizer.zero=") + zero, std::string("parallel.pp=") + pp,
+                std::string("recompute=") + recompute};
+            std::optional<Plan> plan = Load(file, "moe_tp2", sets);
+            REQUIRE_MESSAGE(plan.has_value(), "moe_tp2", SetsText(sets));
+            CHECK_MESSAGE(ArenaModelApplies(*plan), "moe_tp2", SetsText(sets));
+            CompareArena("moe_tp2" + SetsText(sets), *plan, result);
+          }
+        }
+      }
+    }
+  }
+  const std::vector<std::pair<std::string, std::vector<std::string>>> more = {
+      {"moe_gpt_tp2", {}},
+      {"moe_gpt_tp2", {"parallel.etp=2", "parallel.pp=2", "recompute=full"}},
+      {"moe_gpt_tp2", {"parallel.sp=false", "recompute=selective"}},
+      {"moe_tp2", {"optimizer.zero=2"}},
+      {"moe_tp2", {"optimizer.zero=3", "parallel.etp=2"}},
+      {"moe_tp2", {"optimizer.zero=2", "parallel.pp=2", "recompute=full"}},
+      {"moe_tp2", {"parallel.tp=4", "parallel.etp=4"}},
+      {"moe_tp2", {"parallel.tp=4", "parallel.sp=false", "recompute=selective"}},
+      {"moe_tp2", {"parallel.cp=2", "parallel.etp=2"}},
+      {"moe_tp2", {"parallel.cp=2", "recompute=full"}},
+      {"moe_tp2",
+       {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
+        "batch.global=32"}},
+      {"moe_tp2", {"precision=fp32"}},
+      {"moe_tp2", {"precision=fp16", "parallel.etp=2"}},
+      {"moe_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
+  for (const auto& variant : more) {
+    const std::string label = variant.first + SetsText(variant.second);
+    std::optional<Plan> plan = Load(file, variant.first, variant.second);
+    REQUIRE_MESSAGE(plan.has_value(), label);
+    CHECK_MESSAGE(ArenaModelApplies(*plan), label);
+    CompareArena(label, *plan, result);
+  }
+  // 48 layouts of the matrix (72 stages: pp = 2 gives two), and at least one stage of the others.
+  CHECK(result.compared >= 72 + 14);
+  MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
 // Multi-head latent attention (kv_lora_rank > 0): the Llama-style example plans given DeepSeek's

@@ -339,6 +339,18 @@ class CudaBackend final : public exec::Backend {
     Use();
     cuda::MoeExpertBiasUpdate(bias, load, experts, rate, stream_);
   }
+  void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
+                          int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
+                          bool position) override {
+    Use();
+    cuda::MoeCapacityForward(kept, mask, weights, indices, rows, experts, topk, capacity, position,
+                             stream_);
+  }
+  void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask,
+                           int64_t n) override {
+    Use();
+    cuda::MoeCapacityBackward(dweights, dkept, mask, n, stream_);
+  }
   void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                   const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
                   int64_t topk) override {

@@ -548,6 +548,29 @@ TEST_CASE("cuda backend: mixture-of-experts router, permutation and grouped line
   p.Gpu().MoeExpertBiasUpdate(expert_bias.g, load.g, experts, 0.01f);
   CHECK_CLOSE(p, expert_bias, 0, 0);
   CHECK_CLOSE(p, load, 0, 0);
+  // Capacity: the host's choice exactly (ties included: weights repeat), and its gradient.
+  {
+    std::vector<int32_t> choice(rows * topk);
+    std::vector<float> w(rows * topk);
+    for (int64_t i = 0; i < rows * topk; ++i) {
+      choice[i] = static_cast<int32_t>((i * 7) % experts);
+      w[i] = static_cast<float>((i * 5) % 9) / 8.0f;
+    }
+    auto idx = p.Tokens(choice);
+    auto weights = p.Upload(w), kept = p.Zeros(rows * topk), mask = p.Zeros(rows * topk);
+    for (bool position : {false, true}) {
+      p.host->MoeCapacityForward(kept.h, mask.h, weights.h, idx.first, rows, experts, topk, 9,
+                                 position);
+      p.Gpu().MoeCapacityForward(kept.g, mask.g, weights.g, idx.second, rows, experts, topk, 9,
+                                 position);
+      CHECK_CLOSE(p, mask, 0, 0);
+      CHECK_CLOSE(p, kept, 0, 0);
+    }
+    auto dkept = p.Upload(Random(rows * topk, 79)), dw = p.Zeros(rows * topk);
+    p.host->MoeCapacityBackward(dw.h, dkept.h, mask.h, rows * topk);
+    p.Gpu().MoeCapacityBackward(dw.g, dkept.g, mask.g, rows * topk);
+    CHECK_CLOSE(p, dw, 0, 0);
+  }
   // Permutation: the host's order exactly, and the combine back.
   std::vector<int32_t> picks(rows * topk);
   for (int64_t r = 0; r < rows; ++r) {

@@ -169,6 +169,15 @@ class HostBackend final : public Backend {
   void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) override {
     host::MoeExpertBiasUpdate(bias, load, experts, rate);
   }
+  void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
+                          int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
+                          bool position) override {
+    host::MoeCapacityForward(kept, mask, weights, indices, rows, experts, topk, capacity, position);
+  }
+  void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask,
+                           int64_t n) override {
+    host::MoeCapacityBackward(dweights, dkept, mask, n);
+  }
   void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                   const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
                   int64_t topk) override {

@@ -208,6 +208,50 @@ __global__ void ExpertBiasUpdateKernel(float* bias, float* load, int64_t experts
 
 }  // namespace
 
+namespace {
+
+__global__ void CapacityKernel(float* kept, float* mask, const float* weights,
+                               const int32_t* indices, int64_t pairs, int64_t capacity,
+                               bool position) {
+  PARAPLAN_GRID_STRIDE(p, pairs) {
+    const int32_t e = indices[p];
+    const float w = weights[p];
+    int64_t before = 0;
+    for (int64_t q = 0; q < pairs; ++q)
+      if (indices[q] == e && (position ? q < p : (weights[q] > w || (weights[q] == w && q < p))))
+        ++before;
+    const bool keep = before < capacity;
+    mask[p] = keep ? 1.0f : 0.0f;
+    kept[p] = keep ? w : 0.0f;
+  }
+}
+
+__global__ void CapacityBackwardKernel(float* dweights, const float* dkept, const float* mask,
+                                       int64_t n) {
+  PARAPLAN_GRID_STRIDE(i, n) { dweights[i] = dkept[i] * mask[i]; }
+}
+
+}  // namespace
+
+void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
+                        int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
+                        bool position, cudaStream_t stream) {
+  (void)experts;
+  const int64_t pairs = rows * topk;
+  if (pairs <= 0) return;
+  PARAPLAN_LAUNCH(CapacityKernel, GridFor(pairs), kThreads, 0, stream, kept, mask, weights, indices,
+                  pairs, capacity, position);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask, int64_t n,
+                         cudaStream_t stream) {
+  if (n <= 0) return;
+  PARAPLAN_LAUNCH(CapacityBackwardKernel, GridFor(n), kThreads, 0, stream, dweights, dkept, mask,
+                  n);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
 void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate,
                          cudaStream_t stream) {
   if (experts <= 0) return;

@@ -229,6 +229,15 @@ void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* ind
 // less), then load is zeroed for the next step.
 void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate);
 
+// Token dropping by capacity: of the (token, choice) pairs routed to each expert, the `capacity`
+// of largest weight are kept (ties to the lower pair index r · topk + j): mask[p] = 1 and
+// kept[p] = weights[p]; the others get mask 0 and weight 0. Backward: dweights = dkept · mask.
+// With `position` the first `capacity` pairs in pair order are kept instead.
+void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
+                        int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
+                        bool position);
+void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask, int64_t n);
+
 // Groups the rows · topk (token, choice) pairs by expert: out[rows · topk, dim] holds expert 0's
 // tokens, then expert 1's, ..., each expert's in increasing token order. row_map[r · topk + j]
 // (I32, written) is the row of out that holds token r's choice j; expert_counts[experts] (I32,

@@ -272,3 +272,28 @@ TEST_CASE(
   CHECK(weights[0] == doctest::Approx(0.5f));
   CHECK(counts == std::vector<float>{1, 0, 0});
 }
+
+TEST_CASE(
+    "capacity: each expert keeps its heaviest pairs, ties to the earlier; the gradient masked") {
+  // 4 rows, top 2 of 3 experts: expert 0 is picked 4 times, capacity 2.
+  const std::vector<int32_t> indices = {0, 1, 0, 2, 2, 0, 0, 1};
+  const std::vector<float> weights = {0.5f, 0.3f, 0.6f, 0.2f, 0.7f, 0.5f, 0.4f, 0.4f};
+  std::vector<float> kept(8), mask(8);
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 2, false);
+  // Expert 0: pairs 0 (0.5), 2 (0.6), 5 (0.5), 6 (0.4) -> keeps 2 and 0 (0.5 tie: pair 0 first).
+  CHECK(mask == std::vector<float>{1, 1, 1, 1, 1, 0, 0, 1});
+  CHECK(kept == std::vector<float>{0.5f, 0.3f, 0.6f, 0.2f, 0.7f, 0, 0, 0.4f});
+  std::vector<float> dkept = {1, 2, 3, 4, 5, 6, 7, 8}, dweights(8);
+  MoeCapacityBackward(dweights.data(), dkept.data(), mask.data(), 8);
+  CHECK(dweights == std::vector<float>{1, 2, 3, 4, 5, 0, 0, 8});
+  // Capacity 0 drops everything; a capacity past the load keeps everything.
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 0, false);
+  CHECK(mask == std::vector<float>(8, 0.0f));
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 8, false);
+  CHECK(kept == weights);
+  // By position: expert 0 keeps its first two pairs, 0 and 2, whatever their weights.
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 2, true);
+  CHECK(mask == std::vector<float>{1, 1, 1, 1, 1, 0, 0, 1});
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 1, true);
+  CHECK(mask == std::vector<float>{1, 1, 0, 1, 0, 0, 0, 0});  // each expert its first pair
+}
