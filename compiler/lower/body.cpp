@@ -462,6 +462,7 @@ class RoleLowering {
   void BuildBuckets();
   void ScopeBucketsInBodies();
   StepBodies BuildStepBodies();
+  void EmitGradNormSquare(int32_t nsq, bool sharded);
   void ClassifyStash();
 
   const BodyShape& s_;
@@ -1567,6 +1568,27 @@ void RoleLowering::ScopeBucketsInBodies() {
   body_ = nullptr;
 }
 
+// The global gradient norm's square into nsq (the optimizer body's first ops).
+void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
+  std::vector<int32_t> grads;
+  for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
+  int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
+  if (ExpertParallel()) {
+    // Experts are split over Ep and replicated over Edp: each element is counted on one rank
+    // of those holding it (under ZeRO 1 by the owned shards), then summed over the world.
+    Emit(attrs::GradNormSquare{.count_once = true}, grads, {nsq});
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
+  } else {
+    Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? shard_comm_ : CommKind::None);
+    if (sharded) {
+      if (world > 1)
+        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
+    } else if (p_.tp * p_.pp > 1) {
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
+    }
+  }
+}
+
 StepBodies RoleLowering::BuildStepBodies() {
   StepBodies sb;
   const bool sharded = p_.zero >= 1 && shard_ > 1;
@@ -1619,26 +1641,8 @@ StepBodies RoleLowering::BuildStepBodies() {
   role_.bodies.push_back({"optimizer_step", {}});
   sb.optimizer_step = static_cast<int32_t>(role_.bodies.size() - 1);
   body_ = &role_.bodies.back();
-  int32_t nsq = Buf("grad_norm_square", {1}, DType::F32, BufferKind::Persistent);
-  {
-    std::vector<int32_t> grads;
-    for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
-    int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
-    if (ExpertParallel()) {
-      // Experts are split over Ep and replicated over Edp: each element is counted on one rank
-      // of those holding it (under ZeRO 1 by the owned shards), then summed over the world.
-      Emit(attrs::GradNormSquare{.count_once = true}, grads, {nsq});
-      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
-    } else {
-      Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? shard_comm_ : CommKind::None);
-      if (sharded) {
-        if (world > 1)
-          Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
-      } else if (p_.tp * p_.pp > 1) {
-        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
-      }
-    }
-  }
+  const int32_t nsq = Buf("grad_norm_square", {1}, DType::F32, BufferKind::Persistent);
+  EmitGradNormSquare(nsq, sharded);
   for (const Bucket& b : role_.buckets) {
     // ZeRO-3: the gathered bucket is released here; the update reads and writes shards only.
     int32_t params = gather_params_ ? b.param_shard : b.params;
