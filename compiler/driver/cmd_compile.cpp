@@ -58,6 +58,13 @@ lower::TraceDurations DurationsFrom(const lower::Program& program, const TimeEst
     d.reduce_grads_s.push_back(st.dp_exposed_s);
     d.optimizer_s.push_back(st.optimizer_s > 0 ? st.optimizer_s : t.optimizer_s);
     transfer = std::max(transfer, st.pp_comm_s / (2.0 * vpp));
+    // Expert parallelism: the stage's all-to-all time per microbatch over its Ep group calls.
+    int64_t calls = 0;
+    for (const lower::Chunk& c : role.chunks)
+      for (int32_t b : {c.forward, c.backward})
+        for (const lower::Op& op : role.bodies[b].ops)
+          calls += op.comm == prog::CommKind::Ep ? 1 : 0;
+    d.ep_all_to_all_s.push_back(calls > 0 ? st.ep_comm_s / static_cast<double>(calls) : 0.0);
   }
   d.transfer_s = transfer > 0 ? transfer : 1e-5;
   d.step_overhead_s = t.overhead_s;

@@ -51,6 +51,10 @@ class RoleLowering {
     // --- end context parallelism ---
     shard_grads_ = p_.zero >= 2 && shard_ > 1;
     gather_params_ = p_.zero >= 3 && shard_ > 1;
+    // --- expert parallelism: each Ep rank holds experts / ep experts; the ranks holding the same
+    // experts (tp · cp · dp / ep of them, etp = 1) form the Edp group ---
+    ep_ = std::max<int64_t>(1, p_.ep);
+    edp_ = std::max<int64_t>(1, static_cast<int64_t>(tp_) * cp_ * p_.dp / ep_);
   }
 
   StepBodies Build(const std::vector<ChunkLayers>& chunks);
@@ -217,6 +221,10 @@ class RoleLowering {
     int32_t xp = -1, row_map = -1, expert_counts = -1;  // dispatch
     int32_t g = -1, u = -1, a = -1, y = -1;             // experts
     int32_t sg = -1, su = -1, sa = -1;                  // shared experts
+    // The experts' input rows and their per-group counts: xp and expert_counts with ep = 1; with
+    // ep > 1 the rows dispatched to this rank's experts and their per-local-expert counts.
+    int32_t xe = -1, ecounts = -1;
+    int32_t split = -1;  // ep > 1: [ep, local experts] rows each peer sends this rank
   };
   // --- end mixture of experts ---
   // --- multi-head latent attention: params and saved buffers (body.h, "Multi-head latent
@@ -377,6 +385,44 @@ class RoleLowering {
   void DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
                           const ParamRef& up, const ParamRef& down, int64_t ffn, int32_t* g,
                           int32_t* u, int32_t* a, int32_t* out);
+  // --- expert parallelism (ep > 1): token dispatch over the Ep group ---
+  bool ExpertParallel() const { return ep_ > 1 && s_.moe.experts > 0; }
+  int64_t LocalExperts() const { return s_.moe.experts / ep_; }
+  // Rows a rank's experts may receive: the worst case, every row of each Ep peer choosing
+  // min(topk, local experts) of them; or, when the plan states a routing imbalance, that many
+  // times the balanced share (rows · topk), if smaller. The dispatch fails the run when more
+  // rows arrive than the buffer holds.
+  int64_t DispatchCapacity() const {
+    const int64_t worst = ep_ * rows_ * std::min<int64_t>(s_.moe.topk, LocalExperts());
+    if (s_.moe.imbalance <= 0) return worst;
+    const auto stated = static_cast<int64_t>(
+        std::ceil(s_.moe.imbalance * static_cast<double>(rows_ * s_.moe.topk)));
+    return std::min(worst, std::max<int64_t>(stated, 1));
+  }
+  // Splits the expert param just added over Ep: dimension 0 (the expert) is sharded, the init
+  // stays keyed by the global expert index; its gradient is reduced over Edp, not Tp or Dp.
+  void ShardExpertParam(const ParamRef& ref);
+  bool IsExpertSharded(int32_t param) const {
+    return role_.params[param].split_comm == CommKind::Ep;
+  }
+  bool IsExpertBucket(const Bucket& b) const {
+    for (size_t i = 0; i < role_.params.size(); ++i)
+      if (IsExpertSharded(static_cast<int32_t>(i)) &&
+          role_.buffers[role_.params[i].buffer].view_of == b.params)
+        return true;
+    return false;
+  }
+  // Forward: exchanges the counts and sends each row to the rank of its expert; sets ms.split,
+  // ms.xe and ms.ecounts. EpCombine returns the experts' output rows to their senders.
+  void EpDispatch(MoeSaved& ms);
+  int32_t EpCombine(const MoeSaved& ms, int32_t local_rows, const std::string& name);
+  // Backward: the combine's gradient goes to the experts' ranks (a dispatch), the experts' input
+  // gradient comes back (a combine).
+  int32_t EpDispatchGrad(const MoeSaved& ms, int32_t grad_rows, const std::string& name);
+  // ReduceGrads: the ranks holding the same experts sum their grads over Edp (reduce-scatter
+  // them under ZeRO 1).
+  void EmitExpertGradReduction();
+  // --- end expert parallelism ---
   // --- end mixture of experts ---
   void AttentionBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   // --- multi-head latent attention ---
@@ -416,6 +462,7 @@ class RoleLowering {
   void BuildBuckets();
   void ScopeBucketsInBodies();
   StepBodies BuildStepBodies();
+  void EmitGradNormSquare(int32_t nsq, bool sharded);
   void ClassifyStash();
 
   const BodyShape& s_;
@@ -434,6 +481,8 @@ class RoleLowering {
   // --- end context parallelism ---
   bool shard_grads_ = false;    // ZeRO >= 2, dp · cp > 1: grads reduce-scattered per backward
   bool gather_params_ = false;  // ZeRO >= 3, dp · cp > 1: params gathered in the bodies, per layer
+  int64_t ep_ = 1;              // expert parallelism: Ep ranks sharing the experts of a layer
+  int64_t edp_ = 1;             // ranks holding the same experts (Edp), tp · cp · dp / ep
   std::vector<std::string> param_group_;  // per param: its bucket group with ZeRO >= 2
   int32_t chunk_ = -1, layer_ = -1;
   std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
@@ -792,6 +841,11 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
     params.load = Buf(n + "router.expert_load", {e}, DType::F32, BufferKind::Persistent);
     expert_bias_.push_back({params.bias, params.load});
   }
+  if (ExpertParallel()) {
+    if (params.gate.param >= 0) ShardExpertParam(params.gate);
+    ShardExpertParam(params.up);
+    ShardExpertParam(params.down);
+  }
   if (sf > 0) {
     // Shared experts: one dense MLP of width shared · ffn, tensor-parallel as the dense MLP.
     if (!gpt)
@@ -932,22 +986,28 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   ms.expert_counts = Buf(Prefix() + "moe.expert_counts", {e}, DType::I32);
   Emit(attrs::MoePermute{.experts = e, .topk = k}, {ms.etp.x, ms.etp.idx},
        {ms.xp, ms.row_map, ms.expert_counts});
-  // Experts.
+  ms.xe = ms.xp;
+  ms.ecounts = ms.expert_counts;
+  if (ExpertParallel()) EpDispatch(ms);
+  // Experts: all of them on `routed` rows, or (ep > 1) this rank's on the rows dispatched to it.
+  const int64_t groups = ExpertParallel() ? LocalExperts() : e;
+  const int64_t erows = ExpertParallel() ? DispatchCapacity() : routed;
   if (ex.gate.value >= 0) {
-    ms.g = Act("moe.experts.gate", {routed, f});
-    ms.u = Act("moe.experts.up", {routed, f});
-    Emit(attrs::GroupedLinear{.groups = e}, {ms.xp, ex.gate.value, ms.expert_counts}, {ms.g});
-    Emit(attrs::GroupedLinear{.groups = e}, {ms.xp, ex.up.value, ms.expert_counts}, {ms.u});
-    ms.a = Act("moe.experts.act", {routed, f});
+    ms.g = Act("moe.experts.gate", {erows, f});
+    ms.u = Act("moe.experts.up", {erows, f});
+    Emit(attrs::GroupedLinear{.groups = groups}, {ms.xe, ex.gate.value, ms.ecounts}, {ms.g});
+    Emit(attrs::GroupedLinear{.groups = groups}, {ms.xe, ex.up.value, ms.ecounts}, {ms.u});
+    ms.a = Act("moe.experts.act", {erows, f});
     Emit(attrs::SwiGlu{}, {ms.g, ms.u}, {ms.a});
   } else {
-    ms.u = Act("moe.experts.fc1_out", {routed, f});
-    Emit(attrs::GroupedLinear{.groups = e}, {ms.xp, ex.up.value, ms.expert_counts}, {ms.u});
-    ms.a = Act("moe.experts.act", {routed, f});
+    ms.u = Act("moe.experts.fc1_out", {erows, f});
+    Emit(attrs::GroupedLinear{.groups = groups}, {ms.xe, ex.up.value, ms.ecounts}, {ms.u});
+    ms.a = Act("moe.experts.act", {erows, f});
     Emit(attrs::Gelu{}, {ms.u}, {ms.a});
   }
-  ms.y = Act("moe.experts.out", {routed, h});
-  Emit(attrs::GroupedLinear{.groups = e}, {ms.a, ex.down.value, ms.expert_counts}, {ms.y});
+  ms.y = Act("moe.experts.out", {erows, h});
+  Emit(attrs::GroupedLinear{.groups = groups}, {ms.a, ex.down.value, ms.ecounts}, {ms.y});
+  if (ExpertParallel()) ms.y = EpCombine(ms, ms.y, "moe.ep.combined");
   // Shared experts read the whole sequence (gathered under sequence parallelism).
   if (ex.shared_up.value >= 0) {
     // (Under expert tensor parallelism the Etp group's rows are already the gathered sequence.)
@@ -992,25 +1052,30 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   // --- expert tensor parallelism: the router weights' gradient sums the expert slices ---
   dw = ReduceEtpPartial(dw, "moe.router.weights.grad", k);
   // --- end expert tensor parallelism ---
-  // Experts.
-  const int32_t da = Act("moe.experts.act.grad", {routed, f});
-  Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = false},
-       {dy, ms.a, ex.down.value, ms.expert_counts}, {da, ex.down.grad});
-  const int32_t dxp = Act("moe.permuted.grad", {routed, h});
+  // Experts (ep > 1: on the rows dispatched to this rank, the gradient sent there first).
+  const int64_t groups = ExpertParallel() ? LocalExperts() : e;
+  const int64_t erows = ExpertParallel() ? DispatchCapacity() : routed;
+  const int32_t dye = ExpertParallel() ? EpDispatchGrad(ms, dy, "moe.ep.dispatched.out.grad") : dy;
+  const int32_t da = Act("moe.experts.act.grad", {erows, f});
+  Emit(attrs::GroupedLinearBackward{.groups = groups, .dx_accumulate = false},
+       {dye, ms.a, ex.down.value, ms.ecounts}, {da, ex.down.grad});
+  const int32_t dxe =
+      Act(ExpertParallel() ? "moe.ep.dispatched.grad" : "moe.permuted.grad", {erows, h});
   if (ex.gate.value >= 0) {
-    const int32_t dg = Act("moe.experts.gate.grad", {routed, f});
-    const int32_t du = Act("moe.experts.up.grad", {routed, f});
+    const int32_t dg = Act("moe.experts.gate.grad", {erows, f});
+    const int32_t du = Act("moe.experts.up.grad", {erows, f});
     Emit(attrs::SwiGluBackward{}, {da, ms.g, ms.u}, {dg, du});
-    Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = false},
-         {dg, ms.xp, ex.gate.value, ms.expert_counts}, {dxp, ex.gate.grad});
-    Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = true},
-         {du, ms.xp, ex.up.value, ms.expert_counts}, {dxp, ex.up.grad});
+    Emit(attrs::GroupedLinearBackward{.groups = groups, .dx_accumulate = false},
+         {dg, ms.xe, ex.gate.value, ms.ecounts}, {dxe, ex.gate.grad});
+    Emit(attrs::GroupedLinearBackward{.groups = groups, .dx_accumulate = true},
+         {du, ms.xe, ex.up.value, ms.ecounts}, {dxe, ex.up.grad});
   } else {
-    const int32_t du = Act("moe.experts.fc1_out.grad", {routed, f});
+    const int32_t du = Act("moe.experts.fc1_out.grad", {erows, f});
     Emit(attrs::GeluBackward{}, {da, ms.u}, {du});
-    Emit(attrs::GroupedLinearBackward{.groups = e, .dx_accumulate = false},
-         {du, ms.xp, ex.up.value, ms.expert_counts}, {dxp, ex.up.grad});
+    Emit(attrs::GroupedLinearBackward{.groups = groups, .dx_accumulate = false},
+         {du, ms.xe, ex.up.value, ms.ecounts}, {dxe, ex.up.grad});
   }
+  const int32_t dxp = ExpertParallel() ? EpCombine(ms, dxe, "moe.permuted.grad") : dxe;
   // Dispatch: MoeUnpermute without weights is MoePermute's backward.
   int32_t dn2 = Act(SplitsExperts() ? "moe.etp.in.grad" : "mlp_norm.out.grad", {ms.etp.rows, h});
   Emit(attrs::MoeUnpermute{.topk = k}, {dxp, ms.row_map, -1}, {dn2});
@@ -1061,6 +1126,62 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   }
   NormBackward(P.n2, saved.no2, saved.x1, dnorm, gx, /*accumulate=*/true);
 }
+
+// --- expert parallelism (ep > 1): token dispatch over the Ep group ----------------------------
+// Rank r of the Ep group holds experts r·L .. (r+1)·L-1 (L = experts / ep). MoePermute's rows are
+// grouped by global expert, so each peer's rows are one contiguous block; MoeExchangeCounts tells
+// every rank how many rows each peer sends it per local expert, MoeDispatch moves the rows (a
+// variable-count all-to-all) into local-expert order, MoeCombine moves the experts' output rows
+// back. The backward runs the same exchanges in reverse: the output gradient is dispatched, the
+// input gradient combined.
+
+void RoleLowering::ShardExpertParam(const ParamRef& ref) {
+  Param& prm = role_.params[ref.param];
+  prm.split_dim = 0;
+  prm.split_comm = CommKind::Ep;
+  prm.tp_replicated = false;
+  prm.grad_sync_tp = false;  // every rank's rows reach the experts: Edp sums all of them
+  role_.buffers[ref.value].shape[0] /= ep_;
+  role_.buffers[ref.grad].shape[0] /= ep_;
+}
+
+void RoleLowering::EpDispatch(MoeSaved& ms) {
+  const int64_t e = s_.moe.experts;
+  ms.split = Buf(Prefix() + "moe.ep.split", {ep_, LocalExperts()}, DType::I32);
+  ms.ecounts = Buf(Prefix() + "moe.ep.local_counts", {LocalExperts()}, DType::I32);
+  Emit(attrs::MoeExchangeCounts{.experts = e}, {ms.expert_counts}, {ms.split, ms.ecounts},
+       CommKind::Ep);
+  ms.xe = Act("moe.ep.dispatched", {DispatchCapacity(), m_.hidden});
+  Emit(attrs::MoeDispatch{.experts = e}, {ms.xp, ms.expert_counts, ms.split}, {ms.xe},
+       CommKind::Ep);
+}
+
+int32_t RoleLowering::EpCombine(const MoeSaved& ms, int32_t local_rows, const std::string& name) {
+  const int32_t out = Act(name, {rows_ * s_.moe.topk, m_.hidden});
+  Emit(attrs::MoeCombine{.experts = s_.moe.experts}, {local_rows, ms.expert_counts, ms.split},
+       {out}, CommKind::Ep);
+  return out;
+}
+
+void RoleLowering::EmitExpertGradReduction() {
+  if (edp_ <= 1) return;
+  for (const Bucket& b : role_.buckets) {
+    if (!IsExpertBucket(b)) continue;
+    if (p_.zero >= 1)
+      Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Edp);
+    else
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, CommKind::Edp);
+  }
+}
+
+int32_t RoleLowering::EpDispatchGrad(const MoeSaved& ms, int32_t grad_rows,
+                                     const std::string& name) {
+  const int32_t out = Act(name, {DispatchCapacity(), m_.hidden});
+  Emit(attrs::MoeDispatch{.experts = s_.moe.experts}, {grad_rows, ms.expert_counts, ms.split},
+       {out}, CommKind::Ep);
+  return out;
+}
+// --- end expert parallelism ---------------------------------------------------------------------
 
 // --- end mixture of experts --------------------------------------------------------------------
 
@@ -1322,8 +1443,10 @@ void RoleLowering::ClassifyStash() {
 // copy then have buckets of the same size on both stages, and their grad shards line up for
 // the Embedding-group all-reduce.
 void RoleLowering::BuildBuckets() {
-  const int64_t dp = shard_;  // the ZeRO group (dp · cp)
   auto make = [&](int32_t chunk, const std::vector<int32_t>& members, const std::string& name) {
+    // The ZeRO group: dp · cp, or for expert-parallel params the Edp group.
+    const bool experts = !members.empty() && IsExpertSharded(members.front());
+    const int64_t dp = experts ? edp_ : shard_;
     Bucket bucket;
     bucket.chunk = chunk;
     int64_t elements = 0;
@@ -1365,7 +1488,10 @@ void RoleLowering::BuildBuckets() {
     std::map<std::string, std::vector<int32_t>> members;
     for (int32_t i = 0; i < static_cast<int32_t>(role_.params.size()); ++i) {
       if (role_.params[i].chunk != c.index) continue;
-      const std::string group = shard_grads_ ? param_group_[i] : std::string();
+      // Ep-sharded experts keep a bucket of their own: their grads reduce over Edp.
+      const std::string group = shard_grads_         ? param_group_[i]
+                                : IsExpertSharded(i) ? std::string("experts")
+                                                     : std::string();
       if (!members.count(group)) groups.push_back(group);
       members[group].push_back(i);
     }
@@ -1442,6 +1568,27 @@ void RoleLowering::ScopeBucketsInBodies() {
   body_ = nullptr;
 }
 
+// The global gradient norm's square into nsq (the optimizer body's first ops).
+void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
+  std::vector<int32_t> grads;
+  for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
+  int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
+  if (ExpertParallel()) {
+    // Experts are split over Ep and replicated over Edp: each element is counted on one rank
+    // of those holding it (under ZeRO 1 by the owned shards), then summed over the world.
+    Emit(attrs::GradNormSquare{.count_once = true}, grads, {nsq});
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
+  } else {
+    Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? shard_comm_ : CommKind::None);
+    if (sharded) {
+      if (world > 1)
+        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
+    } else if (p_.tp * p_.pp > 1) {
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
+    }
+  }
+}
+
 StepBodies RoleLowering::BuildStepBodies() {
   StepBodies sb;
   const bool sharded = p_.zero >= 1 && shard_ > 1;
@@ -1482,40 +1629,35 @@ StepBodies RoleLowering::BuildStepBodies() {
   const CommKind grad_comm = shard_comm_;
   if (p_.dp * cp_ > 1 && !shard_grads_) {
     for (const Bucket& b : role_.buckets) {
+      if (IsExpertBucket(b)) continue;
       if (sharded)
         Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
       else
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
     }
   }
+  EmitExpertGradReduction();
   // Optimizer step.
   role_.bodies.push_back({"optimizer_step", {}});
   sb.optimizer_step = static_cast<int32_t>(role_.bodies.size() - 1);
   body_ = &role_.bodies.back();
-  int32_t nsq = Buf("grad_norm_square", {1}, DType::F32, BufferKind::Persistent);
-  {
-    std::vector<int32_t> grads;
-    for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
-    Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? shard_comm_ : CommKind::None);
-    int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
-    if (sharded) {
-      if (world > 1)
-        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
-    } else if (p_.tp * p_.pp > 1) {
-      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
-    }
-  }
+  const int32_t nsq = Buf("grad_norm_square", {1}, DType::F32, BufferKind::Persistent);
+  EmitGradNormSquare(nsq, sharded);
   for (const Bucket& b : role_.buckets) {
     // ZeRO-3: the gathered bucket is released here; the update reads and writes shards only.
     int32_t params = gather_params_ ? b.param_shard : b.params;
     int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
     const std::vector<int32_t> in = {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq};
-    const CommKind comm = sharded ? shard_comm_ : CommKind::None;
+    // Expert-parallel buckets shard over Edp (ZeRO 1; ZeRO >= 2 is refused beside ep > 1).
+    const bool experts = IsExpertBucket(b);
+    const bool shards = experts ? p_.zero >= 1 && edp_ > 1 : sharded;
+    const CommKind group = experts ? CommKind::Edp : shard_comm_;
+    const CommKind comm = shards ? group : CommKind::None;
     if (s_.sgd)
       Emit(attrs::Sgd{.chunk = b.chunk}, in, {params}, comm);
     else
       Emit(attrs::AdamW{.chunk = b.chunk}, in, {params}, comm);
-    if (sharded && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, shard_comm_);
+    if (shards && !gather_params_) Emit(attrs::AllGather{}, {b.params}, {b.params}, group);
   }
   // Aux-loss-free balancing: every rank of a stage moves its layers' biases by the step's load
   // over all its tokens (each microbatch's counts already cover Tp under sp and Cp).

@@ -56,8 +56,10 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 
 // --- mixture of experts ---------------------------------------------------------------------
 // The MoE layers of the model (experts == 0: dense). With ep = 1 and etp = 1 every rank holds
-// every expert whole (replicated over tp); each rank routes its own rows of the residual stream
-// (rows / tp under sequence parallelism, all tokens otherwise):
+// every expert whole (replicated over tp); with ep > 1 it holds experts / ep of them and the
+// dispatch and combine are all-to-alls over Ep (runtime/format/README.md, "Expert
+// parallelism"). Each rank routes its own rows of the residual stream (rows / tp under sequence
+// parallelism, all tokens otherwise):
 //   router    Linear to [rows, experts] logits, MoeRouter (softmax or sigmoid scores, top-k,
 //             `normalize` divides the picked weights by their sum), the load-balancing aux loss's
 //             gradient (coefficient `aux_coeff`, over the microbatch's tokens) added by
@@ -104,6 +106,10 @@ struct MoeShape {
   double capacity_factor = 0;
   bool drop_by_position = false;  // moe.drop_policy = position
   int64_t etp = 1;  // expert tensor parallelism: each expert's ffn split etp ways (Etp group)
+  // Expert parallelism (ep > 1): the routing imbalance the plan states (`moe.imbalance`, the
+  // worst rank's routed rows over the average), 0 when it states none. It bounds the dispatch's
+  // receive buffers; without it they hold the worst case (lower/body.cpp DispatchCapacity).
+  double imbalance = 0;
 
   // Layer `index` (0-based) is an MoE layer (compiler/plan IsMoeLayer).
   bool IsMoeLayer(int64_t index) const {

@@ -115,7 +115,8 @@ class UnsupportedFeatures {
 void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& q = plan.parallel;
-  // --- mixture of experts: emitted with ep = 1, and etp = 1 or etp = tp ---
+  // --- mixture of experts: emitted with etp = 1 or etp = tp (ep > 1 with etp = 1: expert
+  // parallelism, below) ---
   // --- expert tensor parallelism: each expert split over the Tp group, as the dense MLP ---
   if (m.IsMoe() && q.etp > 1 && q.etp != q.tp)
     unsupported.Report(
@@ -163,9 +164,31 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                                    m.qk_rope_head_dim),
                        "model.qk_rope_head_dim", "RoPE rotates pairs of columns: make it even");
   // --- end multi-head latent attention ---
-  if (q.ep > 1)
-    unsupported.Report(fmt::format("expert parallelism (ep = {})", q.ep), "parallel.ep",
-                       "set `parallel.ep = 1`");
+  // --- expert parallelism: ep > 1 lowers with etp = 1, sequence parallelism under tp > 1 and
+  // ZeRO 0 or 1 ---
+  if (m.IsMoe() && q.ep > 1 && q.tp > 1 && !q.sp)
+    unsupported.Report(
+        fmt::format("expert parallelism (ep = {}) beside tp = {} without sequence parallelism",
+                    q.ep, q.tp),
+        "parallel.ep",
+        "set `parallel.sp = true`: each tensor-parallel rank then routes its own rows, as "
+        "Megatron-Core requires for experts beside tensor parallelism");
+  if (m.IsMoe() && q.ep > 1 && plan.optimizer.zero > 1)
+    unsupported.Report(
+        fmt::format("ZeRO {} beside expert parallelism (ep = {})", plan.optimizer.zero, q.ep),
+        "optimizer.zero",
+        "set `optimizer.zero = 1` (the optimizer states of the experts sharded over their "
+        "expert-data-parallel group, the rest over dp) or `0`");
+  if (m.IsMoe() && q.ep > 1 && plan.moe.capacity_factor > 0)
+    unsupported.Report(fmt::format("a capacity factor ({}) beside expert parallelism (ep = {})",
+                                   plan.moe.capacity_factor, q.ep),
+                       "moe.capacity_factor",
+                       "set `moe.capacity_factor = 0` (dropless) or `parallel.ep = 1`");
+  if (!m.IsMoe() && q.ep > 1)
+    unsupported.Report(
+        fmt::format("expert parallelism (ep = {}) for a model without experts", q.ep),
+        "parallel.ep", "set `parallel.ep = 1`");
+  // --- end expert parallelism ---
   if (m.activation == Activation::kSquaredRelu)
     unsupported.Report("the squared-ReLU MLP", "model.activation",
                        "use `model.activation = swiglu` or `gelu` to compile");
@@ -253,6 +276,18 @@ bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
     divide("shared_experts · moe_ffn_hidden",
            m.shared_experts * (m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden),
            "model.shared_experts", q.tp, "tp");
+  // --- expert parallelism: each Ep rank holds experts / ep experts ---
+  if (m.IsMoe() && q.ep > 1 && m.experts % q.ep != 0) {
+    sink.Report(Diag(DiagKind::kLowerShape,
+                     fmt::format("experts = {} is not a multiple of ep = {}", m.experts, q.ep))
+                    .At(plan.Range("parallel.ep"))
+                    .Value("experts mod ep",
+                           fmt::format("{} mod {} = {}", m.experts, q.ep, m.experts % q.ep))
+                    .Note("rank r of an expert-parallel group holds experts r·E/ep .. (r+1)·E/ep-1")
+                    .Help(fmt::format("choose an ep that divides {}", m.experts)));
+    ok = false;
+  }
+  // --- end expert parallelism ---
   // --- context parallelism: 2·cp equal chunks per sequence ---
   if (q.cp > 1 && m.seq_len % (2 * q.cp) != 0) {
     sink.Report(Diag(DiagKind::kLowerShape,
@@ -402,17 +437,19 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
 
 // Communicators from the layout: a kind is listed when its groups have more than one member
 // (World always). Returns the index of each rank's communicator per kind.
-void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
+void BuildWorld(const Layout& layout, bool tied_pp, bool experts, Program& p) {
   const int64_t world = layout.world_size();
   p.ranks.assign(world, Rank());
   struct KindMap {
     CommKind kind;
     GroupKind group;
   };
-  const KindMap kinds[] = {{CommKind::Tp, GroupKind::kTp},         {CommKind::Pp, GroupKind::kPp},
-                           {CommKind::Dp, GroupKind::kDp},         {CommKind::Cp, GroupKind::kCp},
-                           {CommKind::DpCp, GroupKind::kDpCp},     {CommKind::Mp, GroupKind::kTpPp},
-                           {CommKind::Embedding, GroupKind::kEmbd}};
+  const KindMap kinds[] = {
+      {CommKind::Tp, GroupKind::kTp},          {CommKind::Pp, GroupKind::kPp},
+      {CommKind::Dp, GroupKind::kDp},          {CommKind::Cp, GroupKind::kCp},
+      {CommKind::DpCp, GroupKind::kDpCp},      {CommKind::Mp, GroupKind::kTpPp},
+      {CommKind::Embedding, GroupKind::kEmbd}, {CommKind::Ep, GroupKind::kEp},
+      {CommKind::Edp, GroupKind::kEdp}};
   // World first.
   Communicator all;
   all.kind = CommKind::World;
@@ -427,6 +464,7 @@ void BuildWorld(const Layout& layout, bool tied_pp, Program& p) {
     if (list.group_size <= 1) continue;
     if (kind == CommKind::DpCp && layout.sizes().cp == 1) continue;  // equal to Dp
     if (kind == CommKind::Embedding && !tied_pp) continue;
+    if ((kind == CommKind::Ep || kind == CommKind::Edp) && !experts) continue;  // dense model
     for (int64_t g = 0; g < list.group_count(); ++g) {
       Communicator c;
       c.kind = kind;
@@ -646,6 +684,12 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.capacity_factor = plan.moe.capacity_factor;
     bs.moe.drop_by_position = plan.moe.drop_policy == DropPolicy::kPosition;
     bs.moe.etp = std::max<int64_t>(1, plan.parallel.etp);  // expert tensor parallelism
+    // Stated: written in the plan, a module it uses, or --set (not the built-in default).
+    const FieldOrigin* imbalance = plan.origins.FindPath("moe.imbalance");
+    if (imbalance != nullptr &&
+        (imbalance->kind == OriginKind::kFile || imbalance->kind == OriginKind::kStdlib ||
+         imbalance->kind == OriginKind::kCommandLine))
+      bs.moe.imbalance = std::max(1.0, plan.moe.imbalance);
   }
   // --- end mixture of experts ---
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull
@@ -714,7 +758,8 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
   BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), options.compact_schedule, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
-  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, p);
+  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1,
+             plan.model.IsMoe() && plan.parallel.ep > 1, p);
   AddExpertTensorComms(plan, layout, p);
 
   if (options.before_verify) options.before_verify(p);

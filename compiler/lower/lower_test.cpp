@@ -614,15 +614,19 @@ TEST_CASE("compact schedules: mutated programs get the messages the ops get") {
 }
 
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
-  // Mixture of experts lowers with ep = 1 and etp = 1; expert parallelism is refused.
+  // Expert parallelism lowers (etp = 1) with ZeRO 0 or 1; beside ZeRO 2 it is refused, naming it.
   Plan moe = TinyPlan(1, 1, 2);
   moe.model.experts = 8;
   moe.model.topk = 2;
   moe.parallel.ep = 2;
+  moe.parallel.etp = 1;
+  moe.optimizer.zero = 2;
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(moe, {}, sink).has_value());
   REQUIRE(sink.diagnostics().size() >= 1);
   CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(sink.diagnostics()[0].message ==
+        "lowering does not emit ZeRO 2 beside expert parallelism (ep = 2) yet");
 
   Plan odd = TinyPlan(2, 1, 1);
   odd.model.kv_heads = 1;
@@ -641,6 +645,165 @@ TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
   CHECK(found);
 }
 
+// --- expert parallelism ---
+// dp 4, ep 2: Ep groups {0,1} {2,3}, Edp {0,2} {1,3} (order tp-cp-ep-dp-pp); each rank holds 2
+// of the 4 experts, dispatches by all-to-all over Ep and reduces its expert grads over Edp.
+TEST_CASE("expert parallelism: dispatch and combine over Ep, experts sharded, grads over Edp") {
+  Plan plan = TinyPlan(1, 1, 4);
+  plan.parallel.ep = 2;
+  plan.parallel.etp = 1;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.model.dense_layers = 1;
+  plan.model.moe_layer_freq = 2;  // layers 1, 3, 5, 7
+  const Program p = MustLower(plan);
+  std::map<CommKind, std::vector<std::vector<int32_t>>> groups;
+  for (const Communicator& c : p.communicators) groups[c.kind].push_back(c.members);
+  CHECK(groups[CommKind::Ep] == std::vector<std::vector<int32_t>>{{0, 1}, {2, 3}});
+  CHECK(groups[CommKind::Edp] == std::vector<std::vector<int32_t>>{{0, 2}, {1, 3}});
+  const Role& role = p.roles[0];
+  const Body& fwd = role.bodies[role.chunks[0].forward];
+  const Body& bwd = role.bodies[role.chunks[0].backward];
+  CHECK(CountOps(fwd, OpKind::MoeExchangeCounts, CommKind::Ep) == 4);
+  CHECK(CountOps(fwd, OpKind::MoeDispatch, CommKind::Ep) == 4);
+  CHECK(CountOps(fwd, OpKind::MoeCombine, CommKind::Ep) == 4);
+  CHECK(CountOps(bwd, OpKind::MoeDispatch, CommKind::Ep) == 4);  // the output's gradient
+  CHECK(CountOps(bwd, OpKind::MoeCombine, CommKind::Ep) == 4);   // the input's gradient
+  for (const Op& op : fwd.ops)
+    if (op.kind == OpKind::GroupedLinear)
+      CHECK(prog::DecodeAttrs<prog::attrs::GroupedLinear>(op).groups == 2);  // local experts
+  int sharded = 0;
+  for (const Param& prm : role.params) {
+    if (prm.name.find(".experts.") == std::string::npos) {
+      CHECK(prm.split_comm != CommKind::Ep);
+      continue;
+    }
+    ++sharded;
+    CHECK(prm.split_comm == CommKind::Ep);
+    CHECK(prm.split_dim == 0);
+    CHECK(prm.global_shape[0] == 4);
+    CHECK(role.buffers[prm.buffer].shape[0] == 2);
+  }
+  CHECK(sharded == 4 * 3);
+  // Receive buffers at the worst case: both Ep peers' 64 rows, each choosing min(topk, 2) = 2
+  // of this rank's experts.
+  for (const Buffer& b : role.buffers)
+    if (b.name.find("moe.ep.dispatched") != std::string::npos)
+      CHECK(b.shape == std::vector<int64_t>{int64_t{2} * 64 * 2, 64});
+  // A stated routing imbalance bounds them: 1.5 · 64 rows · topk 2 = 192 rows.
+  Plan stated = plan;
+  stated.moe.imbalance = 1.5;
+  stated.origins.Mutable("moe.imbalance")->kind = OriginKind::kCommandLine;
+  const Program q = MustLower(stated);
+  for (const Buffer& b : q.roles[0].buffers)
+    if (b.name.find("moe.ep.dispatched") != std::string::npos)
+      CHECK(b.shape == std::vector<int64_t>{192, 64});
+  // Expert grads reduce over Edp, the rest over Dp; the grad norm counts each element once.
+  const Body& reduce = role.bodies[role.chunks.size() * 2 + 1];
+  REQUIRE(reduce.name == "reduce_grads");
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::Edp) == 1);
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::Dp) == 1);
+  const Body& step = role.bodies[role.chunks.size() * 2 + 2];
+  for (const Op& op : step.ops)
+    if (op.kind == OpKind::GradNormSquare)
+      CHECK(prog::DecodeAttrs<prog::attrs::GradNormSquare>(op).count_once);
+  CHECK(CountOps(step, OpKind::AllReduce, CommKind::World) == 1);
+  // ZeRO 1: the experts' states are sharded over Edp, the rest over Dp.
+  plan.optimizer.zero = 1;
+  const Program z = MustLower(plan);
+  const Role& zr = z.roles[0];
+  const Body& zreduce = zr.bodies[zr.chunks.size() * 2 + 1];
+  CHECK(CountOps(zreduce, OpKind::ReduceScatter, CommKind::Edp) == 1);
+  CHECK(CountOps(zreduce, OpKind::ReduceScatter, CommKind::Dp) == 1);
+  const Body& zstep = zr.bodies[zr.chunks.size() * 2 + 2];
+  CHECK(CountOps(zstep, OpKind::AdamW, CommKind::Edp) == 1);
+  CHECK(CountOps(zstep, OpKind::AdamW, CommKind::Dp) == 1);
+  CHECK(CountOps(zstep, OpKind::AllGather, CommKind::Edp) == 1);
+  for (const Bucket& b : zr.buckets)
+    CHECK(b.shard_elements *
+              (zr.buffers[b.params].name.find("experts") != std::string::npos ? 2 : 4) ==
+          b.elements);
+}
+
+// The whole-world verifier checks the all-to-alls over Ep as group calls: their order (counts are
+// known only at run time) and that every rank has the communicator its bodies name.
+Plan EpPlan() {
+  Plan plan = TinyPlan(1, 1, 2);
+  plan.parallel.ep = 2;
+  plan.parallel.etp = 1;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  return plan;
+}
+
+TEST_CASE("mutation: a dispatch and a combine swapped on one Ep rank are caught") {
+  Program p = MustLower(EpPlan(), false);
+  Role& role = SplitRole(p, 1);
+  Body& fwd = role.bodies[role.chunks[0].forward];
+  auto dispatch = std::find_if(fwd.ops.begin(), fwd.ops.end(),
+                               [](const Op& op) { return op.kind == OpKind::MoeDispatch; });
+  auto combine = std::find_if(dispatch, fwd.ops.end(),
+                              [](const Op& op) { return op.kind == OpKind::MoeCombine; });
+  REQUIRE(combine != fwd.ops.end());
+  std::swap(*dispatch, *combine);
+  const std::string errors = Joined(VerifyWorld(p));
+  CHECK(errors.find("ep communicator") != std::string::npos);
+  CHECK(errors.find("rank 0 (stage0): moe_dispatch[ep]") != std::string::npos);
+  CHECK(errors.find("rank 1 (stage0-mutated): moe_combine[ep]") != std::string::npos);
+}
+
+TEST_CASE("mutation: a rank outside every Ep group is caught") {
+  Program p = MustLower(EpPlan(), false);
+  p.ranks[1].comms[static_cast<int>(CommKind::Ep)] = -1;
+  const std::string errors = Joined(VerifyWorld(p));
+  CHECK(errors.find("rank 1 (stage0): body 'chunk0.forward' uses the ep communicator, but the "
+                    "rank has none") != std::string::npos);
+}
+
+TEST_CASE("expert parallelism: refusals name the combination") {
+  Plan plan = TinyPlan(2, 1, 1);
+  plan.parallel.ep = 2;
+  plan.parallel.etp = 1;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  DiagnosticSink no_sp;
+  CHECK_FALSE(LowerPlan(plan, {}, no_sp).has_value());
+  REQUIRE(!no_sp.diagnostics().empty());
+  CHECK(no_sp.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(no_sp.diagnostics()[0].message ==
+        "lowering does not emit expert parallelism (ep = 2) beside tp = 2 without sequence "
+        "parallelism yet");
+  plan.parallel.sp = true;
+  plan.model.experts = 3;
+  DiagnosticSink odd;
+  CHECK_FALSE(LowerPlan(plan, {}, odd).has_value());
+  REQUIRE(!odd.diagnostics().empty());
+  CHECK(odd.diagnostics()[0].kind == DiagKind::kLowerShape);
+  CHECK(odd.diagnostics()[0].message == "experts = 3 is not a multiple of ep = 2");
+  plan.model.experts = 4;
+  plan.optimizer.zero = 3;
+  DiagnosticSink zero;
+  CHECK_FALSE(LowerPlan(plan, {}, zero).has_value());
+  REQUIRE(!zero.diagnostics().empty());
+  CHECK(zero.diagnostics()[0].message ==
+        "lowering does not emit ZeRO 3 beside expert parallelism (ep = 2) yet");
+  plan.optimizer.zero = 0;
+  plan.moe.capacity_factor = 1.25;
+  DiagnosticSink capacity;
+  CHECK_FALSE(LowerPlan(plan, {}, capacity).has_value());
+  REQUIRE(!capacity.diagnostics().empty());
+  CHECK(capacity.diagnostics()[0].message ==
+        "lowering does not emit a capacity factor (1.25) beside expert parallelism (ep = 2) yet");
+  Plan dense = TinyPlan(1, 1, 2);
+  dense.parallel.ep = 2;
+  DiagnosticSink ds;
+  CHECK_FALSE(LowerPlan(dense, {}, ds).has_value());
+  REQUIRE(!ds.diagnostics().empty());
+  CHECK(ds.diagnostics()[0].message ==
+        "lowering does not emit expert parallelism (ep = 2) for a model without experts yet");
+}
+// --- end expert parallelism ---
 // --- multi-head latent attention ---
 TEST_CASE("multi-head latent attention: replicated latents, heads split by tp, refused beside cp") {
   Plan plan = MlaPlan(2, 1, 1);

@@ -202,6 +202,46 @@ TEST_CASE("ZeRO 2 and 3: persistent shards equal the analytic model's, transient
   }
 }
 
+// --- expert parallelism ---
+// The dispatch's receive buffers hold, per MoE layer and microbatch in flight, the rows this
+// rank's experts may receive (and the expert intermediates on them). Without a stated routing
+// imbalance that is the worst case, ep · min(topk, experts / ep) / topk times the balanced
+// share, which the analytic model (routed rows × the plan's imbalance) does not price: the
+// stash grows past the model with ep. With `moe.imbalance` stated the buffers hold that many
+// times the balanced share, as the model prices it, and the stash keeps its ratio to the model.
+TEST_CASE("expert parallelism: receive buffers at the stated imbalance keep the model's ratio") {
+  for (int64_t ep : {1, 2, 4}) {
+    Plan plan = MidPlan(Recompute::kNone, true);
+    plan.optimizer.zero = 0;
+    plan.parallel.etp = 1;
+    plan.parallel.ep = ep;
+    plan.model.experts = 8;
+    plan.model.topk = 2;
+    plan.model.moe_ffn_hidden = 1024;
+    CAPTURE(ep);
+    std::vector<Compared> worst = CompareStages(plan);
+    plan.moe.imbalance = 1.5;
+    plan.origins.Mutable("moe.imbalance")->kind = OriginKind::kCommandLine;
+    std::vector<Compared> stated = CompareStages(plan);
+    for (size_t r = 0; r < stated.size(); ++r) {
+      const StageMemory& sm = stated[r].model;
+      const double act = Ratio(stated[r].program.stash, sm.Get(MemoryPart::kActivations) +
+                                                            sm.Get(MemoryPart::kEmbeddingAndLoss));
+      const double worst_act =
+          Ratio(worst[r].program.stash, worst[r].model.Get(MemoryPart::kActivations) +
+                                            worst[r].model.Get(MemoryPart::kEmbeddingAndLoss));
+      MESSAGE("ep " << ep << " stage " << r << ": stash / modelled activations " << act
+                    << " at imbalance 1.5, " << worst_act << " at the worst case");
+      CHECK(act > 0.7);
+      CHECK(act < 1.3);
+      CHECK(stated[r].peak < sm.total);
+      // ep = 1 holds every routed row whatever the imbalance; with ep > 1 the worst case is more.
+      if (ep == 1) CHECK(worst[r].program.stash == stated[r].program.stash);
+      if (ep > 1) CHECK(worst[r].program.stash > stated[r].program.stash);
+    }
+  }
+}
+// --- end expert parallelism ---
 // Experts split over the Tp group (etp = tp, ep = 1): the expert mesh's data-parallel group is
 // the dense one (edp = dp · cp), so the program's buckets, sharded over dp · cp, hold exactly the
 // expert states Megatron-Core's accounting gives (experts / etp, optimizer / edp).

@@ -130,8 +130,30 @@ class StepReplay {
                        fmt::format("{}{}{}", op.kind == OpKind::Forward ? 'F' : 'B', s.microbatch,
                                    std::string(s.chunk, '\'')),
                        "compute", clock_[i], dur, s.microbatch, s.chunk});
+    ExpertAllToAlls(i, op, dur);
     clock_[i] += dur;
     ++pos_[i];
+  }
+
+  // --- expert parallelism: the body's all-to-alls over Ep, each at its place among the body's
+  // ops, inside the computation's slice ---
+  void ExpertAllToAlls(size_t i, const Op& op, double dur) {
+    const Role& role = RoleOf(i);
+    const prog::StepAttrs s = prog::DecodeStepAttrs(op);
+    const Chunk& chunk = role.chunks[s.chunk];
+    const Body& body = role.bodies[op.kind == OpKind::Forward ? chunk.forward : chunk.backward];
+    const size_t n = body.ops.size();
+    if (n == 0) return;
+    const double share = dur / static_cast<double>(n);
+    const size_t pr = static_cast<size_t>(role.pipeline_rank);
+    const double modelled = pr < d_.ep_all_to_all_s.size() ? d_.ep_all_to_all_s[pr] : 0.0;
+    const double each = modelled > 0 ? std::min(modelled, share) : share;
+    for (size_t k = 0; k < n; ++k) {
+      const Op& bop = body.ops[k];
+      if (bop.comm != CommKind::Ep || !IsCollective(bop.kind)) continue;
+      slices_.push_back({static_cast<int32_t>(i), DescribeOp(bop), "expert-parallel",
+                         clock_[i] + share * static_cast<double>(k), each, s.microbatch, s.chunk});
+    }
   }
 
   // When the partner of row i's transfer at position k posted its group: nullopt while it has

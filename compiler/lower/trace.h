@@ -7,7 +7,9 @@
 // data has moved) and the gradient reduction and optimizer bodies (cross-pipeline
 // collectives start when every member has arrived), then the step's fixed host cost on every
 // rank. One row per rank; compute and communication slices in separate categories, with
-// microbatch and chunk in their args.
+// microbatch and chunk in their args. With expert parallelism the all-to-alls over Ep inside a
+// forward or backward body are slices of their own (category "expert-parallel") nested in that
+// computation's slice.
 #ifndef PARAPLAN_COMPILER_LOWER_TRACE_H_
 #define PARAPLAN_COMPILER_LOWER_TRACE_H_
 
@@ -28,6 +30,10 @@ struct TraceDurations {
   // Once per step after the optimizer, on every rank: the host's fixed cost (data loading,
   // logging, synchronisation), the time model's step overhead.
   double step_overhead_s = 0;
+  // Per role: seconds of one expert-parallel all-to-all (MoeDispatch, MoeCombine,
+  // MoeExchangeCounts over Ep). Each is drawn inside its computation's slice, at its place among
+  // the body's ops; empty or 0 when the model has no figure (then a slice of the op's share).
+  std::vector<double> ep_all_to_all_s;
 };
 
 struct TraceResult {

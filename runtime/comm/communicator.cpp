@@ -18,6 +18,8 @@ const char* CollectiveKindName(CollectiveKind kind) {
       return "all_to_all";
     case CollectiveKind::kBarrier:
       return "barrier";
+    case CollectiveKind::kAllToAllV:
+      return "all_to_all_v";
   }
   return "?";
 }

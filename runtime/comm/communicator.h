@@ -12,8 +12,11 @@
 //  - Sums are deterministic: the result does not depend on thread or network timing. The host
 //    implementation adds the ranks' contributions in group order 0, 1, ..., Size()-1, element by
 //    element, in fp32 (bf16 inputs are widened, summed in fp32, rounded to nearest even).
-//  - `send` and `recv` may alias for AllReduce (in place); for ReduceScatter, AllGather and
-//    AllToAll they must not overlap.
+//  - `send` and `recv` may alias for AllReduce (in place); for ReduceScatter, AllGather,
+//    AllToAll and AllToAllV they must not overlap.
+//  - AllToAllV's counts differ per peer and are known only at run time: members agree on the
+//    call and the dtype, and each pair agrees on what passes between them (rank s's
+//    send_counts[r] equals rank r's recv_counts[s]; the host implementation checks it).
 //  - Send never blocks on the receiver in the host implementation (messages are buffered); a NCCL
 //    implementation pairs sends and receives between GroupBegin()/GroupEnd(), which the
 //    interpreter always emits around a step's point-to-point operations, so both behave the same.
@@ -44,7 +47,8 @@ enum class CollectiveKind : uint8_t {
   kAllGather,
   kBroadcast,
   kAllToAll,
-  kBarrier
+  kBarrier,
+  kAllToAllV
 };
 const char* CollectiveKindName(CollectiveKind kind);  // "all_reduce", ...
 
@@ -81,6 +85,13 @@ class Communicator {
   virtual void Recv(void* buf, int64_t count, DType dtype, int peer) = 0;
   // send and recv hold Size() * count elements: recv[s * count + i] = send_s[Rank() * count + i].
   virtual void AllToAll(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  // Variable counts (expert-parallel token dispatch). send_counts and recv_counts are host
+  // arrays of Size() entries. send holds the pieces for peers 0, 1, ..., Size()-1 back to back
+  // (send_counts[p] elements for peer p); recv receives the pieces from peers 0, 1, ... back to
+  // back (recv_counts[s] elements from peer s, which must equal peer s's send_counts[Rank()]).
+  // The piece for Rank() itself is copied.
+  virtual void AllToAllV(const void* send, const int64_t* send_counts, void* recv,
+                         const int64_t* recv_counts, DType dtype) = 0;
   virtual void Barrier() = 0;
 
   // Brackets a set of point-to-point calls that must progress together (NCCL group semantics).

@@ -55,6 +55,9 @@ struct CollectivePost {
   int root = 0;                  // compared for broadcast only
   const void* send = nullptr;
   void* recv = nullptr;
+  // all_to_all_v: the member's per-peer counts (host arrays of the group's size).
+  const int64_t* send_counts = nullptr;
+  const int64_t* recv_counts = nullptr;
 };
 
 // "all_reduce(count 4, f32, sum)", "broadcast(count 2, bf16, root 1)".

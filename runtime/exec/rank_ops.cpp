@@ -713,6 +713,150 @@ void RankRunner::RunGroupedLinearBackward(const OpCall& call) {
                                  call.Ids(3), a.groups, fan_in, fan_out, a.dx_accumulate);
 }
 
+// ---- expert parallelism: token dispatch over the Ep group ------------------------------------
+// Rank r of the Ep group (size n) holds experts r·L .. (r+1)·L-1, L = experts / n. `split`
+// [n, L]: split[s·L + l] rows that peer s sends this rank for its local expert l. Received rows
+// are kept in local-expert order (l, then peer s), the order GroupedLinear reads.
+
+namespace {
+
+// The expert layout of one dispatch op, read back to the host: every peer's counts.
+struct EpCounts {
+  int64_t peers = 1, local = 1;
+  std::vector<int32_t> counts;  // [experts]: this rank's rows per global expert
+  std::vector<int32_t> split;   // [peers, local]
+  int64_t SendRows(int64_t p) const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < local; ++l) n += counts[p * local + l];
+    return n;
+  }
+  int64_t RecvRows(int64_t s) const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < local; ++l) n += split[s * local + l];
+    return n;
+  }
+};
+
+}  // namespace
+
+void RankRunner::RunMoeExchangeCounts(const OpCall& call) {
+  const int64_t experts = call.Attrs<prog::attrs::MoeExchangeCounts>().experts;
+  const Comm& c = CommOf(call.op.comm, "MoeExchangeCounts");
+  call.Need(experts % c.size == 0, "experts = " + std::to_string(experts) +
+                                       " do not split over an Ep group of " +
+                                       std::to_string(c.size));
+  const int64_t local = experts / c.size;
+  call.Input(0, experts);
+  call.Output(0, experts);
+  call.Output(1, local);
+  // The counts are I32; the all-to-all moves them as 4-byte elements.
+  if (c.size == 1)
+    backend_.CopyOnDevice(call.Out(0), call.In(0), experts * 4);
+  else
+    c.comm->AllToAll(call.In(0), call.Out(0), local, comm::DType::kF32);
+  std::vector<int32_t> split(static_cast<size_t>(experts)), sums(static_cast<size_t>(local), 0);
+  backend_.CopyToHost(split.data(), call.Out(0), experts * 4);
+  for (int64_t s = 0; s < c.size; ++s)
+    for (int64_t l = 0; l < local; ++l) sums[l] += split[s * local + l];
+  backend_.CopyToDevice(call.OutIds(1), sums.data(), local * 4);
+}
+
+namespace {
+
+// Reads counts and split (inputs 1 and 2 of MoeDispatch / MoeCombine) to the host.
+template <typename Call, typename Backend>
+EpCounts ReadEpCounts(const Call& call, Backend& backend, int64_t experts, int64_t peers) {
+  call.Need(experts % peers == 0, "experts = " + std::to_string(experts) +
+                                      " do not split over an Ep group of " + std::to_string(peers));
+  EpCounts e;
+  e.peers = peers;
+  e.local = experts / peers;
+  call.Input(1, experts);
+  call.Input(2, experts);
+  e.counts.resize(static_cast<size_t>(experts));
+  e.split.resize(static_cast<size_t>(experts));
+  backend.CopyToHost(e.counts.data(), call.Ids(1), experts * 4);
+  backend.CopyToHost(e.split.data(), call.Ids(2), experts * 4);
+  for (size_t i = 0; i < e.counts.size(); ++i)
+    call.Need(e.counts[i] >= 0 && e.split[i] >= 0, "a negative row count");
+  return e;
+}
+
+}  // namespace
+
+void RankRunner::RunMoeDispatch(const OpCall& call) {
+  const int64_t experts = call.Attrs<prog::attrs::MoeDispatch>().experts;
+  const Comm& c = CommOf(call.op.comm, "MoeDispatch");
+  const EpCounts e = ReadEpCounts(call, backend_, experts, c.size);
+  const int64_t dim = Last(call.OutBuf(0));
+  std::vector<int64_t> send(static_cast<size_t>(c.size)), recv(static_cast<size_t>(c.size));
+  int64_t sent = 0, received = 0;
+  for (int64_t p = 0; p < c.size; ++p) {
+    send[p] = call.Mul({e.SendRows(p), dim});
+    recv[p] = call.Mul({e.RecvRows(p), dim});
+    sent += send[p];
+    received += recv[p];
+  }
+  call.Input(0, sent);
+  call.Need(received <= call.OutN(0), std::to_string(received / std::max<int64_t>(dim, 1)) +
+                                          " rows routed to this rank's experts exceed the " +
+                                          std::to_string(call.OutN(0) / std::max<int64_t>(dim, 1)) +
+                                          " rows its receive buffer reserves");
+  // Received in peer order, then moved into local-expert order.
+  float* staged = Scratch(0, std::max<int64_t>(received, 1));
+  if (c.size == 1)
+    backend_.Copy(staged, call.In(0), sent);
+  else
+    c.comm->AllToAllV(call.In(0), send.data(), staged, recv.data(), comm::DType::kF32);
+  float* y = call.Out(0);
+  int64_t at = 0;
+  for (int64_t l = 0; l < e.local; ++l) {
+    for (int64_t s = 0, from = 0; s < c.size; from += recv[s], ++s) {
+      int64_t before = 0;
+      for (int64_t k = 0; k < l; ++k) before += e.split[s * e.local + k];
+      const int64_t n = e.split[s * e.local + l] * dim;
+      if (n > 0) backend_.Copy(y + at, staged + from + before * dim, n);
+      at += n;
+    }
+  }
+  if (at < call.OutN(0)) backend_.Fill(y + at, call.OutN(0) - at, 0.0f);  // rows nobody sent
+}
+
+void RankRunner::RunMoeCombine(const OpCall& call) {
+  const int64_t experts = call.Attrs<prog::attrs::MoeCombine>().experts;
+  const Comm& c = CommOf(call.op.comm, "MoeCombine");
+  const EpCounts e = ReadEpCounts(call, backend_, experts, c.size);
+  const int64_t dim = Last(call.InBuf(0));
+  std::vector<int64_t> send(static_cast<size_t>(c.size)), recv(static_cast<size_t>(c.size));
+  int64_t sent = 0, received = 0;
+  for (int64_t p = 0; p < c.size; ++p) {
+    send[p] = call.Mul({e.RecvRows(p), dim});  // back to where the dispatch's rows came from
+    recv[p] = call.Mul({e.SendRows(p), dim});
+    sent += send[p];
+    received += recv[p];
+  }
+  call.Input(0, sent);
+  call.Output(0, received);
+  // From local-expert order (l, then peer s) into peer order (s, then l), then sent back.
+  float* staged = Scratch(0, std::max<int64_t>(sent, 1));
+  const float* x = call.In(0);
+  std::vector<int64_t> from(static_cast<size_t>(c.size), 0);
+  for (int64_t s = 1; s < c.size; ++s) from[s] = from[s - 1] + send[s - 1];
+  int64_t at = 0;
+  for (int64_t l = 0; l < e.local; ++l) {
+    for (int64_t s = 0; s < c.size; ++s) {
+      const int64_t n = e.split[s * e.local + l] * dim;
+      if (n > 0) backend_.Copy(staged + from[s], x + at, n);
+      from[s] += n;
+      at += n;
+    }
+  }
+  if (c.size == 1)
+    backend_.Copy(call.Out(0), staged, sent);
+  else
+    c.comm->AllToAllV(staged, send.data(), call.Out(0), recv.data(), comm::DType::kF32);
+}
+
 // ---- end mixture of experts -----------------------------------------------------------------
 
 }  // namespace paraplan::exec

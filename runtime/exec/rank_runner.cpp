@@ -68,6 +68,14 @@ int64_t RankRunner::ShardIndex() const {
   return IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp);
 }
 
+// Expert parallelism: the ranks holding the same experts are the Edp group.
+int64_t RankRunner::BucketShardIndex(size_t b) const {
+  if (program_.parallel.zero < 1) return 0;
+  const bool experts =
+      !ranges_[b].empty() && role_.params[ranges_[b].front().param].split_comm == CommKind::Ep;
+  return experts ? IndexIn(CommKind::Edp) : ShardIndex();
+}
+
 void RankRunner::Setup() {
   const prog::mem::Rank& me = RankInfo();
   for (int k = 1; k < prog::kCommKinds; ++k) {
@@ -159,7 +167,6 @@ void RankRunner::InitParams() {
   // Bucket by bucket: the params of a bucket, then its shards. Transient buckets (ZeRO-3
   // gathered params) of different chunks share arena bytes, so a bucket's shards are taken
   // before the next bucket's params overwrite it.
-  const int64_t shard = ShardIndex();
   std::vector<uint8_t> done(role_.params.size(), 0);
   auto init_param = [&](const prog::mem::Param& p) {
     const int64_t local = Elements(p.buffer);
@@ -214,6 +221,7 @@ void RankRunner::InitParams() {
       done[i] = 1;
     }
     const float* params = F(bucket.params, {});
+    const int64_t shard = BucketShardIndex(static_cast<size_t>(&bucket - role_.buckets.data()));
     const int64_t begin =
         (bucket.master >= 0 || bucket.param_shard >= 0) ? shard * bucket.shard_elements : 0;
     if (bucket.master >= 0)
@@ -483,13 +491,21 @@ void RankRunner::RunBroadcast(const OpCall& call) {
 // ---- optimizer ------------------------------------------------------------------------------
 
 void RankRunner::RunGradNormSquare(const OpCall& call) {
-  const int64_t shard = ShardIndex();
   const bool tp_leader = IndexIn(CommKind::Tp) == 0;
+  // count_once (expert parallelism): a param counts on one rank of those holding it, the
+  // program sums over the world: experts on the first rank of their Edp group, the rest on the
+  // first of their data-parallel (Dp or DpCp) group. Under ZeRO the owned shards already
+  // partition each bucket over the ranks holding it.
+  const bool count_once =
+      call.Attrs<prog::attrs::GradNormSquare>().count_once && program_.parallel.zero < 1;
+  const bool edp_leader = IndexIn(CommKind::Edp) == 0;
+  const bool dp_leader = IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp) == 0;
   call.Output(0, 1);
   double sum = 0;
   for (int32_t in : call.op.inputs) {
     const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
     const size_t bi = &bucket - role_.buckets.data();
+    const int64_t shard = BucketShardIndex(bi);
     const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
     const int64_t end =
         program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
@@ -501,6 +517,7 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
     for (const Range& r : ranges_[bi]) {
       const prog::mem::Param& p = role_.params[r.param];
       if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
+      if (count_once && !(p.split_comm == CommKind::Ep ? edp_leader : dp_leader)) continue;
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
       if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
     }
@@ -516,7 +533,6 @@ void RankRunner::RunSgd(const OpCall& call) { RunOptimizerUpdate(call, false); }
 void RankRunner::RunOptimizerUpdate(const OpCall& call, bool adamw) {
   const auto& train = program_.train;
   const auto& in = call.op.inputs;
-  const int64_t shard = ShardIndex();
   // Operands from the program file: present, and as large as the shard the update touches.
   auto at_least = [&](int32_t buffer, int64_t n, const char* what) {
     if (buffer < 0 || Elements(buffer) < n) {
@@ -538,6 +554,7 @@ void RankRunner::RunOptimizerUpdate(const OpCall& call, bool adamw) {
   }
   if (in[0] == bucket.param_shard) at_least(bucket.param_shard, updated, "the parameter shard");
   const size_t bi = &bucket - role_.buckets.data();
+  const int64_t shard = BucketShardIndex(bi);
   float nsq = 0.0f;
   if (in[5] >= 0) backend_.CopyToHost(&nsq, F(in[5], call.ctx), 4);
   const float clip = train.clip_grad > 0

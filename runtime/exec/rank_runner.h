@@ -86,6 +86,9 @@ class RankRunner {
   const Comm& CommOf(CommKind kind, const char* what) const;
   int IndexIn(CommKind kind) const;
   int64_t ShardIndex() const;
+  // The shard of bucket `b` this rank owns under ZeRO: ShardIndex(), or for a bucket of
+  // expert-parallel params (split over Ep) the rank's index in Edp; 0 without ZeRO.
+  int64_t BucketShardIndex(size_t b) const;
 
   void RunSchedule(int64_t step);
   void RunBody(int32_t body, const Context& ctx);
@@ -189,9 +192,9 @@ class RankRunner {
 
 template <typename Fn>
 void RankRunner::ForEachMasterElement(Fn fn) {
-  const int64_t shard = ShardIndex();
   for (size_t b = 0; b < role_.buckets.size(); ++b) {
     const auto& bucket = role_.buckets[b];
+    const int64_t shard = BucketShardIndex(b);
     const int64_t begin = bucket.master >= 0 ? shard * bucket.shard_elements : 0;
     const int64_t end = bucket.master >= 0 ? begin + bucket.shard_elements : bucket.elements;
     std::vector<float> host(static_cast<size_t>(end - begin));

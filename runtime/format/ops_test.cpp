@@ -302,6 +302,27 @@ TEST_CASE("mixture-of-experts ops: typed attributes round trip; the runtime runs
     CHECK(!info->backend.empty());
   }
 }
+// --- expert parallelism: collectives over Ep whose backend entry is the Communicator method ---
+TEST_CASE("expert-parallel dispatch ops: collectives of the Ep group, experts attribute") {
+  for (OpKind k : {OpKind::MoeExchangeCounts, OpKind::MoeDispatch, OpKind::MoeCombine}) {
+    CAPTURE(EnumNameOpKind(k));
+    const OpInfo* info = FindOp(k);
+    REQUIRE(info != nullptr);
+    CHECK(info->op_class == OpClass::kCollective);
+    CHECK(info->status == OpStatus::kEmitted);
+    CHECK(info->comms == In(CommKind::Ep));
+  }
+  CHECK(FindOp(OpKind::MoeExchangeCounts)->backend == "AllToAll");
+  CHECK(FindOp(OpKind::MoeDispatch)->backend == "AllToAllV");
+  const mem::Op dispatch = MakeOp(attrs::MoeDispatch{.experts = 8}, {0, 1, 2}, {3}, CommKind::Ep);
+  CHECK(dispatch.ints == std::vector<int64_t>{8});
+  CHECK(FormatAttrs(dispatch) == "experts=8");
+  // count_once is left out at its default: earlier programs decode unchanged.
+  CHECK(MakeOp(attrs::GradNormSquare{}, {0}, {1}).ints.empty());
+  CHECK(MakeOp(attrs::GradNormSquare{.count_once = true}, {0}, {1}).ints ==
+        std::vector<int64_t>{1});
+}
+// --- end expert parallelism ---
 // --- end mixture of experts ------------------------------------------------------------------
 
 }  // namespace

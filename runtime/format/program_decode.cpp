@@ -238,10 +238,18 @@ void RoleChecker::CheckBucket(const Bucket& bi) const {
   for (int32_t b : {bi.master, bi.exp_avg, bi.exp_avg_sq, bi.param_shard, bi.grad_shard})
     CheckBufferIndex(b, "bucket", true);
   const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
-  // ZeRO shards over the ranks holding the same weights: dp · cp.
-  const int64_t dp = img_.parallel.zero >= 1
-                         ? int64_t{img_.parallel.dp} * std::max<int64_t>(1, img_.parallel.cp)
-                         : 1;
+  // ZeRO shards over the ranks holding the same weights: dp · cp, or for a bucket of
+  // expert-parallel params (split over Ep) their Edp group, tp · cp · dp / ep (etp = 1).
+  bool experts = false;
+  for (const Param& p : role_.params)
+    if (p.split_comm == CommKind::Ep && p.buffer >= 0 &&
+        p.buffer < static_cast<int32_t>(role_.buffers.size()) &&
+        role_.buffers[p.buffer].view_of == bi.params)
+      experts = true;
+  const int64_t dp_cp = int64_t{img_.parallel.dp} * std::max<int64_t>(1, img_.parallel.cp);
+  const int64_t edp =
+      dp_cp * std::max<int64_t>(1, img_.parallel.tp) / std::max<int64_t>(1, img_.parallel.ep);
+  const int64_t dp = img_.parallel.zero >= 1 ? (experts ? std::max<int64_t>(1, edp) : dp_cp) : 1;
   const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
   if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||
       elements_[bi.params] < bi.elements || elements_[bi.grads] < bi.elements) {

@@ -133,6 +133,42 @@ TEST_CASE("the trace is Chrome JSON with a row per rank and compute and pipeline
   CHECK(transfers == 8 * 2 * 4);  // every rank: 4 sends or receives of activations and 4 of grads
 }
 
+// --- expert parallelism ---
+// Every layer MoE, 2 per stage; ep 2 (the Tp pair, etp 1): each forward exchanges counts,
+// dispatches and combines per layer, each backward dispatches the output's gradient and combines
+// the input's. The all-to-alls are slices of their own inside their computation.
+TEST_CASE("the trace of an expert-parallel plan shows the all-to-alls over Ep") {
+  const std::string plan = Dir() + "/moe_ep.plan";
+  std::ofstream(plan) << kPlan << R"(
+model tiny_moe extends tiny { experts = 4  topk = 2  moe_ffn_hidden = 64 }
+plan tiny_moe_ep2 extends tiny_tp2_pp2_dp2 {
+  model = tiny_moe
+  parallel { ep = 2  etp = 1 }
+  optimizer { zero = 0 }
+}
+)";
+  Result r = Planc("compile " + plan + " --plan tiny_moe_ep2 -o " + Dir() +
+                   "/moe_ep.pplan --trace " + Dir() + "/moe_ep.json");
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  const std::string text = Read(Dir() + "/moe_ep.json");
+  auto json = llvm::json::parse(text);
+  REQUIRE(static_cast<bool>(json));
+  int exchanges = 0, dispatches = 0, combines = 0;
+  for (const llvm::json::Value& e : *json->getAsObject()->getArray("traceEvents")) {
+    const llvm::json::Object* o = e.getAsObject();
+    if (Str(o, "cat") != "expert-parallel") continue;
+    const std::string name = Str(o, "name");
+    exchanges += name == "moe_exchange_counts[ep]";
+    dispatches += name == "moe_dispatch[ep]";
+    combines += name == "moe_combine[ep]";
+  }
+  // 8 ranks, 4 microbatches, 2 MoE layers per stage.
+  CHECK(exchanges == 8 * 4 * 2);
+  CHECK(dispatches == 8 * 4 * 2 * 2);  // forward and backward
+  CHECK(combines == 8 * 4 * 2 * 2);
+}
+// --- end expert parallelism ---
+
 // "simulated step X s (time model: Y s)" from planc compile --trace; {-1, -1} when absent.
 std::pair<double, double> TraceTimes(const std::string& err) {
   const size_t at = err.find("simulated step ");

@@ -99,6 +99,14 @@ TEST_CASE("plan gpt_cp2_tp2_sp: local mode, 4 ranks, learned positions over cp 2
   CheckPlan("gpt_cp2_tp2_sp", 4);
 }
 
+TEST_CASE("plan moe_ep2_tp2_dp2_sp: local mode, 4 ranks, experts dispatched over ep 2") {
+  CheckPlan("moe_ep2_tp2_dp2_sp", 4);
+}
+
+TEST_CASE("plan moe_ep2_pp2_dp2: local mode, 4 ranks, experts dispatched over ep 2, pp 2") {
+  CheckPlan("moe_ep2_pp2_dp2", 4);
+}
+
 TEST_CASE("plan mla_tp2_sp: local mode, 2 ranks, multi-head latent attention, sequence parallel") {
   CheckPlan("mla_tp2_sp", 2);
 }

@@ -69,6 +69,7 @@ struct Layout {
   bool sgd = false;
   int cp = 1;        // context parallelism (ring attention over 2·cp chunks of each sequence)
   bool moe = false;  // the Llama-style model with mixture-of-experts layers (TinyPlan)
+  int ep = 1;        // expert parallelism (moe): experts / ep experts per rank, carved from dp
   bool etp = false;  // moe: each expert split over the Tp group (etp = tp), else etp = 1
 };
 
@@ -112,6 +113,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   plan.parallel.etp = l.moe && !l.etp ? 1 : l.tp;
   plan.parallel.pp = l.pp;
   plan.parallel.dp = l.dp;
+  plan.parallel.ep = l.ep;
   plan.parallel.vpp = l.vpp;
   plan.parallel.sp = l.sp;
   plan.pipeline.schedule = l.schedule;
@@ -149,6 +151,7 @@ RunResult Run(const ProgramImage& program) {
 
 struct Comparison {
   double loss = 0, weights = 0, max_elementwise = 0;
+  double grad_norm = 0;  // largest relative difference of a step's grad norm (before clipping)
   std::string worst_param;
 };
 
@@ -158,6 +161,8 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
   for (size_t s = 0; s < got.steps.size(); ++s) {
     c.loss = std::max(
         c.loss, std::abs(got.steps[s].loss - want.steps[s].loss) / std::abs(want.steps[s].loss));
+    c.grad_norm = std::max(c.grad_norm, std::abs(got.steps[s].grad_norm - want.steps[s].grad_norm) /
+                                            std::max(std::abs(want.steps[s].grad_norm), 1e-30));
   }
   for (const auto& param : want.params) {
     // Named copies, not structured bindings: doctest's message lambdas capture them.
@@ -225,7 +230,7 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan,
   CHECK(got.steps.back().loss < got.steps.front().loss);
 }
 
-void CheckEquivalent(bool gpt, const Layout& layout) {
+Comparison CheckEquivalent(bool gpt, const Layout& layout) {
   static std::map<std::tuple<bool, bool, bool>, RunResult> reference;
   const auto key = std::make_tuple(gpt, layout.sgd, layout.moe);
   if (!reference.count(key)) {
@@ -245,6 +250,7 @@ void CheckEquivalent(bool gpt, const Layout& layout) {
   CHECK(c.weights <= kTolerance);
   CHECK(c.max_elementwise <= (layout.etp ? kExpertSplitElementTolerance : kElementTolerance));
   CHECK(got.steps.back().loss < got.steps.front().loss);
+  return c;
 }
 
 // Recompute re-runs forward ops on the same inputs with the same deterministic kernels and
@@ -454,6 +460,83 @@ TEST_CASE("moe: cp 2, tp 2, sequence parallel") {
 TEST_CASE("moe: cp 2, tp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, Moe(WithCp(2, {2, 1, 1, 1, Schedule::k1F1B, true})), Recompute::kFull);
 }
+// --- expert parallelism: tokens dispatched by all-to-all over Ep, expert grads summed over Edp ---
+namespace {
+Layout WithEp(int ep, Layout layout) {
+  layout.moe = true;
+  layout.ep = ep;
+  return layout;
+}
+// The grad norm counts every expert once (on the first rank of its Edp group) and the rest once
+// (on the first of its Dp group), summed over the world: it equals the one-rank run's.
+void CheckExpertParallel(const Layout& layout) {
+  const Comparison c = CheckEquivalent(false, layout);
+  MESSAGE("grad norm relative difference " << c.grad_norm);
+  CHECK(c.grad_norm <= kTolerance);
+}
+}  // namespace
+TEST_CASE("moe: ep 2 (dp 2: 2 experts per rank)") { CheckExpertParallel(WithEp(2, {1, 1, 2, 1})); }
+TEST_CASE("moe: ep 4 (dp 4: one expert per rank)") { CheckExpertParallel(WithEp(4, {1, 1, 4, 1})); }
+// The Ep group is the Tp group (order tp-cp-ep-dp-pp, etp = 1): each rank dispatches its own
+// sequence-parallel rows; the dp 2 copies of each expert sum their grads over Edp.
+TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2 (etp 1)") {
+  CheckExpertParallel(WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true}));
+}
+// A stated routing imbalance bounds the receive buffers (1.0: the balanced share, rows · topk);
+// the first dispatch that brings more rows fails the run, naming the numbers.
+TEST_CASE("moe: ep 2 with moe.imbalance = 1 stated: an overflowing dispatch fails clearly") {
+  paraplan::Plan plan = TinyPlan(false, WithEp(2, {1, 1, 2, 1}));
+  plan.moe.imbalance = 1.0;
+  plan.origins.Mutable("moe.imbalance")->kind = paraplan::OriginKind::kCommandLine;
+  const ProgramImage program = Compile(plan);
+  CHECK_THROWS_WITH(Run(program), doctest::Contains("rows its receive buffer reserves"));
+}
+// Checkpoints are per rank: each rank saves and loads its own experts' shard. Three steps,
+// a checkpoint, two more resumed from it: the same losses and weights as five straight.
+TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2: resuming from a checkpoint is bitwise") {
+  const ProgramImage program =
+      Compile(TinyPlan(false, WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true})));
+  const RunResult straight = Run(program);
+  const std::string dir = Dir() + "/ep_checkpoint";
+  RunOptions first;
+  first.data_path = SourceDir() + "/data/corpus/classics.txt";
+  first.comm_timeout_seconds = 120;
+  first.steps = 3;
+  first.checkpoint_dir = dir;
+  REQUIRE(Train(program, first).checkpoint_step == 3);
+  RunOptions rest = first;
+  rest.steps = 2;
+  rest.checkpoint_dir.clear();
+  rest.resume_dir = dir;
+  const RunResult resumed = Train(program, rest);
+  REQUIRE(resumed.steps.size() == 2);
+  CHECK(resumed.steps[0].loss == straight.steps[3].loss);
+  CHECK(resumed.steps[1].loss == straight.steps[4].loss);
+  REQUIRE(resumed.params.size() == straight.params.size());
+  for (const auto& param : straight.params) {
+    const std::string& name = param.first;  // a named copy: doctest's CAPTURE takes it
+    CAPTURE(name);
+    CHECK(resumed.params.at(name) == param.second);
+  }
+  fs::remove_all(dir);
+}
+
+// Full recompute re-runs each layer's dispatch and combine in the backward body, in the same
+// order on every Ep rank.
+TEST_CASE("moe: ep 2, dp 2, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithEp(2, {1, 1, 2, 1}), Recompute::kFull);
+}
+// ZeRO 1: the experts' optimizer states sharded over Edp (2 ranks), the rest over dp (4).
+TEST_CASE("moe: ep 2, dp 4, ZeRO 1 (experts sharded over Edp)") {
+  CheckExpertParallel(WithEp(2, {1, 1, 4, 1, Schedule::k1F1B, false, 1}));
+}
+TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2, ZeRO 1") {
+  CheckExpertParallel(WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true, 1}));
+}
+TEST_CASE("moe: ep 2, pp 2, dp 2, 1F1B") {
+  CheckExpertParallel(WithEp(2, {1, 2, 2, 1, Schedule::k1F1B}));
+}
+// --- end expert parallelism ---
 // --- expert tensor parallelism (etp = tp, ep = 1) ---
 // Each expert's gate/up split by rows and its down projection by columns over the Tp group; under
 // sequence parallelism the group's rows are gathered before dispatch and the combined partial
@@ -648,6 +731,16 @@ TEST_CASE("the expert bias changes the routing, and a checkpoint keeps it: resum
   CHECK(resumed.params == full.params);
 }
 
+TEST_CASE("planc compile: moe ep 2, tp 2, dp 2, sequence parallel (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_tp2_dp2_sp");
+}
+TEST_CASE("planc compile: moe ep 2, tp 2, dp 2, ZeRO 1, sequence parallel (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_tp2_dp2_zero1_sp");
+}
+TEST_CASE("planc compile: moe ep 2, pp 2, dp 2 (etp 1)") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_pp2_dp2");
+}
+
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
   const ProgramImage program = PlancCompile("tiny_llama_8cpu", "examples/tiny_llama.plan");
   CHECK(program.world_size == 8);
@@ -683,6 +776,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {true, {2, 2, 2, 1, Schedule::k1F1B, true, 3}},
       {false, WithCp(2)},
       {false, Moe({2, 1, 1, 1, Schedule::k1F1B, true})},
+      {false, WithEp(2, {1, 1, 2, 1})},
       {false, Etp({2, 1, 1, 1, Schedule::k1F1B, true})},
   };
   std::vector<paraplan::Plan> plans;

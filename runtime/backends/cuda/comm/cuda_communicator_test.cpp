@@ -116,6 +116,30 @@ TEST_CASE("local CUDA collectives: exact results on one GPU") {
     float* b = Upload(root_value, s);
     comm.Broadcast(b, kCount, DType::kF32, 1);
     if (Download(b, kCount, s)[kCount - 1] != 1.0f) failures[r] += "broadcast ";
+    // Variable counts: rank q sends (q + p) % 3 elements to peer p, each naming q, p and i.
+    {
+      auto count = [](int q, int p) { return static_cast<int64_t>((q + p) % 3); };
+      std::vector<int64_t> sends(kRanks), recvs(kRanks);
+      std::vector<float> pieces;
+      int64_t expected = 0;
+      for (int p = 0; p < kRanks; ++p) {
+        sends[p] = count(r, p);
+        recvs[p] = count(p, r);
+        expected += recvs[p];
+        for (int64_t i = 0; i < sends[p]; ++i)
+          pieces.push_back(static_cast<float>(100 * r + 10 * p + i));
+      }
+      float* v_send = Upload(pieces, s);
+      float* v_recv = Upload(std::vector<float>(std::max<int64_t>(expected, 1), -1.0f), s);
+      comm.AllToAllV(v_send, sends.data(), v_recv, recvs.data(), DType::kF32);
+      const auto v = Download(v_recv, std::max<int64_t>(expected, 1), s);
+      int64_t at = 0;
+      for (int q = 0; q < kRanks; ++q)
+        for (int64_t i = 0; i < count(q, r); ++i)
+          if (v[at++] != static_cast<float>(100 * q + 10 * r + i)) failures[r] += "all_to_all_v ";
+      cudaFree(v_send);
+      cudaFree(v_recv);
+    }
     // Ring of point-to-point messages.
     float* msg = Upload(std::vector<float>(4, static_cast<float>(10 * r)), s);
     float* got = Upload(std::vector<float>(4, 0.0f), s);

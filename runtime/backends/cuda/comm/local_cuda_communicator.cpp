@@ -122,6 +122,39 @@ class LocalCudaCommunicator final : public Communicator {
     });
   }
 
+  void AllToAllV(const void* send, const int64_t* send_counts, void* recv,
+                 const int64_t* recv_counts, DType dtype) override {
+    for (int p = 0; p < Size(); ++p)
+      if (send_counts[p] < 0 || recv_counts[p] < 0) throw CommError("negative element count");
+    CollectivePost post{OpKind::kAllToAllV, Size(), dtype, ReduceOp::kSum, 0, send, recv};
+    post.send_counts = send_counts;
+    post.recv_counts = recv_counts;
+    int mismatch = -1;
+    int64_t sent = 0;
+    Collective(post, [&] {
+      int64_t at = 0;
+      for (int s = 0; s < Size(); ++s) {
+        const CollectivePost& from = group_->PostOf(s);
+        int64_t offset = 0;
+        for (int p = 0; p < rank_; ++p) offset += from.send_counts[p];
+        const int64_t n = from.send_counts[rank_];
+        if (n != recv_counts[s]) {
+          if (mismatch < 0) mismatch = s, sent = n;
+        } else if (n > 0) {
+          Check(cudaMemcpyAsync(static_cast<float*>(recv) + at, PostedSend(s) + offset, n * 4,
+                                cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
+        }
+        at += recv_counts[s];
+      }
+    });
+    if (mismatch >= 0) {
+      throw CommError(
+          fmt::format("all_to_all_v expects {} elements from group rank {}, which sends {}",
+                      recv_counts[mismatch], mismatch, sent));
+    }
+  }
+
   void Send(const void* buf, int64_t count, DType dtype, int peer) override {
     CheckArgs(count, dtype);
     CheckPeer(peer);

@@ -135,6 +135,29 @@ class NcclCommunicator final : public Communicator {
     CheckNccl(ncclGroupEnd(), "ncclGroupEnd");
     Watch("all_to_all", count);
   }
+  void AllToAllV(const void* send, const int64_t* send_counts, void* recv,
+                 const int64_t* recv_counts, DType dtype) override {
+    Begin();
+    if (Single()) return Copy(recv, send, send_counts[0], dtype);
+    const int64_t bytes = DTypeBytes(dtype);
+    int64_t send_at = 0, recv_at = 0, total = 0;
+    CheckNccl(ncclGroupStart(), "ncclGroupStart");
+    for (int p = 0; p < Size(); ++p) {
+      if (send_counts[p] > 0)
+        CheckNccl(ncclSend(static_cast<const char*>(send) + send_at * bytes, send_counts[p],
+                           NcclType(dtype), p, Comm(), world_->stream_),
+                  "ncclSend", Comm());
+      if (recv_counts[p] > 0)
+        CheckNccl(ncclRecv(static_cast<char*>(recv) + recv_at * bytes, recv_counts[p],
+                           NcclType(dtype), p, Comm(), world_->stream_),
+                  "ncclRecv", Comm());
+      send_at += send_counts[p];
+      recv_at += recv_counts[p];
+      total += send_counts[p];
+    }
+    CheckNccl(ncclGroupEnd(), "ncclGroupEnd");
+    Watch("all_to_all_v", total);
+  }
   void Barrier() override {
     Begin();
     if (!Single()) {

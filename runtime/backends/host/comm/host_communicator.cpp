@@ -153,6 +153,44 @@ class HostCommunicator final : public Communicator {
     group_->Depart(me_);
   }
 
+  void AllToAllV(const void* send, const int64_t* send_counts, void* recv,
+                 const int64_t* recv_counts, DType dtype) override {
+    for (int p = 0; p < Size(); ++p) {
+      Check(send_counts[p], "all_to_all_v send");
+      Check(recv_counts[p], "all_to_all_v receive");
+    }
+    CollectivePost post{OpKind::kAllToAllV, 0, dtype, ReduceOp::kSum, 0, send, recv};
+    post.send_counts = send_counts;
+    post.recv_counts = recv_counts;
+    group_->Arrive(me_, post);
+    // Copies only between Arrive and Depart (no throw there); a pair whose counts disagree is
+    // reported after the second rendezvous, by the receiver.
+    const int64_t bytes = DTypeBytes(dtype);
+    int64_t at = 0;
+    int mismatch = -1;
+    for (int s = 0; s < Size(); ++s) {
+      const CollectivePost& from = group_->PostOf(s);
+      int64_t offset = 0;
+      for (int p = 0; p < me_; ++p) offset += from.send_counts[p];
+      const int64_t n = from.send_counts[me_];
+      if (n != recv_counts[s]) {
+        if (mismatch < 0) mismatch = s;
+      } else if (n > 0) {
+        std::memcpy(static_cast<unsigned char*>(recv) + at * bytes,
+                    static_cast<const unsigned char*>(from.send) + offset * bytes,
+                    static_cast<size_t>(n * bytes));
+      }
+      at += recv_counts[s];
+    }
+    const int64_t sent = mismatch >= 0 ? group_->PostOf(mismatch).send_counts[me_] : 0;
+    group_->Depart(me_);
+    if (mismatch >= 0) {
+      BadArgument("all_to_all_v expects " + std::to_string(recv_counts[mismatch]) +
+                  " elements from group rank " + std::to_string(mismatch) + ", which sends " +
+                  std::to_string(sent));
+    }
+  }
+
   void Barrier() override { group_->Arrive(me_, CollectivePost{}); }
 
   void Abort(const std::string& reason) override { group_->Fail(reason); }
