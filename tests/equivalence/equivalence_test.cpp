@@ -739,6 +739,24 @@ TEST_CASE("planc compile: moe ep 2, tp 2, dp 2, ZeRO 1, sequence parallel (etp 1
 }
 TEST_CASE("planc compile: moe ep 2, pp 2, dp 2 (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_ep2_pp2_dp2");
+TEST_CASE("planc compile: DeepSeek-V2-shaped (latent attention, experts), tp 2, pp 2, dp 2, etp 2") {
+  CheckPlancEquivalent("deepseek_single", "deepseek_tp2_pp2_dp2_zero1_sp",
+                       kExpertSplitElementTolerance);
+}
+
+TEST_CASE("planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, tp 2, sp, dp 2") {
+  CheckPlancEquivalent("deepseek_single", "deepseek_ep2_tp2_dp2_sp");
+}
+
+TEST_CASE("the DeepSeek-V2-shaped example compiles and trains on 8 CPU ranks; its loss falls") {
+  const ProgramImage program = PlancCompile("tiny_deepseek_8cpu", "examples/tiny_deepseek.plan");
+  CHECK(program.world_size == 8);
+  RunOptions options;
+  options.steps = 12;
+  const RunResult r = Train(program, options);
+  REQUIRE(r.steps.size() == 12);
+  CHECK(r.steps[0].loss == doctest::Approx(std::log(259.0)).epsilon(0.05));
+  CHECK(r.steps.back().loss < r.steps[0].loss - 0.5);
 }
 
 TEST_CASE("the main job's plan compiles and trains (2 steps of examples/tiny_llama.plan)") {
