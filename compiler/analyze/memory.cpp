@@ -48,9 +48,14 @@ struct ArenaSizes {
   int64_t expert_rows = 0;    // rows the rank's experts run: the Etp group's under sp, else R
   bool etp_gathered = false;  // etp > 1 under sp: the group's rows and choices gathered
   bool expert_bias = false;   // aux-loss-free balancing (model.router_bias_rate > 0)
+  // Expert parallelism (ArenaEpSizesOf; ep = 1 and zero otherwise).
+  int64_t ep = 1;             // Ep ranks sharing a layer's experts
+  int64_t local_experts = 0;  // experts / ep on each Ep rank
+  int64_t dispatch_rows = 0;  // rows the rank's experts may receive (ArenaEpDispatchRows)
 };
 
 void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z);
+void ArenaEpSizesOf(const Plan& plan, ArenaSizes& z);
 
 ArenaSizes ArenaSizesOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
@@ -176,7 +181,55 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   z.etp_gathered = etp > 1 && plan.parallel.sp;
   z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
   z.expert_bias = m.router_bias_rate > 0;
+  ArenaEpSizesOf(plan, z);
 }
+
+// --- planrun's arena: expert parallelism (compiler/lower/body.cpp, EpDispatch / EpCombine) ---
+//
+// With ep > 1 (etp = 1) each Ep rank holds experts / ep experts. MoePermute's rows (routed) are
+// dispatched to the ranks holding their experts, the local experts run on the rows received, and
+// MoeCombine returns their output to the senders; the backward dispatches the output gradient
+// and combines the input gradient. The receive buffers hold ArenaEpDispatchRows rows.
+
+// The rows a rank's experts may receive: the worst case, every row of each Ep peer choosing
+// min(topk, local experts) of them, or ceil(imbalance · rows · topk) when moe.imbalance is stated
+// and smaller (DispatchCapacity).
+// The routing imbalance the plan states (in its file, the standard library or on the command
+// line; at least 1), or 0 when moe.imbalance keeps its default (lower.cpp reads it alike).
+double ArenaEpStatedImbalance(const Plan& plan) {
+  const FieldOrigin* origin = plan.origins.FindPath("moe.imbalance");
+  if (origin == nullptr) return 0;
+  const bool stated = origin->kind == OriginKind::kFile || origin->kind == OriginKind::kStdlib ||
+                      origin->kind == OriginKind::kCommandLine;
+  return stated ? std::max(1.0, plan.moe.imbalance) : 0;
+}
+
+int64_t ArenaEpDispatchRows(const Plan& plan, const ArenaSizes& z) {
+  const int64_t worst = SatMul(SatMul(z.ep, z.R), std::min(z.topk, z.local_experts));
+  const double imbalance = ArenaEpStatedImbalance(plan);
+  if (imbalance <= 0) return worst;
+  const double balanced = static_cast<double>(SatMul(z.R, z.topk));
+  const auto stated = static_cast<int64_t>(std::ceil(imbalance * balanced));
+  return std::min(worst, std::max<int64_t>(stated, 1));
+}
+
+void ArenaEpSizesOf(const Plan& plan, ArenaSizes& z) {
+  z.ep = std::max<int64_t>(1, plan.parallel.ep);
+  z.local_experts = z.experts / z.ep;
+  if (z.ep > 1) z.dispatch_rows = ArenaEpDispatchRows(plan, z);
+}
+
+// The rows the experts' GEMMs run on: the received rows with ep > 1, else the routed ones.
+int64_t ArenaExpertGemmRows(const ArenaSizes& z) {
+  return z.ep > 1 ? z.dispatch_rows : SatMul(z.expert_rows, z.topk);
+}
+
+// Stashed with ep > 1 beside the routed buffers: the per-peer split of the rows (ep · local
+// experts) and the local experts' counts, int32.
+int64_t ArenaEpCountsStash(const ArenaSizes& z) {
+  return z.ep > 1 ? SatMul(SatMul(z.ep, z.local_experts) + z.local_experts, 4) : 0;
+}
+// --- end expert parallelism ---
 
 // Rows of the permuted (routed) buffers: every choice of every row the rank's experts see.
 int64_t ArenaRoutedRows(const ArenaSizes& z) { return SatMul(z.expert_rows, z.topk); }
@@ -189,8 +242,11 @@ struct ArenaMoeBuffers {
   // The Etp group's gathered rows when the shared experts read them (etp_gathered).
   int64_t group_rows = 0;
   // Dispatch and the experts: the permuted rows, the row map and the experts' counts (int32),
-  // gate and up (up only with GELU), the activation and the experts' output.
+  // gate and up (up only with GELU), the activation and the experts' output. With ep > 1 the
+  // permuted rows stashed are the received ones, the experts run on them, the output is the
+  // combined rows, and the split and local counts are stashed too (ep_counts).
   int64_t permuted = 0, row_map = 0, expert_counts = 0, gate_up = 0, act = 0, out = 0;
+  int64_t ep_counts = 0;
   // Shared experts: their gathered input (under sp, when not the Etp group's rows), gate and
   // up, and the activation.
   int64_t shared_input = 0, shared_gate_up = 0, shared_act = 0;
@@ -198,7 +254,7 @@ struct ArenaMoeBuffers {
 
 ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   const bool shared = z.shared_ffn > 0, gathered_sp = z.R < z.T;
-  const int64_t routed = ArenaRoutedRows(z), a = z.a;
+  const int64_t routed = ArenaRoutedRows(z), a = z.a, rows = ArenaExpertGemmRows(z);
   ArenaMoeBuffers b;
   b.input = SatMul(z.R, z.h * a);
   b.weights = SatMul(z.expert_rows, z.topk * a);
@@ -206,12 +262,13 @@ ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   b.scores = SatMul(z.R, z.experts * 4);
   b.counts = z.experts * 4;
   if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
-  b.permuted = SatMul(routed, z.h * a);
+  b.permuted = SatMul(rows, z.h * a);
   b.row_map = SatMul(routed, 4);
   b.expert_counts = z.experts * 4;
-  b.gate_up = SatMul(routed, (z.gelu ? 1 : 2) * z.expert_ffn * a);
-  b.act = SatMul(routed, z.expert_ffn * a);
+  b.gate_up = SatMul(rows, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  b.act = SatMul(rows, z.expert_ffn * a);
   b.out = SatMul(routed, z.h * a);
+  b.ep_counts = ArenaEpCountsStash(z);
   if (shared) {
     if (gathered_sp && !z.etp_gathered) b.shared_input = SatMul(z.T, z.h * a);
     b.shared_gate_up = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
@@ -233,7 +290,7 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
   const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
   return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
                  b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act,
-                 b.out, b.shared_input, b.shared_gate_up, b.shared_act});
+                 b.out, b.ep_counts, b.shared_input, b.shared_gate_up, b.shared_act});
 }
 
 // The transient buckets live in an MoE layer's backward body under ZeRO >= 2 on dp · cp > 1
@@ -245,6 +302,43 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
 struct ArenaMoeBuckets {
   int64_t grads = 0, params = 0, held = 0;
 };
+
+// --- expert parallelism: the routed path's busiest op with ep > 1 ---
+// Op by op as MoeBackward emits it with ep > 1: MoeUnpermuteBackward (dy, dw), the output
+// gradient's dispatch (dye on the received rows), the down projection's backward (da), the
+// activation's (gate's and up's gradients), gate's and up's backward into the received rows'
+// gradient (dxe), its combine back to the routed rows (dxp), and MoeUnpermute into the block
+// input's gradient (dn2). Under full recompute the recomputed forward's combine comes first: the
+// experts' output on the received rows (scratch) beside the combined rows. `early` and `open`
+// are the buckets live before and from the down projection's backward, `held` what every step
+// keeps (the router weights' gradient, the recomputed attention, router and shared buffers).
+int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuffers& b,
+                          int64_t early, int64_t open, int64_t held) {
+  const bool full = recompute == Recompute::kFull;
+  auto rc = [&](int64_t x) { return full ? x : 0; };
+  const int64_t a = z.a, rows = z.dispatch_rows, routed = ArenaRoutedRows(z);
+  const int64_t dy = SatMul(routed, z.h * a), dye = SatMul(rows, z.h * a);
+  const int64_t dact = SatMul(rows, z.expert_ffn * a);
+  const int64_t dgate_up = SatMul(rows, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  const int64_t dxe = SatMul(rows, z.h * a), dxp = SatMul(routed, z.h * a);
+  const int64_t dn2 = SatMul(z.expert_rows, z.h * a);
+  const int64_t counts = SatSum({b.row_map, b.expert_counts, b.ep_counts});
+  const int64_t recomputed_forward = full ? SatSum({early, held, b.weights, b.permuted, counts,
+                                                    b.gate_up, b.act, b.out, SatMul(rows, z.h * a)})
+                                          : 0;
+  return std::max({
+      recomputed_forward,
+      SatSum(
+          {early, held, dy, rc(SatSum({b.weights, b.permuted, counts, b.gate_up, b.act, b.out}))}),
+      SatSum({early, held, dy, dye, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
+      SatSum({open, held, dye, dact, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
+      SatSum({open, held, dact, dgate_up, rc(SatSum({b.permuted, counts, b.gate_up}))}),
+      SatSum({open, held, dgate_up, dxe, rc(SatSum({b.permuted, counts}))}),
+      SatSum({open, held, dxe, dxp, rc(counts)}),
+      SatSum({open, held, dxp, dn2, rc(b.row_map)}),
+  });
+}
+// --- end expert parallelism ---
 
 // The busiest op of an MoE layer's backward (scratch and the transient buckets), op by op as
 // MoeBackward emits it: the gradients live at each step, and under full recompute the recomputed
@@ -294,6 +388,9 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
       SatSum({open, held_grad_rows, dxp, dn2, dw, attention, until_shared, router, rc(b.row_map)}),
   });
   int64_t peak = routed_peak;
+  if (z.ep > 1)
+    peak = ArenaEpRoutedPeak(z, recompute, b, early, open,
+                             SatSum({dw, attention, until_shared, router}));
   if (shared) {
     // The shared experts' backward, after the router's: the output gradient on all rows, the
     // activation's, gate's and up's gradients, the input's, beside the block input's gradient.
@@ -534,11 +631,17 @@ void FullRecomputeChunk(const Plan& plan, int64_t layers, const LayerActivations
   }
 }
 
-// Mixture of experts as lowering emits it: ep = 1, the experts whole (etp = 1) or split over the
-// Tp group (etp = tp), no capacity factor (no token dropping).
+// Mixture of experts as lowering emits it: with ep = 1 the experts whole (etp = 1) or split over
+// the Tp group (etp = tp); with ep > 1 split over Ep (etp = 1); no capacity factor (no token
+// dropping).
 bool MoeArenaApplies(const Plan& plan) {
   const ParallelSpec& q = plan.parallel;
-  return q.ep == 1 && (q.etp == 1 || q.etp == q.tp) && plan.moe.capacity_factor <= 0;
+  if (plan.moe.capacity_factor > 0) return false;
+  // Expert parallelism lowers with etp = 1, ZeRO 0 or 1 and sequence parallelism under tp > 1.
+  if (q.ep > 1)
+    return q.etp == 1 && plan.optimizer.zero <= 1 && (q.tp == 1 || q.sp) &&
+           plan.model.experts % q.ep == 0;
+  return q.ep == 1 && (q.etp == 1 || q.etp == q.tp);
 }
 
 }  // namespace
@@ -547,8 +650,7 @@ bool ArenaModelApplies(const Plan& plan) {
   const ModelSpec& m = plan.model;
   // Context parallelism lowers whole: learned positions, and ZeRO sharded over dp · cp.
   const ParallelSpec& q = plan.parallel;
-  return plan.framework == Framework::kParaplan && q.ep == 1 &&
-         (!m.IsMoe() || MoeArenaApplies(plan));
+  return plan.framework == Framework::kParaplan && (!m.IsMoe() ? q.ep == 1 : MoeArenaApplies(plan));
 }
 
 std::string_view MemoryPartName(MemoryPart part) {
@@ -708,13 +810,24 @@ struct MemoryInputs {
   ArenaSizes arena_sizes;
 };
 
+// --- expert parallelism: planrun keeps the Ep-sharded experts in a bucket of their own, their
+// gradients reduced and (ZeRO 1) their optimizer state sharded over the Edp group, the
+// tp · cp · dp / ep ranks holding the same experts (compiler/lower/body.cpp, BuildBuckets) ---
+int64_t ArenaExpertShardGroup(const Plan& plan, int64_t dense_shard) {
+  const ParallelSpec& q = plan.parallel;
+  if (q.ep <= 1) return dense_shard;
+  return std::max<int64_t>(1, int64_t{q.tp} * q.cp * q.dp / q.ep);
+}
+// --- end expert parallelism ---
+
 // The ranks ZeRO shards the routed experts' states over. Megatron-Core: the expert data-parallel
 // group, world / (etp · ep · pp) = `edp` (with etp = 1 and tp > 1 it spans the Tp ranks, which
-// hold the same whole experts), less HSDP's replicas. planrun (the arena model): the experts sit
-// in the chunk's buckets beside the dense parameters (compiler/lower/body.cpp, BuildBuckets), so
-// they shard over the dense ZeRO group, dp · cp, whatever etp.
+// hold the same whole experts), less HSDP's replicas. planrun (the arena model): with ep = 1 the
+// experts sit in the chunk's buckets beside the dense parameters (compiler/lower/body.cpp,
+// BuildBuckets), so they shard over the dense ZeRO group, dp · cp, whatever etp; with ep > 1
+// over Edp (ArenaExpertShardGroup).
 int64_t ExpertShardGroup(const Plan& plan, int64_t edp, int64_t dense_shard) {
-  if (ArenaModelApplies(plan)) return dense_shard;
+  if (ArenaModelApplies(plan)) return ArenaExpertShardGroup(plan, dense_shard);
   return std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));
 }
 

@@ -117,8 +117,9 @@ struct StagePeak {
 std::vector<StagePeak> PredictedPeaks(const Plan& plan, const CostOptions& options = {});
 
 // True when the estimate is planrun's static arena, term by term as compiler/lower allocates it
-// (framework = paraplan and a plan it lowers: ordinary or multi-head latent attention, no ep;
-// dense, or mixture of experts with etp = 1 or etp = tp and no capacity factor; cp included).
+// (framework = paraplan and a plan it lowers: ordinary or multi-head latent attention; dense, or
+// mixture of experts with no capacity factor and etp = 1 or etp = tp, or ep > 1 with etp = 1,
+// ZeRO 0 or 1 and sequence parallelism under tp > 1; cp included).
 bool ArenaModelApplies(const Plan& plan);
 
 // Bytes per parameter of model states on one GPU for a shard group of `shard` ranks (the

@@ -165,6 +165,62 @@ TEST_CASE("check's estimate is compile's arena within 3% on mixture-of-experts p
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
+// Expert parallelism (tests/memory/arena/moe.plan, its ep variants): ep = 2 and 4 on the Tp
+// group with sequence parallelism (tp = 2), each rank holding experts / ep experts and receiving
+// the worst case of dispatched rows, or the rows a stated routing imbalance allows; ZeRO 0 and 1
+// (the experts' optimizer state sharded over Edp), one or two pipeline stages, recompute none and
+// full, with both router and activation kinds.
+TEST_CASE("check's estimate is compile's arena within 3% with expert parallelism") {
+  const std::string file = std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan";
+  ArenaComparison result;
+  int plans = 0;
+  for (const char* name : {"moe_ep2_tp2", "moe_ep4_tp2", "moe_gpt_ep2_tp2"}) {
+    for (const char* imbalance : {"", "moe.imbalance=1.5"}) {
+      for (const char* zero : {"0", "1"}) {
+        for (const char* pp : {"1", "2"}) {
+          for (const char* recompute : {"none", "full"}) {
+            std::vector<std::string> sets = {std::string("optimizer.zero=") + zero,
+                                             std::string("parallel.pp=") + pp,
+                                             std::string("recompute=") + recompute};
+            if (*imbalance != 0) sets.emplace_back(imbalance);
+            std::optional<Plan> plan = Load(file, name, sets);
+            REQUIRE_MESSAGE(plan.has_value(), name, SetsText(sets));
+            REQUIRE(plan->parallel.ep > 1);
+            CHECK_MESSAGE(ArenaModelApplies(*plan), name, SetsText(sets));
+            const int before = result.compared;
+            CompareArena(name + SetsText(sets), *plan, result);
+            CHECK_MESSAGE(result.compared - before == plan->parallel.pp, name, SetsText(sets),
+                          ": lowered");
+            ++plans;
+          }
+        }
+      }
+    }
+  }
+  CHECK(plans == 48);
+  // Beside them: selective recompute, ep = 8, tp = 1, cp = 2, interleaving, fp32 and SGD.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> more = {
+      {"moe_ep2_tp2", {"recompute=selective"}},
+      {"moe_ep2_tp2", {"parallel.ep=8", "moe.imbalance=1.2"}},
+      {"moe_ep2_tp2", {"parallel.tp=1", "parallel.sp=false"}},
+      {"moe_ep2_tp2", {"parallel.cp=2", "recompute=full"}},
+      {"moe_ep2_tp2",
+       {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
+        "batch.global=32"}},
+      {"moe_gpt_ep2_tp2", {"precision=fp32", "recompute=full"}},
+      {"moe_ep4_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
+  for (const auto& variant : more) {
+    const std::string label = variant.first + SetsText(variant.second);
+    std::optional<Plan> plan = Load(file, variant.first, variant.second);
+    REQUIRE_MESSAGE(plan.has_value(), label);
+    CHECK_MESSAGE(ArenaModelApplies(*plan), label);
+    const int before = result.compared;
+    CompareArena(label, *plan, result);
+    CHECK_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
+  }
+  MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
+}
+
 // Multi-head latent attention (kv_lora_rank > 0): the Llama-style example plans given DeepSeek's
 // attention shape (latents, decoupled RoPE, value heads padded to the query/key head size).
 TEST_CASE("check's estimate is compile's arena within 3% with multi-head latent attention") {
