@@ -157,6 +157,19 @@ TEST_CASE("Megatron-LM MoE and MLA flags: dense layers, shared experts, SwiGLU f
   CHECK(im.OriginText("model.dense_layers") == "--moe-layer-freq '([0]*1+[1]*5)'");
 }
 
+// A Megatron-LM script imported back into a plan, evaluated; nullopt when it does not import.
+std::optional<Plan> ImportMegatronText(const std::string& text, const LoadOptions& load) {
+  SourceManager sm;
+  DiagnosticSink sink;
+  ImportOptions options;
+  options.stdlib_dir = Stdlib();
+  auto imported = ImportConfigText(ConfigKind::kMegatron, "p.sh", text, options, sm, sink);
+  if (!imported) return std::nullopt;
+  auto source = PlanSource::FromText("back.plan", imported->text, load, sm, sink);
+  if (!source) return std::nullopt;
+  return source->Evaluate("", {}, EvalOptions{}, sink);
+}
+
 TEST_CASE("Megatron-LM's router flags: score function, pre-softmax, loss, the expert bias") {
   const std::string head =
       "python pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
@@ -221,16 +234,7 @@ TEST_CASE("the router's settings export to Megatron-LM and back") {
   CHECK(megatron.text.find("--moe-router-score-function sigmoid") != std::string::npos);
   CHECK(megatron.text.find("--moe-router-enable-expert-bias") != std::string::npos);
   CHECK(megatron.text.find("--moe-router-pre-softmax") == std::string::npos);
-  SourceManager sm2;
-  DiagnosticSink sink2;
-  ImportOptions options;
-  options.stdlib_dir = Stdlib();
-  auto imported =
-      ImportConfigText(ConfigKind::kMegatron, "p.sh", megatron.text, options, sm2, sink2);
-  REQUIRE(imported);
-  auto back_source = PlanSource::FromText("back.plan", imported->text, load, sm2, sink2);
-  REQUIRE(back_source);
-  auto back = back_source->Evaluate("", {}, EvalOptions{}, sink2);
+  std::optional<Plan> back = ImportMegatronText(megatron.text, load);
   REQUIRE(back);
   CHECK(back->model.router_score == RouterScore::kSigmoid);
   CHECK(back->model.router_topk_norm);
@@ -544,16 +548,7 @@ TEST_CASE("export carries the record settings its target has and refuses the oth
   CHECK(megatron.text.find("--grad-reduce-in-bf16") != std::string::npos);
   CHECK(megatron.text.find("--recompute-modules core_attn mlp") != std::string::npos);
   // Back again: the record settings are the same.
-  SourceManager sm2;
-  DiagnosticSink sink2;
-  ImportOptions options;
-  options.stdlib_dir = Stdlib();
-  auto imported =
-      ImportConfigText(ConfigKind::kMegatron, "p.sh", megatron.text, options, sm2, sink2);
-  REQUIRE(imported);
-  auto back_source = PlanSource::FromText("back.plan", imported->text, load, sm2, sink2);
-  REQUIRE(back_source);
-  auto back = back_source->Evaluate("", {}, EvalOptions{}, sink2);
+  std::optional<Plan> back = ImportMegatronText(megatron.text, load);
   REQUIRE(back);
   CHECK(back->mixed_precision.fp8 == Fp8Recipe::kBlockwise);
   CHECK(back->mixed_precision.grads == ElementType::kBf16);

@@ -216,18 +216,25 @@ ProgramImage PlancCompile(const std::string& plan,
   return LoadProgramImage(out);
 }
 
-void CheckPlancEquivalent(const std::string& reference, const std::string& plan,
-                          double element_tolerance = kElementTolerance) {
-  const RunResult want = Run(PlancCompile(reference));
-  const RunResult got = Run(PlancCompile(plan));
+// Compares a run with its reference: losses and weights within the suite's tolerances, every
+// element within `element_tolerance` of its tensor's largest value, and the loss falling.
+Comparison CheckAgainst(const RunResult& got, const RunResult& want, double element_tolerance) {
   const Comparison c = Compare(got, want);
   MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
                                      << "), largest element difference / tensor max "
-                                     << c.max_elementwise);
+                                     << c.max_elementwise << "; losses " << got.steps.front().loss
+                                     << " -> " << got.steps.back().loss);
   CHECK(c.loss <= kTolerance);
   CHECK(c.weights <= kTolerance);
   CHECK(c.max_elementwise <= element_tolerance);
   CHECK(got.steps.back().loss < got.steps.front().loss);
+  return c;
+}
+
+void CheckPlancEquivalent(const std::string& reference, const std::string& plan,
+                          double element_tolerance = kElementTolerance) {
+  const RunResult want = Run(PlancCompile(reference));
+  CheckAgainst(Run(PlancCompile(plan)), want, element_tolerance);
 }
 
 Comparison CheckEquivalent(bool gpt, const Layout& layout) {
@@ -240,17 +247,8 @@ Comparison CheckEquivalent(bool gpt, const Layout& layout) {
     reference[key] = Run(Compile(TinyPlan(gpt, one)));
   }
   const RunResult& want = reference[key];
-  const RunResult got = Run(Compile(TinyPlan(gpt, layout)));
-  const Comparison c = Compare(got, want);
-  MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
-                                     << "), largest element difference / tensor max "
-                                     << c.max_elementwise << "; losses " << got.steps.front().loss
-                                     << " -> " << got.steps.back().loss);
-  CHECK(c.loss <= kTolerance);
-  CHECK(c.weights <= kTolerance);
-  CHECK(c.max_elementwise <= (layout.etp ? kExpertSplitElementTolerance : kElementTolerance));
-  CHECK(got.steps.back().loss < got.steps.front().loss);
-  return c;
+  return CheckAgainst(Run(Compile(TinyPlan(gpt, layout))), want,
+                      layout.etp ? kExpertSplitElementTolerance : kElementTolerance);
 }
 
 // Recompute re-runs forward ops on the same inputs with the same deterministic kernels and
@@ -584,16 +582,7 @@ void CheckMlaEquivalent(const Layout& layout, bool q_latent = true) {
   static std::map<bool, RunResult> reference;
   if (!reference.count(q_latent)) reference[q_latent] = Run(Compile(MlaPlan({}, q_latent)));
   const RunResult& want = reference[q_latent];
-  const RunResult got = Run(Compile(MlaPlan(layout, q_latent)));
-  const Comparison c = Compare(got, want);
-  MESSAGE("max relative loss error " << c.loss << ", weights " << c.weights << " (" << c.worst_param
-                                     << "), largest element difference / tensor max "
-                                     << c.max_elementwise << "; losses " << got.steps.front().loss
-                                     << " -> " << got.steps.back().loss);
-  CHECK(c.loss <= kTolerance);
-  CHECK(c.weights <= kTolerance);
-  CHECK(c.max_elementwise <= kElementTolerance);
-  CHECK(got.steps.back().loss < got.steps.front().loss);
+  CheckAgainst(Run(Compile(MlaPlan(layout, q_latent))), want, kElementTolerance);
   // Every latent-attention weight trains and is compared.
   for (const char* name : {"layers.0.attention.wkv_down", "layers.3.attention.kv_norm.weight",
                            "layers.2.attention.wkv_up", "layers.1.attention.wo"})
