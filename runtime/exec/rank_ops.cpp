@@ -782,6 +782,27 @@ EpCounts ReadEpCounts(const Call& call, Backend& backend, int64_t experts, int64
   return e;
 }
 
+// Elements each Ep peer is sent and sends back: the dispatch's rows, or (`back`) the combine's,
+// which return them.
+struct EpTransfer {
+  std::vector<int64_t> send, recv;
+  int64_t sent = 0, received = 0;
+};
+template <typename Call>
+EpTransfer EpTransferOf(const Call& call, const EpCounts& e, int64_t peers, int64_t dim,
+                        bool back) {
+  EpTransfer t;
+  t.send.resize(static_cast<size_t>(peers));
+  t.recv.resize(static_cast<size_t>(peers));
+  for (int64_t p = 0; p < peers; ++p) {
+    t.send[p] = call.Mul({back ? e.RecvRows(p) : e.SendRows(p), dim});
+    t.recv[p] = call.Mul({back ? e.SendRows(p) : e.RecvRows(p), dim});
+    t.sent += t.send[p];
+    t.received += t.recv[p];
+  }
+  return t;
+}
+
 }  // namespace
 
 void RankRunner::RunMoeDispatch(const OpCall& call) {
@@ -789,14 +810,7 @@ void RankRunner::RunMoeDispatch(const OpCall& call) {
   const Comm& c = CommOf(call.op.comm, "MoeDispatch");
   const EpCounts e = ReadEpCounts(call, backend_, experts, c.size);
   const int64_t dim = Last(call.OutBuf(0));
-  std::vector<int64_t> send(static_cast<size_t>(c.size)), recv(static_cast<size_t>(c.size));
-  int64_t sent = 0, received = 0;
-  for (int64_t p = 0; p < c.size; ++p) {
-    send[p] = call.Mul({e.SendRows(p), dim});
-    recv[p] = call.Mul({e.RecvRows(p), dim});
-    sent += send[p];
-    received += recv[p];
-  }
+  const auto [send, recv, sent, received] = EpTransferOf(call, e, c.size, dim, false);
   call.Input(0, sent);
   call.Need(received <= call.OutN(0), std::to_string(received / std::max<int64_t>(dim, 1)) +
                                           " rows routed to this rank's experts exceed the " +
@@ -827,14 +841,8 @@ void RankRunner::RunMoeCombine(const OpCall& call) {
   const Comm& c = CommOf(call.op.comm, "MoeCombine");
   const EpCounts e = ReadEpCounts(call, backend_, experts, c.size);
   const int64_t dim = Last(call.InBuf(0));
-  std::vector<int64_t> send(static_cast<size_t>(c.size)), recv(static_cast<size_t>(c.size));
-  int64_t sent = 0, received = 0;
-  for (int64_t p = 0; p < c.size; ++p) {
-    send[p] = call.Mul({e.RecvRows(p), dim});  // back to where the dispatch's rows came from
-    recv[p] = call.Mul({e.SendRows(p), dim});
-    sent += send[p];
-    received += recv[p];
-  }
+  // Back to where the dispatch's rows came from.
+  const auto [send, recv, sent, received] = EpTransferOf(call, e, c.size, dim, true);
   call.Input(0, sent);
   call.Output(0, received);
   // From local-expert order (l, then peer s) into peer order (s, then l), then sent back.
