@@ -194,7 +194,7 @@ void RankRunner::InitParams() {
     int64_t outer = 1, inner = 1, n_global = 1, parts = 1, part = 0;
     if (p.split2_dim >= 0) {
       // Experts split twice (over Ep and Etp): element by element through GlobalIndex.
-      const int64_t ways = comms_[static_cast<int>(p.split_comm)].size *
+      const int64_t ways = int64_t{comms_[static_cast<int>(p.split_comm)].size} *
                            comms_[static_cast<int>(p.split2_comm)].size;
       if (global / ways != local)
         throw RunError("param `" + p.name + "`: the local buffer holds " + std::to_string(local) +
