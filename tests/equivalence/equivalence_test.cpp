@@ -761,6 +761,12 @@ TEST_CASE("planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, 
   CheckPlancEquivalent("deepseek_single", "deepseek_ep2_tp2_dp2_sp");
 }
 
+TEST_CASE(
+    "planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, etp 2 = tp 2, pp 2, sp") {
+  CheckPlancEquivalent("deepseek_single", "deepseek_ep2_etp2_tp2_pp2_dp2_sp",
+                       kExpertSplitElementTolerance);
+}
+
 TEST_CASE("the DeepSeek-V2-shaped example compiles and trains on 8 CPU ranks; its loss falls") {
   const ProgramImage program = PlancCompile("tiny_deepseek_8cpu", "examples/tiny_deepseek.plan");
   CHECK(program.world_size == 8);
