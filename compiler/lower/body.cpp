@@ -52,9 +52,10 @@ class RoleLowering {
     shard_grads_ = p_.zero >= 2 && shard_ > 1;
     gather_params_ = p_.zero >= 3 && shard_ > 1;
     // --- expert parallelism: each Ep rank holds experts / ep experts; the ranks holding the same
-    // experts (tp · cp · dp / ep of them, etp = 1) form the Edp group ---
+    // expert slices (tp · cp · dp / (ep · etp) of them) form the Edp group ---
     ep_ = std::max<int64_t>(1, p_.ep);
-    edp_ = std::max<int64_t>(1, static_cast<int64_t>(tp_) * cp_ * p_.dp / ep_);
+    edp_ = std::max<int64_t>(
+        1, static_cast<int64_t>(tp_) * cp_ * p_.dp / (ep_ * std::max<int64_t>(1, s_.moe.etp)));
   }
 
   StepBodies Build(const std::vector<ChunkLayers>& chunks);
@@ -368,6 +369,9 @@ class RoleLowering {
                           int32_t split_dim, double std);
   // --- expert tensor parallelism (body.h MoeShape) ---
   bool SplitsExperts() const { return s_.moe.etp > 1; }
+  // The rows the experts of an Etp group see: the group's gathered rows under sequence
+  // parallelism, else this rank's.
+  int64_t EtpRows() const { return SplitsExperts() && p_.sp ? rows_ * s_.moe.etp : rows_; }
   // Before dispatch: the tokens (rows x with their router weights and choices) every rank of the
   // Etp group runs its expert slices on, from this rank's rows x and their routing.
   EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
@@ -392,11 +396,14 @@ class RoleLowering {
   // min(topk, local experts) of them; or, when the plan states a routing imbalance, that many
   // times the balanced share (rows · topk), if smaller. The dispatch fails the run when more
   // rows arrive than the buffer holds.
+  // (Under expert tensor parallelism with sequence parallelism a rank dispatches the Etp group's
+  // gathered rows.)
   int64_t DispatchCapacity() const {
-    const int64_t worst = ep_ * rows_ * std::min<int64_t>(s_.moe.topk, LocalExperts());
+    const int64_t rows = EtpRows();
+    const int64_t worst = ep_ * rows * std::min<int64_t>(s_.moe.topk, LocalExperts());
     if (s_.moe.imbalance <= 0) return worst;
-    const auto stated = static_cast<int64_t>(
-        std::ceil(s_.moe.imbalance * static_cast<double>(rows_ * s_.moe.topk)));
+    const auto stated =
+        static_cast<int64_t>(std::ceil(s_.moe.imbalance * static_cast<double>(rows * s_.moe.topk)));
     return std::min(worst, std::max<int64_t>(stated, 1));
   }
   // Splits the expert param just added over Ep: dimension 0 (the expert) is sharded, the init
@@ -877,7 +884,7 @@ RoleLowering::ParamRef RoleLowering::AddExpertParam(const std::string& name, int
 RoleLowering::EtpTokens RoleLowering::GatherEtpTokens(int32_t x, const MoeSaved& local,
                                                       int32_t bias) {
   if (!SplitsExperts() || !p_.sp) return {x, local.w, local.idx, rows_};
-  const int64_t e = s_.moe.experts, k = s_.moe.topk, rows = rows_ * s_.moe.etp;
+  const int64_t e = s_.moe.experts, k = s_.moe.topk, rows = EtpRows();
   EtpTokens t{Act("moe.etp.tokens", {rows, m_.hidden}), Act("moe.etp.router.weights", {rows, k}),
               Buf(Prefix() + "moe.etp.router.indices", {rows, k}, DType::I32), rows};
   Emit(attrs::AllGather{}, {x}, {t.x}, CommKind::Etp);
@@ -1137,6 +1144,9 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
 
 void RoleLowering::ShardExpertParam(const ParamRef& ref) {
   Param& prm = role_.params[ref.param];
+  // Split over Etp as well (etp > 1): that split becomes the second one.
+  prm.split2_dim = prm.split_dim;
+  prm.split2_comm = prm.split_dim >= 0 ? prm.split_comm : CommKind::None;
   prm.split_dim = 0;
   prm.split_comm = CommKind::Ep;
   prm.tp_replicated = false;
@@ -1157,7 +1167,7 @@ void RoleLowering::EpDispatch(MoeSaved& ms) {
 }
 
 int32_t RoleLowering::EpCombine(const MoeSaved& ms, int32_t local_rows, const std::string& name) {
-  const int32_t out = Act(name, {rows_ * s_.moe.topk, m_.hidden});
+  const int32_t out = Act(name, {ms.etp.rows * s_.moe.topk, m_.hidden});
   Emit(attrs::MoeCombine{.experts = s_.moe.experts}, {local_rows, ms.expert_counts, ms.split},
        {out}, CommKind::Ep);
   return out;

@@ -115,7 +115,7 @@ class UnsupportedFeatures {
 void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   const ModelSpec& m = plan.model;
   const ParallelSpec& q = plan.parallel;
-  // --- mixture of experts: emitted with etp = 1 or etp = tp (ep > 1 with etp = 1: expert
+  // --- mixture of experts: emitted with etp = 1 or etp = tp, each beside ep > 1 (expert
   // parallelism, below) ---
   // --- expert tensor parallelism: each expert split over the Tp group, as the dense MLP ---
   if (m.IsMoe() && q.etp > 1 && q.etp != q.tp)
@@ -127,12 +127,6 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                     "`parallel.etp = 1` (experts whole on every rank); `planc check` and "
                     "`planc explain` analyse etp = {}",
                     q.tp, q.etp));
-  if (m.IsMoe() && q.etp > 1 && q.ep > 1)
-    unsupported.Report(
-        fmt::format("experts split by tensor parallelism (etp = {}) together with expert "
-                    "parallelism (ep = {})",
-                    q.etp, q.ep),
-        "parallel.etp", "set `parallel.etp = 1` or `parallel.ep = 1`");
   // --- end expert tensor parallelism ---
   // A capacity counts the rows a rank routes; under expert tensor parallelism with sequence
   // parallelism the experts route the Etp group's gathered rows, whose capacity would not be
@@ -164,15 +158,19 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                                    m.qk_rope_head_dim),
                        "model.qk_rope_head_dim", "RoPE rotates pairs of columns: make it even");
   // --- end multi-head latent attention ---
-  // --- expert parallelism: ep > 1 lowers with etp = 1, sequence parallelism under tp > 1 and
-  // ZeRO 0 or 1 ---
-  if (m.IsMoe() && q.ep > 1 && q.tp > 1 && !q.sp)
+  // --- expert parallelism: ep > 1 lowers with ZeRO 0 or 1, and beside tp > 1 with sequence
+  // parallelism or with the experts split over the Tp group (etp = tp: the group's ranks hold
+  // the same rows and each dispatches them to the Ep peers of its Etp index) ---
+  if (m.IsMoe() && q.ep > 1 && q.tp > 1 && !q.sp && q.etp != q.tp)
     unsupported.Report(
-        fmt::format("expert parallelism (ep = {}) beside tp = {} without sequence parallelism",
-                    q.ep, q.tp),
+        fmt::format("expert parallelism (ep = {}) beside tp = {} without sequence parallelism "
+                    "(etp = {})",
+                    q.ep, q.tp, q.etp),
         "parallel.ep",
-        "set `parallel.sp = true`: each tensor-parallel rank then routes its own rows, as "
-        "Megatron-Core requires for experts beside tensor parallelism");
+        fmt::format("set `parallel.sp = true`: each tensor-parallel rank then routes its own "
+                    "rows, as Megatron-Core requires for experts beside tensor parallelism; or "
+                    "`parallel.etp = {}` (each expert split over the Tp group)",
+                    q.tp));
   if (m.IsMoe() && q.ep > 1 && plan.optimizer.zero > 1)
     unsupported.Report(
         fmt::format("ZeRO {} beside expert parallelism (ep = {})", plan.optimizer.zero, q.ep),
@@ -486,7 +484,7 @@ void BuildWorld(const Layout& layout, bool tied_pp, bool experts, Program& p) {
 
 // --- expert tensor parallelism ---------------------------------------------------------------
 // Whether the plan's MoE layers split their experts over an Etp group (etp > 1; lowered with
-// etp = tp and ep = 1).
+// etp = tp, beside any ep).
 bool SplitsExperts(const Plan& plan) { return plan.model.IsMoe() && plan.parallel.etp > 1; }
 
 // The groups of `kind`, each in its member order, in a canonical order of groups.
@@ -501,10 +499,29 @@ std::set<std::vector<int64_t>> GroupSet(const Layout& layout, GroupKind kind, bo
   return out;
 }
 
+// Whether every Ep group's members hold the same position in their Etp groups.
+bool EpGroupsShareEtpIndex(const Layout& layout) {
+  std::map<int64_t, int64_t> etp_index;
+  const GroupList& etp = layout.Groups(GroupKind::kEtp);
+  for (int64_t g = 0; g < etp.group_count(); ++g) {
+    int64_t i = 0;
+    for (int64_t m : etp.Group(g)) etp_index[m] = i++;
+  }
+  const GroupList& ep = layout.Groups(GroupKind::kEp);
+  for (int64_t g = 0; g < ep.group_count(); ++g) {
+    std::set<int64_t> seen;
+    for (int64_t m : ep.Group(g)) seen.insert(etp_index[m]);
+    if (seen.size() > 1) return false;
+  }
+  return true;
+}
+
 // The experts' tensor-parallel groups must be the Tp groups, member for member (an Etp rank holds
-// the same sequence-parallel rows as its Tp rank), and the experts' data-parallel groups the
-// ranks that reduce the dense gradients (DpCp; Dp without context parallelism): the lowering
-// routes with the Tp group's tokens and reduces every gradient over one data-parallel group.
+// the same sequence-parallel rows as its Tp rank). With ep = 1 the experts' data-parallel groups
+// must be the ranks that reduce the dense gradients (DpCp; Dp without context parallelism): the
+// lowering then reduces every gradient over one data-parallel group. With ep > 1 each Ep group
+// must join ranks of one Etp index (the ranks holding the same slice of their experts), as
+// Megatron-Core's expert mesh does; the experts' gradients then reduce over Edp.
 // Reports P0801 at `parallel.order` when the order lays them out otherwise.
 bool CheckExpertTensorGroups(const Plan& plan, const Layout& layout, DiagnosticSink& sink) {
   if (!SplitsExperts(plan)) return true;
@@ -512,8 +529,11 @@ bool CheckExpertTensorGroups(const Plan& plan, const Layout& layout, DiagnosticS
   std::string_view differs;
   if (GroupSet(layout, GroupKind::kEtp, false) != GroupSet(layout, GroupKind::kTp, false))
     differs = "the expert-tensor-parallel groups differ from the tensor-parallel groups";
-  else if (GroupSet(layout, GroupKind::kEdp, true) != GroupSet(layout, dense_dp, true))
+  else if (plan.parallel.ep <= 1 &&
+           GroupSet(layout, GroupKind::kEdp, true) != GroupSet(layout, dense_dp, true))
     differs = "the expert-data-parallel groups differ from the data-parallel groups";
+  else if (plan.parallel.ep > 1 && !EpGroupsShareEtpIndex(layout))
+    differs = "an expert-parallel group joins ranks of different expert-tensor-parallel index";
   if (differs.empty()) return true;
   sink.Report(
       Diag(DiagKind::kLowerUnsupported,

@@ -761,6 +761,57 @@ TEST_CASE("mutation: a rank outside every Ep group is caught") {
                     "rank has none") != std::string::npos);
 }
 
+// tp 2, dp 4, ep 2, etp 2 (Megatron-Core's expert mesh, etp first): Etp = Tp {0,1} {2,3} ...,
+// Ep joins ranks of one Etp index {0,2} {1,3} {4,6} {5,7}, Edp {0,4} {1,5} {2,6} {3,7}. Each
+// expert weight is split over Ep (the expert) and over Etp (its ffn slice).
+TEST_CASE("expert parallelism beside expert tensor parallelism: the expert mesh, two splits") {
+  for (bool sp : {true, false}) {
+    Plan plan = TinyPlan(2, 1, 4);
+    plan.parallel.sp = sp;
+    plan.parallel.ep = 2;
+    plan.model.experts = 4;
+    plan.model.topk = 2;
+    plan.model.moe_ffn_hidden = 64;
+    const Program p = MustLower(plan);
+    std::map<CommKind, std::vector<std::vector<int32_t>>> groups;
+    for (const Communicator& c : p.communicators) groups[c.kind].push_back(c.members);
+    CHECK(groups[CommKind::Etp] == groups[CommKind::Tp]);
+    CHECK(groups[CommKind::Ep] ==
+          std::vector<std::vector<int32_t>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+    CHECK(groups[CommKind::Edp] ==
+          std::vector<std::vector<int32_t>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    const Role& role = p.roles[0];
+    const Body& fwd = role.bodies[role.chunks[0].forward];
+    CHECK(CountOps(fwd, OpKind::MoeDispatch, CommKind::Ep) == 8);
+    CHECK(CountOps(fwd, OpKind::AllGather, CommKind::Etp) == (sp ? 16 : 0));
+    CHECK(CountOps(fwd, OpKind::ReduceScatter, CommKind::Etp) == (sp ? 8 : 0));
+    CHECK(CountOps(fwd, OpKind::AllReduce, CommKind::Etp) == (sp ? 0 : 8));
+    // The dispatch follows the Etp group's rows: 2 · 32 under sp (the group's gathered rows),
+    // 64 without; the combine returns them.
+    const int64_t rows = 64;
+    for (const Buffer& b : role.buffers) {
+      if (b.name.find("moe.ep.dispatched") != std::string::npos)
+        CHECK(b.shape == std::vector<int64_t>{2 * rows * 2, 64});
+      if (b.name.find("moe.ep.combined") != std::string::npos)
+        CHECK(b.shape == std::vector<int64_t>{rows * 2, 64});
+    }
+    int split = 0;
+    for (const Param& prm : role.params) {
+      if (prm.name.find(".experts.") == std::string::npos) continue;
+      ++split;
+      CHECK(prm.split_comm == CommKind::Ep);
+      CHECK(prm.split_dim == 0);
+      CHECK(prm.split2_comm == CommKind::Etp);
+      CHECK(prm.split2_dim == (prm.name.find("w_down") != std::string::npos ? 2 : 1));
+      std::vector<int64_t> local = prm.global_shape;
+      local[0] /= 2;
+      local[prm.split2_dim] /= 2;
+      CHECK(role.buffers[prm.buffer].shape == local);
+    }
+    CHECK(split == 8 * 3);
+  }
+}
+
 TEST_CASE("expert parallelism: refusals name the combination") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.parallel.ep = 2;
@@ -773,7 +824,7 @@ TEST_CASE("expert parallelism: refusals name the combination") {
   CHECK(no_sp.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
   CHECK(no_sp.diagnostics()[0].message ==
         "lowering does not emit expert parallelism (ep = 2) beside tp = 2 without sequence "
-        "parallelism yet");
+        "parallelism (etp = 1) yet");
   plan.parallel.sp = true;
   plan.model.experts = 3;
   DiagnosticSink odd;
@@ -1120,18 +1171,11 @@ TEST_CASE("expert tensor parallelism other than etp = tp, or off the Tp groups, 
   CHECK(refusal(moe(1, 2, 2)) ==
         "lowering does not emit experts split by tensor parallelism over etp = 2 ranks, other "
         "than tp = 1 yet");
-  // Not yet beside expert parallelism.
+  // Beside expert parallelism it lowers (see "expert parallelism beside expert tensor
+  // parallelism").
   Plan ep = moe(2, 2, 2);
   ep.parallel.ep = 2;
-  DiagnosticSink ep_sink;
-  CHECK_FALSE(LowerPlan(ep, {}, ep_sink).has_value());
-  bool both = false;
-  for (const auto& d : ep_sink.diagnostics())
-    both |= d.kind == DiagKind::kLowerUnsupported &&
-            d.message ==
-                "lowering does not emit experts split by tensor parallelism (etp = 2) together "
-                "with expert parallelism (ep = 2) yet";
-  CHECK(both);
+  MustLower(ep);
   // Context parallelism laid inside the Tp groups: the expert mesh has no cp, so its Etp groups
   // are other ranks than the Tp groups.
   Plan cp = moe(2, 1, 2);

@@ -46,6 +46,7 @@ ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::str
       f.Int(q.key);
       for (int64_t d : q.global_shape) f.Int(d);
       f.Int(q.split_dim);
+      if (q.split2_dim >= 0) f.Int(q.split2_dim);
     }
     for (const auto& b : role.buckets) {
       f.Int(b.elements);

@@ -153,6 +153,24 @@ void RankRunner::Setup() {
 
 int64_t RankRunner::GlobalIndex(const prog::mem::Param& p, int64_t local) const {
   if (p.split_dim < 0) return local;
+  if (p.split2_dim >= 0) {
+    // Two split dimensions: the local coordinates, offset by this rank's slice on each.
+    const size_t n = p.global_shape.size();
+    std::vector<int64_t> parts(n, 1), index(n, 0);
+    for (auto [dim, comm] : {std::pair{p.split_dim, p.split_comm}, {p.split2_dim, p.split2_comm}}) {
+      const Comm& c = comms_[static_cast<int>(comm)];
+      parts[dim] = c.size;
+      index[dim] = c.index;
+    }
+    int64_t rest = local, global = 0, stride = 1;
+    for (size_t d = n; d-- > 0;) {
+      const int64_t n_local = p.global_shape[d] / parts[d];
+      global += (index[d] * n_local + rest % n_local) * stride;
+      rest /= n_local;
+      stride *= p.global_shape[d];
+    }
+    return global;
+  }
   int64_t inner = 1;
   for (size_t d = p.split_dim + 1; d < p.global_shape.size(); ++d) inner *= p.global_shape[d];
   const Comm& c = comms_[static_cast<int>(p.split_comm)];
@@ -174,6 +192,23 @@ void RankRunner::InitParams() {
     int64_t global = 1;
     for (int64_t d : p.global_shape) global *= d;
     int64_t outer = 1, inner = 1, n_global = 1, parts = 1, part = 0;
+    if (p.split2_dim >= 0) {
+      // Experts split twice (over Ep and Etp): element by element through GlobalIndex.
+      const int64_t ways = int64_t{comms_[static_cast<int>(p.split_comm)].size} *
+                           comms_[static_cast<int>(p.split2_comm)].size;
+      if (global / ways != local)
+        throw RunError("param `" + p.name + "`: the local buffer holds " + std::to_string(local) +
+                       " elements, but its global tensor of " + std::to_string(global) + " split " +
+                       std::to_string(ways) + " ways gives " + std::to_string(global / ways));
+      for (int64_t li = 0; li < local; ++li) {
+        const int64_t gi = GlobalIndex(p, li);
+        dst[li] = p.init == prog::InitKind::Normal ? InitValue(seed, p.key, gi, p.init_std)
+                  : p.init == prog::InitKind::Ones ? 1.0f
+                                                   : 0.0f;
+      }
+      backend_.CopyToDevice(F(p.buffer, {}), dst.data(), local * 4);
+      return;
+    }
     if (p.split_dim >= 0) {
       for (int32_t d = 0; d < p.split_dim; ++d) outer *= p.global_shape[d];
       for (size_t d = p.split_dim + 1; d < p.global_shape.size(); ++d) inner *= p.global_shape[d];

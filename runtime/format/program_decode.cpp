@@ -229,6 +229,11 @@ void RoleChecker::CheckParam(const Param& pi) const {
   if (static_cast<int>(pi.split_comm) < 0 || static_cast<int>(pi.split_comm) >= kCommKinds) {
     throw Fail("param `" + pi.name + "` is split over a bad communicator kind");
   }
+  if (pi.split2_dim >= static_cast<int32_t>(pi.global_shape.size()) ||
+      (pi.split2_dim >= 0 && (pi.split_dim < 0 || pi.split2_dim == pi.split_dim)))
+    throw Fail("param `" + pi.name + "` has a bad second split");
+  if (static_cast<int>(pi.split2_comm) < 0 || static_cast<int>(pi.split2_comm) >= kCommKinds)
+    throw Fail("param `" + pi.name + "` is split over a bad communicator kind");
 }
 
 // A bucket's buffers exist and hold its elements, and its shards match the ZeRO degree (dp · cp).
@@ -239,16 +244,19 @@ void RoleChecker::CheckBucket(const Bucket& bi) const {
     CheckBufferIndex(b, "bucket", true);
   const std::string what = "the bucket of chunk " + std::to_string(bi.chunk);
   // ZeRO shards over the ranks holding the same weights: dp · cp, or for a bucket of
-  // expert-parallel params (split over Ep) their Edp group, tp · cp · dp / ep (etp = 1).
-  bool experts = false;
+  // expert-parallel params (split over Ep) their Edp group, tp · cp · dp / ep (etp = 1), or
+  // cp · dp / ep when the experts are also split over Etp (etp = tp).
+  bool experts = false, split_experts = false;
   for (const Param& p : role_.params)
     if (p.split_comm == CommKind::Ep && p.buffer >= 0 &&
         p.buffer < static_cast<int32_t>(role_.buffers.size()) &&
-        role_.buffers[p.buffer].view_of == bi.params)
+        role_.buffers[p.buffer].view_of == bi.params) {
       experts = true;
+      split_experts = split_experts || p.split2_comm == CommKind::Etp;
+    }
   const int64_t dp_cp = int64_t{img_.parallel.dp} * std::max<int64_t>(1, img_.parallel.cp);
-  const int64_t edp =
-      dp_cp * std::max<int64_t>(1, img_.parallel.tp) / std::max<int64_t>(1, img_.parallel.ep);
+  const int64_t expert_tp = split_experts ? 1 : std::max<int64_t>(1, img_.parallel.tp);
+  const int64_t edp = dp_cp * expert_tp / std::max<int64_t>(1, img_.parallel.ep);
   const int64_t dp = img_.parallel.zero >= 1 ? (experts ? std::max<int64_t>(1, edp) : dp_cp) : 1;
   const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
   if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||

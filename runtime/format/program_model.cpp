@@ -206,9 +206,10 @@ flatbuffers::Offset<prog::Role> EncodeRole(flatbuffers::FlatBufferBuilder& b, co
         x.fp32_offset, x.fp32_bytes, x.fp32_slot_stride, x.view_of, x.view_offset));
   std::vector<flatbuffers::Offset<prog::Param>> params;
   for (const Param& x : r.params)
-    params.push_back(prog::CreateParamDirect(
-        b, x.name.c_str(), x.key, &x.global_shape, x.split_dim, x.split_comm, x.init, x.init_std,
-        x.buffer, x.grad, x.chunk, x.decay, x.tp_replicated, x.counts_in_norm, x.grad_sync_tp));
+    params.push_back(prog::CreateParamDirect(b, x.name.c_str(), x.key, &x.global_shape, x.split_dim,
+                                             x.split_comm, x.init, x.init_std, x.buffer, x.grad,
+                                             x.chunk, x.decay, x.tp_replicated, x.counts_in_norm,
+                                             x.grad_sync_tp, x.split2_dim, x.split2_comm));
   std::vector<flatbuffers::Offset<prog::BucketInfo>> buckets;
   for (const Bucket& x : r.buckets)
     buckets.push_back(prog::CreateBucketInfo(b, x.chunk, x.params, x.grads, x.elements,
@@ -389,7 +390,7 @@ Program DecodeProgramModel(const prog::Program& file) {
           role.params.push_back({Str(x->name()), x->key(), Vec(x->global_shape()), x->split_dim(),
                                  x->split_comm(), x->init(), x->init_std(), x->buffer(), x->grad(),
                                  x->chunk(), x->decay(), x->tp_replicated(), x->counts_in_norm(),
-                                 x->grad_sync_tp()});
+                                 x->grad_sync_tp(), x->split2_dim(), x->split2_comm()});
       if (r->buckets())
         for (const prog::BucketInfo* x : *r->buckets())
           role.buckets.push_back({x->chunk(), x->params(), x->grads(), x->elements(),

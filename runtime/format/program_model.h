@@ -77,6 +77,8 @@ struct Param {
   double init_std = 0.02;
   int32_t buffer = -1, grad = -1, chunk = 0;
   bool decay = true, tp_replicated = false, counts_in_norm = true, grad_sync_tp = false;
+  int32_t split2_dim = -1;  // a second split dimension (experts: the Etp slice beside Ep)
+  CommKind split2_comm = CommKind::None;
 };
 
 struct Bucket {

@@ -730,6 +730,16 @@ TEST_CASE("planc compile: moe ep 2, pp 2, dp 2 (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_ep2_pp2_dp2");
 }
 
+TEST_CASE("planc compile: moe ep 2, etp 2 = tp 2, dp 4, sequence parallel") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4_sp", kExpertSplitElementTolerance);
+}
+TEST_CASE("planc compile: moe ep 2, etp 2 = tp 2, dp 4, without sequence parallelism") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4", kExpertSplitElementTolerance);
+}
+TEST_CASE("planc compile: moe ep 2, etp 2 = tp 2, dp 4, ZeRO 1, sequence parallel") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4_zero1_sp", kExpertSplitElementTolerance);
+}
+
 TEST_CASE(
     "planc compile: DeepSeek-V2-shaped (latent attention, experts), tp 2, pp 2, dp 2, etp 2") {
   CheckPlancEquivalent("deepseek_single", "deepseek_tp2_pp2_dp2_zero1_sp",
@@ -738,6 +748,12 @@ TEST_CASE(
 
 TEST_CASE("planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, tp 2, sp, dp 2") {
   CheckPlancEquivalent("deepseek_single", "deepseek_ep2_tp2_dp2_sp");
+}
+
+TEST_CASE(
+    "planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, etp 2 = tp 2, pp 2, sp") {
+  CheckPlancEquivalent("deepseek_single", "deepseek_ep2_etp2_tp2_pp2_dp2_sp",
+                       kExpertSplitElementTolerance);
 }
 
 TEST_CASE("the DeepSeek-V2-shaped example compiles and trains on 8 CPU ranks; its loss falls") {
