@@ -1,0 +1,493 @@
+// RoleLowering: the class that builds one role's params, buffers, buckets, chunks and bodies
+// (body.h's BuildRoleBodies). Internal to compiler/lower: its members are defined in body.cpp
+// (layers, dense attention and MLP, buckets, step bodies), body_moe.cpp (mixture of experts,
+// expert tensor and expert parallelism) and body_mla.cpp (multi-head latent attention). Only
+// those files include this header.
+#ifndef PARAPLAN_COMPILER_LOWER_BODY_INTERNAL_H_
+#define PARAPLAN_COMPILER_LOWER_BODY_INTERNAL_H_
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/lower/body.h"
+#include "runtime/format/ops.h"
+
+namespace paraplan::lower::detail {
+
+namespace attrs = prog::attrs;
+
+// Builds one role. Buffers are created as Scratch; after all bodies exist, a buffer a chunk's
+// forward and backward both touch becomes Stash (kept per microbatch).
+class RoleLowering {
+ public:
+  RoleLowering(const BodyShape& shape, int32_t pipeline_rank, Role& role)
+      : s_(shape), m_(shape.model), p_(shape.parallel), role_(role), pipeline_rank_(pipeline_rank) {
+    tp_ = p_.tp;
+    act_ = ActivationType(shape.precision);
+    // --- context parallelism: a rank holds seq_len / cp positions of each sequence ---
+    cp_ = p_.cp;
+    cp_comm_ = cp_ > 1 ? CommKind::Cp : CommKind::None;
+    tokens_ = m_.micro_batch * (m_.seq_len / cp_);
+    rows_ = p_.sp ? tokens_ / tp_ : tokens_;
+    tp_comm_ = tp_ > 1 ? CommKind::Tp : CommKind::None;
+    // --- context parallelism: Cp ranks hold the same weights; ZeRO shards over dp · cp ---
+    shard_ = static_cast<int64_t>(p_.dp) * cp_;
+    shard_comm_ = cp_ > 1 ? CommKind::DpCp : CommKind::Dp;
+    // --- end context parallelism ---
+    shard_grads_ = p_.zero >= 2 && shard_ > 1;
+    gather_params_ = p_.zero >= 3 && shard_ > 1;
+    // --- expert parallelism: each Ep rank holds experts / ep experts; the ranks holding the same
+    // expert slices (tp · cp · dp / (ep · etp) of them) form the Edp group ---
+    ep_ = std::max<int64_t>(1, p_.ep);
+    edp_ = std::max<int64_t>(
+        1, static_cast<int64_t>(tp_) * cp_ * p_.dp / (ep_ * std::max<int64_t>(1, s_.moe.etp)));
+  }
+
+  StepBodies Build(const std::vector<ChunkLayers>& chunks);
+
+ private:
+  // --- buffers and ops ---
+  int32_t Buf(std::string name, std::vector<int64_t> shape, DType dtype,
+              BufferKind kind = BufferKind::Scratch) {
+    Buffer b;
+    b.name = std::move(name);
+    b.kind = kind;
+    b.dtype = dtype;
+    b.shape = std::move(shape);
+    role_.buffers.push_back(std::move(b));
+    return static_cast<int32_t>(role_.buffers.size() - 1);
+  }
+  int32_t Act(const std::string& name, std::vector<int64_t> shape) {
+    return Buf(Prefix() + name, std::move(shape), act_);
+  }
+  int32_t Stat(const std::string& name, std::vector<int64_t> shape) {
+    return Buf(Prefix() + name, std::move(shape), DType::F32);
+  }
+  std::string Prefix() const {
+    return layer_ >= 0 ? fmt::format("layers.{}.{}", layer_, recompute_prefix_)
+                       : fmt::format("chunk{}.", chunk_);
+  }
+
+  // Appends the op of the typed attributes `a` (runtime/format/ops.h) to the current body.
+  template <typename A>
+  Op& Emit(const A& a, std::vector<int32_t> in, std::vector<int32_t> out,
+           CommKind comm = CommKind::None) {
+    body_->ops.push_back(prog::MakeOp(a, std::move(in), std::move(out), comm));
+    return body_->ops.back();
+  }
+
+  // Parameters: storage is a view into the chunk's bucket, created when the bucket is built.
+  struct ParamRef {
+    int32_t param = -1;
+    int32_t value = -1;  // buffer
+    int32_t grad = -1;   // buffer
+  };
+  ParamRef AddParam(const std::string& name, int64_t key, std::vector<int64_t> global,
+                    int32_t split_dim, prog::InitKind init, double std, bool decay,
+                    bool tp_replicated, bool grad_sync_tp, bool counts_in_norm = true,
+                    CommKind split_comm = CommKind::Tp) {
+    Param prm;
+    prm.name = name;
+    prm.key = key;
+    prm.global_shape = global;
+    std::vector<int64_t> local = global;
+    const int64_t ways = split_comm == CommKind::Etp ? s_.moe.etp : tp_;
+    if (split_dim >= 0 && ways > 1) {
+      prm.split_dim = split_dim;
+      prm.split_comm = split_comm;
+      local[split_dim] /= ways;
+    }
+    prm.init = init;
+    prm.init_std = init == prog::InitKind::Normal ? std : 0.0;
+    prm.chunk = chunk_;
+    prm.decay = decay;
+    prm.tp_replicated = tp_replicated && tp_ > 1;
+    prm.counts_in_norm = counts_in_norm;
+    prm.grad_sync_tp = grad_sync_tp && tp_ > 1;
+    DType pdt = act_;
+    prm.buffer = Buf(name, local, pdt, BufferKind::Param);
+    prm.grad = Buf(name + ".grad", local, DType::F32, BufferKind::Grad);
+    role_.params.push_back(prm);
+    // Bucket group with ZeRO >= 2: the layer, or one group per chunk-level tensor (the word
+    // embedding and its tied copy alone, so both stages' buckets line up for the Embedding sum).
+    param_group_.push_back(layer_ >= 0 ? fmt::format("layers.{}", layer_) : name);
+    return {static_cast<int32_t>(role_.params.size() - 1), prm.buffer, prm.grad};
+  }
+  // Init std of the output projections (Megatron / GPT-2 scaled init).
+  double OutStd() const { return 0.02 / std::sqrt(2.0 * static_cast<double>(m_.layers)); }
+  int64_t LayerKey(int32_t layer, int32_t j) const {
+    return 1000 + static_cast<int64_t>(layer) * 64 + j;
+  }
+
+  // --- model pieces ---
+  struct NormParams {
+    ParamRef w, b;
+  };
+  NormParams MakeNorm(const std::string& name, int64_t key) {
+    NormParams n;
+    bool ln = m_.norm == prog::NormKind::LayerNorm;
+    n.w = AddParam(name + ".weight", key, {m_.hidden}, -1, prog::InitKind::Ones, 0, false, true,
+                   p_.sp);
+    if (ln)
+      n.b = AddParam(name + ".bias", key + 1, {m_.hidden}, -1, prog::InitKind::Zeros, 0, false,
+                     true, p_.sp);
+    return n;
+  }
+  struct NormOut {
+    int32_t y = -1, mean = -1, rstd = -1;
+  };
+  NormOut NormForward(const std::string& name, const NormParams& np, int32_t x) {
+    NormOut o;
+    o.y = Act(name + ".out", {rows_, m_.hidden});
+    o.rstd = Stat(name + ".rstd", {rows_});
+    if (m_.norm == prog::NormKind::LayerNorm) {
+      o.mean = Stat(name + ".mean", {rows_});
+      Emit(attrs::LayerNorm{.eps = m_.norm_eps}, {x, np.w.value, np.b.value},
+           {o.y, o.mean, o.rstd});
+    } else {
+      Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {x, np.w.value}, {o.y, o.rstd});
+    }
+    return o;
+  }
+  void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx,
+                    bool accumulate) {
+    if (m_.norm == prog::NormKind::LayerNorm)
+      Emit(attrs::LayerNormBackward{.dx_accumulate = accumulate},
+           {dy, x, np.w.value, o.mean, o.rstd}, {dx, np.w.grad, np.b.grad});
+    else
+      Emit(attrs::RmsNormBackward{.dx_accumulate = accumulate}, {dy, x, np.w.value, o.rstd},
+           {dx, np.w.grad});
+  }
+  // Sequence-parallel region entry: rows_ -> tokens_ rows.
+  int32_t GatherSp(int32_t x, const std::string& name, int64_t cols) {
+    if (!p_.sp || tp_ == 1) return x;
+    int32_t full = Act(name, {tokens_, cols});
+    Emit(attrs::AllGather{}, {x}, {full}, CommKind::Tp);
+    return full;
+  }
+  // Row-parallel exit: a partial [tokens_, cols] -> all-reduce in place, or reduce-scatter to
+  // rows_.
+  int32_t ReducePartial(int32_t partial, const std::string& name, int64_t cols) {
+    if (tp_ == 1) return partial;
+    if (!p_.sp) {
+      Emit(attrs::AllReduce{}, {partial}, {partial}, CommKind::Tp);
+      return partial;
+    }
+    int32_t out = Act(name, {rows_, cols});
+    Emit(attrs::ReduceScatter{}, {partial}, {out}, CommKind::Tp);
+    return out;
+  }
+  int32_t ReduceGradToRows(int32_t partial_full, const std::string& name) {
+    return ReducePartial(partial_full, name, m_.hidden);
+  }
+
+  // --- mixture of experts: params and saved buffers of an MoE layer (body.h MoeShape) ---
+  struct MoeParams {
+    ParamRef router, gate, up, down;               // gate unused with GELU (up is fc1, down fc2)
+    ParamRef shared_gate, shared_up, shared_down;  // shared experts (-1 when none)
+    int32_t bias = -1, load = -1;  // aux-loss-free balancing's State buffers (-1 when none)
+  };
+  struct ExpertBias {
+    int32_t bias, load;
+  };
+  std::vector<ExpertBias> expert_bias_;  // every MoE layer of the role with an expert bias
+  // --- expert tensor parallelism ---
+  // The tokens the experts of an Etp group see, with their router weights and choices: this
+  // rank's rows and routing, or under sequence parallelism the group's rows and their gathered
+  // logits routed again (GatherEtpTokens).
+  struct EtpTokens {
+    int32_t x = -1, w = -1, idx = -1;
+    int64_t rows = 0;
+  };
+  // --- end expert tensor parallelism ---
+  struct MoeSaved {
+    int32_t logits = -1, w = -1, idx = -1, scores = -1, counts = -1;  // router
+    EtpTokens etp;                                                    // the experts' tokens
+    int32_t capacity_mask = -1;  // moe.capacity_factor: the kept pairs (etp.w is then the kept)
+    int32_t xp = -1, row_map = -1, expert_counts = -1;  // dispatch
+    int32_t g = -1, u = -1, a = -1, y = -1;             // experts
+    int32_t sg = -1, su = -1, sa = -1;                  // shared experts
+    // The experts' input rows and their per-group counts: xp and expert_counts with ep = 1; with
+    // ep > 1 the rows dispatched to this rank's experts and their per-local-expert counts.
+    int32_t xe = -1, ecounts = -1;
+    int32_t split = -1;  // ep > 1: [ep, local experts] rows each peer sends this rank
+  };
+  // --- end mixture of experts ---
+  // --- multi-head latent attention: params and saved buffers (body.h, "Multi-head latent
+  // attention") ---
+  struct MlaParams {
+    ParamRef wq_down, wq_up, wq;  // wq_down / wq_up with q_lora_rank > 0, else wq
+    ParamRef wkv_down, wkv_up;
+    NormParams q_norm, kv_norm;  // RMSNorm of the latent rows (q_norm with q_lora_rank > 0)
+  };
+  struct MlaSaved {
+    int32_t q_latent = -1, q_normed = -1, q_rstd = -1;  // q_lora_rank > 0
+    int32_t kv_latent = -1, kv_normed = -1, kv_rstd = -1;
+    int32_t core_out = -1;  // the attention core's output, v padded to the qk head size
+  };
+  // --- end multi-head latent attention ---
+  struct LayerParams {
+    NormParams n1, n2;
+    ParamRef wq, wk, wv, wo, bq, bk, bv, bo, w1, w3, w2, b1, b2;
+    bool moe = false;
+    MoeParams experts;
+    bool mla = false;
+    MlaParams latent;
+  };
+  // The buffers of one layer's forward that its backward reads.
+  struct LayerSaved {
+    int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1,
+            u = -1, a = -1;
+    NormOut no1, no2;
+    MoeSaved moe;
+    MlaSaved mla;
+  };
+  // Emits one layer's forward into body_ from input x. With `next` >= 0 the whole layer, ending
+  // in the residual add into `next`; with next = -1 (recompute) it stops after the MLP
+  // activation, the last tensor the backward reads.
+  LayerSaved LayerForward(const LayerParams& P, int32_t x, int32_t next);
+  std::vector<int32_t> LinearInputs(int32_t in, const ParamRef& w, const ParamRef& b) const {
+    std::vector<int32_t> v = {in, w.value};
+    if (b.value >= 0) v.push_back(b.value);
+    return v;
+  }
+  // The attributes of Attention and AttentionBackward (the same fields).
+  template <typename A>
+  A AttentionAttrs() const {
+    return A{.micro = m_.micro_batch,
+             .seq = m_.seq_len,
+             .heads = m_.heads / tp_,
+             .kv_heads = m_.kv_heads / tp_,
+             .head_dim = m_.head_dim,
+             .scale = 1.0 / std::sqrt(static_cast<double>(m_.head_dim))};
+  }
+
+  // --- context parallelism ---
+  // The causal attention core of a layer: Attention, or with cp > 1 RingAttention with its
+  // working buffers (K/V travel the Cp ring). `o` and `lse` are created here.
+  void EmitAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v, int32_t& o,
+                         int32_t& lse) {
+    const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, hd = m_.head_dim;
+    o = Act(name + ".out", {tokens_, heads * hd});
+    if (cp_ == 1) {
+      lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
+      Emit(AttentionAttrs<attrs::Attention>(), {q, k, v}, {o, lse});
+      return;
+    }
+    lse = Stat(name + ".lse", {tokens_, heads});
+    const int32_t ring = Act(name + ".ring", {4 * tokens_ * kv * hd});
+    const int32_t block_o = Act(name + ".block_o", {tokens_, heads * hd});
+    const int32_t block_lse = Stat(name + ".block_lse", {tokens_, heads});
+    Emit(AttentionAttrs<attrs::RingAttention>(), {q, k, v}, {o, lse, ring, block_o, block_lse},
+         cp_comm_);
+  }
+  void EmitAttentionCoreBackward(int32_t dout, const LayerSaved& saved, int32_t o, int32_t lse,
+                                 int32_t dq, int32_t dk, int32_t dv) {
+    const std::vector<int32_t> in = {dout, saved.q, saved.k, saved.v, o, lse};
+    if (cp_ == 1) {
+      Emit(AttentionAttrs<attrs::AttentionBackward>(), in, {dq, dk, dv});
+      return;
+    }
+    const int64_t kv = m_.kv_heads / tp_, hd = m_.head_dim;
+    const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * kv * hd});
+    Emit(AttentionAttrs<attrs::RingAttentionBackward>(), in, {dq, dk, dv, ring}, cp_comm_);
+  }
+  // The learned position table's add and its backward: with cp > 1 over Cp, taking the
+  // positions of the rank's two chunks (and, under sequence parallelism, the rank's rows of
+  // them, from its Tp index); else over Tp under sequence parallelism.
+  CommKind PositionComm() const {
+    if (cp_ > 1) return cp_comm_;
+    return p_.sp ? tp_comm_ : CommKind::None;
+  }
+  // --- end context parallelism ---
+
+  // The gradient outputs of LinearBackward: dx, the weight's grad, and the bias's when present.
+  std::vector<int32_t> LinearGrads(int32_t dx, const ParamRef& w, const ParamRef& b) const {
+    std::vector<int32_t> v = {dx, w.grad};
+    if (b.grad >= 0) v.push_back(b.grad);
+    return v;
+  }
+
+  // The params of one chunk, in the order they are created.
+  struct ChunkParams {
+    ParamRef word, pos, out_w;
+    NormParams final_norm;
+    std::vector<LayerParams> layers;
+  };
+  // The buffers of a chunk's forward that its backward reads.
+  struct ChunkForward {
+    int32_t ids = -1;  // token ids (the chunk with the embedding)
+    int32_t x = -1;    // the residual stream after the last layer
+    std::vector<LayerSaved> layers;
+    NormOut final_norm;
+    int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;  // the chunk with the loss
+  };
+
+  void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
+  ChunkParams MakeChunkParams(const ChunkLayers& cl);
+  LayerParams MakeLayerParams(int32_t layer_index);
+  // q, k, v (biases), o of ordinary attention.
+  void MakeDenseAttentionParams(int32_t layer_index, LayerParams& params);
+  // The output layer's weight: the word embedding itself when this role holds it, the last
+  // stage's tied copy of it, or an untied output weight.
+  ParamRef MakeOutputWeight(bool embedding);
+  ChunkForward EmitChunkForward(const ChunkLayers& cl, const ChunkParams& params, Chunk& chunk);
+  void EmitEmbeddingForward(const ChunkParams& params, ChunkForward& forward);
+  void EmitLossForward(const ChunkParams& params, ChunkForward& forward);
+  void EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
+                         const ChunkForward& forward, Chunk& chunk);
+  void EmitLossBackward(const ChunkParams& params, const ChunkForward& forward, int32_t gx);
+  // One layer's backward, accumulating into gx; with full recompute its forward runs first.
+  void LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx);
+  void MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // --- mixture of experts ---
+  MoeParams MakeMoeParams(int32_t layer_index);
+  // The MoE block's forward from the normed rows; with next >= 0 it adds the combined output
+  // (and the shared experts') to the residual into `next`, with next = -1 (recompute) it stops
+  // after the experts' down projection, the last tensor the backward reads.
+  void MoeForward(const LayerParams& params, LayerSaved& saved, int32_t next);
+  void MoeBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // An expert weight of global shape `global`: whole on every rank (etp = 1, replicated over tp,
+  // its gradient a partial sum over tp under sequence parallelism), or split on `split_dim`
+  // over the Etp group.
+  ParamRef AddExpertParam(const std::string& name, int64_t key, std::vector<int64_t> global,
+                          int32_t split_dim, double std);
+  // --- expert tensor parallelism (body.h MoeShape) ---
+  bool SplitsExperts() const { return s_.moe.etp > 1; }
+  // The rows the experts of an Etp group see: the group's gathered rows under sequence
+  // parallelism, else this rank's.
+  int64_t EtpRows() const { return SplitsExperts() && p_.sp ? rows_ * s_.moe.etp : rows_; }
+  // Before dispatch: the tokens (rows x with their router weights and choices) every rank of the
+  // Etp group runs its expert slices on, from this rank's rows x and their routing.
+  EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
+  // moe.capacity_factor > 0: replaces the dispatch weights by the kept ones (MoeCapacity).
+  void DropPastCapacity(MoeSaved& ms);
+  // After the combine: a partial sum over the expert slices, [etp rows, cols], reduced over the
+  // Etp group to this rank's rows (reduce-scatter, or all-reduce in place without sequence
+  // parallelism).
+  int32_t ReduceEtpPartial(int32_t partial, const std::string& name, int64_t cols);
+  // The backward's entry: the gradient of this rank's rows, gathered to the Etp group's tokens.
+  int32_t GatherEtpGrad(int32_t grad, const std::string& name, int64_t cols);
+  // --- end expert tensor parallelism ---
+  // A dense gated (or GELU) MLP of width `ffn` (global), tensor-parallel, no biases: gate/up into
+  // *g, *u and the activation into *a; the down projection reduced to rows when `out` >= 0.
+  void DenseExpertForward(const std::string& name, int32_t xf, const ParamRef& gate,
+                          const ParamRef& up, const ParamRef& down, int64_t ffn, int32_t* g,
+                          int32_t* u, int32_t* a, int32_t* out);
+  // --- expert parallelism (ep > 1): token dispatch over the Ep group ---
+  bool ExpertParallel() const { return ep_ > 1 && s_.moe.experts > 0; }
+  int64_t LocalExperts() const { return s_.moe.experts / ep_; }
+  // Rows a rank's experts may receive: the worst case, every row of each Ep peer choosing
+  // min(topk, local experts) of them; or, when the plan states a routing imbalance, that many
+  // times the balanced share (rows · topk), if smaller. The dispatch fails the run when more
+  // rows arrive than the buffer holds.
+  // (Under expert tensor parallelism with sequence parallelism a rank dispatches the Etp group's
+  // gathered rows.)
+  int64_t DispatchCapacity() const {
+    const int64_t rows = EtpRows();
+    const int64_t worst = ep_ * rows * std::min<int64_t>(s_.moe.topk, LocalExperts());
+    if (s_.moe.imbalance <= 0) return worst;
+    const auto stated =
+        static_cast<int64_t>(std::ceil(s_.moe.imbalance * static_cast<double>(rows * s_.moe.topk)));
+    return std::min(worst, std::max<int64_t>(stated, 1));
+  }
+  // Splits the expert param just added over Ep: dimension 0 (the expert) is sharded, the init
+  // stays keyed by the global expert index; its gradient is reduced over Edp, not Tp or Dp.
+  void ShardExpertParam(const ParamRef& ref);
+  bool IsExpertSharded(int32_t param) const {
+    return role_.params[param].split_comm == CommKind::Ep;
+  }
+  bool IsExpertBucket(const Bucket& b) const {
+    for (size_t i = 0; i < role_.params.size(); ++i)
+      if (IsExpertSharded(static_cast<int32_t>(i)) &&
+          role_.buffers[role_.params[i].buffer].view_of == b.params)
+        return true;
+    return false;
+  }
+  // Forward: exchanges the counts and sends each row to the rank of its expert; sets ms.split,
+  // ms.xe and ms.ecounts. EpCombine returns the experts' output rows to their senders.
+  void EpDispatch(MoeSaved& ms);
+  int32_t EpCombine(const MoeSaved& ms, int32_t local_rows, const std::string& name);
+  // Backward: the combine's gradient goes to the experts' ranks (a dispatch), the experts' input
+  // gradient comes back (a combine).
+  int32_t EpDispatchGrad(const MoeSaved& ms, int32_t grad_rows, const std::string& name);
+  // ReduceGrads: the ranks holding the same experts sum their grads over Edp (reduce-scatter
+  // them under ZeRO 1).
+  void EmitExpertGradReduction();
+  // --- end expert parallelism ---
+  // --- end mixture of experts ---
+  void AttentionBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // --- multi-head latent attention ---
+  MlaParams MakeMlaParams(int32_t layer_index, ParamRef* wo);
+  // From the gathered normed rows saved.n1f: the latent projections, decoupled RoPE, the
+  // attention core; sets saved.q, k, v (v padded), o (v head size), lse and saved.mla.
+  void MlaForward(const LayerParams& params, LayerSaved& saved);
+  void MlaAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v, int32_t& o,
+                        int32_t& lse);
+  void MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // The column maps between the per-head buffers (local heads) and the latent ones.
+  prog::attrs::CopyColumns MlaMap(int64_t groups, int64_t width, int64_t x_cols, int64_t x_stride,
+                                  int64_t x_offset, int64_t y_cols, int64_t y_stride,
+                                  int64_t y_offset, bool accumulate = false) const {
+    return {.groups = groups,
+            .width = width,
+            .x_cols = x_cols,
+            .x_stride = x_stride,
+            .x_offset = x_offset,
+            .y_cols = y_cols,
+            .y_stride = y_stride,
+            .y_offset = y_offset,
+            .accumulate = accumulate};
+  }
+  static prog::attrs::CopyColumns Reversed(const prog::attrs::CopyColumns& c, bool accumulate) {
+    return {.groups = c.groups,
+            .width = c.width,
+            .x_cols = c.y_cols,
+            .x_stride = c.y_stride,
+            .x_offset = c.y_offset,
+            .y_cols = c.x_cols,
+            .y_stride = c.x_stride,
+            .y_offset = c.x_offset,
+            .accumulate = accumulate};
+  }
+  // --- end multi-head latent attention ---
+  void BuildBuckets();
+  void ScopeBucketsInBodies();
+  StepBodies BuildStepBodies();
+  void EmitGradNormSquare(int32_t nsq, bool sharded);
+  void ClassifyStash();
+
+  const BodyShape& s_;
+  const ModelConfig& m_;
+  const ParallelConfig& p_;
+  Role& role_;
+  int32_t pipeline_rank_;
+  int64_t tp_ = 1, tokens_ = 0, rows_ = 0;
+  int64_t cp_ = 1;                     // context-parallel ranks sharing each sequence
+  CommKind cp_comm_ = CommKind::None;  // Cp when cp > 1: ring attention, RoPE, data
+  DType act_ = DType::Bf16;
+  CommKind tp_comm_ = CommKind::None;
+  // --- context parallelism ---
+  int64_t shard_ = 1;                   // the ZeRO group: dp · cp ranks
+  CommKind shard_comm_ = CommKind::Dp;  // DpCp when cp > 1, else Dp
+  // --- end context parallelism ---
+  bool shard_grads_ = false;    // ZeRO >= 2, dp · cp > 1: grads reduce-scattered per backward
+  bool gather_params_ = false;  // ZeRO >= 3, dp · cp > 1: params gathered in the bodies, per layer
+  int64_t ep_ = 1;              // expert parallelism: Ep ranks sharing the experts of a layer
+  int64_t edp_ = 1;             // ranks holding the same experts (Edp), tp · cp · dp / ep
+  std::vector<std::string> param_group_;  // per param: its bucket group with ZeRO >= 2
+  int32_t chunk_ = -1, layer_ = -1;
+  std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
+  Body* body_ = nullptr;
+  int32_t loss_sum_ = -1;
+  int32_t word_embedding_param_ = -1;  // on this role, -1 when absent
+  int32_t output_copy_param_ = -1;     // the last stage's tied copy (pp > 1)
+};
+
+}  // namespace paraplan::lower::detail
+
+#endif  // PARAPLAN_COMPILER_LOWER_BODY_INTERNAL_H_
