@@ -1,0 +1,453 @@
+// planrun's static arena (framework = paraplan), term by term: see memory_arena.h.
+
+#include "compiler/analyze/memory_arena.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "compiler/analyze/cost_shape.h"
+#include "compiler/analyze/memory.h"
+
+namespace paraplan {
+
+namespace {
+
+void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z);
+void ArenaEpSizesOf(const Plan& plan, ArenaSizes& z);
+
+}  // namespace
+
+ArenaSizes ArenaSizesOf(const Plan& plan) {
+  const ModelSpec& m = plan.model;
+  ArenaSizes z;
+  z.t = std::max<int64_t>(1, plan.parallel.tp);
+  z.T = SatMul(plan.batch.micro, m.seq_len / std::max<int64_t>(1, plan.parallel.cp));
+  z.ring = plan.parallel.cp > 1;
+  z.R = plan.parallel.sp && z.t > 1 ? z.T / z.t : z.T;
+  z.h = m.hidden;
+  z.hd = m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(1, m.heads);
+  z.heads = m.heads / z.t;
+  z.kv = std::max<int64_t>(1, (m.kv_heads > 0 ? m.kv_heads : m.heads) / z.t);
+  z.ffn = m.ffn_hidden / z.t;
+  const int64_t multiple = 128 * z.t;
+  z.vocab = CeilDiv(m.vocab, multiple) * multiple / z.t;
+  z.a = plan.precision == Precision::kFp32 ? 4 : 2;
+  z.gelu = m.activation != Activation::kSwiGlu;
+  z.layernorm = m.norm == Norm::kLayerNorm;
+  z.mla = m.IsMla();
+  if (z.mla) {
+    z.nope = m.qk_nope_head_dim;
+    z.qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    z.vd = m.v_head_dim;
+    z.ql = m.q_lora_rank;
+    z.kvl = m.kv_lora_rank;
+  }
+  if (m.IsMoe()) ArenaMoeSizesOf(plan, z);
+  return z;
+}
+
+namespace {
+
+// --- multi-head latent attention (compiler/lower/body.cpp, MlaForward / MlaBackward) ---
+// Stashed per token: q, k and v padded to the query/key head size, the output at the value head
+// size, the latents before and after their norms (the core's padded output with its softmax
+// statistics unless selective recompute redoes the core).
+int64_t ArenaMlaAttentionStash(const ArenaSizes& z, Recompute recompute) {
+  const int64_t per_token = 3 * z.heads * z.qk + z.heads * z.vd + 2 * z.ql + 2 * z.kvl;
+  int64_t bytes = SatMul(z.T, per_token * z.a);
+  bytes = SatAdd(bytes, SatMul(z.T, int64_t{z.ql > 0 ? 2 : 1} * 4));  // the latents' rstd
+  if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * z.qk * z.a));
+  return bytes;
+}
+// --- end multi-head latent attention ---
+
+// Stashed bytes of one layer's attention half per microbatch (recompute none or selective): its
+// input x, the gathered norm output, q, k, v, the attention output (and its softmax statistics
+// unless selective recompute redoes the core), the residual and the fp32 statistics of both norms.
+int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
+  int64_t bytes = SatMul(z.R, z.h * z.a);  // x
+  const int64_t attention = z.mla ? 0 : 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  bytes = SatAdd(bytes, SatMul(z.T, (z.h + attention) * z.a));  // n1f, q, o, k, v
+  if (z.mla) bytes = SatAdd(bytes, ArenaMlaAttentionStash(z, recompute));
+  bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));  // residual x1
+  bytes = SatAdd(bytes,
+                 SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
+  if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
+  return bytes;
+}
+
+}  // namespace
+
+// Stashed bytes of one dense layer per microbatch: its input x and, unless the whole layer is
+// recomputed, the attention half's buffers, the MLP's gathered input and its intermediates.
+int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
+  if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
+  const int64_t mlp = z.h + (z.gelu ? 2 : 3) * z.ffn;                // n2f, MLP
+  return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.T, mlp * z.a));
+}
+
+// Stashed bytes of a chunk beyond its layers, per microbatch: the chunk's output and the
+// gradient arriving for it; token ids on the embedding chunk; on the loss chunk the final norm's
+// statistics and gathered output, the logits, labels and cross-entropy statistics.
+int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
+  int64_t bytes = SatMul(2, SatMul(z.R, z.h * z.a));
+  if (embedding) bytes = SatAdd(bytes, SatMul(z.T, 4));
+  if (loss) {
+    bytes = SatAdd(bytes, SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4));
+    bytes = SatAdd(bytes, SatMul(z.T, (z.h + z.vocab) * z.a));
+    bytes = SatAdd(bytes, SatMul(z.T, 4 + 4 + 8));
+  }
+  return bytes;
+}
+
+// The loss chunk's busiest op: the logits' gradient with the final norm's.
+int64_t ArenaLossPeak(const ArenaSizes& z) { return SatMul(z.T, (z.vocab + z.h) * z.a); }
+
+// The busiest op of a chunk's bodies (scratch): the MLP and attention backward of one layer
+// (with the recomputed layer under full recompute, the recomputed core under selective), and on
+// the loss chunk the logits' gradient with the final norm's.
+int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
+  const int64_t mlp =
+      z.gelu ? std::max(2 * z.ffn, z.ffn + z.h) + z.h : std::max(3 * z.ffn, 2 * z.ffn + z.h);
+  int64_t attn = 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  // Ring attention's backward also holds the ring of K, V and their partial gradients.
+  if (z.ring) attn += 8 * z.kv * z.hd;
+  attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
+  // Latent attention's backward: the padded output gradient, dq, dk and dv at the query/key
+  // head size, then dq, dk, dv beside the up projection's output gradient.
+  if (z.mla) attn = std::max(4 * z.heads * z.qk, 3 * z.heads * z.qk + z.heads * (z.nope + z.vd));
+  int64_t peak = SatMul(z.T, std::max(mlp, attn) * z.a);
+  const int64_t core_hd = z.mla ? z.qk : z.hd;
+  if (recompute == Recompute::kSelective)
+    peak = SatAdd(peak, SatMul(z.T, z.heads * core_hd * z.a + z.heads * 4));
+  if (recompute == Recompute::kFull)
+    peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
+  if (loss) peak = std::max(peak, ArenaLossPeak(z));
+  return peak;
+}
+
+namespace {
+
+// --- planrun's arena: mixture-of-experts layers (compiler/lower/body.cpp, MoeForward) ---------
+//
+// An MoE layer keeps the attention half of a dense layer; its MLP is the router, the routed
+// experts and the shared experts. The routed buffers are sized for the worst case, every choice
+// of every row landing on this rank's experts (ArenaRoutedRows). With etp = tp > 1 under sequence
+// parallelism the experts run on the Etp group's rows: the rows, the router's logits, weights and
+// choices are gathered over Etp before dispatch.
+
+void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
+  const ModelSpec& m = plan.model;
+  const int64_t etp = std::max<int64_t>(1, plan.parallel.etp);
+  const int64_t ffn = m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden;
+  z.experts = m.experts;
+  z.topk = std::max<int64_t>(1, m.topk);
+  z.expert_ffn = ffn / etp;
+  z.shared_ffn = SatMul(m.shared_experts, ffn) / z.t;
+  z.etp_gathered = etp > 1 && plan.parallel.sp;
+  z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
+  z.expert_bias = m.router_bias_rate > 0;
+  ArenaEpSizesOf(plan, z);
+}
+
+// --- planrun's arena: expert parallelism (compiler/lower/body.cpp, EpDispatch / EpCombine) ---
+//
+// With ep > 1 (etp = 1) each Ep rank holds experts / ep experts. MoePermute's rows (routed) are
+// dispatched to the ranks holding their experts, the local experts run on the rows received, and
+// MoeCombine returns their output to the senders; the backward dispatches the output gradient
+// and combines the input gradient. The receive buffers hold ArenaEpDispatchRows rows.
+
+// The rows a rank's experts may receive: the worst case, every row of each Ep peer choosing
+// min(topk, local experts) of them, or ceil(imbalance · rows · topk) when moe.imbalance is stated
+// and smaller (DispatchCapacity).
+// The routing imbalance the plan states (in its file, the standard library or on the command
+// line; at least 1), or 0 when moe.imbalance keeps its default (lower.cpp reads it alike).
+double ArenaEpStatedImbalance(const Plan& plan) {
+  const FieldOrigin* origin = plan.origins.FindPath("moe.imbalance");
+  if (origin == nullptr) return 0;
+  const bool stated = origin->kind == OriginKind::kFile || origin->kind == OriginKind::kStdlib ||
+                      origin->kind == OriginKind::kCommandLine;
+  return stated ? std::max(1.0, plan.moe.imbalance) : 0;
+}
+
+int64_t ArenaEpDispatchRows(const Plan& plan, const ArenaSizes& z) {
+  const int64_t worst = SatMul(SatMul(z.ep, z.R), std::min(z.topk, z.local_experts));
+  const double imbalance = ArenaEpStatedImbalance(plan);
+  if (imbalance <= 0) return worst;
+  const double balanced = static_cast<double>(SatMul(z.R, z.topk));
+  const auto stated = static_cast<int64_t>(std::ceil(imbalance * balanced));
+  return std::min(worst, std::max<int64_t>(stated, 1));
+}
+
+void ArenaEpSizesOf(const Plan& plan, ArenaSizes& z) {
+  z.ep = std::max<int64_t>(1, plan.parallel.ep);
+  z.local_experts = z.experts / z.ep;
+  if (z.ep > 1) z.dispatch_rows = ArenaEpDispatchRows(plan, z);
+}
+
+// The rows the experts' GEMMs run on: the received rows with ep > 1, else the routed ones.
+int64_t ArenaExpertGemmRows(const ArenaSizes& z) {
+  return z.ep > 1 ? z.dispatch_rows : SatMul(z.expert_rows, z.topk);
+}
+
+// Stashed with ep > 1 beside the routed buffers: the per-peer split of the rows (ep · local
+// experts) and the local experts' counts, int32.
+int64_t ArenaEpCountsStash(const ArenaSizes& z) {
+  return z.ep > 1 ? SatMul(SatMul(z.ep, z.local_experts) + z.local_experts, 4) : 0;
+}
+// --- end expert parallelism ---
+
+// Rows of the permuted (routed) buffers: every choice of every row the rank's experts see.
+int64_t ArenaRoutedRows(const ArenaSizes& z) { return SatMul(z.expert_rows, z.topk); }
+
+// The sizes, in bytes, of the buffers of one MoE block (after the MLP norm), per microbatch.
+struct ArenaMoeBuffers {
+  // Router on this rank's rows: its input, the top-k weights (the Etp group's when gathered),
+  // indices, fp32 scores and the per-expert counts.
+  int64_t input = 0, weights = 0, indices = 0, scores = 0, counts = 0;
+  // The Etp group's gathered rows when the shared experts read them (etp_gathered).
+  int64_t group_rows = 0;
+  // Dispatch and the experts: the permuted rows, the row map and the experts' counts (int32),
+  // gate and up (up only with GELU), the activation and the experts' output. With ep > 1 the
+  // permuted rows stashed are the received ones, the experts run on them, the output is the
+  // combined rows, and the split and local counts are stashed too (ep_counts).
+  int64_t permuted = 0, row_map = 0, expert_counts = 0, gate_up = 0, act = 0, out = 0;
+  int64_t ep_counts = 0;
+  // Shared experts: their gathered input (under sp, when not the Etp group's rows), gate and
+  // up, and the activation.
+  int64_t shared_input = 0, shared_gate_up = 0, shared_act = 0;
+};
+
+ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
+  const bool shared = z.shared_ffn > 0, gathered_sp = z.R < z.T;
+  const int64_t routed = ArenaRoutedRows(z), a = z.a, rows = ArenaExpertGemmRows(z);
+  ArenaMoeBuffers b;
+  b.input = SatMul(z.R, z.h * a);
+  b.weights = SatMul(z.expert_rows, z.topk * a);
+  b.indices = SatMul(z.R, z.topk * 4);
+  b.scores = SatMul(z.R, z.experts * 4);
+  b.counts = z.experts * 4;
+  if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
+  b.permuted = SatMul(rows, z.h * a);
+  b.row_map = SatMul(routed, 4);
+  b.expert_counts = z.experts * 4;
+  b.gate_up = SatMul(rows, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  b.act = SatMul(rows, z.expert_ffn * a);
+  b.out = SatMul(routed, z.h * a);
+  b.ep_counts = ArenaEpCountsStash(z);
+  if (shared) {
+    if (gathered_sp && !z.etp_gathered) b.shared_input = SatMul(z.T, z.h * a);
+    b.shared_gate_up = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
+    b.shared_act = SatMul(z.T, z.shared_ffn * a);
+  }
+  return b;
+}
+
+int64_t SatSum(std::initializer_list<int64_t> parts) {
+  int64_t total = 0;
+  for (int64_t x : parts) total = SatAdd(total, x);
+  return total;
+}
+
+}  // namespace
+
+// Stashed bytes of one MoE layer per microbatch: the attention half's, then every buffer of the
+// MoE block its backward reads; under full recompute the layer input only.
+int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
+  if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
+  const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
+  return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
+                 b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act,
+                 b.out, b.ep_counts, b.shared_input, b.shared_gate_up, b.shared_act});
+}
+
+namespace {
+
+// --- expert parallelism: the routed path's busiest op with ep > 1 ---
+// Op by op as MoeBackward emits it with ep > 1: MoeUnpermuteBackward (dy, dw), the output
+// gradient's dispatch (dye on the received rows), the down projection's backward (da), the
+// activation's (gate's and up's gradients), gate's and up's backward into the received rows'
+// gradient (dxe), its combine back to the routed rows (dxp), and MoeUnpermute into the block
+// input's gradient (dn2). Under full recompute the recomputed forward's combine comes first: the
+// experts' output on the received rows (scratch) beside the combined rows. `early` and `open`
+// are the buckets live before and from the down projection's backward, `held` what every step
+// keeps (the router weights' gradient, the recomputed attention, router and shared buffers).
+int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuffers& b,
+                          int64_t early, int64_t open, int64_t held) {
+  const bool full = recompute == Recompute::kFull;
+  auto rc = [&](int64_t x) { return full ? x : 0; };
+  const int64_t a = z.a, rows = z.dispatch_rows, routed = ArenaRoutedRows(z);
+  const int64_t dy = SatMul(routed, z.h * a), dye = SatMul(rows, z.h * a);
+  const int64_t dact = SatMul(rows, z.expert_ffn * a);
+  const int64_t dgate_up = SatMul(rows, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  const int64_t dxe = SatMul(rows, z.h * a), dxp = SatMul(routed, z.h * a);
+  const int64_t dn2 = SatMul(z.expert_rows, z.h * a);
+  const int64_t counts = SatSum({b.row_map, b.expert_counts, b.ep_counts});
+  const int64_t recomputed_forward = full ? SatSum({early, held, b.weights, b.permuted, counts,
+                                                    b.gate_up, b.act, b.out, SatMul(rows, z.h * a)})
+                                          : 0;
+  return std::max({
+      recomputed_forward,
+      SatSum(
+          {early, held, dy, rc(SatSum({b.weights, b.permuted, counts, b.gate_up, b.act, b.out}))}),
+      SatSum({early, held, dy, dye, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
+      SatSum({open, held, dye, dact, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
+      SatSum({open, held, dact, dgate_up, rc(SatSum({b.permuted, counts, b.gate_up}))}),
+      SatSum({open, held, dgate_up, dxe, rc(SatSum({b.permuted, counts}))}),
+      SatSum({open, held, dxe, dxp, rc(counts)}),
+      SatSum({open, held, dxp, dn2, rc(b.row_map)}),
+  });
+}
+// --- end expert parallelism ---
+
+}  // namespace
+
+// The busiest op of an MoE layer's backward (scratch and the transient buckets), op by op as
+// MoeBackward emits it: the gradients live at each step, and under full recompute the recomputed
+// forward buffers the rest of the backward still reads (released at their last reader). The
+// attention half's backward follows, as in a dense layer.
+int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuckets& k) {
+  const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
+  const bool full = recompute == Recompute::kFull, shared = z.shared_ffn > 0;
+  const int64_t routed = ArenaRoutedRows(z), a = z.a;
+  // Gradients of the routed path: the experts' output (dy), the router weights' (dw), the
+  // activation's (da), gate's and up's (dg, du), the permuted rows' (dxp), and the block
+  // input's on the group's rows (dn2). Under etp_gathered the output gradient is gathered to
+  // the group's rows and, with shared experts, read again by their backward.
+  const int64_t dy = SatMul(routed, z.h * a), dw = SatMul(z.expert_rows, z.topk * a);
+  const int64_t dact = SatMul(routed, z.expert_ffn * a);
+  const int64_t dgate_up = SatMul(routed, (z.gelu ? 1 : 2) * z.expert_ffn * a);
+  const int64_t dxp = SatMul(routed, z.h * a), dn2 = SatMul(z.expert_rows, z.h * a);
+  const int64_t grad_rows = z.etp_gathered ? SatMul(z.expert_rows, z.h * a) : 0;
+  const int64_t held_grad_rows = shared ? grad_rows : 0;
+  // Recomputed buffers (full recompute), grouped by the step after which they are released.
+  const int64_t attention = full ? ArenaAttentionStash(z, Recompute::kNone) -
+                                       SatMul(z.R, z.h * a)  // x stays in the stash
+                                 : 0;
+  auto rc = [&](int64_t x) { return full ? x : 0; };
+  // The shared experts' input: the Etp group's rows, the gathered rows under sp, else the block
+  // input itself (then held to the shared experts' backward with the router's buffers).
+  const int64_t shared_input =
+      !shared ? 0 : (z.etp_gathered ? b.group_rows : (z.R < z.T ? b.shared_input : b.input));
+  const int64_t until_shared =
+      rc(SatSum({z.R < z.T ? shared_input : 0, b.shared_gate_up, b.shared_act}));
+  const int64_t router = rc(SatSum({b.input, b.indices, b.scores, b.counts}));
+  // Steps: MoeUnpermuteBackward, the down projection's backward, the activation's backward, the
+  // gate (GELU: up) projection's backward, MoeUnpermute of the permuted gradient.
+  // Before the down projection's backward only the recomputed forward has read the weights.
+  const int64_t early = SatAdd(k.held, full ? k.params : 0);
+  const int64_t open = SatSum({k.held, k.params, k.grads});
+  const int64_t routed_peak = std::max({
+      SatSum({early, grad_rows, dy, dw, attention, until_shared, router,
+              rc(SatSum(
+                  {b.weights, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act, b.out}))}),
+      SatSum({open, held_grad_rows, dy, dact, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act}))}),
+      SatSum({open, held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up}))}),
+      SatSum({open, held_grad_rows, dgate_up, dxp, dw, attention, until_shared, router,
+              rc(SatSum({b.permuted, b.row_map, b.expert_counts}))}),
+      SatSum({open, held_grad_rows, dxp, dn2, dw, attention, until_shared, router, rc(b.row_map)}),
+  });
+  int64_t peak = routed_peak;
+  if (z.ep > 1)
+    peak = ArenaEpRoutedPeak(z, recompute, b, early, open,
+                             SatSum({dw, attention, until_shared, router}));
+  if (shared) {
+    // The shared experts' backward, after the router's: the output gradient on all rows, the
+    // activation's, gate's and up's gradients, the input's, beside the block input's gradient.
+    const int64_t rows_grad = SatMul(z.R, z.h * a);
+    const int64_t gathered = z.R < z.T ? SatMul(z.T, z.h * a) : 0;
+    const int64_t dsa = SatMul(z.T, z.shared_ffn * a);
+    const int64_t dsgu = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
+    const int64_t dnf = SatMul(z.T, z.h * a);
+    const int64_t held = SatSum({open, attention, rc(shared_input)});
+    peak = std::max(
+        {peak, SatSum({gathered, dsa, rows_grad, held, rc(SatAdd(b.shared_gate_up, b.shared_act))}),
+         SatSum({dsa, dsgu, rows_grad, held, rc(b.shared_gate_up)}),
+         SatSum({dsgu, dnf, rows_grad, held})});
+  }
+  // The attention half: its backward's working set (as ArenaBodyPeak prices it) with the
+  // recomputed attention buffers.
+  int64_t attn = 2 * z.heads * z.hd + 2 * z.kv * z.hd;
+  if (z.ring) attn += 8 * z.kv * z.hd;
+  attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
+  int64_t attention_peak = SatMul(z.T, attn * a);
+  if (recompute == Recompute::kSelective)
+    attention_peak = SatAdd(attention_peak, SatMul(z.T, z.heads * z.hd * a + z.heads * 4));
+  attention_peak = SatSum({attention_peak, attention, open});
+  return std::max(peak, attention_peak);
+}
+
+// The router's expert bias (a State buffer) and the load it is moved by, fp32 per expert, on
+// each MoE layer with aux-loss-free balancing.
+int64_t ArenaMoeStateBuffers(const ArenaSizes& z) { return z.expert_bias ? 2 * z.experts * 4 : 0; }
+
+// Microbatches of each local chunk in flight at once on pipeline rank r, in the order the
+// schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down).
+std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
+  const int64_t p = std::max<int64_t>(1, plan.parallel.pp),
+                v = std::max<int64_t>(1, plan.parallel.vpp);
+  std::vector<int64_t> slots(static_cast<size_t>(v), 0);
+  if (plan.pipeline.schedule == Schedule::kGpipe) {
+    std::fill(slots.begin(), slots.end(), m);
+    return slots;
+  }
+  if (v == 1) {
+    slots[0] = std::min(p - r, m);
+    return slots;
+  }
+  const int64_t total = m * v;
+  const int64_t warmup = std::min(total, 2 * (p - r - 1) + (v - 1) * p);
+  std::vector<int64_t> live(static_cast<size_t>(v), 0);
+  auto forward = [&](int64_t k) {
+    const size_t c = static_cast<size_t>((k / p) % v);
+    slots[c] = std::max(slots[c], ++live[c]);
+  };
+  auto backward = [&](int64_t k) { --live[static_cast<size_t>(v - 1 - (k / p) % v)]; };
+  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  for (int64_t i = 0; i < total - warmup; ++i) {
+    forward(warmup + i);
+    backward(i);
+  }
+  return slots;
+}
+
+namespace {
+
+// Mixture of experts as lowering emits it: with ep = 1 the experts whole (etp = 1) or split over
+// the Tp group (etp = tp); with ep > 1 split over Ep (etp = 1); no capacity factor (no token
+// dropping).
+bool MoeArenaApplies(const Plan& plan) {
+  const ParallelSpec& q = plan.parallel;
+  if (plan.moe.capacity_factor > 0) return false;
+  // Expert parallelism lowers with etp = 1, ZeRO 0 or 1 and sequence parallelism under tp > 1.
+  if (q.ep > 1)
+    return q.etp == 1 && plan.optimizer.zero <= 1 && (q.tp == 1 || q.sp) &&
+           plan.model.experts % q.ep == 0;
+  return q.ep == 1 && (q.etp == 1 || q.etp == q.tp);
+}
+
+}  // namespace
+
+bool ArenaModelApplies(const Plan& plan) {
+  const ModelSpec& m = plan.model;
+  // Context parallelism lowers whole: learned positions, and ZeRO sharded over dp · cp.
+  const ParallelSpec& q = plan.parallel;
+  return plan.framework == Framework::kParaplan && (!m.IsMoe() ? q.ep == 1 : MoeArenaApplies(plan));
+}
+
+// --- expert parallelism: planrun keeps the Ep-sharded experts in a bucket of their own, their
+// gradients reduced and (ZeRO 1) their optimizer state sharded over the Edp group, the
+// tp · cp · dp / ep ranks holding the same experts (compiler/lower/body.cpp, BuildBuckets) ---
+int64_t ArenaExpertShardGroup(const Plan& plan, int64_t dense_shard) {
+  const ParallelSpec& q = plan.parallel;
+  if (q.ep <= 1) return dense_shard;
+  return std::max<int64_t>(1, int64_t{q.tp} * q.cp * q.dp / q.ep);
+}
+// --- end expert parallelism ---
+
+}  // namespace paraplan

@@ -1,0 +1,85 @@
+// planrun's static arena (framework = paraplan): the memory model of a plan planrun lowers.
+//
+// What compiler/lower allocates, term by term, so that `check` and `compile` tell one truth:
+// the buffers a chunk's forward and backward both touch are stashed once per in-flight
+// microbatch (body.cpp, ClassifyStash), the slots per chunk are the most microbatches of that
+// chunk in flight at once in the schedule (lower.cpp, AssignSlots), and everything else lives
+// in a scratch region as large as the busiest op of any body (memory_plan.cpp).
+//
+// Invariants: pure functions of the plan; sizes are bytes and saturate at INT64_MAX (SatAdd,
+// SatMul). Made by memory_arena.cpp; read by memory.cpp only (EstimateMemory, when
+// ArenaModelApplies).
+#ifndef PARAPLAN_COMPILER_ANALYZE_MEMORY_ARENA_H_
+#define PARAPLAN_COMPILER_ANALYZE_MEMORY_ARENA_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "compiler/plan/plan.h"
+
+namespace paraplan {
+
+// The sizes the arena's buffers are made of, on one rank (ArenaSizesOf).
+struct ArenaSizes {
+  int64_t t = 1;  // tensor parallel
+  int64_t T = 0;  // tokens of a microbatch on one context-parallel rank: micro · seq / cp
+  int64_t R = 0;  // rows a TP rank holds between layers: T / t under SP, else T
+  int64_t h = 0, hd = 0, heads = 0, kv = 0, ffn = 0, vocab = 0;  // per TP rank where split
+  int64_t a = 2;  // activation element bytes of the program's precision
+  bool gelu = false, layernorm = false;
+  bool ring = false;  // cp > 1: ring attention and its working buffers
+  // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
+  bool mla = false;
+  int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;
+  // Mixture of experts (ArenaMoeSizesOf; zero on a dense model).
+  int64_t experts = 0, topk = 0;
+  int64_t expert_ffn = 0;     // each expert's width on one Etp rank
+  int64_t shared_ffn = 0;     // the shared experts' width on one TP rank
+  int64_t expert_rows = 0;    // rows the rank's experts run: the Etp group's under sp, else R
+  bool etp_gathered = false;  // etp > 1 under sp: the group's rows and choices gathered
+  bool expert_bias = false;   // aux-loss-free balancing (model.router_bias_rate > 0)
+  // Expert parallelism (ArenaEpSizesOf; ep = 1 and zero otherwise).
+  int64_t ep = 1;             // Ep ranks sharing a layer's experts
+  int64_t local_experts = 0;  // experts / ep on each Ep rank
+  int64_t dispatch_rows = 0;  // rows the rank's experts may receive (ArenaEpDispatchRows)
+};
+
+ArenaSizes ArenaSizesOf(const Plan& plan);
+
+// Stashed bytes of one dense layer per microbatch.
+int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute);
+// Stashed bytes of a chunk beyond its layers, per microbatch.
+int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
+// The loss chunk's busiest op.
+int64_t ArenaLossPeak(const ArenaSizes& z);
+// The busiest op of a chunk's bodies (scratch).
+int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss);
+
+// Stashed bytes of one MoE layer per microbatch.
+int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute);
+
+// The transient buckets live in an MoE layer's backward body under ZeRO >= 2 on dp · cp > 1
+// (bytes; zero otherwise): the layer's full fp32 gradients, from its first gradient (the down
+// projection's) to the end of the layer, and with ZeRO 3 its gathered weights, from the first
+// weight read (the recomputed forward's under full recompute, else the down projection's). A
+// tied word embedding on a chunk that also holds the loss keeps its gradient bucket open from
+// the output layer's backward to the embedding's, across every layer.
+struct ArenaMoeBuckets {
+  int64_t grads = 0, params = 0, held = 0;
+};
+
+// The busiest op of an MoE layer's backward (scratch and the transient buckets).
+int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuckets& k);
+// The router's expert bias State buffers of one MoE layer, in bytes.
+int64_t ArenaMoeStateBuffers(const ArenaSizes& z);
+
+// Microbatches of each local chunk in flight at once on pipeline rank r, `m` per step.
+std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m);
+
+// The ranks the Ep-sharded experts' gradients and optimizer state shard over: Edp with ep > 1,
+// else `dense_shard`.
+int64_t ArenaExpertShardGroup(const Plan& plan, int64_t dense_shard);
+
+}  // namespace paraplan
+
+#endif  // PARAPLAN_COMPILER_ANALYZE_MEMORY_ARENA_H_
