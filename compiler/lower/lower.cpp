@@ -177,11 +177,6 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
         "optimizer.zero",
         "set `optimizer.zero = 1` (the optimizer states of the experts sharded over their "
         "expert-data-parallel group, the rest over dp) or `0`");
-  if (m.IsMoe() && q.ep > 1 && plan.moe.capacity_factor > 0)
-    unsupported.Report(fmt::format("a capacity factor ({}) beside expert parallelism (ep = {})",
-                                   plan.moe.capacity_factor, q.ep),
-                       "moe.capacity_factor",
-                       "set `moe.capacity_factor = 0` (dropless) or `parallel.ep = 1`");
   if (!m.IsMoe() && q.ep > 1)
     unsupported.Report(
         fmt::format("expert parallelism (ep = {}) for a model without experts", q.ep),

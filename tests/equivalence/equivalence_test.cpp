@@ -694,6 +694,9 @@ TEST_CASE("planc compile: moe with a capacity factor, etp 2, tp 2") {
   CheckPlancEquivalent("moe_capacity_single", "moe_capacity_etp2_tp2",
                        kExpertSplitElementTolerance);
 }
+TEST_CASE("planc compile: moe with a capacity factor, ep 2, dp 2") {
+  CheckPlancEquivalent("moe_capacity_single", "moe_capacity_ep2_dp2");
+}
 TEST_CASE("a capacity factor drops tokens: the run differs from the dropless one") {
   const RunResult capped = Run(PlancCompile("moe_capacity_single"));
   const RunResult dropless = Run(PlancCompile("moe_single"));
