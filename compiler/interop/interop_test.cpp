@@ -157,17 +157,28 @@ TEST_CASE("Megatron-LM MoE and MLA flags: dense layers, shared experts, SwiGLU f
   CHECK(im.OriginText("model.dense_layers") == "--moe-layer-freq '([0]*1+[1]*5)'");
 }
 
+// A plan file's text, evaluated with the stdlib; nullopt when it does not check.
+std::optional<Plan> EvaluatePlanText(const std::string& name, const std::string& text) {
+  SourceManager sm;
+  DiagnosticSink sink;
+  LoadOptions load;
+  load.stdlib_dir = Stdlib();
+  auto source = PlanSource::FromText(name, text, load, sm, sink);
+  if (!source) return std::nullopt;
+  std::optional<Plan> plan = source->Evaluate("", {}, EvalOptions{}, sink);
+  if (sink.has_errors()) return std::nullopt;
+  return plan;
+}
+
 // A Megatron-LM script imported back into a plan, evaluated; nullopt when it does not import.
-std::optional<Plan> ImportMegatronText(const std::string& text, const LoadOptions& load) {
+std::optional<Plan> ImportMegatronText(const std::string& text) {
   SourceManager sm;
   DiagnosticSink sink;
   ImportOptions options;
   options.stdlib_dir = Stdlib();
   auto imported = ImportConfigText(ConfigKind::kMegatron, "p.sh", text, options, sm, sink);
   if (!imported) return std::nullopt;
-  auto source = PlanSource::FromText("back.plan", imported->text, load, sm, sink);
-  if (!source) return std::nullopt;
-  return source->Evaluate("", {}, EvalOptions{}, sink);
+  return EvaluatePlanText("back.plan", imported->text);
 }
 
 TEST_CASE("Megatron-LM's router flags: score function, pre-softmax, loss, the expert bias") {
@@ -216,25 +227,18 @@ TEST_CASE("Megatron-LM's router flags: score function, pre-softmax, loss, the ex
 }
 
 TEST_CASE("the router's settings export to Megatron-LM and back") {
-  SourceManager sm;
-  DiagnosticSink sink;
-  LoadOptions load;
-  load.stdlib_dir = Stdlib();
-  auto source = PlanSource::FromText(
+  std::optional<Plan> plan = EvaluatePlanText(
       "p.plan",
       "import std.models.deepseek\nimport std.clusters\n"
       "plan p { model = deepseek_v3  cluster = dgx_h100 { nodes = 64 }  framework = megatron_core\n"
-      "  parallel { tp = 8  pp = 1  ep = 8  etp = 1  sp = true }  batch { global = 512 } }\n",
-      load, sm, sink);
-  REQUIRE(source);
-  auto plan = source->Evaluate("", {}, EvalOptions{}, sink);
+      "  parallel { tp = 8  pp = 1  ep = 8  etp = 1  sp = true }  batch { global = 512 } }\n");
   REQUIRE(plan);
   DiagnosticSink out;
   ExportResult megatron = ExportPlan(ConfigKind::kMegatron, *plan, out);
   CHECK(megatron.text.find("--moe-router-score-function sigmoid") != std::string::npos);
   CHECK(megatron.text.find("--moe-router-enable-expert-bias") != std::string::npos);
   CHECK(megatron.text.find("--moe-router-pre-softmax") == std::string::npos);
-  std::optional<Plan> back = ImportMegatronText(megatron.text, load);
+  std::optional<Plan> back = ImportMegatronText(megatron.text);
   REQUIRE(back);
   CHECK(back->model.router_score == RouterScore::kSigmoid);
   CHECK(back->model.router_topk_norm);
@@ -525,30 +529,22 @@ TEST_CASE("torchtitan HSDP, resharding and float8; NeMo and DeepSpeed name their
 }
 
 TEST_CASE("export carries the record settings its target has and refuses the others") {
-  SourceManager sm;
-  DiagnosticSink sink;
-  LoadOptions load;
-  load.stdlib_dir = Stdlib();
-  auto source = PlanSource::FromText(
+  std::optional<Plan> plan = EvaluatePlanText(
       "p.plan",
       "import std.models.llama\nimport std.clusters\n"
       "plan p { model = llama3_8b  cluster = dgx_h100 { nodes = 2 }  framework = megatron_core\n"
       "  parallel { tp = 2  pp = 2  sp = true }  batch { global = 64 }  precision = fp8  recompute "
       "= selective\n"
       "  mixed_precision { fp8 = blockwise  grads = bf16 }  activations { recompute_modules = "
-      "\"core_attn, mlp\" } }\n",
-      load, sm, sink);
-  REQUIRE(source);
-  auto plan = source->Evaluate("", {}, EvalOptions{}, sink);
+      "\"core_attn, mlp\" } }\n");
   REQUIRE(plan);
-  REQUIRE(!sink.has_errors());
   DiagnosticSink out;
   ExportResult megatron = ExportPlan(ConfigKind::kMegatron, *plan, out);
   CHECK(megatron.text.find("--fp8-recipe blockwise") != std::string::npos);
   CHECK(megatron.text.find("--grad-reduce-in-bf16") != std::string::npos);
   CHECK(megatron.text.find("--recompute-modules core_attn mlp") != std::string::npos);
   // Back again: the record settings are the same.
-  std::optional<Plan> back = ImportMegatronText(megatron.text, load);
+  std::optional<Plan> back = ImportMegatronText(megatron.text);
   REQUIRE(back);
   CHECK(back->mixed_precision.fp8 == Fp8Recipe::kBlockwise);
   CHECK(back->mixed_precision.grads == ElementType::kBf16);
