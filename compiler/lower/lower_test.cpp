@@ -926,16 +926,22 @@ TEST_CASE("multi-head latent attention: replicated latents, heads split by tp, r
 // --- end multi-head latent attention ---
 
 // --- mixture of experts ---
+// The equivalence suite's tiny_moe: a dense first layer, then every second layer MoE with 4
+// experts, 2 per token, one shared expert.
+void SetTinyMoe(ModelSpec& m) {
+  m.experts = 4;
+  m.topk = 2;
+  m.moe_ffn_hidden = 64;
+  m.shared_experts = 1;
+  m.dense_layers = 1;
+  m.moe_layer_freq = 2;
+}
+
 TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at their worst case") {
   Plan plan = TinyPlan(2, 2, 1);
   plan.parallel.sp = true;
   plan.parallel.etp = 1;
-  plan.model.experts = 4;
-  plan.model.topk = 2;
-  plan.model.moe_ffn_hidden = 64;
-  plan.model.shared_experts = 1;
-  plan.model.dense_layers = 1;
-  plan.model.moe_layer_freq = 2;  // layers 1, 3, 5, 7
+  SetTinyMoe(plan.model);  // MoE layers 1, 3, 5, 7
   for (Recompute recompute : {Recompute::kNone, Recompute::kFull}) {
     plan.recompute = recompute;
     const Program p = MustLower(plan);
@@ -1079,12 +1085,7 @@ TEST_CASE(
   Plan plan = TinyPlan(2, 2, 1);
   plan.parallel.sp = true;
   plan.parallel.etp = 2;
-  plan.model.experts = 4;
-  plan.model.topk = 2;
-  plan.model.moe_ffn_hidden = 64;
-  plan.model.shared_experts = 1;
-  plan.model.dense_layers = 1;
-  plan.model.moe_layer_freq = 2;  // layers 1, 3, 5, 7
+  SetTinyMoe(plan.model);  // MoE layers 1, 3, 5, 7
   const Program p = MustLower(plan);
   // The Etp communicators are the Tp groups, member for member.
   std::set<std::vector<int32_t>> tp, etp;
