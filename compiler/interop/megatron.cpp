@@ -3,7 +3,6 @@
 // settings that need more than one flag (virtual stages from layers per virtual stage, dense
 // layers from --moe-layer-freq, shared experts from their size, Megatron's defaults).
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <regex>
 #include <set>
@@ -597,14 +596,13 @@ class MegatronReader {
                  "--moe-router-enable-expert-bias (Megatron-LM's rate 1e-3)");
       return true;
     }
-    char* end = nullptr;
-    const double r = std::strtod(rate->text.c_str(), &end);
-    if (rate->text.empty() || end != rate->text.c_str() + rate->text.size() || !(r >= 0)) {
+    const std::optional<double> r = ParseReal(rate->text);
+    if (!r || !(*r >= 0)) {
       BadValue(rate->range, "`--moe-router-bias-update-rate " + rate->text + "` is not a rate",
                "a rate is a number >= 0");
       return false;
     }
-    draft_.Set(fields::kModelRouterBiasRate, rate->text, rate->range, rate->source);
+    draft_.Set(fields::kModelRouterBiasRate, RealText(*r), rate->range, rate->source);
     return true;
   }
 
