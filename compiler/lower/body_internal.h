@@ -363,6 +363,9 @@ class RoleLowering {
   int64_t EtpRows() const { return SplitsExperts() && p_.sp ? rows_ * s_.moe.etp : rows_; }
   // Before dispatch: the tokens (rows x with their router weights and choices) every rank of the
   // Etp group runs its expert slices on, from this rank's rows x and their routing.
+  // MoeRouter on `logits` with the model's score function and renormalisation, the expert bias
+  // when there is one (bias >= 0); outputs: weights, indices, scores, counts.
+  void EmitRouter(int32_t logits, int32_t bias, std::vector<int32_t> outputs);
   EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
   // moe.capacity_factor > 0: replaces the dispatch weights by the kept ones (MoeCapacity).
   void DropPastCapacity(MoeSaved& ms);

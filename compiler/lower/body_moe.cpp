@@ -64,6 +64,15 @@ RoleLowering::ParamRef RoleLowering::AddExpertParam(const std::string& name, int
 
 // --- expert tensor parallelism (body.h MoeShape) ---
 
+void RoleLowering::EmitRouter(int32_t logits, int32_t bias, std::vector<int32_t> outputs) {
+  Emit(attrs::MoeRouter{.experts = s_.moe.experts,
+                        .topk = s_.moe.topk,
+                        .score = s_.moe.score,
+                        .normalize = s_.moe.normalize},
+       bias >= 0 ? std::vector<int32_t>{logits, bias} : std::vector<int32_t>{logits},
+       std::move(outputs));
+}
+
 RoleLowering::EtpTokens RoleLowering::GatherEtpTokens(int32_t x, const MoeSaved& local,
                                                       int32_t bias) {
   if (!SplitsExperts() || !p_.sp) return {x, local.w, local.idx, rows_};
@@ -76,10 +85,8 @@ RoleLowering::EtpTokens RoleLowering::GatherEtpTokens(int32_t x, const MoeSaved&
   // router's gradient stay with the local routing.
   const int32_t logits = Act("moe.etp.router.logits", {rows, e});
   Emit(attrs::AllGather{}, {local.logits}, {logits}, CommKind::Etp);
-  Emit(
-      attrs::MoeRouter{
-          .experts = e, .topk = k, .score = s_.moe.score, .normalize = s_.moe.normalize},
-      bias >= 0 ? std::vector<int32_t>{logits, bias} : std::vector<int32_t>{logits},
+  EmitRouter(
+      logits, bias,
       {t.w, t.idx, Stat("moe.etp.router.scores", {rows, e}), Stat("moe.etp.router.counts", {e})});
   return t;
 }
@@ -154,11 +161,7 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   ms.idx = Buf(Prefix() + "moe.router.indices", {rows_, k}, DType::I32);
   ms.scores = Stat("moe.router.scores", {rows_, e});
   ms.counts = Stat("moe.router.counts", {e});
-  Emit(
-      attrs::MoeRouter{
-          .experts = e, .topk = k, .score = s_.moe.score, .normalize = s_.moe.normalize},
-      ex.bias >= 0 ? std::vector<int32_t>{ms.logits, ex.bias} : std::vector<int32_t>{ms.logits},
-      {ms.w, ms.idx, ms.scores, ms.counts});
+  EmitRouter(ms.logits, ex.bias, {ms.w, ms.idx, ms.scores, ms.counts});
   // The aux loss counts the microbatch's tokens: with sequence parallelism sum the counts of
   // every rank's rows, and with context parallelism those of every Cp rank's positions.
   if (p_.sp && tp_ > 1) Emit(attrs::AllReduce{}, {ms.counts}, {ms.counts}, CommKind::Tp);
