@@ -150,19 +150,21 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   z.etp_gathered = etp > 1 && plan.parallel.sp;
   z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
   z.expert_bias = m.router_bias_rate > 0;
+  z.capacity = plan.moe.capacity_factor > 0;
   ArenaEpSizesOf(plan, z);
 }
 
 // --- planrun's arena: expert parallelism (compiler/lower/body.cpp, EpDispatch / EpCombine) ---
 //
-// With ep > 1 (etp = 1) each Ep rank holds experts / ep experts. MoePermute's rows (routed) are
+// With ep > 1 each Ep rank holds experts / ep experts (with etp = tp > 1 each expert's Etp slice
+// of them, the Etp group's rows gathered first under sp). MoePermute's rows (routed) are
 // dispatched to the ranks holding their experts, the local experts run on the rows received, and
 // MoeCombine returns their output to the senders; the backward dispatches the output gradient
 // and combines the input gradient. The receive buffers hold ArenaEpDispatchRows rows.
 
-// The rows a rank's experts may receive: the worst case, every row of each Ep peer choosing
-// min(topk, local experts) of them, or ceil(imbalance · rows · topk) when moe.imbalance is stated
-// and smaller (DispatchCapacity).
+// The rows a rank's experts may receive: the worst case, every row each Ep peer routes (the Etp
+// group's rows when gathered) choosing min(topk, local experts) of them, or ceil(imbalance · rows
+// · topk) when moe.imbalance is stated and smaller (DispatchCapacity).
 // The routing imbalance the plan states (in its file, the standard library or on the command
 // line; at least 1), or 0 when moe.imbalance keeps its default (lower.cpp reads it alike).
 double ArenaEpStatedImbalance(const Plan& plan) {
@@ -174,10 +176,10 @@ double ArenaEpStatedImbalance(const Plan& plan) {
 }
 
 int64_t ArenaEpDispatchRows(const Plan& plan, const ArenaSizes& z) {
-  const int64_t worst = SatMul(SatMul(z.ep, z.R), std::min(z.topk, z.local_experts));
+  const int64_t worst = SatMul(SatMul(z.ep, z.expert_rows), std::min(z.topk, z.local_experts));
   const double imbalance = ArenaEpStatedImbalance(plan);
   if (imbalance <= 0) return worst;
-  const double balanced = static_cast<double>(SatMul(z.R, z.topk));
+  const double balanced = static_cast<double>(SatMul(z.expert_rows, z.topk));
   const auto stated = static_cast<int64_t>(std::ceil(imbalance * balanced));
   return std::min(worst, std::max<int64_t>(stated, 1));
 }
@@ -216,6 +218,9 @@ struct ArenaMoeBuffers {
   // combined rows, and the split and local counts are stashed too (ep_counts).
   int64_t permuted = 0, row_map = 0, expert_counts = 0, gate_up = 0, act = 0, out = 0;
   int64_t ep_counts = 0;
+  // A capacity factor: the kept pairs' mask (fp32, one per routed choice), read by the router
+  // weights' gradient; the kept weights take the routed weights' place in `weights`.
+  int64_t capacity_mask = 0;
   // Shared experts: their gathered input (under sp, when not the Etp group's rows), gate and
   // up, and the activation.
   int64_t shared_input = 0, shared_gate_up = 0, shared_act = 0;
@@ -238,6 +243,7 @@ ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   b.act = SatMul(rows, z.expert_ffn * a);
   b.out = SatMul(routed, z.h * a);
   b.ep_counts = ArenaEpCountsStash(z);
+  if (z.capacity) b.capacity_mask = SatMul(z.expert_rows, z.topk * 4);
   if (shared) {
     if (gathered_sp && !z.etp_gathered) b.shared_input = SatMul(z.T, z.h * a);
     b.shared_gate_up = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
@@ -261,7 +267,8 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
   const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
   return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
                  b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act,
-                 b.out, b.ep_counts, b.shared_input, b.shared_gate_up, b.shared_act});
+                 b.out, b.ep_counts, b.capacity_mask, b.shared_input, b.shared_gate_up,
+                 b.shared_act});
 }
 
 namespace {
@@ -286,13 +293,15 @@ int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   const int64_t dxe = SatMul(rows, z.h * a), dxp = SatMul(routed, z.h * a);
   const int64_t dn2 = SatMul(z.expert_rows, z.h * a);
   const int64_t counts = SatSum({b.row_map, b.expert_counts, b.ep_counts});
-  const int64_t recomputed_forward = full ? SatSum({early, held, b.weights, b.permuted, counts,
-                                                    b.gate_up, b.act, b.out, SatMul(rows, z.h * a)})
-                                          : 0;
+  const int64_t recomputed_forward =
+      full ? SatSum({early, held, b.weights, b.capacity_mask, b.permuted, counts, b.gate_up, b.act,
+                     b.out, SatMul(rows, z.h * a)})
+           : 0;
   return std::max({
       recomputed_forward,
       SatSum(
-          {early, held, dy, rc(SatSum({b.weights, b.permuted, counts, b.gate_up, b.act, b.out}))}),
+          {early, held, dy,
+           rc(SatSum({b.weights, b.capacity_mask, b.permuted, counts, b.gate_up, b.act, b.out}))}),
       SatSum({early, held, dy, dye, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
       SatSum({open, held, dye, dact, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
       SatSum({open, held, dact, dgate_up, rc(SatSum({b.permuted, counts, b.gate_up}))}),
@@ -342,8 +351,8 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   const int64_t open = SatSum({k.held, k.params, k.grads});
   const int64_t routed_peak = std::max({
       SatSum({early, grad_rows, dy, dw, attention, until_shared, router,
-              rc(SatSum(
-                  {b.weights, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act, b.out}))}),
+              rc(SatSum({b.weights, b.capacity_mask, b.permuted, b.row_map, b.expert_counts,
+                         b.gate_up, b.act, b.out}))}),
       SatSum({open, held_grad_rows, dy, dact, dw, attention, until_shared, router,
               rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act}))}),
       SatSum({open, held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
@@ -418,17 +427,17 @@ std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
 
 namespace {
 
-// Mixture of experts as lowering emits it: with ep = 1 the experts whole (etp = 1) or split over
-// the Tp group (etp = tp); with ep > 1 split over Ep (etp = 1); no capacity factor (no token
-// dropping).
+// Mixture of experts as lowering emits it: the experts whole (etp = 1) or split over the Tp group
+// (etp = tp), with ep = 1 or split over Ep as well, with or without a capacity factor.
 bool MoeArenaApplies(const Plan& plan) {
   const ParallelSpec& q = plan.parallel;
-  if (plan.moe.capacity_factor > 0) return false;
-  // Expert parallelism lowers with etp = 1, ZeRO 0 or 1 and sequence parallelism under tp > 1.
+  if (q.etp != 1 && q.etp != q.tp) return false;
+  // Expert parallelism lowers with ZeRO 0 or 1, and beside tp > 1 under sequence parallelism or
+  // with the experts split over the Tp group.
   if (q.ep > 1)
-    return q.etp == 1 && plan.optimizer.zero <= 1 && (q.tp == 1 || q.sp) &&
+    return plan.optimizer.zero <= 1 && (q.tp == 1 || q.sp || q.etp == q.tp) &&
            plan.model.experts % q.ep == 0;
-  return q.ep == 1 && (q.etp == 1 || q.etp == q.tp);
+  return true;
 }
 
 }  // namespace
@@ -442,11 +451,12 @@ bool ArenaModelApplies(const Plan& plan) {
 
 // --- expert parallelism: planrun keeps the Ep-sharded experts in a bucket of their own, their
 // gradients reduced and (ZeRO 1) their optimizer state sharded over the Edp group, the
-// tp · cp · dp / ep ranks holding the same experts (compiler/lower/body.cpp, BuildBuckets) ---
+// tp · cp · dp / (ep · etp) ranks holding the same expert slices (compiler/lower/body.cpp,
+// BuildBuckets) ---
 int64_t ArenaExpertShardGroup(const Plan& plan, int64_t dense_shard) {
   const ParallelSpec& q = plan.parallel;
   if (q.ep <= 1) return dense_shard;
-  return std::max<int64_t>(1, int64_t{q.tp} * q.cp * q.dp / q.ep);
+  return std::max<int64_t>(1, int64_t{q.tp} * q.cp * q.dp / (q.ep * std::max<int64_t>(1, q.etp)));
 }
 // --- end expert parallelism ---
 

@@ -221,6 +221,42 @@ TEST_CASE("check's estimate is compile's arena within 3% with expert parallelism
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
+// Expert parallelism beside expert tensor parallelism (ep 2 or 4 with etp = tp = 2: each rank
+// holds its Etp slice of experts / ep experts, the Etp group's rows gathered under sp and
+// dispatched among the ranks of one Etp index), and a capacity factor (the kept pairs' mask
+// stashed beside the routing) with ep = 1 and ep > 1, etp = 1 and etp = tp without sp.
+TEST_CASE("check's estimate is compile's arena within 3% with ep x etp and a capacity factor") {
+  const std::string file = std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan";
+  ArenaComparison result;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
+      {"moe_ep2_tp2", {"parallel.etp=2"}},
+      {"moe_ep2_tp2", {"parallel.etp=2", "parallel.sp=false"}},
+      {"moe_ep2_tp2", {"parallel.etp=2", "optimizer.zero=0", "parallel.pp=2"}},
+      {"moe_ep2_tp2", {"parallel.etp=2", "recompute=full", "parallel.pp=2"}},
+      {"moe_ep2_tp2", {"parallel.etp=2", "recompute=selective", "moe.imbalance=1.5"}},
+      {"moe_ep4_tp2", {"parallel.etp=2", "moe.imbalance=1.5"}},
+      {"moe_gpt_ep2_tp2", {"parallel.etp=2", "recompute=full"}},
+      {"moe_tp2", {"moe.capacity_factor=1.25"}},
+      {"moe_tp2", {"moe.capacity_factor=1.0", "moe.drop_policy=position", "recompute=full"}},
+      {"moe_tp2", {"moe.capacity_factor=1.25", "parallel.etp=2", "parallel.sp=false"}},
+      {"moe_tp2",
+       {"moe.capacity_factor=1.25", "parallel.etp=2", "parallel.sp=false", "recompute=full"}},
+      {"moe_gpt_tp2", {"moe.capacity_factor=1.5", "parallel.pp=2", "recompute=selective"}},
+      {"moe_ep2_tp2", {"moe.capacity_factor=1.25"}},
+      {"moe_ep2_tp2", {"moe.capacity_factor=1.25", "recompute=full", "parallel.pp=2"}},
+      {"moe_ep4_tp2", {"moe.capacity_factor=1.0", "moe.imbalance=1.5", "optimizer.zero=0"}}};
+  for (const auto& variant : variants) {
+    const std::string label = variant.first + SetsText(variant.second);
+    std::optional<Plan> plan = Load(file, variant.first, variant.second);
+    REQUIRE_MESSAGE(plan.has_value(), label);
+    CHECK_MESSAGE(ArenaModelApplies(*plan), label);
+    const int before = result.compared;
+    CompareArena(label, *plan, result);
+    CHECK_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
+  }
+  MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
+}
+
 // Multi-head latent attention (kv_lora_rank > 0): the Llama-style example plans given DeepSeek's
 // attention shape (latents, decoupled RoPE, value heads padded to the query/key head size).
 TEST_CASE("check's estimate is compile's arena within 3% with multi-head latent attention") {

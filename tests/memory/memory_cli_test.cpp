@@ -50,8 +50,15 @@ TEST_CASE(
   r = Planc("check examples/deepseek_v2_16node_oom_tp2_sp.plan");
   CHECK(r.status == 1);
   CHECK(r.err.find("error[P0701]: pipeline stage 0 needs 84.67 GiB") != std::string::npos);
-  // The configuration that trains: no error.
+  // The configuration that trains: no error. Under planrun its arena (the experts' receive
+  // buffers sized by the stated imbalance) takes 95% of the GPU, which check says; as
+  // Megatron-LM's job it is well below.
   r = Planc("check examples/deepseek_v2_32node.plan");
+  CHECK(r.status == 0);
+  CHECK(r.err.find("P0701") == std::string::npos);
+  CHECK(r.err.find("warning[P0702]: pipeline stage 0 needs 76.03 GiB per GPU, 95.0%") !=
+        std::string::npos);
+  r = Planc("check examples/deepseek_v2_32node.plan --set framework=megatron_core");
   CHECK(r.status == 0);
   CHECK(r.err.find("P0701") == std::string::npos);
   CHECK(r.err.find("P0702") == std::string::npos);
