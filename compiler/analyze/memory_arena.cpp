@@ -137,7 +137,8 @@ namespace {
 // experts and the shared experts. The routed buffers are sized for the worst case, every choice
 // of every row landing on this rank's experts (ArenaRoutedRows). With etp = tp > 1 under sequence
 // parallelism the experts run on the Etp group's rows: the rows, the router's logits, weights and
-// choices are gathered over Etp before dispatch.
+// choices are gathered over Etp before dispatch. With a capacity factor the kept weights take the
+// router weights' place (the same size) and their fp32 mask is stashed beside them.
 
 void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   const ModelSpec& m = plan.model;
@@ -150,6 +151,7 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   z.etp_gathered = etp > 1 && plan.parallel.sp;
   z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
   z.expert_bias = m.router_bias_rate > 0;
+  z.capacity = plan.moe.capacity_factor > 0;
   ArenaEpSizesOf(plan, z);
 }
 
@@ -208,6 +210,8 @@ struct ArenaMoeBuffers {
   // Router on this rank's rows: its input, the top-k weights (the Etp group's when gathered),
   // indices, fp32 scores and the per-expert counts.
   int64_t input = 0, weights = 0, indices = 0, scores = 0, counts = 0;
+  // A capacity factor: the kept pairs' mask (fp32), read by the router weights' gradient.
+  int64_t capacity_mask = 0;
   // The Etp group's gathered rows when the shared experts read them (etp_gathered).
   int64_t group_rows = 0;
   // Dispatch and the experts: the permuted rows, the row map and the experts' counts (int32),
@@ -230,6 +234,7 @@ ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   b.indices = SatMul(z.R, z.topk * 4);
   b.scores = SatMul(z.R, z.experts * 4);
   b.counts = z.experts * 4;
+  if (z.capacity) b.capacity_mask = SatMul(z.expert_rows, z.topk * 4);
   if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
   b.permuted = SatMul(rows, z.h * a);
   b.row_map = SatMul(routed, 4);
@@ -260,8 +265,9 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
   if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
   const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
   return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
-                 b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act,
-                 b.out, b.ep_counts, b.shared_input, b.shared_gate_up, b.shared_act});
+                 b.counts, b.capacity_mask, b.group_rows, b.permuted, b.row_map, b.expert_counts,
+                 b.gate_up, b.act, b.out, b.ep_counts, b.shared_input, b.shared_gate_up,
+                 b.shared_act});
 }
 
 namespace {
@@ -342,8 +348,8 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   const int64_t open = SatSum({k.held, k.params, k.grads});
   const int64_t routed_peak = std::max({
       SatSum({early, grad_rows, dy, dw, attention, until_shared, router,
-              rc(SatSum(
-                  {b.weights, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act, b.out}))}),
+              rc(SatSum({b.weights, b.capacity_mask, b.permuted, b.row_map, b.expert_counts,
+                         b.gate_up, b.act, b.out}))}),
       SatSum({open, held_grad_rows, dy, dact, dw, attention, until_shared, router,
               rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act}))}),
       SatSum({open, held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
@@ -419,11 +425,10 @@ std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
 namespace {
 
 // Mixture of experts as lowering emits it: with ep = 1 the experts whole (etp = 1) or split over
-// the Tp group (etp = tp); with ep > 1 split over Ep (etp = 1); no capacity factor (no token
-// dropping).
+// the Tp group (etp = tp); with ep > 1 split over Ep (etp = 1); with or without a capacity
+// factor.
 bool MoeArenaApplies(const Plan& plan) {
   const ParallelSpec& q = plan.parallel;
-  if (plan.moe.capacity_factor > 0) return false;
   // Expert parallelism lowers with etp = 1, ZeRO 0 or 1 and sequence parallelism under tp > 1.
   if (q.ep > 1)
     return q.etp == 1 && plan.optimizer.zero <= 1 && (q.tp == 1 || q.sp) &&

@@ -38,6 +38,7 @@ struct ArenaSizes {
   int64_t expert_rows = 0;    // rows the rank's experts run: the Etp group's under sp, else R
   bool etp_gathered = false;  // etp > 1 under sp: the group's rows and choices gathered
   bool expert_bias = false;   // aux-loss-free balancing (model.router_bias_rate > 0)
+  bool capacity = false;      // moe.capacity_factor > 0: MoeCapacity's kept weights and mask
   // Expert parallelism (ArenaEpSizesOf; ep = 1 and zero otherwise).
   int64_t ep = 1;             // Ep ranks sharing a layer's experts
   int64_t local_experts = 0;  // experts / ep on each Ep rank
