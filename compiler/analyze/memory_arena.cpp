@@ -155,9 +155,9 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   z.capacity = plan.moe.capacity_factor > 0;
   if (z.capacity && z.experts > 0 && z.R > 0) {
     // Megatron-Core's get_capacity on one rank's rows, as lowering computes it (ExpertCapacity).
-    const auto capacity = static_cast<int64_t>(std::ceil(static_cast<double>(SatMul(z.R, z.topk)) /
-                                                         static_cast<double>(z.experts) *
-                                                         plan.moe.capacity_factor));
+    const auto capacity =
+        static_cast<int64_t>(std::ceil(static_cast<double>(SatMul(z.R, z.topk)) /
+                                       static_cast<double>(z.experts) * plan.moe.capacity_factor));
     z.expert_kept = std::max<int64_t>(SatMul(capacity, z.expert_rows / z.R), 1);
   }
   ArenaEpSizesOf(plan, z);
@@ -220,7 +220,6 @@ int64_t ArenaEpCountsStash(const ArenaSizes& z) {
   return z.ep > 1 ? SatMul(SatMul(z.ep, z.local_experts) + z.local_experts, 4) : 0;
 }
 // --- end expert parallelism ---
-
 
 // The sizes, in bytes, of the buffers of one MoE block (after the MLP norm), per microbatch.
 struct ArenaMoeBuffers {
@@ -382,9 +381,9 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   });
   int64_t peak = routed_peak;
   if (z.ep > 1)
-    peak = ArenaEpRoutedPeak(z, recompute, b, early, open,
-                             SatSum({dw, attention, until_shared, router}),
-                             SatAdd(attention, router));
+    peak =
+        ArenaEpRoutedPeak(z, recompute, b, early, open,
+                          SatSum({dw, attention, until_shared, router}), SatAdd(attention, router));
   if (shared) {
     // The shared experts' backward, after the router's: the output gradient on all rows, the
     // activation's, gate's and up's gradients, the input's, beside the block input's gradient.

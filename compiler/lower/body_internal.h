@@ -373,9 +373,9 @@ class RoleLowering {
   // get_capacity ceil(rows · topk / experts · factor); 0 without a capacity factor.
   int64_t ExpertCapacity() const {
     if (s_.moe.capacity_factor <= 0) return 0;
-    return static_cast<int64_t>(std::ceil(static_cast<double>(rows_ * s_.moe.topk) /
-                                          static_cast<double>(s_.moe.experts) *
-                                          s_.moe.capacity_factor));
+    return static_cast<int64_t>(
+        std::ceil(static_cast<double>(rows_ * s_.moe.topk) / static_cast<double>(s_.moe.experts) *
+                  s_.moe.capacity_factor));
   }
   // The runs of rows that each drop past their own capacity: the Etp group's members' rows when
   // gathered, else this rank's rows.
@@ -386,8 +386,8 @@ class RoleLowering {
   int64_t RoutedRows() const {
     const int64_t pairs = EtpRows() * s_.moe.topk;
     if (s_.moe.capacity_factor <= 0) return pairs;
-    return std::min(pairs, std::max<int64_t>(
-                               s_.moe.experts * ExpertCapacity() * CapacitySegments(), 1));
+    return std::min(pairs,
+                    std::max<int64_t>(s_.moe.experts * ExpertCapacity() * CapacitySegments(), 1));
   }
   // After the combine: a partial sum over the expert slices, [etp rows, cols], reduced over the
   // Etp group to this rank's rows (reduce-scatter, or all-reduce in place without sequence
