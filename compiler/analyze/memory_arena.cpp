@@ -396,7 +396,12 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
 int64_t ArenaMoeStateBuffers(const ArenaSizes& z) { return z.expert_bias ? 2 * z.experts * 4 : 0; }
 
 // Microbatches of each local chunk in flight at once on pipeline rank r, in the order the
-// schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down).
+// schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down). A
+// microbatch takes its chunk's slot at its first transfer or forward (compiler/lower/lower.cpp,
+// AssignSlots). In the interleaved steady state the transfer placement (compiler/lower/
+// schedule.cpp) posts the first stage's next input (from the last stage, for every chunk but the
+// first) in the group before the backward: that slot is taken before the backward gives its own
+// back. The other stages receive right before the forward, after the backward.
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
   const int64_t p = std::max<int64_t>(1, plan.parallel.pp),
                 v = std::max<int64_t>(1, plan.parallel.vpp);
@@ -412,14 +417,19 @@ std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
   const int64_t total = m * v;
   const int64_t warmup = std::min(total, 2 * (p - r - 1) + (v - 1) * p);
   std::vector<int64_t> live(static_cast<size_t>(v), 0);
-  auto forward = [&](int64_t k) {
+  int64_t taken = 0;  // forwards whose slot is taken: 0 .. taken - 1
+  auto take = [&](int64_t k) {
+    if (k < taken) return;
     const size_t c = static_cast<size_t>((k / p) % v);
     slots[c] = std::max(slots[c], ++live[c]);
+    taken = k + 1;
   };
+  auto early = [&](int64_t k) { return r == 0 && (k / p) % v != 0; };
   auto backward = [&](int64_t k) { --live[static_cast<size_t>(v - 1 - (k / p) % v)]; };
-  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  for (int64_t k = 0; k < warmup; ++k) take(k);
   for (int64_t i = 0; i < total - warmup; ++i) {
-    forward(warmup + i);
+    take(warmup + i);
+    if (warmup + i + 1 < total && early(warmup + i + 1)) take(warmup + i + 1);
     backward(i);
   }
   return slots;
