@@ -137,7 +137,8 @@ namespace {
 // experts and the shared experts. The routed buffers are sized for the worst case, every choice
 // of every row landing on this rank's experts (ArenaRoutedRows). With etp = tp > 1 under sequence
 // parallelism the experts run on the Etp group's rows: the rows, the router's logits, weights and
-// choices are gathered over Etp before dispatch.
+// choices are gathered over Etp before dispatch. With a capacity factor the kept weights take the
+// router weights' place (the same size) and their fp32 mask is stashed beside them.
 
 void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   const ModelSpec& m = plan.model;
@@ -235,6 +236,7 @@ ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   b.indices = SatMul(z.R, z.topk * 4);
   b.scores = SatMul(z.R, z.experts * 4);
   b.counts = z.experts * 4;
+  if (z.capacity) b.capacity_mask = SatMul(z.expert_rows, z.topk * 4);
   if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
   b.permuted = SatMul(rows, z.h * a);
   b.row_map = SatMul(routed, 4);
@@ -243,7 +245,6 @@ ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   b.act = SatMul(rows, z.expert_ffn * a);
   b.out = SatMul(routed, z.h * a);
   b.ep_counts = ArenaEpCountsStash(z);
-  if (z.capacity) b.capacity_mask = SatMul(z.expert_rows, z.topk * 4);
   if (shared) {
     if (gathered_sp && !z.etp_gathered) b.shared_input = SatMul(z.T, z.h * a);
     b.shared_gate_up = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);

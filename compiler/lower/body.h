@@ -102,7 +102,9 @@ struct MoeShape {
   double aux_coeff = 0.01;
   double bias_rate = 0;  // aux-loss-free balancing: the expert bias's update rate (0: no bias)
   // Tokens past an expert's capacity ceil(rows · topk / experts · capacity_factor) of the rows a
-  // rank routes are dropped (MoeCapacity: weight 0); 0 = dropless.
+  // rank routes are dropped (MoeCapacity: weight 0); 0 = dropless. Under expert tensor
+  // parallelism with sequence parallelism, the rows of each rank of the Etp group, each with
+  // its own capacity.
   double capacity_factor = 0;
   bool drop_by_position = false;  // moe.drop_policy = position
   int64_t etp = 1;  // expert tensor parallelism: each expert's ffn split etp ways (Etp group)

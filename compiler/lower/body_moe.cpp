@@ -94,15 +94,21 @@ RoleLowering::EtpTokens RoleLowering::GatherEtpTokens(int32_t x, const MoeSaved&
 void RoleLowering::DropPastCapacity(MoeSaved& ms) {
   if (s_.moe.capacity_factor <= 0) return;
   const int64_t e = s_.moe.experts, k = s_.moe.topk, rows = ms.etp.rows;
+  // Each rank drops past the capacity of its own rows, as Megatron-Core's router does before its
+  // dispatcher gathers them over the expert tensor-parallel group: the Etp group's gathered rows
+  // are its members' rows_ in member order (AllGather), one segment each.
+  const int64_t segments = rows / rows_;
   // Megatron-Core's get_capacity over the routed pairs: ceil(rows · topk / experts · factor).
   const auto capacity = static_cast<int64_t>(
-      std::ceil(static_cast<double>(rows * k) / static_cast<double>(e) * s_.moe.capacity_factor));
+      std::ceil(static_cast<double>(rows_ * k) / static_cast<double>(e) * s_.moe.capacity_factor));
   const int32_t kept = Act("moe.capacity.kept_weights", {rows, k});
   ms.capacity_mask = Stat("moe.capacity.mask", {rows, k});
-  Emit(
-      attrs::MoeCapacity{
-          .experts = e, .topk = k, .capacity = capacity, .position = s_.moe.drop_by_position},
-      {ms.etp.w, ms.etp.idx}, {kept, ms.capacity_mask});
+  Emit(attrs::MoeCapacity{.experts = e,
+                          .topk = k,
+                          .capacity = capacity,
+                          .position = s_.moe.drop_by_position,
+                          .segments = segments},
+       {ms.etp.w, ms.etp.idx}, {kept, ms.capacity_mask});
   ms.etp.w = kept;
 }
 

@@ -128,16 +128,9 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                     "`planc explain` analyse etp = {}",
                     q.tp, q.etp));
   // --- end expert tensor parallelism ---
-  // A capacity counts the rows a rank routes; under expert tensor parallelism with sequence
-  // parallelism the experts route the Etp group's gathered rows, whose capacity would not be
-  // any one rank's.
-  if (m.IsMoe() && plan.moe.capacity_factor > 0 && q.etp > 1 && q.sp)
-    unsupported.Report(
-        fmt::format("a capacity factor ({}) with experts split by tensor parallelism under "
-                    "sequence parallelism (etp = {})",
-                    plan.moe.capacity_factor, q.etp),
-        "moe.capacity_factor",
-        "set `moe.capacity_factor = 0` (dropless), `parallel.etp = 1` or `parallel.sp = false`");
+  // (A capacity factor is emitted beside every layout above: under expert tensor parallelism with
+  // sequence parallelism each rank drops past the capacity of its own rows, one segment of the
+  // Etp group's gathered rows; body_moe.cpp DropPastCapacity.)
   // --- end mixture of experts ---
   // --- multi-head latent attention: emitted beside tp, sp and pp; not beside cp ---
   if (m.IsMla() && q.cp > 1)

@@ -1009,16 +1009,34 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
   }
   CHECK(capacities == 4);
   CHECK(capacity_backwards == 4);
-  // With the experts split over the Etp group under sp the group routes its gathered rows, whose
-  // capacity would be no rank's: refused.
-  DiagnosticSink capacity_sink;
+  // With the experts split over the Etp group under sp the group routes its gathered rows: each
+  // rank still drops past the capacity of its own rows, one segment of the gathered rows per
+  // member of the group, each with the capacity of one rank's rows.
   plan.parallel.cp = 1;
   plan.cluster.gpus_per_node /= 2;
-  plan.parallel.etp = 2;
-  CHECK_FALSE(LowerPlan(plan, {}, capacity_sink).has_value());
-  REQUIRE(!capacity_sink.diagnostics().empty());
-  CHECK(capacity_sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
-  CHECK(capacity_sink.diagnostics()[0].message.find("capacity factor") != std::string::npos);
+  for (const int64_t etp : {1, 2}) {
+    CAPTURE(etp);
+    plan.parallel.etp = etp;
+    const Program split = MustLower(plan);
+    int split_capacities = 0;
+    for (const Role& role : split.roles) {
+      for (const Chunk& c : role.chunks) {
+        for (const Op& op : role.bodies[c.forward].ops) {
+          if (op.kind != OpKind::MoeCapacity) continue;
+          ++split_capacities;
+          const auto a = prog::DecodeAttrs<prog::attrs::MoeCapacity>(op);
+          // rows = micro · seq / tp = 2 · 32 / 2 per rank: ceil(32 · 2 / 4 · 1.25) each.
+          CHECK(a.capacity == 20);
+          CHECK(a.segments == etp);
+          CHECK(role.buffers[op.inputs[0]].shape == std::vector<int64_t>{32 * etp, 2});
+          // The default (one segment) is left out of the program: programs without expert tensor
+          // parallelism are unchanged.
+          CHECK(op.ints.size() == (etp == 1 ? 4u : 5u));
+        }
+      }
+    }
+    CHECK(split_capacities == 4);
+  }
 }
 
 TEST_CASE("the router as the model states it: sigmoid scores, top-k renormalised, expert bias") {

@@ -134,7 +134,8 @@ class Backend {
   virtual void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) = 0;
   virtual void MoeCapacityForward(float* kept, float* mask, const float* weights,
                                   const int32_t* indices, int64_t rows, int64_t experts,
-                                  int64_t topk, int64_t capacity, bool position) = 0;
+                                  int64_t topk, int64_t capacity, bool position,
+                                  int64_t segments) = 0;
   virtual void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask,
                                    int64_t n) = 0;
   virtual void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,

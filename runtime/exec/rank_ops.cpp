@@ -618,11 +618,12 @@ void RankRunner::RunMoeCapacity(const OpCall& call) {
   const auto a = call.Attrs<prog::attrs::MoeCapacity>();
   const int64_t rows = call.Div(call.InN(0), a.topk);
   call.Need(rows * a.topk == call.InN(0), "the weights are not rows of `topk` columns");
+  call.Need(rows % a.segments == 0, "the rows are not `segments` runs of equal length");
   call.Input(1, call.Mul({rows, a.topk}));
   call.Output(0, call.Mul({rows, a.topk}));
   call.Output(1, call.Mul({rows, a.topk}));
   backend_.MoeCapacityForward(call.Out(0), call.Out(1), call.In(0), call.Ids(1), rows, a.experts,
-                              a.topk, a.capacity, a.position);
+                              a.topk, a.capacity, a.position, a.segments);
 }
 
 void RankRunner::RunMoeCapacityBackward(const OpCall& call) {

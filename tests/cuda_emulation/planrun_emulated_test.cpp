@@ -107,6 +107,10 @@ TEST_CASE("plan moe_ep2_pp2_dp2: local mode, 4 ranks, experts dispatched over ep
   CheckPlan("moe_ep2_pp2_dp2", 4);
 }
 
+TEST_CASE("plan moe_capacity_etp2_tp2_sp: local mode, 2 ranks, a capacity per rank's rows") {
+  CheckPlan("moe_capacity_etp2_tp2_sp", 2);
+}
+
 TEST_CASE("plan mla_tp2_sp: local mode, 2 ranks, multi-head latent attention, sequence parallel") {
   CheckPlan("mla_tp2_sp", 2);
 }

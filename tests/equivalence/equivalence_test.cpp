@@ -697,6 +697,17 @@ TEST_CASE("planc compile: moe with a capacity factor, etp 2, tp 2") {
 TEST_CASE("planc compile: moe with a capacity factor, ep 2, dp 2") {
   CheckPlancEquivalent("moe_capacity_single", "moe_capacity_ep2_dp2");
 }
+// Experts split over the Etp group under sequence parallelism: each rank drops past the capacity
+// of its own rows (one segment of the group's gathered rows), as the etp 1 layout does, whose
+// run is the reference (the one-rank run's microbatches hold twice a rank's rows).
+TEST_CASE("planc compile: moe with a capacity factor, etp 2, tp 2, sp, equals etp 1, tp 2, sp") {
+  CheckPlancEquivalent("moe_capacity_tp2_sp", "moe_capacity_etp2_tp2_sp",
+                       kExpertSplitElementTolerance);
+}
+TEST_CASE("planc compile: moe with a capacity factor, ep 2, etp 2, tp 2, sp, equals etp 1") {
+  CheckPlancEquivalent("moe_capacity_ep2_tp2_dp2_sp", "moe_capacity_ep2_etp2_tp2_dp2_sp",
+                       kExpertSplitElementTolerance);
+}
 TEST_CASE("a capacity factor drops tokens: the run differs from the dropless one") {
   const RunResult capped = Run(PlancCompile("moe_capacity_single"));
   const RunResult dropless = Run(PlancCompile("moe_single"));

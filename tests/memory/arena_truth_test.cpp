@@ -207,6 +207,60 @@ TEST_CASE("check's estimate is compile's arena within 3% on mixture-of-experts p
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
+// A capacity factor (moe.capacity_factor): MoeCapacity's kept weights take the router weights'
+// place and its fp32 mask is stashed beside them, on the rank's rows or (etp > 1 under sp) the
+// Etp group's gathered rows, each member's dropped past its own capacity. Each layout is held
+// to the arena within 3%, and the estimate's growth over the same plan without dropping to the
+// arena's growth exactly.
+TEST_CASE("check's estimate is compile's arena within 3% with a capacity factor") {
+  const std::string file = std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan";
+  ArenaComparison result;
+  int plans = 0;
+  for (const char* name : {"moe_tp2", "moe_gpt_tp2", "moe_ep2_tp2"}) {
+    const bool ep = std::string(name) == "moe_ep2_tp2";  // lowered with etp = 1 under sp
+    for (const char* etp : {"1", "2"}) {
+      for (const char* sp : {"true", "false"}) {
+        if (ep && (std::string(etp) != "1" || std::string(sp) != "true")) continue;
+        for (const char* pp : {"1", "2"}) {
+          for (const char* recompute : {"none", "selective", "full"}) {
+            const std::vector<std::string> dropless = {
+                std::string("parallel.etp=") + etp, std::string("parallel.sp=") + sp,
+                std::string("parallel.pp=") + pp, std::string("recompute=") + recompute};
+            std::vector<std::string> sets = dropless;
+            sets.emplace_back("moe.capacity_factor=1.25");
+            const std::string label = name + SetsText(sets);
+            std::optional<Plan> plan = Load(file, name, sets), base = Load(file, name, dropless);
+            REQUIRE_MESSAGE(plan.has_value(), label);
+            REQUIRE(base.has_value());
+            CHECK_MESSAGE(ArenaModelApplies(*plan), label);
+            const int before = result.compared;
+            CompareArena(label, *plan, result);
+            REQUIRE_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
+            ++plans;
+            plan->cluster.gpu.memory = base->cluster.gpu.memory = int64_t{1} << 50;
+            DiagnosticSink sink;
+            lower::LowerOptions options;
+            options.verify = false;
+            const std::optional<lower::Program> capped = lower::LowerPlan(*plan, options, sink);
+            const std::optional<lower::Program> full = lower::LowerPlan(*base, options, sink);
+            REQUIRE((capped && full));
+            const MemoryEstimate capped_est = EstimateMemory(*plan),
+                                 full_est = EstimateMemory(*base);
+            for (size_t r = 0; r < capped->roles.size(); ++r) {
+              const auto stage = static_cast<size_t>(capped->roles[r].pipeline_rank);
+              CHECK_MESSAGE(capped_est.stages.at(stage).arena - full_est.stages.at(stage).arena ==
+                                capped->roles[r].peak_bytes - full->roles[r].peak_bytes,
+                            label, " stage ", stage);
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(plans == 2 * 2 * 2 * 2 * 3 + 2 * 3);
+  MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
+}
+
 // Expert parallelism (tests/memory/arena/moe.plan, its ep variants): ep = 2 and 4 on the Tp
 // group with sequence parallelism (tp = 2), each rank holding experts / ep experts and receiving
 // the worst case of dispatched rows, or the rows a stated routing imbalance allows; ZeRO 0 and 1

@@ -341,10 +341,10 @@ class CudaBackend final : public exec::Backend {
   }
   void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
                           int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
-                          bool position) override {
+                          bool position, int64_t segments) override {
     Use();
     cuda::MoeCapacityForward(kept, mask, weights, indices, rows, experts, topk, capacity, position,
-                             stream_);
+                             segments, stream_);
   }
   void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask,
                            int64_t n) override {

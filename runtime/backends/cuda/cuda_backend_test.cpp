@@ -560,11 +560,25 @@ TEST_CASE("cuda backend: mixture-of-experts router, permutation and grouped line
     auto weights = p.Upload(w), kept = p.Zeros(rows * topk), mask = p.Zeros(rows * topk);
     for (bool position : {false, true}) {
       p.host->MoeCapacityForward(kept.h, mask.h, weights.h, idx.first, rows, experts, topk, 9,
-                                 position);
+                                 position, 1);
       p.Gpu().MoeCapacityForward(kept.g, mask.g, weights.g, idx.second, rows, experts, topk, 9,
-                                 position);
+                                 position, 1);
       CHECK_CLOSE(p, mask, 0, 0);
       CHECK_CLOSE(p, kept, 0, 0);
+    }
+    // In segments (the Etp group's gathered rows, a capacity per member's rows): the first 36
+    // rows as 2, 3 and 4 runs, each with its own capacity of 3 per expert.
+    for (int64_t segments : {2, 3, 4}) {
+      for (bool position : {false, true}) {
+        CAPTURE(segments);
+        CAPTURE(position);
+        p.host->MoeCapacityForward(kept.h, mask.h, weights.h, idx.first, 36, experts, topk, 3,
+                                   position, segments);
+        p.Gpu().MoeCapacityForward(kept.g, mask.g, weights.g, idx.second, 36, experts, topk, 3,
+                                   position, segments);
+        CHECK_CLOSE(p, mask, 0, 0);
+        CHECK_CLOSE(p, kept, 0, 0);
+      }
     }
     auto dkept = p.Upload(Random(rows * topk, 79)), dw = p.Zeros(rows * topk);
     p.host->MoeCapacityBackward(dw.h, dkept.h, mask.h, rows * topk);

@@ -171,8 +171,9 @@ class HostBackend final : public Backend {
   }
   void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
                           int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
-                          bool position) override {
-    host::MoeCapacityForward(kept, mask, weights, indices, rows, experts, topk, capacity, position);
+                          bool position, int64_t segments) override {
+    host::MoeCapacityForward(kept, mask, weights, indices, rows, experts, topk, capacity, position,
+                             segments);
   }
   void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask,
                            int64_t n) override {

@@ -184,10 +184,11 @@ void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* ind
 void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate,
                          cudaStream_t stream);
 // The host's capacity choice exactly: one thread per pair counts the pairs of its expert that
-// come before it (heavier, or as heavy and earlier) — O(pairs²), kept simple and exact.
+// come before it (heavier, or as heavy and earlier) within its segment of rows / segments rows —
+// O(pairs²), kept simple and exact.
 void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
                         int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
-                        bool position, cudaStream_t stream);
+                        bool position, int64_t segments, cudaStream_t stream);
 void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask, int64_t n,
                          cudaStream_t stream);
 // The host's permutation exactly (each expert's thread scans the pairs in order; no atomics).

@@ -211,13 +211,14 @@ __global__ void ExpertBiasUpdateKernel(float* bias, float* load, int64_t experts
 namespace {
 
 __global__ void CapacityKernel(float* kept, float* mask, const float* weights,
-                               const int32_t* indices, int64_t pairs, int64_t capacity,
-                               bool position) {
+                               const int32_t* indices, int64_t pairs, int64_t segment_pairs,
+                               int64_t capacity, bool position) {
   PARAPLAN_GRID_STRIDE(p, pairs) {
     const int32_t e = indices[p];
     const float w = weights[p];
+    const int64_t first = p / segment_pairs * segment_pairs;
     int64_t before = 0;
-    for (int64_t q = 0; q < pairs; ++q)
+    for (int64_t q = first; q < first + segment_pairs; ++q)
       if (indices[q] == e && (position ? q < p : (weights[q] > w || (weights[q] == w && q < p))))
         ++before;
     const bool keep = before < capacity;
@@ -235,12 +236,12 @@ __global__ void CapacityBackwardKernel(float* dweights, const float* dkept, cons
 
 void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
                         int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
-                        bool position, cudaStream_t stream) {
+                        bool position, int64_t segments, cudaStream_t stream) {
   (void)experts;
   const int64_t pairs = rows * topk;
   if (pairs <= 0) return;
   PARAPLAN_LAUNCH(CapacityKernel, GridFor(pairs), kThreads, 0, stream, kept, mask, weights, indices,
-                  pairs, capacity, position);
+                  pairs, rows / segments * topk, capacity, position);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 

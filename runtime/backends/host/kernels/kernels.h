@@ -232,10 +232,12 @@ void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate);
 // Token dropping by capacity: of the (token, choice) pairs routed to each expert, the `capacity`
 // of largest weight are kept (ties to the lower pair index r · topk + j): mask[p] = 1 and
 // kept[p] = weights[p]; the others get mask 0 and weight 0. Backward: dweights = dkept · mask.
-// With `position` the first `capacity` pairs in pair order are kept instead.
+// With `position` the first `capacity` pairs in pair order are kept instead. The rows are
+// `segments` equal contiguous runs (rows a multiple of it), each choosing on its own pairs with
+// its own `capacity` per expert: the Etp group's gathered rows, one run per member.
 void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
                         int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
-                        bool position);
+                        bool position, int64_t segments);
 void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask, int64_t n);
 
 // Groups the rows · topk (token, choice) pairs by expert: out[rows · topk, dim] holds expert 0's

@@ -93,19 +93,23 @@ void MoeExpertBiasUpdate(float* bias, float* load, int64_t experts, float rate) 
 
 void MoeCapacityForward(float* kept, float* mask, const float* weights, const int32_t* indices,
                         int64_t rows, int64_t experts, int64_t topk, int64_t capacity,
-                        bool position) {
-  const int64_t pairs = rows * topk;
+                        bool position, int64_t segments) {
+  const int64_t segment_pairs = rows / segments * topk;
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(experts));
-  for (int64_t p = 0; p < pairs; ++p) by_expert[static_cast<size_t>(indices[p])].push_back(p);
-  for (auto& list : by_expert) {
-    if (!position)
-      std::stable_sort(list.begin(), list.end(),
-                       [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
-    for (size_t i = 0; i < list.size(); ++i) {
-      const int64_t p = list[i];
-      const bool keep = static_cast<int64_t>(i) < capacity;
-      mask[p] = keep ? 1.0f : 0.0f;
-      kept[p] = keep ? weights[p] : 0.0f;
+  for (int64_t s = 0; s < segments; ++s) {
+    for (auto& list : by_expert) list.clear();
+    for (int64_t p = s * segment_pairs; p < (s + 1) * segment_pairs; ++p)
+      by_expert[static_cast<size_t>(indices[p])].push_back(p);
+    for (auto& list : by_expert) {
+      if (!position)
+        std::stable_sort(list.begin(), list.end(),
+                         [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+      for (size_t i = 0; i < list.size(); ++i) {
+        const int64_t p = list[i];
+        const bool keep = static_cast<int64_t>(i) < capacity;
+        mask[p] = keep ? 1.0f : 0.0f;
+        kept[p] = keep ? weights[p] : 0.0f;
+      }
     }
   }
 }

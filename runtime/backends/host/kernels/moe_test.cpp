@@ -279,7 +279,8 @@ TEST_CASE(
   const std::vector<int32_t> indices = {0, 1, 0, 2, 2, 0, 0, 1};
   const std::vector<float> weights = {0.5f, 0.3f, 0.6f, 0.2f, 0.7f, 0.5f, 0.4f, 0.4f};
   std::vector<float> kept(8), mask(8);
-  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 2, false);
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 2, false,
+                     1);
   // Expert 0: pairs 0 (0.5), 2 (0.6), 5 (0.5), 6 (0.4) -> keeps 2 and 0 (0.5 tie: pair 0 first).
   CHECK(mask == std::vector<float>{1, 1, 1, 1, 1, 0, 0, 1});
   CHECK(kept == std::vector<float>{0.5f, 0.3f, 0.6f, 0.2f, 0.7f, 0, 0, 0.4f});
@@ -287,13 +288,56 @@ TEST_CASE(
   MoeCapacityBackward(dweights.data(), dkept.data(), mask.data(), 8);
   CHECK(dweights == std::vector<float>{1, 2, 3, 4, 5, 0, 0, 8});
   // Capacity 0 drops everything; a capacity past the load keeps everything.
-  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 0, false);
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 0, false,
+                     1);
   CHECK(mask == std::vector<float>(8, 0.0f));
-  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 8, false);
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 8, false,
+                     1);
   CHECK(kept == weights);
   // By position: expert 0 keeps its first two pairs, 0 and 2, whatever their weights.
-  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 2, true);
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 2, true, 1);
   CHECK(mask == std::vector<float>{1, 1, 1, 1, 1, 0, 0, 1});
-  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 1, true);
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 4, 3, 2, 1, true, 1);
   CHECK(mask == std::vector<float>{1, 1, 0, 1, 0, 0, 0, 0});  // each expert its first pair
+}
+
+TEST_CASE(
+    "capacity in segments: each run of rows chooses on its own pairs, with its own capacity") {
+  // The 4 rows of the test above, then 4 more (an Etp group of 2 members, 4 rows each); the
+  // second run repeats the first with its weights reversed within each row.
+  const std::vector<int32_t> indices = {0, 1, 0, 2, 2, 0, 0, 1, 0, 1, 0, 2, 2, 0, 0, 1};
+  const std::vector<float> weights = {0.5f, 0.3f, 0.6f, 0.2f, 0.7f, 0.5f, 0.4f, 0.4f,
+                                      0.3f, 0.5f, 0.2f, 0.6f, 0.5f, 0.7f, 0.4f, 0.4f};
+  std::vector<float> kept(16), mask(16);
+  for (bool position : {false, true}) {
+    for (int64_t capacity : {0, 1, 2, 3, 8}) {
+      CAPTURE(position);
+      CAPTURE(capacity);
+      MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 8, 3, 2,
+                         capacity, position, 2);
+      // Each segment equals the kernel run on its rows alone.
+      for (int64_t s = 0; s < 2; ++s) {
+        std::vector<float> seg_kept(8), seg_mask(8);
+        MoeCapacityForward(seg_kept.data(), seg_mask.data(), weights.data() + s * 8,
+                           indices.data() + s * 8, 4, 3, 2, capacity, position, 1);
+        CHECK(std::vector<float>(mask.begin() + s * 8, mask.begin() + (s + 1) * 8) == seg_mask);
+        CHECK(std::vector<float>(kept.begin() + s * 8, kept.begin() + (s + 1) * 8) == seg_kept);
+      }
+    }
+  }
+  // Capacity 2 by weight: segment 0 as above; in segment 1 expert 0 holds pairs 8 (0.3), 10 (0.2),
+  // 13 (0.7), 14 (0.4) and keeps 13 and 14. One segment of all 8 rows keeps two pairs of each
+  // expert in all: expert 0 its pairs 2 and 13, expert 1 pairs 9 and 7, expert 2 pairs 4 and 11.
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 8, 3, 2, 2, false,
+                     2);
+  CHECK(mask == std::vector<float>{1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1, 1});
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 8, 3, 2, 2, false,
+                     1);
+  CHECK(mask == std::vector<float>{0, 0, 1, 0, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0});
+  // The gradient follows the segments' mask.
+  MoeCapacityForward(kept.data(), mask.data(), weights.data(), indices.data(), 8, 3, 2, 1, true, 2);
+  CHECK(mask == std::vector<float>{1, 1, 0, 1, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0});
+  std::vector<float> dkept(16, 1.0f), dweights(16);
+  MoeCapacityBackward(dweights.data(), dkept.data(), mask.data(), 16);
+  CHECK(dweights == mask);
 }
