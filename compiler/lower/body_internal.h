@@ -495,7 +495,7 @@ class RoleLowering {
   bool shard_grads_ = false;    // ZeRO >= 2, dp · cp > 1: grads reduce-scattered per backward
   bool gather_params_ = false;  // ZeRO >= 3, dp · cp > 1: params gathered in the bodies, per layer
   int64_t ep_ = 1;              // expert parallelism: Ep ranks sharing the experts of a layer
-  int64_t edp_ = 1;  // ranks holding the same experts (Edp), tp · cp · dp / (ep · etp)
+  int64_t edp_ = 1;             // the Edp group: tp · cp · dp / (ep · etp) ranks
   std::vector<std::string> param_group_;  // per param: its bucket group with ZeRO >= 2
   int32_t chunk_ = -1, layer_ = -1;
   std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
