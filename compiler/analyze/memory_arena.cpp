@@ -460,13 +460,16 @@ bool ArenaModelApplies(const Plan& plan) {
   return plan.framework == Framework::kParaplan && (!m.IsMoe() ? q.ep == 1 : MoeArenaApplies(plan));
 }
 
-// --- expert parallelism: planrun keeps the Ep-sharded experts in a bucket of their own, their
-// gradients reduced and (ZeRO 1) their optimizer state sharded over the Edp group, the
-// tp · cp · dp / (ep · etp) ranks holding the same expert slices (compiler/lower/body.cpp,
-// BuildBuckets) ---
+// --- expert parallelism: planrun keeps the experts in a bucket of their own, their gradients
+// reduced and (ZeRO 1) their optimizer state sharded over the Edp group, the
+// tp · cp · dp / (ep · etp) ranks holding the same expert slices, with ep > 1 and with ep = 1,
+// etp = 1 beside tp > 1 under sequence parallelism and ZeRO 0 or 1 (Edp then spans the Tp
+// ranks, as Megatron-Core's expert data-parallel group); otherwise beside the dense parameters,
+// over dp · cp (compiler/lower/body_internal.h, ExpertsOverEdp) ---
 int64_t ArenaExpertShardGroup(const Plan& plan, int64_t dense_shard) {
   const ParallelSpec& q = plan.parallel;
-  if (q.ep <= 1) return dense_shard;
+  const bool whole_over_tp = q.etp <= 1 && q.tp > 1 && q.sp && plan.optimizer.zero <= 1;
+  if (q.ep <= 1 && !whole_over_tp) return dense_shard;
   return std::max<int64_t>(1, int64_t{q.tp} * q.cp * q.dp / (q.ep * std::max<int64_t>(1, q.etp)));
 }
 // --- end expert parallelism ---
