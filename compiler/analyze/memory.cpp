@@ -364,10 +364,11 @@ struct MemoryInputs {
 
 // The ranks ZeRO shards the routed experts' states over. Megatron-Core: the expert data-parallel
 // group, world / (etp · ep · pp) = `edp` (with etp = 1 and tp > 1 it spans the Tp ranks, which
-// hold the same whole experts), less HSDP's replicas. planrun (the arena model): with ep = 1 the
-// experts sit in the chunk's buckets beside the dense parameters (compiler/lower/body.cpp,
-// BuildBuckets), so they shard over the dense ZeRO group, dp · cp, whatever etp; with ep > 1
-// over Edp (ArenaExpertShardGroup).
+// hold the same whole experts), less HSDP's replicas. planrun (the arena model): over Edp with
+// ep > 1, and with ep = 1, etp = 1 beside tp > 1 under sequence parallelism and ZeRO 0 or 1, as
+// Megatron-Core; otherwise (etp = tp, no sequence parallelism, ZeRO 2 or 3) the experts sit in
+// the chunk's buckets beside the dense parameters and shard over dp · cp
+// (ArenaExpertShardGroup).
 int64_t ExpertShardGroup(const Plan& plan, int64_t edp, int64_t dense_shard) {
   if (ArenaModelApplies(plan)) return ArenaExpertShardGroup(plan, dense_shard);
   return std::max<int64_t>(1, edp / std::max<int64_t>(1, plan.fsdp.replicate));

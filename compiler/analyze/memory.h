@@ -12,8 +12,9 @@
 //                 cached FP8 casts under Transformer Engine), main gradients in `grads`, fp32
 //                 master weights when `main_params`, Adam's two moments in `optimizer_state`.
 //                 ZeRO 1/2/3 shard them over fsdp.shard ranks (dp·cp / fsdp.replicate); routed
-//                 experts over their expert-DP group, world / (etp·ep·pp) (planrun: over dp·cp,
-//                 beside the dense parameters in its buckets). PyTorch FSDP (torchtitan,
+//                 experts over their expert-DP group, world / (etp·ep·pp) (planrun too, but
+//                 over dp·cp beside the dense parameters with ep = 1 and etp = tp, no SP or
+//                 ZeRO 2/3: ArenaExpertShardGroup). PyTorch FSDP (torchtitan,
 //                 llm_foundry) keeps the fp32 shard as the parameter itself (no separate master).
 //   activations   Korthikanti et al. per layer (cost_shape), minus what the recompute keeps out:
 //                 Megatron's --recompute-modules drop their outputs (DroppedByModules), full

@@ -415,7 +415,12 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
 int64_t ArenaMoeStateBuffers(const ArenaSizes& z) { return z.expert_bias ? 2 * z.experts * 4 : 0; }
 
 // Microbatches of each local chunk in flight at once on pipeline rank r, in the order the
-// schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down).
+// schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down). A
+// microbatch takes its chunk's slot at its first transfer or forward (compiler/lower/lower.cpp,
+// AssignSlots). In the interleaved steady state the transfer placement (compiler/lower/
+// schedule.cpp) posts the first stage's next input (from the last stage, for every chunk but the
+// first) in the group before the backward: that slot is taken before the backward gives its own
+// back. The other stages receive right before the forward, after the backward.
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
   const int64_t p = std::max<int64_t>(1, plan.parallel.pp),
                 v = std::max<int64_t>(1, plan.parallel.vpp);
@@ -431,14 +436,19 @@ std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
   const int64_t total = m * v;
   const int64_t warmup = std::min(total, 2 * (p - r - 1) + (v - 1) * p);
   std::vector<int64_t> live(static_cast<size_t>(v), 0);
-  auto forward = [&](int64_t k) {
+  int64_t taken = 0;  // forwards whose slot is taken: 0 .. taken - 1
+  auto take = [&](int64_t k) {
+    if (k < taken) return;
     const size_t c = static_cast<size_t>((k / p) % v);
     slots[c] = std::max(slots[c], ++live[c]);
+    taken = k + 1;
   };
+  auto early = [&](int64_t k) { return r == 0 && (k / p) % v != 0; };
   auto backward = [&](int64_t k) { --live[static_cast<size_t>(v - 1 - (k / p) % v)]; };
-  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  for (int64_t k = 0; k < warmup; ++k) take(k);
   for (int64_t i = 0; i < total - warmup; ++i) {
-    forward(warmup + i);
+    take(warmup + i);
+    if (warmup + i + 1 < total && early(warmup + i + 1)) take(warmup + i + 1);
     backward(i);
   }
   return slots;
@@ -468,13 +478,16 @@ bool ArenaModelApplies(const Plan& plan) {
   return plan.framework == Framework::kParaplan && (!m.IsMoe() ? q.ep == 1 : MoeArenaApplies(plan));
 }
 
-// --- expert parallelism: planrun keeps the Ep-sharded experts in a bucket of their own, their
-// gradients reduced and (ZeRO 1) their optimizer state sharded over the Edp group, the
-// tp · cp · dp / (ep · etp) ranks holding the same expert slices (compiler/lower/body.cpp,
-// BuildBuckets) ---
+// --- expert parallelism: planrun keeps the experts in a bucket of their own, their gradients
+// reduced and (ZeRO 1) their optimizer state sharded over the Edp group, the
+// tp · cp · dp / (ep · etp) ranks holding the same expert slices, with ep > 1 and with ep = 1,
+// etp = 1 beside tp > 1 under sequence parallelism and ZeRO 0 or 1 (Edp then spans the Tp
+// ranks, as Megatron-Core's expert data-parallel group); otherwise beside the dense parameters,
+// over dp · cp (compiler/lower/body_internal.h, ExpertsOverEdp) ---
 int64_t ArenaExpertShardGroup(const Plan& plan, int64_t dense_shard) {
   const ParallelSpec& q = plan.parallel;
-  if (q.ep <= 1) return dense_shard;
+  const bool whole_over_tp = q.etp <= 1 && q.tp > 1 && q.sp && plan.optimizer.zero <= 1;
+  if (q.ep <= 1 && !whole_over_tp) return dense_shard;
   return std::max<int64_t>(1, int64_t{q.tp} * q.cp * q.dp / (q.ep * std::max<int64_t>(1, q.etp)));
 }
 // --- end expert parallelism ---

@@ -80,8 +80,8 @@ int64_t ArenaMoeStateBuffers(const ArenaSizes& z);
 // Microbatches of each local chunk in flight at once on pipeline rank r, `m` per step.
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m);
 
-// The ranks the Ep-sharded experts' gradients and optimizer state shard over: Edp with ep > 1,
-// else `dense_shard`.
+// The ranks the experts' gradients and optimizer state shard over: Edp with ep > 1, and with
+// ep = 1, etp = 1 beside tp > 1 under sequence parallelism and ZeRO 0 or 1; else `dense_shard`.
 int64_t ArenaExpertShardGroup(const Plan& plan, int64_t dense_shard);
 
 }  // namespace paraplan

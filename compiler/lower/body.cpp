@@ -424,7 +424,7 @@ void RoleLowering::ClassifyStash() {
 // the Embedding-group all-reduce.
 void RoleLowering::BuildBuckets() {
   auto make = [&](int32_t chunk, const std::vector<int32_t>& members, const std::string& name) {
-    // The ZeRO group: dp · cp, or for expert-parallel params the Edp group.
+    // The ZeRO group: dp · cp, or for the experts' params (ExpertsOverEdp) the Edp group.
     const bool experts = !members.empty() && IsExpertSharded(members.front());
     const int64_t dp = experts ? edp_ : shard_;
     Bucket bucket;
@@ -468,7 +468,7 @@ void RoleLowering::BuildBuckets() {
     std::map<std::string, std::vector<int32_t>> members;
     for (int32_t i = 0; i < static_cast<int32_t>(role_.params.size()); ++i) {
       if (role_.params[i].chunk != c.index) continue;
-      // Ep-sharded experts keep a bucket of their own: their grads reduce over Edp.
+      // The experts (ExpertsOverEdp) keep a bucket of their own: their grads reduce over Edp.
       const std::string group = shard_grads_         ? param_group_[i]
                                 : IsExpertSharded(i) ? std::string("experts")
                                                      : std::string();
@@ -553,7 +553,7 @@ void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
   std::vector<int32_t> grads;
   for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
   int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
-  if (ExpertParallel()) {
+  if (ExpertsOverEdp()) {
     // Experts are split over Ep and replicated over Edp: each element is counted on one rank
     // of those holding it (under ZeRO 1 by the owned shards), then summed over the world.
     Emit(attrs::GradNormSquare{.count_once = true}, grads, {nsq});
@@ -628,7 +628,8 @@ StepBodies RoleLowering::BuildStepBodies() {
     int32_t params = gather_params_ ? b.param_shard : b.params;
     int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
     const std::vector<int32_t> in = {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq};
-    // Expert-parallel buckets shard over Edp (ZeRO 1; ZeRO >= 2 is refused beside ep > 1).
+    // The experts' buckets shard over Edp (ZeRO 1; ZeRO >= 2 is refused beside ep > 1 and keeps
+    // the experts beside the dense params with ep = 1).
     const bool experts = IsExpertBucket(b);
     const bool shards = experts ? p_.zero >= 1 && edp_ > 1 : sharded;
     const CommKind group = experts ? CommKind::Edp : shard_comm_;

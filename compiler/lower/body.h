@@ -56,10 +56,11 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 
 // --- mixture of experts ---------------------------------------------------------------------
 // The MoE layers of the model (experts == 0: dense). With ep = 1 and etp = 1 every rank holds
-// every expert whole (replicated over tp); with ep > 1 it holds experts / ep of them and the
-// dispatch and combine are all-to-alls over Ep (runtime/format/README.md, "Expert
-// parallelism"). Each rank routes its own rows of the residual stream (rows / tp under sequence
-// parallelism, all tokens otherwise):
+// every expert whole (replicated over tp; beside tp > 1 under sequence parallelism and ZeRO 0
+// or 1 in a bucket of their own, reduced and sharded over Edp = tp · cp · dp as with ep > 1);
+// with ep > 1 it holds experts / ep of them and the dispatch and combine are all-to-alls over Ep
+// (runtime/format/README.md, "Expert parallelism"). Each rank routes its own rows of the
+// residual stream (rows / tp under sequence parallelism, all tokens otherwise):
 //   router    Linear to [rows, experts] logits, MoeRouter (softmax or sigmoid scores, top-k,
 //             `normalize` divides the picked weights by their sum), the load-balancing aux loss's
 //             gradient (coefficient `aux_coeff`, over the microbatch's tokens) added by

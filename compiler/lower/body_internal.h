@@ -422,8 +422,22 @@ class RoleLowering {
         static_cast<int64_t>(std::ceil(s_.moe.imbalance * static_cast<double>(rows * s_.moe.topk)));
     return std::min(worst, std::max<int64_t>(stated, 1));
   }
-  // Splits the expert param just added over Ep: dimension 0 (the expert) is sharded, the init
-  // stays keyed by the global expert index; its gradient is reduced over Edp, not Tp or Dp.
+  // Whether the routed experts sit in a bucket of their own per chunk, their gradients reduced
+  // once over Edp and, from ZeRO 1, their optimizer state sharded over it, as Megatron-Core's
+  // expert data-parallel group: with ep > 1, and with ep = 1 and etp = 1 beside tp > 1 under
+  // sequence parallelism and ZeRO 0 or 1. There each Tp rank routes its own rows, so its expert
+  // gradients are partial sums over Tp, and Edp = tp · cp · dp spans the stage's ranks. Otherwise
+  // (ep = 1) the experts stay in the chunk's buckets beside the dense params, sharded over
+  // dp · cp: with etp = tp Edp is DpCp anyway; without sequence parallelism every Tp rank holds
+  // the whole gradient, which a sum over Tp would count tp times; ZeRO 2 and 3 reduce per layer.
+  bool ExpertsOverEdp() const {
+    if (s_.moe.experts <= 0) return false;
+    if (ep_ > 1) return true;
+    return s_.moe.etp <= 1 && tp_ > 1 && p_.sp && p_.zero <= 1;
+  }
+  // Marks the expert param just added as the experts' (ExpertsOverEdp): split over Ep, dimension
+  // 0 (the expert) sharded (one way with ep = 1), the init keyed by the global expert index; its
+  // gradient is reduced over Edp, not Tp or Dp.
   void ShardExpertParam(const ParamRef& ref);
   bool IsExpertSharded(int32_t param) const {
     return role_.params[param].split_comm == CommKind::Ep;
@@ -505,7 +519,7 @@ class RoleLowering {
   bool shard_grads_ = false;    // ZeRO >= 2, dp · cp > 1: grads reduce-scattered per backward
   bool gather_params_ = false;  // ZeRO >= 3, dp · cp > 1: params gathered in the bodies, per layer
   int64_t ep_ = 1;              // expert parallelism: Ep ranks sharing the experts of a layer
-  int64_t edp_ = 1;             // ranks holding the same experts (Edp), tp · cp · dp / ep
+  int64_t edp_ = 1;             // the Edp group: tp · cp · dp / (ep · etp) ranks
   std::vector<std::string> param_group_;  // per param: its bucket group with ZeRO >= 2
   int32_t chunk_ = -1, layer_ = -1;
   std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body

@@ -31,7 +31,7 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
     params.load = Buf(n + "router.expert_load", {e}, DType::F32, BufferKind::Persistent);
     expert_bias_.push_back({params.bias, params.load});
   }
-  if (ExpertParallel()) {
+  if (ExpertsOverEdp()) {
     if (params.gate.param >= 0) ShardExpertParam(params.gate);
     ShardExpertParam(params.up);
     ShardExpertParam(params.down);

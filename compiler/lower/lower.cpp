@@ -421,6 +421,17 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
   (void)par;
 }
 
+// Whether the bodies hold the experts in buckets of their own, split over Ep and reduced over
+// Edp (compiler/lower/body_internal.h, ExpertsOverEdp): with ep > 1, and with ep = 1 and
+// etp = 1 beside tp > 1 under sequence parallelism and ZeRO 0 or 1. Only then do the ranks
+// need the Ep and Edp communicators.
+bool HasExpertBuckets(const Program& p) {
+  for (const Role& role : p.roles)
+    for (const Param& prm : role.params)
+      if (prm.split_comm == CommKind::Ep) return true;
+  return false;
+}
+
 // Communicators from the layout: a kind is listed when its groups have more than one member
 // (World always). Returns the index of each rank's communicator per kind.
 void BuildWorld(const Layout& layout, bool tied_pp, bool experts, Program& p) {
@@ -766,8 +777,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
   BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), options.compact_schedule, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
-  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1,
-             plan.model.IsMoe() && plan.parallel.ep > 1, p);
+  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, HasExpertBuckets(p), p);
   AddExpertTensorComms(plan, layout, p);
 
   if (options.before_verify) options.before_verify(p);

@@ -1097,6 +1097,85 @@ TEST_CASE("mixture of experts lowers with ep = 1 and etp = 1; routed buffers at 
   }
 }
 
+// ep = 1, etp = 1 beside tp 2 under sequence parallelism, dp 2: every rank holds every expert
+// whole and routes its own rows, so the experts sit in a bucket of their own, reduced once over
+// Edp (Megatron-Core's expert data-parallel group, tp · dp = 4 ranks) with no Tp reduction, and
+// under ZeRO 1 their optimizer state is sharded 4 ways, the dense params' over dp = 2.
+TEST_CASE("ep = 1, etp = 1, tp 2, sp: the experts reduce and shard over Edp, the stage's ranks") {
+  Plan plan = TinyPlan(2, 1, 2);
+  plan.parallel.sp = true;
+  plan.parallel.etp = 1;
+  plan.optimizer.zero = 1;
+  SetTinyMoe(plan.model);  // MoE layers 1, 3, 5, 7
+  const Program p = MustLower(plan);
+  std::map<CommKind, std::vector<std::vector<int32_t>>> groups;
+  for (const Communicator& c : p.communicators) groups[c.kind].push_back(c.members);
+  CHECK(groups[CommKind::Edp] == std::vector<std::vector<int32_t>>{{0, 1, 2, 3}});
+  CHECK(groups.count(CommKind::Ep) == 0);  // a group of one
+  const Role& role = p.roles[0];
+  int64_t expert_elements = 0;
+  std::set<int32_t> expert_grads;
+  for (const Param& prm : role.params) {
+    if (prm.name.find(".experts.") == std::string::npos) continue;
+    CHECK(prm.split_comm == CommKind::Ep);  // split one way: every expert on every rank
+    CHECK(prm.split_dim == 0);
+    CHECK(role.buffers[prm.buffer].shape[0] == 4);
+    CHECK_FALSE(prm.tp_replicated);
+    CHECK_FALSE(prm.grad_sync_tp);
+    expert_elements += role.buffers[prm.buffer].Elements();
+    expert_grads.insert(prm.grad);
+  }
+  CHECK(expert_elements == int64_t{4} * 3 * 4 * 64 * 64);
+  const Body& reduce = role.bodies[role.chunks.size() * 2 + 1];
+  REQUIRE(reduce.name == "reduce_grads");
+  CHECK(CountOps(reduce, OpKind::ReduceScatter, CommKind::Edp) == 1);
+  CHECK(CountOps(reduce, OpKind::ReduceScatter, CommKind::Dp) == 1);
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::Tp) > 0);  // the router, norms, ...
+  for (const Op& op : reduce.ops)
+    if (op.comm == CommKind::Tp) CHECK(expert_grads.count(op.inputs[0]) == 0);
+  const Body& step = role.bodies[role.chunks.size() * 2 + 2];
+  CHECK(CountOps(step, OpKind::AdamW, CommKind::Edp) == 1);
+  CHECK(CountOps(step, OpKind::AdamW, CommKind::Dp) == 1);
+  CHECK(CountOps(step, OpKind::AllGather, CommKind::Edp) == 1);
+  for (const Op& op : step.ops)
+    if (op.kind == OpKind::GradNormSquare)
+      CHECK(prog::DecodeAttrs<prog::attrs::GradNormSquare>(op).count_once);
+  // The expert optimizer state per rank: a quarter of the experts' (padded) bucket.
+  REQUIRE(role.buckets.size() == 2);
+  int experts_buckets = 0;
+  for (const Bucket& b : role.buckets) {
+    const bool experts = role.buffers[b.params].name == "chunk0.experts.params";
+    experts_buckets += experts ? 1 : 0;
+    CHECK(b.shard_elements * (experts ? 4 : 2) == b.elements);
+    for (int32_t state : {b.master, b.exp_avg, b.exp_avg_sq})
+      CHECK(role.buffers[state].Elements() == b.shard_elements);
+    if (experts) {
+      CHECK(b.elements >= expert_elements);
+      CHECK(b.elements <
+            expert_elements + int64_t{3} * 64 + 4);  // alignment between params, rounding
+    }
+  }
+  CHECK(experts_buckets == 1);
+  // ZeRO 0: the experts' grads all-reduced over Edp, the update unsharded.
+  plan.optimizer.zero = 0;
+  const Program z0 = MustLower(plan);
+  const Role& r0 = z0.roles[0];
+  CHECK(CountOps(r0.bodies[r0.chunks.size() * 2 + 1], OpKind::AllReduce, CommKind::Edp) == 1);
+  CHECK(CountOps(r0.bodies[r0.chunks.size() * 2 + 1], OpKind::AllReduce, CommKind::Dp) == 1);
+  CHECK(CountOps(r0.bodies[r0.chunks.size() * 2 + 2], OpKind::AdamW, CommKind::None) == 2);
+  // ZeRO 2, or no sequence parallelism (every Tp rank then holds the whole expert gradient):
+  // the experts stay beside the dense params, sharded over dp, and no rank needs Edp.
+  for (bool sp : {true, false}) {
+    Plan other = plan;
+    other.parallel.sp = sp;
+    other.optimizer.zero = sp ? 2 : 1;
+    const Program q = MustLower(other);
+    for (const Communicator& c : q.communicators) CHECK(c.kind != CommKind::Edp);
+    for (const Param& prm : q.roles[0].params) CHECK(prm.split_comm != CommKind::Ep);
+    for (const Bucket& b : q.roles[0].buckets) CHECK(b.shard_elements * 2 == b.elements);
+  }
+}
+
 TEST_CASE("the router as the model states it: sigmoid scores, top-k renormalised, expert bias") {
   Plan plan = TinyPlan(1, 2, 2);
   plan.model.experts = 4;

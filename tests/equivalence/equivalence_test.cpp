@@ -535,6 +535,49 @@ TEST_CASE("moe: ep 2, pp 2, dp 2, 1F1B") {
   CheckExpertParallel(WithEp(2, {1, 2, 2, 1, Schedule::k1F1B}));
 }
 // --- end expert parallelism ---
+// --- whole experts over Edp (ep = 1, etp = 1, tp > 1, sequence parallelism, ZeRO 0 or 1) ---
+// Every rank holds every expert and routes its own rows: the experts' gradients, partial sums
+// over Tp, reduce once over Edp (tp · cp · dp ranks), and ZeRO 1 shards their optimizer state
+// over it. The grad norm counts each expert element on one rank of Edp.
+TEST_CASE("moe: tp 2, sequence parallel, dp 2 (expert grads over Edp = tp · dp)") {
+  CheckExpertParallel(Moe({2, 1, 2, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("moe: tp 2, sequence parallel, dp 2, ZeRO 1 (expert states sharded over Edp = tp · dp)") {
+  CheckExpertParallel(Moe({2, 1, 2, 1, Schedule::k1F1B, true, 1}));
+}
+TEST_CASE("moe: tp 2, sequence parallel, ZeRO 1 (dp 1: experts sharded over the Tp ranks)") {
+  CheckExpertParallel(Moe({2, 1, 1, 1, Schedule::k1F1B, true, 1}));
+}
+TEST_CASE("moe: cp 2, tp 2, sequence parallel, dp 2, ZeRO 1 (expert states over tp · cp · dp)") {
+  CheckExpertParallel(Moe(WithCp(2, {2, 1, 2, 1, Schedule::k1F1B, true, 1})));
+}
+TEST_CASE("moe: tp 2, sequence parallel, dp 2, ZeRO 2 (experts beside the dense params)") {
+  CheckEquivalent(false, Moe({2, 1, 2, 1, Schedule::k1F1B, true, 2}));
+}
+// Each rank saves and loads its own shard of the experts' optimizer state (a quarter here).
+TEST_CASE("moe: tp 2, sequence parallel, dp 2, ZeRO 1: resuming from a checkpoint is bitwise") {
+  const ProgramImage program = PlancCompile("moe_tp2_dp2_zero1_sp");
+  const RunResult straight = Run(program);
+  const std::string dir = Dir() + "/expert_edp_checkpoint";
+  RunOptions first;
+  first.data_path = SourceDir() + "/data/corpus/classics.txt";
+  first.comm_timeout_seconds = 120;
+  first.steps = 3;
+  first.checkpoint_dir = dir;
+  REQUIRE(Train(program, first).checkpoint_step == 3);
+  RunOptions rest = first;
+  rest.steps = 2;
+  rest.checkpoint_dir.clear();
+  rest.resume_dir = dir;
+  const RunResult resumed = Train(program, rest);
+  REQUIRE(resumed.start_step == 3);
+  REQUIRE(resumed.steps.size() == 2);
+  CHECK(resumed.steps[0].loss == straight.steps[3].loss);
+  CHECK(resumed.steps[1].loss == straight.steps[4].loss);
+  CHECK(resumed.params == straight.params);
+  fs::remove_all(dir);
+}
+// --- end whole experts over Edp ---
 // --- expert tensor parallelism (etp = tp, ep = 1) ---
 // Each expert's gate/up split by rows and its down projection by columns over the Tp group; under
 // sequence parallelism the group's rows are gathered before dispatch and the combined partial
@@ -663,6 +706,12 @@ TEST_CASE("planc compile: moe tp 2, pp 2, dp 2, ZeRO 1, sequence parallel (etp 1
   CheckPlancEquivalent("moe_single", "moe_tp2_pp2_dp2_zero1_sp");
 }
 
+TEST_CASE("planc compile: moe tp 2, dp 2, sequence parallel (etp 1: expert grads over Edp)") {
+  CheckPlancEquivalent("moe_single", "moe_tp2_dp2_sp");
+}
+TEST_CASE("planc compile: moe tp 2, dp 2, ZeRO 1, sequence parallel (etp 1: states over Edp)") {
+  CheckPlancEquivalent("moe_single", "moe_tp2_dp2_zero1_sp");
+}
 TEST_CASE("planc compile: moe cp 2, tp 2, sequence parallel (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_cp2_tp2_sp");
 }

@@ -110,6 +110,47 @@ TEST_CASE(
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
+// The stash slots each chunk of each stage holds (ArenaSlots) are the program's, for the
+// interleaved schedule over pipeline depths, chunk counts and microbatch counts: on the first
+// stage the next forward's input arrives before the backward has given its slot back.
+TEST_CASE("the arena model's stash slots are the compiled program's under interleaved 1F1B") {
+  const std::string file = std::string(PARAPLAN_ROOT) + "/examples/tiny_llama.plan";
+  int stages = 0;
+  for (int pp : {2, 3, 4, 8}) {
+    for (int vpp : {2, 3, 5}) {
+      for (int times : {1, 3}) {
+        const int m = pp * times;
+        const std::vector<std::string> sets = {"parallel.tp=1",
+                                               "parallel.sp=false",
+                                               "parallel.pp=" + std::to_string(pp),
+                                               "parallel.vpp=" + std::to_string(vpp),
+                                               "pipeline.schedule=interleaved_1f1b",
+                                               "model.layers=" + std::to_string(pp * vpp),
+                                               "cluster.gpus_per_node=" + std::to_string(pp),
+                                               "batch.global=" + std::to_string(2 * m),
+                                               "batch.micro=2"};
+        const std::string label = "tiny_llama" + SetsText(sets);
+        std::optional<Plan> plan = Load(file, "", sets);
+        REQUIRE_MESSAGE(plan.has_value(), label);
+        DiagnosticSink sink;
+        lower::LowerOptions options;
+        options.verify = false;
+        std::optional<lower::Program> program = lower::LowerPlan(*plan, options, sink);
+        REQUIRE_MESSAGE(program.has_value(), label);
+        for (const lower::Role& role : program->roles) {
+          const std::vector<int64_t> slots = ArenaSlots(*plan, role.pipeline_rank, m);
+          REQUIRE(slots.size() == role.chunks.size());
+          for (size_t c = 0; c < slots.size(); ++c)
+            CHECK_MESSAGE(slots[c] == role.chunks[c].slots, label, " stage ", role.pipeline_rank,
+                          " chunk ", c);
+          ++stages;
+        }
+      }
+    }
+  }
+  CHECK(stages == 2 * 3 * (2 + 3 + 4 + 8));
+}
+
 // Mixture of experts (tests/memory/arena/moe.plan): a leading dense layer, then every second
 // layer MoE with shared experts, at production widths; experts whole on every rank (etp = 1,
 // their states sharded over dp · cp only) or split over the Tp group (etp = tp), with and
