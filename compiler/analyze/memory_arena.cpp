@@ -138,7 +138,8 @@ namespace {
 // of every row landing on this rank's experts (ArenaRoutedRows). With etp = tp > 1 under sequence
 // parallelism the experts run on the Etp group's rows: the rows, the router's logits, weights and
 // choices are gathered over Etp before dispatch. With a capacity factor the kept weights take the
-// router weights' place (the same size) and their fp32 mask is stashed beside them.
+// router weights' place (the same size) and their fp32 mask is stashed beside them; the dropped
+// pairs are never permuted, so the routed rows are at most every expert's capacity per segment.
 
 void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   const ModelSpec& m = plan.model;
@@ -152,6 +153,13 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
   z.expert_bias = m.router_bias_rate > 0;
   z.capacity = plan.moe.capacity_factor > 0;
+  if (z.capacity && z.experts > 0 && z.R > 0) {
+    // Megatron-Core's get_capacity on one rank's rows, as lowering computes it (ExpertCapacity).
+    const auto capacity =
+        static_cast<int64_t>(std::ceil(static_cast<double>(SatMul(z.R, z.topk)) /
+                                       static_cast<double>(z.experts) * plan.moe.capacity_factor));
+    z.expert_kept = std::max<int64_t>(SatMul(capacity, z.expert_rows / z.R), 1);
+  }
   ArenaEpSizesOf(plan, z);
 }
 
@@ -164,7 +172,8 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
 // and combines the input gradient. The receive buffers hold ArenaEpDispatchRows rows.
 
 // The rows a rank's experts may receive: the worst case, every row each Ep peer routes (the Etp
-// group's rows when gathered) choosing min(topk, local experts) of them, or ceil(imbalance · rows
+// group's rows when gathered) choosing min(topk, local experts) of them (with a capacity factor at
+// most each local expert's capacity per segment of each peer, if fewer), or ceil(imbalance · rows
 // · topk) when moe.imbalance is stated and smaller (DispatchCapacity).
 // The routing imbalance the plan states (in its file, the standard library or on the command
 // line; at least 1), or 0 when moe.imbalance keeps its default (lower.cpp reads it alike).
@@ -177,7 +186,9 @@ double ArenaEpStatedImbalance(const Plan& plan) {
 }
 
 int64_t ArenaEpDispatchRows(const Plan& plan, const ArenaSizes& z) {
-  const int64_t worst = SatMul(SatMul(z.ep, z.expert_rows), std::min(z.topk, z.local_experts));
+  int64_t worst = SatMul(SatMul(z.ep, z.expert_rows), std::min(z.topk, z.local_experts));
+  if (z.expert_kept > 0)
+    worst = std::min(worst, SatMul(SatMul(z.ep, z.local_experts), z.expert_kept));
   const double imbalance = ArenaEpStatedImbalance(plan);
   if (imbalance <= 0) return worst;
   const double balanced = static_cast<double>(SatMul(z.expert_rows, z.topk));
@@ -191,9 +202,16 @@ void ArenaEpSizesOf(const Plan& plan, ArenaSizes& z) {
   if (z.ep > 1) z.dispatch_rows = ArenaEpDispatchRows(plan, z);
 }
 
+// Rows of the permuted (routed) buffers: every choice of every row the rank's experts see, or
+// with a capacity factor every expert's kept pairs when fewer.
+int64_t ArenaRoutedRows(const ArenaSizes& z) {
+  const int64_t pairs = SatMul(z.expert_rows, z.topk);
+  return z.expert_kept > 0 ? std::min(pairs, SatMul(z.experts, z.expert_kept)) : pairs;
+}
+
 // The rows the experts' GEMMs run on: the received rows with ep > 1, else the routed ones.
 int64_t ArenaExpertGemmRows(const ArenaSizes& z) {
-  return z.ep > 1 ? z.dispatch_rows : SatMul(z.expert_rows, z.topk);
+  return z.ep > 1 ? z.dispatch_rows : ArenaRoutedRows(z);
 }
 
 // Stashed with ep > 1 beside the routed buffers: the per-peer split of the rows (ep · local
@@ -202,9 +220,6 @@ int64_t ArenaEpCountsStash(const ArenaSizes& z) {
   return z.ep > 1 ? SatMul(SatMul(z.ep, z.local_experts) + z.local_experts, 4) : 0;
 }
 // --- end expert parallelism ---
-
-// Rows of the permuted (routed) buffers: every choice of every row the rank's experts see.
-int64_t ArenaRoutedRows(const ArenaSizes& z) { return SatMul(z.expert_rows, z.topk); }
 
 // The sizes, in bytes, of the buffers of one MoE block (after the MLP norm), per microbatch.
 struct ArenaMoeBuffers {
@@ -239,7 +254,7 @@ ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   if (z.capacity) b.capacity_mask = SatMul(z.expert_rows, z.topk * 4);
   if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
   b.permuted = SatMul(rows, z.h * a);
-  b.row_map = SatMul(routed, 4);
+  b.row_map = SatMul(z.expert_rows, z.topk * 4);  // one per pair, kept or dropped
   b.expert_counts = z.experts * 4;
   b.gate_up = SatMul(rows, (z.gelu ? 1 : 2) * z.expert_ffn * a);
   b.act = SatMul(rows, z.expert_ffn * a);
@@ -282,9 +297,11 @@ namespace {
 // input's gradient (dn2). Under full recompute the recomputed forward's combine comes first: the
 // experts' output on the received rows (scratch) beside the combined rows. `early` and `open`
 // are the buckets live before and from the down projection's backward, `held` what every step
-// keeps (the router weights' gradient, the recomputed attention, router and shared buffers).
+// keeps (the router weights' gradient, the recomputed attention, router and shared buffers), and
+// `forward_held` what of it the recomputed forward's combine meets (the recomputed attention and
+// router: the shared experts run after the combine, the router weights' gradient later still).
 int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuffers& b,
-                          int64_t early, int64_t open, int64_t held) {
+                          int64_t early, int64_t open, int64_t held, int64_t forward_held) {
   const bool full = recompute == Recompute::kFull;
   auto rc = [&](int64_t x) { return full ? x : 0; };
   const int64_t a = z.a, rows = z.dispatch_rows, routed = ArenaRoutedRows(z);
@@ -295,8 +312,8 @@ int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   const int64_t dn2 = SatMul(z.expert_rows, z.h * a);
   const int64_t counts = SatSum({b.row_map, b.expert_counts, b.ep_counts});
   const int64_t recomputed_forward =
-      full ? SatSum({early, held, b.weights, b.capacity_mask, b.permuted, counts, b.gate_up, b.act,
-                     b.out, SatMul(rows, z.h * a)})
+      full ? SatSum({early, forward_held, b.weights, b.capacity_mask, b.permuted, counts, b.gate_up,
+                     b.act, b.out, SatMul(rows, z.h * a)})
            : 0;
   return std::max({
       recomputed_forward,
@@ -364,8 +381,9 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   });
   int64_t peak = routed_peak;
   if (z.ep > 1)
-    peak = ArenaEpRoutedPeak(z, recompute, b, early, open,
-                             SatSum({dw, attention, until_shared, router}));
+    peak =
+        ArenaEpRoutedPeak(z, recompute, b, early, open,
+                          SatSum({dw, attention, until_shared, router}), SatAdd(attention, router));
   if (shared) {
     // The shared experts' backward, after the router's: the output gradient on all rows, the
     // activation's, gate's and up's gradients, the input's, beside the block input's gradient.

@@ -70,7 +70,8 @@ enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 //             counts are already summed over Tp under sp and over Cp) and moves the bias
 //             (MoeExpertBiasUpdate)
 //   dispatch  MoePermute: rows·topk rows grouped by expert, the routed buffers at their worst
-//             case (every choice of every row)
+//             case (every choice of every row); with a capacity factor only the kept pairs
+//             (MoeCapacity's mask), the buffers bounded by experts · capacity per segment
 //   experts   GroupedLinear gate/up, the model's activation, GroupedLinear down
 //   combine   MoeUnpermute weighted by the router weights
 //   shared    `shared_ffn` > 0: a dense MLP of that width beside the experts, tensor-parallel as

@@ -369,6 +369,26 @@ class RoleLowering {
   EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
   // moe.capacity_factor > 0: replaces the dispatch weights by the kept ones (MoeCapacity).
   void DropPastCapacity(MoeSaved& ms);
+  // moe.capacity_factor > 0: the pairs each expert keeps from one rank's rows, Megatron-Core's
+  // get_capacity ceil(rows · topk / experts · factor); 0 without a capacity factor.
+  int64_t ExpertCapacity() const {
+    if (s_.moe.capacity_factor <= 0) return 0;
+    return static_cast<int64_t>(
+        std::ceil(static_cast<double>(rows_ * s_.moe.topk) / static_cast<double>(s_.moe.experts) *
+                  s_.moe.capacity_factor));
+  }
+  // The runs of rows that each drop past their own capacity: the Etp group's members' rows when
+  // gathered, else this rank's rows.
+  int64_t CapacitySegments() const { return EtpRows() / rows_; }
+  // Rows of the routed buffers (MoePermute's rows, the combined rows and, with ep = 1, the
+  // experts' rows): every routed pair, or with a capacity factor at most every expert's
+  // capacity in every segment, when smaller (the dropped pairs are never permuted).
+  int64_t RoutedRows() const {
+    const int64_t pairs = EtpRows() * s_.moe.topk;
+    if (s_.moe.capacity_factor <= 0) return pairs;
+    return std::min(pairs,
+                    std::max<int64_t>(s_.moe.experts * ExpertCapacity() * CapacitySegments(), 1));
+  }
   // After the combine: a partial sum over the expert slices, [etp rows, cols], reduced over the
   // Etp group to this rank's rows (reduce-scatter, or all-reduce in place without sequence
   // parallelism).
@@ -385,14 +405,18 @@ class RoleLowering {
   bool ExpertParallel() const { return ep_ > 1 && s_.moe.experts > 0; }
   int64_t LocalExperts() const { return s_.moe.experts / ep_; }
   // Rows a rank's experts may receive: the worst case, every row of each Ep peer choosing
-  // min(topk, local experts) of them; or, when the plan states a routing imbalance, that many
-  // times the balanced share (rows · topk), if smaller. The dispatch fails the run when more
-  // rows arrive than the buffer holds.
+  // min(topk, local experts) of them, or with a capacity factor every peer sending each local
+  // expert its capacity from every segment, if fewer; or, when the plan states a routing
+  // imbalance, that many times the balanced share (rows · topk), if smaller. The dispatch fails
+  // the run when more rows arrive than the buffer holds.
   // (Under expert tensor parallelism with sequence parallelism a rank dispatches the Etp group's
   // gathered rows.)
   int64_t DispatchCapacity() const {
     const int64_t rows = EtpRows();
-    const int64_t worst = ep_ * rows * std::min<int64_t>(s_.moe.topk, LocalExperts());
+    int64_t worst = ep_ * rows * std::min<int64_t>(s_.moe.topk, LocalExperts());
+    if (s_.moe.capacity_factor > 0)
+      worst = std::min(worst, std::max<int64_t>(
+                                  ep_ * LocalExperts() * ExpertCapacity() * CapacitySegments(), 1));
     if (s_.moe.imbalance <= 0) return worst;
     const auto stated =
         static_cast<int64_t>(std::ceil(s_.moe.imbalance * static_cast<double>(rows * s_.moe.topk)));

@@ -97,10 +97,7 @@ void RoleLowering::DropPastCapacity(MoeSaved& ms) {
   // Each rank drops past the capacity of its own rows, as Megatron-Core's router does before its
   // dispatcher gathers them over the expert tensor-parallel group: the Etp group's gathered rows
   // are its members' rows_ in member order (AllGather), one segment each.
-  const int64_t segments = rows / rows_;
-  // Megatron-Core's get_capacity over the routed pairs: ceil(rows · topk / experts · factor).
-  const auto capacity = static_cast<int64_t>(
-      std::ceil(static_cast<double>(rows_ * k) / static_cast<double>(e) * s_.moe.capacity_factor));
+  const int64_t segments = CapacitySegments(), capacity = ExpertCapacity();
   const int32_t kept = Act("moe.capacity.kept_weights", {rows, k});
   ms.capacity_mask = Stat("moe.capacity.mask", {rows, k});
   Emit(attrs::MoeCapacity{.experts = e,
@@ -178,12 +175,15 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   ms.etp = GatherEtpTokens(xn, ms, ex.bias);
   // --- end expert tensor parallelism ---
   DropPastCapacity(ms);
-  // Dispatch.
-  const int64_t routed = ms.etp.rows * k;  // worst case: every choice of every row lands here
+  // Dispatch: every choice of every row at worst; with a capacity factor only the kept pairs,
+  // at most each expert's capacity per segment (Megatron-Core never dispatches the dropped ones).
+  const int64_t routed = RoutedRows();
   ms.xp = Act("moe.permuted", {routed, h});
-  ms.row_map = Buf(Prefix() + "moe.row_map", {routed}, DType::I32);
+  ms.row_map = Buf(Prefix() + "moe.row_map", {ms.etp.rows * k}, DType::I32);
   ms.expert_counts = Buf(Prefix() + "moe.expert_counts", {e}, DType::I32);
-  Emit(attrs::MoePermute{.experts = e, .topk = k}, {ms.etp.x, ms.etp.idx},
+  std::vector<int32_t> permute_in{ms.etp.x, ms.etp.idx};
+  if (ms.capacity_mask >= 0) permute_in.push_back(ms.capacity_mask);
+  Emit(attrs::MoePermute{.experts = e, .topk = k}, std::move(permute_in),
        {ms.xp, ms.row_map, ms.expert_counts});
   ms.xe = ms.xp;
   ms.ecounts = ms.expert_counts;
@@ -236,7 +236,7 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn / s_.moe.etp;
   const MoeParams& ex = P.experts;
   const MoeSaved& ms = saved.moe;
-  const int64_t routed = ms.etp.rows * k;
+  const int64_t routed = RoutedRows();
   const int32_t xn = saved.no2.y;
   // --- expert tensor parallelism: the output gradient of the Etp group's tokens ---
   const int32_t gxe = GatherEtpGrad(gx, "moe.etp.out.grad", h);
@@ -359,7 +359,7 @@ void RoleLowering::EpDispatch(MoeSaved& ms) {
 }
 
 int32_t RoleLowering::EpCombine(const MoeSaved& ms, int32_t local_rows, const std::string& name) {
-  const int32_t out = Act(name, {ms.etp.rows * s_.moe.topk, m_.hidden});
+  const int32_t out = Act(name, {RoutedRows(), m_.hidden});
   Emit(attrs::MoeCombine{.experts = s_.moe.experts}, {local_rows, ms.expert_counts, ms.split},
        {out}, CommKind::Ep);
   return out;

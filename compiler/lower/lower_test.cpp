@@ -840,7 +840,7 @@ TEST_CASE("expert parallelism: refusals name the combination") {
   CHECK(zero.diagnostics()[0].message ==
         "lowering does not emit ZeRO 3 beside expert parallelism (ep = 2) yet");
   // A capacity factor beside expert parallelism: each rank drops past the capacity of the rows
-  // it routes, before the dispatch (the dropped pairs travel with weight 0).
+  // it routes, before the dispatch (the dropped pairs are not dispatched).
   plan.optimizer.zero = 0;
   plan.moe.capacity_factor = 1.25;
   const Program capped = MustLower(plan);
@@ -856,6 +856,64 @@ TEST_CASE("expert parallelism: refusals name the combination") {
   REQUIRE(!ds.diagnostics().empty());
   CHECK(ds.diagnostics()[0].message ==
         "lowering does not emit expert parallelism (ep = 2) for a model without experts yet");
+}
+// A capacity factor leaves the dropped pairs out of the routed path: MoePermute reads the kept
+// pairs' mask, and the routed buffers hold at most every expert's capacity (ep = 1: the permuted
+// rows and the experts' activations), the receive buffers every local expert's capacity from
+// every Ep peer, when fewer than the dropless worst case. tp 2 under sp, etp 1: rows =
+// 2 · 32 / 2 = 32 per rank, topk 2 over 4 experts, 64 routed pairs; ep 2 receives at most
+// 2 · 32 · min(2, 2) = 128 rows dropless. Factor 0.5 keeps ceil(64 / 4 · 0.5) = 8 pairs per
+// expert: 4 · 8 = 32 routed rows, 2 · 2 · 8 = 32 received; factor 1.25 keeps 20: 64 routed
+// (all), 2 · 2 · 20 = 80 received.
+TEST_CASE("a capacity factor bounds the routed and the Ep receive buffers by the capacity") {
+  struct Case {
+    int64_t ep;
+    double factor;
+    int64_t routed, received;
+  };
+  for (const Case& c : {Case{1, 0, 64, 0}, Case{1, 0.5, 32, 0}, Case{1, 1.25, 64, 0},
+                        Case{2, 0, 64, 128}, Case{2, 0.5, 32, 32}, Case{2, 1.25, 64, 80}}) {
+    CAPTURE(c.ep);
+    CAPTURE(c.factor);
+    Plan plan = TinyPlan(2, 1, 2);
+    plan.parallel.sp = true;
+    plan.parallel.ep = c.ep;
+    plan.parallel.etp = 1;
+    plan.model.experts = 4;
+    plan.model.topk = 2;
+    plan.moe.capacity_factor = c.factor;
+    const Program p = MustLower(plan);
+    const Role& role = p.roles[0];
+    auto rows_of = [&](const std::string& suffix) {
+      std::set<int64_t> rows;
+      for (const Buffer& b : role.buffers)
+        if (b.name.ends_with(suffix)) rows.insert(b.shape.front());
+      return rows;
+    };
+    const std::set<int64_t> routed{c.routed}, received{c.received};
+    CHECK(rows_of(".moe.permuted") == routed);
+    CHECK(rows_of(".moe.experts.out.grad") == routed);
+    CHECK(rows_of(".moe.row_map") == std::set<int64_t>{64});  // one per pair, kept or dropped
+    if (c.ep == 1) {
+      CHECK(rows_of(".moe.experts.act") == routed);
+      CHECK(rows_of(".moe.experts.out") == routed);
+    } else {
+      CHECK(rows_of(".moe.ep.dispatched") == received);
+      CHECK(rows_of(".moe.experts.act") == received);
+      CHECK(rows_of(".moe.ep.combined") == routed);
+    }
+    // The permute reads the mask only with a capacity factor (dropless programs are unchanged).
+    int permutes = 0;
+    for (const Chunk& ch : role.chunks) {
+      for (const Op& op : role.bodies[ch.forward].ops) {
+        if (op.kind != OpKind::MoePermute) continue;
+        ++permutes;
+        REQUIRE(op.inputs.size() == (c.factor > 0 ? 3u : 2u));
+        if (c.factor > 0) CHECK(role.buffers[op.inputs[2]].name.ends_with("moe.capacity.mask"));
+      }
+    }
+    CHECK(permutes > 0);
+  }
 }
 // --- end expert parallelism ---
 // --- multi-head latent attention ---

@@ -141,6 +141,10 @@ class Backend {
   virtual void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                           const int32_t* indices, int64_t rows, int64_t dim, int64_t experts,
                           int64_t topk) = 0;
+  // MoePermute of the pairs the mask keeps (a capacity factor); out holds out_rows rows.
+  virtual void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                              const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                              int64_t experts, int64_t topk, int64_t out_rows) = 0;
   virtual void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
                             int64_t rows, int64_t dim, int64_t topk) = 0;
   virtual void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,

@@ -653,18 +653,35 @@ void RankRunner::RunMoePermute(const OpCall& call) {
   const int64_t pairs = call.InN(1), rows = call.Div(pairs, a.topk);
   const int64_t dim = call.Div(call.InN(0), rows);
   call.Need(rows * a.topk == pairs && rows * dim == call.InN(0), "sizes");
-  call.Output(0, call.Mul({pairs, dim}));
   call.Output(1, pairs);
   call.Output(2, a.experts);
-  backend_.MoePermute(call.Out(0), call.OutIds(1), call.OutIds(2), call.In(0), call.Ids(1), rows,
-                      dim, a.experts, a.topk);
+  if (call.op.inputs.size() <= 2 || call.op.inputs[2] < 0) {
+    call.Output(0, call.Mul({pairs, dim}));
+    backend_.MoePermute(call.Out(0), call.OutIds(1), call.OutIds(2), call.In(0), call.Ids(1), rows,
+                        dim, a.experts, a.topk);
+    return;
+  }
+  // Only the kept pairs: y holds as many rows as the capacity allows, not one per pair.
+  call.Input(2, pairs);
+  const int64_t out_rows = call.Div(call.OutN(0), dim);
+  call.Need(out_rows * dim == call.OutN(0), "the permuted rows are not rows of x's width");
+  backend_.MoePermuteKept(call.Out(0), call.OutIds(1), call.OutIds(2), call.In(0), call.Ids(1),
+                          call.In(2), rows, dim, a.experts, a.topk, out_rows);
+  std::vector<int32_t> counts(static_cast<size_t>(a.experts));
+  backend_.CopyToHost(counts.data(), call.OutIds(2), a.experts * 4);
+  int64_t kept = 0;
+  for (int32_t n : counts) kept += n;
+  call.Need(kept <= out_rows, std::to_string(kept) + " kept pairs exceed the " +
+                                  std::to_string(out_rows) + " rows the permuted buffer reserves");
+  if (kept < out_rows) backend_.Fill(call.Out(0) + kept * dim, (out_rows - kept) * dim, 0.0f);
 }
 
+// x's rows are those row_map names: one per pair, or fewer when MoePermute dropped pairs.
 void RankRunner::RunMoeUnpermute(const OpCall& call) {
   const int64_t topk = call.Attrs<prog::attrs::MoeUnpermute>().topk;
   const int64_t pairs = call.InN(1), rows = call.Div(pairs, topk);
-  const int64_t dim = call.Div(call.InN(0), pairs);
-  call.Need(rows * topk == pairs && pairs * dim == call.InN(0), "sizes");
+  const int64_t dim = Last(call.OutBuf(0));
+  call.Need(rows * topk == pairs && call.InN(0) % std::max<int64_t>(dim, 1) == 0, "sizes");
   const bool weighted = call.op.inputs.size() > 2 && call.op.inputs[2] >= 0;
   if (weighted) call.Input(2, pairs);
   call.Output(0, call.Mul({rows, dim}));
@@ -677,10 +694,11 @@ void RankRunner::RunMoeUnpermuteBackward(const OpCall& call) {
   const int64_t pairs = call.InN(2), rows = call.Div(pairs, topk);
   const int64_t dim = call.Div(call.InN(0), rows);
   call.Need(rows * topk == pairs && rows * dim == call.InN(0), "sizes");
-  call.Input(1, call.Mul({pairs, dim}));
+  call.Need(call.InN(1) % std::max<int64_t>(dim, 1) == 0 &&
+                call.OutN(0) % std::max<int64_t>(dim, 1) == 0 && call.InN(1) <= call.OutN(0),
+            "x and dx are not rows of dy's width");
   const bool weighted = call.op.inputs.size() > 3 && call.op.inputs[3] >= 0;
   if (weighted) call.Input(3, pairs);
-  call.Output(0, call.Mul({pairs, dim}));
   call.Output(1, pairs, true);
   backend_.MoeUnpermuteBackward(call.Out(0), call.Out(1), call.In(0), call.In(1), call.Ids(2),
                                 weighted ? call.In(3) : nullptr, rows, dim, topk);

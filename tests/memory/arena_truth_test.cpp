@@ -211,7 +211,10 @@ TEST_CASE("check's estimate is compile's arena within 3% on mixture-of-experts p
 // place and its fp32 mask is stashed beside them, on the rank's rows or (etp > 1 under sp) the
 // Etp group's gathered rows, each member's dropped past its own capacity. Each layout is held
 // to the arena within 3%, and the estimate's growth over the same plan without dropping to the
-// arena's growth exactly.
+// arena's growth exactly. With ep > 1 the dropped pairs are not dispatched, so the receive
+// buffers shrink to every local expert's capacity from every peer and the busiest op may move
+// out of the MoE layer (to a dense layer's MLP backward, whose estimate is within 3% but not
+// exact): there both the estimate and the arena must shrink.
 TEST_CASE("check's estimate is compile's arena within 3% with a capacity factor") {
   const std::string file = std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan";
   ArenaComparison result;
@@ -248,9 +251,15 @@ TEST_CASE("check's estimate is compile's arena within 3% with a capacity factor"
                                  full_est = EstimateMemory(*base);
             for (size_t r = 0; r < capped->roles.size(); ++r) {
               const auto stage = static_cast<size_t>(capped->roles[r].pipeline_rank);
-              CHECK_MESSAGE(capped_est.stages.at(stage).arena - full_est.stages.at(stage).arena ==
-                                capped->roles[r].peak_bytes - full->roles[r].peak_bytes,
-                            label, " stage ", stage);
+              const int64_t est_growth =
+                  capped_est.stages.at(stage).arena - full_est.stages.at(stage).arena;
+              const int64_t arena_growth = capped->roles[r].peak_bytes - full->roles[r].peak_bytes;
+              if (ep) {
+                CHECK_MESSAGE(est_growth < 0, label, " stage ", stage);
+                CHECK_MESSAGE(arena_growth < 0, label, " stage ", stage);
+              } else {
+                CHECK_MESSAGE(est_growth == arena_growth, label, " stage ", stage);
+              }
             }
           }
         }
@@ -349,6 +358,54 @@ TEST_CASE("check's estimate is compile's arena within 3% with ep x etp and a cap
     const int before = result.compared;
     CompareArena(label, *plan, result);
     CHECK_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
+  }
+  MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
+}
+
+// A capacity factor beside expert parallelism, no routing imbalance stated: the dropped pairs
+// are never dispatched, so each rank's experts receive at most their capacity from each segment
+// of each Ep peer, ep · local experts · capacity rows, instead of the dropless worst case
+// ep · rows · min(topk, local experts). moe_ep4_tp2 routes R = 4096 / 2 = 2048 rows per rank
+// with topk 4 over 16 experts (4 per Ep rank): dropless 4 · 2048 · 4 = 32768 received rows;
+// factor 1 keeps ceil(2048 · 4 / 16) = 512 pairs per expert, 4 · 4 · 512 = 8192 rows; factor
+// 0.5 keeps 256, 4096 rows, and bounds the permuted rows too (16 · 256 = 4096 < 2048 · 4).
+TEST_CASE("a capacity factor bounds the Ep receive buffers: the arena and the estimate agree") {
+  const std::string file = std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan";
+  struct Case {
+    const char* factor;
+    int64_t received, permuted;
+  };
+  ArenaComparison result;
+  for (const Case& c : {Case{"", 32768, 8192}, Case{"1.0", 8192, 8192}, Case{"0.5", 4096, 4096}}) {
+    std::vector<std::string> sets = {"recompute=selective"};
+    if (*c.factor != 0) sets.push_back(std::string("moe.capacity_factor=") + c.factor);
+    const std::string label = std::string("moe_ep4_tp2") + SetsText(sets);
+    std::optional<Plan> plan = Load(file, "moe_ep4_tp2", sets);
+    REQUIRE_MESSAGE(plan.has_value(), label);
+    const ArenaSizes z = ArenaSizesOf(*plan);
+    CHECK_MESSAGE(z.dispatch_rows == c.received, label);
+    const int before = result.compared;
+    CompareArena(label, *plan, result);
+    CHECK_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
+    plan->cluster.gpu.memory = int64_t{1} << 50;
+    DiagnosticSink sink;
+    lower::LowerOptions options;
+    options.verify = false;
+    const std::optional<lower::Program> program = lower::LowerPlan(*plan, options, sink);
+    REQUIRE(program.has_value());
+    int received = 0, permuted = 0;
+    for (const lower::Buffer& b : program->roles.front().buffers) {
+      if (b.name.ends_with("moe.ep.dispatched")) {
+        CHECK_MESSAGE(b.shape.front() == c.received, label, ": ", b.name);
+        ++received;
+      }
+      if (b.name.ends_with("moe.permuted")) {
+        CHECK_MESSAGE(b.shape.front() == c.permuted, label, ": ", b.name);
+        ++permuted;
+      }
+    }
+    CHECK_MESSAGE(received > 0, label);
+    CHECK_MESSAGE(permuted > 0, label);
   }
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }

@@ -357,6 +357,13 @@ class CudaBackend final : public exec::Backend {
     Use();
     cuda::MoePermute(out, row_map, expert_counts, x, indices, rows, dim, experts, topk, stream_);
   }
+  void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                      const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                      int64_t experts, int64_t topk, int64_t out_rows) override {
+    Use();
+    cuda::MoePermuteKept(out, row_map, expert_counts, x, indices, mask, rows, dim, experts, topk,
+                         out_rows, stream_);
+  }
   void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
                     int64_t rows, int64_t dim, int64_t topk) override {
     Use();

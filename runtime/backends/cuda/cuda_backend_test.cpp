@@ -617,6 +617,44 @@ TEST_CASE("cuda backend: mixture-of-experts router, permutation and grouped line
                                rows, dim, topk);
   CHECK_CLOSE(p, dperm, 1e-6, 1e-5);
   CHECK_CLOSE(p, dweights, 1e-5, 1e-5);
+  // A capacity factor's kept pairs only: the same rows, counts and row map (-1 for a dropped
+  // pair) as the host, the combines giving a dropped pair nothing and its weight no gradient.
+  {
+    std::vector<float> keep(rows * topk);
+    int64_t kept = 0;
+    for (int64_t q = 0; q < rows * topk; ++q) {
+      keep[q] = q % 3 == 1 || q % 7 == 0 ? 0.0f : 1.0f;
+      kept += keep[q] != 0.0f ? 1 : 0;
+    }
+    auto mask = p.Upload(keep), kept_rows = p.Zeros(kept * dim);
+    p.host->MoePermuteKept(kept_rows.h, row_map.first, expert_counts.first, x.h, indices.first,
+                           mask.h, rows, dim, experts, topk, kept);
+    p.Gpu().MoePermuteKept(kept_rows.g, row_map.second, expert_counts.second, x.g, indices.second,
+                           mask.g, rows, dim, experts, topk, kept);
+    CHECK(ints_equal(row_map, rows * topk));
+    CHECK(ints_equal(expert_counts, experts));
+    std::vector<int32_t> map(rows * topk);
+    p.host->CopyToHost(map.data(), row_map.first, rows * topk * 4);
+    for (int64_t q = 0; q < rows * topk; ++q) CHECK((map[q] < 0) == (keep[q] == 0.0f));
+    CHECK_CLOSE(p, kept_rows, 0, 0);
+    p.host->MoeUnpermute(y.h, kept_rows.h, row_map.first, weights.h, rows, dim, topk);
+    p.Gpu().MoeUnpermute(y.g, kept_rows.g, row_map.second, weights.g, rows, dim, topk);
+    CHECK_CLOSE(p, y, 1e-6, 1e-5);
+    p.host->MoeUnpermute(y.h, kept_rows.h, row_map.first, nullptr, rows, dim, topk);
+    p.Gpu().MoeUnpermute(y.g, kept_rows.g, row_map.second, nullptr, rows, dim, topk);
+    CHECK_CLOSE(p, y, 1e-6, 1e-5);
+    auto dkept_rows = p.Zeros(kept * dim), dkept_w = p.Upload(Random(rows * topk, 78));
+    p.host->MoeUnpermuteBackward(dkept_rows.h, dkept_w.h, dy.h, kept_rows.h, row_map.first,
+                                 weights.h, rows, dim, topk);
+    p.Gpu().MoeUnpermuteBackward(dkept_rows.g, dkept_w.g, dy.g, kept_rows.g, row_map.second,
+                                 weights.g, rows, dim, topk);
+    CHECK_CLOSE(p, dkept_rows, 1e-6, 1e-5);
+    CHECK_CLOSE(p, dkept_w, 1e-5, 1e-5);
+    std::vector<float> dw_host(rows * topk);
+    p.host->CopyToHost(dw_host.data(), dkept_w.h, rows * topk * 4);
+    for (int64_t q = 0; q < rows * topk; ++q)
+      if (keep[q] == 0.0f) CHECK(dw_host[q] == 0.0f);
+  }
   // Grouped linear over the permuted rows (one group may be empty), bf16 tolerance.
   auto w = p.Upload(Random(experts * ffn * dim, 76, 0.2f)), h = p.Zeros(rows * topk * ffn);
   auto sizes = p.Tokens({20, 0, 13, 9, 17, 15});

@@ -184,6 +184,12 @@ class HostBackend final : public Backend {
                   int64_t topk) override {
     host::MoePermute(out, row_map, expert_counts, x, indices, rows, dim, experts, topk);
   }
+  void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                      const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                      int64_t experts, int64_t topk, int64_t out_rows) override {
+    host::MoePermuteKept(out, row_map, expert_counts, x, indices, mask, rows, dim, experts, topk,
+                         out_rows);
+  }
   void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
                     int64_t rows, int64_t dim, int64_t topk) override {
     host::MoeUnpermute(y, x, row_map, weights, rows, dim, topk);

@@ -195,6 +195,11 @@ void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask,
 void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                 const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk,
                 cudaStream_t stream);
+// The host's MoePermuteKept exactly (the same scans, over the kept pairs).
+void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                    const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                    int64_t experts, int64_t topk, int64_t out_rows, cudaStream_t stream);
+// A pair with row_map -1 (dropped by MoePermuteKept) adds nothing, as on the host.
 void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
                   int64_t rows, int64_t dim, int64_t topk, cudaStream_t stream);
 void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,

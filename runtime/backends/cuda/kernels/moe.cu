@@ -65,11 +65,13 @@ __global__ void RouterForwardKernel(float* weights, int32_t* indices, float* sco
 }
 
 // One thread per expert: how many routed pairs picked it.
+// mask (may be null): the pairs it gives 0 are not counted.
 __global__ void CountKernel(float* counts_f, int32_t* counts_i, const int32_t* indices,
-                            int64_t pairs, int64_t experts) {
+                            int64_t pairs, int64_t experts, const float* mask) {
   PARAPLAN_GRID_STRIDE(e, experts) {
     int64_t n = 0;
-    for (int64_t p = 0; p < pairs; ++p) n += indices[p] == e ? 1 : 0;
+    for (int64_t p = 0; p < pairs; ++p)
+      n += indices[p] == e && (mask == nullptr || mask[p] != 0.0f) ? 1 : 0;
     if (counts_f) counts_f[e] = static_cast<float>(n);
     if (counts_i) counts_i[e] = static_cast<int32_t>(n);
   }
@@ -108,22 +110,27 @@ __global__ void RouterBackwardKernel(float* dlogits, const float* dweights, cons
   }
 }
 
-// One thread per expert: its first row in expert order, then its pairs in increasing order.
+// One thread per expert: its first row in expert order, then its pairs in increasing order. With
+// a mask the pairs it gives 0 are dropped (row_map -1; written by the pair's own expert's thread).
 __global__ void RowMapKernel(int32_t* row_map, const int32_t* counts, const int32_t* indices,
-                             int64_t pairs, int64_t experts) {
+                             int64_t pairs, int64_t experts, const float* mask) {
   PARAPLAN_GRID_STRIDE(e, experts) {
     int64_t next = 0;
     for (int64_t f = 0; f < e; ++f) next += counts[f];
-    for (int64_t p = 0; p < pairs; ++p)
-      if (indices[p] == e) row_map[p] = static_cast<int32_t>(next++);
+    for (int64_t p = 0; p < pairs; ++p) {
+      if (indices[p] != e) continue;
+      row_map[p] = mask != nullptr && mask[p] == 0.0f ? -1 : static_cast<int32_t>(next++);
+    }
   }
 }
 
+// Rows past out_rows (more kept pairs than the buffer holds) and dropped pairs are not copied.
 __global__ void PermuteRowsKernel(float* out, const float* x, const int32_t* row_map, int64_t pairs,
-                                  int64_t dim, int64_t topk) {
+                                  int64_t dim, int64_t topk, int64_t out_rows) {
   PARAPLAN_GRID_STRIDE(i, pairs * dim) {
     const int64_t p = i / dim, c = i % dim;
-    out[static_cast<int64_t>(row_map[p]) * dim + c] = x[(p / topk) * dim + c];
+    const int64_t row = row_map[p];
+    if (row >= 0 && row < out_rows) out[row * dim + c] = x[(p / topk) * dim + c];
   }
 }
 
@@ -132,10 +139,14 @@ __global__ void UnpermuteKernel(float* y, const float* x, const int32_t* row_map
   PARAPLAN_GRID_STRIDE(i, rows * dim) {
     const int64_t r = i / dim, c = i % dim;
     float acc = 0.0f;
+    bool first = true;
     for (int64_t j = 0; j < topk; ++j) {
+      const int64_t row = row_map[r * topk + j];
+      if (row < 0) continue;  // a dropped pair
       const float w = weights ? weights[r * topk + j] : 1.0f;
-      const float v = w * x[static_cast<int64_t>(row_map[r * topk + j]) * dim + c];
-      acc = j == 0 ? v : acc + v;
+      const float v = w * x[row * dim + c];
+      acc = first ? v : acc + v;
+      first = false;
     }
     y[i] = acc;
   }
@@ -145,9 +156,10 @@ __global__ void UnpermuteBackwardRowsKernel(float* dx, const float* dy, const in
                                             const float* weights, int64_t pairs, int64_t dim,
                                             int64_t topk) {
   PARAPLAN_GRID_STRIDE(i, pairs * dim) {
-    const int64_t p = i / dim, c = i % dim;
+    const int64_t p = i / dim, c = i % dim, row = row_map[p];
+    if (row < 0) continue;  // a dropped pair writes no row
     const float w = weights ? weights[p] : 1.0f;
-    dx[static_cast<int64_t>(row_map[p]) * dim + c] = w * dy[(p / topk) * dim + c];
+    dx[row * dim + c] = w * dy[(p / topk) * dim + c];
   }
 }
 
@@ -155,6 +167,10 @@ __global__ void UnpermuteBackwardWeightsKernel(float* dweights, const float* dy,
                                                const int32_t* row_map, int64_t pairs, int64_t dim,
                                                int64_t topk) {
   PARAPLAN_GRID_STRIDE(p, pairs) {
+    if (row_map[p] < 0) {  // a dropped pair: no gradient for its weight
+      dweights[p] = 0.0f;
+      continue;
+    }
     const float* dyr = dy + (p / topk) * dim;
     const float* xr = x + static_cast<int64_t>(row_map[p]) * dim;
     double dot = 0;
@@ -177,7 +193,7 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
   }
   if (counts) {
     PARAPLAN_LAUNCH(CountKernel, GridFor(config.experts), kThreads, 0, stream, counts, nullptr,
-                    indices, rows * config.topk, config.experts);
+                    indices, rows * config.topk, config.experts, nullptr);
     PARAPLAN_CUDA_CHECK_LAUNCH();
   }
 }
@@ -266,15 +282,33 @@ void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const floa
   if (experts <= 0) return;
   const int64_t pairs = rows * topk;
   PARAPLAN_LAUNCH(CountKernel, GridFor(experts), kThreads, 0, stream, nullptr, expert_counts,
-                  indices, pairs, experts);
+                  indices, pairs, experts, nullptr);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   if (pairs <= 0) return;
   PARAPLAN_LAUNCH(RowMapKernel, GridFor(experts), kThreads, 0, stream, row_map, expert_counts,
-                  indices, pairs, experts);
+                  indices, pairs, experts, nullptr);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   if (dim <= 0) return;
   PARAPLAN_LAUNCH(PermuteRowsKernel, GridFor(pairs * dim), kThreads, 0, stream, out, x, row_map,
-                  pairs, dim, topk);
+                  pairs, dim, topk, pairs);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                    const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                    int64_t experts, int64_t topk, int64_t out_rows, cudaStream_t stream) {
+  if (experts <= 0) return;
+  const int64_t pairs = rows * topk;
+  PARAPLAN_LAUNCH(CountKernel, GridFor(experts), kThreads, 0, stream, nullptr, expert_counts,
+                  indices, pairs, experts, mask);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+  if (pairs <= 0) return;
+  PARAPLAN_LAUNCH(RowMapKernel, GridFor(experts), kThreads, 0, stream, row_map, expert_counts,
+                  indices, pairs, experts, mask);
+  PARAPLAN_CUDA_CHECK_LAUNCH();
+  if (dim <= 0) return;
+  PARAPLAN_LAUNCH(PermuteRowsKernel, GridFor(pairs * dim), kThreads, 0, stream, out, x, row_map,
+                  pairs, dim, topk, out_rows);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 

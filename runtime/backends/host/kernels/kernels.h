@@ -246,13 +246,20 @@ void MoeCapacityBackward(float* dweights, const float* dkept, const float* mask,
 // written) the rows of each expert. Backward: MoeUnpermute with weights null.
 void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
                 const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk);
+// MoePermute of the kept pairs only (mask[r · topk + j] != 0: MoeCapacity's mask under a
+// capacity factor): expert_counts count them, out holds them grouped by expert as MoePermute
+// does, and a dropped pair's row_map is -1. out holds out_rows rows: a kept pair placed past them
+// is not copied (the caller compares the counts' sum with out_rows); the rest is left as it is.
+void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                    const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                    int64_t experts, int64_t topk, int64_t out_rows);
 // y[r] = Σ_j weights[r, j] · x[row_map[r · topk + j]] (j increasing; weights null: weight 1),
-// written.
+// written; a pair with row_map -1 (dropped) adds nothing, a row whose pairs are all dropped is 0.
 void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
                   int64_t rows, int64_t dim, int64_t topk);
 // Backward of MoeUnpermute: dx[row_map[r · topk + j]] = weights[r, j] · dy[r] (written; every
-// row of dx is some pair's), dweights[r, j] = dy[r] · x[row_map[r · topk + j]] (written; may be
-// null).
+// row of dx some pair maps to), dweights[r, j] = dy[r] · x[row_map[r · topk + j]] (written; may
+// be null); a dropped pair (row_map -1) gets dweights 0 and writes no row of dx.
 void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const float* x,
                           const int32_t* row_map, const float* weights, int64_t rows, int64_t dim,
                           int64_t topk);

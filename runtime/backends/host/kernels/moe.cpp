@@ -188,20 +188,51 @@ void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const floa
   }
 }
 
+void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                    const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                    int64_t experts, int64_t topk, int64_t out_rows) {
+  std::vector<int64_t> next(static_cast<size_t>(experts), 0);
+  for (int64_t p = 0; p < rows * topk; ++p)
+    if (mask[p] != 0.0f) ++next[static_cast<size_t>(indices[p])];
+  int64_t offset = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t count = next[static_cast<size_t>(e)];
+    expert_counts[e] = static_cast<int32_t>(count);
+    next[static_cast<size_t>(e)] = offset;
+    offset += count;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < topk; ++j) {
+      const int64_t p = r * topk + j;
+      if (mask[p] == 0.0f) {
+        row_map[p] = -1;
+        continue;
+      }
+      const int64_t dst = next[static_cast<size_t>(indices[p])]++;
+      row_map[p] = static_cast<int32_t>(dst);
+      if (dst < out_rows) Copy(out + dst * dim, x + r * dim, dim);
+    }
+  }
+}
+
 void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
                   int64_t rows, int64_t dim, int64_t topk) {
   for (int64_t r = 0; r < rows; ++r) {
     float* yr = y + r * dim;
+    bool first = true;
     for (int64_t j = 0; j < topk; ++j) {
-      const float* xr = x + static_cast<int64_t>(row_map[r * topk + j]) * dim;
+      const int64_t row = row_map[r * topk + j];
+      if (row < 0) continue;  // a dropped pair
+      const float* xr = x + row * dim;
       const float w = weights ? weights[r * topk + j] : 1.0f;
-      if (j == 0) {
+      if (first) {
         for (int64_t c = 0; c < dim; ++c) yr[c] = w * xr[c];
       } else {
         for (int64_t c = 0; c < dim; ++c) yr[c] += w * xr[c];
       }
+      first = false;
     }
-    if (topk == 0) Fill(yr, dim, 0.0f);
+    if (first) Fill(yr, dim, 0.0f);
   }
 }
 
@@ -212,6 +243,10 @@ void MoeUnpermuteBackward(float* dx, float* dweights, const float* dy, const flo
     const float* dyr = dy + r * dim;
     for (int64_t j = 0; j < topk; ++j) {
       const int64_t row = row_map[r * topk + j];
+      if (row < 0) {  // a dropped pair: no row of dx, no gradient for its weight
+        if (dweights) dweights[r * topk + j] = 0.0f;
+        continue;
+      }
       const float w = weights ? weights[r * topk + j] : 1.0f;
       float* dxr = dx + row * dim;
       for (int64_t c = 0; c < dim; ++c) dxr[c] = w * dyr[c];

@@ -220,6 +220,97 @@ TEST_CASE("moe permute and unpermute backward") {
   CheckGradient("unpermute dweights", w, dw, unpermute_loss);
 }
 
+// A capacity factor: MoePermuteKept leaves the dropped pairs (mask 0) out of the permuted rows
+// and the counts (row_map -1), and the unpermutes give them nothing; the result equals the
+// dropless path with the dropped pairs weighted 0, forward and backward.
+TEST_CASE("moe permute of the kept pairs: dropped pairs are not permuted, add nothing") {
+  const int64_t rows = 4, dim = 3, experts = 3, topk = 2;
+  const std::vector<int32_t> idx = {2, 0, 0, 1, 2, 1, 0, 2};
+  // Drop token 3's choice of expert 0, token 2's of expert 1 and both of token 1's choices.
+  const std::vector<float> mask = {1, 1, 0, 0, 1, 0, 0, 1};
+  auto x = Random(rows * dim, 61);
+  const int64_t kept = 4;
+  std::vector<float> out((kept + 1) * dim, 99.0f);  // one spare row, left as it is
+  std::vector<int32_t> map(rows * topk), counts(experts);
+  MoePermuteKept(out.data(), map.data(), counts.data(), x.data(), idx.data(), mask.data(), rows,
+                 dim, experts, topk, kept + 1);
+  // Expert 0: token 0; expert 1: none; expert 2: tokens 0, 2, 3.
+  CHECK(counts == std::vector<int32_t>{1, 0, 3});
+  CHECK(map == std::vector<int32_t>{1, 0, -1, -1, 2, -1, -1, 3});
+  const std::vector<int64_t> token_of_row = {0, 0, 2, 3};
+  for (int64_t p = 0; p < kept; ++p)
+    for (int64_t c = 0; c < dim; ++c) CHECK(out[p * dim + c] == x[token_of_row[p] * dim + c]);
+  for (int64_t c = 0; c < dim; ++c) CHECK(out[kept * dim + c] == 99.0f);
+  // A buffer too small for the kept pairs: nothing is written past it; the counts still say how
+  // many there are (the caller refuses the run).
+  std::vector<float> small(2 * dim, 7.0f);
+  MoePermuteKept(small.data(), map.data(), counts.data(), x.data(), idx.data(), mask.data(), rows,
+                 dim, experts, topk, 1);
+  CHECK(counts[0] + counts[1] + counts[2] == kept);
+  for (int64_t c = 0; c < dim; ++c) CHECK(small[dim + c] == 7.0f);
+  MoePermuteKept(out.data(), map.data(), counts.data(), x.data(), idx.data(), mask.data(), rows,
+                 dim, experts, topk, kept);
+  // Against the dropless path with the dropped pairs' weights 0: the same output, bit for bit.
+  const std::vector<float> w = {0.25f, 0.75f, 0.5f, 0.5f, 1.0f, 0.3f, 0.1f, 0.9f};
+  std::vector<float> w_kept(w.size());
+  for (size_t p = 0; p < w.size(); ++p) w_kept[p] = w[p] * mask[p];
+  std::vector<float> all(rows * topk * dim);
+  std::vector<int32_t> all_map(rows * topk), all_counts(experts);
+  MoePermute(all.data(), all_map.data(), all_counts.data(), x.data(), idx.data(), rows, dim,
+             experts, topk);
+  std::vector<float> y(rows * dim, 99.0f), y_all(rows * dim);
+  MoeUnpermute(y.data(), out.data(), map.data(), w_kept.data(), rows, dim, topk);
+  MoeUnpermute(y_all.data(), all.data(), all_map.data(), w_kept.data(), rows, dim, topk);
+  CHECK(y == y_all);
+  for (int64_t c = 0; c < dim; ++c) CHECK(y[1 * dim + c] == 0.0f);  // token 1: all dropped
+  // Without weights (the permute's backward): a dropped pair's row adds nothing.
+  MoeUnpermute(y.data(), out.data(), map.data(), nullptr, rows, dim, topk);
+  for (int64_t c = 0; c < dim; ++c) {
+    CHECK(y[0 * dim + c] == 2 * x[0 * dim + c]);
+    CHECK(y[1 * dim + c] == 0.0f);
+    CHECK(y[2 * dim + c] == x[2 * dim + c]);
+    CHECK(y[3 * dim + c] == x[3 * dim + c]);
+  }
+}
+
+TEST_CASE("moe permute and unpermute backward with dropped pairs") {
+  const int64_t rows = 5, dim = 4, experts = 3, topk = 2;
+  const std::vector<int32_t> idx = {1, 0, 2, 1, 0, 2, 1, 2, 0, 1};
+  const std::vector<float> mask = {1, 0, 1, 1, 0, 0, 1, 1, 1, 0};
+  const int64_t kept = 6;
+  auto x = Random(rows * dim, 71);
+  const auto proj_perm = Random(kept * dim, 72);
+  std::vector<float> out(kept * dim);
+  std::vector<int32_t> map(rows * topk), counts(experts);
+  // Permute: its backward is MoeUnpermute without weights; the dropped pairs carry no gradient.
+  auto permute_loss = [&] {
+    MoePermuteKept(out.data(), map.data(), counts.data(), x.data(), idx.data(), mask.data(), rows,
+                   dim, experts, topk, kept);
+    return Dot(out, proj_perm);
+  };
+  permute_loss();
+  CHECK(counts[0] + counts[1] + counts[2] == kept);
+  std::vector<float> dx(rows * dim);
+  MoeUnpermute(dx.data(), proj_perm.data(), map.data(), nullptr, rows, dim, topk);
+  CheckGradient("kept permute dx", x, dx, permute_loss);
+  // Unpermute: gradients of the kept expert rows and of every weight (0 for a dropped pair).
+  auto expert_out = Random(kept * dim, 73);
+  auto w = Random(rows * topk, 74);
+  const auto proj = Random(rows * dim, 75);
+  std::vector<float> y(rows * dim);
+  auto unpermute_loss = [&] {
+    MoeUnpermute(y.data(), expert_out.data(), map.data(), w.data(), rows, dim, topk);
+    return Dot(y, proj);
+  };
+  std::vector<float> dexp(kept * dim, 77.0f), dw(rows * topk, 77.0f);
+  MoeUnpermuteBackward(dexp.data(), dw.data(), proj.data(), expert_out.data(), map.data(), w.data(),
+                       rows, dim, topk);
+  CheckGradient("kept unpermute dx", expert_out, dexp, unpermute_loss);
+  CheckGradient("kept unpermute dweights", w, dw, unpermute_loss);
+  for (int64_t p = 0; p < rows * topk; ++p)
+    if (mask[p] == 0) CHECK(dw[p] == 0.0f);
+}
+
 TEST_CASE("grouped linear: one GEMM per group, empty groups skipped; backward") {
   const int64_t in = 5, out = 3, groups = 4;
   const std::vector<int32_t> counts = {3, 0, 4, 1};
