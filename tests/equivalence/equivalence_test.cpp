@@ -696,6 +696,9 @@ TEST_CASE("planc compile: moe with group-limited routing and a scale, etp 2, tp 
   CheckPlancEquivalent("moe_grouped_single", "moe_grouped_etp2_tp2_sp",
                        kExpertSplitElementTolerance);
 }
+TEST_CASE("planc compile: moe with group-limited softmax routing and a scale, ep 2, tp 2, sp") {
+  CheckPlancEquivalent("moe_grouped_softmax_single", "moe_grouped_softmax_ep2_tp2_dp2_sp");
+}
 TEST_CASE("group-limited routing changes the routing: the run differs from the ungrouped one") {
   const RunResult grouped = Run(PlancCompile("moe_grouped_single"));
   const RunResult ungrouped = Run(PlancCompile("moe_grouped_ungrouped"));
