@@ -266,6 +266,72 @@ bool CheckTopkExceedsExperts(RuleContext& ctx) {
   return true;
 }
 
+// Group-limited routing (Megatron-Core's group_limited_topk): the experts split into equal
+// groups, the kept groups exist, each kept group contributes its topk / group_topk best scores
+// to the group's score (at least one), and the kept groups hold at least topk experts.
+bool CheckRouterGroups(RuleContext& ctx) {
+  const ModelSpec& m = ctx.plan().model;
+  const int64_t g = m.router_groups, gk = m.router_group_topk, e = m.experts, k = m.topk;
+  if (!m.IsMoe() || k > e || g <= 0 || gk <= 0 || (g == 1 && gk == 1)) return false;
+  const std::string gs = std::to_string(g), gks = std::to_string(gk), es = std::to_string(e),
+                    ks = std::to_string(k);
+  const char* rule =
+      "group-limited routing splits the experts into router_groups equal groups, keeps the "
+      "router_group_topk groups whose best topk / router_group_topk scores sum highest, and "
+      "picks the top k among their experts (Megatron-Core's --moe-router-num-groups and "
+      "--moe-router-group-topk)";
+  if (e % g != 0) {
+    RuleDiag d(ctx, DiagKind::kRouterGroupsMismatch,
+               "`router_groups = " + gs + "` does not divide the " + es + " experts");
+    d.At({fields::kModelRouterGroups}, "experts / router_groups = " + Ratio(e, g));
+    d.Field(fields::kModelExperts, e);
+    d.Note(rule);
+    d.Help("`router_groups` among the divisors of " + es + ": " + List(Divisors(e)));
+    d.Report();
+    return true;
+  }
+  if (gk > g) {
+    RuleDiag d(ctx, DiagKind::kRouterGroupsMismatch,
+               "`router_group_topk = " + gks + "` keeps more groups than the " + gs + " there are");
+    d.At({fields::kModelRouterGroupTopk}, "more than " + gs + " groups");
+    d.Field(fields::kModelRouterGroups, g);
+    d.Note(rule);
+    d.Help("`router_group_topk` at most " + gs);
+    d.Report();
+    return true;
+  }
+  if (k < gk) {
+    RuleDiag d(
+        ctx, DiagKind::kRouterGroupsMismatch,
+        "`topk = " + ks + "` is fewer than the " + gks + " groups `router_group_topk` keeps");
+    d.At({fields::kModelRouterGroupTopk},
+         "topk / router_group_topk = " + ks + " / " + gks + " rounds down to 0 scores per group");
+    d.Field(fields::kModelTopk, k);
+    d.Note(rule);
+    d.Help("`router_group_topk` at most " + ks);
+    d.Report();
+    return true;
+  }
+  const int64_t per_group = e / g, kept = gk * per_group;
+  if (k > kept) {
+    RuleDiag d(ctx, DiagKind::kRouterGroupsMismatch,
+               "`topk = " + ks + "` routes each token to more experts than the " +
+                   std::to_string(kept) + " its kept groups hold");
+    d.At({fields::kModelTopk}, "more than " + std::to_string(kept) + " experts");
+    d.Field(fields::kModelRouterGroupTopk, gk)
+        .Field(fields::kModelRouterGroups, g)
+        .Field(fields::kModelExperts, e);
+    d.Value("router_group_topk · experts / router_groups",
+            gks + " · " + es + " / " + gs + " = " + std::to_string(kept));
+    d.Note(rule);
+    d.Help("`router_group_topk` at least " + std::to_string((k + per_group - 1) / per_group) +
+           ", or `topk` at most " + std::to_string(kept));
+    d.Report();
+    return true;
+  }
+  return false;
+}
+
 bool CheckDenseLayersExceedLayers(RuleContext& ctx) {
   const ModelSpec& m = ctx.plan().model;
   if (m.dense_layers <= m.layers) return false;
@@ -373,6 +439,9 @@ const std::vector<Rule>& TrainRules() {
   using K = DiagKind;
   static const std::vector<Rule> kRules = {
       {K::kTopkExceedsExperts, CheckTopkExceedsExperts, {kModelTopk, kModelExperts}},
+      {K::kRouterGroupsMismatch,
+       CheckRouterGroups,
+       {kModelRouterGroups, kModelRouterGroupTopk, kModelTopk, kModelExperts}},
       {K::kDenseLayersExceedLayers,
        CheckDenseLayersExceedLayers,
        {kModelDenseLayers, kModelLayers}},

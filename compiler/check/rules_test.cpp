@@ -303,6 +303,24 @@ TEST_CASE("training and model-shape rules") {
   CHECK(TestPlan({"model.experts = 4", "model.topk = 2", "model.moe_ffn_hidden = 1024",
                   "model.dense_layers = 40"})
             .Codes() == Codes{"P0509"});
+  // Group-limited routing: groups divide the experts, the kept groups exist, each gives at least
+  // one score, and together they hold the top k.
+  const std::vector<std::string> moe = {"model.experts = 16", "model.topk = 4",
+                                        "model.moe_ffn_hidden = 1024"};
+  auto with = [&](std::initializer_list<std::string> more) {
+    std::vector<std::string> lines = moe;
+    lines.insert(lines.end(), more);
+    return TestPlan(lines).Codes();
+  };
+  CHECK(with({"model.router_groups = 4", "model.router_group_topk = 2"}) == Codes{});
+  CHECK(with({"model.router_groups = 16", "model.router_group_topk = 4"}) == Codes{});
+  CHECK(with({"model.router_groups = 3", "model.router_group_topk = 2"}) == Codes{"P0515"});
+  CHECK(with({"model.router_groups = 4", "model.router_group_topk = 5"}) == Codes{"P0515"});
+  CHECK(with({"model.router_groups = 8", "model.router_group_topk = 6"}) == Codes{"P0515"});
+  CHECK(with({"model.router_groups = 8", "model.router_group_topk = 1"}) == Codes{"P0515"});
+  CHECK(with({"model.router_group_topk = 2"}) == Codes{"P0515"});  // more than the 1 group
+  // A dense model's router settings are not looked at.
+  CHECK(TestPlan({"model.router_groups = 3"}).Codes() == Codes{});
   {
     TestPlan t({"model.hidden = 4100"});
     CHECK(t.Codes() == Codes{"P0510"});

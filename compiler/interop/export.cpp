@@ -129,6 +129,9 @@ class Exporter {
         {fields::kModelRouterTopkNorm, p.model.router_topk_norm},
         {fields::kModelRouterAuxCoeff, p.model.router_aux_coeff == ModelSpec{}.router_aux_coeff},
         {fields::kModelRouterBiasRate, p.model.router_bias_rate == 0},
+        {fields::kModelRouterGroups, p.model.router_groups == 1},
+        {fields::kModelRouterGroupTopk, p.model.router_group_topk == 1},
+        {fields::kModelRouterScale, p.model.router_scale == 1},
         {fields::kOptimizerOffloadFraction, p.optimizer.offload_fraction == 1.0},
     };
     for (const Check& c : checks) {
@@ -240,6 +243,12 @@ void MegatronRouterArgs(Exporter& ex, MegatronFlags& add) {
     add("--moe-router-enable-expert-bias");
     add("--moe-router-bias-update-rate", Real(m.router_bias_rate));
   }
+  // Group-limited routing and the routed scaling factor (Megatron-Core's defaults: none).
+  if (m.router_groups > 1 || m.router_group_topk > 1) {
+    add("--moe-router-num-groups", Num(m.router_groups));
+    add("--moe-router-group-topk", Num(m.router_group_topk));
+  }
+  if (m.router_scale != 1) add("--moe-router-topk-scaling-factor", Real(m.router_scale));
 }
 
 // Megatron-LM flags for the model.
@@ -405,6 +414,9 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
                                   fields::kModelRouterTopkNorm,
                                   fields::kModelRouterAuxCoeff,
                                   fields::kModelRouterBiasRate,
+                                  fields::kModelRouterGroups,
+                                  fields::kModelRouterGroupTopk,
+                                  fields::kModelRouterScale,
                                   fields::kModelActivation,
                                   fields::kModelVocabDivisor};
   if (deepspeed || p.optimizer.offload == Offload::kCpu) {

@@ -246,6 +246,88 @@ TEST_CASE("the router's settings export to Megatron-LM and back") {
   CHECK(back->model.router_bias_rate == doctest::Approx(0.001));
 }
 
+TEST_CASE("Megatron-LM's group-limited routing and topk scaling factor import and export") {
+  const std::string head =
+      "python pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+      "--seq-length 2048 --vocab-size 32000 --num-experts 16 --moe-router-topk 4 ";
+  {
+    Imported im(ConfigKind::kMegatron,
+                head +
+                    "--moe-router-num-groups 4 --moe-router-group-topk 2 "
+                    "--moe-router-topk-scaling-factor 2.5\n",
+                ImportOptions{.nodes = 1, .gpus_per_node = 8});
+    REQUIRE(im.checked);
+    const Plan& p = *im.checked;
+    CHECK(p.model.router_groups == 4);
+    CHECK(p.model.router_group_topk == 2);
+    CHECK(p.model.router_scale == doctest::Approx(2.5));
+    CHECK(im.OriginText("model.router_groups") == "--moe-router-num-groups 4");
+    CHECK(im.OriginText("model.router_scale") == "--moe-router-topk-scaling-factor 2.5");
+  }
+  {
+    // Without the flags: no grouping, no scale.
+    Imported im(ConfigKind::kMegatron, head + "\n", ImportOptions{.nodes = 1, .gpus_per_node = 8});
+    REQUIRE(im.checked);
+    CHECK(im.checked->model.router_groups == 1);
+    CHECK(im.checked->model.router_group_topk == 1);
+    CHECK(im.checked->model.router_scale == 1);
+  }
+  {
+    // Groups that do not divide the experts are imported as written: the plan's check refuses
+    // them (P0515).
+    Imported im(ConfigKind::kMegatron,
+                head + "--moe-router-num-groups 3 --moe-router-group-topk 2\n",
+                ImportOptions{.nodes = 1, .gpus_per_node = 8});
+    REQUIRE(im.checked);
+    CHECK(im.checked->model.router_groups == 3);
+  }
+  // DeepSeek-V2's and V3's routers round-trip through Megatron-LM's flags.
+  for (const char* model : {"deepseek_v2", "deepseek_v3"}) {
+    CAPTURE(model);
+    std::optional<Plan> plan = EvaluatePlanText(
+        "p.plan",
+        std::string("import std.models.deepseek\nimport std.clusters\nplan p { model = ") + model +
+            "  cluster = dgx_h100 { nodes = 64 }  framework = megatron_core\n"
+            "  parallel { tp = 8  pp = 1  ep = 8  etp = 1  sp = true }  batch { global = "
+            "512 } }\n");
+    REQUIRE(plan);
+    DiagnosticSink out;
+    ExportResult megatron = ExportPlan(ConfigKind::kMegatron, *plan, out);
+    CHECK(megatron.text.find("--moe-router-num-groups 8") != std::string::npos);
+    CHECK(megatron.text.find("--moe-router-topk-scaling-factor") != std::string::npos);
+    std::optional<Plan> back = ImportMegatronText(megatron.text);
+    REQUIRE(back);
+    CHECK(back->model.router_groups == plan->model.router_groups);
+    CHECK(back->model.router_group_topk == plan->model.router_group_topk);
+    CHECK(back->model.router_scale == doctest::Approx(plan->model.router_scale));
+  }
+  // No grouping, no scale: no flags.
+  std::optional<Plan> mixtral = EvaluatePlanText(
+      "m.plan",
+      "import std.models.mixtral\nimport std.clusters\n"
+      "plan p { model = mixtral_8x7b  cluster = dgx_h100 { nodes = 8 }  framework = megatron_core\n"
+      "  parallel { tp = 8  pp = 1  ep = 8  sp = true }  batch { global = 512 } }\n");
+  REQUIRE(mixtral);
+  DiagnosticSink out;
+  ExportResult flags = ExportPlan(ConfigKind::kMegatron, *mixtral, out);
+  CHECK(flags.text.find("--moe-router-num-groups") == std::string::npos);
+  CHECK(flags.text.find("--moe-router-group-topk") == std::string::npos);
+  CHECK(flags.text.find("--moe-router-topk-scaling-factor") == std::string::npos);
+  // A framework without the settings refuses them.
+  DiagnosticSink titan_out;
+  std::optional<Plan> v3 = EvaluatePlanText(
+      "t.plan",
+      "import std.models.deepseek\nimport std.clusters\n"
+      "plan p { model = deepseek_v3  cluster = dgx_h100 { nodes = 64 }  framework = torchtitan\n"
+      "  parallel { tp = 8  pp = 1  ep = 8  etp = 1  sp = true }  batch { global = 512 } }\n");
+  REQUIRE(v3);
+  ExportPlan(ConfigKind::kTorchtitan, *v3, titan_out);
+  bool refused_groups = false;
+  for (const Diagnostic& d : titan_out.diagnostics())
+    refused_groups = refused_groups || d.message.find("router_groups") != std::string::npos;
+  CHECK(refused_groups);
+}
+
 TEST_CASE("Megatron-LM's --moe-layer-freq k: every k-th layer is an MoE layer, and imported") {
   Imported im(ConfigKind::kMegatron,
               "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 "

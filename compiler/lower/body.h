@@ -103,6 +103,11 @@ struct MoeShape {
   int64_t score = 0;       // 0 softmax, 1 sigmoid (MoeRouter's `score`)
   double aux_coeff = 0.01;
   double bias_rate = 0;  // aux-loss-free balancing: the expert bias's update rate (0: no bias)
+  // Group-limited routing (MoeRouter's `groups`, `group_topk`; 1, 1: none) and the factor of
+  // the top-k weights (MoeRouter's `scale`; 1: none).
+  int64_t router_groups = 1;
+  int64_t router_group_topk = 1;
+  double router_scale = 1;
   // Tokens past an expert's capacity ceil(rows · topk / experts · capacity_factor) of the rows a
   // rank routes are dropped (MoeCapacity: weight 0); 0 = dropless. Under expert tensor
   // parallelism with sequence parallelism, the rows of each rank of the Etp group, each with

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -363,9 +364,15 @@ class RoleLowering {
   int64_t EtpRows() const { return SplitsExperts() && p_.sp ? rows_ * s_.moe.etp : rows_; }
   // Before dispatch: the tokens (rows x with their router weights and choices) every rank of the
   // Etp group runs its expert slices on, from this rank's rows x and their routing.
-  // MoeRouter on `logits` with the model's score function and renormalisation, the expert bias
-  // when there is one (bias >= 0); outputs: weights, indices, scores, counts.
+  // MoeRouter on `logits` with the model's score function, group-limited choice,
+  // renormalisation and scale, the expert bias when there is one (bias >= 0); outputs: weights,
+  // indices, scores, counts.
   void EmitRouter(int32_t logits, int32_t bias, std::vector<int32_t> outputs);
+  // MoeRouter's and MoeRouterBackward's `scale`: unset when the model's factor is 1, so that
+  // programs without one keep their bytes.
+  std::optional<double> RouterScale() const {
+    return s_.moe.router_scale != 1 ? std::optional<double>(s_.moe.router_scale) : std::nullopt;
+  }
   EtpTokens GatherEtpTokens(int32_t x, const MoeSaved& local, int32_t bias);
   // moe.capacity_factor > 0: replaces the dispatch weights by the kept ones (MoeCapacity).
   void DropPastCapacity(MoeSaved& ms);

@@ -68,7 +68,10 @@ void RoleLowering::EmitRouter(int32_t logits, int32_t bias, std::vector<int32_t>
   Emit(attrs::MoeRouter{.experts = s_.moe.experts,
                         .topk = s_.moe.topk,
                         .score = s_.moe.score,
-                        .normalize = s_.moe.normalize},
+                        .normalize = s_.moe.normalize,
+                        .groups = s_.moe.router_groups,
+                        .group_topk = s_.moe.router_group_topk,
+                        .scale = RouterScale()},
        bias >= 0 ? std::vector<int32_t>{logits, bias} : std::vector<int32_t>{logits},
        std::move(outputs));
 }
@@ -285,15 +288,16 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   // each rank adds the gradient of its own rows, summed over DpCp with the weights'), scaled as
   // the loss is.
   const int32_t dz = Act("moe.router.logits.grad", {rows_, e});
-  Emit(attrs::MoeRouterBackward{.experts = e,
-                                .topk = k,
-                                .score = s_.moe.score,
-                                .normalize = s_.moe.normalize,
-                                .aux_rows = tokens_ * cp_,
-                                .aux_coeff = s_.moe.aux_coeff,
-                                .aux_grad_scale =
-                                    1.0 / static_cast<double>(s_.microbatches * p_.dp)},
-       {dw, ms.idx, ms.scores, ms.counts}, {dz});
+  Emit(
+      attrs::MoeRouterBackward{.experts = e,
+                               .topk = k,
+                               .score = s_.moe.score,
+                               .normalize = s_.moe.normalize,
+                               .aux_rows = tokens_ * cp_,
+                               .aux_coeff = s_.moe.aux_coeff,
+                               .aux_grad_scale = 1.0 / static_cast<double>(s_.microbatches * p_.dp),
+                               .scale = RouterScale()},
+      {dw, ms.idx, ms.scores, ms.counts}, {dz});
   if (ex.load >= 0) Emit(attrs::MoeExpertLoad{}, {ms.counts}, {ex.load});
   Emit(attrs::LinearBackward{.dx_accumulate = true}, {dz, xn, ex.router.value},
        {dn2, ex.router.grad});

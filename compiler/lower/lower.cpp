@@ -700,6 +700,9 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.normalize = m.router_topk_norm;
     bs.moe.aux_coeff = m.router_aux_coeff;
     bs.moe.bias_rate = m.router_bias_rate;
+    bs.moe.router_groups = m.router_groups;
+    bs.moe.router_group_topk = m.router_group_topk;
+    bs.moe.router_scale = m.router_scale;
     bs.moe.capacity_factor = plan.moe.capacity_factor;
     bs.moe.drop_by_position = plan.moe.drop_policy == DropPolicy::kPosition;
     bs.moe.etp = std::max<int64_t>(1, plan.parallel.etp);  // expert tensor parallelism

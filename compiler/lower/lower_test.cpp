@@ -1176,6 +1176,53 @@ TEST_CASE("ep = 1, etp = 1, tp 2, sp: the experts reduce and shard over Edp, the
   }
 }
 
+TEST_CASE("group-limited routing and the scale reach every router, forward and backward") {
+  Plan plan = TinyPlan(2, 1, 1);
+  plan.model.experts = 8;
+  plan.model.topk = 4;
+  plan.model.moe_ffn_hidden = 64;
+  plan.parallel.sp = true;
+  plan.parallel.etp = 2;  // the Etp group routes its gathered rows again
+  plan.model.router_groups = 4;
+  plan.model.router_group_topk = 2;
+  plan.model.router_scale = 2.5;
+  int routers = 0, etp_routers = 0, backwards = 0;
+  for (const Role& role : MustLower(plan).roles) {
+    for (const Chunk& c : role.chunks) {
+      for (const Op& op : role.bodies[c.forward].ops) {
+        if (op.kind != OpKind::MoeRouter) continue;
+        const auto a = prog::DecodeAttrs<prog::attrs::MoeRouter>(op);
+        CHECK(a.groups == 4);
+        CHECK(a.group_topk == 2);
+        CHECK(a.scale == 2.5);
+        ++routers;
+        etp_routers += role.buffers[op.inputs[0]].name.find("etp") != std::string::npos;
+      }
+      for (const Op& op : role.bodies[c.backward].ops) {
+        if (op.kind != OpKind::MoeRouterBackward) continue;
+        CHECK(prog::DecodeAttrs<prog::attrs::MoeRouterBackward>(op).scale == 2.5);
+        ++backwards;
+      }
+    }
+  }
+  CHECK(etp_routers > 0);
+  CHECK(routers == 2 * etp_routers);
+  CHECK(backwards == etp_routers);
+  // Without them the router's ints and floats are those of a plain router.
+  plan.model.router_groups = 1;
+  plan.model.router_group_topk = 1;
+  plan.model.router_scale = 1;
+  for (const Role& role : MustLower(plan).roles)
+    for (const Body& body : role.bodies)
+      for (const Op& op : body.ops) {
+        if (op.kind == OpKind::MoeRouter) {
+          CHECK(op.ints.size() == 4);
+          CHECK(op.floats.empty());
+        }
+        if (op.kind == OpKind::MoeRouterBackward) CHECK(op.floats.size() == 2);
+      }
+}
+
 TEST_CASE("the router as the model states it: sigmoid scores, top-k renormalised, expert bias") {
   Plan plan = TinyPlan(1, 2, 2);
   plan.model.experts = 4;

@@ -137,6 +137,14 @@ struct ModelSpec {
   bool router_topk_norm = true;
   double router_aux_coeff = 0.01;
   double router_bias_rate = 0;
+  // Group-limited routing (DeepSeek-V2/V3, Megatron-Core's --moe-router-num-groups): the experts
+  // form router_groups equal groups; each token keeps the router_group_topk groups of highest
+  // score (the sum of its topk / router_group_topk best routing scores) and picks its top k among
+  // their experts. 1 group: no grouping. The top-k weights are multiplied by router_scale after
+  // any renormalisation (DeepSeek's routed_scaling_factor).
+  int64_t router_groups = 1;
+  int64_t router_group_topk = 1;
+  double router_scale = 1;
   // MLA (DeepSeek); 0 when the model uses ordinary attention.
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 0;

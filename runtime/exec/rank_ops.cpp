@@ -575,11 +575,13 @@ void RankRunner::RunCrossEntropyBackward(const OpCall& call) {
 
 namespace {
 
-host::MoeRouterConfig RouterConfig(int64_t experts, int64_t topk, int64_t score, bool normalize) {
+host::MoeRouterConfig RouterConfig(int64_t experts, int64_t topk, int64_t score, bool normalize,
+                                   std::optional<double> scale) {
   return {.experts = experts,
           .topk = topk,
           .score = static_cast<host::RouterScore>(score),
-          .normalize = normalize};
+          .normalize = normalize,
+          .scale = static_cast<float>(scale.value_or(1.0))};
 }
 
 }  // namespace
@@ -587,6 +589,11 @@ host::MoeRouterConfig RouterConfig(int64_t experts, int64_t topk, int64_t score,
 void RankRunner::RunMoeRouter(const OpCall& call) {
   const auto a = call.Attrs<prog::attrs::MoeRouter>();
   call.Need(a.topk <= a.experts, "topk exceeds the experts");
+  call.Need(a.experts % a.groups == 0, "the groups do not divide the experts");
+  call.Need(a.group_topk <= a.groups && a.group_topk <= a.topk,
+            "group_topk exceeds the groups or topk");
+  call.Need(a.topk <= a.group_topk * (a.experts / a.groups),
+            "topk exceeds the experts of the kept groups");
   const int64_t rows = call.Div(call.InN(0), a.experts);
   call.Need(rows * a.experts == call.InN(0), "the logits are not rows of `experts` columns");
   const bool has_bias = call.op.inputs.size() > 1 && call.op.inputs[1] >= 0;
@@ -595,9 +602,11 @@ void RankRunner::RunMoeRouter(const OpCall& call) {
   call.Output(1, call.Mul({rows, a.topk}));
   call.Output(2, call.Mul({rows, a.experts}));
   call.Output(3, a.experts);
+  host::MoeRouterConfig config = RouterConfig(a.experts, a.topk, a.score, a.normalize, a.scale);
+  config.groups = a.groups;
+  config.group_topk = a.group_topk;
   backend_.MoeRouterForward(call.Out(0), call.OutIds(1), call.Out(2), call.Out(3), call.In(0),
-                            has_bias ? call.In(1) : nullptr, rows,
-                            RouterConfig(a.experts, a.topk, a.score, a.normalize));
+                            has_bias ? call.In(1) : nullptr, rows, config);
 }
 
 void RankRunner::RunMoeExpertLoad(const OpCall& call) {
@@ -641,7 +650,7 @@ void RankRunner::RunMoeRouterBackward(const OpCall& call) {
   call.Input(2, call.Mul({rows, a.experts}));
   call.Input(3, a.experts);
   call.Output(0, call.Mul({rows, a.experts}));
-  host::MoeRouterConfig config = RouterConfig(a.experts, a.topk, a.score, a.normalize);
+  host::MoeRouterConfig config = RouterConfig(a.experts, a.topk, a.score, a.normalize, a.scale);
   config.aux_coeff = static_cast<float>(a.aux_coeff);
   config.aux_rows = a.aux_rows;
   backend_.MoeRouterBackward(call.Out(0), call.In(0), call.Ids(1), call.In(2), call.In(3), rows,

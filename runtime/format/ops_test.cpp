@@ -280,13 +280,32 @@ TEST_CASE("mixture-of-experts ops: typed attributes round trip; the runtime runs
   mem::Op router = MakeOp(attrs::MoeRouter{.experts = 8, .topk = 2, .score = 1, .normalize = true},
                           {0}, {1, 2, 3, 4});
   CHECK(router.ints == std::vector<int64_t>{8, 2, 1, 1});
-  CHECK(FormatAttrs(router) == "experts=8 topk=2 score=1 normalize=true");
+  CHECK(router.floats.empty());
+  CHECK(FormatAttrs(router) == "experts=8 topk=2 score=1 normalize=true groups=1 group_topk=1");
+  // Group-limited routing and the scale are written only when set, so ungrouped routers keep
+  // their encoding.
+  mem::Op grouped = MakeOp(attrs::MoeRouter{.experts = 8,
+                                            .topk = 2,
+                                            .score = 1,
+                                            .normalize = true,
+                                            .groups = 4,
+                                            .group_topk = 2,
+                                            .scale = 2.5},
+                           {0}, {1, 2, 3, 4});
+  CHECK(grouped.ints == std::vector<int64_t>{8, 2, 1, 1, 4, 2});
+  CHECK(grouped.floats == std::vector<double>{2.5});
+  CHECK(FormatAttrs(grouped) ==
+        "experts=8 topk=2 score=1 normalize=true groups=4 group_topk=2 scale=2.5");
+  CHECK(DecodeAttrs<attrs::MoeRouter>(grouped).group_topk == 2);
+  CHECK(!DecodeAttrs<attrs::MoeRouter>(router).scale.has_value());
   mem::Op back = MakeOp(
       attrs::MoeRouterBackward{
           .experts = 8, .topk = 2, .aux_rows = 64, .aux_coeff = 0.01, .aux_grad_scale = 0.5},
       {0, 1, 2, 3}, {4});
   CHECK(back.ints == std::vector<int64_t>{8, 2, 0, 0, 64});
   CHECK(back.floats == std::vector<double>{0.01, 0.5});
+  CHECK(MakeOp(attrs::MoeRouterBackward{.experts = 8, .topk = 2, .scale = 16.0}, {0, 1, 2, 3}, {4})
+            .floats == std::vector<double>{0.0, 0.0, 16.0});
   CHECK(DecodeAttrs<attrs::MoeRouterBackward>(back).aux_rows == 64);
   CHECK(DecodeAttrs<attrs::GroupedLinearBackward>(
             MakeOp(attrs::GroupedLinearBackward{.groups = 4, .dx_accumulate = true}, {0, 1, 2, 3},

@@ -111,6 +111,10 @@ TEST_CASE("plan moe_capacity_etp2_tp2_sp: local mode, 2 ranks, a capacity per ra
   CheckPlan("moe_capacity_etp2_tp2_sp", 2);
 }
 
+TEST_CASE("plan moe_grouped_etp2_tp2_sp: local mode, 4 ranks, group-limited routing, scaled") {
+  CheckPlan("moe_grouped_etp2_tp2_sp", 4);
+}
+
 TEST_CASE("plan mla_tp2_sp: local mode, 2 ranks, multi-head latent attention, sequence parallel") {
   CheckPlan("mla_tp2_sp", 2);
 }

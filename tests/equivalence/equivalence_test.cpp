@@ -736,6 +736,23 @@ TEST_CASE("planc compile: moe with sigmoid router and expert bias, cp 2, tp 2, s
 TEST_CASE("planc compile: moe with sigmoid router and expert bias, etp 2, tp 2, sp") {
   CheckPlancEquivalent("moe_v3_single", "moe_v3_etp2_tp2_sp", kExpertSplitElementTolerance);
 }
+// Group-limited routing and the routed scaling factor (DeepSeek-V3): every layout routes each
+// row among the same kept groups, the Etp group's second routing included.
+TEST_CASE("planc compile: moe with group-limited routing and a scale, tp 2, pp 2, dp 2, sp") {
+  CheckPlancEquivalent("moe_grouped_single", "moe_grouped_tp2_pp2_dp2_sp");
+}
+TEST_CASE("planc compile: moe with group-limited routing and a scale, etp 2, tp 2, sp") {
+  CheckPlancEquivalent("moe_grouped_single", "moe_grouped_etp2_tp2_sp",
+                       kExpertSplitElementTolerance);
+}
+TEST_CASE("planc compile: moe with group-limited softmax routing and a scale, ep 2, tp 2, sp") {
+  CheckPlancEquivalent("moe_grouped_softmax_single", "moe_grouped_softmax_ep2_tp2_dp2_sp");
+}
+TEST_CASE("group-limited routing changes the routing: the run differs from the ungrouped one") {
+  const RunResult grouped = Run(PlancCompile("moe_grouped_single"));
+  const RunResult ungrouped = Run(PlancCompile("moe_grouped_ungrouped"));
+  CHECK(grouped.steps.front().loss != ungrouped.steps.front().loss);
+}
 TEST_CASE("planc compile: moe with a capacity factor, tp 2, pp 2, dp 2") {
   CheckPlancEquivalent("moe_capacity_single", "moe_capacity_tp2_pp2_dp2");
 }

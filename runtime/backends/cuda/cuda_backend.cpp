@@ -414,7 +414,10 @@ class CudaBackend final : public exec::Backend {
             .score = static_cast<int64_t>(c.score),
             .normalize = c.normalize,
             .aux_coeff = c.aux_coeff,
-            .aux_rows = c.aux_rows};
+            .aux_rows = c.aux_rows,
+            .groups = c.groups,
+            .group_topk = c.group_topk,
+            .scale = c.scale};
   }
   // The rows of each group, read back from the device (waits for the stream).
   std::vector<int32_t> GroupSizes(const int32_t* counts, int64_t groups) {

@@ -542,6 +542,43 @@ TEST_CASE("cuda backend: mixture-of-experts router, permutation and grouped line
       CHECK_CLOSE(p, dlogits, 1e-6, 1e-4);
     }
   }
+  // Group-limited routing and the scale: the host's choice exactly, on logits with ties.
+  {
+    const int64_t grouped_experts = 16, k = 4;
+    std::vector<float> z(rows * grouped_experts);
+    for (size_t i = 0; i < z.size(); ++i) z[i] = 0.25f * static_cast<float>((i * 7 + i / 5) % 9);
+    auto grouped_logits = p.Upload(z), grouped_bias = p.Upload(Random(grouped_experts, 79, 0.1f));
+    for (int64_t score : {0, 1}) {
+      for (bool with_bias : {false, true}) {
+        INFO("grouped: score " << score << " bias " << with_bias);
+        const host::MoeRouterConfig config{.experts = grouped_experts,
+                                           .topk = k,
+                                           .score = static_cast<host::RouterScore>(score),
+                                           .normalize = score == 1,
+                                           .aux_coeff = 0.01f,
+                                           .groups = 4,
+                                           .group_topk = 2,
+                                           .scale = 2.5f};
+        auto weights = p.Zeros(rows * k), scores = p.Zeros(rows * grouped_experts),
+             counts = p.Zeros(grouped_experts), dlogits = p.Zeros(rows * grouped_experts);
+        auto indices = p.Tokens(std::vector<int32_t>(rows * k, 0));
+        auto b = with_bias ? grouped_bias : p.Zeros(grouped_experts);
+        p.host->MoeRouterForward(weights.h, indices.first, scores.h, counts.h, grouped_logits.h,
+                                 with_bias ? b.h : nullptr, rows, config);
+        p.Gpu().MoeRouterForward(weights.g, indices.second, scores.g, counts.g, grouped_logits.g,
+                                 with_bias ? b.g : nullptr, rows, config);
+        CHECK(ints_equal(indices, rows * k));
+        CHECK_CLOSE(p, counts, 0, 0);
+        CHECK_CLOSE(p, weights, 1e-6, 1e-5);
+        auto dweights = p.Upload(Random(rows * k, 80));
+        p.host->MoeRouterBackward(dlogits.h, dweights.h, indices.first, scores.h, counts.h, rows,
+                                  config, 0.5f);
+        p.Gpu().MoeRouterBackward(dlogits.g, dweights.g, indices.second, scores.g, counts.g, rows,
+                                  config, 0.5f);
+        CHECK_CLOSE(p, dlogits, 1e-6, 1e-4);
+      }
+    }
+  }
   // The aux-loss-free bias update: exactly the host's (sums of whole counts).
   auto load = p.Upload({5, 0, 3, 2, 9, 5}), expert_bias = p.Upload(Random(experts, 78, 0.1f));
   p.host->MoeExpertBiasUpdate(expert_bias.h, load.h, experts, 0.01f);

@@ -171,9 +171,13 @@ struct MoeRouterConfig {
   bool normalize = false;
   float aux_coeff = 0.0f;
   int64_t aux_rows = 0;
+  int64_t groups = 1;
+  int64_t group_topk = 1;
+  float scale = 1.0f;
 };
-// One thread per row, in the host's order (top-k ties to the lower index); counts by one thread
-// per expert. Scores and weights agree with the host to fp32 rounding (expf).
+// One thread per row, in the host's order (top-k ties to the lower index; with groups the
+// host's group scores, recomputed instead of stored); counts by one thread per expert. Scores
+// and weights agree with the host to fp32 rounding (expf).
 void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
                       const float* logits, const float* bias, int64_t rows,
                       const MoeRouterConfig& config, cudaStream_t stream);

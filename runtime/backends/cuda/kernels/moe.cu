@@ -18,7 +18,67 @@ __device__ double AuxFactor(int64_t rows, const MoeRouterConfig& config) {
          (static_cast<double>(config.topk) * t * t);
 }
 
-// One thread per row: scores, then the top-k choice (ties to the lower index), as the host.
+__device__ float RouterKey(const float* s, const float* bias, int64_t e) {
+  return bias ? s[e] + bias[e] : s[e];
+}
+
+// The host's group score: the sum of the group's n largest keys in decreasing order, each pick
+// the largest key after the previous one (key descending, then index ascending).
+__device__ float GroupScore(const float* s, const float* bias, int64_t first, int64_t size,
+                            int64_t n) {
+  float sum = 0.0f;
+  int64_t prev = -1;
+  float prev_key = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t best = -1;
+    float best_key = 0.0f;
+    for (int64_t e = first; e < first + size; ++e) {
+      const float key = RouterKey(s, bias, e);
+      if (prev >= 0 && !(key < prev_key || (key == prev_key && e > prev))) continue;
+      if (best < 0 || key > best_key) {
+        best = e;
+        best_key = key;
+      }
+    }
+    sum += best_key;
+    prev = best;
+    prev_key = best_key;
+  }
+  return sum;
+}
+
+// Group-limited routing without per-row storage: the last kept group in (score descending,
+// index ascending) order; group g is kept when it comes no later than it.
+struct GroupCut {
+  int64_t group = -1;
+  float score = 0.0f;
+  __device__ bool Keeps(int64_t g, float score_g) const {
+    return score_g > score || (score_g == score && g <= group);
+  }
+};
+
+__device__ GroupCut LastKeptGroup(const float* s, const float* bias, const MoeRouterConfig& c) {
+  const int64_t size = c.experts / c.groups, n = c.topk / c.group_topk;
+  GroupCut cut;
+  for (int64_t i = 0; i < c.group_topk; ++i) {
+    int64_t best = -1;
+    float best_score = 0.0f;
+    for (int64_t g = 0; g < c.groups; ++g) {
+      const float score = GroupScore(s, bias, g * size, size, n);
+      if (cut.group >= 0 && !(score < cut.score || (score == cut.score && g > cut.group))) continue;
+      if (best < 0 || score > best_score) {
+        best = g;
+        best_score = score;
+      }
+    }
+    cut.group = best;
+    cut.score = best_score;
+  }
+  return cut;
+}
+
+// One thread per row: scores, then the top-k choice (ties to the lower index) among the kept
+// groups' experts, as the host.
 __global__ void RouterForwardKernel(float* weights, int32_t* indices, float* scores,
                                     const float* logits, const float* bias, int64_t rows,
                                     MoeRouterConfig config) {
@@ -39,15 +99,24 @@ __global__ void RouterForwardKernel(float* weights, int32_t* indices, float* sco
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t e = 0; e < experts; ++e) s[e] *= inv;
     }
+    const bool grouped = config.groups > 1;
+    const int64_t group_size = experts / config.groups, group_n = topk / config.group_topk;
+    const GroupCut cut = grouped ? LastKeptGroup(s, bias, config) : GroupCut{};
     double sum = 0;
     for (int64_t j = 0; j < topk; ++j) {
       int64_t best = -1;
       float best_key = 0;
+      bool group_kept = true;
       for (int64_t e = 0; e < experts; ++e) {
+        if (grouped && e % group_size == 0) {
+          const int64_t g = e / group_size;
+          group_kept = cut.Keeps(g, GroupScore(s, bias, e, group_size, group_n));
+        }
+        if (!group_kept) continue;
         bool taken = false;
         for (int64_t i = 0; i < j; ++i) taken = taken || indices[r * topk + i] == e;
         if (taken) continue;
-        const float key = bias ? s[e] + bias[e] : s[e];
+        const float key = RouterKey(s, bias, e);
         if (best < 0 || key > best_key) {
           best = e;
           best_key = key;
@@ -61,6 +130,8 @@ __global__ void RouterForwardKernel(float* weights, int32_t* indices, float* sco
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < topk; ++j) weights[r * topk + j] *= inv;
     }
+    if (config.scale != 1.0f)
+      for (int64_t j = 0; j < topk; ++j) weights[r * topk + j] *= config.scale;
   }
 }
 
@@ -91,14 +162,17 @@ __global__ void RouterBackwardKernel(float* dlogits, const float* dweights, cons
     const float* dw = dweights + r * topk;
     float* ds = dlogits + r * experts;  // the score gradient first, then turned into dlogits
     for (int64_t e = 0; e < experts; ++e) ds[e] = aux ? aux_factor * counts[e] : 0.0f;
+    const float scale = config.scale;  // the weights' factor: dw_j · scale
     if (config.normalize) {
       double sum = 0;
       for (int64_t j = 0; j < topk; ++j) sum += s[idx[j]];
       double dot = 0;
-      for (int64_t j = 0; j < topk; ++j) dot += static_cast<double>(dw[j]) * s[idx[j]] / sum;
-      for (int64_t j = 0; j < topk; ++j) ds[idx[j]] += static_cast<float>((dw[j] - dot) / sum);
+      for (int64_t j = 0; j < topk; ++j)
+        dot += static_cast<double>(dw[j] * scale) * s[idx[j]] / sum;
+      for (int64_t j = 0; j < topk; ++j)
+        ds[idx[j]] += static_cast<float>((dw[j] * scale - dot) / sum);
     } else {
-      for (int64_t j = 0; j < topk; ++j) ds[idx[j]] += dw[j];
+      for (int64_t j = 0; j < topk; ++j) ds[idx[j]] += dw[j] * scale;
     }
     if (config.score == 1) {
       for (int64_t e = 0; e < experts; ++e) ds[e] = ds[e] * s[e] * (1.0f - s[e]);
@@ -186,6 +260,12 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
                       const MoeRouterConfig& config, cudaStream_t stream) {
   if (config.experts < 1 || config.topk < 1 || config.topk > config.experts)
     throw CudaError("MoeRouterForward: need 1 <= topk <= experts");
+  if (config.groups < 1 || config.experts % config.groups != 0 || config.group_topk < 1 ||
+      config.group_topk > config.groups || config.group_topk > config.topk ||
+      config.topk > config.group_topk * (config.experts / config.groups))
+    throw CudaError(
+        "MoeRouterForward: need groups dividing experts, 1 <= group_topk <= min(groups, topk) "
+        "and topk <= group_topk · experts / groups");
   if (rows > 0) {
     PARAPLAN_LAUNCH(RouterForwardKernel, GridFor(rows), kThreads, 0, stream, weights, indices,
                     scores, logits, bias, rows, config);

@@ -203,13 +203,23 @@ struct MoeRouterConfig {
   // Tokens the counts of the auxiliary loss cover (the rows of every rank whose counts were
   // summed into `counts`); 0 means `rows`.
   int64_t aux_rows = 0;
+  // Group-limited routing (DeepSeek-V2/V3, Megatron-Core's group_limited_topk): the experts form
+  // `groups` equal groups (1: no grouping) and each row picks among the `group_topk` groups of
+  // highest group score only. Needs groups dividing experts, 1 <= group_topk <= min(groups,
+  // topk) and topk <= group_topk · experts / groups (the kept groups hold the top k).
+  int64_t groups = 1;
+  int64_t group_topk = 1;
+  float scale = 1.0f;  // the top-k weights' factor, after renormalising (routed_scaling_factor)
 };
 // scores[rows, experts] = softmax or sigmoid of logits[rows, experts]. Each row picks the topk
 // experts of largest score + bias[e] (bias may be null; the expert bias of auxiliary-loss-free
 // balancing changes the choice, never the weights), ties going to the lower expert index, in
-// decreasing order: indices[rows, topk] (I32). weights[rows, topk] are the picked scores
-// (divided by their sum when config.normalize). counts[experts] (written) is how many rows
-// picked each expert.
+// decreasing order: indices[rows, topk] (I32). With config.groups > 1 the choice is limited to
+// the config.group_topk groups (experts / groups consecutive experts each) of highest group
+// score, the float sum of the group's topk / group_topk largest keys (score + bias) added in
+// decreasing order, ties going to the lower group index. weights[rows, topk] are the picked
+// scores (divided by their sum when config.normalize), times config.scale. counts[experts]
+// (written) is how many rows picked each expert.
 void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
                       const float* logits, const float* bias, int64_t rows,
                       const MoeRouterConfig& config);
@@ -218,8 +228,9 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
 // over the ranks whose counts were all-reduced, it is the loss of all T tokens.
 void MoeAuxLoss(float* loss_sum, const float* scores, const float* counts, int64_t rows,
                 const MoeRouterConfig& config);
-// dlogits[rows, experts] (written) from dweights[rows, topk], plus aux_grad_scale times the
-// gradient of MoeAuxLoss's term (counts held constant; aux_grad_scale 0 leaves it out).
+// dlogits[rows, experts] (written) from dweights[rows, topk] (the weights' config.scale
+// included), plus aux_grad_scale times the gradient of MoeAuxLoss's term (counts held constant;
+// aux_grad_scale 0 leaves it out).
 void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* indices,
                        const float* scores, const float* counts, int64_t rows,
                        const MoeRouterConfig& config, float aux_grad_scale);

@@ -42,6 +42,57 @@ double AuxFactor(int64_t rows, const MoeRouterConfig& config) {
          (static_cast<double>(config.topk) * t * t);
 }
 
+// The routing key of expert e: its score plus the expert bias, which changes the choice only.
+float RouterKey(const float* s, const float* bias, int64_t e) {
+  return bias ? s[e] + bias[e] : s[e];
+}
+
+// The score of the group of experts [first, first + size): the sum of its n largest keys, added
+// in decreasing order (key descending, then index ascending); each pick is the largest key after
+// the previous pick in that order, so the sum needs no storage (the CUDA kernel's loop).
+float GroupScore(const float* s, const float* bias, int64_t first, int64_t size, int64_t n) {
+  float sum = 0.0f;
+  int64_t prev = -1;
+  float prev_key = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t best = -1;
+    float best_key = 0.0f;
+    for (int64_t e = first; e < first + size; ++e) {
+      const float key = RouterKey(s, bias, e);
+      if (prev >= 0 && !(key < prev_key || (key == prev_key && e > prev))) continue;
+      if (best < 0 || key > best_key) {
+        best = e;
+        best_key = key;
+      }
+    }
+    sum += best_key;
+    prev = best;
+    prev_key = best_key;
+  }
+  return sum;
+}
+
+// Group-limited routing: kept[g] = 1 for the group_topk groups of highest score (ties to the
+// lower group index).
+void KeepGroups(std::vector<char>& kept, std::vector<float>& group_scores, const float* s,
+                const float* bias, const MoeRouterConfig& config) {
+  const int64_t groups = config.groups, size = config.experts / config.groups;
+  const int64_t n = config.topk / config.group_topk;
+  for (int64_t g = 0; g < groups; ++g)
+    group_scores[static_cast<size_t>(g)] = GroupScore(s, bias, g * size, size, n);
+  std::fill(kept.begin(), kept.end(), 0);
+  for (int64_t i = 0; i < config.group_topk; ++i) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < groups; ++g) {
+      if (kept[static_cast<size_t>(g)]) continue;
+      if (best < 0 ||
+          group_scores[static_cast<size_t>(g)] > group_scores[static_cast<size_t>(best)])
+        best = g;
+    }
+    kept[static_cast<size_t>(best)] = 1;
+  }
+}
+
 }  // namespace
 
 void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,
@@ -49,19 +100,28 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
                       const MoeRouterConfig& config) {
   const int64_t experts = config.experts;
   const int64_t topk = config.topk;
+  const int64_t group_size = experts / config.groups;
   std::vector<char> taken(static_cast<size_t>(experts));
+  std::vector<char> kept(static_cast<size_t>(config.groups));
+  std::vector<float> group_scores(static_cast<size_t>(config.groups));
   if (counts) std::memset(counts, 0, static_cast<size_t>(experts) * sizeof(float));
   for (int64_t r = 0; r < rows; ++r) {
     float* s = scores + r * experts;
     RowScores(s, logits + r * experts, experts, config.score);
     std::fill(taken.begin(), taken.end(), 0);
+    if (config.groups > 1) {
+      // The experts of the groups not kept are out of the choice.
+      KeepGroups(kept, group_scores, s, bias, config);
+      for (int64_t e = 0; e < experts; ++e)
+        taken[static_cast<size_t>(e)] = kept[static_cast<size_t>(e / group_size)] ? 0 : 1;
+    }
     double sum = 0;
     for (int64_t j = 0; j < topk; ++j) {
       int64_t best = -1;
       float best_key = 0;
       for (int64_t e = 0; e < experts; ++e) {
         if (taken[static_cast<size_t>(e)]) continue;
-        const float key = bias ? s[e] + bias[e] : s[e];
+        const float key = RouterKey(s, bias, e);
         if (best < 0 || key > best_key) {  // strictly greater: ties keep the lower index
           best = e;
           best_key = key;
@@ -77,6 +137,8 @@ void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* co
       const auto inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < topk; ++j) weights[r * topk + j] *= inv;
     }
+    if (config.scale != 1.0f)
+      for (int64_t j = 0; j < topk; ++j) weights[r * topk + j] *= config.scale;
   }
 }
 
@@ -143,16 +205,19 @@ void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* ind
     const float* dw = dweights + r * topk;
     for (int64_t e = 0; e < experts; ++e)
       ds[static_cast<size_t>(e)] = aux ? aux_factor * counts[e] : 0.0f;
+    // The weights are scale · w_j: the gradient of w_j is scale · dw_j.
+    const float scale = config.scale;
     if (config.normalize) {
       // w_j = s_j / S: ds_j = (dw_j - Σ_i dw_i · w_i) / S.
       double sum = 0;
       for (int64_t j = 0; j < topk; ++j) sum += s[idx[j]];
       double dot = 0;
-      for (int64_t j = 0; j < topk; ++j) dot += static_cast<double>(dw[j]) * s[idx[j]] / sum;
       for (int64_t j = 0; j < topk; ++j)
-        ds[static_cast<size_t>(idx[j])] += static_cast<float>((dw[j] - dot) / sum);
+        dot += static_cast<double>(dw[j] * scale) * s[idx[j]] / sum;
+      for (int64_t j = 0; j < topk; ++j)
+        ds[static_cast<size_t>(idx[j])] += static_cast<float>((dw[j] * scale - dot) / sum);
     } else {
-      for (int64_t j = 0; j < topk; ++j) ds[static_cast<size_t>(idx[j])] += dw[j];
+      for (int64_t j = 0; j < topk; ++j) ds[static_cast<size_t>(idx[j])] += dw[j] * scale;
     }
     float* dz = dlogits + r * experts;
     if (config.score == RouterScore::kSigmoid) {

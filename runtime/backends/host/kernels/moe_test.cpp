@@ -131,6 +131,167 @@ TEST_CASE("moe router backward: weights and the load-balancing loss, every score
   }
 }
 
+namespace {
+
+// Group-limited routing by sorting: each group's keys sorted in decreasing order and its best
+// topk / group_topk summed, the groups stably sorted by that score, then the kept groups'
+// experts stably sorted by key; the weights as the router computes them.
+void ReferenceGroupRouting(std::vector<int32_t>& idx, std::vector<float>& w, const float* s,
+                           const float* bias, const MoeRouterConfig& c) {
+  const int64_t size = c.experts / c.groups, n = c.topk / c.group_topk;
+  std::vector<float> key(static_cast<size_t>(c.experts));
+  for (int64_t e = 0; e < c.experts; ++e) key[e] = bias ? s[e] + bias[e] : s[e];
+  std::vector<float> group_score(static_cast<size_t>(c.groups));
+  for (int64_t g = 0; g < c.groups; ++g) {
+    std::vector<float> v(key.begin() + g * size, key.begin() + (g + 1) * size);
+    std::sort(v.begin(), v.end(), std::greater<>());
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += v[i];
+    group_score[g] = sum;
+  }
+  std::vector<int64_t> groups(static_cast<size_t>(c.groups));
+  std::iota(groups.begin(), groups.end(), 0);
+  std::stable_sort(groups.begin(), groups.end(),
+                   [&](int64_t a, int64_t b) { return group_score[a] > group_score[b]; });
+  std::vector<int64_t> candidates;
+  for (int64_t e = 0; e < c.experts; ++e)
+    if (std::find(groups.begin(), groups.begin() + c.group_topk, e / size) !=
+        groups.begin() + c.group_topk)
+      candidates.push_back(e);
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](int64_t a, int64_t b) { return key[a] > key[b]; });
+  idx.assign(candidates.begin(), candidates.begin() + c.topk);
+  w.resize(static_cast<size_t>(c.topk));
+  double sum = 0;
+  for (int64_t j = 0; j < c.topk; ++j) {
+    w[j] = s[idx[j]];
+    sum += s[idx[j]];
+  }
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < c.topk; ++j) {
+    if (c.normalize) w[j] *= inv;
+    if (c.scale != 1.0f) w[j] *= c.scale;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("moe router: group-limited top k equals sorting groups then experts, with the scale") {
+  struct Shape {
+    int64_t experts, groups, group_topk, topk;
+  };
+  // n = topk / group_topk best scores per group: 1, 2 and 3 (the integer division included).
+  const Shape shapes[] = {{8, 4, 2, 2}, {16, 4, 2, 4}, {16, 8, 3, 6}, {12, 3, 2, 5}, {6, 6, 6, 6}};
+  const int64_t rows = 64;
+  uint32_t seed = 40;
+  for (const Shape& shape : shapes) {
+    for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+      for (bool with_bias : {false, true}) {
+        for (bool normalize : {false, true}) {
+          CAPTURE(shape.experts);
+          CAPTURE(shape.groups);
+          CAPTURE(static_cast<int>(score));
+          CAPTURE(with_bias);
+          CAPTURE(normalize);
+          const int64_t e = shape.experts, k = shape.topk;
+          // Logits on a grid of quarters, so that rows hold tied scores, keys and group scores.
+          std::mt19937 gen(++seed);
+          std::uniform_int_distribution<int> level(-6, 6);
+          std::vector<float> z(static_cast<size_t>(rows * e)), bias(static_cast<size_t>(e));
+          for (float& v : z) v = 0.25f * static_cast<float>(level(gen));
+          for (float& v : bias) v = 0.125f * static_cast<float>(level(gen) % 3);
+          const MoeRouterConfig config{.experts = e,
+                                       .topk = k,
+                                       .score = score,
+                                       .normalize = normalize,
+                                       .groups = shape.groups,
+                                       .group_topk = shape.group_topk,
+                                       .scale = 2.5f};
+          std::vector<float> w(rows * k), s(rows * e), counts(e);
+          std::vector<int32_t> idx(rows * k);
+          const float* b = with_bias ? bias.data() : nullptr;
+          MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), b, rows,
+                           config);
+          std::vector<float> expect_counts(e, 0.0f);
+          for (int64_t r = 0; r < rows; ++r) {
+            std::vector<int32_t> ref_idx;
+            std::vector<float> ref_w;
+            ReferenceGroupRouting(ref_idx, ref_w, s.data() + r * e, b, config);
+            CAPTURE(r);
+            CHECK(std::vector<int32_t>(idx.begin() + r * k, idx.begin() + (r + 1) * k) == ref_idx);
+            CHECK(std::vector<float>(w.begin() + r * k, w.begin() + (r + 1) * k) == ref_w);
+            for (int32_t x : ref_idx) expect_counts[x] += 1.0f;
+          }
+          CHECK(counts == expect_counts);
+        }
+      }
+    }
+  }
+  // Keeping every group is plain top k; keeping fewer changes some rows' choice.
+  const int64_t e = 8, k = 2;
+  const auto z = Random(rows * e, 49);
+  std::vector<float> w0(rows * k), w1(rows * k), s(rows * e), counts(e);
+  std::vector<int32_t> i0(rows * k), i1(rows * k);
+  MoeRouterForward(w0.data(), i0.data(), s.data(), counts.data(), z.data(), nullptr, rows,
+                   MoeRouterConfig{.experts = e, .topk = k});
+  MoeRouterForward(w1.data(), i1.data(), s.data(), counts.data(), z.data(), nullptr, rows,
+                   MoeRouterConfig{.experts = e, .topk = k, .groups = 4, .group_topk = 1});
+  CHECK(i0 != i1);  // one pair kept, the one of largest sum: not always the two best experts
+  MoeRouterForward(w1.data(), i1.data(), s.data(), counts.data(), z.data(), nullptr, rows,
+                   MoeRouterConfig{.experts = e, .topk = k, .groups = 2, .group_topk = 2});
+  CHECK(i0 == i1);
+  CHECK(w0 == w1);
+}
+
+TEST_CASE("moe router backward: group-limited choice and the scale, by finite differences") {
+  const int64_t rows = 6, experts = 8, topk = 2;
+  auto z = SeparatedLogits(rows, experts, 13);
+  const auto proj = Random(rows * topk, 14);
+  const std::vector<float> bias = {0.0f, 0.01f, -0.02f, 0.0f, 0.03f, 0.0f, -0.01f, 0.02f};
+  const float aux_scale = 0.7f;
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    for (bool normalize : {false, true}) {
+      CAPTURE(static_cast<int>(score));
+      CAPTURE(normalize);
+      const MoeRouterConfig config{.experts = experts,
+                                   .topk = topk,
+                                   .score = score,
+                                   .normalize = normalize,
+                                   .aux_coeff = 5.0f,
+                                   .aux_rows = rows,
+                                   .groups = 4,
+                                   .group_topk = 2,
+                                   .scale = 2.5f};
+      std::vector<float> w(rows * topk), s(rows * experts), counts(experts);
+      std::vector<int32_t> idx(rows * topk);
+      auto loss = [&] {
+        MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
+                         config);
+        float aux = 0;
+        MoeAuxLoss(&aux, s.data(), counts.data(), rows, config);
+        return Dot(w, proj) + aux_scale * static_cast<double>(aux);
+      };
+      loss();
+      const auto picked = idx;
+      // The scale multiplies the weights of the unscaled router exactly.
+      MoeRouterConfig unscaled = config;
+      unscaled.scale = 1.0f;
+      std::vector<float> w1(rows * topk), s1(rows * experts), c1(experts);
+      std::vector<int32_t> i1(rows * topk);
+      MoeRouterForward(w1.data(), i1.data(), s1.data(), c1.data(), z.data(), bias.data(), rows,
+                       unscaled);
+      CHECK(i1 == idx);
+      for (int64_t p = 0; p < rows * topk; ++p) CHECK(w[p] == w1[p] * 2.5f);
+      std::vector<float> dz(rows * experts, 123.0f);
+      MoeRouterBackward(dz.data(), proj.data(), idx.data(), s.data(), counts.data(), rows, config,
+                        aux_scale);
+      CheckGradient("dlogits", z, dz, loss, 1e-2f, 1e-3);
+      loss();
+      CHECK(idx == picked);
+    }
+  }
+}
+
 TEST_CASE("moe auxiliary loss: sharded sums add up to the whole batch's loss") {
   const int64_t rows = 8, experts = 4, topk = 2;
   auto z = Random(rows * experts, 21);
