@@ -147,6 +147,14 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
   for (size_t i = 0; i < role.steps.size(); ++i)
     CheckRoleOp(role, prog::mem::FromScheduleStep(role.steps[i]), prog::OpPlace::kSchedule,
                 fmt::format("{} schedule op #{}", role.name, i), out);
+  if (!role.loops.empty()) {
+    if (role.steps.empty())
+      out.push_back(fmt::format("{}: loops without steps", role.name));
+    else if (std::string why =
+                 prog::mem::CheckScheduleLoops(role.steps, role.loops, prog::mem::ChunkSlots(role));
+             !why.empty())
+      out.push_back(fmt::format("{}: {}", role.name, why));
+  }
   for (const Body& body : role.bodies)
     for (size_t i = 0; i < body.ops.size(); ++i)
       CheckRoleOp(role, body.ops[i], prog::OpPlace::kBody,
@@ -226,6 +234,12 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
       if (r->schedule() && r->schedule()->size() > 0 && r->steps() && r->steps()->size() > 0) {
         *error = fmt::format("role '{}' holds its schedule twice, as ops and as steps",
                              r->name() ? r->name()->str() : std::string());
+        return std::nullopt;
+      }
+  if (f->roles())
+    for (const prog::Role* r : *f->roles())
+      if (std::string why = prog::mem::ScheduleLoopProblem(*r); !why.empty()) {
+        *error = why;
         return std::nullopt;
       }
   if (f->ranks()) {
