@@ -32,6 +32,11 @@ struct LowerOptions {
   // with heap vectors): what `planc compile` writes, in a fraction of the memory. Verification
   // and encoding read either form; printing and tracing read Role::schedule.
   bool compact_schedule = false;
+  // With compact_schedule: the steady state of each schedule in loop form (Role::loops, format 4)
+  // when its loops save at least loop_min_saving steps; a step of many microbatches is built
+  // from a few and extended (schedule_loops.h), so that neither time nor memory grows with them.
+  bool schedule_loops = true;
+  int64_t loop_min_saving = 1024;
   // Tests only: changes the program between building and verification.
   std::function<void(Program&)> before_verify;
 };
