@@ -299,6 +299,7 @@ int64_t ItemBytes(const Role& role, const Item& it) {
 struct Rendezvous {
   std::vector<int64_t> pos;        // per rank: its next item (virtual)
   std::vector<int64_t> limit;      // per rank: the position it may not pass in this round
+  std::vector<int64_t> head_end;   // per rank: one past its head group (its posted transfers)
   std::vector<int64_t> arrived;    // per communicator: members at its current collective
   std::vector<int64_t> completed;  // per communicator: collectives done
   std::vector<uint8_t> counted;    // rank has registered its arrival at its head collective
@@ -687,9 +688,8 @@ class WorldVerifier {
 
   // The send at virtual position v of rank a and the receive it meets: same kind, microbatch,
   // adjacent stages and bytes.
-  bool CheckMatch(int32_t a, int64_t v) {
+  bool CheckMatch(int32_t a, int64_t v, const RoleStream::At& ia) {
     const RoleStream& sa = StreamOf(a);
-    const RoleStream::At ia = sa.Locate(v);
     const int32_t b = PeerRank(a, ia.item->peer);
     const RoleStream& sb = StreamOf(b);
     const int64_t k = sa.Seq(ia);
@@ -735,6 +735,7 @@ class WorldVerifier {
     const int32_t world = p_.world_size;
     sim_.pos.assign(world, 0);
     sim_.limit.assign(world, 0);
+    sim_.head_end.assign(world, 0);
     sim_.arrived.assign(p_.communicators.size(), 0);
     sim_.completed.assign(p_.communicators.size(), 0);
     sim_.counted.assign(world, 0);
@@ -742,6 +743,7 @@ class WorldVerifier {
     sim_.pp_index.resize(static_cast<size_t>(world));
     for (int32_t r = 0; r < world; ++r)
       sim_.pp_index[static_cast<size_t>(r)] = p_.IndexIn(r, CommKind::Pp);
+    for (int32_t r = 0; r < world; ++r) Moved(r);
     bool loops = false;
     for (const RoleStream& st : streams_) loops = loops || st.loops;
     std::vector<int64_t> last_pos, last_limit;
@@ -772,6 +774,13 @@ class WorldVerifier {
       stats_->collectives = sim_.collectives;
       stats_->skips = skips_;
     }
+  }
+
+  // Records rank r's new position: the end of its head group, which partners test against.
+  void Moved(int32_t r) {
+    const RoleStream& st = StreamOf(r);
+    sim_.head_end[static_cast<size_t>(r)] =
+        sim_.pos[r] < st.length ? st.GroupEnd(sim_.pos[r]) : sim_.pos[r];
   }
 
   // Advances queued ranks until none moves; false on a failed check.
@@ -825,6 +834,7 @@ class WorldVerifier {
       const int64_t len = StreamOf(r).Locate(sim_.pos[r]).seg->item_len;
       sim_.pos[r] += skip * len;
       sim_.limit[r] += skip * len;
+      Moved(r);
     }
     sim_.ops += skip * ops;
     sim_.transfers += skip * transfers;
@@ -855,7 +865,7 @@ class WorldVerifier {
     const int64_t item = sb.P2pPos(my_index, !a.item->send, st.Seq(a));
     if (item < 0) return false;
     if (sim_.pos[b] >= sb.length) return item < sim_.pos[b];
-    return item < sb.GroupEnd(sim_.pos[b]);
+    return item < sim_.head_end[static_cast<size_t>(b)];
   }
 
   // Runs rank r's stream as far as it goes without waiting, up to its limit.
@@ -890,7 +900,8 @@ class WorldVerifier {
         for (int64_t k = sim_.pos[r]; k < group_end && all; ++k) all = PartnerReady(r, at(k));
         if (!all) break;
         for (int64_t k = sim_.pos[r]; k < group_end; ++k)
-          if (at(k).item->send && !CheckMatch(r, k)) return Progress::kFailed;
+          if (const RoleStream::At x = at(k); x.item->send && !CheckMatch(r, k, x))
+            return Progress::kFailed;
         const int64_t n = group_end - sim_.pos[r];
         sim_.ops += n, sim_.transfers += n;
         sim_.pos[r] = group_end;
@@ -902,6 +913,7 @@ class WorldVerifier {
       if (collective == Progress::kWaiting) break;
       moved = true;
     }
+    if (moved) Moved(r);
     return moved ? Progress::kMoved : Progress::kWaiting;
   }
 
@@ -933,6 +945,7 @@ class WorldVerifier {
     if (!MembersAgree(c, seq)) return Progress::kFailed;
     for (int32_t mrank : comm.members) {
       ++sim_.pos[mrank];
+      Moved(mrank);
       sim_.counted[mrank] = 0;
       ++sim_.ops;
       Push(mrank);
