@@ -208,7 +208,8 @@ std::vector<int32_t> StashChunks(const Role& role) {
   return chunk;
 }
 
-std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error) {
+std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error,
+                                      bool keep_loops) {
   if (size < 8 || !prog::ProgramBufferHasIdentifier(data)) {
     *error = "not a paraplan program (no 'PPLN' file identifier)";
     return std::nullopt;
@@ -252,7 +253,7 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
       }
     }
   }
-  Program p = prog::mem::DecodeProgramModel(*f);
+  Program p = prog::mem::DecodeProgramModel(*f, keep_loops);
   auto problems = VerifyStructure(p);
   if (!problems.empty()) {
     *error = problems.front();

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "compiler/lower/lower.h"
+#include "compiler/lower/print.h"
 #include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
 #include "runtime/format/program_model.h"
@@ -106,6 +107,32 @@ TEST_CASE("loop-form schedules expand to exactly the listed schedule, file byte 
         }
       }
     }
+}
+
+TEST_CASE("planc dump's reading keeps loops for verification and prints the same ranks") {
+  const Plan plan = WithMicrobatches(TinyPlan(1, 4, 2, Schedule::kInterleaved1F1B, 2), 64);
+  const Program looped = LowerWith(plan, true, false);
+  REQUIRE(LoopCount(looped) > 0);
+  const std::vector<uint8_t> bytes = ToFlatBuffer(looped);
+  const std::vector<uint8_t> flat_bytes = ToFlatBuffer(Expanded(looped));
+  std::string error;
+  std::optional<Program> kept = FromFlatBuffer(bytes.data(), bytes.size(), &error, true);
+  std::optional<Program> flat = FromFlatBuffer(flat_bytes.data(), flat_bytes.size(), &error);
+  REQUIRE(kept.has_value());
+  REQUIRE(flat.has_value());
+  CHECK(LoopCount(*kept) == LoopCount(looped));
+  VerifyStats a, b;
+  CHECK(VerifyWorld(*kept, &a).empty());
+  CHECK(VerifyWorld(*flat, &b).empty());
+  CHECK(a.simulated_ops == b.simulated_ops);
+  CHECK(a.skips > 0);
+  for (int32_t r = 0; r < kept->world_size; ++r) CHECK(PrintRank(*kept, r) == PrintRank(*flat, r));
+  std::string summary = PrintProgram(*kept);
+  const std::string flat_summary = PrintProgram(*flat);
+  const size_t at = summary.find("(format 4,");
+  REQUIRE(at != std::string::npos);
+  summary.replace(at, 10, "(format 3,");
+  CHECK(summary == flat_summary);
 }
 
 TEST_CASE("the verifier checks loop-form programs as it checks listed ones") {

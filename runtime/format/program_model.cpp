@@ -457,7 +457,7 @@ std::vector<Op> ReadOps(const flatbuffers::Vector<flatbuffers::Offset<prog::Op>>
 
 }  // namespace
 
-Program DecodeProgramModel(const prog::Program& file) {
+Program DecodeProgramModel(const prog::Program& file, bool keep_loops) {
   const prog::Program* f = &file;
   Program p;
   p.format_version = f->format_version();
@@ -542,9 +542,15 @@ Program DecodeProgramModel(const prog::Program& file) {
         std::vector<prog::ScheduleLoop> loops = CopyStructs(r->loops());
         if (!loops.empty() && !CheckScheduleLoops(listed, loops, ChunkSlots(role)).empty())
           loops.clear();
-        ForEachExpandedStep(listed, loops, ChunkSlots(role), [&](const prog::ScheduleStep& st) {
-          role.schedule.push_back(FromScheduleStep(st));
-        });
+        if (keep_loops && !loops.empty() && role.schedule.empty()) {
+          role.steps = std::move(listed);
+          role.loops = std::move(loops);
+          listed.clear();
+        }
+        if (!listed.empty())
+          ForEachExpandedStep(listed, loops, ChunkSlots(role), [&](const prog::ScheduleStep& st) {
+            role.schedule.push_back(FromScheduleStep(st));
+          });
       }
       role.arena_bytes = r->arena_bytes();
       role.fp32_arena_bytes = r->fp32_arena_bytes();

@@ -111,8 +111,8 @@ struct Role {
   // The schedule in compact form (ScheduleStep, 24 bytes an op): a role holds its schedule in
   // `schedule` or in `steps`, never in both. Only the compiler's writing path holds `steps`
   // (a large world's schedules then take a fraction of the memory); DecodeProgram and
-  // DecodeProgramModel always give `schedule`. Readers that take either form: VerifyWorld,
-  // VerifyStructure, EncodeProgram.
+  // DecodeProgramModel give `schedule` (DecodeProgramModel keeps loops as steps on request).
+  // Readers that take either form: VerifyWorld, VerifyStructure, EncodeProgram.
   std::vector<prog::ScheduleStep> steps;
   // Repeated blocks of `steps` (format 4, README.md section 3 "Loops"): in order, not
   // overlapping; empty when every step stands for one op. Only with `steps`.
@@ -290,7 +290,10 @@ flatbuffers::DetachedBuffer EncodeProgramReleasingOps(Program& program);
 // nothing beyond what the copy needs: indices are taken as they are, Rank::comms keeps the
 // first kCommKinds entries of the file's list (a reader that refuses longer lists checks
 // `file.ranks()` itself). Absent sections keep their defaults.
-Program DecodeProgramModel(const prog::Program& file);
+// With `keep_loops`, a role whose schedule has loops keeps its steps and loops as listed
+// (Role::steps, Role::loops) instead of expanding them into ops: the whole-world verifier reads
+// that form without listing every microbatch.
+Program DecodeProgramModel(const prog::Program& file, bool keep_loops = false);
 
 // A program file a runtime must refuse; the message starts with "program `ORIGIN`: ".
 // The largest world a program may describe: 2^20 ranks, far above any cluster trained on today,
