@@ -753,6 +753,10 @@ void CompactSchedule(Role& role) {
   std::vector<Op>().swap(role.schedule);
 }
 
+// The saving a loop must bring when a step of many microbatches is listed (its samples did not
+// extend).
+constexpr int64_t kManyLoopMinSaving = 1024;
+
 // The role's schedule steps in loop form (Role::loops) when its loops save at least
 // `min_saving` steps.
 void FindLoops(Role& role, int64_t min_saving) {
@@ -782,17 +786,19 @@ struct ScheduleSampling {
   static int32_t Threshold(const ScheduleShape& shape) {
     return shape.kind == prog::ScheduleKind::Interleaved1F1B ? 6 * shape.Group() : 4 * shape.pp + 8;
   }
-  // Whether the step has enough microbatches to be sampled; its slots are then assigned
-  // first-freed-first (AssignSlots), whatever form the schedule is held in.
-  static bool Many(const ScheduleShape& shape) {
-    return shape.microbatches >= Threshold(shape) + 3 * Period(shape);
+  // Whether the step has enough microbatches to be sampled: a few periods, and at least
+  // `min_computations` forwards per rank (LowerOptions::loop_min_microbatches); its slots are
+  // then assigned first-freed-first (AssignSlots), whatever form the schedule is held in.
+  static bool Many(const ScheduleShape& shape, int64_t min_computations) {
+    return shape.microbatches >= Threshold(shape) + 3 * Period(shape) &&
+           int64_t{shape.microbatches} * shape.vpp >= min_computations;
   }
 
-  static ScheduleSampling For(const ScheduleShape& shape) {
+  static ScheduleSampling For(const ScheduleShape& shape, int64_t min_computations) {
     ScheduleSampling s;
     s.d = Period(shape);
     const int32_t threshold = Threshold(shape);
-    if (!Many(shape)) return s;
+    if (!Many(shape, min_computations)) return s;
     s.m1 = threshold + (shape.microbatches - threshold) % s.d;
     s.k = (shape.microbatches - s.m1) / s.d;
     for (int i = 0; i < 3; ++i) {
@@ -847,7 +853,9 @@ bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodie
 void BuildRoles(const Partition& partition, const ScheduleShape& shape, const BodyShape& bs,
                 const LowerOptions& options, Program& p) {
   const bool loops = options.compact_schedule && options.schedule_loops;
-  ScheduleSampling sampling = loops ? ScheduleSampling::For(shape) : ScheduleSampling{};
+  const bool many = ScheduleSampling::Many(shape, options.loop_min_microbatches);
+  ScheduleSampling sampling =
+      loops ? ScheduleSampling::For(shape, options.loop_min_microbatches) : ScheduleSampling{};
   std::vector<std::vector<PipelineStep>> pipeline;  // every microbatch listed, when needed
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;
@@ -860,10 +868,14 @@ void BuildRoles(const Partition& partition, const ScheduleShape& shape, const Bo
       if (pipeline.empty()) pipeline = PipelinePrograms(shape);
       BuildSchedule(pipeline[r], sb, p.parallel, role);
       std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
-      AssignSlots(role, ScheduleSampling::Many(shape));
+      AssignSlots(role, many);
       PlanMemory(role);
       if (options.compact_schedule) CompactSchedule(role);
-      if (loops) FindLoops(role, options.loop_min_saving);
+      // Listed schedules keep their files as they were unless asked (tests); a step of many
+      // microbatches whose samples did not extend is searched for loops all the same.
+      if (loops)
+        FindLoops(role, many ? std::min<int64_t>(options.loop_min_saving, kManyLoopMinSaving)
+                             : options.loop_min_saving);
     }
     p.roles.push_back(std::move(role));
   }

@@ -31,6 +31,7 @@ Program LowerWith(const Plan& plan, bool loops, bool verify) {
   options.compact_schedule = true;
   options.schedule_loops = loops;
   options.loop_min_saving = 1;
+  options.loop_min_microbatches = 1;
   options.verify = verify;
   std::optional<Program> p = LowerPlan(plan, options, sink);
   REQUIRE(p.has_value());
