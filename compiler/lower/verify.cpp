@@ -232,6 +232,10 @@ struct RoleStream {
   At Locate(int64_t v) const {
     const Segment& s = segments[SegmentOf(v)];
     const int64_t off = v - s.vbegin;
+    if (s.count == 1) {
+      const auto index = static_cast<int32_t>(s.item_begin + off);
+      return {&items[static_cast<size_t>(index)], &s, 0, index};
+    }
     const int64_t it = off / s.item_len;
     const int32_t index = s.item_begin + static_cast<int32_t>(off % s.item_len);
     return {&items[static_cast<size_t>(index)], &s, it, index};
@@ -252,6 +256,7 @@ struct RoleStream {
     const auto per = static_cast<int64_t>(run.items.size());
     if (k >= run.seq_begin + per * s.count) return -1;
     const int64_t off = k - run.seq_begin;
+    if (s.count == 1) return s.vbegin + (run.items[static_cast<size_t>(off)] - s.item_begin);
     return s.vbegin + (off / per) * s.item_len +
            (run.items[static_cast<size_t>(off % per)] - s.item_begin);
   }
