@@ -96,6 +96,16 @@ TEST_CASE("loop-form schedules expand to exactly the listed schedule, file byte 
           FromFlatBuffer(flat_bytes.data(), flat_bytes.size(), &error);
       REQUIRE(back_flat.has_value());
       REQUIRE(back->roles.size() == back_flat->roles.size());
+      // The runtime's reader gives the same ops too.
+      const prog::mem::Program run = prog::mem::DecodeProgram(bytes.data(), bytes.size(), "loops");
+      const prog::mem::Program run_flat =
+          prog::mem::DecodeProgram(flat_bytes.data(), flat_bytes.size(), "flat");
+      for (size_t r = 0; r < run.roles.size(); ++r) {
+        const auto& a = run.roles[r].schedule;
+        const auto& b = run_flat.roles[r].schedule;
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].ints == b[i].ints);
+      }
       for (size_t r = 0; r < back->roles.size(); ++r) {
         const auto& a = back->roles[r].schedule;
         const auto& b = back_flat->roles[r].schedule;

@@ -455,6 +455,26 @@ std::vector<Op> ReadOps(const flatbuffers::Vector<flatbuffers::Offset<prog::Op>>
   return out;
 }
 
+// The schedule of file role `r` into `role` (whose chunks are read): its ops, and its steps as
+// ops, loops expanded, or with `keep_loops` its steps and loops as listed. Loops are expanded
+// only when they are well formed (a reader refuses a file whose loops are not,
+// ScheduleLoopProblem, before it decodes); otherwise the steps are copied as listed.
+void ReadSchedule(const prog::Role& r, bool keep_loops, Role& role) {
+  role.schedule = ReadOps(r.schedule());
+  if (!r.steps()) return;
+  std::vector<prog::ScheduleStep> listed = CopyStructs(r.steps());
+  std::vector<prog::ScheduleLoop> loops = CopyStructs(r.loops());
+  if (!loops.empty() && !CheckScheduleLoops(listed, loops, ChunkSlots(role)).empty()) loops.clear();
+  if (keep_loops && !loops.empty() && role.schedule.empty()) {
+    role.steps = std::move(listed);
+    role.loops = std::move(loops);
+    return;
+  }
+  ForEachExpandedStep(listed, loops, ChunkSlots(role), [&](const prog::ScheduleStep& st) {
+    role.schedule.push_back(FromScheduleStep(st));
+  });
+}
+
 }  // namespace
 
 Program DecodeProgramModel(const prog::Program& file, bool keep_loops) {
@@ -534,24 +554,7 @@ Program DecodeProgramModel(const prog::Program& file, bool keep_loops) {
       if (r->bodies())
         for (const prog::Body* x : *r->bodies())
           role.bodies.push_back({Str(x->name()), ReadOps(x->ops())});
-      role.schedule = ReadOps(r->schedule());
-      if (const auto* steps = r->steps()) {
-        // Loops are expanded when they are well formed (a reader refuses a file whose loops are
-        // not, ScheduleLoopProblem, before it decodes); otherwise the steps are copied as listed.
-        std::vector<prog::ScheduleStep> listed = CopyStructs(steps);
-        std::vector<prog::ScheduleLoop> loops = CopyStructs(r->loops());
-        if (!loops.empty() && !CheckScheduleLoops(listed, loops, ChunkSlots(role)).empty())
-          loops.clear();
-        if (keep_loops && !loops.empty() && role.schedule.empty()) {
-          role.steps = std::move(listed);
-          role.loops = std::move(loops);
-          listed.clear();
-        }
-        if (!listed.empty())
-          ForEachExpandedStep(listed, loops, ChunkSlots(role), [&](const prog::ScheduleStep& st) {
-            role.schedule.push_back(FromScheduleStep(st));
-          });
-      }
+      ReadSchedule(*r, keep_loops, role);
       role.arena_bytes = r->arena_bytes();
       role.fp32_arena_bytes = r->fp32_arena_bytes();
       role.peak_bytes = r->peak_bytes();

@@ -247,6 +247,7 @@ prog::ScheduleStep LoopStep(const prog::ScheduleStep& s, const prog::ScheduleLoo
 // Calls fn(step) for every op the steps stand for, in order, loops expanded (the loops must have
 // passed CheckScheduleLoops).
 template <typename Fn>
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
 void ForEachExpandedStep(const std::vector<prog::ScheduleStep>& steps,
                          const std::vector<prog::ScheduleLoop>& loops,
                          const std::vector<int32_t>& chunk_slots, Fn&& fn) {
