@@ -25,9 +25,10 @@ Plan WithMicrobatches(Plan plan, int64_t m) {
   return plan;
 }
 
-Program LowerWith(const Plan& plan, bool loops, bool verify) {
+Program LowerWith(const Plan& plan, bool loops, bool verify, int32_t group = 0) {
   DiagnosticSink sink;
   LowerOptions options;
+  options.microbatch_group = group;
   options.compact_schedule = true;
   options.schedule_loops = loops;
   options.loop_min_saving = 1;
@@ -118,6 +119,24 @@ TEST_CASE("loop-form schedules expand to exactly the listed schedule, file byte 
         }
       }
     }
+}
+
+TEST_CASE("loop forms of interleaved groups other than pp, and of many iterations") {
+  struct Case {
+    int64_t m;
+    int32_t group;
+  };
+  for (const Case& c : {Case{64, 6}, Case{100, 6}, Case{70, 5}, Case{260, 0}, Case{203, 0}}) {
+    CAPTURE(c.m);
+    CAPTURE(c.group);
+    const int64_t pp = c.group == 0 && c.m % 4 != 0 ? 1 : 4;
+    const Schedule kind = pp == 1 ? Schedule::k1F1B : Schedule::kInterleaved1F1B;
+    const Plan plan = WithMicrobatches(TinyPlan(1, pp == 1 ? 2 : 4, 1, kind, pp == 1 ? 1 : 2), c.m);
+    const Program flat = LowerWith(plan, false, false, c.group);
+    const Program looped = LowerWith(plan, true, true, c.group);
+    CHECK(LoopCount(looped) > 0);
+    CHECK(ToFlatBuffer(Expanded(looped)) == ToFlatBuffer(flat));
+  }
 }
 
 TEST_CASE("planc dump's reading keeps loops for verification and prints the same ranks") {
