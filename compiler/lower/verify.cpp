@@ -753,11 +753,11 @@ class WorldVerifier {
     for (const RoleStream& st : streams_) loops = loops || st.loops;
     std::vector<int64_t> last_pos, last_limit;
     while (!Full()) {
-      bool raised = false;
+      bool raised = last_pos.empty();  // the first round always runs
       for (int32_t r = 0; r < world; ++r) {
         const RoleStream& st = StreamOf(r);
         const int64_t next = loops ? NextLimit(st, sim_.limit[r]) : st.length;
-        if (next != sim_.limit[r] || sim_.limit[r] == 0) raised = true;
+        if (next != sim_.limit[r]) raised = true;
         sim_.limit[r] = next;
         Push(r);
       }
