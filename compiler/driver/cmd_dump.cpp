@@ -92,7 +92,7 @@ void WriteRank(llvm::json::OStream& j, const lower::Program& p, int32_t r) {
       j.attribute("pp", rank.coords.pp);
     });
     j.attributeArray("schedule", [&] {
-      for (const lower::Op& op : role.schedule) {
+      for (const lower::Op& op : prog::mem::ScheduleOps(role)) {
         j.object([&] {
           j.attribute("op", std::string(lower::OpName(op.kind)));
           WriteScheduleAttrs(j, p, r, op);
@@ -177,7 +177,10 @@ std::optional<lower::Program> ReadVerifiedProgram(const std::string& file) {
     std::fprintf(stderr, "planc dump: cannot read '%s': %s\n", file.c_str(), error.c_str());
     return std::nullopt;
   }
-  std::optional<lower::Program> p = lower::FromFlatBuffer(bytes.data(), bytes.size(), &error);
+  // Loops stay loops for verification (which never lists every microbatch); printing expands one
+  // role at a time.
+  std::optional<lower::Program> p =
+      lower::FromFlatBuffer(bytes.data(), bytes.size(), &error, /*keep_loops=*/true);
   if (!p) {
     std::fprintf(stderr, "planc dump: '%s' is not a valid program: %s\n", file.c_str(),
                  error.c_str());

@@ -12,6 +12,7 @@
 #include "compiler/lower/body.h"
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/schedule.h"
+#include "compiler/lower/schedule_loops.h"
 #include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
 
@@ -321,20 +322,31 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
   return CheckLowerableShapes(plan, sink);
 }
 
-// Slots: a (microbatch, chunk) takes the lowest free slot of its chunk at its first transfer or
-// forward and gives it back after its last use (its SendGrad, or its Backward on the first
-// stage), once the transfer group that used it has completed.
-void AssignSlots(Role& role) {
+// Slots: a (microbatch, chunk) takes a free slot of its chunk at its first transfer or forward
+// and gives it back after its last use (its SendGrad, or its Backward on the first stage), once
+// the transfer group that used it has completed. A step of few microbatches takes the lowest
+// free slot; with `fifo` (a step of many microbatches, whose schedule is held in loop form) the
+// slot freed longest ago, so that the slots of the steady state rotate with a fixed stride per
+// period (lowest-free drifts from one period to the next). Both use as many slots.
+void AssignSlots(Role& role, bool fifo) {
   int32_t nc = static_cast<int32_t>(role.chunks.size());
   // Per chunk and slot: 0 free, 1 busy, 2 freed inside the current transfer group (its grad
   // buffer may still be read by a send of this group; its input buffer is free).
   std::vector<std::vector<uint8_t>> state(nc);
+  // fifo: per chunk, the free slots in the order they were freed, and those freed inside the
+  // current group.
+  std::vector<std::deque<int32_t>> free_order(nc), freed_in_group(nc);
   std::map<std::pair<int64_t, int64_t>, int32_t> slot_of;  // (mb, chunk) -> slot
+  std::vector<std::pair<int64_t, int32_t>> freed;  // (chunk, slot) set to 2 since the last flush
   int64_t current_group = 0;
   auto flush = [&]() {
-    for (auto& v : state)
-      for (auto& x : v)
-        if (x == 2) x = 0;
+    for (auto [c, slot] : freed)
+      if (state[c][slot] == 2) state[c][slot] = 0;
+    freed.clear();
+    for (int32_t c = 0; c < nc; ++c) {
+      for (int32_t slot : freed_in_group[c]) free_order[c].push_back(slot);
+      freed_in_group[c].clear();
+    }
   };
   for (Op& op : role.schedule) {
     bool p2p = IsP2p(op.kind);
@@ -351,13 +363,29 @@ void AssignSlots(Role& role) {
       auto& v = state[c];
       // A receive of an activation may take a slot freed in its own group; nothing else may.
       bool take_freed = op.kind == OpKind::RecvActivation;
-      auto free = std::find_if(v.begin(), v.end(),
-                               [&](uint8_t x) { return x == 0 || (take_freed && x == 2); });
-      slot = static_cast<int32_t>(free - v.begin());
-      if (free == v.end())
-        v.push_back(1);
-      else
-        *free = 1;
+      if (fifo) {
+        auto& order = free_order[c];
+        auto& in_group = freed_in_group[c];
+        if (!order.empty()) {
+          slot = order.front();
+          order.pop_front();
+        } else if (take_freed && !in_group.empty()) {
+          slot = in_group.front();
+          in_group.pop_front();
+        } else {
+          slot = static_cast<int32_t>(v.size());
+          v.push_back(0);
+        }
+        v[slot] = 1;
+      } else {
+        auto free = std::find_if(v.begin(), v.end(),
+                                 [&](uint8_t x) { return x == 0 || (take_freed && x == 2); });
+        slot = static_cast<int32_t>(free - v.begin());
+        if (free == v.end())
+          v.push_back(1);
+        else
+          *free = 1;
+      }
       slot_of[key] = slot;
     } else {
       slot = it->second;
@@ -368,6 +396,8 @@ void AssignSlots(Role& role) {
     if (last_use) {
       slot_of.erase(key);
       state[c][slot] = 2;
+      freed.emplace_back(c, slot);
+      if (fifo) freed_in_group[c].push_back(slot);
       if (!p2p || group == 0) flush();
     }
   }
@@ -730,9 +760,110 @@ void CompactSchedule(Role& role) {
   std::vector<Op>().swap(role.schedule);
 }
 
+// The saving a loop must bring when a step of many microbatches is listed (its samples did not
+// extend).
+constexpr int64_t kManyLoopMinSaving = 1024;
+
+// The role's schedule steps in loop form (Role::loops) when its loops save at least
+// `min_saving` steps.
+void FindLoops(Role& role, int64_t min_saving) {
+  if (role.steps.empty()) return;
+  LoopForm form = FindScheduleLoops(role.steps, prog::mem::ChunkSlots(role), min_saving);
+  if (form.loops.empty()) return;
+  role.steps = std::move(form.steps);
+  role.loops = std::move(form.loops);
+}
+
+// A role's schedule built from a few microbatches and extended to the step's: the schedules at
+// m1, m1 + D and m1 + 2D microbatches (the same warm-up, D more microbatches in the steady state
+// each, the cool-down's microbatches D later) in loop form give the form at m1 + kD
+// (ExtrapolateLoops) without listing the step's microbatches. Sampling is worth it past a few
+// periods of the steady state: m1 >= `Threshold`, D the microbatches of one period (a group of
+// the interleaved schedule, else pp).
+struct ScheduleSampling {
+  int32_t m1 = 0, d = 0;
+  int64_t k = 0;
+  std::vector<std::vector<PipelineStep>> pipelines[3];
+
+  // The microbatches of one period and the fewest sampled.
+  static int32_t Period(const ScheduleShape& shape) {
+    return shape.kind == prog::ScheduleKind::Interleaved1F1B ? shape.Group()
+                                                             : std::max(shape.pp, 1);
+  }
+  static int32_t Threshold(const ScheduleShape& shape) {
+    return shape.kind == prog::ScheduleKind::Interleaved1F1B ? 6 * shape.Group() : 4 * shape.pp + 8;
+  }
+  // Whether the step has enough microbatches to be sampled: a few periods, and at least
+  // `min_computations` forwards per rank (LowerOptions::loop_min_microbatches); its slots are
+  // then assigned first-freed-first (AssignSlots), whatever form the schedule is held in.
+  static bool Many(const ScheduleShape& shape, int64_t min_computations) {
+    return shape.microbatches >= Threshold(shape) + 3 * Period(shape) &&
+           int64_t{shape.microbatches} * shape.vpp >= min_computations;
+  }
+
+  static ScheduleSampling For(const ScheduleShape& shape, int64_t min_computations) {
+    ScheduleSampling s;
+    s.d = Period(shape);
+    const int32_t threshold = Threshold(shape);
+    if (!Many(shape, min_computations)) return s;
+    s.m1 = threshold + (shape.microbatches - threshold) % s.d;
+    s.k = (shape.microbatches - s.m1) / s.d;
+    for (int i = 0; i < 3; ++i) {
+      ScheduleShape sample = shape;
+      sample.microbatches = s.m1 + i * s.d;
+      if (!CheckScheduleShape(sample).empty()) return ScheduleSampling{};
+      s.pipelines[i] = PipelinePrograms(sample);
+    }
+    return s;
+  }
+  bool active() const { return m1 > 0; }
+};
+
+// The role's schedule by sampling (ScheduleSampling); false (role untouched but for its
+// scratch) when the samples do not extend by constant amounts.
+bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodies& sb,
+                          const ParallelConfig& par, Role& role) {
+  LoopForm forms[3];
+  std::vector<Chunk> chunks;
+  for (int i = 0; i < 3; ++i) {
+    Role sample;
+    sample.chunks = role.chunks;
+    BuildSchedule(sampling.pipelines[i][r], sb, par, sample);
+    AssignSlots(sample, true);
+    if (i == 0) {
+      chunks = sample.chunks;
+    } else {
+      for (size_t c = 0; c < chunks.size(); ++c)
+        if (chunks[c].slots != sample.chunks[c].slots) return false;
+    }
+    CompactSchedule(sample);
+    if (sample.steps.empty()) return false;
+    forms[i] = FindScheduleLoops(sample.steps, prog::mem::ChunkSlots(sample), 1);
+  }
+  std::vector<int32_t> slots;
+  for (const Chunk& c : chunks) slots.push_back(c.slots);
+  std::optional<LoopForm> form = ExtrapolateLoops(forms[0], forms[1], forms[2], sampling.k, slots);
+  if (!form || form->loops.empty()) return false;
+  // The memory plan of the first sample: the steady state holds the most microbatches in flight,
+  // and every sample has it.
+  BuildSchedule(sampling.pipelines[0][r], sb, par, role);
+  AssignSlots(role, true);
+  PlanMemory(role);
+  std::vector<Op>().swap(role.schedule);
+  for (auto& pipelines : sampling.pipelines) std::vector<PipelineStep>().swap(pipelines[r]);
+  role.steps = std::move(form->steps);
+  role.loops = std::move(form->loops);
+  return true;
+}
+
 // One role per pipeline rank: bodies, schedule, slots and memory plan.
-void BuildRoles(const Partition& partition, std::vector<std::vector<PipelineStep>> pipeline,
-                const BodyShape& bs, bool compact, Program& p) {
+void BuildRoles(const Partition& partition, const ScheduleShape& shape, const BodyShape& bs,
+                const LowerOptions& options, Program& p) {
+  const bool loops = options.compact_schedule && options.schedule_loops;
+  const bool many = ScheduleSampling::Many(shape, options.loop_min_microbatches);
+  ScheduleSampling sampling =
+      loops ? ScheduleSampling::For(shape, options.loop_min_microbatches) : ScheduleSampling{};
+  std::vector<std::vector<PipelineStep>> pipeline;  // every microbatch listed, when needed
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;
     for (const PipelineChunk& c : partition.stages[r].chunks)
@@ -740,13 +871,23 @@ void BuildRoles(const Partition& partition, std::vector<std::vector<PipelineStep
                         c.embedding, c.loss});
     Role role;
     StepBodies sb = BuildRoleBodies(bs, r, chunks, role);
-    BuildSchedule(pipeline[r], sb, p.parallel, role);
-    std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
-    AssignSlots(role);
-    PlanMemory(role);
-    if (compact) CompactSchedule(role);
+    if (!sampling.active() || !BuildSampledSchedule(sampling, r, sb, p.parallel, role)) {
+      if (pipeline.empty()) pipeline = PipelinePrograms(shape);
+      BuildSchedule(pipeline[r], sb, p.parallel, role);
+      std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
+      AssignSlots(role, many);
+      PlanMemory(role);
+      if (options.compact_schedule) CompactSchedule(role);
+      // Listed schedules keep their files as they were unless asked (tests); a step of many
+      // microbatches whose samples did not extend is searched for loops all the same.
+      if (loops)
+        FindLoops(role, many ? std::min<int64_t>(options.loop_min_saving, kManyLoopMinSaving)
+                             : options.loop_min_saving);
+    }
     p.roles.push_back(std::move(role));
   }
+  for (const Role& role : p.roles)
+    if (!role.loops.empty()) p.format_version = prog::kLoopFormatVersion;
 }
 
 // Whole-world verification; reports P0804 with every error found.
@@ -778,7 +919,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   ScheduleShape shape{p.parallel.schedule, p.parallel.pp, p.parallel.vpp,
                       static_cast<int32_t>(p.train.microbatches), options.microbatch_group};
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
-  BuildRoles(partition, PipelinePrograms(shape), BodyShapeOf(plan, p), options.compact_schedule, p);
+  BuildRoles(partition, shape, BodyShapeOf(plan, p), options, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
   BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, HasExpertBuckets(p), p);
   AddExpertTensorComms(plan, layout, p);

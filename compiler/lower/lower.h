@@ -12,6 +12,7 @@
 #define PARAPLAN_COMPILER_LOWER_LOWER_H_
 
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -32,6 +33,17 @@ struct LowerOptions {
   // with heap vectors): what `planc compile` writes, in a fraction of the memory. Verification
   // and encoding read either form; printing and tracing read Role::schedule.
   bool compact_schedule = false;
+  // With compact_schedule: a step of many microbatches (past a few periods of the steady state)
+  // holds each schedule's steady state in loop form (Role::loops, format 4), built from a few
+  // microbatches and extended (schedule_loops.h), so that neither time nor memory grows with
+  // them. A step of fewer microbatches lists its schedule as before (its file unchanged) unless
+  // loop_min_saving asks for loops that save at least that many steps (tests).
+  // "Many": past a few periods and at least loop_min_microbatches forwards per rank
+  // (microbatches times chunks); such a step's slots are assigned first-freed-first, in either
+  // form, so that they rotate with a fixed stride per period.
+  bool schedule_loops = true;
+  int64_t loop_min_microbatches = 1024;
+  int64_t loop_min_saving = std::numeric_limits<int64_t>::max();
   // Tests only: changes the program between building and verification.
   std::function<void(Program&)> before_verify;
 };

@@ -29,7 +29,7 @@ std::string Shape(const std::vector<int64_t>& s) {
 
 std::string ShortSchedule(const Role& role) {
   std::string out;
-  for (const Op& op : role.schedule) {
+  for (const Op& op : prog::mem::ScheduleOps(role)) {
     std::string t;
     const prog::StepAttrs s = prog::DecodeStepAttrs(op);
     switch (op.kind) {
@@ -124,13 +124,15 @@ std::string PrintProgram(const Program& p) {
   out += "\n";
   for (size_t ri = 0; ri < p.roles.size(); ++ri) {
     const Role& r = p.roles[ri];
+    const size_t schedule_ops =
+        r.loops.empty() ? r.schedule.size() + r.steps.size() : prog::mem::ScheduleOps(r).size();
     int64_t ranks = 0;
     for (const Rank& rank : p.ranks) ranks += rank.role == static_cast<int32_t>(ri);
     out += fmt::format(
         "role {} (pipeline rank {}, {} ranks): {} buffers, {} params, {} bodies, {} schedule ops; "
         "arena {} ({} f32), peak {}\n",
         r.name, r.pipeline_rank, ranks, r.buffers.size(), r.params.size(), r.bodies.size(),
-        r.schedule.size(), Bytes(r.arena_bytes), Bytes(r.fp32_arena_bytes), Bytes(r.peak_bytes));
+        schedule_ops, Bytes(r.arena_bytes), Bytes(r.fp32_arena_bytes), Bytes(r.peak_bytes));
     const MemoryBreakdown m = MeasureMemory(r);
     out +=
         fmt::format("  memory: params {}, grads {}, optimizer {}, other {}, stash {}, scratch {}",
@@ -161,9 +163,10 @@ std::string PrintRank(const Program& p, int32_t rank) {
                        Shape(std::vector<int64_t>(p.communicators[c].members.begin(),
                                                   p.communicators[c].members.end())));
   }
-  out += fmt::format("schedule ({} ops):\n", r.schedule.size());
-  for (size_t i = 0; i < r.schedule.size(); ++i) {
-    const Op& op = r.schedule[i];
+  const std::vector<Op> schedule = prog::mem::ScheduleOps(r);
+  out += fmt::format("schedule ({} ops):\n", schedule.size());
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const Op& op = schedule[i];
     std::string line = DescribeOp(op);
     const prog::StepAttrs s = prog::DecodeStepAttrs(op);
     if (IsP2p(op.kind))

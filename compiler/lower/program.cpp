@@ -147,6 +147,14 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
   for (size_t i = 0; i < role.steps.size(); ++i)
     CheckRoleOp(role, prog::mem::FromScheduleStep(role.steps[i]), prog::OpPlace::kSchedule,
                 fmt::format("{} schedule op #{}", role.name, i), out);
+  if (!role.loops.empty()) {
+    if (role.steps.empty())
+      out.push_back(fmt::format("{}: loops without steps", role.name));
+    else if (std::string why =
+                 prog::mem::CheckScheduleLoops(role.steps, role.loops, prog::mem::ChunkSlots(role));
+             !why.empty())
+      out.push_back(fmt::format("{}: {}", role.name, why));
+  }
   for (const Body& body : role.bodies)
     for (size_t i = 0; i < body.ops.size(); ++i)
       CheckRoleOp(role, body.ops[i], prog::OpPlace::kBody,
@@ -200,7 +208,8 @@ std::vector<int32_t> StashChunks(const Role& role) {
   return chunk;
 }
 
-std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error) {
+std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error,
+                                      bool keep_loops) {
   if (size < 8 || !prog::ProgramBufferHasIdentifier(data)) {
     *error = "not a paraplan program (no 'PPLN' file identifier)";
     return std::nullopt;
@@ -228,6 +237,12 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
                              r->name() ? r->name()->str() : std::string());
         return std::nullopt;
       }
+  if (f->roles())
+    for (const prog::Role* r : *f->roles())
+      if (std::string why = prog::mem::ScheduleLoopProblem(*r); !why.empty()) {
+        *error = why;
+        return std::nullopt;
+      }
   if (f->ranks()) {
     for (flatbuffers::uoffset_t r = 0; r < f->ranks()->size(); ++r) {
       const auto* comms = f->ranks()->Get(r)->comms();
@@ -238,7 +253,7 @@ std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::str
       }
     }
   }
-  Program p = prog::mem::DecodeProgramModel(*f);
+  Program p = prog::mem::DecodeProgramModel(*f, keep_loops);
   auto problems = VerifyStructure(p);
   if (!problems.empty()) {
     *error = problems.front();

@@ -56,7 +56,11 @@ std::vector<std::string> VerifyStructure(const Program& program);
 // Serialisation. ToFlatBuffer never fails; FromFlatBuffer runs the FlatBuffers verifier and
 // VerifyStructure and returns nullopt with *error set when the bytes are not a valid program.
 std::vector<uint8_t> ToFlatBuffer(const Program& program);
-std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error);
+// With `keep_loops` a role whose schedule has loops keeps them (Role::steps and Role::loops,
+// as prog::mem::DecodeProgramModel): `planc dump` verifies that form, then expands one role at
+// a time to print it (prog::mem::ScheduleOps).
+std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error,
+                                      bool keep_loops = false);
 
 // Names used in dumps and messages: "forward", "send_activation", "all_reduce", "tp".
 std::string_view OpName(OpKind kind);

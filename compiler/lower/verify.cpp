@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <unordered_map>
 
 #include "runtime/format/ops.h"
+#include "runtime/format/program_model.h"
 
 namespace paraplan::lower {
 
@@ -55,28 +57,28 @@ struct StepView {
 
 bool IsSend(OpKind kind) { return kind == OpKind::SendActivation || kind == OpKind::SendGrad; }
 
+// The listed schedule ops of a role: its ops, or its steps with every loop body once.
 size_t ScheduleSize(const Role& role) {
   return role.steps.empty() ? role.schedule.size() : role.steps.size();
 }
 
-StepView StepAt(const Role& role, size_t i) {
+StepView ViewOf(const prog::ScheduleStep& s) {
   StepView v;
-  if (!role.steps.empty()) {
-    const prog::ScheduleStep& s = role.steps[i];
-    v.kind = s.kind();
-    v.comm = s.comm();
-    const bool p2p = IsP2p(v.kind);
-    if (p2p || v.kind == OpKind::Forward || v.kind == OpKind::Backward) {
-      v.microbatch = s.microbatch(), v.chunk = s.chunk(), v.slot = s.slot();
-      if (p2p)
-        v.peer = s.peer(), v.group = s.group(), v.operand = s.operand(), v.one_operand = true;
-    }
-    if (v.kind == OpKind::ZeroGrads || v.kind == OpKind::ReduceGrads ||
-        v.kind == OpKind::OptimizerStep || v.kind == OpKind::GatherParams)
-      v.body = s.operand();
-    return v;
+  v.kind = s.kind();
+  v.comm = s.comm();
+  const bool p2p = IsP2p(v.kind);
+  if (p2p || v.kind == OpKind::Forward || v.kind == OpKind::Backward) {
+    v.microbatch = s.microbatch(), v.chunk = s.chunk(), v.slot = s.slot();
+    if (p2p) v.peer = s.peer(), v.group = s.group(), v.operand = s.operand(), v.one_operand = true;
   }
-  const Op& op = role.schedule[i];
+  if (v.kind == OpKind::ZeroGrads || v.kind == OpKind::ReduceGrads ||
+      v.kind == OpKind::OptimizerStep || v.kind == OpKind::GatherParams)
+    v.body = s.operand();
+  return v;
+}
+
+StepView ViewOf(const Op& op) {
+  StepView v;
   const prog::StepAttrs a = prog::DecodeStepAttrs(op);
   v.kind = op.kind;
   v.comm = op.comm;
@@ -89,6 +91,24 @@ StepView StepAt(const Role& role, size_t i) {
     v.one_operand = operands.size() == 1;
   }
   return v;
+}
+
+// Listed op i (a loop body's op as in its first iteration).
+StepView StepAt(const Role& role, size_t i) {
+  return role.steps.empty() ? ViewOf(role.schedule[i]) : ViewOf(role.steps[i]);
+}
+
+// Calls fn(index, view) for every op of the schedule in order, loops expanded (the index is
+// the op's position in the expanded schedule).
+template <typename Fn>
+void ForEachOp(const Role& role, Fn&& fn) {
+  if (role.steps.empty()) {
+    for (size_t i = 0; i < role.schedule.size(); ++i) fn(i, ViewOf(role.schedule[i]));
+    return;
+  }
+  size_t i = 0;
+  prog::mem::ForEachExpandedStep(role.steps, role.loops, prog::mem::ChunkSlots(role),
+                                 [&](const prog::ScheduleStep& s) { fn(i++, ViewOf(s)); });
 }
 
 // DescribeOp's words for a schedule op.
@@ -135,37 +155,134 @@ int64_t CollectiveArgument(const Op& op) {
 
 enum class ItemType : uint8_t { kCompute, kP2p, kCollective };
 
-// One schedule-level step of a role's stream; step bodies are expanded into their collectives.
-// There is one per schedule op of every role (hundreds of thousands in a large world), so it
-// holds 24 bytes: what the simulation reads at every step, and positions to find the rest
-// (ItemBytes, OpOf, StepAt) when a check or a message needs it.
+// One schedule-level step of a role's listed stream (a loop body's once); step bodies are
+// expanded into their collectives. Positions in the running stream ("virtual" positions, loops
+// expanded) are int64 and map onto items through the role's segments.
 struct Item {
-  int32_t seq =
-      0;  // p2p: k-th transfer in its direction to/from that peer; collective: k-th on its kind
-  int32_t schedule_op = 0;  // position in the role's schedule
+  int32_t seq = 0;  // in the body's first iteration: p2p: k-th transfer in its direction to/from
+                    // that peer; collective: k-th on its kind
+  int32_t seq_stride = 0;   // what seq advances by per iteration of its loop
+  int32_t schedule_op = 0;  // position in the role's listed schedule
   int32_t body_op = -1;     // position inside the step body (collectives)
-  int32_t group_end = 0;    // p2p: one past the last item of its group
+  int32_t group_end = 0;    // p2p: one past the last item of its group (listed position)
   int32_t peer = -1;        // p2p: index in the Pp communicator
   ItemType type = ItemType::kCompute;
   bool send = false;
   CommKind comm = CommKind::None;
 };
-static_assert(sizeof(Item) == 24);
+static_assert(sizeof(Item) == 28);
+
+// A run of the stream: listed items [item_begin, item_begin + item_len) once (count 1) or a loop
+// body repeated `count` times, at virtual positions [vbegin, vbegin + item_len * count).
+struct Segment {
+  int64_t vbegin = 0;
+  int32_t item_begin = 0, item_len = 0;
+  int64_t count = 1;
+  int32_t loop = -1;  // index in Role::loops; -1: listed ops
+  int64_t op_vbegin = 0;
+  int32_t op_begin = 0, op_len = 0;
+  int32_t microbatch_stride = 0, slot_stride = 0;
+  bool collectives = false;  // the body holds collectives
+  // (peer, send?) -> transfers per iteration
+  std::map<std::pair<int32_t, bool>, int32_t> per_iteration;
+  int64_t vend() const { return vbegin + int64_t{item_len} * count; }
+};
+
+// The transfers of one direction within one segment: seq [seq_begin, seq_begin + per * count).
+struct P2pRun {
+  int64_t seq_begin = 0;
+  int32_t segment = 0;
+  std::vector<int32_t> items;  // listed items of that direction, in order
+};
 
 struct RoleStream {
   std::vector<Item> items;
-  // p2p lookup: (peer, send?) -> the stream positions of that direction's transfers, in order
-  std::map<std::pair<int32_t, bool>, std::vector<int32_t>> p2p_items;
+  std::vector<Segment> segments;
+  int64_t length = 0;  // virtual
+  // (peer, send?) -> the runs of that direction, in stream order (a few directions per role)
+  std::vector<std::pair<std::pair<int32_t, bool>, std::vector<P2pRun>>> p2p_runs;
+  std::vector<P2pRun>& Runs(std::pair<int32_t, bool> key) {
+    for (auto& [k, runs] : p2p_runs)
+      if (k == key) return runs;
+    p2p_runs.push_back({key, {}});
+    return p2p_runs.back().second;
+  }
   std::map<std::pair<int32_t, bool>, int64_t> p2p_count;  // (peer, send?) -> transfers
   std::vector<int32_t> peers;  // the distinct pipeline peers the role's transfers name
+  bool loops = false;
 
-  // The stream position of the k-th transfer to (send) or from `peer`; -1 when there is none.
-  int32_t P2pItem(int32_t peer, bool send, int64_t k) const {
-    auto f = p2p_items.find({peer, send});
-    if (f == p2p_items.end() || k < 0 || k >= static_cast<int64_t>(f->second.size())) return -1;
-    return f->second[static_cast<size_t>(k)];
+  size_t SegmentOf(int64_t v) const {
+    size_t lo = 0, hi = segments.size();
+    while (hi - lo > 1) {
+      const size_t mid = (lo + hi) / 2;
+      if (segments[mid].vbegin <= v)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    return lo;
+  }
+  // The item at virtual position v (< length) and its iteration.
+  struct At {
+    const Item* item;
+    const Segment* seg;
+    int64_t iteration;
+    int32_t index;  // listed item
+  };
+  At Locate(int64_t v) const {
+    const Segment& s = segments[SegmentOf(v)];
+    const int64_t off = v - s.vbegin;
+    if (s.count == 1) {
+      const auto index = static_cast<int32_t>(s.item_begin + off);
+      return {&items[static_cast<size_t>(index)], &s, 0, index};
+    }
+    const int64_t it = off / s.item_len;
+    const int32_t index = s.item_begin + static_cast<int32_t>(off % s.item_len);
+    return {&items[static_cast<size_t>(index)], &s, it, index};
+  }
+  int64_t Seq(const At& a) const { return a.item->seq + a.iteration * a.item->seq_stride; }
+  // Virtual position of the k-th transfer to (send) or from `peer`; -1 when there is none.
+  int64_t P2pPos(int32_t peer, bool send, int64_t k) const {
+    const std::vector<P2pRun>* runs = nullptr;
+    for (const auto& [key, r] : p2p_runs)
+      if (key.first == peer && key.second == send) runs = &r;
+    if (!runs || k < 0 || runs->empty()) return -1;
+    // The last run that begins at or before k (runs are in sequence order).
+    auto next = std::upper_bound(runs->begin(), runs->end(), k,
+                                 [](int64_t x, const P2pRun& run) { return x < run.seq_begin; });
+    if (next == runs->begin()) return -1;
+    const P2pRun& run = *(next - 1);
+    const Segment& s = segments[static_cast<size_t>(run.segment)];
+    const auto per = static_cast<int64_t>(run.items.size());
+    if (k >= run.seq_begin + per * s.count) return -1;
+    const int64_t off = k - run.seq_begin;
+    if (s.count == 1) return s.vbegin + (run.items[static_cast<size_t>(off)] - s.item_begin);
+    return s.vbegin + (off / per) * s.item_len +
+           (run.items[static_cast<size_t>(off % per)] - s.item_begin);
+  }
+  // One past the last item of the group at v.
+  int64_t GroupEnd(int64_t v) const {
+    const At a = Locate(v);
+    return v + (a.item->group_end - a.index);
+  }
+  // The expanded schedule op of the item at v.
+  int64_t OpIndex(const At& a) const {
+    return a.seg->op_vbegin + a.iteration * a.seg->op_len + (a.item->schedule_op - a.seg->op_begin);
   }
 };
+
+// The schedule op of the item at `a`, its microbatch and slot advanced to its iteration.
+StepView StepOf(const Role& role, const RoleStream::At& a) {
+  StepView v = StepAt(role, static_cast<size_t>(a.item->schedule_op));
+  if (a.iteration > 0 && v.microbatch >= 0) {
+    v.microbatch += a.iteration * a.seg->microbatch_stride;
+    const int32_t slots = v.chunk >= 0 && v.chunk < static_cast<int64_t>(role.chunks.size())
+                              ? role.chunks[static_cast<size_t>(v.chunk)].slots
+                              : 1;
+    if (slots > 0) v.slot = (v.slot + a.iteration * a.seg->slot_stride) % slots;
+  }
+  return v;
+}
 
 // The body op of a collective item.
 const Op& OpOf(const Role& role, const Item& it) {
@@ -183,18 +300,11 @@ int64_t ItemBytes(const Role& role, const Item& it) {
   return op.inputs.empty() ? 0 : role.buffers[op.inputs[0]].bytes;
 }
 
-std::string Where(const Program& p, int32_t rank, const Item& it) {
-  const Role& role = p.roles[p.ranks[rank].role];
-  const StepView s = StepAt(role, it.schedule_op);
-  if (it.type == ItemType::kCollective)
-    return fmt::format("rank {} ({}) op #{} {} / {}", rank, role.name, it.schedule_op,
-                       OpName(s.kind), DescribeOp(OpOf(role, it)));
-  return fmt::format("rank {} ({}) op #{} {}", rank, role.name, it.schedule_op, DescribeStep(s));
-}
-
 // The state of the rendezvous simulation (WorldVerifier::Simulate).
 struct Rendezvous {
-  std::vector<int32_t> pos;        // per rank: its next item
+  std::vector<int64_t> pos;        // per rank: its next item (virtual)
+  std::vector<int64_t> limit;      // per rank: the position it may not pass in this round
+  std::vector<int64_t> head_end;   // per rank: one past its head group (its posted transfers)
   std::vector<int64_t> arrived;    // per communicator: members at its current collective
   std::vector<int64_t> completed;  // per communicator: collectives done
   std::vector<uint8_t> counted;    // rank has registered its arrival at its head collective
@@ -236,8 +346,20 @@ class WorldVerifier {
     return errors_;
   }
 
+  std::string Where(int32_t rank, int64_t v) const {
+    const Role& role = p_.roles[p_.ranks[rank].role];
+    const RoleStream& st = StreamOf(rank);
+    const RoleStream::At a = st.Locate(v);
+    const StepView s = StepOf(role, a);
+    if (a.item->type == ItemType::kCollective)
+      return fmt::format("rank {} ({}) op #{} {} / {}", rank, role.name, st.OpIndex(a),
+                         OpName(s.kind), DescribeOp(OpOf(role, *a.item)));
+    return fmt::format("rank {} ({}) op #{} {}", rank, role.name, st.OpIndex(a), DescribeStep(s));
+  }
+
   // Occurrence counts and order of forward / backward per (microbatch, chunk), and transfer
-  // operands, on one role (every rank of the role runs this stream).
+  // operands, on one role (every rank of the role runs this stream). Loops are expanded one op
+  // at a time: the counts cover every microbatch of every iteration.
   void CheckRole(int32_t ri) {
     const Role& role = p_.roles[ri];
     int64_t m = p_.train.microbatches;
@@ -246,20 +368,23 @@ class WorldVerifier {
       Error(fmt::format("{}: {} microbatches per step", role.name, m));
       return;
     }
-    std::vector<std::vector<int32_t>> fwd(m * nc), bwd(m * nc);
-    for (int32_t i = 0; i < static_cast<int32_t>(ScheduleSize(role)); ++i) {
-      const StepView op = StepAt(role, i);
+    // Per (microbatch, chunk): forward and backward counts and their first ops.
+    std::vector<int32_t> fwd_count(m * nc, 0), bwd_count(m * nc, 0);
+    std::vector<int64_t> fwd_first(m * nc, -1), bwd_first(m * nc, -1);
+    ForEachOp(role, [&](size_t i, const StepView& op) {
       bool compute = op.kind == OpKind::Forward || op.kind == OpKind::Backward;
-      if (!compute && !IsP2p(op.kind)) continue;
+      if (!compute && !IsP2p(op.kind)) return;
       int64_t mb = op.microbatch, c = op.chunk;
       if (mb < 0 || mb >= m) {
         Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i,
                           DescribeStep(op), m));
-        continue;
+        return;
       }
       if (compute) {
-        (op.kind == OpKind::Forward ? fwd : bwd)[mb * nc + c].push_back(i);
-        continue;
+        auto& count = op.kind == OpKind::Forward ? fwd_count : bwd_count;
+        auto& first = op.kind == OpKind::Forward ? fwd_first : bwd_first;
+        if (count[mb * nc + c]++ == 0) first[mb * nc + c] = static_cast<int64_t>(i);
+        return;
       }
       const Chunk& ch = role.chunks[c];
       int32_t expect = op.kind == OpKind::SendActivation   ? ch.output
@@ -274,7 +399,7 @@ class WorldVerifier {
       if (op.comm != CommKind::Pp)
         Error(fmt::format("{} op #{} {}: a pipeline transfer must use the pp communicator",
                           role.name, i, DescribeStep(op)));
-    }
+    });
     auto ranks_of = [&](int32_t role_index) {
       std::string out;
       int n = 0;
@@ -282,30 +407,35 @@ class WorldVerifier {
         if (p_.ranks[r].role == role_index) out += (n++ ? ", " : "") + std::to_string(r);
       return out + (n == 4 ? ", ..." : "");
     };
-    auto list = [](const std::vector<int32_t>& v) {
+    // The ops of (mb, c) in one direction, for a message (a second pass, only on errors).
+    auto list = [&](int64_t mb, int64_t c, bool backward) {
       std::string s;
-      for (int32_t x : v) s += (s.empty() ? "#" : ", #") + std::to_string(x);
+      ForEachOp(role, [&](size_t i, const StepView& op) {
+        if (op.kind == (backward ? OpKind::Backward : OpKind::Forward) && op.microbatch == mb &&
+            op.chunk == c)
+          s += (s.empty() ? "#" : ", #") + std::to_string(i);
+      });
       return s;
     };
-    for (int64_t mb = 0; mb < m; ++mb)
+    for (int64_t mb = 0; mb < m && !Full(); ++mb)
       for (int64_t c = 0; c < nc; ++c) {
-        const auto& f = fwd[mb * nc + c];
-        const auto& b = bwd[mb * nc + c];
-        if (f.size() != 1)
+        const int32_t f = fwd_count[mb * nc + c], b = bwd_count[mb * nc + c];
+        if (f != 1)
           Error(fmt::format(
               "ranks {} ({}): microbatch {} of chunk {} runs forward {} times{}; it must run "
               "exactly once",
-              ranks_of(ri), role.name, mb, c, f.size(), f.empty() ? "" : " (ops " + list(f) + ")"));
-        if (b.size() != 1)
+              ranks_of(ri), role.name, mb, c, f,
+              f == 0 ? "" : " (ops " + list(mb, c, false) + ")"));
+        if (b != 1)
           Error(fmt::format(
               "ranks {} ({}): microbatch {} of chunk {} runs backward {} times{}; it must run "
               "exactly once",
-              ranks_of(ri), role.name, mb, c, b.size(), b.empty() ? "" : " (ops " + list(b) + ")"));
-        if (f.size() == 1 && b.size() == 1 && b[0] < f[0])
-          Error(
-              fmt::format("ranks {} ({}): microbatch {} of chunk {} runs backward (op #{}) before "
-                          "forward (op #{})",
-                          ranks_of(ri), role.name, mb, c, b[0], f[0]));
+              ranks_of(ri), role.name, mb, c, b, b == 0 ? "" : " (ops " + list(mb, c, true) + ")"));
+        if (f == 1 && b == 1 && bwd_first[mb * nc + c] < fwd_first[mb * nc + c])
+          Error(fmt::format(
+              "ranks {} ({}): microbatch {} of chunk {} runs backward (op #{}) before "
+              "forward (op #{})",
+              ranks_of(ri), role.name, mb, c, bwd_first[mb * nc + c], fwd_first[mb * nc + c]));
       }
   }
 
@@ -316,9 +446,8 @@ class WorldVerifier {
   std::vector<std::string> BodySignature(int32_t role_index, CommKind kind) const {
     const Role& role = p_.roles[role_index];
     std::vector<std::string> sig;
-    for (size_t i = 0; i < ScheduleSize(role); ++i) {
-      const StepView op = StepAt(role, i);
-      if (op.kind != OpKind::Forward && op.kind != OpKind::Backward) continue;
+    ForEachOp(role, [&](size_t, const StepView& op) {
+      if (op.kind != OpKind::Forward && op.kind != OpKind::Backward) return;
       const Chunk& c = role.chunks[op.chunk];
       const Body& body = role.bodies[op.kind == OpKind::Forward ? c.forward : c.backward];
       for (const Op& bop : body.ops)
@@ -326,7 +455,7 @@ class WorldVerifier {
           sig.push_back(fmt::format(
               "{} of {} in {}: {} bytes, op {}", DescribeOp(bop), DescribeStep(op), body.name,
               bop.inputs.empty() ? 0 : role.buffers[bop.inputs[0]].bytes, CollectiveArgument(bop)));
-    }
+    });
     return sig;
   }
 
@@ -381,21 +510,70 @@ class WorldVerifier {
     }
   }
 
-  // Items in a role's stream: one per schedule op, a step body's op by its collectives.
-  static size_t StreamLength(const Role& role) {
-    size_t n = 0;
-    for (size_t i = 0; i < ScheduleSize(role); ++i) {
-      const StepView op = StepAt(role, i);
-      if (IsP2p(op.kind) || op.body < 0) {
-        ++n;
-        continue;
-      }
-      const Body& b = role.bodies[op.body];
-      n += static_cast<size_t>(std::count_if(b.ops.begin(), b.ops.end(), IsGroupCall));
+  // The listed items of one schedule op (a step body's op by its collectives).
+  void AppendItems(const Role& role, int32_t i, std::map<int, int64_t>& coll_seq,
+                   std::map<std::pair<int32_t, bool>, int64_t>& p2p_seq, RoleStream& st) {
+    const StepView op = StepAt(role, static_cast<size_t>(i));
+    if (IsP2p(op.kind)) {
+      Item it;
+      it.type = ItemType::kP2p;
+      it.schedule_op = i;
+      it.send = IsSend(op.kind);
+      it.peer = static_cast<int32_t>(op.peer);
+      it.seq = static_cast<int32_t>(p2p_seq[{it.peer, it.send}]++);
+      if (std::find(st.peers.begin(), st.peers.end(), it.peer) == st.peers.end())
+        st.peers.push_back(it.peer);
+      st.items.push_back(it);
+      return;
     }
-    return n;
+    if (op.body >= 0) {
+      const Body& b = role.bodies[op.body];
+      for (int32_t j = 0; j < static_cast<int32_t>(b.ops.size()); ++j) {
+        const Op& bop = b.ops[j];
+        if (!IsGroupCall(bop)) continue;
+        Item it;
+        it.type = ItemType::kCollective;
+        it.schedule_op = i;
+        it.body_op = j;
+        it.comm = bop.comm;
+        it.seq = static_cast<int32_t>(coll_seq[static_cast<int>(bop.comm)]++);
+        st.items.push_back(it);
+      }
+      return;
+    }
+    Item it;
+    it.type = ItemType::kCompute;
+    it.schedule_op = i;
+    st.items.push_back(it);
   }
 
+  // Group extents of items [begin, end) of one segment: consecutive p2p items with the same
+  // non-zero group (a loop's groups never cross an iteration's boundary).
+  static void MarkGroups(const Role& role, int32_t begin, int32_t end, RoleStream& st) {
+    for (int32_t i = begin; i < end;) {
+      Item& head = st.items[static_cast<size_t>(i)];
+      if (head.type != ItemType::kP2p) {
+        head.group_end = i + 1;
+        ++i;
+        continue;
+      }
+      const int64_t g = StepAt(role, static_cast<size_t>(head.schedule_op)).group;
+      int32_t j = i + 1;
+      auto group_of = [&](int32_t k) {
+        return StepAt(role, static_cast<size_t>(st.items[static_cast<size_t>(k)].schedule_op))
+            .group;
+      };
+      if (g != 0)
+        while (j < end && st.items[static_cast<size_t>(j)].type == ItemType::kP2p &&
+               group_of(j) == g)
+          ++j;
+      for (int32_t k = i; k < j; ++k) st.items[static_cast<size_t>(k)].group_end = j;
+      i = j;
+    }
+  }
+
+  // Each role's listed stream in segments: runs of listed ops, and loop bodies listed once with
+  // their strides (what an item's sequence number advances by per iteration).
   void BuildStreams() {
     streams_.resize(p_.roles.size());
     for (size_t ri = 0; ri < p_.roles.size(); ++ri) {
@@ -403,60 +581,83 @@ class WorldVerifier {
       RoleStream& st = streams_[ri];
       std::map<int, int64_t> coll_seq;
       std::map<std::pair<int32_t, bool>, int64_t> p2p_seq;
-      st.items.reserve(StreamLength(role));
-      for (int32_t i = 0; i < static_cast<int32_t>(ScheduleSize(role)); ++i) {
-        const StepView op = StepAt(role, i);
-        if (IsP2p(op.kind)) {
-          Item it;
-          it.type = ItemType::kP2p;
-          it.schedule_op = i;
-          it.send = IsSend(op.kind);
-          it.peer = static_cast<int32_t>(op.peer);
-          it.seq = static_cast<int32_t>(p2p_seq[{it.peer, it.send}]++);
-          st.p2p_items[{it.peer, it.send}].push_back(static_cast<int32_t>(st.items.size()));
-          if (std::find(st.peers.begin(), st.peers.end(), it.peer) == st.peers.end())
-            st.peers.push_back(it.peer);
-          st.items.push_back(it);
-          continue;
+      const auto listed = static_cast<int32_t>(ScheduleSize(role));
+      const std::vector<prog::ScheduleLoop> none;
+      const std::vector<prog::ScheduleLoop>& loops = role.steps.empty() ? none : role.loops;
+      st.loops = !loops.empty();
+      int64_t vpos = 0, op_vpos = 0;
+      auto add_segment = [&](int32_t op_begin, int32_t op_end, int32_t loop) {
+        if (op_end <= op_begin) return;
+        Segment seg;
+        seg.vbegin = vpos;
+        seg.op_vbegin = op_vpos;
+        seg.op_begin = op_begin;
+        seg.op_len = op_end - op_begin;
+        seg.item_begin = static_cast<int32_t>(st.items.size());
+        seg.loop = loop;
+        if (loop >= 0) {
+          const prog::ScheduleLoop& l = loops[static_cast<size_t>(loop)];
+          seg.count = l.count();
+          seg.microbatch_stride = l.microbatch_stride();
+          seg.slot_stride = l.slot_stride();
         }
-        const int64_t body = op.body;
-        if (body >= 0) {
-          const Body& b = role.bodies[body];
-          for (int32_t j = 0; j < static_cast<int32_t>(b.ops.size()); ++j) {
-            const Op& bop = b.ops[j];
-            if (!IsGroupCall(bop)) continue;
-            Item it;
-            it.type = ItemType::kCollective;
-            it.schedule_op = i;
-            it.body_op = j;
-            it.comm = bop.comm;
-            it.seq = static_cast<int32_t>(coll_seq[static_cast<int>(bop.comm)]++);
-            st.items.push_back(it);
+        const auto before_p2p = p2p_seq;
+        const auto before_coll = coll_seq;
+        for (int32_t i = op_begin; i < op_end; ++i) AppendItems(role, i, coll_seq, p2p_seq, st);
+        seg.item_len = static_cast<int32_t>(st.items.size()) - seg.item_begin;
+        if (seg.item_len == 0) {  // step bodies without collectives
+          op_vpos += int64_t{seg.op_len} * seg.count;
+          return;
+        }
+        // Per-iteration advances, the runs of each direction, and the counters past the loop.
+        for (auto& [key, n] : p2p_seq) {
+          auto f = before_p2p.find(key);
+          const int64_t start = f == before_p2p.end() ? 0 : f->second;
+          const int64_t per = n - start;
+          if (per == 0) continue;
+          seg.per_iteration[key] = static_cast<int32_t>(per);
+          P2pRun run;
+          run.seq_begin = start;
+          run.segment = static_cast<int32_t>(st.segments.size());
+          n = start + per * seg.count;
+          st.Runs(key).push_back(std::move(run));
+        }
+        for (auto& [kind, n] : coll_seq) {
+          auto f = before_coll.find(kind);
+          const int64_t start = f == before_coll.end() ? 0 : f->second;
+          if (n - start > 0 && seg.count > 1) seg.collectives = true;
+          n = start + (n - start) * seg.count;
+        }
+        for (int32_t k = seg.item_begin; k < seg.item_begin + seg.item_len; ++k) {
+          Item& it = st.items[static_cast<size_t>(k)];
+          if (it.type == ItemType::kP2p) {
+            it.seq_stride = seg.per_iteration[{it.peer, it.send}];
+            for (P2pRun& run : st.Runs({it.peer, it.send}))
+              if (run.segment == static_cast<int32_t>(st.segments.size())) run.items.push_back(k);
+          } else if (it.type == ItemType::kCollective && seg.count > 1) {
+            int32_t per = 0;
+            for (int32_t j = seg.item_begin; j < seg.item_begin + seg.item_len; ++j)
+              per += st.items[static_cast<size_t>(j)].type == ItemType::kCollective &&
+                     st.items[static_cast<size_t>(j)].comm == it.comm;
+            it.seq_stride = per;
           }
-          continue;
         }
-        Item it;
-        it.type = ItemType::kCompute;
-        it.schedule_op = i;
-        st.items.push_back(it);
+        MarkGroups(role, seg.item_begin, seg.item_begin + seg.item_len, st);
+        vpos += int64_t{seg.item_len} * seg.count;
+        op_vpos += int64_t{seg.op_len} * seg.count;
+        st.segments.push_back(std::move(seg));
+      };
+      int32_t at = 0;
+      for (size_t k = 0; k < loops.size(); ++k) {
+        const prog::ScheduleLoop& l = loops[k];
+        add_segment(at, l.begin(), -1);
+        add_segment(l.begin(), l.begin() + l.length(), static_cast<int32_t>(k));
+        at = l.begin() + l.length();
       }
+      add_segment(at, listed, -1);
+      st.length = vpos;
       st.p2p_count = p2p_seq;
-      // Group extents: consecutive p2p items with the same non-zero group.
-      for (size_t i = 0; i < st.items.size();) {
-        if (st.items[i].type != ItemType::kP2p) {
-          st.items[i].group_end = static_cast<int32_t>(i + 1);
-          ++i;
-          continue;
-        }
-        int64_t g = StepAt(role, st.items[i].schedule_op).group;
-        size_t j = i + 1;
-        if (g != 0)
-          while (j < st.items.size() && st.items[j].type == ItemType::kP2p &&
-                 StepAt(role, st.items[j].schedule_op).group == g)
-            ++j;
-        for (size_t k = i; k < j; ++k) st.items[k].group_end = static_cast<int32_t>(j);
-        i = j;
-      }
+      if (st.segments.empty()) st.segments.push_back(Segment{});
     }
   }
 
@@ -464,7 +665,8 @@ class WorldVerifier {
     return p_.MemberOf(rank, CommKind::Pp, peer_index);
   }
 
-  // Every transfer a -> b has a partner, and partners agree on kind, microbatch, stage, bytes.
+  // Every transfer a -> b has a partner (counts per direction agree); the partners themselves
+  // are compared as the simulation passes them (CheckMatch).
   void CheckTransferCounts() {
     for (int32_t a = 0; a < p_.world_size && !Full(); ++a) {
       const Role& ra = p_.roles[p_.ranks[a].role];
@@ -481,54 +683,92 @@ class WorldVerifier {
         const RoleStream& sb = streams_[p_.ranks[b].role];
         auto it = sb.p2p_count.find({my_index, !send});
         int64_t other = it == sb.p2p_count.end() ? 0 : it->second;
-        if (other != count) {
+        if (other != count)
           Error(fmt::format("rank {} ({}) {} {} transfers {} rank {} ({}), which {} {}", a, ra.name,
                             send ? "sends" : "receives", count, send ? "to" : "from", b,
                             p_.roles[p_.ranks[b].role].name, send ? "receives" : "sends", other));
-          continue;
-        }
-        if (!send) continue;
-        const Role& rb = p_.roles[p_.ranks[b].role];
-        for (int64_t k = 0; k < count && !Full(); ++k) {
-          const Item& is = sa.items[static_cast<size_t>(sa.P2pItem(peer, true, k))];
-          const Item& ir = sb.items[static_cast<size_t>(sb.P2pItem(my_index, false, k))];
-          const StepView as = StepAt(ra, is.schedule_op), ar = StepAt(rb, ir.schedule_op);
-          bool act = as.kind == OpKind::SendActivation;
-          bool kind_ok = ar.kind == (act ? OpKind::RecvActivation : OpKind::RecvGrad);
-          int64_t ss = ra.chunks[as.chunk].stage, rs = rb.chunks[ar.chunk].stage;
-          bool stage_ok = act ? rs == ss + 1 : rs == ss - 1;
-          const int64_t sent = ItemBytes(ra, is), received = ItemBytes(rb, ir);
-          if (!kind_ok || as.microbatch != ar.microbatch || !stage_ok || sent != received) {
-            Error(fmt::format(
-                "transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) is "
-                "received "
-                "by {} (stage {}, {} bytes)",
-                k, a, b, Where(p_, a, is), ss, sent, Where(p_, b, ir), rs, received));
-          }
-        }
       }
     }
   }
 
-  // Rendezvous simulation of all ranks.
+  // The send at virtual position v of rank a and the receive it meets: same kind, microbatch,
+  // adjacent stages and bytes.
+  bool CheckMatch(int32_t a, int64_t v, const RoleStream::At& ia) {
+    const RoleStream& sa = StreamOf(a);
+    const int32_t b = PeerRank(a, ia.item->peer);
+    const RoleStream& sb = StreamOf(b);
+    const int64_t k = sa.Seq(ia);
+    const int64_t w = sb.P2pPos(sim_.pp_index[static_cast<size_t>(a)], false, k);
+    if (w < 0) return true;  // counted already (CheckTransferCounts)
+    const RoleStream::At ib = sb.Locate(w);
+    const Role& ra = p_.roles[p_.ranks[a].role];
+    const Role& rb = p_.roles[p_.ranks[b].role];
+    const StepView as = StepOf(ra, ia), ar = StepOf(rb, ib);
+    bool act = as.kind == OpKind::SendActivation;
+    bool kind_ok = ar.kind == (act ? OpKind::RecvActivation : OpKind::RecvGrad);
+    int64_t ss = ra.chunks[as.chunk].stage, rs = rb.chunks[ar.chunk].stage;
+    bool stage_ok = act ? rs == ss + 1 : rs == ss - 1;
+    const int64_t sent = ItemBytes(ra, *ia.item), received = ItemBytes(rb, *ib.item);
+    if (kind_ok && as.microbatch == ar.microbatch && stage_ok && sent == received) return true;
+    Error(
+        fmt::format("transfer {} from rank {} to rank {} does not match: {} (stage {}, {} bytes) "
+                    "is received by {} (stage {}, {} bytes)",
+                    k, a, b, Where(a, v), ss, sent, Where(b, w), rs, received));
+    return false;
+  }
+
+  // --- the limit of a round (Simulate) ---
+  // The next iteration boundary of a loop past `limit` (the end of the first iteration of the
+  // next loop when `limit` is at or past a loop's end), or the stream's end.
+  // Only a role's long loops (an eighth of its stream or more: the steady state, and in gpipe
+  // its forward and its backward half) bound a round; short ones (a warm-up's) run freely.
+  static bool Governs(const RoleStream& st, const Segment& s) {
+    return s.loop >= 0 && s.count > 2 && (s.vend() - s.vbegin) * 8 >= st.length;
+  }
+  static int64_t NextLimit(const RoleStream& st, int64_t limit) {
+    for (const Segment& s : st.segments) {
+      if (!Governs(st, s) || s.vend() <= limit) continue;
+      if (limit < s.vbegin + s.item_len) return s.vbegin + s.item_len;
+      const int64_t next = limit + s.item_len - (limit - s.vbegin) % s.item_len;
+      return std::min(next, s.vend());
+    }
+    return st.length;
+  }
+
+  // Rendezvous simulation of all ranks, in rounds when loops are present (see the header).
   void Simulate() {
     const int32_t world = p_.world_size;
     sim_.pos.assign(world, 0);
+    sim_.limit.assign(world, 0);
+    sim_.head_end.assign(world, 0);
     sim_.arrived.assign(p_.communicators.size(), 0);
     sim_.completed.assign(p_.communicators.size(), 0);
     sim_.counted.assign(world, 0);
-    sim_.queued.assign(world, 1);
+    sim_.queued.assign(world, 0);
     sim_.pp_index.resize(static_cast<size_t>(world));
     for (int32_t r = 0; r < world; ++r)
       sim_.pp_index[static_cast<size_t>(r)] = p_.IndexIn(r, CommKind::Pp);
-    for (int32_t r = 0; r < world; ++r) sim_.queue.push_back(r);
-    while (!sim_.queue.empty() && !Full()) {
-      const int32_t r = sim_.queue.front();
-      sim_.queue.pop_front();
-      sim_.queued[r] = 0;
-      const Progress progress = AdvanceRank(r);
-      if (progress == Progress::kFailed) return;
-      if (progress == Progress::kMoved) PushPeers(r);
+    for (int32_t r = 0; r < world; ++r) Moved(r);
+    bool loops = false;
+    for (const RoleStream& st : streams_) loops = loops || st.loops;
+    std::vector<int64_t> last_pos, last_limit;
+    while (!Full()) {
+      bool raised = last_pos.empty();  // the first round always runs
+      for (int32_t r = 0; r < world; ++r) {
+        const RoleStream& st = StreamOf(r);
+        const int64_t next = loops ? NextLimit(st, sim_.limit[r]) : st.length;
+        if (next != sim_.limit[r]) raised = true;
+        sim_.limit[r] = next;
+        Push(r);
+      }
+      if (!raised) break;
+      if (!RunQueue()) return;
+      if (!loops) break;
+      bool done = true;
+      for (int32_t r = 0; r < world && done; ++r) done = sim_.pos[r] >= StreamOf(r).length;
+      if (done) break;
+      if (!last_pos.empty()) Skip(last_pos, last_limit);
+      last_pos = sim_.pos, last_limit = sim_.limit;
     }
     if (Full()) return;
     ReportStuck();
@@ -537,7 +777,73 @@ class WorldVerifier {
       stats_->simulated_ops = sim_.ops;
       stats_->transfers = sim_.transfers / 2;
       stats_->collectives = sim_.collectives;
+      stats_->skips = skips_;
     }
+  }
+
+  // Records rank r's new position: the end of its head group, which partners test against.
+  void Moved(int32_t r) {
+    const RoleStream& st = StreamOf(r);
+    sim_.head_end[static_cast<size_t>(r)] =
+        sim_.pos[r] < st.length ? st.GroupEnd(sim_.pos[r]) : sim_.pos[r];
+  }
+
+  // Advances queued ranks until none moves; false on a failed check.
+  bool RunQueue() {
+    while (!sim_.queue.empty() && !Full()) {
+      const int32_t r = sim_.queue.front();
+      sim_.queue.pop_front();
+      sim_.queued[r] = 0;
+      const Progress progress = AdvanceRank(r);
+      if (progress == Progress::kFailed) return false;
+      if (progress == Progress::kMoved) PushPeers(r);
+    }
+    return !Full();
+  }
+
+  // The state after the last round is the state before it shifted by one iteration on every
+  // rank: skip the iterations every rank's loop has left but one, as they repeat it (see the
+  // header for why).
+  void Skip(const std::vector<int64_t>& last_pos, const std::vector<int64_t>& last_limit) {
+    const int32_t world = p_.world_size;
+    int64_t skip = std::numeric_limits<int64_t>::max();
+    int64_t ops = 0, transfers = 0;
+    for (int32_t r = 0; r < world; ++r) {
+      const RoleStream& st = StreamOf(r);
+      if (sim_.counted[r] || sim_.pos[r] >= st.length) return;
+      const size_t si = st.SegmentOf(sim_.pos[r]);
+      const Segment& s = st.segments[si];
+      if (!Governs(st, s) || s.collectives || last_pos[r] < s.vbegin ||
+          sim_.pos[r] - last_pos[r] != s.item_len || sim_.limit[r] - last_limit[r] != s.item_len ||
+          sim_.limit[r] > s.vend()) {
+        return;
+      }
+      // Every pipeline peer runs a loop with as many transfers each way per iteration and the
+      // same microbatch stride.
+      for (const auto& [key, per] : s.per_iteration) {
+        const int32_t b = PeerRank(r, key.first);
+        const RoleStream& sb = StreamOf(b);
+        if (sim_.pos[b] >= sb.length) return;
+        const Segment& t = sb.segments[sb.SegmentOf(sim_.pos[b])];
+        auto f = t.per_iteration.find({sim_.pp_index[static_cast<size_t>(r)], !key.second});
+        if (t.loop < 0 || f == t.per_iteration.end() || f->second != per ||
+            t.microbatch_stride != s.microbatch_stride)
+          return;
+      }
+      skip = std::min(skip, (s.vend() - sim_.limit[r]) / s.item_len - 1);
+      ops += s.item_len;
+      for (const auto& [key, per] : s.per_iteration) transfers += per;
+    }
+    if (skip < 1) return;
+    for (int32_t r = 0; r < world; ++r) {
+      const int64_t len = StreamOf(r).Locate(sim_.pos[r]).seg->item_len;
+      sim_.pos[r] += skip * len;
+      sim_.limit[r] += skip * len;
+      Moved(r);
+    }
+    sim_.ops += skip * ops;
+    sim_.transfers += skip * transfers;
+    ++skips_;
   }
 
   const RoleStream& StreamOf(int32_t r) const { return streams_[p_.ranks[r].role]; }
@@ -554,69 +860,97 @@ class WorldVerifier {
     for (int32_t peer : StreamOf(r).peers) Push(PeerRank(r, peer));
   }
 
-  // Is the partner of rank r's p2p item posted (in the partner's head group) or done?
-  bool PartnerReady(int32_t r, const Item& it) const {
-    const int32_t b = PeerRank(r, it.peer);
+  // Is the partner of rank r's p2p item at v posted (in the partner's head group) or done?
+  bool PartnerReady(int32_t r, int64_t v) const { return PartnerReady(r, StreamOf(r).Locate(v)); }
+  bool PartnerReady(int32_t r, const RoleStream::At& a) const {
+    const RoleStream& st = StreamOf(r);
+    const int32_t b = PeerRank(r, a.item->peer);
     const int32_t my_index = sim_.pp_index[static_cast<size_t>(r)];
     const RoleStream& sb = StreamOf(b);
-    const int32_t item = sb.P2pItem(my_index, !it.send, it.seq);
+    const int64_t item = sb.P2pPos(my_index, !a.item->send, st.Seq(a));
     if (item < 0) return false;
-    if (sim_.pos[b] >= static_cast<int32_t>(sb.items.size())) return item < sim_.pos[b];
-    return item < sb.items[sim_.pos[b]].group_end;
+    if (sim_.pos[b] >= sb.length) return item < sim_.pos[b];
+    return item < sim_.head_end[static_cast<size_t>(b)];
   }
 
-  // Runs rank r's stream as far as it goes without waiting.
+  // Runs rank r's stream as far as it goes without waiting, up to its limit.
   Progress AdvanceRank(int32_t r) {
     const RoleStream& st = StreamOf(r);
     bool moved = false;
-    while (sim_.pos[r] < static_cast<int32_t>(st.items.size())) {
-      const Item& it = st.items[sim_.pos[r]];
+    const int64_t end = std::min(st.length, sim_.limit[r]);
+    while (sim_.pos[r] < end) {
+      const RoleStream::At a = st.Locate(sim_.pos[r]);
+      const Item& it = *a.item;
       if (it.type == ItemType::kCompute) {
-        ++sim_.pos[r], ++sim_.ops, moved = true;
+        // A run of compute items inside this iteration.
+        const int32_t seg_end = a.seg->item_begin + a.seg->item_len;
+        int32_t i = a.index;
+        int64_t n = 0;
+        while (i < seg_end && sim_.pos[r] + n < end &&
+               st.items[static_cast<size_t>(i)].type == ItemType::kCompute)
+          ++i, ++n;
+        sim_.pos[r] += n, sim_.ops += n, moved = true;
         continue;
       }
       if (it.type == ItemType::kP2p) {
+        const int64_t group_end = sim_.pos[r] + (it.group_end - a.index);
+        // The group's items: the same segment and iteration as its head.
+        auto at = [&](int64_t k) {
+          RoleStream::At x = a;
+          x.index = a.index + static_cast<int32_t>(k - sim_.pos[r]);
+          x.item = &st.items[static_cast<size_t>(x.index)];
+          return x;
+        };
         bool all = true;
-        for (int32_t k = sim_.pos[r]; k < it.group_end && all; ++k)
-          all = PartnerReady(r, st.items[k]);
+        for (int64_t k = sim_.pos[r]; k < group_end && all; ++k) all = PartnerReady(r, at(k));
         if (!all) break;
-        const int32_t n = it.group_end - sim_.pos[r];
+        for (int64_t k = sim_.pos[r]; k < group_end; ++k)
+          if (const RoleStream::At x = at(k); x.item->send && !CheckMatch(r, k, x))
+            return Progress::kFailed;
+        const int64_t n = group_end - sim_.pos[r];
         sim_.ops += n, sim_.transfers += n;
-        sim_.pos[r] = it.group_end;
+        sim_.pos[r] = group_end;
         moved = true;
         continue;
       }
-      const Progress collective = EnterCollective(r, it);
+      const Progress collective = EnterCollective(r, a);
       if (collective == Progress::kFailed) return Progress::kFailed;
       if (collective == Progress::kWaiting) break;
       moved = true;
     }
+    if (moved) Moved(r);
     return moved ? Progress::kMoved : Progress::kWaiting;
   }
 
   // Collective: register arrival once; the last member to arrive completes it for all.
-  Progress EnterCollective(int32_t r, const Item& it) {
+  Progress EnterCollective(int32_t r, const RoleStream::At& a) {
+    const Item& it = *a.item;
     const int32_t c = p_.ranks[r].comms[static_cast<int>(it.comm)];
     const Communicator& comm = p_.communicators[c];
     if (comm.members.size() == 1) {
       ++sim_.pos[r], ++sim_.ops;
       return Progress::kMoved;
     }
+    const int64_t seq = StreamOf(r).Seq(a);
     if (!sim_.counted[r]) {
       sim_.counted[r] = 1;
       ++sim_.arrived[c];
-      if (it.seq != sim_.completed[c]) {
+      if (seq != sim_.completed[c]) {
         Error(
             fmt::format("{} enters collective #{} of {} communicator {}, but its members are "
                         "at collective #{}",
-                        Where(p_, r, it), it.seq, CommName(comm.kind), c, sim_.completed[c]));
+                        Where(r, sim_.pos[r]), seq, CommName(comm.kind), c, sim_.completed[c]));
         return Progress::kFailed;
       }
     }
     if (sim_.arrived[c] < static_cast<int64_t>(comm.members.size())) return Progress::kWaiting;
-    if (!MembersAgree(c, it)) return Progress::kFailed;
+    // Every member must be at the collective and within its round's limit.
+    for (int32_t mrank : comm.members)
+      if (sim_.pos[mrank] >= sim_.limit[mrank]) return Progress::kWaiting;
+    if (!MembersAgree(c, seq)) return Progress::kFailed;
     for (int32_t mrank : comm.members) {
       ++sim_.pos[mrank];
+      Moved(mrank);
       sim_.counted[mrank] = 0;
       ++sim_.ops;
       Push(mrank);
@@ -627,14 +961,14 @@ class WorldVerifier {
     return Progress::kMoved;
   }
 
-  // Everyone is at collective `it` of communicator c: their collectives must agree.
-  bool MembersAgree(int32_t c, const Item& it) {
+  // Everyone is at collective `seq` of communicator c: their collectives must agree.
+  bool MembersAgree(int32_t c, int64_t seq) {
     const Communicator& comm = p_.communicators[c];
     const Item* first = nullptr;
     int32_t first_rank = -1;
     int64_t first_bytes = 0;
     for (int32_t mrank : comm.members) {
-      const Item& mi = StreamOf(mrank).items[sim_.pos[mrank]];
+      const Item& mi = *StreamOf(mrank).Locate(sim_.pos[mrank]).item;
       const Role& mrole = p_.roles[p_.ranks[mrank].role];
       const Op& mop = OpOf(mrole, mi);
       const int64_t bytes = ItemBytes(mrole, mi);
@@ -649,8 +983,8 @@ class WorldVerifier {
             fmt::format("collective #{} of {} communicator {} differs between its members: {} "
                         "({} bytes) vs {} "
                         "({} bytes)",
-                        it.seq, CommName(comm.kind), c, Where(p_, first_rank, *first), first_bytes,
-                        Where(p_, mrank, mi), bytes));
+                        seq, CommName(comm.kind), c, Where(first_rank, sim_.pos[first_rank]),
+                        first_bytes, Where(mrank, sim_.pos[mrank]), bytes));
         return false;
       }
     }
@@ -662,35 +996,35 @@ class WorldVerifier {
     int reported = 0;
     for (int32_t r = 0; r < p_.world_size; ++r) {
       const RoleStream& st = StreamOf(r);
-      if (sim_.pos[r] >= static_cast<int32_t>(st.items.size())) continue;
+      if (sim_.pos[r] >= st.length) continue;
       if (reported++ == 0) Error("the programs deadlock: ranks wait for each other forever");
       if (reported > 6) {
         Error("(more ranks are stuck)");
         break;
       }
-      const Item& it = st.items[sim_.pos[r]];
+      const Item& it = *st.Locate(sim_.pos[r]).item;
       if (it.type == ItemType::kP2p)
-        Error(fmt::format("{} waits{}", Where(p_, r, it), UnpostedPartner(r, it)));
+        Error(fmt::format("{} waits{}", Where(r, sim_.pos[r]), UnpostedPartner(r)));
       else
-        Error(fmt::format("{} waits for the other members of its {} communicator", Where(p_, r, it),
-                          CommName(it.comm)));
+        Error(fmt::format("{} waits for the other members of its {} communicator",
+                          Where(r, sim_.pos[r]), CommName(it.comm)));
     }
   }
 
-  // "; its partner is not posted: ..." for the first transfer of rank r's group `it` whose
+  // "; its partner is not posted: ..." for the first transfer of rank r's head group whose
   // partner is not posted, or empty.
-  std::string UnpostedPartner(int32_t r, const Item& it) const {
+  std::string UnpostedPartner(int32_t r) const {
     const RoleStream& st = StreamOf(r);
-    for (int32_t k = sim_.pos[r]; k < it.group_end; ++k) {
-      if (PartnerReady(r, st.items[k])) continue;
-      const int32_t b = PeerRank(r, st.items[k].peer);
+    const int64_t end = st.GroupEnd(sim_.pos[r]);
+    for (int64_t k = sim_.pos[r]; k < end; ++k) {
+      if (PartnerReady(r, k)) continue;
+      const RoleStream::At a = st.Locate(k);
+      const int32_t b = PeerRank(r, a.item->peer);
       const RoleStream& sb = StreamOf(b);
-      const std::string at = sim_.pos[b] < static_cast<int32_t>(sb.items.size())
-                                 ? Where(p_, b, sb.items[sim_.pos[b]])
-                                 : fmt::format("rank {} (finished)", b);
+      const std::string at =
+          sim_.pos[b] < sb.length ? Where(b, sim_.pos[b]) : fmt::format("rank {} (finished)", b);
       return fmt::format("; its partner is not posted: {} is at {}",
-                         DescribeStep(StepAt(p_.roles[p_.ranks[r].role], st.items[k].schedule_op)),
-                         at);
+                         DescribeStep(StepOf(p_.roles[p_.ranks[r].role], a)), at);
     }
     return {};
   }
@@ -701,6 +1035,7 @@ class WorldVerifier {
   std::vector<std::string> errors_;
   std::vector<RoleStream> streams_;
   Rendezvous sim_;
+  int64_t skips_ = 0;
 };
 
 }  // namespace

@@ -19,7 +19,11 @@ namespace paraplan::prog {
 // 3: Role.steps, the schedule in compact form (ScheduleStep); planc writes it for every schedule
 //    it can hold. A reader of version 3 reads version 2 files too (kOldestFormatVersion): the
 //    addition changes nothing else.
-inline constexpr uint32_t kFormatVersion = 3;
+// 4: Role.loops, repeated blocks of Role.steps (the steady state of a pipeline schedule in loop
+//    form). planc writes version 4 only for a program with a loop; every other program is
+//    written as version 3, byte for byte as before.
+inline constexpr uint32_t kFormatVersion = 4;
+inline constexpr uint32_t kLoopFormatVersion = 4;
 inline constexpr uint32_t kOldestFormatVersion = 2;
 
 // Whether a reader of this release reads files of format `version`.

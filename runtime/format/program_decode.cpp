@@ -44,6 +44,9 @@ const prog::Program& VerifyProgramFile(const uint8_t* data, size_t size,
       if (r->schedule() && r->schedule()->size() > 0 && r->steps() && r->steps()->size() > 0)
         throw Refusal(origin, "role `" + (r->name() ? r->name()->str() : std::string()) +
                                   "` holds its schedule twice, as ops and as steps");
+  if (p->roles())
+    for (const prog::Role* r : *p->roles())
+      if (std::string why = ScheduleLoopProblem(*r); !why.empty()) throw Refusal(origin, why);
   return *p;
 }
 

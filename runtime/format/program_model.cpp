@@ -2,6 +2,9 @@
 #include "runtime/format/program_model.h"
 
 #include <limits>
+#include <string>
+
+#include "runtime/format/ops.h"
 
 namespace paraplan::prog::mem {
 
@@ -133,8 +136,127 @@ Op FromScheduleStep(const prog::ScheduleStep& step) {
 std::vector<Op> ScheduleOps(const Role& role) {
   std::vector<Op> ops = role.schedule;
   ops.reserve(ops.size() + role.steps.size());
-  for (const prog::ScheduleStep& s : role.steps) ops.push_back(FromScheduleStep(s));
+  ForEachExpandedStep(role.steps, role.loops, ChunkSlots(role),
+                      [&](const prog::ScheduleStep& s) { ops.push_back(FromScheduleStep(s)); });
   return ops;
+}
+
+std::vector<int32_t> ChunkSlots(const Role& role) {
+  std::vector<int32_t> slots;
+  slots.reserve(role.chunks.size());
+  for (const Chunk& c : role.chunks) slots.push_back(c.slots);
+  return slots;
+}
+
+prog::ScheduleStep LoopStep(const prog::ScheduleStep& s, const prog::ScheduleLoop& loop, int64_t i,
+                            int32_t slots) {
+  if (i == 0) return s;
+  const int64_t mb = s.microbatch() + i * loop.microbatch_stride();
+  const int64_t slot = slots > 0 ? (s.slot() + i * int64_t{loop.slot_stride()}) % slots : s.slot();
+  const int64_t group = s.group() == 0 ? 0 : s.group() + i * loop.group_stride();
+  return prog::ScheduleStep(static_cast<int32_t>(mb), static_cast<int32_t>(slot),
+                            static_cast<int32_t>(group), s.operand(), s.peer(), s.chunk(), s.kind(),
+                            s.comm());
+}
+
+namespace {
+
+// A FlatBuffers vector of structs (its iterator gives pointers) as a std::vector.
+template <typename T>
+std::vector<T> CopyStructs(const flatbuffers::Vector<const T*>* v) {
+  std::vector<T> out;
+  if (!v) return out;
+  out.reserve(v->size());
+  for (const T* x : *v) out.push_back(*x);
+  return out;
+}
+
+bool IsLoopKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::Forward:
+    case OpKind::Backward:
+    case OpKind::SendActivation:
+    case OpKind::RecvActivation:
+    case OpKind::SendGrad:
+    case OpKind::RecvGrad:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsTransferKind(OpKind kind) {
+  return kind == OpKind::SendActivation || kind == OpKind::RecvActivation ||
+         kind == OpKind::SendGrad || kind == OpKind::RecvGrad;
+}
+
+}  // namespace
+
+std::string CheckScheduleLoops(const std::vector<prog::ScheduleStep>& steps,
+                               const std::vector<prog::ScheduleLoop>& loops,
+                               const std::vector<int32_t>& chunk_slots) {
+  const auto n = static_cast<int64_t>(steps.size());
+  int64_t end_of_previous = 0;
+  int64_t expanded = n;
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  for (size_t k = 0; k < loops.size(); ++k) {
+    const prog::ScheduleLoop& l = loops[k];
+    const std::string which = "loop " + std::to_string(k);
+    const int64_t begin = l.begin(), length = l.length(), count = l.count();
+    if (begin < 0 || length < 1 || begin + length > n)
+      return which + ": steps [" + std::to_string(begin) + ", " + std::to_string(begin + length) +
+             ") are not a non-empty range of the " + std::to_string(n) + " steps";
+    if (begin < end_of_previous)
+      return which + " begins at step " + std::to_string(begin) +
+             ", inside or before the previous loop (which ends at step " +
+             std::to_string(end_of_previous) + "); loops must be in order and not overlap";
+    if (count < 1) return which + ": iteration count " + std::to_string(count) + " < 1";
+    if (l.microbatch_stride() < 0 || l.slot_stride() < 0 || l.group_stride() < 0)
+      return which + ": negative stride";
+    for (int64_t i = begin; i < begin + length; ++i) {
+      const prog::ScheduleStep& s = steps[static_cast<size_t>(i)];
+      if (!IsLoopKind(s.kind()))
+        return which + ": step " + std::to_string(i) + " (" + OpDisplayName(s.kind()) +
+               ") cannot repeat; a loop body holds forwards, backwards and pipeline transfers";
+      if (s.chunk() < 0 || static_cast<size_t>(s.chunk()) >= chunk_slots.size() ||
+          chunk_slots[static_cast<size_t>(s.chunk())] < 1)
+        return which + ": step " + std::to_string(i) + " names chunk " + std::to_string(s.chunk()) +
+               ", which the role does not have (or has no slots)";
+      if (s.slot() < 0 || s.microbatch() < 0)
+        return which + ": step " + std::to_string(i) + " has a negative microbatch or slot";
+      if (s.microbatch() + (count - 1) * int64_t{l.microbatch_stride()} > kInt32Max ||
+          (s.group() != 0 && s.group() + (count - 1) * int64_t{l.group_stride()} > kInt32Max))
+        return which + ": step " + std::to_string(i) + " leaves the int32 range by iteration " +
+               std::to_string(count - 1);
+    }
+    // A transfer group is a run of transfers with one non-zero group: none may run across an
+    // iteration's boundary (or the loop's ends), so that every iteration's groups are its own.
+    auto same_group = [&](const prog::ScheduleStep& a, int64_t ga, const prog::ScheduleStep& b,
+                          int64_t gb) {
+      return IsTransferKind(a.kind()) && IsTransferKind(b.kind()) && ga != 0 && ga == gb;
+    };
+    const prog::ScheduleStep& first = steps[static_cast<size_t>(begin)];
+    const prog::ScheduleStep& last = steps[static_cast<size_t>(begin + length - 1)];
+    const int64_t last_group_end =
+        last.group() == 0 ? 0 : last.group() + (count - 1) * int64_t{l.group_stride()};
+    if ((begin > 0 &&
+         same_group(steps[static_cast<size_t>(begin - 1)],
+                    steps[static_cast<size_t>(begin - 1)].group(), first, first.group())) ||
+        (count > 1 && same_group(last, last.group(), first,
+                                 first.group() == 0 ? 0 : first.group() + l.group_stride())) ||
+        (begin + length < n &&
+         same_group(last, last_group_end, steps[static_cast<size_t>(begin + length)],
+                    steps[static_cast<size_t>(begin + length)].group())))
+      return which +
+             ": a transfer group runs across the boundary of an iteration; the body is "
+             "not periodic";
+    expanded += (count - 1) * length;
+    if (expanded > kMaxScheduleOps)
+      return which + ": the schedule stands for more than " + std::to_string(kMaxScheduleOps) +
+             " ops";
+    end_of_previous = begin + length;
+  }
+  return {};
 }
 
 namespace {
@@ -155,7 +277,7 @@ size_t EncodedSizeBound(const Program& p) {
   size_t n = 1 << 16;
   for (const Role& r : p.roles) {
     n += 256 + r.name.size() + OpsSizeBound(r.schedule) +
-         sizeof(prog::ScheduleStep) * r.steps.size();
+         sizeof(prog::ScheduleStep) * r.steps.size() + sizeof(prog::ScheduleLoop) * r.loops.size();
     for (const Body& x : r.bodies) n += 64 + x.name.size() + OpsSizeBound(x.ops);
     for (const Buffer& x : r.buffers) n += 160 + x.name.size() + 8 * x.shape.size();
     for (const Param& x : r.params) n += 160 + x.name.size() + 8 * x.global_shape.size();
@@ -238,19 +360,27 @@ flatbuffers::Offset<prog::Role> EncodeRole(flatbuffers::FlatBufferBuilder& b, co
   OpVectorOffset sv = 0;
   const bool both = !r.steps.empty() && !r.schedule.empty();
   if (steps.IsNull() || both) sv = EncodeOps(b, r.schedule);
+  flatbuffers::Offset<flatbuffers::Vector<const prog::ScheduleLoop*>> loops = 0;
+  if (!steps.IsNull() && !r.steps.empty() && !r.loops.empty())
+    loops = b.CreateVectorOfStructs(r.loops);
   if (release) {
     std::vector<Op>().swap(release->schedule);
     std::vector<prog::ScheduleStep>().swap(release->steps);
+    std::vector<prog::ScheduleLoop>().swap(release->loops);
     std::vector<Body>().swap(release->bodies);
   }
   return prog::CreateRole(b, name, r.pipeline_rank, bv, pv, kv, cv, dv, sv, r.arena_bytes,
-                          r.fp32_arena_bytes, r.peak_bytes, steps);
+                          r.fp32_arena_bytes, r.peak_bytes, steps, loops);
 }
 
 // The encoder behind EncodeProgramBuffer and EncodeProgramReleasingOps: with `release` (the
 // same program as `p`), each role's schedule and bodies are freed once they are in the builder.
 flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
   flatbuffers::FlatBufferBuilder b(EncodedSizeBound(p));
+  // Format 4 only when a role holds loops: every other program stays the format it says.
+  uint32_t version = p.format_version;
+  for (const Role& r : p.roles)
+    if (!r.loops.empty() && !r.steps.empty()) version = std::max(version, kLoopFormatVersion);
   std::vector<flatbuffers::Offset<prog::Role>> roles;
   for (size_t ri = 0; ri < p.roles.size(); ++ri)
     roles.push_back(
@@ -282,8 +412,8 @@ flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
       t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.eps, t.clip_grad, t.optimizer.c_str(),
       t.data.c_str(), t.checkpoint_dir.c_str(), t.checkpoint_every);
   auto program =
-      prog::CreateProgramDirect(b, p.format_version, p.producer.c_str(), p.plan_name.c_str(),
-                                p.world_size, model, parallel, train, &comms, &ranks, &roles);
+      prog::CreateProgramDirect(b, version, p.producer.c_str(), p.plan_name.c_str(), p.world_size,
+                                model, parallel, train, &comms, &ranks, &roles);
   prog::FinishProgramBuffer(b, program);
   return b.Release();
 }
@@ -325,9 +455,29 @@ std::vector<Op> ReadOps(const flatbuffers::Vector<flatbuffers::Offset<prog::Op>>
   return out;
 }
 
+// The schedule of file role `r` into `role` (whose chunks are read): its ops, and its steps as
+// ops, loops expanded, or with `keep_loops` its steps and loops as listed. Loops are expanded
+// only when they are well formed (a reader refuses a file whose loops are not,
+// ScheduleLoopProblem, before it decodes); otherwise the steps are copied as listed.
+void ReadSchedule(const prog::Role& r, bool keep_loops, Role& role) {
+  role.schedule = ReadOps(r.schedule());
+  if (!r.steps()) return;
+  std::vector<prog::ScheduleStep> listed = CopyStructs(r.steps());
+  std::vector<prog::ScheduleLoop> loops = CopyStructs(r.loops());
+  if (!loops.empty() && !CheckScheduleLoops(listed, loops, ChunkSlots(role)).empty()) loops.clear();
+  if (keep_loops && !loops.empty() && role.schedule.empty()) {
+    role.steps = std::move(listed);
+    role.loops = std::move(loops);
+    return;
+  }
+  ForEachExpandedStep(listed, loops, ChunkSlots(role), [&](const prog::ScheduleStep& st) {
+    role.schedule.push_back(FromScheduleStep(st));
+  });
+}
+
 }  // namespace
 
-Program DecodeProgramModel(const prog::Program& file) {
+Program DecodeProgramModel(const prog::Program& file, bool keep_loops) {
   const prog::Program* f = &file;
   Program p;
   p.format_version = f->format_version();
@@ -404,11 +554,7 @@ Program DecodeProgramModel(const prog::Program& file) {
       if (r->bodies())
         for (const prog::Body* x : *r->bodies())
           role.bodies.push_back({Str(x->name()), ReadOps(x->ops())});
-      role.schedule = ReadOps(r->schedule());
-      if (const auto* steps = r->steps()) {
-        role.schedule.reserve(role.schedule.size() + steps->size());
-        for (const prog::ScheduleStep* st : *steps) role.schedule.push_back(FromScheduleStep(*st));
-      }
+      ReadSchedule(*r, keep_loops, role);
       role.arena_bytes = r->arena_bytes();
       role.fp32_arena_bytes = r->fp32_arena_bytes();
       role.peak_bytes = r->peak_bytes();
@@ -416,6 +562,19 @@ Program DecodeProgramModel(const prog::Program& file) {
     }
   }
   return p;
+}
+
+std::string ScheduleLoopProblem(const prog::Role& role) {
+  const auto* loops = role.loops();
+  if (!loops || loops->size() == 0) return {};
+  const std::string name = role.name() ? role.name()->str() : std::string();
+  if (!role.steps() || role.steps()->size() == 0)
+    return "role `" + name + "` has loops but no steps for them to repeat";
+  std::vector<int32_t> slots;
+  if (role.chunks())
+    for (const prog::Chunk* c : *role.chunks()) slots.push_back(c->slots());
+  std::string why = CheckScheduleLoops(CopyStructs(role.steps()), CopyStructs(loops), slots);
+  return why.empty() ? why : "role `" + name + "` " + why;
 }
 
 }  // namespace paraplan::prog::mem

@@ -111,9 +111,12 @@ struct Role {
   // The schedule in compact form (ScheduleStep, 24 bytes an op): a role holds its schedule in
   // `schedule` or in `steps`, never in both. Only the compiler's writing path holds `steps`
   // (a large world's schedules then take a fraction of the memory); DecodeProgram and
-  // DecodeProgramModel always give `schedule`. Readers that take either form: VerifyWorld,
-  // VerifyStructure, EncodeProgram.
+  // DecodeProgramModel give `schedule` (DecodeProgramModel keeps loops as steps on request).
+  // Readers that take either form: VerifyWorld, VerifyStructure, EncodeProgram.
   std::vector<prog::ScheduleStep> steps;
+  // Repeated blocks of `steps` (format 4, README.md section 3 "Loops"): in order, not
+  // overlapping; empty when every step stands for one op. Only with `steps`.
+  std::vector<prog::ScheduleLoop> loops;
 };
 
 struct Coordinates {
@@ -177,7 +180,9 @@ struct TrainConfig {
 };
 
 struct Program {
-  uint32_t format_version = kFormatVersion;
+  // 3 for a program without loops (written as format 3, byte for byte as before loops existed);
+  // the encoder writes kLoopFormatVersion when a role holds loops.
+  uint32_t format_version = 3;
   std::string producer;
   std::string plan_name;
   int32_t world_size = 0;
@@ -217,8 +222,56 @@ struct Program {
 bool ToScheduleStep(const Op& op, prog::ScheduleStep* step);
 // The op a step stands for (its ints in full, the registry's operands).
 Op FromScheduleStep(const prog::ScheduleStep& step);
-// The schedule of `role` as ops, whichever form it is held in.
+// The schedule of `role` as ops, whichever form it is held in (loops expanded).
 std::vector<Op> ScheduleOps(const Role& role);
+
+// --- loops (format 4) ---
+// The most ops a role's schedule may stand for once its loops are expanded: far above any
+// schedule planc writes (2^16 microbatches of 8 chunks), low enough that expanding a damaged
+// file's loops cannot exhaust memory.
+inline constexpr int64_t kMaxScheduleOps = int64_t{1} << 25;
+
+// Why `loops` over `steps` is malformed (README.md section 3, "Loops"), or empty:
+// `chunk_slots[c]` is the slot count of chunk c. Checks bounds, order and overlap, counts and
+// strides, the kinds a body may hold, transfer groups that would run across an iteration's
+// boundary, and the expanded length (at most kMaxScheduleOps).
+std::string CheckScheduleLoops(const std::vector<prog::ScheduleStep>& steps,
+                               const std::vector<prog::ScheduleLoop>& loops,
+                               const std::vector<int32_t>& chunk_slots);
+
+// Step `s` of a loop body in iteration `i` (microbatch, slot modulo `slots`, non-zero group
+// advanced by the loop's strides).
+prog::ScheduleStep LoopStep(const prog::ScheduleStep& s, const prog::ScheduleLoop& loop, int64_t i,
+                            int32_t slots);
+
+// Calls fn(step) for every op the steps stand for, in order, loops expanded (the loops must have
+// passed CheckScheduleLoops).
+template <typename Fn>
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters)
+void ForEachExpandedStep(const std::vector<prog::ScheduleStep>& steps,
+                         const std::vector<prog::ScheduleLoop>& loops,
+                         const std::vector<int32_t>& chunk_slots, Fn&& fn) {
+  size_t at = 0;
+  for (const prog::ScheduleLoop& l : loops) {
+    for (; at < static_cast<size_t>(l.begin()); ++at) fn(steps[at]);
+    for (int64_t i = 0; i < l.count(); ++i)
+      for (int32_t k = 0; k < l.length(); ++k) {
+        const prog::ScheduleStep& s =
+            steps[static_cast<size_t>(l.begin()) + static_cast<size_t>(k)];
+        fn(LoopStep(s, l, i, chunk_slots[static_cast<size_t>(s.chunk())]));
+      }
+    at = static_cast<size_t>(l.begin()) + static_cast<size_t>(l.length());
+  }
+  for (; at < steps.size(); ++at) fn(steps[at]);
+}
+
+// Why a file's role has malformed loops (CheckScheduleLoops, or loops without steps), prefixed
+// with "role `NAME` ", or empty. Readers refuse such a file before decoding it.
+std::string ScheduleLoopProblem(const prog::Role& role);
+
+// The slot counts of a role's chunks (the modulus of each loop step's slot).
+std::vector<int32_t> ChunkSlots(const Role& role);
+// --- end loops ---
 
 // The FlatBuffers file of `program` (identifier "PPLN"); each role's schedule is written as
 // steps when every op of it has a compact form, else as ops. Never fails.
@@ -238,7 +291,10 @@ flatbuffers::DetachedBuffer EncodeProgramReleasingOps(Program& program);
 // nothing beyond what the copy needs: indices are taken as they are, Rank::comms keeps the
 // first kCommKinds entries of the file's list (a reader that refuses longer lists checks
 // `file.ranks()` itself). Absent sections keep their defaults.
-Program DecodeProgramModel(const prog::Program& file);
+// With `keep_loops`, a role whose schedule has loops keeps its steps and loops as listed
+// (Role::steps, Role::loops) instead of expanding them into ops: the whole-world verifier reads
+// that form without listing every microbatch.
+Program DecodeProgramModel(const prog::Program& file, bool keep_loops = false);
 
 // A program file a runtime must refuse; the message starts with "program `ORIGIN`: ".
 // The largest world a program may describe: 2^20 ranks, far above any cluster trained on today,
