@@ -86,6 +86,23 @@ void CompareArena(const std::string& label, Plan plan, ArenaComparison& out) {
   }
 }
 
+// Plans of `file` by name with --set variants: each checks, is priced by the arena model, and
+// (when `all_stages`) lowers with every pipeline stage compared.
+using Variants = std::vector<std::pair<std::string, std::vector<std::string>>>;
+void CompareVariants(const std::string& file, const Variants& variants, bool all_stages,
+                     ArenaComparison& result) {
+  for (const auto& variant : variants) {
+    const std::string label = variant.first + SetsText(variant.second);
+    std::optional<Plan> plan = Load(file, variant.first, variant.second);
+    REQUIRE_MESSAGE(plan.has_value(), label);
+    CHECK_MESSAGE(ArenaModelApplies(*plan), label);
+    const int before = result.compared;
+    CompareArena(label, *plan, result);
+    if (all_stages)
+      CHECK_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
+  }
+}
+
 TEST_CASE(
     "check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
   ArenaComparison result;
@@ -178,30 +195,23 @@ TEST_CASE("check's estimate is compile's arena within 3% on mixture-of-experts p
       }
     }
   }
-  const std::vector<std::pair<std::string, std::vector<std::string>>> more = {
-      {"moe_gpt_tp2", {}},
-      {"moe_gpt_tp2", {"parallel.etp=2", "parallel.pp=2", "recompute=full"}},
-      {"moe_gpt_tp2", {"parallel.sp=false", "recompute=selective"}},
-      {"moe_tp2", {"optimizer.zero=2"}},
-      {"moe_tp2", {"optimizer.zero=3", "parallel.etp=2"}},
-      {"moe_tp2", {"optimizer.zero=2", "parallel.pp=2", "recompute=full"}},
-      {"moe_tp2", {"parallel.tp=4", "parallel.etp=4"}},
-      {"moe_tp2", {"parallel.tp=4", "parallel.sp=false", "recompute=selective"}},
-      {"moe_tp2", {"parallel.cp=2", "parallel.etp=2"}},
-      {"moe_tp2", {"parallel.cp=2", "recompute=full"}},
-      {"moe_tp2",
-       {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
-        "batch.global=32"}},
-      {"moe_tp2", {"precision=fp32"}},
-      {"moe_tp2", {"precision=fp16", "parallel.etp=2"}},
-      {"moe_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
-  for (const auto& variant : more) {
-    const std::string label = variant.first + SetsText(variant.second);
-    std::optional<Plan> plan = Load(file, variant.first, variant.second);
-    REQUIRE_MESSAGE(plan.has_value(), label);
-    CHECK_MESSAGE(ArenaModelApplies(*plan), label);
-    CompareArena(label, *plan, result);
-  }
+  const Variants more = {{"moe_gpt_tp2", {}},
+                         {"moe_gpt_tp2", {"parallel.etp=2", "parallel.pp=2", "recompute=full"}},
+                         {"moe_gpt_tp2", {"parallel.sp=false", "recompute=selective"}},
+                         {"moe_tp2", {"optimizer.zero=2"}},
+                         {"moe_tp2", {"optimizer.zero=3", "parallel.etp=2"}},
+                         {"moe_tp2", {"optimizer.zero=2", "parallel.pp=2", "recompute=full"}},
+                         {"moe_tp2", {"parallel.tp=4", "parallel.etp=4"}},
+                         {"moe_tp2", {"parallel.tp=4", "parallel.sp=false", "recompute=selective"}},
+                         {"moe_tp2", {"parallel.cp=2", "parallel.etp=2"}},
+                         {"moe_tp2", {"parallel.cp=2", "recompute=full"}},
+                         {"moe_tp2",
+                          {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
+                           "batch.global=32"}},
+                         {"moe_tp2", {"precision=fp32"}},
+                         {"moe_tp2", {"precision=fp16", "parallel.etp=2"}},
+                         {"moe_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
+  CompareVariants(file, more, /*all_stages=*/false, result);
   // 48 layouts of the matrix (72 stages: pp = 2 gives two), and at least one stage of the others.
   CHECK(result.compared >= 72 + 14);
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
@@ -304,25 +314,16 @@ TEST_CASE("check's estimate is compile's arena within 3% with expert parallelism
   }
   CHECK(plans == 48);
   // Beside them: selective recompute, ep = 8, tp = 1, cp = 2, interleaving, fp32 and SGD.
-  const std::vector<std::pair<std::string, std::vector<std::string>>> more = {
-      {"moe_ep2_tp2", {"recompute=selective"}},
-      {"moe_ep2_tp2", {"parallel.ep=8", "moe.imbalance=1.2"}},
-      {"moe_ep2_tp2", {"parallel.tp=1", "parallel.sp=false"}},
-      {"moe_ep2_tp2", {"parallel.cp=2", "recompute=full"}},
-      {"moe_ep2_tp2",
-       {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
-        "batch.global=32"}},
-      {"moe_gpt_ep2_tp2", {"precision=fp32", "recompute=full"}},
-      {"moe_ep4_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
-  for (const auto& variant : more) {
-    const std::string label = variant.first + SetsText(variant.second);
-    std::optional<Plan> plan = Load(file, variant.first, variant.second);
-    REQUIRE_MESSAGE(plan.has_value(), label);
-    CHECK_MESSAGE(ArenaModelApplies(*plan), label);
-    const int before = result.compared;
-    CompareArena(label, *plan, result);
-    CHECK_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
-  }
+  const Variants more = {{"moe_ep2_tp2", {"recompute=selective"}},
+                         {"moe_ep2_tp2", {"parallel.ep=8", "moe.imbalance=1.2"}},
+                         {"moe_ep2_tp2", {"parallel.tp=1", "parallel.sp=false"}},
+                         {"moe_ep2_tp2", {"parallel.cp=2", "recompute=full"}},
+                         {"moe_ep2_tp2",
+                          {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
+                           "batch.global=32"}},
+                         {"moe_gpt_ep2_tp2", {"precision=fp32", "recompute=full"}},
+                         {"moe_ep4_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
+  CompareVariants(file, more, /*all_stages=*/true, result);
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
@@ -333,7 +334,7 @@ TEST_CASE("check's estimate is compile's arena within 3% with expert parallelism
 TEST_CASE("check's estimate is compile's arena within 3% with ep x etp and a capacity factor") {
   const std::string file = std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan";
   ArenaComparison result;
-  const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
+  const Variants variants = {
       {"moe_ep2_tp2", {"parallel.etp=2"}},
       {"moe_ep2_tp2", {"parallel.etp=2", "parallel.sp=false"}},
       {"moe_ep2_tp2", {"parallel.etp=2", "optimizer.zero=0", "parallel.pp=2"}},
@@ -350,15 +351,7 @@ TEST_CASE("check's estimate is compile's arena within 3% with ep x etp and a cap
       {"moe_ep2_tp2", {"moe.capacity_factor=1.25"}},
       {"moe_ep2_tp2", {"moe.capacity_factor=1.25", "recompute=full", "parallel.pp=2"}},
       {"moe_ep4_tp2", {"moe.capacity_factor=1.0", "moe.imbalance=1.5", "optimizer.zero=0"}}};
-  for (const auto& variant : variants) {
-    const std::string label = variant.first + SetsText(variant.second);
-    std::optional<Plan> plan = Load(file, variant.first, variant.second);
-    REQUIRE_MESSAGE(plan.has_value(), label);
-    CHECK_MESSAGE(ArenaModelApplies(*plan), label);
-    const int before = result.compared;
-    CompareArena(label, *plan, result);
-    CHECK_MESSAGE(result.compared - before == plan->parallel.pp, label, ": lowered");
-  }
+  CompareVariants(file, variants, /*all_stages=*/true, result);
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
