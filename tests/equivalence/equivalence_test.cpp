@@ -489,13 +489,11 @@ TEST_CASE("moe: ep 2 with moe.imbalance = 1 stated: an overflowing dispatch fail
   const ProgramImage program = Compile(plan);
   CHECK_THROWS_WITH(Run(program), doctest::Contains("rows its receive buffer reserves"));
 }
-// Checkpoints are per rank: each rank saves and loads its own experts' shard. Three steps,
-// a checkpoint, two more resumed from it: the same losses and weights as five straight.
-TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2: resuming from a checkpoint is bitwise") {
-  const ProgramImage program =
-      Compile(TinyPlan(false, WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true})));
+// Three steps, a checkpoint, two more resumed from it: the same losses and weights as five
+// straight (`dir_name` under the test directory, removed after).
+void CheckResumeBitwise(const ProgramImage& program, const std::string& dir_name) {
   const RunResult straight = Run(program);
-  const std::string dir = Dir() + "/ep_checkpoint";
+  const std::string dir = Dir() + "/" + dir_name;
   RunOptions first;
   first.data_path = SourceDir() + "/data/corpus/classics.txt";
   first.comm_timeout_seconds = 120;
@@ -507,6 +505,7 @@ TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2: resuming from a checkpoint 
   rest.checkpoint_dir.clear();
   rest.resume_dir = dir;
   const RunResult resumed = Train(program, rest);
+  REQUIRE(resumed.start_step == 3);
   REQUIRE(resumed.steps.size() == 2);
   CHECK(resumed.steps[0].loss == straight.steps[3].loss);
   CHECK(resumed.steps[1].loss == straight.steps[4].loss);
@@ -517,6 +516,11 @@ TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2: resuming from a checkpoint 
     CHECK(resumed.params.at(name) == param.second);
   }
   fs::remove_all(dir);
+}
+// Checkpoints are per rank: each rank saves and loads its own experts' shard.
+TEST_CASE("moe: ep 2, tp 2, sequence parallel, dp 2: resuming from a checkpoint is bitwise") {
+  CheckResumeBitwise(Compile(TinyPlan(false, WithEp(2, {2, 1, 2, 1, Schedule::k1F1B, true}))),
+                     "ep_checkpoint");
 }
 
 // Full recompute re-runs each layer's dispatch and combine in the backward body, in the same
@@ -556,26 +560,7 @@ TEST_CASE("moe: tp 2, sequence parallel, dp 2, ZeRO 2 (experts beside the dense 
 }
 // Each rank saves and loads its own shard of the experts' optimizer state (a quarter here).
 TEST_CASE("moe: tp 2, sequence parallel, dp 2, ZeRO 1: resuming from a checkpoint is bitwise") {
-  const ProgramImage program = PlancCompile("moe_tp2_dp2_zero1_sp");
-  const RunResult straight = Run(program);
-  const std::string dir = Dir() + "/expert_edp_checkpoint";
-  RunOptions first;
-  first.data_path = SourceDir() + "/data/corpus/classics.txt";
-  first.comm_timeout_seconds = 120;
-  first.steps = 3;
-  first.checkpoint_dir = dir;
-  REQUIRE(Train(program, first).checkpoint_step == 3);
-  RunOptions rest = first;
-  rest.steps = 2;
-  rest.checkpoint_dir.clear();
-  rest.resume_dir = dir;
-  const RunResult resumed = Train(program, rest);
-  REQUIRE(resumed.start_step == 3);
-  REQUIRE(resumed.steps.size() == 2);
-  CHECK(resumed.steps[0].loss == straight.steps[3].loss);
-  CHECK(resumed.steps[1].loss == straight.steps[4].loss);
-  CHECK(resumed.params == straight.params);
-  fs::remove_all(dir);
+  CheckResumeBitwise(PlancCompile("moe_tp2_dp2_zero1_sp"), "expert_edp_checkpoint");
 }
 // --- end whole experts over Edp ---
 // --- expert tensor parallelism (etp = tp, ep = 1) ---
