@@ -233,32 +233,17 @@ void MoeRouterBackward(float* dlogits, const float* dweights, const int32_t* ind
   }
 }
 
-void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
-                const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk) {
-  std::vector<int64_t> next(static_cast<size_t>(experts), 0);
-  for (int64_t p = 0; p < rows * topk; ++p) ++next[static_cast<size_t>(indices[p])];
-  int64_t offset = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t count = next[static_cast<size_t>(e)];
-    expert_counts[e] = static_cast<int32_t>(count);
-    next[static_cast<size_t>(e)] = offset;
-    offset += count;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < topk; ++j) {
-      const int64_t dst = next[static_cast<size_t>(indices[r * topk + j])]++;
-      row_map[r * topk + j] = static_cast<int32_t>(dst);
-      Copy(out + dst * dim, x + r * dim, dim);
-    }
-  }
-}
+namespace {
 
-void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
-                    const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
-                    int64_t experts, int64_t topk, int64_t out_rows) {
+// MoePermute's scans over the pairs a mask keeps (every pair without one); rows of `out` past
+// `out_rows` are not written.
+void PermutePairs(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                  const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                  int64_t experts, int64_t topk, int64_t out_rows) {
+  auto kept = [&](int64_t p) { return mask == nullptr || mask[p] != 0.0f; };
   std::vector<int64_t> next(static_cast<size_t>(experts), 0);
   for (int64_t p = 0; p < rows * topk; ++p)
-    if (mask[p] != 0.0f) ++next[static_cast<size_t>(indices[p])];
+    if (kept(p)) ++next[static_cast<size_t>(indices[p])];
   int64_t offset = 0;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t count = next[static_cast<size_t>(e)];
@@ -269,7 +254,7 @@ void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const 
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < topk; ++j) {
       const int64_t p = r * topk + j;
-      if (mask[p] == 0.0f) {
+      if (!kept(p)) {
         row_map[p] = -1;
         continue;
       }
@@ -278,6 +263,20 @@ void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const 
       if (dst < out_rows) Copy(out + dst * dim, x + r * dim, dim);
     }
   }
+}
+
+}  // namespace
+
+void MoePermute(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                const int32_t* indices, int64_t rows, int64_t dim, int64_t experts, int64_t topk) {
+  PermutePairs(out, row_map, expert_counts, x, indices, nullptr, rows, dim, experts, topk,
+               rows * topk);
+}
+
+void MoePermuteKept(float* out, int32_t* row_map, int32_t* expert_counts, const float* x,
+                    const int32_t* indices, const float* mask, int64_t rows, int64_t dim,
+                    int64_t experts, int64_t topk, int64_t out_rows) {
+  PermutePairs(out, row_map, expert_counts, x, indices, mask, rows, dim, experts, topk, out_rows);
 }
 
 void MoeUnpermute(float* y, const float* x, const int32_t* row_map, const float* weights,
