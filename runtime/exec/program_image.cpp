@@ -25,7 +25,9 @@ struct Fnv {
 
 ProgramImage DecodeProgramImage(const uint8_t* data, size_t size, const std::string& origin) {
   ProgramImage img;
-  static_cast<prog::mem::Program&>(img) = prog::mem::DecodeProgram(data, size, origin);
+  // Schedules in loop form stay so: each rank expands its own role's (RankRunner).
+  static_cast<prog::mem::Program&>(img) =
+      prog::mem::DecodeProgram(data, size, origin, /*keep_loops=*/true);
   Fnv f;
   f.Int(img.world_size);
   const auto& md = img.model;

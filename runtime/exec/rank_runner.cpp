@@ -19,6 +19,7 @@ RankRunner::RankRunner(const ProgramImage& program, int rank, CommWorld& world, 
                        const data::TokenStream& tokens, const RunOptions& options)
     : program_(program),
       role_(program.roles[program.ranks[rank].role]),
+      schedule_(prog::mem::ScheduleOps(role_)),
       rank_(rank),
       world_(world),
       backend_(backend),
@@ -329,7 +330,7 @@ bool IsSend(OpKind k) { return k == OpKind::SendActivation || k == OpKind::SendG
 }  // namespace
 
 void RankRunner::RunSchedule(int64_t step) {
-  const auto& sched = role_.schedule;
+  const auto& sched = schedule_;
   const Context step_context{step, 0, 0};
   for (size_t i = 0; i < sched.size(); ++i) {
     const prog::mem::Op& op = sched[i];

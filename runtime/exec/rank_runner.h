@@ -170,6 +170,8 @@ class RankRunner {
 
   const ProgramImage& program_;
   const prog::mem::Role& role_;
+  // The role's schedule as ops, its loops expanded for this rank alone.
+  std::vector<prog::mem::Op> schedule_;
   int rank_;
   CommWorld& world_;
   Backend& backend_;

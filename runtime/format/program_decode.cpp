@@ -133,12 +133,18 @@ class RoleChecker {
     for (const Param& pi : role_.params) CheckParam(pi);
     for (const Bucket& bi : role_.buckets) CheckBucket(bi);
     CheckBodiesAndChunks();
-    for (size_t i = 0; i < role_.schedule.size(); ++i) {
-      const Op& o = role_.schedule[i];
+    size_t i = 0;
+    auto check = [&](const Op& o) {
       if (const std::string e = CheckOp(role_, o, OpPlace::kSchedule); !e.empty()) {
         throw Fail("schedule op " + std::to_string(i) + " (" + OpDisplayName(o.kind) + ") " + e);
       }
-    }
+      ++i;
+    };
+    for (const Op& o : role_.schedule) check(o);
+    // A schedule kept in loop form (DecodeProgram's keep_loops) is checked op by op as it
+    // expands, without holding the expansion.
+    ForEachExpandedStep(role_.steps, role_.loops, ChunkSlots(role_),
+                        [&](const prog::ScheduleStep& s) { check(FromScheduleStep(s)); });
   }
 
  private:
@@ -299,8 +305,9 @@ void RoleChecker::CheckBodiesAndChunks() const {
 
 }  // namespace
 
-Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin) {
-  Program img = DecodeProgramModel(VerifyProgramFile(data, size, origin));
+Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin,
+                      bool keep_loops) {
+  Program img = DecodeProgramModel(VerifyProgramFile(data, size, origin), keep_loops);
   CheckTrainingShape(img, origin);
   CheckRankTable(img, origin);
   for (const Role& role : img.roles) RoleChecker(img, role, origin).Check();

@@ -316,8 +316,11 @@ class ProgramError : public std::runtime_error {
 // (world size 1..kMaxWorldSize, dtypes F32/Bf16/F16/I32, arenas up to 1 TiB). A backend's own
 // limits (the host backend runs at most exec::kMaxThreadRanks ranks as threads) are checked by
 // that backend, so a program for a large cluster loads wherever it can run. Throws ProgramError.
-// `origin` (a path or a name) prefixes every message.
-Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin);
+// `origin` (a path or a name) prefixes every message. With `keep_loops` a schedule in loop form
+// stays as its steps and loops (Role::steps, Role::loops; checked op by op as they expand): a
+// runtime then expands only the roles it runs (ScheduleOps).
+Program DecodeProgram(const uint8_t* data, size_t size, const std::string& origin,
+                      bool keep_loops = false);
 
 }  // namespace paraplan::prog::mem
 
