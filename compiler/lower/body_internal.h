@@ -1,8 +1,9 @@
 // RoleLowering: the class that builds one role's params, buffers, buckets, chunks and bodies
-// (body.h's BuildRoleBodies). Internal to compiler/lower: its members are defined in body.cpp
-// (layers, dense attention and MLP, buckets, step bodies), body_moe.cpp (mixture of experts,
-// expert tensor and expert parallelism) and body_mla.cpp (multi-head latent attention). Only
-// those files include this header.
+// (body.h's BuildRoleBodies). Internal to compiler/lower: its members are defined in
+// body_parts.cpp (the constructor, buffers, params, norms, TP/SP collectives, the attention
+// core), body.cpp (layers, dense attention and MLP, buckets, step bodies), body_moe.cpp (mixture
+// of experts, expert tensor and expert parallelism) and body_mla.cpp (multi-head latent
+// attention). Only those files include this header.
 #ifndef PARAPLAN_COMPILER_LOWER_BODY_INTERNAL_H_
 #define PARAPLAN_COMPILER_LOWER_BODY_INTERNAL_H_
 
@@ -25,43 +26,14 @@ namespace attrs = prog::attrs;
 // forward and backward both touch becomes Stash (kept per microbatch).
 class RoleLowering {
  public:
-  RoleLowering(const BodyShape& shape, int32_t pipeline_rank, Role& role)
-      : s_(shape), m_(shape.model), p_(shape.parallel), role_(role), pipeline_rank_(pipeline_rank) {
-    tp_ = p_.tp;
-    act_ = ActivationType(shape.precision);
-    // --- context parallelism: a rank holds seq_len / cp positions of each sequence ---
-    cp_ = p_.cp;
-    cp_comm_ = cp_ > 1 ? CommKind::Cp : CommKind::None;
-    tokens_ = m_.micro_batch * (m_.seq_len / cp_);
-    rows_ = p_.sp ? tokens_ / tp_ : tokens_;
-    tp_comm_ = tp_ > 1 ? CommKind::Tp : CommKind::None;
-    // --- context parallelism: Cp ranks hold the same weights; ZeRO shards over dp · cp ---
-    shard_ = static_cast<int64_t>(p_.dp) * cp_;
-    shard_comm_ = cp_ > 1 ? CommKind::DpCp : CommKind::Dp;
-    // --- end context parallelism ---
-    shard_grads_ = p_.zero >= 2 && shard_ > 1;
-    gather_params_ = p_.zero >= 3 && shard_ > 1;
-    // --- expert parallelism: each Ep rank holds experts / ep experts; the ranks holding the same
-    // expert slices (tp · cp · dp / (ep · etp) of them) form the Edp group ---
-    ep_ = std::max<int64_t>(1, p_.ep);
-    edp_ = std::max<int64_t>(
-        1, static_cast<int64_t>(tp_) * cp_ * p_.dp / (ep_ * std::max<int64_t>(1, s_.moe.etp)));
-  }
+  RoleLowering(const BodyShape& shape, int32_t pipeline_rank, Role& role);
 
   StepBodies Build(const std::vector<ChunkLayers>& chunks);
 
  private:
   // --- buffers and ops ---
   int32_t Buf(std::string name, std::vector<int64_t> shape, DType dtype,
-              BufferKind kind = BufferKind::Scratch) {
-    Buffer b;
-    b.name = std::move(name);
-    b.kind = kind;
-    b.dtype = dtype;
-    b.shape = std::move(shape);
-    role_.buffers.push_back(std::move(b));
-    return static_cast<int32_t>(role_.buffers.size() - 1);
-  }
+              BufferKind kind = BufferKind::Scratch);
   int32_t Act(const std::string& name, std::vector<int64_t> shape) {
     return Buf(Prefix() + name, std::move(shape), act_);
   }
@@ -90,34 +62,7 @@ class RoleLowering {
   ParamRef AddParam(const std::string& name, int64_t key, std::vector<int64_t> global,
                     int32_t split_dim, prog::InitKind init, double std, bool decay,
                     bool tp_replicated, bool grad_sync_tp, bool counts_in_norm = true,
-                    CommKind split_comm = CommKind::Tp) {
-    Param prm;
-    prm.name = name;
-    prm.key = key;
-    prm.global_shape = global;
-    std::vector<int64_t> local = global;
-    const int64_t ways = split_comm == CommKind::Etp ? s_.moe.etp : tp_;
-    if (split_dim >= 0 && ways > 1) {
-      prm.split_dim = split_dim;
-      prm.split_comm = split_comm;
-      local[split_dim] /= ways;
-    }
-    prm.init = init;
-    prm.init_std = init == prog::InitKind::Normal ? std : 0.0;
-    prm.chunk = chunk_;
-    prm.decay = decay;
-    prm.tp_replicated = tp_replicated && tp_ > 1;
-    prm.counts_in_norm = counts_in_norm;
-    prm.grad_sync_tp = grad_sync_tp && tp_ > 1;
-    DType pdt = act_;
-    prm.buffer = Buf(name, local, pdt, BufferKind::Param);
-    prm.grad = Buf(name + ".grad", local, DType::F32, BufferKind::Grad);
-    role_.params.push_back(prm);
-    // Bucket group with ZeRO >= 2: the layer, or one group per chunk-level tensor (the word
-    // embedding and its tied copy alone, so both stages' buckets line up for the Embedding sum).
-    param_group_.push_back(layer_ >= 0 ? fmt::format("layers.{}", layer_) : name);
-    return {static_cast<int32_t>(role_.params.size() - 1), prm.buffer, prm.grad};
-  }
+                    CommKind split_comm = CommKind::Tp);
   // Init std of the output projections (Megatron / GPT-2 scaled init).
   double OutStd() const { return 0.02 / std::sqrt(2.0 * static_cast<double>(m_.layers)); }
   int64_t LayerKey(int32_t layer, int32_t j) const {
@@ -128,60 +73,18 @@ class RoleLowering {
   struct NormParams {
     ParamRef w, b;
   };
-  NormParams MakeNorm(const std::string& name, int64_t key) {
-    NormParams n;
-    bool ln = m_.norm == prog::NormKind::LayerNorm;
-    n.w = AddParam(name + ".weight", key, {m_.hidden}, -1, prog::InitKind::Ones, 0, false, true,
-                   p_.sp);
-    if (ln)
-      n.b = AddParam(name + ".bias", key + 1, {m_.hidden}, -1, prog::InitKind::Zeros, 0, false,
-                     true, p_.sp);
-    return n;
-  }
+  NormParams MakeNorm(const std::string& name, int64_t key);
   struct NormOut {
     int32_t y = -1, mean = -1, rstd = -1;
   };
-  NormOut NormForward(const std::string& name, const NormParams& np, int32_t x) {
-    NormOut o;
-    o.y = Act(name + ".out", {rows_, m_.hidden});
-    o.rstd = Stat(name + ".rstd", {rows_});
-    if (m_.norm == prog::NormKind::LayerNorm) {
-      o.mean = Stat(name + ".mean", {rows_});
-      Emit(attrs::LayerNorm{.eps = m_.norm_eps}, {x, np.w.value, np.b.value},
-           {o.y, o.mean, o.rstd});
-    } else {
-      Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {x, np.w.value}, {o.y, o.rstd});
-    }
-    return o;
-  }
+  NormOut NormForward(const std::string& name, const NormParams& np, int32_t x);
   void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx,
-                    bool accumulate) {
-    if (m_.norm == prog::NormKind::LayerNorm)
-      Emit(attrs::LayerNormBackward{.dx_accumulate = accumulate},
-           {dy, x, np.w.value, o.mean, o.rstd}, {dx, np.w.grad, np.b.grad});
-    else
-      Emit(attrs::RmsNormBackward{.dx_accumulate = accumulate}, {dy, x, np.w.value, o.rstd},
-           {dx, np.w.grad});
-  }
+                    bool accumulate);
   // Sequence-parallel region entry: rows_ -> tokens_ rows.
-  int32_t GatherSp(int32_t x, const std::string& name, int64_t cols) {
-    if (!p_.sp || tp_ == 1) return x;
-    int32_t full = Act(name, {tokens_, cols});
-    Emit(attrs::AllGather{}, {x}, {full}, CommKind::Tp);
-    return full;
-  }
+  int32_t GatherSp(int32_t x, const std::string& name, int64_t cols);
   // Row-parallel exit: a partial [tokens_, cols] -> all-reduce in place, or reduce-scatter to
   // rows_.
-  int32_t ReducePartial(int32_t partial, const std::string& name, int64_t cols) {
-    if (tp_ == 1) return partial;
-    if (!p_.sp) {
-      Emit(attrs::AllReduce{}, {partial}, {partial}, CommKind::Tp);
-      return partial;
-    }
-    int32_t out = Act(name, {rows_, cols});
-    Emit(attrs::ReduceScatter{}, {partial}, {out}, CommKind::Tp);
-    return out;
-  }
+  int32_t ReducePartial(int32_t partial, const std::string& name, int64_t cols);
   int32_t ReduceGradToRows(int32_t partial_full, const std::string& name) {
     return ReducePartial(partial_full, name, m_.hidden);
   }
@@ -271,32 +174,9 @@ class RoleLowering {
   // The causal attention core of a layer: Attention, or with cp > 1 RingAttention with its
   // working buffers (K/V travel the Cp ring). `o` and `lse` are created here.
   void EmitAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v, int32_t& o,
-                         int32_t& lse) {
-    const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, hd = m_.head_dim;
-    o = Act(name + ".out", {tokens_, heads * hd});
-    if (cp_ == 1) {
-      lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
-      Emit(AttentionAttrs<attrs::Attention>(), {q, k, v}, {o, lse});
-      return;
-    }
-    lse = Stat(name + ".lse", {tokens_, heads});
-    const int32_t ring = Act(name + ".ring", {4 * tokens_ * kv * hd});
-    const int32_t block_o = Act(name + ".block_o", {tokens_, heads * hd});
-    const int32_t block_lse = Stat(name + ".block_lse", {tokens_, heads});
-    Emit(AttentionAttrs<attrs::RingAttention>(), {q, k, v}, {o, lse, ring, block_o, block_lse},
-         cp_comm_);
-  }
+                         int32_t& lse);
   void EmitAttentionCoreBackward(int32_t dout, const LayerSaved& saved, int32_t o, int32_t lse,
-                                 int32_t dq, int32_t dk, int32_t dv) {
-    const std::vector<int32_t> in = {dout, saved.q, saved.k, saved.v, o, lse};
-    if (cp_ == 1) {
-      Emit(AttentionAttrs<attrs::AttentionBackward>(), in, {dq, dk, dv});
-      return;
-    }
-    const int64_t kv = m_.kv_heads / tp_, hd = m_.head_dim;
-    const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * kv * hd});
-    Emit(AttentionAttrs<attrs::RingAttentionBackward>(), in, {dq, dk, dv, ring}, cp_comm_);
-  }
+                                 int32_t dq, int32_t dk, int32_t dv);
   // The learned position table's add and its backward: with cp > 1 over Cp, taking the
   // positions of the rank's two chunks (and, under sequence parallelism, the rank's rows of
   // them, from its Tp index); else over Tp under sequence parallelism.
@@ -378,24 +258,14 @@ class RoleLowering {
   void DropPastCapacity(MoeSaved& ms);
   // moe.capacity_factor > 0: the pairs each expert keeps from one rank's rows, Megatron-Core's
   // get_capacity ceil(rows · topk / experts · factor); 0 without a capacity factor.
-  int64_t ExpertCapacity() const {
-    if (s_.moe.capacity_factor <= 0) return 0;
-    return static_cast<int64_t>(
-        std::ceil(static_cast<double>(rows_ * s_.moe.topk) / static_cast<double>(s_.moe.experts) *
-                  s_.moe.capacity_factor));
-  }
+  int64_t ExpertCapacity() const;
   // The runs of rows that each drop past their own capacity: the Etp group's members' rows when
   // gathered, else this rank's rows.
   int64_t CapacitySegments() const { return EtpRows() / rows_; }
   // Rows of the routed buffers (MoePermute's rows, the combined rows and, with ep = 1, the
   // experts' rows): every routed pair, or with a capacity factor at most every expert's
   // capacity in every segment, when smaller (the dropped pairs are never permuted).
-  int64_t RoutedRows() const {
-    const int64_t pairs = EtpRows() * s_.moe.topk;
-    if (s_.moe.capacity_factor <= 0) return pairs;
-    return std::min(pairs,
-                    std::max<int64_t>(s_.moe.experts * ExpertCapacity() * CapacitySegments(), 1));
-  }
+  int64_t RoutedRows() const;
   // After the combine: a partial sum over the expert slices, [etp rows, cols], reduced over the
   // Etp group to this rank's rows (reduce-scatter, or all-reduce in place without sequence
   // parallelism).
@@ -418,17 +288,7 @@ class RoleLowering {
   // the run when more rows arrive than the buffer holds.
   // (Under expert tensor parallelism with sequence parallelism a rank dispatches the Etp group's
   // gathered rows.)
-  int64_t DispatchCapacity() const {
-    const int64_t rows = EtpRows();
-    int64_t worst = ep_ * rows * std::min<int64_t>(s_.moe.topk, LocalExperts());
-    if (s_.moe.capacity_factor > 0)
-      worst = std::min(worst, std::max<int64_t>(
-                                  ep_ * LocalExperts() * ExpertCapacity() * CapacitySegments(), 1));
-    if (s_.moe.imbalance <= 0) return worst;
-    const auto stated =
-        static_cast<int64_t>(std::ceil(s_.moe.imbalance * static_cast<double>(rows * s_.moe.topk)));
-    return std::min(worst, std::max<int64_t>(stated, 1));
-  }
+  int64_t DispatchCapacity() const;
   // Whether the routed experts sit in a bucket of their own per chunk, their gradients reduced
   // once over Edp and, from ZeRO 1, their optimizer state sharded over it, as Megatron-Core's
   // expert data-parallel group: with ep > 1, and with ep = 1 and etp = 1 beside tp > 1 under
@@ -437,11 +297,7 @@ class RoleLowering {
   // (ep = 1) the experts stay in the chunk's buckets beside the dense params, sharded over
   // dp · cp: with etp = tp Edp is DpCp anyway; without sequence parallelism every Tp rank holds
   // the whole gradient, which a sum over Tp would count tp times; ZeRO 2 and 3 reduce per layer.
-  bool ExpertsOverEdp() const {
-    if (s_.moe.experts <= 0) return false;
-    if (ep_ > 1) return true;
-    return s_.moe.etp <= 1 && tp_ > 1 && p_.sp && p_.zero <= 1;
-  }
+  bool ExpertsOverEdp() const;
   // Marks the expert param just added as the experts' (ExpertsOverEdp): split over Ep, dimension
   // 0 (the expert) sharded (one way with ep = 1), the init keyed by the global expert index; its
   // gradient is reduced over Edp, not Tp or Dp.
@@ -449,13 +305,7 @@ class RoleLowering {
   bool IsExpertSharded(int32_t param) const {
     return role_.params[param].split_comm == CommKind::Ep;
   }
-  bool IsExpertBucket(const Bucket& b) const {
-    for (size_t i = 0; i < role_.params.size(); ++i)
-      if (IsExpertSharded(static_cast<int32_t>(i)) &&
-          role_.buffers[role_.params[i].buffer].view_of == b.params)
-        return true;
-    return false;
-  }
+  bool IsExpertBucket(const Bucket& b) const;
   // Forward: exchanges the counts and sends each row to the rank of its expert; sets ms.split,
   // ms.xe and ms.ecounts. EpCombine returns the experts' output rows to their senders.
   void EpDispatch(MoeSaved& ms);
@@ -480,28 +330,8 @@ class RoleLowering {
   // The column maps between the per-head buffers (local heads) and the latent ones.
   prog::attrs::CopyColumns MlaMap(int64_t groups, int64_t width, int64_t x_cols, int64_t x_stride,
                                   int64_t x_offset, int64_t y_cols, int64_t y_stride,
-                                  int64_t y_offset, bool accumulate = false) const {
-    return {.groups = groups,
-            .width = width,
-            .x_cols = x_cols,
-            .x_stride = x_stride,
-            .x_offset = x_offset,
-            .y_cols = y_cols,
-            .y_stride = y_stride,
-            .y_offset = y_offset,
-            .accumulate = accumulate};
-  }
-  static prog::attrs::CopyColumns Reversed(const prog::attrs::CopyColumns& c, bool accumulate) {
-    return {.groups = c.groups,
-            .width = c.width,
-            .x_cols = c.y_cols,
-            .x_stride = c.y_stride,
-            .x_offset = c.y_offset,
-            .y_cols = c.x_cols,
-            .y_stride = c.x_stride,
-            .y_offset = c.x_offset,
-            .accumulate = accumulate};
-  }
+                                  int64_t y_offset, bool accumulate = false) const;
+  static prog::attrs::CopyColumns Reversed(const prog::attrs::CopyColumns& c, bool accumulate);
   // --- end multi-head latent attention ---
   void BuildBuckets();
   void ScopeBucketsInBodies();

@@ -201,6 +201,34 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   NormBackward(params.n1, saved.no1, saved.x, dn1, gx, /*accumulate=*/true);
 }
 
+prog::attrs::CopyColumns RoleLowering::MlaMap(int64_t groups, int64_t width, int64_t x_cols,
+                                              int64_t x_stride, int64_t x_offset, int64_t y_cols,
+                                              int64_t y_stride, int64_t y_offset,
+                                              bool accumulate) const {
+  return {.groups = groups,
+          .width = width,
+          .x_cols = x_cols,
+          .x_stride = x_stride,
+          .x_offset = x_offset,
+          .y_cols = y_cols,
+          .y_stride = y_stride,
+          .y_offset = y_offset,
+          .accumulate = accumulate};
+}
+
+prog::attrs::CopyColumns RoleLowering::Reversed(const prog::attrs::CopyColumns& c,
+                                                bool accumulate) {
+  return {.groups = c.groups,
+          .width = c.width,
+          .x_cols = c.y_cols,
+          .x_stride = c.y_stride,
+          .x_offset = c.y_offset,
+          .y_cols = c.x_cols,
+          .y_stride = c.x_stride,
+          .y_offset = c.x_offset,
+          .accumulate = accumulate};
+}
+
 // --- end multi-head latent attention -----------------------------------------------------------
 
 }  // namespace paraplan::lower::detail

@@ -389,6 +389,48 @@ int32_t RoleLowering::EpDispatchGrad(const MoeSaved& ms, int32_t grad_rows,
 }
 // --- end expert parallelism ---------------------------------------------------------------------
 
+// --- sizes of the routed path and the expert buckets ---
+
+int64_t RoleLowering::ExpertCapacity() const {
+  if (s_.moe.capacity_factor <= 0) return 0;
+  return static_cast<int64_t>(
+      std::ceil(static_cast<double>(rows_ * s_.moe.topk) / static_cast<double>(s_.moe.experts) *
+                s_.moe.capacity_factor));
+}
+
+int64_t RoleLowering::RoutedRows() const {
+  const int64_t pairs = EtpRows() * s_.moe.topk;
+  if (s_.moe.capacity_factor <= 0) return pairs;
+  return std::min(pairs,
+                  std::max<int64_t>(s_.moe.experts * ExpertCapacity() * CapacitySegments(), 1));
+}
+
+int64_t RoleLowering::DispatchCapacity() const {
+  const int64_t rows = EtpRows();
+  int64_t worst = ep_ * rows * std::min<int64_t>(s_.moe.topk, LocalExperts());
+  if (s_.moe.capacity_factor > 0)
+    worst = std::min(
+        worst, std::max<int64_t>(ep_ * LocalExperts() * ExpertCapacity() * CapacitySegments(), 1));
+  if (s_.moe.imbalance <= 0) return worst;
+  const auto stated =
+      static_cast<int64_t>(std::ceil(s_.moe.imbalance * static_cast<double>(rows * s_.moe.topk)));
+  return std::min(worst, std::max<int64_t>(stated, 1));
+}
+
+bool RoleLowering::ExpertsOverEdp() const {
+  if (s_.moe.experts <= 0) return false;
+  if (ep_ > 1) return true;
+  return s_.moe.etp <= 1 && tp_ > 1 && p_.sp && p_.zero <= 1;
+}
+
+bool RoleLowering::IsExpertBucket(const Bucket& b) const {
+  for (size_t i = 0; i < role_.params.size(); ++i)
+    if (IsExpertSharded(static_cast<int32_t>(i)) &&
+        role_.buffers[role_.params[i].buffer].view_of == b.params)
+      return true;
+  return false;
+}
+
 // --- end mixture of experts --------------------------------------------------------------------
 
 }  // namespace paraplan::lower::detail
