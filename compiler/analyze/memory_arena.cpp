@@ -152,12 +152,9 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   z.etp_gathered = etp > 1 && plan.parallel.sp;
   z.expert_rows = z.etp_gathered ? SatMul(z.R, etp) : z.R;
   z.expert_bias = m.router_bias_rate > 0;
-  z.capacity = plan.moe.capacity_factor > 0;
-  if (z.capacity && z.experts > 0 && z.R > 0) {
-    // Megatron-Core's get_capacity on one rank's rows, as lowering computes it (ExpertCapacity).
-    const auto capacity =
-        static_cast<int64_t>(std::ceil(static_cast<double>(SatMul(z.R, z.topk)) /
-                                       static_cast<double>(z.experts) * plan.moe.capacity_factor));
+  if (plan.moe.capacity_factor > 0 && z.R > 0) {
+    // Each expert's capacity on one rank's rows, once per segment (rank) of the rows it sees.
+    const int64_t capacity = ExpertCapacity(z.R, z.topk, z.experts, plan.moe.capacity_factor);
     z.expert_kept = std::max<int64_t>(SatMul(capacity, z.expert_rows / z.R), 1);
   }
   ArenaEpSizesOf(plan, z);
@@ -251,7 +248,7 @@ ArenaMoeBuffers ArenaMoeBuffersOf(const ArenaSizes& z) {
   b.indices = SatMul(z.R, z.topk * 4);
   b.scores = SatMul(z.R, z.experts * 4);
   b.counts = z.experts * 4;
-  if (z.capacity) b.capacity_mask = SatMul(z.expert_rows, z.topk * 4);
+  if (z.expert_kept > 0) b.capacity_mask = SatMul(z.expert_rows, z.topk * 4);
   if (z.etp_gathered && shared) b.group_rows = SatMul(z.expert_rows, z.h * a);
   b.permuted = SatMul(rows, z.h * a);
   b.row_map = SatMul(z.expert_rows, z.topk * 4);  // one per pair, kept or dropped

@@ -38,7 +38,6 @@ struct ArenaSizes {
   int64_t expert_rows = 0;    // rows the rank's experts run: the Etp group's under sp, else R
   bool etp_gathered = false;  // etp > 1 under sp: the group's rows and choices gathered
   bool expert_bias = false;   // aux-loss-free balancing (model.router_bias_rate > 0)
-  bool capacity = false;      // a capacity factor: the kept pairs' mask beside the routing
   // With a capacity factor: the pairs one expert keeps at most from one rank's expert_rows, its
   // capacity per segment (each rank's R rows drop past their own capacity); 0 without one.
   int64_t expert_kept = 0;

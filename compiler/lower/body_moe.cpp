@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "compiler/lower/body_internal.h"
+#include "compiler/plan/plan.h"
 
 namespace paraplan::lower::detail {
 
@@ -392,10 +393,7 @@ int32_t RoleLowering::EpDispatchGrad(const MoeSaved& ms, int32_t grad_rows,
 // --- sizes of the routed path and the expert buckets ---
 
 int64_t RoleLowering::ExpertCapacity() const {
-  if (s_.moe.capacity_factor <= 0) return 0;
-  return static_cast<int64_t>(
-      std::ceil(static_cast<double>(rows_ * s_.moe.topk) / static_cast<double>(s_.moe.experts) *
-                s_.moe.capacity_factor));
+  return paraplan::ExpertCapacity(rows_, s_.moe.topk, s_.moe.experts, s_.moe.capacity_factor);
 }
 
 int64_t RoleLowering::RoutedRows() const {

@@ -242,17 +242,24 @@ TEST_CASE("expert parallelism: receive buffers at the stated imbalance keep the 
   }
 }
 // --- end expert parallelism ---
-// Experts split over the Tp group (etp = tp, ep = 1): the expert mesh's data-parallel group is
-// the dense one (edp = dp · cp), so the program's buckets, sharded over dp · cp, hold exactly the
-// expert states Megatron-Core's accounting gives (experts / etp, optimizer / edp).
-TEST_CASE("experts split by tensor parallelism: model states equal the analytic model's") {
+// MidPlan (sp, no recompute) with mixture-of-experts layers after a leading dense one: 8 experts,
+// 2 per token, one shared expert, split over `etp` ranks.
+Plan MidMoePlan(int64_t etp) {
   Plan plan = MidPlan(Recompute::kNone, true);
   plan.model.experts = 8;
   plan.model.topk = 2;
   plan.model.moe_ffn_hidden = 1024;
   plan.model.shared_experts = 1;
   plan.model.dense_layers = 1;
-  plan.parallel.etp = 2;
+  plan.parallel.etp = etp;
+  return plan;
+}
+
+// Experts split over the Tp group (etp = tp, ep = 1): the expert mesh's data-parallel group is
+// the dense one (edp = dp · cp), so the program's buckets, sharded over dp · cp, hold exactly the
+// expert states Megatron-Core's accounting gives (experts / etp, optimizer / edp).
+TEST_CASE("experts split by tensor parallelism: model states equal the analytic model's") {
+  const Plan plan = MidMoePlan(/*etp=*/2);
   for (const Compared& c : CompareStages(plan)) {
     const StageMemory& sm = c.model;
     const MemoryBreakdown& b = c.program;
@@ -268,13 +275,7 @@ TEST_CASE("experts split by tensor parallelism: model states equal the analytic 
 // group, world / (etp · ep · pp) = tp · dp · cp, as Megatron-Core does; the arena model
 // (framework = paraplan) and Megatron-Core's accounting both price what the program holds.
 TEST_CASE("whole experts (etp = 1): the program's states equal the arena model's and Megatron's") {
-  Plan plan = MidPlan(Recompute::kNone, true);
-  plan.model.experts = 8;
-  plan.model.topk = 2;
-  plan.model.moe_ffn_hidden = 1024;
-  plan.model.shared_experts = 1;
-  plan.model.dense_layers = 1;
-  plan.parallel.etp = 1;
+  const Plan plan = MidMoePlan(/*etp=*/1);
   DiagnosticSink sink;
   std::optional<Program> program = LowerPlan(plan, {}, sink);
   REQUIRE(program.has_value());

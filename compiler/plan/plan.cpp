@@ -781,6 +781,11 @@ bool IsMoeLayer(const ModelSpec& m, int64_t index) {
   if (!m.IsMoe() || index < m.dense_layers) return false;
   return (index - m.dense_layers) % std::max<int64_t>(1, m.moe_layer_freq) == 0;
 }
+int64_t ExpertCapacity(int64_t rows, int64_t topk, int64_t experts, double factor) {
+  if (factor <= 0 || experts <= 0) return 0;
+  return static_cast<int64_t>(
+      std::ceil(static_cast<double>(rows * topk) / static_cast<double>(experts) * factor));
+}
 std::string_view ToString(Position v) { return v == Position::kRope ? "rope" : "learned"; }
 std::string_view ToString(Framework v) {
   switch (v) {

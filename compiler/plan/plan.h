@@ -387,6 +387,10 @@ int64_t ShardGroup(const Plan& plan);
 bool UsesFp8(const Plan& plan);
 // Layer i (0-based) of the model is an MoE layer (dense_layers and moe_layer_freq).
 bool IsMoeLayer(const ModelSpec& model, int64_t index);
+// The routed pairs each expert keeps from `rows` rows with top-k routing over `experts` experts
+// at moe.capacity_factor `factor`: Megatron-Core's get_capacity, ceil(rows · topk / experts ·
+// factor); 0 without a capacity factor (factor <= 0).
+int64_t ExpertCapacity(int64_t rows, int64_t topk, int64_t experts, double factor);
 
 // --- Generic access by canonical path (used by --set, search, explain and tests) -----------
 
