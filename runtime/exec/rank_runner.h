@@ -38,6 +38,9 @@ class RankRunner {
   RankRunner(const ProgramImage& program, int rank, CommWorld& world, Backend& backend,
              const data::TokenStream& tokens, const RunOptions& options);
   ~RankRunner();
+  // It owns its arena and refers to its own members (schedule_): neither copied nor moved.
+  RankRunner(const RankRunner&) = delete;
+  RankRunner& operator=(const RankRunner&) = delete;
 
   // Allocates, joins communicators, initialises parameters and optimizer masters.
   void Setup();
@@ -170,8 +173,10 @@ class RankRunner {
 
   const ProgramImage& program_;
   const prog::mem::Role& role_;
-  // The role's schedule as ops, its loops expanded for this rank alone.
-  std::vector<prog::mem::Op> schedule_;
+  // A schedule in loop form, expanded for this rank alone (empty when the role lists its ops).
+  std::vector<prog::mem::Op> expanded_;
+  // The schedule this rank runs: the role's ops, or expanded_.
+  const std::vector<prog::mem::Op>& schedule_;
   int rank_;
   CommWorld& world_;
   Backend& backend_;
