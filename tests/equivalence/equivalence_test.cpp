@@ -800,6 +800,36 @@ TEST_CASE("a capacity factor drops tokens: the run differs from the dropless one
   const RunResult dropless = Run(PlancCompile("moe_single"));
   CHECK(capped.steps.front().loss != dropless.steps.front().loss);
 }
+// A program whose capacity ops disagree with its buffers fails the run with the numbers: rows
+// that are not `segments` equal runs, and more kept pairs than the permuted buffer reserves.
+TEST_CASE("a capacity factor: a program that breaks its bounds fails clearly") {
+  paraplan::Plan plan = TinyPlan(false, Etp({2, 1, 1, 1, Schedule::k1F1B, true}));
+  plan.moe.capacity_factor = 0.75;
+  paraplan::DiagnosticSink sink;
+  const auto program = paraplan::lower::LowerPlan(plan, {}, sink);
+  REQUIRE(program.has_value());
+  auto mutated = [&](int64_t attribute, int64_t value) {
+    paraplan::lower::Program p = *program;
+    int changed = 0;
+    for (auto& role : p.roles)
+      for (auto& body : role.bodies)
+        for (auto& op : body.ops)
+          if (op.kind == paraplan::prog::OpKind::MoeCapacity) {
+            op.ints.resize(std::max<size_t>(op.ints.size(), static_cast<size_t>(attribute) + 1), 1);
+            op.ints[static_cast<size_t>(attribute)] = value;
+            ++changed;
+          }
+    REQUIRE(changed > 0);
+    const std::vector<uint8_t> bytes = paraplan::lower::ToFlatBuffer(p);
+    return DecodeProgramImage(bytes.data(), bytes.size(), "mutated");
+  };
+  // segments (attribute 4): 7 runs, which do not divide the Etp group's gathered rows.
+  CHECK_THROWS_WITH(Run(mutated(4, 7)),
+                    doctest::Contains("the rows are not `segments` runs of equal length"));
+  // capacity (attribute 2): every pair kept, past the buffer sized by the plan's capacity.
+  CHECK_THROWS_WITH(Run(mutated(2, 1 << 20)),
+                    doctest::Contains("rows the permuted buffer reserves"));
+}
 TEST_CASE("the expert bias changes the routing, and a checkpoint keeps it: resume is bitwise") {
   const ProgramImage program = PlancCompile("moe_v3_tp2_pp2_dp2_zero1_sp");
   const RunResult full = Run(program);
