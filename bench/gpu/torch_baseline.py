@@ -133,10 +133,15 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--gpu", default="H100", choices=sorted(PEAK_BF16))
+    ap.add_argument("--systems", default="eager,compile",
+                    help="comma-separated: eager, compile (torch.compile)")
     a = ap.parse_args()
+    systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    if not systems or any(s not in ("eager", "compile") for s in systems):
+        ap.error("--systems takes eager and/or compile")
     for name in a.model or sorted(MODELS):
         for seq in a.seq or [1024, 2048]:
-            for compiled in (False, True):
+            for compiled in [s == "compile" for s in systems]:
                 print(json.dumps(run(name, seq, a.batch, a.steps, a.warmup, compiled, a.gpu)), flush=True)
                 torch.cuda.empty_cache()
 
