@@ -23,6 +23,7 @@ say() { echo "$*" | tee -a "$summary"; }
 # stage NAME LIMIT_SECONDS COMMAND...: runs unless the deadline is near; logs to $out/NAME.log.
 stage() {
   local name="$1" limit="$2"
+  [[ -n "${ONLY:-}" && ! "$name" =~ $ONLY ]] && return 0
   shift 2
   local left=$((deadline - SECONDS))
   if ((left < 15)); then

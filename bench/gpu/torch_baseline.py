@@ -82,7 +82,7 @@ class Llama(nn.Module):
         for b in self.blocks:
             x = b(x, cos, sin)
         logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def run(name, seq, batch, steps, warmup, compiled, gpu):
