@@ -629,9 +629,14 @@ void SumStep(const Context& cx, const StepPrices& sp, TimeEstimate& est) {
     est.dp_exposed_s = std::max(est.dp_exposed_s, st.dp_exposed_s);
     est.optimizer_s = std::max(est.optimizer_s, st.optimizer_s);
   }
-  est.overhead_s = cx.prof.step_overhead_s;
-  est.step_s = pipeline + est.dp_exposed_s + est.optimizer_s + est.overhead_s;
+  // The overhead: the framework's fixed cost per step, and what the step loses to stragglers
+  // as the job spans more nodes (a share of everything else per doubling of the nodes).
   const int64_t world = std::max<int64_t>(1, plan.World());
+  const double nodes = D(world) / D(std::max<int64_t>(1, plan.cluster.gpus_per_node));
+  const double rest = pipeline + est.dp_exposed_s + est.optimizer_s + cx.prof.step_overhead_s;
+  const double stragglers = nodes > 1 ? rest * cx.prof.node_scaling_loss * std::log2(nodes) : 0.0;
+  est.overhead_s = cx.prof.step_overhead_s + stragglers;
+  est.step_s = pipeline + est.dp_exposed_s + est.optimizer_s + est.overhead_s;
   const double tokens = D(plan.batch.global) * D(plan.model.seq_len);
   est.tokens_per_s = tokens / est.step_s;
   est.tokens_per_s_per_gpu = est.tokens_per_s / D(world);

@@ -69,7 +69,7 @@ struct TimeEstimate {
   double bubble_s = 0;   // pipeline fill and drain
   double dp_exposed_s = 0;
   double optimizer_s = 0;
-  double overhead_s = 0;
+  double overhead_s = 0;  // the framework's fixed cost per step and the loss to stragglers
   double step_s = 0;
   double tokens_per_s = 0;  // whole job
   double tokens_per_s_per_gpu = 0;
