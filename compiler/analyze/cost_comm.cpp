@@ -91,19 +91,22 @@ double CollectiveSeconds(Collective kind, double bytes, const CommGroup& g,
   }
   if (g.size <= 1) return 0;
   const double q = static_cast<double>(g.per_node);
-  const double nodes = n / q;
   double seconds = 0;
   if (kind == Collective::kAllToAll) {
     // Each rank sends bytes/n to every member: (q-1)/n of it stays on NVLink, (n-q)/n leaves.
     seconds = bytes * (q - 1) / n / nvl + bytes * (n - q) / n / net;
     return seconds + (n - 1) * eff.collective_latency_s;
   }
-  // Reduce-scatter and all-gather move (k-1)/k of the array per level; all-reduce twice that.
+  // Reduce-scatter and all-gather move (n-1)/n of the array through every rank; all-reduce twice
+  // that. Across nodes NCCL runs q rings side by side, each leaving a node through its own
+  // GPU's NIC: a GPU forwards (q-1)/q of its traffic over NVLink and 1/q over the network, the
+  // two tiers pipelined, so the slower one sets the time (not their sum, which is what a
+  // hierarchical reduce-scatter / all-reduce / all-gather would take).
   double one_pass = 0;
   if (!g.CrossesNodes()) {
     one_pass = (n - 1) / n * bytes / nvl;
   } else {
-    one_pass = (q - 1) / q * bytes / nvl + (nodes - 1) / nodes * (bytes / q) / net;
+    one_pass = std::max((q - 1) / q * bytes / nvl, (n - 1) / n * (bytes / q) / net);
   }
   const double passes = kind == Collective::kAllReduce ? 2 : 1;
   return passes * one_pass + passes * (n - 1) * eff.collective_latency_s;

@@ -1,7 +1,8 @@
 // Where a communication group sits (how many members share a node) and what a collective on
 // it costs: ring formulas with NCCL's bus-bandwidth factors, NVLink inside a node and the
-// per-GPU network link across nodes (the two-level formula of reference cost-models.md 4.1:
-// the in-node part at NVLink bus bandwidth, each GPU's 1/q share across nodes on its own NIC).
+// per-GPU network link across nodes (reference cost-models.md 4.1: the in-node share at NVLink
+// bus bandwidth, each GPU's 1/q share across nodes on its own NIC; NCCL's rings pipeline the
+// two tiers, so the slower one sets the time).
 //
 // Group placement follows Megatron's RankGenerator: a group kind's members are `stride` ranks
 // apart, where stride is the product of the sizes before it in the order string (dense order

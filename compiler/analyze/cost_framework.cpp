@@ -43,7 +43,7 @@ FrameworkProfile DeepSpeedAmpere() {
   p.overlap_param_gather = true;
   p.shard = ShardStyle::kDeepSpeed;
   p.shard_prefetch = 0;      // synchronous gathers (PR #1188)
-  p.shard_comm_scale = 2.0;  // fit (3 rows)
+  p.shard_comm_scale = 3.0;  // fit (3 rows)
   p.compute_scale = 1.0;
   p.step_overhead_s = 0.1;
   p.collective_latency_s = 400e-6;  // per gather: launch and pre-launch (issue #1069)
@@ -59,6 +59,10 @@ FrameworkProfile MegatronCoreAmpere() {
   p.generation = "ampere";
   p.provenance = "MegaScale NSDI24 Megatron-LM baseline rows (A100)";
   p.tp_overlap = 0.5;
+  // No straggler loss fit: its H100 rows (README weak scaling, NeMo) show none beyond what the
+  // model prices, and at 0.5% the refit without NeMo's long-context rows moves the attention
+  // rate and puts them 30-40% fast (bench/calibration/README.md, change 7).
+  p.node_scaling_loss = 0;
   p.compute_scale = 1.0;  // not fit: 2 rows (fewer than 3 per fitted number)
   p.layer_overhead_s = 0;
   p.p2p_latency_s = 100e-6;
@@ -127,7 +131,7 @@ FrameworkProfile LlmFoundryAmpere() {
   p.collective_latency_s = 50e-6;
   p.attention_documented = true;
   p.attention_scale = 1 / 1.8;  // FlashAttention-1 generation vs FlashAttention-2
-  p.shard_comm_scale = 2.0;     // fit (40 rows)
+  p.shard_comm_scale = 3.0;     // fit (40 rows)
   p.compute_scale = 0.95;       // fit
   p.layer_overhead_s = 1.5e-3;  // fit
   return p;
@@ -141,7 +145,7 @@ FrameworkProfile LlmFoundryHopper() {
   p.generation = "hopper";
   p.provenance = "llm-foundry MPT benchmark tables (H100-SXM5-80GB, bf16 and fp8)";
   p.attention_scale = 1 / 1.8;  // of peak 0.35 / 1.8 = 0.19
-  p.shard_comm_scale = 1.5;     // fit (27 rows)
+  p.shard_comm_scale = 2.0;     // fit (27 rows)
   p.compute_scale = 0.95;       // fit
   p.layer_overhead_s = 0.2e-3;  // fit
   p.fp8_gemm_speedup = 1.4;     // fit

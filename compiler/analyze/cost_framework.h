@@ -73,7 +73,8 @@ struct FrameworkProfile {
   double step_overhead_s = 0.05;  // per optimizer step (data loader, logging, host sync)
   // Share of the step lost per doubling of the job's nodes: every collective waits for the
   // slowest rank, and the slowest of more ranks is slower (stragglers, clock and network
-  // jitter). One number for every stack (bench/calibration/README.md, "Weak scaling").
+  // jitter). 0.5% for every stack but Megatron-Core (bench/calibration/README.md, changes 6
+  // and 7).
   double node_scaling_loss = 0.005;
   double collective_latency_s = 30e-6;  // per collective launch (ZeRO-3 per-layer traffic)
   double p2p_latency_s = 20e-6;         // per pipeline exchange (synchronisation included)
