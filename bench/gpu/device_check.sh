@@ -86,6 +86,17 @@ for prog in "$kit"/bench/*.pplan; do
   stage "bench_planrun_$name" 90 "$kit/bin/planrun" "$prog" --backend=cuda --steps $((steps + 5)) \
     --data "$kit/classics.txt" --metrics "$out/bench_planrun_$name.jsonl" --timeout 80
 done
+if [ -n "${AB_ENV:-}" ]; then  # the same benchmark with one setting changed, e.g. AB_ENV=NAME=1
+  for prog in "$kit"/bench/*.pplan; do
+    name="$(basename "$prog" .pplan)"
+    stage "bench_planrun_ab_$name" 90 env "$AB_ENV" "$kit/bin/planrun" "$prog" --backend=cuda \
+      --steps $((steps + 5)) --data "$kit/classics.txt" --metrics "$out/bench_planrun_ab_$name.jsonl" \
+      --timeout 80
+  done
+fi
+if [ -x "$kit/bin/paraplan_attention_bench" ]; then
+  TAIL=20 stage attention_bench 90 "$kit/bin/paraplan_attention_bench"
+fi
 TAIL=8 stage bench_pytorch_eager 120 python3 "$here/torch_baseline.py" --gpu H200 --steps "$steps" \
   --systems eager
 
@@ -101,6 +112,8 @@ fi
 san_bin="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)"
 if [ -n "$san_bin" ]; then
   stage memcheck_backend 120 "$san_bin" --tool memcheck --error-exitcode 9 \
+    "$kit/bin/cuda_backend_tests" --no-version=true
+  stage racecheck_backend 120 "$san_bin" --tool racecheck --error-exitcode 9 \
     "$kit/bin/cuda_backend_tests" --no-version=true
   stage memcheck_moe 60 "$san_bin" --tool memcheck --error-exitcode 9 "$kit/bin/planrun" \
     "$kit/eq/moe_capacity_etp2_tp2_sp.pplan" --backend=cuda --steps 1 --data "$kit/classics.txt"

@@ -15,6 +15,11 @@ export PATH=/usr/local/cuda/bin:$PATH
 ninja -C "$build" planc planrun cuda_backend_tests comm_cuda_tests >/dev/null
 cp "$build/bin/planrun" "$build/runtime/backends/cuda/cuda_backend_tests" \
   "$build/runtime/backends/cuda/comm/comm_cuda_tests" "$kit/bin/"
+# The attention kernels' own benchmark, where the build has it.
+if ninja -C "$build" -t targets all 2>/dev/null | grep -q '^paraplan_attention_bench:'; then
+  ninja -C "$build" paraplan_attention_bench >/dev/null
+  find "$build" -name paraplan_attention_bench -type f -perm -u+x -exec cp {} "$kit/bin/" \;
+fi
 # Libraries other than CUDA's, libc's and libstdc++ (the GPU machine's own is newer).
 for b in "$kit"/bin/*; do
   ldd "$b" | awk '$3 ~ /^\// {print $3}'
