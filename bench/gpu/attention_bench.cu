@@ -217,9 +217,7 @@ bool TimeProblem(const Problem& p, int repeats) {
   // Launches as the backend's LaunchForward and LaunchBackward do, without their per-call
   // cudaFuncSetAttribute (done once here) between the events.
   using K = void (*)(const Problem&, const DeviceBuffers&, const AttnShape&, dim3);
-  const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.heads),
-                  static_cast<unsigned>(p.batch));
+  const dim3 grid = AttentionGrid(l, p.heads);
   PrepareKernel<64>(AttentionForwardKernel<64>, ForwardSmem<64>::kBytes);
   PrepareKernel<64>(AttentionBackwardKeyValueKernel<64>, BackwardSmem<64>::kBytes);
   PrepareKernel<64>(AttentionBackwardQueryKernel<64>, BackwardSmem<64>::kBytes);

@@ -93,6 +93,7 @@ struct AttnShape {
 
 __host__ __device__ constexpr int RoundUp128(int bytes) { return (bytes + 127) / 128 * 128; }
 __host__ __device__ constexpr int MinInt(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int MaxInt(int a, int b) { return a > b ? a : b; }
 
 // Element (token s of sequence b, head h) of a rows × heads × D tensor.
 template <int D>
@@ -323,6 +324,11 @@ __device__ void StreamTiles(unsigned char* stages, Loader& loader, int64_t count
 // The softmax lanes: two per row of the warp's 16 (row lane / 2); lane half h covers the
 // interleaved columns 2j + h of a 64-column tile (fewer shared-memory bank conflicts than two
 // contiguous halves).
+// min(max(bound, 0), limit): how many of the columns 0..limit-1 lie below `bound`.
+__device__ __forceinline__ int ColumnsBelow(int64_t bound, int limit) {
+  return bound <= 0 ? 0 : (bound < limit ? static_cast<int>(bound) : limit);
+}
+
 __device__ __forceinline__ int LaneRow() { return (threadIdx.x % 32) / 2; }
 __device__ __forceinline__ int LaneCol(int j) { return 2 * j + threadIdx.x % 2; }
 
@@ -370,8 +376,9 @@ __device__ __forceinline__ void ForwardWarpStep(float* scores, float* spare, con
 
   const int r = LaneRow();
   const float* srow = scores + r * kSLd;
-  const int limit = nf * 16;
-  auto valid = [&](int col) { return col < limit && k0 + col <= query && k0 + col < seq; };
+  // Unmasked columns: key k0 + col at or before the query, inside the sequence and the fragments.
+  const int hi = ColumnsBelow(query - k0 + 1 < seq - k0 ? query - k0 + 1 : seq - k0, nf * 16);
+  auto valid = [&](int col) { return col < hi; };
   float tile_max = -INFINITY;
   for (int j = 0; j < kStep / 2; ++j) {
     const int col = LaneCol(j);
@@ -443,8 +450,8 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
   PARAPLAN_DYNAMIC_SHARED(smem);
   const TokenLayout& l = shape.layout;
   const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
-  const int64_t q0 = (tiles - 1 - blockIdx.x) * kBlockRows;  // longest tiles first
-  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t q0 = (tiles - 1 - blockIdx.z) * kBlockRows;  // longest tiles first
+  const int64_t h = blockIdx.x, b = blockIdx.y;
   const int64_t kvh = h / (shape.q_heads / shape.kv_heads);
   const int warp = threadIdx.x / 32;
   float* scores = reinterpret_cast<float*>(smem + S::kScores) + warp * 16 * kSLd;
@@ -628,8 +635,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int kLd = D + 8;
   PARAPLAN_DYNAMIC_SHARED(smem);
   const TokenLayout& l = shape.layout;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // early keys: most queries
-  const int64_t kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.z) * kBlockRows;  // early keys: most queries
+  const int64_t kvh = blockIdx.x, b = blockIdx.y;
   const int64_t group = shape.q_heads / shape.kv_heads;
   const int warp = threadIdx.x / 32;
   float* scores = reinterpret_cast<float*>(smem + S::kScores) + warp * 16 * kSLd;
@@ -664,12 +671,12 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int n_hi = rows < kStep ? static_cast<int>((rows + 15) / 16) : kStepFrags;
         // Sᵀ_w = K_w · Qᵀ and dPᵀ_w = V_w · dOᵀ (16 keys × 64 queries).
         WarpScorePair<D>(scores, grads, kv, st.a, st.b, n_lo, n_hi);
+        // Unmasked columns: query q0 + col at or after the key, inside the sequence and the
+        // computed fragments.
+        const int lo = MaxInt(n_lo * 16, static_cast<int>(key - q0 < kStep ? key - q0 : kStep));
+        const int hi = key < l.seq ? ColumnsBelow(l.seq - q0, n_hi * 16) : 0;
         ProbabilitiesAndGrads(
-            scores, grads, true, shape.scale,
-            [&](int col) {
-              const int64_t qi = q0 + col;
-              return col >= n_lo * 16 && col < n_hi * 16 && key <= qi && qi < l.seq && key < l.seq;
-            },
+            scores, grads, true, shape.scale, [&](int col) { return col >= lo && col < hi; },
             [&](int col, float& lse_v, float& delta_v) {
               lse_v = st.lse[col];
               delta_v = st.delta[col];
@@ -706,8 +713,8 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
   PARAPLAN_DYNAMIC_SHARED(smem);
   const TokenLayout& l = shape.layout;
   const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
-  const int64_t q0 = (tiles - 1 - blockIdx.x) * kBlockRows;  // longest tiles first
-  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t q0 = (tiles - 1 - blockIdx.z) * kBlockRows;  // longest tiles first
+  const int64_t h = blockIdx.x, b = blockIdx.y;
   const int64_t kvh = h / (shape.q_heads / shape.kv_heads);
   const int warp = threadIdx.x / 32;
   float* scores = reinterpret_cast<float*>(smem + S::kScores) + warp * 16 * kSLd;
@@ -738,12 +745,12 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
         const int nf = static_cast<int>(keys < kStep ? (keys + 15) / 16 : kStepFrags);
         // S_w = Q_w · Kᵀ and dP_w = dO_w · Vᵀ (16 queries × 64 keys).
         WarpScorePair<D>(scores, grads, qdo, st.a, st.b, 0, nf);
+        // Unmasked columns: key k0 + col at or before the query, inside the sequence and the
+        // computed fragments.
+        const int64_t bound = query - k0 + 1 < l.seq - k0 ? query - k0 + 1 : l.seq - k0;
+        const int hi = query < l.seq ? ColumnsBelow(bound, nf * 16) : 0;
         ProbabilitiesAndGrads(
-            scores, grads, false, shape.scale,
-            [&](int col) {
-              const int64_t kj = k0 + col;
-              return col < nf * 16 && kj <= query && kj < l.seq && query < l.seq;
-            },
+            scores, grads, false, shape.scale, [&](int col) { return col < hi; },
             [&](int /*col*/, float& lse_v, float& delta_v) {
               lse_v = lse_row;
               delta_v = delta_row;
@@ -785,6 +792,16 @@ void CheckAttentionArguments(const TokenLayout& l, int64_t q_heads, int64_t kv_h
   }
 }
 
+// One block per (head, sequence, 128-row tile). Heads vary fastest and tiles slowest, so that
+// blocks start in order of their tile: the causal work per tile is uneven, and the kernels map
+// the first tiles to the longest work, which the GPU then schedules first (longest first keeps
+// the last wave short).
+dim3 AttentionGrid(const TokenLayout& l, int64_t heads) {
+  const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
+  return dim3(static_cast<unsigned>(heads), static_cast<unsigned>(l.batch),
+              static_cast<unsigned>(tiles));
+}
+
 template <int D, typename Kernel>
 void PrepareKernel(Kernel kernel, int bytes) {
   // Opt in to more than 48 KiB of dynamic shared memory (Hopper allows 227 KiB per block).
@@ -797,11 +814,8 @@ void LaunchForward(float* out, float* lse, const float* q, const float* k, const
                    const AttnShape& shape, cudaStream_t stream) {
   const int bytes = ForwardSmem<D>::kBytes;
   PrepareKernel<D>(AttentionForwardKernel<D>, bytes);
-  const int64_t tiles = (shape.layout.seq + kBlockRows - 1) / kBlockRows;
-  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.q_heads),
-            static_cast<unsigned>(shape.layout.batch));
-  PARAPLAN_LAUNCH(AttentionForwardKernel<D>, grid, kAttnThreads, bytes, stream, out, lse, q, k, v,
-                  shape);
+  PARAPLAN_LAUNCH(AttentionForwardKernel<D>, AttentionGrid(shape.layout, shape.q_heads),
+                  kAttnThreads, bytes, stream, out, lse, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -815,18 +829,13 @@ void LaunchBackward(float* dq, float* dk, float* dv, const float* dout, const fl
                   out, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   const int bytes = BackwardSmem<D>::kBytes;
-  const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
   PrepareKernel<D>(AttentionBackwardKeyValueKernel<D>, bytes);
-  dim3 kv_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.kv_heads),
-               static_cast<unsigned>(l.batch));
-  PARAPLAN_LAUNCH(AttentionBackwardKeyValueKernel<D>, kv_grid, kAttnThreads, bytes, stream, dk, dv,
-                  dout, lse, delta, q, k, v, shape);
+  PARAPLAN_LAUNCH(AttentionBackwardKeyValueKernel<D>, AttentionGrid(l, shape.kv_heads),
+                  kAttnThreads, bytes, stream, dk, dv, dout, lse, delta, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   PrepareKernel<D>(AttentionBackwardQueryKernel<D>, bytes);
-  dim3 q_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.q_heads),
-              static_cast<unsigned>(l.batch));
-  PARAPLAN_LAUNCH(AttentionBackwardQueryKernel<D>, q_grid, kAttnThreads, bytes, stream, dq, dout,
-                  lse, delta, q, k, v, shape);
+  PARAPLAN_LAUNCH(AttentionBackwardQueryKernel<D>, AttentionGrid(l, shape.q_heads), kAttnThreads,
+                  bytes, stream, dq, dout, lse, delta, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
