@@ -18,36 +18,41 @@
 // Why this shape (H100/H200, B = 8, T = 1024, H = 12, D = 64; the previous design used 64-row
 // blocks of 4 warps, reloaded Q and dO fragments from shared memory for every product, kept
 // the fp32 output rows in shared memory and rescaled them on every key tile, and loaded each
-// K/V tile between two barriers with nothing in flight):
+// K/V tile between two barriers with nothing in flight; it ran at about 21 TFLOP/s):
 //  - 128 rows per block: every streamed K/V (or Q/dO) tile serves twice the rows, so global/L2
 //    traffic and fp32→bf16 conversions per FLOP halve (per forward block and key tile: 32 KiB
-//    of fp32 K and V for 2 MFLOP instead of 1 MFLOP).
-//  - Operand fragments in registers: the block's own rows are read from shared memory once per
-//    kernel instead of once per product; the WMMA traffic per 16×16×16 product drops from two
-//    fragment loads to one (the streamed operand), halving shared-memory reads in the
-//    score products.
+//    of fp32 K and V for 2.1 MFLOP instead of 1.05 MFLOP).
+//  - Operand fragments in registers (head_dim ≤ 128 forward, ≤ 64 backward): the block's own
+//    rows are read from shared memory once per kernel instead of once per product, so a score
+//    product loads one fragment (the streamed operand) instead of two.
 //  - Output accumulators stay in fragments. The online softmax rescales O only when a row's
-//    running max grows by more than kRescaleSlack (P = exp(s − m) then stays ≤ e^8, exact in
-//    the same relative precision in bf16 and far from fp32 overflow); the rescale goes through
-//    shared memory but is rare (at most a handful of times per row on real data), instead of a
-//    16 × D fp32 read-modify-write through shared memory on every key tile.
+//    running max grows by more than kRescaleSlack (P = exp(s − m) then stays ≤ e^8: the same
+//    relative precision in bf16 and far from fp32 overflow; lse = m + log l is unchanged); the
+//    rescale goes through shared memory but is rare (on real data a row's max settles within a
+//    few tiles), instead of a 16 × D fp32 read-modify-write through shared memory per tile.
 //  - Software pipelining: the next tile's global loads are issued into registers before the
-//    current tile's products (head_dim ≤ 64, where 8 float4 per thread fit beside the
-//    accumulators) and written to the other stage afterwards: one barrier per tile instead of
-//    two, and the load latency overlaps the tensor-core work.
+//    current tile's products (forward and dK/dV at head_dim ≤ 64: 8 float4 per thread) and
+//    written to the other stage afterwards: one barrier per tile instead of two, and the load
+//    latency overlaps the tensor-core work. The dQ kernel loads after its products (registers
+//    kept for occupancy) and relies on its second resident block for the overlap.
 //  - Causal skipping: a warp whose 16 rows are all masked against a tile skips it, and a
-//    diagonal tile runs only the 16-column fragments that hold unmasked entries (about half of
-//    the diagonal tile's work).
-//  - Scores and probabilities are shared per warp only (no block barrier around the softmax),
-//    the bf16 probabilities overwrite their own fp32 scores in place, and the softmax lanes
-//    read interleaved columns (2-way instead of 4-way bank conflicts).
-//  - Occupancy: the forward and dQ kernels use about 106 KiB of shared memory at D = 64, so two
-//    blocks (16 warps) fit on an SM; dK/dV holds two accumulators per row and runs one block.
-// Expected effect at the measured shape: the forward moves about half the global bytes and a
-// third of the shared-memory bytes per FLOP and no longer waits on loads or on a shared
-// read-modify-write of O per tile; with the doubled tile work per barrier we expect it to go
-// from ~21 to 80–120 TFLOP/s (4–5×); the backward kernels gain the same way (3–4×), the delta
-// kernel is unchanged. bench/gpu/attention_bench measures each kernel.
+//    diagonal tile runs only the 16-column fragments that hold unmasked entries. The grid puts
+//    tiles in its slowest dimension, so the longest causal blocks start first.
+//  - Scores and probabilities are per warp (no block barrier around the softmax), the bf16
+//    probabilities overwrite their own fp32 scores in place, and the softmax lanes read
+//    interleaved columns (2-way instead of 4-way bank conflicts).
+//  - Occupancy (ptxas, sm_90, D = 64): forward and dQ 128 registers, 105 KiB of shared memory,
+//    two blocks (16 warps) per SM; dK/dV 228 registers (two accumulators and two operands per
+//    row), one block of 8 warps.
+// Shared-memory bytes per warp and 64-wide tile (32 HMMA 16×16×16 forward): before, Q and K
+// fragments 16 KiB, S written, rewritten and read 12 KiB, P 2 KiB, O rescaled and loaded/stored
+// 16 KiB, P and V fragments 16 KiB (≈ 62 KiB); now K fragments 8 KiB, S 4 + 8 KiB, P 2 + 2 KiB,
+// V fragments 8 KiB (≈ 32 KiB): about half, and global bytes per FLOP half. The old kernel was
+// latency-bound (12 resident warps per SM, a load round trip and two barriers per tile, the O
+// round trip in the critical path); the new one keeps 16 warps busy with loads in flight. At the
+// measured shape we expect the forward near 90–130 TFLOP/s (about 0.1–0.15 ms per layer, 4–6×),
+// dQ 3–4× and dK/dV about 3× faster (same changes, but dK/dV runs 8 warps per SM and dQ waits
+// on its loads), the delta kernel unchanged; bench/gpu/attention_bench measures each kernel.
 #include <mma.h>
 
 #include <cmath>
@@ -807,6 +812,10 @@ void PrepareKernel(Kernel kernel, int bytes) {
   // Opt in to more than 48 KiB of dynamic shared memory (Hopper allows 227 KiB per block).
   PARAPLAN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  // All of the SM's unified L1/shared storage as shared memory: two 105 KiB blocks per SM at
+  // head_dim 64 need it, and the kernels stream their global reads once (little L1 reuse).
+  PARAPLAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
 }
 
 template <int D>
