@@ -236,8 +236,8 @@ bool TimeProblem(const Problem& p, int repeats) {
       {"AttentionDeltaKernel", 0.0,
        [](const Problem& pp, const DeviceBuffers& dd, const AttnShape& s, dim3 /*g*/) {
          const int64_t items = pp.seq * pp.batch * pp.heads;
-         PARAPLAN_LAUNCH(AttentionDeltaKernel<64>, GridFor(items * 32), kThreads, 0, nullptr,
-                         dd.delta, dd.dout, dd.out, s);
+         PARAPLAN_LAUNCH(AttentionDeltaKernel<64>, GridFor(items * kDeltaLanes<64>), kThreads, 0,
+                         nullptr, dd.delta, dd.dout, dd.out, s);
        }},
       {"AttentionBackwardKeyValueKernel", 8 * half,
        [](const Problem& /*pp*/, const DeviceBuffers& dd, const AttnShape& s, dim3 g) {

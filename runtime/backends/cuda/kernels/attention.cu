@@ -506,24 +506,43 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
 // Backward
 // ---------------------------------------------------------------------------------------------
 
-// delta[b, h, s] = Σ_d dout · out (fp32), one warp per (token, head).
+// delta[b, h, s] = Σ_d dout · out (fp32). A group of kDeltaLanes lanes per (token, head) reads
+// the row with 16-byte loads (a warp covers 32 / kDeltaLanes adjacent heads, contiguous in
+// memory) and adds its partial sums with shuffles in a fixed order (deterministic).
+template <int D>
+constexpr int kDeltaLanes = D / 4 < 16 ? D / 4 : 16;
+
 template <int D>
 __global__ void AttentionDeltaKernel(float* delta, const float* dout, const float* out,
                                      AttnShape shape) {
+  constexpr int kLanes = kDeltaLanes<D>;
+  constexpr int kRowsPerWarp = 32 / kLanes;
   const TokenLayout& l = shape.layout;
   const int64_t total = l.seq * l.batch * shape.q_heads;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
-  for (int64_t item = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-       item < total; item += warps) {
+  const int sub = lane % kLanes;
+  // The warp's loop is uniform (every lane shuffles); items past the end add zeros.
+  for (int64_t first =
+           (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32 * kRowsPerWarp;
+       first < total; first += warps * kRowsPerWarp) {
+    const int64_t item = first + lane / kLanes;
     const int64_t h = item % shape.q_heads;
     const int64_t s = (item / shape.q_heads) % l.seq;
     const int64_t b = item / (shape.q_heads * l.seq);
-    const int64_t off = Offset<D>(l, s, b, h, shape.q_heads);
     float acc = 0.0f;
-    for (int c = lane; c < D; c += 32) acc += dout[off + c] * out[off + c];
-    acc = WarpSum(acc);
-    if (lane == 0) delta[(b * shape.q_heads + h) * l.seq + s] = acc;
+    if (item < total) {
+      const int64_t off = Offset<D>(l, s, b, h, shape.q_heads);
+      for (int c = sub * 4; c < D; c += kLanes * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(dout + off + c);
+        const float4 y = *reinterpret_cast<const float4*>(out + off + c);
+        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+      }
+    }
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+      acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    }
+    if (sub == 0 && item < total) delta[(b * shape.q_heads + h) * l.seq + s] = acc;
   }
 }
 
@@ -834,8 +853,8 @@ void LaunchBackward(float* dq, float* dk, float* dv, const float* dout, const fl
                     const AttnShape& shape, float* delta, cudaStream_t stream) {
   const TokenLayout& l = shape.layout;
   const int64_t items = l.seq * l.batch * shape.q_heads;
-  PARAPLAN_LAUNCH(AttentionDeltaKernel<D>, GridFor(items * 32), kThreads, 0, stream, delta, dout,
-                  out, shape);
+  PARAPLAN_LAUNCH(AttentionDeltaKernel<D>, GridFor(items * kDeltaLanes<D>), kThreads, 0, stream,
+                  delta, dout, out, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   const int bytes = BackwardSmem<D>::kBytes;
   PrepareKernel<D>(AttentionBackwardKeyValueKernel<D>, bytes);
