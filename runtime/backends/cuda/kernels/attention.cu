@@ -82,7 +82,8 @@ constexpr int kSLd = kStep + 4;                // fp32 warp tile leading dimensi
 constexpr int kP16Ld = 2 * kSLd;               // bf16 written over a fp32 warp tile, same rows
 constexpr int kWarpTileBytes = 16 * kSLd * 4;  // one warp's 16 × 64 fp32 tile
 constexpr int kAreaBytes = kWarps * kWarpTileBytes;
-constexpr float kRescaleSlack = 8.0f;  // see the notes above
+constexpr float kRescaleSlack = 8.0f;
+constexpr float kLog2e = 1.4426950408889634f;  // see the notes above
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
@@ -397,6 +398,8 @@ __device__ __forceinline__ void ForwardWarpStep(float* scores, float* spare, con
   const float alpha = rescale ? __expf(row.m - tile_max) : 1.0f;
   if (raise) row.m = tile_max;
   const float base = row.m == -INFINITY ? 0.0f : row.m;
+  // exp(s · scale − base) as one FMA and a base-2 exponential.
+  const float scale2 = scale * kLog2e, base2 = base * kLog2e;
 
   // P overwrites S in place (bf16 row r at the bytes of fp32 row r): columns 0..31 are written
   // only after every lane has read them, and columns 32..63 land on the bytes of columns 16..31.
@@ -406,7 +409,7 @@ __device__ __forceinline__ void ForwardWarpStep(float* scores, float* spare, con
     float p[kStep / 4];
     for (int j = 0; j < kStep / 4; ++j) {
       const int col = half * (kStep / 2) + LaneCol(j);
-      p[j] = valid(col) ? __expf(srow[col] * scale - base) : 0.0f;
+      p[j] = valid(col) ? exp2f(fmaf(srow[col], scale2, -base2)) : 0.0f;
       sum += p[j];
     }
     if (half == 0) __syncwarp();
@@ -635,7 +638,7 @@ __device__ __forceinline__ void ProbabilitiesAndGrads(float* scores, float* grad
       if (valid(col)) {
         float lse_v, delta_v;
         stats(col, lse_v, delta_v);
-        p[j] = __expf(srow[col] * scale - lse_v);
+        p[j] = exp2f(fmaf(srow[col], scale * kLog2e, -lse_v * kLog2e));
         ds[j] = p[j] * (grow[col] - delta_v) * scale;
       }
     }
