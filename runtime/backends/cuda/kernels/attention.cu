@@ -82,8 +82,8 @@ constexpr int kSLd = kStep + 4;                // fp32 warp tile leading dimensi
 constexpr int kP16Ld = 2 * kSLd;               // bf16 written over a fp32 warp tile, same rows
 constexpr int kWarpTileBytes = 16 * kSLd * 4;  // one warp's 16 × 64 fp32 tile
 constexpr int kAreaBytes = kWarps * kWarpTileBytes;
-constexpr float kRescaleSlack = 8.0f;
-constexpr float kLog2e = 1.4426950408889634f;  // see the notes above
+constexpr float kRescaleSlack = 8.0f;          // see the notes above
+constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
