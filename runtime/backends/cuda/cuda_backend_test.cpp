@@ -293,6 +293,48 @@ TEST_CASE("cuda backend: rotary embedding and flash attention, both token layout
   }
 }
 
+// Keys whose scores grow along the sequence, so that each query row's running max rises by more
+// than the forward kernel's rescaling slack on most key tiles (the rescaling path runs). The
+// inputs are exact in bf16 (q near 1 in steps of 1/8, k a ramp plus steps of 1/4), so the scores
+// match the host's up to fp32 sums and the usual tolerance holds despite scores up to about 60.
+TEST_CASE("cuda backend: flash attention whose running max keeps rising") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  for (int64_t head_dim : {16, 64, 192}) {
+    INFO("head_dim " << head_dim);
+    const int64_t seq = 200, batch = 1, qh = 2, kvh = 1;
+    const TokenLayout layout = TokenLayout::SeqMajor(seq, batch);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const float top = 60.0f / std::sqrt(static_cast<float>(head_dim));  // largest ramp value
+    std::mt19937 gen(70);
+    std::uniform_int_distribution<int> step(-2, 2);
+    std::vector<float> qv(seq * qh * head_dim), kv(seq * kvh * head_dim);
+    for (auto& x : qv) x = 1.0f + static_cast<float>(step(gen)) / 8.0f;
+    for (int64_t t = 0; t < seq; ++t) {
+      const float ramp = std::round(4.0f * top * static_cast<float>(t) / seq) / 4.0f;
+      for (int64_t i = 0; i < kvh * head_dim; ++i) {
+        kv[t * kvh * head_dim + i] = ramp + static_cast<float>(step(gen)) / 4.0f;
+      }
+    }
+    auto q = p.Upload(qv), k = p.Upload(kv);
+    auto v = p.Upload(Random(seq * kvh * head_dim, 71)),
+         dout = p.Upload(Random(seq * qh * head_dim, 72));
+    auto out = p.Zeros(q.n), lse = p.Zeros(qh * seq);
+    p.host->AttentionForward(out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
+    p.Gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
+    CHECK_CLOSE(p, out, 3e-2, 2e-2);
+    CHECK_CLOSE(p, lse, 3e-2, 2e-2);
+    auto dq = p.Zeros(q.n), dk = p.Zeros(k.n), dv = p.Zeros(v.n);
+    p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, layout, qh,
+                              kvh, head_dim, scale);
+    p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, layout, qh,
+                              kvh, head_dim, scale);
+    CHECK_CLOSE(p, dq, 3e-2, 3e-2);
+    CHECK_CLOSE(p, dk, 3e-2, 3e-2);
+    CHECK_CLOSE(p, dv, 3e-2, 3e-2);
+  }
+}
+
 TEST_CASE("cuda backend: ring attention chunk pairs, merge and backward match the host") {
   if (!GpuOrSkip()) return;
   Pair p;

@@ -1,16 +1,58 @@
 // Causal grouped-query attention, flash style, on bf16 tensor cores (WMMA 16×16×16, fp32
 // accumulation).
 //
-// Tiles of 64 queries × 64 keys; a block is 4 warps and each warp owns 16 rows of the tile. The
-// seq × seq score matrix never exists: the forward keeps a running max and sum per query row
-// (online softmax) and rescales its fp32 output rows in shared memory; it saves only the fp32
-// log-sum-exp per row. The backward recomputes the probabilities from the lse in two kernels
-// so that nothing is accumulated with atomics (deterministic): one block per key tile
-// accumulates dK and dV over the query heads of its group and the query tiles at or after it;
-// one block per query tile accumulates dQ over the key tiles at or before it.
+// A block owns 128 rows (queries in the forward and dQ kernels, keys in the dK/dV kernel) and
+// is 8 warps; warp w owns rows 16w .. 16w + 15 and keeps their operand fragments (Q, dO, K or
+// V rows) and their fp32 accumulators (O, dQ, dK, dV) in registers for the whole kernel. The
+// block streams 64-row tiles of the other side (K and V, or Q, dO and their row statistics)
+// through two shared-memory stages. The seq × seq score matrix never exists: the forward keeps
+// a running max and sum per query row (online softmax) and saves only the fp32 log-sum-exp per
+// row. The backward recomputes the probabilities from the lse in two kernels so that nothing
+// is accumulated with atomics (deterministic): one block per 128 keys accumulates dK and dV
+// over the query heads of its group and the query tiles at or after it; one block per 128
+// queries accumulates dQ over the key tiles at or before it.
 //
 // Inputs and outputs are fp32 in the backend's layout (rows × heads × head_dim, with the
-// TokenLayout's row mapping); tiles are rounded to bf16 when loaded into shared memory.
+// TokenLayout's row mapping); tiles are rounded to bf16 when they are written to shared memory.
+//
+// Why this shape (H100/H200, B = 8, T = 1024, H = 12, D = 64; the previous design used 64-row
+// blocks of 4 warps, reloaded Q and dO fragments from shared memory for every product, kept
+// the fp32 output rows in shared memory and rescaled them on every key tile, and loaded each
+// K/V tile between two barriers with nothing in flight; it ran at about 21 TFLOP/s):
+//  - 128 rows per block: every streamed K/V (or Q/dO) tile serves twice the rows, so global/L2
+//    traffic and fp32→bf16 conversions per FLOP halve (per forward block and key tile: 32 KiB
+//    of fp32 K and V for 2.1 MFLOP instead of 1.05 MFLOP).
+//  - Operand fragments in registers (head_dim ≤ 128 forward, ≤ 64 backward): the block's own
+//    rows are read from shared memory once per kernel instead of once per product, so a score
+//    product loads one fragment (the streamed operand) instead of two.
+//  - Output accumulators stay in fragments. The online softmax rescales O only when a row's
+//    running max grows by more than kRescaleSlack (P = exp(s − m) then stays ≤ e^8: the same
+//    relative precision in bf16 and far from fp32 overflow; lse = m + log l is unchanged); the
+//    rescale goes through shared memory but is rare (on real data a row's max settles within a
+//    few tiles), instead of a 16 × D fp32 read-modify-write through shared memory per tile.
+//  - Software pipelining: the next tile's global loads are issued into registers before the
+//    current tile's products (forward and dK/dV at head_dim ≤ 64: 8 float4 per thread) and
+//    written to the other stage afterwards: one barrier per tile instead of two, and the load
+//    latency overlaps the tensor-core work. The dQ kernel loads after its products (registers
+//    kept for occupancy) and relies on its second resident block for the overlap.
+//  - Causal skipping: a warp whose 16 rows are all masked against a tile skips it, and a
+//    diagonal tile runs only the 16-column fragments that hold unmasked entries. The grid puts
+//    tiles in its slowest dimension, so the longest causal blocks start first.
+//  - Scores and probabilities are per warp (no block barrier around the softmax), the bf16
+//    probabilities overwrite their own fp32 scores in place, and the softmax lanes read
+//    interleaved columns (2-way instead of 4-way bank conflicts).
+//  - Occupancy (ptxas, sm_90, D = 64): forward and dQ 128 registers, 105 KiB of shared memory,
+//    two blocks (16 warps) per SM; dK/dV 228 registers (two accumulators and two operands per
+//    row), one block of 8 warps.
+// Shared-memory bytes per warp and 64-wide tile (32 HMMA 16×16×16 forward): before, Q and K
+// fragments 16 KiB, S written, rewritten and read 12 KiB, P 2 KiB, O rescaled and loaded/stored
+// 16 KiB, P and V fragments 16 KiB (≈ 62 KiB); now K fragments 8 KiB, S 4 + 8 KiB, P 2 + 2 KiB,
+// V fragments 8 KiB (≈ 32 KiB): about half, and global bytes per FLOP half. The old kernel was
+// latency-bound (12 resident warps per SM, a load round trip and two barriers per tile, the O
+// round trip in the critical path); the new one keeps 16 warps busy with loads in flight. At the
+// measured shape we expect the forward near 90–130 TFLOP/s (about 0.1–0.15 ms per layer, 4–6×),
+// dQ 3–4× and dK/dV about 3× faster (same changes, but dK/dV runs 8 warps per SM and dQ waits
+// on its loads), the delta kernel unchanged; bench/gpu/attention_bench measures each kernel.
 #include <mma.h>
 
 #include <cmath>
@@ -31,11 +73,17 @@ namespace {
 
 using namespace nvcuda;
 
-constexpr int kTile = 64;  // queries and keys per tile
-constexpr int kWarps = 4;  // each warp owns 16 rows of a tile
-constexpr int kAttnThreads = kWarps * 32;
-constexpr int kSLd = kTile + 4;  // fp32 score tile leading dimension
-constexpr int kPLd = kTile + 8;  // bf16 probability tile leading dimension
+constexpr int kBlockRows = 128;                // rows a block owns (queries or keys)
+constexpr int kWarps = kBlockRows / 16;        // warp w owns rows 16w .. 16w + 15
+constexpr int kAttnThreads = kWarps * 32;      // 256
+constexpr int kStep = 64;                      // rows of a streamed tile (keys or queries)
+constexpr int kStepFrags = kStep / 16;         // its 16-row fragments
+constexpr int kSLd = kStep + 4;                // fp32 warp tile leading dimension
+constexpr int kP16Ld = 2 * kSLd;               // bf16 written over a fp32 warp tile, same rows
+constexpr int kWarpTileBytes = 16 * kSLd * 4;  // one warp's 16 × 64 fp32 tile
+constexpr int kAreaBytes = kWarps * kWarpTileBytes;
+constexpr float kRescaleSlack = 8.0f;          // see the notes above
+constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
@@ -50,6 +98,8 @@ struct AttnShape {
 };
 
 __host__ __device__ constexpr int RoundUp128(int bytes) { return (bytes + 127) / 128 * 128; }
+__host__ __device__ constexpr int MinInt(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int MaxInt(int a, int b) { return a > b ? a : b; }
 
 // Element (token s of sequence b, head h) of a rows × heads × D tensor.
 template <int D>
@@ -58,23 +108,235 @@ __device__ __forceinline__ int64_t Offset(const TokenLayout& l, int64_t s, int64
   return ((s * l.seq_stride + b * l.batch_stride) * heads + h) * D;
 }
 
-// Loads 64 rows (tokens t0..t0+63 of sequence b, head h) of a fp32 tensor into a bf16 tile
-// [64][D + 8]; rows past the sequence are zero.
+__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* dst, float4 v) {
+  __nv_bfloat162* d2 = reinterpret_cast<__nv_bfloat162*>(dst);
+  d2[0] = __floats2bfloat162_rn(v.x, v.y);
+  d2[1] = __floats2bfloat162_rn(v.z, v.w);
+}
+
+// Loads 16 rows (tokens t0..t0+15 of sequence b, head h) of a fp32 tensor into a bf16 tile with
+// leading dimension ld, by one warp; rows past the sequence are zero.
 template <int D>
-__device__ void LoadTile(__nv_bfloat16* tile, const float* src, const TokenLayout& l, int64_t t0,
-                         int64_t b, int64_t h, int64_t heads) {
-  constexpr int kLd = D + 8;
-  constexpr int kVecPerRow = D / 4;
-  for (int idx = threadIdx.x; idx < kTile * kVecPerRow; idx += blockDim.x) {
-    const int r = idx / kVecPerRow, c = (idx % kVecPerRow) * 4;
+__device__ void LoadWarpRows(__nv_bfloat16* tile, int ld, const float* src, const TokenLayout& l,
+                             int64_t t0, int64_t b, int64_t h, int64_t heads) {
+  const int lane = threadIdx.x % 32;
+  for (int idx = lane; idx < 16 * (D / 4); idx += 32) {
+    const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
     const int64_t t = t0 + r;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (t < l.seq) v = *reinterpret_cast<const float4*>(src + Offset<D>(l, t, b, h, heads) + c);
-    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(tile + r * kLd + c);
-    dst[0] = __floats2bfloat162_rn(v.x, v.y);
-    dst[1] = __floats2bfloat162_rn(v.z, v.w);
+    StoreBf16x4(tile + r * ld + c, v);
   }
 }
+
+// The A fragments (16 × D, bf16) of a warp's own rows: in registers when kInRegs, else read
+// from a shared tile on every use (large head_dim, where registers would spill).
+template <int D, bool kInRegs>
+struct WarpRowFrags;
+
+template <int D>
+struct WarpRowFrags<D, true> {
+  FragA f[D / 16];
+  __device__ void Init(const __nv_bfloat16* tile, int ld) {
+    for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(f[kk], tile + kk * 16, ld);
+  }
+  __device__ const FragA& At(int kk, FragA& /*scratch*/) const { return f[kk]; }
+};
+
+template <int D>
+struct WarpRowFrags<D, false> {
+  const __nv_bfloat16* tile;
+  int ld;
+  __device__ void Init(const __nv_bfloat16* t, int l) {
+    tile = t;
+    ld = l;
+  }
+  __device__ const FragA& At(int kk, FragA& scratch) const {
+    wmma::load_matrix_sync(scratch, tile + kk * 16, ld);
+    return scratch;
+  }
+};
+
+// One shared-memory stage of the streamed side: two bf16 tiles [64][D + 8] (K and V, or Q and
+// dO) and, for dK/dV, the lse and delta of the 64 query rows.
+template <int D>
+struct StageLayout {
+  static constexpr int kLd = D + 8;
+  static constexpr int kTileBytes = RoundUp128(kStep * kLd * 2);
+  static constexpr int kA = 0;
+  static constexpr int kB = kTileBytes;
+  static constexpr int kLse = 2 * kTileBytes;
+  static constexpr int kDelta = kLse + kStep * 4;
+  static constexpr int kBytes = kLse + RoundUp128(2 * kStep * 4);
+  // Two stages where they fit beside the warp areas and resident tiles; one past head_dim 128.
+  static constexpr int kStages = D <= 128 ? 2 : 1;
+};
+
+struct Stage {
+  __nv_bfloat16 *a, *b;
+  float *lse, *delta;
+};
+
+template <int D>
+__device__ __forceinline__ Stage StageAt(unsigned char* base, int index) {
+  using L = StageLayout<D>;
+  unsigned char* s = base + index * L::kBytes;
+  return Stage{reinterpret_cast<__nv_bfloat16*>(s + L::kA),
+               reinterpret_cast<__nv_bfloat16*>(s + L::kB), reinterpret_cast<float*>(s + L::kLse),
+               reinterpret_cast<float*>(s + L::kDelta)};
+}
+
+// Where a streamed tile comes from: rows t0..t0+63 of sequence b, head h of two tensors, and
+// optionally their lse and delta (row statistics at stat_base + t).
+struct StepSource {
+  const float* a;
+  const float* b;
+  int64_t heads;
+  const float* lse;  // nullptr: no statistics
+  const float* delta;
+};
+
+// Streams 64-row tiles into the stages. Fetch(t0, h) starts the loads of the next tile (into
+// registers when kPrefetch); Commit(stage) converts and writes it to shared memory. Every
+// thread of the block takes part.
+template <int D, bool kPrefetchInRegs>
+class StepLoader {
+ public:
+  static constexpr int kPerTensor = kStep * (D / 4) / kAttnThreads;  // float4 per thread
+  static constexpr bool kPrefetch = kPrefetchInRegs;
+  static_assert(kStep * (D / 4) % kAttnThreads == 0, "tile does not split over the threads");
+
+  __device__ StepLoader(const StepSource& src, const TokenLayout& l, int64_t b)
+      : src_(src), l_(l), batch_(b) {}
+
+  __device__ void Fetch(int64_t t0, int64_t h, int64_t stat_base) {
+    t0_ = t0;
+    h_ = h;
+    stat_base_ = stat_base;
+    if constexpr (kPrefetch) {
+      for (int i = 0; i < kPerTensor; ++i) {
+        a_[i] = Load(src_.a, i);
+        b_[i] = Load(src_.b, i);
+      }
+      stat_ = LoadStat();
+    }
+  }
+
+  __device__ void Commit(const Stage& st) {
+    constexpr int kLd = D + 8;
+    for (int i = 0; i < kPerTensor; ++i) {
+      const int idx = threadIdx.x + i * kAttnThreads;
+      const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
+      if constexpr (kPrefetch) {
+        StoreBf16x4(st.a + r * kLd + c, a_[i]);
+        StoreBf16x4(st.b + r * kLd + c, b_[i]);
+      } else {
+        StoreBf16x4(st.a + r * kLd + c, Load(src_.a, i));
+        StoreBf16x4(st.b + r * kLd + c, Load(src_.b, i));
+      }
+    }
+    if (src_.lse != nullptr && threadIdx.x < 2 * kStep) {
+      const float v = kPrefetch ? stat_ : LoadStat();
+      if (threadIdx.x < kStep) {
+        st.lse[threadIdx.x] = v;
+      } else {
+        st.delta[threadIdx.x - kStep] = v;
+      }
+    }
+  }
+
+ private:
+  __device__ float4 Load(const float* p, int i) const {
+    const int idx = threadIdx.x + i * kAttnThreads;
+    const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
+    const int64_t t = t0_ + r;
+    if (t >= l_.seq) return make_float4(0.f, 0.f, 0.f, 0.f);
+    return *reinterpret_cast<const float4*>(p + Offset<D>(l_, t, batch_, h_, src_.heads) + c);
+  }
+  // Threads 0..63 read lse, 64..127 delta; rows past the sequence get 0 (their P is masked).
+  __device__ float LoadStat() const {
+    if (src_.lse == nullptr || threadIdx.x >= 2 * kStep) return 0.0f;
+    const int r = threadIdx.x % kStep;
+    const int64_t t = t0_ + r;
+    if (t >= l_.seq) return 0.0f;
+    return (threadIdx.x < kStep ? src_.lse : src_.delta)[stat_base_ + t];
+  }
+
+  StepSource src_;
+  TokenLayout l_;
+  int64_t batch_;
+  int64_t t0_ = 0, h_ = 0, stat_base_ = 0;
+  float4 a_[kPrefetch ? kPerTensor : 1];
+  float4 b_[kPrefetch ? kPerTensor : 1];
+  float stat_ = 0.0f;
+};
+
+// Writes a warp's 16 rows × D of accumulator fragments (rows t0.. of sequence b, head h) through
+// its fp32 warp tile, 64 columns at a time, each row multiplied by `row_scale` (lane 2r holds
+// row r's factor).
+template <int D>
+__device__ void StoreWarpRows(float* dst, const TokenLayout& l, int64_t t0, int64_t b, int64_t h,
+                              int64_t heads, const FragC (&acc)[D / 16], float* tile,
+                              float row_scale) {
+  constexpr int kChunk = MinInt(kStepFrags, D / 16);  // fragments per pass
+  const int lane = threadIdx.x % 32;
+  for (int n0 = 0; n0 < D / 16; n0 += kChunk) {
+    __syncwarp();
+    for (int n = 0; n < kChunk; ++n) {
+      wmma::store_matrix_sync(tile + n * 16, acc[n0 + n], kSLd, wmma::mem_row_major);
+    }
+    __syncwarp();
+    constexpr int kVecPerRow = kChunk * 4;
+    for (int idx = lane; idx < 16 * kVecPerRow; idx += 32) {
+      const int r = idx / kVecPerRow, c = (idx % kVecPerRow) * 4;
+      const float f = __shfl_sync(0xffffffffu, row_scale, 2 * r);
+      const int64_t t = t0 + r;
+      if (t >= l.seq) continue;
+      const float* s = tile + r * kSLd + c;
+      *reinterpret_cast<float4*>(dst + Offset<D>(l, t, b, h, heads) + n0 * 16 + c) =
+          make_float4(s[0] * f, s[1] * f, s[2] * f, s[3] * f);
+    }
+  }
+}
+
+// The streaming loop shared by the three kernels: tiles 0..count-1, where `locate(i, t0, h,
+// stat_base)` names tile i's source and `step(stage)` runs the warps' work on a resident tile.
+// The next tile is fetched before the current one's products and committed after them; one
+// barrier per tile (two with a single stage).
+template <int D, typename Loader, typename Locate, typename Step>
+__device__ void StreamTiles(unsigned char* stages, Loader& loader, int64_t count, Locate locate,
+                            Step step) {
+  constexpr int kStages = StageLayout<D>::kStages;
+  int64_t t0 = 0, h = 0, stat_base = 0;
+  locate(0, t0, h, stat_base);
+  loader.Fetch(t0, h, stat_base);
+  loader.Commit(StageAt<D>(stages, 0));
+  __syncthreads();
+  for (int64_t i = 0; i < count; ++i) {
+    const bool more = i + 1 < count;
+    if (more) {
+      locate(i + 1, t0, h, stat_base);
+      loader.Fetch(t0, h, stat_base);
+    }
+    step(StageAt<D>(stages, static_cast<int>(i % kStages)), i);
+    if (more) {
+      if constexpr (kStages == 1) __syncthreads();
+      loader.Commit(StageAt<D>(stages, static_cast<int>((i + 1) % kStages)));
+    }
+    __syncthreads();
+  }
+}
+
+// The softmax lanes: two per row of the warp's 16 (row lane / 2); lane half h covers the
+// interleaved columns 2j + h of a 64-column tile (fewer shared-memory bank conflicts than two
+// contiguous halves).
+// min(max(bound, 0), limit): how many of the columns 0..limit-1 lie below `bound`.
+__device__ __forceinline__ int ColumnsBelow(int64_t bound, int limit) {
+  return bound <= 0 ? 0 : (bound < limit ? static_cast<int>(bound) : limit);
+}
+
+__device__ __forceinline__ int LaneRow() { return (threadIdx.x % 32) / 2; }
+__device__ __forceinline__ int LaneCol(int j) { return 2 * j + threadIdx.x % 2; }
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -82,482 +344,459 @@ __device__ void LoadTile(__nv_bfloat16* tile, const float* src, const TokenLayou
 
 template <int D>
 struct ForwardSmem {
-  static constexpr int kLd = D + 8;   // bf16 tiles
-  static constexpr int kOLd = D + 4;  // fp32 output rows
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + RoundUp128(kTile * kLd * 2);
-  static constexpr int kV = kK + RoundUp128(kTile * kLd * 2);
-  static constexpr int kS = kV + RoundUp128(kTile * kLd * 2);
-  static constexpr int kP = kS + RoundUp128(kTile * kSLd * 4);
-  static constexpr int kO = kP + RoundUp128(kTile * kPLd * 2);
-  static constexpr int kM = kO + RoundUp128(kTile * kOLd * 4);
-  static constexpr int kL = kM + RoundUp128(kTile * 4);
-  static constexpr int kBytes = kL + RoundUp128(kTile * 4);
+  static constexpr bool kQInRegs = D <= 128;
+  static constexpr int kScores = 0;          // per warp: scores, then probabilities
+  static constexpr int kSpare = kAreaBytes;  // per warp: O rescaling and output staging
+  static constexpr int kStages = 2 * kAreaBytes;
+  static constexpr int kQ = kStages + StageLayout<D>::kStages * StageLayout<D>::kBytes;
+  static constexpr int kBytes = kQ + (kQInRegs ? 0 : RoundUp128(kBlockRows * (D + 8) * 2));
 };
 
-// The forward kernel's tiles in shared memory (offsets in ForwardSmem).
-struct ForwardTiles {
-  __nv_bfloat16 *qs, *ks, *vs;  // Q, K and V tiles
-  float* ss;                    // the warp rows' scores, fp32
-  __nv_bfloat16* ps;            // their probabilities, bf16
-  float* os;                    // the unnormalised output rows, fp32
-  float *row_m, *row_l;         // running max and sum per query row
+// The lane's online-softmax state for its row: running max (lazily raised) and sum.
+struct RowState {
+  float m = -INFINITY;
+  float l = 0.0f;
 };
 
-template <int D>
-__device__ __forceinline__ ForwardTiles ForwardTilesAt(unsigned char* smem) {
-  using S = ForwardSmem<D>;
-  return ForwardTiles{reinterpret_cast<__nv_bfloat16*>(smem + S::kQ),
-                      reinterpret_cast<__nv_bfloat16*>(smem + S::kK),
-                      reinterpret_cast<__nv_bfloat16*>(smem + S::kV),
-                      reinterpret_cast<float*>(smem + S::kS),
-                      reinterpret_cast<__nv_bfloat16*>(smem + S::kP),
-                      reinterpret_cast<float*>(smem + S::kO),
-                      reinterpret_cast<float*>(smem + S::kM),
-                      reinterpret_cast<float*>(smem + S::kL)};
-}
-
-// dst_w = A_w · Bᵀ (16 × 64, fp32): the warp's 16 rows of the bf16 tile `a` against the 64 rows
-// of the bf16 tile `b`, both [64][D + 8].
-template <int D>
-__device__ __forceinline__ void WarpRowsTimesTileT(float* dst, const __nv_bfloat16* a,
-                                                   const __nv_bfloat16* b, int warp) {
+// One key tile for a warp: S = Q_w · Kᵀ over the `nf` key fragments that hold unmasked entries,
+// online softmax with lazy rescaling, O_w += P · V.
+template <int D, typename QFrags>
+__device__ __forceinline__ void ForwardWarpStep(float* scores, float* spare, const Stage& st,
+                                                const QFrags& qf, FragC (&o)[D / 16], RowState& row,
+                                                int nf, int64_t k0, int64_t query, int64_t seq,
+                                                float scale) {
   constexpr int kLd = D + 8;
-  for (int n = 0; n < kTile / 16; ++n) {
+  for (int n = 0; n < kStepFrags; ++n) {
+    if (n >= nf) break;
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
     for (int kk = 0; kk < D / 16; ++kk) {
-      FragA fa;
+      FragA scratch;
       FragBT bt;
-      wmma::load_matrix_sync(fa, a + warp * 16 * kLd + kk * 16, kLd);
-      wmma::load_matrix_sync(bt, b + n * 16 * kLd + kk * 16, kLd);
-      wmma::mma_sync(acc, fa, bt, acc);
+      wmma::load_matrix_sync(bt, st.a + n * 16 * kLd + kk * 16, kLd);
+      wmma::mma_sync(acc, qf.At(kk, scratch), bt, acc);
     }
-    wmma::store_matrix_sync(dst + warp * 16 * kSLd + n * 16, acc, kSLd, wmma::mem_row_major);
+    wmma::store_matrix_sync(scores + n * 16, acc, kSLd, wmma::mem_row_major);
   }
-}
+  __syncwarp();
 
-// The lane's share of the online softmax: two lanes per row of the warp's 16 (`row` of the
-// tile, query `query`), each covering 32 key columns (`half`) of the tile at key k0.
-struct SoftmaxLane {
-  int row;
-  int half;
-  int64_t query;
-};
-
-// Online softmax of the lane's row over the key tile at k0: masks and scales its scores, writes
-// the bf16 probabilities against the new running max, and rescales the output row and the
-// running sum by how far the max moved.
-template <int D>
-__device__ __forceinline__ void OnlineSoftmaxStep(const ForwardTiles& t, const SoftmaxLane& lane,
-                                                  int64_t k0, int64_t seq, float scale) {
-  float* srow = t.ss + lane.row * kSLd + lane.half * 32;
+  const int r = LaneRow();
+  const float* srow = scores + r * kSLd;
+  // Unmasked columns: key k0 + col at or before the query, inside the sequence and the fragments.
+  const int hi = ColumnsBelow(query - k0 + 1 < seq - k0 ? query - k0 + 1 : seq - k0, nf * 16);
+  auto valid = [&](int col) { return col < hi; };
   float tile_max = -INFINITY;
-  for (int j = 0; j < 32; ++j) {
-    const int64_t kj = k0 + lane.half * 32 + j;
-    const bool valid = kj <= lane.query && kj < seq;
-    const float s = valid ? srow[j] * scale : -INFINITY;
-    srow[j] = s;
-    tile_max = fmaxf(tile_max, s);
+  for (int j = 0; j < kStep / 2; ++j) {
+    const int col = LaneCol(j);
+    if (valid(col)) tile_max = fmaxf(tile_max, srow[col] * scale);
   }
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-  const float m_old = t.row_m[lane.row];
-  const float m_new = fmaxf(m_old, tile_max);
-  const float base = m_new == -INFINITY ? 0.0f : m_new;
+  // Raise the max only when it moved by more than the slack; O needs rescaling only then and
+  // only if it holds anything (a row whose max was -inf has O = 0 and l = 0).
+  const bool raise = tile_max > row.m + kRescaleSlack;
+  const bool rescale = raise && row.m != -INFINITY;
+  const float alpha = rescale ? __expf(row.m - tile_max) : 1.0f;
+  if (raise) row.m = tile_max;
+  const float base = row.m == -INFINITY ? 0.0f : row.m;
+  // exp(s · scale − base) as one FMA and a base-2 exponential.
+  const float scale2 = scale * kLog2e, base2 = base * kLog2e;
+
+  // P overwrites S in place (bf16 row r at the bytes of fp32 row r): columns 0..31 are written
+  // only after every lane has read them, and columns 32..63 land on the bytes of columns 16..31.
+  __nv_bfloat16* prow = reinterpret_cast<__nv_bfloat16*>(scores) + r * kP16Ld;
   float sum = 0.0f;
-  __nv_bfloat16* prow = t.ps + lane.row * kPLd + lane.half * 32;
-  for (int j = 0; j < 32; ++j) {
-    const float p = srow[j] == -INFINITY ? 0.0f : __expf(srow[j] - base);
-    sum += p;
-    prow[j] = __float2bfloat16_rn(p);
+  for (int half = 0; half < 2; ++half) {
+    float p[kStep / 4];
+    for (int j = 0; j < kStep / 4; ++j) {
+      const int col = half * (kStep / 2) + LaneCol(j);
+      p[j] = valid(col) ? exp2f(fmaf(srow[col], scale2, -base2)) : 0.0f;
+      sum += p[j];
+    }
+    if (half == 0) __syncwarp();
+    for (int j = 0; j < kStep / 4; ++j) {
+      prow[half * (kStep / 2) + LaneCol(j)] = __float2bfloat16_rn(p[j]);
+    }
   }
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - base);
-  float* orow = t.os + lane.row * ForwardSmem<D>::kOLd + lane.half * (D / 2);
-  for (int c = 0; c < D / 2; ++c) orow[c] *= alpha;
-  __syncwarp();
-  if (lane.half == 0) {
-    t.row_m[lane.row] = m_new;
-    t.row_l[lane.row] = t.row_l[lane.row] * alpha + sum;
-  }
-  __syncwarp();
-}
+  row.l = row.l * alpha + sum;
 
-// O_w += P_w · V (16 × D).
-template <int D>
-__device__ __forceinline__ void AccumulateOutputRows(const ForwardTiles& t, int warp) {
-  using S = ForwardSmem<D>;
-  for (int n = 0; n < D / 16; ++n) {
-    FragC acc;
-    wmma::load_matrix_sync(acc, t.os + warp * 16 * S::kOLd + n * 16, S::kOLd, wmma::mem_row_major);
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      FragA a;
-      FragB bv;
-      wmma::load_matrix_sync(a, t.ps + warp * 16 * kPLd + kk * 16, kPLd);
-      wmma::load_matrix_sync(bv, t.vs + kk * 16 * S::kLd + n * 16, S::kLd);
-      wmma::mma_sync(acc, a, bv, acc);
+  if (__any_sync(0xffffffffu, rescale)) {
+    constexpr int kChunk = MinInt(kStepFrags, D / 16);
+    for (int n0 = 0; n0 < D / 16; n0 += kChunk) {
+      for (int n = 0; n < kChunk; ++n) {
+        wmma::store_matrix_sync(spare + n * 16, o[n0 + n], kSLd, wmma::mem_row_major);
+      }
+      __syncwarp();
+      for (int j = 0; j < kChunk * 8; ++j) spare[r * kSLd + LaneCol(j)] *= alpha;
+      __syncwarp();
+      for (int n = 0; n < kChunk; ++n) {
+        wmma::load_matrix_sync(o[n0 + n], spare + n * 16, kSLd, wmma::mem_row_major);
+      }
+      __syncwarp();
     }
-    wmma::store_matrix_sync(t.os + warp * 16 * S::kOLd + n * 16, acc, S::kOLd, wmma::mem_row_major);
+  }
+  __syncwarp();
+
+  for (int kk = 0; kk < kStepFrags; ++kk) {
+    if (kk >= nf) break;
+    FragA a;
+    wmma::load_matrix_sync(a, reinterpret_cast<const __nv_bfloat16*>(scores) + kk * 16, kP16Ld);
+    for (int n = 0; n < D / 16; ++n) {
+      FragB bv;
+      wmma::load_matrix_sync(bv, st.b + kk * 16 * kLd + n * 16, kLd);
+      wmma::mma_sync(o[n], a, bv, o[n]);
+    }
   }
 }
 
-// Normalises and writes the rows of the query tile at q0 (sequence b, head h); lse = m + log(l).
+// One block per (128-query tile, q head, sequence); warp w owns queries q0 + 16w .. q0 + 16w + 15.
 template <int D>
-__device__ __forceinline__ void WriteForwardRows(float* out, float* lse, const ForwardTiles& t,
-                                                 const AttnShape& shape, int64_t q0, int64_t b,
-                                                 int64_t h) {
-  const TokenLayout& l = shape.layout;
-  for (int idx = threadIdx.x; idx < kTile * (D / 4); idx += blockDim.x) {
-    const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
-    const int64_t tok = q0 + r;
-    if (tok >= l.seq) continue;
-    const float inv = 1.0f / t.row_l[r];
-    const float* o = t.os + r * ForwardSmem<D>::kOLd + c;
-    *reinterpret_cast<float4*>(out + Offset<D>(l, tok, b, h, shape.q_heads) + c) =
-        make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
-  }
-  for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
-    const int64_t tok = q0 + r;
-    if (tok < l.seq) lse[(b * shape.q_heads + h) * l.seq + tok] = t.row_m[r] + logf(t.row_l[r]);
-  }
-}
-
-// One block per (query tile, q head, sequence); warp w owns queries q0 + 16w .. q0 + 16w + 15.
-template <int D>
-__global__ void __launch_bounds__(kAttnThreads)
+__global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
     AttentionForwardKernel(float* out, float* lse, const float* q, const float* k, const float* v,
                            AttnShape shape) {
+  using S = ForwardSmem<D>;
   PARAPLAN_DYNAMIC_SHARED(smem);
-  const ForwardTiles t = ForwardTilesAt<D>(smem);
-
   const TokenLayout& l = shape.layout;
-  const int64_t tiles = (l.seq + kTile - 1) / kTile;
-  const int64_t qt = tiles - 1 - blockIdx.x;  // longest tiles first
-  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
+  const int64_t q0 = (tiles - 1 - blockIdx.z) * kBlockRows;  // longest tiles first
+  const int64_t h = blockIdx.x, b = blockIdx.y;
   const int64_t kvh = h / (shape.q_heads / shape.kv_heads);
-  const int64_t q0 = qt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  float* scores = reinterpret_cast<float*>(smem + S::kScores) + warp * 16 * kSLd;
+  float* spare = reinterpret_cast<float*>(smem + S::kSpare) + warp * 16 * kSLd;
+  const int64_t w0 = q0 + warp * 16;  // the warp's first query
+  const int64_t query = w0 + LaneRow();
 
-  LoadTile<D>(t.qs, q, l, q0, b, h, shape.q_heads);
-  for (int i = threadIdx.x; i < kTile * ForwardSmem<D>::kOLd; i += blockDim.x) t.os[i] = 0.0f;
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    t.row_m[i] = -INFINITY;
-    t.row_l[i] = 0.0f;
-  }
-
-  const int my_row = warp * 16 + lane / 2;
-  const SoftmaxLane softmax_lane{my_row, lane % 2, q0 + my_row};
-  for (int64_t kt = 0; kt <= qt; ++kt) {
-    const int64_t k0 = kt * kTile;
-    __syncthreads();  // previous tile fully consumed
-    LoadTile<D>(t.ks, k, l, k0, b, kvh, shape.kv_heads);
-    LoadTile<D>(t.vs, v, l, k0, b, kvh, shape.kv_heads);
-    __syncthreads();
-    WarpRowsTimesTileT<D>(t.ss, t.qs, t.ks, warp);  // S_w = Q_w · Kᵀ (16 × 64)
+  // The warp's Q rows: staged in its score tile and held in registers, or resident.
+  WarpRowFrags<D, S::kQInRegs> qf;
+  {
+    constexpr int kLd = D + 8;
+    __nv_bfloat16* staging = S::kQInRegs
+                                 ? reinterpret_cast<__nv_bfloat16*>(scores)
+                                 : reinterpret_cast<__nv_bfloat16*>(smem + S::kQ) + warp * 16 * kLd;
+    LoadWarpRows<D>(staging, kLd, q, l, w0, b, h, shape.q_heads);
     __syncwarp();
-    OnlineSoftmaxStep<D>(t, softmax_lane, k0, l.seq, shape.scale);
-    AccumulateOutputRows<D>(t, warp);
+    qf.Init(staging, kLd);
+    __syncwarp();
   }
-  __syncthreads();
-  WriteForwardRows<D>(out, lse, t, shape, q0, b, h);
+  FragC o[D / 16];
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(o[n], 0.0f);
+  RowState row;
+
+  const int64_t last_key = (q0 + kBlockRows < l.seq ? q0 + kBlockRows : l.seq) - 1;
+  StepLoader<D, (D <= 64)> loader(StepSource{k, v, shape.kv_heads, nullptr, nullptr}, l, b);
+  StreamTiles<D>(
+      smem + S::kStages, loader, last_key / kStep + 1,
+      [&](int64_t i, int64_t& t0, int64_t& hh, int64_t& /*stat_base*/) {
+        t0 = i * kStep;
+        hh = kvh;
+      },
+      [&](const Stage& st, int64_t i) {
+        const int64_t k0 = i * kStep;
+        if (w0 >= l.seq || k0 > w0 + 15) return;  // every row of the warp masked
+        const int64_t keys = (w0 + 16 < l.seq ? w0 + 16 : l.seq) - k0;
+        const int nf = static_cast<int>(keys < kStep ? (keys + 15) / 16 : kStepFrags);
+        ForwardWarpStep<D>(scores, spare, st, qf, o, row, nf, k0, query, l.seq, shape.scale);
+      });
+
+  if (query < l.seq && threadIdx.x % 2 == 0) {
+    lse[(b * shape.q_heads + h) * l.seq + query] = row.m + logf(row.l);
+  }
+  StoreWarpRows<D>(out, l, w0, b, h, shape.q_heads, o, spare, 1.0f / row.l);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------
 
-// delta[b, h, s] = Σ_d dout · out (fp32), one warp per (token, head).
+// delta[b, h, s] = Σ_d dout · out (fp32). A group of kDeltaLanes lanes per (token, head) reads
+// the row with 16-byte loads (a warp covers 32 / kDeltaLanes adjacent heads, contiguous in
+// memory) and adds its partial sums with shuffles in a fixed order (deterministic).
+template <int D>
+constexpr int kDeltaLanes = D / 4 < 16 ? D / 4 : 16;
+
 template <int D>
 __global__ void AttentionDeltaKernel(float* delta, const float* dout, const float* out,
                                      AttnShape shape) {
+  constexpr int kLanes = kDeltaLanes<D>;
+  constexpr int kRowsPerWarp = 32 / kLanes;
   const TokenLayout& l = shape.layout;
   const int64_t total = l.seq * l.batch * shape.q_heads;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
-  for (int64_t item = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-       item < total; item += warps) {
+  const int sub = lane % kLanes;
+  // The warp's loop is uniform (every lane shuffles); items past the end add zeros.
+  for (int64_t first =
+           (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32 * kRowsPerWarp;
+       first < total; first += warps * kRowsPerWarp) {
+    const int64_t item = first + lane / kLanes;
     const int64_t h = item % shape.q_heads;
     const int64_t s = (item / shape.q_heads) % l.seq;
     const int64_t b = item / (shape.q_heads * l.seq);
-    const int64_t off = Offset<D>(l, s, b, h, shape.q_heads);
     float acc = 0.0f;
-    for (int c = lane; c < D; c += 32) acc += dout[off + c] * out[off + c];
-    acc = WarpSum(acc);
-    if (lane == 0) delta[(b * shape.q_heads + h) * l.seq + s] = acc;
+    if (item < total) {
+      const int64_t off = Offset<D>(l, s, b, h, shape.q_heads);
+      for (int c = sub * 4; c < D; c += kLanes * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(dout + off + c);
+        const float4 y = *reinterpret_cast<const float4*>(out + off + c);
+        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+      }
+    }
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+      acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    }
+    if (sub == 0 && item < total) delta[(b * shape.q_heads + h) * l.seq + s] = acc;
   }
 }
 
+// Both backward kernels: per warp two fp32 16 × 64 tiles (scores and dP, overwritten in place by
+// bf16 P and dS), the stages, and the block's two resident operand tiles past head_dim 64 (at or
+// below it the warps hold their rows' fragments in registers, staged through their own tiles).
 template <int D>
 struct BackwardSmem {
-  static constexpr int kLd = D + 8;
-  static constexpr int kA = 0;                                       // K (dkdv) or Q (dq)
-  static constexpr int kB = kA + RoundUp128(kTile * kLd * 2);        // V (dkdv) or dO (dq)
-  static constexpr int kC = kB + RoundUp128(kTile * kLd * 2);        // Q (dkdv) or K (dq)
-  static constexpr int kD = kC + RoundUp128(kTile * kLd * 2);        // dO (dkdv) or V (dq)
-  static constexpr int kS = kD + RoundUp128(kTile * kLd * 2);        // P, fp32
-  static constexpr int kDP = kS + RoundUp128(kTile * kSLd * 4);      // dP, fp32
-  static constexpr int kP16 = kDP + RoundUp128(kTile * kSLd * 4);    // P, bf16
-  static constexpr int kDS16 = kP16 + RoundUp128(kTile * kPLd * 2);  // dS · scale, bf16
-  static constexpr int kLse = kDS16 + RoundUp128(kTile * kPLd * 2);
-  static constexpr int kDelta = kLse + RoundUp128(kTile * 4);
-  static constexpr int kBytes = kDelta + RoundUp128(kTile * 4);
-  // The output staging area (64 × (D + 4) fp32) reuses S and dP, and past D = 128 also the bf16
-  // P and dS tiles: the kernels stage their outputs after the tile loop, when all are free.
-  static_assert(kTile * (D + 4) * 4 <= (D <= 128 ? kP16 : kLse) - kS, "staging area does not fit");
+  static constexpr bool kInRegs = D <= 64;
+  static constexpr int kScores = 0;
+  static constexpr int kGrads = kAreaBytes;
+  static constexpr int kStages = 2 * kAreaBytes;
+  static constexpr int kResident = kStages + StageLayout<D>::kStages * StageLayout<D>::kBytes;
+  static constexpr int kResidentTile = RoundUp128(kBlockRows * (D + 8) * 2);
+  static constexpr int kBytes = kResident + (kInRegs ? 0 : 2 * kResidentTile);
+  static_assert(kBytes <= 227 * 1024, "attention backward does not fit in shared memory");
 };
 
-// Loads lse and delta of 64 query rows; rows past the sequence get 0 (their P is masked).
-__device__ void LoadRowStats(float* lse_s, float* delta_s, const float* lse, const float* delta,
-                             int64_t base, int64_t q0, int64_t seq) {
-  for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
-    const int64_t t = q0 + r;
-    lse_s[r] = t < seq ? lse[base + t] : 0.0f;
-    delta_s[r] = t < seq ? delta[base + t] : 0.0f;
+// A warp's own-row fragments of two tensors (Q and dO, or K and V), rows w0..w0+15.
+template <int D>
+struct WarpOperands {
+  WarpRowFrags<D, BackwardSmem<D>::kInRegs> x, y;
+};
+
+template <int D>
+__device__ void LoadWarpOperands(WarpOperands<D>& ops, unsigned char* smem, float* scores,
+                                 float* grads, const float* x, const float* y, const TokenLayout& l,
+                                 int64_t w0, int64_t b, int64_t h, int64_t heads) {
+  using S = BackwardSmem<D>;
+  constexpr int kLd = D + 8;
+  const int warp = threadIdx.x / 32;
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(scores);
+  __nv_bfloat16* ys = reinterpret_cast<__nv_bfloat16*>(grads);
+  if constexpr (!S::kInRegs) {
+    xs = reinterpret_cast<__nv_bfloat16*>(smem + S::kResident) + warp * 16 * kLd;
+    ys = reinterpret_cast<__nv_bfloat16*>(smem + S::kResident + S::kResidentTile) + warp * 16 * kLd;
   }
+  LoadWarpRows<D>(xs, kLd, x, l, w0, b, h, heads);
+  LoadWarpRows<D>(ys, kLd, y, l, w0, b, h, heads);
+  __syncwarp();
+  ops.x.Init(xs, kLd);
+  ops.y.Init(ys, kLd);
+  __syncwarp();
 }
 
-// Writes 16 rows × D of accumulator fragments (rows row0.. of the tile) through a staging area.
+// The two score products of a warp over the streamed fragments [n_lo, n_hi): scores = X_w · Aᵀ
+// and grads = Y_w · Bᵀ (16 × 64 fp32, the streamed tiles' rows as columns).
 template <int D>
-__device__ void StoreRows(float* dst, const TokenLayout& l, int64_t t0, int64_t b, int64_t h,
-                          int64_t heads, FragC (&acc)[D / 16], float* staging) {
-  constexpr int kLd = D + 4;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* mine = staging + warp * 16 * kLd;
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::store_matrix_sync(mine + n * 16, acc[n], kLd, wmma::mem_row_major);
+__device__ __forceinline__ void WarpScorePair(float* scores, float* grads,
+                                              const WarpOperands<D>& ops, const __nv_bfloat16* a,
+                                              const __nv_bfloat16* bt_src, int n_lo, int n_hi) {
+  constexpr int kLd = D + 8;
+  for (int n = 0; n < kStepFrags; ++n) {
+    if (n < n_lo || n >= n_hi) continue;
+    FragC s_acc, g_acc;
+    wmma::fill_fragment(s_acc, 0.0f);
+    wmma::fill_fragment(g_acc, 0.0f);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      FragA scratch;
+      FragBT bt;
+      wmma::load_matrix_sync(bt, a + n * 16 * kLd + kk * 16, kLd);
+      wmma::mma_sync(s_acc, ops.x.At(kk, scratch), bt, s_acc);
+      wmma::load_matrix_sync(bt, bt_src + n * 16 * kLd + kk * 16, kLd);
+      wmma::mma_sync(g_acc, ops.y.At(kk, scratch), bt, g_acc);
+    }
+    wmma::store_matrix_sync(scores + n * 16, s_acc, kSLd, wmma::mem_row_major);
+    wmma::store_matrix_sync(grads + n * 16, g_acc, kSLd, wmma::mem_row_major);
   }
   __syncwarp();
-  for (int idx = lane; idx < 16 * (D / 4); idx += 32) {
-    const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
-    const int64_t t = t0 + warp * 16 + r;
-    if (t >= l.seq) continue;
-    const float* s = mine + r * kLd + c;
-    *reinterpret_cast<float4*>(dst + Offset<D>(l, t, b, h, heads) + c) =
-        make_float4(s[0], s[1], s[2], s[3]);
-  }
 }
 
-// The backward kernels' tiles in shared memory (offsets in BackwardSmem). The key/value kernel
-// holds K, V, Q, dO in a, b, c, d; the query kernel Q, dO, K, V.
-struct BackwardTiles {
-  __nv_bfloat16 *a, *b, *c, *d;
-  float* ps;               // scores, then probabilities, fp32
-  float* dps;              // dP, fp32
-  __nv_bfloat16* p16;      // P, bf16
-  __nv_bfloat16* ds16;     // dS · scale, bf16
-  float *lse_s, *delta_s;  // per query row of the tile
-};
-
-template <int D>
-__device__ __forceinline__ BackwardTiles BackwardTilesAt(unsigned char* smem) {
-  using S = BackwardSmem<D>;
-  return BackwardTiles{reinterpret_cast<__nv_bfloat16*>(smem + S::kA),
-                       reinterpret_cast<__nv_bfloat16*>(smem + S::kB),
-                       reinterpret_cast<__nv_bfloat16*>(smem + S::kC),
-                       reinterpret_cast<__nv_bfloat16*>(smem + S::kD),
-                       reinterpret_cast<float*>(smem + S::kS),
-                       reinterpret_cast<float*>(smem + S::kDP),
-                       reinterpret_cast<__nv_bfloat16*>(smem + S::kP16),
-                       reinterpret_cast<__nv_bfloat16*>(smem + S::kDS16),
-                       reinterpret_cast<float*>(smem + S::kLse),
-                       reinterpret_cast<float*>(smem + S::kDelta)};
-}
-
-// Two 16 × 64 products of the warp's rows at once, into t.ps and t.dps: S_w = A_w · Bᵀ and
-// dP_w = C_w · Dᵀ (all four bf16 tiles [64][D + 8]).
-template <int D>
-__device__ __forceinline__ void WarpScoresAndGrads(const BackwardTiles& t, const __nv_bfloat16* a,
-                                                   const __nv_bfloat16* b, const __nv_bfloat16* c,
-                                                   const __nv_bfloat16* d, int warp) {
-  constexpr int kLd = D + 8;
-  for (int n = 0; n < kTile / 16; ++n) {
-    FragC s_acc, dp_acc;
-    wmma::fill_fragment(s_acc, 0.0f);
-    wmma::fill_fragment(dp_acc, 0.0f);
-    for (int kk = 0; kk < D / 16; ++kk) {
-      FragA fa;
-      FragBT bt;
-      wmma::load_matrix_sync(fa, a + warp * 16 * kLd + kk * 16, kLd);
-      wmma::load_matrix_sync(bt, b + n * 16 * kLd + kk * 16, kLd);
-      wmma::mma_sync(s_acc, fa, bt, s_acc);
-      wmma::load_matrix_sync(fa, c + warp * 16 * kLd + kk * 16, kLd);
-      wmma::load_matrix_sync(bt, d + n * 16 * kLd + kk * 16, kLd);
-      wmma::mma_sync(dp_acc, fa, bt, dp_acc);
+// Probabilities and score gradients of the lane's row, in place: for each valid entry
+// p = exp(scale · s − lse) and ds = p · (dp − delta) · scale; invalid entries are 0. Writes bf16
+// P over the scores (when `keep_p`) and bf16 dS over the grads. `stats(col, lse, delta)` gives
+// the entry's statistics and `valid(col)` its mask.
+template <typename Valid, typename Stats>
+__device__ __forceinline__ void ProbabilitiesAndGrads(float* scores, float* grads, bool keep_p,
+                                                      float scale, Valid valid, Stats stats) {
+  const int r = LaneRow();
+  const float* srow = scores + r * kSLd;
+  const float* grow = grads + r * kSLd;
+  __nv_bfloat16* prow = reinterpret_cast<__nv_bfloat16*>(scores) + r * kP16Ld;
+  __nv_bfloat16* dsrow = reinterpret_cast<__nv_bfloat16*>(grads) + r * kP16Ld;
+  for (int half = 0; half < 2; ++half) {
+    float p[kStep / 4], ds[kStep / 4];
+    for (int j = 0; j < kStep / 4; ++j) {
+      const int col = half * (kStep / 2) + LaneCol(j);
+      p[j] = 0.0f;
+      ds[j] = 0.0f;
+      if (valid(col)) {
+        float lse_v, delta_v;
+        stats(col, lse_v, delta_v);
+        p[j] = exp2f(fmaf(srow[col], scale * kLog2e, -lse_v * kLog2e));
+        ds[j] = p[j] * (grow[col] - delta_v) * scale;
+      }
     }
-    wmma::store_matrix_sync(t.ps + warp * 16 * kSLd + n * 16, s_acc, kSLd, wmma::mem_row_major);
-    wmma::store_matrix_sync(t.dps + warp * 16 * kSLd + n * 16, dp_acc, kSLd, wmma::mem_row_major);
-  }
-}
-
-// Pᵀ = exp(scale · Sᵀ − lse) on the causal part; dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale, for the
-// lane's 32 query columns (`half`) of key row `row` (key kj) against the query tile at q0.
-__device__ __forceinline__ void KeyRowProbabilitiesAndGrads(const BackwardTiles& t, int row,
-                                                            int half, int64_t kj, int64_t q0,
-                                                            int64_t seq, float scale) {
-  for (int j = 0; j < 32; ++j) {
-    const int col = half * 32 + j;
-    const int64_t qi = q0 + col;
-    const bool valid = kj <= qi && qi < seq && kj < seq;
-    const float p = valid ? __expf(t.ps[row * kSLd + col] * scale - t.lse_s[col]) : 0.0f;
-    const float ds = p * (t.dps[row * kSLd + col] - t.delta_s[col]) * scale;
-    t.p16[row * kPLd + col] = __float2bfloat16_rn(p);
-    t.ds16[row * kPLd + col] = __float2bfloat16_rn(ds);
-  }
-}
-
-// dV_w += Pᵀ_w · dO and dK_w += dSᵀ_w · Q (16 keys × D).
-template <int D>
-__device__ __forceinline__ void AccumulateKeyValueGrads(const BackwardTiles& t, int warp,
-                                                        FragC (&dk_acc)[D / 16],
-                                                        FragC (&dv_acc)[D / 16]) {
-  constexpr int kLd = D + 8;
-  const __nv_bfloat16* qs = t.c;
-  const __nv_bfloat16* dos = t.d;
-  for (int n = 0; n < D / 16; ++n) {
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      FragA a;
-      FragB bm;
-      wmma::load_matrix_sync(a, t.p16 + warp * 16 * kPLd + kk * 16, kPLd);
-      wmma::load_matrix_sync(bm, dos + kk * 16 * kLd + n * 16, kLd);
-      wmma::mma_sync(dv_acc[n], a, bm, dv_acc[n]);
-      wmma::load_matrix_sync(a, t.ds16 + warp * 16 * kPLd + kk * 16, kPLd);
-      wmma::load_matrix_sync(bm, qs + kk * 16 * kLd + n * 16, kLd);
-      wmma::mma_sync(dk_acc[n], a, bm, dk_acc[n]);
+    if (half == 0) __syncwarp();  // see ForwardWarpStep: in-place bf16 over fp32
+    for (int j = 0; j < kStep / 4; ++j) {
+      const int col = half * (kStep / 2) + LaneCol(j);
+      if (keep_p) prow[col] = __float2bfloat16_rn(p[j]);
+      dsrow[col] = __float2bfloat16_rn(ds[j]);
     }
   }
+  __syncwarp();
 }
 
-// One block per (key tile, kv head, sequence); warp w owns keys k0 + 16w .. k0 + 16w + 15.
+// One block per (128-key tile, kv head, sequence); warp w owns keys k0 + 16w .. k0 + 16w + 15.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     AttentionBackwardKeyValueKernel(float* dk, float* dv, const float* dout, const float* lse,
                                     const float* delta, const float* q, const float* k,
                                     const float* v, AttnShape shape) {
+  using S = BackwardSmem<D>;
+  constexpr int kLd = D + 8;
   PARAPLAN_DYNAMIC_SHARED(smem);
-  const BackwardTiles t = BackwardTilesAt<D>(smem);
-  __nv_bfloat16* ks = t.a;
-  __nv_bfloat16* vs = t.b;
-  __nv_bfloat16* qs = t.c;
-  __nv_bfloat16* dos = t.d;
-
   const TokenLayout& l = shape.layout;
-  const int64_t tiles = (l.seq + kTile - 1) / kTile;
-  const int64_t kt = blockIdx.x;  // key tiles near the start see the most queries
-  const int64_t kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.z) * kBlockRows;  // early keys: most queries
+  const int64_t kvh = blockIdx.x, b = blockIdx.y;
   const int64_t group = shape.q_heads / shape.kv_heads;
-  const int64_t k0 = kt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  float* scores = reinterpret_cast<float*>(smem + S::kScores) + warp * 16 * kSLd;
+  float* grads = reinterpret_cast<float*>(smem + S::kGrads) + warp * 16 * kSLd;
+  const int64_t w0 = k0 + warp * 16;  // the warp's first key
+  const int64_t key = w0 + LaneRow();
 
-  LoadTile<D>(ks, k, l, k0, b, kvh, shape.kv_heads);
-  LoadTile<D>(vs, v, l, k0, b, kvh, shape.kv_heads);
-
+  WarpOperands<D> kv;
+  LoadWarpOperands<D>(kv, smem, scores, grads, k, v, l, w0, b, kvh, shape.kv_heads);
   FragC dk_acc[D / 16], dv_acc[D / 16];
   for (int n = 0; n < D / 16; ++n) {
     wmma::fill_fragment(dk_acc[n], 0.0f);
     wmma::fill_fragment(dv_acc[n], 0.0f);
   }
 
-  // Element lanes: two lanes per key row of the warp's 16, each covering 32 query columns.
-  const int my_row = warp * 16 + lane / 2;
-  const int half = lane % 2;
-  const int64_t kj = k0 + my_row;
+  // Query tiles at or after the block's first key, for each q head of the group.
+  const int64_t first = k0 / kStep;
+  const int64_t per_head = (l.seq + kStep - 1) / kStep - first;
+  StepLoader<D, (D <= 64)> loader(StepSource{q, dout, shape.q_heads, lse, delta}, l, b);
+  StreamTiles<D>(
+      smem + S::kStages, loader, group * per_head,
+      [&](int64_t i, int64_t& t0, int64_t& h, int64_t& stat_base) {
+        h = kvh * group + i / per_head;
+        t0 = (first + i % per_head) * kStep;
+        stat_base = (b * shape.q_heads + h) * l.seq;
+      },
+      [&](const Stage& st, int64_t i) {
+        const int64_t q0 = (first + i % per_head) * kStep;
+        if (w0 >= l.seq || q0 + kStep - 1 < w0) return;  // every query before the warp's keys
+        const int n_lo = w0 > q0 ? static_cast<int>((w0 - q0) / 16) : 0;
+        const int64_t rows = l.seq - q0;
+        const int n_hi = rows < kStep ? static_cast<int>((rows + 15) / 16) : kStepFrags;
+        // Sᵀ_w = K_w · Qᵀ and dPᵀ_w = V_w · dOᵀ (16 keys × 64 queries).
+        WarpScorePair<D>(scores, grads, kv, st.a, st.b, n_lo, n_hi);
+        // Unmasked columns: query q0 + col at or after the key, inside the sequence and the
+        // computed fragments.
+        const int lo = MaxInt(n_lo * 16, static_cast<int>(key - q0 < kStep ? key - q0 : kStep));
+        const int hi = key < l.seq ? ColumnsBelow(l.seq - q0, n_hi * 16) : 0;
+        ProbabilitiesAndGrads(
+            scores, grads, true, shape.scale, [&](int col) { return col >= lo && col < hi; },
+            [&](int col, float& lse_v, float& delta_v) {
+              lse_v = st.lse[col];
+              delta_v = st.delta[col];
+            });
+        // dV_w += Pᵀ_w · dO and dK_w += dSᵀ_w · Q (16 keys × D).
+        for (int kk = 0; kk < kStepFrags; ++kk) {
+          if (kk < n_lo || kk >= n_hi) continue;
+          FragA pa, dsa;
+          wmma::load_matrix_sync(pa, reinterpret_cast<const __nv_bfloat16*>(scores) + kk * 16,
+                                 kP16Ld);
+          wmma::load_matrix_sync(dsa, reinterpret_cast<const __nv_bfloat16*>(grads) + kk * 16,
+                                 kP16Ld);
+          for (int n = 0; n < D / 16; ++n) {
+            FragB bm;
+            wmma::load_matrix_sync(bm, st.b + kk * 16 * kLd + n * 16, kLd);
+            wmma::mma_sync(dv_acc[n], pa, bm, dv_acc[n]);
+            wmma::load_matrix_sync(bm, st.a + kk * 16 * kLd + n * 16, kLd);
+            wmma::mma_sync(dk_acc[n], dsa, bm, dk_acc[n]);
+          }
+        }
+      });
 
-  for (int64_t hh = 0; hh < group; ++hh) {
-    const int64_t h = kvh * group + hh;
-    const int64_t stat_base = (b * shape.q_heads + h) * l.seq;
-    for (int64_t qt = kt; qt < tiles; ++qt) {
-      const int64_t q0 = qt * kTile;
-      __syncthreads();
-      LoadTile<D>(qs, q, l, q0, b, h, shape.q_heads);
-      LoadTile<D>(dos, dout, l, q0, b, h, shape.q_heads);
-      LoadRowStats(t.lse_s, t.delta_s, lse, delta, stat_base, q0, l.seq);
-      __syncthreads();
-      // Sᵀ_w = K_w · Qᵀ and dPᵀ_w = V_w · dOᵀ (16 keys × 64 queries).
-      WarpScoresAndGrads<D>(t, ks, qs, vs, dos, warp);
-      __syncwarp();
-      KeyRowProbabilitiesAndGrads(t, my_row, half, kj, q0, l.seq, shape.scale);
-      __syncwarp();
-      AccumulateKeyValueGrads<D>(t, warp, dk_acc, dv_acc);
-    }
-  }
-  __syncthreads();
-  float* staging = t.ps;  // S and dP are free now
-  StoreRows<D>(dk, l, k0, b, kvh, shape.kv_heads, dk_acc, staging);
-  __syncwarp();
-  StoreRows<D>(dv, l, k0, b, kvh, shape.kv_heads, dv_acc, staging);
+  StoreWarpRows<D>(dk, l, w0, b, kvh, shape.kv_heads, dk_acc, scores, 1.0f);
+  StoreWarpRows<D>(dv, l, w0, b, kvh, shape.kv_heads, dv_acc, grads, 1.0f);
 }
 
-// One block per (query tile, q head, sequence); warp w owns queries q0 + 16w .. q0 + 16w + 15.
+// One block per (128-query tile, q head, sequence); warp w owns queries q0 + 16w .. q0 + 16w + 15.
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads)
+__global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
     AttentionBackwardQueryKernel(float* dq, const float* dout, const float* lse, const float* delta,
                                  const float* q, const float* k, const float* v, AttnShape shape) {
   using S = BackwardSmem<D>;
+  constexpr int kLd = D + 8;
   PARAPLAN_DYNAMIC_SHARED(smem);
-  const BackwardTiles t = BackwardTilesAt<D>(smem);
-  __nv_bfloat16* qs = t.a;
-  __nv_bfloat16* dos = t.b;
-  __nv_bfloat16* ks = t.c;
-  __nv_bfloat16* vs = t.d;
-  float* ps = t.ps;
-  float* dps = t.dps;
-  __nv_bfloat16* ds16 = t.ds16;
-  float* lse_s = t.lse_s;
-  float* delta_s = t.delta_s;
-
   const TokenLayout& l = shape.layout;
-  const int64_t tiles = (l.seq + kTile - 1) / kTile;
-  const int64_t qt = tiles - 1 - blockIdx.x;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
+  const int64_t q0 = (tiles - 1 - blockIdx.z) * kBlockRows;  // longest tiles first
+  const int64_t h = blockIdx.x, b = blockIdx.y;
   const int64_t kvh = h / (shape.q_heads / shape.kv_heads);
-  const int64_t q0 = qt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  float* scores = reinterpret_cast<float*>(smem + S::kScores) + warp * 16 * kSLd;
+  float* grads = reinterpret_cast<float*>(smem + S::kGrads) + warp * 16 * kSLd;
+  const int64_t w0 = q0 + warp * 16;  // the warp's first query
+  const int64_t query = w0 + LaneRow();
 
-  LoadTile<D>(qs, q, l, q0, b, h, shape.q_heads);
-  LoadTile<D>(dos, dout, l, q0, b, h, shape.q_heads);
-  LoadRowStats(lse_s, delta_s, lse, delta, (b * shape.q_heads + h) * l.seq, q0, l.seq);
-
+  WarpOperands<D> qdo;
+  LoadWarpOperands<D>(qdo, smem, scores, grads, q, dout, l, w0, b, h, shape.q_heads);
+  const int64_t stat = (b * shape.q_heads + h) * l.seq + query;
+  const float lse_row = query < l.seq ? lse[stat] : 0.0f;
+  const float delta_row = query < l.seq ? delta[stat] : 0.0f;
   FragC dq_acc[D / 16];
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq_acc[n], 0.0f);
 
-  const int my_row = warp * 16 + lane / 2;
-  const int half = lane % 2;
-  const int64_t qi = q0 + my_row;
+  const int64_t last_key = (q0 + kBlockRows < l.seq ? q0 + kBlockRows : l.seq) - 1;
+  StepLoader<D, false> loader(StepSource{k, v, shape.kv_heads, nullptr, nullptr}, l, b);
+  StreamTiles<D>(
+      smem + S::kStages, loader, last_key / kStep + 1,
+      [&](int64_t i, int64_t& t0, int64_t& hh, int64_t& /*stat_base*/) {
+        t0 = i * kStep;
+        hh = kvh;
+      },
+      [&](const Stage& st, int64_t i) {
+        const int64_t k0 = i * kStep;
+        if (w0 >= l.seq || k0 > w0 + 15) return;  // every row of the warp masked
+        const int64_t keys = (w0 + 16 < l.seq ? w0 + 16 : l.seq) - k0;
+        const int nf = static_cast<int>(keys < kStep ? (keys + 15) / 16 : kStepFrags);
+        // S_w = Q_w · Kᵀ and dP_w = dO_w · Vᵀ (16 queries × 64 keys).
+        WarpScorePair<D>(scores, grads, qdo, st.a, st.b, 0, nf);
+        // Unmasked columns: key k0 + col at or before the query, inside the sequence and the
+        // computed fragments.
+        const int64_t bound = query - k0 + 1 < l.seq - k0 ? query - k0 + 1 : l.seq - k0;
+        const int hi = query < l.seq ? ColumnsBelow(bound, nf * 16) : 0;
+        ProbabilitiesAndGrads(
+            scores, grads, false, shape.scale, [&](int col) { return col < hi; },
+            [&](int /*col*/, float& lse_v, float& delta_v) {
+              lse_v = lse_row;
+              delta_v = delta_row;
+            });
+        // dQ_w += dS_w · K (16 queries × D).
+        for (int kk = 0; kk < kStepFrags; ++kk) {
+          if (kk >= nf) break;
+          FragA dsa;
+          wmma::load_matrix_sync(dsa, reinterpret_cast<const __nv_bfloat16*>(grads) + kk * 16,
+                                 kP16Ld);
+          for (int n = 0; n < D / 16; ++n) {
+            FragB bm;
+            wmma::load_matrix_sync(bm, st.a + kk * 16 * kLd + n * 16, kLd);
+            wmma::mma_sync(dq_acc[n], dsa, bm, dq_acc[n]);
+          }
+        }
+      });
 
-  for (int64_t kt = 0; kt <= qt; ++kt) {
-    const int64_t k0 = kt * kTile;
-    __syncthreads();
-    LoadTile<D>(ks, k, l, k0, b, kvh, shape.kv_heads);
-    LoadTile<D>(vs, v, l, k0, b, kvh, shape.kv_heads);
-    __syncthreads();
-
-    // S_w = Q_w · Kᵀ and dP_w = dO_w · Vᵀ (16 queries × 64 keys).
-    WarpScoresAndGrads<D>(t, qs, ks, dos, vs, warp);
-    __syncwarp();
-
-    for (int j = 0; j < 32; ++j) {
-      const int col = half * 32 + j;
-      const int64_t kj = k0 + col;
-      const bool valid = kj <= qi && qi < l.seq && kj < l.seq;
-      const float p = valid ? __expf(ps[my_row * kSLd + col] * shape.scale - lse_s[my_row]) : 0.0f;
-      const float ds = p * (dps[my_row * kSLd + col] - delta_s[my_row]) * shape.scale;
-      ds16[my_row * kPLd + col] = __float2bfloat16_rn(ds);
-    }
-    __syncwarp();
-
-    // dQ_w += dS_w · K (16 queries × D).
-    for (int n = 0; n < D / 16; ++n) {
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragA a;
-        FragB bm;
-        wmma::load_matrix_sync(a, ds16 + warp * 16 * kPLd + kk * 16, kPLd);
-        wmma::load_matrix_sync(bm, ks + kk * 16 * S::kLd + n * 16, S::kLd);
-        wmma::mma_sync(dq_acc[n], a, bm, dq_acc[n]);
-      }
-    }
-  }
-  __syncthreads();
-  StoreRows<D>(dq, l, q0, b, h, shape.q_heads, dq_acc, ps);
+  StoreWarpRows<D>(dq, l, w0, b, h, shape.q_heads, dq_acc, scores, 1.0f);
 }
 
 void CheckAttentionArguments(const TokenLayout& l, int64_t q_heads, int64_t kv_heads,
@@ -570,7 +809,7 @@ void CheckAttentionArguments(const TokenLayout& l, int64_t q_heads, int64_t kv_h
     throw CudaError("CUDA attention: q_heads must be a positive multiple of kv_heads");
   }
   if (l.seq_offset != 0) throw CudaError("CUDA attention: the layout must cover whole sequences");
-  if (l.seq > 65535 * static_cast<int64_t>(kTile) || q_heads > 65535 || l.batch > 65535) {
+  if (l.seq > 65535 * static_cast<int64_t>(kBlockRows) || q_heads > 65535 || l.batch > 65535) {
     throw CudaError("CUDA attention: sequence, heads or batch too large for the grid");
   }
   for (const void* p : pointers) {
@@ -580,11 +819,25 @@ void CheckAttentionArguments(const TokenLayout& l, int64_t q_heads, int64_t kv_h
   }
 }
 
+// One block per (head, sequence, 128-row tile). Heads vary fastest and tiles slowest, so that
+// blocks start in order of their tile: the causal work per tile is uneven, and the kernels map
+// the first tiles to the longest work, which the GPU then schedules first (longest first keeps
+// the last wave short).
+dim3 AttentionGrid(const TokenLayout& l, int64_t heads) {
+  const int64_t tiles = (l.seq + kBlockRows - 1) / kBlockRows;
+  return dim3(static_cast<unsigned>(heads), static_cast<unsigned>(l.batch),
+              static_cast<unsigned>(tiles));
+}
+
 template <int D, typename Kernel>
 void PrepareKernel(Kernel kernel, int bytes) {
   // Opt in to more than 48 KiB of dynamic shared memory (Hopper allows 227 KiB per block).
   PARAPLAN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  // All of the SM's unified L1/shared storage as shared memory: two 105 KiB blocks per SM at
+  // head_dim 64 need it, and the kernels stream their global reads once (little L1 reuse).
+  PARAPLAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
 }
 
 template <int D>
@@ -592,11 +845,8 @@ void LaunchForward(float* out, float* lse, const float* q, const float* k, const
                    const AttnShape& shape, cudaStream_t stream) {
   const int bytes = ForwardSmem<D>::kBytes;
   PrepareKernel<D>(AttentionForwardKernel<D>, bytes);
-  const int64_t tiles = (shape.layout.seq + kTile - 1) / kTile;
-  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.q_heads),
-            static_cast<unsigned>(shape.layout.batch));
-  PARAPLAN_LAUNCH(AttentionForwardKernel<D>, grid, kAttnThreads, bytes, stream, out, lse, q, k, v,
-                  shape);
+  PARAPLAN_LAUNCH(AttentionForwardKernel<D>, AttentionGrid(shape.layout, shape.q_heads),
+                  kAttnThreads, bytes, stream, out, lse, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -606,22 +856,17 @@ void LaunchBackward(float* dq, float* dk, float* dv, const float* dout, const fl
                     const AttnShape& shape, float* delta, cudaStream_t stream) {
   const TokenLayout& l = shape.layout;
   const int64_t items = l.seq * l.batch * shape.q_heads;
-  PARAPLAN_LAUNCH(AttentionDeltaKernel<D>, GridFor(items * 32), kThreads, 0, stream, delta, dout,
-                  out, shape);
+  PARAPLAN_LAUNCH(AttentionDeltaKernel<D>, GridFor(items * kDeltaLanes<D>), kThreads, 0, stream,
+                  delta, dout, out, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   const int bytes = BackwardSmem<D>::kBytes;
-  const int64_t tiles = (l.seq + kTile - 1) / kTile;
   PrepareKernel<D>(AttentionBackwardKeyValueKernel<D>, bytes);
-  dim3 kv_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.kv_heads),
-               static_cast<unsigned>(l.batch));
-  PARAPLAN_LAUNCH(AttentionBackwardKeyValueKernel<D>, kv_grid, kAttnThreads, bytes, stream, dk, dv,
-                  dout, lse, delta, q, k, v, shape);
+  PARAPLAN_LAUNCH(AttentionBackwardKeyValueKernel<D>, AttentionGrid(l, shape.kv_heads),
+                  kAttnThreads, bytes, stream, dk, dv, dout, lse, delta, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
   PrepareKernel<D>(AttentionBackwardQueryKernel<D>, bytes);
-  dim3 q_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.q_heads),
-              static_cast<unsigned>(l.batch));
-  PARAPLAN_LAUNCH(AttentionBackwardQueryKernel<D>, q_grid, kAttnThreads, bytes, stream, dq, dout,
-                  lse, delta, q, k, v, shape);
+  PARAPLAN_LAUNCH(AttentionBackwardQueryKernel<D>, AttentionGrid(l, shape.q_heads), kAttnThreads,
+                  bytes, stream, dq, dout, lse, delta, q, k, v, shape);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
