@@ -21,6 +21,16 @@ TokenLayout Convert(const host::TokenLayout& l) {
   return TokenLayout{l.seq, l.batch, l.seq_stride, l.batch_stride, l.seq_offset};
 }
 
+// PARAPLAN_CUDA_GEMM_CAST=1: every GEMM operand gets its own bf16 cast (the engine's older
+// path, kept to time against the shared cast of dy in LinearBackward); unset or 0: shared.
+bool CastEachGemmOperand() {
+  const auto value = launch::ProcessEnvironment()("PARAPLAN_CUDA_GEMM_CAST");
+  if (!value || value->empty()) return false;
+  auto v = launch::ParseIntVariable("PARAPLAN_CUDA_GEMM_CAST", *value, 0, 1);
+  if (!v) throw CudaError(v.error());
+  return *v == 1;
+}
+
 AdamWConfig Convert(const host::AdamWConfig& c) {
   return AdamWConfig{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay};
 }
@@ -30,7 +40,7 @@ class CudaBackend final : public exec::Backend {
   explicit CudaBackend(int device) : device_(device) {
     PARAPLAN_CUDA_CHECK(cudaSetDevice(device_));
     PARAPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    gemm_ = std::make_unique<GemmEngine>(stream_);
+    gemm_ = std::make_unique<GemmEngine>(stream_, CastEachGemmOperand());
     // Keep freed stream-ordered scratch in the pool instead of returning it at every sync.
     cudaMemPool_t pool;
     if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {

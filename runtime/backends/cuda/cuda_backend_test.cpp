@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <tuple>
 
@@ -202,6 +203,45 @@ TEST_CASE("cuda backend: bf16 GEMMs and linear layers within bf16 tolerance") {
   CHECK_CLOSE(p, dx, 3e-2, 2e-2);
   CHECK_CLOSE(p, dw, 3e-2, 2e-2);
   CHECK_CLOSE(p, db, 1e-5, 1e-5);
+}
+
+// LinearBackward casts dy to bf16 once for dx and dw; PARAPLAN_CUDA_GEMM_CAST=1 casts it per
+// product. The same bits reach cuBLASLt either way, so the results are identical.
+TEST_CASE("cuda backend: a linear backward's shared dy cast equals one cast per product") {
+  if (!GpuOrSkip()) return;
+  const int64_t rows = 41, in = 72, out = 24;  // x larger than w: the shared scratch holds both
+  const auto vx = Random(rows * in, 70), vw = Random(out * in, 71), vdy = Random(rows * out, 72),
+             vdw = Random(out * in, 73), vdx = Random(rows * in, 74);
+  auto run = [&](const char* cast_each, bool accumulate_dx) {
+    if (cast_each != nullptr)
+      setenv("PARAPLAN_CUDA_GEMM_CAST", cast_each, 1);
+    else
+      unsetenv("PARAPLAN_CUDA_GEMM_CAST");
+    CudaRanks ranks = MakeLocalCudaRanks(1, 0);
+    unsetenv("PARAPLAN_CUDA_GEMM_CAST");
+    Backend& be = *ranks.backends[0];
+    auto upload = [&](const std::vector<float>& v) {
+      float* d = Pair::Alloc(be, static_cast<int64_t>(v.size()));
+      be.CopyToDevice(d, v.data(), static_cast<int64_t>(v.size()) * 4);
+      return d;
+    };
+    float *x = upload(vx), *w = upload(vw), *dy = upload(vdy), *dw = upload(vdw), *dx = upload(vdx);
+    be.LinearBackward(dx, dw, nullptr, dy, x, w, rows, in, out, accumulate_dx);
+    std::vector<float> result(rows * in + out * in);
+    be.CopyToHost(result.data(), dx, rows * in * 4);
+    be.CopyToHost(result.data() + rows * in, dw, out * in * 4);
+    return result;
+  };
+  for (bool accumulate_dx : {false, true}) {
+    INFO("accumulate_dx " << accumulate_dx);
+    const auto shared = run(nullptr, accumulate_dx), each = run("1", accumulate_dx);
+    CHECK(run("0", accumulate_dx) == shared);
+    CHECK(shared == each);
+  }
+  setenv("PARAPLAN_CUDA_GEMM_CAST", "2", 1);
+  CHECK_THROWS_WITH_AS(MakeLocalCudaRanks(1, 0), doctest::Contains("PARAPLAN_CUDA_GEMM_CAST"),
+                       std::runtime_error);
+  unsetenv("PARAPLAN_CUDA_GEMM_CAST");
 }
 
 TEST_CASE("cuda backend: embeddings and learned positions add in the host's order") {
