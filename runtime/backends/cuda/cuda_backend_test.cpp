@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -143,6 +144,56 @@ TEST_CASE("cuda backend: elementwise and activations match the host") {
   p.host->Copy(filled.h + 1, a.h, n - 1);
   p.Gpu().Copy(filled.g + 1, a.g, n - 1);
   CHECK_CLOSE(p, filled, 0, 0);
+}
+
+// The elementwise kernels take four elements per thread where every pointer is 16-byte aligned
+// and one otherwise: both paths give the same bits (inputs shifted by one element take the
+// other path; 1001 and 1000 elements leave a tail of 1 and 0 after the fours).
+TEST_CASE("cuda backend: elementwise kernels give the same bits aligned and unaligned") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  Backend& gpu = p.Gpu();
+  for (int64_t n : {int64_t{1001}, int64_t{1000}, int64_t{3}}) {
+    INFO("n " << n);
+    const auto va = Random(n, 90, 4.0f), vb = Random(n, 91, 4.0f), vc = Random(n, 92, 4.0f);
+    // Three inputs and two outputs, at offset 0 (aligned) and 1 (not 16-byte aligned).
+    auto buffers = [&](int64_t offset) {
+      std::array<float*, 5> b{};
+      for (float*& x : b) x = Pair::Alloc(gpu, n + 1) + offset;
+      gpu.CopyToDevice(b[0], va.data(), n * 4);
+      gpu.CopyToDevice(b[1], vb.data(), n * 4);
+      gpu.CopyToDevice(b[2], vc.data(), n * 4);
+      return b;
+    };
+    auto run = [&](int64_t offset) {
+      const auto b = buffers(offset);
+      std::vector<float> out;
+      auto take = [&](const float* x) {
+        std::vector<float> v(n);
+        gpu.CopyToHost(v.data(), x, n * 4);
+        out.insert(out.end(), v.begin(), v.end());
+      };
+      gpu.Add(b[3], b[0], b[1], n);
+      take(b[3]);
+      gpu.Accumulate(b[3], b[2], n);
+      take(b[3]);
+      gpu.Scale(b[3], n, 0.3f);
+      take(b[3]);
+      gpu.SwiGluForward(b[3], b[0], b[1], n);
+      take(b[3]);
+      gpu.SwiGluBackward(b[3], b[4], b[2], b[0], b[1], n);
+      take(b[3]);
+      take(b[4]);
+      gpu.GeluForward(b[3], b[0], n);
+      take(b[3]);
+      gpu.GeluBackward(b[3], b[2], b[0], n);
+      take(b[3]);
+      gpu.Fill(b[4], n, -1.5f);
+      take(b[4]);
+      return out;
+    };
+    CHECK(run(0) == run(1));
+  }
 }
 
 TEST_CASE("cuda backend: column copies (slices, one head broadcast, sums over heads) are exact") {
