@@ -538,7 +538,7 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
   const bool edp_leader = IndexIn(CommKind::Edp) == 0;
   const bool dp_leader = IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp) == 0;
   call.Output(0, 1);
-  double sum = 0;
+  std::vector<ConstTensor> pieces;
   for (int32_t in : call.op.inputs) {
     const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
     const size_t bi = &bucket - role_.buckets.data();
@@ -556,9 +556,12 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
       if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
       if (count_once && !(p.split_comm == CommKind::Ep ? edp_leader : dp_leader)) continue;
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
-      if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
+      if (lo < hi) pieces.push_back({g + (lo - base), hi - lo});
     }
   }
+  // The pieces' sums added in the same order as they were listed (one device wait for all).
+  double sum = 0;
+  for (double piece : backend_.SumOfSquaresEach(pieces)) sum += piece;
   const float value = static_cast<float>(sum);
   backend_.CopyToDevice(call.Out(0), &value, 4);
 }
@@ -614,6 +617,7 @@ void RankRunner::RunOptimizerUpdate(const OpCall& call, bool adamw) {
                     ? F(bucket.param_shard, call.ctx)
                     : params + begin;
   if (!dest) throw call.Fail("optimizer step on a param shard of a bucket that has none");
+  std::vector<AdamWTensor> updates;  // AdamW: every param of the shard in one backend call
   for (const Range& r : ranges_[bi]) {
     const int64_t lo = std::max(begin, r.begin), hi = std::min(begin + n, r.end);
     if (lo >= hi) continue;
@@ -621,14 +625,18 @@ void RankRunner::RunOptimizerUpdate(const OpCall& call, bool adamw) {
     const float wd = p.decay ? static_cast<float>(train.weight_decay) : 0.0f;
     float* ms = master + (lo - begin);
     if (adamw) {
-      host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1),
-                            static_cast<float>(train.beta2), static_cast<float>(train.eps), wd};
-      backend_.AdamW(ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo, cfg,
-                     step + 1, clip);
+      updates.push_back({ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo,
+                         wd, dest + (lo - begin)});
     } else {
       backend_.Sgd(ms, grads + (lo - grad_base), hi - lo, static_cast<float>(lr), wd, clip);
+      backend_.Copy(dest + (lo - begin), ms, hi - lo);
     }
-    backend_.Copy(dest + (lo - begin), ms, hi - lo);
+  }
+  if (!updates.empty()) {
+    const host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1),
+                                static_cast<float>(train.beta2), static_cast<float>(train.eps),
+                                0.0f};
+    backend_.AdamWEach(updates, cfg, step + 1, clip);
   }
 }
 

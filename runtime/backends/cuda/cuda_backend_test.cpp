@@ -492,6 +492,71 @@ TEST_CASE("cuda backend: sum of squares and optimizers") {
   CHECK_CLOSE(p, param, 1e-6, 1e-5);
 }
 
+// The multi-tensor forms are the per-tensor calls in fewer launches: the same bits, across
+// more tensors than one launch takes, with empty and one-element tensors among them.
+TEST_CASE("cuda backend: sums of squares and AdamW over many tensors equal the per-tensor calls") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  std::vector<int64_t> sizes;
+  for (int t = 0; t < 45; ++t) sizes.push_back(t % 9 == 4 ? 0 : (t * 7919) % 3001 + t % 3);
+  sizes[10] = 100003;  // more elements than one tensor's 264 blocks cover in one stride
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const auto values = Random(total, 80);
+  auto x = p.Upload(values);
+  std::vector<exec::ConstTensor> tensors;
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    tensors.push_back({x.g + offset, n});
+    offset += n;
+  }
+  const std::vector<double> each = p.Gpu().SumOfSquaresEach(tensors);
+  REQUIRE(each.size() == sizes.size());
+  offset = 0;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    INFO("tensor " << t << " of " << sizes[t] << " elements");
+    CHECK(each[t] == p.Gpu().SumOfSquares(x.g + offset, sizes[t]));
+    CHECK(each[t] == doctest::Approx(p.host->SumOfSquares(x.h + offset, sizes[t])).epsilon(1e-9));
+    offset += sizes[t];
+  }
+  CHECK(p.Gpu().SumOfSquaresEach({}).empty());
+
+  // AdamW: one set of buffers updated per tensor, a second through AdamWEach (copies into a
+  // third, except one tensor whose copy is its own weights); the host runs the per-tensor form.
+  const auto params = Random(total, 81), grads = Random(total, 82);
+  auto param1 = p.Upload(params), param2 = p.Upload(params), grad = p.Upload(grads);
+  auto m1 = p.Zeros(total), v1 = p.Zeros(total), m2 = p.Zeros(total), v2 = p.Zeros(total);
+  auto copy1 = p.Zeros(total), copy2 = p.Zeros(total);
+  const host::AdamWConfig config{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f};
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<exec::AdamWTensor> updates;
+    offset = 0;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      host::AdamWConfig c = config;
+      c.weight_decay = t % 2 == 0 ? 0.1f : 0.0f;
+      const int64_t o = offset, n = sizes[t];
+      const bool self = t == 7;
+      p.Gpu().AdamW(param1.g + o, grad.g + o, m1.g + o, v1.g + o, n, c, step, 0.7f);
+      p.Gpu().Copy(self ? param1.g + o : copy1.g + o, param1.g + o, n);
+      p.host->AdamW(param1.h + o, grad.h + o, m1.h + o, v1.h + o, n, c, step, 0.7f);
+      updates.push_back({param2.g + o, grad.g + o, m2.g + o, v2.g + o, n, c.weight_decay,
+                         self ? param2.g + o : copy2.g + o});
+      offset += n;
+    }
+    p.Gpu().AdamWEach(updates, config, step, 0.7f);
+  }
+  auto download = [&](const Pair::Buf& b) {
+    std::vector<float> v(b.n);
+    p.Gpu().CopyToHost(v.data(), b.g, b.n * 4);
+    return v;
+  };
+  CHECK(download(param2) == download(param1));
+  CHECK(download(m2) == download(m1));
+  CHECK(download(v2) == download(v1));
+  CHECK(download(copy2) == download(copy1));
+  CHECK_CLOSE(p, param1, 1e-6, 1e-5);
+}
+
 TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a tile)") {
   if (!GpuOrSkip()) return;
   Pair p;
