@@ -32,6 +32,24 @@ using host::ColumnMap;
 using host::MoeRouterConfig;
 using host::TokenLayout;
 
+// A tensor of n fp32 elements (a backend pointer), read only.
+struct ConstTensor {
+  const float* data = nullptr;
+  int64_t n = 0;
+};
+
+// One tensor of Backend::AdamWEach: master weights, gradient, moments, its weight decay, and
+// where the updated weights go as well (nullptr: nowhere).
+struct AdamWTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t n = 0;
+  float weight_decay = 0.0f;
+  float* copy = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -173,8 +191,27 @@ class Backend {
   // ---- Optimizer ----
   // Σ x² over n elements (double accumulation on the host), returned to the host.
   virtual double SumOfSquares(const float* x, int64_t n) = 0;
+  // SumOfSquares of each tensor, bit for bit, returned together (one wait for the device
+  // instead of one per tensor where the backend batches them).
+  virtual std::vector<double> SumOfSquaresEach(const std::vector<ConstTensor>& tensors) {
+    std::vector<double> out;
+    out.reserve(tensors.size());
+    for (const ConstTensor& t : tensors) out.push_back(SumOfSquares(t.data, t.n));
+    return out;
+  }
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWConfig& config, int64_t step, float grad_scale) = 0;
+  // AdamW on each tensor (config with the tensor's weight decay), each updated weight also
+  // copied to `copy` when that is set: the same bits as AdamW and Copy per tensor.
+  virtual void AdamWEach(const std::vector<AdamWTensor>& tensors, const AdamWConfig& config,
+                         int64_t step, float grad_scale) {
+    for (const AdamWTensor& t : tensors) {
+      AdamWConfig c = config;
+      c.weight_decay = t.weight_decay;
+      AdamW(t.param, t.grad, t.m, t.v, t.n, c, step, grad_scale);
+      if (t.copy != nullptr) Copy(t.copy, t.param, t.n);
+    }
+  }
   virtual void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
                    float grad_scale) = 0;
 };

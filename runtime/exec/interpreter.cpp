@@ -128,10 +128,14 @@ std::vector<int> PlacedRanks(const RankPlacement& placement, int world_size) {
   return placement.ranks;
 }
 
-// Adds the fp32 master value of element `local` of `p` on `rank` to the gathered parameters,
-// recording the first disagreement between replicas. Called under co.mutex.
-void GatherMasterElement(Coordinator& co, const RankRunner& runner, const prog::mem::Param& p,
-                         int64_t local, float value) {
+// The gathered copy of one parameter: its unsharded values and which of them a rank wrote.
+struct GatheredParam {
+  std::vector<float>* values;
+  std::vector<char>* written;
+};
+
+// Where `p` is gathered, made on first use. Called under co.mutex.
+GatheredParam GatheredOf(Coordinator& co, const prog::mem::Param& p) {
   auto& dst = co.params[p.name];
   auto& flags = co.written[p.name];
   if (dst.empty()) {
@@ -140,6 +144,15 @@ void GatherMasterElement(Coordinator& co, const RankRunner& runner, const prog::
     dst.assign(n, 0.0f);
     flags.assign(n, 0);
   }
+  return {&dst, &flags};
+}
+
+// Adds the fp32 master value of element `local` of `p` on `rank` to the gathered parameters,
+// recording the first disagreement between replicas. Called under co.mutex.
+void GatherMasterElement(Coordinator& co, const RankRunner& runner, const prog::mem::Param& p,
+                         GatheredParam into, int64_t local, float value) {
+  std::vector<float>& dst = *into.values;
+  std::vector<char>& flags = *into.written;
   const int64_t g = runner.GlobalIndex(p, local);
   if (g < 0 || g >= static_cast<int64_t>(dst.size())) return;
   if (flags[g] && std::bit_cast<uint32_t>(dst[g]) != std::bit_cast<uint32_t>(value) &&
@@ -298,7 +311,10 @@ void TrainingRun::RunRank(int slot) {
   std::unique_ptr<Backend> own_backend;
   if (!placement_) own_backend = MakeHostBackend();
   Backend* backend = placement_ ? placement_->backends[slot] : own_backend.get();
-  RankRunner runner(program_, rank, *world_, *backend, tokens_, options_);
+  // Parameter init shares the cores among the rank threads that initialise at the same time.
+  const int init_threads =
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(local_, 1));
+  RankRunner runner(program_, rank, *world_, *backend, tokens_, options_, init_threads);
   runner.Setup();
   if (start_ > 0) ReadRankShard(manifest_, program_, rank, runner.State(), *backend);
   RankThread rt{slot, runner, *backend};
@@ -311,8 +327,15 @@ void TrainingRun::RunRank(int slot) {
   }
   // Gather the final parameters from the fp32 master shards.
   std::lock_guard<std::mutex> lock(co_.mutex);
+  // The map lookups by name once per parameter, not per element.
+  const prog::mem::Param* last = nullptr;
+  GatheredParam into{};
   runner.ForEachMasterElement([&](const prog::mem::Param& p, int64_t local, float value) {
-    GatherMasterElement(co_, runner, p, local, value);
+    if (&p != last) {
+      into = GatheredOf(co_, p);
+      last = &p;
+    }
+    GatherMasterElement(co_, runner, p, into, local, value);
   });
 }
 

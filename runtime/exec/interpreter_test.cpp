@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <fstream>
 
 #include "runtime/exec/checkpoint.h"
+#include "runtime/exec/rank_runner.h"
 #include "runtime/exec/tiny_program.h"
 
 using namespace paraplan::exec;
@@ -275,6 +277,30 @@ TEST_CASE("initialisation is counter-based: a value depends only on (seed, key, 
   }
   CHECK(std::abs(sum / n) < 0.02 * 0.05);
   CHECK(std::sqrt(sq / n) == doctest::Approx(0.02).epsilon(0.03));
+}
+
+// Parameter init spreads a block over threads; every thread count writes the same bits, each
+// element the value of its global index.
+TEST_CASE("threaded parameter init writes the same values as one thread") {
+  // A [3, 40000 / 4, 7] block of a [3, 40000, 7] tensor split four ways on dimension 1: 210,000
+  // elements, enough for several threads; and a block of a tensor split on its first dimension.
+  for (const InitBlock& block :
+       {InitBlock{3, 40000, 10000, 2, 7}, InitBlock{1, 280004, 70001, 3, 1}}) {
+    const int64_t local = block.outer * block.n_local * block.inner;
+    std::vector<float> one(local), many(local);
+    InitNormalBlock(one.data(), 7, 11, 0.02, block, 1);
+    for (int64_t li : {int64_t{0}, int64_t{1}, local / 3, local - 1}) {
+      const int64_t i = li % block.inner, j = li / block.inner % block.n_local,
+                    o = li / block.inner / block.n_local;
+      const int64_t gi = (o * block.n_global + block.part * block.n_local + j) * block.inner + i;
+      CHECK(one[li] == InitValue(7, 11, gi, 0.02));
+    }
+    for (int threads : {2, 3, 7}) {
+      std::fill(many.begin(), many.end(), 0.0f);
+      InitNormalBlock(many.data(), 7, 11, 0.02, block, threads);
+      CHECK(many == one);
+    }
+  }
 }
 
 TEST_CASE("a rank that fails mid-step stops every rank with its message (no hang)") {

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <system_error>
+#include <thread>
 
 #include "runtime/backends/host/kernels/kernels.h"
 
@@ -13,10 +16,71 @@ namespace {
 
 std::string OpName(OpKind k) { return prog::EnumNameOpKind(k); }
 
+// Below this many elements a parameter is initialised on the calling thread alone: starting
+// threads would cost more than the ~40 ns per element they share.
+constexpr int64_t kMinElementsPerInitThread = int64_t{1} << 15;
+
+// Calls fn(begin, end) on contiguous ranges covering [0, n): up to `threads` ranges of at least
+// kMinElementsPerInitThread elements, the first on the calling thread and the others on their
+// own threads. A thread that cannot be started leaves its range to the calling thread; the
+// first exception fn throws is rethrown after every thread has joined.
+template <typename Fn>
+void ForRanges(int64_t n, int threads, const Fn& fn) {
+  const int64_t parts = std::clamp<int64_t>(n / kMinElementsPerInitThread, 1, std::max(threads, 1));
+  if (parts == 1) {
+    if (n > 0) fn(int64_t{0}, n);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(parts));
+  auto run = [&](int64_t part) {
+    try {
+      fn(n * part / parts, n * (part + 1) / parts);
+    } catch (...) {
+      errors[static_cast<size_t>(part)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> workers;
+  std::vector<int64_t> left;  // ranges whose thread could not be started
+  for (int64_t part = 1; part < parts; ++part) {
+    try {
+      workers.emplace_back(run, part);
+    } catch (const std::system_error&) {
+      left.push_back(part);
+    }
+  }
+  run(0);
+  for (int64_t part : left) run(part);
+  for (auto& w : workers) w.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 }  // namespace
 
+void InitNormalBlock(float* dst, uint64_t seed, int64_t key, double std, const InitBlock& block,
+                     int threads) {
+  const InitBlock& b = block;
+  const int64_t local = b.outer * b.n_local * b.inner;
+  // Each value depends on its global index only, so threads may take any ranges of local
+  // elements.
+  ForRanges(local, threads, [&](int64_t begin, int64_t end) {
+    const int64_t row = begin / b.inner;
+    int64_t i = begin % b.inner, j = row % b.n_local, o = row / b.n_local;
+    for (int64_t li = begin; li < end; ++li) {
+      dst[li] = InitValue(seed, key, (o * b.n_global + b.part * b.n_local + j) * b.inner + i, std);
+      if (++i == b.inner) {
+        i = 0;
+        if (++j == b.n_local) {
+          j = 0;
+          ++o;
+        }
+      }
+    }
+  });
+}
+
 RankRunner::RankRunner(const ProgramImage& program, int rank, CommWorld& world, Backend& backend,
-                       const data::TokenStream& tokens, const RunOptions& options)
+                       const data::TokenStream& tokens, const RunOptions& options, int init_threads)
     : program_(program),
       role_(program.roles[program.ranks[rank].role]),
       expanded_(role_.loops.empty() ? std::vector<prog::mem::Op>{} : prog::mem::ScheduleOps(role_)),
@@ -25,7 +89,8 @@ RankRunner::RankRunner(const ProgramImage& program, int rank, CommWorld& world, 
       world_(world),
       backend_(backend),
       tokens_(tokens),
-      options_(options) {}
+      options_(options),
+      init_threads_(std::max(init_threads, 1)) {}
 
 RankRunner::~RankRunner() {
   for (void* p : allocations_) backend_.Free(p);
@@ -202,12 +267,14 @@ void RankRunner::InitParams() {
         throw RunError("param `" + p.name + "`: the local buffer holds " + std::to_string(local) +
                        " elements, but its global tensor of " + std::to_string(global) + " split " +
                        std::to_string(ways) + " ways gives " + std::to_string(global / ways));
-      for (int64_t li = 0; li < local; ++li) {
-        const int64_t gi = GlobalIndex(p, li);
-        dst[li] = p.init == prog::InitKind::Normal ? InitValue(seed, p.key, gi, p.init_std)
-                  : p.init == prog::InitKind::Ones ? 1.0f
-                                                   : 0.0f;
-      }
+      ForRanges(local, init_threads_, [&](int64_t begin, int64_t end) {
+        for (int64_t li = begin; li < end; ++li) {
+          const int64_t gi = GlobalIndex(p, li);
+          dst[li] = p.init == prog::InitKind::Normal ? InitValue(seed, p.key, gi, p.init_std)
+                    : p.init == prog::InitKind::Ones ? 1.0f
+                                                     : 0.0f;
+        }
+      });
       backend_.CopyToDevice(F(p.buffer, {}), dst.data(), local * 4);
       return;
     }
@@ -227,26 +294,16 @@ void RankRunner::InitParams() {
                      std::to_string(parts) + " ways gives " + std::to_string(global / parts));
     }
     const int64_t n_local = n_global / parts;
-    for (int64_t o = 0; o < outer; ++o) {
-      for (int64_t j = 0; j < n_local; ++j) {
-        for (int64_t i = 0; i < inner; ++i) {
-          const int64_t li = (o * n_local + j) * inner + i;
-          const int64_t gi = (o * n_global + part * n_local + j) * inner + i;
-          float v = 0.0f;
-          switch (p.init) {
-            case prog::InitKind::Normal:
-              v = InitValue(seed, p.key, gi, p.init_std);
-              break;
-            case prog::InitKind::Zeros:
-              v = 0.0f;
-              break;
-            case prog::InitKind::Ones:
-              v = 1.0f;
-              break;
-          }
-          dst[li] = v;
-        }
-      }
+    switch (p.init) {
+      case prog::InitKind::Zeros:
+        break;  // dst starts zeroed
+      case prog::InitKind::Ones:
+        std::fill(dst.begin(), dst.end(), 1.0f);
+        break;
+      case prog::InitKind::Normal:
+        InitNormalBlock(dst.data(), seed, p.key, p.init_std,
+                        {outer, n_global, n_local, part, inner}, init_threads_);
+        break;
     }
     backend_.CopyToDevice(F(p.buffer, {}), dst.data(), local * 4);
   };
@@ -538,7 +595,7 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
   const bool edp_leader = IndexIn(CommKind::Edp) == 0;
   const bool dp_leader = IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp) == 0;
   call.Output(0, 1);
-  double sum = 0;
+  std::vector<ConstTensor> pieces;
   for (int32_t in : call.op.inputs) {
     const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
     const size_t bi = &bucket - role_.buckets.data();
@@ -556,9 +613,12 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
       if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
       if (count_once && !(p.split_comm == CommKind::Ep ? edp_leader : dp_leader)) continue;
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
-      if (lo < hi) sum += backend_.SumOfSquares(g + (lo - base), hi - lo);
+      if (lo < hi) pieces.push_back({g + (lo - base), hi - lo});
     }
   }
+  // The pieces' sums added in the same order as they were listed (one device wait for all).
+  double sum = 0;
+  for (double piece : backend_.SumOfSquaresEach(pieces)) sum += piece;
   const float value = static_cast<float>(sum);
   backend_.CopyToDevice(call.Out(0), &value, 4);
 }
@@ -614,6 +674,7 @@ void RankRunner::RunOptimizerUpdate(const OpCall& call, bool adamw) {
                     ? F(bucket.param_shard, call.ctx)
                     : params + begin;
   if (!dest) throw call.Fail("optimizer step on a param shard of a bucket that has none");
+  std::vector<AdamWTensor> updates;  // AdamW: every param of the shard in one backend call
   for (const Range& r : ranges_[bi]) {
     const int64_t lo = std::max(begin, r.begin), hi = std::min(begin + n, r.end);
     if (lo >= hi) continue;
@@ -621,14 +682,18 @@ void RankRunner::RunOptimizerUpdate(const OpCall& call, bool adamw) {
     const float wd = p.decay ? static_cast<float>(train.weight_decay) : 0.0f;
     float* ms = master + (lo - begin);
     if (adamw) {
-      host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1),
-                            static_cast<float>(train.beta2), static_cast<float>(train.eps), wd};
-      backend_.AdamW(ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo, cfg,
-                     step + 1, clip);
+      updates.push_back({ms, grads + (lo - grad_base), m + (lo - begin), v + (lo - begin), hi - lo,
+                         wd, dest + (lo - begin)});
     } else {
       backend_.Sgd(ms, grads + (lo - grad_base), hi - lo, static_cast<float>(lr), wd, clip);
+      backend_.Copy(dest + (lo - begin), ms, hi - lo);
     }
-    backend_.Copy(dest + (lo - begin), ms, hi - lo);
+  }
+  if (!updates.empty()) {
+    const host::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(train.beta1),
+                                static_cast<float>(train.beta2), static_cast<float>(train.eps),
+                                0.0f};
+    backend_.AdamWEach(updates, cfg, step + 1, clip);
   }
 }
 

@@ -33,10 +33,23 @@ struct StateTensor {
   int64_t elements = 0;
 };
 
+// The local block of a parameter split along one dimension: `outer` × (n_global split into
+// parts of n_local, this rank's being `part`) × `inner`, row-major. Local element
+// li = (o·n_local + j)·inner + i is global element (o·n_global + part·n_local + j)·inner + i.
+struct InitBlock {
+  int64_t outer = 1, n_global = 1, n_local = 1, part = 0, inner = 1;
+};
+// Writes InitValue(seed, key, global index, std) for every local element of `block` into dst,
+// on up to `threads` threads; the values do not depend on the thread count.
+void InitNormalBlock(float* dst, uint64_t seed, int64_t key, double std, const InitBlock& block,
+                     int threads);
+
 class RankRunner {
  public:
+  // `init_threads`: threads that may initialise this rank's parameters (values do not depend
+  // on it).
   RankRunner(const ProgramImage& program, int rank, CommWorld& world, Backend& backend,
-             const data::TokenStream& tokens, const RunOptions& options);
+             const data::TokenStream& tokens, const RunOptions& options, int init_threads = 1);
   ~RankRunner();
   // It owns its arena and refers to its own members (schedule_): neither copied nor moved.
   RankRunner(const RankRunner&) = delete;
@@ -182,6 +195,7 @@ class RankRunner {
   Backend& backend_;
   const data::TokenStream& tokens_;
   const RunOptions& options_;
+  int init_threads_;
   std::unique_ptr<data::Sampler> sampler_;
   std::array<Comm, prog::kCommKinds> comms_;
   std::vector<void*> allocations_;

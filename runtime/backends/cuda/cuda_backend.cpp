@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -21,6 +22,16 @@ TokenLayout Convert(const host::TokenLayout& l) {
   return TokenLayout{l.seq, l.batch, l.seq_stride, l.batch_stride, l.seq_offset};
 }
 
+// PARAPLAN_CUDA_GEMM_CAST=1: every GEMM operand gets its own bf16 cast (the engine's older
+// path, kept to time against the shared cast of dy in LinearBackward); unset or 0: shared.
+bool CastEachGemmOperand() {
+  const auto value = launch::ProcessEnvironment()("PARAPLAN_CUDA_GEMM_CAST");
+  if (!value || value->empty()) return false;
+  auto v = launch::ParseIntVariable("PARAPLAN_CUDA_GEMM_CAST", *value, 0, 1);
+  if (!v) throw CudaError(v.error());
+  return *v == 1;
+}
+
 AdamWConfig Convert(const host::AdamWConfig& c) {
   return AdamWConfig{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay};
 }
@@ -30,14 +41,16 @@ class CudaBackend final : public exec::Backend {
   explicit CudaBackend(int device) : device_(device) {
     PARAPLAN_CUDA_CHECK(cudaSetDevice(device_));
     PARAPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    gemm_ = std::make_unique<GemmEngine>(stream_);
+    gemm_ = std::make_unique<GemmEngine>(stream_, CastEachGemmOperand());
     // Keep freed stream-ordered scratch in the pool instead of returning it at every sync.
     cudaMemPool_t pool;
     if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
       uint64_t threshold = UINT64_MAX;
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
     }
-    PARAPLAN_CUDA_CHECK(cudaMalloc(&sos_partials_, sizeof(double) * (kSumOfSquaresBlocks + 1)));
+    // The partial sums of up to kMultiTensorMax tensors, then SumOfSquares's result.
+    PARAPLAN_CUDA_CHECK(cudaMalloc(
+        &sos_partials_, sizeof(double) * (int64_t{kMultiTensorMax} * kSumOfSquaresBlocks + 1)));
   }
 
   ~CudaBackend() override {
@@ -301,7 +314,8 @@ class CudaBackend final : public exec::Backend {
   // ---- Optimizer ----
   double SumOfSquares(const float* x, int64_t n) override {
     Use();
-    double* out = static_cast<double*>(sos_partials_) + kSumOfSquaresBlocks;
+    double* out =
+        static_cast<double*>(sos_partials_) + int64_t{kMultiTensorMax} * kSumOfSquaresBlocks;
     cuda::SumOfSquares(out, x, n, static_cast<double*>(sos_partials_), stream_);
     double result = 0.0;
     PARAPLAN_CUDA_CHECK(
@@ -309,10 +323,49 @@ class CudaBackend final : public exec::Backend {
     PARAPLAN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return result;
   }
+  // kMultiTensorMax tensors per pair of launches, every result read back after one wait.
+  std::vector<double> SumOfSquaresEach(const std::vector<exec::ConstTensor>& tensors) override {
+    Use();
+    std::vector<double> out(tensors.size(), 0.0);
+    if (tensors.empty()) return out;
+    void* results = nullptr;
+    PARAPLAN_CUDA_CHECK(cudaMallocAsync(&results, out.size() * sizeof(double), stream_));
+    const float* x[kMultiTensorMax];
+    int64_t n[kMultiTensorMax];
+    for (size_t first = 0; first < tensors.size(); first += kMultiTensorMax) {
+      const int count = static_cast<int>(std::min<size_t>(kMultiTensorMax, tensors.size() - first));
+      for (int t = 0; t < count; ++t) {
+        x[t] = tensors[first + t].data;
+        n[t] = tensors[first + t].n;
+      }
+      cuda::SumOfSquaresEach(static_cast<double*>(results) + first, x, n, count,
+                             static_cast<double*>(sos_partials_), stream_);
+    }
+    PARAPLAN_CUDA_CHECK(cudaMemcpyAsync(out.data(), results, out.size() * sizeof(double),
+                                        cudaMemcpyDeviceToHost, stream_));
+    PARAPLAN_CUDA_CHECK(cudaFreeAsync(results, stream_));
+    PARAPLAN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return out;
+  }
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
              const host::AdamWConfig& config, int64_t step, float grad_scale) override {
     Use();
     cuda::AdamW(param, grad, m, v, n, Convert(config), step, grad_scale, nullptr, stream_);
+  }
+  void AdamWEach(const std::vector<exec::AdamWTensor>& tensors, const host::AdamWConfig& config,
+                 int64_t step, float grad_scale) override {
+    Use();
+    cuda::AdamWTensor group[kMultiTensorMax];
+    for (size_t first = 0; first < tensors.size(); first += kMultiTensorMax) {
+      const int count = static_cast<int>(std::min<size_t>(kMultiTensorMax, tensors.size() - first));
+      for (int t = 0; t < count; ++t) {
+        const exec::AdamWTensor& e = tensors[first + t];
+        // A copy onto the weights themselves is no copy (Copy skips it the same way).
+        group[t] = {
+            e.param, e.grad, e.m, e.v, e.n, e.weight_decay, e.copy == e.param ? nullptr : e.copy};
+      }
+      cuda::AdamWEach(group, count, Convert(config), step, grad_scale, stream_);
+    }
   }
   void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay,
            float grad_scale) override {

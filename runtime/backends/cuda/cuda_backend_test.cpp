@@ -13,7 +13,9 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <tuple>
 
@@ -144,6 +146,56 @@ TEST_CASE("cuda backend: elementwise and activations match the host") {
   CHECK_CLOSE(p, filled, 0, 0);
 }
 
+// The elementwise kernels take four elements per thread where every pointer is 16-byte aligned
+// and one otherwise: both paths give the same bits (inputs shifted by one element take the
+// other path; 1001 and 1000 elements leave a tail of 1 and 0 after the fours).
+TEST_CASE("cuda backend: elementwise kernels give the same bits aligned and unaligned") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  Backend& gpu = p.Gpu();
+  for (int64_t n : {int64_t{1001}, int64_t{1000}, int64_t{3}}) {
+    INFO("n " << n);
+    const auto va = Random(n, 90, 4.0f), vb = Random(n, 91, 4.0f), vc = Random(n, 92, 4.0f);
+    // Three inputs and two outputs, at offset 0 (aligned) and 1 (not 16-byte aligned).
+    auto buffers = [&](int64_t offset) {
+      std::array<float*, 5> b{};
+      for (float*& x : b) x = Pair::Alloc(gpu, n + 1) + offset;
+      gpu.CopyToDevice(b[0], va.data(), n * 4);
+      gpu.CopyToDevice(b[1], vb.data(), n * 4);
+      gpu.CopyToDevice(b[2], vc.data(), n * 4);
+      return b;
+    };
+    auto run = [&](int64_t offset) {
+      const auto b = buffers(offset);
+      std::vector<float> out;
+      auto take = [&](const float* x) {
+        std::vector<float> v(n);
+        gpu.CopyToHost(v.data(), x, n * 4);
+        out.insert(out.end(), v.begin(), v.end());
+      };
+      gpu.Add(b[3], b[0], b[1], n);
+      take(b[3]);
+      gpu.Accumulate(b[3], b[2], n);
+      take(b[3]);
+      gpu.Scale(b[3], n, 0.3f);
+      take(b[3]);
+      gpu.SwiGluForward(b[3], b[0], b[1], n);
+      take(b[3]);
+      gpu.SwiGluBackward(b[3], b[4], b[2], b[0], b[1], n);
+      take(b[3]);
+      take(b[4]);
+      gpu.GeluForward(b[3], b[0], n);
+      take(b[3]);
+      gpu.GeluBackward(b[3], b[2], b[0], n);
+      take(b[3]);
+      gpu.Fill(b[4], n, -1.5f);
+      take(b[4]);
+      return out;
+    };
+    CHECK(run(0) == run(1));
+  }
+}
+
 TEST_CASE("cuda backend: column copies (slices, one head broadcast, sums over heads) are exact") {
   if (!GpuOrSkip()) return;
   Pair p;
@@ -202,6 +254,45 @@ TEST_CASE("cuda backend: bf16 GEMMs and linear layers within bf16 tolerance") {
   CHECK_CLOSE(p, dx, 3e-2, 2e-2);
   CHECK_CLOSE(p, dw, 3e-2, 2e-2);
   CHECK_CLOSE(p, db, 1e-5, 1e-5);
+}
+
+// LinearBackward casts dy to bf16 once for dx and dw; PARAPLAN_CUDA_GEMM_CAST=1 casts it per
+// product. The same bits reach cuBLASLt either way, so the results are identical.
+TEST_CASE("cuda backend: a linear backward's shared dy cast equals one cast per product") {
+  if (!GpuOrSkip()) return;
+  const int64_t rows = 41, in = 72, out = 24;  // x larger than w: the shared scratch holds both
+  const auto vx = Random(rows * in, 70), vw = Random(out * in, 71), vdy = Random(rows * out, 72),
+             vdw = Random(out * in, 73), vdx = Random(rows * in, 74);
+  auto run = [&](const char* cast_each, bool accumulate_dx) {
+    if (cast_each != nullptr)
+      setenv("PARAPLAN_CUDA_GEMM_CAST", cast_each, 1);
+    else
+      unsetenv("PARAPLAN_CUDA_GEMM_CAST");
+    CudaRanks ranks = MakeLocalCudaRanks(1, 0);
+    unsetenv("PARAPLAN_CUDA_GEMM_CAST");
+    Backend& be = *ranks.backends[0];
+    auto upload = [&](const std::vector<float>& v) {
+      float* d = Pair::Alloc(be, static_cast<int64_t>(v.size()));
+      be.CopyToDevice(d, v.data(), static_cast<int64_t>(v.size()) * 4);
+      return d;
+    };
+    float *x = upload(vx), *w = upload(vw), *dy = upload(vdy), *dw = upload(vdw), *dx = upload(vdx);
+    be.LinearBackward(dx, dw, nullptr, dy, x, w, rows, in, out, accumulate_dx);
+    std::vector<float> result(rows * in + out * in);
+    be.CopyToHost(result.data(), dx, rows * in * 4);
+    be.CopyToHost(result.data() + rows * in, dw, out * in * 4);
+    return result;
+  };
+  for (bool accumulate_dx : {false, true}) {
+    INFO("accumulate_dx " << accumulate_dx);
+    const auto shared = run(nullptr, accumulate_dx), each = run("1", accumulate_dx);
+    CHECK(run("0", accumulate_dx) == shared);
+    CHECK(shared == each);
+  }
+  setenv("PARAPLAN_CUDA_GEMM_CAST", "2", 1);
+  CHECK_THROWS_WITH_AS(MakeLocalCudaRanks(1, 0), doctest::Contains("PARAPLAN_CUDA_GEMM_CAST"),
+                       std::runtime_error);
+  unsetenv("PARAPLAN_CUDA_GEMM_CAST");
 }
 
 TEST_CASE("cuda backend: embeddings and learned positions add in the host's order") {
@@ -441,6 +532,71 @@ TEST_CASE("cuda backend: sum of squares and optimizers") {
   p.host->Sgd(param.h, grad.h, n, 0.1f, 0.01f, 0.5f);
   p.Gpu().Sgd(param.g, grad.g, n, 0.1f, 0.01f, 0.5f);
   CHECK_CLOSE(p, param, 1e-6, 1e-5);
+}
+
+// The multi-tensor forms are the per-tensor calls in fewer launches: the same bits, across
+// more tensors than one launch takes, with empty and one-element tensors among them.
+TEST_CASE("cuda backend: sums of squares and AdamW over many tensors equal the per-tensor calls") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  std::vector<int64_t> sizes;
+  for (int t = 0; t < 45; ++t) sizes.push_back(t % 9 == 4 ? 0 : (t * 7919) % 3001 + t % 3);
+  sizes[10] = 100003;  // more elements than one tensor's 264 blocks cover in one stride
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const auto values = Random(total, 80);
+  auto x = p.Upload(values);
+  std::vector<exec::ConstTensor> tensors;
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    tensors.push_back({x.g + offset, n});
+    offset += n;
+  }
+  const std::vector<double> each = p.Gpu().SumOfSquaresEach(tensors);
+  REQUIRE(each.size() == sizes.size());
+  offset = 0;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    INFO("tensor " << t << " of " << sizes[t] << " elements");
+    CHECK(each[t] == p.Gpu().SumOfSquares(x.g + offset, sizes[t]));
+    CHECK(each[t] == doctest::Approx(p.host->SumOfSquares(x.h + offset, sizes[t])).epsilon(1e-9));
+    offset += sizes[t];
+  }
+  CHECK(p.Gpu().SumOfSquaresEach({}).empty());
+
+  // AdamW: one set of buffers updated per tensor, a second through AdamWEach (copies into a
+  // third, except one tensor whose copy is its own weights); the host runs the per-tensor form.
+  const auto params = Random(total, 81), grads = Random(total, 82);
+  auto param1 = p.Upload(params), param2 = p.Upload(params), grad = p.Upload(grads);
+  auto m1 = p.Zeros(total), v1 = p.Zeros(total), m2 = p.Zeros(total), v2 = p.Zeros(total);
+  auto copy1 = p.Zeros(total), copy2 = p.Zeros(total);
+  const host::AdamWConfig config{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f};
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<exec::AdamWTensor> updates;
+    offset = 0;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      host::AdamWConfig c = config;
+      c.weight_decay = t % 2 == 0 ? 0.1f : 0.0f;
+      const int64_t o = offset, n = sizes[t];
+      const bool self = t == 7;
+      p.Gpu().AdamW(param1.g + o, grad.g + o, m1.g + o, v1.g + o, n, c, step, 0.7f);
+      p.Gpu().Copy(self ? param1.g + o : copy1.g + o, param1.g + o, n);
+      p.host->AdamW(param1.h + o, grad.h + o, m1.h + o, v1.h + o, n, c, step, 0.7f);
+      updates.push_back({param2.g + o, grad.g + o, m2.g + o, v2.g + o, n, c.weight_decay,
+                         self ? param2.g + o : copy2.g + o});
+      offset += n;
+    }
+    p.Gpu().AdamWEach(updates, config, step, 0.7f);
+  }
+  auto download = [&](const Pair::Buf& b) {
+    std::vector<float> v(b.n);
+    p.Gpu().CopyToHost(v.data(), b.g, b.n * 4);
+    return v;
+  };
+  CHECK(download(param2) == download(param1));
+  CHECK(download(m2) == download(m1));
+  CHECK(download(v2) == download(v1));
+  CHECK(download(copy2) == download(copy1));
+  CHECK_CLOSE(p, param1, 1e-6, 1e-5);
 }
 
 TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a tile)") {

@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <string>
 
 #include "runtime/backends/cuda/kernels/cuda_check.h"
@@ -37,7 +38,8 @@ struct GemmEngine::Plan {
   }
 };
 
-GemmEngine::GemmEngine(cudaStream_t stream) : stream_(stream) {
+GemmEngine::GemmEngine(cudaStream_t stream, bool cast_each_operand)
+    : stream_(stream), cast_each_operand_(cast_each_operand) {
   cublasLtHandle_t handle;
   PARAPLAN_LT_CHECK(cublasLtCreate(&handle));
   handle_ = handle;
@@ -149,8 +151,22 @@ void GemmEngine::LinearForward(float* y, const float* x, const float* w, const f
 void GemmEngine::LinearBackward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
                                 const float* w, int64_t rows, int64_t in, int64_t out,
                                 bool accumulate_dx) {
-  if (dx != nullptr) Gemm(false, false, rows, in, out, dy, w, accumulate_dx ? 1.0f : 0.0f, dx);
-  if (dw != nullptr) Gemm(true, false, out, in, rows, dy, x, 1.0f, dw);
+  const float dx_beta = accumulate_dx ? 1.0f : 0.0f;
+  if (dx != nullptr && dw != nullptr && !cast_each_operand_ && rows > 0 && in > 0 && out > 0) {
+    // dy in bf16 serves both products; scratch 1 holds w, then x (stream order keeps the dx
+    // product's reads of w before the cast of x overwrites it).
+    void* dy16 = Scratch(0, rows * out * 2);
+    void* w16 = Scratch(1, std::max(out, rows) * in * 2);  // sized for x too: no regrowth between
+    CastToBf16(dy16, dy, rows * out, stream_);
+    CastToBf16(w16, w, out * in, stream_);
+    GemmBf16(false, false, rows, in, out, dy16, w16, dx_beta, dx);
+    void* x16 = w16;
+    CastToBf16(x16, x, rows * in, stream_);
+    GemmBf16(true, false, out, in, rows, dy16, x16, 1.0f, dw);
+  } else {
+    if (dx != nullptr) Gemm(false, false, rows, in, out, dy, w, dx_beta, dx);
+    if (dw != nullptr) Gemm(true, false, out, in, rows, dy, x, 1.0f, dw);
+  }
   if (dbias != nullptr) BiasBackward(dbias, dy, rows, out, stream_);
 }
 

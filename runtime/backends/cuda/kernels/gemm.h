@@ -8,6 +8,12 @@
 // AdamW) go straight in. Descriptors and the heuristic's algorithm are chosen once per shape
 // and cached, so a step reuses the same algorithm every time (reproducible runs).
 //
+// LinearBackward rounds dy to bf16 once for both of its products (dx = dy·w and dw += dyᵀ·x):
+// the same bits go into both, so the results are those of two separate Gemm calls, with one
+// cast pass over dy fewer (for the LM head, one pass over the [rows, vocab] logits gradient).
+// `cast_each_operand` (PARAPLAN_CUDA_GEMM_CAST=1 in the backend) restores one cast per operand
+// per product, so that both can be timed on the same build.
+//
 // One engine per stream (per rank); not thread-safe. Made by the CUDA backend; read by it and
 // by the GPU tests.
 #ifndef PARAPLAN_RUNTIME_BACKENDS_CUDA_KERNELS_GEMM_H_
@@ -24,7 +30,7 @@ namespace paraplan::cuda {
 
 class GemmEngine {
  public:
-  explicit GemmEngine(cudaStream_t stream);
+  explicit GemmEngine(cudaStream_t stream, bool cast_each_operand = false);
   ~GemmEngine();
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
@@ -52,6 +58,7 @@ class GemmEngine {
   void* Scratch(int which, int64_t bytes);
 
   cudaStream_t stream_;
+  bool cast_each_operand_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   int64_t workspace_bytes_ = 0;

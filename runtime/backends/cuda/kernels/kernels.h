@@ -162,6 +162,27 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
            cudaStream_t stream);
 void Sgd(float* param, const float* grad, int64_t n, float lr, float weight_decay, float grad_scale,
          cudaStream_t stream);
+// Several tensors per launch (the optimizer step's and the gradient norm's launch count is the
+// bucket's tensor count divided by kMultiTensorMax, not the tensor count).
+inline constexpr int kMultiTensorMax = 32;
+// out[t] = SumOfSquares(x[t], n[t]) bit for bit (each tensor keeps its own blocks, order and
+// final sum) for count ≤ kMultiTensorMax tensors, in two launches; `partials` holds at least
+// kMultiTensorMax · kSumOfSquaresBlocks doubles.
+void SumOfSquaresEach(double* out, const float* const* x, const int64_t* n, int count,
+                      double* partials, cudaStream_t stream);
+// AdamW on count ≤ kMultiTensorMax tensors in one launch, each with its own weight decay
+// (config.weight_decay is not read); element by element the same arithmetic as AdamW, and the
+// updated weight is also stored to copy (when not null).
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float *m, *v;
+  int64_t n;
+  float weight_decay;
+  float* copy;
+};
+void AdamWEach(const AdamWTensor* tensors, int count, const AdamWConfig& config, int64_t step,
+               float grad_scale, cudaStream_t stream);
 
 // ---- Mixture of experts (moe.cu; host::MoeRouterConfig's fields, score 0 softmax, 1 sigmoid) ----
 struct MoeRouterConfig {
