@@ -932,26 +932,41 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
 
 namespace {
 
-// One thread per (row, head, pair). Angles in double, as the host computes them.
+// Angles in double, as the host computes them, once per (token, pair).
 __global__ void RopeKernel(float* x, TokenLayout layout, int64_t heads, int64_t head_dim,
                            double theta, float sign) {
+  // One block per token at a time: the cos and sin of its head_dim / 2 angles once, in double
+  // as the host computes them, then every head's pairs (the rotation is the same per head).
+  PARAPLAN_DYNAMIC_SHARED(smem);
   const int64_t half = head_dim / 2;
-  PARAPLAN_GRID_STRIDE(idx, layout.seq * layout.batch * heads * half) {
-    const int64_t i = idx % half;
-    int64_t rest = idx / half;
-    const int64_t h = rest % heads;
-    rest /= heads;
-    const int64_t b = rest % layout.batch, s = rest / layout.batch;
-    const double pos = static_cast<double>(layout.seq_offset + s);
-    const double freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-    double sn, cs;
-    sincos(pos * freq, &sn, &cs);
-    const float c = static_cast<float>(cs), sgn = sign * static_cast<float>(sn);
-    float* v = x + ((s * layout.seq_stride + b * layout.batch_stride) * heads + h) * head_dim;
-    const float a = v[i], z = v[i + half];
-    v[i] = a * c - z * sgn;
-    v[i + half] = a * sgn + z * c;
+  float* const cos_of = reinterpret_cast<float*>(smem);
+  float* const sin_of = cos_of + half;
+  const int64_t tokens = layout.seq * layout.batch;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const int64_t b = t % layout.batch, s = t / layout.batch;
+    __syncthreads();  // the previous token's table is no longer read
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const double pos = static_cast<double>(layout.seq_offset + s);
+      const double freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+      double sn, cs;
+      sincos(pos * freq, &sn, &cs);
+      cos_of[i] = static_cast<float>(cs);
+      sin_of[i] = sign * static_cast<float>(sn);
+    }
+    __syncthreads();
+    float* const row = x + (s * layout.seq_stride + b * layout.batch_stride) * heads * head_dim;
+    for (int64_t j = threadIdx.x; j < heads * half; j += blockDim.x) {
+      const int64_t h = j / half, i = j % half;
+      float* v = row + h * head_dim;
+      const float a = v[i], z = v[i + half], c = cos_of[i], sgn = sin_of[i];
+      v[i] = a * c - z * sgn;
+      v[i + half] = a * sgn + z * c;
+    }
   }
+}
+
+unsigned RopeGrid(const TokenLayout& layout) {
+  return static_cast<unsigned>(std::min<int64_t>(layout.seq * layout.batch, 65535));
 }
 
 }  // namespace
@@ -960,8 +975,8 @@ void RopeForward(float* x, const TokenLayout& layout, int64_t heads, int64_t hea
                  cudaStream_t stream) {
   const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
   if (n <= 0) return;
-  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, x, layout, heads, head_dim, theta,
-                  1.0f);
+  PARAPLAN_LAUNCH(RopeKernel, RopeGrid(layout), kThreads, head_dim * sizeof(float), stream, x,
+                  layout, heads, head_dim, theta, 1.0f);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
@@ -969,8 +984,8 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
                   float theta, cudaStream_t stream) {
   const int64_t n = layout.seq * layout.batch * heads * (head_dim / 2);
   if (n <= 0) return;
-  PARAPLAN_LAUNCH(RopeKernel, GridFor(n), kThreads, 0, stream, dx, layout, heads, head_dim, theta,
-                  -1.0f);
+  PARAPLAN_LAUNCH(RopeKernel, RopeGrid(layout), kThreads, head_dim * sizeof(float), stream, dx,
+                  layout, heads, head_dim, theta, -1.0f);
   PARAPLAN_CUDA_CHECK_LAUNCH();
 }
 
