@@ -63,6 +63,7 @@ for prog in "$kit"/eq/*.pplan; do
   plan="$(basename "$prog" .pplan)"
   stage "eq_$plan" 60 "$kit/bin/planrun" "$prog" --backend=cuda --steps 3 --data "$kit/classics.txt" \
     --metrics "$out/eq_$plan.cuda.jsonl" --timeout 50
+  [[ -n "${ONLY:-}" && ! "eq_$plan" =~ $ONLY ]] && continue
   python3 - "$kit/eq/$plan.host.jsonl" "$out/eq_$plan.cuda.jsonl" "$plan" <<'PY' | tee -a "$summary"
 import json, sys
 def losses(p):
@@ -113,7 +114,7 @@ san_bin="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-saniti
 if [ -n "$san_bin" ]; then
   stage memcheck_backend 120 "$san_bin" --tool memcheck --error-exitcode 9 \
     "$kit/bin/cuda_backend_tests" --no-version=true
-  stage racecheck_backend 120 "$san_bin" --tool racecheck --error-exitcode 9 \
+  stage racecheck_backend 60 "$san_bin" --tool racecheck --error-exitcode 9 \
     "$kit/bin/cuda_backend_tests" --no-version=true
   stage memcheck_moe 60 "$san_bin" --tool memcheck --error-exitcode 9 "$kit/bin/planrun" \
     "$kit/eq/moe_capacity_etp2_tp2_sp.pplan" --backend=cuda --steps 1 --data "$kit/classics.txt"
