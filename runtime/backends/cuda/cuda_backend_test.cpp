@@ -347,6 +347,27 @@ TEST_CASE("cuda backend: RMSNorm and LayerNorm forward and backward") {
   CHECK_CLOSE(p, db, 1e-4, 1e-4);
 }
 
+// Flash attention forward and backward on both backends from the same inputs: the output and
+// log-sum-exp within 3e-2 + 2e-2·|host|, the gradients within 3e-2 + 3e-2·|host|. Returns dq.
+Pair::Buf CheckAttention(Pair& p, const Pair::Buf& q, const Pair::Buf& k, const Pair::Buf& v,
+                         const Pair::Buf& dout, const TokenLayout& layout, int64_t qh, int64_t kvh,
+                         int64_t head_dim, float scale) {
+  auto out = p.Zeros(q.n), lse = p.Zeros(q.n / head_dim);
+  p.host->AttentionForward(out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
+  p.Gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
+  CHECK_CLOSE(p, out, 3e-2, 2e-2);
+  CHECK_CLOSE(p, lse, 3e-2, 2e-2);
+  auto dq = p.Zeros(q.n), dk = p.Zeros(k.n), dv = p.Zeros(v.n);
+  p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh,
+                            head_dim, scale);
+  p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh,
+                            head_dim, scale);
+  CHECK_CLOSE(p, dq, 3e-2, 3e-2);
+  CHECK_CLOSE(p, dk, 3e-2, 3e-2);
+  CHECK_CLOSE(p, dv, 3e-2, 3e-2);
+  return dq;
+}
+
 TEST_CASE("cuda backend: rotary embedding and flash attention, both token layouts, GQA") {
   if (!GpuOrSkip()) return;
   Pair p;
@@ -364,19 +385,7 @@ TEST_CASE("cuda backend: rotary embedding and flash attention, both token layout
       p.host->RopeForward(q.h, layout, qh, head_dim, 10000.0f);
       p.Gpu().RopeForward(q.g, layout, qh, head_dim, 10000.0f);
       CHECK_CLOSE(p, q, 1e-5, 1e-5);
-      auto out = p.Zeros(rows * qh * head_dim), lse = p.Zeros(batch * qh * seq);
-      p.host->AttentionForward(out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
-      p.Gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
-      CHECK_CLOSE(p, out, 3e-2, 2e-2);
-      CHECK_CLOSE(p, lse, 3e-2, 2e-2);
-      auto dq = p.Zeros(q.n), dk = p.Zeros(k.n), dv = p.Zeros(v.n);
-      p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, layout, qh,
-                                kvh, head_dim, scale);
-      p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, layout, qh,
-                                kvh, head_dim, scale);
-      CHECK_CLOSE(p, dq, 3e-2, 3e-2);
-      CHECK_CLOSE(p, dk, 3e-2, 3e-2);
-      CHECK_CLOSE(p, dv, 3e-2, 3e-2);
+      auto dq = CheckAttention(p, q, k, v, dout, layout, qh, kvh, head_dim, scale);
       p.host->RopeBackward(dq.h, layout, qh, head_dim, 10000.0f);
       p.Gpu().RopeBackward(dq.g, layout, qh, head_dim, 10000.0f);
       CHECK_CLOSE(p, dq, 3e-2, 3e-2);
@@ -410,19 +419,7 @@ TEST_CASE("cuda backend: flash attention whose running max keeps rising") {
     auto q = p.Upload(qv), k = p.Upload(kv);
     auto v = p.Upload(Random(seq * kvh * head_dim, 71)),
          dout = p.Upload(Random(seq * qh * head_dim, 72));
-    auto out = p.Zeros(q.n), lse = p.Zeros(qh * seq);
-    p.host->AttentionForward(out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
-    p.Gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
-    CHECK_CLOSE(p, out, 3e-2, 2e-2);
-    CHECK_CLOSE(p, lse, 3e-2, 2e-2);
-    auto dq = p.Zeros(q.n), dk = p.Zeros(k.n), dv = p.Zeros(v.n);
-    p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, layout, qh,
-                              kvh, head_dim, scale);
-    p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, layout, qh,
-                              kvh, head_dim, scale);
-    CHECK_CLOSE(p, dq, 3e-2, 3e-2);
-    CHECK_CLOSE(p, dk, 3e-2, 3e-2);
-    CHECK_CLOSE(p, dv, 3e-2, 3e-2);
+    CheckAttention(p, q, k, v, dout, layout, qh, kvh, head_dim, scale);
   }
 }
 
