@@ -760,6 +760,8 @@ void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, in
     const CostChunk& chunk = chunks[static_cast<size_t>(c * in.p + r)];
     const int64_t held = counts[static_cast<size_t>(c)];
     AddChunkLayers(in, chunk, held, tally);
+    if (in.arena)
+      tally.extra = SatAdd(tally.extra, ArenaLandingBytes(*in.plan, in.arena_sizes, r, in.mb, c));
     if (chunk.embedding) {
       s.embedding = true;
       AddEmbedding(in, held, tally);

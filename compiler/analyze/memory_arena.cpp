@@ -411,14 +411,17 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
 // each MoE layer with aux-loss-free balancing.
 int64_t ArenaMoeStateBuffers(const ArenaSizes& z) { return z.expert_bias ? 2 * z.experts * 4 : 0; }
 
+namespace {
+
 // Microbatches of each local chunk in flight at once on pipeline rank r, in the order the
 // schedule runs them (Megatron's: warm-up forwards, one forward one backward, cool-down). A
 // microbatch takes its chunk's slot at its first transfer or forward (compiler/lower/lower.cpp,
 // AssignSlots). In the interleaved steady state the transfer placement (compiler/lower/
 // schedule.cpp) posts the first stage's next input (from the last stage, for every chunk but the
-// first) in the group before the backward: that slot is taken before the backward gives its own
-// back. The other stages receive right before the forward, after the backward.
-std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
+// first) in the group before the backward: received into its slot (`early_receive`), that slot
+// is taken before the backward gives its own back. The other stages receive right before the
+// forward, after the backward.
+std::vector<int64_t> SlotsInFlight(const Plan& plan, int64_t r, int64_t m, bool early_receive) {
   const int64_t p = std::max<int64_t>(1, plan.parallel.pp),
                 v = std::max<int64_t>(1, plan.parallel.vpp);
   std::vector<int64_t> slots(static_cast<size_t>(v), 0);
@@ -440,7 +443,7 @@ std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
     slots[c] = std::max(slots[c], ++live[c]);
     taken = k + 1;
   };
-  auto early = [&](int64_t k) { return r == 0 && (k / p) % v != 0; };
+  auto early = [&](int64_t k) { return early_receive && r == 0 && (k / p) % v != 0; };
   auto backward = [&](int64_t k) { --live[static_cast<size_t>(v - 1 - (k / p) % v)]; };
   for (int64_t k = 0; k < warmup; ++k) take(k);
   for (int64_t i = 0; i < total - warmup; ++i) {
@@ -449,6 +452,34 @@ std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
     backward(i);
   }
   return slots;
+}
+
+// Whether local chunk c of pipeline rank r has a landing buffer (compiler/lower/lower.cpp,
+// LandingChunks): where its early receive would raise its slots, the first rank of the
+// interleaved schedule receives into one activation of its own, copied into the input slot by
+// the forward.
+bool HasLanding(const Plan& plan, int64_t r, int64_t m, int64_t c) {
+  if (plan.pipeline.schedule != Schedule::kInterleaved1F1B || plan.parallel.vpp < 2 ||
+      plan.parallel.pp < 2 || r != 0 || c == 0)
+    return false;
+  const auto i = static_cast<size_t>(c);
+  return SlotsInFlight(plan, r, m, true).at(i) > SlotsInFlight(plan, r, m, false).at(i);
+}
+
+}  // namespace
+
+// Microbatches of each local chunk in flight at once: SlotsInFlight, the early receives of the
+// chunks with a landing buffer taking no slot.
+std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
+  std::vector<int64_t> slots = SlotsInFlight(plan, r, m, true);
+  const std::vector<int64_t> landed = SlotsInFlight(plan, r, m, false);
+  for (size_t c = 0; c < slots.size(); ++c)
+    if (HasLanding(plan, r, m, static_cast<int64_t>(c))) slots[c] = landed[c];
+  return slots;
+}
+
+int64_t ArenaLandingBytes(const Plan& plan, const ArenaSizes& z, int64_t r, int64_t m, int64_t c) {
+  return HasLanding(plan, r, m, c) ? SatMul(z.R, z.h * z.a) : 0;
 }
 
 namespace {

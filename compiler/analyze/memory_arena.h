@@ -78,6 +78,11 @@ int64_t ArenaMoeStateBuffers(const ArenaSizes& z);
 
 // Microbatches of each local chunk in flight at once on pipeline rank r, `m` per step.
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m);
+// The landing buffer of local chunk c on pipeline rank r, `m` per step (bytes; zero when it has
+// none): one received activation outside the chunk's stash slots, where the first rank of the
+// interleaved schedule would otherwise take a slot for its next input before the backward frees
+// one (compiler/lower/lower.cpp, LandingChunks).
+int64_t ArenaLandingBytes(const Plan& plan, const ArenaSizes& z, int64_t r, int64_t m, int64_t c);
 
 // The ranks the experts' gradients and optimizer state shard over: Edp with ep > 1, and with
 // ep = 1, etp = 1 beside tp > 1 under sequence parallelism and ZeRO 0 or 1; else `dense_shard`.

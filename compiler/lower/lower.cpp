@@ -323,12 +323,14 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
 }
 
 // Slots: a (microbatch, chunk) takes a free slot of its chunk at its first transfer or forward
-// and gives it back after its last use (its SendGrad, or its Backward on the first stage), once
-// the transfer group that used it has completed. A step of few microbatches takes the lowest
-// free slot; with `fifo` (a step of many microbatches, whose schedule is held in loop form) the
-// slot freed longest ago, so that the slots of the steady state rotate with a fixed stride per
-// period (lowest-free drifts from one period to the next). Both use as many slots.
-void AssignSlots(Role& role, bool fifo) {
+// (a receive into a landing buffer takes none: its microbatch takes its slot at the forward,
+// and the receive names that slot too) and gives it back after its last use (its SendGrad, or
+// its Backward on the first stage), once the transfer group that used it has completed. A step
+// of few microbatches takes the lowest free slot; with `fifo` (a step of many microbatches,
+// whose schedule is held in loop form) the slot freed longest ago, so that the slots of the
+// steady state rotate with a fixed stride per period (lowest-free drifts from one period to the
+// next). Both use as many slots. `landing`: per chunk, its landing buffer or -1.
+void AssignSlots(Role& role, bool fifo, const std::vector<int32_t>& landing) {
   int32_t nc = static_cast<int32_t>(role.chunks.size());
   // Per chunk and slot: 0 free, 1 busy, 2 freed inside the current transfer group (its grad
   // buffer may still be read by a send of this group; its input buffer is free).
@@ -348,7 +350,10 @@ void AssignSlots(Role& role, bool fifo) {
       freed_in_group[c].clear();
     }
   };
-  for (Op& op : role.schedule) {
+  // Receives into a landing buffer whose microbatch has not taken its slot yet.
+  std::map<std::pair<int64_t, int64_t>, size_t> landed;  // (mb, chunk) -> schedule index
+  for (size_t oi = 0; oi < role.schedule.size(); ++oi) {
+    Op& op = role.schedule[oi];
     bool p2p = IsP2p(op.kind);
     const prog::StepAttrs step = prog::DecodeStepAttrs(op);
     int64_t group = p2p ? step.group : 0;
@@ -357,6 +362,10 @@ void AssignSlots(Role& role, bool fifo) {
     if (op.kind != OpKind::Forward && op.kind != OpKind::Backward && !p2p) continue;
     int64_t mb = step.microbatch, c = step.chunk;
     auto key = std::make_pair(mb, c);
+    if (op.kind == OpKind::RecvActivation && landing[c] >= 0) {
+      landed[key] = oi;
+      continue;
+    }
     auto it = slot_of.find(key);
     int32_t slot;
     if (it == slot_of.end()) {
@@ -387,6 +396,10 @@ void AssignSlots(Role& role, bool fifo) {
           *free = 1;
       }
       slot_of[key] = slot;
+      if (auto l = landed.find(key); l != landed.end()) {
+        prog::SetStepSlot(role.schedule[l->second], slot);
+        landed.erase(l);
+      }
     } else {
       slot = it->second;
     }
@@ -406,7 +419,7 @@ void AssignSlots(Role& role, bool fifo) {
 }
 
 void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
-                   const ParallelConfig& par, Role& role) {
+                   const ParallelConfig& par, const std::vector<int32_t>& landing, Role& role) {
   namespace attrs = prog::attrs;
   std::vector<Op>& out = role.schedule;
   // A schedule holds every microbatch's ops (hundreds of thousands in a large world): exact
@@ -431,7 +444,7 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
       case OpKind::RecvActivation:
         out.push_back(
             prog::MakeOp(attrs::RecvActivation{st.microbatch, st.chunk, 0, st.peer, st.group}, {},
-                         {c.input}, CommKind::Pp));
+                         {landing[st.chunk] >= 0 ? landing[st.chunk] : c.input}, CommKind::Pp));
         break;
       case OpKind::SendGrad:
         out.push_back(prog::MakeOp(attrs::SendGrad{st.microbatch, st.chunk, 0, st.peer, st.group},
@@ -449,6 +462,83 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
   out.push_back(prog::MakeOp(attrs::ReduceGrads{.body = sb.reduce_grads}, {}, {}));
   out.push_back(prog::MakeOp(attrs::OptimizerStep{.body = sb.optimizer_step}, {}, {}));
   (void)par;
+}
+
+// Landing buffers: on the first pipeline rank of the interleaved schedule every chunk but the
+// first receives its input from the last rank, and in the steady state the transfer placement
+// (schedule.cpp) posts that receive in the group before the backward. Received into an input
+// slot, it takes a whole stash slot of the chunk (every stashed buffer of a microbatch) before
+// the backward gives one back, and where that raises the chunk's slots the receive lands instead
+// in a buffer of the received activation's size, which the chunk's forward body copies into the
+// input slot first thing: the microbatch takes its slot at its forward, after the backward. The
+// copy keeps the program's contract as it was (a forward's context names one slot of every Stash
+// buffer of its chunk, the backward reads the stashed input there) for one boundary-sized copy
+// per forward. One buffer per chunk is enough: with Megatron's microbatch groups of pp each such
+// receive is followed by its forward before the chunk's next receive (ReceivesOneAhead; the
+// verifier proves it); a chunk whose receives run further ahead (other group sizes) keeps
+// receiving into its slots.
+bool ReceivesOneAhead(const std::vector<PipelineStep>& steps, int32_t chunk) {
+  int32_t landed = -1;
+  for (const PipelineStep& st : steps) {
+    if (st.chunk != chunk) continue;
+    if (st.kind == OpKind::RecvActivation) {
+      if (landed >= 0) return false;
+      landed = st.microbatch;
+    } else if (st.kind == OpKind::Forward) {
+      if (landed != st.microbatch) return false;
+      landed = -1;
+    }
+  }
+  return true;
+}
+
+// The chunks of `role` that get a landing buffer, from the pipelines its schedule is built from:
+// those whose receives run one ahead and whose slots a landing buffer lowers (their slots counted
+// both ways; the chunks' slots do not depend on each other).
+std::vector<bool> LandingChunks(const ScheduleShape& shape, int32_t pipeline_rank,
+                                const std::vector<const std::vector<PipelineStep>*>& pipelines,
+                                const StepBodies& sb, const ParallelConfig& par, const Role& role) {
+  const size_t nc = role.chunks.size();
+  std::vector<bool> lands(nc, false);
+  if (shape.kind != prog::ScheduleKind::Interleaved1F1B || shape.vpp < 2 || shape.pp < 2 ||
+      pipeline_rank != 0 || pipelines.empty())
+    return lands;
+  std::vector<int32_t> none(nc, -1), some(nc, -1);
+  for (size_t c = 0; c < nc; ++c) {
+    const Chunk& ch = role.chunks[c];
+    if (ch.index > 0 && ch.input >= 0 &&
+        std::all_of(pipelines.begin(), pipelines.end(),
+                    [&](const auto* steps) { return ReceivesOneAhead(*steps, ch.index); }))
+      some[c] = ch.input;  // any buffer: the count only asks whether the chunk has one
+  }
+  auto slots = [&](const std::vector<int32_t>& landing) {
+    Role probe;
+    probe.chunks = role.chunks;
+    BuildSchedule(*pipelines.front(), sb, par, landing, probe);
+    AssignSlots(probe, false, landing);
+    return probe.chunks;
+  };
+  const std::vector<Chunk> without = slots(none), with = slots(some);
+  for (size_t c = 0; c < nc; ++c) lands[c] = some[c] >= 0 && with[c].slots < without[c].slots;
+  return lands;
+}
+
+// Adds a landing buffer to each chunk that `lands` names, and the copy into its input slot to
+// the front of the chunk's forward body.
+void AddLandingBuffers(const std::vector<bool>& lands, Role& role) {
+  for (Chunk& c : role.chunks) {
+    if (!lands[c.index]) continue;
+    const Buffer& input = role.buffers[c.input];
+    Buffer landing;
+    landing.name = fmt::format("chunk{}.landing", c.index);
+    landing.kind = BufferKind::Persistent;
+    landing.dtype = input.dtype;
+    landing.shape = input.shape;
+    role.buffers.push_back(std::move(landing));
+    const auto index = static_cast<int32_t>(role.buffers.size() - 1);
+    std::vector<Op>& ops = role.bodies[c.forward].ops;
+    ops.insert(ops.begin(), prog::MakeOp(prog::attrs::Copy{}, {index}, {c.input}));
+  }
 }
 
 // Whether the bodies hold the experts in buckets of their own, split over Ep and reduced over
@@ -822,14 +912,15 @@ struct ScheduleSampling {
 // The role's schedule by sampling (ScheduleSampling); false (role untouched but for its
 // scratch) when the samples do not extend by constant amounts.
 bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodies& sb,
-                          const ParallelConfig& par, Role& role) {
+                          const ParallelConfig& par, const std::vector<int32_t>& landing,
+                          Role& role) {
   LoopForm forms[3];
   std::vector<Chunk> chunks;
   for (int i = 0; i < 3; ++i) {
     Role sample;
     sample.chunks = role.chunks;
-    BuildSchedule(sampling.pipelines[i][r], sb, par, sample);
-    AssignSlots(sample, true);
+    BuildSchedule(sampling.pipelines[i][r], sb, par, landing, sample);
+    AssignSlots(sample, true, landing);
     if (i == 0) {
       chunks = sample.chunks;
     } else {
@@ -846,8 +937,8 @@ bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodie
   if (!form || form->loops.empty()) return false;
   // The memory plan of the first sample: the steady state holds the most microbatches in flight,
   // and every sample has it.
-  BuildSchedule(sampling.pipelines[0][r], sb, par, role);
-  AssignSlots(role, true);
+  BuildSchedule(sampling.pipelines[0][r], sb, par, landing, role);
+  AssignSlots(role, true, landing);
   PlanMemory(role);
   std::vector<Op>().swap(role.schedule);
   for (auto& pipelines : sampling.pipelines) std::vector<PipelineStep>().swap(pipelines[r]);
@@ -871,11 +962,23 @@ void BuildRoles(const Partition& partition, const ScheduleShape& shape, const Bo
                         c.embedding, c.loss});
     Role role;
     StepBodies sb = BuildRoleBodies(bs, r, chunks, role);
-    if (!sampling.active() || !BuildSampledSchedule(sampling, r, sb, p.parallel, role)) {
+    // The pipelines the schedule is built from: the samples, or every microbatch listed.
+    std::vector<const std::vector<PipelineStep>*> built_from;
+    if (sampling.active()) {
+      for (const auto& sample : sampling.pipelines) built_from.push_back(&sample[r]);
+    } else {
       if (pipeline.empty()) pipeline = PipelinePrograms(shape);
-      BuildSchedule(pipeline[r], sb, p.parallel, role);
+      built_from.push_back(&pipeline[r]);
+    }
+    if (options.landing_buffers)
+      AddLandingBuffers(LandingChunks(shape, r, built_from, sb, p.parallel, role), role);
+    std::vector<int32_t> landing;  // per chunk, its landing buffer or -1
+    for (const Chunk& c : role.chunks) landing.push_back(LandingBuffer(role, c));
+    if (!sampling.active() || !BuildSampledSchedule(sampling, r, sb, p.parallel, landing, role)) {
+      if (pipeline.empty()) pipeline = PipelinePrograms(shape);
+      BuildSchedule(pipeline[r], sb, p.parallel, landing, role);
       std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
-      AssignSlots(role, many);
+      AssignSlots(role, many, landing);
       PlanMemory(role);
       if (options.compact_schedule) CompactSchedule(role);
       // Listed schedules keep their files as they were unless asked (tests); a step of many

@@ -44,6 +44,10 @@ struct LowerOptions {
   bool schedule_loops = true;
   int64_t loop_min_microbatches = 1024;
   int64_t loop_min_saving = std::numeric_limits<int64_t>::max();
+  // The first pipeline rank of the interleaved schedule receives a chunk's next input into a
+  // landing buffer where receiving it into a stash slot would raise the chunk's slots
+  // (lower.cpp, LandingChunks). Tests switch it off to compare with the slots-only program.
+  bool landing_buffers = true;
   // Tests only: changes the program between building and verification.
   std::function<void(Program&)> before_verify;
 };

@@ -472,6 +472,70 @@ TEST_CASE(
   CHECK(errors.find("all_reduce[mp, sum]") != std::string::npos);
 }
 
+// pp 2, vpp 3: the first rank's middle chunk would take a slot for its next input before the
+// backward frees one; it receives into a landing buffer that its forward copies into the slot.
+TEST_CASE(
+    "landing buffers: the first rank's middle chunk of pp 2, vpp 3 receives outside its slots") {
+  Plan plan = TinyPlan(1, 2, 1, Schedule::kInterleaved1F1B, 3);
+  plan.model.layers = 6;
+  Program p = MustLower(plan);
+  const Role& first = p.roles[0];
+  REQUIRE(first.chunks.size() == 3);
+  const int32_t landing = LandingBuffer(first, first.chunks[1]);
+  REQUIRE(landing >= 0);
+  CHECK(first.buffers[landing].kind == BufferKind::Persistent);
+  CHECK(first.buffers[landing].shape == first.buffers[first.chunks[1].input].shape);
+  CHECK(LandingBuffer(first, first.chunks[0]) < 0);
+  CHECK(LandingBuffer(first, first.chunks[2]) < 0);  // its receives would not raise its slots
+  for (const Role& role : p.roles)
+    if (role.pipeline_rank != 0)
+      for (const Chunk& c : role.chunks) CHECK(LandingBuffer(role, c) < 0);
+  // Every receive of the chunk names the landing buffer and the slot its forward takes.
+  std::map<int64_t, int64_t> received;  // microbatch -> slot
+  int receives = 0;
+  for (const Op& op : first.schedule) {
+    const prog::StepAttrs a = prog::DecodeStepAttrs(op);
+    if (a.chunk != 1) continue;
+    if (op.kind == OpKind::RecvActivation) {
+      CHECK(op.outputs == std::vector<int32_t>{landing});
+      received[a.microbatch] = a.slot;
+      ++receives;
+    }
+    if (op.kind == OpKind::Forward) CHECK(received.at(a.microbatch) == a.slot);
+  }
+  CHECK(receives == 8);
+  LowerOptions slots_only;
+  slots_only.landing_buffers = false;
+  DiagnosticSink sink;
+  std::optional<Program> without = LowerPlan(plan, slots_only, sink);
+  REQUIRE(without.has_value());
+  CHECK(first.chunks[1].slots + 1 == without->roles[0].chunks[1].slots);
+}
+
+TEST_CASE("mutation: a receive that overwrites an unread landing buffer is caught") {
+  Plan plan = TinyPlan(1, 2, 1, Schedule::kInterleaved1F1B, 3);
+  plan.model.layers = 6;
+  Program p = MustLower(plan, false);
+  Role& role = p.roles[0];
+  auto is = [](OpKind kind, int64_t chunk) {
+    return
+        [=](const Op& op) { return op.kind == kind && prog::DecodeStepAttrs(op).chunk == chunk; };
+  };
+  // The first forward of the middle chunk, moved after the chunk's next receive.
+  auto fwd = std::find_if(role.schedule.begin(), role.schedule.end(), is(OpKind::Forward, 1));
+  REQUIRE(fwd != role.schedule.end());
+  const Op moved = *fwd;
+  auto next =
+      std::find_if(role.schedule.erase(fwd), role.schedule.end(), is(OpKind::RecvActivation, 1));
+  REQUIRE(next != role.schedule.end());
+  role.schedule.insert(next + 1, moved);
+  const std::string errors = Joined(VerifyWorld(p));
+  CHECK(errors.find("overwrites the chunk's landing buffer before microbatch 0 is read by its "
+                    "forward") != std::string::npos);
+  CHECK(errors.find("forward(microbatch 0, chunk 1): the chunk's landing buffer holds "
+                    "microbatch 1") != std::string::npos);
+}
+
 TEST_CASE(
     "mutation: swapped tensor-parallel collectives inside one rank's forward body are caught") {
   Plan plan = TinyPlan(2, 1, 1);

@@ -190,6 +190,23 @@ std::vector<uint8_t> ToFlatBuffer(const Program& p) { return prog::mem::EncodePr
 
 // --- reading ---------------------------------------------------------------------------------
 
+int32_t LandingBuffer(const Role& role, const Chunk& chunk) {
+  if (chunk.input < 0 || chunk.forward < 0 ||
+      chunk.forward >= static_cast<int32_t>(role.bodies.size()))
+    return -1;
+  const std::vector<Op>& ops = role.bodies[chunk.forward].ops;
+  if (ops.empty()) return -1;
+  const Op& first = ops.front();
+  if (first.kind != OpKind::Copy || first.inputs.size() != 1 || first.outputs.size() != 1 ||
+      first.outputs[0] != chunk.input)
+    return -1;
+  const int32_t landing = first.inputs[0];
+  if (landing < 0 || landing >= static_cast<int32_t>(role.buffers.size()) ||
+      role.buffers[landing].kind != BufferKind::Persistent)
+    return -1;
+  return landing;
+}
+
 std::vector<int32_t> StashChunks(const Role& role) {
   const auto nbuf = static_cast<int32_t>(role.buffers.size());
   const auto nbody = static_cast<int32_t>(role.bodies.size());

@@ -49,6 +49,11 @@ using Program = prog::mem::Program;
 // chunk's bodies only).
 std::vector<int32_t> StashChunks(const Role& role);
 
+// The chunk's landing buffer, or -1: a Persistent buffer that the first op of the chunk's
+// forward body copies into the chunk's `input` (a Copy). A chunk that has one receives its
+// activations there instead of into an input slot (runtime/format/README.md, "Landing buffers").
+int32_t LandingBuffer(const Role& role, const Chunk& chunk);
+
 // Structural checks (indices in range, sizes consistent; every op against the op registry with
 // prog::CheckOp, the check the runtime's loader runs too). Empty when fine.
 std::vector<std::string> VerifyStructure(const Program& program);

@@ -317,6 +317,44 @@ struct Rendezvous {
 // What advancing a rank (or entering a collective) did.
 enum class Progress : uint8_t { kWaiting, kMoved, kFailed };
 
+// Landing buffers (runtime/format/README.md): per chunk of one role the buffer (or -1) and the
+// microbatch whose activation it holds unread (-1 when none). A receive may not overwrite it
+// before that microbatch's forward has copied it out, and a forward of the chunk copies whatever
+// it holds: it must hold that forward's microbatch.
+class LandingTracker {
+ public:
+  explicit LandingTracker(const Role& role)
+      : buffer_(role.chunks.size(), -1), landed_(role.chunks.size(), -1) {
+    for (size_t c = 0; c < role.chunks.size(); ++c)
+      buffer_[c] = LandingBuffer(role, role.chunks[c]);
+  }
+  int32_t buffer(int64_t chunk) const { return buffer_[static_cast<size_t>(chunk)]; }
+  // The next op of the role's stream (its chunk in range); a message when it breaks the rule.
+  std::string Step(const StepView& op) {
+    const auto c = static_cast<size_t>(op.chunk);
+    if (buffer_[c] < 0) return {};
+    std::string error;
+    if (op.kind == OpKind::Forward) {
+      if (landed_[c] != op.microbatch)
+        error = landed_[c] < 0
+                    ? "the chunk's landing buffer holds no received activation"
+                    : fmt::format("the chunk's landing buffer holds microbatch {}", landed_[c]);
+      landed_[c] = -1;
+    } else if (op.kind == OpKind::RecvActivation) {
+      if (landed_[c] >= 0)
+        error = fmt::format(
+            "overwrites the chunk's landing buffer before microbatch {} is read by its forward",
+            landed_[c]);
+      landed_[c] = op.microbatch;
+    }
+    return error;
+  }
+
+ private:
+  std::vector<int32_t> buffer_;
+  std::vector<int64_t> landed_;
+};
+
 class WorldVerifier {
  public:
   WorldVerifier(const Program& p, VerifyStats* stats, size_t max_errors)
@@ -371,6 +409,7 @@ class WorldVerifier {
     // Per (microbatch, chunk): forward and backward counts and their first ops.
     std::vector<int32_t> fwd_count(m * nc, 0), bwd_count(m * nc, 0);
     std::vector<int64_t> fwd_first(m * nc, -1), bwd_first(m * nc, -1);
+    LandingTracker landing(role);
     ForEachOp(role, [&](size_t i, const StepView& op) {
       bool compute = op.kind == OpKind::Forward || op.kind == OpKind::Backward;
       if (!compute && !IsP2p(op.kind)) return;
@@ -380,6 +419,9 @@ class WorldVerifier {
                           DescribeStep(op), m));
         return;
       }
+      if (c < 0 || c >= nc) return;
+      if (const std::string e = landing.Step(op); !e.empty())
+        Error(fmt::format("{} op #{} {}: {}", role.name, i, DescribeStep(op), e));
       if (compute) {
         auto& count = op.kind == OpKind::Forward ? fwd_count : bwd_count;
         auto& first = op.kind == OpKind::Forward ? fwd_first : bwd_first;
@@ -387,9 +429,10 @@ class WorldVerifier {
         return;
       }
       const Chunk& ch = role.chunks[c];
-      int32_t expect = op.kind == OpKind::SendActivation   ? ch.output
-                       : op.kind == OpKind::RecvActivation ? ch.input
-                                                           : ch.grad;
+      int32_t expect = op.kind == OpKind::SendActivation ? ch.output
+                       : op.kind == OpKind::RecvActivation
+                           ? (landing.buffer(c) >= 0 ? landing.buffer(c) : ch.input)
+                           : ch.grad;
       if (expect < 0 || !op.one_operand || op.operand != expect)
         Error(fmt::format("{} op #{} {}: must name the chunk's {} buffer", role.name, i,
                           DescribeStep(op),

@@ -5,6 +5,8 @@
 // the world size times the schedule length, not times the body length):
 //   * counts: every (microbatch, chunk) passes forward exactly once and backward exactly once
 //     per step, forward first (occurrences are counted, not collected in sets);
+//   * landing buffers: a chunk's receives into its landing buffer alternate with its forwards,
+//     each forward reading its own microbatch's activation, never overwritten unread;
 //   * transfers: per ordered pair of ranks the k-th send matches the k-th receive (same kind,
 //     microbatch, adjacent virtual stages, same bytes), and every send has its receive;
 //   * collectives: the members of every communicator enter the same collectives in the same

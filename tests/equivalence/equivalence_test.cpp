@@ -237,6 +237,13 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan,
   CheckAgainst(Run(PlancCompile(plan)), want, element_tolerance);
 }
 
+// The Llama-style tiny model with six layers, so that pp 2 holds three chunks per rank.
+paraplan::Plan LandingPlan(const Layout& layout) {
+  paraplan::Plan plan = TinyPlan(false, layout);
+  plan.model.layers = 6;
+  return plan;
+}
+
 Comparison CheckEquivalent(bool gpt, const Layout& layout) {
   static std::map<std::tuple<bool, bool, bool>, RunResult> reference;
   const auto key = std::make_tuple(gpt, layout.sgd, layout.moe);
@@ -326,6 +333,42 @@ TEST_CASE("llama: pp 2, vpp 2, interleaved 1F1B") {
   CheckEquivalent(false, {1, 2, 1, 2, Schedule::kInterleaved1F1B});
 }
 TEST_CASE("llama: pp 4, GPipe") { CheckEquivalent(false, {1, 4, 1, 1, Schedule::kGpipe}); }
+
+// Interleaved 1F1B over pp 2 with vpp 3 (six layers): in the steady state the first rank posts
+// its middle chunk's next input before the backward gives a slot back, so that input lands in a
+// buffer of its own and the forward copies it into its slot (compiler/lower/lower.cpp,
+// LandingChunks), one slot fewer than receiving it into a slot. The copy is exact: the run is
+// bitwise the run of the program without landing buffers, and the one-rank run's within the
+// suite's tolerance.
+TEST_CASE("llama: pp 2, vpp 3 interleaved 1F1B, a landing buffer on the first rank") {
+  const paraplan::Plan plan = LandingPlan({1, 2, 1, 3, Schedule::kInterleaved1F1B});
+  paraplan::lower::LowerOptions slots_only;
+  slots_only.landing_buffers = false;
+  paraplan::DiagnosticSink sink;
+  const auto with = paraplan::lower::LowerPlan(plan, {}, sink);
+  const auto without = paraplan::lower::LowerPlan(plan, slots_only, sink);
+  REQUIRE(with.has_value());
+  REQUIRE(without.has_value());
+  const paraplan::lower::Role& first = with->roles.at(0);
+  REQUIRE(first.chunks.size() == 3);
+  CHECK(paraplan::lower::LandingBuffer(first, first.chunks[0]) < 0);
+  CHECK(paraplan::lower::LandingBuffer(first, first.chunks[1]) >= 0);
+  CHECK(paraplan::lower::LandingBuffer(first, first.chunks[2]) < 0);
+  CHECK(first.chunks[1].slots + 1 == without->roles.at(0).chunks[1].slots);
+  CHECK(first.peak_bytes < without->roles.at(0).peak_bytes);
+  auto image = [](const paraplan::lower::Program& program) {
+    const std::vector<uint8_t> bytes = paraplan::lower::ToFlatBuffer(program);
+    return DecodeProgramImage(bytes.data(), bytes.size(), program.plan_name);
+  };
+  const RunResult landed = Run(image(*with)), slotted = Run(image(*without));
+  REQUIRE(landed.steps.size() == slotted.steps.size());
+  for (size_t s = 0; s < landed.steps.size(); ++s) {
+    CHECK(landed.steps[s].loss == slotted.steps[s].loss);
+    CHECK(landed.steps[s].grad_norm == slotted.steps[s].grad_norm);
+  }
+  CHECK(landed.params == slotted.params);
+  CheckAgainst(landed, Run(Compile(LandingPlan({}))), kElementTolerance);
+}
 TEST_CASE("llama: dp 2") { CheckEquivalent(false, {1, 1, 2, 1}); }
 TEST_CASE("llama: dp 2, ZeRO 1") {
   CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 1});
@@ -938,7 +981,8 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
   };
   std::vector<paraplan::Plan> plans;
   for (const Case& c : cases) plans.push_back(TinyPlan(c.gpt, c.layout));
-  plans.push_back(MlaPlan({2, 1, 1, 1, Schedule::k1F1B, true}, true));  // multi-head latent
+  plans.push_back(MlaPlan({2, 1, 1, 1, Schedule::k1F1B, true}, true));     // multi-head latent
+  plans.push_back(LandingPlan({1, 2, 1, 3, Schedule::kInterleaved1F1B}));  // a landing buffer
   std::set<paraplan::prog::OpKind> emitted;
   for (const paraplan::Plan& plan : plans) {
     paraplan::DiagnosticSink sink;

@@ -127,12 +127,14 @@ TEST_CASE(
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
-// The stash slots each chunk of each stage holds (ArenaSlots) are the program's, for the
-// interleaved schedule over pipeline depths, chunk counts and microbatch counts: on the first
-// stage the next forward's input arrives before the backward has given its slot back.
+// The stash slots each chunk of each stage holds (ArenaSlots) and its landing buffer
+// (ArenaLandingBytes) are the program's, for the interleaved schedule over pipeline depths,
+// chunk counts and microbatch counts: on the first stage the next forward's input arrives before
+// the backward has given its slot back, into a landing buffer where a slot would raise the
+// chunk's slots.
 TEST_CASE("the arena model's stash slots are the compiled program's under interleaved 1F1B") {
   const std::string file = std::string(PARAPLAN_ROOT) + "/examples/tiny_llama.plan";
-  int stages = 0;
+  int stages = 0, landings = 0;
   for (int pp : {2, 3, 4, 8}) {
     for (int vpp : {2, 3, 5}) {
       for (int times : {1, 3}) {
@@ -154,18 +156,27 @@ TEST_CASE("the arena model's stash slots are the compiled program's under interl
         options.verify = false;
         std::optional<lower::Program> program = lower::LowerPlan(*plan, options, sink);
         REQUIRE_MESSAGE(program.has_value(), label);
+        const ArenaSizes z = ArenaSizesOf(*plan);
         for (const lower::Role& role : program->roles) {
           const std::vector<int64_t> slots = ArenaSlots(*plan, role.pipeline_rank, m);
           REQUIRE(slots.size() == role.chunks.size());
-          for (size_t c = 0; c < slots.size(); ++c)
+          for (size_t c = 0; c < slots.size(); ++c) {
             CHECK_MESSAGE(slots[c] == role.chunks[c].slots, label, " stage ", role.pipeline_rank,
                           " chunk ", c);
+            const int32_t landing = lower::LandingBuffer(role, role.chunks[c]);
+            const int64_t bytes = landing < 0 ? 0 : role.buffers[landing].bytes;
+            CHECK_MESSAGE(bytes == ArenaLandingBytes(*plan, z, role.pipeline_rank, m,
+                                                     static_cast<int64_t>(c)),
+                          label, " stage ", role.pipeline_rank, " chunk ", c, ": landing");
+            if (landing >= 0) ++landings;
+          }
           ++stages;
         }
       }
     }
   }
   CHECK(stages == 2 * 3 * (2 + 3 + 4 + 8));
+  CHECK(landings > 0);
 }
 
 // Mixture of experts (tests/memory/arena/moe.plan): a leading dense layer, then every second
