@@ -9,7 +9,7 @@
 //     112 bytes plus a heap block each. Its text is read from the stream on demand.
 //   * LeanLexer is the generated PlanLexer emitting LeanTokens.
 //
-// Used by parse.cpp only; ANTLR types never leave compiler/parse/.
+// Used by parse.cpp and parse_builder.h only; ANTLR types never leave compiler/parse/.
 #ifndef PARAPLAN_COMPILER_PARSE_LEAN_RUNTIME_H_
 #define PARAPLAN_COMPILER_PARSE_LEAN_RUNTIME_H_
 
