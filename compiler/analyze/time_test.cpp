@@ -2,6 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "compiler/analyze/cost_comm.h"
 #include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_test_plans.h"
@@ -79,6 +82,57 @@ TEST_CASE("ring collectives: all-reduce moves 2(n-1)/n of the array, twice a red
   CommGroup spread{4, 1};
   CHECK(CollectiveSeconds(Collective::kAllReduce, bytes, spread, c, eff) ==
         doctest::Approx(2 * 3.0 / 4 * bytes / (50e9 * eff.network_bus_fraction)));
+}
+
+TEST_CASE("ring collectives across nodes: the slower of NVLink and network sets the time") {
+  const ClusterSpec c = testing::DgxH100(4);
+  GpuEfficiency eff = EfficiencyFor(c.gpu);
+  eff.collective_latency_s = 0;
+  const double bytes = 8e9, nvl = 450e9 * eff.nvlink_bus_fraction,
+               net = 50e9 * eff.network_bus_fraction;
+  // 8 GPUs a node: each GPU forwards 7/8 of the array over NVLink and its 1/8 share of the
+  // ring's (n-1)/n crossing over its NIC, the two pipelined.
+  for (const int64_t nodes : {2, 4, 16}) {
+    const CommGroup g{8 * nodes, 8};
+    const double n = static_cast<double>(g.size);
+    const double want = std::max(7.0 / 8 * bytes / nvl, (n - 1) / n * bytes / 8 / net);
+    CAPTURE(nodes);
+    CHECK(CollectiveSeconds(Collective::kAllGather, bytes, g, c, eff) == doctest::Approx(want));
+    CHECK(CollectiveSeconds(Collective::kAllReduce, bytes, g, c, eff) == doctest::Approx(2 * want));
+  }
+  // Nearly flat in the node count (the sum of the tiers grew with it): 2 -> 16 nodes, +6%.
+  const double two = CollectiveSeconds(Collective::kReduceScatter, bytes, {16, 8}, c, eff);
+  const double sixteen = CollectiveSeconds(Collective::kReduceScatter, bytes, {128, 8}, c, eff);
+  CHECK(sixteen / two == doctest::Approx((127.0 / 128) / (15.0 / 16)));
+}
+
+TEST_CASE("stragglers: a share of the step per doubling of the job's nodes, none on one node") {
+  // The same per-GPU work on 1, 4 and 16 nodes (data parallelism grows with the nodes).
+  auto plan_on = [](int64_t nodes) {
+    Plan plan = Llama(nodes, 8, 1);
+    plan.batch.global = 16 * nodes;
+    plan.framework = Framework::kTorchtitan;
+    return plan;
+  };
+  const FrameworkProfile& prof = ProfileFor("torchtitan", testing::DgxH100(1).gpu);
+  REQUIRE(prof.node_scaling_loss == doctest::Approx(0.005));
+  for (const int64_t nodes : {1, 4, 16}) {
+    const TimeEstimate t = EstimateTime(plan_on(nodes));
+    REQUIRE(t.valid);
+    const double rest = t.step_s - (t.overhead_s - prof.step_overhead_s);
+    const double stragglers = t.overhead_s - prof.step_overhead_s;
+    CAPTURE(nodes);
+    CHECK(stragglers ==
+          doctest::Approx(rest * 0.005 * std::log2(static_cast<double>(nodes))).epsilon(1e-9));
+    CHECK(t.step_s == doctest::Approx(t.compute_s + t.comm_s + t.bubble_s + t.dp_exposed_s +
+                                      t.optimizer_s + t.overhead_s));
+  }
+  // Megatron-Core (and planrun, priced as Megatron-Core) carries none.
+  Plan core = plan_on(16);
+  core.framework = Framework::kMegatronCore;
+  const TimeEstimate t = EstimateTime(core);
+  CHECK(t.overhead_s ==
+        doctest::Approx(ProfileFor("megatron_core", testing::DgxH100(1).gpu).step_overhead_s));
 }
 
 TEST_CASE("overlapping the DP gradient reduce hides it behind the backward") {
