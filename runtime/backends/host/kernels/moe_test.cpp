@@ -37,6 +37,32 @@ std::vector<float> SeparatedLogits(int64_t rows, int64_t experts, uint32_t seed)
   return z;
 }
 
+// The router's logits gradient against central finite differences of the weights projected on
+// `proj` plus aux_scale times the load-balancing loss; the backward overwrites its output (it
+// starts as 123), and the experts picked do not move under the steps.
+void CheckRouterBackward(const char* what, std::vector<float>& z, const std::vector<float>& bias,
+                         const std::vector<float>& proj, int64_t rows,
+                         const MoeRouterConfig& config, float aux_scale) {
+  const int64_t experts = config.experts, topk = config.topk;
+  std::vector<float> w(rows * topk), s(rows * experts), counts(experts);
+  std::vector<int32_t> idx(rows * topk);
+  auto loss = [&] {
+    MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
+                     config);
+    float aux = 0;
+    MoeAuxLoss(&aux, s.data(), counts.data(), rows, config);
+    return Dot(w, proj) + aux_scale * static_cast<double>(aux);
+  };
+  loss();
+  const auto picked = idx;
+  std::vector<float> dz(rows * experts, 123.0f);
+  MoeRouterBackward(dz.data(), proj.data(), idx.data(), s.data(), counts.data(), rows, config,
+                    aux_scale);
+  CheckGradient(what, z, dz, loss, 1e-2f, 1e-3);
+  loss();
+  CHECK(idx == picked);
+}
+
 }  // namespace
 
 TEST_CASE("moe router: top-k of softmax or sigmoid scores, ties to the lower expert, counts") {
@@ -100,33 +126,9 @@ TEST_CASE("moe router backward: weights and the load-balancing loss, every score
                                    .normalize = normalize,
                                    .aux_coeff = 5.0f,
                                    .aux_rows = 2 * rows};
-      std::vector<float> w(rows * topk), s(rows * experts), counts(experts);
-      std::vector<int32_t> idx(rows * topk);
-      auto loss = [&] {
-        MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
-                         config);
-        float aux = 0;
-        MoeAuxLoss(&aux, s.data(), counts.data(), rows, config);
-        return Dot(w, proj) + aux_scale * static_cast<double>(aux);
-      };
-      loss();
-      const auto picked = idx;
-      std::vector<float> dz(rows * experts, 123.0f);
-      MoeRouterBackward(dz.data(), proj.data(), idx.data(), s.data(), counts.data(), rows, config,
-                        aux_scale);
-      CheckGradient("dlogits", z, dz, loss, 1e-2f, 1e-3);
-      loss();
-      CHECK(idx == picked);
+      CheckRouterBackward("dlogits", z, bias, proj, rows, config, aux_scale);
       // Without the auxiliary term only the weights' gradient is left.
-      std::vector<float> dz_plain(rows * experts);
-      MoeRouterBackward(dz_plain.data(), proj.data(), idx.data(), s.data(), counts.data(), rows,
-                        config, 0.0f);
-      auto plain = [&] {
-        MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
-                         config);
-        return Dot(w, proj);
-      };
-      CheckGradient("dlogits without aux", z, dz_plain, plain, 1e-2f, 1e-3);
+      CheckRouterBackward("dlogits without aux", z, bias, proj, rows, config, 0.0f);
     }
   }
 }
@@ -264,15 +266,8 @@ TEST_CASE("moe router backward: group-limited choice and the scale, by finite di
                                    .scale = 2.5f};
       std::vector<float> w(rows * topk), s(rows * experts), counts(experts);
       std::vector<int32_t> idx(rows * topk);
-      auto loss = [&] {
-        MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
-                         config);
-        float aux = 0;
-        MoeAuxLoss(&aux, s.data(), counts.data(), rows, config);
-        return Dot(w, proj) + aux_scale * static_cast<double>(aux);
-      };
-      loss();
-      const auto picked = idx;
+      MoeRouterForward(w.data(), idx.data(), s.data(), counts.data(), z.data(), bias.data(), rows,
+                       config);
       // The scale multiplies the weights of the unscaled router exactly.
       MoeRouterConfig unscaled = config;
       unscaled.scale = 1.0f;
@@ -282,12 +277,7 @@ TEST_CASE("moe router backward: group-limited choice and the scale, by finite di
                        unscaled);
       CHECK(i1 == idx);
       for (int64_t p = 0; p < rows * topk; ++p) CHECK(w[p] == w1[p] * 2.5f);
-      std::vector<float> dz(rows * experts, 123.0f);
-      MoeRouterBackward(dz.data(), proj.data(), idx.data(), s.data(), counts.data(), rows, config,
-                        aux_scale);
-      CheckGradient("dlogits", z, dz, loss, 1e-2f, 1e-3);
-      loss();
-      CHECK(idx == picked);
+      CheckRouterBackward("dlogits", z, bias, proj, rows, config, aux_scale);
     }
   }
 }
