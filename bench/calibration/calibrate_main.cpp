@@ -140,6 +140,10 @@ GpuSpec GpuFor(const std::string& text) {
 std::string StackFor(const std::string& id, const std::string& source) {
   if (source == "narayanan21") return Has(id, "zero3") ? "deepspeed" : "megatron_lm_2021";
   if (source == "korthikanti22" || source == "mtnlg22") return "megatron_lm_2021";
+  // MegaScale's Megatron-LM baseline is commit 285068c8 of January 2023 ("Integrate
+  // FlashAttention into Megatron-LM"): before Megatron-Core and its overlap of the DP, TP and
+  // pipeline traffic.
+  if (Has(id, "megascale24-t2-megatron")) return "megatron_lm_2021";
   if (source == "megascale24" || source == "megatron-readme24" || source == "nemo2407" ||
       source == "nemo-longseq" || source == "mbridge")
     return "megatron_core";
@@ -324,6 +328,8 @@ bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* der
       c.sps = {*sp};
     else if (c.stack == "megatron_core" || c.stack == "torchtitan")
       c.sps = {true};
+    else if (c.source == "megascale24")
+      c.sps = {false, true};  // the 2023 code has SP (Korthikanti 2022); not on by default
   }
   return true;
 }

@@ -7,13 +7,16 @@ namespace {
 
 // Behaviour first, then the fitted numbers (bench/calibration/README.md, "Framework profiles").
 
-// Megatron-LM as of 2021-22 (Narayanan SC21, Korthikanti MLSys23): unfused attention with
-// dropout, fp16, nothing overlapped; a device synchronisation around every pipeline exchange.
+// Megatron-LM before Megatron-Core, 2021 to early 2023 (Narayanan SC21, Korthikanti MLSys23, and
+// the January 2023 code MegaScale compared against): unfused attention with dropout, fp16,
+// nothing overlapped; a device synchronisation around every pipeline exchange.
 FrameworkProfile MegatronLm2021Ampere() {
   FrameworkProfile p;
   p.stack = "megatron_lm_2021";
   p.generation = "ampere";
-  p.provenance = "Narayanan SC21 Table 1, Korthikanti MLSys23 Tables 4-5, MT-NLG (A100-SXM4-80GB)";
+  p.provenance =
+      "Narayanan SC21 Table 1, Korthikanti MLSys23 Tables 4-5, MT-NLG, MegaScale NSDI24's "
+      "Megatron-LM baseline (A100)";
   p.flash_attention = false;
   p.dropout = true;
   p.overlap_grad_reduce = false;
@@ -57,13 +60,15 @@ FrameworkProfile MegatronCoreAmpere() {
   FrameworkProfile p;
   p.stack = "megatron_core";
   p.generation = "ampere";
-  p.provenance = "MegaScale NSDI24 Megatron-LM baseline rows (A100)";
+  // No measured rows: MegaScale's Megatron-LM baseline ran the January 2023 code (commit
+  // 285068c8), before the DP and TP overlap, and is priced as megatron_lm_2021.
+  p.provenance = "no measured rows: the Hopper set's behaviour, TP overlap 0.5";
   p.tp_overlap = 0.5;
   // No straggler loss fit: its H100 rows (README weak scaling, NeMo) show none beyond what the
   // model prices, and at 0.5% the refit without NeMo's long-context rows moves the attention
   // rate and puts them 30-40% fast (bench/calibration/README.md, change 7).
   p.node_scaling_loss = 0;
-  p.compute_scale = 1.0;  // not fit: 2 rows (fewer than 3 per fitted number)
+  p.compute_scale = 1.0;  // not fit: no rows
   p.layer_overhead_s = 0;
   p.p2p_latency_s = 100e-6;
   return p;
