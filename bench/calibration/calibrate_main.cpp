@@ -257,6 +257,13 @@ void ReadPrecisionAndSharding(const Object& run, const Object* par, Case& c) {
           ? Precision::kFp16
           : Precision::kBf16;
   if (c.stack == "megatron_lm_2021" || c.stack == "deepspeed") plan.precision = Precision::kFp16;
+  // Megatron-Bridge's performance recipes reduce gradients in bf16: every one of them sets
+  // `ddp.grad_reduce_in_fp32 = False` (scripts/performance, releases 25.11 to 26.06), so the
+  // main gradients are bf16 buffers.
+  if (c.source == "mbridge") {
+    plan.mixed_precision.grads = ElementType::kBf16;
+    plan.origins[fields::kMixedPrecisionGrads].kind = OriginKind::kFile;
+  }
   // Sharding.
   const std::string shard = Lower(Str(par, "dp_sharding"));
   int64_t zero = c.stack == "megatron_core" ? 1 : 0;
