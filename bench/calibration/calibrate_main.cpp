@@ -257,10 +257,11 @@ void ReadPrecisionAndSharding(const Object& run, const Object* par, Case& c) {
           ? Precision::kFp16
           : Precision::kBf16;
   if (c.stack == "megatron_lm_2021" || c.stack == "deepspeed") plan.precision = Precision::kFp16;
-  // Megatron-Bridge's performance recipes reduce gradients in bf16: every one of them sets
-  // `ddp.grad_reduce_in_fp32 = False` (scripts/performance, releases 25.11 to 26.06), so the
-  // main gradients are bf16 buffers.
-  if (c.source == "mbridge") {
+  // NVIDIA's performance configurations reduce gradients in bf16: every Megatron-Bridge
+  // performance recipe sets `ddp.grad_reduce_in_fp32 = False` (scripts/performance, releases
+  // 25.11 to 26.06), and NeMo's 24.x performance configurations run the distributed fused Adam
+  // with `optim.grad_sync_dtype: bf16`, so the main gradients are bf16 buffers.
+  if (c.source == "mbridge" || c.source == "nemo2407" || c.source == "nemo-longseq") {
     plan.mixed_precision.grads = ElementType::kBf16;
     plan.origins[fields::kMixedPrecisionGrads].kind = OriginKind::kFile;
   }
@@ -535,21 +536,38 @@ enum class FitScope : uint8_t {
              // layer_overhead_s) keep their defaults
 };
 
+// The attention core's share of a model's forward FLOPs per token (causal: half of s keys).
+double AttentionShare(const ModelSpec& m) {
+  ModelSpec no_context = m;
+  no_context.seq_len = 1;
+  const double all = ModelFlopsPerToken(m, /*causal_halved=*/true);
+  return all > 0 ? 1 - ModelFlopsPerToken(no_context, /*causal_halved=*/true) / all : 0;
+}
+// A run determines the attention rate when the core is at least this share of its FLOPs
+// (Llama 2 7B: 8% at 4K, 14% at 8K, 40% at 32K; Qwen3-30B-A3B at 4K: 23%).
+constexpr double kAttentionBoundShare = 0.2;
+
 // Coordinate search over the fitted numbers of one profile (or, base == nullptr, of all the
 // cases' profiles at once) on `cases`, from the defaults.
 Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base,
                   FitScope scope = FitScope::kAll) {
   Fitted best = Defaults(base ? *base : FrameworkProfile{});
   if (cases.empty()) return best;
-  bool fp8 = false, sharded = false, flash = false, moe = false;
+  bool fp8 = false, sharded = false, moe = false;
+  int attention_bound = 0;
   for (Case* c : cases) {
     moe |= c->chosen.model.IsMoe() && c->chosen.parallel.ep > 1;
     fp8 |= c->chosen.precision == Precision::kFp8;
     sharded |= c->chosen.optimizer.zero >= 2;
-    // The attention scale is fitted only where some profile does not document it.
+    // The attention scale is fitted only where some profile does not document it, and only
+    // from runs it matters to (AttentionShare): elsewhere it moves every prediction by a few
+    // percent and the search uses it as one more speed knob.
     const FrameworkProfile& own = base ? *base : ProfileFor(c->stack, c->plan.cluster.gpu);
-    flash |= own.flash_attention && !own.attention_documented;
+    if (own.flash_attention && !own.attention_documented &&
+        AttentionShare(c->chosen.model) >= kAttentionBoundShare)
+      ++attention_bound;
   }
+  const bool flash = attention_bound >= 3;
   double loss = Loss(cases, base, best);
   // At most one fitted number per three runs, in this order of importance.
   std::vector<std::pair<double Fitted::*, std::vector<double>>> params;
