@@ -232,6 +232,23 @@ std::optional<int64_t> DraftInteger(const PlanDraft& draft, FieldId field) {
   return s ? ParseInteger(s->value) : std::nullopt;
 }
 
+// A YAML false states a value where a Megatron-LM switch can only be absent: a file that says
+// `qk_layernorm: false` or `moe_router_pre_softmax: false` sets the plan's field, over a stdlib
+// model's.
+void ReadStatedFalse(std::span<const ConfigEntry> entries, PlanDraft& draft) {
+  struct Negated {
+    const char* key;
+    FieldId field;
+    const char* value;
+  };
+  for (const Negated& k :
+       {Negated{"model.qk_layernorm", fields::kModelQkNorm, "false"},
+        Negated{"model.moe_router_pre_softmax", fields::kModelRouterTopkNorm, "true"}}) {
+    const ConfigEntry* e = Stated(entries, k.key);
+    if (e && BoolValue(*e) == false) draft.Set(k.field, k.value, e->range, EntrySource(*e));
+  }
+}
+
 // Megatron-Bridge's mixed-precision recipes by name (`mixed_precision: bf16_mixed`): the
 // precision, the FP8 recipe and whether the weights are gathered in FP8.
 struct PrecisionPreset {
@@ -537,6 +554,7 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
     draft.Set(fields::kActivationsRecomputeModules, QuoteString(names), m->range,
               m->key + " = [" + m->text + "]");
   }
+  ReadStatedFalse(*entries, draft);
   ReadPrecisionPreset(*entries, draft);
   if (!ReadFp8Switches(*entries, draft, sink) || !ReadGradPrecision(*entries, draft, sink)) {
     return std::nullopt;
