@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "compiler/check/evaluate.h"
 #include "compiler/interop/shell_words.h"
+#include "compiler/interop/tables.h"
 
 namespace paraplan {
 namespace {
@@ -682,6 +685,24 @@ TEST_CASE("Megatron-Bridge's MLA keys size the head as Megatron-LM's flags do") 
   CHECK(im.checked->model.head_dim == 48);
   CHECK(im.checked->model.v_head_dim == 32);
   CHECK(im.Has("P0903"));  // kv_channels does not size an MLA head
+}
+
+// docs/interop.md lists every row of the NeMo table with its plan path, and every key it skips.
+TEST_CASE("docs/interop.md documents every NeMo and Megatron-Bridge key") {
+  const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
+  std::ifstream in(std::string(root ? root : ".") + "/docs/interop.md");
+  const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(!docs.empty());
+  for (const interop::SettingRow& row : interop::NemoRows()) {
+    CAPTURE(row.key);
+    CHECK(docs.find("| `" + std::string(row.key) + "` | `" + std::string(row.path.path) + "` |") !=
+          std::string::npos);
+  }
+  for (const interop::SkippedRow& row : interop::NemoSkippedRows()) {
+    CAPTURE(row.key);
+    CHECK(docs.find("| `" + std::string(row.key) + "` | " + std::string(row.reason) + " |") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("Megatron-DeepSpeed's own spellings: lower-case norms, rotary switch, key-value heads") {

@@ -488,6 +488,7 @@ bool ReadRouterBalancing(std::span<const ConfigEntry> entries, PlanDraft& draft,
 }  // namespace
 
 std::span<const SettingRow> NemoRows() { return kNemo; }
+std::span<const SkippedRow> NemoSkippedRows() { return kNemoSkipped; }
 
 std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink) {
   auto entries = ReadYaml(sm, buffer, sink);
