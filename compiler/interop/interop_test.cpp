@@ -567,6 +567,16 @@ TEST_CASE("Megatron-Bridge's MoE and model keys map as Megatron-LM's flags do") 
   CHECK(other.checked->model.moe_layer_freq == 2);
   CHECK(other.checked->model.dense_layers == 0);
   CHECK(other.checked->model.router_bias_rate == 0.001);
+
+  // Megatron-Bridge's communication-overlap section.
+  Imported overlap(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                          "  tensor_model_parallel_size: 2\n"
+                                          "  sequence_parallel: true\n"
+                                          "comm_overlap:\n  tp_comm_overlap: true\n"
+                                          "  overlap_grad_reduce: true\n");
+  REQUIRE(overlap.checked);
+  CHECK(overlap.checked->parallel.tp_comm_overlap);
+  CHECK(overlap.Has("P0903"));  // overlap_grad_reduce: the time model assumes overlap
 }
 
 TEST_CASE("Megatron-Bridge's fp8 settings: the format, the recipe, parameter gathering, presets") {

@@ -130,6 +130,7 @@ constexpr SettingRow kNemo[] = {
     // Megatron-Core's TransformerConfig names (the Megatron-LM flag with underscores), as
     // Megatron-Bridge's model providers spell them.
     {"model.tp_comm_overlap", fields::kParallelTpCommOverlap, Convert::kSwitch, "true"},
+    {"comm_overlap.tp_comm_overlap", fields::kParallelTpCommOverlap, Convert::kSwitch, "true"},
     {"model.gated_linear_unit", fields::kModelActivation, Convert::kSwitch, "swiglu"},
     {"model.qk_layernorm", fields::kModelQkNorm, Convert::kSwitch, "true"},
     {"model.mtp_num_layers", fields::kModelMtpLayers, Convert::kInt},
@@ -181,6 +182,8 @@ constexpr SkippedRow kNemoSkipped[] = {
      "no plan field yet: layers kept in bf16 under fp8"},
     {"ddp.overlap_grad_reduce", "no plan field: the time model assumes overlap"},
     {"ddp.overlap_param_gather", "no plan field: the time model assumes overlap"},
+    {"comm_overlap.overlap_grad_reduce", "no plan field: the time model assumes overlap"},
+    {"comm_overlap.overlap_param_gather", "no plan field: the time model assumes overlap"},
     {"model.transformer_impl", "not a layout setting"},
     {"trainer.accelerator", "not a layout setting"},
     {"trainer.strategy", "not a layout setting"},
