@@ -703,16 +703,52 @@ void NemoCheckLimits(Exporter& ex) {
     ex.Cannot(fields::kOptimizerOffload, "CPU offload",
               "NeMo's model.optim has no optimizer-state offload", "use offload = none");
   }
-  if (m.shared_experts > 0 || m.dense_layers > 0 || m.IsMla()) {
-    ex.Cannot("model", "DeepSeek-style layers",
-              "a NeMo GPT config has no keys for shared experts, leading dense layers or MLA",
+  if (m.IsMla()) {
+    ex.Cannot("model", "multi-latent attention",
+              "this exporter writes a NeMo GPT config, which has no multi-latent attention keys",
               "export to megatron");
   }
-  ex.RecordLimits({fields::kMixedPrecisionFp8, fields::kMixedPrecisionFp8Params,
-                   fields::kActivationsRecomputeMethod, fields::kActivationsRecomputeLayers,
-                   fields::kActivationsRecomputeModules, fields::kMoeDispatcher,
-                   fields::kModelVocabDivisor});
+  if (m.IsMoe() && m.dense_layers > 0 && m.moe_layer_freq > 1) {
+    ex.Cannot(fields::kModelMoeLayerFreq, "a frequency after dense layers",
+              "planc reads moe_layer_freq as leading dense layers or as one frequency",
+              "use one of them");
+  }
+  ex.RecordLimits({fields::kMixedPrecisionFp8,
+                   fields::kMixedPrecisionFp8Params,
+                   fields::kMixedPrecisionGrads,
+                   fields::kActivationsRecomputeMethod,
+                   fields::kActivationsRecomputeLayers,
+                   fields::kActivationsRecomputeModules,
+                   fields::kActivationsOffloadLayers,
+                   fields::kMoeDispatcher,
+                   fields::kMoeCapacityFactor,
+                   fields::kMoeDropPolicy,
+                   fields::kModelQkNorm,
+                   fields::kModelVocabDivisor,
+                   fields::kModelMtpLayers,
+                   fields::kModelMoeLayerFreq,
+                   fields::kModelRouterScore,
+                   fields::kModelRouterTopkNorm,
+                   fields::kModelRouterAuxCoeff,
+                   fields::kModelRouterBiasRate,
+                   fields::kModelRouterGroups,
+                   fields::kModelRouterGroupTopk,
+                   fields::kModelRouterScale});
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  // grad_reduce_in_fp32 false is the model's 16-bit type: bf16 gradients under fp16 are not it.
+  const ElementType half =
+      p.precision == Precision::kFp16 ? ElementType::kFp16 : ElementType::kBf16;
+  if (mp.grads != ElementType::kFp32 && mp.grads != half) {
+    ex.Cannot(fields::kMixedPrecisionGrads, "these gradients",
+              "Megatron-Bridge keeps gradients in fp32 or in the model's 16-bit type "
+              "(grad_reduce_in_fp32)",
+              "use grads = fp32, or the precision's own 16-bit type");
+  }
+  if (m.IsMoe() && m.router_score == RouterScore::kSigmoid && !m.router_topk_norm && m.topk > 1) {
+    ex.Cannot(fields::kModelRouterTopkNorm, "a sigmoid router without renormalisation",
+              "Megatron-Core's sigmoid router always renormalises its top-k weights",
+              "set `model.router_topk_norm = true`");
+  }
   if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
     ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "NeMo turns FP8 on with model.fp8", "set precision = fp8");
@@ -722,6 +758,41 @@ void NemoCheckLimits(Exporter& ex) {
               "this exporter writes NeMo's swiglu and gelu only", "export to megatron");
   }
   ex.CommonLimits(false);
+}
+
+// The MoE keys of the NeMo config's `model:` section, in Megatron-Core's TransformerConfig names
+// (what Megatron-Bridge's model providers and NeMo's Megatron-Core models read). The router is
+// written in full: where the file is silent, import takes a stdlib model's router.
+template <typename KeyValue>
+void NemoMoeKeys(const Plan& p, KeyValue& kv) {
+  const ModelSpec& m = p.model;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  kv("num_moe_experts", n(m.experts));
+  kv("moe_router_topk", n(m.topk));
+  kv("moe_ffn_hidden_size", n(m.moe_ffn_hidden));
+  if (m.shared_experts > 0)
+    kv("moe_shared_expert_intermediate_size", n(m.shared_experts * m.moe_ffn_hidden));
+  if (m.dense_layers > 0) {
+    std::string list;
+    for (int64_t i = 0; i < m.layers; ++i)
+      list += std::string(i ? ", " : "") + (i < m.dense_layers ? "0" : "1");
+    kv("moe_layer_freq", "[" + list + "]");
+  } else {
+    kv("moe_layer_freq", n(m.moe_layer_freq));
+  }
+  kv("moe_router_score_function", m.router_score == RouterScore::kSigmoid ? "sigmoid" : "softmax");
+  if (m.router_score == RouterScore::kSoftmax)
+    kv("moe_router_pre_softmax", m.router_topk_norm ? "false" : "true");
+  kv("moe_aux_loss_coeff", Real(m.router_aux_coeff));
+  if (m.router_bias_rate > 0) {
+    kv("moe_router_enable_expert_bias", "true");
+    kv("moe_router_bias_update_rate", Real(m.router_bias_rate));
+  }
+  if (m.router_groups > 1 || m.router_group_topk > 1) {
+    kv("moe_router_num_groups", n(m.router_groups));
+    kv("moe_router_group_topk", n(m.router_group_topk));
+  }
+  if (m.router_scale != 1) kv("moe_router_topk_scaling_factor", Real(m.router_scale));
 }
 
 // The keys of the NeMo config's `model:` section, one "  key: value" line each.
@@ -762,11 +833,13 @@ std::string NemoModelKeys(const Plan& p) {
   kv("activation", m.activation == Activation::kSwiGlu ? "fast-swiglu" : "gelu");
   kv("position_embedding_type", m.position == Position::kRope ? "rope" : "learned_absolute");
   kv("share_embeddings_and_output_weights", m.tied_embeddings ? "true" : "false");
-  if (m.IsMoe()) {
-    kv("num_moe_experts", n(m.experts));
-    kv("moe_router_topk", n(m.topk));
-    kv("moe_ffn_hidden_size", n(m.moe_ffn_hidden));
-  }
+  kv("qk_layernorm", m.qk_norm ? "true" : "false");
+  if (m.mtp_layers > 0) kv("mtp_num_layers", n(m.mtp_layers));
+  if (m.IsMoe()) NemoMoeKeys(p, kv);
+  if (p.moe.capacity_factor > 0) kv("moe_expert_capacity_factor", Real(p.moe.capacity_factor));
+  if (p.moe.drop_policy == DropPolicy::kPosition) kv("moe_token_drop_policy", "position");
+  if (p.activations.offload_layers > 0)
+    kv("cpu_offloading_num_layers", n(p.activations.offload_layers));
   kv("activations_checkpoint_granularity",
      p.recompute == Recompute::kNone ? "null" : std::string(ToString(p.recompute)));
   if (p.recompute == Recompute::kFull) {
@@ -829,6 +902,14 @@ std::string Nemo(Exporter& ex) {
        Real(p.optimizer.beta2) +
        "]\n    sched:\n      warmup_steps: " + n(p.optimizer.warmup_steps) +
        "\n      min_lr: " + Real(p.optimizer.min_lr) + "\n";
+  // Megatron-Bridge's gradient buffers, stated under both of its keys (its mixed-precision setup
+  // copies the second into the first).
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (mp.grads != (p.precision == Precision::kFp16 ? ElementType::kFp16 : ElementType::kFp32)) {
+    const char* fp32 = mp.grads == ElementType::kFp32 ? "true" : "false";
+    y += std::string("ddp:\n  grad_reduce_in_fp32: ") + fp32 +
+         "\nmixed_precision:\n  grad_reduce_in_fp32: " + fp32 + "\n";
+  }
   return y;
 }
 

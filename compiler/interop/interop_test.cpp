@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "compiler/check/evaluate.h"
 #include "compiler/interop/shell_words.h"
+#include "compiler/interop/tables.h"
 
 namespace paraplan {
 namespace {
@@ -500,6 +503,216 @@ TEST_CASE("NeMo YAML: trainer and model keys, interpolation, unknown keys noted 
   Imported bad(ConfigKind::kNemo, "model:\n  num_layers: [1\n");
   CHECK(!bad.plan);
   CHECK(bad.Has("P0901"));
+}
+
+// A small MoE model in Megatron-Bridge's keys (Megatron-Core's TransformerConfig names).
+constexpr const char* kBridgeModel =
+    "model:\n  num_layers: 4\n  hidden_size: 256\n  ffn_hidden_size: 512\n"
+    "  num_attention_heads: 8\n  seq_length: 128\n  vocab_size: 1024\n  normalization: RMSNorm\n"
+    "  position_embedding_type: rope\n  share_embeddings_and_output_weights: false\n"
+    "  num_moe_experts: 8\n  moe_router_topk: 2\n  moe_ffn_hidden_size: 64\n";
+
+TEST_CASE("Megatron-Bridge's MoE and model keys map as Megatron-LM's flags do") {
+  Imported im(ConfigKind::kNemo,
+              std::string(kBridgeModel) +
+                  "  gated_linear_unit: true\n  qk_layernorm: True\n  mtp_num_layers: 1\n"
+                  "  moe_expert_capacity_factor: 1.5\n  moe_token_drop_policy: position\n"
+                  "  moe_router_score_function: sigmoid\n  moe_router_pre_softmax: false\n"
+                  "  moe_aux_loss_coeff: 0.002\n  moe_router_num_groups: 2\n"
+                  "  moe_router_group_topk: 1\n  moe_router_topk_scaling_factor: 2.5\n"
+                  "  moe_router_enable_expert_bias: true\n  moe_router_bias_update_rate: 0.01\n"
+                  "  moe_shared_expert_intermediate_size: 128\n  moe_layer_freq: [0, 1, 1, 1]\n"
+                  "  cpu_offloading_num_layers: 1\n  tp_comm_overlap: false\n"
+                  "  recompute_granularity: selective\n  recompute_modules: [core_attn]\n"
+                  "optimizer:\n  optimizer: adam\n  optimizer_cpu_offload: true\n"
+                  "  optimizer_offload_fraction: 0.5\n"
+                  "rng:\n  seed: 7\n");
+  REQUIRE(im.checked);
+  const Plan& p = *im.checked;
+  CHECK(p.model.activation == Activation::kSwiGlu);
+  CHECK(p.model.qk_norm);
+  CHECK(p.model.mtp_layers == 1);
+  CHECK(p.moe.capacity_factor == 1.5);
+  CHECK(p.moe.drop_policy == DropPolicy::kPosition);
+  CHECK(p.model.router_score == RouterScore::kSigmoid);
+  CHECK(p.model.router_topk_norm);  // pre_softmax false: the top k is renormalised
+  CHECK(p.model.router_aux_coeff == 0.002);
+  CHECK(p.model.router_groups == 2);
+  CHECK(p.model.router_group_topk == 1);
+  CHECK(p.model.router_scale == 2.5);
+  CHECK(p.model.router_bias_rate == 0.01);
+  CHECK(p.model.shared_experts == 2);
+  CHECK(p.model.dense_layers == 1);
+  CHECK(p.activations.offload_layers == 1);
+  CHECK(!p.parallel.tp_comm_overlap);
+  CHECK(p.activations.recompute_modules == "core_attn");
+  CHECK(p.optimizer.type == OptimizerType::kAdamW);
+  CHECK(p.optimizer.offload == Offload::kCpu);
+  CHECK(p.optimizer.offload_fraction == 0.5);
+  CHECK(p.train.seed == 7);
+  CHECK(im.OriginText("model.router_bias_rate") == "moe_router_bias_update_rate: 0.01");
+  CHECK(im.OriginText("model.shared_experts") == "moe_shared_expert_intermediate_size: 128");
+  // Every key above has a plan field: nothing is noted as not imported.
+  CHECK(!im.Has("P0903"));
+
+  // pre-softmax, the loss switched off, a frequency, the bias at Megatron-Core's rate.
+  Imported other(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                        "  moe_router_pre_softmax: True\n"
+                                        "  moe_router_load_balancing_type: none\n"
+                                        "  moe_aux_loss_coeff: 0.01\n  moe_layer_freq: 2\n"
+                                        "  moe_router_enable_expert_bias: True\n");
+  REQUIRE(other.checked);
+  CHECK(!other.checked->model.router_topk_norm);
+  CHECK(other.checked->model.router_aux_coeff == 0);
+  CHECK(other.checked->model.moe_layer_freq == 2);
+  CHECK(other.checked->model.dense_layers == 0);
+  CHECK(other.checked->model.router_bias_rate == 0.001);
+
+  // Megatron-Bridge's communication-overlap section.
+  Imported overlap(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                          "  tensor_model_parallel_size: 2\n"
+                                          "  sequence_parallel: true\n"
+                                          "comm_overlap:\n  tp_comm_overlap: true\n"
+                                          "  overlap_grad_reduce: true\n");
+  REQUIRE(overlap.checked);
+  CHECK(overlap.checked->parallel.tp_comm_overlap);
+  CHECK(overlap.Has("P0903"));  // overlap_grad_reduce: the time model assumes overlap
+}
+
+TEST_CASE("Megatron-Bridge's fp8 settings: the format, the recipe, parameter gathering, presets") {
+  Imported im(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                     "mixed_precision:\n  bf16: true\n  fp8: hybrid\n"
+                                     "  fp8_recipe: tensorwise\n  fp8_param_gather: true\n");
+  REQUIRE(im.checked);
+  CHECK(im.checked->precision == Precision::kFp8);
+  CHECK(im.checked->mixed_precision.fp8 == Fp8Recipe::kCurrent);
+  CHECK(im.checked->mixed_precision.fp8_params);
+  CHECK(im.OriginText("precision") == "fp8: hybrid");
+  // NeMo's boolean spelling, after the trainer's bf16: fp8 wins.
+  Imported nemo(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                       "  fp8: True\n  fp8_param: true\ntrainer:\n  precision: "
+                                       "bf16-mixed\n");
+  REQUIRE(nemo.checked);
+  CHECK(nemo.checked->precision == Precision::kFp8);
+  CHECK(nemo.checked->mixed_precision.fp8_params);
+  Imported off(ConfigKind::kNemo, std::string(kBridgeModel) + "  fp8: false\n  bf16: true\n");
+  REQUIRE(off.checked);
+  CHECK(off.checked->precision == Precision::kBf16);
+  // A recipe by name.
+  Imported preset(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                         "mixed_precision: bf16_with_fp8_current_scaling_mixed\n");
+  REQUIRE(preset.checked);
+  CHECK(preset.checked->precision == Precision::kFp8);
+  CHECK(preset.checked->mixed_precision.fp8 == Fp8Recipe::kCurrent);
+  CHECK(preset.checked->mixed_precision.fp8_params);
+  Imported bf16(ConfigKind::kNemo, std::string(kBridgeModel) + "mixed_precision: bf16-mixed\n");
+  REQUIRE(bf16.checked);
+  CHECK(bf16.checked->precision == Precision::kBf16);
+  CHECK(bf16.checked->mixed_precision.fp8 == Fp8Recipe::kNone);
+  Imported unknown(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                          "mixed_precision: fp16_with_fp8_delayed_scaling_mixed\n");
+  REQUIRE(unknown.checked);
+  CHECK(unknown.Has("P0903"));
+}
+
+TEST_CASE("Megatron-Bridge's grad_reduce_in_fp32: false is bf16 gradients, true fp32") {
+  for (const char* spelling : {"false", "False"}) {
+    CAPTURE(spelling);
+    Imported im(ConfigKind::kNemo, std::string(kBridgeModel) + "  bf16: true\nddp:\n" +
+                                       "  grad_reduce_in_fp32: " + spelling + "\n");
+    REQUIRE(im.checked);
+    CHECK(im.checked->mixed_precision.grads == ElementType::kBf16);
+    CHECK(im.OriginText("mixed_precision.grads") ==
+          std::string("grad_reduce_in_fp32: ") + spelling);
+  }
+  for (const char* spelling : {"true", "True"}) {
+    CAPTURE(spelling);
+    Imported im(ConfigKind::kNemo, std::string(kBridgeModel) + "  bf16: true\nmixed_precision:\n" +
+                                       "  grad_reduce_in_fp32: " + spelling + "\n");
+    REQUIRE(im.checked);
+    CHECK(im.checked->mixed_precision.grads == ElementType::kFp32);
+    CHECK(im.checked->Range("mixed_precision.grads").IsValid());
+  }
+  // Both, agreeing.
+  Imported both(ConfigKind::kNemo,
+                std::string(kBridgeModel) +
+                    "ddp:\n  grad_reduce_in_fp32: false\n"
+                    "mixed_precision:\n  bf16: true\n  grad_reduce_in_fp32: false\n");
+  REQUIRE(both.checked);
+  CHECK(both.checked->mixed_precision.grads == ElementType::kBf16);
+  // Both, disagreeing: P0902 at the second, the first labelled.
+  Imported clash(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                        "ddp:\n  grad_reduce_in_fp32: false\n"
+                                        "mixed_precision:\n  grad_reduce_in_fp32: true\n");
+  CHECK(!clash.plan);
+  REQUIRE(clash.sink.diagnostics().size() == 1);
+  const Diagnostic& d = clash.sink.diagnostics()[0];
+  CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+  CHECK(d.message ==
+        "`mixed_precision.grad_reduce_in_fp32 = true` disagrees with `ddp.grad_reduce_in_fp32 = "
+        "false`");
+  CHECK(clash.sm.Slice(d.primary) == "grad_reduce_in_fp32: true");
+  CHECK(clash.sm.Position(d.primary.buffer, d.primary.begin).line == 17);
+  // Not a boolean.
+  Imported text(ConfigKind::kNemo,
+                std::string(kBridgeModel) + "ddp:\n  grad_reduce_in_fp32: \"no\"\n");
+  CHECK(!text.plan);
+  CHECK(text.Has("P0902"));
+}
+
+TEST_CASE("Megatron-Bridge keys with bad values are P0902 at their line") {
+  const char* bad[] = {
+      "  moe_token_drop_policy: random\n",
+      "  moe_router_score_function: tanh\n",
+      "  moe_expert_capacity_factor: big\n",
+      "  moe_router_num_groups: 2.5\n",
+      "  qk_layernorm: 1\n",
+      "  fp8: e5m2\n",
+      "  moe_shared_expert_intermediate_size: 100\n",
+      "  moe_router_enable_expert_bias: true\n  moe_router_bias_update_rate: -1\n",
+      "  moe_router_enable_expert_bias: sometimes\n",
+  };
+  for (const char* line : bad) {
+    CAPTURE(line);
+    Imported im(ConfigKind::kNemo, std::string(kBridgeModel) + line);
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(im.sm.Position(d.primary.buffer, d.primary.begin).line >= 14);
+  }
+}
+
+TEST_CASE("Megatron-Bridge's MLA keys size the head as Megatron-LM's flags do") {
+  Imported im(ConfigKind::kNemo,
+              std::string(kBridgeModel) +
+                  "  multi_latent_attention: true\n  q_lora_rank: 64\n  kv_lora_rank: 32\n"
+                  "  qk_head_dim: 32\n  qk_pos_emb_head_dim: 16\n  v_head_dim: 32\n"
+                  "  kv_channels: 32\n");
+  REQUIRE(im.checked);
+  CHECK(im.checked->model.kv_lora_rank == 32);
+  CHECK(im.checked->model.q_lora_rank == 64);
+  CHECK(im.checked->model.head_dim == 48);
+  CHECK(im.checked->model.v_head_dim == 32);
+  CHECK(im.Has("P0903"));  // kv_channels does not size an MLA head
+}
+
+// docs/interop.md lists every row of the NeMo table with its plan path, and every key it skips.
+TEST_CASE("docs/interop.md documents every NeMo and Megatron-Bridge key") {
+  const char* root = std::getenv("PARAPLAN_SOURCE_DIR");
+  std::ifstream in(std::string(root ? root : ".") + "/docs/interop.md");
+  const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(!docs.empty());
+  for (const interop::SettingRow& row : interop::NemoRows()) {
+    CAPTURE(row.key);
+    CHECK(docs.find("| `" + std::string(row.key) + "` | `" + std::string(row.path.path) + "` |") !=
+          std::string::npos);
+  }
+  for (const interop::SkippedRow& row : interop::NemoSkippedRows()) {
+    CAPTURE(row.key);
+    CHECK(docs.find("| `" + std::string(row.key) + "` | " + std::string(row.reason) + " |") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("Megatron-DeepSpeed's own spellings: lower-case norms, rotary switch, key-value heads") {

@@ -236,5 +236,80 @@ TEST_CASE("TP communication overlap round-trips through megatron, torchtitan and
   CHECK(round_trips[ConfigKind::kNemo] > 0);
 }
 
+// The settings Megatron-Bridge configs carry beyond NeMo's GPT keys: the MoE router in full,
+// shared experts and leading dense layers, QK-norm, token dropping, multi-token prediction,
+// activation offload and the gradient precision. Each variant exports to NeMo and imports back
+// unchanged.
+TEST_CASE("the MoE router, QK-norm and gradient precision round-trip through nemo") {
+  constexpr const char* kMoePlan = R"(import std.clusters
+model small_moe {
+  layers = 8  hidden = 512  ffn_hidden = 1024  heads = 8  kv_heads = 2  head_dim = 64
+  vocab = 32000  seq_len = 2048  norm = rmsnorm  activation = swiglu  position = rope
+  tied_embeddings = false
+  experts = 16  topk = 4  moe_ffn_hidden = 128
+}
+plan small_moe_h100 {
+  model = small_moe
+  cluster = dgx_h100 { nodes = 2 }
+  framework = megatron_core
+  parallel { tp = 1  pp = 2  ep = 8 }
+  batch { global = 64  micro = 1 }
+  precision = fp8
+  mixed_precision { fp8 = current  grads = bf16 }
+  optimizer { zero = 1 }
+}
+)";
+  const std::vector<std::vector<std::pair<std::string, std::string>>> variants = {
+      {},
+      {{"model.qk_norm", "true"},
+       {"model.router_score", "sigmoid"},
+       {"model.router_aux_coeff", "0.0"},
+       {"model.router_bias_rate", "0.001"},
+       {"model.router_groups", "4"},
+       {"model.router_group_topk", "2"},
+       {"model.router_scale", "2.5"},
+       {"moe.capacity_factor", "1.25"},
+       {"moe.drop_policy", "position"},
+       {"model.mtp_layers", "1"},
+       {"activations.offload_layers", "1"}},
+      {{"model.router_topk_norm", "false"},
+       {"model.router_aux_coeff", "0.001"},
+       {"model.shared_experts", "2"},
+       {"model.dense_layers", "1"},
+       {"mixed_precision.grads", "fp32"}},
+      {{"model.moe_layer_freq", "2"}, {"precision", "bf16"}, {"mixed_precision.fp8", "none"}},
+  };
+  for (size_t i = 0; i < variants.size(); ++i) {
+    CAPTURE(i);
+    SourceManager sm;
+    DiagnosticSink sink;
+    auto plan = EvaluateText("small_moe.plan", kMoePlan, sm, sink);
+    REQUIRE(plan);
+    for (const auto& [path, value] : variants[i]) REQUIRE(SetFieldText(*plan, path, value).empty());
+    DiagnosticSink export_sink;
+    ExportResult out = ExportPlan(ConfigKind::kNemo, *plan, export_sink);
+    REQUIRE_MESSAGE(!out.text.empty(), export_sink.diagnostics().size());
+    ImportOptions options;
+    options.stdlib_dir = Root() + "/stdlib";
+    options.nodes = plan->cluster.nodes;
+    options.gpus_per_node = plan->cluster.gpus_per_node;
+    options.gpu = "h100";
+    SourceManager sm2;
+    DiagnosticSink sink2;
+    auto imported =
+        ImportConfigText(ConfigKind::kNemo, "exported.yaml", out.text, options, sm2, sink2);
+    REQUIRE_MESSAGE(imported, out.text);
+    auto back = EvaluateText("imported", imported->text, sm2, sink2);
+    REQUIRE(back);
+    CHECK_MESSAGE(!sink2.has_errors(), imported->text);
+    std::vector<std::string> diff = Differences(*plan, *back, ConfigKind::kNemo);
+    CHECK_MESSAGE(diff.empty(), [&] {
+      std::string s;
+      for (const std::string& d : diff) s += d + "\n";
+      return s + out.text;
+    }());
+  }
+}
+
 }  // namespace
 }  // namespace paraplan

@@ -57,6 +57,7 @@ std::span<const SettingRow> TorchtitanRows();
 std::span<const SettingRow> DeepSpeedRows();
 std::span<const SettingRow> NemoRows();
 std::span<const SkippedRow> MegatronSkippedRows();
+std::span<const SkippedRow> NemoSkippedRows();
 const SettingRow* FindRow(std::span<const SettingRow> rows, std::string_view key);
 const SkippedRow* FindSkipped(std::span<const SkippedRow> rows, std::string_view key);
 

@@ -157,6 +157,43 @@ TEST_CASE("planc export writes what runs the plan, and refuses what the target c
         std::string::npos);
 }
 
+// Megatron-Bridge's performance recipes keep the gradients in bf16 (grad_reduce_in_fp32: false);
+// imported as fp32 gradients, Qwen3-30B-A3B's H100 run would be called out of memory.
+TEST_CASE(
+    "a Megatron-Bridge MoE run with bf16 gradients fits; the same with fp32 gradients does not") {
+  const ScopedScratch scratch("interop_bridge_grads");
+  const std::string& dir = scratch.dir;
+  const std::string yaml =
+      ReadFile(kSource + "/tests/interop/corpus/nemo/qwen3_30b_a3b_bridge_h100.yaml");
+  REQUIRE(yaml.find("grad_reduce_in_fp32: false") != std::string::npos);
+  Write(dir + "/bf16.yaml", yaml);
+  std::string fp32 = yaml;
+  for (size_t at = fp32.find("grad_reduce_in_fp32: false"); at != std::string::npos;
+       at = fp32.find("grad_reduce_in_fp32: false", at)) {
+    fp32.replace(at, std::string("grad_reduce_in_fp32: false").size(), "grad_reduce_in_fp32: true");
+  }
+  Write(dir + "/fp32.yaml", fp32);
+  for (const char* name : {"bf16", "fp32"}) {
+    CAPTURE(name);
+    const std::string file = std::string(name) + ".yaml";
+    auto imp = RunCommand(
+        kPlanc + " import --from=nemo " + file + " --nodes 2 --gpu h100 -o " + name + ".plan", dir,
+        dir);
+    REQUIRE(imp.status == 0);
+    const std::string plan = ReadFile(dir + "/" + name + ".plan");
+    CHECK(plan.find("cluster = dgx_h100") != std::string::npos);
+    CHECK(plan.find(std::string("grads = ") + name) != std::string::npos);
+    auto chk = RunCommand(kPlanc + " check " + name + ".plan --diagnostics=short", dir, dir);
+    if (std::string(name) == "bf16") {
+      CHECK(chk.status == 0);
+      CHECK(chk.err.find("P0701") == std::string::npos);
+    } else {
+      CHECK(chk.status == 1);
+      CHECK(chk.err.find("error[P0701]") != std::string::npos);
+    }
+  }
+}
+
 // corpus/README.md, row by row.
 TEST_CASE("the corpus of real configurations imports and checks as its README says") {
   struct Row {
@@ -170,6 +207,7 @@ TEST_CASE("the corpus of real configurations imports and checks as its README sa
       {"torchtitan torchtitan/llama3_70b.toml --nodes 8 --gpu a100", 0, {"P0903"}},
       {"deepspeed deepspeed/pretrain_gpt2_bpe.sh", 0, {"P0502", "P0903"}},
       {"nemo nemo/llama3_70b.yaml", 0, {"P0502", "P0903"}},
+      {"nemo nemo/qwen3_30b_a3b_bridge_h100.yaml --nodes 2 --gpu h100", 0, {"P0702", "P0903"}},
   };
   const ScopedScratch scratch("interop_corpus");
   const std::string& dir = scratch.dir;
