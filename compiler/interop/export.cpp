@@ -251,6 +251,31 @@ void MegatronRouterArgs(Exporter& ex, MegatronFlags& add) {
   if (m.router_scale != 1) add("--moe-router-topk-scaling-factor", Real(m.router_scale));
 }
 
+// The settings both the Megatron-LM and the NeMo exporter write when the plan has them.
+std::vector<FieldId> CarriedSettings() {
+  return {fields::kMixedPrecisionFp8,
+          fields::kMixedPrecisionFp8Params,
+          fields::kMixedPrecisionGrads,
+          fields::kActivationsRecomputeMethod,
+          fields::kActivationsRecomputeLayers,
+          fields::kActivationsRecomputeModules,
+          fields::kActivationsOffloadLayers,
+          fields::kMoeDispatcher,
+          fields::kMoeCapacityFactor,
+          fields::kMoeDropPolicy,
+          fields::kModelQkNorm,
+          fields::kModelVocabDivisor,
+          fields::kModelMtpLayers,
+          fields::kModelMoeLayerFreq,
+          fields::kModelRouterScore,
+          fields::kModelRouterTopkNorm,
+          fields::kModelRouterAuxCoeff,
+          fields::kModelRouterBiasRate,
+          fields::kModelRouterGroups,
+          fields::kModelRouterGroupTopk,
+          fields::kModelRouterScale};
+}
+
 // Megatron-LM flags for the model.
 void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
   const Plan& p = ex.plan_;
@@ -397,28 +422,8 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
     if (p.optimizer.offload_fraction != 1.0)
       add("--optimizer-offload-fraction", Real(p.optimizer.offload_fraction));
   }
-  std::vector<FieldId> carried = {fields::kMixedPrecisionFp8,
-                                  fields::kMixedPrecisionFp8Params,
-                                  fields::kMixedPrecisionGrads,
-                                  fields::kActivationsRecomputeMethod,
-                                  fields::kActivationsRecomputeLayers,
-                                  fields::kActivationsRecomputeModules,
-                                  fields::kActivationsOffloadLayers,
-                                  fields::kMoeDispatcher,
-                                  fields::kMoeCapacityFactor,
-                                  fields::kMoeDropPolicy,
-                                  fields::kModelQkNorm,
-                                  fields::kModelMtpLayers,
-                                  fields::kModelMoeLayerFreq,
-                                  fields::kModelRouterScore,
-                                  fields::kModelRouterTopkNorm,
-                                  fields::kModelRouterAuxCoeff,
-                                  fields::kModelRouterBiasRate,
-                                  fields::kModelRouterGroups,
-                                  fields::kModelRouterGroupTopk,
-                                  fields::kModelRouterScale,
-                                  fields::kModelActivation,
-                                  fields::kModelVocabDivisor};
+  std::vector<FieldId> carried = CarriedSettings();
+  carried.push_back(fields::kModelActivation);
   if (deepspeed || p.optimizer.offload == Offload::kCpu) {
     carried.push_back(fields::kOptimizerOffloadFraction);
   }
@@ -713,27 +718,9 @@ void NemoCheckLimits(Exporter& ex) {
               "planc reads moe_layer_freq as leading dense layers or as one frequency",
               "use one of them");
   }
-  ex.RecordLimits({fields::kMixedPrecisionFp8,
-                   fields::kMixedPrecisionFp8Params,
-                   fields::kMixedPrecisionGrads,
-                   fields::kActivationsRecomputeMethod,
-                   fields::kActivationsRecomputeLayers,
-                   fields::kActivationsRecomputeModules,
-                   fields::kActivationsOffloadLayers,
-                   fields::kMoeDispatcher,
-                   fields::kMoeCapacityFactor,
-                   fields::kMoeDropPolicy,
-                   fields::kModelQkNorm,
-                   fields::kModelVocabDivisor,
-                   fields::kModelMtpLayers,
-                   fields::kModelMoeLayerFreq,
-                   fields::kModelRouterScore,
-                   fields::kModelRouterTopkNorm,
-                   fields::kModelRouterAuxCoeff,
-                   fields::kModelRouterBiasRate,
-                   fields::kModelRouterGroups,
-                   fields::kModelRouterGroupTopk,
-                   fields::kModelRouterScale});
+  std::vector<FieldId> carried = CarriedSettings();
+  carried.insert(carried.end(), {});
+  ex.RecordLimits(carried);
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
   // grad_reduce_in_fp32 false is the model's 16-bit type: bf16 gradients under fp16 are not it.
   const ElementType half =
