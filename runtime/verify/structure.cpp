@@ -160,6 +160,31 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
                   fmt::format("{} body '{}' op #{}", role.name, body.name, i), out);
 }
 
+// Every (microbatch, chunk) of a role passes its forward once per step, so the role's schedule,
+// loops expanded, holds at least microbatches · chunks ops. Checked before the whole-world
+// verifier sizes its per-(microbatch, chunk) counters by train.microbatches, which a damaged
+// file may set to anything (the runtime itself does not read it).
+void CheckMicrobatches(const Program& p, const Role& role, std::vector<std::string>& out) {
+  const int64_t m = p.train.microbatches;
+  const auto chunks = static_cast<int64_t>(role.chunks.size());
+  if (m < 1 || chunks == 0) return;  // VerifyWorld reports m < 1 with the role
+  int64_t expanded = static_cast<int64_t>(role.schedule.size() + role.steps.size());
+  for (const prog::ScheduleLoop& l : role.loops) {
+    int64_t more = 0;
+    if (__builtin_mul_overflow(int64_t{l.count()} - 1, int64_t{l.length()}, &more) ||
+        __builtin_add_overflow(expanded, more, &expanded)) {
+      expanded = INT64_MAX;
+      break;
+    }
+  }
+  int64_t needed = 0;
+  if (__builtin_mul_overflow(m, chunks, &needed) || needed > expanded)
+    out.push_back(fmt::format(
+        "{}: the schedule holds {} ops, fewer than the microbatches · chunks = {} · {} forwards "
+        "of a step",
+        role.name, expanded, m, chunks));
+}
+
 }  // namespace
 
 std::vector<std::string> VerifyStructure(const Program& p) {
@@ -179,7 +204,10 @@ std::vector<std::string> VerifyStructure(const Program& p) {
         break;
       }
   CheckRanks(p, out);
-  for (const Role& role : p.roles) CheckRole(role, out);
+  for (const Role& role : p.roles) {
+    CheckRole(role, out);
+    CheckMicrobatches(p, role, out);
+  }
   return out;
 }
 

@@ -159,6 +159,27 @@ TEST_CASE(
   CHECK(Planrun(good + " --steps 1").status == 0);
 }
 
+// train.microbatches is read by the verifier only (it sizes a counter per microbatch and chunk);
+// a damaged value is refused by the structural checks before that, not met with exit 70 or the
+// memory of the whole machine.
+TEST_CASE("a program with a damaged microbatch count is refused on load, exit 1") {
+  const std::string good = WriteProgram("microbatches_base", {2, 0, 4, 2});
+  std::ifstream in(good, std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  namespace mem = paraplan::prog::mem;
+  mem::Program p = mem::DecodeProgram(bytes.data(), bytes.size(), "tiny");
+  p.train.microbatches = int64_t{1} << 40;
+  const std::vector<uint8_t> out = mem::EncodeProgram(p);
+  const std::string path = Dir() + "/microbatches.pplan";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  const auto r = Planrun(path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("stage0: the schedule holds 5 ops, fewer than the microbatches · chunks = "
+                   "1099511627776 · 1 forwards of a step") != std::string::npos);
+}
+
 TEST_CASE("a run prints progress and writes one JSON line per step; resume continues") {
   const std::string prog = WriteProgram("train", {2, 1, 4, 6});
   const std::string metrics = Dir() + "/m.jsonl", ckpt = Dir() + "/ckpt";
