@@ -19,6 +19,11 @@
 // process) the processes cannot agree on a step without a collective, so the first signal
 // stops at once.
 //
+// Loading: the file is decoded with the runtime's structural checks (runtime/exec/program_image.h)
+// and then verified as a whole world (runtime/verify/verify.h), in every process and before any
+// rank starts, so a program whose ranks would not meet is refused instead of waiting in a
+// collective until --timeout.
+//
 // Exit status: 0 success, 1 bad input (program, data, checkpoint) or a failed run, 2 bad usage,
 // 70 internal error, 128 + N stopped by signal N. Links neither LLVM nor ANTLR.
 #include <fcntl.h>
@@ -47,6 +52,7 @@
 #include "runtime/exec/program_image.h"
 #include "runtime/json/json.h"
 #include "runtime/launch/environment.h"
+#include "runtime/verify/verify.h"
 #ifdef PARAPLAN_HAVE_CUDA
 #include "runtime/backends/cuda/cuda_backend.h"
 #endif
@@ -597,9 +603,27 @@ int Summarize(const Flags& f, const exec::RunResult& result, int64_t total_steps
   return 0;
 }
 
-// Loads the program, places its ranks, trains, and reports. Returns planrun's exit status.
+// The whole-world verifier `planc compile` runs before writing (runtime/verify/verify.h), on the
+// program as loaded (loops kept, as the file holds them). A damaged or hand-edited file whose
+// sends, receives or collectives do not meet is refused here, before any rank starts, instead of
+// waiting in a collective until --timeout. Returns an exit status when the program fails.
+std::optional<int> VerifyLoadedProgram(const Flags& f, const exec::ProgramImage& program) {
+  const std::vector<std::string> problems = verify::VerifyWorld(program);
+  if (problems.empty()) return std::nullopt;
+  std::cerr << "planrun: error: program `" << f.program_path
+            << "` fails whole-world verification: " << problems.front() << "\n";
+  for (size_t i = 1; i < problems.size(); ++i)
+    std::cerr << "planrun: note: " << problems[i] << "\n";
+  std::cerr << "planrun: note: no rank was started; `planc compile` verifies every program it "
+               "writes, so this file was damaged or edited since: compile the plan again\n";
+  return 1;
+}
+
+// Loads and verifies the program, places its ranks, trains, and reports. Returns planrun's exit
+// status.
 int Run(Flags f, const launch::LaunchEnvironment& env) {
   const exec::ProgramImage program = exec::LoadProgramImage(f.program_path);
+  if (auto rc = VerifyLoadedProgram(f, program)) return *rc;
   const auto process_ranks = launch::AssignProcessRanks(env, program.world_size);
   if (!process_ranks) {
     std::cerr << "planrun: error: " << process_ranks.error() << "\n";

@@ -28,7 +28,7 @@
 #include "compiler/driver/output_file.h"
 #include "compiler/lower/lower.h"
 #include "compiler/lower/trace.h"
-#include "compiler/lower/verify.h"
+#include "runtime/verify/verify.h"
 
 namespace paraplan {
 namespace {

@@ -18,9 +18,9 @@
 #include "compiler/driver/commands.h"
 #include "compiler/lower/print.h"
 #include "compiler/lower/program.h"
-#include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
 #include "runtime/format/read_program.h"
+#include "runtime/verify/verify.h"
 
 namespace paraplan {
 namespace {

@@ -13,8 +13,8 @@
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/schedule.h"
 #include "compiler/lower/schedule_loops.h"
-#include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
+#include "runtime/verify/verify.h"
 
 namespace paraplan::lower {
 

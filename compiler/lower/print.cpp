@@ -6,8 +6,8 @@
 #include <map>
 
 #include "compiler/lower/memory_plan.h"
-#include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
+#include "runtime/verify/verify.h"
 
 namespace paraplan::lower {
 

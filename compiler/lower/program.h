@@ -1,5 +1,6 @@
 // The lowered program in memory: the shared model of runtime/format/program_model.h (aliased
-// here), plus the compiler's structural checks, reading for `planc dump` and names.
+// here), plus writing and reading for planc; the names, structural checks and whole-world
+// verifier it re-exports live in runtime/verify/, shared with planrun.
 //
 // lower/ builds it (Lower), verifies the whole world on it (VerifyWorld), writes it with
 // ToFlatBuffer (= prog::mem::EncodeProgram); `planc dump` reads a file back with FromFlatBuffer
@@ -20,6 +21,8 @@
 
 #include "runtime/format/program.h"
 #include "runtime/format/program_model.h"
+#include "runtime/verify/structure.h"
+#include "runtime/verify/verify.h"
 
 namespace paraplan::lower {
 
@@ -44,19 +47,22 @@ using ParallelConfig = prog::mem::ParallelConfig;
 using TrainConfig = prog::mem::TrainConfig;
 using Program = prog::mem::Program;
 
+// Names, structural checks, the landing-buffer rule and the whole-world verifier are shared
+// with planrun (runtime/verify/).
+using verify::CommName;
+using verify::DescribeOp;
+using verify::IsCollective;
+using verify::IsP2p;
+using verify::LandingBuffer;
+using verify::OpName;
+using verify::VerifyStats;
+using verify::VerifyStructure;
+using verify::VerifyWorld;
+
 // The chunk whose slots each Stash buffer of `role` follows (-1 for other buffers): the chunk
 // whose input/output/grad it is, or whose bodies touch it (a Stash buffer is touched by its own
 // chunk's bodies only).
 std::vector<int32_t> StashChunks(const Role& role);
-
-// The chunk's landing buffer, or -1: a Persistent buffer that the first op of the chunk's
-// forward body copies into the chunk's `input` (a Copy). A chunk that has one receives its
-// activations there instead of into an input slot (runtime/format/README.md, "Landing buffers").
-int32_t LandingBuffer(const Role& role, const Chunk& chunk);
-
-// Structural checks (indices in range, sizes consistent; every op against the op registry with
-// prog::CheckOp, the check the runtime's loader runs too). Empty when fine.
-std::vector<std::string> VerifyStructure(const Program& program);
 
 // Serialisation. ToFlatBuffer never fails; FromFlatBuffer runs the FlatBuffers verifier and
 // VerifyStructure and returns nullopt with *error set when the bytes are not a valid program.
@@ -66,12 +72,6 @@ std::vector<uint8_t> ToFlatBuffer(const Program& program);
 // a time to print it (prog::mem::ScheduleOps).
 std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error,
                                       bool keep_loops = false);
-
-// Names used in dumps and messages: "forward", "send_activation", "all_reduce", "tp".
-std::string_view OpName(OpKind kind);
-std::string_view CommName(CommKind kind);
-bool IsP2p(OpKind kind);
-bool IsCollective(OpKind kind);
 
 }  // namespace paraplan::lower
 

@@ -10,9 +10,9 @@
 
 #include "compiler/lower/lower.h"
 #include "compiler/lower/print.h"
-#include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
 #include "runtime/format/program_model.h"
+#include "runtime/verify/verify.h"
 
 namespace paraplan::lower {
 

@@ -8,8 +8,8 @@
 #include <map>
 #include <optional>
 
-#include "compiler/lower/verify.h"
 #include "runtime/format/ops.h"
+#include "runtime/verify/verify.h"
 
 namespace paraplan::lower {
 

@@ -327,11 +327,18 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
   std::vector<flatbuffers::Offset<Communicator>> comms = {
       CreateCommunicatorDirect(b, CommKind::World, &all),
       CreateCommunicatorDirect(b, CommKind::Dp, &all)};
+  // tp = 1: each rank alone in its tp communicator, which the bodies' tp ops name (as in a
+  // compiled program, so the whole-world verifier accepts it).
+  for (int r = 0; r < o.dp; ++r) {
+    const std::vector<int32_t> alone = {r};
+    comms.push_back(CreateCommunicatorDirect(b, CommKind::Tp, &alone));
+  }
   std::vector<flatbuffers::Offset<Rank>> ranks;
   for (int r = 0; r < o.dp; ++r) {
     std::vector<int32_t> c(kCommKinds, -1);
     c[static_cast<int>(CommKind::World)] = 0;
     c[static_cast<int>(CommKind::Dp)] = 1;
+    c[static_cast<int>(CommKind::Tp)] = 2 + r;
     Coordinates coords(0, 0, 0, r, 0);
     ranks.push_back(CreateRankDirect(b, 0, &coords, &c));
   }

@@ -7,7 +7,8 @@
 // Made by: the compiler's Lower; DecodeProgram (the runtime's validating reader) or
 // DecodeProgramModel (a plain copy of a verified FlatBuffers root, on which the compiler's
 // `planc dump` runs its own structural checks) from a file. Read by:
-// compiler/lower (verification, printing, EncodeProgram) and runtime/exec (the interpreter).
+// compiler/lower (printing, EncodeProgram), runtime/verify (the whole-world verifier, for the
+// compiler and planrun) and runtime/exec (the interpreter).
 // Invariants once a reader has validated it: every index (buffer, body, chunk, communicator,
 // role) is in range; ranks.size() == world_size; Rank::comms has kCommKinds entries.
 #ifndef PARAPLAN_RUNTIME_FORMAT_PROGRAM_MODEL_H_

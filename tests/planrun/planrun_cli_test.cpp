@@ -6,15 +6,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/exec/tiny_program.h"
+#include "runtime/format/program_model.h"
 
 namespace fs = std::filesystem;
 using paraplan::exec::testing::TinyOptions;
@@ -110,6 +114,70 @@ TEST_CASE("bad files exit 1 with a message") {
   r = Planrun(prog + " --resume " + Dir() + "/no_checkpoints");
   CHECK(r.status == 1);
   CHECK(r.out.find("does not exist") != std::string::npos);
+}
+
+// A program the structural decoder accepts but whose ranks would not meet: rank 1 plays a copy of
+// the role without the data-parallel collectives (the gradient all-reduce, the loss average), so
+// rank 0 would wait in the first of them until --timeout. planrun runs the whole-world verifier
+// on load and refuses the program before any rank starts.
+TEST_CASE(
+    "a program whose collectives do not match is refused on load with the verifier's message") {
+  const std::string good = WriteProgram("unmatched_base", {2, 0, 4, 2});
+  std::ifstream in(good, std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  namespace mem = paraplan::prog::mem;
+  mem::Program p = mem::DecodeProgram(bytes.data(), bytes.size(), "tiny");
+  REQUIRE(p.roles.size() == 1);
+  mem::Role damaged = p.roles[0];
+  damaged.name = "stage0_alone";
+  size_t dropped = 0;
+  for (mem::Body& body : damaged.bodies)
+    dropped += std::erase_if(
+        body.ops, [](const mem::Op& op) { return op.kind == paraplan::prog::OpKind::AllReduce; });
+  REQUIRE(dropped == 2);
+  p.roles.push_back(std::move(damaged));
+  p.ranks[1].role = 1;
+  const std::vector<uint8_t> out = mem::EncodeProgram(p);
+  const std::string path = Dir() + "/unmatched.pplan";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  // The structural decoder alone accepts the file.
+  CHECK_NOTHROW(mem::DecodeProgram(out.data(), out.size(), "unmatched"));
+
+  // A timeout well under ctest's: should the check ever be lost, the run fails instead of hanging.
+  const auto r = Planrun(path + " --timeout 60");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("planrun: error: program `" + path + "` fails whole-world verification: ") !=
+        std::string::npos);
+  CHECK(r.out.find("all_reduce") != std::string::npos);
+  CHECK(r.out.find("no rank was started") != std::string::npos);
+  // Nothing ran: no banner (printed once the ranks are placed), no step.
+  CHECK(r.out.find("planrun: plan `") == std::string::npos);
+  CHECK(r.out.find("tokens/s") == std::string::npos);
+  // The good program still runs.
+  CHECK(Planrun(good + " --steps 1").status == 0);
+}
+
+// train.microbatches is read by the verifier only (it sizes a counter per microbatch and chunk);
+// a damaged value is refused by the structural checks before that, not met with exit 70 or the
+// memory of the whole machine.
+TEST_CASE("a program with a damaged microbatch count is refused on load, exit 1") {
+  const std::string good = WriteProgram("microbatches_base", {2, 0, 4, 2});
+  std::ifstream in(good, std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  namespace mem = paraplan::prog::mem;
+  mem::Program p = mem::DecodeProgram(bytes.data(), bytes.size(), "tiny");
+  p.train.microbatches = int64_t{1} << 40;
+  const std::vector<uint8_t> out = mem::EncodeProgram(p);
+  const std::string path = Dir() + "/microbatches.pplan";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  const auto r = Planrun(path);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("stage0: the schedule holds 5 ops, fewer than the microbatches · chunks = "
+                   "1099511627776 · 1 forwards of a step") != std::string::npos);
 }
 
 TEST_CASE("a run prints progress and writes one JSON line per step; resume continues") {

@@ -1,17 +1,17 @@
 // The verifier's stream model (verify_stream.h): reading schedule ops, the landing-buffer rule,
 // and WorldVerifier's building of each role's stream (verify_world.h).
-#include "compiler/lower/verify_stream.h"
+#include "runtime/verify/verify_stream.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <map>
 
-#include "compiler/lower/verify_world.h"
 #include "runtime/format/ops.h"
 #include "runtime/format/program_model.h"
+#include "runtime/verify/verify_world.h"
 
-namespace paraplan::lower::detail {
+namespace paraplan::verify::detail {
 
 StepView ViewOf(const prog::ScheduleStep& s) {
   StepView v;
@@ -276,4 +276,4 @@ void WorldVerifier::BuildStreams() {
   }
 }
 
-}  // namespace paraplan::lower::detail
+}  // namespace paraplan::verify::detail

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "compiler/lower/verify_world.h"
+#include "runtime/verify/verify_world.h"
 
-namespace paraplan::lower::detail {
+namespace paraplan::verify::detail {
 
 bool WorldVerifier::CheckMatch(int32_t a, int64_t v, const RoleStream::At& ia) {
   const RoleStream& sa = StreamOf(a);
@@ -313,4 +313,4 @@ std::string WorldVerifier::UnpostedPartner(int32_t r) const {
   return {};
 }
 
-}  // namespace paraplan::lower::detail
+}  // namespace paraplan::verify::detail

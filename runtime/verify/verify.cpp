@@ -1,16 +1,16 @@
 // Whole-world verification (see verify.h).
-#include "compiler/lower/verify.h"
+#include "runtime/verify/verify.h"
 
 #include <fmt/format.h>
 
 #include <string>
 #include <vector>
 
-#include "compiler/lower/verify_world.h"
 #include "runtime/format/ops.h"
 #include "runtime/format/program_model.h"
+#include "runtime/verify/verify_world.h"
 
-namespace paraplan::lower {
+namespace paraplan::verify {
 
 std::string DescribeOp(const Op& op) {
   const prog::StepAttrs s = prog::DecodeStepAttrs(op);
@@ -45,4 +45,4 @@ std::vector<std::string> VerifyWorld(const Program& program, VerifyStats* stats,
   return v.Run();
 }
 
-}  // namespace paraplan::lower
+}  // namespace paraplan::verify

@@ -1,6 +1,6 @@
 // WorldVerifier's checks (verify_world.h): the run of VerifyWorld's phases, messages, the
 // per-role counts and landing buffers, collectives inside bodies, and transfer counts.
-#include "compiler/lower/verify_world.h"
+#include "runtime/verify/verify_world.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include "runtime/format/ops.h"
 
-namespace paraplan::lower::detail {
+namespace paraplan::verify::detail {
 
 std::vector<std::string> WorldVerifier::Run() {
   errors_ = VerifyStructure(p_);
@@ -209,4 +209,4 @@ void WorldVerifier::CheckTransferCounts() {
   }
 }
 
-}  // namespace paraplan::lower::detail
+}  // namespace paraplan::verify::detail

@@ -1,5 +1,5 @@
-// Whole-world verification of a lowered program, run before it is written (and by `planc
-// dump` on files it reads).
+// Whole-world verification of a lowered program, run by the compiler before it writes one, by
+// `planc dump` on files it reads, and by planrun on every program it loads.
 //
 // Proves, for every rank of the world (ranks of one role share their stream, so the cost is
 // the world size times the schedule length, not times the body length):
@@ -48,16 +48,16 @@
 // Transfer pairs are compared (kind, microbatch, stages, bytes) as the simulation passes them.
 // Messages name ranks, roles, op positions (in the expanded schedule) and ops. Each role's schedule
 // is read in whichever form it is held (Role::schedule, or Role::steps on `planc compile`'s path);
-// the messages are the same for both. Read by Lower (P0804) and tests.
-#ifndef PARAPLAN_COMPILER_LOWER_VERIFY_H_
-#define PARAPLAN_COMPILER_LOWER_VERIFY_H_
+// the messages are the same for both. Read by Lower (P0804), `planc dump`, planrun and tests.
+#ifndef PARAPLAN_RUNTIME_VERIFY_VERIFY_H_
+#define PARAPLAN_RUNTIME_VERIFY_VERIFY_H_
 
 #include <string>
 #include <vector>
 
-#include "compiler/lower/program.h"
+#include "runtime/verify/structure.h"
 
-namespace paraplan::lower {
+namespace paraplan::verify {
 
 struct VerifyStats {
   int64_t ranks = 0;
@@ -74,6 +74,6 @@ std::vector<std::string> VerifyWorld(const Program& program, VerifyStats* stats 
 // "send_activation(microbatch 2, chunk 0, peer 1)" for messages and dumps.
 std::string DescribeOp(const Op& op);
 
-}  // namespace paraplan::lower
+}  // namespace paraplan::verify
 
-#endif  // PARAPLAN_COMPILER_LOWER_VERIFY_H_
+#endif  // PARAPLAN_RUNTIME_VERIFY_VERIFY_H_

@@ -3,9 +3,9 @@
 // segments (runs of listed ops, loop bodies listed once) onto which a rank's position in the
 // expanded stream maps, plus the landing-buffer rule checked per role. WorldVerifier
 // (verify_world.h) builds one RoleStream per role and reads them in its checks and its
-// simulation. Internal to compiler/lower: only the verify*.cpp files include this header.
-#ifndef PARAPLAN_COMPILER_LOWER_VERIFY_STREAM_H_
-#define PARAPLAN_COMPILER_LOWER_VERIFY_STREAM_H_
+// simulation. Internal to runtime/verify: only the verify*.cpp files include this header.
+#ifndef PARAPLAN_RUNTIME_VERIFY_VERIFY_STREAM_H_
+#define PARAPLAN_RUNTIME_VERIFY_VERIFY_STREAM_H_
 
 #include <algorithm>
 #include <cstddef>
@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/lower/program.h"
 #include "runtime/format/program_model.h"
+#include "runtime/verify/structure.h"
 
-namespace paraplan::lower::detail {
+namespace paraplan::verify::detail {
 
 // A schedule op as the verifier reads it, from either form a role holds its schedule in
 // (Role::schedule, or Role::steps on the compiler's writing path): the fields
@@ -220,6 +220,6 @@ class LandingTracker {
   std::vector<int64_t> landed_;
 };
 
-}  // namespace paraplan::lower::detail
+}  // namespace paraplan::verify::detail
 
-#endif  // PARAPLAN_COMPILER_LOWER_VERIFY_STREAM_H_
+#endif  // PARAPLAN_RUNTIME_VERIFY_VERIFY_STREAM_H_

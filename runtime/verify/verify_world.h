@@ -1,12 +1,12 @@
 // WorldVerifier: VerifyWorld's checks and rendezvous simulation of every rank of a program
 // (verify.h says what they prove and why the simulation may skip loop iterations). Made and run
 // once per VerifyWorld call; it reads the program and keeps its own streams (verify_stream.h)
-// and simulation state. Internal to compiler/lower: its members are defined in verify_world.cpp
+// and simulation state. Internal to runtime/verify: its members are defined in verify_world.cpp
 // (the checks on each role and on transfer counts, messages), verify_stream.cpp (building the
 // streams) and verify_simulate.cpp (the simulation); only the verify*.cpp files include this
 // header.
-#ifndef PARAPLAN_COMPILER_LOWER_VERIFY_WORLD_H_
-#define PARAPLAN_COMPILER_LOWER_VERIFY_WORLD_H_
+#ifndef PARAPLAN_RUNTIME_VERIFY_VERIFY_WORLD_H_
+#define PARAPLAN_RUNTIME_VERIFY_VERIFY_WORLD_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -16,11 +16,11 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/lower/program.h"
-#include "compiler/lower/verify.h"
-#include "compiler/lower/verify_stream.h"
+#include "runtime/verify/structure.h"
+#include "runtime/verify/verify.h"
+#include "runtime/verify/verify_stream.h"
 
-namespace paraplan::lower::detail {
+namespace paraplan::verify::detail {
 
 // The state of the rendezvous simulation (WorldVerifier::Simulate).
 struct Rendezvous {
@@ -162,6 +162,6 @@ class WorldVerifier {
   int64_t skips_ = 0;
 };
 
-}  // namespace paraplan::lower::detail
+}  // namespace paraplan::verify::detail
 
-#endif  // PARAPLAN_COMPILER_LOWER_VERIFY_WORLD_H_
+#endif  // PARAPLAN_RUNTIME_VERIFY_VERIFY_WORLD_H_
