@@ -1,6 +1,7 @@
 // Program files mutated as a damaged disk or a hostile user would: every mutant must be refused
-// with an error (ProgramError at decode, RunError / CommError / DataError while running) or run
-// one step; never a crash, a hang, a sanitizer report or an allocation of the whole machine.
+// with an error (ProgramError at decode, a whole-world verification message as planrun gives
+// before starting any rank, RunError / CommError / DataError while running) or run one step;
+// never a crash, a hang, a sanitizer report or an allocation of the whole machine.
 //
 // Mutations: 1-3 random bytes; the high byte(s) of an 8-byte-aligned word (int64 attributes,
 // shapes and offsets near 2^56..2^63); a hostile int64 (2^62 + 32, INT64_MAX, INT64_MIN, -1,
@@ -23,6 +24,7 @@
 
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/tiny_program.h"
+#include "runtime/verify/verify.h"
 
 using namespace paraplan::exec;
 namespace fs = std::filesystem;
@@ -96,7 +98,7 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
   std::mt19937_64 gen(static_cast<uint64_t>(EnvInt("PARAPLAN_FUZZ_SEED", 987)));
   const bool trace = std::getenv("PARAPLAN_FUZZ_TRACE") != nullptr;
   const int64_t save_at = EnvInt("PARAPLAN_FUZZ_SAVE", -1);
-  int64_t ran = 0, refused_at_decode = 0, refused_running = 0, too_big = 0;
+  int64_t ran = 0, refused_at_decode = 0, refused_by_verifier = 0, refused_running = 0, too_big = 0;
   for (int64_t it = 0; it < iterations; ++it) {
     auto b = bases[static_cast<size_t>(it) % bases.size()];
     Mutate(b, gen);
@@ -112,6 +114,12 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
       image = DecodeProgramImage(b.data(), b.size(), "mutated");
     } catch (const std::exception&) {
       ++refused_at_decode;
+      continue;
+    }
+    // planrun's next step: the whole-world verifier, which must answer with messages (or none),
+    // never throw.
+    if (!paraplan::verify::VerifyWorld(image).empty()) {
+      ++refused_by_verifier;
       continue;
     }
     // A mutant that asks for gigabytes is valid input (the runtime refuses only what exceeds the
@@ -134,8 +142,9 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
     }
   }
   MESSAGE(iterations << " mutants: " << refused_at_decode << " refused at decode, "
-                     << refused_running << " refused while running, " << ran << " ran, " << too_big
+                     << refused_by_verifier << " by the whole-world verifier, " << refused_running
+                     << " refused while running, " << ran << " ran, " << too_big
                      << " skipped (arenas over 64 MiB)");
-  CHECK(ran + refused_at_decode + refused_running + too_big == iterations);
+  CHECK(ran + refused_at_decode + refused_by_verifier + refused_running + too_big == iterations);
   CHECK(refused_at_decode > 0);
 }
