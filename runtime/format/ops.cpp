@@ -173,7 +173,7 @@ std::string CheckAttrs(const mem::Role& role, const mem::Op& op, const OpInfo& i
         lo = 0, hi = static_cast<int64_t>(role.bodies.size()) - 1;
         break;
       case AttrRef::kSlot:  // the chunk attribute comes first (checked by the registry's test)
-        lo = 0, hi = chunk >= 0 ? role.chunks[chunk].slots - 1 : -1;
+        lo = 0, hi = chunk >= 0 ? int64_t{role.chunks[chunk].slots} - 1 : -1;
         break;
     }
     if (v < lo || v > hi) {
