@@ -94,7 +94,9 @@ double CollectiveSeconds(Collective kind, double bytes, const CommGroup& g,
   double seconds = 0;
   if (kind == Collective::kAllToAll) {
     // Each rank sends bytes/n to every member: (q-1)/n of it stays on NVLink, (n-q)/n leaves.
-    seconds = bytes * (q - 1) / n / nvl + bytes * (n - q) / n / net;
+    // The two go out at once on their own links (NCCL's point-to-point channels), so the slower
+    // sets the time.
+    seconds = std::max(bytes * (q - 1) / n / nvl, bytes * (n - q) / n / net);
     return seconds + (n - 1) * eff.collective_latency_s;
   }
   // Reduce-scatter and all-gather move (n-1)/n of the array through every rank; all-reduce twice

@@ -106,6 +106,22 @@ TEST_CASE("ring collectives across nodes: the slower of NVLink and network sets 
   CHECK(sixteen / two == doctest::Approx((127.0 / 128) / (15.0 / 16)));
 }
 
+TEST_CASE("all-to-all across nodes: the NVLink and network shares go out at once") {
+  const ClusterSpec c = testing::DgxH100(4);
+  GpuEfficiency eff = EfficiencyFor(c.gpu);
+  eff.collective_latency_s = 0;
+  const double bytes = 1e9, nvl = 450e9 * eff.nvlink_bus_fraction,
+               net = 50e9 * eff.network_bus_fraction;
+  // Inside a node everything stays on NVLink: 7/8 of the buffer leaves each GPU.
+  CHECK(CollectiveSeconds(Collective::kAllToAll, bytes, {8, 8}, c, eff) ==
+        doctest::Approx(7.0 / 8 * bytes / nvl));
+  // 16 ranks on 2 nodes: 7/16 to the node's other GPUs, 8/16 over the NIC, side by side; the
+  // network share sets the time.
+  const double two_nodes = CollectiveSeconds(Collective::kAllToAll, bytes, {16, 8}, c, eff);
+  CHECK(two_nodes == doctest::Approx(std::max(7.0 / 16 * bytes / nvl, 8.0 / 16 * bytes / net)));
+  CHECK(two_nodes == doctest::Approx(8.0 / 16 * bytes / net));
+}
+
 TEST_CASE("stragglers: a share of the step per doubling of the job's nodes, none on one node") {
   // The same per-GPU work on 1, 4 and 16 nodes (data parallelism grows with the nodes).
   auto plan_on = [](int64_t nodes) {
