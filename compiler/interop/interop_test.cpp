@@ -757,8 +757,20 @@ TEST_CASE("--pipeline-model-parallel-layout: stage_layers, and vpp derived as Me
         "--pipeline-model-parallel-layout \"E,t|(tt|)*2t*3,L\"");
   CHECK(!im.Has("P0903"));
 
+  // Megatron-LM replaces --virtual-pipeline-model-parallel-size by the layout's stages / pp.
+  Imported replaced(ConfigKind::kMegatron, script +
+                                               "--virtual-pipeline-model-parallel-size 4 "
+                                               "--pipeline-model-parallel-layout 'Etttt|ttttL'\n");
+  REQUIRE(replaced.checked);
+  CHECK(!replaced.sink.has_errors());
+  CHECK(replaced.checked->parallel.vpp == 1);
+  CHECK(replaced.checked->pipeline.schedule == Schedule::k1F1B);
+  CHECK(replaced.checked->pipeline.stage_layers == std::vector<int64_t>{4, 4});
+
   // Megatron-LM takes one way of setting the virtual stages, and an `m` only with MTP modules.
   for (const char* extra : {"--num-layers-per-virtual-pipeline-stage 2 "
+                            "--pipeline-model-parallel-layout 'Ett|ttL'",
+                            "--num-virtual-stages-per-pipeline-rank 2 "
                             "--pipeline-model-parallel-layout 'Ett|ttL'",
                             "--pipeline-model-parallel-layout 'Ett|ttmL'",
                             "--pipeline-model-parallel-layout 'Ett|t(t|)L'"}) {

@@ -688,19 +688,24 @@ class MegatronReader {
   bool ReadPipelineLayout() {
     const FlagValue* l = Combined("--pipeline-model-parallel-layout");
     if (!l) return true;
-    if (const FlagValue* vs = Combined("--num-layers-per-virtual-pipeline-stage")) {
+    const FlagValue* vs = Combined("--num-layers-per-virtual-pipeline-stage");
+    const DraftSetting* vpp = draft_.Find(fields::kParallelVpp);
+    const bool per_rank =
+        vpp && vpp->source.rfind("--num-virtual-stages-per-pipeline-rank", 0) == 0;
+    if (vs || per_rank) {
+      const std::string other =
+          vs ? "--num-layers-per-virtual-pipeline-stage" : "--num-virtual-stages-per-pipeline-rank";
       sink_.Report(Diag(DiagKind::kConfigBadValue,
-                        "`--num-layers-per-virtual-pipeline-stage` is given with "
-                        "`--pipeline-model-parallel-layout`")
-                       .At(vs->range)
+                        "`" + other + "` is given with `--pipeline-model-parallel-layout`")
+                       .At(vs ? vs->range : vpp->origin)
                        .Label(l->range, "the layout sets the virtual stages")
                        .Note("Megatron-LM takes no more than one of them")
-                       .Help("remove --num-layers-per-virtual-pipeline-stage"));
+                       .Help("remove " + other));
       ok_ = false;
       return false;
     }
     if (!ApplyLayout(ParseLayoutString(l->text), "--pipeline-model-parallel-layout", l->range,
-                     l->source, draft_, sink_)) {
+                     l->source, LayoutVpp::kDerived, draft_, sink_)) {
       ok_ = false;
       return false;
     }

@@ -512,7 +512,7 @@ bool ReadPipelineLayout(std::span<const ConfigEntry> entries, PlanDraft& draft,
              "for example `Et|(tt|)*30mL` or `[[embedding, decoder], [decoder, mtp, loss]]`");
     return false;
   }
-  return ApplyLayout(layout, e->key, e->range, source, draft, sink);
+  return ApplyLayout(layout, e->key, e->range, source, LayoutVpp::kMustMatch, draft, sink);
 }
 
 }  // namespace

@@ -342,7 +342,8 @@ LayoutSplit SplitFromLayout(std::span<const LayoutStage> stages, const LayoutSha
 }
 
 bool ApplyLayout(const ParsedLayout& layout, std::string_view key, SourceRange range,
-                 const std::string& source, PlanDraft& draft, DiagnosticSink& sink) {
+                 const std::string& source, LayoutVpp vpp_rule, PlanDraft& draft,
+                 DiagnosticSink& sink) {
   auto integer = [&](FieldId field) -> std::optional<int64_t> {
     const DraftSetting* s = draft.Find(field);
     return s ? ParseInteger(s->value) : std::nullopt;
@@ -352,7 +353,7 @@ bool ApplyLayout(const ParsedLayout& layout, std::string_view key, SourceRange r
   if (!problem) {
     LayoutShape shape;
     shape.pp = integer(fields::kParallelPp).value_or(1);
-    shape.vpp = integer(fields::kParallelVpp);
+    if (vpp_rule == LayoutVpp::kMustMatch) shape.vpp = integer(fields::kParallelVpp);
     shape.layers = integer(fields::kModelLayers);
     shape.mtp_layers = integer(fields::kModelMtpLayers).value_or(0);
     split = SplitFromLayout(layout.stages, shape);
@@ -367,7 +368,8 @@ bool ApplyLayout(const ParsedLayout& layout, std::string_view key, SourceRange r
     return false;
   }
   draft.Set(fields::kPipelineStageLayers, LayerListText(split.stage_layers), range, source);
-  if (split.vpp > 1 && !integer(fields::kParallelVpp)) {
+  const std::optional<int64_t> stated = integer(fields::kParallelVpp);
+  if ((split.vpp > 1 || stated) && stated != split.vpp) {
     draft.Set(fields::kParallelVpp, std::to_string(split.vpp), range, source);
   }
   return true;

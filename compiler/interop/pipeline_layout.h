@@ -74,12 +74,18 @@ struct LayoutSplit {
 // The plan's split from a parsed layout, checked against the pipeline and the model.
 LayoutSplit SplitFromLayout(std::span<const LayoutStage> stages, const LayoutShape& shape);
 
-// Sets pipeline.stage_layers from a parsed layout (and parallel.vpp, stages / pp, where the file
-// does not state it), checked against the draft's pp, vpp, model.layers and model.mtp_layers;
-// `source` names the setting in the plan's comment. false, with P0902 at `range`, when the
-// layout is refused.
+// How a stated virtual pipeline size meets the layout's.
+enum class LayoutVpp : uint8_t {
+  kMustMatch,  // Megatron-Core's TransformerConfig: a stated vpp other than stages / pp is an error
+  kDerived,  // Megatron-LM's arguments: stages / pp replaces --virtual-pipeline-model-parallel-size
+};
+
+// Sets pipeline.stage_layers from a parsed layout (and parallel.vpp = stages / pp), checked
+// against the draft's pp, vpp, model.layers and model.mtp_layers; `source` names the setting in
+// the plan's comment. false, with P0902 at `range`, when the layout is refused.
 bool ApplyLayout(const ParsedLayout& layout, std::string_view key, SourceRange range,
-                 const std::string& source, PlanDraft& draft, DiagnosticSink& sink);
+                 const std::string& source, LayoutVpp vpp_rule, PlanDraft& draft,
+                 DiagnosticSink& sink);
 
 // The layout string of a per-virtual-stage split: the embedding on the first, `mtp_layers` MTP
 // modules and the loss on the last; runs of equal stages as `(...|)*N` ("Et|(tt|)*30mL").
