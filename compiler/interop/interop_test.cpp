@@ -699,6 +699,16 @@ TEST_CASE("Megatron-Bridge's pipeline layout, a string or lists, is the plan's s
         std::string::npos);
   CHECK(!lists.Has("P0903"));
 
+  // The same lists in YAML's block style.
+  Imported block(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                        "  mtp_num_layers: 1\n  pipeline_model_parallel_size: 2\n"
+                                        "  pipeline_model_parallel_layout:\n"
+                                        "  - [embedding, decoder, decoder]\n"
+                                        "  - - decoder\n    - decoder\n    - mtp\n    - loss\n");
+  REQUIRE(block.checked);
+  CHECK(block.checked->pipeline.stage_layers == std::vector<int64_t>{2, 2});
+  CHECK(block.checked->parallel.vpp == 1);
+
   Imported text(ConfigKind::kNemo, std::string(kBridgeModel) +
                                        "  pipeline_model_parallel_size: 2\n"
                                        "  virtual_pipeline_model_parallel_size: null\n"

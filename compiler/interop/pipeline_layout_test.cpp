@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,41 @@ TEST_CASE("the layout text of a split reads back as the same split") {
     CHECK(Decoders(p) == split);
   }
   CHECK(LayerListText(std::vector<int64_t>{1, 2, 0}) == "[1, 2, 0]");
+}
+
+// Every string of up to five symbols of the grammar (and a few outside it): refused with a
+// message, or read into stages a plan can place, whose written text reads back the same.
+TEST_CASE("every short string is refused or reads back through its layout text") {
+  const std::string alphabet = "Etm|L()*9,x";
+  int64_t accepted = 0;
+  std::string text;
+  std::function<void(size_t)> visit = [&](size_t depth) {
+    ParsedLayout p = ParseLayoutString(text);
+    if (p.problem) {
+      CHECK(!p.problem->message.empty());
+      CHECK(p.stages.empty());
+    } else {
+      ++accepted;
+      REQUIRE(!p.stages.empty());
+      CHECK(p.stages.front().embedding);
+      CHECK(p.stages.back().loss);
+      for (size_t i = 0; i + 1 < p.stages.size(); ++i) CHECK(p.stages[i].mtp == 0);
+      const std::vector<int64_t> decoders = Decoders(p);
+      ParsedLayout again = ParseLayoutString(LayoutText(decoders, p.stages.back().mtp));
+      CAPTURE(text);
+      REQUIRE(!again.problem);
+      CHECK(Decoders(again) == decoders);
+      CHECK(again.stages.back().mtp == p.stages.back().mtp);
+    }
+    if (depth == 5) return;
+    for (char c : alphabet) {
+      text.push_back(c);
+      visit(depth + 1);
+      text.pop_back();
+    }
+  };
+  visit(0);
+  CHECK(accepted > 100);
 }
 
 }  // namespace
