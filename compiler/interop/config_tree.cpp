@@ -129,11 +129,19 @@ void FlattenYaml(const YAML::Node& node, const std::string& prefix, uint32_t buf
     e.range = {buffer, begin, LineEnd(sm, buffer, begin)};
     if (v.IsSequence()) {
       e.type = ValueType::kList;
+      bool lists = true;
       for (const auto& item : v) {
         std::string t = item.IsScalar() ? item.Scalar() : "...";
         e.items.push_back(t);
         e.text += (e.text.empty() ? "" : ", ") + t;
+        lists = lists && item.IsSequence();
+        if (!lists) continue;
+        std::vector<std::string>& inner = e.nested.emplace_back();
+        for (const auto& name : item) {
+          inner.push_back(name.IsScalar() ? name.Scalar() : "...");
+        }
       }
+      if (!lists) e.nested.clear();
     } else if (v.IsScalar()) {
       e.text = v.Scalar();
       // A quoted scalar is a string ("2" is not 2).

@@ -25,7 +25,10 @@ struct ConfigEntry {
       text;  // the value: "2", "true", "bfloat16", "[0.9, 0.95]" (lists: items joined by ", ")
   ValueType type;
   std::vector<std::string> items;  // kList: the items' texts
-  SourceRange range;               // the key and its value
+  // A YAML list of lists of scalars (Megatron-Bridge's pipeline layout): each inner list's
+  // texts; empty for any other value.
+  std::vector<std::vector<std::string>> nested;
+  SourceRange range;  // the key and its value
 };
 
 std::optional<std::vector<ConfigEntry>> ReadToml(const SourceManager& sm, uint32_t buffer,

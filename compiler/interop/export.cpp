@@ -8,6 +8,7 @@
 
 #include "compiler/interop/draft.h"
 #include "compiler/interop/interop.h"
+#include "compiler/interop/pipeline_layout.h"
 
 namespace paraplan {
 namespace {
@@ -20,6 +21,17 @@ std::string Real(double v) { return interop::RealText(v); }
 int64_t PaddedVocab(const Plan& plan) {
   const int64_t unit = plan.model.vocab_divisor * plan.parallel.tp;
   return (plan.model.vocab + unit - 1) / unit * unit;
+}
+
+// The plan's explicit split as Megatron-Core's pipeline layout ("Et|(tt|)*30mL"): the
+// embedding on the first virtual stage, the MTP modules and the loss on the last, as the plan
+// places them. Empty without an explicit split, or when it gives one entry per rank for several
+// chunks (how those split is paraplan's rule, which no layout states).
+std::string PipelineLayout(const Plan& p) {
+  const std::vector<int64_t>& split = p.pipeline.stage_layers;
+  if (split.empty() || static_cast<int64_t>(split.size()) != p.parallel.pp * p.parallel.vpp)
+    return {};
+  return interop::LayoutText(split, p.model.mtp_layers);
 }
 
 class Exporter {
@@ -63,13 +75,21 @@ class Exporter {
     return out;
   }
 
-  // Settings no framework here has: a per-stage layer list, cost balancing, another rank order.
-  void CommonLimits(bool order_ok_tp_pp_dp) {
+  // Settings no framework here has: a per-stage layer list (but as Megatron-Core's pipeline
+  // layout, where the target writes one), cost balancing, another rank order.
+  void CommonLimits(bool order_ok_tp_pp_dp, bool writes_layout = false) {
     const Plan& p = plan_;
-    if (!p.pipeline.stage_layers.empty()) {
+    if (!p.pipeline.stage_layers.empty() && !writes_layout) {
       Cannot(fields::kPipelineStageLayers, "an explicit split",
              "the framework splits layers by its own rule",
              "use pipeline.first_stage_layers / last_stage_layers, or an even split");
+    } else if (!p.pipeline.stage_layers.empty() && PipelineLayout(p).empty()) {
+      Cannot(fields::kPipelineStageLayers, "one entry per pipeline rank",
+             "Megatron-Core's pipeline layout names the layers of every virtual stage; how a "
+             "rank's layers split over its vpp = " +
+                 std::to_string(p.parallel.vpp) + " chunks is paraplan's rule",
+             "give one entry per virtual stage (pp · vpp = " +
+                 std::to_string(p.parallel.pp * p.parallel.vpp) + " entries, chunk by chunk)");
     }
     if (p.pipeline.balance != Balance::kEven) {
       Cannot(fields::kPipelineBalance, "a cost-balanced split",
@@ -191,7 +211,11 @@ void MegatronParallelArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
       add("--tp-comm-overlap");
   }
   if (p.parallel.order == "tp-cp-ep-pp-dp") add("--use-tp-pp-dp-mapping");
-  if (p.parallel.vpp > 1) {
+  const std::string layout = deepspeed ? std::string() : PipelineLayout(p);
+  if (!layout.empty()) {
+    // Megatron-LM derives vpp from the layout and takes no other virtual-stage flag with it.
+    add("--pipeline-model-parallel-layout", "\"" + layout + "\"");
+  } else if (p.parallel.vpp > 1) {
     const int64_t counted = m.layers + (p.pipeline.account_for_embedding ? 1 : 0) +
                             (p.pipeline.account_for_loss ? 1 : 0);
     if (!p.pipeline.first_stage_layers && !p.pipeline.last_stage_layers &&
@@ -217,7 +241,7 @@ void MegatronParallelArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
     add("--decoder-last-pipeline-num-layers", Num(*p.pipeline.last_stage_layers));
   if (p.pipeline.account_for_embedding) add("--account-for-embedding-in-pipeline-split");
   if (p.pipeline.account_for_loss) add("--account-for-loss-in-pipeline-split");
-  ex.CommonLimits(true);
+  ex.CommonLimits(true, !deepspeed);
 }
 
 // Megatron-LM flags for the MoE router. Megatron-Core's softmax router takes the top k of the
@@ -744,7 +768,7 @@ void NemoCheckLimits(Exporter& ex) {
     ex.Cannot(fields::kModelActivation, "squared ReLU",
               "this exporter writes NeMo's swiglu and gelu only", "export to megatron");
   }
-  ex.CommonLimits(false);
+  ex.CommonLimits(false, true);
 }
 
 // The MoE keys of the NeMo config's `model:` section, in Megatron-Core's TransformerConfig names
@@ -806,6 +830,8 @@ std::string NemoModelKeys(const Plan& p) {
     kv("num_layers_in_first_pipeline_stage", n(*p.pipeline.first_stage_layers));
   if (p.pipeline.last_stage_layers)
     kv("num_layers_in_last_pipeline_stage", n(*p.pipeline.last_stage_layers));
+  if (const std::string layout = PipelineLayout(p); !layout.empty())
+    kv("pipeline_model_parallel_layout", "\"" + layout + "\"");
   kv("encoder_seq_length", n(m.seq_len));
   kv("max_position_embeddings", n(m.seq_len));
   kv("num_layers", n(m.layers));

@@ -683,6 +683,117 @@ TEST_CASE("Megatron-Bridge keys with bad values are P0902 at their line") {
   }
 }
 
+TEST_CASE("Megatron-Bridge's pipeline layout, a string or lists, is the plan's stage_layers") {
+  Imported lists(ConfigKind::kNemo,
+                 std::string(kBridgeModel) +
+                     "  mtp_num_layers: 1\n  pipeline_model_parallel_size: 2\n"
+                     "  pipeline_model_parallel_layout: [[Embedding, decoder], [decoder], "
+                     "[decoder], [decoder, mtp, loss]]\n");
+  REQUIRE(lists.checked);
+  CHECK(!lists.sink.has_errors());
+  CHECK(lists.checked->pipeline.stage_layers == std::vector<int64_t>{1, 1, 1, 1});
+  CHECK(lists.checked->parallel.vpp == 2);  // 4 virtual stages over pp 2
+  CHECK(lists.checked->pipeline.schedule == Schedule::kInterleaved1F1B);
+  CHECK(lists.OriginText("pipeline.stage_layers").starts_with("pipeline_model_parallel_layout:"));
+  CHECK(lists.plan->text.find("# model.pipeline_model_parallel_layout = Et|(t|)*2tmL (as lists)") !=
+        std::string::npos);
+  CHECK(!lists.Has("P0903"));
+
+  // The same lists in YAML's block style.
+  Imported block(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                        "  mtp_num_layers: 1\n  pipeline_model_parallel_size: 2\n"
+                                        "  pipeline_model_parallel_layout:\n"
+                                        "  - [embedding, decoder, decoder]\n"
+                                        "  - - decoder\n    - decoder\n    - mtp\n    - loss\n");
+  REQUIRE(block.checked);
+  CHECK(block.checked->pipeline.stage_layers == std::vector<int64_t>{2, 2});
+  CHECK(block.checked->parallel.vpp == 1);
+
+  Imported text(ConfigKind::kNemo, std::string(kBridgeModel) +
+                                       "  pipeline_model_parallel_size: 2\n"
+                                       "  virtual_pipeline_model_parallel_size: null\n"
+                                       "  pipeline_model_parallel_layout: Ettt|tL\n");
+  REQUIRE(text.checked);
+  CHECK(!text.sink.has_errors());
+  CHECK(text.checked->pipeline.stage_layers == std::vector<int64_t>{3, 1});
+  CHECK(text.checked->parallel.vpp == 1);
+  CHECK(text.checked->pipeline.schedule == Schedule::k1F1B);
+}
+
+TEST_CASE("a pipeline layout Megatron-Core or a plan refuses is P0902 at its key") {
+  const char* bad[] = {
+      "  pipeline_model_parallel_layout: Ett|tt\n",             // no loss
+      "  pipeline_model_parallel_layout: Ett|tx|L\n",           // unknown symbol
+      "  pipeline_model_parallel_layout: E(tt|*2ttL\n",         // unbalanced
+      "  pipeline_model_parallel_layout: E(t|)*999999999tL\n",  // huge count
+      "  pipeline_model_parallel_layout: Et|tt|tL\n",           // 3 stages, pp 2
+      "  pipeline_model_parallel_layout: Ett|tttL\n",           // 5 layers, the model 4
+      "  pipeline_model_parallel_layout: Ett|ttmL\n",           // MTP, mtp_num_layers unset
+      "  virtual_pipeline_model_parallel_size: 3\n"
+      "  pipeline_model_parallel_layout: Et|t|t|tL\n",  // vpp 3, the layout 2
+      "  pipeline_model_parallel_layout: [[embedding, decoder, decoder], [decoder, attention, "
+      "loss]]\n",  // unknown layer type
+      "  mtp_num_layers: 1\n"
+      "  pipeline_model_parallel_layout: [[embedding, decoder, decoder], [decoder, decoder], "
+      "[mtp], [loss]]\n",  // standalone MTP
+      "  pipeline_model_parallel_layout: 5\n",
+  };
+  for (const char* line : bad) {
+    CAPTURE(line);
+    Imported im(ConfigKind::kNemo,
+                std::string(kBridgeModel) + "  pipeline_model_parallel_size: 2\n" + line);
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message.find("pipeline_model_parallel_layout") != std::string::npos);
+    CHECK(im.sm.Slice(d.primary).starts_with("pipeline_model_parallel_layout:"));
+  }
+}
+
+TEST_CASE("--pipeline-model-parallel-layout: stage_layers, and vpp derived as Megatron-LM does") {
+  const std::string script =
+      "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
+      "--num-attention-heads 16 --seq-length 2048 --vocab-size 32000 --bf16 "
+      "--pipeline-model-parallel-size 2 --global-batch-size 64 ";
+  Imported im(ConfigKind::kMegatron,
+              script + "--pipeline-model-parallel-layout \"E,t|(tt|)*2t*3,L\"\n");
+  REQUIRE(im.checked);
+  CHECK(!im.sink.has_errors());
+  CHECK(im.checked->pipeline.stage_layers == std::vector<int64_t>{1, 2, 2, 3});
+  CHECK(im.checked->parallel.vpp == 2);
+  CHECK(im.checked->pipeline.schedule == Schedule::kInterleaved1F1B);
+  CHECK(im.OriginText("pipeline.stage_layers") ==
+        "--pipeline-model-parallel-layout \"E,t|(tt|)*2t*3,L\"");
+  CHECK(!im.Has("P0903"));
+
+  // Megatron-LM replaces --virtual-pipeline-model-parallel-size by the layout's stages / pp.
+  Imported replaced(ConfigKind::kMegatron, script +
+                                               "--virtual-pipeline-model-parallel-size 4 "
+                                               "--pipeline-model-parallel-layout 'Etttt|ttttL'\n");
+  REQUIRE(replaced.checked);
+  CHECK(!replaced.sink.has_errors());
+  CHECK(replaced.checked->parallel.vpp == 1);
+  CHECK(replaced.checked->pipeline.schedule == Schedule::k1F1B);
+  CHECK(replaced.checked->pipeline.stage_layers == std::vector<int64_t>{4, 4});
+
+  // Megatron-LM takes one way of setting the virtual stages, and an `m` only with MTP modules.
+  for (const char* extra : {"--num-layers-per-virtual-pipeline-stage 2 "
+                            "--pipeline-model-parallel-layout 'Ett|ttL'",
+                            "--num-virtual-stages-per-pipeline-rank 2 "
+                            "--pipeline-model-parallel-layout 'Ett|ttL'",
+                            "--pipeline-model-parallel-layout 'Ett|ttmL'",
+                            "--pipeline-model-parallel-layout 'Ett|t(t|)L'"}) {
+    CAPTURE(extra);
+    Imported bad(ConfigKind::kMegatron, script + extra + "\n");
+    CHECK(!bad.plan);
+    REQUIRE(!bad.sink.diagnostics().empty());
+    const Diagnostic& d = bad.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message.find("pipeline-model-parallel-layout") != std::string::npos);
+  }
+}
+
 TEST_CASE("Megatron-Bridge's MLA keys size the head as Megatron-LM's flags do") {
   Imported im(ConfigKind::kNemo,
               std::string(kBridgeModel) +

@@ -10,6 +10,7 @@
 
 #include "compiler/base/checked.h"
 #include "compiler/interop/draft.h"
+#include "compiler/interop/pipeline_layout.h"
 #include "compiler/interop/readers.h"
 #include "compiler/interop/shell_words.h"
 #include "compiler/interop/tables.h"
@@ -186,7 +187,7 @@ bool IsCombined(std::string_view flag) {
          flag == "--moe-layer-freq" || flag == "--num-layers-per-virtual-pipeline-stage" ||
          flag == "--recompute-modules" || flag == "--recompute-num-layers" ||
          flag == "--moe-router-enable-expert-bias" || flag == "--moe-router-bias-update-rate" ||
-         flag == "--moe-router-load-balancing-type";
+         flag == "--moe-router-load-balancing-type" || flag == "--pipeline-model-parallel-layout";
 }
 
 std::string FlagSource(std::string_view flag, std::string_view value) {
@@ -304,8 +305,8 @@ class MegatronReader {
     if (!ok_) return std::nullopt;
     SetVocabFromTokenizer();
     SetMegatronDefaults();
-    if (!ReadAttention() || !SetFfnDefault() || !ReadExperts() || !ReadRecompute() ||
-        !ReadVirtualStages()) {
+    if (!ReadAttention() || !SetFfnDefault() || !ReadExperts() || !ReadPipelineLayout() ||
+        !ReadRecompute() || !ReadVirtualStages()) {
       return std::nullopt;
     }
     return std::move(draft_);
@@ -672,12 +673,42 @@ class MegatronReader {
       const int64_t vpp = Integer(fields::kParallelVpp).value_or(1);
       if (pp * vpp > 0 && *layers % (pp * vpp) == 0 &&
           !draft_.Has(fields::kPipelineFirstStageLayers) &&
-          !draft_.Has(fields::kPipelineLastStageLayers)) {
+          !draft_.Has(fields::kPipelineLastStageLayers) &&
+          !draft_.Has(fields::kPipelineStageLayers)) {
         chunk = *layers / (pp * vpp);
       }
     }
     draft_.Set(fields::kActivationsRecomputeLayers, *v == chunk ? "0" : std::to_string(*v),
                n->range, *v == chunk ? n->source + " (every layer of a chunk)" : n->source);
+    return true;
+  }
+
+  // --pipeline-model-parallel-layout: the plan's per-chunk stage_layers, and vpp (Megatron-LM
+  // derives it from the layout, and takes no layers-per-virtual-stage beside it).
+  bool ReadPipelineLayout() {
+    const FlagValue* l = Combined("--pipeline-model-parallel-layout");
+    if (!l) return true;
+    const FlagValue* vs = Combined("--num-layers-per-virtual-pipeline-stage");
+    const DraftSetting* vpp = draft_.Find(fields::kParallelVpp);
+    const bool per_rank =
+        vpp && vpp->source.rfind("--num-virtual-stages-per-pipeline-rank", 0) == 0;
+    if (vs || per_rank) {
+      const std::string other =
+          vs ? "--num-layers-per-virtual-pipeline-stage" : "--num-virtual-stages-per-pipeline-rank";
+      sink_.Report(Diag(DiagKind::kConfigBadValue,
+                        "`" + other + "` is given with `--pipeline-model-parallel-layout`")
+                       .At(vs ? vs->range : vpp->origin)
+                       .Label(l->range, "the layout sets the virtual stages")
+                       .Note("Megatron-LM takes no more than one of them")
+                       .Help("remove " + other));
+      ok_ = false;
+      return false;
+    }
+    if (!ApplyLayout(ParseLayoutString(l->text), "--pipeline-model-parallel-layout", l->range,
+                     l->source, LayoutVpp::kDerived, draft_, sink_)) {
+      ok_ = false;
+      return false;
+    }
     return true;
   }
 

@@ -10,6 +10,7 @@
 
 #include "compiler/base/checked.h"
 #include "compiler/interop/config_tree.h"
+#include "compiler/interop/pipeline_layout.h"
 #include "compiler/interop/readers.h"
 
 namespace paraplan::interop {
@@ -167,8 +168,6 @@ constexpr SettingRow kNemo[] = {
 
 constexpr SkippedRow kNemoSkipped[] = {
     {"model.max_position_embeddings", "no plan field: the plan's sequence is the sequence length"},
-    {"model.pipeline_model_parallel_layout",
-     "no plan field yet: a layout string (a plan splits its stages by first/last stage layers)"},
     {"model.moe_grouped_gemm", "no plan field: a kernel choice"},
     {"model.moe_permute_fusion", "no plan field: a kernel choice"},
     {"model.fp8_amax_history_len", "no plan field yet: fp8 scaling"},
@@ -204,7 +203,8 @@ constexpr std::string_view kHandled[] = {"model.optim.name",
                                          "model.moe_router_bias_update_rate",
                                          "model.moe_shared_expert_intermediate_size",
                                          "model.moe_layer_freq",
-                                         "model.multi_latent_attention"};
+                                         "model.multi_latent_attention",
+                                         "model.pipeline_model_parallel_layout"};
 
 // A key's entry, unless it is absent or null (the framework's default).
 const ConfigEntry* Stated(std::span<const ConfigEntry> entries, std::string_view key) {
@@ -488,6 +488,33 @@ bool ReadRouterBalancing(std::span<const ConfigEntry> entries, PlanDraft& draft,
   return true;
 }
 
+// Megatron-Core's pipeline layout, a string or (Megatron-Bridge) a list of lists of layer names:
+// the plan's per-chunk stage_layers.
+bool ReadPipelineLayout(std::span<const ConfigEntry> entries, PlanDraft& draft,
+                        DiagnosticSink& sink) {
+  const ConfigEntry* e = Stated(entries, "model.pipeline_model_parallel_layout");
+  if (!e) return true;
+  ParsedLayout layout;
+  std::string source = EntrySource(*e);
+  if (e->type == ValueType::kString) {
+    layout = ParseLayoutString(e->text);
+  } else if (e->type == ValueType::kList && (!e->nested.empty() || e->items.empty())) {
+    layout = ParseLayoutLists(e->nested);
+    if (!layout.problem) {
+      std::vector<int64_t> decoders;
+      for (const LayoutStage& st : layout.stages) decoders.push_back(st.decoder);
+      source = e->key + " = " + LayoutText(decoders, layout.stages.back().mtp) + " (as lists)";
+    }
+  } else {
+    BadValue(sink, *e,
+             "`" + e->key + "` expects a layout string or a list of lists of layer names, got " +
+                 e->text,
+             "for example `Et|(tt|)*30mL` or `[[embedding, decoder], [decoder, mtp, loss]]`");
+    return false;
+  }
+  return ApplyLayout(layout, e->key, e->range, source, LayoutVpp::kMustMatch, draft, sink);
+}
+
 }  // namespace
 
 std::span<const SettingRow> NemoRows() { return kNemo; }
@@ -567,6 +594,7 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
   if (!ReadSharedExperts(*entries, draft, sink)) return std::nullopt;
   ReadMoeLayerFreq(*entries, draft);
   if (!ReadRouterBalancing(*entries, draft, sink)) return std::nullopt;
+  if (!ReadPipelineLayout(*entries, draft, sink)) return std::nullopt;
   if (auto vpp = draft.Find(fields::kParallelVpp);
       vpp && vpp->value != "1" && vpp->value != "null") {
     draft.Set(fields::kPipelineSchedule, "interleaved_1f1b", vpp->origin, vpp->source);

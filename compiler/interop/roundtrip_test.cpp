@@ -311,5 +311,99 @@ plan small_moe_h100 {
   }
 }
 
+// An explicit split with one entry per virtual stage is Megatron-Core's pipeline layout: it
+// exports to megatron and nemo as one and comes back unchanged (vpp included, which Megatron-LM
+// derives from the layout); one entry per rank over several chunks is refused.
+TEST_CASE("an explicit per-chunk split round-trips through megatron and nemo as a layout") {
+  constexpr const char* kPlan = R"(import std.clusters
+model small_mtp {
+  layers = 8  hidden = 512  ffn_hidden = 1024  heads = 8  kv_heads = 2  head_dim = 64
+  vocab = 32000  seq_len = 2048  norm = rmsnorm  activation = swiglu  position = rope
+  tied_embeddings = false  mtp_layers = 1
+}
+plan small_mtp_h100 {
+  model = small_mtp
+  cluster = dgx_h100 { nodes = 1 }
+  framework = megatron_core
+  parallel { tp = 2  pp = 2  vpp = 2 }
+  batch { global = 64  micro = 1 }
+  precision = bf16
+  optimizer { zero = 1 }
+  pipeline { schedule = interleaved_1f1b  stage_layers = [1, 3, 3, 1] }
+}
+)";
+  struct Variant {
+    std::vector<std::pair<std::string, std::string>> set;
+    std::string layout;  // as written in both files
+  };
+  const std::vector<Variant> variants = {
+      {{}, "Et|(ttt|)*2tmL"},
+      {{{"pipeline.stage_layers", "[1, 2, 2, 2, 1, 0]"},
+        {"parallel.vpp", "3"},
+        {"model.mtp_layers", "2"}},
+       "Et|(tt|)*3t|mmL"},
+      {{{"pipeline.stage_layers", "[3, 5]"},
+        {"parallel.vpp", "1"},
+        {"pipeline.schedule", "1f1b"},
+        {"model.mtp_layers", "0"}},
+       "Ettt|t*5L"},
+  };
+  for (size_t i = 0; i < variants.size(); ++i) {
+    for (ConfigKind kind : {ConfigKind::kMegatron, ConfigKind::kNemo}) {
+      CAPTURE(i);
+      CAPTURE(ToString(kind));
+      SourceManager sm;
+      DiagnosticSink sink;
+      auto plan = EvaluateText("small_mtp.plan", kPlan, sm, sink);
+      REQUIRE(plan);
+      for (const auto& [path, value] : variants[i].set)
+        REQUIRE(SetFieldText(*plan, path, value).empty());
+      DiagnosticSink export_sink;
+      ExportResult out = ExportPlan(kind, *plan, export_sink);
+      REQUIRE_MESSAGE(!out.text.empty(), export_sink.diagnostics().size());
+      CHECK(out.text.find("\"" + variants[i].layout + "\"") != std::string::npos);
+      // Megatron-LM takes no other virtual-stage flag beside the layout.
+      CHECK(out.text.find("--num-virtual-stages-per-pipeline-rank") == std::string::npos);
+      CHECK(out.text.find("--num-layers-per-virtual-pipeline-stage") == std::string::npos);
+      ImportOptions options;
+      options.stdlib_dir = Root() + "/stdlib";
+      options.nodes = plan->cluster.nodes;
+      options.gpus_per_node = plan->cluster.gpus_per_node;
+      options.gpu = "h100";
+      SourceManager sm2;
+      DiagnosticSink sink2;
+      auto imported = ImportConfigText(kind, "exported", out.text, options, sm2, sink2);
+      REQUIRE_MESSAGE(imported, out.text);
+      auto back = EvaluateText("imported", imported->text, sm2, sink2);
+      REQUIRE(back);
+      CHECK_MESSAGE(!sink2.has_errors(), imported->text);
+      CHECK(back->pipeline.stage_layers == plan->pipeline.stage_layers);
+      std::vector<std::string> diff = Differences(*plan, *back, kind);
+      CHECK_MESSAGE(diff.empty(), [&] {
+        std::string s;
+        for (const std::string& d : diff) s += d + "\n";
+        return s + out.text;
+      }());
+    }
+  }
+  // One entry per rank with two chunks each: refused, naming the field.
+  for (ConfigKind kind : {ConfigKind::kMegatron, ConfigKind::kNemo, ConfigKind::kDeepSpeed}) {
+    CAPTURE(ToString(kind));
+    SourceManager sm;
+    DiagnosticSink sink;
+    auto plan = EvaluateText("small_mtp.plan", kPlan, sm, sink);
+    REQUIRE(plan);
+    REQUIRE(SetFieldText(*plan, "pipeline.stage_layers", "[4, 4]").empty());
+    DiagnosticSink export_sink;
+    CHECK(ExportPlan(kind, *plan, export_sink).text.empty());
+    bool named = false;
+    for (const Diagnostic& d : export_sink.diagnostics()) {
+      CHECK(GetDiagKindInfo(d.kind).code == "P0905");
+      named = named || d.message.find("pipeline.stage_layers") != std::string::npos;
+    }
+    CHECK(named);
+  }
+}
+
 }  // namespace
 }  // namespace paraplan

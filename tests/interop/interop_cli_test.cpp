@@ -208,6 +208,8 @@ TEST_CASE("the corpus of real configurations imports and checks as its README sa
       {"deepspeed deepspeed/pretrain_gpt2_bpe.sh", 0, {"P0502", "P0903"}},
       {"nemo nemo/llama3_70b.yaml", 0, {"P0502", "P0903"}},
       {"nemo nemo/qwen3_30b_a3b_bridge_h100.yaml --nodes 2 --gpu h100", 0, {"P0702", "P0903"}},
+      {"nemo nemo/deepseek_v3_bridge_h100.yaml --nodes 128 --gpu h100", 0, {"P0605", "P0903"}},
+      {"megatron megatron/deepseek_v3_h100_layout.sh", 0, {"P0605", "P0903"}},
   };
   const ScopedScratch scratch("interop_corpus");
   const std::string& dir = scratch.dir;
