@@ -405,10 +405,23 @@ void AddChunk(const Context& cx, const StepPrices& sp, const CostChunk& chunk, S
     AddLayers(plan, kind == 0 ? sp.dense : sp.moe, n, chunk.layers, st);
   }
   if (chunk.loss) {
-    st.flops += 3 * 2 * sp.micro_tokens * D(m.hidden) * D(m.vocab) / sp.t;
-    st.gemm_s += 3 * sp.logits_gemm;
-    st.memory_s += sp.loss_memory;
-    st.forward_s += sp.logits_gemm + sp.loss_memory / 3;
+    // The loss, and each multi-token-prediction module (DeepSeek-V3) after it on the same
+    // chunk: one layer of the last layer's kind, its 2h -> h projection, and a loss of its own
+    // through the shared output layer.
+    const bool moe_last = IsMoeLayer(m, m.layers - 1);
+    for (int64_t k = 0; k <= std::max<int64_t>(0, m.mtp_layers); ++k) {
+      if (k > 0) {
+        AddLayers(plan, moe_last ? sp.moe : sp.dense, 1, chunk.layers + 1, st);
+        const double projection = 2 * sp.micro_tokens * 2 * D(m.hidden) * D(m.hidden) / sp.t;
+        st.flops += 3 * projection;
+        st.gemm_s += 3 * GemmSeconds(projection, cx.peak, cx.eff);
+        st.forward_s += GemmSeconds(projection, cx.peak, cx.eff);
+      }
+      st.flops += 3 * 2 * sp.micro_tokens * D(m.hidden) * D(m.vocab) / sp.t;
+      st.gemm_s += 3 * sp.logits_gemm;
+      st.memory_s += sp.loss_memory;
+      st.forward_s += sp.logits_gemm + sp.loss_memory / 3;
+    }
   }
   // Each chunk receives its input and sends its output, forward and backward.
   if (plan.parallel.pp > 1) st.pp_comm_s += 2 * sp.p2p;

@@ -106,6 +106,25 @@ TEST_CASE("ring collectives across nodes: the slower of NVLink and network sets 
   CHECK(sixteen / two == doctest::Approx((127.0 / 128) / (15.0 / 16)));
 }
 
+TEST_CASE("multi-token prediction: each module is a layer, a projection and a loss of its own") {
+  // One stage (pp 1): the stage's FLOPs with one MTP module are those of one more layer, the
+  // module's 2h -> h projection and a second logits GEMM, forward and backward.
+  const Plan a = Llama(1, 8, 1);
+  Plan more = a, mtp = a;
+  more.model.layers += 1;
+  mtp.model.mtp_layers = 1;
+  const TimeEstimate ta = EstimateTime(a), tmore = EstimateTime(more), tmtp = EstimateTime(mtp);
+  REQUIRE(ta.valid);
+  REQUIRE(tmtp.valid);
+  const ModelSpec& m = a.model;
+  const double tokens = static_cast<double>(m.seq_len * a.batch.micro), t = 8;
+  const double h = static_cast<double>(m.hidden), vocab = static_cast<double>(m.vocab);
+  const double layer = tmore.stages[0].flops - ta.stages[0].flops;
+  CHECK(tmtp.stages[0].flops - ta.stages[0].flops ==
+        doctest::Approx(layer + 3 * 2 * tokens * 2 * h * h / t + 3 * 2 * tokens * h * vocab / t));
+  CHECK(tmtp.step_s > tmore.step_s);
+}
+
 TEST_CASE("all-to-all across nodes: the NVLink and network shares go out at once") {
   const ClusterSpec c = testing::DgxH100(4);
   GpuEfficiency eff = EfficiencyFor(c.gpu);
