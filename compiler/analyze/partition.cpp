@@ -87,7 +87,12 @@ BlockCosts ComputeBlockCosts(const ModelSpec& m) {
     c.layers.push_back(ClampCost(attention + (moe ? moe_mlp : dense_mlp)));
   }
   c.embedding = 0;  // a lookup: no multiply-adds
-  c.head = ClampCost(2 * h * static_cast<double>(m.vocab));
+  // The output layer, and after it each multi-token-prediction module (DeepSeek-V3): a layer of
+  // the last layer's kind, its 2h -> h projection and the output layer once more.
+  const double logits = 2 * h * static_cast<double>(m.vocab);
+  const double last = c.layers.empty() ? 0 : c.layers.back();
+  const double mtp = static_cast<double>(std::max<int64_t>(m.mtp_layers, 0));
+  c.head = ClampCost(logits + mtp * (last + 2 * 2 * h * h + logits));
   return c;
 }
 

@@ -278,6 +278,10 @@ TEST_CASE("block costs: GQA, MoE layers after the dense ones, MLA") {
   BlockCosts moe = ComputeBlockCosts(m);
   CHECK(moe.layers[1] > moe.layers[0]);
   CHECK(moe.layers[1] == moe.layers[3]);
+  // A multi-token-prediction module rides with the output layer: a layer of the last kind, its
+  // 2h -> h projection and the output layer again.
+  m.mtp_layers = 1;
+  CHECK(ComputeBlockCosts(m).head == 2 * moe.head + moe.layers[3] + 2 * 2 * 512 * 512);
 }
 
 }  // namespace
