@@ -279,9 +279,10 @@ TEST_CASE("block costs: GQA, MoE layers after the dense ones, MLA") {
   CHECK(moe.layers[1] > moe.layers[0]);
   CHECK(moe.layers[1] == moe.layers[3]);
   // A multi-token-prediction module rides with the output layer: a layer of the last kind, its
-  // 2h -> h projection and the output layer again.
+  // 2h -> h projection (2 · 2h · h) and the output layer again.
   m.mtp_layers = 1;
-  CHECK(ComputeBlockCosts(m).head == 2 * moe.head + moe.layers[3] + 2 * 2 * 512 * 512);
+  const int64_t h = m.hidden;
+  CHECK(ComputeBlockCosts(m).head == 2 * moe.head + moe.layers[3] + 4 * h * h);
 }
 
 }  // namespace
