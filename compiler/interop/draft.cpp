@@ -63,6 +63,35 @@ std::optional<int64_t> ParseInteger(std::string_view text) {
   return std::nullopt;
 }
 
+std::optional<std::string> MoePatternDenseLayers(std::string_view text) {
+  static const std::regex kPattern(
+      R"(^\(?\s*\[\s*0\s*\]\s*\*\s*(\d+)\s*\+\s*\[\s*1\s*\]\s*\*\s*(\d+)\s*\)?$)");
+  std::match_results<std::string_view::const_iterator> m;
+  if (!std::regex_match(text.begin(), text.end(), m, kPattern)) return std::nullopt;
+  return m[1].str();
+}
+
+std::optional<int64_t> MoeListDenseLayers(std::string_view text) {
+  std::string t;
+  for (char c : text) {
+    if (c != ' ') t += c;
+  }
+  if (t.rfind('[', 0) != 0 || t.back() != ']') return std::nullopt;
+  int64_t zeros = 0;
+  bool seen_one = false;
+  for (size_t i = 1; i + 1 < t.size(); ++i) {
+    if (t[i] == ',') continue;
+    if (t[i] == '0' && !seen_one) {
+      ++zeros;
+    } else if (t[i] == '1') {
+      seen_one = true;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return zeros;
+}
+
 std::optional<double> ParseReal(std::string_view text) {
   std::string s(text);
   if (s.empty()) return std::nullopt;

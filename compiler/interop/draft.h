@@ -76,6 +76,11 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
 // Integer and real values as the frameworks write them ("4", "1_000", "3e-4", "1.5e-4").
 std::optional<int64_t> ParseInteger(std::string_view text);
 std::optional<double> ParseReal(std::string_view text);
+// The leading dense layers of Megatron's --moe-layer-freq (model.moe_layer_freq): K, as written,
+// of a pattern `([0]*K+[1]*N)`; the count of a list `[0,0,1,1]`. nullopt for other text, or a
+// list where a dense layer follows an MoE layer.
+std::optional<std::string> MoePatternDenseLayers(std::string_view text);
+std::optional<int64_t> MoeListDenseLayers(std::string_view text);
 // A real written back as an expression of the language ("0.0003", "1e-08").
 std::string RealText(double v);
 // A string literal of the language.

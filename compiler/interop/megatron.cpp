@@ -4,7 +4,6 @@
 // layers from --moe-layer-freq, shared experts from their size, Megatron's defaults).
 #include <cmath>
 #include <map>
-#include <regex>
 #include <set>
 #include <span>
 
@@ -255,29 +254,6 @@ bool TakesValue(std::string_view flag, const FlagKnowledge& known, std::span<con
 std::string SkipReason(std::string_view flag, const FlagKnowledge& known) {
   if (known.skipped) return std::string(known.skipped->reason);
   return IsNonLayoutFlag(flag) ? "not a layout setting" : "not recognised by planc";
-}
-
-// The leading dense layers of a --moe-layer-freq list (`[0,0,1,1]`); nullopt when the text is
-// no list of 0s and 1s or a dense layer follows an MoE layer.
-std::optional<size_t> LeadingDenseLayers(std::string_view text) {
-  std::string t;
-  for (char c : text) {
-    if (c != ' ') t += c;
-  }
-  if (t.rfind('[', 0) != 0 || t.back() != ']') return std::nullopt;
-  size_t zeros = 0;
-  bool seen_one = false;
-  for (size_t i = 1; i + 1 < t.size(); ++i) {
-    if (t[i] == ',') continue;
-    if (t[i] == '0' && !seen_one) {
-      ++zeros;
-    } else if (t[i] == '1') {
-      seen_one = true;
-    } else {
-      return std::nullopt;
-    }
-  }
-  return zeros;
 }
 
 // Reads one launch script: its flags first (table rows, launcher flags, flags read together),
@@ -631,18 +607,15 @@ class MegatronReader {
   void ReadMoeLayerFreq() {
     const FlagValue* f = Combined("--moe-layer-freq");
     if (!f) return;
-    std::smatch m;
-    const std::regex pattern(
-        R"(^\(?\s*\[\s*0\s*\]\s*\*\s*(\d+)\s*\+\s*\[\s*1\s*\]\s*\*\s*(\d+)\s*\)?$)");
     auto k = ParseInteger(f->text);
     if (k && *k > 1) {
       draft_.Set(fields::kModelMoeLayerFreq, std::to_string(*k), f->range, f->source);
       draft_.Set(fields::kModelDenseLayers, "0", f->range, f->source);
     } else if (k && *k == 1) {
       draft_.Set(fields::kModelDenseLayers, "0", f->range, f->source);
-    } else if (std::regex_match(f->text, m, pattern)) {
-      draft_.Set(fields::kModelDenseLayers, m[1].str(), f->range, f->source);
-    } else if (auto zeros = LeadingDenseLayers(f->text)) {
+    } else if (auto pattern = MoePatternDenseLayers(f->text)) {
+      draft_.Set(fields::kModelDenseLayers, *pattern, f->range, f->source);
+    } else if (auto zeros = MoeListDenseLayers(f->text)) {
       draft_.Set(fields::kModelDenseLayers, std::to_string(*zeros), f->range, f->source);
     } else {
       draft_.Skip(f->source, f->range, "a plan has leading dense layers only (model.dense_layers)");

@@ -417,23 +417,16 @@ void ReadMoeLayerFreq(std::span<const ConfigEntry> entries, PlanDraft& draft) {
     if (k && *k > 1) draft.Set(fields::kModelMoeLayerFreq, std::to_string(*k), f->range, source);
     if (k && *k >= 1) dense = 0;
   } else if (f->type == ValueType::kList) {
-    int64_t zeros = 0;
-    bool seen_one = false, ok = !f->items.empty();
+    // Each item one 0 or 1 (an empty list states no layer).
+    bool ok = !f->items.empty();
+    std::string list = "[";
     for (const std::string& item : f->items) {
-      if (item == "0" && !seen_one) {
-        ++zeros;
-      } else if (item == "1") {
-        seen_one = true;
-      } else {
-        ok = false;
-      }
+      ok = ok && (item == "0" || item == "1");
+      list += item + ",";
     }
-    if (ok) dense = zeros;
-  } else {
-    const std::regex pattern(
-        R"(^\(?\s*\[\s*0\s*\]\s*\*\s*(\d+)\s*\+\s*\[\s*1\s*\]\s*\*\s*(\d+)\s*\)?$)");
-    std::smatch m;
-    if (std::regex_match(f->text, m, pattern)) dense = ParseInteger(m[1].str());
+    if (ok) dense = MoeListDenseLayers(list + "]");
+  } else if (auto k = MoePatternDenseLayers(f->text)) {
+    dense = ParseInteger(*k);
   }
   if (dense) {
     draft.Set(fields::kModelDenseLayers, std::to_string(*dense), f->range, source);
