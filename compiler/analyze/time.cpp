@@ -413,9 +413,10 @@ void AddChunk(const Context& cx, const StepPrices& sp, const CostChunk& chunk, S
       if (k > 0) {
         AddLayers(plan, moe_last ? sp.moe : sp.dense, 1, chunk.layers + 1, st);
         const double projection = 2 * sp.micro_tokens * 2 * D(m.hidden) * D(m.hidden) / sp.t;
+        const double projection_s = GemmSeconds(projection, cx.peak, cx.eff);
         st.flops += 3 * projection;
-        st.gemm_s += 3 * GemmSeconds(projection, cx.peak, cx.eff);
-        st.forward_s += GemmSeconds(projection, cx.peak, cx.eff);
+        st.gemm_s += 3 * projection_s;
+        st.forward_s += projection_s;
       }
       st.flops += 3 * 2 * sp.micro_tokens * D(m.hidden) * D(m.vocab) / sp.t;
       st.gemm_s += 3 * sp.logits_gemm;
