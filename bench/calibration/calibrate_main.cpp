@@ -28,6 +28,7 @@
 #include "compiler/analyze/cost_shape.h"
 #include "compiler/analyze/memory.h"
 #include "compiler/analyze/time.h"
+#include "compiler/interop/draft.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -86,7 +87,7 @@ std::string Str(const Object* o, llvm::StringRef key) {
 
 // One published run as the model sees it.
 struct Case {
-  std::string id, source, group, stack, why_unscored;
+  std::string id, source, title, group, stack, why_unscored;
   // Whose memory behaviour prices the run: its stack's, except Llama 3 (Meta's own stack, priced
   // with torchtitan's time profile), whose tensor parallelism keeps the 1/t shards Megatron
   // keeps rather than DTensor's gathered inputs: its 405B run at 8K without recompute ran.
@@ -100,11 +101,14 @@ struct Case {
   std::vector<int64_t> micros, vpps;
   std::vector<Recompute> recomputes;
   std::vector<bool> sps;
+  std::vector<Balance> balances = {Balance::kEven};
+  std::vector<Dispatcher> dispatchers = {Dispatcher::kAllToAll};
   // Chosen (by the fastest-that-fits rule) and predicted.
   Plan chosen;
   MemoryEstimate memory;
   double predicted = 0, loso = 0;
   bool fits = true;
+  bool readable = true;  // false: the reader could not make a plan of it (why_unscored says why)
   std::string breakdown;
   bool Scored() const { return why_unscored.empty() && measured > 0; }
 };
@@ -113,18 +117,32 @@ struct Case {
 // their rate, at 500/700 of the nominal (stdlib/gpus.plan, h100_96gb_500w, says why).
 constexpr double kPowerCappedClock = 500.0 / 700.0;
 
+// The GPU of a run's `hardware.gpu` text, with the datasheet numbers of stdlib/gpus.plan (dense
+// tensor-core peaks). Blackwell Ultra (B300, GB300) raises the FP4 rate; its BF16 and FP8 rates
+// are those of B200 and GB200, with 288 GB of HBM3e.
 GpuSpec GpuFor(const std::string& text) {
   const std::string t = Lower(text);
+  constexpr double kGB = 1e9;
   GpuSpec g;
-  if (Has(t, "a100")) {
-    const bool small = Has(t, "40gb");
+  if (Has(t, "a100") || Has(t, "a800")) {
+    const bool small = Has(t, "40gb") || Has(t, "40 gb");
     g = {small ? "a100_sxm4_40gb" : "a100_sxm4_80gb",
          (small ? 40 : 80) * kGiB,
          312e12,
          312e12,
          0,
          small ? 1.555e12 : 2.039e12};
-  } else if (Has(t, "96gb")) {
+  } else if (Has(t, "gb300")) {
+    g = {"gb300", static_cast<int64_t>(288 * kGB), 2500e12, 2500e12, 5000e12, 8e12};
+  } else if (Has(t, "gb200")) {
+    g = {"gb200", static_cast<int64_t>(186 * kGB), 2500e12, 2500e12, 5000e12, 8e12};
+  } else if (Has(t, "b300")) {
+    g = {"b300", static_cast<int64_t>(288 * kGB), 2250e12, 2250e12, 4500e12, 8e12};
+  } else if (Has(t, "b200")) {
+    g = {"b200", static_cast<int64_t>(180 * kGB), 2250e12, 2250e12, 4500e12, 8e12};
+  } else if (Has(t, "h200")) {
+    g = {"h200", static_cast<int64_t>(141 * kGB), 989e12, 989e12, 1979e12, 4.8e12};
+  } else if (Has(t, "96gb") || Has(t, "96 gb")) {
     // torchtitan's hosts run it at a 500 W limit: the sustained tensor-core rate is 5/7 of the
     // nominal peaks (stdlib/gpus.plan, h100_96gb_500w).
     const double clock = Has(t, "500 w") || Has(t, "500w") ? kPowerCappedClock : 1.0;
@@ -137,7 +155,8 @@ GpuSpec GpuFor(const std::string& text) {
   return g;
 }
 
-std::string StackFor(const std::string& id, const std::string& source) {
+std::string StackFor(const Case& c) {
+  const std::string &id = c.id, &source = c.source, &title = c.title;
   if (source == "narayanan21") return Has(id, "zero3") ? "deepspeed" : "megatron_lm_2021";
   if (source == "korthikanti22" || source == "mtnlg22") return "megatron_lm_2021";
   // MegaScale's Megatron-LM baseline is commit 285068c8 of January 2023 ("Integrate
@@ -149,6 +168,14 @@ std::string StackFor(const std::string& id, const std::string& source) {
     return "megatron_core";
   if (source == "llama3" || source == "torchtitan") return "torchtitan";
   if (source == "mosaic") return "llm_foundry";
+  // A source outside the file's list: the software its title names.
+  const std::string t = Lower(title);
+  if (Has(t, "megatron-bridge") || Has(t, "megatron bridge") || Has(t, "nemo") ||
+      Has(t, "megatron-core") || Has(t, "megatron core"))
+    return "megatron_core";
+  if (Has(t, "torchtitan") || Has(t, "llama 3")) return "torchtitan";
+  if (Has(t, "llm-foundry") || Has(t, "llm foundry") || Has(t, "mosaicml")) return "llm_foundry";
+  if (Has(t, "deepspeed") || Has(t, "zero-3") || Has(t, "zero3")) return "deepspeed";
   return "paraplan";
 }
 
@@ -167,6 +194,61 @@ double ConventionFlopsPerToken(const std::string& convention, const ModelSpec& m
   return 0;
 }
 
+// The number written after `key` in `text` ("kv_lora_rank 512", "kv_lora_rank=512"); 0 if none.
+int64_t NumberAfter(const std::string& text, std::string_view key) {
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return 0;
+  size_t i = at + key.size();
+  while (i < text.size() && (text[i] == ' ' || text[i] == '=' || text[i] == ':')) ++i;
+  int64_t v = 0;
+  for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) && v < (1 << 30); ++i)
+    v = v * 10 + (text[i] - '0');
+  return v;
+}
+
+// Megatron's --moe-layer-freq as a run states it: an integer k (every k-th layer is MoE), or
+// the list / pattern forms whose leading zeros are the dense layers ("[0]*3+[1]*58",
+// "[0,0,0,1,...]"). Other patterns leave the leading dense count (first_k_dense) as stated.
+void ReadMoeLayerFreq(const Object* moe, ModelSpec& m) {
+  if (auto k = moe->getInteger("moe_layer_freq"); k && *k >= 1) {
+    m.moe_layer_freq = *k;
+    return;
+  }
+  const std::string text = Str(moe, "moe_layer_freq");
+  if (text.empty()) return;
+  if (auto dense = interop::MoeListDenseLayers(text)) {
+    m.dense_layers = std::max(m.dense_layers, *dense);
+  } else if (auto k = interop::MoePatternDenseLayers(text)) {
+    const int64_t v = std::atoll(k->c_str());
+    if (v >= 0 && v < m.layers) m.dense_layers = std::max(m.dense_layers, v);
+  }
+}
+
+// The attention variant's text: GQA's head size ("head_dim 128"), DeepSeek's multi-head latent
+// attention ("MLA", with its ranks where stated, else DeepSeek-V3's: q_lora_rank 1536,
+// kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128), and a sliding
+// window used by every layer ("sliding window 4096"; a window on some layers only is not
+// modelled, and those layers are priced with full attention).
+void ReadAttentionVariant(const std::string& text, ModelSpec& m) {
+  if (int64_t hd = NumberAfter(text, "head_dim"); hd > 0 && !Has(text, "v_head_dim"))
+    m.head_dim = hd;
+  if (Has(text, "mla") || Has(text, "latent attention")) {
+    auto stated = [&](std::string_view key, int64_t fallback) {
+      const int64_t v = NumberAfter(text, key);
+      return v > 0 ? v : fallback;
+    };
+    m.q_lora_rank = Has(text, "q_lora_rank") ? NumberAfter(text, "q_lora_rank") : 1536;
+    m.kv_lora_rank = stated("kv_lora_rank", 512);
+    m.qk_nope_head_dim = stated("qk_nope_head_dim", 128);
+    m.qk_rope_head_dim = stated("qk_rope_head_dim", 64);
+    m.v_head_dim = stated("v_head_dim", 128);
+    m.kv_heads = m.heads;
+  }
+  if (const int64_t w = NumberAfter(text, "sliding window");
+      w > 0 && !Has(text, "alternating") && !Has(text, "interleaved") && !Has(text, "every other"))
+    m.window = w;
+}
+
 // Reads one run; returns false (with `error`) on a malformed entry.
 // The model of a run ("model" and seq_len). False, with `error`, when its dimensions are unusable.
 bool ReadModel(const Object& run, const Object* model, Case& c, std::string& error) {
@@ -178,8 +260,6 @@ bool ReadModel(const Object& run, const Object* model, Case& c, std::string& err
   m.kv_heads = Int(model, "num_kv_heads", m.heads);
   m.head_dim = m.heads ? m.hidden / m.heads : 0;
   const std::string variant = Str(model, "attention_variant");
-  if (size_t at = variant.find("head_dim "); at != std::string::npos)
-    m.head_dim = std::atoll(variant.c_str() + at + 9);
   const bool gated = model->getBoolean("gated_mlp").getValueOr(false);
   m.activation = gated ? Activation::kSwiGlu : Activation::kGelu;
   m.norm = gated ? Norm::kRmsNorm : Norm::kLayerNorm;
@@ -195,7 +275,19 @@ bool ReadModel(const Object& run, const Object* model, Case& c, std::string& err
     m.moe_ffn_hidden = Int(moe, "moe_ffn_hidden_size");
     m.shared_experts = Int(moe, "shared_experts");
     m.dense_layers = Int(moe, "first_k_dense");
+    ReadMoeLayerFreq(moe, m);
+    if (m.experts < 1 || m.topk < 1 || m.topk > m.experts || m.moe_ffn_hidden < 1) {
+      error = "run " + c.id + " has a MoE without usable experts, top_k and moe_ffn_hidden_size";
+      return false;
+    }
   }
+  ReadAttentionVariant(Lower(variant), m);
+  m.mtp_layers = std::max<int64_t>(0, Int(model, "mtp_num_layers", Int(model, "mtp_layers")));
+  const std::string described =
+      Lower(Str(model, "dims_source") + " " + Str(model, "notes") + " " + variant);
+  if (!gated && (Has(described, "squared relu") || Has(described, "squared_relu") ||
+                 Has(described, "relu^2") || Has(described, "relu2")))
+    m.activation = Activation::kSquaredRelu;
   if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.seq_len < 1) {
     error = "run " + c.id + " has no usable model dimensions";
     return false;
@@ -213,11 +305,26 @@ bool ReadLayout(const Object* par, const Object* hw, Case& c, std::string& error
   const int64_t per_node = std::max<int64_t>(1, Int(hw, "gpus_per_node", 8));
   ClusterSpec& cl = plan.cluster;
   cl.gpu = GpuFor(Str(hw, "gpu"));
-  const bool ampere = cl.gpu.name.rfind("a100", 0) == 0;
-  cl.name = ampere ? "dgx_a100" : "dgx_h100";
-  cl.nvlink_bandwidth = ampere ? 300e9 : cl.gpu.name.rfind("h800", 0) == 0 ? 200e9 : 450e9;
-  cl.network_bandwidth = ampere ? 25e9 : 50e9;
-  cl.gpus_per_node = gpus % per_node == 0 ? per_node : gpus;
+  const std::string& gpu = cl.gpu.name;
+  const bool ampere = gpu.rfind("a100", 0) == 0;
+  const bool blackwell = gpu == "b200" || gpu == "b300" || gpu == "gb200" || gpu == "gb300";
+  // NVLink per direction: NVLink3 300 GB/s (A100), NVLink4 450 GB/s (H100; H800's 200 GB/s),
+  // NVLink5 900 GB/s (Blackwell). Network per GPU: HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on
+  // DGX H100, B200 and GB200, ConnectX-8 800 Gb/s on B300 and GB300.
+  cl.name = ampere ? "dgx_a100" : blackwell ? "dgx_" + gpu : "dgx_h100";
+  cl.nvlink_bandwidth = ampere                      ? 300e9
+                        : blackwell                 ? 900e9
+                        : gpu.rfind("h800", 0) == 0 ? 200e9
+                                                    : 450e9;
+  cl.network_bandwidth = ampere ? 25e9 : gpu == "b300" || gpu == "gb300" ? 100e9 : 50e9;
+  int64_t domain = per_node;
+  if (gpu == "gb200" || gpu == "gb300") {
+    // NVL72 racks: one NVLink domain of up to 72 GPUs, whatever the hosts' 4 GPUs a tray. A job
+    // takes whole power-of-two blocks of a rack (64 of its 72 GPUs at most).
+    domain = 1;
+    while (domain * 2 <= std::min<int64_t>(gpus, 64) && gpus % (domain * 2) == 0) domain *= 2;
+  }
+  cl.gpus_per_node = gpus % domain == 0 ? domain : gpus;
   cl.nodes = gpus / cl.gpus_per_node;
   // Layout.
   ParallelSpec& p = plan.parallel;
@@ -237,7 +344,7 @@ bool ReadLayout(const Object* par, const Object* hw, Case& c, std::string& error
     plan.pipeline.account_for_embedding = true;
     plan.pipeline.account_for_loss = true;
   }
-  c.stack = StackFor(c.id, c.source);
+  c.stack = StackFor(c);
   for (Framework f : {Framework::kParaplan, Framework::kMegatronCore, Framework::kTorchtitan,
                       Framework::kDeepSpeed, Framework::kLlmFoundry, Framework::kMegatronLm2021})
     if (ToString(f) == c.stack) plan.framework = f;
@@ -261,7 +368,9 @@ void ReadPrecisionAndSharding(const Object& run, const Object* par, Case& c) {
   // performance recipe sets `ddp.grad_reduce_in_fp32 = False` (scripts/performance, releases
   // 25.11 to 26.06), and NeMo's 24.x performance configurations run the distributed fused Adam
   // with `optim.grad_sync_dtype: bf16`, so the main gradients are bf16 buffers.
-  if (c.source == "mbridge" || c.source == "nemo2407" || c.source == "nemo-longseq") {
+  const std::string title = Lower(c.title);
+  if (c.source == "mbridge" || c.source == "nemo2407" || c.source == "nemo-longseq" ||
+      Has(title, "megatron-bridge") || Has(title, "nemo")) {
     plan.mixed_precision.grads = ElementType::kBf16;
     plan.origins[fields::kMixedPrecisionGrads].kind = OriginKind::kFile;
   }
@@ -320,6 +429,16 @@ bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* der
       if (units % (p.pp * v) == 0) c.vpps.push_back(v);
   }
   if (c.vpps.empty()) c.vpps = {1};
+  // Megatron-Bridge's performance recipes lay pipelines out by hand where Megatron's even split
+  // leaves a stage heavy (pipeline_model_parallel_layout: "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL" for
+  // Llama 3 70B on pp 8 x vpp 5, "Et|(tt|)*30mL" for DeepSeek-V3's 61 layers). The tables do not
+  // print the layout, so the split is chosen with the other unstated fields: the even split or
+  // one balanced by the blocks' costs (`balance = cost`).
+  const bool bridge = c.source == "mbridge" || Has(Lower(c.title), "megatron-bridge");
+  if (p.pp > 1 && bridge) c.balances = {Balance::kEven, Balance::kCost};
+  // Its MoE recipes dispatch with the all-to-all dispatcher or with HybridEP (the flex
+  // dispatcher: DeepSeek-V3, Qwen3-30B-A3B over two nodes); the tables do not say which.
+  if (m.IsMoe() && p.ep > 1 && bridge) c.dispatchers = {Dispatcher::kAllToAll, Dispatcher::kFlex};
   // Recompute and sequence parallelism: stated or chosen.
   const std::string rc = Lower(Str(&run, "recompute"));
   if (rc.rfind("none", 0) == 0)
@@ -380,6 +499,7 @@ void ReadMeasurement(const Object& run, const Object* measured, Case& c) {
 bool ReadCase(const Object& run, Case& c, std::string& error) {
   c.id = Str(&run, "id");
   c.source = SourceOf(c.id);
+  if (const Object* source = run.getObject("source")) c.title = Str(source, "title");
   const Object* model = run.getObject("model");
   const Object* par = run.getObject("parallelism");
   const Object* hw = run.getObject("hardware");
@@ -434,40 +554,57 @@ struct Choice {
   bool found = false;
 };
 
-Choice ChooseFastest(const Case& c, const FrameworkProfile* profile) {
+Choice ChooseFastest(const Case& c, const FrameworkProfile* profile,
+                     const std::vector<Balance>& balances) {
   Choice best;
   CostOptions priced_options = c.options;
   priced_options.profile = profile;
-  for (int64_t micro : c.micros)
-    for (int64_t v : c.vpps)
-      for (Recompute rc : c.recomputes)
-        for (bool sp : c.sps) {
-          Plan plan = c.plan;
-          plan.batch.micro = micro;
-          plan.parallel.vpp = v;
-          plan.parallel.sp = sp;
-          plan.recompute = rc;
-          plan.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
-          if (plan.batch.global % (micro * plan.parallel.dp) != 0) continue;
-          // Memory as the run's stack lays it out; it does not depend on the time profile.
-          Plan priced = plan;
-          priced.framework = c.memory_framework;
-          const MemoryEstimate memory = EstimateMemory(priced, c.options);
-          const Evaluation e = Evaluate(plan, priced_options, &memory);
-          if (!e.valid) continue;
-          const bool better = !best.found || (e.fits && !best.eval.fits) ||
-                              (e.fits == best.eval.fits && e.tokens > best.eval.tokens);
-          if (!better) continue;
-          best.plan = plan;
-          best.eval = e;
-          best.found = true;
-        }
+  for (Balance balance : balances)
+    for (Dispatcher dispatcher : c.dispatchers)
+      for (int64_t micro : c.micros)
+        for (int64_t v : c.vpps)
+          for (Recompute rc : c.recomputes)
+            for (bool sp : c.sps) {
+              Plan plan = c.plan;
+              plan.batch.micro = micro;
+              plan.parallel.vpp = v;
+              plan.parallel.sp = sp;
+              plan.recompute = rc;
+              plan.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+              plan.pipeline.balance = balance;
+              plan.moe.dispatcher = dispatcher;
+              if (balance == Balance::kCost) {
+                plan.pipeline.account_for_embedding = false;
+                plan.pipeline.account_for_loss = false;
+              }
+              if (plan.batch.global % (micro * plan.parallel.dp) != 0) continue;
+              // Memory as the run's stack lays it out; it does not depend on the time profile.
+              Plan priced = plan;
+              priced.framework = c.memory_framework;
+              const MemoryEstimate memory = EstimateMemory(priced, c.options);
+              const Evaluation e = Evaluate(plan, priced_options, &memory);
+              if (!e.valid) continue;
+              const bool better = !best.found || (e.fits && !best.eval.fits) ||
+                                  (e.fits == best.eval.fits && e.tokens > best.eval.tokens);
+              if (!better) continue;
+              best.plan = plan;
+              best.eval = e;
+              best.found = true;
+            }
   return best;
 }
 
 // Chooses the unstated fields with the shipped profiles and records the prediction.
 void Choose(Case& c) {
-  const Choice best = ChooseFastest(c, nullptr);
+  if (!c.readable) return;
+  Choice best = ChooseFastest(c, nullptr, c.balances);
+  // A layout Megatron's even split cannot make (layers over pp x vpp chunks) is one the run's
+  // authors split by hand: the split balanced by cost stands for it.
+  if (!best.found && c.plan.parallel.pp > 1 &&
+      std::find(c.balances.begin(), c.balances.end(), Balance::kCost) == c.balances.end()) {
+    c.balances = {Balance::kCost};
+    best = ChooseFastest(c, nullptr, c.balances);
+  }
   if (!best.found) {
     c.why_unscored = "the model cannot lay the plan out";
     return;
@@ -489,10 +626,10 @@ using calibration::Summarize;
 // The fitted numbers of a profile.
 struct Fitted {
   double compute_scale = 1, attention_scale = 1, layer_overhead_s = 0, fp8_gemm_speedup = 1.6,
-         shard_comm_scale = 1, ep_overlap = 0;
+         shard_comm_scale = 1, ep_overlap = 0, moe_layer_overhead_s = 0;
   static Fitted Of(const FrameworkProfile& p) {
-    return {p.compute_scale,    p.attention_scale,  p.layer_overhead_s,
-            p.fp8_gemm_speedup, p.shard_comm_scale, p.ep_overlap};
+    return {p.compute_scale,    p.attention_scale, p.layer_overhead_s,    p.fp8_gemm_speedup,
+            p.shard_comm_scale, p.ep_overlap,      p.moe_layer_overhead_s};
   }
   void ApplyTo(FrameworkProfile& p) const {
     p.compute_scale = compute_scale;
@@ -501,6 +638,7 @@ struct Fitted {
     p.fp8_gemm_speedup = fp8_gemm_speedup;
     p.shard_comm_scale = shard_comm_scale;
     p.ep_overlap = ep_overlap;
+    p.moe_layer_overhead_s = moe_layer_overhead_s;
   }
 };
 
@@ -583,6 +721,9 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base,
   if (fp8)
     params.push_back({&Fitted::fp8_gemm_speedup, {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8}});
   if (moe && own) params.push_back({&Fitted::ep_overlap, {0.0, 0.25, 0.5, 0.75, 0.9}});
+  if (moe && own)
+    params.push_back({&Fitted::moe_layer_overhead_s,
+                      {0.0, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3, 4e-3, 5e-3, 6e-3}});
   if (own)
     params.push_back({&Fitted::layer_overhead_s,
                       {0.0, 0.1e-3, 0.2e-3, 0.4e-3, 0.7e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3}});
@@ -678,17 +819,27 @@ std::optional<int> ReadRuns(const std::string& path, std::vector<Case>& cases) {
     std::fprintf(stderr, "paraplan_calibrate: %s has no \"runs\" array\n", path.c_str());
     return 2;
   }
+  // A run the model cannot read is reported and left unscored; the others are still priced.
+  int unreadable = 0;
   for (const llvm::json::Value& value : *runs) {
     const Object* run = value.getAsObject();
     Case c;
     std::string error;
     if (!run || !ReadCase(*run, c, error)) {
-      std::fprintf(stderr, "paraplan_calibrate: %s: %s\n", path.c_str(),
+      ++unreadable;
+      std::fprintf(stderr, "paraplan_calibrate: %s: %s (not scored)\n", path.c_str(),
                    error.empty() ? "a run is not an object" : error.c_str());
-      return 2;
+      if (!run || c.id.empty()) continue;
+      c.why_unscored = error;
+      c.readable = false;
+      cases.push_back(std::move(c));
+      continue;
     }
     cases.push_back(std::move(c));
   }
+  if (unreadable > 0)
+    std::fprintf(stderr, "paraplan_calibrate: %d of %zu runs could not be read\n", unreadable,
+                 runs->size());
   return std::nullopt;
 }
 
@@ -700,11 +851,11 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
     const Fitted f = FitProfile(list, &base);
     std::printf(
         "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
-        "%.1f  ep_overlap %.2f  (loss %.3f; shipped %.3f)\n",
+        "%.1f  ep_overlap %.2f  moe layer %.1f ms  (loss %.3f; shipped %.3f)\n",
         key.c_str(), list.size(), f.compute_scale,
         base.attention_documented ? base.attention_scale : f.attention_scale,
         1e3 * f.layer_overhead_s, f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap,
-        Loss(list, &base, f), Loss(list, &base, Fitted::Of(base)));
+        1e3 * f.moe_layer_overhead_s, Loss(list, &base, f), Loss(list, &base, Fitted::Of(base)));
   }
 }
 
@@ -804,7 +955,7 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
       }
       // The unstated fields are chosen again with the refitted numbers: the choice of the
       // fastest setting must not see the left-out source either.
-      for (Case* c : test) c->loso = ChooseFastest(*c, &prof).eval.tokens;
+      for (Case* c : test) c->loso = ChooseFastest(*c, &prof, c->balances).eval.tokens;
     }
   }
   for (Case& c : cases) c.options.efficiency = nullptr;

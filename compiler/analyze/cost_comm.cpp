@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 namespace paraplan {
 namespace {
@@ -112,6 +113,26 @@ double CollectiveSeconds(Collective kind, double bytes, const CommGroup& g,
   }
   const double passes = kind == Collective::kAllReduce ? 2 : 1;
   return passes * one_pass + passes * (n - 1) * eff.collective_latency_s;
+}
+
+double DedupAllToAllSeconds(double token_bytes, double topk, double max_nodes, const CommGroup& g,
+                            const ClusterSpec& cluster, const GpuEfficiency& eff) {
+  if (token_bytes <= 0 || g.size <= 1 || topk <= 0) return 0;
+  const double n = static_cast<double>(g.size), q = static_cast<double>(g.per_node);
+  const double copies = token_bytes * topk;  // what the all-to-all dispatcher would send
+  if (!g.CrossesNodes()) return CollectiveSeconds(Collective::kAllToAll, copies, g, cluster, eff);
+  const double nvl = std::max(1.0, cluster.nvlink_bandwidth * eff.nvlink_bus_fraction);
+  const double net = std::max(1.0, cluster.network_bandwidth * eff.network_bus_fraction);
+  const double nodes = n / q;
+  // Each of the k experts is on any of the group's nodes alike: the other nodes a token
+  // reaches, (nodes - 1)(1 - (1 - 1/nodes)^k), at most max_nodes - 1 of them.
+  double remote = (nodes - 1) * (1 - std::pow(1 - 1 / nodes, topk));
+  if (max_nodes >= 1) remote = std::min(remote, max_nodes - 1);
+  const double network_bytes = token_bytes * remote;
+  // NVLink: the copies for this node's other GPUs, and the copies that arrive from the network
+  // for them (forwarded by the receiving GPU).
+  const double nvlink_bytes = copies * (q - 1) / n + copies * (n - q) / n * (q - 1) / q;
+  return std::max(nvlink_bytes / nvl, network_bytes / net) + (n - 1) * eff.collective_latency_s;
 }
 
 }  // namespace paraplan

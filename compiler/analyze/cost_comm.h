@@ -44,6 +44,15 @@ enum class Collective : uint8_t {
 double CollectiveSeconds(Collective kind, double bytes, const CommGroup& group,
                          const ClusterSpec& cluster, const GpuEfficiency& eff);
 
+// The dispatch (or combine) of an expert-parallel layer with DeepEP / HybridEP (Megatron's
+// flex dispatcher): a token bound for several experts on one remote node crosses the network
+// once, to that node, which forwards the copies to its experts over NVLink; the all-to-all
+// dispatcher sends one copy per expert. `token_bytes`: the rank's tokens (one copy each);
+// `topk`: experts per token; `max_nodes`: the nodes a token may reach (node-limited routing;
+// 0: any). Returns the seconds, the NVLink and network tiers running at once.
+double DedupAllToAllSeconds(double token_bytes, double topk, double max_nodes, const CommGroup& g,
+                            const ClusterSpec& cluster, const GpuEfficiency& eff);
+
 }  // namespace paraplan
 
 #endif  // PARAPLAN_COMPILER_ANALYZE_COST_COMM_H_

@@ -70,6 +70,10 @@ struct FrameworkProfile {
                                   // times the NCCL ring time (per-module buckets, fp32 reduce)
   double layer_overhead_s = 0;    // per layer and microbatch, forward + backward (launches,
                                   // small kernels, Python/dispatcher time)
+  // Per MoE layer and microbatch, forward + backward, on top of layer_overhead_s: the router's,
+  // permutation's and per-expert GEMMs' small kernels, exposed because the dispatcher copies the
+  // token counts to the host before every dispatch (the host cannot queue ahead of the device).
+  double moe_layer_overhead_s = 0;
   double step_overhead_s = 0.05;  // per optimizer step (data loader, logging, host sync)
   // Share of the step lost per doubling of the job's nodes: every collective waits for the
   // slowest rank, and the slowest of more ranks is slower (stragglers, clock and network

@@ -174,8 +174,19 @@ void AddMoeMlp(const Context& cx, const LayerDims& d, LayerCost& c) {
   // Dispatch and combine: each rank sends the routed copies of its own (sequence-parallel)
   // tokens over EP; with ETP > 1 the received tokens are all-gathered over ETP before the
   // experts and reduce-scattered after them (Megatron's all-to-all dispatcher).
-  c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep,
-                                 plan.cluster, cx.eff);
+  if (plan.moe.dispatcher == Dispatcher::kFlex) {
+    // DeepEP / HybridEP: one network copy per remote node a token reaches (DeepSeek's
+    // node-limited routing caps them at router_group_topk groups when the groups are nodes).
+    const double groups = D(std::max<int64_t>(1, m.router_groups));
+    const double nodes = D(cx.groups.ep.size) / D(std::max<int64_t>(1, cx.groups.ep.per_node));
+    const double max_nodes =
+        groups > 1 && std::fabs(groups - nodes) < 0.5 ? D(m.router_group_topk) : 0;
+    c.ep_s = 2 * DedupAllToAllSeconds(pairs / D(m.topk) / etp * h * x, D(m.topk), max_nodes,
+                                      cx.groups.ep, plan.cluster, cx.eff);
+  } else {
+    c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep,
+                                   plan.cluster, cx.eff);
+  }
   if (par.etp > 1) {
     c.ep_s += CollectiveSeconds(Collective::kAllGather, pairs * h * x, cx.groups.etp, plan.cluster,
                                 cx.eff) +
@@ -272,6 +283,7 @@ LayerCost CostOfLayer(const Context& cx, LayerKind kind) {
   AddCpExchange(cx, d, c);
   // Fixed costs per layer (launches, small kernels, framework dispatch): a third forward.
   c.memory_s += cx.prof.layer_overhead_s / 3 * (kind == LayerKind::kMoe ? 2 : 1);
+  if (kind == LayerKind::kMoe) c.memory_s += cx.prof.moe_layer_overhead_s / 3;
   return c;
 }
 

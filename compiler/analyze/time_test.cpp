@@ -141,6 +141,62 @@ TEST_CASE("all-to-all across nodes: the NVLink and network shares go out at once
   CHECK(two_nodes == doctest::Approx(8.0 / 16 * bytes / net));
 }
 
+TEST_CASE("DeepEP / HybridEP send a token once to each remote node it reaches") {
+  const ClusterSpec c = testing::DgxH100(8);
+  GpuEfficiency eff = EfficiencyFor(c.gpu);
+  eff.collective_latency_s = 0;
+  const double tokens = 1e8, nvl = 450e9 * eff.nvlink_bus_fraction,
+               net = 50e9 * eff.network_bus_fraction;
+  // Inside a node nothing changes: every copy goes over NVLink.
+  CHECK(DedupAllToAllSeconds(tokens, 8, 0, {8, 8}, c, eff) ==
+        doctest::Approx(CollectiveSeconds(Collective::kAllToAll, 8 * tokens, {8, 8}, c, eff)));
+  // 2 nodes, top-8: the other node is reached with probability 1 - 2^-8, once, instead of 4
+  // copies on average.
+  const double two = DedupAllToAllSeconds(tokens, 8, 0, {16, 8}, c, eff);
+  const double nvlink = 8 * tokens * 7 / 16 + 8 * tokens * 8 / 16 * 7 / 8;
+  CHECK(two == doctest::Approx(std::max(nvlink / nvl, tokens * (1 - std::pow(0.5, 8)) / net)));
+  CHECK(two < CollectiveSeconds(Collective::kAllToAll, 8 * tokens, {16, 8}, c, eff) / 3);
+  // 8 nodes with node-limited routing (at most 4 nodes a token): at most 3 remote copies.
+  const double limited = DedupAllToAllSeconds(tokens, 8, 4, {64, 8}, c, eff);
+  const double free = DedupAllToAllSeconds(tokens, 8, 0, {64, 8}, c, eff);
+  CHECK(limited ==
+        doctest::Approx(std::max((8 * tokens * 7 / 64 + 8 * tokens * 56 / 64 * 7 / 8) / nvl,
+                                 3 * tokens / net)));
+  CHECK(limited < free);
+  // The plan field selects it: the flex dispatcher's EP time is below the all-to-all's.
+  Plan plan = testing::MakePlan(testing::DeepSeekV2(), testing::DgxH100(32), 8, 1, 1024, 1);
+  plan.parallel.ep = 32;
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kFull;
+  const TimeEstimate a2a = EstimateTime(plan);
+  plan.moe.dispatcher = Dispatcher::kFlex;
+  const TimeEstimate flex = EstimateTime(plan);
+  REQUIRE(a2a.valid);
+  REQUIRE(flex.valid);
+  CHECK(flex.stages[0].ep_comm_s < a2a.stages[0].ep_comm_s);
+}
+
+TEST_CASE("a profile's fixed cost per MoE layer falls on the MoE layers only") {
+  Plan plan = testing::MakePlan(testing::DeepSeekV2(), testing::DgxH100(32), 8, 1, 1024, 1);
+  plan.parallel.ep = 32;
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kNone;
+  plan.framework = Framework::kMegatronCore;
+  FrameworkProfile prof = ProfileFor("megatron_core", plan.cluster.gpu);
+  prof.moe_layer_overhead_s = 0;
+  CostOptions o;
+  o.profile = &prof;
+  const TimeEstimate base = EstimateTime(plan, o);
+  prof.moe_layer_overhead_s = 2e-3;
+  const TimeEstimate t = EstimateTime(plan, o);
+  REQUIRE(base.valid);
+  REQUIRE(t.valid);
+  // DeepSeek-V2: 60 layers, the first dense; 59 MoE layers x 2 ms per microbatch, forward +
+  // backward, on each of the step's microbatches (one pipeline stage).
+  CHECK(t.compute_s - base.compute_s ==
+        doctest::Approx(59 * 2e-3 * static_cast<double>(t.microbatches)).epsilon(0.01));
+}
+
 TEST_CASE("stragglers: a share of the step per doubling of the job's nodes, none on one node") {
   // The same per-GPU work on 1, 4 and 16 nodes (data parallelism grows with the nodes).
   auto plan_on = [](int64_t nodes) {

@@ -5,8 +5,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/support/cli.h"
 
@@ -84,6 +87,113 @@ TEST_CASE(
   CHECK(r.status == 0);
   CHECK(r.err.find("nothing to compare") != std::string::npos);
   CHECK(r.out.empty());
+}
+
+// paraplan_calibrate --csv as rows: id -> fields.
+std::map<std::string, std::vector<std::string>> CsvRows(const std::string& csv) {
+  std::map<std::string, std::vector<std::string>> rows;
+  std::istringstream lines(csv);
+  std::string line;
+  std::getline(lines, line);  // header
+  while (std::getline(lines, line)) {
+    std::vector<std::string> fields;
+    std::istringstream in(line);
+    std::string field;
+    while (std::getline(in, field, ',')) fields.push_back(field);
+    if (!fields.empty()) rows[fields[0]] = fields;
+  }
+  return rows;
+}
+
+// One run of the calibration schema, with what the tests vary.
+std::string RunJson(const std::string& id, const std::string& gpu, int gpus, int tp, int pp,
+                    int layers, const std::string& extra_model = "") {
+  std::ostringstream o;
+  o << R"({"id": ")" << id << R"(", "source": {"title": "NVIDIA-NeMo/Megatron-Bridge docs"},)"
+    << R"( "model": {"name": "Llama-3-70B", "num_layers": )" << layers
+    << R"(, "hidden_size": 8192, "num_attention_heads": 64, "num_kv_heads": 8,)"
+    << R"( "ffn_hidden_size": 28672, "gated_mlp": true, "vocab_size": 128256)" << extra_model
+    << R"(}, "seq_len": 8192, "global_batch_size": 128, "micro_batch_size": 1,)"
+    << R"( "parallelism": {"tp": )" << tp << R"(, "pp": )" << pp
+    << R"(, "cp": 1, "dp_sharding": "distributed optimizer"}, "recompute": "none",)"
+    << R"( "precision": "fp8", "hardware": {"gpu": ")" << gpu << R"(", "num_gpus": )" << gpus
+    << R"(, "gpus_per_node": 8}, "measured": {"tokens_per_sec_per_gpu": 1000}})";
+  return o.str();
+}
+
+TEST_CASE("runs outside the calibration file are read and priced, one row each") {
+  const std::string file = PARAPLAN_SOURCE_DIR "/bench/calibration/check_runs.json";
+  const Result cal = Run(PARAPLAN_CALIBRATE " " + file + " --csv");
+  REQUIRE_MESSAGE(cal.status == 0, cal.err);
+  CHECK_MESSAGE(cal.err.find("could not be read") == std::string::npos, cal.err);
+  const auto rows = CsvRows(cal.out);
+  CHECK(rows.size() == 196);
+  int unscored = 0;
+  for (const auto& row : rows) {
+    const std::string& id = row.first;  // not a structured binding: INFO captures it
+    const std::vector<std::string>& fields = row.second;
+    INFO(id);
+    REQUIRE(fields.size() > 12);
+    if (fields[12] != "1") ++unscored;
+    CHECK(std::stod(fields[4]) > 0);
+  }
+  CHECK(unscored == 0);
+  // DeepSeek-V3 (multi-head latent attention, 61 layers over pp 8 x vpp 4, split by cost as
+  // the recipe's layout does) and the H200 rows are priced.
+  REQUIRE(rows.count("mbridge-25.09-h100-deepseek-v3-1024gpu"));
+  CHECK(std::stod(rows.at("mbridge-25.09-h100-deepseek-v3-1024gpu")[4]) > 500);
+  REQUIRE(rows.count("torchtitan-2506-trainy-h200-8b-fsdp32"));
+}
+
+TEST_CASE("a run the model cannot read is reported and left unscored; the others are priced") {
+  const std::string file = Dir() + "/mixed_runs.json";
+  {
+    std::ofstream out(file);
+    out << R"({"runs": [)" << RunJson("good-h100", "H100-SXM5-80GB", 64, 4, 2, 80) << ", "
+        << RunJson("bad-layout", "H100-SXM5-80GB", 60, 4, 2, 80) << ", "
+        << R"({"id": "bad-model", "model": {}, "parallelism": {}, "hardware": {},)"
+        << R"( "measured": {}}, 17]})";
+  }
+  const Result cal = Run(PARAPLAN_CALIBRATE " " + file + " --csv");
+  REQUIRE_MESSAGE(cal.status == 0, cal.err);
+  CHECK(cal.err.find("bad-layout") != std::string::npos);
+  CHECK(cal.err.find("bad-model") != std::string::npos);
+  CHECK(cal.err.find("3 of 4 runs could not be read") != std::string::npos);
+  const auto rows = CsvRows(cal.out);
+  REQUIRE(rows.count("good-h100"));
+  CHECK(std::stod(rows.at("good-h100")[4]) > 0);
+  REQUIRE(rows.count("bad-layout"));
+  CHECK(rows.at("bad-layout")[12] == "0");
+  // A malformed file still stops it.
+  {
+    std::ofstream out(Dir() + "/broken.json");
+    out << R"({"runs": [)";
+  }
+  CHECK(Run(PARAPLAN_CALIBRATE " " + Dir() + "/broken.json").status == 2);
+}
+
+TEST_CASE("Blackwell and H200 runs are priced on their own GPUs") {
+  const std::string file = Dir() + "/gpus.json";
+  {
+    std::ofstream out(file);
+    out << R"({"runs": [)" << RunJson("on-h100", "H100-SXM5-80GB (DGX-H100)", 64, 4, 2, 80) << ", "
+        << RunJson("on-h200", "H200 141GB", 64, 4, 2, 80) << ", "
+        << RunJson("on-b200", "DGX-B200", 64, 4, 2, 80) << ", "
+        << RunJson("on-gb200", "DGX-GB200", 64, 4, 2, 80) << "]}";
+  }
+  const Result cal = Run(PARAPLAN_CALIBRATE " " + file + " --csv");
+  REQUIRE_MESSAGE(cal.status == 0, cal.err);
+  const auto rows = CsvRows(cal.out);
+  for (const char* id : {"on-h100", "on-h200", "on-b200", "on-gb200"}) REQUIRE(rows.count(id));
+  const double h100 = std::stod(rows.at("on-h100")[4]), h200 = std::stod(rows.at("on-h200")[4]);
+  const double b200 = std::stod(rows.at("on-b200")[4]), gb200 = std::stod(rows.at("on-gb200")[4]);
+  CHECK(rows.at("on-b200")[2].find("blackwell") != std::string::npos);
+  CHECK(rows.at("on-h200")[2].find("hopper") != std::string::npos);
+  // The same tensor cores, more and faster HBM: not slower. Blackwell's 2.3-2.5x peak: well
+  // over 1.5x; GB200's NVL72 domain and higher peak: at least B200's.
+  CHECK(h200 >= h100);
+  CHECK(b200 > 1.5 * h100);
+  CHECK(gb200 >= b200);
 }
 
 }  // namespace
