@@ -432,8 +432,8 @@ bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* der
   // Megatron-Bridge's performance recipes lay pipelines out by hand where Megatron's even split
   // leaves a stage heavy (pipeline_model_parallel_layout: "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL" for
   // Llama 3 70B on pp 8 x vpp 5, "Et|(tt|)*30mL" for DeepSeek-V3's 61 layers). The tables do not
-  // print the layout, so the split is chosen with the other unstated fields: the even split or
-  // one balanced by the blocks' costs (`balance = cost`).
+  // print the layout, so the split of an interleaved run is chosen with the other unstated
+  // fields: the even split or one balanced by the blocks' costs (`balance = cost`).
   const bool bridge = c.source == "mbridge" || Has(Lower(c.title), "megatron-bridge");
   if (p.pp > 1 && bridge) c.balances = {Balance::kEven, Balance::kCost};
   // Its MoE recipes dispatch with the all-to-all dispatcher or with HybridEP (the flex
@@ -571,6 +571,10 @@ Choice ChooseFastest(const Case& c, const FrameworkProfile* profile,
               plan.parallel.sp = sp;
               plan.recompute = rc;
               plan.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+              // The recipes that lay their pipelines out by hand are the interleaved ones (Llama 3
+              // 70B, DeepSeek-V3, Qwen3-235B-A22B); GPT-OSS on pp 4 without interleaving keeps the
+              // even split.
+              if (balance == Balance::kCost && v == 1 && c.balances.size() > 1) continue;
               plan.pipeline.balance = balance;
               plan.moe.dispatcher = dispatcher;
               if (balance == Balance::kCost) {
