@@ -630,10 +630,10 @@ using calibration::Summarize;
 // The fitted numbers of a profile.
 struct Fitted {
   double compute_scale = 1, attention_scale = 1, layer_overhead_s = 0, fp8_gemm_speedup = 1.6,
-         shard_comm_scale = 1, ep_overlap = 0, moe_layer_overhead_s = 0;
+         shard_comm_scale = 1, ep_overlap = 0, moe_layer_overhead_s = 0, shard_interference = 0;
   static Fitted Of(const FrameworkProfile& p) {
-    return {p.compute_scale,    p.attention_scale, p.layer_overhead_s,    p.fp8_gemm_speedup,
-            p.shard_comm_scale, p.ep_overlap,      p.moe_layer_overhead_s};
+    return {p.compute_scale,    p.attention_scale, p.layer_overhead_s,     p.fp8_gemm_speedup,
+            p.shard_comm_scale, p.ep_overlap,      p.moe_layer_overhead_s, p.shard_interference};
   }
   void ApplyTo(FrameworkProfile& p) const {
     p.compute_scale = compute_scale;
@@ -643,6 +643,7 @@ struct Fitted {
     p.shard_comm_scale = shard_comm_scale;
     p.ep_overlap = ep_overlap;
     p.moe_layer_overhead_s = moe_layer_overhead_s;
+    p.shard_interference = shard_interference;
   }
 };
 
@@ -718,6 +719,8 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base,
   const bool own = scope == FitScope::kAll;
   if (sharded && own)
     params.push_back({&Fitted::shard_comm_scale, {1, 1.5, 2, 3, 4, 6, 8, 10, 12}});
+  if (sharded && own && base && base->shard == ShardStyle::kFsdp)
+    params.push_back({&Fitted::shard_interference, {0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0}});
   params.push_back({&Fitted::compute_scale, scales});
   if (flash)
     params.push_back(
@@ -855,11 +858,13 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
     const Fitted f = FitProfile(list, &base);
     std::printf(
         "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
-        "%.1f  ep_overlap %.2f  moe layer %.1f ms  (loss %.3f; shipped %.3f)\n",
+        "%.1f  interference %.1f  ep_overlap %.2f  moe layer %.1f ms  (loss %.3f; shipped "
+        "%.3f)\n",
         key.c_str(), list.size(), f.compute_scale,
         base.attention_documented ? base.attention_scale : f.attention_scale,
-        1e3 * f.layer_overhead_s, f.fp8_gemm_speedup, f.shard_comm_scale, f.ep_overlap,
-        1e3 * f.moe_layer_overhead_s, Loss(list, &base, f), Loss(list, &base, Fitted::Of(base)));
+        1e3 * f.layer_overhead_s, f.fp8_gemm_speedup, f.shard_comm_scale, f.shard_interference,
+        f.ep_overlap, 1e3 * f.moe_layer_overhead_s, Loss(list, &base, f),
+        Loss(list, &base, Fitted::Of(base)));
   }
 }
 

@@ -542,9 +542,13 @@ double ShardedMicrobatchExposure(const Context& cx, const DpTraffic& dp, int64_t
   const double rs = k * dp.grads_s + lat;
   const double compute_f = fwd, compute_b = st.gemm_s + st.memory_s + st.recompute_s - fwd;
   const double hide = prof.shard_prefetch;
-  double exposed = std::max(0.0, ag_f - hide * compute_f) +
-                   std::max(0.0, ag_b + rs - hide * std::max(0.0, compute_b));
+  const double exposed_f = std::max(0.0, ag_f - hide * compute_f);
+  const double exposed_b = std::max(0.0, ag_b + rs - hide * std::max(0.0, compute_b));
+  double exposed = exposed_f + exposed_b;
   exposed += ag_f / n_layers;  // the first layer's gather
+  // The traffic that hides behind compute still slows it: NCCL's kernels hold SMs and HBM
+  // bandwidth while the GEMMs run (the profile's share of the hidden seconds).
+  exposed += prof.shard_interference * ((ag_f - exposed_f) + (ag_b + rs - exposed_b));
   if (zero == 2 && prof.shard == ShardStyle::kFsdp) {
     // shard_grad_op gathers once per microbatch's forward (parameters freed after backward).
     exposed += std::max(0.0, k * dp.params_s + lat - hide * compute_f);

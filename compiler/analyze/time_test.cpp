@@ -260,6 +260,29 @@ TEST_CASE("ZeRO 2 reduce-scatters gradients every microbatch, ZeRO 3 also gather
   CHECK(z[2].step_s < z[3].step_s);
 }
 
+TEST_CASE(
+    "FSDP traffic hidden behind compute slows it by the profile's share, exposed traffic not") {
+  Plan plan = testing::MakePlan(testing::Gpt(24, 2048, 16), testing::DgxH100(2), 1, 1, 256, 8);
+  plan.framework = Framework::kLlmFoundry;
+  plan.optimizer.zero = 3;
+  FrameworkProfile prof = ProfileFor("llm_foundry", plan.cluster.gpu);
+  CostOptions o;
+  o.profile = &prof;
+  auto step = [&](double prefetch, double interference) {
+    prof.shard_prefetch = prefetch;
+    prof.shard_interference = interference;
+    const TimeEstimate t = EstimateTime(plan, o);
+    REQUIRE(t.valid);
+    return t.step_s;
+  };
+  // Hidden traffic: the slowdown is linear in the share.
+  const double base = step(0.9, 0), d1 = step(0.9, 0.2) - base, d2 = step(0.9, 0.4) - base;
+  CHECK(d1 > 0);
+  CHECK(d2 == doctest::Approx(2 * d1));
+  // Nothing prefetched: all of it is exposed already, and nothing is left to slow the compute.
+  CHECK(step(0, 0.4) == doctest::Approx(step(0, 0)));
+}
+
 TEST_CASE("fused attention runs at its own efficiency, below large GEMMs") {
   Plan plan = Llama(8, 8, 1);
   CostOptions fused;
