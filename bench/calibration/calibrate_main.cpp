@@ -87,7 +87,7 @@ std::string Str(const Object* o, llvm::StringRef key) {
 
 // One published run as the model sees it.
 struct Case {
-  std::string id, source, title, group, stack, why_unscored;
+  std::string id, source, title, notes, group, stack, why_unscored;
   // Whose memory behaviour prices the run: its stack's, except Llama 3 (Meta's own stack, priced
   // with torchtitan's time profile), whose tensor parallelism keeps the 1/t shards Megatron
   // keeps rather than DTensor's gathered inputs: its 405B run at 8K without recompute ran.
@@ -350,6 +350,10 @@ bool ReadLayout(const Object* par, const Object* hw, Case& c, std::string& error
     if (ToString(f) == c.stack) plan.framework = f;
   c.memory_framework = c.source == "llama3" ? Framework::kMegatronCore : plan.framework;
   if (Has(c.id, "asynctp")) p.tp_comm_overlap = true;  // torchtitan async TP
+  // torchtitan's tables say which runs were compiled ("torch.compile" in the notes).
+  if (c.stack == "torchtitan" && c.source != "llama3" &&
+      (Has(Lower(c.id), "compile") || Has(Lower(c.notes), "compile")))
+    plan.compile = true;
   return true;
 }
 
@@ -500,6 +504,7 @@ bool ReadCase(const Object& run, Case& c, std::string& error) {
   c.id = Str(&run, "id");
   c.source = SourceOf(c.id);
   if (const Object* source = run.getObject("source")) c.title = Str(source, "title");
+  c.notes = Str(&run, "notes");
   const Object* model = run.getObject("model");
   const Object* par = run.getObject("parallelism");
   const Object* hw = run.getObject("hardware");
@@ -858,8 +863,8 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
     const Fitted f = FitProfile(list, &base);
     std::printf(
         "  %-26s %3zu runs  compute %.2f  attention %.2f  layer %.2f ms  fp8 %.1f  shard_comm "
-        "%.1f  interference %.1f  ep_overlap %.2f  moe layer %.1f ms  (loss %.3f; shipped "
-        "%.3f)\n",
+        "%.1f  interference %.1f  ep_overlap %.2f  moe layer %.1f ms  (loss %.3f; "
+        "shipped %.3f)\n",
         key.c_str(), list.size(), f.compute_scale,
         base.attention_documented ? base.attention_scale : f.attention_scale,
         1e3 * f.layer_overhead_s, f.fp8_gemm_speedup, f.shard_comm_scale, f.shard_interference,

@@ -68,6 +68,9 @@ struct FrameworkProfile {
                                   // stack's attention kernel against cuDNN/FlashAttention-2)
   double shard_comm_scale = 1.0;  // ZeRO-3/FSDP gathers and reduce-scatters take this many
                                   // times the NCCL ring time (per-module buckets, fp32 reduce)
+  // Under `compile = true` (torch.compile) the memory-bound kernels take this share of their
+  // eager time: norms, activations, rotary embeddings and residual adds fused.
+  double compiled_memory_scale = 1.0;
   double shard_interference = 0;  // the ZeRO-3/FSDP traffic hidden behind compute slows it by
                                   // this share of the hidden seconds (NCCL's SMs and HBM use)
   double layer_overhead_s = 0;    // per layer and microbatch, forward + backward (launches,

@@ -224,8 +224,11 @@ void AddMemoryBound(const Context& cx, LayerKind kind, LayerCost& c) {
   const double stored = D(LayerActivationBytes(cx.plan.model, kind, shape));
   shape.recompute = Recompute::kSelective;
   const double without_scores = D(LayerActivationBytes(cx.plan.model, kind, shape));
-  c.memory_s += cx.eff.elementwise_passes * stored / cx.hbm;
-  c.score_memory_s = cx.eff.elementwise_passes * (stored - without_scores) / cx.hbm;
+  // torch.compile fuses the elementwise kernels (the profile's share of the eager passes left).
+  const double passes =
+      cx.eff.elementwise_passes * (cx.plan.compile ? cx.prof.compiled_memory_scale : 1.0);
+  c.memory_s += passes * stored / cx.hbm;
+  c.score_memory_s = passes * (stored - without_scores) / cx.hbm;
 }
 
 // TP/SP: two all-reduces (or all-gather + reduce-scatter pairs) per pass.

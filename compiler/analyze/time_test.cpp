@@ -283,6 +283,26 @@ TEST_CASE(
   CHECK(step(0, 0.4) == doctest::Approx(step(0, 0)));
 }
 
+TEST_CASE("compile = true fuses the memory-bound kernels where the framework runs eagerly") {
+  Plan plan = testing::MakePlan(testing::Gpt(24, 2048, 16), testing::DgxH100(1), 1, 1, 64, 8);
+  plan.framework = Framework::kTorchtitan;
+  const TimeEstimate eager = EstimateTime(plan);
+  plan.compile = true;
+  const TimeEstimate compiled = EstimateTime(plan);
+  REQUIRE(eager.valid);
+  REQUIRE(compiled.valid);
+  const double scale = ProfileFor("torchtitan", plan.cluster.gpu).compiled_memory_scale;
+  CHECK(scale < 1);
+  CHECK(compiled.stages[0].memory_s < eager.stages[0].memory_s);
+  CHECK(compiled.stages[0].gemm_s == doctest::Approx(eager.stages[0].gemm_s));
+  CHECK(compiled.step_s < eager.step_s);
+  // Megatron-Core's kernels are fused already: the switch changes nothing there.
+  plan.framework = Framework::kMegatronCore;
+  const double fused = EstimateTime(plan).step_s;
+  plan.compile = false;
+  CHECK(EstimateTime(plan).step_s == doctest::Approx(fused));
+}
+
 TEST_CASE("fused attention runs at its own efficiency, below large GEMMs") {
   Plan plan = Llama(8, 8, 1);
   CostOptions fused;

@@ -544,9 +544,9 @@ class ImportedPlanWriter {
   // The cluster, the plan's top-level settings, then one block per section.
   void WritePlanSettings(TextWriter& w) const {
     w.Line("  cluster = " + cluster_expr_, gpu_comment_, gpu_origin_);
-    for (FieldId path :
-         {FieldId(fields::kClusterNodes), FieldId(fields::kClusterGpusPerNode),
-          FieldId(fields::kFramework), FieldId(fields::kPrecision), FieldId(fields::kRecompute)}) {
+    for (FieldId path : {FieldId(fields::kClusterNodes), FieldId(fields::kClusterGpusPerNode),
+                         FieldId(fields::kFramework), FieldId(fields::kCompile),
+                         FieldId(fields::kPrecision), FieldId(fields::kRecompute)}) {
       if (const DraftSetting* s = Find(path)) {
         w.Line("  " + s->path + " = " + s->value, SourceComment(*s, sm_), s->origin);
       }

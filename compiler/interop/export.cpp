@@ -705,7 +705,7 @@ std::string Torchtitan(Exporter& ex) {
          "\ninterval = " + n(p.train.checkpoint_every) + "\n";
   }
   // torchtitan's async tensor parallelism runs only under torch.compile.
-  if (p.parallel.tp_comm_overlap) t += "\n[compile]\nenable = true\n";
+  if (p.compile || p.parallel.tp_comm_overlap) t += "\n[compile]\nenable = true\n";
   return t;
 }
 

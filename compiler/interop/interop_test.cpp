@@ -934,6 +934,30 @@ TEST_CASE("torchtitan HSDP, resharding and float8; NeMo and DeepSpeed name their
   CHECK(nemo.checked->activations.recompute_modules == "core_attn, mlp");
 }
 
+TEST_CASE("torchtitan's torch.compile switch is the plan's `compile`, both ways") {
+  for (const char* section : {"[compile]\nenable = true\n", "[training]\ncompile = true\n"}) {
+    Imported im(ConfigKind::kTorchtitan,
+                std::string("[model]\nname = \"llama3\"\nflavor = \"8B\"\n") + section +
+                    "[parallelism]\ndata_parallel_shard_degree = 8\n",
+                ImportOptions{.nodes = 1});
+    INFO(section);
+    REQUIRE(im.checked);
+    CHECK(im.checked->compile);
+    DiagnosticSink out;
+    const ExportResult back = ExportPlan(ConfigKind::kTorchtitan, *im.checked, out);
+    CHECK(back.text.find("[compile]\nenable = true") != std::string::npos);
+  }
+  Imported eager(ConfigKind::kTorchtitan,
+                 "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[compile]\nenable = false\n"
+                 "[parallelism]\ndata_parallel_shard_degree = 8\n",
+                 ImportOptions{.nodes = 1});
+  REQUIRE(eager.checked);
+  CHECK_FALSE(eager.checked->compile);
+  DiagnosticSink out;
+  CHECK(ExportPlan(ConfigKind::kTorchtitan, *eager.checked, out).text.find("[compile]") ==
+        std::string::npos);
+}
+
 TEST_CASE("export carries the record settings its target has and refuses the others") {
   std::optional<Plan> plan = EvaluatePlanText(
       "p.plan",

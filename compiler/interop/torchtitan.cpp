@@ -34,6 +34,8 @@ constexpr SettingRow kTorchtitan[] = {
     {"parallelism.enable_async_tensor_parallel", fields::kParallelTpCommOverlap, Convert::kSwitch,
      "true"},
     {"activation_checkpoint.mode", fields::kRecompute, Convert::kEnum, {}, kTitanRecompute},
+    {"compile.enable", fields::kCompile, Convert::kSwitch, "true"},
+    {"training.compile", fields::kCompile, Convert::kSwitch, "true"},
     {"training.mixed_precision_param", fields::kPrecision, Convert::kEnum, {}, kTitanPrecision},
     {"training.seq_len", fields::kModelSeqLen, Convert::kInt},
     {"training.mixed_precision_reduce",
@@ -64,7 +66,6 @@ constexpr SkippedRow kTorchtitanSkipped[] = {
     {"float8.enable_fsdp_float8_all_gather", "no plan field yet: fp8 all-gather"},
     {"float8.precompute_float8_dynamic_scale_for_fsdp", "no plan field yet: fp8 scaling"},
     {"float8.recipe_name", "no plan field yet: fp8 recipe"},
-    {"compile.enable", "not a layout setting"},
     {"job.dump_folder", "not a layout setting"},
     {"job.description", "not a layout setting"},
     {"training.dataset", "not a layout setting"},
@@ -72,7 +73,6 @@ constexpr SkippedRow kTorchtitanSkipped[] = {
     {"model.tokenizer_path", "not a layout setting"},
     {"model.hf_assets_path", "not a layout setting"},
     {"checkpoint.enable_checkpoint", "not a layout setting"},
-    {"training.compile", "not a layout setting"},
 };
 
 constexpr std::string_view kHandled[] = {"parallelism.data_parallel_shard_degree",

@@ -298,6 +298,8 @@ struct Plan {
   Precision precision = Precision::kBf16;
   Recompute recompute = Recompute::kNone;
   Framework framework = Framework::kParaplan;
+  // The framework compiles the model's graph (torch.compile): its elementwise kernels fused.
+  bool compile = false;
   MixedPrecisionSpec mixed_precision;
   ActivationSpec activations;
   FsdpSpec fsdp;
