@@ -391,6 +391,24 @@ void ReadPrecisionAndSharding(const Object& run, const Object* par, Case& c) {
   else if (Has(shard, "none"))
     zero = 0;
   plan.optimizer.zero = zero;
+  // FSDP's HYBRID_SHARD (HSDP): sharded inside a node, replicated across nodes
+  // ("_HYBRID_SHARD_ZERO2": the same with ZeRO 2).
+  if (Has(shard, "hybrid")) {
+    plan.optimizer.zero = Has(shard, "zero2") ? 2 : 3;
+    const int64_t group = plan.parallel.dp * plan.parallel.cp;
+    const int64_t shard_size = std::min(group, plan.cluster.gpus_per_node);
+    if (shard_size > 0 && group % shard_size == 0 && group > shard_size) {
+      plan.fsdp.shard = shard_size;
+      plan.fsdp.replicate = group / shard_size;
+    }
+  }
+  // torchtitan's FSDP2 with data_parallel_shard_degree below the DP size: HSDP, the shards over
+  // dp_shard x cp ranks, replicated dp / dp_shard times.
+  if (const int64_t n = NumberAfter(shard, "dp_shard");
+      zero >= 2 && n > 0 && n < plan.parallel.dp && plan.parallel.dp % n == 0) {
+    plan.fsdp.shard = n * plan.parallel.cp;
+    plan.fsdp.replicate = plan.parallel.dp / n;
+  }
 }
 
 // The batch and the settings a run states or leaves to be chosen: microbatch sizes, virtual
@@ -731,7 +749,8 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base,
     params.push_back(
         {&Fitted::attention_scale, {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4}});
   if (fp8)
-    params.push_back({&Fitted::fp8_gemm_speedup, {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8}});
+    params.push_back(
+        {&Fitted::fp8_gemm_speedup, {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0}});
   if (moe && own) params.push_back({&Fitted::ep_overlap, {0.0, 0.25, 0.5, 0.75, 0.9}});
   if (moe && own)
     params.push_back({&Fitted::moe_layer_overhead_s,

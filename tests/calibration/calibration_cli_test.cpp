@@ -107,15 +107,16 @@ std::map<std::string, std::vector<std::string>> CsvRows(const std::string& csv) 
 
 // One run of the calibration schema, with what the tests vary.
 std::string RunJson(const std::string& id, const std::string& gpu, int gpus, int tp, int pp,
-                    int layers, const std::string& extra_model = "") {
+                    int layers, const std::string& extra_model = "",
+                    const std::string& sharding = "distributed optimizer") {
   std::ostringstream o;
   o << R"({"id": ")" << id << R"(", "source": {"title": "NVIDIA-NeMo/Megatron-Bridge docs"},)"
     << R"( "model": {"name": "Llama-3-70B", "num_layers": )" << layers
     << R"(, "hidden_size": 8192, "num_attention_heads": 64, "num_kv_heads": 8,)"
     << R"( "ffn_hidden_size": 28672, "gated_mlp": true, "vocab_size": 128256)" << extra_model
     << R"(}, "seq_len": 8192, "global_batch_size": 128, "micro_batch_size": 1,)"
-    << R"( "parallelism": {"tp": )" << tp << R"(, "pp": )" << pp
-    << R"(, "cp": 1, "dp_sharding": "distributed optimizer"}, "recompute": "none",)"
+    << R"( "parallelism": {"tp": )" << tp << R"(, "pp": )" << pp << R"(, "cp": 1, "dp_sharding": ")"
+    << sharding << R"("}, "recompute": "none",)"
     << R"( "precision": "fp8", "hardware": {"gpu": ")" << gpu << R"(", "num_gpus": )" << gpus
     << R"(, "gpus_per_node": 8}, "measured": {"tokens_per_sec_per_gpu": 1000}})";
   return o.str();
@@ -194,6 +195,27 @@ TEST_CASE("Blackwell and H200 runs are priced on their own GPUs") {
   CHECK(h200 >= h100);
   CHECK(b200 > 1.5 * h100);
   CHECK(gb200 >= b200);
+}
+
+TEST_CASE("FSDP's hybrid sharding is read as HSDP: sharded in a node, replicated across nodes") {
+  const std::string file = Dir() + "/hsdp.json";
+  {
+    std::ofstream out(file);
+    out << R"({"runs": [)"
+        << RunJson("full", "H100-SXM5-80GB", 64, 1, 1, 16, "", "fsdp_full_shard (ZeRO-3-like)")
+        << ", " << RunJson("hybrid", "H100-SXM5-80GB", 64, 1, 1, 16, "", "fsdp HYBRID_SHARD (HSDP)")
+        << "]}";
+  }
+  const Result cal = Run(PARAPLAN_CALIBRATE " " + file + " --csv");
+  REQUIRE_MESSAGE(cal.status == 0, cal.err);
+  const auto rows = CsvRows(cal.out);
+  REQUIRE(rows.count("full"));
+  REQUIRE(rows.count("hybrid"));
+  // The model states shard over one node's 8 GPUs instead of all 64: a larger peak, and a step
+  // priced with the replicas' all-reduce.
+  const double full = std::stod(rows.at("full")[4]), hybrid = std::stod(rows.at("hybrid")[4]);
+  CHECK(hybrid != doctest::Approx(full));
+  CHECK(std::stod(rows.at("hybrid")[14]) > std::stod(rows.at("full")[14]) + 10);
 }
 
 }  // namespace
