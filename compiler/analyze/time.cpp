@@ -43,7 +43,8 @@ struct LayerCost {
   double core_s = 0;          // the attention-core part of gemm_s
   double memory_s = 0;        // forward memory-bound time (backward = 2x)
   double score_memory_s = 0;  // the attention-score part of memory_s
-  double tp_s = 0;            // one pass of TP collectives (2 per layer)
+  double tp_s = 0;            // the backward pass's TP collectives (2 per layer)
+  double tp_forward_s = 0;    // the forward's (and a recompute's): FP8 all-gathers under fp8
   double cp_s = 0;            // forward CP exchange, exposed
   double ep_s = 0;            // forward EP all-to-alls (dispatch + combine)
   double flops = 0;           // model FLOPs (causal halved), forward
@@ -237,11 +238,24 @@ void AddMemoryBound(const Context& cx, LayerKind kind, LayerCost& c) {
 void AddTpCollectives(const Context& cx, const LayerDims& d, LayerCost& c) {
   const ParallelSpec& par = cx.plan.parallel;
   if (par.tp <= 1) return;
-  c.tp_s = 2 * CollectiveSeconds(Collective::kAllReduce, d.micro_tokens * d.h * d.x, cx.groups.tp,
-                                 cx.plan.cluster, cx.eff);
+  const double bytes = d.micro_tokens * d.h * d.x;
+  auto collective = [&](Collective kind, double b) {
+    return CollectiveSeconds(kind, b, cx.groups.tp, cx.plan.cluster, cx.eff);
+  };
+  // Each of the two per layer is an all-reduce, or under SP an all-gather and a reduce-scatter
+  // (the same bytes). Under FP8 the forward gathers the GEMM inputs already cast to FP8
+  // (Transformer Engine's and torchtitan's Float8 tensor-parallel linears): half the bytes;
+  // the backward's gradients stay 16-bit.
+  c.tp_s = 2 * collective(Collective::kAllReduce, bytes);
+  const double gathered = cx.plan.precision == Precision::kFp8 ? bytes / 2 : bytes;
+  c.tp_forward_s = 2 * (collective(Collective::kReduceScatter, bytes) +
+                        collective(Collective::kAllGather, gathered));
   const bool overlap = par.tp_comm_overlap || cx.options.tp_comm_overlap;
   const double share = overlap ? std::max(cx.prof.tp_overlap, 0.8) : cx.prof.tp_overlap;
-  if (share > 0) c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
+  if (share > 0) {
+    c.tp_s = std::max(c.tp_s * (1 - share), c.tp_s - c.linear_s);
+    c.tp_forward_s = std::max(c.tp_forward_s * (1 - share), c.tp_forward_s - c.linear_s);
+  }
 }
 
 // CP ring: cp - 1 steps of the local K and V, hidden behind the attention core.
@@ -385,7 +399,7 @@ void AddLayers(const Plan& plan, const LayerCost& lc, int64_t n, int64_t chunk_l
   st.flops += nl * 3 * lc.flops;
   st.gemm_s += nl * 3 * lc.gemm_s;
   st.memory_s += nl * 3 * lc.memory_s;
-  double tp_passes = 2;
+  double tp_recompute = 0;  // the share of the layers whose forward TP traffic runs again
   if (plan.recompute == Recompute::kFull) {
     // recompute_method = block recomputes only the first recompute_layers layers of each
     // chunk; uniform recomputes every layer.
@@ -395,16 +409,16 @@ void AddLayers(const Plan& plan, const LayerCost& lc, int64_t n, int64_t chunk_l
         chunk_layers > 0)
       share = std::min(1.0, D(act.recompute_layers) / D(chunk_layers));
     st.recompute_s += share * nl * (lc.gemm_s + lc.memory_s);
-    tp_passes = 2 + share;
+    tp_recompute = share;
     st.cp_comm_s += share * nl * lc.cp_s;
     st.ep_comm_s += share * nl * lc.ep_s;
   } else if (plan.recompute == Recompute::kSelective) {
     st.recompute_s += nl * (lc.core_s + lc.score_memory_s);
   }
-  st.tp_comm_s += nl * tp_passes * lc.tp_s;
+  st.tp_comm_s += nl * ((1 + tp_recompute) * lc.tp_forward_s + lc.tp_s);
   st.cp_comm_s += nl * 3 * lc.cp_s;
   st.ep_comm_s += nl * 2 * lc.ep_s;
-  st.forward_s += nl * (lc.gemm_s + lc.memory_s + lc.tp_s + lc.cp_s + lc.ep_s);
+  st.forward_s += nl * (lc.gemm_s + lc.memory_s + lc.tp_forward_s + lc.cp_s + lc.ep_s);
 }
 
 // One chunk of a stage per microbatch: its layers, the loss on the last chunk, and its

@@ -443,6 +443,21 @@ TEST_CASE(
   CHECK(per_microbatch.stages[0].dp_sync_s == 0);  // inside every microbatch instead
 }
 
+TEST_CASE("under FP8 the forward's TP all-gathers move FP8 inputs: half their bytes") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kTorchtitan;  // no TP overlap: the collectives are all exposed
+  plan.recompute = Recompute::kNone;
+  plan.cluster.gpu.peak_fp8 = plan.cluster.gpu.peak_bf16;  // the same GEMM time
+  const TimeEstimate bf16 = EstimateTime(plan);
+  plan.precision = Precision::kFp8;
+  const TimeEstimate fp8 = EstimateTime(plan);
+  REQUIRE(bf16.valid);
+  REQUIRE(fp8.valid);
+  // Forward: reduce-scatter (2 bytes) + all-gather (1 byte) = 3/4 of the bf16 pass; backward
+  // unchanged: 7/8 of the bf16 layer's TP time (the latency terms aside).
+  CHECK(fp8.stages[0].tp_comm_s == doctest::Approx(0.875 * bf16.stages[0].tp_comm_s).epsilon(0.01));
+}
+
 TEST_CASE("TP communication overlap hides TP collectives behind the linear GEMMs") {
   Plan plan = Llama(8, 8, 1);
   plan.framework = Framework::kTorchtitan;  // no overlap unless async TP is on
