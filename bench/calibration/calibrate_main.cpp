@@ -276,6 +276,21 @@ bool ReadModel(const Object& run, const Object* model, Case& c, std::string& err
     m.shared_experts = Int(moe, "shared_experts");
     m.dense_layers = Int(moe, "first_k_dense");
     ReadMoeLayerFreq(moe, m);
+    // Group-limited routing where stated (moe_router_num_groups / n_group, topk_group), else
+    // DeepSeek's published configurations (stdlib/models/deepseek.plan): V2 keeps a token's
+    // experts in 3 of 8 groups, V3 in 4 of 8.
+    const std::string name = Lower(m.name);
+    m.router_groups = Int(moe, "router_groups", Int(moe, "n_group", 1));
+    m.router_group_topk = Int(moe, "router_group_topk", Int(moe, "topk_group", 1));
+    if (m.router_groups <= 1 && Has(name, "deepseek") && m.experts >= 64) {
+      m.router_groups = 8;
+      m.router_group_topk = Has(name, "v3") ? 4 : 3;
+    }
+    if (m.router_groups < 1 || m.router_group_topk < 1 || m.router_group_topk > m.router_groups ||
+        m.experts % m.router_groups != 0) {
+      m.router_groups = 1;
+      m.router_group_topk = 1;
+    }
     if (m.experts < 1 || m.topk < 1 || m.topk > m.experts || m.moe_ffn_hidden < 1) {
       error = "run " + c.id + " has a MoE without usable experts, top_k and moe_ffn_hidden_size";
       return false;

@@ -142,7 +142,10 @@ TEST_CASE("runs outside the calibration file are read and priced, one row each")
   // DeepSeek-V3 (multi-head latent attention, 61 layers over pp 8 x vpp 4, split by cost as
   // the recipe's layout does) and the H200 rows are priced.
   REQUIRE(rows.count("mbridge-25.09-h100-deepseek-v3-1024gpu"));
-  CHECK(std::stod(rows.at("mbridge-25.09-h100-deepseek-v3-1024gpu")[4]) > 500);
+  // Its routing keeps a token's experts on 4 of the 8 nodes (DeepSeek-V3's published groups),
+  // which HybridEP's one copy per node turns into at most 3 network copies: within 25%.
+  const double v3 = std::stod(rows.at("mbridge-25.09-h100-deepseek-v3-1024gpu")[4]);
+  CHECK(std::fabs(v3 / 1297 - 1) < 0.25);
   REQUIRE(rows.count("torchtitan-2506-trainy-h200-8b-fsdp32"));
 }
 
