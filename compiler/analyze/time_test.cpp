@@ -68,10 +68,25 @@ TEST_CASE("TP across nodes is priced on the network and is slower") {
   CHECK(b.stages[0].tp_comm_s > 1.5 * a.stages[0].tp_comm_s);
 }
 
+// A DGX H100 cluster's links as the collectives see them, without per-step latency.
+struct Links {
+  ClusterSpec cluster;
+  GpuEfficiency eff;
+  double nvl = 0, net = 0;  // NVLink and network bytes/s per GPU at their bus efficiencies
+};
+Links H100Links(int64_t nodes) {
+  Links l{testing::DgxH100(nodes), {}, 0, 0};
+  l.eff = EfficiencyFor(l.cluster.gpu);
+  l.eff.collective_latency_s = 0;
+  l.nvl = 450e9 * l.eff.nvlink_bus_fraction;
+  l.net = 50e9 * l.eff.network_bus_fraction;
+  return l;
+}
+
 TEST_CASE("ring collectives: all-reduce moves 2(n-1)/n of the array, twice a reduce-scatter") {
-  const ClusterSpec c = testing::DgxH100(4);
-  GpuEfficiency eff = EfficiencyFor(c.gpu);
-  eff.collective_latency_s = 0;
+  const Links l = H100Links(4);
+  const ClusterSpec& c = l.cluster;
+  const GpuEfficiency& eff = l.eff;
   CommGroup node{8, 8};
   const double bytes = 1e9;
   CHECK(CollectiveSeconds(Collective::kAllReduce, bytes, node, c, eff) ==
@@ -85,11 +100,10 @@ TEST_CASE("ring collectives: all-reduce moves 2(n-1)/n of the array, twice a red
 }
 
 TEST_CASE("ring collectives across nodes: the slower of NVLink and network sets the time") {
-  const ClusterSpec c = testing::DgxH100(4);
-  GpuEfficiency eff = EfficiencyFor(c.gpu);
-  eff.collective_latency_s = 0;
-  const double bytes = 8e9, nvl = 450e9 * eff.nvlink_bus_fraction,
-               net = 50e9 * eff.network_bus_fraction;
+  const Links l = H100Links(4);
+  const ClusterSpec& c = l.cluster;
+  const GpuEfficiency& eff = l.eff;
+  const double bytes = 8e9, nvl = l.nvl, net = l.net;
   // 8 GPUs a node: each GPU forwards 7/8 of the array over NVLink and its 1/8 share of the
   // ring's (n-1)/n crossing over its NIC, the two pipelined.
   for (const int64_t nodes : {2, 4, 16}) {
@@ -126,11 +140,10 @@ TEST_CASE("multi-token prediction: each module is a layer, a projection and a lo
 }
 
 TEST_CASE("all-to-all across nodes: the NVLink and network shares go out at once") {
-  const ClusterSpec c = testing::DgxH100(4);
-  GpuEfficiency eff = EfficiencyFor(c.gpu);
-  eff.collective_latency_s = 0;
-  const double bytes = 1e9, nvl = 450e9 * eff.nvlink_bus_fraction,
-               net = 50e9 * eff.network_bus_fraction;
+  const Links l = H100Links(4);
+  const ClusterSpec& c = l.cluster;
+  const GpuEfficiency& eff = l.eff;
+  const double bytes = 1e9, nvl = l.nvl, net = l.net;
   // Inside a node everything stays on NVLink: 7/8 of the buffer leaves each GPU.
   CHECK(CollectiveSeconds(Collective::kAllToAll, bytes, {8, 8}, c, eff) ==
         doctest::Approx(7.0 / 8 * bytes / nvl));
@@ -142,11 +155,10 @@ TEST_CASE("all-to-all across nodes: the NVLink and network shares go out at once
 }
 
 TEST_CASE("DeepEP / HybridEP send a token once to each remote node it reaches") {
-  const ClusterSpec c = testing::DgxH100(8);
-  GpuEfficiency eff = EfficiencyFor(c.gpu);
-  eff.collective_latency_s = 0;
-  const double tokens = 1e8, nvl = 450e9 * eff.nvlink_bus_fraction,
-               net = 50e9 * eff.network_bus_fraction;
+  const Links l = H100Links(8);
+  const ClusterSpec& c = l.cluster;
+  const GpuEfficiency& eff = l.eff;
+  const double tokens = 1e8, nvl = l.nvl, net = l.net;
   // Inside a node nothing changes: every copy goes over NVLink.
   CHECK(DedupAllToAllSeconds(tokens, 8, 0, {8, 8}, c, eff) ==
         doctest::Approx(CollectiveSeconds(Collective::kAllToAll, 8 * tokens, {8, 8}, c, eff)));
