@@ -1010,6 +1010,26 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
 }
 
 // One line (or CSV row) per run.
+// The settings a run's plan takes that the table's columns do not show, as plan text (what a
+// plan written for the run states to get the same prediction).
+std::string ChosenSettings(const Case& c) {
+  std::string out;
+  auto add = [&](const std::string& text) { out += (out.empty() ? "" : "  ") + text; };
+  const Plan& p = c.chosen;
+  if (p.pipeline.balance == Balance::kCost) add("pipeline.balance = cost");
+  if (p.pipeline.account_for_embedding) add("pipeline.account_for_embedding = true");
+  if (p.pipeline.account_for_loss) add("pipeline.account_for_loss = true");
+  if (p.moe.dispatcher == Dispatcher::kFlex) add("moe.dispatcher = flex");
+  if (p.compile) add("compile = true");
+  if (p.fsdp.replicate > 1)
+    add("fsdp { shard = " + std::to_string(p.fsdp.shard) +
+        "  replicate = " + std::to_string(p.fsdp.replicate) + " }");
+  if (p.model.router_groups > 1)
+    add("model { router_groups = " + std::to_string(p.model.router_groups) +
+        "  router_group_topk = " + std::to_string(p.model.router_group_topk) + " }");
+  return out;
+}
+
 void PrintRuns(const std::vector<Case>& cases, bool csv, bool verbose) {
   // Per run.
   if (csv)
@@ -1047,7 +1067,11 @@ void PrintRuns(const std::vector<Case>& cases, bool csv, bool verbose) {
     else
       std::printf("%-48s %-24s %10.4g %10.4g   (not scored: %s)\n", c.id.c_str(), key.c_str(),
                   c.measured, c.predicted, c.why_unscored.c_str());
-    if (verbose) std::printf("    %s", c.breakdown.c_str());
+    if (verbose) {
+      std::printf("    %s", c.breakdown.c_str());
+      if (const std::string chosen = ChosenSettings(c); !chosen.empty())
+        std::printf("    chosen beside the columns: %s\n", chosen.c_str());
+    }
   }
 }
 
