@@ -243,11 +243,11 @@ void AddTpCollectives(const Context& cx, const LayerDims& d, LayerCost& c) {
     return CollectiveSeconds(kind, b, cx.groups.tp, cx.plan.cluster, cx.eff);
   };
   // Each of the two per layer is an all-reduce, or under SP an all-gather and a reduce-scatter
-  // (the same bytes). Under FP8 the forward gathers the GEMM inputs already cast to FP8
+  // (the same bytes). Under FP8 with SP the forward gathers the GEMM inputs already cast to FP8
   // (Transformer Engine's and torchtitan's Float8 tensor-parallel linears): half the bytes;
   // the backward's gradients stay 16-bit.
   c.tp_s = 2 * collective(Collective::kAllReduce, bytes);
-  const double gathered = cx.plan.precision == Precision::kFp8 ? bytes / 2 : bytes;
+  const double gathered = cx.plan.precision == Precision::kFp8 && par.sp ? bytes / 2 : bytes;
   c.tp_forward_s = 2 * (collective(Collective::kReduceScatter, bytes) +
                         collective(Collective::kAllGather, gathered));
   const bool overlap = par.tp_comm_overlap || cx.options.tp_comm_overlap;

@@ -459,6 +459,7 @@ TEST_CASE("under FP8 the forward's TP all-gathers move FP8 inputs: half their by
   Plan plan = Llama(8, 8, 1);
   plan.framework = Framework::kTorchtitan;  // no TP overlap: the collectives are all exposed
   plan.recompute = Recompute::kNone;
+  plan.parallel.sp = true;
   plan.cluster.gpu.peak_fp8 = plan.cluster.gpu.peak_bf16;  // the same GEMM time
   const TimeEstimate bf16 = EstimateTime(plan);
   plan.precision = Precision::kFp8;
@@ -468,6 +469,12 @@ TEST_CASE("under FP8 the forward's TP all-gathers move FP8 inputs: half their by
   // Forward: reduce-scatter (2 bytes) + all-gather (1 byte) = 3/4 of the bf16 pass; backward
   // unchanged: 7/8 of the bf16 layer's TP time (the latency terms aside).
   CHECK(fp8.stages[0].tp_comm_s == doctest::Approx(0.875 * bf16.stages[0].tp_comm_s).epsilon(0.01));
+  // Without SP the layer's collectives are all-reduces of its outputs: nothing gathered, nothing
+  // in FP8.
+  plan.parallel.sp = false;
+  const TimeEstimate fp8_no_sp = EstimateTime(plan);
+  plan.precision = Precision::kBf16;
+  CHECK(fp8_no_sp.stages[0].tp_comm_s == doctest::Approx(EstimateTime(plan).stages[0].tp_comm_s));
 }
 
 TEST_CASE("TP communication overlap hides TP collectives behind the linear GEMMs") {
