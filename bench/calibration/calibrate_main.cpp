@@ -277,12 +277,12 @@ bool ReadModel(const Object& run, const Object* model, Case& c, std::string& err
     m.dense_layers = Int(moe, "first_k_dense");
     ReadMoeLayerFreq(moe, m);
     // Group-limited routing where stated (moe_router_num_groups / n_group, topk_group), else
-    // DeepSeek's published configurations (stdlib/models/deepseek.plan): V2 keeps a token's
-    // experts in 3 of 8 groups, V3 in 4 of 8.
+    // DeepSeek's published configurations (stdlib/models/deepseek.plan): V2 (160 experts) keeps
+    // a token's experts in 3 of 8 groups, V3 (256) in 4 of 8; V2-Lite (64) has no groups.
     const std::string name = Lower(m.name);
     m.router_groups = Int(moe, "router_groups", Int(moe, "n_group", 1));
     m.router_group_topk = Int(moe, "router_group_topk", Int(moe, "topk_group", 1));
-    if (m.router_groups <= 1 && Has(name, "deepseek") && m.experts >= 64) {
+    if (m.router_groups <= 1 && Has(name, "deepseek") && m.experts >= 160) {
       m.router_groups = 8;
       m.router_group_topk = Has(name, "v3") ? 4 : 3;
     }
