@@ -3,6 +3,7 @@
 // Without the shared calibration runs beside the repository the comparison is skipped.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -141,6 +142,16 @@ TEST_CASE("runs outside the calibration file are read and priced, one row each")
     CHECK(std::stod(fields[4]) > 0);
   }
   CHECK(unscored == 0);
+  // The goal on runs the model was not fitted on: median |error| <= 10%, p90 <= 25%.
+  std::vector<double> errors;
+  for (const auto& row : rows) errors.push_back(std::fabs(std::stod(row.second[5])));
+  std::sort(errors.begin(), errors.end());
+  REQUIRE(!errors.empty());
+  const auto at = [&](double q) {
+    return errors[static_cast<size_t>(std::lround(q * static_cast<double>(errors.size() - 1)))];
+  };
+  CHECK(at(0.5) <= 10);
+  CHECK(at(0.9) <= 25);
   // DeepSeek-V3 (multi-head latent attention, 61 layers over pp 8 x vpp 4, split by cost as
   // the recipe's layout does) and the H200 rows are priced.
   REQUIRE(rows.count("mbridge-25.09-h100-deepseek-v3-1024gpu"));
