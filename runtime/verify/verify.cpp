@@ -8,22 +8,20 @@
 
 #include "runtime/format/ops.h"
 #include "runtime/format/program_model.h"
+#include "runtime/verify/verify_stream.h"
 #include "runtime/verify/verify_world.h"
 
 namespace paraplan::verify {
 
 std::string DescribeOp(const Op& op) {
-  const prog::StepAttrs s = prog::DecodeStepAttrs(op);
   switch (op.kind) {
     case OpKind::Forward:
     case OpKind::Backward:
-      return fmt::format("{}(microbatch {}, chunk {})", OpName(op.kind), s.microbatch, s.chunk);
     case OpKind::SendActivation:
     case OpKind::RecvActivation:
     case OpKind::SendGrad:
     case OpKind::RecvGrad:
-      return fmt::format("{}(microbatch {}, chunk {}, peer {})", OpName(op.kind), s.microbatch,
-                         s.chunk, s.peer);
+      return detail::DescribeStep(detail::ViewOf(op));  // the schedule ops' words, one place
     default:
       if (op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) {
         const prog::ReduceOp r = op.kind == OpKind::AllReduce
