@@ -603,16 +603,16 @@ Choice ChooseFastest(const Case& c, const FrameworkProfile* profile,
         for (int64_t v : c.vpps)
           for (Recompute rc : c.recomputes)
             for (bool sp : c.sps) {
+              // The recipes that lay their pipelines out by hand are the interleaved ones (Llama 3
+              // 70B, DeepSeek-V3, Qwen3-235B-A22B); GPT-OSS on pp 4 without interleaving keeps the
+              // even split.
+              if (balance == Balance::kCost && v == 1 && c.balances.size() > 1) continue;
               Plan plan = c.plan;
               plan.batch.micro = micro;
               plan.parallel.vpp = v;
               plan.parallel.sp = sp;
               plan.recompute = rc;
               plan.pipeline.schedule = v > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
-              // The recipes that lay their pipelines out by hand are the interleaved ones (Llama 3
-              // 70B, DeepSeek-V3, Qwen3-235B-A22B); GPT-OSS on pp 4 without interleaving keeps the
-              // even split.
-              if (balance == Balance::kCost && v == 1 && c.balances.size() > 1) continue;
               plan.pipeline.balance = balance;
               plan.moe.dispatcher = dispatcher;
               if (balance == Balance::kCost) {

@@ -182,8 +182,9 @@ void AddMoeMlp(const Context& cx, const LayerDims& d, LayerCost& c) {
     const double nodes = D(cx.groups.ep.size) / D(std::max<int64_t>(1, cx.groups.ep.per_node));
     const double max_nodes =
         groups > 1 && std::fabs(groups - nodes) < 0.5 ? D(m.router_group_topk) : 0;
-    c.ep_s = 2 * DedupAllToAllSeconds(pairs / D(m.topk) / etp * h * x, D(m.topk), max_nodes,
-                                      cx.groups.ep, plan.cluster, cx.eff);
+    const double topk = D(std::max<int64_t>(1, m.topk));
+    c.ep_s = 2 * DedupAllToAllSeconds(pairs / topk / etp * h * x, topk, max_nodes, cx.groups.ep,
+                                      plan.cluster, cx.eff);
   } else {
     c.ep_s = 2 * CollectiveSeconds(Collective::kAllToAll, pairs / etp * h * x, cx.groups.ep,
                                    plan.cluster, cx.eff);
