@@ -88,6 +88,8 @@ std::string Str(const Object* o, llvm::StringRef key) {
 // One published run as the model sees it.
 struct Case {
   std::string id, source, title, notes, group, stack, why_unscored;
+  // What the row states beyond the plan: its precision and recompute text, token dropping.
+  std::string as_published;
   // Whose memory behaviour prices the run: its stack's, except Llama 3 (Meta's own stack, priced
   // with torchtitan's time profile), whose tensor parallelism keeps the 1/t shards Megatron
   // keeps rather than DTensor's gathered inputs: its 405B run at 8K without recompute ran.
@@ -377,6 +379,9 @@ void ReadPrecisionAndSharding(const Object& run, const Object* par, Case& c) {
   Plan& plan = c.plan;
   // Precision.
   const std::string prec = Lower(Str(&run, "precision"));
+  c.as_published = prec + " | " + Lower(Str(&run, "recompute"));
+  if (Has(Lower(c.id), "tokendrop") || Has(Lower(c.notes), "token-drop"))
+    c.as_published += " | token drop";
   plan.precision =
       Has(prec, "fp8") ? Precision::kFp8
       : Has(prec, "fp16") || (Has(prec, "mixed_16bit") && c.stack == "megatron_lm_2021")
@@ -1075,6 +1080,71 @@ void PrintRuns(const std::vector<Case>& cases, bool csv, bool verbose) {
   }
 }
 
+// Pairs of runs within a group: how many keep their measured order, and the measured gap of
+// each pair that does not.
+void PrintPairs(const std::map<std::string, std::vector<const Case*>>& groups) {
+  int pairs = 0, kept = 0;
+  std::vector<double> gaps;  // measured gap of each flipped pair, as a fraction of the slower
+  for (const auto& [g, list] : groups)
+    for (size_t i = 0; i < list.size(); ++i)
+      for (size_t j = 0; j < list.size(); ++j) {
+        const Case& a = *list[i];
+        const Case& b = *list[j];
+        if (!(a.measured < b.measured)) continue;
+        ++pairs;
+        if (a.predicted < b.predicted)
+          ++kept;
+        else
+          gaps.push_back(b.measured / a.measured - 1);
+      }
+  if (pairs == 0) return;
+  std::sort(gaps.begin(), gaps.end());
+  int within3 = 0;
+  for (double gap : gaps) within3 += gap <= 0.03 ? 1 : 0;
+  std::printf("  pairs within a group in the measured order: %d of %d", kept, pairs);
+  if (!gaps.empty())
+    std::printf("; of the %zu flipped, %d measured within 3%% of each other (median gap %.1f%%)",
+                gaps.size(), within3, 100 * gaps[gaps.size() / 2]);
+  std::printf("\n");
+}
+
+// The same layout measured more than once (the same plan as read, in several software releases
+// or tables): how far apart its measurements are. No model of the layout can order runs closer
+// than this.
+void PrintRepeats(const std::vector<Case>& cases) {
+  std::map<std::string, std::vector<const Case*>> same;
+  for (const Case& c : cases) {
+    if (!c.Scored()) continue;
+    Plan key = c.plan;
+    key.name.clear();
+    std::string text = PrintPlan(key) + c.as_published;
+    // The candidates of the unstated fields are part of the layout as read.
+    for (int64_t v : c.micros) text += " micro " + std::to_string(v);
+    for (int64_t v : c.vpps) text += " vpp " + std::to_string(v);
+    for (Recompute r : c.recomputes) text += std::string(" ") + RecomputeName(r);
+    for (bool sp : c.sps) text += sp ? " sp" : " no-sp";
+    same[text].push_back(&c);
+  }
+  std::vector<double> spreads;
+  bool header = false;
+  for (const auto& [key, list] : same) {
+    if (list.size() < 2) continue;
+    double lo = list.front()->measured, hi = lo;
+    for (const Case* c : list) lo = std::min(lo, c->measured), hi = std::max(hi, c->measured);
+    spreads.push_back(hi / lo - 1);
+    if (!header)
+      std::printf("\nrepeat measurements (one layout, as read, measured more than once):\n");
+    header = true;
+    std::printf("  %-36s %zu runs  %.4g to %.4g tokens/s per GPU  spread %.1f%%\n",
+                list.front()->group.c_str(), list.size(), lo, hi, 100 * spreads.back());
+  }
+  if (spreads.empty()) return;
+  std::sort(spreads.begin(), spreads.end());
+  std::printf("  %zu layout%s measured more than once; median spread %.1f%%, largest %.1f%%\n",
+              spreads.size(), spreads.size() == 1 ? "" : "s", 100 * spreads[spreads.size() / 2],
+              100 * spreads.back());
+}
+
 // Errors per source, per profile and overall; the order within groups; peak memory.
 void PrintSummaries(const std::vector<Case>& cases) {
   // Summaries.
@@ -1146,6 +1216,8 @@ void PrintSummaries(const std::vector<Case>& cases) {
         "  leave-one-source-out: %d of %d groups in the measured order; mean Spearman %.2f\n",
         loso_order.same, total, loso_order.rho_sum / total);
   }
+  PrintPairs(groups);
+  PrintRepeats(cases);
 }
 
 // The memory section (memory_points.h): the runs with a measured peak as chosen above, and the

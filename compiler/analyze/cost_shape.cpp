@@ -79,6 +79,38 @@ LayerParams ParamsOfLayer(const ModelSpec& m, LayerKind kind) {
   return p;
 }
 
+int64_t LargestTensorOfLayer(const ModelSpec& m, LayerKind kind) {
+  const int64_t h = m.hidden;
+  int64_t largest = 0;
+  auto consider = [&](int64_t n) { largest = std::max(largest, n); };
+  if (m.IsMla()) {
+    const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    consider(SatMul(SatMul(m.q_lora_rank > 0 ? m.q_lora_rank : h, m.heads), qk));
+    consider(SatMul(h, m.q_lora_rank));
+    consider(SatMul(h, m.kv_lora_rank + m.qk_rope_head_dim));
+    consider(SatMul(SatMul(m.kv_lora_rank, m.heads), m.qk_nope_head_dim + m.v_head_dim));
+    consider(SatMul(SatMul(m.heads, m.v_head_dim), h));
+  } else {
+    const int64_t d = HeadDim(m);
+    const int64_t q = SatMul(m.heads, d), kv = SatMul(KvHeads(m), d);
+    consider(SatMul(h, SatAdd(q, SatMul(2, kv))));
+    consider(SatMul(q, h));
+  }
+  const int64_t up = Gated(m) ? 2 : 1;
+  auto mlp = [&](int64_t f) {
+    consider(SatMul(SatMul(up, h), f));
+    consider(SatMul(f, h));
+  };
+  if (kind == LayerKind::kDense) {
+    mlp(m.ffn_hidden);
+  } else {
+    mlp(m.moe_ffn_hidden);
+    if (m.shared_experts > 0) mlp(SatMul(m.shared_experts, m.moe_ffn_hidden));
+    consider(SatMul(h, m.experts));
+  }
+  return largest;
+}
+
 int64_t EmbeddingParams(const ModelSpec& m) { return SatMul(m.vocab, m.hidden); }
 int64_t PositionParams(const ModelSpec& m) {
   return m.position == Position::kLearned ? SatMul(m.seq_len, m.hidden) : 0;

@@ -34,6 +34,9 @@ struct LayerParams {
   int64_t Total() const { return tp_sharded + replicated + expert; }
 };
 LayerParams ParamsOfLayer(const ModelSpec& model, LayerKind kind);
+// The largest single weight tensor of a layer, unsharded: the fused QKV, the output projection,
+// the (gate+up) and down projections of the dense MLP or of one expert; MLA's projections.
+int64_t LargestTensorOfLayer(const ModelSpec& model, LayerKind kind);
 // Input embedding (vocab · hidden, vocab-parallel over tp) and learned positions (replicated).
 int64_t EmbeddingParams(const ModelSpec& model);
 int64_t PositionParams(const ModelSpec& model);

@@ -308,8 +308,12 @@ StateBytesPerParam UnshardedStateBytes(const Plan& plan) {
   b.gradients = static_cast<double>(BytesOf(mp.grads));
   const double moments = static_cast<double>((adam ? 2 : 1) * BytesOf(mp.optimizer_state));
   b.optimizer = (mp.main_params ? 4 : 0) + moments;
-  // fp16 with fp16 gradients: the optimizer keeps an fp32 copy of the main gradient too.
-  if (mp.params == ElementType::kFp16 && mp.grads == ElementType::kFp16 && mp.main_params)
+  // fp16 with fp16 gradients: Megatron's optimizer keeps an fp32 copy of the main gradient too.
+  // DeepSpeed's ZeRO keeps K = 12 bytes (fp32 master and two moments) beside the 16-bit
+  // gradient partition, converting it to fp32 one sub-group at a time during the step
+  // (cost-models.md 2.1).
+  if (mp.params == ElementType::kFp16 && mp.grads == ElementType::kFp16 && mp.main_params &&
+      plan.framework != Framework::kDeepSpeed)
     b.optimizer += 4;
   if (plan.optimizer.zero >= 3 && FsdpKeepsFp32Shards(plan.framework) && mp.main_params &&
       !mp.fp8_params) {
@@ -696,11 +700,38 @@ int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
   return SatMul(bucket, per);
 }
 
+// DeepSpeed's stage3_max_live_parameters default: gathered parameters it keeps resident before
+// it stops prefetching.
+constexpr int64_t kDeepSpeedMaxLiveParameters = 1'000'000'000;
+
+// DeepSpeed ZeRO-3 gathers tensor by tensor and frees each after use unless it is used again
+// within stage3_max_reuse_distance. Prefetching stops at stage3_max_live_parameters, and the
+// tensor being fetched may overshoot it, so at most that many plus the stage's largest tensor
+// are gathered (never more than two layers), beside the largest tensor's unreduced 16-bit
+// gradient before it is reduce-scattered into its partition.
+int64_t DeepSpeedGatheredBytes(const MemoryInputs& in, const StageTally& tally) {
+  const ModelSpec& m = in.plan->model;
+  int64_t largest = 0, layer = 0;
+  if (tally.dense_count > 0) {
+    largest = CeilDiv(LargestTensorOfLayer(m, LayerKind::kDense), in.t);
+    layer = in.dense_params.tp_sharded / in.t + in.dense_params.replicated;
+  }
+  if (tally.moe_count > 0) {
+    largest = std::max(largest, CeilDiv(LargestTensorOfLayer(m, LayerKind::kMoe), in.t));
+    layer = std::max(layer, in.moe_params.tp_sharded / in.t + in.moe_params.replicated +
+                                in.moe_params.expert / in.ep_etp);
+  }
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(*in.plan);
+  const int64_t live = std::min(SatMul(2, layer), SatAdd(kDeepSpeedMaxLiveParameters, largest));
+  return SatAdd(SatMul(live, BytesOf(mp.params)), SatMul(largest, BytesOf(mp.grads)));
+}
+
 // ZeRO-3 weights gathered outside the arena: kept from the forward to the backward, or two
-// layers' worth while gathering layer by layer.
+// layers' worth while gathering layer by layer (DeepSpeed: tensor by tensor).
 int64_t GatheredWeightBytes(const MemoryInputs& in, const StageTally& tally) {
   const Plan& plan = *in.plan;
   if (plan.optimizer.zero < 3 || in.arena) return 0;
+  if (plan.framework == Framework::kDeepSpeed) return DeepSpeedGatheredBytes(in, tally);
   const bool keep_gathered =
       !plan.fsdp.reshard_after_forward || (plan.framework == Framework::kTorchtitan && in.p > 1);
   if (keep_gathered) {

@@ -114,6 +114,35 @@ TEST_CASE("model-state bytes per parameter follow Megatron's distributed-optimiz
   CHECK(StateBytes(plan, 4).Total() == doctest::Approx(8 + 8.0 / 4));
 }
 
+TEST_CASE("DeepSpeed ZeRO keeps K = 12 optimizer bytes and gathers tensor by tensor") {
+  // Narayanan et al. (SC21) Table 2: ZeRO-3 trains the 529.6B GPT (105 layers, h = 20480) at
+  // micro batch 4 on 640 A100-80GB (batch 2560), with full recompute and fp16.
+  Plan plan = testing::MakePlan(testing::Gpt(105, 20480, 128), testing::DgxA100(80), 1, 1, 2560, 4);
+  plan.framework = Framework::kDeepSpeed;
+  plan.precision = Precision::kFp16;
+  plan.recompute = Recompute::kFull;
+  plan.optimizer.zero = 3;
+  // ZeRO's mixed-precision Adam: 2 + 2 + K = 16 bytes per parameter over the shards (Megatron's
+  // fp16 optimizer adds an fp32 main gradient: 20).
+  CHECK(StateBytes(plan, 640).Total() == doctest::Approx(16.0 / 640));
+  const MemoryEstimate est = EstimateMemory(plan);
+  REQUIRE(est.valid);
+  CHECK(est.peak <= est.capacity);
+  // The gathered set: stage3_max_live_parameters (1e9) plus the largest tensor (the 4h x h MLP
+  // projection, 1.68e9), 16-bit, and that tensor's unreduced 16-bit gradient: far less than the
+  // two whole layers (2 x 5.03e9 parameters) gathered by FSDP's layer-by-layer units.
+  const int64_t largest = int64_t{4} * 20480 * 20480;
+  CHECK(LargestTensorOfLayer(plan.model, LayerKind::kDense) == largest);
+  const int64_t comm = est.stages.front().bytes[static_cast<size_t>(MemoryPart::kCommBuffers)];
+  CHECK(comm >= 2 * (1'000'000'000 + largest) + 2 * largest);
+  CHECK(comm < 2 * (1'000'000'000 + largest) + 2 * largest + kGiB);
+  Plan fsdp = plan;
+  fsdp.framework = Framework::kMegatronCore;
+  const MemoryEstimate layerwise = EstimateMemory(fsdp);
+  CHECK(layerwise.stages.front().bytes[static_cast<size_t>(MemoryPart::kCommBuffers)] >
+        2 * 2 * ParamsOfLayer(plan.model, LayerKind::kDense).Total());
+}
+
 TEST_CASE("every pipeline stage is evaluated: in-flight microbatches, embedding and logits") {
   Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)

@@ -131,7 +131,7 @@ TEST_CASE("runs outside the calibration file are read and priced, one row each")
   REQUIRE_MESSAGE(cal.status == 0, cal.err);
   CHECK_MESSAGE(cal.err.find("could not be read") == std::string::npos, cal.err);
   const auto rows = CsvRows(cal.out);
-  CHECK(rows.size() == 198);
+  CHECK(rows.size() == 211);
   int unscored = 0;
   for (const auto& row : rows) {
     const std::string& id = row.first;  // not a structured binding: INFO captures it
@@ -187,6 +187,32 @@ TEST_CASE("a run the model cannot read is reported and left unscored; the others
     out << R"({"runs": [)";
   }
   CHECK(Run(PARAPLAN_CALIBRATE " " + Dir() + "/broken.json").status == 2);
+}
+
+TEST_CASE("pairs in measured order, and one layout measured twice, are reported") {
+  const std::string file = Dir() + "/repeats.json";
+  auto measured = [](std::string run, const char* value) {
+    const std::string from = R"("tokens_per_sec_per_gpu": 1000)";
+    return run.replace(run.find(from), from.size(),
+                       std::string(R"("tokens_per_sec_per_gpu": )") + value);
+  };
+  {
+    std::ofstream out(file);
+    out << R"({"runs": [)" << RunJson("release-a", "H100-SXM5-80GB", 64, 4, 2, 80) << ", "
+        << measured(RunJson("release-b", "H100-SXM5-80GB", 64, 4, 2, 80), "1100") << ", "
+        << measured(RunJson("tp8", "H100-SXM5-80GB", 64, 8, 1, 80), "900") << "]}";
+  }
+  const Result cal = Run(PARAPLAN_CALIBRATE " " + file);
+  REQUIRE_MESSAGE(cal.status == 0, cal.err);
+  // Three runs of one model on one GPU: three pairs; the two releases of one layout are priced
+  // alike, so that pair cannot keep its measured order.
+  CHECK(cal.out.find("pairs within a group in the measured order: ") != std::string::npos);
+  CHECK(cal.out.find(" of 3; of the ") != std::string::npos);
+  const size_t repeats = cal.out.find("repeat measurements");
+  REQUIRE(repeats != std::string::npos);
+  const std::string tail = cal.out.substr(repeats);
+  CHECK(tail.find("2 runs  1000 to 1100 tokens/s per GPU  spread 10.0%") != std::string::npos);
+  CHECK(tail.find("1 layout measured more than once") != std::string::npos);
 }
 
 TEST_CASE("Blackwell and H200 runs are priced on their own GPUs") {
