@@ -388,6 +388,11 @@ void ReadPrecisionAndSharding(const Object& run, const Object* par, Case& c) {
           ? Precision::kFp16
           : Precision::kBf16;
   if (c.stack == "megatron_lm_2021" || c.stack == "deepspeed") plan.precision = Precision::kFp16;
+  // torchao's row-wise scaling, where a run names it (torchtitan's tables do).
+  if (plan.precision == Precision::kFp8 && (Has(prec, "rowwise") || Has(prec, "row-wise"))) {
+    plan.mixed_precision.fp8 = Fp8Recipe::kRowwise;
+    plan.origins[fields::kMixedPrecisionFp8].kind = OriginKind::kFile;
+  }
   // NVIDIA's performance configurations reduce gradients in bf16: every Megatron-Bridge
   // performance recipe sets `ddp.grad_reduce_in_fp32 = False` (scripts/performance, releases
   // 25.11 to 26.06), and NeMo's 24.x performance configurations run the distributed fused Adam

@@ -372,6 +372,31 @@ TEST_CASE("FP8 speeds up the linear GEMMs only: the attention core stays in bf16
   CHECK(long_seq > 1.0);
 }
 
+TEST_CASE("row-wise FP8 scaling keeps the profile's share of what tensor-wise saves") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kTorchtitan;
+  plan.precision = Precision::kBf16;
+  const TimeEstimate bf16 = EstimateTime(plan);
+  plan.precision = Precision::kFp8;
+  plan.mixed_precision.fp8 = Fp8Recipe::kCurrent;
+  plan.origins[fields::kMixedPrecisionFp8].kind = OriginKind::kFile;
+  const TimeEstimate tensorwise = EstimateTime(plan);
+  plan.mixed_precision.fp8 = Fp8Recipe::kRowwise;
+  const TimeEstimate rowwise = EstimateTime(plan);
+  REQUIRE(bf16.valid);
+  REQUIRE(tensorwise.valid);
+  REQUIRE(rowwise.valid);
+  CHECK(tensorwise.step_s < rowwise.step_s);
+  CHECK(rowwise.step_s < bf16.step_s);
+  // The linear GEMMs' rate: 16-bit / (1 - share · (1 - 1/speedup)), so the GEMM seconds row-wise
+  // saves are the share of those tensor-wise saves (the attention core is the same in all three).
+  const FrameworkProfile& prof = ProfileFor("torchtitan", plan.cluster.gpu);
+  const double saved_tensorwise = bf16.stages[0].gemm_s - tensorwise.stages[0].gemm_s;
+  const double saved_rowwise = bf16.stages[0].gemm_s - rowwise.stages[0].gemm_s;
+  REQUIRE(saved_tensorwise > 0);
+  CHECK(saved_rowwise / saved_tensorwise == doctest::Approx(prof.fp8_rowwise_share).epsilon(0.02));
+}
+
 TEST_CASE("fused attention: time per token grows with the sequence at equal tokens per step") {
   Plan plan = Llama(8, 8, 1);
   plan.framework = Framework::kMegatronCore;

@@ -385,8 +385,12 @@ void MegatronPrecisionArgs(Exporter& ex, MegatronFlags& add) {
       break;
   }
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
-  if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kDelayed &&
-      mp.fp8 != Fp8Recipe::kNone) {
+  if (mp.fp8 == Fp8Recipe::kRowwise) {
+    ex.Cannot(fields::kMixedPrecisionFp8, "row-wise FP8 scaling",
+              "Megatron-LM's --fp8-recipe has delayed, tensorwise, blockwise and mxfp8",
+              "use blockwise (1x128 activations, 128x128 weights) or current");
+  } else if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kDelayed &&
+             mp.fp8 != Fp8Recipe::kNone) {
     const char* recipe = mp.fp8 == Fp8Recipe::kCurrent     ? "tensorwise"
                          : mp.fp8 == Fp8Recipe::kBlockwise ? "blockwise"
                                                            : "mxfp8";
@@ -638,10 +642,11 @@ const TitanFlavor* TorchtitanCheckLimits(Exporter& ex) {
               "set it to false");
   }
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
-  if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kCurrent) {
+  if (p.precision == Precision::kFp8 && mp.fp8 != Fp8Recipe::kCurrent &&
+      mp.fp8 != Fp8Recipe::kRowwise) {
     ex.Cannot(fields::kMixedPrecisionFp8, "this FP8 recipe",
-              "torchtitan's float8 converter scales per tensor (current scaling)",
-              "set mixed_precision.fp8 = current");
+              "torchtitan's float8 converter scales per tensor (current scaling) or per row",
+              "set mixed_precision.fp8 = current or rowwise");
   }
   if (mp.grads == ElementType::kFp16) {
     ex.Cannot(fields::kMixedPrecisionGrads, "fp16 gradients",
@@ -706,6 +711,8 @@ std::string Torchtitan(Exporter& ex) {
   }
   // torchtitan's async tensor parallelism runs only under torch.compile.
   if (p.compile || p.parallel.tp_comm_overlap) t += "\n[compile]\nenable = true\n";
+  if (p.precision == Precision::kFp8 && mp.fp8 == Fp8Recipe::kRowwise)
+    t += "\n[float8]\nrecipe_name = \"rowwise\"\n";
   return t;
 }
 
@@ -763,6 +770,11 @@ void NemoCheckLimits(Exporter& ex) {
   if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
     ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "NeMo turns FP8 on with model.fp8", "set precision = fp8");
+  }
+  if (mp.fp8 == Fp8Recipe::kRowwise) {
+    ex.Cannot(fields::kMixedPrecisionFp8, "row-wise FP8 scaling",
+              "NeMo's fp8_recipe has delayed, tensorwise, blockwise and mxfp8",
+              "use blockwise (1x128 activations, 128x128 weights) or current");
   }
   if (m.activation == Activation::kSquaredRelu) {
     ex.Cannot(fields::kModelActivation, "squared ReLU",

@@ -958,6 +958,49 @@ TEST_CASE("torchtitan's torch.compile switch is the plan's `compile`, both ways"
         std::string::npos);
 }
 
+TEST_CASE("torchtitan's row-wise float8 recipe: read, written back, refused where it has no name") {
+  const std::string head =
+      "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"float8\"]\n"
+      "[training]\nlocal_batch_size = 2\n[parallelism]\ndata_parallel_shard_degree = 8\n";
+  Imported im(ConfigKind::kTorchtitan, head + "[float8]\nrecipe_name = \"rowwise\"\n",
+              ImportOptions{.nodes = 1});
+  REQUIRE(im.checked);
+  CHECK(im.checked->mixed_precision.fp8 == Fp8Recipe::kRowwise);
+  CHECK(im.OriginText("mixed_precision.fp8") == "recipe_name = \"rowwise\"");
+  // The weight gradient kept in high precision is still row-wise scaling.
+  Imported gw(ConfigKind::kTorchtitan, head + "[float8]\nrecipe_name = \"rowwise_with_gw_hp\"\n",
+              ImportOptions{.nodes = 1});
+  REQUIRE(gw.checked);
+  CHECK(gw.checked->mixed_precision.fp8 == Fp8Recipe::kRowwise);
+  // tensorwise is the converter's default.
+  Imported tensorwise(ConfigKind::kTorchtitan, head + "[float8]\nrecipe_name = \"tensorwise\"\n",
+                      ImportOptions{.nodes = 1});
+  REQUIRE(tensorwise.checked);
+  CHECK(tensorwise.checked->mixed_precision.fp8 == Fp8Recipe::kCurrent);
+  // A recipe torchao does not have is an error at its line, not a silent default.
+  Imported bad(ConfigKind::kTorchtitan, head + "[float8]\nrecipe_name = \"colwise\"\n",
+               ImportOptions{.nodes = 1});
+  CHECK_FALSE(bad.plan);
+  REQUIRE(bad.sink.diagnostics().size() == 1);
+  CHECK(bad.sink.diagnostics()[0].message ==
+        "`float8.recipe_name` takes tensorwise, rowwise, rowwise_with_gw_hp, got 'colwise'");
+  // Written back for torchtitan; Megatron-LM and NeMo have no row-wise recipe.
+  DiagnosticSink out;
+  const std::string toml = ExportPlan(ConfigKind::kTorchtitan, *im.checked, out).text;
+  CHECK(toml.find("[float8]\nrecipe_name = \"rowwise\"") != std::string::npos);
+  Imported again(ConfigKind::kTorchtitan, toml, ImportOptions{.nodes = 1});
+  REQUIRE(again.checked);
+  CHECK(again.checked->mixed_precision.fp8 == Fp8Recipe::kRowwise);
+  for (ConfigKind kind : {ConfigKind::kMegatron, ConfigKind::kNemo}) {
+    DiagnosticSink sink;
+    CHECK(ExportPlan(kind, *im.checked, sink).text.empty());
+    bool refused = false;
+    for (const Diagnostic& d : sink.diagnostics())
+      refused = refused || d.message.find("mixed_precision.fp8 = rowwise") != std::string::npos;
+    CHECK(refused);
+  }
+}
+
 TEST_CASE("export carries the record settings its target has and refuses the others") {
   std::optional<Plan> plan = EvaluatePlanText(
       "p.plan",

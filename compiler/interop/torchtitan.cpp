@@ -65,7 +65,6 @@ constexpr SkippedRow kTorchtitanSkipped[] = {
     {"parallelism.disable_loss_parallel", "no plan field: loss parallelism"},
     {"float8.enable_fsdp_float8_all_gather", "no plan field yet: fp8 all-gather"},
     {"float8.precompute_float8_dynamic_scale_for_fsdp", "no plan field yet: fp8 scaling"},
-    {"float8.recipe_name", "no plan field yet: fp8 recipe"},
     {"job.dump_folder", "not a layout setting"},
     {"job.description", "not a layout setting"},
     {"training.dataset", "not a layout setting"},
@@ -83,6 +82,7 @@ constexpr std::string_view kHandled[] = {"parallelism.data_parallel_shard_degree
                                          "model.flavor",
                                          "model.converters",
                                          "float8.enable_float8_linear",
+                                         "float8.recipe_name",
                                          "parallelism.fsdp_reshard_after_forward"};
 
 // torchtitan's model flavors (torchtitan/models/*/__init__.py) that the stdlib has.
@@ -118,8 +118,9 @@ bool ReadModelFlavor(std::span<const ConfigEntry> entries, uint32_t buffer, Plan
   return true;
 }
 
-// float8 training: the float8 converter on the model, or the older [float8] switch.
-void ReadFloat8(std::span<const ConfigEntry> entries, PlanDraft& draft) {
+// float8 training: the float8 converter on the model, or the older [float8] switch, and
+// torchao's scaling recipe. False, with an error at its line, for a recipe torchao lacks.
+bool ReadFloat8(std::span<const ConfigEntry> entries, PlanDraft& draft, DiagnosticSink& sink) {
   if (const ConfigEntry* c = FindEntry(entries, "model.converters")) {
     if (std::find(c->items.begin(), c->items.end(), "float8") != c->items.end()) {
       draft.Set(fields::kPrecision, "fp8", c->range, "model.converters = [" + c->text + "]");
@@ -133,6 +134,22 @@ void ReadFloat8(std::span<const ConfigEntry> entries, PlanDraft& draft) {
     draft.Set(fields::kMixedPrecisionFp8, "current", f->range,
               "torchtitan's float8 scales per tensor (tensorwise)");
   }
+  // torchao's recipes: "tensorwise" (the default), "rowwise", and "rowwise_with_gw_hp" (row-wise,
+  // its weight gradient in high precision). Without the float8 converter torchtitan ignores it.
+  const ConfigEntry* r = FindEntry(entries, "float8.recipe_name");
+  if (!r) return true;
+  if (r->type != ValueType::kString ||
+      (r->text != "tensorwise" && r->text != "rowwise" && r->text != "rowwise_with_gw_hp")) {
+    sink.Report(Diag(DiagKind::kConfigBadValue,
+                     "`float8.recipe_name` takes tensorwise, rowwise, rowwise_with_gw_hp, got '" +
+                         r->text + "'")
+                    .At(r->range));
+    return false;
+  }
+  if (draft.Has(fields::kMixedPrecisionFp8) && r->text != "tensorwise")
+    draft.Set(fields::kMixedPrecisionFp8, "rowwise", r->range,
+              "float8.recipe_name = \"" + r->text + "\"");
+  return true;
 }
 
 // The floor of the decay, as a fraction of the peak rate.
@@ -293,8 +310,8 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
     draft.Erase(fields::kTrainCheckpointEvery);
   }
   if (!ReadModelFlavor(*entries, buffer, draft, sink)) return std::nullopt;
-  ReadFloat8(*entries, draft);
-  if (!ReadMinLrFactor(*entries, draft, sink)) return std::nullopt;
+  if (!ReadFloat8(*entries, draft, sink) || !ReadMinLrFactor(*entries, draft, sink))
+    return std::nullopt;
   auto degrees = ReadDataParallelDegrees(*entries, sink);
   if (!degrees) return std::nullopt;
   SetFsdp(*degrees, draft);

@@ -684,6 +684,8 @@ std::string_view ToString(Fp8Recipe v) {
       return "blockwise";
     case Fp8Recipe::kMxfp8:
       return "mxfp8";
+    case Fp8Recipe::kRowwise:
+      return "rowwise";
   }
   return "?";
 }

@@ -55,9 +55,11 @@ enum class Framework : uint8_t {
 
 // How numbers are stored: parameters, gradients, optimizer state (mixed_precision record).
 enum class ElementType : uint8_t { kFp32, kBf16, kFp16, kFp8 };
-// Transformer Engine's FP8 scaling recipes (Megatron --fp8-recipe): per-tensor delayed or
-// current scaling, 128-element blockwise (DeepSeek-V3) and MXFP8 (Blackwell, 32-element blocks).
-enum class Fp8Recipe : uint8_t { kNone, kDelayed, kCurrent, kBlockwise, kMxfp8 };
+// FP8 scaling recipes: Transformer Engine's (Megatron --fp8-recipe) per-tensor delayed or
+// current scaling, 128-element blockwise (DeepSeek-V3) and MXFP8 (Blackwell, 32-element blocks);
+// torchao's row-wise scaling (torchtitan `float8.recipe_name = "rowwise"`: one scale per row of
+// the activations and per column of the weights).
+enum class Fp8Recipe : uint8_t { kNone, kDelayed, kCurrent, kBlockwise, kMxfp8, kRowwise };
 // Megatron --recompute-method under full recompute: uniform (every layer, checkpointing groups
 // of `layers`) or block (only the first `layers` layers of each pipeline chunk).
 enum class RecomputeMethod : uint8_t { kUniform, kBlock };
