@@ -104,6 +104,7 @@ FrameworkProfile TorchtitanHopper() {
   p.provenance = "torchtitan H100 benchmarks (H100 96 GB HBM2e at 500 W), Llama 3 Table 4";
   p.shard = ShardStyle::kFsdp;
   p.shard_prefetch = 0.9;
+  p.cp = CpStyle::kGatherBehindLocal;
   p.tp_overlap = 0.0;
   p.compute_scale = 0.9;  // fit (10 rows)
   // torch.compile (Inductor) fuses each chain of pointwise ops into one kernel that reads its

@@ -34,6 +34,9 @@ enum class CpStyle : uint8_t {
                // attention core (Megatron-Core / Transformer Engine p2p, torchtitan ring)
   kAllGather,  // one all-gather of K/V before the core and a reduce-scatter of dK/dV after it
                // (Llama 3, TE "all_gather"); not overlapped
+  kGatherBehindLocal,  // torch's context_parallel with rotate_method "allgather" (torchtitan's
+                       // default): the all-gather of every K/V shard is issued before the local
+                       // block and waited on after it, so only that 1/cp of the core hides it
 };
 
 struct FrameworkProfile {

@@ -274,11 +274,13 @@ void AddCpExchange(const Context& cx, const LayerDims& d, LayerCost& c) {
   }
   const double chunk = d.micro_tokens * kv_width / d.t * d.x;
   const double steps = D(par.cp - 1);
-  if (cx.prof.cp == CpStyle::kAllGather) {
-    // K/V all-gathered before the core (dK/dV reduce-scattered after it), not overlapped.
-    c.cp_s = CollectiveSeconds(Collective::kAllGather, chunk * D(par.cp), cx.groups.cp,
-                               plan.cluster, cx.eff) +
-             cx.prof.collective_latency_s;
+  if (cx.prof.cp == CpStyle::kAllGather || cx.prof.cp == CpStyle::kGatherBehindLocal) {
+    // K/V all-gathered before the core (dK/dV reduce-scattered after it): not overlapped, or
+    // behind the local block of the core only.
+    const double gather = CollectiveSeconds(Collective::kAllGather, chunk * D(par.cp), cx.groups.cp,
+                                            plan.cluster, cx.eff);
+    const double hidden = cx.prof.cp == CpStyle::kGatherBehindLocal ? c.core_s / D(par.cp) : 0;
+    c.cp_s = std::max(0.0, gather - hidden) + cx.prof.collective_latency_s;
   } else {
     // Ring with load-balanced causal chunks (2·cp chunks, each rank equal work): cp - 1 steps,
     // each sending the local K/V while one 1/cp block of the core runs; a step costs the

@@ -436,6 +436,17 @@ TEST_CASE(
   REQUIRE(g.valid);
   CHECK(r.stages[0].cp_comm_s >= 0);
   CHECK(g.stages[0].cp_comm_s > r.stages[0].cp_comm_s);
+  // torchtitan's all-gather rotate: the gather hides behind the local block only (at 128K all of
+  // it: one launch left, where the ring pays one per step).
+  FrameworkProfile behind = gather;
+  behind.cp = CpStyle::kGatherBehindLocal;
+  CostOptions c;
+  c.profile = &behind;
+  const TimeEstimate t = EstimateTime(plan, c);
+  REQUIRE(t.valid);
+  CHECK(t.stages[0].cp_comm_s < g.stages[0].cp_comm_s);
+  CHECK(t.stages[0].cp_comm_s > 0);
+  CHECK(ProfileFor("torchtitan", plan.cluster.gpu).cp == CpStyle::kGatherBehindLocal);
   // Short sequences: the ring's K/V blocks outlast their 1/cp share of the core.
   plan.model.seq_len = 4096;
   plan.batch.global = 512;
