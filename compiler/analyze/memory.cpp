@@ -701,7 +701,7 @@ int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
 }
 
 // DeepSpeed's stage3_max_live_parameters default: gathered parameters it keeps resident before
-// it stops prefetching.
+// it stops prefetching (`fsdp.max_live_params` states another).
 constexpr int64_t kDeepSpeedMaxLiveParameters = 1'000'000'000;
 
 // DeepSpeed ZeRO-3 gathers tensor by tensor and frees each after use unless it is used again
@@ -722,7 +722,9 @@ int64_t DeepSpeedGatheredBytes(const MemoryInputs& in, const StageTally& tally) 
                                 in.moe_params.expert / in.ep_etp);
   }
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(*in.plan);
-  const int64_t live = std::min(SatMul(2, layer), SatAdd(kDeepSpeedMaxLiveParameters, largest));
+  const int64_t max_live = in.plan->fsdp.max_live_params > 0 ? in.plan->fsdp.max_live_params
+                                                             : kDeepSpeedMaxLiveParameters;
+  const int64_t live = std::min(SatMul(2, layer), SatAdd(max_live, largest));
   return SatAdd(SatMul(live, BytesOf(mp.params)), SatMul(largest, BytesOf(mp.grads)));
 }
 

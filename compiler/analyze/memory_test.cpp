@@ -140,7 +140,18 @@ TEST_CASE("DeepSpeed ZeRO keeps K = 12 optimizer bytes and gathers tensor by ten
   fsdp.framework = Framework::kMegatronCore;
   const MemoryEstimate layerwise = EstimateMemory(fsdp);
   CHECK(layerwise.stages.front().bytes[static_cast<size_t>(MemoryPart::kCommBuffers)] >
-        2 * 2 * ParamsOfLayer(plan.model, LayerKind::kDense).Total());
+        int64_t{4} * ParamsOfLayer(plan.model, LayerKind::kDense).Total());
+  // A stated cap (stage3_max_live_parameters) replaces the default, never past two layers.
+  plan.fsdp.max_live_params = 3'000'000'000;
+  const int64_t capped =
+      EstimateMemory(plan).stages.front().bytes[static_cast<size_t>(MemoryPart::kCommBuffers)];
+  CHECK(capped - comm == int64_t{2} * 2'000'000'000);
+  plan.fsdp.max_live_params = int64_t{1} << 50;
+  const int64_t whole =
+      EstimateMemory(plan).stages.front().bytes[static_cast<size_t>(MemoryPart::kCommBuffers)];
+  CHECK(whole - capped ==
+        int64_t{2} * (int64_t{2} * ParamsOfLayer(plan.model, LayerKind::kDense).Total() -
+                      (3'000'000'000 + largest)));
 }
 
 TEST_CASE("every pipeline stage is evaluated: in-flight microbatches, embedding and logits") {

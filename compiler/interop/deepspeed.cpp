@@ -1,6 +1,7 @@
 // DeepSpeed: a ds_config JSON (ZeRO stage, offload, batch, precision, optimizer), alone or named
 // by a Megatron-DeepSpeed launch script (`--deepspeed_config ds.json`), whose flags give the
 // model and the parallel sizes; the JSON's settings win where both speak (DeepSpeed reads them).
+#include <cmath>
 #include <filesystem>
 
 #include "compiler/interop/config_tree.h"
@@ -41,6 +42,11 @@ constexpr SkippedRow kDeepSpeedSkipped[] = {
     {"zero_optimization.contiguous_gradients", "not a layout setting"},
     {"zero_optimization.reduce_bucket_size", "no plan field: bucket sizes"},
     {"zero_optimization.allgather_bucket_size", "no plan field: bucket sizes"},
+    {"zero_optimization.stage3_prefetch_bucket_size", "no plan field: bucket sizes"},
+    {"zero_optimization.stage3_max_reuse_distance",
+     "no plan field: the memory model takes DeepSpeed's default (1e9)"},
+    {"zero_optimization.stage3_param_persistence_threshold",
+     "no plan field: small parameters kept gathered"},
     {"steps_per_print", "not a layout setting"},
     {"scheduler.type", "the plan's schedule is linear warmup then cosine decay"},
     {"scheduler.params.total_num_steps", "the plan decays over train.steps"},
@@ -52,7 +58,8 @@ constexpr SkippedRow kDeepSpeedSkipped[] = {
     {"activation_checkpointing.cpu_checkpointing", "no plan field yet: activation offload"},
 };
 
-constexpr std::string_view kHandled[] = {"optimizer.params.betas"};
+constexpr std::string_view kHandled[] = {"optimizer.params.betas",
+                                         "zero_optimization.stage3_max_live_parameters"};
 
 bool ApplyDeepSpeedJson(std::span<const ConfigEntry> entries, PlanDraft& draft,
                         DiagnosticSink& sink) {
@@ -71,6 +78,22 @@ bool ApplyDeepSpeedJson(std::span<const ConfigEntry> entries, PlanDraft& draft,
               "betas[0] = " + b->items[0]);
     draft.Set(fields::kOptimizerBeta2, RealText(*ParseReal(b->items[1])), b->range,
               "betas[1] = " + b->items[1]);
+  }
+  // A count DeepSpeed's own configurations write as a real (1e9): a whole number, at least 1.
+  if (const ConfigEntry* m = FindEntry(entries, "zero_optimization.stage3_max_live_parameters")) {
+    const std::optional<double> v = m->type == ValueType::kInt || m->type == ValueType::kReal
+                                        ? ParseReal(m->text)
+                                        : std::nullopt;
+    if (!v || *v < 1 || *v > 1e18 || std::floor(*v) != *v) {
+      sink.Report(Diag(DiagKind::kConfigBadValue,
+                       "`zero_optimization.stage3_max_live_parameters` expects a whole number of "
+                       "parameters, got " +
+                           m->text)
+                      .At(m->range));
+      return false;
+    }
+    draft.Set(fields::kFsdpMaxLiveParams, std::to_string(static_cast<int64_t>(*v)), m->range,
+              "stage3_max_live_parameters = " + m->text);
   }
   return true;
 }

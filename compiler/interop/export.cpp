@@ -137,6 +137,7 @@ class Exporter {
          p.fsdp.shard == 0 || p.fsdp.shard * p.fsdp.replicate == p.parallel.dp * p.parallel.cp},
         {fields::kFsdpReplicate, p.fsdp.replicate == 1},
         {fields::kFsdpReshardAfterForward, p.fsdp.reshard_after_forward},
+        {fields::kFsdpMaxLiveParams, p.fsdp.max_live_params == 0},
         {fields::kMoeDispatcher, p.moe.dispatcher == Dispatcher::kAllToAll},
         {fields::kMoeCapacityFactor, p.moe.capacity_factor == 0},
         {fields::kMoeDropPolicy, p.moe.drop_policy == DropPolicy::kProbs},
@@ -455,6 +456,7 @@ void MegatronMemoryArgs(Exporter& ex, bool deepspeed, MegatronFlags& add) {
   if (deepspeed || p.optimizer.offload == Offload::kCpu) {
     carried.push_back(fields::kOptimizerOffloadFraction);
   }
+  if (deepspeed) carried.push_back(fields::kFsdpMaxLiveParams);
   ex.RecordLimits(carried);
 }
 
@@ -518,6 +520,8 @@ std::string DeepSpeedJson(Exporter& ex) {
       j += ", \"ratio\": " + Real(p.optimizer.offload_fraction);
     j += " }";
   }
+  if (p.fsdp.max_live_params > 0)
+    j += ",\n    \"stage3_max_live_parameters\": " + n(p.fsdp.max_live_params);
   j += "\n  },\n";
   j += std::string("  \"bf16\": { \"enabled\": ") +
        (p.precision == Precision::kBf16 ? "true" : "false") + " },\n";

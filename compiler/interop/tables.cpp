@@ -74,6 +74,8 @@ constexpr SettingRow kMegatron[] = {
     {"--fp16", fields::kPrecision, Convert::kSwitch, "fp16"},
     {"--fp8-format", fields::kPrecision, Convert::kEnum, {}, kMegatronFp8},
     {"--recompute-activations", fields::kRecompute, Convert::kSwitch, "selective"},
+    // Megatron-LM before 2022 and Megatron-DeepSpeed: every layer's input checkpointed.
+    {"--checkpoint-activations", fields::kRecompute, Convert::kSwitch, "full"},
     {"--recompute-granularity", fields::kRecompute, Convert::kEnum, {}, kMegatronRecompute},
     {"--fp8-recipe", fields::kMixedPrecisionFp8, Convert::kEnum, {}, kMegatronFp8Recipe},
     {"--fp8-param-gather", fields::kMixedPrecisionFp8Params, Convert::kSwitch, "true"},

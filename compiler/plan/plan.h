@@ -184,6 +184,9 @@ struct FsdpSpec {
   int64_t shard = 0;  // 0 = dp·cp / replicate
   int64_t replicate = 1;
   bool reshard_after_forward = true;  // ZeRO-3: free gathered weights after each forward
+  // DeepSpeed ZeRO-3's stage3_max_live_parameters: gathered parameters it keeps resident before
+  // it stops prefetching (0: its default, 1e9).
+  int64_t max_live_params = 0;
 };
 
 struct MoeSpec {

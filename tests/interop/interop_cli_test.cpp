@@ -194,6 +194,57 @@ TEST_CASE(
   }
 }
 
+// Narayanan et al. (SC21) Table 2 trained the 529.6B GPT with DeepSpeed ZeRO-3 at micro batch 4
+// on 640 A100-80GB: its launch script and ds_config.json import and check as fitting.
+TEST_CASE("a Megatron-DeepSpeed ZeRO-3 run that trained fits; its live-parameter cap is read") {
+  const ScopedScratch scratch("interop_deepspeed_zero3");
+  const std::string& dir = scratch.dir;
+  Write(
+      dir + "/run.sh",
+      "#!/bin/bash\n"
+      "deepspeed --num_nodes 80 --num_gpus 8 pretrain_gpt.py \\\n"
+      "    --num-layers 105 --hidden-size 20480 --num-attention-heads 128 \\\n"
+      "    --seq-length 2048 --vocab-size 51200 --micro-batch-size 4 --global-batch-size 2560 \\\n"
+      "    --fp16 --checkpoint-activations --deepspeed --deepspeed_config ds_config.json\n");
+  auto config = [&](const std::string& live) {
+    Write(dir + "/ds_config.json",
+          "{\n  \"zero_optimization\": {\n    \"stage\": 3,\n"
+          "    \"stage3_max_live_parameters\": " +
+              live +
+              ",\n    \"stage3_prefetch_bucket_size\": 5e7\n  },\n"
+              "  \"fp16\": { \"enabled\": true }\n}\n");
+  };
+  config("1e9");
+  auto imp =
+      RunCommand(kPlanc + " import --from=deepspeed run.sh --gpu a100_80gb -o z3.plan", dir, dir);
+  REQUIRE(imp.status == 0);
+  const std::string plan = ReadFile(dir + "/z3.plan");
+  CHECK(plan.find("recompute = full") != std::string::npos);  // --checkpoint-activations
+  CHECK(plan.find("max_live_params = 1000000000") != std::string::npos);
+  CHECK(plan.find("(not recognised by planc)") == std::string::npos);
+  auto fits = RunCommand(kPlanc + " check z3.plan --diagnostics=short", dir, dir);
+  CHECK(fits.status == 0);
+  CHECK(fits.err.find("P0701") == std::string::npos);
+  // Export writes the cap back into ds_config.json.
+  std::filesystem::create_directories(dir + "/back");
+  auto out = RunCommand(kPlanc + " export z3.plan --to=deepspeed -o back/run.sh", dir, dir);
+  CHECK(out.status == 0);
+  CHECK(ReadFile(dir + "/back/ds_config.json").find("\"stage3_max_live_parameters\": 1000000000") !=
+        std::string::npos);
+  // A cap of 3e10 keeps whole layers gathered: no longer fits.
+  config("3e10");
+  auto big = RunCommand(
+      kPlanc + " check --from=deepspeed run.sh --gpu a100_80gb --diagnostics=short", dir, dir);
+  CHECK(big.status == 1);
+  CHECK(big.err.find("error[P0701]") != std::string::npos);
+  // Not a count: an error at its line.
+  config("\"many\"");
+  auto bad = RunCommand(kPlanc + " import --from=deepspeed run.sh --gpu a100_80gb", dir, dir);
+  CHECK(bad.status == 1);
+  CHECK(bad.err.find("`zero_optimization.stage3_max_live_parameters` expects a whole number of "
+                     "parameters, got many") != std::string::npos);
+}
+
 // corpus/README.md, row by row.
 TEST_CASE("the corpus of real configurations imports and checks as its README says") {
   struct Row {
