@@ -79,9 +79,11 @@ int64_t DroppedByModules(const ModelSpec& m, LayerKind kind, const ActivationSha
   return drop;
 }
 
-// FP8 GEMMs (Transformer Engine, torchtitan float8) save their inputs for the backward as 1-byte
-// copies instead of 16-bit ones (cost-models.md 2.2): the QKV and fc1 inputs (norm outputs), the
-// attention output projection's input and the fc2 input, one byte less per element each.
+// Transformer Engine's FP8 GEMMs save their inputs for the backward as 1-byte copies instead of
+// 16-bit ones (cost-models.md 2.2): the QKV and fc1 inputs (norm outputs), the attention output
+// projection's input and the fc2 input, one byte less per element each. torchao's Float8Linear
+// (torchtitan) saves the high-precision input and casts it again in the backward: no saving,
+// except where the input arrives already cast (TorchtitanGatheredInputs).
 int64_t Fp8Saving(const ModelSpec& m, LayerKind kind, const ActivationShape& shape,
                   uint32_t modules) {
   if (shape.element_bytes != 2) return 0;
@@ -166,7 +168,7 @@ LayerActivations ActivationsOfLayer(const Plan& plan, LayerKind kind, const Acti
       break;
     }
   }
-  if (fp8 && plan.recompute != Recompute::kFull) {
+  if (fp8 && plan.recompute != Recompute::kFull && plan.framework != Framework::kTorchtitan) {
     const uint32_t modules = EffectiveRecomputeModules(plan);
     a.stored = std::max<int64_t>(a.input, a.stored - Fp8Saving(m, kind, shape, modules));
     a.none = std::max<int64_t>(a.input, a.none - Fp8Saving(m, kind, shape, 0));

@@ -328,6 +328,29 @@ TEST_CASE("the precision record prices each model state term by term") {
   CHECK(StateBytes(titan, 4).Total() == doctest::Approx(16.0 / 4));
 }
 
+TEST_CASE("FP8 GEMM inputs: 1-byte copies under Transformer Engine, 16-bit under torchao") {
+  // Transformer Engine saves the FP8 casts of the GEMM inputs for the backward; torchao's
+  // Float8Linear (torchtitan) saves the high-precision input and casts again in the backward,
+  // so its activations are those of bf16 (torchtitan Table 1: 8B with torch.compile at 77.0 GiB
+  // in bf16, 76.8 GiB with float8).
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 1, 8, 64, 1);
+  plan.optimizer.zero = 1;
+  auto activations = [&](Framework f, Precision p) {
+    Plan q = plan;
+    q.framework = f;
+    q.precision = p;
+    return EstimateMemory(q).stages[0].Get(MemoryPart::kActivations);
+  };
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective}) {
+    plan.recompute = r;
+    CAPTURE(static_cast<int>(r));
+    CHECK(activations(Framework::kMegatronCore, Precision::kFp8) <
+          activations(Framework::kMegatronCore, Precision::kBf16));
+    CHECK(activations(Framework::kTorchtitan, Precision::kFp8) ==
+          activations(Framework::kTorchtitan, Precision::kBf16));
+  }
+}
+
 TEST_CASE("recompute modules, methods, offload and HSDP change what is held") {
   Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
   plan.framework = Framework::kMegatronCore;
