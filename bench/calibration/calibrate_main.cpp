@@ -458,6 +458,10 @@ bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* der
     c.micros = {*mb};  // NOLINT(bugprone-branch-clone)
   else if (c.stack == "torchtitan" && p.pp == 1 && source_is_torchtitan)
     c.micros = {global / p.dp};  // torchtitan without pp runs its local batch in one step
+  else if (c.stack == "torchtitan" && source_is_torchtitan && global % (p.dp * p.pp) == 0)
+    // torchtitan splits the local batch into `pipeline_parallel_microbatches`, by default as
+    // many as the pipeline degree (torchtitan 9dec370, parallelisms/pipelining_utils.py).
+    c.micros = {global / (p.dp * p.pp)};
   else
     for (int64_t mb : {1, 2, 4, 8})
       if (global % (mb * p.dp) == 0) c.micros.push_back(mb);
@@ -471,6 +475,11 @@ bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* der
                         (plan.pipeline.account_for_loss ? 1 : 0);
   if (auto v = par->getInteger("vpp"))
     c.vpps = {*v};
+  else if (source_is_torchtitan && uncertain.count("vpp") && p.pp > 1 &&
+           units % (p.pp * 2) == 0)
+    // torchtitan's interleaved schedules default to two stages per rank when no split points
+    // are given (torchtitan 9dec370, generate_split_points).
+    c.vpps = {2};
   else if ((uncertain.count("vpp") || interleaved_unstated) && p.pp > 1) {
     for (int64_t v = 1; v <= 8; ++v)
       if (units % (p.pp * v) == 0) c.vpps.push_back(v);
