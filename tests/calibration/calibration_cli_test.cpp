@@ -66,6 +66,7 @@ TEST_CASE(
       {"torchtitan2412_llama3_70b_asynctp.plan", "torchtitan-2412-t4-70b-fsdp32-tp8-asynctp"},
       {"mbridge2606_qwen3_30b_a3b.plan", "mbridge-26.06-h100-qwen3-30b-a3b-16gpu"},
       {"mbridge26041_llama3_70b.plan", "mbridge-26.04.01-h100-llama3-70b-64gpu"},
+      {"narayanan21_zero3_175b.plan", "narayanan21-t2-zero3-174.6b-384gpu"},
   };
   for (const auto& row : rows) {
     const char* file = row.first;  // not a structured binding: INFO captures it
