@@ -112,6 +112,33 @@ bool CheckOffloadWithoutZero(RuleContext& ctx) {
   return true;
 }
 
+// `fsdp.max_live_params` is DeepSpeed ZeRO-3's stage3_max_live_parameters; FSDP and
+// Megatron-FSDP gather whole layers and have no such cap.
+bool CheckMaxLiveParamsUnused(RuleContext& ctx) {
+  const Plan& p = ctx.plan();
+  if (p.fsdp.max_live_params <= 0 ||
+      (p.framework == Framework::kDeepSpeed && p.optimizer.zero >= 3))
+    return false;
+  const bool deepspeed = p.framework == Framework::kDeepSpeed;
+  RuleDiag d(ctx, DiagKind::kMaxLiveParamsUnused,
+             deepspeed ? "`fsdp.max_live_params` without ZeRO-3: no parameters are gathered"
+                       : "`fsdp.max_live_params` is DeepSpeed's: `framework = " +
+                             std::string(ToString(p.framework)) + "` has no such cap");
+  d.At({fields::kFsdpMaxLiveParams}, "has no effect");
+  if (deepspeed)
+    d.Field(fields::kOptimizerZero, p.optimizer.zero);
+  else
+    d.Field(fields::kFramework, std::string(ToString(p.framework)));
+  d.Note(
+      "DeepSpeed ZeRO-3 gathers parameters tensor by tensor and stops prefetching once this many "
+      "are resident (stage3_max_live_parameters); FSDP, FSDP2 and Megatron-FSDP gather whole "
+      "layers, two at a time, and the memory model prices them so");
+  d.Help(deepspeed ? "remove it, or set `optimizer.zero = 3`"
+                   : "remove it, or set `framework = deepspeed`");
+  d.Report();
+  return true;
+}
+
 // DeepSpeed's pipeline engine refuses ZeRO-2/3; Megatron-Core shards gradients per bucket once
 // per step, and torchtitan's FSDP2 keeps parameters unsharded across the microbatches of a
 // pipeline step (reshard_after_forward off), so only DeepSpeed hears this.
@@ -467,6 +494,9 @@ const std::vector<Rule>& TrainRules() {
       {K::kFsdpDegreesMismatch,
        CheckFsdpDegreesMismatch,
        {kFsdpShard, kFsdpReplicate, kParallelDp, kParallelCp}},
+      {K::kMaxLiveParamsUnused,
+       CheckMaxLiveParamsUnused,
+       {kFsdpMaxLiveParams, kFramework, kOptimizerZero}},
       {K::kVocabPadded,
        CheckVocabPadded,
        {kModelVocab, kParallelTp, kModelVocabDivisor, kFramework}},
