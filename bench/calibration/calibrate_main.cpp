@@ -475,8 +475,7 @@ bool ReadBatchAndChoices(const Object& run, const Object* par, const Object* der
                         (plan.pipeline.account_for_loss ? 1 : 0);
   if (auto v = par->getInteger("vpp"))
     c.vpps = {*v};
-  else if (source_is_torchtitan && uncertain.count("vpp") && p.pp > 1 &&
-           units % (p.pp * 2) == 0)
+  else if (source_is_torchtitan && uncertain.count("vpp") && p.pp > 1 && units % (p.pp * 2) == 0)
     // torchtitan's interleaved schedules default to two stages per rank when no split points
     // are given (torchtitan 9dec370, generate_split_points).
     c.vpps = {2};
