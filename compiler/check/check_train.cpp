@@ -112,6 +112,29 @@ bool CheckOffloadWithoutZero(RuleContext& ctx) {
   return true;
 }
 
+// A written FP8 recipe under another precision: the cost model runs the GEMMs in FP8 (the
+// recipe says so), while the precision and the exports say otherwise and `planc compile`
+// refuses it.
+bool CheckFp8RecipeWithoutFp8(RuleContext& ctx) {
+  const Plan& p = ctx.plan();
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
+  if (p.precision == Precision::kFp8 || mp.fp8 == Fp8Recipe::kNone) return false;
+  const std::string recipe(ToString(mp.fp8));
+  RuleDiag d(ctx, DiagKind::kFp8RecipeWithoutFp8,
+             "`mixed_precision.fp8 = " + recipe + "` with `precision = " +
+                 std::string(ToString(p.precision)) + "`: FP8 GEMMs under a 16-bit precision");
+  d.At({fields::kMixedPrecisionFp8}, "an FP8 recipe");
+  d.Field(fields::kPrecision, std::string(ToString(p.precision)));
+  d.Note(
+      "the time and memory models price the GEMMs in FP8 because a recipe is written, but every "
+      "export turns FP8 on only with `precision = fp8` (Megatron-LM's --fp8-format, NeMo's fp8, "
+      "torchtitan's float8 converter), and `planc compile` takes only what the precision "
+      "implies");
+  d.Help("set `precision = fp8` for FP8 training, or `mixed_precision.fp8 = none`");
+  d.Report();
+  return true;
+}
+
 // `fsdp.max_live_params` is DeepSpeed ZeRO-3's stage3_max_live_parameters; FSDP and
 // Megatron-FSDP gather whole layers and have no such cap.
 bool CheckMaxLiveParamsUnused(RuleContext& ctx) {
@@ -497,6 +520,7 @@ const std::vector<Rule>& TrainRules() {
       {K::kMaxLiveParamsUnused,
        CheckMaxLiveParamsUnused,
        {kFsdpMaxLiveParams, kFramework, kOptimizerZero}},
+      {K::kFp8RecipeWithoutFp8, CheckFp8RecipeWithoutFp8, {kMixedPrecisionFp8, kPrecision}},
       {K::kVocabPadded,
        CheckVocabPadded,
        {kModelVocab, kParallelTp, kModelVocabDivisor, kFramework}},
