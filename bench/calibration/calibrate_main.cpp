@@ -1054,7 +1054,7 @@ void PrintRuns(const std::vector<Case>& cases, bool csv, bool verbose) {
     std::printf(
         "id,source,profile,measured_tokens_per_gpu,predicted,error_pct,loso_predicted,loso_error_"
         "pct,micro,vpp,"
-        "recompute,sp,scored,measured_peak_gib,predicted_peak_gib\n");
+        "recompute,sp,scored,measured_peak_gib,predicted_peak_gib,fits\n");
   else
     std::printf("%-48s %-24s %10s %10s %8s %8s %4s %3s %4s %3s %13s\n", "run", "profile",
                 "measured", "predicted", "error", "LOSO", "mb", "vpp", "rc", "sp", "peak GiB m/p");
@@ -1062,12 +1062,12 @@ void PrintRuns(const std::vector<Case>& cases, bool csv, bool verbose) {
     const double pk = AllocatorPeakGiB(c);
     const std::string key = ProfileKey(c);
     if (csv) {
-      std::printf("%s,%s,%s,%.7g,%.7g,%.1f,%.7g,%.1f,%lld,%lld,%s,%d,%d,%.1f,%.1f\n", c.id.c_str(),
-                  c.source.c_str(), key.c_str(), c.measured, c.predicted,
+      std::printf("%s,%s,%s,%.7g,%.7g,%.1f,%.7g,%.1f,%lld,%lld,%s,%d,%d,%.1f,%.1f,%d\n",
+                  c.id.c_str(), c.source.c_str(), key.c_str(), c.measured, c.predicted,
                   100 * Error(c.predicted, c.measured), c.loso, 100 * Error(c.loso, c.measured),
                   (long long)c.chosen.batch.micro, (long long)c.chosen.parallel.vpp,
                   RecomputeName(c.chosen.recompute), c.chosen.parallel.sp ? 1 : 0,
-                  c.Scored() ? 1 : 0, c.measured_mem_gib, pk);
+                  c.Scored() ? 1 : 0, c.measured_mem_gib, pk, c.fits ? 1 : 0);
       continue;
     }
     char mem[32] = "";
