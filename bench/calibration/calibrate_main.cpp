@@ -610,12 +610,11 @@ struct Choice {
   bool found = false;
 };
 
-Choice ChooseFastest(const Case& c, const FrameworkProfile* profile,
-                     const std::vector<Balance>& balances) {
+Choice ChooseFastest(const Case& c, const FrameworkProfile* profile) {
   Choice best;
   CostOptions priced_options = c.options;
   priced_options.profile = profile;
-  for (Balance balance : balances)
+  for (Balance balance : c.balances)
     for (Dispatcher dispatcher : c.dispatchers)
       for (int64_t micro : c.micros)
         for (int64_t v : c.vpps)
@@ -657,13 +656,13 @@ Choice ChooseFastest(const Case& c, const FrameworkProfile* profile,
 // Chooses the unstated fields with the shipped profiles and records the prediction.
 void Choose(Case& c) {
   if (!c.readable) return;
-  Choice best = ChooseFastest(c, nullptr, c.balances);
+  Choice best = ChooseFastest(c, nullptr);
   // A layout Megatron's even split cannot make (layers over pp x vpp chunks) is one the run's
   // authors split by hand: the split balanced by cost stands for it.
   if (!best.found && c.plan.parallel.pp > 1 &&
       std::find(c.balances.begin(), c.balances.end(), Balance::kCost) == c.balances.end()) {
     c.balances = {Balance::kCost};
-    best = ChooseFastest(c, nullptr, c.balances);
+    best = ChooseFastest(c, nullptr);
   }
   if (!best.found) {
     c.why_unscored = "the model cannot lay the plan out";
@@ -1021,7 +1020,7 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
       }
       // The unstated fields are chosen again with the refitted numbers: the choice of the
       // fastest setting must not see the left-out source either.
-      for (Case* c : test) c->loso = ChooseFastest(*c, &prof, c->balances).eval.tokens;
+      for (Case* c : test) c->loso = ChooseFastest(*c, &prof).eval.tokens;
     }
   }
   for (Case& c : cases) c.options.efficiency = nullptr;

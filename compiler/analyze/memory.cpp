@@ -702,6 +702,16 @@ int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
   return SatMul(bucket, per);
 }
 
+// The parameters of the stage's largest layer on one rank, unsharded by ZeRO: what gathering
+// one layer brings in.
+int64_t GatheredLayerParams(const MemoryInputs& in, const StageTally& tally) {
+  const LayerParams& dense = in.dense_params;
+  const LayerParams& moe = in.moe_params;
+  return std::max(
+      tally.dense_count > 0 ? dense.tp_sharded / in.t + dense.replicated : 0,
+      tally.moe_count > 0 ? moe.tp_sharded / in.t + moe.replicated + moe.expert / in.ep_etp : 0);
+}
+
 // DeepSpeed's stage3_max_live_parameters default: gathered parameters it keeps resident before
 // it stops prefetching (`fsdp.max_live_params` states another).
 constexpr int64_t kDeepSpeedMaxLiveParameters = 1'000'000'000;
@@ -713,16 +723,11 @@ constexpr int64_t kDeepSpeedMaxLiveParameters = 1'000'000'000;
 // gradient before it is reduce-scattered into its partition.
 int64_t DeepSpeedGatheredBytes(const MemoryInputs& in, const StageTally& tally) {
   const ModelSpec& m = in.plan->model;
-  int64_t largest = 0, layer = 0;
-  if (tally.dense_count > 0) {
-    largest = CeilDiv(LargestTensorOfLayer(m, LayerKind::kDense), in.t);
-    layer = in.dense_params.tp_sharded / in.t + in.dense_params.replicated;
-  }
-  if (tally.moe_count > 0) {
+  int64_t largest = 0;
+  if (tally.dense_count > 0) largest = CeilDiv(LargestTensorOfLayer(m, LayerKind::kDense), in.t);
+  if (tally.moe_count > 0)
     largest = std::max(largest, CeilDiv(LargestTensorOfLayer(m, LayerKind::kMoe), in.t));
-    layer = std::max(layer, in.moe_params.tp_sharded / in.t + in.moe_params.replicated +
-                                in.moe_params.expert / in.ep_etp);
-  }
+  const int64_t layer = GatheredLayerParams(in, tally);
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(*in.plan);
   const int64_t max_live = in.plan->fsdp.max_live_params > 0 ? in.plan->fsdp.max_live_params
                                                              : kDeepSpeedMaxLiveParameters;
@@ -751,12 +756,7 @@ int64_t GatheredWeightBytes(const MemoryInputs& in, const StageTally& tally) {
     return SatAdd(Scale(shared_p, w), Scale(tally.expert_p, w));
   }
   // Two layers' full (unsharded) 16-bit weights: the one computing and the one prefetched.
-  const LayerParams& dense = in.dense_params;
-  const LayerParams& moe = in.moe_params;
-  const int64_t layer = std::max(
-      tally.dense_count > 0 ? dense.tp_sharded / in.t + dense.replicated : 0,
-      tally.moe_count > 0 ? moe.tp_sharded / in.t + moe.replicated + moe.expert / in.ep_etp : 0);
-  return SatMul(4, layer);
+  return SatMul(4, GatheredLayerParams(in, tally));
 }
 
 // Communicator buffers, the exchanges' staging buffers and ZeRO-3's gathered weights.

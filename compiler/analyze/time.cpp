@@ -709,11 +709,12 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   // Linear GEMMs: the 16-bit peak (fp32: TF32), times the stack's FP8 speedup under fp8; the
   // attention core stays in bf16 (Transformer Engine, torchao and llm-foundry FP8 recipes).
   const double peak16 = SixteenBitPeak(plan, peak);
-  double peak_linear = UsesFp8(plan) ? peak16 * prof.fp8_gemm_speedup : peak16;
-  if (UsesFp8(plan) && EffectiveMixedPrecision(plan).fp8 == Fp8Recipe::kRowwise) {
+  double peak_linear = peak16;
+  if (UsesFp8(plan)) {
+    peak_linear = peak16 * prof.fp8_gemm_speedup;
     // Row-wise scaling saves only a share of the time tensor-wise scaling saves.
-    const double saved = prof.fp8_rowwise_share * (1 - 1 / prof.fp8_gemm_speedup);
-    peak_linear = peak16 / (1 - saved);
+    if (EffectiveMixedPrecision(plan).fp8 == Fp8Recipe::kRowwise)
+      peak_linear = peak16 / (1 - prof.fp8_rowwise_share * (1 - 1 / prof.fp8_gemm_speedup));
   }
   est.framework = prof.stack;
   est.generation = prof.generation;

@@ -18,6 +18,10 @@ constexpr EnumChoice kTitanPrecision[] = {
     {"bfloat16", "bf16"}, {"float16", "fp16"}, {"float32", "fp32"}};
 constexpr EnumChoice kTitanReduce[] = {{"float32", "fp32"}, {"bfloat16", "bf16"}};
 constexpr EnumChoice kTitanOptimizer[] = {{"AdamW", "adamw"}, {"Adam", "adamw"}, {"SGD", "sgd"}};
+// torchao's recipes: "tensorwise" (the default), "rowwise", and "rowwise_with_gw_hp" (row-wise,
+// its weight gradient in high precision).
+constexpr EnumChoice kTitanFp8Recipe[] = {
+    {"tensorwise", "current"}, {"rowwise", "rowwise"}, {"rowwise_with_gw_hp", "rowwise"}};
 
 constexpr SettingRow kTorchtitan[] = {
     {"parallelism.tensor_parallel_degree", fields::kParallelTp, Convert::kInt},
@@ -134,20 +138,19 @@ bool ReadFloat8(std::span<const ConfigEntry> entries, PlanDraft& draft, Diagnost
     draft.Set(fields::kMixedPrecisionFp8, "current", f->range,
               "torchtitan's float8 scales per tensor (tensorwise)");
   }
-  // torchao's recipes: "tensorwise" (the default), "rowwise", and "rowwise_with_gw_hp" (row-wise,
-  // its weight gradient in high precision). Without the float8 converter torchtitan ignores it.
+  // The scaling recipe; without the float8 converter torchtitan ignores it.
   const ConfigEntry* r = FindEntry(entries, "float8.recipe_name");
   if (!r) return true;
-  if (r->type != ValueType::kString ||
-      (r->text != "tensorwise" && r->text != "rowwise" && r->text != "rowwise_with_gw_hp")) {
-    sink.Report(Diag(DiagKind::kConfigBadValue,
-                     "`float8.recipe_name` takes tensorwise, rowwise, rowwise_with_gw_hp, got '" +
-                         r->text + "'")
-                    .At(r->range));
+  const SettingRow recipe_row{
+      "float8.recipe_name", fields::kMixedPrecisionFp8, Convert::kEnum, {}, kTitanFp8Recipe};
+  std::string error;
+  const std::optional<std::string> recipe = ConvertSetting(recipe_row, r->text, &error);
+  if (!recipe) {
+    sink.Report(Diag(DiagKind::kConfigBadValue, "`float8.recipe_name` " + error).At(r->range));
     return false;
   }
-  if (draft.Has(fields::kMixedPrecisionFp8) && r->text != "tensorwise")
-    draft.Set(fields::kMixedPrecisionFp8, "rowwise", r->range,
+  if (draft.Has(fields::kMixedPrecisionFp8) && *recipe != "current")
+    draft.Set(fields::kMixedPrecisionFp8, *recipe, r->range,
               "float8.recipe_name = \"" + r->text + "\"");
   return true;
 }
