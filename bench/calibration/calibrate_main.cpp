@@ -906,6 +906,36 @@ std::optional<int> ReadRuns(const std::string& path, std::vector<Case>& cases) {
   return std::nullopt;
 }
 
+// The Hopper set's GEMM half-size (cost_params.cpp), fit without `left` (empty: on every run):
+// for each candidate, every Hopper profile with three or more runs from the other sources is fit
+// on them, and the candidate with the least summed |log error| over those runs is kept. 0 when
+// no Hopper profile has the runs.
+double FitHopperHalf(const ProfileCases& by_profile, const std::string& left) {
+  std::vector<std::pair<std::string, std::vector<Case*>>> hopper;
+  for (const auto& [key, list] : by_profile) {
+    if (key.substr(key.find('/') + 1) != "hopper") continue;
+    std::vector<Case*> train;
+    for (Case* c : list)
+      if (c->source != left) train.push_back(c);
+    if (train.size() >= 3) hopper.emplace_back(key, train);
+  }
+  if (hopper.empty()) return 0;
+  GpuEfficiency set = EfficiencyFor(hopper.front().second.front()->plan.cluster.gpu);
+  double best_half = set.gemm_half_flops, best = -1;
+  for (double half : {4e9, 1e10, 2e10, 3e10, 5e10}) {
+    set.gemm_half_flops = half;
+    double sum = 0;
+    for (auto& [key, train] : hopper) {
+      for (Case* c : train) c->options.efficiency = &set;
+      FrameworkProfile prof = BaseProfile(by_profile, key);
+      sum += Loss(train, &prof, FitProfile(train, &prof)) * D(train.size());
+      for (Case* c : train) c->options.efficiency = nullptr;
+    }
+    if (best < 0 || sum < best - 1e-12) best = sum, best_half = half;
+  }
+  return best_half;
+}
+
 // --fit: each profile fitted on all of its runs.
 void PrintInSampleFit(const ProfileCases& by_profile) {
   std::printf("in-sample fit per profile (mean |log error|):\n");
@@ -921,6 +951,11 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
         1e3 * f.layer_overhead_s, f.fp8_gemm_speedup, f.shard_comm_scale, f.shard_interference,
         f.ep_overlap, 1e3 * f.moe_layer_overhead_s, Loss(list, &base, f),
         Loss(list, &base, Fitted::Of(base)));
+  }
+  if (const double half = FitHopperHalf(by_profile, ""); half > 0) {
+    const GpuEfficiency& shipped = EfficiencyFor(GpuSpec{.name = "h100"});
+    std::printf("  hopper set: GEMM half-size %.0e FLOP (shipped %.0e)\n", half,
+                shipped.gemm_half_flops);
   }
 }
 
@@ -989,7 +1024,7 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
   // on the refit set.
   const std::string ampere_2021 = "megatron_lm_2021/ampere";
   for (const std::string& left : sources) {
-    std::optional<GpuEfficiency> ampere_set;
+    std::optional<GpuEfficiency> ampere_set, hopper_set;
     FrameworkProfile megatron2021;
     if (AnchorsAmpereSet(left) && by_profile.count(ampere_2021)) {
       std::vector<Case*> rows;
@@ -998,9 +1033,27 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
       megatron2021 = BaseProfile(by_profile, ampere_2021);
       if (!rows.empty()) ampere_set = RefitAmpereSet(rows, megatron2021);
     }
-    for (Case& c : cases)
-      c.options.efficiency =
-          ampere_set && EfficiencyFor(c.plan.cluster.gpu).name == "ampere" ? &*ampere_set : nullptr;
+    // Without a source of Hopper runs, the Hopper set's GEMM half-size is fit again on the rest.
+    bool hopper_left = false;
+    for (const Case& c : cases)
+      hopper_left |=
+          c.Scored() && c.source == left && EfficiencyFor(c.plan.cluster.gpu).name == "hopper";
+    if (hopper_left) {
+      if (const double half = FitHopperHalf(by_profile, left); half > 0) {
+        for (const Case& c : cases)
+          if (EfficiencyFor(c.plan.cluster.gpu).name == "hopper") {
+            hopper_set = EfficiencyFor(c.plan.cluster.gpu);
+            break;
+          }
+        hopper_set->gemm_half_flops = half;
+      }
+    }
+    for (Case& c : cases) {
+      const std::string_view gen = EfficiencyFor(c.plan.cluster.gpu).name;
+      c.options.efficiency = ampere_set && gen == "ampere"   ? &*ampere_set
+                             : hopper_set && gen == "hopper" ? &*hopper_set
+                                                             : nullptr;
+    }
     for (auto& [key, list] : by_profile) {
       std::vector<Case*> train, test;
       for (Case* c : list) (c->source == left ? test : train).push_back(c);

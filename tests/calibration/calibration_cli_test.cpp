@@ -216,6 +216,24 @@ TEST_CASE("a run the model cannot read is reported and left unscored; the others
   CHECK(Run(PARAPLAN_CALIBRATE " " + Dir() + "/broken.json").status == 2);
 }
 
+TEST_CASE("the Hopper set's GEMM half-size is the one the H100 runs of all stacks fit") {
+  const Result fit = Run(PARAPLAN_CALIBRATE " --fit");
+  REQUIRE_MESSAGE(fit.status == 0, fit.err);
+  if (fit.out.empty()) {
+    MESSAGE("no shared calibration runs beside the repository: " << fit.err);
+    return;
+  }
+  const size_t at = fit.out.find("hopper set: GEMM half-size ");
+  REQUIRE_MESSAGE(at != std::string::npos, fit.out);
+  double fitted = 0, shipped = 0;
+  REQUIRE(std::sscanf(fit.out.c_str() + at, "hopper set: GEMM half-size %lf FLOP (shipped %lf)",
+                      &fitted, &shipped) == 2);
+  CHECK(fitted == doctest::Approx(shipped));
+  // Half a wave of 128 x 256 output tiles over 132 SMs, for contraction sizes 4096 to 8192.
+  CHECK(shipped >= 1.5e10);
+  CHECK(shipped <= 3.5e10);
+}
+
 TEST_CASE("pairs in measured order, and one layout measured twice, are reported") {
   const std::string file = Dir() + "/repeats.json";
   auto measured = [](std::string run, const char* value) {
