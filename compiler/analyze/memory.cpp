@@ -305,8 +305,7 @@ StateBytesPerParam UnshardedStateBytes(const Plan& plan) {
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
   const bool adam = plan.optimizer.type == OptimizerType::kAdamW;
   b.weights = mp.fp8_params ? 1 : static_cast<double>(BytesOf(mp.params));
-  if (mp.fp8 != Fp8Recipe::kNone && !mp.fp8_params && CachesFp8Weights(plan.framework))
-    b.weights += 1;
+  if (UsesFp8(plan) && !mp.fp8_params && CachesFp8Weights(plan.framework)) b.weights += 1;
   b.gradients = static_cast<double>(BytesOf(mp.grads));
   const double moments = static_cast<double>((adam ? 2 : 1) * BytesOf(mp.optimizer_state));
   b.optimizer = (mp.main_params ? 4 : 0) + moments;

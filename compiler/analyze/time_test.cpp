@@ -8,6 +8,7 @@
 #include "compiler/analyze/cost_comm.h"
 #include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_test_plans.h"
+#include "compiler/analyze/memory.h"
 
 namespace paraplan {
 namespace {
@@ -395,6 +396,23 @@ TEST_CASE("row-wise FP8 scaling keeps the profile's share of what tensor-wise sa
   const double saved_rowwise = bf16.stages[0].gemm_s - rowwise.stages[0].gemm_s;
   REQUIRE(saved_tensorwise > 0);
   CHECK(saved_rowwise / saved_tensorwise == doctest::Approx(prof.fp8_rowwise_share).epsilon(0.02));
+}
+
+TEST_CASE("an FP8 recipe under a 16-bit precision has no effect on time or memory (P0517)") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kMegatronCore;
+  plan.precision = Precision::kBf16;
+  const TimeEstimate bf16 = EstimateTime(plan);
+  const MemoryEstimate bf16_memory = EstimateMemory(plan);
+  plan.mixed_precision.fp8 = Fp8Recipe::kCurrent;
+  plan.origins[fields::kMixedPrecisionFp8].kind = OriginKind::kFile;
+  const TimeEstimate recipe = EstimateTime(plan);
+  REQUIRE(bf16.valid);
+  REQUIRE(recipe.valid);
+  CHECK(recipe.step_s == doctest::Approx(bf16.step_s));
+  CHECK(EstimateMemory(plan).peak == bf16_memory.peak);
+  plan.precision = Precision::kFp8;
+  CHECK(EstimateTime(plan).step_s < bf16.step_s);
 }
 
 TEST_CASE("fused attention: time per token grows with the sequence at equal tokens per step") {

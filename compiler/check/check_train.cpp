@@ -112,9 +112,9 @@ bool CheckOffloadWithoutZero(RuleContext& ctx) {
   return true;
 }
 
-// A written FP8 recipe under another precision: the cost model runs the GEMMs in FP8 (the
-// recipe says so), while the precision and the exports say otherwise and `planc compile`
-// refuses it.
+// A written FP8 recipe under another precision: it has no effect (UsesFp8). The models price
+// the plan in its 16-bit precision; the exports and `planc compile` refuse the recipe rather
+// than drop what was probably meant as FP8 training.
 bool CheckFp8RecipeWithoutFp8(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
@@ -122,14 +122,15 @@ bool CheckFp8RecipeWithoutFp8(RuleContext& ctx) {
   const std::string recipe(ToString(mp.fp8));
   RuleDiag d(ctx, DiagKind::kFp8RecipeWithoutFp8,
              "`mixed_precision.fp8 = " + recipe + "` with `precision = " +
-                 std::string(ToString(p.precision)) + "`: FP8 GEMMs under a 16-bit precision");
+                 std::string(ToString(p.precision)) + "`: the recipe has no effect without FP8");
   d.At({fields::kMixedPrecisionFp8}, "an FP8 recipe");
   d.Field(fields::kPrecision, std::string(ToString(p.precision)));
   d.Note(
-      "the time and memory models price the GEMMs in FP8 because a recipe is written, but every "
-      "export turns FP8 on only with `precision = fp8` (Megatron-LM's --fp8-format, NeMo's fp8, "
-      "torchtitan's float8 converter), and `planc compile` takes only what the precision "
-      "implies");
+      "FP8 runs only under `precision = fp8` (Megatron-LM's --fp8-format, NeMo's fp8, "
+      "torchtitan's float8 converter; the recipe says how it scales): the time and memory models "
+      "price this plan in " +
+      std::string(ToString(p.precision)) +
+      ", and the exports and `planc compile` refuse the recipe rather than drop it");
   d.Help("set `precision = fp8` for FP8 training, or `mixed_precision.fp8 = none`");
   d.Report();
   return true;

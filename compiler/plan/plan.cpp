@@ -777,7 +777,9 @@ int64_t ShardGroup(const Plan& plan) {
   return std::max<int64_t>(1, *group / std::max<int64_t>(1, plan.fsdp.replicate));
 }
 
-bool UsesFp8(const Plan& plan) { return EffectiveMixedPrecision(plan).fp8 != Fp8Recipe::kNone; }
+bool UsesFp8(const Plan& plan) {
+  return plan.precision == Precision::kFp8 && EffectiveMixedPrecision(plan).fp8 != Fp8Recipe::kNone;
+}
 
 bool IsMoeLayer(const ModelSpec& m, int64_t index) {
   if (!m.IsMoe() || index < m.dense_layers) return false;

@@ -390,7 +390,9 @@ MixedPrecisionSpec EffectiveMixedPrecision(const Plan& plan);
 uint32_t EffectiveRecomputeModules(const Plan& plan);
 // Size of the group that ZeRO shards over (fsdp.shard, or dp·cp / fsdp.replicate).
 int64_t ShardGroup(const Plan& plan);
-// True when the GEMMs run in FP8 (precision = fp8 or a recipe other than none).
+// True when the GEMMs run in FP8: precision = fp8 with a recipe other than none. A recipe under
+// another precision has no effect (P0517), as in Megatron-LM, NeMo and torchtitan, where FP8
+// is its own switch and the recipe only says how it scales.
 bool UsesFp8(const Plan& plan);
 // Layer i (0-based) of the model is an MoE layer (dense_layers and moe_layer_freq).
 bool IsMoeLayer(const ModelSpec& model, int64_t index);

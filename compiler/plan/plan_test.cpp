@@ -100,6 +100,10 @@ TEST_CASE(
   mp = EffectiveMixedPrecision(p);
   CHECK(mp.grads == ElementType::kBf16);
   CHECK(mp.fp8 == Fp8Recipe::kBlockwise);
+  // A recipe alone does not turn FP8 on (P0517): the precision does.
+  CHECK(!UsesFp8(p));
+  REQUIRE(SetFieldText(p, "precision", "fp8") == "");
+  CHECK(EffectiveMixedPrecision(p).fp8 == Fp8Recipe::kBlockwise);
   CHECK(UsesFp8(p));
   CHECK(SetFieldText(p, "mixed_precision.optimizer_state", "fp8") == "");
   CHECK(SetFieldText(p, "mixed_precision.params", "fp8") ==
