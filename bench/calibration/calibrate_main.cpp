@@ -1210,8 +1210,27 @@ void PrintRepeats(const std::vector<Case>& cases) {
               100 * spreads.back());
 }
 
-// Errors per source, per profile and overall; the order within groups; peak memory.
-void PrintSummaries(const std::vector<Case>& cases) {
+// The accuracy each profile ships (FrameworkProfile::checked_*, which `planc explain` prints)
+// against the leave-one-source-out errors of its runs here: a line for each that differs.
+void CheckShippedAccuracy(const std::map<std::string, std::pair<const Case*, Stats>>& loso) {
+  for (const auto& [key, entry] : loso) {
+    const auto& [c, st] = entry;
+    const FrameworkProfile& p = ProfileFor(c->stack, c->plan.cluster.gpu);
+    const double median = std::round(1000 * st.median) / 10, p90 = std::round(1000 * st.p90) / 10;
+    if (p.checked_runs == static_cast<int>(st.n) &&
+        std::fabs(p.checked_median_pct - median) < 0.05 &&
+        std::fabs(p.checked_p90_pct - p90) < 0.05)
+      continue;
+    std::printf(
+        "  shipped accuracy of %s is stale: cost_framework.cpp says %d runs, median %.1f%%, p90 "
+        "%.1f%%; here %zu runs, median %.1f%%, p90 %.1f%%\n",
+        key.c_str(), p.checked_runs, p.checked_median_pct, p.checked_p90_pct, st.n, median, p90);
+  }
+}
+
+// Errors per source, per profile and overall; the order within groups; peak memory. With
+// `shipped`, the file is the one the profiles' shipped accuracy comes from.
+void PrintSummaries(const std::vector<Case>& cases, bool shipped) {
   // Summaries.
   auto line = [](const char* label, const Stats& in, const Stats& lo) {
     std::printf(
@@ -1222,17 +1241,24 @@ void PrintSummaries(const std::vector<Case>& cases) {
   std::vector<double> all_in, all_lo;
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> per_source,
       per_profile;
+  std::map<std::string, const Case*> first_of;
   for (const Case& c : cases) {
     if (!c.Scored()) continue;
     const double ei = Error(c.predicted, c.measured), el = Error(c.loso, c.measured);
     all_in.push_back(ei), all_lo.push_back(el);
     per_source[c.source].first.push_back(ei), per_source[c.source].second.push_back(el);
     per_profile[ProfileKey(c)].first.push_back(ei), per_profile[ProfileKey(c)].second.push_back(el);
+    first_of.emplace(ProfileKey(c), &c);
   }
   std::printf("\nper source (in-sample | leave-one-source-out):\n");
   for (const auto& [s, e] : per_source) line(s.c_str(), Summarize(e.first), Summarize(e.second));
   std::printf("per profile:\n");
   for (const auto& [s, e] : per_profile) line(s.c_str(), Summarize(e.first), Summarize(e.second));
+  if (shipped) {
+    std::map<std::string, std::pair<const Case*, Stats>> loso;
+    for (const auto& [s, e] : per_profile) loso[s] = {first_of.at(s), Summarize(e.second)};
+    CheckShippedAccuracy(loso);
+  }
   line("all scored runs", Summarize(all_in), Summarize(all_lo));
   int signed_fast = 0;
   for (double e : all_in) signed_fast += e > 0 ? 1 : 0;
@@ -1341,6 +1367,6 @@ int main(int argc, char** argv) {
   LeaveOneSourceOut(cases, by_profile);
   PrintRuns(cases, csv, verbose);
   if (csv) return 0;
-  PrintSummaries(cases);
+  PrintSummaries(cases, path == PARAPLAN_CALIBRATION_RUNS);
   return PrintMemory(path, cases) ? 0 : 2;
 }

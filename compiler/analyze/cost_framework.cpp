@@ -26,6 +26,10 @@ FrameworkProfile MegatronLm2021Ampere() {
   p.step_overhead_s = 0.05;
   p.collective_latency_s = 10e-6;
   p.p2p_latency_s = 1.5e-3;
+  p.checked_stack = p.stack;
+  p.checked_runs = 25;
+  p.checked_median_pct = 4.8;
+  p.checked_p90_pct = 7.6;
   return p;
 }
 
@@ -51,6 +55,10 @@ FrameworkProfile DeepSpeedAmpere() {
   p.step_overhead_s = 0.1;
   p.collective_latency_s = 400e-6;  // per gather: launch and pre-launch (issue #1069)
   p.p2p_latency_s = 1.5e-3;
+  p.checked_stack = p.stack;
+  p.checked_runs = 3;
+  p.checked_median_pct = 11.3;
+  p.checked_p90_pct = 34.0;
   return p;
 }
 
@@ -87,6 +95,10 @@ FrameworkProfile MegatronCoreHopper() {
   p.compute_scale = 0.95;           // fit (19 rows)
   p.attention_scale = 0.28 / 0.35;  // fit: 0.28 of peak (Transformer Engine's cuDNN kernels)
   p.fp8_gemm_speedup = 1.9;         // fit
+  p.checked_stack = p.stack;
+  p.checked_runs = 19;
+  p.checked_median_pct = 6.4;
+  p.checked_p90_pct = 21.1;
   return p;
 }
 
@@ -124,6 +136,10 @@ FrameworkProfile TorchtitanHopper() {
   // seven torchtitan rows with a measured peak (calibration_runs.json, Tables 1-6): at 5% the
   // model was low on all seven (median -5.5%); at 10% the median is -0.7%, all within 10%.
   p.allocator_margin_percent = 10;
+  p.checked_stack = p.stack;
+  p.checked_runs = 10;
+  p.checked_median_pct = 9.0;
+  p.checked_p90_pct = 30.0;
   return p;
 }
 
@@ -147,6 +163,10 @@ FrameworkProfile LlmFoundryAmpere() {
   p.shard_interference = 0.2;   // fit
   p.compute_scale = 1.0;        // fit
   p.layer_overhead_s = 2e-3;    // fit
+  p.checked_stack = p.stack;
+  p.checked_runs = 40;
+  p.checked_median_pct = 6.7;
+  p.checked_p90_pct = 13.3;
   return p;
 }
 
@@ -163,6 +183,10 @@ FrameworkProfile LlmFoundryHopper() {
   p.compute_scale = 0.95;       // fit
   p.layer_overhead_s = 0;       // fit
   p.fp8_gemm_speedup = 1.4;     // fit
+  p.checked_stack = p.stack;
+  p.checked_runs = 27;
+  p.checked_median_pct = 3.6;
+  p.checked_p90_pct = 16.0;
   return p;
 }
 

@@ -95,6 +95,14 @@ struct FrameworkProfile {
   double node_scaling_loss = 0.005;
   double collective_latency_s = 30e-6;  // per collective launch (ZeRO-3 per-layer traffic)
   double p2p_latency_s = 20e-6;         // per pipeline exchange (synchronisation included)
+
+  // How close the profile came to the published runs it prices, each run predicted with its
+  // source left out of the fit (bench/calibration, `paraplan_calibrate`, "per profile"): the
+  // stack whose runs they are, their number, and the median and 90th percentile |error| in
+  // percent. No runs: the profile's numbers are unmeasured.
+  std::string_view checked_stack;
+  int checked_runs = 0;
+  double checked_median_pct = 0, checked_p90_pct = 0;
 };
 
 // The stacks a plan can name, in a stable order.

@@ -43,11 +43,18 @@ std::string TimeJson(const TimeEstimate& t) {
       "attention halved\","
       "\"microbatches\":{},\"critical_stage\":{},\"breakdown\":{{\"compute\":{:.6g},"
       "\"communication\":{:.6g},"
-      "\"bubble\":{:.6g},\"dp_sync\":{:.6g},\"optimizer\":{:.6g},\"overhead\":{:.6g}}},\"stages\":"
-      "[",
+      "\"bubble\":{:.6g},\"dp_sync\":{:.6g},\"optimizer\":{:.6g},\"overhead\":{:.6g}}},",
       t.valid ? "true" : "false", t.step_s, t.tokens_per_s, t.tokens_per_s_per_gpu, t.mfu,
       t.model_flops_per_step, t.microbatches, t.critical_stage, t.compute_s, t.comm_s, t.bubble_s,
       t.dp_exposed_s, t.optimizer_s, t.overhead_s);
+  // The profile that priced the plan, and how close it came to the published runs it prices
+  // (each predicted with its source left out of the fit; bench/calibration).
+  out += fmt::format(
+      "\"framework\":{{\"stack\":\"{}\",\"generation\":\"{}\",\"checked_stack\":\"{}\","
+      "\"checked_runs\":{},\"checked_median_error_pct\":{:.6g},\"checked_p90_error_pct\":{:.6g}}},"
+      "\"stages\":[",
+      t.framework, t.generation, t.checked_stack, t.checked_runs, t.checked_median_pct,
+      t.checked_p90_pct);
   for (size_t i = 0; i < t.stages.size(); ++i) {
     const StageTime& s = t.stages[i];
     out += fmt::format(

@@ -75,8 +75,11 @@ struct TimeEstimate {
   double tokens_per_s_per_gpu = 0;
   double model_flops_per_step = 0;
   double mfu = 0;  // model FLOPs / (step · world · peak)
-  // The framework profile that priced it (cost_framework.h): stack and GPU generation.
-  std::string_view framework, generation;
+  // The framework profile that priced it (cost_framework.h): stack and GPU generation, and how
+  // close it came to the published runs of `checked_stack` (none when checked_runs is 0).
+  std::string_view framework, generation, checked_stack;
+  int checked_runs = 0;
+  double checked_median_pct = 0, checked_p90_pct = 0;
 };
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options = {});

@@ -599,6 +599,26 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("the report says how close the pricing profile came to the published runs") {
+  Plan plan = Llama(8, 8, 1);
+  plan.framework = Framework::kMegatronCore;
+  const TimeEstimate hopper = EstimateTime(plan);
+  REQUIRE(hopper.valid);
+  const FrameworkProfile& prof = ProfileFor("megatron_core", plan.cluster.gpu);
+  REQUIRE(prof.checked_runs > 0);
+  CHECK(hopper.checked_runs == prof.checked_runs);
+  const std::string text = PrintTime(hopper);
+  CHECK(text.find("checked on " + std::to_string(prof.checked_runs) +
+                  " published megatron_core runs") != std::string::npos);
+  // planrun (`paraplan`) is priced as Megatron-Core: its runs are Megatron-Core's.
+  plan.framework = Framework::kParaplan;
+  CHECK(PrintTime(EstimateTime(plan)).find("published megatron_core runs") != std::string::npos);
+  // Megatron-Core on Ampere has no published run in the calibration.
+  plan.framework = Framework::kMegatronCore;
+  plan.cluster.gpu.name = "a100_sxm4_80gb";
+  CHECK(PrintTime(EstimateTime(plan)).find("unchecked") != std::string::npos);
+}
+
 TEST_CASE("every stack has a profile for Ampere and Hopper, the plan's framework selects it") {
   for (std::string_view stack : FrameworkStacks()) {
     const FrameworkProfile& a = ProfileFor(stack, testing::DgxA100(1).gpu);

@@ -234,6 +234,18 @@ TEST_CASE("the Hopper set's GEMM half-size is the one the H100 runs of all stack
   CHECK(shipped <= 3.5e10);
 }
 
+TEST_CASE("the accuracy each profile ships is the one its runs give with their source left out") {
+  const Result cal = Run(PARAPLAN_CALIBRATE);
+  REQUIRE_MESSAGE(cal.status == 0, cal.err);
+  if (cal.out.empty()) {
+    MESSAGE("no shared calibration runs beside the repository: " << cal.err);
+    return;
+  }
+  REQUIRE(cal.out.find("per profile:") != std::string::npos);
+  // planc explain prints FrameworkProfile::checked_*; paraplan_calibrate says when they differ.
+  CHECK_MESSAGE(cal.out.find("is stale") == std::string::npos, cal.out);
+}
+
 TEST_CASE("pairs in measured order, and one layout measured twice, are reported") {
   const std::string file = Dir() + "/repeats.json";
   auto measured = [](std::string run, const char* value) {
