@@ -3,9 +3,11 @@
 #include "compiler/analyze/memory_arena.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <vector>
 
 #include "compiler/analyze/cost_shape.h"
@@ -433,6 +435,18 @@ std::vector<int64_t> SlotsInFlight(const Plan& plan, int64_t r, int64_t m, bool 
     slots[0] = std::min(p - r, m);
     return slots;
   }
+  // The steady state repeats every p microbatches (p forwards and p backwards of every chunk),
+  // and the live counts are the same at each repeat: a run with whole repeats taken out of its
+  // steady state reaches the same counts. 4 p microbatches keep the warm-up (at most (v + 1) p
+  // forwards), a whole repeat and the cool-down; the search's cost stays independent of the
+  // batch (tests/memory/arena_truth_test.cpp compares with the lowered programs).
+  if (m > 5 * p) m -= p * ((m - 4 * p) / p);
+  // The search prices thousands of candidates that share their pipeline shape: the counts are
+  // kept per shape (per thread; planrun's ranks may price plans at once).
+  const std::array<int64_t, 5> key = {p, v, r, m, early_receive && r == 0 ? 1 : 0};
+  thread_local std::map<std::array<int64_t, 5>, std::vector<int64_t>> known;
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  if (known.size() > 4096) known.clear();
   const int64_t total = m * v;
   const int64_t warmup = std::min(total, 2 * (p - r - 1) + (v - 1) * p);
   std::vector<int64_t> live(static_cast<size_t>(v), 0);
@@ -451,19 +465,34 @@ std::vector<int64_t> SlotsInFlight(const Plan& plan, int64_t r, int64_t m, bool 
     if (warmup + i + 1 < total && early(warmup + i + 1)) take(warmup + i + 1);
     backward(i);
   }
+  known.emplace(key, slots);
   return slots;
 }
 
-// Whether local chunk c of pipeline rank r has a landing buffer (compiler/lower/lower.cpp,
-// LandingChunks): where its early receive would raise its slots, the first rank of the
-// interleaved schedule receives into one activation of its own, copied into the input slot by
-// the forward.
-bool HasLanding(const Plan& plan, int64_t r, int64_t m, int64_t c) {
+// The stash slots of each local chunk of pipeline rank r, and which chunks have a landing buffer
+// (compiler/lower/lower.cpp, LandingChunks): where its early receive would raise its slots, the
+// first rank of the interleaved schedule receives into one activation of its own, copied into
+// the input slot by the forward, and the early receive takes no slot.
+struct StageSlots {
+  std::vector<int64_t> slots;
+  std::vector<bool> landing;
+};
+
+StageSlots SlotsOfStage(const Plan& plan, int64_t r, int64_t m) {
+  StageSlots s;
+  s.slots = SlotsInFlight(plan, r, m, true);
+  s.landing.assign(s.slots.size(), false);
+  // Only the first rank receives early (SlotsInFlight).
   if (plan.pipeline.schedule != Schedule::kInterleaved1F1B || plan.parallel.vpp < 2 ||
-      plan.parallel.pp < 2 || r != 0 || c == 0)
-    return false;
-  const auto i = static_cast<size_t>(c);
-  return SlotsInFlight(plan, r, m, true).at(i) > SlotsInFlight(plan, r, m, false).at(i);
+      plan.parallel.pp < 2 || r != 0)
+    return s;
+  const std::vector<int64_t> landed = SlotsInFlight(plan, r, m, false);
+  for (size_t c = 1; c < s.slots.size(); ++c) {
+    if (s.slots[c] <= landed[c]) continue;
+    s.landing[c] = true;
+    s.slots[c] = landed[c];
+  }
+  return s;
 }
 
 }  // namespace
@@ -471,15 +500,15 @@ bool HasLanding(const Plan& plan, int64_t r, int64_t m, int64_t c) {
 // Microbatches of each local chunk in flight at once: SlotsInFlight, the early receives of the
 // chunks with a landing buffer taking no slot.
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
-  std::vector<int64_t> slots = SlotsInFlight(plan, r, m, true);
-  const std::vector<int64_t> landed = SlotsInFlight(plan, r, m, false);
-  for (size_t c = 0; c < slots.size(); ++c)
-    if (HasLanding(plan, r, m, static_cast<int64_t>(c))) slots[c] = landed[c];
-  return slots;
+  return SlotsOfStage(plan, r, m).slots;
 }
 
 int64_t ArenaLandingBytes(const Plan& plan, const ArenaSizes& z, int64_t r, int64_t m, int64_t c) {
-  return HasLanding(plan, r, m, c) ? SatMul(z.R, z.h * z.a) : 0;
+  if (r != 0 || c <= 0) return 0;
+  const StageSlots s = SlotsOfStage(plan, r, m);
+  return static_cast<size_t>(c) < s.landing.size() && s.landing[static_cast<size_t>(c)]
+             ? SatMul(z.R, z.h * z.a)
+             : 0;
 }
 
 namespace {
