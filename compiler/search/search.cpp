@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/memory.h"
 #include "compiler/analyze/memory_check.h"
 #include "compiler/analyze/time.h"
@@ -204,6 +205,15 @@ SearchCandidate Describe(const Plan& base, const std::vector<SearchAxis>& axes,
 SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
                        const SearchOptions& options) {
   SearchResult result;
+  const FrameworkProfile& prof =
+      options.cost.profile ? *options.cost.profile
+                           : ProfileFor(FrameworkOf(base, options.cost), base.cluster.gpu);
+  result.framework = prof.stack;
+  result.generation = prof.generation;
+  result.checked_stack = prof.checked_stack;
+  result.checked_runs = prof.checked_runs;
+  result.checked_median_pct = prof.checked_median_pct;
+  result.checked_p90_pct = prof.checked_p90_pct;
   int64_t size = 1;  // saturates at INT64_MAX
   for (const SearchAxis& a : axes) {
     const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(a.values.size()));
@@ -287,6 +297,15 @@ std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axe
     out += fmt::format(" {:>12} {:>10.3f} {:>14.1f} {:>5.1f}%\n", FormatGiB(c.peak), c.step_s,
                        c.tokens_per_s_per_gpu, 100 * c.mfu);
   }
+  if (r.framework.empty()) return out;
+  out += fmt::format("priced as framework {} on {}", r.framework, r.generation);
+  if (r.checked_runs > 0)
+    out += fmt::format(
+        "; checked on {} published {} runs (each with its source left out of the fit): median "
+        "error {:.1f}%, p90 {:.1f}%\n",
+        r.checked_runs, r.checked_stack, r.checked_median_pct, r.checked_p90_pct);
+  else
+    out += "; unchecked: no published runs of this stack on this GPU generation\n";
   return out;
 }
 
@@ -305,9 +324,15 @@ std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axe
   out += fmt::format(
       "  \"enumerated\": {},\n  \"duplicates\": {},\n"
       "  \"rejected\": {{\"rules\": {}, \"partition\": {}, \"memory\": {}, \"verify\": {}}},\n"
-      "  \"fitting\": {},\n  \"seconds\": {:.6f},\n  \"candidates\": [",
+      "  \"fitting\": {},\n  \"seconds\": {:.6f},\n",
       r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory,
       r.rejected_verify, r.fitting, seconds);
+  out += fmt::format(
+      "  \"framework\": {{\"stack\": {}, \"generation\": {}, \"checked_stack\": {}, "
+      "\"checked_runs\": {}, \"checked_median_error_pct\": {:.6g}, \"checked_p90_error_pct\": "
+      "{:.6g}}},\n  \"candidates\": [",
+      JsonString(r.framework), JsonString(r.generation), JsonString(r.checked_stack),
+      r.checked_runs, r.checked_median_pct, r.checked_p90_pct);
   for (size_t i = 0; i < r.best.size(); ++i) {
     const SearchCandidate& c = r.best[i];
     out += i ? ",\n    {" : "\n    {";

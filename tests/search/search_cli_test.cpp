@@ -125,6 +125,11 @@ TEST_CASE(
   CHECK(r.out.find("MFU") != std::string::npos);
   CHECK(CountRows(r.out) == 10);  // --top defaults to 10
   CHECK(r.out.find("GiB") != std::string::npos);
+  // The profile that priced the candidates, and the error it has shown on published runs (or
+  // that it has none).
+  CHECK(r.out.find("priced as framework ") != std::string::npos);
+  CHECK((r.out.find("median error") != std::string::npos ||
+         r.out.find("unchecked") != std::string::npos));
 }
 
 TEST_CASE("--top K limits the table to K candidates") {
@@ -151,6 +156,10 @@ TEST_CASE("--format=json: every candidate's settings, peak memory, step time and
   REQUIRE(root);
   CHECK(Int(root, "version") == 1);
   CHECK(root->getString("plan") == llvm::StringRef("small_search"));
+  const llvm::json::Object* framework = root->getObject("framework");
+  REQUIRE(framework);
+  CHECK(static_cast<bool>(framework->getString("stack")));
+  CHECK(static_cast<bool>(framework->getInteger("checked_runs")));
   const int64_t enumerated = Int(root, "enumerated");
   const int64_t duplicates = Int(root, "duplicates");
   const int64_t fitting = Int(root, "fitting");
