@@ -1210,21 +1210,21 @@ void PrintRepeats(const std::vector<Case>& cases) {
               100 * spreads.back());
 }
 
-// The accuracy each profile ships (FrameworkProfile::checked_*, which `planc explain` prints)
+// The accuracy each profile ships (FrameworkProfile::checked, which `planc explain` prints)
 // against the leave-one-source-out errors of its runs here: a line for each that differs.
 void CheckShippedAccuracy(const std::map<std::string, std::pair<const Case*, Stats>>& loso) {
   for (const auto& [key, entry] : loso) {
     const auto& [c, st] = entry;
     const FrameworkProfile& p = ProfileFor(c->stack, c->plan.cluster.gpu);
     const double median = std::round(1000 * st.median) / 10, p90 = std::round(1000 * st.p90) / 10;
-    if (p.checked_runs == static_cast<int>(st.n) &&
-        std::fabs(p.checked_median_pct - median) < 0.05 &&
-        std::fabs(p.checked_p90_pct - p90) < 0.05)
+    if (p.checked.runs == static_cast<int>(st.n) &&
+        std::fabs(p.checked.median_pct - median) < 0.05 &&
+        std::fabs(p.checked.p90_pct - p90) < 0.05)
       continue;
     std::printf(
         "  shipped accuracy of %s is stale: cost_framework.cpp says %d runs, median %.1f%%, p90 "
         "%.1f%%; here %zu runs, median %.1f%%, p90 %.1f%%\n",
-        key.c_str(), p.checked_runs, p.checked_median_pct, p.checked_p90_pct, st.n, median, p90);
+        key.c_str(), p.checked.runs, p.checked.median_pct, p.checked.p90_pct, st.n, median, p90);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "compiler/analyze/cost_framework.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace paraplan {
 namespace {
@@ -26,10 +27,7 @@ FrameworkProfile MegatronLm2021Ampere() {
   p.step_overhead_s = 0.05;
   p.collective_latency_s = 10e-6;
   p.p2p_latency_s = 1.5e-3;
-  p.checked_stack = p.stack;
-  p.checked_runs = 25;
-  p.checked_median_pct = 4.8;
-  p.checked_p90_pct = 7.6;
+  p.checked = {p.stack, 25, 4.8, 7.6};  // bench/calibration, "per profile"
   return p;
 }
 
@@ -55,10 +53,7 @@ FrameworkProfile DeepSpeedAmpere() {
   p.step_overhead_s = 0.1;
   p.collective_latency_s = 400e-6;  // per gather: launch and pre-launch (issue #1069)
   p.p2p_latency_s = 1.5e-3;
-  p.checked_stack = p.stack;
-  p.checked_runs = 3;
-  p.checked_median_pct = 11.3;
-  p.checked_p90_pct = 34.0;
+  p.checked = {p.stack, 3, 11.3, 34.0};  // bench/calibration, "per profile"
   return p;
 }
 
@@ -90,15 +85,12 @@ FrameworkProfile MegatronCoreHopper() {
       "Megatron-LM README H100 weak scaling, NeMo 24.07, NeMo long context, Megatron-Bridge "
       "(H100)";
   p.tp_overlap = 0.8;
-  p.ep_overlap = 0;                 // fit (2 MoE rows)
-  p.moe_layer_overhead_s = 1.5e-3;  // fit (2 MoE rows)
-  p.compute_scale = 0.95;           // fit (19 rows)
-  p.attention_scale = 0.28 / 0.35;  // fit: 0.28 of peak (Transformer Engine's cuDNN kernels)
-  p.fp8_gemm_speedup = 1.9;         // fit
-  p.checked_stack = p.stack;
-  p.checked_runs = 19;
-  p.checked_median_pct = 6.4;
-  p.checked_p90_pct = 21.1;
+  p.ep_overlap = 0;                      // fit (2 MoE rows)
+  p.moe_layer_overhead_s = 1.5e-3;       // fit (2 MoE rows)
+  p.compute_scale = 0.95;                // fit (19 rows)
+  p.attention_scale = 0.28 / 0.35;       // fit: 0.28 of peak (Transformer Engine's cuDNN kernels)
+  p.fp8_gemm_speedup = 1.9;              // fit
+  p.checked = {p.stack, 19, 6.4, 21.1};  // bench/calibration, "per profile"
   return p;
 }
 
@@ -136,10 +128,7 @@ FrameworkProfile TorchtitanHopper() {
   // seven torchtitan rows with a measured peak (calibration_runs.json, Tables 1-6): at 5% the
   // model was low on all seven (median -5.5%); at 10% the median is -0.7%, all within 10%.
   p.allocator_margin_percent = 10;
-  p.checked_stack = p.stack;
-  p.checked_runs = 10;
-  p.checked_median_pct = 9.0;
-  p.checked_p90_pct = 30.0;
+  p.checked = {p.stack, 10, 9.0, 30.0};  // bench/calibration, "per profile"
   return p;
 }
 
@@ -158,15 +147,12 @@ FrameworkProfile LlmFoundryAmpere() {
   p.shard_prefetch = 0.9;
   p.collective_latency_s = 50e-6;
   p.attention_documented = true;
-  p.attention_scale = 1 / 1.8;  // FlashAttention-1 generation vs FlashAttention-2
-  p.shard_comm_scale = 1.5;     // fit (40 rows)
-  p.shard_interference = 0.2;   // fit
-  p.compute_scale = 1.0;        // fit
-  p.layer_overhead_s = 2e-3;    // fit
-  p.checked_stack = p.stack;
-  p.checked_runs = 40;
-  p.checked_median_pct = 6.7;
-  p.checked_p90_pct = 13.3;
+  p.attention_scale = 1 / 1.8;           // FlashAttention-1 generation vs FlashAttention-2
+  p.shard_comm_scale = 1.5;              // fit (40 rows)
+  p.shard_interference = 0.2;            // fit
+  p.compute_scale = 1.0;                 // fit
+  p.layer_overhead_s = 2e-3;             // fit
+  p.checked = {p.stack, 40, 6.7, 13.3};  // bench/calibration, "per profile"
   return p;
 }
 
@@ -177,16 +163,13 @@ FrameworkProfile LlmFoundryHopper() {
   FrameworkProfile p = LlmFoundryAmpere();
   p.generation = "hopper";
   p.provenance = "llm-foundry MPT benchmark tables (H100-SXM5-80GB, bf16 and fp8)";
-  p.attention_scale = 1 / 1.8;  // of peak 0.35 / 1.8 = 0.19
-  p.shard_comm_scale = 2.0;     // fit (27 rows)
-  p.shard_interference = 0.2;   // fit
-  p.compute_scale = 0.95;       // fit
-  p.layer_overhead_s = 0;       // fit
-  p.fp8_gemm_speedup = 1.4;     // fit
-  p.checked_stack = p.stack;
-  p.checked_runs = 27;
-  p.checked_median_pct = 3.6;
-  p.checked_p90_pct = 16.0;
+  p.attention_scale = 1 / 1.8;           // of peak 0.35 / 1.8 = 0.19
+  p.shard_comm_scale = 2.0;              // fit (27 rows)
+  p.shard_interference = 0.2;            // fit
+  p.compute_scale = 0.95;                // fit
+  p.layer_overhead_s = 0;                // fit
+  p.fp8_gemm_speedup = 1.4;              // fit
+  p.checked = {p.stack, 27, 3.6, 16.0};  // bench/calibration, "per profile"
   return p;
 }
 
@@ -212,6 +195,27 @@ std::vector<FrameworkProfile>& Profiles() {
 }
 
 }  // namespace
+
+std::string DescribeCheck(const ProfileCheck& check) {
+  if (check.runs <= 0) return "unchecked: no published runs of this stack on this GPU generation";
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "checked on %d published %.*s runs (each with its source left out of the fit): "
+                "median error %.1f%%, p90 %.1f%%",
+                check.runs, static_cast<int>(check.stack.size()), check.stack.data(),
+                check.median_pct, check.p90_pct);
+  return buf;
+}
+
+std::string CheckJsonMembers(const ProfileCheck& check) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "\"checked_stack\":\"%.*s\",\"checked_runs\":%d,\"checked_median_error_pct\":%.6g,"
+                "\"checked_p90_error_pct\":%.6g",
+                static_cast<int>(check.stack.size()), check.stack.data(), check.runs,
+                check.median_pct, check.p90_pct);
+  return buf;
+}
 
 const std::vector<std::string_view>& FrameworkStacks() {
   static const std::vector<std::string_view> kStacks = {

@@ -13,6 +13,7 @@
 #define PARAPLAN_COMPILER_ANALYZE_COST_FRAMEWORK_H_
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -38,6 +39,23 @@ enum class CpStyle : uint8_t {
                        // default): the all-gather of every K/V shard is issued before the local
                        // block and waited on after it, so only that 1/cp of the core hides it
 };
+
+// How close a profile came to the published runs it prices, each run predicted with its source
+// left out of the fit (bench/calibration, `paraplan_calibrate`, "per profile"): the stack whose
+// runs they are, their number, and the median and 90th percentile |error| in percent. No runs:
+// the profile's numbers are unmeasured.
+struct ProfileCheck {
+  std::string_view stack;
+  int runs = 0;
+  double median_pct = 0, p90_pct = 0;
+};
+
+// "checked on N published S runs (each with its source left out of the fit): median error M%,
+// p90 P%", or "unchecked: ..." when there are none; no newline.
+std::string DescribeCheck(const ProfileCheck& check);
+// The check as JSON members: "checked_stack", "checked_runs", "checked_median_error_pct",
+// "checked_p90_error_pct" (no braces).
+std::string CheckJsonMembers(const ProfileCheck& check);
 
 struct FrameworkProfile {
   std::string_view stack;       // "megatron_core", ...
@@ -96,13 +114,8 @@ struct FrameworkProfile {
   double collective_latency_s = 30e-6;  // per collective launch (ZeRO-3 per-layer traffic)
   double p2p_latency_s = 20e-6;         // per pipeline exchange (synchronisation included)
 
-  // How close the profile came to the published runs it prices, each run predicted with its
-  // source left out of the fit (bench/calibration, `paraplan_calibrate`, "per profile"): the
-  // stack whose runs they are, their number, and the median and 90th percentile |error| in
-  // percent. No runs: the profile's numbers are unmeasured.
-  std::string_view checked_stack;
-  int checked_runs = 0;
-  double checked_median_pct = 0, checked_p90_pct = 0;
+  // How close the profile came to the published runs it prices (ProfileCheck).
+  ProfileCheck checked;
 };
 
 // The stacks a plan can name, in a stable order.

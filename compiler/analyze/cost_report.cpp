@@ -49,12 +49,8 @@ std::string TimeJson(const TimeEstimate& t) {
       t.dp_exposed_s, t.optimizer_s, t.overhead_s);
   // The profile that priced the plan, and how close it came to the published runs it prices
   // (each predicted with its source left out of the fit; bench/calibration).
-  out += fmt::format(
-      "\"framework\":{{\"stack\":\"{}\",\"generation\":\"{}\",\"checked_stack\":\"{}\","
-      "\"checked_runs\":{},\"checked_median_error_pct\":{:.6g},\"checked_p90_error_pct\":{:.6g}}},"
-      "\"stages\":[",
-      t.framework, t.generation, t.checked_stack, t.checked_runs, t.checked_median_pct,
-      t.checked_p90_pct);
+  out += fmt::format("\"framework\":{{\"stack\":\"{}\",\"generation\":\"{}\",{}}},\"stages\":[",
+                     t.framework, t.generation, CheckJsonMembers(t.checked));
   for (size_t i = 0; i < t.stages.size(); ++i) {
     const StageTime& s = t.stages[i];
     out += fmt::format(

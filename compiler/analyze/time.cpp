@@ -718,10 +718,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   }
   est.framework = prof.stack;
   est.generation = prof.generation;
-  est.checked_stack = prof.checked_stack;
-  est.checked_runs = prof.checked_runs;
-  est.checked_median_pct = prof.checked_median_pct;
-  est.checked_p90_pct = prof.checked_p90_pct;
+  est.checked = prof.checked;
   const Context cx{plan,
                    options,
                    prof,
@@ -745,7 +742,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
 std::string PrintTime(const TimeEstimate& e) {
   if (!e.valid) return "time: not estimated\n";
   std::string out;
-  char buf[300];
+  char buf[200];
   std::snprintf(buf, sizeof buf,
                 "step %.3f s = compute %.3f + communication %.3f + bubble %.3f + dp sync %.3f + "
                 "optimizer %.3f + overhead %.3f (critical stage %lld, %lld microbatches)\n",
@@ -759,17 +756,7 @@ std::string PrintTime(const TimeEstimate& e) {
   if (!e.framework.empty()) {
     out += "priced as framework " + std::string(e.framework);
     if (!e.generation.empty()) out += " on " + std::string(e.generation);
-    out += "\n";
-    if (e.checked_runs > 0) {
-      std::snprintf(buf, sizeof buf,
-                    "checked on %d published %s runs (each with its source left out of the fit): "
-                    "median error %.1f%%, p90 %.1f%%\n",
-                    e.checked_runs, std::string(e.checked_stack).c_str(), e.checked_median_pct,
-                    e.checked_p90_pct);
-      out += buf;
-    } else {
-      out += "unchecked: no published runs of this stack on this GPU generation\n";
-    }
+    out += "\n" + DescribeCheck(e.checked) + "\n";
   }
   return out;
 }

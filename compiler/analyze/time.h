@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "compiler/analyze/cost_framework.h"
 #include "compiler/analyze/cost_params.h"
 #include "compiler/plan/plan.h"
 
@@ -76,10 +77,9 @@ struct TimeEstimate {
   double model_flops_per_step = 0;
   double mfu = 0;  // model FLOPs / (step · world · peak)
   // The framework profile that priced it (cost_framework.h): stack and GPU generation, and how
-  // close it came to the published runs of `checked_stack` (none when checked_runs is 0).
-  std::string_view framework, generation, checked_stack;
-  int checked_runs = 0;
-  double checked_median_pct = 0, checked_p90_pct = 0;
+  // close it came to the published runs of its stack.
+  std::string_view framework, generation;
+  ProfileCheck checked;
 };
 
 TimeEstimate EstimateTime(const Plan& plan, const CostOptions& options = {});

@@ -605,10 +605,10 @@ TEST_CASE("the report says how close the pricing profile came to the published r
   const TimeEstimate hopper = EstimateTime(plan);
   REQUIRE(hopper.valid);
   const FrameworkProfile& prof = ProfileFor("megatron_core", plan.cluster.gpu);
-  REQUIRE(prof.checked_runs > 0);
-  CHECK(hopper.checked_runs == prof.checked_runs);
+  REQUIRE(prof.checked.runs > 0);
+  CHECK(hopper.checked.runs == prof.checked.runs);
   const std::string text = PrintTime(hopper);
-  CHECK(text.find("checked on " + std::to_string(prof.checked_runs) +
+  CHECK(text.find("checked on " + std::to_string(prof.checked.runs) +
                   " published megatron_core runs") != std::string::npos);
   // planrun (`paraplan`) is priced as Megatron-Core: its runs are Megatron-Core's.
   plan.framework = Framework::kParaplan;

@@ -210,10 +210,7 @@ SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
                            : ProfileFor(FrameworkOf(base, options.cost), base.cluster.gpu);
   result.framework = prof.stack;
   result.generation = prof.generation;
-  result.checked_stack = prof.checked_stack;
-  result.checked_runs = prof.checked_runs;
-  result.checked_median_pct = prof.checked_median_pct;
-  result.checked_p90_pct = prof.checked_p90_pct;
+  result.checked = prof.checked;
   int64_t size = 1;  // saturates at INT64_MAX
   for (const SearchAxis& a : axes) {
     const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(a.values.size()));
@@ -298,14 +295,8 @@ std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axe
                        c.tokens_per_s_per_gpu, 100 * c.mfu);
   }
   if (r.framework.empty()) return out;
-  out += fmt::format("priced as framework {} on {}", r.framework, r.generation);
-  if (r.checked_runs > 0)
-    out += fmt::format(
-        "; checked on {} published {} runs (each with its source left out of the fit): median "
-        "error {:.1f}%, p90 {:.1f}%\n",
-        r.checked_runs, r.checked_stack, r.checked_median_pct, r.checked_p90_pct);
-  else
-    out += "; unchecked: no published runs of this stack on this GPU generation\n";
+  out += fmt::format("priced as framework {} on {}; {}\n", r.framework, r.generation,
+                     DescribeCheck(r.checked));
   return out;
 }
 
@@ -328,11 +319,8 @@ std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axe
       r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory,
       r.rejected_verify, r.fitting, seconds);
   out += fmt::format(
-      "  \"framework\": {{\"stack\": {}, \"generation\": {}, \"checked_stack\": {}, "
-      "\"checked_runs\": {}, \"checked_median_error_pct\": {:.6g}, \"checked_p90_error_pct\": "
-      "{:.6g}}},\n  \"candidates\": [",
-      JsonString(r.framework), JsonString(r.generation), JsonString(r.checked_stack),
-      r.checked_runs, r.checked_median_pct, r.checked_p90_pct);
+      "  \"framework\": {{\"stack\": {}, \"generation\": {}, {}}},\n  \"candidates\": [",
+      JsonString(r.framework), JsonString(r.generation), CheckJsonMembers(r.checked));
   for (size_t i = 0; i < r.best.size(); ++i) {
     const SearchCandidate& c = r.best[i];
     out += i ? ",\n    {" : "\n    {";

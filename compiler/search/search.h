@@ -72,10 +72,9 @@ struct SearchResult {
   int64_t smallest_rejected_peak = 0;  // the least memory among memory-rejected candidates
   std::vector<SearchCandidate> best;   // fastest first, at most `top`
   // The framework profile the candidates were priced with: its stack and GPU generation, and how
-  // close it came to the published runs of `checked_stack` (FrameworkProfile::checked_*).
-  std::string_view framework, generation, checked_stack;
-  int checked_runs = 0;
-  double checked_median_pct = 0, checked_p90_pct = 0;
+  // close it came to the published runs of its stack.
+  std::string_view framework, generation;
+  ProfileCheck checked;
 };
 
 SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,

@@ -242,7 +242,7 @@ TEST_CASE("the accuracy each profile ships is the one its runs give with their s
     return;
   }
   REQUIRE(cal.out.find("per profile:") != std::string::npos);
-  // planc explain prints FrameworkProfile::checked_*; paraplan_calibrate says when they differ.
+  // planc explain prints FrameworkProfile::checked; paraplan_calibrate says when it differs.
   CHECK_MESSAGE(cal.out.find("is stale") == std::string::npos, cal.out);
 }
 
