@@ -117,9 +117,8 @@ bool CheckOffloadWithoutZero(RuleContext& ctx) {
 // than drop what was probably meant as FP8 training.
 bool CheckFp8RecipeWithoutFp8(RuleContext& ctx) {
   const Plan& p = ctx.plan();
-  const MixedPrecisionSpec mp = EffectiveMixedPrecision(p);
-  if (p.precision == Precision::kFp8 || mp.fp8 == Fp8Recipe::kNone) return false;
-  const std::string recipe(ToString(mp.fp8));
+  if (!IdleFp8Recipe(p)) return false;
+  const std::string recipe(ToString(EffectiveMixedPrecision(p).fp8));
   RuleDiag d(ctx, DiagKind::kFp8RecipeWithoutFp8,
              "`mixed_precision.fp8 = " + recipe + "` with `precision = " +
                  std::string(ToString(p.precision)) + "`: the recipe has no effect without FP8");

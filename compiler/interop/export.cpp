@@ -397,7 +397,7 @@ void MegatronPrecisionArgs(Exporter& ex, MegatronFlags& add) {
                                                            : "mxfp8";
     add("--fp8-recipe", recipe);
   }
-  if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
+  if (IdleFp8Recipe(p)) {
     ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "Megatron-LM turns FP8 on with --fp8-format", "set precision = fp8");
   }
@@ -771,7 +771,7 @@ void NemoCheckLimits(Exporter& ex) {
               "Megatron-Core's sigmoid router always renormalises its top-k weights",
               "set `model.router_topk_norm = true`");
   }
-  if (p.precision != Precision::kFp8 && mp.fp8 != Fp8Recipe::kNone) {
+  if (IdleFp8Recipe(p)) {
     ex.Cannot(fields::kMixedPrecisionFp8, "an FP8 recipe without FP8",
               "NeMo turns FP8 on with model.fp8", "set precision = fp8");
   }

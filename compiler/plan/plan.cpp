@@ -781,6 +781,10 @@ bool UsesFp8(const Plan& plan) {
   return plan.precision == Precision::kFp8 && EffectiveMixedPrecision(plan).fp8 != Fp8Recipe::kNone;
 }
 
+bool IdleFp8Recipe(const Plan& plan) {
+  return plan.precision != Precision::kFp8 && EffectiveMixedPrecision(plan).fp8 != Fp8Recipe::kNone;
+}
+
 bool IsMoeLayer(const ModelSpec& m, int64_t index) {
   if (!m.IsMoe() || index < m.dense_layers) return false;
   return (index - m.dense_layers) % std::max<int64_t>(1, m.moe_layer_freq) == 0;

@@ -394,6 +394,8 @@ int64_t ShardGroup(const Plan& plan);
 // another precision has no effect (P0517), as in Megatron-LM, NeMo and torchtitan, where FP8
 // is its own switch and the recipe only says how it scales.
 bool UsesFp8(const Plan& plan);
+// A recipe other than none under a precision other than fp8: written, and without effect.
+bool IdleFp8Recipe(const Plan& plan);
 // Layer i (0-based) of the model is an MoE layer (dense_layers and moe_layer_freq).
 bool IsMoeLayer(const ModelSpec& model, int64_t index);
 // The routed pairs each expert keeps from `rows` rows with top-k routing over `experts` experts
