@@ -260,12 +260,16 @@ std::string_view FrameworkOf(const Plan& plan, const CostOptions& options, bool*
   return "paraplan";
 }
 
+const FrameworkProfile& PricingProfile(const Plan& plan, const CostOptions& options) {
+  return options.profile ? *options.profile
+                         : ProfileFor(FrameworkOf(plan, options), plan.cluster.gpu);
+}
+
 CostOptions OptionsForFramework(const Plan& plan, const CostOptions& options) {
   bool named = false;
-  const std::string_view stack = FrameworkOf(plan, options, &named);
+  FrameworkOf(plan, options, &named);
   if (!named && !options.profile) return options;
-  const FrameworkProfile& p =
-      options.profile ? *options.profile : ProfileFor(stack, plan.cluster.gpu);
+  const FrameworkProfile& p = PricingProfile(plan, options);
   CostOptions o = options;
   o.flash_attention = p.flash_attention;
   o.dropout = p.dropout;

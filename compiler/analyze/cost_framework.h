@@ -135,6 +135,10 @@ const std::vector<FrameworkProfile>& AllProfiles();
 // the flags it is given, which default to the same behaviour).
 std::string_view FrameworkOf(const Plan& plan, const CostOptions& options, bool* named = nullptr);
 
+// The profile that prices the plan: CostOptions::profile when set, else the profile of
+// FrameworkOf on the plan's GPU.
+const FrameworkProfile& PricingProfile(const Plan& plan, const CostOptions& options);
+
 // `options` with the software flags (fused attention, dropout, DP overlap, MoE imbalance) and
 // the allocator margin of the plan's framework when one is named; `options` unchanged otherwise.
 CostOptions OptionsForFramework(const Plan& plan, const CostOptions& options);

@@ -703,8 +703,7 @@ TimeEstimate EstimateTime(const Plan& plan, const CostOptions& given, const Memo
   if (!StageChunks(plan, chunks)) return est;
   const double peak = PeakFlops(plan);
   if (peak <= 0 || plan.cluster.gpu.hbm_bandwidth <= 0) return est;
-  const FrameworkProfile& prof =
-      options.profile ? *options.profile : ProfileFor(FrameworkOf(plan, options), plan.cluster.gpu);
+  const FrameworkProfile& prof = PricingProfile(plan, options);
   const GpuEfficiency eff = ProfiledEfficiency(plan, options, prof);
   // Linear GEMMs: the 16-bit peak (fp32: TF32), times the stack's FP8 speedup under fp8; the
   // attention core stays in bf16 (Transformer Engine, torchao and llm-foundry FP8 recipes).

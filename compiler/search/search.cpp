@@ -205,9 +205,7 @@ SearchCandidate Describe(const Plan& base, const std::vector<SearchAxis>& axes,
 SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
                        const SearchOptions& options) {
   SearchResult result;
-  const FrameworkProfile& prof =
-      options.cost.profile ? *options.cost.profile
-                           : ProfileFor(FrameworkOf(base, options.cost), base.cluster.gpu);
+  const FrameworkProfile& prof = PricingProfile(base, options.cost);
   result.framework = prof.stack;
   result.generation = prof.generation;
   result.checked = prof.checked;
