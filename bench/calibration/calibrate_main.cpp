@@ -906,11 +906,12 @@ std::optional<int> ReadRuns(const std::string& path, std::vector<Case>& cases) {
   return std::nullopt;
 }
 
-// The Hopper set's GEMM half-size (cost_params.cpp), fit without `left` (empty: on every run):
-// for each candidate, every Hopper profile with three or more runs from the other sources is fit
-// on them, and the candidate with the least summed |log error| over those runs is kept. 0 when
-// no Hopper profile has the runs.
-double FitHopperHalf(const ProfileCases& by_profile, const std::string& left) {
+// The Hopper set (cost_params.cpp) with its GEMM half-size fit without `left` (empty: on every
+// run): for each candidate, every Hopper profile with three or more runs from the other sources
+// is fit on them, and the candidate with the least summed |log error| over those runs is kept.
+// None when no Hopper profile has the runs.
+std::optional<GpuEfficiency> RefitHopperSet(const ProfileCases& by_profile,
+                                            const std::string& left) {
   std::vector<std::pair<std::string, std::vector<Case*>>> hopper;
   for (const auto& [key, list] : by_profile) {
     if (key.substr(key.find('/') + 1) != "hopper") continue;
@@ -919,7 +920,7 @@ double FitHopperHalf(const ProfileCases& by_profile, const std::string& left) {
       if (c->source != left) train.push_back(c);
     if (train.size() >= 3) hopper.emplace_back(key, train);
   }
-  if (hopper.empty()) return 0;
+  if (hopper.empty()) return std::nullopt;
   GpuEfficiency set = EfficiencyFor(hopper.front().second.front()->plan.cluster.gpu);
   double best_half = set.gemm_half_flops, best = -1;
   for (double half : {4e9, 1e10, 2e10, 3e10, 5e10}) {
@@ -933,7 +934,8 @@ double FitHopperHalf(const ProfileCases& by_profile, const std::string& left) {
     }
     if (best < 0 || sum < best - 1e-12) best = sum, best_half = half;
   }
-  return best_half;
+  set.gemm_half_flops = best_half;
+  return set;
 }
 
 // --fit: each profile fitted on all of its runs.
@@ -952,9 +954,9 @@ void PrintInSampleFit(const ProfileCases& by_profile) {
         f.ep_overlap, 1e3 * f.moe_layer_overhead_s, Loss(list, &base, f),
         Loss(list, &base, Fitted::Of(base)));
   }
-  if (const double half = FitHopperHalf(by_profile, ""); half > 0) {
+  if (const std::optional<GpuEfficiency> set = RefitHopperSet(by_profile, "")) {
     const GpuEfficiency& shipped = EfficiencyFor(GpuSpec{.name = "h100"});
-    std::printf("  hopper set: GEMM half-size %.0e FLOP (shipped %.0e)\n", half,
+    std::printf("  hopper set: GEMM half-size %.0e FLOP (shipped %.0e)\n", set->gemm_half_flops,
                 shipped.gemm_half_flops);
   }
 }
@@ -1038,16 +1040,7 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
     for (const Case& c : cases)
       hopper_left |=
           c.Scored() && c.source == left && EfficiencyFor(c.plan.cluster.gpu).name == "hopper";
-    if (hopper_left) {
-      if (const double half = FitHopperHalf(by_profile, left); half > 0) {
-        for (const Case& c : cases)
-          if (EfficiencyFor(c.plan.cluster.gpu).name == "hopper") {
-            hopper_set = EfficiencyFor(c.plan.cluster.gpu);
-            break;
-          }
-        hopper_set->gemm_half_flops = half;
-      }
-    }
+    if (hopper_left) hopper_set = RefitHopperSet(by_profile, left);
     for (Case& c : cases) {
       const std::string_view gen = EfficiencyFor(c.plan.cluster.gpu).name;
       c.options.efficiency = ampere_set && gen == "ampere"   ? &*ampere_set

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,6 +25,18 @@ std::string Dir() {
 }
 
 Result Run(const std::string& command) { return paraplan::testing::RunCommand(command, Dir()); }
+
+// paraplan_calibrate with `args` on the shared calibration runs; none, with a message, when they
+// are not beside the repository (then there is nothing to compare).
+std::optional<Result> RunOnSharedRuns(const std::string& args) {
+  Result r = Run(PARAPLAN_CALIBRATE + args);
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  if (r.out.empty()) {
+    MESSAGE("no shared calibration runs beside the repository: " << r.err);
+    return std::nullopt;
+  }
+  return r;
+}
 
 // Tokens/s per GPU from planc explain's "throughput X tokens/s per GPU" line; -1 when absent.
 double ExplainThroughput(const std::string& out) {
@@ -53,12 +66,8 @@ double CalibratePrediction(const std::string& csv, const std::string& id) {
 
 TEST_CASE(
     "planc explain on a plan written for a calibration row gives paraplan_calibrate's number") {
-  const Result cal = Run(PARAPLAN_CALIBRATE " --csv");
-  REQUIRE_MESSAGE(cal.status == 0, cal.err);
-  if (cal.out.empty()) {
-    MESSAGE("no shared calibration runs beside the repository: " << cal.err);
-    return;
-  }
+  const std::optional<Result> cal = RunOnSharedRuns(" --csv");
+  if (!cal) return;
   const std::string root = PARAPLAN_SOURCE_DIR "/tests/calibration/plans/";
   const std::pair<const char*, const char*> rows[] = {
       {"korthikanti22_t5_22b_sp_selective.plan", "korthikanti22-t5-22b-sp-selective"},
@@ -75,7 +84,7 @@ TEST_CASE(
     const Result explain = Run(std::string(PARAPLAN_PLANC) + " explain " + root + file);
     REQUIRE_MESSAGE(explain.status == 0, explain.err);
     const double planc = ExplainThroughput(explain.out);
-    const double calibrate = CalibratePrediction(cal.out, id);
+    const double calibrate = CalibratePrediction(cal->out, id);
     REQUIRE(planc > 0);
     REQUIRE(calibrate > 0);
     CHECK(std::fabs(planc / calibrate - 1) < 1e-3);
@@ -127,13 +136,9 @@ std::string RunJson(const std::string& id, const std::string& gpu, int gpus, int
 }
 
 TEST_CASE("every run of the calibration file trained, and the memory model fits every one") {
-  const Result cal = Run(PARAPLAN_CALIBRATE " --csv");
-  REQUIRE_MESSAGE(cal.status == 0, cal.err);
-  if (cal.out.empty()) {
-    MESSAGE("no shared calibration runs beside the repository: " << cal.err);
-    return;
-  }
-  const auto rows = CsvRows(cal.out);
+  const std::optional<Result> cal = RunOnSharedRuns(" --csv");
+  if (!cal) return;
+  const auto rows = CsvRows(cal->out);
   CHECK(rows.size() > 100);
   for (const auto& row : rows) {
     INFO(row.first);
@@ -217,16 +222,12 @@ TEST_CASE("a run the model cannot read is reported and left unscored; the others
 }
 
 TEST_CASE("the Hopper set's GEMM half-size is the one the H100 runs of all stacks fit") {
-  const Result fit = Run(PARAPLAN_CALIBRATE " --fit");
-  REQUIRE_MESSAGE(fit.status == 0, fit.err);
-  if (fit.out.empty()) {
-    MESSAGE("no shared calibration runs beside the repository: " << fit.err);
-    return;
-  }
-  const size_t at = fit.out.find("hopper set: GEMM half-size ");
-  REQUIRE_MESSAGE(at != std::string::npos, fit.out);
+  const std::optional<Result> fit = RunOnSharedRuns(" --fit");
+  if (!fit) return;
+  const size_t at = fit->out.find("hopper set: GEMM half-size ");
+  REQUIRE_MESSAGE(at != std::string::npos, fit->out);
   double fitted = 0, shipped = 0;
-  REQUIRE(std::sscanf(fit.out.c_str() + at, "hopper set: GEMM half-size %lf FLOP (shipped %lf)",
+  REQUIRE(std::sscanf(fit->out.c_str() + at, "hopper set: GEMM half-size %lf FLOP (shipped %lf)",
                       &fitted, &shipped) == 2);
   CHECK(fitted == doctest::Approx(shipped));
   // Half a wave of 128 x 256 output tiles over 132 SMs, for contraction sizes 4096 to 8192.
@@ -235,15 +236,11 @@ TEST_CASE("the Hopper set's GEMM half-size is the one the H100 runs of all stack
 }
 
 TEST_CASE("the accuracy each profile ships is the one its runs give with their source left out") {
-  const Result cal = Run(PARAPLAN_CALIBRATE);
-  REQUIRE_MESSAGE(cal.status == 0, cal.err);
-  if (cal.out.empty()) {
-    MESSAGE("no shared calibration runs beside the repository: " << cal.err);
-    return;
-  }
-  REQUIRE(cal.out.find("per profile:") != std::string::npos);
+  const std::optional<Result> cal = RunOnSharedRuns("");
+  if (!cal) return;
+  REQUIRE(cal->out.find("per profile:") != std::string::npos);
   // planc explain prints FrameworkProfile::checked; paraplan_calibrate says when it differs.
-  CHECK_MESSAGE(cal.out.find("is stale") == std::string::npos, cal.out);
+  CHECK_MESSAGE(cal->out.find("is stale") == std::string::npos, cal->out);
 }
 
 TEST_CASE("pairs in measured order, and one layout measured twice, are reported") {
