@@ -83,6 +83,11 @@ struct FrameworkProfile {
   // attention_scale comes from the published rates of the stack's attention kernel (not fitted;
   // the calibration fit leaves it as it is).
   bool attention_documented = false;
+  // Head size at which the stack's attention kernel runs at half its large-head rate (0: every
+  // head size alike). 32 puts head 64 at 0.83 of head 128: FlashAttention-2 runs head 64 at
+  // 0.88 of head 128, FlashAttention-3 at 0.77 and cuDNN at 0.69 (Shah et al. 2024, Fig. 5,
+  // H100 forward at 16K). Triton's FlashAttention runs both alike (403 and 395 TFLOP/s there).
+  double attention_head_knee = 32;
 
   // Memory: what the stack's allocator reserves beyond the bytes the model lists, percent of
   // them (CostOptions::allocator_margin_percent; planrun's static arena has none).

@@ -17,7 +17,9 @@ constexpr GpuEfficiency kAmpere = {
     /*gemm_max_fraction=*/0.80,
     /*gemm_half_flops=*/2.0e9,
     // Not fit (the calibration rows predate fused attention): FlashAttention-2 reaches 50-73% of
-    // the A100's peak forward and less backward (Dao 2023).
+    // the A100's peak forward and less backward (Dao 2023). Like every attention rate here, it
+    // counts the backward as 2.5x the forward's FLOPs, as FlashAttention's benchmarks do
+    // (LayerCost::backward_extra_s).
     /*attention_fraction=*/0.55,
     /*hbm_fraction=*/0.85,
     /*elementwise_passes=*/2.0,
@@ -48,7 +50,8 @@ constexpr GpuEfficiency kAmpere = {
 //     (`paraplan_calibrate --fit` prints the fit, and leave-one-source-out refits it). A 4096^3
 //     GEMM runs at 0.57 of peak, an 8192^3 at 0.68.
 //   attention_fraction 0.35: FlashAttention-2 reaches about 35% of the H100 peak, forward and
-//     backward (Shah et al. 2024, Sec. 4): the kernel PyTorch's SDPA runs, and the rate the
+//     backward counted as 3.5x the forward's FLOPs (Shah et al. 2024, Sec. 4; its backward
+//     computes the scores again): the kernel PyTorch's SDPA runs, and the rate the
 //     other kernels are stated against (FlashAttention-1 at 1/1.8 of it, Dao 2023).
 //     FlashAttention-3 reaches 75% forward only, and its backward much less; a faster kernel
 //     is its stack's attention_scale above 1, fitted where the runs determine it.

@@ -24,23 +24,28 @@ double GemmSeconds(double flops, double peak, const GpuEfficiency& eff) {
 
 // Keys per fused-attention call at which the kernel reaches half its large-sequence rate
 // (FlashAttention-2/3 and cuDNN forward+backward rates grow with the key length up to ~8K:
-// Dao 2023 Fig. 4-7, Shah et al. 2024 Fig. 5), and the head size at which the rate is 80%
-// of the head-128 rate (head 64 runs at ~0.8 of head 128 in the same figures).
+// Dao 2023 Fig. 4-7, Shah et al. 2024 Fig. 5).
 constexpr double kAttentionHalfKeys = 384;
-constexpr double kAttentionHeadKnee = 32;
 
-// Fraction of the large-sequence fused-attention rate for calls over `keys` keys of head size d.
-double AttentionShape(double keys, double d) {
+// Fraction of the large-sequence fused-attention rate for calls over `keys` keys of head size
+// d, for a kernel whose rate at head size `knee` is half its rate at large heads
+// (FrameworkProfile::attention_head_knee; 0: the same rate at every head size), as a share of
+// the head-128 rate.
+double AttentionShape(double keys, double d, double knee) {
   const double seq = keys / (keys + kAttentionHalfKeys);
-  const double head = (d / (d + kAttentionHeadKnee)) / (128.0 / (128.0 + kAttentionHeadKnee));
+  const double head = knee > 0 ? (d / (d + knee)) / (128.0 / (128.0 + knee)) : 1.0;
   return seq * std::min(1.2, head);
 }
 
 // One layer's forward on one GPU for one microbatch.
 struct LayerCost {
-  double gemm_s = 0;          // forward GEMMs (backward = 2x)
-  double linear_s = 0;        // the linear-layer part of gemm_s (what TP overlap can hide behind)
-  double core_s = 0;          // the attention-core part of gemm_s
+  double gemm_s = 0;    // forward GEMMs (backward = 2x)
+  double linear_s = 0;  // the linear-layer part of gemm_s (what TP overlap can hide behind)
+  double core_s = 0;    // the attention-core part of gemm_s
+  // The backward's work beyond twice the forward's: a fused attention kernel's backward
+  // computes the scores again (five matrix products against the forward's two, 2.5x its
+  // FLOPs, FlashAttention's own count), where every other GEMM's backward is two of its size.
+  double backward_extra_s = 0;
   double memory_s = 0;        // forward memory-bound time (backward = 2x)
   double score_memory_s = 0;  // the attention-score part of memory_s
   double tp_s = 0;            // the backward pass's TP collectives (2 per layer)
@@ -140,8 +145,9 @@ void AddAttention(const Context& cx, const LayerDims& d, LayerCost& c) {
   if (cx.options.flash_attention) {
     // One fused kernel per layer (per ring step under CP: keys per call s / cp).
     const double keys = d.s / D(std::max<int64_t>(1, cx.plan.parallel.cp));
-    c.core_s =
-        total / (cx.peak_attention * cx.eff.attention_fraction * AttentionShape(keys, head_dim));
+    c.core_s = total / (cx.peak_attention * cx.eff.attention_fraction *
+                        AttentionShape(keys, head_dim, cx.prof.attention_head_knee));
+    c.backward_extra_s = 0.5 * c.core_s;
   } else {
     const double pieces = D(cx.plan.batch.micro) * heads_rank;  // batched per (sequence, head)
     c.core_s = pieces * GemmSeconds(total / pieces, cx.peak_attention, cx.eff);
@@ -400,7 +406,7 @@ void AddLayers(const Plan& plan, const LayerCost& lc, int64_t n, int64_t chunk_l
                StageTime& st) {
   const double nl = D(n);
   st.flops += nl * 3 * lc.flops;
-  st.gemm_s += nl * 3 * lc.gemm_s;
+  st.gemm_s += nl * (3 * lc.gemm_s + lc.backward_extra_s);
   st.memory_s += nl * 3 * lc.memory_s;
   double tp_recompute = 0;  // the share of the layers whose forward TP traffic runs again
   if (plan.recompute == Recompute::kFull) {

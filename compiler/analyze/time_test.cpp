@@ -328,6 +328,49 @@ TEST_CASE("fused attention runs at its own efficiency, below large GEMMs") {
   CHECK(EstimateTime(plan, fused).step_s < EstimateTime(plan).step_s);
 }
 
+TEST_CASE(
+    "a fused attention kernel's backward costs 2.5x its forward (the scores computed again), "
+    "the linear GEMMs' 2x") {
+  // Halving the attention rate adds the core's forward time once to the forward and 3.5 times
+  // to forward + backward; halving it again under full recompute adds it once more.
+  Plan plan = testing::MakePlan(testing::Gpt(8, 2048, 16, 16384), testing::DgxH100(1), 1, 1, 8, 1);
+  plan.framework = Framework::kMegatronCore;
+  FrameworkProfile fast = ProfileFor("megatron_core", plan.cluster.gpu);
+  FrameworkProfile slow = fast;
+  slow.attention_scale = fast.attention_scale / 2;
+  CostOptions of, os;
+  of.profile = &fast;
+  os.profile = &slow;
+  for (const Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    plan.recompute = r;
+    const TimeEstimate a = EstimateTime(plan, of), b = EstimateTime(plan, os);
+    REQUIRE(a.valid);
+    REQUIRE(b.valid);
+    const StageTime &sa = a.stages.front(), &sb = b.stages.front();
+    const double core_forward = sb.forward_s - sa.forward_s;
+    REQUIRE(core_forward > 0);
+    CHECK(sb.gemm_s - sa.gemm_s == doctest::Approx(3.5 * core_forward).epsilon(1e-6));
+    CHECK(sb.recompute_s - sa.recompute_s ==
+          doctest::Approx(r == Recompute::kFull ? core_forward : 0).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("head 64 runs below head 128 in the CUDA kernels, alike in llm-foundry's Triton kernel") {
+  // The same attention FLOPs and weights, heads of 128 or 64.
+  auto step = [](std::string_view stack, int64_t heads) {
+    Plan plan =
+        testing::MakePlan(testing::Gpt(8, 2048, heads, 16384), testing::DgxA100(1), 1, 1, 8, 1);
+    plan.framework = stack == "llm_foundry" ? Framework::kLlmFoundry : Framework::kMegatronCore;
+    const TimeEstimate t = EstimateTime(plan);
+    REQUIRE(t.valid);
+    return t.step_s;
+  };
+  CHECK(ProfileFor("llm_foundry", testing::DgxA100(1).gpu).attention_head_knee == 0);
+  // (The per-head softmax statistics differ by a few bytes.)
+  CHECK(step("llm_foundry", 32) == doctest::Approx(step("llm_foundry", 16)).epsilon(1e-3));
+  CHECK(step("megatron_core", 32) > 1.05 * step("megatron_core", 16));
+}
+
 TEST_CASE("recompute costs time: full > selective > none") {
   Plan plan = Llama(8, 8, 4);
   plan.recompute = Recompute::kNone;
