@@ -19,7 +19,7 @@ constexpr GpuEfficiency kAmpere = {
     // Not fit (the calibration rows predate fused attention): FlashAttention-2 reaches 50-73% of
     // the A100's peak forward and less backward (Dao 2023). Like every attention rate here, it
     // counts the backward as 2.5x the forward's FLOPs, as FlashAttention's benchmarks do
-    // (LayerCost::backward_extra_s).
+    // (LayerCost::backward_extra_s in time.cpp).
     /*attention_fraction=*/0.55,
     /*hbm_fraction=*/0.85,
     /*elementwise_passes=*/2.0,
