@@ -224,6 +224,32 @@ TEST_CASE("sweeps become Plan::sweeps in search mode and an error otherwise") {
   CHECK(r->Find(DiagKind::kAutoUnsupported));
 }
 
+TEST_CASE("`1f1b` is the schedule value unquoted, in a plan and in --set, and a name elsewhere") {
+  // It lexes as the number 1 with the unit `f1b`; written as one word it is the enum value.
+  auto r = Eval(Plan70b("pipeline { schedule = 1f1b }"));
+  REQUIRE(r->plan);
+  CHECK(r->sink.error_count() == 0);
+  CHECK(r->plan->pipeline.schedule == Schedule::k1F1B);
+
+  r = Eval(Plan70b("pipeline { schedule = interleaved_1f1b }"), {"pipeline.schedule=1f1b"});
+  REQUIRE(r->plan);
+  CHECK(r->sink.error_count() == 0);
+  CHECK(r->plan->pipeline.schedule == Schedule::k1F1B);
+
+  // Outside an enum field it names nothing; a unit that is not one stays a unit error.
+  r = Eval(Plan70b(), {"parallel.tp=1f1b"});
+  const Diagnostic* d = r->Find(DiagKind::kUnknownName);
+  REQUIRE(d);
+  CHECK(d->message == "unknown name `1f1b`");
+  r = Eval(Plan70b(), {"parallel.tp=8parsecs"});
+  d = r->Find(DiagKind::kUnknownUnit);
+  REQUIRE(d);
+  CHECK(d->message == "`parsecs` is not a unit");
+  // With a space it is a number and a unit, as written.
+  r = Eval(Plan70b("pipeline { schedule = 1 f1b }"));
+  CHECK(r->Find(DiagKind::kUnknownUnit));
+}
+
 TEST_CASE("names, fields and enum values suggest the closest spelling") {
   auto r = Eval(Plan70b("model = llama3_7b"));
   const Diagnostic* d = r->Find(DiagKind::kUnknownName);
