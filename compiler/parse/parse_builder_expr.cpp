@@ -210,10 +210,8 @@ std::unique_ptr<ast::Expr> Builder::Primary(PlanParser::PrimaryContext* ctx) {
   return Tracked(std::move(e));
 }
 
-// An enum value spelled with a leading digit (`1f1b`) lexes as a number and a unit. Written
-// without a space and not a unit, it is that value as a bare name, which an enum field reads as
-// itself and anything else reports as an unknown name.
 namespace {
+// Whether `text` is one of the spellings of some enum field of the plan.
 bool SpellsEnumValue(std::string_view text) {
   for (const FieldInfo& f : PlanFields()) {
     if (f.type != FieldType::kEnum) continue;
@@ -226,12 +224,18 @@ bool SpellsEnumValue(std::string_view text) {
 
 void Builder::Number(PlanParser::NumberPrimaryContext* ctx, ast::Expr* e) {
   antlr4::Token* t = ctx->number()->getStart();
-  if (auto* u = ctx->unit();
-      u && u->NAME().size() == 1 && u->getStart()->getStartIndex() == t->getStopIndex() + 1 &&
-      !FindUnit(u->getText()) && SpellsEnumValue(t->getText() + u->getText())) {
-    e->kind = ast::ExprKind::kPath;
-    e->path.push_back(ast::Name{t->getText() + u->getText(), Range(ctx)});
-    return;
+  // An enum value spelled with a leading digit (`1f1b`) lexes as a number and a unit. Written
+  // without a space and not a unit, it is that value as a bare name, which an enum field reads
+  // as itself and anything else reports as an unknown name.
+  if (auto* u = ctx->unit(); u && u->NAME().size() == 1 &&
+                             u->getStart()->getStartIndex() == t->getStopIndex() + 1 &&
+                             !FindUnit(u->getText())) {
+    std::string glued = t->getText() + u->getText();
+    if (SpellsEnumValue(glued)) {
+      e->kind = ast::ExprKind::kPath;
+      e->path.push_back(ast::Name{std::move(glued), Range(ctx)});
+      return;
+    }
   }
   NumberValue(t->getType(), t->getText(), Range(t), e);
   Unit(ctx, e);
