@@ -270,6 +270,19 @@ std::string JsonString(std::string_view s) {
 
 }  // namespace
 
+double StepOverBest(const SearchCandidate& c, const SearchCandidate& best) {
+  return best.step_s > 0 ? c.step_s / best.step_s - 1 : 0;
+}
+
+size_t TiesWithBest(const SearchResult& r) {
+  if (r.best.empty() || r.checked.runs <= 0 || r.checked.median_pct <= 0) return 0;
+  size_t ties = 0;
+  while (ties < r.best.size() &&
+         StepOverBest(r.best[ties], r.best.front()) < r.checked.median_pct / 100)
+    ++ties;
+  return ties;
+}
+
 std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes,
                             const SearchResult& r) {
   std::string out = fmt::format(
@@ -279,22 +292,49 @@ std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axe
       base.name, r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition,
       r.rejected_memory, FormatGiB(base.cluster.gpu.memory), r.fitting);
   if (r.best.empty()) return out;
-  std::vector<std::string> columns;
-  for (const auto& [path, value] : r.best.front().settings) columns.push_back(path);
-  out += fmt::format("{:>4}", "rank");
-  for (const std::string& c : columns) out += fmt::format(" {:>16}", Short(c));
-  out += fmt::format(" {:>12} {:>10} {:>14} {:>6}\n", "peak memory", "step (s)", "tokens/s/GPU",
-                     "MFU");
+  // Each column as wide as its header or its widest value, whichever is wider.
+  const SearchCandidate& best = r.best.front();
+  std::vector<std::string> headers = {"rank"};
+  for (const auto& [path, value] : best.settings) headers.push_back(Short(path));
+  for (const char* h : {"peak memory", "step (s)", "vs best", "tokens/s/GPU", "MFU"})
+    headers.emplace_back(h);
+  std::vector<std::vector<std::string>> rows;
   int rank = 1;
   for (const SearchCandidate& c : r.best) {
-    out += fmt::format("{:>4}", rank++);
-    for (const auto& [path, value] : c.settings) out += fmt::format(" {:>16}", Unquote(value));
-    out += fmt::format(" {:>12} {:>10.3f} {:>14.1f} {:>5.1f}%\n", FormatGiB(c.peak), c.step_s,
-                       c.tokens_per_s_per_gpu, 100 * c.mfu);
+    std::vector<std::string> row = {std::to_string(rank++)};
+    for (const auto& [path, value] : c.settings) row.push_back(Unquote(value));
+    row.push_back(FormatGiB(c.peak));
+    row.push_back(fmt::format("{:.3f}", c.step_s));
+    row.push_back(fmt::format("{:+.1f}%", 100 * StepOverBest(c, best)));
+    row.push_back(fmt::format("{:.1f}", c.tokens_per_s_per_gpu));
+    row.push_back(fmt::format("{:.1f}%", 100 * c.mfu));
+    rows.push_back(std::move(row));
   }
+  std::vector<size_t> width(headers.size());
+  for (size_t i = 0; i < headers.size(); ++i) {
+    width[i] = headers[i].size();
+    for (const auto& row : rows) width[i] = std::max(width[i], row[i].size());
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (size_t i = 0; i < cells.size(); ++i)
+      text += fmt::format("{}{:>{}}", i ? "  " : "", cells[i], width[i]);
+    return text + "\n";
+  };
+  out += line(headers);
+  for (const auto& row : rows) out += line(row);
   if (r.framework.empty()) return out;
   out += fmt::format("priced as framework {} on {}; {}\n", r.framework, r.generation,
                      DescribeCheck(r.checked));
+  // Plans closer to the best than the profile's median error on published runs are not told
+  // apart by the model with any confidence: say so rather than let the ranks read as a measured
+  // order.
+  const size_t ties = TiesWithBest(r);
+  if (ties > 1)
+    out += fmt::format(
+        "note: plans 1 to {} are within {:.1f}% of the best, less than this profile's {:.1f}% "
+        "median error on published runs: time the first few before choosing\n",
+        ties, 100 * StepOverBest(r.best[ties - 1], best), r.checked.median_pct);
   return out;
 }
 
@@ -316,9 +356,11 @@ std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axe
       "  \"fitting\": {},\n  \"seconds\": {:.6f},\n",
       r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition, r.rejected_memory,
       r.rejected_verify, r.fitting, seconds);
-  out += fmt::format(
-      "  \"framework\": {{\"stack\": {}, \"generation\": {}, {}}},\n  \"candidates\": [",
-      JsonString(r.framework), JsonString(r.generation), CheckJsonMembers(r.checked));
+  out +=
+      fmt::format("  \"framework\": {{\"stack\": {}, \"generation\": {}, {}}},",
+                  JsonString(r.framework), JsonString(r.generation), CheckJsonMembers(r.checked));
+  out +=
+      fmt::format("\n  \"within_median_error_of_best\": {},\n  \"candidates\": [", TiesWithBest(r));
   for (size_t i = 0; i < r.best.size(); ++i) {
     const SearchCandidate& c = r.best[i];
     out += i ? ",\n    {" : "\n    {";
@@ -328,8 +370,9 @@ std::string PrintSearchJson(const Plan& base, const std::vector<SearchAxis>& axe
                          JsonString(Unquote(c.settings[j].second)));
     out += fmt::format(
         "}}, \"peak_memory_bytes\": {}, \"peak_stage\": {}, \"step_seconds\": {:.6g}, "
-        "\"tokens_per_s_per_gpu\": {:.6g}, \"mfu\": {:.6g}}}",
-        c.peak, c.peak_stage, c.step_s, c.tokens_per_s_per_gpu, c.mfu);
+        "\"step_over_best\": {:.6g}, \"tokens_per_s_per_gpu\": {:.6g}, \"mfu\": {:.6g}}}",
+        c.peak, c.peak_stage, c.step_s, StepOverBest(c, r.best.front()), c.tokens_per_s_per_gpu,
+        c.mfu);
   }
   out += r.best.empty() ? "]\n}\n" : "\n  ]\n}\n";
   return out;

@@ -80,6 +80,14 @@ struct SearchResult {
 SearchResult RunSearch(const Plan& base, const std::vector<SearchAxis>& axes,
                        const SearchOptions& options);
 
+// The candidate's predicted step over the best one's, less 1 (0.021: 2.1% slower).
+double StepOverBest(const SearchCandidate& c, const SearchCandidate& best);
+
+// How many of the reported candidates, from the best, predict a step closer to the best's than
+// the profile's median error on published runs (ties as far as the model can tell); 0 when the
+// profile has no checked runs.
+size_t TiesWithBest(const SearchResult& r);
+
 // Text table and JSON (DESIGN.md: "version", canonical paths) of a result.
 std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes,
                             const SearchResult& result);

@@ -135,5 +135,48 @@ TEST_CASE("text and JSON outputs carry the settings, memory, step time and MFU")
   CHECK(json.find("\"mfu\": ") != std::string::npos);
 }
 
+TEST_CASE(
+    "each reported plan says how far it is behind the best, and the table says which ones "
+    "lie within the profile's median error of it") {
+  SearchResult r;
+  r.framework = "megatron_core";
+  r.generation = "hopper";
+  r.checked = {"megatron_core", 19, 5.0, 20.0};
+  for (const double step : {10.0, 10.2, 10.49, 10.5, 12.0}) {
+    SearchCandidate c;
+    c.settings = {{"parallel.tp", "8"}};
+    c.peak = int64_t{40} << 30;
+    c.step_s = step;
+    c.tokens_per_s_per_gpu = 1000 / step;
+    c.mfu = 0.4;
+    r.best.push_back(c);
+  }
+  CHECK(StepOverBest(r.best[1], r.best[0]) == doctest::Approx(0.02));
+  // 10.49 is 4.9% behind, under the 5.0% median error; 10.5 is not.
+  CHECK(TiesWithBest(r) == 3);
+  const std::string text = PrintSearchText(Llama64(), Axes(), r);
+  CHECK(text.find("vs best") != std::string::npos);
+  CHECK(text.find("+0.0%") != std::string::npos);
+  CHECK(text.find("+2.0%") != std::string::npos);
+  CHECK(text.find("+20.0%") != std::string::npos);
+  CHECK(text.find("note: plans 1 to 3 are within 4.9% of the best, less than this profile's 5.0% "
+                  "median error on published runs") != std::string::npos);
+  // Columns are as wide as their header or widest value: the one-character tp column does not
+  // pad to a fixed width.
+  CHECK(text.find("rank  tp  peak memory") != std::string::npos);
+  const std::string json = PrintSearchJson(Llama64(), Axes(), r, 0.1);
+  CHECK(json.find("\"within_median_error_of_best\": 3") != std::string::npos);
+  CHECK(json.find("\"step_over_best\": 0.02") != std::string::npos);
+
+  // A profile without published runs of its stack states no band, and the note is left out.
+  r.checked = {};
+  CHECK(TiesWithBest(r) == 0);
+  CHECK(PrintSearchText(Llama64(), Axes(), r).find("note: plans") == std::string::npos);
+  // Nor is it printed when only the best lies in the band.
+  r.checked = {"megatron_core", 19, 1.0, 20.0};
+  CHECK(TiesWithBest(r) == 1);
+  CHECK(PrintSearchText(Llama64(), Axes(), r).find("note: plans") == std::string::npos);
+}
+
 }  // namespace
 }  // namespace paraplan

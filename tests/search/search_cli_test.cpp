@@ -123,6 +123,7 @@ TEST_CASE(
   CHECK(r.out.find("step (s)") != std::string::npos);
   CHECK(r.out.find("tokens/s/GPU") != std::string::npos);
   CHECK(r.out.find("MFU") != std::string::npos);
+  CHECK(r.out.find("vs best") != std::string::npos);
   CHECK(CountRows(r.out) == 10);  // --top defaults to 10
   CHECK(r.out.find("GiB") != std::string::npos);
   // The profile that priced the candidates, and the error it has shown on published runs (or
@@ -163,6 +164,10 @@ TEST_CASE("--format=json: every candidate's settings, peak memory, step time and
   const int64_t enumerated = Int(root, "enumerated");
   const int64_t duplicates = Int(root, "duplicates");
   const int64_t fitting = Int(root, "fitting");
+  // How many of the listed plans lie within the profile's median error of the best (0 when the
+  // profile has no published runs), never more than are listed.
+  CHECK(Int(root, "within_median_error_of_best") >= 0);
+  CHECK(Int(root, "within_median_error_of_best") <= 40);
   const llvm::json::Object* rejected = root->getObject("rejected");
   REQUIRE(rejected);
   CHECK(enumerated == 256);
@@ -198,6 +203,9 @@ TEST_CASE("--format=json: every candidate's settings, peak memory, step time and
     CHECK(step > 0);
     CHECK(step >= previous);  // fastest first
     previous = step;
+    // How far behind the first candidate, as the text table's "vs best" column says.
+    const double first = Num(candidates->front().getAsObject(), "step_seconds");
+    CHECK(Num(c, "step_over_best") == doctest::Approx(step / first - 1));
     const double mfu = Num(c, "mfu");
     CHECK(mfu > 0);
     CHECK(mfu < 1);
