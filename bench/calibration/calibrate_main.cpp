@@ -87,7 +87,7 @@ std::string Str(const Object* o, llvm::StringRef key) {
 
 // One published run as the model sees it.
 struct Case {
-  std::string id, source, title, notes, group, stack, why_unscored;
+  std::string id, source, title, where, locator, notes, group, stack, why_unscored;
   // What the row states beyond the plan: its precision and recompute text, token dropping.
   std::string as_published;
   // Whose memory behaviour prices the run: its stack's, except Llama 3 (Meta's own stack, priced
@@ -155,6 +155,18 @@ GpuSpec GpuFor(const std::string& text) {
     g = {"h100_sxm5_80gb", 80 * kGiB, 989e12, 989e12, 1979e12, 3.35e12};
   }
   return g;
+}
+
+// The captions of torchtitan's December 2024 H100 benchmark (llama3_h100_202412_torchtitan.md):
+// "Table 5 3D parallelism (FSDP + TP + PP) + torch.compile + Float8 + AsyncTP" and "Table 6 4D
+// parallelism (FSDP + TP + PP + CP) + torch.compile + Float8 + AsyncTP + 1F1B" state for every
+// row what the rows' own notes may leave out.
+bool TorchtitanTableStatesCompileAndAsyncTp(const Case& c) {
+  if (c.source != "torchtitan") return false;
+  const std::string where = Lower(c.where);
+  const bool december_2024 =
+      Has(Lower(c.title), "202412") || Has(Lower(c.locator), "202412") || Has(c.id, "-2412-");
+  return december_2024 && (Has(where, "table 5") || Has(where, "table 6"));
 }
 
 std::string StackFor(const Case& c) {
@@ -366,10 +378,13 @@ bool ReadLayout(const Object* par, const Object* hw, Case& c, std::string& error
                       Framework::kDeepSpeed, Framework::kLlmFoundry, Framework::kMegatronLm2021})
     if (ToString(f) == c.stack) plan.framework = f;
   c.memory_framework = c.source == "llama3" ? Framework::kMegatronCore : plan.framework;
-  if (Has(c.id, "asynctp")) p.tp_comm_overlap = true;  // torchtitan async TP
-  // torchtitan's tables say which runs were compiled ("torch.compile" in the notes).
+  // torchtitan's tables say which runs were compiled and which ran async TP: in the run's id
+  // or notes, or for every row of a table in its caption.
+  const bool whole_table = TorchtitanTableStatesCompileAndAsyncTp(c);
+  if (Has(c.id, "asynctp") || Has(Lower(c.notes), "asynctp") || whole_table)
+    p.tp_comm_overlap = true;
   if (c.stack == "torchtitan" && c.source != "llama3" &&
-      (Has(Lower(c.id), "compile") || Has(Lower(c.notes), "compile")))
+      (Has(Lower(c.id), "compile") || Has(Lower(c.notes), "compile") || whole_table))
     plan.compile = true;
   return true;
 }
@@ -554,7 +569,11 @@ void ReadMeasurement(const Object& run, const Object* measured, Case& c) {
 bool ReadCase(const Object& run, Case& c, std::string& error) {
   c.id = Str(&run, "id");
   c.source = SourceOf(c.id);
-  if (const Object* source = run.getObject("source")) c.title = Str(source, "title");
+  if (const Object* source = run.getObject("source")) {
+    c.title = Str(source, "title");
+    c.where = Str(source, "where");
+    c.locator = Str(source, "locator");
+  }
   c.notes = Str(&run, "notes");
   const Object* model = run.getObject("model");
   const Object* par = run.getObject("parallelism");

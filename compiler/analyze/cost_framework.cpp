@@ -128,7 +128,7 @@ FrameworkProfile TorchtitanHopper() {
   // seven torchtitan rows with a measured peak (calibration_runs.json, Tables 1-6): at 5% the
   // model was low on all seven (median -5.5%); at 10% the median is -0.7%, all within 10%.
   p.allocator_margin_percent = 10;
-  p.checked = {p.stack, 10, 7.2, 18.3};  // bench/calibration, "per profile"
+  p.checked = {p.stack, 10, 9.7, 18.3};  // bench/calibration, "per profile"
   return p;
 }
 

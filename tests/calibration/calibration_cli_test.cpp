@@ -73,6 +73,8 @@ TEST_CASE(
       {"korthikanti22_t5_22b_sp_selective.plan", "korthikanti22-t5-22b-sp-selective"},
       {"nemo2407_llama2_7b_fp8.plan", "nemo2407-h100-fp8-llama2-7b-8gpu"},
       {"torchtitan2412_llama3_70b_asynctp.plan", "torchtitan-2412-t4-70b-fsdp32-tp8-asynctp"},
+      // Table 6: torch.compile and async TP from the table's caption, not the row's notes.
+      {"torchtitan2412_llama31_405b_cp2.plan", "torchtitan-2412-t6-405b-4d-cp2-64k"},
       {"mbridge2606_qwen3_30b_a3b.plan", "mbridge-26.06-h100-qwen3-30b-a3b-16gpu"},
       {"mbridge26041_llama3_70b.plan", "mbridge-26.04.01-h100-llama3-70b-64gpu"},
       {"narayanan21_zero3_175b.plan", "narayanan21-t2-zero3-174.6b-384gpu"},
