@@ -159,8 +159,8 @@ TEST_CASE(
   CHECK(text.find("+0.0%") != std::string::npos);
   CHECK(text.find("+2.0%") != std::string::npos);
   CHECK(text.find("+20.0%") != std::string::npos);
-  CHECK(text.find("note: plans 1 to 3 are within 4.9% of the best, less than this profile's 5.0% "
-                  "median error on published runs") != std::string::npos);
+  CHECK(text.find("note: plans 1 to 3 differ from the best by less than this profile's median "
+                  "error on published runs (5.0%)") != std::string::npos);
   // Columns are as wide as their header or widest value: the one-character tp column does not
   // pad to a fixed width.
   CHECK(text.find("rank  tp  peak memory") != std::string::npos);
