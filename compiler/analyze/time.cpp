@@ -396,7 +396,9 @@ StepPrices StepPricesOf(const Context& cx, double peak) {
     return e == ElementType::kFp32 ? 4.0 : e == ElementType::kFp8 ? 1.0 : 2.0;
   };
   sp.grad_elem = bytes_of(mp.grads);
-  sp.param_elem = bytes_of(mp.params);
+  // Weights kept only in FP8 (Megatron's --fp8-param-gather, torchtitan's FSDP float8
+  // all-gather) are gathered as FP8: one byte each.
+  sp.param_elem = mp.fp8_params && UsesFp8(plan) ? 1.0 : bytes_of(mp.params);
   return sp;
 }
 

@@ -478,6 +478,32 @@ TEST_CASE("fused attention: time per token grows with the sequence at equal toke
   CHECK(per_token[1] < per_token[2]);
 }
 
+TEST_CASE("weights kept only in FP8 are gathered as FP8: half the bytes of a 16-bit gather") {
+  Plan plan = Llama(8, 8, 1);
+  plan.model.seq_len = 512;
+  plan.batch.global = 512;
+  plan.precision = Precision::kFp8;
+  plan.optimizer.zero = 1;
+  const TimeEstimate bf16_gather = EstimateTime(plan);
+  plan.mixed_precision.fp8_params = true;
+  plan.origins[fields::kMixedPrecisionFp8Params].kind = OriginKind::kFile;
+  const TimeEstimate fp8_gather = EstimateTime(plan);
+  REQUIRE(bf16_gather.valid);
+  REQUIRE(fp8_gather.valid);
+  // ZeRO 1: the gradients reduce as before, the parameter all-gather after the step moves one
+  // byte per parameter instead of two.
+  CHECK(fp8_gather.stages[0].dp_sync_s < bf16_gather.stages[0].dp_sync_s);
+  CHECK(fp8_gather.stages[0].dp_sync_s > 0.5 * bf16_gather.stages[0].dp_sync_s);
+  // Under ZeRO 3 the per-layer gathers shrink too, so every microbatch is no slower.
+  plan.optimizer.zero = 3;
+  const TimeEstimate z3_fp8 = EstimateTime(plan);
+  plan.mixed_precision.fp8_params = false;
+  const TimeEstimate z3_bf16 = EstimateTime(plan);
+  REQUIRE(z3_fp8.valid);
+  REQUIRE(z3_bf16.valid);
+  CHECK(z3_fp8.stages[0].microbatch_s < z3_bf16.stages[0].microbatch_s);
+}
+
 TEST_CASE(
     "context parallelism: ring steps hide behind the core at long sequences, an all-gather does "
     "not") {
