@@ -71,8 +71,9 @@ namespace {
 struct SearchSpace {
   std::vector<std::vector<Setter>> setters;  // one per axis value
   bool vpp_axis = false, schedule_axis = false, etp_axis = false;
-  bool sp_false_searched = false;  // `sp = false` is itself a candidate value
-  bool zero0_searched = false;     // `zero = 0` is itself a candidate value
+  bool sp_false_searched = false;     // `sp = false` is itself a candidate value
+  bool zero0_searched = false;        // `zero = 0` is itself a candidate value
+  bool overlap_off_searched = false;  // `tp_comm_overlap = false` is itself a candidate value
   Schedule base_schedule = Schedule::k1F1B;
 };
 
@@ -84,6 +85,8 @@ SearchSpace SpaceOf(const Plan& base, const std::vector<SearchAxis>& axes) {
       space.setters[i].push_back(Parse(axes[i].path, v));
       space.sp_false_searched |= Sets(space.setters[i].back(), fields::kParallelSp, false);
       space.zero0_searched |= Sets(space.setters[i].back(), fields::kOptimizerZero, int64_t{0});
+      space.overlap_off_searched |=
+          Sets(space.setters[i].back(), fields::kParallelTpCommOverlap, false);
     }
     space.vpp_axis |= axes[i].path == fields::kParallelVpp.path;
     space.schedule_axis |= axes[i].path == fields::kPipelineSchedule.path;
@@ -131,6 +134,13 @@ std::optional<Fit> Screen(Plan& plan, const SearchSpace& space, int64_t index,
   // Megatron turns sequence parallelism off at TP 1 (it splits nothing there), so sp = true
   // with tp = 1 is the sp = false candidate again: count it once, as sp = false.
   if (applied && space.sp_false_searched && plan.parallel.sp && plan.parallel.tp == 1) {
+    ++result.duplicates;
+    return std::nullopt;
+  }
+  // Likewise the TP communication overlap at TP 1 hides nothing (P0316): the candidate is the
+  // tp_comm_overlap = false one again.
+  if (applied && space.overlap_off_searched && plan.parallel.tp_comm_overlap &&
+      plan.parallel.tp == 1) {
     ++result.duplicates;
     return std::nullopt;
   }
@@ -286,9 +296,9 @@ size_t TiesWithBest(const SearchResult& r) {
 std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axes,
                             const SearchResult& r) {
   std::string out = fmt::format(
-      "search {}: {} candidates; {} duplicates (sp = true at tp = 1, zero > 0 over one "
-      "data-parallel rank), {} rejected "
-      "by the rules, {} by the pipeline split, {} over {} of memory; {} fit\n",
+      "search {}: {} candidates; {} duplicates (sp = true or tp_comm_overlap = true at tp = 1, "
+      "zero > 0 over one data-parallel rank), {} rejected by the rules, {} by the pipeline "
+      "split, {} over {} of memory; {} fit\n",
       base.name, r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition,
       r.rejected_memory, FormatGiB(base.cluster.gpu.memory), r.fitting);
   if (r.best.empty()) return out;

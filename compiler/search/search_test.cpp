@@ -80,6 +80,30 @@ TEST_CASE("sp = true at tp = 1 is the sp = false candidate: reported once, as sp
   CHECK(only_true.duplicates == 2 * 2 * 2);
 }
 
+TEST_CASE("tp_comm_overlap = true at tp = 1 is the overlap-off candidate: reported once") {
+  SearchOptions options;
+  options.top = 100000;
+  std::vector<SearchAxis> axes = {{"parallel.tp", {"1", "2", "4", "8"}},
+                                  {"parallel.tp_comm_overlap", {"false", "true"}}};
+  Plan base = Llama64();
+  base.parallel.sp = true;  // the overlap's precondition at tp > 1 (P0317)
+  const SearchResult r = RunSearch(base, axes, options);
+  // sp = true at tp = 1 is not a duplicate here (sp is not searched); the overlap at tp = 1 is.
+  CHECK(r.duplicates == 1);
+  for (const SearchCandidate& c : r.best) {
+    std::string tp, overlap;
+    for (const auto& [path, value] : c.settings) {
+      if (path == "parallel.tp") tp = value;
+      if (path == "parallel.tp_comm_overlap") overlap = value;
+    }
+    if (tp == "1") CHECK(overlap == "false");
+  }
+  // Without `false` among the values, the overlap at tp = 1 stays a candidate of its own.
+  axes.back().values = {"true"};
+  const SearchResult only_on = RunSearch(base, axes, options);
+  CHECK(only_on.duplicates == 0);
+}
+
 TEST_CASE("zero > 0 over one data-parallel rank is the zero = 0 candidate: reported once") {
   SearchOptions options;
   options.top = 100000;
