@@ -934,6 +934,32 @@ TEST_CASE("torchtitan HSDP, resharding and float8; NeMo and DeepSpeed name their
   CHECK(nemo.checked->activations.recompute_modules == "core_attn, mlp");
 }
 
+TEST_CASE("torchtitan's sequence-parallel switch: on by default with TP, off where the file says") {
+  const std::string head =
+      "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nlocal_batch_size = 2\n"
+      "[parallelism]\ndata_parallel_shard_degree = 4\ntensor_parallel_degree = 2\n";
+  Imported on(ConfigKind::kTorchtitan, head, ImportOptions{.nodes = 1});
+  REQUIRE(on.checked);
+  CHECK(on.checked->parallel.sp);
+  // torchtitan since March 2026: tensor parallelism with replicated activations between layers.
+  Imported off(ConfigKind::kTorchtitan, head + "enable_sequence_parallel = false\n",
+               ImportOptions{.nodes = 1});
+  REQUIRE(off.checked);
+  CHECK(off.checked->parallel.tp == 2);
+  CHECK_FALSE(off.checked->parallel.sp);
+  // Export writes the switch back, and only where it is off.
+  DiagnosticSink out;
+  const ExportResult back = ExportPlan(ConfigKind::kTorchtitan, *off.checked, out);
+  REQUIRE_FALSE(back.text.empty());
+  CHECK(back.text.find("enable_sequence_parallel = false") != std::string::npos);
+  Imported again(ConfigKind::kTorchtitan, back.text, ImportOptions{.nodes = 1});
+  REQUIRE(again.checked);
+  CHECK_FALSE(again.checked->parallel.sp);
+  DiagnosticSink out_on;
+  CHECK(ExportPlan(ConfigKind::kTorchtitan, *on.checked, out_on)
+            .text.find("enable_sequence_parallel") == std::string::npos);
+}
+
 TEST_CASE("torchtitan's torch.compile switch is the plan's `compile`, both ways") {
   for (const char* section : {"[compile]\nenable = true\n", "[training]\ncompile = true\n"}) {
     Imported im(ConfigKind::kTorchtitan,

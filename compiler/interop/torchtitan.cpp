@@ -272,11 +272,15 @@ bool ReadLocalBatch(const ConfigEntry* local, PlanDraft& draft, DiagnosticSink& 
 
 // torchtitan's own choices where the job file is silent: sequence parallelism with tensor
 // parallelism, and the microbatch.
-void SetTorchtitanDefaults(const ConfigEntry* local, PlanDraft& draft) {
-  // torchtitan's tensor parallelism always shards the sequence between its layers.
-  if (const DraftSetting* tp = draft.Find(fields::kParallelTp); tp && tp->value != "1") {
+void SetTorchtitanDefaults(const ConfigEntry* local, const ConfigEntry* sequence_parallel,
+                           PlanDraft& draft) {
+  // torchtitan's tensor parallelism shards the sequence between its layers unless the job file
+  // turns that off (`parallelism.enable_sequence_parallel = false`, since March 2026; before,
+  // it always did).
+  const bool off = sequence_parallel && sequence_parallel->text == "false";
+  if (const DraftSetting* tp = draft.Find(fields::kParallelTp); tp && tp->value != "1" && !off) {
     draft.Set(fields::kParallelSp, "true", tp->origin,
-              "torchtitan's tensor parallelism is sequence-parallel");
+              "torchtitan's tensor parallelism is sequence-parallel by default");
   }
   const DraftSetting* pp = draft.Find(fields::kParallelPp);
   if (draft.Has(fields::kBatchMicro)) return;
@@ -323,7 +327,7 @@ std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer
   const ConfigEntry* local = FindEntry(*entries, "training.local_batch_size");
   if (!local) local = FindEntry(*entries, "training.batch_size");
   if (!ReadLocalBatch(local, draft, sink)) return std::nullopt;
-  SetTorchtitanDefaults(local, draft);
+  SetTorchtitanDefaults(local, FindEntry(*entries, "parallelism.enable_sequence_parallel"), draft);
   return draft;
 }
 
