@@ -627,6 +627,13 @@ const TitanFlavor* TorchtitanCheckLimits(Exporter& ex) {
         "it derives them from its own layers-per-stage rule",
         "set vpp = 1 with schedule = 1f1b, or export to megatron or nemo");
   }
+  if (p.parallel.tp > 1 && !p.parallel.sp) {
+    ex.Cannot(fields::kParallelSp, "no sequence parallelism",
+              "torchtitan's tensor parallelism in its TOML job files always shards the sequence "
+              "between layers (its Python configs have had parallelism.enable_sequence_parallel "
+              "since March 2026, after the TOML files were retired)",
+              "set sp = true");
+  }
   if (p.pipeline.first_stage_layers || p.pipeline.last_stage_layers) {
     ex.Cannot(p.pipeline.first_stage_layers ? fields::kPipelineFirstStageLayers
                                             : fields::kPipelineLastStageLayers,
@@ -691,8 +698,6 @@ std::string Torchtitan(Exporter& ex) {
        "\nexpert_parallel_degree = " + n(p.parallel.ep) +
        "\nexpert_tensor_parallel_degree = " + n(p.parallel.etp) + "\n";
   if (!p.fsdp.reshard_after_forward) t += "fsdp_reshard_after_forward = \"never\"\n";
-  // Tensor parallelism without sequence parallelism: torchtitan's switch (March 2026 on).
-  if (p.parallel.tp > 1 && !p.parallel.sp) t += "enable_sequence_parallel = false\n";
   if (p.parallel.tp_comm_overlap) t += "enable_async_tensor_parallel = true\n";
   if (p.parallel.pp > 1) {
     t += std::string("pipeline_parallel_schedule = \"") +
