@@ -59,19 +59,20 @@ TEST_CASE("search enumerates every candidate, prunes by the rules and memory, ra
   CHECK(r.best.front().settings.back().first == "pipeline.schedule");
 }
 
+// The value a reported candidate takes for `path` ("" when it has none).
+std::string SettingOf(const SearchCandidate& c, std::string_view path) {
+  for (const auto& [p, value] : c.settings)
+    if (p == path) return value;
+  return "";
+}
+
 TEST_CASE("sp = true at tp = 1 is the sp = false candidate: reported once, as sp = false") {
   SearchOptions options;
   options.top = 1000;
   const SearchResult r = RunSearch(Llama64(), Axes(), options);
   REQUIRE(r.duplicates > 0);
-  for (const SearchCandidate& c : r.best) {
-    std::string tp, sp;
-    for (const auto& [path, value] : c.settings) {
-      if (path == "parallel.tp") tp = value;
-      if (path == "parallel.sp") sp = value;
-    }
-    if (tp == "1") CHECK(sp == "false");
-  }
+  for (const SearchCandidate& c : r.best)
+    if (SettingOf(c, "parallel.tp") == "1") CHECK(SettingOf(c, "parallel.sp") == "false");
   // Without sp = false among the values, sp = true at tp = 1 stays a candidate of its own (the
   // remaining duplicates are zero = 1 over one data-parallel rank).
   std::vector<SearchAxis> axes = Axes();
@@ -90,14 +91,9 @@ TEST_CASE("tp_comm_overlap = true at tp = 1 is the overlap-off candidate: report
   const SearchResult r = RunSearch(base, axes, options);
   // sp = true at tp = 1 is not a duplicate here (sp is not searched); the overlap at tp = 1 is.
   CHECK(r.duplicates == 1);
-  for (const SearchCandidate& c : r.best) {
-    std::string tp, overlap;
-    for (const auto& [path, value] : c.settings) {
-      if (path == "parallel.tp") tp = value;
-      if (path == "parallel.tp_comm_overlap") overlap = value;
-    }
-    if (tp == "1") CHECK(overlap == "false");
-  }
+  for (const SearchCandidate& c : r.best)
+    if (SettingOf(c, "parallel.tp") == "1")
+      CHECK(SettingOf(c, "parallel.tp_comm_overlap") == "false");
   // Without `false` among the values, the overlap at tp = 1 stays a candidate of its own.
   axes.back().values = {"true"};
   const SearchResult only_on = RunSearch(base, axes, options);
@@ -108,14 +104,8 @@ TEST_CASE("zero > 0 over one data-parallel rank is the zero = 0 candidate: repor
   SearchOptions options;
   options.top = 100000;
   const SearchResult r = RunSearch(Llama64(), Axes(), options);
-  for (const SearchCandidate& c : r.best) {
-    std::string dp, zero;
-    for (const auto& [path, value] : c.settings) {
-      if (path == "parallel.dp") dp = value;
-      if (path == "optimizer.zero") zero = value;
-    }
-    if (dp == "1") CHECK(zero == "0");
-  }
+  for (const SearchCandidate& c : r.best)
+    if (SettingOf(c, "parallel.dp") == "1") CHECK(SettingOf(c, "optimizer.zero") == "0");
   // Without zero = 0 among the values, zero = 1 over one rank stays a candidate.
   std::vector<SearchAxis> axes = Axes();
   axes[4].values = {"1"};
