@@ -131,16 +131,12 @@ std::optional<Fit> Screen(Plan& plan, const SearchSpace& space, int64_t index,
   if (space.vpp_axis && !space.schedule_axis) {
     plan.pipeline.schedule = DerivedSchedule(space, plan.parallel.vpp);
   }
-  // Megatron turns sequence parallelism off at TP 1 (it splits nothing there), so sp = true
-  // with tp = 1 is the sp = false candidate again: count it once, as sp = false.
-  if (applied && space.sp_false_searched && plan.parallel.sp && plan.parallel.tp == 1) {
-    ++result.duplicates;
-    return std::nullopt;
-  }
-  // Likewise the TP communication overlap at TP 1 hides nothing (P0316): the candidate is the
-  // tp_comm_overlap = false one again.
-  if (applied && space.overlap_off_searched && plan.parallel.tp_comm_overlap &&
-      plan.parallel.tp == 1) {
+  // At TP 1 the tensor-parallel switches change nothing: Megatron turns sequence parallelism
+  // off (it splits nothing there) and the TP communication overlap hides nothing (P0316). Such
+  // a candidate is its switch-off twin again where that twin is searched: count it once.
+  if (applied && plan.parallel.tp == 1 &&
+      ((space.sp_false_searched && plan.parallel.sp) ||
+       (space.overlap_off_searched && plan.parallel.tp_comm_overlap))) {
     ++result.duplicates;
     return std::nullopt;
   }
