@@ -63,6 +63,10 @@ class IndexReader {
   size_t pos_ = 0;
 };
 
+// Raw .u32 files: unsigned 32-bit tokens. Not a Megatron dtype code (those are 1 to 8), so an
+// index file declaring it is refused.
+constexpr uint8_t kRawUint32 = 0xf4;
+
 int64_t DTypeSize(uint8_t code) {
   switch (code) {
     case 1:
@@ -72,7 +76,8 @@ int64_t DTypeSize(uint8_t code) {
     case 8:
       return 2;  // int16, uint16
     case 4:
-      return 4;  // int32
+    case kRawUint32:
+      return 4;  // int32, uint32 (raw files)
     case 5:
       return 8;  // int64
     default:
@@ -98,6 +103,11 @@ int64_t TokenAt(const char* p, uint8_t code) {
     }
     case 4: {
       int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case kRawUint32: {
+      uint32_t v;
       std::memcpy(&v, p, 4);
       return v;
     }
@@ -169,6 +179,12 @@ int64_t TokenStream::Size() const {
   return mapped ? mapped->size : static_cast<int64_t>(tokens.size());
 }
 
+void TokenStream::ThrowOutOfVocabulary(int64_t token, int64_t position) const {
+  throw DataError("token " + std::to_string(token) + " at position " + std::to_string(position) +
+                  " of `" + path + "` is outside the model's vocabulary of " +
+                  std::to_string(vocab) + " tokens");
+}
+
 void TokenStream::Read(int64_t offset, int64_t n, int32_t* out) const {
   if (offset < 0 || n < 0 || offset + n > Size()) {
     throw DataError("read of tokens " + std::to_string(offset) + ".." + std::to_string(offset + n) +
@@ -185,17 +201,14 @@ void TokenStream::Read(int64_t offset, int64_t n, int32_t* out) const {
       while (offset + i >= runs[run].start + runs[run].count) ++run;
       const auto& r = runs[run];
       const int64_t v = TokenAt(r.data + (offset + i - r.start) * DTypeSize(r.code), r.code);
+      if (vocab > 0 && (v < 0 || v >= vocab)) ThrowOutOfVocabulary(v, offset + i);
       out[i] = v < 0 || v > INT32_MAX ? -1 : static_cast<int32_t>(v);
     }
+    return;
   }
   if (vocab > 0) {
     for (int64_t i = 0; i < n; ++i) {
-      if (out[i] < 0 || out[i] >= vocab) {
-        throw DataError("token " + std::to_string(out[i]) + " at position " +
-                        std::to_string(offset + i) + " of `" + path +
-                        "` is outside the model's vocabulary of " + std::to_string(vocab) +
-                        " tokens");
-      }
+      if (out[i] < 0 || out[i] >= vocab) ThrowOutOfVocabulary(out[i], offset + i);
     }
   }
 }
@@ -224,9 +237,9 @@ static TokenStream ReadRaw(const std::string& path, int64_t width) {
   }
   auto mt = std::make_shared<MappedTokens>();
   mt->size = static_cast<int64_t>(map->size()) / width;
-  // uint16 is code 8; uint32 is read as int32 (code 4): ids of 2^31 and above are out of range.
+  // uint16 is Megatron's code 8; uint32 has none (kRawUint32).
   if (mt->size > 0)
-    mt->runs.push_back({0, map->data(), mt->size, static_cast<uint8_t>(width == 2 ? 8 : 4)});
+    mt->runs.push_back({0, map->data(), mt->size, width == 2 ? uint8_t{8} : kRawUint32});
   mt->maps.push_back(std::move(map));
   TokenStream s;
   s.mapped = std::move(mt);
@@ -259,7 +272,7 @@ TokenStream ReadIndexedDataset(const std::string& prefix) {
                     "; only version 1 is supported");
   }
   const uint8_t code = r.Read<uint8_t>("the dtype code");
-  const int64_t width = DTypeSize(code);
+  const int64_t width = code == kRawUint32 ? 0 : DTypeSize(code);
   if (width == 0) {
     throw DataError("`" + idx_path + "` stores tokens with dtype code " + std::to_string(code) +
                     ", which is not an integer token type (codes 1-5 and 8)");
@@ -412,12 +425,41 @@ Sampler::Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed)
   }
 }
 
+namespace {
+
+// A permutation of [0, n) that depends only on `key`, computed per index in O(1) memory: a
+// four-round Feistel network on the smallest even-bit domain holding n, cycle-walked back into
+// [0, n) (the domain is under 4n, so a walk takes under 4 rounds on average).
+int64_t FeistelPermute(int64_t index, int64_t n, uint64_t key) {
+  int half = 1;
+  while ((int64_t{1} << (2 * half)) < n) ++half;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  uint64_t x = static_cast<uint64_t>(index);
+  do {
+    uint64_t left = x >> half, right = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t f = SplitMix64(key ^ (round << 56) ^ right) & mask;
+      const uint64_t next = left ^ f;
+      left = right;
+      right = next;
+    }
+    x = left << half | right;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
+}
+
+}  // namespace
+
 int64_t Sampler::SampleOf(int64_t global_sequence) const {
   const int64_t epoch = global_sequence / samples_, index = global_sequence % samples_;
+  const uint64_t key = SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(epoch) + 0x5eedull));
+  // Past 2^20 samples (8 MiB of order per rank) the order is computed per sequence instead of
+  // held: a stream of any size then costs only what the steps read.
+  if (samples_ > kShuffledInMemory) return FeistelPermute(index, samples_, key);
   if (epoch != cached_epoch_) {
     order_.resize(samples_);
     for (int64_t i = 0; i < samples_; ++i) order_[i] = i;
-    uint64_t state = SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(epoch) + 0x5eedull));
+    uint64_t state = key;
     for (int64_t i = samples_ - 1; i > 0; --i) {  // Fisher-Yates with a defined generator
       state = SplitMix64(state);
       const int64_t j = static_cast<int64_t>(state % static_cast<uint64_t>(i + 1));
@@ -438,9 +480,14 @@ void Sampler::Microbatch(int64_t step, int64_t dp_rank, int64_t micro, int32_t* 
                     std::to_string(shape_.data_parallel) + " data-parallel ranks");
   }
   const int64_t per_rank = shape_.global_batch / shape_.data_parallel;
+  int64_t first = 0;  // the step's first global sequence; the step's last one fits too
+  if (__builtin_mul_overflow(step, shape_.global_batch, &first) ||
+      first > INT64_MAX - shape_.global_batch) {
+    throw DataError("step " + std::to_string(step) + " is out of range: its sequences (step · " +
+                    std::to_string(shape_.global_batch) + " global batch) pass 2^63");
+  }
   for (int64_t b = 0; b < shape_.micro_batch; ++b) {
-    const int64_t g =
-        step * shape_.global_batch + dp_rank * per_rank + micro * shape_.micro_batch + b;
+    const int64_t g = first + dp_rank * per_rank + micro * shape_.micro_batch + b;
     const int64_t start = SampleOf(g) * shape_.seq_len;
     window_.resize(static_cast<size_t>(shape_.seq_len + 1));
     stream_.Read(start, shape_.seq_len + 1, window_.data());

@@ -13,7 +13,9 @@
 //
 // Sampling: the stream is cut into samples of seq_len + 1 tokens that overlap by one (inputs are
 // tokens [i·L, i·L + L), targets are shifted by one). Epoch e visits the samples in a permutation
-// that depends only on (seed, e). Step s uses global sequences s·B … s·B + B − 1 of that order;
+// that depends only on (seed, e): a Fisher-Yates shuffle held in memory up to 2^20 samples, a
+// Feistel permutation computed per sequence beyond (no memory per sample). Step s uses global
+// sequences s·B … s·B + B − 1 of that order;
 // data-parallel rank d takes sequences [d·B/dp, (d+1)·B/dp) of the step, microbatch m of them
 // [m·micro, (m+1)·micro). So every data-parallel layout of one global batch sees the same
 // sequences as the one-rank run.
@@ -53,6 +55,9 @@ struct TokenStream {
   // tokens [offset, offset + n) -> out; DataError for a token outside the vocabulary.
   void Read(int64_t offset, int64_t n, int32_t* out) const;
   std::vector<int32_t> ToVector() const;
+
+ private:
+  [[noreturn]] void ThrowOutOfVocabulary(int64_t token, int64_t position) const;
 };
 
 // Loads the tokens of `path` (see above) and checks each is < vocab.
@@ -77,6 +82,10 @@ class Sampler {
   // Throws DataError when the stream holds fewer samples than one global batch, or the shape
   // does not divide (global % (micro · dp) != 0).
   Sampler(const TokenStream& stream, BatchShape shape, uint64_t seed);
+
+  // Up to this many samples an epoch's order is shuffled and held (Fisher-Yates); beyond it each
+  // sequence's place is computed (a Feistel permutation).
+  static constexpr int64_t kShuffledInMemory = int64_t{1} << 20;
 
   int64_t Samples() const { return samples_; }
   int64_t MicrobatchesPerRank() const {

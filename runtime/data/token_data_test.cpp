@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -190,4 +191,51 @@ TEST_CASE("FIFOs, devices and directories are refused as data without blocking o
     CHECK_THROWS_WITH_AS(LoadTokens(TempPath("zero.u16"), 10),
                          doctest::Contains("a character device"), DataError);
   }
+}
+
+TEST_CASE("sampler: past 2^20 samples the epoch order is computed, still a permutation") {
+  TokenStream s;
+  const int64_t samples = Sampler::kShuffledInMemory + 3;  // seq_len 1: one token per sample
+  s.tokens.resize(static_cast<size_t>(samples + 1));
+  for (size_t i = 0; i < s.tokens.size(); ++i) s.tokens[i] = static_cast<int32_t>(i);
+  Sampler sampler(s, {1, 1, 1, 1}, 42);
+  REQUIRE(sampler.Samples() == samples);
+  std::vector<char> seen(static_cast<size_t>(samples), 0);
+  int64_t in_place = 0, outside = 0;
+  std::vector<int32_t> first_epoch(64);
+  for (int64_t step = 0; step < samples; ++step) {
+    int32_t input = -1, target = -1;
+    sampler.Microbatch(step, 0, 0, &input, &target);
+    if (input < 0 || input >= samples || target != input + 1) {
+      ++outside;
+      continue;
+    }
+    seen[static_cast<size_t>(input)] += 1;
+    in_place += input == step;
+    if (step < 64) first_epoch[static_cast<size_t>(step)] = input;
+  }
+  CHECK(outside == 0);
+  CHECK(std::count(seen.begin(), seen.end(), 1) == samples);  // every sample once
+  CHECK(in_place < 16);                                       // shuffled, not the identity
+  // The next epoch has another order; the same seed gives the same one.
+  int differs = 0;
+  Sampler again(s, {1, 1, 1, 1}, 42);
+  for (int64_t i = 0; i < 64; ++i) {
+    int32_t input = -1, target = -1, replay = -1;
+    sampler.Microbatch(samples + i, 0, 0, &input, &target);
+    differs += input != first_epoch[static_cast<size_t>(i)];
+    again.Microbatch(i, 0, 0, &replay, &target);
+    CHECK(replay == first_epoch[static_cast<size_t>(i)]);
+  }
+  CHECK(differs > 48);
+}
+
+TEST_CASE("sampler: a step whose sequence number passes 2^63 is refused, not wrapped") {
+  TokenStream s;
+  s.tokens.assign(100, 1);
+  Sampler sampler(s, {4, 8, 2, 1}, 1);
+  std::vector<int32_t> in(8), tg(8);
+  CHECK_THROWS_WITH_AS(sampler.Microbatch(int64_t{1} << 62, 0, 0, in.data(), tg.data()),
+                       doctest::Contains("is out of range: its sequences"), DataError);
+  CHECK_NOTHROW(sampler.Microbatch((int64_t{1} << 59) - 1, 0, 0, in.data(), tg.data()));
 }

@@ -88,6 +88,22 @@ int64_t StepOfName(const std::string& name) {
   return step;
 }
 
+// The entries of `dir` named like a step directory that hold no manifest (a file, or a directory
+// without a regular `manifest.json`): never written so by planrun, which renames a step
+// directory into place complete. By step.
+std::vector<std::pair<int64_t, fs::path>> UncommittedStepEntries(const std::string& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t step = StepOfName(it->path().filename().string());
+    std::error_code ec2;
+    if (step >= 0 && !fs::is_regular_file(it->path() / "manifest.json", ec2))
+      out.push_back({step, it->path()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // The committed step directories of `dir` (those with a manifest), by step.
 std::vector<std::pair<int64_t, fs::path>> StepDirectories(const std::string& dir) {
   std::vector<std::pair<int64_t, fs::path>> out;
@@ -183,7 +199,10 @@ CheckpointManifest ParseManifest(const std::string& text, const std::string& ste
                             "` is not a valid value");
     }
   }
-  if (man.step < 0) throw CheckpointError(where + " names step " + std::to_string(man.step));
+  if (man.step < 1) {
+    throw CheckpointError(where + " names step " + std::to_string(man.step) +
+                          ", but a checkpoint is written after at least one step");
+  }
   return man;
 }
 
@@ -278,6 +297,16 @@ CheckpointManifest LocateManifest(const std::string& dir) {
     // The newest committed step directory: a step directory exists only complete, while
     // `latest` is renamed after it and may lag behind after a crash.
     const auto steps = StepDirectories(dir);
+    const auto uncommitted = UncommittedStepEntries(dir);
+    if (!uncommitted.empty() && (steps.empty() || uncommitted.back().first > steps.back().first)) {
+      throw CheckpointError(
+          "`" + uncommitted.back().second.string() + "` is named like the newest checkpoint of `" +
+          dir +
+          "` but holds no `manifest.json`; planrun moves a checkpoint into place only when it is "
+          "complete, so it was damaged or made by hand: move it away to resume from " +
+          (steps.empty() ? std::string("nothing (no other checkpoint is there)")
+                         : "`" + steps.back().second.string() + "`"));
+    }
     if (steps.empty()) {
       throw CheckpointError("`" + dir +
                             "` holds no checkpoint (no step directory with a `manifest.json`)");
@@ -388,6 +417,12 @@ CheckpointLock::CheckpointLock(const std::string& dir) {
     fd_ = -1;
     throw CheckpointError("`" + path + "` is not a regular file; remove it");
   }
+  if (st.st_nlink > 1) {  // a hard link: writing the holder's line would overwrite another file
+    ::close(fd_);
+    fd_ = -1;
+    throw CheckpointError("`" + path + "` is a hard link to another file (" +
+                          std::to_string(st.st_nlink) + " names); remove it");
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     std::string holder(256, '\0');
@@ -497,17 +532,21 @@ ConflictingCheckpoints FindConflictingCheckpoints(
   const std::string newest = steps.back().second.string();
   CheckpointManifest man;
   bool ours = false;
+  std::string damaged;
   try {
     man = LocateManifest(newest);
     ours = man.fingerprint == program.fingerprint && man.world_size == program.world_size &&
            (man.state_fingerprint == 0 || man.state_fingerprint == StateFingerprint(program));
-  } catch (const CheckpointError&) {
-    ours = false;
-    man.directory = newest;
-    man.plan = "?";
+  } catch (const CheckpointError& e) {
+    damaged = e.what();
   }
   ConflictingCheckpoints c;
-  if (!ours) {
+  if (!damaged.empty()) {
+    for (const auto& [step, path] : steps) c.doomed.push_back(path);
+    c.why = "--checkpoint-dir `" + dir + "` holds a checkpoint this run cannot read (" + damaged +
+            "); this run would replace it: choose another directory, or pass "
+            "--overwrite-checkpoints to remove it";
+  } else if (!ours) {
     for (const auto& [step, path] : steps) c.doomed.push_back(path);
     c.why = "--checkpoint-dir `" + dir + "` holds checkpoint `" + man.directory + "` of plan `" +
             man.plan + "` (" + std::to_string(man.world_size) + " ranks, fingerprint " +
@@ -561,6 +600,20 @@ CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramI
   CheckpointLock lock(dir);
   CheckRoomForCheckpoint(dir, program);
   if (options.clean_leftovers) CleanInterruptedWrites(dir);
+  // Entries named like checkpoints that are none: a checkpoint of that step would replace them.
+  if (const auto foreign = UncommittedStepEntries(dir); !foreign.empty()) {
+    if (!options.overwrite) {
+      throw CheckpointError(
+          "--checkpoint-dir `" + dir + "` holds `" + foreign.front().second.string() +
+          "`, named like a checkpoint but without a `manifest.json` (" +
+          std::to_string(foreign.size()) + " such entr" + (foreign.size() == 1 ? "y" : "ies") +
+          "); a checkpoint of that step would replace it: move it away, or pass "
+          "--overwrite-checkpoints to remove it");
+    }
+    std::vector<fs::path> doomed;
+    for (const auto& [step, path] : foreign) doomed.push_back(path);
+    RemoveCheckpoints(dir, doomed);
+  }
   const auto steps = StepDirectories(dir);
   if (steps.empty()) return lock;
   const ConflictingCheckpoints conflicts = FindConflictingCheckpoints(dir, program, options, steps);

@@ -69,6 +69,11 @@ struct Coordinator {
   std::string replica_error;
 };
 
+// The gradient norm from its square; NaN stays NaN (std::max(0, NaN) would show it as 0).
+double GradNorm(float norm_square) {
+  return std::isnan(norm_square) ? std::nan("") : std::sqrt(std::max(0.0, double{norm_square}));
+}
+
 double Wall() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -207,6 +212,7 @@ class TrainingRun {
   void StartThreads();
   bool WaitForStep(int64_t i, std::vector<StepRecord>& recs, double& previous_end);
   StepMetrics SummarizeStep(int64_t i, const std::vector<StepRecord>& recs, double& previous_end);
+  std::string DivergedReason(int64_t i, const std::vector<StepRecord>& recs) const;
   void CommitDueCheckpoint(int64_t i, int64_t step, RunResult& result);
   void FinishStoppedRun(RunResult& result);
   [[noreturn]] void AbortRun(const std::string& why);
@@ -316,7 +322,8 @@ void TrainingRun::RunRank(int slot) {
       std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(local_, 1));
   RankRunner runner(program_, rank, *world_, *backend, tokens_, options_, init_threads);
   runner.Setup();
-  if (start_ > 0) ReadRankShard(manifest_, program_, rank, runner.State(), *backend);
+  if (!options_.resume_dir.empty())
+    ReadRankShard(manifest_, program_, rank, runner.State(), *backend);
   RankThread rt{slot, runner, *backend};
   WaitForEveryRank(rt);
   RunSteps(rt);
@@ -457,7 +464,7 @@ StepMetrics TrainingRun::SummarizeStep(int64_t i, const std::vector<StepRecord>&
     peak_ = std::max(peak_, rec.peak);
     if (rec.holds_loss && !have_loss) {
       m.loss = rec.loss;
-      m.grad_norm = std::sqrt(std::max(0.0f, rec.norm_square));
+      m.grad_norm = GradNorm(rec.norm_square);
       have_loss = true;
     }
     m.cpu_seconds += rec.cpu;
@@ -466,7 +473,7 @@ StepMetrics TrainingRun::SummarizeStep(int64_t i, const std::vector<StepRecord>&
   }
   if (!have_loss) {
     m.loss = std::nan("");
-    m.grad_norm = std::sqrt(std::max(0.0f, recs[0].norm_square));
+    m.grad_norm = GradNorm(recs[0].norm_square);
   }
   if (i > 0) {  // profile counters are cumulative
     std::lock_guard<std::mutex> lock(co_.mutex);
@@ -484,6 +491,33 @@ StepMetrics TrainingRun::SummarizeStep(int64_t i, const std::vector<StepRecord>&
   m.lr = host::WarmupCosineLr(m.step, program_.train.warmup_steps, program_.train.steps,
                               program_.train.lr, program_.train.min_lr);
   return m;
+}
+
+// Why step i of this run cannot go on: a loss or gradient norm that is not finite on any local
+// rank (the run diverged, or resumed from diverged weights); "" when every one is finite.
+// Megatron-LM stops the same way (--check-for-nan-in-loss-and-grad, on by default).
+std::string TrainingRun::DivergedReason(int64_t i, const std::vector<StepRecord>& recs) const {
+  for (size_t r = 0; r < recs.size(); ++r) {
+    const bool bad_loss = recs[r].holds_loss && !std::isfinite(recs[r].loss);
+    if (!bad_loss && std::isfinite(recs[r].norm_square)) continue;
+    // NaN without its sign bit: "-nan" reads as a negative number.
+    const auto shown = [](double v) { return std::isnan(v) ? std::nan("") : v; };
+    char what[160];
+    if (recs[r].holds_loss) {
+      std::snprintf(what, sizeof what, "the loss is %g and the gradient norm %g",
+                    shown(recs[r].loss), shown(GradNorm(recs[r].norm_square)));
+    } else {
+      std::snprintf(what, sizeof what, "the gradient norm is %g",
+                    shown(GradNorm(recs[r].norm_square)));
+    }
+    char lr[32];
+    std::snprintf(lr, sizeof lr, "%g", program_.train.lr);
+    return "step " + std::to_string(start_ + i) + " diverged on rank " +
+           std::to_string(local_ranks_[r]) + ": " + what + "; no checkpoint of it or later is " +
+           "kept. Lower train.lr (" + lr + ") or lengthen the warmup, and resume from a " +
+           "checkpoint written before the loss rose";
+  }
+  return "";
 }
 
 // Commits the checkpoint written after step `step` (index i of this run) when one is due, and
@@ -559,6 +593,7 @@ RunResult TrainingRun::Run() {
     // line of a step the checkpoint lacks (a resumed run replaces it), never a step without one.
     result.steps.push_back(m);
     if (options_.on_step) options_.on_step(m);
+    if (const std::string why = DivergedReason(i, recs); !why.empty()) AbortRun(why);
     CommitDueCheckpoint(i, m.step, result);
   }
   FinishStoppedRun(result);

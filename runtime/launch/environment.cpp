@@ -97,7 +97,11 @@ Expected<Ok> ReadSlurmTasksOnNode(const Reader& r, LauncherFields& f) {
     if (!text) continue;
     auto tasks = SlurmTasksOnNode(*text, f.node_rank.value.value_or(0));
     if (!tasks) return Fail(tasks.error());
-    if (*tasks >= 1) f.local_world = Field{*tasks, name};
+    if (*tasks < 1) {
+      return Fail(fmt::format("`{}` is `{}`: this node runs no task, yet this process is one", name,
+                              *text));
+    }
+    f.local_world = Field{*tasks, name};
     break;
   }
   return Ok{};
@@ -239,6 +243,10 @@ Expected<Ok> ResolveRankInWorld(const LauncherFields& f, LaunchEnvironment& out)
 // Local rank and node: when the launcher did not say, assume every rank runs on this node.
 Expected<Ok> ResolveRankOnNode(const LauncherFields& f, LaunchEnvironment& out) {
   out.local_world_size = f.local_world.value ? *f.local_world.value : out.world_size;
+  if (out.local_world_size < 1) {
+    return Fail(fmt::format("the local world size {} (`{}`) must be at least 1",
+                            out.local_world_size, f.local_world.source));
+  }
   if (f.local_rank.value) {
     out.local_rank = *f.local_rank.value;
   } else {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/data/token_data.h"
 #include "runtime/exec/tiny_program.h"
 #include "runtime/format/program_model.h"
 
@@ -471,8 +472,120 @@ TEST_CASE("FIFOs and devices are refused as program, data, metrics and checkpoin
   r = Planrun(prog + " --resume " +
               ckpt);  // a step directory without a regular manifest is not one
   CHECK(r.status == 1);
-  CHECK(r.out.find("holds no checkpoint") != std::string::npos);
+  CHECK(r.out.find("holds no `manifest.json`") != std::string::npos);
   r = Planrun(prog + " --resume " + ckpt + "/step-000001");
   CHECK(r.status == 1);
   CHECK(r.out.find("a character device") != std::string::npos);
+}
+
+TEST_CASE("--metrics never names a data file behind a prefix or a file of a checkpoint") {
+  const std::string prog = WriteProgram("metrics_guard", {1, 0, 4, 6});
+  // A Megatron dataset named by its prefix: its .bin and .idx are data files too.
+  const std::string prefix = Dir() + "/mg";
+  std::vector<std::vector<int32_t>> sequences(8, std::vector<int32_t>(40));
+  for (size_t s = 0; s < sequences.size(); ++s)
+    for (size_t i = 0; i < sequences[s].size(); ++i)
+      sequences[s][i] = static_cast<int32_t>((s + i) % 13);
+  paraplan::data::WriteIndexedDataset(prefix, sequences, true);
+  const std::string bin = Read(prefix + ".bin");
+  for (const std::string& data : {prefix, prefix + ".idx"}) {
+    auto r = Planrun(prog + " --steps 2 --data " + data + " --metrics " + prefix + ".bin");
+    CHECK(r.status == 2);
+    CHECK(r.out.find("is the data file") != std::string::npos);
+    CHECK(Read(prefix + ".bin") == bin);
+  }
+  REQUIRE(Planrun(prog + " --steps 1 --data " + prefix).status == 0);
+  // Inside a checkpoint (the one resumed, or the directory written): refused, nothing written.
+  const std::string ckpt = Dir() + "/metrics_guard_ckpt";
+  REQUIRE(Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt).status == 0);
+  const std::string manifest = ckpt + "/step-000001/manifest.json", text = Read(manifest);
+  auto r = Planrun(prog + " --steps 1 --resume " + ckpt + " --metrics " + manifest);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("lies in the checkpoints of --resume") != std::string::npos);
+  r = Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt + " --overwrite-checkpoints " +
+              "--metrics " + ckpt + "/.lock");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("lies in the checkpoints of the checkpoint directory") != std::string::npos);
+  CHECK(Read(manifest) == text);
+  // Beside the step directories is fine.
+  r = Planrun(prog + " --steps 1 --resume " + ckpt + " --metrics " + ckpt + "/metrics.jsonl");
+  CHECK(r.status == 0);
+  CHECK(Lines(Read(ckpt + "/metrics.jsonl")) == 1);
+}
+
+TEST_CASE("a step directory without a manifest is neither replaced nor skipped silently") {
+  const std::string prog = WriteProgram("foreign_step", {1, 0, 4, 6});
+  const std::string ckpt = Dir() + "/foreign_ckpt";
+  fs::create_directories(ckpt + "/step-000001");
+  std::ofstream(ckpt + "/step-000001/important.dat") << "keep me";
+  auto r = Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("named like a checkpoint but without a `manifest.json`") != std::string::npos);
+  CHECK(Read(ckpt + "/step-000001/important.dat") == "keep me");
+  // --overwrite-checkpoints removes it, as it removes checkpoints the run would replace.
+  r = Planrun(prog + " --steps 1 --checkpoint-dir " + ckpt + " --overwrite-checkpoints");
+  CHECK(r.status == 0);
+  CHECK(fs::exists(ckpt + "/step-000001/manifest.json"));
+  // The newest step without a manifest: resume says so instead of resuming from the one before.
+  REQUIRE(Planrun(prog + " --steps 1 --resume " + ckpt + " --checkpoint-dir " + ckpt).status == 0);
+  fs::remove(ckpt + "/step-000002/manifest.json");
+  r = Planrun(prog + " --steps 1 --resume " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is named like the newest checkpoint") != std::string::npos);
+  CHECK(r.out.find("step-000001") != std::string::npos);
+  // A manifest naming step 0 is refused (the shards would never be read).
+  fs::remove_all(ckpt + "/step-000002");
+  const std::string manifest = ckpt + "/step-000001/manifest.json";
+  std::string text = Read(manifest);
+  text.replace(text.find("\"step\": 1"), 9, "\"step\": 0");
+  std::ofstream(manifest) << text;
+  r = Planrun(prog + " --steps 1 --resume " + ckpt);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("names step 0, but a checkpoint is written after at least one step") !=
+        std::string::npos);
+}
+
+TEST_CASE("a run whose loss is not finite stops with exit 1 and keeps no checkpoint of it") {
+  TinyOptions o{1, 0, 4, 6};
+  o.lr = 1e30;  // the first update sends the weights to 1e30; the next logits overflow
+  const std::string prog = WriteProgram("diverged", o);
+  const std::string ckpt = Dir() + "/diverged_ckpt", metrics = Dir() + "/diverged.jsonl";
+  auto r = Planrun(prog + " --steps 6 --checkpoint-dir " + ckpt + " --checkpoint-every 1 " +
+                   "--metrics " + metrics);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("diverged on rank 0") != std::string::npos);
+  CHECK(r.out.find("Lower train.lr (1e+30)") != std::string::npos);
+  // The diverged step's line is written (it shows what happened); no checkpoint after it.
+  const std::string m = Read(metrics);
+  CHECK(m.find("\"loss\": null") != std::string::npos);
+  int64_t diverged = -1;
+  for (int64_t s = 0; s < 6; ++s) {
+    if (r.out.find("step " + std::to_string(s) + " diverged") != std::string::npos) diverged = s;
+  }
+  REQUIRE(diverged >= 0);
+  const std::string next = std::to_string(diverged + 1);
+  CHECK(!fs::exists(ckpt + "/step-" + std::string(6 - next.size(), '0') + next));
+}
+
+TEST_CASE("launcher flags out of range and token ids beyond int32 are named as given") {
+  const std::string prog = WriteProgram("launch_flags", {1, 0, 4, 6});
+  auto r = Planrun(prog + " --local-world-size 0");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("the local world size 0 (`--local-world-size`) must be at least 1") !=
+        std::string::npos);
+  r = Planrun(prog + " --steps +3");
+  CHECK(r.status == 2);
+  r = Planrun(prog + " --steps ' 3'");
+  CHECK(r.status == 2);
+  const std::string data = Dir() + "/big_ids.u32";
+  {
+    std::ofstream out(data, std::ios::binary);
+    for (int i = 0; i < 400; ++i) {
+      const uint32_t t = i == 17 ? 4294967295u : static_cast<uint32_t>(i % 13);
+      out.write(reinterpret_cast<const char*>(&t), 4);
+    }
+  }
+  r = Planrun(prog + " --steps 1 --data " + data);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("token 4294967295 at position 17") != std::string::npos);
 }
