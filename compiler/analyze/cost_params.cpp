@@ -140,7 +140,7 @@ double PeakFlops(const Plan& plan) {
     case Precision::kFp16:
       return g.peak_fp16 > 0 ? g.peak_fp16 : g.peak_bf16;
     case Precision::kFp8:
-      return g.peak_fp8 > 0 ? g.peak_fp8 : g.peak_bf16;
+      return g.peak_fp8 >= kMinFp8Peak ? g.peak_fp8 : g.peak_bf16;
     case Precision::kFp32:
       return g.peak_bf16 / 2;  // TF32 tensor cores
   }

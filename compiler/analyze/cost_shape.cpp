@@ -73,8 +73,8 @@ LayerParams ParamsOfLayer(const ModelSpec& m, LayerKind kind) {
     p.tp_sharded = SatAdd(p.tp_sharded, MlpParams(m, m.ffn_hidden));
   } else {
     p.replicated = SatAdd(p.replicated, SatMul(h, m.experts));  // router
-    p.expert = SatMul(m.experts, MlpParams(m, m.moe_ffn_hidden));
-    p.tp_sharded = SatAdd(p.tp_sharded, MlpParams(m, SatMul(m.shared_experts, m.moe_ffn_hidden)));
+    p.expert = SatMul(m.experts, MlpParams(m, m.ExpertFfn()));
+    p.tp_sharded = SatAdd(p.tp_sharded, MlpParams(m, SatMul(m.shared_experts, m.ExpertFfn())));
   }
   return p;
 }
@@ -104,8 +104,8 @@ int64_t LargestTensorOfLayer(const ModelSpec& m, LayerKind kind) {
   if (kind == LayerKind::kDense) {
     mlp(m.ffn_hidden);
   } else {
-    mlp(m.moe_ffn_hidden);
-    if (m.shared_experts > 0) mlp(SatMul(m.shared_experts, m.moe_ffn_hidden));
+    mlp(m.ExpertFfn());
+    if (m.shared_experts > 0) mlp(SatMul(m.shared_experts, m.ExpertFfn()));
     consider(SatMul(h, m.experts));
   }
   return largest;
@@ -157,7 +157,7 @@ double LayerForwardFlopsPerToken(const ModelSpec& m, LayerKind kind, double cont
   if (kind == LayerKind::kDense) {
     flops += 2 * g * h * static_cast<double>(m.ffn_hidden);
   } else {
-    const double fe = static_cast<double>(m.moe_ffn_hidden);
+    const double fe = static_cast<double>(m.ExpertFfn());
     flops += 2 * h * static_cast<double>(m.experts);  // router
     flops += 2 * g * h * fe * static_cast<double>(m.topk + m.shared_experts);
   }
@@ -216,14 +216,14 @@ int64_t LayerBytes(const ModelSpec& m, LayerKind kind, const ActivationShape& s,
     split = SatAdd(split, SatMul(x, MlpStoredWidth(m, m.ffn_hidden)));
   } else {
     rep += int64_t{8} * m.experts;  // router logits and probabilities: 2 × 4 bytes (fp32)
-    split = SatAdd(split, SatMul(x, MlpStoredWidth(m, SatMul(m.shared_experts, m.moe_ffn_hidden))));
+    split = SatAdd(split, SatMul(x, MlpStoredWidth(m, SatMul(m.shared_experts, m.ExpertFfn()))));
     // Per routed (token, expert) pair: the expert's input (the all-to-all output), the expert MLP
     // intermediates split by etp, and with probabilities applied in unpermute (Megatron-Core before
     // 0.13) the expert's output kept for their gradient.
     const int64_t copies = s.options.moe_probs_in_activation ? 1 : 2;
-    const int64_t per_pair = SatAdd(
-        copies * x * h,
-        SatMul(x, CeilDiv(MlpStoredWidth(m, m.moe_ffn_hidden), std::max<int64_t>(1, s.etp))));
+    const int64_t per_pair =
+        SatAdd(copies * x * h,
+               SatMul(x, CeilDiv(MlpStoredWidth(m, m.ExpertFfn()), std::max<int64_t>(1, s.etp))));
     routed_bytes = SatMul(RoutedPairsPerRank(m, s), per_pair);
   }
   int64_t bytes = SatAdd(SatMul(tok.rep_tokens, rep), CeilDiv(SatMul(tok.tokens, split), t));

@@ -66,14 +66,14 @@ int64_t DroppedByModules(const ModelSpec& m, LayerKind kind, const ActivationSha
     if (modules & kRecomputeSharedExperts)
       drop = SatAdd(
           drop,
-          CeilDiv(SatMul(tokens, x * MlpWidth(m, SatMul(m.shared_experts, m.moe_ffn_hidden))), t));
+          CeilDiv(SatMul(tokens, x * MlpWidth(m, SatMul(m.shared_experts, m.ExpertFfn()))), t));
     if (modules & kRecomputeMoe) {
       const int64_t copies = shape.options.moe_probs_in_activation ? 1 : 2;
       drop = SatAdd(drop, SatMul(pairs, SatAdd(copies * x * m.hidden,
-                                               x * CeilDiv(MlpWidth(m, m.moe_ffn_hidden), etp))));
+                                               x * CeilDiv(MlpWidth(m, m.ExpertFfn()), etp))));
     } else if (modules & kRecomputeMoeAct) {
-      drop = SatAdd(drop,
-                    SatMul(pairs, x * CeilDiv(m.moe_ffn_hidden, etp)));  // the activation's output
+      drop =
+          SatAdd(drop, SatMul(pairs, x * CeilDiv(m.ExpertFfn(), etp)));  // the activation's output
     }
   }
   return drop;
@@ -97,7 +97,7 @@ int64_t Fp8Saving(const ModelSpec& m, LayerKind kind, const ActivationShape& sha
   if (!(modules & kRecomputeLayernorm)) saving = SatMul(rep, 2 * m.hidden);
   saving = SatAdd(saving, CeilDiv(SatMul(tokens, m.heads * head_dim), t));
   const int64_t f =
-      kind == LayerKind::kDense ? m.ffn_hidden : SatMul(m.shared_experts, m.moe_ffn_hidden);
+      kind == LayerKind::kDense ? m.ffn_hidden : SatMul(m.shared_experts, m.ExpertFfn());
   if (!(modules & kRecomputeMlp) || kind == LayerKind::kMoe)
     saving = SatAdd(saving, CeilDiv(SatMul(tokens, f), t));
   return saving;

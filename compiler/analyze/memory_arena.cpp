@@ -146,7 +146,7 @@ namespace {
 void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
   const ModelSpec& m = plan.model;
   const int64_t etp = std::max<int64_t>(1, plan.parallel.etp);
-  const int64_t ffn = m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden;
+  const int64_t ffn = m.ExpertFfn();
   z.experts = m.experts;
   z.topk = std::max<int64_t>(1, m.topk);
   z.expert_ffn = ffn / etp;

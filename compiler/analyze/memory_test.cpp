@@ -411,5 +411,25 @@ TEST_CASE("PredictedPeaks: one entry per stage, the device's bytes and the alloc
     CHECK(p.allocator == EstimateMemory(plan).stages[p.stage].arena);
 }
 
+TEST_CASE("experts without moe_ffn_hidden are ffn_hidden wide in memory and time, as in lowering") {
+  // Megatron-Core defaults --moe-ffn-hidden-size to --ffn-hidden-size; the lowering sizes the
+  // experts so, and the estimates must agree with it (they once priced the experts at width 0).
+  ModelSpec m = testing::Llama3Of70B();
+  m.layers = 8;
+  m.experts = 64;
+  m.topk = 2;
+  Plan unset = testing::MakePlan(m, testing::DgxH100(8), 8, 1, 64, 1);
+  unset.parallel.ep = 8;
+  unset.parallel.etp = 1;
+  Plan explicit_width = unset;
+  explicit_width.model.moe_ffn_hidden = m.ffn_hidden;
+  REQUIRE(unset.model.ExpertFfn() == m.ffn_hidden);
+  const MemoryEstimate a = EstimateMemory(unset), b = EstimateMemory(explicit_width);
+  REQUIRE(a.valid);
+  CHECK(a.peak == b.peak);
+  CHECK(a.stages[0].params == b.stages[0].params);
+  CHECK(EstimateTime(unset).step_s == doctest::Approx(EstimateTime(explicit_width).step_s));
+}
+
 }  // namespace
 }  // namespace paraplan

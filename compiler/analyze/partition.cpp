@@ -77,8 +77,7 @@ BlockCosts ComputeBlockCosts(const ModelSpec& m) {
   }
   const double mats = m.activation == Activation::kSwiGlu ? 3 : 2;
   const double dense_mlp = 2 * mats * static_cast<double>(m.ffn_hidden) * h;
-  const double moe_ffn =
-      static_cast<double>(m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden);
+  const double moe_ffn = static_cast<double>(m.ExpertFfn());
   const double moe_mlp =
       2 * h * m.experts + static_cast<double>(m.topk + m.shared_experts) * 2 * mats * moe_ffn * h;
   c.layers.reserve(static_cast<size_t>(std::max<int64_t>(m.layers, 0)));

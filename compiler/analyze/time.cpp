@@ -164,7 +164,7 @@ void AddMoeMlp(const Context& cx, const LayerDims& d, LayerCost& c) {
   const double micro_tokens = d.micro_tokens, h = d.h, t = d.t, x = d.x;
   auto gemm = [&](double flops) { return GemmSeconds(flops, cx.peak, cx.eff); };
   const double up = m.activation == Activation::kSwiGlu ? 2 : 1;
-  const double fe = D(m.moe_ffn_hidden);
+  const double fe = D(m.ExpertFfn());
   const double etp = D(std::max<int64_t>(1, par.etp));
   c.gemm_s += gemm(2 * micro_tokens * h * D(m.experts) / t);  // router on the rank's tokens
   if (m.shared_experts > 0) {

@@ -358,13 +358,20 @@ bool CheckFfnNotDivisibleByTp(RuleContext& ctx) {
 bool CheckMoeFfnNotDivisibleByEtp(RuleContext& ctx) {
   const ModelSpec& m = ctx.plan().model;
   const int64_t etp = ctx.plan().parallel.etp;
-  if (!m.IsMoe() || m.moe_ffn_hidden <= 0) return false;
+  if (!m.IsMoe()) return false;
+  // Not set, the experts are ffn_hidden wide (ModelSpec::ExpertFfn).
+  const bool own = m.moe_ffn_hidden > 0;
+  const int64_t width = m.ExpertFfn();
   return CheckWidthSplit(
-      ctx, DiagKind::kMoeFfnNotDivisibleByEtp, fields::kModelMoeFfnHidden, m.moe_ffn_hidden,
-      fields::kParallelEtp, etp, "`moe_ffn_hidden = " + std::to_string(m.moe_ffn_hidden) + "`",
+      ctx, DiagKind::kMoeFfnNotDivisibleByEtp,
+      own ? fields::kModelMoeFfnHidden : fields::kModelFfnHidden, width, fields::kParallelEtp, etp,
+      own ? "`moe_ffn_hidden = " + std::to_string(width) + "`"
+          : "`ffn_hidden = " + std::to_string(width) +
+                "` (the experts' width: moe_ffn_hidden is "
+                "not set)",
       "each expert's MLP is split over the expert tensor-parallel group, so etp must divide "
       "moe_ffn_hidden (Megatron-Core: \"" +
-          std::to_string(m.moe_ffn_hidden) + " is not divisible by " + std::to_string(etp) + "\")");
+          std::to_string(width) + " is not divisible by " + std::to_string(etp) + "\")");
 }
 
 bool CheckSequenceParallelWithoutTp(RuleContext& ctx) {

@@ -281,7 +281,7 @@ bool CheckFp16WithEp(RuleContext& ctx) {
 bool CheckFp8Unsupported(RuleContext& ctx) {
   const Plan& p = ctx.plan();
   const GpuSpec& gpu = p.cluster.gpu;
-  if (p.precision != Precision::kFp8 || gpu.peak_fp8 > 0 ||
+  if (p.precision != Precision::kFp8 || gpu.peak_fp8 >= kMinFp8Peak ||
       (gpu.peak_bf16 <= 0 && gpu.name.empty())) {
     return false;
   }

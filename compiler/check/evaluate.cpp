@@ -573,11 +573,18 @@ Value Evaluator::CoerceInt(const Value& v, const CoerceSite& site) {
 namespace {
 
 // The interval a real field accepts, in words: "at least 0", "in (0, 1]".
+// A real field's range, its bounds in the field's unit (FLOP/s, bytes/s) where it has one.
 std::string RealRangeText(const FieldInfo& info) {
-  if (std::isinf(info.real_max))
-    return fmt::format("{} {}", info.real_min_open ? "greater than" : "at least", info.real_min);
-  return fmt::format("in {}{}, {}{}", info.real_min_open ? "(" : "[", info.real_min, info.real_max,
-                     info.real_max_open ? ")" : "]");
+  const std::optional<UnitDimension> dim = DimOf(info.type);
+  const auto bound = [&](double v) {
+    return dim ? Format(Value::Real(v, dim)) : fmt::format("{}", v);
+  };
+  if (std::isinf(info.real_max)) {
+    return fmt::format("{} {}", info.real_min_open ? "greater than" : "at least",
+                       bound(info.real_min));
+  }
+  return fmt::format("in {}{}, {}{}", info.real_min_open ? "(" : "[", bound(info.real_min),
+                     bound(info.real_max), info.real_max_open ? ")" : "]");
 }
 
 // An enum field's values joined by ", ", each between `quote`s.
@@ -604,7 +611,11 @@ Value Evaluator::CoerceReal(const Value& v, const CoerceSite& site) {
   Diag d(DiagKind::kValueOutOfRange,
          fmt::format("`{}` must be {}, got {}", site.path, RealRangeText(info), Format(v)));
   d.At(site.range, "out of range");
-  if (want) d.Note("a rate of zero or less would make every time estimate meaningless");
+  if (want) {
+    d.Note(
+        "device rates run from 1 GFLOP/s or 1 MB/s (a CPU core's) to 10^18: a rate near zero "
+        "would make every time estimate infinite");
+  }
   Report(std::move(d));
   return Value::Error();
 }

@@ -423,5 +423,15 @@ TEST_CASE("P0403: the help moves the override the plan gives") {
   CHECK(HasHelp(both.Check(), "P0403", "`first_stage_layers = 6` splits the rest evenly"));
 }
 
+TEST_CASE("sizes near 2^63 are checked in milliseconds, with fixes") {
+  // Divisors of 2^62 + 1 and of INT64_MAX come from their factorisation: a square-root scan took
+  // minutes for every fix the rules tried.
+  const TestPlan heads({"model.heads = 4611686018427387905", "parallel.tp = 8"});
+  CHECK(heads.Codes().find("P0306") != std::string::npos);
+  const TestPlan experts(
+      {"model.experts = 9223372036854775807", "model.topk = 2", "parallel.ep = 8"});
+  CHECK(experts.Codes().find("P0305") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace paraplan

@@ -340,9 +340,9 @@ void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
   if (m.IsMoe()) {
     add("--num-experts", Num(m.experts));
     add("--moe-router-topk", Num(m.topk));
-    add("--moe-ffn-hidden-size", Num(m.moe_ffn_hidden));
+    add("--moe-ffn-hidden-size", Num(m.ExpertFfn()));
     if (m.shared_experts > 0)
-      add("--moe-shared-expert-intermediate-size", Num(m.shared_experts * m.moe_ffn_hidden));
+      add("--moe-shared-expert-intermediate-size", Num(m.shared_experts * m.ExpertFfn()));
     if (m.moe_layer_freq == 1) {
       add("--moe-layer-freq",
           "'([0]*" + Num(m.dense_layers) + "+[1]*" + Num(m.layers - m.dense_layers) + ")'");
@@ -798,9 +798,9 @@ void NemoMoeKeys(const Plan& p, KeyValue& kv) {
   auto n = [](int64_t v) { return std::to_string(v); };
   kv("num_moe_experts", n(m.experts));
   kv("moe_router_topk", n(m.topk));
-  kv("moe_ffn_hidden_size", n(m.moe_ffn_hidden));
+  kv("moe_ffn_hidden_size", n(m.ExpertFfn()));
   if (m.shared_experts > 0)
-    kv("moe_shared_expert_intermediate_size", n(m.shared_experts * m.moe_ffn_hidden));
+    kv("moe_shared_expert_intermediate_size", n(m.shared_experts * m.ExpertFfn()));
   if (m.dense_layers > 0) {
     std::string list;
     for (int64_t i = 0; i < m.layers; ++i)

@@ -256,12 +256,11 @@ bool CheckLowerableShapes(const Plan& plan, DiagnosticSink& sink) {
   divide("ffn_hidden", m.ffn_hidden, "model.ffn_hidden", q.tp, "tp");
   // --- expert tensor parallelism: each expert's ffn split over etp ---
   if (m.IsMoe() && q.etp > 1)
-    divide("moe_ffn_hidden", m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden,
+    divide("moe_ffn_hidden", m.ExpertFfn(),
            m.moe_ffn_hidden > 0 ? "model.moe_ffn_hidden" : "model.ffn_hidden", q.etp, "etp");
   // --- end expert tensor parallelism ---
   if (m.IsMoe() && m.shared_experts > 0)  // mixture of experts: shared experts split like the MLP
-    divide("shared_experts · moe_ffn_hidden",
-           m.shared_experts * (m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden),
+    divide("shared_experts · moe_ffn_hidden", m.shared_experts * (m.ExpertFfn()),
            "model.shared_experts", q.tp, "tp");
   // --- expert parallelism: each Ep rank holds experts / ep experts ---
   if (m.IsMoe() && q.ep > 1 && m.experts % q.ep != 0) {
@@ -812,7 +811,7 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
   if (m.IsMoe()) {
     bs.moe.experts = m.experts;
     bs.moe.topk = std::max<int64_t>(1, m.topk);
-    bs.moe.ffn = m.moe_ffn_hidden > 0 ? m.moe_ffn_hidden : m.ffn_hidden;
+    bs.moe.ffn = m.ExpertFfn();
     bs.moe.shared_ffn = m.shared_experts * bs.moe.ffn;
     bs.moe.dense_layers = m.dense_layers;
     bs.moe.layer_freq = m.moe_layer_freq;

@@ -1550,6 +1550,26 @@ TEST_CASE("structural damage is reported before simulation") {
   CHECK(Joined(VerifyWorld(p)).find("chunk = 7 lies outside 0 .. 0") != std::string::npos);
 }
 
+TEST_CASE(
+    "a bucket naming a buffer out of range is refused on read, before `planc dump` sizes it") {
+  // `planc dump` measures each role's memory from its buckets: an index past the buffers (one
+  // damaged byte) crashed it while the structure check passed.
+  Program p = MustLower(TinyPlan(1, 1, 2), false);
+  REQUIRE(!p.roles[0].buckets.empty());
+  for (int32_t Bucket::*field : {&Bucket::grads, &Bucket::params}) {
+    Program q = p;
+    q.roles[0].buckets[0].*field = static_cast<int32_t>(q.roles[0].buffers.size()) + 0x20000;
+    const std::vector<uint8_t> bytes = ToFlatBuffer(q);
+    std::string error;
+    CHECK(!FromFlatBuffer(bytes.data(), bytes.size(), &error).has_value());
+    CHECK(error.find("bucket 0 names a buffer out of range") != std::string::npos);
+  }
+  Program q = p;
+  q.roles[0].buckets[0].exp_avg = -2;
+  CHECK(Joined(VerifyStructure(q)).find("bucket 0 names a buffer out of range") !=
+        std::string::npos);
+}
+
 // --- context parallelism ---
 
 Plan CpPlan(int64_t cp, int64_t tp, int64_t dp) {

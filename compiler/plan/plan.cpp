@@ -791,8 +791,12 @@ bool IsMoeLayer(const ModelSpec& m, int64_t index) {
 }
 int64_t ExpertCapacity(int64_t rows, int64_t topk, int64_t experts, double factor) {
   if (factor <= 0 || experts <= 0) return 0;
-  return static_cast<int64_t>(
-      std::ceil(static_cast<double>(rows * topk) / static_cast<double>(experts) * factor));
+  // A token reaches an expert at most once, so no expert receives more than `rows` pairs: a
+  // larger capacity drops nothing, and is held at `rows` (a factor of 1e12 would otherwise ask
+  // for buffers of 10^13 rows).
+  const double capacity = std::ceil(static_cast<double>(rows) * static_cast<double>(topk) /
+                                    static_cast<double>(experts) * factor);
+  return capacity >= static_cast<double>(rows) ? rows : static_cast<int64_t>(capacity);
 }
 std::string_view ToString(Position v) { return v == Position::kRope ? "rope" : "learned"; }
 std::string_view ToString(Framework v) {

@@ -155,8 +155,14 @@ struct ModelSpec {
   int64_t v_head_dim = 0;
 
   bool IsMoe() const { return experts > 0; }
+  // Each routed expert's FFN width: moe_ffn_hidden, or ffn_hidden when it is not set (as
+  // Megatron-Core defaults --moe-ffn-hidden-size).
+  int64_t ExpertFfn() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
   bool IsMla() const { return kv_lora_rank > 0; }
 };
+
+// An fp8 peak below this (FLOP/s) counts as no fp8 tensor cores (cluster.gpu.peak_fp8).
+inline constexpr double kMinFp8Peak = 1e9;
 
 // The precision record: how each kind of number is stored. Fields not written follow the
 // `precision` shorthand (EffectiveMixedPrecision).
@@ -400,7 +406,8 @@ bool IdleFp8Recipe(const Plan& plan);
 bool IsMoeLayer(const ModelSpec& model, int64_t index);
 // The routed pairs each expert keeps from `rows` rows with top-k routing over `experts` experts
 // at moe.capacity_factor `factor`: Megatron-Core's get_capacity, ceil(rows · topk / experts ·
-// factor); 0 without a capacity factor (factor <= 0).
+// factor), at most `rows` (a token reaches an expert once); 0 without a capacity factor (factor
+// <= 0).
 int64_t ExpertCapacity(int64_t rows, int64_t topk, int64_t experts, double factor);
 
 // --- Generic access by canonical path (used by --set, search, explain and tests) -----------

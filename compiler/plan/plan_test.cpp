@@ -364,4 +364,14 @@ TEST_CASE("VerifyPlan reports sizes below range and missing records") {
 }
 
 }  // namespace
+TEST_CASE("ExpertCapacity is Megatron's get_capacity, held at the rows an expert can receive") {
+  CHECK(ExpertCapacity(4096, 2, 64, 1.0) == 128);
+  CHECK(ExpertCapacity(4096, 2, 64, 1.25) == 160);
+  CHECK(ExpertCapacity(4096, 2, 64, 0) == 0);
+  // A token reaches an expert once: past `rows` a capacity drops nothing.
+  CHECK(ExpertCapacity(4096, 2, 64, 32) == 4096);
+  CHECK(ExpertCapacity(4096, 2, 64, 1e12) == 4096);
+  CHECK(ExpertCapacity(4096, 2, 64, 1e300) == 4096);
+}
+
 }  // namespace paraplan

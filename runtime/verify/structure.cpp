@@ -129,6 +129,13 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
   for (const Param& prm : role.params)
     if (prm.buffer < 0 || prm.buffer >= nb || prm.grad < 0 || prm.grad >= nb)
       out.push_back(fmt::format("{}: param '{}' names a buffer out of range", role.name, prm.name));
+  for (size_t k = 0; k < role.buckets.size(); ++k) {
+    const prog::mem::Bucket& bk = role.buckets[k];
+    bool bad = bk.params < 0 || bk.params >= nb || bk.grads < 0 || bk.grads >= nb;
+    for (int32_t b : {bk.master, bk.exp_avg, bk.exp_avg_sq, bk.param_shard, bk.grad_shard})
+      bad = bad || b < -1 || b >= nb;
+    if (bad) out.push_back(fmt::format("{}: bucket {} names a buffer out of range", role.name, k));
+  }
   for (const Chunk& c : role.chunks) {
     if (c.forward < 0 || c.forward >= static_cast<int32_t>(role.bodies.size()) || c.backward < 0 ||
         c.backward >= static_cast<int32_t>(role.bodies.size()))
