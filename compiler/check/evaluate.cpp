@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <tuple>
@@ -486,7 +487,12 @@ Value Evaluator::SweepField(Record* r, int idx, const Value& list, const ast::Ex
                      e.operands.size() == list.list->size() ? e.operands[i]->range : e.range, path);
     if (c.IsError()) return c;
     if (i == 0) first = c;
-    s.values.push_back(FormatForSet(c));
+    std::string text = FormatForSet(c);
+    if (std::find(s.values.begin(), s.values.end(), text) != s.values.end()) {
+      ++s.repeats;  // `[2, 2, 4]`: a repeated candidate is one candidate
+      continue;
+    }
+    s.values.push_back(std::move(text));
   }
   sweeps_.push_back(std::move(s));
   origin->derivation = fmt::format("{} is swept over {}", f.name, Format(list));

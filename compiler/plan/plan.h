@@ -278,6 +278,7 @@ struct Sweep {
   std::string path;                 // "parallel.tp"
   std::vector<std::string> values;  // each a value as --set would take it: "4", "true", "selective"
   SourceRange range;
+  int64_t repeats = 0;  // values written more than once (`[2, 2, 4]`): each is searched once
 };
 
 // Where each canonical path of a plan got its value: one slot per path (by FieldId::index),

@@ -297,6 +297,14 @@ std::string PrintSearchText(const Plan& base, const std::vector<SearchAxis>& axe
       "split, {} over {} of memory; {} fit\n",
       base.name, r.enumerated, r.duplicates, r.rejected_rules, r.rejected_partition,
       r.rejected_memory, FormatGiB(base.cluster.gpu.memory), r.fitting);
+  for (const Sweep& s : base.sweeps) {
+    if (s.repeats > 0) {
+      out += fmt::format(
+          "note: `{}` lists the same value more than once ({} repeat{}); each value is searched "
+          "once\n",
+          s.path, s.repeats, s.repeats == 1 ? "" : "s");
+    }
+  }
   if (r.best.empty()) return out;
   // Each column as wide as its header or its widest value, whichever is wider.
   const SearchCandidate& best = r.best.front();

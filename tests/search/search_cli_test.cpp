@@ -148,6 +148,17 @@ TEST_CASE("--top K limits the table to K candidates") {
   CHECK(r.status == 2);
 }
 
+TEST_CASE("a sweep that repeats a value searches it once and says so") {
+  const std::string plan = Write("small.plan", kPlan);
+  Result r = Planc("search " + plan + " --set 'parallel.tp=[2,2,4,2]' --top 100");
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(r.out.find("`parallel.tp` lists the same value more than once (2 repeats)") !=
+        std::string::npos);
+  Result once = Planc("search " + plan + " --set 'parallel.tp=[2,4]' --top 100");
+  REQUIRE_MESSAGE(once.status == 0, once.err);
+  CHECK(CountRows(r.out) == CountRows(once.out));
+}
+
 TEST_CASE("--format=json: every candidate's settings, peak memory, step time and MFU, ranked") {
   Result r = Planc("search " + Write("small.plan", kPlan) + " --format=json --top 40");
   REQUIRE_MESSAGE(r.status == 0, r.err);
