@@ -477,6 +477,61 @@ TEST_CASE(
   CHECK(syntax.Has("P0901"));
 }
 
+// A table where a setting takes a number: flattened, its keys would only be listed as not
+// recognised and the plan would take the default in silence.
+TEST_CASE("a table where a setting takes a number is P0902 at the key, in TOML, YAML and JSON") {
+  struct Case {
+    ConfigKind kind;
+    const char* text;
+    const char* message;
+    uint32_t line;
+  };
+  const Case cases[] = {
+      {ConfigKind::kTorchtitan,
+       "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nseq_len = {a = 1}\n",
+       "`training.seq_len` expects an integer, got a table", 5},
+      {ConfigKind::kTorchtitan,
+       "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism.pipeline_parallel_degree]\n"
+       "a = 2\n",
+       "`parallelism.pipeline_parallel_degree` expects an integer, got a table", 4},
+      {ConfigKind::kTorchtitan,
+       "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism]\n"
+       "context_parallel_degree = {}\n",
+       "`parallelism.context_parallel_degree` expects an integer, got a table", 5},
+      {ConfigKind::kNemo, "model:\n  micro_batch_size:\n    a: 1\n",
+       "`model.micro_batch_size` expects an integer, got a table", 2},
+      {ConfigKind::kNemo, "model:\n  virtual_pipeline_model_parallel_size: {a: 2}\n",
+       "`model.virtual_pipeline_model_parallel_size` expects an integer, got a table", 2},
+      {ConfigKind::kNemo, "model:\n  context_parallel_size: {}\n",
+       "`model.context_parallel_size` expects an integer, got a table", 2},
+      {ConfigKind::kNemo, "trainer:\n  num_nodes: 1\n  devices:\n    count: 8\n",
+       "`trainer.devices` expects an integer, got a table", 3},
+      {ConfigKind::kDeepSpeed, "{\"train_batch_size\": {\"a\": 8}}",
+       "`train_batch_size` expects an integer, got a table", 1},
+      {ConfigKind::kDeepSpeed,
+       "{\"train_batch_size\": 8,\n \"zero_optimization\": {\"stage\": {\"a\": 2}}}",
+       "`zero_optimization.stage` expects an integer, got a table", 2},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.text);
+    Imported im(c.kind, c.text);
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message == c.message);
+    CHECK(im.sm.Position(d.primary.buffer, d.primary.begin).line == c.line);
+  }
+  // A table of keys the file may hold (a section, Megatron-Bridge's mixed_precision) is no error.
+  Imported sections(ConfigKind::kNemo,
+                    std::string("mixed_precision:\n  grad_reduce_in_fp32: true\n") +
+                        "model:\n  num_layers: 32\n  hidden_size: 4096\n"
+                        "  num_attention_heads: 32\n  seq_length: 4096\n"
+                        "  vocab_size: 32000\n");
+  REQUIRE(sections.plan);
+  CHECK(sections.plan->text.find("grads = fp32") != std::string::npos);
+}
+
 TEST_CASE("NeMo YAML: trainer and model keys, interpolation, unknown keys noted at their line") {
   Imported im(
       ConfigKind::kNemo,
