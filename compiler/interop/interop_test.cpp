@@ -415,6 +415,81 @@ TEST_CASE(
   CHECK(sm.Slice(s.words[0].range) == "--x");
 }
 
+// What bash gives for each form: ${A:-${B:-12}} is 12 with neither set, not ''.
+TEST_CASE("the shell scanner expands defaults, assigned defaults and alternatives as bash does") {
+  struct Case {
+    const char* script;
+    const char* value;  // the last word, as bash gives it
+  };
+  const Case cases[] = {
+      {"X=${LAYERS:-${DEFAULT_LAYERS:-12}}\nrun $X\n", "12"},
+      {"D=6\nX=${LAYERS:-${D}0}\nrun $X\n", "60"},
+      {"X=${A:=12}\nrun $X$A\n", "1212"},
+      {"A=\nrun ${A=12}4\n", "4"},
+      {"A=\nX=${A:=12}\nrun $A\n", "12"},
+      {"run ${A-12}\n", "12"},
+      {"A=\nrun ${A-12}x\n", "x"},
+      {"run ${A:+x}12\n", "12"},
+      {"A=\nrun ${A:+x}12\n", "12"},
+      {"A=1\nrun ${A:+4}\n", "4"},
+      {"A=1\nrun ${A+4}\n", "4"},
+      {"A=1\nrun ${A:?unset}\n", "1"},
+      {"A=12\nrun ${B:-\"$A\"}\n", "12"},
+      {"A=12\nrun ${B:-'$A'}\n", "$A"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.script);
+    SourceManager sm;
+    uint32_t b = sm.AddBuffer("s.sh", c.script, BufferKind::kFile);
+    interop::ShellScript s = interop::ScanShellScript(sm, b);
+    REQUIRE(!s.words.empty());
+    CHECK(s.words.back().text == c.value);
+    CHECK(s.words.back().unresolved.empty());
+  }
+}
+
+TEST_CASE(
+    "a flag's value from ${A:?msg} with A unset, or from a form planc does not read, is "
+    "P0902 naming it") {
+  struct Case {
+    const char* script;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"X=${LAYERS:?set LAYERS}\npython pretrain_gpt.py --num-layers $X\n",
+       "the value of `--num-layers` comes from `${LAYERS:?set LAYERS}`, which stops the shell: "
+       "`LAYERS` is not set in the script (LAYERS: set LAYERS)"},
+      {"python pretrain_gpt.py --num-layers ${LAYERS?}\n",
+       "the value of `--num-layers` comes from `${LAYERS?}`, which stops the shell: `LAYERS` is "
+       "not set in the script (LAYERS: parameter null or not set)"},
+      {"A=12.5\npython pretrain_gpt.py --num-layers ${A%.*}\n",
+       "the value of `--num-layers` comes from `${A%.*}`, a suffix removal (`%`) that planc does "
+       "not evaluate"},
+      {"A=12\npython pretrain_gpt.py --num-layers ${#A}\n",
+       "the value of `--num-layers` comes from `${#A}`, a length (`${#NAME}`) that planc does not "
+       "evaluate"},
+      {"A=12\nX=${A:0:1}\npython pretrain_gpt.py --num-layers $X\n",
+       "the value of `--num-layers` comes from `${A:0:1}`, a substring (`:offset`) that planc "
+       "does not evaluate"},
+      {"A=ab\npython pretrain_gpt.py --num-layers ${A/a/1}\n",
+       "the value of `--num-layers` comes from `${A/a/1}`, a pattern substitution (`/`) that "
+       "planc does not evaluate"},
+      // Assigned from a variable the script does not set: not '' later either.
+      {"X=$SLURM_LAYERS\npython pretrain_gpt.py --num-layers $X\n",
+       "the value of `--num-layers` comes from `SLURM_LAYERS`, which the script does not set"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.script);
+    Imported im(ConfigKind::kMegatron, c.script);
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message == c.message);
+    CHECK(im.sm.Slice(d.primary).substr(0, 12) == "--num-layers");
+  }
+}
+
 TEST_CASE("quoted array items hold a flag and its value; a list variable's flag is still listed") {
   Imported im(
       ConfigKind::kMegatron,
