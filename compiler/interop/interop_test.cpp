@@ -983,6 +983,88 @@ TEST_CASE("DeepSpeed JSON with a Megatron-DeepSpeed script; the JSON alone names
   CHECK(syntax.Has("P0901"));
 }
 
+constexpr const char* kTinyScript =
+    "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+    "--num-attention-heads 8 --seq-length 64 --vocab-size 512 --micro-batch-size 1 "
+    "--global-batch-size 16 --bf16\n";
+
+// The A100 40GB is a GPU record of std.gpus over the dgx_a100 cluster; the written plan imports
+// both, whether the model is a record of its own (the probe evaluates it with the cluster) or a
+// stdlib model.
+TEST_CASE("every --gpu name imports from every kind, and the plan evaluates on that GPU") {
+  const std::pair<ConfigKind, std::string> files[] = {
+      {ConfigKind::kMegatron, kTinyScript},
+      {ConfigKind::kNemo, std::string(kBridgeModel) + "trainer:\n  num_nodes: 1\n  devices: 8\n"},
+      {ConfigKind::kTorchtitan, "[model]\nname = \"llama3\"\nflavor = \"8B\"\n"},
+  };
+  const std::pair<const char*, const char*> gpus[] = {
+      {"h100", "h100_sxm"},  {"h200", "h200"},           {"h800", "h800"},
+      {"a100", "a100_80gb"}, {"a100_80gb", "a100_80gb"}, {"a100_40gb", "a100_40gb"}};
+  REQUIRE(ImportGpuNames().size() == std::size(gpus));
+  for (const auto& file : files) {
+    for (const auto& gpu : gpus) {
+      CAPTURE(ToString(file.first));
+      CAPTURE(gpu.first);
+      Imported im(file.first, file.second, ImportOptions{.gpu = gpu.first});
+      REQUIRE(im.plan);
+      REQUIRE(im.checked);
+      CHECK(im.checked->cluster.gpu.name == gpu.second);
+      CHECK((im.plan->text.find("import std.gpus\n") != std::string::npos) ==
+            (std::string(gpu.first) == "a100_40gb"));
+    }
+  }
+  // Only the names themselves: a path or a name with more around it is no GPU.
+  for (const char* bad : {"../h100", "x/../a100", "a100/..", "h100;", "H100", "a100_40"}) {
+    CAPTURE(bad);
+    Imported im(ConfigKind::kMegatron, kTinyScript, ImportOptions{.gpu = bad});
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    CHECK(im.sink.diagnostics()[0].message ==
+          "no stdlib cluster has the GPU `" + std::string(bad) + "`");
+  }
+}
+
+TEST_CASE("a cluster whose nodes · GPUs per node is past 64 bits is P0902 at its settings") {
+  Imported nemo(
+      ConfigKind::kNemo,
+      std::string(kBridgeModel) + "trainer:\n  num_nodes: 128\n  devices: 9223372036854775807\n");
+  CHECK(!nemo.plan);
+  REQUIRE(!nemo.sink.diagnostics().empty());
+  const Diagnostic& d = nemo.sink.diagnostics()[0];
+  CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+  CHECK(d.message ==
+        "the cluster's size is out of range: `nodes · gpus_per_node` = 128 · 9223372036854775807 "
+        "is past 64 bits");
+  CHECK(nemo.sm.Slice(d.primary) == "num_nodes: 128");
+  REQUIRE(d.labels.size() == 1);
+  CHECK(nemo.sm.Slice(d.labels[0].range) == "devices: 9223372036854775807");
+
+  // The launcher's node count, with the stdlib cluster's 8 GPUs per node.
+  Imported megatron(ConfigKind::kMegatron,
+                    "NNODES=9223372036854775807\ntorchrun --nnodes $NNODES pretrain_gpt.py "
+                    "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 64 "
+                    "--vocab-size 512\n");
+  CHECK(!megatron.plan);
+  REQUIRE(!megatron.sink.diagnostics().empty());
+  CHECK(megatron.sink.diagnostics()[0].message ==
+        "the cluster's size is out of range: `nodes · gpus_per_node` = 9223372036854775807 · 8 "
+        "is past 64 bits");
+  CHECK(megatron.sm.Slice(megatron.sink.diagnostics()[0].primary) == "--nnodes $NNODES");
+
+  // The command line's node count times the file's GPUs per node.
+  Imported option(ConfigKind::kNemo,
+                  std::string(kBridgeModel) + "trainer:\n  devices: 4611686018427387904\n",
+                  ImportOptions{.nodes = 2});
+  CHECK(!option.plan);
+  REQUIRE(!option.sink.diagnostics().empty());
+  CHECK(option.sm.Slice(option.sink.diagnostics()[0].primary) == "devices: 4611686018427387904");
+  // One less fits in 64 bits: the plan's own checks take it from there.
+  Imported fits(ConfigKind::kNemo,
+                std::string(kBridgeModel) + "trainer:\n  devices: 4611686018427387903\n",
+                ImportOptions{.nodes = 2});
+  CHECK(fits.plan);
+}
+
 }  // namespace
 }  // namespace paraplan
 
