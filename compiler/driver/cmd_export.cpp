@@ -110,7 +110,7 @@ int RunExport(const std::vector<std::string>& args) {
   }
   if (!WriteOutputFile(out_path, result.text, &error) ||
       (!companion.empty() && !WriteOutputFile(companion, result.companion_text, &error))) {
-    std::fprintf(stderr, "planc export: cannot write: %s\n", error.c_str());
+    std::fprintf(stderr, "planc export: %s\n", error.c_str());
     return kExitInputError;
   }
   return kExitOk;

@@ -55,6 +55,8 @@ int RunImport(const std::vector<std::string>& args) {
       auto f = ParseDiagFormat(a.substr(14));
       if (!f) return Usage("--diagnostics takes text, short, json or sarif");
       format = *f;
+    } else if (a.empty() && file.empty()) {
+      return Usage("the configuration file path is empty");
     } else if (!a.empty() && a[0] != '-' && file.empty()) {
       file = a;
     } else {
@@ -81,7 +83,7 @@ int RunImport(const std::vector<std::string>& args) {
   if (SameFile(out_path, file))
     return Usage("-o " + out_path + " would overwrite the file it imports");
   if (!WriteOutputFile(out_path, imported->text, &error)) {
-    std::fprintf(stderr, "planc import: cannot write '%s': %s\n", out_path.c_str(), error.c_str());
+    std::fprintf(stderr, "planc import: %s\n", error.c_str());
     return kExitInputError;
   }
   return kExitOk;

@@ -14,6 +14,7 @@ namespace paraplan {
 bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* opts,
                        std::vector<std::string>* rest, std::string* error) {
   ImportArgs import;
+  bool empty_path = false;  // an empty argument where the file belongs
   auto value_of = [&](size_t& i, std::string_view flag, std::string* out) -> bool {
     const std::string& a = args[i];
     if (a.size() > flag.size() && a.compare(0, flag.size(), flag) == 0 && a[flag.size()] == '=') {
@@ -57,14 +58,17 @@ bool ParseFrontendArgs(const std::vector<std::string>& args, FrontendOptions* op
       opts->include_dirs.push_back(args[++i]);
     } else if (a.size() > 2 && a.compare(0, 2, "-I") == 0) {
       opts->include_dirs.push_back(a.substr(2));
+    } else if (a.empty() && opts->file.empty()) {
+      empty_path = true;
     } else if (!a.empty() && a[0] != '-' && opts->file.empty()) {
       opts->file = a;
     } else {
       rest->push_back(a);
     }
   }
-  if (opts->file.empty()) {
-    *error = import.kind ? "no configuration file given" : "no plan file given";
+  if (opts->file.empty() || empty_path) {
+    const std::string what = import.kind ? "configuration file" : "plan file";
+    *error = empty_path ? "the " + what + " path is empty" : "no " + what + " given";
     return false;
   }
   if (!import.kind &&

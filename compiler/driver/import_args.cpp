@@ -1,8 +1,35 @@
 #include "compiler/driver/import_args.h"
 
-#include "compiler/interop/draft.h"
+#include <algorithm>
+#include <charconv>
 
 namespace paraplan {
+namespace {
+
+constexpr int64_t kMaxCount = 1'000'000;
+
+// A count as written on a command line: decimal digits without a sign, blank or leading zero
+// (`08`, `+8`, ` 8` and `0x8` are refused rather than read some other way); nullopt otherwise or
+// past kMaxCount.
+std::optional<int64_t> ParseCount(std::string_view text) {
+  if (text.empty() || text[0] < '1' || text[0] > '9') return std::nullopt;
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v > kMaxCount) return std::nullopt;
+  return v;
+}
+
+std::string GpuNameList() {
+  std::string list;
+  const std::span<const std::string_view> names = ImportGpuNames();
+  for (size_t i = 0; i < names.size(); ++i) {
+    list += i == 0 ? "" : i + 1 == names.size() ? " or " : ", ";
+    list += names[i];
+  }
+  return list;
+}
+
+}  // namespace
 
 int TakeImportArg(const std::vector<std::string>& args, size_t& i, ImportArgs* out,
                   std::string* error) {
@@ -28,15 +55,17 @@ int TakeImportArg(const std::vector<std::string>& args, size_t& i, ImportArgs* o
         return -1;
       }
     } else if (n == "--gpu") {
-      if (value.empty()) {
-        *error = "--gpu needs a GPU name (h100, h200, h800, a100, a100_40gb)";
+      const std::span<const std::string_view> names = ImportGpuNames();
+      if (std::find(names.begin(), names.end(), value) == names.end()) {
+        *error = "--gpu takes " + GpuNameList() + ", got '" + value + "'";
         return -1;
       }
       out->options.gpu = value;
     } else {
-      auto v = interop::ParseInteger(value);
-      if (!v || *v < 1 || *v > 1'000'000) {
-        *error = n + " takes a count from 1 to 1000000, got '" + value + "'";
+      auto v = ParseCount(value);
+      if (!v) {
+        *error = n + " takes a count from 1 to " + std::to_string(kMaxCount) +
+                 " in decimal digits, got '" + value + "'";
         return -1;
       }
       (n == "--nodes" ? out->options.nodes : out->options.gpus_per_node) = *v;

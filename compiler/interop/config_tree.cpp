@@ -48,6 +48,8 @@ std::string TypeName(ValueType t) {
       return "a list";
     case ValueType::kNull:
       return "null";
+    case ValueType::kTable:
+      return "a table";
   }
   return "?";
 }
@@ -65,19 +67,27 @@ ValueType ScalarType(const std::string& s) {
   return ValueType::kString;
 }
 
+// The entry of a key whose value is a table: its keys follow it as entries of their own.
+ConfigEntry TableEntry(ConfigEntry e) {
+  e.type = ValueType::kTable;
+  e.text = "{...}";
+  return e;
+}
+
 void FlattenToml(const toml::table& table, const std::string& prefix, const SourceManager& sm,
                  uint32_t buffer, std::vector<ConfigEntry>& out) {
   for (const auto& [k, node] : table) {
     std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
-    if (const toml::table* t = node.as_table()) {
-      FlattenToml(*t, key, sm, buffer, out);
-      continue;
-    }
     ConfigEntry e;
     e.key = key;
     const auto& src = k.source().begin ? k.source() : node.source();
     uint32_t begin = Offset(sm, buffer, src.begin.line, src.begin.column);
     e.range = {buffer, begin, LineEnd(sm, buffer, begin)};
+    if (const toml::table* t = node.as_table()) {
+      out.push_back(TableEntry(std::move(e)));
+      FlattenToml(*t, key, sm, buffer, out);
+      continue;
+    }
     if (auto v = node.as_integer()) {
       e.type = ValueType::kInt;
       e.text = std::to_string(v->get());
@@ -120,13 +130,14 @@ void FlattenYaml(const YAML::Node& node, const std::string& prefix, uint32_t buf
     const YAML::Node& v = it->second;
     YAML::Mark m = it->first.Mark();
     uint32_t begin = m.pos >= 0 ? static_cast<uint32_t>(m.pos) : 0;
-    if (v.IsMap()) {
-      FlattenYaml(v, key, buffer, sm, out);
-      continue;
-    }
     ConfigEntry e;
     e.key = key;
     e.range = {buffer, begin, LineEnd(sm, buffer, begin)};
+    if (v.IsMap()) {
+      out.push_back(TableEntry(std::move(e)));
+      FlattenYaml(v, key, buffer, sm, out);
+      continue;
+    }
     if (v.IsSequence()) {
       e.type = ValueType::kList;
       bool lists = true;
@@ -169,13 +180,14 @@ void FlattenJson(const llvm::json::Object& object, const std::string& prefix, ui
   for (const auto& [at, k] : keys) {
     const llvm::json::Value* v = object.get(k);
     std::string key = prefix.empty() ? k : prefix + "." + k;
-    if (const llvm::json::Object* o = v->getAsObject()) {
-      FlattenJson(*o, key, at, buffer, sm, out);
-      continue;
-    }
     ConfigEntry e;
     e.key = key;
     e.range = {buffer, at, LineEnd(sm, buffer, at)};
+    if (const llvm::json::Object* o = v->getAsObject()) {
+      out.push_back(TableEntry(std::move(e)));
+      FlattenJson(*o, key, at, buffer, sm, out);
+      continue;
+    }
     if (auto i = v->getAsInteger()) {
       e.type = ValueType::kInt;
       e.text = std::to_string(*i);
@@ -299,6 +311,7 @@ bool ApplyRows(std::span<const ConfigEntry> entries, std::span<const SettingRow>
     const std::string source =
         e.key + " = " + (e.type == ValueType::kList ? "[" + e.text + "]" : e.text);
     const SettingRow* row = FindRow(rows, e.key);
+    if (!row && e.type == ValueType::kTable) continue;  // a section: its keys are listed
     if (!row) {
       const SkippedRow* s = FindSkipped(skipped, e.key);
       draft.Skip(source, e.range, s ? std::string(s->reason) : "not recognised by planc");
@@ -324,10 +337,11 @@ bool ApplyRows(std::span<const ConfigEntry> entries, std::span<const SettingRow>
                    (row->convert == Convert::kEnum &&
                     (e.type == ValueType::kInt || e.type == ValueType::kBool));
     if (!type_ok) {
-      sink.Report(Diag(DiagKind::kConfigBadValue, "`" + e.key + "` expects " + TypeName(want) +
-                                                      ", got " + TypeName(e.type) +
-                                                      (e.text.empty() ? "" : " (" + e.text + ")"))
-                      .At(e.range));
+      sink.Report(
+          Diag(DiagKind::kConfigBadValue,
+               "`" + e.key + "` expects " + TypeName(want) + ", got " + TypeName(e.type) +
+                   (e.text.empty() || e.type == ValueType::kTable ? "" : " (" + e.text + ")"))
+              .At(e.range));
       ok = false;
       continue;
     }

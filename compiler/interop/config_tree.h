@@ -17,12 +17,14 @@
 
 namespace paraplan::interop {
 
-enum class ValueType : uint8_t { kInt, kReal, kBool, kString, kList, kNull };
+// kTable: a table, mapping or object, whose own keys are entries of their own after it.
+enum class ValueType : uint8_t { kInt, kReal, kBool, kString, kList, kNull, kTable };
 
 struct ConfigEntry {
   std::string key;  // "parallelism.tensor_parallel_degree"
-  std::string
-      text;  // the value: "2", "true", "bfloat16", "[0.9, 0.95]" (lists: items joined by ", ")
+  // The value: "2", "true", "bfloat16", "0.9, 0.95" (lists: items joined by ", "), "{...}" for a
+  // table.
+  std::string text;
   ValueType type;
   std::vector<std::string> items;  // kList: the items' texts
   // A YAML list of lists of scalars (Megatron-Bridge's pipeline layout): each inner list's
@@ -39,9 +41,9 @@ std::optional<std::vector<ConfigEntry>> ReadJson(const SourceManager& sm, uint32
                                                  DiagnosticSink& sink);
 
 // Applies `rows` to the entries: a row's key sets its path (a later entry of the same key wins);
-// a key in `skipped` or in none of them is listed as not imported. Entries whose key is in
-// `handled` are left to the caller. A value of the wrong type is P0902 at its line. false when
-// any value failed.
+// a key in `skipped` or in none of them is listed as not imported (a table through its own keys).
+// Entries whose key is in `handled` are left to the caller. A value of the wrong type (a table
+// or a list where a row takes a number) is P0902 at its line. false when any value failed.
 bool ApplyRows(std::span<const ConfigEntry> entries, std::span<const SettingRow> rows,
                std::span<const SkippedRow> skipped, std::span<const std::string_view> handled,
                PlanDraft& draft, DiagnosticSink& sink);

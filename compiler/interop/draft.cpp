@@ -1,6 +1,7 @@
 #include "compiler/interop/draft.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "compiler/base/checked.h"
 #include "compiler/check/evaluate.h"
 
 namespace paraplan::interop {
@@ -150,21 +152,37 @@ bool IsShapeField(std::string_view path) {
 }
 
 struct GpuChoice {
-  std::string cluster;  // stdlib cluster record
-  std::string gpu;      // a gpu override, or empty
+  std::string_view name;     // as --gpu takes it
+  std::string_view cluster;  // stdlib cluster record
+  std::string_view gpu;      // a gpu override (a record of std.gpus), or empty
 };
 
-std::optional<GpuChoice> ChooseCluster(std::string name) {
+// Every cluster here has 8 GPUs per node (stdlib/clusters.plan), the size a plan takes when the
+// file and the command line state none.
+constexpr GpuChoice kGpuChoices[] = {
+    {"h100", "dgx_h100", ""},      {"h200", "dgx_h200", ""},
+    {"h800", "hgx_h800", ""},      {"a100", "dgx_a100", ""},
+    {"a100_80gb", "dgx_a100", ""}, {"a100_40gb", "dgx_a100", "a100_40gb"}};
+constexpr int64_t kClusterGpusPerNode = 8;
+
+const GpuChoice* ExactGpuChoice(std::string_view name) {
+  for (const GpuChoice& c : kGpuChoices) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+// The GPU as a file names it ("h100", "A100-80GB", "NVIDIA H100 80GB HBM3").
+const GpuChoice* ChooseCluster(std::string_view name) {
   std::string n;
   for (char c : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (n.find("h100") != std::string::npos) return GpuChoice{"dgx_h100", ""};
-  if (n.find("h200") != std::string::npos) return GpuChoice{"dgx_h200", ""};
-  if (n.find("h800") != std::string::npos) return GpuChoice{"hgx_h800", ""};
-  if (n.find("a100") != std::string::npos) {
-    if (n.find("40") != std::string::npos) return GpuChoice{"dgx_a100", "a100_40gb"};
-    return GpuChoice{"dgx_a100", ""};
+  for (std::string_view gpu : {"h100", "h200", "h800"}) {
+    if (n.find(gpu) != std::string::npos) return ExactGpuChoice(gpu);
   }
-  return std::nullopt;
+  if (n.find("a100") != std::string::npos) {
+    return ExactGpuChoice(n.find("40") != std::string::npos ? "a100_40gb" : "a100");
+  }
+  return nullptr;
 }
 
 struct StdlibModel {
@@ -290,7 +308,7 @@ class ImportedPlanWriter {
     out.plan_name = options_.plan_name.empty() ? PlanNameFromFile(file_name_) : options_.plan_name;
     if (!ChooseGpu()) return std::nullopt;
     CollectSettings();
-    if (!CheckModelStated()) return std::nullopt;
+    if (!CheckWorldSize() || !CheckModelStated()) return std::nullopt;
     stdlib_models_ = LoadStdlibModels(options_.stdlib_dir);
     if (!draft_.stdlib_model.empty() && !ProbeNamedModel()) return std::nullopt;
     if (!named_ && !ProbeModelRecord()) return std::nullopt;
@@ -316,7 +334,8 @@ class ImportedPlanWriter {
       gpu = "h100";
       gpu_comment_ = "the file names no GPU: H100 assumed (planc import --gpu NAME)";
     }
-    auto cluster = ChooseCluster(gpu);
+    // --gpu is a name of the list; a file's GPU is read as people write it.
+    const GpuChoice* cluster = options_.gpu.empty() ? ChooseCluster(gpu) : ExactGpuChoice(gpu);
     if (!cluster) {
       sink_.Report(
           Diag(DiagKind::kConfigBadValue, "no stdlib cluster has the GPU `" + gpu + "`")
@@ -325,9 +344,34 @@ class ImportedPlanWriter {
               .Help("pass --gpu h100, h200, h800, a100 or a100_40gb"));
       return false;
     }
-    cluster_expr_ = cluster->gpu.empty() ? cluster->cluster
-                                         : cluster->cluster + " { gpu = " + cluster->gpu + " }";
+    cluster_expr_ = std::string(cluster->cluster);
+    if (!cluster->gpu.empty()) {
+      // The GPU record is std.gpus', which std.clusters does not re-export.
+      cluster_imports_ += "import std.gpus\n";
+      cluster_expr_ += " { gpu = " + std::string(cluster->gpu) + " }";
+    }
+    cluster_imports_ += "import std.clusters\n";
     return true;
+  }
+
+  // The world, nodes · GPUs per node, in 64 bits: a file's or the command line's counts whose
+  // product is past it would wrap in every sum the plan makes.
+  bool CheckWorldSize() {
+    const DraftSetting* nodes = Find(fields::kClusterNodes);
+    const DraftSetting* per_node = Find(fields::kClusterGpusPerNode);
+    const std::optional<int64_t> n = nodes ? ParseInteger(nodes->value) : std::nullopt;
+    const std::optional<int64_t> g = per_node ? ParseInteger(per_node->value) : kClusterGpusPerNode;
+    if (!n || !g || CheckedMul(*n, *g)) return true;  // not a count: the plan's check says so
+    const DraftSetting* at = nodes->origin.IsValid() || !per_node ? nodes : per_node;
+    Diag d(DiagKind::kConfigBadValue,
+           "the cluster's size is out of range: `nodes · gpus_per_node` = " + std::to_string(*n) +
+               " · " + std::to_string(*g) + " is past 64 bits");
+    d.At(at->origin.IsValid() ? at->origin : SourceRange{config_buffer_, 0, 0}, at->source);
+    if (per_node && per_node != at && per_node->origin.IsValid())
+      d.Label(per_node->origin, per_node->source);
+    d.Help("state the cluster's real size, or pass --nodes N --gpus-per-node G to planc");
+    sink_.Report(std::move(d));
+    return false;
   }
 
   // The draft's settings with the command line's counts, and the model's among them.
@@ -394,7 +438,7 @@ class ImportedPlanWriter {
   bool ProbeModelRecord() {
     SourceManager probe_sm;
     DiagnosticSink probe_sink;
-    std::string text = "import std.clusters\nmodel imported_model {\n";
+    std::string text = cluster_imports_ + "model imported_model {\n";
     for (const DraftSetting* s : model_settings_)
       text += "  " + Leaf(s->path) + " = " + s->value + "\n";
     if (!Find(fields::kModelVocab)) text += "  vocab = 1\n";
@@ -408,9 +452,13 @@ class ImportedPlanWriter {
     for (const Diagnostic& d : probe_sink.diagnostics()) {
       if (d.level != DiagLevel::kError) continue;
       uint32_t line = probe_sm.Position(d.primary.buffer, d.primary.begin).line;
-      // Line 1 is the import, line 2 the record header: model setting k is on line k + 2.
+      // The imports, then the record header: model setting k (from 0) is on line k + first.
+      const uint32_t first = static_cast<uint32_t>(std::count(cluster_imports_.begin(),
+                                                              cluster_imports_.end(), '\n')) +
+                             2;
       SourceRange at;
-      if (line >= 3 && line - 3 < model_settings_.size()) at = model_settings_[line - 3]->origin;
+      if (line >= first && line - first < model_settings_.size())
+        at = model_settings_[line - first]->origin;
       sink_.Report(Diag(DiagKind::kConfigBadValue,
                         "this model setting is not a valid plan value: " + d.message)
                        .At(at.IsValid() ? at : SourceRange{config_buffer_, 0, 0}));
@@ -502,7 +550,10 @@ class ImportedPlanWriter {
       }
     }
     w.Line("", "", {});
-    w.Line("import std.clusters", "", {});
+    for (size_t at = 0, end; (end = cluster_imports_.find('\n', at)) != std::string::npos;
+         at = end + 1) {
+      w.Line(cluster_imports_.substr(at, end - at), "", {});
+    }
     if (match_) w.Line("import std.models." + match_->module, "", {});
     w.Line("", "", {});
   }
@@ -606,6 +657,7 @@ class ImportedPlanWriter {
   std::string gpu_comment_;
   SourceRange gpu_origin_;
   std::string cluster_expr_;
+  std::string cluster_imports_;  // the imports cluster_expr_ needs, one per line
   std::vector<DraftSetting> settings_;
   std::vector<const DraftSetting*> model_settings_;  // into settings_
   std::vector<StdlibModel> stdlib_models_;
@@ -625,6 +677,15 @@ std::optional<ImportedPlan> WriteImportedPlan(const PlanDraft& draft, const Impo
 }  // namespace paraplan::interop
 
 namespace paraplan {
+
+std::span<const std::string_view> ImportGpuNames() {
+  static constexpr auto kNames = [] {
+    std::array<std::string_view, std::size(interop::kGpuChoices)> names{};
+    for (size_t i = 0; i < names.size(); ++i) names[i] = interop::kGpuChoices[i].name;
+    return names;
+  }();
+  return kNames;
+}
 
 void ApplyImportedOrigins(const ImportedPlan& imported, uint32_t plan_buffer,
                           const SourceManager& sm, Plan& plan) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,11 +39,15 @@ std::string_view ToString(ConfigKind kind);
 // The framework's name as people write it: "Megatron-LM", "torchtitan", ...
 std::string_view FrameworkName(ConfigKind kind);
 
+// The GPU names `--gpu` takes, each a stdlib cluster: "h100", "h200", "h800", "a100" (the 80 GB
+// A100, also "a100_80gb"), "a100_40gb".
+std::span<const std::string_view> ImportGpuNames();
+
 struct ImportOptions {
   // The cluster where the file does not say (command line of planc import / --from).
   std::optional<int64_t> nodes;
   std::optional<int64_t> gpus_per_node;
-  std::string gpu;  // "h100", "a100", "a100_40gb", "h200", "h800"; empty: from the file or h100
+  std::string gpu;         // one of ImportGpuNames(); empty: from the file, or h100
   std::string plan_name;   // empty: derived from the file name
   std::string stdlib_dir;  // to match the model against stdlib shapes
 };

@@ -415,6 +415,81 @@ TEST_CASE(
   CHECK(sm.Slice(s.words[0].range) == "--x");
 }
 
+// What bash gives for each form: ${A:-${B:-12}} is 12 with neither set, not ''.
+TEST_CASE("the shell scanner expands defaults, assigned defaults and alternatives as bash does") {
+  struct Case {
+    const char* script;
+    const char* value;  // the last word, as bash gives it
+  };
+  const Case cases[] = {
+      {"X=${LAYERS:-${DEFAULT_LAYERS:-12}}\nrun $X\n", "12"},
+      {"D=6\nX=${LAYERS:-${D}0}\nrun $X\n", "60"},
+      {"X=${A:=12}\nrun $X$A\n", "1212"},
+      {"A=\nrun ${A=12}4\n", "4"},
+      {"A=\nX=${A:=12}\nrun $A\n", "12"},
+      {"run ${A-12}\n", "12"},
+      {"A=\nrun ${A-12}x\n", "x"},
+      {"run ${A:+x}12\n", "12"},
+      {"A=\nrun ${A:+x}12\n", "12"},
+      {"A=1\nrun ${A:+4}\n", "4"},
+      {"A=1\nrun ${A+4}\n", "4"},
+      {"A=1\nrun ${A:?unset}\n", "1"},
+      {"A=12\nrun ${B:-\"$A\"}\n", "12"},
+      {"A=12\nrun ${B:-'$A'}\n", "$A"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.script);
+    SourceManager sm;
+    uint32_t b = sm.AddBuffer("s.sh", c.script, BufferKind::kFile);
+    interop::ShellScript s = interop::ScanShellScript(sm, b);
+    REQUIRE(!s.words.empty());
+    CHECK(s.words.back().text == c.value);
+    CHECK(s.words.back().unresolved.empty());
+  }
+}
+
+TEST_CASE(
+    "a flag's value from ${A:?msg} with A unset, or from a form planc does not read, is "
+    "P0902 naming it") {
+  struct Case {
+    const char* script;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"X=${LAYERS:?set LAYERS}\npython pretrain_gpt.py --num-layers $X\n",
+       "the value of `--num-layers` comes from `${LAYERS:?set LAYERS}`, which stops the shell: "
+       "`LAYERS` is not set in the script (LAYERS: set LAYERS)"},
+      {"python pretrain_gpt.py --num-layers ${LAYERS?}\n",
+       "the value of `--num-layers` comes from `${LAYERS?}`, which stops the shell: `LAYERS` is "
+       "not set in the script (LAYERS: parameter null or not set)"},
+      {"A=12.5\npython pretrain_gpt.py --num-layers ${A%.*}\n",
+       "the value of `--num-layers` comes from `${A%.*}`, a suffix removal (`%`) that planc does "
+       "not evaluate"},
+      {"A=12\npython pretrain_gpt.py --num-layers ${#A}\n",
+       "the value of `--num-layers` comes from `${#A}`, a length (`${#NAME}`) that planc does not "
+       "evaluate"},
+      {"A=12\nX=${A:0:1}\npython pretrain_gpt.py --num-layers $X\n",
+       "the value of `--num-layers` comes from `${A:0:1}`, a substring (`:offset`) that planc "
+       "does not evaluate"},
+      {"A=ab\npython pretrain_gpt.py --num-layers ${A/a/1}\n",
+       "the value of `--num-layers` comes from `${A/a/1}`, a pattern substitution (`/`) that "
+       "planc does not evaluate"},
+      // Assigned from a variable the script does not set: not '' later either.
+      {"X=$SLURM_LAYERS\npython pretrain_gpt.py --num-layers $X\n",
+       "the value of `--num-layers` comes from `SLURM_LAYERS`, which the script does not set"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.script);
+    Imported im(ConfigKind::kMegatron, c.script);
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message == c.message);
+    CHECK(im.sm.Slice(d.primary).substr(0, 12) == "--num-layers");
+  }
+}
+
 TEST_CASE("quoted array items hold a flag and its value; a list variable's flag is still listed") {
   Imported im(
       ConfigKind::kMegatron,
@@ -475,6 +550,61 @@ TEST_CASE(
   Imported syntax(ConfigKind::kTorchtitan, "[model]\nname = \"llama3\nflavor = 8B\n");
   CHECK(!syntax.plan);
   CHECK(syntax.Has("P0901"));
+}
+
+// A table where a setting takes a number: flattened, its keys would only be listed as not
+// recognised and the plan would take the default in silence.
+TEST_CASE("a table where a setting takes a number is P0902 at the key, in TOML, YAML and JSON") {
+  struct Case {
+    ConfigKind kind;
+    const char* text;
+    const char* message;
+    uint32_t line;
+  };
+  const Case cases[] = {
+      {ConfigKind::kTorchtitan,
+       "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nseq_len = {a = 1}\n",
+       "`training.seq_len` expects an integer, got a table", 5},
+      {ConfigKind::kTorchtitan,
+       "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism.pipeline_parallel_degree]\n"
+       "a = 2\n",
+       "`parallelism.pipeline_parallel_degree` expects an integer, got a table", 4},
+      {ConfigKind::kTorchtitan,
+       "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism]\n"
+       "context_parallel_degree = {}\n",
+       "`parallelism.context_parallel_degree` expects an integer, got a table", 5},
+      {ConfigKind::kNemo, "model:\n  micro_batch_size:\n    a: 1\n",
+       "`model.micro_batch_size` expects an integer, got a table", 2},
+      {ConfigKind::kNemo, "model:\n  virtual_pipeline_model_parallel_size: {a: 2}\n",
+       "`model.virtual_pipeline_model_parallel_size` expects an integer, got a table", 2},
+      {ConfigKind::kNemo, "model:\n  context_parallel_size: {}\n",
+       "`model.context_parallel_size` expects an integer, got a table", 2},
+      {ConfigKind::kNemo, "trainer:\n  num_nodes: 1\n  devices:\n    count: 8\n",
+       "`trainer.devices` expects an integer, got a table", 3},
+      {ConfigKind::kDeepSpeed, "{\"train_batch_size\": {\"a\": 8}}",
+       "`train_batch_size` expects an integer, got a table", 1},
+      {ConfigKind::kDeepSpeed,
+       "{\"train_batch_size\": 8,\n \"zero_optimization\": {\"stage\": {\"a\": 2}}}",
+       "`zero_optimization.stage` expects an integer, got a table", 2},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.text);
+    Imported im(c.kind, c.text);
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    const Diagnostic& d = im.sink.diagnostics()[0];
+    CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+    CHECK(d.message == c.message);
+    CHECK(im.sm.Position(d.primary.buffer, d.primary.begin).line == c.line);
+  }
+  // A table of keys the file may hold (a section, Megatron-Bridge's mixed_precision) is no error.
+  Imported sections(ConfigKind::kNemo,
+                    std::string("mixed_precision:\n  grad_reduce_in_fp32: true\n") +
+                        "model:\n  num_layers: 32\n  hidden_size: 4096\n"
+                        "  num_attention_heads: 32\n  seq_length: 4096\n"
+                        "  vocab_size: 32000\n");
+  REQUIRE(sections.plan);
+  CHECK(sections.plan->text.find("grads = fp32") != std::string::npos);
 }
 
 TEST_CASE("NeMo YAML: trainer and model keys, interpolation, unknown keys noted at their line") {
@@ -851,6 +981,88 @@ TEST_CASE("DeepSpeed JSON with a Megatron-DeepSpeed script; the JSON alone names
                   "{\"train_batch_size\": 8,\n \"bf16\": {\"enabled\": true,}}");
   CHECK(!syntax.plan);
   CHECK(syntax.Has("P0901"));
+}
+
+constexpr const char* kTinyScript =
+    "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+    "--num-attention-heads 8 --seq-length 64 --vocab-size 512 --micro-batch-size 1 "
+    "--global-batch-size 16 --bf16\n";
+
+// The A100 40GB is a GPU record of std.gpus over the dgx_a100 cluster; the written plan imports
+// both, whether the model is a record of its own (the probe evaluates it with the cluster) or a
+// stdlib model.
+TEST_CASE("every --gpu name imports from every kind, and the plan evaluates on that GPU") {
+  const std::pair<ConfigKind, std::string> files[] = {
+      {ConfigKind::kMegatron, kTinyScript},
+      {ConfigKind::kNemo, std::string(kBridgeModel) + "trainer:\n  num_nodes: 1\n  devices: 8\n"},
+      {ConfigKind::kTorchtitan, "[model]\nname = \"llama3\"\nflavor = \"8B\"\n"},
+  };
+  const std::pair<const char*, const char*> gpus[] = {
+      {"h100", "h100_sxm"},  {"h200", "h200"},           {"h800", "h800"},
+      {"a100", "a100_80gb"}, {"a100_80gb", "a100_80gb"}, {"a100_40gb", "a100_40gb"}};
+  REQUIRE(ImportGpuNames().size() == std::size(gpus));
+  for (const auto& file : files) {
+    for (const auto& gpu : gpus) {
+      CAPTURE(ToString(file.first));
+      CAPTURE(gpu.first);
+      Imported im(file.first, file.second, ImportOptions{.gpu = gpu.first});
+      REQUIRE(im.plan);
+      REQUIRE(im.checked);
+      CHECK(im.checked->cluster.gpu.name == gpu.second);
+      CHECK((im.plan->text.find("import std.gpus\n") != std::string::npos) ==
+            (std::string(gpu.first) == "a100_40gb"));
+    }
+  }
+  // Only the names themselves: a path or a name with more around it is no GPU.
+  for (const char* bad : {"../h100", "x/../a100", "a100/..", "h100;", "H100", "a100_40"}) {
+    CAPTURE(bad);
+    Imported im(ConfigKind::kMegatron, kTinyScript, ImportOptions{.gpu = bad});
+    CHECK(!im.plan);
+    REQUIRE(!im.sink.diagnostics().empty());
+    CHECK(im.sink.diagnostics()[0].message ==
+          "no stdlib cluster has the GPU `" + std::string(bad) + "`");
+  }
+}
+
+TEST_CASE("a cluster whose nodes · GPUs per node is past 64 bits is P0902 at its settings") {
+  Imported nemo(
+      ConfigKind::kNemo,
+      std::string(kBridgeModel) + "trainer:\n  num_nodes: 128\n  devices: 9223372036854775807\n");
+  CHECK(!nemo.plan);
+  REQUIRE(!nemo.sink.diagnostics().empty());
+  const Diagnostic& d = nemo.sink.diagnostics()[0];
+  CHECK(GetDiagKindInfo(d.kind).code == "P0902");
+  CHECK(d.message ==
+        "the cluster's size is out of range: `nodes · gpus_per_node` = 128 · 9223372036854775807 "
+        "is past 64 bits");
+  CHECK(nemo.sm.Slice(d.primary) == "num_nodes: 128");
+  REQUIRE(d.labels.size() == 1);
+  CHECK(nemo.sm.Slice(d.labels[0].range) == "devices: 9223372036854775807");
+
+  // The launcher's node count, with the stdlib cluster's 8 GPUs per node.
+  Imported megatron(ConfigKind::kMegatron,
+                    "NNODES=9223372036854775807\ntorchrun --nnodes $NNODES pretrain_gpt.py "
+                    "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 64 "
+                    "--vocab-size 512\n");
+  CHECK(!megatron.plan);
+  REQUIRE(!megatron.sink.diagnostics().empty());
+  CHECK(megatron.sink.diagnostics()[0].message ==
+        "the cluster's size is out of range: `nodes · gpus_per_node` = 9223372036854775807 · 8 "
+        "is past 64 bits");
+  CHECK(megatron.sm.Slice(megatron.sink.diagnostics()[0].primary) == "--nnodes $NNODES");
+
+  // The command line's node count times the file's GPUs per node.
+  Imported option(ConfigKind::kNemo,
+                  std::string(kBridgeModel) + "trainer:\n  devices: 4611686018427387904\n",
+                  ImportOptions{.nodes = 2});
+  CHECK(!option.plan);
+  REQUIRE(!option.sink.diagnostics().empty());
+  CHECK(option.sm.Slice(option.sink.diagnostics()[0].primary) == "devices: 4611686018427387904");
+  // One less fits in 64 bits: the plan's own checks take it from there.
+  Imported fits(ConfigKind::kNemo,
+                std::string(kBridgeModel) + "trainer:\n  devices: 4611686018427387903\n",
+                ImportOptions{.nodes = 2});
+  CHECK(fits.plan);
 }
 
 }  // namespace

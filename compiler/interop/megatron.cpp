@@ -211,7 +211,8 @@ struct ScriptFlag {
   std::string flag;           // "--tensor-model-parallel-size"
   std::string value;          // "" for a switch
   SourceRange range;          // the flag and its value
-  std::string unresolved;     // a variable the value uses that the script does not set
+  std::string unresolved;     // what the value comes from that planc cannot read (ShellWord)
+  std::string why;            // why, when not a variable the script does not set
   bool inline_value = false;  // written `--flag=value`
 };
 
@@ -293,7 +294,7 @@ class MegatronReader {
   size_t ReadFlag(std::span<const ShellWord> words, size_t i) {
     const ShellWord& w = words[i];
     if (w.list_expansion || w.text.size() < 2 || w.text[0] != '-') return i;
-    ScriptFlag f{w.text, "", w.range, w.unresolved};
+    ScriptFlag f{w.text, "", w.range, w.unresolved, w.why};
     if (auto eq = f.flag.find('='); eq != std::string::npos && f.flag.rfind("--", 0) == 0) {
       f.value = f.flag.substr(eq + 1);
       f.flag = f.flag.substr(0, eq);
@@ -309,7 +310,8 @@ class MegatronReader {
       }
       i = ReadValueWords(words, i, known, f);
     }
-    if (!f.unresolved.empty() && (known.row || known.launcher != Launcher::kOther)) {
+    if (!f.unresolved.empty() &&
+        (known.row || known.launcher != Launcher::kOther || IsCombined(f.flag))) {
       ReportUnresolved(f, known.launcher);
       return i;
     }
@@ -333,6 +335,7 @@ class MegatronReader {
     const ShellWord& v = words[++i];
     f.value = v.text;
     f.unresolved = v.unresolved;
+    f.why = v.why;
     f.range = {buffer_, flag_range.begin, v.range.end};
     // Flags that take a list (--recompute-modules core_attn mlp, --data-path 0.5 a 0.5 b): the
     // words up to the next flag on the same command.
@@ -348,13 +351,13 @@ class MegatronReader {
   }
 
   void ReportUnresolved(const ScriptFlag& f, Launcher launcher) {
-    std::string help = launcher == Launcher::kNodes ? "pass --nodes N to planc"
-                       : launcher == Launcher::kGpusPerNode
-                           ? "pass --gpus-per-node N to planc"
-                           : "set `" + f.unresolved + "` in the script";
+    std::string help = launcher == Launcher::kNodes         ? "pass --nodes N to planc"
+                       : launcher == Launcher::kGpusPerNode ? "pass --gpus-per-node N to planc"
+                       : f.why.empty() ? "set `" + f.unresolved + "` in the script"
+                                       : "write the value in the script, or set the variable";
     BadValue(f.range,
-             "the value of `" + f.flag + "` comes from `" + f.unresolved +
-                 "`, which the script does not set",
+             "the value of `" + f.flag + "` comes from `" + f.unresolved + "`, " +
+                 (f.why.empty() ? "which the script does not set" : f.why),
              help);
   }
 

@@ -274,7 +274,7 @@ constexpr PrecisionPreset kPrecisionPresets[] = {
 // layers run on a bf16 model).
 void ReadPrecisionPreset(std::span<const ConfigEntry> entries, PlanDraft& draft) {
   const ConfigEntry* e = Stated(entries, "mixed_precision");
-  if (!e) return;
+  if (!e || e->type == ValueType::kTable) return;  // a table: mixed_precision.* keys
   std::string name = e->text;
   std::replace(name.begin(), name.end(), '-', '_');
   const auto* preset = std::find_if(std::begin(kPrecisionPresets), std::end(kPrecisionPresets),
@@ -572,6 +572,10 @@ std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, Diag
               t->range, t->key + " = " + t->text);
   }
   if (const ConfigEntry* m = FindEntry(*entries, "model.recompute_modules")) {
+    if (m->type == ValueType::kTable) {
+      BadValue(sink, *m, "`model.recompute_modules` expects a list of module names, got a table");
+      return std::nullopt;
+    }
     std::string names;
     for (const std::string& item : m->items) names += (names.empty() ? "" : ", ") + item;
     if (m->type != ValueType::kList) names = m->text;

@@ -1,6 +1,7 @@
 #include "compiler/interop/shell_words.h"
 
 #include <cctype>
+#include <map>
 #include <optional>
 #include <string_view>
 
@@ -19,7 +20,8 @@ bool IsBlankOrOperator(char c) {
 struct PendingWord {
   uint32_t begin = 0;
   std::string value;       // after quote removal and expansion
-  std::string unresolved;  // a variable it uses that the script does not set
+  std::string unresolved;  // a variable it uses that the script does not set, or a form
+  std::string why;         // why `unresolved` has no value, when that is not the reason
   bool list = false;       // it expands a variable holding several words
   bool assignment = false;
   uint32_t value_begin = 0;   // where the assigned value starts (after NAME=)
@@ -64,7 +66,7 @@ class Scanner {
         continue;
       }
       if (c == '(' || c == ')') {
-        Emit({std::string(1, c), {buffer_, i, i + 1}, {}, sbatch, false});
+        Emit({std::string(1, c), {buffer_, i, i + 1}, {}, {}, sbatch, false});
         ++i;
         continue;
       }
@@ -103,12 +105,10 @@ class Scanner {
     if (j < end && IsNameStart(text_[j])) {
       std::string name;
       while (j < end && IsNameChar(text_[j])) name += text_[j++];
-      auto it = out_.variables.find(name);
-      if (it == out_.variables.end()) {
-        w.unresolved = name;
+      if (out_.variables.count(name)) {
+        AppendVariable(name, w);
       } else {
-        w.value += it->second;
-        if (it->second.find_first_of(" \t\n") != std::string::npos) w.list = true;
+        w.unresolved = name;
       }
       return j;
     }
@@ -121,67 +121,202 @@ class Scanner {
     return j;
   }
 
-  // `${NAME}`, `${NAME:-default}`, `${NAME-default}` or `${ARR[@]}` at i; returns the index
-  // after its `}`.
+  // `${...}` at i; returns the index after its `}`. Read: `${NAME}`, `${ARR[@]}` and the
+  // operators of a default, an assigned default, an alternative and an error, with and without
+  // the colon (`${NAME:-word}`, `-`, `:=`, `=`, `:+`, `+`, `:?`, `?`), their word expanded as the
+  // shell does (`${A:-${B:-12}}`). Any other form is refused, never read as empty.
   uint32_t ExpandBraced(uint32_t i, uint32_t end, PendingWord& w) {
-    const uint32_t open = i + 1;
-    uint32_t close = open + 1;
-    int depth = 1;
-    while (close < end && depth > 0) {
-      if (text_[close] == '{') ++depth;
-      if (text_[close] == '}') --depth;
-      if (depth > 0) ++close;
-    }
+    const uint32_t close = BraceEnd(i + 2, end);
     if (close >= end) {
       MarkUnterminated({buffer_, i, i + 2});
       return end;
     }
-    std::string_view inner = text_.substr(open + 1, close - open - 1);
+    const uint32_t inner_begin = i + 2;
+    const std::string_view inner = text_.substr(inner_begin, close - inner_begin);
+    const std::string written(text_.substr(i, close + 1 - i));
     std::string name;
     size_t k = 0;
     while (k < inner.size() && IsNameChar(inner[k])) name += inner[k++];
-    std::string_view rest = inner.substr(k);
+    const std::string_view rest = inner.substr(k);
+    if (name.empty()) {
+      // ${@}, ${#} ...: the script's arguments and the shell's state, never set in the script.
+      if (inner.size() == 1 && std::string_view("@*#?$!-").find(inner[0]) != std::string_view::npos)
+        w.unresolved = written;
+      else
+        Refuse(written,
+               inner.empty()     ? "empty expansion (`${}`)"
+               : inner[0] == '#' ? "length (`${#NAME}`)"
+               : inner[0] == '!' ? "indirect expansion (`${!NAME}`)"
+                                 : "expansion",
+               w);
+      return close + 1;
+    }
     if (!rest.empty() && rest[0] == '[') {
       // ${ARR[@]}: an array's words were scanned where the array was written.
       w.list = true;
       return close + 1;
     }
-    auto it = out_.variables.find(name);
-    bool set = it != out_.variables.end();
-    if (rest.substr(0, 2) == ":-" || rest.substr(0, 1) == "-") {
-      std::string_view def = rest.substr(rest[0] == ':' ? 2 : 1);
-      if (set && !(rest[0] == ':' && it->second.empty())) {
-        w.value += it->second;
-      } else {
-        ExpandDefault(def, w);
-      }
-    } else if (set) {
-      w.value += it->second;
-    } else {
-      w.unresolved = name;
+    const bool colon = rest.size() >= 2 && rest[0] == ':' &&
+                       std::string_view("-=+?").find(rest[1]) != std::string_view::npos;
+    const char op = rest.empty() ? '\0' : rest[colon ? 1 : 0];
+    if (!rest.empty() && std::string_view("-=+?").find(op) == std::string_view::npos) {
+      Refuse(written, UnreadForm(rest), w);
+      return close + 1;
     }
-    if (set && it->second.find_first_of(" \t\n") != std::string::npos) w.list = true;
+    const auto it = out_.variables.find(name);
+    const bool set = it != out_.variables.end();
+    // The colon forms take an empty value as unset.
+    const bool present = set && !(colon && it->second.empty());
+    const uint32_t word_begin = inner_begin + static_cast<uint32_t>(k) + (colon ? 2 : 1);
+    switch (op) {
+      case '\0':
+        if (set) {
+          AppendVariable(name, w);
+        } else {
+          w.unresolved = name;
+        }
+        break;
+      case '-':
+        if (present) {
+          AppendVariable(name, w);
+        } else {
+          AppendWord(ExpandOperand(word_begin, close), w);
+        }
+        break;
+      case '=':
+        if (present) {
+          AppendVariable(name, w);
+        } else {
+          PendingWord assigned = ExpandOperand(word_begin, close);
+          SetVariable(name, assigned);
+          AppendWord(std::move(assigned), w);
+        }
+        break;
+      case '+':
+        if (present) AppendWord(ExpandOperand(word_begin, close), w);
+        break;
+      case '?':
+        if (present) {
+          AppendVariable(name, w);
+        } else {
+          // The shell stops there, printing `NAME: message`.
+          const std::string message = ExpandOperand(word_begin, close).value;
+          w.unresolved = written;
+          w.why = "which stops the shell: `" + name + "` is not set in the script (" + name + ": " +
+                  (message.empty() ? "parameter null or not set" : message) + ")";
+        }
+        break;
+      default:
+        break;
+    }
     return close + 1;
   }
 
-  // The default of `${NAME:-default}`: a word, or itself a variable (${NODES:-$SLURM_NNODES}).
-  void ExpandDefault(std::string_view def, PendingWord& w) const {
-    std::string d(def);
-    if (!d.empty() && d[0] == '$') {
-      std::string_view dn = std::string_view(d).substr(1);
-      if (!dn.empty() && dn[0] == '{') dn = dn.substr(1, dn.size() >= 2 ? dn.size() - 2 : 0);
-      auto dv = out_.variables.find(std::string(dn));
-      if (dv != out_.variables.end()) {
-        w.value += dv->second;
-      } else {
-        w.unresolved = std::string(dn);
+  // The `}` that closes the `${` whose inside starts at i (quotes and nested `${...}` skipped);
+  // `end` when there is none.
+  uint32_t BraceEnd(uint32_t i, uint32_t end) const {
+    int depth = 1;
+    for (; i < end; ++i) {
+      const char c = text_[i];
+      if (c == '\\') {
+        ++i;
+      } else if (c == '\'' || c == '"') {
+        uint32_t q = i + 1;
+        while (q < end && text_[q] != c) q += c == '"' && text_[q] == '\\' ? 2 : 1;
+        if (q >= end) return end;
+        i = q;
+      } else if (c == '{') {
+        ++depth;
+      } else if (c == '}' && --depth == 0) {
+        return i;
       }
-      return;
     }
-    if (d.size() >= 2 && (d.front() == '"' || d.front() == '\'') && d.back() == d.front()) {
-      d = d.substr(1, d.size() - 2);
+    return end;
+  }
+
+  // The word of `${NAME:-word}` in [begin, end), expanded as a word of the script is: quotes
+  // removed, escapes and `$` expansions read.
+  PendingWord ExpandOperand(uint32_t begin, uint32_t end) {
+    PendingWord o;
+    o.begin = begin;
+    uint32_t j = begin;
+    while (j < end) {
+      const char c = text_[j];
+      if (c == '\\' && j + 1 < end) {
+        if (text_[j + 1] != '\n') o.value += text_[j + 1];
+        j += 2;
+      } else if (c == '\'' || c == '"') {
+        const std::optional<uint32_t> next =
+            c == '\'' ? SingleQuoted(j, end, o) : DoubleQuoted(j, end, o);
+        if (!next) break;
+        j = *next;
+      } else if (c == '$') {
+        j = Expand(j, end, o);
+      } else {
+        o.value += c;
+        ++j;
+      }
     }
-    w.value += d;
+    return o;
+  }
+
+  // A variable's value (it is set) into `w`; one holding several words is a list, one assigned
+  // from what planc cannot read passes that on.
+  void AppendVariable(const std::string& name, PendingWord& w) const {
+    const std::string& value = out_.variables.at(name);
+    w.value += value;
+    if (value.find_first_of(" \t\n") != std::string::npos) w.list = true;
+    if (auto unknown = unknown_.find(name); unknown != unknown_.end()) {
+      w.unresolved = unknown->second.unresolved;
+      w.why = unknown->second.why;
+    }
+  }
+
+  // An expanded word into `w`, with what it could not read.
+  static void AppendWord(PendingWord word, PendingWord& w) {
+    w.value += word.value;
+    w.list = w.list || word.list;
+    if (!word.unresolved.empty()) {
+      w.unresolved = std::move(word.unresolved);
+      w.why = std::move(word.why);
+    }
+  }
+
+  // An expansion form planc does not evaluate: the word has no value it can read.
+  static void Refuse(const std::string& written, std::string_view form, PendingWord& w) {
+    w.unresolved = written;
+    w.why = "a " + std::string(form) + " that planc does not evaluate";
+  }
+
+  // What `${NAME<rest>}` does, for a form planc does not read.
+  static std::string_view UnreadForm(std::string_view rest) {
+    switch (rest[0]) {
+      case '#':
+        return "prefix removal (`#`)";
+      case '%':
+        return "suffix removal (`%`)";
+      case '/':
+        return "pattern substitution (`/`)";
+      case ':':
+        return "substring (`:offset`)";
+      case '^':
+      case ',':
+        return "case conversion (`^`, `,`)";
+      case '@':
+        return "transformation (`@`)";
+      default:
+        return "expansion";
+    }
+  }
+
+  // NAME set to an expanded word: what it could not read stays with the variable.
+  void SetVariable(const std::string& name, const PendingWord& value) {
+    out_.variables[name] = value.value;
+    if (value.unresolved.empty()) {
+      unknown_.erase(name);
+    } else {
+      unknown_[name] = {value.unresolved, value.why};
+    }
   }
 
   // Whether the `=` at i ends the NAME of an assignment `NAME=value`.
@@ -274,7 +409,12 @@ class Scanner {
       // "--fp8-format hybrid" as one array item: a flag and its value in one quoted word.
       Scan(w.quote_begin, w.quote_end, sbatch);
     } else {
-      Emit({std::move(w.value), {buffer_, w.begin, i}, std::move(w.unresolved), sbatch, w.list});
+      Emit({std::move(w.value),
+            {buffer_, w.begin, i},
+            std::move(w.unresolved),
+            std::move(w.why),
+            sbatch,
+            w.list});
     }
     return i;
   }
@@ -283,20 +423,31 @@ class Scanner {
   void Assign(const PendingWord& w, uint32_t end, bool sbatch) {
     std::string name = w.value.substr(0, w.value.find('='));
     std::string assigned = w.value.substr(name.size() + 1);
-    out_.variables[name] = assigned;
+    PendingWord value;
+    value.value = assigned;
+    value.unresolved = w.unresolved;
+    value.why = w.why;
+    SetVariable(name, value);
     if (w.quoted_value && w.quote_end == end - 1 &&
         assigned.find_first_of(" \t\n") != std::string::npos) {
       // A list of words in one string: its flags are scanned where they are written.
       Scan(w.quote_begin, w.quote_end, sbatch);
     } else if (!assigned.empty() && assigned[0] == '-' && end > w.value_begin) {
       // OPTS=--use-distributed-optimizer: a flag held in a variable.
-      Emit({assigned, {buffer_, w.value_begin, end}, w.unresolved, sbatch, w.list});
+      Emit({assigned, {buffer_, w.value_begin, end}, w.unresolved, w.why, sbatch, w.list});
     }
   }
+
+  // A variable assigned from what planc cannot read, and why.
+  struct Unknown {
+    std::string unresolved;
+    std::string why;
+  };
 
   std::string_view text_;
   uint32_t buffer_;
   ShellScript& out_;
+  std::map<std::string, Unknown> unknown_;
 };
 
 }  // namespace

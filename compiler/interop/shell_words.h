@@ -1,7 +1,8 @@
 // The words of a shell launch script, as far as a launch script needs: comments, `\` line
 // continuations, single and double quotes, variables set in the script (`TP=4`, `export
 // NODES=${SLURM_NNODES:-2}`, arrays `ARGS=( ... )`) and their expansion (`$TP`, `${TP}`,
-// `${X:-default}`), and `#SBATCH` directives. Nothing is executed: a quoted string that holds
+// `${X:-default}` and the other default, alternative and error operators, nested), and
+// `#SBATCH` directives. Nothing is executed: a quoted string that holds
 // several words (`GPT_ARGS="--num-layers 24 --hidden-size 1024"`) is split where it is written,
 // so every flag keeps its own range in the file, and an expansion of such a list is skipped
 // (its flags were already seen where the list was written).
@@ -19,9 +20,14 @@
 namespace paraplan::interop {
 
 struct ShellWord {
-  std::string text;             // after quote removal and expansion
-  SourceRange range;            // the word as written
-  std::string unresolved;       // a variable it uses that the script does not set (or `$(...)`)
+  std::string text;   // after quote removal and expansion
+  SourceRange range;  // the word as written
+  // What its value comes from that planc cannot read: a variable the script does not set,
+  // `$(...)`, or an expansion planc does not evaluate (`${A%.*}`, `${A:?msg}` with A unset).
+  std::string unresolved;
+  // Why, when it is not a variable the script does not set: "a suffix removal (`%`) that planc
+  // does not evaluate".
+  std::string why;
   bool sbatch = false;          // a word of a `#SBATCH` line
   bool list_expansion = false;  // the expansion of a variable holding several words
 };

@@ -111,6 +111,70 @@ TEST_CASE("--from works with explain, search and compile, and refuses bad usage"
   CHECK(over.out.find("  cluster = dgx_a100") != std::string::npos);
 }
 
+TEST_CASE("import takes only the documented --gpu names and decimal counts, and says why") {
+  const ScopedScratch scratch("interop_usage");
+  const std::string& dir = scratch.dir;
+  Write(dir + "/tiny.sh",
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+        "--num-attention-heads 8 --seq-length 64 --vocab-size 512 --micro-batch-size 1 "
+        "--global-batch-size 16 --bf16\n");
+  // The A100 40GB: the written plan imports std.gpus, and checks.
+  auto a100 = RunCommand(
+      kPlanc + " import --from=megatron tiny.sh --gpu a100_40gb -o tiny.plan --diagnostics=short",
+      dir, dir);
+  CHECK(a100.status == 0);
+  const std::string plan = ReadFile(dir + "/tiny.plan");
+  CHECK(plan.find("import std.gpus\nimport std.clusters\n") != std::string::npos);
+  CHECK(plan.find("cluster = dgx_a100 { gpu = a100_40gb }") != std::string::npos);
+  auto chk = RunCommand(kPlanc + " check tiny.plan --diagnostics=short", dir, dir);
+  CHECK(chk.status == 0);
+  CHECK(chk.err.find("error") == std::string::npos);
+  for (const std::string gpu : {"'../h100'", "'x/../a100'", "'a100/..'", "'h100;'", "''"}) {
+    CAPTURE(gpu);
+    auto r = RunCommand(kPlanc + " import --from=megatron tiny.sh --gpu " + gpu, dir, dir);
+    CHECK(r.status == 2);
+    CHECK(r.err.find("planc import: --gpu takes h100, h200, h800, a100, a100_80gb or a100_40gb, "
+                     "got '") == 0);
+    CHECK(r.out.empty());
+  }
+  for (const std::string count : {"' 8'", "+8", "08", "0x8", "010", "-8", "0", "1000001", "8.0"}) {
+    for (const std::string flag : {"--nodes", "--gpus-per-node"}) {
+      CAPTURE(count);
+      CAPTURE(flag);
+      auto r =
+          RunCommand(kPlanc + " check --from=megatron tiny.sh " + flag + " " + count, dir, dir);
+      CHECK(r.status == 2);
+      CHECK(r.err.find("planc check: " + flag +
+                       " takes a count from 1 to 1000000 in decimal digits, got '") == 0);
+    }
+  }
+  auto ok =
+      RunCommand(kPlanc + " import --from=megatron tiny.sh --nodes 16 --gpus-per-node 4", dir, dir);
+  CHECK(ok.status == 0);
+  CHECK(ok.out.find("cluster.nodes = 16") != std::string::npos);
+  CHECK(ok.out.find("cluster.gpus_per_node = 4") != std::string::npos);
+  // An empty path is said to be one; a file that cannot be written is named once.
+  auto empty = RunCommand(kPlanc + " import --from=nemo ''", dir, dir);
+  CHECK(empty.status == 2);
+  CHECK(empty.err.find("planc import: the configuration file path is empty\n") == 0);
+  auto empty_check = RunCommand(kPlanc + " check --from=nemo ''", dir, dir);
+  CHECK(empty_check.status == 2);
+  CHECK(empty_check.err.find("planc check: the configuration file path is empty\n") == 0);
+  auto unwritable =
+      RunCommand(kPlanc + " import --from=megatron tiny.sh -o no/such/dir/t.plan", dir, dir);
+  CHECK(unwritable.status == 1);
+  CHECK(unwritable.err.find("planc import: cannot write 'no/such/dir/t.plan': ") !=
+        std::string::npos);
+  CHECK(unwritable.err.find("cannot write 'no/such/dir/t.plan': cannot write") ==
+        std::string::npos);
+  auto export_unwritable = RunCommand(
+      kPlanc + " export tiny.plan --to=megatron -o no/such/dir/t.sh --diagnostics=short", dir, dir);
+  CHECK(export_unwritable.status == 1);
+  CHECK(export_unwritable.err.find("planc export: cannot write 'no/such/dir/t.sh': ") !=
+        std::string::npos);
+  CHECK(export_unwritable.err.find("cannot write: ") == std::string::npos);
+}
+
 TEST_CASE("planc export writes what runs the plan, and refuses what the target cannot express") {
   const ScopedScratch scratch("interop_export");
   const std::string& dir = scratch.dir;
