@@ -1,6 +1,7 @@
 #include "compiler/driver/import_args.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 
 namespace paraplan {
@@ -55,12 +56,16 @@ int TakeImportArg(const std::vector<std::string>& args, size_t& i, ImportArgs* o
         return -1;
       }
     } else if (n == "--gpu") {
+      // Any case (`H100` as nvidia-smi writes it), otherwise exactly a name of the list.
+      std::string lower = value;
+      std::transform(lower.begin(), lower.end(), lower.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
       const std::span<const std::string_view> names = ImportGpuNames();
-      if (std::find(names.begin(), names.end(), value) == names.end()) {
+      if (std::find(names.begin(), names.end(), lower) == names.end()) {
         *error = "--gpu takes " + GpuNameList() + ", got '" + value + "'";
         return -1;
       }
-      out->options.gpu = value;
+      out->options.gpu = lower;
     } else {
       auto v = ParseCount(value);
       if (!v) {

@@ -129,6 +129,10 @@ TEST_CASE("import takes only the documented --gpu names and decimal counts, and 
   auto chk = RunCommand(kPlanc + " check tiny.plan --diagnostics=short", dir, dir);
   CHECK(chk.status == 0);
   CHECK(chk.err.find("error") == std::string::npos);
+  // Any case: `H100` as nvidia-smi writes it.
+  auto upper = RunCommand(kPlanc + " import --from=megatron tiny.sh --gpu A100_40GB", dir, dir);
+  CHECK(upper.status == 0);
+  CHECK(upper.out.find("cluster = dgx_a100 { gpu = a100_40gb }") != std::string::npos);
   for (const std::string gpu : {"'../h100'", "'x/../a100'", "'a100/..'", "'h100;'", "''"}) {
     CAPTURE(gpu);
     auto r = RunCommand(kPlanc + " import --from=megatron tiny.sh --gpu " + gpu, dir, dir);
