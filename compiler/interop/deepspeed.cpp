@@ -102,7 +102,8 @@ bool ApplyDeepSpeedJson(std::span<const ConfigEntry> entries, PlanDraft& draft,
 
 std::span<const SettingRow> DeepSpeedRows() { return kDeepSpeed; }
 
-std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, DiagnosticSink& sink) {
+std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, DiagnosticSink& sink,
+                                       GivenCluster given) {
   std::string_view text = sm.Text(buffer);
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string_view::npos && text[first] == '{') {
@@ -120,7 +121,7 @@ std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, Diagn
     return std::nullopt;
   }
   // A Megatron-DeepSpeed launch script: its flags, then the JSON it names.
-  auto draft = ReadMegatron(sm, buffer, sink);
+  auto draft = ReadMegatron(sm, buffer, sink, given);
   if (!draft) return std::nullopt;
   draft->kind = ConfigKind::kDeepSpeed;
   draft->Set(fields::kFramework, "deepspeed", {}, "a Megatron-DeepSpeed script runs on DeepSpeed");

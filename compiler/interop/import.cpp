@@ -45,15 +45,16 @@ std::optional<ImportedPlan> ImportBuffer(ConfigKind kind, uint32_t buffer,
                                          const ImportOptions& options, SourceManager& sm,
                                          DiagnosticSink& sink) {
   std::optional<interop::PlanDraft> draft;
+  const interop::GivenCluster given{options.nodes.has_value(), options.gpus_per_node.has_value()};
   switch (kind) {
     case ConfigKind::kMegatron:
-      draft = interop::ReadMegatron(sm, buffer, sink);
+      draft = interop::ReadMegatron(sm, buffer, sink, given);
       break;
     case ConfigKind::kTorchtitan:
       draft = interop::ReadTorchtitan(sm, buffer, sink);
       break;
     case ConfigKind::kDeepSpeed:
-      draft = interop::ReadDeepSpeed(sm, buffer, sink);
+      draft = interop::ReadDeepSpeed(sm, buffer, sink, given);
       break;
     case ConfigKind::kNemo:
       draft = interop::ReadNemo(sm, buffer, sink);

@@ -373,6 +373,20 @@ TEST_CASE("malformed Megatron-LM input is reported at its line") {
     CHECK(im.sink.diagnostics()[0].message ==
           "the value of `--nnodes` comes from `SLURM_NNODES`, which the script does not set");
     CHECK(im.sink.diagnostics()[0].helps[0] == "pass --nodes N to planc");
+    // As the help says: --nodes (and --gpus-per-node for `--nproc-per-node $GPUS`) stand in.
+    const std::string script =
+        "torchrun --nnodes $SLURM_NNODES --nproc-per-node $GPUS pretrain_gpt.py --num-layers 4 "
+        "--hidden-size 256 --num-attention-heads 8 --seq-length 64 --vocab-size 512 "
+        "--micro-batch-size 1 --global-batch-size 16 --bf16\n";
+    Imported given(ConfigKind::kMegatron, script, ImportOptions{.nodes = 2, .gpus_per_node = 4});
+    REQUIRE(given.plan);
+    REQUIRE(given.checked);
+    CHECK(given.checked->cluster.nodes == 2);
+    CHECK(given.checked->cluster.gpus_per_node == 4);
+    Imported half(ConfigKind::kMegatron, script, ImportOptions{.nodes = 2});
+    CHECK(!half.plan);
+    CHECK(half.sink.diagnostics()[0].message ==
+          "the value of `--nproc-per-node` comes from `GPUS`, which the script does not set");
   }
   SUBCASE("an unterminated quote") {
     Imported im(ConfigKind::kMegatron, "ARGS=\"--num-layers 4\npython pretrain_gpt.py $ARGS\n");

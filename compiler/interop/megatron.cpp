@@ -261,8 +261,8 @@ std::string SkipReason(std::string_view flag, const FlagKnowledge& known) {
 // then the settings that need several flags or Megatron-LM's defaults.
 class MegatronReader {
  public:
-  MegatronReader(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink)
-      : sm_(sm), buffer_(buffer), sink_(sink) {}
+  MegatronReader(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink, GivenCluster given)
+      : sm_(sm), buffer_(buffer), sink_(sink), given_(given) {}
 
   std::optional<PlanDraft> Read() {
     ShellScript script = ScanShellScript(sm_, buffer_);
@@ -310,6 +310,7 @@ class MegatronReader {
       }
       i = ReadValueWords(words, i, known, f);
     }
+    if (Overridden(known.launcher)) return i;  // --nodes / --gpus-per-node say it instead
     if (!f.unresolved.empty() &&
         (known.row || known.launcher != Launcher::kOther || IsCombined(f.flag))) {
       ReportUnresolved(f, known.launcher);
@@ -317,6 +318,11 @@ class MegatronReader {
     }
     FileFlag(f, known);
     return i;
+  }
+
+  bool Overridden(Launcher launcher) const {
+    return (launcher == Launcher::kNodes && given_.nodes) ||
+           (launcher == Launcher::kGpusPerNode && given_.gpus_per_node);
   }
 
   void ReportMissingValue(const std::string& flag, SourceRange at, const FlagKnowledge& known) {
@@ -745,13 +751,14 @@ class MegatronReader {
   std::map<std::string, FlagValue, std::less<>> flags_;     // table rows: the last occurrence
   std::map<std::string, FlagValue, std::less<>> combined_;  // read together with other flags
   bool ok_ = true;
+  GivenCluster given_;
 };
 
 }  // namespace
 
 std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
-                                      DiagnosticSink& sink) {
-  return MegatronReader(sm, buffer, sink).Read();
+                                      DiagnosticSink& sink, GivenCluster given) {
+  return MegatronReader(sm, buffer, sink, given).Read();
 }
 
 }  // namespace paraplan::interop

@@ -10,11 +10,19 @@
 
 namespace paraplan::interop {
 
+// The cluster sizes the command line gives (--nodes, --gpus-per-node): a launch script's value
+// for them that cannot be read is then not an error (the script's `--nnodes $SLURM_NNODES`).
+struct GivenCluster {
+  bool nodes = false;
+  bool gpus_per_node = false;
+};
+
 std::optional<PlanDraft> ReadMegatron(const SourceManager& sm, uint32_t buffer,
-                                      DiagnosticSink& sink);
+                                      DiagnosticSink& sink, GivenCluster given = {});
 std::optional<PlanDraft> ReadTorchtitan(const SourceManager& sm, uint32_t buffer,
                                         DiagnosticSink& sink);
-std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, DiagnosticSink& sink);
+std::optional<PlanDraft> ReadDeepSpeed(SourceManager& sm, uint32_t buffer, DiagnosticSink& sink,
+                                       GivenCluster given = {});
 std::optional<PlanDraft> ReadNemo(const SourceManager& sm, uint32_t buffer, DiagnosticSink& sink);
 
 }  // namespace paraplan::interop
