@@ -125,6 +125,9 @@ std::optional<int> ReadCompileArgs(const std::vector<std::string>& args, Compile
     return Usage("unknown option '" + a + "' (or an option without its value)");
   }
   if (out->output.empty()) return Usage("-o PROGRAM is required");
+  if (out->output == "-") {
+    return Usage("-o takes a file: a program is binary FlatBuffers, not for standard output");
+  }
   std::error_code ec;
   if (!out->trace.empty() && (out->trace == out->output || SameFile(out->trace, out->output)) &&
       (!std::filesystem::exists(out->output, ec) ||

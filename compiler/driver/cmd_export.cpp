@@ -63,6 +63,7 @@ int RunExport(const std::vector<std::string>& args) {
     } else if (a == "-o") {
       if (i + 1 >= rest.size()) return Usage("-o needs a file");
       out_path = rest[++i];
+      if (out_path == "-") out_path.clear();  // `-o -`: standard output, as without -o
     } else if (a.rfind("--diagnostics=", 0) == 0) {
       auto f = ParseDiagFormat(a.substr(14));
       if (!f) return Usage("--diagnostics takes text, short, json or sarif");

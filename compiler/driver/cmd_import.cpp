@@ -46,6 +46,7 @@ int RunImport(const std::vector<std::string>& args) {
     if (a == "-o") {
       if (i + 1 >= args.size()) return Usage("-o needs a file");
       out_path = args[++i];
+      if (out_path == "-") out_path.clear();  // `-o -`: standard output, as without -o
     } else if (a.rfind("--plan=", 0) == 0) {
       import.options.plan_name = a.substr(7);
     } else if (a == "--plan") {

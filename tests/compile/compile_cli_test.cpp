@@ -293,6 +293,11 @@ TEST_CASE("compile: usage errors and plan errors") {
   Result r = Planc("compile " + PlanFile());
   CHECK(r.status == 2);
   CHECK(r.err.find("-o PROGRAM is required") != std::string::npos);
+  r = Planc("compile " + PlanFile() + " -o -");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("a program is binary FlatBuffers, not for standard output") !=
+        std::string::npos);
+  CHECK_FALSE(fs::exists(Dir() + "/-"));
   r = Planc("compile " + PlanFile() + " -o " + Dir() + "/x.pplan --set parallel.tp=3");
   CHECK(r.status == 1);
   CHECK_FALSE(fs::exists(Dir() + "/x.pplan"));

@@ -133,6 +133,11 @@ TEST_CASE("import takes only the documented --gpu names and decimal counts, and 
   auto upper = RunCommand(kPlanc + " import --from=megatron tiny.sh --gpu A100_40GB", dir, dir);
   CHECK(upper.status == 0);
   CHECK(upper.out.find("cluster = dgx_a100 { gpu = a100_40gb }") != std::string::npos);
+  // `-o -` is standard output, not a file named `-`.
+  auto dash = RunCommand(kPlanc + " import --from=megatron tiny.sh -o -", dir, dir);
+  CHECK(dash.status == 0);
+  CHECK(dash.out.find("plan ") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir + "/-"));
   for (const std::string gpu : {"'../h100'", "'x/../a100'", "'a100/..'", "'h100;'", "''"}) {
     CAPTURE(gpu);
     auto r = RunCommand(kPlanc + " import --from=megatron tiny.sh --gpu " + gpu, dir, dir);
