@@ -88,34 +88,30 @@ int64_t StepOfName(const std::string& name) {
   return step;
 }
 
-// The entries of `dir` named like a step directory that hold no manifest (a file, or a directory
-// without a regular `manifest.json`): never written so by planrun, which renames a step
-// directory into place complete. By step.
-std::vector<std::pair<int64_t, fs::path>> UncommittedStepEntries(const std::string& dir) {
+// The entries of `dir` named like step directories, by step: with a regular `manifest.json`
+// (`committed`, the checkpoints) or without one (a file, or a directory without its manifest:
+// never written so by planrun, which renames a step directory into place complete).
+std::vector<std::pair<int64_t, fs::path>> StepEntries(const std::string& dir, bool committed) {
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const int64_t step = StepOfName(it->path().filename().string());
     std::error_code ec2;
-    if (step >= 0 && !fs::is_regular_file(it->path() / "manifest.json", ec2))
+    if (step >= 0 && fs::is_regular_file(it->path() / "manifest.json", ec2) == committed)
       out.push_back({step, it->path()});
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 
-// The committed step directories of `dir` (those with a manifest), by step.
+// The committed step directories of `dir`, by step.
 std::vector<std::pair<int64_t, fs::path>> StepDirectories(const std::string& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const int64_t step = StepOfName(it->path().filename().string());
-    std::error_code ec2;
-    if (step >= 0 && fs::is_regular_file(it->path() / "manifest.json", ec2))
-      out.push_back({step, it->path()});
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return StepEntries(dir, /*committed=*/true);
+}
+
+// The entries of `dir` named like step directories that hold no manifest, by step.
+std::vector<std::pair<int64_t, fs::path>> UncommittedStepEntries(const std::string& dir) {
+  return StepEntries(dir, /*committed=*/false);
 }
 
 template <typename T>
