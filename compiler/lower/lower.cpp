@@ -201,12 +201,12 @@ void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
   const char* fields[] = {"mixed_precision.params",      "mixed_precision.grads",
                           "mixed_precision.main_params", "mixed_precision.optimizer_state",
                           "mixed_precision.fp8",         "mixed_precision.fp8_params"};
-  const bool same[] = {mp.params == shorthand.params,
-                       mp.grads == shorthand.grads,
-                       mp.main_params == shorthand.main_params,
-                       mp.optimizer_state == shorthand.optimizer_state,
-                       mp.fp8 == shorthand.fp8,
-                       mp.fp8_params == shorthand.fp8_params};
+  // Without `precision = fp8` the fp8 recipe and fp8 parameters have no effect (P0517).
+  const bool fp8 = plan.precision == Precision::kFp8;
+  const bool same[] = {
+      mp.params == shorthand.params,           mp.grads == shorthand.grads,
+      mp.main_params == shorthand.main_params, mp.optimizer_state == shorthand.optimizer_state,
+      !fp8 || mp.fp8 == shorthand.fp8,         !fp8 || mp.fp8_params == shorthand.fp8_params};
   for (size_t i = 0; i < std::size(fields); ++i)
     if (!same[i])
       unsupported.Report(fmt::format("`{}` other than what `precision = {}` implies", fields[i],
@@ -224,9 +224,14 @@ void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupporte
                        : plan.activations.recompute_layers > 0 ? "activations.recompute_layers"
                                                                : "activations.recompute_modules",
                        "use `recompute = none`, `selective` (core attention) or `full` to compile");
-  if (plan.optimizer.offload == Offload::kCpu && plan.optimizer.offload_fraction < 1)
-    unsupported.Report("a partial optimizer offload", "optimizer.offload_fraction",
-                       "offload all or none of it");
+  // planrun keeps the fp32 master weights and Adam moments in the rank's arena: a program
+  // compiled from an offloading plan would need the device memory the plan was checked without.
+  if (plan.optimizer.offload == Offload::kCpu)
+    unsupported.Report(
+        "the optimizer offloaded to the host (planrun keeps its state on the device)",
+        plan.optimizer.offload_fraction < 1 ? "optimizer.offload_fraction" : "optimizer.offload",
+        "set `optimizer.offload = none` to compile; `planc check` and `planc "
+        "explain` price the offload as DeepSpeed and Megatron-Core run it");
   if (ShardGroup(plan) != plan.parallel.dp * plan.parallel.cp && plan.optimizer.zero > 0)
     unsupported.Report(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate),
                        "fsdp.replicate", "shard over the whole data-parallel group");
@@ -714,15 +719,14 @@ ModelConfig ModelConfigOf(const Plan& plan) {
 
 ParallelConfig ParallelConfigOf(const Plan& plan) {
   const ParallelSpec& q = plan.parallel;
-  return {static_cast<int32_t>(q.tp),
-          static_cast<int32_t>(q.pp),
-          static_cast<int32_t>(q.vpp),
-          static_cast<int32_t>(q.cp),
-          static_cast<int32_t>(q.ep),
-          static_cast<int32_t>(q.dp),
-          q.sp && q.tp > 1,
-          static_cast<int32_t>(plan.optimizer.zero),
-          ToScheduleKind(plan.pipeline.schedule),
+  return {static_cast<int32_t>(q.tp), static_cast<int32_t>(q.pp), static_cast<int32_t>(q.vpp),
+          static_cast<int32_t>(q.cp), static_cast<int32_t>(q.ep), static_cast<int32_t>(q.dp),
+          q.sp && q.tp > 1, static_cast<int32_t>(plan.optimizer.zero),
+          // interleaved_1f1b with one chunk per stage is plain 1F1B (P0413 says so; Megatron-Core
+          // runs it so).
+          plan.pipeline.schedule == Schedule::kInterleaved1F1B && q.vpp < 2
+              ? prog::ScheduleKind::OneFOneB
+              : ToScheduleKind(plan.pipeline.schedule),
           q.order};
 }
 

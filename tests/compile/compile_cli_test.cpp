@@ -289,6 +289,29 @@ TEST_CASE("damaged and mismatched program files are refused with a clear message
   CHECK(r.err.find("outside the program's world of 8 ranks") != std::string::npos);
 }
 
+TEST_CASE("compile agrees with check: settings check calls inert compile, offload is refused") {
+  // interleaved_1f1b with vpp = 1 runs plain 1F1B (P0413), as check says: the same program.
+  const std::string base = Dir() + "/agree_base.pplan", inter = Dir() + "/agree_inter.pplan";
+  REQUIRE(Planc("compile " + PlanFile() + " -o " + base).status == 0);
+  Result r =
+      Planc("compile " + PlanFile() + " -o " + inter + " --set pipeline.schedule=interleaved_1f1b");
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(r.err.find("P0413") != std::string::npos);
+  CHECK(Read(base) == Read(inter));
+  // An fp8 recipe without precision = fp8 has no effect (P0517): it compiles.
+  r = Planc("compile " + PlanFile() + " -o " + Dir() + "/agree_fp8.pplan" +
+            " --set mixed_precision.fp8=current");
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(r.err.find("P0517") != std::string::npos);
+  // The optimizer offloaded: planrun keeps it in the arena, so compile refuses instead of
+  // writing a program that needs the memory check counted on the host.
+  r = Planc("compile " + PlanFile() + " -o " + Dir() + "/agree_offload.pplan" +
+            " --set optimizer.offload=cpu");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("P0801") != std::string::npos);
+  CHECK(r.err.find("the optimizer offloaded to the host") != std::string::npos);
+}
+
 TEST_CASE("compile: usage errors and plan errors") {
   Result r = Planc("compile " + PlanFile());
   CHECK(r.status == 2);
