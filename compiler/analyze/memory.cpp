@@ -695,10 +695,15 @@ int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
   const Plan& plan = *in.plan;
   if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return 0;
   int64_t bucket = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
-  if (s.embedding || s.loss)
-    bucket = std::max(bucket, SatMul(in.arena_sizes.vocab, plan.model.hidden));
+  const int64_t embedding = SatMul(in.arena_sizes.vocab, plan.model.hidden);
+  if (s.embedding || s.loss) bucket = std::max(bucket, embedding);
   const int64_t per = 4 + (plan.optimizer.zero >= 3 ? in.arena_sizes.a : 0);
-  return SatMul(bucket, per);
+  int64_t bytes = SatMul(bucket, per);
+  // Under ZeRO 3 a tied embedding on a stage that also holds the loss stays gathered from its
+  // lookup to the output layer's backward, beside every layer's bucket in between.
+  if (plan.optimizer.zero >= 3 && plan.model.tied_embeddings && s.embedding && s.loss)
+    bytes = SatAdd(bytes, SatMul(embedding, in.arena_sizes.a));
+  return bytes;
 }
 
 // The parameters of the stage's largest layer on one rank, unsharded by ZeRO: what gathering
