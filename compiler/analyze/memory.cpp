@@ -694,11 +694,20 @@ int64_t ArenaMoeStateBytes(const MemoryInputs& in, const StageTally& tally) {
 int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
   const Plan& plan = *in.plan;
   if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return 0;
-  int64_t bucket = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
+  const int64_t layer = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
   const int64_t embedding = SatMul(in.arena_sizes.vocab, plan.model.hidden);
-  if (s.embedding || s.loss) bucket = std::max(bucket, embedding);
-  const int64_t per = 4 + (plan.optimizer.zero >= 3 ? in.arena_sizes.a : 0);
-  int64_t bytes = SatMul(bucket, per);
+  const bool zero3 = plan.optimizer.zero >= 3;
+  // A bucket's gathered 16-bit parameters (ZeRO 3) and its fp32 full gradients meet in the
+  // backward of the layers and of the output layer, which read the weights they differentiate.
+  const int64_t per = 4 + (zero3 ? in.arena_sizes.a : 0);
+  int64_t bytes = SatMul(layer, per);
+  if (s.loss) {
+    bytes = std::max(bytes, SatMul(embedding, per));
+  } else if (s.embedding) {
+    // The lookup's backward scatters into the gradient without reading the table: its gathered
+    // copy (forward) and its full gradient (backward) are never live together.
+    bytes = std::max(bytes, SatMul(embedding, zero3 ? std::max<int64_t>(4, in.arena_sizes.a) : 4));
+  }
   // Under ZeRO 3 a tied embedding on a stage that also holds the loss stays gathered from its
   // lookup to the output layer's backward, beside every layer's bucket in between.
   if (plan.optimizer.zero >= 3 && plan.model.tied_embeddings && s.embedding && s.loss)
