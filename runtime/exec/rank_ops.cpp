@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -840,10 +841,21 @@ void RankRunner::RunMoeDispatch(const OpCall& call) {
   const int64_t dim = Last(call.OutBuf(0));
   const auto [send, recv, sent, received] = EpTransferOf(call, e, c.size, dim, false);
   call.Input(0, sent);
-  call.Need(received <= call.OutN(0), std::to_string(received / std::max<int64_t>(dim, 1)) +
-                                          " rows routed to this rank's experts exceed the " +
-                                          std::to_string(call.OutN(0) / std::max<int64_t>(dim, 1)) +
-                                          " rows its receive buffer reserves");
+  if (received > call.OutN(0)) {
+    // The reserve is the plan's moe.imbalance times the balanced load (or the capacity bound).
+    char more[32];
+    std::snprintf(
+        more, sizeof more, "%.2f",
+        static_cast<double>(received) / static_cast<double>(std::max<int64_t>(call.OutN(0), 1)));
+    call.Need(false, std::to_string(received / std::max<int64_t>(dim, 1)) +
+                         " rows routed to this rank's experts exceed the " +
+                         std::to_string(call.OutN(0) / std::max<int64_t>(dim, 1)) +
+                         " rows its receive buffer reserves: the routing is more imbalanced than "
+                         "the plan's moe.imbalance states (this step needed " +
+                         more +
+                         " times it); compile with a larger moe.imbalance, or with a "
+                         "moe.capacity_factor, which bounds the rows an expert receives");
+  }
   // Received in peer order, then moved into local-expert order.
   float* staged = Scratch(0, std::max<int64_t>(received, 1));
   if (c.size == 1)

@@ -567,6 +567,7 @@ TEST_CASE("moe: ep 2 with moe.imbalance = 1 stated: an overflowing dispatch fail
   plan.origins.Mutable("moe.imbalance")->kind = paraplan::OriginKind::kCommandLine;
   const ProgramImage program = Compile(plan);
   CHECK_THROWS_WITH(Run(program), doctest::Contains("rows its receive buffer reserves"));
+  CHECK_THROWS_WITH(Run(program), doctest::Contains("compile with a larger moe.imbalance"));
 }
 // Three steps, a checkpoint, two more resumed from it: the same losses and weights as five
 // straight (`dir_name` under the test directory, removed after).
