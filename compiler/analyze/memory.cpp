@@ -517,7 +517,8 @@ std::vector<int64_t> InFlightPerChunk(const MemoryInputs& in, int64_t r) {
 struct StageTally {
   int64_t dense_count = 0, moe_count = 0;  // transformer layers of each kind
   int64_t activations = 0;                 // stored activations of the microbatches in flight
-  int64_t workspace = 0;                   // recompute working set (arena: the busiest op)
+  int64_t workspace = 0;                   // recompute working set (arena: the layers' busiest op)
+  int64_t loss_workspace = 0;              // arena: the loss's busiest op (logits, its backward)
   int64_t moe_workspace = 0;  // arena: the MoE layers' busiest op, their transient buckets included
   int64_t extra = 0;          // embedding, logits and loss
   int64_t dense_p = 0;        // TP-sharded parameters, per TP rank
@@ -556,7 +557,7 @@ void AddArenaMoeLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t l
       SatAdd(s.activations, SatMul(held, SatMul(layers, ArenaMoeLayerStash(z, recompute))));
   s.moe_workspace =
       std::max(s.moe_workspace, ArenaMoeLayerPeak(z, recompute, ArenaMoeBucketsOf(in, chunk)));
-  if (chunk.loss) s.workspace = std::max(s.workspace, ArenaLossPeak(z));
+  if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
 }
 
 // The transformer layers of one chunk with `held` microbatches in flight: their stored
@@ -581,7 +582,8 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
         SatAdd(s.activations, SatMul(held, SatMul(nd, ArenaLayerStash(z, plan.recompute))));
     s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
     if (nd > 0 || nm == 0)
-      s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, chunk.loss));
+      s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, /*loss=*/false));
+    if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
     if (nm > 0) AddArenaMoeLayers(in, chunk, nm, held, s);
   } else {
     s.activations = SatAdd(s.activations, SatMul(held, chunk_act));
@@ -688,31 +690,34 @@ int64_t ArenaMoeStateBytes(const MemoryInputs& in, const StageTally& tally) {
   return SatMul(tally.moe_count, ArenaMoeStateBuffers(in.arena_sizes));
 }
 
-// planrun's arena under ZeRO >= 2 on dp · cp > 1 (the ZeRO group): a layer's (or the
-// embedding's) full grad bucket, fp32, and with ZeRO-3 its gathered weights live inside the body
-// that uses them.
-int64_t ArenaShardBuckets(const MemoryInputs& in, const StageMemory& s) {
+// planrun's arena: the stage's busiest op with the transient buckets live beside it. Under ZeRO
+// >= 2 each layer's fp32 full gradients (and under ZeRO 3 its gathered 16-bit parameters) live
+// through that layer's backward, beside the layer's busiest op. The embedding's are used after
+// every layer's backward, and the lookup's backward scatters into the gradient without reading
+// the table: on a stage without the loss its gathered copy (forward) and its full gradient
+// (backward) are never live together, nor beside a layer's op. On the loss's stage the output
+// layer's bucket is priced beside the busiest op of the stage (layers or loss), and under ZeRO 3
+// a tied embedding stays gathered from its lookup to the output layer's backward.
+int64_t ArenaWorkspace(const MemoryInputs& in, const StageTally& tally, const StageMemory& s) {
   const Plan& plan = *in.plan;
-  if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return 0;
+  const int64_t ops = std::max(tally.workspace, tally.loss_workspace);
+  if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1)
+    return std::max(ops, tally.moe_workspace);
+  const bool zero3 = plan.optimizer.zero >= 3;
+  const int64_t per = 4 + (zero3 ? in.arena_sizes.a : 0);
   const int64_t layer = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
   const int64_t embedding = SatMul(in.arena_sizes.vocab, plan.model.hidden);
-  const bool zero3 = plan.optimizer.zero >= 3;
-  // A bucket's gathered 16-bit parameters (ZeRO 3) and its fp32 full gradients meet in the
-  // backward of the layers and of the output layer, which read the weights they differentiate.
-  const int64_t per = 4 + (zero3 ? in.arena_sizes.a : 0);
-  int64_t bytes = SatMul(layer, per);
+  int64_t peak = 0;
   if (s.loss) {
-    bytes = std::max(bytes, SatMul(embedding, per));
-  } else if (s.embedding) {
-    // The lookup's backward scatters into the gradient without reading the table: its gathered
-    // copy (forward) and its full gradient (backward) are never live together.
-    bytes = std::max(bytes, SatMul(embedding, zero3 ? std::max<int64_t>(4, in.arena_sizes.a) : 4));
+    peak = SatAdd(ops, SatMul(std::max(layer, embedding), per));
+    if (zero3 && plan.model.tied_embeddings && s.embedding)
+      peak = SatAdd(peak, SatMul(embedding, in.arena_sizes.a));
+  } else {
+    peak = SatAdd(tally.workspace, SatMul(layer, per));
+    if (s.embedding)
+      peak = std::max(peak, SatMul(embedding, zero3 ? std::max<int64_t>(4, in.arena_sizes.a) : 4));
   }
-  // Under ZeRO 3 a tied embedding on a stage that also holds the loss stays gathered from its
-  // lookup to the output layer's backward, beside every layer's bucket in between.
-  if (plan.optimizer.zero >= 3 && plan.model.tied_embeddings && s.embedding && s.loss)
-    bytes = SatAdd(bytes, SatMul(embedding, in.arena_sizes.a));
-  return bytes;
+  return std::max(peak, tally.moe_workspace);
 }
 
 // The parameters of the stage's largest layer on one rank, unsharded by ZeRO: what gathering
@@ -827,8 +832,7 @@ void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, in
   auto& b = s.bytes;
   b[size_t(MemoryPart::kActivations)] = ActivationsOnGpu(in, tally.activations, s);
   b[size_t(MemoryPart::kEmbeddingAndLoss)] = tally.extra;
-  b[size_t(MemoryPart::kRecomputeWorkspace)] =
-      std::max(SatAdd(tally.workspace, ArenaShardBuckets(in, s)), tally.moe_workspace);
+  b[size_t(MemoryPart::kRecomputeWorkspace)] = ArenaWorkspace(in, tally, s);
   b[size_t(MemoryPart::kWeights)] =
       SatAdd(b[size_t(MemoryPart::kWeights)], ArenaMoeStateBytes(in, tally));
   b[size_t(MemoryPart::kCommBuffers)] = CommBufferBytes(in, tally);
