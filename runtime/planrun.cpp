@@ -396,47 +396,14 @@ std::optional<int> CheckRankPlacement(const Flags& f, const launch::LaunchEnviro
   return std::nullopt;
 }
 
-// The files planrun reads from `data`: the path itself and, for a Megatron indexed dataset
-// (a prefix, or its .bin or .idx named), both of its files.
-std::vector<std::string> DataFiles(const std::string& data) {
-  if (data.empty()) return {};
-  std::vector<std::string> files = {data, data + ".bin", data + ".idx"};
-  const auto ends = [&](const char* tail) {
-    return data.size() > 4 && data.compare(data.size() - 4, 4, tail) == 0;
-  };
-  if (ends(".bin") || ends(".idx")) {
-    const std::string prefix = data.substr(0, data.size() - 4);
-    files.push_back(prefix + ".bin");
-    files.push_back(prefix + ".idx");
-  }
-  return files;
-}
-
-// Whether writing `file` would damage the checkpoints of `dir`: the lock, `latest`, anything in
-// a step directory (or in `dir` itself when it is one, as --resume may name).
-bool InCheckpointDirectory(const std::string& file, const std::string& dir) {
-  if (dir.empty()) return false;
-  std::error_code ec;
-  const std::filesystem::path f = std::filesystem::weakly_canonical(file, ec);
-  if (ec) return false;
-  const std::filesystem::path d = std::filesystem::weakly_canonical(dir, ec);
-  if (ec) return false;
-  const std::filesystem::path rel = f.lexically_relative(d);
-  if (rel.empty() || *rel.begin() == "..") return false;
-  const std::string first = rel.begin()->string();
-  const auto starts = [&](const char* head) { return first.rfind(head, 0) == 0; };
-  return first == ".lock" || first == "latest" || first == ".latest.tmp" || first == "." ||
-         first == "manifest.json" || starts("step-") || starts(".step-") || starts("rank-");
-}
-
 // The metrics file: never the program, the data or a checkpoint; checked writable now without
 // truncating it (it is truncated only when the first step has run, so a run refused at start,
 // for bad data or a checkpoint of another plan, leaves an earlier run's metrics intact). Returns
 // an exit status when it cannot be used.
-std::optional<int> CheckMetricsPath(const Flags& f, const std::string& checkpoint_dir) {
+std::optional<int> CheckMetricsPath(const Flags& f) {
   if (f.metrics_path.empty()) return std::nullopt;
   std::vector<std::pair<std::string, const char*>> inputs = {{f.program_path, "program"}};
-  for (const std::string& file : DataFiles(f.data_path)) inputs.push_back({file, "data"});
+  for (const std::string& file : data::DataFiles(f.data_path)) inputs.push_back({file, "data"});
   for (const auto& [input, what] : inputs) {
     std::error_code ec;
     if (std::filesystem::exists(f.metrics_path, ec) &&
@@ -447,8 +414,8 @@ std::optional<int> CheckMetricsPath(const Flags& f, const std::string& checkpoin
     }
   }
   for (const auto& [dir, flag] : {std::pair{f.resume_dir, "--resume"},
-                                  std::pair{checkpoint_dir, "the checkpoint directory"}}) {
-    if (InCheckpointDirectory(f.metrics_path, dir)) {
+                                  std::pair{f.checkpoint_dir, "the checkpoint directory"}}) {
+    if (exec::WritingDamagesCheckpoints(f.metrics_path, dir)) {
       return Usage("--metrics `" + f.metrics_path + "` lies in the checkpoints of " + flag + " `" +
                    dir + "`; writing metrics there would damage them (a metrics file beside " +
                    "the step directories is fine)");
@@ -674,10 +641,10 @@ int Run(Flags f, const launch::LaunchEnvironment& env) {
     return 2;
   }
   if (auto rc = CheckRankPlacement(f, env, program)) return *rc;
-  if (auto rc = CheckMetricsPath(
-          f, f.checkpoint_dir.empty() ? program.train.checkpoint_dir : f.checkpoint_dir)) {
-    return *rc;
-  }
+  // The plan's train.checkpoint_dir / checkpoint_every apply unless the flags say otherwise.
+  if (f.checkpoint_dir.empty()) f.checkpoint_dir = program.train.checkpoint_dir;
+  if (!f.checkpoint_every_given) f.checkpoint_every = program.train.checkpoint_every;
+  if (auto rc = CheckMetricsPath(f)) return *rc;
   // Where the ranks run: host threads (default), or CUDA ranks.
   exec::RankPlacement placement;
   const exec::RankPlacement* where = nullptr;
@@ -693,9 +660,6 @@ int Run(Flags f, const launch::LaunchEnvironment& env) {
 #endif
   PrintBanner(f, env, program);
 
-  // The plan's train.checkpoint_dir / checkpoint_every apply unless the flags say otherwise.
-  if (f.checkpoint_dir.empty()) f.checkpoint_dir = program.train.checkpoint_dir;
-  if (!f.checkpoint_every_given) f.checkpoint_every = program.train.checkpoint_every;
   exec::RunOptions options;
   options.steps = f.steps;
   options.data_path = f.data_path;

@@ -359,6 +359,17 @@ void WriteIndexedDataset(const std::string& prefix,
   for (uint64_t d = 0; d <= sequences.size(); ++d) put(static_cast<int64_t>(d));
 }
 
+std::vector<std::string> DataFiles(const std::string& path) {
+  if (path.empty()) return {};
+  std::vector<std::string> files = {path, path + ".bin", path + ".idx"};
+  if (EndsWith(path, ".bin") || EndsWith(path, ".idx")) {
+    const std::string prefix = path.substr(0, path.size() - 4);
+    files.push_back(prefix + ".bin");
+    files.push_back(prefix + ".idx");
+  }
+  return files;
+}
+
 TokenStream LoadTokens(const std::string& path, int64_t vocab) {
   if (path.empty()) throw DataError("no data path given");
   TokenStream s;
@@ -452,14 +463,17 @@ int64_t FeistelPermute(int64_t index, int64_t n, uint64_t key) {
 
 int64_t Sampler::SampleOf(int64_t global_sequence) const {
   const int64_t epoch = global_sequence / samples_, index = global_sequence % samples_;
-  const uint64_t key = SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(epoch) + 0x5eedull));
+  // The epoch's permutation key, from the seed.
+  const auto key = [&] {
+    return SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(epoch) + 0x5eedull));
+  };
   // Past 2^20 samples (8 MiB of order per rank) the order is computed per sequence instead of
   // held: a stream of any size then costs only what the steps read.
-  if (samples_ > kShuffledInMemory) return FeistelPermute(index, samples_, key);
+  if (samples_ > kShuffledInMemory) return FeistelPermute(index, samples_, key());
   if (epoch != cached_epoch_) {
     order_.resize(samples_);
     for (int64_t i = 0; i < samples_; ++i) order_[i] = i;
-    uint64_t state = key;
+    uint64_t state = key();
     for (int64_t i = samples_ - 1; i > 0; --i) {  // Fisher-Yates with a defined generator
       state = SplitMix64(state);
       const int64_t j = static_cast<int64_t>(state % static_cast<uint64_t>(i + 1));

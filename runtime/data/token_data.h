@@ -60,6 +60,10 @@ struct TokenStream {
   [[noreturn]] void ThrowOutOfVocabulary(int64_t token, int64_t position) const;
 };
 
+// The files LoadTokens reads for `path`: the path itself and, for a Megatron indexed dataset (a
+// prefix, or its .bin or .idx named), both of its files. Empty for an empty path.
+std::vector<std::string> DataFiles(const std::string& path);
+
 // Loads the tokens of `path` (see above) and checks each is < vocab.
 TokenStream LoadTokens(const std::string& path, int64_t vocab);
 

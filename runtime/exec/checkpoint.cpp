@@ -88,30 +88,31 @@ int64_t StepOfName(const std::string& name) {
   return step;
 }
 
-// The entries of `dir` named like step directories, by step: with a regular `manifest.json`
-// (`committed`, the checkpoints) or without one (a file, or a directory without its manifest:
-// never written so by planrun, which renames a step directory into place complete).
-std::vector<std::pair<int64_t, fs::path>> StepEntries(const std::string& dir, bool committed) {
-  std::vector<std::pair<int64_t, fs::path>> out;
+// The entries of `dir` named like step directories, by step: those with a regular
+// `manifest.json` (the checkpoints) and those without one (a file, or a directory without its
+// manifest: never written so by planrun, which renames a step directory into place complete).
+struct StepEntries {
+  std::vector<std::pair<int64_t, fs::path>> committed, uncommitted;
+};
+
+StepEntries ListStepEntries(const std::string& dir) {
+  StepEntries out;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const int64_t step = StepOfName(it->path().filename().string());
+    if (step < 0) continue;
     std::error_code ec2;
-    if (step >= 0 && fs::is_regular_file(it->path() / "manifest.json", ec2) == committed)
-      out.push_back({step, it->path()});
+    (fs::is_regular_file(it->path() / "manifest.json", ec2) ? out.committed : out.uncommitted)
+        .push_back({step, it->path()});
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.committed.begin(), out.committed.end());
+  std::sort(out.uncommitted.begin(), out.uncommitted.end());
   return out;
 }
 
 // The committed step directories of `dir`, by step.
 std::vector<std::pair<int64_t, fs::path>> StepDirectories(const std::string& dir) {
-  return StepEntries(dir, /*committed=*/true);
-}
-
-// The entries of `dir` named like step directories that hold no manifest, by step.
-std::vector<std::pair<int64_t, fs::path>> UncommittedStepEntries(const std::string& dir) {
-  return StepEntries(dir, /*committed=*/false);
+  return ListStepEntries(dir).committed;
 }
 
 template <typename T>
@@ -292,8 +293,7 @@ CheckpointManifest LocateManifest(const std::string& dir) {
   if (!fs::exists(fs::path(dir) / "manifest.json", ec)) {
     // The newest committed step directory: a step directory exists only complete, while
     // `latest` is renamed after it and may lag behind after a crash.
-    const auto steps = StepDirectories(dir);
-    const auto uncommitted = UncommittedStepEntries(dir);
+    const auto [steps, uncommitted] = ListStepEntries(dir);
     if (!uncommitted.empty() && (steps.empty() || uncommitted.back().first > steps.back().first)) {
       throw CheckpointError(
           "`" + uncommitted.back().second.string() + "` is named like the newest checkpoint of `" +
@@ -597,7 +597,7 @@ CheckpointLock PrepareCheckpointDirectory(const std::string& dir, const ProgramI
   CheckRoomForCheckpoint(dir, program);
   if (options.clean_leftovers) CleanInterruptedWrites(dir);
   // Entries named like checkpoints that are none: a checkpoint of that step would replace them.
-  if (const auto foreign = UncommittedStepEntries(dir); !foreign.empty()) {
+  if (const auto foreign = ListStepEntries(dir).uncommitted; !foreign.empty()) {
     if (!options.overwrite) {
       throw CheckpointError(
           "--checkpoint-dir `" + dir + "` holds `" + foreign.front().second.string() +
@@ -633,6 +633,21 @@ void AbandonCheckpoints(const std::string& dir, int64_t first_step, int64_t last
     }
   }
   for (const fs::path& p : doomed) fs::remove_all(p, ec);
+}
+
+bool WritingDamagesCheckpoints(const std::string& file, const std::string& dir) {
+  if (dir.empty()) return false;
+  std::error_code ec;
+  const fs::path f = fs::weakly_canonical(file, ec);
+  if (ec) return false;
+  const fs::path d = fs::weakly_canonical(dir, ec);
+  if (ec) return false;
+  const fs::path rel = f.lexically_relative(d);
+  if (rel.empty() || *rel.begin() == "..") return false;
+  const std::string first = rel.begin()->string();
+  const auto starts = [&](const char* head) { return first.rfind(head, 0) == 0; };
+  return first == ".lock" || first == "latest" || first == ".latest.tmp" || first == "." ||
+         first == "manifest.json" || starts("step-") || starts(".step-") || starts("rank-");
 }
 
 void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& program, int rank,

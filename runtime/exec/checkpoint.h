@@ -101,6 +101,10 @@ CheckpointManifest FindCheckpoint(const std::string& dir, const ProgramImage& pr
 // After a failed run: removes the temporary directories of steps first..last (never a
 // committed checkpoint), so a full disk is not left fuller.
 void AbandonCheckpoints(const std::string& dir, int64_t first_step, int64_t last_step);
+// Whether writing `file` would damage the checkpoints of `dir`: its lock, `latest`, anything in
+// a step directory or its temporary (or in `dir` itself when it is one, as --resume may name).
+// A file beside the step directories damages nothing.
+bool WritingDamagesCheckpoints(const std::string& file, const std::string& dir);
 // Reads one rank's shard into `state` (same names and sizes, else CheckpointError).
 void ReadRankShard(const CheckpointManifest& manifest, const ProgramImage& program, int rank,
                    const std::vector<StateTensor>& state, Backend& backend);
