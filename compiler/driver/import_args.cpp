@@ -20,16 +20,6 @@ std::optional<int64_t> ParseCount(std::string_view text) {
   return v;
 }
 
-std::string GpuNameList() {
-  std::string list;
-  const std::span<const std::string_view> names = ImportGpuNames();
-  for (size_t i = 0; i < names.size(); ++i) {
-    list += i == 0 ? "" : i + 1 == names.size() ? " or " : ", ";
-    list += names[i];
-  }
-  return list;
-}
-
 }  // namespace
 
 int TakeImportArg(const std::vector<std::string>& args, size_t& i, ImportArgs* out,
@@ -62,7 +52,7 @@ int TakeImportArg(const std::vector<std::string>& args, size_t& i, ImportArgs* o
                      [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
       const std::span<const std::string_view> names = ImportGpuNames();
       if (std::find(names.begin(), names.end(), lower) == names.end()) {
-        *error = "--gpu takes " + GpuNameList() + ", got '" + value + "'";
+        *error = "--gpu takes " + ImportGpuNamesText() + ", got '" + value + "'";
         return -1;
       }
       out->options.gpu = lower;

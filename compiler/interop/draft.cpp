@@ -341,7 +341,7 @@ class ImportedPlanWriter {
           Diag(DiagKind::kConfigBadValue, "no stdlib cluster has the GPU `" + gpu + "`")
               .At(gpu_origin_, "this GPU")
               .Note("the stdlib's clusters hold H100, H200, H800 and A100 (40 or 80 GB) GPUs")
-              .Help("pass --gpu h100, h200, h800, a100 or a100_40gb"));
+              .Help("pass --gpu " + ImportGpuNamesText()));
       return false;
     }
     cluster_expr_ = std::string(cluster->cluster);
@@ -449,13 +449,13 @@ class ImportedPlanWriter {
     if (source) probe_ = source->Evaluate("probe", {}, EvalOptions{}, probe_sink);
     if (probe_ && !probe_sink.has_errors()) return true;
     // A value the language refuses: name the first model setting it could be.
+    // The imports, then the record header: model setting k (from 0) is on line k + first.
+    const uint32_t first =
+        static_cast<uint32_t>(std::count(cluster_imports_.begin(), cluster_imports_.end(), '\n')) +
+        2;
     for (const Diagnostic& d : probe_sink.diagnostics()) {
       if (d.level != DiagLevel::kError) continue;
       uint32_t line = probe_sm.Position(d.primary.buffer, d.primary.begin).line;
-      // The imports, then the record header: model setting k (from 0) is on line k + first.
-      const uint32_t first = static_cast<uint32_t>(std::count(cluster_imports_.begin(),
-                                                              cluster_imports_.end(), '\n')) +
-                             2;
       SourceRange at;
       if (line >= first && line - first < model_settings_.size())
         at = model_settings_[line - first]->origin;
@@ -685,6 +685,16 @@ std::span<const std::string_view> ImportGpuNames() {
     return names;
   }();
   return kNames;
+}
+
+std::string ImportGpuNamesText() {
+  std::string list;
+  const std::span<const std::string_view> names = ImportGpuNames();
+  for (size_t i = 0; i < names.size(); ++i) {
+    list += i == 0 ? "" : i + 1 == names.size() ? " or " : ", ";
+    list += names[i];
+  }
+  return list;
 }
 
 void ApplyImportedOrigins(const ImportedPlan& imported, uint32_t plan_buffer,

@@ -42,6 +42,8 @@ std::string_view FrameworkName(ConfigKind kind);
 // The GPU names `--gpu` takes, each a stdlib cluster: "h100", "h200", "h800", "a100" (the 80 GB
 // A100, also "a100_80gb"), "a100_40gb".
 std::span<const std::string_view> ImportGpuNames();
+// Those names as a message lists them: "h100, h200, ... or a100_40gb".
+std::string ImportGpuNamesText();
 
 struct ImportOptions {
   // The cluster where the file does not say (command line of planc import / --from).

@@ -20,14 +20,16 @@ namespace paraplan::lower {
 
 namespace {
 
-prog::ScheduleKind ToScheduleKind(Schedule s) {
+// The schedule the program runs: interleaved_1f1b with one chunk per stage is plain 1F1B
+// (P0413 says so; Megatron-Core runs it so).
+prog::ScheduleKind ToScheduleKind(Schedule s, int64_t vpp) {
   switch (s) {
     case Schedule::kGpipe:
       return prog::ScheduleKind::Gpipe;
     case Schedule::k1F1B:
       return prog::ScheduleKind::OneFOneB;
     case Schedule::kInterleaved1F1B:
-      return prog::ScheduleKind::Interleaved1F1B;
+      return vpp < 2 ? prog::ScheduleKind::OneFOneB : prog::ScheduleKind::Interleaved1F1B;
   }
   return prog::ScheduleKind::OneFOneB;
 }
@@ -719,14 +721,15 @@ ModelConfig ModelConfigOf(const Plan& plan) {
 
 ParallelConfig ParallelConfigOf(const Plan& plan) {
   const ParallelSpec& q = plan.parallel;
-  return {static_cast<int32_t>(q.tp), static_cast<int32_t>(q.pp), static_cast<int32_t>(q.vpp),
-          static_cast<int32_t>(q.cp), static_cast<int32_t>(q.ep), static_cast<int32_t>(q.dp),
-          q.sp && q.tp > 1, static_cast<int32_t>(plan.optimizer.zero),
-          // interleaved_1f1b with one chunk per stage is plain 1F1B (P0413 says so; Megatron-Core
-          // runs it so).
-          plan.pipeline.schedule == Schedule::kInterleaved1F1B && q.vpp < 2
-              ? prog::ScheduleKind::OneFOneB
-              : ToScheduleKind(plan.pipeline.schedule),
+  return {static_cast<int32_t>(q.tp),
+          static_cast<int32_t>(q.pp),
+          static_cast<int32_t>(q.vpp),
+          static_cast<int32_t>(q.cp),
+          static_cast<int32_t>(q.ep),
+          static_cast<int32_t>(q.dp),
+          q.sp && q.tp > 1,
+          static_cast<int32_t>(plan.optimizer.zero),
+          ToScheduleKind(plan.pipeline.schedule, q.vpp),
           q.order};
 }
 
