@@ -103,6 +103,16 @@ void CompareVariants(const std::string& file, const Variants& variants, bool all
   }
 }
 
+// `sets` once with each of `each` added, as plans of the file's default plan.
+Variants EachWith(const std::vector<std::string>& sets, std::initializer_list<const char*> each) {
+  Variants variants;
+  for (const char* one : each) {
+    variants.push_back({"", sets});
+    variants.back().second.push_back(one);
+  }
+  return variants;
+}
+
 TEST_CASE(
     "check's estimate is compile's arena within 3% on every example and bench plan that lowers") {
   ArenaComparison result;
@@ -134,15 +144,11 @@ TEST_CASE("a tied embedding under ZeRO 3 stays gathered: the arena and the estim
   // Two layers under a 128256 x 8192 vocabulary on one stage: the tied embedding gathered from
   // its lookup to the output layer's backward is a tenth of the arena, which the estimate once
   // left out (10% under the program's peak on BLOOM-176B's shape).
-  const std::string file = std::string(PARAPLAN_ROOT) + "/examples/llama3_70b.plan";
+  const Variants variants = EachWith({"model.layers=2", "parallel.pp=1", "parallel.vpp=1",
+                                      "pipeline.schedule=1f1b", "optimizer.zero=3"},
+                                     {"model.tied_embeddings=true", "model.tied_embeddings=false"});
   ArenaComparison result;
-  for (const char* tied : {"model.tied_embeddings=true", "model.tied_embeddings=false"}) {
-    std::optional<Plan> plan = Load(file, "",
-                                    {"model.layers=2", "parallel.pp=1", "parallel.vpp=1",
-                                     "pipeline.schedule=1f1b", "optimizer.zero=3", tied});
-    REQUIRE(plan.has_value());
-    CompareArena(std::string("llama3_70b, 2 layers, zero 3, ") + tied, *plan, result);
-  }
+  CompareVariants(std::string(PARAPLAN_ROOT) + "/examples/llama3_70b.plan", variants, true, result);
   CHECK(result.compared == 2);
   CHECK(result.worst <= 0.01);
 }
@@ -153,16 +159,12 @@ TEST_CASE("the embedding's gathered copy and full gradient never meet on the fir
   // (backward) are not live together, nor beside a layer's busiest op. The estimate added them:
   // ZeRO 3 17.63 GiB against the program's 16.42 here (now 16.54), ZeRO 2 20.66 against 19.81
   // (now 19.93).
-  const std::string file = std::string(PARAPLAN_ROOT) + "/examples/llama3_70b.plan";
+  const Variants variants =
+      EachWith({"model.layers=4", "parallel.pp=2", "parallel.vpp=1", "parallel.tp=1",
+                "parallel.sp=false", "pipeline.schedule=1f1b"},
+               {"optimizer.zero=2", "optimizer.zero=3"});
   ArenaComparison result;
-  for (const char* zero : {"optimizer.zero=2", "optimizer.zero=3"}) {
-    std::optional<Plan> plan =
-        Load(file, "",
-             {"model.layers=4", "parallel.pp=2", "parallel.vpp=1", "parallel.tp=1",
-              "parallel.sp=false", "pipeline.schedule=1f1b", zero});
-    REQUIRE(plan.has_value());
-    CompareArena(std::string("llama3_70b, 4 layers, tp 1, pp 2, ") + zero, *plan, result);
-  }
+  CompareVariants(std::string(PARAPLAN_ROOT) + "/examples/llama3_70b.plan", variants, true, result);
   CHECK(result.compared == 4);
   CHECK(result.worst <= 0.01);
 }
