@@ -46,14 +46,15 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kTolerance = 1e-5;
-constexpr double kElementTolerance = 1e-5;
-// Experts split by tensor parallelism (etp = tp) sum each expert's down projection and its input
-// gradient from two halves of the ffn: the losses and every tensor's Frobenius difference stay
-// within kTolerance (measured: losses 9e-8, weights 6.9e-7), and every element of every tensor
-// within kElementTolerance but one: element (63, 55) of layers.3.attention.wo, whose gradient
-// is near zero, so Adam turns the other rounding into 1.15e-5 of the tensor's largest value
-// (the etp = 1 layouts already reach 9.7e-6 on that element).
-constexpr double kExpertSplitElementTolerance = 2e-5;
+// Every element of every tensor within 2e-5 of its tensor's largest value. An element whose
+// gradient is near zero carries the GEMMs' rounding into its Adam update almost undiminished,
+// and how a sharded GEMM rounds depends on OpenBLAS's kernel: with the SkylakeX kernel the
+// largest difference is 9.7e-6 (element (63, 55) of layers.3.attention.wo), with the Haswell
+// kernel (OPENBLAS_CORETYPE=Haswell on an AVX-512 machine) 1.6e-5. Experts split by tensor
+// parallelism (etp = tp) sum each expert's down projection and its input gradient from two
+// halves of the ffn and reach 1.15e-5 on that element with the SkylakeX kernel. The losses and
+// every tensor's Frobenius difference stay within kTolerance (losses 1e-7, weights 1e-6).
+constexpr double kElementTolerance = 2e-5;
 
 std::string SourceDir() {
   const char* dir = std::getenv("PARAPLAN_SOURCE_DIR");
@@ -254,8 +255,7 @@ Comparison CheckEquivalent(bool gpt, const Layout& layout) {
     reference[key] = Run(Compile(TinyPlan(gpt, one)));
   }
   const RunResult& want = reference[key];
-  return CheckAgainst(Run(Compile(TinyPlan(gpt, layout))), want,
-                      layout.etp ? kExpertSplitElementTolerance : kElementTolerance);
+  return CheckAgainst(Run(Compile(TinyPlan(gpt, layout))), want, kElementTolerance);
 }
 
 // Recompute re-runs forward ops on the same inputs with the same deterministic kernels and
@@ -781,13 +781,13 @@ TEST_CASE("planc compile: moe cp 2, tp 2, sequence parallel (etp 1)") {
   CheckPlancEquivalent("moe_single", "moe_cp2_tp2_sp");
 }
 TEST_CASE("planc compile: moe etp 2, tp 2, sequence parallel (rows gathered over Etp)") {
-  CheckPlancEquivalent("moe_single", "moe_etp2_tp2_sp", kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_single", "moe_etp2_tp2_sp");
 }
 TEST_CASE("planc compile: moe etp 2, tp 2, no sequence parallelism (partials all-reduced)") {
-  CheckPlancEquivalent("moe_single", "moe_etp2_tp2", kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_single", "moe_etp2_tp2");
 }
 TEST_CASE("planc compile: moe etp 2, tp 2, pp 2, dp 2, ZeRO 1, sequence parallel") {
-  CheckPlancEquivalent("moe_single", "moe_etp2_tp2_pp2_dp2_zero1_sp", kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_single", "moe_etp2_tp2_pp2_dp2_zero1_sp");
 }
 
 // DeepSeek-V3's router: sigmoid scores and the aux-loss-free expert bias, whose update sums the
@@ -799,7 +799,7 @@ TEST_CASE("planc compile: moe with sigmoid router and expert bias, cp 2, tp 2, s
   CheckPlancEquivalent("moe_v3_single", "moe_v3_cp2_tp2_sp");
 }
 TEST_CASE("planc compile: moe with sigmoid router and expert bias, etp 2, tp 2, sp") {
-  CheckPlancEquivalent("moe_v3_single", "moe_v3_etp2_tp2_sp", kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_v3_single", "moe_v3_etp2_tp2_sp");
 }
 // Group-limited routing and the routed scaling factor (DeepSeek-V3): every layout routes each
 // row among the same kept groups, the Etp group's second routing included.
@@ -807,8 +807,7 @@ TEST_CASE("planc compile: moe with group-limited routing and a scale, tp 2, pp 2
   CheckPlancEquivalent("moe_grouped_single", "moe_grouped_tp2_pp2_dp2_sp");
 }
 TEST_CASE("planc compile: moe with group-limited routing and a scale, etp 2, tp 2, sp") {
-  CheckPlancEquivalent("moe_grouped_single", "moe_grouped_etp2_tp2_sp",
-                       kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_grouped_single", "moe_grouped_etp2_tp2_sp");
 }
 TEST_CASE("planc compile: moe with group-limited softmax routing and a scale, ep 2, tp 2, sp") {
   CheckPlancEquivalent("moe_grouped_softmax_single", "moe_grouped_softmax_ep2_tp2_dp2_sp");
@@ -822,8 +821,7 @@ TEST_CASE("planc compile: moe with a capacity factor, tp 2, pp 2, dp 2") {
   CheckPlancEquivalent("moe_capacity_single", "moe_capacity_tp2_pp2_dp2");
 }
 TEST_CASE("planc compile: moe with a capacity factor, etp 2, tp 2") {
-  CheckPlancEquivalent("moe_capacity_single", "moe_capacity_etp2_tp2",
-                       kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_capacity_single", "moe_capacity_etp2_tp2");
 }
 TEST_CASE("planc compile: moe with a capacity factor, ep 2, dp 2") {
   CheckPlancEquivalent("moe_capacity_single", "moe_capacity_ep2_dp2");
@@ -832,12 +830,10 @@ TEST_CASE("planc compile: moe with a capacity factor, ep 2, dp 2") {
 // of its own rows (one segment of the group's gathered rows), as the etp 1 layout does, whose
 // run is the reference (the one-rank run's microbatches hold twice a rank's rows).
 TEST_CASE("planc compile: moe with a capacity factor, etp 2, tp 2, sp, equals etp 1, tp 2, sp") {
-  CheckPlancEquivalent("moe_capacity_tp2_sp", "moe_capacity_etp2_tp2_sp",
-                       kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_capacity_tp2_sp", "moe_capacity_etp2_tp2_sp");
 }
 TEST_CASE("planc compile: moe with a capacity factor, ep 2, etp 2, tp 2, sp, equals etp 1") {
-  CheckPlancEquivalent("moe_capacity_ep2_tp2_dp2_sp", "moe_capacity_ep2_etp2_tp2_dp2_sp",
-                       kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_capacity_ep2_tp2_dp2_sp", "moe_capacity_ep2_etp2_tp2_dp2_sp");
 }
 TEST_CASE("a capacity factor drops tokens: the run differs from the dropless one") {
   const RunResult capped = Run(PlancCompile("moe_capacity_single"));
@@ -906,19 +902,18 @@ TEST_CASE("planc compile: moe ep 2, pp 2, dp 2 (etp 1)") {
 }
 
 TEST_CASE("planc compile: moe ep 2, etp 2 = tp 2, dp 4, sequence parallel") {
-  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4_sp", kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4_sp");
 }
 TEST_CASE("planc compile: moe ep 2, etp 2 = tp 2, dp 4, without sequence parallelism") {
-  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4", kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4");
 }
 TEST_CASE("planc compile: moe ep 2, etp 2 = tp 2, dp 4, ZeRO 1, sequence parallel") {
-  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4_zero1_sp", kExpertSplitElementTolerance);
+  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4_zero1_sp");
 }
 
 TEST_CASE(
     "planc compile: DeepSeek-V2-shaped (latent attention, experts), tp 2, pp 2, dp 2, etp 2") {
-  CheckPlancEquivalent("deepseek_single", "deepseek_tp2_pp2_dp2_zero1_sp",
-                       kExpertSplitElementTolerance);
+  CheckPlancEquivalent("deepseek_single", "deepseek_tp2_pp2_dp2_zero1_sp");
 }
 
 TEST_CASE("planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, tp 2, sp, dp 2") {
@@ -927,8 +922,7 @@ TEST_CASE("planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, 
 
 TEST_CASE(
     "planc compile: DeepSeek-V2-shaped (latent attention, experts), ep 2, etp 2 = tp 2, pp 2, sp") {
-  CheckPlancEquivalent("deepseek_single", "deepseek_ep2_etp2_tp2_pp2_dp2_sp",
-                       kExpertSplitElementTolerance);
+  CheckPlancEquivalent("deepseek_single", "deepseek_ep2_etp2_tp2_pp2_dp2_sp");
 }
 
 TEST_CASE("the DeepSeek-V2-shaped example compiles and trains on 8 CPU ranks; its loss falls") {
