@@ -792,7 +792,7 @@ Fitted FitProfile(const std::vector<Case*>& cases, const FrameworkProfile* base,
                                       0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3,  1.4};
   const bool own = scope == FitScope::kAll;
   if (sharded && own)
-    params.push_back({&Fitted::shard_comm_scale, {1, 1.5, 2, 3, 4, 6, 8, 10, 12}});
+    params.push_back({&Fitted::shard_comm_scale, {1, 1.5, 2, 3, 4, 5, 5.5, 6, 8, 10, 12}});
   if (sharded && own && base && base->shard == ShardStyle::kFsdp)
     params.push_back({&Fitted::shard_interference, {0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0}});
   params.push_back({&Fitted::compute_scale, scales});
@@ -1036,7 +1036,8 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
   // rows on the same GPU generation (its own behaviour, the pooled numbers), but only in the
   // numbers that describe the GPU's kernels: another stack's gather code, expert overlap or
   // per-layer overhead says nothing about this one's, so those fall back to their defaults
-  // (the NCCL ring time, no overlap, no overhead).
+  // (the NCCL ring time, no overlap, no overhead), and a behaviour the profile read off
+  // its own rows (shard_prefetch_unfit) to what it would be without them.
   std::set<std::string> sources;
   for (const Case& c : cases)
     if (c.Scored()) sources.insert(c.source);
@@ -1082,6 +1083,9 @@ void LeaveOneSourceOut(std::vector<Case>& cases, const ProfileCases& by_profile)
             for (Case* c : rows)
               if (c->source != left) pool.push_back(c);
         FitProfile(pool, nullptr, FitScope::kKernels).ApplyTo(prof);
+        // A behaviour read off the left-out rows themselves goes back to what it would be
+        // without them (DeepSpeed's prefetch share).
+        if (prof.shard_prefetch_unfit >= 0) prof.shard_prefetch = prof.shard_prefetch_unfit;
       }
       // The unstated fields are chosen again with the refitted numbers: the choice of the
       // fastest setting must not see the left-out source either.

@@ -44,6 +44,10 @@ enum class Collective : uint8_t {
 double CollectiveSeconds(Collective kind, double bytes, const CommGroup& group,
                          const ClusterSpec& cluster, const GpuEfficiency& eff);
 
+// The latency of a ring's n - 1 steps over `group`: a step that leaves the node costs the
+// efficiency set's collective_latency_s, one over NVLink a third of it.
+double RingStepsLatency(const CommGroup& group, const GpuEfficiency& eff);
+
 // The dispatch (or combine) of an expert-parallel layer with DeepEP / HybridEP (Megatron's
 // flex dispatcher): a token bound for several experts on one remote node crosses the network
 // once, to that node, which forwards the copies to its experts over NVLink; the all-to-all

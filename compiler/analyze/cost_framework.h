@@ -71,6 +71,9 @@ struct FrameworkProfile {
   double ep_overlap = 0;  // share of the expert compute that hides the all-to-all
   ShardStyle shard = ShardStyle::kMegatron;
   double shard_prefetch = 0.9;  // share of a layer's compute that hides its ZeRO-3 gathers
+  // What shard_prefetch would be without the profile's own runs, where they set it (< 0: it is
+  // documented behaviour); leave-one-source-out falls back to it.
+  double shard_prefetch_unfit = -1;
   CpStyle cp = CpStyle::kRing;
   double fp8_gemm_speedup = 1.6;  // FP8 linear GEMM rate over BF16 at the same size (casts,
                                   // amax bookkeeping and scaling included); attention stays bf16

@@ -551,9 +551,16 @@ double ShardedMicrobatchExposure(const Context& cx, const DpTraffic& dp, int64_t
   const double fwd = st.forward_s;
   const double n_layers = D(std::max<int64_t>(1, layers_here));
   // Per layer collective: a launch, and the ring's n - 1 steps (NCCL all-gather and
-  // reduce-scatter run rings; one ring latency is already in the stage-wide time).
+  // reduce-scatter run rings; one ring latency is already in the stage-wide time). DeepSpeed's
+  // per-tensor gathers are mostly small, latency-bound ones, and are priced step by step as
+  // NCCL prices them, the steps inside a node at a third of a network step
+  // (RingStepsLatency). FSDP's profiles charge every step at the network rate: their layer
+  // gathers are large, and the fit keeps the slowdown that llm-foundry's 256 and 512 GPU runs
+  // show per doubling (3-4%) in this term.
   const double ring_steps =
-      D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * cx.eff.collective_latency_s;
+      prof.shard == ShardStyle::kDeepSpeed
+          ? RingStepsLatency(cx.groups.dp_cp, cx.eff)
+          : D(std::max<int64_t>(0, cx.groups.dp_cp.size - 1)) * cx.eff.collective_latency_s;
   const double lat = n_layers * prof.collective_latency_s + (n_layers - 1) * ring_steps;
   // DeepSpeed's ZeRO-3 of 2021 gathers every parameter tensor with its own all-gather (the
   // tensors of a layer, not the layer): each of them pays the launch and the ring's steps.

@@ -564,6 +564,40 @@ TEST_CASE("ZeRO-3 under DeepSpeed ranks below 3D parallelism for GPT-3 175B (Nar
   CHECK(EstimateTime(zero3, o).step_s < z.step_s);
 }
 
+TEST_CASE("a ring step inside a node costs a third of one across nodes (NCCL's hwLat)") {
+  const GpuEfficiency& eff = EfficiencyFor(GpuSpec{.name = "a100_80gb"});
+  const double a = eff.collective_latency_s;
+  CHECK(RingStepsLatency(CommGroup{1, 1}, eff) == 0);
+  CHECK(RingStepsLatency(CommGroup{8, 8}, eff) == doctest::Approx(7 * a / 3));  // one node
+  CHECK(RingStepsLatency(CommGroup{4, 1}, eff) == doctest::Approx(3 * a));      // a GPU per node
+  // 384 ranks on 48 nodes: 47 network steps and 336 over NVLink.
+  CHECK(RingStepsLatency(CommGroup{384, 8}, eff) == doctest::Approx((47 + 336.0 / 3) * a));
+}
+
+TEST_CASE("DeepSpeed's ZeRO-3 covers part of its traffic with compute (Narayanan Table 2)") {
+  // 175B on 384 and 768 A100, 1,536 sequences: micro batch 4 and 2, the same traffic per GPU.
+  // Measured 81.6 s and 66.8 s a step: halving the compute shortens the step by much less
+  // than the compute itself.
+  auto run = [](int64_t nodes, int64_t micro) {
+    Plan plan =
+        testing::MakePlan(testing::Gpt(96, 12288, 96), testing::DgxA100(nodes), 1, 1, 1536, micro);
+    plan.optimizer.zero = 3;
+    plan.recompute = Recompute::kFull;
+    plan.precision = Precision::kFp16;
+    plan.framework = Framework::kDeepSpeed;
+    return EstimateTime(plan);
+  };
+  const TimeEstimate t384 = run(48, 4), t768 = run(96, 2);
+  REQUIRE(t384.valid);
+  REQUIRE(t768.valid);
+  CHECK(t384.step_s == doctest::Approx(81.6).epsilon(0.05));
+  CHECK(t768.step_s == doctest::Approx(66.8).epsilon(0.05));
+  const double compute_saved = t384.stages[0].gemm_s + t384.stages[0].memory_s +
+                               t384.stages[0].recompute_s - t768.stages[0].gemm_s -
+                               t768.stages[0].memory_s - t768.stages[0].recompute_s;
+  CHECK(t384.step_s - t768.step_s < 0.8 * compute_saved);
+}
+
 TEST_CASE(
     "FSDP2 with pipeline parallelism gathers parameters once per step, not every microbatch") {
   Plan plan = Llama(8, 8, 2);
