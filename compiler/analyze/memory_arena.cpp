@@ -40,6 +40,7 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
   z.gelu = m.activation != Activation::kSwiGlu;
   z.layernorm = m.norm == Norm::kLayerNorm;
   z.mla = m.IsMla();
+  z.qk_norm = m.qk_norm && !z.mla;
   if (z.mla) {
     z.nope = m.qk_nope_head_dim;
     z.qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
@@ -68,11 +69,17 @@ int64_t ArenaMlaAttentionStash(const ArenaSizes& z, Recompute recompute) {
 
 // Stashed bytes of one layer's attention half per microbatch (recompute none or selective): its
 // input x, the gathered norm output, q, k, v, the attention output (and its softmax statistics
-// unless selective recompute redoes the core), the residual and the fp32 statistics of both norms.
+// unless selective recompute redoes the core), the residual and the fp32 statistics of both norms;
+// with query/key norms also the projections before them and the norms' statistics, per head.
 int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
   int64_t bytes = SatMul(z.R, z.h * z.a);  // x
   const int64_t attention = z.mla ? 0 : 2 * z.heads * z.hd + 2 * z.kv * z.hd;
   bytes = SatAdd(bytes, SatMul(z.T, (z.h + attention) * z.a));  // n1f, q, o, k, v
+  if (z.qk_norm) {
+    const int64_t heads = z.heads + z.kv;
+    bytes = SatAdd(bytes, SatMul(z.T, heads * z.hd * z.a));  // q and k before the norms
+    bytes = SatAdd(bytes, SatMul(z.T, heads * int64_t{z.layernorm ? 2 : 1} * 4));  // statistics
+  }
   if (z.mla) bytes = SatAdd(bytes, ArenaMlaAttentionStash(z, recompute));
   bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));  // residual x1
   bytes = SatAdd(bytes,

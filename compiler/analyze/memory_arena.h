@@ -27,7 +27,8 @@ struct ArenaSizes {
   int64_t h = 0, hd = 0, heads = 0, kv = 0, ffn = 0, vocab = 0;  // per TP rank where split
   int64_t a = 2;  // activation element bytes of the program's precision
   bool gelu = false, layernorm = false;
-  bool ring = false;  // cp > 1: ring attention and its working buffers
+  bool ring = false;     // cp > 1: ring attention and its working buffers
+  bool qk_norm = false;  // queries and keys normalised per head (model.qk_norm)
   // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
   bool mla = false;
   int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;

@@ -44,12 +44,25 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
   if (P.mla) {
     MlaForward(P, layer_saved);
   } else {
-    layer_saved.q = Act("q", {tokens_, heads * hd});
-    layer_saved.k = Act("k", {tokens_, kv * hd});
+    // With query/key norms the projections land in q_pre / k_pre and the norms (each head's
+    // head_dim columns a row) write q and k.
+    const char* q_name = P.qk_norm ? "q.pre_norm" : "q";
+    const char* k_name = P.qk_norm ? "k.pre_norm" : "k";
+    layer_saved.q = Act(q_name, {tokens_, heads * hd});
+    layer_saved.k = Act(k_name, {tokens_, kv * hd});
     layer_saved.v = Act("v", {tokens_, kv * hd});
     Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wq, P.bq), {layer_saved.q});
     Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wk, P.bk), {layer_saved.k});
     Emit(attrs::Linear{}, LinearInputs(layer_saved.n1f, P.wv, P.bv), {layer_saved.v});
+    if (P.qk_norm) {
+      layer_saved.q_pre = layer_saved.q;
+      layer_saved.k_pre = layer_saved.k;
+      layer_saved.qno =
+          NormForward("attention.q_norm", P.qn, layer_saved.q_pre, tokens_ * heads, hd);
+      layer_saved.kno = NormForward("attention.k_norm", P.kn, layer_saved.k_pre, tokens_ * kv, hd);
+      layer_saved.q = layer_saved.qno.y;
+      layer_saved.k = layer_saved.kno.y;
+    }
     if (m_.position == prog::PositionKind::Rope) {
       Emit(attrs::Rope{.heads = heads, .head_dim = hd, .theta = m_.rope_theta}, {layer_saved.q},
            {layer_saved.q}, cp_comm_);
@@ -156,6 +169,13 @@ void RoleLowering::MakeDenseAttentionParams(int32_t layer_index, LayerParams& pa
   }
   params.wo = AddParam(n + "attention.wo", key(8), {h, m_.heads * hd}, 1, prog::InitKind::Normal,
                        OutStd(), true, false, false);
+  if (m_.qk_norm) {
+    // One weight over head_dim for all heads, replicated over tp; each rank normalises its own
+    // heads, so the gradient is the sum over Tp of every rank's part.
+    params.qk_norm = true;
+    params.qn = MakeNorm(n + "attention.q_norm", key(16), hd, /*grad_sync_tp=*/true);
+    params.kn = MakeNorm(n + "attention.k_norm", key(18), hd, /*grad_sync_tp=*/true);
+  }
   if (bias)
     params.bo =
         AddParam(n + "attention.bo", key(9), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
@@ -384,10 +404,17 @@ void RoleLowering::AttentionBackward(const LayerParams& params, const LayerSaved
     Emit(attrs::RopeBackward{.heads = kv, .head_dim = hd, .theta = m_.rope_theta}, {dk}, {dk},
          cp_comm_);
   }
+  int32_t dq_in = dq, dk_in = dk;  // the gradients of the projections' outputs
+  if (params.qk_norm) {
+    dq_in = Act("q.pre_norm.grad", {tokens_, heads * hd});
+    dk_in = Act("k.pre_norm.grad", {tokens_, kv * hd});
+    NormBackward(params.qn, saved.qno, saved.q_pre, dq, dq_in, /*accumulate=*/false);
+    NormBackward(params.kn, saved.kno, saved.k_pre, dk, dk_in, /*accumulate=*/false);
+  }
   const int32_t dn1f = Act("attention_norm.out_full.grad", {tokens_, h});
-  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq, saved.n1f, params.wq.value},
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dq_in, saved.n1f, params.wq.value},
        LinearGrads(dn1f, params.wq, params.bq));
-  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dk, saved.n1f, params.wk.value},
+  Emit(attrs::LinearBackward{.dx_accumulate = true}, {dk_in, saved.n1f, params.wk.value},
        LinearGrads(dn1f, params.wk, params.bk));
   Emit(attrs::LinearBackward{.dx_accumulate = true}, {dv, saved.n1f, params.wv.value},
        LinearGrads(dn1f, params.wv, params.bv));

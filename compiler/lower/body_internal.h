@@ -73,11 +73,17 @@ class RoleLowering {
   struct NormParams {
     ParamRef w, b;
   };
-  NormParams MakeNorm(const std::string& name, int64_t key);
+  // The model's norm over `width` columns (default: hidden), replicated over tp; its gradient is
+  // summed over Tp when `grad_sync_tp` (default: under sequence parallelism, where each rank
+  // normalises its own rows).
+  NormParams MakeNorm(const std::string& name, int64_t key, int64_t width = 0,
+                      std::optional<bool> grad_sync_tp = std::nullopt);
   struct NormOut {
     int32_t y = -1, mean = -1, rstd = -1;
   };
-  NormOut NormForward(const std::string& name, const NormParams& np, int32_t x);
+  // x as `rows` rows of `width` columns (default: the residual stream's rows_ x hidden).
+  NormOut NormForward(const std::string& name, const NormParams& np, int32_t x, int64_t rows = 0,
+                      int64_t width = 0);
   void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx,
                     bool accumulate);
   // Sequence-parallel region entry: rows_ -> tokens_ rows.
@@ -136,6 +142,8 @@ class RoleLowering {
   // --- end multi-head latent attention ---
   struct LayerParams {
     NormParams n1, n2;
+    NormParams qn, kn;  // query and key norms (model.qk_norm)
+    bool qk_norm = false;
     ParamRef wq, wk, wv, wo, bq, bk, bv, bo, w1, w3, w2, b1, b2;
     bool moe = false;
     MoeParams experts;
@@ -146,7 +154,8 @@ class RoleLowering {
   struct LayerSaved {
     int32_t x = -1, n1f = -1, q = -1, k = -1, v = -1, o = -1, lse = -1, x1 = -1, n2f = -1, g = -1,
             u = -1, a = -1;
-    NormOut no1, no2;
+    int32_t q_pre = -1, k_pre = -1;  // the projections before the query and key norms
+    NormOut no1, no2, qno, kno;
     MoeSaved moe;
     MlaSaved mla;
   };

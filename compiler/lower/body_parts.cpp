@@ -76,24 +76,27 @@ RoleLowering::ParamRef RoleLowering::AddParam(const std::string& name, int64_t k
   return {static_cast<int32_t>(role_.params.size() - 1), prm.buffer, prm.grad};
 }
 
-RoleLowering::NormParams RoleLowering::MakeNorm(const std::string& name, int64_t key) {
+RoleLowering::NormParams RoleLowering::MakeNorm(const std::string& name, int64_t key, int64_t width,
+                                                std::optional<bool> grad_sync_tp) {
   NormParams n;
   bool ln = m_.norm == prog::NormKind::LayerNorm;
-  n.w =
-      AddParam(name + ".weight", key, {m_.hidden}, -1, prog::InitKind::Ones, 0, false, true, p_.sp);
+  const int64_t cols = width > 0 ? width : m_.hidden;
+  const bool sync = grad_sync_tp.value_or(p_.sp);
+  n.w = AddParam(name + ".weight", key, {cols}, -1, prog::InitKind::Ones, 0, false, true, sync);
   if (ln)
-    n.b = AddParam(name + ".bias", key + 1, {m_.hidden}, -1, prog::InitKind::Zeros, 0, false, true,
-                   p_.sp);
+    n.b =
+        AddParam(name + ".bias", key + 1, {cols}, -1, prog::InitKind::Zeros, 0, false, true, sync);
   return n;
 }
 
 RoleLowering::NormOut RoleLowering::NormForward(const std::string& name, const NormParams& np,
-                                                int32_t x) {
+                                                int32_t x, int64_t rows, int64_t width) {
   NormOut o;
-  o.y = Act(name + ".out", {rows_, m_.hidden});
-  o.rstd = Stat(name + ".rstd", {rows_});
+  const int64_t r = rows > 0 ? rows : rows_, cols = width > 0 ? width : m_.hidden;
+  o.y = Act(name + ".out", {r, cols});
+  o.rstd = Stat(name + ".rstd", {r});
   if (m_.norm == prog::NormKind::LayerNorm) {
-    o.mean = Stat(name + ".mean", {rows_});
+    o.mean = Stat(name + ".mean", {r});
     Emit(attrs::LayerNorm{.eps = m_.norm_eps}, {x, np.w.value, np.b.value}, {o.y, o.mean, o.rstd});
   } else {
     Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {x, np.w.value}, {o.y, o.rstd});

@@ -181,9 +181,10 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   if (m.activation == Activation::kSquaredRelu)
     unsupported.Report("the squared-ReLU MLP", "model.activation",
                        "use `model.activation = swiglu` or `gelu` to compile");
-  if (m.qk_norm)
-    unsupported.Report("query/key normalisation", "model.qk_norm",
-                       "set `model.qk_norm = false` to compile");
+  if (m.qk_norm && m.IsMla())
+    unsupported.Report("query/key normalisation with multi-head latent attention", "model.qk_norm",
+                       "latent attention normalises its latents instead: set `model.qk_norm = "
+                       "false`");
   if (m.window > 0)
     unsupported.Report(fmt::format("sliding-window attention (window = {})", m.window),
                        "model.window", "set `model.window = 0`");
@@ -716,7 +717,8 @@ ModelConfig ModelConfigOf(const Plan& plan) {
       m.kv_lora_rank,
       m.qk_nope_head_dim,
       m.qk_rope_head_dim,
-      m.v_head_dim};
+      m.v_head_dim,
+      m.qk_norm};
 }
 
 ParallelConfig ParallelConfigOf(const Plan& plan) {

@@ -1672,5 +1672,45 @@ TEST_CASE(
 }
 // --- end context parallelism ---
 
+TEST_CASE("query/key norms: one replicated weight per norm, its gradient summed over Tp") {
+  Plan plan = TinyPlan(2, 1, 1);
+  plan.model.qk_norm = true;
+  const Program p = MustLower(plan);
+  CHECK(p.model.qk_norm);
+  for (const Role& role : p.roles) {
+    int norms = 0;
+    for (const Param& prm : role.params) {
+      if (prm.name.find("_norm.weight") == std::string::npos ||
+          prm.name.find("attention.") == std::string::npos)
+        continue;
+      CAPTURE(prm.name);
+      CHECK(prm.global_shape == std::vector<int64_t>{plan.model.head_dim});
+      CHECK(prm.tp_replicated);
+      CHECK(prm.grad_sync_tp);
+      ++norms;
+    }
+    CHECK(norms == 2 * plan.model.layers);
+    // Every layer normalises q and k (forward) and runs their norms' backward.
+    int forward = 0, backward = 0;
+    for (const Body& body : role.bodies)
+      for (const Op& op : body.ops) {
+        forward += op.kind == OpKind::RmsNorm;
+        backward += op.kind == OpKind::RmsNormBackward;
+      }
+    // Two residual norms per layer and the final norm, plus the two query/key norms per layer.
+    CHECK(forward == 4 * plan.model.layers + 1);
+    CHECK(backward == 4 * plan.model.layers + 1);
+  }
+  // Latent attention normalises its latents instead: refused.
+  Plan mla = MlaPlan(1, 1, 1);
+  mla.model.qk_norm = true;
+  DiagnosticSink sink;
+  CHECK_FALSE(LowerPlan(mla, {}, sink).has_value());
+  REQUIRE(!sink.diagnostics().empty());
+  CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+  CHECK(sink.diagnostics()[0].message.find("query/key normalisation with multi-head latent") !=
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace paraplan::lower

@@ -98,11 +98,11 @@ std::string PrintProgram(const Program& p) {
                      p.producer, p.world_size);
   out += fmt::format(
       "model {}: layers {}, hidden {}, ffn {}, heads {}/{} kv, head_dim {}, vocab {} (padded {}), "
-      "seq {}, micro {}, {} {} {}{}\n",
+      "seq {}, micro {}, {} {} {}{}{}\n",
       m.name, m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim, m.vocab,
       m.vocab_padded, m.seq_len, m.micro_batch, prog::EnumNameNormKind(m.norm),
       prog::EnumNameActivationKind(m.activation), prog::EnumNamePositionKind(m.position),
-      m.tied_embeddings ? " tied" : "");
+      m.tied_embeddings ? " tied" : "", m.qk_norm ? " qk_norm" : "");
   if (m.kv_lora_rank > 0)
     out += fmt::format(
         "latent attention: q_lora_rank {}, kv_lora_rank {}, qk_nope {}, qk_rope {}, v {}\n",

@@ -402,7 +402,7 @@ flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
       b, m.name.c_str(), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim, m.vocab,
       m.vocab_padded, m.seq_len, m.micro_batch, m.norm, m.activation, m.position, m.tied_embeddings,
       m.norm_eps, m.rope_theta, m.bias, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim,
-      m.qk_rope_head_dim, m.v_head_dim);
+      m.qk_rope_head_dim, m.v_head_dim, m.qk_norm);
   const ParallelConfig& q = p.parallel;
   auto parallel = prog::CreateParallelConfigDirect(b, q.tp, q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp,
                                                    q.zero, q.schedule, q.order.c_str());
@@ -492,7 +492,7 @@ Program DecodeProgramModel(const prog::Program& file, bool keep_loops) {
                m->activation(),       m->position(),     m->tied_embeddings(),
                m->norm_eps(),         m->rope_theta(),   m->bias(),
                m->q_lora_rank(),      m->kv_lora_rank(), m->qk_nope_head_dim(),
-               m->qk_rope_head_dim(), m->v_head_dim()};
+               m->qk_rope_head_dim(), m->v_head_dim(),   m->qk_norm()};
   }
   if (const auto* q = f->parallel()) {
     p.parallel = {q->tp(), q->pp(), q->vpp(),  q->cp(),       q->ep(),

@@ -158,6 +158,8 @@ struct ModelConfig {
   // Multi-head latent attention (kv_lora_rank > 0); all zero for ordinary attention.
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0,
           v_head_dim = 0;
+  // Queries and keys normalised per head (the model's norm over head_dim) before RoPE.
+  bool qk_norm = false;
 };
 
 struct ParallelConfig {

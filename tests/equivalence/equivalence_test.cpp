@@ -21,7 +21,8 @@
 // to 6.5e-4 of their tensor's largest value (Frobenius up to 2.1e-5); eps = 1e-5 keeps such
 // elements in the linear regime and every layout then agrees element by element. Key biases
 // are still left out: they start at zero and receive only that rounding noise, so they stay
-// near 1e-7 in every layout and any relative comparison of them compares noise with noise.
+// near 1e-7 in every layout and any relative comparison of them compares noise with noise. So
+// is the bias of a LayerNorm key norm (model.qk_norm), added to every key alike.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "compiler/lower/lower.h"
@@ -68,10 +70,11 @@ struct Layout {
   int zero = 0;
   paraplan::Recompute recompute = paraplan::Recompute::kNone;
   bool sgd = false;
-  int cp = 1;        // context parallelism (ring attention over 2·cp chunks of each sequence)
-  bool moe = false;  // the Llama-style model with mixture-of-experts layers (TinyPlan)
-  int ep = 1;        // expert parallelism (moe): experts / ep experts per rank, carved from dp
-  bool etp = false;  // moe: each expert split over the Tp group (etp = tp), else etp = 1
+  int cp = 1;            // context parallelism (ring attention over 2·cp chunks of each sequence)
+  bool moe = false;      // the Llama-style model with mixture-of-experts layers (TinyPlan)
+  int ep = 1;            // expert parallelism (moe): experts / ep experts per rank, carved from dp
+  bool etp = false;      // moe: each expert split over the Tp group (etp = tp), else etp = 1
+  bool qk_norm = false;  // queries and keys normalised per head (model.qk_norm)
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -107,6 +110,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
     m.dense_layers = 1;
     m.moe_layer_freq = 2;
   }
+  m.qk_norm = l.qk_norm;
   plan.cluster.nodes = 1;
   plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
   plan.parallel.cp = l.cp;
@@ -169,7 +173,11 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
     // Named copies, not structured bindings: doctest's message lambdas capture them.
     const auto& name = param.first;
     const auto& w = param.second;
-    if (name.size() >= 3 && name.compare(name.size() - 3, 3, ".bk") == 0) continue;  // see above
+    auto ends_with = [&](std::string_view tail) {
+      return name.size() >= tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (ends_with(".bk") || ends_with(".k_norm.bias")) continue;  // see above
     auto it = got.params.find(name);
     REQUIRE_MESSAGE(it != got.params.end(), "parameter " << name << " missing");
     // The padded vocabulary grows with tp (a multiple of 128·tp): compare the common rows, which
@@ -246,12 +254,13 @@ paraplan::Plan LandingPlan(const Layout& layout) {
 }
 
 Comparison CheckEquivalent(bool gpt, const Layout& layout) {
-  static std::map<std::tuple<bool, bool, bool>, RunResult> reference;
-  const auto key = std::make_tuple(gpt, layout.sgd, layout.moe);
+  static std::map<std::tuple<bool, bool, bool, bool>, RunResult> reference;
+  const auto key = std::make_tuple(gpt, layout.sgd, layout.moe, layout.qk_norm);
   if (!reference.count(key)) {
     Layout one;
     one.sgd = layout.sgd;
     one.moe = layout.moe;
+    one.qk_norm = layout.qk_norm;
     reference[key] = Run(Compile(TinyPlan(gpt, one)));
   }
   const RunResult& want = reference[key];
@@ -285,6 +294,57 @@ void CheckRecompute(bool gpt, Layout layout, paraplan::Recompute mode) {
 
 using paraplan::Recompute;
 using paraplan::Schedule;
+
+// --- query/key norms: one weight over head_dim for every head, replicated over tp, its
+// gradient summed over Tp (each rank normalises its own heads) ---
+namespace {
+Layout WithQkNorm(Layout layout = {}) {
+  layout.qk_norm = true;
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("query/key norms train the weights the model reads, and change the run") {
+  const RunResult with = Run(Compile(TinyPlan(false, WithQkNorm())));
+  const RunResult without = Run(Compile(TinyPlan(false, {})));
+  REQUIRE(with.steps.size() == without.steps.size());
+  CHECK(with.steps.back().loss != without.steps.back().loss);
+  for (const char* name :
+       {"layers.0.attention.q_norm.weight", "layers.3.attention.k_norm.weight"}) {
+    CAPTURE(name);
+    const auto it = with.params.find(name);
+    REQUIRE(it != with.params.end());
+    CHECK(it->second.size() == 16);  // head_dim
+    size_t moved = 0;
+    for (float w : it->second) moved += w != 1.0f;  // initialised to ones
+    CHECK(moved > 0);
+  }
+  CHECK(without.params.count("layers.0.attention.q_norm.weight") == 0);
+}
+TEST_CASE("llama, query/key norms: tp 2 (one key head per rank)") {
+  CheckEquivalent(false, WithQkNorm({2}));
+}
+TEST_CASE("llama, query/key norms: tp 2, sequence parallel, pp 2, dp 2, ZeRO 1") {
+  Layout l = WithQkNorm({2, 2, 2, 1, Schedule::k1F1B, true});
+  l.zero = 1;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("llama, query/key norms: cp 2") {
+  Layout l = WithQkNorm();
+  l.cp = 2;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("gpt (LayerNorm), query/key norms: tp 2, dp 2, ZeRO 3") {
+  Layout l = WithQkNorm({2, 1, 2});
+  l.zero = 3;
+  CheckEquivalent(true, l);
+}
+TEST_CASE("llama, query/key norms: tp 2, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithQkNorm({2}), Recompute::kFull);
+}
+TEST_CASE("llama, query/key norms: tp 2, selective recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithQkNorm({2}), Recompute::kSelective);
+}
 
 // --- context parallelism ---
 namespace {

@@ -128,7 +128,11 @@ TEST_CASE(
       {"precision=fp16"},
       {"precision=fp8"},
       {"precision=fp32"},
-      {"optimizer.type=sgd"}};
+      {"optimizer.type=sgd"},
+      // Query/key norms stash the projections before them and their statistics.
+      {"model.qk_norm=true"},
+      {"model.qk_norm=true", "recompute=none"},
+      {"model.qk_norm=true", "recompute=full"}};
   for (const std::string& file : PlanFiles()) {
     for (const auto& sets : variants) {
       std::optional<Plan> plan = Load(file, "", sets);
