@@ -36,7 +36,7 @@ namespace detail {
 RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_t x, int32_t next) {
   const int64_t h = m_.hidden, hd = m_.head_dim;
   const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, ffn = m_.ffn_hidden / tp_;
-  const bool gpt = m_.activation == prog::ActivationKind::Gelu;
+  const bool non_gated = NonGated();
   LayerSaved layer_saved;
   layer_saved.x = x;
   layer_saved.no1 = NormForward("attention_norm", P.n1, x);
@@ -84,11 +84,11 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
     return layer_saved;
   }
   layer_saved.n2f = GatherSp(layer_saved.no2.y, "mlp_norm.out_full", h);
-  if (gpt) {
+  if (non_gated) {
     layer_saved.g = Act("mlp.fc1_out", {tokens_, ffn});
     Emit(attrs::Linear{}, LinearInputs(layer_saved.n2f, P.w1, P.b1), {layer_saved.g});
     layer_saved.a = Act("mlp.act", {tokens_, ffn});
-    Emit(attrs::Gelu{}, {layer_saved.g}, {layer_saved.a});
+    EmitActivation(layer_saved.g, layer_saved.a);
   } else {
     layer_saved.g = Act("mlp.gate", {tokens_, ffn});
     layer_saved.u = Act("mlp.up", {tokens_, ffn});
@@ -201,7 +201,7 @@ RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
     params.experts = MakeMoeParams(layer_index);
     return params;
   }
-  if (m_.activation == prog::ActivationKind::Gelu) {
+  if (NonGated()) {
     params.w1 = AddParam(n + "mlp.fc1", key(12), {m_.ffn_hidden, h}, 0, prog::InitKind::Normal,
                          0.02, true, false, false);
     if (bias)
@@ -362,9 +362,9 @@ void RoleLowering::MlpBackward(const LayerParams& params, const LayerSaved& save
   Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, saved.a, params.w2.value},
        {da, params.w2.grad});
   const int32_t dn2f = Act("mlp_norm.out_full.grad", {tokens_, h});
-  if (m_.activation == prog::ActivationKind::Gelu) {
+  if (NonGated()) {
     const int32_t dg = Act("mlp.fc1_out.grad", {tokens_, ffn});
-    Emit(attrs::GeluBackward{}, {da, saved.g}, {dg});
+    EmitActivationBackward(da, saved.g, dg);
     Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, saved.n2f, params.w1.value},
          LinearGrads(dn2f, params.w1, params.b1));
   } else {

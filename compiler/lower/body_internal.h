@@ -86,6 +86,10 @@ class RoleLowering {
                       int64_t width = 0);
   void NormBackward(const NormParams& np, const NormOut& o, int32_t x, int32_t dy, int32_t dx,
                     bool accumulate);
+  // The activation of a non-gated MLP (GELU or squared ReLU) and its backward.
+  bool NonGated() const { return m_.activation != prog::ActivationKind::SwiGlu; }
+  void EmitActivation(int32_t x, int32_t y);
+  void EmitActivationBackward(int32_t dy, int32_t x, int32_t dx);
   // Sequence-parallel region entry: rows_ -> tokens_ rows.
   int32_t GatherSp(int32_t x, const std::string& name, int64_t cols);
   // Row-parallel exit: a partial [tokens_, cols] -> all-reduce in place, or reduce-scatter to

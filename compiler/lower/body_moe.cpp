@@ -14,7 +14,7 @@ using prog::ReduceOp;
 
 RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
   const int64_t h = m_.hidden, e = s_.moe.experts, f = s_.moe.ffn, sf = s_.moe.shared_ffn;
-  const bool gpt = m_.activation == prog::ActivationKind::Gelu;
+  const bool non_gated = NonGated();
   const std::string n = fmt::format("layers.{}.moe.", layer_index);
   auto key = [&](int32_t j) { return LayerKey(layer_index, j); };
   // Router: replicated over tp; with sequence parallelism each rank routes its own rows, so its
@@ -22,11 +22,11 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
   MoeParams params;
   params.router =
       AddParam(n + "router", key(20), {e, h}, -1, prog::InitKind::Normal, 0.02, true, true, p_.sp);
-  if (!gpt) params.gate = AddExpertParam(n + "experts.w_gate", key(21), {e, f, h}, 1, 0.02);
+  if (!non_gated) params.gate = AddExpertParam(n + "experts.w_gate", key(21), {e, f, h}, 1, 0.02);
   params.up =
-      AddExpertParam(n + (gpt ? "experts.fc1" : "experts.w_up"), key(22), {e, f, h}, 1, 0.02);
-  params.down =
-      AddExpertParam(n + (gpt ? "experts.fc2" : "experts.w_down"), key(23), {e, h, f}, 2, OutStd());
+      AddExpertParam(n + (non_gated ? "experts.fc1" : "experts.w_up"), key(22), {e, f, h}, 1, 0.02);
+  params.down = AddExpertParam(n + (non_gated ? "experts.fc2" : "experts.w_down"), key(23),
+                               {e, h, f}, 2, OutStd());
   if (s_.moe.bias_rate > 0) {
     params.bias = Buf(n + "router.expert_bias", {e}, DType::F32, BufferKind::State);
     params.load = Buf(n + "router.expert_load", {e}, DType::F32, BufferKind::Persistent);
@@ -39,13 +39,13 @@ RoleLowering::MoeParams RoleLowering::MakeMoeParams(int32_t layer_index) {
   }
   if (sf > 0) {
     // Shared experts: one dense MLP of width shared · ffn, tensor-parallel as the dense MLP.
-    if (!gpt)
+    if (!non_gated)
       params.shared_gate = AddParam(n + "shared.w_gate", key(24), {sf, h}, 0,
                                     prog::InitKind::Normal, 0.02, true, false, false);
-    params.shared_up = AddParam(n + (gpt ? "shared.fc1" : "shared.w_up"), key(25), {sf, h}, 0,
+    params.shared_up = AddParam(n + (non_gated ? "shared.fc1" : "shared.w_up"), key(25), {sf, h}, 0,
                                 prog::InitKind::Normal, 0.02, true, false, false);
-    params.shared_down = AddParam(n + (gpt ? "shared.fc2" : "shared.w_down"), key(26), {h, sf}, 1,
-                                  prog::InitKind::Normal, OutStd(), true, false, false);
+    params.shared_down = AddParam(n + (non_gated ? "shared.fc2" : "shared.w_down"), key(26),
+                                  {h, sf}, 1, prog::InitKind::Normal, OutStd(), true, false, false);
   }
   return params;
 }
@@ -148,7 +148,7 @@ void RoleLowering::DenseExpertForward(const std::string& name, int32_t xf, const
     *u = Act(name + ".fc1_out", {tokens_, local});
     Emit(attrs::Linear{}, {xf, up.value}, {*u});
     *a = Act(name + ".act", {tokens_, local});
-    Emit(attrs::Gelu{}, {*u}, {*a});
+    EmitActivation(*u, *a);
   }
   if (out == nullptr) return;
   const int32_t d = Act(name + ".down", {tokens_, m_.hidden});
@@ -206,7 +206,7 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
     ms.u = Act("moe.experts.fc1_out", {erows, f});
     Emit(attrs::GroupedLinear{.groups = groups}, {ms.xe, ex.up.value, ms.ecounts}, {ms.u});
     ms.a = Act("moe.experts.act", {erows, f});
-    Emit(attrs::Gelu{}, {ms.u}, {ms.a});
+    EmitActivation(ms.u, ms.a);
   }
   ms.y = Act("moe.experts.out", {erows, h});
   Emit(attrs::GroupedLinear{.groups = groups}, {ms.a, ex.down.value, ms.ecounts}, {ms.y});
@@ -274,7 +274,7 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
          {du, ms.xe, ex.up.value, ms.ecounts}, {dxe, ex.up.grad});
   } else {
     const int32_t du = Act("moe.experts.fc1_out.grad", {erows, f});
-    Emit(attrs::GeluBackward{}, {da, ms.u}, {du});
+    EmitActivationBackward(da, ms.u, du);
     Emit(attrs::GroupedLinearBackward{.groups = groups, .dx_accumulate = false},
          {du, ms.xe, ex.up.value, ms.ecounts}, {dxe, ex.up.grad});
   }
@@ -320,7 +320,7 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
            {dnf, ex.shared_up.grad});
     } else {
       const int32_t du = Act("moe.shared.fc1_out.grad", {tokens_, sf});
-      Emit(attrs::GeluBackward{}, {dsa, ms.su}, {du});
+      EmitActivationBackward(dsa, ms.su, du);
       Emit(attrs::LinearBackward{.dx_accumulate = false}, {du, saved.n2f, ex.shared_up.value},
            {dnf, ex.shared_up.grad});
     }

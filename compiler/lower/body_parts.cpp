@@ -114,6 +114,20 @@ void RoleLowering::NormBackward(const NormParams& np, const NormOut& o, int32_t 
          {dx, np.w.grad});
 }
 
+void RoleLowering::EmitActivation(int32_t x, int32_t y) {
+  if (m_.activation == prog::ActivationKind::SquaredRelu)
+    Emit(attrs::SquaredRelu{}, {x}, {y});
+  else
+    Emit(attrs::Gelu{}, {x}, {y});
+}
+
+void RoleLowering::EmitActivationBackward(int32_t dy, int32_t x, int32_t dx) {
+  if (m_.activation == prog::ActivationKind::SquaredRelu)
+    Emit(attrs::SquaredReluBackward{}, {dy, x}, {dx});
+  else
+    Emit(attrs::GeluBackward{}, {dy, x}, {dx});
+}
+
 int32_t RoleLowering::GatherSp(int32_t x, const std::string& name, int64_t cols) {
   if (!p_.sp || tp_ == 1) return x;
   int32_t full = Act(name, {tokens_, cols});

@@ -178,9 +178,6 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
         fmt::format("expert parallelism (ep = {}) for a model without experts", q.ep),
         "parallel.ep", "set `parallel.ep = 1`");
   // --- end expert parallelism ---
-  if (m.activation == Activation::kSquaredRelu)
-    unsupported.Report("the squared-ReLU MLP", "model.activation",
-                       "use `model.activation = swiglu` or `gelu` to compile");
   if (m.qk_norm && m.IsMla())
     unsupported.Report("query/key normalisation with multi-head latent attention", "model.qk_norm",
                        "latent attention normalises its latents instead: set `model.qk_norm = "
@@ -694,31 +691,32 @@ void AddExpertTensorComms(const Plan& plan, const Layout& layout, Program& p) {
 ModelConfig ModelConfigOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
   const int64_t pad = 128 * plan.parallel.tp;
-  return {
-      m.name,
-      static_cast<int32_t>(m.layers),
-      m.hidden,
-      m.ffn_hidden,
-      m.heads,
-      m.kv_heads,
-      m.head_dim,
-      m.vocab,
-      (m.vocab + pad - 1) / pad * pad,
-      m.seq_len,
-      plan.batch.micro,
-      m.norm == Norm::kLayerNorm ? prog::NormKind::LayerNorm : prog::NormKind::RmsNorm,
-      m.activation == Activation::kGelu ? prog::ActivationKind::Gelu : prog::ActivationKind::SwiGlu,
-      m.position == Position::kLearned ? prog::PositionKind::Learned : prog::PositionKind::Rope,
-      m.tied_embeddings,
-      1e-5,
-      10000.0,
-      m.activation == Activation::kGelu,
-      m.q_lora_rank,
-      m.kv_lora_rank,
-      m.qk_nope_head_dim,
-      m.qk_rope_head_dim,
-      m.v_head_dim,
-      m.qk_norm};
+  return {m.name,
+          static_cast<int32_t>(m.layers),
+          m.hidden,
+          m.ffn_hidden,
+          m.heads,
+          m.kv_heads,
+          m.head_dim,
+          m.vocab,
+          (m.vocab + pad - 1) / pad * pad,
+          m.seq_len,
+          plan.batch.micro,
+          m.norm == Norm::kLayerNorm ? prog::NormKind::LayerNorm : prog::NormKind::RmsNorm,
+          m.activation == Activation::kGelu          ? prog::ActivationKind::Gelu
+          : m.activation == Activation::kSquaredRelu ? prog::ActivationKind::SquaredRelu
+                                                     : prog::ActivationKind::SwiGlu,
+          m.position == Position::kLearned ? prog::PositionKind::Learned : prog::PositionKind::Rope,
+          m.tied_embeddings,
+          1e-5,
+          10000.0,
+          m.activation == Activation::kGelu,
+          m.q_lora_rank,
+          m.kv_lora_rank,
+          m.qk_nope_head_dim,
+          m.qk_rope_head_dim,
+          m.v_head_dim,
+          m.qk_norm};
 }
 
 ParallelConfig ParallelConfigOf(const Plan& plan) {

@@ -141,6 +141,8 @@ class Backend {
                               const float* up, int64_t n) = 0;
   virtual void GeluForward(float* out, const float* x, int64_t n) = 0;
   virtual void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) = 0;
+  virtual void SquaredReluForward(float* out, const float* x, int64_t n) = 0;
+  virtual void SquaredReluBackward(float* dx, const float* dout, const float* x, int64_t n) = 0;
 
   // ---- Mixture of experts (see kernels.h) ----
   virtual void MoeRouterForward(float* weights, int32_t* indices, float* scores, float* counts,

@@ -510,6 +510,18 @@ void RankRunner::RunGeluBackward(const OpCall& call) {
   backend_.GeluBackward(call.Out(0), call.In(0), call.In(1), call.InN(0));
 }
 
+// The squared-ReLU MLP's activation: the sizes as GELU's.
+void RankRunner::RunSquaredRelu(const OpCall& call) {
+  call.Output(0, call.InN(0));
+  backend_.SquaredReluForward(call.Out(0), call.In(0), call.InN(0));
+}
+
+void RankRunner::RunSquaredReluBackward(const OpCall& call) {
+  call.Input(1, call.InN(0));
+  call.Output(0, call.InN(0));
+  backend_.SquaredReluBackward(call.Out(0), call.In(0), call.In(1), call.InN(0));
+}
+
 void RankRunner::RunAdd(const OpCall& call) {
   call.Need(call.InN(0) == call.InN(1) && call.OutN(0) == call.InN(0), "sizes differ");
   backend_.Add(call.Out(0), call.In(0), call.In(1), call.InN(0));

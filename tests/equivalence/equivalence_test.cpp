@@ -75,6 +75,7 @@ struct Layout {
   int ep = 1;            // expert parallelism (moe): experts / ep experts per rank, carved from dp
   bool etp = false;      // moe: each expert split over the Tp group (etp = tp), else etp = 1
   bool qk_norm = false;  // queries and keys normalised per head (model.qk_norm)
+  bool squared_relu = false;  // the Llama-style model with a squared-ReLU MLP (Nemotron-4)
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -111,6 +112,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
     m.moe_layer_freq = 2;
   }
   m.qk_norm = l.qk_norm;
+  if (l.squared_relu) m.activation = paraplan::Activation::kSquaredRelu;
   plan.cluster.nodes = 1;
   plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
   plan.parallel.cp = l.cp;
@@ -254,13 +256,15 @@ paraplan::Plan LandingPlan(const Layout& layout) {
 }
 
 Comparison CheckEquivalent(bool gpt, const Layout& layout) {
-  static std::map<std::tuple<bool, bool, bool, bool>, RunResult> reference;
-  const auto key = std::make_tuple(gpt, layout.sgd, layout.moe, layout.qk_norm);
+  static std::map<std::tuple<bool, bool, bool, bool, bool>, RunResult> reference;
+  const auto key =
+      std::make_tuple(gpt, layout.sgd, layout.moe, layout.qk_norm, layout.squared_relu);
   if (!reference.count(key)) {
     Layout one;
     one.sgd = layout.sgd;
     one.moe = layout.moe;
     one.qk_norm = layout.qk_norm;
+    one.squared_relu = layout.squared_relu;
     reference[key] = Run(Compile(TinyPlan(gpt, one)));
   }
   const RunResult& want = reference[key];
@@ -344,6 +348,31 @@ TEST_CASE("llama, query/key norms: tp 2, full recompute (bitwise equal to no rec
 }
 TEST_CASE("llama, query/key norms: tp 2, selective recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, WithQkNorm({2}), Recompute::kSelective);
+}
+
+// --- the squared-ReLU MLP (Nemotron-4): fc1, max(x, 0)², fc2 ---
+namespace {
+Layout WithSquaredRelu(Layout layout = {}) {
+  layout.squared_relu = true;
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("llama, squared-ReLU MLP: tp 2, sequence parallel") {
+  CheckEquivalent(false, WithSquaredRelu({2, 1, 1, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("llama, squared-ReLU MLP: pp 2, dp 2, ZeRO 2") {
+  Layout l = WithSquaredRelu({1, 2, 2});
+  l.zero = 2;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("moe, squared-ReLU experts and shared expert: tp 2, sequence parallel") {
+  Layout l = WithSquaredRelu({2, 1, 1, 1, Schedule::k1F1B, true});
+  l.moe = true;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("llama, squared-ReLU MLP: tp 2, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithSquaredRelu({2}), Recompute::kFull);
 }
 
 // --- context parallelism ---
@@ -1033,6 +1062,7 @@ TEST_CASE("coverage: every op planc emits is trained by an equivalence case") {
       {false, Moe({2, 1, 1, 1, Schedule::k1F1B, true})},
       {false, WithEp(2, {1, 1, 2, 1})},
       {false, Etp({2, 1, 1, 1, Schedule::k1F1B, true})},
+      {false, WithSquaredRelu({2, 1, 1, 1, Schedule::k1F1B, true})},
   };
   std::vector<paraplan::Plan> plans;
   for (const Case& c : cases) plans.push_back(TinyPlan(c.gpt, c.layout));

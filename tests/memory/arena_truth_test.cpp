@@ -132,7 +132,9 @@ TEST_CASE(
       // Query/key norms stash the projections before them and their statistics.
       {"model.qk_norm=true"},
       {"model.qk_norm=true", "recompute=none"},
-      {"model.qk_norm=true", "recompute=full"}};
+      {"model.qk_norm=true", "recompute=full"},
+      // The squared-ReLU MLP stashes what GELU's does.
+      {"model.activation=squared_relu"}};
   for (const std::string& file : PlanFiles()) {
     for (const auto& sets : variants) {
       std::optional<Plan> plan = Load(file, "", sets);

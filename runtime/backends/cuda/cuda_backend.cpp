@@ -283,6 +283,14 @@ class CudaBackend final : public exec::Backend {
     Use();
     cuda::GeluBackward(dx, dout, x, n, stream_);
   }
+  void SquaredReluForward(float* out, const float* x, int64_t n) override {
+    Use();
+    cuda::SquaredReluForward(out, x, n, stream_);
+  }
+  void SquaredReluBackward(float* dx, const float* dout, const float* x, int64_t n) override {
+    Use();
+    cuda::SquaredReluBackward(dx, dout, x, n, stream_);
+  }
 
   // ---- Cross-entropy ----
   void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows,

@@ -135,6 +135,12 @@ TEST_CASE("cuda backend: elementwise and activations match the host") {
   p.host->GeluBackward(dgate.h, b.h, a.h, n);
   p.Gpu().GeluBackward(dgate.g, b.g, a.g, n);
   CHECK_CLOSE(p, dgate, 1e-6, 1e-5);
+  p.host->SquaredReluForward(out.h, a.h, n);
+  p.Gpu().SquaredReluForward(out.g, a.g, n);
+  CHECK_CLOSE(p, out, 1e-6, 1e-5);
+  p.host->SquaredReluBackward(dgate.h, b.h, a.h, n);
+  p.Gpu().SquaredReluBackward(dgate.g, b.g, a.g, n);
+  CHECK_CLOSE(p, dgate, 1e-6, 1e-5);
   // Fill and Copy are exact: they start from a buffer equal on both sides (the activation checks
   // above allow rounding differences, which the elements Fill leaves alone would carry).
   auto filled = p.Zeros(n);

@@ -151,6 +151,12 @@ class HostBackend final : public Backend {
     host::SwiGluBackward(dgate, dup, dout, gate, up, n);
   }
   void GeluForward(float* out, const float* x, int64_t n) override { host::GeluForward(out, x, n); }
+  void SquaredReluForward(float* out, const float* x, int64_t n) override {
+    host::SquaredReluForward(out, x, n);
+  }
+  void SquaredReluBackward(float* dx, const float* dout, const float* x, int64_t n) override {
+    host::SquaredReluBackward(dx, dout, x, n);
+  }
   void GeluBackward(float* dx, const float* dout, const float* x, int64_t n) override {
     host::GeluBackward(dx, dout, x, n);
   }

@@ -269,6 +269,21 @@ struct GeluBackwardOp {  // in: dout, x
   }
 };
 
+struct SquaredReluForwardOp {
+  static constexpr int kIn = 1, kOut = 1;
+  __device__ void operator()(const float (&x)[1], float (&y)[1]) const {
+    const float r = fmaxf(x[0], 0.0f);
+    y[0] = r * r;
+  }
+};
+
+struct SquaredReluBackwardOp {  // in: dout, x
+  static constexpr int kIn = 2, kOut = 1;
+  __device__ void operator()(const float (&x)[2], float (&y)[1]) const {
+    y[0] = x[0] * (2.0f * fmaxf(x[1], 0.0f));
+  }
+};
+
 struct RankPointers {
   float* out[kMaxLocalRanks];
   const float* in[kMaxLocalRanks];
@@ -422,6 +437,17 @@ void GeluForward(float* out, const float* x, int64_t n, cudaStream_t stream) {
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   Map({{dout, x}, {dx}}, n, GeluBackwardOp{}, stream);
+}
+
+void SquaredReluForward(float* out, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  Map({{x}, {out}}, n, SquaredReluForwardOp{}, stream);
+}
+
+void SquaredReluBackward(float* dx, const float* dout, const float* x, int64_t n,
+                         cudaStream_t stream) {
+  if (n <= 0) return;
+  Map({{dout, x}, {dx}}, n, SquaredReluBackwardOp{}, stream);
 }
 
 void SumAcrossRanks(float* const* out, int out_count, const float* const* in, int ranks,

@@ -132,6 +132,9 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* ga
                     int64_t n, cudaStream_t stream);
 void GeluForward(float* out, const float* x, int64_t n, cudaStream_t stream);
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n, cudaStream_t stream);
+void SquaredReluForward(float* out, const float* x, int64_t n, cudaStream_t stream);
+void SquaredReluBackward(float* dx, const float* dout, const float* x, int64_t n,
+                         cudaStream_t stream);
 
 // ---- Vocab-parallel cross-entropy, in the host's phases (one block per row) ----
 // Columns with a global id >= vocab (padding) are left out of the softmax, as on the host.

@@ -161,6 +161,21 @@ PARAPLAN_HOST_CLONES void GeluBackward(float* dx, const float* dout, const float
   }
 }
 
+PARAPLAN_HOST_CLONES void SquaredReluForward(float* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = x[i] > 0.0f ? x[i] : 0.0f;
+    out[i] = r * r;
+  }
+}
+
+PARAPLAN_HOST_CLONES void SquaredReluBackward(float* dx, const float* dout, const float* x,
+                                              int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = x[i] > 0.0f ? x[i] : 0.0f;
+    dx[i] = dout[i] * (2.0f * r);
+  }
+}
+
 // NOLINTEND(bugprone-easily-swappable-parameters)
 
 }  // namespace paraplan::host

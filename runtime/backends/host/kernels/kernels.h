@@ -184,6 +184,9 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* ga
 // GELU, tanh approximation (GPT-2).
 void GeluForward(float* out, const float* x, int64_t n);
 void GeluBackward(float* dx, const float* dout, const float* x, int64_t n);
+// Squared ReLU (Nemotron-4): out = max(x, 0)²; dx = dout · 2 max(x, 0).
+void SquaredReluForward(float* out, const float* x, int64_t n);
+void SquaredReluBackward(float* dx, const float* dout, const float* x, int64_t n);
 
 // ---- Mixture of experts ------------------------------------------------------------------
 // A MoE layer: router logits z = x · W_rᵀ (a Linear), MoeRouterForward (scores, top-k experts

@@ -330,6 +330,23 @@ TEST_CASE("swiglu and gelu backward") {
   std::vector<float> dx(n);
   GeluBackward(dx.data(), proj.data(), g.data(), n);
   CheckGradient("gelu dx", g, dx, gloss);
+  // Squared ReLU: away from the kink at 0 (a finite difference across it is not a derivative).
+  for (float& x : g)
+    if (std::abs(x) < 0.05f) x = x < 0 ? -0.05f : 0.05f;
+  auto rloss = [&] {
+    std::vector<float> y(n);
+    SquaredReluForward(y.data(), g.data(), n);
+    return Dot(y, proj);
+  };
+  SquaredReluBackward(dx.data(), proj.data(), g.data(), n);
+  CheckGradient("squared relu dx", g, dx, rloss);
+  std::vector<float> y(n);
+  SquaredReluForward(y.data(), g.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(y[i] == (g[i] > 0 ? g[i] * g[i] : 0.0f));
+    if (g[i] < 0) CHECK(dx[i] == 0.0f);
+  }
 }
 
 TEST_CASE(
