@@ -579,10 +579,10 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   if (in.arena) {
     const ArenaSizes& z = in.arena_sizes;
     s.activations =
-        SatAdd(s.activations, SatMul(held, SatMul(nd, ArenaLayerStash(z, plan.recompute))));
+        SatAdd(s.activations, SatMul(held, ArenaDenseLayersStash(z, plan, nd)));
     s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
     if (nd > 0 || nm == 0)
-      s.workspace = std::max(s.workspace, ArenaBodyPeak(z, plan.recompute, /*loss=*/false));
+      s.workspace = std::max(s.workspace, ArenaDenseLayersPeak(z, plan, nd));
     if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
     if (nm > 0) AddArenaMoeLayers(in, chunk, nm, held, s);
   } else {

@@ -98,6 +98,34 @@ int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
   return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.T, mlp * z.a));
 }
 
+// Full recompute by layers (compiler/lower/body.h, RecomputeLayers): with `block` the first n
+// layers of the chunk keep only their input and the others everything; `uniform` keeps the
+// input of each group of n layers, and a group's backward holds the whole group's recomputed
+// forward at once.
+int64_t ArenaDenseLayersStash(const ArenaSizes& z, const Plan& plan, int64_t layers) {
+  const int64_t n = plan.activations.recompute_layers;
+  if (plan.recompute != Recompute::kFull || n <= 0 || layers <= 0)
+    return SatMul(layers, ArenaLayerStash(z, plan.recompute));
+  if (plan.activations.recompute_method == RecomputeMethod::kBlock) {
+    const int64_t r = std::min(n, layers);
+    return SatAdd(SatMul(r, ArenaLayerStash(z, Recompute::kFull)),
+                  SatMul(layers - r, ArenaLayerStash(z, Recompute::kNone)));
+  }
+  return SatMul(CeilDiv(layers, n), ArenaLayerStash(z, Recompute::kFull));
+}
+
+int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t layers) {
+  const int64_t n = plan.activations.recompute_layers;
+  if (plan.recompute != Recompute::kFull || n <= 0 || layers <= 0)
+    return ArenaBodyPeak(z, plan.recompute, /*loss=*/false);
+  if (plan.activations.recompute_method == RecomputeMethod::kBlock)
+    return ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false);
+  // The group's other layers' recomputed tensors, their inputs included, beside the last one's.
+  const int64_t others = std::min(n, layers) - 1;
+  return SatAdd(ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false),
+                SatMul(others, ArenaLayerStash(z, Recompute::kNone)));
+}
+
 // Stashed bytes of a chunk beyond its layers, per microbatch: the chunk's output and the
 // gradient arriving for it; token ids on the embedding chunk; on the loss chunk the final norm's
 // statistics and gathered output, the logits, labels and cross-entropy statistics.

@@ -52,6 +52,10 @@ ArenaSizes ArenaSizesOf(const Plan& plan);
 
 // Stashed bytes of one dense layer per microbatch.
 int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute);
+// Stashed bytes of a chunk's `layers` dense layers per microbatch, and the busiest op of their
+// backward, with full recompute by layers (activations.recompute_layers: block or uniform).
+int64_t ArenaDenseLayersStash(const ArenaSizes& z, const Plan& plan, int64_t layers);
+int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t layers);
 // Stashed bytes of a chunk beyond its layers, per microbatch.
 int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
 // The loss chunk's busiest op.

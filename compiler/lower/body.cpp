@@ -309,9 +309,13 @@ void RoleLowering::EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& p
   const int32_t gx = Buf(fmt::format("chunk{}.grad", chunk.index), {rows_, h}, act_);
   chunk.grad = gx;
   if (cl.loss) EmitLossBackward(params, forward, gx);
-  for (int32_t i = cl.layers - 1; i >= 0; --i) {
-    layer_ = cl.first_layer + i;
-    LayerBackward(params.layers[i], forward.layers[i], gx);
+  if (s_.recompute == ActivationRecompute::kFull) {
+    RecomputedLayersBackward(cl, params, forward, gx);
+  } else {
+    for (int32_t i = cl.layers - 1; i >= 0; --i) {
+      layer_ = cl.first_layer + i;
+      LayerBackward(params.layers[i], forward.layers[i], gx, /*recompute=*/false);
+    }
   }
   layer_ = -1;
   if (cl.embedding) {
@@ -336,9 +340,45 @@ void RoleLowering::EmitLossBackward(const ChunkParams& params, const ChunkForwar
   NormBackward(params.final_norm, forward.final_norm, forward.x, dn, gx, /*accumulate=*/false);
 }
 
-void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx) {
+void RoleLowering::RecomputedLayersBackward(const ChunkLayers& cl, const ChunkParams& params,
+                                            const ChunkForward& forward, int32_t gx) {
+  const RecomputeLayers& r = s_.recompute_layers;
+  const int32_t n = cl.layers;
+  if (r.layers <= 0 || r.block) {
+    // Each layer from its own input: every layer, or the first r.layers of the chunk (block).
+    for (int32_t i = n - 1; i >= 0; --i) {
+      layer_ = cl.first_layer + i;
+      LayerBackward(params.layers[i], forward.layers[i], gx, r.layers <= 0 || i < r.layers);
+    }
+    return;
+  }
+  // Uniform: groups of r.layers layers, last group first. The group's forward runs again from
+  // its first layer's input, each layer's output feeding the next, then the group's backward.
+  const int32_t groups = (n + r.layers - 1) / r.layers;
+  for (int32_t g = groups - 1; g >= 0; --g) {
+    const int32_t begin = g * r.layers, end = std::min(n, begin + r.layers);
+    std::vector<LayerSaved> saved(static_cast<size_t>(end - begin));
+    recompute_prefix_ = "recompute.";
+    int32_t x = forward.layers[begin].x;
+    for (int32_t i = begin; i < end; ++i) {
+      layer_ = cl.first_layer + i;
+      const bool last = i + 1 == end;
+      const int32_t next = last ? -1 : Act("out", {rows_, m_.hidden});
+      saved[i - begin] = LayerForward(params.layers[i], x, next);
+      x = next;
+    }
+    recompute_prefix_.clear();
+    for (int32_t i = end - 1; i >= begin; --i) {
+      layer_ = cl.first_layer + i;
+      LayerBackward(params.layers[i], saved[i - begin], gx, /*recompute=*/false);
+    }
+  }
+}
+
+void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx,
+                                 bool recompute) {
   LayerSaved saved = stashed;
-  if (s_.recompute == ActivationRecompute::kFull) {
+  if (recompute) {
     // Re-run the layer's forward from its stashed input, then its backward.
     recompute_prefix_ = "recompute.";
     saved = LayerForward(params, stashed.x, /*next=*/-1);

@@ -54,6 +54,18 @@ struct ChunkLayers {
 //               nothing in the backward reads them.
 enum class ActivationRecompute : uint8_t { kNone, kSelective, kFull };
 
+// Which layers of a chunk full recompute covers (Megatron's --recompute-method and
+// --recompute-num-layers; the plan's activations.recompute_method / recompute_layers):
+//   layers = 0           every layer, each recomputed from its own input
+//   kBlock, layers = n   the first n layers of each chunk, each from its own input; the others
+//                        keep every tensor as without recompute
+//   kUniform, layers = n the chunk's layers in groups of n: a group keeps only its first layer's
+//                        input, and its backward re-runs the whole group's forward first
+struct RecomputeLayers {
+  bool block = false;
+  int32_t layers = 0;
+};
+
 // --- mixture of experts ---------------------------------------------------------------------
 // The MoE layers of the model (experts == 0: dense). With ep = 1 and etp = 1 every rank holds
 // every expert whole (replicated over tp; beside tp > 1 under sequence parallelism and ZeRO 0
@@ -136,7 +148,8 @@ struct BodyShape {
   prog::Precision precision = prog::Precision::Bf16;
   bool sgd = false;  // optimizer.type = sgd: Sgd ops instead of AdamW
   ActivationRecompute recompute = ActivationRecompute::kNone;
-  MoeShape moe;  // mixture of experts (experts == 0: dense)
+  RecomputeLayers recompute_layers;  // with kFull
+  MoeShape moe;                      // mixture of experts (experts == 0: dense)
 };
 
 // Indices of the step bodies BuildRoleBodies adds after the chunk bodies.

@@ -235,8 +235,13 @@ class RoleLowering {
   void EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
                          const ChunkForward& forward, Chunk& chunk);
   void EmitLossBackward(const ChunkParams& params, const ChunkForward& forward, int32_t gx);
-  // One layer's backward, accumulating into gx; with full recompute its forward runs first.
-  void LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx);
+  // One layer's backward, accumulating into gx; with `recompute` its forward runs first, from the
+  // layer's stashed input.
+  void LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx,
+                     bool recompute);
+  // The layers' backward of one chunk under full recompute (BodyShape::recompute_layers).
+  void RecomputedLayersBackward(const ChunkLayers& cl, const ChunkParams& params,
+                                const ChunkForward& forward, int32_t gx);
   void MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   // --- mixture of experts ---
   MoeParams MakeMoeParams(int32_t layer_index);

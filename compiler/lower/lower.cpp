@@ -216,13 +216,19 @@ void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
 
 // Activation memory options, optimizer offload and sharding.
 void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupported) {
-  if (plan.activations.offload_layers > 0 || plan.activations.recompute_layers > 0 ||
+  // Full recompute by layers lowers on dense models (RecomputeLayers, body.h); beside experts the
+  // arena model does not price it yet.
+  if (plan.activations.recompute_layers > 0 && plan.recompute == Recompute::kFull &&
+      plan.model.IsMoe())
+    unsupported.Report(
+        "full recompute by layers in a model with experts", "activations.recompute_layers",
+        "set `activations.recompute_layers = 0` (every layer recomputed) to compile");
+  if (plan.activations.offload_layers > 0 ||
       (plan.recompute == Recompute::kSelective &&
        EffectiveRecomputeModules(plan) != kRecomputeCoreAttn))
-    unsupported.Report("recompute by layers or modules, or activation offload",
-                       plan.activations.offload_layers > 0     ? "activations.offload_layers"
-                       : plan.activations.recompute_layers > 0 ? "activations.recompute_layers"
-                                                               : "activations.recompute_modules",
+    unsupported.Report("recompute by modules, or activation offload",
+                       plan.activations.offload_layers > 0 ? "activations.offload_layers"
+                                                           : "activations.recompute_modules",
                        "use `recompute = none`, `selective` (core attention) or `full` to compile");
   // planrun keeps the fp32 master weights and Adam moments in the rank's arena: a program
   // compiled from an offloading plan would need the device memory the plan was checked without.
@@ -843,6 +849,11 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull
                  : plan.recompute == Recompute::kSelective ? ActivationRecompute::kSelective
                                                            : ActivationRecompute::kNone;
+  if (plan.recompute == Recompute::kFull && plan.activations.recompute_layers > 0) {
+    bs.recompute_layers.block = plan.activations.recompute_method == RecomputeMethod::kBlock;
+    bs.recompute_layers.layers = static_cast<int32_t>(
+        std::min<int64_t>(plan.activations.recompute_layers, plan.model.layers));
+  }
   return bs;
 }
 

@@ -1672,6 +1672,47 @@ TEST_CASE(
 }
 // --- end context parallelism ---
 
+TEST_CASE("full recompute by layers: which layers keep only their input") {
+  // The eight layers of TinyPlan in one chunk: the layers whose buffers the backward re-creates,
+  // and how many layers keep their q from the forward to the backward.
+  auto recomputed = [](RecomputeMethod method, int64_t layers) {
+    Plan plan = TinyPlan(1, 1, 1);
+    REQUIRE(plan.model.layers == 8);
+    plan.recompute = Recompute::kFull;
+    plan.activations.recompute_method = method;
+    plan.activations.recompute_layers = layers;
+    const Program p = MustLower(plan);
+    std::set<int> out;
+    int stashed_q = 0;
+    for (const Buffer& b : p.roles[0].buffers)
+      for (int l = 0; l < 8; ++l) {
+        const std::string layer = "layers." + std::to_string(l) + ".";
+        if (b.name.rfind(layer + "recompute.", 0) == 0) out.insert(l);
+        if (b.name == layer + "q" && b.kind == BufferKind::Stash) ++stashed_q;
+      }
+    return std::make_pair(out, stashed_q);
+  };
+  // Block: the first n layers of the chunk recompute, the others keep everything.
+  CHECK(recomputed(RecomputeMethod::kBlock, 1) == std::make_pair(std::set<int>{0}, 7));
+  CHECK(recomputed(RecomputeMethod::kBlock, 3) == std::make_pair(std::set<int>{0, 1, 2}, 5));
+  // Uniform: every layer is recomputed, in groups; nothing but the groups' inputs is kept.
+  const std::set<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(recomputed(RecomputeMethod::kUniform, 3) == std::make_pair(all, 0));
+  CHECK(recomputed(RecomputeMethod::kUniform, 0) == std::make_pair(all, 0));
+  // A model with experts is refused (the arena model does not price it yet).
+  Plan moe = TinyPlan(1, 1, 1);
+  moe.model.experts = 4;
+  moe.model.topk = 2;
+  moe.model.moe_ffn_hidden = 64;
+  moe.recompute = Recompute::kFull;
+  moe.activations.recompute_layers = 1;
+  DiagnosticSink sink;
+  CHECK_FALSE(LowerPlan(moe, {}, sink).has_value());
+  REQUIRE(!sink.diagnostics().empty());
+  CHECK(sink.diagnostics()[0].message.find("full recompute by layers in a model with experts") !=
+        std::string::npos);
+}
+
 TEST_CASE("query/key norms: one replicated weight per norm, its gradient summed over Tp") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.model.qk_norm = true;

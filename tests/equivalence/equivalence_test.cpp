@@ -76,6 +76,10 @@ struct Layout {
   bool etp = false;      // moe: each expert split over the Tp group (etp = tp), else etp = 1
   bool qk_norm = false;  // queries and keys normalised per head (model.qk_norm)
   bool squared_relu = false;  // the Llama-style model with a squared-ReLU MLP (Nemotron-4)
+  // Full recompute by layers: activations.recompute_layers and recompute_method (block, else
+  // uniform); 0 = every layer.
+  int recompute_layers = 0;
+  bool recompute_block = false;
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -127,6 +131,9 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   plan.optimizer.zero = l.zero;
   if (l.sgd) plan.optimizer.type = paraplan::OptimizerType::kSgd;
   plan.recompute = l.recompute;
+  plan.activations.recompute_layers = l.recompute_layers;
+  plan.activations.recompute_method =
+      l.recompute_block ? paraplan::RecomputeMethod::kBlock : paraplan::RecomputeMethod::kUniform;
   plan.optimizer.lr = 3e-3;
   plan.optimizer.min_lr = 3e-4;
   plan.optimizer.warmup_steps = 2;
@@ -373,6 +380,31 @@ TEST_CASE("moe, squared-ReLU experts and shared expert: tp 2, sequence parallel"
 }
 TEST_CASE("llama, squared-ReLU MLP: tp 2, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, WithSquaredRelu({2}), Recompute::kFull);
+}
+
+// --- full recompute by layers (Megatron's --recompute-method / --recompute-num-layers) ---
+namespace {
+Layout RecomputeLayers(int layers, bool block, Layout layout) {
+  layout.recompute_layers = layers;
+  layout.recompute_block = block;
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("llama: pp 2, block recompute of each chunk's first layer (bitwise equal to none)") {
+  CheckRecompute(false, RecomputeLayers(1, true, {1, 2, 1}), Recompute::kFull);
+}
+TEST_CASE("llama: tp 2, sp, uniform recompute in groups of 2 layers (bitwise equal to none)") {
+  CheckRecompute(false, RecomputeLayers(2, false, {2, 1, 1, 1, Schedule::k1F1B, true}),
+                 Recompute::kFull);
+}
+TEST_CASE("gpt: pp 2, interleaved, uniform groups of 3 over 2-layer chunks (bitwise equal)") {
+  // Groups larger than a chunk take the chunk whole.
+  CheckRecompute(true, RecomputeLayers(3, false, {1, 2, 1, 2, Schedule::kInterleaved1F1B}),
+                 Recompute::kFull);
+}
+TEST_CASE("llama: uniform groups of 3 over a 4-layer chunk, then 1 (bitwise equal to none)") {
+  CheckRecompute(false, RecomputeLayers(3, false, {1, 1, 2}), Recompute::kFull);
 }
 
 // --- context parallelism ---

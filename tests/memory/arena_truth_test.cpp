@@ -134,7 +134,11 @@ TEST_CASE(
       {"model.qk_norm=true", "recompute=none"},
       {"model.qk_norm=true", "recompute=full"},
       // The squared-ReLU MLP stashes what GELU's does.
-      {"model.activation=squared_relu"}};
+      {"model.activation=squared_relu"},
+      // Full recompute by layers: the first layer of each chunk, or groups of two and three.
+      {"recompute=full", "activations.recompute_method=block", "activations.recompute_layers=1"},
+      {"recompute=full", "activations.recompute_method=uniform", "activations.recompute_layers=2"},
+      {"recompute=full", "activations.recompute_method=uniform", "activations.recompute_layers=3"}};
   for (const std::string& file : PlanFiles()) {
     for (const auto& sets : variants) {
       std::optional<Plan> plan = Load(file, "", sets);
