@@ -155,7 +155,11 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
   attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
   // Latent attention's backward: the padded output gradient, dq, dk and dv at the query/key
   // head size, then dq, dk, dv beside the up projection's output gradient.
-  if (z.mla) attn = std::max(4 * z.heads * z.qk, 3 * z.heads * z.qk + z.heads * (z.nope + z.vd));
+  if (z.mla) {
+    attn = std::max(4 * z.heads * z.qk, 3 * z.heads * z.qk + z.heads * (z.nope + z.vd));
+    // Under context parallelism every head's K and V travel the ring at the query/key size.
+    if (z.ring) attn += 8 * z.heads * z.qk;
+  }
   int64_t peak = SatMul(z.T, std::max(mlp, attn) * z.a);
   const int64_t core_hd = z.mla ? z.qk : z.hd;
   if (recompute == Recompute::kSelective)

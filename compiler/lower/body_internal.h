@@ -183,6 +183,19 @@ class RoleLowering {
              .scale = 1.0 / std::sqrt(static_cast<double>(m_.head_dim))};
   }
 
+  // The attributes of the latent attention core's ops: every head its own key/value head, at the
+  // query/key head size.
+  template <typename A>
+  A MlaCoreAttrs() const {
+    const int64_t qk = m_.qk_nope_head_dim + m_.qk_rope_head_dim;
+    return A{.micro = m_.micro_batch,
+             .seq = m_.seq_len,
+             .heads = m_.heads / tp_,
+             .kv_heads = m_.heads / tp_,
+             .head_dim = qk,
+             .scale = 1.0 / std::sqrt(static_cast<double>(qk))};
+  }
+
   // --- context parallelism ---
   // The causal attention core of a layer: Attention, or with cp > 1 RingAttention with its
   // working buffers (K/V travel the Cp ring). `o` and `lse` are created here.

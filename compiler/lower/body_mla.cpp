@@ -52,14 +52,19 @@ void RoleLowering::MlaAttentionCore(const std::string& name, int32_t q, int32_t 
                                     int32_t& o, int32_t& lse) {
   const int64_t heads = m_.heads / tp_, qk = m_.qk_nope_head_dim + m_.qk_rope_head_dim;
   o = Act(name + ".out_padded", {tokens_, heads * qk});
-  lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
-  Emit(attrs::Attention{.micro = m_.micro_batch,
-                        .seq = m_.seq_len,
-                        .heads = heads,
-                        .kv_heads = heads,
-                        .head_dim = qk,
-                        .scale = 1.0 / std::sqrt(static_cast<double>(qk))},
-       {q, k, v}, {o, lse});
+  if (cp_ == 1) {
+    lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
+    Emit(MlaCoreAttrs<attrs::Attention>(), {q, k, v}, {o, lse});
+    return;
+  }
+  // Context parallelism: every head is its own key/value head here, so K and V of all H heads
+  // travel the Cp ring at the query/key head size.
+  lse = Stat(name + ".lse", {tokens_, heads});
+  const int32_t ring = Act(name + ".ring", {4 * tokens_ * heads * qk});
+  const int32_t block_o = Act(name + ".block_o", {tokens_, heads * qk});
+  const int32_t block_lse = Stat(name + ".block_lse", {tokens_, heads});
+  Emit(MlaCoreAttrs<attrs::RingAttention>(), {q, k, v}, {o, lse, ring, block_o, block_lse},
+       cp_comm_);
 }
 
 void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
@@ -99,11 +104,11 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   const int32_t q_pe = Act("attention.q_rope", {tokens_, heads * rope});
   const auto q_rope_part = MlaMap(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
   Emit(q_rope_part, {saved.q}, {q_pe});
-  Emit(rope_attrs(heads), {q_pe}, {q_pe});
+  Emit(rope_attrs(heads), {q_pe}, {q_pe}, cp_comm_);
   Emit(Reversed(q_rope_part, false), {q_pe}, {saved.q});
   const int32_t k_pe = Act("attention.k_rope", {tokens_, rope});
   Emit(MlaMap(1, rope, kvl + rope, 0, kvl, rope, 0, 0), {kv_a}, {k_pe});
-  Emit(rope_attrs(1), {k_pe}, {k_pe});
+  Emit(rope_attrs(1), {k_pe}, {k_pe}, cp_comm_);
   // k = [k_nope of each head, the shared rope head]; v padded with zeros to the qk head size so
   // that one Attention runs it (the padded output columns are zeros). The zeros come from a
   // scratch buffer: Fill writes every slot of a buffer, and v is kept per microbatch.
@@ -146,13 +151,13 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   const int32_t dq = Act("q.grad", {tokens_, heads * qk});
   const int32_t dk = Act("k.grad", {tokens_, heads * qk});
   const int32_t dv = Act("v_padded.grad", {tokens_, heads * qk});
-  Emit(attrs::AttentionBackward{.micro = m_.micro_batch,
-                                .seq = m_.seq_len,
-                                .heads = heads,
-                                .kv_heads = heads,
-                                .head_dim = qk,
-                                .scale = 1.0 / std::sqrt(static_cast<double>(qk))},
-       {dout_padded, saved.q, saved.k, saved.v, o, lse}, {dq, dk, dv});
+  const std::vector<int32_t> core_in = {dout_padded, saved.q, saved.k, saved.v, o, lse};
+  if (cp_ == 1) {
+    Emit(MlaCoreAttrs<attrs::AttentionBackward>(), core_in, {dq, dk, dv});
+  } else {
+    const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * heads * qk});
+    Emit(MlaCoreAttrs<attrs::RingAttentionBackward>(), core_in, {dq, dk, dv, ring}, cp_comm_);
+  }
   // Back through the head layouts: dk's nope part and dv into the up projection's output; dk's
   // rope part summed over the heads into the shared head; RoPE's inverse rotations.
   const int32_t dkv = Act("attention.kv.grad", {tokens_, heads * (nope + vd)});
@@ -161,11 +166,11 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   const int32_t dk_pe = Act("attention.k_rope.grad", {tokens_, rope});
   Emit(attrs::Fill{.value = 0.0}, {}, {dk_pe});
   Emit(MlaMap(heads, rope, heads * qk, qk, nope, rope, 0, 0, /*accumulate=*/true), {dk}, {dk_pe});
-  Emit(rope_attrs(1), {dk_pe}, {dk_pe});
+  Emit(rope_attrs(1), {dk_pe}, {dk_pe}, cp_comm_);
   const int32_t dq_pe = Act("attention.q_rope.grad", {tokens_, heads * rope});
   const auto q_rope_part = MlaMap(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
   Emit(q_rope_part, {dq}, {dq_pe});
-  Emit(rope_attrs(heads), {dq_pe}, {dq_pe});
+  Emit(rope_attrs(heads), {dq_pe}, {dq_pe}, cp_comm_);
   Emit(Reversed(q_rope_part, false), {dq_pe}, {dq});
   // Latent paths. The up projections' input gradients are partial sums over Tp (each rank has
   // its own heads); they stay partial through the replicated norms and down projections, whose

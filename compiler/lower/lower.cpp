@@ -135,11 +135,7 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
   // sequence parallelism each rank drops past the capacity of its own rows, one segment of the
   // Etp group's gathered rows; body_moe.cpp DropPastCapacity.)
   // --- end mixture of experts ---
-  // --- multi-head latent attention: emitted beside tp, sp and pp; not beside cp ---
-  if (m.IsMla() && q.cp > 1)
-    unsupported.Report(
-        fmt::format("multi-head latent attention beside context parallelism (cp = {})", q.cp),
-        "parallel.cp", "set `parallel.cp = 1`, or compile a model with ordinary attention");
+  // --- multi-head latent attention: emitted beside tp, sp, pp and cp ---
   if (m.IsMla() && m.position != Position::kRope)
     unsupported.Report("multi-head latent attention without rotary positions", "model.position",
                        "set `model.position = rope` (its decoupled RoPE)");

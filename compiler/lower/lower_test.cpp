@@ -1035,15 +1035,29 @@ TEST_CASE("multi-head latent attention: replicated latents, heads split by tp, r
   CHECK(back->model.qk_rope_head_dim == 8);
   CHECK(back->model.v_head_dim == 16);
   CHECK(MustLower(TinyPlan(1, 1, 1)).model.kv_lora_rank == 0);
-  // No latent-attention params without kv_lora_rank; refused beside context parallelism.
+  // Beside context parallelism the core is RingAttention with every head its own key/value
+  // head at the query/key head size, and the decoupled RoPE takes the Cp ranks' positions.
   Plan cp = MlaPlan(1, 1, 1);
   cp.parallel.cp = 2;
   cp.cluster.gpus_per_node = 2;
-  DiagnosticSink sink;
-  CHECK_FALSE(LowerPlan(cp, {}, sink).has_value());
-  REQUIRE(!sink.diagnostics().empty());
-  CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
-  CHECK(sink.diagnostics()[0].message.find("context parallelism") != std::string::npos);
+  const Program ring = MustLower(cp);
+  int rings = 0, ropes = 0;
+  for (const Body& body : ring.roles[0].bodies)
+    for (const Op& op : body.ops) {
+      if (op.kind == OpKind::RingAttention) {
+        const auto a = prog::DecodeAttrs<prog::attrs::RingAttention>(op);
+        CHECK(a.heads == a.kv_heads);
+        CHECK(a.head_dim == 32);  // qk_nope 24 + qk_rope 8
+        ++rings;
+      }
+      if (op.kind == OpKind::Rope) {
+        CHECK(op.comm == CommKind::Cp);
+        ++ropes;
+      }
+      CHECK(op.kind != OpKind::Attention);
+    }
+  CHECK(rings == cp.model.layers);
+  CHECK(ropes == 2 * cp.model.layers);  // the queries' rope part and the shared key head
 }
 // --- end multi-head latent attention ---
 

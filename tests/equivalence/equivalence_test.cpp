@@ -844,6 +844,21 @@ TEST_CASE("mla: tp 2, pp 2, dp 2, ZeRO 2, sequence parallel (replicated grads su
 TEST_CASE("mla: pp 2 vpp 2 interleaved, dp 2, ZeRO 3") {
   CheckMlaEquivalent({1, 2, 2, 2, Schedule::kInterleaved1F1B, false, 3});
 }
+TEST_CASE("mla: cp 2 (every head's K and V travel the ring at the query/key head size)") {
+  Layout l;
+  l.cp = 2;
+  CheckMlaEquivalent(l);
+}
+TEST_CASE("mla: cp 2, tp 2, sequence parallel, pp 2") {
+  Layout l = {2, 2, 1, 1, Schedule::k1F1B, true};
+  l.cp = 2;
+  CheckMlaEquivalent(l);
+}
+TEST_CASE("mla: cp 2, selective recompute (bitwise equal to no recompute)") {
+  Layout l;
+  l.cp = 2;
+  CheckMlaRecompute(l, Recompute::kSelective);
+}
 TEST_CASE("mla, queries without a latent (q_lora_rank = 0): tp 2, pp 2") {
   CheckMlaEquivalent({2, 2, 1, 1}, /*q_latent=*/false);
 }

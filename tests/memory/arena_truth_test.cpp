@@ -485,10 +485,16 @@ TEST_CASE("check's estimate is compile's arena within 3% with multi-head latent 
     // Named references, not structured bindings: doctest's message lambdas capture them.
     const std::string& file = entry.first;
     const std::vector<std::string>& shape = entry.second;
-    for (const char* variant :
-         {"recompute=none", "recompute=selective", "recompute=full", "optimizer.zero=3"}) {
+    for (const char* variant : {"recompute=none", "recompute=selective", "recompute=full",
+                                "optimizer.zero=3", "cp2", "cp2,recompute=selective"}) {
+      // cp2: context parallelism over two ranks (taken from the data-parallel ones).
       std::vector<std::string> sets = shape;
-      sets.emplace_back(variant);
+      std::string rest = variant;
+      if (rest.rfind("cp2", 0) == 0) {
+        sets.emplace_back("parallel.cp=2");
+        rest = rest.size() > 4 ? rest.substr(4) : "";
+      }
+      if (!rest.empty()) sets.emplace_back(rest);
       std::optional<Plan> plan = Load(std::string(PARAPLAN_ROOT) + "/" + file, "", sets);
       REQUIRE_MESSAGE(plan.has_value(), file, " ", variant);
       REQUIRE(plan->model.IsMla());
