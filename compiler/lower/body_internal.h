@@ -172,28 +172,19 @@ class RoleLowering {
     if (b.value >= 0) v.push_back(b.value);
     return v;
   }
-  // The attributes of Attention and AttentionBackward (the same fields).
+  // The attributes of the attention core's ops (Attention, RingAttention and their backward:
+  // the same fields). Latent attention (kv_lora_rank > 0) runs every head as its own key/value
+  // head at the query/key head size, its values padded to it.
   template <typename A>
   A AttentionAttrs() const {
+    const bool mla = m_.kv_lora_rank > 0;
+    const int64_t hd = mla ? m_.qk_nope_head_dim + m_.qk_rope_head_dim : m_.head_dim;
     return A{.micro = m_.micro_batch,
              .seq = m_.seq_len,
              .heads = m_.heads / tp_,
-             .kv_heads = m_.kv_heads / tp_,
-             .head_dim = m_.head_dim,
-             .scale = 1.0 / std::sqrt(static_cast<double>(m_.head_dim))};
-  }
-
-  // The attributes of the latent attention core's ops: every head its own key/value head, at the
-  // query/key head size.
-  template <typename A>
-  A MlaCoreAttrs() const {
-    const int64_t qk = m_.qk_nope_head_dim + m_.qk_rope_head_dim;
-    return A{.micro = m_.micro_batch,
-             .seq = m_.seq_len,
-             .heads = m_.heads / tp_,
-             .kv_heads = m_.heads / tp_,
-             .head_dim = qk,
-             .scale = 1.0 / std::sqrt(static_cast<double>(qk))};
+             .kv_heads = (mla ? m_.heads : m_.kv_heads) / tp_,
+             .head_dim = hd,
+             .scale = 1.0 / std::sqrt(static_cast<double>(hd))};
   }
 
   // --- context parallelism ---
@@ -355,8 +346,6 @@ class RoleLowering {
   // From the gathered normed rows saved.n1f: the latent projections, decoupled RoPE, the
   // attention core; sets saved.q, k, v (v padded), o (v head size), lse and saved.mla.
   void MlaForward(const LayerParams& params, LayerSaved& saved);
-  void MlaAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v, int32_t& o,
-                        int32_t& lse);
   void MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   // The column maps between the per-head buffers (local heads) and the latent ones.
   prog::attrs::CopyColumns MlaMap(int64_t groups, int64_t width, int64_t x_cols, int64_t x_stride,

@@ -48,25 +48,6 @@ RoleLowering::MlaParams RoleLowering::MakeMlaParams(int32_t layer_index, ParamRe
   return params;
 }
 
-void RoleLowering::MlaAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v,
-                                    int32_t& o, int32_t& lse) {
-  const int64_t heads = m_.heads / tp_, qk = m_.qk_nope_head_dim + m_.qk_rope_head_dim;
-  o = Act(name + ".out_padded", {tokens_, heads * qk});
-  if (cp_ == 1) {
-    lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
-    Emit(MlaCoreAttrs<attrs::Attention>(), {q, k, v}, {o, lse});
-    return;
-  }
-  // Context parallelism: every head is its own key/value head here, so K and V of all H heads
-  // travel the Cp ring at the query/key head size.
-  lse = Stat(name + ".lse", {tokens_, heads});
-  const int32_t ring = Act(name + ".ring", {4 * tokens_ * heads * qk});
-  const int32_t block_o = Act(name + ".block_o", {tokens_, heads * qk});
-  const int32_t block_lse = Stat(name + ".block_lse", {tokens_, heads});
-  Emit(MlaCoreAttrs<attrs::RingAttention>(), {q, k, v}, {o, lse, ring, block_o, block_lse},
-       cp_comm_);
-}
-
 void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   const MlaParams& lp = P.latent;
   MlaSaved& ms = saved.mla;
@@ -122,7 +103,7 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
     Emit(attrs::Fill{.value = 0.0}, {}, {zeros});
     Emit(MlaMap(heads, qk - vd, qk - vd, 0, 0, heads * qk, qk, vd), {zeros}, {saved.v});
   }
-  MlaAttentionCore("attention", saved.q, saved.k, saved.v, ms.core_out, saved.lse);
+  EmitAttentionCore("attention", saved.q, saved.k, saved.v, ms.core_out, saved.lse);
   saved.o = Act("attention.out", {tokens_, heads * vd});
   Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * vd, vd, 0), {ms.core_out}, {saved.o});
 }
@@ -147,17 +128,11 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   // Attention core (recomputed from the stashed q, k, v under selective recompute).
   int32_t o = ms.core_out, lse = saved.lse;
   if (s_.recompute == ActivationRecompute::kSelective)
-    MlaAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
+    EmitAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
   const int32_t dq = Act("q.grad", {tokens_, heads * qk});
   const int32_t dk = Act("k.grad", {tokens_, heads * qk});
   const int32_t dv = Act("v_padded.grad", {tokens_, heads * qk});
-  const std::vector<int32_t> core_in = {dout_padded, saved.q, saved.k, saved.v, o, lse};
-  if (cp_ == 1) {
-    Emit(MlaCoreAttrs<attrs::AttentionBackward>(), core_in, {dq, dk, dv});
-  } else {
-    const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * heads * qk});
-    Emit(MlaCoreAttrs<attrs::RingAttentionBackward>(), core_in, {dq, dk, dv, ring}, cp_comm_);
-  }
+  EmitAttentionCoreBackward(dout_padded, saved, o, lse, dq, dk, dv);
   // Back through the head layouts: dk's nope part and dv into the up projection's output; dk's
   // rope part summed over the heads into the shared head; RoPE's inverse rotations.
   const int32_t dkv = Act("attention.kv.grad", {tokens_, heads * (nope + vd)});

@@ -148,11 +148,13 @@ int32_t RoleLowering::ReducePartial(int32_t partial, const std::string& name, in
 
 void RoleLowering::EmitAttentionCore(const std::string& name, int32_t q, int32_t k, int32_t v,
                                      int32_t& o, int32_t& lse) {
-  const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, hd = m_.head_dim;
-  o = Act(name + ".out", {tokens_, heads * hd});
+  const auto core = AttentionAttrs<attrs::Attention>();
+  const int64_t heads = core.heads, kv = core.kv_heads, hd = core.head_dim;
+  // Latent attention's output is at the padded query/key head size.
+  o = Act(name + (m_.kv_lora_rank > 0 ? ".out_padded" : ".out"), {tokens_, heads * hd});
   if (cp_ == 1) {
     lse = Stat(name + ".lse", {m_.micro_batch, heads, m_.seq_len});
-    Emit(AttentionAttrs<attrs::Attention>(), {q, k, v}, {o, lse});
+    Emit(core, {q, k, v}, {o, lse});
     return;
   }
   lse = Stat(name + ".lse", {tokens_, heads});
@@ -170,9 +172,9 @@ void RoleLowering::EmitAttentionCoreBackward(int32_t dout, const LayerSaved& sav
     Emit(AttentionAttrs<attrs::AttentionBackward>(), in, {dq, dk, dv});
     return;
   }
-  const int64_t kv = m_.kv_heads / tp_, hd = m_.head_dim;
-  const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * kv * hd});
-  Emit(AttentionAttrs<attrs::RingAttentionBackward>(), in, {dq, dk, dv, ring}, cp_comm_);
+  const auto core = AttentionAttrs<attrs::RingAttentionBackward>();
+  const int32_t ring = Act("attention.ring.grad", {8 * tokens_ * core.kv_heads * core.head_dim});
+  Emit(core, in, {dq, dk, dv, ring}, cp_comm_);
 }
 
 }  // namespace paraplan::lower::detail
