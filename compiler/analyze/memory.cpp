@@ -578,11 +578,9 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
   if (in.arena) {
     const ArenaSizes& z = in.arena_sizes;
-    s.activations =
-        SatAdd(s.activations, SatMul(held, ArenaDenseLayersStash(z, plan, nd)));
+    s.activations = SatAdd(s.activations, SatMul(held, ArenaDenseLayersStash(z, plan, nd)));
     s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
-    if (nd > 0 || nm == 0)
-      s.workspace = std::max(s.workspace, ArenaDenseLayersPeak(z, plan, nd));
+    if (nd > 0 || nm == 0) s.workspace = std::max(s.workspace, ArenaDenseLayersPeak(z, plan, nd));
     if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
     if (nm > 0) AddArenaMoeLayers(in, chunk, nm, held, s);
   } else {
