@@ -119,5 +119,13 @@ TEST_CASE("plan mla_tp2_sp: local mode, 2 ranks, multi-head latent attention, se
   CheckPlan("mla_tp2_sp", 2);
 }
 
+TEST_CASE("plan mla_cp2_tp2_sp: local mode, 4 ranks, multi-head latent attention over cp 2") {
+  CheckPlan("mla_cp2_tp2_sp", 4);
+}
+
+TEST_CASE("plan qk_sq_tp2_pp2_sp: local mode, 4 ranks, QK-norm, squared ReLU, block recompute") {
+  CheckPlan("qk_sq_tp2_pp2_sp", 4);
+}
+
 }  // namespace
 }  // namespace paraplan

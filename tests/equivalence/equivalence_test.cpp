@@ -868,6 +868,12 @@ TEST_CASE("mla: tp 2, sequence parallel, selective recompute (bitwise equal to n
 TEST_CASE("mla: tp 2, pp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckMlaRecompute({2, 2, 1, 1, Schedule::k1F1B, true}, Recompute::kFull);
 }
+TEST_CASE("planc compile: mla cp 2, tp 2, sequence parallel") {
+  CheckPlancEquivalent("mla_single", "mla_cp2_tp2_sp");
+}
+TEST_CASE("planc compile: QK-norm, squared ReLU, tp 2, pp 2, sp, block recompute") {
+  CheckPlancEquivalent("qk_sq_single", "qk_sq_tp2_pp2_sp");
+}
 TEST_CASE("planc compile: mla tp 2, sequence parallel") {
   CheckPlancEquivalent("mla_single", "mla_tp2_sp");
 }
