@@ -549,14 +549,22 @@ ArenaMoeBuckets ArenaMoeBucketsOf(const MemoryInputs& in, const CostChunk& chunk
 // planrun's arena: the stash of a chunk's `layers` MoE layers with `held` microbatches in flight,
 // and the busiest op of their backward with their transient buckets (StageTally::moe_workspace;
 // the chunk's loss, when it has no dense layer, in StageTally::workspace).
-void AddArenaMoeLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t layers, int64_t held,
-                       StageTally& s) {
+// With full recompute by layers (block), `recomputed` of the chunk's MoE layers are recomputed
+// whole (those among the chunk's first recompute_layers layers) and the others keep everything;
+// otherwise (recomputed = -1) every layer follows the plan's recompute.
+void AddArenaMoeLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t layers,
+                       int64_t recomputed, int64_t held, StageTally& s) {
   const ArenaSizes& z = in.arena_sizes;
-  const Recompute recompute = in.plan->recompute;
-  s.activations =
-      SatAdd(s.activations, SatMul(held, SatMul(layers, ArenaMoeLayerStash(z, recompute))));
-  s.moe_workspace =
-      std::max(s.moe_workspace, ArenaMoeLayerPeak(z, recompute, ArenaMoeBucketsOf(in, chunk)));
+  const ArenaMoeBuckets buckets = ArenaMoeBucketsOf(in, chunk);
+  const Recompute rest = recomputed >= 0 ? Recompute::kNone : in.plan->recompute;
+  recomputed = std::max<int64_t>(0, recomputed);
+  const int64_t plain = layers - recomputed;
+  s.activations = SatAdd(s.activations, SatMul(held, SatMul(plain, ArenaMoeLayerStash(z, rest))));
+  s.activations = SatAdd(s.activations,
+                         SatMul(held, SatMul(recomputed, ArenaMoeLayerStash(z, Recompute::kFull))));
+  if (plain > 0) s.moe_workspace = std::max(s.moe_workspace, ArenaMoeLayerPeak(z, rest, buckets));
+  if (recomputed > 0)
+    s.moe_workspace = std::max(s.moe_workspace, ArenaMoeLayerPeak(z, Recompute::kFull, buckets));
   if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
 }
 
@@ -570,6 +578,16 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   if (m.IsMoe())
     for (int64_t l = first; l < end; ++l) nm += IsMoeLayer(m, l) ? 1 : 0;
   const int64_t nd = (end - first) - nm;
+  // Full recompute by layers with the block method: the chunk's first recompute_layers layers,
+  // of either kind (compiler/lower/body.h, RecomputeLayers); the dense ones among them.
+  int64_t block_dense = -1, block_moe = -1;
+  if (plan.recompute == Recompute::kFull && plan.activations.recompute_layers > 0 &&
+      plan.activations.recompute_method == RecomputeMethod::kBlock) {
+    block_dense = 0;
+    block_moe = 0;
+    for (int64_t l = first; l < std::min(end, first + plan.activations.recompute_layers); ++l)
+      (m.IsMoe() && IsMoeLayer(m, l) ? block_moe : block_dense) += 1;
+  }
   s.dense_count += nd;
   s.moe_count += nm;
   int64_t stored_dense = 0, stored_moe = 0, work_d = 0, work_m = 0;
@@ -578,11 +596,13 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
   if (in.arena) {
     const ArenaSizes& z = in.arena_sizes;
-    s.activations = SatAdd(s.activations, SatMul(held, ArenaDenseLayersStash(z, plan, nd)));
+    s.activations =
+        SatAdd(s.activations, SatMul(held, ArenaDenseLayersStash(z, plan, nd, block_dense)));
     s.extra = SatAdd(s.extra, SatMul(held, ArenaChunkExtra(z, chunk.embedding, chunk.loss)));
-    if (nd > 0 || nm == 0) s.workspace = std::max(s.workspace, ArenaDenseLayersPeak(z, plan, nd));
+    if (nd > 0 || nm == 0)
+      s.workspace = std::max(s.workspace, ArenaDenseLayersPeak(z, plan, nd, block_dense));
     if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
-    if (nm > 0) AddArenaMoeLayers(in, chunk, nm, held, s);
+    if (nm > 0) AddArenaMoeLayers(in, chunk, nm, block_moe, held, s);
   } else {
     s.activations = SatAdd(s.activations, SatMul(held, chunk_act));
   }

@@ -102,24 +102,30 @@ int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
 // layers of the chunk keep only their input and the others everything; `uniform` keeps the
 // input of each group of n layers, and a group's backward holds the whole group's recomputed
 // forward at once.
-int64_t ArenaDenseLayersStash(const ArenaSizes& z, const Plan& plan, int64_t layers) {
+int64_t ArenaDenseLayersStash(const ArenaSizes& z, const Plan& plan, int64_t layers,
+                              int64_t block_recomputed) {
   const int64_t n = plan.activations.recompute_layers;
   if (plan.recompute != Recompute::kFull || n <= 0 || layers <= 0)
     return SatMul(layers, ArenaLayerStash(z, plan.recompute));
   if (plan.activations.recompute_method == RecomputeMethod::kBlock) {
-    const int64_t r = std::min(n, layers);
+    const int64_t r = std::min(block_recomputed >= 0 ? block_recomputed : n, layers);
     return SatAdd(SatMul(r, ArenaLayerStash(z, Recompute::kFull)),
                   SatMul(layers - r, ArenaLayerStash(z, Recompute::kNone)));
   }
   return SatMul(CeilDiv(layers, n), ArenaLayerStash(z, Recompute::kFull));
 }
 
-int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t layers) {
+int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t layers,
+                             int64_t block_recomputed) {
   const int64_t n = plan.activations.recompute_layers;
   if (plan.recompute != Recompute::kFull || n <= 0 || layers <= 0)
     return ArenaBodyPeak(z, plan.recompute, /*loss=*/false);
-  if (plan.activations.recompute_method == RecomputeMethod::kBlock)
-    return ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false);
+  if (plan.activations.recompute_method == RecomputeMethod::kBlock) {
+    const int64_t r = std::min(block_recomputed >= 0 ? block_recomputed : n, layers);
+    int64_t peak = r > 0 ? ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false) : 0;
+    if (r < layers) peak = std::max(peak, ArenaBodyPeak(z, Recompute::kNone, /*loss=*/false));
+    return peak;
+  }
   // The group's other layers' recomputed tensors, their inputs included, beside the last one's.
   const int64_t others = std::min(n, layers) - 1;
   return SatAdd(ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false),

@@ -403,6 +403,12 @@ TEST_CASE("gpt: pp 2, interleaved, uniform groups of 3 over 2-layer chunks (bitw
   CheckRecompute(true, RecomputeLayers(3, false, {1, 2, 1, 2, Schedule::kInterleaved1F1B}),
                  Recompute::kFull);
 }
+TEST_CASE("moe: pp 2, block recompute of the first 2 layers of each chunk (bitwise equal)") {
+  // Each chunk holds a dense and an MoE layer, or two MoE layers' worth of both kinds.
+  Layout l = RecomputeLayers(2, true, {1, 2, 1});
+  l.moe = true;
+  CheckRecompute(false, l, Recompute::kFull);
+}
 TEST_CASE("llama: uniform groups of 3 over a 4-layer chunk, then 1 (bitwise equal to none)") {
   CheckRecompute(false, RecomputeLayers(3, false, {1, 1, 2}), Recompute::kFull);
 }

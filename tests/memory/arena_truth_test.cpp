@@ -259,25 +259,35 @@ TEST_CASE("check's estimate is compile's arena within 3% on mixture-of-experts p
       }
     }
   }
-  const Variants more = {{"moe_gpt_tp2", {}},
-                         {"moe_gpt_tp2", {"parallel.etp=2", "parallel.pp=2", "recompute=full"}},
-                         {"moe_gpt_tp2", {"parallel.sp=false", "recompute=selective"}},
-                         {"moe_tp2", {"optimizer.zero=2"}},
-                         {"moe_tp2", {"optimizer.zero=3", "parallel.etp=2"}},
-                         {"moe_tp2", {"optimizer.zero=2", "parallel.pp=2", "recompute=full"}},
-                         {"moe_tp2", {"parallel.tp=4", "parallel.etp=4"}},
-                         {"moe_tp2", {"parallel.tp=4", "parallel.sp=false", "recompute=selective"}},
-                         {"moe_tp2", {"parallel.cp=2", "parallel.etp=2"}},
-                         {"moe_tp2", {"parallel.cp=2", "recompute=full"}},
-                         {"moe_tp2",
-                          {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
-                           "batch.global=32"}},
-                         {"moe_tp2", {"precision=fp32"}},
-                         {"moe_tp2", {"precision=fp16", "parallel.etp=2"}},
-                         {"moe_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
+  const Variants more = {
+      {"moe_gpt_tp2", {}},
+      {"moe_gpt_tp2", {"parallel.etp=2", "parallel.pp=2", "recompute=full"}},
+      {"moe_gpt_tp2", {"parallel.sp=false", "recompute=selective"}},
+      {"moe_tp2", {"optimizer.zero=2"}},
+      {"moe_tp2", {"optimizer.zero=3", "parallel.etp=2"}},
+      {"moe_tp2", {"optimizer.zero=2", "parallel.pp=2", "recompute=full"}},
+      {"moe_tp2", {"parallel.tp=4", "parallel.etp=4"}},
+      {"moe_tp2", {"parallel.tp=4", "parallel.sp=false", "recompute=selective"}},
+      {"moe_tp2", {"parallel.cp=2", "parallel.etp=2"}},
+      {"moe_tp2", {"parallel.cp=2", "recompute=full"}},
+      {"moe_tp2",
+       {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
+        "batch.global=32"}},
+      {"moe_tp2", {"precision=fp32"}},
+      {"moe_tp2", {"precision=fp16", "parallel.etp=2"}},
+      {"moe_tp2", {"optimizer.type=sgd", "parallel.pp=2"}},
+      // Full recompute of each chunk's first layers (dense or MoE).
+      {"moe_tp2",
+       {"recompute=full", "activations.recompute_method=block", "activations.recompute_layers=1"}},
+      {"moe_tp2",
+       {"recompute=full", "activations.recompute_method=block", "activations.recompute_layers=2",
+        "parallel.pp=2"}},
+      {"moe_gpt_tp2",
+       {"recompute=full", "activations.recompute_method=block", "activations.recompute_layers=3",
+        "parallel.etp=2"}}};
   CompareVariants(file, more, /*all_stages=*/false, result);
   // 48 layouts of the matrix (72 stages: pp = 2 gives two), and at least one stage of the others.
-  CHECK(result.compared >= 72 + 14);
+  CHECK(result.compared >= 72 + 17);
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
