@@ -41,6 +41,11 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
   z.layernorm = m.norm == Norm::kLayerNorm;
   z.mla = m.IsMla();
   z.qk_norm = m.qk_norm && !z.mla;
+  if (plan.recompute == Recompute::kSelective) {
+    const uint32_t modules = EffectiveRecomputeModules(plan);
+    z.core_kept = (modules & kRecomputeCoreAttn) == 0;
+    z.moe_act = (modules & kRecomputeMoeAct) != 0;
+  }
   if (z.mla) {
     z.nope = m.qk_nope_head_dim;
     z.qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
@@ -62,7 +67,8 @@ int64_t ArenaMlaAttentionStash(const ArenaSizes& z, Recompute recompute) {
   const int64_t per_token = 3 * z.heads * z.qk + z.heads * z.vd + 2 * z.ql + 2 * z.kvl;
   int64_t bytes = SatMul(z.T, per_token * z.a);
   bytes = SatAdd(bytes, SatMul(z.T, int64_t{z.ql > 0 ? 2 : 1} * 4));  // the latents' rstd
-  if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * z.qk * z.a));
+  if (recompute == Recompute::kNone || z.core_kept)
+    bytes = SatAdd(bytes, SatMul(z.T, z.heads * z.qk * z.a));
   return bytes;
 }
 // --- end multi-head latent attention ---
@@ -84,7 +90,8 @@ int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
   bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));  // residual x1
   bytes = SatAdd(bytes,
                  SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
-  if (recompute == Recompute::kNone) bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
+  if (recompute == Recompute::kNone || z.core_kept)
+    bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
   return bytes;
 }
 
@@ -168,7 +175,7 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
   }
   int64_t peak = SatMul(z.T, std::max(mlp, attn) * z.a);
   const int64_t core_hd = z.mla ? z.qk : z.hd;
-  if (recompute == Recompute::kSelective)
+  if (recompute == Recompute::kSelective && !z.core_kept)
     peak = SatAdd(peak, SatMul(z.T, z.heads * core_hd * z.a + z.heads * 4));
   if (recompute == Recompute::kFull)
     peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
@@ -325,8 +332,9 @@ int64_t SatSum(std::initializer_list<int64_t> parts) {
 int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
   if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
   const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
+  const int64_t act = recompute == Recompute::kSelective && z.moe_act ? 0 : b.act;
   return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
-                 b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act,
+                 b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, act,
                  b.out, b.ep_counts, b.capacity_mask, b.shared_input, b.shared_gate_up,
                  b.shared_act});
 }
@@ -348,6 +356,8 @@ int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
                           int64_t early, int64_t open, int64_t held, int64_t forward_held) {
   const bool full = recompute == Recompute::kFull;
   auto rc = [&](int64_t x) { return full ? x : 0; };
+  // moe_act: the activation recomputed for the down projection's backward.
+  const int64_t act_rc = recompute == Recompute::kSelective && z.moe_act ? b.act : 0;
   const int64_t a = z.a, rows = z.dispatch_rows, routed = ArenaRoutedRows(z);
   const int64_t dy = SatMul(routed, z.h * a), dye = SatMul(rows, z.h * a);
   const int64_t dact = SatMul(rows, z.expert_ffn * a);
@@ -365,7 +375,7 @@ int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
           {early, held, dy,
            rc(SatSum({b.weights, b.capacity_mask, b.permuted, counts, b.gate_up, b.act, b.out}))}),
       SatSum({early, held, dy, dye, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
-      SatSum({open, held, dye, dact, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
+      SatSum({open, held, dye, dact, act_rc, rc(SatSum({b.permuted, counts, b.gate_up, b.act}))}),
       SatSum({open, held, dact, dgate_up, rc(SatSum({b.permuted, counts, b.gate_up}))}),
       SatSum({open, held, dgate_up, dxe, rc(SatSum({b.permuted, counts}))}),
       SatSum({open, held, dxe, dxp, rc(counts)}),
@@ -411,11 +421,13 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   // Before the down projection's backward only the recomputed forward has read the weights.
   const int64_t early = SatAdd(k.held, full ? k.params : 0);
   const int64_t open = SatSum({k.held, k.params, k.grads});
+  // moe_act: the activation recomputed for the down projection's backward.
+  const int64_t recomputed_act = recompute == Recompute::kSelective && z.moe_act ? b.act : 0;
   const int64_t routed_peak = std::max({
       SatSum({early, grad_rows, dy, dw, attention, until_shared, router,
               rc(SatSum({b.weights, b.capacity_mask, b.permuted, b.row_map, b.expert_counts,
                          b.gate_up, b.act, b.out}))}),
-      SatSum({open, held_grad_rows, dy, dact, dw, attention, until_shared, router,
+      SatSum({open, held_grad_rows, dy, dact, dw, attention, until_shared, router, recomputed_act,
               rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up, b.act}))}),
       SatSum({open, held_grad_rows, dact, dgate_up, dw, attention, until_shared, router,
               rc(SatSum({b.permuted, b.row_map, b.expert_counts, b.gate_up}))}),
@@ -448,7 +460,7 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   if (z.ring) attn += 8 * z.kv * z.hd;
   attn = std::max(attn, z.heads * z.hd + 2 * z.kv * z.hd + z.h);
   int64_t attention_peak = SatMul(z.T, attn * a);
-  if (recompute == Recompute::kSelective)
+  if (recompute == Recompute::kSelective && !z.core_kept)
     attention_peak = SatAdd(attention_peak, SatMul(z.T, z.heads * z.hd * a + z.heads * 4));
   attention_peak = SatSum({attention_peak, attention, open});
   return std::max(peak, attention_peak);

@@ -29,6 +29,9 @@ struct ArenaSizes {
   bool gelu = false, layernorm = false;
   bool ring = false;     // cp > 1: ring attention and its working buffers
   bool qk_norm = false;  // queries and keys normalised per head (model.qk_norm)
+  // Selective recompute's modules: the attention core kept (modules without core_attn), the
+  // experts' activation recomputed (moe_act).
+  bool core_kept = false, moe_act = false;
   // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
   bool mla = false;
   int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;

@@ -433,7 +433,7 @@ void RoleLowering::AttentionBackward(const LayerParams& params, const LayerSaved
   const int32_t dk = Act("k.grad", {tokens_, kv * hd});
   const int32_t dv = Act("v.grad", {tokens_, kv * hd});
   int32_t o = saved.o, lse = saved.lse;
-  if (s_.recompute == ActivationRecompute::kSelective) {
+  if (s_.recompute == ActivationRecompute::kSelective && s_.recompute_core_attention) {
     // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
     EmitAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
   }

@@ -149,7 +149,10 @@ struct BodyShape {
   bool sgd = false;  // optimizer.type = sgd: Sgd ops instead of AdamW
   ActivationRecompute recompute = ActivationRecompute::kNone;
   RecomputeLayers recompute_layers;  // with kFull
-  MoeShape moe;                      // mixture of experts (experts == 0: dense)
+  // With kSelective, what it recomputes (Megatron's --recompute-modules): the attention core
+  // (core_attn, the default) and the experts' activation from their gate and up (moe_act).
+  bool recompute_core_attention = true, recompute_moe_act = false;
+  MoeShape moe;  // mixture of experts (experts == 0: dense)
 };
 
 // Indices of the step bodies BuildRoleBodies adds after the chunk bodies.

@@ -253,6 +253,10 @@ class RoleLowering {
   // (and the shared experts') to the residual into `next`, with next = -1 (recompute) it stops
   // after the experts' down projection, the last tensor the backward reads.
   void MoeForward(const LayerParams& params, LayerSaved& saved, int32_t next);
+  // The experts' activation the down projection's backward reads: the forward's, or with the
+  // moe_act module of selective recompute, made again from gate and up right there.
+  int32_t ExpertActivationForBackward(const MoeParams& ex, const MoeSaved& ms, int64_t rows,
+                                      int64_t width);
   void MoeBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   // An expert weight of global shape `global`: whole on every rank (etp = 1, replicated over tp,
   // its gradient a partial sum over tp under sequence parallelism), or split on `split_dim`

@@ -236,6 +236,19 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   Emit(attrs::Add{}, {saved.x1, sum}, {next});
 }
 
+int32_t RoleLowering::ExpertActivationForBackward(const MoeParams& ex, const MoeSaved& ms,
+                                                  int64_t rows, int64_t width) {
+  if (s_.recompute != ActivationRecompute::kSelective || !s_.recompute_moe_act) return ms.a;
+  recompute_prefix_ = "recompute.";
+  const int32_t act = Act("moe.experts.act", {rows, width});
+  recompute_prefix_.clear();
+  if (ex.gate.value >= 0)
+    Emit(attrs::SwiGlu{}, {ms.g, ms.u}, {act});
+  else
+    EmitActivation(ms.u, act);
+  return act;
+}
+
 void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, int32_t gx) {
   const int64_t h = m_.hidden, e = s_.moe.experts, k = s_.moe.topk, f = s_.moe.ffn / s_.moe.etp;
   const MoeParams& ex = P.experts;
@@ -259,9 +272,10 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   const int64_t groups = ExpertParallel() ? LocalExperts() : e;
   const int64_t erows = ExpertParallel() ? DispatchCapacity() : routed;
   const int32_t dye = ExpertParallel() ? EpDispatchGrad(ms, dy, "moe.ep.dispatched.out.grad") : dy;
+  const int32_t act = ExpertActivationForBackward(ex, ms, erows, f);
   const int32_t da = Act("moe.experts.act.grad", {erows, f});
   Emit(attrs::GroupedLinearBackward{.groups = groups, .dx_accumulate = false},
-       {dye, ms.a, ex.down.value, ms.ecounts}, {da, ex.down.grad});
+       {dye, act, ex.down.value, ms.ecounts}, {da, ex.down.grad});
   const int32_t dxe =
       Act(ExpertParallel() ? "moe.ep.dispatched.grad" : "moe.permuted.grad", {erows, h});
   if (ex.gate.value >= 0) {

@@ -1730,6 +1730,39 @@ TEST_CASE("full recompute by layers: which layers keep only their input") {
   MustLower(moe);
 }
 
+TEST_CASE("selective recompute of the experts' activation: not kept, made again in the backward") {
+  Plan plan = TinyPlan(1, 1, 1);
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.recompute = Recompute::kSelective;
+  for (const char* modules : {"moe_act", "core_attn,moe_act", "core_attn"}) {
+    CAPTURE(modules);
+    plan.activations.recompute_modules = modules;
+    const Program p = MustLower(plan);
+    int kept_act = 0, remade_act = 0, kept_lse = 0;
+    for (const Buffer& b : p.roles[0].buffers) {
+      const bool stash = b.kind == BufferKind::Stash;
+      if (b.name.size() > 17 && b.name.find(".moe.experts.act") != std::string::npos &&
+          b.name.find(".grad") == std::string::npos) {
+        if (b.name.find("recompute.") != std::string::npos)
+          ++remade_act;
+        else
+          kept_act += stash;
+      }
+      if (b.name.find("attention.lse") != std::string::npos && stash) ++kept_lse;
+    }
+    const std::string m = modules;
+    CHECK((kept_act == 0) == (m.find("moe_act") != std::string::npos));
+    CHECK((remade_act > 0) == (m.find("moe_act") != std::string::npos));
+    CHECK((kept_lse == 0) == (m.find("core_attn") != std::string::npos));
+  }
+  // Other modules are refused.
+  plan.activations.recompute_modules = "mlp";
+  DiagnosticSink sink;
+  CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
+}
+
 TEST_CASE("query/key norms: one replicated weight per norm, its gradient summed over Tp") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.model.qk_norm = true;

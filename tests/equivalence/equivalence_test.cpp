@@ -80,6 +80,8 @@ struct Layout {
   // uniform); 0 = every layer.
   int recompute_layers = 0;
   bool recompute_block = false;
+  // Selective recompute's modules (activations.recompute_modules); empty = the attention core.
+  const char* recompute_modules = "";
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -132,6 +134,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   if (l.sgd) plan.optimizer.type = paraplan::OptimizerType::kSgd;
   plan.recompute = l.recompute;
   plan.activations.recompute_layers = l.recompute_layers;
+  plan.activations.recompute_modules = l.recompute_modules;
   plan.activations.recompute_method =
       l.recompute_block ? paraplan::RecomputeMethod::kBlock : paraplan::RecomputeMethod::kUniform;
   plan.optimizer.lr = 3e-3;
@@ -636,6 +639,11 @@ Layout Moe(Layout l) {
 TEST_CASE("moe: tp 2, sequence parallel") {
   CheckEquivalent(false, Moe({2, 1, 1, 1, Schedule::k1F1B, true}));
 }
+TEST_CASE("moe: tp 2, sp, selective recompute of the experts' activation (bitwise equal)") {
+  Layout l = Moe({2, 1, 1, 1, Schedule::k1F1B, true});
+  l.recompute_modules = "moe_act";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
 TEST_CASE("moe: pp 2, 1F1B") { CheckEquivalent(false, Moe({1, 2, 1, 1, Schedule::k1F1B})); }
 TEST_CASE("moe: dp 2, ZeRO 1") {
   CheckEquivalent(false, Moe({1, 1, 2, 1, Schedule::k1F1B, false, 1}));
@@ -679,6 +687,12 @@ void CheckExpertParallel(const Layout& layout) {
   CHECK(c.grad_norm <= kTolerance);
 }
 }  // namespace
+
+TEST_CASE("moe: ep 2, dp 2, selective recompute of core_attn and moe_act (bitwise equal)") {
+  Layout l = WithEp(2, {1, 1, 2, 1});
+  l.recompute_modules = "core_attn,moe_act";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
 TEST_CASE("moe: ep 2 (dp 2: 2 experts per rank)") { CheckExpertParallel(WithEp(2, {1, 1, 2, 1})); }
 TEST_CASE("moe: ep 4 (dp 4: one expert per rank)") { CheckExpertParallel(WithEp(4, {1, 1, 4, 1})); }
 // The Ep group is the Tp group (order tp-cp-ep-dp-pp, etp = 1): each rank dispatches its own

@@ -284,10 +284,17 @@ TEST_CASE("check's estimate is compile's arena within 3% on mixture-of-experts p
         "parallel.pp=2"}},
       {"moe_gpt_tp2",
        {"recompute=full", "activations.recompute_method=block", "activations.recompute_layers=3",
-        "parallel.etp=2"}}};
+        "parallel.etp=2"}},
+      // Selective recompute of the experts' activation, with and without the attention core.
+      {"moe_tp2", {"recompute=selective", "activations.recompute_modules=\"moe_act\""}},
+      {"moe_tp2",
+       {"recompute=selective", "activations.recompute_modules=\"core_attn,moe_act\"",
+        "parallel.etp=2", "parallel.pp=2"}},
+      {"moe_gpt_tp2",
+       {"recompute=selective", "activations.recompute_modules=\"moe_act\"", "parallel.sp=false"}}};
   CompareVariants(file, more, /*all_stages=*/false, result);
   // 48 layouts of the matrix (72 stages: pp = 2 gives two), and at least one stage of the others.
-  CHECK(result.compared >= 72 + 17);
+  CHECK(result.compared >= 72 + 20);
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
 
@@ -388,15 +395,18 @@ TEST_CASE("check's estimate is compile's arena within 3% with expert parallelism
   }
   CHECK(plans == 48);
   // Beside them: selective recompute, ep = 8, tp = 1, cp = 2, interleaving, fp32 and SGD.
-  const Variants more = {{"moe_ep2_tp2", {"recompute=selective"}},
-                         {"moe_ep2_tp2", {"parallel.ep=8", "moe.imbalance=1.2"}},
-                         {"moe_ep2_tp2", {"parallel.tp=1", "parallel.sp=false"}},
-                         {"moe_ep2_tp2", {"parallel.cp=2", "recompute=full"}},
-                         {"moe_ep2_tp2",
-                          {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
-                           "batch.global=32"}},
-                         {"moe_gpt_ep2_tp2", {"precision=fp32", "recompute=full"}},
-                         {"moe_ep4_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
+  const Variants more = {
+      {"moe_ep2_tp2", {"recompute=selective"}},
+      {"moe_ep2_tp2",
+       {"recompute=selective", "activations.recompute_modules=\"core_attn,moe_act\""}},
+      {"moe_ep2_tp2", {"parallel.ep=8", "moe.imbalance=1.2"}},
+      {"moe_ep2_tp2", {"parallel.tp=1", "parallel.sp=false"}},
+      {"moe_ep2_tp2", {"parallel.cp=2", "recompute=full"}},
+      {"moe_ep2_tp2",
+       {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b",
+        "batch.global=32"}},
+      {"moe_gpt_ep2_tp2", {"precision=fp32", "recompute=full"}},
+      {"moe_ep4_tp2", {"optimizer.type=sgd", "parallel.pp=2"}}};
   CompareVariants(file, more, /*all_stages=*/true, result);
   MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
 }
