@@ -45,6 +45,7 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
     const uint32_t modules = EffectiveRecomputeModules(plan);
     z.core_kept = (modules & kRecomputeCoreAttn) == 0;
     z.moe_act = (modules & kRecomputeMoeAct) != 0;
+    z.mlp_recomputed = (modules & kRecomputeMlp) != 0;
   }
   if (z.mla) {
     z.nope = m.qk_nope_head_dim;
@@ -101,7 +102,10 @@ int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
 // recomputed, the attention half's buffers, the MLP's gathered input and its intermediates.
 int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
   if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
-  const int64_t mlp = z.h + (z.gelu ? 2 : 3) * z.ffn;                // n2f, MLP
+  // The mlp module of selective recompute keeps only the norm's output (the rank's rows).
+  if (recompute == Recompute::kSelective && z.mlp_recomputed)
+    return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.R, z.h * z.a));
+  const int64_t mlp = z.h + (z.gelu ? 2 : 3) * z.ffn;  // n2f, MLP
   return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.T, mlp * z.a));
 }
 
@@ -160,8 +164,16 @@ int64_t ArenaLossPeak(const ArenaSizes& z) { return SatMul(z.T, (z.vocab + z.h) 
 // (with the recomputed layer under full recompute, the recomputed core under selective), and on
 // the loss chunk the logits' gradient with the final norm's.
 int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
-  const int64_t mlp =
+  int64_t mlp =
       z.gelu ? std::max(2 * z.ffn, z.ffn + z.h) + z.h : std::max(3 * z.ffn, 2 * z.ffn + z.h);
+  if (recompute == Recompute::kSelective && z.mlp_recomputed) {
+    // The MLP made again from its norm's output (gathered under sp) before its backward: its
+    // intermediates live beside the gradients until their last reader.
+    const int64_t gathered = z.R < z.T ? z.h : 0;
+    const int64_t act = (z.gelu ? 2 : 3) * z.ffn;  // g, (u,) a
+    mlp = std::max({mlp + gathered, z.ffn + act + gathered + gathered,
+                    (z.gelu ? 2 : 3) * z.ffn + act - z.ffn + gathered});
+  }
   int64_t attn = 2 * z.heads * z.hd + 2 * z.kv * z.hd;
   // Ring attention's backward also holds the ring of K, V and their partial gradients.
   if (z.ring) attn += 8 * z.kv * z.hd;

@@ -35,8 +35,7 @@ namespace detail {
 
 RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_t x, int32_t next) {
   const int64_t h = m_.hidden, hd = m_.head_dim;
-  const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_, ffn = m_.ffn_hidden / tp_;
-  const bool non_gated = NonGated();
+  const int64_t heads = m_.heads / tp_, kv = m_.kv_heads / tp_;
   LayerSaved layer_saved;
   layer_saved.x = x;
   layer_saved.no1 = NormForward("attention_norm", P.n1, x);
@@ -83,20 +82,7 @@ RoleLowering::LayerSaved RoleLowering::LayerForward(const LayerParams& P, int32_
     MoeForward(P, layer_saved, next);
     return layer_saved;
   }
-  layer_saved.n2f = GatherSp(layer_saved.no2.y, "mlp_norm.out_full", h);
-  if (non_gated) {
-    layer_saved.g = Act("mlp.fc1_out", {tokens_, ffn});
-    Emit(attrs::Linear{}, LinearInputs(layer_saved.n2f, P.w1, P.b1), {layer_saved.g});
-    layer_saved.a = Act("mlp.act", {tokens_, ffn});
-    EmitActivation(layer_saved.g, layer_saved.a);
-  } else {
-    layer_saved.g = Act("mlp.gate", {tokens_, ffn});
-    layer_saved.u = Act("mlp.up", {tokens_, ffn});
-    Emit(attrs::Linear{}, {layer_saved.n2f, P.w1.value}, {layer_saved.g});
-    Emit(attrs::Linear{}, {layer_saved.n2f, P.w3.value}, {layer_saved.u});
-    layer_saved.a = Act("mlp.act", {tokens_, ffn});
-    Emit(attrs::SwiGlu{}, {layer_saved.g, layer_saved.u}, {layer_saved.a});
-  }
+  MlpActivations(P, layer_saved);
   if (next < 0) return layer_saved;
   int32_t down = Act("mlp.down", {tokens_, h});
   Emit(attrs::Linear{}, {layer_saved.a, P.w2.value}, {down});
@@ -394,8 +380,33 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
     AttentionBackward(params, saved, gx);
 }
 
-void RoleLowering::MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx) {
+void RoleLowering::MlpActivations(const LayerParams& P, LayerSaved& saved) {
   const int64_t h = m_.hidden, ffn = m_.ffn_hidden / tp_;
+  saved.n2f = GatherSp(saved.no2.y, "mlp_norm.out_full", h);
+  if (NonGated()) {
+    saved.g = Act("mlp.fc1_out", {tokens_, ffn});
+    Emit(attrs::Linear{}, LinearInputs(saved.n2f, P.w1, P.b1), {saved.g});
+    saved.a = Act("mlp.act", {tokens_, ffn});
+    EmitActivation(saved.g, saved.a);
+  } else {
+    saved.g = Act("mlp.gate", {tokens_, ffn});
+    saved.u = Act("mlp.up", {tokens_, ffn});
+    Emit(attrs::Linear{}, {saved.n2f, P.w1.value}, {saved.g});
+    Emit(attrs::Linear{}, {saved.n2f, P.w3.value}, {saved.u});
+    saved.a = Act("mlp.act", {tokens_, ffn});
+    Emit(attrs::SwiGlu{}, {saved.g, saved.u}, {saved.a});
+  }
+}
+
+void RoleLowering::MlpBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx) {
+  const int64_t h = m_.hidden, ffn = m_.ffn_hidden / tp_;
+  // The mlp module of selective recompute: the MLP's tensors made again from its norm's output.
+  LayerSaved saved = stashed;
+  if (s_.recompute == ActivationRecompute::kSelective && s_.recompute_mlp) {
+    recompute_prefix_ = "recompute.";
+    MlpActivations(params, saved);
+    recompute_prefix_.clear();
+  }
   const int32_t gxf = GatherSp(gx, "mlp.down.grad_full", h);
   if (params.b2.value >= 0) Emit(attrs::AddBiasBackward{}, {gx}, {params.b2.grad});
   const int32_t da = Act("mlp.act.grad", {tokens_, ffn});

@@ -151,7 +151,8 @@ struct BodyShape {
   RecomputeLayers recompute_layers;  // with kFull
   // With kSelective, what it recomputes (Megatron's --recompute-modules): the attention core
   // (core_attn, the default) and the experts' activation from their gate and up (moe_act).
-  bool recompute_core_attention = true, recompute_moe_act = false;
+  // and the dense layers' MLP from its norm's output (mlp).
+  bool recompute_core_attention = true, recompute_moe_act = false, recompute_mlp = false;
   MoeShape moe;  // mixture of experts (experts == 0: dense)
 };
 

@@ -246,7 +246,10 @@ class RoleLowering {
   // The layers' backward of one chunk under full recompute (BodyShape::recompute_layers).
   void RecomputedLayersBackward(const ChunkLayers& cl, const ChunkParams& params,
                                 const ChunkForward& forward, int32_t gx);
-  void MlpBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
+  // The dense MLP's forward from the norm's output saved.no2.y up to its activation: sets
+  // saved.n2f, g, u (gated) and a.
+  void MlpActivations(const LayerParams& P, LayerSaved& saved);
+  void MlpBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx);
   // --- mixture of experts ---
   MoeParams MakeMoeParams(int32_t layer_index);
   // The MoE block's forward from the normed rows; with next >= 0 it adds the combined output

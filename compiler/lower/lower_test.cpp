@@ -1757,8 +1757,20 @@ TEST_CASE("selective recompute of the experts' activation: not kept, made again 
     CHECK((remade_act > 0) == (m.find("moe_act") != std::string::npos));
     CHECK((kept_lse == 0) == (m.find("core_attn") != std::string::npos));
   }
+  // The mlp module: a dense layer's MLP intermediates are not kept, and made again.
+  Plan dense = TinyPlan(1, 1, 1);
+  dense.recompute = Recompute::kSelective;
+  dense.activations.recompute_modules = "mlp";
+  const Program lowered = MustLower(dense);
+  int kept_mlp = 0, remade_mlp = 0;
+  for (const Buffer& b : lowered.roles[0].buffers) {
+    if (b.name == "layers.0.mlp.act" && b.kind == BufferKind::Stash) ++kept_mlp;
+    if (b.name == "layers.0.recompute.mlp.act") ++remade_mlp;
+  }
+  CHECK(kept_mlp == 0);
+  CHECK(remade_mlp == 1);
   // Other modules are refused.
-  plan.activations.recompute_modules = "mlp";
+  plan.activations.recompute_modules = "layernorm";
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
 }

@@ -412,6 +412,22 @@ TEST_CASE("moe: pp 2, block recompute of the first 2 layers of each chunk (bitwi
   l.moe = true;
   CheckRecompute(false, l, Recompute::kFull);
 }
+TEST_CASE("llama: tp 2, sp, pp 2, selective recompute of the MLP (bitwise equal to none)") {
+  Layout l = {2, 2, 1, 1, Schedule::k1F1B, true};
+  l.recompute_modules = "mlp";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
+TEST_CASE("gpt: tp 2, selective recompute of core_attn and the MLP (bitwise equal to none)") {
+  Layout l = {2};
+  l.recompute_modules = "core_attn,mlp";
+  CheckRecompute(true, l, Recompute::kSelective);
+}
+TEST_CASE("moe: tp 2, sp, selective recompute of the dense MLP and moe_act (bitwise equal)") {
+  Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
+  l.moe = true;
+  l.recompute_modules = "mlp,moe_act";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
 TEST_CASE("llama: uniform groups of 3 over a 4-layer chunk, then 1 (bitwise equal to none)") {
   CheckRecompute(false, RecomputeLayers(3, false, {1, 1, 2}), Recompute::kFull);
 }

@@ -138,7 +138,10 @@ TEST_CASE(
       // Full recompute by layers: the first layer of each chunk, or groups of two and three.
       {"recompute=full", "activations.recompute_method=block", "activations.recompute_layers=1"},
       {"recompute=full", "activations.recompute_method=uniform", "activations.recompute_layers=2"},
-      {"recompute=full", "activations.recompute_method=uniform", "activations.recompute_layers=3"}};
+      {"recompute=full", "activations.recompute_method=uniform", "activations.recompute_layers=3"},
+      // Selective recompute of the MLP, and of the MLP and the attention core.
+      {"recompute=selective", "activations.recompute_modules=\"mlp\""},
+      {"recompute=selective", "activations.recompute_modules=\"core_attn,mlp\""}};
   for (const std::string& file : PlanFiles()) {
     for (const auto& sets : variants) {
       std::optional<Plan> plan = Load(file, "", sets);
