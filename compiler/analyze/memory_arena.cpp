@@ -46,6 +46,7 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
     z.core_kept = (modules & kRecomputeCoreAttn) == 0;
     z.moe_act = (modules & kRecomputeMoeAct) != 0;
     z.mlp_recomputed = (modules & kRecomputeMlp) != 0;
+    z.shared_recomputed = (modules & kRecomputeSharedExperts) != 0;
   }
   if (z.mla) {
     z.nope = m.qk_nope_head_dim;
@@ -344,11 +345,14 @@ int64_t SatSum(std::initializer_list<int64_t> parts) {
 int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
   if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
   const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
-  const int64_t act = recompute == Recompute::kSelective && z.moe_act ? 0 : b.act;
+  const bool selective = recompute == Recompute::kSelective;
+  const int64_t act = selective && z.moe_act ? 0 : b.act;
+  // shared_experts: their gate, up and activation made again from their kept input.
+  const int64_t shared_kept = selective && z.shared_recomputed ? 0 : 1;
   return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
                  b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, act,
-                 b.out, b.ep_counts, b.capacity_mask, b.shared_input, b.shared_gate_up,
-                 b.shared_act});
+                 b.out, b.ep_counts, b.capacity_mask, b.shared_input,
+                 shared_kept * b.shared_gate_up, shared_kept * b.shared_act});
 }
 
 namespace {
@@ -461,9 +465,12 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
     const int64_t dsgu = SatMul(z.T, (z.gelu ? 1 : 2) * z.shared_ffn * a);
     const int64_t dnf = SatMul(z.T, z.h * a);
     const int64_t held = SatSum({open, attention, rc(shared_input)});
+    // Made again for their backward: under full recompute, or with the shared_experts module.
+    const bool remade = full || (recompute == Recompute::kSelective && z.shared_recomputed);
+    auto rs = [&](int64_t x) { return remade ? x : 0; };
     peak = std::max(
-        {peak, SatSum({gathered, dsa, rows_grad, held, rc(SatAdd(b.shared_gate_up, b.shared_act))}),
-         SatSum({dsa, dsgu, rows_grad, held, rc(b.shared_gate_up)}),
+        {peak, SatSum({gathered, dsa, rows_grad, held, rs(SatAdd(b.shared_gate_up, b.shared_act))}),
+         SatSum({dsa, dsgu, rows_grad, held, rs(b.shared_gate_up)}),
          SatSum({dsgu, dnf, rows_grad, held})});
   }
   // The attention half: its backward's working set (as ArenaBodyPeak prices it) with the

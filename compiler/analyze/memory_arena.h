@@ -32,7 +32,8 @@ struct ArenaSizes {
   // Selective recompute's modules: the attention core kept (modules without core_attn), the
   // experts' activation recomputed (moe_act).
   bool core_kept = false, moe_act = false;
-  bool mlp_recomputed = false;  // selective's mlp module: a dense MLP kept as its norm's output
+  bool mlp_recomputed = false;     // selective's mlp module: a dense MLP kept as its norm's output
+  bool shared_recomputed = false;  // selective's shared_experts module
   // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
   bool mla = false;
   int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;

@@ -152,7 +152,9 @@ struct BodyShape {
   // With kSelective, what it recomputes (Megatron's --recompute-modules): the attention core
   // (core_attn, the default) and the experts' activation from their gate and up (moe_act).
   // and the dense layers' MLP from its norm's output (mlp).
-  bool recompute_core_attention = true, recompute_moe_act = false, recompute_mlp = false;
+  // and the MoE layers' shared experts from their input (shared_experts).
+  bool recompute_core_attention = true, recompute_moe_act = false, recompute_mlp = false,
+       recompute_shared_experts = false;
   MoeShape moe;  // mixture of experts (experts == 0: dense)
 };
 

@@ -260,6 +260,10 @@ class RoleLowering {
   // moe_act module of selective recompute, made again from gate and up right there.
   int32_t ExpertActivationForBackward(const MoeParams& ex, const MoeSaved& ms, int64_t rows,
                                       int64_t width);
+  // The shared experts' backward from the layer output's gradient gx (gxe: its Etp-gathered
+  // rows, or gx): returns the MLP norm output's gradient, dn2 (the routed path's) plus theirs.
+  int32_t SharedExpertsBackward(const MoeParams& ex, const LayerSaved& saved, int32_t gx,
+                                int32_t gxe, int32_t dn2);
   void MoeBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   // An expert weight of global shape `global`: whole on every rank (etp = 1, replicated over tp,
   // its gradient a partial sum over tp under sequence parallelism), or split on `split_dim`

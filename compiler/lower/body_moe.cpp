@@ -236,6 +236,44 @@ void RoleLowering::MoeForward(const LayerParams& P, LayerSaved& saved, int32_t n
   Emit(attrs::Add{}, {saved.x1, sum}, {next});
 }
 
+int32_t RoleLowering::SharedExpertsBackward(const MoeParams& ex, const LayerSaved& saved,
+                                            int32_t gx, int32_t gxe, int32_t dn2) {
+  const MoeSaved& ms = saved.moe;
+  const int64_t h = m_.hidden, sf = s_.moe.shared_ffn / tp_;
+  // The shared_experts module of selective recompute: their gate, up and activation made again
+  // from their kept input.
+  int32_t sg = ms.sg, su = ms.su, sa = ms.sa;
+  if (s_.recompute == ActivationRecompute::kSelective && s_.recompute_shared_experts) {
+    recompute_prefix_ = "recompute.";
+    DenseExpertForward("moe.shared", saved.n2f, ex.shared_gate, ex.shared_up, ex.shared_down,
+                       s_.moe.shared_ffn, &sg, &su, &sa, nullptr);
+    recompute_prefix_.clear();
+  }
+  const int32_t gxf = gxe != gx ? gxe : GatherSp(gx, "moe.shared.down.grad_full", h);
+  const int32_t dsa = Act("moe.shared.act.grad", {tokens_, sf});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, sa, ex.shared_down.value},
+       {dsa, ex.shared_down.grad});
+  const int32_t dnf = Act("moe.shared.in.grad_full", {tokens_, h});
+  if (ex.shared_gate.value >= 0) {
+    const int32_t dg = Act("moe.shared.gate.grad", {tokens_, sf});
+    const int32_t du = Act("moe.shared.up.grad", {tokens_, sf});
+    Emit(attrs::SwiGluBackward{}, {dsa, sg, su}, {dg, du});
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, saved.n2f, ex.shared_gate.value},
+         {dnf, ex.shared_gate.grad});
+    Emit(attrs::LinearBackward{.dx_accumulate = true}, {du, saved.n2f, ex.shared_up.value},
+         {dnf, ex.shared_up.grad});
+  } else {
+    const int32_t du = Act("moe.shared.fc1_out.grad", {tokens_, sf});
+    EmitActivationBackward(dsa, su, du);
+    Emit(attrs::LinearBackward{.dx_accumulate = false}, {du, saved.n2f, ex.shared_up.value},
+         {dnf, ex.shared_up.grad});
+  }
+  const int32_t dns = ReduceGradToRows(dnf, "moe.shared.in.grad");
+  const int32_t dnorm = Act("mlp_norm.out.grad_sum", {rows_, h});
+  Emit(attrs::Add{}, {dn2, dns}, {dnorm});
+  return dnorm;
+}
+
 int32_t RoleLowering::ExpertActivationForBackward(const MoeParams& ex, const MoeSaved& ms,
                                                   int64_t rows, int64_t width) {
   if (s_.recompute != ActivationRecompute::kSelective || !s_.recompute_moe_act) return ms.a;
@@ -317,31 +355,7 @@ void RoleLowering::MoeBackward(const LayerParams& P, const LayerSaved& saved, in
   Emit(attrs::LinearBackward{.dx_accumulate = true}, {dz, xn, ex.router.value},
        {dn2, ex.router.grad});
   int32_t dnorm = dn2;
-  if (ex.shared_up.value >= 0) {
-    const int64_t sf = s_.moe.shared_ffn / tp_;
-    const int32_t gxf = gxe != gx ? gxe : GatherSp(gx, "moe.shared.down.grad_full", h);
-    const int32_t dsa = Act("moe.shared.act.grad", {tokens_, sf});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {gxf, ms.sa, ex.shared_down.value},
-         {dsa, ex.shared_down.grad});
-    const int32_t dnf = Act("moe.shared.in.grad_full", {tokens_, h});
-    if (ex.shared_gate.value >= 0) {
-      const int32_t dg = Act("moe.shared.gate.grad", {tokens_, sf});
-      const int32_t du = Act("moe.shared.up.grad", {tokens_, sf});
-      Emit(attrs::SwiGluBackward{}, {dsa, ms.sg, ms.su}, {dg, du});
-      Emit(attrs::LinearBackward{.dx_accumulate = false}, {dg, saved.n2f, ex.shared_gate.value},
-           {dnf, ex.shared_gate.grad});
-      Emit(attrs::LinearBackward{.dx_accumulate = true}, {du, saved.n2f, ex.shared_up.value},
-           {dnf, ex.shared_up.grad});
-    } else {
-      const int32_t du = Act("moe.shared.fc1_out.grad", {tokens_, sf});
-      EmitActivationBackward(dsa, ms.su, du);
-      Emit(attrs::LinearBackward{.dx_accumulate = false}, {du, saved.n2f, ex.shared_up.value},
-           {dnf, ex.shared_up.grad});
-    }
-    const int32_t dns = ReduceGradToRows(dnf, "moe.shared.in.grad");
-    dnorm = Act("mlp_norm.out.grad_sum", {rows_, h});
-    Emit(attrs::Add{}, {dn2, dns}, {dnorm});
-  }
+  if (ex.shared_up.value >= 0) dnorm = SharedExpertsBackward(ex, saved, gx, gxe, dn2);
   NormBackward(P.n2, saved.no2, saved.x1, dnorm, gx, /*accumulate=*/true);
 }
 

@@ -220,17 +220,19 @@ void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupporte
                        "activations.recompute_method",
                        "set `activations.recompute_method = block`, or "
                        "`activations.recompute_layers = 0` (every layer recomputed), to compile");
-  // Selective recompute lowers the attention core, the dense MLP and the experts' activation.
-  constexpr uint32_t kLoweredModules = kRecomputeCoreAttn | kRecomputeMoeAct | kRecomputeMlp;
+  // Selective recompute lowers the attention core, the dense MLP, the experts' activation and
+  // the shared experts.
+  constexpr uint32_t kLoweredModules =
+      kRecomputeCoreAttn | kRecomputeMoeAct | kRecomputeMlp | kRecomputeSharedExperts;
   if (plan.activations.offload_layers > 0 ||
       (plan.recompute == Recompute::kSelective &&
        (EffectiveRecomputeModules(plan) & ~kLoweredModules) != 0))
     unsupported.Report(
-        "recompute of modules other than core_attn, mlp and moe_act, or activation offload",
+        "recompute of the modules layernorm, mla_up_proj or moe, or activation offload",
         plan.activations.offload_layers > 0 ? "activations.offload_layers"
                                             : "activations.recompute_modules",
-        "use `recompute = none`, `selective` (modules core_attn, mlp and moe_act) or "
-        "`full` to compile");
+        "use `recompute = none`, `selective` (modules core_attn, mlp, moe_act and "
+        "shared_experts) or `full` to compile");
   // planrun keeps the fp32 master weights and Adam moments in the rank's arena: a program
   // compiled from an offloading plan would need the device memory the plan was checked without.
   if (plan.optimizer.offload == Offload::kCpu)
@@ -855,6 +857,7 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.recompute_core_attention = (modules & kRecomputeCoreAttn) != 0;
     bs.recompute_moe_act = (modules & kRecomputeMoeAct) != 0;
     bs.recompute_mlp = (modules & kRecomputeMlp) != 0;
+    bs.recompute_shared_experts = (modules & kRecomputeSharedExperts) != 0;
   }
   if (plan.recompute == Recompute::kFull && plan.activations.recompute_layers > 0) {
     bs.recompute_layers.block = plan.activations.recompute_method == RecomputeMethod::kBlock;

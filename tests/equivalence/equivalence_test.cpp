@@ -428,6 +428,18 @@ TEST_CASE("moe: tp 2, sp, selective recompute of the dense MLP and moe_act (bitw
   l.recompute_modules = "mlp,moe_act";
   CheckRecompute(false, l, Recompute::kSelective);
 }
+TEST_CASE("moe: tp 2, sp, selective recompute of the shared experts (bitwise equal to none)") {
+  Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
+  l.moe = true;
+  l.recompute_modules = "shared_experts";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
+TEST_CASE("moe: pp 2, dp 2, recompute of core_attn, moe_act, shared_experts (bitwise equal)") {
+  Layout l = {1, 2, 2};
+  l.moe = true;
+  l.recompute_modules = "core_attn,moe_act,shared_experts";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
 TEST_CASE("llama: uniform groups of 3 over a 4-layer chunk, then 1 (bitwise equal to none)") {
   CheckRecompute(false, RecomputeLayers(3, false, {1, 1, 2}), Recompute::kFull);
 }
