@@ -120,7 +120,7 @@ int64_t ArenaDenseLayersStash(const ArenaSizes& z, const Plan& plan, int64_t lay
   if (plan.recompute != Recompute::kFull || n <= 0 || layers <= 0)
     return SatMul(layers, ArenaLayerStash(z, plan.recompute));
   if (plan.activations.recompute_method == RecomputeMethod::kBlock) {
-    const int64_t r = std::min(block_recomputed >= 0 ? block_recomputed : n, layers);
+    const int64_t r = std::min(block_recomputed, layers);
     return SatAdd(SatMul(r, ArenaLayerStash(z, Recompute::kFull)),
                   SatMul(layers - r, ArenaLayerStash(z, Recompute::kNone)));
   }
@@ -133,7 +133,7 @@ int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t laye
   if (plan.recompute != Recompute::kFull || n <= 0 || layers <= 0)
     return ArenaBodyPeak(z, plan.recompute, /*loss=*/false);
   if (plan.activations.recompute_method == RecomputeMethod::kBlock) {
-    const int64_t r = std::min(block_recomputed >= 0 ? block_recomputed : n, layers);
+    const int64_t r = std::min(block_recomputed, layers);
     int64_t peak = r > 0 ? ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false) : 0;
     if (r < layers) peak = std::max(peak, ArenaBodyPeak(z, Recompute::kNone, /*loss=*/false));
     return peak;

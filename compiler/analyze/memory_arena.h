@@ -59,13 +59,12 @@ ArenaSizes ArenaSizesOf(const Plan& plan);
 int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute);
 // Stashed bytes of a chunk's `layers` dense layers per microbatch, and the busiest op of their
 // backward, with full recompute by layers (activations.recompute_layers: block or uniform).
-// With the block method `block_recomputed` (>= 0) says how many of them are among the chunk's
-// first recompute_layers layers (a chunk with MoE layers counts those apart); -1: the first
-// recompute_layers of the `layers`.
+// With the block method `block_recomputed` says how many of them are among the chunk's first
+// recompute_layers layers (a chunk with MoE layers counts those apart).
 int64_t ArenaDenseLayersStash(const ArenaSizes& z, const Plan& plan, int64_t layers,
-                              int64_t block_recomputed = -1);
+                              int64_t block_recomputed);
 int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t layers,
-                             int64_t block_recomputed = -1);
+                             int64_t block_recomputed);
 // Stashed bytes of a chunk beyond its layers, per microbatch.
 int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
 // The loss chunk's busiest op.

@@ -402,7 +402,7 @@ void RoleLowering::MlpBackward(const LayerParams& params, const LayerSaved& stas
   const int64_t h = m_.hidden, ffn = m_.ffn_hidden / tp_;
   // The mlp module of selective recompute: the MLP's tensors made again from its norm's output.
   LayerSaved saved = stashed;
-  if (s_.recompute == ActivationRecompute::kSelective && s_.recompute_mlp) {
+  if (s_.recompute_mlp) {
     recompute_prefix_ = "recompute.";
     MlpActivations(params, saved);
     recompute_prefix_.clear();
@@ -444,7 +444,7 @@ void RoleLowering::AttentionBackward(const LayerParams& params, const LayerSaved
   const int32_t dk = Act("k.grad", {tokens_, kv * hd});
   const int32_t dv = Act("v.grad", {tokens_, kv * hd});
   int32_t o = saved.o, lse = saved.lse;
-  if (s_.recompute == ActivationRecompute::kSelective && s_.recompute_core_attention) {
+  if (s_.recompute_core_attention) {
     // Recompute the attention core (its softmax statistics) from the stashed q, k, v.
     EmitAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
   }

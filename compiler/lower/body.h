@@ -45,9 +45,10 @@ struct ChunkLayers {
 
 // Activation recompute (the plan's `recompute`), as Megatron-Core does it:
 //   kNone       the forward keeps every tensor a backward op reads (Stash buffers)
-//   kSelective  the attention core is recomputed: the forward keeps q, k, v and the attention
-//               output but not the softmax statistics (log-sum-exp); the backward body runs
-//               Attention again right before AttentionBackward
+//   kSelective  the modules BodyShape names are recomputed; the attention core (the default):
+//               the forward keeps q, k, v and the attention output but not the softmax
+//               statistics (log-sum-exp); the backward body runs Attention again right before
+//               AttentionBackward
 //   kFull       each layer keeps only its input; the backward body re-runs the layer's forward
 //               ops (with their tensor/sequence-parallel collectives) right before its backward
 //               ops. The last down-projection, its reduction and residual add are not re-run:
@@ -149,11 +150,11 @@ struct BodyShape {
   bool sgd = false;  // optimizer.type = sgd: Sgd ops instead of AdamW
   ActivationRecompute recompute = ActivationRecompute::kNone;
   RecomputeLayers recompute_layers;  // with kFull
-  // With kSelective, what it recomputes (Megatron's --recompute-modules): the attention core
-  // (core_attn, the default) and the experts' activation from their gate and up (moe_act).
-  // and the dense layers' MLP from its norm's output (mlp).
-  // and the MoE layers' shared experts from their input (shared_experts).
-  bool recompute_core_attention = true, recompute_moe_act = false, recompute_mlp = false,
+  // What kSelective recomputes (Megatron's --recompute-modules; all false otherwise): the
+  // attention core (core_attn, the default), the experts' activation from their gate and up
+  // (moe_act), the dense layers' MLP from its norm's output (mlp) and the MoE layers' shared
+  // experts from their input (shared_experts).
+  bool recompute_core_attention = false, recompute_moe_act = false, recompute_mlp = false,
        recompute_shared_experts = false;
   MoeShape moe;  // mixture of experts (experts == 0: dense)
 };

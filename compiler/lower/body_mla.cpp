@@ -127,7 +127,7 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   Emit(MlaMap(heads, vd, heads * vd, vd, 0, heads * qk, qk, 0), {dout}, {dout_padded});
   // Attention core (recomputed from the stashed q, k, v under selective recompute).
   int32_t o = ms.core_out, lse = saved.lse;
-  if (s_.recompute == ActivationRecompute::kSelective && s_.recompute_core_attention)
+  if (s_.recompute_core_attention)
     EmitAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
   const int32_t dq = Act("q.grad", {tokens_, heads * qk});
   const int32_t dk = Act("k.grad", {tokens_, heads * qk});

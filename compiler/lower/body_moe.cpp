@@ -243,7 +243,7 @@ int32_t RoleLowering::SharedExpertsBackward(const MoeParams& ex, const LayerSave
   // The shared_experts module of selective recompute: their gate, up and activation made again
   // from their kept input.
   int32_t sg = ms.sg, su = ms.su, sa = ms.sa;
-  if (s_.recompute == ActivationRecompute::kSelective && s_.recompute_shared_experts) {
+  if (s_.recompute_shared_experts) {
     recompute_prefix_ = "recompute.";
     DenseExpertForward("moe.shared", saved.n2f, ex.shared_gate, ex.shared_up, ex.shared_down,
                        s_.moe.shared_ffn, &sg, &su, &sa, nullptr);
@@ -276,7 +276,7 @@ int32_t RoleLowering::SharedExpertsBackward(const MoeParams& ex, const LayerSave
 
 int32_t RoleLowering::ExpertActivationForBackward(const MoeParams& ex, const MoeSaved& ms,
                                                   int64_t rows, int64_t width) {
-  if (s_.recompute != ActivationRecompute::kSelective || !s_.recompute_moe_act) return ms.a;
+  if (!s_.recompute_moe_act) return ms.a;
   recompute_prefix_ = "recompute.";
   const int32_t act = Act("moe.experts.act", {rows, width});
   recompute_prefix_.clear();
