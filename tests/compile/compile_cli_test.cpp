@@ -197,6 +197,12 @@ TEST_CASE(
       {root + "/examples/llama3_70b.plan", gpipe + " --set batch.global=16 --set recompute=full"},
       // Context parallelism: ring attention over CP 4 with TP 8 and dp 2.
       {root + "/examples/llama3_8b_64k_cp4.plan", ""},
+      // Experts: a tiny DeepSeek-style model on 1F1B, GPipe and interleaved chunks (its MoE
+      // layers' router, permutation and grouped GEMMs), and DeepSeek-V2 on ep 32 with tp 8.
+      {root + "/examples/tiny_deepseek.plan", ""},
+      {root + "/examples/tiny_deepseek.plan", " --set pipeline.schedule=gpipe"},
+      {root + "/examples/tiny_deepseek.plan", " --set model.layers=8" + interleaved},
+      {root + "/examples/deepseek_v2_32node.plan", ""},
       {root + "/bench/compile/llama3_405b_16k.plan", ""},
       {root + "/bench/compile/llama3_405b_16k.plan", interleaved},
       {root + "/bench/explain/llama3_405b_16k.plan", ""},
