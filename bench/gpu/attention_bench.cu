@@ -163,13 +163,13 @@ bool Check(const char* what, double err) {
 
 void RunForward(const Problem& p, const DeviceBuffers& d) {
   AttentionForward(d.out, d.lse, d.q, d.k, d.v, Layout(p), p.heads, p.heads, p.head_dim,
-                   1.0f / std::sqrt(static_cast<float>(p.head_dim)), nullptr);
+                   1.0f / std::sqrt(static_cast<float>(p.head_dim)), 0, nullptr);
 }
 
 void RunBackward(const Problem& p, const DeviceBuffers& d) {
   AttentionBackward(d.dq, d.dk, d.dv, d.dout, d.out, d.lse, d.q, d.k, d.v, Layout(p), p.heads,
-                    p.heads, p.head_dim, 1.0f / std::sqrt(static_cast<float>(p.head_dim)), d.delta,
-                    nullptr);
+                    p.heads, p.head_dim, 1.0f / std::sqrt(static_cast<float>(p.head_dim)), 0,
+                    d.delta, nullptr);
 }
 
 // The whole forward and backward of a small problem against the naive reference.

@@ -184,7 +184,8 @@ class RoleLowering {
              .heads = m_.heads / tp_,
              .kv_heads = (mla ? m_.heads : m_.kv_heads) / tp_,
              .head_dim = hd,
-             .scale = 1.0 / std::sqrt(static_cast<double>(hd))};
+             .scale = 1.0 / std::sqrt(static_cast<double>(hd)),
+             .window = m_.window};
   }
 
   // --- context parallelism ---

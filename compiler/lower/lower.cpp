@@ -178,9 +178,6 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
     unsupported.Report("query/key normalisation with multi-head latent attention", "model.qk_norm",
                        "latent attention normalises its latents instead: set `model.qk_norm = "
                        "false`");
-  if (m.window > 0)
-    unsupported.Report(fmt::format("sliding-window attention (window = {})", m.window),
-                       "model.window", "set `model.window = 0`");
   if (m.mtp_layers > 0)
     unsupported.Report(fmt::format("multi-token prediction ({} modules)", m.mtp_layers),
                        "model.mtp_layers", "set `model.mtp_layers = 0`");
@@ -725,7 +722,8 @@ ModelConfig ModelConfigOf(const Plan& plan) {
           m.qk_nope_head_dim,
           m.qk_rope_head_dim,
           m.v_head_dim,
-          m.qk_norm};
+          m.qk_norm,
+          m.window};
 }
 
 ParallelConfig ParallelConfigOf(const Plan& plan) {

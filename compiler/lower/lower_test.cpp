@@ -1775,6 +1775,41 @@ TEST_CASE("selective recompute of the experts' activation: not kept, made again 
   CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
 }
 
+TEST_CASE("sliding-window attention: the window rides on the attention ops and the model record") {
+  Plan plan = TinyPlan(2, 1, 1);
+  plan.model.window = 6;
+  Plan ring = plan;
+  ring.parallel.cp = 2;
+  ring.cluster.gpus_per_node = 4;
+  for (const Plan& each : {plan, ring}) {
+    const Program p = MustLower(each);
+    CHECK(p.model.window == 6);
+    int cores = 0;
+    for (const Body& body : p.roles[0].bodies)
+      for (const Op& op : body.ops) {
+        if (op.kind == OpKind::Attention)
+          CHECK(prog::DecodeAttrs<prog::attrs::Attention>(op).window == 6);
+        if (op.kind == OpKind::AttentionBackward)
+          CHECK(prog::DecodeAttrs<prog::attrs::AttentionBackward>(op).window == 6);
+        if (op.kind == OpKind::RingAttention)
+          CHECK(prog::DecodeAttrs<prog::attrs::RingAttention>(op).window == 6);
+        if (op.kind == OpKind::RingAttentionBackward)
+          CHECK(prog::DecodeAttrs<prog::attrs::RingAttentionBackward>(op).window == 6);
+        cores += op.kind == OpKind::Attention || op.kind == OpKind::RingAttention;
+      }
+    CHECK(cores == each.model.layers);
+    std::vector<uint8_t> bytes = ToFlatBuffer(p);
+    std::string error;
+    std::optional<Program> back = FromFlatBuffer(bytes.data(), bytes.size(), &error);
+    REQUIRE_MESSAGE(back.has_value(), error);
+    CHECK(back->model.window == 6);
+  }
+  // Without a window the attention ops keep their five ints (programs as before).
+  for (const Body& body : MustLower(TinyPlan(2, 1, 1)).roles[0].bodies)
+    for (const Op& op : body.ops)
+      if (op.kind == OpKind::Attention) CHECK(op.ints.size() == 5);
+}
+
 TEST_CASE("query/key norms: one replicated weight per norm, its gradient summed over Tp") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.model.qk_norm = true;

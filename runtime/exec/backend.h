@@ -113,19 +113,23 @@ class Backend {
                            float theta) = 0;
   virtual void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t head_dim,
                             float theta) = 0;
+  // `window`: the sliding window in keys (0 = every earlier key; host kernels.h says the mask).
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const TokenLayout& layout, int64_t q_heads,
-                                int64_t kv_heads, int64_t head_dim, float scale) = 0;
+                                int64_t kv_heads, int64_t head_dim, float scale,
+                                int64_t window) = 0;
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, const TokenLayout& layout, int64_t q_heads,
-                                 int64_t kv_heads, int64_t head_dim, float scale) = 0;
+                                 int64_t kv_heads, int64_t head_dim, float scale,
+                                 int64_t window) = 0;
 
   // ---- Ring attention pieces (context parallelism; host kernels' kernels.h says the layouts) ----
   virtual void AttentionBlockForward(float* out, float* lse, const float* q, const float* k,
                                      const float* v, const TokenLayout& q_layout,
                                      const TokenLayout& kv_layout, int64_t q_heads,
-                                     int64_t kv_heads, int64_t head_dim, float scale) = 0;
+                                     int64_t kv_heads, int64_t head_dim, float scale,
+                                     int64_t window) = 0;
   virtual void AttentionMergeBlocks(float* out, float* lse, const float* block_out,
                                     const float* block_lse, const TokenLayout& layout,
                                     int64_t q_heads, int64_t head_dim) = 0;
@@ -133,7 +137,8 @@ class Backend {
                                       const float* out, const float* lse, const float* q,
                                       const float* k, const float* v, const TokenLayout& q_layout,
                                       const TokenLayout& kv_layout, int64_t q_heads,
-                                      int64_t kv_heads, int64_t head_dim, float scale) = 0;
+                                      int64_t kv_heads, int64_t head_dim, float scale,
+                                      int64_t window) = 0;
 
   // ---- Activations ----
   virtual void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) = 0;

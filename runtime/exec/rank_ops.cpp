@@ -395,7 +395,7 @@ void RankRunner::RunAttentionOp(const OpCall& call, const Attention& a, bool for
                   call.InN(2) == kv_elements && call.OutN(1) == call.Mul({micro, heads, seq}),
               "operand sizes do not match [micro, seq, H, G, hd]");
     backend_.AttentionForward(call.Out(0), call.Out(1), call.In(0), call.In(1), call.In(2), layout,
-                              heads, groups, hd, scale);
+                              heads, groups, hd, scale, a.window);
     return;
   }
   call.Input(1, q_elements);
@@ -409,7 +409,7 @@ void RankRunner::RunAttentionOp(const OpCall& call, const Attention& a, bool for
             "operand sizes do not match [micro, seq, H, G, hd]");
   backend_.AttentionBackward(call.Out(0), call.Out(1), call.Out(2), call.In(0), call.In(4),
                              call.In(5), call.In(1), call.In(2), call.In(3), layout, heads, groups,
-                             hd, scale);
+                             hd, scale, a.window);
 }
 
 void RankRunner::RunAttention(const OpCall& call) {
@@ -418,7 +418,8 @@ void RankRunner::RunAttention(const OpCall& call) {
 
 void RankRunner::RunAttentionBackward(const OpCall& call) {
   const auto b = call.Attrs<AttentionBackward>();  // the forward's attributes
-  RunAttentionOp(call, Attention{b.micro, b.seq, b.heads, b.kv_heads, b.head_dim, b.scale}, false);
+  RunAttentionOp(
+      call, Attention{b.micro, b.seq, b.heads, b.kv_heads, b.head_dim, b.scale, b.window}, false);
 }
 
 // ---- ring attention (context parallelism) ---------------------------------------------------
@@ -432,6 +433,7 @@ RingAttentionShape RingShapeOf(const A& a) {
   s.micro = a.micro, s.seq = a.seq, s.heads = a.heads, s.kv_heads = a.kv_heads;
   s.head_dim = a.head_dim;
   s.scale = static_cast<float>(a.scale.value_or(1.0 / std::sqrt(static_cast<double>(a.head_dim))));
+  s.window = a.window;
   return s;
 }
 

@@ -26,6 +26,13 @@ LocalChunk ChunkOf(const RingAttentionShape& s, int member, int cp, int local) {
   return {l, local * len};
 }
 
+// Whether no query of chunk cq sees a key of chunk ck: ck lies wholly in cq's future, or wholly
+// before the sliding window of cq's first query (window > 0).
+bool Unseen(const LocalChunk& cq, const LocalChunk& ck, int64_t window) {
+  const int64_t q0 = cq.layout.seq_offset, k0 = ck.layout.seq_offset;
+  return k0 > q0 || (window > 0 && k0 + ck.layout.seq - 1 < q0 - window + 1);
+}
+
 // Sends `count` floats of `send` to the next member and receives as many from the previous one.
 void Pass(comm::Communicator& group, const float* send, float* recv, int64_t count) {
   const int cp = group.Size(), me = group.Rank();
@@ -61,11 +68,11 @@ void RingAttentionForward(Backend& backend, comm::Communicator& group,
       const int64_t qo = cq.first_row * shape.heads;
       for (int kc = 0; kc < 2; ++kc) {
         const LocalChunk ck = ChunkOf(shape, source, cp, kc);
-        if (ck.layout.seq_offset > cq.layout.seq_offset) continue;  // wholly in the future
+        if (Unseen(cq, ck, shape.window)) continue;
         const int64_t ko = ck.first_row * shape.kv_heads * hd;
         backend.AttentionBlockForward(block_out + qo * hd, block_lse + qo, q + qo * hd, cur + ko,
                                       cur + kv_n + ko, cq.layout, ck.layout, shape.heads,
-                                      shape.kv_heads, hd, shape.scale);
+                                      shape.kv_heads, hd, shape.scale, shape.window);
         backend.AttentionMergeBlocks(out + qo * hd, lse + qo, block_out + qo * hd, block_lse + qo,
                                      cq.layout, shape.heads, hd);
       }
@@ -95,12 +102,12 @@ void RingAttentionBackward(Backend& backend, comm::Communicator& group,
       const int64_t qo = cq.first_row * shape.heads;
       for (int kc = 0; kc < 2; ++kc) {
         const LocalChunk ck = ChunkOf(shape, source, cp, kc);
-        if (ck.layout.seq_offset > cq.layout.seq_offset) continue;
+        if (Unseen(cq, ck, shape.window)) continue;
         const int64_t ko = ck.first_row * shape.kv_heads * hd;
         backend.AttentionBlockBackward(dq + qo * hd, cur + 2 * kv_n + ko, cur + 3 * kv_n + ko,
                                        dout + qo * hd, out + qo * hd, lse + qo, q + qo * hd,
                                        cur + ko, cur + kv_n + ko, cq.layout, ck.layout, shape.heads,
-                                       shape.kv_heads, hd, shape.scale);
+                                       shape.kv_heads, hd, shape.scale, shape.window);
       }
     }
     if (step + 1 < cp) {

@@ -30,6 +30,7 @@ struct RingAttentionShape {
   int64_t kv_heads = 1;  // K/V heads on this rank (heads is a multiple)
   int64_t head_dim = 1;
   float scale = 1.0f;
+  int64_t window = 0;  // sliding window in keys (0 = every earlier key)
   // Elements of this rank's share of q (and out, dq) and of k (and v, dk, dv).
   int64_t QElements(int cp) const { return micro * (seq / cp) * heads * head_dim; }
   int64_t KvElements(int cp) const { return micro * (seq / cp) * kv_heads * head_dim; }

@@ -77,7 +77,7 @@ TEST_CASE("typed attributes are written at the registry's positions and read bac
       {0, 1, 2}, {3, 4});
   CHECK(att.ints == std::vector<int64_t>{2, 16, 4, 2, 8});
   CHECK(att.floats == std::vector<double>{0.5});
-  CHECK(FormatAttrs(att) == "micro=2 seq=16 heads=4 kv_heads=2 head_dim=8 scale=0.5");
+  CHECK(FormatAttrs(att) == "micro=2 seq=16 heads=4 kv_heads=2 head_dim=8 scale=0.5 window=0");
   CHECK(FormatAttrs(acc) == "reduce_op=avg accumulate=true");
   // Positions a file leaves out read as defaults.
   mem::Op short_rs;

@@ -160,6 +160,8 @@ struct ModelConfig {
           v_head_dim = 0;
   // Queries and keys normalised per head (the model's norm over head_dim) before RoPE.
   bool qk_norm = false;
+  // Sliding-window attention span in keys (0 = full causal attention).
+  int64_t window = 0;
 };
 
 struct ParallelConfig {

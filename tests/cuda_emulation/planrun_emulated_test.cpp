@@ -126,6 +126,9 @@ TEST_CASE("plan mla_cp2_tp2_sp: local mode, 4 ranks, multi-head latent attention
 TEST_CASE("plan qk_sq_tp2_pp2_sp: local mode, 4 ranks, QK-norm, squared ReLU, block recompute") {
   CheckPlan("qk_sq_tp2_pp2_sp", 4);
 }
+TEST_CASE("plan window_cp2_tp2_sp: local mode, 4 ranks, sliding-window attention over cp 2") {
+  CheckPlan("window_cp2_tp2_sp", 4);
+}
 
 }  // namespace
 }  // namespace paraplan

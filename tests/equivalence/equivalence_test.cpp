@@ -76,6 +76,7 @@ struct Layout {
   bool etp = false;      // moe: each expert split over the Tp group (etp = tp), else etp = 1
   bool qk_norm = false;  // queries and keys normalised per head (model.qk_norm)
   bool squared_relu = false;  // the Llama-style model with a squared-ReLU MLP (Nemotron-4)
+  int window = 0;             // sliding-window attention over this many keys (model.window)
   // Full recompute by layers: activations.recompute_layers and recompute_method (block, else
   // uniform); 0 = every layer.
   int recompute_layers = 0;
@@ -118,6 +119,7 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
     m.moe_layer_freq = 2;
   }
   m.qk_norm = l.qk_norm;
+  m.window = l.window;
   if (l.squared_relu) m.activation = paraplan::Activation::kSquaredRelu;
   plan.cluster.nodes = 1;
   plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
@@ -266,15 +268,16 @@ paraplan::Plan LandingPlan(const Layout& layout) {
 }
 
 Comparison CheckEquivalent(bool gpt, const Layout& layout) {
-  static std::map<std::tuple<bool, bool, bool, bool, bool>, RunResult> reference;
-  const auto key =
-      std::make_tuple(gpt, layout.sgd, layout.moe, layout.qk_norm, layout.squared_relu);
+  static std::map<std::tuple<bool, bool, bool, bool, bool, int>, RunResult> reference;
+  const auto key = std::make_tuple(gpt, layout.sgd, layout.moe, layout.qk_norm, layout.squared_relu,
+                                   layout.window);
   if (!reference.count(key)) {
     Layout one;
     one.sgd = layout.sgd;
     one.moe = layout.moe;
     one.qk_norm = layout.qk_norm;
     one.squared_relu = layout.squared_relu;
+    one.window = layout.window;
     reference[key] = Run(Compile(TinyPlan(gpt, one)));
   }
   const RunResult& want = reference[key];
@@ -383,6 +386,52 @@ TEST_CASE("moe, squared-ReLU experts and shared expert: tp 2, sequence parallel"
 }
 TEST_CASE("llama, squared-ReLU MLP: tp 2, full recompute (bitwise equal to no recompute)") {
   CheckRecompute(false, WithSquaredRelu({2}), Recompute::kFull);
+}
+
+// --- sliding-window attention (Mistral, Gemma; model.window): each query sees the `window` keys
+// ending at its own position; the tiny models' sequences are 16 tokens ---
+namespace {
+Layout WithWindow(int window, Layout layout = {}) {
+  layout.window = window;
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("a sliding window changes the run; one covering the sequence is full attention") {
+  const RunResult full = Run(Compile(TinyPlan(false, {})));
+  const RunResult windowed = Run(Compile(TinyPlan(false, WithWindow(5))));
+  const RunResult covering = Run(Compile(TinyPlan(false, WithWindow(16))));
+  REQUIRE(windowed.steps.size() == full.steps.size());
+  CHECK(windowed.steps.front().loss != full.steps.front().loss);
+  for (size_t s = 0; s < full.steps.size(); ++s)
+    CHECK(covering.steps[s].loss == full.steps[s].loss);
+  CHECK(covering.params == full.params);
+}
+TEST_CASE("llama, sliding window 5: tp 2, sequence parallel, pp 2, dp 2") {
+  CheckEquivalent(false, WithWindow(5, {2, 2, 2, 1, Schedule::k1F1B, true}));
+}
+TEST_CASE("llama, sliding window 5: cp 2 (the window crosses the ring's chunks)") {
+  Layout l = WithWindow(5);
+  l.cp = 2;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("llama, sliding window 3: cp 2, tp 2, sp (chunks wholly outside the window skipped)") {
+  Layout l = WithWindow(3, {2, 1, 1, 1, Schedule::k1F1B, true});
+  l.cp = 2;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("gpt, sliding window 7: tp 2, dp 2, ZeRO 3") {
+  Layout l = WithWindow(7, {2, 1, 2});
+  l.zero = 3;
+  CheckEquivalent(true, l);
+}
+TEST_CASE("moe, sliding window 4: tp 2, sp, pp 2") {
+  Layout l = WithWindow(4, {2, 2, 1, 1, Schedule::k1F1B, true});
+  l.moe = true;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("llama, sliding window 5: tp 2, full recompute (bitwise equal to no recompute)") {
+  CheckRecompute(false, WithWindow(5, {2}), Recompute::kFull);
 }
 
 // --- full recompute by layers (Megatron's --recompute-method / --recompute-num-layers) ---
@@ -921,6 +970,10 @@ TEST_CASE("planc compile: mla cp 2, tp 2, sequence parallel") {
 }
 TEST_CASE("planc compile: QK-norm, squared ReLU, tp 2, pp 2, sp, block recompute") {
   CheckPlancEquivalent("qk_sq_single", "qk_sq_tp2_pp2_sp");
+}
+TEST_CASE("planc compile: sliding window 6, tp 2, sp, pp 2; and cp 2, tp 2, sp") {
+  CheckPlancEquivalent("window_single", "window_tp2_pp2_sp");
+  CheckPlancEquivalent("window_single", "window_cp2_tp2_sp");
 }
 TEST_CASE("planc compile: mla tp 2, sequence parallel") {
   CheckPlancEquivalent("mla_single", "mla_tp2_sp");

@@ -222,31 +222,31 @@ class CudaBackend final : public exec::Backend {
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         const host::TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                        int64_t head_dim, float scale) override {
+                        int64_t head_dim, float scale, int64_t window) override {
     Use();
     cuda::AttentionForward(out, lse, q, k, v, Convert(layout), q_heads, kv_heads, head_dim, scale,
-                           stream_);
+                           window, stream_);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          const host::TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                         int64_t head_dim, float scale) override {
+                         int64_t head_dim, float scale, int64_t window) override {
     Use();
     const int64_t delta_count = layout.batch * q_heads * layout.seq;
     void* delta = nullptr;
     PARAPLAN_CUDA_CHECK(cudaMallocAsync(&delta, std::max<int64_t>(delta_count, 1) * 4, stream_));
     cuda::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, Convert(layout), q_heads, kv_heads,
-                            head_dim, scale, static_cast<float*>(delta), stream_);
+                            head_dim, scale, window, static_cast<float*>(delta), stream_);
     PARAPLAN_CUDA_CHECK(cudaFreeAsync(delta, stream_));
   }
 
   void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
                              const host::TokenLayout& q_layout, const host::TokenLayout& kv_layout,
-                             int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                             float scale) override {
+                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                             int64_t window) override {
     Use();
     cuda::AttentionBlockForward(out, lse, q, k, v, Convert(q_layout), Convert(kv_layout), q_heads,
-                                kv_heads, head_dim, scale, stream_);
+                                kv_heads, head_dim, scale, window, stream_);
   }
   void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const float* block_lse,
                             const host::TokenLayout& layout, int64_t q_heads,
@@ -258,11 +258,12 @@ class CudaBackend final : public exec::Backend {
   void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                               const float* lse, const float* q, const float* k, const float* v,
                               const host::TokenLayout& q_layout, const host::TokenLayout& kv_layout,
-                              int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                              float scale) override {
+                              int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                              int64_t window) override {
     Use();
     cuda::AttentionBlockBackward(dq, dk, dv, dout, out, lse, q, k, v, Convert(q_layout),
-                                 Convert(kv_layout), q_heads, kv_heads, head_dim, scale, stream_);
+                                 Convert(kv_layout), q_heads, kv_heads, head_dim, scale, window,
+                                 stream_);
   }
 
   // ---- Activations ----

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <random>
 #include <tuple>
+#include <utility>
 
 #include "runtime/backends/host/host_backend.h"
 
@@ -353,21 +354,34 @@ TEST_CASE("cuda backend: RMSNorm and LayerNorm forward and backward") {
   CHECK_CLOSE(p, db, 1e-4, 1e-4);
 }
 
+// Random q, k, v and an output gradient for `rows` tokens of qh query and kvh key/value heads,
+// uploaded to both backends (seeds seed .. seed + 3).
+struct AttentionInputs {
+  Pair::Buf q, k, v, dout;
+};
+AttentionInputs RandomAttentionInputs(Pair& p, int64_t rows, int64_t qh, int64_t kvh,
+                                      int64_t head_dim, uint32_t seed) {
+  return {p.Upload(Random(rows * qh * head_dim, seed)),
+          p.Upload(Random(rows * kvh * head_dim, seed + 1)),
+          p.Upload(Random(rows * kvh * head_dim, seed + 2)),
+          p.Upload(Random(rows * qh * head_dim, seed + 3))};
+}
+
 // Flash attention forward and backward on both backends from the same inputs: the output and
 // log-sum-exp within 3e-2 + 2e-2·|host|, the gradients within 3e-2 + 3e-2·|host|. Returns dq.
 Pair::Buf CheckAttention(Pair& p, const Pair::Buf& q, const Pair::Buf& k, const Pair::Buf& v,
                          const Pair::Buf& dout, const TokenLayout& layout, int64_t qh, int64_t kvh,
-                         int64_t head_dim, float scale) {
+                         int64_t head_dim, float scale, int64_t window = 0) {
   auto out = p.Zeros(q.n), lse = p.Zeros(q.n / head_dim);
-  p.host->AttentionForward(out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
-  p.Gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
+  p.host->AttentionForward(out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale, window);
+  p.Gpu().AttentionForward(out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale, window);
   CHECK_CLOSE(p, out, 3e-2, 2e-2);
   CHECK_CLOSE(p, lse, 3e-2, 2e-2);
   auto dq = p.Zeros(q.n), dk = p.Zeros(k.n), dv = p.Zeros(v.n);
   p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, layout, qh, kvh,
-                            head_dim, scale);
+                            head_dim, scale, window);
   p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, layout, qh, kvh,
-                            head_dim, scale);
+                            head_dim, scale, window);
   CHECK_CLOSE(p, dq, 3e-2, 3e-2);
   CHECK_CLOSE(p, dk, 3e-2, 3e-2);
   CHECK_CLOSE(p, dv, 3e-2, 3e-2);
@@ -384,10 +398,7 @@ TEST_CASE("cuda backend: rotary embedding and flash attention, both token layout
       const TokenLayout layout =
           seq_major ? TokenLayout::SeqMajor(seq, batch) : TokenLayout::BatchMajor(seq, batch);
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      auto q = p.Upload(Random(rows * qh * head_dim, 20)),
-           k = p.Upload(Random(rows * kvh * head_dim, 21));
-      auto v = p.Upload(Random(rows * kvh * head_dim, 22)),
-           dout = p.Upload(Random(rows * qh * head_dim, 23));
+      auto [q, k, v, dout] = RandomAttentionInputs(p, rows, qh, kvh, head_dim, 20);
       p.host->RopeForward(q.h, layout, qh, head_dim, 10000.0f);
       p.Gpu().RopeForward(q.g, layout, qh, head_dim, 10000.0f);
       CHECK_CLOSE(p, q, 1e-5, 1e-5);
@@ -429,22 +440,43 @@ TEST_CASE("cuda backend: flash attention whose running max keeps rising") {
   }
 }
 
+// A sliding window: windows shorter than a tile, across tile boundaries, and longer than the
+// sequence (every key seen), on both layouts and with GQA; the host kernel is the reference.
+TEST_CASE("cuda backend: flash attention under a sliding window") {
+  if (!GpuOrSkip()) return;
+  Pair p;
+  for (int64_t head_dim : {16, 64, 128}) {
+    for (int64_t window : {1, 5, 64, 97, 300}) {
+      const int64_t seq = 200, batch = 2, qh = 4, kvh = 2, rows = seq * batch;
+      const bool seq_major = window % 2 == 1;
+      INFO("head_dim " << head_dim << " window " << window);
+      const TokenLayout layout =
+          seq_major ? TokenLayout::SeqMajor(seq, batch) : TokenLayout::BatchMajor(seq, batch);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      const AttentionInputs in = RandomAttentionInputs(p, rows, qh, kvh, head_dim, 80);
+      CheckAttention(p, in.q, in.k, in.v, in.dout, layout, qh, kvh, head_dim, scale, window);
+    }
+  }
+}
+
 TEST_CASE("cuda backend: ring attention chunk pairs, merge and backward match the host") {
   if (!GpuOrSkip()) return;
   Pair p;
   for (int64_t head_dim : {16, 80}) {
-    for (bool seq_major : {true, false}) {
+    // Sliding windows of 12 keys (chunk 0 partly seen from chunk 2) and of 4 (chunk 0 unseen).
+    for (const auto& [layout_seq_major, key_window] :
+         {std::pair<bool, int64_t>{true, 0}, {false, 0}, {true, 12}, {false, 4}}) {
+      const bool seq_major = layout_seq_major;  // (bindings cannot be captured before C++20)
+      const int64_t window = key_window;
       // One sequence cut into 4 chunks of 9; the query chunk is chunk 2, the K/V chunks 0, 2 and
       // 3 (before it, itself: the causal diagonal, after it: masked out entirely).
       const int64_t len = 9, seq = 4 * len, batch = 2, qh = 4, kvh = 2, rows = seq * batch;
-      INFO("head_dim " << head_dim << (seq_major ? " seq-major" : " batch-major"));
+      INFO("head_dim " << head_dim << (seq_major ? " seq-major" : " batch-major") << " window "
+                       << window);
       const TokenLayout whole =
           seq_major ? TokenLayout::SeqMajor(seq, batch) : TokenLayout::BatchMajor(seq, batch);
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      auto q = p.Upload(Random(rows * qh * head_dim, 30)),
-           k = p.Upload(Random(rows * kvh * head_dim, 31));
-      auto v = p.Upload(Random(rows * kvh * head_dim, 32)),
-           dout = p.Upload(Random(rows * qh * head_dim, 33));
+      auto [q, k, v, dout] = RandomAttentionInputs(p, rows, qh, kvh, head_dim, 30);
       auto out = p.Zeros(rows * qh * head_dim),
            lse = p.Upload(std::vector<float>(rows * qh, -INFINITY));
       auto block_out = p.Zeros(out.n), block_lse = p.Zeros(lse.n);
@@ -464,7 +496,7 @@ TEST_CASE("cuda backend: ring attention chunk pairs, merge and backward match th
           const bool h = be == p.host.get();
           auto at = [h](const Pair::Buf& b, int64_t off) { return (h ? b.h : b.g) + off; };
           be->AttentionBlockForward(at(block_out, qo), at(block_lse, lo), at(q, qo), at(k, ko),
-                                    at(v, ko), ql, kl, qh, kvh, head_dim, scale);
+                                    at(v, ko), ql, kl, qh, kvh, head_dim, scale, window);
           be->AttentionMergeBlocks(at(out, qo), at(lse, lo), at(block_out, qo), at(block_lse, lo),
                                    ql, qh, head_dim);
         }
@@ -479,7 +511,7 @@ TEST_CASE("cuda backend: ring attention chunk pairs, merge and backward match th
           auto at = [h](const Pair::Buf& b, int64_t off) { return (h ? b.h : b.g) + off; };
           be->AttentionBlockBackward(at(dq, qo), at(dk, ko), at(dv, ko), at(dout, qo), at(out, qo),
                                      at(lse, lo), at(q, qo), at(k, ko), at(v, ko), ql, kl, qh, kvh,
-                                     head_dim, scale);
+                                     head_dim, scale, window);
         }
       }
       CHECK_CLOSE(p, dq, 1e-4, 1e-4);
@@ -687,14 +719,14 @@ TEST_CASE("cuda backend: odd shapes (one row, empty, sizes not multiples of a ti
            dout = p.Upload(Random(seq * qh * head_dim, 63));
       auto o = p.Zeros(q.n), lse = p.Zeros(qh * seq), dq = p.Zeros(q.n), dk = p.Zeros(k.n),
            dv = p.Zeros(v.n);
-      p.host->AttentionForward(o.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale);
-      p.Gpu().AttentionForward(o.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale);
+      p.host->AttentionForward(o.h, lse.h, q.h, k.h, v.h, layout, qh, kvh, head_dim, scale, 0);
+      p.Gpu().AttentionForward(o.g, lse.g, q.g, k.g, v.g, layout, qh, kvh, head_dim, scale, 0);
       CHECK_CLOSE(p, o, 3e-2, 2e-2);
       CHECK_CLOSE(p, lse, 3e-2, 2e-2);
       p.host->AttentionBackward(dq.h, dk.h, dv.h, dout.h, o.h, lse.h, q.h, k.h, v.h, layout, qh,
-                                kvh, head_dim, scale);
+                                kvh, head_dim, scale, 0);
       p.Gpu().AttentionBackward(dq.g, dk.g, dv.g, dout.g, o.g, lse.g, q.g, k.g, v.g, layout, qh,
-                                kvh, head_dim, scale);
+                                kvh, head_dim, scale, 0);
       CHECK_CLOSE(p, dq, 3e-2, 3e-2);
       CHECK_CLOSE(p, dk, 3e-2, 3e-2);
       CHECK_CLOSE(p, dv, 3e-2, 3e-2);

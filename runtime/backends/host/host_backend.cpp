@@ -114,22 +114,22 @@ class HostBackend final : public Backend {
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                        int64_t head_dim, float scale) override {
-    host::AttentionForward(out, lse, q, k, v, layout, q_heads, kv_heads, head_dim, scale);
+                        int64_t head_dim, float scale, int64_t window) override {
+    host::AttentionForward(out, lse, q, k, v, layout, q_heads, kv_heads, head_dim, scale, window);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                         int64_t head_dim, float scale) override {
+                         int64_t head_dim, float scale, int64_t window) override {
     host::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, layout, q_heads, kv_heads,
-                            head_dim, scale);
+                            head_dim, scale, window);
   }
   void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
                              const TokenLayout& q_layout, const TokenLayout& kv_layout,
-                             int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                             float scale) override {
+                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                             int64_t window) override {
     host::AttentionBlockForward(out, lse, q, k, v, q_layout, kv_layout, q_heads, kv_heads, head_dim,
-                                scale);
+                                scale, window);
   }
   void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const float* block_lse,
                             const TokenLayout& layout, int64_t q_heads, int64_t head_dim) override {
@@ -138,10 +138,10 @@ class HostBackend final : public Backend {
   void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                               const float* lse, const float* q, const float* k, const float* v,
                               const TokenLayout& q_layout, const TokenLayout& kv_layout,
-                              int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                              float scale) override {
+                              int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                              int64_t window) override {
     host::AttentionBlockBackward(dq, dk, dv, dout, out, lse, q, k, v, q_layout, kv_layout, q_heads,
-                                 kv_heads, head_dim, scale);
+                                 kv_heads, head_dim, scale, window);
   }
   void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) override {
     host::SwiGluForward(out, gate, up, n);

@@ -95,6 +95,7 @@ struct AttnShape {
   int64_t q_heads;
   int64_t kv_heads;
   float scale;
+  int64_t window;  // sliding window in keys (query i sees i - window + 1 .. i), 0 = none
 };
 
 __host__ __device__ constexpr int RoundUp128(int bytes) { return (bytes + 127) / 128 * 128; }
@@ -335,6 +336,12 @@ __device__ __forceinline__ int ColumnsBelow(int64_t bound, int limit) {
   return bound <= 0 ? 0 : (bound < limit ? static_cast<int>(bound) : limit);
 }
 
+// Whether the key tile k0 .. k0 + kStep - 1 lies wholly before the sliding window of every query
+// of the warp from w0 (the earliest window starts at w0 - window + 1).
+__device__ __forceinline__ bool BeforeWindow(int64_t k0, int64_t w0, int64_t window) {
+  return window > 0 && k0 + kStep - 1 < w0 - window + 1;
+}
+
 __device__ __forceinline__ int LaneRow() { return (threadIdx.x % 32) / 2; }
 __device__ __forceinline__ int LaneCol(int j) { return 2 * j + threadIdx.x % 2; }
 
@@ -364,7 +371,7 @@ template <int D, typename QFrags>
 __device__ __forceinline__ void ForwardWarpStep(float* scores, float* spare, const Stage& st,
                                                 const QFrags& qf, FragC (&o)[D / 16], RowState& row,
                                                 int nf, int64_t k0, int64_t query, int64_t seq,
-                                                float scale) {
+                                                float scale, int64_t window) {
   constexpr int kLd = D + 8;
   for (int n = 0; n < kStepFrags; ++n) {
     if (n >= nf) break;
@@ -382,9 +389,11 @@ __device__ __forceinline__ void ForwardWarpStep(float* scores, float* spare, con
 
   const int r = LaneRow();
   const float* srow = scores + r * kSLd;
-  // Unmasked columns: key k0 + col at or before the query, inside the sequence and the fragments.
+  // Unmasked columns: key k0 + col at or before the query, inside the sequence and the fragments
+  // (and, under a sliding window, after query - window).
   const int hi = ColumnsBelow(query - k0 + 1 < seq - k0 ? query - k0 + 1 : seq - k0, nf * 16);
-  auto valid = [&](int col) { return col < hi; };
+  const int lo = window > 0 ? ColumnsBelow(query - window + 1 - k0, nf * 16) : 0;
+  auto valid = [&](int col) { return col >= lo && col < hi; };
   float tile_max = -INFINITY;
   for (int j = 0; j < kStep / 2; ++j) {
     const int col = LaneCol(j);
@@ -494,9 +503,11 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
       [&](const Stage& st, int64_t i) {
         const int64_t k0 = i * kStep;
         if (w0 >= l.seq || k0 > w0 + 15) return;  // every row of the warp masked
+        if (BeforeWindow(k0, w0, shape.window)) return;
         const int64_t keys = (w0 + 16 < l.seq ? w0 + 16 : l.seq) - k0;
         const int nf = static_cast<int>(keys < kStep ? (keys + 15) / 16 : kStepFrags);
-        ForwardWarpStep<D>(scores, spare, st, qf, o, row, nf, k0, query, l.seq, shape.scale);
+        ForwardWarpStep<D>(scores, spare, st, qf, o, row, nf, k0, query, l.seq, shape.scale,
+                           shape.window);
       });
 
   if (query < l.seq && threadIdx.x % 2 == 0) {
@@ -693,15 +704,19 @@ __global__ void __launch_bounds__(kAttnThreads)
       [&](const Stage& st, int64_t i) {
         const int64_t q0 = (first + i % per_head) * kStep;
         if (w0 >= l.seq || q0 + kStep - 1 < w0) return;  // every query before the warp's keys
+        // Every query past the sliding window of the warp's last key.
+        if (shape.window > 0 && q0 > w0 + 15 + shape.window - 1) return;
         const int n_lo = w0 > q0 ? static_cast<int>((w0 - q0) / 16) : 0;
         const int64_t rows = l.seq - q0;
         const int n_hi = rows < kStep ? static_cast<int>((rows + 15) / 16) : kStepFrags;
         // Sᵀ_w = K_w · Qᵀ and dPᵀ_w = V_w · dOᵀ (16 keys × 64 queries).
         WarpScorePair<D>(scores, grads, kv, st.a, st.b, n_lo, n_hi);
         // Unmasked columns: query q0 + col at or after the key, inside the sequence and the
-        // computed fragments.
+        // computed fragments (and, under a sliding window, before key + window).
         const int lo = MaxInt(n_lo * 16, static_cast<int>(key - q0 < kStep ? key - q0 : kStep));
-        const int hi = key < l.seq ? ColumnsBelow(l.seq - q0, n_hi * 16) : 0;
+        const int64_t end =
+            shape.window > 0 && key + shape.window < l.seq ? key + shape.window : l.seq;
+        const int hi = key < l.seq ? ColumnsBelow(end - q0, n_hi * 16) : 0;
         ProbabilitiesAndGrads(
             scores, grads, true, shape.scale, [&](int col) { return col >= lo && col < hi; },
             [&](int col, float& lse_v, float& delta_v) {
@@ -768,6 +783,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
       [&](const Stage& st, int64_t i) {
         const int64_t k0 = i * kStep;
         if (w0 >= l.seq || k0 > w0 + 15) return;  // every row of the warp masked
+        if (BeforeWindow(k0, w0, shape.window)) return;
         const int64_t keys = (w0 + 16 < l.seq ? w0 + 16 : l.seq) - k0;
         const int nf = static_cast<int>(keys < kStep ? (keys + 15) / 16 : kStepFrags);
         // S_w = Q_w · Kᵀ and dP_w = dO_w · Vᵀ (16 queries × 64 keys).
@@ -776,8 +792,9 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 64 ? 2 : 1)
         // computed fragments.
         const int64_t bound = query - k0 + 1 < l.seq - k0 ? query - k0 + 1 : l.seq - k0;
         const int hi = query < l.seq ? ColumnsBelow(bound, nf * 16) : 0;
+        const int lo = shape.window > 0 ? ColumnsBelow(query - shape.window + 1 - k0, nf * 16) : 0;
         ProbabilitiesAndGrads(
-            scores, grads, false, shape.scale, [&](int col) { return col < hi; },
+            scores, grads, false, shape.scale, [&](int col) { return col >= lo && col < hi; },
             [&](int /*col*/, float& lse_v, float& delta_v) {
               lse_v = lse_row;
               delta_v = delta_row;
@@ -879,10 +896,10 @@ bool AttentionHeadDimSupported(int64_t head_dim) {
 
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim, float scale, cudaStream_t stream) {
+                      int64_t head_dim, float scale, int64_t window, cudaStream_t stream) {
   if (layout.seq <= 0 || layout.batch <= 0) return;
   CheckAttentionArguments(layout, q_heads, kv_heads, head_dim, {out, q, k, v});
-  AttnShape shape{layout, q_heads, kv_heads, scale};
+  AttnShape shape{layout, q_heads, kv_heads, scale, window};
   switch (head_dim) {
     case 16:
       LaunchForward<16>(out, lse, q, k, v, shape, stream);
@@ -905,10 +922,11 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim, float scale, float* scratch, cudaStream_t stream) {
+                       int64_t head_dim, float scale, int64_t window, float* scratch,
+                       cudaStream_t stream) {
   if (layout.seq <= 0 || layout.batch <= 0) return;
   CheckAttentionArguments(layout, q_heads, kv_heads, head_dim, {dq, dk, dv, dout, out, q, k, v});
-  AttnShape shape{layout, q_heads, kv_heads, scale};
+  AttnShape shape{layout, q_heads, kv_heads, scale, window};
   switch (head_dim) {
     case 16:
       LaunchBackward<16>(dq, dk, dv, dout, out, lse, q, k, v, shape, scratch, stream);

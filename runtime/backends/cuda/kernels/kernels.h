@@ -100,14 +100,17 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 // tensor cores (WMMA) with fp32 accumulation; softmax statistics and lse are fp32. head_dim
 // must be 16, 32, 64, 128 or 192 (checked; other sizes throw). Backward is two deterministic
 // kernels (dK/dV per key tile over the query heads of its group, dQ per query tile), no atomics.
+// `window` > 0: a sliding window of that many keys (the host kernels' mask; tiles wholly outside
+// a warp's window are skipped), 0 = every earlier key.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim, float scale, cudaStream_t stream);
+                      int64_t head_dim, float scale, int64_t window, cudaStream_t stream);
 // `scratch` holds batch * q_heads * seq floats (D = rowsum(dout ∘ out)).
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim, float scale, float* scratch, cudaStream_t stream);
+                       int64_t head_dim, float scale, int64_t window, float* scratch,
+                       cudaStream_t stream);
 bool AttentionHeadDimSupported(int64_t head_dim);
 
 // ---- Ring attention pieces (ring_attention.cu) ----
@@ -116,7 +119,7 @@ bool AttentionHeadDimSupported(int64_t head_dim);
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
                            const TokenLayout& q_layout, const TokenLayout& kv_layout,
                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
-                           cudaStream_t stream);
+                           int64_t window, cudaStream_t stream);
 void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const float* block_lse,
                           const TokenLayout& layout, int64_t q_heads, int64_t head_dim,
                           cudaStream_t stream);
@@ -124,7 +127,7 @@ void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, 
                             const float* lse, const float* q, const float* k, const float* v,
                             const TokenLayout& q_layout, const TokenLayout& kv_layout,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
-                            cudaStream_t stream);
+                            int64_t window, cudaStream_t stream);
 
 // ---- Activations ----
 void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);

@@ -1,8 +1,9 @@
 // The chunk-pair pieces of ring attention (context parallelism), fp32: one query chunk against
-// one K/V chunk with the causal mask on global positions (online softmax), the log-sum-exp merge
-// of partial results, and the pair's backward from the final output. One warp per query row and
-// head (forward, dQ) or per key row and KV head (dK, dV): lanes split head_dim, dot products are
-// warp sums in a fixed order, and nothing is accumulated with atomics (deterministic).
+// one K/V chunk with the causal mask (and a sliding window's) on global positions (online softmax),
+// the log-sum-exp merge of partial results, and the pair's backward from the final output. One warp
+// per query row and head (forward, dQ) or per key row and KV head (dK, dV): lanes split head_dim,
+// dot products are warp sums in a fixed order, and nothing is accumulated with atomics
+// (deterministic).
 #include <cmath>
 #include <string>
 
@@ -23,6 +24,7 @@ struct RingShape {
   TokenLayout q, kv;
   int64_t q_heads, kv_heads, head_dim;
   float scale;
+  int64_t window;  // sliding window in keys, 0 = none
 };
 
 __device__ __forceinline__ int64_t Row(const TokenLayout& l, int64_t s, int64_t b) {
@@ -36,10 +38,19 @@ __device__ __forceinline__ float WarpDot(const float* a, const float* b, int64_t
   return WarpSum(s);
 }
 
-// Keys of the K/V chunk that a query at global position `pos` sees: local [0, n).
-__device__ __forceinline__ int64_t VisibleKeys(int64_t pos, const TokenLayout& kv) {
-  const int64_t n = pos - kv.seq_offset + 1;
-  return n < 0 ? 0 : (n > kv.seq ? kv.seq : n);
+__device__ __forceinline__ int64_t Clamp(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+// Keys of the K/V chunk that a query at global position `pos` sees: local [lo, n) (lo > 0 only
+// under a sliding window, which starts at pos - window + 1).
+struct KeyRange {
+  int64_t lo, n;
+};
+__device__ __forceinline__ KeyRange VisibleKeys(int64_t pos, const TokenLayout& kv,
+                                                int64_t window) {
+  const int64_t n = Clamp(pos - kv.seq_offset + 1, 0, kv.seq);
+  return {window > 0 ? Clamp(pos - window + 1 - kv.seq_offset, 0, n) : 0, n};
 }
 
 __global__ void __launch_bounds__(kRingThreads)
@@ -52,11 +63,11 @@ __global__ void __launch_bounds__(kRingThreads)
   for (int64_t w = blockIdx.x * int64_t{kRingWarps} + threadIdx.x / 32; w < items; w += warps) {
     const int64_t h = w % s.q_heads, t = (w / s.q_heads) % s.q.seq, b = w / s.q_heads / s.q.seq;
     const int64_t i = Row(s.q, t, b) * s.q_heads + h, g = h / group;
-    const int64_t n = VisibleKeys(s.q.seq_offset + t, s.kv);
+    const auto [lo, n] = VisibleKeys(s.q.seq_offset + t, s.kv, s.window);
     const float* qr = q + i * hd;
     float acc[kPerLane] = {};
     float m = -INFINITY, sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = lo; j < n; ++j) {
       const int64_t kv_i = Row(s.kv, j, b) * s.kv_heads + g;
       const float x = WarpDot(qr, k + kv_i * hd, hd, lane) * s.scale;
       const float m_new = fmaxf(m, x);
@@ -72,9 +83,9 @@ __global__ void __launch_bounds__(kRingThreads)
     float* o = out + i * hd;
     for (int c = 0; c < kPerLane; ++c) {
       const int64_t d = lane + 32 * c;
-      if (d < hd) o[d] = n == 0 ? 0.0f : acc[c] / sum;
+      if (d < hd) o[d] = lo == n ? 0.0f : acc[c] / sum;
     }
-    if (lane == 0) lse[i] = n == 0 ? -INFINITY : m + logf(sum);
+    if (lane == 0) lse[i] = lo == n ? -INFINITY : m + logf(sum);
   }
 }
 
@@ -112,13 +123,13 @@ __global__ void __launch_bounds__(kRingThreads)
   for (int64_t w = blockIdx.x * int64_t{kRingWarps} + threadIdx.x / 32; w < items; w += warps) {
     const int64_t h = w % s.q_heads, t = (w / s.q_heads) % s.q.seq, b = w / s.q_heads / s.q.seq;
     const int64_t i = Row(s.q, t, b) * s.q_heads + h, g = h / group;
-    const int64_t n = VisibleKeys(s.q.seq_offset + t, s.kv);
-    if (n == 0) continue;
+    const auto [lo, n] = VisibleKeys(s.q.seq_offset + t, s.kv, s.window);
+    if (lo == n) continue;
     const float* qr = q + i * hd;
     const float* gr = dout + i * hd;
     const float delta = WarpDot(gr, out + i * hd, hd, lane), l = lse[i];
     float acc[kPerLane] = {};
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = lo; j < n; ++j) {
       const int64_t kv_i = Row(s.kv, j, b) * s.kv_heads + g;
       const float* kr = k + kv_i * hd;
       const float p = expf(WarpDot(qr, kr, hd, lane) * s.scale - l);
@@ -150,12 +161,14 @@ __global__ void __launch_bounds__(kRingThreads)
     const int64_t kv_i = Row(s.kv, j, b) * s.kv_heads + g;
     const float* kr = k + kv_i * hd;
     const float* vr = v + kv_i * hd;
-    // Queries at global positions >= this key's: local [first, q.seq).
+    // Queries at global positions >= this key's (and, under a sliding window, before this key's
+    // + window): local [first, last).
     const int64_t from = s.kv.seq_offset + j - s.q.seq_offset;
-    const int64_t first = from < 0 ? 0 : (from > s.q.seq ? s.q.seq : from);
+    const int64_t first = Clamp(from, 0, s.q.seq);
+    const int64_t last = s.window > 0 ? Clamp(from + s.window, first, s.q.seq) : s.q.seq;
     float dk_acc[kPerLane] = {}, dv_acc[kPerLane] = {};
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t t = first; t < s.q.seq; ++t) {
+      for (int64_t t = first; t < last; ++t) {
         const int64_t i = Row(s.q, t, b) * s.q_heads + h;
         const float* qr = q + i * hd;
         const float* gr = dout + i * hd;
@@ -200,9 +213,9 @@ unsigned WarpGrid(int64_t items) { return GridFor(items * 32, kRingThreads); }
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
                            const TokenLayout& q_layout, const TokenLayout& kv_layout,
                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
-                           cudaStream_t stream) {
+                           int64_t window, cudaStream_t stream) {
   CheckRingArguments(q_layout, kv_layout, q_heads, kv_heads, head_dim);
-  const RingShape shape{q_layout, kv_layout, q_heads, kv_heads, head_dim, scale};
+  const RingShape shape{q_layout, kv_layout, q_heads, kv_heads, head_dim, scale, window};
   const int64_t items = q_layout.batch * q_layout.seq * q_heads;
   if (items == 0) return;
   PARAPLAN_LAUNCH(AttentionBlockForwardKernel, WarpGrid(items), kRingThreads, 0, stream, out, lse,
@@ -224,9 +237,9 @@ void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, 
                             const float* lse, const float* q, const float* k, const float* v,
                             const TokenLayout& q_layout, const TokenLayout& kv_layout,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
-                            cudaStream_t stream) {
+                            int64_t window, cudaStream_t stream) {
   CheckRingArguments(q_layout, kv_layout, q_heads, kv_heads, head_dim);
-  const RingShape shape{q_layout, kv_layout, q_heads, kv_heads, head_dim, scale};
+  const RingShape shape{q_layout, kv_layout, q_heads, kv_heads, head_dim, scale, window};
   const int64_t q_items = q_layout.batch * q_layout.seq * q_heads;
   const int64_t kv_items = kv_layout.batch * kv_layout.seq * kv_heads;
   if (q_items > 0) {

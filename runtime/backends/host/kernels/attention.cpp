@@ -106,7 +106,17 @@ PARAPLAN_HOST_CLONES void ScatterHead(float* dst, const float* src, const TokenL
 // Lanes j0 + [0, 8) that are below n.
 PARAPLAN_HOST_INLINE simd::I8 Below(int64_t j0, int64_t n) {
   const simd::I8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
-  return lane < static_cast<int32_t>(n - j0);
+  return lane < static_cast<int32_t>(std::clamp<int64_t>(n - j0, -1, kLanes + 1));
+}
+
+// Lanes j0 + [0, 8) in [lo, n): the keys a query sees (lo = the first key of its sliding window).
+PARAPLAN_HOST_INLINE simd::I8 Inside(int64_t j0, int64_t lo, int64_t n) {
+  return Below(j0, n) & ~Below(j0, lo);
+}
+
+// The first key query i sees: i - window + 1 under a sliding window of `window` keys, else 0.
+int64_t FirstKey(int64_t i, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
 }
 
 constexpr int64_t kBlock = 4;  // query rows per block
@@ -168,18 +178,21 @@ void ExpBlock(float* sc, int64_t ld, int64_t n8, const V8* m, V8* sv) {
 
 // The causal softmax of a block's 4 rows at once: row r of sc (stride ld) holds raw scores of keys
 // < i0 + r + 1, padded to n8 (a multiple of 8); they become probabilities (scaled by `scale`,
-// max-shifted; zeros past the row's keys) and lse[r] the row's log-sum-exp. Each row's result is
-// the same whatever the other rows hold. Rows past the block's end (r >= rows) hold scores
-// of zero-padded queries; they are computed too and then zeroed. Interleaving the 4 rows gives the
-// CPU independent exponentials to overlap (a single row of a short sequence is one long chain).
+// max-shifted; zeros past the row's keys) and lse[r] the row's log-sum-exp. Under a sliding
+// window (window > 0) row r sees only the keys from i0 + r - window + 1 (zeros before them). Each
+// row's result is the same whatever the other rows hold. Rows past the block's end (r >= rows)
+// hold scores of zero-padded queries; they are computed too and then zeroed. Interleaving the 4
+// rows gives the CPU independent exponentials to overlap (a single row of a short sequence is one
+// long chain).
 PARAPLAN_HOST_CLONES void SoftmaxBlock(float* sc, int64_t ld, int64_t rows, int64_t i0, int64_t n8,
-                                       float scale, float* lse) {
+                                       float scale, float* lse, int64_t window) {
   const V8 minus_inf = simd::Splat(-INFINITY);
   V8 mv[kBlock] = {minus_inf, minus_inf, minus_inf, minus_inf};
+  const int64_t lo = window > 0 ? i0 - window + 1 : -kLanes;  // row 0's first key
   for (int64_t j = 0; j < n8; j += kLanes) {
     for (int64_t r = 0; r < kBlock; ++r) {
       float* row = sc + r * ld;
-      const V8 x = Below(j, i0 + r + 1) ? simd::Load(row + j) * scale : minus_inf;
+      const V8 x = Inside(j, lo + r, i0 + r + 1) ? simd::Load(row + j) * scale : minus_inf;
       simd::Store(row + j, x);
       mv[r] = x > mv[r] ? x : mv[r];
     }
@@ -203,13 +216,13 @@ PARAPLAN_HOST_CLONES void SoftmaxBlock(float* sc, int64_t ld, int64_t rows, int6
 }
 
 // Recomputes row i of the probabilities from raw scores and the saved log-sum-exp:
-// row[j] = e^{row[j]·scale - lse} for j < n, zeros after, up to n8 (a multiple of 8).
-PARAPLAN_HOST_CLONES void ProbabilityRow(float* row, int64_t n, int64_t n8, float scale,
+// row[j] = e^{row[j]·scale - lse} for lo <= j < n, zeros elsewhere up to n8 (a multiple of 8).
+PARAPLAN_HOST_CLONES void ProbabilityRow(float* row, int64_t lo, int64_t n, int64_t n8, float scale,
                                          float lse) {
   const V8 l = simd::Splat(lse), zero{};
   for (int64_t j = 0; j < n8; j += kLanes) {
     const V8 e = simd::Exp(simd::Load(row + j) * scale - l);
-    simd::Store(row + j, Below(j, n) ? e : zero);
+    simd::Store(row + j, Inside(j, lo, n) ? e : zero);
   }
 }
 
@@ -510,12 +523,13 @@ int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 }  // namespace
 
 // Per (sequence, query head): blocks of 4 query rows take their scores against the keys up to
-// their last row (the causal lower triangle, rounded up to 8 keys), the softmax, then the
-// output, all on 8-lane vectors. A head's result never depends on the other heads, so
-// head-sharded (tensor-parallel) runs reproduce the one-rank bits.
+// their last row (the causal lower triangle, rounded up to 8 keys; under a sliding window from
+// the block's first row's first key, rounded down to 8), the softmax, then the output, all on
+// 8-lane vectors. A head's result never depends on the other heads, so head-sharded
+// (tensor-parallel) runs reproduce the one-rank bits.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim, float scale) {
+                      int64_t head_dim, float scale, int64_t window) {
   const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim;
   const int64_t ld = RoundUp(seq, kLanes), rows4 = RoundUp(seq, kBlock);
   std::vector<float> qh(rows4 * hd, 0.0f), kh(seq * hd), vh(seq * hd), kt(hd * ld, 0.0f),
@@ -530,12 +544,13 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
         float* l = lse + (b * q_heads + h) * seq;
         for (int64_t i0 = 0; i0 < seq; i0 += kBlock) {
           const int64_t rows = std::min(kBlock, seq - i0), n = i0 + rows, n8 = RoundUp(n, kLanes);
-          ScoreBlock(sc.data(), qh.data() + i0 * hd, kt.data(), ld, hd, n8);
-          SoftmaxBlock(sc.data(), ld, rows, i0, n8, scale, l + i0);
+          const int64_t j0 = FirstKey(i0, window) / kLanes * kLanes;  // the block's first key
+          ScoreBlock(sc.data() + j0, qh.data() + i0 * hd, kt.data() + j0, ld, hd, n8 - j0);
+          SoftmaxBlock(sc.data() + j0, ld, rows, i0 - j0, n8 - j0, scale, l + i0, window);
           float* dst[kBlock];
           for (int64_t r = 0; r < rows; ++r)
             dst[r] = out + (layout.Row(i0 + r, b) * q_heads + h) * hd;
-          BlockTimes(dst, rows, sc.data(), ld, vh.data(), n, hd);
+          BlockTimes(dst, rows, sc.data() + j0, ld, vh.data() + j0 * hd, n - j0, hd);
         }
       }
     }
@@ -545,7 +560,7 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim, float scale) {
+                       int64_t head_dim, float scale, int64_t window) {
   const int64_t seq = layout.seq, group = q_heads / kv_heads, hd = head_dim;
   const int64_t ld = RoundUp(seq, kLanes), rows4 = RoundUp(seq, kBlock);
   std::vector<float> qh(rows4 * hd, 0.0f), oh(rows4 * hd, 0.0f), gh(rows4 * hd, 0.0f), kh(seq * hd),
@@ -566,28 +581,32 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
         const float* l = lse + (b * q_heads + h) * seq;
         for (int64_t i0 = 0; i0 < seq; i0 += kBlock) {
           const int64_t rows = std::min(kBlock, seq - i0), n = i0 + rows, n8 = RoundUp(n, kLanes);
+          // Columns from the block's first key j0 (0 without a sliding window), as forward.
+          const int64_t j0 = FirstKey(i0, window) / kLanes * kLanes, w8 = n8 - j0;
           // P recomputed from the saved log-sum-exp; dP = dO Vᵀ; dS = P (dP - delta) scale.
-          ScoreBlock(p.data(), qh.data() + i0 * hd, kt.data(), ld, hd, n8);
-          ScoreBlock(dp.data(), gh.data() + i0 * hd, vt.data(), ld, hd, n8);
+          ScoreBlock(p.data() + j0, qh.data() + i0 * hd, kt.data() + j0, ld, hd, w8);
+          ScoreBlock(dp.data() + j0, gh.data() + i0 * hd, vt.data() + j0, ld, hd, w8);
           float* dst[kBlock];
           for (int64_t r = 0; r < kBlock; ++r) {
-            float* pr = p.data() + r * ld;
-            float* dr = dp.data() + r * ld;
+            float* pr = p.data() + r * ld + j0;
+            float* dr = dp.data() + r * ld + j0;
             if (r < rows) {
               const int64_t i = i0 + r;
-              ProbabilityRow(pr, i + 1, n8, scale, l[i]);
+              ProbabilityRow(pr, FirstKey(i, window) - j0, i + 1 - j0, w8, scale, l[i]);
               const float delta = DotRow(gh.data() + i * hd, oh.data() + i * hd, hd);
-              ScoreGradRow(dr, pr, i + 1, n8, delta, scale);
+              ScoreGradRow(dr, pr, i + 1 - j0, w8, delta, scale);
               dst[r] = dq + (layout.Row(i, b) * q_heads + h) * hd;
             } else {
-              std::fill(pr, pr + n8, 0.0f);
-              std::fill(dr, dr + n8, 0.0f);
+              std::fill(pr, pr + w8, 0.0f);
+              std::fill(dr, dr + w8, 0.0f);
             }
           }
           // dQ = dS K (written); dV += Pᵀ dO; dK += dSᵀ Q.
-          BlockTimes(dst, rows, dp.data(), ld, kh.data(), n, hd);
-          BlockTransposeTimes(dvh.data(), p.data(), ld, gh.data() + i0 * hd, n, hd);
-          BlockTransposeTimes(dkh.data(), dp.data(), ld, qh.data() + i0 * hd, n, hd);
+          BlockTimes(dst, rows, dp.data() + j0, ld, kh.data() + j0 * hd, n - j0, hd);
+          BlockTransposeTimes(dvh.data() + j0 * hd, p.data() + j0, ld, gh.data() + i0 * hd, n - j0,
+                              hd);
+          BlockTransposeTimes(dkh.data() + j0 * hd, dp.data() + j0, ld, qh.data() + i0 * hd, n - j0,
+                              hd);
         }
       }
       ScatterHead(dk, dkh.data(), layout, b, kv_heads, g, hd);

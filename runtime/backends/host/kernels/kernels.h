@@ -124,15 +124,18 @@ void RopeBackward(float* dx, const TokenLayout& layout, int64_t heads, int64_t h
 // reads kv head h / (q_heads / kv_heads)). out: rows × q_heads × d. lse: batch × q_heads × seq,
 // the log-sum-exp of each query's scaled scores (saved for backward); scores are scaled by
 // `scale` (usually 1/sqrt(d)).
+// Under a sliding window (window > 0) a query at position i sees the keys at positions
+// i - window + 1 .. i (window keys, itself included; Hugging Face's `sliding_window`,
+// Megatron-Core's `--window-size (window - 1, 0)`); window 0 = every earlier key.
 // The layout must cover whole sequences (seq_offset 0).
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim, float scale);
+                      int64_t head_dim, float scale, int64_t window = 0);
 // dq, dk, dv are written.
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v,
                        const TokenLayout& layout, int64_t q_heads, int64_t kv_heads,
-                       int64_t head_dim, float scale);
+                       int64_t head_dim, float scale, int64_t window = 0);
 
 // ---- Strided column copy (multi-head latent attention) -----------------------------------
 // x holds rows × x_cols, y rows × y_cols. For every row r, group g < groups (in increasing g) and
@@ -155,15 +158,17 @@ void CopyColumns(float* y, const float* x, int64_t rows, const ColumnMap& map, b
 // A context-parallel rank holds some runs of consecutive positions of each sequence (chunks);
 // attention is computed chunk pair by chunk pair as K/V chunks arrive around the ring. A chunk
 // is a TokenLayout whose seq_offset is the global position of its local position 0; a query at
-// global position i sees the keys at global positions <= i. Query and key layouts cover the
-// same sequences (equal batch). Unlike AttentionForward, lse is indexed like the rows:
-// lse[row · q_heads + h], so a chunk of a larger buffer is a pointer offset for both.
+// global position i sees the keys at global positions <= i (and, under a sliding window, above
+// i - window). Query and key layouts cover the same sequences (equal batch). Unlike
+// AttentionForward, lse is indexed like the rows: lse[row · q_heads + h], so a chunk of a larger
+// buffer is a pointer offset for both.
 //
 // out, lse of one query chunk against one K/V chunk (written): a query that sees no key of the
 // chunk gets out 0 and lse -inf.
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
                            const TokenLayout& q_layout, const TokenLayout& kv_layout,
-                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale);
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                           int64_t window = 0);
 // Folds a chunk's partial result into the running one, per query row and head:
 // lse' = log(e^lse + e^block_lse), out' = out · e^{lse - lse'} + block_out · e^{block_lse - lse'};
 // -inf on either side leaves the other as it is.
@@ -174,7 +179,8 @@ void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const 
 void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                             const float* lse, const float* q, const float* k, const float* v,
                             const TokenLayout& q_layout, const TokenLayout& kv_layout,
-                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale);
+                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                            int64_t window = 0);
 
 // ---- Activations -------------------------------------------------------------------------
 // SwiGLU: out = silu(gate) * up.

@@ -310,6 +310,83 @@ TEST_CASE("causal GQA attention backward, both token layouts") {
   }
 }
 
+// Sliding-window attention against a plain masked softmax in double: windows of 1 (each query
+// sees only itself), shorter and longer than the 4-row blocks and 8-key lanes, and at least the
+// sequence (the causal result, bit for bit); backward by finite differences.
+TEST_CASE("sliding-window attention: masked reference, gradients, and the window limits") {
+  const int64_t seq = 37, batch = 2, qh = 4, kvh = 2, hd = 12, rows = seq * batch;
+  const float scale = 0.3f;
+  const auto layout = TokenLayout::BatchMajor(seq, batch);
+  const auto q = Random(rows * qh * hd, 40), k = Random(rows * kvh * hd, 41),
+             v = Random(rows * kvh * hd, 42);
+  auto run = [&](int64_t window) {
+    std::vector<float> out(q.size()), lse(batch * qh * seq);
+    AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), layout, qh, kvh, hd,
+                     scale, window);
+    return std::make_pair(out, lse);
+  };
+  for (int64_t window : {1, 2, 5, 8, 13, 36}) {
+    CAPTURE(window);
+    const auto [out, lse] = run(window);
+    double worst = 0, worst_lse = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < qh; ++h)
+        for (int64_t i = 0; i < seq; ++i) {
+          const int64_t g = h / (qh / kvh), row = layout.Row(i, b);
+          std::vector<double> p;
+          double mx = -1e300, sum = 0;
+          for (int64_t j = std::max<int64_t>(0, i - window + 1); j <= i; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < hd; ++d)
+              dot += double(q[(row * qh + h) * hd + d]) * k[(layout.Row(j, b) * kvh + g) * hd + d];
+            p.push_back(dot * scale);
+            mx = std::max(mx, p.back());
+          }
+          for (double& x : p) sum += (x = std::exp(x - mx));
+          worst_lse =
+              std::max(worst_lse, std::abs(mx + std::log(sum) - lse[(b * qh + h) * seq + i]));
+          for (int64_t d = 0; d < hd; ++d) {
+            double o = 0;
+            const int64_t j0 = std::max<int64_t>(0, i - window + 1);
+            for (int64_t j = j0; j <= i; ++j)
+              o += p[j - j0] / sum * v[(layout.Row(j, b) * kvh + g) * hd + d];
+            worst = std::max(worst, std::abs(o - out[(row * qh + h) * hd + d]));
+          }
+        }
+    CHECK(worst < 1e-5);
+    CHECK(worst_lse < 1e-5);
+  }
+  // Window 1: each query's output is its own value.
+  const auto [own, own_lse] = run(1);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t d = 0; d < hd; ++d) CHECK(own[(i * qh + 3) * hd + d] == v[(i * kvh + 1) * hd + d]);
+  // A window covering the sequence is plain causal attention, bit for bit.
+  CHECK(run(seq).first == run(0).first);
+  CHECK(run(seq + 100).second == run(0).second);
+
+  // Backward on a short sequence by finite differences, both layouts.
+  const int64_t s2 = 11, r2 = s2 * batch;
+  for (bool seq_major : {true, false}) {
+    const auto l2 =
+        seq_major ? TokenLayout::SeqMajor(s2, batch) : TokenLayout::BatchMajor(s2, batch);
+    auto q2 = Random(r2 * qh * 4, 43), k2 = Random(r2 * kvh * 4, 44), v2 = Random(r2 * kvh * 4, 45);
+    const auto proj = Random(r2 * qh * 4, 46);
+    std::vector<float> out(q2.size()), lse(batch * qh * s2);
+    auto loss = [&] {
+      AttentionForward(out.data(), lse.data(), q2.data(), k2.data(), v2.data(), l2, qh, kvh, 4,
+                       0.5f, 3);
+      return Dot(out, proj);
+    };
+    loss();
+    std::vector<float> dq(q2.size()), dk(k2.size()), dv(v2.size());
+    AttentionBackward(dq.data(), dk.data(), dv.data(), proj.data(), out.data(), lse.data(),
+                      q2.data(), k2.data(), v2.data(), l2, qh, kvh, 4, 0.5f, 3);
+    CheckGradient("window dq", q2, dq, loss);
+    CheckGradient("window dk", k2, dk, loss);
+    CheckGradient("window dv", v2, dv, loss);
+  }
+}
+
 TEST_CASE("swiglu and gelu backward") {
   const int64_t n = 12;
   auto g = Random(n, 23), u = Random(n, 24), proj = Random(n, 25);

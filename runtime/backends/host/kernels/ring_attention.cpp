@@ -1,7 +1,8 @@
 // The chunk-pair pieces of ring attention (context parallelism): one query chunk against one
-// K/V chunk with the causal mask taken on global positions, the log-sum-exp merge of partial
-// results, and the backward of a pair from the final output. Plain loops accumulating in double:
-// these run once per chunk pair and are the reference the CUDA kernels are checked against.
+// K/V chunk with the causal mask (and a sliding window's) taken on global positions, the
+// log-sum-exp merge of partial results, and the backward of a pair from the final output. Plain
+// loops accumulating in double: these run once per chunk pair and are the reference the CUDA
+// kernels are checked against.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,9 +18,15 @@ namespace {
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
-// Keys of the K/V chunk a query at global position `pos` sees: local positions [0, n).
-int64_t VisibleKeys(int64_t pos, const TokenLayout& kv) {
-  return std::clamp<int64_t>(pos - kv.seq_offset + 1, 0, kv.seq);
+// Keys of the K/V chunk a query at global position `pos` sees: local positions [lo, n) (lo > 0
+// only under a sliding window of `window` keys, which starts at pos - window + 1).
+struct KeyRange {
+  int64_t lo = 0, n = 0;
+};
+KeyRange VisibleKeys(int64_t pos, const TokenLayout& kv, int64_t window) {
+  const int64_t n = std::clamp<int64_t>(pos - kv.seq_offset + 1, 0, kv.seq);
+  const int64_t lo = window > 0 ? std::clamp<int64_t>(pos - window + 1 - kv.seq_offset, 0, n) : 0;
+  return {lo, n};
 }
 
 double Dot(const float* a, const float* b, int64_t n) {
@@ -32,31 +39,32 @@ double Dot(const float* a, const float* b, int64_t n) {
 
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
                            const TokenLayout& q_layout, const TokenLayout& kv_layout,
-                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale) {
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                           int64_t window) {
   const int64_t group = q_heads / kv_heads, hd = head_dim;
   std::vector<double> scores(static_cast<size_t>(kv_layout.seq)), acc(static_cast<size_t>(hd));
   for (int64_t b = 0; b < q_layout.batch; ++b) {
     for (int64_t s = 0; s < q_layout.seq; ++s) {
       const int64_t row = q_layout.Row(s, b);
-      const int64_t n = VisibleKeys(q_layout.seq_offset + s, kv_layout);
+      const auto [lo, n] = VisibleKeys(q_layout.seq_offset + s, kv_layout, window);
       for (int64_t h = 0; h < q_heads; ++h) {
         float* o = out + (row * q_heads + h) * hd;
         const float* qr = q + (row * q_heads + h) * hd;
         const int64_t g = h / group;
-        if (n == 0) {
+        if (lo == n) {
           std::fill(o, o + hd, 0.0f);
           lse[row * q_heads + h] = -std::numeric_limits<float>::infinity();
           continue;
         }
         double mx = kMinusInf;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = lo; j < n; ++j) {
           const float* kr = k + (kv_layout.Row(j, b) * kv_heads + g) * hd;
           scores[j] = Dot(qr, kr, hd) * scale;
           mx = std::max(mx, scores[j]);
         }
         double sum = 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = lo; j < n; ++j) {
           const double p = std::exp(scores[j] - mx);
           sum += p;
           const float* vr = v + (kv_layout.Row(j, b) * kv_heads + g) * hd;
@@ -99,7 +107,8 @@ void AttentionMergeBlocks(float* out, float* lse, const float* block_out, const 
 void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                             const float* lse, const float* q, const float* k, const float* v,
                             const TokenLayout& q_layout, const TokenLayout& kv_layout,
-                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale) {
+                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                            int64_t window) {
   const int64_t group = q_heads / kv_heads, hd = head_dim;
   std::vector<double> dq_acc(static_cast<size_t>(hd));
   // Per K/V chunk: dK, dV summed over this call's queries in double, then added once.
@@ -112,8 +121,8 @@ void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, 
   for (int64_t b = 0; b < q_layout.batch; ++b) {
     for (int64_t s = 0; s < q_layout.seq; ++s) {
       const int64_t row = q_layout.Row(s, b);
-      const int64_t n = VisibleKeys(q_layout.seq_offset + s, kv_layout);
-      if (n == 0) continue;
+      const auto [lo, n] = VisibleKeys(q_layout.seq_offset + s, kv_layout, window);
+      if (lo == n) continue;
       for (int64_t h = 0; h < q_heads; ++h) {
         const int64_t i = row * q_heads + h, g = h / group;
         const float* qr = q + i * hd;
@@ -121,7 +130,7 @@ void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, 
         const double l = lse[i];
         const double delta = Dot(gr, out + i * hd, hd);
         std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = lo; j < n; ++j) {
           const int64_t kv_row = kv_layout.Row(j, b);
           const float* kr = k + (kv_row * kv_heads + g) * hd;
           const float* vr = v + (kv_row * kv_heads + g) * hd;

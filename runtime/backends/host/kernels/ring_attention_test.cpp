@@ -35,6 +35,7 @@ Chunk ChunkOf(const TokenLayout& whole, int64_t c, int64_t len) {
 struct Shape {
   int64_t seq, batch, qh, kvh, hd, chunks;
   float scale;
+  int64_t window = 0;
 };
 
 // The ring's forward over whole-sequence buffers: every query chunk takes the K/V chunks in
@@ -54,7 +55,7 @@ void ChunkedForward(std::vector<float>& out, std::vector<float>& lse, const std:
       const int64_t qo = cq.first_row * s.qh, ko = ck.first_row * s.kvh;
       AttentionBlockForward(block_out.data() + qo * s.hd, block_lse.data() + qo,
                             q.data() + qo * s.hd, k.data() + ko * s.hd, v.data() + ko * s.hd,
-                            cq.layout, ck.layout, s.qh, s.kvh, s.hd, s.scale);
+                            cq.layout, ck.layout, s.qh, s.kvh, s.hd, s.scale, s.window);
       AttentionMergeBlocks(out.data() + qo * s.hd, lse.data() + qo, block_out.data() + qo * s.hd,
                            block_lse.data() + qo, cq.layout, s.qh, s.hd);
     }
@@ -79,15 +80,15 @@ void ChunkedBackward(std::vector<float>& dq, std::vector<float>& dk, std::vector
       AttentionBlockBackward(dq.data() + qo * s.hd, dk.data() + ko * s.hd, dv.data() + ko * s.hd,
                              dout.data() + qo * s.hd, out.data() + qo * s.hd, lse.data() + qo,
                              q.data() + qo * s.hd, k.data() + ko * s.hd, v.data() + ko * s.hd,
-                             cq.layout, ck.layout, s.qh, s.kvh, s.hd, s.scale);
+                             cq.layout, ck.layout, s.qh, s.kvh, s.hd, s.scale, s.window);
     }
   }
 }
 
-}  // namespace
-
-TEST_CASE("chunked ring attention equals whole-sequence causal attention, forward and backward") {
-  const Shape s{8, 2, 4, 2, 8, 4, 0.35f};
+// Without a window, and with sliding windows inside a chunk (3), across chunk boundaries (5)
+// and reaching several chunks back (7; chunks of 2).
+void CheckChunkedEqualsWhole(int64_t window) {
+  const Shape s{8, 2, 4, 2, 8, 4, 0.35f, window};
   const int64_t rows = s.seq * s.batch;
   // K/V chunks in ring order from the query chunk's own (as a CP rank receives them), and in
   // reverse: the merge does not depend on the order beyond rounding.
@@ -103,7 +104,7 @@ TEST_CASE("chunked ring attention equals whole-sequence causal attention, forwar
                  v = Random(rows * s.kvh * s.hd, 3), dout = Random(rows * s.qh * s.hd, 4);
       std::vector<float> ref_out(q.size()), ref_lse(s.batch * s.qh * s.seq);
       AttentionForward(ref_out.data(), ref_lse.data(), q.data(), k.data(), v.data(), whole, s.qh,
-                       s.kvh, s.hd, s.scale);
+                       s.kvh, s.hd, s.scale, s.window);
       std::vector<float> out(q.size()), lse(rows * s.qh);
       ChunkedForward(out, lse, q, k, v, whole, s, order);
       CHECK(MaxDiff(out, ref_out) < 1e-5);
@@ -116,13 +117,22 @@ TEST_CASE("chunked ring attention equals whole-sequence causal attention, forwar
       std::vector<float> ref_dq(q.size()), ref_dk(k.size()), ref_dv(v.size());
       AttentionBackward(ref_dq.data(), ref_dk.data(), ref_dv.data(), dout.data(), ref_out.data(),
                         ref_lse.data(), q.data(), k.data(), v.data(), whole, s.qh, s.kvh, s.hd,
-                        s.scale);
+                        s.scale, s.window);
       std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
       ChunkedBackward(dq, dk, dv, dout, out, lse, q, k, v, whole, s, order);
       CHECK(MaxDiff(dq, ref_dq) < 1e-4);
       CHECK(MaxDiff(dk, ref_dk) < 1e-4);
       CHECK(MaxDiff(dv, ref_dv) < 1e-4);
     }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("chunked ring attention equals whole-sequence causal attention, forward and backward") {
+  for (int64_t window : {0, 3, 5, 7}) {
+    CAPTURE(window);
+    CheckChunkedEqualsWhole(window);
   }
 }
 
