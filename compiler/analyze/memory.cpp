@@ -568,6 +568,37 @@ void AddArenaMoeLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t l
   if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
 }
 
+// Full recompute by layers with the uniform method in a chunk holding MoE layers: groups of
+// recompute_layers consecutive layers of either kind keep their first layer's input, and a
+// group's backward holds the recomputed forward of its other layers (their whole stash) beside the
+// last layer's busiest op (compiler/lower/body.cpp, RecomputedLayersBackward).
+void AddArenaUniformGroups(const MemoryInputs& in, const CostChunk& chunk, int64_t held,
+                           StageTally& s) {
+  const Plan& plan = *in.plan;
+  const ArenaSizes& z = in.arena_sizes;
+  const ArenaMoeBuckets buckets = ArenaMoeBucketsOf(in, chunk);
+  const int64_t n = plan.activations.recompute_layers;
+  const int64_t first = chunk.first_layer, end = chunk.first_layer + chunk.layers;
+  auto moe = [&](int64_t l) { return IsMoeLayer(plan.model, l); };
+  for (int64_t begin = first; begin < end; begin += n) {
+    const int64_t last = std::min(end, begin + n) - 1;
+    const int64_t input =
+        moe(begin) ? ArenaMoeLayerStash(z, Recompute::kFull) : ArenaLayerStash(z, Recompute::kFull);
+    s.activations = SatAdd(s.activations, SatMul(held, input));
+    int64_t others = 0;
+    for (int64_t l = begin; l < last; ++l)
+      others = SatAdd(others, moe(l) ? ArenaMoeLayerStash(z, Recompute::kNone)
+                                     : ArenaLayerStash(z, Recompute::kNone));
+    if (moe(last))
+      s.moe_workspace = std::max(s.moe_workspace,
+                                 SatAdd(others, ArenaMoeLayerPeak(z, Recompute::kFull, buckets)));
+    else
+      s.workspace =
+          std::max(s.workspace, SatAdd(others, ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false)));
+  }
+  if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
+}
+
 // The transformer layers of one chunk with `held` microbatches in flight: their stored
 // activations and the recompute working set.
 void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held, StageTally& s) {
@@ -594,7 +625,14 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   FullRecomputeChunk(plan, nd, in.la_dense, &stored_dense, &work_d);
   FullRecomputeChunk(plan, nm, in.la_moe, &stored_moe, &work_m);
   const int64_t chunk_act = SatAdd(stored_dense, stored_moe);
-  if (in.arena) {
+  const bool uniform_moe = nm > 0 && plan.recompute == Recompute::kFull &&
+                           plan.activations.recompute_layers > 0 &&
+                           plan.activations.recompute_method != RecomputeMethod::kBlock;
+  if (in.arena && uniform_moe) {
+    s.extra =
+        SatAdd(s.extra, SatMul(held, ArenaChunkExtra(in.arena_sizes, chunk.embedding, chunk.loss)));
+    AddArenaUniformGroups(in, chunk, held, s);
+  } else if (in.arena) {
     const ArenaSizes& z = in.arena_sizes;
     s.activations =
         SatAdd(s.activations, SatMul(held, ArenaDenseLayersStash(z, plan, nd, block_dense)));

@@ -209,14 +209,6 @@ void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
 
 // Activation memory options, optimizer offload and sharding.
 void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupported) {
-  // Full recompute by layers lowers (RecomputeLayers, body.h); beside experts with the block
-  // method only: the arena model does not price uniform groups of MoE layers yet.
-  if (plan.activations.recompute_layers > 0 && plan.recompute == Recompute::kFull &&
-      plan.model.IsMoe() && plan.activations.recompute_method != RecomputeMethod::kBlock)
-    unsupported.Report("uniform full recompute by layers in a model with experts",
-                       "activations.recompute_method",
-                       "set `activations.recompute_method = block`, or "
-                       "`activations.recompute_layers = 0` (every layer recomputed), to compile");
   // Selective recompute lowers the attention core, the dense MLP, the experts' activation and
   // the shared experts.
   constexpr uint32_t kLoweredModules =

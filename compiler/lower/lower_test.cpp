@@ -1713,21 +1713,21 @@ TEST_CASE("full recompute by layers: which layers keep only their input") {
   const std::set<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
   CHECK(recomputed(RecomputeMethod::kUniform, 3) == std::make_pair(all, 0));
   CHECK(recomputed(RecomputeMethod::kUniform, 0) == std::make_pair(all, 0));
-  // A model with experts lowers with the block method; uniform groups are refused (the arena
-  // model does not price them yet).
+  // A model with experts lowers with either method; uniform groups mix layers of both kinds.
   Plan moe = TinyPlan(1, 1, 1);
   moe.model.experts = 4;
   moe.model.topk = 2;
   moe.model.moe_ffn_hidden = 64;
   moe.recompute = Recompute::kFull;
-  moe.activations.recompute_layers = 1;
-  DiagnosticSink sink;
-  CHECK_FALSE(LowerPlan(moe, {}, sink).has_value());
-  REQUIRE(!sink.diagnostics().empty());
-  CHECK(sink.diagnostics()[0].message.find(
-            "uniform full recompute by layers in a model with experts") != std::string::npos);
-  moe.activations.recompute_method = RecomputeMethod::kBlock;
-  MustLower(moe);
+  moe.activations.recompute_layers = 3;
+  for (RecomputeMethod method : {RecomputeMethod::kUniform, RecomputeMethod::kBlock}) {
+    moe.activations.recompute_method = method;
+    int remade_router = 0;
+    const Program p = MustLower(moe);
+    for (const Buffer& b : p.roles[0].buffers)
+      remade_router += b.name.find("recompute.moe.router.logits") != std::string::npos;
+    CHECK(remade_router == (method == RecomputeMethod::kUniform ? moe.model.layers : 3));
+  }
 }
 
 TEST_CASE("selective recompute of the experts' activation: not kept, made again in the backward") {
@@ -1805,7 +1805,8 @@ TEST_CASE("sliding-window attention: the window rides on the attention ops and t
     CHECK(back->model.window == 6);
   }
   // Without a window the attention ops keep their five ints (programs as before).
-  for (const Body& body : MustLower(TinyPlan(2, 1, 1)).roles[0].bodies)
+  const Program plain = MustLower(TinyPlan(2, 1, 1));
+  for (const Body& body : plain.roles[0].bodies)
     for (const Op& op : body.ops)
       if (op.kind == OpKind::Attention) CHECK(op.ints.size() == 5);
 }

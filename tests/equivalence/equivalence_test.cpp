@@ -461,6 +461,17 @@ TEST_CASE("moe: pp 2, block recompute of the first 2 layers of each chunk (bitwi
   l.moe = true;
   CheckRecompute(false, l, Recompute::kFull);
 }
+TEST_CASE("moe: tp 2, sp, uniform groups of 3 layers of either kind (bitwise equal to none)") {
+  // The 4-layer chunk: a group of 3 mixing dense and MoE layers, then a group of 1.
+  Layout l = RecomputeLayers(3, false, {2, 1, 1, 1, Schedule::k1F1B, true});
+  l.moe = true;
+  CheckRecompute(false, l, Recompute::kFull);
+}
+TEST_CASE("moe: pp 2, dp 2, uniform groups of 2 layers (bitwise equal to none)") {
+  Layout l = RecomputeLayers(2, false, {1, 2, 2});
+  l.moe = true;
+  CheckRecompute(false, l, Recompute::kFull);
+}
 TEST_CASE("llama: tp 2, sp, pp 2, selective recompute of the MLP (bitwise equal to none)") {
   Layout l = {2, 2, 1, 1, Schedule::k1F1B, true};
   l.recompute_modules = "mlp";
