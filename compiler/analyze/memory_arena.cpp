@@ -47,6 +47,7 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
     z.moe_act = (modules & kRecomputeMoeAct) != 0;
     z.mlp_recomputed = (modules & kRecomputeMlp) != 0;
     z.shared_recomputed = (modules & kRecomputeSharedExperts) != 0;
+    z.norm_recomputed = (modules & kRecomputeLayernorm) != 0;
   }
   if (z.mla) {
     z.nope = m.qk_nope_head_dim;
@@ -77,12 +78,14 @@ int64_t ArenaMlaAttentionStash(const ArenaSizes& z, Recompute recompute) {
 
 // Stashed bytes of one layer's attention half per microbatch (recompute none or selective): its
 // input x, the gathered norm output, q, k, v, the attention output (and its softmax statistics
-// unless selective recompute redoes the core), the residual and the fp32 statistics of both norms;
-// with query/key norms also the projections before them and the norms' statistics, per head.
+// unless selective recompute redoes the core), the residual and the fp32 statistics of both norms
+// (not the norms' outputs and statistics under the layernorm module); with query/key norms also
+// the projections before them and the norms' statistics, per head.
 int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
+  const bool norms = recompute == Recompute::kSelective && z.norm_recomputed;
   int64_t bytes = SatMul(z.R, z.h * z.a);  // x
   const int64_t attention = z.mla ? 0 : 2 * z.heads * z.hd + 2 * z.kv * z.hd;
-  bytes = SatAdd(bytes, SatMul(z.T, (z.h + attention) * z.a));  // n1f, q, o, k, v
+  bytes = SatAdd(bytes, SatMul(z.T, ((norms ? 0 : z.h) + attention) * z.a));  // n1f, q, o, k, v
   if (z.qk_norm) {
     const int64_t heads = z.heads + z.kv;
     bytes = SatAdd(bytes, SatMul(z.T, heads * z.hd * z.a));  // q and k before the norms
@@ -90,8 +93,9 @@ int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
   }
   if (z.mla) bytes = SatAdd(bytes, ArenaMlaAttentionStash(z, recompute));
   bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));  // residual x1
-  bytes = SatAdd(bytes,
-                 SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
+  if (!norms)
+    bytes = SatAdd(bytes,
+                   SatMul(z.R, int64_t{z.layernorm ? 4 : 2} * 4));  // rstd (and mean) of both norms
   if (recompute == Recompute::kNone || z.core_kept)
     bytes = SatAdd(bytes, SatMul(z.T, z.heads * 4));  // lse
   return bytes;
@@ -103,10 +107,12 @@ int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
 // recomputed, the attention half's buffers, the MLP's gathered input and its intermediates.
 int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
   if (recompute == Recompute::kFull) return SatMul(z.R, z.h * z.a);  // x
-  // The mlp module of selective recompute keeps only the norm's output (the rank's rows).
+  // The mlp module of selective recompute keeps only the norm's output (the rank's rows), the
+  // layernorm module not even that.
+  const bool norms = recompute == Recompute::kSelective && z.norm_recomputed;
   if (recompute == Recompute::kSelective && z.mlp_recomputed)
-    return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.R, z.h * z.a));
-  const int64_t mlp = z.h + (z.gelu ? 2 : 3) * z.ffn;  // n2f, MLP
+    return SatAdd(ArenaAttentionStash(z, recompute), norms ? 0 : SatMul(z.R, z.h * z.a));
+  const int64_t mlp = (norms ? 0 : z.h) + (z.gelu ? 2 : 3) * z.ffn;  // n2f, MLP
   return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.T, mlp * z.a));
 }
 
@@ -161,6 +167,10 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
 // The loss chunk's busiest op: the logits' gradient with the final norm's.
 int64_t ArenaLossPeak(const ArenaSizes& z) { return SatMul(z.T, (z.vocab + z.h) * z.a); }
 
+int64_t ArenaRecomputedNorm(const ArenaSizes& z) {
+  return SatAdd(SatMul(z.T, z.h * z.a), SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4));
+}
+
 // The busiest op of a chunk's bodies (scratch): the MLP and attention backward of one layer
 // (with the recomputed layer under full recompute, the recomputed core under selective), and on
 // the loss chunk the logits' gradient with the final norm's.
@@ -192,6 +202,8 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
     peak = SatAdd(peak, SatMul(z.T, z.heads * core_hd * z.a + z.heads * 4));
   if (recompute == Recompute::kFull)
     peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
+  if (recompute == Recompute::kSelective && z.norm_recomputed)
+    peak = SatAdd(peak, ArenaRecomputedNorm(z));
   if (loss) peak = std::max(peak, ArenaLossPeak(z));
   return peak;
 }
@@ -349,9 +361,11 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
   const int64_t act = selective && z.moe_act ? 0 : b.act;
   // shared_experts: their gate, up and activation made again from their kept input.
   const int64_t shared_kept = selective && z.shared_recomputed ? 0 : 1;
-  return SatSum({ArenaAttentionStash(z, recompute), b.input, b.weights, b.indices, b.scores,
-                 b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts, b.gate_up, act,
-                 b.out, b.ep_counts, b.capacity_mask, b.shared_input,
+  // layernorm: the norm's output (and its gathered sequence) made again from the residual.
+  const int64_t norm_kept = selective && z.norm_recomputed ? 0 : 1;
+  return SatSum({ArenaAttentionStash(z, recompute), norm_kept * b.input, b.weights, b.indices,
+                 b.scores, b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts,
+                 b.gate_up, act, b.out, b.ep_counts, b.capacity_mask, norm_kept * b.shared_input,
                  shared_kept * b.shared_gate_up, shared_kept * b.shared_act});
 }
 
@@ -482,6 +496,13 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   if (recompute == Recompute::kSelective && !z.core_kept)
     attention_peak = SatAdd(attention_peak, SatMul(z.T, z.heads * z.hd * a + z.heads * 4));
   attention_peak = SatSum({attention_peak, attention, open});
+  if (recompute == Recompute::kSelective && z.norm_recomputed) {
+    // layernorm: the recomputed norm's output rows (gathered for the shared experts under sp)
+    // and statistics live through the MoE block's backward, the attention norm's through the
+    // attention half's.
+    peak = SatSum({peak, b.input, b.shared_input, SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4)});
+    attention_peak = SatAdd(attention_peak, ArenaRecomputedNorm(z));
+  }
   return std::max(peak, attention_peak);
 }
 

@@ -34,6 +34,7 @@ struct ArenaSizes {
   bool core_kept = false, moe_act = false;
   bool mlp_recomputed = false;     // selective's mlp module: a dense MLP kept as its norm's output
   bool shared_recomputed = false;  // selective's shared_experts module
+  bool norm_recomputed = false;    // selective's layernorm module: both norms made again
   // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
   bool mla = false;
   int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;
@@ -71,6 +72,9 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
 int64_t ArenaLossPeak(const ArenaSizes& z);
 // The busiest op of a chunk's bodies (scratch).
 int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss);
+// Selective recompute's layernorm module: one recomputed norm's output (gathered under sequence
+// parallelism) and statistics, live through the backward that reads them.
+int64_t ArenaRecomputedNorm(const ArenaSizes& z);
 
 // Stashed bytes of one MoE layer per microbatch.
 int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute);

@@ -370,14 +370,41 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
     saved = LayerForward(params, stashed.x, /*next=*/-1);
     recompute_prefix_.clear();
   }
+  // The layernorm module of selective recompute: each norm's output and statistics made again
+  // from its kept input just before the backward that reads them.
+  const bool norms = s_.recompute_layernorm && !recompute;
+  if (norms) RecomputeMlpNorm(params, saved);
   if (params.moe)
     MoeBackward(params, saved, gx);
   else
     MlpBackward(params, saved, gx);
+  if (norms) {
+    recompute_prefix_ = "recompute.";
+    saved.no1 = NormForward("attention_norm", params.n1, saved.x);
+    saved.n1f = GatherSp(saved.no1.y, "attention_norm.out_full", m_.hidden);
+    recompute_prefix_.clear();
+  }
   if (params.mla)
     MlaBackward(params, saved, gx);
   else
     AttentionBackward(params, saved, gx);
+}
+
+void RoleLowering::RecomputeMlpNorm(const LayerParams& params, LayerSaved& saved) {
+  const int64_t h = m_.hidden;
+  recompute_prefix_ = "recompute.";
+  const int32_t old = saved.no2.y;
+  saved.no2 = NormForward("mlp_norm", params.n2, saved.x1);
+  const int32_t xn = saved.no2.y;
+  if (!params.moe) {
+    // The MLP's gathered input (the mlp module gathers it again itself).
+    if (!s_.recompute_mlp) saved.n2f = GatherSp(xn, "mlp_norm.out_full", h);
+  } else if (saved.n2f == old) {
+    saved.n2f = xn;  // the shared experts read the norm's output itself
+  } else if (saved.n2f >= 0 && saved.n2f != saved.moe.etp.x) {
+    saved.n2f = GatherSp(xn, "mlp_norm.out_full", h);  // ... or its gathered sequence
+  }
+  recompute_prefix_.clear();
 }
 
 void RoleLowering::MlpActivations(const LayerParams& P, LayerSaved& saved) {

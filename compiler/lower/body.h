@@ -153,9 +153,10 @@ struct BodyShape {
   // What kSelective recomputes (Megatron's --recompute-modules; all false otherwise): the
   // attention core (core_attn, the default), the experts' activation from their gate and up
   // (moe_act), the dense layers' MLP from its norm's output (mlp) and the MoE layers' shared
-  // experts from their input (shared_experts).
+  // experts from their input (shared_experts), and both norms' outputs and statistics from their
+  // inputs (layernorm).
   bool recompute_core_attention = false, recompute_moe_act = false, recompute_mlp = false,
-       recompute_shared_experts = false;
+       recompute_shared_experts = false, recompute_layernorm = false;
   MoeShape moe;  // mixture of experts (experts == 0: dense)
 };
 

@@ -167,6 +167,9 @@ class RoleLowering {
   // in the residual add into `next`; with next = -1 (recompute) it stops after the MLP
   // activation, the last tensor the backward reads.
   LayerSaved LayerForward(const LayerParams& P, int32_t x, int32_t next);
+  // Selective recompute's layernorm module: the MLP norm's output made again from the residual
+  // x1, with whatever of it the MLP or MoE backward reads (gathered under sequence parallelism).
+  void RecomputeMlpNorm(const LayerParams& params, LayerSaved& saved);
   std::vector<int32_t> LinearInputs(int32_t in, const ParamRef& w, const ParamRef& b) const {
     std::vector<int32_t> v = {in, w.value};
     if (b.value >= 0) v.push_back(b.value);

@@ -209,19 +209,19 @@ void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
 
 // Activation memory options, optimizer offload and sharding.
 void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupported) {
-  // Selective recompute lowers the attention core, the dense MLP, the experts' activation and
-  // the shared experts.
-  constexpr uint32_t kLoweredModules =
-      kRecomputeCoreAttn | kRecomputeMoeAct | kRecomputeMlp | kRecomputeSharedExperts;
+  // Selective recompute lowers the attention core, the dense MLP, the experts' activation, the
+  // shared experts and the norms.
+  constexpr uint32_t kLoweredModules = kRecomputeCoreAttn | kRecomputeMoeAct | kRecomputeMlp |
+                                       kRecomputeSharedExperts | kRecomputeLayernorm;
   if (plan.activations.offload_layers > 0 ||
       (plan.recompute == Recompute::kSelective &&
        (EffectiveRecomputeModules(plan) & ~kLoweredModules) != 0))
     unsupported.Report(
-        "recompute of the modules layernorm, mla_up_proj or moe, or activation offload",
+        "recompute of the modules mla_up_proj or moe, or activation offload",
         plan.activations.offload_layers > 0 ? "activations.offload_layers"
                                             : "activations.recompute_modules",
-        "use `recompute = none`, `selective` (modules core_attn, mlp, moe_act and "
-        "shared_experts) or `full` to compile");
+        "use `recompute = none`, `selective` (modules core_attn, mlp, moe_act, shared_experts "
+        "and layernorm) or `full` to compile");
   // planrun keeps the fp32 master weights and Adam moments in the rank's arena: a program
   // compiled from an offloading plan would need the device memory the plan was checked without.
   if (plan.optimizer.offload == Offload::kCpu)
@@ -848,6 +848,7 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.recompute_moe_act = (modules & kRecomputeMoeAct) != 0;
     bs.recompute_mlp = (modules & kRecomputeMlp) != 0;
     bs.recompute_shared_experts = (modules & kRecomputeSharedExperts) != 0;
+    bs.recompute_layernorm = (modules & kRecomputeLayernorm) != 0;
   }
   if (plan.recompute == Recompute::kFull && plan.activations.recompute_layers > 0) {
     bs.recompute_layers.block = plan.activations.recompute_method == RecomputeMethod::kBlock;

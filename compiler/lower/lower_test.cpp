@@ -1770,9 +1770,29 @@ TEST_CASE("selective recompute of the experts' activation: not kept, made again 
   CHECK(kept_mlp == 0);
   CHECK(remade_mlp == 1);
   // Other modules are refused.
-  plan.activations.recompute_modules = "layernorm";
+  plan.activations.recompute_modules = "moe";
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
+}
+
+TEST_CASE("selective recompute of the norms: their outputs and statistics made again") {
+  Plan plan = TinyPlan(2, 1, 1);
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kSelective;
+  plan.activations.recompute_modules = "layernorm";
+  const Program lowered = MustLower(plan);
+  std::map<std::string, BufferKind> kinds;
+  for (const Buffer& b : lowered.roles[0].buffers) kinds[b.name] = b.kind;
+  // The norms' gathered outputs and statistics are no longer kept between the passes; each is
+  // made again in the backward from the kept residual stream.
+  for (const char* name : {"layers.1.attention_norm.out_full", "layers.1.mlp_norm.out_full",
+                           "layers.1.attention_norm.rstd", "layers.1.mlp_norm.rstd"}) {
+    CAPTURE(name);
+    REQUIRE(kinds.count(name) == 1);
+    CHECK(kinds[name] == BufferKind::Scratch);
+    CHECK(kinds.count(std::string("layers.1.recompute.") + (name + 9)) == 1);
+  }
+  CHECK(kinds.at("layers.1.residual1") == BufferKind::Stash);
 }
 
 TEST_CASE("sliding-window attention: the window rides on the attention ops and the model record") {

@@ -500,6 +500,29 @@ TEST_CASE("moe: pp 2, dp 2, recompute of core_attn, moe_act, shared_experts (bit
   l.recompute_modules = "core_attn,moe_act,shared_experts";
   CheckRecompute(false, l, Recompute::kSelective);
 }
+TEST_CASE("llama: tp 2, sp, pp 2, selective recompute of the norms (bitwise equal to none)") {
+  Layout l = {2, 2, 1, 1, Schedule::k1F1B, true};
+  l.recompute_modules = "layernorm";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
+TEST_CASE("gpt: tp 2, recompute of the norms, core_attn and the MLP (bitwise equal to none)") {
+  Layout l = {2};
+  l.recompute_modules = "layernorm,core_attn,mlp";
+  CheckRecompute(true, l, Recompute::kSelective);
+}
+TEST_CASE("moe: tp 2, sp, recompute of the norms and the shared experts (bitwise equal)") {
+  Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
+  l.moe = true;
+  l.recompute_modules = "layernorm,shared_experts";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
+TEST_CASE("moe: tp 2, sp, etp 2, dp 2, recompute of the norms and moe_act (bitwise equal)") {
+  Layout l = {2, 1, 2, 1, Schedule::k1F1B, true};
+  l.moe = true;
+  l.etp = true;
+  l.recompute_modules = "layernorm,moe_act";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
 TEST_CASE("llama: uniform groups of 3 over a 4-layer chunk, then 1 (bitwise equal to none)") {
   CheckRecompute(false, RecomputeLayers(3, false, {1, 1, 2}), Recompute::kFull);
 }
@@ -972,6 +995,11 @@ TEST_CASE("mla, queries without a latent (q_lora_rank = 0): tp 2, pp 2") {
 }
 TEST_CASE("mla: tp 2, sequence parallel, selective recompute (bitwise equal to no recompute)") {
   CheckMlaRecompute({2, 1, 1, 1, Schedule::k1F1B, true}, Recompute::kSelective);
+}
+TEST_CASE("mla: tp 2, sp, recompute of the norms and core_attn (bitwise equal to none)") {
+  Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
+  l.recompute_modules = "layernorm,core_attn";
+  CheckMlaRecompute(l, Recompute::kSelective);
 }
 TEST_CASE("mla: tp 2, pp 2, sequence parallel, full recompute (bitwise equal to no recompute)") {
   CheckMlaRecompute({2, 2, 1, 1, Schedule::k1F1B, true}, Recompute::kFull);
