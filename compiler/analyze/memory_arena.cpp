@@ -48,6 +48,9 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
     z.mlp_recomputed = (modules & kRecomputeMlp) != 0;
     z.shared_recomputed = (modules & kRecomputeSharedExperts) != 0;
     z.norm_recomputed = (modules & kRecomputeLayernorm) != 0;
+    // moe: the whole MoE block, its activation and shared experts included.
+    z.moe_recomputed = (modules & kRecomputeMoe) != 0;
+    if (z.moe_recomputed) z.moe_act = z.shared_recomputed = false;
   }
   if (z.mla) {
     z.nope = m.qk_nope_head_dim;
@@ -363,6 +366,9 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
   const int64_t shared_kept = selective && z.shared_recomputed ? 0 : 1;
   // layernorm: the norm's output (and its gathered sequence) made again from the residual.
   const int64_t norm_kept = selective && z.norm_recomputed ? 0 : 1;
+  // moe: the whole block made again from its input.
+  if (selective && z.moe_recomputed)
+    return SatAdd(ArenaAttentionStash(z, recompute), norm_kept * b.input);
   return SatSum({ArenaAttentionStash(z, recompute), norm_kept * b.input, b.weights, b.indices,
                  b.scores, b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts,
                  b.gate_up, act, b.out, b.ep_counts, b.capacity_mask, norm_kept * b.shared_input,
@@ -384,7 +390,8 @@ namespace {
 // router: the shared experts run after the combine, the router weights' gradient later still).
 int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuffers& b,
                           int64_t early, int64_t open, int64_t held, int64_t forward_held) {
-  const bool full = recompute == Recompute::kFull;
+  const bool full =
+      recompute == Recompute::kFull || (recompute == Recompute::kSelective && z.moe_recomputed);
   auto rc = [&](int64_t x) { return full ? x : 0; };
   // moe_act: the activation recomputed for the down projection's backward.
   const int64_t act_rc = recompute == Recompute::kSelective && z.moe_act ? b.act : 0;
@@ -423,6 +430,9 @@ int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
 int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaMoeBuckets& k) {
   const ArenaMoeBuffers b = ArenaMoeBuffersOf(z);
   const bool full = recompute == Recompute::kFull, shared = z.shared_ffn > 0;
+  // The MoE block made again before its backward: under full recompute, or selective's moe
+  // module (then from its kept input, the attention half not recomputed).
+  const bool remade = full || (recompute == Recompute::kSelective && z.moe_recomputed);
   const int64_t routed = ArenaRoutedRows(z), a = z.a;
   // Gradients of the routed path: the experts' output (dy), the router weights' (dw), the
   // activation's (da), gate's and up's (dg, du), the permuted rows' (dxp), and the block
@@ -438,18 +448,18 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   const int64_t attention = full ? ArenaAttentionStash(z, Recompute::kNone) -
                                        SatMul(z.R, z.h * a)  // x stays in the stash
                                  : 0;
-  auto rc = [&](int64_t x) { return full ? x : 0; };
+  auto rc = [&](int64_t x) { return remade ? x : 0; };
   // The shared experts' input: the Etp group's rows, the gathered rows under sp, else the block
   // input itself (then held to the shared experts' backward with the router's buffers).
   const int64_t shared_input =
       !shared ? 0 : (z.etp_gathered ? b.group_rows : (z.R < z.T ? b.shared_input : b.input));
   const int64_t until_shared =
       rc(SatSum({z.R < z.T ? shared_input : 0, b.shared_gate_up, b.shared_act}));
-  const int64_t router = rc(SatSum({b.input, b.indices, b.scores, b.counts}));
+  const int64_t router = rc(SatSum({full ? b.input : 0, b.indices, b.scores, b.counts}));
   // Steps: MoeUnpermuteBackward, the down projection's backward, the activation's backward, the
   // gate (GELU: up) projection's backward, MoeUnpermute of the permuted gradient.
   // Before the down projection's backward only the recomputed forward has read the weights.
-  const int64_t early = SatAdd(k.held, full ? k.params : 0);
+  const int64_t early = SatAdd(k.held, remade ? k.params : 0);
   const int64_t open = SatSum({k.held, k.params, k.grads});
   // moe_act: the activation recomputed for the down projection's backward.
   const int64_t recomputed_act = recompute == Recompute::kSelective && z.moe_act ? b.act : 0;
@@ -480,8 +490,9 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
     const int64_t dnf = SatMul(z.T, z.h * a);
     const int64_t held = SatSum({open, attention, rc(shared_input)});
     // Made again for their backward: under full recompute, or with the shared_experts module.
-    const bool remade = full || (recompute == Recompute::kSelective && z.shared_recomputed);
-    auto rs = [&](int64_t x) { return remade ? x : 0; };
+    const bool shared_remade =
+        remade || (recompute == Recompute::kSelective && z.shared_recomputed);
+    auto rs = [&](int64_t x) { return shared_remade ? x : 0; };
     peak = std::max(
         {peak, SatSum({gathered, dsa, rows_grad, held, rs(SatAdd(b.shared_gate_up, b.shared_act))}),
          SatSum({dsa, dsgu, rows_grad, held, rs(b.shared_gate_up)}),

@@ -35,6 +35,7 @@ struct ArenaSizes {
   bool mlp_recomputed = false;     // selective's mlp module: a dense MLP kept as its norm's output
   bool shared_recomputed = false;  // selective's shared_experts module
   bool norm_recomputed = false;    // selective's layernorm module: both norms made again
+  bool moe_recomputed = false;     // selective's moe module: the MoE block made again
   // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
   bool mla = false;
   int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;

@@ -374,6 +374,13 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
   // from its kept input just before the backward that reads them.
   const bool norms = s_.recompute_layernorm && !recompute;
   if (norms) RecomputeMlpNorm(params, saved);
+  if (params.moe && s_.recompute_moe && !recompute) {
+    // The moe module: the MoE block (router, dispatch, experts, shared experts) made again from
+    // its kept input, up to the experts' output its backward starts from.
+    recompute_prefix_ = "recompute.";
+    MoeForward(params, saved, /*next=*/-1);
+    recompute_prefix_.clear();
+  }
   if (params.moe)
     MoeBackward(params, saved, gx);
   else
@@ -399,6 +406,8 @@ void RoleLowering::RecomputeMlpNorm(const LayerParams& params, LayerSaved& saved
   if (!params.moe) {
     // The MLP's gathered input (the mlp module gathers it again itself).
     if (!s_.recompute_mlp) saved.n2f = GatherSp(xn, "mlp_norm.out_full", h);
+  } else if (s_.recompute_moe) {
+    // The moe module's recomputed block derives what it reads from the norm's output itself.
   } else if (saved.n2f == old) {
     saved.n2f = xn;  // the shared experts read the norm's output itself
   } else if (saved.n2f >= 0 && saved.n2f != saved.moe.etp.x) {

@@ -153,10 +153,11 @@ struct BodyShape {
   // What kSelective recomputes (Megatron's --recompute-modules; all false otherwise): the
   // attention core (core_attn, the default), the experts' activation from their gate and up
   // (moe_act), the dense layers' MLP from its norm's output (mlp) and the MoE layers' shared
-  // experts from their input (shared_experts), and both norms' outputs and statistics from their
-  // inputs (layernorm).
+  // experts from their input (shared_experts), both norms' outputs and statistics from their
+  // inputs (layernorm), and the MoE layers' whole MoE block from its input (moe: then neither
+  // moe_act nor shared_experts is set, the block covering both).
   bool recompute_core_attention = false, recompute_moe_act = false, recompute_mlp = false,
-       recompute_shared_experts = false, recompute_layernorm = false;
+       recompute_shared_experts = false, recompute_layernorm = false, recompute_moe = false;
   MoeShape moe;  // mixture of experts (experts == 0: dense)
 };
 

@@ -1770,9 +1770,37 @@ TEST_CASE("selective recompute of the experts' activation: not kept, made again 
   CHECK(kept_mlp == 0);
   CHECK(remade_mlp == 1);
   // Other modules are refused.
-  plan.activations.recompute_modules = "moe";
+  plan.activations.recompute_modules = "mla_up_proj";
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
+}
+
+TEST_CASE("selective recompute of the MoE block: only its input kept, the block made again") {
+  Plan plan = TinyPlan(2, 1, 1);
+  plan.parallel.sp = true;
+  plan.model.experts = 4;
+  plan.model.topk = 2;
+  plan.model.moe_ffn_hidden = 64;
+  plan.recompute = Recompute::kSelective;
+  plan.activations.recompute_modules = "moe,moe_act";
+  const Program lowered = MustLower(plan);
+  std::map<std::string, BufferKind> kinds;
+  std::map<std::string, int> made;
+  for (const Buffer& b : lowered.roles[0].buffers) {
+    kinds[b.name] = b.kind;
+    ++made[b.name];
+  }
+  for (int l = 0; l < plan.model.layers; ++l) {
+    const std::string layer = "layers." + std::to_string(l) + ".";
+    CAPTURE(layer);
+    for (const char* name :
+         {"moe.router.logits", "moe.permuted", "moe.experts.act", "moe.experts.out"}) {
+      CHECK(kinds.at(layer + name) == BufferKind::Scratch);
+      // Made once more (moe_act inside the moe module adds no second activation).
+      CHECK(made[layer + "recompute." + name] == 1);
+    }
+    CHECK(kinds.at(layer + "mlp_norm.out") == BufferKind::Stash);  // the block's input
+  }
 }
 
 TEST_CASE("selective recompute of the norms: their outputs and statistics made again") {

@@ -523,6 +523,26 @@ TEST_CASE("moe: tp 2, sp, etp 2, dp 2, recompute of the norms and moe_act (bitwi
   l.recompute_modules = "layernorm,moe_act";
   CheckRecompute(false, l, Recompute::kSelective);
 }
+TEST_CASE("moe: tp 2, sp, selective recompute of the MoE block (bitwise equal to none)") {
+  Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
+  l.moe = true;
+  l.recompute_modules = "moe";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
+TEST_CASE("moe: etp 2, tp 2, sp, pp 2, recompute of the MoE block and the norms (bitwise)") {
+  Layout l = {2, 2, 1, 1, Schedule::k1F1B, true};
+  l.moe = true;
+  l.etp = true;
+  l.recompute_modules = "moe,layernorm,core_attn";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
+TEST_CASE("moe: ep 2, dp 2, recompute of the MoE block with moe_act (bitwise equal to none)") {
+  Layout l = {1, 1, 2};
+  l.moe = true;
+  l.ep = 2;
+  l.recompute_modules = "moe,moe_act";
+  CheckRecompute(false, l, Recompute::kSelective);
+}
 TEST_CASE("llama: uniform groups of 3 over a 4-layer chunk, then 1 (bitwise equal to none)") {
   CheckRecompute(false, RecomputeLayers(3, false, {1, 1, 2}), Recompute::kFull);
 }
