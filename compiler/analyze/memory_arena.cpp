@@ -50,6 +50,7 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
     z.norm_recomputed = (modules & kRecomputeLayernorm) != 0;
     // moe: the whole MoE block, its activation and shared experts included.
     z.moe_recomputed = (modules & kRecomputeMoe) != 0;
+    z.mla_up_recomputed = (modules & kRecomputeMlaUpProj) != 0;
     if (z.moe_recomputed) z.moe_act = z.shared_recomputed = false;
   }
   if (z.mla) {
@@ -70,7 +71,11 @@ namespace {
 // size, the latents before and after their norms (the core's padded output with its softmax
 // statistics unless selective recompute redoes the core).
 int64_t ArenaMlaAttentionStash(const ArenaSizes& z, Recompute recompute) {
-  const int64_t per_token = 3 * z.heads * z.qk + z.heads * z.vd + 2 * z.ql + 2 * z.kvl;
+  // mla_up_proj: q, k and v made again from the latents, the kv latent with its rope columns
+  // kept for it.
+  const bool up = recompute == Recompute::kSelective && z.mla_up_recomputed;
+  const int64_t qkv = up ? z.kvl + z.qk - z.nope : 3 * z.heads * z.qk;
+  const int64_t per_token = qkv + z.heads * z.vd + 2 * z.ql + 2 * z.kvl;
   int64_t bytes = SatMul(z.T, per_token * z.a);
   bytes = SatAdd(bytes, SatMul(z.T, int64_t{z.ql > 0 ? 2 : 1} * 4));  // the latents' rstd
   if (recompute == Recompute::kNone || z.core_kept)
@@ -196,6 +201,8 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
   // head size, then dq, dk, dv beside the up projection's output gradient.
   if (z.mla) {
     attn = std::max(4 * z.heads * z.qk, 3 * z.heads * z.qk + z.heads * (z.nope + z.vd));
+    // mla_up_proj: the recomputed q, k and v beside the core's gradients.
+    if (recompute == Recompute::kSelective && z.mla_up_recomputed) attn += 3 * z.heads * z.qk;
     // Under context parallelism every head's K and V travel the ring at the query/key size.
     if (z.ring) attn += 8 * z.heads * z.qk;
   }

@@ -36,6 +36,7 @@ struct ArenaSizes {
   bool shared_recomputed = false;  // selective's shared_experts module
   bool norm_recomputed = false;    // selective's layernorm module: both norms made again
   bool moe_recomputed = false;     // selective's moe module: the MoE block made again
+  bool mla_up_recomputed = false;  // selective's mla_up_proj module: latent attention's q, k, v
   // Multi-head latent attention (kv_lora_rank > 0): query/key and value head sizes, latent ranks.
   bool mla = false;
   int64_t qk = 0, vd = 0, nope = 0, ql = 0, kvl = 0;

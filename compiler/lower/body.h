@@ -156,8 +156,10 @@ struct BodyShape {
   // experts from their input (shared_experts), both norms' outputs and statistics from their
   // inputs (layernorm), and the MoE layers' whole MoE block from its input (moe: then neither
   // moe_act nor shared_experts is set, the block covering both).
+  // Latent attention's q, k and v from the kept latents (mla_up_proj).
   bool recompute_core_attention = false, recompute_moe_act = false, recompute_mlp = false,
-       recompute_shared_experts = false, recompute_layernorm = false, recompute_moe = false;
+       recompute_shared_experts = false, recompute_layernorm = false, recompute_moe = false,
+       recompute_mla_up_proj = false;
   MoeShape moe;  // mixture of experts (experts == 0: dense)
 };
 

@@ -141,6 +141,7 @@ class RoleLowering {
   struct MlaSaved {
     int32_t q_latent = -1, q_normed = -1, q_rstd = -1;  // q_lora_rank > 0
     int32_t kv_latent = -1, kv_normed = -1, kv_rstd = -1;
+    int32_t kv_rope = -1;   // the kv latent with the shared rope head's columns, before RoPE
     int32_t core_out = -1;  // the attention core's output, v padded to the qk head size
   };
   // --- end multi-head latent attention ---
@@ -361,6 +362,9 @@ class RoleLowering {
   // From the gathered normed rows saved.n1f: the latent projections, decoupled RoPE, the
   // attention core; sets saved.q, k, v (v padded), o (v head size), lse and saved.mla.
   void MlaForward(const LayerParams& params, LayerSaved& saved);
+  // The up projections and RoPE: q, k and v (padded) from the latents (or q from the norm's
+  // output), what the mla_up_proj module of selective recompute makes again.
+  void MlaUpProjections(const LayerParams& params, LayerSaved& saved);
   void MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
   // The column maps between the per-head buffers (local heads) and the latent ones.
   prog::attrs::CopyColumns MlaMap(int64_t groups, int64_t width, int64_t x_cols, int64_t x_stride,

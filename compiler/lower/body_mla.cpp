@@ -51,13 +51,9 @@ RoleLowering::MlaParams RoleLowering::MakeMlaParams(int32_t layer_index, ParamRe
 void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   const MlaParams& lp = P.latent;
   MlaSaved& ms = saved.mla;
-  const int64_t heads = m_.heads / tp_, nope = m_.qk_nope_head_dim, rope = m_.qk_rope_head_dim;
-  const int64_t qk = nope + rope, vd = m_.v_head_dim, kvl = m_.kv_lora_rank;
-  const auto rope_attrs = [&](int64_t n) {
-    return attrs::Rope{.heads = n, .head_dim = rope, .theta = m_.rope_theta};
-  };
-  // Queries: through the q latent (down, RMSNorm, up) or projected directly.
-  saved.q = Act("q", {tokens_, heads * qk});
+  const int64_t heads = m_.heads / tp_, qk = m_.qk_nope_head_dim + m_.qk_rope_head_dim;
+  const int64_t vd = m_.v_head_dim, kvl = m_.kv_lora_rank, rope = m_.qk_rope_head_dim;
+  // The q latent (down, RMSNorm) when queries go through one.
   if (m_.q_lora_rank > 0) {
     const int64_t ql = m_.q_lora_rank;
     ms.q_latent = Act("attention.q_latent", {tokens_, ql});
@@ -66,19 +62,36 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
     ms.q_rstd = Stat("attention.q_norm.rstd", {tokens_});
     Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.q_latent, lp.q_norm.w.value},
          {ms.q_normed, ms.q_rstd});
-    Emit(attrs::Linear{}, {ms.q_normed, lp.wq_up.value}, {saved.q});
-  } else {
-    Emit(attrs::Linear{}, {saved.n1f, lp.wq.value}, {saved.q});
   }
   // Keys and values: the kv latent and the shared rope head in one projection.
-  const int32_t kv_a = Act("attention.kv_latent_rope", {tokens_, kvl + rope});
-  Emit(attrs::Linear{}, {saved.n1f, lp.wkv_down.value}, {kv_a});
+  ms.kv_rope = Act("attention.kv_latent_rope", {tokens_, kvl + rope});
+  Emit(attrs::Linear{}, {saved.n1f, lp.wkv_down.value}, {ms.kv_rope});
   ms.kv_latent = Act("attention.kv_latent", {tokens_, kvl});
-  Emit(MlaMap(1, kvl, kvl + rope, 0, 0, kvl, 0, 0), {kv_a}, {ms.kv_latent});
+  Emit(MlaMap(1, kvl, kvl + rope, 0, 0, kvl, 0, 0), {ms.kv_rope}, {ms.kv_latent});
   ms.kv_normed = Act("attention.kv_norm.out", {tokens_, kvl});
   ms.kv_rstd = Stat("attention.kv_norm.rstd", {tokens_});
   Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.kv_latent, lp.kv_norm.w.value},
        {ms.kv_normed, ms.kv_rstd});
+  MlaUpProjections(P, saved);
+  EmitAttentionCore("attention", saved.q, saved.k, saved.v, ms.core_out, saved.lse);
+  saved.o = Act("attention.out", {tokens_, heads * vd});
+  Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * vd, vd, 0), {ms.core_out}, {saved.o});
+}
+
+void RoleLowering::MlaUpProjections(const LayerParams& P, LayerSaved& saved) {
+  const MlaParams& lp = P.latent;
+  const MlaSaved& ms = saved.mla;
+  const int64_t heads = m_.heads / tp_, nope = m_.qk_nope_head_dim, rope = m_.qk_rope_head_dim;
+  const int64_t qk = nope + rope, vd = m_.v_head_dim, kvl = m_.kv_lora_rank;
+  const auto rope_attrs = [&](int64_t n) {
+    return attrs::Rope{.heads = n, .head_dim = rope, .theta = m_.rope_theta};
+  };
+  // Queries: up from the q latent, or projected directly from the norm's output.
+  saved.q = Act("q", {tokens_, heads * qk});
+  if (m_.q_lora_rank > 0)
+    Emit(attrs::Linear{}, {ms.q_normed, lp.wq_up.value}, {saved.q});
+  else
+    Emit(attrs::Linear{}, {saved.n1f, lp.wq.value}, {saved.q});
   const int32_t kv = Act("attention.kv", {tokens_, heads * (nope + vd)});
   Emit(attrs::Linear{}, {ms.kv_normed, lp.wkv_up.value}, {kv});
   // Decoupled RoPE: the rope part of each query head, and the one shared key head.
@@ -88,7 +101,7 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   Emit(rope_attrs(heads), {q_pe}, {q_pe}, cp_comm_);
   Emit(Reversed(q_rope_part, false), {q_pe}, {saved.q});
   const int32_t k_pe = Act("attention.k_rope", {tokens_, rope});
-  Emit(MlaMap(1, rope, kvl + rope, 0, kvl, rope, 0, 0), {kv_a}, {k_pe});
+  Emit(MlaMap(1, rope, kvl + rope, 0, kvl, rope, 0, 0), {ms.kv_rope}, {k_pe});
   Emit(rope_attrs(1), {k_pe}, {k_pe}, cp_comm_);
   // k = [k_nope of each head, the shared rope head]; v padded with zeros to the qk head size so
   // that one Attention runs it (the padded output columns are zeros). The zeros come from a
@@ -103,9 +116,6 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
     Emit(attrs::Fill{.value = 0.0}, {}, {zeros});
     Emit(MlaMap(heads, qk - vd, qk - vd, 0, 0, heads * qk, qk, vd), {zeros}, {saved.v});
   }
-  EmitAttentionCore("attention", saved.q, saved.k, saved.v, ms.core_out, saved.lse);
-  saved.o = Act("attention.out", {tokens_, heads * vd});
-  Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * vd, vd, 0), {ms.core_out}, {saved.o});
 }
 
 void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx) {
@@ -125,14 +135,21 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   const int32_t dout_padded = Act("attention.out_padded.grad", {tokens_, heads * qk});
   Emit(attrs::Fill{.value = 0.0}, {}, {dout_padded});
   Emit(MlaMap(heads, vd, heads * vd, vd, 0, heads * qk, qk, 0), {dout}, {dout_padded});
-  // Attention core (recomputed from the stashed q, k, v under selective recompute).
+  // The mla_up_proj module: q, k and v made again from the kept latents.
+  LayerSaved up = saved;
+  if (s_.recompute_mla_up_proj) {
+    recompute_prefix_ = "recompute.";
+    MlaUpProjections(params, up);
+    recompute_prefix_.clear();
+  }
+  // Attention core (recomputed from q, k, v under selective recompute).
   int32_t o = ms.core_out, lse = saved.lse;
   if (s_.recompute_core_attention)
-    EmitAttentionCore("recompute.attention", saved.q, saved.k, saved.v, o, lse);
+    EmitAttentionCore("recompute.attention", up.q, up.k, up.v, o, lse);
   const int32_t dq = Act("q.grad", {tokens_, heads * qk});
   const int32_t dk = Act("k.grad", {tokens_, heads * qk});
   const int32_t dv = Act("v_padded.grad", {tokens_, heads * qk});
-  EmitAttentionCoreBackward(dout_padded, saved, o, lse, dq, dk, dv);
+  EmitAttentionCoreBackward(dout_padded, up, o, lse, dq, dk, dv);
   // Back through the head layouts: dk's nope part and dv into the up projection's output; dk's
   // rope part summed over the heads into the shared head; RoPE's inverse rotations.
   const int32_t dkv = Act("attention.kv.grad", {tokens_, heads * (nope + vd)});

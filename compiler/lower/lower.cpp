@@ -209,20 +209,13 @@ void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
 
 // Activation memory options, optimizer offload and sharding.
 void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupported) {
-  // Selective recompute lowers the attention core, the dense MLP, the experts' activation, the
-  // shared experts, the norms and the whole MoE block.
-  constexpr uint32_t kLoweredModules = kRecomputeCoreAttn | kRecomputeMoeAct | kRecomputeMlp |
-                                       kRecomputeSharedExperts | kRecomputeLayernorm |
-                                       kRecomputeMoe;
-  if (plan.activations.offload_layers > 0 ||
-      (plan.recompute == Recompute::kSelective &&
-       (EffectiveRecomputeModules(plan) & ~kLoweredModules) != 0))
-    unsupported.Report(
-        "recompute of the module mla_up_proj, or activation offload",
-        plan.activations.offload_layers > 0 ? "activations.offload_layers"
-                                            : "activations.recompute_modules",
-        "use `recompute = none`, `selective` (modules core_attn, mlp, moe_act, shared_experts, "
-        "layernorm and moe) or `full` to compile");
+  // Selective recompute lowers every module Megatron-Core names (RecomputeModuleNames); the
+  // activations it keeps stay on the device.
+  if (plan.activations.offload_layers > 0)
+    unsupported.Report("activation offload (planrun keeps the activations on the device)",
+                       "activations.offload_layers",
+                       "set `activations.offload_layers = 0`; recompute (`selective` with its "
+                       "modules, or `full`) saves the memory instead");
   // planrun keeps the fp32 master weights and Adam moments in the rank's arena: a program
   // compiled from an offloading plan would need the device memory the plan was checked without.
   if (plan.optimizer.offload == Offload::kCpu)
@@ -851,6 +844,7 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.recompute_shared_experts = (modules & kRecomputeSharedExperts) != 0;
     bs.recompute_layernorm = (modules & kRecomputeLayernorm) != 0;
     bs.recompute_moe = (modules & kRecomputeMoe) != 0;
+    bs.recompute_mla_up_proj = (modules & kRecomputeMlaUpProj) != 0;
     if (bs.recompute_moe) bs.recompute_moe_act = bs.recompute_shared_experts = false;
   }
   if (plan.recompute == Recompute::kFull && plan.activations.recompute_layers > 0) {

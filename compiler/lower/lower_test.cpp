@@ -1769,10 +1769,12 @@ TEST_CASE("selective recompute of the experts' activation: not kept, made again 
   }
   CHECK(kept_mlp == 0);
   CHECK(remade_mlp == 1);
-  // Other modules are refused.
-  plan.activations.recompute_modules = "mla_up_proj";
+  // Every module lowers; offloading the activations instead is refused.
+  plan.activations.offload_layers = 1;
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(plan, {}, sink).has_value());
+  REQUIRE(!sink.diagnostics().empty());
+  CHECK(sink.diagnostics()[0].message.find("activation offload") != std::string::npos);
 }
 
 TEST_CASE("selective recompute of the MoE block: only its input kept, the block made again") {
@@ -1801,6 +1803,24 @@ TEST_CASE("selective recompute of the MoE block: only its input kept, the block 
     }
     CHECK(kinds.at(layer + "mlp_norm.out") == BufferKind::Stash);  // the block's input
   }
+}
+
+TEST_CASE("selective recompute of latent attention's up projections (mla_up_proj)") {
+  Plan plan = MlaPlan(2, 1, 1);
+  plan.recompute = Recompute::kSelective;
+  plan.activations.recompute_modules = "mla_up_proj";
+  const Program lowered = MustLower(plan);
+  std::map<std::string, BufferKind> kinds;
+  for (const Buffer& b : lowered.roles[0].buffers) kinds[b.name] = b.kind;
+  // q, k and v (padded) are made again from the kept latents and the kv latent's rope columns.
+  for (const char* name : {"q", "k", "v_padded", "attention.kv"}) {
+    CAPTURE(name);
+    CHECK(kinds.at(std::string("layers.0.") + name) == BufferKind::Scratch);
+    CHECK(kinds.count(std::string("layers.0.recompute.") + name) == 1);
+  }
+  for (const char* name : {"attention.kv_latent_rope", "attention.kv_norm.out",
+                           "attention.q_norm.out", "attention.out"})
+    CHECK(kinds.at(std::string("layers.0.") + name) == BufferKind::Stash);
 }
 
 TEST_CASE("selective recompute of the norms: their outputs and statistics made again") {

@@ -971,12 +971,12 @@ void CheckMlaEquivalent(const Layout& layout, bool q_latent = true) {
 }
 
 // Recompute bitwise equal to the same layout without it (see CheckRecompute).
-void CheckMlaRecompute(Layout layout, paraplan::Recompute mode) {
+void CheckMlaRecompute(Layout layout, paraplan::Recompute mode, bool q_latent = true) {
   layout.recompute = paraplan::Recompute::kNone;
-  const RunResult plain = Run(Compile(MlaPlan(layout, true)));
+  const RunResult plain = Run(Compile(MlaPlan(layout, q_latent)));
   layout.recompute = mode;
-  CheckMlaEquivalent(layout);
-  const RunResult got = Run(Compile(MlaPlan(layout, true)));
+  CheckMlaEquivalent(layout, q_latent);
+  const RunResult got = Run(Compile(MlaPlan(layout, q_latent)));
   REQUIRE(got.steps.size() == plain.steps.size());
   for (size_t s = 0; s < got.steps.size(); ++s) {
     CAPTURE(s);
@@ -1015,6 +1015,22 @@ TEST_CASE("mla, queries without a latent (q_lora_rank = 0): tp 2, pp 2") {
 }
 TEST_CASE("mla: tp 2, sequence parallel, selective recompute (bitwise equal to no recompute)") {
   CheckMlaRecompute({2, 1, 1, 1, Schedule::k1F1B, true}, Recompute::kSelective);
+}
+TEST_CASE("mla: tp 2, sp, recompute of the up projections (bitwise equal to none)") {
+  Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
+  l.recompute_modules = "mla_up_proj";
+  CheckMlaRecompute(l, Recompute::kSelective);
+}
+TEST_CASE("mla, queries projected directly: pp 2, up projections and core_attn (bitwise)") {
+  Layout l = {1, 2, 1};
+  l.recompute_modules = "mla_up_proj,core_attn";
+  CheckMlaRecompute(l, Recompute::kSelective, /*q_latent=*/false);
+}
+TEST_CASE("mla: cp 2, tp 2, sp, up projections over the ring's positions (bitwise)") {
+  Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
+  l.cp = 2;
+  l.recompute_modules = "mla_up_proj,layernorm";
+  CheckMlaRecompute(l, Recompute::kSelective);
 }
 TEST_CASE("mla: tp 2, sp, recompute of the norms and core_attn (bitwise equal to none)") {
   Layout l = {2, 1, 1, 1, Schedule::k1F1B, true};
