@@ -633,11 +633,9 @@ namespace {
 bool MoeArenaApplies(const Plan& plan) {
   const ParallelSpec& q = plan.parallel;
   if (q.etp != 1 && q.etp != q.tp) return false;
-  // Expert parallelism lowers with ZeRO 0 or 1, and beside tp > 1 under sequence parallelism or
-  // with the experts split over the Tp group.
-  if (q.ep > 1)
-    return plan.optimizer.zero <= 1 && (q.tp == 1 || q.sp || q.etp == q.tp) &&
-           plan.model.experts % q.ep == 0;
+  // Expert parallelism lowers beside tp > 1 under sequence parallelism or with the experts split
+  // over the Tp group (with any ZeRO stage: the experts' buckets sharded over Edp).
+  if (q.ep > 1) return (q.tp == 1 || q.sp || q.etp == q.tp) && plan.model.experts % q.ep == 0;
   return true;
 }
 

@@ -582,10 +582,11 @@ void RoleLowering::BuildBuckets() {
     std::map<std::string, std::vector<int32_t>> members;
     for (int32_t i = 0; i < static_cast<int32_t>(role_.params.size()); ++i) {
       if (role_.params[i].chunk != c.index) continue;
-      // The experts (ExpertsOverEdp) keep a bucket of their own: their grads reduce over Edp.
-      const std::string group = shard_grads_         ? param_group_[i]
-                                : IsExpertSharded(i) ? std::string("experts")
-                                                     : std::string();
+      // The experts (ExpertsOverEdp) keep a bucket of their own (with ZeRO >= 2 one per layer):
+      // their grads reduce over Edp.
+      const std::string experts = IsExpertSharded(i) ? "experts" : "";
+      const std::string group =
+          shard_grads_ ? param_group_[i] + (experts.empty() ? "" : "." + experts) : experts;
       if (!members.count(group)) groups.push_back(group);
       members[group].push_back(i);
     }
@@ -642,8 +643,7 @@ void RoleLowering::ScopeBucketsInBodies() {
             const Bucket& b = role_.buckets[k];
             if (is_grad[x] && opened.insert(k).second)
               Emit(attrs::Fill{.value = 0.0}, {}, {b.grads});
-            if (!is_grad[x] && gathered.insert(k).second)
-              Emit(attrs::AllGather{}, {b.param_shard}, {b.params}, shard_comm_);
+            if (!is_grad[x] && gathered.insert(k).second) GatherBucket(b);
           }
         }
         body.ops.push_back(ops[i]);
@@ -653,13 +653,31 @@ void RoleLowering::ScopeBucketsInBodies() {
           for (const Param& prm : role_.params)
             if (prm.grad_sync_tp && role_.buffers[prm.grad].view_of == b.grads)
               Emit(attrs::AllReduce{}, {prm.grad}, {prm.grad}, CommKind::Tp);
-          Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum, .accumulate = true}, {b.grads},
-               {b.grad_shard}, shard_comm_);
+          ReduceBucketIntoShard(b);
         }
       }
     }
   }
   body_ = nullptr;
+}
+
+// ZeRO 3: a bucket's full params from the shards, over its ZeRO group (an expert bucket's Edp
+// group, which may be one rank: then the shard is the whole bucket).
+void RoleLowering::GatherBucket(const Bucket& b) {
+  if (IsExpertBucket(b) && edp_ <= 1)
+    Emit(attrs::Copy{}, {b.param_shard}, {b.params});
+  else
+    Emit(attrs::AllGather{}, {b.param_shard}, {b.params},
+         IsExpertBucket(b) ? CommKind::Edp : shard_comm_);
+}
+
+// ZeRO >= 2: a bucket's full grads reduced into the rank's persistent shard, added to it.
+void RoleLowering::ReduceBucketIntoShard(const Bucket& b) {
+  if (IsExpertBucket(b) && edp_ <= 1)
+    Emit(attrs::Add{}, {b.grad_shard, b.grads}, {b.grad_shard});
+  else
+    Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum, .accumulate = true}, {b.grads},
+         {b.grad_shard}, IsExpertBucket(b) ? CommKind::Edp : shard_comm_);
 }
 
 // The global gradient norm's square into nsq (the optimizer body's first ops).
@@ -742,8 +760,8 @@ StepBodies RoleLowering::BuildStepBodies() {
     int32_t params = gather_params_ ? b.param_shard : b.params;
     int32_t grads = shard_grads_ ? b.grad_shard : b.grads;
     const std::vector<int32_t> in = {params, grads, b.master, b.exp_avg, b.exp_avg_sq, nsq};
-    // The experts' buckets shard over Edp (ZeRO 1; ZeRO >= 2 is refused beside ep > 1 and keeps
-    // the experts beside the dense params with ep = 1).
+    // The experts' buckets shard over Edp (with ep = 1, ZeRO >= 2 keeps the experts beside the
+    // dense params).
     const bool experts = IsExpertBucket(b);
     const bool shards = experts ? p_.zero >= 1 && edp_ > 1 : sharded;
     const CommKind group = experts ? CommKind::Edp : shard_comm_;

@@ -377,6 +377,10 @@ class RoleLowering {
   StepBodies BuildStepBodies();
   void EmitGradNormSquare(int32_t nsq, bool sharded);
   void ClassifyStash();
+  // ZeRO 3's gather of a bucket's params and ZeRO 2/3's reduction of its grads into the shard,
+  // over the bucket's ZeRO group (Dp, DpCp, or Edp for the experts').
+  void GatherBucket(const Bucket& b);
+  void ReduceBucketIntoShard(const Bucket& b);
 
   const BodyShape& s_;
   const ModelConfig& m_;

@@ -399,7 +399,8 @@ int32_t RoleLowering::EpCombine(const MoeSaved& ms, int32_t local_rows, const st
 }
 
 void RoleLowering::EmitExpertGradReduction() {
-  if (edp_ <= 1) return;
+  // (With sharded grads each bucket was reduced at the end of its backward body.)
+  if (edp_ <= 1 || shard_grads_) return;
   for (const Bucket& b : role_.buckets) {
     if (!IsExpertBucket(b)) continue;
     if (p_.zero >= 1)

@@ -163,12 +163,6 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                     "rows, as Megatron-Core requires for experts beside tensor parallelism; or "
                     "`parallel.etp = {}` (each expert split over the Tp group)",
                     q.tp));
-  if (m.IsMoe() && q.ep > 1 && plan.optimizer.zero > 1)
-    unsupported.Report(
-        fmt::format("ZeRO {} beside expert parallelism (ep = {})", plan.optimizer.zero, q.ep),
-        "optimizer.zero",
-        "set `optimizer.zero = 1` (the optimizer states of the experts sharded over their "
-        "expert-data-parallel group, the rest over dp) or `0`");
   if (!m.IsMoe() && q.ep > 1)
     unsupported.Report(
         fmt::format("expert parallelism (ep = {}) for a model without experts", q.ep),

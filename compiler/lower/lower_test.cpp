@@ -678,19 +678,15 @@ TEST_CASE("compact schedules: mutated programs get the messages the ops get") {
 }
 
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
-  // Expert parallelism lowers (etp = 1) with ZeRO 0 or 1; beside ZeRO 2 it is refused, naming it.
-  Plan moe = TinyPlan(1, 1, 2);
-  moe.model.experts = 8;
-  moe.model.topk = 2;
-  moe.parallel.ep = 2;
-  moe.parallel.etp = 1;
-  moe.optimizer.zero = 2;
+  // Multi-token prediction is refused, naming it.
+  Plan mtp = TinyPlan(1, 1, 2);
+  mtp.model.mtp_layers = 1;
   DiagnosticSink sink;
-  CHECK_FALSE(LowerPlan(moe, {}, sink).has_value());
+  CHECK_FALSE(LowerPlan(mtp, {}, sink).has_value());
   REQUIRE(sink.diagnostics().size() >= 1);
   CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
   CHECK(sink.diagnostics()[0].message ==
-        "lowering does not emit ZeRO 2 beside expert parallelism (ep = 2) yet");
+        "lowering does not emit multi-token prediction (1 modules) yet");
 
   Plan odd = TinyPlan(2, 1, 1);
   odd.model.kv_heads = 1;
@@ -897,12 +893,23 @@ TEST_CASE("expert parallelism: refusals name the combination") {
   CHECK(odd.diagnostics()[0].kind == DiagKind::kLowerShape);
   CHECK(odd.diagnostics()[0].message == "experts = 3 is not a multiple of ep = 2");
   plan.model.experts = 4;
+  // ZeRO 3: each layer's experts in a bucket of their own, gathered and reduce-scattered over Edp
+  // inside the bodies (tp 2, dp 2, ep 2: Edp groups of 2).
   plan.optimizer.zero = 3;
-  DiagnosticSink zero;
-  CHECK_FALSE(LowerPlan(plan, {}, zero).has_value());
-  REQUIRE(!zero.diagnostics().empty());
-  CHECK(zero.diagnostics()[0].message ==
-        "lowering does not emit ZeRO 3 beside expert parallelism (ep = 2) yet");
+  plan.parallel.dp = 2;
+  plan.cluster.gpus_per_node = 4;
+  const Program zero3 = MustLower(plan);
+  const Role& role = zero3.roles[0];
+  int expert_buckets = 0;
+  for (const Bucket& b : role.buckets)
+    expert_buckets += role.buffers[b.params].name.find(".experts.params") != std::string::npos;
+  CHECK(expert_buckets == plan.model.layers);
+  CHECK(CountOps(role.bodies[role.chunks[0].forward], OpKind::AllGather, CommKind::Edp) ==
+        plan.model.layers);
+  CHECK(CountOps(role.bodies[role.chunks[0].backward], OpKind::ReduceScatter, CommKind::Edp) ==
+        plan.model.layers);
+  plan.parallel.dp = 1;
+  plan.cluster.gpus_per_node = 2;
   // A capacity factor beside expert parallelism: each rank drops past the capacity of the rows
   // it routes, before the dispatch (the dropped pairs are not dispatched).
   plan.optimizer.zero = 0;

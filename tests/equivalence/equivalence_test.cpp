@@ -1046,6 +1046,16 @@ TEST_CASE("planc compile: mla cp 2, tp 2, sequence parallel") {
 TEST_CASE("planc compile: QK-norm, squared ReLU, tp 2, pp 2, sp, block recompute") {
   CheckPlancEquivalent("qk_sq_single", "qk_sq_tp2_pp2_sp");
 }
+TEST_CASE("planc compile: ZeRO 2 and 3 beside ep 2 (experts over Edp; Edp of one rank)") {
+  CheckPlancEquivalent("moe_single", "moe_ep2_tp2_dp2_zero2_sp");
+  CheckPlancEquivalent("moe_single", "moe_ep2_tp2_dp2_zero3_sp");
+  CheckPlancEquivalent("moe_single", "moe_ep2_pp2_dp2_zero3");
+  CheckPlancEquivalent("moe_single", "moe_ep2_etp2_tp2_dp4_zero3_sp");
+}
+TEST_CASE("ZeRO 3 beside ep 2: a checkpoint of the Edp-sharded experts resumes bitwise") {
+  CheckResumeBitwise(PlancCompile("moe_ep2_tp2_dp2_zero3_sp"), "expert_zero3_checkpoint");
+  CheckResumeBitwise(PlancCompile("moe_ep2_pp2_dp2_zero3"), "expert_zero3_edp1_checkpoint");
+}
 TEST_CASE("planc compile: sliding window 6, tp 2, sp, pp 2; and cp 2, tp 2, sp") {
   CheckPlancEquivalent("window_single", "window_tp2_pp2_sp");
   CheckPlancEquivalent("window_single", "window_cp2_tp2_sp");

@@ -447,6 +447,11 @@ TEST_CASE("check's estimate is compile's arena within 3% with expert parallelism
        {"recompute=selective", "activations.recompute_modules=\"core_attn,moe_act\""}},
       {"moe_ep2_tp2", {"recompute=selective", "activations.recompute_modules=\"moe,layernorm\""}},
       {"moe_ep2_tp2", {"parallel.ep=8", "moe.imbalance=1.2"}},
+      // ZeRO 2 and 3: the experts' per-layer buckets sharded over Edp (of one rank with ep 8).
+      {"moe_ep2_tp2", {"optimizer.zero=2"}},
+      {"moe_ep2_tp2", {"optimizer.zero=3", "recompute=full"}},
+      {"moe_ep2_tp2", {"optimizer.zero=3", "parallel.ep=8", "moe.imbalance=1.2"}},
+      {"moe_ep4_tp2", {"optimizer.zero=3", "parallel.pp=2"}},
       {"moe_ep2_tp2", {"parallel.tp=1", "parallel.sp=false"}},
       {"moe_ep2_tp2", {"parallel.cp=2", "recompute=full"}},
       {"moe_ep2_tp2",
