@@ -537,7 +537,7 @@ int64_t ArenaMoeLayerBucket(const MemoryInputs& in) {
 ArenaMoeBuckets ArenaMoeBucketsOf(const MemoryInputs& in, const CostChunk& chunk) {
   const Plan& plan = *in.plan;
   ArenaMoeBuckets k;
-  if (plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1) return k;
+  if (plan.optimizer.zero < 2 || ShardGroup(plan) <= 1) return k;
   const int64_t elements = ArenaMoeLayerBucket(in);
   k.grads = SatMul(elements, 4);
   if (plan.optimizer.zero >= 3) k.params = SatMul(elements, in.arena_sizes.a);
@@ -757,7 +757,7 @@ int64_t ArenaMoeStateBytes(const MemoryInputs& in, const StageTally& tally) {
 int64_t ArenaWorkspace(const MemoryInputs& in, const StageTally& tally, const StageMemory& s) {
   const Plan& plan = *in.plan;
   const int64_t ops = std::max(tally.workspace, tally.loss_workspace);
-  if (!in.arena || plan.optimizer.zero < 2 || plan.parallel.dp * plan.parallel.cp <= 1)
+  if (!in.arena || plan.optimizer.zero < 2 || ShardGroup(plan) <= 1)
     return std::max(ops, tally.moe_workspace);
   const bool zero3 = plan.optimizer.zero >= 3;
   const int64_t per = 4 + (zero3 ? in.arena_sizes.a : 0);

@@ -600,8 +600,7 @@ double OptimizerSeconds(const Context& cx, const StepPrices& sp, const StageMemo
       (2 * local_opt + D(sm.Get(MemoryPart::kGradients)) + D(sm.Get(MemoryPart::kWeights))) /
       cx.hbm;
   if (plan.optimizer.offload == Offload::kCpu) {
-    const double shard =
-        plan.optimizer.zero >= 1 ? D(std::max<int64_t>(1, plan.parallel.dp * plan.parallel.cp)) : 1;
+    const double shard = plan.optimizer.zero >= 1 ? D(std::max<int64_t>(1, ShardGroup(plan))) : 1;
     const double local = D(sm.params) / shard;
     seconds += local / cx.eff.cpu_adam_params_per_s +
                local * (sp.grad_elem + sp.param_elem) / cx.eff.pcie_bandwidth;

@@ -692,7 +692,13 @@ void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
     Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
   } else {
     Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? shard_comm_ : CommKind::None);
-    if (sharded) {
+    if (sharded && replicate_ > 1) {
+      // Hybrid sharding: the replicas hold the same shards; sum one replica's (the Shard
+      // group's) and the model-parallel ranks'.
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Shard);
+      if (p_.tp * p_.pp > 1)
+        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
+    } else if (sharded) {
       if (world > 1)
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);
     } else if (p_.tp * p_.pp > 1) {
@@ -738,16 +744,23 @@ StepBodies RoleLowering::BuildStepBodies() {
   }
   // Context-parallel ranks hold the same weights: grads are summed (or reduce-scattered under
   // ZeRO) over DpCp.
+  // Under hybrid sharding the replicas' sums first (ZeRO 1: over the whole bucket, then the
+  // Shard group's reduce-scatter; ZeRO 2/3: over the shards the bodies reduced into).
   const CommKind grad_comm = shard_comm_;
   if (p_.dp * cp_ > 1 && !shard_grads_) {
     for (const Bucket& b : role_.buckets) {
       if (IsExpertBucket(b)) continue;
+      if (replicate_ > 1) Emit(attrs::AllReduce{}, {b.grads}, {b.grads}, CommKind::Replicate);
       if (sharded)
         Emit(attrs::ReduceScatter{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
       else
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {b.grads}, {b.grads}, grad_comm);
     }
   }
+  if (shard_grads_ && replicate_ > 1)
+    for (const Bucket& b : role_.buckets)
+      if (!IsExpertBucket(b))
+        Emit(attrs::AllReduce{}, {b.grad_shard}, {b.grad_shard}, CommKind::Replicate);
   EmitExpertGradReduction();
   // Optimizer step.
   role_.bodies.push_back({"optimizer_step", {}});

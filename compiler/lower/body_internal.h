@@ -394,7 +394,8 @@ class RoleLowering {
   CommKind tp_comm_ = CommKind::None;
   // --- context parallelism ---
   int64_t shard_ = 1;                   // the ZeRO group: dp · cp ranks
-  CommKind shard_comm_ = CommKind::Dp;  // DpCp when cp > 1, else Dp
+  CommKind shard_comm_ = CommKind::Dp;  // DpCp when cp > 1, else Dp; Shard under hybrid sharding
+  int64_t replicate_ = 1;               // hybrid sharding's replicas (Replicate group), else 1
   // --- end context parallelism ---
   bool shard_grads_ = false;    // ZeRO >= 2, dp · cp > 1: grads reduce-scattered per backward
   bool gather_params_ = false;  // ZeRO >= 3, dp · cp > 1: params gathered in the bodies, per layer

@@ -23,6 +23,16 @@ RoleLowering::RoleLowering(const BodyShape& shape, int32_t pipeline_rank, Role& 
   shard_ = static_cast<int64_t>(p_.dp) * cp_;
   shard_comm_ = cp_ > 1 ? CommKind::DpCp : CommKind::Dp;
   // --- end context parallelism ---
+  // --- hybrid sharding: ZeRO over one replica's Shard group, the gradients summed over the
+  // replicas (a Shard group of one rank: every rank holds the whole, summed over DpCp) ---
+  replicate_ = std::max(1, p_.replicate);
+  if (replicate_ > 1 && shard_ / replicate_ > 1) {
+    shard_ /= replicate_;
+    shard_comm_ = CommKind::Shard;
+  } else if (replicate_ > 1) {
+    replicate_ = 1;  // shard of one: plain data parallelism over Dp (DpCp)
+    shard_ = 1;
+  }
   shard_grads_ = p_.zero >= 2 && shard_ > 1;
   gather_params_ = p_.zero >= 3 && shard_ > 1;
   // --- expert parallelism: each Ep rank holds experts / ep experts; the ranks holding the same

@@ -201,6 +201,13 @@ void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
                          fields[i], "remove it and keep the `precision` shorthand to compile");
 }
 
+// Whether the experts sit in buckets of their own sharded over Edp (RoleLowering::ExpertsOverEdp).
+bool ExpertsShardOverEdp(const Plan& plan) {
+  const ParallelSpec& q = plan.parallel;
+  if (q.ep > 1) return true;
+  return q.etp <= 1 && q.tp > 1 && q.sp && plan.optimizer.zero <= 1;
+}
+
 // Activation memory options, optimizer offload and sharding.
 void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupported) {
   // Selective recompute lowers every module Megatron-Core names (RecomputeModuleNames); the
@@ -218,8 +225,13 @@ void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupporte
         plan.optimizer.offload_fraction < 1 ? "optimizer.offload_fraction" : "optimizer.offload",
         "set `optimizer.offload = none` to compile; `planc check` and `planc "
         "explain` price the offload as DeepSpeed and Megatron-Core run it");
-  if (ShardGroup(plan) != plan.parallel.dp * plan.parallel.cp && plan.optimizer.zero > 0)
-    unsupported.Report(fmt::format("hybrid sharding (fsdp.replicate = {})", plan.fsdp.replicate),
+  // Hybrid sharding lowers for the dense parameters; experts in buckets of their own shard over
+  // their Edp group instead, whose gradient norm the replicas would count twice.
+  if (ShardGroup(plan) != plan.parallel.dp * plan.parallel.cp && plan.optimizer.zero > 0 &&
+      plan.model.IsMoe() && ExpertsShardOverEdp(plan))
+    unsupported.Report(fmt::format("hybrid sharding (fsdp.replicate = {}) beside experts sharded "
+                                   "over their expert-data-parallel group",
+                                   plan.fsdp.replicate),
                        "fsdp.replicate", "shard over the whole data-parallel group");
 }
 
@@ -542,6 +554,36 @@ bool HasExpertBuckets(const Program& p) {
   return false;
 }
 
+// Hybrid sharding (ParallelConfig::replicate > 1): each data-parallel group (DpCp with cp > 1)
+// in rank order splits into `replicate` runs of consecutive members, the Shard groups (one
+// replica's ZeRO group, as torchtitan's dp_shard · cp mesh dimension nests inside
+// dp_replicate), and the members at one position of every run form a Replicate group.
+void AddHybridShardComms(const Layout& layout, Program& p) {
+  const int64_t replicas = p.parallel.replicate;
+  if (replicas <= 1) return;
+  const GroupList& list = layout.Groups(p.parallel.cp > 1 ? GroupKind::kDpCp : GroupKind::kDp);
+  auto add = [&](CommKind kind, std::vector<int32_t> members) {
+    if (members.size() <= 1) return;
+    const auto index = static_cast<int32_t>(p.communicators.size());
+    for (int32_t m : members) p.ranks[m].comms[static_cast<int>(kind)] = index;
+    p.communicators.push_back({kind, std::move(members)});
+  };
+  for (int64_t g = 0; g < list.group_count(); ++g) {
+    std::vector<int32_t> members;
+    for (int64_t m : list.Group(g)) members.push_back(static_cast<int32_t>(m));
+    std::sort(members.begin(), members.end());
+    const int64_t shard = static_cast<int64_t>(members.size()) / replicas;
+    for (int64_t r = 0; r < replicas; ++r)
+      add(CommKind::Shard,
+          std::vector<int32_t>(members.begin() + r * shard, members.begin() + (r + 1) * shard));
+    for (int64_t s = 0; s < shard; ++s) {
+      std::vector<int32_t> replica;
+      for (int64_t r = 0; r < replicas; ++r) replica.push_back(members[r * shard + s]);
+      add(CommKind::Replicate, std::move(replica));
+    }
+  }
+}
+
 // Communicators from the layout: a kind is listed when its groups have more than one member
 // (World always). Returns the index of each rank's communicator per kind.
 void BuildWorld(const Layout& layout, bool tied_pp, bool experts, Program& p) {
@@ -581,6 +623,7 @@ void BuildWorld(const Layout& layout, bool tied_pp, bool experts, Program& p) {
       p.communicators.push_back(std::move(c));
     }
   }
+  AddHybridShardComms(layout, p);
   for (int64_t r = 0; r < world; ++r) {
     RankCoordinates rc = layout.Coordinates(r);
     Rank& rank = p.ranks[r];
@@ -706,6 +749,15 @@ ModelConfig ModelConfigOf(const Plan& plan) {
           m.window};
 }
 
+// Hybrid sharding (fsdp.replicate or fsdp.shard): the replicas of the ZeRO shard group, dp · cp /
+// ShardGroup; 1 without ZeRO or when the shard group is the whole dp · cp.
+int32_t HybridReplicas(const Plan& plan) {
+  const int64_t dp_cp = int64_t{plan.parallel.dp} * plan.parallel.cp;
+  const int64_t shard = ShardGroup(plan);
+  if (plan.optimizer.zero <= 0 || shard <= 0 || shard >= dp_cp || dp_cp % shard != 0) return 1;
+  return static_cast<int32_t>(dp_cp / shard);
+}
+
 ParallelConfig ParallelConfigOf(const Plan& plan) {
   const ParallelSpec& q = plan.parallel;
   return {static_cast<int32_t>(q.tp),
@@ -717,7 +769,8 @@ ParallelConfig ParallelConfigOf(const Plan& plan) {
           q.sp && q.tp > 1,
           static_cast<int32_t>(plan.optimizer.zero),
           ToScheduleKind(plan.pipeline.schedule, q.vpp),
-          q.order};
+          q.order,
+          HybridReplicas(plan)};
 }
 
 TrainConfig TrainConfigOf(const Plan& plan) {

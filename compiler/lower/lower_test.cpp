@@ -1850,6 +1850,31 @@ TEST_CASE("selective recompute of the norms: their outputs and statistics made a
   CHECK(kinds.at("layers.1.residual1") == BufferKind::Stash);
 }
 
+TEST_CASE("hybrid sharding: ZeRO over each replica's Shard group, gradients over Replicate") {
+  Plan plan = TinyPlan(1, 1, 4);
+  plan.optimizer.zero = 3;
+  plan.fsdp.replicate = 2;
+  const Program p = MustLower(plan);
+  CHECK(p.parallel.replicate == 2);
+  std::map<CommKind, std::vector<std::vector<int32_t>>> groups;
+  for (const Communicator& c : p.communicators) groups[c.kind].push_back(c.members);
+  CHECK(groups[CommKind::Shard] == std::vector<std::vector<int32_t>>{{0, 1}, {2, 3}});
+  CHECK(groups[CommKind::Replicate] == std::vector<std::vector<int32_t>>{{0, 2}, {1, 3}});
+  const Role& role = p.roles[0];
+  for (const Bucket& b : role.buckets) CHECK(b.shard_elements * 2 == b.elements);
+  const Body& fwd = role.bodies[role.chunks[0].forward];
+  CHECK(CountOps(fwd, OpKind::AllGather, CommKind::Shard) > 0);
+  CHECK(CountOps(fwd, OpKind::AllGather, CommKind::Dp) == 0);
+  const Body& reduce = role.bodies[role.chunks.size() * 2 + 1];
+  CHECK(CountOps(reduce, OpKind::AllReduce, CommKind::Replicate) ==
+        static_cast<int>(role.buckets.size()));
+  // A shard group of one rank: plain data parallelism (nothing sharded, grads over Dp).
+  plan.fsdp.replicate = 4;
+  const Program ddp = MustLower(plan);
+  for (const Bucket& b : ddp.roles[0].buckets) CHECK(b.shard_elements == b.elements);
+  for (const Communicator& c : ddp.communicators) CHECK(c.kind != CommKind::Shard);
+}
+
 TEST_CASE("sliding-window attention: the window rides on the attention ops and the model record") {
   Plan plan = TinyPlan(2, 1, 1);
   plan.model.window = 6;

@@ -132,6 +132,7 @@ const RankRunner::Comm& RankRunner::CommOf(CommKind kind, const char* what) cons
 // ZeRO shards over the ranks holding the same weights: Dp, or DpCp with context parallelism.
 int64_t RankRunner::ShardIndex() const {
   if (program_.parallel.zero < 1) return 0;
+  if (program_.parallel.replicate > 1) return IndexIn(CommKind::Shard);  // hybrid sharding
   return IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp);
 }
 

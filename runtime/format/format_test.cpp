@@ -141,7 +141,7 @@ TEST_CASE("format 3 writes schedules as steps, reads them back as ops, and still
 }
 
 TEST_CASE("every comm kind has a slot in Rank.comms") {
-  CHECK(kCommKinds == static_cast<int>(CommKind::Embedding) + 1);
+  CHECK(kCommKinds == static_cast<int>(CommKind::Replicate) + 1);
   CHECK(DTypeBytes(DType::Bf16) == 2);
   CHECK(DTypeBytes(DType::F32) == 4);
 }

@@ -173,7 +173,7 @@ TEST_CASE("CheckOp refuses what the registry rules out, with the rule in the mes
         "runs over communicator kind Tp; it takes None");
   CHECK(check(MakeOp(attrs::AllReduce{}, {0}, {0})) ==
         "runs over communicator kind None; it takes World, Tp, Pp, Dp, Cp, DpCp, Ep, Etp, Edp, "
-        "Mp, Embedding");
+        "Mp, Embedding, Shard, Replicate");
   mem::Op bad_reduce = MakeOp(attrs::AllReduce{}, {0}, {0}, CommKind::Tp);
   bad_reduce.ints = {7};
   CHECK(check(bad_reduce) == "reduce_op = 7 lies outside 0 .. 2");

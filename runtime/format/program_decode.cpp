@@ -245,7 +245,8 @@ void RoleChecker::CheckParam(const Param& pi) const {
     throw Fail("param `" + pi.name + "` is split over a bad communicator kind");
 }
 
-// A bucket's buffers exist and hold its elements, and its shards match the ZeRO degree (dp · cp).
+// A bucket's buffers exist and hold its elements, and its shards match the ZeRO degree (dp · cp,
+// or one replica's share of it under hybrid sharding).
 void RoleChecker::CheckBucket(const Bucket& bi) const {
   CheckBufferIndex(bi.params, "bucket");
   CheckBufferIndex(bi.grads, "bucket");
@@ -266,7 +267,9 @@ void RoleChecker::CheckBucket(const Bucket& bi) const {
   const int64_t dp_cp = int64_t{img_.parallel.dp} * std::max<int64_t>(1, img_.parallel.cp);
   const int64_t expert_tp = split_experts ? 1 : std::max<int64_t>(1, img_.parallel.tp);
   const int64_t edp = dp_cp * expert_tp / std::max<int64_t>(1, img_.parallel.ep);
-  const int64_t dp = img_.parallel.zero >= 1 ? (experts ? std::max<int64_t>(1, edp) : dp_cp) : 1;
+  // Hybrid sharding: the dense buckets shard over one replica's dp · cp / replicate ranks.
+  const int64_t dense = std::max<int64_t>(1, dp_cp / std::max<int64_t>(1, img_.parallel.replicate));
+  const int64_t dp = img_.parallel.zero >= 1 ? (experts ? std::max<int64_t>(1, edp) : dense) : 1;
   const std::optional<int64_t> sharded = CheckedMul(bi.shard_elements, dp);
   if (bi.elements <= 0 || bi.shard_elements <= 0 || !sharded || *sharded != bi.elements ||
       elements_[bi.params] < bi.elements || elements_[bi.grads] < bi.elements) {

@@ -404,8 +404,9 @@ flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
       m.norm_eps, m.rope_theta, m.bias, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim,
       m.qk_rope_head_dim, m.v_head_dim, m.qk_norm, m.window);
   const ParallelConfig& q = p.parallel;
-  auto parallel = prog::CreateParallelConfigDirect(b, q.tp, q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp,
-                                                   q.zero, q.schedule, q.order.c_str());
+  auto parallel =
+      prog::CreateParallelConfigDirect(b, q.tp, q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp, q.zero,
+                                       q.schedule, q.order.c_str(), q.replicate);
   const TrainConfig& t = p.train;
   auto train = prog::CreateTrainConfigDirect(
       b, t.steps, t.seed, t.global_batch, t.microbatches, t.precision, t.lr, t.min_lr,
@@ -516,8 +517,8 @@ Program DecodeProgramModel(const prog::Program& file, bool keep_loops) {
   p.world_size = f->world_size();
   if (const auto* m = f->model()) p.model = ReadModel(*m);
   if (const auto* q = f->parallel()) {
-    p.parallel = {q->tp(), q->pp(), q->vpp(),  q->cp(),       q->ep(),
-                  q->dp(), q->sp(), q->zero(), q->schedule(), Str(q->order())};
+    p.parallel = {q->tp(), q->pp(),   q->vpp(),      q->cp(),         q->ep(),       q->dp(),
+                  q->sp(), q->zero(), q->schedule(), Str(q->order()), q->replicate()};
   }
   if (const auto* t = f->train()) {
     p.train = {t->steps(),           t->seed(),

@@ -170,6 +170,7 @@ struct ParallelConfig {
   int32_t zero = 0;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   std::string order = "tp-cp-ep-dp-pp";
+  int32_t replicate = 1;  // hybrid sharding's replicas (ZeRO over the Shard group); 1 = none
 };
 
 struct TrainConfig {

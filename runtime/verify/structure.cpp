@@ -40,6 +40,10 @@ std::string_view CommName(CommKind kind) {
       return "mp";
     case CommKind::Embedding:
       return "embd";
+    case CommKind::Shard:
+      return "shard";
+    case CommKind::Replicate:
+      return "replicate";
   }
   return "unknown";
 }

@@ -129,6 +129,9 @@ TEST_CASE("plan qk_sq_tp2_pp2_sp: local mode, 4 ranks, QK-norm, squared ReLU, bl
 TEST_CASE("plan window_cp2_tp2_sp: local mode, 4 ranks, sliding-window attention over cp 2") {
   CheckPlan("window_cp2_tp2_sp", 4);
 }
+TEST_CASE("plan hsdp_dp4_r2_zero3: local mode, 4 ranks, ZeRO 3 over each replica's pair") {
+  CheckPlan("hsdp_dp4_r2_zero3", 4);
+}
 
 }  // namespace
 }  // namespace paraplan

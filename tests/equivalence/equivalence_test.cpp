@@ -250,6 +250,8 @@ Comparison CheckAgainst(const RunResult& got, const RunResult& want, double elem
   CHECK(c.loss <= kTolerance);
   CHECK(c.weights <= kTolerance);
   CHECK(c.max_elementwise <= element_tolerance);
+  // The global gradient norm (clipping's input): every element counted once on every layout.
+  CHECK(c.grad_norm <= kTolerance);
   CHECK(got.steps.back().loss < got.steps.front().loss);
   return c;
 }
@@ -1055,6 +1057,15 @@ TEST_CASE("planc compile: ZeRO 2 and 3 beside ep 2 (experts over Edp; Edp of one
 TEST_CASE("ZeRO 3 beside ep 2: a checkpoint of the Edp-sharded experts resumes bitwise") {
   CheckResumeBitwise(PlancCompile("moe_ep2_tp2_dp2_zero3_sp"), "expert_zero3_checkpoint");
   CheckResumeBitwise(PlancCompile("moe_ep2_pp2_dp2_zero3"), "expert_zero3_edp1_checkpoint");
+}
+TEST_CASE("planc compile: hybrid sharding (ZeRO over a replica's ranks, replicas summed)") {
+  CheckPlancEquivalent("single", "hsdp_dp4_r2_zero3");
+  CheckPlancEquivalent("single", "hsdp_tp2_dp4_r2_zero1_sp");
+  CheckPlancEquivalent("single", "hsdp_cp2_dp2_r2_zero2");
+  CheckPlancEquivalent("single", "hsdp_pp2_dp4_r4_zero3");  // a shard of one rank: plain dp
+}
+TEST_CASE("hybrid sharding: a checkpoint of the replicas' shards resumes bitwise") {
+  CheckResumeBitwise(PlancCompile("hsdp_dp4_r2_zero3"), "hsdp_checkpoint");
 }
 TEST_CASE("planc compile: sliding window 6, tp 2, sp, pp 2; and cp 2, tp 2, sp") {
   CheckPlancEquivalent("window_single", "window_tp2_pp2_sp");

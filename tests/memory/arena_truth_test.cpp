@@ -124,6 +124,9 @@ TEST_CASE(
       {"optimizer.zero=3"},
       // A tied embedding stays gathered under ZeRO 3 from its lookup to the output layer.
       {"optimizer.zero=3", "model.tied_embeddings=true"},
+      // Hybrid sharding: ZeRO over each replica's share of the data-parallel ranks.
+      {"optimizer.zero=3", "fsdp.replicate=2"},
+      {"optimizer.zero=1", "fsdp.replicate=2"},
       {"model.tied_embeddings=true"},
       {"precision=fp16"},
       {"precision=fp8"},
