@@ -586,9 +586,7 @@ void AddArenaUniformGroups(const MemoryInputs& in, const CostChunk& chunk, int64
         moe(begin) ? ArenaMoeLayerStash(z, Recompute::kFull) : ArenaLayerStash(z, Recompute::kFull);
     s.activations = SatAdd(s.activations, SatMul(held, input));
     int64_t others = 0;
-    for (int64_t l = begin; l < last; ++l)
-      others = SatAdd(others, moe(l) ? ArenaMoeLayerStash(z, Recompute::kNone)
-                                     : ArenaLayerStash(z, Recompute::kNone));
+    for (int64_t l = begin; l < last; ++l) others = SatAdd(others, ArenaRecomputedLayer(z, moe(l)));
     if (moe(last))
       s.moe_workspace = std::max(s.moe_workspace,
                                  SatAdd(others, ArenaMoeLayerPeak(z, Recompute::kFull, buckets)));
@@ -768,6 +766,11 @@ int64_t ArenaWorkspace(const MemoryInputs& in, const StageTally& tally, const St
     peak = SatAdd(ops, SatMul(std::max(layer, embedding), per));
     if (zero3 && plan.model.tied_embeddings && s.embedding)
       peak = SatAdd(peak, SatMul(embedding, in.arena_sizes.a));
+    // A tied embedding's full gradient is open from the output layer's backward to the lookup's:
+    // beside every layer's busiest op, with that layer's own bucket.
+    if (plan.model.tied_embeddings && s.embedding)
+      peak =
+          std::max(peak, SatAdd(SatAdd(tally.workspace, SatMul(layer, per)), SatMul(embedding, 4)));
   } else {
     peak = SatAdd(tally.workspace, SatMul(layer, per));
     if (s.embedding)

@@ -93,7 +93,9 @@ int64_t ArenaAttentionStash(const ArenaSizes& z, Recompute recompute) {
   const bool norms = recompute == Recompute::kSelective && z.norm_recomputed;
   int64_t bytes = SatMul(z.R, z.h * z.a);  // x
   const int64_t attention = z.mla ? 0 : 2 * z.heads * z.hd + 2 * z.kv * z.hd;
-  bytes = SatAdd(bytes, SatMul(z.T, ((norms ? 0 : z.h) + attention) * z.a));  // n1f, q, o, k, v
+  bytes = SatAdd(bytes, SatMul(z.T, attention * z.a));  // q, o, k, v
+  // The norm's output on the rank's rows (gathered again in the backward under sp).
+  if (!norms) bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));
   if (z.qk_norm) {
     const int64_t heads = z.heads + z.kv;
     bytes = SatAdd(bytes, SatMul(z.T, heads * z.hd * z.a));  // q and k before the norms
@@ -118,10 +120,11 @@ int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute) {
   // The mlp module of selective recompute keeps only the norm's output (the rank's rows), the
   // layernorm module not even that.
   const bool norms = recompute == Recompute::kSelective && z.norm_recomputed;
+  const int64_t norm_rows = norms ? 0 : SatMul(z.R, z.h * z.a);  // the MLP norm's output
   if (recompute == Recompute::kSelective && z.mlp_recomputed)
-    return SatAdd(ArenaAttentionStash(z, recompute), norms ? 0 : SatMul(z.R, z.h * z.a));
-  const int64_t mlp = (norms ? 0 : z.h) + (z.gelu ? 2 : 3) * z.ffn;  // n2f, MLP
-  return SatAdd(ArenaAttentionStash(z, recompute), SatMul(z.T, mlp * z.a));
+    return SatAdd(ArenaAttentionStash(z, recompute), norm_rows);
+  const int64_t mlp = (z.gelu ? 2 : 3) * z.ffn;  // the MLP's intermediates
+  return SatAdd(SatAdd(ArenaAttentionStash(z, recompute), norm_rows), SatMul(z.T, mlp * z.a));
 }
 
 // Full recompute by layers (compiler/lower/body.h, RecomputeLayers): with `block` the first n
@@ -155,7 +158,7 @@ int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t laye
   // The group's other layers' recomputed tensors, their inputs included, beside the last one's.
   const int64_t others = std::min(n, layers) - 1;
   return SatAdd(ArenaBodyPeak(z, Recompute::kFull, /*loss=*/false),
-                SatMul(others, ArenaLayerStash(z, Recompute::kNone)));
+                SatMul(others, ArenaRecomputedLayer(z, /*moe=*/false)));
 }
 
 // Stashed bytes of a chunk beyond its layers, per microbatch: the chunk's output and the
@@ -206,12 +209,21 @@ int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss) {
     // Under context parallelism every head's K and V travel the ring at the query/key size.
     if (z.ring) attn += 8 * z.heads * z.qk;
   }
+  // Under sequence parallelism each half's backward gathers its norm's output again and holds it
+  // to the weight gradients (unless a recompute module makes it: ArenaRecomputedNorm, or the mlp
+  // module's own gather above).
+  const bool kept = recompute != Recompute::kFull && z.R < z.T &&
+                    !(recompute == Recompute::kSelective && z.norm_recomputed);
+  if (kept) {
+    attn += z.h;
+    if (!(recompute == Recompute::kSelective && z.mlp_recomputed)) mlp += z.h;
+  }
   int64_t peak = SatMul(z.T, std::max(mlp, attn) * z.a);
   const int64_t core_hd = z.mla ? z.qk : z.hd;
   if (recompute == Recompute::kSelective && !z.core_kept)
     peak = SatAdd(peak, SatMul(z.T, z.heads * core_hd * z.a + z.heads * 4));
   if (recompute == Recompute::kFull)
-    peak = SatAdd(peak, ArenaLayerStash(z, Recompute::kNone) - SatMul(z.R, z.h * z.a));
+    peak = SatAdd(peak, ArenaRecomputedLayer(z, /*moe=*/false) - SatMul(z.R, z.h * z.a));
   if (recompute == Recompute::kSelective && z.norm_recomputed)
     peak = SatAdd(peak, ArenaRecomputedNorm(z));
   if (loss) peak = std::max(peak, ArenaLossPeak(z));
@@ -378,7 +390,7 @@ int64_t ArenaMoeLayerStash(const ArenaSizes& z, Recompute recompute) {
     return SatAdd(ArenaAttentionStash(z, recompute), norm_kept * b.input);
   return SatSum({ArenaAttentionStash(z, recompute), norm_kept * b.input, b.weights, b.indices,
                  b.scores, b.counts, b.group_rows, b.permuted, b.row_map, b.expert_counts,
-                 b.gate_up, act, b.out, b.ep_counts, b.capacity_mask, norm_kept * b.shared_input,
+                 b.gate_up, act, b.out, b.ep_counts, b.capacity_mask,
                  shared_kept * b.shared_gate_up, shared_kept * b.shared_act});
 }
 
@@ -430,6 +442,16 @@ int64_t ArenaEpRoutedPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
 
 }  // namespace
 
+int64_t ArenaRecomputedLayer(const ArenaSizes& z, bool moe) {
+  // The norms' outputs a recomputed forward gathers over the whole sequence (sp), beside what
+  // the layer keeps of them without recompute (the rank's rows); an MoE layer's shared experts
+  // read their input gathered too.
+  if (!moe)
+    return SatAdd(ArenaLayerStash(z, Recompute::kNone), SatMul(2, SatMul(z.T - z.R, z.h * z.a)));
+  return SatSum({ArenaMoeLayerStash(z, Recompute::kNone), SatMul(z.T - z.R, z.h * z.a),
+                 ArenaMoeBuffersOf(z).shared_input});
+}
+
 // The busiest op of an MoE layer's backward (scratch and the transient buckets), op by op as
 // MoeBackward emits it: the gradients live at each step, and under full recompute the recomputed
 // forward buffers the rest of the backward still reads (released at their last reader). The
@@ -452,9 +474,10 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
   const int64_t grad_rows = z.etp_gathered ? SatMul(z.expert_rows, z.h * a) : 0;
   const int64_t held_grad_rows = shared ? grad_rows : 0;
   // Recomputed buffers (full recompute), grouped by the step after which they are released.
-  const int64_t attention = full ? ArenaAttentionStash(z, Recompute::kNone) -
-                                       SatMul(z.R, z.h * a)  // x stays in the stash
-                                 : 0;
+  const int64_t attention =
+      full ? ArenaAttentionStash(z, Recompute::kNone) - SatMul(z.R, z.h * a) +  // x stays stashed
+                 SatMul(z.T - z.R, z.h * a)  // the attention norm's output gathered again
+           : 0;
   auto rc = [&](int64_t x) { return remade ? x : 0; };
   // The shared experts' input: the Etp group's rows, the gathered rows under sp, else the block
   // input itself (then held to the shared experts' backward with the router's buffers).
@@ -520,6 +543,13 @@ int64_t ArenaMoeLayerPeak(const ArenaSizes& z, Recompute recompute, const ArenaM
     // attention half's.
     peak = SatSum({peak, b.input, b.shared_input, SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4)});
     attention_peak = SatAdd(attention_peak, ArenaRecomputedNorm(z));
+  }
+  if (!full && z.R < z.T && !(recompute == Recompute::kSelective && z.norm_recomputed)) {
+    // Under sequence parallelism the kept rows are gathered again: the shared experts' input
+    // through the MoE block's backward (unless the moe module's recomputed block holds it), the
+    // attention norm's output through the attention half's.
+    if (!remade) peak = SatAdd(peak, b.shared_input);
+    attention_peak = SatAdd(attention_peak, SatMul(z.T, z.h * a));
   }
   return std::max(peak, attention_peak);
 }

@@ -74,6 +74,9 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
 int64_t ArenaLossPeak(const ArenaSizes& z);
 // The busiest op of a chunk's bodies (scratch).
 int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss);
+// Bytes one layer's recomputed forward holds (full recompute by layers): what it keeps without
+// recompute, with the norms' outputs gathered over the whole sequence under sp.
+int64_t ArenaRecomputedLayer(const ArenaSizes& z, bool moe);
 // Selective recompute's layernorm module: one recomputed norm's output (gathered under sequence
 // parallelism) and statistics, live through the backward that reads them.
 int64_t ArenaRecomputedNorm(const ArenaSizes& z);

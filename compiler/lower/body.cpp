@@ -356,13 +356,13 @@ void RoleLowering::RecomputedLayersBackward(const ChunkLayers& cl, const ChunkPa
     recompute_prefix_.clear();
     for (int32_t i = end - 1; i >= begin; --i) {
       layer_ = cl.first_layer + i;
-      LayerBackward(params.layers[i], saved[i - begin], gx, /*recompute=*/false);
+      LayerBackward(params.layers[i], saved[i - begin], gx, /*recompute=*/false, /*fresh=*/true);
     }
   }
 }
 
 void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx,
-                                 bool recompute) {
+                                 bool recompute, bool fresh) {
   LayerSaved saved = stashed;
   if (recompute) {
     // Re-run the layer's forward from its stashed input, then its backward.
@@ -370,10 +370,13 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
     saved = LayerForward(params, stashed.x, /*next=*/-1);
     recompute_prefix_.clear();
   }
-  // The layernorm module of selective recompute: each norm's output and statistics made again
-  // from its kept input just before the backward that reads them.
-  const bool norms = s_.recompute_layernorm && !recompute;
-  if (norms) RecomputeMlpNorm(params, saved);
+  // What the forward kept: each norm's output on the rank's rows, gathered again (under sequence
+  // parallelism) just before the backward that reads the whole sequence, as Megatron's linears
+  // keep their sharded input; with the layernorm module of selective recompute the norm's output
+  // and statistics are made again from its input first.
+  const bool kept = !recompute && !fresh;
+  const bool norms = s_.recompute_layernorm && kept;
+  if (kept) RemakeMlpInput(params, saved, norms);
   if (params.moe && s_.recompute_moe && !recompute) {
     // The moe module: the MoE block (router, dispatch, experts, shared experts) made again from
     // its kept input, up to the experts' output its backward starts from.
@@ -385,9 +388,9 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
     MoeBackward(params, saved, gx);
   else
     MlpBackward(params, saved, gx);
-  if (norms) {
+  if (kept) {
     recompute_prefix_ = "recompute.";
-    saved.no1 = NormForward("attention_norm", params.n1, saved.x);
+    if (norms) saved.no1 = NormForward("attention_norm", params.n1, saved.x);
     saved.n1f = GatherSp(saved.no1.y, "attention_norm.out_full", m_.hidden);
     recompute_prefix_.clear();
   }
@@ -397,11 +400,11 @@ void RoleLowering::LayerBackward(const LayerParams& params, const LayerSaved& st
     AttentionBackward(params, saved, gx);
 }
 
-void RoleLowering::RecomputeMlpNorm(const LayerParams& params, LayerSaved& saved) {
+void RoleLowering::RemakeMlpInput(const LayerParams& params, LayerSaved& saved, bool norm) {
   const int64_t h = m_.hidden;
   recompute_prefix_ = "recompute.";
   const int32_t old = saved.no2.y;
-  saved.no2 = NormForward("mlp_norm", params.n2, saved.x1);
+  if (norm) saved.no2 = NormForward("mlp_norm", params.n2, saved.x1);
   const int32_t xn = saved.no2.y;
   if (!params.moe) {
     // The MLP's gathered input (the mlp module gathers it again itself).

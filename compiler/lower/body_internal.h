@@ -168,9 +168,10 @@ class RoleLowering {
   // in the residual add into `next`; with next = -1 (recompute) it stops after the MLP
   // activation, the last tensor the backward reads.
   LayerSaved LayerForward(const LayerParams& P, int32_t x, int32_t next);
-  // Selective recompute's layernorm module: the MLP norm's output made again from the residual
-  // x1, with whatever of it the MLP or MoE backward reads (gathered under sequence parallelism).
-  void RecomputeMlpNorm(const LayerParams& params, LayerSaved& saved);
+  // What the MLP or MoE backward reads of the MLP norm's output, from the kept rows: gathered
+  // again under sequence parallelism, after the norm itself is made again from the residual x1
+  // when `norm` (selective recompute's layernorm module).
+  void RemakeMlpInput(const LayerParams& params, LayerSaved& saved, bool norm);
   std::vector<int32_t> LinearInputs(int32_t in, const ParamRef& w, const ParamRef& b) const {
     std::vector<int32_t> v = {in, w.value};
     if (b.value >= 0) v.push_back(b.value);
@@ -245,9 +246,10 @@ class RoleLowering {
                          const ChunkForward& forward, Chunk& chunk);
   void EmitLossBackward(const ChunkParams& params, const ChunkForward& forward, int32_t gx);
   // One layer's backward, accumulating into gx; with `recompute` its forward runs first, from the
-  // layer's stashed input.
+  // layer's stashed input; `fresh` when `stashed` was just recomputed (uniform groups: nothing to
+  // gather again).
   void LayerBackward(const LayerParams& params, const LayerSaved& stashed, int32_t gx,
-                     bool recompute);
+                     bool recompute, bool fresh = false);
   // The layers' backward of one chunk under full recompute (BodyShape::recompute_layers).
   void RecomputedLayersBackward(const ChunkLayers& cl, const ChunkParams& params,
                                 const ChunkForward& forward, int32_t gx);
