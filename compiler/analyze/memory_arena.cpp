@@ -273,8 +273,8 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
 // group's rows when gathered) choosing min(topk, local experts) of them (with a capacity factor at
 // most each local expert's capacity per segment of each peer, if fewer), or ceil(imbalance · rows
 // · topk) when moe.imbalance is stated and smaller (DispatchCapacity).
-// The routing imbalance the plan states (in its file, the standard library or on the command
-// line; at least 1), or 0 when moe.imbalance keeps its default (lower.cpp reads it alike).
+}  // namespace
+
 double ArenaEpStatedImbalance(const Plan& plan) {
   const FieldOrigin* origin = plan.origins.FindPath("moe.imbalance");
   if (origin == nullptr) return 0;
@@ -282,6 +282,8 @@ double ArenaEpStatedImbalance(const Plan& plan) {
                       origin->kind == OriginKind::kCommandLine;
   return stated ? std::max(1.0, plan.moe.imbalance) : 0;
 }
+
+namespace {
 
 int64_t ArenaEpDispatchRows(const Plan& plan, const ArenaSizes& z) {
   int64_t worst = SatMul(SatMul(z.ep, z.expert_rows), std::min(z.topk, z.local_experts));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "compiler/analyze/memory_arena.h"
 #include "compiler/analyze/time.h"
 
 namespace paraplan {
@@ -27,16 +28,14 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   };
   if (par.tp > 1 && !par.sp) one("parallel.sp", "true");
   if (plan.recompute == Recompute::kNone) one("recompute", "selective");
-  // What production runs reach for before full recompute (frameworks that have them; planrun
-  // lowers neither): the MLP recomputed with the attention core, and bf16 Adam moments.
-  if (plan.framework != Framework::kParaplan) {
-    if (plan.recompute != Recompute::kFull && !(EffectiveRecomputeModules(plan) & kRecomputeMlp))
-      out.push_back(
-          {{{"recompute", "selective"}, {"activations.recompute_modules", "\"core_attn, mlp\""}}});
-    if (plan.optimizer.type == OptimizerType::kAdamW &&
-        EffectiveMixedPrecision(plan).optimizer_state == ElementType::kFp32)
-      one("mixed_precision.optimizer_state", "bf16");
-  }
+  // What production runs reach for before full recompute: the MLP recomputed with the attention
+  // core, and (frameworks that have them; planrun keeps fp32 moments) bf16 Adam moments.
+  if (plan.recompute != Recompute::kFull && !(EffectiveRecomputeModules(plan) & kRecomputeMlp))
+    out.push_back(
+        {{{"recompute", "selective"}, {"activations.recompute_modules", "\"core_attn, mlp\""}}});
+  if (plan.framework != Framework::kParaplan && plan.optimizer.type == OptimizerType::kAdamW &&
+      EffectiveMixedPrecision(plan).optimizer_state == ElementType::kFp32)
+    one("mixed_precision.optimizer_state", "bf16");
   if (plan.recompute != Recompute::kFull) one("recompute", "full");
   // DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (P0503): offered there only without it.
   for (int64_t z = plan.optimizer.zero + 1; z <= 3; ++z)
@@ -51,6 +50,11 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   }
   one("parallel.pp", std::to_string(par.pp * 2));
   if (plan.model.seq_len >= 8192) one("parallel.cp", std::to_string(par.cp * 2));
+  // planrun sizes its expert-parallel receive buffers for the worst routing unless the plan states
+  // the imbalance its run may reach (a step that routes more stops, saying by how much).
+  if (plan.framework == Framework::kParaplan && plan.model.IsMoe() && par.ep > 1 &&
+      ArenaEpStatedImbalance(plan) <= 0 && plan.moe.capacity_factor <= 0)
+    one("moe.imbalance", "1.5");
   if (plan.model.IsMoe()) one("parallel.ep", std::to_string(par.ep * 2));
   if (plan.model.IsMoe() && par.etp > 1) one("parallel.etp", "1");
   if (plan.optimizer.offload == Offload::kNone && plan.optimizer.type == OptimizerType::kAdamW)
@@ -109,8 +113,12 @@ std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit,
   std::vector<MemoryFix> fixes;
   auto evaluate = [&](const Change& change) {
     Plan variant = plan;
-    for (const auto& [path, value] : change.sets)
+    for (const auto& [path, value] : change.sets) {
       if (!SetFieldText(variant, path, value).empty()) return;
+      // Set as --set would: a stated value (moe.imbalance sizes planrun's buffers only so).
+      if (FieldOrigin* origin = variant.origins.Mutable(path))
+        origin->kind = OriginKind::kCommandLine;
+    }
     if (!RederiveSizes(variant) || !PassesBasicRules(variant)) return;
     const MemoryEstimate mem = EstimateMemory(variant, options);
     if (!mem.valid || mem.peak > limit) return;

@@ -51,9 +51,35 @@ TEST_CASE("module recompute and bf16 moments are offered where the framework has
   plan.framework = Framework::kMegatronCore;
   CHECK(offered(plan, "activations.recompute_modules"));
   CHECK(offered(plan, "mixed_precision.optimizer_state"));
-  plan.framework = Framework::kParaplan;  // planrun lowers neither
-  CHECK(!offered(plan, "activations.recompute_modules"));
+  plan.framework = Framework::kParaplan;  // planrun lowers the modules, keeps fp32 moments
+  CHECK(offered(plan, "activations.recompute_modules"));
   CHECK(!offered(plan, "mixed_precision.optimizer_state"));
+}
+
+TEST_CASE("planrun's expert-parallel buffers: a stated routing imbalance is offered as a fix") {
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(2), 1, 1, 64, 1);
+  plan.model.experts = 64;
+  plan.model.topk = 8;
+  plan.model.moe_ffn_hidden = 768;
+  plan.parallel.ep = 16;
+  plan.framework = Framework::kParaplan;
+  REQUIRE(RederiveSizes(plan));
+  auto offered = [&](const Plan& p) {
+    for (const MemoryFix& fix : ProposeMemoryFixes(p, int64_t{1} << 50, {}, 100))
+      for (const auto& [where, value] : fix.sets)
+        if (where == "moe.imbalance") return true;
+    return false;
+  };
+  CHECK(offered(plan));
+  // Stated already, or sized by a capacity factor, or priced as Megatron-LM holds it: not offered.
+  Plan stated = plan;
+  stated.origins["moe.imbalance"].kind = OriginKind::kFile;
+  CHECK(!offered(stated));
+  Plan capped = plan;
+  capped.moe.capacity_factor = 1.25;
+  CHECK(!offered(capped));
+  plan.framework = Framework::kMegatronCore;
+  CHECK(!offered(plan));
 }
 
 TEST_CASE("a stage over the GPU's memory is error P0701 with its breakdown and verified fixes") {
