@@ -120,7 +120,7 @@ std::vector<StagePeak> PredictedPeaks(const Plan& plan, const CostOptions& optio
 // True when the estimate is planrun's static arena, term by term as compiler/lower allocates it
 // (framework = paraplan and a plan it lowers: ordinary or multi-head latent attention; dense, or
 // mixture of experts with etp = 1 or etp = tp, with or without a capacity factor, ep = 1 or
-// ep > 1 with ZeRO 0 or 1 and, beside tp > 1, sequence parallelism or etp = tp; cp included).
+// ep > 1 with any ZeRO stage and, beside tp > 1, sequence parallelism or etp = tp; cp included).
 bool ArenaModelApplies(const Plan& plan);
 
 // Bytes per parameter of model states on one GPU for a shard group of `shard` ranks (the

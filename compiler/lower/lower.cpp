@@ -150,7 +150,7 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
                                    m.qk_rope_head_dim),
                        "model.qk_rope_head_dim", "RoPE rotates pairs of columns: make it even");
   // --- end multi-head latent attention ---
-  // --- expert parallelism: ep > 1 lowers with ZeRO 0 or 1, and beside tp > 1 with sequence
+  // --- expert parallelism: ep > 1 lowers with any ZeRO stage, and beside tp > 1 with sequence
   // parallelism or with the experts split over the Tp group (etp = tp: the group's ranks hold
   // the same rows and each dispatches them to the Ep peers of its Etp index) ---
   if (m.IsMoe() && q.ep > 1 && q.tp > 1 && !q.sp && q.etp != q.tp)
