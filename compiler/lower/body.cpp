@@ -688,7 +688,27 @@ void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
   std::vector<int32_t> grads;
   for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
   int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
-  if (ExpertsOverEdp()) {
+  if (ExpertsOverEdp() && replicate_ > 1) {
+    // Hybrid sharding beside experts over Edp: the dense shards repeat on every replica (summed
+    // over one replica's Shard group and the model-parallel ranks), the experts' shards partition
+    // their buckets over Edp (summed over the world); every rank runs both sums.
+    std::vector<int32_t> dense, experts;
+    for (size_t i = 0; i < role_.buckets.size(); ++i)
+      (IsExpertBucket(role_.buckets[i]) ? experts : dense).push_back(grads[i]);
+    Emit(attrs::GradNormSquare{}, dense, {nsq}, shard_comm_);
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Shard);
+    if (p_.tp * p_.pp > 1)
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
+    const int32_t expert_nsq =
+        Buf("grad_norm_square.experts", {1}, DType::F32, BufferKind::Persistent);
+    if (experts.empty())
+      Emit(attrs::Fill{.value = 0.0}, {}, {expert_nsq});
+    else
+      Emit(attrs::GradNormSquare{.count_once = true}, experts, {expert_nsq});
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {expert_nsq}, {expert_nsq},
+         CommKind::World);
+    Emit(attrs::Add{}, {nsq, expert_nsq}, {nsq});
+  } else if (ExpertsOverEdp()) {
     // Experts are split over Ep and replicated over Edp: each element is counted on one rank
     // of those holding it (under ZeRO 1 by the owned shards), then summed over the world.
     Emit(attrs::GradNormSquare{.count_once = true}, grads, {nsq});

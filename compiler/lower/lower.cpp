@@ -201,13 +201,6 @@ void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
                          fields[i], "remove it and keep the `precision` shorthand to compile");
 }
 
-// Whether the experts sit in buckets of their own sharded over Edp (RoleLowering::ExpertsOverEdp).
-bool ExpertsShardOverEdp(const Plan& plan) {
-  const ParallelSpec& q = plan.parallel;
-  if (q.ep > 1) return true;
-  return q.etp <= 1 && q.tp > 1 && q.sp && plan.optimizer.zero <= 1;
-}
-
 // Activation memory options, optimizer offload and sharding.
 void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupported) {
   // Selective recompute lowers every module Megatron-Core names (RecomputeModuleNames); the
@@ -225,14 +218,6 @@ void CheckEmittedMemoryOptions(const Plan& plan, UnsupportedFeatures& unsupporte
         plan.optimizer.offload_fraction < 1 ? "optimizer.offload_fraction" : "optimizer.offload",
         "set `optimizer.offload = none` to compile; `planc check` and `planc "
         "explain` price the offload as DeepSpeed and Megatron-Core run it");
-  // Hybrid sharding lowers for the dense parameters; experts in buckets of their own shard over
-  // their Edp group instead, whose gradient norm the replicas would count twice.
-  if (ShardGroup(plan) != plan.parallel.dp * plan.parallel.cp && plan.optimizer.zero > 0 &&
-      plan.model.IsMoe() && ExpertsShardOverEdp(plan))
-    unsupported.Report(fmt::format("hybrid sharding (fsdp.replicate = {}) beside experts sharded "
-                                   "over their expert-data-parallel group",
-                                   plan.fsdp.replicate),
-                       "fsdp.replicate", "shard over the whole data-parallel group");
 }
 
 // Tensor shapes lowering must split evenly; reports P0803.

@@ -1064,6 +1064,11 @@ TEST_CASE("planc compile: hybrid sharding (ZeRO over a replica's ranks, replicas
   CheckPlancEquivalent("single", "hsdp_cp2_dp2_r2_zero2");
   CheckPlancEquivalent("single", "hsdp_pp2_dp4_r4_zero3");  // a shard of one rank: plain dp
 }
+TEST_CASE("planc compile: hybrid sharding beside experts over Edp (the norm counts each once)") {
+  CheckPlancEquivalent("moe_single", "hsdp_moe_ep2_dp4_r2_zero1");
+  CheckPlancEquivalent("moe_single", "hsdp_moe_ep2_dp4_r2_zero3");
+  CheckPlancEquivalent("moe_dense2_single", "hsdp_moe_pp2_ep2_dp4_r2_zero1");
+}
 TEST_CASE("hybrid sharding: a checkpoint of the replicas' shards resumes bitwise") {
   CheckResumeBitwise(PlancCompile("hsdp_dp4_r2_zero3"), "hsdp_checkpoint");
 }

@@ -452,6 +452,7 @@ TEST_CASE("check's estimate is compile's arena within 3% with expert parallelism
       {"moe_ep2_tp2", {"parallel.ep=8", "moe.imbalance=1.2"}},
       // ZeRO 2 and 3: the experts' per-layer buckets sharded over Edp (of one rank with ep 8).
       {"moe_ep2_tp2", {"optimizer.zero=2"}},
+      {"moe_ep4_tp2", {"optimizer.zero=3", "fsdp.replicate=2"}},  // hybrid sharding beside ep
       {"moe_ep2_tp2", {"optimizer.zero=3", "recompute=full"}},
       {"moe_ep2_tp2", {"optimizer.zero=3", "parallel.ep=8", "moe.imbalance=1.2"}},
       {"moe_ep4_tp2", {"optimizer.zero=3", "parallel.pp=2"}},
