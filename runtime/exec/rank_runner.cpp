@@ -589,10 +589,10 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
   const bool tp_leader = IndexIn(CommKind::Tp) == 0;
   // count_once (expert parallelism): a param counts on one rank of those holding it, the
   // program sums over the world: experts on the first rank of their Edp group, the rest on the
-  // first of their data-parallel (Dp or DpCp) group. Under ZeRO the owned shards already
-  // partition each bucket over the ranks holding it.
-  const bool count_once =
-      call.Attrs<prog::attrs::GradNormSquare>().count_once && program_.parallel.zero < 1;
+  // first of their data-parallel (Dp or DpCp) group. Where ZeRO shards a bucket the owned shards
+  // already partition it over the ranks holding it (a ZeRO group of one rank, as hybrid
+  // sharding's shard of one, leaves it whole).
+  const bool count_once = call.Attrs<prog::attrs::GradNormSquare>().count_once;
   const bool edp_leader = IndexIn(CommKind::Edp) == 0;
   const bool dp_leader = IndexIn(program_.parallel.cp > 1 ? CommKind::DpCp : CommKind::Dp) == 0;
   call.Output(0, 1);
@@ -601,6 +601,7 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
     const prog::mem::Bucket& bucket = BucketByBuffer(in, true);
     const size_t bi = &bucket - role_.buckets.data();
     const int64_t shard = BucketShardIndex(bi);
+    const bool sharded = program_.parallel.zero >= 1 && bucket.shard_elements < bucket.elements;
     const int64_t begin = program_.parallel.zero >= 1 ? shard * bucket.shard_elements : 0;
     const int64_t end =
         program_.parallel.zero >= 1 ? begin + bucket.shard_elements : bucket.elements;
@@ -612,7 +613,8 @@ void RankRunner::RunGradNormSquare(const OpCall& call) {
     for (const Range& r : ranges_[bi]) {
       const prog::mem::Param& p = role_.params[r.param];
       if (!p.counts_in_norm || (p.tp_replicated && !tp_leader)) continue;
-      if (count_once && !(p.split_comm == CommKind::Ep ? edp_leader : dp_leader)) continue;
+      if (count_once && !sharded && !(p.split_comm == CommKind::Ep ? edp_leader : dp_leader))
+        continue;
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
       if (lo < hi) pieces.push_back({g + (lo - base), hi - lo});
     }

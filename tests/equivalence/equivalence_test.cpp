@@ -1068,6 +1068,7 @@ TEST_CASE("planc compile: hybrid sharding beside experts over Edp (the norm coun
   CheckPlancEquivalent("moe_single", "hsdp_moe_ep2_dp4_r2_zero1");
   CheckPlancEquivalent("moe_single", "hsdp_moe_ep2_dp4_r2_zero3");
   CheckPlancEquivalent("moe_dense2_single", "hsdp_moe_pp2_ep2_dp4_r2_zero1");
+  CheckPlancEquivalent("moe_single", "hsdp_moe_ep2_dp4_r4_zero2");  // a shard of one rank
 }
 TEST_CASE("hybrid sharding: a checkpoint of the replicas' shards resumes bitwise") {
   CheckResumeBitwise(PlancCompile("hsdp_dp4_r2_zero3"), "hsdp_checkpoint");
