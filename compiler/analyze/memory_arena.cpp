@@ -42,16 +42,14 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
   z.mla = m.IsMla();
   z.qk_norm = m.qk_norm && !z.mla;
   if (plan.recompute == Recompute::kSelective) {
-    const uint32_t modules = EffectiveRecomputeModules(plan);
+    const uint32_t modules = LoweredRecomputeModules(plan);
     z.core_kept = (modules & kRecomputeCoreAttn) == 0;
     z.moe_act = (modules & kRecomputeMoeAct) != 0;
     z.mlp_recomputed = (modules & kRecomputeMlp) != 0;
     z.shared_recomputed = (modules & kRecomputeSharedExperts) != 0;
     z.norm_recomputed = (modules & kRecomputeLayernorm) != 0;
-    // moe: the whole MoE block, its activation and shared experts included.
     z.moe_recomputed = (modules & kRecomputeMoe) != 0;
     z.mla_up_recomputed = (modules & kRecomputeMlaUpProj) != 0;
-    if (z.moe_recomputed) z.moe_act = z.shared_recomputed = false;
   }
   if (z.mla) {
     z.nope = m.qk_nope_head_dim;
@@ -273,23 +271,11 @@ void ArenaMoeSizesOf(const Plan& plan, ArenaSizes& z) {
 // group's rows when gathered) choosing min(topk, local experts) of them (with a capacity factor at
 // most each local expert's capacity per segment of each peer, if fewer), or ceil(imbalance · rows
 // · topk) when moe.imbalance is stated and smaller (DispatchCapacity).
-}  // namespace
-
-double ArenaEpStatedImbalance(const Plan& plan) {
-  const FieldOrigin* origin = plan.origins.FindPath("moe.imbalance");
-  if (origin == nullptr) return 0;
-  const bool stated = origin->kind == OriginKind::kFile || origin->kind == OriginKind::kStdlib ||
-                      origin->kind == OriginKind::kCommandLine;
-  return stated ? std::max(1.0, plan.moe.imbalance) : 0;
-}
-
-namespace {
-
 int64_t ArenaEpDispatchRows(const Plan& plan, const ArenaSizes& z) {
   int64_t worst = SatMul(SatMul(z.ep, z.expert_rows), std::min(z.topk, z.local_experts));
   if (z.expert_kept > 0)
     worst = std::min(worst, SatMul(SatMul(z.ep, z.local_experts), z.expert_kept));
-  const double imbalance = ArenaEpStatedImbalance(plan);
+  const double imbalance = StatedMoeImbalance(plan);
   if (imbalance <= 0) return worst;
   const double balanced = static_cast<double>(SatMul(z.expert_rows, z.topk));
   const auto stated = static_cast<int64_t>(std::ceil(imbalance * balanced));

@@ -74,9 +74,6 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
 int64_t ArenaLossPeak(const ArenaSizes& z);
 // The busiest op of a chunk's bodies (scratch).
 int64_t ArenaBodyPeak(const ArenaSizes& z, Recompute recompute, bool loss);
-// The routing imbalance the plan states (in its file, the standard library or on the command
-// line; at least 1), or 0 when moe.imbalance keeps its default (lower.cpp reads it alike).
-double ArenaEpStatedImbalance(const Plan& plan);
 // Bytes one layer's recomputed forward holds (full recompute by layers): what it keeps without
 // recompute, with the norms' outputs gathered over the whole sequence under sp.
 int64_t ArenaRecomputedLayer(const ArenaSizes& z, bool moe);

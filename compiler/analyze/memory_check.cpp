@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "compiler/analyze/memory_arena.h"
 #include "compiler/analyze/time.h"
 
 namespace paraplan {
@@ -53,7 +52,7 @@ std::vector<Change> CandidateChanges(const Plan& plan) {
   // planrun sizes its expert-parallel receive buffers for the worst routing unless the plan states
   // the imbalance its run may reach (a step that routes more stops, saying by how much).
   if (plan.framework == Framework::kParaplan && plan.model.IsMoe() && par.ep > 1 &&
-      ArenaEpStatedImbalance(plan) <= 0 && plan.moe.capacity_factor <= 0)
+      StatedMoeImbalance(plan) <= 0 && plan.moe.capacity_factor <= 0)
     one("moe.imbalance", "1.5");
   if (plan.model.IsMoe()) one("parallel.ep", std::to_string(par.ep * 2));
   if (plan.model.IsMoe() && par.etp > 1) one("parallel.etp", "1");

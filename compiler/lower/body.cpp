@@ -688,6 +688,13 @@ void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
   std::vector<int32_t> grads;
   for (const Bucket& b : role_.buckets) grads.push_back(shard_grads_ ? b.grad_shard : b.grads);
   int64_t world = static_cast<int64_t>(p_.tp) * p_.pp * p_.dp * p_.cp;
+  // Hybrid sharding: the replicas hold the same shards; sum one replica's (the Shard group's) and
+  // the model-parallel ranks'.
+  auto sum_one_replica = [&](int32_t x) {
+    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {x}, {x}, CommKind::Shard);
+    if (p_.tp * p_.pp > 1)
+      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {x}, {x}, CommKind::Mp);
+  };
   if (ExpertsOverEdp() && replicate_ > 1) {
     // Hybrid sharding beside experts over Edp: the dense shards repeat on every replica (summed
     // over one replica's Shard group and the model-parallel ranks), the experts' shards partition
@@ -696,9 +703,7 @@ void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
     for (size_t i = 0; i < role_.buckets.size(); ++i)
       (IsExpertBucket(role_.buckets[i]) ? experts : dense).push_back(grads[i]);
     Emit(attrs::GradNormSquare{}, dense, {nsq}, shard_comm_);
-    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Shard);
-    if (p_.tp * p_.pp > 1)
-      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
+    sum_one_replica(nsq);
     const int32_t expert_nsq =
         Buf("grad_norm_square.experts", {1}, DType::F32, BufferKind::Persistent);
     if (experts.empty())
@@ -716,11 +721,7 @@ void RoleLowering::EmitGradNormSquare(int32_t nsq, bool sharded) {
   } else {
     Emit(attrs::GradNormSquare{}, grads, {nsq}, sharded ? shard_comm_ : CommKind::None);
     if (sharded && replicate_ > 1) {
-      // Hybrid sharding: the replicas hold the same shards; sum one replica's (the Shard
-      // group's) and the model-parallel ranks'.
-      Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Shard);
-      if (p_.tp * p_.pp > 1)
-        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::Mp);
+      sum_one_replica(nsq);
     } else if (sharded) {
       if (world > 1)
         Emit(attrs::AllReduce{.reduce_op = ReduceOp::kSum}, {nsq}, {nsq}, CommKind::World);

@@ -857,19 +857,14 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.moe.capacity_factor = plan.moe.capacity_factor;
     bs.moe.drop_by_position = plan.moe.drop_policy == DropPolicy::kPosition;
     bs.moe.etp = std::max<int64_t>(1, plan.parallel.etp);  // expert tensor parallelism
-    // Stated: written in the plan, a module it uses, or --set (not the built-in default).
-    const FieldOrigin* imbalance = plan.origins.FindPath("moe.imbalance");
-    if (imbalance != nullptr &&
-        (imbalance->kind == OriginKind::kFile || imbalance->kind == OriginKind::kStdlib ||
-         imbalance->kind == OriginKind::kCommandLine))
-      bs.moe.imbalance = std::max(1.0, plan.moe.imbalance);
+    bs.moe.imbalance = StatedMoeImbalance(plan);           // 0: the worst routing
   }
   // --- end mixture of experts ---
   bs.recompute = plan.recompute == Recompute::kFull        ? ActivationRecompute::kFull
                  : plan.recompute == Recompute::kSelective ? ActivationRecompute::kSelective
                                                            : ActivationRecompute::kNone;
   if (plan.recompute == Recompute::kSelective) {
-    const uint32_t modules = EffectiveRecomputeModules(plan);
+    const uint32_t modules = LoweredRecomputeModules(plan);
     bs.recompute_core_attention = (modules & kRecomputeCoreAttn) != 0;
     bs.recompute_moe_act = (modules & kRecomputeMoeAct) != 0;
     bs.recompute_mlp = (modules & kRecomputeMlp) != 0;
@@ -877,7 +872,6 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
     bs.recompute_layernorm = (modules & kRecomputeLayernorm) != 0;
     bs.recompute_moe = (modules & kRecomputeMoe) != 0;
     bs.recompute_mla_up_proj = (modules & kRecomputeMlaUpProj) != 0;
-    if (bs.recompute_moe) bs.recompute_moe_act = bs.recompute_shared_experts = false;
   }
   if (plan.recompute == Recompute::kFull && plan.activations.recompute_layers > 0) {
     bs.recompute_layers.block = plan.activations.recompute_method == RecomputeMethod::kBlock;

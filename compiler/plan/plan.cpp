@@ -769,6 +769,16 @@ uint32_t EffectiveRecomputeModules(const Plan& plan) {
   return *bits;
 }
 
+uint32_t LoweredRecomputeModules(const Plan& plan) {
+  uint32_t modules = EffectiveRecomputeModules(plan);
+  if (modules & kRecomputeMoe) modules &= ~(kRecomputeMoeAct | kRecomputeSharedExperts);
+  return modules;
+}
+
+double StatedMoeImbalance(const Plan& plan) {
+  return Written(plan, fields::kMoeImbalance) ? std::max(1.0, plan.moe.imbalance) : 0;
+}
+
 int64_t ShardGroup(const Plan& plan) {
   if (plan.fsdp.shard > 0) return plan.fsdp.shard;
   auto group =

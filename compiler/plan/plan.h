@@ -395,6 +395,13 @@ MixedPrecisionSpec EffectiveMixedPrecision(const Plan& plan);
 // The recompute modules that apply: the written ones, else core_attn under `selective`; 0 when
 // recompute is not selective.
 uint32_t EffectiveRecomputeModules(const Plan& plan);
+// The modules planrun recomputes: EffectiveRecomputeModules with `moe` covering the experts'
+// activation and the shared experts (moe_act and shared_experts cleared beside it).
+uint32_t LoweredRecomputeModules(const Plan& plan);
+// The routing imbalance the plan states (written in its file, a module it uses, or --set; at
+// least 1), or 0 when moe.imbalance keeps its built-in default: what sizes planrun's
+// expert-parallel receive buffers.
+double StatedMoeImbalance(const Plan& plan);
 // Size of the group that ZeRO shards over (fsdp.shard, or dp·cp / fsdp.replicate).
 int64_t ShardGroup(const Plan& plan);
 // True when the GEMMs run in FP8: precision = fp8 with a recipe other than none. A recipe under
