@@ -863,14 +863,49 @@ void TotalOfParts(const MemoryInputs& in, StageMemory& s) {
 }
 
 // The memory of pipeline rank r, part by part.
+// planrun's arena: the bytes one microbatch stashes in each local chunk of pipeline rank r (the
+// activations and extras AddChunkLayers adds per microbatch in flight).
+std::vector<int64_t> ArenaStashFrames(const MemoryInputs& in, const std::vector<CostChunk>& chunks,
+                                      int64_t r) {
+  std::vector<int64_t> frames;
+  for (int64_t c = 0; c < in.v; ++c) {
+    const CostChunk& chunk = chunks[static_cast<size_t>(c * in.p + r)];
+    StageTally none, one;
+    AddChunkLayers(in, chunk, 0, none);
+    AddChunkLayers(in, chunk, 1, one);
+    frames.push_back(SatAdd(one.activations, one.extra) - SatAdd(none.activations, none.extra));
+  }
+  return frames;
+}
+
 void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, int64_t r,
                 StageMemory& s) {
   s.stage = r;
-  const std::vector<int64_t> counts = InFlightPerChunk(in, r);
+  std::vector<int64_t> counts = InFlightPerChunk(in, r);
+  // planrun's slot pool (ArenaPooledSlots): the pooled chunks' stash is the pool's slots, each
+  // the largest member's frame.
+  std::vector<bool> pooled(counts.size(), false);
+  int64_t pool_bytes = 0, pool_slots = 0;
+  if (in.arena && in.v > 1) {
+    const std::vector<int64_t> frames = ArenaStashFrames(in, chunks, r);
+    const ArenaStashSlots a = ArenaPooledSlots(*in.plan, r, in.mb, frames);
+    int64_t largest = 0;
+    s.chunk_slots = a.slots;
+    for (size_t c = 0; c < counts.size(); ++c) {
+      if (!a.pooled[c]) continue;
+      pooled[c] = true;
+      pool_slots = a.slots[c];
+      largest = std::max(largest, frames[c]);
+    }
+    pool_bytes = SatMul(pool_slots, largest);
+  }
+  if (s.chunk_slots.empty()) s.chunk_slots = counts;
   StageTally tally;
+  tally.activations = pool_bytes;
+  s.in_flight = pool_slots;
   for (int64_t c = 0; c < in.v; ++c) {
     const CostChunk& chunk = chunks[static_cast<size_t>(c * in.p + r)];
-    const int64_t held = counts[static_cast<size_t>(c)];
+    const int64_t held = pooled[static_cast<size_t>(c)] ? 0 : counts[static_cast<size_t>(c)];
     AddChunkLayers(in, chunk, held, tally);
     if (in.arena)
       tally.extra = SatAdd(tally.extra, ArenaLandingBytes(*in.plan, in.arena_sizes, r, in.mb, c));

@@ -77,6 +77,9 @@ struct StageMemory {
   int64_t stage = 0;      // pipeline rank
   int64_t layers = 0;     // transformer layers on the rank (all its chunks)
   int64_t in_flight = 0;  // chunk-microbatches whose activations are held at the peak
+  // Per local chunk, the microbatches whose activations it holds at once; planrun's arena: its
+  // stash slots, a chunk's of a slot pool the pool's (memory_arena.h, ArenaPooledSlots).
+  std::vector<int64_t> chunk_slots;
   bool embedding = false;
   bool loss = false;
   int64_t params = 0;  // parameters on one GPU of this stage (before ZeRO 3)

@@ -12,6 +12,7 @@
 
 #include "compiler/analyze/cost_shape.h"
 #include "compiler/analyze/memory.h"
+#include "compiler/analyze/slot_pool.h"
 
 namespace paraplan {
 
@@ -634,6 +635,112 @@ StageSlots SlotsOfStage(const Plan& plan, int64_t r, int64_t m) {
 // chunks with a landing buffer taking no slot.
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m) {
   return SlotsOfStage(plan, r, m).slots;
+}
+
+namespace {
+
+// The stash slots pipeline rank r's microbatches hold under the interleaved schedule, in the
+// order SlotsInFlight runs them, with the transfer groups compiler/lower/schedule.cpp places: a
+// forward takes its slot at the receive of its input (in the group after the previous
+// computation, or on the first rank, for every chunk but the first, early in the group before
+// the backward; into a landing buffer: at the forward itself), the first virtual stage's at the
+// forward; a backward gives it back at its SendGrad, in one group with the next forward's
+// receive (the first virtual stage's at the backward itself).
+std::vector<SlotUse> SlotUsesOfStage(int64_t p, int64_t v, int64_t r, int64_t m,
+                                     const std::vector<bool>& landing) {
+  const int64_t total = m * v;
+  const int64_t warmup = std::min(total, 2 * (p - r - 1) + (v - 1) * p);
+  auto chunk_of = [&](int64_t k, bool backward) {
+    const int64_t c = (k / p) % v;
+    return backward ? v - 1 - c : c;
+  };
+  auto microbatch_of = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
+  auto receives = [&](int64_t k) {  // the forward's input arrives into its slot
+    const int64_t c = chunk_of(k, false);
+    return !(r == 0 && c == 0) && !landing[static_cast<size_t>(c)];
+  };
+  std::vector<SlotUse> uses;
+  std::vector<int64_t> use_of(static_cast<size_t>(total), -1);  // forward k -> its use
+  int64_t pos = 0;
+  auto take = [&](int64_t k, bool recv) {
+    if (k >= total || use_of[static_cast<size_t>(k)] >= 0) return;
+    use_of[static_cast<size_t>(k)] = static_cast<int64_t>(uses.size());
+    SlotUse u;
+    u.chunk = static_cast<int32_t>(chunk_of(k, false));
+    u.microbatch = microbatch_of(k);
+    u.take = pos++;
+    u.recv_take = recv;
+    uses.push_back(u);
+  };
+  // Forward k of the chunk-microbatch backward i gives back.
+  auto forward_of = [&](int64_t i) {
+    const int64_t c = chunk_of(i, true), mb = microbatch_of(i);
+    return (mb / p) * p * v + c * p + mb % p;
+  };
+  auto backward = [&](int64_t i, int64_t next) {
+    SlotUse& u = uses[static_cast<size_t>(use_of[static_cast<size_t>(forward_of(i))])];
+    u.free = u.release = pos++;
+    if (r == 0 && u.chunk == 0) return;  // the first virtual stage sends no gradient
+    if (next < total && receives(next) && use_of[static_cast<size_t>(next)] < 0) {
+      u.release = pos;
+      take(next, true);
+    }
+  };
+  for (int64_t k = 0; k < warmup; ++k) take(k, receives(k));
+  for (int64_t i = 0; i < total - warmup; ++i) {
+    const int64_t k = warmup + i;
+    take(k, receives(k));
+    if (r == 0 && k + 1 < total && receives(k + 1)) take(k + 1, true);  // early, before backward
+    backward(i, k + 1);
+  }
+  for (int64_t i = total - warmup; i < total; ++i) backward(i, total);
+  return uses;
+}
+
+}  // namespace
+
+ArenaStashSlots ArenaPooledSlots(const Plan& plan, int64_t r, int64_t m,
+                                 const std::vector<int64_t>& frames) {
+  const StageSlots stage = SlotsOfStage(plan, r, m);
+  ArenaStashSlots out;
+  out.slots = stage.slots;
+  out.pooled.assign(stage.slots.size(), false);
+  const int64_t p = std::max<int64_t>(1, plan.parallel.pp),
+                v = std::max<int64_t>(1, plan.parallel.vpp);
+  if (plan.pipeline.schedule != Schedule::kInterleaved1F1B || v < 2 || p < 2 ||
+      frames.size() != stage.slots.size())
+    return out;
+  // As SlotsInFlight, whole repeats of the steady state taken out give the same slots; 8 p
+  // microbatches keep a steady repeat between the warm-up and the cool-down, from which the
+  // pool's slots are packed (slot_pool.h), as compiler/lower's samples do.
+  if (m > 10 * p) m -= p * ((m - 8 * p) / p);
+  std::vector<int32_t> own;
+  for (int64_t s : stage.slots) own.push_back(static_cast<int32_t>(s));
+  // The pool's slots per shape and pooled chunks (the search prices thousands of candidates).
+  thread_local std::map<std::vector<int64_t>, int32_t> known;
+  if (known.size() > 4096) known.clear();
+  std::vector<SlotUse> uses;
+  const std::optional<PoolChoice> choice =
+      ChooseSlotPool(frames, own, [&](const std::vector<bool>& pooled, int32_t max_slots) {
+        std::vector<int64_t> key = {p, v, r, m, max_slots};
+        for (size_t c = 0; c < pooled.size(); ++c)
+          key.push_back((pooled[c] ? 1 : 0) + (stage.landing[c] ? 2 : 0));
+        auto it = known.find(key);
+        if (it == known.end()) {
+          if (uses.empty()) uses = SlotUsesOfStage(p, v, r, m, stage.landing);
+          const std::optional<PoolSlots> solved =
+              AssignPoolSlots(PooledUses(uses, pooled), static_cast<int32_t>(p), max_slots);
+          it = known.emplace(key, solved ? solved->slots : -1).first;
+        }
+        std::optional<PoolSlots> counted;
+        if (it->second > 0) counted = PoolSlots{it->second, 0, {}};
+        return counted;
+      });
+  if (!choice) return out;
+  out.pooled = choice->pooled;
+  for (size_t c = 0; c < out.slots.size(); ++c)
+    if (out.pooled[c]) out.slots[c] = choice->slots.slots;
+  return out;
 }
 
 int64_t ArenaLandingBytes(const Plan& plan, const ArenaSizes& z, int64_t r, int64_t m, int64_t c) {

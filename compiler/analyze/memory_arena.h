@@ -3,8 +3,9 @@
 // What compiler/lower allocates, term by term, so that `check` and `compile` tell one truth:
 // the buffers a chunk's forward and backward both touch are stashed once per in-flight
 // microbatch (body.cpp, ClassifyStash), the slots per chunk are the most microbatches of that
-// chunk in flight at once in the schedule (lower.cpp, AssignSlots), and everything else lives
-// in a scratch region as large as the busiest op of any body (memory_plan.cpp).
+// chunk in flight at once in the schedule (lower.cpp, AssignSlots) or, under interleaved 1F1B,
+// those of the pool the rank's chunks share (slot_pool.h, ArenaPooledSlots), and everything
+// else lives in a scratch region as large as the busiest op of any body (memory_plan.cpp).
 //
 // Invariants: pure functions of the plan; sizes are bytes and saturate at INT64_MAX (SatAdd,
 // SatMul). Made by memory_arena.cpp; read by memory.cpp only (EstimateMemory, when
@@ -101,6 +102,17 @@ int64_t ArenaMoeStateBuffers(const ArenaSizes& z);
 
 // Microbatches of each local chunk in flight at once on pipeline rank r, `m` per step.
 std::vector<int64_t> ArenaSlots(const Plan& plan, int64_t r, int64_t m);
+// The stash slots of pipeline rank r's chunks, `m` per step, given each chunk's frame (the bytes
+// of one slot): each chunk's own (ArenaSlots), but under the interleaved schedule those of the
+// chunks that share one pool (compiler/analyze/slot_pool.h) where compiler/lower pools them
+// (lower.cpp, PoolChunkSlots): the pool's slot count, each slot as large as the largest
+// member's frame.
+struct ArenaStashSlots {
+  std::vector<int64_t> slots;  // per chunk; a pooled chunk's is the pool's
+  std::vector<bool> pooled;
+};
+ArenaStashSlots ArenaPooledSlots(const Plan& plan, int64_t r, int64_t m,
+                                 const std::vector<int64_t>& frames);
 // The landing buffer of local chunk c on pipeline rank r, `m` per step (bytes; zero when it has
 // none): one received activation outside the chunk's stash slots, where the first rank of the
 // interleaved schedule would otherwise take a slot for its next input before the backward frees

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "compiler/analyze/memory.h"
+#include "compiler/analyze/slot_pool.h"
 #include "compiler/lower/body.h"
 #include "compiler/lower/memory_plan.h"
 #include "compiler/lower/schedule.h"
@@ -403,6 +404,98 @@ void AssignSlots(Role& role, bool fifo, const std::vector<int32_t>& landing) {
   }
   for (int32_t c = 0; c < nc; ++c)
     role.chunks[c].slots = std::max<int32_t>(1, static_cast<int32_t>(state[c].size()));
+}
+
+// Per schedule position, the last position of its transfer group (itself for an op alone).
+std::vector<int64_t> GroupEnds(const std::vector<Op>& schedule) {
+  std::vector<int64_t> end(schedule.size());
+  int64_t next_group = 0;
+  for (size_t i = schedule.size(); i-- > 0;) {
+    end[i] = static_cast<int64_t>(i);
+    const int64_t group = IsP2p(schedule[i].kind) ? prog::DecodeStepAttrs(schedule[i]).group : 0;
+    if (group != 0 && group == next_group) end[i] = end[i + 1];
+    next_group = group;
+  }
+  return end;
+}
+
+// The slots the role's microbatches hold, as AssignSlots takes and frees them: from the first
+// slotted op of a (microbatch, chunk) (not a receive into a landing buffer) through the transfer
+// group of its last use.
+std::vector<SlotUse> SlotUses(const Role& role, const std::vector<int32_t>& landing) {
+  const std::vector<int64_t> ends = GroupEnds(role.schedule);
+  std::vector<SlotUse> uses;
+  std::map<std::pair<int64_t, int64_t>, size_t> open;  // (mb, chunk) -> its use
+  for (size_t oi = 0; oi < role.schedule.size(); ++oi) {
+    const Op& op = role.schedule[oi];
+    if (op.kind != OpKind::Forward && op.kind != OpKind::Backward && !IsP2p(op.kind)) continue;
+    const prog::StepAttrs step = prog::DecodeStepAttrs(op);
+    if (op.kind == OpKind::RecvActivation && landing[step.chunk] >= 0) continue;
+    const auto key = std::make_pair(step.microbatch, step.chunk);
+    auto it = open.find(key);
+    if (it == open.end()) {
+      SlotUse u;
+      u.chunk = static_cast<int32_t>(step.chunk);
+      u.microbatch = step.microbatch;
+      u.take = static_cast<int64_t>(oi);
+      u.recv_take = op.kind == OpKind::RecvActivation;
+      it = open.emplace(key, uses.size()).first;
+      uses.push_back(u);
+    }
+    const Chunk& ch = role.chunks[step.chunk];
+    if (op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && ch.stage == 0)) {
+      uses[it->second].free = static_cast<int64_t>(oi);
+      uses[it->second].release = ends[oi];
+      open.erase(it);
+    }
+  }
+  return uses;
+}
+
+// How a role's chunks may pool their slots: the microbatches of one period of the steady state
+// (the pool's slots advance by one stride per period; 0: no pool) and each chunk's frame
+// (StashFrames of the role whose buffers the schedule's samples do not hold).
+struct SlotPooling {
+  int32_t period = 0;
+  std::vector<int64_t> frames;
+};
+
+// The role's chunks in one slot pool where that takes fewer stash bytes than their own slots
+// (AssignSlots' counts): the pooled chunks' steps take the pool's slots.
+void PoolChunkSlots(Role& role, const std::vector<int32_t>& landing, const SlotPooling& pooling) {
+  if (role.chunks.size() < 2 || pooling.period < 1) return;
+  const std::vector<SlotUse> uses = SlotUses(role, landing);
+  const std::optional<PoolChoice> choice =
+      ChooseSlotPool(pooling.frames, prog::mem::ChunkSlots(role),
+                     [&](const std::vector<bool>& pooled, int32_t max_slots) {
+                       return AssignPoolSlots(PooledUses(uses, pooled), pooling.period, max_slots);
+                     });
+  if (!choice) return;
+  std::vector<int32_t> index;
+  (void)PooledUses(uses, choice->pooled, &index);
+  std::map<std::pair<int64_t, int64_t>, int32_t> slot_of;
+  for (size_t k = 0; k < index.size(); ++k) {
+    const SlotUse& u = uses[index[k]];
+    slot_of[{u.microbatch, u.chunk}] = choice->slots.slot_of[k];
+  }
+  for (Op& op : role.schedule) {
+    if (op.kind != OpKind::Forward && op.kind != OpKind::Backward && !IsP2p(op.kind)) continue;
+    const prog::StepAttrs step = prog::DecodeStepAttrs(op);
+    if (choice->pooled[step.chunk])
+      prog::SetStepSlot(op, slot_of.at({step.microbatch, step.chunk}));
+  }
+  for (Chunk& c : role.chunks) {
+    if (!choice->pooled[c.index]) continue;
+    c.slots = choice->slots.slots;
+    c.pool = 0;
+  }
+}
+
+// AssignSlots, then the chunks' pool (PoolChunkSlots).
+void AssignRoleSlots(Role& role, bool fifo, const std::vector<int32_t>& landing,
+                     const SlotPooling& pooling) {
+  AssignSlots(role, fifo, landing);
+  PoolChunkSlots(role, landing, pooling);
 }
 
 void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
@@ -954,19 +1047,20 @@ struct ScheduleSampling {
 // scratch) when the samples do not extend by constant amounts.
 bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodies& sb,
                           const ParallelConfig& par, const std::vector<int32_t>& landing,
-                          Role& role) {
+                          const SlotPooling& pooling, Role& role) {
   LoopForm forms[3];
   std::vector<Chunk> chunks;
   for (int i = 0; i < 3; ++i) {
     Role sample;
     sample.chunks = role.chunks;
     BuildSchedule(sampling.pipelines[i][r], sb, par, landing, sample);
-    AssignSlots(sample, true, landing);
+    AssignRoleSlots(sample, true, landing, pooling);
     if (i == 0) {
       chunks = sample.chunks;
     } else {
       for (size_t c = 0; c < chunks.size(); ++c)
-        if (chunks[c].slots != sample.chunks[c].slots) return false;
+        if (chunks[c].slots != sample.chunks[c].slots || chunks[c].pool != sample.chunks[c].pool)
+          return false;
     }
     CompactSchedule(sample);
     if (sample.steps.empty()) return false;
@@ -979,7 +1073,7 @@ bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodie
   // The memory plan of the first sample: the steady state holds the most microbatches in flight,
   // and every sample has it.
   BuildSchedule(sampling.pipelines[0][r], sb, par, landing, role);
-  AssignSlots(role, true, landing);
+  AssignRoleSlots(role, true, landing, pooling);
   PlanMemory(role);
   std::vector<Op>().swap(role.schedule);
   for (auto& pipelines : sampling.pipelines) std::vector<PipelineStep>().swap(pipelines[r]);
@@ -995,6 +1089,7 @@ void BuildRoles(const Partition& partition, const ScheduleShape& shape, const Bo
   const bool many = ScheduleSampling::Many(shape, options.loop_min_microbatches);
   ScheduleSampling sampling =
       loops ? ScheduleSampling::For(shape, options.loop_min_microbatches) : ScheduleSampling{};
+  const int32_t pool_period = options.slot_pools ? ScheduleSampling::Period(shape) : 0;
   std::vector<std::vector<PipelineStep>> pipeline;  // every microbatch listed, when needed
   for (int32_t r = 0; r < p.parallel.pp; ++r) {
     std::vector<ChunkLayers> chunks;
@@ -1015,11 +1110,13 @@ void BuildRoles(const Partition& partition, const ScheduleShape& shape, const Bo
       AddLandingBuffers(LandingChunks(shape, r, built_from, sb, p.parallel, role), role);
     std::vector<int32_t> landing;  // per chunk, its landing buffer or -1
     for (const Chunk& c : role.chunks) landing.push_back(LandingBuffer(role, c));
-    if (!sampling.active() || !BuildSampledSchedule(sampling, r, sb, p.parallel, landing, role)) {
+    const SlotPooling pooling{pool_period, StashFrames(role)};
+    if (!sampling.active() ||
+        !BuildSampledSchedule(sampling, r, sb, p.parallel, landing, pooling, role)) {
       if (pipeline.empty()) pipeline = PipelinePrograms(shape);
       BuildSchedule(pipeline[r], sb, p.parallel, landing, role);
       std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
-      AssignSlots(role, many, landing);
+      AssignRoleSlots(role, many, landing, pooling);
       PlanMemory(role);
       if (options.compact_schedule) CompactSchedule(role);
       // Listed schedules keep their files as they were unless asked (tests); a step of many

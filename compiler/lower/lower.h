@@ -48,6 +48,11 @@ struct LowerOptions {
   // landing buffer where receiving it into a stash slot would raise the chunk's slots
   // (lower.cpp, LandingChunks). Tests switch it off to compare with the slots-only program.
   bool landing_buffers = true;
+  // The chunks of a pipeline rank with several chunks (interleaved 1F1B) share one pool of stash
+  // slots where that takes fewer bytes than slots kept per chunk (compiler/analyze/slot_pool.h):
+  // the rank then holds the most microbatches in flight at once, not the sum of each chunk's
+  // most. Tests switch it off to compare with the per-chunk program.
+  bool slot_pools = true;
   // Tests only: changes the program between building and verification.
   std::function<void(Program&)> before_verify;
 };

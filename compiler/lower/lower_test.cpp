@@ -3,6 +3,7 @@
 #include "compiler/lower/lower.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <map>
@@ -506,12 +507,105 @@ TEST_CASE(
     if (op.kind == OpKind::Forward) CHECK(received.at(a.microbatch) == a.slot);
   }
   CHECK(receives == 8);
-  LowerOptions slots_only;
+  // Counted with slots per chunk (slot pools off), the landing buffer saves the chunk a slot.
+  LowerOptions per_chunk;
+  per_chunk.slot_pools = false;
+  LowerOptions slots_only = per_chunk;
   slots_only.landing_buffers = false;
   DiagnosticSink sink;
+  std::optional<Program> with = LowerPlan(plan, per_chunk, sink);
   std::optional<Program> without = LowerPlan(plan, slots_only, sink);
+  REQUIRE(with.has_value());
   REQUIRE(without.has_value());
-  CHECK(first.chunks[1].slots + 1 == without->roles[0].chunks[1].slots);
+  CHECK(with->roles[0].chunks[1].slots + 1 == without->roles[0].chunks[1].slots);
+}
+
+// pp 2, vpp 3: each rank's chunks share one pool of stash slots (PoolChunkSlots), fewer than
+// the chunks' own slots together; the verifier proves that a slot is taken by one microbatch at
+// a time across the pool, and that the pool's buffers lie in one run of slots.
+TEST_CASE("slot pools: the chunks of a rank share their slots, one microbatch per slot") {
+  Plan plan = TinyPlan(1, 2, 1, Schedule::kInterleaved1F1B, 3);
+  plan.model.layers = 6;
+  Program p = MustLower(plan, false);
+  CHECK(VerifyWorld(p).empty());
+  LowerOptions per_chunk;
+  per_chunk.slot_pools = false;
+  DiagnosticSink sink;
+  std::optional<Program> own = LowerPlan(plan, per_chunk, sink);
+  REQUIRE(own.has_value());
+  int pooled_roles = 0;
+  for (size_t r = 0; r < p.roles.size(); ++r) {
+    const Role& role = p.roles[r];
+    int32_t pool_slots = 0, own_slots = 0, members = 0;
+    for (size_t c = 0; c < role.chunks.size(); ++c) {
+      if (role.chunks[c].pool < 0) continue;
+      ++members;
+      pool_slots = role.chunks[c].slots;
+      own_slots += own->roles[r].chunks[c].slots;
+    }
+    if (members == 0) continue;
+    ++pooled_roles;
+    CHECK(members >= 2);
+    CHECK(pool_slots < own_slots);
+    CHECK(MeasureMemory(role).stash < MeasureMemory(own->roles[r]).stash);
+  }
+  CHECK(pooled_roles > 0);
+
+  // The role and the first op at which a microbatch of one pooled chunk takes a slot while a
+  // microbatch of another pooled chunk holds a different one.
+  size_t role_index = p.roles.size(), at = 0;
+  int64_t other_slot = -1;
+  for (size_t r = 0; r < p.roles.size() && other_slot < 0; ++r) {
+    const Role& role = p.roles[r];
+    std::map<std::pair<int64_t, int64_t>, int64_t> held;
+    for (size_t i = 0; i < role.schedule.size() && other_slot < 0; ++i) {
+      const Op& op = role.schedule[i];
+      if (op.kind != OpKind::Forward) continue;
+      const prog::StepAttrs a = prog::DecodeStepAttrs(op);
+      if (role.chunks[a.chunk].pool < 0) continue;
+      for (const auto& [key, slot] : held)
+        if (key.second != a.chunk && slot != a.slot && !held.count({a.microbatch, a.chunk})) {
+          role_index = r, at = i, other_slot = slot;
+          break;
+        }
+      held[{a.microbatch, a.chunk}] = a.slot;
+    }
+  }
+  REQUIRE(other_slot >= 0);
+  SUBCASE("a microbatch that takes a slot another chunk's microbatch holds") {
+    Role& role = p.roles[role_index];
+    const prog::StepAttrs moved = prog::DecodeStepAttrs(role.schedule[at]);
+    for (Op& op : role.schedule) {
+      const prog::StepAttrs a = prog::DecodeStepAttrs(op);
+      if (op.kind != OpKind::ZeroGrads && op.kind != OpKind::ReduceGrads &&
+          op.kind != OpKind::OptimizerStep && a.microbatch == moved.microbatch &&
+          a.chunk == moved.chunk)
+        prog::SetStepSlot(op, other_slot);
+    }
+    const std::string errors = Joined(VerifyWorld(p));
+    CHECK(errors.find(fmt::format("takes slot {}, which microbatch", other_slot)) !=
+          std::string::npos);
+    CHECK(errors.find("still holds") != std::string::npos);
+  }
+  SUBCASE("a chunk taken out of the pool, its buffers where the pool's are") {
+    Role& role = p.roles[role_index];
+    for (Chunk& c : role.chunks)
+      if (c.pool >= 0) {
+        c.pool = -1;
+        break;
+      }
+    CHECK(Joined(VerifyWorld(p)).find("overlap") != std::string::npos);
+  }
+  SUBCASE("a pooled buffer with another slot stride") {
+    Role& role = p.roles[role_index];
+    const std::vector<int32_t> chunk_of = StashChunks(role);
+    for (size_t b = 0; b < role.buffers.size(); ++b)
+      if (chunk_of[b] >= 0 && role.chunks[chunk_of[b]].pool >= 0) {
+        role.buffers[b].slot_stride += 256;
+        break;
+      }
+    CHECK(Joined(VerifyWorld(p)).find("differ in slots or slot stride") != std::string::npos);
+  }
 }
 
 TEST_CASE("mutation: a receive that overwrites an unread landing buffer is caught") {

@@ -128,30 +128,40 @@ class ArenaPlacer {
     }
   }
 
-  // Stash region: per chunk a frame of its stash buffers, repeated `slots` times.
+  // Stash region: per chunk a frame of its stash buffers, repeated `slots` times; the chunks of
+  // a pool share one run of slots as large as the largest member's frame.
   void PlaceStash() {
     const std::vector<int32_t> stash_chunk = StashChunks(role_);
+    std::vector<bool> placed(role_.chunks.size(), false);
     for (const Chunk& c : role_.chunks) {
-      int64_t frame = 0, exact = 0;
+      if (placed[c.index]) continue;
+      int64_t stride = 0, exact = 0;
       std::vector<int32_t> members;
-      for (int32_t i = 0; i < static_cast<int32_t>(role_.buffers.size()); ++i) {
-        Buffer& b = role_.buffers[i];
-        if (b.kind != BufferKind::Stash || stash_chunk[i] != c.index) continue;
-        const int64_t n = BytesOf(b);
-        Set(b, cursor_ + frame, n);
-        frame = Align(frame + n);
-        exact += n;
-        members.push_back(i);
+      for (const Chunk& m : role_.chunks) {
+        if (m.index != c.index && (c.pool < 0 || m.pool != c.pool)) continue;
+        placed[m.index] = true;
+        int64_t frame = 0, bytes = 0;
+        for (int32_t i = 0; i < static_cast<int32_t>(role_.buffers.size()); ++i) {
+          Buffer& b = role_.buffers[i];
+          if (b.kind != BufferKind::Stash || stash_chunk[i] != m.index) continue;
+          const int64_t n = BytesOf(b);
+          Set(b, cursor_ + frame, n);
+          frame = Align(frame + n);
+          bytes += n;
+          members.push_back(i);
+        }
+        stride = std::max(stride, frame);
+        exact = std::max(exact, bytes);
       }
       for (int32_t i : members) {
         Buffer& b = role_.buffers[i];
         b.slots = c.slots;
         if (fp32_)
-          b.fp32_slot_stride = frame;
+          b.fp32_slot_stride = stride;
         else
-          b.slot_stride = frame;
+          b.slot_stride = stride;
       }
-      cursor_ += frame * c.slots;
+      cursor_ += stride * c.slots;
       pl_.exact.stash += exact * c.slots;
     }
   }
@@ -290,6 +300,17 @@ MemoryBreakdown PlanMemory(Role& role) {
   role.arena_bytes = real.arena;
   role.peak_bytes = real.exact.Total();
   return real.exact;
+}
+
+std::vector<int64_t> StashFrames(const Role& role) {
+  const std::vector<int32_t> stash_chunk = StashChunks(role);
+  std::vector<int64_t> frames(role.chunks.size(), 0);
+  for (size_t i = 0; i < role.buffers.size(); ++i) {
+    const Buffer& b = role.buffers[i];
+    if (b.kind == BufferKind::Stash && stash_chunk[i] >= 0)
+      frames[stash_chunk[i]] += Align(b.Elements() * ElementBytes(b.dtype, false));
+  }
+  return frames;
 }
 
 MemoryBreakdown MeasureMemory(const Role& role) {

@@ -6,7 +6,9 @@
 //               param shard instead of the param bucket, with ZeRO-2/3 the grad shard instead
 //               of the grad bucket (dp · cp > 1)
 //   stash       per chunk, a frame of its Stash buffers repeated `slots` times (one slot per
-//               in-flight microbatch; slots come from the schedule, see lower.cpp)
+//               in-flight microbatch; slots come from the schedule, see lower.cpp); chunks of
+//               one pool (Chunk::pool) share one run of slots, each slot as large as the
+//               largest member's frame, every member's frame starting at the slot's start
 //   scratch     buffers that live inside one body call; bodies never run at the same time, so
 //               all bodies share the region, and inside a body two buffers share bytes when
 //               their live ranges (first to last op that touches them) do not overlap. With
@@ -25,6 +27,7 @@
 #define PARAPLAN_COMPILER_LOWER_MEMORY_PLAN_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "compiler/lower/program.h"
 
@@ -48,6 +51,9 @@ struct MemoryBreakdown {
 // Places every buffer of the role (both placements), sets arena_bytes, fp32_arena_bytes and
 // peak_bytes. Chunk slots must be final. Returns the exact breakdown for the program's precision.
 MemoryBreakdown PlanMemory(Role& role);
+
+// The bytes of one slot of each chunk (its Stash buffers, aligned) in the program's precision.
+std::vector<int64_t> StashFrames(const Role& role);
 
 // The breakdown of an already placed role (recomputed from its buffers).
 MemoryBreakdown MeasureMemory(const Role& role);

@@ -142,9 +142,10 @@ std::string PrintProgram(const Program& p) {
     if (m.full_grads > 0) out += fmt::format(", full grads {}", Bytes(m.full_grads));
     out += "\n";
     for (const Chunk& c : r.chunks)
-      out += fmt::format("  chunk {} (stage {}): layers [{}, {}){}{}, {} slots\n", c.index, c.stage,
-                         c.first_layer, c.first_layer + c.layers,
-                         c.has_embedding ? " +embedding" : "", c.has_loss ? " +loss" : "", c.slots);
+      out += fmt::format("  chunk {} (stage {}): layers [{}, {}){}{}, {} slots{}\n", c.index,
+                         c.stage, c.first_layer, c.first_layer + c.layers,
+                         c.has_embedding ? " +embedding" : "", c.has_loss ? " +loss" : "", c.slots,
+                         c.pool >= 0 ? fmt::format(" (pool {})", c.pool) : "");
     out += "  schedule: " + ShortSchedule(r) + "\n";
   }
   return out;

@@ -14,24 +14,6 @@ std::vector<uint8_t> ToFlatBuffer(const Program& p) { return prog::mem::EncodePr
 
 // --- reading ---------------------------------------------------------------------------------
 
-std::vector<int32_t> StashChunks(const Role& role) {
-  const auto nbuf = static_cast<int32_t>(role.buffers.size());
-  const auto nbody = static_cast<int32_t>(role.bodies.size());
-  std::vector<int32_t> chunk(role.buffers.size(), -1);
-  for (const Chunk& c : role.chunks) {
-    for (int32_t b : {c.input, c.output, c.grad})
-      if (b >= 0 && b < nbuf) chunk[b] = c.index;
-    for (int32_t body : {c.forward, c.backward}) {
-      if (body < 0 || body >= nbody) continue;
-      for (const Op& op : role.bodies[body].ops)
-        for (const auto* list : {&op.inputs, &op.outputs})
-          for (int32_t b : *list)
-            if (b >= 0 && b < nbuf && role.buffers[b].kind == BufferKind::Stash) chunk[b] = c.index;
-    }
-  }
-  return chunk;
-}
-
 std::optional<Program> FromFlatBuffer(const uint8_t* data, size_t size, std::string* error,
                                       bool keep_loops) {
   if (size < 8 || !prog::ProgramBufferHasIdentifier(data)) {

@@ -59,10 +59,7 @@ using verify::VerifyStats;
 using verify::VerifyStructure;
 using verify::VerifyWorld;
 
-// The chunk whose slots each Stash buffer of `role` follows (-1 for other buffers): the chunk
-// whose input/output/grad it is, or whose bodies touch it (a Stash buffer is touched by its own
-// chunk's bodies only).
-std::vector<int32_t> StashChunks(const Role& role);
+using prog::mem::StashChunks;
 
 // Serialisation. ToFlatBuffer never fails; FromFlatBuffer runs the FlatBuffers verifier and
 // VerifyStructure and returns nullopt with *error set when the bytes are not a valid program.

@@ -148,6 +148,24 @@ std::vector<int32_t> ChunkSlots(const Role& role) {
   return slots;
 }
 
+std::vector<int32_t> StashChunks(const Role& role) {
+  const auto nbuf = static_cast<int32_t>(role.buffers.size());
+  const auto nbody = static_cast<int32_t>(role.bodies.size());
+  std::vector<int32_t> chunk(role.buffers.size(), -1);
+  for (const Chunk& c : role.chunks) {
+    for (int32_t b : {c.input, c.output, c.grad})
+      if (b >= 0 && b < nbuf) chunk[b] = c.index;
+    for (int32_t body : {c.forward, c.backward}) {
+      if (body < 0 || body >= nbody) continue;
+      for (const Op& op : role.bodies[body].ops)
+        for (const auto* list : {&op.inputs, &op.outputs})
+          for (int32_t b : *list)
+            if (b >= 0 && b < nbuf && role.buffers[b].kind == BufferKind::Stash) chunk[b] = c.index;
+    }
+  }
+  return chunk;
+}
+
 prog::ScheduleStep LoopStep(const prog::ScheduleStep& s, const prog::ScheduleLoop& loop, int64_t i,
                             int32_t slots) {
   if (i == 0) return s;
@@ -341,7 +359,7 @@ flatbuffers::Offset<prog::Role> EncodeRole(flatbuffers::FlatBufferBuilder& b, co
   for (const Chunk& x : r.chunks)
     chunks.push_back(prog::CreateChunk(b, x.index, x.stage, x.first_layer, x.layers,
                                        x.has_embedding, x.has_loss, x.forward, x.backward, x.input,
-                                       x.output, x.grad, x.slots));
+                                       x.output, x.grad, x.slots, x.pool));
   std::vector<flatbuffers::Offset<prog::Body>> bodies;
   for (const Body& x : r.bodies) {
     auto name = b.CreateString(x.name);
@@ -572,7 +590,7 @@ Program DecodeProgramModel(const prog::Program& file, bool keep_loops) {
         for (const prog::Chunk* x : *r->chunks())
           role.chunks.push_back({x->index(), x->stage(), x->first_layer(), x->layers(),
                                  x->has_embedding(), x->has_loss(), x->forward(), x->backward(),
-                                 x->input(), x->output(), x->grad(), x->slots()});
+                                 x->input(), x->output(), x->grad(), x->slots(), x->pool()});
       if (r->bodies())
         for (const prog::Body* x : *r->bodies())
           role.bodies.push_back({Str(x->name()), ReadOps(x->ops())});

@@ -97,6 +97,7 @@ struct Chunk {
   int32_t forward = -1, backward = -1;
   int32_t input = -1, output = -1, grad = -1;
   int32_t slots = 1;
+  int32_t pool = -1;  // chunks with the same pool >= 0 share their slots; -1: its own
 };
 
 struct Role {
@@ -277,6 +278,11 @@ std::string ScheduleLoopProblem(const prog::Role& role);
 
 // The slot counts of a role's chunks (the modulus of each loop step's slot).
 std::vector<int32_t> ChunkSlots(const Role& role);
+
+// The chunk whose slots each Stash buffer of `role` follows (-1 for other buffers): the chunk
+// whose input/output/grad it is, or whose bodies touch it (a Stash buffer is touched by its own
+// chunk's bodies only).
+std::vector<int32_t> StashChunks(const Role& role);
 // --- end loops ---
 
 // The FlatBuffers file of `program` (identifier "PPLN"); each role's schedule is written as

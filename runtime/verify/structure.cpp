@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "runtime/format/ops.h"
 
@@ -171,6 +173,78 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
                   fmt::format("{} body '{}' op #{}", role.name, body.name, i), out);
 }
 
+// Stash placement, in both arenas: the slots of a chunk, or of a pool of chunks, are frames of
+// one stride side by side in a region no other chunk's stash meets, and a chunk's buffers do not
+// overlap inside a frame. Chunks of one pool then share memory only in the same slot, which the
+// schedule gives one microbatch at a time (SlotTracker, verify_stream.h).
+void CheckStashPlacement(const Role& role, bool fp32, std::vector<std::string>& out) {
+  struct Region {
+    int64_t lo = INT64_MAX, hi = 0, stride = -1;
+    int32_t slots = -1;
+    std::string name;
+  };
+  std::map<int64_t, Region> regions;  // pool, or -1 - chunk for a chunk on its own
+  std::map<int32_t, std::vector<std::pair<int64_t, int64_t>>> frames;  // chunk -> slot 0 spans
+  const std::vector<int32_t> chunk_of = prog::mem::StashChunks(role);
+  std::map<int32_t, const Chunk*> chunks;
+  for (const Chunk& c : role.chunks) chunks[c.index] = &c;
+  for (size_t b = 0; b < role.buffers.size(); ++b) {
+    const Buffer& buf = role.buffers[b];
+    if (buf.kind != BufferKind::Stash || buf.view_of >= 0 || chunk_of[b] < 0) continue;
+    const Chunk& c = *chunks.at(chunk_of[b]);
+    const int64_t offset = fp32 ? buf.fp32_offset : buf.offset;
+    const int64_t bytes = fp32 ? buf.fp32_bytes : buf.bytes;
+    const int64_t stride = buf.slots > 1 ? (fp32 ? buf.fp32_slot_stride : buf.slot_stride) : 0;
+    if (buf.slots != c.slots)
+      out.push_back(fmt::format("{}: stash buffer '{}' has {} slots, its chunk {} has {}",
+                                role.name, buf.name, buf.slots, c.index, c.slots));
+    const int64_t key = c.pool >= 0 ? c.pool : -1 - int64_t{c.index};
+    Region& r = regions[key];
+    if (r.name.empty())
+      r.name = c.pool >= 0 ? fmt::format("pool {}", c.pool) : fmt::format("chunk {}", c.index);
+    if (r.stride < 0) r.stride = stride, r.slots = buf.slots;
+    if (r.stride != stride || r.slots != buf.slots)
+      out.push_back(fmt::format("{}: the stash buffers of {} differ in slots or slot stride{}",
+                                role.name, r.name, fp32 ? " (f32 placement)" : ""));
+    if (bytes == 0) continue;
+    r.lo = std::min(r.lo, offset);
+    r.hi = std::max(r.hi, offset + bytes);
+    frames[c.index].emplace_back(offset, offset + bytes);
+  }
+  // Fill writes every slot of a Stash buffer: in a pool, slots other members' microbatches hold.
+  for (const Body& body : role.bodies)
+    for (const Op& op : body.ops)
+      if (op.kind == OpKind::Fill)
+        for (int32_t b : op.outputs)
+          if (b >= 0 && static_cast<size_t>(b) < chunk_of.size() && chunk_of[b] >= 0 &&
+              chunks.at(chunk_of[b])->pool >= 0 && !fp32)
+            out.push_back(fmt::format("{}: body '{}' fills stash buffer '{}' of a pooled chunk",
+                                      role.name, body.name, role.buffers[b].name));
+  std::vector<std::tuple<int64_t, int64_t, std::string>> extents;
+  for (const auto& [key, r] : regions) {
+    if (r.hi <= r.lo) continue;
+    if (r.slots > 1 && r.hi - r.lo > r.stride)
+      out.push_back(fmt::format("{}: a slot of {} spans {} bytes, more than its slot stride {}{}",
+                                role.name, r.name, r.hi - r.lo, r.stride,
+                                fp32 ? " (f32 placement)" : ""));
+    extents.emplace_back(r.lo, r.lo + r.stride * (std::max(r.slots, 1) - 1) + (r.hi - r.lo),
+                         r.name);
+  }
+  std::sort(extents.begin(), extents.end());
+  for (size_t i = 1; i < extents.size(); ++i)
+    if (std::get<0>(extents[i]) < std::get<1>(extents[i - 1]))
+      out.push_back(fmt::format("{}: the stash slots of {} and {} overlap{}", role.name,
+                                std::get<2>(extents[i - 1]), std::get<2>(extents[i]),
+                                fp32 ? " (f32 placement)" : ""));
+  for (auto& [c, spans] : frames) {
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      if (spans[i].first < spans[i - 1].second)
+        out.push_back(fmt::format("{}: two stash buffers of chunk {} overlap{}", role.name, c,
+                                  fp32 ? " (f32 placement)" : ""));
+  }
+}
+
 // Every (microbatch, chunk) of a role passes its forward once per step, so the role's schedule,
 // loops expanded, holds at least microbatches · chunks ops. Checked before the whole-world
 // verifier sizes its per-(microbatch, chunk) counters by train.microbatches, which a damaged
@@ -216,7 +290,10 @@ std::vector<std::string> VerifyStructure(const Program& p) {
       }
   CheckRanks(p, out);
   for (const Role& role : p.roles) {
+    const size_t before = out.size();
     CheckRole(role, out);
+    if (out.size() == before)
+      for (bool fp32 : {false, true}) CheckStashPlacement(role, fp32, out);
     CheckMicrobatches(p, role, out);
   }
   return out;

@@ -131,6 +131,71 @@ std::string LandingTracker::Step(const StepView& op) {
   return error;
 }
 
+SlotTracker::SlotTracker(const Role& role) {
+  std::map<int32_t, int32_t> pools;
+  for (const Chunk& c : role.chunks) {
+    int32_t region = static_cast<int32_t>(slots_.size());
+    if (c.pool >= 0) {
+      auto [it, added] = pools.try_emplace(c.pool, region);
+      region = it->second;
+      if (added) slots_.emplace_back();
+    } else {
+      slots_.emplace_back();
+    }
+    auto& v = slots_[static_cast<size_t>(region)];
+    v.resize(std::max<size_t>(v.size(), static_cast<size_t>(std::max(c.slots, 1))));
+    region_.push_back(region);
+    landing_.push_back(LandingBuffer(role, c) >= 0);
+    first_stage_.push_back(c.stage == 0);
+  }
+}
+
+void SlotTracker::Flush() {
+  for (auto [region, slot] : freed_) {
+    Holder& h = slots_[static_cast<size_t>(region)][static_cast<size_t>(slot)];
+    if (h.state == 2) h = Holder{};
+  }
+  freed_.clear();
+}
+
+std::string SlotTracker::Step(const StepView& op) {
+  const bool p2p = IsP2p(op.kind);
+  const int64_t group = p2p ? op.group : 0;
+  if (!p2p || group == 0 || group != group_) Flush();
+  group_ = group;
+  if (!p2p && op.kind != OpKind::Forward && op.kind != OpKind::Backward) return {};
+  const auto c = static_cast<size_t>(op.chunk);
+  if (op.kind == OpKind::RecvActivation && landing_[c]) return {};
+  const auto key = std::make_pair(op.microbatch, op.chunk);
+  const int32_t region = region_[c];
+  auto& slots = slots_[static_cast<size_t>(region)];
+  if (op.slot < 0 || op.slot >= static_cast<int64_t>(slots.size()))
+    return fmt::format("slot {} outside the chunk's {} slots", op.slot, slots.size());
+  Holder& h = slots[static_cast<size_t>(op.slot)];
+  if (auto it = held_.find(key); it != held_.end()) {
+    if (it->second != op.slot)
+      return fmt::format("names slot {}, where its microbatch holds slot {}", op.slot, it->second);
+  } else {
+    const bool reuse = h.state == 2 && op.kind == OpKind::RecvActivation && h.chunk == op.chunk;
+    if (h.state != 0 && !reuse)
+      return fmt::format(
+          "takes slot {}, which microbatch {} of chunk {} still holds{}", op.slot, h.microbatch,
+          h.chunk,
+          h.state == 2 ? " (freed in this transfer group, for its own chunk's receive)" : "");
+    h = Holder{op.microbatch, op.chunk, 1};
+    held_[key] = op.slot;
+  }
+  const bool last_use =
+      op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && first_stage_[c]);
+  if (last_use) {
+    held_.erase(key);
+    h.state = 2;
+    freed_.emplace_back(region, op.slot);
+    if (!p2p || group == 0) Flush();
+  }
+  return {};
+}
+
 void WorldVerifier::AppendItems(const Role& role, int32_t i, std::map<int, int64_t>& coll_seq,
                                 std::map<std::pair<int32_t, bool>, int64_t>& p2p_seq,
                                 RoleStream& st) {

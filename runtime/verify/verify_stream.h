@@ -220,6 +220,35 @@ class LandingTracker {
   std::vector<int64_t> landed_;
 };
 
+// Stash slots (runtime/format/README.md, "Slots"): a (microbatch, chunk) takes its slot at its
+// first forward or transfer (a receive into a landing buffer takes none) and holds it through
+// its last use (its SendGrad, or its Backward on the first virtual stage) and the rest of that
+// op's transfer group. Chunks of one pool share their slot numbers. Nothing may take a slot that
+// is held, but for a receive of an activation into a slot of its own chunk freed earlier in its
+// own group (the receive writes the chunk's input, the send read its grad); every op of a
+// (microbatch, chunk) names the slot it took.
+class SlotTracker {
+ public:
+  explicit SlotTracker(const Role& role);
+  // The next op of the role's stream (any op; chunk in range for steps); a message when it
+  // breaks the rule.
+  std::string Step(const StepView& op);
+
+ private:
+  struct Holder {
+    int64_t microbatch = -1, chunk = -1;
+    uint8_t state = 0;  // 0 free, 1 held, 2 freed inside the current group
+  };
+  void Flush();
+
+  std::vector<int32_t> region_;              // per chunk: the index of its slots (pool or own)
+  std::vector<bool> landing_, first_stage_;  // per chunk
+  std::vector<std::vector<Holder>> slots_;   // per region, per slot
+  std::map<std::pair<int64_t, int64_t>, int64_t> held_;  // (microbatch, chunk) -> slot
+  std::vector<std::pair<int32_t, int64_t>> freed_;       // (region, slot) in state 2
+  int64_t group_ = 0;
+};
+
 }  // namespace paraplan::verify::detail
 
 #endif  // PARAPLAN_RUNTIME_VERIFY_VERIFY_STREAM_H_

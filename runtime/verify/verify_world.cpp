@@ -47,9 +47,14 @@ void WorldVerifier::CheckRole(int32_t ri) {
   std::vector<int32_t> fwd_count(m * nc, 0), bwd_count(m * nc, 0);
   std::vector<int64_t> fwd_first(m * nc, -1), bwd_first(m * nc, -1);
   LandingTracker landing(role);
+  SlotTracker slots(role);
+  bool slot_error = false;
   ForEachOp(role, [&](size_t i, const StepView& op) {
     bool compute = op.kind == OpKind::Forward || op.kind == OpKind::Backward;
-    if (!compute && !IsP2p(op.kind)) return;
+    if (!compute && !IsP2p(op.kind)) {
+      (void)slots.Step(op);  // ends a transfer group
+      return;
+    }
     int64_t mb = op.microbatch, c = op.chunk;
     if (mb < 0 || mb >= m) {
       Error(fmt::format("{} op #{} {}: microbatch outside [0, {})", role.name, i, DescribeStep(op),
@@ -59,6 +64,11 @@ void WorldVerifier::CheckRole(int32_t ri) {
     if (c < 0 || c >= nc) return;
     if (const std::string e = landing.Step(op); !e.empty())
       Error(fmt::format("{} op #{} {}: {}", role.name, i, DescribeStep(op), e));
+    // The first slot error of a role only: the ones after it follow from it.
+    if (const std::string e = slots.Step(op); !e.empty() && !slot_error) {
+      Error(fmt::format("{} op #{} {}: {}", role.name, i, DescribeStep(op), e));
+      slot_error = true;
+    }
     if (compute) {
       auto& count = op.kind == OpKind::Forward ? fwd_count : bwd_count;
       auto& first = op.kind == OpKind::Forward ? fwd_first : bwd_first;

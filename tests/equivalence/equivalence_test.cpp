@@ -39,6 +39,7 @@
 #include <tuple>
 
 #include "compiler/lower/lower.h"
+#include "compiler/lower/memory_plan.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/format/ops.h"
 
@@ -260,6 +261,23 @@ void CheckPlancEquivalent(const std::string& reference, const std::string& plan,
                           double element_tolerance = kElementTolerance) {
   const RunResult want = Run(PlancCompile(reference));
   CheckAgainst(Run(PlancCompile(plan)), want, element_tolerance);
+}
+
+// Runs two programs of one plan that differ only in placement and checks that they train
+// bitwise alike (losses, gradient norms, parameters); returns the first's run.
+RunResult RunBitwiseAlike(const paraplan::lower::Program& a, const paraplan::lower::Program& b) {
+  auto image = [](const paraplan::lower::Program& program) {
+    const std::vector<uint8_t> bytes = paraplan::lower::ToFlatBuffer(program);
+    return DecodeProgramImage(bytes.data(), bytes.size(), program.plan_name);
+  };
+  const RunResult x = Run(image(a)), y = Run(image(b));
+  REQUIRE(x.steps.size() == y.steps.size());
+  for (size_t s = 0; s < x.steps.size(); ++s) {
+    CHECK(x.steps[s].loss == y.steps[s].loss);
+    CHECK(x.steps[s].grad_norm == y.steps[s].grad_norm);
+  }
+  CHECK(x.params == y.params);
+  return x;
 }
 
 // The Llama-style tiny model with six layers, so that pp 2 holds three chunks per rank.
@@ -605,10 +623,13 @@ TEST_CASE("llama: pp 4, GPipe") { CheckEquivalent(false, {1, 4, 1, 1, Schedule::
 // suite's tolerance.
 TEST_CASE("llama: pp 2, vpp 3 interleaved 1F1B, a landing buffer on the first rank") {
   const paraplan::Plan plan = LandingPlan({1, 2, 1, 3, Schedule::kInterleaved1F1B});
-  paraplan::lower::LowerOptions slots_only;
+  // Slots counted per chunk (no slot pool), where the landing buffer saves the chunk a slot.
+  paraplan::lower::LowerOptions per_chunk;
+  per_chunk.slot_pools = false;
+  paraplan::lower::LowerOptions slots_only = per_chunk;
   slots_only.landing_buffers = false;
   paraplan::DiagnosticSink sink;
-  const auto with = paraplan::lower::LowerPlan(plan, {}, sink);
+  const auto with = paraplan::lower::LowerPlan(plan, per_chunk, sink);
   const auto without = paraplan::lower::LowerPlan(plan, slots_only, sink);
   REQUIRE(with.has_value());
   REQUIRE(without.has_value());
@@ -619,18 +640,43 @@ TEST_CASE("llama: pp 2, vpp 3 interleaved 1F1B, a landing buffer on the first ra
   CHECK(paraplan::lower::LandingBuffer(first, first.chunks[2]) < 0);
   CHECK(first.chunks[1].slots + 1 == without->roles.at(0).chunks[1].slots);
   CHECK(first.peak_bytes < without->roles.at(0).peak_bytes);
-  auto image = [](const paraplan::lower::Program& program) {
-    const std::vector<uint8_t> bytes = paraplan::lower::ToFlatBuffer(program);
-    return DecodeProgramImage(bytes.data(), bytes.size(), program.plan_name);
-  };
-  const RunResult landed = Run(image(*with)), slotted = Run(image(*without));
-  REQUIRE(landed.steps.size() == slotted.steps.size());
-  for (size_t s = 0; s < landed.steps.size(); ++s) {
-    CHECK(landed.steps[s].loss == slotted.steps[s].loss);
-    CHECK(landed.steps[s].grad_norm == slotted.steps[s].grad_norm);
-  }
-  CHECK(landed.params == slotted.params);
+  const RunResult landed = RunBitwiseAlike(*with, *without);
   CheckAgainst(landed, Run(Compile(LandingPlan({}))), kElementTolerance);
+}
+
+// The chunks of a pipeline rank share one pool of stash slots under interleaved 1F1B
+// (compiler/analyze/slot_pool.h): slot s of every chunk of the pool is one frame of memory,
+// taken by one microbatch at a time. Only the addresses change: the run is bitwise the run of
+// the program with slots per chunk, on a smaller stash.
+TEST_CASE("llama: pp 2, vpp 3 interleaved 1F1B, the chunks share one pool of stash slots") {
+  const paraplan::Plan plan = LandingPlan({1, 2, 1, 3, Schedule::kInterleaved1F1B});
+  paraplan::lower::LowerOptions per_chunk;
+  per_chunk.slot_pools = false;
+  paraplan::DiagnosticSink sink;
+  const auto pooled = paraplan::lower::LowerPlan(plan, {}, sink);
+  const auto own = paraplan::lower::LowerPlan(plan, per_chunk, sink);
+  REQUIRE(pooled.has_value());
+  REQUIRE(own.has_value());
+  int pools = 0;
+  for (size_t r = 0; r < pooled->roles.size(); ++r) {
+    const paraplan::lower::Role& role = pooled->roles[r];
+    const paraplan::lower::MemoryBreakdown a = paraplan::lower::MeasureMemory(role);
+    const paraplan::lower::MemoryBreakdown b = paraplan::lower::MeasureMemory(own->roles[r]);
+    CAPTURE(r);
+    CHECK(a.stash <= b.stash);
+    int32_t own_slots = 0, pool_slots = 0;
+    for (size_t c = 0; c < role.chunks.size(); ++c) {
+      own_slots += own->roles[r].chunks[c].slots;
+      if (role.chunks[c].pool >= 0) pool_slots = role.chunks[c].slots;
+    }
+    if (pool_slots > 0) {
+      ++pools;
+      CHECK(pool_slots < own_slots);
+      CHECK(a.stash < b.stash);
+    }
+  }
+  CHECK(pools > 0);
+  (void)RunBitwiseAlike(*pooled, *own);
 }
 TEST_CASE("llama: dp 2") { CheckEquivalent(false, {1, 1, 2, 1}); }
 TEST_CASE("llama: dp 2, ZeRO 1") {

@@ -193,18 +193,20 @@ TEST_CASE("the embedding's gathered copy and full gradient never meet on the fir
   CHECK(result.worst <= 0.01);
 }
 
-// The stash slots each chunk of each stage holds (ArenaSlots) and its landing buffer
-// (ArenaLandingBytes) are the program's, for the interleaved schedule over pipeline depths,
-// chunk counts and microbatch counts: on the first stage the next forward's input arrives before
-// the backward has given its slot back, into a landing buffer where a slot would raise the
-// chunk's slots.
+// The stash slots each chunk of each stage holds (the memory model's chunk_slots) and its
+// landing buffer (ArenaLandingBytes) are the program's, for the interleaved schedule over
+// pipeline depths, chunk counts and microbatch counts: on the first stage the next forward's
+// input arrives before the backward has given its slot back, into a landing buffer where a slot
+// would raise the chunk's slots; chunks that share a pool of slots (lower.cpp, PoolChunkSlots)
+// have the pool's.
 TEST_CASE("the arena model's stash slots are the compiled program's under interleaved 1F1B") {
   const std::string file = std::string(PARAPLAN_ROOT) + "/examples/tiny_llama.plan";
-  int stages = 0, landings = 0;
+  int stages = 0, landings = 0, pooled = 0;
   for (int pp : {2, 3, 4, 8}) {
     for (int vpp : {2, 3, 5}) {
-      // 7 pp microbatches: SlotsInFlight prices the steady state's repeats once past 5 pp.
-      for (int times : {1, 3, 7}) {
+      // 7 pp microbatches: SlotsInFlight prices the steady state's repeats once past 5 pp; 24
+      // pp: the pool's slots are counted on 8 pp to 9 pp.
+      for (int times : {1, 3, 7, 24}) {
         const int m = pp * times;
         const std::vector<std::string> sets = {"parallel.tp=1",
                                                "parallel.sp=false",
@@ -224,12 +226,15 @@ TEST_CASE("the arena model's stash slots are the compiled program's under interl
         std::optional<lower::Program> program = lower::LowerPlan(*plan, options, sink);
         REQUIRE_MESSAGE(program.has_value(), label);
         const ArenaSizes z = ArenaSizesOf(*plan);
+        const MemoryEstimate estimate = EstimateMemory(*plan);
         for (const lower::Role& role : program->roles) {
-          const std::vector<int64_t> slots = ArenaSlots(*plan, role.pipeline_rank, m);
+          const std::vector<int64_t>& slots =
+              estimate.stages.at(static_cast<size_t>(role.pipeline_rank)).chunk_slots;
           REQUIRE(slots.size() == role.chunks.size());
           for (size_t c = 0; c < slots.size(); ++c) {
             CHECK_MESSAGE(slots[c] == role.chunks[c].slots, label, " stage ", role.pipeline_rank,
-                          " chunk ", c);
+                          " chunk ", c, role.chunks[c].pool >= 0 ? " (pooled)" : "");
+            if (role.chunks[c].pool >= 0) ++pooled;
             const int32_t landing = lower::LandingBuffer(role, role.chunks[c]);
             const int64_t bytes = landing < 0 ? 0 : role.buffers[landing].bytes;
             CHECK_MESSAGE(bytes == ArenaLandingBytes(*plan, z, role.pipeline_rank, m,
@@ -242,8 +247,9 @@ TEST_CASE("the arena model's stash slots are the compiled program's under interl
       }
     }
   }
-  CHECK(stages == 3 * 3 * (2 + 3 + 4 + 8));
+  CHECK(stages == 4 * 3 * (2 + 3 + 4 + 8));
   CHECK(landings > 0);
+  CHECK(pooled > 0);
 }
 
 // Mixture of experts (tests/memory/arena/moe.plan): a leading dense layer, then every second
