@@ -596,6 +596,10 @@ TEST_CASE("slot pools: the chunks of a rank share their slots, one microbatch pe
       }
     CHECK(Joined(VerifyWorld(p)).find("overlap") != std::string::npos);
   }
+  SUBCASE("a damaged pool number") {
+    p.roles[role_index].chunks[0].pool = -3;
+    CHECK(Joined(VerifyWorld(p)).find("has pool -3") != std::string::npos);
+  }
   SUBCASE("a pooled buffer with another slot stride") {
     Role& role = p.roles[role_index];
     const std::vector<int32_t> chunk_of = StashChunks(role);

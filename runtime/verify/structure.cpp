@@ -150,6 +150,9 @@ void CheckRole(const Role& role, std::vector<std::string>& out) {
       if (b < -1 || b >= nb)
         out.push_back(
             fmt::format("{}: chunk {} names buffer {} out of range", role.name, c.index, b));
+    if (c.pool < -1)
+      out.push_back(fmt::format("{}: chunk {} has pool {} (a pool is >= 0, or -1 for none)",
+                                role.name, c.index, c.pool));
   }
   for (size_t i = 0; i < role.schedule.size(); ++i)
     CheckRoleOp(role, role.schedule[i], prog::OpPlace::kSchedule,
