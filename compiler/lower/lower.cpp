@@ -88,6 +88,11 @@ bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
       "planrun allocates each rank's static arena whole when it starts; `planc check` estimates "
       "the same "
       "arena (`framework = paraplan`)");
+  if (UsesFp8(plan))
+    d.Note(
+        "planrun runs FP8 plans in bf16: it stashes every activation in 2 bytes where "
+        "Transformer Engine keeps the inputs of its FP8 GEMMs in 1, so this arena is larger than "
+        "the plan's own framework needs");
   d.Help("`planc check` with `framework = paraplan` offers the changes that fit");
   sink.Report(std::move(d));
   return false;

@@ -132,3 +132,17 @@ TEST_CASE(
   CHECK(r.status == 0);
   CHECK(std::filesystem::exists(Dir() + "/dsv2_fits.pp"));
 }
+
+TEST_CASE("compile: an FP8 run is laid out in bf16, and the refusal says so") {
+  // Megatron-Bridge's Llama 3 70B on 64 H100 (TP 4, PP 8, VPP 5, FP8): Megatron-Core's memory
+  // fits; planrun's arena, with each rank's chunks sharing one pool of stash slots, is 80.65 GiB
+  // with bf16 activations, 81.96 GiB with the CUDA context and NCCL.
+  const std::string plan = "tests/memory/calibration/ran.plan --plan mbridge_llama3_70b_64gpu";
+  Result r = Planc("check " + plan);
+  CHECK(r.status == 0);
+  r = Planc("compile " + plan + " -o " + Dir() + "/llama70b.pp");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("error[P0701]: the program of pipeline stage 0 needs 81.96 GiB per GPU") !=
+        std::string::npos);
+  CHECK(r.err.find("planrun runs FP8 plans in bf16") != std::string::npos);
+}
