@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "compiler/driver/frontend.h"
+#include "compiler/lower/lower.h"
 #include "runtime/exec/interpreter.h"
 #include "runtime/exec/tiny_program.h"
 #include "runtime/verify/verify.h"
@@ -85,6 +87,39 @@ void Mutate(std::vector<uint8_t>& b, std::mt19937_64& gen) {
   }
 }
 
+// A program planc lowers: a small Llama over pp 2 with 3 interleaved chunks per rank, whose
+// chunks share one pool of stash slots (the verifier's slot and placement rules meet damage).
+std::vector<uint8_t> PooledProgram(const std::string& data) {
+  paraplan::FrontendOptions opts;
+  opts.file = std::string(PARAPLAN_ROOT) + "/examples/tiny_llama.plan";
+  opts.sets = {"model.layers=6",
+               "model.hidden=32",
+               "model.heads=4",
+               "model.kv_heads=2",
+               "model.ffn_hidden=64",
+               "model.seq_len=8",
+               "parallel.tp=1",
+               "parallel.sp=false",
+               "parallel.pp=2",
+               "parallel.vpp=3",
+               "pipeline.schedule=interleaved_1f1b",
+               "cluster.gpus_per_node=2",
+               "batch.global=12",
+               "batch.micro=1",
+               "train.data=\"" + data + "\""};
+  paraplan::SourceManager sm;
+  paraplan::DiagnosticSink sink;
+  std::optional<paraplan::Plan> plan = paraplan::LoadPlan(opts, sm, sink);
+  REQUIRE(plan.has_value());
+  std::optional<paraplan::lower::Program> p = paraplan::lower::LowerPlan(*plan, {}, sink);
+  REQUIRE(p.has_value());
+  bool pooled = false;
+  for (const auto& role : p->roles)
+    for (const auto& c : role.chunks) pooled = pooled || c.pool >= 0;
+  REQUIRE(pooled);
+  return paraplan::lower::ToFlatBuffer(*p);
+}
+
 }  // namespace
 
 TEST_CASE("mutated program files are refused with an error or run; never a crash or a hang") {
@@ -93,6 +128,7 @@ TEST_CASE("mutated program files are refused with an error or run; never a crash
       testing::TinyProgram({2, 1, 4, 1, "tiny", data}),
       testing::TinyProgram({1, 0, 4, 1, "tiny", data}),
       testing::TinyProgram({2, 0, 8, 1, "tiny", data}),
+      PooledProgram(data),
   };
   const int64_t iterations = EnvInt("PARAPLAN_FUZZ_ITERATIONS", 3000);
   std::mt19937_64 gen(static_cast<uint64_t>(EnvInt("PARAPLAN_FUZZ_SEED", 987)));
