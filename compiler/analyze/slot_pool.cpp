@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <numeric>
-#include <tuple>
+#include <unordered_set>
 #include <utility>
 
 namespace paraplan {
@@ -38,16 +38,13 @@ struct ModuloProblem {
   struct Constraint {
     int32_t other;
     int64_t delta;
-    bool operator<(const Constraint& o) const {
-      return std::tie(other, delta) < std::tie(o.other, o.delta);
-    }
-    bool operator==(const Constraint& o) const = default;
   };
   std::vector<int32_t> class_of, round_of;           // per use
   std::vector<int32_t> order;                        // classes by first take
   std::vector<std::vector<Constraint>> constraints;  // per class, on other classes
   std::vector<int64_t> self_deltas;          // rounds apart of conflicting uses of one class
   std::vector<std::vector<int32_t>> use_at;  // per class and round, its use (-1: none)
+  int32_t peak = 0;                          // PeakSlots of the uses
 
   ModuloProblem(const std::vector<SlotUse>& uses, int32_t period) {
     std::map<std::pair<int32_t, int64_t>, int32_t> index;
@@ -72,9 +69,27 @@ struct ModuloProblem {
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return first_take[a] < first_take[b]; });
     constraints.resize(classes);
+    // The steady state repeats one pair of classes at one distance in rounds every round: each
+    // constraint is kept once (a table of the ones seen, by class pair and distance).
+    int32_t rounds = 0;
+    for (int32_t r : round_of) rounds = std::max(rounds, r + 1);
+    const int64_t span = 2 * int64_t{rounds} + 1;
+    const int64_t keys = int64_t{classes} * classes * span;
+    const bool table = keys <= (int64_t{1} << 28);  // else a hash set (huge listed schedules)
+    std::vector<bool> seen(table ? static_cast<size_t>(keys) : 0, false);
+    std::unordered_set<int64_t> seen_set;
+    std::vector<int32_t> degree(uses.size(), 1);
     for (const auto& [i, j] : ConflictingPairs(uses)) {
+      ++degree[j];
       const int32_t a = class_of[i], b = class_of[j];
       const int64_t delta = int64_t{round_of[i]} - round_of[j];
+      const int64_t key = (int64_t{b} * classes + a) * span + delta + rounds;
+      if (table) {
+        if (seen[static_cast<size_t>(key)]) continue;
+        seen[static_cast<size_t>(key)] = true;
+      } else if (!seen_set.insert(key).second) {
+        continue;
+      }
       if (a == b) {
         self_deltas.push_back(delta);
         continue;
@@ -82,12 +97,7 @@ struct ModuloProblem {
       constraints[b].push_back({a, delta});
       constraints[a].push_back({b, -delta});
     }
-    for (auto& c : constraints) {
-      std::sort(c.begin(), c.end());
-      c.erase(std::unique(c.begin(), c.end()), c.end());
-    }
-    std::sort(self_deltas.begin(), self_deltas.end());
-    self_deltas.erase(std::unique(self_deltas.begin(), self_deltas.end()), self_deltas.end());
+    peak = uses.empty() ? 0 : *std::max_element(degree.begin(), degree.end());
   }
 
   // Whether the offsets give every two conflicting uses different slots.
@@ -197,6 +207,32 @@ std::optional<PoolSlots> PackArcs(const std::vector<SlotUse>& uses, const Modulo
   return std::nullopt;
 }
 
+// Attempts of the search (AssignPoolSlots) per pool: each costs a pass over the constraints.
+constexpr int64_t kSearchBudget = 96;
+
+// The strides the search tries for `slots` slots and `classes` classes, likeliest first: those
+// that split the slots into several circles of arcs (half the slots; twice the classes, modulo
+// the slots: Megatron's schedules pack there where one circle leaves a slot over), then 1 and
+// slots - 1, then every other.
+std::vector<int32_t> SearchStrides(int32_t slots, int64_t classes) {
+  std::vector<int32_t> out;
+  std::vector<bool> seen(static_cast<size_t>(slots), false);
+  auto add = [&](int64_t d) {
+    const auto x = static_cast<int32_t>(Mod(d, slots));
+    if (seen[static_cast<size_t>(x)]) return;
+    seen[static_cast<size_t>(x)] = true;
+    out.push_back(x);
+  };
+  if (slots % 2 == 0) add(slots / 2);
+  for (int64_t k : {2, 1}) {
+    add(k * classes);
+    add(-k * classes);
+  }
+  for (int32_t k = 1; k <= slots; ++k)  // 1, slots - 1, 2, slots - 2, ..., 0
+    add(k == slots ? 0 : (k % 2 == 1 ? (k + 1) / 2 : slots - k / 2));
+  return out;
+}
+
 }  // namespace
 
 bool SlotsConflict(const SlotUse& earlier, const SlotUse& later) {
@@ -219,17 +255,19 @@ std::optional<PoolSlots> AssignPoolSlots(const std::vector<SlotUse>& uses, int32
                                          int32_t max_slots) {
   if (uses.empty() || period < 1) return std::nullopt;
   const ModuloProblem problem(uses, period);
-  const int32_t peak = PeakSlots(uses);
+  const int32_t peak = problem.peak;
   std::optional<PoolSlots> packed = PackArcs(uses, problem, peak, max_slots);
   if (packed && packed->slots == peak) return packed;
   // Fewer slots than the packing's (or too few rounds for a steady state): a search of slot
-  // counts from the peak and strides, each class at its first free offset. A few slots past the
-  // peak always sufficed on Megatron's schedules; past that the search would cost more than it
-  // saves.
+  // counts from the peak and strides, each class at its first free offset, within a budget of
+  // attempts. A few slots past the peak always sufficed on Megatron's schedules; past that the
+  // search would cost more than it saves.
   const int32_t last = packed ? packed->slots - 1 : std::min(max_slots, peak + 16);
-  for (int32_t slots = peak; slots <= last; ++slots) {
-    for (int32_t k = 1; k <= slots; ++k) {  // strides 1, slots - 1, 2, slots - 2, ..., 0
-      const int32_t stride = k == slots ? 0 : (k % 2 == 1 ? (k + 1) / 2 : slots - k / 2);
+  const auto classes = static_cast<int64_t>(problem.constraints.size());
+  int64_t budget = kSearchBudget;
+  for (int32_t slots = peak; slots <= last && budget > 0; ++slots) {
+    for (int32_t stride : SearchStrides(slots, classes)) {
+      if (budget-- <= 0) break;
       const std::optional<std::vector<int32_t>> offset = problem.Solve(slots, stride);
       if (!offset) continue;
       PoolSlots out;

@@ -347,9 +347,9 @@ inline std::vector<uint8_t> TinyProgram(const TinyOptions& o) {
                                        s.vocab_padded, s.seq, s.micro);
   auto par = CreateParallelConfigDirect(b, 1, 1, 1, 1, 1, o.dp, false, o.zero, ScheduleKind::Gpipe,
                                         "tp-cp-ep-dp-pp");
-  auto train = CreateTrainConfigDirect(b, o.steps, 7, o.global_batch, s.mbs, Precision::Fp32, o.lr,
-                                       0.005, 2, 0.1, 0.9, 0.95, 1e-8, 1.0, "adamw", o.data.c_str(),
-                                       o.checkpoint_dir.c_str(), o.checkpoint_every);
+  auto train = CreateTrainConfigDirect(
+      b, o.steps, 7, o.global_batch, s.mbs, prog::Precision::Fp32, o.lr, 0.005, 2, 0.1, 0.9, 0.95,
+      1e-8, 1.0, "adamw", o.data.c_str(), o.checkpoint_dir.c_str(), o.checkpoint_every);
   auto program = CreateProgramDirect(b, kFormatVersion, "test", o.plan_name.c_str(), o.dp, model,
                                      par, train, &comms, &ranks, &roles);
   FinishProgramBuffer(b, program);
