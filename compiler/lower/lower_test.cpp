@@ -10,6 +10,7 @@
 #include <set>
 
 #include "compiler/lower/memory_plan.h"
+#include "compiler/lower/print.h"
 #include "runtime/format/ops.h"
 #include "runtime/verify/verify.h"
 
@@ -550,6 +551,7 @@ TEST_CASE("slot pools: the chunks of a rank share their slots, one microbatch pe
     CHECK(MeasureMemory(role).stash < MeasureMemory(own->roles[r]).stash);
   }
   CHECK(pooled_roles > 0);
+  CHECK(PrintProgram(p).find(" slots (pool 0)") != std::string::npos);  // planc dump
 
   // The role and the first op at which a microbatch of one pooled chunk takes a slot while a
   // microbatch of another pooled chunk holds a different one.
