@@ -626,6 +626,8 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
   const bool uniform_moe = nm > 0 && plan.recompute == Recompute::kFull &&
                            plan.activations.recompute_layers > 0 &&
                            plan.activations.recompute_method != RecomputeMethod::kBlock;
+  if (in.arena)
+    s.extra = SatAdd(s.extra, ArenaBoundaryBytes(in.arena_sizes, chunk.embedding, chunk.loss));
   if (in.arena && uniform_moe) {
     s.extra =
         SatAdd(s.extra, SatMul(held, ArenaChunkExtra(in.arena_sizes, chunk.embedding, chunk.loss)));

@@ -160,18 +160,28 @@ int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t laye
                 SatMul(others, ArenaRecomputedLayer(z, /*moe=*/false)));
 }
 
-// Stashed bytes of a chunk beyond its layers, per microbatch: the chunk's output and the
-// gradient arriving for it; token ids on the embedding chunk; on the loss chunk the final norm's
-// statistics and gathered output, the logits, labels and cross-entropy statistics.
+// Stashed bytes of a chunk beyond its layers, per microbatch: token ids on the embedding chunk;
+// on the loss chunk the last layer's output, the final norm's statistics and gathered output,
+// the logits, labels and cross-entropy statistics. (The chunk's output and gradient are one
+// buffer each: ArenaBoundaryBytes.)
 int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
-  int64_t bytes = SatMul(2, SatMul(z.R, z.h * z.a));
+  int64_t bytes = 0;
   if (embedding) bytes = SatAdd(bytes, SatMul(z.T, 4));
   if (loss) {
+    bytes = SatAdd(bytes, SatMul(z.R, z.h * z.a));
     bytes = SatAdd(bytes, SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4));
     bytes = SatAdd(bytes, SatMul(z.T, (z.h + z.vocab) * z.a));
     bytes = SatAdd(bytes, SatMul(z.T, 4 + 4 + 8));
   }
   return bytes;
+}
+
+// A chunk's boundary buffers, one each whatever the microbatches in flight (compiler/lower/
+// lower.cpp, BoundaryBuffersOf): its gradient; its output, but on the loss chunk; and where it
+// both receives and sends gradients, the landing buffer they arrive in.
+int64_t ArenaBoundaryBytes(const ArenaSizes& z, bool embedding, bool loss) {
+  const int64_t buffers = 1 + (loss ? 0 : 1) + (!loss && !embedding ? 1 : 0);
+  return SatMul(buffers, SatMul(z.R, z.h * z.a));
 }
 
 // The loss chunk's busiest op: the logits' gradient with the final norm's.

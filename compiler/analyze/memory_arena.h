@@ -4,8 +4,9 @@
 // the buffers a chunk's forward and backward both touch are stashed once per in-flight
 // microbatch (body.cpp, ClassifyStash), the slots per chunk are the most microbatches of that
 // chunk in flight at once in the schedule (lower.cpp, AssignSlots) or, under interleaved 1F1B,
-// those of the pool the rank's chunks share (slot_pool.h, ArenaPooledSlots), and everything
-// else lives in a scratch region as large as the busiest op of any body (memory_plan.cpp).
+// those of the pool the rank's chunks share (slot_pool.h, ArenaPooledSlots), a chunk's output
+// and gradient are one buffer each (lower.cpp, BoundaryBuffersOf), and everything else lives in
+// a scratch region as large as the busiest op of any body (memory_plan.cpp).
 //
 // Invariants: pure functions of the plan; sizes are bytes and saturate at INT64_MAX (SatAdd,
 // SatMul). Made by memory_arena.cpp; read by memory.cpp only (EstimateMemory, when
@@ -71,6 +72,8 @@ int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t laye
                              int64_t block_recomputed);
 // Stashed bytes of a chunk beyond its layers, per microbatch.
 int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
+// A chunk's output, gradient and gradient landing buffer, one each (bytes).
+int64_t ArenaBoundaryBytes(const ArenaSizes& z, bool embedding, bool loss);
 // The loss chunk's busiest op.
 int64_t ArenaLossPeak(const ArenaSizes& z);
 // The busiest op of a chunk's bodies (scratch).

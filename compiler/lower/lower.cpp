@@ -504,7 +504,8 @@ void AssignRoleSlots(Role& role, bool fifo, const std::vector<int32_t>& landing,
 }
 
 void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
-                   const ParallelConfig& par, const std::vector<int32_t>& landing, Role& role) {
+                   const ParallelConfig& par, const std::vector<int32_t>& landing, Role& role,
+                   const std::vector<int32_t>& grad_landing = {}) {
   namespace attrs = prog::attrs;
   std::vector<Op>& out = role.schedule;
   // A schedule holds every microbatch's ops (hundreds of thousands in a large world): exact
@@ -536,8 +537,11 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
                                    {c.grad}, {}, CommKind::Pp));
         break;
       case OpKind::RecvGrad:
-        out.push_back(prog::MakeOp(attrs::RecvGrad{st.microbatch, st.chunk, 0, st.peer, st.group},
-                                   {}, {c.grad}, CommKind::Pp));
+        out.push_back(prog::MakeOp(
+            attrs::RecvGrad{st.microbatch, st.chunk, 0, st.peer, st.group}, {},
+            {!grad_landing.empty() && grad_landing[st.chunk] >= 0 ? grad_landing[st.chunk]
+                                                                  : c.grad},
+            CommKind::Pp));
         break;
       default:
         break;
@@ -562,19 +566,25 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
 // receive is followed by its forward before the chunk's next receive (ReceivesOneAhead; the
 // verifier proves it); a chunk whose receives run further ahead (other group sizes) keeps
 // receiving into its slots.
-bool ReceivesOneAhead(const std::vector<PipelineStep>& steps, int32_t chunk) {
-  int32_t landed = -1;
+// Whether the chunk's steps of kind `first` and `then` alternate, each `then` of the microbatch
+// of the `first` before it.
+bool Alternate(const std::vector<PipelineStep>& steps, int32_t chunk, OpKind first, OpKind then) {
+  int32_t held = -1;
   for (const PipelineStep& st : steps) {
     if (st.chunk != chunk) continue;
-    if (st.kind == OpKind::RecvActivation) {
-      if (landed >= 0) return false;
-      landed = st.microbatch;
-    } else if (st.kind == OpKind::Forward) {
-      if (landed != st.microbatch) return false;
-      landed = -1;
+    if (st.kind == first) {
+      if (held >= 0) return false;
+      held = st.microbatch;
+    } else if (st.kind == then) {
+      if (held != st.microbatch) return false;
+      held = -1;
     }
   }
   return true;
+}
+
+bool ReceivesOneAhead(const std::vector<PipelineStep>& steps, int32_t chunk) {
+  return Alternate(steps, chunk, OpKind::RecvActivation, OpKind::Forward);
 }
 
 // The chunks of `role` that get a landing buffer, from the pipelines its schedule is built from:
@@ -606,6 +616,92 @@ std::vector<bool> LandingChunks(const ScheduleShape& shape, int32_t pipeline_ran
   const std::vector<Chunk> without = slots(none), with = slots(some);
   for (size_t c = 0; c < nc; ++c) lands[c] = some[c] >= 0 && with[c].slots < without[c].slots;
   return lands;
+}
+
+// Boundary buffers kept once per chunk (runtime/format/README.md, "Boundary buffers"). Megatron
+// frees a stage's output once it is sent and holds a gradient only while its backward runs;
+// kept as Stash, both would take a slot of every microbatch in flight. A chunk's `output` is one
+// buffer where its backward does not read it and, in every pipeline, each forward's
+// SendActivation comes before the chunk's next forward (the send is in the group right after
+// the forward; the next forward starts once that group has completed). Its `grad` is one buffer
+// where each microbatch's gradient is received, used by the backward and sent before the next
+// one arrives; a chunk that both receives and sends gradients receives them into a landing
+// buffer that its backward copies in first (the cool-down posts the next receive in the group
+// of the previous send).
+struct BoundaryBuffers {
+  std::vector<bool> output, grad, grad_landing;  // per chunk
+};
+
+// The grad rule above for one chunk that receives (`receives`) and sends (`sends`) gradients,
+// with a landing buffer where it does both.
+bool GradOneAtATime(const std::vector<PipelineStep>& steps, int32_t chunk, bool receives,
+                    bool sends) {
+  const bool landing = receives && sends;
+  int32_t landed = -1, received = -1, computed = -1;
+  for (const PipelineStep& st : steps) {
+    if (st.chunk != chunk) continue;
+    const int32_t mb = st.microbatch;
+    if (st.kind == OpKind::RecvGrad) {
+      int32_t& into = landing ? landed : received;
+      if (into >= 0 || (!landing && computed >= 0)) return false;
+      into = mb;
+    } else if (st.kind == OpKind::Backward) {
+      if (landing && landed != mb) return false;
+      if (!landing && receives && received != mb) return false;
+      if (computed >= 0) return false;
+      landed = received = -1;
+      computed = sends ? mb : -1;
+    } else if (st.kind == OpKind::SendGrad) {
+      if (computed != mb) return false;
+      computed = -1;
+    }
+  }
+  return true;
+}
+
+BoundaryBuffers BoundaryBuffersOf(const std::vector<const std::vector<PipelineStep>*>& pipelines,
+                                  const Role& role) {
+  BoundaryBuffers b;
+  for (const Chunk& c : role.chunks) {
+    bool backward_reads_output = false;
+    for (const Op& op : role.bodies[c.backward].ops)
+      for (const auto* list : {&op.inputs, &op.outputs})
+        backward_reads_output =
+            backward_reads_output || std::find(list->begin(), list->end(), c.output) != list->end();
+    const bool receives = !c.has_loss, sends = c.stage > 0;
+    bool output = c.output >= 0 && !backward_reads_output, grad = c.grad >= 0;
+    for (const auto* steps : pipelines) {
+      output = output && Alternate(*steps, c.index, OpKind::Forward, OpKind::SendActivation);
+      grad = grad && GradOneAtATime(*steps, c.index, receives, sends);
+    }
+    b.output.push_back(output);
+    b.grad.push_back(grad);
+    b.grad_landing.push_back(grad && receives && sends);
+  }
+  return b;
+}
+
+// Makes the boundary buffers `b` names one buffer each (Persistent) and adds the grad landing
+// buffers with their copy at the front of the chunk's backward body; returns per chunk its grad
+// landing buffer or -1.
+std::vector<int32_t> ApplyBoundaryBuffers(const BoundaryBuffers& b, Role& role) {
+  std::vector<int32_t> landing(role.chunks.size(), -1);
+  for (const Chunk& c : role.chunks) {
+    if (b.output[c.index]) role.buffers[c.output].kind = BufferKind::Persistent;
+    if (!b.grad[c.index]) continue;
+    role.buffers[c.grad].kind = BufferKind::Persistent;
+    if (!b.grad_landing[c.index]) continue;
+    Buffer buf;
+    buf.name = fmt::format("chunk{}.grad_landing", c.index);
+    buf.kind = BufferKind::Persistent;
+    buf.dtype = role.buffers[c.grad].dtype;
+    buf.shape = role.buffers[c.grad].shape;
+    role.buffers.push_back(std::move(buf));
+    landing[c.index] = static_cast<int32_t>(role.buffers.size() - 1);
+    std::vector<Op>& ops = role.bodies[c.backward].ops;
+    ops.insert(ops.begin(), prog::MakeOp(prog::attrs::Copy{}, {landing[c.index]}, {c.grad}));
+  }
+  return landing;
 }
 
 // Adds a landing buffer to each chunk that `lands` names, and the copy into its input slot to
@@ -1052,13 +1148,14 @@ struct ScheduleSampling {
 // scratch) when the samples do not extend by constant amounts.
 bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodies& sb,
                           const ParallelConfig& par, const std::vector<int32_t>& landing,
-                          const SlotPooling& pooling, Role& role) {
+                          const std::vector<int32_t>& grad_landing, const SlotPooling& pooling,
+                          Role& role) {
   LoopForm forms[3];
   std::vector<Chunk> chunks;
   for (int i = 0; i < 3; ++i) {
     Role sample;
     sample.chunks = role.chunks;
-    BuildSchedule(sampling.pipelines[i][r], sb, par, landing, sample);
+    BuildSchedule(sampling.pipelines[i][r], sb, par, landing, sample, grad_landing);
     AssignRoleSlots(sample, true, landing, pooling);
     if (i == 0) {
       chunks = sample.chunks;
@@ -1077,7 +1174,7 @@ bool BuildSampledSchedule(ScheduleSampling& sampling, int32_t r, const StepBodie
   if (!form || form->loops.empty()) return false;
   // The memory plan of the first sample: the steady state holds the most microbatches in flight,
   // and every sample has it.
-  BuildSchedule(sampling.pipelines[0][r], sb, par, landing, role);
+  BuildSchedule(sampling.pipelines[0][r], sb, par, landing, role, grad_landing);
   AssignRoleSlots(role, true, landing, pooling);
   PlanMemory(role);
   std::vector<Op>().swap(role.schedule);
@@ -1115,11 +1212,14 @@ void BuildRoles(const Partition& partition, const ScheduleShape& shape, const Bo
       AddLandingBuffers(LandingChunks(shape, r, built_from, sb, p.parallel, role), role);
     std::vector<int32_t> landing;  // per chunk, its landing buffer or -1
     for (const Chunk& c : role.chunks) landing.push_back(LandingBuffer(role, c));
+    std::vector<int32_t> grad_landing;  // per chunk, its grad landing buffer or -1
+    if (options.boundary_buffers)
+      grad_landing = ApplyBoundaryBuffers(BoundaryBuffersOf(built_from, role), role);
     const SlotPooling pooling{pool_period, StashFrames(role)};
     if (!sampling.active() ||
-        !BuildSampledSchedule(sampling, r, sb, p.parallel, landing, pooling, role)) {
+        !BuildSampledSchedule(sampling, r, sb, p.parallel, landing, grad_landing, pooling, role)) {
       if (pipeline.empty()) pipeline = PipelinePrograms(shape);
-      BuildSchedule(pipeline[r], sb, p.parallel, landing, role);
+      BuildSchedule(pipeline[r], sb, p.parallel, landing, role, grad_landing);
       std::vector<PipelineStep>().swap(pipeline[r]);  // in the schedule now
       AssignRoleSlots(role, many, landing, pooling);
       PlanMemory(role);

@@ -53,6 +53,11 @@ struct LowerOptions {
   // the rank then holds the most microbatches in flight at once, not the sum of each chunk's
   // most. Tests switch it off to compare with the per-chunk program.
   bool slot_pools = true;
+  // A chunk's `output` and `grad` are one buffer each, not a stash slot per microbatch in
+  // flight, where the schedule proves one microbatch at a time holds them (lower.cpp,
+  // BoundaryBuffersOf; runtime/format/README.md, "Boundary buffers"). Tests switch it off to
+  // compare with the slotted program.
+  bool boundary_buffers = true;
   // Tests only: changes the program between building and verification.
   std::function<void(Program&)> before_verify;
 };

@@ -74,10 +74,8 @@ Plan MlaPlan(int64_t tp, int64_t pp, int64_t dp, int64_t q_lora_rank = 32) {
 
 namespace {
 
-Program MustLower(const Plan& plan, bool verify = true) {
+Program MustLowerWith(const Plan& plan, const LowerOptions& options) {
   DiagnosticSink sink;
-  LowerOptions options;
-  options.verify = verify;
   std::optional<Program> p = LowerPlan(plan, options, sink);
   for (const Diagnostic& d : sink.diagnostics()) {
     MESSAGE(d.message);
@@ -85,6 +83,12 @@ Program MustLower(const Plan& plan, bool verify = true) {
   }
   REQUIRE(p.has_value());
   return std::move(*p);
+}
+
+Program MustLower(const Plan& plan, bool verify = true) {
+  LowerOptions options;
+  options.verify = verify;
+  return MustLowerWith(plan, options);
 }
 
 int CountOps(const Body& body, OpKind kind, CommKind comm) {
@@ -531,9 +535,7 @@ TEST_CASE("slot pools: the chunks of a rank share their slots, one microbatch pe
   CHECK(VerifyWorld(p).empty());
   LowerOptions per_chunk;
   per_chunk.slot_pools = false;
-  DiagnosticSink sink;
-  std::optional<Program> own = LowerPlan(plan, per_chunk, sink);
-  REQUIRE(own.has_value());
+  const Program own = MustLowerWith(plan, per_chunk);
   int pooled_roles = 0;
   for (size_t r = 0; r < p.roles.size(); ++r) {
     const Role& role = p.roles[r];
@@ -542,13 +544,13 @@ TEST_CASE("slot pools: the chunks of a rank share their slots, one microbatch pe
       if (role.chunks[c].pool < 0) continue;
       ++members;
       pool_slots = role.chunks[c].slots;
-      own_slots += own->roles[r].chunks[c].slots;
+      own_slots += own.roles[r].chunks[c].slots;
     }
     if (members == 0) continue;
     ++pooled_roles;
     CHECK(members >= 2);
     CHECK(pool_slots < own_slots);
-    CHECK(MeasureMemory(role).stash < MeasureMemory(own->roles[r]).stash);
+    CHECK(MeasureMemory(role).stash < MeasureMemory(own.roles[r]).stash);
   }
   CHECK(pooled_roles > 0);
   CHECK(PrintProgram(p).find(" slots (pool 0)") != std::string::npos);  // planc dump
@@ -611,6 +613,67 @@ TEST_CASE("slot pools: the chunks of a rank share their slots, one microbatch pe
         break;
       }
     CHECK(Joined(VerifyWorld(p)).find("differ in slots or slot stride") != std::string::npos);
+  }
+}
+
+// A chunk's output and gradient are one buffer each (BoundaryBuffersOf): the output from the
+// forward to its send, the gradient from its receive (into a landing buffer, on chunks that
+// both receive and send gradients) through the backward to its send.
+TEST_CASE("boundary buffers: a chunk's output and gradient are one buffer each, not per slot") {
+  for (const Plan& plan : {TinyPlan(1, 4, 1), TinyPlan(1, 4, 1, Schedule::kGpipe),
+                           TinyPlan(1, 2, 1, Schedule::kInterleaved1F1B, 2)}) {
+    Program p = MustLower(plan, false);
+    CHECK(VerifyWorld(p).empty());
+    LowerOptions slotted;
+    slotted.boundary_buffers = false;
+    const Program before = MustLowerWith(plan, slotted);
+    int landings = 0;
+    for (size_t r = 0; r < p.roles.size(); ++r) {
+      const Role& role = p.roles[r];
+      CAPTURE(role.name);
+      for (const Chunk& c : role.chunks) {
+        if (c.output >= 0) CHECK(role.buffers[c.output].kind == BufferKind::Persistent);
+        CHECK(role.buffers[c.grad].kind == BufferKind::Persistent);
+        const int32_t landing = GradLandingBuffer(role, c);
+        CHECK((landing >= 0) == (!c.has_loss && c.stage > 0));
+        if (landing >= 0) ++landings;
+      }
+      if (p.parallel.pp > 1 && role.chunks.front().slots > 1)
+        CHECK(MeasureMemory(role).stash < MeasureMemory(before.roles[r]).stash);
+    }
+    CHECK(landings > 0);
+  }
+}
+
+TEST_CASE("mutation: a send after the chunk's next forward, a gradient received too early") {
+  Plan plan = TinyPlan(1, 4, 1);
+  Role* role = nullptr;
+  Program p = MustLower(plan, false);
+  role = &p.roles[1];
+  auto is = [](OpKind kind) { return [=](const Op& op) { return op.kind == kind; }; };
+  SUBCASE("the first send of an activation, moved after the next forward") {
+    auto send =
+        std::find_if(role->schedule.begin(), role->schedule.end(), is(OpKind::SendActivation));
+    REQUIRE(send != role->schedule.end());
+    const Op moved = *send;
+    auto next = std::find_if(role->schedule.erase(send), role->schedule.end(), is(OpKind::Forward));
+    REQUIRE(next != role->schedule.end());
+    role->schedule.insert(next + 1, moved);
+    CHECK(Joined(VerifyWorld(p))
+              .find("overwrites the chunk's output before microbatch 0 is "
+                    "sent") != std::string::npos);
+  }
+  SUBCASE("the second gradient received before the first backward") {
+    auto first = std::find_if(role->schedule.begin(), role->schedule.end(), is(OpKind::RecvGrad));
+    REQUIRE(first != role->schedule.end());
+    auto second = std::find_if(first + 1, role->schedule.end(), is(OpKind::RecvGrad));
+    REQUIRE(second != role->schedule.end());
+    const Op moved = *second;
+    role->schedule.erase(second);
+    role->schedule.insert(first + 1, moved);
+    CHECK(Joined(VerifyWorld(p))
+              .find("overwrites the chunk's grad landing buffer before "
+                    "microbatch 0's backward reads it") != std::string::npos);
   }
 }
 

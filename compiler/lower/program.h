@@ -51,6 +51,7 @@ using Program = prog::mem::Program;
 // with planrun (runtime/verify/).
 using verify::CommName;
 using verify::DescribeOp;
+using verify::GradLandingBuffer;
 using verify::IsCollective;
 using verify::IsP2p;
 using verify::LandingBuffer;

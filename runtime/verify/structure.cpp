@@ -302,21 +302,35 @@ std::vector<std::string> VerifyStructure(const Program& p) {
   return out;
 }
 
-int32_t LandingBuffer(const Role& role, const Chunk& chunk) {
-  if (chunk.input < 0 || chunk.forward < 0 ||
-      chunk.forward >= static_cast<int32_t>(role.bodies.size()))
-    return -1;
-  const std::vector<Op>& ops = role.bodies[chunk.forward].ops;
+namespace {
+
+// The Persistent buffer the first op of `body` copies into `target`, or -1.
+int32_t CopiedFirst(const Role& role, int32_t body, int32_t target) {
+  if (target < 0 || body < 0 || body >= static_cast<int32_t>(role.bodies.size())) return -1;
+  const std::vector<Op>& ops = role.bodies[body].ops;
   if (ops.empty()) return -1;
   const Op& first = ops.front();
   if (first.kind != OpKind::Copy || first.inputs.size() != 1 || first.outputs.size() != 1 ||
-      first.outputs[0] != chunk.input)
+      first.outputs[0] != target)
     return -1;
   const int32_t landing = first.inputs[0];
   if (landing < 0 || landing >= static_cast<int32_t>(role.buffers.size()) ||
       role.buffers[landing].kind != BufferKind::Persistent)
     return -1;
   return landing;
+}
+
+}  // namespace
+
+int32_t LandingBuffer(const Role& role, const Chunk& chunk) {
+  return CopiedFirst(role, chunk.forward, chunk.input);
+}
+
+int32_t GradLandingBuffer(const Role& role, const Chunk& chunk) {
+  if (chunk.grad < 0 || chunk.grad >= static_cast<int32_t>(role.buffers.size()) ||
+      role.buffers[chunk.grad].kind == BufferKind::Stash)
+    return -1;
+  return CopiedFirst(role, chunk.backward, chunk.grad);
 }
 
 }  // namespace paraplan::verify

@@ -38,6 +38,12 @@ using Program = prog::mem::Program;
 // activations there instead of into an input slot (runtime/format/README.md, "Landing buffers").
 int32_t LandingBuffer(const Role& role, const Chunk& chunk);
 
+// The chunk's grad landing buffer, or -1: a Persistent buffer that the first op of the chunk's
+// backward body copies into the chunk's `grad`. A chunk whose `grad` is one buffer (not Stash)
+// and that both receives and sends gradients receives them there (runtime/format/README.md,
+// "Boundary buffers").
+int32_t GradLandingBuffer(const Role& role, const Chunk& chunk);
+
 // Structural checks (indices in range, sizes consistent; every op against the op registry with
 // prog::CheckOp, the check the runtime's loader runs too). Empty when fine.
 std::vector<std::string> VerifyStructure(const Program& program);

@@ -196,6 +196,91 @@ std::string SlotTracker::Step(const StepView& op) {
   return {};
 }
 
+BoundaryTracker::BoundaryTracker(const Role& role) {
+  const size_t n = role.chunks.size();
+  auto single = [&](int32_t b) {
+    return b >= 0 && b < static_cast<int32_t>(role.buffers.size()) &&
+           role.buffers[b].kind != BufferKind::Stash;
+  };
+  for (const Chunk& c : role.chunks) {
+    output_single_.push_back(single(c.output));
+    grad_single_.push_back(single(c.grad));
+    receives_.push_back(!c.has_loss);
+    sends_.push_back(c.stage > 0);
+    landing_.push_back(GradLandingBuffer(role, c));
+  }
+  output_.assign(n, -1);
+  landed_.assign(n, -1);
+  received_.assign(n, -1);
+  computed_.assign(n, -1);
+}
+
+std::string BoundaryTracker::Step(const StepView& op) {
+  const auto c = static_cast<size_t>(op.chunk);
+  const int64_t mb = op.microbatch;
+  auto holds = [](int64_t x) {
+    return x < 0 ? std::string("nothing") : fmt::format("microbatch {}", x);
+  };
+  switch (op.kind) {
+    case OpKind::Forward:
+      if (!output_single_[c]) return {};
+      if (output_[c] >= 0)
+        return fmt::format("overwrites the chunk's output before microbatch {} is sent",
+                           output_[c]);
+      output_[c] = mb;
+      return {};
+    case OpKind::SendActivation: {
+      if (!output_single_[c]) return {};
+      const int64_t held = output_[c];
+      output_[c] = -1;
+      if (held != mb) return fmt::format("the chunk's output holds {}", holds(held));
+      return {};
+    }
+    case OpKind::RecvGrad:
+      if (!grad_single_[c]) return {};
+      if (landing_[c] >= 0) {
+        if (landed_[c] >= 0)
+          return fmt::format(
+              "overwrites the chunk's grad landing buffer before microbatch {}'s backward reads it",
+              landed_[c]);
+        landed_[c] = mb;
+        return {};
+      }
+      if (received_[c] >= 0 || computed_[c] >= 0)
+        return fmt::format("receives into the chunk's grad while it holds {}",
+                           holds(std::max(received_[c], computed_[c])));
+      received_[c] = mb;
+      return {};
+    case OpKind::Backward: {
+      if (!grad_single_[c]) return {};
+      std::string error;
+      if (landing_[c] >= 0) {
+        if (landed_[c] != mb)
+          error = fmt::format("the chunk's grad landing buffer holds {}", holds(landed_[c]));
+        landed_[c] = -1;
+      } else if (receives_[c]) {
+        if (received_[c] != mb)
+          error = fmt::format("the chunk's grad holds {}", holds(received_[c]));
+        received_[c] = -1;
+      }
+      if (computed_[c] >= 0 && error.empty())
+        error =
+            fmt::format("overwrites the chunk's grad before microbatch {} is sent", computed_[c]);
+      computed_[c] = sends_[c] ? mb : -1;
+      return error;
+    }
+    case OpKind::SendGrad: {
+      if (!grad_single_[c]) return {};
+      const int64_t held = computed_[c];
+      computed_[c] = -1;
+      if (held != mb) return fmt::format("the chunk's grad holds {}", holds(held));
+      return {};
+    }
+    default:
+      return {};
+  }
+}
+
 void WorldVerifier::AppendItems(const Role& role, int32_t i, std::map<int, int64_t>& coll_seq,
                                 std::map<std::pair<int32_t, bool>, int64_t>& p2p_seq,
                                 RoleStream& st) {

@@ -249,6 +249,24 @@ class SlotTracker {
   int64_t group_ = 0;
 };
 
+// Boundary buffers kept once per chunk (runtime/format/README.md, "Boundary buffers"): an
+// `output` that is not Stash holds one forward's result until its SendActivation, which comes
+// before the chunk's next forward; a `grad` that is not Stash holds one microbatch's gradient
+// at a time: received (into the grad landing buffer when the chunk has one, which its backward
+// copies in), made by the backward, sent before the next backward.
+class BoundaryTracker {
+ public:
+  explicit BoundaryTracker(const Role& role);
+  // The next op of the role's stream (a step of a chunk in range); a message when it breaks the
+  // rule.
+  std::string Step(const StepView& op);
+
+ private:
+  std::vector<bool> output_single_, grad_single_, receives_, sends_;
+  std::vector<int32_t> landing_;
+  std::vector<int64_t> output_, landed_, received_, computed_;  // the microbatch held, or -1
+};
+
 }  // namespace paraplan::verify::detail
 
 #endif  // PARAPLAN_RUNTIME_VERIFY_VERIFY_STREAM_H_

@@ -48,7 +48,8 @@ void WorldVerifier::CheckRole(int32_t ri) {
   std::vector<int64_t> fwd_first(m * nc, -1), bwd_first(m * nc, -1);
   LandingTracker landing(role);
   SlotTracker slots(role);
-  bool slot_error = false;
+  BoundaryTracker boundary(role);
+  bool slot_error = false, boundary_error = false;  // the first of each kind per role
   ForEachOp(role, [&](size_t i, const StepView& op) {
     bool compute = op.kind == OpKind::Forward || op.kind == OpKind::Backward;
     if (!compute && !IsP2p(op.kind)) {
@@ -64,6 +65,10 @@ void WorldVerifier::CheckRole(int32_t ri) {
     if (c < 0 || c >= nc) return;
     if (const std::string e = landing.Step(op); !e.empty())
       Error(fmt::format("{} op #{} {}: {}", role.name, i, DescribeStep(op), e));
+    if (const std::string e = boundary.Step(op); !e.empty() && !boundary_error) {
+      Error(fmt::format("{} op #{} {}: {}", role.name, i, DescribeStep(op), e));
+      boundary_error = true;
+    }
     // The first slot error of a role only: the ones after it follow from it.
     if (const std::string e = slots.Step(op); !e.empty() && !slot_error) {
       Error(fmt::format("{} op #{} {}: {}", role.name, i, DescribeStep(op), e));
@@ -76,10 +81,12 @@ void WorldVerifier::CheckRole(int32_t ri) {
       return;
     }
     const Chunk& ch = role.chunks[c];
+    const int32_t grad_landing = GradLandingBuffer(role, ch);
     int32_t expect = op.kind == OpKind::SendActivation ? ch.output
                      : op.kind == OpKind::RecvActivation
                          ? (landing.buffer(c) >= 0 ? landing.buffer(c) : ch.input)
-                         : ch.grad;
+                     : op.kind == OpKind::RecvGrad && grad_landing >= 0 ? grad_landing
+                                                                        : ch.grad;
     if (expect < 0 || !op.one_operand || op.operand != expect)
       Error(fmt::format("{} op #{} {}: must name the chunk's {} buffer", role.name, i,
                         DescribeStep(op),

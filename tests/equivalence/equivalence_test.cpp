@@ -678,6 +678,34 @@ TEST_CASE("llama: pp 2, vpp 3 interleaved 1F1B, the chunks share one pool of sta
   CHECK(pools > 0);
   (void)RunBitwiseAlike(*pooled, *own);
 }
+// A chunk's output and gradient are one buffer each (compiler/lower/lower.cpp,
+// BoundaryBuffersOf): sent before the next forward, received into a landing buffer and copied
+// in by the backward. The copy is exact: each run is bitwise the run of the program that keeps
+// them in stash slots, on 1F1B with tp 2 and sp, GPipe, and interleaved chunks.
+TEST_CASE("llama: one output and one gradient buffer per chunk train bitwise as stash slots") {
+  for (const Layout& layout :
+       {Layout{2, 2, 2, 1, Schedule::k1F1B, true, 1}, Layout{1, 2, 1, 1, Schedule::kGpipe},
+        Layout{1, 2, 1, 3, Schedule::kInterleaved1F1B}}) {
+    CAPTURE(layout.pp);
+    const paraplan::Plan plan = LandingPlan(layout);
+    paraplan::lower::LowerOptions slotted;
+    slotted.boundary_buffers = false;
+    paraplan::DiagnosticSink sink;
+    const auto single = paraplan::lower::LowerPlan(plan, {}, sink);
+    const auto apart = paraplan::lower::LowerPlan(plan, slotted, sink);
+    REQUIRE(single.has_value());
+    REQUIRE(apart.has_value());
+    int landings = 0;
+    for (const paraplan::lower::Role& role : single->roles)
+      for (const paraplan::lower::Chunk& c : role.chunks) {
+        CHECK(role.buffers[c.grad].kind == paraplan::prog::BufferKind::Persistent);
+        landings += paraplan::lower::GradLandingBuffer(role, c) >= 0 ? 1 : 0;
+      }
+    // Only a middle chunk (interleaved) both receives and sends gradients.
+    CHECK((landings > 0) == (layout.vpp > 1));
+    (void)RunBitwiseAlike(*single, *apart);
+  }
+}
 TEST_CASE("llama: dp 2") { CheckEquivalent(false, {1, 1, 2, 1}); }
 TEST_CASE("llama: dp 2, ZeRO 1") {
   CheckEquivalent(false, {1, 1, 2, 1, Schedule::k1F1B, false, 1});
