@@ -864,7 +864,6 @@ void TotalOfParts(const MemoryInputs& in, StageMemory& s) {
                                SatMul(in.communicators, in.eff->nccl_bytes_per_communicator));
 }
 
-// The memory of pipeline rank r, part by part.
 // planrun's arena: the bytes one microbatch stashes in each local chunk of pipeline rank r (the
 // activations and extras AddChunkLayers adds per microbatch in flight).
 std::vector<int64_t> ArenaStashFrames(const MemoryInputs& in, const std::vector<CostChunk>& chunks,
@@ -880,10 +879,11 @@ std::vector<int64_t> ArenaStashFrames(const MemoryInputs& in, const std::vector<
   return frames;
 }
 
+// The memory of pipeline rank r, part by part.
 void PriceStage(const MemoryInputs& in, const std::vector<CostChunk>& chunks, int64_t r,
                 StageMemory& s) {
   s.stage = r;
-  std::vector<int64_t> counts = InFlightPerChunk(in, r);
+  const std::vector<int64_t> counts = InFlightPerChunk(in, r);
   // planrun's slot pool (ArenaPooledSlots): the pooled chunks' stash is the pool's slots, each
   // the largest member's frame.
   std::vector<bool> pooled(counts.size(), false);
