@@ -32,6 +32,13 @@ std::vector<std::pair<int32_t, int32_t>> ConflictingPairs(const std::vector<Slot
   return pairs;
 }
 
+// The most uses busy at one position: each use with the earlier uses it conflicts with.
+int32_t PeakOf(const std::vector<std::pair<int32_t, int32_t>>& pairs, size_t uses) {
+  std::vector<int32_t> degree(uses, 1);
+  for (const auto& pair : pairs) ++degree[static_cast<size_t>(pair.second)];
+  return uses == 0 ? 0 : *std::max_element(degree.begin(), degree.end());
+}
+
 // The modulo problem: classes (chunk, microbatch mod period), each use's class and round, and
 // per class the constraints `offset[self] != offset[other] + delta * stride (mod slots)`.
 struct ModuloProblem {
@@ -78,9 +85,8 @@ struct ModuloProblem {
     const bool table = keys <= (int64_t{1} << 28);  // else a hash set (huge listed schedules)
     std::vector<bool> seen(table ? static_cast<size_t>(keys) : 0, false);
     std::unordered_set<int64_t> seen_set;
-    std::vector<int32_t> degree(uses.size(), 1);
-    for (const auto& [i, j] : ConflictingPairs(uses)) {
-      ++degree[j];
+    const std::vector<std::pair<int32_t, int32_t>> pairs = ConflictingPairs(uses);
+    for (const auto& [i, j] : pairs) {
       const int32_t a = class_of[i], b = class_of[j];
       const int64_t delta = int64_t{round_of[i]} - round_of[j];
       const int64_t key = (int64_t{b} * classes + a) * span + delta + rounds;
@@ -97,13 +103,18 @@ struct ModuloProblem {
       constraints[b].push_back({a, delta});
       constraints[a].push_back({b, -delta});
     }
-    peak = uses.empty() ? 0 : *std::max_element(degree.begin(), degree.end());
+    peak = PeakOf(pairs, uses.size());
+  }
+
+  // Whether the stride gives the conflicting rounds of one class different slots.
+  bool SeparatesRounds(int32_t slots, int32_t stride) const {
+    return std::none_of(self_deltas.begin(), self_deltas.end(),
+                        [&](int64_t delta) { return Mod(delta * stride, slots) == 0; });
   }
 
   // Whether the offsets give every two conflicting uses different slots.
   bool Holds(int32_t slots, int32_t stride, const std::vector<int32_t>& offset) const {
-    for (int64_t delta : self_deltas)
-      if (Mod(delta * stride, slots) == 0) return false;
+    if (!SeparatesRounds(slots, stride)) return false;
     for (size_t b = 0; b < constraints.size(); ++b)
       for (const Constraint& c : constraints[b])
         if (offset[b] == Mod(offset[c.other] + c.delta * stride, slots)) return false;
@@ -112,8 +123,7 @@ struct ModuloProblem {
 
   // One offset per class for `slots` slots advancing by `stride`, first fit in class order.
   std::optional<std::vector<int32_t>> Solve(int32_t slots, int32_t stride) const {
-    for (int64_t delta : self_deltas)
-      if (Mod(delta * stride, slots) == 0) return std::nullopt;
+    if (!SeparatesRounds(slots, stride)) return std::nullopt;
     std::vector<int32_t> offset(constraints.size(), -1);
     std::vector<uint8_t> taken(static_cast<size_t>(slots));
     for (int32_t b : order) {
@@ -125,6 +135,18 @@ struct ModuloProblem {
       offset[b] = static_cast<int32_t>(free - taken.begin());
     }
     return offset;
+  }
+
+  // Each use's slot: its class's offset advanced by the stride once per round.
+  PoolSlots SlotsOf(int32_t slots, int32_t stride, const std::vector<int32_t>& offset) const {
+    PoolSlots out;
+    out.slots = slots;
+    out.stride = stride;
+    out.slot_of.reserve(class_of.size());
+    for (size_t u = 0; u < class_of.size(); ++u)
+      out.slot_of.push_back(
+          static_cast<int32_t>(Mod(offset[class_of[u]] + int64_t{round_of[u]} * stride, slots)));
+    return out;
   }
 };
 
@@ -195,14 +217,7 @@ std::optional<PoolSlots> PackArcs(const std::vector<SlotUse>& uses, const Modulo
       const int64_t laps = (place[j] - arcs->take[j]) / period;
       offset[j] = static_cast<int32_t>(Mod(-laps - arcs->round, slots));
     }
-    if (!problem.Holds(slots, 1, offset)) continue;
-    PoolSlots out;
-    out.slots = slots;
-    out.stride = 1;
-    for (size_t u = 0; u < uses.size(); ++u)
-      out.slot_of.push_back(static_cast<int32_t>(
-          Mod(offset[problem.class_of[u]] + int64_t{problem.round_of[u]}, slots)));
-    return out;
+    if (problem.Holds(slots, 1, offset)) return problem.SlotsOf(slots, 1, offset);
   }
   return std::nullopt;
 }
@@ -243,12 +258,7 @@ bool SlotsConflict(const SlotUse& earlier, const SlotUse& later) {
 }
 
 int32_t PeakSlots(const std::vector<SlotUse>& uses) {
-  std::vector<int32_t> degree(uses.size(), 1);
-  for (const auto& [i, j] : ConflictingPairs(uses)) {
-    (void)i;
-    ++degree[j];
-  }
-  return uses.empty() ? 0 : *std::max_element(degree.begin(), degree.end());
+  return PeakOf(ConflictingPairs(uses), uses.size());
 }
 
 std::optional<PoolSlots> AssignPoolSlots(const std::vector<SlotUse>& uses, int32_t period,
@@ -269,28 +279,16 @@ std::optional<PoolSlots> AssignPoolSlots(const std::vector<SlotUse>& uses, int32
     for (int32_t stride : SearchStrides(slots, classes)) {
       if (budget-- <= 0) break;
       const std::optional<std::vector<int32_t>> offset = problem.Solve(slots, stride);
-      if (!offset) continue;
-      PoolSlots out;
-      out.slots = slots;
-      out.stride = stride;
-      out.slot_of.reserve(uses.size());
-      for (size_t u = 0; u < uses.size(); ++u)
-        out.slot_of.push_back(static_cast<int32_t>(
-            Mod((*offset)[problem.class_of[u]] + int64_t{problem.round_of[u]} * stride, slots)));
-      return out;
+      if (offset) return problem.SlotsOf(slots, stride, *offset);
     }
   }
   return packed;
 }
 
-std::vector<SlotUse> PooledUses(const std::vector<SlotUse>& uses, const std::vector<bool>& pooled,
-                                std::vector<int32_t>* index) {
+std::vector<SlotUse> PooledUses(const std::vector<SlotUse>& uses, const std::vector<bool>& pooled) {
   std::vector<SlotUse> out;
-  for (size_t u = 0; u < uses.size(); ++u) {
-    if (!pooled[static_cast<size_t>(uses[u].chunk)]) continue;
-    out.push_back(uses[u]);
-    if (index) index->push_back(static_cast<int32_t>(u));
-  }
+  for (const SlotUse& u : uses)
+    if (pooled[static_cast<size_t>(u.chunk)]) out.push_back(u);
   return out;
 }
 

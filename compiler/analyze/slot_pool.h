@@ -60,9 +60,8 @@ struct PoolSlots {
 std::optional<PoolSlots> AssignPoolSlots(const std::vector<SlotUse>& uses, int32_t period,
                                          int32_t max_slots);
 
-// The uses of the chunks `pooled` names (and each one's index in `uses`).
-std::vector<SlotUse> PooledUses(const std::vector<SlotUse>& uses, const std::vector<bool>& pooled,
-                                std::vector<int32_t>* index = nullptr);
+// The uses of the chunks `pooled` names, in their order in `uses`.
+std::vector<SlotUse> PooledUses(const std::vector<SlotUse>& uses, const std::vector<bool>& pooled);
 
 struct PoolChoice {
   std::vector<bool> pooled;  // per chunk: in the pool (at least two chunks are)

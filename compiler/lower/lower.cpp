@@ -315,6 +315,12 @@ bool CheckLowerable(const Plan& plan, DiagnosticSink& sink) {
   return CheckLowerableShapes(plan, sink);
 }
 
+// Whether `op` is the last use of its (microbatch, chunk)'s stash slot: its SendGrad, or the
+// Backward of the first virtual stage (which sends no gradient).
+bool LastSlotUse(const Op& op, const Chunk& chunk) {
+  return op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && chunk.stage == 0);
+}
+
 // Slots: a (microbatch, chunk) takes a free slot of its chunk at its first transfer or forward
 // (a receive into a landing buffer takes none: its microbatch takes its slot at the forward,
 // and the receive names that slot too) and gives it back after its last use (its SendGrad, or
@@ -397,9 +403,7 @@ void AssignSlots(Role& role, bool fifo, const std::vector<int32_t>& landing) {
       slot = it->second;
     }
     prog::SetStepSlot(op, slot);
-    const Chunk& ch = role.chunks[c];
-    bool last_use = op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && ch.stage == 0);
-    if (last_use) {
+    if (LastSlotUse(op, role.chunks[c])) {
       slot_of.erase(key);
       state[c][slot] = 2;
       freed.emplace_back(c, slot);
@@ -447,8 +451,7 @@ std::vector<SlotUse> SlotUses(const Role& role, const std::vector<int32_t>& land
       it = open.emplace(key, uses.size()).first;
       uses.push_back(u);
     }
-    const Chunk& ch = role.chunks[step.chunk];
-    if (op.kind == OpKind::SendGrad || (op.kind == OpKind::Backward && ch.stage == 0)) {
+    if (LastSlotUse(op, role.chunks[step.chunk])) {
       uses[it->second].free = static_cast<int64_t>(oi);
       uses[it->second].release = ends[oi];
       open.erase(it);
@@ -476,13 +479,10 @@ void PoolChunkSlots(Role& role, const std::vector<int32_t>& landing, const SlotP
                        return AssignPoolSlots(PooledUses(uses, pooled), pooling.period, max_slots);
                      });
   if (!choice) return;
-  std::vector<int32_t> index;
-  (void)PooledUses(uses, choice->pooled, &index);
-  std::map<std::pair<int64_t, int64_t>, int32_t> slot_of;
-  for (size_t k = 0; k < index.size(); ++k) {
-    const SlotUse& u = uses[index[k]];
-    slot_of[{u.microbatch, u.chunk}] = choice->slots.slot_of[k];
-  }
+  std::map<std::pair<int64_t, int64_t>, int32_t> slot_of;  // the pooled uses, in PooledUses' order
+  size_t k = 0;
+  for (const SlotUse& u : uses)
+    if (choice->pooled[u.chunk]) slot_of[{u.microbatch, u.chunk}] = choice->slots.slot_of[k++];
   for (Op& op : role.schedule) {
     if (op.kind != OpKind::Forward && op.kind != OpKind::Backward && !IsP2p(op.kind)) continue;
     const prog::StepAttrs step = prog::DecodeStepAttrs(op);
@@ -553,19 +553,6 @@ void BuildSchedule(const std::vector<PipelineStep>& steps, const StepBodies& sb,
   (void)par;
 }
 
-// Landing buffers: on the first pipeline rank of the interleaved schedule every chunk but the
-// first receives its input from the last rank, and in the steady state the transfer placement
-// (schedule.cpp) posts that receive in the group before the backward. Received into an input
-// slot, it takes a whole stash slot of the chunk (every stashed buffer of a microbatch) before
-// the backward gives one back, and where that raises the chunk's slots the receive lands instead
-// in a buffer of the received activation's size, which the chunk's forward body copies into the
-// input slot first thing: the microbatch takes its slot at its forward, after the backward. The
-// copy keeps the program's contract as it was (a forward's context names one slot of every Stash
-// buffer of its chunk, the backward reads the stashed input there) for one boundary-sized copy
-// per forward. One buffer per chunk is enough: with Megatron's microbatch groups of pp each such
-// receive is followed by its forward before the chunk's next receive (ReceivesOneAhead; the
-// verifier proves it); a chunk whose receives run further ahead (other group sizes) keeps
-// receiving into its slots.
 // Whether the chunk's steps of kind `first` and `then` alternate, each `then` of the microbatch
 // of the `first` before it.
 bool Alternate(const std::vector<PipelineStep>& steps, int32_t chunk, OpKind first, OpKind then) {
@@ -583,6 +570,19 @@ bool Alternate(const std::vector<PipelineStep>& steps, int32_t chunk, OpKind fir
   return true;
 }
 
+// Landing buffers: on the first pipeline rank of the interleaved schedule every chunk but the
+// first receives its input from the last rank, and in the steady state the transfer placement
+// (schedule.cpp) posts that receive in the group before the backward. Received into an input
+// slot, it takes a whole stash slot of the chunk (every stashed buffer of a microbatch) before
+// the backward gives one back, and where that raises the chunk's slots the receive lands instead
+// in a buffer of the received activation's size, which the chunk's forward body copies into the
+// input slot first thing: the microbatch takes its slot at its forward, after the backward. The
+// copy keeps the program's contract as it was (a forward's context names one slot of every Stash
+// buffer of its chunk, the backward reads the stashed input there) for one boundary-sized copy
+// per forward. One buffer per chunk is enough: with Megatron's microbatch groups of pp each such
+// receive is followed by its forward before the chunk's next receive (ReceivesOneAhead; the
+// verifier proves it); a chunk whose receives run further ahead (other group sizes) keeps
+// receiving into its slots.
 bool ReceivesOneAhead(const std::vector<PipelineStep>& steps, int32_t chunk) {
   return Alternate(steps, chunk, OpKind::RecvActivation, OpKind::Forward);
 }
@@ -629,11 +629,30 @@ std::vector<bool> LandingChunks(const ScheduleShape& shape, int32_t pipeline_ran
 // buffer that its backward copies in first (the cool-down posts the next receive in the group
 // of the previous send).
 struct BoundaryBuffers {
-  std::vector<bool> output, grad, grad_landing;  // per chunk
+  std::vector<bool> output, grad;  // per chunk
 };
 
+// Whether a chunk with one `grad` receives its gradients into a landing buffer: a middle
+// virtual stage, which both receives and sends them.
+bool HasGradLanding(const Chunk& c) { return !c.has_loss && c.stage > 0; }
+
+// A Persistent buffer shaped as `target`, copied into it by the first op of `body`: a landing
+// buffer for the receives of `target`. Returns its index.
+int32_t AddLanding(std::string name, int32_t target, int32_t body, Role& role) {
+  Buffer buf;
+  buf.name = std::move(name);
+  buf.kind = BufferKind::Persistent;
+  buf.dtype = role.buffers[target].dtype;
+  buf.shape = role.buffers[target].shape;
+  role.buffers.push_back(std::move(buf));
+  const auto index = static_cast<int32_t>(role.buffers.size() - 1);
+  std::vector<Op>& ops = role.bodies[body].ops;
+  ops.insert(ops.begin(), prog::MakeOp(prog::attrs::Copy{}, {index}, {target}));
+  return index;
+}
+
 // The grad rule above for one chunk that receives (`receives`) and sends (`sends`) gradients,
-// with a landing buffer where it does both.
+// with a landing buffer where it does both (HasGradLanding).
 bool GradOneAtATime(const std::vector<PipelineStep>& steps, int32_t chunk, bool receives,
                     bool sends) {
   const bool landing = receives && sends;
@@ -676,7 +695,6 @@ BoundaryBuffers BoundaryBuffersOf(const std::vector<const std::vector<PipelineSt
     }
     b.output.push_back(output);
     b.grad.push_back(grad);
-    b.grad_landing.push_back(grad && receives && sends);
   }
   return b;
 }
@@ -690,16 +708,9 @@ std::vector<int32_t> ApplyBoundaryBuffers(const BoundaryBuffers& b, Role& role) 
     if (b.output[c.index]) role.buffers[c.output].kind = BufferKind::Persistent;
     if (!b.grad[c.index]) continue;
     role.buffers[c.grad].kind = BufferKind::Persistent;
-    if (!b.grad_landing[c.index]) continue;
-    Buffer buf;
-    buf.name = fmt::format("chunk{}.grad_landing", c.index);
-    buf.kind = BufferKind::Persistent;
-    buf.dtype = role.buffers[c.grad].dtype;
-    buf.shape = role.buffers[c.grad].shape;
-    role.buffers.push_back(std::move(buf));
-    landing[c.index] = static_cast<int32_t>(role.buffers.size() - 1);
-    std::vector<Op>& ops = role.bodies[c.backward].ops;
-    ops.insert(ops.begin(), prog::MakeOp(prog::attrs::Copy{}, {landing[c.index]}, {c.grad}));
+    if (HasGradLanding(c))
+      landing[c.index] =
+          AddLanding(fmt::format("chunk{}.grad_landing", c.index), c.grad, c.backward, role);
   }
   return landing;
 }
@@ -707,19 +718,9 @@ std::vector<int32_t> ApplyBoundaryBuffers(const BoundaryBuffers& b, Role& role) 
 // Adds a landing buffer to each chunk that `lands` names, and the copy into its input slot to
 // the front of the chunk's forward body.
 void AddLandingBuffers(const std::vector<bool>& lands, Role& role) {
-  for (Chunk& c : role.chunks) {
-    if (!lands[c.index]) continue;
-    const Buffer& input = role.buffers[c.input];
-    Buffer landing;
-    landing.name = fmt::format("chunk{}.landing", c.index);
-    landing.kind = BufferKind::Persistent;
-    landing.dtype = input.dtype;
-    landing.shape = input.shape;
-    role.buffers.push_back(std::move(landing));
-    const auto index = static_cast<int32_t>(role.buffers.size() - 1);
-    std::vector<Op>& ops = role.bodies[c.forward].ops;
-    ops.insert(ops.begin(), prog::MakeOp(prog::attrs::Copy{}, {index}, {c.input}));
-  }
+  for (const Chunk& c : role.chunks)
+    if (lands[c.index])
+      (void)AddLanding(fmt::format("chunk{}.landing", c.index), c.input, c.forward, role);
 }
 
 // Whether the bodies hold the experts in buckets of their own, split over Ep and reduced over

@@ -257,6 +257,7 @@ class SlotTracker {
 class BoundaryTracker {
  public:
   explicit BoundaryTracker(const Role& role);
+  int32_t grad_landing(int64_t chunk) const { return landing_[static_cast<size_t>(chunk)]; }
   // The next op of the role's stream (a step of a chunk in range); a message when it breaks the
   // rule.
   std::string Step(const StepView& op);

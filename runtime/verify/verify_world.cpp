@@ -81,7 +81,7 @@ void WorldVerifier::CheckRole(int32_t ri) {
       return;
     }
     const Chunk& ch = role.chunks[c];
-    const int32_t grad_landing = GradLandingBuffer(role, ch);
+    const int32_t grad_landing = boundary.grad_landing(c);
     int32_t expect = op.kind == OpKind::SendActivation ? ch.output
                      : op.kind == OpKind::RecvActivation
                          ? (landing.buffer(c) >= 0 ? landing.buffer(c) : ch.input)
