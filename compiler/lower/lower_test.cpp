@@ -600,6 +600,48 @@ TEST_CASE("slot pools: the chunks of a rank share their slots, one microbatch pe
       }
     CHECK(Joined(VerifyWorld(p)).find("overlap") != std::string::npos);
   }
+  // The Stash buffers of the pool's first chunk.
+  auto pooled_buffers = [&](Role& role) {
+    const std::vector<int32_t> chunk_of = StashChunks(role);
+    int32_t chunk = -1;
+    std::vector<size_t> out;
+    for (size_t b = 0; b < role.buffers.size(); ++b) {
+      const int32_t c = chunk_of[b];
+      if (c < 0 || role.chunks[c].pool < 0 || role.buffers[b].view_of >= 0 ||
+          role.buffers[b].kind != BufferKind::Stash)
+        continue;
+      if (chunk < 0) chunk = c;
+      if (c == chunk) out.push_back(b);
+    }
+    REQUIRE(out.size() >= 2);
+    return out;
+  };
+  SUBCASE("a body that fills a pooled stash buffer (every slot, other chunks' included)") {
+    Role& role = p.roles[role_index];
+    const std::vector<size_t> buffers = pooled_buffers(role);
+    role.bodies[role.chunks[0].forward].ops.push_back(
+        prog::MakeOp(prog::attrs::Fill{.value = 0.0}, {}, {static_cast<int32_t>(buffers[0])}));
+    CHECK(Joined(VerifyWorld(p)).find("fills stash buffer") != std::string::npos);
+  }
+  SUBCASE("a stash buffer whose slots are not its chunk's") {
+    Role& role = p.roles[role_index];
+    role.buffers[pooled_buffers(role)[0]].slots -= 1;
+    CHECK(Joined(VerifyWorld(p)).find("slots, its chunk") != std::string::npos);
+  }
+  SUBCASE("two stash buffers of one chunk at the same bytes") {
+    Role& role = p.roles[role_index];
+    const std::vector<size_t> buffers = pooled_buffers(role);
+    role.buffers[buffers[1]].offset = role.buffers[buffers[0]].offset;
+    CHECK(Joined(VerifyWorld(p)).find("two stash buffers of chunk") != std::string::npos);
+  }
+  SUBCASE("a pool's slot stride shorter than a member's frame") {
+    Role& role = p.roles[role_index];
+    for (size_t b : pooled_buffers(role)) role.buffers[b].slot_stride /= 2;
+    for (Buffer& buf : role.buffers)
+      if (buf.kind == BufferKind::Stash && buf.slots > 1 && buf.slot_stride > 0)
+        buf.slot_stride = role.buffers[pooled_buffers(role)[0]].slot_stride;
+    CHECK(Joined(VerifyWorld(p)).find("more than its slot stride") != std::string::npos);
+  }
   SUBCASE("a damaged pool number") {
     p.roles[role_index].chunks[0].pool = -3;
     CHECK(Joined(VerifyWorld(p)).find("has pool -3") != std::string::npos);
@@ -663,17 +705,27 @@ TEST_CASE("mutation: a send after the chunk's next forward, a gradient received 
               .find("overwrites the chunk's output before microbatch 0 is "
                     "sent") != std::string::npos);
   }
-  SUBCASE("the second gradient received before the first backward") {
-    auto first = std::find_if(role->schedule.begin(), role->schedule.end(), is(OpKind::RecvGrad));
-    REQUIRE(first != role->schedule.end());
-    auto second = std::find_if(first + 1, role->schedule.end(), is(OpKind::RecvGrad));
-    REQUIRE(second != role->schedule.end());
+  // The second RecvGrad of `r`'s schedule, moved right after the first.
+  auto receive_early = [&](Role& r) {
+    auto first = std::find_if(r.schedule.begin(), r.schedule.end(), is(OpKind::RecvGrad));
+    REQUIRE(first != r.schedule.end());
+    auto second = std::find_if(first + 1, r.schedule.end(), is(OpKind::RecvGrad));
+    REQUIRE(second != r.schedule.end());
     const Op moved = *second;
-    role->schedule.erase(second);
-    role->schedule.insert(first + 1, moved);
+    r.schedule.erase(second);
+    r.schedule.insert(first + 1, moved);
+  };
+  SUBCASE("the second gradient received before the first backward (into the landing buffer)") {
+    receive_early(*role);
     CHECK(Joined(VerifyWorld(p))
               .find("overwrites the chunk's grad landing buffer before "
                     "microbatch 0's backward reads it") != std::string::npos);
+  }
+  SUBCASE("the same on the first stage, which receives into its grad") {
+    receive_early(p.roles[0]);
+    CHECK(
+        Joined(VerifyWorld(p)).find("receives into the chunk's grad while it holds microbatch 0") !=
+        std::string::npos);
   }
 }
 

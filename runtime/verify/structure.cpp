@@ -220,7 +220,8 @@ void CheckStashPlacement(const Role& role, bool fp32, std::vector<std::string>& 
       if (op.kind == OpKind::Fill)
         for (int32_t b : op.outputs)
           if (b >= 0 && static_cast<size_t>(b) < chunk_of.size() && chunk_of[b] >= 0 &&
-              chunks.at(chunk_of[b])->pool >= 0 && !fp32)
+              role.buffers[b].kind == BufferKind::Stash && chunks.at(chunk_of[b])->pool >= 0 &&
+              !fp32)
             out.push_back(fmt::format("{}: body '{}' fills stash buffer '{}' of a pooled chunk",
                                       role.name, body.name, role.buffers[b].name));
   std::vector<std::tuple<int64_t, int64_t, std::string>> extents;
