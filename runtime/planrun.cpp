@@ -518,13 +518,16 @@ class StepReporter {
   void PrintProgress(const exec::StepMetrics& s) const {
     const double eta =
         total_steps_ > 0 ? elapsed_ / done_ * static_cast<double>(total_steps_ - done_) : 0;
+    char mtp[48] = "";
+    if (std::isfinite(s.mtp_loss)) std::snprintf(mtp, sizeof mtp, "  mtp_loss %.4f", s.mtp_loss);
     std::printf(
-        "[%3d%%] step %lld  loss %.4f  grad_norm %.3f  lr %.2e  %.3f s/step  %.0f tokens/s  "
+        "[%3d%%] step %lld  loss %.4f%s  grad_norm %.3f  lr %.2e  %.3f s/step  %.0f tokens/s  "
         "peak %s  "
         "elapsed %s  eta %s\n",
         total_steps_ > 0 ? static_cast<int>(100 * done_ / total_steps_) : 100,
-        static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.seconds, s.tokens_per_second,
-        Bytes(s.peak_bytes).c_str(), Duration(elapsed_).c_str(), Duration(eta).c_str());
+        static_cast<long long>(s.step), s.loss, mtp, s.grad_norm, s.lr, s.seconds,
+        s.tokens_per_second, Bytes(s.peak_bytes).c_str(), Duration(elapsed_).c_str(),
+        Duration(eta).c_str());
     if (f_.profile && s.cpu_seconds > 0) {
       const double other = s.cpu_seconds - s.kernel_seconds - s.comm_seconds;
       std::printf("       cpu %.3f s: kernels %.1f%%, collectives %.1f%%, interpreter %.2f%%\n",
@@ -543,6 +546,7 @@ class StepReporter {
     json::Writer line;
     line.BeginObject().Key("version").Int(1).Key("step").Int(s.step);
     line.Key("loss").Number(s.loss, 9).Key("grad_norm").Number(s.grad_norm, 9);
+    if (std::isfinite(s.mtp_loss)) line.Key("mtp_loss").Number(s.mtp_loss, 9);
     line.Key("lr").Number(s.lr, 9).Key("step_seconds").Fixed(s.seconds, 6);
     line.Key("tokens_per_second").Fixed(s.tokens_per_second, 3);
     line.Key("peak_bytes").Int(s.peak_bytes);

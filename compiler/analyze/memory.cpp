@@ -597,6 +597,23 @@ void AddArenaUniformGroups(const MemoryInputs& in, const CostChunk& chunk, int64
   if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
 }
 
+// planrun's arena: the multi-token prediction modules' stash on the loss chunk with `held`
+// microbatches in flight (their layers' own and ArenaMtpExtra), and their layers' busiest op.
+void AddArenaMtpStash(const MemoryInputs& in, const CostChunk& chunk, int64_t held, StageTally& s) {
+  const ArenaSizes& z = in.arena_sizes;
+  const ModelSpec& m = in.plan->model;
+  const Recompute rc = ArenaMtpRecompute(*in.plan);
+  const bool moe = IsMoeLayer(m, m.layers - 1);
+  const int64_t layer = moe ? ArenaMoeLayerStash(z, rc) : ArenaLayerStash(z, rc);
+  s.activations = SatAdd(s.activations, SatMul(SatMul(held, m.mtp_layers), layer));
+  s.extra = SatAdd(s.extra, SatMul(SatMul(held, m.mtp_layers), ArenaMtpExtra(z)));
+  if (moe)
+    s.moe_workspace =
+        std::max(s.moe_workspace, ArenaMoeLayerPeak(z, rc, ArenaMoeBucketsOf(in, chunk)));
+  else
+    s.workspace = std::max(s.workspace, ArenaBodyPeak(z, rc, /*loss=*/false));
+}
+
 // The transformer layers of one chunk with `held` microbatches in flight: their stored
 // activations and the recompute working set.
 void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held, StageTally& s) {
@@ -628,6 +645,7 @@ void AddChunkLayers(const MemoryInputs& in, const CostChunk& chunk, int64_t held
                            plan.activations.recompute_method != RecomputeMethod::kBlock;
   if (in.arena)
     s.extra = SatAdd(s.extra, ArenaBoundaryBytes(in.arena_sizes, chunk.embedding, chunk.loss));
+  if (in.arena && chunk.loss && m.mtp_layers > 0) AddArenaMtpStash(in, chunk, held, s);
   if (in.arena && uniform_moe) {
     s.extra =
         SatAdd(s.extra, SatMul(held, ArenaChunkExtra(in.arena_sizes, chunk.embedding, chunk.loss)));
@@ -655,12 +673,24 @@ void AddEmbedding(const MemoryInputs& in, int64_t held, StageTally& s) {
 }
 
 // DeepSeek-V3's multi-token prediction: per module one transformer layer (of the last layer's
-// kind), a 2h -> h projection and two norms, and its own logits.
+// kind), a 2h -> h projection and two norms, and its own logits. planrun's arena keeps the
+// projection whole on every TP rank, three norms per module, and on the last of several
+// pipeline stages a copy of an untied word embedding (its stash is AddArenaMtpStash's).
 void AddMtpModules(const MemoryInputs& in, int64_t held, StageTally& s) {
   const ModelSpec& m = in.plan->model;
   const bool moe_last = IsMoeLayer(m, m.layers - 1);
   const LayerParams& lp = moe_last ? in.moe_params : in.dense_params;
   const LayerActivations& la = moe_last ? in.la_moe : in.la_dense;
+  if (in.arena) {
+    const int64_t norms = 3 * m.hidden * (m.norm == Norm::kLayerNorm ? 2 : 1);
+    s.dense_p = SatAdd(s.dense_p, SatMul(m.mtp_layers, CeilDiv(lp.tp_sharded, in.t)));
+    s.repl_p = SatAdd(s.repl_p, SatMul(m.mtp_layers, SatAdd(SatAdd(lp.replicated, norms),
+                                                            SatMul(2 * m.hidden, m.hidden))));
+    s.expert_p = SatAdd(s.expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, in.ep_etp)));
+    if (!m.tied_embeddings && in.p > 1)
+      s.dense_p = SatAdd(s.dense_p, CeilDiv(EmbeddingParams(in.padded), in.t));
+    return;
+  }
   s.dense_p = SatAdd(
       s.dense_p,
       SatMul(m.mtp_layers, CeilDiv(SatAdd(lp.tp_sharded, SatMul(2 * m.hidden, m.hidden)), in.t)));
@@ -687,7 +717,7 @@ void AddLoss(const MemoryInputs& in, int64_t held, StageTally& s) {
     const int64_t logits = SatMul(in.tokens, CeilDiv(m.vocab, in.t));
     s.extra = SatAdd(s.extra, SatMul(in.t > 1 ? 12 : 8, logits));
   }
-  if (m.mtp_layers > 0 && !in.arena) AddMtpModules(in, held, s);
+  if (m.mtp_layers > 0) AddMtpModules(in, held, s);
   s.repl_p = SatAdd(s.repl_p, FinalNormParams(m));
   int64_t head = OutputParams(in.padded);
   if (m.tied_embeddings && in.p > 1)
@@ -768,9 +798,15 @@ int64_t ArenaWorkspace(const MemoryInputs& in, const StageTally& tally, const St
     peak = SatAdd(ops, SatMul(std::max(layer, embedding), per));
     if (zero3 && plan.model.tied_embeddings && s.embedding)
       peak = SatAdd(peak, SatMul(embedding, in.arena_sizes.a));
-    // A tied embedding's full gradient is open from the output layer's backward to the lookup's:
-    // beside every layer's busiest op, with that layer's own bucket.
-    if (plan.model.tied_embeddings && s.embedding)
+    // Multi-token prediction: its lookups' gradient (the word embedding's, or its copy's) opens
+    // in the modules' backward, beside the output layer's bucket the modules' logits open.
+    const bool mtp = plan.model.mtp_layers > 0;
+    if (mtp)
+      peak = std::max(peak, SatAdd(SatAdd(ops, SatMul(embedding, per)), SatMul(embedding, 4)));
+    // A tied embedding's full gradient (or, with multi-token prediction, the word embedding's) is
+    // open from the output layer's (the modules') backward to the lookup's: beside every layer's
+    // busiest op, with that layer's own bucket.
+    if ((plan.model.tied_embeddings || mtp) && s.embedding)
       peak =
           std::max(peak, SatAdd(SatAdd(tally.workspace, SatMul(layer, per)), SatMul(embedding, 4)));
   } else {

@@ -176,6 +176,27 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
   return bytes;
 }
 
+int64_t ArenaMtpExtra(const ArenaSizes& z) {
+  const int64_t stats = SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4);
+  const int64_t rows = SatMul(z.R, z.h * z.a);
+  int64_t bytes = SatMul(z.T, 4);                             // shifted ids
+  bytes = SatAdd(bytes, rows);                                // embedding rows
+  bytes = SatAdd(bytes, SatMul(2, stats));                    // enorm, hnorm
+  if (z.R < z.T) bytes = SatAdd(bytes, rows);                 // the rows the hidden norm reads
+  bytes = SatAdd(bytes, SatMul(2, rows));                     // [embedding, hidden]
+  bytes = SatAdd(bytes, rows);                                // the layer's output
+  bytes = SatAdd(bytes, stats);                               // final norm
+  bytes = SatAdd(bytes, SatMul(z.T, (z.h + z.vocab) * z.a));  // gathered output, logits
+  return SatAdd(bytes, SatMul(z.T, 4 + 4 + 8));               // labels, max, sum and target
+}
+
+Recompute ArenaMtpRecompute(const Plan& plan) {
+  if (plan.recompute == Recompute::kFull && plan.activations.recompute_layers > 0 &&
+      plan.activations.recompute_method == RecomputeMethod::kBlock)
+    return Recompute::kNone;
+  return plan.recompute;
+}
+
 // A chunk's boundary buffers, one each whatever the microbatches in flight (compiler/lower/
 // lower.cpp, BoundaryBuffersOf): its gradient; its output, but on the loss chunk; and where it
 // both receives and sends gradients, the landing buffer they arrive in.

@@ -74,6 +74,15 @@ int64_t ArenaDenseLayersPeak(const ArenaSizes& z, const Plan& plan, int64_t laye
 int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss);
 // A chunk's output, gradient and gradient landing buffer, one each (bytes).
 int64_t ArenaBoundaryBytes(const ArenaSizes& z, bool embedding, bool loss);
+// Multi-token prediction (compiler/lower/body_mtp.cpp): what one module stashes per microbatch
+// beside its layer's stash: the shifted ids, the embedding rows, the norms' statistics (and the
+// rows the hidden norm reads where they are not the gathered output already kept), the
+// concatenation, the layer's output, its final norm's statistics and gathered output, the logits,
+// labels and cross-entropy statistics.
+int64_t ArenaMtpExtra(const ArenaSizes& z);
+// How the module's layer recomputes: as the plan's layers, but full recompute by blocks leaves
+// it whole (Megatron-Core does not checkpoint an MTP module under the block method).
+Recompute ArenaMtpRecompute(const Plan& plan);
 // The loss chunk's busiest op.
 int64_t ArenaLossPeak(const ArenaSizes& z);
 // The busiest op of a chunk's bodies (scratch).

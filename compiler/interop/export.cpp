@@ -145,6 +145,7 @@ class Exporter {
         {fields::kModelVocabDivisor, p.model.vocab_divisor == 128},
         {fields::kModelWindow, p.model.window == 0},
         {fields::kModelMtpLayers, p.model.mtp_layers == 0},
+        {fields::kModelMtpLossScale, p.model.mtp_loss_scale == 0.1},
         {fields::kModelMoeLayerFreq, p.model.moe_layer_freq == 1},
         {fields::kModelRouterScore, p.model.router_score == RouterScore::kSoftmax},
         {fields::kModelRouterTopkNorm, p.model.router_topk_norm},
@@ -291,6 +292,7 @@ std::vector<FieldId> CarriedSettings() {
           fields::kModelQkNorm,
           fields::kModelVocabDivisor,
           fields::kModelMtpLayers,
+          fields::kModelMtpLossScale,
           fields::kModelMoeLayerFreq,
           fields::kModelRouterScore,
           fields::kModelRouterTopkNorm,
@@ -363,6 +365,7 @@ void MegatronModelArgs(Exporter& ex, MegatronFlags& add) {
   }
   if (m.qk_norm) add("--qk-layernorm");
   if (m.mtp_layers > 0) add("--mtp-num-layers", Num(m.mtp_layers));
+  if (m.mtp_loss_scale != 0.1) add("--mtp-loss-scaling-factor", Real(m.mtp_loss_scale));
   if (m.activation == Activation::kSquaredRelu) add("--squared-relu");
 }
 
@@ -866,6 +869,7 @@ std::string NemoModelKeys(const Plan& p) {
   kv("share_embeddings_and_output_weights", m.tied_embeddings ? "true" : "false");
   kv("qk_layernorm", m.qk_norm ? "true" : "false");
   if (m.mtp_layers > 0) kv("mtp_num_layers", n(m.mtp_layers));
+  if (m.mtp_loss_scale != 0.1) kv("mtp_loss_scaling_factor", Real(m.mtp_loss_scale));
   if (m.IsMoe()) NemoMoeKeys(p, kv);
   if (p.moe.capacity_factor > 0) kv("moe_expert_capacity_factor", Real(p.moe.capacity_factor));
   if (p.moe.drop_policy == DropPolicy::kPosition) kv("moe_token_drop_policy", "position");

@@ -135,6 +135,7 @@ constexpr SettingRow kNemo[] = {
     {"model.gated_linear_unit", fields::kModelActivation, Convert::kSwitch, "swiglu"},
     {"model.qk_layernorm", fields::kModelQkNorm, Convert::kSwitch, "true"},
     {"model.mtp_num_layers", fields::kModelMtpLayers, Convert::kInt},
+    {"model.mtp_loss_scaling_factor", fields::kModelMtpLossScale, Convert::kReal},
     {"model.q_lora_rank", fields::kModelQLoraRank, Convert::kInt},
     {"model.kv_lora_rank", fields::kModelKvLoraRank, Convert::kInt},
     {"model.qk_head_dim", fields::kModelQkNopeHeadDim, Convert::kInt},

@@ -278,6 +278,7 @@ plan small_moe_h100 {
        {"moe.capacity_factor", "1.25"},
        {"moe.drop_policy", "position"},
        {"model.mtp_layers", "1"},
+       {"model.mtp_loss_scale", "0.3"},
        {"activations.offload_layers", "1"}},
       {{"model.router_topk_norm", "false"},
        {"model.router_aux_coeff", "0.001"},

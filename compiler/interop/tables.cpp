@@ -106,6 +106,7 @@ constexpr SettingRow kMegatron[] = {
     {"--optimizer-offload-fraction", fields::kOptimizerOffloadFraction, Convert::kReal},
     {"--qk-layernorm", fields::kModelQkNorm, Convert::kSwitch, "true"},
     {"--mtp-num-layers", fields::kModelMtpLayers, Convert::kInt},
+    {"--mtp-loss-scaling-factor", fields::kModelMtpLossScale, Convert::kReal},
     {"--squared-relu", fields::kModelActivation, Convert::kSwitch, "squared_relu"},
     {"--use-distributed-optimizer", fields::kOptimizerZero, Convert::kSwitch, "1"},
     {"--optimizer-cpu-offload", fields::kOptimizerOffload, Convert::kSwitch, "cpu"},

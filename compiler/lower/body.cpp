@@ -130,6 +130,7 @@ RoleLowering::ChunkParams RoleLowering::MakeChunkParams(const ChunkLayers& cl) {
   if (cl.loss) {
     params.final_norm = MakeNorm("final_norm", 2);
     params.out_w = MakeOutputWeight(cl.embedding);
+    if (m_.mtp_layers > 0) MakeMtpParams(cl, params);
   }
   return params;
 }
@@ -167,7 +168,7 @@ void RoleLowering::MakeDenseAttentionParams(int32_t layer_index, LayerParams& pa
         AddParam(n + "attention.bo", key(9), {h}, -1, prog::InitKind::Zeros, 0, false, true, p_.sp);
 }
 
-RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
+RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index, int32_t kind_of) {
   const int64_t h = m_.hidden;
   const bool bias = m_.bias;
   layer_ = layer_index;
@@ -182,7 +183,7 @@ RoleLowering::LayerParams RoleLowering::MakeLayerParams(int32_t layer_index) {
     MakeDenseAttentionParams(layer_index, params);
   }
   params.n2 = MakeNorm(n + "mlp_norm", key(10));
-  if (s_.moe.IsMoeLayer(layer_index)) {
+  if (s_.moe.IsMoeLayer(kind_of >= 0 ? kind_of : layer_index)) {
     params.moe = true;
     params.experts = MakeMoeParams(layer_index);
     return params;
@@ -250,10 +251,12 @@ RoleLowering::ChunkForward RoleLowering::EmitChunkForward(const ChunkLayers& cl,
   }
   layer_ = -1;
   chunk.output = -1;
-  if (cl.loss)
+  if (cl.loss) {
     EmitLossForward(params, forward);
-  else
+    EmitMtpForward(params, forward);
+  } else {
     chunk.output = forward.x;
+  }
   return forward;
 }
 
@@ -276,17 +279,8 @@ void RoleLowering::EmitLossForward(const ChunkParams& params, ChunkForward& forw
   Emit(attrs::Linear{}, {forward.nff, params.out_w.value}, {forward.logits});
   forward.labels = Buf(Prefix() + "labels", {tokens_}, DType::I32);
   Emit(attrs::LoadBatch{.what = BatchPart::kLabels}, {}, {forward.labels}, cp_comm_);
-  forward.cmax = Stat("loss.max", {tokens_});
-  Emit(attrs::CrossEntropyMax{}, {forward.logits}, {forward.cmax});
-  if (tp_ > 1)
-    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kMax}, {forward.cmax}, {forward.cmax},
-         CommKind::Tp);
-  forward.cst = Stat("loss.sumexp_target", {tokens_, 2});
-  Emit(attrs::CrossEntropySumExp{}, {forward.logits, forward.cmax, forward.labels}, {forward.cst},
-       tp_comm_);
-  if (tp_ > 1) Emit(attrs::AllReduce{}, {forward.cst}, {forward.cst}, CommKind::Tp);
-  Emit(attrs::CrossEntropyLoss{.scale = 1.0 / static_cast<double>(s_.microbatches)},
-       {forward.cmax, forward.cst}, {loss_sum_});
+  EmitCrossEntropy("", forward.logits, forward.labels, loss_sum_,
+                   1.0 / static_cast<double>(s_.microbatches), forward.cmax, forward.cst);
 }
 
 void RoleLowering::EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
@@ -315,6 +309,9 @@ void RoleLowering::EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& p
 void RoleLowering::EmitLossBackward(const ChunkParams& params, const ChunkForward& forward,
                                     int32_t gx) {
   const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
+  // The MTP modules run after the model's loss; their backward comes first and hands back the
+  // gradient of the final norm's output they read.
+  const int32_t dmtp = m_.mtp_layers > 0 ? EmitMtpBackward(params, forward) : -1;
   const int32_t dz = Act("logits.grad", {tokens_, vocab_local});
   Emit(attrs::CrossEntropyBackward{.grad_scale =
                                        1.0 / static_cast<double>(s_.microbatches * p_.dp * cp_)},
@@ -323,6 +320,7 @@ void RoleLowering::EmitLossBackward(const ChunkParams& params, const ChunkForwar
   Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, forward.nff, params.out_w.value},
        {dnf, params.out_w.grad});
   const int32_t dn = ReduceGradToRows(dnf, "final_norm.out.grad");
+  if (dmtp >= 0) Emit(attrs::Add{}, {dn, dmtp}, {dn});
   NormBackward(params.final_norm, forward.final_norm, forward.x, dn, gx, /*accumulate=*/false);
 }
 
@@ -744,6 +742,7 @@ StepBodies RoleLowering::BuildStepBodies() {
     std::vector<int32_t> outs;
     for (const Bucket& b : role_.buckets) outs.push_back(shard_grads_ ? b.grad_shard : b.grads);
     outs.push_back(loss_sum_);
+    if (mtp_loss_sum_ >= 0) outs.push_back(mtp_loss_sum_);
     Emit(attrs::Fill{.value = 0.0}, {}, outs);
   }
   // Reduce grads: sequence-parallel partials over Tp, tied embedding over Embedding, then Dp.
@@ -754,7 +753,7 @@ StepBodies RoleLowering::BuildStepBodies() {
   if (!shard_grads_)
     for (const Param& prm : role_.params)
       if (prm.grad_sync_tp) Emit(attrs::AllReduce{}, {prm.grad}, {prm.grad}, CommKind::Tp);
-  if (m_.tied_embeddings && p_.pp > 1) {
+  if ((m_.tied_embeddings || m_.mtp_layers > 0) && p_.pp > 1) {
     int32_t prm = word_embedding_param_ >= 0 ? word_embedding_param_ : output_copy_param_;
     if (prm >= 0) {
       int32_t g = role_.params[prm].grad;
@@ -820,8 +819,10 @@ StepBodies RoleLowering::BuildStepBodies() {
   for (const Chunk& c : role_.chunks) has_loss |= c.has_loss;
   // Each Cp rank's loss is the mean over its part of the tokens: the step's loss averages DpCp.
   if (has_loss && p_.dp * cp_ > 1)
-    Emit(attrs::AllReduce{.reduce_op = ReduceOp::kAvg}, {loss_sum_}, {loss_sum_},
-         cp_ > 1 ? CommKind::DpCp : CommKind::Dp);
+    for (int32_t sum : {loss_sum_, mtp_loss_sum_})
+      if (sum >= 0)
+        Emit(attrs::AllReduce{.reduce_op = ReduceOp::kAvg}, {sum}, {sum},
+             cp_ > 1 ? CommKind::DpCp : CommKind::Dp);
   // ZeRO-3 gathers inside the chunk bodies (ScopeBucketsInBodies); no GatherParams bodies.
   body_ = nullptr;
   return sb;
@@ -831,6 +832,10 @@ StepBodies RoleLowering::Build(const std::vector<ChunkLayers>& chunks) {
   role_.pipeline_rank = pipeline_rank_;
   role_.name = fmt::format("stage{}", pipeline_rank_);
   loss_sum_ = Buf("loss_sum", {1}, DType::F32, BufferKind::Persistent);
+  bool loss_role = false;
+  for (const ChunkLayers& c : chunks) loss_role |= c.loss;
+  if (m_.mtp_layers > 0 && loss_role)
+    mtp_loss_sum_ = Buf("mtp_loss_sum", {1}, DType::F32, BufferKind::Persistent);
   for (size_t i = 0; i < chunks.size(); ++i) {
     Chunk c;
     BuildChunk(static_cast<int32_t>(i), chunks[i], c);

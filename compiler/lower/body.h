@@ -22,6 +22,12 @@
 // every head; values padded with zeros to the query/key head size for Attention
 // (runtime/format/README.md, "Multi-head latent attention"). Not beside context parallelism.
 //
+// Multi-token prediction (model mtp_layers > 0, DeepSeek-V3): the loss chunk runs the modules
+// after the model's loss, each the word embedding of the tokens k ahead and the previous rows,
+// normed, concatenated and projected (replicated over tp), one layer of the last layer's kind,
+// a final norm, the shared output layer and a cross-entropy on labels k ahead (the last k
+// positions ignored); runtime/format/README.md, "Multi-token prediction".
+//
 // BuildRoleBodies fills a Role's params, buffers (shapes, kinds; no placement yet), buckets,
 // chunks and bodies. Placement is memory_plan.h's job, the schedule lower.cpp's.
 #ifndef PARAPLAN_COMPILER_LOWER_BODY_H_

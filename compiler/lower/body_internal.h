@@ -216,11 +216,31 @@ class RoleLowering {
     return v;
   }
 
+  // --- multi-token prediction (body.h, "Multi-token prediction") ---
+  // One module's params: the norms of the embedding and of the hidden rows, the 2h -> h
+  // projection of their concatenation, one layer of the last layer's kind, its final norm.
+  struct MtpParams {
+    NormParams enorm, hnorm, final_norm;
+    ParamRef proj;
+    LayerParams layer;
+    int32_t layer_index = 0;  // model.layers + depth - 1: its params' names and init keys
+  };
+  // One module's forward buffers its backward reads.
+  struct MtpForward {
+    int32_t hidden = -1;  // the rows it starts from: the previous depth's final norm output
+    int32_t ids = -1, e = -1, cat = -1, x = -1, out = -1;
+    NormOut en, hn, fn;
+    LayerSaved layer;
+    int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;
+  };
+  // --- end multi-token prediction ---
   // The params of one chunk, in the order they are created.
   struct ChunkParams {
     ParamRef word, pos, out_w;
     NormParams final_norm;
     std::vector<LayerParams> layers;
+    ParamRef mtp_word;  // the word embedding the MTP modules read (this role's or its copy)
+    std::vector<MtpParams> mtp;
   };
   // The buffers of a chunk's forward that its backward reads.
   struct ChunkForward {
@@ -229,11 +249,13 @@ class RoleLowering {
     std::vector<LayerSaved> layers;
     NormOut final_norm;
     int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;  // the chunk with the loss
+    std::vector<MtpForward> mtp;
   };
 
   void BuildChunk(int32_t index, const ChunkLayers& layers, Chunk& chunk);
   ChunkParams MakeChunkParams(const ChunkLayers& cl);
-  LayerParams MakeLayerParams(int32_t layer_index);
+  // Layer `layer_index`'s params, of the kind (dense or MoE) of layer `kind_of` (default: itself).
+  LayerParams MakeLayerParams(int32_t layer_index, int32_t kind_of = -1);
   // q, k, v (biases), o of ordinary attention.
   void MakeDenseAttentionParams(int32_t layer_index, LayerParams& params);
   // The output layer's weight: the word embedding itself when this role holds it, the last
@@ -245,6 +267,19 @@ class RoleLowering {
   void EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
                          const ChunkForward& forward, Chunk& chunk);
   void EmitLossBackward(const ChunkParams& params, const ChunkForward& forward, int32_t gx);
+  // --- multi-token prediction ---
+  void MakeMtpParams(const ChunkLayers& cl, ChunkParams& params);
+  // The cross-entropy of `logits` against `labels` (vocab-parallel: the max and sums over Tp),
+  // its loss added into `loss_sum` with `scale`; sets cmax and cst (named `stem`loss.*).
+  void EmitCrossEntropy(const std::string& stem, int32_t logits, int32_t labels, int32_t loss_sum,
+                        double scale, int32_t& cmax, int32_t& cst);
+  void EmitMtpForward(const ChunkParams& params, ChunkForward& forward);
+  // The factor from the mean over all rows to the mean over the positions depth k does not ignore.
+  double KeptShare(int32_t depth) const;
+  // The modules' backward, last first; returns the gradient of the rows the first module started
+  // from (the model's final norm output), which the model's loss backward adds to its own.
+  int32_t EmitMtpBackward(const ChunkParams& params, const ChunkForward& forward);
+  // --- end multi-token prediction ---
   // One layer's backward, accumulating into gx; with `recompute` its forward runs first, from the
   // layer's stashed input; `fresh` when `stashed` was just recomputed (uniform groups: nothing to
   // gather again).
@@ -408,8 +443,11 @@ class RoleLowering {
   std::string recompute_prefix_;  // "recompute." while re-emitting a forward in a backward body
   Body* body_ = nullptr;
   int32_t loss_sum_ = -1;
+  int32_t mtp_loss_sum_ = -1;          // the MTP modules' mean loss (model.mtp_layers > 0)
   int32_t word_embedding_param_ = -1;  // on this role, -1 when absent
-  int32_t output_copy_param_ = -1;     // the last stage's tied copy (pp > 1)
+  // The last stage's copy of the word embedding (pp > 1), for tied output weights or the MTP
+  // modules: its gradient is summed with the first stage's over the Embedding group.
+  int32_t output_copy_param_ = -1;
 };
 
 }  // namespace paraplan::lower::detail

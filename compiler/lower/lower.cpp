@@ -178,9 +178,12 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
     unsupported.Report("query/key normalisation with multi-head latent attention", "model.qk_norm",
                        "latent attention normalises its latents instead: set `model.qk_norm = "
                        "false`");
-  if (m.mtp_layers > 0)
-    unsupported.Report(fmt::format("multi-token prediction ({} modules)", m.mtp_layers),
-                       "model.mtp_layers", "set `model.mtp_layers = 0`");
+  // Multi-token prediction: Megatron-Core's modules look the shifted tokens up in the embedding
+  // with its position table; lowering emits them beside rotary positions.
+  if (m.mtp_layers > 0 && m.position == Position::kLearned)
+    unsupported.Report(
+        fmt::format("multi-token prediction ({} modules) beside learned positions", m.mtp_layers),
+        "model.mtp_layers", "set `model.mtp_layers = 0`, or `model.position = rope`");
 }
 
 // Mixed-precision fields: only what the `precision` shorthand implies.
@@ -926,7 +929,9 @@ ModelConfig ModelConfigOf(const Plan& plan) {
           m.qk_rope_head_dim,
           m.v_head_dim,
           m.qk_norm,
-          m.window};
+          m.window,
+          static_cast<int32_t>(m.mtp_layers),
+          m.mtp_loss_scale};
 }
 
 // Hybrid sharding (fsdp.replicate or fsdp.shard): the replicas of the ZeRO shard group, dp · cp /
@@ -1268,7 +1273,10 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
   BuildRoles(partition, shape, BodyShapeOf(plan, p), options, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
-  BuildWorld(layout, plan.model.tied_embeddings && plan.parallel.pp > 1, HasExpertBuckets(p), p);
+  // The Embedding groups join the first and last stages' copies of the word embedding: the tied
+  // output layer's, or the one multi-token prediction reads.
+  const bool shared_embedding = plan.model.tied_embeddings || plan.model.mtp_layers > 0;
+  BuildWorld(layout, shared_embedding && plan.parallel.pp > 1, HasExpertBuckets(p), p);
   AddExpertTensorComms(plan, layout, p);
 
   if (options.before_verify) options.before_verify(p);

@@ -894,16 +894,73 @@ TEST_CASE("compact schedules: mutated programs get the messages the ops get") {
   }
 }
 
+TEST_CASE("multi-token prediction: modules on the loss chunk, shifted loads, a shared embedding") {
+  // pp 2, untied embeddings: the last stage keeps a copy of the word embedding for the modules,
+  // summed with the first stage's over the Embedding group; tp 2 under sequence parallelism.
+  Plan plan = TinyPlan(2, 2, 1);
+  plan.parallel.sp = true;
+  plan.model.mtp_layers = 2;
+  plan.model.mtp_loss_scale = 0.3;
+  const Program p = MustLower(plan);
+  CHECK(p.model.mtp_layers == 2);
+  CHECK(p.model.mtp_loss_scale == 0.3);
+  const Role& last = p.roles[1];
+  std::set<std::string> names;
+  for (const Param& prm : last.params) names.insert(prm.name);
+  for (const char* n :
+       {"embedding.word.mtp_copy", "mtp.0.enorm.weight", "mtp.0.hnorm.weight", "mtp.0.eh_proj",
+        "mtp.1.final_norm.weight", "layers.8.attention.wq", "layers.9.mlp.w_down"})
+    CHECK_MESSAGE(names.count(n) == 1, n);
+  CHECK(p.roles[0].params.size() < last.params.size());
+  // The shifted inputs and labels of depths 1 and 2, beside the model's own.
+  std::map<std::pair<int64_t, int64_t>, int> loads;  // (what, shift) -> count
+  int losses = 0;
+  for (const Body& b : last.bodies)
+    for (const Op& op : b.ops) {
+      if (op.kind == OpKind::LoadBatch) {
+        const auto a = prog::DecodeAttrs<prog::attrs::LoadBatch>(op);
+        ++loads[{static_cast<int64_t>(a.what), a.shift}];
+      }
+      losses += op.kind == OpKind::CrossEntropyLoss;
+    }
+  CHECK(loads[{1, 0}] == 1);
+  CHECK(loads[{0, 1}] == 1);
+  CHECK(loads[{1, 1}] == 1);
+  CHECK(loads[{0, 2}] == 1);
+  CHECK(loads[{1, 2}] == 1);
+  CHECK(losses == 3);
+  // The copy's gradient and the first stage's embedding gradient meet over the Embedding group.
+  const auto embedding_sums = [&](const Role& r) {
+    return CountOps(r.bodies[r.schedule[r.schedule.size() - 2].ints[0]], OpKind::AllReduce,
+                    CommKind::Embedding);
+  };
+  CHECK(embedding_sums(p.roles[0]) == 1);
+  CHECK(embedding_sums(last) == 1);
+  CHECK(std::any_of(p.communicators.begin(), p.communicators.end(),
+                    [](const Communicator& c) { return c.kind == CommKind::Embedding; }));
+  CHECK(PrintProgram(p).find("multi-token prediction: 2 modules, loss weight 0.3") !=
+        std::string::npos);
+  // The modules' layer is of the last layer's kind: an MoE module after MoE layers.
+  Plan moe = TinyPlan(1, 1, 2);
+  moe.model.experts = 4;
+  moe.model.topk = 2;
+  moe.model.moe_ffn_hidden = 64;
+  moe.model.mtp_layers = 1;
+  const Program pm = MustLower(moe);
+  CHECK(std::any_of(pm.roles[0].params.begin(), pm.roles[0].params.end(),
+                    [](const Param& prm) { return prm.name == "layers.8.moe.router"; }));
+}
+
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
-  // Multi-token prediction is refused, naming it.
-  Plan mtp = TinyPlan(1, 1, 2);
+  // Multi-token prediction beside learned positions is refused, naming it.
+  Plan mtp = Gpt2Plan(1, 1, 2);
   mtp.model.mtp_layers = 1;
   DiagnosticSink sink;
   CHECK_FALSE(LowerPlan(mtp, {}, sink).has_value());
   REQUIRE(sink.diagnostics().size() >= 1);
   CHECK(sink.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
   CHECK(sink.diagnostics()[0].message ==
-        "lowering does not emit multi-token prediction (1 modules) yet");
+        "lowering does not emit multi-token prediction (1 modules) beside learned positions yet");
 
   Plan odd = TinyPlan(2, 1, 1);
   odd.model.kv_heads = 1;

@@ -107,6 +107,9 @@ std::string PrintProgram(const Program& p) {
     out += fmt::format(
         "latent attention: q_lora_rank {}, kv_lora_rank {}, qk_nope {}, qk_rope {}, v {}\n",
         m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
+  if (m.mtp_layers > 0)
+    out += fmt::format("multi-token prediction: {} modules, loss weight {}\n", m.mtp_layers,
+                       m.mtp_loss_scale);
   out += fmt::format(
       "parallel tp {} pp {} vpp {} cp {} ep {} dp {} sp {} zero {} schedule {} order {}\n", q.tp,
       q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp, q.zero, prog::EnumNameScheduleKind(q.schedule), q.order);

@@ -125,6 +125,9 @@ struct ModelSpec {
   bool qk_norm = false;    // RMSNorm on queries and keys (per head)
   int64_t window = 0;      // sliding-window attention span in tokens (0 = full attention)
   int64_t mtp_layers = 0;  // multi-token-prediction modules after the last layer (DeepSeek-V3)
+  // The weight of their mean loss beside the model's (Megatron-Core's mtp_loss_scaling_factor,
+  // 0.1 by default; DeepSeek-V3 trained with 0.3, then 0.1).
+  double mtp_loss_scale = 0.1;
   // MoE (experts == 0: dense).
   int64_t experts = 0;
   int64_t topk = 0;

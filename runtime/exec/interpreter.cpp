@@ -45,6 +45,7 @@ struct StepRecord {
   double end_wall = 0;
   bool holds_loss = false;
   float loss = 0, norm_square = 0;
+  float mtp_loss = 0;
   double cpu = 0, kernel = 0, comm = 0;
   int64_t peak = 0;
 };
@@ -379,6 +380,7 @@ void TrainingRun::RecordStep(const RankThread& rt) {
   rec.end_wall = Wall();
   rec.holds_loss = rt.runner.HoldsLoss();
   rec.loss = rt.runner.Loss();
+  rec.mtp_loss = rt.runner.MtpLoss();
   rec.norm_square = rt.runner.GradNormSquare();
   rec.cpu = rt.runner.cpu_seconds;
   rec.kernel = rt.runner.kernel_seconds;
@@ -464,6 +466,7 @@ StepMetrics TrainingRun::SummarizeStep(int64_t i, const std::vector<StepRecord>&
     peak_ = std::max(peak_, rec.peak);
     if (rec.holds_loss && !have_loss) {
       m.loss = rec.loss;
+      m.mtp_loss = rec.mtp_loss;
       m.grad_norm = GradNorm(rec.norm_square);
       have_loss = true;
     }

@@ -15,6 +15,7 @@
 #define PARAPLAN_RUNTIME_EXEC_INTERPRETER_H_
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -40,8 +41,10 @@ class RunError : public std::runtime_error {
 };
 
 struct StepMetrics {
-  int64_t step = 0;      // from 0
-  double loss = 0;       // mean token loss of the global batch
+  int64_t step = 0;  // from 0
+  double loss = 0;   // mean token loss of the global batch
+  // Multi-token prediction: the mean over its modules of their mean token loss (NaN without).
+  double mtp_loss = std::nan("");
   double grad_norm = 0;  // before clipping (0 when the program computes none)
   double lr = 0;
   double seconds = 0;  // wall time of the step (slowest rank)

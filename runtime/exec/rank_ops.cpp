@@ -128,8 +128,19 @@ void RankRunner::RunLoadBatch(const OpCall& call) {
   tokens_out_.resize(t);
   sampler_->Microbatch(call.ctx.step, RankInfo().coords.dp, call.ctx.microbatch, tokens_in_.data(),
                        tokens_out_.data());
-  const bool labels = call.Attrs<prog::attrs::LoadBatch>().what == prog::BatchPart::kLabels;
-  const std::vector<int32_t>& ids = labels ? tokens_out_ : tokens_in_;
+  const auto& attrs = call.Attrs<prog::attrs::LoadBatch>();
+  const bool labels = attrs.what == prog::BatchPart::kLabels;
+  std::vector<int32_t>& ids = labels ? tokens_out_ : tokens_in_;
+  if (attrs.shift > 0) {
+    // Multi-token prediction: position i takes the id of position i + shift of its sequence;
+    // past the end an input is 0 and a label -1 (ignored by the cross-entropy).
+    const int64_t seq = model.seq_len, shift = std::min(attrs.shift, seq);
+    for (int64_t b = 0; b < model.micro_batch; ++b) {
+      int32_t* sequence = ids.data() + b * seq;
+      std::copy(sequence + shift, sequence + seq, sequence);
+      std::fill(sequence + seq - shift, sequence + seq, labels ? -1 : 0);
+    }
+  }
   const int32_t* from = ids.data();
   std::vector<int32_t> mine;
   if (cp) {

@@ -207,7 +207,15 @@ void RankRunner::Setup() {
   }
   for (const auto& body : role_.bodies) {
     for (const auto& op : body.ops) {
-      if (op.kind == OpKind::CrossEntropyLoss && loss_buffer_ < 0) loss_buffer_ = op.outputs[0];
+      if (op.kind == OpKind::CrossEntropyLoss) {
+        // The model's loss is the first loss buffer the bodies write; a second is multi-token
+        // prediction's.
+        const int32_t out = op.outputs[0];
+        if (loss_buffer_ < 0)
+          loss_buffer_ = out;
+        else if (out != loss_buffer_ && mtp_loss_buffer_ < 0)
+          mtp_loss_buffer_ = out;
+      }
       if (op.kind == OpKind::GradNormSquare && norm_buffer_ < 0) norm_buffer_ = op.outputs[0];
     }
   }
@@ -360,6 +368,12 @@ std::vector<StateTensor> RankRunner::State() {
 float RankRunner::Loss() const {
   float v = 0.0f;
   if (loss_buffer_ >= 0) backend_.CopyToHost(&v, F(loss_buffer_, {}), 4);
+  return v;
+}
+
+float RankRunner::MtpLoss() const {
+  float v = std::nanf("");
+  if (mtp_loss_buffer_ >= 0) backend_.CopyToHost(&v, F(mtp_loss_buffer_, {}), 4);
   return v;
 }
 

@@ -62,6 +62,8 @@ class RankRunner {
 
   bool HoldsLoss() const { return loss_buffer_ >= 0; }
   float Loss() const;
+  // The mean multi-token-prediction loss of the step (NaN when the role computes none).
+  float MtpLoss() const;
   float GradNormSquare() const;  // 0 when the program has no GradNormSquare
   int Rank() const { return rank_; }
   const prog::mem::Rank& RankInfo() const { return program_.ranks[rank_]; }
@@ -208,6 +210,7 @@ class RankRunner {
   std::array<int64_t, 2> scratch_elements_{};
   std::vector<int32_t> tokens_in_, tokens_out_;  // host staging of a microbatch
   int32_t loss_buffer_ = -1, norm_buffer_ = -1;
+  int32_t mtp_loss_buffer_ = -1;  // the second cross-entropy loss buffer (multi-token prediction)
   int64_t step_ = 0;
 };
 

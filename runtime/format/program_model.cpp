@@ -420,7 +420,7 @@ flatbuffers::DetachedBuffer Encode(const Program& p, Program* release) {
       b, m.name.c_str(), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim, m.vocab,
       m.vocab_padded, m.seq_len, m.micro_batch, m.norm, m.activation, m.position, m.tied_embeddings,
       m.norm_eps, m.rope_theta, m.bias, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim,
-      m.qk_rope_head_dim, m.v_head_dim, m.qk_norm, m.window);
+      m.qk_rope_head_dim, m.v_head_dim, m.qk_norm, m.window, m.mtp_layers, m.mtp_loss_scale);
   const ParallelConfig& q = p.parallel;
   auto parallel =
       prog::CreateParallelConfigDirect(b, q.tp, q.pp, q.vpp, q.cp, q.ep, q.dp, q.sp, q.zero,
@@ -497,31 +497,15 @@ void ReadSchedule(const prog::Role& r, bool keep_loops, Role& role) {
 // The model record (fields a file of an older format lacks read as their defaults).
 ModelConfig ReadModel(const prog::ModelConfig& config) {
   const prog::ModelConfig* m = &config;
-  return {Str(m->name()),
-          m->layers(),
-          m->hidden(),
-          m->ffn_hidden(),
-          m->heads(),
-          m->kv_heads(),
-          m->head_dim(),
-          m->vocab(),
-          m->vocab_padded(),
-          m->seq_len(),
-          m->micro_batch(),
-          m->norm(),
-          m->activation(),
-          m->position(),
-          m->tied_embeddings(),
-          m->norm_eps(),
-          m->rope_theta(),
-          m->bias(),
-          m->q_lora_rank(),
-          m->kv_lora_rank(),
-          m->qk_nope_head_dim(),
-          m->qk_rope_head_dim(),
-          m->v_head_dim(),
-          m->qk_norm(),
-          m->window()};
+  return {Str(m->name()),        m->layers(),       m->hidden(),
+          m->ffn_hidden(),       m->heads(),        m->kv_heads(),
+          m->head_dim(),         m->vocab(),        m->vocab_padded(),
+          m->seq_len(),          m->micro_batch(),  m->norm(),
+          m->activation(),       m->position(),     m->tied_embeddings(),
+          m->norm_eps(),         m->rope_theta(),   m->bias(),
+          m->q_lora_rank(),      m->kv_lora_rank(), m->qk_nope_head_dim(),
+          m->qk_rope_head_dim(), m->v_head_dim(),   m->qk_norm(),
+          m->window(),           m->mtp_layers(),   m->mtp_loss_scale()};
 }
 
 }  // namespace

@@ -163,6 +163,10 @@ struct ModelConfig {
   bool qk_norm = false;
   // Sliding-window attention span in keys (0 = full causal attention).
   int64_t window = 0;
+  // Multi-token prediction modules after the last layer (0 = none) and the weight of their mean
+  // loss.
+  int32_t mtp_layers = 0;
+  double mtp_loss_scale = 0.1;
 };
 
 struct ParallelConfig {

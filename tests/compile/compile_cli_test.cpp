@@ -389,6 +389,37 @@ TEST_CASE(
   CHECK(r.err.find("outside the f32 arena") != std::string::npos);
 }
 
+TEST_CASE("a multi-token prediction plan compiles, dumps and trains, reporting the MTP loss") {
+  const std::string plan = Dir() + "/mtp.plan";
+  std::ofstream(plan) << kPlan << R"(
+plan mtp extends tiny_tp2_pp2_dp2 {
+  model.mtp_layers = 2
+  model.mtp_loss_scale = 0.3
+}
+)";
+  const std::string prog = Dir() + "/mtp.pplan";
+  Result r = Planc("compile " + plan + " --plan mtp -o " + prog);
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  r = Planc("dump " + prog);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("multi-token prediction: 2 modules, loss weight 0.3") != std::string::npos);
+  const std::string out = Dir() + "/mtp.txt", metrics = Dir() + "/mtp.jsonl";
+  const int rc = std::system((std::string(PARAPLAN_PLANRUN) + " " + prog + " --steps 2 --metrics " +
+                              metrics + " > " + out + " 2>&1")
+                                 .c_str());
+  CHECK(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 0);
+  CHECK(Read(out).find("mtp_loss ") != std::string::npos);
+  CHECK(Read(metrics).find("\"mtp_loss\": ") != std::string::npos);
+  // A plan without the modules reports no MTP loss.
+  CHECK(Read(Compiled()).size() > 0);
+  const std::string plain_out = Dir() + "/plain.txt";
+  std::system(
+      (std::string(PARAPLAN_PLANRUN) + " " + Compiled() + " --steps 1 > " + plain_out + " 2>&1")
+          .c_str());
+  CHECK(Read(plain_out).find("mtp_loss") == std::string::npos);
+}
+
 TEST_CASE("outputs never destroy the plan, a device or a link; unreadable inputs are refused") {
   const std::string plan = PlanFile();
   const std::string text = Read(plan);

@@ -84,6 +84,7 @@ struct Layout {
   bool recompute_block = false;
   // Selective recompute's modules (activations.recompute_modules); empty = the attention core.
   const char* recompute_modules = "";
+  int mtp = 0;  // multi-token prediction modules (model.mtp_layers), weighted 0.3
 };
 
 // The tiny models of the suite: Llama-style (RMSNorm, SwiGLU, RoPE, GQA, untied) or GPT-2-style
@@ -121,6 +122,8 @@ paraplan::Plan TinyPlan(bool gpt, const Layout& l) {
   }
   m.qk_norm = l.qk_norm;
   m.window = l.window;
+  m.mtp_layers = l.mtp;
+  m.mtp_loss_scale = 0.3;
   if (l.squared_relu) m.activation = paraplan::Activation::kSquaredRelu;
   plan.cluster.nodes = 1;
   plan.cluster.gpus_per_node = int64_t{l.tp} * l.pp * l.dp * l.cp;
@@ -183,6 +186,11 @@ Comparison Compare(const RunResult& got, const RunResult& want) {
         c.loss, std::abs(got.steps[s].loss - want.steps[s].loss) / std::abs(want.steps[s].loss));
     c.grad_norm = std::max(c.grad_norm, std::abs(got.steps[s].grad_norm - want.steps[s].grad_norm) /
                                             std::max(std::abs(want.steps[s].grad_norm), 1e-30));
+    // Multi-token prediction's loss (NaN in both without it).
+    REQUIRE(std::isfinite(got.steps[s].mtp_loss) == std::isfinite(want.steps[s].mtp_loss));
+    if (std::isfinite(want.steps[s].mtp_loss))
+      c.loss = std::max(c.loss, std::abs(got.steps[s].mtp_loss - want.steps[s].mtp_loss) /
+                                    std::abs(want.steps[s].mtp_loss));
   }
   for (const auto& param : want.params) {
     // Named copies, not structured bindings: doctest's message lambdas capture them.
@@ -288,9 +296,9 @@ paraplan::Plan LandingPlan(const Layout& layout) {
 }
 
 Comparison CheckEquivalent(bool gpt, const Layout& layout) {
-  static std::map<std::tuple<bool, bool, bool, bool, bool, int>, RunResult> reference;
+  static std::map<std::tuple<bool, bool, bool, bool, bool, int, int>, RunResult> reference;
   const auto key = std::make_tuple(gpt, layout.sgd, layout.moe, layout.qk_norm, layout.squared_relu,
-                                   layout.window);
+                                   layout.window, layout.mtp);
   if (!reference.count(key)) {
     Layout one;
     one.sgd = layout.sgd;
@@ -298,6 +306,7 @@ Comparison CheckEquivalent(bool gpt, const Layout& layout) {
     one.qk_norm = layout.qk_norm;
     one.squared_relu = layout.squared_relu;
     one.window = layout.window;
+    one.mtp = layout.mtp;
     reference[key] = Run(Compile(TinyPlan(gpt, one)));
   }
   const RunResult& want = reference[key];
@@ -565,6 +574,95 @@ TEST_CASE("moe: ep 2, dp 2, recompute of the MoE block with moe_act (bitwise equ
 }
 TEST_CASE("llama: uniform groups of 3 over a 4-layer chunk, then 1 (bitwise equal to none)") {
   CheckRecompute(false, RecomputeLayers(3, false, {1, 1, 2}), Recompute::kFull);
+}
+
+// --- multi-token prediction: each module one layer of the last layer's kind on the loss chunk,
+// the word embedding shared with the first stage over the Embedding group ---
+namespace {
+Layout WithMtp(int depth, Layout layout = {}) {
+  layout.mtp = depth;
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("llama, multi-token prediction (2 modules): tp 2, sp, pp 2, dp 2, ZeRO 1") {
+  Layout l = WithMtp(2, {2, 2, 2, 1, Schedule::k1F1B, true});
+  l.zero = 1;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("llama, multi-token prediction: pp 2 interleaved (vpp 2), dp 2, ZeRO 3") {
+  Layout l = WithMtp(1, {1, 2, 2, 2, Schedule::kInterleaved1F1B});
+  l.zero = 3;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("llama, multi-token prediction: cp 2, tp 2, sp (the shifted tokens cross chunks)") {
+  Layout l = WithMtp(2, {2, 1, 1, 1, Schedule::k1F1B, true});
+  l.cp = 2;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("moe, multi-token prediction (an MoE module): ep 2, dp 2, tp 2, sp, pp 2") {
+  Layout l = WithMtp(1, {2, 2, 2, 1, Schedule::k1F1B, true});
+  l.moe = true;
+  l.ep = 2;
+  CheckEquivalent(false, l);
+}
+TEST_CASE("llama, multi-token prediction: tp 2, sp, full recompute (bitwise equal to none)") {
+  CheckRecompute(false, WithMtp(1, {2, 1, 1, 1, Schedule::k1F1B, true}), Recompute::kFull);
+}
+TEST_CASE("multi-token prediction weighted 0 trains the model bitwise as without it") {
+  Layout l = {2, 2, 1, 1, Schedule::k1F1B, true};
+  const RunResult plain = Run(Compile(TinyPlan(false, l)));
+  paraplan::Plan plan = TinyPlan(false, WithMtp(2, l));
+  plan.model.mtp_loss_scale = 0;
+  const RunResult got = Run(Compile(plan));
+  REQUIRE(got.steps.size() == plain.steps.size());
+  for (size_t s = 0; s < got.steps.size(); ++s) {
+    CAPTURE(s);
+    CHECK(got.steps[s].loss == plain.steps[s].loss);
+    CHECK(std::isfinite(got.steps[s].mtp_loss));
+    CHECK_FALSE(std::isfinite(plain.steps[s].mtp_loss));
+  }
+  for (const auto& param : plain.params) {
+    // A named copy, not a structured binding: doctest's message lambda captures it.
+    const std::string& name = param.first;
+    auto it = got.params.find(name);
+    REQUIRE(it != got.params.end());
+    CHECK_MESSAGE(it->second == param.second, name);
+  }
+}
+// The step is the gradient of the objective the program states, loss + mtp_loss_scale · mtp
+// loss: with SGD on data of one sequence (every step sees it), a step of size lr lowers the
+// objective by lr · |g|² to first order. The ratio's first-order term is removed by comparing lr
+// and lr / 2 (Richardson); a gradient missing a path (the modules' gradient into the model's
+// final norm output, say) leaves the ratio 0.5% or more away from 1.
+TEST_CASE("multi-token prediction: the step descends the stated objective (lr · |g|²)") {
+  const std::string data = Dir() + "/one_sequence.txt";
+  {
+    std::ofstream out(data);
+    out << "One sequence of text.";  // 21 bytes: one sample of 17 tokens
+  }
+  auto ratio = [&](double lr) {
+    paraplan::Plan plan = TinyPlan(false, WithMtp(2, {}));
+    plan.model.mtp_loss_scale = 1;
+    plan.optimizer.type = paraplan::OptimizerType::kSgd;
+    plan.optimizer.lr = plan.optimizer.min_lr = lr;
+    plan.optimizer.warmup_steps = 0;
+    plan.optimizer.weight_decay = 0;
+    plan.optimizer.clip_grad = 0;
+    plan.batch.micro = 1;
+    plan.batch.global = 1;
+    RunOptions options;
+    options.data_path = data;
+    options.steps = 2;
+    const RunResult r = Train(Compile(plan), options);
+    REQUIRE(r.steps.size() == 2);
+    auto objective = [](const StepMetrics& m) { return m.loss + m.mtp_loss; };
+    return (objective(r.steps[0]) - objective(r.steps[1])) /
+           (lr * r.steps[0].grad_norm * r.steps[0].grad_norm);
+  };
+  const double r1 = ratio(1e-3), r2 = ratio(5e-4);
+  MESSAGE("descent over lr · |g|²: " << r1 << " at lr 1e-3, " << r2 << " at 5e-4");
+  CHECK(2 * r2 - r1 == doctest::Approx(1.0).epsilon(1.5e-3));
 }
 
 // --- context parallelism ---

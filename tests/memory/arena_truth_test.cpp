@@ -551,6 +551,43 @@ TEST_CASE("a capacity factor bounds the Ep receive buffers: the arena and the es
 
 // Multi-head latent attention (kv_lora_rank > 0): the Llama-style example plans given DeepSeek's
 // attention shape (latents, decoupled RoPE, value heads padded to the query/key head size).
+// Multi-token prediction (compiler/lower/body_mtp.cpp): its modules' layers (dense after a dense
+// last layer, MoE after an MoE one), their stash on the loss chunk, the projection kept whole on
+// every TP rank and, on the last of several stages, the copy of an untied word embedding.
+TEST_CASE("check's estimate is compile's arena within 3% with multi-token prediction") {
+  Variants variants;
+  for (const char* depth : {"model.mtp_layers=1", "model.mtp_layers=2"})
+    for (const std::vector<std::string> sets :
+         {std::vector<std::string>{},
+          {"parallel.pp=2"},
+          {"parallel.pp=2", "optimizer.zero=3"},
+          {"optimizer.zero=3"},
+          {"optimizer.zero=2"},
+          {"recompute=full"},
+          {"recompute=selective"},
+          {"parallel.sp=false"},
+          {"model.tied_embeddings=true", "parallel.pp=2"},
+          {"parallel.pp=2", "parallel.vpp=2", "pipeline.schedule=interleaved_1f1b"},
+          {"recompute=full", "activations.recompute_method=block",
+           "activations.recompute_layers=1"}}) {
+      variants.push_back({"", sets});
+      variants.back().second.push_back(depth);
+    }
+  ArenaComparison result;
+  CompareVariants(std::string(PARAPLAN_ROOT) + "/examples/llama3_8b_64k_cp4.plan", variants, true,
+                  result);
+  Variants moe;
+  for (const char* plan : {"moe_tp2", "moe_ep2_tp2"})
+    for (const std::vector<std::string> sets :
+         {std::vector<std::string>{}, {"parallel.pp=2"}, {"recompute=full"}}) {
+      moe.push_back({plan, sets});
+      moe.back().second.push_back("model.mtp_layers=1");
+    }
+  CompareVariants(std::string(PARAPLAN_ROOT) + "/tests/memory/arena/moe.plan", moe, true, result);
+  CHECK(result.compared >= 30);
+  MESSAGE(result.compared << " stages compared, largest difference " << 100 * result.worst << "%");
+}
+
 TEST_CASE("check's estimate is compile's arena within 3% with multi-head latent attention") {
   const std::vector<std::pair<std::string, std::vector<std::string>>> shapes = {
       {"examples/tiny_llama.plan",

@@ -521,12 +521,14 @@ TEST_CASE("cuda backend: ring attention chunk pairs, merge and backward match th
   }
 }
 
-TEST_CASE("cuda backend: vocab-parallel cross-entropy phases with padding") {
+TEST_CASE("cuda backend: vocab-parallel cross-entropy phases with padding and ignored rows") {
   if (!GpuOrSkip()) return;
   Pair p;
   const int64_t rows = 37, vocab_local = 300, vocab_begin = 300, vocab = 520;  // 80 padding columns
   std::vector<int32_t> targets(rows);
-  for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 131) % vocab);
+  // Every fifth row ignored (a negative target), as multi-token prediction's last positions.
+  for (int64_t r = 0; r < rows; ++r)
+    targets[r] = r % 5 == 3 ? -1 : static_cast<int32_t>((r * 131) % vocab);
   auto [th, tg] = p.Tokens(targets);
   auto logits = p.Upload(Random(rows * vocab_local, 30, 5.0f));
   auto row_max = p.Zeros(rows), st = p.Zeros(2 * rows), loss = p.Upload({0.25f});

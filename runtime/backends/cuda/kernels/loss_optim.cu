@@ -39,18 +39,22 @@ __global__ void SumExpKernel(float* st, const float* logits, const float* row_ma
   for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += expf(row[j] - m);
   s = BlockSum(s, shared32);
   if (threadIdx.x == 0) {
-    st[size_t{2} * blockIdx.x] = s;
+    // An ignored row (negative target): (0, 0) on every slice marks it after the TP sum.
+    const bool ignored = targets[blockIdx.x] < 0;
+    st[size_t{2} * blockIdx.x] = ignored ? 0.0f : s;
     const int64_t t = static_cast<int64_t>(targets[blockIdx.x]) - vocab_begin;
-    st[2 * blockIdx.x + 1] = (t >= 0 && t < valid) ? row[t] : 0.0f;
+    st[2 * blockIdx.x + 1] = (!ignored && t >= 0 && t < valid) ? row[t] : 0.0f;
   }
 }
 
-// One block: per-thread sums in double over a fixed stride, then the block sum in order.
+// One block: per-thread sums in double over a fixed stride, then the block sum in order. An
+// ignored row (its sum of exponentials 0; a counted row's is at least 1) adds nothing.
 __global__ void LossKernel(float* loss_sum, const float* row_max, const float* st, int64_t rows,
                            float scale) {
   __shared__ SharedArray<double, kThreads> partial;
   double s = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    if (st[2 * r] == 0.0f) continue;
     s += static_cast<double>(logf(st[2 * r]) + row_max[r] - st[2 * r + 1]);
   }
   partial[threadIdx.x] = s;
@@ -62,18 +66,20 @@ __global__ void LossKernel(float* loss_sum, const float* row_max, const float* s
   }
 }
 
+// An ignored row (negative target) gets zeros.
 __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* logits,
                                            const float* row_max, const float* st,
                                            const int32_t* targets, int64_t vocab_local,
                                            int64_t vocab_begin, int64_t valid, float scale) {
   const int64_t r = blockIdx.x;
-  const float m = row_max[r], inv = 1.0f / st[2 * r];
+  const bool ignored = targets[r] < 0;
+  const float m = row_max[r], inv = ignored ? 0.0f : 1.0f / st[2 * r];
   const int64_t t = static_cast<int64_t>(targets[r]) - vocab_begin;
   const float* row = logits + r * vocab_local;
   float* out = dlogits + r * vocab_local;
   for (int64_t j = threadIdx.x; j < vocab_local; j += blockDim.x) {
     float p = 0.0f;
-    if (j < valid) {
+    if (!ignored && j < valid) {
       p = expf(row[j] - m) * inv;
       if (j == t) p -= 1.0f;
     }

@@ -297,19 +297,25 @@ void GroupedLinearBackward(float* dx, float* dw, const float* dy, const float* x
 
 // ---- Vocab-parallel cross-entropy, in phases (the caller all-reduces between them) -------
 // Logits z are rows × vocab_local, columns are global vocabulary ids vocab_begin + j; columns
-// with a global id >= vocab (padding) are excluded from the softmax.
+// with a global id >= vocab (padding) are excluded from the softmax. A row whose target is
+// negative is ignored (multi-token prediction's last positions): it adds nothing to the loss and
+// gets a zero gradient; the means stay over all rows (the caller's scale accounts for the rows
+// it ignores, so that the mean does not depend on how the rows are split over ranks).
 // 1. row_max[r] = max over all local columns. (then all-reduce MAX over the TP group)
 void CrossEntropyRowMax(float* row_max, const float* logits, int64_t rows, int64_t vocab_local);
 // 2. st[r] = (Σ_j exp(z[r,j] - row_max[r]), z[r, target - vocab_begin] when this slice owns the
-//    target else 0), interleaved [rows, 2]. (then all-reduce SUM over the TP group)
+//    target else 0), interleaved [rows, 2]; (0, 0) for an ignored row, which the sum over the
+//    TP group keeps (a counted row's first entry is at least exp(0) = 1). (then all-reduce SUM
+//    over the TP group)
 void CrossEntropySumExp(float* st, const float* logits, const float* row_max,
                         const int32_t* targets, int64_t rows, int64_t vocab_local,
                         int64_t vocab_begin, int64_t vocab);
-// 3. loss_sum[0] += scale · Σ_r (log st[r,0] + row_max[r] - st[r,1]) / rows.
+// 3. loss_sum[0] += scale · Σ_r (log st[r,0] + row_max[r] - st[r,1]) / rows over the rows with
+//    st[r,0] != 0.
 void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
                       float scale);
 // dz[r,j] = grad_scale / rows · (exp(z[r,j] - row_max[r]) / st[r,0] - [j + vocab_begin ==
-// target]) (written); padding columns get 0.
+// target]) (written); padding columns and ignored rows get 0.
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* row_max,
                           const float* st, const int32_t* targets, int64_t rows,
                           int64_t vocab_local, int64_t vocab_begin, int64_t vocab,

@@ -480,6 +480,45 @@ TEST_CASE(
   CHECK(sharded == doctest::Approx(full).epsilon(1e-6));
 }
 
+TEST_CASE("cross-entropy: ignored rows count nowhere, on every vocab shard") {
+  const int64_t rows = 4, vocab = 8;
+  const std::vector<int32_t> targets = {3, -1, 5, -1};  // rows 1 and 3 ignored
+  auto logits = Random(rows * vocab, 41, 2.0f);
+  std::vector<float> mx(rows), st(2 * rows);
+  auto loss = [&](const std::vector<int32_t>& t, int64_t n) {
+    CrossEntropyRowMax(mx.data(), logits.data(), n, vocab);
+    CrossEntropySumExp(st.data(), logits.data(), mx.data(), t.data(), n, vocab, 0, vocab);
+    float sum = 0.0f;
+    CrossEntropyLoss(&sum, mx.data(), st.data(), n, 1.0f);
+    return static_cast<double>(sum);
+  };
+  const double with_ignored = loss(targets, rows);
+  CHECK(st[2] == 0.0f);
+  CHECK(st[3] == 0.0f);
+  // The two counted rows' sum over all four rows.
+  double ref = 0;
+  for (int64_t r : {0, 2}) {
+    double z = 0;
+    for (int64_t j = 0; j < vocab; ++j) z += std::exp(static_cast<double>(logits[r * vocab + j]));
+    ref += std::log(z) - logits[r * vocab + targets[r]];
+  }
+  CHECK(with_ignored == doctest::Approx(ref / rows).epsilon(1e-6));
+  std::vector<float> dl(rows * vocab, 7.0f);
+  CrossEntropyBackward(dl.data(), logits.data(), mx.data(), st.data(), targets.data(), rows, vocab,
+                       0, vocab, 1.0f);
+  for (int64_t j = 0; j < vocab; ++j) {
+    CHECK(dl[1 * vocab + j] == 0.0f);
+    CHECK(dl[3 * vocab + j] == 0.0f);
+  }
+  CheckGradient("dlogits", logits, dl, [&] { return loss(targets, rows); });
+  // Every row ignored: no loss, no gradient.
+  const std::vector<int32_t> none = {-1, -1, -1, -1};
+  CHECK(loss(none, rows) == 0.0);
+  CrossEntropyBackward(dl.data(), logits.data(), mx.data(), st.data(), none.data(), rows, vocab, 0,
+                       vocab, 1.0f);
+  for (float d : dl) CHECK(d == 0.0f);
+}
+
 TEST_CASE("adamw, sgd, squared norm and the warmup-cosine schedule") {
   float p = 1.0f, g = 0.5f, m = 0.0f, v = 0.0f;
   AdamWConfig c{0.1f, 0.9f, 0.99f, 1e-8f, 0.01f};

@@ -40,6 +40,11 @@ PARAPLAN_HOST_CLONES void CrossEntropySumExp(float* st, const float* logits, con
                                              int64_t vocab) {
   const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
   for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) {  // an ignored row: (0, 0) on every slice marks it after the TP sum
+      st[2 * r] = 0.0f;
+      st[2 * r + 1] = 0.0f;
+      continue;
+    }
     const float* lr = logits + r * vocab_local;
     const V8 mx = simd::Splat(row_max[r]);
     V8 s{};
@@ -55,7 +60,10 @@ PARAPLAN_HOST_CLONES void CrossEntropySumExp(float* st, const float* logits, con
 void CrossEntropyLoss(float* loss_sum, const float* row_max, const float* st, int64_t rows,
                       float scale) {
   double sum = 0;
-  for (int64_t r = 0; r < rows; ++r) sum += std::log(st[2 * r]) + row_max[r] - st[2 * r + 1];
+  for (int64_t r = 0; r < rows; ++r) {
+    if (st[2 * r] == 0.0f) continue;  // ignored (a counted row's sum holds exp(0) of its max)
+    sum += std::log(st[2 * r]) + row_max[r] - st[2 * r + 1];
+  }
   loss_sum[0] += static_cast<float>(scale * sum / static_cast<double>(rows));
 }
 
@@ -67,9 +75,13 @@ PARAPLAN_HOST_CLONES void CrossEntropyBackward(float* dlogits, const float* logi
   const int64_t valid = std::clamp<int64_t>(vocab - vocab_begin, 0, vocab_local);
   const float scale = grad_scale / static_cast<float>(rows);
   for (int64_t r = 0; r < rows; ++r) {
+    float* d = dlogits + r * vocab_local;
+    if (targets[r] < 0) {
+      std::fill(d, d + vocab_local, 0.0f);
+      continue;
+    }
     const float* lr = logits + r * vocab_local;
     const V8 mx = simd::Splat(row_max[r]), inv = simd::Splat(1.0f / st[2 * r]);
-    float* d = dlogits + r * vocab_local;
     int64_t j = 0;
     for (; j + kLanes <= valid; j += kLanes)
       simd::Store(d + j, simd::Exp(simd::Load(lr + j) - mx) * inv);
