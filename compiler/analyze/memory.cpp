@@ -673,29 +673,30 @@ void AddEmbedding(const MemoryInputs& in, int64_t held, StageTally& s) {
 }
 
 // DeepSeek-V3's multi-token prediction: per module one transformer layer (of the last layer's
-// kind), a 2h -> h projection and two norms, and its own logits. planrun's arena keeps the
-// projection whole on every TP rank, three norms per module, and on the last of several
-// pipeline stages a copy of an untied word embedding (its stash is AddArenaMtpStash's).
+// kind), a 2h -> h projection, three norms (the embedding's, the hidden rows', its final one)
+// and its own logits; on the last of several pipeline stages the word embedding the modules
+// look their tokens up in (Megatron-Core builds it wherever MTP runs; a tied one is there
+// already). Megatron-Core splits the projection over tp; planrun's arena keeps it whole on every
+// TP rank (its stash is AddArenaMtpStash's).
 void AddMtpModules(const MemoryInputs& in, int64_t held, StageTally& s) {
   const ModelSpec& m = in.plan->model;
   const bool moe_last = IsMoeLayer(m, m.layers - 1);
   const LayerParams& lp = moe_last ? in.moe_params : in.dense_params;
   const LayerActivations& la = moe_last ? in.la_moe : in.la_dense;
+  const int64_t norms = 3 * m.hidden * (m.norm == Norm::kLayerNorm ? 2 : 1);
+  const int64_t projection = SatMul(2 * m.hidden, m.hidden);
+  if (!m.tied_embeddings && in.p > 1)
+    s.dense_p = SatAdd(s.dense_p, CeilDiv(EmbeddingParams(in.padded), in.t));
+  s.expert_p = SatAdd(s.expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, in.ep_etp)));
   if (in.arena) {
-    const int64_t norms = 3 * m.hidden * (m.norm == Norm::kLayerNorm ? 2 : 1);
     s.dense_p = SatAdd(s.dense_p, SatMul(m.mtp_layers, CeilDiv(lp.tp_sharded, in.t)));
-    s.repl_p = SatAdd(s.repl_p, SatMul(m.mtp_layers, SatAdd(SatAdd(lp.replicated, norms),
-                                                            SatMul(2 * m.hidden, m.hidden))));
-    s.expert_p = SatAdd(s.expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, in.ep_etp)));
-    if (!m.tied_embeddings && in.p > 1)
-      s.dense_p = SatAdd(s.dense_p, CeilDiv(EmbeddingParams(in.padded), in.t));
+    s.repl_p =
+        SatAdd(s.repl_p, SatMul(m.mtp_layers, SatAdd(SatAdd(lp.replicated, norms), projection)));
     return;
   }
-  s.dense_p = SatAdd(
-      s.dense_p,
-      SatMul(m.mtp_layers, CeilDiv(SatAdd(lp.tp_sharded, SatMul(2 * m.hidden, m.hidden)), in.t)));
-  s.repl_p = SatAdd(s.repl_p, SatMul(m.mtp_layers, SatAdd(lp.replicated, 2 * m.hidden)));
-  s.expert_p = SatAdd(s.expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, in.ep_etp)));
+  s.dense_p =
+      SatAdd(s.dense_p, SatMul(m.mtp_layers, CeilDiv(SatAdd(lp.tp_sharded, projection), in.t)));
+  s.repl_p = SatAdd(s.repl_p, SatMul(m.mtp_layers, SatAdd(lp.replicated, norms)));
   s.extra = SatAdd(s.extra, SatMul(SatMul(m.mtp_layers, std::max<int64_t>(1, held)),
                                    SatAdd(la.stored, in.loss_act)));
 }

@@ -179,6 +179,32 @@ TEST_CASE("every pipeline stage is evaluated: in-flight microbatches, embedding 
   CHECK(e.peak == e.stages[0].total);
 }
 
+TEST_CASE("multi-token prediction: a module's params on the last stage, with the embedding") {
+  // Megatron-Core builds the word embedding wherever the modules run: with pp > 1 and untied
+  // embeddings the last stage holds it beside the output layer. Each module: one layer, a
+  // 2h -> h projection split over tp, three norms.
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 64, 1);
+  plan.framework = Framework::kMegatronCore;
+  const MemoryEstimate none = EstimateMemory(plan);
+  plan.model.mtp_layers = 1;
+  const MemoryEstimate one = EstimateMemory(plan);
+  REQUIRE(none.valid);
+  REQUIRE(one.valid);
+  const ModelSpec& m = plan.model;
+  const int64_t h = m.hidden, t = 8;
+  const int64_t vocab = (m.vocab + 128 * t - 1) / (128 * t) * (128 * t);
+  const int64_t layer = none.stages[1].params / 20;  // a middle stage: 20 layers, nothing else
+  const int64_t added = one.stages[3].params - none.stages[3].params;
+  CHECK(added == vocab * h / t + layer + 2 * h * h / t + 3 * h);
+  for (int r = 0; r < 3; ++r) CHECK(one.stages[r].params == none.stages[r].params);
+  // Tied embeddings: the last stage holds the copy already.
+  plan.model.tied_embeddings = true;
+  const MemoryEstimate tied = EstimateMemory(plan);
+  plan.model.mtp_layers = 0;
+  const MemoryEstimate tied_none = EstimateMemory(plan);
+  CHECK(tied.stages[3].params - tied_none.stages[3].params == layer + 2 * h * h / t + 3 * h);
+}
+
 TEST_CASE("interleaving holds Megatron's warm-up count on each rank") {
   Plan plan = testing::MakePlan(testing::Gpt(96, 12288, 96), testing::DgxA100(8), 8, 8, 64, 1);
   plan.framework = Framework::kMegatronCore;  // Megatron-Core's accounting (Korthikanti)
