@@ -1160,6 +1160,22 @@ void CheckMlaRecompute(Layout layout, paraplan::Recompute mode, bool q_latent = 
 }
 }  // namespace
 
+// DeepSeek-V3's shape: latent attention, MoE layers, one multi-token prediction module (an MoE
+// layer with latent attention itself, after the MoE last layer).
+TEST_CASE("mla, moe, multi-token prediction: tp 2, sp, pp 2, ep 2, dp 2, ZeRO 1") {
+  Layout one;
+  one.moe = true;
+  one.mtp = 1;
+  const RunResult want = Run(Compile(MlaPlan(one, true)));
+  Layout l = {2, 2, 2, 1, Schedule::k1F1B, true, 1};
+  l.moe = true;
+  l.ep = 2;
+  l.mtp = 1;
+  CheckAgainst(Run(Compile(MlaPlan(l, true))), want, kElementTolerance);
+  for (const char* name : {"layers.4.attention.wkv_down", "layers.4.moe.router", "mtp.0.eh_proj"})
+    CHECK_MESSAGE(want.params.count(name) == 1, name);
+}
+
 TEST_CASE("mla: tp 2, sequence parallel") {
   CheckMlaEquivalent({2, 1, 1, 1, Schedule::k1F1B, true});
 }
