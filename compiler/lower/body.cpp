@@ -283,6 +283,18 @@ void RoleLowering::EmitLossForward(const ChunkParams& params, ChunkForward& forw
                    1.0 / static_cast<double>(s_.microbatches), forward.cmax, forward.cst);
 }
 
+void RoleLowering::EmitCrossEntropy(const std::string& stem, int32_t logits, int32_t labels,
+                                    int32_t loss_sum, double scale, int32_t& cmax, int32_t& cst) {
+  const int64_t rows = tokens_;
+  cmax = Stat(stem + "loss.max", {rows});
+  Emit(attrs::CrossEntropyMax{}, {logits}, {cmax});
+  if (tp_ > 1) Emit(attrs::AllReduce{.reduce_op = ReduceOp::kMax}, {cmax}, {cmax}, CommKind::Tp);
+  cst = Stat(stem + "loss.sumexp_target", {rows, 2});
+  Emit(attrs::CrossEntropySumExp{}, {logits, cmax, labels}, {cst}, tp_comm_);
+  if (tp_ > 1) Emit(attrs::AllReduce{}, {cst}, {cst}, CommKind::Tp);
+  Emit(attrs::CrossEntropyLoss{.scale = scale}, {cmax, cst}, {loss_sum});
+}
+
 void RoleLowering::EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
                                      const ChunkForward& forward, Chunk& chunk) {
   const int64_t h = m_.hidden;

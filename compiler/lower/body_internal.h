@@ -264,15 +264,15 @@ class RoleLowering {
   ChunkForward EmitChunkForward(const ChunkLayers& cl, const ChunkParams& params, Chunk& chunk);
   void EmitEmbeddingForward(const ChunkParams& params, ChunkForward& forward);
   void EmitLossForward(const ChunkParams& params, ChunkForward& forward);
+  // The cross-entropy of `logits` against `labels` (vocab-parallel: the max and sums over Tp),
+  // its loss added into `loss_sum` with `scale`; sets cmax and cst (named `stem`loss.*).
+  void EmitCrossEntropy(const std::string& stem, int32_t logits, int32_t labels, int32_t loss_sum,
+                        double scale, int32_t& cmax, int32_t& cst);
   void EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& params,
                          const ChunkForward& forward, Chunk& chunk);
   void EmitLossBackward(const ChunkParams& params, const ChunkForward& forward, int32_t gx);
   // --- multi-token prediction ---
   void MakeMtpParams(const ChunkLayers& cl, ChunkParams& params);
-  // The cross-entropy of `logits` against `labels` (vocab-parallel: the max and sums over Tp),
-  // its loss added into `loss_sum` with `scale`; sets cmax and cst (named `stem`loss.*).
-  void EmitCrossEntropy(const std::string& stem, int32_t logits, int32_t labels, int32_t loss_sum,
-                        double scale, int32_t& cmax, int32_t& cst);
   void EmitMtpForward(const ChunkParams& params, ChunkForward& forward);
   // The factor from the mean over all rows to the mean over the positions depth k does not ignore.
   double KeptShare(int32_t depth) const;

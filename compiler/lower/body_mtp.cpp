@@ -9,7 +9,6 @@
 namespace paraplan::lower::detail {
 
 using prog::BatchPart;
-using prog::ReduceOp;
 
 // --- multi-token prediction (body.h, "Multi-token prediction") ------------------------------
 
@@ -51,18 +50,6 @@ void RoleLowering::MakeMtpParams(const ChunkLayers& cl, ChunkParams& params) {
 double RoleLowering::KeptShare(int32_t depth) const {
   const int64_t kept = std::max<int64_t>(1, m_.seq_len - depth);
   return static_cast<double>(m_.seq_len) / static_cast<double>(kept);
-}
-
-void RoleLowering::EmitCrossEntropy(const std::string& stem, int32_t logits, int32_t labels,
-                                    int32_t loss_sum, double scale, int32_t& cmax, int32_t& cst) {
-  const int64_t rows = tokens_;
-  cmax = Stat(stem + "loss.max", {rows});
-  Emit(attrs::CrossEntropyMax{}, {logits}, {cmax});
-  if (tp_ > 1) Emit(attrs::AllReduce{.reduce_op = ReduceOp::kMax}, {cmax}, {cmax}, CommKind::Tp);
-  cst = Stat(stem + "loss.sumexp_target", {rows, 2});
-  Emit(attrs::CrossEntropySumExp{}, {logits, cmax, labels}, {cst}, tp_comm_);
-  if (tp_ > 1) Emit(attrs::AllReduce{}, {cst}, {cst}, CommKind::Tp);
-  Emit(attrs::CrossEntropyLoss{.scale = scale}, {cmax, cst}, {loss_sum});
 }
 
 // Depth k (1-based) reads the rows the previous depth ended with (the model's final norm output

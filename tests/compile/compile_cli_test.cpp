@@ -203,6 +203,11 @@ TEST_CASE(
       {root + "/examples/tiny_deepseek.plan", " --set pipeline.schedule=gpipe"},
       {root + "/examples/tiny_deepseek.plan", " --set model.layers=8" + interleaved},
       {root + "/examples/deepseek_v2_32node.plan", ""},
+      // Multi-token prediction: one module (an MoE layer) on the loss stage, and one dense
+      // module beside context parallelism.
+      {root + "/examples/tiny_deepseek.plan", " --set model.mtp_layers=1"},
+      {root + "/examples/deepseek_v2_32node.plan", " --set model.mtp_layers=1"},
+      {root + "/examples/llama3_8b_64k_cp4.plan", " --set model.mtp_layers=1"},
       {root + "/bench/compile/llama3_405b_16k.plan", ""},
       {root + "/bench/compile/llama3_405b_16k.plan", interleaved},
       {root + "/bench/explain/llama3_405b_16k.plan", ""},
