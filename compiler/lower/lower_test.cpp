@@ -705,6 +705,15 @@ TEST_CASE("mutation: a send after the chunk's next forward, a gradient received 
               .find("overwrites the chunk's output before microbatch 0 is "
                     "sent") != std::string::npos);
   }
+  SUBCASE("a send of another microbatch than the forward's") {
+    auto send =
+        std::find_if(role->schedule.begin(), role->schedule.end(), is(OpKind::SendActivation));
+    REQUIRE(send != role->schedule.end());
+    REQUIRE(send->ints[0] == 0);
+    send->ints[0] = 1;
+    CHECK(Joined(VerifyWorld(p)).find("the chunk's output holds microbatch 0") !=
+          std::string::npos);
+  }
   // The second RecvGrad of `r`'s schedule, moved right after the first.
   auto receive_early = [&](Role& r) {
     auto first = std::find_if(r.schedule.begin(), r.schedule.end(), is(OpKind::RecvGrad));
