@@ -85,17 +85,58 @@ bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
       .Value("scratch and transient buckets", FormatGiB(b.body_peak))
       .Value("CUDA context and NCCL", FormatGiB(worst_reserve));
   d.Note(
-      "planrun allocates each rank's static arena whole when it starts; `planc check` estimates "
-      "the same "
-      "arena (`framework = paraplan`)");
+      "the program lays each rank's static arena out whole in its precision; `planc check` "
+      "estimates the same arena (`framework = paraplan`); planrun's backends hold it in f32, "
+      "larger still (P0805)");
   if (UsesFp8(plan))
     d.Note(
-        "planrun runs FP8 plans in bf16: it stashes every activation in 2 bytes where "
+        "the program lays FP8 plans out in bf16: it stashes every activation in 2 bytes where "
         "Transformer Engine keeps the inputs of its FP8 GEMMs in 1, so this arena is larger than "
         "the plan's own framework needs");
   d.Help("`planc check` with `framework = paraplan` offers the changes that fit");
   sink.Report(std::move(d));
   return false;
+}
+
+// planrun's host and CUDA backends keep every floating-point element in f32 (the f32 placement,
+// Role.fp32_arena_bytes), about twice the program's precision arena under bf16. Warns (P0805)
+// when a stage's f32 arena, with the CUDA context and NCCL beside it, does not fit the GPU: the
+// program is valid and fits a backend that stores its precision, but `planrun --backend=cuda`
+// cannot allocate it on this GPU.
+void WarnF32Arena(const Plan& plan, const Program& program, DiagnosticSink& sink) {
+  const int64_t capacity = plan.cluster.gpu.memory;
+  if (capacity <= 0 || plan.precision == Precision::kFp32) return;
+  Plan as_planrun = plan;
+  as_planrun.framework = Framework::kParaplan;
+  const MemoryEstimate est = EstimateMemory(as_planrun);
+  const Role* worst = nullptr;
+  int64_t worst_total = 0;
+  for (const Role& role : program.roles) {
+    int64_t reserve = 0;
+    const size_t r = static_cast<size_t>(role.pipeline_rank);
+    if (est.valid && r < est.stages.size())
+      reserve = est.stages[r].Get(MemoryPart::kRuntimeReserve) +
+                est.stages[r].Get(MemoryPart::kCommBuffers);
+    const int64_t total = role.fp32_arena_bytes + reserve;
+    if (total > capacity && total > worst_total) worst = &role, worst_total = total;
+  }
+  if (!worst) return;
+  const std::string gpu =
+      plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
+  sink.Report(
+      Diag(DiagKind::kLowerF32Arena,
+           fmt::format("planrun's backends hold pipeline stage {}'s program in {} per GPU; `{}` "
+                       "has {}",
+                       worst->pipeline_rank, FormatGiB(worst_total), gpu, FormatGiB(capacity)))
+          .At(plan.declaration,
+              fmt::format("stage {}'s arena is {} in f32, {} in {}", worst->pipeline_rank,
+                          FormatGiB(worst->fp32_arena_bytes), FormatGiB(worst->arena_bytes),
+                          ToString(plan.precision)))
+          .Note("planrun's host and CUDA backends keep every floating-point element in f32 (the "
+                "program's f32 placement) and round GEMM operands to bf16; the program itself "
+                "fits the GPU in its precision")
+          .Help("`planrun --backend=cuda` cannot allocate this arena on this GPU; more tensor or "
+                "pipeline parallel ranks, recompute or ZeRO shrink it"));
 }
 
 // Reports P0801 for each feature the plan asks for that lowering does not emit yet.
@@ -1273,6 +1314,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
   BuildRoles(partition, shape, BodyShapeOf(plan, p), options, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
+  WarnF32Arena(plan, p, sink);
   // The Embedding groups join the first and last stages' copies of the word embedding: the tied
   // output layer's, or the one multi-token prediction reads.
   const bool shared_embedding = plan.model.tied_embeddings || plan.model.mtp_layers > 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <system_error>
@@ -162,7 +163,24 @@ void RankRunner::Setup() {
   slot_stride_.assign(n, 0);
   char* arena = nullptr;
   if (!options_.separate_buffers) {
-    arena = static_cast<char*>(backend_.Allocate(role_.fp32_arena_bytes));
+    try {
+      arena = static_cast<char*>(backend_.Allocate(role_.fp32_arena_bytes));
+    } catch (const std::exception& e) {
+      // The backend's message, with what the arena is: planc compile warned (P0805) when it
+      // knew the device.
+      auto size = [](int64_t bytes) {
+        const double b = static_cast<double>(bytes), gib = 1073741824.0;
+        char text[32];
+        if (b >= gib)
+          std::snprintf(text, sizeof text, "%.2f GiB", b / gib);
+        else
+          std::snprintf(text, sizeof text, "%.2f MiB", b / 1048576.0);
+        return std::string(text);
+      };
+      throw RunError(role_.name + " cannot allocate its arena of " + size(role_.fp32_arena_bytes) +
+                     ": planrun keeps every element in f32 (" + size(role_.arena_bytes) +
+                     " in the program's precision): " + e.what());
+    }
     allocations_.push_back(arena);
   }
   for (size_t b = 0; b < n; ++b) {

@@ -132,6 +132,31 @@ TEST_CASE("plan window_cp2_tp2_sp: local mode, 4 ranks, sliding-window attention
 TEST_CASE("plan hsdp_dp4_r2_zero3: local mode, 4 ranks, ZeRO 3 over each replica's pair") {
   CheckPlan("hsdp_dp4_r2_zero3", 4);
 }
+TEST_CASE("plan mtp_tp2_pp2_sp: local mode, 4 ranks, two multi-token prediction modules") {
+  CheckPlan("mtp_tp2_pp2_sp", 4);
+}
+
+// The emulated device holds 34.5 MB: the GEMM workspace (32 MiB) fits, the program's f32 arena
+// beside it does not. planrun stops at start with exit 1, naming the rank, the arena in f32 and
+// in the program's precision, and the device's error (never a crash or a hang).
+TEST_CASE("a device too small for the arena stops the run at start, saying why") {
+  const std::string dir = testing::ScratchDir("planrun_emulated_small_device");
+  const std::string program = dir + "/single.pplan";
+  auto compiled =
+      testing::RunCommand(std::string(PARAPLAN_PLANC) + " compile '" + SourceDir() +
+                              "/tests/equivalence/equivalence.plan' --plan single -o " + program,
+                          dir);
+  REQUIRE_MESSAGE(compiled.status == 0, compiled.err);
+  auto run = testing::RunCommand("env PARAPLAN_EMULATED_DEVICE_BYTES=34500000 " +
+                                     std::string(PARAPLAN_PLANRUN_EMULATED) + " " + program +
+                                     " --backend=cuda --steps 1 --timeout 60",
+                                 dir);
+  CHECK(run.status == 1);
+  INFO(run.out << run.err);
+  CHECK(run.err.find("rank 0: stage0 cannot allocate its arena of 4.30 MiB") != std::string::npos);
+  CHECK(run.err.find("planrun keeps every element in f32") != std::string::npos);
+  CHECK(run.err.find("cudaErrorMemoryAllocation") != std::string::npos);
+}
 
 }  // namespace
 }  // namespace paraplan

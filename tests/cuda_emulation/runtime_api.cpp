@@ -130,8 +130,21 @@ cudaError_t CheckDevice(const void* p, size_t bytes, const char* what) {
                   " bytes at a pointer that is not inside one device allocation");
 }
 
+// The emulated device's memory: PARAPLAN_EMULATED_DEVICE_BYTES when set (a test of what a run
+// does on a device too small for it), else unbounded but for the host's.
+size_t DeviceCapacity() {
+  static const size_t kCapacity = [] {
+    const char* text = std::getenv("PARAPLAN_EMULATED_DEVICE_BYTES");
+    return text ? static_cast<size_t>(std::strtoull(text, nullptr, 10)) : SIZE_MAX;
+  }();
+  return kCapacity;
+}
+
 void* AllocateDevice(size_t size) {
   const size_t rounded = (std::max<size_t>(size, 1) + 255) / 256 * 256;
+  size_t used = 0;
+  for (const auto& [address, bytes] : g_allocations) used += bytes;
+  if (used > DeviceCapacity() || rounded > DeviceCapacity() - used) return nullptr;
   void* p = std::aligned_alloc(256, rounded);
   if (p != nullptr) g_allocations[reinterpret_cast<uintptr_t>(p)] = size;
   return p;
@@ -348,7 +361,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   *ptr = AllocateDevice(size);
   if (*ptr == nullptr)
     return Fail(cudaErrorMemoryAllocation,
-                "out of host memory for " + std::to_string(size) + " bytes");
+                "out of device memory for " + std::to_string(size) + " bytes");
   return cudaSuccess;
 }
 
