@@ -292,11 +292,12 @@ StateBytesPerParam UnshardedStateBytes(const Plan& plan) {
   StateBytesPerParam b;
   if (ArenaModelApplies(plan)) {
     // planrun's buckets (compiler/lower/body.cpp, BuildBuckets): weights in the activation type
-    // (fp32 under fp32, fp16 under fp16, else bf16: no FP8 weights or cached casts), fp32
-    // gradients, and an fp32 master shard with two fp32 moments whatever the precision and the
-    // optimizer (SGD's buckets have them too): 12 bytes of optimizer state per parameter.
+    // (fp32 under fp32, fp16 under fp16, else bf16: no FP8 weights or cached casts), gradients
+    // in the precision record's type (fp32 unless it states bf16 or fp16), and an fp32 master
+    // shard with two fp32 moments whatever the precision and the optimizer (SGD's buckets have
+    // them too): 12 bytes of optimizer state per parameter.
     b.weights = plan.precision == Precision::kFp32 ? 4 : 2;
-    b.gradients = 4;
+    b.gradients = static_cast<double>(ArenaGradBytes(plan));
     b.optimizer = 12;
     return b;
   }
@@ -539,10 +540,11 @@ ArenaMoeBuckets ArenaMoeBucketsOf(const MemoryInputs& in, const CostChunk& chunk
   ArenaMoeBuckets k;
   if (plan.optimizer.zero < 2 || ShardGroup(plan) <= 1) return k;
   const int64_t elements = ArenaMoeLayerBucket(in);
-  k.grads = SatMul(elements, 4);
+  const int64_t g = in.arena_sizes.g;
+  k.grads = SatMul(elements, g);
   if (plan.optimizer.zero >= 3) k.params = SatMul(elements, in.arena_sizes.a);
   if (plan.model.tied_embeddings && chunk.embedding && chunk.loss)
-    k.held = SatMul(SatMul(in.arena_sizes.vocab, plan.model.hidden), 4);
+    k.held = SatMul(SatMul(in.arena_sizes.vocab, plan.model.hidden), g);
   return k;
 }
 
@@ -791,7 +793,8 @@ int64_t ArenaWorkspace(const MemoryInputs& in, const StageTally& tally, const St
   if (!in.arena || plan.optimizer.zero < 2 || ShardGroup(plan) <= 1)
     return std::max(ops, tally.moe_workspace);
   const bool zero3 = plan.optimizer.zero >= 3;
-  const int64_t per = 4 + (zero3 ? in.arena_sizes.a : 0);
+  const int64_t g = in.arena_sizes.g;  // a gradient element
+  const int64_t per = g + (zero3 ? in.arena_sizes.a : 0);
   const int64_t layer = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
   const int64_t embedding = SatMul(in.arena_sizes.vocab, plan.model.hidden);
   int64_t peak = 0;
@@ -803,17 +806,17 @@ int64_t ArenaWorkspace(const MemoryInputs& in, const StageTally& tally, const St
     // in the modules' backward, beside the output layer's bucket the modules' logits open.
     const bool mtp = plan.model.mtp_layers > 0;
     if (mtp)
-      peak = std::max(peak, SatAdd(SatAdd(ops, SatMul(embedding, per)), SatMul(embedding, 4)));
+      peak = std::max(peak, SatAdd(SatAdd(ops, SatMul(embedding, per)), SatMul(embedding, g)));
     // A tied embedding's full gradient (or, with multi-token prediction, the word embedding's) is
     // open from the output layer's (the modules') backward to the lookup's: beside every layer's
     // busiest op, with that layer's own bucket.
     if ((plan.model.tied_embeddings || mtp) && s.embedding)
       peak =
-          std::max(peak, SatAdd(SatAdd(tally.workspace, SatMul(layer, per)), SatMul(embedding, 4)));
+          std::max(peak, SatAdd(SatAdd(tally.workspace, SatMul(layer, per)), SatMul(embedding, g)));
   } else {
     peak = SatAdd(tally.workspace, SatMul(layer, per));
     if (s.embedding)
-      peak = std::max(peak, SatMul(embedding, zero3 ? std::max<int64_t>(4, in.arena_sizes.a) : 4));
+      peak = std::max(peak, SatMul(embedding, zero3 ? std::max(g, in.arena_sizes.a) : g));
   }
   return std::max(peak, tally.moe_workspace);
 }

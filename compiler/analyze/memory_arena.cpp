@@ -23,6 +23,11 @@ void ArenaEpSizesOf(const Plan& plan, ArenaSizes& z);
 
 }  // namespace
 
+int64_t ArenaGradBytes(const Plan& plan) {
+  const ElementType grads = EffectiveMixedPrecision(plan).grads;
+  return grads == ElementType::kBf16 || grads == ElementType::kFp16 ? 2 : 4;
+}
+
 ArenaSizes ArenaSizesOf(const Plan& plan) {
   const ModelSpec& m = plan.model;
   ArenaSizes z;
@@ -38,6 +43,7 @@ ArenaSizes ArenaSizesOf(const Plan& plan) {
   const int64_t multiple = 128 * z.t;
   z.vocab = CeilDiv(m.vocab, multiple) * multiple / z.t;
   z.a = plan.precision == Precision::kFp32 ? 4 : 2;
+  z.g = ArenaGradBytes(plan);
   z.gelu = m.activation != Activation::kSwiGlu;
   z.layernorm = m.norm == Norm::kLayerNorm;
   z.mla = m.IsMla();

@@ -28,6 +28,7 @@ struct ArenaSizes {
   int64_t R = 0;  // rows a TP rank holds between layers: T / t under SP, else T
   int64_t h = 0, hd = 0, heads = 0, kv = 0, ffn = 0, vocab = 0;  // per TP rank where split
   int64_t a = 2;  // activation element bytes of the program's precision
+  int64_t g = 4;  // gradient element bytes (mixed_precision.grads: 4, or 2 for bf16 and fp16)
   bool gelu = false, layernorm = false;
   bool ring = false;     // cp > 1: ring attention and its working buffers
   bool qk_norm = false;  // queries and keys normalised per head (model.qk_norm)
@@ -59,6 +60,9 @@ struct ArenaSizes {
 };
 
 ArenaSizes ArenaSizesOf(const Plan& plan);
+// Bytes of one gradient element in planrun's program: the precision record's gradients (bf16 or
+// fp16: 2), else f32.
+int64_t ArenaGradBytes(const Plan& plan);
 
 // Stashed bytes of one dense layer per microbatch.
 int64_t ArenaLayerStash(const ArenaSizes& z, Recompute recompute);

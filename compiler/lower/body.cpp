@@ -571,7 +571,7 @@ void RoleLowering::BuildBuckets() {
     chunk_ = chunk;
     layer_ = -1;
     bucket.params = Buf(name + ".params", {elements}, act_, BufferKind::Bucket);
-    bucket.grads = Buf(name + ".grads", {elements}, DType::F32, BufferKind::Bucket);
+    bucket.grads = Buf(name + ".grads", {elements}, s_.grad_type, BufferKind::Bucket);
     for (int32_t i : members) {
       role_.buffers[role_.params[i].buffer].view_of = bucket.params;
       role_.buffers[role_.params[i].grad].view_of = bucket.grads;
@@ -587,7 +587,7 @@ void RoleLowering::BuildBuckets() {
           Buf(name + ".param_shard", {bucket.shard_elements}, act_, BufferKind::Param);
     if (shard_grads_)
       bucket.grad_shard =
-          Buf(name + ".grad_shard", {bucket.shard_elements}, DType::F32, BufferKind::Grad);
+          Buf(name + ".grad_shard", {bucket.shard_elements}, s_.grad_type, BufferKind::Grad);
     role_.buckets.push_back(bucket);
   };
   for (const Chunk& c : role_.chunks) {

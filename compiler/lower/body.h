@@ -153,6 +153,9 @@ struct BodyShape {
   ParallelConfig parallel;
   int64_t microbatches = 1;
   prog::Precision precision = prog::Precision::Bf16;
+  // The gradients' element type (mixed_precision.grads): the params' grads, the grad buckets and
+  // their ZeRO shards; f32 unless the plan states bf16 or fp16 (Megatron's bf16 grad reduce).
+  prog::DType grad_type = prog::DType::F32;
   bool sgd = false;  // optimizer.type = sgd: Sgd ops instead of AdamW
   ActivationRecompute recompute = ActivationRecompute::kNone;
   RecomputeLayers recompute_layers;  // with kFull

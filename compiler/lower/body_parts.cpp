@@ -78,7 +78,7 @@ RoleLowering::ParamRef RoleLowering::AddParam(const std::string& name, int64_t k
   prm.grad_sync_tp = grad_sync_tp && tp_ > 1;
   DType pdt = act_;
   prm.buffer = Buf(name, local, pdt, BufferKind::Param);
-  prm.grad = Buf(name + ".grad", local, DType::F32, BufferKind::Grad);
+  prm.grad = Buf(name + ".grad", local, s_.grad_type, BufferKind::Grad);
   role_.params.push_back(prm);
   // Bucket group with ZeRO >= 2: the layer, or one group per chunk-level tensor (the word
   // embedding and its tied copy alone, so both stages' buckets line up for the Embedding sum).

@@ -139,6 +139,30 @@ void WarnF32Arena(const Plan& plan, const Program& program, DiagnosticSink& sink
                 "pipeline parallel ranks, recompute or ZeRO shrink it"));
 }
 
+// An FP8 plan lowers with its tensors laid out in bf16 (the program's precision record says
+// Fp8; planrun's backends run the GEMMs with bf16 operands): P0806 says so, with the recipe.
+void NoteFp8AsBf16(const Plan& plan, DiagnosticSink& sink) {
+  if (!UsesFp8(plan)) return;
+  const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+  const OriginKind origin = plan.Origin(fields::kMixedPrecisionFp8).kind;
+  const bool stated = origin == OriginKind::kFile || origin == OriginKind::kCommandLine;
+  Diag d(DiagKind::kLowerFp8AsBf16,
+         "this FP8 plan's program holds its activations and weights in bf16");
+  d.At(stated ? plan.Range(fields::kMixedPrecisionFp8) : plan.Range(fields::kPrecision),
+       stated ? "the FP8 recipe" : "FP8 training")
+      .Note(fmt::format("planrun runs the GEMMs with bf16 operands; the {} scaling recipe does "
+                        "not change the program",
+                        ToString(mp.fp8)));
+  if (mp.fp8_params)
+    d.Note(
+        "its FP8 parameters (`mixed_precision.fp8_params`) are held in bf16 too: 2 bytes a "
+        "weight where Megatron-Core keeps 1");
+  d.Note(
+      "`planc check` and `planc explain` price the plan as its framework runs FP8 "
+      "(`framework`)");
+  sink.Report(std::move(d));
+}
+
 // Reports P0801 for each feature the plan asks for that lowering does not emit yet.
 class UnsupportedFeatures {
  public:
@@ -230,25 +254,28 @@ void CheckEmittedModel(const Plan& plan, UnsupportedFeatures& unsupported) {
 // Mixed-precision fields: only what the `precision` shorthand implies.
 void CheckEmittedPrecision(const Plan& plan, UnsupportedFeatures& unsupported) {
   const MixedPrecisionSpec mp = EffectiveMixedPrecision(plan);
+  // What the shorthand alone implies: no field written, every field at its default.
   const MixedPrecisionSpec shorthand = EffectiveMixedPrecision([&] {
     Plan only = plan;
     only.origins = {};
+    only.mixed_precision = MixedPrecisionSpec{};
     return only;
   }());
-  const char* fields[] = {"mixed_precision.params",      "mixed_precision.grads",
-                          "mixed_precision.main_params", "mixed_precision.optimizer_state",
-                          "mixed_precision.fp8",         "mixed_precision.fp8_params"};
-  // Without `precision = fp8` the fp8 recipe and fp8 parameters have no effect (P0517).
-  const bool fp8 = plan.precision == Precision::kFp8;
-  const bool same[] = {
-      mp.params == shorthand.params,           mp.grads == shorthand.grads,
-      mp.main_params == shorthand.main_params, mp.optimizer_state == shorthand.optimizer_state,
-      !fp8 || mp.fp8 == shorthand.fp8,         !fp8 || mp.fp8_params == shorthand.fp8_params};
-  for (size_t i = 0; i < std::size(fields); ++i)
-    if (!same[i])
-      unsupported.Report(fmt::format("`{}` other than what `precision = {}` implies", fields[i],
+  // The gradients lower in any 16- or 32-bit type (BodyShape::grad_type). The FP8 recipe and FP8
+  // parameters change nothing in the program: it lays an FP8 plan out in bf16 (P0806 says so;
+  // without `precision = fp8` they have no effect at all, P0517).
+  const bool grads = mp.grads == ElementType::kFp32 || mp.grads == ElementType::kBf16 ||
+                     mp.grads == ElementType::kFp16;
+  const std::pair<const char*, bool> fields[] = {
+      {"mixed_precision.params", mp.params == shorthand.params},
+      {"mixed_precision.grads", grads},
+      {"mixed_precision.main_params", mp.main_params == shorthand.main_params},
+      {"mixed_precision.optimizer_state", mp.optimizer_state == shorthand.optimizer_state}};
+  for (const auto& [field, lowered] : fields)
+    if (!lowered)
+      unsupported.Report(fmt::format("`{}` other than what `precision = {}` implies", field,
                                      ToString(plan.precision)),
-                         fields[i], "remove it and keep the `precision` shorthand to compile");
+                         field, "remove it and keep the `precision` shorthand to compile");
 }
 
 // Activation memory options, optimizer offload and sharding.
@@ -1078,6 +1105,16 @@ BodyShape BodyShapeOf(const Plan& plan, const Program& p) {
   bs.parallel = p.parallel;
   bs.microbatches = p.train.microbatches;
   bs.precision = p.train.precision;
+  switch (EffectiveMixedPrecision(plan).grads) {
+    case ElementType::kBf16:
+      bs.grad_type = prog::DType::Bf16;
+      break;
+    case ElementType::kFp16:
+      bs.grad_type = prog::DType::F16;
+      break;
+    default:
+      bs.grad_type = prog::DType::F32;
+  }
   bs.sgd = p.train.optimizer == "sgd";
   // --- mixture of experts ---
   const ModelSpec& m = plan.model;
@@ -1315,6 +1352,7 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
   BuildRoles(partition, shape, BodyShapeOf(plan, p), options, p);
   if (!ArenaFits(plan, p, sink)) return std::nullopt;
   WarnF32Arena(plan, p, sink);
+  NoteFp8AsBf16(plan, sink);
   // The Embedding groups join the first and last stages' copies of the word embedding: the tied
   // output layer's, or the one multi-token prediction reads.
   const bool shared_embedding = plan.model.tied_embeddings || plan.model.mtp_layers > 0;

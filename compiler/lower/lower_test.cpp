@@ -960,6 +960,51 @@ TEST_CASE("multi-token prediction: modules on the loss chunk, shifted loads, a s
                     [](const Param& prm) { return prm.name == "layers.8.moe.router"; }));
 }
 
+TEST_CASE("the precision record: bf16 gradients and any FP8 recipe lower; the rest is P0801") {
+  Plan plan = TinyPlan(2, 2, 2);
+  plan.parallel.sp = true;
+  plan.optimizer.zero = 1;
+  const Program f32 = MustLower(plan);
+  // As `--set` states them: the value and its origin.
+  auto set = [&](const char* path, const char* value) {
+    REQUIRE(SetFieldText(plan, path, value).empty());
+    plan.origins.Mutable(path)->kind = OriginKind::kCommandLine;
+  };
+  set("mixed_precision.grads", "bf16");
+  const Program bf16 = MustLower(plan);
+  for (size_t r = 0; r < bf16.roles.size(); ++r) {
+    const Role& role = bf16.roles[r];
+    int grads = 0;
+    for (const Buffer& b : role.buffers) {
+      const bool grad = b.kind == BufferKind::Grad || b.name.ends_with(".grads");
+      if (!grad) continue;
+      ++grads;
+      CHECK_MESSAGE(b.dtype == DType::Bf16, b.name);
+    }
+    CHECK(grads > 0);
+    // Half the gradient bytes in the program's precision; planrun's f32 placement unchanged.
+    CHECK(role.arena_bytes < f32.roles[r].arena_bytes);
+    CHECK(role.fp32_arena_bytes == f32.roles[r].fp32_arena_bytes);
+  }
+  // FP8 under Transformer Engine's current scaling lowers as bf16, saying so (P0806).
+  plan.precision = Precision::kFp8;
+  set("mixed_precision.fp8", "current");
+  DiagnosticSink sink;
+  REQUIRE(LowerPlan(plan, {}, sink).has_value());
+  const auto note =
+      std::find_if(sink.diagnostics().begin(), sink.diagnostics().end(),
+                   [](const Diagnostic& d) { return d.kind == DiagKind::kLowerFp8AsBf16; });
+  REQUIRE(note != sink.diagnostics().end());
+  CHECK(note->message == "this FP8 plan's program holds its activations and weights in bf16");
+  CHECK(Joined(note->notes).find("the current scaling recipe does not change the program") !=
+        std::string::npos);
+  // Optimizer moments in bf16 are not lowered yet.
+  set("mixed_precision.optimizer_state", "bf16");
+  DiagnosticSink refused;
+  CHECK_FALSE(LowerPlan(plan, {}, refused).has_value());
+  CHECK(refused.diagnostics()[0].kind == DiagKind::kLowerUnsupported);
+}
+
 TEST_CASE("unsupported features and bad shapes are P08xx diagnostics") {
   // Multi-token prediction beside learned positions is refused, naming it.
   Plan mtp = Gpt2Plan(1, 1, 2);

@@ -132,6 +132,12 @@ TEST_CASE(
       {"precision=fp8"},
       {"precision=fp32"},
       {"optimizer.type=sgd"},
+      // Gradients in bf16 (Megatron-Bridge's recipes): the Grad buffers, buckets and shards.
+      {"mixed_precision.grads=bf16"},
+      {"mixed_precision.grads=bf16", "optimizer.zero=2"},
+      {"mixed_precision.grads=bf16", "optimizer.zero=3", "model.tied_embeddings=true"},
+      // Any FP8 recipe lowers as bf16.
+      {"precision=fp8", "mixed_precision.fp8=current"},
       // Query/key norms stash the projections before them and their statistics.
       {"model.qk_norm=true"},
       {"model.qk_norm=true", "recompute=none"},

@@ -149,6 +149,11 @@ TEST_CASE("compile: Megatron-Bridge's FP8 runs in planrun's arena, laid out in b
   CHECK(r.err.find("warning[P0805]: planrun's backends hold pipeline stage 0's program in 135.28 "
                    "GiB per GPU") != std::string::npos);
   CHECK(r.err.find("(133.97 GiB in f32, as planrun's backends hold it)") != std::string::npos);
+  // Its FP8 recipe and FP8 parameters lower as bf16, which the compile says.
+  CHECK(r.err.find("note[P0806]: this FP8 plan's program holds its activations and weights in "
+                   "bf16") != std::string::npos);
+  CHECK(r.err.find("its FP8 parameters (`mixed_precision.fp8_params`) are held in bf16 too") !=
+        std::string::npos);
   // Llama 3.1 405B on 1,024 H100 (TP 8, PP 8, VPP 8, CP 2, FP8): 80.08 GiB with the CUDA context
   // and NCCL, refused, and the refusal says that planrun stashes the activations in bf16.
   const std::string llama405 =
