@@ -160,6 +160,39 @@ std::vector<MemoryFix> ProposeMemoryFixes(const Plan& plan, int64_t limit,
   return fixes;
 }
 
+namespace {
+
+// framework = paraplan: planrun's backends hold the program's f32 placement (every element in
+// f32), which is the arena of the same plan in fp32. Warns (P0805, as `planc compile` does) when
+// the plan fits in its precision but not so.
+void CheckF32Arena(const Plan& plan, DiagnosticSink& sink, const CostOptions& options) {
+  if (!ArenaModelApplies(plan) || plan.precision == Precision::kFp32) return;
+  Plan f32 = plan;
+  f32.precision = Precision::kFp32;
+  f32.mixed_precision.params = ElementType::kFp32;
+  f32.mixed_precision.grads = ElementType::kFp32;
+  const MemoryEstimate mem = EstimateMemory(f32, options);
+  const int64_t capacity = plan.cluster.gpu.memory;
+  if (!mem.valid || mem.peak <= capacity) return;
+  const StageMemory& s = mem.stages[static_cast<size_t>(mem.peak_stage)];
+  const std::string& gpu =
+      plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
+  sink.Report(
+      Diag(DiagKind::kLowerF32Arena,
+           fmt::format("planrun's backends hold pipeline stage {}'s program in {} per GPU; `{}` "
+                       "has {}",
+                       s.stage, FormatGiB(s.total), gpu, FormatGiB(capacity)))
+          .At(plan.declaration, fmt::format("stage {}'s arena is {} in f32", s.stage,
+                                            FormatGiB(s.arena > 0 ? s.arena : s.total)))
+          .Note("planrun's host and CUDA backends keep every floating-point element in f32 (the "
+                "program's f32 placement) and round GEMM operands to bf16; the plan fits the GPU "
+                "in its precision")
+          .Help("`planrun --backend=cuda` cannot allocate this arena on this GPU; more tensor or "
+                "pipeline parallel ranks, recompute or ZeRO shrink it"));
+}
+
+}  // namespace
+
 void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& options) {
   const int64_t capacity = plan.cluster.gpu.memory;
   if (capacity <= 0) return;
@@ -174,8 +207,9 @@ void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& opti
   // warning at 90% would flag runs that ran. 93% leaves the model's stated error band (within 10%
   // of measured peaks, most rows within 5%) between the warning and the limit.
   const int64_t near = capacity / 100 * kNearLimitPercent;
-  if (mem.peak <= near) return;
   const bool oom = mem.peak > capacity;
+  if (!oom) CheckF32Arena(plan, sink, options);
+  if (mem.peak <= near) return;
   const StageMemory& s = mem.stages[static_cast<size_t>(mem.peak_stage)];
   const std::string& gpu =
       plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;

@@ -140,6 +140,40 @@ TEST_CASE("above 93% of the GPU's memory is warning P0702; below it nothing") {
   CHECK(quiet.diagnostics().empty());
 }
 
+TEST_CASE("planrun's f32 arena over the GPU is warning P0805 beside a fitting bf16 arena") {
+  // examples/llama3_70b.plan under framework = paraplan (TP 8 x PP 4 x VPP 2, selective
+  // recompute, ZeRO 1, 512 sequences): the program fits 80 GB in bf16 (57 GiB), while planrun's
+  // backends hold every element in f32 (93 GiB).
+  Plan plan = testing::MakePlan(testing::Llama3Of70B(), testing::DgxH100(8), 8, 4, 512, 1);
+  plan.parallel.vpp = 2;
+  plan.pipeline.schedule = Schedule::kInterleaved1F1B;
+  plan.framework = Framework::kParaplan;
+  plan.parallel.sp = true;
+  plan.recompute = Recompute::kSelective;
+  plan.optimizer.zero = 1;
+  REQUIRE(ArenaModelApplies(plan));
+  const MemoryEstimate bf16 = EstimateMemory(plan);
+  REQUIRE(bf16.peak < plan.cluster.gpu.memory);
+  DiagnosticSink sink;
+  CheckMemory(plan, sink, {});
+  const Diagnostic* d = Find(sink, DiagKind::kLowerF32Arena);
+  REQUIRE(d != nullptr);
+  CHECK(d->level == DiagLevel::kWarning);
+  CHECK(d->message.find("planrun's backends hold pipeline stage") == 0);
+  CHECK(Find(sink, DiagKind::kStageOutOfMemory) == nullptr);
+  // The same plan in fp32 has one arena: no P0805 (P0701 says whether it fits).
+  plan.precision = Precision::kFp32;
+  DiagnosticSink fp32;
+  CheckMemory(plan, fp32, {});
+  CHECK(Find(fp32, DiagKind::kLowerF32Arena) == nullptr);
+  // Megatron-Core's own memory has no f32 placement.
+  plan.precision = Precision::kBf16;
+  plan.framework = Framework::kMegatronCore;
+  DiagnosticSink megatron;
+  CheckMemory(plan, megatron, {});
+  CHECK(Find(megatron, DiagKind::kLowerF32Arena) == nullptr);
+}
+
 TEST_CASE("RunAnalysisChecks reports the memory error") {
   DiagnosticSink sink;
   RunAnalysisChecks(Oversized(), sink);

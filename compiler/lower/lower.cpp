@@ -106,6 +106,9 @@ bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
 void WarnF32Arena(const Plan& plan, const Program& program, DiagnosticSink& sink) {
   const int64_t capacity = plan.cluster.gpu.memory;
   if (capacity <= 0 || plan.precision == Precision::kFp32) return;
+  // `planc check` said so already (framework = paraplan: its estimate of the same arena).
+  for (const Diagnostic& d : sink.diagnostics())
+    if (d.kind == DiagKind::kLowerF32Arena) return;
   Plan as_planrun = plan;
   as_planrun.framework = Framework::kParaplan;
   const MemoryEstimate est = EstimateMemory(as_planrun);
