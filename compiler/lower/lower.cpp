@@ -49,26 +49,39 @@ prog::Precision ToPrecision(Precision p) {
   return prog::Precision::Bf16;
 }
 
-// Every role's static arena, with the CUDA context and NCCL communicators beside it, must fit the
-// GPU: planrun allocates the arena whole at start. Reports P0701 with the arena's breakdown.
-bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
-  const int64_t capacity = plan.cluster.gpu.memory;
-  if (capacity <= 0) return true;
+// The role whose arena (`bytes`: the precision arena's peak or the f32 placement), with the CUDA
+// context and NCCL communicators beside it (the arena model's reserve), is the largest over the
+// GPU's memory; role = nullptr when every role fits.
+struct StageOver {
+  const Role* role = nullptr;
+  int64_t total = 0, reserve = 0;
+};
+StageOver LargestOverCapacity(const Plan& plan, const Program& program,
+                              int64_t prog::mem::Role::*bytes) {
+  StageOver worst;
   Plan as_planrun = plan;
   as_planrun.framework = Framework::kParaplan;
   const MemoryEstimate est = EstimateMemory(as_planrun);
-  const Role* worst = nullptr;
-  int64_t worst_total = 0, worst_reserve = 0;
   for (const Role& role : program.roles) {
     int64_t reserve = 0;
     const size_t r = static_cast<size_t>(role.pipeline_rank);
     if (est.valid && r < est.stages.size())
       reserve = est.stages[r].Get(MemoryPart::kRuntimeReserve) +
                 est.stages[r].Get(MemoryPart::kCommBuffers);
-    const int64_t total = role.peak_bytes + reserve;
-    if (total > capacity && total > worst_total)
-      worst = &role, worst_total = total, worst_reserve = reserve;
+    const int64_t total = role.*bytes + reserve;
+    if (total > plan.cluster.gpu.memory && total > worst.total) worst = {&role, total, reserve};
   }
+  return worst;
+}
+
+// Every role's static arena, with the CUDA context and NCCL communicators beside it, must fit the
+// GPU: planrun allocates the arena whole at start. Reports P0701 with the arena's breakdown.
+bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
+  const int64_t capacity = plan.cluster.gpu.memory;
+  if (capacity <= 0) return true;
+  const StageOver over = LargestOverCapacity(plan, program, &prog::mem::Role::peak_bytes);
+  const Role* worst = over.role;
+  const int64_t worst_total = over.total, worst_reserve = over.reserve;
   if (!worst) return true;
   const MemoryBreakdown b = MeasureMemory(*worst);
   const std::string gpu =
@@ -109,20 +122,9 @@ void WarnF32Arena(const Plan& plan, const Program& program, DiagnosticSink& sink
   // `planc check` said so already (framework = paraplan: its estimate of the same arena).
   for (const Diagnostic& d : sink.diagnostics())
     if (d.kind == DiagKind::kLowerF32Arena) return;
-  Plan as_planrun = plan;
-  as_planrun.framework = Framework::kParaplan;
-  const MemoryEstimate est = EstimateMemory(as_planrun);
-  const Role* worst = nullptr;
-  int64_t worst_total = 0;
-  for (const Role& role : program.roles) {
-    int64_t reserve = 0;
-    const size_t r = static_cast<size_t>(role.pipeline_rank);
-    if (est.valid && r < est.stages.size())
-      reserve = est.stages[r].Get(MemoryPart::kRuntimeReserve) +
-                est.stages[r].Get(MemoryPart::kCommBuffers);
-    const int64_t total = role.fp32_arena_bytes + reserve;
-    if (total > capacity && total > worst_total) worst = &role, worst_total = total;
-  }
+  const StageOver over = LargestOverCapacity(plan, program, &prog::mem::Role::fp32_arena_bytes);
+  const Role* worst = over.role;
+  const int64_t worst_total = over.total;
   if (!worst) return;
   const std::string gpu =
       plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
