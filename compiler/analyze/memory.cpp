@@ -599,6 +599,13 @@ void AddArenaUniformGroups(const MemoryInputs& in, const CostChunk& chunk, int64
   if (chunk.loss) s.loss_workspace = std::max(s.loss_workspace, ArenaLossPeak(z));
 }
 
+// planrun's arena: the params a multi-token prediction module holds beside its layer's: the
+// 2h -> h projection, whole on every TP rank, and three norms.
+int64_t MtpModuleExtraParams(const ModelSpec& m) {
+  return SatAdd(SatMul(2 * m.hidden, m.hidden),
+                3 * m.hidden * (m.norm == Norm::kLayerNorm ? 2 : 1));
+}
+
 // planrun's arena: the multi-token prediction modules' stash on the loss chunk with `held`
 // microbatches in flight (their layers' own and ArenaMtpExtra), and their layers' busiest op.
 void AddArenaMtpStash(const MemoryInputs& in, const CostChunk& chunk, int64_t held, StageTally& s) {
@@ -609,11 +616,16 @@ void AddArenaMtpStash(const MemoryInputs& in, const CostChunk& chunk, int64_t he
   const int64_t layer = moe ? ArenaMoeLayerStash(z, rc) : ArenaLayerStash(z, rc);
   s.activations = SatAdd(s.activations, SatMul(SatMul(held, m.mtp_layers), layer));
   s.extra = SatAdd(s.extra, SatMul(SatMul(held, m.mtp_layers), ArenaMtpExtra(z)));
-  if (moe)
-    s.moe_workspace =
-        std::max(s.moe_workspace, ArenaMoeLayerPeak(z, rc, ArenaMoeBucketsOf(in, chunk)));
-  else
+  if (moe) {
+    // Under ZeRO >= 2 the module's bucket is its layer's with the projection and norms beside.
+    ArenaMoeBuckets k = ArenaMoeBucketsOf(in, chunk);
+    const int64_t extra = MtpModuleExtraParams(m);
+    if (k.grads > 0) k.grads = SatAdd(k.grads, SatMul(extra, z.g));
+    if (k.params > 0) k.params = SatAdd(k.params, SatMul(extra, z.a));
+    s.moe_workspace = std::max(s.moe_workspace, ArenaMoeLayerPeak(z, rc, k));
+  } else {
     s.workspace = std::max(s.workspace, ArenaBodyPeak(z, rc, /*loss=*/false));
+  }
 }
 
 // The transformer layers of one chunk with `held` microbatches in flight: their stored
@@ -685,8 +697,8 @@ void AddMtpModules(const MemoryInputs& in, int64_t held, StageTally& s) {
   const bool moe_last = IsMoeLayer(m, m.layers - 1);
   const LayerParams& lp = moe_last ? in.moe_params : in.dense_params;
   const LayerActivations& la = moe_last ? in.la_moe : in.la_dense;
-  const int64_t norms = 3 * m.hidden * (m.norm == Norm::kLayerNorm ? 2 : 1);
   const int64_t projection = SatMul(2 * m.hidden, m.hidden);
+  const int64_t norms = MtpModuleExtraParams(m) - projection;
   if (!m.tied_embeddings && in.p > 1)
     s.dense_p = SatAdd(s.dense_p, CeilDiv(EmbeddingParams(in.padded), in.t));
   s.expert_p = SatAdd(s.expert_p, SatMul(m.mtp_layers, CeilDiv(lp.expert, in.ep_etp)));
@@ -795,7 +807,11 @@ int64_t ArenaWorkspace(const MemoryInputs& in, const StageTally& tally, const St
   const bool zero3 = plan.optimizer.zero >= 3;
   const int64_t g = in.arena_sizes.g;  // a gradient element
   const int64_t per = g + (zero3 ? in.arena_sizes.a : 0);
-  const int64_t layer = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
+  int64_t layer = CeilDiv(in.dense_params.tp_sharded, in.t) + in.dense_params.replicated;
+  // A dense multi-token prediction module's bucket on the loss stage: its layer's, the projection
+  // and norms beside.
+  if (s.loss && plan.model.mtp_layers > 0 && !IsMoeLayer(plan.model, plan.model.layers - 1))
+    layer = SatAdd(layer, MtpModuleExtraParams(plan.model));
   const int64_t embedding = SatMul(in.arena_sizes.vocab, plan.model.hidden);
   int64_t peak = 0;
   if (s.loss) {
