@@ -53,6 +53,16 @@ class RoleLowering {
     return body_->ops.back();
   }
 
+  // A CopyColumns op's attributes (runtime/format/README.md): `groups` groups of `width` columns
+  // of x (rows of x_cols, group g at x_offset + g·x_stride) into y (likewise); the column maps
+  // between per-head and latent buffers (latent attention) and MTP's concatenation. Reversed:
+  // the same copy read backward, from y's columns into x's.
+  static prog::attrs::CopyColumns Columns(int64_t groups, int64_t width, int64_t x_cols,
+                                          int64_t x_stride, int64_t x_offset, int64_t y_cols,
+                                          int64_t y_stride, int64_t y_offset,
+                                          bool accumulate = false);
+  static prog::attrs::CopyColumns Reversed(const prog::attrs::CopyColumns& c, bool accumulate);
+
   // Parameters: storage is a view into the chunk's bucket, created when the bucket is built.
   struct ParamRef {
     int32_t param = -1;
@@ -403,11 +413,6 @@ class RoleLowering {
   // output), what the mla_up_proj module of selective recompute makes again.
   void MlaUpProjections(const LayerParams& params, LayerSaved& saved);
   void MlaBackward(const LayerParams& params, const LayerSaved& saved, int32_t gx);
-  // The column maps between the per-head buffers (local heads) and the latent ones.
-  prog::attrs::CopyColumns MlaMap(int64_t groups, int64_t width, int64_t x_cols, int64_t x_stride,
-                                  int64_t x_offset, int64_t y_cols, int64_t y_stride,
-                                  int64_t y_offset, bool accumulate = false) const;
-  static prog::attrs::CopyColumns Reversed(const prog::attrs::CopyColumns& c, bool accumulate);
   // --- end multi-head latent attention ---
   void BuildBuckets();
   void ScopeBucketsInBodies();

@@ -67,7 +67,7 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   ms.kv_rope = Act("attention.kv_latent_rope", {tokens_, kvl + rope});
   Emit(attrs::Linear{}, {saved.n1f, lp.wkv_down.value}, {ms.kv_rope});
   ms.kv_latent = Act("attention.kv_latent", {tokens_, kvl});
-  Emit(MlaMap(1, kvl, kvl + rope, 0, 0, kvl, 0, 0), {ms.kv_rope}, {ms.kv_latent});
+  Emit(Columns(1, kvl, kvl + rope, 0, 0, kvl, 0, 0), {ms.kv_rope}, {ms.kv_latent});
   ms.kv_normed = Act("attention.kv_norm.out", {tokens_, kvl});
   ms.kv_rstd = Stat("attention.kv_norm.rstd", {tokens_});
   Emit(attrs::RmsNorm{.eps = m_.norm_eps}, {ms.kv_latent, lp.kv_norm.w.value},
@@ -75,7 +75,7 @@ void RoleLowering::MlaForward(const LayerParams& P, LayerSaved& saved) {
   MlaUpProjections(P, saved);
   EmitAttentionCore("attention", saved.q, saved.k, saved.v, ms.core_out, saved.lse);
   saved.o = Act("attention.out", {tokens_, heads * vd});
-  Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * vd, vd, 0), {ms.core_out}, {saved.o});
+  Emit(Columns(heads, vd, heads * qk, qk, 0, heads * vd, vd, 0), {ms.core_out}, {saved.o});
 }
 
 void RoleLowering::MlaUpProjections(const LayerParams& P, LayerSaved& saved) {
@@ -96,25 +96,26 @@ void RoleLowering::MlaUpProjections(const LayerParams& P, LayerSaved& saved) {
   Emit(attrs::Linear{}, {ms.kv_normed, lp.wkv_up.value}, {kv});
   // Decoupled RoPE: the rope part of each query head, and the one shared key head.
   const int32_t q_pe = Act("attention.q_rope", {tokens_, heads * rope});
-  const auto q_rope_part = MlaMap(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
+  const auto q_rope_part = Columns(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
   Emit(q_rope_part, {saved.q}, {q_pe});
   Emit(rope_attrs(heads), {q_pe}, {q_pe}, cp_comm_);
   Emit(Reversed(q_rope_part, false), {q_pe}, {saved.q});
   const int32_t k_pe = Act("attention.k_rope", {tokens_, rope});
-  Emit(MlaMap(1, rope, kvl + rope, 0, kvl, rope, 0, 0), {ms.kv_rope}, {k_pe});
+  Emit(Columns(1, rope, kvl + rope, 0, kvl, rope, 0, 0), {ms.kv_rope}, {k_pe});
   Emit(rope_attrs(1), {k_pe}, {k_pe}, cp_comm_);
   // k = [k_nope of each head, the shared rope head]; v padded with zeros to the qk head size so
   // that one Attention runs it (the padded output columns are zeros). The zeros come from a
   // scratch buffer: Fill writes every slot of a buffer, and v is kept per microbatch.
   saved.k = Act("k", {tokens_, heads * qk});
-  Emit(MlaMap(heads, nope, heads * (nope + vd), nope + vd, 0, heads * qk, qk, 0), {kv}, {saved.k});
-  Emit(MlaMap(heads, rope, rope, 0, 0, heads * qk, qk, nope), {k_pe}, {saved.k});
+  Emit(Columns(heads, nope, heads * (nope + vd), nope + vd, 0, heads * qk, qk, 0), {kv}, {saved.k});
+  Emit(Columns(heads, rope, rope, 0, 0, heads * qk, qk, nope), {k_pe}, {saved.k});
   saved.v = Act("v_padded", {tokens_, heads * qk});
-  Emit(MlaMap(heads, vd, heads * (nope + vd), nope + vd, nope, heads * qk, qk, 0), {kv}, {saved.v});
+  Emit(Columns(heads, vd, heads * (nope + vd), nope + vd, nope, heads * qk, qk, 0), {kv},
+       {saved.v});
   if (qk > vd) {
     const int32_t zeros = Act("attention.v_padding", {tokens_, qk - vd});
     Emit(attrs::Fill{.value = 0.0}, {}, {zeros});
-    Emit(MlaMap(heads, qk - vd, qk - vd, 0, 0, heads * qk, qk, vd), {zeros}, {saved.v});
+    Emit(Columns(heads, qk - vd, qk - vd, 0, 0, heads * qk, qk, vd), {zeros}, {saved.v});
   }
 }
 
@@ -134,7 +135,7 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
        {dout, params.wo.grad});
   const int32_t dout_padded = Act("attention.out_padded.grad", {tokens_, heads * qk});
   Emit(attrs::Fill{.value = 0.0}, {}, {dout_padded});
-  Emit(MlaMap(heads, vd, heads * vd, vd, 0, heads * qk, qk, 0), {dout}, {dout_padded});
+  Emit(Columns(heads, vd, heads * vd, vd, 0, heads * qk, qk, 0), {dout}, {dout_padded});
   // The mla_up_proj module: q, k and v made again from the kept latents.
   LayerSaved up = saved;
   if (s_.recompute_mla_up_proj) {
@@ -153,14 +154,14 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   // Back through the head layouts: dk's nope part and dv into the up projection's output; dk's
   // rope part summed over the heads into the shared head; RoPE's inverse rotations.
   const int32_t dkv = Act("attention.kv.grad", {tokens_, heads * (nope + vd)});
-  Emit(MlaMap(heads, nope, heads * qk, qk, 0, heads * (nope + vd), nope + vd, 0), {dk}, {dkv});
-  Emit(MlaMap(heads, vd, heads * qk, qk, 0, heads * (nope + vd), nope + vd, nope), {dv}, {dkv});
+  Emit(Columns(heads, nope, heads * qk, qk, 0, heads * (nope + vd), nope + vd, 0), {dk}, {dkv});
+  Emit(Columns(heads, vd, heads * qk, qk, 0, heads * (nope + vd), nope + vd, nope), {dv}, {dkv});
   const int32_t dk_pe = Act("attention.k_rope.grad", {tokens_, rope});
   Emit(attrs::Fill{.value = 0.0}, {}, {dk_pe});
-  Emit(MlaMap(heads, rope, heads * qk, qk, nope, rope, 0, 0, /*accumulate=*/true), {dk}, {dk_pe});
+  Emit(Columns(heads, rope, heads * qk, qk, nope, rope, 0, 0, /*accumulate=*/true), {dk}, {dk_pe});
   Emit(rope_attrs(1), {dk_pe}, {dk_pe}, cp_comm_);
   const int32_t dq_pe = Act("attention.q_rope.grad", {tokens_, heads * rope});
-  const auto q_rope_part = MlaMap(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
+  const auto q_rope_part = Columns(heads, rope, heads * qk, qk, nope, heads * rope, rope, 0);
   Emit(q_rope_part, {dq}, {dq_pe});
   Emit(rope_attrs(heads), {dq_pe}, {dq_pe}, cp_comm_);
   Emit(Reversed(q_rope_part, false), {dq_pe}, {dq});
@@ -190,40 +191,12 @@ void RoleLowering::MlaBackward(const LayerParams& params, const LayerSaved& save
   Emit(attrs::RmsNormBackward{.dx_accumulate = false},
        {dkvn, ms.kv_latent, lp.kv_norm.w.value, ms.kv_rstd}, {dkvl, lp.kv_norm.w.grad});
   const int32_t dkv_a = Act("attention.kv_latent_rope.grad", {tokens_, kvl + rope});
-  Emit(MlaMap(1, kvl, kvl, 0, 0, kvl + rope, 0, 0), {dkvl}, {dkv_a});
-  Emit(MlaMap(1, rope, rope, 0, 0, kvl + rope, 0, kvl), {dk_pe}, {dkv_a});
+  Emit(Columns(1, kvl, kvl, 0, 0, kvl + rope, 0, 0), {dkvl}, {dkv_a});
+  Emit(Columns(1, rope, rope, 0, 0, kvl + rope, 0, kvl), {dk_pe}, {dkv_a});
   Emit(attrs::LinearBackward{.dx_accumulate = true}, {dkv_a, saved.n1f, lp.wkv_down.value},
        {dn1f, lp.wkv_down.grad});
   const int32_t dn1 = ReduceGradToRows(dn1f, "attention_norm.out.grad");
   NormBackward(params.n1, saved.no1, saved.x, dn1, gx, /*accumulate=*/true);
-}
-
-prog::attrs::CopyColumns RoleLowering::MlaMap(int64_t groups, int64_t width, int64_t x_cols,
-                                              int64_t x_stride, int64_t x_offset, int64_t y_cols,
-                                              int64_t y_stride, int64_t y_offset,
-                                              bool accumulate) const {
-  return {.groups = groups,
-          .width = width,
-          .x_cols = x_cols,
-          .x_stride = x_stride,
-          .x_offset = x_offset,
-          .y_cols = y_cols,
-          .y_stride = y_stride,
-          .y_offset = y_offset,
-          .accumulate = accumulate};
-}
-
-prog::attrs::CopyColumns RoleLowering::Reversed(const prog::attrs::CopyColumns& c,
-                                                bool accumulate) {
-  return {.groups = c.groups,
-          .width = c.width,
-          .x_cols = c.y_cols,
-          .x_stride = c.y_stride,
-          .x_offset = c.y_offset,
-          .y_cols = c.x_cols,
-          .y_stride = c.x_stride,
-          .y_offset = c.x_offset,
-          .accumulate = accumulate};
 }
 
 // --- end multi-head latent attention -----------------------------------------------------------

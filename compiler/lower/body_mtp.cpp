@@ -72,8 +72,8 @@ void RoleLowering::EmitMtpForward(const ChunkParams& params, ChunkForward& forwa
     f.hn = NormForward(n + "hnorm", mp.hnorm, hidden);
     // [embedding, hidden] side by side, as Megatron-Core concatenates them.
     f.cat = Act(n + "concat", {rows_, 2 * h});
-    Emit(MlaMap(1, h, h, 0, 0, 2 * h, 0, 0), {f.en.y}, {f.cat});
-    Emit(MlaMap(1, h, h, 0, 0, 2 * h, 0, h), {f.hn.y}, {f.cat});
+    Emit(Columns(1, h, h, 0, 0, 2 * h, 0, 0), {f.en.y}, {f.cat});
+    Emit(Columns(1, h, h, 0, 0, 2 * h, 0, h), {f.hn.y}, {f.cat});
     f.x = Act(n + "proj", {rows_, h});
     Emit(attrs::Linear{}, {f.cat, mp.proj.value}, {f.x});
     layer_ = mp.layer_index;
@@ -127,8 +127,8 @@ int32_t RoleLowering::EmitMtpBackward(const ChunkParams& params, const ChunkForw
          {dcat, mp.proj.grad});
     const int32_t den = Act(n + "enorm.out.grad", {rows_, h});
     const int32_t dhn = Act(n + "hnorm.out.grad", {rows_, h});
-    Emit(Reversed(MlaMap(1, h, h, 0, 0, 2 * h, 0, 0), false), {dcat}, {den});
-    Emit(Reversed(MlaMap(1, h, h, 0, 0, 2 * h, 0, h), false), {dcat}, {dhn});
+    Emit(Reversed(Columns(1, h, h, 0, 0, 2 * h, 0, 0), false), {dcat}, {den});
+    Emit(Reversed(Columns(1, h, h, 0, 0, 2 * h, 0, h), false), {dcat}, {dhn});
     const int32_t de = Act(n + "embedding.out_sp.grad", {rows_, h});
     NormBackward(mp.enorm, f.en, f.e, den, de, /*accumulate=*/false);
     const int32_t dfull = GatherSp(de, n + "embedding.out.grad_full", h);

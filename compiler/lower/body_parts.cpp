@@ -86,6 +86,34 @@ RoleLowering::ParamRef RoleLowering::AddParam(const std::string& name, int64_t k
   return {static_cast<int32_t>(role_.params.size() - 1), prm.buffer, prm.grad};
 }
 
+prog::attrs::CopyColumns RoleLowering::Columns(int64_t groups, int64_t width, int64_t x_cols,
+                                               int64_t x_stride, int64_t x_offset, int64_t y_cols,
+                                               int64_t y_stride, int64_t y_offset,
+                                               bool accumulate) {
+  return {.groups = groups,
+          .width = width,
+          .x_cols = x_cols,
+          .x_stride = x_stride,
+          .x_offset = x_offset,
+          .y_cols = y_cols,
+          .y_stride = y_stride,
+          .y_offset = y_offset,
+          .accumulate = accumulate};
+}
+
+prog::attrs::CopyColumns RoleLowering::Reversed(const prog::attrs::CopyColumns& c,
+                                                bool accumulate) {
+  return {.groups = c.groups,
+          .width = c.width,
+          .x_cols = c.y_cols,
+          .x_stride = c.y_stride,
+          .x_offset = c.y_offset,
+          .y_cols = c.x_cols,
+          .y_stride = c.x_stride,
+          .y_offset = c.x_offset,
+          .accumulate = accumulate};
+}
+
 RoleLowering::NormParams RoleLowering::MakeNorm(const std::string& name, int64_t key, int64_t width,
                                                 std::optional<bool> grad_sync_tp) {
   NormParams n;
