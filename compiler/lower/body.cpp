@@ -272,15 +272,40 @@ void RoleLowering::EmitEmbeddingForward(const ChunkParams& params, ChunkForward&
 }
 
 void RoleLowering::EmitLossForward(const ChunkParams& params, ChunkForward& forward) {
+  forward.head = EmitHeadForward("", params.final_norm, forward.x, params.out_w, /*shift=*/0,
+                                 loss_sum_, 1.0 / static_cast<double>(s_.microbatches));
+}
+
+RoleLowering::OutputHead RoleLowering::EmitHeadForward(const std::string& stem,
+                                                       const NormParams& norm, int32_t x,
+                                                       const ParamRef& out_w, int64_t shift,
+                                                       int32_t loss_sum, double scale) {
   const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
-  forward.final_norm = NormForward("final_norm", params.final_norm, forward.x);
-  forward.nff = GatherSp(forward.final_norm.y, "final_norm.out_full", h);
-  forward.logits = Act("logits", {tokens_, vocab_local});
-  Emit(attrs::Linear{}, {forward.nff, params.out_w.value}, {forward.logits});
-  forward.labels = Buf(Prefix() + "labels", {tokens_}, DType::I32);
-  Emit(attrs::LoadBatch{.what = BatchPart::kLabels}, {}, {forward.labels}, cp_comm_);
-  EmitCrossEntropy("", forward.logits, forward.labels, loss_sum_,
-                   1.0 / static_cast<double>(s_.microbatches), forward.cmax, forward.cst);
+  OutputHead head;
+  head.x = x;
+  head.norm = NormForward(stem + "final_norm", norm, x);
+  head.nff = GatherSp(head.norm.y, stem + "final_norm.out_full", h);
+  head.logits = Act(stem + "logits", {tokens_, vocab_local});
+  Emit(attrs::Linear{}, {head.nff, out_w.value}, {head.logits});
+  head.labels = Buf(Prefix() + stem + "labels", {tokens_}, DType::I32);
+  Emit(attrs::LoadBatch{.what = BatchPart::kLabels, .shift = shift}, {}, {head.labels}, cp_comm_);
+  EmitCrossEntropy(stem, head.logits, head.labels, loss_sum, scale, head.cmax, head.cst);
+  return head;
+}
+
+void RoleLowering::EmitHeadBackward(const std::string& stem, const OutputHead& head,
+                                    const NormParams& norm, const ParamRef& out_w,
+                                    double grad_scale, int32_t more, int32_t dx) {
+  const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
+  const int32_t dz = Act(stem + "logits.grad", {tokens_, vocab_local});
+  Emit(attrs::CrossEntropyBackward{.grad_scale = grad_scale},
+       {head.logits, head.cmax, head.cst, head.labels}, {dz}, tp_comm_);
+  const int32_t dnf = Act(stem + "final_norm.out_full.grad", {tokens_, h});
+  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, head.nff, out_w.value},
+       {dnf, out_w.grad});
+  const int32_t dn = ReduceGradToRows(dnf, stem + "final_norm.out.grad");
+  if (more >= 0) Emit(attrs::Add{}, {dn, more}, {dn});
+  NormBackward(norm, head.norm, head.x, dn, dx, /*accumulate=*/false);
 }
 
 void RoleLowering::EmitCrossEntropy(const std::string& stem, int32_t logits, int32_t labels,
@@ -320,20 +345,11 @@ void RoleLowering::EmitChunkBackward(const ChunkLayers& cl, const ChunkParams& p
 
 void RoleLowering::EmitLossBackward(const ChunkParams& params, const ChunkForward& forward,
                                     int32_t gx) {
-  const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
   // The MTP modules run after the model's loss; their backward comes first and hands back the
   // gradient of the final norm's output they read.
   const int32_t dmtp = m_.mtp_layers > 0 ? EmitMtpBackward(params, forward) : -1;
-  const int32_t dz = Act("logits.grad", {tokens_, vocab_local});
-  Emit(attrs::CrossEntropyBackward{.grad_scale =
-                                       1.0 / static_cast<double>(s_.microbatches * p_.dp * cp_)},
-       {forward.logits, forward.cmax, forward.cst, forward.labels}, {dz}, tp_comm_);
-  const int32_t dnf = Act("final_norm.out_full.grad", {tokens_, h});
-  Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, forward.nff, params.out_w.value},
-       {dnf, params.out_w.grad});
-  const int32_t dn = ReduceGradToRows(dnf, "final_norm.out.grad");
-  if (dmtp >= 0) Emit(attrs::Add{}, {dn, dmtp}, {dn});
-  NormBackward(params.final_norm, forward.final_norm, forward.x, dn, gx, /*accumulate=*/false);
+  EmitHeadBackward("", forward.head, params.final_norm, params.out_w,
+                   1.0 / static_cast<double>(s_.microbatches * p_.dp * cp_), dmtp, gx);
 }
 
 void RoleLowering::RecomputedLayersBackward(const ChunkLayers& cl, const ChunkParams& params,

@@ -226,6 +226,22 @@ class RoleLowering {
     return v;
   }
 
+  // The output head of the model and of each MTP module: a norm of the rows `x`, its output
+  // gathered over the sequence, the logits of the (shared) output layer, the labels and the
+  // cross-entropy statistics; the backward reads all of them.
+  struct OutputHead {
+    NormOut norm;
+    int32_t x = -1, nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;
+  };
+  // Forward of a head named by `stem` ("" for the model's, "mtp{k}." for a module's): labels
+  // `shift` positions further ahead than the next token, the loss added into `loss_sum` with
+  // `scale`.
+  OutputHead EmitHeadForward(const std::string& stem, const NormParams& norm, int32_t x,
+                             const ParamRef& out_w, int64_t shift, int32_t loss_sum, double scale);
+  // Its backward, the loss's gradient scaled by `grad_scale`: the gradient of x into `dx`
+  // (written), with `more` (>= 0), the gradient of the norm's output from elsewhere, added first.
+  void EmitHeadBackward(const std::string& stem, const OutputHead& head, const NormParams& norm,
+                        const ParamRef& out_w, double grad_scale, int32_t more, int32_t dx);
   // --- multi-token prediction (body.h, "Multi-token prediction") ---
   // One module's params: the norms of the embedding and of the hidden rows, the 2h -> h
   // projection of their concatenation, one layer of the last layer's kind, its final norm.
@@ -238,10 +254,10 @@ class RoleLowering {
   // One module's forward buffers its backward reads.
   struct MtpForward {
     int32_t hidden = -1;  // the rows it starts from: the previous depth's final norm output
-    int32_t ids = -1, e = -1, cat = -1, x = -1, out = -1;
-    NormOut en, hn, fn;
+    int32_t ids = -1, e = -1, cat = -1, x = -1;
+    NormOut en, hn;
     LayerSaved layer;
-    int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;
+    OutputHead head;  // from the layer's output (head.x)
   };
   // --- end multi-token prediction ---
   // The params of one chunk, in the order they are created.
@@ -257,8 +273,7 @@ class RoleLowering {
     int32_t ids = -1;  // token ids (the chunk with the embedding)
     int32_t x = -1;    // the residual stream after the last layer
     std::vector<LayerSaved> layers;
-    NormOut final_norm;
-    int32_t nff = -1, logits = -1, labels = -1, cmax = -1, cst = -1;  // the chunk with the loss
+    OutputHead head;  // the chunk with the loss
     std::vector<MtpForward> mtp;
   };
 

@@ -55,9 +55,9 @@ double RoleLowering::KeptShare(int32_t depth) const {
 // Depth k (1-based) reads the rows the previous depth ended with (the model's final norm output
 // first), the embedding of the tokens k positions ahead, and predicts the token k + 1 ahead.
 void RoleLowering::EmitMtpForward(const ChunkParams& params, ChunkForward& forward) {
-  const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
+  const int64_t h = m_.hidden;
   const double depths = static_cast<double>(m_.mtp_layers);
-  int32_t hidden = forward.final_norm.y;
+  int32_t hidden = forward.head.norm.y;
   for (int32_t depth = 1; depth <= m_.mtp_layers; ++depth) {
     const MtpParams& mp = params.mtp[depth - 1];
     MtpForward f;
@@ -77,28 +77,21 @@ void RoleLowering::EmitMtpForward(const ChunkParams& params, ChunkForward& forwa
     f.x = Act(n + "proj", {rows_, h});
     Emit(attrs::Linear{}, {f.cat, mp.proj.value}, {f.x});
     layer_ = mp.layer_index;
-    f.out = Act("out", {rows_, h});
-    f.layer = LayerForward(mp.layer, f.x, f.out);
+    const int32_t out = Act("out", {rows_, h});
+    f.layer = LayerForward(mp.layer, f.x, out);
     layer_ = -1;
-    f.fn = NormForward(n + "final_norm", mp.final_norm, f.out);
-    f.nff = GatherSp(f.fn.y, n + "final_norm.out_full", h);
-    f.logits = Act(n + "logits", {tokens_, vocab_local});
-    Emit(attrs::Linear{}, {f.nff, params.out_w.value}, {f.logits});
-    f.labels = Buf(Prefix() + n + "labels", {tokens_}, DType::I32);
-    Emit(attrs::LoadBatch{.what = BatchPart::kLabels, .shift = depth}, {}, {f.labels}, cp_comm_);
     // The reported MTP loss: the mean over the modules of each one's mean token loss, over the
     // positions not ignored (the kernels divide by every row, the last `depth` of each sequence
     // ignored: whichever Cp rank holds them, the mean is the sequences').
-    EmitCrossEntropy(n, f.logits, f.labels, mtp_loss_sum_,
-                     KeptShare(depth) / (static_cast<double>(s_.microbatches) * depths), f.cmax,
-                     f.cst);
-    hidden = f.fn.y;
+    f.head = EmitHeadForward(n, mp.final_norm, out, params.out_w, depth, mtp_loss_sum_,
+                             KeptShare(depth) / (static_cast<double>(s_.microbatches) * depths));
+    hidden = f.head.norm.y;
     forward.mtp.push_back(f);
   }
 }
 
 int32_t RoleLowering::EmitMtpBackward(const ChunkParams& params, const ChunkForward& forward) {
-  const int64_t h = m_.hidden, vocab_local = m_.vocab_padded / tp_;
+  const int64_t h = m_.hidden;
   // Each module's loss weighs mtp_loss_scale / mtp_layers beside the model's.
   const double weight = m_.mtp_loss_scale / static_cast<double>(m_.mtp_layers);
   const bool recompute = s_.recompute == ActivationRecompute::kFull && !s_.recompute_layers.block;
@@ -107,18 +100,10 @@ int32_t RoleLowering::EmitMtpBackward(const ChunkParams& params, const ChunkForw
     const MtpParams& mp = params.mtp[depth - 1];
     const MtpForward& f = forward.mtp[depth - 1];
     const std::string n = fmt::format("mtp{}.", depth - 1);
-    const int32_t dz = Act(n + "logits.grad", {tokens_, vocab_local});
-    Emit(attrs::CrossEntropyBackward{.grad_scale =
-                                         weight * KeptShare(depth) /
-                                         static_cast<double>(s_.microbatches * p_.dp * cp_)},
-         {f.logits, f.cmax, f.cst, f.labels}, {dz}, tp_comm_);
-    const int32_t dnf = Act(n + "final_norm.out_full.grad", {tokens_, h});
-    Emit(attrs::LinearBackward{.dx_accumulate = false}, {dz, f.nff, params.out_w.value},
-         {dnf, params.out_w.grad});
-    const int32_t dn = ReduceGradToRows(dnf, n + "final_norm.out.grad");
-    if (dnext >= 0) Emit(attrs::Add{}, {dn, dnext}, {dn});
     const int32_t gx = Act(n + "out.grad", {rows_, h});
-    NormBackward(mp.final_norm, f.fn, f.out, dn, gx, /*accumulate=*/false);
+    EmitHeadBackward(n, f.head, mp.final_norm, params.out_w,
+                     weight * KeptShare(depth) / static_cast<double>(s_.microbatches * p_.dp * cp_),
+                     dnext, gx);
     layer_ = mp.layer_index;
     LayerBackward(mp.layer, f.layer, gx, recompute);  // gx: now the gradient of f.x
     layer_ = -1;
