@@ -185,15 +185,14 @@ int64_t ArenaChunkExtra(const ArenaSizes& z, bool embedding, bool loss) {
 int64_t ArenaMtpExtra(const ArenaSizes& z) {
   const int64_t stats = SatMul(z.R, int64_t{z.layernorm ? 2 : 1} * 4);
   const int64_t rows = SatMul(z.R, z.h * z.a);
-  int64_t bytes = SatMul(z.T, 4);                             // shifted ids
-  bytes = SatAdd(bytes, rows);                                // embedding rows
-  bytes = SatAdd(bytes, SatMul(2, stats));                    // enorm, hnorm
-  if (z.R < z.T) bytes = SatAdd(bytes, rows);                 // the rows the hidden norm reads
-  bytes = SatAdd(bytes, SatMul(2, rows));                     // [embedding, hidden]
-  bytes = SatAdd(bytes, rows);                                // the layer's output
-  bytes = SatAdd(bytes, stats);                               // final norm
-  bytes = SatAdd(bytes, SatMul(z.T, (z.h + z.vocab) * z.a));  // gathered output, logits
-  return SatAdd(bytes, SatMul(z.T, 4 + 4 + 8));               // labels, max, sum and target
+  // The module's output head is the loss chunk's: its layer's output, the final norm's statistics
+  // and gathered output, the logits, labels and cross-entropy statistics.
+  int64_t bytes = ArenaChunkExtra(z, /*embedding=*/false, /*loss=*/true);
+  bytes = SatAdd(bytes, SatMul(z.T, 4));       // shifted ids
+  bytes = SatAdd(bytes, rows);                 // embedding rows
+  bytes = SatAdd(bytes, SatMul(2, stats));     // enorm, hnorm
+  if (z.R < z.T) bytes = SatAdd(bytes, rows);  // the rows the hidden norm reads
+  return SatAdd(bytes, SatMul(2, rows));       // [embedding, hidden]
 }
 
 Recompute ArenaMtpRecompute(const Plan& plan) {
