@@ -172,26 +172,32 @@ void CheckF32Arena(const Plan& plan, DiagnosticSink& sink, const CostOptions& op
   f32.mixed_precision.params = ElementType::kFp32;
   f32.mixed_precision.grads = ElementType::kFp32;
   const MemoryEstimate mem = EstimateMemory(f32, options);
-  const int64_t capacity = plan.cluster.gpu.memory;
-  if (!mem.valid || mem.peak <= capacity) return;
+  if (!mem.valid || mem.peak <= plan.cluster.gpu.memory) return;
   const StageMemory& s = mem.stages[static_cast<size_t>(mem.peak_stage)];
-  const std::string& gpu =
-      plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
-  sink.Report(
-      Diag(DiagKind::kLowerF32Arena,
-           fmt::format("planrun's backends hold pipeline stage {}'s program in {} per GPU; `{}` "
-                       "has {}",
-                       s.stage, FormatGiB(s.total), gpu, FormatGiB(capacity)))
-          .At(plan.declaration, fmt::format("stage {}'s arena is {} in f32", s.stage,
-                                            FormatGiB(s.arena > 0 ? s.arena : s.total)))
-          .Note("planrun's host and CUDA backends keep every floating-point element in f32 (the "
-                "program's f32 placement) and round GEMM operands to bf16; the plan fits the GPU "
-                "in its precision")
-          .Help("`planrun --backend=cuda` cannot allocate this arena on this GPU; more tensor or "
-                "pipeline parallel ranks, recompute or ZeRO shrink it"));
+  sink.Report(F32ArenaWarning(plan, s.stage, s.total,
+                              fmt::format("stage {}'s arena is {} in f32", s.stage,
+                                          FormatGiB(s.arena > 0 ? s.arena : s.total))));
 }
 
 }  // namespace
+
+Diag F32ArenaWarning(const Plan& plan, int64_t stage, int64_t total, std::string arena) {
+  const std::string gpu =
+      plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
+  Diag d(
+      DiagKind::kLowerF32Arena,
+      fmt::format("planrun's backends hold pipeline stage {}'s program in {} per GPU; `{}` has {}",
+                  stage, FormatGiB(total), gpu, FormatGiB(plan.cluster.gpu.memory)));
+  d.At(plan.declaration, std::move(arena))
+      .Note(
+          "planrun's host and CUDA backends keep every floating-point element in f32 (the "
+          "program's f32 placement) and round GEMM operands to bf16; the program itself fits "
+          "the GPU in its precision")
+      .Help(
+          "`planrun --backend=cuda` cannot allocate this arena on this GPU; more tensor or "
+          "pipeline parallel ranks, recompute or ZeRO shrink it");
+  return d;
+}
 
 void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& options) {
   const int64_t capacity = plan.cluster.gpu.memory;

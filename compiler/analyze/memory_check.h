@@ -28,6 +28,12 @@ inline constexpr int64_t kNearLimitPercent = 93;
 // Reports P0701 when a stage exceeds the GPU's memory, else P0702 above kNearLimitPercent of it.
 void CheckMemory(const Plan& plan, DiagnosticSink& sink, const CostOptions& options = {});
 
+// P0805: planrun's backends, which keep every element in f32, would hold pipeline stage `stage`'s
+// program in `total` bytes per GPU (its f32 arena with the CUDA context and NCCL), more than the
+// GPU; `arena` labels the plan (the arena's size). Reported by CheckMemory (framework = paraplan,
+// from the estimate) and by lowering (from the program).
+Diag F32ArenaWarning(const Plan& plan, int64_t stage, int64_t total, std::string arena);
+
 struct MemoryFix {
   std::vector<std::pair<std::string, std::string>>
       sets;                 // every change: path, value as --set takes it

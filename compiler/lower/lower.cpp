@@ -9,6 +9,7 @@
 #include <set>
 
 #include "compiler/analyze/memory.h"
+#include "compiler/analyze/memory_check.h"
 #include "compiler/analyze/slot_pool.h"
 #include "compiler/lower/body.h"
 #include "compiler/lower/memory_plan.h"
@@ -117,8 +118,7 @@ bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
 // program is valid and fits a backend that stores its precision, but `planrun --backend=cuda`
 // cannot allocate it on this GPU.
 void WarnF32Arena(const Plan& plan, const Program& program, DiagnosticSink& sink) {
-  const int64_t capacity = plan.cluster.gpu.memory;
-  if (capacity <= 0 || plan.precision == Precision::kFp32) return;
+  if (plan.cluster.gpu.memory <= 0 || plan.precision == Precision::kFp32) return;
   // `planc check` said so already (framework = paraplan: its estimate of the same arena).
   for (const Diagnostic& d : sink.diagnostics())
     if (d.kind == DiagKind::kLowerF32Arena) return;
@@ -126,22 +126,11 @@ void WarnF32Arena(const Plan& plan, const Program& program, DiagnosticSink& sink
   const Role* worst = over.role;
   const int64_t worst_total = over.total;
   if (!worst) return;
-  const std::string gpu =
-      plan.cluster.gpu.name.empty() ? std::string("the GPU") : plan.cluster.gpu.name;
   sink.Report(
-      Diag(DiagKind::kLowerF32Arena,
-           fmt::format("planrun's backends hold pipeline stage {}'s program in {} per GPU; `{}` "
-                       "has {}",
-                       worst->pipeline_rank, FormatGiB(worst_total), gpu, FormatGiB(capacity)))
-          .At(plan.declaration,
-              fmt::format("stage {}'s arena is {} in f32, {} in {}", worst->pipeline_rank,
-                          FormatGiB(worst->fp32_arena_bytes), FormatGiB(worst->arena_bytes),
-                          ToString(plan.precision)))
-          .Note("planrun's host and CUDA backends keep every floating-point element in f32 (the "
-                "program's f32 placement) and round GEMM operands to bf16; the program itself "
-                "fits the GPU in its precision")
-          .Help("`planrun --backend=cuda` cannot allocate this arena on this GPU; more tensor or "
-                "pipeline parallel ranks, recompute or ZeRO shrink it"));
+      F32ArenaWarning(plan, worst->pipeline_rank, worst_total,
+                      fmt::format("stage {}'s arena is {} in f32, {} in {}", worst->pipeline_rank,
+                                  FormatGiB(worst->fp32_arena_bytes), FormatGiB(worst->arena_bytes),
+                                  ToString(plan.precision))));
 }
 
 // An FP8 plan lowers with its tensors laid out in bf16 (the program's precision record says
