@@ -221,6 +221,13 @@ std::string BoundaryTracker::Step(const StepView& op) {
   auto holds = [](int64_t x) {
     return x < 0 ? std::string("nothing") : fmt::format("microbatch {}", x);
   };
+  // The op reads `what` for its microbatch and frees it: an error unless it held that one.
+  auto release = [&](int64_t& held, const char* what) -> std::string {
+    const int64_t was = held;
+    held = -1;
+    if (was == mb) return {};
+    return fmt::format("the chunk's {} holds {}", what, holds(was));
+  };
   switch (op.kind) {
     case OpKind::Forward:
       if (!output_single_[c]) return {};
@@ -229,13 +236,9 @@ std::string BoundaryTracker::Step(const StepView& op) {
                            output_[c]);
       output_[c] = mb;
       return {};
-    case OpKind::SendActivation: {
+    case OpKind::SendActivation:
       if (!output_single_[c]) return {};
-      const int64_t held = output_[c];
-      output_[c] = -1;
-      if (held != mb) return fmt::format("the chunk's output holds {}", holds(held));
-      return {};
-    }
+      return release(output_[c], "output");
     case OpKind::RecvGrad:
       if (!grad_single_[c]) return {};
       if (landing_[c] >= 0) {
@@ -254,28 +257,19 @@ std::string BoundaryTracker::Step(const StepView& op) {
     case OpKind::Backward: {
       if (!grad_single_[c]) return {};
       std::string error;
-      if (landing_[c] >= 0) {
-        if (landed_[c] != mb)
-          error = fmt::format("the chunk's grad landing buffer holds {}", holds(landed_[c]));
-        landed_[c] = -1;
-      } else if (receives_[c]) {
-        if (received_[c] != mb)
-          error = fmt::format("the chunk's grad holds {}", holds(received_[c]));
-        received_[c] = -1;
-      }
+      if (landing_[c] >= 0)
+        error = release(landed_[c], "grad landing buffer");
+      else if (receives_[c])
+        error = release(received_[c], "grad");
       if (computed_[c] >= 0 && error.empty())
         error =
             fmt::format("overwrites the chunk's grad before microbatch {} is sent", computed_[c]);
       computed_[c] = sends_[c] ? mb : -1;
       return error;
     }
-    case OpKind::SendGrad: {
+    case OpKind::SendGrad:
       if (!grad_single_[c]) return {};
-      const int64_t held = computed_[c];
-      computed_[c] = -1;
-      if (held != mb) return fmt::format("the chunk's grad holds {}", holds(held));
-      return {};
-    }
+      return release(computed_[c], "grad");
     default:
       return {};
   }
