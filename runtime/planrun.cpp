@@ -227,15 +227,6 @@ bool ParseInt(const std::string& text, int64_t& out) {
   return true;
 }
 
-std::string Bytes(int64_t b) {
-  char buf[32];
-  if (b >= (int64_t{1} << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
-  return buf;
-}
-
 std::string Duration(double s) {
   char buf[32];
   if (s >= 60)
@@ -526,7 +517,7 @@ class StepReporter {
         "elapsed %s  eta %s\n",
         total_steps_ > 0 ? static_cast<int>(100 * done_ / total_steps_) : 100,
         static_cast<long long>(s.step), s.loss, mtp, s.grad_norm, s.lr, s.seconds,
-        s.tokens_per_second, Bytes(s.peak_bytes).c_str(), Duration(elapsed_).c_str(),
+        s.tokens_per_second, exec::FormatBytes(s.peak_bytes).c_str(), Duration(elapsed_).c_str(),
         Duration(eta).c_str());
     if (f_.profile && s.cpu_seconds > 0) {
       const double other = s.cpu_seconds - s.kernel_seconds - s.comm_seconds;
@@ -586,7 +577,8 @@ int Summarize(const Flags& f, const exec::RunResult& result, int64_t total_steps
         "planrun: %zu steps (from step %lld) in %s: loss %.4f -> %.4f, %.0f tokens/s, peak %s "
         "per rank\n",
         result.steps.size(), static_cast<long long>(result.start_step), Duration(secs).c_str(),
-        first.loss, last.loss, tokens / std::max(1e-9, secs), Bytes(last.peak_bytes).c_str());
+        first.loss, last.loss, tokens / std::max(1e-9, secs),
+        exec::FormatBytes(last.peak_bytes).c_str());
   }
   if (result.checkpoint_step >= 0) {
     std::printf("planrun: checkpoint of step %lld written to %s\n",

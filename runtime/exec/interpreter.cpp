@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -37,6 +38,15 @@ float InitValue(uint64_t seed, int64_t key, int64_t index, double std) {
   const double u1 = (static_cast<double>(h1 >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
   const double u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;          // [0, 1)
   return static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+std::string FormatBytes(int64_t bytes) {
+  char text[32];
+  if (bytes >= (int64_t{1} << 30))
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+  else
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+  return text;
 }
 
 namespace {

@@ -100,6 +100,10 @@ struct RankPlacement {
 RunResult Train(const ProgramImage& program, const RunOptions& options,
                 const RankPlacement* placement = nullptr);
 
+// `bytes` for people: "1.25 GiB" from 1 GiB up, else "50.0 MiB" (planrun's progress lines and its
+// messages about memory).
+std::string FormatBytes(int64_t bytes);
+
 // The initial value of element `index` (row-major, of the unsharded tensor) of the parameter
 // with `key`: N(0, std²) from a counter-based generator keyed by (seed, key, index).
 float InitValue(uint64_t seed, int64_t key, int64_t index, double std);

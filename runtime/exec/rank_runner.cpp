@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <system_error>
@@ -168,17 +167,9 @@ void RankRunner::Setup() {
     } catch (const std::exception& e) {
       // The backend's message, with what the arena is: planc compile warned (P0805) when it
       // knew the device.
-      auto size = [](int64_t bytes) {
-        const double b = static_cast<double>(bytes), gib = 1073741824.0;
-        char text[32];
-        if (b >= gib)
-          std::snprintf(text, sizeof text, "%.2f GiB", b / gib);
-        else
-          std::snprintf(text, sizeof text, "%.2f MiB", b / 1048576.0);
-        return std::string(text);
-      };
-      throw RunError(role_.name + " cannot allocate its arena of " + size(role_.fp32_arena_bytes) +
-                     ": planrun keeps every element in f32 (" + size(role_.arena_bytes) +
+      throw RunError(role_.name + " cannot allocate its arena of " +
+                     FormatBytes(role_.fp32_arena_bytes) +
+                     ": planrun keeps every element in f32 (" + FormatBytes(role_.arena_bytes) +
                      " in the program's precision): " + e.what());
     }
     allocations_.push_back(arena);

@@ -153,7 +153,7 @@ TEST_CASE("a device too small for the arena stops the run at start, saying why")
                                  dir);
   CHECK(run.status == 1);
   INFO(run.out << run.err);
-  CHECK(run.err.find("rank 0: stage0 cannot allocate its arena of 4.30 MiB") != std::string::npos);
+  CHECK(run.err.find("rank 0: stage0 cannot allocate its arena of 4.3 MiB") != std::string::npos);
   CHECK(run.err.find("planrun keeps every element in f32") != std::string::npos);
   CHECK(run.err.find("cudaErrorMemoryAllocation") != std::string::npos);
 }
