@@ -50,25 +50,34 @@ prog::Precision ToPrecision(Precision p) {
   return prog::Precision::Bf16;
 }
 
-// The role whose arena (`bytes`: the precision arena's peak or the f32 placement), with the CUDA
-// context and NCCL communicators beside it (the arena model's reserve), is the largest over the
-// GPU's memory; role = nullptr when every role fits.
+// What each pipeline stage holds on the GPU beside its arena, by the arena model: the CUDA context
+// and the NCCL communicators. Empty when the plan states no GPU memory (nothing is checked).
+std::vector<int64_t> RuntimeReserves(const Plan& plan) {
+  std::vector<int64_t> reserves;
+  if (plan.cluster.gpu.memory <= 0) return reserves;
+  Plan as_planrun = plan;
+  as_planrun.framework = Framework::kParaplan;
+  const MemoryEstimate est = EstimateMemory(as_planrun);
+  if (!est.valid) return reserves;
+  for (const StageMemory& s : est.stages)
+    reserves.push_back(s.Get(MemoryPart::kRuntimeReserve) + s.Get(MemoryPart::kCommBuffers));
+  return reserves;
+}
+
+// The role whose arena (`bytes`: the precision arena's peak or the f32 placement), with its
+// stage's reserve beside it, is the largest over the GPU's memory; role = nullptr when every role
+// fits.
 struct StageOver {
   const Role* role = nullptr;
   int64_t total = 0, reserve = 0;
 };
 StageOver LargestOverCapacity(const Plan& plan, const Program& program,
+                              const std::vector<int64_t>& reserves,
                               int64_t prog::mem::Role::*bytes) {
   StageOver worst;
-  Plan as_planrun = plan;
-  as_planrun.framework = Framework::kParaplan;
-  const MemoryEstimate est = EstimateMemory(as_planrun);
   for (const Role& role : program.roles) {
-    int64_t reserve = 0;
     const size_t r = static_cast<size_t>(role.pipeline_rank);
-    if (est.valid && r < est.stages.size())
-      reserve = est.stages[r].Get(MemoryPart::kRuntimeReserve) +
-                est.stages[r].Get(MemoryPart::kCommBuffers);
+    const int64_t reserve = r < reserves.size() ? reserves[r] : 0;
     const int64_t total = role.*bytes + reserve;
     if (total > plan.cluster.gpu.memory && total > worst.total) worst = {&role, total, reserve};
   }
@@ -77,10 +86,11 @@ StageOver LargestOverCapacity(const Plan& plan, const Program& program,
 
 // Every role's static arena, with the CUDA context and NCCL communicators beside it, must fit the
 // GPU: planrun allocates the arena whole at start. Reports P0701 with the arena's breakdown.
-bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
+bool ArenaFits(const Plan& plan, const Program& program, const std::vector<int64_t>& reserves,
+               DiagnosticSink& sink) {
   const int64_t capacity = plan.cluster.gpu.memory;
   if (capacity <= 0) return true;
-  const StageOver over = LargestOverCapacity(plan, program, &prog::mem::Role::peak_bytes);
+  const StageOver over = LargestOverCapacity(plan, program, reserves, &prog::mem::Role::peak_bytes);
   const Role* worst = over.role;
   const int64_t worst_total = over.total, worst_reserve = over.reserve;
   if (!worst) return true;
@@ -117,12 +127,14 @@ bool ArenaFits(const Plan& plan, const Program& program, DiagnosticSink& sink) {
 // when a stage's f32 arena, with the CUDA context and NCCL beside it, does not fit the GPU: the
 // program is valid and fits a backend that stores its precision, but `planrun --backend=cuda`
 // cannot allocate it on this GPU.
-void WarnF32Arena(const Plan& plan, const Program& program, DiagnosticSink& sink) {
+void WarnF32Arena(const Plan& plan, const Program& program, const std::vector<int64_t>& reserves,
+                  DiagnosticSink& sink) {
   if (plan.cluster.gpu.memory <= 0 || plan.precision == Precision::kFp32) return;
   // `planc check` said so already (framework = paraplan: its estimate of the same arena).
   for (const Diagnostic& d : sink.diagnostics())
     if (d.kind == DiagKind::kLowerF32Arena) return;
-  const StageOver over = LargestOverCapacity(plan, program, &prog::mem::Role::fp32_arena_bytes);
+  const StageOver over =
+      LargestOverCapacity(plan, program, reserves, &prog::mem::Role::fp32_arena_bytes);
   const Role* worst = over.role;
   const int64_t worst_total = over.total;
   if (!worst) return;
@@ -1344,8 +1356,9 @@ std::optional<Program> Lower(const Plan& plan, const Layout& layout, const Parti
                       static_cast<int32_t>(p.train.microbatches), options.microbatch_group};
   if (!CheckSchedulable(plan, p.train, shape, partition, sink)) return std::nullopt;
   BuildRoles(partition, shape, BodyShapeOf(plan, p), options, p);
-  if (!ArenaFits(plan, p, sink)) return std::nullopt;
-  WarnF32Arena(plan, p, sink);
+  const std::vector<int64_t> reserves = RuntimeReserves(plan);
+  if (!ArenaFits(plan, p, reserves, sink)) return std::nullopt;
+  WarnF32Arena(plan, p, reserves, sink);
   NoteFp8AsBf16(plan, sink);
   // The Embedding groups join the first and last stages' copies of the word embedding: the tied
   // output layer's, or the one multi-token prediction reads.
